@@ -1,0 +1,72 @@
+//! Backoff and jitter math. Randomness comes in as `r ∈ [0, 1)` so the bounds
+//! are tested natively; the SDK passes `Math.random()`.
+
+/// Full-jitter backoff ("Exponential Backoff and Jitter", AWS Architecture
+/// Blog, 2015): `r · min(cap, base · 2^attempt)` milliseconds. Used between
+/// `mutate` attempts.
+pub fn full_jitter_ms(attempt: u32, base_ms: f64, cap_ms: f64, r: f64) -> f64 {
+    r.clamp(0.0, 1.0) * ceiling_ms(attempt, base_ms, cap_ms)
+}
+
+/// Reconnect backoff for the lease client after a connection failure:
+/// `random(base, min(cap, base · 2^failures))` ms. Defaults: base 10 s, cap 5 min
+/// (DESIGN.md "Lease client").
+pub fn reconnect_delay_ms(failures: u32, base_ms: f64, cap_ms: f64, r: f64) -> f64 {
+    let hi = ceiling_ms(failures, base_ms, cap_ms).max(base_ms);
+    base_ms + r.clamp(0.0, 1.0) * (hi - base_ms)
+}
+
+/// Claim-poll jitter: `r · min(interval / 2, 30 s)` ms, added to the poll interval.
+pub fn poll_jitter_ms(interval_ms: f64, r: f64) -> f64 {
+    r.clamp(0.0, 1.0) * (interval_ms / 2.0).min(30_000.0)
+}
+
+/// Default base of [`reconnect_delay_ms`]: 10 s.
+pub const RECONNECT_BASE_MS: f64 = 10_000.0;
+/// Default cap of [`reconnect_delay_ms`]: 5 min.
+pub const RECONNECT_CAP_MS: f64 = 300_000.0;
+/// Default base of `mutate`'s full-jitter backoff: 5 ms.
+pub const MUTATE_BASE_MS: f64 = 5.0;
+/// Default cap of `mutate`'s full-jitter backoff: 1 s.
+pub const MUTATE_CAP_MS: f64 = 1_000.0;
+
+fn ceiling_ms(attempt: u32, base_ms: f64, cap_ms: f64) -> f64 {
+    // 2^attempt overflows f64 only far past any cap; clamp the exponent anyway.
+    (base_ms * 2f64.powi(attempt.min(1000) as i32)).min(cap_ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_jitter_stays_within_zero_and_the_capped_ceiling() {
+        for attempt in 0..40 {
+            for r in [0.0, 0.25, 0.5, 0.999_999] {
+                let d = full_jitter_ms(attempt, 5.0, 1000.0, r);
+                assert!(d >= 0.0 && d <= (5.0 * 2f64.powi(attempt as i32)).min(1000.0));
+            }
+        }
+        assert_eq!(full_jitter_ms(3, 5.0, 1000.0, 0.5), 20.0);
+        assert_eq!(full_jitter_ms(30, 5.0, 1000.0, 1.0), 1000.0);
+    }
+
+    #[test]
+    fn reconnect_delay_is_between_base_and_capped_exponential() {
+        assert_eq!(reconnect_delay_ms(0, RECONNECT_BASE_MS, RECONNECT_CAP_MS, 0.9), 10_000.0);
+        assert_eq!(reconnect_delay_ms(2, RECONNECT_BASE_MS, RECONNECT_CAP_MS, 0.0), 10_000.0);
+        assert_eq!(reconnect_delay_ms(2, RECONNECT_BASE_MS, RECONNECT_CAP_MS, 1.0), 40_000.0);
+        assert_eq!(reconnect_delay_ms(20, RECONNECT_BASE_MS, RECONNECT_CAP_MS, 1.0), 300_000.0);
+        for n in 0..64 {
+            let d = reconnect_delay_ms(n, RECONNECT_BASE_MS, RECONNECT_CAP_MS, 0.7);
+            assert!((10_000.0..=300_000.0).contains(&d));
+        }
+    }
+
+    #[test]
+    fn poll_jitter_is_at_most_half_the_interval_and_30s() {
+        assert_eq!(poll_jitter_ms(1000.0, 1.0), 500.0);
+        assert_eq!(poll_jitter_ms(600_000.0, 1.0), 30_000.0);
+        assert_eq!(poll_jitter_ms(1000.0, 0.0), 0.0);
+    }
+}

@@ -1,0 +1,130 @@
+//! Key-range math on UTF-16 code units, and opaque keyset cursors.
+//!
+//! IndexedDB orders string keys by UTF-16 code units
+//! (<https://w3c.github.io/IndexedDB/#compare-two-keys>), so every computation
+//! here works on `[u16]`: a prefix's upper bound can be a lone surrogate, which
+//! is a valid JS string but not a Rust `String`.
+
+/// The exclusive upper bound of all strings starting with `prefix`: the prefix
+/// with trailing 0xFFFF units dropped and its last unit incremented.
+///
+/// Returns `None` when there is no upper bound (empty prefix, or only 0xFFFF
+/// units): the range is then "everything ≥ prefix". Never uses a sentinel
+/// character such as U+FFF0/U+FFFF, which would cut off keys above it.
+pub fn prefix_successor(prefix: &[u16]) -> Option<Vec<u16>> {
+    let mut out = prefix.to_vec();
+    while let Some(&last) = out.last() {
+        if last == 0xFFFF {
+            out.pop();
+        } else {
+            let n = out.len() - 1;
+            out[n] = last + 1;
+            return Some(out);
+        }
+    }
+    None
+}
+
+/// Whether `key` starts with `prefix` (code-unit-wise).
+pub fn has_prefix(key: &[u16], prefix: &[u16]) -> bool {
+    key.starts_with(prefix)
+}
+
+const CURSOR_TAG: &str = "c1.";
+
+/// Encodes the last key of a page as an opaque cursor string: `"c1."` followed
+/// by four lower-case hex digits per UTF-16 unit (lone surrogates survive).
+pub fn encode_cursor(key: &[u16]) -> String {
+    let mut s = String::with_capacity(CURSOR_TAG.len() + key.len() * 4);
+    s.push_str(CURSOR_TAG);
+    for unit in key {
+        for shift in [12u16, 8, 4, 0] {
+            let d = u32::from((unit >> shift) & 0xF);
+            s.push(char::from_digit(d, 16).unwrap_or('0'));
+        }
+    }
+    s
+}
+
+/// Decodes a cursor made by [`encode_cursor`].
+///
+/// # Errors
+/// `Err` with a message when the string was not made by `encode_cursor`.
+pub fn decode_cursor(cursor: &str) -> Result<Vec<u16>, String> {
+    let body = cursor
+        .strip_prefix(CURSOR_TAG)
+        .ok_or_else(|| "invalid cursor: not made by this store".to_string())?;
+    if body.len() % 4 != 0 || !body.is_ascii() {
+        return Err("invalid cursor: malformed".into());
+    }
+    body.as_bytes()
+        .chunks(4)
+        .map(|c| {
+            std::str::from_utf8(c)
+                .ok()
+                .and_then(|h| u16::from_str_radix(h, 16).ok())
+                .ok_or_else(|| "invalid cursor: malformed".to_string())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn u(s: &str) -> Vec<u16> {
+        s.encode_utf16().collect()
+    }
+
+    #[test]
+    fn successor_increments_last_code_unit() {
+        assert_eq!(prefix_successor(&u("user1_")), Some(u("user1`")));
+        assert_eq!(prefix_successor(&u("agent-system:")), Some(u("agent-system;")));
+        assert_eq!(prefix_successor(&u("a/")), Some(u("a0")));
+    }
+
+    #[test]
+    fn successor_drops_trailing_ffff_units() {
+        assert_eq!(prefix_successor(&[0x61, 0xFFFF]), Some(vec![0x62]));
+        assert_eq!(prefix_successor(&[0x61, 0xFFFF, 0xFFFF]), Some(vec![0x62]));
+        assert_eq!(prefix_successor(&[0xFFFF, 0xFFFF]), None);
+        assert_eq!(prefix_successor(&[]), None);
+    }
+
+    #[test]
+    fn successor_can_be_a_lone_surrogate() {
+        assert_eq!(prefix_successor(&[0x61, 0xD7FF]), Some(vec![0x61, 0xD800]));
+        // An astral char's high surrogate as the last unit stays a surrogate.
+        assert_eq!(prefix_successor(&[0xD83D]), Some(vec![0xD83E]));
+    }
+
+    /// Every key that starts with the prefix sorts inside [prefix, successor),
+    /// and no key outside it does — checked over keys beyond the BMP (case C-L2).
+    #[test]
+    fn prefix_range_is_exact_for_astral_and_ffff_keys() {
+        let keys = ["a/\u{FF61}", "a/\u{1F600}", "a/\u{FFFF}", "a/\u{10FFFF}", "a/zz", "a0", "a.", "a/", "a"];
+        let prefix = u("a/");
+        let hi = prefix_successor(&prefix).unwrap();
+        for k in keys {
+            let k = u(k);
+            let inside = k.as_slice() >= prefix.as_slice() && k.as_slice() < hi.as_slice();
+            assert_eq!(inside, has_prefix(&k, &prefix), "{k:?}");
+        }
+        // Sorted by UTF-16 units: the astral keys (surrogates 0xD83D, 0xDBFF)
+        // come before U+FF61 and U+FFFF.
+        let mut sorted: Vec<Vec<u16>> = keys[..5].iter().map(|k| u(k)).collect();
+        sorted.sort();
+        let third: Vec<u16> = sorted.iter().map(|k| k[2]).collect();
+        assert_eq!(third, vec![0x7A, 0xD83D, 0xDBFF, 0xFF61, 0xFFFF]);
+    }
+
+    #[test]
+    fn cursor_round_trips_lone_surrogates() {
+        for key in [vec![], vec![0x61, 0xD800], vec![0xFFFF, 0xDC00, 0x0000]] {
+            assert_eq!(decode_cursor(&encode_cursor(&key)).unwrap(), key);
+        }
+        for bad in ["", "c1.abc", "c2.0061", "c1.zzzz", "c1.é000"] {
+            assert!(decode_cursor(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! Record validation limits and rules, and the canonical body used for revisions.
+//!
+//! A record is a JSON object with a string `_id`. The SDK walks the JS value
+//! into a [`serde_json::Value`] (rejecting what JSON cannot carry), then these
+//! rules check the top level.
+
+use crate::rev::Rev;
+use serde_json::{Map, Value};
+
+/// Longest `_id`, in UTF-16 code units (IndexedDB's unit; 1024 units ≤ 2 KiB).
+pub const MAX_ID_UNITS: usize = 1024;
+/// Deepest nesting of objects/arrays in a record (the record itself is depth 1).
+pub const MAX_DEPTH: usize = 64;
+/// Largest record, measured as its canonical JSON, in bytes (64 MiB).
+pub const MAX_RECORD_BYTES: usize = 64 << 20;
+/// Largest `limit` a listing accepts.
+pub const MAX_LIST_LIMIT: u32 = 10_000;
+/// Default `limit` of a listing.
+pub const DEFAULT_LIST_LIMIT: u32 = 100;
+/// Most records in one `putMany` / import transaction.
+pub const MAX_BATCH: usize = 100_000;
+
+/// Top-level fields starting with `_` that a caller may set. Everything else
+/// beginning with `_` is reserved.
+pub const ALLOWED_UNDERSCORE_FIELDS: [&str; 2] = ["_id", "_rev"];
+
+/// Checks an `_id` given as UTF-16 code units.
+///
+/// # Errors
+/// A message when the id is empty or longer than [`MAX_ID_UNITS`].
+pub fn check_id(units: &[u16]) -> Result<(), String> {
+    if units.is_empty() {
+        return Err("_id must be a non-empty string".into());
+    }
+    if units.len() > MAX_ID_UNITS {
+        return Err(format!(
+            "_id is {} UTF-16 code units long; the limit is {MAX_ID_UNITS}",
+            units.len()
+        ));
+    }
+    Ok(())
+}
+
+/// What the top-level check learned about a record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordMeta {
+    /// The parsed `_rev`, when the caller gave one (an update).
+    pub rev: Option<Rev>,
+    /// Whether `updatedAt` is present (the SDK sets it when absent).
+    pub has_updated_at: bool,
+}
+
+/// Checks the top level of a record for `put`: reserved `_` fields, the shape
+/// of `_rev`, and the types of the conventional `recordType` (string) and
+/// `updatedAt` (ISO-8601 UTC with milliseconds, `YYYY-MM-DDTHH:MM:SS.sssZ`).
+/// `_id` is checked separately by [`check_id`] because it may hold lone
+/// surrogates that a Rust string cannot.
+///
+/// # Errors
+/// A message naming the first offending field.
+pub fn check_record(record: &Map<String, Value>) -> Result<RecordMeta, String> {
+    for key in record.keys() {
+        if key.starts_with('_') && !ALLOWED_UNDERSCORE_FIELDS.contains(&key.as_str()) {
+            return Err(format!(
+                "field {key:?} is reserved: fields starting with '_' other than _id and _rev are not allowed"
+            ));
+        }
+    }
+    let rev = match record.get("_rev") {
+        None => None,
+        Some(Value::String(s)) => Some(Rev::parse(s).map_err(|e| e.0)?),
+        Some(_) => return Err("_rev must be a string".into()),
+    };
+    match record.get("recordType") {
+        None | Some(Value::String(_)) => {}
+        Some(_) => return Err("recordType must be a string".into()),
+    }
+    let has_updated_at = match record.get("updatedAt") {
+        None => false,
+        Some(Value::String(s)) if is_iso_millis_utc(s) => true,
+        Some(_) => {
+            return Err(
+                "updatedAt must be an ISO-8601 UTC string with milliseconds, e.g. 2026-03-01T08:27:12.804Z"
+                    .into(),
+            )
+        }
+    };
+    Ok(RecordMeta { rev, has_updated_at })
+}
+
+/// `YYYY-MM-DDTHH:MM:SS.sssZ` with plausible field ranges (what
+/// `Date.prototype.toISOString` produces for years 0000–9999).
+pub fn is_iso_millis_utc(s: &str) -> bool {
+    let b = s.as_bytes();
+    if b.len() != 24 {
+        return false;
+    }
+    let digits = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_digit);
+    let num = |r: std::ops::Range<usize>| {
+        b[r].iter()
+            .fold(0u32, |n, d| n * 10 + u32::from(d - b'0'))
+    };
+    let shape = digits(0..4)
+        && b[4] == b'-'
+        && digits(5..7)
+        && b[7] == b'-'
+        && digits(8..10)
+        && b[10] == b'T'
+        && digits(11..13)
+        && b[13] == b':'
+        && digits(14..16)
+        && b[16] == b':'
+        && digits(17..19)
+        && b[19] == b'.'
+        && digits(20..23)
+        && b[23] == b'Z';
+    shape
+        && (1..=12).contains(&num(5..7))
+        && (1..=31).contains(&num(8..10))
+        && num(11..13) < 24
+        && num(14..16) < 60
+        && num(17..19) < 60
+}
+
+/// The canonical JSON of a record body for hashing: every field but `_rev`,
+/// object keys sorted (serde_json's map is ordered), no whitespace.
+pub fn canonical_body(record: &Map<String, Value>) -> String {
+    let mut body = record.clone();
+    body.remove("_rev");
+    // Serialising a Value cannot fail (keys are strings, numbers are finite).
+    serde_json::to_string(&Value::Object(body)).unwrap_or_default()
+}
+
+/// Checks a listing `limit` (`None` = default).
+///
+/// # Errors
+/// A message when the limit is 0 or above [`MAX_LIST_LIMIT`].
+pub fn check_limit(limit: Option<f64>) -> Result<u32, String> {
+    match limit {
+        None => Ok(DEFAULT_LIST_LIMIT),
+        Some(l) if l.fract() == 0.0 && l >= 1.0 && l <= f64::from(MAX_LIST_LIMIT) => Ok(l as u32),
+        Some(l) => Err(format!(
+            "limit must be an integer between 1 and {MAX_LIST_LIMIT}, got {l}"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn obj(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn id_limits() {
+        assert!(check_id(&[]).is_err());
+        assert!(check_id(&vec![0x61; MAX_ID_UNITS]).is_ok());
+        assert!(check_id(&vec![0x61; MAX_ID_UNITS + 1]).is_err());
+        assert!(check_id(&[0xD800]).is_ok(), "lone surrogates are valid IndexedDB keys");
+    }
+
+    #[test]
+    fn reserved_fields_and_rev_shape_are_checked() {
+        assert!(check_record(&obj(json!({"_id": "a", "_foo": 1}))).is_err());
+        assert!(check_record(&obj(json!({"_id": "a", "_deleted": true}))).is_err());
+        assert!(check_record(&obj(json!({"_id": "a", "_rev": 3}))).is_err());
+        assert!(check_record(&obj(json!({"_id": "a", "_rev": "x"}))).is_err());
+        let m = check_record(&obj(json!({"_id": "a", "_rev": "2-ab", "n": {"_x": 1}}))).unwrap();
+        assert_eq!(m.rev.unwrap().generation, 2);
+    }
+
+    #[test]
+    fn conventional_fields_have_types() {
+        assert!(check_record(&obj(json!({"_id": "a", "recordType": 1}))).is_err());
+        assert!(check_record(&obj(json!({"_id": "a", "updatedAt": "yesterday"}))).is_err());
+        assert!(check_record(&obj(json!({"_id": "a", "updatedAt": "2026-13-01T00:00:00.000Z"}))).is_err());
+        let m = check_record(&obj(json!({"_id": "a", "updatedAt": "2026-03-01T08:27:12.804Z"}))).unwrap();
+        assert!(m.has_updated_at);
+    }
+
+    #[test]
+    fn canonical_body_ignores_key_order_and_rev() {
+        let a = obj(json!({"_id": "a", "b": 1, "a": [1, {"y": null, "x": 2}], "_rev": "1-aa"}));
+        let b = obj(json!({"a": [1, {"x": 2, "y": null}], "_id": "a", "b": 1}));
+        assert_eq!(canonical_body(&a), canonical_body(&b));
+        assert_eq!(canonical_body(&b), r#"{"_id":"a","a":[1,{"x":2,"y":null}],"b":1}"#);
+    }
+
+    #[test]
+    fn limit_bounds() {
+        assert_eq!(check_limit(None), Ok(DEFAULT_LIST_LIMIT));
+        assert_eq!(check_limit(Some(7.0)), Ok(7));
+        for bad in [0.0, -1.0, 1.5, f64::NAN, 1e9] {
+            assert!(check_limit(Some(bad)).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Installs everything the build, demo and tests need on a fresh machine of this
+# project's kind. Idempotent: every step checks first and skips what is there.
+# Only registries this machine reaches are used (crates.io, Debian, npm); see
+# ../shared/TOOLCHAIN.md for why nothing downloads prebuilt binaries.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+WASM_BINDGEN_VERSION=0.2.130   # must equal the wasm-bindgen version in Cargo.lock
+export PATH="$HOME/.cargo/bin:$PATH"
+
+log() { printf '[bootstrap] %s\n' "$*"; }
+
+if ! rustup target list --installed | grep -q wasm32-unknown-unknown; then
+  log "adding wasm32-unknown-unknown"
+  rustup target add wasm32-unknown-unknown
+fi
+
+apt_pkgs=()
+command -v chromium >/dev/null || apt_pkgs+=(chromium)
+command -v chromedriver >/dev/null || apt_pkgs+=(chromium-driver)
+command -v firefox-esr >/dev/null || apt_pkgs+=(firefox-esr)
+command -v wasm-opt >/dev/null || apt_pkgs+=(binaryen)
+[ -x /usr/lib/postgresql/15/bin/initdb ] || apt_pkgs+=(postgresql)
+if [ ${#apt_pkgs[@]} -gt 0 ]; then
+  log "apt-get install ${apt_pkgs[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${apt_pkgs[@]}" >/dev/null
+fi
+
+if ! wasm-bindgen --version 2>/dev/null | grep -q " $WASM_BINDGEN_VERSION"; then
+  log "cargo install wasm-bindgen-cli $WASM_BINDGEN_VERSION"
+  cargo install -q wasm-bindgen-cli --version "$WASM_BINDGEN_VERSION"
+fi
+if ! command -v wasm-pack >/dev/null; then
+  log "cargo install wasm-pack"
+  cargo install -q wasm-pack
+fi
+if ! command -v geckodriver >/dev/null; then
+  log "cargo install geckodriver"
+  cargo install -q geckodriver
+fi
+
+if [ ! -d node_modules/playwright-core ]; then
+  log "npm ci (playwright-core)"
+  npm ci --no-audit --no-fund --silent
+fi
+log "toolchain ready"
