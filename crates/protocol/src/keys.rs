@@ -128,3 +128,90 @@ mod tests {
         }
     }
 }
+
+/// One end of a key range on UTF-16 keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bound {
+    /// The key at the end of the range.
+    pub key: Vec<u16>,
+    /// Whether the key itself is excluded.
+    pub open: bool,
+}
+
+/// The key range of one page of a prefix listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageRange {
+    /// Lower end (`None` = unbounded).
+    pub lower: Option<Bound>,
+    /// Upper end (`None` = unbounded).
+    pub upper: Option<Bound>,
+}
+
+/// The range for a page of keys starting with `prefix`, continuing after the
+/// keyset cursor key `after` (exclusive) in the listing's direction.
+///
+/// Returns `None` when the range is empty (for example a cursor already past
+/// the prefix), so callers never build an inverted `IDBKeyRange` (which throws).
+pub fn page_range(prefix: &[u16], after: Option<&[u16]>, descending: bool) -> Option<PageRange> {
+    let mut lower = Some(Bound { key: prefix.to_vec(), open: false });
+    let mut upper = prefix_successor(prefix).map(|key| Bound { key, open: true });
+    if let Some(after) = after {
+        let cut = Bound { key: after.to_vec(), open: true };
+        if descending {
+            if upper.as_ref().is_none_or(|u| after < u.key.as_slice()) {
+                upper = Some(cut);
+            }
+        } else if lower.as_ref().is_none_or(|l| after >= l.key.as_slice()) {
+            lower = Some(cut);
+        }
+    }
+    if lower.as_ref().is_some_and(|l| l.key.is_empty() && !l.open) {
+        lower = None; // "" is the smallest string: no lower bound needed
+    }
+    if let (Some(l), Some(u)) = (&lower, &upper) {
+        if l.key > u.key || (l.key == u.key && (l.open || u.open)) {
+            return None;
+        }
+    }
+    Some(PageRange { lower, upper })
+}
+
+#[cfg(test)]
+mod page_tests {
+    use super::*;
+
+    fn u(s: &str) -> Vec<u16> {
+        s.encode_utf16().collect()
+    }
+
+    fn contains(r: &PageRange, k: &[u16]) -> bool {
+        r.lower.as_ref().is_none_or(|l| if l.open { k > l.key.as_slice() } else { k >= l.key.as_slice() })
+            && r.upper.as_ref().is_none_or(|h| if h.open { k < h.key.as_slice() } else { k <= h.key.as_slice() })
+    }
+
+    #[test]
+    fn page_after_cursor_excludes_the_cursor_and_stays_in_prefix() {
+        let keys: Vec<Vec<u16>> = ["user_1", "user1_a", "user1_b", "user1_c", "user2"].iter().map(|k| u(k)).collect();
+        let r = page_range(&u("user1_"), Some(&u("user1_a")), false).unwrap();
+        let got: Vec<&Vec<u16>> = keys.iter().filter(|k| contains(&r, k)).collect();
+        assert_eq!(got, vec![&u("user1_b"), &u("user1_c")]);
+        let r = page_range(&u("user1_"), Some(&u("user1_c")), true).unwrap();
+        let got: Vec<&Vec<u16>> = keys.iter().filter(|k| contains(&r, k)).collect();
+        assert_eq!(got, vec![&u("user1_a"), &u("user1_b")]);
+    }
+
+    #[test]
+    fn cursor_outside_the_prefix_gives_an_empty_page_not_an_inverted_range() {
+        assert_eq!(page_range(&u("a/"), Some(&u("b")), false), None);
+        assert_eq!(page_range(&u("b"), Some(&u("a")), true), None);
+        assert!(page_range(&u("b"), Some(&u("a")), false).is_some());
+    }
+
+    #[test]
+    fn empty_prefix_is_unbounded() {
+        let r = page_range(&[], None, false).unwrap();
+        assert_eq!(r, PageRange { lower: None, upper: None });
+        let r = page_range(&[0xFFFF], None, false).unwrap();
+        assert!(r.upper.is_none() && r.lower.is_some());
+    }
+}

@@ -1,0 +1,268 @@
+//! The JavaScript API (`#[wasm_bindgen]` exports). Thin: parse options, call
+//! [`crate::store::Store`], turn results into plain JS objects and errors
+//! into JS `Error`s. Every method returns a Promise and never panics.
+
+use crate::error::{set, StoreError};
+use crate::store::{ListQuery, Store, Written};
+use js_sys::{Array, Function, Object, Promise, Reflect};
+use std::rc::Rc;
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::future_to_promise;
+
+#[wasm_bindgen(typescript_custom_section)]
+const TS_TYPES: &str = r#"
+/** A stored record: a JSON object with a string `_id` and a store-assigned `_rev`. */
+export interface AgentRecord {
+  _id: string;
+  /** `"<generation>-<hex>"`; give it back to update (compare-and-swap). */
+  _rev?: string;
+  recordType?: string;
+  /** ISO-8601 UTC with milliseconds; set to now when absent. */
+  updatedAt?: string;
+  [field: string]: unknown;
+}
+export interface OpenOptions {
+  /** Reject with BlockedError when another tab blocks the open this long (ms). Default 5000. */
+  blockedTimeoutMs?: number;
+  /** Called after another tab's upgrade closed this connection. */
+  onVersionChange?: () => void;
+}
+export interface PutResult { id: string; rev: string; }
+export interface ListOptions {
+  /** Exact prefix on `_id` (UTF-16 code-unit order, as IndexedDB compares). */
+  prefix?: string;
+  /** Only records whose `recordType` equals this. */
+  type?: string;
+  /** Page size, 1..=10000; default 100. */
+  limit?: number;
+  /** The `next` cursor of the previous page. */
+  after?: string;
+  descending?: boolean;
+}
+export interface ListPage { records: AgentRecord[]; next: string | null; }
+export interface MutateOptions {
+  /** Extra attempts after a conflict; default 8. */
+  retries?: number;
+  signal?: AbortSignal;
+}
+export interface ImportOptions {
+  /** Called with (done, total) while writing. */
+  onProgress?: (done: number, total: number) => void;
+}
+export interface PouchImportSummary {
+  documentsRead: number; live: number; tombstones: number; localSkipped: number;
+  conflictsResolved: number; lastSeq: number | null; written: number; keptNewer: number;
+}
+export interface SnapshotImportSummary { written: number; keptNewer: number; }
+/** Errors thrown by agentstore: `name` is e.g. "ConflictError", `code` e.g. "conflict". */
+export interface AgentStoreError extends Error {
+  code: "conflict" | "validation" | "not_found" | "quota_exceeded" | "transaction" | "blocked" | "closed" | "aborted";
+  status: number;
+  id?: string; expectedRev?: string | null; currentRev?: string | null; current?: AgentRecord | null;
+  attempts?: number;
+  failures?: { index: number; id: unknown; message: string; expectedRev?: string | null; currentRev?: string | null }[];
+}
+"#;
+
+/// An agent-record store over one IndexedDB database.
+///
+/// Open with `await AgentStore.open(name, options)`. Every method returns a
+/// Promise; errors are `Error`s with `name`, `code` and `status`.
+#[wasm_bindgen]
+pub struct AgentStore {
+    inner: Rc<Store>,
+}
+
+fn run<F>(f: F) -> Promise
+where
+    F: std::future::Future<Output = Result<JsValue, StoreError>> + 'static,
+{
+    future_to_promise(async move { f.await.map_err(|e| e.to_js()) })
+}
+
+fn opt(options: &JsValue, key: &str) -> JsValue {
+    if options.is_object() {
+        Reflect::get(options, &key.into()).unwrap_or(JsValue::UNDEFINED)
+    } else {
+        JsValue::UNDEFINED
+    }
+}
+
+fn opt_fn(options: &JsValue, key: &str) -> Result<Option<Function>, StoreError> {
+    let v = opt(options, key);
+    if v.is_undefined() || v.is_null() {
+        return Ok(None);
+    }
+    v.dyn_into::<Function>().map(Some).map_err(|_| StoreError::validation(format!("{key} must be a function")))
+}
+
+fn written_js(w: &Written) -> JsValue {
+    let o = Object::new();
+    set(&o, "id", &w.id);
+    set(&o, "rev", &w.rev.as_str().into());
+    o.into()
+}
+
+impl AgentStore {
+    /// Wraps a store opened from Rust (tests, embedding crates).
+    pub fn from_store(store: Store) -> AgentStore {
+        AgentStore { inner: Rc::new(store) }
+    }
+}
+
+#[wasm_bindgen]
+impl AgentStore {
+    /// Opens (creating if needed) the store `name`.
+    ///
+    /// # Errors
+    /// BlockedError after `blockedTimeoutMs` (default 5000 ms) when another
+    /// tab keeps the upgrade blocked; ValidationError for bad options.
+    #[wasm_bindgen(unchecked_return_type = "Promise<AgentStore>")]
+    pub fn open(name: String, #[wasm_bindgen(unchecked_param_type = "OpenOptions | undefined")] options: JsValue) -> Promise {
+        run(async move {
+            let timeout = match opt(&options, "blockedTimeoutMs") {
+                v if v.is_undefined() => 5000,
+                v => match v.as_f64() {
+                    Some(ms) if ms >= 0.0 && ms <= f64::from(u32::MAX) => ms as u32,
+                    _ => return Err(StoreError::validation("blockedTimeoutMs must be a non-negative number of ms")),
+                },
+            };
+            if name.is_empty() {
+                return Err(StoreError::validation("the store name must be a non-empty string"));
+            }
+            let on_vc = opt_fn(&options, "onVersionChange")?;
+            let store = Store::open(&name, timeout, on_vc).await?;
+            Ok(AgentStore { inner: Rc::new(store) }.into())
+        })
+    }
+
+    /// Closes the connection; later calls reject with ClosedError.
+    pub fn close(&self) {
+        self.inner.close();
+    }
+
+    /// The record stored under `id`, or `null` (never stored, or deleted).
+    #[wasm_bindgen(unchecked_return_type = "Promise<AgentRecord | null>")]
+    pub fn get(&self, id: JsValue) -> Promise {
+        let s = self.inner.clone();
+        run(async move { Ok(s.get(&id).await?.unwrap_or(JsValue::NULL)) })
+    }
+
+    /// Creates (no `_rev`) or updates with compare-and-swap (with `_rev`).
+    /// Resolves to `{id, rev}`; rejects with ConflictError (409) carrying
+    /// `id`, `expectedRev`, `currentRev` and `current`.
+    #[wasm_bindgen(unchecked_return_type = "Promise<PutResult>")]
+    pub fn put(&self, #[wasm_bindgen(unchecked_param_type = "AgentRecord")] record: JsValue) -> Promise {
+        let s = self.inner.clone();
+        run(async move { Ok(written_js(&s.put(&record).await?)) })
+    }
+
+    /// Deletes with compare-and-swap, leaving a tombstone; resolves to its revision.
+    #[wasm_bindgen(unchecked_return_type = "Promise<string>")]
+    pub fn delete(&self, id: JsValue, rev: JsValue) -> Promise {
+        let s = self.inner.clone();
+        run(async move { Ok(s.delete(&id, &rev).await?.into()) })
+    }
+
+    /// Read → `fn(current | null)` (may be async) → compare-and-swap write,
+    /// retried on conflict with full-jitter backoff. Resolves to `{id, rev}`,
+    /// or `null` when `fn` returned `undefined`.
+    #[wasm_bindgen(unchecked_return_type = "Promise<PutResult | null>")]
+    pub fn mutate(
+        &self,
+        id: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "(current: AgentRecord | null) => AgentRecord | undefined | Promise<AgentRecord | undefined>")] f: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "MutateOptions | undefined")] options: JsValue,
+    ) -> Promise {
+        let s = self.inner.clone();
+        run(async move {
+            let f: Function = f.dyn_into().map_err(|_| StoreError::validation("mutate(id, fn): fn must be a function"))?;
+            let retries = match opt(&options, "retries") {
+                v if v.is_undefined() => 8,
+                v => match v.as_f64() {
+                    Some(n) if n >= 0.0 && n <= 1000.0 && n.fract() == 0.0 => n as u32,
+                    _ => return Err(StoreError::validation("retries must be an integer in 0..=1000")),
+                },
+            };
+            let signal = match opt(&options, "signal") {
+                v if v.is_undefined() || v.is_null() => None,
+                v => Some(v.dyn_into::<web_sys::AbortSignal>().map_err(|_| StoreError::validation("signal must be an AbortSignal"))?),
+            };
+            Ok(match s.mutate(&id, &f, retries, signal.as_ref()).await? {
+                Some(w) => written_js(&w),
+                None => JsValue::NULL,
+            })
+        })
+    }
+
+    /// Writes all records in one transaction or none; resolves to `[{id, rev}]`.
+    /// Rejects with ValidationError or ConflictError whose `failures` lists
+    /// every failing position.
+    #[wasm_bindgen(js_name = putMany, unchecked_return_type = "Promise<PutResult[]>")]
+    pub fn put_many(&self, #[wasm_bindgen(unchecked_param_type = "AgentRecord[]")] records: JsValue) -> Promise {
+        let s = self.inner.clone();
+        run(async move {
+            let out = s.put_many(&records).await?;
+            Ok(out.iter().map(written_js).collect::<Array>().into())
+        })
+    }
+
+    /// One page of live records: `{records, next}`; pass `next` as `after`.
+    #[wasm_bindgen(unchecked_return_type = "Promise<ListPage>")]
+    pub fn list(&self, #[wasm_bindgen(unchecked_param_type = "ListOptions | undefined")] options: JsValue) -> Promise {
+        let s = self.inner.clone();
+        run(async move {
+            let q = ListQuery::from_js(&options)?;
+            let page = s.list(&q).await?;
+            let o = Object::new();
+            set(&o, "records", &page.records);
+            set(&o, "next", &page.next.map_or(JsValue::NULL, JsValue::from));
+            Ok(o.into())
+        })
+    }
+
+    /// Imports a PouchDB dump (pouchdb-replication-stream NDJSON) in one transaction.
+    #[wasm_bindgen(js_name = importPouchDump, unchecked_return_type = "Promise<PouchImportSummary>")]
+    pub fn import_pouch_dump(&self, text: String, #[wasm_bindgen(unchecked_param_type = "ImportOptions | undefined")] options: JsValue) -> Promise {
+        let s = self.inner.clone();
+        run(async move {
+            let cb = opt_fn(&options, "onProgress")?;
+            let (sum, counts) = s.import_pouch_dump(&text, cb.as_ref()).await?;
+            let o = Object::new();
+            for (k, v) in [
+                ("documentsRead", sum.documents_read),
+                ("live", sum.live),
+                ("tombstones", sum.tombstones),
+                ("localSkipped", sum.local_skipped),
+                ("conflictsResolved", sum.conflicts_resolved),
+                ("written", u64::from(counts.written)),
+                ("keptNewer", u64::from(counts.kept_newer)),
+            ] {
+                set(&o, k, &JsValue::from(v as f64));
+            }
+            set(&o, "lastSeq", &sum.last_seq.map_or(JsValue::NULL, |n| JsValue::from(n as f64)));
+            Ok(o.into())
+        })
+    }
+
+    /// Every record and tombstone as NDJSON (header line first).
+    #[wasm_bindgen(js_name = exportSnapshot, unchecked_return_type = "Promise<string>")]
+    pub fn export_snapshot(&self) -> Promise {
+        let s = self.inner.clone();
+        run(async move { Ok(s.export_snapshot().await?.into()) })
+    }
+
+    /// Imports an `exportSnapshot()` text; newer local revisions are kept.
+    #[wasm_bindgen(js_name = importSnapshot, unchecked_return_type = "Promise<SnapshotImportSummary>")]
+    pub fn import_snapshot(&self, text: String, #[wasm_bindgen(unchecked_param_type = "ImportOptions | undefined")] options: JsValue) -> Promise {
+        let s = self.inner.clone();
+        run(async move {
+            let cb = opt_fn(&options, "onProgress")?;
+            let c = s.import_snapshot(&text, cb.as_ref()).await?;
+            let o = Object::new();
+            set(&o, "written", &c.written.into());
+            set(&o, "keptNewer", &c.kept_newer.into());
+            Ok(o.into())
+        })
+    }
+}

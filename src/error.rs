@@ -1,0 +1,201 @@
+//! The SDK's error type and its mapping to JS `Error` objects.
+//!
+//! Every error crossing into JS is a real `Error` whose `name`, `code` and
+//! `status` come from [`agentstore_protocol::ErrorCode`]; conflict errors also
+//! carry `id`, `expectedRev`, `currentRev` and `current`.
+
+use agentstore_protocol::ErrorCode;
+use js_sys::{Array, Object, Reflect};
+use wasm_bindgen::{JsCast, JsValue};
+
+/// One failing position of a batch (`putMany`, imports).
+#[derive(Debug, Clone)]
+pub struct BatchFailure {
+    /// Index in the input array.
+    pub index: usize,
+    /// The record id, when one could be read.
+    pub id: JsValue,
+    /// What was wrong at that position.
+    pub message: String,
+    /// For conflicts: the revision the caller expected and the stored one.
+    pub expected_rev: Option<String>,
+    /// The stored revision (`None` when nothing is stored).
+    pub current_rev: Option<String>,
+}
+
+/// Everything an agentstore operation can fail with.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// Input refused before anything was written.
+    #[error("{message}")]
+    Validation {
+        /// What was wrong.
+        message: String,
+        /// Per-position failures for batch calls (empty otherwise).
+        failures: Vec<BatchFailure>,
+    },
+    /// Compare-and-swap failed.
+    #[error("conflict on {id_text}: expected revision {}, stored revision is {}", expected_rev.as_deref().unwrap_or("none"), current_rev.as_deref().unwrap_or("none"))]
+    Conflict {
+        /// The record id (a JS string; may hold lone surrogates).
+        id: JsValue,
+        /// The id for messages (lossy).
+        id_text: String,
+        /// Revision the caller wrote against (`None` = create).
+        expected_rev: Option<String>,
+        /// Revision stored now (`None` = nothing).
+        current_rev: Option<String>,
+        /// The stored record, or null.
+        current: JsValue,
+        /// For `mutate`: how many attempts were made.
+        attempts: Option<u32>,
+    },
+    /// A `putMany` in which some positions conflicted; nothing was written.
+    #[error("{} of the batch's records conflict; nothing was written", failures.len())]
+    BatchConflict {
+        /// Every conflicting position.
+        failures: Vec<BatchFailure>,
+    },
+    /// The record does not exist (or is a tombstone).
+    #[error("record {0} not found")]
+    NotFound(String),
+    /// The browser refused the write for lack of quota; the transaction rolled back.
+    #[error("storage quota exceeded; the transaction was rolled back: {0}")]
+    QuotaExceeded(String),
+    /// The transaction failed or aborted for another reason.
+    #[error("IndexedDB transaction failed: {0}")]
+    Transaction(String),
+    /// The open stayed blocked by another tab's connection.
+    #[error("opening {0:?} stayed blocked by another tab for {1} ms")]
+    Blocked(String, u32),
+    /// The store was closed (by `close()` or another tab's upgrade).
+    #[error("the store is closed: {0}")]
+    Closed(String),
+    /// Cancelled through an AbortSignal.
+    #[error("the operation was aborted")]
+    Aborted(JsValue),
+    /// A value thrown by a caller's callback (for example `mutate`'s function),
+    /// passed back to JS unchanged.
+    #[error("the callback threw")]
+    Thrown(JsValue),
+}
+
+impl StoreError {
+    /// A validation error with a message.
+    pub fn validation(message: impl Into<String>) -> Self {
+        StoreError::Validation { message: message.into(), failures: Vec::new() }
+    }
+
+    /// The protocol code of this error.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            StoreError::Validation { .. } => ErrorCode::Validation,
+            StoreError::Conflict { .. } | StoreError::BatchConflict { .. } => ErrorCode::Conflict,
+            StoreError::NotFound(_) => ErrorCode::NotFound,
+            StoreError::QuotaExceeded(_) => ErrorCode::QuotaExceeded,
+            StoreError::Transaction(_) => ErrorCode::Transaction,
+            StoreError::Blocked(..) => ErrorCode::Blocked,
+            StoreError::Closed(_) => ErrorCode::Closed,
+            StoreError::Aborted(_) => ErrorCode::Aborted,
+            StoreError::Thrown(_) => ErrorCode::Internal,
+        }
+    }
+
+    /// Classifies a DOMException (or any thrown JS value) from IndexedDB.
+    pub fn from_dom(value: &JsValue) -> Self {
+        let (name, message) = match value.dyn_ref::<web_sys::DomException>() {
+            Some(e) => (e.name(), e.message()),
+            None => (
+                get_str(value, "name").unwrap_or_default(),
+                get_str(value, "message").unwrap_or_else(|| format!("{value:?}")),
+            ),
+        };
+        match name.as_str() {
+            "QuotaExceededError" => StoreError::QuotaExceeded(message),
+            "InvalidStateError" => StoreError::Closed(message),
+            "DataError" | "DataCloneError" => StoreError::validation(format!("{name}: {message}")),
+            _ => StoreError::Transaction(format!("{name}: {message}")),
+        }
+    }
+
+    /// Builds the JS `Error` object for this error.
+    pub fn to_js(&self) -> JsValue {
+        if let StoreError::Thrown(v) = self {
+            return v.clone();
+        }
+        let code = self.code();
+        let err = js_sys::Error::new(&self.to_string());
+        err.set_name(code.js_name());
+        let o: &JsValue = err.as_ref();
+        set(o, "code", &code.as_str().into());
+        set(o, "status", &JsValue::from(code.status()));
+        match self {
+            StoreError::Conflict { id, expected_rev, current_rev, current, attempts, .. } => {
+                set(o, "id", id);
+                set(o, "expectedRev", &opt_str(expected_rev));
+                set(o, "currentRev", &opt_str(current_rev));
+                set(o, "current", current);
+                if let Some(n) = attempts {
+                    set(o, "attempts", &JsValue::from(*n));
+                }
+            }
+            StoreError::BatchConflict { failures } | StoreError::Validation { failures, .. } => {
+                if !failures.is_empty() || matches!(self, StoreError::BatchConflict { .. }) {
+                    set(o, "failures", &failures_to_js(failures));
+                }
+            }
+            StoreError::Aborted(reason) => set(o, "cause", reason),
+            _ => {}
+        }
+        err.into()
+    }
+}
+
+impl From<idb::Error> for StoreError {
+    fn from(e: idb::Error) -> Self {
+        match &e {
+            idb::Error::DomException(d) => StoreError::from_dom(d.as_ref()),
+            _ => StoreError::Transaction(e.to_string()),
+        }
+    }
+}
+
+impl From<StoreError> for JsValue {
+    fn from(e: StoreError) -> JsValue {
+        e.to_js()
+    }
+}
+
+fn failures_to_js(failures: &[BatchFailure]) -> JsValue {
+    let arr = Array::new();
+    for f in failures {
+        let o = Object::new();
+        set(&o, "index", &JsValue::from(f.index as u32));
+        set(&o, "id", &f.id);
+        set(&o, "message", &f.message.as_str().into());
+        if f.expected_rev.is_some() || f.current_rev.is_some() {
+            set(&o, "expectedRev", &opt_str(&f.expected_rev));
+            set(&o, "currentRev", &opt_str(&f.current_rev));
+        }
+        arr.push(&o);
+    }
+    arr.into()
+}
+
+fn opt_str(s: &Option<String>) -> JsValue {
+    s.as_deref().map_or(JsValue::NULL, JsValue::from)
+}
+
+/// Sets `obj[key] = value`, ignoring failures (only possible on frozen objects we never pass).
+pub(crate) fn set(obj: &JsValue, key: &str, value: &JsValue) {
+    let _ = Reflect::set(obj, &JsValue::from_str(key), value);
+}
+
+/// Reads `obj[key]` as a string, if it is one.
+pub(crate) fn get_str(obj: &JsValue, key: &str) -> Option<String> {
+    Reflect::get(obj, &JsValue::from_str(key)).ok()?.as_string()
+}
+
+/// Result alias for the SDK.
+pub type Result<T> = std::result::Result<T, StoreError>;

@@ -1,0 +1,171 @@
+//! Exact prefix listing with keyset cursors.
+//!
+//! The range is `[prefix, successor(prefix))` computed on UTF-16 code units by
+//! the protocol crate — never a `\uffff` sentinel — so keys beyond the BMP and
+//! keys containing U+FFFF are listed (case C-L2). Pages continue strictly
+//! after the last key seen (`next`), so concurrent writes never make a page
+//! skip or repeat a record that existed before the listing began.
+
+use super::db::{BY_TYPE, RECORDS};
+use super::Store;
+use crate::error::{Result, StoreError};
+use crate::value;
+use agentstore_protocol::keys::{decode_cursor, encode_cursor, page_range, Bound, PageRange};
+use agentstore_protocol::record::check_limit;
+use idb::{CursorDirection, KeyRange, Query, TransactionMode};
+use js_sys::{Array, JsString};
+use wasm_bindgen::{JsCast, JsValue};
+
+/// A parsed `list()` query.
+#[derive(Debug, Clone, Default)]
+pub struct ListQuery {
+    /// Keys must start with these UTF-16 units (empty = all).
+    pub prefix: Vec<u16>,
+    /// Only records whose `recordType` equals this.
+    pub record_type: Option<String>,
+    /// Page size, 1..=10 000.
+    pub limit: u32,
+    /// Continue after this key (decoded cursor).
+    pub after: Option<Vec<u16>>,
+    /// Largest key first.
+    pub descending: bool,
+}
+
+impl ListQuery {
+    /// Reads `{prefix, type, limit, after, descending}` from a JS object (or undefined).
+    ///
+    /// # Errors
+    /// ValidationError for wrong types, a bad limit or a cursor not made by `list`.
+    pub fn from_js(options: &JsValue) -> Result<ListQuery> {
+        let get = |k: &str| -> JsValue {
+            if options.is_object() {
+                js_sys::Reflect::get(options, &k.into()).unwrap_or(JsValue::UNDEFINED)
+            } else {
+                JsValue::UNDEFINED
+            }
+        };
+        if !options.is_undefined() && !options.is_null() && !options.is_object() {
+            return Err(StoreError::validation("list options must be an object"));
+        }
+        let prefix = match get("prefix") {
+            v if v.is_undefined() || v.is_null() => Vec::new(),
+            v => match v.dyn_into::<JsString>() {
+                Ok(s) => value::units(&s),
+                Err(_) => return Err(StoreError::validation("prefix must be a string")),
+            },
+        };
+        let record_type = match get("type") {
+            v if v.is_undefined() || v.is_null() => None,
+            v => Some(v.as_string().ok_or_else(|| StoreError::validation("type must be a string"))?),
+        };
+        let limit = match get("limit") {
+            v if v.is_undefined() || v.is_null() => check_limit(None),
+            v => match v.as_f64() {
+                Some(n) => check_limit(Some(n)),
+                None => Err("limit must be a number".into()),
+            },
+        }
+        .map_err(StoreError::validation)?;
+        let after = match get("after") {
+            v if v.is_undefined() || v.is_null() => None,
+            v => {
+                let s = v.as_string().ok_or_else(|| StoreError::validation("after must be a cursor string from a previous page's next"))?;
+                Some(decode_cursor(&s).map_err(StoreError::validation)?)
+            }
+        };
+        let descending = get("descending").as_bool().unwrap_or(false);
+        Ok(ListQuery { prefix, record_type, limit, after, descending })
+    }
+}
+
+/// One page: the stored records (as IndexedDB returned them) and the cursor
+/// for the next page (`None` on the last page).
+pub struct Page {
+    /// Records in key order (descending when asked).
+    pub records: Array,
+    /// Opaque cursor for `after`, or `None`.
+    pub next: Option<String>,
+}
+
+impl Store {
+    /// Lists one page of live records.
+    ///
+    /// # Errors
+    /// ClosedError / TransactionError from IndexedDB.
+    pub async fn list(&self, q: &ListQuery) -> Result<Page> {
+        let Some(range) = page_range(&q.prefix, q.after.as_deref(), q.descending) else {
+            return Ok(Page { records: Array::new(), next: None });
+        };
+        let tx = self.db.tx(&[RECORDS], TransactionMode::ReadOnly)?;
+        let store = tx.store(RECORDS)?;
+        let fetch = q.limit + 1;
+        let query = key_range(&range, q.record_type.as_deref())?;
+        let rows: Vec<JsValue> = match (&q.record_type, q.descending) {
+            (None, false) => store.get_all(query, Some(fetch))?.await?,
+            (Some(_), false) => store.index(BY_TYPE)?.get_all(query, Some(fetch))?.await?,
+            (None, true) => collect_cursor(store.open_cursor(query, Some(CursorDirection::Prev))?.await?, fetch).await?,
+            (Some(_), true) => {
+                collect_cursor(store.index(BY_TYPE)?.open_cursor(query, Some(CursorDirection::Prev))?.await?, fetch).await?
+            }
+        };
+        tx.commit().await?;
+        let records = Array::new();
+        let mut next = None;
+        for (i, row) in rows.iter().enumerate() {
+            if i as u32 == q.limit {
+                let last = records.get(q.limit - 1);
+                let id: JsString = js_sys::Reflect::get(&last, &"_id".into()).unwrap_or_default().into();
+                next = Some(encode_cursor(&value::units(&id)));
+                break;
+            }
+            records.push(row);
+        }
+        Ok(Page { records, next })
+    }
+}
+
+async fn collect_cursor(cursor: Option<idb::Cursor>, max: u32) -> Result<Vec<JsValue>> {
+    let mut out = Vec::new();
+    let Some(cursor) = cursor else { return Ok(out) };
+    let mut cursor = cursor.into_managed();
+    while (out.len() as u32) < max {
+        match cursor.value()? {
+            Some(v) => out.push(v),
+            None => break,
+        }
+        if (out.len() as u32) < max {
+            cursor.next(None).await?;
+        }
+    }
+    Ok(out)
+}
+
+/// The IndexedDB key range for a page; with a type, keys are `[type, id]`.
+fn key_range(r: &PageRange, record_type: Option<&str>) -> Result<Option<Query>> {
+    let key = |b: &Bound| -> JsValue {
+        let id: JsValue = value::from_units(&b.key).into();
+        match record_type {
+            None => id,
+            Some(t) => Array::of2(&t.into(), &id).into(),
+        }
+    };
+    // With a type, a missing bound still has to stay inside [type] … [type, []]:
+    // arrays sort after every string, so [type, []] is above all [type, id].
+    let (lower, lower_open) = match (&r.lower, record_type) {
+        (Some(b), _) => (Some(key(b)), b.open),
+        (None, Some(t)) => (Some(Array::of1(&t.into()).into()), false),
+        (None, None) => (None, false),
+    };
+    let (upper, upper_open) = match (&r.upper, record_type) {
+        (Some(b), _) => (Some(key(b)), b.open),
+        (None, Some(t)) => (Some(Array::of2(&t.into(), &Array::new()).into()), true),
+        (None, None) => (None, false),
+    };
+    let range = match (lower, upper) {
+        (None, None) => return Ok(None),
+        (Some(l), None) => KeyRange::lower_bound(&l, Some(lower_open))?,
+        (None, Some(u)) => KeyRange::upper_bound(&u, Some(upper_open))?,
+        (Some(l), Some(u)) => KeyRange::bound(&l, &u, Some(lower_open), Some(upper_open))?,
+    };
+    Ok(Some(Query::KeyRange(range)))
+}

@@ -1,0 +1,72 @@
+//! Helpers shared by the browser suites (each `tests/*.rs` is its own page).
+#![allow(dead_code)]
+
+use agentstore::store::{ListQuery, Store};
+use agentstore::StoreError;
+use agentstore_protocol::ErrorCode;
+use js_sys::{JsString, Reflect};
+use wasm_bindgen::JsValue;
+
+/// A database name no other test uses.
+pub fn fresh_name(tag: &str) -> String {
+    format!("t-{tag}-{}", (js_sys::Math::random() * 1e12) as u64)
+}
+
+/// Opens a fresh store.
+pub async fn open(tag: &str) -> (Store, String) {
+    let name = fresh_name(tag);
+    (Store::open(&name, 2000, None).await.expect("open"), name)
+}
+
+/// A JS object from JSON.
+pub fn js(v: serde_json::Value) -> JsValue {
+    js_sys::JSON::parse(&v.to_string()).expect("json")
+}
+
+pub fn s(v: &str) -> JsValue {
+    JsValue::from_str(v)
+}
+
+pub fn field(v: &JsValue, k: &str) -> JsValue {
+    Reflect::get(v, &k.into()).unwrap_or(JsValue::UNDEFINED)
+}
+
+pub fn field_str(v: &JsValue, k: &str) -> Option<String> {
+    field(v, k).as_string()
+}
+
+pub fn code(e: &StoreError) -> ErrorCode {
+    e.code()
+}
+
+/// Every live id under `prefix`, paging with `limit`.
+pub async fn all_ids(store: &Store, prefix: &str, limit: u32) -> Vec<String> {
+    let mut q = ListQuery { prefix: prefix.encode_utf16().collect(), limit, ..Default::default() };
+    let mut out = Vec::new();
+    loop {
+        let page = store.list(&q).await.expect("list");
+        for r in page.records.iter() {
+            out.push(String::from(JsString::from(field(&r, "_id"))));
+        }
+        match page.next {
+            Some(n) => q.after = Some(agentstore_protocol::keys::decode_cursor(&n).expect("cursor")),
+            None => return out,
+        }
+    }
+}
+
+/// Ids (as UTF-16 units, exact) of one page walk.
+pub async fn all_id_units(store: &Store, prefix: &[u16], limit: u32, descending: bool) -> Vec<Vec<u16>> {
+    let mut q = ListQuery { prefix: prefix.to_vec(), limit, descending, ..Default::default() };
+    let mut out = Vec::new();
+    loop {
+        let page = store.list(&q).await.expect("list");
+        for r in page.records.iter() {
+            out.push(agentstore::value::units(&JsString::from(field(&r, "_id"))));
+        }
+        match page.next {
+            Some(n) => q.after = Some(agentstore_protocol::keys::decode_cursor(&n).expect("cursor")),
+            None => return out,
+        }
+    }
+}
