@@ -1,0 +1,221 @@
+//! Races forced, not hoped for: both writers read the same revision before
+//! either writes, over many rounds, on one and on two connections.
+use agentstore::store::Store;
+use agentstore_protocol::ErrorCode;
+use serde_json::{json, Value};
+use std::cell::RefCell;
+use std::rc::Rc;
+use wasm_bindgen_test::*;
+
+mod common;
+use common::*;
+
+wasm_bindgen_test_configure!(run_in_browser);
+
+#[wasm_bindgen_test]
+async fn two_creates_in_the_same_tick_have_exactly_one_winner() {
+    let (a, name) = open("c-s2").await;
+    let b = Store::open(&name, 2000, None).await.unwrap();
+    for round in 0..50 {
+        let id = format!("same-{round}");
+        // Same connection, then two connections on one database.
+        let (ra, rb) = (js(json!({"_id": id, "who": "A"})), js(json!({"_id": id, "who": "B"})));
+        let (x, y) = if round % 2 == 0 { futures::join!(a.put(&ra), a.put(&rb)) } else { futures::join!(a.put(&ra), b.put(&rb)) };
+        let winner = match (&x, &y) {
+            (Ok(w), Err(e)) => {
+                assert_eq!(e.code(), ErrorCode::Conflict);
+                assert!(w.rev.starts_with("1-"));
+                "A"
+            }
+            (Err(e), Ok(w)) => {
+                assert_eq!(e.code(), ErrorCode::Conflict);
+                assert!(w.rev.starts_with("1-"));
+                "B"
+            }
+            _ => panic!("round {round}: exactly one create must win: {x:?} {y:?}"),
+        };
+        let stored = a.get(&s(&id)).await.unwrap().unwrap();
+        assert_eq!(field_str(&stored, "who").as_deref(), Some(winner));
+    }
+}
+
+/// Barrier: both writers hold the same revision, then write at once — over
+/// 120 rounds exactly one wins each time and the loser's body is never stored.
+#[wasm_bindgen_test]
+async fn two_writers_with_the_same_revision_exactly_one_wins_every_round() {
+    let (a, name) = open("barrier").await;
+    let b = Store::open(&name, 2000, None).await.unwrap();
+    let mut rev = a.put(&js(json!({"_id": "k", "n": 0}))).await.unwrap().rev;
+    for round in 1..=120 {
+        let (ra, rb) = (js(json!({"_id": "k", "_rev": rev, "n": round, "w": "a"})), js(json!({"_id": "k", "_rev": rev, "n": round, "w": "b"})));
+        let (x, y) = futures::join!(a.put(&ra), b.put(&rb));
+        let (won, who) = match (x, y) {
+            (Ok(w), Err(e)) if e.code() == ErrorCode::Conflict => (w, "a"),
+            (Err(e), Ok(w)) if e.code() == ErrorCode::Conflict => (w, "b"),
+            (x, y) => panic!("round {round}: {x:?} {y:?}"),
+        };
+        let stored = a.get(&s("k")).await.unwrap().unwrap();
+        assert_eq!(field_str(&stored, "w").as_deref(), Some(who));
+        assert_eq!(field_str(&stored, "_rev").as_deref(), Some(won.rev.as_str()));
+        assert!(won.rev.starts_with(&format!("{}-", round + 1)));
+        rev = won.rev;
+    }
+}
+
+fn push_fn(item: &'static str, delay_ms: u32) -> js_sys::Function {
+    js_sys::Function::new_with_args(
+        "cur",
+        &format!(
+            "return new Promise(r => setTimeout(() => r({{...(cur || {{}}), items: [...((cur && cur.items) || []), '{item}']}}), {delay_ms}));"
+        ),
+    )
+}
+
+#[wasm_bindgen_test]
+async fn read_modify_write_split_by_an_await_conflicts_and_mutate_merges() {
+    let (store, _) = open("c-s3").await;
+    let r1 = store.put(&js(json!({"_id": "r1", "items": []}))).await.unwrap().rev;
+    // A and B both read r1; A writes after a 50 ms timer; B writes after A.
+    let a = async {
+        gloo_timers::future::TimeoutFuture::new(50).await;
+        store.put(&js(json!({"_id": "r1", "_rev": r1, "items": ["a"]}))).await
+    };
+    let b = async {
+        gloo_timers::future::TimeoutFuture::new(80).await;
+        store.put(&js(json!({"_id": "r1", "_rev": r1, "items": ["b"]}))).await
+    };
+    let (ra, rb) = futures::join!(a, b);
+    ra.unwrap();
+    assert_eq!(rb.unwrap_err().code(), ErrorCode::Conflict);
+
+    // mutate for both, each with an async function awaiting a timer.
+    let (_store2, name) = open("c-s3m").await;
+    let store = Store::open(&name, 2000, None).await.unwrap();
+    store.put(&js(json!({"_id": "r1", "items": []}))).await.unwrap();
+    let key = s("r1");
+    let (fa, fb) = (push_fn("a", 50), push_fn("b", 10));
+    let (x, y) = futures::join!(store.mutate(&key, &fa, 8, None), store.mutate(&key, &fb, 8, None));
+    x.unwrap();
+    y.unwrap();
+    let got = store.get(&s("r1")).await.unwrap().unwrap();
+    let items: Vec<String> = js_sys::Array::from(&field(&got, "items")).iter().map(|v| v.as_string().unwrap()).collect();
+    let mut sorted = items.clone();
+    sorted.sort();
+    assert_eq!(sorted, vec!["a", "b"], "{items:?}");
+    assert!(field_str(&got, "_rev").unwrap().starts_with("3-"));
+
+    // retries: 0 under contention rejects and overwrites nothing.
+    let before = field_str(&got, "_rev").unwrap();
+    let (slow, fast) = (push_fn("slow", 60), push_fn("fast", 0));
+    let (x, y) = futures::join!(store.mutate(&key, &slow, 0, None), store.mutate(&key, &fast, 0, None));
+    y.unwrap();
+    let e = x.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Conflict);
+    assert!(matches!(e, agentstore::StoreError::Conflict { attempts: Some(1), .. }));
+    let now = store.get(&s("r1")).await.unwrap().unwrap();
+    let items: Vec<String> = js_sys::Array::from(&field(&now, "items")).iter().map(|v| v.as_string().unwrap()).collect();
+    assert!(items.contains(&"fast".to_string()) && !items.contains(&"slow".to_string()));
+    assert!(field_str(&now, "_rev").unwrap().starts_with("4-"), "{before} then one write");
+}
+
+/// 50 concurrent increments through `mutate` from two store instances on one
+/// database give exactly 50.
+#[wasm_bindgen_test]
+async fn fifty_concurrent_mutate_increments_from_two_instances_give_fifty() {
+    let (a, name) = open("inc").await;
+    let b = Store::open(&name, 2000, None).await.unwrap();
+    a.put(&js(json!({"_id": "counter", "n": 0}))).await.unwrap();
+    let inc = js_sys::Function::new_with_args("cur", "return Promise.resolve().then(() => ({...cur, n: cur.n + 1}));");
+    let key = s("counter");
+    let mut futs = Vec::new();
+    for i in 0..50 {
+        let s_ = if i % 2 == 0 { &a } else { &b };
+        futs.push(s_.mutate(&key, &inc, 100, None));
+    }
+    for r in futures::future::join_all(futs).await {
+        r.unwrap();
+    }
+    let got = a.get(&s("counter")).await.unwrap().unwrap();
+    assert_eq!(field(&got, "n").as_f64(), Some(50.0));
+    assert!(field_str(&got, "_rev").unwrap().starts_with("51-"));
+}
+
+#[wasm_bindgen_test]
+async fn mutate_returning_undefined_writes_nothing_and_a_thrown_error_passes_through() {
+    let (store, _) = open("mut-undef").await;
+    let rev = store.put(&js(json!({"_id": "u", "v": 1}))).await.unwrap().rev;
+    let none = js_sys::Function::new_with_args("cur", "return undefined;");
+    assert!(store.mutate(&s("u"), &none, 8, None).await.unwrap().is_none());
+    let throws = js_sys::Function::new_with_args("cur", "throw new RangeError('nope');");
+    let e = store.mutate(&s("u"), &throws, 8, None).await.unwrap_err();
+    let js_err = e.to_js();
+    assert_eq!(field_str(&js_err, "name").as_deref(), Some("RangeError"));
+    let got = store.get(&s("u")).await.unwrap().unwrap();
+    assert_eq!(field_str(&got, "_rev").as_deref(), Some(rev.as_str()));
+    // An aborted signal stops before reading.
+    let ctl = web_sys::AbortController::new().unwrap();
+    ctl.abort();
+    let inc = js_sys::Function::new_with_args("cur", "return {...cur, v: 2};");
+    let e = store.mutate(&s("u"), &inc, 8, Some(&ctl.signal())).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Aborted);
+    // mutate creates when nothing is stored
+    let mk = js_sys::Function::new_with_args("cur", "return cur ? undefined : {v: 'new'};");
+    let w = store.mutate(&s("fresh"), &mk, 8, None).await.unwrap().unwrap();
+    assert!(w.rev.starts_with("1-"));
+}
+
+#[wasm_bindgen_test]
+async fn put_many_is_all_or_nothing_and_reports_every_conflicting_position() {
+    let (store, _) = open("many").await;
+    let r = store.put(&js(json!({"_id": "b", "v": 0}))).await.unwrap().rev;
+    store.put(&js(json!({"_id": "d", "v": 0}))).await.unwrap();
+    // conflict at the last position only
+    let batch = js(json!([{"_id": "a"}, {"_id": "b", "_rev": r, "v": 1}, {"_id": "c"}, {"_id": "d"}]));
+    let e = store.put_many(&batch).await.unwrap_err();
+    match &e {
+        agentstore::StoreError::BatchConflict { failures } => {
+            assert_eq!(failures.iter().map(|f| f.index).collect::<Vec<_>>(), vec![3]);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(store.get(&s("a")).await.unwrap().is_none(), "nothing written");
+    assert_eq!(field(&store.get(&s("b")).await.unwrap().unwrap(), "v").as_f64(), Some(0.0));
+    // several conflicting positions are all reported
+    let batch = js(json!([{"_id": "b"}, {"_id": "x"}, {"_id": "d", "_rev": "9-ff"}]));
+    let e = store.put_many(&batch).await.unwrap_err();
+    let js_err = e.to_js();
+    let idx: Vec<f64> = js_sys::Array::from(&field(&js_err, "failures")).iter().map(|f| field(&f, "index").as_f64().unwrap()).collect();
+    assert_eq!(idx, vec![0.0, 2.0]);
+    assert_eq!(field_str(&js_err, "name").as_deref(), Some("ConflictError"));
+    // the whole batch lands when every position is right
+    let batch: Vec<Value> = (0..500).map(|i| json!({"_id": format!("m{i:04}"), "i": i})).collect();
+    let out = store.put_many(&js(Value::Array(batch))).await.unwrap();
+    assert_eq!(out.len(), 500);
+    assert_eq!(all_ids(&store, "m", 1000).await.len(), 500);
+}
+
+/// A user callback that awaits timers and promises between the read and the
+/// write never splits a transaction (case C-E3): concurrent async mutates
+/// and plain puts on the same record never lose an update.
+#[wasm_bindgen_test]
+async fn foreign_awaits_in_callbacks_never_split_a_transaction() {
+    let (store, _) = open("c-e3").await;
+    store.put(&js(json!({"_id": "c", "n": 0}))).await.unwrap();
+    let slow_inc = js_sys::Function::new_with_args(
+        "cur",
+        "return new Promise(r => setTimeout(r, Math.random() * 5)).then(() => crypto.subtle.digest('SHA-256', new Uint8Array(8))).then(() => ({...cur, n: cur.n + 1}));",
+    );
+    let done = Rc::new(RefCell::new(0));
+    let key = s("c");
+    let mut futs = Vec::new();
+    for _ in 0..20 {
+        futs.push(store.mutate(&key, &slow_inc, 200, None));
+    }
+    for r in futures::future::join_all(futs).await {
+        r.unwrap();
+        *done.borrow_mut() += 1;
+    }
+    let got = store.get(&s("c")).await.unwrap().unwrap();
+    assert_eq!(field(&got, "n").as_f64(), Some(20.0));
+    assert_eq!(*done.borrow(), 20);
+}
