@@ -93,7 +93,9 @@ fn opt_fn(options: &JsValue, key: &str) -> Result<Option<Function>, StoreError> 
     if v.is_undefined() || v.is_null() {
         return Ok(None);
     }
-    v.dyn_into::<Function>().map(Some).map_err(|_| StoreError::validation(format!("{key} must be a function")))
+    v.dyn_into::<Function>()
+        .map(Some)
+        .map_err(|_| StoreError::validation(format!("{key} must be a function")))
 }
 
 fn written_js(w: &Written) -> JsValue {
@@ -106,7 +108,9 @@ fn written_js(w: &Written) -> JsValue {
 impl AgentStore {
     /// Wraps a store opened from Rust (tests, embedding crates).
     pub fn from_store(store: Store) -> AgentStore {
-        AgentStore { inner: Rc::new(store) }
+        AgentStore {
+            inner: Rc::new(store),
+        }
     }
 }
 
@@ -118,21 +122,33 @@ impl AgentStore {
     /// BlockedError after `blockedTimeoutMs` (default 5000 ms) when another
     /// tab keeps the upgrade blocked; ValidationError for bad options.
     #[wasm_bindgen(unchecked_return_type = "Promise<AgentStore>")]
-    pub fn open(name: String, #[wasm_bindgen(unchecked_param_type = "OpenOptions | undefined")] options: JsValue) -> Promise {
+    pub fn open(
+        name: String,
+        #[wasm_bindgen(unchecked_param_type = "OpenOptions | undefined")] options: JsValue,
+    ) -> Promise {
         run(async move {
             let timeout = match opt(&options, "blockedTimeoutMs") {
                 v if v.is_undefined() => 5000,
                 v => match v.as_f64() {
                     Some(ms) if ms >= 0.0 && ms <= f64::from(u32::MAX) => ms as u32,
-                    _ => return Err(StoreError::validation("blockedTimeoutMs must be a non-negative number of ms")),
+                    _ => {
+                        return Err(StoreError::validation(
+                            "blockedTimeoutMs must be a non-negative number of ms",
+                        ))
+                    }
                 },
             };
             if name.is_empty() {
-                return Err(StoreError::validation("the store name must be a non-empty string"));
+                return Err(StoreError::validation(
+                    "the store name must be a non-empty string",
+                ));
             }
             let on_vc = opt_fn(&options, "onVersionChange")?;
             let store = Store::open(&name, timeout, on_vc).await?;
-            Ok(AgentStore { inner: Rc::new(store) }.into())
+            Ok(AgentStore {
+                inner: Rc::new(store),
+            }
+            .into())
         })
     }
 
@@ -152,7 +168,10 @@ impl AgentStore {
     /// Resolves to `{id, rev}`; rejects with ConflictError (409) carrying
     /// `id`, `expectedRev`, `currentRev` and `current`.
     #[wasm_bindgen(unchecked_return_type = "Promise<PutResult>")]
-    pub fn put(&self, #[wasm_bindgen(unchecked_param_type = "AgentRecord")] record: JsValue) -> Promise {
+    pub fn put(
+        &self,
+        #[wasm_bindgen(unchecked_param_type = "AgentRecord")] record: JsValue,
+    ) -> Promise {
         let s = self.inner.clone();
         run(async move { Ok(written_js(&s.put(&record).await?)) })
     }
@@ -171,22 +190,34 @@ impl AgentStore {
     pub fn mutate(
         &self,
         id: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "(current: AgentRecord | null) => AgentRecord | undefined | Promise<AgentRecord | undefined>")] f: JsValue,
+        #[wasm_bindgen(
+            unchecked_param_type = "(current: AgentRecord | null) => AgentRecord | undefined | Promise<AgentRecord | undefined>"
+        )]
+        f: JsValue,
         #[wasm_bindgen(unchecked_param_type = "MutateOptions | undefined")] options: JsValue,
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
-            let f: Function = f.dyn_into().map_err(|_| StoreError::validation("mutate(id, fn): fn must be a function"))?;
+            let f: Function = f
+                .dyn_into()
+                .map_err(|_| StoreError::validation("mutate(id, fn): fn must be a function"))?;
             let retries = match opt(&options, "retries") {
                 v if v.is_undefined() => 8,
                 v => match v.as_f64() {
-                    Some(n) if n >= 0.0 && n <= 1000.0 && n.fract() == 0.0 => n as u32,
-                    _ => return Err(StoreError::validation("retries must be an integer in 0..=1000")),
+                    Some(n) if (0.0..=1000.0).contains(&n) && n.fract() == 0.0 => n as u32,
+                    _ => {
+                        return Err(StoreError::validation(
+                            "retries must be an integer in 0..=1000",
+                        ))
+                    }
                 },
             };
             let signal = match opt(&options, "signal") {
                 v if v.is_undefined() || v.is_null() => None,
-                v => Some(v.dyn_into::<web_sys::AbortSignal>().map_err(|_| StoreError::validation("signal must be an AbortSignal"))?),
+                v => Some(
+                    v.dyn_into::<web_sys::AbortSignal>()
+                        .map_err(|_| StoreError::validation("signal must be an AbortSignal"))?,
+                ),
             };
             Ok(match s.mutate(&id, &f, retries, signal.as_ref()).await? {
                 Some(w) => written_js(&w),
@@ -199,7 +230,10 @@ impl AgentStore {
     /// Rejects with ValidationError or ConflictError whose `failures` lists
     /// every failing position.
     #[wasm_bindgen(js_name = putMany, unchecked_return_type = "Promise<PutResult[]>")]
-    pub fn put_many(&self, #[wasm_bindgen(unchecked_param_type = "AgentRecord[]")] records: JsValue) -> Promise {
+    pub fn put_many(
+        &self,
+        #[wasm_bindgen(unchecked_param_type = "AgentRecord[]")] records: JsValue,
+    ) -> Promise {
         let s = self.inner.clone();
         run(async move {
             let out = s.put_many(&records).await?;
@@ -209,7 +243,10 @@ impl AgentStore {
 
     /// One page of live records: `{records, next}`; pass `next` as `after`.
     #[wasm_bindgen(unchecked_return_type = "Promise<ListPage>")]
-    pub fn list(&self, #[wasm_bindgen(unchecked_param_type = "ListOptions | undefined")] options: JsValue) -> Promise {
+    pub fn list(
+        &self,
+        #[wasm_bindgen(unchecked_param_type = "ListOptions | undefined")] options: JsValue,
+    ) -> Promise {
         let s = self.inner.clone();
         run(async move {
             let q = ListQuery::from_js(&options)?;
@@ -223,7 +260,11 @@ impl AgentStore {
 
     /// Imports a PouchDB dump (pouchdb-replication-stream NDJSON) in one transaction.
     #[wasm_bindgen(js_name = importPouchDump, unchecked_return_type = "Promise<PouchImportSummary>")]
-    pub fn import_pouch_dump(&self, text: String, #[wasm_bindgen(unchecked_param_type = "ImportOptions | undefined")] options: JsValue) -> Promise {
+    pub fn import_pouch_dump(
+        &self,
+        text: String,
+        #[wasm_bindgen(unchecked_param_type = "ImportOptions | undefined")] options: JsValue,
+    ) -> Promise {
         let s = self.inner.clone();
         run(async move {
             let cb = opt_fn(&options, "onProgress")?;
@@ -240,7 +281,12 @@ impl AgentStore {
             ] {
                 set(&o, k, &JsValue::from(v as f64));
             }
-            set(&o, "lastSeq", &sum.last_seq.map_or(JsValue::NULL, |n| JsValue::from(n as f64)));
+            set(
+                &o,
+                "lastSeq",
+                &sum.last_seq
+                    .map_or(JsValue::NULL, |n| JsValue::from(n as f64)),
+            );
             Ok(o.into())
         })
     }
@@ -254,7 +300,11 @@ impl AgentStore {
 
     /// Imports an `exportSnapshot()` text; newer local revisions are kept.
     #[wasm_bindgen(js_name = importSnapshot, unchecked_return_type = "Promise<SnapshotImportSummary>")]
-    pub fn import_snapshot(&self, text: String, #[wasm_bindgen(unchecked_param_type = "ImportOptions | undefined")] options: JsValue) -> Promise {
+    pub fn import_snapshot(
+        &self,
+        text: String,
+        #[wasm_bindgen(unchecked_param_type = "ImportOptions | undefined")] options: JsValue,
+    ) -> Promise {
         let s = self.inner.clone();
         run(async move {
             let cb = opt_fn(&options, "onProgress")?;

@@ -84,7 +84,10 @@ pub enum StoreError {
 impl StoreError {
     /// A validation error with a message.
     pub fn validation(message: impl Into<String>) -> Self {
-        StoreError::Validation { message: message.into(), failures: Vec::new() }
+        StoreError::Validation {
+            message: message.into(),
+            failures: Vec::new(),
+        }
     }
 
     /// The protocol code of this error.
@@ -131,7 +134,14 @@ impl StoreError {
         set(o, "code", &code.as_str().into());
         set(o, "status", &JsValue::from(code.status()));
         match self {
-            StoreError::Conflict { id, expected_rev, current_rev, current, attempts, .. } => {
+            StoreError::Conflict {
+                id,
+                expected_rev,
+                current_rev,
+                current,
+                attempts,
+                ..
+            } => {
                 set(o, "id", id);
                 set(o, "expectedRev", &opt_str(expected_rev));
                 set(o, "currentRev", &opt_str(current_rev));
@@ -140,10 +150,9 @@ impl StoreError {
                     set(o, "attempts", &JsValue::from(*n));
                 }
             }
-            StoreError::BatchConflict { failures } | StoreError::Validation { failures, .. } => {
-                if !failures.is_empty() || matches!(self, StoreError::BatchConflict { .. }) {
-                    set(o, "failures", &failures_to_js(failures));
-                }
+            StoreError::BatchConflict { failures } => set(o, "failures", &failures_to_js(failures)),
+            StoreError::Validation { failures, .. } if !failures.is_empty() => {
+                set(o, "failures", &failures_to_js(failures))
             }
             StoreError::Aborted(reason) => set(o, "cause", reason),
             _ => {}

@@ -33,7 +33,12 @@ fn walk(v: &JsValue, path: &mut String, ancestors: &mut Vec<JsValue>) -> Result<
         return Ok(Value::Bool(b));
     }
     if let Some(n) = v.as_f64() {
-        return number(n).ok_or_else(|| at(path, &format!("{n} is not a finite number and cannot be stored as JSON")));
+        return number(n).ok_or_else(|| {
+            at(
+                path,
+                &format!("{n} is not a finite number and cannot be stored as JSON"),
+            )
+        });
     }
     if let Some(s) = v.as_string() {
         return Ok(Value::String(s));
@@ -42,7 +47,10 @@ fn walk(v: &JsValue, path: &mut String, ancestors: &mut Vec<JsValue>) -> Result<
         return Err(at(path, "undefined cannot be stored as JSON (use null)"));
     }
     if v.is_bigint() {
-        return Err(at(path, "BigInt cannot be stored as JSON; store it as a string or a Number"));
+        return Err(at(
+            path,
+            "BigInt cannot be stored as JSON; store it as a string or a Number",
+        ));
     }
     if v.is_symbol() {
         return Err(at(path, "a Symbol cannot be stored as JSON"));

@@ -19,8 +19,15 @@ async fn two_creates_in_the_same_tick_have_exactly_one_winner() {
     for round in 0..50 {
         let id = format!("same-{round}");
         // Same connection, then two connections on one database.
-        let (ra, rb) = (js(json!({"_id": id, "who": "A"})), js(json!({"_id": id, "who": "B"})));
-        let (x, y) = if round % 2 == 0 { futures::join!(a.put(&ra), a.put(&rb)) } else { futures::join!(a.put(&ra), b.put(&rb)) };
+        let (ra, rb) = (
+            js(json!({"_id": id, "who": "A"})),
+            js(json!({"_id": id, "who": "B"})),
+        );
+        let (x, y) = if round % 2 == 0 {
+            futures::join!(a.put(&ra), a.put(&rb))
+        } else {
+            futures::join!(a.put(&ra), b.put(&rb))
+        };
         let winner = match (&x, &y) {
             (Ok(w), Err(e)) => {
                 assert_eq!(e.code(), ErrorCode::Conflict);
@@ -47,7 +54,10 @@ async fn two_writers_with_the_same_revision_exactly_one_wins_every_round() {
     let b = Store::open(&name, 2000, None).await.unwrap();
     let mut rev = a.put(&js(json!({"_id": "k", "n": 0}))).await.unwrap().rev;
     for round in 1..=120 {
-        let (ra, rb) = (js(json!({"_id": "k", "_rev": rev, "n": round, "w": "a"})), js(json!({"_id": "k", "_rev": rev, "n": round, "w": "b"})));
+        let (ra, rb) = (
+            js(json!({"_id": "k", "_rev": rev, "n": round, "w": "a"})),
+            js(json!({"_id": "k", "_rev": rev, "n": round, "w": "b"})),
+        );
         let (x, y) = futures::join!(a.put(&ra), b.put(&rb));
         let (won, who) = match (x, y) {
             (Ok(w), Err(e)) if e.code() == ErrorCode::Conflict => (w, "a"),
@@ -56,7 +66,10 @@ async fn two_writers_with_the_same_revision_exactly_one_wins_every_round() {
         };
         let stored = a.get(&s("k")).await.unwrap().unwrap();
         assert_eq!(field_str(&stored, "w").as_deref(), Some(who));
-        assert_eq!(field_str(&stored, "_rev").as_deref(), Some(won.rev.as_str()));
+        assert_eq!(
+            field_str(&stored, "_rev").as_deref(),
+            Some(won.rev.as_str())
+        );
         assert!(won.rev.starts_with(&format!("{}-", round + 1)));
         rev = won.rev;
     }
@@ -74,15 +87,23 @@ fn push_fn(item: &'static str, delay_ms: u32) -> js_sys::Function {
 #[wasm_bindgen_test]
 async fn read_modify_write_split_by_an_await_conflicts_and_mutate_merges() {
     let (store, _) = open("c-s3").await;
-    let r1 = store.put(&js(json!({"_id": "r1", "items": []}))).await.unwrap().rev;
+    let r1 = store
+        .put(&js(json!({"_id": "r1", "items": []})))
+        .await
+        .unwrap()
+        .rev;
     // A and B both read r1; A writes after a 50 ms timer; B writes after A.
     let a = async {
         gloo_timers::future::TimeoutFuture::new(50).await;
-        store.put(&js(json!({"_id": "r1", "_rev": r1, "items": ["a"]}))).await
+        store
+            .put(&js(json!({"_id": "r1", "_rev": r1, "items": ["a"]})))
+            .await
     };
     let b = async {
         gloo_timers::future::TimeoutFuture::new(80).await;
-        store.put(&js(json!({"_id": "r1", "_rev": r1, "items": ["b"]}))).await
+        store
+            .put(&js(json!({"_id": "r1", "_rev": r1, "items": ["b"]})))
+            .await
     };
     let (ra, rb) = futures::join!(a, b);
     ra.unwrap();
@@ -91,14 +112,23 @@ async fn read_modify_write_split_by_an_await_conflicts_and_mutate_merges() {
     // mutate for both, each with an async function awaiting a timer.
     let (_store2, name) = open("c-s3m").await;
     let store = Store::open(&name, 2000, None).await.unwrap();
-    store.put(&js(json!({"_id": "r1", "items": []}))).await.unwrap();
+    store
+        .put(&js(json!({"_id": "r1", "items": []})))
+        .await
+        .unwrap();
     let key = s("r1");
     let (fa, fb) = (push_fn("a", 50), push_fn("b", 10));
-    let (x, y) = futures::join!(store.mutate(&key, &fa, 8, None), store.mutate(&key, &fb, 8, None));
+    let (x, y) = futures::join!(
+        store.mutate(&key, &fa, 8, None),
+        store.mutate(&key, &fb, 8, None)
+    );
     x.unwrap();
     y.unwrap();
     let got = store.get(&s("r1")).await.unwrap().unwrap();
-    let items: Vec<String> = js_sys::Array::from(&field(&got, "items")).iter().map(|v| v.as_string().unwrap()).collect();
+    let items: Vec<String> = js_sys::Array::from(&field(&got, "items"))
+        .iter()
+        .map(|v| v.as_string().unwrap())
+        .collect();
     let mut sorted = items.clone();
     sorted.sort();
     assert_eq!(sorted, vec!["a", "b"], "{items:?}");
@@ -107,15 +137,30 @@ async fn read_modify_write_split_by_an_await_conflicts_and_mutate_merges() {
     // retries: 0 under contention rejects and overwrites nothing.
     let before = field_str(&got, "_rev").unwrap();
     let (slow, fast) = (push_fn("slow", 60), push_fn("fast", 0));
-    let (x, y) = futures::join!(store.mutate(&key, &slow, 0, None), store.mutate(&key, &fast, 0, None));
+    let (x, y) = futures::join!(
+        store.mutate(&key, &slow, 0, None),
+        store.mutate(&key, &fast, 0, None)
+    );
     y.unwrap();
     let e = x.unwrap_err();
     assert_eq!(e.code(), ErrorCode::Conflict);
-    assert!(matches!(e, agentstore::StoreError::Conflict { attempts: Some(1), .. }));
+    assert!(matches!(
+        e,
+        agentstore::StoreError::Conflict {
+            attempts: Some(1),
+            ..
+        }
+    ));
     let now = store.get(&s("r1")).await.unwrap().unwrap();
-    let items: Vec<String> = js_sys::Array::from(&field(&now, "items")).iter().map(|v| v.as_string().unwrap()).collect();
+    let items: Vec<String> = js_sys::Array::from(&field(&now, "items"))
+        .iter()
+        .map(|v| v.as_string().unwrap())
+        .collect();
     assert!(items.contains(&"fast".to_string()) && !items.contains(&"slow".to_string()));
-    assert!(field_str(&now, "_rev").unwrap().starts_with("4-"), "{before} then one write");
+    assert!(
+        field_str(&now, "_rev").unwrap().starts_with("4-"),
+        "{before} then one write"
+    );
 }
 
 /// 50 concurrent increments through `mutate` from two store instances on one
@@ -125,7 +170,10 @@ async fn fifty_concurrent_mutate_increments_from_two_instances_give_fifty() {
     let (a, name) = open("inc").await;
     let b = Store::open(&name, 2000, None).await.unwrap();
     a.put(&js(json!({"_id": "counter", "n": 0}))).await.unwrap();
-    let inc = js_sys::Function::new_with_args("cur", "return Promise.resolve().then(() => ({...cur, n: cur.n + 1}));");
+    let inc = js_sys::Function::new_with_args(
+        "cur",
+        "return Promise.resolve().then(() => ({...cur, n: cur.n + 1}));",
+    );
     let key = s("counter");
     let mut futs = Vec::new();
     for i in 0..50 {
@@ -143,9 +191,17 @@ async fn fifty_concurrent_mutate_increments_from_two_instances_give_fifty() {
 #[wasm_bindgen_test]
 async fn mutate_returning_undefined_writes_nothing_and_a_thrown_error_passes_through() {
     let (store, _) = open("mut-undef").await;
-    let rev = store.put(&js(json!({"_id": "u", "v": 1}))).await.unwrap().rev;
+    let rev = store
+        .put(&js(json!({"_id": "u", "v": 1})))
+        .await
+        .unwrap()
+        .rev;
     let none = js_sys::Function::new_with_args("cur", "return undefined;");
-    assert!(store.mutate(&s("u"), &none, 8, None).await.unwrap().is_none());
+    assert!(store
+        .mutate(&s("u"), &none, 8, None)
+        .await
+        .unwrap()
+        .is_none());
     let throws = js_sys::Function::new_with_args("cur", "throw new RangeError('nope');");
     let e = store.mutate(&s("u"), &throws, 8, None).await.unwrap_err();
     let js_err = e.to_js();
@@ -156,39 +212,65 @@ async fn mutate_returning_undefined_writes_nothing_and_a_thrown_error_passes_thr
     let ctl = web_sys::AbortController::new().unwrap();
     ctl.abort();
     let inc = js_sys::Function::new_with_args("cur", "return {...cur, v: 2};");
-    let e = store.mutate(&s("u"), &inc, 8, Some(&ctl.signal())).await.unwrap_err();
+    let e = store
+        .mutate(&s("u"), &inc, 8, Some(&ctl.signal()))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), ErrorCode::Aborted);
     // mutate creates when nothing is stored
     let mk = js_sys::Function::new_with_args("cur", "return cur ? undefined : {v: 'new'};");
-    let w = store.mutate(&s("fresh"), &mk, 8, None).await.unwrap().unwrap();
+    let w = store
+        .mutate(&s("fresh"), &mk, 8, None)
+        .await
+        .unwrap()
+        .unwrap();
     assert!(w.rev.starts_with("1-"));
 }
 
 #[wasm_bindgen_test]
 async fn put_many_is_all_or_nothing_and_reports_every_conflicting_position() {
     let (store, _) = open("many").await;
-    let r = store.put(&js(json!({"_id": "b", "v": 0}))).await.unwrap().rev;
+    let r = store
+        .put(&js(json!({"_id": "b", "v": 0})))
+        .await
+        .unwrap()
+        .rev;
     store.put(&js(json!({"_id": "d", "v": 0}))).await.unwrap();
     // conflict at the last position only
-    let batch = js(json!([{"_id": "a"}, {"_id": "b", "_rev": r, "v": 1}, {"_id": "c"}, {"_id": "d"}]));
+    let batch =
+        js(json!([{"_id": "a"}, {"_id": "b", "_rev": r, "v": 1}, {"_id": "c"}, {"_id": "d"}]));
     let e = store.put_many(&batch).await.unwrap_err();
     match &e {
         agentstore::StoreError::BatchConflict { failures } => {
-            assert_eq!(failures.iter().map(|f| f.index).collect::<Vec<_>>(), vec![3]);
+            assert_eq!(
+                failures.iter().map(|f| f.index).collect::<Vec<_>>(),
+                vec![3]
+            );
         }
         other => panic!("{other:?}"),
     }
-    assert!(store.get(&s("a")).await.unwrap().is_none(), "nothing written");
-    assert_eq!(field(&store.get(&s("b")).await.unwrap().unwrap(), "v").as_f64(), Some(0.0));
+    assert!(
+        store.get(&s("a")).await.unwrap().is_none(),
+        "nothing written"
+    );
+    assert_eq!(
+        field(&store.get(&s("b")).await.unwrap().unwrap(), "v").as_f64(),
+        Some(0.0)
+    );
     // several conflicting positions are all reported
     let batch = js(json!([{"_id": "b"}, {"_id": "x"}, {"_id": "d", "_rev": "9-ff"}]));
     let e = store.put_many(&batch).await.unwrap_err();
     let js_err = e.to_js();
-    let idx: Vec<f64> = js_sys::Array::from(&field(&js_err, "failures")).iter().map(|f| field(&f, "index").as_f64().unwrap()).collect();
+    let idx: Vec<f64> = js_sys::Array::from(&field(&js_err, "failures"))
+        .iter()
+        .map(|f| field(&f, "index").as_f64().unwrap())
+        .collect();
     assert_eq!(idx, vec![0.0, 2.0]);
     assert_eq!(field_str(&js_err, "name").as_deref(), Some("ConflictError"));
     // the whole batch lands when every position is right
-    let batch: Vec<Value> = (0..500).map(|i| json!({"_id": format!("m{i:04}"), "i": i})).collect();
+    let batch: Vec<Value> = (0..500)
+        .map(|i| json!({"_id": format!("m{i:04}"), "i": i}))
+        .collect();
     let out = store.put_many(&js(Value::Array(batch))).await.unwrap();
     assert_eq!(out.len(), 500);
     assert_eq!(all_ids(&store, "m", 1000).await.len(), 500);

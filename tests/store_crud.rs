@@ -12,37 +12,70 @@ wasm_bindgen_test_configure!(run_in_browser);
 #[wasm_bindgen_test]
 async fn create_update_delete_follow_compare_and_swap() {
     let (store, _) = open("crud").await;
-    let w1 = store.put(&js(json!({"_id": "a", "recordType": "agent", "n": 1}))).await.unwrap();
+    let w1 = store
+        .put(&js(json!({"_id": "a", "recordType": "agent", "n": 1})))
+        .await
+        .unwrap();
     assert!(w1.rev.starts_with("1-"));
     let got = store.get(&s("a")).await.unwrap().unwrap();
     assert_eq!(field_str(&got, "_rev").unwrap(), w1.rev);
-    assert!(field_str(&got, "updatedAt").is_some(), "updatedAt is set when absent");
+    assert!(
+        field_str(&got, "updatedAt").is_some(),
+        "updatedAt is set when absent"
+    );
 
     // create over a live record conflicts
-    let e = store.put(&js(json!({"_id": "a", "n": 9}))).await.unwrap_err();
+    let e = store
+        .put(&js(json!({"_id": "a", "n": 9})))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), ErrorCode::Conflict);
 
-    let w2 = store.put(&js(json!({"_id": "a", "_rev": w1.rev, "n": 2}))).await.unwrap();
+    let w2 = store
+        .put(&js(json!({"_id": "a", "_rev": w1.rev, "n": 2})))
+        .await
+        .unwrap();
     assert!(w2.rev.starts_with("2-"));
     // a stale revision conflicts and carries the stored record
-    let e = store.put(&js(json!({"_id": "a", "_rev": w1.rev, "n": 3}))).await.unwrap_err();
+    let e = store
+        .put(&js(json!({"_id": "a", "_rev": w1.rev, "n": 3})))
+        .await
+        .unwrap_err();
     match &e {
-        agentstore::StoreError::Conflict { current_rev, current, expected_rev, .. } => {
+        agentstore::StoreError::Conflict {
+            current_rev,
+            current,
+            expected_rev,
+            ..
+        } => {
             assert_eq!(current_rev.as_deref(), Some(w2.rev.as_str()));
             assert_eq!(expected_rev.as_deref(), Some(w1.rev.as_str()));
             assert_eq!(field(current, "n").as_f64(), Some(2.0));
         }
         other => panic!("expected conflict, got {other:?}"),
     }
-    assert_eq!(field(&store.get(&s("a")).await.unwrap().unwrap(), "n").as_f64(), Some(2.0));
+    assert_eq!(
+        field(&store.get(&s("a")).await.unwrap().unwrap(), "n").as_f64(),
+        Some(2.0)
+    );
 
     let e = store.delete(&s("a"), &s(&w1.rev)).await.unwrap_err();
     assert_eq!(e.code(), ErrorCode::Conflict);
     let tomb = store.delete(&s("a"), &s(&w2.rev)).await.unwrap();
     assert!(tomb.starts_with("3-"));
     assert!(store.get(&s("a")).await.unwrap().is_none());
-    assert_eq!(store.delete(&s("a"), &s(&tomb)).await.unwrap_err().code(), ErrorCode::NotFound);
-    assert_eq!(store.delete(&s("never"), &s("1-aa")).await.unwrap_err().code(), ErrorCode::NotFound);
+    assert_eq!(
+        store.delete(&s("a"), &s(&tomb)).await.unwrap_err().code(),
+        ErrorCode::NotFound
+    );
+    assert_eq!(
+        store
+            .delete(&s("never"), &s("1-aa"))
+            .await
+            .unwrap_err()
+            .code(),
+        ErrorCode::NotFound
+    );
     // recreate over the tombstone continues the generation
     let w4 = store.put(&js(json!({"_id": "a", "n": 4}))).await.unwrap();
     assert!(w4.rev.starts_with("4-"), "{}", w4.rev);
@@ -52,7 +85,8 @@ async fn create_update_delete_follow_compare_and_swap() {
 async fn same_write_on_same_parent_gives_the_same_revision() {
     let (a, _) = open("det-a").await;
     let (b, _) = open("det-b").await;
-    let rec = json!({"_id": "x", "updatedAt": "2026-03-01T08:27:12.804Z", "k": [1, 2, {"z": null}]});
+    let rec =
+        json!({"_id": "x", "updatedAt": "2026-03-01T08:27:12.804Z", "k": [1, 2, {"z": null}]});
     let ra = a.put(&js(rec.clone())).await.unwrap();
     let rb = b.put(&js(rec)).await.unwrap();
     assert_eq!(ra.rev, rb.rev);
@@ -61,21 +95,43 @@ async fn same_write_on_same_parent_gives_the_same_revision() {
 #[wasm_bindgen_test]
 async fn stale_revision_after_delete_never_resurrects() {
     let (store, _) = open("c-s1").await;
-    let r1 = store.put(&js(json!({"_id": "foo", "recordType": "agent"}))).await.unwrap().rev;
+    let r1 = store
+        .put(&js(json!({"_id": "foo", "recordType": "agent"})))
+        .await
+        .unwrap()
+        .rev;
     let r2 = store.delete(&s("foo"), &s(&r1)).await.unwrap();
     assert!(r2.starts_with("2-"));
-    let e = store.put(&js(json!({"_id": "foo", "_rev": r1, "recordType": "agent"}))).await.unwrap_err();
+    let e = store
+        .put(&js(
+            json!({"_id": "foo", "_rev": r1, "recordType": "agent"}),
+        ))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), ErrorCode::Conflict);
     assert_eq!(e.code().status(), 409);
     assert!(store.get(&s("foo")).await.unwrap().is_none());
-    let typed = agentstore::store::ListQuery { record_type: Some("agent".into()), limit: 10, ..Default::default() };
-    assert_eq!(store.list(&typed).await.unwrap().records.length(), 0, "no index entry for foo");
+    let typed = agentstore::store::ListQuery {
+        record_type: Some("agent".into()),
+        limit: 10,
+        ..Default::default()
+    };
+    assert_eq!(
+        store.list(&typed).await.unwrap().records.length(),
+        0,
+        "no index entry for foo"
+    );
 }
 
 #[wasm_bindgen_test]
 async fn nested_objects_round_trip_as_plain_objects() {
     let (store, _) = open("c-v1").await;
-    store.put(&js(json!({"_id": "m", "data": {"k": "v"}, "list": [{"a": 1}], "nil": null}))).await.unwrap();
+    store
+        .put(&js(
+            json!({"_id": "m", "data": {"k": "v"}, "list": [{"a": 1}], "nil": null}),
+        ))
+        .await
+        .unwrap();
     let got = store.get(&s("m")).await.unwrap().unwrap();
     let text = String::from(js_sys::JSON::stringify(&got).unwrap());
     assert!(text.contains(r#""data":{"k":"v"}"#), "{text}");
@@ -112,9 +168,15 @@ async fn generation_near_max_safe_integer_is_never_rounded() {
     let (store, _) = open("gen").await;
     let snap = "{\"agentstore\":\"snapshot\",\"version\":1}\n{\"_id\":\"g\",\"_rev\":\"9007199254740990-ab\",\"updatedAt\":\"2026-03-01T08:27:12.804Z\"}\n";
     store.import_snapshot(snap, None).await.unwrap();
-    let w = store.put(&js(json!({"_id": "g", "_rev": "9007199254740990-ab"}))).await.unwrap();
+    let w = store
+        .put(&js(json!({"_id": "g", "_rev": "9007199254740990-ab"})))
+        .await
+        .unwrap();
     assert!(w.rev.starts_with("9007199254740991-"), "{}", w.rev);
-    let e = store.put(&js(json!({"_id": "g", "_rev": w.rev}))).await.unwrap_err();
+    let e = store
+        .put(&js(json!({"_id": "g", "_rev": w.rev})))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), ErrorCode::Validation);
     assert!(store.get(&s("g")).await.unwrap().is_some());
 }
@@ -131,7 +193,13 @@ async fn snapshot_export_then_import_reproduces_records_and_tombstones() {
     assert_eq!(c.written, 2);
     assert_eq!(b.export_snapshot().await.unwrap(), text);
     // a stale write against the imported tombstone still conflicts
-    assert_eq!(b.put(&js(json!({"_id": "y", "_rev": r}))).await.unwrap_err().code(), ErrorCode::Conflict);
+    assert_eq!(
+        b.put(&js(json!({"_id": "y", "_rev": r})))
+            .await
+            .unwrap_err()
+            .code(),
+        ErrorCode::Conflict
+    );
     // importing again writes nothing: local revisions are equal
     assert_eq!(b.import_snapshot(&text, None).await.unwrap().written, 0);
 }
@@ -140,9 +208,13 @@ async fn snapshot_export_then_import_reproduces_records_and_tombstones() {
 #[wasm_bindgen_test]
 async fn js_errors_carry_name_code_status_and_the_stored_record() {
     let store = agentstore::AgentStore::from_store(open("jserr").await.0);
-    let first = wasm_bindgen_futures::JsFuture::from(store.put(js(json!({"_id": "e", "v": 1})))).await.unwrap();
+    let first = wasm_bindgen_futures::JsFuture::from(store.put(js(json!({"_id": "e", "v": 1}))))
+        .await
+        .unwrap();
     let _ = first;
-    let err = wasm_bindgen_futures::JsFuture::from(store.put(js(json!({"_id": "e", "v": 2})))).await.unwrap_err();
+    let err = wasm_bindgen_futures::JsFuture::from(store.put(js(json!({"_id": "e", "v": 2}))))
+        .await
+        .unwrap_err();
     assert!(err.is_instance_of::<js_sys::Error>());
     assert_eq!(field_str(&err, "name").as_deref(), Some("ConflictError"));
     assert_eq!(field_str(&err, "code").as_deref(), Some("conflict"));
@@ -150,6 +222,8 @@ async fn js_errors_carry_name_code_status_and_the_stored_record() {
     assert_eq!(field_str(&err, "id").as_deref(), Some("e"));
     assert!(field(&err, "expectedRev").is_null());
     assert_eq!(field(&field(&err, "current"), "v").as_f64(), Some(1.0));
-    let err = wasm_bindgen_futures::JsFuture::from(store.get(JsValue::from(5))).await.unwrap_err();
+    let err = wasm_bindgen_futures::JsFuture::from(store.get(JsValue::from(5)))
+        .await
+        .unwrap_err();
     assert_eq!(field_str(&err, "name").as_deref(), Some("ValidationError"));
 }

@@ -17,19 +17,37 @@ fn u(s: &str) -> Vec<u16> {
 #[wasm_bindgen_test]
 async fn prefix_listing_is_exact_on_neighbouring_prefixes() {
     let (store, _) = open("c-l1").await;
-    for id in ["user_111", "user1_a", "agent-system:x", "agent-system-legacy:y", "agent-systems:z", "agent-system;w"] {
+    for id in [
+        "user_111",
+        "user1_a",
+        "agent-system:x",
+        "agent-system-legacy:y",
+        "agent-systems:z",
+        "agent-system;w",
+    ] {
         store.put(&js(json!({"_id": id}))).await.unwrap();
     }
     assert_eq!(all_ids(&store, "user1_", 10).await, vec!["user1_a"]);
     assert_eq!(all_ids(&store, "user_", 10).await, vec!["user_111"]);
-    assert_eq!(all_ids(&store, "agent-system:", 10).await, vec!["agent-system:x"]);
+    assert_eq!(
+        all_ids(&store, "agent-system:", 10).await,
+        vec!["agent-system:x"]
+    );
     assert_eq!(all_ids(&store, "", 100).await.len(), 6);
 }
 
 #[wasm_bindgen_test]
 async fn keys_beyond_the_bmp_list_in_utf16_order_and_page_once_each() {
     let (store, _) = open("c-l2").await;
-    let ids = ["a/\u{FF61}", "a/\u{1F600}", "a/\u{FFFF}", "a/\u{10FFFF}", "a/zz", "a0", "a."];
+    let ids = [
+        "a/\u{FF61}",
+        "a/\u{1F600}",
+        "a/\u{FFFF}",
+        "a/\u{10FFFF}",
+        "a/zz",
+        "a0",
+        "a.",
+    ];
     for id in ids {
         store.put(&js(json!({"_id": id}))).await.unwrap();
     }
@@ -37,10 +55,18 @@ async fn keys_beyond_the_bmp_list_in_utf16_order_and_page_once_each() {
     want.sort();
     assert_eq!(want[1][2], 0xD83D, "astral keys sort before U+FF61");
     for limit in [1, 2, 100] {
-        assert_eq!(all_id_units(&store, &u("a/"), limit, false).await, want, "limit {limit}");
+        assert_eq!(
+            all_id_units(&store, &u("a/"), limit, false).await,
+            want,
+            "limit {limit}"
+        );
         let mut rev = want.clone();
         rev.reverse();
-        assert_eq!(all_id_units(&store, &u("a/"), limit, true).await, rev, "descending limit {limit}");
+        assert_eq!(
+            all_id_units(&store, &u("a/"), limit, true).await,
+            rev,
+            "descending limit {limit}"
+        );
     }
     // A prefix ending in U+FFFF and a key holding a lone surrogate.
     store.put(&js(json!({"_id": "a/\u{FFFF}x"}))).await.unwrap();
@@ -52,7 +78,10 @@ async fn keys_beyond_the_bmp_list_in_utf16_order_and_page_once_each() {
     assert_eq!(got, vec![u("a/\u{FFFF}"), u("a/\u{FFFF}x")]);
     let got = all_id_units(&store, &u("a/"), 1, false).await;
     assert_eq!(got.len(), 7);
-    assert!(got.contains(&vec![0x61, 0x2F, 0xD800]), "lone-surrogate key survives cursors");
+    assert!(
+        got.contains(&vec![0x61, 0x2F, 0xD800]),
+        "lone-surrogate key survives cursors"
+    );
 }
 
 #[wasm_bindgen_test]
@@ -66,7 +95,12 @@ async fn list_by_type_pages_within_the_type_and_prefix() {
     recs.push(json!({"_id": "q:1", "recordType": "run"}));
     recs.push(json!({"_id": "q:2", "recordType": "runs"}));
     store.put_many(&js(Value::Array(recs))).await.unwrap();
-    let mut q = ListQuery { prefix: u("p:"), record_type: Some("run".into()), limit: 3, ..Default::default() };
+    let mut q = ListQuery {
+        prefix: u("p:"),
+        record_type: Some("run".into()),
+        limit: 3,
+        ..Default::default()
+    };
     let mut seen = Vec::new();
     loop {
         let page = store.list(&q).await.unwrap();
@@ -79,12 +113,27 @@ async fn list_by_type_pages_within_the_type_and_prefix() {
             None => break,
         }
     }
-    let want: Vec<String> = (0..30).filter(|i| i % 3 == 0).map(|i| format!("p:{i:03}")).collect();
+    let want: Vec<String> = (0..30)
+        .filter(|i| i % 3 == 0)
+        .map(|i| format!("p:{i:03}"))
+        .collect();
     assert_eq!(seen, want);
-    let all_runs = ListQuery { record_type: Some("run".into()), limit: 100, descending: true, ..Default::default() };
+    let all_runs = ListQuery {
+        record_type: Some("run".into()),
+        limit: 100,
+        descending: true,
+        ..Default::default()
+    };
     let page = store.list(&all_runs).await.unwrap();
-    assert_eq!(page.records.length(), 11, "type equality does not match 'runs'");
-    assert_eq!(field_str(&page.records.get(0), "_id").as_deref(), Some("q:1"));
+    assert_eq!(
+        page.records.length(),
+        11,
+        "type equality does not match 'runs'"
+    );
+    assert_eq!(
+        field_str(&page.records.get(0), "_id").as_deref(),
+        Some("q:1")
+    );
 }
 
 /// Paging 2,000 records with limit 7 while another writer inserts (and
@@ -92,10 +141,18 @@ async fn list_by_type_pages_within_the_type_and_prefix() {
 #[wasm_bindgen_test]
 async fn paging_while_another_writer_inserts_visits_each_record_once() {
     let (store, name) = open("paging").await;
-    let recs: Vec<Value> = (0..2000).map(|i| json!({"_id": format!("r:{:05}", i * 2), "i": i})).collect();
+    let recs: Vec<Value> = (0..2000)
+        .map(|i| json!({"_id": format!("r:{:05}", i * 2), "i": i}))
+        .collect();
     store.put_many(&js(Value::Array(recs))).await.unwrap();
-    let writer = agentstore::store::Store::open(&name, 2000, None).await.unwrap();
-    let mut q = ListQuery { prefix: u("r:"), limit: 7, ..Default::default() };
+    let writer = agentstore::store::Store::open(&name, 2000, None)
+        .await
+        .unwrap();
+    let mut q = ListQuery {
+        prefix: u("r:"),
+        limit: 7,
+        ..Default::default()
+    };
     let mut seen = Vec::new();
     let mut n = 0;
     loop {
@@ -115,7 +172,10 @@ async fn paging_while_another_writer_inserts_visits_each_record_once() {
             None => break,
         }
     }
-    let even: Vec<&String> = seen.iter().filter(|id| id[2..].parse::<u32>().unwrap() % 2 == 0).collect();
+    let even: Vec<&String> = seen
+        .iter()
+        .filter(|id| id[2..].parse::<u32>().unwrap() % 2 == 0)
+        .collect();
     assert_eq!(even.len(), 2000, "every pre-existing record exactly once");
     let uniq: HashSet<&String> = seen.iter().collect();
     assert_eq!(uniq.len(), seen.len(), "no record repeated");
@@ -145,26 +205,58 @@ async fn pouchdb_dump_import_matches_pouchdb_answers() {
     let (store, _) = open("pouch").await;
     let calls = std::rc::Rc::new(std::cell::Cell::new(0u32));
     let c2 = calls.clone();
-    let cb = wasm_bindgen::closure::Closure::<dyn FnMut(u32, u32)>::new(move |_d: u32, _t: u32| c2.set(c2.get() + 1));
-    let (summary, counts) = store.import_pouch_dump(DUMP, Some(wasm_bindgen::JsCast::unchecked_ref(cb.as_ref()))).await.unwrap();
+    let cb = wasm_bindgen::closure::Closure::<dyn FnMut(u32, u32)>::new(move |_d: u32, _t: u32| {
+        c2.set(c2.get() + 1)
+    });
+    let (summary, counts) = store
+        .import_pouch_dump(DUMP, Some(wasm_bindgen::JsCast::unchecked_ref(cb.as_ref())))
+        .await
+        .unwrap();
     assert!(calls.get() > 1, "progress reported");
     let expected: Value = serde_json::from_str(EXPECTED).unwrap();
     let live = expected["live"].as_object().unwrap();
-    let deleted: Vec<&str> = expected["deleted"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    let deleted: Vec<&str> = expected["deleted"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
     assert_eq!(summary.live as usize, live.len());
     assert_eq!(summary.tombstones as usize, deleted.len());
     assert_eq!(summary.local_skipped, 0);
     assert_eq!(counts.written as usize, live.len() + deleted.len());
     for (id, e) in live {
-        let got = store.get(&s(id)).await.unwrap().unwrap_or_else(|| panic!("{id} missing"));
-        assert_eq!(field_str(&got, "_rev").as_deref(), e["rev"].as_str(), "{id}");
-        assert_eq!(field_str(&got, "recordType").as_deref(), e["recordType"].as_str(), "{id}");
-        assert_eq!(field_str(&got, "updatedAt").as_deref(), e["updatedAt"].as_str(), "{id}");
+        let got = store
+            .get(&s(id))
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{id} missing"));
+        assert_eq!(
+            field_str(&got, "_rev").as_deref(),
+            e["rev"].as_str(),
+            "{id}"
+        );
+        assert_eq!(
+            field_str(&got, "recordType").as_deref(),
+            e["recordType"].as_str(),
+            "{id}"
+        );
+        assert_eq!(
+            field_str(&got, "updatedAt").as_deref(),
+            e["updatedAt"].as_str(),
+            "{id}"
+        );
     }
     for id in &deleted {
-        assert!(store.get(&s(id)).await.unwrap().is_none(), "{id} is a tombstone");
+        assert!(
+            store.get(&s(id)).await.unwrap().is_none(),
+            "{id} is a tombstone"
+        );
         // a stale write cannot resurrect it
-        let e = store.put(&js(json!({"_id": id, "_rev": "1-00"}))).await.unwrap_err();
+        let e = store
+            .put(&js(json!({"_id": id, "_rev": "1-00"})))
+            .await
+            .unwrap_err();
         assert_eq!(e.code(), agentstore_protocol::ErrorCode::Conflict);
     }
     let prefix = expected["prefix"].as_str().unwrap();
@@ -173,7 +265,10 @@ async fn pouchdb_dump_import_matches_pouchdb_answers() {
     let got = all_ids(&store, prefix, 250).await;
     assert_eq!(got.iter().collect::<Vec<_>>(), want);
     for neighbour in ["agent-system-legacy:", "agent-systems:", "agent-system;"] {
-        assert!(live.keys().any(|k| k.starts_with(neighbour)), "the dump has {neighbour} ids");
+        assert!(
+            live.keys().any(|k| k.starts_with(neighbour)),
+            "the dump has {neighbour} ids"
+        );
         assert!(got.iter().all(|k| !k.starts_with(neighbour)));
     }
     assert!(deleted.iter().all(|d| !got.iter().any(|g| g == d)));

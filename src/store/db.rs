@@ -51,17 +51,26 @@ impl Db {
     /// # Errors
     /// BlockedError when another connection keeps the upgrade blocked longer
     /// than `blocked_timeout_ms`; TransactionError for other open failures.
-    pub async fn open(name: &str, blocked_timeout_ms: u32, on_version_change: Option<Function>) -> Result<Db> {
+    pub async fn open(
+        name: &str,
+        blocked_timeout_ms: u32,
+        on_version_change: Option<Function>,
+    ) -> Result<Db> {
         let factory: IdbFactory = Reflect::get(&js_sys::global(), &"indexedDB".into())
             .ok()
             .and_then(|f| f.dyn_into().ok())
-            .ok_or_else(|| StoreError::Transaction("IndexedDB is not available in this context".into()))?;
+            .ok_or_else(|| {
+                StoreError::Transaction("IndexedDB is not available in this context".into())
+            })?;
         let request = factory
             .open_with_u32(name, SCHEMA_VERSION)
             .map_err(|e| StoreError::from_dom(&e))?;
 
         let upgrade = Closure::<dyn FnMut(web_sys::Event)>::new(|event: web_sys::Event| {
-            if let Some(req) = event.target().and_then(|t| t.dyn_into::<IdbOpenDbRequest>().ok()) {
+            if let Some(req) = event
+                .target()
+                .and_then(|t| t.dyn_into::<IdbOpenDbRequest>().ok())
+            {
                 if let Ok(db) = req.result().and_then(|d| d.dyn_into::<IdbDatabase>()) {
                     let _ = create_schema(&db);
                 }
@@ -94,7 +103,10 @@ impl Db {
                 // Give up, but close the connection if the open completes later
                 // so this abandoned request never blocks anyone in turn.
                 let closer = Closure::once_into_js(move |event: web_sys::Event| {
-                    if let Some(req) = event.target().and_then(|t| t.dyn_into::<IdbOpenDbRequest>().ok()) {
+                    if let Some(req) = event
+                        .target()
+                        .and_then(|t| t.dyn_into::<IdbOpenDbRequest>().ok())
+                    {
                         if let Ok(db) = req.result().and_then(|d| d.dyn_into::<IdbDatabase>()) {
                             db.close();
                         }
@@ -119,13 +131,19 @@ impl Db {
             }
         });
         raw.set_onversionchange(Some(on_vc.as_ref().unchecked_ref()));
-        Ok(Db { raw, closed, _on_version_change: on_vc })
+        Ok(Db {
+            raw,
+            closed,
+            _on_version_change: on_vc,
+        })
     }
 
     /// Closes the connection (after running transactions finish).
     pub fn close(&self) {
         self.raw.close();
-        self.closed.borrow_mut().get_or_insert_with(|| "close() was called".to_owned());
+        self.closed
+            .borrow_mut()
+            .get_or_insert_with(|| "close() was called".to_owned());
     }
 
     /// Starts a transaction over `stores`.
@@ -145,7 +163,10 @@ impl Db {
             .raw
             .transaction_with_str_sequence_and_mode(&names, mode)
             .map_err(|e| StoreError::from_dom(&e))?;
-        Ok(Tx { tx: Transaction::from(raw.clone()), raw })
+        Ok(Tx {
+            tx: Transaction::from(raw.clone()),
+            raw,
+        })
     }
 }
 
@@ -178,7 +199,9 @@ impl Tx {
         match self.tx.await {
             Ok(TransactionResult::Committed) => Ok(()),
             Ok(TransactionResult::Aborted) => Err(abort_error(&raw)),
-            Err(e) => Err(raw.error().map_or_else(|| StoreError::from(e), |d| StoreError::from_dom(d.as_ref()))),
+            Err(e) => Err(raw
+                .error()
+                .map_or_else(|| StoreError::from(e), |d| StoreError::from_dom(d.as_ref()))),
         }
     }
 
@@ -201,7 +224,10 @@ fn create_schema(db: &IdbDatabase) -> std::result::Result<(), JsValue> {
     key_id.set_key_path(&JsValue::from_str("_id"));
     if !names.contains(RECORDS) {
         let records = db.create_object_store_with_optional_parameters(RECORDS, &key_id)?;
-        let path: Array = ["recordType", "_id"].iter().map(|s| JsValue::from_str(s)).collect();
+        let path: Array = ["recordType", "_id"]
+            .iter()
+            .map(|s| JsValue::from_str(s))
+            .collect();
         records.create_index_with_str_sequence(BY_TYPE, &path)?;
     }
     if !names.contains(TOMBSTONES) {
@@ -225,7 +251,11 @@ fn request_promise(request: &IdbOpenDbRequest) -> js_sys::Promise {
         });
         let r = request.clone();
         let err = Closure::once_into_js(move |_e: web_sys::Event| {
-            let e = r.error().ok().flatten().map_or(JsValue::NULL, JsValue::from);
+            let e = r
+                .error()
+                .ok()
+                .flatten()
+                .map_or(JsValue::NULL, JsValue::from);
             let _ = reject.call1(&JsValue::NULL, &e);
         });
         request.set_onsuccess(Some(ok.unchecked_ref()));

@@ -39,8 +39,13 @@ impl Store {
     /// # Errors
     /// ValidationError naming the first bad line (nothing written);
     /// QuotaExceededError / TransactionError (nothing written).
-    pub async fn import_pouch_dump(&self, text: &str, on_progress: Option<&Function>) -> Result<(DumpSummary, ImportCounts)> {
-        let (summary, winners) = resolve_dump(text).map_err(|e| StoreError::validation(e.to_string()))?;
+    pub async fn import_pouch_dump(
+        &self,
+        text: &str,
+        on_progress: Option<&Function>,
+    ) -> Result<(DumpSummary, ImportCounts)> {
+        let (summary, winners) =
+            resolve_dump(text).map_err(|e| StoreError::validation(e.to_string()))?;
         let mut items = Vec::with_capacity(winners.len());
         for w in winners {
             let id = JsString::from(w.id.as_str());
@@ -49,9 +54,16 @@ impl Store {
                 tombstone(&id, &rev).into()
             } else {
                 let json = serde_json::Value::Object(w.body).to_string();
-                js_sys::JSON::parse(&json).map_err(|_| StoreError::validation(format!("document {:?} is not valid JSON", w.id)))?
+                js_sys::JSON::parse(&json).map_err(|_| {
+                    StoreError::validation(format!("document {:?} is not valid JSON", w.id))
+                })?
             };
-            items.push(Imported { id, rev: w.rev, deleted: w.deleted, object });
+            items.push(Imported {
+                id,
+                rev: w.rev,
+                deleted: w.deleted,
+                object,
+            });
         }
         let counts = self.write_imported(items, on_progress).await?;
         Ok((summary, counts))
@@ -64,7 +76,9 @@ impl Store {
     /// # Errors
     /// TransactionError / ClosedError.
     pub async fn export_snapshot(&self) -> Result<String> {
-        let tx = self.db.tx(&[RECORDS, TOMBSTONES], TransactionMode::ReadOnly)?;
+        let tx = self
+            .db
+            .tx(&[RECORDS, TOMBSTONES], TransactionMode::ReadOnly)?;
         let records = tx.store(RECORDS)?.get_all(None, None)?.into_future();
         let tombs = tx.store(TOMBSTONES)?.get_all(None, None)?.into_future();
         let (records, tombs) = futures::join!(records, tombs);
@@ -73,7 +87,8 @@ impl Store {
         let header = serde_json::json!({"agentstore": "snapshot", "version": 1, "records": records.len(), "tombstones": tombs.len()});
         let mut out = header.to_string();
         for v in records.iter().chain(&tombs) {
-            let line = js_sys::JSON::stringify(v).map_err(|_| StoreError::Transaction("a stored record is not JSON".into()))?;
+            let line = js_sys::JSON::stringify(v)
+                .map_err(|_| StoreError::Transaction("a stored record is not JSON".into()))?;
             out.push('\n');
             out.push_str(&String::from(line));
         }
@@ -86,38 +101,74 @@ impl Store {
     ///
     /// # Errors
     /// ValidationError naming the first bad line (nothing written).
-    pub async fn import_snapshot(&self, text: &str, on_progress: Option<&Function>) -> Result<ImportCounts> {
+    pub async fn import_snapshot(
+        &self,
+        text: &str,
+        on_progress: Option<&Function>,
+    ) -> Result<ImportCounts> {
         let mut items = Vec::new();
         for (i, line) in text.lines().enumerate() {
-            let bad = |why: String| StoreError::validation(format!("snapshot line {}: {why}", i + 1));
+            let bad =
+                |why: String| StoreError::validation(format!("snapshot line {}: {why}", i + 1));
             let line = line.trim();
             if line.is_empty() {
                 continue;
             }
             let value = js_sys::JSON::parse(line).map_err(|_| bad("not JSON".into()))?;
             if i == 0 {
-                if js_sys::Reflect::get(&value, &"agentstore".into()).ok().and_then(|v| v.as_string()).as_deref() != Some("snapshot") {
+                if js_sys::Reflect::get(&value, &"agentstore".into())
+                    .ok()
+                    .and_then(|v| v.as_string())
+                    .as_deref()
+                    != Some("snapshot")
+                {
                     return Err(bad("missing the agentstore snapshot header".into()));
                 }
                 continue;
             }
-            let deleted = js_sys::Reflect::get(&value, &"_deleted".into()).ok().and_then(|v| v.as_bool()) == Some(true);
+            let deleted = js_sys::Reflect::get(&value, &"_deleted".into())
+                .ok()
+                .and_then(|v| v.as_bool())
+                == Some(true);
             if deleted {
-                let id = super::check_id_value(&js_sys::Reflect::get(&value, &"_id".into()).unwrap_or_default()).map_err(|e| bad(e.to_string()))?;
-                let rev = crate::error::get_str(&value, "_rev").ok_or_else(|| bad("tombstone without _rev".into()))?;
+                let id = super::check_id_value(
+                    &js_sys::Reflect::get(&value, &"_id".into()).unwrap_or_default(),
+                )
+                .map_err(|e| bad(e.to_string()))?;
+                let rev = crate::error::get_str(&value, "_rev")
+                    .ok_or_else(|| bad("tombstone without _rev".into()))?;
                 let rev = Rev::parse(&rev).map_err(|e| bad(e.0))?;
-                items.push(Imported { object: tombstone(&id, &rev.to_string()).into(), id, rev, deleted: true });
+                items.push(Imported {
+                    object: tombstone(&id, &rev.to_string()).into(),
+                    id,
+                    rev,
+                    deleted: true,
+                });
             } else {
                 let p: Prepared = Store::prepare(&value).map_err(|e| bad(e.to_string()))?;
-                let rev = p.expected.clone().ok_or_else(|| bad("record without _rev".into()))?;
-                items.push(Imported { id: p.id, rev, deleted: false, object: p.object.into() });
+                let rev = p
+                    .expected
+                    .clone()
+                    .ok_or_else(|| bad("record without _rev".into()))?;
+                items.push(Imported {
+                    id: p.id,
+                    rev,
+                    deleted: false,
+                    object: p.object.into(),
+                });
             }
         }
         self.write_imported(items, on_progress).await
     }
 
-    async fn write_imported(&self, items: Vec<Imported>, on_progress: Option<&Function>) -> Result<ImportCounts> {
-        let tx = self.db.tx(&[RECORDS, TOMBSTONES], TransactionMode::ReadWrite)?;
+    async fn write_imported(
+        &self,
+        items: Vec<Imported>,
+        on_progress: Option<&Function>,
+    ) -> Result<ImportCounts> {
+        let tx = self
+            .db
+            .tx(&[RECORDS, TOMBSTONES], TransactionMode::ReadWrite)?;
         let currents = read_many(&tx, items.iter().map(|i| &i.id)).await?;
         let records = tx.store(RECORDS)?;
         let tombs = tx.store(TOMBSTONES)?;
@@ -145,7 +196,11 @@ impl Store {
             if let Some(cb) = on_progress {
                 if (n + 1) % PROGRESS_EVERY == 0 || n + 1 == total {
                     // A synchronous callback keeps the transaction active.
-                    let _ = cb.call2(&JsValue::NULL, &JsValue::from(n as u32 + 1), &JsValue::from(total as u32));
+                    let _ = cb.call2(
+                        &JsValue::NULL,
+                        &JsValue::from(n as u32 + 1),
+                        &JsValue::from(total as u32),
+                    );
                 }
             }
         }
@@ -165,16 +220,28 @@ impl Store {
     /// ConflictError with `attempts` when retries run out; AbortError when
     /// `signal` aborts; whatever `f` throws, unchanged; ValidationError when
     /// `f` returns something that is not a valid record.
-    pub async fn mutate(&self, id: &JsValue, f: &Function, retries: u32, signal: Option<&AbortSignal>) -> Result<Option<Written>> {
+    pub async fn mutate(
+        &self,
+        id: &JsValue,
+        f: &Function,
+        retries: u32,
+        signal: Option<&AbortSignal>,
+    ) -> Result<Option<Written>> {
         let id = super::check_id_value(id)?;
         let mut attempt = 0u32;
         loop {
             check_abort(signal)?;
             let current = self.get(&id.clone().into()).await?;
-            let current_rev = current.as_ref().and_then(|c| crate::error::get_str(c, "_rev"));
-            let out = f.call1(&JsValue::NULL, current.as_ref().unwrap_or(&JsValue::NULL)).map_err(StoreError::Thrown)?;
+            let current_rev = current
+                .as_ref()
+                .and_then(|c| crate::error::get_str(c, "_rev"));
+            let out = f
+                .call1(&JsValue::NULL, current.as_ref().unwrap_or(&JsValue::NULL))
+                .map_err(StoreError::Thrown)?;
             let out = if out.has_type::<Promise>() || is_thenable(&out) {
-                wasm_bindgen_futures::JsFuture::from(Promise::resolve(&out)).await.map_err(StoreError::Thrown)?
+                wasm_bindgen_futures::JsFuture::from(Promise::resolve(&out))
+                    .await
+                    .map_err(StoreError::Thrown)?
             } else {
                 out
             };
@@ -182,7 +249,9 @@ impl Store {
                 return Ok(None);
             }
             if !out.is_object() || js_sys::Array::is_array(&out) {
-                return Err(StoreError::validation("the mutate function must return a record object or undefined"));
+                return Err(StoreError::validation(
+                    "the mutate function must return a record object or undefined",
+                ));
             }
             check_abort(signal)?;
             let next = Object::assign(&Object::new(), out.unchecked_ref());
@@ -196,11 +265,30 @@ impl Store {
             let prepared = Store::prepare(&next)?;
             match self.put_prepared(prepared).await {
                 Ok(w) => return Ok(Some(w)),
-                Err(StoreError::Conflict { id, id_text, expected_rev, current_rev, current, .. }) if attempt >= retries => {
-                    return Err(StoreError::Conflict { id, id_text, expected_rev, current_rev, current, attempts: Some(attempt + 1) })
+                Err(StoreError::Conflict {
+                    id,
+                    id_text,
+                    expected_rev,
+                    current_rev,
+                    current,
+                    ..
+                }) if attempt >= retries => {
+                    return Err(StoreError::Conflict {
+                        id,
+                        id_text,
+                        expected_rev,
+                        current_rev,
+                        current,
+                        attempts: Some(attempt + 1),
+                    })
                 }
                 Err(StoreError::Conflict { .. }) => {
-                    let delay = full_jitter_ms(attempt, MUTATE_BASE_MS, MUTATE_CAP_MS, js_sys::Math::random());
+                    let delay = full_jitter_ms(
+                        attempt,
+                        MUTATE_BASE_MS,
+                        MUTATE_CAP_MS,
+                        js_sys::Math::random(),
+                    );
                     gloo_timers::future::TimeoutFuture::new(delay as u32).await;
                     attempt += 1;
                 }

@@ -56,7 +56,10 @@ impl ListQuery {
         };
         let record_type = match get("type") {
             v if v.is_undefined() || v.is_null() => None,
-            v => Some(v.as_string().ok_or_else(|| StoreError::validation("type must be a string"))?),
+            v => Some(
+                v.as_string()
+                    .ok_or_else(|| StoreError::validation("type must be a string"))?,
+            ),
         };
         let limit = match get("limit") {
             v if v.is_undefined() || v.is_null() => check_limit(None),
@@ -69,12 +72,22 @@ impl ListQuery {
         let after = match get("after") {
             v if v.is_undefined() || v.is_null() => None,
             v => {
-                let s = v.as_string().ok_or_else(|| StoreError::validation("after must be a cursor string from a previous page's next"))?;
+                let s = v.as_string().ok_or_else(|| {
+                    StoreError::validation(
+                        "after must be a cursor string from a previous page's next",
+                    )
+                })?;
                 Some(decode_cursor(&s).map_err(StoreError::validation)?)
             }
         };
         let descending = get("descending").as_bool().unwrap_or(false);
-        Ok(ListQuery { prefix, record_type, limit, after, descending })
+        Ok(ListQuery {
+            prefix,
+            record_type,
+            limit,
+            after,
+            descending,
+        })
     }
 }
 
@@ -94,7 +107,10 @@ impl Store {
     /// ClosedError / TransactionError from IndexedDB.
     pub async fn list(&self, q: &ListQuery) -> Result<Page> {
         let Some(range) = page_range(&q.prefix, q.after.as_deref(), q.descending) else {
-            return Ok(Page { records: Array::new(), next: None });
+            return Ok(Page {
+                records: Array::new(),
+                next: None,
+            });
         };
         let tx = self.db.tx(&[RECORDS], TransactionMode::ReadOnly)?;
         let store = tx.store(RECORDS)?;
@@ -103,9 +119,24 @@ impl Store {
         let rows: Vec<JsValue> = match (&q.record_type, q.descending) {
             (None, false) => store.get_all(query, Some(fetch))?.await?,
             (Some(_), false) => store.index(BY_TYPE)?.get_all(query, Some(fetch))?.await?,
-            (None, true) => collect_cursor(store.open_cursor(query, Some(CursorDirection::Prev))?.await?, fetch).await?,
+            (None, true) => {
+                collect_cursor(
+                    store
+                        .open_cursor(query, Some(CursorDirection::Prev))?
+                        .await?,
+                    fetch,
+                )
+                .await?
+            }
             (Some(_), true) => {
-                collect_cursor(store.index(BY_TYPE)?.open_cursor(query, Some(CursorDirection::Prev))?.await?, fetch).await?
+                collect_cursor(
+                    store
+                        .index(BY_TYPE)?
+                        .open_cursor(query, Some(CursorDirection::Prev))?
+                        .await?,
+                    fetch,
+                )
+                .await?
             }
         };
         tx.commit().await?;
@@ -114,7 +145,9 @@ impl Store {
         for (i, row) in rows.iter().enumerate() {
             if i as u32 == q.limit {
                 let last = records.get(q.limit - 1);
-                let id: JsString = js_sys::Reflect::get(&last, &"_id".into()).unwrap_or_default().into();
+                let id: JsString = js_sys::Reflect::get(&last, &"_id".into())
+                    .unwrap_or_default()
+                    .into();
                 next = Some(encode_cursor(&value::units(&id)));
                 break;
             }

@@ -56,8 +56,14 @@ impl Store {
     ///
     /// # Errors
     /// As [`Db::open`].
-    pub async fn open(name: &str, blocked_timeout_ms: u32, on_version_change: Option<js_sys::Function>) -> Result<Store> {
-        Ok(Store { db: Db::open(name, blocked_timeout_ms, on_version_change).await? })
+    pub async fn open(
+        name: &str,
+        blocked_timeout_ms: u32,
+        on_version_change: Option<js_sys::Function>,
+    ) -> Result<Store> {
+        Ok(Store {
+            db: Db::open(name, blocked_timeout_ms, on_version_change).await?,
+        })
     }
 
     /// Closes the connection; later calls fail with ClosedError.
@@ -89,7 +95,9 @@ impl Store {
         let Value::Object(mut body) = json else {
             return Err(StoreError::validation("a record must be a plain object"));
         };
-        let id = check_id_value(&js_sys::Reflect::get(record, &"_id".into()).unwrap_or(JsValue::UNDEFINED))?;
+        let id = check_id_value(
+            &js_sys::Reflect::get(record, &"_id".into()).unwrap_or(JsValue::UNDEFINED),
+        )?;
         let meta = check_record(&body).map_err(StoreError::validation)?;
         let object = Object::assign(&Object::new(), record.unchecked_ref());
         if !meta.has_updated_at {
@@ -105,7 +113,13 @@ impl Store {
             )));
         }
         let id_text = String::from(&id);
-        Ok(Prepared { id, id_text, expected: meta.rev, body, object })
+        Ok(Prepared {
+            id,
+            id_text,
+            expected: meta.rev,
+            body,
+            object,
+        })
     }
 
     /// Creates (no `_rev`) or compare-and-swaps (with `_rev`) one record.
@@ -119,7 +133,9 @@ impl Store {
     }
 
     pub(crate) async fn put_prepared(&self, p: Prepared) -> Result<Written> {
-        let tx = self.db.tx(&[RECORDS, TOMBSTONES], TransactionMode::ReadWrite)?;
+        let tx = self
+            .db
+            .tx(&[RECORDS, TOMBSTONES], TransactionMode::ReadWrite)?;
         let (current, stored) = read_current(&tx, &p.id).await?;
         let rev = match decide_put(&current, p.expected.as_ref()) {
             Ok(base) => next_rev(base, &p.body)?,
@@ -141,7 +157,9 @@ impl Store {
             .ok_or_else(|| StoreError::validation("delete(id, rev): rev must be a revision string"))
             .and_then(|s| Rev::parse(&s).map_err(|e| StoreError::validation(e.0)))?;
         let id_text = String::from(&id);
-        let tx = self.db.tx(&[RECORDS, TOMBSTONES], TransactionMode::ReadWrite)?;
+        let tx = self
+            .db
+            .tx(&[RECORDS, TOMBSTONES], TransactionMode::ReadWrite)?;
         let (current, stored) = read_current(&tx, &id).await?;
         let base = match decide_delete(&current, &expected) {
             Ok(base) => base,
@@ -179,7 +197,9 @@ impl Store {
             .dyn_ref::<js_sys::Array>()
             .ok_or_else(|| StoreError::validation("putMany expects an array of records"))?;
         if arr.length() as usize > MAX_BATCH {
-            return Err(StoreError::validation(format!("putMany takes at most {MAX_BATCH} records")));
+            return Err(StoreError::validation(format!(
+                "putMany takes at most {MAX_BATCH} records"
+            )));
         }
         let mut prepared = Vec::with_capacity(arr.length() as usize);
         let mut failures = Vec::new();
@@ -205,11 +225,16 @@ impl Store {
         }
         if !failures.is_empty() {
             return Err(StoreError::Validation {
-                message: format!("{} of the batch's records are invalid; nothing was written", failures.len()),
+                message: format!(
+                    "{} of the batch's records are invalid; nothing was written",
+                    failures.len()
+                ),
                 failures,
             });
         }
-        let tx = self.db.tx(&[RECORDS, TOMBSTONES], TransactionMode::ReadWrite)?;
+        let tx = self
+            .db
+            .tx(&[RECORDS, TOMBSTONES], TransactionMode::ReadWrite)?;
         let currents = read_many(&tx, prepared.iter().map(|p| &p.id)).await?;
         let mut revs = Vec::with_capacity(prepared.len());
         for (index, (p, (current, _))) in prepared.iter().zip(&currents).enumerate() {
@@ -232,7 +257,11 @@ impl Store {
             write_record(&tx, p, rev, current)?;
         }
         tx.commit().await?;
-        Ok(prepared.into_iter().zip(revs).map(|(p, rev)| Written { id: p.id, rev }).collect())
+        Ok(prepared
+            .into_iter()
+            .zip(revs)
+            .map(|(p, rev)| Written { id: p.id, rev })
+            .collect())
     }
 }
 
@@ -260,7 +289,10 @@ pub(crate) async fn read_many<'a>(
         dead.push(tombs.get(key)?.into_future());
     }
     let (live, dead) = futures::join!(join_all(live), join_all(dead));
-    live.into_iter().zip(dead).map(|(l, d)| classify(l?, d?)).collect()
+    live.into_iter()
+        .zip(dead)
+        .map(|(l, d)| classify(l?, d?))
+        .collect()
 }
 
 fn classify(live: Option<JsValue>, tomb: Option<JsValue>) -> Result<(Current, Option<JsValue>)> {
@@ -274,7 +306,8 @@ fn classify(live: Option<JsValue>, tomb: Option<JsValue>) -> Result<(Current, Op
 }
 
 fn stored_rev(v: &JsValue) -> Result<Rev> {
-    let s = get_str(v, "_rev").ok_or_else(|| StoreError::Transaction("a stored record has no _rev".into()))?;
+    let s = get_str(v, "_rev")
+        .ok_or_else(|| StoreError::Transaction("a stored record has no _rev".into()))?;
     Rev::parse(&s).map_err(|e| StoreError::Transaction(format!("stored record: {e}")))
 }
 

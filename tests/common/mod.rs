@@ -41,7 +41,11 @@ pub fn code(e: &StoreError) -> ErrorCode {
 
 /// Every live id under `prefix`, paging with `limit`.
 pub async fn all_ids(store: &Store, prefix: &str, limit: u32) -> Vec<String> {
-    let mut q = ListQuery { prefix: prefix.encode_utf16().collect(), limit, ..Default::default() };
+    let mut q = ListQuery {
+        prefix: prefix.encode_utf16().collect(),
+        limit,
+        ..Default::default()
+    };
     let mut out = Vec::new();
     loop {
         let page = store.list(&q).await.expect("list");
@@ -49,15 +53,27 @@ pub async fn all_ids(store: &Store, prefix: &str, limit: u32) -> Vec<String> {
             out.push(String::from(JsString::from(field(&r, "_id"))));
         }
         match page.next {
-            Some(n) => q.after = Some(agentstore_protocol::keys::decode_cursor(&n).expect("cursor")),
+            Some(n) => {
+                q.after = Some(agentstore_protocol::keys::decode_cursor(&n).expect("cursor"))
+            }
             None => return out,
         }
     }
 }
 
 /// Ids (as UTF-16 units, exact) of one page walk.
-pub async fn all_id_units(store: &Store, prefix: &[u16], limit: u32, descending: bool) -> Vec<Vec<u16>> {
-    let mut q = ListQuery { prefix: prefix.to_vec(), limit, descending, ..Default::default() };
+pub async fn all_id_units(
+    store: &Store,
+    prefix: &[u16],
+    limit: u32,
+    descending: bool,
+) -> Vec<Vec<u16>> {
+    let mut q = ListQuery {
+        prefix: prefix.to_vec(),
+        limit,
+        descending,
+        ..Default::default()
+    };
     let mut out = Vec::new();
     loop {
         let page = store.list(&q).await.expect("list");
@@ -65,7 +81,9 @@ pub async fn all_id_units(store: &Store, prefix: &[u16], limit: u32, descending:
             out.push(agentstore::value::units(&JsString::from(field(&r, "_id"))));
         }
         match page.next {
-            Some(n) => q.after = Some(agentstore_protocol::keys::decode_cursor(&n).expect("cursor")),
+            Some(n) => {
+                q.after = Some(agentstore_protocol::keys::decode_cursor(&n).expect("cursor"))
+            }
             None => return out,
         }
     }

@@ -53,10 +53,22 @@ mod tests {
 
     #[test]
     fn reconnect_delay_is_between_base_and_capped_exponential() {
-        assert_eq!(reconnect_delay_ms(0, RECONNECT_BASE_MS, RECONNECT_CAP_MS, 0.9), 10_000.0);
-        assert_eq!(reconnect_delay_ms(2, RECONNECT_BASE_MS, RECONNECT_CAP_MS, 0.0), 10_000.0);
-        assert_eq!(reconnect_delay_ms(2, RECONNECT_BASE_MS, RECONNECT_CAP_MS, 1.0), 40_000.0);
-        assert_eq!(reconnect_delay_ms(20, RECONNECT_BASE_MS, RECONNECT_CAP_MS, 1.0), 300_000.0);
+        assert_eq!(
+            reconnect_delay_ms(0, RECONNECT_BASE_MS, RECONNECT_CAP_MS, 0.9),
+            10_000.0
+        );
+        assert_eq!(
+            reconnect_delay_ms(2, RECONNECT_BASE_MS, RECONNECT_CAP_MS, 0.0),
+            10_000.0
+        );
+        assert_eq!(
+            reconnect_delay_ms(2, RECONNECT_BASE_MS, RECONNECT_CAP_MS, 1.0),
+            40_000.0
+        );
+        assert_eq!(
+            reconnect_delay_ms(20, RECONNECT_BASE_MS, RECONNECT_CAP_MS, 1.0),
+            300_000.0
+        );
         for n in 0..64 {
             let d = reconnect_delay_ms(n, RECONNECT_BASE_MS, RECONNECT_CAP_MS, 0.7);
             assert!((10_000.0..=300_000.0).contains(&d));

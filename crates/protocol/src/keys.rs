@@ -79,7 +79,10 @@ mod tests {
     #[test]
     fn successor_increments_last_code_unit() {
         assert_eq!(prefix_successor(&u("user1_")), Some(u("user1`")));
-        assert_eq!(prefix_successor(&u("agent-system:")), Some(u("agent-system;")));
+        assert_eq!(
+            prefix_successor(&u("agent-system:")),
+            Some(u("agent-system;"))
+        );
         assert_eq!(prefix_successor(&u("a/")), Some(u("a0")));
     }
 
@@ -102,7 +105,17 @@ mod tests {
     /// and no key outside it does — checked over keys beyond the BMP (case C-L2).
     #[test]
     fn prefix_range_is_exact_for_astral_and_ffff_keys() {
-        let keys = ["a/\u{FF61}", "a/\u{1F600}", "a/\u{FFFF}", "a/\u{10FFFF}", "a/zz", "a0", "a.", "a/", "a"];
+        let keys = [
+            "a/\u{FF61}",
+            "a/\u{1F600}",
+            "a/\u{FFFF}",
+            "a/\u{10FFFF}",
+            "a/zz",
+            "a0",
+            "a.",
+            "a/",
+            "a",
+        ];
         let prefix = u("a/");
         let hi = prefix_successor(&prefix).unwrap();
         for k in keys {
@@ -153,10 +166,16 @@ pub struct PageRange {
 /// Returns `None` when the range is empty (for example a cursor already past
 /// the prefix), so callers never build an inverted `IDBKeyRange` (which throws).
 pub fn page_range(prefix: &[u16], after: Option<&[u16]>, descending: bool) -> Option<PageRange> {
-    let mut lower = Some(Bound { key: prefix.to_vec(), open: false });
+    let mut lower = Some(Bound {
+        key: prefix.to_vec(),
+        open: false,
+    });
     let mut upper = prefix_successor(prefix).map(|key| Bound { key, open: true });
     if let Some(after) = after {
-        let cut = Bound { key: after.to_vec(), open: true };
+        let cut = Bound {
+            key: after.to_vec(),
+            open: true,
+        };
         if descending {
             if upper.as_ref().is_none_or(|u| after < u.key.as_slice()) {
                 upper = Some(cut);
@@ -185,13 +204,27 @@ mod page_tests {
     }
 
     fn contains(r: &PageRange, k: &[u16]) -> bool {
-        r.lower.as_ref().is_none_or(|l| if l.open { k > l.key.as_slice() } else { k >= l.key.as_slice() })
-            && r.upper.as_ref().is_none_or(|h| if h.open { k < h.key.as_slice() } else { k <= h.key.as_slice() })
+        r.lower.as_ref().is_none_or(|l| {
+            if l.open {
+                k > l.key.as_slice()
+            } else {
+                k >= l.key.as_slice()
+            }
+        }) && r.upper.as_ref().is_none_or(|h| {
+            if h.open {
+                k < h.key.as_slice()
+            } else {
+                k <= h.key.as_slice()
+            }
+        })
     }
 
     #[test]
     fn page_after_cursor_excludes_the_cursor_and_stays_in_prefix() {
-        let keys: Vec<Vec<u16>> = ["user_1", "user1_a", "user1_b", "user1_c", "user2"].iter().map(|k| u(k)).collect();
+        let keys: Vec<Vec<u16>> = ["user_1", "user1_a", "user1_b", "user1_c", "user2"]
+            .iter()
+            .map(|k| u(k))
+            .collect();
         let r = page_range(&u("user1_"), Some(&u("user1_a")), false).unwrap();
         let got: Vec<&Vec<u16>> = keys.iter().filter(|k| contains(&r, k)).collect();
         assert_eq!(got, vec![&u("user1_b"), &u("user1_c")]);
@@ -210,7 +243,13 @@ mod page_tests {
     #[test]
     fn empty_prefix_is_unbounded() {
         let r = page_range(&[], None, false).unwrap();
-        assert_eq!(r, PageRange { lower: None, upper: None });
+        assert_eq!(
+            r,
+            PageRange {
+                lower: None,
+                upper: None
+            }
+        );
         let r = page_range(&[0xFFFF], None, false).unwrap();
         assert!(r.upper.is_none() && r.lower.is_some());
     }

@@ -6,6 +6,7 @@
 pub mod backoff;
 pub mod error;
 pub mod keys;
+pub mod lease;
 pub mod pouch;
 pub mod record;
 pub mod rev;

@@ -79,7 +79,10 @@ pub fn resolve_dump(text: &str) -> Result<(DumpSummary, Vec<Winner>), DumpError>
     let mut summary = DumpSummary::default();
     let mut leaves: BTreeMap<String, Vec<Leaf>> = BTreeMap::new();
     for (i, line) in text.lines().enumerate() {
-        let err = |message: String| DumpError { line: i + 1, message };
+        let err = |message: String| DumpError {
+            line: i + 1,
+            message,
+        };
         let line = line.trim();
         if line.is_empty() {
             continue;
@@ -96,7 +99,9 @@ pub fn resolve_dump(text: &str) -> Result<(DumpSummary, Vec<Winner>), DumpError>
             if i == 0 {
                 continue; // header line
             }
-            return Err(err("expected a header, {\"docs\": [...]} or {\"seq\": N}".into()));
+            return Err(err(
+                "expected a header, {\"docs\": [...]} or {\"seq\": N}".into()
+            ));
         };
         let Value::Array(docs) = docs else {
             return Err(err("\"docs\" must be an array".into()));
@@ -119,12 +124,23 @@ pub fn resolve_dump(text: &str) -> Result<(DumpSummary, Vec<Winner>), DumpError>
                 _ => return Err(err(format!("doc {id:?} has no string _rev"))),
             };
             let deleted = doc.get("_deleted") == Some(&Value::Bool(true));
-            for k in ["_revisions", "_conflicts", "_deleted", "_attachments", "_revs_info", "_deleted_conflicts"] {
+            for k in [
+                "_revisions",
+                "_conflicts",
+                "_deleted",
+                "_attachments",
+                "_revs_info",
+                "_deleted_conflicts",
+            ] {
                 doc.remove(k);
             }
             let entry = leaves.entry(id).or_default();
             if !entry.iter().any(|l| l.rev == rev) {
-                entry.push(Leaf { rev, deleted, body: doc });
+                entry.push(Leaf {
+                    rev,
+                    deleted,
+                    body: doc,
+                });
             }
         }
     }
@@ -136,13 +152,24 @@ pub fn resolve_dump(text: &str) -> Result<(DumpSummary, Vec<Winner>), DumpError>
         // Non-deleted first, then highest revision: sort so the winner is last.
         ls.sort_by(|a, b| (!a.deleted, &a.rev).cmp(&(!b.deleted, &b.rev)));
         let Some(win) = ls.pop() else { continue };
-        let conflicts = ls.iter().filter(|l| !l.deleted).map(|l| l.rev.clone()).rev().collect();
+        let conflicts = ls
+            .iter()
+            .filter(|l| !l.deleted)
+            .map(|l| l.rev.clone())
+            .rev()
+            .collect();
         if win.deleted {
             summary.tombstones += 1;
         } else {
             summary.live += 1;
         }
-        winners.push(Winner { id, rev: win.rev, deleted: win.deleted, body: win.body, conflicts });
+        winners.push(Winner {
+            id,
+            rev: win.rev,
+            deleted: win.deleted,
+            body: win.body,
+            conflicts,
+        });
     }
     Ok((summary, winners))
 }
@@ -160,7 +187,12 @@ mod tests {
         let (summary, winners) = resolve_dump(DUMP).unwrap();
         let expected: Value = serde_json::from_str(EXPECTED).unwrap();
         let live = expected["live"].as_object().unwrap();
-        let deleted: Vec<&str> = expected["deleted"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+        let deleted: Vec<&str> = expected["deleted"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
         assert_eq!(summary.live as usize, live.len());
         assert_eq!(summary.tombstones as usize, deleted.len());
         assert_eq!(winners.len(), live.len() + deleted.len());
@@ -174,7 +206,12 @@ mod tests {
             assert_eq!(w.body.get("recordType"), e.get("recordType"), "{}", w.id);
             assert_eq!(w.body.get("updatedAt"), e.get("updatedAt"), "{}", w.id);
             let conflicts: Vec<String> = w.conflicts.iter().map(Rev::to_string).collect();
-            let want: Vec<String> = e["conflicts"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_owned()).collect();
+            let want: Vec<String> = e["conflicts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().to_owned())
+                .collect();
             assert_eq!(conflicts, want, "{}", w.id);
         }
         assert!(summary.conflicts_resolved >= 2);
@@ -190,7 +227,10 @@ mod tests {
             "{\"seq\":4}\n"
         );
         let (s, w) = resolve_dump(dump).unwrap();
-        assert_eq!((s.documents_read, s.live, s.tombstones, s.local_skipped), (4, 1, 1, 1));
+        assert_eq!(
+            (s.documents_read, s.live, s.tombstones, s.local_skipped),
+            (4, 1, 1, 1)
+        );
         assert_eq!(w[0].rev.to_string(), "2-bb");
         assert!(!w[0].deleted);
         assert!(w[1].deleted);
@@ -200,6 +240,9 @@ mod tests {
     fn a_bad_line_names_its_number() {
         let e = resolve_dump("{\"version\":1}\n{\"docs\":[{\"_rev\":\"1-a\"}]}\n").unwrap_err();
         assert_eq!(e.line, 2);
-        assert!(resolve_dump("{}\nnot json").unwrap_err().message.contains("not JSON"));
+        assert!(resolve_dump("{}\nnot json")
+            .unwrap_err()
+            .message
+            .contains("not JSON"));
     }
 }

@@ -84,7 +84,10 @@ pub fn check_record(record: &Map<String, Value>) -> Result<RecordMeta, String> {
             )
         }
     };
-    Ok(RecordMeta { rev, has_updated_at })
+    Ok(RecordMeta {
+        rev,
+        has_updated_at,
+    })
 }
 
 /// `YYYY-MM-DDTHH:MM:SS.sssZ` with plausible field ranges (what
@@ -95,10 +98,8 @@ pub fn is_iso_millis_utc(s: &str) -> bool {
         return false;
     }
     let digits = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_digit);
-    let num = |r: std::ops::Range<usize>| {
-        b[r].iter()
-            .fold(0u32, |n, d| n * 10 + u32::from(d - b'0'))
-    };
+    let num =
+        |r: std::ops::Range<usize>| b[r].iter().fold(0u32, |n, d| n * 10 + u32::from(d - b'0'));
     let shape = digits(0..4)
         && b[4] == b'-'
         && digits(5..7)
@@ -178,8 +179,14 @@ mod tests {
     fn conventional_fields_have_types() {
         assert!(check_record(&obj(json!({"_id": "a", "recordType": 1}))).is_err());
         assert!(check_record(&obj(json!({"_id": "a", "updatedAt": "yesterday"}))).is_err());
-        assert!(check_record(&obj(json!({"_id": "a", "updatedAt": "2026-13-01T00:00:00.000Z"}))).is_err());
-        let m = check_record(&obj(json!({"_id": "a", "updatedAt": "2026-03-01T08:27:12.804Z"}))).unwrap();
+        assert!(check_record(&obj(
+            json!({"_id": "a", "updatedAt": "2026-13-01T00:00:00.000Z"})
+        ))
+        .is_err());
+        let m = check_record(&obj(
+            json!({"_id": "a", "updatedAt": "2026-03-01T08:27:12.804Z"}),
+        ))
+        .unwrap();
         assert!(m.has_updated_at);
     }
 
@@ -188,7 +195,10 @@ mod tests {
         let a = obj(json!({"_id": "a", "b": 1, "a": [1, {"y": null, "x": 2}], "_rev": "1-aa"}));
         let b = obj(json!({"a": [1, {"x": 2, "y": null}], "_id": "a", "b": 1}));
         assert_eq!(canonical_body(&a), canonical_body(&b));
-        assert_eq!(canonical_body(&b), r#"{"_id":"a","a":[1,{"x":2,"y":null}],"b":1}"#);
+        assert_eq!(
+            canonical_body(&b),
+            r#"{"_id":"a","a":[1,{"x":2,"y":null}],"b":1}"#
+        );
     }
 
     #[test]

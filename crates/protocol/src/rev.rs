@@ -161,7 +161,10 @@ pub enum CasError {
 ///
 /// # Errors
 /// [`CasError::Conflict`] when the rules above refuse the write.
-pub fn decide_put<'a>(current: &'a Current, expected: Option<&Rev>) -> Result<Option<&'a Rev>, CasError> {
+pub fn decide_put<'a>(
+    current: &'a Current,
+    expected: Option<&Rev>,
+) -> Result<Option<&'a Rev>, CasError> {
     match (current, expected) {
         (Current::Missing, None) => Ok(None),
         (Current::Deleted(r), None) => Ok(Some(r)),
@@ -207,17 +210,39 @@ mod tests {
 
     #[test]
     fn generation_stops_at_max_safe_integer() {
-        let top = Rev { generation: MAX_GENERATION, hash: "ab".into() };
+        let top = Rev {
+            generation: MAX_GENERATION,
+            hash: "ab".into(),
+        };
         assert!(Rev::next(Some(&top), "{}").is_err());
-        let below = Rev { generation: MAX_GENERATION - 1, hash: "ab".into() };
-        assert_eq!(Rev::next(Some(&below), "{}").unwrap().generation, MAX_GENERATION);
+        let below = Rev {
+            generation: MAX_GENERATION - 1,
+            hash: "ab".into(),
+        };
+        assert_eq!(
+            Rev::next(Some(&below), "{}").unwrap().generation,
+            MAX_GENERATION
+        );
         assert!(Rev::parse("9007199254740991-ab").is_ok());
         assert!(Rev::parse("9007199254740992-ab").is_err());
     }
 
     #[test]
     fn malformed_revisions_are_refused() {
-        for bad in ["", "1", "-ab", "0-ab", "01-ab", "+1-ab", "1-", "1-AB", "1-xyz", "a-ab", "1-ab-cd", &format!("1-{}", "a".repeat(65))] {
+        for bad in [
+            "",
+            "1",
+            "-ab",
+            "0-ab",
+            "01-ab",
+            "+1-ab",
+            "1-",
+            "1-AB",
+            "1-xyz",
+            "a-ab",
+            "1-ab-cd",
+            &format!("1-{}", "a".repeat(65)),
+        ] {
             assert!(Rev::parse(bad).is_err(), "{bad:?} accepted");
         }
         assert_eq!(rev("3-0a").generation, 3);
@@ -226,7 +251,9 @@ mod tests {
     #[test]
     fn ordering_is_generation_then_hash_string() {
         assert!(rev("2-0") > rev("1-f"));
-        assert!(rev("1-f8335ffa694941ebfc232fef178ae606") > rev("1-c9819547fefe64b233e69395821b50b1"));
+        assert!(
+            rev("1-f8335ffa694941ebfc232fef178ae606") > rev("1-c9819547fefe64b233e69395821b50b1")
+        );
         assert!(rev("10-a") > rev("9-b"));
     }
 
@@ -244,19 +271,34 @@ mod tests {
     fn create_and_update_rules() {
         let r1 = rev("1-aa");
         assert_eq!(decide_put(&Current::Missing, None), Ok(None));
-        assert_eq!(decide_put(&Current::Missing, Some(&r1)), Err(CasError::Conflict));
+        assert_eq!(
+            decide_put(&Current::Missing, Some(&r1)),
+            Err(CasError::Conflict)
+        );
         let live = Current::Live(r1.clone());
         assert_eq!(decide_put(&live, None), Err(CasError::Conflict));
         assert_eq!(decide_put(&live, Some(&r1)), Ok(Some(&r1)));
-        assert_eq!(decide_put(&live, Some(&rev("1-ab"))), Err(CasError::Conflict));
+        assert_eq!(
+            decide_put(&live, Some(&rev("1-ab"))),
+            Err(CasError::Conflict)
+        );
     }
 
     #[test]
     fn delete_rules() {
         let r1 = rev("1-aa");
-        assert_eq!(decide_delete(&Current::Missing, &r1), Err(CasError::NotFound));
-        assert_eq!(decide_delete(&Current::Deleted(r1.clone()), &r1), Err(CasError::NotFound));
-        assert_eq!(decide_delete(&Current::Live(r1.clone()), &rev("2-aa")), Err(CasError::Conflict));
+        assert_eq!(
+            decide_delete(&Current::Missing, &r1),
+            Err(CasError::NotFound)
+        );
+        assert_eq!(
+            decide_delete(&Current::Deleted(r1.clone()), &r1),
+            Err(CasError::NotFound)
+        );
+        assert_eq!(
+            decide_delete(&Current::Live(r1.clone()), &rev("2-aa")),
+            Err(CasError::Conflict)
+        );
         assert_eq!(decide_delete(&Current::Live(r1.clone()), &r1), Ok(&r1));
     }
 }

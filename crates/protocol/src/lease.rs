@@ -1,0 +1,610 @@
+//! Work leases: defaults, HTTP wire types for every `/v1` lease endpoint, and the
+//! pure lease state machine the server's SQL implements.
+//!
+//! Nothing here reads a clock. Every time is an argument in milliseconds on the
+//! DATABASE clock (`now_ms`), so the rules are tested with plain `cargo test`, and a
+//! client whose wall clock is off by minutes changes nothing (case C-T1): clients
+//! only ever see durations (`ttl_ms`, `heartbeat_ms`).
+//!
+//! Reconnect backoff is not part of this module.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{ErrorBody, ErrorCode};
+
+/// Lease time-to-live: a claim whose last heartbeat is older than this may be taken over (ms).
+pub const DEFAULT_TTL_MS: u64 = 90_000;
+/// How often a worker should heartbeat a held lease (ms).
+pub const DEFAULT_HEARTBEAT_MS: u64 = 15_000;
+/// How often each server instance runs a reaper pass (ms).
+pub const DEFAULT_REAPER_MS: u64 = 15_000;
+/// Claims that may end without a settle (expiry or release) before the item fails.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
+/// `last_error` of an item failed by the retry cap.
+pub const RETRY_LIMIT_REASON: &str = "retry_limit";
+
+/// The state of a work item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ItemState {
+    /// Waiting to be claimed.
+    Open,
+    /// Claimed: a lease token is current and heartbeats keep it alive.
+    Running,
+    /// Set aside; `resume` makes it `running` again with a new token.
+    Paused,
+    /// Settled as blocked by its worker (terminal until an operator acts).
+    Blocked,
+    /// Settled successfully (terminal).
+    Done,
+    /// Settled as failed, or failed by the retry cap (terminal).
+    Failed,
+}
+
+impl ItemState {
+    /// Every state, for exhaustive tests.
+    pub const ALL: [ItemState; 6] = [
+        ItemState::Open,
+        ItemState::Running,
+        ItemState::Paused,
+        ItemState::Blocked,
+        ItemState::Done,
+        ItemState::Failed,
+    ];
+
+    /// The wire / database string (`"open"`, `"running"`, …).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ItemState::Open => "open",
+            ItemState::Running => "running",
+            ItemState::Paused => "paused",
+            ItemState::Blocked => "blocked",
+            ItemState::Done => "done",
+            ItemState::Failed => "failed",
+        }
+    }
+
+    /// Parses a state string; `None` for unknown strings.
+    pub fn parse(s: &str) -> Option<ItemState> {
+        ItemState::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+}
+
+/// The states a worker may settle a running item into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SettleState {
+    /// Finished successfully.
+    Done,
+    /// Finished with an error; not retried.
+    Failed,
+    /// Cannot proceed until something outside changes.
+    Blocked,
+    /// Set aside; resumable with a new token.
+    Paused,
+}
+
+impl From<SettleState> for ItemState {
+    fn from(s: SettleState) -> ItemState {
+        match s {
+            SettleState::Done => ItemState::Done,
+            SettleState::Failed => ItemState::Failed,
+            SettleState::Blocked => ItemState::Blocked,
+            SettleState::Paused => ItemState::Paused,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Wire types
+// ---------------------------------------------------------------------------
+
+/// `POST /v1/queues/{queue}/items` body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EnqueueRequest {
+    /// Any JSON value; handed to the worker unchanged.
+    pub payload: Value,
+    /// Retry cap for this item; the server default (5) when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+}
+
+/// A work item as the server reports it (`201` of enqueue, `GET /v1/items/{id}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ItemView {
+    /// Server-assigned id (below 2^53, so exact in JS).
+    pub id: i64,
+    /// Queue name.
+    pub queue: String,
+    /// Current state.
+    pub state: ItemState,
+    /// The enqueued payload.
+    pub payload: Value,
+    /// The result given to the last settle, if any.
+    #[serde(default)]
+    pub result: Option<Value>,
+    /// Claims that ended without a settle (expiries and releases).
+    pub attempts: u32,
+    /// Retry cap: the attempt reaching it fails the item with `retry_limit`.
+    pub max_attempts: u32,
+    /// Increases on every claim and resume; 0 before the first claim.
+    pub epoch: u64,
+    /// Why the item failed or was reopened (`"retry_limit"`, `"expired"`, a worker's message).
+    #[serde(default)]
+    pub last_error: Option<String>,
+    /// The worker holding the current claim, if any.
+    #[serde(default)]
+    pub worker_id: Option<i64>,
+}
+
+/// The lease part of a claim or resume answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// Fresh random token for this claim (≥128 bits); the fence for every later call.
+    pub token: String,
+    /// The item's epoch for this claim.
+    pub epoch: u64,
+    /// Lease time-to-live from the last heartbeat, on the server's database clock (ms).
+    pub ttl_ms: u64,
+    /// Suggested heartbeat interval (ms).
+    pub heartbeat_ms: u64,
+}
+
+/// `201` answer of `POST /v1/queues/{queue}/claims` and `200` of resume.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClaimResponse {
+    /// The claimed item (state `running`).
+    pub item: ItemView,
+    /// The lease to heartbeat and settle with.
+    pub lease: Lease,
+}
+
+/// Body of heartbeat and release: the lease token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenRequest {
+    /// The lease token from the claim.
+    pub token: String,
+}
+
+/// `200` answer of `POST /v1/items/{id}/heartbeat`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeartbeatResponse {
+    /// The lease now lives this long from the heartbeat (ms).
+    pub ttl_ms: u64,
+}
+
+/// `POST /v1/items/{id}/settle` body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SettleRequest {
+    /// The lease token from the claim.
+    pub token: String,
+    /// The state to settle into.
+    pub state: SettleState,
+    /// Optional result stored with the item.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    /// Optional message stored as `last_error` (for `failed` / `blocked`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One lease in `POST /v1/heartbeats`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchHeartbeatEntry {
+    /// The item id.
+    pub item_id: i64,
+    /// The lease token.
+    pub token: String,
+}
+
+/// `POST /v1/heartbeats` body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchHeartbeatRequest {
+    /// The leases to renew.
+    pub leases: Vec<BatchHeartbeatEntry>,
+}
+
+/// One result of a batched heartbeat, in request order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchHeartbeatResult {
+    /// The item id.
+    pub item_id: i64,
+    /// Whether this lease was renewed.
+    pub ok: bool,
+    /// Set when renewed (ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+    /// Set when not renewed (`claim_lost`, `not_found`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
+}
+
+/// `200` answer of `POST /v1/heartbeats`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchHeartbeatResponse {
+    /// One result per requested lease, in request order.
+    pub results: Vec<BatchHeartbeatResult>,
+}
+
+/// `GET /v1/queues/{queue}/items` answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ItemList {
+    /// Items in id order.
+    pub items: Vec<ItemView>,
+}
+
+/// `POST /v1/admin/enrollment-tokens` body (admin token required).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateEnrollmentRequest {
+    /// Validity of the token (ms); server default (24 h) when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_in_ms: Option<u64>,
+}
+
+/// `201` answer with a single-use enrollment token (shown once, stored hashed).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnrollmentToken {
+    /// The token to give to one worker.
+    pub token: String,
+    /// Validity from creation (ms).
+    pub expires_in_ms: u64,
+}
+
+/// `POST /v1/workers/enroll` body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnrollRequest {
+    /// A single-use enrollment token.
+    pub token: String,
+    /// Optional display name of the worker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// `POST /v1/workers/refresh` body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefreshRequest {
+    /// The current refresh token; it is burnt by this call.
+    pub refresh_token: String,
+}
+
+/// Answer of enroll and refresh: a new access token and a new refresh token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerCredentials {
+    /// The worker's id.
+    pub worker_id: i64,
+    /// Send as `Authorization: Bearer <access_token>`.
+    pub access_token: String,
+    /// Access token validity from now (ms).
+    pub access_expires_in_ms: u64,
+    /// Single-use token for `POST /v1/workers/refresh`.
+    pub refresh_token: String,
+}
+
+/// `GET /v1/health` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    /// Always `"ok"` when the database answered.
+    pub status: String,
+    /// `"sqlite"` or `"postgres"`.
+    pub database: String,
+}
+
+// ---------------------------------------------------------------------------
+// State machine
+// ---------------------------------------------------------------------------
+
+/// True when a claim whose last heartbeat (or claim) was at `heartbeat_at_ms` is
+/// expired at `now_ms`: older than `ttl_ms`, or never recorded.
+///
+/// Both times are on the database clock; the server evaluates exactly this
+/// predicate in SQL (`heartbeat_at IS NULL OR heartbeat_at <= now - ttl`).
+pub fn is_expired(heartbeat_at_ms: Option<i64>, now_ms: i64, ttl_ms: u64) -> bool {
+    match heartbeat_at_ms {
+        None => true,
+        Some(at) => now_ms.saturating_sub(at) >= i64::try_from(ttl_ms).unwrap_or(i64::MAX),
+    }
+}
+
+/// Where an item goes when a claim ends without a settle (expiry or release):
+/// one more attempt; reaching `max_attempts` makes it `failed` with `retry_limit`.
+///
+/// Returns `(state, attempts, last_error)`.
+pub fn end_attempt(attempts: u32, max_attempts: u32) -> (ItemState, u32, &'static str) {
+    let attempts = attempts.saturating_add(1);
+    if attempts >= max_attempts {
+        (ItemState::Failed, attempts, RETRY_LIMIT_REASON)
+    } else {
+        (ItemState::Open, attempts, "expired")
+    }
+}
+
+/// The error for a fenced call that could not apply: `state_conflict` when the
+/// token is still the item's current one but the item left `running`, otherwise
+/// `claim_lost`.
+pub fn fence_error(token_current: bool, state: ItemState) -> ErrorCode {
+    if token_current && state != ItemState::Running {
+        ErrorCode::StateConflict
+    } else {
+        ErrorCode::ClaimLost
+    }
+}
+
+/// The lease-relevant part of a work item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseItem {
+    /// Current state.
+    pub state: ItemState,
+    /// Claim counter.
+    pub epoch: u64,
+    /// Claims that ended without a settle.
+    pub attempts: u32,
+    /// Retry cap.
+    pub max_attempts: u32,
+    /// Last heartbeat (or claim) on the database clock (ms); `None` if never recorded.
+    pub heartbeat_at_ms: Option<i64>,
+    /// Whether a token is held (running, or paused by an operator under a live token).
+    pub has_token: bool,
+}
+
+/// Something that happens to an item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseEvent {
+    /// A worker claims an open item (new token, epoch + 1).
+    Claim,
+    /// The holder renews the lease.
+    Heartbeat,
+    /// The holder settles.
+    Settle(SettleState),
+    /// The holder gives the item back (counts one attempt).
+    Release,
+    /// A paused item is resumed with a new token.
+    Resume,
+    /// An operator pauses a running item; the token stays current.
+    Pause,
+    /// The reaper takes over an expired claim (counts one attempt).
+    Expire,
+}
+
+impl LeaseItem {
+    /// A freshly enqueued item.
+    pub fn new(max_attempts: u32) -> LeaseItem {
+        LeaseItem {
+            state: ItemState::Open,
+            epoch: 0,
+            attempts: 0,
+            max_attempts,
+            heartbeat_at_ms: None,
+            has_token: false,
+        }
+    }
+
+    /// Applies `event` at `now_ms`. `token_current` says whether the caller's token
+    /// is the item's current one (ignored by Claim, Resume, Pause and Expire).
+    ///
+    /// # Errors
+    /// `claim_lost` / `state_conflict` for fenced events that do not apply (see
+    /// [`fence_error`]); `conflict` when the item is not in a state the event
+    /// starts from (claiming a non-open item, resuming a non-paused one, expiring
+    /// a live claim). A rejected event changes nothing.
+    pub fn apply(
+        &self,
+        event: LeaseEvent,
+        token_current: bool,
+        now_ms: i64,
+        ttl_ms: u64,
+    ) -> Result<LeaseItem, ErrorCode> {
+        let mut next = *self;
+        let fenced = |item: &LeaseItem| {
+            if token_current && item.has_token && item.state == ItemState::Running {
+                Ok(())
+            } else {
+                Err(fence_error(token_current && item.has_token, item.state))
+            }
+        };
+        match event {
+            LeaseEvent::Claim | LeaseEvent::Resume => {
+                let from = if event == LeaseEvent::Claim {
+                    ItemState::Open
+                } else {
+                    ItemState::Paused
+                };
+                if self.state != from {
+                    return Err(ErrorCode::Conflict);
+                }
+                next.state = ItemState::Running;
+                next.epoch += 1;
+                next.heartbeat_at_ms = Some(now_ms);
+                next.has_token = true;
+            }
+            LeaseEvent::Heartbeat => {
+                fenced(self)?;
+                next.heartbeat_at_ms = Some(now_ms);
+            }
+            LeaseEvent::Settle(state) => {
+                fenced(self)?;
+                next.state = state.into();
+                next.has_token = false;
+            }
+            LeaseEvent::Release => {
+                fenced(self)?;
+                next.end_claim();
+            }
+            LeaseEvent::Pause => {
+                if self.state != ItemState::Running {
+                    return Err(ErrorCode::Conflict);
+                }
+                next.state = ItemState::Paused;
+            }
+            LeaseEvent::Expire => {
+                if self.state != ItemState::Running
+                    || !is_expired(self.heartbeat_at_ms, now_ms, ttl_ms)
+                {
+                    return Err(ErrorCode::Conflict);
+                }
+                next.end_claim();
+            }
+        }
+        Ok(next)
+    }
+
+    fn end_claim(&mut self) {
+        let (state, attempts, _) = end_attempt(self.attempts, self.max_attempts);
+        self.state = state;
+        self.attempts = attempts;
+        self.has_token = false;
+        self.heartbeat_at_ms = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: u64 = 90_000;
+
+    fn claimed(now: i64) -> LeaseItem {
+        LeaseItem::new(DEFAULT_MAX_ATTEMPTS)
+            .apply(LeaseEvent::Claim, false, now, TTL)
+            .unwrap()
+    }
+
+    #[test]
+    fn states_round_trip_through_strings_and_serde() {
+        for st in ItemState::ALL {
+            assert_eq!(ItemState::parse(st.as_str()), Some(st));
+            assert_eq!(
+                serde_json::to_string(&st).unwrap(),
+                format!("\"{}\"", st.as_str())
+            );
+        }
+        assert_eq!(ItemState::parse("nope"), None);
+    }
+
+    #[test]
+    fn a_claim_expires_exactly_at_the_ttl_and_never_recorded_counts_as_expired() {
+        assert!(!is_expired(Some(1_000), 1_000 + 89_999, TTL));
+        assert!(is_expired(Some(1_000), 1_000 + 90_000, TTL));
+        assert!(is_expired(None, 0, TTL));
+    }
+
+    #[test]
+    fn expiry_depends_only_on_the_database_clock_difference() {
+        // A client clock 10 minutes off never enters: only db-now minus db-heartbeat.
+        let skew = 600_000;
+        for base in [0_i64, 1_700_000_000_000, 1_700_000_000_000 + skew] {
+            assert!(!is_expired(Some(base), base + 1_000, TTL));
+            assert!(is_expired(Some(base), base + 90_001, TTL));
+        }
+    }
+
+    #[test]
+    fn each_claim_raises_the_epoch() {
+        let a = claimed(0);
+        let reopened = a.apply(LeaseEvent::Expire, false, 90_000, TTL).unwrap();
+        let b = reopened
+            .apply(LeaseEvent::Claim, false, 90_001, TTL)
+            .unwrap();
+        assert_eq!((a.epoch, b.epoch), (1, 2));
+    }
+
+    #[test]
+    fn a_live_claim_cannot_be_expired_or_claimed() {
+        let a = claimed(0);
+        assert_eq!(
+            a.apply(LeaseEvent::Expire, false, 89_999, TTL),
+            Err(ErrorCode::Conflict)
+        );
+        assert_eq!(
+            a.apply(LeaseEvent::Claim, false, 1, TTL),
+            Err(ErrorCode::Conflict)
+        );
+    }
+
+    #[test]
+    fn a_heartbeat_past_the_ttl_but_before_takeover_renews() {
+        let a = claimed(0);
+        let b = a.apply(LeaseEvent::Heartbeat, true, 100_000, TTL).unwrap();
+        assert_eq!(b.heartbeat_at_ms, Some(100_000));
+        assert_eq!(
+            b.apply(LeaseEvent::Expire, false, 100_001, TTL),
+            Err(ErrorCode::Conflict)
+        );
+    }
+
+    #[test]
+    fn stale_token_calls_are_claim_lost_and_change_nothing() {
+        let a = claimed(0);
+        for ev in [
+            LeaseEvent::Heartbeat,
+            LeaseEvent::Release,
+            LeaseEvent::Settle(SettleState::Done),
+            LeaseEvent::Settle(SettleState::Blocked),
+        ] {
+            assert_eq!(a.apply(ev, false, 1, TTL), Err(ErrorCode::ClaimLost));
+        }
+        let settled = a
+            .apply(LeaseEvent::Settle(SettleState::Done), true, 1, TTL)
+            .unwrap();
+        assert_eq!(
+            settled.apply(LeaseEvent::Settle(SettleState::Done), true, 2, TTL),
+            Err(ErrorCode::ClaimLost),
+            "settling releases the token"
+        );
+    }
+
+    #[test]
+    fn current_token_on_an_item_paused_elsewhere_is_state_conflict() {
+        let paused = claimed(0).apply(LeaseEvent::Pause, false, 1, TTL).unwrap();
+        assert_eq!(
+            paused.apply(LeaseEvent::Settle(SettleState::Done), true, 2, TTL),
+            Err(ErrorCode::StateConflict)
+        );
+        assert_eq!(
+            paused.apply(LeaseEvent::Settle(SettleState::Done), false, 2, TTL),
+            Err(ErrorCode::ClaimLost)
+        );
+        let resumed = paused.apply(LeaseEvent::Resume, false, 3, TTL).unwrap();
+        assert_eq!(resumed.epoch, paused.epoch + 1);
+    }
+
+    #[test]
+    fn the_expiry_that_reaches_the_cap_fails_the_item() {
+        let mut item = LeaseItem::new(3);
+        let mut now = 0;
+        for round in 1..=3 {
+            item = item.apply(LeaseEvent::Claim, false, now, TTL).unwrap();
+            now += 90_000;
+            item = item.apply(LeaseEvent::Expire, false, now, TTL).unwrap();
+            assert_eq!(item.attempts, round);
+        }
+        assert_eq!(item.state, ItemState::Failed);
+        assert_eq!(
+            end_attempt(2, 3),
+            (ItemState::Failed, 3, RETRY_LIMIT_REASON)
+        );
+        assert_eq!(
+            item.apply(LeaseEvent::Claim, false, now, TTL),
+            Err(ErrorCode::Conflict)
+        );
+    }
+
+    #[test]
+    fn wire_types_use_the_documented_field_names() {
+        let lease = Lease {
+            token: "t".into(),
+            epoch: 3,
+            ttl_ms: TTL,
+            heartbeat_ms: DEFAULT_HEARTBEAT_MS,
+        };
+        let json = serde_json::to_value(&lease).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"token": "t", "epoch": 3, "ttl_ms": 90000, "heartbeat_ms": 15000})
+        );
+        let settle: SettleRequest =
+            serde_json::from_str(r#"{"token":"t","state":"paused"}"#).unwrap();
+        assert_eq!(settle.state, SettleState::Paused);
+        assert!(serde_json::from_str::<SettleRequest>(r#"{"token":"t","state":"open"}"#).is_err());
+    }
+}

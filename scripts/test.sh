@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Runs every test of the project on this machine: installs what is missing
+# (scripts/bootstrap.sh), starts PostgreSQL on loopback, then runs lints,
+# native tests (protocol + server on SQLite and PostgreSQL), the browser
+# suites in headless Chromium AND Firefox, and the end-to-end demo tests.
+# Exits non-zero on the first failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$HOME/.cargo/bin:$PATH"
+export WASM_BINDGEN_TEST_TIMEOUT="${WASM_BINDGEN_TEST_TIMEOUT:-180}"
+
+step() { printf '\n=== %s ===\n' "$*"; }
+
+step "bootstrap"
+bash scripts/bootstrap.sh
+
+step "format and lints"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -q -- -D warnings
+cargo clippy -p agentstore --target wasm32-unknown-unknown --all-targets -q -- -D warnings
+
+step "PostgreSQL on loopback"
+if [ -f scripts/pg.sh ]; then
+  AGENTSTORE_TEST_PG_URL="$(bash scripts/pg.sh start | tail -n 1)"
+  export AGENTSTORE_TEST_PG_URL
+  echo "AGENTSTORE_TEST_PG_URL=$AGENTSTORE_TEST_PG_URL"
+fi
+
+step "native tests (protocol, server on SQLite and PostgreSQL)"
+cargo test --workspace --exclude agentstore
+
+step "browser suites in headless Chromium"
+CHROMEDRIVER=/usr/bin/chromedriver GECKODRIVER= \
+  cargo test -p agentstore --target wasm32-unknown-unknown --tests
+
+step "browser suites in headless Firefox"
+GECKODRIVER="$(command -v geckodriver)" CHROMEDRIVER= \
+  cargo test -p agentstore --target wasm32-unknown-unknown --tests
+
+step "wasm package (release) and its size"
+wasm-pack build --target web --release --out-dir pkg --quiet
+printf 'pkg/agentstore_bg.wasm: %s bytes gzipped; pkg/agentstore.js: %s bytes gzipped\n' \
+  "$(gzip -9c pkg/agentstore_bg.wasm | wc -c)" "$(gzip -9c pkg/agentstore.js | wc -c)"
+
+step "end-to-end tests (Playwright + Chromium against the demo server)"
+node --test --test-concurrency=1 tests/e2e/
+
+step "all test suites passed"
