@@ -1,0 +1,158 @@
+//! Router assembly and the running server handle.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::{header, HeaderValue, Method};
+use axum::Router;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_http::services::ServeDir;
+use tower_http::trace::TraceLayer;
+
+use crate::config::Config;
+use crate::ratelimit::RateLimiter;
+use crate::store::{Store, StoreError};
+use crate::{reaper, routes, tokens};
+
+/// What every handler shares.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// The database.
+    pub store: Store,
+    /// SHA-256 of the admin token; `None` disables admin access.
+    pub admin_hash: Option<String>,
+    /// Claim polling limiter (per instance).
+    pub limiter: Arc<RateLimiter>,
+    /// `Retry-After` of an empty claim (ms).
+    pub idle_retry_ms: u64,
+}
+
+/// Builds the whole application: `/v1` API, `/pkg/` and `/` static files, CORS,
+/// body limit and request tracing.
+///
+/// # Errors
+/// An `--allow-origin` value is not a valid header value.
+pub fn router(config: &Config, store: Store) -> Result<Router, String> {
+    let state = AppState {
+        store,
+        admin_hash: config.admin_token.as_deref().map(tokens::hash),
+        limiter: Arc::new(RateLimiter::new(config.claim_rate)),
+        idle_retry_ms: config.idle_retry_ms,
+    };
+    let origins = config
+        .allow_origin
+        .iter()
+        .map(|o| HeaderValue::from_str(o.trim()).map_err(|_| format!("bad origin {o:?}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let cors = CorsLayer::new()
+        .allow_origin(AllowOrigin::list(origins))
+        .allow_methods([Method::GET, Method::POST])
+        .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
+        .expose_headers([header::RETRY_AFTER])
+        .max_age(Duration::from_secs(600));
+    let api = routes::router()
+        .layer(DefaultBodyLimit::max(config.max_body_bytes))
+        .with_state(state);
+    // ServeDir maps `.wasm` to `application/wasm` (mime_guess), which
+    // `WebAssembly.instantiateStreaming` requires.
+    Ok(Router::new()
+        .nest("/v1", api)
+        .nest_service("/pkg", ServeDir::new(&config.pkg))
+        .fallback_service(ServeDir::new(&config.www))
+        .layer(cors)
+        .layer(TraceLayer::new_for_http()))
+}
+
+/// A running server: its address, and a way to stop it gracefully.
+#[derive(Debug)]
+pub struct Server {
+    addr: SocketAddr,
+    store: Store,
+    shutdown: watch::Sender<bool>,
+    http: JoinHandle<std::io::Result<()>>,
+    reaper: JoinHandle<()>,
+}
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The database could not be opened or migrated.
+    #[error("database: {0}")]
+    Store(#[from] StoreError),
+    /// The listen address could not be bound.
+    #[error("listen: {0}")]
+    Listen(#[from] std::io::Error),
+    /// A flag value is invalid.
+    #[error("config: {0}")]
+    Config(String),
+}
+
+impl Server {
+    /// Opens the database (migrating it), binds `config.listen`, and starts the
+    /// HTTP server and this instance's reaper.
+    ///
+    /// # Errors
+    /// See [`StartError`].
+    pub async fn start(config: &Config) -> Result<Server, StartError> {
+        let store = Store::connect(&config.database, config.settings()).await?;
+        let app = router(config, store.clone()).map_err(StartError::Config)?;
+        let listener = TcpListener::bind(config.listen).await?;
+        let addr = listener.local_addr()?;
+        let (shutdown, rx) = watch::channel(false);
+        let reaper = reaper::spawn(
+            store.clone(),
+            Duration::from_millis(config.reaper_ms),
+            rx.clone(),
+        );
+        let mut rx_http = rx;
+        let http = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = rx_http.changed().await;
+                })
+                .await
+        });
+        tracing::info!(%addr, database = store.backend().name(), "agentstore-server listening");
+        Ok(Server {
+            addr,
+            store,
+            shutdown,
+            http,
+            reaper,
+        })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://<addr>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// This instance's store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Stops accepting, lets in-flight requests finish, stops the reaper and
+    /// closes the database pool.
+    ///
+    /// # Errors
+    /// The HTTP server task failed.
+    pub async fn stop(self) -> std::io::Result<()> {
+        let _ = self.shutdown.send(true);
+        let served = self.http.await.map_err(std::io::Error::other)?;
+        let _ = self.reaper.await;
+        self.store.close().await;
+        served
+    }
+}

@@ -1,0 +1,83 @@
+//! Command-line configuration (also built by tests with [`Config::for_tests`]).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use agentstore_protocol::lease::{
+    DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_ATTEMPTS, DEFAULT_REAPER_MS, DEFAULT_TTL_MS,
+};
+use clap::Parser;
+
+use crate::ratelimit::Rate;
+use crate::store::Settings;
+
+/// `agentstore-server`: the agentstore lease server and demo host.
+#[derive(Debug, Clone, Parser)]
+#[command(version, about)]
+pub struct Config {
+    /// Address to listen on (`127.0.0.1:0` picks a free port).
+    #[arg(long, default_value = "127.0.0.1:8787")]
+    pub listen: SocketAddr,
+    /// `postgres://…` for PostgreSQL; an SQLite file path or `sqlite://` URL otherwise
+    /// (the file is created if missing).
+    #[arg(long, default_value = "agentstore.sqlite")]
+    pub database: String,
+    /// Directory served at `/` (the demo page).
+    #[arg(long, default_value = "www")]
+    pub www: PathBuf,
+    /// Directory served at `/pkg/` (wasm-pack output).
+    #[arg(long, default_value = "pkg")]
+    pub pkg: PathBuf,
+    /// Admin bearer token (creates enrollment tokens, enqueues, reads, pauses).
+    /// Without it the admin endpoints always answer 401.
+    #[arg(long, env = "AGENTSTORE_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// Origins allowed by CORS (repeat or comma-separate); none → no CORS headers.
+    #[arg(long, value_delimiter = ',')]
+    pub allow_origin: Vec<String>,
+    /// Lease TTL from the last heartbeat (ms).
+    #[arg(long, default_value_t = DEFAULT_TTL_MS)]
+    pub ttl_ms: u64,
+    /// Heartbeat interval suggested to workers (ms).
+    #[arg(long, default_value_t = DEFAULT_HEARTBEAT_MS)]
+    pub heartbeat_ms: u64,
+    /// Interval between reaper passes on this instance (ms).
+    #[arg(long, default_value_t = DEFAULT_REAPER_MS)]
+    pub reaper_ms: u64,
+    /// Default retry cap for new items.
+    #[arg(long, default_value_t = DEFAULT_MAX_ATTEMPTS)]
+    pub max_attempts: u32,
+    /// Claim polling limit per worker: `20/s`, `600/min`, `5/100ms`.
+    #[arg(long, default_value = "10/s")]
+    pub claim_rate: Rate,
+    /// Largest accepted request body (bytes).
+    #[arg(long, default_value_t = 64 * 1024)]
+    pub max_body_bytes: usize,
+    /// Access token lifetime (ms).
+    #[arg(long, default_value_t = 15 * 60 * 1000)]
+    pub access_ttl_ms: u64,
+    /// `Retry-After` of a `204` claim answer (ms, rounded up to seconds).
+    #[arg(long, default_value_t = 5_000)]
+    pub idle_retry_ms: u64,
+}
+
+impl Config {
+    /// Defaults for `database`, listening on `127.0.0.1:0`, with `admin_token`.
+    pub fn for_tests(database: &str, admin_token: &str) -> Config {
+        let mut c = Config::parse_from(["agentstore-server", "--listen", "127.0.0.1:0"]);
+        c.database = database.to_owned();
+        c.admin_token = Some(admin_token.to_owned());
+        c
+    }
+
+    /// The store settings these flags select.
+    pub fn settings(&self) -> Settings {
+        Settings {
+            ttl_ms: self.ttl_ms,
+            heartbeat_ms: self.heartbeat_ms,
+            max_attempts: self.max_attempts,
+            access_ttl_ms: self.access_ttl_ms,
+            ..Settings::default()
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! Request extractors whose rejections are [`ApiError`]s, so every failure
+//! (malformed JSON, oversized body, bad id) answers `{code, message}`.
+
+use agentstore_protocol::ErrorCode;
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use axum::http::StatusCode;
+use serde::de::DeserializeOwned;
+
+use crate::error::ApiError;
+
+/// A JSON body, parsed whatever its `Content-Type` (a `sendBeacon` string arrives
+/// as `text/plain`). Too large → `413 payload_too_large`; not JSON → `400
+/// bad_request`; JSON of the wrong shape → `400 validation`.
+#[derive(Debug)]
+pub struct JsonBody<T>(pub T);
+
+impl<S, T> FromRequest<S> for JsonBody<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|r| {
+            if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(ErrorCode::PayloadTooLarge, "request body too large")
+            } else {
+                ApiError::new(ErrorCode::BadRequest, "could not read the request body")
+            }
+        })?;
+        parse(&bytes).map(JsonBody)
+    }
+}
+
+/// Parses a JSON body with the error mapping of [`JsonBody`].
+///
+/// # Errors
+/// `bad_request` for malformed JSON, `validation` for the wrong shape.
+pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        use serde_json::error::Category;
+        match e.classify() {
+            Category::Data => ApiError::new(ErrorCode::Validation, format!("invalid body: {e}")),
+            _ => ApiError::new(ErrorCode::BadRequest, format!("malformed JSON: {e}")),
+        }
+    })
+}
+
+/// Parses an item id path segment.
+///
+/// # Errors
+/// `bad_request` unless it is a positive integer.
+pub fn item_id(raw: &str) -> Result<i64, ApiError> {
+    raw.parse::<i64>()
+        .ok()
+        .filter(|id| *id > 0)
+        .ok_or_else(|| ApiError::new(ErrorCode::BadRequest, "item id must be a positive integer"))
+}
+
+/// Checks a queue name: 1–200 characters of `A-Z a-z 0-9 _ - . :`.
+///
+/// # Errors
+/// `validation` otherwise.
+pub fn queue_name(raw: &str) -> Result<&str, ApiError> {
+    let ok = !raw.is_empty()
+        && raw.len() <= 200
+        && raw
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b));
+    if ok {
+        Ok(raw)
+    } else {
+        Err(ApiError::new(
+            ErrorCode::Validation,
+            "queue names are 1-200 characters of A-Z a-z 0-9 _ - . :",
+        ))
+    }
+}

@@ -1,0 +1,42 @@
+//! The reaper: every `--reaper-ms` on every instance, take over expired claims.
+//!
+//! Instances need no coordination: each takeover is a conditional update on the
+//! state, epoch and expiry it read, so two reapers (or a reaper and a settling
+//! worker) racing for one item change it at most once.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::store::Store;
+
+/// Spawns the reaper loop; it ends when `shutdown` changes or its sender drops.
+#[must_use = "the task handle should be awaited on shutdown"]
+pub fn spawn(store: Store, every: Duration, mut shutdown: watch::Receiver<bool>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every.max(Duration::from_millis(1)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut passes: u64 = 0;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.changed() => return,
+            }
+            match store.reap().await {
+                Ok((0, 0)) => {}
+                Ok((reopened, failed)) => {
+                    tracing::info!(reopened, failed, "reaper took over expired claims");
+                }
+                Err(e) => tracing::warn!(error = %e, "reaper pass failed"),
+            }
+            passes += 1;
+            // Expired credentials are swept far less often than leases.
+            if passes % 100 == 0 {
+                if let Err(e) = store.purge_credentials().await {
+                    tracing::warn!(error = %e, "credential purge failed");
+                }
+            }
+        }
+    })
+}

@@ -1,0 +1,481 @@
+//! Work items and their leases: enqueue, claim, heartbeat, settle, release,
+//! resume, pause, and the reaper's takeover.
+//!
+//! Every write that a lease fences is ONE conditional statement: it names the
+//! state (and token or epoch) it expects, so a stale caller changes nothing. When
+//! it matches no row, the row is read once to tell `claim_lost` from
+//! `state_conflict` from `not_found` with the pure rules in
+//! `agentstore_protocol::lease`.
+
+use agentstore_protocol::lease::{
+    end_attempt, fence_error, ClaimResponse, ItemState, ItemView, Lease, LeaseEvent, LeaseItem,
+    SettleState,
+};
+use agentstore_protocol::ErrorCode;
+use serde_json::Value;
+use sqlx::any::AnyRow;
+
+use super::{get, ms, to_u32, to_u64, Store, StoreError};
+use crate::tokens::{self, ct_eq};
+
+const ITEM_COLS: &str =
+    "id, queue, state, payload, result, attempts, max_attempts, epoch, last_error, worker_id";
+
+/// A running claim the reaper found expired, as it read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpiredClaim {
+    /// The item.
+    pub id: i64,
+    /// The lease-relevant state read.
+    pub item: LeaseItem,
+    /// The database clock when it was read (ms).
+    pub now_ms: i64,
+}
+
+fn item_from_row(row: &AnyRow) -> Result<ItemView, StoreError> {
+    let state: String = get(row, "state")?;
+    let payload: String = get(row, "payload")?;
+    let result: Option<String> = get(row, "result")?;
+    let json = |s: &str| {
+        serde_json::from_str::<Value>(s).map_err(|e| StoreError::Corrupt(format!("json: {e}")))
+    };
+    Ok(ItemView {
+        id: get(row, "id")?,
+        queue: get(row, "queue")?,
+        state: ItemState::parse(&state)
+            .ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?,
+        payload: json(&payload)?,
+        result: result.as_deref().map(json).transpose()?,
+        attempts: to_u32(get(row, "attempts")?, "attempts")?,
+        max_attempts: to_u32(get(row, "max_attempts")?, "max_attempts")?,
+        epoch: to_u64(get(row, "epoch")?, "epoch")?,
+        last_error: get(row, "last_error")?,
+        worker_id: get(row, "worker_id")?,
+    })
+}
+
+fn lease_item_from_row(row: &AnyRow) -> Result<LeaseItem, StoreError> {
+    let state: String = get(row, "state")?;
+    let token: Option<String> = get(row, "token_hash")?;
+    Ok(LeaseItem {
+        state: ItemState::parse(&state)
+            .ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?,
+        epoch: to_u64(get(row, "epoch")?, "epoch")?,
+        attempts: to_u32(get(row, "attempts")?, "attempts")?,
+        max_attempts: to_u32(get(row, "max_attempts")?, "max_attempts")?,
+        heartbeat_at_ms: get(row, "heartbeat_at")?,
+        has_token: token.is_some(),
+    })
+}
+
+fn not_found(id: i64) -> StoreError {
+    StoreError::rejected(ErrorCode::NotFound, format!("item {id} does not exist"))
+}
+
+fn rejection(code: ErrorCode, id: i64) -> StoreError {
+    let message = match code {
+        ErrorCode::ClaimLost => format!("the lease token is no longer current for item {id}"),
+        ErrorCode::StateConflict => format!("item {id} is no longer running"),
+        _ => format!("item {id}: {code}"),
+    };
+    StoreError::rejected(code, message)
+}
+
+impl Store {
+    /// Adds an item to `queue` in state `open`.
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn enqueue(
+        &self,
+        queue: &str,
+        payload: &Value,
+        max_attempts: Option<u32>,
+    ) -> Result<ItemView, StoreError> {
+        let sql = self.sql(&format!(
+            "INSERT INTO items (queue, state, payload, attempts, max_attempts, epoch, created_at, updated_at)
+             VALUES ($1, 'open', $2, 0, $3, 0, {{now}}, {{now}}) RETURNING {ITEM_COLS}"
+        ));
+        let max = max_attempts.unwrap_or(self.settings.max_attempts).max(1);
+        let row = sqlx::query(&sql)
+            .bind(queue)
+            .bind(payload.to_string())
+            .bind(i64::from(max))
+            .fetch_one(&self.pool)
+            .await?;
+        item_from_row(&row)
+    }
+
+    /// Claims the oldest open item of `queue` with a fresh token, `epoch + 1` and
+    /// the lease starting now on the database clock; `None` when nothing is open.
+    ///
+    /// One statement: on PostgreSQL the candidate is locked with `FOR UPDATE SKIP
+    /// LOCKED`, so concurrent claimers on any instance never get the same item; on
+    /// SQLite the statement runs under the single writer lock.
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn claim(
+        &self,
+        queue: &str,
+        worker_id: Option<i64>,
+    ) -> Result<Option<ClaimResponse>, StoreError> {
+        let (token, token_hash) = tokens::new_lease_token();
+        let sql = self.sql(&format!(
+            "UPDATE items SET state = 'running', epoch = epoch + 1, token_hash = $2,
+                 worker_id = $3, claimed_at = {{now}}, heartbeat_at = {{now}}, updated_at = {{now}}
+             WHERE id = (SELECT id FROM items WHERE queue = $1 AND state = 'open'
+                         ORDER BY id LIMIT 1 {{skip_locked}})
+               AND state = 'open'
+             RETURNING {ITEM_COLS}"
+        ));
+        let row = sqlx::query(&sql)
+            .bind(queue)
+            .bind(token_hash)
+            .bind(worker_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        let item = item_from_row(&row)?;
+        Ok(Some(self.claim_response(item, token.0)))
+    }
+
+    fn claim_response(&self, item: ItemView, token: String) -> ClaimResponse {
+        let lease = Lease {
+            token,
+            epoch: item.epoch,
+            ttl_ms: self.settings.ttl_ms,
+            heartbeat_ms: self.settings.heartbeat_ms,
+        };
+        ClaimResponse { item, lease }
+    }
+
+    /// Renews the lease of `id` held with `token` (even past the TTL, as long as no
+    /// takeover happened); returns the TTL in ms.
+    ///
+    /// # Errors
+    /// `claim_lost` (stale token), `state_conflict` (current token, item not
+    /// running), `not_found`; nothing is written in any of these cases.
+    pub async fn heartbeat(&self, id: i64, token: &str) -> Result<u64, StoreError> {
+        let hash = tokens::hash(token);
+        let sql = self.sql(
+            "UPDATE items SET heartbeat_at = {now}, updated_at = {now}
+             WHERE id = $1 AND state = 'running' AND token_hash = $2",
+        );
+        let done = sqlx::query(&sql)
+            .bind(id)
+            .bind(&hash)
+            .execute(&self.pool)
+            .await?;
+        if done.rows_affected() == 1 {
+            Ok(self.settings.ttl_ms)
+        } else {
+            Err(self.classify(id, &hash).await)
+        }
+    }
+
+    /// Settles `id` into `state`, storing `result` and `error`; releases the token.
+    ///
+    /// # Errors
+    /// As [`Store::heartbeat`].
+    pub async fn settle(
+        &self,
+        id: i64,
+        token: &str,
+        state: SettleState,
+        result: Option<&Value>,
+        error: Option<&str>,
+    ) -> Result<ItemView, StoreError> {
+        let hash = tokens::hash(token);
+        let sql = self.sql(&format!(
+            "UPDATE items SET state = $3, result = $4, last_error = $5, token_hash = NULL,
+                 worker_id = NULL, heartbeat_at = NULL, updated_at = {{now}}
+             WHERE id = $1 AND state = 'running' AND token_hash = $2
+             RETURNING {ITEM_COLS}"
+        ));
+        let row = sqlx::query(&sql)
+            .bind(id)
+            .bind(&hash)
+            .bind(ItemState::from(state).as_str())
+            .bind(result.map(Value::to_string))
+            .bind(error)
+            .fetch_optional(&self.pool)
+            .await?;
+        match row {
+            Some(row) => item_from_row(&row),
+            None => Err(self.classify(id, &hash).await),
+        }
+    }
+
+    /// Gives `id` back: it reopens (one attempt counted) or, at the cap, fails
+    /// with `retry_limit`.
+    ///
+    /// # Errors
+    /// As [`Store::heartbeat`].
+    pub async fn release(&self, id: i64, token: &str) -> Result<ItemView, StoreError> {
+        let hash = tokens::hash(token);
+        let Some((item, stored, now)) = self.read_lease(id).await? else {
+            return Err(not_found(id));
+        };
+        // Decide with the pure rules first; the UPDATE below repeats the fence
+        // atomically (token and epoch as read), so a concurrent change wins.
+        let current = stored.is_some_and(|s| ct_eq(&s, &hash));
+        if let Err(code) = item.apply(LeaseEvent::Release, current, now, self.settings.ttl_ms) {
+            return Err(rejection(code, id));
+        }
+        let (state, attempts, reason) = end_attempt(item.attempts, item.max_attempts);
+        let reason = if state == ItemState::Open {
+            "released"
+        } else {
+            reason
+        };
+        let sql = self.sql(&format!(
+            "UPDATE items SET state = $4, attempts = $5, last_error = $6, token_hash = NULL,
+                 worker_id = NULL, heartbeat_at = NULL, updated_at = {{now}}
+             WHERE id = $1 AND state = 'running' AND token_hash = $2 AND epoch = $3
+             RETURNING {ITEM_COLS}"
+        ));
+        let row = sqlx::query(&sql)
+            .bind(id)
+            .bind(&hash)
+            .bind(ms(item.epoch))
+            .bind(state.as_str())
+            .bind(i64::from(attempts))
+            .bind(reason)
+            .fetch_optional(&self.pool)
+            .await?;
+        match row {
+            Some(row) => item_from_row(&row),
+            None => Err(self.classify(id, &hash).await),
+        }
+    }
+
+    /// Resumes a paused item: running again with a NEW token and `epoch + 1`;
+    /// the old token is fenced from then on.
+    ///
+    /// # Errors
+    /// `conflict` if the item is not paused, `not_found`.
+    pub async fn resume(
+        &self,
+        id: i64,
+        worker_id: Option<i64>,
+    ) -> Result<ClaimResponse, StoreError> {
+        let (token, token_hash) = tokens::new_lease_token();
+        let sql = self.sql(&format!(
+            "UPDATE items SET state = 'running', epoch = epoch + 1, token_hash = $2,
+                 worker_id = $3, claimed_at = {{now}}, heartbeat_at = {{now}}, updated_at = {{now}}
+             WHERE id = $1 AND state = 'paused'
+             RETURNING {ITEM_COLS}"
+        ));
+        let row = sqlx::query(&sql)
+            .bind(id)
+            .bind(token_hash)
+            .bind(worker_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        match row {
+            Some(row) => Ok(self.claim_response(item_from_row(&row)?, token.0)),
+            None => match self.item(id).await? {
+                None => Err(not_found(id)),
+                Some(item) => Err(StoreError::rejected(
+                    ErrorCode::Conflict,
+                    format!("item {id} is {}, not paused", item.state.as_str()),
+                )),
+            },
+        }
+    }
+
+    /// Operator path: pauses a running item, keeping its token current (the
+    /// holder's next fenced call gets `state_conflict`).
+    ///
+    /// # Errors
+    /// `conflict` if the item is not running, `not_found`.
+    pub async fn pause(&self, id: i64) -> Result<ItemView, StoreError> {
+        let sql = self.sql(&format!(
+            "UPDATE items SET state = 'paused', updated_at = {{now}}
+             WHERE id = $1 AND state = 'running' RETURNING {ITEM_COLS}"
+        ));
+        match sqlx::query(&sql)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+        {
+            Some(row) => item_from_row(&row),
+            None => match self.item(id).await? {
+                None => Err(not_found(id)),
+                Some(item) => Err(StoreError::rejected(
+                    ErrorCode::Conflict,
+                    format!("item {id} is {}, not running", item.state.as_str()),
+                )),
+            },
+        }
+    }
+
+    /// Reads one item.
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn item(&self, id: i64) -> Result<Option<ItemView>, StoreError> {
+        let sql = format!("SELECT {ITEM_COLS} FROM items WHERE id = $1");
+        let row = sqlx::query(&sql)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(item_from_row).transpose()
+    }
+
+    /// Lists the items of `queue` in id order, optionally of one state.
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn list(
+        &self,
+        queue: &str,
+        state: Option<ItemState>,
+        limit: u32,
+    ) -> Result<Vec<ItemView>, StoreError> {
+        let sql = format!(
+            "SELECT {ITEM_COLS} FROM items WHERE queue = $1 AND ($2 = '' OR state = $2)
+             ORDER BY id LIMIT $3"
+        );
+        let rows = sqlx::query(&sql)
+            .bind(queue)
+            .bind(state.map_or("", ItemState::as_str))
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(item_from_row).collect()
+    }
+
+    /// Running claims that are expired now on the database clock (last
+    /// heartbeat older than the TTL, or never recorded), oldest first.
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn expired_claims(&self, limit: u32) -> Result<Vec<ExpiredClaim>, StoreError> {
+        let sql = self.sql(
+            "SELECT id, state, epoch, attempts, max_attempts, heartbeat_at, token_hash, now_ms
+             FROM (SELECT *, {now} AS now_ms FROM items WHERE state = 'running') AS r
+             WHERE heartbeat_at IS NULL OR heartbeat_at <= now_ms - $1
+             ORDER BY id LIMIT $2",
+        );
+        let rows = sqlx::query(&sql)
+            .bind(ms(self.settings.ttl_ms))
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(ExpiredClaim {
+                    id: get(row, "id")?,
+                    item: lease_item_from_row(row)?,
+                    now_ms: get(row, "now_ms")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Takes over one claim found by [`Store::expired_claims`]: reopens it (one
+    /// attempt counted) or fails it with `retry_limit` at the cap. Returns the new
+    /// state, or `None` when the item changed since it was read (settled,
+    /// heartbeated, claimed again): then nothing is written (case C-F1).
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn take_over(&self, claim: &ExpiredClaim) -> Result<Option<ItemState>, StoreError> {
+        let Ok(next) = claim.item.apply(
+            LeaseEvent::Expire,
+            false,
+            claim.now_ms,
+            self.settings.ttl_ms,
+        ) else {
+            return Ok(None);
+        };
+        let reason = if next.state == ItemState::Failed {
+            agentstore_protocol::lease::RETRY_LIMIT_REASON
+        } else {
+            "expired"
+        };
+        let sql = self.sql(
+            "UPDATE items SET state = $3, attempts = $4, last_error = $5, token_hash = NULL,
+                 worker_id = NULL, heartbeat_at = NULL, updated_at = {now}
+             WHERE id = $1 AND state = 'running' AND epoch = $2
+               AND (heartbeat_at IS NULL OR heartbeat_at <= {now} - $6)",
+        );
+        let done = sqlx::query(&sql)
+            .bind(claim.id)
+            .bind(ms(claim.item.epoch))
+            .bind(next.state.as_str())
+            .bind(i64::from(next.attempts))
+            .bind(reason)
+            .bind(ms(self.settings.ttl_ms))
+            .execute(&self.pool)
+            .await?;
+        Ok((done.rows_affected() == 1).then_some(next.state))
+    }
+
+    /// One reaper pass: takes over every expired claim; returns how many were
+    /// reopened and how many failed by the retry cap.
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn reap(&self) -> Result<(usize, usize), StoreError> {
+        let (mut reopened, mut failed) = (0, 0);
+        loop {
+            let batch = self.expired_claims(500).await?;
+            let full = batch.len() == 500;
+            for claim in &batch {
+                match self.take_over(claim).await? {
+                    Some(ItemState::Failed) => failed += 1,
+                    Some(_) => reopened += 1,
+                    None => {}
+                }
+            }
+            if !full {
+                return Ok((reopened, failed));
+            }
+        }
+    }
+
+    /// Reads the lease part of an item, its token hash and the database clock.
+    async fn read_lease(
+        &self,
+        id: i64,
+    ) -> Result<Option<(LeaseItem, Option<String>, i64)>, StoreError> {
+        let sql = self.sql(
+            "SELECT state, epoch, attempts, max_attempts, heartbeat_at, token_hash, {now} AS now_ms
+             FROM items WHERE id = $1",
+        );
+        let row = sqlx::query(&sql)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| {
+            Ok((
+                lease_item_from_row(&r)?,
+                get(&r, "token_hash")?,
+                get(&r, "now_ms")?,
+            ))
+        })
+        .transpose()
+    }
+
+    /// Why a fenced write matched no row: compares the stored token hash in
+    /// constant time and applies [`fence_error`].
+    async fn classify(&self, id: i64, hash: &str) -> StoreError {
+        let sql = "SELECT state, token_hash FROM items WHERE id = $1";
+        let row: Result<Option<(String, Option<String>)>, _> = sqlx::query_as(sql)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await;
+        match row {
+            Err(e) => e.into(),
+            Ok(None) => not_found(id),
+            Ok(Some((state, stored))) => {
+                let current = stored.is_some_and(|s| ct_eq(&s, hash));
+                let state = ItemState::parse(&state).unwrap_or(ItemState::Failed);
+                rejection(fence_error(current, state), id)
+            }
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! Versioned, idempotent schema migrations for both backends.
+//!
+//! `schema_migrations` records each applied version. Every migration runs in its
+//! own write transaction together with its version row, under a lock (SQLite's
+//! writer lock, a PostgreSQL advisory lock), so instances starting together apply
+//! each migration exactly once and a crash leaves either all of it or none.
+
+use super::{Backend, Store, StoreError};
+
+/// One schema step. SQL uses the placeholders of [`Backend::sql`].
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    /// Increasing version number.
+    pub version: i64,
+    /// Short description.
+    pub name: &'static str,
+    /// `;`-separated statements.
+    pub sql: &'static str,
+}
+
+/// All migrations, oldest first. Never edit a released one; append.
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "items",
+        sql: "CREATE TABLE items (
+                id {id_pk},
+                queue TEXT NOT NULL,
+                state TEXT NOT NULL,
+                payload TEXT NOT NULL,
+                result TEXT,
+                attempts BIGINT NOT NULL DEFAULT 0,
+                max_attempts BIGINT NOT NULL,
+                epoch BIGINT NOT NULL DEFAULT 0,
+                token_hash TEXT,
+                worker_id BIGINT,
+                claimed_at BIGINT,
+                last_error TEXT,
+                created_at BIGINT NOT NULL,
+                updated_at BIGINT NOT NULL
+            );
+            CREATE INDEX items_queue_state ON items (queue, state, id)",
+    },
+    Migration {
+        version: 2,
+        name: "heartbeats_and_workers",
+        // Claims made before heartbeats existed start their lease at the claim
+        // time; a running row with neither counts as expired.
+        sql: "ALTER TABLE items ADD COLUMN heartbeat_at BIGINT;
+            UPDATE items SET heartbeat_at = claimed_at WHERE state = 'running';
+            CREATE INDEX items_state_heartbeat ON items (state, heartbeat_at);
+            CREATE TABLE workers (
+                id {id_pk},
+                name TEXT,
+                created_at BIGINT NOT NULL
+            );
+            CREATE TABLE enrollment_tokens (
+                selector TEXT PRIMARY KEY,
+                verifier_hash TEXT NOT NULL,
+                created_at BIGINT NOT NULL,
+                expires_at BIGINT NOT NULL,
+                used_at BIGINT,
+                worker_id BIGINT
+            );
+            CREATE TABLE refresh_tokens (
+                selector TEXT PRIMARY KEY,
+                verifier_hash TEXT NOT NULL,
+                worker_id BIGINT NOT NULL,
+                created_at BIGINT NOT NULL,
+                expires_at BIGINT NOT NULL,
+                used_at BIGINT
+            );
+            CREATE TABLE access_tokens (
+                selector TEXT PRIMARY KEY,
+                verifier_hash TEXT NOT NULL,
+                worker_id BIGINT NOT NULL,
+                created_at BIGINT NOT NULL,
+                expires_at BIGINT NOT NULL
+            )",
+    },
+];
+
+/// Advisory lock key for migrations on PostgreSQL ("agst").
+const PG_MIGRATION_LOCK: i64 = 0x6167_7374;
+
+/// Applies every migration not yet recorded; returns how many were applied
+/// (0 when the schema is current: running it twice is a no-op).
+///
+/// # Errors
+/// A statement fails; that migration is rolled back whole.
+pub async fn migrate(store: &Store) -> Result<usize, StoreError> {
+    let mut applied = 0;
+    for m in MIGRATIONS {
+        let mut tx = store.begin_write().await?;
+        if store.backend == Backend::Postgres {
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(PG_MIGRATION_LOCK)
+                .execute(&mut *tx)
+                .await?;
+        }
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (
+                version BIGINT PRIMARY KEY,
+                name TEXT NOT NULL,
+                applied_at BIGINT NOT NULL
+            )",
+        )
+        .execute(&mut *tx)
+        .await?;
+        let (present,): (i64,) =
+            sqlx::query_as("SELECT COUNT(*) FROM schema_migrations WHERE version = $1")
+                .bind(m.version)
+                .fetch_one(&mut *tx)
+                .await?;
+        if present > 0 {
+            tx.rollback().await?;
+            continue;
+        }
+        for stmt in store.sql(m.sql).split(';') {
+            if !stmt.trim().is_empty() {
+                sqlx::query(stmt).execute(&mut *tx).await?;
+            }
+        }
+        let record = store.sql(
+            "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, {now})",
+        );
+        sqlx::query(&record)
+            .bind(m.version)
+            .bind(m.name)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        tracing::info!(version = m.version, name = m.name, "applied migration");
+        applied += 1;
+    }
+    Ok(applied)
+}

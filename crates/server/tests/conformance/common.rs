@@ -1,0 +1,163 @@
+//! Test databases for the conformance suite: a fresh SQLite file, or a fresh
+//! schema in the PostgreSQL server named by `AGENTSTORE_TEST_PG_URL`.
+
+use std::future::Future;
+use std::path::PathBuf;
+
+use agentstore_server::store::database_url;
+use agentstore_server::{Config, Settings, Store};
+use rand::RngCore;
+use sqlx::Connection;
+
+/// Which backend a generated test runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Sqlite,
+    Postgres,
+}
+
+/// One isolated database for one test.
+#[derive(Debug, Clone)]
+pub struct TestDb {
+    pub kind: Kind,
+    /// What to pass as `--database`.
+    pub database: String,
+    dir: Option<PathBuf>,
+    pg: Option<(String, String)>,
+}
+
+fn suffix() -> String {
+    let mut b = [0u8; 6];
+    rand::rngs::OsRng.fill_bytes(&mut b);
+    hex::encode(b)
+}
+
+impl TestDb {
+    /// A fresh database, or `None` when PostgreSQL is not configured outside CI.
+    ///
+    /// # Panics
+    /// In CI (`CI` set) without `AGENTSTORE_TEST_PG_URL`: the PostgreSQL half of the
+    /// suite must run there, never skip silently.
+    pub async fn create(kind: Kind) -> Option<TestDb> {
+        sqlx::any::install_default_drivers();
+        match kind {
+            Kind::Sqlite => {
+                let dir = std::env::temp_dir().join(format!("agentstore-test-{}", suffix()));
+                std::fs::create_dir_all(&dir).expect("temp dir");
+                let database = dir.join("db.sqlite").display().to_string();
+                Some(TestDb {
+                    kind,
+                    database,
+                    dir: Some(dir),
+                    pg: None,
+                })
+            }
+            Kind::Postgres => {
+                let base = match std::env::var("AGENTSTORE_TEST_PG_URL") {
+                    Ok(url) if !url.is_empty() => url,
+                    _ => {
+                        assert!(
+                            std::env::var_os("CI").is_none(),
+                            "CI is set but AGENTSTORE_TEST_PG_URL is not: start PostgreSQL with \
+                             scripts/pg.sh start and export the URL it prints"
+                        );
+                        eprintln!(
+                            "NOTICE: AGENTSTORE_TEST_PG_URL is not set; skipping the PostgreSQL \
+                             variant (run scripts/pg.sh start)"
+                        );
+                        return None;
+                    }
+                };
+                let schema = format!("t_{}", suffix());
+                let mut conn = sqlx::AnyConnection::connect(&base)
+                    .await
+                    .expect("connect to PostgreSQL");
+                sqlx::query(&format!("CREATE SCHEMA {schema}"))
+                    .execute(&mut conn)
+                    .await
+                    .expect("create schema");
+                conn.close().await.ok();
+                let sep = if base.contains('?') { '&' } else { '?' };
+                let database = format!("{base}{sep}options=-c%20search_path%3D{schema}");
+                Some(TestDb {
+                    kind,
+                    database,
+                    dir: None,
+                    pg: Some((base, schema)),
+                })
+            }
+        }
+    }
+
+    /// A new store instance (its own pool) on this database.
+    pub async fn store(&self, settings: Settings) -> Store {
+        Store::connect(&self.database, settings)
+            .await
+            .expect("connect store")
+    }
+
+    /// A server config on this database with a test admin token.
+    pub fn config(&self) -> Config {
+        Config::for_tests(&self.database, ADMIN)
+    }
+
+    /// A raw pool on this database (no migrations), for hand-built schemas.
+    pub async fn raw_pool(&self) -> sqlx::AnyPool {
+        let (_, url) = database_url(&self.database);
+        sqlx::AnyPool::connect(&url).await.expect("raw pool")
+    }
+
+    async fn cleanup(self) {
+        if let Some(dir) = self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        if let Some((base, schema)) = self.pg {
+            if let Ok(mut conn) = sqlx::AnyConnection::connect(&base).await {
+                let _ = sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+                    .execute(&mut conn)
+                    .await;
+                let _ = conn.close().await;
+            }
+        }
+    }
+}
+
+/// The admin token test servers use.
+pub const ADMIN: &str = "test-admin-token";
+
+/// Runs one behaviour on a fresh database of `kind`, then drops the database.
+pub async fn run<F, Fut>(kind: Kind, behaviour: F)
+where
+    F: FnOnce(TestDb) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let Some(db) = TestDb::create(kind).await else {
+        return;
+    };
+    behaviour(db.clone()).await;
+    db.cleanup().await;
+}
+
+/// Settings with a short TTL for tests (ms).
+pub fn ttl(ttl_ms: u64) -> Settings {
+    Settings {
+        ttl_ms,
+        heartbeat_ms: ttl_ms / 3,
+        ..Settings::default()
+    }
+}
+
+/// Sleeps `ms` milliseconds.
+pub async fn sleep_ms(ms: u64) {
+    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+}
+
+/// The raw `heartbeat_at` of an item (ms on the database clock).
+pub async fn heartbeat_at(store: &Store, id: i64) -> Option<i64> {
+    let (v,): (Option<i64>,) = sqlx::query_as("SELECT heartbeat_at FROM items WHERE id = $1")
+        .bind(id)
+        .fetch_one(store.pool())
+        .await
+        .expect("read heartbeat_at");
+    v
+}

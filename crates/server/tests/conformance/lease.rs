@@ -1,0 +1,573 @@
+//! Claims, heartbeats, fencing and takeover.
+
+use std::sync::Arc;
+
+use agentstore_protocol::lease::{ItemState, SettleState, RETRY_LIMIT_REASON};
+use agentstore_protocol::ErrorCode;
+use agentstore_server::{Settings, Store};
+use serde_json::json;
+use tokio::sync::Barrier;
+
+use crate::common::{heartbeat_at, sleep_ms, ttl, TestDb};
+
+const LONG: u64 = 60_000;
+
+fn code<T: std::fmt::Debug>(r: Result<T, agentstore_server::StoreError>) -> ErrorCode {
+    r.expect_err("expected a rejection")
+        .code()
+        .expect("a protocol code, not a database error")
+}
+
+/// Every fenced call a stale holder might make; each must be `claim_lost`.
+async fn assert_all_claim_lost(store: &Store, id: i64, token: &str) {
+    assert_eq!(
+        code(store.heartbeat(id, token).await),
+        ErrorCode::ClaimLost,
+        "heartbeat"
+    );
+    for state in [SettleState::Done, SettleState::Blocked, SettleState::Failed] {
+        let r = store
+            .settle(id, token, state, Some(&json!("late")), None)
+            .await;
+        assert_eq!(code(r), ErrorCode::ClaimLost, "settle {state:?}");
+    }
+    assert_eq!(
+        code(store.release(id, token).await),
+        ErrorCode::ClaimLost,
+        "release"
+    );
+}
+
+/// The item's full visible state plus its raw heartbeat time.
+async fn snapshot(store: &Store, id: i64) -> (agentstore_protocol::lease::ItemView, Option<i64>) {
+    (
+        store.item(id).await.unwrap().unwrap(),
+        heartbeat_at(store, id).await,
+    )
+}
+
+pub async fn a_claim_is_atomic_and_raises_the_epoch(db: TestDb) {
+    let store = db.store(ttl(LONG)).await;
+    let a = store.enqueue("q", &json!({"n": 1}), None).await.unwrap();
+    assert_eq!((a.state, a.epoch, a.max_attempts), (ItemState::Open, 0, 5));
+    let c = store.claim("q", Some(7)).await.unwrap().expect("claimed");
+    assert_eq!(c.item.id, a.id);
+    assert_eq!(
+        (c.item.state, c.item.epoch, c.lease.epoch),
+        (ItemState::Running, 1, 1)
+    );
+    assert_eq!(c.item.worker_id, Some(7));
+    assert_eq!(c.item.payload, json!({"n": 1}));
+    assert!(c.lease.token.len() >= 32, "≥128 bits of token");
+    assert_eq!((c.lease.ttl_ms, c.lease.heartbeat_ms), (LONG, LONG / 3));
+    assert!(
+        store.claim("q", Some(7)).await.unwrap().is_none(),
+        "nothing else open"
+    );
+    assert!(
+        store.claim("other", Some(7)).await.unwrap().is_none(),
+        "queues are separate"
+    );
+}
+
+pub async fn a_live_claim_is_not_reclaimed_by_any_instance_reaper_or_fresh_claim(db: TestDb) {
+    let a = db.store(ttl(LONG)).await;
+    let b = db.store(ttl(LONG)).await;
+    let item = a.enqueue("q", &json!(1), None).await.unwrap();
+    let c = a.claim("q", None).await.unwrap().expect("claimed");
+    sleep_ms(50).await;
+    for s in [&a, &b] {
+        assert!(
+            s.claim("q", None).await.unwrap().is_none(),
+            "a fresh claim takes nothing"
+        );
+        assert_eq!(
+            s.reap().await.unwrap(),
+            (0, 0),
+            "no reaper takes a live claim"
+        );
+        assert!(s.expired_claims(10).await.unwrap().is_empty());
+    }
+    let now = b.item(item.id).await.unwrap().unwrap();
+    assert_eq!(
+        (now.state, now.epoch, now.attempts),
+        (ItemState::Running, 1, 0)
+    );
+    assert_eq!(b.heartbeat(item.id, &c.lease.token).await.unwrap(), LONG);
+}
+
+pub async fn an_expired_claim_is_reclaimed_and_the_new_token_differs(db: TestDb) {
+    let store = db.store(ttl(150)).await;
+    let item = store.enqueue("q", &json!(1), None).await.unwrap();
+    let first = store.claim("q", None).await.unwrap().expect("claimed");
+    sleep_ms(250).await;
+    assert_eq!(store.reap().await.unwrap(), (1, 0));
+    let reopened = store.item(item.id).await.unwrap().unwrap();
+    assert_eq!((reopened.state, reopened.attempts), (ItemState::Open, 1));
+    assert_eq!(reopened.last_error.as_deref(), Some("expired"));
+    let second = store.claim("q", None).await.unwrap().expect("reclaimed");
+    assert_eq!(second.item.id, item.id);
+    assert_ne!(second.lease.token, first.lease.token);
+    assert_eq!(second.lease.epoch, 2);
+    assert_eq!(
+        code(store.heartbeat(item.id, &first.lease.token).await),
+        ErrorCode::ClaimLost
+    );
+    store.heartbeat(item.id, &second.lease.token).await.unwrap();
+}
+
+pub async fn a_claim_with_no_heartbeat_recorded_counts_as_expired(db: TestDb) {
+    let store = db.store(ttl(LONG)).await;
+    let old = store.enqueue("q", &json!("old"), None).await.unwrap();
+    let fresh = store.enqueue("q", &json!("fresh"), None).await.unwrap();
+    store.claim("q", None).await.unwrap().expect("claims old");
+    store.claim("q", None).await.unwrap().expect("claims fresh");
+    // A running row whose lease start was never recorded (as an older server
+    // could leave it): expired however long the TTL.
+    sqlx::query("UPDATE items SET heartbeat_at = NULL WHERE id = $1")
+        .bind(old.id)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let expired: Vec<i64> = store
+        .expired_claims(10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| c.id)
+        .collect();
+    assert_eq!(expired, vec![old.id]);
+    assert_eq!(store.reap().await.unwrap(), (1, 0));
+    assert_eq!(
+        store.item(old.id).await.unwrap().unwrap().state,
+        ItemState::Open
+    );
+    assert_eq!(
+        store.item(fresh.id).await.unwrap().unwrap().state,
+        ItemState::Running
+    );
+}
+
+pub async fn a_heartbeat_past_the_ttl_but_before_takeover_renews_the_lease(db: TestDb) {
+    let store = db.store(ttl(150)).await;
+    let item = store.enqueue("q", &json!(1), None).await.unwrap();
+    let c = store.claim("q", None).await.unwrap().expect("claimed");
+    sleep_ms(250).await;
+    assert_eq!(
+        store.expired_claims(10).await.unwrap().len(),
+        1,
+        "expired, not yet taken"
+    );
+    store.heartbeat(item.id, &c.lease.token).await.unwrap();
+    assert_eq!(store.reap().await.unwrap(), (0, 0));
+    let now = store.item(item.id).await.unwrap().unwrap();
+    assert_eq!(
+        (now.state, now.epoch, now.attempts),
+        (ItemState::Running, 1, 0)
+    );
+    store
+        .settle(item.id, &c.lease.token, SettleState::Done, None, None)
+        .await
+        .unwrap();
+}
+
+pub async fn stale_heartbeat_settle_and_blocked_settle_are_claim_lost_and_change_nothing(
+    db: TestDb,
+) {
+    let store = db.store(ttl(150)).await;
+    let item = store.enqueue("q", &json!(1), None).await.unwrap();
+    let t1 = store
+        .claim("q", None)
+        .await
+        .unwrap()
+        .expect("claimed")
+        .lease
+        .token;
+    // A token that was never issued is as stale as an old one.
+    assert_all_claim_lost(&store, item.id, &"0".repeat(48)).await;
+    sleep_ms(250).await;
+    assert_eq!(store.reap().await.unwrap(), (1, 0));
+
+    // Before the item is claimed again.
+    let before = snapshot(&store, item.id).await;
+    assert_all_claim_lost(&store, item.id, &t1).await;
+    assert_eq!(
+        snapshot(&store, item.id).await,
+        before,
+        "stale calls wrote nothing"
+    );
+
+    // After it is claimed again.
+    let t2 = store
+        .claim("q", None)
+        .await
+        .unwrap()
+        .expect("reclaimed")
+        .lease
+        .token;
+    let before = snapshot(&store, item.id).await;
+    assert_all_claim_lost(&store, item.id, &t1).await;
+    assert_eq!(
+        snapshot(&store, item.id).await,
+        before,
+        "stale calls wrote nothing"
+    );
+    let done = store
+        .settle(
+            item.id,
+            &t2,
+            SettleState::Done,
+            Some(&json!({"ok": true})),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (done.state, done.result),
+        (ItemState::Done, Some(json!({"ok": true})))
+    );
+    // Settling released t2: it is stale now too.
+    assert_all_claim_lost(&store, item.id, &t2).await;
+    let unknown = store.heartbeat(item.id + 1000, &t2).await;
+    assert_eq!(code(unknown), ErrorCode::NotFound);
+}
+
+pub async fn settle_with_current_token_on_an_item_paused_elsewhere_is_state_conflict(db: TestDb) {
+    let store = db.store(ttl(LONG)).await;
+    let item = store.enqueue("q", &json!(1), None).await.unwrap();
+    let t1 = store
+        .claim("q", None)
+        .await
+        .unwrap()
+        .expect("claimed")
+        .lease
+        .token;
+    let paused = store.pause(item.id).await.unwrap();
+    assert_eq!(paused.state, ItemState::Paused);
+    let before = snapshot(&store, item.id).await;
+    let r = store
+        .settle(item.id, &t1, SettleState::Done, None, None)
+        .await;
+    assert_eq!(code(r), ErrorCode::StateConflict);
+    assert_eq!(
+        code(store.heartbeat(item.id, &t1).await),
+        ErrorCode::StateConflict
+    );
+    let stranger = store
+        .settle(item.id, &"f".repeat(48), SettleState::Done, None, None)
+        .await;
+    assert_eq!(
+        code(stranger),
+        ErrorCode::ClaimLost,
+        "a wrong token is still claim_lost"
+    );
+    assert_eq!(snapshot(&store, item.id).await, before);
+    assert_eq!(code(store.pause(item.id).await), ErrorCode::Conflict);
+    assert!(
+        store.expired_claims(10).await.unwrap().is_empty(),
+        "paused items never expire"
+    );
+}
+
+pub async fn resume_of_a_paused_item_issues_a_new_token_and_fences_the_old_one(db: TestDb) {
+    let store = db.store(ttl(LONG)).await;
+    let item = store.enqueue("q", &json!(1), None).await.unwrap();
+    let t1 = store
+        .claim("q", None)
+        .await
+        .unwrap()
+        .expect("claimed")
+        .lease
+        .token;
+    assert_eq!(
+        code(store.resume(item.id, None).await),
+        ErrorCode::Conflict,
+        "not paused"
+    );
+    store
+        .settle(item.id, &t1, SettleState::Paused, None, None)
+        .await
+        .unwrap();
+    let resumed = store.resume(item.id, Some(3)).await.unwrap();
+    assert_ne!(resumed.lease.token, t1);
+    assert_eq!(
+        (resumed.item.state, resumed.lease.epoch),
+        (ItemState::Running, 2)
+    );
+    assert_all_claim_lost(&store, item.id, &t1).await;
+    let t2 = resumed.lease.token;
+    store.heartbeat(item.id, &t2).await.unwrap();
+
+    // Paused by an operator while t2 was current: resume fences t2 as well.
+    store.pause(item.id).await.unwrap();
+    let t3 = store.resume(item.id, None).await.unwrap().lease.token;
+    assert_all_claim_lost(&store, item.id, &t2).await;
+    store
+        .settle(item.id, &t3, SettleState::Done, None, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        code(store.resume(item.id + 99, None).await),
+        ErrorCode::NotFound
+    );
+}
+
+pub async fn a_heartbeat_racing_a_takeover_has_exactly_one_winner(db: TestDb) {
+    const ROUNDS: usize = 40;
+    const TTL: u64 = 200;
+    // Two instances: the worker's heartbeat goes through one, the reaper runs on
+    // the other, each on its own connection.
+    let worker = Arc::new(db.store(ttl(TTL)).await);
+    let reaper = Arc::new(db.store(ttl(TTL)).await);
+    let mut leases = Vec::new();
+    for i in 0..ROUNDS {
+        worker.enqueue("race", &json!(i), None).await.unwrap();
+        let c = worker.claim("race", None).await.unwrap().expect("claimed");
+        leases.push((c.item.id, c.lease.token));
+    }
+    sleep_ms(TTL + 100).await;
+    let expired = reaper.expired_claims(1000).await.unwrap();
+    assert_eq!(
+        expired.len(),
+        ROUNDS,
+        "every claim is expired before the race"
+    );
+    let (mut heartbeat_wins, mut takeover_wins) = (0, 0);
+    for ((id, token), claim) in leases.into_iter().zip(expired) {
+        assert_eq!(id, claim.id);
+        let barrier = Arc::new(Barrier::new(2));
+        let hb = {
+            let (worker, barrier) = (worker.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                worker.heartbeat(id, &token).await
+            })
+        };
+        let take = {
+            let (reaper, barrier) = (reaper.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                reaper.take_over(&claim).await.unwrap()
+            })
+        };
+        let (hb, take) = (hb.await.unwrap(), take.await.unwrap());
+        let item = worker.item(id).await.unwrap().unwrap();
+        match (hb, take) {
+            (Ok(_), None) => {
+                heartbeat_wins += 1;
+                assert_eq!(
+                    (item.state, item.attempts, item.epoch),
+                    (ItemState::Running, 0, 1)
+                );
+            }
+            (Err(e), Some(ItemState::Open)) => {
+                takeover_wins += 1;
+                assert_eq!(e.code(), Some(ErrorCode::ClaimLost));
+                assert_eq!((item.state, item.attempts), (ItemState::Open, 1));
+            }
+            (hb, take) => panic!("round for item {id}: heartbeat {hb:?}, takeover {take:?}"),
+        }
+    }
+    eprintln!("race: heartbeat won {heartbeat_wins}, takeover won {takeover_wins}");
+    assert_eq!(heartbeat_wins + takeover_wins, ROUNDS);
+}
+
+pub async fn a_takeover_of_an_item_settled_after_it_was_read_changes_nothing(db: TestDb) {
+    let store = db.store(ttl(150)).await;
+    let a = store.enqueue("q", &json!("a"), None).await.unwrap();
+    let b = store.enqueue("q", &json!("b"), None).await.unwrap();
+    let ta = store
+        .claim("q", None)
+        .await
+        .unwrap()
+        .expect("a")
+        .lease
+        .token;
+    store.claim("q", None).await.unwrap().expect("b");
+    sleep_ms(250).await;
+    let read = store.expired_claims(10).await.unwrap();
+    assert_eq!(read.len(), 2);
+
+    // Between the reaper's read and its update, the worker settles `a` ...
+    store
+        .settle(a.id, &ta, SettleState::Done, None, None)
+        .await
+        .unwrap();
+    // ... and `b` is taken over by another instance and claimed again.
+    let other = db.store(ttl(150)).await;
+    assert_eq!(other.reap().await.unwrap(), (1, 0));
+    let tb2 = other
+        .claim("q", None)
+        .await
+        .unwrap()
+        .expect("b again")
+        .lease
+        .token;
+
+    for claim in &read {
+        assert_eq!(
+            store.take_over(claim).await.unwrap(),
+            None,
+            "stale read, no write"
+        );
+    }
+    let a_now = store.item(a.id).await.unwrap().unwrap();
+    assert_eq!((a_now.state, a_now.attempts), (ItemState::Done, 0));
+    let b_now = store.item(b.id).await.unwrap().unwrap();
+    assert_eq!(
+        (b_now.state, b_now.epoch, b_now.attempts),
+        (ItemState::Running, 2, 1)
+    );
+    store.heartbeat(b.id, &tb2).await.unwrap();
+}
+
+pub async fn a_stalled_worker_that_comes_back_is_fenced_and_the_new_attempt_is_untouched(
+    db: TestDb,
+) {
+    let store = db.store(ttl(150)).await;
+    let item = store.enqueue("q", &json!(7), None).await.unwrap();
+    let t1 = store
+        .claim("q", Some(1))
+        .await
+        .unwrap()
+        .expect("claimed")
+        .lease
+        .token;
+    sleep_ms(250).await; // W1 stalls past the TTL
+    assert_eq!(store.reap().await.unwrap(), (1, 0));
+    let second = store
+        .claim("q", Some(1))
+        .await
+        .unwrap()
+        .expect("W1 claims again");
+    assert_eq!(second.lease.epoch, 2);
+    let before = snapshot(&store, item.id).await;
+    // The stalled attempt resumes and heartbeats, settles, releases with t1.
+    assert_eq!(
+        code(store.heartbeat(item.id, &t1).await),
+        ErrorCode::ClaimLost
+    );
+    let r = store
+        .settle(item.id, &t1, SettleState::Done, Some(&json!("stale")), None)
+        .await;
+    assert_eq!(code(r), ErrorCode::ClaimLost);
+    assert_eq!(
+        code(store.release(item.id, &t1).await),
+        ErrorCode::ClaimLost
+    );
+    assert_eq!(
+        snapshot(&store, item.id).await,
+        before,
+        "the t2 attempt is untouched"
+    );
+    store.heartbeat(item.id, &second.lease.token).await.unwrap();
+}
+
+pub async fn every_expiry_counts_an_attempt_and_the_cap_fails_the_item_with_retry_limit(
+    db: TestDb,
+) {
+    let store = db.store(ttl(100)).await;
+    let item = store.enqueue("q", &json!(1), Some(3)).await.unwrap();
+    for attempt in 1..=3u32 {
+        let c = store
+            .claim("q", None)
+            .await
+            .unwrap()
+            .expect("claimable again");
+        assert_eq!(c.item.id, item.id);
+        sleep_ms(180).await; // the worker dies: nothing heartbeats or settles
+        let (reopened, failed) = store.reap().await.unwrap();
+        let now = store.item(item.id).await.unwrap().unwrap();
+        assert_eq!(now.attempts, attempt);
+        if attempt < 3 {
+            assert_eq!((reopened, failed, now.state), (1, 0, ItemState::Open));
+        } else {
+            assert_eq!((reopened, failed, now.state), (0, 1, ItemState::Failed));
+            assert_eq!(now.last_error.as_deref(), Some(RETRY_LIMIT_REASON));
+        }
+    }
+    assert!(
+        store.claim("q", None).await.unwrap().is_none(),
+        "no claim returns it again"
+    );
+    assert_eq!(store.reap().await.unwrap(), (0, 0));
+    let failed = store.list("q", Some(ItemState::Failed), 10).await.unwrap();
+    assert_eq!(failed.len(), 1);
+}
+
+pub async fn release_reopens_the_item_and_counts_an_attempt(db: TestDb) {
+    let store = db
+        .store(Settings {
+            max_attempts: 2,
+            ..ttl(LONG)
+        })
+        .await;
+    let item = store.enqueue("q", &json!(1), None).await.unwrap();
+    let t1 = store
+        .claim("q", None)
+        .await
+        .unwrap()
+        .expect("claimed")
+        .lease
+        .token;
+    let released = store.release(item.id, &t1).await.unwrap();
+    assert_eq!((released.state, released.attempts), (ItemState::Open, 1));
+    assert_eq!(
+        code(store.release(item.id, &t1).await),
+        ErrorCode::ClaimLost
+    );
+    let t2 = store
+        .claim("q", None)
+        .await
+        .unwrap()
+        .expect("again")
+        .lease
+        .token;
+    assert_ne!(t1, t2);
+    let last = store.release(item.id, &t2).await.unwrap();
+    assert_eq!((last.state, last.attempts), (ItemState::Failed, 2));
+    assert_eq!(last.last_error.as_deref(), Some(RETRY_LIMIT_REASON));
+}
+
+pub async fn lease_expiry_is_measured_only_on_the_database_clock(db: TestDb) {
+    const TTL: u64 = 400;
+    let store = db.store(ttl(TTL)).await;
+    let item = store.enqueue("q", &json!(1), None).await.unwrap();
+    store.claim("q", None).await.unwrap().expect("claimed");
+    let started = heartbeat_at(&store, item.id)
+        .await
+        .expect("lease start recorded");
+    let db_now = store.db_now_ms().await.unwrap();
+    assert!(
+        (0..1_000).contains(&(db_now - started)),
+        "lease start is the database's now"
+    );
+    // Live until the database clock passes start + TTL, reclaimed right after.
+    loop {
+        let now = store.db_now_ms().await.unwrap();
+        let expired = !store.expired_claims(10).await.unwrap().is_empty();
+        let after = store.db_now_ms().await.unwrap();
+        if after < started + TTL as i64 {
+            assert!(!expired, "a live lease cannot be stolen");
+        }
+        if now >= started + TTL as i64 {
+            assert!(expired, "a dead lease is reclaimable on time");
+            break;
+        }
+        sleep_ms(25).await;
+    }
+    assert_eq!(store.reap().await.unwrap(), (1, 0));
+    // No lease path reads this process's clock (a skewed host clock changes nothing).
+    for src in [
+        include_str!("../../src/store/items.rs"),
+        include_str!("../../src/store/mod.rs"),
+        include_str!("../../src/reaper.rs"),
+    ] {
+        for forbidden in ["SystemTime", "Utc::now", "OffsetDateTime", "Instant::now"] {
+            assert!(
+                !src.contains(forbidden),
+                "lease code must not use {forbidden}"
+            );
+        }
+    }
+}

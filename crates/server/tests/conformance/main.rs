@@ -1,0 +1,54 @@
+//! The lease server conformance suite: every behaviour below runs unchanged on
+//! SQLite (`sqlite::…`) and on PostgreSQL (`postgres::…`, needs
+//! `AGENTSTORE_TEST_PG_URL`; in CI its absence fails the run).
+
+mod auth;
+mod common;
+mod instances;
+mod lease;
+mod migrate;
+
+macro_rules! conformance {
+    ($($module:ident :: $name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    crate::common::run(crate::common::Kind::Sqlite, crate::$module::$name).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    crate::common::run(crate::common::Kind::Postgres, crate::$module::$name).await;
+                }
+            )*
+        }
+    };
+}
+
+conformance! {
+    lease::a_claim_is_atomic_and_raises_the_epoch,
+    lease::a_live_claim_is_not_reclaimed_by_any_instance_reaper_or_fresh_claim,
+    lease::an_expired_claim_is_reclaimed_and_the_new_token_differs,
+    lease::a_claim_with_no_heartbeat_recorded_counts_as_expired,
+    lease::a_heartbeat_past_the_ttl_but_before_takeover_renews_the_lease,
+    lease::stale_heartbeat_settle_and_blocked_settle_are_claim_lost_and_change_nothing,
+    lease::settle_with_current_token_on_an_item_paused_elsewhere_is_state_conflict,
+    lease::resume_of_a_paused_item_issues_a_new_token_and_fences_the_old_one,
+    lease::a_heartbeat_racing_a_takeover_has_exactly_one_winner,
+    lease::a_takeover_of_an_item_settled_after_it_was_read_changes_nothing,
+    lease::a_stalled_worker_that_comes_back_is_fenced_and_the_new_attempt_is_untouched,
+    lease::every_expiry_counts_an_attempt_and_the_cap_fails_the_item_with_retry_limit,
+    lease::release_reopens_the_item_and_counts_an_attempt,
+    lease::lease_expiry_is_measured_only_on_the_database_clock,
+    auth::an_enrollment_token_used_twice_concurrently_enrolls_exactly_one_worker,
+    auth::a_refresh_token_used_twice_gets_one_success_and_one_rejection,
+    auth::a_wrong_verifier_neither_enrolls_nor_burns_the_token,
+    auth::access_tokens_expire_on_the_database_clock,
+    migrate::an_older_schema_upgrades_in_place_and_keeps_its_rows,
+    migrate::running_migrations_twice_is_a_no_op,
+    instances::two_instances_with_eight_claimers_settle_every_item_exactly_once,
+}

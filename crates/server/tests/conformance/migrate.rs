@@ -1,0 +1,107 @@
+//! Schema migrations: upgrade in place, idempotent.
+
+use agentstore_protocol::lease::ItemState;
+use agentstore_server::store::{migrate, Backend, MIGRATIONS};
+use agentstore_server::Settings;
+use serde_json::json;
+
+use crate::common::{Kind, TestDb};
+
+async fn versions(pool: &sqlx::AnyPool) -> Vec<i64> {
+    sqlx::query_as::<_, (i64,)>("SELECT version FROM schema_migrations ORDER BY version")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(v,)| v)
+        .collect()
+}
+
+fn backend(db: &TestDb) -> Backend {
+    match db.kind {
+        Kind::Sqlite => Backend::Sqlite,
+        Kind::Postgres => Backend::Postgres,
+    }
+}
+
+pub async fn an_older_schema_upgrades_in_place_and_keeps_its_rows(db: TestDb) {
+    let b = backend(&db);
+    let raw = db.raw_pool().await;
+    // The schema as release 1 left it, written out here (not taken from MIGRATIONS).
+    let v1 = [
+        "CREATE TABLE schema_migrations (version BIGINT PRIMARY KEY, name TEXT NOT NULL,
+             applied_at BIGINT NOT NULL)",
+        "CREATE TABLE items (id {id_pk}, queue TEXT NOT NULL, state TEXT NOT NULL,
+             payload TEXT NOT NULL, result TEXT, attempts BIGINT NOT NULL DEFAULT 0,
+             max_attempts BIGINT NOT NULL, epoch BIGINT NOT NULL DEFAULT 0, token_hash TEXT,
+             worker_id BIGINT, claimed_at BIGINT, last_error TEXT, created_at BIGINT NOT NULL,
+             updated_at BIGINT NOT NULL)",
+        "CREATE INDEX items_queue_state ON items (queue, state, id)",
+        "INSERT INTO schema_migrations (version, name, applied_at) VALUES (1, 'items', 0)",
+        "INSERT INTO items (queue, state, payload, max_attempts, epoch, created_at, updated_at)
+             VALUES ('q', 'open', '{\"n\":1}', 5, 0, 0, 0)",
+        "INSERT INTO items (queue, state, payload, max_attempts, epoch, token_hash, claimed_at,
+             created_at, updated_at)
+             VALUES ('q', 'running', '{\"n\":2}', 5, 1, 'abc', {now}, 0, 0)",
+        "INSERT INTO items (queue, state, payload, max_attempts, epoch, token_hash, created_at,
+             updated_at)
+             VALUES ('q', 'running', '{\"n\":3}', 5, 1, 'def', 0, 0)",
+        "INSERT INTO items (queue, state, payload, result, attempts, max_attempts, epoch,
+             created_at, updated_at)
+             VALUES ('q', 'done', '{\"n\":4}', '\"ok\"', 1, 5, 2, 0, 0)",
+    ];
+    for stmt in v1 {
+        sqlx::query(&b.sql(stmt)).execute(&raw).await.unwrap();
+    }
+    assert_eq!(versions(&raw).await, vec![1]);
+
+    let store = db.store(Settings::default()).await; // migrates on connect
+    let all: Vec<i64> = MIGRATIONS.iter().map(|m| m.version).collect();
+    assert_eq!(versions(&raw).await, all);
+    let items = store.list("q", None, 10).await.unwrap();
+    let seen: Vec<_> = items
+        .iter()
+        .map(|i| (i.payload.clone(), i.state, i.epoch))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            (json!({"n": 1}), ItemState::Open, 0),
+            (json!({"n": 2}), ItemState::Running, 1),
+            (json!({"n": 3}), ItemState::Running, 1),
+            (json!({"n": 4}), ItemState::Done, 2),
+        ]
+    );
+    assert_eq!(items[3].result, Some(json!("ok")));
+    assert_eq!(items[3].attempts, 1);
+    // The old claim with a claim time keeps a live lease; the one without counts as expired.
+    let expired: Vec<i64> = store
+        .expired_claims(10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| c.id)
+        .collect();
+    assert_eq!(expired, vec![items[2].id]);
+    // New rows get ids after the old ones and the upgraded schema works.
+    let new = store.enqueue("q", &json!({"n": 5}), None).await.unwrap();
+    assert!(new.id > items[3].id);
+    let c = store
+        .claim("q", None)
+        .await
+        .unwrap()
+        .expect("old open item claimable");
+    assert_eq!(c.item.id, items[0].id);
+    raw.close().await;
+}
+
+pub async fn running_migrations_twice_is_a_no_op(db: TestDb) {
+    let store = db.store(Settings::default()).await;
+    store.enqueue("q", &json!(1), None).await.unwrap();
+    let before = versions(store.pool()).await;
+    assert_eq!(migrate(&store).await.unwrap(), 0, "nothing left to apply");
+    let again = db.store(Settings::default()).await; // a second instance starting
+    assert_eq!(migrate(&again).await.unwrap(), 0);
+    assert_eq!(versions(store.pool()).await, before);
+    assert_eq!(store.list("q", None, 10).await.unwrap().len(), 1);
+}
