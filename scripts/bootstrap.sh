@@ -20,7 +20,7 @@ apt_pkgs=()
 command -v chromium >/dev/null || apt_pkgs+=(chromium)
 command -v chromedriver >/dev/null || apt_pkgs+=(chromium-driver)
 command -v firefox-esr >/dev/null || apt_pkgs+=(firefox-esr)
-command -v wasm-opt >/dev/null || apt_pkgs+=(binaryen)
+
 [ -x /usr/lib/postgresql/15/bin/initdb ] || apt_pkgs+=(postgresql)
 if [ ${#apt_pkgs[@]} -gt 0 ]; then
   log "apt-get install ${apt_pkgs[*]}"
