@@ -1,6 +1,8 @@
 //! The `/v1` handlers. Each one authenticates, validates, makes one store call and
 //! maps the outcome; every failure is an [`ApiError`].
 
+use std::collections::HashMap;
+
 use agentstore_protocol::lease::{
     BatchHeartbeatRequest, BatchHeartbeatResponse, BatchHeartbeatResult, ClaimResponse,
     CreateEnrollmentRequest, EnqueueRequest, EnrollRequest, EnrollmentToken, Health,
@@ -13,7 +15,6 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::Deserialize;
 
 use crate::app::AppState;
 use crate::auth::{caller_from, Admin, Caller};
@@ -92,27 +93,30 @@ async fn enqueue(
     Ok((StatusCode::CREATED, Json(item)))
 }
 
-#[derive(Debug, Deserialize)]
-struct ListQuery {
-    state: Option<String>,
-    limit: Option<u32>,
-}
-
 async fn list(
     State(st): State<AppState>,
     _: Caller,
     Path(queue): Path<String>,
-    Query(q): Query<ListQuery>,
+    Query(q): Query<HashMap<String, String>>,
 ) -> Result<Json<ItemList>, ApiError> {
     let queue = queue_name(&queue)?;
-    let state = match q.state.as_deref() {
+    let state = match q.get("state").map(String::as_str) {
         None => None,
         Some(s) => Some(
             ItemState::parse(s)
                 .ok_or_else(|| ApiError::new(ErrorCode::Validation, "unknown state"))?,
         ),
     };
-    let limit = q.limit.unwrap_or(1000).min(10_000);
+    let limit = match q.get("limit") {
+        None => 1000,
+        Some(l) => l.parse::<u32>().map_err(|_| {
+            ApiError::new(
+                ErrorCode::Validation,
+                "limit must be a non-negative integer",
+            )
+        })?,
+    }
+    .min(10_000);
     let items = st.store.list(queue, state, limit).await?;
     Ok(Json(ItemList { items }))
 }

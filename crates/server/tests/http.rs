@@ -1,0 +1,649 @@
+//! The HTTP surface through real sockets: auth, errors, limits, CORS, static
+//! files, the lease flow and the background reaper. Servers run on SQLite on
+//! 127.0.0.1 with an ephemeral port.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use agentstore_protocol::lease::{ClaimResponse, ItemView, WorkerCredentials};
+use agentstore_protocol::{ErrorBody, ErrorCode};
+use agentstore_server::{Config, Server};
+use rand::RngCore;
+use reqwest::{Client, Method, Response, StatusCode};
+use serde_json::{json, Value};
+
+const ADMIN: &str = "http-test-admin";
+
+struct Harness {
+    server: Server,
+    http: Client,
+    dir: PathBuf,
+}
+
+impl Harness {
+    async fn start(tune: impl FnOnce(&mut Config)) -> Harness {
+        let mut b = [0u8; 6];
+        rand::rngs::OsRng.fill_bytes(&mut b);
+        let dir = std::env::temp_dir().join(format!("agentstore-http-{}", hex::encode(b)));
+        std::fs::create_dir_all(dir.join("www")).unwrap();
+        std::fs::create_dir_all(dir.join("pkg")).unwrap();
+        std::fs::write(dir.join("www/index.html"), "<h1>demo</h1>").unwrap();
+        std::fs::write(dir.join("pkg/agentstore_bg.wasm"), b"\0asm\x01\0\0\0").unwrap();
+        let mut config = Config::for_tests(&dir.join("db.sqlite").display().to_string(), ADMIN);
+        config.www = dir.join("www");
+        config.pkg = dir.join("pkg");
+        tune(&mut config);
+        let server = Server::start(&config).await.unwrap();
+        Harness {
+            server,
+            http: Client::new(),
+            dir,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.server.url())
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        bearer: Option<&str>,
+        body: Option<Value>,
+    ) -> Response {
+        let mut req = self.http.request(method, self.url(path));
+        if let Some(token) = bearer {
+            req = req.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        req.send().await.unwrap()
+    }
+
+    async fn post(&self, path: &str, bearer: &str, body: Value) -> Response {
+        self.call(Method::POST, path, Some(bearer), Some(body))
+            .await
+    }
+
+    async fn worker(&self) -> WorkerCredentials {
+        let t: Value = self
+            .post("/v1/admin/enrollment-tokens", ADMIN, json!({}))
+            .await
+            .json()
+            .await
+            .unwrap();
+        let resp = self
+            .call(
+                Method::POST,
+                "/v1/workers/enroll",
+                None,
+                Some(json!({"token": t["token"]})),
+            )
+            .await;
+        assert_eq!(resp.status(), StatusCode::CREATED);
+        resp.json().await.unwrap()
+    }
+
+    async fn enqueue(&self, queue: &str) -> ItemView {
+        let resp = self
+            .post(
+                &format!("/v1/queues/{queue}/items"),
+                ADMIN,
+                json!({"payload": {"x": 1}}),
+            )
+            .await;
+        assert_eq!(resp.status(), StatusCode::CREATED);
+        resp.json().await.unwrap()
+    }
+
+    async fn stop(self) {
+        self.server.stop().await.unwrap();
+        let _ = std::fs::remove_dir_all(self.dir);
+    }
+}
+
+/// Asserts an error answer: status, JSON `{code, message}` with `code`.
+async fn expect_error(resp: Response, code: ErrorCode) -> ErrorBody {
+    assert_eq!(resp.status().as_u16(), code.status(), "status for {code}");
+    let ct = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    assert!(
+        ct.starts_with("application/json"),
+        "JSON error body, got {ct:?}"
+    );
+    let body: ErrorBody = resp.json().await.unwrap();
+    assert_eq!(body.code, code);
+    assert!(!body.message.is_empty());
+    body
+}
+
+#[tokio::test]
+async fn requests_without_or_with_a_wrong_token_are_401_and_health_needs_none() {
+    let h = Harness::start(|_| {}).await;
+    let health: Value = h
+        .call(Method::GET, "/v1/health", None, None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(health, json!({"status": "ok", "database": "sqlite"}));
+    let item = h.enqueue("q").await;
+    let endpoints = [
+        (
+            Method::POST,
+            "/v1/queues/q/items".to_owned(),
+            Some(json!({"payload": 1})),
+        ),
+        (Method::GET, "/v1/queues/q/items".to_owned(), None),
+        (Method::POST, "/v1/queues/q/claims".to_owned(), None),
+        (Method::GET, format!("/v1/items/{}", item.id), None),
+        (
+            Method::POST,
+            format!("/v1/items/{}/heartbeat", item.id),
+            Some(json!({"token": "x"})),
+        ),
+        (
+            Method::POST,
+            format!("/v1/items/{}/settle", item.id),
+            Some(json!({"token": "x", "state": "done"})),
+        ),
+        (Method::POST, format!("/v1/items/{}/resume", item.id), None),
+        (
+            Method::POST,
+            "/v1/heartbeats".to_owned(),
+            Some(json!({"leases": []})),
+        ),
+        (
+            Method::POST,
+            "/v1/admin/enrollment-tokens".to_owned(),
+            Some(json!({})),
+        ),
+    ];
+    let forged = "asa_0123456789abcdef.".to_owned() + &"ab".repeat(32);
+    for (method, path, body) in endpoints {
+        for bearer in [None, Some("wrong"), Some(forged.as_str()), Some("")] {
+            let resp = h.call(method.clone(), &path, bearer, body.clone()).await;
+            expect_error(resp, ErrorCode::Unauthorized).await;
+        }
+    }
+    let basic = h
+        .http
+        .get(h.url("/v1/queues/q/items"))
+        .basic_auth("a", Some("b"))
+        .send()
+        .await
+        .unwrap();
+    expect_error(basic, ErrorCode::Unauthorized).await;
+    // A worker is authenticated but not an admin.
+    let w = h.worker().await;
+    let resp = h
+        .post("/v1/admin/enrollment-tokens", &w.access_token, json!({}))
+        .await;
+    expect_error(resp, ErrorCode::Forbidden).await;
+    let bad_enroll = h
+        .call(
+            Method::POST,
+            "/v1/workers/enroll",
+            None,
+            Some(json!({"token": "nope"})),
+        )
+        .await;
+    expect_error(bad_enroll, ErrorCode::Unauthorized).await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn unknown_items_and_endpoints_are_404() {
+    let h = Harness::start(|_| {}).await;
+    expect_error(
+        h.call(Method::GET, "/v1/items/424242", Some(ADMIN), None)
+            .await,
+        ErrorCode::NotFound,
+    )
+    .await;
+    let hb = h
+        .post("/v1/items/424242/heartbeat", ADMIN, json!({"token": "t"}))
+        .await;
+    expect_error(hb, ErrorCode::NotFound).await;
+    let settle = h
+        .post(
+            "/v1/items/424242/settle",
+            ADMIN,
+            json!({"token": "t", "state": "done"}),
+        )
+        .await;
+    expect_error(settle, ErrorCode::NotFound).await;
+    expect_error(
+        h.call(Method::GET, "/v1/nothing/here", Some(ADMIN), None)
+            .await,
+        ErrorCode::NotFound,
+    )
+    .await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn malformed_json_and_bad_parameters_are_400() {
+    let h = Harness::start(|_| {}).await;
+    let item = h.enqueue("q").await;
+    let raw = |body: &'static str| {
+        h.http
+            .post(h.url(&format!("/v1/items/{}/heartbeat", item.id)))
+            .bearer_auth(ADMIN)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    expect_error(raw("{not json").await.unwrap(), ErrorCode::BadRequest).await;
+    expect_error(raw("").await.unwrap(), ErrorCode::BadRequest).await;
+    expect_error(raw(r#"{"token": 5}"#).await.unwrap(), ErrorCode::Validation).await;
+    let bad_state = h
+        .post(
+            &format!("/v1/items/{}/settle", item.id),
+            ADMIN,
+            json!({"token": "t", "state": "open"}),
+        )
+        .await;
+    expect_error(bad_state, ErrorCode::Validation).await;
+    let bad_id = h
+        .post("/v1/items/abc/heartbeat", ADMIN, json!({"token": "t"}))
+        .await;
+    expect_error(bad_id, ErrorCode::BadRequest).await;
+    let bad_limit = h
+        .call(
+            Method::GET,
+            "/v1/queues/q/items?limit=abc",
+            Some(ADMIN),
+            None,
+        )
+        .await;
+    expect_error(bad_limit, ErrorCode::Validation).await;
+    let bad_queue = h
+        .post("/v1/queues/has%20space/items", ADMIN, json!({"payload": 1}))
+        .await;
+    expect_error(bad_queue, ErrorCode::Validation).await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn an_oversized_body_is_413() {
+    let h = Harness::start(|c| c.max_body_bytes = 1024).await;
+    let big = json!({"payload": "x".repeat(4096)});
+    let resp = h.post("/v1/queues/q/items", ADMIN, big).await;
+    expect_error(resp, ErrorCode::PayloadTooLarge).await;
+    // Without a Content-Length (chunked), the limit still holds while reading.
+    let stream = futures_body("x".repeat(8192));
+    let resp = h
+        .http
+        .post(h.url("/v1/queues/q/items"))
+        .bearer_auth(ADMIN)
+        .body(stream)
+        .send()
+        .await
+        .unwrap();
+    expect_error(resp, ErrorCode::PayloadTooLarge).await;
+    let small = h
+        .post("/v1/queues/q/items", ADMIN, json!({"payload": "ok"}))
+        .await;
+    assert_eq!(small.status(), StatusCode::CREATED);
+    h.stop().await;
+}
+
+fn futures_body(s: String) -> reqwest::Body {
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        s.into_bytes().chunks(512).map(|c| Ok(c.to_vec())).collect();
+    reqwest::Body::wrap_stream(futures_util::stream::iter(chunks))
+}
+
+#[tokio::test]
+async fn claim_polling_past_the_rate_limit_is_429_with_retry_after() {
+    let h = Harness::start(|c| c.claim_rate = "3/min".parse().unwrap()).await;
+    let (a, b) = (h.worker().await, h.worker().await);
+    for _ in 0..3 {
+        let resp = h
+            .call(
+                Method::POST,
+                "/v1/queues/q/claims",
+                Some(&a.access_token),
+                None,
+            )
+            .await;
+        assert_eq!(resp.status(), StatusCode::NO_CONTENT);
+        assert!(resp.headers().contains_key("retry-after"));
+    }
+    let limited = h
+        .call(
+            Method::POST,
+            "/v1/queues/q/claims",
+            Some(&a.access_token),
+            None,
+        )
+        .await;
+    let retry: u64 = limited.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=20).contains(&retry), "Retry-After {retry}s for 3/min");
+    expect_error(limited, ErrorCode::RateLimited).await;
+    let other = h
+        .call(
+            Method::POST,
+            "/v1/queues/q/claims",
+            Some(&b.access_token),
+            None,
+        )
+        .await;
+    assert_eq!(
+        other.status(),
+        StatusCode::NO_CONTENT,
+        "limits are per worker"
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn cors_preflight_allows_listed_origins_only() {
+    let h = Harness::start(|c| c.allow_origin = vec!["http://app.example".into()]).await;
+    let preflight = |origin: &'static str| {
+        h.http
+            .request(Method::OPTIONS, h.url("/v1/queues/q/claims"))
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "authorization,content-type",
+            )
+            .send()
+    };
+    let ok = preflight("http://app.example").await.unwrap();
+    assert!(ok.status().is_success());
+    assert_eq!(
+        ok.headers()["access-control-allow-origin"],
+        "http://app.example"
+    );
+    let methods = ok.headers()["access-control-allow-methods"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(methods.contains("POST"));
+    let allowed_headers = ok.headers()["access-control-allow-headers"]
+        .to_str()
+        .unwrap()
+        .to_lowercase();
+    assert!(allowed_headers.contains("authorization"));
+    let refused = preflight("http://evil.example").await.unwrap();
+    assert!(
+        !refused
+            .headers()
+            .contains_key("access-control-allow-origin"),
+        "refused origin gets no grant"
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn the_lease_flow_works_over_http_and_stale_tokens_get_claim_lost() {
+    let h = Harness::start(|_| {}).await;
+    let w = h.worker().await;
+    let t = w.access_token.as_str();
+    let item = h.enqueue("jobs").await;
+    let resp = h
+        .call(Method::POST, "/v1/queues/jobs/claims", Some(t), None)
+        .await;
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let c: ClaimResponse = resp.json().await.unwrap();
+    assert_eq!(
+        (c.item.id, c.item.worker_id, c.lease.epoch),
+        (item.id, Some(w.worker_id), 1)
+    );
+    let hb = h
+        .post(
+            &format!("/v1/items/{}/heartbeat", item.id),
+            t,
+            json!({"token": c.lease.token}),
+        )
+        .await;
+    assert_eq!(hb.status(), StatusCode::OK);
+    assert_eq!(hb.json::<Value>().await.unwrap(), json!({"ttl_ms": 90000}));
+    let batch = h
+        .post(
+            "/v1/heartbeats",
+            t,
+            json!({"leases": [
+            {"item_id": item.id, "token": c.lease.token},
+            {"item_id": item.id, "token": "stale"},
+            {"item_id": 999999, "token": "x"}]}),
+        )
+        .await;
+    let batch: Value = batch.json().await.unwrap();
+    let codes: Vec<Value> = batch["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["error"]["code"].clone())
+        .collect();
+    assert_eq!(
+        codes,
+        vec![Value::Null, json!("claim_lost"), json!("not_found")]
+    );
+    assert_eq!(batch["results"][0]["ok"], json!(true));
+    let settle_path = format!("/v1/items/{}/settle", item.id);
+    let settle = |token: String| {
+        h.post(
+            &settle_path,
+            t,
+            json!({"token": token, "state": "done", "result": [1, 2]}),
+        )
+    };
+    let done: ItemView = settle(c.lease.token.clone()).await.json().await.unwrap();
+    assert_eq!(done.result, Some(json!([1, 2])));
+    expect_error(settle(c.lease.token.clone()).await, ErrorCode::ClaimLost).await;
+    let empty = h
+        .call(Method::POST, "/v1/queues/jobs/claims", Some(t), None)
+        .await;
+    assert_eq!(empty.status(), StatusCode::NO_CONTENT);
+    assert_eq!(empty.headers()["retry-after"], "5");
+    let listed: Value = h
+        .call(
+            Method::GET,
+            "/v1/queues/jobs/items?state=done",
+            Some(t),
+            None,
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["items"][0]["id"], json!(item.id));
+    // Refresh rotates: the old refresh token is then refused.
+    let r1 = h
+        .call(
+            Method::POST,
+            "/v1/workers/refresh",
+            None,
+            Some(json!({"refresh_token": w.refresh_token})),
+        )
+        .await;
+    assert_eq!(r1.status(), StatusCode::OK);
+    let r2 = h
+        .call(
+            Method::POST,
+            "/v1/workers/refresh",
+            None,
+            Some(json!({"refresh_token": w.refresh_token})),
+        )
+        .await;
+    expect_error(r2, ErrorCode::Unauthorized).await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn release_accepts_a_beacon_body_without_headers_but_not_a_wrong_bearer() {
+    let h = Harness::start(|_| {}).await;
+    let item = h.enqueue("q").await;
+    let c: ClaimResponse = h
+        .call(Method::POST, "/v1/queues/q/claims", Some(ADMIN), None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let url = h.url(&format!("/v1/items/{}/release", item.id));
+    let body = json!({"token": c.lease.token}).to_string();
+    let wrong = h
+        .http
+        .post(&url)
+        .bearer_auth("wrong")
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    expect_error(wrong, ErrorCode::Unauthorized).await;
+    // navigator.sendBeacon(url, string) sends text/plain and no Authorization.
+    let beacon = h
+        .http
+        .post(&url)
+        .header("content-type", "text/plain;charset=UTF-8")
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(beacon.status(), StatusCode::OK);
+    let released: ItemView = beacon.json().await.unwrap();
+    assert_eq!((released.state.as_str(), released.attempts), ("open", 1));
+    let again = h.http.post(&url).body(body).send().await.unwrap();
+    expect_error(again, ErrorCode::ClaimLost).await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn pause_elsewhere_then_resume_over_http() {
+    let h = Harness::start(|_| {}).await;
+    let item = h.enqueue("q").await;
+    let c: ClaimResponse = h
+        .call(Method::POST, "/v1/queues/q/claims", Some(ADMIN), None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let paused = h
+        .call(
+            Method::POST,
+            &format!("/v1/items/{}/pause", item.id),
+            Some(ADMIN),
+            None,
+        )
+        .await;
+    assert_eq!(paused.status(), StatusCode::OK);
+    let settle = h
+        .post(
+            &format!("/v1/items/{}/settle", item.id),
+            ADMIN,
+            json!({"token": c.lease.token, "state": "done"}),
+        )
+        .await;
+    expect_error(settle, ErrorCode::StateConflict).await;
+    let resumed: ClaimResponse = h
+        .call(
+            Method::POST,
+            &format!("/v1/items/{}/resume", item.id),
+            Some(ADMIN),
+            None,
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_ne!(resumed.lease.token, c.lease.token);
+    assert_eq!(resumed.lease.epoch, 2);
+    let old = h
+        .post(
+            &format!("/v1/items/{}/heartbeat", item.id),
+            ADMIN,
+            json!({"token": c.lease.token}),
+        )
+        .await;
+    expect_error(old, ErrorCode::ClaimLost).await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn the_background_reaper_reopens_an_abandoned_claim() {
+    let h = Harness::start(|c| {
+        c.ttl_ms = 150;
+        c.reaper_ms = 50;
+    })
+    .await;
+    let item = h.enqueue("q").await;
+    let claimed = h
+        .call(Method::POST, "/v1/queues/q/claims", Some(ADMIN), None)
+        .await;
+    assert_eq!(claimed.status(), StatusCode::CREATED);
+    let mut state = String::new();
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now: ItemView = h
+            .call(
+                Method::GET,
+                &format!("/v1/items/{}", item.id),
+                Some(ADMIN),
+                None,
+            )
+            .await
+            .json()
+            .await
+            .unwrap();
+        state = now.state.as_str().to_owned();
+        if state == "open" {
+            assert_eq!(now.attempts, 1);
+            break;
+        }
+    }
+    assert_eq!(
+        state, "open",
+        "reaped within 2 s with TTL 150 ms and reaper 50 ms"
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn static_files_are_served_and_wasm_has_its_mime_type() {
+    let h = Harness::start(|_| {}).await;
+    let index = h.http.get(h.url("/")).send().await.unwrap();
+    assert_eq!(index.status(), StatusCode::OK);
+    assert_eq!(index.text().await.unwrap(), "<h1>demo</h1>");
+    let wasm = h
+        .http
+        .get(h.url("/pkg/agentstore_bg.wasm"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wasm.status(), StatusCode::OK);
+    assert_eq!(wasm.headers()["content-type"], "application/wasm");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn stopping_the_server_is_graceful_and_closes_the_port() {
+    let h = Harness::start(|_| {}).await;
+    let addr = h.server.addr();
+    assert!(h
+        .http
+        .get(h.url("/v1/health"))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .is_success());
+    h.stop().await;
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "port closed after stop"
+    );
+}
