@@ -126,17 +126,17 @@ pub async fn a_wrong_verifier_neither_enrolls_nor_burns_the_token(db: TestDb) {
 pub async fn access_tokens_expire_on_the_database_clock(db: TestDb) {
     let store = db
         .store(Settings {
-            access_ttl_ms: 300,
+            access_ttl_ms: 1_000,
             ..Settings::default()
         })
         .await;
-    let (token, _) = store.create_enrollment_token(Some(200)).await.unwrap();
+    let (token, _) = store.create_enrollment_token(Some(5_000)).await.unwrap();
     let creds = store.enroll(&token.0, None).await.unwrap();
     assert_eq!(
         store.authenticate(&creds.access_token).await.unwrap(),
         creds.worker_id
     );
-    sleep_ms(450).await;
+    sleep_ms(1_200).await;
     let expired = store.authenticate(&creds.access_token).await;
     assert_eq!(expired.unwrap_err().code(), Some(ErrorCode::Unauthorized));
     // The refresh token outlives it and issues a working one.

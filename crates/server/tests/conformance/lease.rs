@@ -149,10 +149,10 @@ pub async fn a_claim_with_no_heartbeat_recorded_counts_as_expired(db: TestDb) {
 }
 
 pub async fn a_heartbeat_past_the_ttl_but_before_takeover_renews_the_lease(db: TestDb) {
-    let store = db.store(ttl(150)).await;
+    let store = db.store(ttl(500)).await;
     let item = store.enqueue("q", &json!(1), None).await.unwrap();
     let c = store.claim("q", None).await.unwrap().expect("claimed");
-    sleep_ms(250).await;
+    sleep_ms(650).await;
     assert_eq!(
         store.expired_claims(10).await.unwrap().len(),
         1,
@@ -314,7 +314,9 @@ pub async fn resume_of_a_paused_item_issues_a_new_token_and_fences_the_old_one(d
 
 pub async fn a_heartbeat_racing_a_takeover_has_exactly_one_winner(db: TestDb) {
     const ROUNDS: usize = 40;
-    const TTL: u64 = 200;
+    // Long enough that a renewed lease cannot expire again before the racing
+    // takeover's conditional update runs, even on a loaded machine.
+    const TTL: u64 = 1_000;
     // Two instances: the worker's heartbeat goes through one, the reaper runs on
     // the other, each on its own connection.
     let worker = Arc::new(db.store(ttl(TTL)).await);
