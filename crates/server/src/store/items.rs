@@ -354,8 +354,10 @@ impl Store {
     /// The database failed.
     pub async fn expired_claims(&self, limit: u32) -> Result<Vec<ExpiredClaim>, StoreError> {
         let sql = self.sql(
-            "SELECT id, state, epoch, attempts, max_attempts, heartbeat_at, token_hash, now_ms
-             FROM (SELECT *, {now} AS now_ms FROM items WHERE state = 'running') AS r
+            "SELECT * FROM (
+                 SELECT id, state, epoch, attempts, max_attempts, heartbeat_at, token_hash,
+                        {now} AS now_ms
+                 FROM items WHERE state = 'running') AS r
              WHERE heartbeat_at IS NULL OR heartbeat_at <= now_ms - $1
              ORDER BY id LIMIT $2",
         );
@@ -391,11 +393,7 @@ impl Store {
         ) else {
             return Ok(None);
         };
-        let reason = if next.state == ItemState::Failed {
-            agentstore_protocol::lease::RETRY_LIMIT_REASON
-        } else {
-            "expired"
-        };
+        let (_, _, reason) = end_attempt(claim.item.attempts, claim.item.max_attempts);
         let sql = self.sql(
             "UPDATE items SET state = $3, attempts = $4, last_error = $5, token_hash = NULL,
                  worker_id = NULL, heartbeat_at = NULL, updated_at = {now}
