@@ -3,7 +3,8 @@
 //! into JS `Error`s. Every method returns a Promise and never panics.
 
 use crate::error::{set, StoreError};
-use crate::store::{ListQuery, Store, Written};
+use crate::store::{index::verification_js, ByQuery, ListQuery, Store, Watcher, Written};
+use agentstore_protocol::index::IndexDef;
 use js_sys::{Array, Function, Object, Promise, Reflect};
 use std::rc::Rc;
 use wasm_bindgen::prelude::*;
@@ -26,6 +27,8 @@ export interface OpenOptions {
   blockedTimeoutMs?: number;
   /** Called after another tab's upgrade closed this connection. */
   onVersionChange?: () => void;
+  /** Derived indexes, e.g. [{name: "byType", keys: ["recordType", "updatedAt"]}]. */
+  indexes?: IndexDefinition[];
 }
 export interface PutResult { id: string; rev: string; }
 export interface ListOptions {
@@ -48,12 +51,34 @@ export interface MutateOptions {
 export interface ImportOptions {
   /** Called with (done, total) while writing. */
   onProgress?: (done: number, total: number) => void;
+  /** importPouchDump: id of a legacy index document to audit (default "agent-index"). */
+  legacyIndexId?: string;
 }
 export interface PouchImportSummary {
   documentsRead: number; live: number; tombstones: number; localSkipped: number;
   conflictsResolved: number; lastSeq: number | null; written: number; keptNewer: number;
+  /** The legacy index document's drift: live records it lost, deleted/absent ids it still listed. */
+  legacyIndex: { id: string; listed: number; lost: number; stale: number } | null;
 }
 export interface SnapshotImportSummary { written: number; keptNewer: number; }
+export interface IndexDefinition { name: string; keys: string[]; }
+export interface ListByOptions {
+  /** Leading components equal these values exactly (one value or an array). */
+  eq?: string | number | (string | number)[];
+  /** The first component is a string starting with this. */
+  prefix?: string;
+  range?: { lower?: string | number; upper?: string | number; lowerOpen?: boolean; upperOpen?: boolean };
+  limit?: number; after?: string; descending?: boolean;
+}
+export interface IndexVerification { checked: number; missing: string[]; orphaned: string[]; stale: string[]; building: string[]; }
+export interface RebuildOptions {
+  /** Records per transaction (default 500). */
+  batchSize?: number;
+  onProgress?: (done: number, total: number) => void;
+  signal?: AbortSignal;
+  /** false = resume an interrupted rebuild from its checkpoint (default true = start over). */
+  restart?: boolean;
+}
 /** Errors thrown by agentstore: `name` is e.g. "ConflictError", `code` e.g. "conflict". */
 export interface AgentStoreError extends Error {
   code: "conflict" | "validation" | "not_found" | "quota_exceeded" | "transaction" | "blocked" | "closed" | "aborted";
@@ -96,6 +121,39 @@ fn opt_fn(options: &JsValue, key: &str) -> Result<Option<Function>, StoreError> 
     v.dyn_into::<Function>()
         .map(Some)
         .map_err(|_| StoreError::validation(format!("{key} must be a function")))
+}
+
+fn parse_index_defs(v: &JsValue) -> Result<Vec<IndexDef>, StoreError> {
+    if v.is_undefined() || v.is_null() {
+        return Ok(Vec::new());
+    }
+    let bad =
+        || StoreError::validation("indexes must be an array of {name: string, keys: string[]}");
+    let arr = v.dyn_ref::<Array>().ok_or_else(bad)?;
+    arr.iter()
+        .map(|d| {
+            let name = Reflect::get(&d, &"name".into())
+                .ok()
+                .and_then(|n| n.as_string())
+                .ok_or_else(bad)?;
+            let keys = Reflect::get(&d, &"keys".into())
+                .ok()
+                .filter(Array::is_array)
+                .ok_or_else(bad)?;
+            let keys = Array::from(&keys)
+                .iter()
+                .map(|k| k.as_string().ok_or_else(bad))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(IndexDef { name, keys })
+        })
+        .collect()
+}
+
+fn page_js(page: crate::store::Page) -> JsValue {
+    let o = Object::new();
+    set(&o, "records", &page.records);
+    set(&o, "next", &page.next.map_or(JsValue::NULL, JsValue::from));
+    o.into()
 }
 
 fn written_js(w: &Written) -> JsValue {
@@ -144,11 +202,16 @@ impl AgentStore {
                 ));
             }
             let on_vc = opt_fn(&options, "onVersionChange")?;
-            let store = Store::open(&name, timeout, on_vc).await?;
-            Ok(AgentStore {
-                inner: Rc::new(store),
+            let indexes = parse_index_defs(&opt(&options, "indexes"))?;
+            let store = Rc::new(Store::open(&name, timeout, on_vc, indexes).await?);
+            if !store.indexes().is_empty() && !store.indexes_ready().await? {
+                // Build in the background; listBy answers from the records meanwhile.
+                let s = store.clone();
+                wasm_bindgen_futures::spawn_local(async move {
+                    let _ = s.rebuild_indexes(500, false, None, None).await;
+                });
             }
-            .into())
+            Ok(AgentStore { inner: store }.into())
         })
     }
 
@@ -250,12 +313,93 @@ impl AgentStore {
         let s = self.inner.clone();
         run(async move {
             let q = ListQuery::from_js(&options)?;
-            let page = s.list(&q).await?;
-            let o = Object::new();
-            set(&o, "records", &page.records);
-            set(&o, "next", &page.next.map_or(JsValue::NULL, JsValue::from));
-            Ok(o.into())
+            Ok(page_js(s.list(&q).await?))
         })
+    }
+
+    /// One page of records in the order of derived index `name`:
+    /// `{records, next}`. `eq` matches whole components (never as a prefix).
+    #[wasm_bindgen(js_name = listBy, unchecked_return_type = "Promise<ListPage>")]
+    pub fn list_by(
+        &self,
+        name: String,
+        #[wasm_bindgen(unchecked_param_type = "ListByOptions | undefined")] options: JsValue,
+    ) -> Promise {
+        let s = self.inner.clone();
+        run(async move {
+            let q = ByQuery::from_js(&options)?;
+            Ok(page_js(s.list_by(&name, &q).await?))
+        })
+    }
+
+    /// Compares every derived index with the records:
+    /// `{checked, missing, orphaned, stale, building}` (ids).
+    #[wasm_bindgen(js_name = verifyIndexes, unchecked_return_type = "Promise<IndexVerification>")]
+    pub fn verify_indexes(&self) -> Promise {
+        let s = self.inner.clone();
+        run(async move { Ok(verification_js(&s.verify_indexes().await?)) })
+    }
+
+    /// Rebuilds the derived indexes from the records, `batchSize` records per
+    /// transaction (default 500); with `restart: false` an interrupted
+    /// rebuild resumes from its checkpoint. Resolves to the number of records
+    /// processed.
+    #[wasm_bindgen(js_name = rebuildIndexes, unchecked_return_type = "Promise<number>")]
+    pub fn rebuild_indexes(
+        &self,
+        #[wasm_bindgen(unchecked_param_type = "RebuildOptions | undefined")] options: JsValue,
+    ) -> Promise {
+        let s = self.inner.clone();
+        run(async move {
+            let batch = match opt(&options, "batchSize") {
+                v if v.is_undefined() => 500,
+                v => match v.as_f64() {
+                    Some(n) if (1.0..=10_000.0).contains(&n) => n as u32,
+                    _ => return Err(StoreError::validation("batchSize must be in 1..=10000")),
+                },
+            };
+            let cb = opt_fn(&options, "onProgress")?;
+            let signal = match opt(&options, "signal") {
+                v if v.is_undefined() || v.is_null() => None,
+                v => Some(
+                    v.dyn_into::<web_sys::AbortSignal>()
+                        .map_err(|_| StoreError::validation("signal must be an AbortSignal"))?,
+                ),
+            };
+            let restart = opt(&options, "restart").as_bool().unwrap_or(true);
+            Ok(
+                s.rebuild_indexes(batch, restart, cb.as_ref(), signal.as_ref())
+                    .await?
+                    .into(),
+            )
+        })
+    }
+
+    /// Calls `callback({id, rev, deleted})` for every change committed in any
+    /// tab whose id starts with `prefix`; returns a handle whose `close()`
+    /// stops it.
+    ///
+    /// # Errors
+    /// ValidationError for a non-string prefix or a non-function callback.
+    pub fn watch(
+        &self,
+        #[wasm_bindgen(unchecked_param_type = "{prefix?: string}")] options: JsValue,
+        #[wasm_bindgen(
+            unchecked_param_type = "(change: {id: string, rev: string, deleted: boolean}) => void"
+        )]
+        callback: JsValue,
+    ) -> Result<Watch, JsValue> {
+        let prefix = match opt(&options, "prefix") {
+            v if v.is_undefined() || v.is_null() => js_sys::JsString::from(""),
+            v => v
+                .dyn_into()
+                .map_err(|_| StoreError::validation("prefix must be a string").to_js())?,
+        };
+        let callback: Function = callback.dyn_into().map_err(|_| {
+            StoreError::validation("watch(options, callback): callback must be a function").to_js()
+        })?;
+        let inner = Watcher::new(self.inner.name(), prefix, callback)?;
+        Ok(Watch { inner: Some(inner) })
     }
 
     /// Imports a PouchDB dump (pouchdb-replication-stream NDJSON) in one transaction.
@@ -268,7 +412,13 @@ impl AgentStore {
         let s = self.inner.clone();
         run(async move {
             let cb = opt_fn(&options, "onProgress")?;
-            let (sum, counts) = s.import_pouch_dump(&text, cb.as_ref()).await?;
+            let legacy_id = match opt(&options, "legacyIndexId") {
+                v if v.is_undefined() || v.is_null() => "agent-index".to_owned(),
+                v => v
+                    .as_string()
+                    .ok_or_else(|| StoreError::validation("legacyIndexId must be a string"))?,
+            };
+            let (sum, counts, legacy) = s.import_pouch_dump(&text, &legacy_id, cb.as_ref()).await?;
             let o = Object::new();
             for (k, v) in [
                 ("documentsRead", sum.documents_read),
@@ -287,6 +437,18 @@ impl AgentStore {
                 &sum.last_seq
                     .map_or(JsValue::NULL, |n| JsValue::from(n as f64)),
             );
+            let legacy_js = match legacy {
+                None => JsValue::NULL,
+                Some(r) => {
+                    let l = Object::new();
+                    set(&l, "id", &r.id.as_str().into());
+                    set(&l, "listed", &JsValue::from(r.listed as f64));
+                    set(&l, "lost", &JsValue::from(r.lost as f64));
+                    set(&l, "stale", &JsValue::from(r.stale as f64));
+                    l.into()
+                }
+            };
+            set(&o, "legacyIndex", &legacy_js);
             Ok(o.into())
         })
     }
@@ -314,5 +476,21 @@ impl AgentStore {
             set(&o, "keptNewer", &c.kept_newer.into());
             Ok(o.into())
         })
+    }
+}
+
+/// A `watch` subscription; `close()` stops it (so does `free()`).
+#[wasm_bindgen]
+pub struct Watch {
+    inner: Option<Watcher>,
+}
+
+#[wasm_bindgen]
+impl Watch {
+    /// Stops delivering changes.
+    pub fn close(&mut self) {
+        if let Some(w) = self.inner.take() {
+            w.close();
+        }
     }
 }

@@ -1,6 +1,5 @@
 //! Races forced, not hoped for: both writers read the same revision before
 //! either writes, over many rounds, on one and on two connections.
-use agentstore::store::Store;
 use agentstore_protocol::ErrorCode;
 use serde_json::{json, Value};
 use std::cell::RefCell;
@@ -15,7 +14,7 @@ wasm_bindgen_test_configure!(run_in_browser);
 #[wasm_bindgen_test]
 async fn two_creates_in_the_same_tick_have_exactly_one_winner() {
     let (a, name) = open("c-s2").await;
-    let b = Store::open(&name, 2000, None).await.unwrap();
+    let b = open_named(&name).await;
     for round in 0..50 {
         let id = format!("same-{round}");
         // Same connection, then two connections on one database.
@@ -51,7 +50,7 @@ async fn two_creates_in_the_same_tick_have_exactly_one_winner() {
 #[wasm_bindgen_test]
 async fn two_writers_with_the_same_revision_exactly_one_wins_every_round() {
     let (a, name) = open("barrier").await;
-    let b = Store::open(&name, 2000, None).await.unwrap();
+    let b = open_named(&name).await;
     let mut rev = a.put(&js(json!({"_id": "k", "n": 0}))).await.unwrap().rev;
     for round in 1..=120 {
         let (ra, rb) = (
@@ -111,7 +110,7 @@ async fn read_modify_write_split_by_an_await_conflicts_and_mutate_merges() {
 
     // mutate for both, each with an async function awaiting a timer.
     let (_store2, name) = open("c-s3m").await;
-    let store = Store::open(&name, 2000, None).await.unwrap();
+    let store = open_named(&name).await;
     store
         .put(&js(json!({"_id": "r1", "items": []})))
         .await
@@ -168,7 +167,7 @@ async fn read_modify_write_split_by_an_await_conflicts_and_mutate_merges() {
 #[wasm_bindgen_test]
 async fn fifty_concurrent_mutate_increments_from_two_instances_give_fifty() {
     let (a, name) = open("inc").await;
-    let b = Store::open(&name, 2000, None).await.unwrap();
+    let b = open_named(&name).await;
     a.put(&js(json!({"_id": "counter", "n": 0}))).await.unwrap();
     let inc = js_sys::Function::new_with_args(
         "cur",

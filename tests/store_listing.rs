@@ -145,9 +145,7 @@ async fn paging_while_another_writer_inserts_visits_each_record_once() {
         .map(|i| json!({"_id": format!("r:{:05}", i * 2), "i": i}))
         .collect();
     store.put_many(&js(Value::Array(recs))).await.unwrap();
-    let writer = agentstore::store::Store::open(&name, 2000, None)
-        .await
-        .unwrap();
+    let writer = open_named(&name).await;
     let mut q = ListQuery {
         prefix: u("r:"),
         limit: 7,
@@ -208,8 +206,12 @@ async fn pouchdb_dump_import_matches_pouchdb_answers() {
     let cb = wasm_bindgen::closure::Closure::<dyn FnMut(u32, u32)>::new(move |_d: u32, _t: u32| {
         c2.set(c2.get() + 1)
     });
-    let (summary, counts) = store
-        .import_pouch_dump(DUMP, Some(wasm_bindgen::JsCast::unchecked_ref(cb.as_ref())))
+    let (summary, counts, _legacy) = store
+        .import_pouch_dump(
+            DUMP,
+            "agent-index",
+            Some(wasm_bindgen::JsCast::unchecked_ref(cb.as_ref())),
+        )
         .await
         .unwrap();
     assert!(calls.get() > 1, "progress reported");
@@ -273,7 +275,10 @@ async fn pouchdb_dump_import_matches_pouchdb_answers() {
     }
     assert!(deleted.iter().all(|d| !got.iter().any(|g| g == d)));
     // A second import writes nothing: every local revision is already equal.
-    let (_, again) = store.import_pouch_dump(DUMP, None).await.unwrap();
+    let (_, again, _) = store
+        .import_pouch_dump(DUMP, "agent-index", None)
+        .await
+        .unwrap();
     assert_eq!(again.written, 0);
 }
 
@@ -281,7 +286,10 @@ async fn pouchdb_dump_import_matches_pouchdb_answers() {
 async fn a_malformed_dump_writes_nothing() {
     let (store, _) = open("pouch-bad").await;
     let bad = format!("{}\n{{\"docs\":[{{\"_id\":\"ok\",\"_rev\":\"1-aa\"}}]}}\n{{\"docs\":[{{\"_id\":\"x\",\"_rev\":\"nope\"}}]}}\n", DUMP.lines().next().unwrap());
-    let e = store.import_pouch_dump(&bad, None).await.unwrap_err();
+    let e = store
+        .import_pouch_dump(&bad, "agent-index", None)
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), agentstore_protocol::ErrorCode::Validation);
     assert!(e.to_string().contains("line 3"), "{e}");
     assert!(store.get(&s("ok")).await.unwrap().is_none());

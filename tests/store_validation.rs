@@ -191,7 +191,7 @@ async fn malformed_arguments_are_validation_errors() {
     );
     assert_eq!(
         store
-            .import_pouch_dump("{}\n[1,2]\n", None)
+            .import_pouch_dump("{}\n[1,2]\n", "agent-index", None)
             .await
             .unwrap_err()
             .code(),

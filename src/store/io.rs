@@ -1,10 +1,13 @@
 //! Bulk paths: PouchDB dump import, NDJSON snapshot export/import, `mutate`.
 
 use super::db::{RECORDS, TOMBSTONES};
+use super::index;
 use super::{read_many, tombstone, Prepared, Store, Written};
 use crate::error::{set, Result, StoreError};
 use agentstore_protocol::backoff::{full_jitter_ms, MUTATE_BASE_MS, MUTATE_CAP_MS};
-use agentstore_protocol::pouch::{resolve_dump, DumpSummary};
+use agentstore_protocol::pouch::{
+    legacy_index_report, resolve_dump, DumpSummary, LegacyIndexReport,
+};
 use agentstore_protocol::rev::{Current, Rev};
 use idb::TransactionMode;
 use js_sys::{Function, JsString, Object, Promise};
@@ -42,10 +45,14 @@ impl Store {
     pub async fn import_pouch_dump(
         &self,
         text: &str,
+        legacy_index_id: &str,
         on_progress: Option<&Function>,
-    ) -> Result<(DumpSummary, ImportCounts)> {
+    ) -> Result<(DumpSummary, ImportCounts, Option<LegacyIndexReport>)> {
         let (summary, winners) =
             resolve_dump(text).map_err(|e| StoreError::validation(e.to_string()))?;
+        // The derived indexes are maintained from the records as they are
+        // written; the legacy document is only compared, never trusted.
+        let legacy = legacy_index_report(&winners, legacy_index_id);
         let mut items = Vec::with_capacity(winners.len());
         for w in winners {
             let id = JsString::from(w.id.as_str());
@@ -66,7 +73,7 @@ impl Store {
             });
         }
         let counts = self.write_imported(items, on_progress).await?;
-        Ok((summary, counts))
+        Ok((summary, counts, legacy))
     }
 
     /// Exports every record and tombstone as NDJSON: a header line
@@ -168,14 +175,19 @@ impl Store {
     ) -> Result<ImportCounts> {
         let tx = self
             .db
-            .tx(&[RECORDS, TOMBSTONES], TransactionMode::ReadWrite)?;
-        let currents = read_many(&tx, items.iter().map(|i| &i.id)).await?;
+            .tx(&super::WRITE_SCOPE, TransactionMode::ReadWrite)?;
+        let (currents, state) = futures::join!(
+            read_many(&tx, items.iter().map(|i| &i.id)),
+            index::read_state(&tx)
+        );
+        let (currents, state) = (currents?, state?);
+        let mut changes = Vec::new();
         let records = tx.store(RECORDS)?;
         let tombs = tx.store(TOMBSTONES)?;
         let mut counts = ImportCounts::default();
         let total = items.len();
         let mut last = None;
-        for (n, (item, (current, _))) in items.iter().zip(&currents).enumerate() {
+        for (n, (item, (current, stored))) in items.iter().zip(&currents).enumerate() {
             if current.rev().is_some_and(|r| *r >= item.rev) {
                 counts.kept_newer += 1;
             } else {
@@ -191,6 +203,17 @@ impl Store {
                         tombs.delete(key)?;
                     }
                 }
+                index::maintain(
+                    &tx,
+                    &state,
+                    stored.as_ref(),
+                    (!item.deleted).then_some(&item.object),
+                )?;
+                changes.push((
+                    JsValue::from(item.id.clone()),
+                    item.rev.to_string(),
+                    item.deleted,
+                ));
                 counts.written += 1;
             }
             if let Some(cb) = on_progress {
@@ -207,7 +230,8 @@ impl Store {
         if let Some(req) = last {
             req.await?;
         }
-        tx.commit().await?;
+        self.finish(tx).await?;
+        self.changes.post(&changes);
         Ok(counts)
     }
 

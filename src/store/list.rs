@@ -93,6 +93,7 @@ impl ListQuery {
 
 /// One page: the stored records (as IndexedDB returned them) and the cursor
 /// for the next page (`None` on the last page).
+#[derive(Debug)]
 pub struct Page {
     /// Records in key order (descending when asked).
     pub records: Array,

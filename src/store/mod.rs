@@ -6,20 +6,26 @@
 //! transaction scheduling makes the compare-and-swap atomic across tabs.
 
 pub mod db;
+pub mod index;
 mod io;
 mod list;
+pub mod watch;
 
+pub use index::{ByQuery, Verification};
 pub use list::{ListQuery, Page};
+pub use watch::Watcher;
 
 use crate::error::{get_str, set, BatchFailure, Result, StoreError};
 use crate::value;
+use agentstore_protocol::index::IndexDef;
 use agentstore_protocol::record::{self, check_id, check_record, MAX_BATCH};
 use agentstore_protocol::rev::{decide_delete, decide_put, CasError, Current, Rev};
-use db::{Db, Tx, RECORDS, TOMBSTONES};
+use db::{Db, Tx, DERIVED, META, RECORDS, TOMBSTONES};
 use futures::future::join_all;
 use idb::TransactionMode;
 use js_sys::{JsString, Object};
 use serde_json::{Map, Value};
+use std::cell::Cell;
 use std::future::IntoFuture;
 use wasm_bindgen::{JsCast, JsValue};
 
@@ -46,9 +52,19 @@ pub struct Written {
     pub rev: String,
 }
 
+/// Stores a write transaction touches: records, tombstones, and the derived
+/// index entries with their shared state.
+const WRITE_SCOPE: [&str; 4] = [RECORDS, TOMBSTONES, META, DERIVED];
+
 /// The record store over one IndexedDB database.
 pub struct Store {
     db: Db,
+    /// Derived indexes declared at open.
+    indexes: Vec<IndexDef>,
+    /// Posts committed changes to `watch` subscribers in every tab.
+    changes: watch::Notifier,
+    /// Test hook: abort the next write transaction after its writes are issued.
+    fault_abort_next: Cell<bool>,
 }
 
 impl Store {
@@ -56,14 +72,53 @@ impl Store {
     ///
     /// # Errors
     /// As [`Db::open`].
+    ///
+    /// `indexes` are the derived indexes to keep; when they differ from the
+    /// ones the database holds, call [`Store::rebuild_indexes`] (the JS
+    /// `open` starts it in the background).
     pub async fn open(
         name: &str,
         blocked_timeout_ms: u32,
         on_version_change: Option<js_sys::Function>,
+        indexes: Vec<IndexDef>,
     ) -> Result<Store> {
+        agentstore_protocol::index::check_defs(&indexes).map_err(StoreError::validation)?;
+        let db = Db::open(name, blocked_timeout_ms, on_version_change).await?;
         Ok(Store {
-            db: Db::open(name, blocked_timeout_ms, on_version_change).await?,
+            db,
+            indexes,
+            changes: watch::Notifier::new(name),
+            fault_abort_next: Cell::new(false),
         })
+    }
+
+    /// The database name.
+    pub fn name(&self) -> &str {
+        self.changes.name()
+    }
+
+    /// The derived indexes declared at open.
+    pub fn indexes(&self) -> &[IndexDef] {
+        &self.indexes
+    }
+
+    /// Test hook: the next write transaction issues its writes, then aborts
+    /// (as a crash or a failing request would) and the call fails.
+    #[doc(hidden)]
+    pub fn inject_abort_next_write(&self) {
+        self.fault_abort_next.set(true);
+    }
+
+    /// Commits a write transaction (or aborts it when a fault is injected).
+    async fn finish(&self, tx: Tx) -> Result<()> {
+        if self.fault_abort_next.replace(false) {
+            tx.abort();
+            let _ = tx.commit().await;
+            return Err(StoreError::Transaction(
+                "injected fault: the transaction was aborted after its writes".into(),
+            ));
+        }
+        tx.commit().await
     }
 
     /// Closes the connection; later calls fail with ClosedError.
@@ -133,16 +188,18 @@ impl Store {
     }
 
     pub(crate) async fn put_prepared(&self, p: Prepared) -> Result<Written> {
-        let tx = self
-            .db
-            .tx(&[RECORDS, TOMBSTONES], TransactionMode::ReadWrite)?;
-        let (current, stored) = read_current(&tx, &p.id).await?;
+        let tx = self.db.tx(&WRITE_SCOPE, TransactionMode::ReadWrite)?;
+        let (cur, state) = futures::join!(read_current(&tx, &p.id), index::read_state(&tx));
+        let ((current, stored), state) = (cur?, state?);
         let rev = match decide_put(&current, p.expected.as_ref()) {
             Ok(base) => next_rev(base, &p.body)?,
             Err(_) => return Err(conflict(&p, &current, stored)),
         };
         write_record(&tx, &p, &rev, &current)?;
-        tx.commit().await?;
+        index::maintain(&tx, &state, stored.as_ref(), Some(&p.object))?;
+        self.finish(tx).await?;
+        self.changes
+            .post(&[(p.id.clone().into(), rev.clone(), false)]);
         Ok(Written { id: p.id, rev })
     }
 
@@ -157,10 +214,9 @@ impl Store {
             .ok_or_else(|| StoreError::validation("delete(id, rev): rev must be a revision string"))
             .and_then(|s| Rev::parse(&s).map_err(|e| StoreError::validation(e.0)))?;
         let id_text = String::from(&id);
-        let tx = self
-            .db
-            .tx(&[RECORDS, TOMBSTONES], TransactionMode::ReadWrite)?;
-        let (current, stored) = read_current(&tx, &id).await?;
+        let tx = self.db.tx(&WRITE_SCOPE, TransactionMode::ReadWrite)?;
+        let (cur, state) = futures::join!(read_current(&tx, &id), index::read_state(&tx));
+        let ((current, stored), state) = (cur?, state?);
         let base = match decide_delete(&current, &expected) {
             Ok(base) => base,
             Err(CasError::NotFound) => return Err(StoreError::NotFound(id_text)),
@@ -182,7 +238,9 @@ impl Store {
         let tomb = tombstone(&id, &rev);
         tx.store(TOMBSTONES)?.put(&tomb, None)?;
         tx.store(RECORDS)?.delete(JsValue::from(id.clone()))?;
-        tx.commit().await?;
+        index::maintain(&tx, &state, stored.as_ref(), None)?;
+        self.finish(tx).await?;
+        self.changes.post(&[(id.into(), rev.clone(), true)]);
         Ok(rev)
     }
 
@@ -232,10 +290,12 @@ impl Store {
                 failures,
             });
         }
-        let tx = self
-            .db
-            .tx(&[RECORDS, TOMBSTONES], TransactionMode::ReadWrite)?;
-        let currents = read_many(&tx, prepared.iter().map(|p| &p.id)).await?;
+        let tx = self.db.tx(&WRITE_SCOPE, TransactionMode::ReadWrite)?;
+        let (currents, state) = futures::join!(
+            read_many(&tx, prepared.iter().map(|p| &p.id)),
+            index::read_state(&tx)
+        );
+        let (currents, state) = (currents?, state?);
         let mut revs = Vec::with_capacity(prepared.len());
         for (index, (p, (current, _))) in prepared.iter().zip(&currents).enumerate() {
             match decide_put(current, p.expected.as_ref()) {
@@ -253,10 +313,17 @@ impl Store {
             // Nothing was written yet; the transaction ends empty.
             return Err(StoreError::BatchConflict { failures });
         }
-        for ((p, (current, _)), rev) in prepared.iter().zip(&currents).zip(&revs) {
+        for ((p, (current, stored)), rev) in prepared.iter().zip(&currents).zip(&revs) {
             write_record(&tx, p, rev, current)?;
+            index::maintain(&tx, &state, stored.as_ref(), Some(&p.object))?;
         }
-        tx.commit().await?;
+        self.finish(tx).await?;
+        let changes: Vec<_> = prepared
+            .iter()
+            .zip(&revs)
+            .map(|(p, r)| (p.id.clone().into(), r.clone(), false))
+            .collect();
+        self.changes.post(&changes);
         Ok(prepared
             .into_iter()
             .zip(revs)

@@ -3,6 +3,7 @@
 
 use agentstore::store::{ListQuery, Store};
 use agentstore::StoreError;
+use agentstore_protocol::index::IndexDef;
 use agentstore_protocol::ErrorCode;
 use js_sys::{JsString, Reflect};
 use wasm_bindgen::JsValue;
@@ -12,10 +13,44 @@ pub fn fresh_name(tag: &str) -> String {
     format!("t-{tag}-{}", (js_sys::Math::random() * 1e12) as u64)
 }
 
+/// The derived index every suite declares: one type, newest first.
+pub fn by_type() -> IndexDef {
+    IndexDef {
+        name: "byType".into(),
+        keys: vec!["recordType".into(), "updatedAt".into()],
+    }
+}
+
+/// Opens database `name` with the `byType` index, built and active.
+pub async fn open_named(name: &str) -> Store {
+    let store = Store::open(name, 2000, None, vec![by_type()])
+        .await
+        .expect("open");
+    store
+        .rebuild_indexes(500, false, None, None)
+        .await
+        .expect("index build");
+    store
+}
+
 /// Opens a fresh store.
 pub async fn open(tag: &str) -> (Store, String) {
     let name = fresh_name(tag);
-    (Store::open(&name, 2000, None).await.expect("open"), name)
+    (open_named(&name).await, name)
+}
+
+/// Asserts that every derived index is exactly what the records say.
+pub async fn assert_indexes_clean(store: &Store) {
+    let v = store.verify_indexes().await.expect("verify");
+    let n = |x: &Vec<JsValue>| x.len();
+    assert_eq!(
+        (n(&v.missing), n(&v.orphaned), n(&v.stale), v.building.len()),
+        (0, 0, 0, 0),
+        "index not clean: missing {:?} orphaned {:?} stale {:?}",
+        v.missing,
+        v.orphaned,
+        v.stale
+    );
 }
 
 /// A JS object from JSON.

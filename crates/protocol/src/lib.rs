@@ -5,6 +5,7 @@
 
 pub mod backoff;
 pub mod error;
+pub mod index;
 pub mod keys;
 pub mod lease;
 pub mod pouch;

@@ -174,6 +174,45 @@ pub fn resolve_dump(text: &str) -> Result<(DumpSummary, Vec<Winner>), DumpError>
     Ok((summary, winners))
 }
 
+/// What a legacy index document (a PouchDB doc holding `records: {id: meta}`,
+/// kept up to date by unguarded read-modify-writes) had drifted to.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LegacyIndexReport {
+    /// The legacy document's id.
+    pub id: String,
+    /// Ids it listed.
+    pub listed: u64,
+    /// Live records it did not list: orphans its listing never found.
+    pub lost: u64,
+    /// Ids it listed whose record is deleted or absent.
+    pub stale: u64,
+}
+
+/// Compares the legacy index document `index_id` (if the dump has it live,
+/// with a `records` object) with the winners it should describe: every live
+/// document except itself.
+pub fn legacy_index_report(winners: &[Winner], index_id: &str) -> Option<LegacyIndexReport> {
+    let doc = winners.iter().find(|w| w.id == index_id && !w.deleted)?;
+    let Some(Value::Object(listed)) = doc.body.get("records") else {
+        return None;
+    };
+    let live: std::collections::HashSet<&str> = winners
+        .iter()
+        .filter(|w| !w.deleted && w.id != index_id)
+        .map(|w| w.id.as_str())
+        .collect();
+    Some(LegacyIndexReport {
+        id: index_id.to_owned(),
+        listed: listed.len() as u64,
+        lost: live.iter().filter(|id| !listed.contains_key(**id)).count() as u64,
+        stale: listed
+            .keys()
+            .filter(|id| !live.contains(id.as_str()))
+            .count() as u64,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,6 +255,32 @@ mod tests {
         }
         assert!(summary.conflicts_resolved >= 2);
         assert_eq!(summary.last_seq, Some(6582));
+    }
+
+    /// Computed independently of the legacy document's own claims: the live
+    /// ids it lacks and the listed ids that are not live.
+    #[test]
+    fn legacy_index_report_counts_what_the_old_index_lost() {
+        let (_, winners) = resolve_dump(DUMP).unwrap();
+        let r = legacy_index_report(&winners, "agent-index").unwrap();
+        let expected: Value = serde_json::from_str(EXPECTED).unwrap();
+        let live = expected["live"].as_object().unwrap();
+        let doc = winners.iter().find(|w| w.id == "agent-index").unwrap();
+        let listed = doc.body["records"].as_object().unwrap();
+        let lost = live
+            .keys()
+            .filter(|k| *k != "agent-index" && !listed.contains_key(*k))
+            .count();
+        let stale = listed.keys().filter(|k| !live.contains_key(*k)).count();
+        assert_eq!(
+            (r.listed as usize, r.lost as usize, r.stale as usize),
+            (listed.len(), lost, stale)
+        );
+        assert!(
+            r.lost > 0,
+            "the shared dump's legacy index did lose records"
+        );
+        assert_eq!(legacy_index_report(&winners, "no-such-doc"), None);
     }
 
     #[test]

@@ -1,0 +1,435 @@
+//! Derived index rules: definitions, fingerprints, entry keys and the key
+//! ranges of `listBy` queries, all on IndexedDB's key ordering.
+//!
+//! An entry's IndexedDB key is the array `[tag, v1, …, vn, id]` where `tag` is
+//! `"<name>@<fingerprint>"` and `v1…vn` are the record's values at the
+//! definition's key paths. Entries of all indexes share one object store; the
+//! tag keeps them apart and changes whenever the definition changes, so a new
+//! definition never reads entries built for an old one. Ordering follows
+//! <https://w3c.github.io/IndexedDB/#compare-two-keys>: numbers < strings <
+//! arrays; strings by UTF-16 code units; arrays element by element, a proper
+//! prefix first.
+
+use crate::keys::prefix_successor;
+use md5::{Digest, Md5};
+use serde::{Deserialize, Serialize};
+use std::cmp::Ordering;
+
+/// Most indexes one store may declare.
+pub const MAX_INDEXES: usize = 16;
+/// Most key paths in one index.
+pub const MAX_INDEX_KEYS: usize = 8;
+
+/// A derived index declared at open: `{name, keys: ["recordType", "updatedAt"]}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndexDef {
+    /// 1..=64 characters of `[A-Za-z0-9_-]`.
+    pub name: String,
+    /// Top-level field names or dotted paths (`"meta.owner"`), 1..=8 of them.
+    pub keys: Vec<String>,
+}
+
+impl IndexDef {
+    /// The tag `"<name>@<16 hex>"`: md5 of the canonical definition. Same
+    /// definition → same tag, in every tab and every session.
+    pub fn tag(&self) -> String {
+        let canonical = serde_json::to_string(&(&self.name, &self.keys)).unwrap_or_default();
+        let digest = Md5::digest(canonical.as_bytes());
+        let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        format!("{}@{hex}", self.name)
+    }
+}
+
+/// Checks a set of definitions.
+///
+/// # Errors
+/// A message for an empty/oversized/duplicate name, a bad character, or an
+/// empty/oversized key list or empty path segment.
+pub fn check_defs(defs: &[IndexDef]) -> Result<(), String> {
+    if defs.len() > MAX_INDEXES {
+        return Err(format!("at most {MAX_INDEXES} indexes"));
+    }
+    for (i, d) in defs.iter().enumerate() {
+        let name_ok = !d.name.is_empty()
+            && d.name.len() <= 64
+            && d.name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !name_ok {
+            return Err(format!(
+                "index name {:?} must be 1..=64 characters of A-Z a-z 0-9 _ -",
+                d.name
+            ));
+        }
+        if defs[..i].iter().any(|o| o.name == d.name) {
+            return Err(format!("index {:?} is declared twice", d.name));
+        }
+        if d.keys.is_empty() || d.keys.len() > MAX_INDEX_KEYS {
+            return Err(format!(
+                "index {:?} needs 1..={MAX_INDEX_KEYS} keys",
+                d.name
+            ));
+        }
+        if d.keys.iter().any(|k| k.split('.').any(str::is_empty)) {
+            return Err(format!("index {:?} has an empty key path segment", d.name));
+        }
+    }
+    Ok(())
+}
+
+/// One component of an IndexedDB key, as far as indexes use them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KeyPart {
+    /// A finite number.
+    Num(f64),
+    /// A string as UTF-16 code units.
+    Str(Vec<u16>),
+    /// The empty array `[]`: sorts above every number and string, used as
+    /// the "after everything with this prefix" sentinel in ranges.
+    Max,
+}
+
+impl KeyPart {
+    fn rank(&self) -> u8 {
+        match self {
+            KeyPart::Num(_) => 0,
+            KeyPart::Str(_) => 1,
+            KeyPart::Max => 2,
+        }
+    }
+}
+
+/// Compares two key parts as IndexedDB does.
+pub fn cmp_part(a: &KeyPart, b: &KeyPart) -> Ordering {
+    match (a, b) {
+        (KeyPart::Num(x), KeyPart::Num(y)) => x.partial_cmp(y).unwrap_or(Ordering::Equal),
+        (KeyPart::Str(x), KeyPart::Str(y)) => x.cmp(y),
+        _ => a.rank().cmp(&b.rank()),
+    }
+}
+
+/// Compares two array keys as IndexedDB does (element-wise, shorter first).
+pub fn cmp_key(a: &[KeyPart], b: &[KeyPart]) -> Ordering {
+    for (x, y) in a.iter().zip(b) {
+        match cmp_part(x, y) {
+            Ordering::Equal => continue,
+            o => return o,
+        }
+    }
+    a.len().cmp(&b.len())
+}
+
+/// A `listBy` condition on the index's leading components.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Condition {
+    /// The whole index.
+    All,
+    /// Leading components equal these values exactly (not as prefixes).
+    Eq(Vec<KeyPart>),
+    /// The first component is a string starting with these code units.
+    Prefix(Vec<u16>),
+    /// The first component lies in this range (`None` = unbounded).
+    Range {
+        /// Lower value of the first component.
+        lower: Option<KeyPart>,
+        /// Upper value of the first component.
+        upper: Option<KeyPart>,
+        /// Exclude entries whose first component equals `lower`.
+        lower_open: bool,
+        /// Exclude entries whose first component equals `upper`.
+        upper_open: bool,
+    },
+}
+
+/// A key range over entry keys `[tag, …]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EntryRange {
+    /// Lower key (always present: at least `[tag]`).
+    pub lower: Vec<KeyPart>,
+    /// Whether `lower` itself is excluded.
+    pub lower_open: bool,
+    /// Upper key (always present: at most `[tag, []]`).
+    pub upper: Vec<KeyPart>,
+    /// Whether `upper` itself is excluded.
+    pub upper_open: bool,
+}
+
+/// The entry key range of a condition on index `tag`, continuing after the
+/// entry key `after` (a previous page's last key) in the listing direction.
+/// `None` when the range is empty.
+pub fn entry_range(
+    tag: &str,
+    cond: &Condition,
+    after: Option<&[KeyPart]>,
+    descending: bool,
+) -> Option<EntryRange> {
+    let t = KeyPart::Str(tag.encode_utf16().collect());
+    let with = |parts: &[KeyPart]| -> Vec<KeyPart> {
+        let mut v = vec![t.clone()];
+        v.extend_from_slice(parts);
+        v
+    };
+    let mut r = match cond {
+        Condition::All => EntryRange {
+            lower: with(&[]),
+            lower_open: false,
+            upper: with(&[KeyPart::Max]),
+            upper_open: true,
+        },
+        Condition::Eq(vals) => {
+            let mut hi = vals.clone();
+            hi.push(KeyPart::Max);
+            EntryRange {
+                lower: with(vals),
+                lower_open: false,
+                upper: with(&hi),
+                upper_open: true,
+            }
+        }
+        Condition::Prefix(p) => {
+            let upper = match prefix_successor(p) {
+                Some(s) => with(&[KeyPart::Str(s)]),
+                None => with(&[KeyPart::Max]),
+            };
+            EntryRange {
+                lower: with(&[KeyPart::Str(p.clone())]),
+                lower_open: false,
+                upper,
+                upper_open: true,
+            }
+        }
+        Condition::Range {
+            lower,
+            upper,
+            lower_open,
+            upper_open,
+        } => {
+            let (lo, lo_open) = match lower {
+                None => (with(&[]), false),
+                Some(v) if *lower_open => (with(&[v.clone(), KeyPart::Max]), true),
+                Some(v) => (with(std::slice::from_ref(v)), false),
+            };
+            let (hi, hi_open) = match upper {
+                None => (with(&[KeyPart::Max]), true),
+                Some(v) if *upper_open => (with(std::slice::from_ref(v)), true),
+                Some(v) => (with(&[v.clone(), KeyPart::Max]), true),
+            };
+            EntryRange {
+                lower: lo,
+                lower_open: lo_open,
+                upper: hi,
+                upper_open: hi_open,
+            }
+        }
+    };
+    if let Some(a) = after {
+        if descending {
+            if cmp_key(a, &r.upper) != Ordering::Greater {
+                r.upper = a.to_vec();
+                r.upper_open = true;
+            }
+        } else if cmp_key(a, &r.lower) != Ordering::Less {
+            r.lower = a.to_vec();
+            r.lower_open = true;
+        }
+    }
+    match cmp_key(&r.lower, &r.upper) {
+        Ordering::Greater => None,
+        Ordering::Equal if r.lower_open || r.upper_open => None,
+        _ => Some(r),
+    }
+}
+
+/// Encodes an entry key as an opaque cursor: `"i1."` then per part
+/// `n<16 hex f64 bits>` or `s<4 hex per unit>` separated by `.`.
+pub fn encode_key_cursor(key: &[KeyPart]) -> String {
+    let mut out = String::from("i1");
+    for p in key {
+        out.push('.');
+        match p {
+            KeyPart::Num(n) => out.push_str(&format!("n{:016x}", n.to_bits())),
+            KeyPart::Str(u) => {
+                out.push('s');
+                for unit in u {
+                    out.push_str(&format!("{unit:04x}"));
+                }
+            }
+            KeyPart::Max => out.push('m'),
+        }
+    }
+    out
+}
+
+/// Decodes [`encode_key_cursor`].
+///
+/// # Errors
+/// A message when the cursor was not made by `encode_key_cursor`.
+pub fn decode_key_cursor(s: &str) -> Result<Vec<KeyPart>, String> {
+    let bad = || "invalid index cursor: not made by listBy".to_string();
+    let mut parts = s.split('.');
+    if parts.next() != Some("i1") {
+        return Err(bad());
+    }
+    parts
+        .map(|p| {
+            let (kind, body) = p.split_at(p.len().min(1));
+            match kind {
+                "n" if body.len() == 16 => u64::from_str_radix(body, 16)
+                    .map(|b| KeyPart::Num(f64::from_bits(b)))
+                    .map_err(|_| bad()),
+                "s" if body.len() % 4 == 0 && body.is_ascii() => body
+                    .as_bytes()
+                    .chunks(4)
+                    .map(|c| {
+                        std::str::from_utf8(c)
+                            .ok()
+                            .and_then(|h| u16::from_str_radix(h, 16).ok())
+                            .ok_or_else(bad)
+                    })
+                    .collect::<Result<Vec<u16>, String>>()
+                    .map(KeyPart::Str),
+                "m" if body.is_empty() => Ok(KeyPart::Max),
+                _ => Err(bad()),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(x: &str) -> KeyPart {
+        KeyPart::Str(x.encode_utf16().collect())
+    }
+
+    fn inside(r: &EntryRange, k: &[KeyPart]) -> bool {
+        let lo = cmp_key(k, &r.lower);
+        let hi = cmp_key(k, &r.upper);
+        (lo == Ordering::Greater || (lo == Ordering::Equal && !r.lower_open))
+            && (hi == Ordering::Less || (hi == Ordering::Equal && !r.upper_open))
+    }
+
+    fn key(tag: &str, parts: &[KeyPart]) -> Vec<KeyPart> {
+        let mut v = vec![s(tag)];
+        v.extend_from_slice(parts);
+        v
+    }
+
+    #[test]
+    fn tag_is_stable_and_changes_with_the_definition() {
+        let a = IndexDef {
+            name: "byType".into(),
+            keys: vec!["recordType".into(), "updatedAt".into()],
+        };
+        let mut b = a.clone();
+        assert_eq!(a.tag(), b.tag());
+        assert!(a.tag().starts_with("byType@"));
+        b.keys.reverse();
+        assert_ne!(a.tag(), b.tag());
+    }
+
+    #[test]
+    fn definitions_are_checked() {
+        let ok = IndexDef {
+            name: "by-type_1".into(),
+            keys: vec!["a.b".into()],
+        };
+        assert!(check_defs(std::slice::from_ref(&ok)).is_ok());
+        assert!(check_defs(&[ok.clone(), ok.clone()]).is_err());
+        assert!(check_defs(&[IndexDef {
+            name: "".into(),
+            keys: vec!["a".into()]
+        }])
+        .is_err());
+        assert!(check_defs(&[IndexDef {
+            name: "a b".into(),
+            keys: vec!["a".into()]
+        }])
+        .is_err());
+        assert!(check_defs(&[IndexDef {
+            name: "x".into(),
+            keys: vec![]
+        }])
+        .is_err());
+        assert!(check_defs(&[IndexDef {
+            name: "x".into(),
+            keys: vec!["a..b".into()]
+        }])
+        .is_err());
+    }
+
+    #[test]
+    fn equality_does_not_match_longer_values_that_start_with_it() {
+        let r = entry_range("t", &Condition::Eq(vec![s("run")]), None, false).unwrap();
+        assert!(inside(&r, &key("t", &[s("run"), s("2026-01-01"), s("id")])));
+        assert!(!inside(
+            &r,
+            &key("t", &[s("runs"), s("2026-01-01"), s("id")])
+        ));
+        assert!(!inside(&r, &key("t", &[s("ru"), s("z"), s("id")])));
+        assert!(
+            !inside(&r, &key("u", &[s("run"), s("z"), s("id")])),
+            "other index"
+        );
+        assert!(!inside(&r, &key("t@", &[s("run")])));
+    }
+
+    #[test]
+    fn prefix_and_range_conditions() {
+        let r = entry_range(
+            "t",
+            &Condition::Prefix("ag".encode_utf16().collect()),
+            None,
+            false,
+        )
+        .unwrap();
+        assert!(inside(&r, &key("t", &[s("agent"), s("id")])));
+        assert!(!inside(&r, &key("t", &[s("ah"), s("id")])));
+        let r = entry_range(
+            "t",
+            &Condition::Range {
+                lower: Some(KeyPart::Num(2.0)),
+                upper: Some(KeyPart::Num(5.0)),
+                lower_open: true,
+                upper_open: false,
+            },
+            None,
+            false,
+        )
+        .unwrap();
+        assert!(!inside(&r, &key("t", &[KeyPart::Num(2.0), s("id")])));
+        assert!(inside(&r, &key("t", &[KeyPart::Num(3.0), s("id")])));
+        assert!(inside(&r, &key("t", &[KeyPart::Num(5.0), s("id")])));
+        assert!(!inside(&r, &key("t", &[KeyPart::Num(5.5), s("id")])));
+        assert!(
+            !inside(&r, &key("t", &[s("5"), s("id")])),
+            "strings sort after numbers"
+        );
+    }
+
+    #[test]
+    fn cursor_continues_strictly_after_the_last_entry_and_round_trips() {
+        let last = key(
+            "t",
+            &[s("run"), s("2026"), KeyPart::Str(vec![0x61, 0xD800])],
+        );
+        let c = encode_key_cursor(&last);
+        assert_eq!(decode_key_cursor(&c).unwrap(), last);
+        let r = entry_range("t", &Condition::Eq(vec![s("run")]), Some(&last), false).unwrap();
+        assert!(!inside(&r, &last));
+        let r = entry_range("t", &Condition::Eq(vec![s("run")]), Some(&last), true).unwrap();
+        assert!(!inside(&r, &last) && inside(&r, &key("t", &[s("run"), s("2025"), s("a")])));
+        let n = vec![KeyPart::Num(-0.5), KeyPart::Max];
+        assert_eq!(decode_key_cursor(&encode_key_cursor(&n)).unwrap(), n);
+        for bad in ["", "c1.00", "i1.x", "i1.n12", "i1.s123"] {
+            assert!(decode_key_cursor(bad).is_err(), "{bad}");
+        }
+        // a cursor past the condition's range gives an empty page
+        let past = key("t", &[s("zzz"), s("a")]);
+        assert_eq!(
+            entry_range("t", &Condition::Eq(vec![s("run")]), Some(&past), false),
+            None
+        );
+    }
+}

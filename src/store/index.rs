@@ -1,0 +1,691 @@
+//! Derived indexes: entries kept in the DERIVED object store, written in the
+//! same readwrite transaction as the record they derive from; `listBy`,
+//! `verifyIndexes` and a resumable, deterministic `rebuildIndexes`.
+//!
+//! Which indexes exist is shared state in META (`"indexes"`): their
+//! definitions by tag, which tags are active (complete, used by `listBy`) and
+//! an in-progress rebuild with its checkpoint. Every write transaction reads
+//! that state and maintains every active or building tag, so a tab that
+//! declares other indexes still keeps this tab's indexes in step.
+
+use super::db::{Tx, DERIVED, META, RECORDS};
+use super::Store;
+use crate::error::{set, Result, StoreError};
+use crate::value;
+use agentstore_protocol::index::{
+    decode_key_cursor, encode_key_cursor, entry_range, Condition, EntryRange, IndexDef, KeyPart,
+};
+use agentstore_protocol::record::check_limit;
+use idb::{CursorDirection, KeyRange, Query, TransactionMode};
+use js_sys::{Array, Function, JsString, Object, Reflect};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::future::IntoFuture;
+use wasm_bindgen::{JsCast, JsValue};
+
+/// META key of the shared index state.
+const STATE_KEY: &str = "indexes";
+
+/// Shared index state, stored as JSON text in META.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct IndexState {
+    /// Every known definition by tag.
+    pub defs: BTreeMap<String, IndexDef>,
+    /// Tags whose entries are complete and kept in step.
+    pub active: Vec<String>,
+    /// A rebuild in progress.
+    pub rebuild: Option<Rebuild>,
+}
+
+/// A rebuild's checkpoint: the tags being built and the last record id done.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rebuild {
+    /// Tags being filled.
+    pub tags: Vec<String>,
+    /// Records with ids up to this cursor (a `list` cursor) are done.
+    pub after: Option<String>,
+    /// Records processed so far.
+    pub done: u32,
+}
+
+impl IndexState {
+    /// Tags every write must keep in step: active plus building.
+    pub fn maintained(&self) -> impl Iterator<Item = (&String, &IndexDef)> {
+        let building = self.rebuild.iter().flat_map(|r| r.tags.iter());
+        self.active
+            .iter()
+            .chain(building)
+            .filter_map(|t| self.defs.get_key_value(t))
+    }
+}
+
+/// Reads the shared state inside `tx` (which must include META).
+pub(crate) async fn read_state(tx: &Tx) -> Result<IndexState> {
+    let v = tx.store(META)?.get(JsValue::from_str(STATE_KEY))?.await?;
+    match v.and_then(|v| v.as_string()) {
+        None => Ok(IndexState::default()),
+        Some(text) => serde_json::from_str(&text)
+            .map_err(|e| StoreError::Transaction(format!("index state is corrupt: {e}"))),
+    }
+}
+
+fn write_state(tx: &Tx, state: &IndexState) -> Result<()> {
+    let text = serde_json::to_string(state).map_err(|e| StoreError::Transaction(e.to_string()))?;
+    tx.store(META)?.put(
+        &JsValue::from_str(&text),
+        Some(&JsValue::from_str(STATE_KEY)),
+    )?;
+    Ok(())
+}
+
+/// The value at a dotted key path, if it is a valid index component
+/// (a string or a finite number); otherwise the record has no entry.
+fn component(record: &JsValue, path: &str) -> Option<JsValue> {
+    let mut v = record.clone();
+    for seg in path.split('.') {
+        if !v.is_object() {
+            return None;
+        }
+        v = Reflect::get(&v, &JsValue::from_str(seg)).ok()?;
+    }
+    match v.as_f64() {
+        Some(n) if n.is_finite() => Some(v),
+        Some(_) => None,
+        None if v.is_string() => Some(v),
+        None => None,
+    }
+}
+
+/// The entry key `[tag, v1, …, vn, id]` of `record`, or `None` when a
+/// component is missing or not a string/finite number.
+pub(crate) fn entry_key(tag: &str, def: &IndexDef, record: &JsValue) -> Option<Array> {
+    let key = Array::new();
+    key.push(&JsValue::from_str(tag));
+    for path in &def.keys {
+        key.push(&component(record, path)?);
+    }
+    key.push(&Reflect::get(record, &"_id".into()).ok()?);
+    Some(key)
+}
+
+/// Issues the entry writes for one record changing from `old` to `new`
+/// (either may be absent) — inside the caller's transaction, no await.
+pub(crate) fn maintain(
+    tx: &Tx,
+    state: &IndexState,
+    old: Option<&JsValue>,
+    new: Option<&JsValue>,
+) -> Result<()> {
+    let mut maintained = state.maintained().peekable();
+    if maintained.peek().is_none() {
+        return Ok(());
+    }
+    let derived = tx.store(DERIVED)?;
+    for (tag, def) in maintained {
+        let old_key = old.and_then(|o| entry_key(tag, def, o));
+        let new_key = new.and_then(|n| entry_key(tag, def, n));
+        if let (Some(o), Some(n)) = (&old_key, &new_key) {
+            if idb_cmp(o, n)? == 0 {
+                continue;
+            }
+        }
+        if let Some(o) = old_key {
+            derived.delete(JsValue::from(o))?;
+        }
+        if let Some(n) = new_key {
+            derived.put(&n, Some(&n))?;
+        }
+    }
+    Ok(())
+}
+
+fn factory() -> Result<web_sys::IdbFactory> {
+    Reflect::get(&js_sys::global(), &"indexedDB".into())
+        .ok()
+        .and_then(|f| f.dyn_into().ok())
+        .ok_or_else(|| StoreError::Transaction("IndexedDB is not available".into()))
+}
+
+/// `indexedDB.cmp(a, b)`: IndexedDB's own key order.
+fn idb_cmp(a: &JsValue, b: &JsValue) -> Result<i16> {
+    factory()?.cmp(a, b).map_err(|e| StoreError::from_dom(&e))
+}
+
+fn part_to_js(p: &KeyPart) -> JsValue {
+    match p {
+        KeyPart::Num(n) => JsValue::from_f64(*n),
+        KeyPart::Str(u) => value::from_units(u).into(),
+        KeyPart::Max => Array::new().into(),
+    }
+}
+
+fn key_to_js(parts: &[KeyPart]) -> JsValue {
+    parts.iter().map(part_to_js).collect::<Array>().into()
+}
+
+fn part_from_js(v: &JsValue) -> Option<KeyPart> {
+    if let Some(n) = v.as_f64() {
+        return n.is_finite().then_some(KeyPart::Num(n));
+    }
+    if let Some(s) = v.dyn_ref::<JsString>() {
+        return Some(KeyPart::Str(value::units(s)));
+    }
+    (Array::is_array(v) && Array::from(v).length() == 0).then_some(KeyPart::Max)
+}
+
+fn key_from_js(v: &JsValue) -> Option<Vec<KeyPart>> {
+    Array::from(v).iter().map(|p| part_from_js(&p)).collect()
+}
+
+fn to_range(r: &EntryRange) -> Result<Query> {
+    Ok(Query::KeyRange(KeyRange::bound(
+        &key_to_js(&r.lower),
+        &key_to_js(&r.upper),
+        Some(r.lower_open),
+        Some(r.upper_open),
+    )?))
+}
+
+/// A parsed `listBy` query.
+pub struct ByQuery {
+    cond: Condition,
+    limit: u32,
+    after: Option<Vec<KeyPart>>,
+    descending: bool,
+}
+
+impl ByQuery {
+    /// Reads `{eq | prefix | range, limit, after, descending}`.
+    ///
+    /// # Errors
+    /// ValidationError for more than one condition, wrong types, bad limit or cursor.
+    pub fn from_js(o: &JsValue) -> Result<ByQuery> {
+        let get = |k: &str| {
+            if o.is_object() {
+                Reflect::get(o, &k.into()).unwrap_or(JsValue::UNDEFINED)
+            } else {
+                JsValue::UNDEFINED
+            }
+        };
+        let given = |v: &JsValue| !v.is_undefined() && !v.is_null();
+        let part = |v: &JsValue, what: &str| {
+            part_from_js(v)
+                .filter(|p| *p != KeyPart::Max)
+                .ok_or_else(|| {
+                    StoreError::validation(format!("{what} must be a string or a finite number"))
+                })
+        };
+        let (eq, prefix, range) = (get("eq"), get("prefix"), get("range"));
+        if [&eq, &prefix, &range].iter().filter(|v| given(v)).count() > 1 {
+            return Err(StoreError::validation(
+                "give at most one of eq, prefix, range",
+            ));
+        }
+        let cond = if given(&eq) {
+            let vals: Vec<JsValue> = if Array::is_array(&eq) {
+                Array::from(&eq).iter().collect()
+            } else {
+                vec![eq]
+            };
+            if vals.is_empty() {
+                return Err(StoreError::validation("eq must not be empty"));
+            }
+            Condition::Eq(vals.iter().map(|v| part(v, "eq")).collect::<Result<_>>()?)
+        } else if given(&prefix) {
+            let s = prefix
+                .dyn_ref::<JsString>()
+                .ok_or_else(|| StoreError::validation("prefix must be a string"))?;
+            Condition::Prefix(value::units(s))
+        } else if given(&range) {
+            let rget = |k: &str| Reflect::get(&range, &k.into()).unwrap_or(JsValue::UNDEFINED);
+            let opt = |k: &str| -> Result<Option<KeyPart>> {
+                let v = rget(k);
+                if given(&v) {
+                    part(&v, k).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
+            Condition::Range {
+                lower: opt("lower")?,
+                upper: opt("upper")?,
+                lower_open: rget("lowerOpen").as_bool().unwrap_or(false),
+                upper_open: rget("upperOpen").as_bool().unwrap_or(false),
+            }
+        } else {
+            Condition::All
+        };
+        let limit = match get("limit") {
+            v if !given(&v) => check_limit(None),
+            v => check_limit(Some(
+                v.as_f64()
+                    .ok_or_else(|| StoreError::validation("limit must be a number"))?,
+            )),
+        }
+        .map_err(StoreError::validation)?;
+        let after = match get("after") {
+            v if !given(&v) => None,
+            v => Some(
+                decode_key_cursor(
+                    &v.as_string()
+                        .ok_or_else(|| StoreError::validation("after must be a cursor string"))?,
+                )
+                .map_err(StoreError::validation)?,
+            ),
+        };
+        Ok(ByQuery {
+            cond,
+            limit,
+            after,
+            descending: get("descending").as_bool().unwrap_or(false),
+        })
+    }
+}
+
+/// What `verifyIndexes` found.
+#[derive(Default)]
+pub struct Verification {
+    /// Records examined.
+    pub checked: u32,
+    /// Ids of records that should have an entry and have none.
+    pub missing: Vec<JsValue>,
+    /// Ids named by entries whose record does not exist.
+    pub orphaned: Vec<JsValue>,
+    /// Ids whose entry's key differs from the record's (or should not exist).
+    pub stale: Vec<JsValue>,
+    /// Indexes not verified because they are being (re)built.
+    pub building: Vec<String>,
+}
+
+impl Store {
+    /// The declared definition named `name`.
+    fn def(&self, name: &str) -> Result<&IndexDef> {
+        self.indexes.iter().find(|d| d.name == name).ok_or_else(|| {
+            StoreError::validation(format!("no index named {name:?} was declared at open"))
+        })
+    }
+
+    /// One page of records in index order: `{records, next}`.
+    ///
+    /// While the index is being (re)built the page is computed from the
+    /// records themselves, so answers stay correct during a rebuild.
+    ///
+    /// # Errors
+    /// ValidationError for an undeclared index or bad query.
+    pub async fn list_by(&self, name: &str, q: &ByQuery) -> Result<super::Page> {
+        let def = self.def(name)?.clone();
+        let tag = def.tag();
+        let Some(range) = entry_range(&tag, &q.cond, q.after.as_deref(), q.descending) else {
+            return Ok(super::Page {
+                records: Array::new(),
+                next: None,
+            });
+        };
+        let tx = self
+            .db
+            .tx(&[META, DERIVED, RECORDS], TransactionMode::ReadOnly)?;
+        let state = read_state(&tx).await?;
+        let fetch = q.limit + 1;
+        let keys: Vec<JsValue> = if state.active.contains(&tag) {
+            let derived = tx.store(DERIVED)?;
+            if q.descending {
+                let mut out = Vec::new();
+                if let Some(c) = derived
+                    .open_cursor(Some(to_range(&range)?), Some(CursorDirection::Prev))?
+                    .await?
+                {
+                    let mut c = c.into_managed();
+                    while (out.len() as u32) < fetch {
+                        match c.value()? {
+                            Some(v) => out.push(v),
+                            None => break,
+                        }
+                        if (out.len() as u32) < fetch {
+                            c.next(None).await?;
+                        }
+                    }
+                }
+                out
+            } else {
+                derived
+                    .get_all(Some(to_range(&range)?), Some(fetch))?
+                    .await?
+            }
+        } else {
+            scan_entries(&tx, &tag, &def, &range, q.descending, fetch).await?
+        };
+        let records_store = tx.store(RECORDS)?;
+        let page_keys: Vec<&JsValue> = keys.iter().take(q.limit as usize).collect();
+        let gets: Vec<_> = page_keys
+            .iter()
+            .map(|k| Ok(records_store.get(Array::from(k).at(-1))?.into_future()))
+            .collect::<Result<_>>()?;
+        let got = futures::future::join_all(gets).await;
+        tx.commit().await?;
+        let records = Array::new();
+        for r in got {
+            if let Some(r) = r? {
+                records.push(&r);
+            }
+        }
+        let next = if keys.len() as u32 > q.limit {
+            page_keys
+                .last()
+                .and_then(|k| key_from_js(k))
+                .map(|k| encode_key_cursor(&k))
+        } else {
+            None
+        };
+        Ok(super::Page { records, next })
+    }
+
+    /// Compares every active index with what the records say it should hold.
+    ///
+    /// # Errors
+    /// TransactionError / ClosedError.
+    pub async fn verify_indexes(&self) -> Result<Verification> {
+        let tx = self
+            .db
+            .tx(&[META, DERIVED, RECORDS], TransactionMode::ReadOnly)?;
+        let state = read_state(&tx).await?;
+        let records = tx.store(RECORDS)?.get_all(None, None)?.await?;
+        let mut v = Verification {
+            checked: records.len() as u32,
+            ..Default::default()
+        };
+        for def in &self.indexes {
+            let tag = def.tag();
+            if !state.active.contains(&tag) {
+                v.building.push(def.name.clone());
+                continue;
+            }
+            let all = entry_range(&tag, &Condition::All, None, false)
+                .ok_or_else(|| StoreError::Transaction("empty index range".into()))?;
+            let actual = tx
+                .store(DERIVED)?
+                .get_all_keys(Some(to_range(&all)?), None)?
+                .await?;
+            // id (as JSON text, exact for lone surrogates) -> expected key JSON
+            let mut expected: HashMap<String, (String, JsValue)> = HashMap::new();
+            let mut live: HashMap<String, ()> = HashMap::new();
+            for r in &records {
+                let id = Reflect::get(r, &"_id".into()).unwrap_or_default();
+                let id_json = json_text(&id);
+                live.insert(id_json.clone(), ());
+                if let Some(k) = entry_key(&tag, def, r) {
+                    expected.insert(id_json, (json_text(&k), id));
+                }
+            }
+            let mut seen: HashMap<String, ()> = HashMap::new();
+            for k in &actual {
+                let id = Array::from(k).at(-1);
+                let id_json = json_text(&id);
+                if !live.contains_key(&id_json) {
+                    v.orphaned.push(id);
+                } else if expected
+                    .get(&id_json)
+                    .is_none_or(|(want, _)| *want != json_text(k))
+                {
+                    v.stale.push(id);
+                } else {
+                    seen.insert(id_json, ());
+                }
+            }
+            for (id_json, (_, id)) in &expected {
+                if !seen.contains_key(id_json) && !v.stale.iter().any(|s| json_text(s) == *id_json)
+                {
+                    v.missing.push(id.clone());
+                }
+            }
+        }
+        tx.commit().await?;
+        Ok(v)
+    }
+
+    /// Rebuilds every declared index from the records, in batches of
+    /// `batch_size` records per transaction, resuming from the stored
+    /// checkpoint when a rebuild of the same definitions was interrupted.
+    /// `on_progress(done, total)` is called after each batch. Entries are a
+    /// pure function of the records, so the result is identical every time.
+    ///
+    /// # Errors
+    /// AbortError when `signal` aborts (the checkpoint stays, so a later call
+    /// resumes); TransactionError / QuotaExceededError.
+    pub async fn rebuild_indexes(
+        &self,
+        batch_size: u32,
+        restart: bool,
+        on_progress: Option<&Function>,
+        signal: Option<&web_sys::AbortSignal>,
+    ) -> Result<u32> {
+        let tags: Vec<String> = self.indexes.iter().map(IndexDef::tag).collect();
+        // Start (or adopt) a rebuild of exactly our tags.
+        let tx = self.db.tx(&[META, DERIVED], TransactionMode::ReadWrite)?;
+        let mut state = read_state(&tx).await?;
+        let resumable = state.rebuild.as_ref().is_some_and(|r| r.tags == tags) && !restart;
+        if !resumable {
+            let names: Vec<&str> = self.indexes.iter().map(|d| d.name.as_str()).collect();
+            let stale: Vec<String> = state
+                .defs
+                .iter()
+                .filter(|(_, d)| names.contains(&d.name.as_str()))
+                .map(|(t, _)| t.clone())
+                .collect();
+            let derived = tx.store(DERIVED)?;
+            for t in stale.iter().chain(&tags) {
+                if let Some(all) = entry_range(t, &Condition::All, None, false) {
+                    derived.delete(to_range(&all)?)?;
+                }
+                state.defs.remove(t);
+            }
+            state
+                .active
+                .retain(|t| !stale.contains(t) && !tags.contains(t));
+            for d in &self.indexes {
+                state.defs.insert(d.tag(), d.clone());
+            }
+            state.rebuild = Some(Rebuild {
+                tags: tags.clone(),
+                after: None,
+                done: 0,
+            });
+            write_state(&tx, &state)?;
+        }
+        tx.commit().await?;
+        let batch = batch_size.clamp(1, 10_000);
+        loop {
+            super::io::check_abort(signal)?;
+            let tx = self
+                .db
+                .tx(&[META, DERIVED, RECORDS], TransactionMode::ReadWrite)?;
+            let (state, total) = futures::join!(read_state(&tx), async {
+                tx.store(RECORDS)?
+                    .count(None)?
+                    .await
+                    .map_err(StoreError::from)
+            });
+            let (mut state, total) = (state?, total?);
+            let Some(rb) = state.rebuild.clone().filter(|r| r.tags == tags) else {
+                // Another tab finished (or restarted) it.
+                tx.commit().await?;
+                return Ok(total);
+            };
+            let q = super::ListQuery {
+                limit: batch,
+                after: rb
+                    .after
+                    .as_deref()
+                    .map(agentstore_protocol::keys::decode_cursor)
+                    .transpose()
+                    .map_err(StoreError::Transaction)?,
+                ..Default::default()
+            };
+            let range = agentstore_protocol::keys::page_range(&[], q.after.as_deref(), false);
+            let query = match range.as_ref().and_then(|r| r.lower.as_ref()) {
+                Some(b) => Some(Query::KeyRange(KeyRange::lower_bound(
+                    &value::from_units(&b.key).into(),
+                    Some(b.open),
+                )?)),
+                None => None,
+            };
+            let rows = tx.store(RECORDS)?.get_all(query, Some(batch))?.await?;
+            let derived = tx.store(DERIVED)?;
+            for r in &rows {
+                for t in &tags {
+                    if let Some(k) = state.defs.get(t).and_then(|d| entry_key(t, d, r)) {
+                        derived.put(&k, Some(&k))?;
+                    }
+                }
+            }
+            let finished = (rows.len() as u32) < batch;
+            let mut rb = rb;
+            rb.done += rows.len() as u32;
+            if let Some(last) = rows.last() {
+                let id: JsString = Reflect::get(last, &"_id".into()).unwrap_or_default().into();
+                rb.after = Some(agentstore_protocol::keys::encode_cursor(&value::units(&id)));
+            }
+            let done = rb.done;
+            if finished {
+                state.rebuild = None;
+                for t in &tags {
+                    if !state.active.contains(t) {
+                        state.active.push(t.clone());
+                    }
+                }
+            } else {
+                state.rebuild = Some(rb);
+            }
+            write_state(&tx, &state)?;
+            tx.commit().await?;
+            if let Some(cb) = on_progress {
+                let _ = cb.call2(
+                    &JsValue::NULL,
+                    &JsValue::from(done),
+                    &JsValue::from(total.max(done)),
+                );
+            }
+            if finished {
+                return Ok(done);
+            }
+            // Yield to the event loop so the page stays responsive.
+            gloo_timers::future::TimeoutFuture::new(0).await;
+        }
+    }
+
+    /// Whether every declared index is active (complete).
+    ///
+    /// # Errors
+    /// TransactionError / ClosedError.
+    pub async fn indexes_ready(&self) -> Result<bool> {
+        let tx = self.db.tx(&[META], TransactionMode::ReadOnly)?;
+        let state = read_state(&tx).await?;
+        tx.commit().await?;
+        Ok(self.indexes.iter().all(|d| state.active.contains(&d.tag())))
+    }
+
+    /// All entries of the DERIVED store as `[key, value]` JSON text, for tests
+    /// that compare rebuilds byte for byte.
+    ///
+    /// # Errors
+    /// TransactionError.
+    #[doc(hidden)]
+    pub async fn dump_entries(&self) -> Result<String> {
+        let tx = self.db.tx(&[DERIVED], TransactionMode::ReadOnly)?;
+        let keys = tx.store(DERIVED)?.get_all_keys(None, None)?.into_future();
+        let vals = tx.store(DERIVED)?.get_all(None, None)?.into_future();
+        let (keys, vals) = futures::join!(keys, vals);
+        let (keys, vals) = (keys?, vals?);
+        tx.commit().await?;
+        let pairs: Array = keys
+            .iter()
+            .zip(&vals)
+            .map(|(k, v)| JsValue::from(Array::of2(k, v)))
+            .collect();
+        Ok(json_text(&pairs.into()))
+    }
+
+    /// Raw access to the DERIVED store for fault-injection tests.
+    ///
+    /// # Errors
+    /// TransactionError.
+    #[doc(hidden)]
+    pub async fn raw_derived(&self, put: &[(JsValue, JsValue)], delete: &[JsValue]) -> Result<()> {
+        let tx = self.db.tx(&[DERIVED], TransactionMode::ReadWrite)?;
+        let d = tx.store(DERIVED)?;
+        for (k, v) in put {
+            d.put(v, Some(k))?;
+        }
+        for k in delete {
+            d.delete(k.clone())?;
+        }
+        tx.commit().await
+    }
+}
+
+/// Builds the `{checked, missing, orphaned, stale, building}` JS object.
+pub fn verification_js(v: &Verification) -> JsValue {
+    let o = Object::new();
+    set(&o, "checked", &v.checked.into());
+    let arr = |xs: &[JsValue]| -> JsValue { xs.iter().collect::<Array>().into() };
+    set(&o, "missing", &arr(&v.missing));
+    set(&o, "orphaned", &arr(&v.orphaned));
+    set(&o, "stale", &arr(&v.stale));
+    set(
+        &o,
+        "building",
+        &v.building
+            .iter()
+            .map(|s| JsValue::from_str(s))
+            .collect::<Array>(),
+    );
+    o.into()
+}
+
+fn json_text(v: &JsValue) -> String {
+    js_sys::JSON::stringify(v)
+        .map(String::from)
+        .unwrap_or_default()
+}
+
+/// The page computed from the records (used while an index is not active):
+/// every record's entry key, filtered by the range, sorted by `indexedDB.cmp`.
+async fn scan_entries(
+    tx: &Tx,
+    tag: &str,
+    def: &IndexDef,
+    range: &EntryRange,
+    descending: bool,
+    fetch: u32,
+) -> Result<Vec<JsValue>> {
+    let rows = tx.store(RECORDS)?.get_all(None, None)?.await?;
+    let bounds = web_sys::IdbKeyRange::bound_with_lower_open_and_upper_open(
+        &key_to_js(&range.lower),
+        &key_to_js(&range.upper),
+        range.lower_open,
+        range.upper_open,
+    )
+    .map_err(|e| StoreError::from_dom(&e))?;
+    let keys = Array::new();
+    for r in &rows {
+        if let Some(k) = entry_key(tag, def, r) {
+            if bounds.includes(&k).unwrap_or(false) {
+                keys.push(&k);
+            }
+        }
+    }
+    let f = factory()?;
+    let mut cmp_err = false;
+    let mut cmp = |a: JsValue, b: JsValue| -> i32 {
+        let c = f.cmp(&a, &b).map(i32::from).unwrap_or_else(|_| {
+            cmp_err = true;
+            0
+        });
+        if descending {
+            -c
+        } else {
+            c
+        }
+    };
+    keys.sort_by(&mut cmp);
+    Ok(keys.iter().take(fetch as usize).collect())
+}

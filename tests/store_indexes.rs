@@ -1,0 +1,416 @@
+//! Derived indexes: written in the record's own transaction, never orphaned
+//! by concurrent writers, verified and rebuilt deterministically.
+use agentstore::store::{ByQuery, Store};
+use agentstore_protocol::index::IndexDef;
+use agentstore_protocol::ErrorCode;
+use serde_json::{json, Value};
+use wasm_bindgen::JsValue;
+use wasm_bindgen_test::*;
+
+mod common;
+use common::*;
+
+wasm_bindgen_test_configure!(run_in_browser);
+
+/// Every id listed by `byType` for query `q`, following `next` cursors.
+async fn by_all(store: &Store, q: Value) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut qv = q.clone();
+        if let Some(a) = &after {
+            qv["after"] = json!(a);
+        }
+        let page = store
+            .list_by("byType", &ByQuery::from_js(&js(qv)).unwrap())
+            .await
+            .unwrap();
+        out.extend(page.records.iter().map(|r| field_str(&r, "_id").unwrap()));
+        match page.next {
+            None => return out,
+            Some(n) => after = Some(n),
+        }
+    }
+}
+
+fn at(n: u32) -> String {
+    format!(
+        "2026-03-01T08:{:02}:{:02}.{:03}Z",
+        n / 3600 % 60,
+        n / 60 % 60,
+        n % 1000
+    )
+}
+
+#[wasm_bindgen_test]
+async fn list_by_type_returns_one_type_newest_first_and_eq_is_exact() {
+    let (store, _) = open("idx-basic").await;
+    let mut recs = Vec::new();
+    for i in 0..40u32 {
+        let t = ["run", "runs", "agent", "ru"][i as usize % 4];
+        recs.push(json!({"_id": format!("r{i:02}"), "recordType": t, "updatedAt": at(i * 7)}));
+    }
+    store.put_many(&js(Value::Array(recs))).await.unwrap();
+    let got = by_all(&store, json!({"eq": "run", "descending": true, "limit": 3})).await;
+    let want: Vec<String> = (0..40)
+        .rev()
+        .filter(|i| i % 4 == 0)
+        .map(|i| format!("r{i:02}"))
+        .collect();
+    assert_eq!(
+        got, want,
+        "only 'run', newest updatedAt first, across pages"
+    );
+    assert_eq!(
+        by_all(&store, json!({"prefix": "ru", "limit": 100}))
+            .await
+            .len(),
+        30
+    );
+    assert_eq!(
+        by_all(&store, json!({"eq": ["agent", at(2 * 7)]})).await,
+        vec!["r02"]
+    );
+    assert_indexes_clean(&store).await;
+}
+
+/// 200 rounds: two writers on two connections save different records at
+/// once; the index lists both every time.
+#[wasm_bindgen_test]
+async fn concurrent_saves_of_different_records_are_both_indexed() {
+    let (a, name) = open("idx-race").await;
+    let b = open_named(&name).await;
+    for round in 0..200u32 {
+        let (ra, rb) = (
+            js(json!({"_id": format!("a{round:03}"), "recordType": "run", "updatedAt": at(round)})),
+            js(json!({"_id": format!("b{round:03}"), "recordType": "run", "updatedAt": at(round)})),
+        );
+        let (x, y) = futures::join!(a.put(&ra), b.put(&rb));
+        x.unwrap();
+        y.unwrap();
+        let q = ByQuery::from_js(&js(json!({"eq": ["run", at(round)]}))).unwrap();
+        let page = a.list_by("byType", &q).await.unwrap();
+        let ids: Vec<String> = page
+            .records
+            .iter()
+            .map(|r| field_str(&r, "_id").unwrap())
+            .collect();
+        assert!(
+            ids.contains(&format!("a{round:03}")) && ids.contains(&format!("b{round:03}")),
+            "round {round}: {ids:?}"
+        );
+    }
+    assert_eq!(
+        by_all(&a, json!({"eq": "run", "limit": 1000})).await.len(),
+        400
+    );
+    assert_indexes_clean(&a).await;
+}
+
+#[wasm_bindgen_test]
+async fn concurrent_save_and_delete_never_drop_an_unrelated_entry() {
+    let (a, name) = open("idx-del").await;
+    let b = open_named(&name).await;
+    let keep: Vec<Value> = (0..50)
+        .map(|i| json!({"_id": format!("keep{i:02}"), "recordType": "memory"}))
+        .collect();
+    a.put_many(&js(Value::Array(keep))).await.unwrap();
+    for round in 0..100u32 {
+        let doomed = a
+            .put(&js(
+                json!({"_id": format!("d{round}"), "recordType": "memory"}),
+            ))
+            .await
+            .unwrap();
+        let rec = js(json!({"_id": format!("n{round}"), "recordType": "memory"}));
+        let id = s(&format!("d{round}"));
+        let rev = s(&doomed.rev);
+        let (x, y) = futures::join!(b.put(&rec), a.delete(&id, &rev));
+        x.unwrap();
+        y.unwrap();
+    }
+    let listed = by_all(&a, json!({"eq": "memory", "limit": 1000})).await;
+    assert_eq!(listed.iter().filter(|i| i.starts_with("keep")).count(), 50);
+    assert_eq!(listed.iter().filter(|i| i.starts_with('n')).count(), 100);
+    assert_eq!(listed.iter().filter(|i| i.starts_with('d')).count(), 0);
+    assert_indexes_clean(&a).await;
+}
+
+#[wasm_bindgen_test]
+async fn an_aborted_transaction_leaves_neither_record_nor_index_entry() {
+    let (store, _) = open("idx-abort").await;
+    store.inject_abort_next_write();
+    let e = store
+        .put(&js(json!({"_id": "x", "recordType": "run"})))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Transaction);
+    assert!(store.get(&s("x")).await.unwrap().is_none());
+    assert!(by_all(&store, json!({"eq": "run"})).await.is_empty());
+    // an update that aborts keeps the old record AND its old entry
+    let r = store
+        .put(&js(json!({"_id": "y", "recordType": "run"})))
+        .await
+        .unwrap()
+        .rev;
+    store.inject_abort_next_write();
+    assert!(store
+        .put(&js(json!({"_id": "y", "_rev": r, "recordType": "agent"})))
+        .await
+        .is_err());
+    assert_eq!(by_all(&store, json!({"eq": "run"})).await, vec!["y"]);
+    assert!(by_all(&store, json!({"eq": "agent"})).await.is_empty());
+    store.inject_abort_next_write();
+    let batch = js(json!([{"_id": "p1", "recordType": "run"}, {"_id": "p2", "recordType": "run"}]));
+    assert!(store.put_many(&batch).await.is_err());
+    assert_eq!(by_all(&store, json!({"eq": "run"})).await, vec!["y"]);
+    assert_indexes_clean(&store).await;
+}
+
+/// Corrupt the entries directly; verify names exactly what was done and the
+/// rebuild restores a byte-identical index.
+#[wasm_bindgen_test]
+async fn verify_reports_corruption_exactly_and_rebuild_restores_identical_entries() {
+    let (store, _) = open("idx-corrupt").await;
+    let recs: Vec<Value> = (0..30u32)
+        .map(|i| json!({"_id": format!("c{i:02}"), "recordType": "toolCall", "updatedAt": at(i)}))
+        .collect();
+    store.put_many(&js(Value::Array(recs))).await.unwrap();
+    let before = store.dump_entries().await.unwrap();
+    let tag = by_type().tag();
+    let key = |t: &str, up: &str, id: &str| -> JsValue { js(json!([tag, t, up, id])) };
+    // delete c03's entry, add an orphan for a record that does not exist,
+    // and change c07's key (stale).
+    let orphan = key("toolCall", &at(99), "ghost");
+    let changed = key("run", &at(7), "c07");
+    store
+        .raw_derived(
+            &[(orphan.clone(), orphan), (changed.clone(), changed)],
+            &[
+                key("toolCall", &at(3), "c03"),
+                key("toolCall", &at(7), "c07"),
+            ],
+        )
+        .await
+        .unwrap();
+    let v = store.verify_indexes().await.unwrap();
+    let ids = |xs: &Vec<JsValue>| {
+        xs.iter()
+            .map(|x| x.as_string().unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(v.checked, 30);
+    assert_eq!(ids(&v.missing), vec!["c03"]);
+    assert_eq!(ids(&v.orphaned), vec!["ghost"]);
+    assert_eq!(ids(&v.stale), vec!["c07"]);
+    assert_ne!(store.dump_entries().await.unwrap(), before);
+    let n = store.rebuild_indexes(7, true, None, None).await.unwrap();
+    assert_eq!(n, 30);
+    assert_eq!(
+        store.dump_entries().await.unwrap(),
+        before,
+        "byte-identical after rebuild"
+    );
+    assert_indexes_clean(&store).await;
+}
+
+/// A rebuild cancelled half-way keeps its checkpoint; reads stay right while
+/// it is incomplete; a resumed rebuild finishes clean.
+#[wasm_bindgen_test]
+async fn rebuild_is_cancellable_resumable_and_reads_stay_correct_meanwhile() {
+    let (store, name) = open("idx-resume").await;
+    let recs: Vec<Value> = (0..300u32).map(|i| json!({"_id": format!("k{i:03}"), "recordType": if i % 2 == 0 {"run"} else {"agent"}, "updatedAt": at(i)})).collect();
+    store.put_many(&js(Value::Array(recs))).await.unwrap();
+    let before = store.dump_entries().await.unwrap();
+    let ctl = web_sys::AbortController::new().unwrap();
+    let calls = std::rc::Rc::new(std::cell::Cell::new(0u32));
+    let (c2, sig) = (calls.clone(), ctl.clone());
+    let cb = wasm_bindgen::closure::Closure::<dyn FnMut(u32, u32)>::new(move |_d: u32, _t: u32| {
+        c2.set(c2.get() + 1);
+        if c2.get() == 3 {
+            sig.abort();
+        }
+    });
+    let e = store
+        .rebuild_indexes(
+            25,
+            true,
+            Some(wasm_bindgen::JsCast::unchecked_ref(cb.as_ref())),
+            Some(&ctl.signal()),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Aborted);
+    assert!(!store.indexes_ready().await.unwrap());
+    // Mid-rebuild: writes still maintain the entries, listings answer from records.
+    store
+        .put(&js(
+            json!({"_id": "k999", "recordType": "run", "updatedAt": at(999)}),
+        ))
+        .await
+        .unwrap();
+    let runs = by_all(
+        &store,
+        json!({"eq": "run", "descending": true, "limit": 40}),
+    )
+    .await;
+    assert_eq!(runs.len(), 151);
+    assert_eq!(runs[0], "k999");
+    // Another connection (a reload) resumes from the checkpoint.
+    let again = Store::open(&name, 2000, None, vec![by_type()])
+        .await
+        .unwrap();
+    let calls2 = std::rc::Rc::new(std::cell::Cell::new(0u32));
+    let first = std::rc::Rc::new(std::cell::Cell::new(0u32));
+    let (c3, f3) = (calls2.clone(), first.clone());
+    let cb2 = wasm_bindgen::closure::Closure::<dyn FnMut(u32, u32)>::new(move |d: u32, _t: u32| {
+        if c3.get() == 0 {
+            f3.set(d);
+        }
+        c3.set(c3.get() + 1);
+    });
+    again
+        .rebuild_indexes(
+            25,
+            false,
+            Some(wasm_bindgen::JsCast::unchecked_ref(cb2.as_ref())),
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(
+        first.get() > 75,
+        "resumed after the checkpoint (first progress {})",
+        first.get()
+    );
+    assert!(again.indexes_ready().await.unwrap());
+    assert_indexes_clean(&again).await;
+    store
+        .delete(
+            &s("k999"),
+            &s(&field_str(&store.get(&s("k999")).await.unwrap().unwrap(), "_rev").unwrap()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.dump_entries().await.unwrap(), before);
+}
+
+/// Changing a definition needs no IndexedDB upgrade (an open connection does
+/// not block it) and rebuilds under a new tag.
+#[wasm_bindgen_test]
+async fn a_changed_definition_rebuilds_without_a_version_upgrade() {
+    let (old, name) = open("idx-change").await;
+    old.put_many(&js(json!([{"_id": "a", "recordType": "run", "owner": "x"}, {"_id": "b", "recordType": "run", "owner": "y"}]))).await.unwrap();
+    let def = IndexDef {
+        name: "byOwner".into(),
+        keys: vec!["owner".into()],
+    };
+    // `old` stays open: an upgrade would block and fail after 300 ms.
+    let new = Store::open(&name, 300, None, vec![by_type(), def])
+        .await
+        .unwrap();
+    new.rebuild_indexes(500, false, None, None).await.unwrap();
+    let q = ByQuery::from_js(&js(json!({"eq": "y"}))).unwrap();
+    let page = new.list_by("byOwner", &q).await.unwrap();
+    assert_eq!(page.records.length(), 1);
+    // the old connection's writes keep the new index in step too
+    old.put(&js(json!({"_id": "c", "owner": "y"})))
+        .await
+        .unwrap();
+    assert_eq!(
+        new.list_by("byOwner", &q).await.unwrap().records.length(),
+        2
+    );
+    assert_indexes_clean(&new).await;
+    assert_eq!(
+        new.list_by("nope", &q).await.unwrap_err().code(),
+        ErrorCode::Validation
+    );
+}
+
+#[wasm_bindgen_test]
+async fn watch_delivers_committed_changes_under_its_prefix_only() {
+    let (store, _) = open("watch").await;
+    let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::<String>::new()));
+    let s2 = seen.clone();
+    let cb = wasm_bindgen::closure::Closure::<dyn FnMut(JsValue)>::new(move |c: JsValue| {
+        s2.borrow_mut().push(format!(
+            "{}:{}",
+            field_str(&c, "id").unwrap(),
+            field(&c, "deleted").as_bool().unwrap()
+        ));
+    });
+    let w = agentstore::store::Watcher::new(
+        store.name(),
+        "w/".into(),
+        wasm_bindgen::JsCast::unchecked_ref::<js_sys::Function>(cb.as_ref()).clone(),
+    )
+    .unwrap();
+    let r = store.put(&js(json!({"_id": "w/1"}))).await.unwrap().rev;
+    store.put(&js(json!({"_id": "other"}))).await.unwrap();
+    store.delete(&s("w/1"), &s(&r)).await.unwrap();
+    store.inject_abort_next_write();
+    let _ = store.put(&js(json!({"_id": "w/aborted"}))).await;
+    gloo_timers::future::TimeoutFuture::new(100).await;
+    assert_eq!(*seen.borrow(), vec!["w/1:false", "w/1:true"]);
+    w.close();
+    store.put(&js(json!({"_id": "w/2"}))).await.unwrap();
+    gloo_timers::future::TimeoutFuture::new(100).await;
+    assert_eq!(seen.borrow().len(), 2, "nothing after close");
+    assert_indexes_clean(&store).await;
+}
+
+const DUMP: &str = include_str!("../www/data/agent-records.pouchdump.ndjson");
+const EXPECTED: &str = include_str!("../www/data/agent-records.expected.json");
+
+/// After importing the real dump, byType lists exactly the live runs, newest
+/// first, and the migration report matches what the legacy document lacks.
+#[wasm_bindgen_test]
+async fn dump_import_builds_indexes_from_records_and_reports_the_legacy_drift() {
+    let (store, _) = open("idx-dump").await;
+    let (_, _, legacy) = store
+        .import_pouch_dump(DUMP, "agent-index", None)
+        .await
+        .unwrap();
+    let legacy = legacy.unwrap();
+    let expected: Value = serde_json::from_str(EXPECTED).unwrap();
+    let live = expected["live"].as_object().unwrap();
+    // independently: the legacy doc's records map vs the live ids
+    let doc = store.get(&s("agent-index")).await.unwrap().unwrap();
+    let listed: Vec<String> = js_sys::Object::keys(&field(&doc, "records").into())
+        .iter()
+        .map(|k| k.as_string().unwrap())
+        .collect();
+    let lost = live
+        .keys()
+        .filter(|k| *k != "agent-index" && !listed.contains(k))
+        .count();
+    let stale = listed.iter().filter(|k| !live.contains_key(*k)).count();
+    assert_eq!(
+        (
+            legacy.lost as usize,
+            legacy.stale as usize,
+            legacy.listed as usize
+        ),
+        (lost, stale, listed.len())
+    );
+    let mut runs: Vec<(&String, &str)> = live
+        .iter()
+        .filter(|(_, v)| v["recordType"] == "run")
+        .map(|(k, v)| (k, v["updatedAt"].as_str().unwrap()))
+        .collect();
+    runs.sort_by(|a, b| {
+        (b.1, b.0.encode_utf16().collect::<Vec<_>>())
+            .cmp(&(a.1, a.0.encode_utf16().collect::<Vec<_>>()))
+    });
+    let want: Vec<String> = runs.iter().map(|(k, _)| (*k).clone()).collect();
+    assert_eq!(
+        by_all(
+            &store,
+            json!({"eq": "run", "descending": true, "limit": 250})
+        )
+        .await,
+        want
+    );
+    assert_indexes_clean(&store).await;
+}
