@@ -32,6 +32,13 @@ as_pg() {
 
 running() { as_pg "$PGBIN/pg_ctl" -D "$PGDIR/data" status >/dev/null 2>&1; }
 
+pg_start() {
+  log "starting on 127.0.0.1:$PGPORT"
+  as_pg "$PGBIN/pg_ctl" -D "$PGDIR/data" -l "$PGDIR/server.log" -w -t 60 \
+    -o "-c listen_addresses=127.0.0.1 -p $PGPORT -k $PGDIR -c max_connections=300 -c fsync=off" \
+    start >/dev/null 2>&1 || true
+}
+
 start() {
   if [ ! -f "$PGDIR/data/PG_VERSION" ]; then
     log "initdb in $PGDIR/data"
@@ -39,12 +46,20 @@ start() {
     [ "$(id -u)" = 0 ] && chown postgres: "$PGDIR"
     as_pg "$PGBIN/initdb" -D "$PGDIR/data" -U postgres --auth=trust -E UTF8 >/dev/null
   fi
-  if ! running; then
-    log "starting on 127.0.0.1:$PGPORT"
-    as_pg "$PGBIN/pg_ctl" -D "$PGDIR/data" -l "$PGDIR/server.log" -w -t 60 \
-      -o "-c listen_addresses=127.0.0.1 -p $PGPORT -k $PGDIR -c max_connections=300 -c fsync=off" \
-      start >/dev/null
-  fi
+  running || pg_start
+  # After an unclean stop (the cluster's processes were killed) pg_ctl can return
+  # while the server is still in crash recovery: wait until it accepts connections.
+  local waited=0
+  until "$PGBIN/pg_isready" -q -h 127.0.0.1 -p "$PGPORT"; do
+    if [ "$waited" -ge 60 ]; then
+      log "PostgreSQL did not become ready; see $PGDIR/server.log"
+      tail -n 20 "$PGDIR/server.log" >&2 || true
+      exit 1
+    fi
+    if [ $((waited % 5)) = 4 ] && ! running; then pg_start; fi
+    sleep 1
+    waited=$((waited + 1))
+  done
   local psql=("$PGBIN/psql" -h 127.0.0.1 -p "$PGPORT" -U postgres -d postgres -v ON_ERROR_STOP=1 -qtA)
   if [ "$("${psql[@]}" -c "SELECT 1 FROM pg_roles WHERE rolname = '$PGUSER_NAME'")" != 1 ]; then
     "${psql[@]}" -c "CREATE ROLE $PGUSER_NAME LOGIN"
