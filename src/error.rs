@@ -67,7 +67,7 @@ pub enum StoreError {
     #[error("IndexedDB transaction failed: {0}")]
     Transaction(String),
     /// The open stayed blocked by another tab's connection.
-    #[error("opening {0:?} stayed blocked by another tab for {1} ms")]
+    #[error("opening {0:?} did not complete within {1} ms: another tab's connection blocks (or is queued ahead of) the upgrade")]
     Blocked(String, u32),
     /// The store was closed (by `close()` or another tab's upgrade).
     #[error("the store is closed: {0}")]

@@ -8,7 +8,6 @@
 //! arrives only there, with the request's error null — case C-E2).
 
 use crate::error::{Result, StoreError};
-use futures::channel::oneshot;
 use futures::future::{select, Either};
 use idb::{Transaction, TransactionMode, TransactionResult};
 use js_sys::{Array, Function, Reflect};
@@ -53,6 +52,7 @@ impl Db {
     /// than `blocked_timeout_ms`; TransactionError for other open failures.
     pub async fn open(
         name: &str,
+        version: u32,
         blocked_timeout_ms: u32,
         on_version_change: Option<Function>,
     ) -> Result<Db> {
@@ -63,7 +63,7 @@ impl Db {
                 StoreError::Transaction("IndexedDB is not available in this context".into())
             })?;
         let request = factory
-            .open_with_u32(name, SCHEMA_VERSION)
+            .open_with_u32(name, version.max(SCHEMA_VERSION))
             .map_err(|e| StoreError::from_dom(&e))?;
 
         let upgrade = Closure::<dyn FnMut(web_sys::Event)>::new(|event: web_sys::Event| {
@@ -78,24 +78,12 @@ impl Db {
         });
         request.set_onupgradeneeded(Some(upgrade.as_ref().unchecked_ref()));
 
-        let (blocked_tx, blocked_rx) = oneshot::channel::<()>();
-        let blocked_tx = RefCell::new(Some(blocked_tx));
-        let on_blocked = Closure::<dyn FnMut(web_sys::Event)>::new(move |_| {
-            if let Some(tx) = blocked_tx.borrow_mut().take() {
-                let _ = tx.send(());
-            }
-        });
-        request.set_onblocked(Some(on_blocked.as_ref().unchecked_ref()));
-
         let done = request_promise(&request);
         let opened = wasm_bindgen_futures::JsFuture::from(done);
-        let timeout = async move {
-            if blocked_rx.await.is_ok() {
-                gloo_timers::future::TimeoutFuture::new(blocked_timeout_ms).await;
-            } else {
-                futures::future::pending::<()>().await;
-            }
-        };
+        // The timeout runs from the start of the open, not from the
+        // `blocked` event: an open queued behind another tab's pending
+        // upgrade never receives `blocked` and would otherwise hang.
+        let timeout = gloo_timers::future::TimeoutFuture::new(blocked_timeout_ms);
         let raw = match select(Box::pin(opened), Box::pin(timeout)).await {
             Either::Left((Ok(db), _)) => db.unchecked_into::<IdbDatabase>(),
             Either::Left((Err(e), _)) => return Err(StoreError::from_dom(&e)),
@@ -117,8 +105,7 @@ impl Db {
             }
         };
         request.set_onupgradeneeded(None);
-        request.set_onblocked(None);
-        drop((upgrade, on_blocked));
+        drop(upgrade);
 
         let closed = Rc::new(RefCell::new(None));
         let closed2 = closed.clone();
@@ -171,8 +158,11 @@ impl Db {
 }
 
 impl Drop for Db {
+    /// A dropped store closes its connection, so it never blocks another
+    /// tab's upgrade.
     fn drop(&mut self) {
         self.raw.set_onversionchange(None);
+        self.raw.close();
     }
 }
 

@@ -82,8 +82,31 @@ impl Store {
         on_version_change: Option<js_sys::Function>,
         indexes: Vec<IndexDef>,
     ) -> Result<Store> {
+        Self::open_versioned(
+            name,
+            db::SCHEMA_VERSION,
+            blocked_timeout_ms,
+            on_version_change,
+            indexes,
+        )
+        .await
+    }
+
+    /// [`Store::open`] at an explicit IndexedDB version (≥ the schema
+    /// version): how a newer release's upgrade looks to older tabs. For tests.
+    ///
+    /// # Errors
+    /// As [`Store::open`].
+    #[doc(hidden)]
+    pub async fn open_versioned(
+        name: &str,
+        version: u32,
+        blocked_timeout_ms: u32,
+        on_version_change: Option<js_sys::Function>,
+        indexes: Vec<IndexDef>,
+    ) -> Result<Store> {
         agentstore_protocol::index::check_defs(&indexes).map_err(StoreError::validation)?;
-        let db = Db::open(name, blocked_timeout_ms, on_version_change).await?;
+        let db = Db::open(name, version, blocked_timeout_ms, on_version_change).await?;
         Ok(Store {
             db,
             indexes,
