@@ -22,7 +22,7 @@ function showStatus(text) {
 }
 
 function clearError() {
-  $('error').hidden = true;
+  $('error-bar').hidden = true;
   $('error').textContent = '';
 }
 
@@ -30,7 +30,7 @@ function clearError() {
 function showError(err, context) {
   const el = $('error');
   el.textContent = `${context ? context + ': ' : ''}${describeError(err)}`;
-  el.hidden = false;
+  $('error-bar').hidden = false;
 }
 
 function describeError(err) {
@@ -112,6 +112,12 @@ async function importDump() {
     ['Last sequence', summary.lastSeq ?? '–', 'lastSeq'],
     ['Written', summary.written, 'written'],
     ['Kept (newer here)', summary.keptNewer, 'keptNewer'],
+    // The old, unguarded index document's drift (SDKs that report it).
+    ...(summary.legacyIndex ? [
+      [`Old index “${summary.legacyIndex.id}” listed`, summary.legacyIndex.listed, 'legacyListed'],
+      ['…live records it lost', summary.legacyIndex.lost, 'legacyLost'],
+      ['…stale ids it kept', summary.legacyIndex.stale, 'legacyStale'],
+    ] : []),
   ]);
   showStatus(`Imported ${summary.documentsRead} documents in ${ms} ms.`);
   await refreshCounts();
@@ -407,6 +413,7 @@ async function overwriteMine() {
 // -------------------------------------------------------------------- init
 
 function bind() {
+  $('error-dismiss').addEventListener('click', clearError);
   $('import-button').addEventListener('click', action($('import-button'), 'Import', importDump));
   $('counts-refresh').addEventListener('click', action($('counts-refresh'), 'Counting', refreshCounts));
   $('browse-form').addEventListener('submit', action($('browse-form').querySelector('[type=submit]'), 'List', startListing));
