@@ -1,0 +1,241 @@
+// Races across two pages (two IndexedDB connections in two browsing contexts
+// of one origin), in headless Chromium: same-tick creates (case C-S2) and
+// concurrent `mutate` increments. The SDK is loaded from pkg/ (built by the
+// test command) through the static server that mirrors the demo server's layout.
+
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { chromium } from 'playwright-core';
+
+const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+let server;
+let browser;
+let base;
+let userDir;
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.on('error', reject);
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+async function waitFor(url, ms) {
+  const until = Date.now() + ms;
+  while (Date.now() < until) {
+    try {
+      if ((await fetch(url)).ok) return;
+    } catch {}
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error(`${url} did not answer within ${ms} ms`);
+}
+
+/** Two pages of one origin, each with the SDK loaded and a store open. */
+async function twoPages(dbName) {
+  const context = await browser.newContext();
+  const pages = [await context.newPage(), await context.newPage()];
+  for (const page of pages) {
+    await page.goto(`${base}/data/agent-records.expected.json`);
+    await page.evaluate(async (name) => {
+      const mod = await import('/pkg/agentstore.js');
+      await mod.default();
+      window.store = await mod.AgentStore.open(name);
+    }, dbName);
+  }
+  return { context, pages };
+}
+
+before(async () => {
+  assert.ok(existsSync(join(ROOT, 'pkg/agentstore.js')), 'pkg/ must be built first (scripts/test.sh does)');
+  const port = await freePort();
+  server = spawn(process.execPath, ['tests/e2e/static-server.mjs', '--listen', `127.0.0.1:${port}`, '--www', 'www', '--pkg', 'pkg'], {
+    cwd: ROOT,
+    stdio: 'ignore',
+  });
+  base = `http://127.0.0.1:${port}`;
+  await waitFor(`${base}/pkg/agentstore.js`, 20_000);
+  userDir = mkdtempSync(join(tmpdir(), 'agentstore-2p-'));
+  browser = await chromium.launch({
+    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+    headless: true,
+    args: ['--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run'],
+    timeout: 60_000,
+  });
+});
+
+after(async () => {
+  await browser?.close();
+  server?.kill();
+  if (userDir) rmSync(userDir, { recursive: true, force: true });
+});
+
+test('two creates of one id from two pages in the same tick: exactly one wins, over 40 rounds', { timeout: 120_000 }, async () => {
+  const { context, pages } = await twoPages('race-two-pages');
+  for (let round = 0; round < 40; round++) {
+    const at = Date.now() + 40; // both pages spin to this instant, then write
+    const outcomes = await Promise.all(pages.map((page, i) => page.evaluate(async ({ round, at, who }) => {
+      while (Date.now() < at) { /* barrier: spin to the shared instant */ }
+      try {
+        const r = await window.store.put({ _id: `same-${round}`, who });
+        return { ok: true, rev: r.rev, who };
+      } catch (e) {
+        return { ok: false, name: e.name, code: e.code, status: e.status, who };
+      }
+    }, { round, at, who: i === 0 ? 'A' : 'B' })));
+    const wins = outcomes.filter((o) => o.ok);
+    const losses = outcomes.filter((o) => !o.ok);
+    assert.equal(wins.length, 1, `round ${round}: ${JSON.stringify(outcomes)}`);
+    assert.match(wins[0].rev, /^1-[0-9a-f]{32}$/);
+    assert.deepEqual([losses[0].name, losses[0].code, losses[0].status], ['ConflictError', 'conflict', 409]);
+    const stored = await pages[1].evaluate((id) => window.store.get(id), `same-${round}`);
+    assert.equal(stored.who, wins[0].who, 'the stored body is the winner\'s');
+  }
+  await context.close();
+});
+
+test('2 pages x 250 mutate increments on one record = exactly 500', { timeout: 120_000 }, async () => {
+  const { context, pages } = await twoPages('mutate-two-pages');
+  await pages[0].evaluate(() => window.store.put({ _id: 'counter', n: 0 }));
+  const at = Date.now() + 200;
+  await Promise.all(pages.map((page) => page.evaluate(async (at) => {
+    while (Date.now() < at) { /* start together */ }
+    const inc = async (cur) => ({ ...cur, n: cur.n + 1 });
+    const all = [];
+    for (let i = 0; i < 250; i++) all.push(window.store.mutate('counter', inc, { retries: 1000 }));
+    await Promise.all(all);
+  }, at)));
+  const got = await pages[1].evaluate(() => window.store.get('counter'));
+  assert.equal(got.n, 500);
+  assert.match(got._rev, /^501-/);
+  await context.close();
+});
+
+test('a watch in page B sees page A\'s committed writes, and only those under its prefix', { timeout: 60_000 }, async () => {
+  const { context, pages } = await twoPages('watch-two-pages');
+  const [a, b] = pages;
+  await b.evaluate(() => {
+    window.seen = [];
+    window.w = window.store.watch({ prefix: 'job:' }, (c) => window.seen.push(`${c.id}:${c.deleted}`));
+  });
+  await a.evaluate(async () => {
+    const { rev } = await window.store.put({ _id: 'job:1', recordType: 'run' });
+    await window.store.put({ _id: 'other:1' });
+    await window.store.delete('job:1', rev);
+    await window.store.putMany([{ _id: 'job:2' }, { _id: 'job:3' }]);
+  });
+  await b.waitForFunction(() => window.seen.length >= 4, null, { timeout: 10_000 });
+  assert.deepEqual(await b.evaluate(() => window.seen), ['job:1:false', 'job:1:true', 'job:2:false', 'job:3:false']);
+  await b.evaluate(() => window.w.close());
+  await a.evaluate(() => window.store.put({ _id: 'job:4' }));
+  await new Promise((r) => setTimeout(r, 300));
+  assert.equal(await b.evaluate(() => window.seen.length), 4, 'nothing after close()');
+  await context.close();
+});
+
+test('an upgrade in page B closes page A\'s connection and tells it (C-E1)', { timeout: 60_000 }, async () => {
+  const { context, pages } = await twoPages('upgrade-two-pages');
+  const [a, b] = pages;
+  await a.evaluate(async () => {
+    window.told = 0;
+    window.store.close();
+    const mod = await import('/pkg/agentstore.js');
+    window.store = await mod.AgentStore.open('upgrade-two-pages-x', { onVersionChange: () => { window.told += 1; } });
+    await window.store.put({ _id: 'kept' });
+  });
+  // Page B is a newer release: it opens the database at version 2.
+  const version = await b.evaluate(() => new Promise((ok, err) => {
+    const r = indexedDB.open('upgrade-two-pages-x', 2);
+    r.onsuccess = () => { const v = r.result.version; r.result.close(); ok(v); };
+    r.onerror = () => err(r.error);
+    r.onblocked = () => {};
+  }));
+  assert.equal(version, 2, 'page B was not left blocked');
+  assert.equal(await a.evaluate(() => window.told), 1);
+  const err = await a.evaluate(() => window.store.get('kept').then(() => null, (e) => ({ name: e.name, code: e.code })));
+  assert.deepEqual(err, { name: 'ClosedError', code: 'closed' });
+  await context.close();
+});
+
+test('quota exceeded on a big write rejects with QuotaExceededError and keeps the store whole (C-E2)', { timeout: 120_000 }, async () => {
+  const context = await browser.newContext();
+  const page = await context.newPage();
+  await page.goto(`${base}/data/agent-records.expected.json`);
+  const cdp = await context.newCDPSession(page);
+  await cdp.send('Storage.overrideQuotaForOrigin', { origin: base, quotaSize: 1024 * 1024 });
+  const result = await page.evaluate(async () => {
+    const mod = await import('/pkg/agentstore.js');
+    await mod.default();
+    const store = await mod.AgentStore.open('quota', { indexes: [{ name: 'byType', keys: ['recordType', 'updatedAt'] }] });
+    await store.rebuildIndexes();
+    await store.put({ _id: 'small-before', recordType: 'run' });
+    const big = 'x'.repeat(50 * 1024 * 1024);
+    let error = null;
+    try {
+      await store.put({ _id: 'big', recordType: 'run', blob: big });
+    } catch (e) {
+      error = { name: e.name, code: e.code, status: e.status, isError: e instanceof Error };
+    }
+    const bigAfter = await store.get('big');
+    const runs = (await store.listBy('byType', { eq: 'run' })).records.map((r) => r._id);
+    const after = await store.put({ _id: 'small-after', recordType: 'run' });
+    const verify = await store.verifyIndexes();
+    return { error, bigAfter, runs, afterRev: after.rev, verify };
+  });
+  assert.deepEqual(result.error, { name: 'QuotaExceededError', code: 'quota_exceeded', status: 507, isError: true });
+  assert.equal(result.bigAfter, null, 'nothing of the write is visible');
+  assert.deepEqual(result.runs, ['small-before'], 'index unchanged');
+  assert.match(result.afterRev, /^1-/, 'small writes still work');
+  assert.deepEqual([result.verify.missing, result.verify.orphaned, result.verify.stale], [[], [], []]);
+  await context.close();
+});
+
+test('a rebuild interrupted by closing the page resumes from its checkpoint on reopen and finishes clean', { timeout: 120_000 }, async () => {
+  const context = await browser.newContext();
+  const load = async (page) => {
+    await page.goto(`${base}/data/agent-records.expected.json`);
+    await page.evaluate(async () => { const mod = await import('/pkg/agentstore.js'); await mod.default(); window.mod = mod; });
+  };
+  const first = await context.newPage();
+  await load(first);
+  await first.evaluate(async () => {
+    const plain = await window.mod.AgentStore.open('rebuild-close');
+    const recs = [];
+    for (let i = 0; i < 6000; i++) recs.push({ _id: `r${String(i).padStart(5, '0')}`, recordType: i % 3 ? 'toolCall' : 'run' });
+    await plain.putMany(recs);
+    plain.close();
+    window.progress = [];
+    const store = await window.mod.AgentStore.open('rebuild-close', { indexes: [{ name: 'byType', keys: ['recordType', 'updatedAt'] }] });
+    store.rebuildIndexes({ batchSize: 100, restart: false, onProgress: (d) => window.progress.push(d) }).catch(() => {});
+  });
+  await first.waitForFunction(() => window.progress.length >= 5, null, { timeout: 60_000 });
+  await first.close(); // the page goes away mid-rebuild
+  const second = await context.newPage();
+  await load(second);
+  const out = await second.evaluate(async () => {
+    const store = await window.mod.AgentStore.open('rebuild-close', { indexes: [{ name: 'byType', keys: ['recordType', 'updatedAt'] }] });
+    const seen = [];
+    await store.rebuildIndexes({ batchSize: 100, restart: false, onProgress: (d) => seen.push(d) });
+    const verify = await store.verifyIndexes();
+    let runs = 0;
+    let page = await store.listBy('byType', { eq: 'run', limit: 1000 });
+    runs += page.records.length;
+    while (page.next) { page = await store.listBy('byType', { eq: 'run', limit: 1000, after: page.next }); runs += page.records.length; }
+    return { firstResumed: seen[0], verify, runs };
+  });
+  assert.ok(out.firstResumed > 500, `resumed from the checkpoint, not from zero (first progress ${out.firstResumed})`);
+  assert.deepEqual([out.verify.missing.length, out.verify.orphaned.length, out.verify.stale.length, out.verify.building.length], [0, 0, 0, 0]);
+  assert.equal(out.verify.checked, 6000);
+  assert.equal(out.runs, 2000);
+  await context.close();
+});
