@@ -1,0 +1,2 @@
+//! Load generator for agentstore-server (see BENCHMARKS.md).
+fn main() {}
