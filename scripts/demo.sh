@@ -31,7 +31,7 @@ server=()
 if [ "${DEMO_SERVER:-auto}" != static ]; then
   log "building agentstore-server: cargo build --release -p agentstore-server"
   if cargo build --release -p agentstore-server >&2; then
-    bin=target/release/agentstore-server
+    bin=${CARGO_TARGET_DIR:-target}/release/agentstore-server
     help=$("$bin" --help 2>&1 || true)
     if grep -q -- '--www' <<<"$help" && grep -q -- '--pkg' <<<"$help" && grep -q -- '--listen' <<<"$help"; then
       server=("$bin" --listen "$HOST:$PORT" --www www --pkg pkg)

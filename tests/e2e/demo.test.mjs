@@ -10,7 +10,7 @@ import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
-import { tmpdir } from 'node:os';
+import { homedir, tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { chromium } from 'playwright-core';
@@ -60,6 +60,7 @@ function buildPkgIfMissing() {
   if (existsSync(join(ROOT, 'pkg/agentstore.js'))) return;
   const r = spawnSync('wasm-pack', ['build', '--target', 'web', '--release', '--out-dir', 'pkg'], {
     cwd: ROOT, stdio: 'inherit', timeout: 900_000,
+    env: { ...process.env, PATH: `${join(homedir(), '.cargo', 'bin')}:${process.env.PATH}` },
   });
   assert.equal(r.status, 0, 'wasm-pack build failed');
 }
