@@ -8,6 +8,7 @@ pub mod error;
 pub mod index;
 pub mod keys;
 pub mod lease;
+pub mod lease_client;
 pub mod pouch;
 pub mod record;
 pub mod rev;
