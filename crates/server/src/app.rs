@@ -44,13 +44,8 @@ pub fn router(config: &Config, store: Store) -> Result<Router, String> {
         limiter: Arc::new(RateLimiter::new(config.claim_rate)),
         idle_retry_ms: config.idle_retry_ms,
     };
-    let origins = config
-        .allow_origin
-        .iter()
-        .map(|o| HeaderValue::from_str(o.trim()).map_err(|_| format!("bad origin {o:?}")))
-        .collect::<Result<Vec<_>, _>>()?;
     let cors = CorsLayer::new()
-        .allow_origin(AllowOrigin::list(origins))
+        .allow_origin(allow_origin(&config.allow_origin)?)
         .allow_methods([Method::GET, Method::POST])
         .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
         .expose_headers([header::RETRY_AFTER])
@@ -66,6 +61,36 @@ pub fn router(config: &Config, store: Store) -> Result<Router, String> {
         .fallback_service(ServeDir::new(&config.www))
         .layer(cors)
         .layer(TraceLayer::new_for_http()))
+}
+
+/// The CORS allow-list: exact origins, plus `scheme://host:*` entries that
+/// allow that scheme and host on any port (for test runners that serve from a
+/// random loopback port, e.g. `http://127.0.0.1:*`).
+///
+/// # Errors
+/// An entry is not a valid header value.
+fn allow_origin(entries: &[String]) -> Result<AllowOrigin, String> {
+    let mut exact = Vec::new();
+    let mut any_port = Vec::new();
+    for o in entries.iter().map(|o| o.trim()) {
+        match o.strip_suffix(":*") {
+            Some(prefix) if !prefix.is_empty() => any_port.push(format!("{prefix}:")),
+            _ => exact.push(HeaderValue::from_str(o).map_err(|_| format!("bad origin {o:?}"))?),
+        }
+    }
+    if any_port.is_empty() {
+        return Ok(AllowOrigin::list(exact));
+    }
+    Ok(AllowOrigin::predicate(move |origin: &HeaderValue, _| {
+        exact.contains(origin)
+            || origin.to_str().is_ok_and(|o| {
+                any_port.iter().any(|p| {
+                    o.strip_prefix(p.as_str()).is_some_and(|port| {
+                        !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit())
+                    })
+                })
+            })
+    }))
 }
 
 /// A running server: its address, and a way to stop it gracefully.

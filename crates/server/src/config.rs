@@ -33,6 +33,8 @@ pub struct Config {
     #[arg(long, env = "AGENTSTORE_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
     /// Origins allowed by CORS (repeat or comma-separate); none → no CORS headers.
+    /// `scheme://host:*` allows that scheme and host on any port (e.g.
+    /// `http://127.0.0.1:*` for a test runner on a random loopback port).
     #[arg(long, value_delimiter = ',')]
     pub allow_origin: Vec<String>,
     /// Lease TTL from the last heartbeat (ms).

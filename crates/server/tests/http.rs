@@ -389,6 +389,51 @@ async fn cors_preflight_allows_listed_origins_only() {
 }
 
 #[tokio::test]
+async fn cors_any_port_entry_allows_that_host_on_every_port_only() {
+    let h = Harness::start(|c| {
+        c.allow_origin = vec!["http://127.0.0.1:*".into(), "http://app.example".into()]
+    })
+    .await;
+    let grant = |origin: &'static str| {
+        let req = h
+            .http
+            .request(Method::OPTIONS, h.url("/v1/heartbeats"))
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "authorization,content-type",
+            )
+            .send();
+        async move {
+            req.await
+                .unwrap()
+                .headers()
+                .get("access-control-allow-origin")
+                .map(|v| v.to_str().unwrap().to_owned())
+        }
+    };
+    for ok in [
+        "http://127.0.0.1:41234",
+        "http://127.0.0.1:80",
+        "http://app.example",
+    ] {
+        assert_eq!(grant(ok).await.as_deref(), Some(ok), "{ok} is allowed");
+    }
+    for refused in [
+        "http://127.0.0.1",
+        "http://127.0.0.1:",
+        "http://127.0.0.1:80.evil.example",
+        "http://127.0.0.10:80",
+        "https://127.0.0.1:443",
+        "http://localhost:8080",
+    ] {
+        assert_eq!(grant(refused).await, None, "{refused} is refused");
+    }
+    h.stop().await;
+}
+
+#[tokio::test]
 async fn the_lease_flow_works_over_http_and_stale_tokens_get_claim_lost() {
     let h = Harness::start(|_| {}).await;
     let w = h.worker().await;
