@@ -123,6 +123,16 @@ fn opt_fn(options: &JsValue, key: &str) -> Result<Option<Function>, StoreError> 
         .map_err(|_| StoreError::validation(format!("{key} must be a function")))
 }
 
+fn opt_signal(options: &JsValue) -> Result<Option<web_sys::AbortSignal>, StoreError> {
+    match opt(options, "signal") {
+        v if v.is_undefined() || v.is_null() => Ok(None),
+        v => v
+            .dyn_into::<web_sys::AbortSignal>()
+            .map(Some)
+            .map_err(|_| StoreError::validation("signal must be an AbortSignal")),
+    }
+}
+
 fn parse_index_defs(v: &JsValue) -> Result<Vec<IndexDef>, StoreError> {
     if v.is_undefined() || v.is_null() {
         return Ok(Vec::new());
@@ -275,13 +285,7 @@ impl AgentStore {
                     }
                 },
             };
-            let signal = match opt(&options, "signal") {
-                v if v.is_undefined() || v.is_null() => None,
-                v => Some(
-                    v.dyn_into::<web_sys::AbortSignal>()
-                        .map_err(|_| StoreError::validation("signal must be an AbortSignal"))?,
-                ),
-            };
+            let signal = opt_signal(&options)?;
             Ok(match s.mutate(&id, &f, retries, signal.as_ref()).await? {
                 Some(w) => written_js(&w),
                 None => JsValue::NULL,
@@ -359,13 +363,7 @@ impl AgentStore {
                 },
             };
             let cb = opt_fn(&options, "onProgress")?;
-            let signal = match opt(&options, "signal") {
-                v if v.is_undefined() || v.is_null() => None,
-                v => Some(
-                    v.dyn_into::<web_sys::AbortSignal>()
-                        .map_err(|_| StoreError::validation("signal must be an AbortSignal"))?,
-                ),
-            };
+            let signal = opt_signal(&options)?;
             let restart = opt(&options, "restart").as_bool().unwrap_or(true);
             Ok(
                 s.rebuild_indexes(batch, restart, cb.as_ref(), signal.as_ref())

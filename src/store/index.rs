@@ -329,23 +329,10 @@ impl Store {
         let keys: Vec<JsValue> = if state.active.contains(&tag) {
             let derived = tx.store(DERIVED)?;
             if q.descending {
-                let mut out = Vec::new();
-                if let Some(c) = derived
+                let cursor = derived
                     .open_cursor(Some(to_range(&range)?), Some(CursorDirection::Prev))?
-                    .await?
-                {
-                    let mut c = c.into_managed();
-                    while (out.len() as u32) < fetch {
-                        match c.value()? {
-                            Some(v) => out.push(v),
-                            None => break,
-                        }
-                        if (out.len() as u32) < fetch {
-                            c.next(None).await?;
-                        }
-                    }
-                }
-                out
+                    .await?;
+                super::list::collect_cursor(cursor, fetch).await?
             } else {
                 derived
                     .get_all(Some(to_range(&range)?), Some(fetch))?

@@ -158,7 +158,8 @@ impl Store {
     }
 }
 
-async fn collect_cursor(cursor: Option<idb::Cursor>, max: u32) -> Result<Vec<JsValue>> {
+/// Up to `max` values from a cursor, in its direction.
+pub(crate) async fn collect_cursor(cursor: Option<idb::Cursor>, max: u32) -> Result<Vec<JsValue>> {
     let mut out = Vec::new();
     let Some(cursor) = cursor else { return Ok(out) };
     let mut cursor = cursor.into_managed();
