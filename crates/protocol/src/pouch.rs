@@ -40,7 +40,8 @@ pub struct DumpSummary {
     pub tombstones: u64,
     /// `_local/` documents skipped (they do not replicate).
     pub local_skipped: u64,
-    /// Ids with more than one leaf, resolved to PouchDB's winner.
+    /// Live ids with more than one live leaf (PouchDB's `_conflicts`),
+    /// resolved to PouchDB's winner.
     pub conflicts_resolved: u64,
     /// The last `{"seq": N}` line, if any.
     pub last_seq: Option<u64>,
@@ -146,9 +147,6 @@ pub fn resolve_dump(text: &str) -> Result<(DumpSummary, Vec<Winner>), DumpError>
     }
     let mut winners = Vec::with_capacity(leaves.len());
     for (id, mut ls) in leaves {
-        if ls.len() > 1 {
-            summary.conflicts_resolved += 1;
-        }
         // Non-deleted first, then highest revision: sort so the winner is last.
         ls.sort_by(|a, b| (!a.deleted, &a.rev).cmp(&(!b.deleted, &b.rev)));
         let Some(win) = ls.pop() else { continue };
@@ -158,6 +156,9 @@ pub fn resolve_dump(text: &str) -> Result<(DumpSummary, Vec<Winner>), DumpError>
             .map(|l| l.rev.clone())
             .rev()
             .collect();
+        if !win.deleted && ls.iter().any(|l| !l.deleted) {
+            summary.conflicts_resolved += 1;
+        }
         if win.deleted {
             summary.tombstones += 1;
         } else {
@@ -253,7 +254,8 @@ mod tests {
                 .collect();
             assert_eq!(conflicts, want, "{}", w.id);
         }
-        assert!(summary.conflicts_resolved >= 2);
+        let conflicted = live.values().filter(|e| !e["conflicts"].as_array().unwrap().is_empty()).count();
+        assert_eq!(summary.conflicts_resolved as usize, conflicted);
         assert_eq!(summary.last_seq, Some(6582));
     }
 
