@@ -43,6 +43,7 @@ async fn two_creates_in_the_same_tick_have_exactly_one_winner() {
         let stored = a.get(&s(&id)).await.unwrap().unwrap();
         assert_eq!(field_str(&stored, "who").as_deref(), Some(winner));
     }
+    assert_indexes_clean(&a).await;
 }
 
 /// Barrier: both writers hold the same revision, then write at once — over
@@ -72,6 +73,7 @@ async fn two_writers_with_the_same_revision_exactly_one_wins_every_round() {
         assert!(won.rev.starts_with(&format!("{}-", round + 1)));
         rev = won.rev;
     }
+    assert_indexes_clean(&a).await;
 }
 
 fn push_fn(item: &'static str, delay_ms: u32) -> js_sys::Function {
@@ -160,6 +162,7 @@ async fn read_modify_write_split_by_an_await_conflicts_and_mutate_merges() {
         field_str(&now, "_rev").unwrap().starts_with("4-"),
         "{before} then one write"
     );
+    assert_indexes_clean(&store).await;
 }
 
 /// 50 concurrent increments through `mutate` from two store instances on one
@@ -185,6 +188,7 @@ async fn fifty_concurrent_mutate_increments_from_two_instances_give_fifty() {
     let got = a.get(&s("counter")).await.unwrap().unwrap();
     assert_eq!(field(&got, "n").as_f64(), Some(50.0));
     assert!(field_str(&got, "_rev").unwrap().starts_with("51-"));
+    assert_indexes_clean(&a).await;
 }
 
 #[wasm_bindgen_test]
@@ -224,6 +228,7 @@ async fn mutate_returning_undefined_writes_nothing_and_a_thrown_error_passes_thr
         .unwrap()
         .unwrap();
     assert!(w.rev.starts_with("1-"));
+    assert_indexes_clean(&store).await;
 }
 
 #[wasm_bindgen_test]
@@ -273,6 +278,7 @@ async fn put_many_is_all_or_nothing_and_reports_every_conflicting_position() {
     let out = store.put_many(&js(Value::Array(batch))).await.unwrap();
     assert_eq!(out.len(), 500);
     assert_eq!(all_ids(&store, "m", 1000).await.len(), 500);
+    assert_indexes_clean(&store).await;
 }
 
 /// A user callback that awaits timers and promises between the read and the
@@ -299,4 +305,5 @@ async fn foreign_awaits_in_callbacks_never_split_a_transaction() {
     let got = store.get(&s("c")).await.unwrap().unwrap();
     assert_eq!(field(&got, "n").as_f64(), Some(20.0));
     assert_eq!(*done.borrow(), 20);
+    assert_indexes_clean(&store).await;
 }
