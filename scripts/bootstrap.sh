@@ -10,10 +10,21 @@ WASM_BINDGEN_VERSION=0.2.130   # must equal the wasm-bindgen version in Cargo.lo
 export PATH="$HOME/.cargo/bin:$PATH"
 
 log() { printf '[bootstrap] %s\n' "$*"; }
+# `bootstrap.sh demo` installs only what the demo needs (no browsers,
+# drivers, PostgreSQL or npm test packages).
+MODE=${1:-all}
 
 if ! rustup target list --installed | grep -q wasm32-unknown-unknown; then
   log "adding wasm32-unknown-unknown"
   rustup target add wasm32-unknown-unknown
+fi
+
+if [ "$MODE" = demo ]; then
+  command -v wasm-pack >/dev/null || cargo install -q wasm-pack
+  wasm-bindgen --version 2>/dev/null | grep -q " $WASM_BINDGEN_VERSION" ||
+    cargo install -q wasm-bindgen-cli --version "$WASM_BINDGEN_VERSION"
+  log "demo toolchain ready"
+  exit 0
 fi
 
 apt_pkgs=()

@@ -1,19 +1,17 @@
 #!/usr/bin/env bash
-# Builds the SDK (wasm-pack → pkg/) and serves the demo page: www/ at `/`,
-# pkg/ at `/pkg/`. Prints the URL once the server answers; Ctrl-C stops it.
-#
-# Serves with agentstore-server (the lease server, embedded SQLite) when it
-# builds and takes `--www/--pkg`; otherwise with a small static Node server.
+# Builds the SDK (wasm-pack → pkg/) and agentstore-server, then runs the
+# server on its embedded SQLite default, serving www/ at `/` and pkg/ at
+# `/pkg/`. Prints the URL once the server answers; Ctrl-C stops it.
 #
 # Environment:
 #   PORT=8787            port on 127.0.0.1
 #   DATABASE=path        SQLite file for agentstore-server (its default: ./agentstore.sqlite)
 #   DEMO_SKIP_BUILD=1    reuse an existing pkg/ instead of running wasm-pack
-#   DEMO_SERVER=static   skip agentstore-server and use the static server
 #   DEMO_READY_TIMEOUT=60  seconds to wait for the server to answer
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
+bash scripts/bootstrap.sh demo >&2
 
 HOST=127.0.0.1
 PORT=${PORT:-8787}
@@ -27,26 +25,10 @@ else
   wasm-pack build --target web --release --out-dir pkg >&2
 fi
 
-server=()
-if [ "${DEMO_SERVER:-auto}" != static ]; then
-  log "building agentstore-server: cargo build --release -p agentstore-server"
-  if cargo build --release -p agentstore-server >&2; then
-    bin=${CARGO_TARGET_DIR:-target}/release/agentstore-server
-    help=$("$bin" --help 2>&1 || true)
-    if grep -q -- '--www' <<<"$help" && grep -q -- '--pkg' <<<"$help" && grep -q -- '--listen' <<<"$help"; then
-      server=("$bin" --listen "$HOST:$PORT" --www www --pkg pkg)
-      [ -n "${DATABASE:-}" ] && server+=(--database "$DATABASE")
-    else
-      log "agentstore-server does not take --listen/--www/--pkg yet"
-    fi
-  else
-    log "agentstore-server does not build"
-  fi
-fi
-if [ ${#server[@]} -eq 0 ]; then
-  log "falling back to the static server (no lease API)"
-  server=(node tests/e2e/static-server.mjs --listen "$HOST:$PORT" --www www --pkg pkg)
-fi
+log "building agentstore-server: cargo build --release -p agentstore-server"
+cargo build --release -p agentstore-server >&2
+server=("${CARGO_TARGET_DIR:-target}/release/agentstore-server" --listen "$HOST:$PORT" --www www --pkg pkg)
+[ -n "${DATABASE:-}" ] && server+=(--database "$DATABASE")
 
 log "starting: ${server[*]}"
 "${server[@]}" >&2 &
