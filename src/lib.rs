@@ -7,6 +7,8 @@
 
 pub mod api;
 pub mod error;
+pub mod lease;
+pub mod lease_api;
 pub mod store;
 pub mod value;
 

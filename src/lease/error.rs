@@ -1,0 +1,157 @@
+//! The lease client's error type and its mapping to JS `Error` objects.
+//!
+//! Like [`crate::StoreError`], every error crossing into JS is a real `Error`
+//! whose `name`, `code` and `status` come from [`ErrorCode`]. A lost lease is a
+//! `ClaimLostError` (`code "claim_lost"`, `status 409`) with `reason`
+//! (`"claim_lost"`, `"expired_locally"` or `"released"`) and `itemId`.
+
+use agentstore_protocol::ErrorCode;
+use wasm_bindgen::JsValue;
+
+use crate::error::set;
+
+/// Why a lease stopped being ours; the `reason` of a `ClaimLostError`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LossReason {
+    /// The server answered `claim_lost` (or `state_conflict`, `not_found`):
+    /// another claim or path owns the item now.
+    ClaimLost,
+    /// No heartbeat succeeded before the local deadline (the server may be
+    /// about to hand the item to someone else).
+    ExpiredLocally,
+    /// This client released the lease (`release()` or `pagehide`).
+    Released,
+}
+
+impl LossReason {
+    /// The `reason` string: `claim_lost`, `expired_locally` or `released`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            LossReason::ClaimLost => "claim_lost",
+            LossReason::ExpiredLocally => "expired_locally",
+            LossReason::Released => "released",
+        }
+    }
+}
+
+/// Everything a lease-client operation can fail with.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum LeaseError {
+    /// The lease is no longer ours; nothing was written under it.
+    #[error("lease on item {item_id} is lost ({}): {message}", reason.as_str())]
+    ClaimLost {
+        /// The work item.
+        item_id: i64,
+        /// Why.
+        reason: LossReason,
+        /// Detail (the server's message, or what the client saw).
+        message: String,
+    },
+    /// The token is current but the item left `running` by another path
+    /// (an operator paused it).
+    #[error("state conflict: {0}")]
+    StateConflict(String),
+    /// The server refused the credentials (after one refresh attempt).
+    #[error("unauthorized: {0}")]
+    Unauthorized(String),
+    /// Claim polling too fast; retry after `retry_after_ms`.
+    #[error("rate limited; retry after {retry_after_ms} ms")]
+    RateLimited {
+        /// From the `Retry-After` header (ms).
+        retry_after_ms: f64,
+    },
+    /// The server could not be reached, or did not answer in time.
+    #[error("network: {0}")]
+    Network(String),
+    /// Bad input to an SDK call.
+    #[error("{0}")]
+    Validation(String),
+    /// Any other `{code, message}` answer of the server.
+    #[error("server answered {status} {code}: {message}")]
+    Server {
+        /// The protocol code.
+        code: ErrorCode,
+        /// The HTTP status.
+        status: u16,
+        /// The server's message.
+        message: String,
+    },
+    /// Cancelled through an AbortSignal; carries its reason.
+    #[error("the operation was aborted")]
+    Aborted(JsValue),
+    /// The client was closed.
+    #[error("the lease client is closed")]
+    Closed,
+}
+
+impl LeaseError {
+    /// The protocol code of this error.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            LeaseError::ClaimLost { .. } => ErrorCode::ClaimLost,
+            LeaseError::StateConflict(_) => ErrorCode::StateConflict,
+            LeaseError::Unauthorized(_) => ErrorCode::Unauthorized,
+            LeaseError::RateLimited { .. } => ErrorCode::RateLimited,
+            LeaseError::Network(_) => ErrorCode::Network,
+            LeaseError::Validation(_) => ErrorCode::Validation,
+            LeaseError::Server { code, .. } => *code,
+            LeaseError::Aborted(_) => ErrorCode::Aborted,
+            LeaseError::Closed => ErrorCode::Closed,
+        }
+    }
+
+    /// True for failures worth retrying later: no answer, a 5xx, or rate limiting.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            LeaseError::Network(_) | LeaseError::RateLimited { .. } => true,
+            LeaseError::Server { status, .. } => *status >= 500,
+            _ => false,
+        }
+    }
+
+    /// The loss reason, for `ClaimLost`.
+    pub fn loss_reason(&self) -> Option<LossReason> {
+        match self {
+            LeaseError::ClaimLost { reason, .. } => Some(*reason),
+            _ => None,
+        }
+    }
+
+    /// Builds the JS `Error` object for this error.
+    pub fn to_js(&self) -> JsValue {
+        let code = self.code();
+        let err = js_sys::Error::new(&self.to_string());
+        err.set_name(code.js_name());
+        let o: &JsValue = err.as_ref();
+        set(o, "code", &code.as_str().into());
+        let status = match self {
+            LeaseError::Server { status, .. } => *status,
+            _ => code.status(),
+        };
+        set(o, "status", &JsValue::from(status));
+        match self {
+            LeaseError::ClaimLost {
+                item_id, reason, ..
+            } => {
+                set(o, "reason", &reason.as_str().into());
+                set(o, "itemId", &JsValue::from(*item_id as f64));
+            }
+            LeaseError::RateLimited { retry_after_ms } => {
+                set(o, "retryAfterMs", &JsValue::from(*retry_after_ms))
+            }
+            LeaseError::Aborted(reason) => set(o, "cause", reason),
+            _ => {}
+        }
+        err.into()
+    }
+}
+
+impl From<LeaseError> for JsValue {
+    fn from(e: LeaseError) -> JsValue {
+        e.to_js()
+    }
+}
+
+/// Result alias for the lease client.
+pub type Result<T> = std::result::Result<T, LeaseError>;

@@ -1,0 +1,197 @@
+//! HTTP and clock glue shared by the lease client: `fetch` from the global scope
+//! (a window or a worker), answers mapped to [`LeaseError`], `performance.now()`
+//! and timers.
+
+use agentstore_protocol::{ErrorBody, ErrorCode};
+use futures::future::{select, Either};
+use js_sys::{Function, Promise, Reflect};
+use wasm_bindgen::{JsCast, JsValue};
+use wasm_bindgen_futures::JsFuture;
+use web_sys::{AbortController, AbortSignal, Headers, RequestInit, Response};
+
+use super::error::{LeaseError, Result};
+
+/// Milliseconds from `performance.now()`: a monotonic clock used ONLY for
+/// durations (never compared with a wall clock or the server's clock).
+pub fn now_ms() -> f64 {
+    Reflect::get(&js_sys::global(), &"performance".into())
+        .ok()
+        .and_then(|p| p.dyn_into::<web_sys::Performance>().ok())
+        .map_or_else(js_sys::Date::now, |p| p.now())
+}
+
+/// `Math.random()` in `[0, 1)`.
+pub fn random() -> f64 {
+    js_sys::Math::random()
+}
+
+/// Sleeps `ms` (clamped to `[0, 2^31)`).
+pub async fn sleep_ms(ms: f64) {
+    let ms = if ms.is_finite() {
+        ms.clamp(0.0, 2_147_483_000.0)
+    } else {
+        0.0
+    };
+    gloo_timers::future::TimeoutFuture::new(ms.ceil() as u32).await;
+}
+
+/// A successful answer: status and body text.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    /// HTTP status (2xx).
+    pub status: u16,
+    /// Body as text ("" for 204).
+    pub text: String,
+    /// `Retry-After` in ms, when present.
+    pub retry_after_ms: Option<f64>,
+}
+
+/// One request to the lease server.
+pub struct Call<'a> {
+    /// `GET` or `POST`.
+    pub method: &'a str,
+    /// Absolute URL.
+    pub url: &'a str,
+    /// `Authorization: Bearer …`, when set.
+    pub bearer: Option<&'a str>,
+    /// JSON body, when set.
+    pub body: Option<&'a str>,
+    /// Give up after this long (ms); the request is aborted.
+    pub timeout_ms: f64,
+    /// The caller's signal: aborting it aborts the request with its reason.
+    pub signal: Option<&'a AbortSignal>,
+}
+
+fn global_fetch() -> Result<Function> {
+    Reflect::get(&js_sys::global(), &"fetch".into())
+        .ok()
+        .and_then(|f| f.dyn_into::<Function>().ok())
+        .ok_or_else(|| LeaseError::Network("fetch is not available in this context".into()))
+}
+
+/// Sends `call`; 2xx → [`Answer`], anything else → the matching [`LeaseError`]
+/// (from the `{code, message}` body when there is one).
+///
+/// # Errors
+/// `Network` when there is no answer (refused, DNS, CORS, timeout); `Aborted`
+/// when the caller's signal fired; the server's code otherwise.
+pub async fn send(call: Call<'_>) -> Result<Answer> {
+    if let Some(s) = call.signal {
+        if s.aborted() {
+            return Err(LeaseError::Aborted(s.reason()));
+        }
+    }
+    let controller = AbortController::new().map_err(|e| LeaseError::Network(describe(&e)))?;
+    // Follow the caller's signal for the duration of the request.
+    let follow = call.signal.map(|s| {
+        let c = controller.clone();
+        let s2 = s.clone();
+        let cb = wasm_bindgen::closure::Closure::<dyn FnMut()>::new(move || {
+            c.abort_with_reason(&s2.reason());
+        });
+        let _ = s.add_event_listener_with_callback("abort", cb.as_ref().unchecked_ref());
+        (s.clone(), cb)
+    });
+    let result = send_inner(&call, &controller).await;
+    if let Some((s, cb)) = follow {
+        let _ = s.remove_event_listener_with_callback("abort", cb.as_ref().unchecked_ref());
+    }
+    result
+}
+
+async fn send_inner(call: &Call<'_>, controller: &AbortController) -> Result<Answer> {
+    let headers = Headers::new().map_err(|e| LeaseError::Network(describe(&e)))?;
+    if let Some(t) = call.bearer {
+        let _ = headers.set("Authorization", &format!("Bearer {t}"));
+    }
+    let init = RequestInit::new();
+    init.set_method(call.method);
+    if let Some(b) = call.body {
+        let _ = headers.set("Content-Type", "application/json");
+        init.set_body(&JsValue::from_str(b));
+    }
+    init.set_headers(&headers);
+    init.set_signal(Some(&controller.signal()));
+    let promise: Promise = global_fetch()?
+        .call2(&JsValue::UNDEFINED, &JsValue::from_str(call.url), &init)
+        .map_err(|e| LeaseError::Network(describe(&e)))?
+        .unchecked_into();
+    let fetch = async {
+        let resp: Response = JsFuture::from(promise).await?.unchecked_into();
+        let text = JsFuture::from(resp.text()?)
+            .await?
+            .as_string()
+            .unwrap_or_default();
+        Ok::<_, JsValue>((resp, text))
+    };
+    let timeout = sleep_ms(call.timeout_ms);
+    let (resp, text) = match select(Box::pin(fetch), Box::pin(timeout)).await {
+        Either::Left((Ok(r), _)) => r,
+        Either::Left((Err(e), _)) => {
+            return Err(match call.signal {
+                Some(s) if s.aborted() => LeaseError::Aborted(s.reason()),
+                _ => LeaseError::Network(describe(&e)),
+            })
+        }
+        Either::Right(_) => {
+            controller.abort();
+            return Err(LeaseError::Network(format!(
+                "no answer within {} ms",
+                call.timeout_ms.round()
+            )));
+        }
+    };
+    let status = resp.status();
+    let retry_after_ms = resp
+        .headers()
+        .get("Retry-After")
+        .ok()
+        .flatten()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|s| s * 1000.0);
+    if (200..300).contains(&status) {
+        return Ok(Answer {
+            status,
+            text,
+            retry_after_ms,
+        });
+    }
+    Err(error_from(status, &text, retry_after_ms))
+}
+
+/// Maps a non-2xx answer to an error.
+pub fn error_from(status: u16, text: &str, retry_after_ms: Option<f64>) -> LeaseError {
+    let (code, message) = match serde_json::from_str::<ErrorBody>(text) {
+        Ok(b) => (b.code, b.message),
+        Err(_) => (
+            ErrorCode::ALL
+                .into_iter()
+                .find(|c| c.status() == status)
+                .unwrap_or(ErrorCode::Internal),
+            format!("HTTP {status}"),
+        ),
+    };
+    match code {
+        ErrorCode::StateConflict => LeaseError::StateConflict(message),
+        ErrorCode::Unauthorized => LeaseError::Unauthorized(message),
+        ErrorCode::RateLimited => LeaseError::RateLimited {
+            retry_after_ms: retry_after_ms.unwrap_or(1000.0),
+        },
+        ErrorCode::Validation => LeaseError::Validation(message),
+        code => LeaseError::Server {
+            code,
+            status,
+            message,
+        },
+    }
+}
+
+/// A readable description of a thrown JS value.
+pub fn describe(e: &JsValue) -> String {
+    let s = |k: &str| Reflect::get(e, &k.into()).ok().and_then(|v| v.as_string());
+    match (s("name"), s("message")) {
+        (Some(n), Some(m)) => format!("{n}: {m}"),
+        (None, Some(m)) => m,
+        _ => e.as_string().unwrap_or_else(|| format!("{e:?}")),
+    }
+}

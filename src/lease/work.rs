@@ -1,0 +1,265 @@
+//! `work(queue, handler, {concurrency, pollIntervalMs})`: slots that claim,
+//! run the handler under the lease's signal, and settle by its outcome.
+//!
+//! - Empty queue: wait `pollIntervalMs` plus jitter in `[0, min(interval/2, 30 s)]`
+//!   (at least the server's `Retry-After`).
+//! - No connection: back off `random(base, min(cap, base·2^n))`, base 10 s,
+//!   cap 5 min, reset by any answer (one schedule shared by the slots).
+//! - Handler result → `settle("done", result)`; throw → `settle("failed")` with
+//!   the error's message; lease lost meanwhile → the result is discarded and
+//!   nothing is settled (the slot moves on at once).
+//! - `stop()` stops claiming, lets running handlers finish and settle, and
+//!   resolves when every slot is idle.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use agentstore_protocol::lease::SettleState;
+use agentstore_protocol::lease_client::{poll_delay_ms, Reconnect};
+use futures::future::{join_all, select, Either};
+use js_sys::{Function, Promise};
+use wasm_bindgen::{JsCast, JsValue};
+use wasm_bindgen_futures::JsFuture;
+
+use super::client::{Claimed, ClientInner};
+use super::error::LeaseError;
+use super::http::{describe, random, sleep_ms};
+use super::lease::{LeaseInner, Status};
+
+/// Options of a work loop.
+#[derive(Debug, Clone)]
+pub struct WorkOptions {
+    /// Slots claiming and running in parallel (1..=64).
+    pub concurrency: u32,
+    /// Wait after an empty claim (ms), before jitter. Default 5 s.
+    pub poll_interval_ms: f64,
+    /// Reconnect backoff base (ms). Default 10 s.
+    pub reconnect_base_ms: f64,
+    /// Reconnect backoff cap (ms). Default 5 min.
+    pub reconnect_cap_ms: f64,
+}
+
+impl Default for WorkOptions {
+    fn default() -> WorkOptions {
+        WorkOptions {
+            concurrency: 1,
+            poll_interval_ms: 5_000.0,
+            reconnect_base_ms: agentstore_protocol::backoff::RECONNECT_BASE_MS,
+            reconnect_cap_ms: agentstore_protocol::backoff::RECONNECT_CAP_MS,
+        }
+    }
+}
+
+/// Counters of a work loop.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Leases claimed.
+    pub claimed: u32,
+    /// Settled `done`.
+    pub done: u32,
+    /// Settled `failed` (the handler threw).
+    pub failed: u32,
+    /// Lost before settling: result discarded, nothing settled.
+    pub lost: u32,
+    /// Connection failures (each followed by a backoff).
+    pub connection_failures: u32,
+    /// The most recent reconnect delay (ms).
+    pub last_backoff_ms: u32,
+}
+
+/// A running work loop.
+pub struct WorkerInner {
+    client: Rc<ClientInner>,
+    queue: String,
+    handler: Function,
+    options: WorkOptions,
+    backoff: RefCell<Reconnect>,
+    stopping: Cell<bool>,
+    /// Resolves when `stop()` is called; every wait races it.
+    stopped: Promise,
+    stop_resolve: RefCell<Option<Function>>,
+    /// Counters.
+    pub stats: RefCell<Stats>,
+    /// Backoff delays waited (ms), for tests of the schedule (last 32).
+    pub backoffs: RefCell<Vec<f64>>,
+    /// Resolves when every slot has ended.
+    pub finished:
+        RefCell<Option<futures::future::Shared<futures::future::LocalBoxFuture<'static, ()>>>>,
+}
+
+impl WorkerInner {
+    /// Starts `options.concurrency` slots; `wrap` builds the JS `Lease` handed
+    /// to the handler.
+    pub fn start(
+        client: Rc<ClientInner>,
+        queue: String,
+        handler: Function,
+        options: WorkOptions,
+        wrap: fn(Rc<LeaseInner>) -> JsValue,
+    ) -> Rc<WorkerInner> {
+        let slot: Rc<RefCell<Option<Function>>> = Rc::new(RefCell::new(None));
+        let s2 = slot.clone();
+        let stopped = Promise::new(&mut |resolve, _| *s2.borrow_mut() = Some(resolve));
+        let stop_resolve = slot.borrow_mut().take();
+        let w = Rc::new(WorkerInner {
+            client,
+            queue,
+            handler,
+            backoff: RefCell::new(Reconnect::new(
+                options.reconnect_base_ms,
+                options.reconnect_cap_ms,
+            )),
+            options,
+            stopping: Cell::new(false),
+            stopped,
+            stop_resolve: RefCell::new(stop_resolve),
+            stats: RefCell::new(Stats::default()),
+            backoffs: RefCell::new(Vec::new()),
+            finished: RefCell::new(None),
+        });
+        let n = w.options.concurrency.clamp(1, 64);
+        let slots: Vec<_> = (0..n).map(|_| slot_loop(w.clone(), wrap)).collect();
+        use futures::FutureExt;
+        let all = async move {
+            join_all(slots).await;
+        }
+        .boxed_local()
+        .shared();
+        *w.finished.borrow_mut() = Some(all.clone());
+        wasm_bindgen_futures::spawn_local(all);
+        w
+    }
+
+    /// Stops claiming; resolves when running handlers have finished and settled.
+    pub async fn stop(&self) {
+        self.stopping.set(true);
+        if let Some(r) = self.stop_resolve.borrow_mut().take() {
+            let _ = r.call0(&JsValue::UNDEFINED);
+        }
+        let f = self.finished.borrow().clone();
+        if let Some(f) = f {
+            f.await;
+        }
+    }
+
+    /// Whether `stop()` was called.
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.get()
+    }
+
+    /// Waits `ms`, or less if `stop()` is called.
+    async fn wait(&self, ms: f64) {
+        let stop = JsFuture::from(self.stopped.clone());
+        let _ = select(Box::pin(sleep_ms(ms)), Box::pin(stop)).await;
+    }
+}
+
+async fn slot_loop(w: Rc<WorkerInner>, wrap: fn(Rc<LeaseInner>) -> JsValue) {
+    while !w.stopping.get() {
+        match w.client.claim(&w.queue, None).await {
+            Ok(Claimed::Lease(lease)) => {
+                w.backoff.borrow_mut().on_success();
+                w.stats.borrow_mut().claimed += 1;
+                if w.stopping.get() {
+                    let _ = lease.release().await;
+                    break;
+                }
+                run_one(&w, &lease, wrap).await;
+            }
+            Ok(Claimed::Empty(retry_after)) => {
+                w.backoff.borrow_mut().on_success();
+                let d = poll_delay_ms(w.options.poll_interval_ms, retry_after, random());
+                w.wait(d).await;
+            }
+            Err(LeaseError::RateLimited { retry_after_ms }) => {
+                w.backoff.borrow_mut().on_success();
+                w.wait(poll_delay_ms(retry_after_ms, None, random())).await;
+            }
+            Err(LeaseError::Closed) => break,
+            Err(e) => {
+                // No answer (or an error that retrying may fix): back off.
+                let d = w.backoff.borrow_mut().on_failure(random());
+                {
+                    let mut st = w.stats.borrow_mut();
+                    st.connection_failures += 1;
+                    st.last_backoff_ms = d.round() as u32;
+                }
+                {
+                    let mut b = w.backoffs.borrow_mut();
+                    if b.len() >= 32 {
+                        b.remove(0);
+                    }
+                    b.push(d);
+                }
+                if !e.is_transient() {
+                    super::lifecycle::warn(&format!("agentstore work({}): {e}", w.queue));
+                }
+                w.wait(d).await;
+            }
+        }
+    }
+}
+
+/// Runs the handler for one lease and settles by its outcome.
+async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseInner>) -> JsValue) {
+    let js_lease = wrap(lease.clone());
+    let outcome = match w.handler.call1(&JsValue::UNDEFINED, &js_lease) {
+        Err(thrown) => Err(thrown),
+        Ok(v) => match v.dyn_ref::<Promise>() {
+            None => Ok(v),
+            Some(p) => {
+                let run = JsFuture::from(p.clone());
+                let lost = JsFuture::from(lease.ended.clone());
+                match select(Box::pin(run), Box::pin(lost)).await {
+                    Either::Left((r, _)) => r,
+                    // The lease ended first (lost): discard whatever comes later.
+                    Either::Right(_) => Err(JsValue::UNDEFINED),
+                }
+            }
+        },
+    };
+    if lease.status() != Status::Held {
+        w.stats.borrow_mut().lost += 1;
+        return;
+    }
+    let (state, result, error) = match outcome {
+        Ok(v) => (SettleState::Done, to_value(&v), None),
+        Err(e) => (SettleState::Failed, None, Some(describe(&e))),
+    };
+    let mut attempt = 0u32;
+    loop {
+        match lease.settle(state, result.clone(), error.clone()).await {
+            Ok(_) => {
+                let mut st = w.stats.borrow_mut();
+                match state {
+                    SettleState::Done => st.done += 1,
+                    _ => st.failed += 1,
+                }
+                return;
+            }
+            Err(e) if e.is_transient() && lease.status() == Status::Held && attempt < 8 => {
+                attempt += 1;
+                let d =
+                    agentstore_protocol::backoff::full_jitter_ms(attempt, 100.0, 5_000.0, random());
+                sleep_ms(d).await;
+            }
+            Err(_) => {
+                if lease.status() != Status::Settled {
+                    w.stats.borrow_mut().lost += 1;
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// A handler's result as JSON (`undefined` → no result; non-JSON → its string).
+fn to_value(v: &JsValue) -> Option<serde_json::Value> {
+    if v.is_undefined() {
+        return None;
+    }
+    js_sys::JSON::stringify(v)
+        .ok()
+        .and_then(|s| s.as_string())
+        .and_then(|s| serde_json::from_str(&s).ok())
+}

@@ -1,0 +1,586 @@
+//! The JavaScript API of work leases (`#[wasm_bindgen]` exports): `LeaseClient`,
+//! `Lease` and `Worker`. Thin: parse options, call [`crate::lease`], turn
+//! results into plain JS objects and errors into JS `Error`s (`ClaimLostError`
+//! carries `reason`: `claim_lost` | `expired_locally` | `released`). Every
+//! method returning a Promise never panics.
+
+use std::rc::Rc;
+
+use agentstore_protocol::lease::SettleState;
+use js_sys::{Array, Function, Object, Promise, Reflect};
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::future_to_promise;
+use web_sys::{AbortController, AbortSignal, Headers, Request, RequestInit};
+
+use crate::error::set;
+use crate::lease::{
+    Claimed, ClientConfig, ClientInner, Credentials, LeaseError, LeaseInner, Status, WorkOptions,
+    WorkerInner,
+};
+
+#[wasm_bindgen(typescript_custom_section)]
+const TS_LEASE_TYPES: &str = r#"
+export interface LeaseClientOptions {
+  /** Bearer token (a worker's access token, or the admin token). */
+  accessToken?: string;
+  /** Refresh token: used once on a 401, then rotated (see onCredentials). */
+  refreshToken?: string;
+  /** Single-use enrollment token: enrolls on the first request when no accessToken is given. */
+  enrollmentToken?: string;
+  /** Worker name sent with the enrollment. */
+  name?: string;
+  /** Called after each enrollment/refresh with the NEW tokens; persist refreshToken. */
+  onCredentials?: (c: { workerId: number; accessToken: string; refreshToken: string; accessExpiresInMs: number }) => void;
+  /** Bound of one request (ms). Default 30000. */
+  requestTimeoutMs?: number;
+  /** Lease journal: false disables it, a string names its IndexedDB database. Default "agentstore-leases". */
+  journal?: boolean | string;
+  /** Hold a Web Lock per lease (navigator.locks; skipped where absent). Default true. */
+  webLocks?: boolean;
+  /** Release held leases with a beacon on pagehide (windows only). Default true. */
+  releaseOnPagehide?: boolean;
+  /** recover(): how long to wait for another page's lease lock (ms). Default 1000. */
+  lockWaitMs?: number;
+  /** TEST HOOK: maps each heartbeat timer delay (ms) to the delay used (simulates throttled tabs). */
+  testTimerDelay?: (ms: number) => number;
+}
+export interface WorkOptions {
+  /** Parallel slots, 1..64. Default 1. */
+  concurrency?: number;
+  /** Wait after an empty claim (ms), plus jitter in [0, min(interval/2, 30 s)]. Default 5000. */
+  pollIntervalMs?: number;
+  /** Reconnect backoff random(base, min(cap, base*2^n)); defaults 10000 and 300000 ms. */
+  reconnectBaseMs?: number;
+  reconnectCapMs?: number;
+}
+export interface WorkStats { claimed: number; done: number; failed: number; lost: number; connectionFailures: number; backoffsMs: number[]; }
+export interface Recovery { released: number[]; lost: number[]; busy: number[]; skipped: number[]; resumed: Lease[]; }
+/** `ClaimLostError`: the lease is gone; nothing was written under it. */
+export interface ClaimLostError extends Error { code: "claim_lost"; status: 409; reason: "claim_lost" | "expired_locally" | "released"; itemId: number; }
+"#;
+
+fn run<F>(f: F) -> Promise
+where
+    F: std::future::Future<Output = Result<JsValue, LeaseError>> + 'static,
+{
+    future_to_promise(async move { f.await.map_err(|e| e.to_js()) })
+}
+
+fn opt(options: &JsValue, key: &str) -> JsValue {
+    if options.is_object() {
+        Reflect::get(options, &key.into()).unwrap_or(JsValue::UNDEFINED)
+    } else {
+        JsValue::UNDEFINED
+    }
+}
+
+fn opt_str(options: &JsValue, key: &str) -> Result<Option<String>, LeaseError> {
+    let v = opt(options, key);
+    if v.is_undefined() || v.is_null() {
+        return Ok(None);
+    }
+    v.as_string()
+        .map(Some)
+        .ok_or_else(|| LeaseError::Validation(format!("{key} must be a string")))
+}
+
+fn opt_num(options: &JsValue, key: &str, min: f64, max: f64) -> Result<Option<f64>, LeaseError> {
+    let v = opt(options, key);
+    if v.is_undefined() || v.is_null() {
+        return Ok(None);
+    }
+    match v.as_f64() {
+        Some(n) if n.is_finite() && (min..=max).contains(&n) => Ok(Some(n)),
+        _ => Err(LeaseError::Validation(format!(
+            "{key} must be a number in [{min}, {max}]"
+        ))),
+    }
+}
+
+fn opt_bool(options: &JsValue, key: &str) -> Result<Option<bool>, LeaseError> {
+    let v = opt(options, key);
+    if v.is_undefined() || v.is_null() {
+        return Ok(None);
+    }
+    v.as_bool()
+        .map(Some)
+        .ok_or_else(|| LeaseError::Validation(format!("{key} must be a boolean")))
+}
+
+fn opt_fn(options: &JsValue, key: &str) -> Result<Option<Function>, LeaseError> {
+    let v = opt(options, key);
+    if v.is_undefined() || v.is_null() {
+        return Ok(None);
+    }
+    v.dyn_into::<Function>()
+        .map(Some)
+        .map_err(|_| LeaseError::Validation(format!("{key} must be a function")))
+}
+
+fn opt_signal(options: &JsValue) -> Result<Option<AbortSignal>, LeaseError> {
+    let v = opt(options, "signal");
+    if v.is_undefined() || v.is_null() {
+        return Ok(None);
+    }
+    v.dyn_into::<AbortSignal>()
+        .map(Some)
+        .map_err(|_| LeaseError::Validation("signal must be an AbortSignal".into()))
+}
+
+/// A client of the agentstore lease server.
+///
+/// ```js
+/// const client = new LeaseClient("https://leases.example", { enrollmentToken, onCredentials: save });
+/// await client.recover();                  // release what a closed page still held
+/// const lease = await client.claim("jobs"); // Lease | null
+/// if (lease) {
+///   const res = await lease.fetch("/api/run", { method: "POST", body: JSON.stringify(lease.item.payload) });
+///   await lease.settle("done", await res.json());
+/// }
+/// ```
+///
+/// Heartbeats run automatically (one batched request for all held leases) at
+/// the server's interval; a lease whose heartbeats fail until its local
+/// deadline (`sent_at` of the last successful heartbeat + TTL − margin, on
+/// `performance.now()`) aborts with `expired_locally`.
+#[wasm_bindgen]
+pub struct LeaseClient {
+    inner: Rc<ClientInner>,
+}
+
+#[wasm_bindgen]
+impl LeaseClient {
+    /// `new LeaseClient(baseUrl, options)`; see `LeaseClientOptions`.
+    ///
+    /// # Errors
+    /// `ValidationError` for a bad base URL or option.
+    #[wasm_bindgen(constructor)]
+    pub fn new(base_url: &str, options: JsValue) -> Result<LeaseClient, JsValue> {
+        Self::build(base_url, &options).map_err(|e| e.to_js())
+    }
+
+    fn build(base_url: &str, o: &JsValue) -> Result<LeaseClient, LeaseError> {
+        let creds = Credentials {
+            access_token: opt_str(o, "accessToken")?,
+            refresh_token: opt_str(o, "refreshToken")?,
+            enrollment_token: opt_str(o, "enrollmentToken")?,
+            name: opt_str(o, "name")?,
+        };
+        let mut config = ClientConfig::default();
+        if let Some(t) = opt_num(o, "requestTimeoutMs", 1.0, 600_000.0)? {
+            config.request_timeout_ms = t;
+        }
+        let journal = opt(o, "journal");
+        if let Some(b) = journal.as_bool() {
+            if !b {
+                config.journal_name = None;
+            }
+        } else if let Some(name) = journal.as_string() {
+            config.journal_name = Some(name);
+        } else if !journal.is_undefined() && !journal.is_null() {
+            return Err(LeaseError::Validation(
+                "journal must be a boolean or a string".into(),
+            ));
+        }
+        if let Some(b) = opt_bool(o, "webLocks")? {
+            config.use_locks = b;
+        }
+        if let Some(b) = opt_bool(o, "releaseOnPagehide")? {
+            config.release_on_pagehide = b;
+        }
+        if let Some(ms) = opt_num(o, "lockWaitMs", 0.0, 600_000.0)? {
+            config.lock_wait_ms = ms;
+        }
+        config.timer_delay = opt_fn(o, "testTimerDelay")?;
+        config.on_credentials = opt_fn(o, "onCredentials")?;
+        Ok(LeaseClient {
+            inner: ClientInner::new(base_url, creds, config)?,
+        })
+    }
+
+    /// Claims the oldest open item of `queue`: a `Lease`, or `null` when none is open.
+    /// Options: `{signal}`.
+    ///
+    /// # Errors
+    /// `NetworkError`, `RateLimitedError` (`retryAfterMs`), `UnauthorizedError`,
+    /// `AbortError`, `ValidationError`, `ClosedError`.
+    pub fn claim(&self, queue: String, options: JsValue) -> Promise {
+        let inner = self.inner.clone();
+        run(async move {
+            let signal = opt_signal(&options)?;
+            match inner.claim(&queue, signal.as_ref()).await? {
+                Claimed::Lease(l) => Ok(Lease { inner: l }.into()),
+                Claimed::Empty(_) => Ok(JsValue::NULL),
+            }
+        })
+    }
+
+    /// Starts a work loop: `handler(lease)` (may be async) runs for each claimed
+    /// item under `lease.signal`; its result settles `done`, a throw settles
+    /// `failed`, a lost lease discards it. See `WorkOptions`.
+    ///
+    /// # Errors
+    /// `ValidationError` for bad options.
+    pub fn work(
+        &self,
+        queue: String,
+        handler: Function,
+        options: JsValue,
+    ) -> Result<Worker, JsValue> {
+        let parse = || -> Result<WorkOptions, LeaseError> {
+            let mut w = WorkOptions::default();
+            if let Some(c) = opt_num(&options, "concurrency", 1.0, 64.0)? {
+                w.concurrency = c as u32;
+            }
+            if let Some(p) = opt_num(&options, "pollIntervalMs", 0.0, 3_600_000.0)? {
+                w.poll_interval_ms = p;
+            }
+            if let Some(b) = opt_num(&options, "reconnectBaseMs", 0.0, 3_600_000.0)? {
+                w.reconnect_base_ms = b;
+            }
+            if let Some(c) = opt_num(&options, "reconnectCapMs", 0.0, 3_600_000.0)? {
+                w.reconnect_cap_ms = c;
+            }
+            Ok(w)
+        };
+        let opts = parse().map_err(|e| e.to_js())?;
+        let inner = WorkerInner::start(self.inner.clone(), queue, handler, opts, wrap_lease);
+        Ok(Worker { inner })
+    }
+
+    /// Reconciles leases journalled by earlier pages (for this base URL): those
+    /// no live page holds are released now (`{resume: true}`: heartbeated and
+    /// returned in `resumed` when still valid). Leases another page holds (its
+    /// Web Lock is taken) are left alone; without Web Locks nothing is touched.
+    pub fn recover(&self, options: JsValue) -> Promise {
+        let inner = self.inner.clone();
+        run(async move {
+            let resume = opt_bool(&options, "resume")?.unwrap_or(false);
+            let r = inner.recover(resume).await?;
+            let o = Object::new();
+            let ids = |v: &[i64]| -> JsValue {
+                v.iter()
+                    .map(|&i| JsValue::from(i as f64))
+                    .collect::<Array>()
+                    .into()
+            };
+            set(&o, "released", &ids(&r.released));
+            set(&o, "lost", &ids(&r.lost));
+            set(&o, "busy", &ids(&r.busy));
+            set(&o, "skipped", &ids(&r.skipped));
+            let resumed: Array = r.resumed.into_iter().map(wrap_lease).collect();
+            set(&o, "resumed", &resumed);
+            Ok(o.into())
+        })
+    }
+
+    /// The leases this client holds now.
+    #[wasm_bindgen(getter)]
+    pub fn held(&self) -> Array {
+        self.inner.held().into_iter().map(wrap_lease).collect()
+    }
+
+    /// The current tokens `{accessToken, refreshToken}` (null when absent).
+    #[wasm_bindgen(getter)]
+    pub fn credentials(&self) -> JsValue {
+        let c = self.inner.credentials();
+        let o = Object::new();
+        let s = |v: Option<String>| v.map_or(JsValue::NULL, JsValue::from);
+        set(&o, "accessToken", &s(c.access_token));
+        set(&o, "refreshToken", &s(c.refresh_token));
+        o.into()
+    }
+
+    /// Releases every held lease (their signals abort with `released`) and
+    /// stops; later calls reject with `ClosedError`.
+    pub fn close(&self) -> Promise {
+        let inner = self.inner.clone();
+        run(async move {
+            inner.close().await;
+            Ok(JsValue::UNDEFINED)
+        })
+    }
+}
+
+fn wrap_lease(inner: Rc<LeaseInner>) -> JsValue {
+    Lease { inner }.into()
+}
+
+/// A claimed work item. `signal` aborts with a `ClaimLostError` when the lease
+/// is lost (`reason: "claim_lost"`), expires locally (`"expired_locally"`) or is
+/// released (`"released"`); stop the work then — nothing settled under a lost
+/// lease is accepted by the server.
+///
+/// Fence your own writes with `epoch` (it grows on every claim of the item):
+/// store it with what you write and refuse writes with a lower epoch than the
+/// stored one; `lease.fetch()` sends it as `X-Lease-Epoch` (and the token as
+/// `X-Lease-Token`) for your server to check.
+#[wasm_bindgen]
+pub struct Lease {
+    inner: Rc<LeaseInner>,
+}
+
+impl Lease {
+    /// Wraps a Rust lease (for `work()` handlers and tests).
+    pub fn from_inner(inner: Rc<LeaseInner>) -> Lease {
+        Lease { inner }
+    }
+
+    /// The Rust side of this lease.
+    pub fn inner(&self) -> &Rc<LeaseInner> {
+        &self.inner
+    }
+}
+
+#[wasm_bindgen]
+impl Lease {
+    /// The item as the server sent it: `{id, queue, state, payload, attempts, max_attempts, epoch, …}`.
+    #[wasm_bindgen(getter)]
+    pub fn item(&self) -> JsValue {
+        self.inner.item.clone()
+    }
+
+    /// The item id.
+    #[wasm_bindgen(getter, js_name = itemId)]
+    pub fn item_id(&self) -> f64 {
+        self.inner.item_id as f64
+    }
+
+    /// The claim's epoch (exact: below 2^53).
+    #[wasm_bindgen(getter)]
+    pub fn epoch(&self) -> f64 {
+        self.inner.epoch as f64
+    }
+
+    /// The queue.
+    #[wasm_bindgen(getter)]
+    pub fn queue(&self) -> String {
+        self.inner.queue.clone()
+    }
+
+    /// The lease token (the fence of every call about this claim; keep it secret).
+    #[wasm_bindgen(getter)]
+    pub fn token(&self) -> String {
+        self.inner.token().to_owned()
+    }
+
+    /// Aborted with a `ClaimLostError` when the lease is lost or released.
+    #[wasm_bindgen(getter)]
+    pub fn signal(&self) -> AbortSignal {
+        self.inner.signal()
+    }
+
+    /// `"held"`, `"ending"`, `"settled"`, or the loss reason.
+    #[wasm_bindgen(getter)]
+    pub fn status(&self) -> String {
+        match self.inner.status() {
+            Status::Held => "held".into(),
+            Status::Ending => "ending".into(),
+            Status::Settled => "settled".into(),
+            Status::Lost(r) => r.as_str().into(),
+        }
+    }
+
+    /// Milliseconds left to the local deadline (negative once past it).
+    #[wasm_bindgen(getter, js_name = msToDeadline)]
+    pub fn ms_to_deadline(&self) -> f64 {
+        self.inner.deadline() - crate::lease::http::now_ms()
+    }
+
+    /// Throws the `ClaimLostError` if the lease is no longer held.
+    #[wasm_bindgen(js_name = throwIfLost)]
+    pub fn throw_if_lost(&self) -> Result<(), JsValue> {
+        match self.inner.lost_error() {
+            Some(e) => Err(e.to_js()),
+            None => Ok(()),
+        }
+    }
+
+    /// Renews now; resolves with the TTL (ms). Automatic heartbeats already run.
+    pub fn heartbeat(&self) -> Promise {
+        let inner = self.inner.clone();
+        run(async move { Ok(JsValue::from(inner.heartbeat().await? as f64)) })
+    }
+
+    /// Settles into `state` (`"done"`, `"failed"`, `"blocked"`, `"paused"`) with
+    /// an optional JSON `result` and `{error}` message; resolves with the item.
+    ///
+    /// # Errors
+    /// `ClaimLostError` (without sending anything if the lease is already lost),
+    /// `StateConflictError`, `NetworkError` (the lease is kept; retry),
+    /// `ValidationError` for a bad state or a result JSON cannot carry.
+    pub fn settle(&self, state: String, result: JsValue, options: JsValue) -> Promise {
+        let inner = self.inner.clone();
+        run(async move {
+            let state = match state.as_str() {
+                "done" => SettleState::Done,
+                "failed" => SettleState::Failed,
+                "blocked" => SettleState::Blocked,
+                "paused" => SettleState::Paused,
+                other => {
+                    return Err(LeaseError::Validation(format!(
+                        "state must be done, failed, blocked or paused, got {other:?}"
+                    )))
+                }
+            };
+            let result = if result.is_undefined() {
+                None
+            } else {
+                let text = js_sys::JSON::stringify(&result)
+                    .ok()
+                    .and_then(|s| s.as_string())
+                    .ok_or_else(|| {
+                        LeaseError::Validation("result must be JSON-serialisable".into())
+                    })?;
+                Some(
+                    serde_json::from_str(&text)
+                        .map_err(|e| LeaseError::Validation(format!("result: {e}")))?,
+                )
+            };
+            let error = opt_str(&options, "error")?;
+            inner.settle(state, result, error).await
+        })
+    }
+
+    /// Gives the item back now (one attempt counted); `signal` aborts with `released`.
+    pub fn release(&self) -> Promise {
+        let inner = self.inner.clone();
+        run(async move {
+            inner.release().await?;
+            Ok(JsValue::UNDEFINED)
+        })
+    }
+
+    /// `fetch(input, init)` with `X-Lease-Token` and `X-Lease-Epoch` headers,
+    /// aborted when the lease is lost (and by `init.signal`). Rejects at once with
+    /// the `ClaimLostError` when the lease is already lost. Cross-origin targets
+    /// must allow these headers in CORS.
+    pub fn fetch(&self, input: JsValue, init: JsValue) -> Promise {
+        let request = match self.prepare_request(input, init) {
+            Ok(r) => r,
+            Err(e) => return Promise::reject(&e),
+        };
+        let fetch = Reflect::get(&js_sys::global(), &"fetch".into())
+            .ok()
+            .and_then(|f| f.dyn_into::<Function>().ok());
+        match fetch.map(|f| f.call1(&JsValue::UNDEFINED, &request)) {
+            Some(Ok(p)) => p
+                .dyn_into::<Promise>()
+                .unwrap_or_else(|v| Promise::resolve(&v)),
+            Some(Err(e)) => Promise::reject(&e),
+            None => Promise::reject(&LeaseError::Network("fetch is not available".into()).to_js()),
+        }
+    }
+
+    /// The `Request` that `fetch(input, init)` sends: lease headers stamped and
+    /// a signal that follows both the lease and `init.signal`.
+    ///
+    /// # Errors
+    /// The `ClaimLostError` when the lease is lost; the `Request` constructor's
+    /// `TypeError` for bad input.
+    #[wasm_bindgen(js_name = prepareRequest)]
+    pub fn prepare_request(&self, input: JsValue, init: JsValue) -> Result<Request, JsValue> {
+        if let Some(e) = self.inner.lost_error() {
+            return Err(e.to_js());
+        }
+        let base = match input.as_string() {
+            Some(url) if init.is_object() => {
+                Request::new_with_str_and_init(&url, init.unchecked_ref())?
+            }
+            Some(url) => Request::new_with_str(&url)?,
+            None => {
+                let req: Request = input.dyn_into().map_err(|_| {
+                    LeaseError::Validation("input must be a URL string or a Request".into()).to_js()
+                })?;
+                if init.is_object() {
+                    Request::new_with_request_and_init(&req, init.unchecked_ref())?
+                } else {
+                    req
+                }
+            }
+        };
+        let headers = Headers::new_with_headers(&base.headers())?;
+        headers.set("X-Lease-Token", self.inner.token())?;
+        headers.set("X-Lease-Epoch", &self.inner.epoch.to_string())?;
+        let signal = follow_both(&self.inner.signal(), &base.signal())?;
+        let next = RequestInit::new();
+        next.set_headers(&headers);
+        next.set_signal(Some(&signal));
+        Request::new_with_request_and_init(&base, &next)
+    }
+
+    /// TEST HOOK: suspends (true) or resumes (false) this lease's automatic
+    /// heartbeats, to simulate a stalled worker.
+    #[wasm_bindgen(js_name = setHeartbeatsPaused)]
+    pub fn set_heartbeats_paused(&self, paused: bool) {
+        self.inner.set_heartbeats_paused(paused);
+    }
+}
+
+/// A signal aborted when either input aborts (`AbortSignal.any` when present).
+fn follow_both(a: &AbortSignal, b: &AbortSignal) -> Result<AbortSignal, JsValue> {
+    if a.aborted() {
+        return Ok(a.clone());
+    }
+    if b.aborted() {
+        return Ok(b.clone());
+    }
+    let ctor = Reflect::get(&js_sys::global(), &"AbortSignal".into())?;
+    if Reflect::get(&ctor, &"any".into()).is_ok_and(|f| f.is_function()) {
+        let both: Array = [a.clone(), b.clone()].iter().collect();
+        return Ok(AbortSignal::any(&both));
+    }
+    let c = AbortController::new()?;
+    for s in [a, b] {
+        let c2 = c.clone();
+        let s2 = s.clone();
+        let cb = Closure::once_into_js(move || c2.abort_with_reason(&s2.reason()));
+        s.add_event_listener_with_callback("abort", cb.unchecked_ref())?;
+    }
+    Ok(c.signal())
+}
+
+/// A running `work()` loop.
+#[wasm_bindgen]
+pub struct Worker {
+    inner: Rc<WorkerInner>,
+}
+
+#[wasm_bindgen]
+impl Worker {
+    /// Stops claiming; resolves when running handlers have finished and settled.
+    pub fn stop(&self) -> Promise {
+        let inner = self.inner.clone();
+        run(async move {
+            inner.stop().await;
+            Ok(JsValue::UNDEFINED)
+        })
+    }
+
+    /// Counters: `{claimed, done, failed, lost, connectionFailures, backoffsMs}`.
+    #[wasm_bindgen(getter)]
+    pub fn stats(&self) -> JsValue {
+        let s = *self.inner.stats.borrow();
+        let o = Object::new();
+        set(&o, "claimed", &s.claimed.into());
+        set(&o, "done", &s.done.into());
+        set(&o, "failed", &s.failed.into());
+        set(&o, "lost", &s.lost.into());
+        set(&o, "connectionFailures", &s.connection_failures.into());
+        let b: Array = self
+            .inner
+            .backoffs
+            .borrow()
+            .iter()
+            .map(|&d| JsValue::from(d))
+            .collect();
+        set(&o, "backoffsMs", &b);
+        o.into()
+    }
+
+    /// True once `stop()` was called.
+    #[wasm_bindgen(getter)]
+    pub fn stopping(&self) -> bool {
+        self.inner.is_stopping()
+    }
+}

@@ -1,0 +1,215 @@
+//! Helpers shared by the lease browser suites. The server URL and admin token
+//! come in at compile time (`AGENTSTORE_TEST_SERVER`,
+//! `AGENTSTORE_TEST_ADMIN_TOKEN`; scripts/test.sh starts the server with short
+//! TTLs). Without them the suites fail under `CI` and skip with a console note
+//! otherwise.
+#![allow(dead_code)]
+
+use std::rc::Rc;
+
+use agentstore::lease::{Claimed, ClientConfig, ClientInner, Credentials, LeaseError, LeaseInner};
+use agentstore_protocol::lease::{ItemList, ItemView};
+use futures::future::{select, Either};
+use js_sys::{Function, Promise, Reflect};
+use serde_json::{json, Value};
+use wasm_bindgen::{JsCast, JsValue};
+use wasm_bindgen_futures::JsFuture;
+use web_sys::{Headers, RequestInit, Response};
+
+/// The server flags scripts/test.sh uses: TTL 3 s, heartbeat 0.5 s, reaper 0.2 s.
+pub const TTL_MS: f64 = 3_000.0;
+/// Heartbeat interval of the test server.
+pub const HEARTBEAT_MS: f64 = 500.0;
+
+/// `(base URL, admin token)`, or `None` (skip) outside CI.
+pub fn server() -> Option<(&'static str, &'static str)> {
+    match (
+        option_env!("AGENTSTORE_TEST_SERVER"),
+        option_env!("AGENTSTORE_TEST_ADMIN_TOKEN"),
+    ) {
+        (Some(url), Some(admin)) if !url.is_empty() => Some((url, admin)),
+        _ => {
+            assert!(
+                option_env!("CI").is_none(),
+                "AGENTSTORE_TEST_SERVER and AGENTSTORE_TEST_ADMIN_TOKEN must be set at compile time in CI (scripts/test.sh starts the server)"
+            );
+            web_sys::console::warn_1(
+                &"lease suite skipped: AGENTSTORE_TEST_SERVER is not set (run scripts/test.sh)"
+                    .into(),
+            );
+            None
+        }
+    }
+}
+
+/// A queue name no other test uses.
+pub fn fresh_queue(tag: &str) -> String {
+    format!("t-{tag}-{}", (js_sys::Math::random() * 1e12) as u64)
+}
+
+/// `performance.now()`.
+pub fn now() -> f64 {
+    agentstore::lease::http::now_ms()
+}
+
+/// Sleeps `ms`.
+pub async fn sleep(ms: f64) {
+    agentstore::lease::http::sleep_ms(ms).await
+}
+
+/// An admin request; returns `(status, JSON body or Null)`.
+pub async fn admin(method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let (base, token) = server().expect("server");
+    let init = RequestInit::new();
+    init.set_method(method);
+    let headers = Headers::new().unwrap();
+    headers
+        .set("Authorization", &format!("Bearer {token}"))
+        .unwrap();
+    if let Some(b) = body {
+        headers.set("Content-Type", "application/json").unwrap();
+        init.set_body(&JsValue::from_str(&b.to_string()));
+    }
+    init.set_headers(&headers);
+    let fetch: Function = Reflect::get(&js_sys::global(), &"fetch".into())
+        .unwrap()
+        .unchecked_into();
+    let p: Promise = fetch
+        .call2(&JsValue::UNDEFINED, &format!("{base}{path}").into(), &init)
+        .unwrap()
+        .unchecked_into();
+    let resp: Response = JsFuture::from(p)
+        .await
+        .expect("admin fetch")
+        .unchecked_into();
+    let text = JsFuture::from(resp.text().unwrap())
+        .await
+        .unwrap()
+        .as_string()
+        .unwrap_or_default();
+    (
+        resp.status(),
+        serde_json::from_str(&text).unwrap_or(Value::Null),
+    )
+}
+
+/// Enqueues one item; returns its id.
+pub async fn enqueue(queue: &str, payload: Value) -> i64 {
+    let (status, body) = admin(
+        "POST",
+        &format!("/v1/queues/{queue}/items"),
+        Some(json!({ "payload": payload })),
+    )
+    .await;
+    assert_eq!(status, 201, "enqueue: {body}");
+    body["id"].as_i64().expect("id")
+}
+
+/// The item as the server sees it.
+pub async fn item(id: i64) -> ItemView {
+    let (status, body) = admin("GET", &format!("/v1/items/{id}"), None).await;
+    assert_eq!(status, 200, "item {id}: {body}");
+    serde_json::from_value(body).expect("item view")
+}
+
+/// Every item of a queue.
+pub async fn items(queue: &str) -> Vec<ItemView> {
+    let (status, body) = admin(
+        "GET",
+        &format!("/v1/queues/{queue}/items?limit=10000"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    serde_json::from_value::<ItemList>(body)
+        .expect("list")
+        .items
+}
+
+/// Polls until `item(id)` satisfies `f`, for at most `ms`.
+pub async fn wait_item(id: i64, ms: f64, f: impl Fn(&ItemView) -> bool) -> ItemView {
+    let until = now() + ms;
+    loop {
+        let it = item(id).await;
+        if f(&it) || now() > until {
+            return it;
+        }
+        sleep(50.0).await;
+    }
+}
+
+/// A fresh single-use enrollment token.
+pub async fn enrollment_token() -> String {
+    let (status, body) = admin("POST", "/v1/admin/enrollment-tokens", Some(json!({}))).await;
+    assert_eq!(status, 201);
+    body["token"].as_str().unwrap().to_owned()
+}
+
+/// Test configuration: no journal, no pagehide hook (each suite is one page).
+pub fn config() -> ClientConfig {
+    ClientConfig {
+        journal_name: None,
+        release_on_pagehide: false,
+        ..ClientConfig::default()
+    }
+}
+
+/// A client authenticated with the admin token.
+pub fn admin_client(config: ClientConfig) -> Rc<ClientInner> {
+    let (base, token) = server().expect("server");
+    ClientInner::new(
+        base,
+        Credentials {
+            access_token: Some(token.to_owned()),
+            ..Credentials::default()
+        },
+        config,
+    )
+    .expect("client")
+}
+
+/// Claims from `queue`, expecting a lease.
+pub async fn claim(client: &Rc<ClientInner>, queue: &str) -> Rc<LeaseInner> {
+    match client.claim(queue, None).await.expect("claim") {
+        Claimed::Lease(l) => l,
+        Claimed::Empty(_) => panic!("queue {queue} is empty"),
+    }
+}
+
+/// Claims from `queue`, expecting nothing open.
+pub async fn claim_none(client: &Rc<ClientInner>, queue: &str) {
+    assert!(matches!(
+        client.claim(queue, None).await,
+        Ok(Claimed::Empty(_))
+    ));
+}
+
+/// Waits for the lease's signal to abort (at most `ms`); returns the abort
+/// reason's `reason` field and when it was seen.
+pub async fn wait_abort(lease: &LeaseInner, ms: f64) -> Option<(String, f64)> {
+    let signal = lease.signal();
+    let until = now() + ms;
+    while !signal.aborted() && now() < until {
+        sleep(10.0).await;
+    }
+    signal.aborted().then(|| {
+        let reason = Reflect::get(&signal.reason(), &"reason".into())
+            .ok()
+            .and_then(|r| r.as_string())
+            .unwrap_or_default();
+        (reason, now())
+    })
+}
+
+/// Races `f` against `ms`.
+pub async fn within<T>(ms: f64, f: impl std::future::Future<Output = T>) -> Option<T> {
+    match select(Box::pin(f), Box::pin(sleep(ms))).await {
+        Either::Left((v, _)) => Some(v),
+        Either::Right(_) => None,
+    }
+}
+
+/// The `reason` of a ClaimLost error.
+pub fn loss(e: &LeaseError) -> Option<&'static str> {
+    e.loss_reason().map(|r| r.as_str())
+}

@@ -1,0 +1,378 @@
+//! Leases against the real server (short TTLs from scripts/test.sh): claim,
+//! heartbeats across TTLs, release, takeover and fenced settles (case C-F2),
+//! fenced fetch, credentials and error objects.
+use agentstore::lease::{LeaseError, Status};
+use agentstore_protocol::lease::{ItemState, SettleState};
+use agentstore_protocol::ErrorCode;
+use js_sys::Reflect;
+use serde_json::json;
+use wasm_bindgen::{JsCast, JsValue};
+use wasm_bindgen_test::*;
+
+mod lease_common;
+use lease_common::*;
+
+wasm_bindgen_test_configure!(run_in_browser);
+
+#[wasm_bindgen_test]
+async fn a_heartbeated_lease_lives_five_ttls_and_release_makes_it_claimable_at_once() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("alive");
+    let id = enqueue(&q, json!({"n": 1})).await;
+    let a = admin_client(config());
+    let b = admin_client(config());
+    let lease = claim(&a, &q).await;
+    assert_eq!((lease.item_id, lease.epoch), (id, 1));
+    sleep(5.0 * TTL_MS + 500.0).await;
+    assert_eq!(lease.status(), Status::Held, "still held after 5 TTLs");
+    assert!(!lease.signal().aborted());
+    let seen = item(id).await;
+    assert_eq!(
+        (seen.state, seen.epoch, seen.attempts),
+        (ItemState::Running, 1, 0),
+        "never taken over"
+    );
+    claim_none(&b, &q).await;
+
+    let t0 = now();
+    lease.release().await.expect("release");
+    let (reason, _) = wait_abort(&lease, 10.0).await.expect("signal aborted");
+    assert_eq!(reason, "released");
+    let again = claim(&b, &q).await;
+    assert!(
+        now() - t0 < TTL_MS / 2.0,
+        "claimable at once, not after the TTL"
+    );
+    assert_eq!((again.item_id, again.epoch), (id, 2));
+    assert!(a.held().is_empty());
+    again
+        .settle(SettleState::Done, Some(json!({"ok": true})), None)
+        .await
+        .expect("settle");
+    let done = item(id).await;
+    assert_eq!(
+        (done.state, done.result),
+        (ItemState::Done, Some(json!({"ok": true})))
+    );
+}
+
+#[wasm_bindgen_test]
+async fn after_a_takeover_the_stale_settle_is_claim_lost_writes_nothing_and_aborts() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("takeover");
+    let id = enqueue(&q, json!({"n": 7})).await;
+    let w1 = admin_client(config());
+    let w2 = admin_client(config());
+    let stale = claim(&w1, &q).await;
+    stale.set_heartbeats_paused(true); // the worker stalls
+    let reopened = wait_item(id, 3.0 * TTL_MS, |it| it.state == ItemState::Open).await;
+    assert_eq!(
+        (reopened.state, reopened.attempts),
+        (ItemState::Open, 1),
+        "reaped"
+    );
+    let fresh = claim(&w2, &q).await;
+    assert_eq!(fresh.epoch, 2);
+    assert_eq!(stale.status(), Status::Held, "w1 does not know yet");
+
+    // The stalled attempt comes back and settles with its old token.
+    let e = stale
+        .settle(SettleState::Done, Some(json!({"from": "stale"})), None)
+        .await
+        .unwrap_err();
+    assert_eq!(loss(&e), Some("claim_lost"), "{e}");
+    let (reason, _) = wait_abort(&stale, 10.0)
+        .await
+        .expect("aborted on the first rejection");
+    assert_eq!(reason, "claim_lost");
+    let after = item(id).await;
+    assert_eq!(
+        (after.state, after.epoch, after.result.clone()),
+        (ItemState::Running, 2, None),
+        "nothing written; the new attempt is untouched"
+    );
+    // Every later call is refused locally without reaching the server.
+    assert_eq!(
+        loss(&stale.heartbeat().await.unwrap_err()),
+        Some("claim_lost")
+    );
+    assert_eq!(
+        loss(&stale.release().await.unwrap_err()),
+        Some("claim_lost")
+    );
+    fresh
+        .heartbeat()
+        .await
+        .expect("the new attempt still heartbeats");
+    fresh
+        .settle(SettleState::Done, Some(json!({"from": "fresh"})), None)
+        .await
+        .unwrap();
+    assert_eq!(item(id).await.result, Some(json!({"from": "fresh"})));
+}
+
+#[wasm_bindgen_test]
+async fn after_a_takeover_the_next_heartbeat_aborts_within_one_interval() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("hb-lost");
+    let id = enqueue(&q, json!({})).await;
+    let w1 = admin_client(config());
+    let w2 = admin_client(config());
+    let stale = claim(&w1, &q).await;
+    stale.set_heartbeats_paused(true);
+    wait_item(id, 3.0 * TTL_MS, |it| it.state == ItemState::Open).await;
+    let fresh = claim(&w2, &q).await;
+    let t0 = now();
+    stale.set_heartbeats_paused(false); // its next heartbeat runs at once (overdue)
+    let (reason, at) = wait_abort(&stale, 3.0 * TTL_MS).await.expect("aborted");
+    assert_eq!(reason, "claim_lost");
+    assert!(
+        at - t0 <= HEARTBEAT_MS + 300.0,
+        "within one interval: {} ms",
+        at - t0
+    );
+    let e = stale
+        .settle(SettleState::Done, None, None)
+        .await
+        .unwrap_err();
+    assert_eq!(loss(&e), Some("claim_lost"));
+    let seen = item(id).await;
+    assert_eq!(
+        (seen.state, seen.epoch, seen.result),
+        (ItemState::Running, 2, None)
+    );
+    assert!(w1.held().is_empty(), "never heartbeated again");
+    fresh.release().await.unwrap();
+}
+
+#[wasm_bindgen_test]
+async fn heartbeats_of_many_leases_share_one_request_and_settle_stores_the_result() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("many");
+    for n in 0..5 {
+        enqueue(&q, json!({ "n": n })).await;
+    }
+    let c = admin_client(config());
+    let mut leases = Vec::new();
+    for _ in 0..5 {
+        leases.push(claim(&c, &q).await);
+    }
+    assert_eq!(c.held().len(), 5);
+    sleep(2.0 * TTL_MS).await;
+    for l in &leases {
+        assert_eq!(l.status(), Status::Held);
+        assert!(l.deadline() > now(), "deadline moved forward by heartbeats");
+    }
+    let ttl = leases[0].heartbeat().await.expect("manual heartbeat");
+    assert_eq!(ttl as f64, TTL_MS);
+    for (i, l) in leases.iter().enumerate() {
+        let state = if i % 2 == 0 {
+            SettleState::Done
+        } else {
+            SettleState::Failed
+        };
+        let v = l
+            .settle(state, Some(json!({ "i": i })), Some("why".into()))
+            .await
+            .unwrap();
+        assert_eq!(
+            Reflect::get(&v, &"state".into())
+                .unwrap()
+                .as_string()
+                .as_deref(),
+            Some(if i % 2 == 0 { "done" } else { "failed" })
+        );
+        assert_eq!(l.status(), Status::Settled);
+        assert!(
+            !l.signal().aborted(),
+            "a settled lease is finished, not lost"
+        );
+    }
+    assert!(c.held().is_empty());
+    let e = leases[0]
+        .settle(SettleState::Done, None, None)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::ClaimLost, "settled twice");
+}
+
+#[wasm_bindgen_test]
+async fn enrollment_gives_credentials_once_and_reports_them() {
+    if server().is_none() {
+        return;
+    }
+    let (base, _) = server().unwrap();
+    let token = enrollment_token().await;
+    let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::<JsValue>::new()));
+    let s2 = seen.clone();
+    let cb = wasm_bindgen::closure::Closure::<dyn FnMut(JsValue)>::new(move |c: JsValue| {
+        s2.borrow_mut().push(c)
+    });
+    let mut cfg = config();
+    cfg.on_credentials = Some(js_sys::Function::from(cb.as_ref().clone()));
+    let client = agentstore::lease::ClientInner::new(
+        base,
+        agentstore::lease::Credentials {
+            enrollment_token: Some(token.clone()),
+            name: Some("browser-test".into()),
+            ..Default::default()
+        },
+        cfg,
+    )
+    .unwrap();
+    let q = fresh_queue("enroll");
+    let id = enqueue(&q, json!({})).await;
+    let (a, b) = futures::join!(client.claim(&q, None), client.claim(&q, None));
+    assert!(
+        a.is_ok() && b.is_ok(),
+        "concurrent first calls share one enrollment"
+    );
+    assert_eq!(seen.borrow().len(), 1, "enrolled once");
+    let creds = client.credentials();
+    assert!(creds.access_token.is_some() && creds.refresh_token.is_some());
+    assert_eq!(
+        creds.enrollment_token, None,
+        "the single-use token is dropped"
+    );
+    let it = item(id).await;
+    assert!(it.worker_id.is_some(), "claimed as the enrolled worker");
+    // A second client with the same (burnt) enrollment token is refused.
+    let other = agentstore::lease::ClientInner::new(
+        base,
+        agentstore::lease::Credentials {
+            enrollment_token: Some(token),
+            ..Default::default()
+        },
+        config(),
+    )
+    .unwrap();
+    let e = other.claim(&q, None).await.err().expect("refused");
+    assert_eq!(e.code(), ErrorCode::Unauthorized, "{e}");
+    for l in client.held() {
+        l.release().await.unwrap();
+    }
+}
+
+#[wasm_bindgen_test]
+async fn lease_fetch_stamps_token_and_epoch_and_aborts_with_the_lease() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("fetch");
+    enqueue(&q, json!({})).await;
+    let c = admin_client(config());
+    let lease = claim(&c, &q).await;
+    let api = agentstore::lease_api::Lease::from_inner(lease.clone());
+    let init = js_sys::Object::new();
+    let headers = js_sys::Object::new();
+    Reflect::set(&headers, &"X-Mine".into(), &"1".into()).unwrap();
+    Reflect::set(&init, &"headers".into(), &headers).unwrap();
+    Reflect::set(&init, &"method".into(), &"POST".into()).unwrap();
+    let user = web_sys::AbortController::new().unwrap();
+    Reflect::set(&init, &"signal".into(), &user.signal()).unwrap();
+    let req = api
+        .prepare_request("http://127.0.0.1:1/x".into(), init.clone().into())
+        .unwrap();
+    let h = req.headers();
+    assert_eq!(
+        h.get("x-lease-token").unwrap().as_deref(),
+        Some(lease.token())
+    );
+    assert_eq!(h.get("x-lease-epoch").unwrap().as_deref(), Some("1"));
+    assert_eq!(
+        h.get("x-mine").unwrap().as_deref(),
+        Some("1"),
+        "caller's headers kept"
+    );
+    assert_eq!(req.method(), "POST");
+    assert!(!req.signal().aborted());
+    lease.release().await.unwrap();
+    assert!(
+        req.signal().aborted(),
+        "in-flight requests abort with the lease"
+    );
+    let reason = req.signal().reason();
+    assert_eq!(
+        Reflect::get(&reason, &"name".into())
+            .unwrap()
+            .as_string()
+            .as_deref(),
+        Some("ClaimLostError")
+    );
+    // After the loss, fetch rejects at once with the ClaimLostError.
+    let err = wasm_bindgen_futures::JsFuture::from(api.fetch("/".into(), JsValue::UNDEFINED))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        Reflect::get(&err, &"reason".into())
+            .unwrap()
+            .as_string()
+            .as_deref(),
+        Some("released")
+    );
+
+    // The caller's own signal still aborts a request prepared on a live lease.
+    enqueue(&q, json!({})).await;
+    let l2 = claim(&c, &q).await;
+    let api2 = agentstore::lease_api::Lease::from_inner(l2.clone());
+    let req2 = api2
+        .prepare_request("http://127.0.0.1:1/y".into(), init.into())
+        .unwrap();
+    user.abort();
+    assert!(req2.signal().aborted());
+    assert!(!l2.signal().aborted());
+    l2.release().await.unwrap();
+}
+
+#[wasm_bindgen_test]
+async fn an_unreachable_server_is_a_network_error_and_errors_are_js_errors() {
+    let c = agentstore::lease::ClientInner::new(
+        "http://127.0.0.1:9",
+        agentstore::lease::Credentials {
+            access_token: Some("x".into()),
+            ..Default::default()
+        },
+        config(),
+    )
+    .unwrap();
+    let e = c.claim("q", None).await.err().expect("no server");
+    assert_eq!(e.code(), ErrorCode::Network);
+    assert!(e.is_transient());
+    assert!(agentstore::lease::ClientInner::new("ftp://x", Default::default(), config()).is_err());
+
+    let lost = LeaseError::ClaimLost {
+        item_id: 7,
+        reason: agentstore::lease::LossReason::ExpiredLocally,
+        message: "m".into(),
+    }
+    .to_js();
+    assert!(lost.is_instance_of::<js_sys::Error>());
+    let get = |k: &str| Reflect::get(&lost, &k.into()).unwrap();
+    assert_eq!(get("name").as_string().as_deref(), Some("ClaimLostError"));
+    assert_eq!(get("code").as_string().as_deref(), Some("claim_lost"));
+    assert_eq!(get("status").as_f64(), Some(409.0));
+    assert_eq!(
+        get("reason").as_string().as_deref(),
+        Some("expired_locally")
+    );
+    assert_eq!(get("itemId").as_f64(), Some(7.0));
+    let limited = LeaseError::RateLimited {
+        retry_after_ms: 2000.0,
+    }
+    .to_js();
+    assert_eq!(
+        Reflect::get(&limited, &"name".into())
+            .unwrap()
+            .as_string()
+            .as_deref(),
+        Some("RateLimitedError")
+    );
+}
