@@ -1,0 +1,241 @@
+//! `work()` against the real server: many clients and slots settle every item
+//! exactly once; a lost lease's result is discarded; a throw settles `failed`;
+//! connection failures back off within the schedule's bounds.
+use std::cell::Cell;
+use std::rc::Rc;
+
+use agentstore::lease::{WorkOptions, WorkerInner};
+use agentstore::lease_api::Lease;
+use agentstore_protocol::lease::ItemState;
+use js_sys::{Function, Promise, Reflect};
+use serde_json::json;
+use wasm_bindgen::closure::Closure;
+use wasm_bindgen::{JsCast, JsValue};
+use wasm_bindgen_futures::future_to_promise;
+use wasm_bindgen_test::*;
+
+mod lease_common;
+use lease_common::*;
+
+wasm_bindgen_test_configure!(run_in_browser);
+
+fn wrap(l: Rc<agentstore::lease::LeaseInner>) -> JsValue {
+    Lease::from_inner(l).into()
+}
+
+/// A JS handler from an async Rust closure over the JS `Lease`.
+fn handler<F, Fut>(f: F) -> Function
+where
+    F: Fn(JsValue) -> Fut + 'static,
+    Fut: std::future::Future<Output = Result<JsValue, JsValue>> + 'static,
+{
+    let cb = Closure::<dyn Fn(JsValue) -> Promise>::new(move |lease: JsValue| {
+        future_to_promise(f(lease))
+    });
+    let func: Function = cb.as_ref().unchecked_ref::<Function>().clone();
+    cb.forget();
+    func
+}
+
+fn get(v: &JsValue, path: &[&str]) -> JsValue {
+    path.iter().fold(v.clone(), |o, k| {
+        Reflect::get(&o, &(*k).into()).unwrap_or(JsValue::UNDEFINED)
+    })
+}
+
+fn options(concurrency: u32) -> WorkOptions {
+    WorkOptions {
+        concurrency,
+        poll_interval_ms: 100.0,
+        reconnect_base_ms: 100.0,
+        reconnect_cap_ms: 1_000.0,
+    }
+}
+
+#[wasm_bindgen_test]
+async fn three_clients_by_four_slots_settle_each_of_300_items_done_exactly_once() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("work300");
+    for n in 0..300 {
+        enqueue(&q, json!({ "n": n })).await;
+    }
+    let h = handler(|lease: JsValue| async move {
+        let n = get(&lease, &["item", "payload", "n"]);
+        sleep(js_sys::Math::random() * 10.0).await;
+        let signal: web_sys::AbortSignal = get(&lease, &["signal"]).unchecked_into();
+        assert!(!signal.aborted());
+        let out = js_sys::Object::new();
+        Reflect::set(&out, &"n".into(), &n).unwrap();
+        Ok(out.into())
+    });
+    let workers: Vec<Rc<WorkerInner>> = (0..3)
+        .map(|_| {
+            WorkerInner::start(
+                admin_client(config()),
+                q.clone(),
+                h.clone(),
+                options(4),
+                wrap,
+            )
+        })
+        .collect();
+    let until = now() + 120_000.0;
+    loop {
+        let done = items(&q)
+            .await
+            .iter()
+            .filter(|i| i.state == ItemState::Done)
+            .count();
+        if done == 300 || now() > until {
+            break;
+        }
+        sleep(200.0).await;
+    }
+    futures::future::join_all(workers.iter().map(|w| w.stop())).await;
+    let all = items(&q).await;
+    assert_eq!(all.len(), 300);
+    for it in &all {
+        assert_eq!(it.state, ItemState::Done, "item {}", it.id);
+        assert_eq!(
+            (it.epoch, it.attempts),
+            (1, 0),
+            "claimed once, never taken over: {}",
+            it.id
+        );
+        assert_eq!(it.result, Some(json!({ "n": it.payload["n"] })));
+    }
+    let stats: Vec<_> = workers.iter().map(|w| *w.stats.borrow()).collect();
+    assert_eq!(stats.iter().map(|s| s.done).sum::<u32>(), 300, "{stats:?}");
+    assert_eq!(
+        stats.iter().map(|s| s.claimed).sum::<u32>(),
+        300,
+        "{stats:?}"
+    );
+    assert_eq!(
+        stats.iter().map(|s| s.lost + s.failed).sum::<u32>(),
+        0,
+        "{stats:?}"
+    );
+    assert!(
+        stats.iter().all(|s| s.done > 0),
+        "every client took part: {stats:?}"
+    );
+}
+
+#[wasm_bindgen_test]
+async fn a_throwing_handler_settles_failed_and_undefined_settles_done_without_result() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("throw");
+    let bad = enqueue(&q, json!({"fail": true})).await;
+    let good = enqueue(&q, json!({"fail": false})).await;
+    let h = handler(|lease: JsValue| async move {
+        if get(&lease, &["item", "payload", "fail"]).as_bool() == Some(true) {
+            Err(js_sys::Error::new("boom").into())
+        } else {
+            Ok(JsValue::UNDEFINED)
+        }
+    });
+    let w = WorkerInner::start(admin_client(config()), q.clone(), h, options(1), wrap);
+    wait_item(good, 10_000.0, |i| i.state == ItemState::Done).await;
+    w.stop().await;
+    let b = item(bad).await;
+    assert_eq!(b.state, ItemState::Failed);
+    assert!(
+        b.last_error.as_deref().unwrap_or("").contains("boom"),
+        "{:?}",
+        b.last_error
+    );
+    let g = item(good).await;
+    assert_eq!((g.state, g.result), (ItemState::Done, None));
+    let s = *w.stats.borrow();
+    assert_eq!((s.done, s.failed, s.lost), (1, 1, 0));
+}
+
+#[wasm_bindgen_test]
+async fn a_lease_lost_during_the_handler_aborts_it_and_its_result_is_never_settled() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("lost");
+    let id = enqueue(&q, json!({})).await;
+    let queue = q.clone();
+    let saw_abort = Rc::new(Cell::new(false));
+    let saw = saw_abort.clone();
+    let h = handler(move |lease: JsValue| {
+        let queue = queue.clone();
+        let saw = saw.clone();
+        async move {
+            // Stall this worker's heartbeats until the item is taken over.
+            let pause: Function = get(&lease, &["setHeartbeatsPaused"]).unchecked_into();
+            pause.call1(&lease, &JsValue::TRUE).unwrap();
+            let id = get(&lease, &["item", "id"]).as_f64().unwrap() as i64;
+            wait_item(id, 3.0 * TTL_MS, |i| i.state == ItemState::Open).await;
+            let thief = admin_client(config());
+            let stolen = claim(&thief, &queue).await;
+            std::mem::forget(stolen); // keeps heartbeating
+            pause.call1(&lease, &JsValue::FALSE).unwrap();
+            let signal: web_sys::AbortSignal = get(&lease, &["signal"]).unchecked_into();
+            let until = now() + 3.0 * TTL_MS;
+            while !signal.aborted() && now() < until {
+                sleep(10.0).await;
+            }
+            saw.set(signal.aborted());
+            Ok(JsValue::from_str("late result"))
+        }
+    });
+    let w = WorkerInner::start(admin_client(config()), q.clone(), h, options(1), wrap);
+    let until = now() + 5.0 * TTL_MS;
+    while w.stats.borrow().lost == 0 && now() < until {
+        sleep(50.0).await;
+    }
+    w.stop().await;
+    assert!(saw_abort.get(), "the handler's signal aborted");
+    let s = *w.stats.borrow();
+    assert_eq!((s.claimed, s.done, s.failed, s.lost), (1, 0, 0, 1));
+    let seen = item(id).await;
+    assert_eq!(
+        (seen.state, seen.epoch, seen.result),
+        (ItemState::Running, 2, None),
+        "never settled by the lost lease"
+    );
+}
+
+#[wasm_bindgen_test]
+async fn connection_failures_back_off_within_base_and_doubling_cap() {
+    let client = agentstore::lease::ClientInner::new(
+        "http://127.0.0.1:9",
+        agentstore::lease::Credentials {
+            access_token: Some("x".into()),
+            ..Default::default()
+        },
+        config(),
+    )
+    .unwrap();
+    let h = handler(|_| async { Ok(JsValue::UNDEFINED) });
+    let opts = WorkOptions {
+        concurrency: 1,
+        poll_interval_ms: 100.0,
+        reconnect_base_ms: 50.0,
+        reconnect_cap_ms: 400.0,
+    };
+    let w = WorkerInner::start(client, "q".into(), h, opts, wrap);
+    sleep(2_500.0).await;
+    let t0 = now();
+    w.stop().await;
+    assert!(now() - t0 < 200.0, "stop() interrupts the backoff wait");
+    let delays = w.backoffs.borrow().clone();
+    assert!(delays.len() >= 5, "{delays:?}");
+    assert_eq!(delays[0], 50.0, "the first failure waits the base");
+    for (n, d) in delays.iter().enumerate() {
+        let hi = (50.0 * 2f64.powi(n as i32)).min(400.0);
+        assert!(
+            (50.0..=hi).contains(d),
+            "delay {n} = {d} outside [50, {hi}]"
+        );
+    }
+    assert_eq!(w.stats.borrow().connection_failures as usize, delays.len());
+}
