@@ -30,11 +30,11 @@ step "native tests (protocol, server on SQLite and PostgreSQL)"
 cargo test --workspace --exclude agentstore
 
 step "browser suites in headless Chromium"
-CHROMEDRIVER=/usr/bin/chromedriver GECKODRIVER= \
+env -u GECKODRIVER CHROMEDRIVER=/usr/bin/chromedriver \
   cargo test -p agentstore --target wasm32-unknown-unknown --tests
 
 step "browser suites in headless Firefox"
-GECKODRIVER="$(command -v geckodriver)" CHROMEDRIVER= \
+env -u CHROMEDRIVER GECKODRIVER="$(command -v geckodriver)" \
   cargo test -p agentstore --target wasm32-unknown-unknown --tests
 
 step "wasm package (release) and its size"
