@@ -29,6 +29,29 @@ fi
 step "native tests (protocol, server on SQLite and PostgreSQL)"
 cargo test --workspace --exclude agentstore
 
+step "lease server for the browser suites (loopback, short TTLs)"
+# The lease suites (tests/lease_*.rs) read the URL and admin token at compile
+# time; the server allows the test runner's random loopback port by CORS.
+cargo build -q -p agentstore-server
+LEASE_DIR="$(mktemp -d)"
+LEASE_PORT="${AGENTSTORE_TEST_PORT:-18787}"
+export AGENTSTORE_TEST_SERVER="http://127.0.0.1:$LEASE_PORT"
+export AGENTSTORE_TEST_ADMIN_TOKEN="agentstore-lease-test-admin"
+"${CARGO_TARGET_DIR:-target}/debug/agentstore-server" --listen "127.0.0.1:$LEASE_PORT" \
+  --database "$LEASE_DIR/leases.sqlite" --admin-token "$AGENTSTORE_TEST_ADMIN_TOKEN" \
+  --allow-origin 'http://127.0.0.1:*' --ttl-ms 3000 --heartbeat-ms 500 --reaper-ms 200 \
+  --claim-rate 1000/s --idle-retry-ms 100 --www "$LEASE_DIR" --pkg "$LEASE_DIR" \
+  >"$LEASE_DIR/server.log" 2>&1 &
+LEASE_PID=$!
+trap 'kill "$LEASE_PID" 2>/dev/null || true; rm -rf "$LEASE_DIR"' EXIT
+for _ in $(seq 1 100); do
+  curl -fsS "$AGENTSTORE_TEST_SERVER/v1/health" >/dev/null 2>&1 && break
+  kill -0 "$LEASE_PID" 2>/dev/null || { cat "$LEASE_DIR/server.log"; exit 1; }
+  sleep 0.2
+done
+curl -fsS "$AGENTSTORE_TEST_SERVER/v1/health" >/dev/null
+echo "AGENTSTORE_TEST_SERVER=$AGENTSTORE_TEST_SERVER"
+
 step "browser suites in headless Chromium"
 env -u GECKODRIVER CHROMEDRIVER=/usr/bin/chromedriver \
   cargo test -p agentstore --target wasm32-unknown-unknown --tests

@@ -1,0 +1,146 @@
+//! The lease journal and Web Locks: `recover()` releases what a gone page left
+//! in the journal, leaves a live page's (locked) leases alone, can resume a
+//! still-valid lease, and touches nothing where Web Locks are missing.
+use agentstore::lease::{ClientConfig, Status};
+use agentstore_protocol::lease::{ItemState, SettleState};
+use js_sys::{Object, Reflect};
+use serde_json::json;
+use wasm_bindgen::JsValue;
+use wasm_bindgen_test::*;
+
+mod lease_common;
+use lease_common::*;
+
+wasm_bindgen_test_configure!(run_in_browser);
+
+fn journalled(name: &str, locks: bool) -> ClientConfig {
+    ClientConfig {
+        journal_name: Some(name.to_owned()),
+        use_locks: locks,
+        lock_wait_ms: 200.0,
+        ..config()
+    }
+}
+
+#[wasm_bindgen_test]
+async fn recover_releases_the_leases_a_gone_page_left_in_the_journal() {
+    if server().is_none() {
+        return;
+    }
+    let journal = fresh_queue("journal");
+    let q = fresh_queue("recover");
+    let a = enqueue(&q, json!({})).await;
+    let b = enqueue(&q, json!({})).await;
+    // The "old page": its leases are journalled; its locks went with it.
+    let old = admin_client(journalled(&journal, false));
+    let la = claim(&old, &q).await;
+    let lb = claim(&old, &q).await;
+    la.set_heartbeats_paused(true);
+    lb.set_heartbeats_paused(true);
+
+    let t0 = now();
+    let new = admin_client(journalled(&journal, true));
+    let report = new.recover(false).await.expect("recover");
+    let mut released = report.released.clone();
+    released.sort_unstable();
+    assert_eq!(released, vec![a, b]);
+    assert!(report.busy.is_empty() && report.lost.is_empty() && report.skipped.is_empty());
+    for id in [a, b] {
+        let it = item(id).await;
+        assert_eq!(
+            (it.state, it.attempts, it.last_error.as_deref()),
+            (ItemState::Open, 1, Some("released"))
+        );
+    }
+    assert!(now() - t0 < TTL_MS, "released now, not after the TTL");
+    let again = new.recover(false).await.unwrap();
+    assert!(
+        again.released.is_empty() && again.lost.is_empty(),
+        "journal emptied"
+    );
+    // The old page's stale leases learn it on their next heartbeat.
+    la.set_heartbeats_paused(false);
+    let (reason, _) = wait_abort(&la, 2.0 * TTL_MS).await.expect("aborted");
+    assert_eq!(reason, "claim_lost");
+}
+
+#[wasm_bindgen_test]
+async fn recover_leaves_a_live_pages_locked_lease_alone() {
+    if server().is_none() {
+        return;
+    }
+    let journal = fresh_queue("journal");
+    let q = fresh_queue("busy");
+    let id = enqueue(&q, json!({})).await;
+    let live = admin_client(journalled(&journal, true));
+    let lease = claim(&live, &q).await;
+    let other = admin_client(journalled(&journal, true));
+    let report = other.recover(false).await.unwrap();
+    assert_eq!(report.busy, vec![id], "the live page holds its Web Lock");
+    assert!(report.released.is_empty());
+    assert_eq!(item(id).await.state, ItemState::Running);
+    assert_eq!(lease.status(), Status::Held);
+    lease.settle(SettleState::Done, None, None).await.unwrap();
+    sleep(100.0).await; // the journal delete runs after the settle
+    let after = other.recover(false).await.unwrap();
+    assert!(
+        after.busy.is_empty() && after.released.is_empty(),
+        "settled leases leave the journal"
+    );
+}
+
+#[wasm_bindgen_test]
+async fn recover_with_resume_keeps_heartbeating_a_still_valid_lease() {
+    if server().is_none() {
+        return;
+    }
+    let journal = fresh_queue("journal");
+    let q = fresh_queue("resume");
+    let id = enqueue(&q, json!({})).await;
+    let old = admin_client(journalled(&journal, false));
+    let stale = claim(&old, &q).await;
+    stale.set_heartbeats_paused(true);
+    let new = admin_client(journalled(&journal, true));
+    let report = new.recover(true).await.unwrap();
+    assert_eq!(report.resumed.len(), 1);
+    let lease = report.resumed[0].clone();
+    assert_eq!((lease.item_id, lease.epoch), (id, 1));
+    sleep(2.0 * TTL_MS).await;
+    assert_eq!(lease.status(), Status::Held, "heartbeated by the new page");
+    assert_eq!(item(id).await.state, ItemState::Running);
+    lease
+        .settle(SettleState::Done, Some(json!(1)), None)
+        .await
+        .unwrap();
+    assert_eq!(item(id).await.state, ItemState::Done);
+}
+
+#[wasm_bindgen_test]
+async fn without_web_locks_recover_touches_nothing() {
+    if server().is_none() {
+        return;
+    }
+    let journal = fresh_queue("journal");
+    let q = fresh_queue("nolocks");
+    let id = enqueue(&q, json!({})).await;
+    let old = admin_client(journalled(&journal, false));
+    let lease = claim(&old, &q).await;
+    let nav = Reflect::get(&js_sys::global(), &"navigator".into()).unwrap();
+    let desc = Object::new();
+    Reflect::set(&desc, &"value".into(), &JsValue::UNDEFINED).unwrap();
+    Reflect::set(&desc, &"configurable".into(), &JsValue::TRUE).unwrap();
+    Reflect::define_property(&nav.clone().into(), &"locks".into(), &desc.into()).unwrap();
+    let report = admin_client(journalled(&journal, true))
+        .recover(false)
+        .await;
+    Reflect::delete_property(&nav.into(), &"locks".into()).unwrap();
+    let report = report.unwrap();
+    assert_eq!(
+        report.skipped,
+        vec![id],
+        "a live page's lease cannot be told apart"
+    );
+    assert!(report.released.is_empty());
+    assert_eq!(item(id).await.state, ItemState::Running);
+    lease.release().await.unwrap();
+}
