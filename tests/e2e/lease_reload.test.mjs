@@ -1,0 +1,239 @@
+// Lease lifecycle across page reloads and server outages, in headless Chromium
+// against a real agentstore-server this test starts (and stops, and restarts)
+// itself on loopback. The page is served by the same server (same origin), and
+// loads the SDK from pkg/ (built by scripts/test.sh; AGENTSTORE_PKG_DIR
+// overrides it).
+//
+// - A page holding leases is reloaded: the next page's recover() releases them
+//   from the IndexedDB journal at once (no leak until the TTL).
+// - With the pagehide hook on, the reload itself releases them (beacon).
+// - The server is stopped: the held lease aborts with `expired_locally` no later
+//   than its local deadline; work() backs off, and reconnects when the server
+//   returns.
+
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn, spawnSync } from 'node:child_process';
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { chromium } from 'playwright-core';
+
+const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+const PKG = process.env.AGENTSTORE_PKG_DIR ?? join(ROOT, 'pkg');
+const TARGET = process.env.CARGO_TARGET_DIR ?? join(ROOT, 'target');
+const BIN = process.env.AGENTSTORE_SERVER_BIN ?? join(TARGET, 'debug', 'agentstore-server');
+const ADMIN = 'lease-e2e-admin';
+const TTL_MS = 6000;
+
+let dir;
+let port;
+let base;
+let server;
+let browser;
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.on('error', reject);
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+async function startServer() {
+  server = spawn(BIN, [
+    '--listen', `127.0.0.1:${port}`, '--database', join(dir, 'leases.sqlite'), '--admin-token', ADMIN,
+    '--ttl-ms', String(TTL_MS), '--heartbeat-ms', '500', '--reaper-ms', '200',
+    '--claim-rate', '1000/s', '--idle-retry-ms', '100', '--www', join(dir, 'www'), '--pkg', PKG,
+  ], { stdio: 'ignore' });
+  const until = Date.now() + 20_000;
+  while (Date.now() < until) {
+    try {
+      if ((await fetch(`${base}/v1/health`)).ok) return;
+    } catch {}
+    await sleep(100);
+  }
+  throw new Error('agentstore-server did not start');
+}
+
+async function stopServer() {
+  const s = server;
+  server = undefined;
+  if (!s || s.exitCode !== null) return;
+  const exited = new Promise((r) => s.once('exit', r));
+  s.kill('SIGTERM');
+  await exited;
+}
+
+async function admin(method, path, body) {
+  const resp = await fetch(`${base}${path}`, {
+    method,
+    headers: { authorization: `Bearer ${ADMIN}`, 'content-type': 'application/json' },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  return { status: resp.status, body: resp.status === 204 ? null : await resp.json() };
+}
+
+async function enqueue(queue, payload) {
+  const { status, body } = await admin('POST', `/v1/queues/${queue}/items`, { payload });
+  assert.equal(status, 201);
+  return body.id;
+}
+
+const item = async (id) => (await admin('GET', `/v1/items/${id}`)).body;
+
+/** A page of the server's origin with the SDK loaded as `window.sdk`. */
+async function sdkPage(context) {
+  const page = await context.newPage();
+  await page.goto(`${base}/index.html`);
+  await loadSdk(page);
+  return page;
+}
+
+async function loadSdk(page) {
+  await page.evaluate(async () => {
+    const mod = await import('/pkg/agentstore.js');
+    await mod.default();
+    window.sdk = mod;
+  });
+}
+
+before(async () => {
+  assert.ok(existsSync(join(PKG, 'agentstore.js')), `${PKG} must hold the built SDK (scripts/test.sh builds pkg/)`);
+  if (!existsSync(BIN)) {
+    const built = spawnSync('cargo', ['build', '-q', '-p', 'agentstore-server'], { cwd: ROOT, stdio: 'inherit' });
+    assert.equal(built.status, 0, 'cargo build -p agentstore-server');
+  }
+  dir = mkdtempSync(join(tmpdir(), 'agentstore-lease-e2e-'));
+  spawnSync('mkdir', ['-p', join(dir, 'www')]);
+  writeFileSync(join(dir, 'www', 'index.html'), '<!doctype html><title>lease e2e</title><p>lease e2e</p>');
+  port = await freePort();
+  base = `http://127.0.0.1:${port}`;
+  await startServer();
+  browser = await chromium.launch({
+    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+    headless: true,
+    args: ['--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run'],
+    timeout: 60_000,
+  });
+});
+
+after(async () => {
+  await browser?.close();
+  await stopServer();
+  if (dir) rmSync(dir, { recursive: true, force: true });
+});
+
+test('after a reload, recover() releases the leases the old page journalled', { timeout: 60_000 }, async () => {
+  const context = await browser.newContext();
+  const page = await sdkPage(context);
+  const queue = `reload-${Date.now()}`;
+  const ids = [await enqueue(queue, { n: 1 }), await enqueue(queue, { n: 2 }), await enqueue(queue, { n: 3 })];
+  const opts = { accessToken: ADMIN, releaseOnPagehide: false, journal: 'e2e-journal' };
+  const held = await page.evaluate(async ({ queue, opts }) => {
+    window.client = new window.sdk.LeaseClient(location.origin, opts);
+    const out = [];
+    for (let i = 0; i < 3; i++) out.push((await window.client.claim(queue)).itemId);
+    return out;
+  }, { queue, opts });
+  assert.deepEqual(held.sort(), ids.sort());
+  for (const id of ids) assert.equal((await item(id)).state, 'running');
+
+  const t0 = Date.now();
+  await page.reload();
+  await loadSdk(page);
+  const report = await page.evaluate(async (opts) => {
+    const client = new window.sdk.LeaseClient(location.origin, opts);
+    const r = await client.recover();
+    return { released: r.released, lost: r.lost, busy: r.busy, skipped: r.skipped };
+  }, opts);
+  assert.deepEqual(report.released.sort(), ids.sort(), JSON.stringify(report));
+  for (const id of ids) {
+    const it = await item(id);
+    assert.deepEqual([it.state, it.last_error, it.attempts], ['open', 'released', 1], `item ${id}`);
+  }
+  assert.ok(Date.now() - t0 < TTL_MS, 'released well before the TTL would have');
+  await context.close();
+});
+
+test('with the pagehide hook, the reload itself releases held leases', { timeout: 60_000 }, async () => {
+  const context = await browser.newContext();
+  const page = await sdkPage(context);
+  const queue = `pagehide-${Date.now()}`;
+  const ids = [await enqueue(queue, {}), await enqueue(queue, {})];
+  await page.evaluate(async (queue) => {
+    window.client = new window.sdk.LeaseClient(location.origin, { accessToken: 'lease-e2e-admin', journal: 'e2e-journal-2' });
+    await window.client.claim(queue);
+    await window.client.claim(queue);
+  }, queue);
+  const t0 = Date.now();
+  await page.reload();
+  for (const id of ids) {
+    let it = await item(id);
+    while (it.state !== 'open' && Date.now() - t0 < TTL_MS / 2) {
+      await sleep(50);
+      it = await item(id);
+    }
+    assert.deepEqual([it.state, it.last_error], ['open', 'released'], `item ${id} released by the beacon`);
+  }
+  await loadSdk(page);
+  const report = await page.evaluate(async () => {
+    const client = new window.sdk.LeaseClient(location.origin, { accessToken: 'lease-e2e-admin', journal: 'e2e-journal-2' });
+    const r = await client.recover();
+    return { released: r.released, lost: r.lost };
+  });
+  assert.deepEqual(report.released, [], 'nothing left to release');
+  await context.close();
+});
+
+test('server stopped: the lease aborts with expired_locally by its deadline; work() reconnects when it returns', { timeout: 90_000 }, async () => {
+  const context = await browser.newContext();
+  const page = await sdkPage(context);
+  const qa = `outage-a-${Date.now()}`;
+  const qb = `outage-b-${Date.now()}`;
+  await enqueue(qa, {});
+  await page.evaluate(async (qa) => {
+    window.client = new window.sdk.LeaseClient(location.origin, { accessToken: 'lease-e2e-admin', journal: false, releaseOnPagehide: false, requestTimeoutMs: 2000 });
+    const lease = await window.client.claim(qa);
+    window.lease = lease;
+    window.aborted = null;
+    lease.signal.addEventListener('abort', () => {
+      const r = lease.signal.reason;
+      window.aborted = { name: r.name, code: r.code, reason: r.reason, msToDeadline: lease.msToDeadline };
+    });
+  }, qa);
+  await sleep(1500); // a few heartbeats succeed
+  assert.equal(await page.evaluate(() => window.lease.status), 'held');
+  await stopServer();
+  await page.waitForFunction(() => window.aborted !== null, null, { timeout: TTL_MS + 5000 });
+  const aborted = await page.evaluate(() => window.aborted);
+  assert.deepEqual([aborted.name, aborted.code, aborted.reason], ['ClaimLostError', 'claim_lost', 'expired_locally']);
+  // The deadline keeps a margin of TTL/10 before the server's TTL; the abort
+  // lands at the deadline (a timer's lateness at most), never past the TTL.
+  assert.ok(aborted.msToDeadline <= 0 && aborted.msToDeadline > -(TTL_MS / 10) / 2, JSON.stringify(aborted));
+
+  await page.evaluate((qb) => {
+    window.worker = window.client.work(qb, async (lease) => ({ got: lease.item.payload.n }), {
+      concurrency: 2, pollIntervalMs: 100, reconnectBaseMs: 200, reconnectCapMs: 1000,
+    });
+  }, qb);
+  await sleep(2000);
+  const down = await page.evaluate(() => window.worker.stats);
+  assert.ok(down.connectionFailures >= 2, JSON.stringify(down));
+  for (const d of down.backoffsMs) assert.ok(d >= 200 && d <= 1000, `backoff ${d} within [base, cap]`);
+
+  await startServer();
+  const id = await enqueue(qb, { n: 42 });
+  await page.waitForFunction(() => window.worker.stats.done >= 1, null, { timeout: 15_000 });
+  await page.evaluate(() => window.worker.stop());
+  const it = await item(id);
+  assert.deepEqual([it.state, it.result], ['done', { got: 42 }]);
+  await context.close();
+});
