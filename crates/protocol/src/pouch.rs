@@ -254,7 +254,10 @@ mod tests {
                 .collect();
             assert_eq!(conflicts, want, "{}", w.id);
         }
-        let conflicted = live.values().filter(|e| !e["conflicts"].as_array().unwrap().is_empty()).count();
+        let conflicted = live
+            .values()
+            .filter(|e| !e["conflicts"].as_array().unwrap().is_empty())
+            .count();
         assert_eq!(summary.conflicts_resolved as usize, conflicted);
         assert_eq!(summary.last_seq, Some(6582));
     }
