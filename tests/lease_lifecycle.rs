@@ -129,7 +129,7 @@ async fn without_web_locks_recover_touches_nothing() {
     let desc = Object::new();
     Reflect::set(&desc, &"value".into(), &JsValue::UNDEFINED).unwrap();
     Reflect::set(&desc, &"configurable".into(), &JsValue::TRUE).unwrap();
-    Reflect::define_property(&nav.clone().into(), &"locks".into(), &desc.into()).unwrap();
+    Reflect::define_property(&nav.clone().into(), &"locks".into(), &desc).unwrap();
     let report = admin_client(journalled(&journal, true))
         .recover(false)
         .await;
