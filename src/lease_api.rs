@@ -217,7 +217,10 @@ impl LeaseClient {
 
     /// Starts a work loop: `handler(lease)` (may be async) runs for each claimed
     /// item under `lease.signal`; its result settles `done`, a throw settles
-    /// `failed`, a lost lease discards it. See `WorkOptions`.
+    /// `failed`, a lost lease discards it. See `WorkOptions`. Leases journalled
+    /// by earlier pages are released (`recover()`) before the first claim. An
+    /// empty claim waits `pollIntervalMs` plus jitter, and at least the server's
+    /// `Retry-After`.
     ///
     /// # Errors
     /// `ValidationError` for bad options.

@@ -8,6 +8,8 @@
 //! - Handler result → `settle("done", result)`; throw → `settle("failed")` with
 //!   the error's message; lease lost meanwhile → the result is discarded and
 //!   nothing is settled (the slot moves on at once).
+//! - Before the first claim, the journal of earlier pages is reconciled
+//!   (`recover()` without resume: their leases are released).
 //! - `stop()` stops claiming, lets running handlers finish and settle, and
 //!   resolves when every slot is idle.
 
@@ -120,7 +122,14 @@ impl WorkerInner {
         let n = w.options.concurrency.clamp(1, 64);
         let slots: Vec<_> = (0..n).map(|_| slot_loop(w.clone(), wrap)).collect();
         use futures::FutureExt;
+        let client = w.client.clone();
         let all = async move {
+            // Reconcile what earlier pages left in the journal before claiming.
+            if let Err(e) = client.recover(false).await {
+                super::lifecycle::warn(&format!(
+                    "agentstore work(): journal reconcile failed: {e}"
+                ));
+            }
             join_all(slots).await;
         }
         .boxed_local()
