@@ -3,12 +3,12 @@
 //! into JS `Error`s. Every method returns a Promise and never panics.
 
 use crate::error::{set, StoreError};
+use crate::options::{opt, opt_fn, opt_signal};
 use crate::store::{index::verification_js, ByQuery, ListQuery, Store, Watcher, Written};
 use agentstore_protocol::index::IndexDef;
 use js_sys::{Array, Function, Object, Promise, Reflect};
 use std::rc::Rc;
 use wasm_bindgen::prelude::*;
-use wasm_bindgen_futures::future_to_promise;
 
 #[wasm_bindgen(typescript_custom_section)]
 const TS_TYPES: &str = r#"
@@ -98,39 +98,12 @@ pub struct AgentStore {
     inner: Rc<Store>,
 }
 
+/// Runs `f` as a Promise rejecting with the error's JS `Error`.
 fn run<F>(f: F) -> Promise
 where
     F: std::future::Future<Output = Result<JsValue, StoreError>> + 'static,
 {
-    future_to_promise(async move { f.await.map_err(|e| e.to_js()) })
-}
-
-fn opt(options: &JsValue, key: &str) -> JsValue {
-    if options.is_object() {
-        Reflect::get(options, &key.into()).unwrap_or(JsValue::UNDEFINED)
-    } else {
-        JsValue::UNDEFINED
-    }
-}
-
-fn opt_fn(options: &JsValue, key: &str) -> Result<Option<Function>, StoreError> {
-    let v = opt(options, key);
-    if v.is_undefined() || v.is_null() {
-        return Ok(None);
-    }
-    v.dyn_into::<Function>()
-        .map(Some)
-        .map_err(|_| StoreError::validation(format!("{key} must be a function")))
-}
-
-fn opt_signal(options: &JsValue) -> Result<Option<web_sys::AbortSignal>, StoreError> {
-    match opt(options, "signal") {
-        v if v.is_undefined() || v.is_null() => Ok(None),
-        v => v
-            .dyn_into::<web_sys::AbortSignal>()
-            .map(Some)
-            .map_err(|_| StoreError::validation("signal must be an AbortSignal")),
-    }
+    crate::options::run(f)
 }
 
 fn parse_index_defs(v: &JsValue) -> Result<Vec<IndexDef>, StoreError> {

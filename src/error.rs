@@ -170,6 +170,13 @@ impl From<idb::Error> for StoreError {
     }
 }
 
+impl From<String> for StoreError {
+    /// A validation error with this message (option readers build these).
+    fn from(message: String) -> Self {
+        StoreError::validation(message)
+    }
+}
+
 impl From<StoreError> for JsValue {
     fn from(e: StoreError) -> JsValue {
         e.to_js()

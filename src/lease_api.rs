@@ -9,7 +9,6 @@ use std::rc::Rc;
 use agentstore_protocol::lease::SettleState;
 use js_sys::{Array, Function, Object, Promise, Reflect};
 use wasm_bindgen::prelude::*;
-use wasm_bindgen_futures::future_to_promise;
 use web_sys::{AbortController, AbortSignal, Headers, Request, RequestInit};
 
 use crate::error::set;
@@ -17,6 +16,7 @@ use crate::lease::{
     Claimed, ClientConfig, ClientInner, Credentials, LeaseError, LeaseInner, Status, WorkOptions,
     WorkerInner,
 };
+use crate::options::{opt, opt_bool, opt_fn, opt_num, opt_signal, opt_str};
 
 #[wasm_bindgen(typescript_custom_section)]
 const TS_LEASE_TYPES: &str = r#"
@@ -59,72 +59,12 @@ export interface Recovery { released: number[]; lost: number[]; busy: number[]; 
 export interface ClaimLostError extends Error { code: "claim_lost"; status: 409; reason: "claim_lost" | "expired_locally" | "released"; itemId: number; }
 "#;
 
+/// Runs `f` as a Promise rejecting with the error's JS `Error`.
 fn run<F>(f: F) -> Promise
 where
     F: std::future::Future<Output = Result<JsValue, LeaseError>> + 'static,
 {
-    future_to_promise(async move { f.await.map_err(|e| e.to_js()) })
-}
-
-fn opt(options: &JsValue, key: &str) -> JsValue {
-    if options.is_object() {
-        Reflect::get(options, &key.into()).unwrap_or(JsValue::UNDEFINED)
-    } else {
-        JsValue::UNDEFINED
-    }
-}
-
-fn opt_str(options: &JsValue, key: &str) -> Result<Option<String>, LeaseError> {
-    let v = opt(options, key);
-    if v.is_undefined() || v.is_null() {
-        return Ok(None);
-    }
-    v.as_string()
-        .map(Some)
-        .ok_or_else(|| LeaseError::Validation(format!("{key} must be a string")))
-}
-
-fn opt_num(options: &JsValue, key: &str, min: f64, max: f64) -> Result<Option<f64>, LeaseError> {
-    let v = opt(options, key);
-    if v.is_undefined() || v.is_null() {
-        return Ok(None);
-    }
-    match v.as_f64() {
-        Some(n) if n.is_finite() && (min..=max).contains(&n) => Ok(Some(n)),
-        _ => Err(LeaseError::Validation(format!(
-            "{key} must be a number in [{min}, {max}]"
-        ))),
-    }
-}
-
-fn opt_bool(options: &JsValue, key: &str) -> Result<Option<bool>, LeaseError> {
-    let v = opt(options, key);
-    if v.is_undefined() || v.is_null() {
-        return Ok(None);
-    }
-    v.as_bool()
-        .map(Some)
-        .ok_or_else(|| LeaseError::Validation(format!("{key} must be a boolean")))
-}
-
-fn opt_fn(options: &JsValue, key: &str) -> Result<Option<Function>, LeaseError> {
-    let v = opt(options, key);
-    if v.is_undefined() || v.is_null() {
-        return Ok(None);
-    }
-    v.dyn_into::<Function>()
-        .map(Some)
-        .map_err(|_| LeaseError::Validation(format!("{key} must be a function")))
-}
-
-fn opt_signal(options: &JsValue) -> Result<Option<AbortSignal>, LeaseError> {
-    let v = opt(options, "signal");
-    if v.is_undefined() || v.is_null() {
-        return Ok(None);
-    }
-    v.dyn_into::<AbortSignal>()
-        .map(Some)
-        .map_err(|_| LeaseError::Validation("signal must be an AbortSignal".into()))
+    crate::options::run(f)
 }
 
 /// A client of the agentstore lease server.

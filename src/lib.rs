@@ -9,6 +9,7 @@ pub mod api;
 pub mod error;
 pub mod lease;
 pub mod lease_api;
+mod options;
 pub mod store;
 pub mod value;
 

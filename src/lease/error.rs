@@ -147,6 +147,13 @@ impl LeaseError {
     }
 }
 
+impl From<String> for LeaseError {
+    /// A validation error with this message (option readers build these).
+    fn from(message: String) -> Self {
+        LeaseError::Validation(message)
+    }
+}
+
 impl From<LeaseError> for JsValue {
     fn from(e: LeaseError) -> JsValue {
         e.to_js()

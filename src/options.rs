@@ -1,0 +1,79 @@
+//! Reading JS option objects, shared by every exported class. Readers fail
+//! with a message; `?` turns it into the caller's validation error (both
+//! `StoreError` and `LeaseError` implement `From<String>`).
+
+use js_sys::{Function, Promise, Reflect};
+use wasm_bindgen::{JsCast, JsValue};
+use wasm_bindgen_futures::future_to_promise;
+use web_sys::AbortSignal;
+
+/// Runs `f` as a Promise; its error becomes the JS `Error` it converts to.
+pub(crate) fn run<F, E>(f: F) -> Promise
+where
+    F: std::future::Future<Output = Result<JsValue, E>> + 'static,
+    E: Into<JsValue>,
+{
+    future_to_promise(async move { f.await.map_err(Into::into) })
+}
+
+/// `options[key]`, or `undefined` when `options` is not an object.
+pub(crate) fn opt(options: &JsValue, key: &str) -> JsValue {
+    if options.is_object() {
+        Reflect::get(options, &key.into()).unwrap_or(JsValue::UNDEFINED)
+    } else {
+        JsValue::UNDEFINED
+    }
+}
+
+/// `options[key]` when given (not `undefined`/`null`), converted by `f`, or
+/// an error saying it must be `what`.
+fn given<T>(
+    options: &JsValue,
+    key: &str,
+    what: &str,
+    f: impl FnOnce(JsValue) -> Option<T>,
+) -> Result<Option<T>, String> {
+    let v = opt(options, key);
+    if v.is_undefined() || v.is_null() {
+        return Ok(None);
+    }
+    f(v).map(Some)
+        .ok_or_else(|| format!("{key} must be {what}"))
+}
+
+/// An optional string option.
+pub(crate) fn opt_str(options: &JsValue, key: &str) -> Result<Option<String>, String> {
+    given(options, key, "a string", |v| v.as_string())
+}
+
+/// An optional boolean option.
+pub(crate) fn opt_bool(options: &JsValue, key: &str) -> Result<Option<bool>, String> {
+    given(options, key, "a boolean", |v| v.as_bool())
+}
+
+/// An optional finite number in `min..=max`.
+pub(crate) fn opt_num(
+    options: &JsValue,
+    key: &str,
+    min: f64,
+    max: f64,
+) -> Result<Option<f64>, String> {
+    given(options, key, &format!("a number in [{min}, {max}]"), |v| {
+        v.as_f64()
+            .filter(|n| n.is_finite() && (min..=max).contains(n))
+    })
+}
+
+/// An optional function option.
+pub(crate) fn opt_fn(options: &JsValue, key: &str) -> Result<Option<Function>, String> {
+    given(options, key, "a function", |v| {
+        v.dyn_into::<Function>().ok()
+    })
+}
+
+/// The optional `signal` option.
+pub(crate) fn opt_signal(options: &JsValue) -> Result<Option<AbortSignal>, String> {
+    given(options, "signal", "an AbortSignal", |v| {
+        v.dyn_into::<AbortSignal>().ok()
+    })
+}
