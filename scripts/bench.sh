@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The one benchmark command (see BENCHMARKS.md). Installs what it needs
+# (scripts/bootstrap.sh, then bench/'s own npm packages), builds pkg/ and the
+# server + load generator in release, then runs
+#   1. browser: agentstore vs raw IndexedDB, Dexie 4, PouchDB 9, idb 8 in one
+#      headless Chromium (BENCH_RUNS runs, default 5; medians);
+#   2. server: agentstore-server on SQLite, on PostgreSQL with 1 and 2
+#      instances, and pg-boss on the same PostgreSQL (BENCH_SERVER_RUNS, default 3).
+# Everything is loopback. Each phase is bounded by `timeout`; the browser phase
+# also stops starting new runs when its share of BENCH_BUDGET_S is spent.
+# Tables go to stdout and to bench/results/{browser,server}.md.
+#
+#   bash scripts/bench.sh            # everything (about 15-25 min on 2 cores)
+#   BENCH_SKIP_BUILD=1 BENCH_RUNS=1 bash scripts/bench.sh   # quick look
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$HOME/.cargo/bin:$PATH"
+
+RUNS="${BENCH_RUNS:-5}"
+SERVER_RUNS="${BENCH_SERVER_RUNS:-3}"
+ITEMS="${BENCH_ITEMS:-4000}"
+BUDGET_S="${BENCH_BUDGET_S:-2400}"   # whole script, builds excluded
+BROWSER_S=$((BUDGET_S * 2 / 3))
+SERVER_S=$((BUDGET_S - BROWSER_S))
+
+step() { printf '\n=== %s ===\n' "$*" >&2; }
+
+step "machine"
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%MZ)   commit: $(git rev-parse --short HEAD)"
+  echo "nproc: $(nproc)"
+  free -h | sed -n 1,2p
+  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
+  echo "chromium: $(/usr/bin/chromium --version 2>/dev/null | head -n1)"
+  echo "node: $(node --version)   rustc: $(rustc --version | cut -d' ' -f2)"
+} | tee /dev/stderr > /tmp/agentstore-bench-machine.txt
+
+if [ -z "${BENCH_SKIP_BUILD:-}" ]; then
+  step "toolchain (scripts/bootstrap.sh)"
+  bash scripts/bootstrap.sh >&2
+fi
+
+step "bench npm packages (bench/package-lock.json)"
+if ! (cd bench && npm ls --omit=dev >/dev/null 2>&1); then
+  (cd bench && npm ci --no-audit --no-fund >&2)
+fi
+
+if [ -z "${BENCH_SKIP_BUILD:-}" ]; then
+  step "build: pkg/ (wasm-pack --release) and the server + load generator (cargo --release)"
+  wasm-pack build --target web --release --out-dir pkg >&2
+  cargo build --release -q -p agentstore-server -p agentstore-loadgen >&2
+fi
+
+mkdir -p bench/results
+step "browser benchmarks (${RUNS} runs, budget ${BROWSER_S} s)"
+timeout --kill-after=30 "$((BROWSER_S + 300))" \
+  node bench/run-browser.mjs --runs "$RUNS" --budget-s "$BROWSER_S" --out bench/results/browser.json \
+  > bench/results/browser.md
+
+step "PostgreSQL on loopback (scripts/pg.sh)"
+PG_ARGS=()
+if bash scripts/pg.sh start >&2; then
+  PG_ARGS=(--pg-admin-url "postgres://postgres@127.0.0.1:${AGENTSTORE_PG_PORT:-55432}/postgres")
+else
+  echo "PostgreSQL unavailable: PostgreSQL scenarios skipped" >&2
+fi
+
+step "server benchmarks (${SERVER_RUNS} runs × ${ITEMS} items, budget ${SERVER_S} s)"
+timeout --kill-after=30 "$SERVER_S" \
+  node bench/run-server.mjs "${PG_ARGS[@]}" --runs "$SERVER_RUNS" --items "$ITEMS" --max-secs 60 \
+  --out bench/results/server.json > bench/results/server.md
+
+printf '\n## Machine\n\n```\n'; cat /tmp/agentstore-bench-machine.txt; printf '```\n'
+printf '\n## Browser (headless Chromium)\n\n'; cat bench/results/browser.md
+printf '\n## Server (loopback)\n\n'; cat bench/results/server.md
