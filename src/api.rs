@@ -60,6 +60,12 @@ export interface PouchImportSummary {
   /** The legacy index document's drift: live records it lost, deleted/absent ids it still listed. */
   legacyIndex: { id: string; listed: number; lost: number; stale: number } | null;
 }
+export interface WatchOptions {
+  /** Only changes whose `_id` starts with this (default: every change). */
+  prefix?: string;
+}
+/** One committed change, delivered to `watch` callbacks in every tab and worker of the origin. */
+export interface WatchChange { id: string; rev: string; deleted: boolean; }
 export interface SnapshotImportSummary { written: number; keptNewer: number; }
 export interface IndexDefinition { name: string; keys: string[]; }
 export interface ListByOptions {
@@ -79,13 +85,37 @@ export interface RebuildOptions {
   /** false = resume an interrupted rebuild from its checkpoint (default true = start over). */
   restart?: boolean;
 }
+/** Every `code` an agentstore error (store or lease client) can carry. */
+export type ErrorCode =
+  | "conflict" | "validation" | "not_found" | "quota_exceeded" | "transaction" | "blocked" | "closed" | "aborted"
+  | "claim_lost" | "state_conflict" | "unauthorized" | "forbidden" | "rate_limited" | "payload_too_large"
+  | "bad_request" | "network" | "internal";
+/** The `name` of each error, one per code. */
+export type ErrorName =
+  | "ConflictError" | "ValidationError" | "NotFoundError" | "QuotaExceededError" | "TransactionError"
+  | "BlockedError" | "ClosedError" | "AbortError" | "ClaimLostError" | "StateConflictError"
+  | "UnauthorizedError" | "ForbiddenError" | "RateLimitedError" | "PayloadTooLargeError"
+  | "BadRequestError" | "NetworkError" | "InternalError";
+/** One failing position of a `putMany` / import batch. */
+export interface BatchFailure { index: number; id: unknown; message: string; expectedRev?: string | null; currentRev?: string | null; }
+/** `ConflictError` (409): the compare-and-swap failed; nothing was written. */
+export interface ConflictError extends Error {
+  name: "ConflictError"; code: "conflict"; status: 409;
+  id?: string; expectedRev?: string | null; currentRev?: string | null; current?: AgentRecord | null;
+  /** From `mutate`: attempts made before giving up. */
+  attempts?: number;
+  /** From `putMany`: every failing position. */
+  failures?: BatchFailure[];
+}
 /** Errors thrown by agentstore: `name` is e.g. "ConflictError", `code` e.g. "conflict". */
 export interface AgentStoreError extends Error {
   code: "conflict" | "validation" | "not_found" | "quota_exceeded" | "transaction" | "blocked" | "closed" | "aborted";
   status: number;
   id?: string; expectedRev?: string | null; currentRev?: string | null; current?: AgentRecord | null;
   attempts?: number;
-  failures?: { index: number; id: unknown; message: string; expectedRev?: string | null; currentRev?: string | null }[];
+  failures?: BatchFailure[];
+  /** AbortError: the signal's reason. */
+  cause?: unknown;
 }
 "#;
 
@@ -165,7 +195,7 @@ impl AgentStore {
     #[wasm_bindgen(unchecked_return_type = "Promise<AgentStore>")]
     pub fn open(
         name: String,
-        #[wasm_bindgen(unchecked_param_type = "OpenOptions | undefined")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "OpenOptions")] options: JsValue,
     ) -> Promise {
         run(async move {
             let timeout = match opt(&options, "blockedTimeoutMs") {
@@ -205,7 +235,7 @@ impl AgentStore {
 
     /// The record stored under `id`, or `null` (never stored, or deleted).
     #[wasm_bindgen(unchecked_return_type = "Promise<AgentRecord | null>")]
-    pub fn get(&self, id: JsValue) -> Promise {
+    pub fn get(&self, #[wasm_bindgen(unchecked_param_type = "string")] id: JsValue) -> Promise {
         let s = self.inner.clone();
         run(async move { Ok(s.get(&id).await?.unwrap_or(JsValue::NULL)) })
     }
@@ -224,7 +254,11 @@ impl AgentStore {
 
     /// Deletes with compare-and-swap, leaving a tombstone; resolves to its revision.
     #[wasm_bindgen(unchecked_return_type = "Promise<string>")]
-    pub fn delete(&self, id: JsValue, rev: JsValue) -> Promise {
+    pub fn delete(
+        &self,
+        #[wasm_bindgen(unchecked_param_type = "string")] id: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "string")] rev: JsValue,
+    ) -> Promise {
         let s = self.inner.clone();
         run(async move { Ok(s.delete(&id, &rev).await?.into()) })
     }
@@ -235,12 +269,12 @@ impl AgentStore {
     #[wasm_bindgen(unchecked_return_type = "Promise<PutResult | null>")]
     pub fn mutate(
         &self,
-        id: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "string")] id: JsValue,
         #[wasm_bindgen(
             unchecked_param_type = "(current: AgentRecord | null) => AgentRecord | undefined | Promise<AgentRecord | undefined>"
         )]
         f: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "MutateOptions | undefined")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "MutateOptions")] options: JsValue,
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
@@ -285,7 +319,7 @@ impl AgentStore {
     #[wasm_bindgen(unchecked_return_type = "Promise<ListPage>")]
     pub fn list(
         &self,
-        #[wasm_bindgen(unchecked_param_type = "ListOptions | undefined")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "ListOptions")] options: JsValue,
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
@@ -300,7 +334,7 @@ impl AgentStore {
     pub fn list_by(
         &self,
         name: String,
-        #[wasm_bindgen(unchecked_param_type = "ListByOptions | undefined")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "ListByOptions")] options: JsValue,
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
@@ -324,7 +358,7 @@ impl AgentStore {
     #[wasm_bindgen(js_name = rebuildIndexes, unchecked_return_type = "Promise<number>")]
     pub fn rebuild_indexes(
         &self,
-        #[wasm_bindgen(unchecked_param_type = "RebuildOptions | undefined")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "RebuildOptions")] options: JsValue,
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
@@ -354,11 +388,8 @@ impl AgentStore {
     /// ValidationError for a non-string prefix or a non-function callback.
     pub fn watch(
         &self,
-        #[wasm_bindgen(unchecked_param_type = "{prefix?: string}")] options: JsValue,
-        #[wasm_bindgen(
-            unchecked_param_type = "(change: {id: string, rev: string, deleted: boolean}) => void"
-        )]
-        callback: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "WatchOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "(change: WatchChange) => void")] callback: JsValue,
     ) -> Result<Watch, JsValue> {
         let prefix = match opt(&options, "prefix") {
             v if v.is_undefined() || v.is_null() => js_sys::JsString::from(""),
@@ -378,7 +409,7 @@ impl AgentStore {
     pub fn import_pouch_dump(
         &self,
         text: String,
-        #[wasm_bindgen(unchecked_param_type = "ImportOptions | undefined")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "ImportOptions")] options: JsValue,
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
@@ -436,7 +467,7 @@ impl AgentStore {
     pub fn import_snapshot(
         &self,
         text: String,
-        #[wasm_bindgen(unchecked_param_type = "ImportOptions | undefined")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "ImportOptions")] options: JsValue,
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {

@@ -30,7 +30,7 @@ export interface LeaseClientOptions {
   /** Worker name sent with the enrollment. */
   name?: string;
   /** Called after each enrollment/refresh with the NEW tokens; persist refreshToken. */
-  onCredentials?: (c: { workerId: number; accessToken: string; refreshToken: string; accessExpiresInMs: number }) => void;
+  onCredentials?: (c: IssuedCredentials) => void;
   /** Bound of one request (ms). Default 30000. */
   requestTimeoutMs?: number;
   /** Lease journal: false disables it, a string names its IndexedDB database. Default "agentstore-leases". */
@@ -52,6 +52,44 @@ export interface WorkOptions {
   /** Reconnect backoff random(base, min(cap, base*2^n)); defaults 10000 and 300000 ms. */
   reconnectBaseMs?: number;
   reconnectCapMs?: number;
+}
+/** The credentials handed to `onCredentials` after an enrollment or refresh. */
+export interface IssuedCredentials { workerId: number; accessToken: string; refreshToken: string; accessExpiresInMs: number; }
+/** `LeaseClient.credentials`: the tokens in use now (null when absent). */
+export interface CurrentCredentials { accessToken: string | null; refreshToken: string | null; }
+export type ItemState = "open" | "running" | "paused" | "blocked" | "done" | "failed";
+export type SettleState = "done" | "failed" | "blocked" | "paused";
+/** A work item as the lease server sends it (`lease.item`, and what `settle` resolves with). */
+export interface LeaseItem {
+  id: number; queue: string; state: ItemState;
+  /** The enqueued JSON payload. */
+  payload: unknown;
+  /** The result given to the last settle, if any. */
+  result?: unknown;
+  /** Claims that ended without a settle (expiries and releases). */
+  attempts: number; max_attempts: number;
+  /** Grows on every claim and resume. */
+  epoch: number;
+  last_error?: string | null; worker_id?: number | null;
+}
+export interface ClaimOptions { signal?: AbortSignal; }
+export interface RecoverOptions {
+  /** true: journalled leases that are still valid are heartbeated and returned in `resumed` instead of released. */
+  resume?: boolean;
+}
+export interface SettleOptions {
+  /** A message stored as the item's `last_error` (for failed / blocked). */
+  error?: string;
+}
+/** `work()` handler: its resolved value settles the item `done` (with it as the result), a throw settles `failed`. */
+export type WorkHandler = (lease: Lease) => unknown | Promise<unknown>;
+/** Errors of the lease client: `name`/`code`/`status` as in the README table. */
+export interface LeaseError extends Error {
+  name: ErrorName; code: ErrorCode; status: number;
+  /** RateLimitedError: from `Retry-After` (ms). */
+  retryAfterMs?: number;
+  /** AbortError: the signal's reason. */
+  cause?: unknown;
 }
 export interface WorkStats { claimed: number; done: number; failed: number; lost: number; connectionFailures: number; backoffsMs: number[]; }
 export interface Recovery { released: number[]; lost: number[]; busy: number[]; skipped: number[]; resumed: Lease[]; }
@@ -95,7 +133,10 @@ impl LeaseClient {
     /// # Errors
     /// `ValidationError` for a bad base URL or option.
     #[wasm_bindgen(constructor)]
-    pub fn new(base_url: &str, options: JsValue) -> Result<LeaseClient, JsValue> {
+    pub fn new(
+        #[wasm_bindgen(js_name = baseUrl)] base_url: &str,
+        #[wasm_bindgen(unchecked_optional_param_type = "LeaseClientOptions")] options: JsValue,
+    ) -> Result<LeaseClient, JsValue> {
         Self::build(base_url, &options).map_err(|e| e.to_js())
     }
 
@@ -144,7 +185,12 @@ impl LeaseClient {
     /// # Errors
     /// `NetworkError`, `RateLimitedError` (`retryAfterMs`), `UnauthorizedError`,
     /// `AbortError`, `ValidationError`, `ClosedError`.
-    pub fn claim(&self, queue: String, options: JsValue) -> Promise {
+    #[wasm_bindgen(unchecked_return_type = "Promise<Lease | null>")]
+    pub fn claim(
+        &self,
+        queue: String,
+        #[wasm_bindgen(unchecked_optional_param_type = "ClaimOptions")] options: JsValue,
+    ) -> Promise {
         let inner = self.inner.clone();
         run(async move {
             let signal = opt_signal(&options)?;
@@ -167,8 +213,8 @@ impl LeaseClient {
     pub fn work(
         &self,
         queue: String,
-        handler: Function,
-        options: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "WorkHandler")] handler: Function,
+        #[wasm_bindgen(unchecked_optional_param_type = "WorkOptions")] options: JsValue,
     ) -> Result<Worker, JsValue> {
         let parse = || -> Result<WorkOptions, LeaseError> {
             let mut w = WorkOptions::default();
@@ -195,7 +241,11 @@ impl LeaseClient {
     /// no live page holds are released now (`{resume: true}`: heartbeated and
     /// returned in `resumed` when still valid). Leases another page holds (its
     /// Web Lock is taken) are left alone; without Web Locks nothing is touched.
-    pub fn recover(&self, options: JsValue) -> Promise {
+    #[wasm_bindgen(unchecked_return_type = "Promise<Recovery>")]
+    pub fn recover(
+        &self,
+        #[wasm_bindgen(unchecked_optional_param_type = "RecoverOptions")] options: JsValue,
+    ) -> Promise {
         let inner = self.inner.clone();
         run(async move {
             let resume = opt_bool(&options, "resume")?.unwrap_or(false);
@@ -218,13 +268,13 @@ impl LeaseClient {
     }
 
     /// The leases this client holds now.
-    #[wasm_bindgen(getter)]
+    #[wasm_bindgen(getter, unchecked_return_type = "Lease[]")]
     pub fn held(&self) -> Array {
         self.inner.held().into_iter().map(wrap_lease).collect()
     }
 
     /// The current tokens `{accessToken, refreshToken}` (null when absent).
-    #[wasm_bindgen(getter)]
+    #[wasm_bindgen(getter, unchecked_return_type = "CurrentCredentials")]
     pub fn credentials(&self) -> JsValue {
         let c = self.inner.credentials();
         let o = Object::new();
@@ -236,6 +286,7 @@ impl LeaseClient {
 
     /// Releases every held lease (their signals abort with `released`) and
     /// stops; later calls reject with `ClosedError`.
+    #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
     pub fn close(&self) -> Promise {
         let inner = self.inner.clone();
         run(async move {
@@ -278,7 +329,7 @@ impl Lease {
 #[wasm_bindgen]
 impl Lease {
     /// The item as the server sent it: `{id, queue, state, payload, attempts, max_attempts, epoch, …}`.
-    #[wasm_bindgen(getter)]
+    #[wasm_bindgen(getter, unchecked_return_type = "LeaseItem")]
     pub fn item(&self) -> JsValue {
         self.inner.item.clone()
     }
@@ -314,7 +365,10 @@ impl Lease {
     }
 
     /// `"held"`, `"ending"`, `"settled"`, or the loss reason.
-    #[wasm_bindgen(getter)]
+    #[wasm_bindgen(
+        getter,
+        unchecked_return_type = "\"held\" | \"ending\" | \"settled\" | \"claim_lost\" | \"expired_locally\" | \"released\""
+    )]
     pub fn status(&self) -> String {
         match self.inner.status() {
             Status::Held => "held".into(),
@@ -340,6 +394,7 @@ impl Lease {
     }
 
     /// Renews now; resolves with the TTL (ms). Automatic heartbeats already run.
+    #[wasm_bindgen(unchecked_return_type = "Promise<number>")]
     pub fn heartbeat(&self) -> Promise {
         let inner = self.inner.clone();
         run(async move { Ok(JsValue::from(inner.heartbeat().await? as f64)) })
@@ -352,7 +407,13 @@ impl Lease {
     /// `ClaimLostError` (without sending anything if the lease is already lost),
     /// `StateConflictError`, `NetworkError` (the lease is kept; retry),
     /// `ValidationError` for a bad state or a result JSON cannot carry.
-    pub fn settle(&self, state: String, result: JsValue, options: JsValue) -> Promise {
+    #[wasm_bindgen(unchecked_return_type = "Promise<LeaseItem>")]
+    pub fn settle(
+        &self,
+        #[wasm_bindgen(unchecked_param_type = "SettleState")] state: String,
+        #[wasm_bindgen(unchecked_optional_param_type = "unknown")] result: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "SettleOptions")] options: JsValue,
+    ) -> Promise {
         let inner = self.inner.clone();
         run(async move {
             let state = match state.as_str() {
@@ -386,6 +447,7 @@ impl Lease {
     }
 
     /// Gives the item back now (one attempt counted); `signal` aborts with `released`.
+    #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
     pub fn release(&self) -> Promise {
         let inner = self.inner.clone();
         run(async move {
@@ -398,7 +460,12 @@ impl Lease {
     /// aborted when the lease is lost (and by `init.signal`). Rejects at once with
     /// the `ClaimLostError` when the lease is already lost. Cross-origin targets
     /// must allow these headers in CORS.
-    pub fn fetch(&self, input: JsValue, init: JsValue) -> Promise {
+    #[wasm_bindgen(unchecked_return_type = "Promise<Response>")]
+    pub fn fetch(
+        &self,
+        #[wasm_bindgen(unchecked_param_type = "string | Request")] input: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "RequestInit")] init: JsValue,
+    ) -> Promise {
         let request = match self.prepare_request(input, init) {
             Ok(r) => r,
             Err(e) => return Promise::reject(&e),
@@ -422,7 +489,11 @@ impl Lease {
     /// The `ClaimLostError` when the lease is lost; the `Request` constructor's
     /// `TypeError` for bad input.
     #[wasm_bindgen(js_name = prepareRequest)]
-    pub fn prepare_request(&self, input: JsValue, init: JsValue) -> Result<Request, JsValue> {
+    pub fn prepare_request(
+        &self,
+        #[wasm_bindgen(unchecked_param_type = "string | Request")] input: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "RequestInit")] init: JsValue,
+    ) -> Result<Request, JsValue> {
         if let Some(e) = self.inner.lost_error() {
             return Err(e.to_js());
         }
@@ -492,6 +563,7 @@ pub struct Worker {
 #[wasm_bindgen]
 impl Worker {
     /// Stops claiming; resolves when running handlers have finished and settled.
+    #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
     pub fn stop(&self) -> Promise {
         let inner = self.inner.clone();
         run(async move {
@@ -501,7 +573,7 @@ impl Worker {
     }
 
     /// Counters: `{claimed, done, failed, lost, connectionFailures, backoffsMs}`.
-    #[wasm_bindgen(getter)]
+    #[wasm_bindgen(getter, unchecked_return_type = "WorkStats")]
     pub fn stats(&self) -> JsValue {
         let s = *self.inner.stats.borrow();
         let o = Object::new();
