@@ -1,0 +1,60 @@
+#!/usr/bin/env node
+// Completes pkg/package.json after `wasm-pack build --target web`.
+//
+//   node scripts/package.mjs [pkg-dir]      (default: pkg)
+//
+// wasm-pack writes name, version, description, license, repository, keywords,
+// `main`, `types` and `files` from Cargo.toml. This adds what it cannot:
+// `exports` (one entry point that bundlers, Node-style resolvers and
+// TypeScript agree on, plus the .wasm file as a subpath so a bundler can be
+// asked for its URL), `module`, `sideEffects: false` (the glue only touches
+// its own module state at load time, so an unused import can be dropped) and
+// the README in `files`. Idempotent: running it twice writes the same file.
+
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+
+const dir = resolve(process.argv[2] ?? 'pkg');
+const path = join(dir, 'package.json');
+if (!existsSync(path)) {
+  console.error(`${path} is missing: run wasm-pack build --target web --out-dir pkg first`);
+  process.exit(1);
+}
+const pkg = JSON.parse(readFileSync(path, 'utf8'));
+const need = (field) => {
+  if (pkg[field] === undefined) throw new Error(`pkg/package.json has no ${field} (check Cargo.toml)`);
+};
+['name', 'version', 'description', 'license', 'repository', 'keywords'].forEach(need);
+
+const js = pkg.main ?? `${pkg.name}.js`;
+const types = pkg.types ?? js.replace(/\.js$/, '.d.ts');
+const wasm = js.replace(/\.js$/, '_bg.wasm');
+for (const f of [js, types, wasm]) {
+  if (!existsSync(join(dir, f))) throw new Error(`${f} is missing from ${dir}`);
+}
+// wasm-pack lists ./snippets/* as side-effectful when the crate has JS
+// snippets; keep that, otherwise nothing is.
+const snippets = existsSync(join(dir, 'snippets'));
+
+const out = {
+  name: pkg.name,
+  version: pkg.version,
+  description: pkg.description,
+  license: pkg.license,
+  repository: pkg.repository,
+  keywords: pkg.keywords,
+  type: 'module',
+  main: `./${js}`,
+  module: `./${js}`,
+  types: `./${types}`,
+  exports: {
+    '.': { types: `./${types}`, import: `./${js}`, default: `./${js}` },
+    [`./${js}`]: { types: `./${types}`, import: `./${js}`, default: `./${js}` },
+    [`./${wasm}`]: `./${wasm}`,
+    './package.json': './package.json',
+  },
+  files: [...new Set([...(pkg.files ?? [js, types, wasm]), ...(snippets ? ['snippets'] : []), 'README.md'])],
+  sideEffects: snippets ? ['./snippets/*'] : false,
+};
+writeFileSync(path, JSON.stringify(out, null, 2) + '\n');
+console.log(`completed ${path}: exports ${Object.keys(out.exports).join(', ')}`);
