@@ -1,0 +1,172 @@
+// The Vite example (examples/vite) built with `vite build`, served with
+// `vite preview` and driven in headless Chromium: three agent records written
+// with mutate() and listed, then a work item claimed and settled against an
+// agentstore-server this test starts on loopback (enqueued through the admin
+// API; the page enrolls with a single-use enrollment token).
+//
+//   node --test tests/e2e/vite.test.mjs
+//
+// Needs pkg/ (scripts/test.sh builds it and runs scripts/package.mjs). Installs
+// the example's npm packages from its lock when node_modules is missing.
+
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn, spawnSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { chromium } from 'playwright-core';
+
+const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+const EXAMPLE = join(ROOT, 'examples', 'vite');
+const PKG = join(ROOT, 'pkg');
+const TARGET = process.env.CARGO_TARGET_DIR ?? join(ROOT, 'target');
+const BIN = process.env.AGENTSTORE_SERVER_BIN ?? join(TARGET, 'debug', 'agentstore-server');
+const ADMIN = 'vite-e2e-admin';
+
+let dir;
+let server;
+let preview;
+let base;
+let site;
+let browser;
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.on('error', reject);
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+async function waitFor(url, proc, what) {
+  const until = Date.now() + 30_000;
+  while (Date.now() < until) {
+    if (proc.exitCode !== null) throw new Error(`${what} exited with ${proc.exitCode}`);
+    try {
+      if ((await fetch(url)).ok) return;
+    } catch {}
+    await sleep(100);
+  }
+  throw new Error(`${what} did not answer at ${url}`);
+}
+
+function run(cmd, args, cwd) {
+  const r = spawnSync(cmd, args, { cwd, stdio: 'inherit', timeout: 300_000 });
+  assert.equal(r.status, 0, `${cmd} ${args.join(' ')} (in ${cwd})`);
+}
+
+async function admin(method, path, body) {
+  const resp = await fetch(`${base}${path}`, {
+    method,
+    headers: { authorization: `Bearer ${ADMIN}`, 'content-type': 'application/json' },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  return { status: resp.status, body: resp.status === 204 ? null : await resp.json() };
+}
+
+async function enrollmentToken() {
+  const { status, body } = await admin('POST', '/v1/admin/enrollment-tokens', {});
+  assert.equal(status, 201);
+  return body.token;
+}
+
+function stop(proc) {
+  if (!proc || proc.exitCode !== null) return Promise.resolve();
+  const exited = new Promise((r) => proc.once('exit', r));
+  try {
+    process.kill(-proc.pid, 'SIGTERM'); // its own process group
+  } catch {
+    proc.kill('SIGTERM');
+  }
+  return exited;
+}
+
+before(async () => {
+  assert.ok(existsSync(join(PKG, 'agentstore.js')), 'pkg/ must hold the built SDK (scripts/test.sh builds it)');
+  if (!existsSync(join(EXAMPLE, 'node_modules', 'vite'))) run('npm', ['ci', '--no-audit', '--no-fund'], EXAMPLE);
+  run(process.execPath, [join(EXAMPLE, 'node_modules', 'vite', 'bin', 'vite.js'), 'build', '--logLevel', 'warn'], EXAMPLE);
+  if (!existsSync(BIN)) run('cargo', ['build', '-q', '-p', 'agentstore-server'], ROOT);
+
+  dir = mkdtempSync(join(tmpdir(), 'agentstore-vite-e2e-'));
+  const serverPort = await freePort();
+  base = `http://127.0.0.1:${serverPort}`;
+  server = spawn(BIN, [
+    '--listen', `127.0.0.1:${serverPort}`, '--database', join(dir, 'leases.sqlite'), '--admin-token', ADMIN,
+    '--allow-origin', 'http://127.0.0.1:*', '--www', dir, '--pkg', dir,
+  ], { stdio: 'ignore', detached: true });
+  await waitFor(`${base}/v1/health`, server, 'agentstore-server');
+
+  const sitePort = await freePort();
+  site = `http://127.0.0.1:${sitePort}`;
+  preview = spawn(process.execPath, [
+    join(EXAMPLE, 'node_modules', 'vite', 'bin', 'vite.js'), 'preview', '--host', '127.0.0.1', '--port', String(sitePort), '--strictPort',
+  ], { cwd: EXAMPLE, stdio: 'ignore', detached: true });
+  await waitFor(`${site}/`, preview, 'vite preview');
+
+  browser = await chromium.launch({
+    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+    args: ['--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update',
+      '--disable-sync', '--no-first-run'],
+  });
+});
+
+after(async () => {
+  await browser?.close();
+  await stop(preview);
+  await stop(server);
+  if (dir) rmSync(dir, { recursive: true, force: true });
+});
+
+test('vite build emits the wasm as a hashed asset next to the bundle', () => {
+  const assets = readdirSync(join(EXAMPLE, 'dist', 'assets'));
+  assert.ok(assets.some((f) => /^agentstore_bg-.*\.wasm$/.test(f)), `assets: ${assets}`);
+  assert.ok(assets.some((f) => f.endsWith('.js')), `assets: ${assets}`);
+});
+
+test('the built page writes and lists records, then claims and settles a lease', async () => {
+  const queue = `vite-${Date.now()}`;
+  const { status, body } = await admin('POST', `/v1/queues/${queue}/items`, { payload: { task: 'greet' } });
+  assert.equal(status, 201);
+  const id = body.id;
+
+  const context = await browser.newContext();
+  const page = await context.newPage();
+  const errors = [];
+  page.on('pageerror', (e) => errors.push(String(e)));
+  const wasm = page.waitForResponse((r) => r.url().endsWith('.wasm'));
+  const url = (enroll) => `${site}/?${new URLSearchParams({ server: base, enroll, queue })}`;
+
+  await page.goto(url(await enrollmentToken()));
+  await page.click('#run');
+  await page.waitForSelector('body[data-runs="1"]', { timeout: 30_000 });
+  const wasmResp = await wasm;
+  assert.equal(wasmResp.headers()['content-type'], 'application/wasm');
+  assert.equal(await page.textContent('#error'), '');
+  const records = await page.$$eval('#records li', (lis) => lis.map((li) => li.textContent));
+  assert.deepEqual(records.map((t) => t.split(' — ')[0]), ['agent:reply', 'agent:summarise', 'agent:triage']);
+  assert.ok(records.every((t) => /runs 1 \(rev 1-[0-9a-f]{32}\)/.test(t)), records.join('\n'));
+  assert.equal(await page.textContent('#lease'), `settled item ${id}: done`);
+  const seen = (await admin('GET', `/v1/items/${id}`)).body;
+  assert.equal(seen.state, 'done');
+  assert.deepEqual(seen.result, { handledBy: 'vite-example' });
+  assert.equal(seen.epoch, 1);
+
+  // A reload keeps the records (IndexedDB) and finds the queue empty.
+  await page.goto(url(await enrollmentToken()));
+  await page.click('#run');
+  await page.waitForSelector('body[data-runs="1"]', { timeout: 30_000 });
+  assert.equal(await page.textContent('#error'), '');
+  const again = await page.$$eval('#records li', (lis) => lis.map((li) => li.textContent));
+  assert.ok(again.every((t) => t.includes('runs 2 (rev 2-')), again.join('\n'));
+  assert.equal(await page.textContent('#lease'), 'queue empty');
+  assert.deepEqual(errors, []);
+  await context.close();
+});
