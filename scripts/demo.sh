@@ -23,6 +23,7 @@ if [ "${DEMO_SKIP_BUILD:-0}" = 1 ] && [ -f pkg/agentstore.js ]; then
 else
   log "building the SDK: wasm-pack build --target web --release --out-dir pkg"
   wasm-pack build --target web --release --out-dir pkg >&2
+  node scripts/package.mjs >&2  # completes pkg/package.json (exports, sideEffects)
 fi
 
 log "building agentstore-server: cargo build --release -p agentstore-server"

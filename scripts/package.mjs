@@ -9,7 +9,8 @@
 // TypeScript agree on, plus the .wasm file as a subpath so a bundler can be
 // asked for its URL), `module`, `sideEffects: false` (the glue only touches
 // its own module state at load time, so an unused import can be dropped) and
-// the README in `files`. Idempotent: running it twice writes the same file.
+// the README in `files`. It also makes the .d.ts reference the lib it needs.
+// Idempotent: running it twice writes the same files.
 
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
@@ -26,8 +27,9 @@ const need = (field) => {
 };
 ['name', 'version', 'description', 'license', 'repository', 'keywords'].forEach(need);
 
-const js = pkg.main ?? `${pkg.name}.js`;
-const types = pkg.types ?? js.replace(/\.js$/, '.d.ts');
+const bare = (f) => f.replace(/^\.\//, ''); // a second run reads "./x.js"
+const js = bare(pkg.main ?? `${pkg.name}.js`);
+const types = bare(pkg.types ?? js.replace(/\.js$/, '.d.ts'));
 const wasm = js.replace(/\.js$/, '_bg.wasm');
 for (const f of [js, types, wasm]) {
   if (!existsSync(join(dir, f))) throw new Error(`${f} is missing from ${dir}`);
@@ -35,6 +37,14 @@ for (const f of [js, types, wasm]) {
 // wasm-pack lists ./snippets/* as side-effectful when the crate has JS
 // snippets; keep that, otherwise nothing is.
 const snippets = existsSync(join(dir, 'snippets'));
+
+// wasm-bindgen's classes declare `[Symbol.dispose]()`, which only type-checks
+// with the `esnext.disposable` lib; reference it from the .d.ts so projects
+// on `lib: ["es2022", "dom"]` without `skipLibCheck` compile too.
+const dts = join(dir, types);
+const REF = '/// <reference lib="esnext.disposable" />\n';
+const dtsText = readFileSync(dts, 'utf8');
+if (dtsText.includes('Symbol.dispose') && !dtsText.startsWith(REF)) writeFileSync(dts, REF + dtsText);
 
 const out = {
   name: pkg.name,
@@ -53,7 +63,7 @@ const out = {
     [`./${wasm}`]: `./${wasm}`,
     './package.json': './package.json',
   },
-  files: [...new Set([...(pkg.files ?? [js, types, wasm]), ...(snippets ? ['snippets'] : []), 'README.md'])],
+  files: [...new Set([...(pkg.files ?? [js, types, wasm]).map(bare), ...(snippets ? ['snippets'] : []), 'README.md'])],
   sideEffects: snippets ? ['./snippets/*'] : false,
 };
 writeFileSync(path, JSON.stringify(out, null, 2) + '\n');

@@ -1,0 +1,21 @@
+// Deliberate type errors: `tsc --noEmit -p negative/tsconfig.json` must FAIL,
+// with exactly the errors marked `// error TSxxxx` on each line
+// (tests/e2e/ts.test.mjs checks both). If the .d.ts degraded to `any`, these
+// lines would compile and the check would fail.
+import { AgentStore, LeaseClient } from 'agentstore';
+
+export async function wrong(): Promise<void> {
+  const store = await AgentStore.open('agents', { blockedTimeoutMs: '5s' }); // error TS2322
+  await store.put({ name: 'no id' }); // error TS2741 (TypeScript 5: TS2345)
+  await store.list({ limit: '50' }); // error TS2322
+  await store.get(42); // error TS2345
+  const page = await store.list();
+  const n: number = page.next; // error TS2322
+  store.watch({ prefix: 'a' }, (change) => change.revision); // error TS2339
+  const client = new LeaseClient('http://127.0.0.1:8787', { accesToken: 'typo' }); // error TS2561
+  const lease = await client.claim('jobs');
+  await lease?.settle('finished'); // error TS2345
+  const epoch: string | undefined = lease?.epoch; // error TS2322
+  client.work('jobs', async (l) => l.itemID); // error TS2551
+  console.log(n, epoch);
+}

@@ -1,0 +1,143 @@
+// Type-checked against pkg/agentstore.d.ts with `tsc --noEmit` (strict). Every
+// value below has a real type from the package: no `any` is needed or allowed
+// to creep in (see the `Exact` assertions).
+import init, {
+  AgentStore,
+  LeaseClient,
+  type AgentRecord,
+  type AgentStoreError,
+  type ClaimLostError,
+  type ConflictError,
+  type ErrorCode,
+  type IndexVerification,
+  type Lease,
+  type LeaseError,
+  type LeaseItem,
+  type ListPage,
+  type OpenOptions,
+  type PouchImportSummary,
+  type PutResult,
+  type Recovery,
+  type WatchChange,
+  type WorkStats,
+} from 'agentstore';
+
+/** Compile-time equality: `Exact<A, B>` is `true` only when A and B are the same type. */
+type Exact<A, B> = (<T>() => T extends A ? 1 : 2) extends <T>() => T extends B ? 1 : 2 ? true : false;
+const same = <A, B>(ok: Exact<A, B>): Exact<A, B> => ok;
+
+interface Agent extends AgentRecord {
+  recordType: 'agent';
+  name: string;
+  runs?: number;
+}
+
+export async function records(): Promise<void> {
+  await init();
+  const options: OpenOptions = {
+    blockedTimeoutMs: 5000,
+    onVersionChange: () => console.log('closed by another tab'),
+    indexes: [{ name: 'byType', keys: ['recordType', 'updatedAt'] }],
+  };
+  const store: AgentStore = await AgentStore.open('agents', options);
+  await AgentStore.open('agents'); // options are optional
+
+  const agent: Agent = { _id: 'agent:1', recordType: 'agent', name: 'Triage bot' };
+  const written = await store.put(agent);
+  same<typeof written, PutResult>(true);
+  const rev: string = written.rev;
+
+  try {
+    await store.put({ ...agent, _rev: rev, name: 'v2' });
+  } catch (e) {
+    const err = e as AgentStoreError;
+    const code: ErrorCode = err.code;
+    if (err.code === 'conflict') {
+      const conflict = e as ConflictError;
+      const current: AgentRecord | null | undefined = conflict.current;
+      console.log(code, conflict.status, conflict.currentRev, current?._rev, conflict.failures?.[0]?.index);
+    }
+  }
+
+  const got = await store.get('agent:1');
+  same<typeof got, AgentRecord | null>(true);
+  const bumped = await store.mutate('agent:1', (cur) => (cur ? { ...cur, runs: Number(cur['runs'] ?? 0) + 1 } : undefined), {
+    retries: 8,
+    signal: AbortSignal.timeout(5000),
+  });
+  same<typeof bumped, PutResult | null>(true);
+  await store.mutate('agent:2', async (cur) => cur ?? { _id: 'agent:2', recordType: 'agent' });
+
+  const many = await store.putMany([{ _id: 'a' }, { _id: 'b', recordType: 'note' }]);
+  same<typeof many, PutResult[]>(true);
+
+  let page: ListPage = await store.list({ prefix: 'agent:', limit: 50, descending: false });
+  while (page.next) page = await store.list({ prefix: 'agent:', limit: 50, after: page.next });
+  const first: AgentRecord | undefined = page.records[0];
+  const byType = await store.listBy('byType', { eq: 'agent', descending: true, limit: 10 });
+  await store.listBy('byType', { range: { lower: 'a', upper: 'b', upperOpen: true } });
+  console.log(first?._id, byType.records.length);
+
+  const tomb: string = await store.delete('b', many[1]?.rev ?? '');
+  const report: IndexVerification = await store.verifyIndexes();
+  const rebuilt: number = await store.rebuildIndexes({ batchSize: 200, onProgress: (done, total) => console.log(done / total) });
+  console.log(tomb, report.missing.length, rebuilt);
+
+  const watch = store.watch({ prefix: 'agent:' }, (change) => {
+    same<typeof change, WatchChange>(true);
+    const deleted: boolean = change.deleted;
+    console.log(change.id, change.rev, deleted);
+  });
+  watch.close();
+
+  const dump: string = await store.exportSnapshot();
+  const restored = await store.importSnapshot(dump, { onProgress: (d, t) => console.log(d, t) });
+  const summary: PouchImportSummary = await store.importPouchDump('', { legacyIndexId: 'agent-index' });
+  console.log(restored.written, restored.keptNewer, summary.legacyIndex?.lost);
+  store.close();
+}
+
+export async function leases(save: (refreshToken: string) => void): Promise<void> {
+  const client = new LeaseClient('http://127.0.0.1:8787', {
+    enrollmentToken: 'single-use',
+    onCredentials: (c) => save(c.refreshToken),
+    requestTimeoutMs: 30_000,
+    journal: 'agentstore-leases',
+  });
+  const recovery: Recovery = await client.recover();
+  console.log(recovery.released.length, recovery.resumed.map((l) => l.itemId));
+
+  const lease = await client.claim('jobs', { signal: AbortSignal.timeout(10_000) });
+  same<typeof lease, Lease | null>(true);
+  if (lease) {
+    const item: LeaseItem = lease.item;
+    lease.signal.addEventListener('abort', () => {
+      const why = lease.signal.reason as ClaimLostError;
+      const reason: 'claim_lost' | 'expired_locally' | 'released' = why.reason;
+      console.log(reason, why.itemId);
+    });
+    const ttl: number = await lease.heartbeat();
+    const res: Response = await lease.fetch('/api/run', { method: 'POST', body: JSON.stringify(item.payload) });
+    const settled: LeaseItem = await lease.settle('done', await res.json(), { error: 'none' });
+    console.log(ttl, settled.state, lease.status, lease.epoch, lease.msToDeadline);
+  }
+
+  const worker = client.work(
+    'jobs',
+    async (l) => {
+      l.throwIfLost();
+      return { handled: l.itemId };
+    },
+    { concurrency: 4, pollIntervalMs: 5000 },
+  );
+  const stats: WorkStats = worker.stats;
+  await worker.stop();
+  const creds = client.credentials;
+  same<typeof creds.refreshToken, string | null>(true);
+  try {
+    await client.close();
+  } catch (e) {
+    const err = e as LeaseError;
+    console.log(err.name, err.code, err.status, err.retryAfterMs, stats.done);
+  }
+}
