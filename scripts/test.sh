@@ -62,8 +62,16 @@ env -u CHROMEDRIVER GECKODRIVER="$(command -v geckodriver)" \
 
 step "wasm package (release) and its size"
 wasm-pack build --target web --release --out-dir pkg --quiet
+node scripts/package.mjs
 printf 'pkg/agentstore_bg.wasm: %s bytes gzipped; pkg/agentstore.js: %s bytes gzipped\n' \
   "$(gzip -9c pkg/agentstore_bg.wasm | wc -c)" "$(gzip -9c pkg/agentstore.js | wc -c)"
+
+step "npm package (dry run) and the Vite example build"
+(cd pkg && npm pack --dry-run)
+for example in examples/vite examples/ts; do
+  (cd "$example" && timeout 600 npm ci --no-audit --no-fund --silent)
+done
+(cd examples/vite && timeout 300 node node_modules/vite/bin/vite.js build)
 
 step "end-to-end tests (Playwright + Chromium against the demo server)"
 node --test --test-concurrency=1 tests/e2e/
