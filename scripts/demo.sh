@@ -1,21 +1,49 @@
 #!/usr/bin/env bash
-# Builds the SDK (wasm-pack → pkg/) and agentstore-server, then runs the
-# server on its embedded SQLite default, serving www/ at `/` and pkg/ at
-# `/pkg/`. Prints the URL once the server answers; Ctrl-C stops it.
+# The one-command demo. Builds the SDK (wasm-pack → pkg/) and agentstore-server,
+# runs the server on a fresh embedded SQLite database with demo-friendly short
+# lease times, enqueues a sample workload, gives the page what it needs to
+# enroll workers, and prints the URL once the server answers. Ctrl-C stops it
+# and deletes the run's files.
+#
+# Secrets, and why nothing leaks:
+# - A random admin token is made for this run and handed to the server in its
+#   environment (not on its command line). It is used only here, by curl on
+#   loopback, to create single-use enrollment tokens and the sample items; it is
+#   never written to a file or served.
+# - The enrollment tokens go to <run dir>/www/runtime/demo.json, served at
+#   /runtime/demo.json. The server listens on 127.0.0.1 only, so only this
+#   machine can read them; each one enrolls one worker, once. The served www/ is
+#   a run directory of symlinks to the repository's www/ plus runtime/, so no
+#   token file is ever written inside the repository.
 #
 # Environment:
-#   PORT=8787            port on 127.0.0.1
-#   DATABASE=path        SQLite file for agentstore-server (its default: ./agentstore.sqlite)
-#   DEMO_SKIP_BUILD=1    reuse an existing pkg/ instead of running wasm-pack
+#   PORT=8787              port on 127.0.0.1
+#   DATABASE=path          keep the SQLite database there (default: a fresh file
+#                          in the run directory, deleted on exit)
+#   AGENTSTORE_ADMIN_TOKEN use this admin token instead of a random one (tests)
+#   DEMO_SKIP_BUILD=1      reuse an existing pkg/ instead of running wasm-pack
 #   DEMO_READY_TIMEOUT=60  seconds to wait for the server to answer
+#   DEMO_QUEUE=demo        queue the page's workers claim from
+#   DEMO_TTL_MS=6000 DEMO_HEARTBEAT_MS=1000 DEMO_REAPER_MS=1000 DEMO_MAX_ATTEMPTS=5
+#                          lease settings (the field defaults are 90 s / 15 s / 15 s / 5)
+#   DEMO_WORKLOAD=24       sample items enqueued at start
+#   DEMO_TOKENS=300        enrollment tokens for pages (three per page load)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$PWD
 export PATH="$HOME/.cargo/bin:$PATH"
 bash scripts/bootstrap.sh demo >&2
 
 HOST=127.0.0.1
 PORT=${PORT:-8787}
 URL="http://$HOST:$PORT/"
+QUEUE=${DEMO_QUEUE:-demo}
+TTL_MS=${DEMO_TTL_MS:-6000}
+HEARTBEAT_MS=${DEMO_HEARTBEAT_MS:-1000}
+REAPER_MS=${DEMO_REAPER_MS:-1000}
+MAX_ATTEMPTS=${DEMO_MAX_ATTEMPTS:-5}
+WORKLOAD=${DEMO_WORKLOAD:-24}
+TOKENS=${DEMO_TOKENS:-300}
 log() { printf '[demo] %s\n' "$*" >&2; }
 
 if [ "${DEMO_SKIP_BUILD:-0}" = 1 ] && [ -f pkg/agentstore.js ]; then
@@ -28,15 +56,27 @@ fi
 
 log "building agentstore-server: cargo build --release -p agentstore-server"
 cargo build --release -p agentstore-server >&2
-server=("${CARGO_TARGET_DIR:-target}/release/agentstore-server" --listen "$HOST:$PORT" --www www --pkg pkg)
-[ -n "${DATABASE:-}" ] && server+=(--database "$DATABASE")
+
+# The run directory: served www/ (symlinks + runtime/) and, by default, the database.
+RUN_DIR=$(mktemp -d "${TMPDIR:-/tmp}/agentstore-demo.XXXXXX")
+mkdir -p "$RUN_DIR/www/runtime"
+for entry in www/*; do
+  [ "$(basename "$entry")" = runtime ] || ln -s "$ROOT/$entry" "$RUN_DIR/www/"
+done
+DB=${DATABASE:-$RUN_DIR/demo.sqlite}
+ADMIN_TOKEN=${AGENTSTORE_ADMIN_TOKEN:-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')}
+
+server=("${CARGO_TARGET_DIR:-target}/release/agentstore-server" --listen "$HOST:$PORT"
+  --www "$RUN_DIR/www" --pkg "$ROOT/pkg" --database "$DB"
+  --ttl-ms "$TTL_MS" --heartbeat-ms "$HEARTBEAT_MS" --reaper-ms "$REAPER_MS"
+  --max-attempts "$MAX_ATTEMPTS" --idle-retry-ms 1000 --claim-rate 20/s)
 
 log "starting: ${server[*]}"
-"${server[@]}" >&2 &
+AGENTSTORE_ADMIN_TOKEN=$ADMIN_TOKEN "${server[@]}" >&2 &
 pid=$!
 
 # Background jobs of a script ignore SIGINT, so Ctrl-C reaches only this shell:
-# stop the server ourselves on any exit.
+# stop the server ourselves on any exit, then delete the run directory.
 cleanup() {
   trap - EXIT INT TERM
   if kill -0 "$pid" 2>/dev/null; then
@@ -45,13 +85,14 @@ cleanup() {
     kill -KILL "$pid" 2>/dev/null || true
   fi
   wait "$pid" 2>/dev/null || true
+  rm -rf "$RUN_DIR"
 }
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
 deadline=$((SECONDS + ${DEMO_READY_TIMEOUT:-60}))
-until curl -fsS -o /dev/null --max-time 2 "$URL" 2>/dev/null; do
+until curl -fsS -o /dev/null --max-time 2 "${URL}v1/health" 2>/dev/null; do
   if ! kill -0 "$pid" 2>/dev/null; then
     log "the server exited before it answered"
     exit 1
@@ -62,7 +103,61 @@ until curl -fsS -o /dev/null --max-time 2 "$URL" 2>/dev/null; do
   fi
   sleep 0.2
 done
+# Another process on the port may have answered: ours must still be running.
+sleep 0.3
+if ! kill -0 "$pid" 2>/dev/null; then
+  log "the server exited (is port $PORT taken?)"
+  exit 1
+fi
+
+# Admin calls: one curl process per batch, its config (with the admin token)
+# on stdin so that the token never appears in a process list.
+admin_header() {
+  printf 'header = "Authorization: Bearer %s"\nheader = "Content-Type: application/json"\n' "$ADMIN_TOKEN"
+}
+
+log "creating $TOKENS single-use enrollment tokens"
+tokens=$(
+  {
+    admin_header
+    printf 'data = "{}"\n'
+    for _ in $(seq "$TOKENS"); do printf 'url = "%sv1/admin/enrollment-tokens"\n' "$URL"; done
+  } | curl -fsS --max-time 60 -K - | grep -o '"token":"[^"]*"' | cut -d'"' -f4
+)
+count=$(printf '%s\n' "$tokens" | grep -c . || true)
+if [ "$count" != "$TOKENS" ]; then
+  log "expected $TOKENS enrollment tokens, got $count"
+  exit 1
+fi
+
+log "enqueueing a sample workload of $WORKLOAD items on queue \"$QUEUE\""
+tasks=(summarise classify translate extract triage review)
+if [ "$WORKLOAD" -gt 0 ]; then
+  {
+    for i in $(seq "$WORKLOAD"); do
+      [ "$i" -gt 1 ] && printf 'next\n'
+      admin_header
+      printf 'url = "%sv1/queues/%s/items"\n' "$URL" "$QUEUE"
+      printf 'data = "{\\"payload\\":{\\"task\\":\\"%s\\",\\"n\\":%d,\\"ms\\":%d,\\"source\\":\\"demo.sh\\"}}"\n' \
+        "${tasks[$((i % ${#tasks[@]}))]}" "$i" $((1200 + (i * 397) % 2400))
+    done
+  } | curl -fsS --max-time 60 -K - >/dev/null
+fi
+
+json_tokens=$(printf '%s\n' "$tokens" | sed 's/.*/"&"/' | paste -sd, -)
+cat >"$RUN_DIR/www/runtime/demo.json" <<EOF
+{
+  "runId": "$(basename "$RUN_DIR")",
+  "queue": "$QUEUE",
+  "ttlMs": $TTL_MS,
+  "heartbeatMs": $HEARTBEAT_MS,
+  "reaperMs": $REAPER_MS,
+  "maxAttempts": $MAX_ATTEMPTS,
+  "enrollmentTokens": [$json_tokens]
+}
+EOF
 
 echo "agentstore demo: $URL"
+log "lease TTL ${TTL_MS} ms, heartbeat ${HEARTBEAT_MS} ms, reaper ${REAPER_MS} ms, retry cap ${MAX_ATTEMPTS}"
 log "Ctrl-C to stop"
 wait "$pid"
