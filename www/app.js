@@ -1,8 +1,12 @@
-// agentstore demo page: import a PouchDB dump, count, browse, edit with CAS.
+// agentstore demo page, records panel: import a PouchDB dump, count, browse,
+// edit with CAS. The workers panel lives in workers.js.
 //
 // Plain ES module, no framework. The SDK is loaded with a dynamic import so
 // that a missing or broken `/pkg/` build shows a message instead of a blank
 // page. `www/` is served at `/` and the wasm-pack output at `/pkg/`.
+
+import { clearError, showError, showStatus } from './messages.js';
+import { startWorkersPanel } from './workers.js';
 
 const SDK_URL = '/pkg/agentstore.js';
 const DUMP_URL = 'data/agent-records.pouchdump.ndjson';
@@ -16,33 +20,6 @@ const $ = (id) => document.getElementById(id);
 let store = null;
 
 // ---------------------------------------------------------------- messages
-
-function showStatus(text) {
-  $('status').textContent = text;
-}
-
-function clearError() {
-  $('error-bar').hidden = true;
-  $('error').textContent = '';
-}
-
-/** Shows any thrown value as a readable message (name, code, status, message). */
-function showError(err, context) {
-  const el = $('error');
-  el.textContent = `${context ? context + ': ' : ''}${describeError(err)}`;
-  $('error-bar').hidden = false;
-}
-
-function describeError(err) {
-  if (err instanceof Error) {
-    const tags = [err.name, err.code, err.status].filter((x) => x !== undefined && x !== '');
-    const failures = Array.isArray(err.failures) && err.failures.length
-      ? ` (${err.failures.length} failing position(s), first: #${err.failures[0].index} ${err.failures[0].message})`
-      : '';
-    return `${err.message}${failures} [${tags.join(' · ')}]`;
-  }
-  return String(err);
-}
 
 /**
  * Runs a user action: clears the previous error, disables the trigger while
@@ -453,8 +430,10 @@ async function main() {
   } catch (err) {
     $('sdk-state').textContent = 'unavailable';
     showError(err, `Could not load the SDK from ${SDK_URL} (build it with \`wasm-pack build --target web --release --out-dir pkg\` and serve pkg/ at /pkg/)`);
+    startWorkersPanel(null);
     return;
   }
+  startWorkersPanel(sdk); // independent of the records store; shows its own errors
   try {
     store = await sdk.AgentStore.open(name, {
       blockedTimeoutMs: 5000,

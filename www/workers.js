@@ -1,0 +1,613 @@
+// agentstore demo page, workers panel: in-page workers holding work leases
+// from the agentstore server (the one serving this page).
+//
+// - Each worker enrolls with a single-use token from /runtime/demo.json
+//   (written by scripts/demo.sh, served on loopback only), then runs
+//   `client.work(queue, handler, {concurrency: 1})`.
+// - The handler "works" for `payload.ms` milliseconds in 100 ms steps under
+//   `lease.signal`, and returns `{by, epoch, …}`: work() settles it `done`.
+// - Pause heartbeats: `lease.setHeartbeatsPaused(true)` and the work freezes.
+//   Once the lease is past its local deadline by more than a reaper pass, the
+//   worker wakes up and delivers its result late; the server rejects it.
+// - Cut off: a fetch wrapper rejects every request that carries this worker's
+//   access token, as a dropped network would (nothing is sent).
+// - Poison items: the handler gives the lease back (`lease.release()`, one
+//   attempt counted) until the server fails the item with `retry_limit`.
+//
+// The panel's own reads and writes (queue listing, enqueue) use the first
+// worker's access token through the unwrapped fetch: any enrolled worker may
+// enqueue and read items.
+
+import { clearError, demoError, describeError, showError, showStatus } from './messages.js';
+
+const RUNTIME_URL = 'runtime/demo.json';
+const WORKERS_PER_PAGE = 3;
+/** Display refresh (countdowns, counters). */
+const TICK_MS = 200;
+/** Queue overview refresh. */
+const QUEUE_POLL_MS = 1500;
+/** Largest batch the enqueue form accepts. */
+const MAX_ENQUEUE = 500;
+/** Rows in the "Latest items" table. */
+const LATEST_ITEMS = 8;
+/** Events kept per worker card. */
+const EVENTS_KEPT = 2;
+
+const $ = (id) => document.getElementById(id);
+
+/** Short id of this page, in worker names (`tab-1a2b/w1`) and results. */
+const TAB = `tab-${Array.from(crypto.getRandomValues(new Uint8Array(2)), (b) => b.toString(16).padStart(2, '0')).join('')}`;
+
+/** The page's fetch before the cut-off wrapper: the panel's own requests use it. */
+const realFetch = globalThis.fetch.bind(globalThis);
+
+/** @type {any} the SDK module */
+let sdk = null;
+/** @type {{queue: string, ttlMs: number, heartbeatMs: number, reaperMs: number, maxAttempts: number, enrollmentTokens: string[]} | null} */
+let runtime = null;
+/** In-page workers (see `newWorker`). */
+const workers = [];
+/** Poison items enqueued from this page, by id → announced final state. */
+const poison = new Map();
+
+// ------------------------------------------------------- cut-off wrapper
+
+/** The bearer token a fetch call carries, if any. */
+function bearerOf(input, init) {
+  const headers = init?.headers ?? (input instanceof Request ? input.headers : null);
+  if (!headers) return null;
+  const value = new Headers(headers).get('authorization');
+  return value && value.startsWith('Bearer ') ? value.slice(7) : null;
+}
+
+/**
+ * Fails every request carrying the access token of a worker that is cut off,
+ * the way a dropped connection fails (a TypeError, nothing sent). The SDK looks
+ * `fetch` up on the global scope for each request, so this covers its claims,
+ * heartbeats, settles and releases.
+ */
+function installCutOffWrapper() {
+  globalThis.fetch = function demoFetch(input, init) {
+    const token = bearerOf(input, init);
+    if (token) {
+      const w = workers.find((x) => x.cutOff && x.client && x.client.credentials.accessToken === token);
+      if (w) {
+        w.blocked += 1;
+        return Promise.reject(new TypeError('Failed to fetch (cut off by the demo page: nothing was sent)'));
+      }
+    }
+    return realFetch(input, init);
+  };
+}
+
+// ------------------------------------------------------------ server calls
+
+function errorFromAnswer(status, body) {
+  const code = body?.code ?? 'http';
+  const name = {
+    unauthorized: 'UnauthorizedError', forbidden: 'ForbiddenError', validation: 'ValidationError',
+    not_found: 'NotFoundError', rate_limited: 'RateLimitedError', payload_too_large: 'PayloadTooLargeError',
+    bad_request: 'BadRequestError', conflict: 'ConflictError',
+  }[code] ?? 'ServerError';
+  return demoError(name, code, body?.message ?? `HTTP ${status}`, status);
+}
+
+/** One request to the lease server: JSON in and out, `{code, message}` errors as Errors. */
+async function request(method, path, { body, token } = {}) {
+  const headers = {};
+  if (token) headers.Authorization = `Bearer ${token}`;
+  if (body !== undefined) headers['Content-Type'] = 'application/json';
+  let res;
+  try {
+    res = await realFetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body), cache: 'no-store' });
+  } catch (err) {
+    throw demoError('NetworkError', 'network', `the agentstore server could not be reached (${err.message})`, 503);
+  }
+  const text = await res.text();
+  let data = null;
+  try { data = text ? JSON.parse(text) : null; } catch { /* not JSON: reported below */ }
+  if (!res.ok) throw errorFromAnswer(res.status, data);
+  return data;
+}
+
+/** The panel's credential: the access token of the first enrolled worker. */
+function panelToken() {
+  const w = workers.find((x) => x.client);
+  if (!w) throw demoError('UnauthorizedError', 'unauthorized', 'no worker of this page is enrolled yet', 401);
+  return w.client.credentials.accessToken;
+}
+
+/** A panel call; one retry after a 401 (a worker may be refreshing its access token). */
+async function panelCall(method, path, body) {
+  try {
+    return await request(method, path, { body, token: panelToken() });
+  } catch (err) {
+    if (err.status !== 401) throw err;
+    await sleep(1500);
+    return request(method, path, { body, token: panelToken() });
+  }
+}
+
+/**
+ * Enrolls one worker with a random token of the pool. A token another page
+ * (or script) already used answers 401: take another one.
+ */
+async function enroll(name) {
+  const pool = runtime.enrollmentTokens;
+  for (let attempt = 0; attempt < 12; attempt++) {
+    const token = pool[Math.floor(Math.random() * pool.length)];
+    try {
+      return await request('POST', '/v1/workers/enroll', { body: { token, name } });
+    } catch (err) {
+      if (err.status !== 401) throw err;
+    }
+  }
+  throw demoError('UnauthorizedError', 'unauthorized',
+    'no unused enrollment token found (each one enrolls one worker once); restart `bash scripts/demo.sh` for fresh ones', 401);
+}
+
+// ----------------------------------------------------------------- helpers
+
+/** Waits `ms`; rejects with the signal's reason when it aborts. */
+function sleep(ms, signal) {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) { reject(signal.reason); return; }
+    const t = setTimeout(() => { signal?.removeEventListener('abort', onAbort); resolve(); }, ms);
+    function onAbort() { clearTimeout(t); reject(signal.reason); }
+    signal?.addEventListener('abort', onAbort, { once: true });
+  });
+}
+
+function el(tag, props = {}, ...children) {
+  const node = Object.assign(document.createElement(tag), props);
+  node.append(...children);
+  return node;
+}
+
+const seconds = (ms) => `${(ms / 1000).toFixed(1)} s`;
+
+// ------------------------------------------------------------------ worker
+
+/**
+ * One in-page worker.
+ * `job`: the lease being worked on (see `handle`); `pending`: jobs whose end
+ * (settled, lost, released) has not been shown yet.
+ */
+function newWorker(slot) {
+  return {
+    slot,
+    name: `${TAB}/w${slot}`,
+    workerId: null,
+    client: null,
+    worker: null,
+    /** Pause heartbeats pressed: applies to the current and next lease until one ends. */
+    stall: false,
+    /** Cut off pressed. */
+    cutOff: false,
+    /** Requests the wrapper failed. */
+    blocked: 0,
+    job: null,
+    pending: [],
+    error: null,
+    ui: null,
+  };
+}
+
+/** How long past its local deadline a stalled worker sleeps before it wakes up. */
+function wakeAfterMs() {
+  return runtime.reaperMs + 2000;
+}
+
+/** The work loop's handler: simulated work under the lease, stall-aware. */
+async function handle(w, lease) {
+  const payload = lease.item?.payload ?? {};
+  const job = {
+    lease,
+    itemId: lease.itemId,
+    epoch: lease.epoch,
+    attempts: lease.item?.attempts ?? 0,
+    maxAttempts: lease.item?.max_attempts ?? runtime.maxAttempts,
+    task: payload.poison ? 'poison' : String(payload.task ?? 'job'),
+    totalMs: payload.poison ? 600 : Math.min(60_000, Math.max(100, Number(payload.ms) || 1500)),
+    progressMs: 0,
+    stalled: false,
+    late: false,
+    delivered: false,
+    outcome: null,
+  };
+  w.job = job;
+  w.pending.push(job);
+  lease.signal.addEventListener('abort', () => onLeaseEnded(w, job), { once: true });
+  if (w.stall) stallJob(w, job);
+
+  await simulateWork(w, job);
+  if (payload.poison) {
+    // "Fails" every time, retryably: give it back (one attempt counted).
+    job.outcome = 'released';
+    await giveBack(lease);
+    const attempt = job.attempts + 1;
+    addEvent(w, 'poison', job, attempt >= job.maxAttempts
+      ? `poison item failed its last attempt (${attempt} of ${job.maxAttempts}): gave it back, the server fails it (retry_limit)`
+      : `poison item failed attempt ${attempt} of ${job.maxAttempts}: gave it back (lease.release)`);
+    return undefined;
+  }
+  job.delivered = true;
+  return { by: w.name, workerId: w.workerId, epoch: lease.epoch, task: job.task, ...(job.late ? { late: true } : {}) };
+}
+
+/** `lease.release()`, retried until it lands or the lease ends some other way. */
+async function giveBack(lease) {
+  for (;;) {
+    try {
+      await lease.release();
+      return;
+    } catch {
+      if (lease.signal.aborted) return;
+      await sleep(1000, lease.signal).catch(() => {});
+    }
+  }
+}
+
+/** Advances in 100 ms steps; frozen while stalled, until it is time to wake up. */
+async function simulateWork(w, job) {
+  while (job.progressMs < job.totalMs) {
+    await sleep(100, job.lease.signal);
+    if (!job.stalled) {
+      job.progressMs += 100;
+    } else if (job.lease.msToDeadline < -wakeAfterMs()) {
+      job.late = true;
+      addEvent(w, 'info', job, `woke up ${seconds(-job.lease.msToDeadline)} past the local deadline; delivering the result anyway`);
+      return;
+    }
+  }
+}
+
+function stallJob(w, job) {
+  job.stalled = true;
+  job.lease.setHeartbeatsPaused(true);
+  addEvent(w, 'info', job, 'heartbeats paused and work frozen');
+}
+
+function unstallJob(w, job) {
+  job.stalled = false;
+  job.lease.setHeartbeatsPaused(false);
+  addEvent(w, 'info', job, 'heartbeats resumed');
+}
+
+/** The lease's signal aborted: say why, in words. */
+function onLeaseEnded(w, job) {
+  const reason = job.lease.signal.reason?.reason ?? 'claim_lost';
+  if (job.outcome === 'released' || reason === 'released') {
+    job.outcome = 'released';
+  } else if (job.delivered) {
+    job.outcome = 'rejected';
+    addEvent(w, 'rejected', job, 'late result REJECTED by the server (claim_lost): the lease had expired and the item was handed out again; nothing was written');
+    showStatus(`${label(w)}: its late result for item #${job.itemId} (epoch ${job.epoch}) was rejected by the server (claim_lost).`);
+  } else if (reason === 'expired_locally') {
+    job.outcome = 'expired';
+    addEvent(w, 'expired', job, 'cancelled: no heartbeat got through before the local deadline (expired_locally); work stopped');
+  } else {
+    job.outcome = 'cancelled';
+    addEvent(w, 'cancelled', job, 'cancelled: the server says the lease is gone (claim_lost); work stopped, result discarded');
+  }
+  if (job.stalled) w.stall = false; // one stalled lease per press
+}
+
+/** Picks up settles (work() does them after the handler returns). */
+function reap(w) {
+  for (const job of w.pending) {
+    if (!job.outcome && job.lease.status === 'settled') {
+      job.outcome = 'settled';
+      addEvent(w, 'settled', job, job.late ? 'late result accepted (no other worker had claimed it yet)' : 'done');
+      if (job.stalled) w.stall = false;
+    }
+  }
+  w.pending = w.pending.filter((j) => !j.outcome);
+  if (w.job && w.job.outcome) w.job = null;
+}
+
+async function startWorker(w) {
+  const creds = await enroll(w.name);
+  w.workerId = creds.worker_id;
+  w.client = new sdk.LeaseClient(location.origin, {
+    accessToken: creds.access_token,
+    refreshToken: creds.refresh_token,
+    name: w.name,
+  });
+  w.worker = w.client.work(runtime.queue, (lease) => handle(w, lease), {
+    concurrency: 1,
+    pollIntervalMs: 1000,
+    // Short, so that reconnecting after "Cut off" is quick to see.
+    reconnectBaseMs: 2000,
+    reconnectCapMs: 8000,
+  });
+}
+
+// -------------------------------------------------------------------- cards
+
+const label = (w) => `Worker ${w.slot}`;
+
+function buildCard(w) {
+  const id = `worker-${w.slot}`;
+  const title = el('h3', { id: `${id}-title`, textContent: label(w) });
+  const badge = el('span', { className: 'badge' });
+  badge.dataset.testid = `${id}-state`;
+  const who = el('span', { className: 'muted who' });
+  const lease = el('p', { className: 'lease' });
+  lease.dataset.testid = `${id}-lease`;
+  const bar = el('div', { className: 'deadline' }, el('span'));
+  bar.setAttribute('aria-hidden', 'true');
+  const counters = el('span', { className: 'muted counters' });
+  counters.dataset.testid = `${id}-counters`;
+  const pause = el('button', { type: 'button', className: 'secondary' });
+  pause.dataset.testid = `${id}-pause`;
+  pause.setAttribute('aria-pressed', 'false');
+  const cut = el('button', { type: 'button', className: 'secondary' });
+  cut.dataset.testid = `${id}-cut`;
+  cut.setAttribute('aria-pressed', 'false');
+  const events = el('ul', { className: 'events' });
+  events.dataset.testid = `${id}-events`;
+  events.setAttribute('aria-label', `${label(w)}: latest events`);
+  const card = el('article', { className: 'worker', id },
+    el('div', { className: 'worker-head' }, title, who, badge), lease, bar,
+    el('div', { className: 'row' }, pause, cut, counters), events);
+  card.setAttribute('aria-labelledby', title.id);
+  card.dataset.testid = id;
+  card.dataset.workerName = w.name;
+
+  pause.addEventListener('click', () => {
+    clearError();
+    w.stall = !w.stall;
+    const job = w.job && !w.job.outcome ? w.job : null;
+    if (job && w.stall && !job.stalled) stallJob(w, job);
+    if (job && !w.stall && job.stalled) unstallJob(w, job);
+    if (!job) addEvent(w, 'info', null, w.stall ? 'heartbeats will pause on the next lease' : 'heartbeats will not pause');
+    render(w);
+  });
+  cut.addEventListener('click', () => {
+    clearError();
+    w.cutOff = !w.cutOff;
+    addEvent(w, 'info', w.job, w.cutOff ? 'cut off: its requests now fail as if the network were down' : 'reconnected: its requests go through again');
+    render(w);
+  });
+  w.ui = { card, badge, who, lease, bar: bar.firstChild, counters, pause, cut, events };
+  return card;
+}
+
+function addEvent(w, kind, job, text) {
+  if (!w.ui) return;
+  const li = el('li', { className: `event event-${kind}` });
+  const time = new Date().toLocaleTimeString();
+  li.dataset.kind = kind;
+  if (job) {
+    li.dataset.item = String(job.itemId);
+    li.dataset.epoch = String(job.epoch);
+    li.append(el('strong', { textContent: `#${job.itemId} e${job.epoch}` }), ` ${text} `, el('span', { className: 'muted', textContent: time }));
+  } else {
+    li.append(`${text} `, el('span', { className: 'muted', textContent: time }));
+  }
+  w.ui.events.prepend(li);
+  while (w.ui.events.children.length > EVENTS_KEPT) w.ui.events.lastChild.remove();
+}
+
+/** Redraws one card from the worker's state (every tick). */
+function render(w) {
+  const ui = w.ui;
+  if (!ui) return;
+  const job = w.job && !w.job.outcome ? w.job : null;
+  const stats = w.worker?.stats;
+  let state;
+  if (w.error) state = 'error';
+  else if (!w.worker) state = 'enrolling';
+  else if (w.cutOff) state = 'cut off';
+  else if (job?.stalled) state = 'heartbeats paused';
+  else if (job) state = 'working';
+  else if (stats && stats.connectionFailures && !stats.claimed && !job) state = 'reconnecting';
+  else state = 'polling';
+  ui.badge.textContent = state;
+  ui.badge.dataset.state = state;
+  ui.who.textContent = w.error
+    ? describeError(w.error)
+    : `${w.name}${w.workerId ? ` · worker id ${w.workerId}` : ''}`;
+  ui.card.classList.toggle('has-error', Boolean(w.error));
+
+  ui.card.dataset.itemId = job ? String(job.itemId) : '';
+  ui.card.dataset.epoch = job ? String(job.epoch) : '';
+  if (job) {
+    const left = job.lease.msToDeadline;
+    const deadline = left >= 0
+      ? `local deadline in ${seconds(left)}`
+      : `${seconds(-left)} past the local deadline`;
+    const progress = Math.min(100, Math.round((100 * job.progressMs) / job.totalMs));
+    ui.lease.textContent = `Item #${job.itemId} · epoch ${job.epoch} · ${job.task} ${progress}% · ${deadline}`;
+    const span = Math.max(1, runtime.ttlMs);
+    ui.bar.style.width = `${Math.max(0, Math.min(100, (100 * left) / span))}%`;
+    ui.bar.parentElement.dataset.level = left < 0 ? 'over' : left < 2000 ? 'low' : 'ok';
+  } else {
+    ui.lease.textContent = w.worker ? 'No lease: polling the queue.' : 'No lease.';
+    ui.bar.style.width = '0%';
+    ui.bar.parentElement.dataset.level = 'none';
+  }
+  if (stats) {
+    const failures = stats.connectionFailures
+      ? ` · connection failures ${stats.connectionFailures}${w.cutOff && stats.backoffsMs.length ? ` (next try after ${seconds(stats.backoffsMs.at(-1))})` : ''}`
+      : '';
+    ui.counters.textContent = `claimed ${stats.claimed} · done ${stats.done} · lost ${stats.lost}${failures}`;
+  }
+  ui.pause.textContent = w.stall ? 'Resume heartbeats' : 'Pause heartbeats';
+  ui.pause.setAttribute('aria-pressed', String(w.stall));
+  ui.pause.disabled = !w.worker;
+  ui.cut.textContent = w.cutOff ? 'Reconnect' : 'Cut off from server';
+  ui.cut.setAttribute('aria-pressed', String(w.cutOff));
+  ui.cut.disabled = !w.worker;
+}
+
+// -------------------------------------------------------------------- queue
+
+let queueBusy = false;
+
+async function refreshQueue() {
+  if (queueBusy || !workers.some((w) => w.client)) return;
+  queueBusy = true;
+  try {
+    const { items } = await panelCall('GET', `/v1/queues/${encodeURIComponent(runtime.queue)}/items?limit=10000`);
+    const counts = { open: 0, running: 0, done: 0, failed: 0 };
+    for (const it of items) counts[it.state] = (counts[it.state] ?? 0) + 1;
+    for (const k of Object.keys(counts)) {
+      const dd = document.querySelector(`[data-testid=queue-${k}]`);
+      if (dd) dd.textContent = String(counts[k]);
+    }
+    renderLatest(items.slice(-LATEST_ITEMS).reverse());
+    renderPoison(items);
+    setPanelState(`${items.length} item(s) in queue “${runtime.queue}”; updated ${new Date().toLocaleTimeString()}.`);
+  } catch (err) {
+    setPanelState(`Could not read the queue: ${describeError(err)}`);
+  } finally {
+    queueBusy = false;
+  }
+}
+
+function renderLatest(items) {
+  const body = $('items-body');
+  body.replaceChildren(...items.map((it) => {
+    const tr = el('tr');
+    tr.dataset.item = String(it.id);
+    tr.dataset.state = it.state;
+    const who = it.state === 'done' ? (it.result?.by ?? '')
+      : it.state === 'running' ? `worker id ${it.worker_id ?? '?'}${it.last_error ? ` (before: ${it.last_error})` : ''}`
+        : it.last_error ?? '';
+    const name = it.payload?.poison ? 'poison' : (it.payload?.task ?? '');
+    tr.append(
+      el('td', { textContent: `#${it.id} ${name}` }),
+      el('td', { textContent: it.state, className: `state state-${it.state}` }),
+      el('td', { textContent: String(it.epoch), className: 'num' }),
+      el('td', { textContent: `${it.attempts}/${it.max_attempts}`, className: 'num' }),
+      el('td', { textContent: who, className: 'by' }),
+    );
+    return tr;
+  }));
+}
+
+function renderPoison(items) {
+  if (!poison.size) return;
+  const lastId = [...poison.keys()].at(-1);
+  const it = items.find((x) => x.id === lastId);
+  if (!it) return;
+  const p = $('poison-status');
+  p.hidden = false;
+  p.dataset.item = String(it.id);
+  p.dataset.state = it.state;
+  if (it.state === 'failed') {
+    p.textContent = `Poison item #${it.id} stopped at the retry cap: failed (${it.last_error}) after ${it.attempts} of ${it.max_attempts} attempts.`;
+    if (!poison.get(lastId)) {
+      poison.set(lastId, true);
+      showStatus(p.textContent);
+    }
+  } else {
+    p.textContent = `Poison item #${it.id}: ${it.state}, ${it.attempts} of ${it.max_attempts} attempts used${it.last_error ? ` (last: ${it.last_error})` : ''}.`;
+  }
+}
+
+function setPanelState(text) {
+  const s = $('workers-state');
+  if (s.textContent !== text) s.textContent = text;
+}
+
+// ----------------------------------------------------------------- actions
+
+/** Runs a panel action with the same rules as the records panel: errors become messages. */
+function action(button, context, fn) {
+  return async (event) => {
+    event?.preventDefault?.();
+    clearError();
+    button.disabled = true;
+    try {
+      await fn();
+    } catch (err) {
+      showError(err, context);
+    } finally {
+      button.disabled = false;
+    }
+  };
+}
+
+async function enqueueItems() {
+  const raw = $('enqueue-count').value.trim();
+  const n = Number(raw);
+  if (!/^\d+$/.test(raw) || n < 1 || n > MAX_ENQUEUE) {
+    throw demoError('ValidationError', 'validation', `enter a whole number of items from 1 to ${MAX_ENQUEUE} (got “${raw}”)`);
+  }
+  if (!runtime) throw demoError('NetworkError', 'network', 'the workers panel is not connected to an agentstore server');
+  showStatus(`Enqueueing ${n} item(s)…`);
+  const tasks = ['summarise', 'classify', 'translate', 'extract', 'triage', 'review'];
+  const ids = [];
+  // A few requests at a time keeps the order roughly stable and the server relaxed.
+  for (let i = 0; i < n; i += 10) {
+    const batch = Array.from({ length: Math.min(10, n - i) }, (_, k) => panelCall('POST', `/v1/queues/${encodeURIComponent(runtime.queue)}/items`, {
+      payload: { task: tasks[(i + k) % tasks.length], n: i + k + 1, ms: 400 + Math.floor(Math.random() * 1200), source: TAB },
+    }));
+    ids.push(...(await Promise.all(batch)).map((it) => it.id));
+  }
+  showStatus(`Enqueued ${n} item(s): #${ids[0]}–#${ids.at(-1)}.`);
+  await refreshQueue();
+}
+
+async function enqueuePoison() {
+  if (!runtime) throw demoError('NetworkError', 'network', 'the workers panel is not connected to an agentstore server');
+  const it = await panelCall('POST', `/v1/queues/${encodeURIComponent(runtime.queue)}/items`, {
+    payload: { poison: true, note: 'fails on every attempt', source: TAB },
+  });
+  poison.set(it.id, false);
+  $('poison-status').hidden = false;
+  $('poison-status').dataset.item = String(it.id);
+  $('poison-status').dataset.state = it.state;
+  $('poison-status').textContent = `Poison item #${it.id} enqueued: retry cap ${it.max_attempts} attempts.`;
+  showStatus(`Enqueued poison item #${it.id}.`);
+}
+
+// --------------------------------------------------------------------- init
+
+/** Starts the panel; `sdkModule` is null when the SDK could not load. */
+export async function startWorkersPanel(sdkModule) {
+  $('enqueue-form').addEventListener('submit', action($('enqueue-submit'), 'Enqueue', enqueueItems));
+  $('poison-button').addEventListener('click', action($('poison-button'), 'Enqueue poison item', enqueuePoison));
+  $('workers-count').textContent = String(WORKERS_PER_PAGE);
+  if (!sdkModule) {
+    setPanelState('Workers need the SDK, which did not load (see the message above).');
+    return;
+  }
+  sdk = sdkModule;
+  try {
+    runtime = await request('GET', RUNTIME_URL);
+  } catch {
+    runtime = null;
+  }
+  if (!runtime?.enrollmentTokens?.length) {
+    runtime = null;
+    setPanelState('Workers need the agentstore demo server and its enrollment tokens (/runtime/demo.json): start the page with `bash scripts/demo.sh`.');
+    return;
+  }
+  $('workers-queue').textContent = runtime.queue;
+  $('workers-settings').textContent = `Demo settings: lease TTL ${seconds(runtime.ttlMs)}, heartbeat ${seconds(runtime.heartbeatMs)}, reaper ${seconds(runtime.reaperMs)}, retry cap ${runtime.maxAttempts}.`;
+  installCutOffWrapper();
+  const list = $('worker-list');
+  for (let slot = 1; slot <= WORKERS_PER_PAGE; slot++) {
+    const w = newWorker(slot);
+    workers.push(w);
+    list.append(buildCard(w));
+    render(w);
+  }
+  setPanelState('Enrolling workers…');
+  await Promise.all(workers.map(async (w) => {
+    try {
+      await startWorker(w);
+    } catch (err) {
+      w.error = err;
+      showError(err, `${label(w)} could not start`);
+    }
+  }));
+  setInterval(() => { for (const w of workers) { reap(w); render(w); } }, TICK_MS);
+  setInterval(refreshQueue, QUEUE_POLL_MS);
+  await refreshQueue();
+  document.body.dataset.workersReady = String(workers.every((w) => w.worker));
+}
