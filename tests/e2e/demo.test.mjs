@@ -7,18 +7,13 @@
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, spawnSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { createServer } from 'node:net';
-import { homedir, tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { chromium } from 'playwright-core';
-
-const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
-const ARTIFACTS = join(ROOT, 'artifacts');
-const SERVER_TIMEOUT_MS = Number(process.env.E2E_SERVER_TIMEOUT_MS ?? 900_000);
-const VIEWPORTS = { desktop: { width: 1280, height: 800 }, phone: { width: 390, height: 844 } };
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import {
+  ROOT, SERVER_TIMEOUT_MS, VIEWPORTS, assertNoError, assertNothingOverflows, launchBrowser,
+  openDemo as openDemoAt, shot, startDemo, text,
+} from './helpers.mjs';
 
 // ------------------------------------------------------- expected values
 
@@ -38,95 +33,31 @@ const EXPECTED = expectedFromFile();
 
 // --------------------------------------------------------- server + browser
 
-let demo; // the scripts/demo.sh child (own process group)
-let demoLog = '';
+let demo; // the scripts/demo.sh run: {url, log(), stop()}
 let baseUrl;
 let browser;
 let tmp;
 
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.unref();
-    srv.on('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address();
-      srv.close(() => resolve(port));
-    });
-  });
-}
-
-function buildPkgIfMissing() {
-  if (existsSync(join(ROOT, 'pkg/agentstore.js'))) return;
-  const r = spawnSync('wasm-pack', ['build', '--target', 'web', '--release', '--out-dir', 'pkg'], {
-    cwd: ROOT, stdio: 'inherit', timeout: 900_000,
-    env: { ...process.env, PATH: `${join(homedir(), '.cargo', 'bin')}:${process.env.PATH}` },
-  });
-  assert.equal(r.status, 0, 'wasm-pack build failed');
-}
-
-/** Starts scripts/demo.sh and resolves with the URL it prints once serving. */
-function startDemo(port) {
-  return new Promise((resolve, reject) => {
-    demo = spawn('bash', ['scripts/demo.sh'], {
-      cwd: ROOT,
-      detached: true, // own process group: stopped as a whole in after()
-      env: { ...process.env, PORT: String(port), DEMO_SKIP_BUILD: '1', DATABASE: join(tmp, 'demo.sqlite') },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    const timer = setTimeout(() => reject(new Error(`demo.sh printed no URL within ${SERVER_TIMEOUT_MS} ms:\n${demoLog}`)), SERVER_TIMEOUT_MS);
-    demo.stderr.on('data', (d) => { demoLog += d; });
-    demo.stdout.on('data', (d) => {
-      demoLog += d;
-      const m = /agentstore demo: (http:\/\/\S+)/.exec(demoLog);
-      if (m) { clearTimeout(timer); resolve(m[1]); }
-    });
-    demo.on('exit', (code) => { clearTimeout(timer); reject(new Error(`demo.sh exited (${code}):\n${demoLog}`)); });
-  });
-}
-
-async function stopDemo() {
-  if (!demo || demo.exitCode !== null) return;
-  const exited = new Promise((r) => demo.once('exit', r));
-  try { process.kill(-demo.pid, 'SIGTERM'); } catch { /* already gone */ }
-  const killed = await Promise.race([exited.then(() => true), new Promise((r) => setTimeout(() => r(false), 10_000))]);
-  if (!killed) { try { process.kill(-demo.pid, 'SIGKILL'); } catch { /* gone */ } }
-}
-
 before(async () => {
   tmp = mkdtempSync(join(tmpdir(), 'agentstore-e2e-'));
-  mkdirSync(ARTIFACTS, { recursive: true });
-  buildPkgIfMissing();
-  baseUrl = await startDemo(await freePort());
-  const how = /\[demo\] starting: (\S+)/.exec(demoLog)?.[1] ?? '?';
+  demo = await startDemo({ DATABASE: join(tmp, 'demo.sqlite') });
+  baseUrl = demo.url;
+  const how = /\[demo\] starting: (\S+)/.exec(demo.log())?.[1] ?? '?';
   console.log(`demo.sh serves ${baseUrl} with ${how.includes('agentstore-server') ? 'agentstore-server' : 'the static fallback server'}`);
-  browser = await chromium.launch({
-    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
-    headless: true,
-    timeout: 60_000,
-    args: ['--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run'],
-  });
+  browser = await launchBrowser();
 }, { timeout: SERVER_TIMEOUT_MS + 120_000 });
 
 after(async () => {
   await browser?.close().catch(() => {});
-  await stopDemo();
+  await demo?.stop();
   if (tmp) rmSync(tmp, { recursive: true, force: true });
 }, { timeout: 30_000 });
 
 // ------------------------------------------------------------------ helpers
 
 /** A fresh browser context (so a fresh IndexedDB) with the page loaded and ready. */
-async function openDemo(viewport = VIEWPORTS.desktop, context = null) {
-  const ctx = context ?? await browser.newContext({ viewport });
-  const page = await ctx.newPage();
-  page.setDefaultTimeout(30_000);
-  page.errors = [];
-  page.on('pageerror', (e) => page.errors.push(e));
-  await page.goto(baseUrl);
-  await page.waitForSelector('body[data-ready="true"], #error-bar:not([hidden])', { state: 'attached' });
-  assert.equal(await page.textContent('[data-testid=sdk-state]'), 'ready', await page.textContent('[data-testid=error]'));
-  return { ctx, page };
+function openDemo(viewport = VIEWPORTS.desktop, context = null) {
+  return openDemoAt(browser, baseUrl, viewport, context);
 }
 
 async function importDump(page) {
@@ -134,45 +65,6 @@ async function importDump(page) {
   await page.waitForSelector('[data-testid=summary-documentsRead]');
   await page.waitForFunction(() => !document.querySelector('[data-testid=import-button]').disabled);
   await page.waitForFunction((n) => document.querySelector('[data-testid=count-total]').textContent === String(n), EXPECTED.total);
-}
-
-async function text(page, testid) {
-  return (await page.textContent(`[data-testid="${testid}"]`)).trim();
-}
-
-async function assertNoError(page) {
-  assert.equal(await page.isVisible('[data-testid=error]'), false, `unexpected error: ${await page.textContent('[data-testid=error]')}`);
-  assert.deepEqual(page.errors, []);
-}
-
-/**
- * Nothing sticks out: the page is no wider than the viewport, and no block
- * element's content is wider than its box (outside the scroll containers
- * meant for it: tables, <pre>, <textarea>).
- */
-async function assertNothingOverflows(page) {
-  const problems = await page.evaluate(() => {
-    const out = [];
-    const doc = document.documentElement;
-    if (doc.scrollWidth > doc.clientWidth) out.push(`page ${doc.scrollWidth} > viewport ${doc.clientWidth}`);
-    for (const el of document.querySelectorAll('body *')) {
-      if (el.closest('.table-wrap, pre, textarea, input, select, .visually-hidden, [hidden]')) continue;
-      const style = getComputedStyle(el);
-      if (style.display === 'inline' || style.display === 'none' || el.clientWidth === 0) continue;
-      if (el.scrollWidth > el.clientWidth + 1) {
-        out.push(`${el.tagName.toLowerCase()}#${el.id}.${el.className}: content ${el.scrollWidth} > box ${el.clientWidth}`);
-      }
-      const r = el.getBoundingClientRect();
-      if (r.width && (r.right > doc.clientWidth + 1 || r.left < -1)) out.push(`${el.tagName.toLowerCase()}#${el.id} outside the viewport`);
-    }
-    return out;
-  });
-  assert.deepEqual(problems, [], `layout overflows at ${JSON.stringify(page.viewportSize())}`);
-}
-
-async function shot(page, name, fullPage = false) {
-  const { width, height } = page.viewportSize();
-  await page.screenshot({ path: join(ARTIFACTS, `${name}-${width}x${height}${fullPage ? '-full' : ''}.png`), fullPage });
 }
 
 /** Lists with the browse form and pages forward; returns every id seen, in order. */

@@ -1,0 +1,160 @@
+// Shared pieces of the demo's end-to-end tests: start scripts/demo.sh on a free
+// loopback port, launch Chromium, open the page, check layout, take screenshots.
+//
+// Environment: CHROMIUM (default /usr/bin/chromium), E2E_SERVER_TIMEOUT_MS
+// (default 900000: demo.sh may have to compile agentstore-server first).
+
+import assert from 'node:assert/strict';
+import { spawn, spawnSync } from 'node:child_process';
+import { existsSync, mkdirSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { homedir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { chromium } from 'playwright-core';
+
+export const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+export const ARTIFACTS = join(ROOT, 'artifacts');
+export const SERVER_TIMEOUT_MS = Number(process.env.E2E_SERVER_TIMEOUT_MS ?? 900_000);
+export const VIEWPORTS = { desktop: { width: 1280, height: 800 }, phone: { width: 390, height: 844 } };
+
+export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/** A port that was free on 127.0.0.1 a moment ago. */
+export function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.unref();
+    srv.on('error', reject);
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+export function buildPkgIfMissing() {
+  if (existsSync(join(ROOT, 'pkg/agentstore.js'))) return;
+  const r = spawnSync('wasm-pack', ['build', '--target', 'web', '--release', '--out-dir', 'pkg'], {
+    cwd: ROOT, stdio: 'inherit', timeout: 900_000,
+    env: { ...process.env, PATH: `${join(homedir(), '.cargo', 'bin')}:${process.env.PATH}` },
+  });
+  assert.equal(r.status, 0, 'wasm-pack build failed');
+}
+
+/**
+ * Starts `bash scripts/demo.sh` (its own process group) on a free port, with
+ * `env` added, and resolves once it prints its URL:
+ * `{url, log(), stop()}`. demo.sh is retried on another port if the port was
+ * taken meanwhile.
+ */
+export async function startDemo(env = {}) {
+  mkdirSync(ARTIFACTS, { recursive: true });
+  buildPkgIfMissing();
+  let lastError;
+  for (let attempt = 0; attempt < 3; attempt++) {
+    const port = await freePort();
+    try {
+      return await startDemoOn(port, env);
+    } catch (err) {
+      lastError = err;
+      if (!/port .* taken|Address already in use/.test(err.message)) throw err;
+    }
+  }
+  throw lastError;
+}
+
+function startDemoOn(port, env) {
+  return new Promise((resolve, reject) => {
+    let log = '';
+    const child = spawn('bash', ['scripts/demo.sh'], {
+      cwd: ROOT,
+      detached: true, // own process group: stopped as a whole
+      env: { ...process.env, PORT: String(port), DEMO_SKIP_BUILD: '1', ...env },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    const stop = async () => {
+      if (child.exitCode !== null || child.signalCode !== null) return;
+      const exited = new Promise((r) => child.once('exit', r));
+      try { process.kill(-child.pid, 'SIGTERM'); } catch { /* already gone */ }
+      const done = await Promise.race([exited.then(() => true), sleep(10_000).then(() => false)]);
+      if (!done) { try { process.kill(-child.pid, 'SIGKILL'); } catch { /* gone */ } }
+    };
+    const timer = setTimeout(() => { stop(); reject(new Error(`demo.sh printed no URL within ${SERVER_TIMEOUT_MS} ms:\n${log}`)); }, SERVER_TIMEOUT_MS);
+    child.stderr.on('data', (d) => { log += d; });
+    child.stdout.on('data', (d) => {
+      log += d;
+      const m = /agentstore demo: (http:\/\/\S+)/.exec(log);
+      if (m) { clearTimeout(timer); resolve({ url: m[1].replace(/\/$/, ''), port, log: () => log, stop, child }); }
+    });
+    child.on('exit', (code) => { clearTimeout(timer); reject(new Error(`demo.sh exited (${code}):\n${log}`)); });
+  });
+}
+
+/** Headless Chromium. */
+export function launchBrowser() {
+  return chromium.launch({
+    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+    headless: true,
+    timeout: 60_000,
+    args: ['--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run'],
+  });
+}
+
+/**
+ * A page of the demo, loaded and ready (in a fresh context unless one is
+ * given). `page.errors` collects uncaught page errors.
+ */
+export async function openDemo(browser, url, viewport = VIEWPORTS.desktop, context = null) {
+  const ctx = context ?? await browser.newContext({ viewport });
+  const page = await ctx.newPage();
+  page.setDefaultTimeout(30_000);
+  page.errors = [];
+  page.on('pageerror', (e) => page.errors.push(e));
+  await page.goto(url);
+  await page.waitForSelector('body[data-ready="true"], #error-bar:not([hidden])', { state: 'attached' });
+  assert.equal(await page.textContent('[data-testid=sdk-state]'), 'ready', await page.textContent('[data-testid=error]'));
+  return { ctx, page };
+}
+
+export async function text(page, testid) {
+  return (await page.textContent(`[data-testid="${testid}"]`)).trim();
+}
+
+export async function assertNoError(page) {
+  assert.equal(await page.isVisible('[data-testid=error]'), false, `unexpected error: ${await page.textContent('[data-testid=error]')}`);
+  assert.deepEqual(page.errors, []);
+}
+
+/**
+ * Nothing sticks out: the page is no wider than the viewport, and no block
+ * element's content is wider than its box (outside the scroll containers
+ * meant for it: tables, <pre>, <textarea>).
+ */
+export async function assertNothingOverflows(page) {
+  const problems = await page.evaluate(() => {
+    const out = [];
+    const doc = document.documentElement;
+    if (doc.scrollWidth > doc.clientWidth) out.push(`page ${doc.scrollWidth} > viewport ${doc.clientWidth}`);
+    for (const el of document.querySelectorAll('body *')) {
+      if (el.closest('.table-wrap, pre, textarea, input, select, .visually-hidden, [hidden]')) continue;
+      const style = getComputedStyle(el);
+      if (style.display === 'inline' || style.display === 'none' || el.clientWidth === 0) continue;
+      if (el.scrollWidth > el.clientWidth + 1) {
+        out.push(`${el.tagName.toLowerCase()}#${el.id}.${el.className}: content ${el.scrollWidth} > box ${el.clientWidth}`);
+      }
+      const r = el.getBoundingClientRect();
+      if (r.width && (r.right > doc.clientWidth + 1 || r.left < -1)) out.push(`${el.tagName.toLowerCase()}#${el.id} outside the viewport`);
+    }
+    return out;
+  });
+  assert.deepEqual(problems, [], `layout overflows at ${JSON.stringify(page.viewportSize())}`);
+}
+
+/** artifacts/<name>-<w>x<h>[-full].png; returns the path. */
+export async function shot(page, name, fullPage = false) {
+  const { width, height } = page.viewportSize();
+  const path = join(ARTIFACTS, `${name}-${width}x${height}${fullPage ? '-full' : ''}.png`);
+  await page.screenshot({ path, fullPage });
+  return path;
+}

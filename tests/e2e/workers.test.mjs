@@ -1,0 +1,323 @@
+// End-to-end tests of the demo's Workers panel, in headless Chromium, against
+// the server `bash scripts/demo.sh` starts (on a free loopback port, with a known
+// admin token so that the test can check every item through the server's API).
+//
+//   node --test tests/e2e/workers.test.mjs
+//
+// Screenshots go to artifacts/. With UPDATE_DOCS_PNG=1 the 1280×800 picture of
+// both panels is also written to docs/demo.png (the README's picture).
+
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { copyFileSync, mkdirSync, mkdtempSync, rmSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import {
+  ROOT, SERVER_TIMEOUT_MS, VIEWPORTS, assertNoError, assertNothingOverflows, launchBrowser,
+  openDemo, shot, sleep, startDemo, text,
+} from './helpers.mjs';
+
+const ADMIN = randomBytes(24).toString('hex');
+const QUEUE = 'demo';
+const MAX_ATTEMPTS = 5;
+
+let demo;
+let browser;
+let tmp;
+
+before(async () => {
+  tmp = mkdtempSync(join(tmpdir(), 'agentstore-workers-e2e-'));
+  demo = await startDemo({ AGENTSTORE_ADMIN_TOKEN: ADMIN, DATABASE: join(tmp, 'demo.sqlite'), DEMO_MAX_ATTEMPTS: String(MAX_ATTEMPTS) });
+  browser = await launchBrowser();
+}, { timeout: SERVER_TIMEOUT_MS + 120_000 });
+
+after(async () => {
+  await browser?.close().catch(() => {});
+  await demo?.stop();
+  if (tmp) rmSync(tmp, { recursive: true, force: true });
+}, { timeout: 30_000 });
+
+// ------------------------------------------------------------------ helpers
+
+/** The lease server's API with the admin token (the test's ground truth). */
+async function api(method, path, body) {
+  const res = await fetch(`${demo.url}${path}`, {
+    method,
+    headers: { Authorization: `Bearer ${ADMIN}`, ...(body ? { 'Content-Type': 'application/json' } : {}) },
+    body: body ? JSON.stringify(body) : undefined,
+  });
+  const data = await res.json();
+  assert.ok(res.ok, `${method} ${path}: ${res.status} ${JSON.stringify(data)}`);
+  return data;
+}
+
+const items = async () => (await api('GET', `/v1/queues/${QUEUE}/items?limit=10000`)).items;
+const item = (id) => api('GET', `/v1/items/${id}`);
+
+/** Polls `check()` until it returns a truthy value; fails with `what` after `ms`. */
+async function until(what, ms, check) {
+  const end = Date.now() + ms;
+  let last;
+  while (Date.now() < end) {
+    last = await check();
+    if (last) return last;
+    await sleep(500);
+  }
+  assert.fail(`timed out after ${ms} ms waiting for ${what}`);
+}
+
+/** A page of the demo with its workers enrolled and polling. */
+async function openWorkers(ctx, viewport = VIEWPORTS.desktop) {
+  const { page } = await openDemo(browser, demo.url, viewport, ctx);
+  await page.waitForSelector('body[data-workers-ready="true"]', { state: 'attached', timeout: 30_000 });
+  return page;
+}
+
+/** `{name, claimed, done, lost}` of every worker card of a page. */
+async function workerStats(page) {
+  return page.$$eval('.worker', (cards) => cards.map((c) => {
+    const t = c.querySelector('.counters').textContent;
+    const n = (label) => Number(new RegExp(`${label} (\\d+)`).exec(t)?.[1] ?? NaN);
+    return { name: c.dataset.workerName, claimed: n('claimed'), done: n('done'), lost: n('lost') };
+  }));
+}
+
+/**
+ * Waits until a card of one of `pages` holds `itemId`: `{page, card, name}`,
+ * `card` being a locator of that worker's card (whatever it holds later).
+ */
+async function holderOf(pages, itemId, ms = 30_000) {
+  return until(`a worker to claim item #${itemId}`, ms, async () => {
+    for (const page of pages) {
+      const holding = page.locator(`.worker[data-item-id="${itemId}"]`);
+      if (await holding.count()) {
+        const name = await holding.getAttribute('data-worker-name');
+        return { page, name, card: page.locator(`.worker[data-worker-name="${name}"]`) };
+      }
+    }
+    return null;
+  });
+}
+
+// -------------------------------------------------------------------- tests
+
+test('the worker panel settles 100 enqueued items with two pages open, none settled twice', { timeout: 300_000 }, async () => {
+  const ctx = await browser.newContext({ viewport: VIEWPORTS.desktop });
+  try {
+    const a = await openWorkers(ctx);
+    const b = await openWorkers(ctx);
+    const before = await items();
+
+    await a.fill('#enqueue-count', '100');
+    await a.click('[data-testid=enqueue-submit]');
+    await a.waitForFunction(() => /^Enqueued 100 item/.test(document.querySelector('[data-testid=status]').textContent));
+    const ours = (await items()).filter((it) => !before.some((o) => o.id === it.id));
+    assert.equal(ours.length, 100, 'the page enqueued 100 items');
+
+    // Everything in the queue (the sample workload too) ends done.
+    const all = await until('every item to be done', 240_000, async () => {
+      const now = await items();
+      return now.every((it) => it.state === 'done') ? now : null;
+    });
+
+    const names = new Set([...await workerStats(a), ...await workerStats(b)].map((w) => w.name));
+    assert.equal(names.size, 6, 'three workers per page');
+    for (const it of all.filter((x) => ours.some((o) => o.id === x.id))) {
+      assert.equal(it.state, 'done', `#${it.id} done`);
+      assert.ok(names.has(it.result?.by), `#${it.id} settled by a worker of the two pages, got ${JSON.stringify(it.result)}`);
+      assert.equal(it.result.epoch, it.epoch, `#${it.id} settled under its last claim`);
+      assert.equal(it.attempts, it.epoch - 1, `#${it.id}: every earlier claim ended without a settle`);
+      assert.equal(it.worker_id, null, `#${it.id} holds no lease any more`);
+    }
+
+    // None settled twice: the pages' own count of accepted settles equals the
+    // server's count of done items, and both pages took part.
+    await sleep(500); // one display tick
+    const statsA = await workerStats(a);
+    const statsB = await workerStats(b);
+    const doneA = statsA.reduce((s, w) => s + w.done, 0);
+    const doneB = statsB.reduce((s, w) => s + w.done, 0);
+    assert.equal(doneA + doneB, all.length, `settles accepted by the pages (${doneA} + ${doneB}) = items done (${all.length})`);
+    assert.ok(doneA > 0 && doneB > 0, 'both pages settled items');
+
+    await a.waitForFunction((n) => document.querySelector('[data-testid=queue-done]').textContent === String(n), all.length);
+    await assertNoError(a);
+    await assertNoError(b);
+    await shot(a, 'workers-settled');
+  } finally {
+    await ctx.close();
+  }
+});
+
+test('pausing a worker\'s heartbeats: its lease is lost, another worker finishes the item, its late result is rejected', { timeout: 120_000 }, async () => {
+  const ctx = await browser.newContext({ viewport: VIEWPORTS.desktop });
+  try {
+    const pages = [await openWorkers(ctx), await openWorkers(ctx)];
+    const { id } = await api('POST', `/v1/queues/${QUEUE}/items`, { payload: { task: 'long', ms: 4000 } });
+    const { page, card, name: stalled } = await holderOf(pages, id);
+    assert.equal(await card.getAttribute('data-epoch'), '1');
+
+    await card.locator('button[data-testid$=-pause]').click();
+    assert.equal(await card.locator('button[data-testid$=-pause]').getAttribute('aria-pressed'), 'true');
+    await page.waitForFunction((n) => document.querySelector(`.worker[data-worker-name="${n}"] .badge`).textContent === 'heartbeats paused', stalled);
+    // The countdown runs out and goes past the local deadline.
+    await page.waitForFunction((n) => /past the local deadline/.test(document.querySelector(`.worker[data-worker-name="${n}"] .lease`).textContent), stalled, { timeout: 15_000 });
+    await shot(page, 'workers-paused');
+
+    // The stalled worker wakes up, delivers late, and is turned down.
+    const rejected = card.locator(`li[data-kind=rejected][data-item="${id}"]`);
+    await rejected.waitFor({ timeout: 30_000 });
+    assert.match(await rejected.textContent(), /REJECTED by the server \(claim_lost\)/);
+    assert.equal(await rejected.getAttribute('data-epoch'), '1');
+    assert.equal(await card.locator('button[data-testid$=-pause]').getAttribute('aria-pressed'), 'false', 'the stall ends with the lease');
+
+    // Another worker finished it under the next epoch.
+    const done = await until(`item #${id} done`, 30_000, async () => {
+      const it = await item(id);
+      return it.state === 'done' ? it : null;
+    });
+    assert.notEqual(done.result.by, stalled, 'finished by another worker');
+    assert.equal(done.epoch, 2);
+    assert.equal(done.result.epoch, 2);
+    assert.equal(done.attempts, 1, 'the expiry counted one attempt');
+    assert.equal(done.result.late, undefined, 'the late result was not stored');
+    const settledBy = await until('the other worker to show the settle', 10_000, async () => {
+      for (const p of pages) {
+        const li = p.locator(`li[data-kind=settled][data-item="${id}"][data-epoch="2"]`);
+        if (await li.count()) return li.first().evaluate((n) => n.closest('.worker').dataset.workerName);
+      }
+      return null;
+    });
+    assert.equal(settledBy, done.result.by);
+    await shot(page, 'workers-rejected');
+    for (const p of pages) await assertNoError(p);
+  } finally {
+    await ctx.close();
+  }
+});
+
+test('a poison item ends failed at the retry cap (retry_limit)', { timeout: 120_000 }, async () => {
+  const ctx = await browser.newContext({ viewport: VIEWPORTS.desktop });
+  try {
+    const page = await openWorkers(ctx);
+    await page.click('[data-testid=poison-button]');
+    await page.waitForSelector('[data-testid=poison-status][data-item]');
+    const id = Number(await page.getAttribute('[data-testid=poison-status]', 'data-item'));
+    await page.waitForSelector('[data-testid=poison-status][data-state=failed]', { timeout: 90_000 });
+    assert.match(await text(page, 'poison-status'), new RegExp(`#${id} stopped at the retry cap: failed \\(retry_limit\\) after ${MAX_ATTEMPTS} of ${MAX_ATTEMPTS} attempts`));
+
+    const it = await item(id);
+    assert.equal(it.state, 'failed');
+    assert.equal(it.last_error, 'retry_limit');
+    assert.equal(it.attempts, MAX_ATTEMPTS);
+    assert.equal(it.max_attempts, MAX_ATTEMPTS);
+    assert.equal(it.epoch, MAX_ATTEMPTS, 'claimed once per attempt, never again after the cap');
+    await page.waitForSelector(`#items-body tr[data-item="${id}"][data-state=failed]`);
+    await assertNoError(page);
+    await shot(page, 'workers-poison');
+  } finally {
+    await ctx.close();
+  }
+});
+
+test('a worker cut off from the server loses its lease at the local deadline, and picks up again after Reconnect', { timeout: 120_000 }, async () => {
+  const ctx = await browser.newContext({ viewport: VIEWPORTS.desktop });
+  try {
+    const page = await openWorkers(ctx);
+    const { id } = await api('POST', `/v1/queues/${QUEUE}/items`, { payload: { task: 'long', ms: 8000 } });
+    const { card, name } = await holderOf([page], id);
+    await card.locator('button[data-testid$=-cut]').click();
+    assert.equal(await card.locator('.badge').textContent(), 'cut off');
+
+    const expired = card.locator(`li[data-kind=expired][data-item="${id}"]`);
+    await expired.waitFor({ timeout: 20_000 });
+    assert.match(await expired.textContent(), /expired_locally/);
+    const done = await until(`item #${id} done by another worker`, 40_000, async () => {
+      const it = await item(id);
+      return it.state === 'done' ? it : null;
+    });
+    assert.notEqual(done.result.by, name);
+    assert.equal(done.epoch, 2);
+
+    // Reconnect: the worker's next claim goes through (after its backoff).
+    const claimedBefore = (await workerStats(page)).find((w) => w.name === name).claimed;
+    await card.locator('button[data-testid$=-cut]').click();
+    assert.equal(await card.locator('button[data-testid$=-cut]').textContent(), 'Cut off from server');
+    await api('POST', `/v1/queues/${QUEUE}/items`, { payload: { task: 'after-reconnect', ms: 3000 } });
+    await api('POST', `/v1/queues/${QUEUE}/items`, { payload: { task: 'after-reconnect', ms: 3000 } });
+    await api('POST', `/v1/queues/${QUEUE}/items`, { payload: { task: 'after-reconnect', ms: 3000 } });
+    await until(`${name} to claim again`, 30_000, async () => (await workerStats(page)).find((w) => w.name === name).claimed > claimedBefore);
+    await assertNoError(page);
+  } finally {
+    await ctx.close();
+  }
+});
+
+test('both panels side by side at 1280×800, stacked at 390×844; user errors are messages', { timeout: 120_000 }, async () => {
+  const ctx = await browser.newContext({ viewport: VIEWPORTS.desktop });
+  try {
+    const page = await openWorkers(ctx);
+    // Records: the sample dump imported.
+    await page.click('[data-testid=import-button]');
+    await page.waitForSelector('[data-testid=summary-documentsRead]');
+    await page.waitForFunction(() => /record type/.test(document.querySelector('[data-testid=counts-state]').textContent));
+    // Workers: a poison item (first in line) then a batch; the picture shows
+    // the poison item stopped at the cap while the workers are busy.
+    await page.click('[data-testid=poison-button]');
+    await page.waitForSelector('[data-testid=poison-status][data-item]');
+    await page.fill('#enqueue-count', '60');
+    await page.click('[data-testid=enqueue-submit]');
+    await page.waitForFunction(() => /^Enqueued 60 item/.test(document.querySelector('[data-testid=status]').textContent));
+    await page.waitForSelector('[data-testid=poison-status][data-state=failed]', { timeout: 60_000 });
+    await page.waitForFunction(() => document.querySelectorAll('.worker[data-item-id]:not([data-item-id=""])').length >= 2);
+    await page.evaluate(() => window.scrollTo(0, 0));
+    await sleep(1200);
+    await assertNoError(page);
+
+    // Side by side: the workers panel starts right of the records panel.
+    const records = await page.locator('.panel-records').boundingBox();
+    const workersBox = await page.locator('[data-testid=workers-panel]').boundingBox();
+    assert.ok(workersBox.x >= records.x + records.width, `panels side by side: ${JSON.stringify({ records, workersBox })}`);
+    assert.ok(workersBox.y < 200, 'the workers panel starts on the first screen');
+    const picture = await shot(page, 'readme-demo');
+    await assertNothingOverflows(page);
+    assert.ok(statSync(picture).size < 200_000, `the demo picture is small (${statSync(picture).size} bytes)`);
+    if (process.env.UPDATE_DOCS_PNG === '1') {
+      mkdirSync(join(ROOT, 'docs'), { recursive: true });
+      copyFileSync(picture, join(ROOT, 'docs', 'demo.png'));
+    }
+    await shot(page, 'workers', true);
+
+    // Phone: stacked, nothing sticks out; the workers panel scrolled into view.
+    await page.setViewportSize(VIEWPORTS.phone);
+    await page.locator('[data-testid=workers-panel]').scrollIntoViewIfNeeded();
+    await page.evaluate(() => document.getElementById('workers-title').scrollIntoView({ block: 'start' }));
+    await sleep(300);
+    await shot(page, 'workers');
+    await shot(page, 'workers', true);
+    await assertNothingOverflows(page);
+
+    // Keyboard: the worker buttons are reachable and work with Enter/Space.
+    const pause = page.locator('[data-testid=worker-1-pause]');
+    await pause.focus();
+    await page.keyboard.press('Space');
+    assert.equal(await pause.getAttribute('aria-pressed'), 'true');
+    await page.keyboard.press('Enter');
+    assert.equal(await pause.getAttribute('aria-pressed'), 'false');
+
+    // Errors a user can make are shown as messages.
+    await page.fill('#enqueue-count', '0');
+    await page.press('#enqueue-count', 'Enter');
+    await page.waitForSelector('[data-testid=error]', { state: 'visible' });
+    assert.match(await text(page, 'error'), /Enqueue: enter a whole number of items from 1 to 500 .*ValidationError/);
+    await page.fill('#enqueue-count', '12.5');
+    await page.click('[data-testid=enqueue-submit]');
+    await page.waitForFunction(() => /got “12.5”/.test(document.querySelector('[data-testid=error]').textContent));
+    await shot(page, 'workers-error');
+    await assertNothingOverflows(page);
+    assert.deepEqual(page.errors, []);
+  } finally {
+    await ctx.close();
+  }
+});
