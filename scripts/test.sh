@@ -18,6 +18,7 @@ step "format and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -q -- -D warnings
 cargo clippy -p agentstore --target wasm32-unknown-unknown --all-targets -q -- -D warnings
+cargo clippy -p agentstore --target wasm32-unknown-unknown --no-default-features --lib -q -- -D warnings  # store-only build
 
 step "PostgreSQL on loopback"
 if [ -f scripts/pg.sh ]; then

@@ -2,12 +2,16 @@
 //! compare-and-swap writes, exact prefix listing and derived indexes, plus
 //! fenced work leases — a Rust → WebAssembly SDK for web apps.
 //!
-//! The JS API is [`api::AgentStore`]; the pure rules it follows live in the
-//! `agentstore-protocol` crate.
+//! The JS API is [`api::AgentStore`] and, with the default `lease` feature,
+//! `lease_api::LeaseClient`; the pure rules both follow live in the
+//! `agentstore-protocol` crate. Build with `--no-default-features` for a
+//! store-only package (smaller: see BENCHMARKS.md).
 
 pub mod api;
 pub mod error;
+#[cfg(feature = "lease")]
 pub mod lease;
+#[cfg(feature = "lease")]
 pub mod lease_api;
 mod options;
 pub mod store;

@@ -42,16 +42,19 @@ fn given<T>(
 }
 
 /// An optional string option.
+#[cfg_attr(not(feature = "lease"), allow(dead_code))]
 pub(crate) fn opt_str(options: &JsValue, key: &str) -> Result<Option<String>, String> {
     given(options, key, "a string", |v| v.as_string())
 }
 
 /// An optional boolean option.
+#[cfg_attr(not(feature = "lease"), allow(dead_code))]
 pub(crate) fn opt_bool(options: &JsValue, key: &str) -> Result<Option<bool>, String> {
     given(options, key, "a boolean", |v| v.as_bool())
 }
 
 /// An optional finite number in `min..=max`.
+#[cfg_attr(not(feature = "lease"), allow(dead_code))]
 pub(crate) fn opt_num(
     options: &JsValue,
     key: &str,
