@@ -14,9 +14,9 @@ use serde::{Deserialize, Serialize};
 use wasm_bindgen::closure::Closure;
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
-use web_sys::{
-    IdbDatabase, IdbFactory, IdbOpenDbRequest, IdbRequest, IdbTransaction, IdbTransactionMode,
-};
+
+use crate::store::db::request_promise;
+use web_sys::{IdbDatabase, IdbFactory, IdbOpenDbRequest, IdbTransaction, IdbTransactionMode};
 
 use super::http::describe;
 
@@ -184,28 +184,6 @@ impl Journal {
         }
         Ok(out)
     }
-}
-
-/// A Promise settled by a request's `success` / `error` events.
-fn request_promise(req: &IdbRequest) -> Promise {
-    let req = req.clone();
-    Promise::new(&mut move |resolve: Function, reject: Function| {
-        let r = req.clone();
-        let ok = Closure::once_into_js(move || {
-            let _ = resolve.call1(&JsValue::NULL, &r.result().unwrap_or(JsValue::NULL));
-        });
-        let r = req.clone();
-        let err = Closure::once_into_js(move || {
-            let e = r
-                .error()
-                .ok()
-                .flatten()
-                .map_or(JsValue::NULL, JsValue::from);
-            let _ = reject.call1(&JsValue::NULL, &e);
-        });
-        req.set_onsuccess(Some(ok.unchecked_ref()));
-        req.set_onerror(Some(err.unchecked_ref()));
-    })
 }
 
 /// A Promise resolved when the transaction commits, rejected when it aborts.

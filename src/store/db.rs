@@ -231,8 +231,9 @@ fn create_schema(db: &IdbDatabase) -> std::result::Result<(), JsValue> {
     Ok(())
 }
 
-/// A Promise settled by an IDB request's success/error events.
-fn request_promise(request: &IdbOpenDbRequest) -> js_sys::Promise {
+/// A Promise settled by an IDB request's `success` / `error` events
+/// (resolves with `result`, rejects with the request's DOMException).
+pub(crate) fn request_promise(request: &web_sys::IdbRequest) -> js_sys::Promise {
     let request = request.clone();
     js_sys::Promise::new(&mut move |resolve: Function, reject: Function| {
         let r = request.clone();
