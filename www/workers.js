@@ -508,6 +508,7 @@ function renderPoison(items) {
   }
 }
 
+/** The panel's state line: not a live region (it refreshes every poll); outcomes of user actions go to the status line. */
 function setPanelState(text) {
   const s = $('workers-state');
   if (s.textContent !== text) s.textContent = text;
