@@ -28,7 +28,10 @@ const CONTENDERS = [
   ['dexie', 'Dexie 4'],
   ['pouchdb', 'PouchDB 9'],
   ['idb', 'idb 8'],
-].filter(([k]) => !arg('only') || arg('only').split(',').includes(k));
+  // Analysis only (--only …,rawpattern): agentstore's IndexedDB requests in plain JS.
+  ['rawpattern', 'raw, agentstore pattern'],
+].filter(([k]) => (arg('only') ? arg('only').split(',').includes(k) : k !== 'rawpattern'));
+const PROFILE = process.argv.includes('--profile'); // CPU-profile agentstore's last run
 const WORKLOADS = [
   [1, 'CAS update, 2,000 ops, 1 tx each'],
   [2, 'get by id, 10,000 random'],
@@ -152,6 +155,38 @@ try {
     log(`${name}: disk settled after ${((Date.now() - t0) / 1000).toFixed(0)} s (100 tx in ${best.toFixed(0)} ms)`);
   }
 
+  // ---- CPU profiles (--profile): self time of agentstore's page by category --
+  const profiles = {};
+  const cdps = new Map();
+  async function startProfile(page) {
+    if (!cdps.has(page)) cdps.set(page, await ctx.newCDPSession(page));
+    const cdp = cdps.get(page);
+    await cdp.send('Profiler.enable');
+    await cdp.send('Profiler.setSamplingInterval', { interval: 200 });
+    await cdp.send('Profiler.start');
+  }
+  async function stopProfile(page) {
+    const { profile } = await cdps.get(page).send('Profiler.stop');
+    const byId = new Map(profile.nodes.map((n) => [n.id, n]));
+    const cat = {};
+    const glue = {};
+    profile.samples.forEach((id, i) => {
+      const { url, functionName } = byId.get(id).callFrame;
+      const dt = (profile.timeDeltas[i] || 0) / 1000;
+      let c;
+      if (url.endsWith('.wasm') || url.startsWith('wasm:')) c = 'wasm code';
+      else if (url.includes('/pkg/')) { c = 'wasm-bindgen glue (JS)'; glue[functionName] = (glue[functionName] || 0) + dt; }
+      else if (url.includes('/bench/')) c = 'bench harness';
+      else if (functionName === '(idle)') c = 'idle (waiting on IndexedDB)';
+      else if (functionName === '(garbage collector)') c = 'GC';
+      else if (functionName === '(program)') c = 'browser native (program)';
+      else c = `JS builtins/other`;
+      cat[c] = (cat[c] || 0) + dt;
+    });
+    const topGlue = Object.entries(glue).sort((a, b) => b[1] - a[1]).slice(0, 6);
+    return { cat, topGlue };
+  }
+
   // ---- runs ---------------------------------------------------------------
   const samples = {}; // samples[name][w] = [{ms, ok, note}]
   for (const [, name] of CONTENDERS) samples[name] = {};
@@ -168,10 +203,13 @@ try {
         if (!has[name].includes(w)) continue;
         const page = pages[name];
         await page.bringToFront();
+        const profiling = PROFILE && name === 'agentstore' && run === RUNS - 1;
+        if (profiling) await startProfile(page);
         const r = await Promise.race([
           page.evaluate(([w, run]) => window.bench.run(w, run), [w, run]),
           new Promise((res) => setTimeout(() => res({ ms: NaN, ok: false, note: 'timeout 180 s' }), 180_000)),
         ]);
+        if (profiling) profiles[w] = await stopProfile(page);
         (samples[name][w] ||= []).push(r);
         if (!r.ok) log(`run ${run + 1} w${w} ${name}: NOT OK ${r.note || ''}`);
       }
@@ -217,7 +255,15 @@ try {
   md += `\n| contender | shipped files | bytes | gzipped |\n|---|---|---:|---:|\n`;
   for (const n of names) {
     const s = sizes[n];
+    if (!s) continue;
     md += `| ${n} | ${s.files}${s.detail ? ` — ${s.detail}` : ''} | ${s.raw.toLocaleString('en')} | ${s.gzip.toLocaleString('en')} |\n`;
+  }
+  if (PROFILE && Object.keys(profiles).length) {
+    const cats = [...new Set(Object.values(profiles).flatMap((p) => Object.keys(p.cat)))].sort();
+    md += `\n### Where agentstore's time goes (CPU profile of its last run, self time in ms)\n\n| workload | ${cats.join(' | ')} | top glue functions |\n|---|${cats.map(() => '---:').join('|')}|---|\n`;
+    for (const [w, p] of Object.entries(profiles)) {
+      md += `| ${w} | ${cats.map((c) => (p.cat[c] || 0).toFixed(0)).join(' | ')} | ${p.topGlue.map(([f, t]) => `${f || '(anon)'} ${t.toFixed(0)}`).join(', ')} |\n`;
+    }
   }
   console.log(md);
   await mkdir(dirname(OUT), { recursive: true });
