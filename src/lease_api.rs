@@ -554,13 +554,14 @@ fn follow_both(a: &AbortSignal, b: &AbortSignal) -> Result<AbortSignal, JsValue>
     Ok(c.signal())
 }
 
-/// A running `work()` loop.
-#[wasm_bindgen]
+/// A running `work()` loop. Exported to JS as `LeaseWorker` so it never
+/// shadows the DOM's `Worker`.
+#[wasm_bindgen(js_name = LeaseWorker)]
 pub struct Worker {
     inner: Rc<WorkerInner>,
 }
 
-#[wasm_bindgen]
+#[wasm_bindgen(js_class = LeaseWorker)]
 impl Worker {
     /// Stops claiming; resolves when running handlers have finished and settled.
     #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
