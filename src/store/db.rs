@@ -195,6 +195,11 @@ impl Tx {
         }
     }
 
+    /// Ends a read-only transaction without waiting for its `complete` event:
+    /// its reads are final once their requests succeeded, and waiting for the
+    /// commit of a transaction that wrote nothing only adds latency.
+    pub fn end_read(self) {}
+
     /// Aborts the transaction: nothing it wrote is kept.
     pub fn abort(&self) {
         let _ = self.raw.abort();

@@ -90,7 +90,7 @@ impl Store {
         let tombs = tx.store(TOMBSTONES)?.get_all(None, None)?.into_future();
         let (records, tombs) = futures::join!(records, tombs);
         let (records, tombs) = (records?, tombs?);
-        tx.commit().await?;
+        tx.end_read();
         let header = serde_json::json!({"agentstore": "snapshot", "version": 1, "records": records.len(), "tombstones": tombs.len()});
         let mut out = header.to_string();
         for v in records.iter().chain(&tombs) {

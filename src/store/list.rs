@@ -117,45 +117,66 @@ impl Store {
         let store = tx.store(RECORDS)?;
         let fetch = q.limit + 1;
         let query = key_range(&range, q.record_type.as_deref())?;
-        let rows: Vec<JsValue> = match (&q.record_type, q.descending) {
-            (None, false) => store.get_all(query, Some(fetch))?.await?,
-            (Some(_), false) => store.index(BY_TYPE)?.get_all(query, Some(fetch))?.await?,
-            (None, true) => {
-                collect_cursor(
-                    store
-                        .open_cursor(query, Some(CursorDirection::Prev))?
-                        .await?,
-                    fetch,
-                )
-                .await?
+        let rows: Array = match (&q.record_type, q.descending) {
+            // Ascending pages come from one getAll whose JS array is handed
+            // on as is: no per-row trip through wasm.
+            (None, false) => {
+                let raw: web_sys::IdbObjectStore = store.into();
+                get_all_js(raw.get_all_with_key_and_limit(&query_js(query), fetch)).await?
             }
-            (Some(_), true) => {
-                collect_cursor(
-                    store
-                        .index(BY_TYPE)?
-                        .open_cursor(query, Some(CursorDirection::Prev))?
-                        .await?,
-                    fetch,
-                )
-                .await?
+            (Some(_), false) => {
+                let raw: web_sys::IdbIndex = store.index(BY_TYPE)?.into();
+                get_all_js(raw.get_all_with_key_and_limit(&query_js(query), fetch)).await?
             }
+            (None, true) => collect_cursor(
+                store
+                    .open_cursor(query, Some(CursorDirection::Prev))?
+                    .await?,
+                fetch,
+            )
+            .await?
+            .into_iter()
+            .collect(),
+            (Some(_), true) => collect_cursor(
+                store
+                    .index(BY_TYPE)?
+                    .open_cursor(query, Some(CursorDirection::Prev))?
+                    .await?,
+                fetch,
+            )
+            .await?
+            .into_iter()
+            .collect(),
         };
-        tx.commit().await?;
-        let records = Array::new();
-        let mut next = None;
-        for (i, row) in rows.iter().enumerate() {
-            if i as u32 == q.limit {
-                let last = records.get(q.limit - 1);
-                let id: JsString = js_sys::Reflect::get(&last, &"_id".into())
-                    .unwrap_or_default()
-                    .into();
-                next = Some(encode_cursor(&value::units(&id)));
-                break;
-            }
-            records.push(row);
-        }
+        tx.end_read();
+        let (records, next) = if rows.length() > q.limit {
+            let last = rows.get(q.limit - 1);
+            let id: JsString = js_sys::Reflect::get(&last, &"_id".into())
+                .unwrap_or_default()
+                .into();
+            (
+                rows.slice(0, q.limit),
+                Some(encode_cursor(&value::units(&id))),
+            )
+        } else {
+            (rows, None)
+        };
         Ok(Page { records, next })
     }
+}
+
+/// `getAll(range, count)` on a raw store or index, as the JS array it returns.
+async fn get_all_js(request: std::result::Result<web_sys::IdbRequest, JsValue>) -> Result<Array> {
+    let request = request.map_err(|e| StoreError::from_dom(&e))?;
+    let rows = wasm_bindgen_futures::JsFuture::from(super::db::request_promise(&request))
+        .await
+        .map_err(|e| StoreError::from_dom(&e))?;
+    Ok(rows.unchecked_into())
+}
+
+/// The JS value of an optional idb query (`undefined` = the whole store).
+fn query_js(q: Option<Query>) -> JsValue {
+    q.map_or(JsValue::UNDEFINED, JsValue::from)
 }
 
 /// Up to `max` values from a cursor, in its direction.

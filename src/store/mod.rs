@@ -157,7 +157,7 @@ impl Store {
         let id = check_id_value(id)?;
         let tx = self.db.tx(&[RECORDS], TransactionMode::ReadOnly)?;
         let got = tx.store(RECORDS)?.get(JsValue::from(id))?.await?;
-        tx.commit().await?;
+        tx.end_read();
         Ok(got)
     }
 
