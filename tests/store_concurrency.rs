@@ -307,3 +307,28 @@ async fn foreign_awaits_in_callbacks_never_split_a_transaction() {
     assert_eq!(*done.borrow(), 20);
     assert_indexes_clean(&store).await;
 }
+
+/// A synchronous mutate function runs inside the write transaction, so even
+/// with `retries: 0` four concurrent writers on two connections never
+/// conflict and every increment lands.
+#[wasm_bindgen_test]
+async fn synchronous_mutate_functions_never_conflict_even_without_retries() {
+    let (a, name) = open("sync-mut").await;
+    let b = open_named(&name).await;
+    a.put(&js(json!({"_id": "n", "n": 0, "recordType": "counter"})))
+        .await
+        .unwrap();
+    let inc = js_sys::Function::new_with_args("cur", "return {...cur, n: cur.n + 1};");
+    let key = s("n");
+    let mut futs = Vec::new();
+    for i in 0..200 {
+        futs.push(if i % 2 == 0 { &a } else { &b }.mutate(&key, &inc, 0, None));
+    }
+    for r in futures::future::join_all(futs).await {
+        r.unwrap();
+    }
+    let got = a.get(&s("n")).await.unwrap().unwrap();
+    assert_eq!(field(&got, "n").as_f64(), Some(200.0));
+    assert!(field_str(&got, "_rev").unwrap().starts_with("201-"));
+    assert_indexes_clean(&a).await;
+}

@@ -235,10 +235,16 @@ impl Store {
         Ok(counts)
     }
 
-    /// Read, apply `f(current | null)` outside any transaction, write with the
-    /// revision read; on conflict sleep a full-jitter backoff and retry, at
-    /// most `retries` more times. `f` returning `undefined` writes nothing
-    /// (`Ok(None)`).
+    /// Read-modify-write of one record with `f(current | null)`; `f`
+    /// returning `undefined` writes nothing (`Ok(None)`).
+    ///
+    /// A synchronous `f` is called inside the write transaction, between the
+    /// read and the write (only IndexedDB is awaited there), so it cannot
+    /// conflict. An async `f` (it returns a thenable) is awaited OUTSIDE any
+    /// transaction — awaiting a foreign promise inside one would auto-commit
+    /// it — and its result is written with the revision it was given; on a
+    /// conflict the whole read-apply-write is retried after a full-jitter
+    /// backoff, at most `retries` more times.
     ///
     /// # Errors
     /// ConflictError with `attempts` when retries run out; AbortError when
@@ -255,38 +261,41 @@ impl Store {
         let mut attempt = 0u32;
         loop {
             check_abort(signal)?;
-            let current = self.get(&id.clone().into()).await?;
-            let current_rev = current
-                .as_ref()
-                .and_then(|c| crate::error::get_str(c, "_rev"));
+            let tx = self
+                .db
+                .tx(&super::WRITE_SCOPE, TransactionMode::ReadWrite)?;
+            let (cur, state) =
+                futures::join!(super::read_current(&tx, &id), index::read_state(&tx));
+            let ((current, stored), state) = (cur?, state?);
             let out = f
-                .call1(&JsValue::NULL, current.as_ref().unwrap_or(&JsValue::NULL))
+                .call1(&JsValue::NULL, stored.as_ref().unwrap_or(&JsValue::NULL))
                 .map_err(StoreError::Thrown)?;
-            let out = if out.has_type::<Promise>() || is_thenable(&out) {
-                wasm_bindgen_futures::JsFuture::from(Promise::resolve(&out))
-                    .await
-                    .map_err(StoreError::Thrown)?
-            } else {
-                out
+            let live_rev = match &current {
+                Current::Live(r) => Some(r.to_string()),
+                _ => None,
             };
-            if out.is_undefined() {
-                return Ok(None);
+            if !(out.has_type::<Promise>() || is_thenable(&out)) {
+                // A synchronous function ran inside the write transaction:
+                // nothing can change between its read and its write, so this
+                // attempt cannot conflict (only IndexedDB was awaited).
+                let Some(p) = mutate_result(&id, out, live_rev.as_deref())? else {
+                    return Ok(None);
+                };
+                return self
+                    .cas_write(tx, &state, &current, stored, p)
+                    .await
+                    .map(Some);
             }
-            if !out.is_object() || js_sys::Array::is_array(&out) {
-                return Err(StoreError::validation(
-                    "the mutate function must return a record object or undefined",
-                ));
-            }
+            // An async function: end the (unwritten) transaction, await it
+            // outside, then compare-and-swap against the revision it saw.
+            tx.end_read();
+            let out = wasm_bindgen_futures::JsFuture::from(Promise::resolve(&out))
+                .await
+                .map_err(StoreError::Thrown)?;
             check_abort(signal)?;
-            let next = Object::assign(&Object::new(), out.unchecked_ref());
-            set(&next, "_id", &id);
-            match &current_rev {
-                Some(r) => set(&next, "_rev", &r.into()),
-                None => {
-                    let _ = js_sys::Reflect::delete_property(&next, &"_rev".into());
-                }
-            }
-            let prepared = Store::prepare(&next)?;
+            let Some(prepared) = mutate_result(&id, out, live_rev.as_deref())? else {
+                return Ok(None);
+            };
             match self.put_prepared(prepared).await {
                 Ok(w) => return Ok(Some(w)),
                 Err(StoreError::Conflict {
@@ -320,6 +329,28 @@ impl Store {
             }
         }
     }
+}
+
+/// The record `mutate` writes for the function's result `out`: `None` for
+/// `undefined`; `_id` forced to `id`, `_rev` set to the revision read.
+fn mutate_result(id: &JsString, out: JsValue, read_rev: Option<&str>) -> Result<Option<Prepared>> {
+    if out.is_undefined() {
+        return Ok(None);
+    }
+    if !out.is_object() || js_sys::Array::is_array(&out) {
+        return Err(StoreError::validation(
+            "the mutate function must return a record object or undefined",
+        ));
+    }
+    let next = Object::assign(&Object::new(), out.unchecked_ref());
+    set(&next, "_id", id);
+    match read_rev {
+        Some(r) => set(&next, "_rev", &r.into()),
+        None => {
+            let _ = js_sys::Reflect::delete_property(&next, &"_rev".into());
+        }
+    }
+    Store::prepare(&next).map(Some)
 }
 
 fn is_thenable(v: &JsValue) -> bool {

@@ -214,12 +214,25 @@ impl Store {
         let tx = self.db.tx(&WRITE_SCOPE, TransactionMode::ReadWrite)?;
         let (cur, state) = futures::join!(read_current(&tx, &p.id), index::read_state(&tx));
         let ((current, stored), state) = (cur?, state?);
-        let rev = match decide_put(&current, p.expected.as_ref()) {
+        self.cas_write(tx, &state, &current, stored, p).await
+    }
+
+    /// Decides `p` against what `tx` read (`current`, `stored`), writes the
+    /// record and its index entries in `tx`, commits and notifies watchers.
+    pub(crate) async fn cas_write(
+        &self,
+        tx: Tx,
+        state: &index::IndexState,
+        current: &Current,
+        stored: Option<JsValue>,
+        p: Prepared,
+    ) -> Result<Written> {
+        let rev = match decide_put(current, p.expected.as_ref()) {
             Ok(base) => next_rev(base, &p.body)?,
-            Err(_) => return Err(conflict(&p, &current, stored)),
+            Err(_) => return Err(conflict(&p, current, stored)),
         };
-        write_record(&tx, &p, &rev, &current)?;
-        index::maintain(&tx, &state, stored.as_ref(), Some(&p.object))?;
+        write_record(&tx, &p, &rev, current)?;
+        index::maintain(&tx, state, stored.as_ref(), Some(&p.object))?;
         self.finish(tx).await?;
         self.changes
             .post(&[(p.id.clone().into(), rev.clone(), false)]);
