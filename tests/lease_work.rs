@@ -165,9 +165,14 @@ async fn a_lease_lost_during_the_handler_aborts_it_and_its_result_is_never_settl
     let queue = q.clone();
     let saw_abort = Rc::new(Cell::new(false));
     let saw = saw_abort.clone();
+    // The work loop stops waiting for a handler whose lease is lost (its
+    // result is discarded); the test waits for the handler to finish itself.
+    let finished = Rc::new(Cell::new(false));
+    let fin = finished.clone();
     let h = handler(move |lease: JsValue| {
         let queue = queue.clone();
         let saw = saw.clone();
+        let fin = fin.clone();
         async move {
             // Stall this worker's heartbeats until the item is taken over.
             let pause: Function = get(&lease, &["setHeartbeatsPaused"]).unchecked_into();
@@ -184,6 +189,7 @@ async fn a_lease_lost_during_the_handler_aborts_it_and_its_result_is_never_settl
                 sleep(10.0).await;
             }
             saw.set(signal.aborted());
+            fin.set(true);
             Ok(JsValue::from_str("late result"))
         }
     });
@@ -193,6 +199,10 @@ async fn a_lease_lost_during_the_handler_aborts_it_and_its_result_is_never_settl
         sleep(50.0).await;
     }
     w.stop().await;
+    let until = now() + 3.0 * TTL_MS;
+    while !finished.get() && now() < until {
+        sleep(20.0).await;
+    }
     assert!(saw_abort.get(), "the handler's signal aborted");
     let s = *w.stats.borrow();
     assert_eq!((s.claimed, s.done, s.failed, s.lost), (1, 0, 0, 1));
