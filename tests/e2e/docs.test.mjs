@@ -20,13 +20,10 @@ import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { chromium } from 'playwright-core';
+import { join } from 'node:path';
+import { ROOT, freePort, launchBrowser, sleep } from './helpers.mjs';
 
-const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const DOCS = join(ROOT, 'docs');
 const PKG = process.env.AGENTSTORE_PKG_DIR ?? join(ROOT, 'pkg');
 const TARGET = process.env.CARGO_TARGET_DIR ?? join(ROOT, 'target');
@@ -109,18 +106,7 @@ async function runInPage({ prelude, code, worker }) {
   }
 }
 
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.on('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address();
-      srv.close(() => resolve(port));
-    });
-  });
-}
 
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 let dir;
 let browser;
@@ -161,11 +147,7 @@ before(async () => {
   dir = mkdtempSync(join(tmpdir(), 'agentstore-docs-e2e-'));
   spawnSync('mkdir', ['-p', join(dir, 'www')]);
   writeFileSync(join(dir, 'www', 'index.html'), '<!doctype html><title>docs samples</title><p>docs samples</p>');
-  browser = await chromium.launch({
-    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
-    args: ['--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update',
-      '--disable-sync', '--no-first-run'],
-  });
+  browser = await launchBrowser();
 });
 
 after(async () => {

@@ -15,13 +15,10 @@ import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { chromium } from 'playwright-core';
+import { join } from 'node:path';
+import { ROOT, freePort, launchBrowser, sleep } from './helpers.mjs';
 
-const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const PKG = process.env.AGENTSTORE_PKG_DIR ?? join(ROOT, 'pkg');
 const TARGET = process.env.CARGO_TARGET_DIR ?? join(ROOT, 'target');
 const BIN = process.env.AGENTSTORE_SERVER_BIN ?? join(TARGET, 'debug', 'agentstore-server');
@@ -34,18 +31,7 @@ let base;
 let server;
 let browser;
 
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.on('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address();
-      srv.close(() => resolve(port));
-    });
-  });
-}
 
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 async function startServer() {
   server = spawn(BIN, [
@@ -117,12 +103,7 @@ before(async () => {
   port = await freePort();
   base = `http://127.0.0.1:${port}`;
   await startServer();
-  browser = await chromium.launch({
-    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
-    headless: true,
-    args: ['--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run'],
-    timeout: 60_000,
-  });
+  browser = await launchBrowser();
 });
 
 after(async () => {

@@ -6,29 +6,14 @@
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
-import { createServer } from 'node:net';
-import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { chromium } from 'playwright-core';
+import { existsSync } from 'node:fs';
+import { join } from 'node:path';
+import { ROOT, freePort, launchBrowser } from './helpers.mjs';
 
-const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 let server;
 let browser;
 let base;
-let userDir;
 
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.on('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address();
-      srv.close(() => resolve(port));
-    });
-  });
-}
 
 async function waitFor(url, ms) {
   const until = Date.now() + ms;
@@ -65,19 +50,12 @@ before(async () => {
   });
   base = `http://127.0.0.1:${port}`;
   await waitFor(`${base}/pkg/agentstore.js`, 20_000);
-  userDir = mkdtempSync(join(tmpdir(), 'agentstore-2p-'));
-  browser = await chromium.launch({
-    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
-    headless: true,
-    args: ['--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run'],
-    timeout: 60_000,
-  });
+  browser = await launchBrowser();
 });
 
 after(async () => {
   await browser?.close();
   server?.kill();
-  if (userDir) rmSync(userDir, { recursive: true, force: true });
 });
 
 test('two creates of one id from two pages in the same tick: exactly one wins, over 40 rounds', { timeout: 120_000 }, async () => {

@@ -9,10 +9,9 @@ import { before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
+import { ROOT } from './helpers.mjs';
 
-const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const EXAMPLE = join(ROOT, 'examples', 'ts');
 const TSC = join(EXAMPLE, 'node_modules', 'typescript', 'bin', 'tsc');
 

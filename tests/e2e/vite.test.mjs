@@ -13,13 +13,10 @@ import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { chromium } from 'playwright-core';
+import { join } from 'node:path';
+import { ROOT, freePort, launchBrowser, sleep } from './helpers.mjs';
 
-const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const EXAMPLE = join(ROOT, 'examples', 'vite');
 const PKG = join(ROOT, 'pkg');
 const TARGET = process.env.CARGO_TARGET_DIR ?? join(ROOT, 'target');
@@ -33,18 +30,7 @@ let base;
 let site;
 let browser;
 
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.on('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address();
-      srv.close(() => resolve(port));
-    });
-  });
-}
 
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 async function waitFor(url, proc, what) {
   const until = Date.now() + 30_000;
@@ -111,11 +97,7 @@ before(async () => {
   ], { cwd: EXAMPLE, stdio: 'ignore', detached: true });
   await waitFor(`${site}/`, preview, 'vite preview');
 
-  browser = await chromium.launch({
-    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
-    args: ['--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update',
-      '--disable-sync', '--no-first-run'],
-  });
+  browser = await launchBrowser();
 });
 
 after(async () => {
