@@ -334,15 +334,7 @@ async fn lease_fetch_stamps_token_and_epoch_and_aborts_with_the_lease() {
 
 #[wasm_bindgen_test]
 async fn an_unreachable_server_is_a_network_error_and_errors_are_js_errors() {
-    let c = agentstore::lease::ClientInner::new(
-        "http://127.0.0.1:9",
-        agentstore::lease::Credentials {
-            access_token: Some("x".into()),
-            ..Default::default()
-        },
-        config(),
-    )
-    .unwrap();
+    let c = unreachable_client();
     let e = c.claim("q", None).await.err().expect("no server");
     assert_eq!(e.code(), ErrorCode::Network);
     assert!(e.is_transient());

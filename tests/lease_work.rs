@@ -216,15 +216,7 @@ async fn a_lease_lost_during_the_handler_aborts_it_and_its_result_is_never_settl
 
 #[wasm_bindgen_test]
 async fn connection_failures_back_off_within_base_and_doubling_cap() {
-    let client = agentstore::lease::ClientInner::new(
-        "http://127.0.0.1:9",
-        agentstore::lease::Credentials {
-            access_token: Some("x".into()),
-            ..Default::default()
-        },
-        config(),
-    )
-    .unwrap();
+    let client = unreachable_client();
     let h = handler(|_| async { Ok(JsValue::UNDEFINED) });
     let opts = WorkOptions {
         concurrency: 1,

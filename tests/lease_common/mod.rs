@@ -168,6 +168,20 @@ pub fn admin_client(config: ClientConfig) -> Rc<ClientInner> {
     .expect("client")
 }
 
+/// A client of a loopback port nothing listens on (the discard port 9):
+/// every request fails as a network error.
+pub fn unreachable_client() -> Rc<ClientInner> {
+    ClientInner::new(
+        "http://127.0.0.1:9",
+        Credentials {
+            access_token: Some("x".into()),
+            ..Credentials::default()
+        },
+        config(),
+    )
+    .expect("client")
+}
+
 /// Claims from `queue`, expecting a lease.
 pub async fn claim(client: &Rc<ClientInner>, queue: &str) -> Rc<LeaseInner> {
     match client.claim(queue, None).await.expect("claim") {
