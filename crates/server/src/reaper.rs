@@ -4,16 +4,23 @@
 //! state, epoch and expiry it read, so two reapers (or a reaper and a settling
 //! worker) racing for one item change it at most once.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::metrics::Metrics;
 use crate::store::Store;
 
 /// Spawns the reaper loop; it ends when `shutdown` changes or its sender drops.
 #[must_use = "the task handle should be awaited on shutdown"]
-pub fn spawn(store: Store, every: Duration, mut shutdown: watch::Receiver<bool>) -> JoinHandle<()> {
+pub fn spawn(
+    store: Store,
+    every: Duration,
+    mut shutdown: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every.max(Duration::from_millis(1)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -23,12 +30,19 @@ pub fn spawn(store: Store, every: Duration, mut shutdown: watch::Receiver<bool>)
                 _ = tick.tick() => {}
                 _ = shutdown.changed() => return,
             }
-            match store.reap().await {
-                Ok((0, 0)) => {}
+            let started = Instant::now();
+            let outcome = store.reap().await;
+            let took = started.elapsed().as_secs_f64();
+            match outcome {
+                Ok((0, 0)) => metrics.reaper_pass(took, 0, 0),
                 Ok((reopened, failed)) => {
+                    metrics.reaper_pass(took, reopened as u64, failed as u64);
                     tracing::info!(reopened, failed, "reaper took over expired claims");
                 }
-                Err(e) => tracing::warn!(error = %e, "reaper pass failed"),
+                Err(e) => {
+                    metrics.reaper_pass(took, 0, 0);
+                    tracing::warn!(error = %e, "reaper pass failed");
+                }
             }
             passes += 1;
             // Expired credentials are swept far less often than leases.
