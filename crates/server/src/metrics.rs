@@ -136,7 +136,7 @@ impl Metrics {
         .expect("valid metric name");
         r.register(Box::new(queue_oldest_open.clone()))
             .expect("unique name");
-        Metrics {
+        let m = Metrics {
             claims: counter(&r, "agentstore_claims_total", "Claims that handed out an item (201)"),
             claims_empty: counter(
                 &r,
@@ -202,7 +202,24 @@ impl Metrics {
             queue_items,
             queue_oldest_open,
             registry: r,
+        };
+        // Every labelled counter series exists from the start at 0, so that
+        // `increase()` in an alert sees its first increment.
+        for state in [
+            SettleState::Done,
+            SettleState::Failed,
+            SettleState::Blocked,
+            SettleState::Paused,
+        ] {
+            m.settles.with_label_values(&[ItemState::from(state).as_str()]);
         }
+        for by in ["reaper", "release"] {
+            m.retry_limit.with_label_values(&[by]);
+        }
+        for status in ["401", "403"] {
+            m.auth_rejected.with_label_values(&[status]);
+        }
+        m
     }
 
     /// A claim answered `201` (`true`) or `204` (`false`).
@@ -240,11 +257,24 @@ impl Metrics {
         self.retry_limit.with_label_values(&[by]).inc_by(n);
     }
 
-    /// One reaper pass: its duration (s) and what it took over.
-    pub fn reaper_pass(&self, seconds: f64, reopened: u64, failed: u64) {
-        self.reaper_pass.observe(seconds);
-        self.reaper_reopened.inc_by(reopened);
-        self.retry_limit_failed("reaper", failed);
+    /// Runs one reaper pass (`(reopened, failed)`, see [`Store::reap`]),
+    /// recording its duration (this process's monotonic clock: a duration for
+    /// the histogram only, never a lease time) and what it took over.
+    ///
+    /// # Errors
+    /// The pass's own error, passed through.
+    pub async fn reaper_pass<F>(&self, pass: F) -> Result<(usize, usize), StoreError>
+    where
+        F: std::future::Future<Output = Result<(usize, usize), StoreError>>,
+    {
+        let started = Instant::now();
+        let outcome = pass.await;
+        self.reaper_pass.observe(started.elapsed().as_secs_f64());
+        if let Ok((reopened, failed)) = outcome {
+            self.reaper_reopened.inc_by(reopened as u64);
+            self.retry_limit_failed("reaper", failed as u64);
+        }
+        outcome
     }
 
     /// Reads the gauges from `store` and renders every metric as text.

@@ -5,7 +5,7 @@
 //! worker) racing for one item change it at most once.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -30,19 +30,12 @@ pub fn spawn(
                 _ = tick.tick() => {}
                 _ = shutdown.changed() => return,
             }
-            let started = Instant::now();
-            let outcome = store.reap().await;
-            let took = started.elapsed().as_secs_f64();
-            match outcome {
-                Ok((0, 0)) => metrics.reaper_pass(took, 0, 0),
+            match metrics.reaper_pass(store.reap()).await {
+                Ok((0, 0)) => {}
                 Ok((reopened, failed)) => {
-                    metrics.reaper_pass(took, reopened as u64, failed as u64);
                     tracing::info!(reopened, failed, "reaper took over expired claims");
                 }
-                Err(e) => {
-                    metrics.reaper_pass(took, 0, 0);
-                    tracing::warn!(error = %e, "reaper pass failed");
-                }
+                Err(e) => tracing::warn!(error = %e, "reaper pass failed"),
             }
             passes += 1;
             // Expired credentials are swept far less often than leases.
