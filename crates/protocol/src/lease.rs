@@ -102,6 +102,7 @@ impl From<SettleState> for ItemState {
 
 /// `POST /v1/queues/{queue}/items` body.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct EnqueueRequest {
     /// Any JSON value; handed to the worker unchanged.
     pub payload: Value,
@@ -162,6 +163,7 @@ pub struct ClaimResponse {
 
 /// Body of heartbeat and release: the lease token.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TokenRequest {
     /// The lease token from the claim.
     pub token: String,
@@ -176,6 +178,7 @@ pub struct HeartbeatResponse {
 
 /// `POST /v1/items/{id}/settle` body.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SettleRequest {
     /// The lease token from the claim.
     pub token: String,
@@ -191,6 +194,7 @@ pub struct SettleRequest {
 
 /// One lease in `POST /v1/heartbeats`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct BatchHeartbeatEntry {
     /// The item id.
     pub item_id: i64,
@@ -200,6 +204,7 @@ pub struct BatchHeartbeatEntry {
 
 /// `POST /v1/heartbeats` body.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct BatchHeartbeatRequest {
     /// The leases to renew.
     pub leases: Vec<BatchHeartbeatEntry>,
@@ -234,12 +239,70 @@ pub struct ItemList {
     pub items: Vec<ItemView>,
 }
 
+/// What an enrolled credential may do. The admin is not a role one can enroll
+/// as: it is the one token the server is started with.
+///
+/// | role | may |
+/// |---|---|
+/// | `producer` | enqueue into, list and read the items of the queues in its scope |
+/// | `worker` | claim from the queues in its scope; heartbeat, settle, release and read only the items it holds |
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Claims and works items (the default of an enrollment token).
+    #[default]
+    Worker,
+    /// Enqueues items and reads them back.
+    Producer,
+}
+
+impl Role {
+    /// The wire / database string.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Role::Worker => "worker",
+            Role::Producer => "producer",
+        }
+    }
+
+    /// Parses a role string; `None` for unknown strings.
+    pub fn parse(s: &str) -> Option<Role> {
+        [Role::Worker, Role::Producer]
+            .into_iter()
+            .find(|r| r.as_str() == s)
+    }
+}
+
+/// The queue-scope entry that stands for every queue.
+pub const ANY_QUEUE: &str = "*";
+
+/// Longest validity an enrollment token may be given (ms): one year.
+pub const MAX_ENROLLMENT_TTL_MS: u64 = 365 * 24 * 3600 * 1000;
+
+/// Most entries in an enrollment token's queue scope.
+pub const MAX_SCOPE_QUEUES: usize = 100;
+
+/// True when a credential scoped to `scope` may act on `queue`: the scope names
+/// it, or contains [`ANY_QUEUE`].
+pub fn queue_in_scope(scope: &[String], queue: &str) -> bool {
+    scope.iter().any(|q| q == ANY_QUEUE || q == queue)
+}
+
 /// `POST /v1/admin/enrollment-tokens` body (admin token required).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CreateEnrollmentRequest {
-    /// Validity of the token (ms); server default (24 h) when absent.
+    /// Validity of the token (ms, 1..=[`MAX_ENROLLMENT_TTL_MS`]); server default
+    /// (24 h) when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_in_ms: Option<u64>,
+    /// The role the enrolled credential gets; `worker` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<Role>,
+    /// The queues it may act on (1..=[`MAX_SCOPE_QUEUES`] queue names, or
+    /// [`ANY_QUEUE`]); every queue (`["*"]`) when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queues: Option<Vec<String>>,
 }
 
 /// `201` answer with a single-use enrollment token (shown once, stored hashed).
@@ -249,10 +312,17 @@ pub struct EnrollmentToken {
     pub token: String,
     /// Validity from creation (ms).
     pub expires_in_ms: u64,
+    /// The role it grants.
+    #[serde(default)]
+    pub role: Role,
+    /// The queue scope it grants.
+    #[serde(default)]
+    pub queues: Vec<String>,
 }
 
 /// `POST /v1/workers/enroll` body.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct EnrollRequest {
     /// A single-use enrollment token.
     pub token: String,
@@ -263,6 +333,7 @@ pub struct EnrollRequest {
 
 /// `POST /v1/workers/refresh` body.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RefreshRequest {
     /// The current refresh token; it is burnt by this call.
     pub refresh_token: String,

@@ -15,22 +15,11 @@ use tower_http::services::ServeDir;
 use tower_http::trace::TraceLayer;
 
 use crate::config::Config;
+use crate::error::json_errors;
 use crate::ratelimit::RateLimiter;
+use crate::state::AppState;
 use crate::store::{Store, StoreError};
 use crate::{reaper, routes, tokens};
-
-/// What every handler shares.
-#[derive(Debug, Clone)]
-pub struct AppState {
-    /// The database.
-    pub store: Store,
-    /// SHA-256 of the admin token; `None` disables admin access.
-    pub admin_hash: Option<String>,
-    /// Claim polling limiter (per instance).
-    pub limiter: Arc<RateLimiter>,
-    /// `Retry-After` of an empty claim (ms).
-    pub idle_retry_ms: u64,
-}
 
 /// Builds the whole application: `/v1` API, `/pkg/` and `/` static files, CORS,
 /// body limit and request tracing.
@@ -41,7 +30,8 @@ pub fn router(config: &Config, store: Store) -> Result<Router, String> {
     let state = AppState {
         store,
         admin_hash: config.admin_token.as_deref().map(tokens::hash),
-        limiter: Arc::new(RateLimiter::new(config.claim_rate)),
+        claim_limiter: Arc::new(RateLimiter::new(config.claim_rate)),
+        auth_limiter: Arc::new(RateLimiter::new(config.auth_rate)),
         idle_retry_ms: config.idle_retry_ms,
     };
     let cors = CorsLayer::new()
@@ -52,6 +42,7 @@ pub fn router(config: &Config, store: Store) -> Result<Router, String> {
         .max_age(Duration::from_secs(600));
     let api = routes::router()
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
+        .layer(axum::middleware::map_response(json_errors))
         .with_state(state);
     // ServeDir maps `.wasm` to `application/wasm` (mime_guess), which
     // `WebAssembly.instantiateStreaming` requires.
@@ -137,6 +128,8 @@ impl Server {
         );
         let mut rx_http = rx;
         let http = tokio::spawn(async move {
+            // Connect info: the unauthenticated endpoints are limited per client address.
+            let app = app.into_make_service_with_connect_info::<SocketAddr>();
             axum::serve(listener, app)
                 .with_graceful_shutdown(async move {
                     let _ = rx_http.changed().await;

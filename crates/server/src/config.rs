@@ -52,6 +52,10 @@ pub struct Config {
     /// Claim polling limit per worker: `20/s`, `600/min`, `5/100ms`.
     #[arg(long, default_value = "10/s")]
     pub claim_rate: Rate,
+    /// Enroll/refresh limit per client address (these need no credentials):
+    /// `20/s`, `600/min`, `5/100ms`. Past it: `429` with `Retry-After`.
+    #[arg(long, default_value = "20/s")]
+    pub auth_rate: Rate,
     /// Largest accepted request body (bytes).
     #[arg(long, default_value_t = 64 * 1024)]
     pub max_body_bytes: usize,

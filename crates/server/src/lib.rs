@@ -25,6 +25,7 @@ pub mod extract;
 pub mod ratelimit;
 pub mod reaper;
 pub mod routes;
+pub mod state;
 pub mod store;
 pub mod tokens;
 

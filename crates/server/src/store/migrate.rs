@@ -78,6 +78,16 @@ pub const MIGRATIONS: &[Migration] = &[
                 expires_at BIGINT NOT NULL
             )",
     },
+    Migration {
+        version: 3,
+        name: "roles_and_queue_scopes",
+        // Credentials issued before roles existed keep what they could do: a
+        // worker on every queue (`["*"]`). New tokens name their role and scope.
+        sql: "ALTER TABLE enrollment_tokens ADD COLUMN role TEXT NOT NULL DEFAULT 'worker';
+            ALTER TABLE enrollment_tokens ADD COLUMN queues TEXT NOT NULL DEFAULT '[\"*\"]';
+            ALTER TABLE workers ADD COLUMN role TEXT NOT NULL DEFAULT 'worker';
+            ALTER TABLE workers ADD COLUMN queues TEXT NOT NULL DEFAULT '[\"*\"]'",
+    },
 ];
 
 /// Advisory lock key for migrations on PostgreSQL ("agst").

@@ -11,11 +11,14 @@ mod workers;
 
 pub use items::ExpiredClaim;
 pub use migrate::{migrate, MIGRATIONS};
+pub use workers::Principal;
 
 use agentstore_protocol::lease::{DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_ATTEMPTS, DEFAULT_TTL_MS};
 use agentstore_protocol::ErrorCode;
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{Any, AnyPool, Transaction};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Which database a URL selects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,6 +135,10 @@ pub struct Store {
     pool: AnyPool,
     backend: Backend,
     settings: Settings,
+    /// Explicit write transactions begun (`BEGIN IMMEDIATE` on SQLite: the single
+    /// writer lock); counted so tests can show what an unauthenticated caller
+    /// can and cannot make the server do.
+    write_transactions: Arc<AtomicU64>,
 }
 
 /// Turns a `--database` value into a URL: `postgres://` / `postgresql://` and
@@ -192,6 +199,7 @@ impl Store {
             pool,
             backend,
             settings,
+            write_transactions: Arc::new(AtomicU64::new(0)),
         };
         migrate(&store).await?;
         Ok(store)
@@ -210,6 +218,12 @@ impl Store {
     /// The connection pool (for tests and migrations).
     pub fn pool(&self) -> &AnyPool {
         &self.pool
+    }
+
+    /// How many explicit write transactions this instance has begun (enroll,
+    /// refresh, migrations); single-statement writes are not counted.
+    pub fn write_transactions(&self) -> u64 {
+        self.write_transactions.load(Ordering::Relaxed)
     }
 
     /// Closes the pool, waiting for connections to be returned.
@@ -231,6 +245,7 @@ impl Store {
     /// writer lock up front, so no transaction has to upgrade a read lock and
     /// deadlock), plain `BEGIN` on PostgreSQL (row locks do the work).
     async fn begin_write(&self) -> Result<Transaction<'static, Any>, StoreError> {
+        self.write_transactions.fetch_add(1, Ordering::Relaxed);
         Ok(match self.backend {
             Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
             Backend::Postgres => self.pool.begin().await?,

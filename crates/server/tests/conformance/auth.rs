@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use agentstore_protocol::lease::{Role, ANY_QUEUE};
 use agentstore_protocol::ErrorCode;
 use agentstore_server::{Settings, Store, StoreError};
 use tokio::sync::Barrier;
@@ -44,7 +45,10 @@ pub async fn an_enrollment_token_used_twice_concurrently_enrolls_exactly_one_wor
     let b = Arc::new(db.store(Settings::default()).await);
     const ROUNDS: i64 = 10;
     for round in 1..=ROUNDS {
-        let (token, _) = a.create_enrollment_token(None).await.unwrap();
+        let (token, _) = a
+            .create_enrollment_token(None, Role::Worker, &[ANY_QUEUE.into()])
+            .await
+            .unwrap();
         let results = twice_concurrently(&a, &b, |s| {
             let token = token.0.clone();
             async move { s.enroll(&token, Some("w")).await }
@@ -62,7 +66,7 @@ pub async fn an_enrollment_token_used_twice_concurrently_enrolls_exactly_one_wor
             .expect("one rejected");
         assert_eq!(rejected.code(), Some(ErrorCode::Unauthorized));
         assert_eq!(
-            a.authenticate(&ok[0].access_token).await.unwrap(),
+            a.authenticate(&ok[0].access_token).await.unwrap().worker_id,
             ok[0].worker_id
         );
         assert_eq!(workers(&a).await, round, "one worker per token");
@@ -72,7 +76,10 @@ pub async fn an_enrollment_token_used_twice_concurrently_enrolls_exactly_one_wor
 pub async fn a_refresh_token_used_twice_gets_one_success_and_one_rejection(db: TestDb) {
     let a = Arc::new(db.store(Settings::default()).await);
     let b = Arc::new(db.store(Settings::default()).await);
-    let (token, _) = a.create_enrollment_token(None).await.unwrap();
+    let (token, _) = a
+        .create_enrollment_token(None, Role::Worker, &[ANY_QUEUE.into()])
+        .await
+        .unwrap();
     let creds = a.enroll(&token.0, None).await.unwrap();
     let results = twice_concurrently(&a, &b, |s| {
         let refresh = creds.refresh_token.clone();
@@ -90,7 +97,7 @@ pub async fn a_refresh_token_used_twice_gets_one_success_and_one_rejection(db: T
     assert_eq!(new.worker_id, creds.worker_id);
     assert_ne!(new.refresh_token, creds.refresh_token);
     assert_eq!(
-        a.authenticate(&new.access_token).await.unwrap(),
+        a.authenticate(&new.access_token).await.unwrap().worker_id,
         creds.worker_id
     );
     // Later reuse of the old one is still rejected; the rotated one works once.
@@ -103,7 +110,10 @@ pub async fn a_refresh_token_used_twice_gets_one_success_and_one_rejection(db: T
 
 pub async fn a_wrong_verifier_neither_enrolls_nor_burns_the_token(db: TestDb) {
     let store = db.store(Settings::default()).await;
-    let (token, _) = store.create_enrollment_token(None).await.unwrap();
+    let (token, _) = store
+        .create_enrollment_token(None, Role::Worker, &[ANY_QUEUE.into()])
+        .await
+        .unwrap();
     // Same selector, different verifier.
     let (selector, verifier) = token.0.split_once('.').unwrap();
     let flipped = if verifier.starts_with('0') { "1" } else { "0" };
@@ -130,10 +140,17 @@ pub async fn access_tokens_expire_on_the_database_clock(db: TestDb) {
             ..Settings::default()
         })
         .await;
-    let (token, _) = store.create_enrollment_token(Some(5_000)).await.unwrap();
+    let (token, _) = store
+        .create_enrollment_token(Some(5_000), Role::Worker, &[ANY_QUEUE.into()])
+        .await
+        .unwrap();
     let creds = store.enroll(&token.0, None).await.unwrap();
     assert_eq!(
-        store.authenticate(&creds.access_token).await.unwrap(),
+        store
+            .authenticate(&creds.access_token)
+            .await
+            .unwrap()
+            .worker_id,
         creds.worker_id
     );
     sleep_ms(1_200).await;
@@ -142,11 +159,18 @@ pub async fn access_tokens_expire_on_the_database_clock(db: TestDb) {
     // The refresh token outlives it and issues a working one.
     let fresh = store.refresh(&creds.refresh_token).await.unwrap();
     assert_eq!(
-        store.authenticate(&fresh.access_token).await.unwrap(),
+        store
+            .authenticate(&fresh.access_token)
+            .await
+            .unwrap()
+            .worker_id,
         creds.worker_id
     );
     // An enrollment token past its own expiry is refused.
-    let (late, _) = store.create_enrollment_token(Some(50)).await.unwrap();
+    let (late, _) = store
+        .create_enrollment_token(Some(50), Role::Worker, &[ANY_QUEUE.into()])
+        .await
+        .unwrap();
     sleep_ms(150).await;
     assert_eq!(
         store.enroll(&late.0, None).await.unwrap_err().code(),

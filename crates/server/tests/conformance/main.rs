@@ -7,6 +7,7 @@ mod common;
 mod instances;
 mod lease;
 mod migrate;
+mod roles;
 
 macro_rules! conformance {
     ($($module:ident :: $name:ident),* $(,)?) => {
@@ -51,4 +52,6 @@ conformance! {
     migrate::an_older_schema_upgrades_in_place_and_keeps_its_rows,
     migrate::running_migrations_twice_is_a_no_op,
     instances::two_instances_with_eight_claimers_settle_every_item_exactly_once,
+    roles::every_endpoint_allows_exactly_its_roles_and_a_refusal_changes_nothing,
+    roles::a_worker_enrolled_for_one_queue_claims_there_and_nowhere_else,
 }
