@@ -49,6 +49,8 @@ conformance! {
     auth::a_refresh_token_used_twice_gets_one_success_and_one_rejection,
     auth::a_wrong_verifier_neither_enrolls_nor_burns_the_token,
     auth::access_tokens_expire_on_the_database_clock,
+    auth::random_and_forged_tokens_open_no_write_transaction,
+    auth::a_flood_of_random_tokens_is_refused_while_every_heartbeat_is_answered,
     migrate::an_older_schema_upgrades_in_place_and_keeps_its_rows,
     migrate::running_migrations_twice_is_a_no_op,
     instances::two_instances_with_eight_claimers_settle_every_item_exactly_once,
