@@ -24,6 +24,9 @@ use crate::extract::{item_id, queue_name, JsonBody};
 use crate::ratelimit::retry_after_secs;
 use crate::state::AppState;
 
+/// Largest retry cap an item may be given.
+pub const MAX_ATTEMPTS_LIMIT: u32 = 1_000;
+
 /// Most leases one batched heartbeat may carry.
 pub const MAX_BATCH: usize = 500;
 
@@ -161,6 +164,14 @@ async fn enqueue(
 ) -> Result<(StatusCode, Json<ItemView>), ApiError> {
     let queue = queue_name(&queue)?;
     caller.produce(queue)?;
+    if req
+        .max_attempts
+        .is_some_and(|n| n == 0 || n > MAX_ATTEMPTS_LIMIT)
+    {
+        return Err(invalid(format!(
+            "max_attempts must be 1..={MAX_ATTEMPTS_LIMIT}"
+        )));
+    }
     let item = st
         .store
         .enqueue(queue, &req.payload, req.max_attempts)

@@ -4,6 +4,7 @@
 
 mod auth;
 mod common;
+mod input;
 mod instances;
 mod lease;
 mod migrate;
@@ -56,4 +57,9 @@ conformance! {
     instances::two_instances_with_eight_claimers_settle_every_item_exactly_once,
     roles::every_endpoint_allows_exactly_its_roles_and_a_refusal_changes_nothing,
     roles::a_worker_enrolled_for_one_queue_claims_there_and_nowhere_else,
+    input::out_of_range_numbers_are_400_before_they_reach_sql,
+    input::bodies_that_are_not_objects_of_the_documented_fields_are_refused,
+    input::a_failure_report_containing_nul_is_kept_and_the_item_leaves_running,
+    input::framework_answers_are_code_and_message_too,
+    input::generated_requests_never_get_a_5xx_and_a_refusal_changes_nothing,
 }
