@@ -19,8 +19,11 @@ pub const DEFAULT_TTL_MS: u64 = 90_000;
 pub const DEFAULT_HEARTBEAT_MS: u64 = 15_000;
 /// How often each server instance runs a reaper pass (ms).
 pub const DEFAULT_REAPER_MS: u64 = 15_000;
-/// Claims that may end without a settle (expiry or release) before the item fails.
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
+/// Re-deliveries an item gets after its first delivery: a claim that ends without
+/// a settle (lease expiry or release) reopens the item while it has had at most
+/// this many re-deliveries; the ending after that fails it with `retry_limit`.
+/// So an item is delivered at most `1 + 5` times (DESIGN "retry cap 5").
+pub const DEFAULT_MAX_REDELIVERIES: u32 = 5;
 /// `last_error` of an item failed by the retry cap.
 pub const RETRY_LIMIT_REASON: &str = "retry_limit";
 
@@ -106,9 +109,10 @@ impl From<SettleState> for ItemState {
 pub struct EnqueueRequest {
     /// Any JSON value; handed to the worker unchanged.
     pub payload: Value,
-    /// Retry cap for this item; the server default (5) when absent.
+    /// Re-deliveries allowed after the first delivery (0 = deliver once); the
+    /// server default (`--max-redeliveries`, 5) when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_attempts: Option<u32>,
+    pub max_redeliveries: Option<u32>,
 }
 
 /// A work item as the server reports it (`201` of enqueue, `GET /v1/items/{id}`).
@@ -127,8 +131,9 @@ pub struct ItemView {
     pub result: Option<Value>,
     /// Claims that ended without a settle (expiries and releases).
     pub attempts: u32,
-    /// Retry cap: the attempt reaching it fails the item with `retry_limit`.
-    pub max_attempts: u32,
+    /// Re-deliveries allowed after the first delivery: the ended attempt that
+    /// exceeds it fails the item with `retry_limit` (see [`end_attempt`]).
+    pub max_redeliveries: u32,
     /// Increases on every claim and resume; 0 before the first claim.
     pub epoch: u64,
     /// Why the item failed or was reopened (`"retry_limit"`, `"expired"`, a worker's message).
@@ -378,12 +383,14 @@ pub fn is_expired(heartbeat_at_ms: Option<i64>, now_ms: i64, ttl_ms: u64) -> boo
 }
 
 /// Where an item goes when a claim ends without a settle (expiry or release):
-/// one more attempt; reaching `max_attempts` makes it `failed` with `retry_limit`.
+/// one more ended attempt; while the attempts ended so far are at most
+/// `max_redeliveries` the item reopens (to be re-delivered), past that it is
+/// `failed` with `retry_limit`. With 5, the 6th ended delivery fails it.
 ///
 /// Returns `(state, attempts, last_error)`.
-pub fn end_attempt(attempts: u32, max_attempts: u32) -> (ItemState, u32, &'static str) {
+pub fn end_attempt(attempts: u32, max_redeliveries: u32) -> (ItemState, u32, &'static str) {
     let attempts = attempts.saturating_add(1);
-    if attempts >= max_attempts {
+    if attempts > max_redeliveries {
         (ItemState::Failed, attempts, RETRY_LIMIT_REASON)
     } else {
         (ItemState::Open, attempts, "expired")
@@ -410,8 +417,8 @@ pub struct LeaseItem {
     pub epoch: u64,
     /// Claims that ended without a settle.
     pub attempts: u32,
-    /// Retry cap.
-    pub max_attempts: u32,
+    /// Re-deliveries allowed after the first delivery.
+    pub max_redeliveries: u32,
     /// Last heartbeat (or claim) on the database clock (ms); `None` if never recorded.
     pub heartbeat_at_ms: Option<i64>,
     /// Whether a token is held (running, or paused by an operator under a live token).
@@ -439,12 +446,12 @@ pub enum LeaseEvent {
 
 impl LeaseItem {
     /// A freshly enqueued item.
-    pub fn new(max_attempts: u32) -> LeaseItem {
+    pub fn new(max_redeliveries: u32) -> LeaseItem {
         LeaseItem {
             state: ItemState::Open,
             epoch: 0,
             attempts: 0,
-            max_attempts,
+            max_redeliveries,
             heartbeat_at_ms: None,
             has_token: false,
         }
@@ -520,7 +527,7 @@ impl LeaseItem {
     }
 
     fn end_claim(&mut self) {
-        let (state, attempts, _) = end_attempt(self.attempts, self.max_attempts);
+        let (state, attempts, _) = end_attempt(self.attempts, self.max_redeliveries);
         self.state = state;
         self.attempts = attempts;
         self.has_token = false;
@@ -535,7 +542,7 @@ mod tests {
     const TTL: u64 = 90_000;
 
     fn claimed(now: i64) -> LeaseItem {
-        LeaseItem::new(DEFAULT_MAX_ATTEMPTS)
+        LeaseItem::new(DEFAULT_MAX_REDELIVERIES)
             .apply(LeaseEvent::Claim, false, now, TTL)
             .unwrap()
     }
@@ -640,19 +647,32 @@ mod tests {
     }
 
     #[test]
-    fn the_expiry_that_reaches_the_cap_fails_the_item() {
-        let mut item = LeaseItem::new(3);
+    fn an_item_is_delivered_once_plus_its_redeliveries_then_fails_with_retry_limit() {
+        let mut item = LeaseItem::new(DEFAULT_MAX_REDELIVERIES);
         let mut now = 0;
-        for round in 1..=3 {
+        let mut deliveries = 0;
+        while item.state == ItemState::Open {
             item = item.apply(LeaseEvent::Claim, false, now, TTL).unwrap();
+            deliveries += 1;
             now += 90_000;
             item = item.apply(LeaseEvent::Expire, false, now, TTL).unwrap();
-            assert_eq!(item.attempts, round);
+            assert_eq!(item.attempts, deliveries);
         }
-        assert_eq!(item.state, ItemState::Failed);
         assert_eq!(
-            end_attempt(2, 3),
-            (ItemState::Failed, 3, RETRY_LIMIT_REASON)
+            deliveries,
+            1 + DEFAULT_MAX_REDELIVERIES,
+            "first delivery + 5"
+        );
+        assert_eq!((item.state, item.epoch), (ItemState::Failed, 6));
+        // The boundary itself: the 5th ended attempt still reopens, the 6th fails.
+        assert_eq!(end_attempt(4, 5), (ItemState::Open, 5, "expired"));
+        assert_eq!(
+            end_attempt(5, 5),
+            (ItemState::Failed, 6, RETRY_LIMIT_REASON)
+        );
+        assert_eq!(
+            end_attempt(0, 0),
+            (ItemState::Failed, 1, RETRY_LIMIT_REASON)
         );
         assert_eq!(
             item.apply(LeaseEvent::Claim, false, now, TTL),

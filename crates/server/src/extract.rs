@@ -36,7 +36,7 @@ where
 
 /// Parses a JSON body with the error mapping of [`JsonBody`]. Every body is a
 /// JSON object: serde would also fill a struct from an array of its fields in
-/// order (`[{"job":1},3]` as `{payload, max_attempts}`), so anything else is
+/// order (`[{"job":1},3]` as `{payload, max_redeliveries}`), so anything else is
 /// refused before it is decoded; unknown fields are refused by the wire types.
 ///
 /// # Errors

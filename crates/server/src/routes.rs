@@ -24,8 +24,8 @@ use crate::extract::{item_id, queue_name, JsonBody};
 use crate::ratelimit::retry_after_secs;
 use crate::state::AppState;
 
-/// Largest retry cap an item may be given.
-pub const MAX_ATTEMPTS_LIMIT: u32 = 1_000;
+/// Most re-deliveries an item may be given.
+pub const MAX_REDELIVERIES_LIMIT: u32 = 1_000;
 
 /// Most leases one batched heartbeat may carry.
 pub const MAX_BATCH: usize = 500;
@@ -165,16 +165,16 @@ async fn enqueue(
     let queue = queue_name(&queue)?;
     caller.produce(queue)?;
     if req
-        .max_attempts
-        .is_some_and(|n| n == 0 || n > MAX_ATTEMPTS_LIMIT)
+        .max_redeliveries
+        .is_some_and(|n| n > MAX_REDELIVERIES_LIMIT)
     {
         return Err(invalid(format!(
-            "max_attempts must be 1..={MAX_ATTEMPTS_LIMIT}"
+            "max_redeliveries must be 0..={MAX_REDELIVERIES_LIMIT}"
         )));
     }
     let item = st
         .store
-        .enqueue(queue, &req.payload, req.max_attempts)
+        .enqueue(queue, &req.payload, req.max_redeliveries)
         .await?;
     Ok((StatusCode::CREATED, Json(item)))
 }

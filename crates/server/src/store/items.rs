@@ -19,7 +19,7 @@ use super::{get, ms, to_u32, to_u64, Store, StoreError};
 use crate::tokens::{self, ct_eq};
 
 const ITEM_COLS: &str =
-    "id, queue, state, payload, result, attempts, max_attempts, epoch, last_error, worker_id";
+    "id, queue, state, payload, result, attempts, max_redeliveries, epoch, last_error, worker_id";
 
 /// A running claim the reaper found expired, as it read it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,7 +47,7 @@ fn item_from_row(row: &AnyRow) -> Result<ItemView, StoreError> {
         payload: json(&payload)?,
         result: result.as_deref().map(json).transpose()?,
         attempts: to_u32(get(row, "attempts")?, "attempts")?,
-        max_attempts: to_u32(get(row, "max_attempts")?, "max_attempts")?,
+        max_redeliveries: to_u32(get(row, "max_redeliveries")?, "max_redeliveries")?,
         epoch: to_u64(get(row, "epoch")?, "epoch")?,
         last_error: get(row, "last_error")?,
         worker_id: get(row, "worker_id")?,
@@ -62,7 +62,7 @@ fn lease_item_from_row(row: &AnyRow) -> Result<LeaseItem, StoreError> {
             .ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?,
         epoch: to_u64(get(row, "epoch")?, "epoch")?,
         attempts: to_u32(get(row, "attempts")?, "attempts")?,
-        max_attempts: to_u32(get(row, "max_attempts")?, "max_attempts")?,
+        max_redeliveries: to_u32(get(row, "max_redeliveries")?, "max_redeliveries")?,
         heartbeat_at_ms: get(row, "heartbeat_at")?,
         has_token: token.is_some(),
     })
@@ -97,13 +97,13 @@ impl Store {
         &self,
         queue: &str,
         payload: &Value,
-        max_attempts: Option<u32>,
+        max_redeliveries: Option<u32>,
     ) -> Result<ItemView, StoreError> {
         let sql = self.sql(&format!(
-            "INSERT INTO items (queue, state, payload, attempts, max_attempts, epoch, created_at, updated_at)
+            "INSERT INTO items (queue, state, payload, attempts, max_redeliveries, epoch, created_at, updated_at)
              VALUES ($1, 'open', $2, 0, $3, 0, {{now}}, {{now}}) RETURNING {ITEM_COLS}"
         ));
-        let max = max_attempts.unwrap_or(self.settings.max_attempts).max(1);
+        let max = max_redeliveries.unwrap_or(self.settings.max_redeliveries);
         let row = sqlx::query(&sql)
             .bind(queue)
             .bind(payload.to_string())
@@ -296,7 +296,7 @@ impl Store {
         if let Err(code) = item.apply(LeaseEvent::Release, current, now, self.settings.ttl_ms) {
             return Err(rejection(code, id));
         }
-        let (state, attempts, reason) = end_attempt(item.attempts, item.max_attempts);
+        let (state, attempts, reason) = end_attempt(item.attempts, item.max_redeliveries);
         let reason = if state == ItemState::Open {
             "released"
         } else {
@@ -430,7 +430,7 @@ impl Store {
     pub async fn expired_claims(&self, limit: u32) -> Result<Vec<ExpiredClaim>, StoreError> {
         let sql = self.sql(
             "SELECT * FROM (
-                 SELECT id, state, epoch, attempts, max_attempts, heartbeat_at, token_hash,
+                 SELECT id, state, epoch, attempts, max_redeliveries, heartbeat_at, token_hash,
                         {now} AS now_ms
                  FROM items WHERE state = 'running') AS r
              WHERE heartbeat_at IS NULL OR heartbeat_at <= now_ms - $1
@@ -468,7 +468,7 @@ impl Store {
         ) else {
             return Ok(None);
         };
-        let (_, _, reason) = end_attempt(claim.item.attempts, claim.item.max_attempts);
+        let (_, _, reason) = end_attempt(claim.item.attempts, claim.item.max_redeliveries);
         let sql = self.sql(
             "UPDATE items SET state = $3, attempts = $4, last_error = $5, token_hash = NULL,
                  worker_id = NULL, heartbeat_at = NULL, updated_at = {now}
@@ -516,7 +516,7 @@ impl Store {
         id: i64,
     ) -> Result<Option<(LeaseItem, Option<String>, Option<i64>, i64)>, StoreError> {
         let sql = self.sql(
-            "SELECT state, epoch, attempts, max_attempts, heartbeat_at, token_hash, worker_id,
+            "SELECT state, epoch, attempts, max_redeliveries, heartbeat_at, token_hash, worker_id,
                     {now} AS now_ms
              FROM items WHERE id = $1",
         );

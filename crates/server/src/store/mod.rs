@@ -13,7 +13,7 @@ pub use items::ExpiredClaim;
 pub use migrate::{migrate, MIGRATIONS};
 pub use workers::Principal;
 
-use agentstore_protocol::lease::{DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_ATTEMPTS, DEFAULT_TTL_MS};
+use agentstore_protocol::lease::{DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_REDELIVERIES, DEFAULT_TTL_MS};
 use agentstore_protocol::ErrorCode;
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{Any, AnyPool, Transaction};
@@ -68,8 +68,8 @@ pub struct Settings {
     pub ttl_ms: u64,
     /// Heartbeat interval suggested to workers.
     pub heartbeat_ms: u64,
-    /// Default retry cap for items enqueued without one.
-    pub max_attempts: u32,
+    /// Re-deliveries after the first delivery for items enqueued without a cap.
+    pub max_redeliveries: u32,
     /// Access token lifetime.
     pub access_ttl_ms: u64,
     /// Refresh token lifetime.
@@ -83,7 +83,7 @@ impl Default for Settings {
         Settings {
             ttl_ms: DEFAULT_TTL_MS,
             heartbeat_ms: DEFAULT_HEARTBEAT_MS,
-            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            max_redeliveries: DEFAULT_MAX_REDELIVERIES,
             access_ttl_ms: 15 * 60 * 1000,
             refresh_ttl_ms: 30 * 24 * 3600 * 1000,
             enrollment_ttl_ms: 24 * 3600 * 1000,

@@ -186,7 +186,7 @@ pub async fn snapshot(store: &Store) -> Vec<String> {
                 "payload",
                 "COALESCE(result, '')",
                 "attempts",
-                "max_attempts",
+                "max_redeliveries",
                 "epoch",
                 "COALESCE(token_hash, '')",
                 "COALESCE(worker_id, 0)",

@@ -63,9 +63,12 @@ pub async fn out_of_range_numbers_are_400_before_they_reach_sql(db: TestDb) {
         ("/v1/admin/enrollment-tokens", r#"{"expires_in_ms": 1e300}"#),
         (
             "/v1/queues/q/items",
-            r#"{"payload": 1, "max_attempts": 4294967295}"#,
+            r#"{"payload": 1, "max_redeliveries": 4294967295}"#,
         ),
-        ("/v1/queues/q/items", r#"{"payload": 1, "max_attempts": 0}"#),
+        (
+            "/v1/queues/q/items",
+            r#"{"payload": 1, "max_redeliveries": 1001}"#,
+        ),
     ] {
         let answer = send(&server, Method::POST, path, Some(ADMIN), Some(body.into())).await;
         refused(&store, &before, answer, ErrorCode::Validation, body).await;
@@ -85,8 +88,8 @@ pub async fn bodies_that_are_not_objects_of_the_documented_fields_are_refused(db
         "null",
         "true",
         r#"{"payload": 1, "extra": 2}"#,
-        r#"{"payload": 1, "max_attempts": "3"}"#,
-        r#"{"max_attempts": 3}"#,
+        r#"{"payload": 1, "max_redeliveries": "3"}"#,
+        r#"{"max_redeliveries": 3}"#,
         "[1,",
         "\u{0}",
     ] {
@@ -244,7 +247,7 @@ fn json_value() -> impl Strategy<Value = Value> {
                     Just("result".to_owned()),
                     Just("leases".to_owned()),
                     Just("item_id".to_owned()),
-                    Just("max_attempts".to_owned()),
+                    Just("max_redeliveries".to_owned()),
                     Just("expires_in_ms".to_owned()),
                     Just("role".to_owned()),
                     Just("queues".to_owned()),

@@ -49,7 +49,10 @@ async fn snapshot(store: &Store, id: i64) -> (agentstore_protocol::lease::ItemVi
 pub async fn a_claim_is_atomic_and_raises_the_epoch(db: TestDb) {
     let store = db.store(ttl(LONG)).await;
     let a = store.enqueue("q", &json!({"n": 1}), None).await.unwrap();
-    assert_eq!((a.state, a.epoch, a.max_attempts), (ItemState::Open, 0, 5));
+    assert_eq!(
+        (a.state, a.epoch, a.max_redeliveries),
+        (ItemState::Open, 0, 5)
+    );
     let c = store.claim("q", Some(7)).await.unwrap().expect("claimed");
     assert_eq!(c.item.id, a.id);
     assert_eq!(
@@ -496,7 +499,8 @@ pub async fn every_expiry_counts_an_attempt_and_the_cap_fails_the_item_with_retr
     db: TestDb,
 ) {
     let store = db.store(ttl(100)).await;
-    let item = store.enqueue("q", &json!(1), Some(3)).await.unwrap();
+    // Two re-deliveries: three deliveries in all.
+    let item = store.enqueue("q", &json!(1), Some(2)).await.unwrap();
     for attempt in 1..=3u32 {
         let c = store
             .claim("q", None)
@@ -527,7 +531,7 @@ pub async fn every_expiry_counts_an_attempt_and_the_cap_fails_the_item_with_retr
 pub async fn release_reopens_the_item_and_counts_an_attempt(db: TestDb) {
     let store = db
         .store(Settings {
-            max_attempts: 2,
+            max_redeliveries: 1,
             ..ttl(LONG)
         })
         .await;
@@ -599,4 +603,42 @@ pub async fn lease_expiry_is_measured_only_on_the_database_clock(db: TestDb) {
             );
         }
     }
+}
+
+pub async fn an_item_is_redelivered_at_most_five_times_after_its_first_delivery(db: TestDb) {
+    let store = db.store(ttl(LONG)).await;
+    let item = store.enqueue("q", &json!(1), None).await.unwrap();
+    assert_eq!(
+        item.max_redeliveries, 5,
+        "the default cap counts re-deliveries"
+    );
+    let mut deliveries = 0;
+    while let Some(c) = store.claim("q", None).await.unwrap() {
+        deliveries += 1;
+        let after = store.release(item.id, &c.lease.token, None).await.unwrap();
+        assert_eq!(after.attempts, deliveries);
+        if deliveries <= 5 {
+            assert_eq!(
+                after.state,
+                ItemState::Open,
+                "delivery {deliveries} reopens"
+            );
+        } else {
+            assert_eq!(
+                after.state,
+                ItemState::Failed,
+                "delivery {deliveries} fails"
+            );
+            assert_eq!(after.last_error.as_deref(), Some(RETRY_LIMIT_REASON));
+        }
+    }
+    assert_eq!(deliveries, 6, "first delivery + 5 re-deliveries");
+    let zero = store.enqueue("once", &json!(1), Some(0)).await.unwrap();
+    let c = store.claim("once", None).await.unwrap().unwrap();
+    let after = store.release(zero.id, &c.lease.token, None).await.unwrap();
+    assert_eq!(
+        after.state,
+        ItemState::Failed,
+        "0 re-deliveries: delivered once"
+    );
 }

@@ -45,6 +45,7 @@ conformance! {
     lease::a_stalled_worker_that_comes_back_is_fenced_and_the_new_attempt_is_untouched,
     lease::every_expiry_counts_an_attempt_and_the_cap_fails_the_item_with_retry_limit,
     lease::release_reopens_the_item_and_counts_an_attempt,
+    lease::an_item_is_redelivered_at_most_five_times_after_its_first_delivery,
     lease::lease_expiry_is_measured_only_on_the_database_clock,
     auth::an_enrollment_token_used_twice_concurrently_enrolls_exactly_one_worker,
     auth::a_refresh_token_used_twice_gets_one_success_and_one_rejection,
