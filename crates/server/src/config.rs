@@ -63,6 +63,9 @@ pub struct Config {
     /// Access token lifetime (ms).
     #[arg(long, default_value_t = 15 * 60 * 1000)]
     pub access_ttl_ms: u64,
+    /// Database connections per instance (0 = 4 for SQLite, 10 for PostgreSQL).
+    #[arg(long, default_value_t = 0)]
+    pub db_pool: u32,
     /// `Retry-After` of a `204` claim answer (ms, rounded up to seconds).
     #[arg(long, default_value_t = 5_000)]
     pub idle_retry_ms: u64,
@@ -84,6 +87,7 @@ impl Config {
             heartbeat_ms: self.heartbeat_ms,
             max_redeliveries: self.max_redeliveries,
             access_ttl_ms: self.access_ttl_ms,
+            pool_size: self.db_pool,
             ..Settings::default()
         }
     }

@@ -76,6 +76,9 @@ pub struct Settings {
     pub refresh_ttl_ms: u64,
     /// Enrollment token lifetime when the admin gives none.
     pub enrollment_ttl_ms: u64,
+    /// Database connections in this instance's pool; 0 = the backend's default
+    /// (4 for SQLite, 10 for PostgreSQL).
+    pub pool_size: u32,
 }
 
 impl Default for Settings {
@@ -87,6 +90,7 @@ impl Default for Settings {
             access_ttl_ms: 15 * 60 * 1000,
             refresh_ttl_ms: 30 * 24 * 3600 * 1000,
             enrollment_ttl_ms: 24 * 3600 * 1000,
+            pool_size: 0,
         }
     }
 }
@@ -170,9 +174,10 @@ impl Store {
         sqlx::any::install_default_drivers();
         let (backend, url) = database_url(database);
         let pool = AnyPoolOptions::new()
-            .max_connections(match backend {
-                Backend::Sqlite => 4,
-                Backend::Postgres => 10,
+            .max_connections(match (backend, settings.pool_size) {
+                (Backend::Sqlite, 0) => 4,
+                (Backend::Postgres, 0) => 10,
+                (_, n) => n,
             })
             .after_connect(move |conn, _| {
                 Box::pin(async move {
