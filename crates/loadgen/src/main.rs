@@ -286,7 +286,15 @@ async fn run(args: Args) -> Result<Report, BoxError> {
     });
     let mut creds = Vec::with_capacity(args.workers);
     for i in 0..args.workers {
-        creds.push(enroll(&client, &servers[i % servers.len()], &args.admin_token, &queue).await?);
+        creds.push(
+            enroll(
+                &client,
+                &servers[i % servers.len()],
+                &args.admin_token,
+                &queue,
+            )
+            .await?,
+        );
     }
     enqueue_all(&client, &servers, &args.admin_token, &queue, args.items).await?;
 

@@ -85,7 +85,9 @@ async fn run_any(path: &str, items: usize) -> f64 {
         .connect(&url)
         .await
         .expect("any pool");
-    pool.execute("PRAGMA journal_mode = WAL").await.expect("wal");
+    pool.execute("PRAGMA journal_mode = WAL")
+        .await
+        .expect("wal");
     for stmt in schema().split(';') {
         pool.execute(stmt).await.expect("schema");
     }
@@ -145,9 +147,16 @@ async fn main() {
     std::fs::create_dir_all(&dir).expect("temp dir");
     let mut rows = Vec::new();
     for round in 0..3 {
-        let any = run_any(&dir.join(format!("any{round}.db")).display().to_string(), items).await;
-        let typed =
-            run_typed(&dir.join(format!("typed{round}.db")).display().to_string(), items).await;
+        let any = run_any(
+            &dir.join(format!("any{round}.db")).display().to_string(),
+            items,
+        )
+        .await;
+        let typed = run_typed(
+            &dir.join(format!("typed{round}.db")).display().to_string(),
+            items,
+        )
+        .await;
         rows.push((any, typed));
     }
     let _ = std::fs::remove_dir_all(&dir);

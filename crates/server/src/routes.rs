@@ -49,12 +49,12 @@ pub fn router() -> Router<AppState> {
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such endpoint") })
 }
 
-async fn health(State(st): State<AppState>) -> Result<Json<Health>, ApiError> {
-    st.store.db_now_ms().await?;
-    Ok(Json(Health {
+/// Liveness: cheap, and independent of the database (readiness is `/v1/ready`).
+async fn health(State(st): State<AppState>) -> Json<Health> {
+    Json(Health {
         status: "ok".into(),
         database: st.store.backend().name().into(),
-    }))
+    })
 }
 
 fn invalid(message: impl Into<String>) -> ApiError {
@@ -220,7 +220,9 @@ async fn claim(
         e.retry_after_s = Some(retry_after_secs(wait));
         return Err(e);
     }
-    match st.store.claim(queue, worker).await? {
+    let claimed = st.store.claim(queue, worker).await?;
+    st.metrics.claimed(claimed.is_some());
+    match claimed {
         Some(claimed) => Ok((StatusCode::CREATED, Json(claimed)).into_response()),
         None => {
             let secs = st.idle_retry_ms.div_ceil(1000).max(1);
@@ -254,6 +256,7 @@ async fn heartbeat(
     let id = item_id(&id)?;
     let owner = caller.lease_owner()?;
     let ttl_ms = st.store.heartbeat(id, &req.token, owner).await?;
+    st.metrics.heartbeat();
     Ok(Json(HeartbeatResponse { ttl_ms }))
 }
 
@@ -277,14 +280,18 @@ async fn heartbeats(
         .iter()
         .zip(outcomes)
         .map(|(&(item_id, _), outcome)| match outcome {
-            Ok(ttl_ms) => BatchHeartbeatResult {
-                item_id,
-                ok: true,
-                ttl_ms: Some(ttl_ms),
-                error: None,
-            },
+            Ok(ttl_ms) => {
+                st.metrics.heartbeat();
+                BatchHeartbeatResult {
+                    item_id,
+                    ok: true,
+                    ttl_ms: Some(ttl_ms),
+                    error: None,
+                }
+            }
             Err(e) => {
                 let e = ApiError::from(e);
+                st.metrics.answered(e.code);
                 BatchHeartbeatResult {
                     item_id,
                     ok: false,
@@ -319,6 +326,7 @@ async fn settle(
             req.error.as_deref(),
         )
         .await?;
+    st.metrics.settled(req.state);
     Ok(Json(item))
 }
 
@@ -336,7 +344,11 @@ async fn release(
         Some(caller) => caller.lease_owner()?,
         None => None,
     };
-    Ok(Json(st.store.release(id, &req.token, owner).await?))
+    let item = st.store.release(id, &req.token, owner).await?;
+    if item.state == ItemState::Failed {
+        st.metrics.retry_limit_failed("release", 1);
+    }
+    Ok(Json(item))
 }
 
 async fn resume(

@@ -4,6 +4,7 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use crate::metrics::Metrics;
 use crate::ratelimit::RateLimiter;
 use crate::store::Store;
 
@@ -20,4 +21,6 @@ pub struct AppState {
     pub auth_limiter: Arc<RateLimiter<IpAddr>>,
     /// `Retry-After` of an empty claim (ms).
     pub idle_retry_ms: u64,
+    /// This instance's metrics (its own registry).
+    pub metrics: Arc<Metrics>,
 }

@@ -7,6 +7,7 @@ mod common;
 mod input;
 mod instances;
 mod lease;
+mod metrics;
 mod migrate;
 mod roles;
 
@@ -55,6 +56,8 @@ conformance! {
     auth::a_flood_of_random_tokens_is_refused_while_every_heartbeat_is_answered,
     migrate::an_older_schema_upgrades_in_place_and_keeps_its_rows,
     migrate::running_migrations_twice_is_a_no_op,
+    migrate::concurrent_starts_apply_each_migration_exactly_once,
+    migrate::readiness_is_503_while_a_migration_is_not_recorded,
     instances::two_instances_with_eight_claimers_settle_every_item_exactly_once,
     roles::every_endpoint_allows_exactly_its_roles_and_a_refusal_changes_nothing,
     roles::a_worker_enrolled_for_one_queue_claims_there_and_nowhere_else,
@@ -63,4 +66,6 @@ conformance! {
     input::a_failure_report_containing_nul_is_kept_and_the_item_leaves_running,
     input::framework_answers_are_code_and_message_too,
     input::generated_requests_never_get_a_5xx_and_a_refusal_changes_nothing,
+    metrics::a_scrape_counts_exactly_what_a_scripted_workload_did,
+    metrics::metrics_listen_serves_metrics_without_a_token_only_there,
 }

@@ -55,9 +55,12 @@ enum Endpoint {
     Release,
     Pause,
     Resume,
+    Ready,
+    Stats,
+    Metrics,
 }
 
-const ENDPOINTS: [Endpoint; 14] = [
+const ENDPOINTS: [Endpoint; 17] = [
     Endpoint::Health,
     Endpoint::CreateEnrollment,
     Endpoint::Enroll,
@@ -72,6 +75,9 @@ const ENDPOINTS: [Endpoint; 14] = [
     Endpoint::Release,
     Endpoint::Pause,
     Endpoint::Resume,
+    Endpoint::Ready,
+    Endpoint::Stats,
+    Endpoint::Metrics,
 ];
 
 /// The rule under test (README "Roles and scopes"): `true` = allowed.
@@ -80,9 +86,9 @@ fn allowed(e: Endpoint, who: Who) -> bool {
     use Who as W;
     match e {
         // Public: the body is the credential.
-        E::Health | E::Enroll | E::Refresh => true,
-        E::CreateEnrollment | E::Pause | E::Resume => who == W::Admin,
-        E::Enqueue | E::List => matches!(who, W::Admin | W::Producer),
+        E::Health | E::Ready | E::Enroll | E::Refresh => true,
+        E::CreateEnrollment | E::Pause | E::Resume | E::Metrics => who == W::Admin,
+        E::Enqueue | E::List | E::Stats => matches!(who, W::Admin | W::Producer),
         E::Claim => matches!(who, W::Admin | W::Holder | W::OtherWorker),
         E::Item => matches!(who, W::Admin | W::Producer | W::Holder),
         E::Heartbeat | E::Heartbeats | E::Settle => matches!(who, W::Admin | W::Holder),
@@ -152,6 +158,9 @@ async fn request(store: &Store, p: &Principals, e: Endpoint) -> (Method, String,
     let lease = json!({"token": token});
     match e {
         Endpoint::Health => (Method::GET, "/v1/health".into(), None),
+        Endpoint::Ready => (Method::GET, "/v1/ready".into(), None),
+        Endpoint::Stats => (Method::GET, format!("/v1/queues/{Q}/stats"), None),
+        Endpoint::Metrics => (Method::GET, "/metrics".into(), None),
         Endpoint::CreateEnrollment => (
             Method::POST,
             "/v1/admin/enrollment-tokens".into(),
