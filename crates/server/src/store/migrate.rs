@@ -94,6 +94,24 @@ pub const MIGRATIONS: &[Migration] = &[
                 expires_at BIGINT NOT NULL
             )",
     },
+    Migration {
+        version: 3,
+        name: "roles_and_queue_scopes",
+        // Credentials issued before roles existed keep what they could do: a
+        // worker on every queue (`["*"]`). New tokens name their role and scope.
+        sql: "ALTER TABLE enrollment_tokens ADD COLUMN role TEXT NOT NULL DEFAULT 'worker';
+            ALTER TABLE enrollment_tokens ADD COLUMN queues TEXT NOT NULL DEFAULT '[\"*\"]';
+            ALTER TABLE workers ADD COLUMN role TEXT NOT NULL DEFAULT 'worker';
+            ALTER TABLE workers ADD COLUMN queues TEXT NOT NULL DEFAULT '[\"*\"]'",
+    },
+    Migration {
+        version: 4,
+        name: "retry_cap_counts_redeliveries",
+        // The cap used to count deliveries (5 = four re-deliveries); it now counts
+        // re-deliveries after the first. Existing items keep the deliveries they had.
+        sql: "ALTER TABLE items RENAME COLUMN max_attempts TO max_redeliveries;
+            UPDATE items SET max_redeliveries = max_redeliveries - 1",
+    },
 ];
 
 /// Advisory lock key for migrations on PostgreSQL ("agst").

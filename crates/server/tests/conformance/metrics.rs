@@ -119,10 +119,10 @@ impl Api {
         resp.json().await.unwrap()
     }
 
-    async fn enqueue(&self, max_attempts: Option<u32>) -> i64 {
+    async fn enqueue(&self, max_redeliveries: Option<u32>) -> i64 {
         let mut body = json!({"payload": {"job": true}});
-        if let Some(m) = max_attempts {
-            body["max_attempts"] = json!(m);
+        if let Some(m) = max_redeliveries {
+            body["max_redeliveries"] = json!(m);
         }
         self.ok("/v1/queues/mq/items", ADMIN, body).await["id"]
             .as_i64()
@@ -229,9 +229,9 @@ pub async fn a_scrape_counts_exactly_what_a_scripted_workload_did(db: TestDb) {
     let a = api.enqueue(None).await;
     let b = api.enqueue(None).await;
     let c = api.enqueue(None).await;
-    let d = api.enqueue(Some(1)).await;
+    let d = api.enqueue(Some(0)).await; // delivered once
     let e = api.enqueue(None).await;
-    let f = api.enqueue(Some(1)).await;
+    let f = api.enqueue(Some(0)).await; // delivered once
 
     // A: two heartbeats, settled done. B: settled failed.
     let ca = api.claim("mq", tok, &mut t).await.expect("A");
