@@ -48,7 +48,7 @@ async fn a_heartbeated_lease_lives_five_ttls_and_release_makes_it_claimable_at_o
     assert_eq!((again.item_id, again.epoch), (id, 2));
     assert!(a.held().is_empty());
     again
-        .settle(SettleState::Done, Some(json!({"ok": true})), None)
+        .settle(SettleState::Done, Some(js(json!({"ok": true}))), None)
         .await
         .expect("settle");
     let done = item(id).await;
@@ -81,7 +81,7 @@ async fn after_a_takeover_the_stale_settle_is_claim_lost_writes_nothing_and_abor
 
     // The stalled attempt comes back and settles with its old token.
     let e = stale
-        .settle(SettleState::Done, Some(json!({"from": "stale"})), None)
+        .settle(SettleState::Done, Some(js(json!({"from": "stale"}))), None)
         .await
         .unwrap_err();
     assert_eq!(loss(&e), Some("claim_lost"), "{e}");
@@ -109,7 +109,7 @@ async fn after_a_takeover_the_stale_settle_is_claim_lost_writes_nothing_and_abor
         .await
         .expect("the new attempt still heartbeats");
     fresh
-        .settle(SettleState::Done, Some(json!({"from": "fresh"})), None)
+        .settle(SettleState::Done, Some(js(json!({"from": "fresh"}))), None)
         .await
         .unwrap();
     assert_eq!(item(id).await.result, Some(json!({"from": "fresh"})));
@@ -180,7 +180,7 @@ async fn heartbeats_of_many_leases_share_one_request_and_settle_stores_the_resul
             SettleState::Failed
         };
         let v = l
-            .settle(state, Some(json!({ "i": i })), Some("why".into()))
+            .settle(state, Some(js(json!({ "i": i }))), Some("why".into()))
             .await
             .unwrap();
         assert_eq!(

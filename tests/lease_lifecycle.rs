@@ -109,7 +109,7 @@ async fn recover_with_resume_keeps_heartbeating_a_still_valid_lease() {
     assert_eq!(lease.status(), Status::Held, "heartbeated by the new page");
     assert_eq!(item(id).await.state, ItemState::Running);
     lease
-        .settle(SettleState::Done, Some(json!(1)), None)
+        .settle(SettleState::Done, Some(js(json!(1))), None)
         .await
         .unwrap();
     assert_eq!(item(id).await.state, ItemState::Done);

@@ -78,7 +78,7 @@ async fn a_timer_late_past_the_ttl_heartbeats_at_once_and_claim_lost_ends_the_wo
     // Never resumed on that token: no longer heartbeated, settle refused locally.
     assert!(slow.held().is_empty());
     let e = stale
-        .settle(SettleState::Done, Some(json!("stale")), None)
+        .settle(SettleState::Done, Some(js(json!("stale"))), None)
         .await
         .unwrap_err();
     assert_eq!(loss(&e), Some("claim_lost"));

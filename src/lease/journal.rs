@@ -25,7 +25,7 @@ pub const DEFAULT_NAME: &str = "agentstore-leases";
 const STORE: &str = "leases";
 
 /// One journalled lease.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Entry {
     /// The server's base URL.
@@ -77,7 +77,7 @@ impl Journal {
         let factory: IdbFactory = Reflect::get(&js_sys::global(), &"indexedDB".into())
             .ok()
             .and_then(|f| f.dyn_into().ok())
-            .ok_or("IndexedDB is not available in this context")?;
+            .ok_or_else(|| String::from("IndexedDB is not available in this context"))?;
         let req = factory.open_with_u32(name, 1).map_err(|e| describe(&e))?;
         let upgrade = Closure::<dyn FnMut(web_sys::Event)>::new(|ev: web_sys::Event| {
             let db = ev
@@ -121,10 +121,8 @@ impl Journal {
         let Some(db) = self.open().await? else {
             return Ok(());
         };
-        let value = serde_json::to_string(e)
-            .ok()
-            .and_then(|s| js_sys::JSON::parse(&s).ok())
-            .ok_or("journal entry is not serialisable")?;
+        // Stored as a structured-clone object, not JSON text.
+        let value = super::http::to_js(e);
         let tx = Self::tx(&db, IdbTransactionMode::Readwrite)?;
         let done = tx_promise(&tx);
         let store = tx.object_store(STORE).map_err(|e| describe(&e))?;
@@ -173,10 +171,7 @@ impl Journal {
             .map_err(|e| describe(&e))?;
         let mut out = Vec::new();
         for v in Array::from(&all).iter() {
-            let parsed = js_sys::JSON::stringify(&v)
-                .ok()
-                .and_then(|s| s.as_string())
-                .and_then(|s| serde_json::from_str::<Entry>(&s).ok());
+            let parsed = serde_wasm_bindgen::from_value::<Entry>(v).ok();
             // Entries of other servers, or unreadable ones, are left alone.
             if let Some(e) = parsed.filter(|e| e.base == base) {
                 out.push(e);

@@ -227,3 +227,8 @@ pub async fn within<T>(ms: f64, f: impl std::future::Future<Output = T>) -> Opti
 pub fn loss(e: &LeaseError) -> Option<&'static str> {
     e.loss_reason().map(|r| r.as_str())
 }
+
+/// A JSON value as a JS value (for `settle` results).
+pub fn js(v: Value) -> JsValue {
+    js_sys::JSON::parse(&v.to_string()).expect("JSON")
+}
