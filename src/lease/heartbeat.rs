@@ -17,7 +17,7 @@ use agentstore_protocol::lease::{
 };
 use agentstore_protocol::lease_client::{plan_pass, HeartbeatPlan};
 use agentstore_protocol::ErrorCode;
-use futures::future::select;
+use futures::future::{select, Either};
 use js_sys::{Function, Promise};
 use wasm_bindgen::JsValue;
 use wasm_bindgen_futures::JsFuture;
@@ -110,7 +110,11 @@ impl ClientInner {
         Some(pass.wake_in_ms.unwrap_or(0.0))
     }
 
-    /// One batched heartbeat request for `leases`, sent at `sent_at`.
+    /// One batched heartbeat request for `leases`, sent at `sent_at`. After
+    /// `timeout_ms` (the least time left to a deadline in it) it counts as a
+    /// failure, so a retry can go out in time; the request itself runs on to
+    /// the client's request timeout, and a late answer is still read (a
+    /// success renews a lease still held, and releases one already lost).
     async fn heartbeat_batch(
         self: &Rc<Self>,
         leases: &[Rc<LeaseInner>],
@@ -127,20 +131,35 @@ impl ClientInner {
                     })
                     .collect(),
             });
-            let outcome = self
-                .authed("POST", "/v1/heartbeats", Some(&body), timeout_ms, None)
-                .await
-                .and_then(|a| parse::<BatchHeartbeatResponse>(&a.body));
+            let request_timeout = self.config.request_timeout_ms;
+            let mut request =
+                Box::pin(self.authed("POST", "/v1/heartbeats", Some(&body), request_timeout, None));
+            let mut late = false;
+            let outcome = match select(request.as_mut(), Box::pin(sleep_ms(timeout_ms))).await {
+                Either::Left((r, _)) => r,
+                Either::Right(((), _)) => {
+                    let now = now_ms();
+                    for lease in chunk {
+                        lease.plan.borrow_mut().on_failure(now, random());
+                    }
+                    self.wake();
+                    late = true;
+                    request.await
+                }
+            };
+            let outcome = outcome.and_then(|a| parse::<BatchHeartbeatResponse>(&a.body));
             let now = now_ms();
             let Ok(resp) = outcome else {
-                for lease in chunk {
-                    lease.plan.borrow_mut().on_failure(now, random());
+                if !late {
+                    for lease in chunk {
+                        lease.plan.borrow_mut().on_failure(now, random());
+                    }
                 }
                 continue;
             };
             for lease in chunk {
                 match resp.results.iter().find(|r| r.item_id == lease.item_id) {
-                    Some(r) if r.ok => lease.on_heartbeat_ok(sent_at, now),
+                    Some(r) if r.ok => lease.on_heartbeat_ok(sent_at, now, late),
                     Some(r) => {
                         let code = r.error.as_ref().map_or(ErrorCode::ClaimLost, |e| e.code);
                         match code {
@@ -153,9 +172,11 @@ impl ClientInner {
                                     .map_or("claim lost", |e| e.message.as_str());
                                 lease.lose(LossReason::ClaimLost, message);
                             }
+                            _ if late => {}
                             _ => lease.plan.borrow_mut().on_failure(now, random()),
                         }
                     }
+                    None if late => {}
                     None => lease.plan.borrow_mut().on_failure(now, random()),
                 }
             }

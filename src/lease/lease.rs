@@ -234,11 +234,19 @@ impl LeaseInner {
         });
     }
 
-    /// A heartbeat sent at `sent_at` succeeded; its answer arrived at `now`.
-    pub(crate) fn on_heartbeat_ok(&self, sent_at: f64, now: f64) {
+    /// A heartbeat sent at `sent_at` succeeded; its answer arrived at `now`
+    /// (`late`: after its request had already been counted as failed).
+    pub(crate) fn on_heartbeat_ok(&self, sent_at: f64, now: f64, late: bool) {
+        let renewed = |p: &mut HeartbeatPlan| {
+            if late {
+                p.on_late_success(sent_at, now)
+            } else {
+                p.on_success(sent_at, now)
+            }
+        };
         match self.status.get() {
             // Answered past the deadline: never revived.
-            Status::Held | Status::Ending if !self.plan.borrow_mut().on_success(sent_at, now) => {
+            Status::Held | Status::Ending if !renewed(&mut self.plan.borrow_mut()) => {
                 self.expire_locally();
                 self.release_after_loss();
             }
@@ -303,7 +311,7 @@ impl LeaseInner {
         {
             Ok(a) => {
                 let r: HeartbeatResponse = parse(&a.body)?;
-                self.on_heartbeat_ok(sent_at, now_ms());
+                self.on_heartbeat_ok(sent_at, now_ms(), false);
                 match self.lost_error() {
                     Some(e) => Err(e),
                     None => Ok(r.ttl_ms),

@@ -159,6 +159,13 @@ impl HeartbeatPlan {
     /// instead); a success older than the last one never moves the deadline back.
     pub fn on_success(&mut self, sent_at: f64, now: f64) -> bool {
         self.in_flight = false;
+        self.on_late_success(sent_at, now)
+    }
+
+    /// The answer of a heartbeat already given up on (its timeout counted as a
+    /// failure and a retry may be in flight) arrived after all, a success: as
+    /// [`HeartbeatPlan::on_success`], leaving the retry's `in_flight` alone.
+    pub fn on_late_success(&mut self, sent_at: f64, now: f64) -> bool {
         if !self.is_live(now) {
             return false;
         }
@@ -194,7 +201,10 @@ pub struct Pass {
     pub expire: Vec<usize>,
     /// Indexes of the leases to renew in ONE request (none past its deadline).
     pub heartbeat: Vec<usize>,
-    /// Bound for that request (ms): the least time left to a deadline in it.
+    /// When to give up waiting for that request (ms): the least time left to
+    /// a deadline in it. It then counts as a failure (so a retry can go out
+    /// before the deadline), but its answer is still read if it comes: a late
+    /// success renews a lease still held and releases one already lost.
     pub timeout_ms: f64,
     /// How long the loop may wait before the next pass (ms): never past the
     /// earliest deadline of any lease still held, including leases with a
@@ -566,6 +576,8 @@ mod tests {
             arrives_at: f64,
             leases: Vec<usize>,
             answer: Answer,
+            /// Given up on at its timeout already (a failure was counted).
+            late: bool,
         }
 
         #[derive(Debug, Clone)]
@@ -719,16 +731,22 @@ mod tests {
                         if state[i] == State::Gone {
                             continue; // a late answer never revives a lost lease
                         }
-                        match r.answer {
-                            Answer::Ok => {
-                                if plans[i].on_success(r.sent_at, now) {
+                        match (r.answer, r.late) {
+                            (Answer::Ok, late) => {
+                                let held = if late {
+                                    plans[i].on_late_success(r.sent_at, now)
+                                } else {
+                                    plans[i].on_success(r.sent_at, now)
+                                };
+                                if held {
                                     truth[i] = truth[i].max(r.sent_at);
                                 } else {
                                     state[i] = State::Gone;
                                 }
                             }
-                            Answer::NoAnswer => plans[i].on_failure(now, 0.5),
-                            Answer::ClaimLost => state[i] = State::Gone,
+                            (Answer::NoAnswer, false) => plans[i].on_failure(now, 0.5),
+                            (Answer::NoAnswer, true) => {}
+                            (Answer::ClaimLost, _) => state[i] = State::Gone,
                         }
                     }
                     run_pass = true; // an answer wakes the loop
@@ -785,16 +803,23 @@ mod tests {
                     l_i += 1;
                     let answer = s.answers[a_i % s.answers.len()];
                     a_i += 1;
+                    // Past its timeout the request counts as failed; its answer
+                    // may still come later.
+                    if lat > pass.timeout_ms {
+                        requests.push(Request {
+                            sent_at: now,
+                            arrives_at: now + pass.timeout_ms,
+                            leases: batch.clone(),
+                            answer: Answer::NoAnswer,
+                            late: false,
+                        });
+                    }
                     requests.push(Request {
                         sent_at: now,
-                        // The request gives up at its timeout.
-                        arrives_at: now + lat.min(pass.timeout_ms),
+                        arrives_at: now + lat,
                         leases: batch,
-                        answer: if lat > pass.timeout_ms {
-                            Answer::NoAnswer
-                        } else {
-                            answer
-                        },
+                        answer,
+                        late: lat > pass.timeout_ms,
                     });
                 }
                 // The loop never waits past the earliest deadline it holds.
