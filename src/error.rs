@@ -66,8 +66,8 @@ pub enum StoreError {
     /// The transaction failed or aborted for another reason.
     #[error("IndexedDB transaction failed: {0}")]
     Transaction(String),
-    /// The open stayed blocked by another tab's connection.
-    #[error("opening {0:?} did not complete within {1} ms: another tab's connection blocks (or is queued ahead of) the upgrade")]
+    /// The open (or `destroy`) stayed blocked by another tab's connection.
+    #[error("{0:?}: the open or deletion did not complete within {1} ms: another tab's connection blocks (or is queued ahead of) it")]
     Blocked(String, u32),
     /// The store was closed (by `close()` or another tab's upgrade).
     #[error("the store is closed: {0}")]

@@ -178,7 +178,7 @@ impl Store {
             .tx(&super::WRITE_SCOPE, TransactionMode::ReadWrite)?;
         let (currents, state) = futures::join!(
             read_many(&tx, items.iter().map(|i| &i.id)),
-            index::read_state(&tx)
+            self.write_indexes(&tx)
         );
         let (currents, state) = (currents?, state?);
         let mut changes = Vec::new();
@@ -265,7 +265,7 @@ impl Store {
                 .db
                 .tx(&super::WRITE_SCOPE, TransactionMode::ReadWrite)?;
             let (cur, state) =
-                futures::join!(super::read_current(&tx, &id), index::read_state(&tx));
+                futures::join!(super::read_current(&tx, &id), self.write_indexes(&tx));
             let ((current, stored), state) = (cur?, state?);
             let out = f
                 .call1(&JsValue::NULL, stored.as_ref().unwrap_or(&JsValue::NULL))

@@ -197,7 +197,7 @@ pub(crate) async fn collect_cursor(cursor: Option<idb::Cursor>, max: u32) -> Res
 }
 
 /// The IndexedDB key range for a page; with a type, keys are `[type, id]`.
-fn key_range(r: &PageRange, record_type: Option<&str>) -> Result<Option<Query>> {
+pub(super) fn key_range(r: &PageRange, record_type: Option<&str>) -> Result<Option<Query>> {
     let key = |b: &Bound| -> JsValue {
         let id: JsValue = value::from_units(&b.key).into();
         match record_type {

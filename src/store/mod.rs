@@ -5,12 +5,14 @@
 //! and writes — awaiting only IndexedDB requests in between, so IndexedDB's
 //! transaction scheduling makes the compare-and-swap atomic across tabs.
 
+mod bulk;
 pub mod db;
 pub mod index;
 mod io;
 mod list;
 pub mod watch;
 
+pub use bulk::destroy;
 pub use index::{ByQuery, Verification};
 pub use list::{ListQuery, Page};
 pub use watch::Watcher;
@@ -65,6 +67,8 @@ pub struct Store {
     changes: watch::Notifier,
     /// Test hook: abort the next write transaction after its writes are issued.
     fault_abort_next: Cell<bool>,
+    /// The maintained index definitions, by state generation.
+    index_cache: index::IndexCache,
 }
 
 impl Store {
@@ -112,6 +116,7 @@ impl Store {
             indexes,
             changes: watch::Notifier::new(name),
             fault_abort_next: Cell::new(false),
+            index_cache: index::IndexCache::default(),
         })
     }
 
@@ -212,7 +217,7 @@ impl Store {
 
     pub(crate) async fn put_prepared(&self, p: Prepared) -> Result<Written> {
         let tx = self.db.tx(&WRITE_SCOPE, TransactionMode::ReadWrite)?;
-        let (cur, state) = futures::join!(read_current(&tx, &p.id), index::read_state(&tx));
+        let (cur, state) = futures::join!(read_current(&tx, &p.id), self.write_indexes(&tx));
         let ((current, stored), state) = (cur?, state?);
         self.cas_write(tx, &state, &current, stored, p).await
     }
@@ -222,7 +227,7 @@ impl Store {
     pub(crate) async fn cas_write(
         &self,
         tx: Tx,
-        state: &index::IndexState,
+        state: &index::Maintained,
         current: &Current,
         stored: Option<JsValue>,
         p: Prepared,
@@ -251,7 +256,7 @@ impl Store {
             .and_then(|s| Rev::parse(&s).map_err(|e| StoreError::validation(e.0)))?;
         let id_text = String::from(&id);
         let tx = self.db.tx(&WRITE_SCOPE, TransactionMode::ReadWrite)?;
-        let (cur, state) = futures::join!(read_current(&tx, &id), index::read_state(&tx));
+        let (cur, state) = futures::join!(read_current(&tx, &id), self.write_indexes(&tx));
         let ((current, stored), state) = (cur?, state?);
         let base = match decide_delete(&current, &expected) {
             Ok(base) => base,
@@ -267,10 +272,7 @@ impl Store {
                 })
             }
         };
-        let tomb_body = serde_json::json!({"_id": id_text, "_deleted": true});
-        let rev = Rev::next(Some(base), &tomb_body.to_string())
-            .map_err(|e| StoreError::validation(e.0))?
-            .to_string();
+        let rev = tombstone_rev(base, &id_text)?;
         let tomb = tombstone(&id, &rev);
         tx.store(TOMBSTONES)?.put(&tomb, None)?;
         tx.store(RECORDS)?.delete(JsValue::from(id.clone()))?;
@@ -329,7 +331,7 @@ impl Store {
         let tx = self.db.tx(&WRITE_SCOPE, TransactionMode::ReadWrite)?;
         let (currents, state) = futures::join!(
             read_many(&tx, prepared.iter().map(|p| &p.id)),
-            index::read_state(&tx)
+            self.write_indexes(&tx)
         );
         let (currents, state) = (currents?, state?);
         let mut revs = Vec::with_capacity(prepared.len());
@@ -430,11 +432,23 @@ pub(crate) fn write_record(tx: &Tx, p: &Prepared, rev: &str, current: &Current) 
     Ok(())
 }
 
+/// The revision of the tombstone that follows `base` for `id_text`.
+pub(crate) fn tombstone_rev(base: &Rev, id_text: &str) -> Result<String> {
+    let tomb_body = serde_json::json!({"_id": id_text, "_deleted": true});
+    Rev::next(Some(base), &tomb_body.to_string())
+        .map(|r| r.to_string())
+        .map_err(|e| StoreError::validation(e.0))
+}
+
+/// A tombstone `{_id, _rev, _deleted: true, deletedAt}`; `deletedAt` (ms
+/// since the epoch, when it was written here) is what `purgeTombstones`
+/// compares with `olderThanMs`.
 pub(crate) fn tombstone(id: &JsString, rev: &str) -> Object {
     let t = Object::new();
     set(&t, "_id", id);
     set(&t, "_rev", &rev.into());
     set(&t, "_deleted", &JsValue::TRUE);
+    set(&t, "deletedAt", &JsValue::from_f64(js_sys::Date::now()));
     t
 }
 
