@@ -145,8 +145,17 @@ impl Store {
                 let rev = crate::error::get_str(&value, "_rev")
                     .ok_or_else(|| bad("tombstone without _rev".into()))?;
                 let rev = Rev::parse(&rev).map_err(|e| bad(e.0))?;
+                let object = tombstone(&id, &rev.to_string());
+                // A snapshot keeps when the record was deleted (purgeTombstones' clock).
+                if let Some(at) = js_sys::Reflect::get(&value, &"deletedAt".into())
+                    .ok()
+                    .and_then(|v| v.as_f64())
+                    .filter(|at| at.is_finite())
+                {
+                    set(&object, "deletedAt", &at.into());
+                }
                 items.push(Imported {
-                    object: tombstone(&id, &rev.to_string()).into(),
+                    object: object.into(),
                     id,
                     rev,
                     deleted: true,
