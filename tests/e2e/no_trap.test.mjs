@@ -6,7 +6,8 @@
 //
 // A call passes when it returns/resolves, or throws/rejects a real `Error`
 // that is not a `WebAssembly.RuntimeError` and is either an agentstore error
-// (known `name`, string `code`) or a `TypeError` JavaScript itself raised.
+// (known `name`, string `code`), a `TypeError` JavaScript itself raised, or
+// the exception a throwing Proxy argument raised itself.
 // It may also stay pending (a long poll is not a trap); those are counted.
 // After each method's calls the same page must still open a store, write
 // and read, and a lease client must still claim and settle an item — a trap
@@ -170,10 +171,13 @@ async function exercise(page, { member, origin, admin }) {
       array: () => [1, 'x', null],
       function: () => () => 'f',
       Proxy: () => new Proxy({ k: 1 }, {}),
-      'throwing Proxy': () => new Proxy({}, { get() { throw new Error('proxy get'); }, has() { throw new Error('proxy has'); } }),
+      'throwing Proxy': () => new Proxy({}, { get() { throw OWN; }, has() { throw OWN; }, ownKeys() { throw OWN; } }),
       Blob: () => new Blob(['{"x":1}\n']),
       'string (where an object is expected)': () => 'not-an-object',
     };
+    // What the throwing Proxy throws: the argument's own exception, which may
+    // pass through unchanged (JavaScript itself raised it, not the module).
+    const OWN = new Error('thrown by the argument itself');
     const PENDING_MS = 3000;
     const cleanup = async (x) => {
       try { if (x && typeof x.stop === 'function') await x.stop(); } catch {}
@@ -181,6 +185,7 @@ async function exercise(page, { member, origin, admin }) {
     };
     const classify = (e) => {
       if (e instanceof WebAssembly.RuntimeError) return `WebAssembly.RuntimeError: ${e.message}`;
+      if (e === OWN) return null;
       if (!(e instanceof Error)) return `threw a non-Error: ${String(e)}`;
       if (e instanceof TypeError && !('code' in e)) return null; // JavaScript's own TypeError
       if (!NAMES.includes(e.name)) return `unexpected error name ${e.name}: ${e.message}`;
