@@ -7,6 +7,7 @@
 //! so waiting for the LAST request is waiting for all of them — one Promise
 //! instead of one future per id.
 
+use super::db::TransactionMode;
 use super::db::{request_promise, BY_TYPE, RECORDS, TOMBSTONES};
 use super::{check_id_value, read_many, tombstone, tombstone_rev, Store, WRITE_SCOPE};
 use crate::error::{BatchFailure, Result, StoreError};
@@ -14,7 +15,6 @@ use agentstore_protocol::keys::page_range;
 use agentstore_protocol::record::MAX_BATCH;
 use agentstore_protocol::rev::{decide_delete, CasError, Rev};
 use futures::future::{select, Either};
-use idb::TransactionMode;
 use js_sys::{Array, JsString, Reflect};
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
