@@ -1,5 +1,6 @@
 //! Bulk paths: PouchDB dump import, NDJSON snapshot export/import, `mutate`.
 
+use super::db::TransactionMode;
 use super::db::{RECORDS, TOMBSTONES};
 use super::index;
 use super::{read_many, tombstone, Prepared, Store, Written};
@@ -9,7 +10,6 @@ use agentstore_protocol::pouch::{
     legacy_index_report, resolve_dump, DumpSummary, LegacyIndexReport,
 };
 use agentstore_protocol::rev::{Current, Rev};
-use idb::TransactionMode;
 use js_sys::{Function, JsString, Object, Promise};
 use std::future::IntoFuture;
 use wasm_bindgen::{JsCast, JsValue};
@@ -153,6 +153,9 @@ impl Store {
                 });
             } else {
                 let p: Prepared = Store::prepare(&value).map_err(|e| bad(e.to_string()))?;
+                if p.updated_at.is_none() {
+                    set(&p.object, "updatedAt", &super::now_iso().into());
+                }
                 let rev = p
                     .expected
                     .clone()
@@ -173,9 +176,7 @@ impl Store {
         items: Vec<Imported>,
         on_progress: Option<&Function>,
     ) -> Result<ImportCounts> {
-        let tx = self
-            .db
-            .tx(&super::WRITE_SCOPE, TransactionMode::ReadWrite)?;
+        let tx = self.write_tx()?;
         let (currents, state) = futures::join!(
             read_many(&tx, items.iter().map(|i| &i.id)),
             index::read_state(&tx)
@@ -261,9 +262,7 @@ impl Store {
         let mut attempt = 0u32;
         loop {
             check_abort(signal)?;
-            let tx = self
-                .db
-                .tx(&super::WRITE_SCOPE, TransactionMode::ReadWrite)?;
+            let tx = self.write_tx()?;
             let (cur, state) =
                 futures::join!(super::read_current(&tx, &id), index::read_state(&tx));
             let ((current, stored), state) = (cur?, state?);
