@@ -211,7 +211,8 @@ impl Metrics {
             SettleState::Blocked,
             SettleState::Paused,
         ] {
-            m.settles.with_label_values(&[ItemState::from(state).as_str()]);
+            m.settles
+                .with_label_values(&[ItemState::from(state).as_str()]);
         }
         for by in ["reaper", "release"] {
             m.retry_limit.with_label_values(&[by]);
