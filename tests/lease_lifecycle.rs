@@ -38,7 +38,6 @@ async fn recover_releases_the_leases_a_gone_page_left_in_the_journal() {
     la.set_heartbeats_paused(true);
     lb.set_heartbeats_paused(true);
 
-    let t0 = now();
     let new = admin_client(journalled(&journal, true));
     let report = new.recover(false).await.expect("recover");
     let mut released = report.released.clone();
@@ -52,7 +51,7 @@ async fn recover_releases_the_leases_a_gone_page_left_in_the_journal() {
             (ItemState::Open, 1, Some("released"))
         );
     }
-    assert!(now() - t0 < TTL_MS, "released now, not after the TTL");
+    // Released now, not after the TTL: the reaper would have said "expired".
     let again = new.recover(false).await.unwrap();
     assert!(
         again.released.is_empty() && again.lost.is_empty(),
