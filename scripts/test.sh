@@ -100,7 +100,7 @@ if [ -z "${AGENTSTORE_TEST_RUN_DIR:-}" ]; then
   # The steps run in a child with its own process group (job control): this
   # shell waits for it interruptibly, so Ctrl-C or SIGTERM cleans up at once.
   set -m
-  bash "$0" "$@" &
+  bash scripts/test.sh "$@" &
   INNER=$!
   wait "$INNER"
   exit 0
