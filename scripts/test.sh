@@ -154,11 +154,15 @@ export AGENTSTORE_TEST_ADMIN_TOKEN="agentstore-lease-test-admin"
   >"$LEASE_DIR/server.log" 2>&1 &
 LEASE_PID=$!
 trap 'kill "$LEASE_PID" 2>/dev/null || true; rm -rf "$LEASE_DIR"' EXIT
-for _ in $(seq 1 100); do
-  curl -fsS "$AGENTSTORE_TEST_SERVER/v1/health" >/dev/null 2>&1 && break
-  kill -0 "$LEASE_PID" 2>/dev/null || { cat "$LEASE_DIR/server.log"; exit 1; }
+# Ready once THIS server says it listens (another run's server on the same
+# port would answer /v1/health too); bounded.
+for _ in $(seq 1 300); do
+  grep -q "listening" "$LEASE_DIR/server.log" && break
+  kill -0 "$LEASE_PID" 2>/dev/null ||
+    { cat "$LEASE_DIR/server.log"; echo "lease server exited (port $LEASE_PORT taken? set AGENTSTORE_TEST_PORT)"; exit 1; }
   sleep 0.2
 done
+grep -q "listening" "$LEASE_DIR/server.log" || { cat "$LEASE_DIR/server.log"; exit 1; }
 curl -fsS "$AGENTSTORE_TEST_SERVER/v1/health" >/dev/null
 echo "AGENTSTORE_TEST_SERVER=$AGENTSTORE_TEST_SERVER"
 
