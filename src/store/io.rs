@@ -1,27 +1,30 @@
 //! Bulk paths: PouchDB dump import, NDJSON snapshot export/import, `mutate`.
+//!
+//! Imports read their source twice, streaming, with the lines kept as JS
+//! strings: pass 1 parses and validates every line and chooses each id's
+//! winner (only revision metadata is kept, per id, in a JS `Map`); pass 2
+//! reads again and writes each id's winner once, in batches of `batch`
+//! records per transaction. A bad line therefore fails the import before
+//! anything is written, and no record other than an id's winner is ever
+//! written (the derived indexes and `watch` see only winners).
 
 use super::db::{RECORDS, TOMBSTONES};
 use super::index;
+use super::lines::{json_parse, JsBlob, Lines, Source};
 use super::{read_many, tombstone, Prepared, Store, Written};
-use crate::error::{set, Result, StoreError};
+use crate::error::{get_str, set, Result, StoreError};
 use agentstore_protocol::backoff::{full_jitter_ms, MUTATE_BASE_MS, MUTATE_CAP_MS};
 use agentstore_protocol::pouch::{
-    legacy_index_report, resolve_dump, DumpSummary, LegacyIndexReport,
+    add_row, classify_line, decode_leaves, encode_leaves, import_replaces, revisions_ancestors,
+    winning_leaf, DumpSummary, Leaf, LegacyIndexReport, LineKind, BOOKKEEPING_FIELDS,
 };
+use agentstore_protocol::record::{is_iso_millis_utc, ALLOWED_UNDERSCORE_FIELDS};
 use agentstore_protocol::rev::{Current, Rev};
-use idb::TransactionMode;
-use js_sys::{Function, JsString, Object, Promise};
+use idb::{KeyRange, Query, TransactionMode};
+use js_sys::{Array, Function, JsString, Map, Object, Promise, Reflect};
 use std::future::IntoFuture;
 use wasm_bindgen::{JsCast, JsValue};
 use web_sys::AbortSignal;
-
-/// One record or tombstone to import with the revision it already has.
-pub(crate) struct Imported {
-    id: JsString,
-    rev: Rev,
-    deleted: bool,
-    object: JsValue,
-}
 
 /// What an import wrote.
 #[derive(Debug, Default, Clone, Copy)]
@@ -32,165 +35,625 @@ pub struct ImportCounts {
     pub kept_newer: u32,
 }
 
-/// Progress callbacks fire every this many items (and at the end).
-const PROGRESS_EVERY: usize = 250;
+/// Records per import transaction (and per export chunk) unless told otherwise.
+pub const DEFAULT_BATCH: u32 = 1000;
+/// Largest accepted `batch`.
+pub const MAX_IMPORT_BATCH: u32 = 10_000;
+
+/// Options of an import.
+#[derive(Debug, Clone)]
+pub struct ImportOptions {
+    /// Called as `(written, total)` after each committed batch (`written`
+    /// counts ids done, `total` the ids the import resolves to).
+    pub on_progress: Option<Function>,
+    /// Stops the import between batches with AbortError.
+    pub signal: Option<AbortSignal>,
+    /// Records per transaction, 1..=[`MAX_IMPORT_BATCH`].
+    pub batch: u32,
+}
+
+impl Default for ImportOptions {
+    fn default() -> Self {
+        ImportOptions {
+            on_progress: None,
+            signal: None,
+            batch: DEFAULT_BATCH,
+        }
+    }
+}
+
+/// One winner waiting for its batch's transaction.
+struct Staged {
+    id: JsString,
+    rev: Rev,
+    deleted: bool,
+    object: JsValue,
+}
+
+/// The message every import source error carries.
+const SOURCE_TYPES: &str = "an import takes a string, Blob, Response or ReadableStream";
+
+/// "`what` line `n`: `why`" — a ValidationError naming the line.
+fn line_error(what: &str, n: usize, why: &str) -> StoreError {
+    StoreError::validation(format!("{what} line {n}: {why}"))
+}
+
+fn get(v: &JsValue, key: &str) -> JsValue {
+    Reflect::get(v, &JsValue::from_str(key)).unwrap_or(JsValue::UNDEFINED)
+}
+
+/// The next non-empty line (trimmed) with its number.
+async fn next_line(lines: &mut Lines) -> Result<Option<(usize, JsString)>> {
+    while let Some(line) = lines.next().await? {
+        let line = line.trim();
+        if line.length() > 0 {
+            return Ok(Some((lines.number, line)));
+        }
+    }
+    Ok(None)
+}
+
+/// One PouchDB row as read from a dump line.
+struct Row {
+    id: JsString,
+    rev: Rev,
+    rev_text: String,
+    deleted: bool,
+}
+
+/// Reads `doc`'s id, revision and deletion flag (`None` for `_local/` docs).
+fn pouch_row(doc: &JsValue, n: usize) -> Result<Option<Row>> {
+    const WHAT: &str = "PouchDB dump";
+    if !doc.is_object() || Array::is_array(doc) {
+        return Err(line_error(WHAT, n, "a doc must be an object"));
+    }
+    let id = super::check_id_value(&get(doc, "_id"))
+        .map_err(|_| line_error(WHAT, n, "a doc has no string _id"))?;
+    if id.starts_with("_local/", 0) {
+        return Ok(None);
+    }
+    let rev_text =
+        get_str(doc, "_rev").ok_or_else(|| line_error(WHAT, n, "a doc has no string _rev"))?;
+    let rev = Rev::parse(&rev_text).map_err(|e| line_error(WHAT, n, &e.0))?;
+    let deleted = get(doc, "_deleted").as_bool() == Some(true);
+    Ok(Some(Row {
+        id,
+        rev,
+        rev_text,
+        deleted,
+    }))
+}
+
+/// The ancestors a doc's `_revisions` names (empty when it has none).
+fn pouch_ancestors(doc: &JsValue, n: usize) -> Result<Vec<Rev>> {
+    let revs = get(doc, "_revisions");
+    if revs.is_undefined() || revs.is_null() {
+        return Ok(Vec::new());
+    }
+    let bad = || {
+        line_error(
+            "PouchDB dump",
+            n,
+            "_revisions must be {start, ids: [hash, …]}",
+        )
+    };
+    let start = get(&revs, "start")
+        .as_f64()
+        .filter(|s| s.fract() == 0.0 && *s >= 1.0 && *s <= 9_007_199_254_740_991.0)
+        .ok_or_else(bad)? as u64;
+    let ids = get(&revs, "ids").dyn_into::<Array>().map_err(|_| bad())?;
+    if ids.length() <= 1 {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<String> = ids
+        .iter()
+        .map(|h| h.as_string().ok_or_else(bad))
+        .collect::<Result<_>>()?;
+    revisions_ancestors(start, &ids).map_err(|e| line_error("PouchDB dump", n, &e.0))
+}
+
+/// The docs of a dump line (`None` for a header or `seq` line); records `seq`.
+fn dump_docs(
+    line: &JsString,
+    n: usize,
+    first: bool,
+    last_seq: &mut Option<u64>,
+) -> Result<Option<Array>> {
+    const WHAT: &str = "PouchDB dump";
+    let v = json_parse(line).map_err(|_| line_error(WHAT, n, "not JSON"))?;
+    if !v.is_object() || Array::is_array(&v) {
+        return Err(line_error(WHAT, n, "expected a JSON object"));
+    }
+    let docs = get(&v, "docs");
+    let seq = get(&v, "seq");
+    let kind = classify_line(first, !docs.is_undefined(), !seq.is_undefined())
+        .map_err(|why| line_error(WHAT, n, why))?;
+    if let Some(s) = seq.as_f64().filter(|s| s.fract() == 0.0 && *s >= 0.0) {
+        *last_seq = Some(s as u64);
+    }
+    if kind != LineKind::Docs {
+        return Ok(None);
+    }
+    docs.dyn_into::<Array>()
+        .map(Some)
+        .map_err(|_| line_error(WHAT, n, "\"docs\" must be an array"))
+}
+
+/// Checks a snapshot record's top level as `put` would (reserved `_`
+/// fields, `recordType` a string, `updatedAt` ISO-8601 with milliseconds);
+/// its values came from `JSON.parse`, so they are JSON already.
+fn check_snapshot_record(v: &JsValue) -> std::result::Result<(), &'static str> {
+    for key in Object::keys(v.unchecked_ref::<Object>()).iter() {
+        let key = key.as_string().unwrap_or_default();
+        if key.starts_with('_') && !ALLOWED_UNDERSCORE_FIELDS.contains(&key.as_str()) {
+            return Err("fields starting with '_' other than _id and _rev are reserved");
+        }
+    }
+    let t = get(v, "recordType");
+    if !t.is_undefined() && !t.is_string() {
+        return Err("recordType must be a string");
+    }
+    let u = get(v, "updatedAt");
+    if !u.is_undefined() && !u.as_string().is_some_and(|s| is_iso_millis_utc(&s)) {
+        return Err("updatedAt must be an ISO-8601 UTC string with milliseconds");
+    }
+    Ok(())
+}
+
+/// One snapshot line after the header: `(id, rev, deleted, value)`.
+fn snapshot_row(line: &JsString, n: usize) -> Result<(JsString, Rev, bool, JsValue)> {
+    const WHAT: &str = "snapshot";
+    let v = json_parse(line).map_err(|_| line_error(WHAT, n, "not JSON"))?;
+    if !v.is_object() || Array::is_array(&v) {
+        return Err(line_error(WHAT, n, "expected a JSON object"));
+    }
+    let id =
+        super::check_id_value(&get(&v, "_id")).map_err(|e| line_error(WHAT, n, &e.to_string()))?;
+    let rev = get_str(&v, "_rev").ok_or_else(|| line_error(WHAT, n, "a line without _rev"))?;
+    let rev = Rev::parse(&rev).map_err(|e| line_error(WHAT, n, &e.0))?;
+    let deleted = get(&v, "_deleted").as_bool() == Some(true);
+    if !deleted {
+        check_snapshot_record(&v).map_err(|why| line_error(WHAT, n, why))?;
+    }
+    Ok((id, rev, deleted, v))
+}
 
 impl Store {
-    /// Imports a pouchdb-replication-stream dump: each id's PouchDB winner,
-    /// tombstones kept, `_local/` documents skipped, in one transaction.
+    /// Imports a pouchdb-replication-stream dump with the defaults of
+    /// [`ImportOptions`] and `on_progress`; see [`Store::import_pouch_dump_with`].
     ///
     /// # Errors
-    /// ValidationError naming the first bad line (nothing written);
-    /// QuotaExceededError / TransactionError (nothing written).
+    /// As [`Store::import_pouch_dump_with`].
     pub async fn import_pouch_dump(
         &self,
-        text: &str,
+        source: impl Into<JsValue>,
         legacy_index_id: &str,
         on_progress: Option<&Function>,
     ) -> Result<(DumpSummary, ImportCounts, Option<LegacyIndexReport>)> {
-        let (summary, winners) =
-            resolve_dump(text).map_err(|e| StoreError::validation(e.to_string()))?;
-        // The derived indexes are maintained from the records as they are
-        // written; the legacy document is only compared, never trusted.
-        let legacy = legacy_index_report(&winners, legacy_index_id);
-        let mut items = Vec::with_capacity(winners.len());
-        for w in winners {
-            let id = JsString::from(w.id.as_str());
-            let rev = w.rev.to_string();
-            let object = if w.deleted {
-                tombstone(&id, &rev).into()
-            } else {
-                let json = serde_json::Value::Object(w.body).to_string();
-                js_sys::JSON::parse(&json).map_err(|_| {
-                    StoreError::validation(format!("document {:?} is not valid JSON", w.id))
-                })?
-            };
-            items.push(Imported {
-                id,
-                rev: w.rev,
-                deleted: w.deleted,
-                object,
-            });
+        let opts = ImportOptions {
+            on_progress: on_progress.cloned(),
+            ..ImportOptions::default()
+        };
+        self.import_pouch_dump_with(&source.into(), legacy_index_id, &opts)
+            .await
+    }
+
+    /// Imports a pouchdb-replication-stream dump (a string, `Blob`,
+    /// `Response` or `ReadableStream` of NDJSON): each id's PouchDB winner
+    /// (see [`agentstore_protocol::pouch`]: `_revisions` ancestry honoured,
+    /// live leaves beat deleted ones), tombstones kept, `_local/` documents
+    /// skipped, bodies stored as given (their `updatedAt` kept). A winner
+    /// replaces a stored record only when its revision is higher
+    /// (generation, then hash).
+    ///
+    /// Pass 1 validates every line and keeps per id only its leaf revisions
+    /// (in a JS `Map`); pass 2 writes the winners in transactions of
+    /// `opts.batch` records.
+    ///
+    /// # Errors
+    /// ValidationError naming the first bad line, or for a source of another
+    /// type (nothing written); AbortError from `opts.signal` and
+    /// QuotaExceededError / TransactionError from a batch: the batches
+    /// committed before stay (each holds final winners only), the failing
+    /// batch leaves nothing, and running the same import again completes it.
+    pub async fn import_pouch_dump_with(
+        &self,
+        source: &JsValue,
+        legacy_index_id: &str,
+        opts: &ImportOptions,
+    ) -> Result<(DumpSummary, ImportCounts, Option<LegacyIndexReport>)> {
+        let source = Source::from_js(source, SOURCE_TYPES).await?;
+        let mut summary = DumpSummary::default();
+        // id → encoded leaf set (pass 1), then → the winner's encoded leaf.
+        let leaves = Map::new();
+        // id → revisions named as ancestors by some row (only ids that have any).
+        let ancestors = Map::new();
+        // The legacy index document's live rows: (revision, `records`).
+        let mut legacy_rows: Vec<(String, JsValue)> = Vec::new();
+
+        let mut lines = source.lines();
+        let mut first = true;
+        while let Some((n, line)) = next_line(&mut lines).await? {
+            let docs = dump_docs(&line, n, first, &mut summary.last_seq)?;
+            first = false;
+            let Some(docs) = docs else { continue };
+            for doc in docs.iter() {
+                summary.documents_read += 1;
+                let Some(row) = pouch_row(&doc, n)? else {
+                    summary.local_skipped += 1;
+                    continue;
+                };
+                let anc = pouch_ancestors(&doc, n)?;
+                let key = JsValue::from(row.id.clone());
+                let known = ancestors.get(&key);
+                let is_ancestor = known
+                    .dyn_ref::<Array>()
+                    .is_some_and(|a| a.includes(&JsValue::from_str(&row.rev_text), 0));
+                if !anc.is_empty() {
+                    let list = known.dyn_into::<Array>().unwrap_or_else(|_| {
+                        let a = Array::new();
+                        ancestors.set(&key, &a);
+                        a
+                    });
+                    for r in &anc {
+                        list.push(&JsValue::from_str(&r.to_string()));
+                    }
+                }
+                let mut set_ = match leaves.get(&key).as_string() {
+                    Some(s) => decode_leaves(&s).map_err(|e| StoreError::Transaction(e.0))?,
+                    None => Vec::new(),
+                };
+                if row.id == legacy_index_id && !row.deleted {
+                    legacy_rows.push((row.rev_text.clone(), get(&doc, "records")));
+                }
+                let leaf = Leaf {
+                    rev: row.rev,
+                    deleted: row.deleted,
+                };
+                if add_row(&mut set_, leaf, &anc, is_ancestor) {
+                    leaves.set(&key, &JsValue::from_str(&encode_leaves(&set_)));
+                }
+            }
         }
-        let counts = self.write_imported(items, on_progress).await?;
+        drop(ancestors);
+
+        // Every id's winner, the counts, and the live ids for the legacy report.
+        let mut bad = None;
+        let mut live_others = 0u64;
+        leaves.for_each(&mut |value, key| {
+            let set_ = match decode_leaves(&value.as_string().unwrap_or_default()) {
+                Ok(s) => s,
+                Err(e) => {
+                    bad = Some(e);
+                    return;
+                }
+            };
+            summary.count_id(&set_);
+            if let Some(w) = winning_leaf(&set_) {
+                if !w.deleted && key.as_string().as_deref() != Some(legacy_index_id) {
+                    live_others += 1;
+                }
+                leaves.set(
+                    &key,
+                    &JsValue::from_str(&encode_leaves(std::slice::from_ref(w))),
+                );
+            }
+        });
+        if let Some(e) = bad {
+            return Err(StoreError::Transaction(e.0));
+        }
+        let legacy = self.legacy_report(&leaves, legacy_index_id, &legacy_rows, live_others);
+        drop(legacy_rows);
+
+        let total = leaves.size();
+        let mut counts = ImportCounts::default();
+        let mut staged = Vec::new();
+        let mut lines = source.lines();
+        let mut first = true;
+        let mut ignore_seq = None;
+        while let Some((n, line)) = next_line(&mut lines).await? {
+            let docs = dump_docs(&line, n, first, &mut ignore_seq)?;
+            first = false;
+            let Some(docs) = docs else { continue };
+            for doc in docs.iter() {
+                let Some(row) = pouch_row(&doc, n)? else {
+                    continue;
+                };
+                let key = JsValue::from(row.id.clone());
+                let Some(win) = leaves.get(&key).as_string() else {
+                    continue; // written already
+                };
+                if win.trim_start_matches('~') != row.rev_text {
+                    continue;
+                }
+                leaves.delete(&key);
+                let object = if row.deleted {
+                    tombstone(&row.id, &row.rev_text).into()
+                } else {
+                    for f in BOOKKEEPING_FIELDS {
+                        let _ = Reflect::delete_property(doc.unchecked_ref::<Object>(), &f.into());
+                    }
+                    doc
+                };
+                staged.push(Staged {
+                    id: row.id,
+                    rev: row.rev,
+                    deleted: row.deleted,
+                    object,
+                });
+                if staged.len() >= opts.batch as usize {
+                    self.write_staged(&mut staged, &mut counts, opts, total)
+                        .await?;
+                }
+            }
+        }
+        self.write_staged(&mut staged, &mut counts, opts, total)
+            .await?;
         Ok((summary, counts, legacy))
     }
 
-    /// Exports every record and tombstone as NDJSON: a header line
-    /// `{"agentstore":"snapshot","version":1,"records":N,"tombstones":M}`, then
-    /// one stored object per line in key order (records, then tombstones).
+    /// The legacy index document's drift, from its winning row's `records`
+    /// and the winners in `leaves` (`id → encoded winner`).
+    fn legacy_report(
+        &self,
+        leaves: &Map,
+        legacy_index_id: &str,
+        rows: &[(String, JsValue)],
+        live_others: u64,
+    ) -> Option<LegacyIndexReport> {
+        let win = leaves
+            .get(&JsValue::from_str(legacy_index_id))
+            .as_string()?;
+        if win.starts_with('~') {
+            return None;
+        }
+        let (_, records) = rows.iter().find(|(rev, _)| *rev == win)?;
+        if !records.is_object() || Array::is_array(records) {
+            return None;
+        }
+        let listed = Object::keys(records.unchecked_ref::<Object>());
+        let listed_live = listed
+            .iter()
+            .filter(|id| {
+                leaves
+                    .get(id)
+                    .as_string()
+                    .is_some_and(|w| !w.starts_with('~'))
+            })
+            .count() as u64;
+        Some(LegacyIndexReport::from_counts(
+            legacy_index_id.to_owned(),
+            u64::from(listed.length()),
+            listed_live,
+            live_others,
+        ))
+    }
+
+    /// Exports every record and tombstone as one NDJSON string; see
+    /// [`Store::export_snapshot_chunks`]. The text is copied into wasm memory:
+    /// for tests and small stores (the JS `exportSnapshot` never copies it).
     ///
     /// # Errors
-    /// TransactionError / ClosedError.
+    /// As [`Store::export_snapshot_chunks`].
     pub async fn export_snapshot(&self) -> Result<String> {
+        let parts = self.export_snapshot_chunks(None, DEFAULT_BATCH).await?;
+        Ok(String::from(parts.join("")))
+    }
+
+    /// Exports every record and tombstone as NDJSON: a header line
+    /// `{"agentstore":"snapshot","records":N,"tombstones":M,"version":1}`, then
+    /// one stored object per line in key order (records, then tombstones),
+    /// read in one read-only transaction (a consistent snapshot) `batch`
+    /// objects at a time. Each chunk (whole lines, each ending in `\n`) goes
+    /// to `on_chunk` when given (called synchronously; the returned array is
+    /// then empty), else into the returned array of JS strings.
+    ///
+    /// # Errors
+    /// TransactionError / ClosedError; whatever `on_chunk` throws.
+    pub async fn export_snapshot_chunks(
+        &self,
+        on_chunk: Option<&Function>,
+        batch: u32,
+    ) -> Result<Array> {
         let tx = self
             .db
             .tx(&[RECORDS, TOMBSTONES], TransactionMode::ReadOnly)?;
-        let records = tx.store(RECORDS)?.get_all(None, None)?.into_future();
-        let tombs = tx.store(TOMBSTONES)?.get_all(None, None)?.into_future();
-        let (records, tombs) = futures::join!(records, tombs);
-        let (records, tombs) = (records?, tombs?);
-        tx.end_read();
-        let header = serde_json::json!({"agentstore": "snapshot", "version": 1, "records": records.len(), "tombstones": tombs.len()});
-        let mut out = header.to_string();
-        for v in records.iter().chain(&tombs) {
-            let line = js_sys::JSON::stringify(v)
-                .map_err(|_| StoreError::Transaction("a stored record is not JSON".into()))?;
-            out.push('\n');
-            out.push_str(&String::from(line));
+        let (records, tombs) = (tx.store(RECORDS)?, tx.store(TOMBSTONES)?);
+        let (n_records, n_tombs) = futures::join!(
+            records.count(None)?.into_future(),
+            tombs.count(None)?.into_future()
+        );
+        let header = Object::new();
+        set(&header, "agentstore", &"snapshot".into());
+        set(&header, "records", &JsValue::from(n_records?));
+        set(&header, "tombstones", &JsValue::from(n_tombs?));
+        set(&header, "version", &JsValue::from(1));
+        let parts = Array::new();
+        let emit = |chunk: JsString| -> Result<()> {
+            match on_chunk {
+                Some(f) => f
+                    .call1(&JsValue::NULL, &chunk)
+                    .map(|_| ())
+                    .map_err(StoreError::Thrown),
+                None => {
+                    parts.push(&chunk);
+                    Ok(())
+                }
+            }
+        };
+        let nl = JsString::from("\n");
+        let header = js_sys::JSON::stringify(&header)
+            .map_err(|_| StoreError::Transaction("the snapshot header is not JSON".into()))?;
+        emit(header.concat(&nl))?;
+        for store in [records, tombs] {
+            let mut after: Option<JsValue> = None;
+            loop {
+                let query = match &after {
+                    Some(k) => Some(Query::KeyRange(KeyRange::lower_bound(k, Some(true))?)),
+                    None => None,
+                };
+                let rows = store.get_all(query, Some(batch))?.await?;
+                let Some(last) = rows.last() else { break };
+                after = Some(get(last, "_id"));
+                let lines = Array::new();
+                for v in &rows {
+                    let line = js_sys::JSON::stringify(v).map_err(|_| {
+                        StoreError::Transaction("a stored record is not JSON".into())
+                    })?;
+                    lines.push(&line);
+                }
+                lines.push(&JsString::from(""));
+                emit(lines.join("\n"))?;
+                if rows.len() < batch as usize {
+                    break;
+                }
+            }
         }
-        out.push('\n');
-        Ok(out)
+        tx.end_read();
+        Ok(parts)
     }
 
-    /// Imports a snapshot made by [`Store::export_snapshot`]; each record keeps
-    /// its revision and replaces only an older local revision.
+    /// The chunks of [`Store::export_snapshot_chunks`] as one `Blob`
+    /// (`type: application/x-ndjson` is not set; the bytes are UTF-8).
     ///
     /// # Errors
-    /// ValidationError naming the first bad line (nothing written).
-    pub async fn import_snapshot(
-        &self,
-        text: &str,
-        on_progress: Option<&Function>,
-    ) -> Result<ImportCounts> {
-        let mut items = Vec::new();
-        for (i, line) in text.lines().enumerate() {
-            let bad =
-                |why: String| StoreError::validation(format!("snapshot line {}: {why}", i + 1));
-            let line = line.trim();
-            if line.is_empty() {
-                continue;
-            }
-            let value = js_sys::JSON::parse(line).map_err(|_| bad("not JSON".into()))?;
-            if i == 0 {
-                if js_sys::Reflect::get(&value, &"agentstore".into())
-                    .ok()
-                    .and_then(|v| v.as_string())
-                    .as_deref()
-                    != Some("snapshot")
-                {
-                    return Err(bad("missing the agentstore snapshot header".into()));
-                }
-                continue;
-            }
-            let deleted = js_sys::Reflect::get(&value, &"_deleted".into())
-                .ok()
-                .and_then(|v| v.as_bool())
-                == Some(true);
-            if deleted {
-                let id = super::check_id_value(
-                    &js_sys::Reflect::get(&value, &"_id".into()).unwrap_or_default(),
-                )
-                .map_err(|e| bad(e.to_string()))?;
-                let rev = crate::error::get_str(&value, "_rev")
-                    .ok_or_else(|| bad("tombstone without _rev".into()))?;
-                let rev = Rev::parse(&rev).map_err(|e| bad(e.0))?;
-                items.push(Imported {
-                    object: tombstone(&id, &rev.to_string()).into(),
-                    id,
-                    rev,
-                    deleted: true,
-                });
-            } else {
-                let p: Prepared = Store::prepare(&value).map_err(|e| bad(e.to_string()))?;
-                let rev = p
-                    .expected
-                    .clone()
-                    .ok_or_else(|| bad("record without _rev".into()))?;
-                items.push(Imported {
-                    id: p.id,
-                    rev,
-                    deleted: false,
-                    object: p.object.into(),
-                });
-            }
-        }
-        self.write_imported(items, on_progress).await
+    /// As [`Store::export_snapshot_chunks`].
+    pub async fn export_snapshot_blob(&self, batch: u32) -> Result<JsValue> {
+        let parts = self.export_snapshot_chunks(None, batch).await?;
+        JsBlob::new(&parts)
+            .map(Into::into)
+            .map_err(|e| StoreError::from_dom(&e))
     }
 
-    async fn write_imported(
+    /// Imports a snapshot made by [`Store::export_snapshot`] with the
+    /// defaults of [`ImportOptions`]; see [`Store::import_snapshot_with`].
+    ///
+    /// # Errors
+    /// As [`Store::import_snapshot_with`].
+    pub async fn import_snapshot(
         &self,
-        items: Vec<Imported>,
+        source: impl Into<JsValue>,
         on_progress: Option<&Function>,
     ) -> Result<ImportCounts> {
+        let opts = ImportOptions {
+            on_progress: on_progress.cloned(),
+            ..ImportOptions::default()
+        };
+        self.import_snapshot_with(&source.into(), &opts).await
+    }
+
+    /// Imports a snapshot (a string, `Blob`, `Response` or `ReadableStream`
+    /// of [`Store::export_snapshot`]'s NDJSON). Each record keeps its
+    /// revision and its `updatedAt`. When one id appears on several lines
+    /// (an older export appended to a newer one), the highest revision wins
+    /// (generation, then hash; a tombstone is a revision like any other) and
+    /// only it is written; it replaces a stored record only when higher.
+    ///
+    /// # Errors
+    /// ValidationError naming the first bad line (nothing written);
+    /// otherwise as [`Store::import_pouch_dump_with`].
+    pub async fn import_snapshot_with(
+        &self,
+        source: &JsValue,
+        opts: &ImportOptions,
+    ) -> Result<ImportCounts> {
+        let source = Source::from_js(source, SOURCE_TYPES).await?;
+        // id → the highest revision seen (pass 1); deleted once written (pass 2).
+        let winners = Map::new();
+        let mut lines = source.lines();
+        let mut header = false;
+        while let Some((n, line)) = next_line(&mut lines).await? {
+            if !header {
+                let v = json_parse(&line).map_err(|_| line_error("snapshot", n, "not JSON"))?;
+                if get(&v, "agentstore").as_string().as_deref() != Some("snapshot") {
+                    return Err(line_error(
+                        "snapshot",
+                        n,
+                        "missing the agentstore snapshot header",
+                    ));
+                }
+                header = true;
+                continue;
+            }
+            let (id, rev, _, _) = snapshot_row(&line, n)?;
+            let key = JsValue::from(id);
+            let held = match winners.get(&key).as_string() {
+                Some(s) => Some(Rev::parse(&s).map_err(|e| StoreError::Transaction(e.0))?),
+                None => None,
+            };
+            if import_replaces(held.as_ref(), &rev) {
+                winners.set(&key, &JsValue::from_str(&rev.to_string()));
+            }
+        }
+        let total = winners.size();
+        let mut counts = ImportCounts::default();
+        let mut staged = Vec::new();
+        let mut lines = source.lines();
+        let mut header = false;
+        while let Some((n, line)) = next_line(&mut lines).await? {
+            if !header {
+                header = true;
+                continue;
+            }
+            let (id, rev, deleted, v) = snapshot_row(&line, n)?;
+            let key = JsValue::from(id.clone());
+            let rev_text = rev.to_string();
+            if winners.get(&key).as_string().as_deref() != Some(rev_text.as_str()) {
+                continue;
+            }
+            winners.delete(&key);
+            let object = if deleted {
+                tombstone(&id, &rev_text).into()
+            } else {
+                v
+            };
+            staged.push(Staged {
+                id,
+                rev,
+                deleted,
+                object,
+            });
+            if staged.len() >= opts.batch as usize {
+                self.write_staged(&mut staged, &mut counts, opts, total)
+                    .await?;
+            }
+        }
+        self.write_staged(&mut staged, &mut counts, opts, total)
+            .await?;
+        Ok(counts)
+    }
+
+    /// Writes one batch of winners in one transaction (each only over a
+    /// lower stored revision), then reports progress. Empties `staged`.
+    async fn write_staged(
+        &self,
+        staged: &mut Vec<Staged>,
+        counts: &mut ImportCounts,
+        opts: &ImportOptions,
+        total: u32,
+    ) -> Result<()> {
+        if staged.is_empty() {
+            return Ok(());
+        }
+        check_abort(opts.signal.as_ref())?;
         let tx = self
             .db
             .tx(&super::WRITE_SCOPE, TransactionMode::ReadWrite)?;
-        let (currents, state) = futures::join!(
-            read_many(&tx, items.iter().map(|i| &i.id)),
-            index::read_state(&tx)
-        );
-        let (currents, state) = (currents?, state?);
+        let mut batch = ImportCounts::default();
         let mut changes = Vec::new();
-        let records = tx.store(RECORDS)?;
-        let tombs = tx.store(TOMBSTONES)?;
-        let mut counts = ImportCounts::default();
-        let total = items.len();
-        let mut last = None;
-        for (n, (item, (current, stored))) in items.iter().zip(&currents).enumerate() {
-            if current.rev().is_some_and(|r| *r >= item.rev) {
-                counts.kept_newer += 1;
-            } else {
+        let issued = async {
+            let (currents, state) = futures::join!(
+                read_many(&tx, staged.iter().map(|i| &i.id)),
+                index::read_state(&tx)
+            );
+            let (currents, state) = (currents?, state?);
+            let records = tx.store(RECORDS)?;
+            let tombs = tx.store(TOMBSTONES)?;
+            for (item, (current, stored)) in staged.iter().zip(&currents) {
+                if !import_replaces(current.rev(), &item.rev) {
+                    batch.kept_newer += 1;
+                    continue;
+                }
                 let key = JsValue::from(item.id.clone());
                 if item.deleted {
                     tombs.put(&item.object, None)?;
@@ -198,7 +661,7 @@ impl Store {
                         records.delete(key)?;
                     }
                 } else {
-                    last = Some(records.put(&item.object, None)?);
+                    records.put(&item.object, None)?;
                     if matches!(current, Current::Deleted(_)) {
                         tombs.delete(key)?;
                     }
@@ -214,25 +677,27 @@ impl Store {
                     item.rev.to_string(),
                     item.deleted,
                 ));
-                counts.written += 1;
+                batch.written += 1;
             }
-            if let Some(cb) = on_progress {
-                if (n + 1) % PROGRESS_EVERY == 0 || n + 1 == total {
-                    // A synchronous callback keeps the transaction active.
-                    let _ = cb.call2(
-                        &JsValue::NULL,
-                        &JsValue::from(n as u32 + 1),
-                        &JsValue::from(total as u32),
-                    );
-                }
-            }
+            Ok(())
         }
-        if let Some(req) = last {
-            req.await?;
+        .await;
+        if let Err(e) = issued {
+            // Requests already issued must not commit.
+            tx.abort();
+            return Err(e);
         }
         self.finish(tx).await?;
         self.changes.post(&changes);
-        Ok(counts)
+        counts.written += batch.written;
+        counts.kept_newer += batch.kept_newer;
+        let done = counts.written + counts.kept_newer;
+        staged.clear();
+        if let Some(cb) = &opts.on_progress {
+            cb.call2(&JsValue::NULL, &done.into(), &total.into())
+                .map_err(StoreError::Thrown)?;
+        }
+        Ok(())
     }
 
     /// Read-modify-write of one record with `f(current | null)`; `f`

@@ -8,10 +8,12 @@
 pub mod db;
 pub mod index;
 mod io;
+mod lines;
 mod list;
 pub mod watch;
 
 pub use index::{ByQuery, Verification};
+pub use io::{ImportCounts, ImportOptions, DEFAULT_BATCH, MAX_IMPORT_BATCH};
 pub use list::{ListQuery, Page};
 pub use watch::Watcher;
 
