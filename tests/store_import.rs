@@ -533,3 +533,56 @@ async fn progress_abort_and_a_failed_batch_leave_only_whole_committed_batches() 
     assert_eq!(e.code(), ErrorCode::Aborted);
     assert!(store.get(&s("p0")).await.unwrap().is_none());
 }
+
+/// An import into an empty store skips per-id reads only while the store
+/// holds nothing but what the import wrote: a record written between two
+/// batches (here by another connection, in the progress callback, before
+/// the next batch's transaction exists) is seen and its newer revision kept.
+#[wasm_bindgen_test]
+async fn a_write_from_elsewhere_during_an_import_into_an_empty_store_is_not_overwritten() {
+    let lines: Vec<String> = (0..6)
+        .map(|i| rec(&format!("p{i}"), "1-aa", "2026-01-01T00:00:00.000Z"))
+        .collect();
+    let text = std::iter::once(HEADER.to_owned())
+        .chain(lines)
+        .collect::<Vec<_>>()
+        .join("\n");
+    let (store, name) = open("foreign").await;
+    let open_raw = Function::new_with_args(
+        "name",
+        "return new Promise((ok, err) => { const r = indexedDB.open(name); r.onsuccess = () => ok(r.result); r.onerror = () => err(r.error); })",
+    );
+    let db = JsFuture::from(
+        open_raw
+            .call1(&JsValue::NULL, &name.as_str().into())
+            .unwrap()
+            .unchecked_into::<Promise>(),
+    )
+    .await
+    .unwrap();
+    let on_progress = Function::new_with_args(
+        "db",
+        "let once = false; return (done) => { if (once) return; once = true; \
+         db.transaction(['records'], 'readwrite').objectStore('records').put({_id: 'p4', _rev: '9-ff', recordType: 'run', updatedAt: '2026-05-05T00:00:00.000Z'}); }",
+    )
+    .call1(&JsValue::NULL, &db)
+    .unwrap();
+    let opts = ImportOptions {
+        on_progress: Some(on_progress.unchecked_into()),
+        batch: 2,
+        ..ImportOptions::default()
+    };
+    let c = store
+        .import_snapshot_with(&text.as_str().into(), &opts)
+        .await
+        .unwrap();
+    assert_eq!((c.written, c.kept_newer), (5, 1));
+    let p4 = store.get(&s("p4")).await.unwrap().unwrap();
+    assert_eq!(field_str(&p4, "_rev").as_deref(), Some("9-ff"));
+    for i in [0, 1, 2, 3, 5] {
+        let r = store.get(&s(&format!("p{i}"))).await.unwrap().unwrap();
+        assert_eq!(field_str(&r, "_rev").as_deref(), Some("1-aa"));
+    }
+    let close: Function = field(&db, "close").unchecked_into();
+    close.call0(&db).unwrap();
+}

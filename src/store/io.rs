@@ -12,7 +12,7 @@ use super::db::{RECORDS, TOMBSTONES};
 use super::index;
 use super::lines::{json_parse, JsBlob, Lines, Source};
 use super::{read_many, tombstone, Prepared, Store, Written};
-use crate::error::{get_str, set, Result, StoreError};
+use crate::error::{set, Result, StoreError};
 use agentstore_protocol::backoff::{full_jitter_ms, MUTATE_BASE_MS, MUTATE_CAP_MS};
 use agentstore_protocol::pouch::{
     add_row, classify_line, decode_leaves, encode_leaves, import_replaces, revisions_ancestors,
@@ -70,6 +70,52 @@ struct Staged {
     object: JsValue,
 }
 
+/// The legacy index document's drift, from its winning row's `records` and
+/// the winners (`leaves`: id → winning revision; `dead`: ids whose winner is
+/// deleted).
+fn legacy_report(
+    leaves: &Map,
+    dead: &js_sys::Set,
+    legacy_index_id: &str,
+    rows: &[(String, JsValue)],
+    live_others: u64,
+) -> Option<LegacyIndexReport> {
+    let key = JsValue::from_str(legacy_index_id);
+    let win = leaves.get(&key).as_string()?;
+    if dead.has(&key) {
+        return None;
+    }
+    let (_, records) = rows.iter().find(|(rev, _)| *rev == win)?;
+    if !records.is_object() || Array::is_array(records) {
+        return None;
+    }
+    let listed = Object::keys(records.unchecked_ref::<Object>());
+    let listed_live = listed
+        .iter()
+        .filter(|id| !leaves.get(id).is_undefined() && !dead.has(id))
+        .count() as u64;
+    Some(LegacyIndexReport::from_counts(
+        legacy_index_id.to_owned(),
+        u64::from(listed.length()),
+        listed_live,
+        live_others,
+    ))
+}
+
+/// How a batch learns what the store holds for its ids.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum WriteMode {
+    /// Not decided yet (before the first batch).
+    Unknown,
+    /// The store was empty when the import began and, as of the last batch,
+    /// held exactly the live records and tombstones this import wrote: every
+    /// id of a new batch is missing (an import writes each id once), so no
+    /// per-id read is needed and `add()` refuses any id written meanwhile.
+    Fresh { live: u32, dead: u32 },
+    /// Read each id's live record and tombstone first.
+    Read,
+}
+
 /// The message every import source error carries.
 const SOURCE_TYPES: &str = "an import takes a string, Blob, Response or ReadableStream";
 
@@ -78,8 +124,25 @@ fn line_error(what: &str, n: usize, why: &str) -> StoreError {
     StoreError::validation(format!("{what} line {n}: {why}"))
 }
 
-fn get(v: &JsValue, key: &str) -> JsValue {
-    Reflect::get(v, &JsValue::from_str(key)).unwrap_or(JsValue::UNDEFINED)
+thread_local! {
+    /// Property names as JS strings, made once: imports read a handful of
+    /// fields of every document, and a fresh JS string per read (decoded from
+    /// wasm memory) costs more than the read.
+    static KEYS: std::cell::RefCell<Vec<(&'static str, JsValue)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `v[key]`, or `undefined`.
+fn get(v: &JsValue, key: &'static str) -> JsValue {
+    let k = KEYS.with(|keys| {
+        let mut keys = keys.borrow_mut();
+        if let Some((_, k)) = keys.iter().find(|(name, _)| *name == key) {
+            return k.clone();
+        }
+        let k = JsValue::from_str(key);
+        keys.push((key, k.clone()));
+        k
+    });
+    Reflect::get(v, &k).unwrap_or(JsValue::UNDEFINED)
 }
 
 /// The next non-empty line (trimmed) with its number.
@@ -112,8 +175,9 @@ fn pouch_row(doc: &JsValue, n: usize) -> Result<Option<Row>> {
     if id.starts_with("_local/", 0) {
         return Ok(None);
     }
-    let rev_text =
-        get_str(doc, "_rev").ok_or_else(|| line_error(WHAT, n, "a doc has no string _rev"))?;
+    let rev_text = get(doc, "_rev")
+        .as_string()
+        .ok_or_else(|| line_error(WHAT, n, "a doc has no string _rev"))?;
     let rev = Rev::parse(&rev_text).map_err(|e| line_error(WHAT, n, &e.0))?;
     let deleted = get(doc, "_deleted").as_bool() == Some(true);
     Ok(Some(Row {
@@ -209,7 +273,9 @@ fn snapshot_row(line: &JsString, n: usize) -> Result<(JsString, Rev, bool, JsVal
     }
     let id =
         super::check_id_value(&get(&v, "_id")).map_err(|e| line_error(WHAT, n, &e.to_string()))?;
-    let rev = get_str(&v, "_rev").ok_or_else(|| line_error(WHAT, n, "a line without _rev"))?;
+    let rev = get(&v, "_rev")
+        .as_string()
+        .ok_or_else(|| line_error(WHAT, n, "a line without _rev"))?;
     let rev = Rev::parse(&rev).map_err(|e| line_error(WHAT, n, &e.0))?;
     let deleted = get(&v, "_deleted").as_bool() == Some(true);
     if !deleted {
@@ -271,6 +337,7 @@ impl Store {
         // The legacy index document's live rows: (revision, `records`).
         let mut legacy_rows: Vec<(String, JsValue)> = Vec::new();
 
+        let legacy_key = JsValue::from_str(legacy_index_id);
         let mut lines = source.lines();
         let mut first = true;
         while let Some((n, line)) = next_line(&mut lines).await? {
@@ -303,7 +370,7 @@ impl Store {
                     Some(s) => decode_leaves(&s).map_err(|e| StoreError::Transaction(e.0))?,
                     None => Vec::new(),
                 };
-                if row.id == legacy_index_id && !row.deleted {
+                if !row.deleted && JsValue::from(row.id.clone()) == legacy_key {
                     legacy_rows.push((row.rev_text.clone(), get(&doc, "records")));
                 }
                 let leaf = Leaf {
@@ -317,7 +384,9 @@ impl Store {
         }
         drop(ancestors);
 
-        // Every id's winner, the counts, and the live ids for the legacy report.
+        // Every id's winner (its revision string; deleted winners also in
+        // `dead`), the counts, and the live ids for the legacy report.
+        let dead = js_sys::Set::new(&JsValue::UNDEFINED);
         let mut bad = None;
         let mut live_others = 0u64;
         leaves.for_each(&mut |value, key| {
@@ -330,23 +399,23 @@ impl Store {
             };
             summary.count_id(&set_);
             if let Some(w) = winning_leaf(&set_) {
-                if !w.deleted && key.as_string().as_deref() != Some(legacy_index_id) {
+                if w.deleted {
+                    dead.add(&key);
+                } else if key != legacy_key {
                     live_others += 1;
                 }
-                leaves.set(
-                    &key,
-                    &JsValue::from_str(&encode_leaves(std::slice::from_ref(w))),
-                );
+                leaves.set(&key, &JsValue::from_str(&w.rev.to_string()));
             }
         });
         if let Some(e) = bad {
             return Err(StoreError::Transaction(e.0));
         }
-        let legacy = self.legacy_report(&leaves, legacy_index_id, &legacy_rows, live_others);
+        let legacy = legacy_report(&leaves, &dead, legacy_index_id, &legacy_rows, live_others);
         drop(legacy_rows);
 
         let total = leaves.size();
         let mut counts = ImportCounts::default();
+        let mut mode = WriteMode::Unknown;
         let mut staged = Vec::new();
         let mut lines = source.lines();
         let mut first = true;
@@ -356,19 +425,20 @@ impl Store {
             first = false;
             let Some(docs) = docs else { continue };
             for doc in docs.iter() {
-                let Some(row) = pouch_row(&doc, n)? else {
-                    continue;
-                };
-                let key = JsValue::from(row.id.clone());
-                let Some(win) = leaves.get(&key).as_string() else {
-                    continue; // written already
-                };
-                if win.trim_start_matches('~') != row.rev_text {
+                // Only an id's winning row goes on (compared as JS strings:
+                // no copy into wasm for the others); `_local/` ids have none.
+                let id = get(&doc, "_id");
+                let win = leaves.get(&id);
+                if win.is_undefined() || get(&doc, "_rev") != win {
                     continue;
                 }
-                leaves.delete(&key);
-                let object = if row.deleted {
-                    tombstone(&row.id, &row.rev_text).into()
+                leaves.delete(&id);
+                let deleted = dead.has(&id);
+                let rev_text = win.as_string().unwrap_or_default();
+                let rev = Rev::parse(&rev_text).map_err(|e| StoreError::Transaction(e.0))?;
+                let id: JsString = id.unchecked_into();
+                let object = if deleted {
+                    tombstone(&id, &rev_text).into()
                 } else {
                     for f in BOOKKEEPING_FIELDS {
                         let _ = Reflect::delete_property(doc.unchecked_ref::<Object>(), &f.into());
@@ -376,57 +446,20 @@ impl Store {
                     doc
                 };
                 staged.push(Staged {
-                    id: row.id,
-                    rev: row.rev,
-                    deleted: row.deleted,
+                    id,
+                    rev,
+                    deleted,
                     object,
                 });
                 if staged.len() >= opts.batch as usize {
-                    self.write_staged(&mut staged, &mut counts, opts, total)
+                    self.write_staged(&mut staged, &mut counts, &mut mode, opts, total)
                         .await?;
                 }
             }
         }
-        self.write_staged(&mut staged, &mut counts, opts, total)
+        self.write_staged(&mut staged, &mut counts, &mut mode, opts, total)
             .await?;
         Ok((summary, counts, legacy))
-    }
-
-    /// The legacy index document's drift, from its winning row's `records`
-    /// and the winners in `leaves` (`id → encoded winner`).
-    fn legacy_report(
-        &self,
-        leaves: &Map,
-        legacy_index_id: &str,
-        rows: &[(String, JsValue)],
-        live_others: u64,
-    ) -> Option<LegacyIndexReport> {
-        let win = leaves
-            .get(&JsValue::from_str(legacy_index_id))
-            .as_string()?;
-        if win.starts_with('~') {
-            return None;
-        }
-        let (_, records) = rows.iter().find(|(rev, _)| *rev == win)?;
-        if !records.is_object() || Array::is_array(records) {
-            return None;
-        }
-        let listed = Object::keys(records.unchecked_ref::<Object>());
-        let listed_live = listed
-            .iter()
-            .filter(|id| {
-                leaves
-                    .get(id)
-                    .as_string()
-                    .is_some_and(|w| !w.starts_with('~'))
-            })
-            .count() as u64;
-        Some(LegacyIndexReport::from_counts(
-            legacy_index_id.to_owned(),
-            u64::from(listed.length()),
-            listed_live,
-            live_others,
-        ))
     }
 
     /// Exports every record and tombstone as one NDJSON string; see
@@ -587,21 +620,27 @@ impl Store {
         }
         let total = winners.size();
         let mut counts = ImportCounts::default();
+        let mut mode = WriteMode::Unknown;
         let mut staged = Vec::new();
         let mut lines = source.lines();
         let mut header = false;
-        while let Some((n, line)) = next_line(&mut lines).await? {
+        while let Some((_, line)) = next_line(&mut lines).await? {
             if !header {
                 header = true;
                 continue;
             }
-            let (id, rev, deleted, v) = snapshot_row(&line, n)?;
-            let key = JsValue::from(id.clone());
-            let rev_text = rev.to_string();
-            if winners.get(&key).as_string().as_deref() != Some(rev_text.as_str()) {
+            // Pass 1 checked every line; only each id's winning line goes on.
+            let v = json_parse(&line).unwrap_or_default();
+            let id = get(&v, "_id");
+            let win = winners.get(&id);
+            if win.is_undefined() || get(&v, "_rev") != win {
                 continue;
             }
-            winners.delete(&key);
+            winners.delete(&id);
+            let rev_text = win.as_string().unwrap_or_default();
+            let rev = Rev::parse(&rev_text).map_err(|e| StoreError::Transaction(e.0))?;
+            let id: JsString = id.unchecked_into();
+            let deleted = get(&v, "_deleted").as_bool() == Some(true);
             let object = if deleted {
                 tombstone(&id, &rev_text).into()
             } else {
@@ -614,11 +653,11 @@ impl Store {
                 object,
             });
             if staged.len() >= opts.batch as usize {
-                self.write_staged(&mut staged, &mut counts, opts, total)
+                self.write_staged(&mut staged, &mut counts, &mut mode, opts, total)
                     .await?;
             }
         }
-        self.write_staged(&mut staged, &mut counts, opts, total)
+        self.write_staged(&mut staged, &mut counts, &mut mode, opts, total)
             .await?;
         Ok(counts)
     }
@@ -629,6 +668,7 @@ impl Store {
         &self,
         staged: &mut Vec<Staged>,
         counts: &mut ImportCounts,
+        mode: &mut WriteMode,
         opts: &ImportOptions,
         total: u32,
     ) -> Result<()> {
@@ -636,35 +676,101 @@ impl Store {
             return Ok(());
         }
         check_abort(opts.signal.as_ref())?;
+        let batch = loop {
+            let fresh = *mode != WriteMode::Read;
+            match self.write_batch(staged, mode).await {
+                Ok(b) => break b,
+                // A write from elsewhere made `add()` fail: read, and retry once.
+                Err(_) if fresh && !self.only_this_import(*mode).await? => *mode = WriteMode::Read,
+                Err(e) => return Err(e),
+            }
+        };
+        counts.written += batch.written;
+        counts.kept_newer += batch.kept_newer;
+        let done = counts.written + counts.kept_newer;
+        staged.clear();
+        if let Some(cb) = &opts.on_progress {
+            cb.call2(&JsValue::NULL, &done.into(), &total.into())
+                .map_err(StoreError::Thrown)?;
+        }
+        Ok(())
+    }
+
+    /// Whether the store still holds exactly what a fresh import wrote.
+    async fn only_this_import(&self, mode: WriteMode) -> Result<bool> {
+        let WriteMode::Fresh { live, dead } = mode else {
+            return Ok(mode == WriteMode::Unknown);
+        };
+        let tx = self
+            .db
+            .tx(&[RECORDS, TOMBSTONES], TransactionMode::ReadOnly)?;
+        let (l, d) = futures::join!(
+            tx.store(RECORDS)?.count(None)?.into_future(),
+            tx.store(TOMBSTONES)?.count(None)?.into_future()
+        );
+        tx.end_read();
+        Ok((l?, d?) == (live, dead))
+    }
+
+    /// One batch in one transaction; see [`WriteMode`]. On success `mode`
+    /// counts the batch's writes when it is `Fresh`.
+    async fn write_batch(&self, staged: &[Staged], mode: &mut WriteMode) -> Result<ImportCounts> {
         let tx = self
             .db
             .tx(&super::WRITE_SCOPE, TransactionMode::ReadWrite)?;
         let mut batch = ImportCounts::default();
         let mut changes = Vec::new();
+        let (mut live_added, mut dead_added) = (0u32, 0u32);
+        let mut fresh = false;
         let issued = async {
-            let (currents, state) = futures::join!(
-                read_many(&tx, staged.iter().map(|i| &i.id)),
-                index::read_state(&tx)
-            );
-            let (currents, state) = (currents?, state?);
             let records = tx.store(RECORDS)?;
             let tombs = tx.store(TOMBSTONES)?;
+            let expect = match *mode {
+                WriteMode::Unknown => Some((0, 0)),
+                WriteMode::Fresh { live, dead } => Some((live, dead)),
+                WriteMode::Read => None,
+            };
+            let state = if let Some(expect) = expect {
+                let (l, d, state) = futures::join!(
+                    records.count(None)?.into_future(),
+                    tombs.count(None)?.into_future(),
+                    index::read_state(&tx)
+                );
+                fresh = (l?, d?) == expect;
+                state?
+            } else {
+                index::read_state(&tx).await?
+            };
+            let currents = if fresh {
+                staged.iter().map(|_| (Current::Missing, None)).collect()
+            } else {
+                read_many(&tx, staged.iter().map(|i| &i.id)).await?
+            };
             for (item, (current, stored)) in staged.iter().zip(&currents) {
                 if !import_replaces(current.rev(), &item.rev) {
                     batch.kept_newer += 1;
                     continue;
                 }
                 let key = JsValue::from(item.id.clone());
-                if item.deleted {
-                    tombs.put(&item.object, None)?;
-                    if matches!(current, Current::Live(_)) {
+                let target = if item.deleted { &tombs } else { &records };
+                if fresh {
+                    target.add(&item.object, None)?;
+                } else {
+                    target.put(&item.object, None)?;
+                }
+                match current {
+                    Current::Live(_) if item.deleted => {
                         records.delete(key)?;
                     }
-                } else {
-                    records.put(&item.object, None)?;
-                    if matches!(current, Current::Deleted(_)) {
+                    Current::Deleted(_) if !item.deleted => {
                         tombs.delete(key)?;
                     }
+                    _ => {}
+                }
+                if item.deleted {
+                    dead_added += 1;
+                } else {
+                    live_added += 1;
                 }
                 index::maintain(
                     &tx,
@@ -689,15 +795,18 @@ impl Store {
         }
         self.finish(tx).await?;
         self.changes.post(&changes);
-        counts.written += batch.written;
-        counts.kept_newer += batch.kept_newer;
-        let done = counts.written + counts.kept_newer;
-        staged.clear();
-        if let Some(cb) = &opts.on_progress {
-            cb.call2(&JsValue::NULL, &done.into(), &total.into())
-                .map_err(StoreError::Thrown)?;
-        }
-        Ok(())
+        *mode = match (*mode, fresh) {
+            (WriteMode::Unknown, true) => WriteMode::Fresh {
+                live: live_added,
+                dead: dead_added,
+            },
+            (WriteMode::Fresh { live, dead }, true) => WriteMode::Fresh {
+                live: live + live_added,
+                dead: dead + dead_added,
+            },
+            _ => WriteMode::Read,
+        };
+        Ok(batch)
     }
 
     /// Read-modify-write of one record with `f(current | null)`; `f`
