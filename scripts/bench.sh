@@ -47,7 +47,7 @@ fi
 
 if [ -z "${BENCH_SKIP_BUILD:-}" ]; then
   step "build: pkg/ (wasm-pack --release) and the server + load generator (cargo --release)"
-  wasm-pack build --target web --release --out-dir pkg >&2
+  bash scripts/build-pkg.sh >&2
   cargo build --release -q -p agentstore-server -p agentstore-loadgen >&2
 fi
 

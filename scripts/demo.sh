@@ -49,9 +49,8 @@ log() { printf '[demo] %s\n' "$*" >&2; }
 if [ "${DEMO_SKIP_BUILD:-0}" = 1 ] && [ -f pkg/agentstore.js ]; then
   log "DEMO_SKIP_BUILD=1: using the existing pkg/"
 else
-  log "building the SDK: wasm-pack build --target web --release --out-dir pkg"
-  wasm-pack build --target web --release --out-dir pkg >&2
-  node scripts/package.mjs >&2  # completes pkg/package.json (exports, sideEffects)
+  log "building the SDK: scripts/build-pkg.sh (pkg/ and the store-only pkg/store/)"
+  bash scripts/build-pkg.sh >&2
 fi
 
 log "building agentstore-server: cargo build --release -p agentstore-server"

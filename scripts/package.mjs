@@ -1,7 +1,12 @@
 #!/usr/bin/env node
-// Completes pkg/package.json after `wasm-pack build --target web`.
+// Completes pkg/package.json after `wasm-pack build --target web` (see
+// scripts/build-pkg.sh, which builds both entry points first).
 //
 //   node scripts/package.mjs [pkg-dir]      (default: pkg)
+//
+// Two entry points: "." (store + lease client) and "./store" (the
+// store-only build in <pkg-dir>/store/, built with --no-default-features):
+// an app importing "agentstore/store" downloads no lease code.
 //
 // wasm-pack writes name, version, description, license, repository, keywords,
 // `main`, `types` and `files` from Cargo.toml. This adds what it cannot:
@@ -41,10 +46,27 @@ const snippets = existsSync(join(dir, 'snippets'));
 // wasm-bindgen's classes declare `[Symbol.dispose]()`, which only type-checks
 // with the `esnext.disposable` lib; reference it from the .d.ts so projects
 // on `lib: ["es2022", "dom"]` without `skipLibCheck` compile too.
-const dts = join(dir, types);
 const REF = '/// <reference lib="esnext.disposable" />\n';
-const dtsText = readFileSync(dts, 'utf8');
-if (dtsText.includes('Symbol.dispose') && !dtsText.startsWith(REF)) writeFileSync(dts, REF + dtsText);
+const NOTE = {
+  full:
+    '/**\n * Entry point "agentstore": the record store (AgentStore) and the lease client\n' +
+    ' * (LeaseClient, LeaseWorker). An app that uses only AgentStore should import\n' +
+    ' * "agentstore/store" instead: the same store API, without the lease code.\n */\n',
+  store:
+    '/**\n * Entry point "agentstore/store": the record store only (AgentStore, its\n' +
+    ' * options and errors). The lease client lives in "agentstore".\n */\n',
+};
+const completeDts = (file, note) => {
+  let text = readFileSync(file, 'utf8');
+  if (!text.includes(note)) text = note + text;
+  if (text.includes('Symbol.dispose') && !text.startsWith(REF)) text = REF + text;
+  writeFileSync(file, text);
+};
+completeDts(join(dir, types), NOTE.full);
+const sub = 'store';
+const hasStore = existsSync(join(dir, sub, js));
+if (hasStore) completeDts(join(dir, sub, types), NOTE.store);
+const subFiles = hasStore ? [js, types, wasm].map((f) => `${sub}/${f}`) : [];
 
 const out = {
   name: pkg.name,
@@ -61,9 +83,17 @@ const out = {
     '.': { types: `./${types}`, import: `./${js}`, default: `./${js}` },
     [`./${js}`]: { types: `./${types}`, import: `./${js}`, default: `./${js}` },
     [`./${wasm}`]: `./${wasm}`,
+    ...(hasStore
+      ? {
+          [`./${sub}`]: { types: `./${sub}/${types}`, import: `./${sub}/${js}`, default: `./${sub}/${js}` },
+          [`./${sub}/${wasm}`]: `./${sub}/${wasm}`,
+        }
+      : {}),
     './package.json': './package.json',
   },
-  files: [...new Set([...(pkg.files ?? [js, types, wasm]).map(bare), ...(snippets ? ['snippets'] : []), 'README.md'])],
+  files: [
+    ...new Set([...(pkg.files ?? [js, types, wasm]).map(bare), ...subFiles, ...(snippets ? ['snippets'] : []), 'README.md']),
+  ],
   sideEffects: snippets ? ['./snippets/*'] : false,
 };
 writeFileSync(path, JSON.stringify(out, null, 2) + '\n');

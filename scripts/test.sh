@@ -61,11 +61,9 @@ step "browser suites in headless Firefox"
 env -u CHROMEDRIVER GECKODRIVER="$(command -v geckodriver)" \
   cargo test -p agentstore --target wasm32-unknown-unknown --tests
 
-step "wasm package (release) and its size"
-wasm-pack build --target web --release --out-dir pkg --quiet
-node scripts/package.mjs
-printf 'pkg/agentstore_bg.wasm: %s bytes gzipped; pkg/agentstore.js: %s bytes gzipped\n' \
-  "$(gzip -9c pkg/agentstore_bg.wasm | wc -c)" "$(gzip -9c pkg/agentstore.js | wc -c)"
+step "wasm package (release, both entry points) and its size budgets"
+bash scripts/build-pkg.sh --quiet
+bash scripts/size.sh
 
 step "npm package (dry run) and the Vite example build"
 (cd pkg && npm pack --dry-run)

@@ -24,11 +24,13 @@ pub struct BatchFailure {
 }
 
 /// Everything an agentstore operation can fail with.
-#[derive(Debug, Clone, thiserror::Error)]
+///
+/// Messages are assembled from static text and the error's fields by
+/// [`StoreError::message`], without `core::fmt` (kept off wasm paths).
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum StoreError {
     /// Input refused before anything was written.
-    #[error("{message}")]
     Validation {
         /// What was wrong.
         message: String,
@@ -36,7 +38,6 @@ pub enum StoreError {
         failures: Vec<BatchFailure>,
     },
     /// Compare-and-swap failed.
-    #[error("conflict on {id_text}: expected revision {}, stored revision is {}", expected_rev.as_deref().unwrap_or("none"), current_rev.as_deref().unwrap_or("none"))]
     Conflict {
         /// The record id (a JS string; may hold lone surrogates).
         id: JsValue,
@@ -52,34 +53,34 @@ pub enum StoreError {
         attempts: Option<u32>,
     },
     /// A `putMany` in which some positions conflicted; nothing was written.
-    #[error("{} of the batch's records conflict; nothing was written", failures.len())]
     BatchConflict {
         /// Every conflicting position.
         failures: Vec<BatchFailure>,
     },
     /// The record does not exist (or is a tombstone).
-    #[error("record {0} not found")]
     NotFound(String),
     /// The browser refused the write for lack of quota; the transaction rolled back.
-    #[error("storage quota exceeded; the transaction was rolled back: {0}")]
     QuotaExceeded(String),
     /// The transaction failed or aborted for another reason.
-    #[error("IndexedDB transaction failed: {0}")]
     Transaction(String),
-    /// The open stayed blocked by another tab's connection.
-    #[error("opening {0:?} did not complete within {1} ms: another tab's connection blocks (or is queued ahead of) the upgrade")]
+    /// The open stayed blocked by another tab's connection (name, timeout ms).
     Blocked(String, u32),
     /// The store was closed (by `close()` or another tab's upgrade).
-    #[error("the store is closed: {0}")]
     Closed(String),
     /// Cancelled through an AbortSignal.
-    #[error("the operation was aborted")]
     Aborted(JsValue),
     /// A value thrown by a caller's callback (for example `mutate`'s function),
     /// passed back to JS unchanged.
-    #[error("the callback threw")]
     Thrown(JsValue),
 }
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message())
+    }
+}
+
+impl std::error::Error for StoreError {}
 
 impl StoreError {
     /// A validation error with a message.
@@ -87,6 +88,53 @@ impl StoreError {
         StoreError::Validation {
             message: message.into(),
             failures: Vec::new(),
+        }
+    }
+
+    /// The human-readable message (what `Display` and the JS `message` say).
+    pub fn message(&self) -> String {
+        let or_none = |r: &Option<String>| r.clone().unwrap_or_else(|| "none".into());
+        match self {
+            StoreError::Validation { message, .. } => message.clone(),
+            StoreError::Conflict {
+                id_text,
+                expected_rev,
+                current_rev,
+                ..
+            } => [
+                "conflict on ",
+                id_text,
+                ": expected revision ",
+                &or_none(expected_rev),
+                ", stored revision is ",
+                &or_none(current_rev),
+            ]
+            .concat(),
+            StoreError::BatchConflict { .. } => {
+                "some of the batch's records conflict (see failures); nothing was written".into()
+            }
+            StoreError::NotFound(id) => ["record ", id, " not found"].concat(),
+            StoreError::QuotaExceeded(m) => [
+                "storage quota exceeded; the transaction was rolled back: ",
+                m,
+            ]
+            .concat(),
+            StoreError::Transaction(m) => ["IndexedDB transaction failed: ", m].concat(),
+            StoreError::Blocked(name, ms) => {
+                let mut buf = [0u8; 20];
+                let ms = agentstore_protocol::canonical::itoa(u64::from(*ms), &mut buf);
+                [
+                    "opening \"",
+                    name,
+                    "\" did not complete within ",
+                    std::str::from_utf8(ms).unwrap_or("?"),
+                    " ms: another tab's connection blocks (or is queued ahead of) the upgrade",
+                ]
+                .concat()
+            }
+            StoreError::Closed(why) => ["the store is closed: ", why].concat(),
+            StoreError::Aborted(_) => "the operation was aborted".into(),
+            StoreError::Thrown(_) => "the callback threw".into(),
         }
     }
 
@@ -111,14 +159,18 @@ impl StoreError {
             Some(e) => (e.name(), e.message()),
             None => (
                 get_str(value, "name").unwrap_or_default(),
-                get_str(value, "message").unwrap_or_else(|| format!("{value:?}")),
+                get_str(value, "message")
+                    .or_else(|| value.as_string())
+                    .unwrap_or_default(),
             ),
         };
         match name.as_str() {
             "QuotaExceededError" => StoreError::QuotaExceeded(message),
             "InvalidStateError" => StoreError::Closed(message),
-            "DataError" | "DataCloneError" => StoreError::validation(format!("{name}: {message}")),
-            _ => StoreError::Transaction(format!("{name}: {message}")),
+            "DataError" | "DataCloneError" => {
+                StoreError::validation([&name, ": ", &message].concat())
+            }
+            _ => StoreError::Transaction([&name, ": ", &message].concat()),
         }
     }
 
@@ -128,7 +180,7 @@ impl StoreError {
             return v.clone();
         }
         let code = self.code();
-        let err = js_sys::Error::new(&self.to_string());
+        let err = js_sys::Error::new(&self.message());
         err.set_name(code.js_name());
         let o: &JsValue = err.as_ref();
         set(o, "code", &code.as_str().into());
@@ -158,15 +210,6 @@ impl StoreError {
             _ => {}
         }
         err.into()
-    }
-}
-
-impl From<idb::Error> for StoreError {
-    fn from(e: idb::Error) -> Self {
-        match &e {
-            idb::Error::DomException(d) => StoreError::from_dom(d.as_ref()),
-            _ => StoreError::Transaction(e.to_string()),
-        }
     }
 }
 

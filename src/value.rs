@@ -1,143 +1,337 @@
-//! JS value ⇄ JSON rules on the write path.
+//! The write path's one walk over a JS record.
 //!
-//! [`to_json`] walks a JS value once, refusing what JSON cannot carry
-//! (functions, symbols, BigInt, NaN/±Infinity, cycles, `undefined` inside
-//! arrays, non-plain objects such as `Date`/`Map`), and yields the
-//! [`serde_json::Value`] used for validation and revision hashing. Object
-//! fields whose value is `undefined` are treated as absent, as
-//! `JSON.stringify` does. Read paths never come through here: stored objects
-//! are handed to JS as IndexedDB returns them.
+//! [`walk_record`] visits the value once and, in that pass: refuses what JSON
+//! cannot carry (functions, symbols, BigInt, NaN/±Infinity, cycles,
+//! `undefined` inside arrays, non-plain objects such as `Date`/`Map`, a
+//! getter that throws), checks the top-level fields with the protocol
+//! crate's rules, streams the canonical JSON into the body digest (whose byte
+//! count is the size check) and builds the object to store: a deep copy made
+//! of plain objects and arrays holding exactly what `JSON.stringify` would
+//! see. Storing that copy instead of the caller's object means a `Proxy` or
+//! an object with getters is stored as plain data, and IndexedDB's structured
+//! clone never meets a value it cannot clone in the middle of a write.
+//! Object fields whose value is `undefined` are treated as absent, as
+//! `JSON.stringify` does. No JSON tree or JSON text is built, and numbers
+//! other than safe integers are formatted by JavaScript, so no float
+//! formatting is compiled into the module.
 
-use agentstore_protocol::record::MAX_DEPTH;
+use crate::error::StoreError;
+use agentstore_protocol::canonical::{itoa, BodyDigest};
+use agentstore_protocol::record::{
+    is_iso_millis_utc, top_field, TopField, BAD_UPDATED_AT, MAX_DEPTH, MAX_RECORD_BYTES,
+    RECORD_TYPE_NOT_STRING, RESERVED_FIELD, REV_NOT_STRING, TOO_LARGE,
+};
+use agentstore_protocol::rev::Rev;
 use js_sys::{Array, JsString, Object, Reflect};
-use serde_json::{Map, Number, Value};
 use wasm_bindgen::{JsCast, JsValue};
 
-/// Largest integer magnitude written as an integer in canonical JSON (2^53).
-const SAFE_INT: f64 = 9_007_199_254_740_992.0;
+/// Bytes reserved for `,"updatedAt":"…"` when checking the size limit (the
+/// timestamp is decided inside the write transaction).
+const UPDATED_AT_BYTES: usize = 40;
 
-/// Converts a JS value to JSON, or says at which path and why it cannot be.
+/// A record that passed validation, ready for a write transaction.
+pub struct Walked {
+    /// The object to store: a plain deep copy (`_rev`/`updatedAt` are set at
+    /// write time).
+    pub object: Object,
+    /// `_id` as a JS string (may hold lone surrogates).
+    pub id: JsString,
+    /// The `_rev` the caller wrote against.
+    pub rev: Option<Rev>,
+    /// The caller's `updatedAt`, when given.
+    pub updated_at: Option<String>,
+    /// md5 hex of the canonical body without `_rev` and `updatedAt`.
+    pub digest: String,
+}
+
+/// Why a walk stopped: a static reason and the path to the field, innermost
+/// segment first (built only on failure).
+struct Fail {
+    why: &'static str,
+    /// Extra text after `why` (a constructor's name), when any.
+    detail: Option<String>,
+    path: Vec<Seg>,
+}
+
+enum Seg {
+    Key(String),
+    Index(u32),
+}
+
+impl Fail {
+    fn new(why: &'static str) -> Fail {
+        Fail {
+            why,
+            detail: None,
+            path: Vec::new(),
+        }
+    }
+
+    fn at(mut self, seg: Seg) -> Fail {
+        self.path.push(seg);
+        self
+    }
+
+    /// `field a.b[2]: why` (or just `why` at the top), without `core::fmt`.
+    fn into_error(self) -> StoreError {
+        let mut msg = String::new();
+        if !self.path.is_empty() {
+            msg.push_str("field ");
+            for (i, seg) in self.path.iter().rev().enumerate() {
+                match seg {
+                    Seg::Key(k) => {
+                        if i > 0 {
+                            msg.push('.');
+                        }
+                        msg.push_str(k);
+                    }
+                    Seg::Index(n) => {
+                        let mut buf = [0u8; 20];
+                        msg.push('[');
+                        msg.extend(itoa(u64::from(*n), &mut buf).iter().map(|&b| char::from(b)));
+                        msg.push(']');
+                    }
+                }
+            }
+            msg.push_str(": ");
+        }
+        msg.push_str(self.why);
+        if let Some(d) = self.detail {
+            msg.push_str(&d);
+        }
+        StoreError::validation(msg)
+    }
+}
+
+type Walk<T> = std::result::Result<T, Fail>;
+
+/// Walks a record for `put`: see the module docs.
 ///
 /// # Errors
-/// A message like `"field data.items[2]: BigInt cannot be stored as JSON …"`.
-pub fn to_json(v: &JsValue) -> Result<Value, String> {
-    let mut ancestors = Vec::new();
-    walk(v, &mut String::new(), &mut ancestors)
+/// ValidationError naming the field, e.g.
+/// `"field data.items[2]: BigInt cannot be stored as JSON; …"`.
+pub fn walk_record(record: &JsValue) -> crate::error::Result<Walked> {
+    if !record.is_object() || Array::is_array(record) {
+        return Err(StoreError::validation("a record must be a plain object"));
+    }
+    let mut w = Walker {
+        digest: BodyDigest::new(),
+        ancestors: Vec::new(),
+        object_proto: Object::get_prototype_of(&Object::new()).into(),
+        top: Top::default(),
+    };
+    let object = w
+        .object(record, true)
+        .map_err(Fail::into_error)?
+        .unchecked_into::<Object>();
+    if w.digest.len() + UPDATED_AT_BYTES > MAX_RECORD_BYTES {
+        return Err(StoreError::validation(TOO_LARGE));
+    }
+    let id = crate::store::check_id_value(&w.top.id.unwrap_or(JsValue::UNDEFINED))?;
+    Ok(Walked {
+        object,
+        id,
+        rev: w.top.rev,
+        updated_at: w.top.updated_at,
+        digest: w.digest.finish(),
+    })
 }
 
-fn walk(v: &JsValue, path: &mut String, ancestors: &mut Vec<JsValue>) -> Result<Value, String> {
-    if v.is_null() {
-        return Ok(Value::Null);
-    }
-    if let Some(b) = v.as_bool() {
-        return Ok(Value::Bool(b));
-    }
-    if let Some(n) = v.as_f64() {
-        return number(n).ok_or_else(|| {
-            at(
-                path,
-                &format!("{n} is not a finite number and cannot be stored as JSON"),
-            )
-        });
-    }
-    if let Some(s) = v.as_string() {
-        return Ok(Value::String(s));
-    }
-    if v.is_undefined() {
-        return Err(at(path, "undefined cannot be stored as JSON (use null)"));
-    }
-    if v.is_bigint() {
-        return Err(at(
-            path,
-            "BigInt cannot be stored as JSON; store it as a string or a Number",
-        ));
-    }
-    if v.is_symbol() {
-        return Err(at(path, "a Symbol cannot be stored as JSON"));
-    }
-    if v.is_function() {
-        return Err(at(path, "a function cannot be stored as JSON"));
-    }
-    if !v.is_object() {
-        return Err(at(path, "this value cannot be stored as JSON"));
-    }
-    if ancestors.len() >= MAX_DEPTH {
-        return Err(at(path, &format!("nesting deeper than {MAX_DEPTH} levels")));
-    }
-    if ancestors.iter().any(|a| Object::is(a, v)) {
-        return Err(at(path, "a cyclic reference cannot be stored as JSON"));
-    }
-    ancestors.push(v.clone());
-    let out = if Array::is_array(v) {
-        let arr: &Array = v.unchecked_ref();
-        let mut items = Vec::with_capacity(arr.length() as usize);
-        for (i, item) in arr.iter().enumerate() {
-            let len = path.len();
-            path.push_str(&format!("[{i}]"));
-            items.push(walk(&item, path, ancestors)?);
-            path.truncate(len);
+#[derive(Default)]
+struct Top {
+    id: Option<JsValue>,
+    rev: Option<Rev>,
+    updated_at: Option<String>,
+}
+
+struct Walker {
+    digest: BodyDigest,
+    /// Objects on the current path, to refuse cycles.
+    ancestors: Vec<JsValue>,
+    /// `Object.prototype`, read once.
+    object_proto: JsValue,
+    /// What the top level holds.
+    top: Top,
+}
+
+impl Walker {
+    /// Feeds `v` and returns what to store for it (the value itself for a
+    /// primitive, a plain copy for an object or array).
+    fn value(&mut self, v: JsValue) -> Walk<JsValue> {
+        if let Some(n) = v.as_f64() {
+            let ok = self.digest.number(n, |n| {
+                // JSON.stringify of a finite number is JavaScript's String(n).
+                js_sys::JSON::stringify(&JsValue::from_f64(n))
+                    .map(String::from)
+                    .unwrap_or_default()
+            });
+            return if ok {
+                Ok(v)
+            } else {
+                Err(Fail::new(
+                    "NaN and Infinity are not finite numbers and cannot be stored as JSON",
+                ))
+            };
         }
-        Value::Array(items)
-    } else {
-        let obj: &Object = v.unchecked_ref();
-        check_plain(obj, path)?;
-        let mut map = Map::new();
-        for key in Object::keys(obj).iter() {
+        if let Some(s) = v.as_string() {
+            self.digest.string(&s);
+            return Ok(v);
+        }
+        if let Some(b) = v.as_bool() {
+            self.digest.raw(if b { b"true" } else { b"false" });
+            return Ok(v);
+        }
+        if v.is_null() {
+            self.digest.raw(b"null");
+            return Ok(v);
+        }
+        if v.is_undefined() {
+            return Err(Fail::new("undefined cannot be stored as JSON (use null)"));
+        }
+        if v.is_bigint() {
+            return Err(Fail::new(
+                "BigInt cannot be stored as JSON; store it as a string or a Number",
+            ));
+        }
+        if v.is_symbol() {
+            return Err(Fail::new("a Symbol cannot be stored as JSON"));
+        }
+        if v.is_function() {
+            return Err(Fail::new("a function cannot be stored as JSON"));
+        }
+        if !v.is_object() {
+            return Err(Fail::new("this value cannot be stored as JSON"));
+        }
+        self.object(&v, false)
+    }
+
+    fn object(&mut self, v: &JsValue, top: bool) -> Walk<JsValue> {
+        if self.ancestors.len() >= MAX_DEPTH {
+            return Err(Fail::new("nesting deeper than 64 levels"));
+        }
+        if self.ancestors.iter().any(|a| Object::is(a, v)) {
+            return Err(Fail::new("a cyclic reference cannot be stored as JSON"));
+        }
+        self.ancestors.push(v.clone());
+        let out = if Array::is_array(v) {
+            self.array(v.unchecked_ref())
+        } else {
+            self.plain(v.unchecked_ref(), top)
+        };
+        self.ancestors.pop();
+        out
+    }
+
+    fn array(&mut self, arr: &Array) -> Walk<JsValue> {
+        let len = arr.length();
+        let copy = Array::new_with_length(len);
+        self.digest.raw(b"[");
+        for i in 0..len {
+            if i > 0 {
+                self.digest.raw(b",");
+            }
+            let item = self.value(arr.get(i)).map_err(|f| f.at(Seg::Index(i)))?;
+            copy.set(i, item);
+        }
+        self.digest.raw(b"]");
+        Ok(copy.into())
+    }
+
+    fn plain(&mut self, obj: &Object, top: bool) -> Walk<JsValue> {
+        self.check_plain(obj)?;
+        let keys = Object::keys(obj);
+        let mut fields: Vec<(String, JsValue)> = Vec::with_capacity(keys.length() as usize);
+        for key in keys.iter() {
             let Some(k) = key.as_string() else { continue };
-            let item = Reflect::get(obj, &key).map_err(|_| at(path, "a property getter threw"))?;
-            if item.is_undefined() {
+            let item = match Reflect::get(obj, &key) {
+                Ok(item) => item,
+                Err(_) => return Err(Fail::new("a property getter threw").at(Seg::Key(k))),
+            };
+            if !item.is_undefined() {
+                fields.push((k, item));
+            }
+        }
+        let mut order: Vec<usize> = (0..fields.len()).collect();
+        order.sort_unstable_by(|&a, &b| fields[a].0.as_bytes().cmp(fields[b].0.as_bytes()));
+        let mut copies: Vec<Option<JsValue>> = Vec::with_capacity(fields.len());
+        copies.resize_with(fields.len(), || None);
+        self.digest.raw(b"{");
+        let mut first = true;
+        for i in order {
+            let (k, item) = &fields[i];
+            if top
+                && !self
+                    .top_field(k, item)
+                    .map_err(|f| f.at(Seg::Key(k.clone())))?
+            {
+                copies[i] = Some(item.clone());
                 continue;
             }
-            let len = path.len();
-            if !path.is_empty() {
-                path.push('.');
+            if !first {
+                self.digest.raw(b",");
             }
-            path.push_str(&k);
-            let value = walk(&item, path, ancestors)?;
-            path.truncate(len);
-            map.insert(k, value);
+            first = false;
+            self.digest.string(k);
+            self.digest.raw(b":");
+            let copy = self
+                .value(item.clone())
+                .map_err(|f| f.at(Seg::Key(k.clone())))?;
+            copies[i] = Some(copy);
         }
-        Value::Object(map)
-    };
-    ancestors.pop();
-    Ok(out)
-}
+        self.digest.raw(b"}");
+        let out = Object::new();
+        for ((k, _), copy) in fields.iter().zip(copies) {
+            if let Some(c) = copy {
+                let _ = Reflect::set(&out, &JsValue::from_str(k), &c);
+            }
+        }
+        Ok(out.into())
+    }
 
-/// Only plain objects (prototype `Object.prototype` or `null`) are JSON objects;
-/// `Date`, `Map`, `Set`, typed arrays and class instances would be silently
-/// changed by JSON, so they are refused.
-fn check_plain(obj: &Object, path: &str) -> Result<(), String> {
-    let proto = Object::get_prototype_of(obj);
-    if proto.is_null() {
-        return Ok(());
+    /// Checks a top-level field; `false` = keep it out of the body digest.
+    fn top_field(&mut self, key: &str, item: &JsValue) -> Walk<bool> {
+        match top_field(key) {
+            TopField::Id => {
+                self.top.id = Some(item.clone());
+                Ok(true)
+            }
+            TopField::Rev => {
+                let s = item.as_string().ok_or_else(|| Fail::new(REV_NOT_STRING))?;
+                let rev = Rev::parse(&s).map_err(|_| Fail::new("_rev is not a revision"))?;
+                self.top.rev = Some(rev);
+                Ok(false)
+            }
+            TopField::UpdatedAt => match item.as_string() {
+                Some(s) if is_iso_millis_utc(&s) => {
+                    self.top.updated_at = Some(s);
+                    Ok(false)
+                }
+                _ => Err(Fail::new(BAD_UPDATED_AT)),
+            },
+            TopField::RecordType if !item.is_string() => Err(Fail::new(RECORD_TYPE_NOT_STRING)),
+            TopField::Reserved => Err(Fail::new(RESERVED_FIELD)),
+            TopField::RecordType | TopField::Data => Ok(true),
+        }
     }
-    let object_proto = Object::get_prototype_of(&Object::new());
-    if Object::is(&proto, &object_proto) {
-        return Ok(());
-    }
-    let ctor = Reflect::get(obj, &"constructor".into())
-        .ok()
-        .and_then(|c| Reflect::get(&c, &"name".into()).ok())
-        .and_then(|n| n.as_string())
-        .unwrap_or_else(|| "object".into());
-    Err(at(path, &format!("a {ctor} is not a plain JSON object (convert it first, e.g. a Date with toISOString())")))
-}
 
-fn number(n: f64) -> Option<Value> {
-    if !n.is_finite() {
-        return None;
-    }
-    if n.fract() == 0.0 && n.abs() <= SAFE_INT {
-        return Some(Value::Number(Number::from(n as i64)));
-    }
-    Number::from_f64(n).map(Value::Number)
-}
-
-fn at(path: &str, why: &str) -> String {
-    if path.is_empty() {
-        why.to_owned()
-    } else {
-        format!("field {path}: {why}")
+    /// Only plain objects (prototype `Object.prototype` or `null`) are JSON
+    /// objects; `Date`, `Map`, `Set`, typed arrays and class instances would
+    /// be silently changed by JSON, so they are refused.
+    fn check_plain(&self, obj: &Object) -> Walk<()> {
+        let proto: JsValue = Object::get_prototype_of(obj).into();
+        if proto.is_null() || Object::is(&proto, &self.object_proto) {
+            return Ok(());
+        }
+        let ctor = Reflect::get(obj, &"constructor".into())
+            .ok()
+            .and_then(|c| Reflect::get(&c, &"name".into()).ok())
+            .and_then(|n| n.as_string())
+            .unwrap_or_else(|| "object".into());
+        Err(Fail {
+            why: "not a plain JSON object (convert it first, e.g. a Date with toISOString()): ",
+            detail: Some(ctor),
+            path: Vec::new(),
+        })
     }
 }
 

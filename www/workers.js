@@ -14,7 +14,8 @@
 // - Poison items: the handler gives the lease back (`lease.release()`, one
 //   attempt counted) until the server fails the item with `retry_limit`.
 //
-// The panel's own reads and writes (queue listing, enqueue) use the first
+// The panel's own reads and writes (queue gauges from /v1/queues/{q}/stats — the
+// query behind the server's /metrics —, listing, enqueue) use the first
 // worker's access token through the unwrapped fetch: any enrolled worker may
 // enqueue and read items.
 
@@ -450,13 +451,12 @@ async function refreshQueue() {
   if (queueBusy || !workers.some((w) => w.client)) return;
   queueBusy = true;
   try {
-    const { items } = await panelCall('GET', `/v1/queues/${encodeURIComponent(runtime.queue)}/items?limit=10000`);
-    const counts = { open: 0, running: 0, done: 0, failed: 0 };
-    for (const it of items) counts[it.state] = (counts[it.state] ?? 0) + 1;
-    for (const k of Object.keys(counts)) {
-      const dd = document.querySelector(`[data-testid=queue-${k}]`);
-      if (dd) dd.textContent = String(counts[k]);
-    }
+    const queue = encodeURIComponent(runtime.queue);
+    const [stats, { items }] = await Promise.all([
+      panelCall('GET', `/v1/queues/${queue}/stats`),
+      panelCall('GET', `/v1/queues/${queue}/items?limit=10000`),
+    ]);
+    renderGauges(stats);
     renderLatest(items.slice(-LATEST_ITEMS).reverse());
     renderPoison(items);
     setPanelState(`${items.length} item(s) in queue “${runtime.queue}”; updated ${new Date().toLocaleTimeString()}.`);
@@ -465,6 +465,20 @@ async function refreshQueue() {
   } finally {
     queueBusy = false;
   }
+}
+
+/**
+ * The queue gauges, as the server computes them for `/metrics`
+ * (`agentstore_queue_items`, `agentstore_queue_oldest_open_age_seconds`).
+ */
+function renderGauges(stats) {
+  for (const k of ['open', 'running', 'paused', 'done', 'failed']) {
+    const dd = document.querySelector(`[data-testid=queue-${k}]`);
+    if (dd) dd.textContent = String(stats[k]);
+  }
+  const age = document.querySelector('[data-testid=queue-oldest-open]');
+  age.textContent = stats.oldest_open_age_ms == null ? '–' : seconds(stats.oldest_open_age_ms);
+  age.dataset.ms = stats.oldest_open_age_ms == null ? '' : String(stats.oldest_open_age_ms);
 }
 
 function renderLatest(items) {

@@ -8,6 +8,7 @@
 //! that state and maintains every active or building tag, so a tab that
 //! declares other indexes still keeps this tab's indexes in step.
 
+use super::db::{CursorDirection, KeyRange, Query, TransactionMode};
 use super::db::{Tx, DERIVED, META, RECORDS};
 use super::Store;
 use crate::error::{set, Result, StoreError};
@@ -16,7 +17,6 @@ use agentstore_protocol::index::{
     decode_key_cursor, encode_key_cursor, entry_range, Condition, EntryRange, IndexDef, KeyPart,
 };
 use agentstore_protocol::record::check_limit;
-use idb::{CursorDirection, KeyRange, Query, TransactionMode};
 use js_sys::{Array, Function, JsString, Object, Reflect};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};

@@ -8,7 +8,7 @@
 //! anything is written, and no record other than an id's winner is ever
 //! written (the derived indexes and `watch` see only winners).
 
-use super::db::{RECORDS, TOMBSTONES};
+use super::db::{KeyRange, Query, TransactionMode, RECORDS, TOMBSTONES};
 use super::index;
 use super::lines::{json_parse, JsBlob, Lines, Source};
 use super::{read_many, tombstone, Prepared, Store, Written};
@@ -20,7 +20,6 @@ use agentstore_protocol::pouch::{
 };
 use agentstore_protocol::record::{is_iso_millis_utc, ALLOWED_UNDERSCORE_FIELDS};
 use agentstore_protocol::rev::{Current, Rev};
-use idb::{KeyRange, Query, TransactionMode};
 use js_sys::{Array, Function, JsString, Map, Object, Promise, Reflect};
 use std::future::IntoFuture;
 use wasm_bindgen::{JsCast, JsValue};
@@ -715,14 +714,12 @@ impl Store {
     /// One batch in one transaction; see [`WriteMode`]. On success `mode`
     /// counts the batch's writes when it is `Fresh`.
     async fn write_batch(&self, staged: &[Staged], mode: &mut WriteMode) -> Result<ImportCounts> {
-        let tx = self
-            .db
-            .tx(&super::WRITE_SCOPE, TransactionMode::ReadWrite)?;
+        let tx = self.write_tx()?;
         let mut batch = ImportCounts::default();
         let mut changes = Vec::new();
         let (mut live_added, mut dead_added) = (0u32, 0u32);
         let mut fresh = false;
-        let issued = async {
+        let issued: Result<()> = async {
             let records = tx.store(RECORDS)?;
             let tombs = tx.store(TOMBSTONES)?;
             let expect = match *mode {
@@ -788,11 +785,8 @@ impl Store {
             Ok(())
         }
         .await;
-        if let Err(e) = issued {
-            // Requests already issued must not commit.
-            tx.abort();
-            return Err(e);
-        }
+        // On an error the dropped transaction aborts: nothing of the batch stays.
+        issued?;
         self.finish(tx).await?;
         self.changes.post(&changes);
         *mode = match (*mode, fresh) {
@@ -835,9 +829,7 @@ impl Store {
         let mut attempt = 0u32;
         loop {
             check_abort(signal)?;
-            let tx = self
-                .db
-                .tx(&super::WRITE_SCOPE, TransactionMode::ReadWrite)?;
+            let tx = self.write_tx()?;
             let (cur, state) =
                 futures::join!(super::read_current(&tx, &id), index::read_state(&tx));
             let ((current, stored), state) = (cur?, state?);

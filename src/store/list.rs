@@ -6,13 +6,13 @@
 //! after the last key seen (`next`), so concurrent writes never make a page
 //! skip or repeat a record that existed before the listing began.
 
+use super::db::{CursorDirection, KeyRange, Query, TransactionMode};
 use super::db::{BY_TYPE, RECORDS};
 use super::Store;
 use crate::error::{Result, StoreError};
 use crate::value;
 use agentstore_protocol::keys::{decode_cursor, encode_cursor, page_range, Bound, PageRange};
 use agentstore_protocol::record::check_limit;
-use idb::{CursorDirection, KeyRange, Query, TransactionMode};
 use js_sys::{Array, JsString};
 use wasm_bindgen::{JsCast, JsValue};
 
@@ -179,22 +179,7 @@ fn query_js(q: Option<Query>) -> JsValue {
     q.map_or(JsValue::UNDEFINED, JsValue::from)
 }
 
-/// Up to `max` values from a cursor, in its direction.
-pub(crate) async fn collect_cursor(cursor: Option<idb::Cursor>, max: u32) -> Result<Vec<JsValue>> {
-    let mut out = Vec::new();
-    let Some(cursor) = cursor else { return Ok(out) };
-    let mut cursor = cursor.into_managed();
-    while (out.len() as u32) < max {
-        match cursor.value()? {
-            Some(v) => out.push(v),
-            None => break,
-        }
-        if (out.len() as u32) < max {
-            cursor.next(None).await?;
-        }
-    }
-    Ok(out)
-}
+pub(crate) use super::db::collect_cursor;
 
 /// The IndexedDB key range for a page; with a type, keys are `[type, id]`.
 fn key_range(r: &PageRange, record_type: Option<&str>) -> Result<Option<Query>> {

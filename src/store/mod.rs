@@ -19,30 +19,63 @@ pub use watch::Watcher;
 
 use crate::error::{get_str, set, BatchFailure, Result, StoreError};
 use crate::value;
+use agentstore_protocol::canonical::BodyDigest;
 use agentstore_protocol::index::IndexDef;
-use agentstore_protocol::record::{self, check_id, check_record, MAX_BATCH};
+use agentstore_protocol::record::{check_id, MAX_BATCH};
 use agentstore_protocol::rev::{decide_delete, decide_put, CasError, Current, Rev};
-use db::{Db, Tx, DERIVED, META, RECORDS, TOMBSTONES};
-use futures::future::join_all;
-use idb::TransactionMode;
+use db::{Db, TransactionMode, Tx, DERIVED, META, RECORDS, TOMBSTONES};
 use js_sys::{JsString, Object};
-use serde_json::{Map, Value};
-use std::cell::Cell;
-use std::future::IntoFuture;
 use wasm_bindgen::{JsCast, JsValue};
 
-/// A validated write, ready for the transaction.
+/// A validated write, ready for the transaction: everything that does not
+/// depend on what is stored (the body digest included) is computed before
+/// the transaction starts.
 pub(crate) struct Prepared {
     /// `_id` as the caller gave it (a JS string).
     pub id: JsString,
-    /// `_id` for messages and hashing (lossy for lone surrogates).
+    /// `_id` for messages (lossy for lone surrogates).
     pub id_text: String,
     /// `_rev` the caller wrote against.
     pub expected: Option<Rev>,
-    /// The JSON body (validated), for hashing.
-    pub body: Map<String, Value>,
-    /// The object to store (a shallow copy; `_rev` is set at write time).
+    /// md5 hex of the canonical body without `_rev` and `updatedAt`.
+    pub digest: String,
+    /// The caller's `updatedAt`, when given.
+    pub updated_at: Option<String>,
+    /// The object to store (a plain copy; `_rev` and `updatedAt` are set at
+    /// write time).
     pub object: Object,
+}
+
+impl Prepared {
+    /// Applies the `updatedAt` rule against the stored record and returns
+    /// the new revision, setting both on the object to store.
+    ///
+    /// Rule (README "Records"): a write whose `updatedAt` is absent or equal
+    /// to the stored record's gets `now`; a different value given by the
+    /// caller is kept. The revision is `Rev::next(base, [digest, updatedAt])`.
+    pub(crate) fn stamp(
+        &self,
+        base: Option<&Rev>,
+        stored: Option<&JsValue>,
+        now: &str,
+    ) -> Result<String> {
+        let stored_at = stored.and_then(|s| get_str(s, "updatedAt"));
+        let updated_at = match &self.updated_at {
+            Some(given) if stored_at.as_ref() != Some(given) => given.as_str(),
+            _ => now,
+        };
+        let rev = Rev::next(base, &[&self.digest, updated_at])
+            .map_err(|e| StoreError::validation(e.0))?
+            .text();
+        set(&self.object, "updatedAt", &JsValue::from_str(updated_at));
+        set(&self.object, "_rev", &JsValue::from_str(&rev));
+        Ok(rev)
+    }
+}
+
+/// The current time as `updatedAt` text (ISO-8601 UTC with milliseconds).
+pub(crate) fn now_iso() -> String {
+    js_sys::Date::new_0().to_iso_string().into()
 }
 
 /// Result of a successful write.
@@ -66,7 +99,11 @@ pub struct Store {
     /// Posts committed changes to `watch` subscribers in every tab.
     changes: watch::Notifier,
     /// Test hook: abort the next write transaction after its writes are issued.
-    fault_abort_next: Cell<bool>,
+    #[cfg(feature = "test-hooks")]
+    fault_abort_next: std::cell::Cell<bool>,
+    /// Test hook: fail the n-th write request of the next write transaction.
+    #[cfg(feature = "test-hooks")]
+    fault_request_next: std::cell::Cell<Option<(u32, db::Fault)>>,
 }
 
 impl Store {
@@ -113,7 +150,10 @@ impl Store {
             db,
             indexes,
             changes: watch::Notifier::new(name),
-            fault_abort_next: Cell::new(false),
+            #[cfg(feature = "test-hooks")]
+            fault_abort_next: std::cell::Cell::new(false),
+            #[cfg(feature = "test-hooks")]
+            fault_request_next: std::cell::Cell::new(None),
         })
     }
 
@@ -129,13 +169,32 @@ impl Store {
 
     /// Test hook: the next write transaction issues its writes, then aborts
     /// (as a crash or a failing request would) and the call fails.
-    #[doc(hidden)]
+    #[cfg(feature = "test-hooks")]
     pub fn inject_abort_next_write(&self) {
         self.fault_abort_next.set(true);
     }
 
+    /// Test hook: the `n`-th write request (0-based: record puts/adds,
+    /// tombstones, index entries, in the order issued) of the next write
+    /// transaction fails as `kind` says.
+    #[cfg(feature = "test-hooks")]
+    pub fn inject_request_fault(&self, n: u32, kind: db::Fault) {
+        self.fault_request_next.set(Some((n, kind)));
+    }
+
+    /// Starts a readwrite transaction over every store a write touches.
+    pub(crate) fn write_tx(&self) -> Result<Tx> {
+        let tx = self.db.tx(&WRITE_SCOPE, TransactionMode::ReadWrite)?;
+        #[cfg(feature = "test-hooks")]
+        if let Some((n, kind)) = self.fault_request_next.take() {
+            tx.inject_fault(n, kind);
+        }
+        Ok(tx)
+    }
+
     /// Commits a write transaction (or aborts it when a fault is injected).
     async fn finish(&self, tx: Tx) -> Result<()> {
+        #[cfg(feature = "test-hooks")]
         if self.fault_abort_next.replace(false) {
             tx.abort();
             let _ = tx.commit().await;
@@ -163,42 +222,20 @@ impl Store {
         Ok(got)
     }
 
-    /// Validates a record for `put` without touching the database.
+    /// Validates a record for `put` without touching the database: one walk
+    /// that checks it, copies it and computes its body digest.
     ///
     /// # Errors
     /// ValidationError naming the problem.
     pub(crate) fn prepare(record: &JsValue) -> Result<Prepared> {
-        if !record.is_object() || js_sys::Array::is_array(record) {
-            return Err(StoreError::validation("a record must be a plain object"));
-        }
-        let json = value::to_json(record).map_err(StoreError::validation)?;
-        let Value::Object(mut body) = json else {
-            return Err(StoreError::validation("a record must be a plain object"));
-        };
-        let id = check_id_value(
-            &js_sys::Reflect::get(record, &"_id".into()).unwrap_or(JsValue::UNDEFINED),
-        )?;
-        let meta = check_record(&body).map_err(StoreError::validation)?;
-        let object = Object::assign(&Object::new(), record.unchecked_ref());
-        if !meta.has_updated_at {
-            let now = js_sys::Date::new_0().to_iso_string();
-            body.insert("updatedAt".into(), Value::String(now.clone().into()));
-            set(&object, "updatedAt", &now);
-        }
-        let canonical_len = record::canonical_body(&body).len();
-        if canonical_len > record::MAX_RECORD_BYTES {
-            return Err(StoreError::validation(format!(
-                "record is {canonical_len} bytes as JSON; the limit is {} bytes",
-                record::MAX_RECORD_BYTES
-            )));
-        }
-        let id_text = String::from(&id);
+        let w = value::walk_record(record)?;
         Ok(Prepared {
-            id,
-            id_text,
-            expected: meta.rev,
-            body,
-            object,
+            id_text: String::from(&w.id),
+            id: w.id,
+            expected: w.rev,
+            digest: w.digest,
+            updated_at: w.updated_at,
+            object: w.object,
         })
     }
 
@@ -213,7 +250,7 @@ impl Store {
     }
 
     pub(crate) async fn put_prepared(&self, p: Prepared) -> Result<Written> {
-        let tx = self.db.tx(&WRITE_SCOPE, TransactionMode::ReadWrite)?;
+        let tx = self.write_tx()?;
         let (cur, state) = futures::join!(read_current(&tx, &p.id), index::read_state(&tx));
         let ((current, stored), state) = (cur?, state?);
         self.cas_write(tx, &state, &current, stored, p).await
@@ -221,6 +258,7 @@ impl Store {
 
     /// Decides `p` against what `tx` read (`current`, `stored`), writes the
     /// record and its index entries in `tx`, commits and notifies watchers.
+    /// Any error after the first write request drops `tx`, which aborts it.
     pub(crate) async fn cas_write(
         &self,
         tx: Tx,
@@ -230,10 +268,10 @@ impl Store {
         p: Prepared,
     ) -> Result<Written> {
         let rev = match decide_put(current, p.expected.as_ref()) {
-            Ok(base) => next_rev(base, &p.body)?,
+            Ok(base) => p.stamp(base, stored.as_ref(), &now_iso())?,
             Err(_) => return Err(conflict(&p, current, stored)),
         };
-        write_record(&tx, &p, &rev, current)?;
+        write_record(&tx, &p, current, false)?;
         index::maintain(&tx, state, stored.as_ref(), Some(&p.object))?;
         self.finish(tx).await?;
         self.changes
@@ -252,7 +290,13 @@ impl Store {
             .ok_or_else(|| StoreError::validation("delete(id, rev): rev must be a revision string"))
             .and_then(|s| Rev::parse(&s).map_err(|e| StoreError::validation(e.0)))?;
         let id_text = String::from(&id);
-        let tx = self.db.tx(&WRITE_SCOPE, TransactionMode::ReadWrite)?;
+        // The tombstone's body digest: canonical `{"_deleted":true,"_id":…}`.
+        let mut body = BodyDigest::new();
+        body.raw(b"{\"_deleted\":true,\"_id\":");
+        body.string(&id_text);
+        body.raw(b"}");
+        let digest = body.finish();
+        let tx = self.write_tx()?;
         let (cur, state) = futures::join!(read_current(&tx, &id), index::read_state(&tx));
         let ((current, stored), state) = (cur?, state?);
         let base = match decide_delete(&current, &expected) {
@@ -262,17 +306,16 @@ impl Store {
                 return Err(StoreError::Conflict {
                     id: id.into(),
                     id_text,
-                    expected_rev: Some(expected.to_string()),
-                    current_rev: current.rev().map(Rev::to_string),
+                    expected_rev: Some(expected.text()),
+                    current_rev: current.rev().map(Rev::text),
                     current: stored.unwrap_or(JsValue::NULL),
                     attempts: None,
                 })
             }
         };
-        let tomb_body = serde_json::json!({"_id": id_text, "_deleted": true});
-        let rev = Rev::next(Some(base), &tomb_body.to_string())
+        let rev = Rev::next(Some(base), &[&digest])
             .map_err(|e| StoreError::validation(e.0))?
-            .to_string();
+            .text();
         let tomb = tombstone(&id, &rev);
         tx.store(TOMBSTONES)?.put(&tomb, None)?;
         tx.store(RECORDS)?.delete(JsValue::from(id.clone()))?;
@@ -287,15 +330,16 @@ impl Store {
     /// # Errors
     /// ValidationError listing every invalid position (nothing read or
     /// written); ConflictError with `failures` listing every conflicting
-    /// position (nothing written); QuotaExceededError/TransactionError.
+    /// position (nothing written); QuotaExceededError/TransactionError
+    /// (nothing written: the transaction is aborted).
     pub async fn put_many(&self, records: &JsValue) -> Result<Vec<Written>> {
         let arr = records
             .dyn_ref::<js_sys::Array>()
             .ok_or_else(|| StoreError::validation("putMany expects an array of records"))?;
         if arr.length() as usize > MAX_BATCH {
-            return Err(StoreError::validation(format!(
-                "putMany takes at most {MAX_BATCH} records"
-            )));
+            return Err(StoreError::validation(
+                "putMany takes at most 100000 records",
+            ));
         }
         let mut prepared = Vec::with_capacity(arr.length() as usize);
         let mut failures = Vec::new();
@@ -313,7 +357,7 @@ impl Store {
                 Err(e) => failures.push(BatchFailure {
                     index,
                     id: js_sys::Reflect::get(&r, &"_id".into()).unwrap_or(JsValue::UNDEFINED),
-                    message: e.to_string(),
+                    message: e.message(),
                     expected_rev: None,
                     current_rev: None,
                 }),
@@ -321,40 +365,44 @@ impl Store {
         }
         if !failures.is_empty() {
             return Err(StoreError::Validation {
-                message: format!(
-                    "{} of the batch's records are invalid; nothing was written",
-                    failures.len()
-                ),
+                message:
+                    "some of the batch's records are invalid (see failures); nothing was written"
+                        .into(),
                 failures,
             });
         }
-        let tx = self.db.tx(&WRITE_SCOPE, TransactionMode::ReadWrite)?;
+        let tx = self.write_tx()?;
         let (currents, state) = futures::join!(
             read_many(&tx, prepared.iter().map(|p| &p.id)),
             index::read_state(&tx)
         );
         let (currents, state) = (currents?, state?);
         let mut revs = Vec::with_capacity(prepared.len());
-        for (index, (p, (current, _))) in prepared.iter().zip(&currents).enumerate() {
+        let now = now_iso();
+        for (index, (p, (current, stored))) in prepared.iter().zip(&currents).enumerate() {
             match decide_put(current, p.expected.as_ref()) {
-                Ok(base) => revs.push(next_rev(base, &p.body)?),
+                Ok(base) => revs.push(p.stamp(base, stored.as_ref(), &now)?),
                 Err(_) => failures.push(BatchFailure {
                     index,
                     id: p.id.clone().into(),
                     message: "revision conflict".into(),
-                    expected_rev: p.expected.as_ref().map(Rev::to_string),
-                    current_rev: current.rev().map(Rev::to_string),
+                    expected_rev: p.expected.as_ref().map(Rev::text),
+                    current_rev: current.rev().map(Rev::text),
                 }),
             }
         }
         if !failures.is_empty() {
-            // Nothing was written yet; the transaction ends empty.
+            // Nothing was written; dropping `tx` ends it empty.
             return Err(StoreError::BatchConflict { failures });
         }
-        for ((p, (current, stored)), rev) in prepared.iter().zip(&currents).zip(&revs) {
-            write_record(&tx, p, rev, current)?;
+        for (p, (current, stored)) in prepared.iter().zip(&currents) {
+            // An id with neither a record nor a tombstone is new: `add()`.
+            write_record(&tx, p, current, matches!(current, Current::Missing))?;
             index::maintain(&tx, &state, stored.as_ref(), Some(&p.object))?;
         }
+        // A request failing asynchronously (a ConstraintError from `add`)
+        // aborts the transaction; the commit reports the transaction's
+        // `error`, which names it.
         self.finish(tx).await?;
         let changes: Vec<_> = prepared
             .iter()
@@ -370,62 +418,73 @@ impl Store {
     }
 }
 
-/// Reads what is stored for `id`: the live record, else its tombstone.
+/// Reads what is stored for `id`: the live record, else (only then) its
+/// tombstone.
 pub(crate) async fn read_current(tx: &Tx, id: &JsString) -> Result<(Current, Option<JsValue>)> {
     let key = JsValue::from(id.clone());
-    let live = tx.store(RECORDS)?.get(key.clone())?.into_future();
-    let tomb = tx.store(TOMBSTONES)?.get(key)?.into_future();
-    let (live, tomb) = futures::join!(live, tomb);
-    classify(live?, tomb?)
+    if let Some(v) = tx.store(RECORDS)?.get(key.clone())?.await? {
+        return Ok((Current::Live(stored_rev(&v)?), Some(v)));
+    }
+    match tx.store(TOMBSTONES)?.get(key)?.await? {
+        Some(t) => Ok((Current::Deleted(stored_rev(&t)?), None)),
+        None => Ok((Current::Missing, None)),
+    }
 }
 
-/// Reads many ids at once: every request is issued before the first is awaited.
+/// Reads many ids at once: every live-record request is issued before the
+/// first is awaited; tombstones are read only for the ids with no record.
 pub(crate) async fn read_many<'a>(
     tx: &Tx,
     ids: impl Iterator<Item = &'a JsString>,
 ) -> Result<Vec<(Current, Option<JsValue>)>> {
     let records = tx.store(RECORDS)?;
+    let keys: Vec<JsValue> = ids.map(|id| JsValue::from(id.clone())).collect();
+    let live = keys
+        .iter()
+        .map(|k| records.get(k.clone()))
+        .collect::<Result<Vec<_>>>()?;
+    let mut out = Vec::with_capacity(keys.len());
+    let mut missing = Vec::new();
+    for (i, req) in live.into_iter().enumerate() {
+        match req.await? {
+            Some(v) => out.push((Current::Live(stored_rev(&v)?), Some(v))),
+            None => {
+                missing.push(i);
+                out.push((Current::Missing, None));
+            }
+        }
+    }
+    if missing.is_empty() {
+        return Ok(out);
+    }
     let tombs = tx.store(TOMBSTONES)?;
-    let mut live = Vec::new();
-    let mut dead = Vec::new();
-    for id in ids {
-        let key = JsValue::from(id.clone());
-        live.push(records.get(key.clone())?.into_future());
-        dead.push(tombs.get(key)?.into_future());
+    let dead = missing
+        .iter()
+        .map(|&i| tombs.get(keys[i].clone()))
+        .collect::<Result<Vec<_>>>()?;
+    for (i, req) in missing.into_iter().zip(dead) {
+        if let Some(t) = req.await? {
+            out[i].0 = Current::Deleted(stored_rev(&t)?);
+        }
     }
-    let (live, dead) = futures::join!(join_all(live), join_all(dead));
-    live.into_iter()
-        .zip(dead)
-        .map(|(l, d)| classify(l?, d?))
-        .collect()
-}
-
-fn classify(live: Option<JsValue>, tomb: Option<JsValue>) -> Result<(Current, Option<JsValue>)> {
-    if let Some(v) = live {
-        return Ok((Current::Live(stored_rev(&v)?), Some(v)));
-    }
-    if let Some(t) = tomb {
-        return Ok((Current::Deleted(stored_rev(&t)?), None));
-    }
-    Ok((Current::Missing, None))
+    Ok(out)
 }
 
 fn stored_rev(v: &JsValue) -> Result<Rev> {
     let s = get_str(v, "_rev")
         .ok_or_else(|| StoreError::Transaction("a stored record has no _rev".into()))?;
-    Rev::parse(&s).map_err(|e| StoreError::Transaction(format!("stored record: {e}")))
+    Rev::parse(&s).map_err(|e| StoreError::Transaction(e.0))
 }
 
-fn next_rev(base: Option<&Rev>, body: &Map<String, Value>) -> Result<String> {
-    Rev::next(base, &record::canonical_body(body))
-        .map(|r| r.to_string())
-        .map_err(|e| StoreError::validation(e.0))
-}
-
-/// Issues the writes of one record (no await: the caller commits).
-pub(crate) fn write_record(tx: &Tx, p: &Prepared, rev: &str, current: &Current) -> Result<()> {
-    set(&p.object, "_rev", &rev.into());
-    tx.store(RECORDS)?.put(&p.object, None)?;
+/// Issues the writes of one record whose `_rev` is already set (no await:
+/// the caller commits). `add` = the id is known to be new.
+pub(crate) fn write_record(tx: &Tx, p: &Prepared, current: &Current, add: bool) -> Result<()> {
+    let records = tx.store(RECORDS)?;
+    if add {
+        records.add(&p.object, None)?;
+    } else {
+        records.put(&p.object, None)?;
+    }
     if matches!(current, Current::Deleted(_)) {
         tx.store(TOMBSTONES)?.delete(JsValue::from(p.id.clone()))?;
     }
@@ -444,8 +503,8 @@ fn conflict(p: &Prepared, current: &Current, stored: Option<JsValue>) -> StoreEr
     StoreError::Conflict {
         id: p.id.clone().into(),
         id_text: p.id_text.clone(),
-        expected_rev: p.expected.as_ref().map(Rev::to_string),
-        current_rev: current.rev().map(Rev::to_string),
+        expected_rev: p.expected.as_ref().map(Rev::text),
+        current_rev: current.rev().map(Rev::text),
         current: stored.unwrap_or(JsValue::NULL),
         attempts: None,
     }

@@ -281,13 +281,77 @@ pub struct WorkerCredentials {
     pub refresh_token: String,
 }
 
-/// `GET /v1/health` answer.
+/// `GET /v1/health` answer (liveness: the process serves HTTP; the database is
+/// not consulted, see [`Readiness`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Health {
-    /// Always `"ok"` when the database answered.
+    /// Always `"ok"`.
     pub status: String,
     /// `"sqlite"` or `"postgres"`.
     pub database: String,
+}
+
+/// `GET /v1/ready` answer: `200` with `status: "ready"` when the database answers
+/// and every migration is applied; `503` with `status: "unavailable"` and a
+/// `reason` otherwise.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Readiness {
+    /// `"ready"` or `"unavailable"`.
+    pub status: String,
+    /// `"sqlite"` or `"postgres"`.
+    pub database: String,
+    /// Why the server is not ready (absent when ready).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Gauges of one queue, read from the database in one query: `GET
+/// /v1/queues/{queue}/stats`, and the per-queue gauges of `GET /metrics`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueStats {
+    /// The queue name.
+    pub queue: String,
+    /// Items waiting to be claimed.
+    pub open: u64,
+    /// Items claimed under a lease (leases held).
+    pub running: u64,
+    /// Items set aside by an operator or their worker.
+    pub paused: u64,
+    /// Items settled `blocked`.
+    pub blocked: u64,
+    /// Items settled `done`.
+    pub done: u64,
+    /// Items settled `failed` or failed by the retry cap.
+    pub failed: u64,
+    /// How long the longest-waiting open item has been open (ms on the database
+    /// clock, since it was enqueued or last reopened); `null` with no open item.
+    pub oldest_open_age_ms: Option<u64>,
+}
+
+impl QueueStats {
+    /// The count of items in `state`.
+    pub fn count(&self, state: ItemState) -> u64 {
+        match state {
+            ItemState::Open => self.open,
+            ItemState::Running => self.running,
+            ItemState::Paused => self.paused,
+            ItemState::Blocked => self.blocked,
+            ItemState::Done => self.done,
+            ItemState::Failed => self.failed,
+        }
+    }
+
+    /// Mutable count of items in `state`.
+    pub fn count_mut(&mut self, state: ItemState) -> &mut u64 {
+        match state {
+            ItemState::Open => &mut self.open,
+            ItemState::Running => &mut self.running,
+            ItemState::Paused => &mut self.paused,
+            ItemState::Blocked => &mut self.blocked,
+            ItemState::Done => &mut self.done,
+            ItemState::Failed => &mut self.failed,
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------

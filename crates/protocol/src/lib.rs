@@ -4,6 +4,7 @@
 //! come in as arguments so every rule is tested with plain `cargo test`.
 
 pub mod backoff;
+pub mod canonical;
 pub mod error;
 pub mod index;
 pub mod keys;

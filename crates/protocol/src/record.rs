@@ -1,8 +1,11 @@
 //! Record validation limits and rules, and the canonical body used for revisions.
 //!
 //! A record is a JSON object with a string `_id`. The SDK walks the JS value
-//! into a [`serde_json::Value`] (rejecting what JSON cannot carry), then these
-//! rules check the top level.
+//! once (rejecting what JSON cannot carry), classifies each top-level field
+//! with [`top_field`] and streams the canonical bytes into a
+//! [`crate::canonical::BodyDigest`]; [`check_record`] applies the same rules
+//! to a parsed JSON object (imports, native tests). Messages are static
+//! strings: the SDK adds the field path itself.
 
 use crate::rev::Rev;
 use serde_json::{Map, Value};
@@ -33,11 +36,53 @@ pub fn check_id(len_units: usize) -> Result<(), String> {
         return Err("_id must be a non-empty string".into());
     }
     if len_units > MAX_ID_UNITS {
-        return Err(format!(
-            "_id is {len_units} UTF-16 code units long; the limit is {MAX_ID_UNITS}"
-        ));
+        return Err(ID_TOO_LONG.into());
     }
     Ok(())
+}
+
+/// Message for an `_id` longer than [`MAX_ID_UNITS`].
+pub const ID_TOO_LONG: &str = "_id is longer than 1024 UTF-16 code units";
+/// Message for a reserved top-level field.
+pub const RESERVED_FIELD: &str =
+    "is reserved: fields starting with '_' other than _id and _rev are not allowed";
+/// Message for a `_rev` that is not a string.
+pub const REV_NOT_STRING: &str = "_rev must be a string";
+/// Message for a `recordType` that is not a string.
+pub const RECORD_TYPE_NOT_STRING: &str = "recordType must be a string";
+/// Message for a malformed `updatedAt`.
+pub const BAD_UPDATED_AT: &str =
+    "updatedAt must be an ISO-8601 UTC string with milliseconds, e.g. 2026-03-01T08:27:12.804Z";
+/// Message for a record whose canonical JSON exceeds [`MAX_RECORD_BYTES`].
+pub const TOO_LARGE: &str = "the record is larger than 64 MiB as JSON";
+
+/// What a top-level field of a record is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TopField {
+    /// `_id` (checked with [`check_id`]).
+    Id,
+    /// `_rev`: a revision string, not part of the body digest.
+    Rev,
+    /// `recordType`: a string.
+    RecordType,
+    /// `updatedAt`: [`is_iso_millis_utc`]; hashed after the body digest.
+    UpdatedAt,
+    /// Any other field starting with `_`: refused ([`RESERVED_FIELD`]).
+    Reserved,
+    /// Application data.
+    Data,
+}
+
+/// Classifies a top-level field name.
+pub fn top_field(key: &str) -> TopField {
+    match key {
+        "_id" => TopField::Id,
+        "_rev" => TopField::Rev,
+        "recordType" => TopField::RecordType,
+        "updatedAt" => TopField::UpdatedAt,
+        k if k.starts_with('_') => TopField::Reserved,
+        _ => TopField::Data,
+    }
 }
 
 /// What the top-level check learned about a record.
@@ -59,30 +104,23 @@ pub struct RecordMeta {
 /// A message naming the first offending field.
 pub fn check_record(record: &Map<String, Value>) -> Result<RecordMeta, String> {
     for key in record.keys() {
-        if key.starts_with('_') && !ALLOWED_UNDERSCORE_FIELDS.contains(&key.as_str()) {
-            return Err(format!(
-                "field {key:?} is reserved: fields starting with '_' other than _id and _rev are not allowed"
-            ));
+        if top_field(key) == TopField::Reserved {
+            return Err(["field ", key, " ", RESERVED_FIELD].concat());
         }
     }
     let rev = match record.get("_rev") {
         None => None,
         Some(Value::String(s)) => Some(Rev::parse(s).map_err(|e| e.0)?),
-        Some(_) => return Err("_rev must be a string".into()),
+        Some(_) => return Err(REV_NOT_STRING.into()),
     };
     match record.get("recordType") {
         None | Some(Value::String(_)) => {}
-        Some(_) => return Err("recordType must be a string".into()),
+        Some(_) => return Err(RECORD_TYPE_NOT_STRING.into()),
     }
     let has_updated_at = match record.get("updatedAt") {
         None => false,
         Some(Value::String(s)) if is_iso_millis_utc(s) => true,
-        Some(_) => {
-            return Err(
-                "updatedAt must be an ISO-8601 UTC string with milliseconds, e.g. 2026-03-01T08:27:12.804Z"
-                    .into(),
-            )
-        }
+        Some(_) => return Err(BAD_UPDATED_AT.into()),
     };
     Ok(RecordMeta {
         rev,
@@ -139,9 +177,7 @@ pub fn check_limit(limit: Option<f64>) -> Result<u32, String> {
     match limit {
         None => Ok(DEFAULT_LIST_LIMIT),
         Some(l) if l.fract() == 0.0 && l >= 1.0 && l <= f64::from(MAX_LIST_LIMIT) => Ok(l as u32),
-        Some(l) => Err(format!(
-            "limit must be an integer between 1 and {MAX_LIST_LIMIT}, got {l}"
-        )),
+        Some(_) => Err("limit must be an integer between 1 and 10000".into()),
     }
 }
 
@@ -154,6 +190,19 @@ mod tests {
         match v {
             Value::Object(m) => m,
             _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn top_fields_are_classified() {
+        assert_eq!(top_field("_id"), TopField::Id);
+        assert_eq!(top_field("_rev"), TopField::Rev);
+        assert_eq!(top_field("_deleted"), TopField::Reserved);
+        assert_eq!(top_field("recordType"), TopField::RecordType);
+        assert_eq!(top_field("updatedAt"), TopField::UpdatedAt);
+        assert_eq!(top_field("name"), TopField::Data);
+        for f in ALLOWED_UNDERSCORE_FIELDS {
+            assert_ne!(top_field(f), TopField::Reserved);
         }
     }
 

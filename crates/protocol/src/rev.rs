@@ -3,9 +3,13 @@
 //! Rules (DESIGN.md "Records"): the store assigns revisions; the generation
 //! starts at 1, grows by one per write (a tombstone is a write), and never
 //! exceeds 2^53 − 1 so it survives a trip through a JS Number. The hex part is
-//! `md5(previous revision + "\n" + canonical body)`: the same write on the same
-//! previous revision yields the same revision, like PouchDB's deterministic
-//! revisions. Revisions imported from PouchDB keep their 32-hex form.
+//! `md5(previous revision + "\n" + part₁ + "\n" + part₂ …)` where the parts
+//! are the body's digest (md5 hex of its canonical JSON without `_rev` and
+//! `updatedAt`, [`crate::canonical::BodyDigest`]) and then `updatedAt`: the
+//! digest is computed before the write transaction, and the same write on
+//! the same previous revision yields the same revision, like PouchDB's
+//! deterministic revisions. Revisions imported from PouchDB keep their
+//! 32-hex form.
 
 use md5::{Digest, Md5};
 use std::cmp::Ordering;
@@ -46,7 +50,7 @@ impl Rev {
     /// decimal in 1..=2^53−1 (no sign, no leading zero), or a hex part that is
     /// empty, too long or not lower-case hex.
     pub fn parse(s: &str) -> Result<Rev, RevParseError> {
-        let err = |why: &str| Err(RevParseError(format!("invalid _rev {s:?}: {why}")));
+        let err = |why: &str| Err(RevParseError(["invalid _rev \"", s, "\": ", why].concat()));
         let Some((gen, hash)) = s.split_once('-') else {
             return err("expected \"<generation>-<hex>\"");
         };
@@ -69,12 +73,13 @@ impl Rev {
         })
     }
 
-    /// The revision that follows `prev` (or the first one) for a body whose
-    /// canonical JSON is `canonical_body`.
+    /// The revision that follows `prev` (or the first one) for a write
+    /// described by `parts` (the body digest, then `updatedAt` when the
+    /// record has one).
     ///
     /// # Errors
     /// When `prev` is already at [`MAX_GENERATION`].
-    pub fn next(prev: Option<&Rev>, canonical_body: &str) -> Result<Rev, RevParseError> {
+    pub fn next(prev: Option<&Rev>, parts: &[&str]) -> Result<Rev, RevParseError> {
         let generation = match prev {
             None => 1,
             Some(p) if p.generation >= MAX_GENERATION => {
@@ -86,23 +91,33 @@ impl Rev {
         };
         let mut h = Md5::new();
         if let Some(p) = prev {
-            h.update(p.to_string().as_bytes());
+            h.update(p.text().as_bytes());
         }
-        h.update(b"\n");
-        h.update(canonical_body.as_bytes());
-        let digest = h.finalize();
-        let mut hash = String::with_capacity(32);
-        for b in digest {
-            hash.push(char::from_digit(u32::from(b >> 4), 16).unwrap_or('0'));
-            hash.push(char::from_digit(u32::from(b & 15), 16).unwrap_or('0'));
+        for part in parts {
+            h.update(b"\n");
+            h.update(part.as_bytes());
         }
-        Ok(Rev { generation, hash })
+        Ok(Rev {
+            generation,
+            hash: crate::canonical::hex(&h.finalize()),
+        })
+    }
+
+    /// `"<generation>-<hex>"`, without `core::fmt` (kept off wasm paths).
+    pub fn text(&self) -> String {
+        let mut buf = [0u8; 20];
+        let gen = crate::canonical::itoa(self.generation, &mut buf);
+        let mut out = String::with_capacity(gen.len() + 1 + self.hash.len());
+        out.extend(gen.iter().map(|&b| char::from(b)));
+        out.push('-');
+        out.push_str(&self.hash);
+        out
     }
 }
 
 impl fmt::Display for Rev {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}-{}", self.generation, self.hash)
+        f.write_str(&self.text())
     }
 }
 
@@ -197,15 +212,21 @@ mod tests {
 
     #[test]
     fn next_revision_is_deterministic_and_depends_on_parent_and_body() {
-        let a = Rev::next(None, r#"{"x":1}"#).unwrap();
-        assert_eq!(a, Rev::next(None, r#"{"x":1}"#).unwrap());
+        let a = Rev::next(None, &["d1"]).unwrap();
+        assert_eq!(a, Rev::next(None, &["d1"]).unwrap());
         assert_eq!(a.generation, 1);
         assert_eq!(a.hash.len(), 32);
-        assert_ne!(a, Rev::next(None, r#"{"x":2}"#).unwrap());
-        let b = Rev::next(Some(&a), r#"{"x":1}"#).unwrap();
+        assert_ne!(a, Rev::next(None, &["d2"]).unwrap());
+        assert_ne!(
+            a,
+            Rev::next(None, &["d1", "2026-01-01T00:00:00.000Z"]).unwrap()
+        );
+        let b = Rev::next(Some(&a), &["d1"]).unwrap();
         assert_eq!(b.generation, 2);
         assert_ne!(b.hash, a.hash);
         assert_eq!(Rev::parse(&b.to_string()).unwrap(), b);
+        assert_eq!(b.text(), b.to_string());
+        assert_eq!(b.text(), format!("2-{}", b.hash));
     }
 
     #[test]
@@ -214,13 +235,13 @@ mod tests {
             generation: MAX_GENERATION,
             hash: "ab".into(),
         };
-        assert!(Rev::next(Some(&top), "{}").is_err());
+        assert!(Rev::next(Some(&top), &["{}"]).is_err());
         let below = Rev {
             generation: MAX_GENERATION - 1,
             hash: "ab".into(),
         };
         assert_eq!(
-            Rev::next(Some(&below), "{}").unwrap().generation,
+            Rev::next(Some(&below), &["{}"]).unwrap().generation,
             MAX_GENERATION
         );
         assert!(Rev::parse("9007199254740991-ab").is_ok());

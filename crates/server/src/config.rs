@@ -61,6 +61,11 @@ pub struct Config {
     /// `Retry-After` of a `204` claim answer (ms, rounded up to seconds).
     #[arg(long, default_value_t = 5_000)]
     pub idle_retry_ms: u64,
+    /// Also serve `GET /metrics` WITHOUT a token on this address (e.g. a
+    /// private interface a Prometheus scraper reaches). Without it, `/metrics`
+    /// exists only on `--listen`, behind the admin token.
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl Config {

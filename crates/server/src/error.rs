@@ -56,6 +56,8 @@ impl IntoResponse for ApiError {
             message: self.message,
         };
         let mut resp = (status, Json(body)).into_response();
+        // For the metrics middleware, which counts answers by code.
+        resp.extensions_mut().insert(self.code);
         if let Some(secs) = self.retry_after_s {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));

@@ -22,6 +22,8 @@ pub mod auth;
 pub mod config;
 pub mod error;
 pub mod extract;
+pub mod metrics;
+pub mod ops;
 pub mod ratelimit;
 pub mod reaper;
 pub mod routes;

@@ -43,12 +43,12 @@ pub fn router() -> Router<AppState> {
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such endpoint") })
 }
 
-async fn health(State(st): State<AppState>) -> Result<Json<Health>, ApiError> {
-    st.store.db_now_ms().await?;
-    Ok(Json(Health {
+/// Liveness: cheap, and independent of the database (readiness is `/v1/ready`).
+async fn health(State(st): State<AppState>) -> Json<Health> {
+    Json(Health {
         status: "ok".into(),
         database: st.store.backend().name().into(),
-    }))
+    })
 }
 
 async fn create_enrollment(
@@ -132,7 +132,9 @@ async fn claim(
         e.retry_after_s = Some(wait.as_millis().div_ceil(1000).max(1) as u64);
         return Err(e);
     }
-    match st.store.claim(queue, caller.worker_id()).await? {
+    let claimed = st.store.claim(queue, caller.worker_id()).await?;
+    st.metrics.claimed(claimed.is_some());
+    match claimed {
         Some(claimed) => Ok((StatusCode::CREATED, Json(claimed)).into_response()),
         None => {
             let secs = st.idle_retry_ms.div_ceil(1000).max(1);
@@ -164,6 +166,7 @@ async fn heartbeat(
     JsonBody(req): JsonBody<TokenRequest>,
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
     let ttl_ms = st.store.heartbeat(item_id(&id)?, &req.token).await?;
+    st.metrics.heartbeat();
     Ok(Json(HeartbeatResponse { ttl_ms }))
 }
 
@@ -182,14 +185,18 @@ async fn heartbeats(
     for lease in req.leases {
         let outcome = st.store.heartbeat(lease.item_id, &lease.token).await;
         results.push(match outcome {
-            Ok(ttl_ms) => BatchHeartbeatResult {
-                item_id: lease.item_id,
-                ok: true,
-                ttl_ms: Some(ttl_ms),
-                error: None,
-            },
+            Ok(ttl_ms) => {
+                st.metrics.heartbeat();
+                BatchHeartbeatResult {
+                    item_id: lease.item_id,
+                    ok: true,
+                    ttl_ms: Some(ttl_ms),
+                    error: None,
+                }
+            }
             Err(e) => {
                 let e = ApiError::from(e);
+                st.metrics.answered(e.code);
                 BatchHeartbeatResult {
                     item_id: lease.item_id,
                     ok: false,
@@ -221,6 +228,7 @@ async fn settle(
             req.error.as_deref(),
         )
         .await?;
+    st.metrics.settled(req.state);
     Ok(Json(item))
 }
 
@@ -234,7 +242,11 @@ async fn release(
     JsonBody(req): JsonBody<TokenRequest>,
 ) -> Result<Json<ItemView>, ApiError> {
     caller_from(&st, &headers).await?;
-    Ok(Json(st.store.release(item_id(&id)?, &req.token).await?))
+    let item = st.store.release(item_id(&id)?, &req.token).await?;
+    if item.state == ItemState::Failed {
+        st.metrics.retry_limit_failed("release", 1);
+    }
+    Ok(Json(item))
 }
 
 async fn resume(

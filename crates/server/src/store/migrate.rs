@@ -135,3 +135,18 @@ pub async fn migrate(store: &Store) -> Result<usize, StoreError> {
     }
     Ok(applied)
 }
+
+/// How many of [`MIGRATIONS`] this database has not recorded (readiness: a
+/// database restored from an older backup, or replaced under a running server).
+///
+/// # Errors
+/// The database failed, or `schema_migrations` does not exist.
+pub async fn pending(store: &Store) -> Result<usize, StoreError> {
+    let applied: Vec<(i64,)> = sqlx::query_as("SELECT version FROM schema_migrations")
+        .fetch_all(store.pool())
+        .await?;
+    Ok(MIGRATIONS
+        .iter()
+        .filter(|m| !applied.iter().any(|(v,)| *v == m.version))
+        .count())
+}

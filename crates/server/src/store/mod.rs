@@ -7,10 +7,11 @@
 
 mod items;
 mod migrate;
+mod stats;
 mod workers;
 
 pub use items::ExpiredClaim;
-pub use migrate::{migrate, MIGRATIONS};
+pub use migrate::{migrate, pending, MIGRATIONS};
 
 use agentstore_protocol::lease::{DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_ATTEMPTS, DEFAULT_TTL_MS};
 use agentstore_protocol::ErrorCode;

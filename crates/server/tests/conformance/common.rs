@@ -107,7 +107,8 @@ impl TestDb {
         sqlx::AnyPool::connect(&url).await.expect("raw pool")
     }
 
-    async fn cleanup(self) {
+    /// Deletes the database (file or schema).
+    pub async fn cleanup(self) {
         if let Some(dir) = self.dir {
             let _ = std::fs::remove_dir_all(dir);
         }

@@ -6,6 +6,7 @@ mod auth;
 mod common;
 mod instances;
 mod lease;
+mod metrics;
 mod migrate;
 
 macro_rules! conformance {
@@ -50,5 +51,9 @@ conformance! {
     auth::access_tokens_expire_on_the_database_clock,
     migrate::an_older_schema_upgrades_in_place_and_keeps_its_rows,
     migrate::running_migrations_twice_is_a_no_op,
+    migrate::concurrent_starts_apply_each_migration_exactly_once,
+    migrate::readiness_is_503_while_a_migration_is_not_recorded,
     instances::two_instances_with_eight_claimers_settle_every_item_exactly_once,
+    metrics::a_scrape_counts_exactly_what_a_scripted_workload_did,
+    metrics::metrics_listen_serves_metrics_without_a_token_only_there,
 }

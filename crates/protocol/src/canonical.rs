@@ -1,0 +1,210 @@
+//! The canonical JSON of a record body, streamed into its digest.
+//!
+//! The SDK walks a JS value once and feeds each token here; nothing builds a
+//! JSON tree or a JSON string. The bytes fed are exactly what
+//! [`crate::record::canonical_body`] produces for the same body (object keys
+//! sorted by their UTF-8 bytes, no whitespace, serde_json's string escapes,
+//! integers up to 2^53 written as integers), so natively and in the browser
+//! the digest is the same. [`BodyDigest::len`] counts those bytes: the size
+//! limit reads the same pass.
+
+use md5::{Digest, Md5};
+
+/// Largest integer magnitude written as an integer (2^53).
+pub const SAFE_INT: f64 = 9_007_199_254_740_992.0;
+
+/// An MD5 digest of canonical JSON being written, and its length in bytes.
+#[derive(Clone, Default)]
+pub struct BodyDigest {
+    md5: Md5,
+    len: usize,
+}
+
+impl BodyDigest {
+    /// An empty digest.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Feeds raw bytes: punctuation (`{ } [ ] , :`), `null`, `true`,
+    /// `false` or a number's text.
+    pub fn raw(&mut self, bytes: &[u8]) {
+        self.md5.update(bytes);
+        self.len += bytes.len();
+    }
+
+    /// Feeds a finite number: an integer of magnitude ≤ 2^53 as its decimal
+    /// digits; anything else through `fallback` (the SDK passes JavaScript's
+    /// `String(n)`, so no float formatting is compiled into the wasm).
+    ///
+    /// Returns `false` (feeding nothing) for NaN and ±Infinity.
+    pub fn number(&mut self, n: f64, fallback: impl FnOnce(f64) -> String) -> bool {
+        if !n.is_finite() {
+            return false;
+        }
+        if n.fract() == 0.0 && n.abs() <= SAFE_INT {
+            let mut buf = [0u8; 20];
+            let digits = itoa(n.abs() as u64, &mut buf);
+            if n < 0.0 {
+                self.raw(b"-");
+            }
+            self.raw(digits);
+        } else {
+            self.raw(fallback(n).as_bytes());
+        }
+        true
+    }
+
+    /// Feeds a JSON string literal (quotes and escapes included), escaped as
+    /// serde_json does: `\"`, `\\`, `\b \f \n \r \t`, other control
+    /// characters as `\u00xx`; everything else as UTF-8.
+    pub fn string(&mut self, s: &str) {
+        self.raw(b"\"");
+        let bytes = s.as_bytes();
+        let mut start = 0;
+        for (i, &b) in bytes.iter().enumerate() {
+            let esc: &[u8] = match b {
+                b'"' => b"\\\"",
+                b'\\' => b"\\\\",
+                b'\n' => b"\\n",
+                b'\r' => b"\\r",
+                b'\t' => b"\\t",
+                0x08 => b"\\b",
+                0x0c => b"\\f",
+                0..=0x1f => &[],
+                _ => continue,
+            };
+            self.raw(&bytes[start..i]);
+            if esc.is_empty() {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                self.raw(&[
+                    b'\\',
+                    b'u',
+                    b'0',
+                    b'0',
+                    HEX[usize::from(b >> 4)],
+                    HEX[usize::from(b & 15)],
+                ]);
+            } else {
+                self.raw(esc);
+            }
+            start = i + 1;
+        }
+        self.raw(&bytes[start..]);
+        self.raw(b"\"");
+    }
+
+    /// Bytes fed so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing was fed.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The digest as 32 lower-case hex characters.
+    pub fn finish(self) -> String {
+        hex(&self.md5.finalize())
+    }
+}
+
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 15)]));
+    }
+    out
+}
+
+/// The decimal digits of `n`, written at the end of `buf` (no `core::fmt`).
+pub fn itoa(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[i..];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::canonical_body;
+    use serde_json::{json, Value};
+
+    /// Streams a serde_json value the way the SDK streams a JS value.
+    fn feed(d: &mut BodyDigest, v: &Value) {
+        match v {
+            Value::Null => d.raw(b"null"),
+            Value::Bool(b) => d.raw(if *b { b"true" } else { b"false" }),
+            Value::Number(n) => {
+                assert!(d.number(n.as_f64().unwrap(), |f| serde_json::to_string(&f).unwrap()));
+            }
+            Value::String(s) => d.string(s),
+            Value::Array(items) => {
+                d.raw(b"[");
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        d.raw(b",");
+                    }
+                    feed(d, item);
+                }
+                d.raw(b"]");
+            }
+            Value::Object(map) => {
+                d.raw(b"{");
+                for (i, (k, item)) in map.iter().enumerate() {
+                    if i > 0 {
+                        d.raw(b",");
+                    }
+                    d.string(k);
+                    d.raw(b":");
+                    feed(d, item);
+                }
+                d.raw(b"}");
+            }
+        }
+    }
+
+    #[test]
+    fn streamed_bytes_equal_the_canonical_body() {
+        let body = json!({
+            "_id": "a/\"quoted\"\\slash",
+            "n": [0, -1, 9007199254740992_i64, 1.5, -0.25, 1e300],
+            "s": "tab\there\nnew \u{1} \u{1f} \u{7f} é 😀",
+            "o": {"z": null, "a": true, "m": false},
+        });
+        let expected = canonical_body(body.as_object().unwrap());
+        let mut d = BodyDigest::new();
+        feed(&mut d, &body);
+        assert_eq!(d.len(), expected.len());
+        let mut whole = BodyDigest::new();
+        whole.raw(expected.as_bytes());
+        assert_eq!(d.finish(), whole.finish());
+    }
+
+    #[test]
+    fn non_finite_numbers_are_refused() {
+        let mut d = BodyDigest::new();
+        for n in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            assert!(!d.number(n, |_| unreachable!()));
+        }
+        assert!(d.is_empty());
+    }
+
+    #[test]
+    fn integers_are_written_without_formatting() {
+        let mut buf = [0u8; 20];
+        assert_eq!(itoa(0, &mut buf), b"0");
+        assert_eq!(itoa(u64::MAX, &mut buf), b"18446744073709551615");
+        assert_eq!(hex(&[0x0a, 0xff]), "0aff");
+    }
+}
