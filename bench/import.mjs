@@ -152,7 +152,7 @@ let md = `${docs.toLocaleString('en')} documents, ${mib(dumpBytes)} MiB dump (${
 md += '| phase | raw IndexedDB ms | agentstore ms | agentstore ÷ raw | wasm memory: fresh → peak → after (MiB, max over runs) |\n|---|---:|---:|---:|---|\n';
 md += row('importPouchDump(Blob) vs raw stream + JSON.parse + put', samples.map((s) => s.imp.rawImport.ms), samples.map((s) => s.imp.agentImport.ms),
   `${mib(max(samples.map((s) => s.imp.fresh)))} → ${mib(max(samples.map((s) => s.imp.agentImport.peak)))} → ${mib(max(samples.map((s) => s.imp.agentImport.after)))}`);
-md += row('exportSnapshot({as: "blob"}) vs raw getAll + stringify', samples.map((s) => s.exp.rawExport.ms), samples.map((s) => s.exp.agentExport.ms),
+md += row('exportSnapshotBlob() vs raw getAll + stringify + Blob', samples.map((s) => s.exp.rawExport.ms), samples.map((s) => s.exp.agentExport.ms),
   `${mib(max(samples.map((s) => s.exp.fresh)))} → ${mib(max(samples.map((s) => s.exp.agentExport.after)))} (after)`);
 md += row('rebuildIndexes (1 index) vs raw entry puts', samples.map((s) => s.reb.rawRebuild.ms), samples.map((s) => s.reb.agentRebuild.ms),
   `${mib(max(samples.map((s) => s.reb.fresh)))} → ${mib(max(samples.map((s) => s.reb.agentRebuild.after)))} (after)`);

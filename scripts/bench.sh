@@ -57,6 +57,9 @@ timeout --kill-after=30 "$((BROWSER_S + 300))" \
   node bench/run-browser.mjs --runs "$RUNS" --budget-s "$BROWSER_S" --out bench/results/browser.json \
   > bench/results/browser.md
 
+step "import/export memory and time (bench/import.mjs, ${IMPORT_RUNS:=3} runs)"
+timeout --kill-after=30 1800 node bench/import.mjs --runs "$IMPORT_RUNS" > bench/results/import.md
+
 step "PostgreSQL on loopback (scripts/pg.sh)"
 PG_ARGS=()
 if bash scripts/pg.sh start >&2; then
@@ -72,4 +75,5 @@ timeout --kill-after=30 "$SERVER_S" \
 
 printf '\n## Machine\n\n```\n'; cat /tmp/agentstore-bench-machine.txt; printf '```\n'
 printf '\n## Browser (headless Chromium)\n\n'; cat bench/results/browser.md
+printf '\n## Import and export (headless Chromium)\n\n'; cat bench/results/import.md
 printf '\n## Server (loopback)\n\n'; cat bench/results/server.md

@@ -64,11 +64,7 @@ export interface ImportOptions {
   legacyIndexId?: string;
 }
 export interface ExportOptions {
-  /** Receives the NDJSON in chunks of whole lines (called synchronously, in order); the call then resolves with undefined. */
-  onChunk?: (chunk: string) => void;
-  /** "string" (default) or "blob": the result's form when there is no onChunk. */
-  as?: "string" | "blob";
-  /** Stored objects per chunk, 1..=10000; default 1000. */
+  /** Stored objects read per request (and per `exportSnapshotChunks` chunk), 1..=10000; default 1000. */
   batchSize?: number;
 }
 export interface PouchImportSummary {
@@ -474,33 +470,49 @@ impl AgentStore {
         })
     }
 
-    /// Every record and tombstone as NDJSON (header line first): a string,
-    /// a `Blob` (`as: "blob"`), or chunks handed to `onChunk`.
-    #[wasm_bindgen(js_name = exportSnapshot, unchecked_return_type = "Promise<string | Blob | undefined>")]
+    /// Every record and tombstone as NDJSON (header line first), as a string
+    /// assembled in JavaScript.
+    #[wasm_bindgen(js_name = exportSnapshot, unchecked_return_type = "Promise<string>")]
     pub fn export_snapshot(
         &self,
         #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions")] options: JsValue,
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
-            let on_chunk = opt_fn(&options, "onChunk")?;
             let batch = batch_option(&options)?;
-            let blob = match opt(&options, "as") {
-                v if v.is_undefined() || v.is_null() => false,
-                v => match v.as_string().as_deref() {
-                    Some("string") => false,
-                    Some("blob") => true,
-                    _ => return Err(StoreError::validation("as must be \"string\" or \"blob\"")),
-                },
-            };
-            if on_chunk.is_some() {
-                s.export_snapshot_chunks(on_chunk.as_ref(), batch).await?;
-                return Ok(JsValue::UNDEFINED);
-            }
-            if blob {
-                return s.export_snapshot_blob(batch).await;
-            }
             Ok(s.export_snapshot_chunks(None, batch).await?.join("").into())
+        })
+    }
+
+    /// The same NDJSON as `exportSnapshot`, as a `Blob`.
+    #[wasm_bindgen(js_name = exportSnapshotBlob, unchecked_return_type = "Promise<Blob>")]
+    pub fn export_snapshot_blob(
+        &self,
+        #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions")] options: JsValue,
+    ) -> Promise {
+        let s = self.inner.clone();
+        run(async move {
+            let batch = batch_option(&options)?;
+            s.export_snapshot_blob(batch).await
+        })
+    }
+
+    /// The same NDJSON as `exportSnapshot`, handed to `onChunk` in chunks of
+    /// whole lines, in order, synchronously, from one read-only transaction.
+    #[wasm_bindgen(js_name = exportSnapshotChunks, unchecked_return_type = "Promise<void>")]
+    pub fn export_snapshot_chunks(
+        &self,
+        #[wasm_bindgen(unchecked_param_type = "(chunk: string) => void")] on_chunk: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions")] options: JsValue,
+    ) -> Promise {
+        let s = self.inner.clone();
+        run(async move {
+            let on_chunk: Function = on_chunk.dyn_into().map_err(|_| {
+                StoreError::validation("exportSnapshotChunks(onChunk): onChunk must be a function")
+            })?;
+            let batch = batch_option(&options)?;
+            s.export_snapshot_chunks(Some(&on_chunk), batch).await?;
+            Ok(JsValue::UNDEFINED)
         })
     }
 

@@ -99,6 +99,14 @@ fn rec(id: &str, rev: &str, updated: &str) -> String {
     json!({"_id": id, "_rev": rev, "recordType": "run", "updatedAt": updated}).to_string()
 }
 
+/// A snapshot of `n` records `p0`… at revision 1-aa.
+fn snapshot_of_runs(n: usize) -> String {
+    std::iter::once(HEADER.to_owned())
+        .chain((0..n).map(|i| rec(&format!("p{i}"), "1-aa", "2026-01-01T00:00:00.000Z")))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn tomb(id: &str, rev: &str) -> String {
     json!({"_id": id, "_rev": rev, "_deleted": true}).to_string()
 }
@@ -480,13 +488,7 @@ async fn export_streams_chunks_or_a_blob_with_the_same_bytes() {
 /// running the import again completes it.
 #[wasm_bindgen_test]
 async fn progress_abort_and_a_failed_batch_leave_only_whole_committed_batches() {
-    let lines: Vec<String> = (0..5)
-        .map(|i| rec(&format!("p{i}"), "1-aa", "2026-01-01T00:00:00.000Z"))
-        .collect();
-    let text = std::iter::once(HEADER.to_owned())
-        .chain(lines)
-        .collect::<Vec<_>>()
-        .join("\n");
+    let text = snapshot_of_runs(5);
     let (store, _) = open("progress").await;
     let calls = Rc::new(RefCell::new(Vec::<(u32, u32)>::new()));
     let c2 = calls.clone();
@@ -540,13 +542,7 @@ async fn progress_abort_and_a_failed_batch_leave_only_whole_committed_batches() 
 /// the next batch's transaction exists) is seen and its newer revision kept.
 #[wasm_bindgen_test]
 async fn a_write_from_elsewhere_during_an_import_into_an_empty_store_is_not_overwritten() {
-    let lines: Vec<String> = (0..6)
-        .map(|i| rec(&format!("p{i}"), "1-aa", "2026-01-01T00:00:00.000Z"))
-        .collect();
-    let text = std::iter::once(HEADER.to_owned())
-        .chain(lines)
-        .collect::<Vec<_>>()
-        .join("\n");
+    let text = snapshot_of_runs(6);
     let (store, name) = open("foreign").await;
     let open_raw = Function::new_with_args(
         "name",

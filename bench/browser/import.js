@@ -150,7 +150,7 @@ window.bench = {
   async agentExport() {
     const s = await AgentStore.open('bench-imp-as');
     const t0 = performance.now();
-    const blob = await s.exportSnapshot({ as: 'blob', batchSize: BATCH });
+    const blob = await s.exportSnapshotBlob({ batchSize: BATCH });
     const ms = performance.now() - t0;
     s.close();
     return { ms, bytes: blob.size, after: wasm.memory.buffer.byteLength };

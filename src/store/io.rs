@@ -69,6 +69,94 @@ struct Staged {
     object: JsValue,
 }
 
+impl Staged {
+    /// The winning row of `id` at revision `win` (a JS string): a tombstone
+    /// when `deleted`, else `doc` as it is.
+    fn winner(id: JsValue, win: &JsValue, deleted: bool, doc: JsValue) -> Result<Staged> {
+        let rev_text = win.as_string().unwrap_or_default();
+        let rev = Rev::parse(&rev_text).map_err(|e| StoreError::Transaction(e.0))?;
+        let id: JsString = id.unchecked_into();
+        let object = if deleted {
+            tombstone(&id, &rev_text).into()
+        } else {
+            doc
+        };
+        Ok(Staged {
+            id,
+            rev,
+            deleted,
+            object,
+        })
+    }
+}
+
+/// Pass 2 of an import: collects winners and writes them `opts.batch` at a
+/// time, reporting progress after each committed batch.
+struct Writer<'a> {
+    store: &'a Store,
+    opts: &'a ImportOptions,
+    /// Ids the import resolves to (the progress total).
+    total: u32,
+    staged: Vec<Staged>,
+    counts: ImportCounts,
+    mode: WriteMode,
+}
+
+impl<'a> Writer<'a> {
+    fn new(store: &'a Store, opts: &'a ImportOptions, total: u32) -> Self {
+        Writer {
+            store,
+            opts,
+            total,
+            staged: Vec::new(),
+            counts: ImportCounts::default(),
+            mode: WriteMode::Unknown,
+        }
+    }
+
+    async fn push(&mut self, item: Staged) -> Result<()> {
+        self.staged.push(item);
+        if self.staged.len() >= self.opts.batch as usize {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    async fn finish(mut self) -> Result<ImportCounts> {
+        self.flush().await?;
+        Ok(self.counts)
+    }
+
+    /// Writes the staged winners in one transaction (each only over a lower
+    /// stored revision), then reports progress.
+    async fn flush(&mut self) -> Result<()> {
+        if self.staged.is_empty() {
+            return Ok(());
+        }
+        check_abort(self.opts.signal.as_ref())?;
+        let batch = loop {
+            let fresh = self.mode != WriteMode::Read;
+            match self.store.write_batch(&self.staged, &mut self.mode).await {
+                Ok(b) => break b,
+                // A write from elsewhere made `add()` fail: read, and retry once.
+                Err(_) if fresh && !self.store.only_this_import(self.mode).await? => {
+                    self.mode = WriteMode::Read;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        self.counts.written += batch.written;
+        self.counts.kept_newer += batch.kept_newer;
+        let done = self.counts.written + self.counts.kept_newer;
+        self.staged.clear();
+        if let Some(cb) = &self.opts.on_progress {
+            cb.call2(&JsValue::NULL, &done.into(), &self.total.into())
+                .map_err(StoreError::Thrown)?;
+        }
+        Ok(())
+    }
+}
+
 /// The legacy index document's drift, from its winning row's `records` and
 /// the winners (`leaves`: id → winning revision; `dead`: ids whose winner is
 /// deleted).
@@ -412,10 +500,7 @@ impl Store {
         let legacy = legacy_report(&leaves, &dead, legacy_index_id, &legacy_rows, live_others);
         drop(legacy_rows);
 
-        let total = leaves.size();
-        let mut counts = ImportCounts::default();
-        let mut mode = WriteMode::Unknown;
-        let mut staged = Vec::new();
+        let mut writer = Writer::new(self, opts, leaves.size());
         let mut lines = source.lines();
         let mut first = true;
         let mut ignore_seq = None;
@@ -433,31 +518,15 @@ impl Store {
                 }
                 leaves.delete(&id);
                 let deleted = dead.has(&id);
-                let rev_text = win.as_string().unwrap_or_default();
-                let rev = Rev::parse(&rev_text).map_err(|e| StoreError::Transaction(e.0))?;
-                let id: JsString = id.unchecked_into();
-                let object = if deleted {
-                    tombstone(&id, &rev_text).into()
-                } else {
+                if !deleted {
                     for f in BOOKKEEPING_FIELDS {
                         let _ = Reflect::delete_property(doc.unchecked_ref::<Object>(), &f.into());
                     }
-                    doc
-                };
-                staged.push(Staged {
-                    id,
-                    rev,
-                    deleted,
-                    object,
-                });
-                if staged.len() >= opts.batch as usize {
-                    self.write_staged(&mut staged, &mut counts, &mut mode, opts, total)
-                        .await?;
                 }
+                writer.push(Staged::winner(id, &win, deleted, doc)?).await?;
             }
         }
-        self.write_staged(&mut staged, &mut counts, &mut mode, opts, total)
-            .await?;
+        let counts = writer.finish().await?;
         Ok((summary, counts, legacy))
     }
 
@@ -617,10 +686,7 @@ impl Store {
                 winners.set(&key, &JsValue::from_str(&rev.to_string()));
             }
         }
-        let total = winners.size();
-        let mut counts = ImportCounts::default();
-        let mut mode = WriteMode::Unknown;
-        let mut staged = Vec::new();
+        let mut writer = Writer::new(self, opts, winners.size());
         let mut lines = source.lines();
         let mut header = false;
         while let Some((_, line)) = next_line(&mut lines).await? {
@@ -636,63 +702,10 @@ impl Store {
                 continue;
             }
             winners.delete(&id);
-            let rev_text = win.as_string().unwrap_or_default();
-            let rev = Rev::parse(&rev_text).map_err(|e| StoreError::Transaction(e.0))?;
-            let id: JsString = id.unchecked_into();
             let deleted = get(&v, "_deleted").as_bool() == Some(true);
-            let object = if deleted {
-                tombstone(&id, &rev_text).into()
-            } else {
-                v
-            };
-            staged.push(Staged {
-                id,
-                rev,
-                deleted,
-                object,
-            });
-            if staged.len() >= opts.batch as usize {
-                self.write_staged(&mut staged, &mut counts, &mut mode, opts, total)
-                    .await?;
-            }
+            writer.push(Staged::winner(id, &win, deleted, v)?).await?;
         }
-        self.write_staged(&mut staged, &mut counts, &mut mode, opts, total)
-            .await?;
-        Ok(counts)
-    }
-
-    /// Writes one batch of winners in one transaction (each only over a
-    /// lower stored revision), then reports progress. Empties `staged`.
-    async fn write_staged(
-        &self,
-        staged: &mut Vec<Staged>,
-        counts: &mut ImportCounts,
-        mode: &mut WriteMode,
-        opts: &ImportOptions,
-        total: u32,
-    ) -> Result<()> {
-        if staged.is_empty() {
-            return Ok(());
-        }
-        check_abort(opts.signal.as_ref())?;
-        let batch = loop {
-            let fresh = *mode != WriteMode::Read;
-            match self.write_batch(staged, mode).await {
-                Ok(b) => break b,
-                // A write from elsewhere made `add()` fail: read, and retry once.
-                Err(_) if fresh && !self.only_this_import(*mode).await? => *mode = WriteMode::Read,
-                Err(e) => return Err(e),
-            }
-        };
-        counts.written += batch.written;
-        counts.kept_newer += batch.kept_newer;
-        let done = counts.written + counts.kept_newer;
-        staged.clear();
-        if let Some(cb) = &opts.on_progress {
-            cb.call2(&JsValue::NULL, &done.into(), &total.into())
-                .map_err(StoreError::Thrown)?;
-        }
-        Ok(())
+        writer.finish().await
     }
 
     /// Whether the store still holds exactly what a fresh import wrote.
