@@ -139,7 +139,7 @@ impl<'a> Writer<'a> {
             match self.store.write_batch(&self.staged, &mut self.mode).await {
                 Ok(b) => break b,
                 // A write from elsewhere made `add()` fail: read, and retry once.
-                Err(_) if fresh && !self.store.only_this_import(self.mode).await? => {
+                Err(StoreError::Transaction(m)) if fresh && m.starts_with("ConstraintError") => {
                     self.mode = WriteMode::Read;
                 }
                 Err(e) => return Err(e),
@@ -194,14 +194,22 @@ fn legacy_report(
 enum WriteMode {
     /// Not decided yet (before the first batch).
     Unknown,
-    /// The store was empty when the import began and, as of the last batch,
-    /// held exactly the live records and tombstones this import wrote: every
-    /// id of a new batch is missing (an import writes each id once), so no
-    /// per-id read is needed and `add()` refuses any id written meanwhile.
-    Fresh { live: u32, dead: u32 },
+    /// The store was empty when the import began. Each id is written once
+    /// per import, so an id of a new batch can only be present if something
+    /// else wrote it meanwhile, and each batch checks for that without a
+    /// read per id: live records and tombstones are written with `add()`,
+    /// which refuses an id already in that store (the batch is then retried
+    /// reading); the tombstones store must still hold exactly the `dead`
+    /// tombstones this import wrote (counted, so only while it is small);
+    /// and a tombstone's id is looked up among the live records.
+    Fresh { dead: u32 },
     /// Read each id's live record and tombstone first.
     Read,
 }
+
+/// Tombstones an import into an empty store may write before it reads per
+/// id again (counting the tombstones store costs time in proportion to it).
+const FRESH_MAX_TOMBSTONES: u32 = 20_000;
 
 /// The message every import source error carries.
 const SOURCE_TYPES: &str = "an import takes a string, Blob, Response or ReadableStream";
@@ -708,51 +716,47 @@ impl Store {
         writer.finish().await
     }
 
-    /// Whether the store still holds exactly what a fresh import wrote.
-    async fn only_this_import(&self, mode: WriteMode) -> Result<bool> {
-        let WriteMode::Fresh { live, dead } = mode else {
-            return Ok(mode == WriteMode::Unknown);
-        };
-        let tx = self
-            .db
-            .tx(&[RECORDS, TOMBSTONES], TransactionMode::ReadOnly)?;
-        let (l, d) = futures::join!(
-            tx.store(RECORDS)?.count(None)?.into_future(),
-            tx.store(TOMBSTONES)?.count(None)?.into_future()
-        );
-        tx.end_read();
-        Ok((l?, d?) == (live, dead))
-    }
-
     /// One batch in one transaction; see [`WriteMode`]. On success `mode`
     /// counts the batch's writes when it is `Fresh`.
     async fn write_batch(&self, staged: &[Staged], mode: &mut WriteMode) -> Result<ImportCounts> {
         let tx = self.write_tx()?;
         let mut batch = ImportCounts::default();
         let mut changes = Vec::new();
-        let (mut live_added, mut dead_added) = (0u32, 0u32);
+        let mut dead_added = 0u32;
         let mut fresh = false;
         let issued: Result<()> = async {
             let records = tx.store(RECORDS)?;
             let tombs = tx.store(TOMBSTONES)?;
-            let expect = match *mode {
-                WriteMode::Unknown => Some((0, 0)),
-                WriteMode::Fresh { live, dead } => Some((live, dead)),
-                WriteMode::Read => None,
-            };
-            let state = if let Some(expect) = expect {
-                let (l, d, state) = futures::join!(
-                    records.count(None)?.into_future(),
-                    tombs.count(None)?.into_future(),
-                    index::read_state(&tx)
-                );
-                fresh = (l?, d?) == expect;
-                state?
-            } else {
-                index::read_state(&tx).await?
+            let state = match *mode {
+                WriteMode::Read => index::read_state(&tx).await?,
+                WriteMode::Unknown => {
+                    let (l, d, state) = futures::join!(
+                        records.count(None)?.into_future(),
+                        tombs.count(None)?.into_future(),
+                        index::read_state(&tx)
+                    );
+                    fresh = (l?, d?) == (0, 0);
+                    state?
+                }
+                WriteMode::Fresh { dead } => {
+                    let (d, state) =
+                        futures::join!(tombs.count(None)?.into_future(), index::read_state(&tx));
+                    fresh = d? == dead;
+                    state?
+                }
             };
             let currents = if fresh {
-                staged.iter().map(|_| (Current::Missing, None)).collect()
+                // Only tombstones look for a live record written meanwhile.
+                let mut found = read_many(&tx, staged.iter().filter(|i| i.deleted).map(|i| &i.id))
+                    .await?
+                    .into_iter();
+                staged
+                    .iter()
+                    .map(|i| match i.deleted {
+                        true => found.next().unwrap_or((Current::Missing, None)),
+                        false => (Current::Missing, None),
+                    })
+                    .collect()
             } else {
                 read_many(&tx, staged.iter().map(|i| &i.id)).await?
             };
@@ -779,8 +783,6 @@ impl Store {
                 }
                 if item.deleted {
                     dead_added += 1;
-                } else {
-                    live_added += 1;
                 }
                 index::maintain(
                     &tx,
@@ -803,14 +805,12 @@ impl Store {
         self.finish(tx).await?;
         self.changes.post(&changes);
         *mode = match (*mode, fresh) {
-            (WriteMode::Unknown, true) => WriteMode::Fresh {
-                live: live_added,
-                dead: dead_added,
-            },
-            (WriteMode::Fresh { live, dead }, true) => WriteMode::Fresh {
-                live: live + live_added,
-                dead: dead + dead_added,
-            },
+            (WriteMode::Unknown, true) => WriteMode::Fresh { dead: dead_added },
+            (WriteMode::Fresh { dead }, true) if dead + dead_added <= FRESH_MAX_TOMBSTONES => {
+                WriteMode::Fresh {
+                    dead: dead + dead_added,
+                }
+            }
             _ => WriteMode::Read,
         };
         Ok(batch)
