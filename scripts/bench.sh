@@ -6,6 +6,8 @@
 #      headless Chromium (BENCH_RUNS runs, default 5; medians);
 #   2. server: agentstore-server on SQLite, on PostgreSQL with 1 and 2
 #      instances, and pg-boss on the same PostgreSQL (BENCH_SERVER_RUNS, default 3).
+#   3. import/export: bench/import.mjs (a generated 120,000-document PouchDB dump;
+#      time vs raw IndexedDB and the wasm module's memory; IMPORT_RUNS, default 3).
 # Everything is loopback. Each phase is bounded by `timeout`; the browser phase
 # also stops starting new runs when its share of BENCH_BUDGET_S is spent.
 # Tables go to stdout and to bench/results/{browser,server}.md.
