@@ -77,7 +77,12 @@ impl Staged {
         let rev = Rev::parse(&rev_text).map_err(|e| StoreError::Transaction(e.0))?;
         let id: JsString = id.unchecked_into();
         let object = if deleted {
-            tombstone(&id, &rev_text).into()
+            let t = tombstone(&id, &rev_text);
+            // A snapshot keeps when the record was deleted (purgeTombstones' clock).
+            if let Some(at) = get(&doc, "deletedAt").as_f64().filter(|at| at.is_finite()) {
+                set(&t, "deletedAt", &at.into());
+            }
+            t.into()
         } else {
             doc
         };
@@ -728,19 +733,19 @@ impl Store {
             let records = tx.store(RECORDS)?;
             let tombs = tx.store(TOMBSTONES)?;
             let state = match *mode {
-                WriteMode::Read => index::read_state(&tx).await?,
+                WriteMode::Read => self.write_indexes(&tx).await?,
                 WriteMode::Unknown => {
                     let (l, d, state) = futures::join!(
                         records.count(None)?.into_future(),
                         tombs.count(None)?.into_future(),
-                        index::read_state(&tx)
+                        self.write_indexes(&tx)
                     );
                     fresh = (l?, d?) == (0, 0);
                     state?
                 }
                 WriteMode::Fresh { dead } => {
                     let (d, state) =
-                        futures::join!(tombs.count(None)?.into_future(), index::read_state(&tx));
+                        futures::join!(tombs.count(None)?.into_future(), self.write_indexes(&tx));
                     fresh = d? == dead;
                     state?
                 }
@@ -844,7 +849,7 @@ impl Store {
             check_abort(signal)?;
             let tx = self.write_tx()?;
             let (cur, state) =
-                futures::join!(super::read_current(&tx, &id), index::read_state(&tx));
+                futures::join!(super::read_current(&tx, &id), self.write_indexes(&tx));
             let ((current, stored), state) = (cur?, state?);
             let out = f
                 .call1(&JsValue::NULL, stored.as_ref().unwrap_or(&JsValue::NULL))
