@@ -216,7 +216,7 @@ async fn a_pouch_revision_named_as_an_ancestor_never_wins() {
             .export_snapshot()
             .await
             .unwrap()
-            .contains(r#"{"_id":"x","_rev":"2-b","_deleted":true}"#));
+            .contains(r#"{"_id":"x","_rev":"2-b","_deleted":true,"#));
         assert!(runs(&store).await.is_empty());
         assert_indexes_clean(&store).await;
         assert_eq!(seen.drain(&store).await, ["x@2-b!"]);

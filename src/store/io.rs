@@ -140,11 +140,13 @@ impl<'a> Writer<'a> {
         }
         check_abort(self.opts.signal.as_ref())?;
         let batch = loop {
-            let fresh = self.mode != WriteMode::Read;
             match self.store.write_batch(&self.staged, &mut self.mode).await {
                 Ok(b) => break b,
-                // A write from elsewhere made `add()` fail: read, and retry once.
-                Err(StoreError::Transaction(m)) if fresh && m.starts_with("ConstraintError") => {
+                // A write from elsewhere made `add()` fail (the batch ran
+                // without reads, `mode` is still not `Read`): read, retry once.
+                Err(StoreError::Transaction(m))
+                    if self.mode != WriteMode::Read && m.starts_with("ConstraintError") =>
+                {
                     self.mode = WriteMode::Read;
                 }
                 Err(e) => return Err(e),
@@ -750,6 +752,10 @@ impl Store {
                     state?
                 }
             };
+            if !fresh {
+                // From here on a failure is not a sign of a write from elsewhere.
+                *mode = WriteMode::Read;
+            }
             let currents = if fresh {
                 // Only tombstones look for a live record written meanwhile.
                 let mut found = read_many(&tx, staged.iter().filter(|i| i.deleted).map(|i| &i.id))
