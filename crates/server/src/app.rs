@@ -58,7 +58,6 @@ pub fn router(config: &Config, state: AppState) -> Result<Router, String> {
     let api = routes::router()
         .merge(ops::v1_router())
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
-        .layer(axum::middleware::map_response(json_errors))
         .with_state(state.clone());
     // ServeDir maps `.wasm` to `application/wasm` (mime_guess), which
     // `WebAssembly.instantiateStreaming` requires.
@@ -71,6 +70,7 @@ pub fn router(config: &Config, state: AppState) -> Result<Router, String> {
             metrics,
             metrics::track,
         ))
+        .layer(axum::middleware::from_fn(json_errors))
         .layer(cors);
     Ok(traced(app))
 }
