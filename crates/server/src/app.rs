@@ -34,6 +34,7 @@ pub fn state(config: &Config, store: Store, metrics: Arc<Metrics>) -> AppState {
     AppState {
         store,
         admin_hash: config.admin_token.as_deref().map(tokens::hash),
+        auth_cache: Arc::default(),
         claim_limiter: Arc::new(RateLimiter::new(config.claim_rate)),
         auth_limiter: Arc::new(RateLimiter::new(config.auth_rate)),
         idle_retry_ms: config.idle_retry_ms,

@@ -191,20 +191,32 @@ impl Store {
     /// # Errors
     /// `unauthorized` otherwise.
     pub async fn authenticate(&self, access_token: &str) -> Result<Principal, StoreError> {
+        Ok(self.authenticate_for(access_token).await?.0)
+    }
+
+    /// [`Store::authenticate`], and how long the token stays valid from now on
+    /// the database clock (ms), so that a caller may remember the answer that long.
+    ///
+    /// # Errors
+    /// `unauthorized` when the token is malformed, wrong or expired.
+    pub async fn authenticate_for(
+        &self,
+        access_token: &str,
+    ) -> Result<(Principal, u64), StoreError> {
         let presented = tokens::parse_credential(Kind::Access, access_token)
             .ok_or_else(|| unauthorized("access token"))?;
         let sql = self.sql(
-            "SELECT a.verifier_hash, a.worker_id, w.role, w.queues
+            "SELECT a.verifier_hash, a.worker_id, w.role, w.queues, a.expires_at - {now} AS left_ms
              FROM access_tokens a JOIN workers w ON w.id = a.worker_id
              WHERE a.selector = $1 AND a.expires_at > {now}",
         );
-        let row: Option<(String, i64, String, String)> = sqlx::query_as(&sql)
+        let row: Option<(String, i64, String, String, i64)> = sqlx::query_as(&sql)
             .bind(&presented.selector)
             .fetch_optional(&self.pool)
             .await?;
         match row {
-            Some((hash, worker, role, queues)) if ct_eq(&hash, &presented.verifier_hash) => {
-                principal(worker, &role, &queues)
+            Some((hash, worker, role, queues, left)) if ct_eq(&hash, &presented.verifier_hash) => {
+                Ok((principal(worker, &role, &queues)?, left.max(0) as u64))
             }
             _ => Err(unauthorized("access token")),
         }
