@@ -166,6 +166,26 @@ pub struct ClaimResponse {
     pub lease: Lease,
 }
 
+/// The fields of a claimed item the client acts on (`{id, epoch}`, the rest of
+/// an [`ItemView`] ignored): the SDK hands the app the item as the JS object it
+/// arrived as and reads only these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ItemRef {
+    /// Item id.
+    pub id: i64,
+    /// Grows on every claim of the item.
+    pub epoch: u64,
+}
+
+/// A claim answer ([`ClaimResponse`]) as the client reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimedRef {
+    /// The item's id and epoch.
+    pub item: ItemRef,
+    /// The lease.
+    pub lease: Lease,
+}
+
 /// Body of heartbeat and release: the lease token.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
