@@ -4,8 +4,10 @@
 # server + load generator in release, then runs
 #   1. browser: agentstore vs raw IndexedDB, Dexie 4, PouchDB 9, idb 8 in one
 #      headless Chromium (BENCH_RUNS runs, default 5; medians);
-#   2. server: agentstore-server on SQLite, on PostgreSQL with 1 and 2
-#      instances, and pg-boss on the same PostgreSQL (BENCH_SERVER_RUNS, default 3).
+#   2. server: agentstore-server on SQLite and on PostgreSQL, claim → 3
+#      heartbeats → settle and (like for like with pg-boss's fetch → complete)
+#      claim → settle, and pg-boss 12 on the same PostgreSQL with the same pool
+#      (BENCH_SERVER_RUNS, default 3; BENCH_POOL, default 20).
 #   3. import/export: bench/import.mjs (a generated 120,000-document PouchDB dump;
 #      time vs raw IndexedDB and the wasm module's memory; IMPORT_RUNS, default 3).
 # Everything is loopback. Each phase is bounded by `timeout`; the browser phase
@@ -72,7 +74,7 @@ fi
 
 step "server benchmarks (${SERVER_RUNS} runs × ${ITEMS} items, budget ${SERVER_S} s)"
 timeout --kill-after=30 "$SERVER_S" \
-  node bench/run-server.mjs "${PG_ARGS[@]}" --runs "$SERVER_RUNS" --items "$ITEMS" --max-secs 60 \
+  node bench/run-server.mjs "${PG_ARGS[@]}" --runs "$SERVER_RUNS" --items "$ITEMS" --pool "${BENCH_POOL:-20}" --max-secs 60 \
   --out bench/results/server.json > bench/results/server.md
 
 printf '\n## Machine\n\n```\n'; cat /tmp/agentstore-bench-machine.txt; printf '```\n'
