@@ -57,16 +57,7 @@ async fn get_id(store: &AgentStore, id: &str) -> Option<JsValue> {
 
 /// Collects `watch` changes under `prefix` as `"id:deleted"`.
 fn watch(store: &AgentStore, prefix: &str) -> (agentstore::api::Watch, Rc<RefCell<Vec<String>>>) {
-    let seen = Rc::new(RefCell::new(Vec::new()));
-    let s2 = seen.clone();
-    let cb = wasm_bindgen::closure::Closure::<dyn FnMut(JsValue)>::new(move |c: JsValue| {
-        s2.borrow_mut().push(format!(
-            "{}:{}",
-            field_str(&c, "id").unwrap(),
-            field(&c, "deleted").as_bool().unwrap()
-        ));
-    });
-    let f: Function = cb.into_js_value().unchecked_into();
+    let (f, seen) = change_log();
     let w = store
         .watch(js(json!({ "prefix": prefix })), f.into())
         .unwrap();
