@@ -64,15 +64,9 @@ fn watch(store: &AgentStore, prefix: &str) -> (agentstore::api::Watch, Rc<RefCel
     (w, seen)
 }
 
-/// Waits (bounded, 10 s) until `seen` holds `n` changes.
+/// Waits (bounded) until `seen` holds `n` changes.
 async fn until_seen(seen: &Rc<RefCell<Vec<String>>>, n: usize) {
-    for _ in 0..1000 {
-        if seen.borrow().len() >= n {
-            return;
-        }
-        gloo_timers::future::TimeoutFuture::new(10).await;
-    }
-    panic!("only {:?} after 10 s", seen.borrow());
+    wait_for("watch changes", || seen.borrow().len() >= n).await;
 }
 
 #[wasm_bindgen_test]
