@@ -57,31 +57,16 @@ async fn get_id(store: &AgentStore, id: &str) -> Option<JsValue> {
 
 /// Collects `watch` changes under `prefix` as `"id:deleted"`.
 fn watch(store: &AgentStore, prefix: &str) -> (agentstore::api::Watch, Rc<RefCell<Vec<String>>>) {
-    let seen = Rc::new(RefCell::new(Vec::new()));
-    let s2 = seen.clone();
-    let cb = wasm_bindgen::closure::Closure::<dyn FnMut(JsValue)>::new(move |c: JsValue| {
-        s2.borrow_mut().push(format!(
-            "{}:{}",
-            field_str(&c, "id").unwrap(),
-            field(&c, "deleted").as_bool().unwrap()
-        ));
-    });
-    let f: Function = cb.into_js_value().unchecked_into();
+    let (f, seen) = change_log();
     let w = store
         .watch(js(json!({ "prefix": prefix })), f.into())
         .unwrap();
     (w, seen)
 }
 
-/// Waits (bounded, 10 s) until `seen` holds `n` changes.
+/// Waits (bounded) until `seen` holds `n` changes.
 async fn until_seen(seen: &Rc<RefCell<Vec<String>>>, n: usize) {
-    for _ in 0..1000 {
-        if seen.borrow().len() >= n {
-            return;
-        }
-        gloo_timers::future::TimeoutFuture::new(10).await;
-    }
-    panic!("only {:?} after 10 s", seen.borrow());
+    wait_for("watch changes", || seen.borrow().len() >= n).await;
 }
 
 #[wasm_bindgen_test]

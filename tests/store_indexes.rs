@@ -331,21 +331,8 @@ async fn a_changed_definition_rebuilds_without_a_version_upgrade() {
 #[wasm_bindgen_test]
 async fn watch_delivers_committed_changes_under_its_prefix_only() {
     let (store, _) = open("watch").await;
-    let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::<String>::new()));
-    let s2 = seen.clone();
-    let cb = wasm_bindgen::closure::Closure::<dyn FnMut(JsValue)>::new(move |c: JsValue| {
-        s2.borrow_mut().push(format!(
-            "{}:{}",
-            field_str(&c, "id").unwrap(),
-            field(&c, "deleted").as_bool().unwrap()
-        ));
-    });
-    let w = agentstore::store::Watcher::new(
-        store.name(),
-        "w/".into(),
-        wasm_bindgen::JsCast::unchecked_ref::<js_sys::Function>(cb.as_ref()).clone(),
-    )
-    .unwrap();
+    let (cb, seen) = change_log();
+    let w = agentstore::store::Watcher::new(store.name(), "w/".into(), cb).unwrap();
     let r = store.put(&js(json!({"_id": "w/1"}))).await.unwrap().rev;
     store.put(&js(json!({"_id": "other"}))).await.unwrap();
     store.delete(&s("w/1"), &s(&r)).await.unwrap();

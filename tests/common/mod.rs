@@ -124,6 +124,26 @@ pub async fn all_id_units(
     }
 }
 
+/// A `watch` callback that records each change as `"id:deleted"`, and the record.
+pub fn change_log() -> (
+    js_sys::Function,
+    std::rc::Rc<std::cell::RefCell<Vec<String>>>,
+) {
+    let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let s2 = seen.clone();
+    let cb = wasm_bindgen::closure::Closure::<dyn FnMut(JsValue)>::new(move |c: JsValue| {
+        s2.borrow_mut().push(format!(
+            "{}:{}",
+            field_str(&c, "id").unwrap(),
+            field(&c, "deleted").as_bool().unwrap()
+        ));
+    });
+    (
+        wasm_bindgen::JsCast::unchecked_into(cb.into_js_value()),
+        seen,
+    )
+}
+
 /// Waits until `cond()` holds, polling every 10 ms; panics naming `what` after
 /// 30 s (bounded, and generous for a busy machine).
 pub async fn wait_for(what: &str, cond: impl Fn() -> bool) {
