@@ -74,7 +74,7 @@ export interface LeaseItem {
   /** The result given to the last settle, if any. */
   result?: unknown;
   /** Claims that ended without a settle (expiries and releases). */
-  attempts: number; max_attempts: number;
+  attempts: number; max_redeliveries: number;
   /** Grows on every claim and resume. */
   epoch: number;
   last_error?: string | null; worker_id?: number | null;
@@ -373,7 +373,7 @@ impl Lease {
 
 #[wasm_bindgen]
 impl Lease {
-    /// The item as the server sent it: `{id, queue, state, payload, attempts, max_attempts, epoch, …}`.
+    /// The item as the server sent it: `{id, queue, state, payload, attempts, max_redeliveries, epoch, …}`.
     #[wasm_bindgen(getter, unchecked_return_type = "LeaseItem")]
     pub fn item(&self) -> JsValue {
         self.inner.item.clone()

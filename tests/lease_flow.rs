@@ -206,7 +206,8 @@ async fn enrollment_gives_credentials_once_and_reports_them() {
         return;
     }
     let (base, _) = server().unwrap();
-    let token = enrollment_token().await;
+    let q = fresh_queue("enroll");
+    let token = enrollment_token(&q).await;
     let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::<JsValue>::new()));
     let s2 = seen.clone();
     let cb = wasm_bindgen::closure::Closure::<dyn FnMut(JsValue)>::new(move |c: JsValue| {
@@ -224,7 +225,6 @@ async fn enrollment_gives_credentials_once_and_reports_them() {
         cfg,
     )
     .unwrap();
-    let q = fresh_queue("enroll");
     let id = enqueue(&q, json!({})).await;
     let (a, b) = futures::join!(client.claim(&q, None), client.claim(&q, None));
     assert!(

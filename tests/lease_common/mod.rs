@@ -138,9 +138,11 @@ pub async fn wait_item(id: i64, ms: f64, f: impl Fn(&ItemView) -> bool) -> ItemV
     }
 }
 
-/// A fresh single-use enrollment token.
-pub async fn enrollment_token() -> String {
-    let (status, body) = admin("POST", "/v1/admin/enrollment-tokens", Some(json!({}))).await;
+/// A fresh single-use enrollment token for a worker that may claim from `queue`
+/// only (the least privilege a test worker needs).
+pub async fn enrollment_token(queue: &str) -> String {
+    let body = json!({"role": "worker", "queues": [queue]});
+    let (status, body) = admin("POST", "/v1/admin/enrollment-tokens", Some(body)).await;
     assert_eq!(status, 201);
     body["token"].as_str().unwrap().to_owned()
 }
