@@ -634,7 +634,7 @@ impl Worker {
         })
     }
 
-    /// Counters: `{claimed, done, failed, lost, connectionFailures, backoffsMs}`.
+    /// Counters: `{claimed, done, failed, lost, connectionFailures, backoffsMs, pollDelaysMs}`.
     #[wasm_bindgen(getter, unchecked_return_type = "WorkStats")]
     pub fn stats(&self) -> JsValue {
         let s = *self.inner.stats.borrow();
@@ -644,22 +644,11 @@ impl Worker {
         set(&o, "failed", &s.failed.into());
         set(&o, "lost", &s.lost.into());
         set(&o, "connectionFailures", &s.connection_failures.into());
-        let b: Array = self
-            .inner
-            .backoffs
-            .borrow()
-            .iter()
-            .map(|&d| JsValue::from(d))
-            .collect();
-        set(&o, "backoffsMs", &b);
-        let p: Array = self
-            .inner
-            .polls
-            .borrow()
-            .iter()
-            .map(|&d| JsValue::from(d))
-            .collect();
-        set(&o, "pollDelaysMs", &p);
+        let ms = |v: &std::cell::RefCell<Vec<f64>>| -> Array {
+            v.borrow().iter().map(|&d| JsValue::from(d)).collect()
+        };
+        set(&o, "backoffsMs", &ms(&self.inner.backoffs));
+        set(&o, "pollDelaysMs", &ms(&self.inner.polls));
         o.into()
     }
 

@@ -7,8 +7,9 @@
 // - The handler "works" for `payload.ms` milliseconds in 100 ms steps under
 //   `lease.signal`, and returns `{by, epoch, …}`: work() settles it `done`.
 // - Pause heartbeats: `lease.setHeartbeatsPaused(true)` and the work freezes.
-//   Once the lease is past its local deadline by more than a reaper pass, the
-//   worker wakes up and delivers its result late; the server rejects it.
+//   At its local deadline the lease is lost (`expired_locally`): its signal
+//   aborts at once and the frozen work stops there, never delivering a result;
+//   after the TTL the server reopens the item for another worker.
 // - Cut off: a fetch wrapper rejects every request that carries this worker's
 //   access token, as a dropped network would (nothing is sent).
 // - Poison items: the handler gives the lease back (`lease.release()`, one
@@ -217,11 +218,6 @@ function newWorker(slot) {
   };
 }
 
-/** How long past its local deadline a stalled worker sleeps before it wakes up. */
-function wakeAfterMs() {
-  return runtime.reaperMs + 2000;
-}
-
 /** The work loop's handler: simulated work under the lease, stall-aware. */
 async function handle(w, lease) {
   const payload = lease.item?.payload ?? {};
@@ -235,7 +231,6 @@ async function handle(w, lease) {
     totalMs: payload.poison ? 600 : Math.min(60_000, Math.max(100, Number(payload.ms) || 1500)),
     progressMs: 0,
     stalled: false,
-    late: false,
     delivered: false,
     outcome: null,
   };
@@ -256,7 +251,7 @@ async function handle(w, lease) {
     return undefined;
   }
   job.delivered = true;
-  return { by: w.name, workerId: w.workerId, epoch: lease.epoch, task: job.task, ...(job.late ? { late: true } : {}) };
+  return { by: w.name, workerId: w.workerId, epoch: lease.epoch, task: job.task };
 }
 
 /** `lease.release()`, retried until it lands or the lease ends some other way. */
@@ -276,13 +271,9 @@ async function giveBack(lease) {
 async function simulateWork(w, job) {
   while (job.progressMs < job.totalMs) {
     await sleep(100, job.lease.signal);
-    if (!job.stalled) {
-      job.progressMs += 100;
-    } else if (job.lease.msToDeadline < -wakeAfterMs()) {
-      job.late = true;
-      addEvent(w, 'info', job, `woke up ${seconds(-job.lease.msToDeadline)} past the local deadline; delivering the result anyway`);
-      return;
-    }
+    // A stalled job makes no progress; at the local deadline the signal
+    // aborts and the sleep above rejects: the work stops there.
+    if (!job.stalled) job.progressMs += 100;
   }
 }
 
@@ -322,7 +313,7 @@ function reap(w) {
   for (const job of w.pending) {
     if (!job.outcome && job.lease.status === 'settled') {
       job.outcome = 'settled';
-      addEvent(w, 'settled', job, job.late ? 'late result accepted (no other worker had claimed it yet)' : 'done');
+      addEvent(w, 'settled', job, 'done');
       if (job.stalled) w.stall = false;
     }
   }
