@@ -40,6 +40,7 @@ const WORKLOADS = [
   [5, 'page 100,000 by 500'],
   [6, '4 writers × 250 increments'],
   [7, 'derived-index rebuild, 100,000'],
+  [8, 'getMany 1,000 of 100,000 (×10)'],
 ].filter(([w]) => !arg('workloads') || arg('workloads').split(',').includes(String(w)));
 const log = (...a) => console.error('[bench:browser]', ...a);
 const started = Date.now();
@@ -133,7 +134,7 @@ try {
     const title = await page.title();
     if (title !== 'ready') throw new Error(`${name}: ${title}`);
     pages[name] = page;
-    has[name] = await page.evaluate(() => [1, 2, 3, 4, 5, 6, 7].filter((w) => window.bench.has(w)));
+    has[name] = await page.evaluate(() => [1, 2, 3, 4, 5, 6, 7, 8].filter((w) => window.bench.has(w)));
     await page.bringToFront();
     seedMs[name] = await page.evaluate(() => window.bench.seed());
     log(`${name}: seeded 100,000 records in ${(seedMs[name] / 1000).toFixed(1)} s`);

@@ -20,7 +20,9 @@ import {
 
 const ADMIN = randomBytes(24).toString('hex');
 const QUEUE = 'demo';
-const MAX_ATTEMPTS = 5;
+const MAX_REDELIVERIES = 5;
+/** The first delivery plus every re-delivery. */
+const DELIVERIES = 1 + MAX_REDELIVERIES;
 
 let demo;
 let browser;
@@ -28,7 +30,7 @@ let tmp;
 
 before(async () => {
   tmp = mkdtempSync(join(tmpdir(), 'agentstore-workers-e2e-'));
-  demo = await startDemo({ AGENTSTORE_ADMIN_TOKEN: ADMIN, DATABASE: join(tmp, 'demo.sqlite'), DEMO_MAX_ATTEMPTS: String(MAX_ATTEMPTS) });
+  demo = await startDemo({ AGENTSTORE_ADMIN_TOKEN: ADMIN, DATABASE: join(tmp, 'demo.sqlite'), DEMO_MAX_REDELIVERIES: String(MAX_REDELIVERIES) });
   browser = await launchBrowser();
 }, { timeout: SERVER_TIMEOUT_MS + 120_000 });
 
@@ -251,14 +253,14 @@ test('a poison item ends failed at the retry cap (retry_limit)', { timeout: 120_
     await page.waitForSelector('[data-testid=poison-status][data-item]');
     const id = Number(await page.getAttribute('[data-testid=poison-status]', 'data-item'));
     await page.waitForSelector('[data-testid=poison-status][data-state=failed]', { timeout: 90_000 });
-    assert.match(await text(page, 'poison-status'), new RegExp(`#${id} stopped at the retry cap: failed \\(retry_limit\\) after ${MAX_ATTEMPTS} of ${MAX_ATTEMPTS} attempts`));
+    assert.match(await text(page, 'poison-status'), new RegExp(`#${id} stopped at the retry cap: failed \\(retry_limit\\) after ${DELIVERIES} of ${DELIVERIES} deliveries`));
 
     const it = await item(id);
     assert.equal(it.state, 'failed');
     assert.equal(it.last_error, 'retry_limit');
-    assert.equal(it.attempts, MAX_ATTEMPTS);
-    assert.equal(it.max_attempts, MAX_ATTEMPTS);
-    assert.equal(it.epoch, MAX_ATTEMPTS, 'claimed once per attempt, never again after the cap');
+    assert.equal(it.attempts, DELIVERIES);
+    assert.equal(it.max_redeliveries, MAX_REDELIVERIES);
+    assert.equal(it.epoch, DELIVERIES, 'claimed once per delivery, never again after the cap');
     await page.waitForSelector(`#items-body tr[data-item="${id}"][data-state=failed]`);
     // /metrics counts every item the retry cap failed; the panel shows the failed gauge.
     const failedAtCap = (await items()).filter((x) => x.state === 'failed' && x.last_error === 'retry_limit').length;

@@ -17,8 +17,10 @@ use tower_http::services::ServeDir;
 use tower_http::trace::TraceLayer;
 
 use crate::config::Config;
+use crate::error::json_errors;
 use crate::metrics::{self, Metrics};
 use crate::ratelimit::RateLimiter;
+use crate::state::AppState;
 use crate::store::{Store, StoreError};
 use crate::{ops, reaper, routes, tokens};
 
@@ -27,27 +29,13 @@ use crate::{ops, reaper, routes, tokens};
 /// request's tracing span.
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// What every handler shares.
-#[derive(Debug, Clone)]
-pub struct AppState {
-    /// The database.
-    pub store: Store,
-    /// SHA-256 of the admin token; `None` disables admin access.
-    pub admin_hash: Option<String>,
-    /// Claim polling limiter (per instance).
-    pub limiter: Arc<RateLimiter>,
-    /// `Retry-After` of an empty claim (ms).
-    pub idle_retry_ms: u64,
-    /// This instance's metrics (its own registry).
-    pub metrics: Arc<Metrics>,
-}
-
 /// The state every handler shares, built from the flags.
 pub fn state(config: &Config, store: Store, metrics: Arc<Metrics>) -> AppState {
     AppState {
         store,
         admin_hash: config.admin_token.as_deref().map(tokens::hash),
-        limiter: Arc::new(RateLimiter::new(config.claim_rate)),
+        claim_limiter: Arc::new(RateLimiter::new(config.claim_rate)),
+        auth_limiter: Arc::new(RateLimiter::new(config.auth_rate)),
         idle_retry_ms: config.idle_retry_ms,
         metrics,
     }
@@ -70,6 +58,7 @@ pub fn router(config: &Config, state: AppState) -> Result<Router, String> {
     let api = routes::router()
         .merge(ops::v1_router())
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
+        .layer(axum::middleware::map_response(json_errors))
         .with_state(state.clone());
     // ServeDir maps `.wasm` to `application/wasm` (mime_guess), which
     // `WebAssembly.instantiateStreaming` requires.
@@ -261,6 +250,8 @@ fn serve(
     mut shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<std::io::Result<()>> {
     tokio::spawn(async move {
+        // Connect info: the unauthenticated endpoints are limited per client address.
+        let app = app.into_make_service_with_connect_info::<SocketAddr>();
         axum::serve(listener, app)
             .with_graceful_shutdown(async move {
                 let _ = shutdown.changed().await;

@@ -27,6 +27,7 @@ pub mod ops;
 pub mod ratelimit;
 pub mod reaper;
 pub mod routes;
+pub mod state;
 pub mod store;
 pub mod tokens;
 

@@ -5,7 +5,8 @@
 //! - `GET /v1/ready` is readiness: `503` while the database does not answer
 //!   within [`READY_TIMEOUT`] or a migration is not recorded; it recovers by
 //!   itself when the database returns (the pool reconnects on its next use).
-//! - `GET /v1/queues/{queue}/stats` is the JSON view of one queue's gauges.
+//! - `GET /v1/queues/{queue}/stats` is the JSON view of one queue's gauges (the
+//!   admin, or a producer scoped to that queue).
 //! - `GET /metrics` is the text exposition of [`Metrics`](crate::metrics::Metrics),
 //!   behind the admin token; `--metrics-listen` serves it without a token on a
 //!   separate address (for a scraper on a private network).
@@ -19,11 +20,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 
-use crate::app::AppState;
 use crate::auth::{Admin, Caller};
 use crate::error::ApiError;
 use crate::extract::queue_name;
 use crate::metrics::CONTENT_TYPE;
+use crate::state::AppState;
 use crate::store::pending;
 
 /// How long readiness waits for the database before answering `503`.
@@ -80,10 +81,11 @@ async fn ready(State(st): State<AppState>) -> (StatusCode, Json<Readiness>) {
 
 async fn queue_stats(
     State(st): State<AppState>,
-    _: Caller,
+    caller: Caller,
     Path(queue): Path<String>,
 ) -> Result<Json<QueueStats>, ApiError> {
     let queue = queue_name(&queue)?;
+    caller.produce(queue)?;
     let mut stats = st.store.queue_stats(Some(queue)).await?;
     Ok(Json(stats.pop().unwrap_or_default()))
 }

@@ -499,7 +499,7 @@ async fn the_lease_flow_works_over_http_and_stale_tokens_get_claim_lost() {
         .call(
             Method::GET,
             "/v1/queues/jobs/items?state=done",
-            Some(t),
+            Some(ADMIN),
             None,
         )
         .await

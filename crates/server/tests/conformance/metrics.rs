@@ -119,10 +119,10 @@ impl Api {
         resp.json().await.unwrap()
     }
 
-    async fn enqueue(&self, max_attempts: Option<u32>) -> i64 {
+    async fn enqueue(&self, max_redeliveries: Option<u32>) -> i64 {
         let mut body = json!({"payload": {"job": true}});
-        if let Some(m) = max_attempts {
-            body["max_attempts"] = json!(m);
+        if let Some(m) = max_redeliveries {
+            body["max_redeliveries"] = json!(m);
         }
         self.ok("/v1/queues/mq/items", ADMIN, body).await["id"]
             .as_i64()
@@ -229,9 +229,9 @@ pub async fn a_scrape_counts_exactly_what_a_scripted_workload_did(db: TestDb) {
     let a = api.enqueue(None).await;
     let b = api.enqueue(None).await;
     let c = api.enqueue(None).await;
-    let d = api.enqueue(Some(1)).await;
+    let d = api.enqueue(Some(0)).await; // delivered once
     let e = api.enqueue(None).await;
-    let f = api.enqueue(Some(1)).await;
+    let f = api.enqueue(Some(0)).await; // delivered once
 
     // A: two heartbeats, settled done. B: settled failed.
     let ca = api.claim("mq", tok, &mut t).await.expect("A");
@@ -491,13 +491,46 @@ pub async fn metrics_listen_serves_metrics_without_a_token_only_there(db: TestDb
     let server = Server::start(&config).await.unwrap();
     let http = Client::new();
     let open = format!("http://{}/metrics", server.metrics_addr().unwrap());
+    // One request and one queue, so that the labelled families have a series.
+    let resp = http
+        .post(format!("{}/v1/queues/q/items", server.url()))
+        .bearer_auth(ADMIN)
+        .json(&json!({"payload": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
     let resp = http.get(&open).send().await.unwrap();
     assert_eq!(resp.status(), 200);
-    assert!(resp
-        .text()
-        .await
-        .unwrap()
-        .contains("# TYPE agentstore_claims_total counter"));
+    let text = resp.text().await.unwrap();
+    // Every metric family is in the README's list with its type, and the list
+    // names nothing else.
+    let mut served: Vec<(String, String)> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| {
+            let (name, kind) = l.split_once(' ').unwrap();
+            (name.to_owned(), kind.to_owned())
+        })
+        .collect();
+    let readme = include_str!("../../../../README.md");
+    let section = &readme[readme
+        .find("## Running the server")
+        .expect("README section")..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
+    let mut listed: Vec<(String, String)> = section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `agentstore_"))
+        .map(|l| {
+            let name = l.split(['`', '{']).next().unwrap();
+            let kind = l.split('|').nth(1).unwrap().trim();
+            (format!("agentstore_{name}"), kind.to_owned())
+        })
+        .collect();
+    served.sort();
+    listed.sort();
+    assert!(served.len() >= 17, "{served:?}");
+    assert_eq!(served, listed, "/metrics vs the README's list");
     // Only /metrics lives there; the main listener still wants the admin token.
     let api_there = format!("http://{}/v1/health", server.metrics_addr().unwrap());
     assert_eq!(http.get(api_there).send().await.unwrap().status(), 404);

@@ -74,6 +74,8 @@ pub async fn an_older_schema_upgrades_in_place_and_keeps_its_rows(db: TestDb) {
     );
     assert_eq!(items[3].result, Some(json!("ok")));
     assert_eq!(items[3].attempts, 1);
+    // A cap of 5 deliveries becomes 4 re-deliveries: the item keeps its deliveries.
+    assert_eq!(items[0].max_redeliveries, 4);
     // The old claim with a claim time keeps a live lease; the one without counts as expired.
     let expired: Vec<i64> = store
         .expired_claims(10)
