@@ -720,7 +720,15 @@ async fn every_request_gets_a_request_id_in_its_response_and_its_log_span() {
         .with_ansi(false)
         .with_writer(move || sink.clone())
         .finish();
+    // tracing caches each callsite's interest process-wide, and while at most
+    // one dispatcher exists it is computed on the thread that first reaches the
+    // callsite: a parallel test without a subscriber would cache "never" for
+    // TraceLayer's callsites and this test would see no span (a flake seen under
+    // load). A do-nothing global subscriber makes every interest "sometimes", and
+    // the rebuild re-asks the callsites registered before it.
+    let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry());
     let _guard = tracing::subscriber::set_default(subscriber);
+    tracing::callsite::rebuild_interest_cache();
     let h = Harness::start(|_| {}).await;
     let mut ids = Vec::new();
     for _ in 0..2 {
