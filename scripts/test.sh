@@ -170,11 +170,12 @@ echo "AGENTSTORE_TEST_SERVER=$AGENTSTORE_TEST_SERVER"
 node scripts/delay-proxy.mjs --target "$AGENTSTORE_TEST_SERVER" >"$LEASE_DIR/proxy.log" 2>&1 &
 PROXY_PID=$!
 trap 'kill "$LEASE_PID" "$PROXY_PID" 2>/dev/null || true; rm -rf "$LEASE_DIR"' EXIT
-for _ in $(seq 1 100); do
+for _ in $(seq 1 600); do
   grep -q '^listening ' "$LEASE_DIR/proxy.log" 2>/dev/null && break
   kill -0 "$PROXY_PID" 2>/dev/null || { cat "$LEASE_DIR/proxy.log"; exit 1; }
   sleep 0.1
 done
+grep -q '^listening ' "$LEASE_DIR/proxy.log" || { cat "$LEASE_DIR/proxy.log"; exit 1; }
 AGENTSTORE_TEST_PROXY="$(sed -n 's/^listening //p' "$LEASE_DIR/proxy.log")"
 export AGENTSTORE_TEST_PROXY
 echo "AGENTSTORE_TEST_PROXY=$AGENTSTORE_TEST_PROXY"
