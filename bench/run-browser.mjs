@@ -50,6 +50,7 @@ const WORKLOADS = [
   [6, '4 writers × 250 increments'],
   [7, 'derived-index rebuild, 100,000'],
 ].filter(([w]) => !arg('workloads') || arg('workloads').split(',').includes(String(w)));
+const NEED_SEED = WORKLOADS.some(([w]) => [2, 4, 5, 7].includes(w));
 const log = (...a) => console.error('[bench:browser]', ...a);
 const started = Date.now();
 
@@ -163,13 +164,14 @@ try {
     pages[name] = page;
     has[name] = await page.evaluate(() => [1, 2, 3, 4, 5, 6, 7].filter((w) => window.bench.has(w)));
     await page.bringToFront();
-    seedMs[name] = await page.evaluate(() => window.bench.seed());
+    // Workloads 1, 3 and 6 use their own fresh databases: no 100,000-record set.
+    seedMs[name] = NEED_SEED ? await page.evaluate(() => window.bench.seed()) : NaN;
     log(`${name}: seeded 100,000 records in ${(seedMs[name] / 1000).toFixed(1)} s`);
   }
 
   // ---- let the disk settle: seeding leaves the backing stores compacting, which
   // stalls the first writes for tens of seconds on this machine.
-  for (const [, name] of CONTENDERS) {
+  for (const [, name] of NEED_SEED ? CONTENDERS : []) {
     const page = pages[name];
     await page.bringToFront();
     const t0 = Date.now();

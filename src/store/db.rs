@@ -646,6 +646,27 @@ pub async fn collect_cursor(cursor: Option<IdbCursorWithValue>, max: u32) -> Res
     Ok(out)
 }
 
+/// The results of requests issued in order in one transaction, read after
+/// awaiting only the last: IndexedDB runs a transaction's requests in the
+/// order they were made, so when the last has settled every earlier one has
+/// too. One Promise for the whole batch instead of one per request.
+///
+/// # Errors
+/// The first failed request's error.
+pub async fn all<T>(reqs: Vec<Req<T>>) -> Result<Vec<T>> {
+    if let Some(last) = reqs.last() {
+        let last = Req {
+            req: last.req.clone(),
+            map: |v| v,
+        };
+        // A failure of the last request is reported in order below.
+        let _ = last.await;
+    }
+    reqs.into_iter()
+        .map(|r| settled(&r.req).map(r.map))
+        .collect()
+}
+
 /// An issued request; `.await` it for the result.
 pub struct Req<T> {
     req: IdbRequest,
