@@ -1,11 +1,13 @@
 // pg-boss on the same PostgreSQL as agentstore-server: `--items` jobs inserted
 // (not timed), then `--workers` concurrent loops doing fetch → complete until
 // the queue is empty or `--max-secs` passes. Prints one JSON line shaped like
-// agentstore-loadgen's report. Pool: 10 connections (pg-boss's default, the
-// same as one agentstore-server instance's PostgreSQL pool).
+// agentstore-loadgen's report. Pool: `--pool` connections (default 10, pg-boss's
+// default and one agentstore-server instance's; run-server.mjs passes the same
+// number to both). pg-boss 12 (bench/package-lock.json) runs on Node 20 although
+// its `engines` field asks for 22.
 //
-//   node bench/pgboss.mjs --url postgres://… [--items 4000] [--workers 64] [--max-secs 60]
-import PgBoss from 'pg-boss';
+//   node bench/pgboss.mjs --url postgres://… [--items 4000] [--workers 64] [--pool 10] [--max-secs 60]
+import { PgBoss } from 'pg-boss';
 
 const arg = (k, d) => {
   const i = process.argv.indexOf(`--${k}`);
@@ -15,18 +17,19 @@ const url = arg('url');
 const items = Number(arg('items', 4000));
 const workers = Number(arg('workers', 64));
 const maxMs = Number(arg('max-secs', 60)) * 1000;
+const pool = Number(arg('pool', 10));
 if (!url || !/@(127\.0\.0\.1|localhost|\[::1\])[:/]/.test(url)) {
   console.error('pgboss.mjs: --url must be a loopback postgres:// URL');
   process.exit(2);
 }
 
-const boss = new PgBoss({ connectionString: url, max: 10, supervise: false, schedule: false });
+const boss = new PgBoss({ connectionString: url, max: pool, supervise: false, schedule: false });
 boss.on('error', (e) => console.error('pg-boss:', e.message));
 await boss.start();
 const queue = `bench_${Date.now()}`;
 await boss.createQueue(queue);
 for (let i = 0; i < items; i += 1000) {
-  await boss.insert(Array.from({ length: Math.min(1000, items - i) }, () => ({ name: queue, data: { n: 1 } })));
+  await boss.insert(queue, Array.from({ length: Math.min(1000, items - i) }, () => ({ data: { n: 1 } })));
 }
 
 const lat = { fetch: [], complete: [] };
@@ -65,7 +68,7 @@ const pct = (xs, p) => {
 const summary = (xs) => ({ count: xs.length, p50_ms: pct(xs, 50), p99_ms: pct(xs, 99), max_ms: pct(xs, 100) });
 const all = [...lat.fetch, ...lat.complete];
 console.log(JSON.stringify({
-  workers, items, settled: done, errors, timed_out: performance.now() >= deadline, elapsed_s: elapsed,
+  workers, items, pool, settled: done, errors, timed_out: performance.now() >= deadline, elapsed_s: elapsed,
   items_per_s: done / elapsed, requests_per_s: all.length / elapsed,
   all: summary(all), fetch: summary(lat.fetch), complete: summary(lat.complete),
 }));

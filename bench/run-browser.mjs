@@ -49,6 +49,7 @@ const WORKLOADS = [
   [5, 'page 100,000 by 500'],
   [6, '4 writers × 250 increments'],
   [7, 'derived-index rebuild, 100,000'],
+  [8, 'getMany 1,000 of 100,000 (×10)'],
 ].filter(([w]) => !arg('workloads') || arg('workloads').split(',').includes(String(w)));
 const NEED_SEED = WORKLOADS.some(([w]) => [2, 4, 5, 7].includes(w));
 const log = (...a) => console.error('[bench:browser]', ...a);
@@ -162,7 +163,7 @@ try {
     const title = await page.title();
     if (title !== 'ready') throw new Error(`${name}: ${title}`);
     pages[name] = page;
-    has[name] = await page.evaluate(() => [1, 2, 3, 4, 5, 6, 7].filter((w) => window.bench.has(w)));
+    has[name] = await page.evaluate(() => [1, 2, 3, 4, 5, 6, 7, 8].filter((w) => window.bench.has(w)));
     await page.bringToFront();
     // Workloads 1, 3 and 6 use their own fresh databases: no 100,000-record set.
     seedMs[name] = NEED_SEED ? await page.evaluate(() => window.bench.seed()) : NaN;

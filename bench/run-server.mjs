@@ -1,10 +1,14 @@
-// Server benchmarks, loopback only: agentstore-server on SQLite, on
-// PostgreSQL with 1 and with 2 instances (one database), and pg-boss on the
-// same PostgreSQL, each `--runs` times with a fresh database/queue; prints a
-// Markdown table of medians (by items/s) and writes the raw reports as JSON.
+// Server benchmarks, loopback only, each `--runs` times with a fresh
+// database/queue; prints a Markdown table of medians (by items/s) and writes the
+// raw reports as JSON. Two shapes per item:
+// - claim → 3 heartbeats → settle (the lease protocol's working shape), and
+// - claim → settle (like for like with pg-boss's fetch → complete),
+// on SQLite and on PostgreSQL (1 instance; 2 with `--two-instances`), and
+// pg-boss on the same PostgreSQL. agentstore-server's PostgreSQL pool and
+// pg-boss's pool are both `--pool` connections.
 //
 //   node bench/run-server.mjs --pg-admin-url postgres://postgres@127.0.0.1:55432/postgres \
-//     [--runs 3] [--items 4000] [--workers 64] [--max-secs 60]
+//     [--runs 3] [--items 4000] [--workers 64] [--pool 20] [--max-secs 60] [--two-instances]
 import { spawn, execFileSync } from 'node:child_process';
 import { mkdtemp, rm, writeFile, mkdir } from 'node:fs/promises';
 import { createServer } from 'node:net';
@@ -23,6 +27,8 @@ const RUNS = Number(arg('runs', 3));
 const ITEMS = Number(arg('items', 4000));
 const WORKERS = Number(arg('workers', 64));
 const MAX_SECS = Number(arg('max-secs', 60));
+const POOL = Number(arg('pool', 20));
+const TWO = process.argv.includes('--two-instances');
 const PG_ADMIN = arg('pg-admin-url');
 const OUT = arg('out', join(HERE, 'results', 'server.json'));
 const SERVER = join(ROOT, 'target/release/agentstore-server');
@@ -38,8 +44,12 @@ const freePort = () => new Promise((res) => {
 
 async function startServer(database, dir) {
   const port = await freePort();
+  // The per-worker claim limit and the per-address enroll limit would throttle
+  // the generator (all its workers share one address), not measure the server.
+  const pool = database.startsWith('postgres') ? ['--db-pool', String(POOL)] : [];
   const child = spawn(SERVER, ['--listen', `127.0.0.1:${port}`, '--database', database, '--admin-token', ADMIN,
-    '--claim-rate', '100000/s', '--www', dir, '--pkg', dir], { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, RUST_LOG: 'warn' } });
+    '--claim-rate', '100000/s', '--auth-rate', '100000/s', ...pool, '--www', dir, '--pkg', dir],
+  { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, RUST_LOG: 'warn' } });
   let stderr = '';
   child.stderr.on('data', (d) => { stderr += d; });
   const url = `http://127.0.0.1:${port}`;
@@ -59,9 +69,10 @@ const stop = (s) => new Promise((res) => {
   s.child.kill('SIGTERM');
 });
 
-function loadgen(urls) {
+function loadgen(urls, heartbeats) {
   const out = execFileSync(LOADGEN, [...urls.flatMap((u) => ['--server', u]), '--admin-token', ADMIN,
-    '--items', String(ITEMS), '--workers', String(WORKERS), '--max-secs', String(MAX_SECS), '--json'],
+    '--items', String(ITEMS), '--workers', String(WORKERS), '--heartbeats', String(heartbeats),
+    '--max-secs', String(MAX_SECS), '--json'],
   { encoding: 'utf8', timeout: (MAX_SECS + 120) * 1000 });
   return JSON.parse(out.trim().split('\n').pop());
 }
@@ -77,29 +88,37 @@ async function freshPgDb() {
   return u.toString();
 }
 
+const HB = 'claim → 3 heartbeats → settle';
+const LIKE = 'claim → settle';
+const sqlite = (heartbeats) => async (dir) => {
+  const s = await startServer(join(dir, 'bench.sqlite'), dir);
+  try { return loadgen([s.url], heartbeats); } finally { await stop(s); }
+};
+const postgres = (instances, heartbeats) => async (dir) => {
+  const db = await freshPgDb();
+  const servers = [];
+  try {
+    // One at a time: the first runs the migrations.
+    for (let i = 0; i < instances; i++) servers.push(await startServer(db, dir));
+    return loadgen(servers.map((s) => s.url), heartbeats);
+  } finally {
+    for (const s of servers) await stop(s);
+  }
+};
 const scenarios = [
-  ['agentstore-server, SQLite, 1 instance', async (dir) => {
-    const s = await startServer(join(dir, 'bench.sqlite'), dir);
-    try { return loadgen([s.url]); } finally { await stop(s); }
-  }],
+  [`agentstore-server, SQLite, ${HB}`, sqlite(3)],
+  [`agentstore-server, SQLite, ${LIKE}`, sqlite(0)],
 ];
 if (PG_ADMIN) {
   scenarios.push(
-    ['agentstore-server, PostgreSQL, 1 instance', async (dir) => {
-      const db = await freshPgDb();
-      const s = await startServer(db, dir);
-      try { return loadgen([s.url]); } finally { await stop(s); }
-    }],
-    ['agentstore-server, PostgreSQL, 2 instances', async (dir) => {
-      const db = await freshPgDb();
-      const a = await startServer(db, dir); // runs the migrations first
-      const b = await startServer(db, dir);
-      try { return loadgen([a.url, b.url]); } finally { await stop(a); await stop(b); }
-    }],
-    ['pg-boss 10 fetch → complete, PostgreSQL', async () => {
+    [`agentstore-server, PostgreSQL (pool ${POOL}), ${HB}`, postgres(1, 3)],
+    [`agentstore-server, PostgreSQL (pool ${POOL}), ${LIKE}`, postgres(1, 0)],
+    ...(TWO ? [[`agentstore-server ×2, PostgreSQL (pool ${POOL} each), ${HB}`, postgres(2, 3)]] : []),
+    [`pg-boss 12 fetch → complete, PostgreSQL (pool ${POOL})`, async () => {
       const db = await freshPgDb();
       const out = execFileSync(process.execPath, [join(HERE, 'pgboss.mjs'), '--url', db, '--items', String(ITEMS),
-        '--workers', String(WORKERS), '--max-secs', String(MAX_SECS)], { encoding: 'utf8', timeout: (MAX_SECS + 120) * 1000 });
+        '--workers', String(WORKERS), '--pool', String(POOL), '--max-secs', String(MAX_SECS)],
+      { encoding: 'utf8', timeout: (MAX_SECS + 120) * 1000 });
       return JSON.parse(out.trim().split('\n').pop());
     }],
   );
@@ -130,7 +149,7 @@ const medianBy = (rs) => {
 };
 const f0 = (x) => (x === undefined ? '—' : x.toFixed(0));
 const f1 = (x) => (x === undefined ? '—' : x.toFixed(1));
-let md = `${WORKERS} concurrent workers, ${ITEMS.toLocaleString('en')} items per run, ${RUNS} runs; the run with the median items/s is shown (all its columns from that run). agentstore: claim → 3 heartbeats → settle per item, one HTTP request each; pg-boss: fetch → complete per item, in-process (no HTTP).\n\n`;
+let md = `${WORKERS} concurrent workers, ${ITEMS.toLocaleString('en')} items per run, ${RUNS} runs; the run with the median items/s is shown (all its columns from that run). agentstore: one HTTP request per step; pg-boss: fetch → complete per item, in-process (no HTTP). Like for like: "claim → settle" against pg-boss, same pool.\n\n`;
 md += '| scenario | items/s | heartbeats/s | requests/s | p50 ms | p99 ms | claim p99 | heartbeat p99 | settle p99 | settled | errors |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n';
 for (const [name] of scenarios) {
   const r = medianBy(reports[name] || []);

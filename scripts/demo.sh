@@ -24,10 +24,17 @@
 #   DEMO_SKIP_BUILD=1      reuse an existing pkg/ instead of running wasm-pack
 #   DEMO_READY_TIMEOUT=60  seconds to wait for the server to answer
 #   DEMO_QUEUE=demo        queue the page's workers claim from
-#   DEMO_TTL_MS=6000 DEMO_HEARTBEAT_MS=1000 DEMO_REAPER_MS=1000 DEMO_MAX_ATTEMPTS=5
-#                          lease settings (the field defaults are 90 s / 15 s / 15 s / 5)
+#   DEMO_TTL_MS=6000 DEMO_HEARTBEAT_MS=1000 DEMO_REAPER_MS=1000 DEMO_MAX_REDELIVERIES=5
+#                          lease settings (the field defaults are 90 s / 15 s / 15 s / 5
+#                          re-deliveries after the first delivery)
 #   DEMO_WORKLOAD=24       sample items enqueued at start
-#   DEMO_TOKENS=300        enrollment tokens for pages (three per page load)
+#   DEMO_TOKENS=300        worker enrollment tokens for pages (three per page load)
+#   DEMO_PRODUCER_TOKENS=100  producer enrollment tokens (one per page load)
+#
+# Least privilege: the page's tokens are scoped to the demo queue. Worker tokens
+# enroll workers (claim there, act on their own leases only); producer tokens
+# enroll the panel's producer (enqueue into and list the demo queue). Neither
+# can create tokens, pause, resume, or touch another queue.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -41,9 +48,10 @@ QUEUE=${DEMO_QUEUE:-demo}
 TTL_MS=${DEMO_TTL_MS:-6000}
 HEARTBEAT_MS=${DEMO_HEARTBEAT_MS:-1000}
 REAPER_MS=${DEMO_REAPER_MS:-1000}
-MAX_ATTEMPTS=${DEMO_MAX_ATTEMPTS:-5}
+MAX_REDELIVERIES=${DEMO_MAX_REDELIVERIES:-5}
 WORKLOAD=${DEMO_WORKLOAD:-24}
 TOKENS=${DEMO_TOKENS:-300}
+PRODUCER_TOKENS=${DEMO_PRODUCER_TOKENS:-100}
 log() { printf '[demo] %s\n' "$*" >&2; }
 
 if [ "${DEMO_SKIP_BUILD:-0}" = 1 ] && [ -f pkg/agentstore.js ]; then
@@ -68,7 +76,7 @@ ADMIN_TOKEN=${AGENTSTORE_ADMIN_TOKEN:-$(head -c 32 /dev/urandom | od -An -tx1 | 
 server=("${CARGO_TARGET_DIR:-target}/release/agentstore-server" --listen "$HOST:$PORT"
   --www "$RUN_DIR/www" --pkg "$ROOT/pkg" --database "$DB"
   --ttl-ms "$TTL_MS" --heartbeat-ms "$HEARTBEAT_MS" --reaper-ms "$REAPER_MS"
-  --max-attempts "$MAX_ATTEMPTS" --idle-retry-ms 1000 --claim-rate 20/s)
+  --max-redeliveries "$MAX_REDELIVERIES" --idle-retry-ms 1000 --claim-rate 20/s)
 
 log "starting: ${server[*]}"
 AGENTSTORE_ADMIN_TOKEN=$ADMIN_TOKEN "${server[@]}" >&2 &
@@ -115,17 +123,23 @@ admin_header() {
   printf 'header = "Authorization: Bearer %s"\nheader = "Content-Type: application/json"\n' "$ADMIN_TOKEN"
 }
 
-log "creating $TOKENS single-use enrollment tokens"
-tokens=$(
+# Single-use enrollment tokens of one role, scoped to the demo queue.
+enrollment_tokens() { # role count
   {
     admin_header
-    printf 'data = "{}"\n'
-    for _ in $(seq "$TOKENS"); do printf 'url = "%sv1/admin/enrollment-tokens"\n' "$URL"; done
+    printf 'data = "{\\"role\\":\\"%s\\",\\"queues\\":[\\"%s\\"]}"\n' "$1" "$QUEUE"
+    for _ in $(seq "$2"); do printf 'url = "%sv1/admin/enrollment-tokens"\n' "$URL"; done
   } | curl -fsS --max-time 60 -K - | grep -o '"token":"[^"]*"' | cut -d'"' -f4
-)
+}
+json_list() { printf '%s\n' "$1" | sed 's/.*/"&"/' | paste -sd, -; }
+
+log "creating $TOKENS worker and $PRODUCER_TOKENS producer enrollment tokens (queue \"$QUEUE\" only)"
+tokens=$(enrollment_tokens worker "$TOKENS")
+producer_tokens=$(enrollment_tokens producer "$PRODUCER_TOKENS")
 count=$(printf '%s\n' "$tokens" | grep -c . || true)
-if [ "$count" != "$TOKENS" ]; then
-  log "expected $TOKENS enrollment tokens, got $count"
+pcount=$(printf '%s\n' "$producer_tokens" | grep -c . || true)
+if [ "$count" != "$TOKENS" ] || [ "$pcount" != "$PRODUCER_TOKENS" ]; then
+  log "expected $TOKENS + $PRODUCER_TOKENS enrollment tokens, got $count + $pcount"
   exit 1
 fi
 
@@ -143,7 +157,6 @@ if [ "$WORKLOAD" -gt 0 ]; then
   } | curl -fsS --max-time 60 -K - >/dev/null
 fi
 
-json_tokens=$(printf '%s\n' "$tokens" | sed 's/.*/"&"/' | paste -sd, -)
 cat >"$RUN_DIR/www/runtime/demo.json" <<EOF
 {
   "runId": "$(basename "$RUN_DIR")",
@@ -151,12 +164,13 @@ cat >"$RUN_DIR/www/runtime/demo.json" <<EOF
   "ttlMs": $TTL_MS,
   "heartbeatMs": $HEARTBEAT_MS,
   "reaperMs": $REAPER_MS,
-  "maxAttempts": $MAX_ATTEMPTS,
-  "enrollmentTokens": [$json_tokens]
+  "maxRedeliveries": $MAX_REDELIVERIES,
+  "enrollmentTokens": [$(json_list "$tokens")],
+  "producerTokens": [$(json_list "$producer_tokens")]
 }
 EOF
 
 echo "agentstore demo: $URL"
-log "lease TTL ${TTL_MS} ms, heartbeat ${HEARTBEAT_MS} ms, reaper ${REAPER_MS} ms, retry cap ${MAX_ATTEMPTS}"
+log "lease TTL ${TTL_MS} ms, heartbeat ${HEARTBEAT_MS} ms, reaper ${REAPER_MS} ms, retry cap ${MAX_REDELIVERIES} re-deliveries"
 log "Ctrl-C to stop"
 wait "$pid"

@@ -52,6 +52,19 @@ for _ in $(seq 1 100); do
 done
 curl -fsS "$AGENTSTORE_TEST_SERVER/v1/health" >/dev/null
 echo "AGENTSTORE_TEST_SERVER=$AGENTSTORE_TEST_SERVER"
+# A loopback proxy in front of it that holds heartbeat answers back or cuts off
+# enrollments (tests/lease_network.rs); it picks a free port and prints it.
+node scripts/delay-proxy.mjs --target "$AGENTSTORE_TEST_SERVER" >"$LEASE_DIR/proxy.log" 2>&1 &
+PROXY_PID=$!
+trap 'kill "$LEASE_PID" "$PROXY_PID" 2>/dev/null || true; rm -rf "$LEASE_DIR"' EXIT
+for _ in $(seq 1 100); do
+  grep -q '^listening ' "$LEASE_DIR/proxy.log" 2>/dev/null && break
+  kill -0 "$PROXY_PID" 2>/dev/null || { cat "$LEASE_DIR/proxy.log"; exit 1; }
+  sleep 0.1
+done
+AGENTSTORE_TEST_PROXY="$(sed -n 's/^listening //p' "$LEASE_DIR/proxy.log")"
+export AGENTSTORE_TEST_PROXY
+echo "AGENTSTORE_TEST_PROXY=$AGENTSTORE_TEST_PROXY"
 
 step "browser suites in headless Chromium"
 env -u GECKODRIVER CHROMEDRIVER=/usr/bin/chromedriver \

@@ -3,7 +3,7 @@
 //! into JS `Error`s. Every method returns a Promise and never panics.
 
 use crate::error::{set, StoreError};
-use crate::options::{opt, opt_fn, opt_signal};
+use crate::options::{opt, opt_fn, opt_signal, string_arg};
 use crate::store::{index::verification_js, ByQuery, ListQuery, Store, Watcher, Written};
 use agentstore_protocol::index::IndexDef;
 use js_sys::{Array, Function, Object, Promise, Reflect};
@@ -68,6 +68,22 @@ export interface WatchOptions {
 export interface WatchChange { id: string; rev: string; deleted: boolean; }
 export interface SnapshotImportSummary { written: number; keptNewer: number; }
 export interface IndexDefinition { name: string; keys: string[]; }
+export interface CountOptions {
+  /** Exact prefix on `_id` (UTF-16 code-unit order). */
+  prefix?: string;
+  /** Only records whose `recordType` equals this. */
+  type?: string;
+}
+/** One `deleteMany` position: the id and the live revision it deletes (compare-and-swap). */
+export interface DeleteItem { id: string; rev: string; }
+export interface DestroyOptions {
+  /** Reject with BlockedError when a connection that ignores `versionchange` still blocks after this long (ms). Default 5000. */
+  blockedTimeoutMs?: number;
+}
+export interface PurgeOptions {
+  /** Remove tombstones written more than this long ago (ms, ≥ 0; 0 = every tombstone). Required. */
+  olderThanMs: number;
+}
 export interface ListByOptions {
   /** Leading components equal these values exactly (one value or an array). */
   eq?: string | number | (string | number)[];
@@ -162,6 +178,32 @@ fn parse_index_defs(v: &JsValue) -> Result<Vec<IndexDef>, StoreError> {
         .collect()
 }
 
+/// The database name (a non-empty string) and `options.blockedTimeoutMs`
+/// (default 5000 ms) of `open` / `destroy`.
+fn name_and_timeout(name: &JsValue, options: &JsValue) -> Result<(String, u32), StoreError> {
+    let name = string_arg(name, "the store name").map_err(StoreError::Thrown)?;
+    if name.is_empty() {
+        return Err(StoreError::validation(
+            "the store name must be a non-empty string",
+        ));
+    }
+    if !options.is_undefined() && !options.is_null() && !options.is_object() {
+        return Err(StoreError::validation("options must be an object"));
+    }
+    let timeout = match opt(options, "blockedTimeoutMs") {
+        v if v.is_undefined() => 5000,
+        v => match v.as_f64() {
+            Some(ms) if ms >= 0.0 && ms <= f64::from(u32::MAX) => ms as u32,
+            _ => {
+                return Err(StoreError::validation(
+                    "blockedTimeoutMs must be a non-negative number of ms",
+                ))
+            }
+        },
+    };
+    Ok((name, timeout))
+}
+
 fn page_js(page: crate::store::Page) -> JsValue {
     let o = Object::new();
     set(&o, "records", &page.records);
@@ -194,26 +236,11 @@ impl AgentStore {
     /// tab keeps the upgrade blocked; ValidationError for bad options.
     #[wasm_bindgen(unchecked_return_type = "Promise<AgentStore>")]
     pub fn open(
-        name: String,
+        #[wasm_bindgen(unchecked_param_type = "string")] name: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "OpenOptions")] options: JsValue,
     ) -> Promise {
         run(async move {
-            let timeout = match opt(&options, "blockedTimeoutMs") {
-                v if v.is_undefined() => 5000,
-                v => match v.as_f64() {
-                    Some(ms) if ms >= 0.0 && ms <= f64::from(u32::MAX) => ms as u32,
-                    _ => {
-                        return Err(StoreError::validation(
-                            "blockedTimeoutMs must be a non-negative number of ms",
-                        ))
-                    }
-                },
-            };
-            if name.is_empty() {
-                return Err(StoreError::validation(
-                    "the store name must be a non-empty string",
-                ));
-            }
+            let (name, timeout) = name_and_timeout(&name, &options)?;
             let on_vc = opt_fn(&options, "onVersionChange")?;
             let indexes = parse_index_defs(&opt(&options, "indexes"))?;
             let store = Rc::new(Store::open(&name, timeout, on_vc, indexes).await?);
@@ -228,6 +255,28 @@ impl AgentStore {
         })
     }
 
+    /// Deletes the database `name` (every record, tombstone and index).
+    /// Open connections to it in other tabs and workers are closed first
+    /// through `versionchange`: their `onVersionChange` runs and their later
+    /// calls reject with ClosedError. Resolves to `undefined`.
+    ///
+    /// # Errors
+    /// BlockedError after `blockedTimeoutMs` (default 5000 ms) when a
+    /// connection that is not agentstore's keeps the deletion blocked (it
+    /// stays queued in IndexedDB and completes once that connection closes);
+    /// ValidationError for a bad name or option.
+    #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
+    pub fn destroy(
+        #[wasm_bindgen(unchecked_param_type = "string")] name: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "DestroyOptions")] options: JsValue,
+    ) -> Promise {
+        run(async move {
+            let (name, timeout) = name_and_timeout(&name, &options)?;
+            crate::store::destroy(&name, timeout).await?;
+            Ok(JsValue::UNDEFINED)
+        })
+    }
+
     /// Closes the connection; later calls reject with ClosedError.
     pub fn close(&self) {
         self.inner.close();
@@ -238,6 +287,91 @@ impl AgentStore {
     pub fn get(&self, #[wasm_bindgen(unchecked_param_type = "string")] id: JsValue) -> Promise {
         let s = self.inner.clone();
         run(async move { Ok(s.get(&id).await?.unwrap_or(JsValue::NULL)) })
+    }
+
+    /// The records stored under `ids`, in the order of `ids`: a record, or
+    /// `null` for an id never stored or deleted. One read-only transaction.
+    ///
+    /// # Errors
+    /// ValidationError (with `failures` naming every bad position) for a
+    /// non-array, a non-id element or more than 100,000 ids.
+    #[wasm_bindgen(js_name = getMany, unchecked_return_type = "Promise<(AgentRecord | null)[]>")]
+    pub fn get_many(
+        &self,
+        #[wasm_bindgen(unchecked_param_type = "string[]")] ids: JsValue,
+    ) -> Promise {
+        let s = self.inner.clone();
+        run(async move { Ok(s.get_many(&ids).await?.into()) })
+    }
+
+    /// How many live records match `{prefix, type}` (both optional),
+    /// counted by IndexedDB on the key range without loading any record (by
+    /// type through the native `["recordType", "_id"]` index).
+    ///
+    /// # Errors
+    /// ValidationError for a non-string prefix or type.
+    #[wasm_bindgen(unchecked_return_type = "Promise<number>")]
+    pub fn count(
+        &self,
+        #[wasm_bindgen(unchecked_optional_param_type = "CountOptions")] options: JsValue,
+    ) -> Promise {
+        let s = self.inner.clone();
+        run(async move {
+            let q = ListQuery::from_js(&options)?;
+            Ok(s.count(&q.prefix, q.record_type.as_deref()).await?.into())
+        })
+    }
+
+    /// Deletes every `{id, rev}` with compare-and-swap in one transaction,
+    /// all or none, leaving tombstones; resolves to their revisions in input
+    /// order. `watch` announces each delete.
+    ///
+    /// # Errors
+    /// ValidationError listing every malformed position or repeated id;
+    /// ConflictError (409) whose `failures` list every position whose `rev`
+    /// is stale or that has nothing live to delete (`currentRev: null`).
+    /// Nothing is written on any error.
+    #[wasm_bindgen(js_name = deleteMany, unchecked_return_type = "Promise<string[]>")]
+    pub fn delete_many(
+        &self,
+        #[wasm_bindgen(unchecked_param_type = "DeleteItem[]")] items: JsValue,
+    ) -> Promise {
+        let s = self.inner.clone();
+        run(async move {
+            let revs = s.delete_many(&items).await?;
+            Ok(revs
+                .iter()
+                .map(|r| JsValue::from_str(r))
+                .collect::<Array>()
+                .into())
+        })
+    }
+
+    /// Removes tombstones written more than `olderThanMs` ago; resolves to
+    /// how many were removed. Afterwards a writer holding a revision of a
+    /// purged id gets ConflictError (nothing stored has that revision), so a
+    /// stale writer still never overwrites a newer record; a `put` without
+    /// `_rev` creates the id anew at generation 1.
+    ///
+    /// # Errors
+    /// ValidationError unless `olderThanMs` is a finite number ≥ 0.
+    #[wasm_bindgen(js_name = purgeTombstones, unchecked_return_type = "Promise<number>")]
+    pub fn purge_tombstones(
+        &self,
+        #[wasm_bindgen(unchecked_param_type = "PurgeOptions")] options: JsValue,
+    ) -> Promise {
+        let s = self.inner.clone();
+        run(async move {
+            let ms = opt(&options, "olderThanMs")
+                .as_f64()
+                .filter(|n| n.is_finite() && *n >= 0.0)
+                .ok_or_else(|| {
+                    StoreError::validation(
+                        "purgeTombstones({olderThanMs}): olderThanMs must be a finite number of ms >= 0",
+                    )
+                })?;
+            Ok(s.purge_tombstones(ms).await?.into())
+        })
     }
 
     /// Creates (no `_rev`) or updates with compare-and-swap (with `_rev`).
@@ -333,11 +467,12 @@ impl AgentStore {
     #[wasm_bindgen(js_name = listBy, unchecked_return_type = "Promise<ListPage>")]
     pub fn list_by(
         &self,
-        name: String,
+        #[wasm_bindgen(unchecked_param_type = "string")] name: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "ListByOptions")] options: JsValue,
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
+            let name = string_arg(&name, "the index name").map_err(StoreError::Thrown)?;
             let q = ByQuery::from_js(&options)?;
             Ok(page_js(s.list_by(&name, &q).await?))
         })
@@ -408,11 +543,12 @@ impl AgentStore {
     #[wasm_bindgen(js_name = importPouchDump, unchecked_return_type = "Promise<PouchImportSummary>")]
     pub fn import_pouch_dump(
         &self,
-        text: String,
+        #[wasm_bindgen(unchecked_param_type = "string")] text: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "ImportOptions")] options: JsValue,
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
+            let text = string_arg(&text, "the dump").map_err(StoreError::Thrown)?;
             let cb = opt_fn(&options, "onProgress")?;
             let legacy_id = match opt(&options, "legacyIndexId") {
                 v if v.is_undefined() || v.is_null() => "agent-index".to_owned(),
@@ -466,11 +602,12 @@ impl AgentStore {
     #[wasm_bindgen(js_name = importSnapshot, unchecked_return_type = "Promise<SnapshotImportSummary>")]
     pub fn import_snapshot(
         &self,
-        text: String,
+        #[wasm_bindgen(unchecked_param_type = "string")] text: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "ImportOptions")] options: JsValue,
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
+            let text = string_arg(&text, "the snapshot").map_err(StoreError::Thrown)?;
             let cb = opt_fn(&options, "onProgress")?;
             let c = s.import_snapshot(&text, cb.as_ref()).await?;
             let o = Object::new();

@@ -63,7 +63,7 @@ pub enum StoreError {
     QuotaExceeded(String),
     /// The transaction failed or aborted for another reason.
     Transaction(String),
-    /// The open stayed blocked by another tab's connection (name, timeout ms).
+    /// The open (or `destroy`) stayed blocked by another tab's connection (name, timeout ms).
     Blocked(String, u32),
     /// The store was closed (by `close()` or another tab's upgrade).
     Closed(String),
@@ -124,11 +124,11 @@ impl StoreError {
                 let mut buf = [0u8; 20];
                 let ms = agentstore_protocol::canonical::itoa(u64::from(*ms), &mut buf);
                 [
-                    "opening \"",
+                    "\"",
                     name,
-                    "\" did not complete within ",
+                    "\": the open or deletion did not complete within ",
                     std::str::from_utf8(ms).unwrap_or("?"),
-                    " ms: another tab's connection blocks (or is queued ahead of) the upgrade",
+                    " ms: another tab's connection blocks (or is queued ahead of) it",
                 ]
                 .concat()
             }

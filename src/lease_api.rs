@@ -17,6 +17,7 @@ use crate::lease::{
     WorkerInner,
 };
 use crate::options::{opt, opt_bool, opt_fn, opt_num, opt_signal, opt_str};
+use agentstore_protocol::lease::ItemState;
 
 #[wasm_bindgen(typescript_custom_section)]
 const TS_LEASE_TYPES: &str = r#"
@@ -41,6 +42,12 @@ export interface LeaseClientOptions {
   releaseOnPagehide?: boolean;
   /** recover(): how long to wait for another page's lease lock (ms). Default 1000. */
   lockWaitMs?: number;
+  /**
+   * Origins (`"https://api.example"`) besides the lease server's own that `lease.fetch` sends
+   * `X-Lease-Token`/`X-Lease-Epoch` to. Default none: the token alone can release the lease,
+   * so it never goes to a third party unless you name it here.
+   */
+  leaseHeaderOrigins?: string[];
   /** TEST HOOK: maps each heartbeat timer delay (ms) to the delay used (simulates throttled tabs). */
   testTimerDelay?: (ms: number) => number;
 }
@@ -67,7 +74,7 @@ export interface LeaseItem {
   /** The result given to the last settle, if any. */
   result?: unknown;
   /** Claims that ended without a settle (expiries and releases). */
-  attempts: number; max_attempts: number;
+  attempts: number; max_redeliveries: number;
   /** Grows on every claim and resume. */
   epoch: number;
   last_error?: string | null; worker_id?: number | null;
@@ -91,11 +98,21 @@ export interface LeaseError extends Error {
   /** AbortError: the signal's reason. */
   cause?: unknown;
 }
-export interface WorkStats { claimed: number; done: number; failed: number; lost: number; connectionFailures: number; backoffsMs: number[]; }
+export interface WorkStats { claimed: number; done: number; failed: number; lost: number; connectionFailures: number; backoffsMs: number[]; pollDelaysMs: number[]; }
 export interface Recovery { released: number[]; lost: number[]; busy: number[]; skipped: number[]; resumed: Lease[]; }
 /** `ClaimLostError`: the lease is gone; nothing was written under it. */
 export interface ClaimLostError extends Error { code: "claim_lost"; status: 409; reason: "claim_lost" | "expired_locally" | "released"; itemId: number; }
 "#;
+
+/// A string argument: `ValidationError` naming `what` for any other JS type
+/// (exports never take `String`, whose glue traps on a number).
+fn string_param(v: &JsValue, what: &'static str) -> Result<String, LeaseError> {
+    v.as_string().ok_or_else(|| {
+        let mut m = String::from(what);
+        m.push_str(" must be a string");
+        LeaseError::Validation(m)
+    })
+}
 
 /// Runs `f` as a Promise rejecting with the error's JS `Error`.
 fn run<F>(f: F) -> Promise
@@ -134,13 +151,17 @@ impl LeaseClient {
     /// `ValidationError` for a bad base URL or option.
     #[wasm_bindgen(constructor)]
     pub fn new(
-        #[wasm_bindgen(js_name = baseUrl)] base_url: &str,
+        #[wasm_bindgen(js_name = baseUrl, unchecked_param_type = "string")] base_url: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "LeaseClientOptions")] options: JsValue,
     ) -> Result<LeaseClient, JsValue> {
-        Self::build(base_url, &options).map_err(|e| e.to_js())
+        Self::build(&base_url, &options).map_err(|e| e.to_js())
     }
 
-    fn build(base_url: &str, o: &JsValue) -> Result<LeaseClient, LeaseError> {
+    fn build(base_url: &JsValue, o: &JsValue) -> Result<LeaseClient, LeaseError> {
+        let base_url = string_param(base_url, "baseUrl")?;
+        if !(o.is_undefined() || o.is_null() || o.is_object()) || o.is_function() {
+            return Err(LeaseError::Validation("options must be an object".into()));
+        }
         let creds = Credentials {
             access_token: opt_str(o, "accessToken")?,
             refresh_token: opt_str(o, "refreshToken")?,
@@ -172,10 +193,28 @@ impl LeaseClient {
         if let Some(ms) = opt_num(o, "lockWaitMs", 0.0, 600_000.0)? {
             config.lock_wait_ms = ms;
         }
+        let origins = opt(o, "leaseHeaderOrigins");
+        if !origins.is_undefined() && !origins.is_null() {
+            let bad = || {
+                LeaseError::Validation(
+                    "leaseHeaderOrigins must be an array of absolute URLs".into(),
+                )
+            };
+            if !Array::is_array(&origins) {
+                return Err(bad());
+            }
+            for v in Array::from(&origins).iter() {
+                let origin = v
+                    .as_string()
+                    .and_then(|u| crate::lease::client::origin_of(&u))
+                    .ok_or_else(bad)?;
+                config.header_origins.push(origin);
+            }
+        }
         config.timer_delay = opt_fn(o, "testTimerDelay")?;
         config.on_credentials = opt_fn(o, "onCredentials")?;
         Ok(LeaseClient {
-            inner: ClientInner::new(base_url, creds, config)?,
+            inner: ClientInner::new(&base_url, creds, config)?,
         })
     }
 
@@ -188,11 +227,12 @@ impl LeaseClient {
     #[wasm_bindgen(unchecked_return_type = "Promise<Lease | null>")]
     pub fn claim(
         &self,
-        queue: String,
+        #[wasm_bindgen(unchecked_param_type = "string")] queue: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "ClaimOptions")] options: JsValue,
     ) -> Promise {
         let inner = self.inner.clone();
         run(async move {
+            let queue = string_param(&queue, "queue")?;
             let signal = opt_signal(&options)?;
             match inner.claim(&queue, signal.as_ref()).await? {
                 Claimed::Lease(l) => Ok(Lease { inner: l }.into()),
@@ -212,10 +252,15 @@ impl LeaseClient {
     /// `ValidationError` for bad options.
     pub fn work(
         &self,
-        queue: String,
-        #[wasm_bindgen(unchecked_param_type = "WorkHandler")] handler: Function,
+        #[wasm_bindgen(unchecked_param_type = "string")] queue: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "WorkHandler")] handler: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "WorkOptions")] options: JsValue,
     ) -> Result<Worker, JsValue> {
+        let queue = string_param(&queue, "queue").map_err(|e| e.to_js())?;
+        let handler: Function = handler
+            .dyn_into()
+            .map_err(|_| LeaseError::Type("handler must be a function").to_js())?;
+        self.inner.check_open().map_err(|e| e.to_js())?;
         let parse = || -> Result<WorkOptions, LeaseError> {
             let mut w = WorkOptions::default();
             if let Some(c) = opt_num(&options, "concurrency", 1.0, 64.0)? {
@@ -328,7 +373,7 @@ impl Lease {
 
 #[wasm_bindgen]
 impl Lease {
-    /// The item as the server sent it: `{id, queue, state, payload, attempts, max_attempts, epoch, …}`.
+    /// The item as the server sent it: `{id, queue, state, payload, attempts, max_redeliveries, epoch, …}`.
     #[wasm_bindgen(getter, unchecked_return_type = "LeaseItem")]
     pub fn item(&self) -> JsValue {
         self.inner.item.clone()
@@ -410,36 +455,37 @@ impl Lease {
     #[wasm_bindgen(unchecked_return_type = "Promise<LeaseItem>")]
     pub fn settle(
         &self,
-        #[wasm_bindgen(unchecked_param_type = "SettleState")] state: String,
+        #[wasm_bindgen(unchecked_param_type = "SettleState")] state: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "unknown")] result: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "SettleOptions")] options: JsValue,
     ) -> Promise {
         let inner = self.inner.clone();
         run(async move {
-            let state = match state.as_str() {
-                "done" => SettleState::Done,
-                "failed" => SettleState::Failed,
-                "blocked" => SettleState::Blocked,
-                "paused" => SettleState::Paused,
-                other => {
-                    return Err(LeaseError::Validation(format!(
-                        "state must be done, failed, blocked or paused, got {other:?}"
-                    )))
-                }
-            };
+            let state = state
+                .as_string()
+                .and_then(|s| ItemState::parse(&s))
+                .and_then(|s| match s {
+                    ItemState::Done => Some(SettleState::Done),
+                    ItemState::Failed => Some(SettleState::Failed),
+                    ItemState::Blocked => Some(SettleState::Blocked),
+                    ItemState::Paused => Some(SettleState::Paused),
+                    _ => None,
+                })
+                .ok_or_else(|| {
+                    LeaseError::Validation("state must be done, failed, blocked or paused".into())
+                })?;
             let result = if result.is_undefined() {
                 None
             } else {
-                let text = js_sys::JSON::stringify(&result)
-                    .ok()
-                    .and_then(|s| s.as_string())
-                    .ok_or_else(|| {
-                        LeaseError::Validation("result must be JSON-serialisable".into())
-                    })?;
-                Some(
-                    serde_json::from_str(&text)
-                        .map_err(|e| LeaseError::Validation(format!("result: {e}")))?,
-                )
+                // JSON.stringify(undefined-like values) gives undefined; a BigInt or a cycle throws.
+                match js_sys::JSON::stringify(&result) {
+                    Ok(s) if !s.is_undefined() => Some(result),
+                    _ => {
+                        return Err(LeaseError::Validation(
+                            "result must be JSON-serialisable".into(),
+                        ))
+                    }
+                }
             };
             let error = opt_str(&options, "error")?;
             inner.settle(state, result, error).await
@@ -456,10 +502,13 @@ impl Lease {
         })
     }
 
-    /// `fetch(input, init)` with `X-Lease-Token` and `X-Lease-Epoch` headers,
-    /// aborted when the lease is lost (and by `init.signal`). Rejects at once with
-    /// the `ClaimLostError` when the lease is already lost. Cross-origin targets
-    /// must allow these headers in CORS.
+    /// `fetch(input, init)` aborted when the lease is lost (and by
+    /// `init.signal`), with `X-Lease-Token` and `X-Lease-Epoch` headers when the
+    /// target's origin is the lease server's or listed in `leaseHeaderOrigins`
+    /// (other origins get the request without them: the token alone can
+    /// release the lease). Rejects at once with the `ClaimLostError` when the
+    /// lease is already lost, including past its local deadline. Listed
+    /// cross-origin targets must allow these headers in CORS.
     #[wasm_bindgen(unchecked_return_type = "Promise<Response>")]
     pub fn fetch(
         &self,
@@ -513,12 +562,17 @@ impl Lease {
                 }
             }
         };
-        let headers = Headers::new_with_headers(&base.headers())?;
-        headers.set("X-Lease-Token", self.inner.token())?;
-        headers.set("X-Lease-Epoch", &self.inner.epoch.to_string())?;
         let signal = follow_both(&self.inner.signal(), &base.signal())?;
         let next = RequestInit::new();
-        next.set_headers(&headers);
+        // The token alone can release the lease: it goes only to the lease
+        // server's origin and the origins listed in `leaseHeaderOrigins`.
+        if self.inner.may_send_headers_to(&base.url()) {
+            let headers = Headers::new_with_headers(&base.headers())?;
+            headers.set("X-Lease-Token", self.inner.token())?;
+            let epoch = js_sys::Number::from(self.inner.epoch as f64).to_string_with_radix(10)?;
+            headers.set("X-Lease-Epoch", &String::from(epoch))?;
+            next.set_headers(&headers);
+        }
         next.set_signal(Some(&signal));
         Request::new_with_request_and_init(&base, &next)
     }
@@ -526,8 +580,15 @@ impl Lease {
     /// TEST HOOK: suspends (true) or resumes (false) this lease's automatic
     /// heartbeats, to simulate a stalled worker.
     #[wasm_bindgen(js_name = setHeartbeatsPaused)]
-    pub fn set_heartbeats_paused(&self, paused: bool) {
+    pub fn set_heartbeats_paused(
+        &self,
+        #[wasm_bindgen(unchecked_param_type = "boolean")] paused: JsValue,
+    ) -> Result<(), JsValue> {
+        let paused = paused
+            .as_bool()
+            .ok_or_else(|| LeaseError::Validation("paused must be a boolean".into()).to_js())?;
         self.inner.set_heartbeats_paused(paused);
+        Ok(())
     }
 }
 
@@ -591,6 +652,14 @@ impl Worker {
             .map(|&d| JsValue::from(d))
             .collect();
         set(&o, "backoffsMs", &b);
+        let p: Array = self
+            .inner
+            .polls
+            .borrow()
+            .iter()
+            .map(|&d| JsValue::from(d))
+            .collect();
+        set(&o, "pollDelaysMs", &p);
         o.into()
     }
 

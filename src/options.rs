@@ -80,3 +80,16 @@ pub(crate) fn opt_signal(options: &JsValue) -> Result<Option<AbortSignal>, Strin
         v.dyn_into::<AbortSignal>().ok()
     })
 }
+
+/// `v` as a Rust string, or a ValidationError (a JS `Error`) saying `what`
+/// must be a string. Exported functions take `JsValue` and call this instead
+/// of taking `String`/`&str`: wasm-bindgen's glue for those trusts the JS type
+/// and traps ("memory access out of bounds") when given a number.
+///
+/// # Errors
+/// ValidationError when `v` is not a string.
+pub(crate) fn string_arg(v: &JsValue, what: &'static str) -> Result<String, JsValue> {
+    v.as_string().ok_or_else(|| {
+        crate::error::StoreError::validation([what, " must be a string"].concat()).to_js()
+    })
+}

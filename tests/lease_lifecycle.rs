@@ -58,10 +58,14 @@ async fn recover_releases_the_leases_a_gone_page_left_in_the_journal() {
         again.released.is_empty() && again.lost.is_empty(),
         "journal emptied"
     );
-    // The old page's stale leases learn it on their next heartbeat.
+    // The old page's stale leases learn it on their next heartbeat (or, on a
+    // slow machine, already lost them at their local deadline).
     la.set_heartbeats_paused(false);
     let (reason, _) = wait_abort(&la, 2.0 * TTL_MS).await.expect("aborted");
-    assert_eq!(reason, "claim_lost");
+    assert!(
+        reason == "claim_lost" || reason == "expired_locally",
+        "{reason}"
+    );
 }
 
 #[wasm_bindgen_test]
@@ -109,7 +113,7 @@ async fn recover_with_resume_keeps_heartbeating_a_still_valid_lease() {
     assert_eq!(lease.status(), Status::Held, "heartbeated by the new page");
     assert_eq!(item(id).await.state, ItemState::Running);
     lease
-        .settle(SettleState::Done, Some(json!(1)), None)
+        .settle(SettleState::Done, Some(js(json!(1))), None)
         .await
         .unwrap();
     assert_eq!(item(id).await.state, ItemState::Done);

@@ -1,6 +1,6 @@
 //! Delayed timers (case C-T2 scaled to the test server's TTL of 3 s and
 //! heartbeat of 0.5 s), injected through the client's `timer_delay` test hook.
-use agentstore::lease::Status;
+use agentstore::lease::{LossReason, Status};
 use agentstore_protocol::lease::{ItemState, SettleState};
 use serde_json::json;
 use wasm_bindgen_test::*;
@@ -44,45 +44,42 @@ async fn timers_late_by_less_than_the_ttl_keep_the_lease_alive() {
 }
 
 #[wasm_bindgen_test]
-async fn a_timer_late_past_the_ttl_heartbeats_at_once_and_claim_lost_ends_the_work() {
+async fn a_timer_late_past_the_ttl_finds_the_lease_already_lost_and_sends_nothing() {
     if server().is_none() {
         return;
     }
     let q = fresh_queue("late-long");
     let id = enqueue(&q, json!({})).await;
-    // The first heartbeat timer fires 4.5 s late: past the 3 s TTL.
+    // Every heartbeat timer fires 4.5 s late: past the 3 s TTL.
     let slow = admin_client(delayed(4_500.0));
     let other = admin_client(config());
-    let t0 = now();
     let stale = claim(&slow, &q).await;
+    let fired = abort_recorder(&stale);
+    let deadline = stale.deadline();
     wait_item(id, 3.0 * TTL_MS, |it| it.state == ItemState::Open).await;
     let fresh = claim(&other, &q).await;
-    assert_eq!(
-        stale.status(),
-        Status::Held,
-        "the sleeping client has not noticed yet"
-    );
-    let (reason, at) = wait_abort(&stale, 4.0 * TTL_MS).await.expect("aborted");
-    assert_eq!(
-        reason, "claim_lost",
-        "the late heartbeat asked the server, which said claim_lost"
-    );
+    // The late timer may or may not have fired by now; never before the deadline.
+    if let Some(at) = aborted_at(&fired) {
+        assert!(at >= deadline, "aborted {} ms early", deadline - at);
+    }
+    // Whatever the timers did, the first reader past the deadline sees the
+    // loss, synchronously: status, signal and throwIfLost agree.
+    assert_eq!(stale.status(), Status::Lost(LossReason::ExpiredLocally));
     assert!(
-        at - t0 >= 4_500.0,
-        "aborted by the late heartbeat, not before it"
+        aborted_at(&fired).is_some(),
+        "the abort event fired synchronously"
     );
-    assert!(
-        at - t0 <= 4_500.0 + HEARTBEAT_MS + 1_000.0,
-        "at once when the timer fired"
+    assert!(stale.signal().aborted());
+    assert_eq!(
+        stale.lost_error().as_ref().and_then(loss),
+        Some("expired_locally")
     );
-    // Never resumed on that token: no longer heartbeated, settle refused locally.
     assert!(slow.held().is_empty());
     let e = stale
-        .settle(SettleState::Done, Some(json!("stale")), None)
+        .settle(SettleState::Done, Some(js(json!("stale"))), None)
         .await
         .unwrap_err();
-    assert_eq!(loss(&e), Some("claim_lost"));
-    sleep(2.0 * HEARTBEAT_MS).await;
+    assert_eq!(loss(&e), Some("expired_locally"));
     let seen = item(id).await;
     assert_eq!(
         (seen.state, seen.epoch, seen.result),

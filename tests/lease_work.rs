@@ -180,8 +180,9 @@ async fn a_lease_lost_during_the_handler_aborts_it_and_its_result_is_never_settl
             let id = get(&lease, &["item", "id"]).as_f64().unwrap() as i64;
             wait_item(id, 3.0 * TTL_MS, |i| i.state == ItemState::Open).await;
             let thief = admin_client(config());
-            let stolen = claim(&thief, &queue).await;
-            std::mem::forget(stolen); // keeps heartbeating
+            let _stolen = claim(&thief, &queue).await;
+            // The thief's client lives on (and heartbeats) past this handler.
+            std::mem::forget(thief);
             pause.call1(&lease, &JsValue::FALSE).unwrap();
             let signal: web_sys::AbortSignal = get(&lease, &["signal"]).unchecked_into();
             let until = now() + 3.0 * TTL_MS;

@@ -414,3 +414,67 @@ async fn dump_import_builds_indexes_from_records_and_reports_the_legacy_drift() 
     );
     assert_indexes_clean(&store).await;
 }
+
+/// Two connections with different index sets rebuild at the same time (the
+/// second starts before the first's first batch): checkpoints are per tag,
+/// so the first's rebuild is never ended by the second's. Each resolves with
+/// its index built, active (listBy reads the entries), maintained by the
+/// other connection's writes, and verifyIndexes clean.
+#[wasm_bindgen_test]
+async fn rebuilds_of_different_index_sets_in_two_connections_both_finish() {
+    let name = fresh_name("idx-two-sets");
+    let by_owner = IndexDef {
+        name: "byOwner".into(),
+        keys: vec!["owner".into()],
+    };
+    let a = Store::open(&name, 2000, None, vec![by_type()])
+        .await
+        .unwrap();
+    let b = Store::open(&name, 2000, None, vec![by_owner.clone()])
+        .await
+        .unwrap();
+    let recs: Vec<Value> = (0..300u32)
+        .map(|i| json!({"_id": format!("r{i:03}"), "recordType": if i % 2 == 0 {"run"} else {"agent"}, "owner": format!("o{}", i % 7), "updatedAt": at(i)}))
+        .collect();
+    a.put_many(&js(Value::Array(recs))).await.unwrap();
+    for round in 0..3 {
+        let (ra, rb) = futures::join!(
+            a.rebuild_indexes(20, true, None, None),
+            b.rebuild_indexes(15, true, None, None)
+        );
+        assert_eq!(ra.unwrap(), 300 + round, "round {round}");
+        assert_eq!(rb.unwrap(), 300 + round, "round {round}");
+        assert!(
+            a.indexes_ready().await.unwrap(),
+            "round {round}: a's index active"
+        );
+        assert!(
+            b.indexes_ready().await.unwrap(),
+            "round {round}: b's index active"
+        );
+        assert_indexes_clean(&a).await;
+        assert_indexes_clean(&b).await;
+        // b's writes maintain a's index (b does not declare it), and vice versa
+        b.put(&js(json!({"_id": format!("w{round}"), "recordType": "run", "owner": "o9", "updatedAt": at(1000 + round)})))
+            .await
+            .unwrap();
+        assert_eq!(
+            by_all(&a, json!({"eq": "run", "descending": true, "limit": 1})).await[0],
+            format!("w{round}")
+        );
+        let q = ByQuery::from_js(&js(json!({"eq": "o9"}))).unwrap();
+        assert_eq!(
+            b.list_by("byOwner", &q).await.unwrap().records.length(),
+            round + 1
+        );
+        assert_indexes_clean(&a).await;
+        assert_indexes_clean(&b).await;
+    }
+    // listBy reads a's entries (not the records): remove one entry and it is gone from the listing.
+    let tag = by_type().tag();
+    let key = js(json!([tag, "run", at(298), "r298"]));
+    a.raw_derived(&[], &[key]).await.unwrap();
+    let runs = by_all(&a, json!({"eq": "run"})).await;
+    assert!(!runs.contains(&"r298".to_string()) && runs.contains(&"r296".to_string()));
+    assert_eq!(a.verify_indexes().await.unwrap().missing.len(), 1);
+}

@@ -12,11 +12,15 @@
 // - Cut off: a fetch wrapper rejects every request that carries this worker's
 //   access token, as a dropped network would (nothing is sent).
 // - Poison items: the handler gives the lease back (`lease.release()`, one
-//   attempt counted) until the server fails the item with `retry_limit`.
+//   attempt counted) until the server fails the item with `retry_limit`
+//   (after the first delivery and `max_redeliveries` re-deliveries).
 //
-// The panel's own reads and writes (queue listing, enqueue) use the first
-// worker's access token through the unwrapped fetch: any enrolled worker may
-// enqueue and read items.
+// Least privilege: each worker's enrollment token makes a *worker* scoped to
+// the demo queue (it may claim there and act on its own leases only). The
+// panel's own reads and writes (queue gauges from /v1/queues/{q}/stats — the
+// query behind the server's /metrics —, listing, enqueue) use a *producer*
+// scoped to the demo queue, enrolled from demo.json's producer tokens, through
+// the unwrapped fetch.
 
 import { clearError, demoError, describeError, showError, showStatus } from './messages.js';
 
@@ -43,7 +47,7 @@ const realFetch = globalThis.fetch.bind(globalThis);
 
 /** @type {any} the SDK module */
 let sdk = null;
-/** @type {{queue: string, ttlMs: number, heartbeatMs: number, reaperMs: number, maxAttempts: number, enrollmentTokens: string[]} | null} */
+/** @type {{queue: string, ttlMs: number, heartbeatMs: number, reaperMs: number, maxRedeliveries: number, enrollmentTokens: string[], producerTokens: string[]} | null} */
 let runtime = null;
 /** In-page workers (see `newWorker`). */
 const workers = [];
@@ -110,31 +114,51 @@ async function request(method, path, { body, token } = {}) {
   return data;
 }
 
-/** The panel's credential: the access token of the first enrolled worker. */
-function panelToken() {
-  const w = workers.find((x) => x.client);
-  if (!w) throw demoError('UnauthorizedError', 'unauthorized', 'no worker of this page is enrolled yet', 401);
-  return w.client.credentials.accessToken;
+/**
+ * The panel's credential: a producer scoped to the demo queue, as a promise of
+ * `{access_token, refresh_token}`. Enrolled on first use; with `staleToken` (an
+ * access token the server just refused) it is refreshed once for every caller
+ * that saw the same refusal, or enrolled again if the refresh token is spent.
+ */
+let producer = null;
+function panelCredentials(staleToken) {
+  if (producer && staleToken === undefined) return producer;
+  const previous = producer;
+  producer = (async () => {
+    const old = previous && await previous.catch(() => null);
+    if (old && old.access_token !== staleToken) return old; // renewed by another call
+    if (old) {
+      try {
+        return await request('POST', '/v1/workers/refresh', { body: { refresh_token: old.refresh_token } });
+      } catch (err) {
+        if (err.status !== 401) throw err;
+      }
+    }
+    return enrollWith(runtime.producerTokens ?? [], 'demo panel');
+  })();
+  const mine = producer;
+  mine.catch(() => { if (producer === mine) producer = null; });
+  return mine;
 }
 
-/** A panel call; one retry after a 401 (a worker may be refreshing its access token). */
+/** A panel call as the producer; one renewal after a 401 (its access token expired). */
 async function panelCall(method, path, body) {
+  const creds = await panelCredentials();
   try {
-    return await request(method, path, { body, token: panelToken() });
+    return await request(method, path, { body, token: creds.access_token });
   } catch (err) {
     if (err.status !== 401) throw err;
-    await sleep(1500);
-    return request(method, path, { body, token: panelToken() });
+    const renewed = await panelCredentials(creds.access_token);
+    return request(method, path, { body, token: renewed.access_token });
   }
 }
 
 /**
- * Enrolls one worker with a random token of the pool. A token another page
- * (or script) already used answers 401: take another one.
+ * Enrolls with a random token of `pool` (worker or producer tokens). A token
+ * another page (or script) already used answers 401: take another one.
  */
-async function enroll(name) {
-  const pool = runtime.enrollmentTokens;
-  for (let attempt = 0; attempt < 12; attempt++) {
+async function enrollWith(pool, name) {
+  for (let attempt = 0; attempt < 12 && pool.length; attempt++) {
     const token = pool[Math.floor(Math.random() * pool.length)];
     try {
       return await request('POST', '/v1/workers/enroll', { body: { token, name } });
@@ -143,7 +167,7 @@ async function enroll(name) {
     }
   }
   throw demoError('UnauthorizedError', 'unauthorized',
-    'no unused enrollment token found (each one enrolls one worker once); restart `bash scripts/demo.sh` for fresh ones', 401);
+    'no unused enrollment token found (each one enrolls once); restart `bash scripts/demo.sh` for fresh ones', 401);
 }
 
 // ----------------------------------------------------------------- helpers
@@ -206,7 +230,7 @@ async function handle(w, lease) {
     itemId: lease.itemId,
     epoch: lease.epoch,
     attempts: lease.item?.attempts ?? 0,
-    maxAttempts: lease.item?.max_attempts ?? runtime.maxAttempts,
+    maxDeliveries: 1 + (lease.item?.max_redeliveries ?? runtime.maxRedeliveries),
     task: payload.poison ? 'poison' : String(payload.task ?? 'job'),
     totalMs: payload.poison ? 600 : Math.min(60_000, Math.max(100, Number(payload.ms) || 1500)),
     progressMs: 0,
@@ -226,9 +250,9 @@ async function handle(w, lease) {
     job.outcome = 'released';
     await giveBack(lease);
     const attempt = job.attempts + 1;
-    addEvent(w, 'poison', job, attempt >= job.maxAttempts
-      ? `poison item failed its last attempt (${attempt} of ${job.maxAttempts}): gave it back, the server fails it (retry_limit)`
-      : `poison item failed attempt ${attempt} of ${job.maxAttempts}: gave it back (lease.release)`);
+    addEvent(w, 'poison', job, attempt >= job.maxDeliveries
+      ? `poison item failed its last delivery (${attempt} of ${job.maxDeliveries}): gave it back, the server fails it (retry_limit)`
+      : `poison item failed delivery ${attempt} of ${job.maxDeliveries}: gave it back (lease.release)`);
     return undefined;
   }
   job.delivered = true;
@@ -307,7 +331,7 @@ function reap(w) {
 }
 
 async function startWorker(w) {
-  const creds = await enroll(w.name);
+  const creds = await enrollWith(runtime.enrollmentTokens, w.name);
   w.workerId = creds.worker_id;
   w.client = new sdk.LeaseClient(location.origin, {
     accessToken: creds.access_token,
@@ -450,13 +474,12 @@ async function refreshQueue() {
   if (queueBusy || !workers.some((w) => w.client)) return;
   queueBusy = true;
   try {
-    const { items } = await panelCall('GET', `/v1/queues/${encodeURIComponent(runtime.queue)}/items?limit=10000`);
-    const counts = { open: 0, running: 0, done: 0, failed: 0 };
-    for (const it of items) counts[it.state] = (counts[it.state] ?? 0) + 1;
-    for (const k of Object.keys(counts)) {
-      const dd = document.querySelector(`[data-testid=queue-${k}]`);
-      if (dd) dd.textContent = String(counts[k]);
-    }
+    const queue = encodeURIComponent(runtime.queue);
+    const [stats, { items }] = await Promise.all([
+      panelCall('GET', `/v1/queues/${queue}/stats`),
+      panelCall('GET', `/v1/queues/${queue}/items?limit=10000`),
+    ]);
+    renderGauges(stats);
     renderLatest(items.slice(-LATEST_ITEMS).reverse());
     renderPoison(items);
     setPanelState(`${items.length} item(s) in queue “${runtime.queue}”; updated ${new Date().toLocaleTimeString()}.`);
@@ -465,6 +488,20 @@ async function refreshQueue() {
   } finally {
     queueBusy = false;
   }
+}
+
+/**
+ * The queue gauges, as the server computes them for `/metrics`
+ * (`agentstore_queue_items`, `agentstore_queue_oldest_open_age_seconds`).
+ */
+function renderGauges(stats) {
+  for (const k of ['open', 'running', 'paused', 'done', 'failed']) {
+    const dd = document.querySelector(`[data-testid=queue-${k}]`);
+    if (dd) dd.textContent = String(stats[k]);
+  }
+  const age = document.querySelector('[data-testid=queue-oldest-open]');
+  age.textContent = stats.oldest_open_age_ms == null ? '–' : seconds(stats.oldest_open_age_ms);
+  age.dataset.ms = stats.oldest_open_age_ms == null ? '' : String(stats.oldest_open_age_ms);
 }
 
 function renderLatest(items) {
@@ -481,7 +518,7 @@ function renderLatest(items) {
       el('td', { textContent: `#${it.id} ${name}` }),
       el('td', { textContent: it.state, className: `state state-${it.state}` }),
       el('td', { textContent: String(it.epoch), className: 'num' }),
-      el('td', { textContent: `${it.attempts}/${it.max_attempts}`, className: 'num' }),
+      el('td', { textContent: `${it.attempts}/${it.max_redeliveries + 1}`, className: 'num' }),
       el('td', { textContent: who, className: 'by' }),
     );
     return tr;
@@ -498,13 +535,13 @@ function renderPoison(items) {
   p.dataset.item = String(it.id);
   p.dataset.state = it.state;
   if (it.state === 'failed') {
-    p.textContent = `Poison item #${it.id} stopped at the retry cap: failed (${it.last_error}) after ${it.attempts} of ${it.max_attempts} attempts.`;
+    p.textContent = `Poison item #${it.id} stopped at the retry cap: failed (${it.last_error}) after ${it.attempts} of ${it.max_redeliveries + 1} deliveries.`;
     if (!poison.get(lastId)) {
       poison.set(lastId, true);
       showStatus(p.textContent);
     }
   } else {
-    p.textContent = `Poison item #${it.id}: ${it.state}, ${it.attempts} of ${it.max_attempts} attempts used${it.last_error ? ` (last: ${it.last_error})` : ''}.`;
+    p.textContent = `Poison item #${it.id}: ${it.state}, ${it.attempts} of ${it.max_redeliveries + 1} deliveries used${it.last_error ? ` (last: ${it.last_error})` : ''}.`;
   }
 }
 
@@ -562,7 +599,7 @@ async function enqueuePoison() {
   $('poison-status').hidden = false;
   $('poison-status').dataset.item = String(it.id);
   $('poison-status').dataset.state = it.state;
-  $('poison-status').textContent = `Poison item #${it.id} enqueued: retry cap ${it.max_attempts} attempts.`;
+  $('poison-status').textContent = `Poison item #${it.id} enqueued: retry cap ${it.max_redeliveries} re-deliveries after the first delivery.`;
   showStatus(`Enqueued poison item #${it.id}.`);
 }
 
@@ -589,7 +626,7 @@ export async function startWorkersPanel(sdkModule) {
     return;
   }
   $('workers-queue').textContent = runtime.queue;
-  $('workers-settings').textContent = `Demo settings: lease TTL ${seconds(runtime.ttlMs)}, heartbeat ${seconds(runtime.heartbeatMs)}, reaper ${seconds(runtime.reaperMs)}, retry cap ${runtime.maxAttempts}.`;
+  $('workers-settings').textContent = `Demo settings: lease TTL ${seconds(runtime.ttlMs)}, heartbeat ${seconds(runtime.heartbeatMs)}, reaper ${seconds(runtime.reaperMs)}, retry cap ${runtime.maxRedeliveries} re-deliveries.`;
   installCutOffWrapper();
   const list = $('worker-list');
   for (let slot = 1; slot <= WORKERS_PER_PAGE; slot++) {

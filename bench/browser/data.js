@@ -53,6 +53,15 @@ export function randomIds(run, count = 10_000) {
   return Array.from({ length: count }, () => record(Math.floor(r() * BIG))._id);
 }
 
+export const W8_BATCHES = 10;
+export const W8_SIZE = 1_000;
+
+/** Workload 8: 10 batches of 1,000 random ids of the 100,000 (one getMany / bulkGet each). */
+export function idBatches(run) {
+  const ids = randomIds(500 + run, W8_BATCHES * W8_SIZE);
+  return Array.from({ length: W8_BATCHES }, (_, b) => ids.slice(b * W8_SIZE, (b + 1) * W8_SIZE));
+}
+
 /** The 10 prefixes listed by workload 4 in run `run`. */
 export function randomPrefixes(run, count = 10) {
   const r = rng(2000 + run);

@@ -57,6 +57,13 @@ register({
     });
     return { ms, ok: found === ids.length };
   },
+  async w8(run) {
+    let found = 0;
+    const { ms } = await timed(async () => {
+      for (const ids of D.idBatches(run)) for (const r of await big.records.bulkGet(ids)) if (r) found++;
+    });
+    return { ms, ok: found === D.W8_BATCHES * D.W8_SIZE };
+  },
   async w3(run) {
     const name = `bench-dexie-w3-${run}`;
     await Dexie.delete(name);

@@ -59,6 +59,16 @@ register({
     });
     return { ms, ok: found === ids.length };
   },
+  async w8(run) {
+    let found = 0;
+    const { ms } = await timed(async () => {
+      for (const ids of D.idBatches(run)) {
+        const tx = big.transaction('records');
+        for (const r of await Promise.all(ids.map((id) => tx.store.get(id)))) if (r) found++;
+      }
+    });
+    return { ms, ok: found === D.W8_BATCHES * D.W8_SIZE };
+  },
   async w3(run) {
     const name = `bench-idb-w3-${run}`;
     await deleteDB(name);

@@ -37,6 +37,16 @@ register({
     });
     return { ms, ok: found === ids.length };
   },
+  async w8(run) {
+    let found = 0;
+    const { ms } = await timed(async () => {
+      for (const ids of D.idBatches(run)) {
+        const res = await big.allDocs({ keys: ids, include_docs: true });
+        for (const row of res.rows) if (row.doc) found++;
+      }
+    });
+    return { ms, ok: found === D.W8_BATCHES * D.W8_SIZE };
+  },
   async w3(run) {
     const db = open(`bench-pouch-w3-${run}`);
     const recs = Array.from({ length: D.W3_COUNT }, (_, i) => D.batchRecord(i));

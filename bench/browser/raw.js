@@ -99,6 +99,16 @@ register({
     });
     return { ms, ok: found === ids.length };
   },
+  async w8(run) {
+    let found = 0;
+    const { ms } = await timed(async () => {
+      for (const ids of D.idBatches(run)) {
+        const s = big.transaction('records', 'readonly').objectStore('records');
+        for (const r of await Promise.all(ids.map((id) => req(s.get(id))))) if (r) found++;
+      }
+    });
+    return { ms, ok: found === D.W8_BATCHES * D.W8_SIZE };
+  },
   async w3(run) {
     const name = `bench-raw-w3-${run}`;
     await deleteDb(name);

@@ -6,7 +6,7 @@
 //! (`"claim_lost"`, `"expired_locally"` or `"released"`) and `itemId`.
 
 use agentstore_protocol::ErrorCode;
-use wasm_bindgen::JsValue;
+use wasm_bindgen::{JsCast, JsValue};
 
 use crate::error::set;
 
@@ -35,11 +35,14 @@ impl LossReason {
 }
 
 /// Everything a lease-client operation can fail with.
-#[derive(Debug, Clone, thiserror::Error)]
+///
+/// Messages are static text or the server's own message; numbers travel as
+/// structured fields of the JS error (`itemId`, `retryAfterMs`, …), never
+/// formatted into the text (no `core::fmt` on wasm paths).
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum LeaseError {
     /// The lease is no longer ours; nothing was written under it.
-    #[error("lease on item {item_id} is lost ({}): {message}", reason.as_str())]
     ClaimLost {
         /// The work item.
         item_id: i64,
@@ -50,25 +53,22 @@ pub enum LeaseError {
     },
     /// The token is current but the item left `running` by another path
     /// (an operator paused it).
-    #[error("state conflict: {0}")]
     StateConflict(String),
     /// The server refused the credentials (after one refresh attempt).
-    #[error("unauthorized: {0}")]
     Unauthorized(String),
     /// Claim polling too fast; retry after `retry_after_ms`.
-    #[error("rate limited; retry after {retry_after_ms} ms")]
     RateLimited {
         /// From the `Retry-After` header (ms).
         retry_after_ms: f64,
     },
     /// The server could not be reached, or did not answer in time.
-    #[error("network: {0}")]
     Network(String),
     /// Bad input to an SDK call.
-    #[error("{0}")]
     Validation(String),
+    /// A JavaScript `TypeError`: an argument of the wrong type where
+    /// JavaScript itself would throw one (a handler that is not a function).
+    Type(&'static str),
     /// Any other `{code, message}` answer of the server.
-    #[error("server answered {status} {code}: {message}")]
     Server {
         /// The protocol code.
         code: ErrorCode,
@@ -78,12 +78,18 @@ pub enum LeaseError {
         message: String,
     },
     /// Cancelled through an AbortSignal; carries its reason.
-    #[error("the operation was aborted")]
     Aborted(JsValue),
-    /// The client was closed.
-    #[error("the lease client is closed")]
+    /// The client was closed (or dropped).
     Closed,
 }
+
+impl std::fmt::Display for LeaseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.message())
+    }
+}
+
+impl std::error::Error for LeaseError {}
 
 impl LeaseError {
     /// The protocol code of this error.
@@ -98,6 +104,23 @@ impl LeaseError {
             LeaseError::Server { code, .. } => *code,
             LeaseError::Aborted(_) => ErrorCode::Aborted,
             LeaseError::Closed => ErrorCode::Closed,
+            LeaseError::Type(_) => ErrorCode::Validation,
+        }
+    }
+
+    /// The error's message: static text, or the server's / caller's message.
+    pub fn message(&self) -> &str {
+        match self {
+            LeaseError::ClaimLost { message, .. }
+            | LeaseError::StateConflict(message)
+            | LeaseError::Unauthorized(message)
+            | LeaseError::Network(message)
+            | LeaseError::Validation(message)
+            | LeaseError::Server { message, .. } => message,
+            LeaseError::Type(message) => message,
+            LeaseError::RateLimited { .. } => "rate limited; retry after retryAfterMs",
+            LeaseError::Aborted(_) => "the operation was aborted",
+            LeaseError::Closed => "the lease client is closed",
         }
     }
 
@@ -121,8 +144,15 @@ impl LeaseError {
     /// Builds the JS `Error` object for this error.
     pub fn to_js(&self) -> JsValue {
         let code = self.code();
-        let err = js_sys::Error::new(&self.to_string());
-        err.set_name(code.js_name());
+        let err = match self {
+            // A real TypeError, as JavaScript throws for a wrong argument type.
+            LeaseError::Type(m) => js_sys::TypeError::new(m).unchecked_into::<js_sys::Error>(),
+            _ => {
+                let e = js_sys::Error::new(self.message());
+                e.set_name(code.js_name());
+                e
+            }
+        };
         let o: &JsValue = err.as_ref();
         set(o, "code", &code.as_str().into());
         let status = match self {

@@ -1,10 +1,12 @@
 //! HTTP and clock glue shared by the lease client: `fetch` from the global scope
-//! (a window or a worker), answers mapped to [`LeaseError`], `performance.now()`
-//! and timers.
+//! (a window or a worker), answers read with `response.json()` and converted
+//! with serde-wasm-bindgen (no JSON text on the Rust side), answers mapped to
+//! [`LeaseError`], `performance.now()` and timers.
 
 use agentstore_protocol::{ErrorBody, ErrorCode};
 use futures::future::{select, Either};
 use js_sys::{Function, Promise, Reflect};
+use serde::de::DeserializeOwned;
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
 use web_sys::{AbortController, AbortSignal, Headers, RequestInit, Response};
@@ -35,13 +37,13 @@ pub async fn sleep_ms(ms: f64) {
     gloo_timers::future::TimeoutFuture::new(ms.ceil() as u32).await;
 }
 
-/// A successful answer: status and body text.
+/// A successful answer: status and body.
 #[derive(Debug, Clone)]
 pub struct Answer {
     /// HTTP status (2xx).
     pub status: u16,
-    /// Body as text ("" for 204).
-    pub text: String,
+    /// The body from `response.json()` (`null` for 204 or an empty body).
+    pub body: JsValue,
     /// `Retry-After` in ms, when present.
     pub retry_after_ms: Option<f64>,
 }
@@ -54,12 +56,31 @@ pub struct Call<'a> {
     pub url: &'a str,
     /// `Authorization: Bearer …`, when set.
     pub bearer: Option<&'a str>,
-    /// JSON body, when set.
-    pub body: Option<&'a str>,
+    /// JSON body (a JS value, stringified here), when set.
+    pub body: Option<&'a JsValue>,
     /// Give up after this long (ms); the request is aborted.
     pub timeout_ms: f64,
     /// The caller's signal: aborting it aborts the request with its reason.
     pub signal: Option<&'a AbortSignal>,
+}
+
+/// `value` as a JS value (for request bodies).
+pub(crate) fn to_js<T: serde::Serialize>(value: &T) -> JsValue {
+    value
+        .serialize(&serde_wasm_bindgen::Serializer::json_compatible())
+        .unwrap_or(JsValue::NULL)
+}
+
+/// A wire type from a `response.json()` value.
+///
+/// # Errors
+/// `Server` (`internal`) when the answer does not have the expected shape.
+pub(crate) fn parse<T: DeserializeOwned>(value: &JsValue) -> Result<T> {
+    serde_wasm_bindgen::from_value(value.clone()).map_err(|_| LeaseError::Server {
+        code: ErrorCode::Internal,
+        status: 200,
+        message: "the lease server's answer does not have the expected shape".into(),
+    })
 }
 
 fn global_fetch() -> Result<Function> {
@@ -102,13 +123,18 @@ pub async fn send(call: Call<'_>) -> Result<Answer> {
 async fn send_inner(call: &Call<'_>, controller: &AbortController) -> Result<Answer> {
     let headers = Headers::new().map_err(|e| LeaseError::Network(describe(&e)))?;
     if let Some(t) = call.bearer {
-        let _ = headers.set("Authorization", &format!("Bearer {t}"));
+        let mut v = String::with_capacity(7 + t.len());
+        v.push_str("Bearer ");
+        v.push_str(t);
+        let _ = headers.set("Authorization", &v);
     }
     let init = RequestInit::new();
     init.set_method(call.method);
     if let Some(b) = call.body {
         let _ = headers.set("Content-Type", "application/json");
-        init.set_body(&JsValue::from_str(b));
+        let text = js_sys::JSON::stringify(b)
+            .map_err(|_| LeaseError::Validation("the request body is not JSON".into()))?;
+        init.set_body(&text);
     }
     init.set_headers(&headers);
     init.set_signal(Some(&controller.signal()));
@@ -118,14 +144,16 @@ async fn send_inner(call: &Call<'_>, controller: &AbortController) -> Result<Ans
         .unchecked_into();
     let fetch = async {
         let resp: Response = JsFuture::from(promise).await?.unchecked_into();
-        let text = JsFuture::from(resp.text()?)
-            .await?
-            .as_string()
-            .unwrap_or_default();
-        Ok::<_, JsValue>((resp, text))
+        // An empty body (204) is `null`; a body that is not JSON too.
+        let body = if resp.status() == 204 {
+            JsValue::NULL
+        } else {
+            JsFuture::from(resp.json()?).await.unwrap_or(JsValue::NULL)
+        };
+        Ok::<_, JsValue>((resp, body))
     };
     let timeout = sleep_ms(call.timeout_ms);
-    let (resp, text) = match select(Box::pin(fetch), Box::pin(timeout)).await {
+    let (resp, body) = match select(Box::pin(fetch), Box::pin(timeout)).await {
         Either::Left((Ok(r), _)) => r,
         Either::Left((Err(e), _)) => {
             return Err(match call.signal {
@@ -135,10 +163,9 @@ async fn send_inner(call: &Call<'_>, controller: &AbortController) -> Result<Ans
         }
         Either::Right(_) => {
             controller.abort();
-            return Err(LeaseError::Network(format!(
-                "no answer within {} ms",
-                call.timeout_ms.round()
-            )));
+            return Err(LeaseError::Network(
+                "no answer within the request timeout".into(),
+            ));
         }
     };
     let status = resp.status();
@@ -147,30 +174,41 @@ async fn send_inner(call: &Call<'_>, controller: &AbortController) -> Result<Ans
         .get("Retry-After")
         .ok()
         .flatten()
-        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| js_sys::Number::from(JsValue::from_str(v.trim())).value_of())
+        .filter(|s| s.is_finite() && *s >= 0.0)
         .map(|s| s * 1000.0);
     if (200..300).contains(&status) {
         return Ok(Answer {
             status,
-            text,
+            body,
             retry_after_ms,
         });
     }
-    Err(error_from(status, &text, retry_after_ms))
+    Err(error_from(status, &body, retry_after_ms))
 }
 
 /// Maps a non-2xx answer to an error.
-pub fn error_from(status: u16, text: &str, retry_after_ms: Option<f64>) -> LeaseError {
-    let (code, message) = match serde_json::from_str::<ErrorBody>(text) {
+pub fn error_from(status: u16, body: &JsValue, retry_after_ms: Option<f64>) -> LeaseError {
+    let (code, message) = match parse::<ErrorBody>(body) {
         Ok(b) => (b.code, b.message),
         Err(_) => (
             ErrorCode::ALL
                 .into_iter()
                 .find(|c| c.status() == status)
                 .unwrap_or(ErrorCode::Internal),
-            format!("HTTP {status}"),
+            String::from("the lease server answered without an error body"),
         ),
     };
+    from_code(code, status, message, retry_after_ms)
+}
+
+/// The error for a protocol `code` (a whole answer's, or one batch entry's).
+pub fn from_code(
+    code: ErrorCode,
+    status: u16,
+    message: String,
+    retry_after_ms: Option<f64>,
+) -> LeaseError {
     match code {
         ErrorCode::StateConflict => LeaseError::StateConflict(message),
         ErrorCode::Unauthorized => LeaseError::Unauthorized(message),
@@ -186,12 +224,11 @@ pub fn error_from(status: u16, text: &str, retry_after_ms: Option<f64>) -> Lease
     }
 }
 
-/// A readable description of a thrown JS value.
+/// The `message` of a thrown JS value (or the value itself when it is a string).
 pub fn describe(e: &JsValue) -> String {
-    let s = |k: &str| Reflect::get(e, &k.into()).ok().and_then(|v| v.as_string());
-    match (s("name"), s("message")) {
-        (Some(n), Some(m)) => format!("{n}: {m}"),
-        (None, Some(m)) => m,
-        _ => e.as_string().unwrap_or_else(|| format!("{e:?}")),
-    }
+    Reflect::get(e, &"message".into())
+        .ok()
+        .and_then(|v| v.as_string())
+        .or_else(|| e.as_string())
+        .unwrap_or_else(|| String::from("unknown error"))
 }

@@ -4,28 +4,28 @@
 //! leases a closed or reloaded page still held, instead of leaving them to
 //! expire after the TTL.
 //!
-//! Each call is one short transaction that awaits only its IndexedDB requests.
+//! Each call is one short transaction through the crate's one IndexedDB layer
+//! ([`crate::store::db`]); entries are stored as structured-clone objects.
 
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use js_sys::{Array, Function, Promise, Reflect};
+use js_sys::Array;
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::closure::Closure;
 use wasm_bindgen::{JsCast, JsValue};
-use wasm_bindgen_futures::JsFuture;
+use web_sys::IdbDatabase;
 
-use crate::store::db::request_promise;
-use web_sys::{IdbDatabase, IdbFactory, IdbOpenDbRequest, IdbTransaction, IdbTransactionMode};
-
-use super::http::describe;
+use crate::store::db::{Db, TransactionMode};
 
 /// Default database name of the journal.
 pub const DEFAULT_NAME: &str = "agentstore-leases";
 const STORE: &str = "leases";
+/// How long opening the journal may wait behind another context's upgrade (ms).
+const OPEN_TIMEOUT_MS: u32 = 10_000;
 
 /// One journalled lease.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Entry {
     /// The server's base URL.
@@ -51,11 +51,18 @@ fn key(base: &str, item_id: i64) -> JsValue {
     k.into()
 }
 
+fn upgrade(db: &IdbDatabase) -> Result<(), JsValue> {
+    if !db.object_store_names().contains(STORE) {
+        db.create_object_store(STORE)?;
+    }
+    Ok(())
+}
+
 /// A lazily opened journal; `None` name = disabled (every call is a no-op).
 #[derive(Clone)]
 pub struct Journal {
     name: Option<String>,
-    db: Rc<RefCell<Option<IdbDatabase>>>,
+    db: Rc<RefCell<Option<Rc<Db>>>>,
 }
 
 impl Journal {
@@ -67,50 +74,31 @@ impl Journal {
         }
     }
 
-    async fn open(&self) -> Result<Option<IdbDatabase>, String> {
+    async fn open(&self) -> Result<Option<Rc<Db>>, String> {
         let Some(name) = &self.name else {
             return Ok(None);
         };
         if let Some(db) = self.db.borrow().as_ref() {
             return Ok(Some(db.clone()));
         }
-        let factory: IdbFactory = Reflect::get(&js_sys::global(), &"indexedDB".into())
-            .ok()
-            .and_then(|f| f.dyn_into().ok())
-            .ok_or("IndexedDB is not available in this context")?;
-        let req = factory.open_with_u32(name, 1).map_err(|e| describe(&e))?;
-        let upgrade = Closure::<dyn FnMut(web_sys::Event)>::new(|ev: web_sys::Event| {
-            let db = ev
-                .target()
-                .and_then(|t| t.dyn_into::<IdbOpenDbRequest>().ok())
-                .and_then(|r| r.result().ok())
-                .and_then(|d| d.dyn_into::<IdbDatabase>().ok());
-            if let Some(db) = db {
-                if !db.object_store_names().contains(STORE) {
-                    let _ = db.create_object_store(STORE);
-                }
-            }
-        });
-        req.set_onupgradeneeded(Some(upgrade.as_ref().unchecked_ref()));
-        let result = JsFuture::from(request_promise(req.as_ref())).await;
-        req.set_onupgradeneeded(None);
-        let db: IdbDatabase = result.map_err(|e| describe(&e))?.unchecked_into();
-        // Never block another page's upgrade of the journal.
-        let d2 = db.clone();
+        // Another context upgrading the journal closes this connection (the
+        // layer does that); the next call opens a new one.
         let slot = self.db.clone();
-        let on_vc = Closure::<dyn FnMut()>::new(move || {
-            d2.close();
-            *slot.borrow_mut() = None;
+        let on_vc = Closure::once_into_js(move || {
+            slot.borrow_mut().take();
         });
-        db.set_onversionchange(Some(on_vc.as_ref().unchecked_ref()));
-        on_vc.forget();
+        let db = Db::open_with(
+            name,
+            1,
+            OPEN_TIMEOUT_MS,
+            upgrade,
+            Some(on_vc.unchecked_into()),
+        )
+        .await
+        .map_err(|e| e.message())?;
+        let db = Rc::new(db);
         *self.db.borrow_mut() = Some(db.clone());
         Ok(Some(db))
-    }
-
-    fn tx(db: &IdbDatabase, mode: IdbTransactionMode) -> Result<IdbTransaction, String> {
-        db.transaction_with_str_and_mode(STORE, mode)
-            .map_err(|e| describe(&e))
     }
 
     /// Writes (or overwrites) an entry.
@@ -121,20 +109,15 @@ impl Journal {
         let Some(db) = self.open().await? else {
             return Ok(());
         };
-        let value = serde_json::to_string(e)
-            .ok()
-            .and_then(|s| js_sys::JSON::parse(&s).ok())
-            .ok_or("journal entry is not serialisable")?;
-        let tx = Self::tx(&db, IdbTransactionMode::Readwrite)?;
-        let done = tx_promise(&tx);
-        let store = tx.object_store(STORE).map_err(|e| describe(&e))?;
+        let value = super::http::to_js(e);
+        let tx = db
+            .tx(&[STORE], TransactionMode::ReadWrite)
+            .map_err(|e| e.message())?;
+        let store = tx.store(STORE).map_err(|e| e.message())?;
         store
-            .put_with_key(&value, &key(&e.base, e.item_id))
-            .map_err(|e| describe(&e))?;
-        JsFuture::from(done)
-            .await
-            .map(|_| ())
-            .map_err(|e| describe(&e))
+            .put(&value, Some(&key(&e.base, e.item_id)))
+            .map_err(|e| e.message())?;
+        tx.commit().await.map_err(|e| e.message())
     }
 
     /// Removes an entry (absent is fine).
@@ -145,16 +128,12 @@ impl Journal {
         let Some(db) = self.open().await? else {
             return Ok(());
         };
-        let tx = Self::tx(&db, IdbTransactionMode::Readwrite)?;
-        let done = tx_promise(&tx);
-        let store = tx.object_store(STORE).map_err(|e| describe(&e))?;
-        store
-            .delete(&key(base, item_id))
-            .map_err(|e| describe(&e))?;
-        JsFuture::from(done)
-            .await
-            .map(|_| ())
-            .map_err(|e| describe(&e))
+        let tx = db
+            .tx(&[STORE], TransactionMode::ReadWrite)
+            .map_err(|e| e.message())?;
+        let store = tx.store(STORE).map_err(|e| e.message())?;
+        store.delete(key(base, item_id)).map_err(|e| e.message())?;
+        tx.commit().await.map_err(|e| e.message())
     }
 
     /// Every entry for `base`, in item id order.
@@ -165,41 +144,21 @@ impl Journal {
         let Some(db) = self.open().await? else {
             return Ok(Vec::new());
         };
-        let tx = Self::tx(&db, IdbTransactionMode::Readonly)?;
-        let store = tx.object_store(STORE).map_err(|e| describe(&e))?;
-        let req = store.get_all().map_err(|e| describe(&e))?;
-        let all = JsFuture::from(request_promise(&req))
+        let tx = db
+            .tx(&[STORE], TransactionMode::ReadOnly)
+            .map_err(|e| e.message())?;
+        let store = tx.store(STORE).map_err(|e| e.message())?;
+        let all = store
+            .get_all(None, None)
+            .map_err(|e| e.message())?
             .await
-            .map_err(|e| describe(&e))?;
-        let mut out = Vec::new();
-        for v in Array::from(&all).iter() {
-            let parsed = js_sys::JSON::stringify(&v)
-                .ok()
-                .and_then(|s| s.as_string())
-                .and_then(|s| serde_json::from_str::<Entry>(&s).ok());
-            // Entries of other servers, or unreadable ones, are left alone.
-            if let Some(e) = parsed.filter(|e| e.base == base) {
-                out.push(e);
-            }
-        }
-        Ok(out)
+            .map_err(|e| e.message())?;
+        tx.end_read();
+        // Entries of other servers, or unreadable ones, are left alone.
+        Ok(all
+            .into_iter()
+            .filter_map(|v| serde_wasm_bindgen::from_value::<Entry>(v).ok())
+            .filter(|e| e.base == base)
+            .collect())
     }
-}
-
-/// A Promise resolved when the transaction commits, rejected when it aborts.
-fn tx_promise(tx: &IdbTransaction) -> Promise {
-    let tx = tx.clone();
-    Promise::new(&mut move |resolve: Function, reject: Function| {
-        let ok = Closure::once_into_js(move || {
-            let _ = resolve.call0(&JsValue::NULL);
-        });
-        let t = tx.clone();
-        let reject2 = reject.clone();
-        let err = Closure::once_into_js(move || {
-            let e = t.error().map_or(JsValue::NULL, JsValue::from);
-            let _ = reject2.call1(&JsValue::NULL, &e);
-        });
-        tx.set_oncomplete(Some(ok.unchecked_ref()));
-        tx.set_onabort(Some(err.unchecked_ref()));
-    })
 }

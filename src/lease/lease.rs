@@ -17,24 +17,36 @@
 //! ```
 //!
 //! `lease.fetch()` sends `X-Lease-Token` and `X-Lease-Epoch` so a server of your
-//! own can do the same check (or ask the lease server whether the token is still
-//! current by heartbeating it).
+//! own can do the same check — only to the lease server's origin and the
+//! origins the app lists in `leaseHeaderOrigins` (the token alone can release
+//! the lease, so it never goes to a third party unless named).
+//!
+//! # When a lease is lost locally
+//!
+//! A lease is held at instant `now` (`performance.now()`) exactly while
+//! `now < sent_at(last successful heartbeat, or the claim) + ttl − margin`
+//! (margin: a tenth of the TTL, at most 5 s). Every reader — `signal`,
+//! `status`, `throwIfLost()`, `lease.fetch`, and each fenced call — checks this
+//! first and, past it, loses the lease (`expired_locally`) synchronously, so
+//! they agree at every instant, including the first one after a frozen page
+//! resumes. A heartbeat that the server accepts after that does not revive
+//! the lease: it is released instead.
 
 use std::cell::{Cell, RefCell};
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 
 use agentstore_protocol::lease::{
-    HeartbeatResponse, ItemView, SettleRequest, SettleState, TokenRequest,
+    HeartbeatResponse, ItemRef, ItemState, SettleState, TokenRequest,
 };
 use agentstore_protocol::lease_client::HeartbeatPlan;
 use agentstore_protocol::ErrorCode;
-use js_sys::{Function, Promise};
+use js_sys::{Function, Object, Promise};
 use wasm_bindgen::JsValue;
 use web_sys::{AbortController, AbortSignal};
 
-use super::client::ClientInner;
+use super::client::{item_path, ClientInner};
 use super::error::{LeaseError, LossReason, Result};
-use super::http::now_ms;
+use super::http::{describe, now_ms, parse, to_js};
 
 /// Where a lease is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +54,8 @@ pub enum Status {
     /// Ours; heartbeated.
     Held,
     /// A settle or release is in flight: not heartbeated (a heartbeat racing
-    /// the settle would read `claim_lost` after the settle landed).
+    /// the settle would read `claim_lost` after the settle landed), but its
+    /// local deadline still applies.
     Ending,
     /// Settled by us.
     Settled,
@@ -52,7 +65,8 @@ pub enum Status {
 
 /// The shared state of one lease (the JS `Lease` wraps an `Rc` of this).
 pub struct LeaseInner {
-    pub(crate) client: Rc<ClientInner>,
+    /// The client, weakly: a lease never keeps its client alive.
+    client: Weak<ClientInner>,
     /// The work item id.
     pub item_id: i64,
     /// The queue it was claimed from.
@@ -63,14 +77,11 @@ pub struct LeaseInner {
     pub epoch: u64,
     /// The item as the server sent it (a plain JS object).
     pub item: JsValue,
-    /// Parsed item.
-    pub view: ItemView,
     controller: AbortController,
     status: Cell<Status>,
     /// Local deadline and heartbeat schedule.
     pub(crate) plan: RefCell<HeartbeatPlan>,
-    /// Test hook: heartbeats suspended (the lease is neither renewed nor
-    /// expired locally while set).
+    /// Test hook: heartbeats suspended (the local deadline still applies).
     pub(crate) paused: Cell<bool>,
     /// Resolves the Web Lock held for this lease, when one is held.
     pub(crate) unlock: RefCell<Option<Function>>,
@@ -82,37 +93,42 @@ pub struct LeaseInner {
 
 impl LeaseInner {
     pub(crate) fn new(
-        client: Rc<ClientInner>,
+        client: &Rc<ClientInner>,
         queue: String,
         token: String,
-        view: ItemView,
+        view: ItemRef,
         item: JsValue,
         plan: HeartbeatPlan,
     ) -> Result<LeaseInner> {
-        let controller =
-            AbortController::new().map_err(|e| LeaseError::Network(super::http::describe(&e)))?;
-        let slot: Rc<RefCell<Option<Function>>> = Rc::new(RefCell::new(None));
-        let s2 = slot.clone();
-        let ended = Promise::new(&mut |resolve, _| {
-            *s2.borrow_mut() = Some(resolve);
-        });
-        let end_resolve = slot.borrow_mut().take();
+        let controller = AbortController::new().map_err(|e| LeaseError::Network(describe(&e)))?;
+        let (ended, end_resolve) = super::heartbeat::deferred();
         Ok(LeaseInner {
-            client,
+            client: Rc::downgrade(client),
             item_id: view.id,
             epoch: view.epoch,
             queue,
             token,
             item,
-            view,
             controller,
             status: Cell::new(Status::Held),
             plan: RefCell::new(plan),
             paused: Cell::new(false),
             unlock: RefCell::new(None),
-            end_resolve: RefCell::new(end_resolve),
+            end_resolve: RefCell::new(Some(end_resolve)),
             ended,
         })
+    }
+
+    fn client(&self) -> Result<Rc<ClientInner>> {
+        self.client.upgrade().ok_or(LeaseError::Closed)
+    }
+
+    /// Whether `lease.fetch` may send the lease headers to `url` (the lease
+    /// server's origin, or one the app listed in `leaseHeaderOrigins`).
+    pub fn may_send_headers_to(&self, url: &str) -> bool {
+        self.client
+            .upgrade()
+            .is_some_and(|c| c.may_receive_headers(url))
     }
 
     /// The lease's token (for `X-Lease-Token`).
@@ -120,14 +136,22 @@ impl LeaseInner {
         &self.token
     }
 
-    /// The signal aborted (with a `ClaimLostError`) when the lease is lost or released.
+    /// The signal aborted (with a `ClaimLostError`) when the lease is lost or
+    /// released. Past the local deadline it is aborted before it is returned.
     pub fn signal(&self) -> AbortSignal {
+        self.check_deadline();
         self.controller.signal()
     }
 
-    /// Where the lease is.
+    /// Where the lease is (past the local deadline: lost, `expired_locally`).
     pub fn status(&self) -> Status {
+        self.check_deadline();
         self.status.get()
+    }
+
+    /// Held or ending, without looking at the clock (for the heartbeat loop).
+    pub(crate) fn is_active(&self) -> bool {
+        matches!(self.status.get(), Status::Held | Status::Ending)
     }
 
     /// The local deadline on the `performance.now()` clock (ms).
@@ -135,17 +159,27 @@ impl LeaseInner {
         self.plan.borrow().deadline()
     }
 
-    /// Suspends (true) or resumes (false) this lease's automatic heartbeats.
-    /// For tests that simulate a stalled worker; while suspended the lease is
-    /// neither renewed nor expired locally.
-    pub fn set_heartbeats_paused(&self, paused: bool) {
-        self.paused.set(paused);
-        self.client.wake();
+    /// Past the local deadline: lose the lease now, synchronously.
+    fn check_deadline(&self) {
+        if self.is_active() && !self.plan.borrow().is_live(now_ms()) {
+            self.expire_locally();
+        }
     }
 
-    /// The error for a call on a lease that is no longer held.
+    /// Suspends (true) or resumes (false) this lease's automatic heartbeats
+    /// (test hook for a stalled worker). The local deadline still applies: a
+    /// lease suspended past it is lost (`expired_locally`).
+    pub fn set_heartbeats_paused(&self, paused: bool) {
+        self.paused.set(paused);
+        if let Some(c) = self.client.upgrade() {
+            c.wake();
+        }
+    }
+
+    /// The error for a call on a lease that is no longer held (checking the
+    /// local deadline first).
     pub fn lost_error(&self) -> Option<LeaseError> {
-        match self.status.get() {
+        match self.status() {
             Status::Held | Status::Ending => None,
             Status::Lost(reason) => Some(self.claim_lost(reason, "the lease is no longer held")),
             Status::Settled => Some(self.claim_lost(LossReason::Released, "the lease was settled")),
@@ -163,19 +197,69 @@ impl LeaseInner {
     /// Ends the lease: aborts the signal with a `ClaimLostError` of `reason`,
     /// stops heartbeating it and releases its Web Lock. Idempotent.
     pub(crate) fn lose(&self, reason: LossReason, message: &str) {
-        if !matches!(self.status.get(), Status::Held | Status::Ending) {
+        if !self.is_active() {
             return;
         }
         self.status.set(Status::Lost(reason));
         let err = self.claim_lost(reason, message);
         self.controller.abort_with_reason(&err.to_js());
         // Only a claim the server confirmed gone leaves the journal here; after
-        // `expired_locally` the entry stays, so `recover()` releases it later.
+        // `expired_locally` the entry stays until its release is confirmed.
         self.finish(reason != LossReason::ExpiredLocally);
     }
 
+    /// The local deadline passed: lost (`expired_locally`). The journal entry
+    /// stays (a later `recover()` releases it) unless a heartbeat the server
+    /// accepted arrives afterwards: then the token is released at once.
+    pub(crate) fn expire_locally(&self) {
+        self.lose(
+            LossReason::ExpiredLocally,
+            "no heartbeat succeeded before the local deadline",
+        );
+    }
+
+    /// Releases the token of a lease lost locally, best effort; removes the
+    /// journal entry once the server confirmed the claim is gone.
+    fn release_after_loss(&self) {
+        let Some(client) = self.client.upgrade() else {
+            return;
+        };
+        let item_id = self.item_id;
+        let token = self.token.clone();
+        wasm_bindgen_futures::spawn_local(async move {
+            match client.release_token(item_id, &token).await {
+                Err(e) if e.is_transient() || matches!(e, LeaseError::Unauthorized(_)) => {}
+                _ => client.forget_journal(item_id),
+            }
+        });
+    }
+
+    /// A heartbeat sent at `sent_at` succeeded; its answer arrived at `now`
+    /// (`late`: after its request had already been counted as failed).
+    pub(crate) fn on_heartbeat_ok(&self, sent_at: f64, now: f64, late: bool) {
+        let renewed = |p: &mut HeartbeatPlan| {
+            if late {
+                p.on_late_success(sent_at, now)
+            } else {
+                p.on_success(sent_at, now)
+            }
+        };
+        match self.status.get() {
+            // Answered past the deadline: never revived.
+            Status::Held | Status::Ending if !renewed(&mut self.plan.borrow_mut()) => {
+                self.expire_locally();
+                self.release_after_loss();
+            }
+            // Lost locally, yet the server still took the heartbeat: give it back.
+            Status::Lost(LossReason::ExpiredLocally) => self.release_after_loss(),
+            _ => {}
+        }
+    }
+
     fn finish(&self, forget: bool) {
-        self.client.forget_lease(self.item_id, forget);
+        if let Some(c) = self.client.upgrade() {
+            c.forget_lease(self.item_id, forget);
+        }
         if let Some(unlock) = self.unlock.borrow_mut().take() {
             let _ = unlock.call0(&JsValue::UNDEFINED);
         }
@@ -208,36 +292,39 @@ impl LeaseInner {
     ///
     /// # Errors
     /// `ClaimLostError` (and the signal aborts) when the server says the claim is
-    /// gone; `NetworkError` when it cannot be reached (the lease is kept until
-    /// its local deadline).
+    /// gone, or the answer came past the local deadline; `NetworkError` when it
+    /// cannot be reached (the lease is kept until its local deadline).
     pub async fn heartbeat(&self) -> Result<u64> {
         if let Some(e) = self.lost_error() {
             return Err(e);
         }
-        let body = to_json(&TokenRequest {
+        let client = self.client()?;
+        let body = to_js(&TokenRequest {
             token: self.token.clone(),
-        })?;
+        });
         let sent_at = now_ms();
-        let path = format!("/v1/items/{}/heartbeat", self.item_id);
-        let timeout = self.client.config.request_timeout_ms;
-        match self
-            .client
+        let path = item_path(self.item_id, "/heartbeat");
+        let timeout = client.config.request_timeout_ms;
+        match client
             .authed("POST", &path, Some(&body), timeout, None)
             .await
         {
             Ok(a) => {
-                let r: HeartbeatResponse = parse(&a.text)?;
-                if self.status.get() == Status::Held {
-                    self.plan.borrow_mut().on_success(sent_at);
+                let r: HeartbeatResponse = parse(&a.body)?;
+                self.on_heartbeat_ok(sent_at, now_ms(), false);
+                match self.lost_error() {
+                    Some(e) => Err(e),
+                    None => Ok(r.ttl_ms),
                 }
-                Ok(r.ttl_ms)
             }
             Err(e) => Err(self.on_rejection(e)),
         }
     }
 
-    /// Settles the item into `state` with `result` (JSON) and an optional
-    /// error message. On success the lease is over (its signal is NOT aborted).
+    /// Settles the item into `state` with `result` (any JSON value) and an
+    /// optional error message. On success the lease is over (its signal is NOT
+    /// aborted). The local deadline keeps running while the settle is in
+    /// flight.
     ///
     /// # Errors
     /// `ClaimLostError` without sending anything when the lease is already lost;
@@ -246,20 +333,25 @@ impl LeaseInner {
     pub async fn settle(
         &self,
         state: SettleState,
-        result: Option<serde_json::Value>,
+        result: Option<JsValue>,
         error: Option<String>,
     ) -> Result<JsValue> {
-        let body = to_json(&SettleRequest {
-            token: self.token.clone(),
-            state,
-            result,
-            error,
-        })?;
-        let path = format!("/v1/items/{}/settle", self.item_id);
+        let body = Object::new();
+        crate::error::set(&body, "token", &self.token.as_str().into());
+        crate::error::set(&body, "state", &ItemState::from(state).as_str().into());
+        if let Some(r) = result {
+            crate::error::set(&body, "result", &r);
+        }
+        if let Some(e) = error {
+            crate::error::set(&body, "error", &e.into());
+        }
+        let path = item_path(self.item_id, "/settle");
         let answer = self.ending_call(&path, &body).await?;
-        self.status.set(Status::Settled);
+        if self.status.get() == Status::Ending {
+            self.status.set(Status::Settled);
+        }
         self.finish(true);
-        Ok(js_sys::JSON::parse(&answer).unwrap_or(JsValue::NULL))
+        Ok(answer)
     }
 
     /// Gives the item back to the queue now (one attempt is counted); the
@@ -268,63 +360,62 @@ impl LeaseInner {
     /// # Errors
     /// As [`LeaseInner::settle`].
     pub async fn release(&self) -> Result<()> {
-        let body = to_json(&TokenRequest {
+        let body = to_js(&TokenRequest {
             token: self.token.clone(),
-        })?;
-        let path = format!("/v1/items/{}/release", self.item_id);
+        });
+        let path = item_path(self.item_id, "/release");
         self.ending_call(&path, &body).await?;
         self.lose(LossReason::Released, "released by this client");
+        // Lost locally while the release was in flight: the entry still goes.
+        if let Some(c) = self.client.upgrade() {
+            c.forget_journal(self.item_id);
+        }
         Ok(())
     }
 
     /// A fenced call that ends the lease: no heartbeat of it runs meanwhile.
-    async fn ending_call(&self, path: &str, body: &str) -> Result<String> {
+    async fn ending_call(&self, path: &str, body: &JsValue) -> Result<JsValue> {
         if let Some(e) = self.lost_error() {
             return Err(e);
         }
+        let client = self.client()?;
         self.status.set(Status::Ending);
-        let timeout = self.client.config.request_timeout_ms;
-        match self
-            .client
-            .authed("POST", path, Some(body), timeout, None)
-            .await
-        {
-            Ok(a) => Ok(a.text),
+        self.plan.borrow_mut().ending = true;
+        let timeout = client.config.request_timeout_ms;
+        let r = client.authed("POST", path, Some(body), timeout, None).await;
+        self.plan.borrow_mut().ending = false;
+        match r {
+            Ok(a) => Ok(a.body),
             Err(e) => {
                 let e = self.on_rejection(e);
                 if self.status.get() == Status::Ending {
                     self.status.set(Status::Held);
                 }
+                client.wake();
                 Err(e)
             }
         }
     }
 
     /// Release through `navigator.sendBeacon` (the token in a text/plain body,
-    /// which the server accepts without headers), for `pagehide`. Falls back to
-    /// a `keepalive` fetch. Ends the lease locally with reason `released`.
-    pub(crate) fn release_beacon(&self) {
-        if !matches!(self.status.get(), Status::Held | Status::Ending) {
+    /// which the server accepts without headers), for `pagehide` and a client
+    /// dropped without `close()`. Falls back to a `keepalive` fetch. Ends the
+    /// lease locally with reason `released`.
+    pub(crate) fn release_beacon(&self, base: &str) {
+        if !self.is_active() {
             return;
         }
-        let url = format!("{}/v1/items/{}/release", self.client.base, self.item_id);
-        if let Ok(body) = to_json(&TokenRequest {
+        let mut url = String::from(base);
+        url.push_str(&item_path(self.item_id, "/release"));
+        let body = to_js(&TokenRequest {
             token: self.token.clone(),
-        }) {
-            super::lifecycle::beacon(&url, &body);
+        });
+        if let Some(text) = js_sys::JSON::stringify(&body)
+            .ok()
+            .and_then(|s| s.as_string())
+        {
+            super::lifecycle::beacon(&url, &text);
         }
         self.lose(LossReason::Released, "released on pagehide");
     }
-}
-
-pub(crate) fn to_json<T: serde::Serialize>(v: &T) -> Result<String> {
-    serde_json::to_string(v).map_err(|e| LeaseError::Validation(e.to_string()))
-}
-
-pub(crate) fn parse<T: serde::de::DeserializeOwned>(text: &str) -> Result<T> {
-    serde_json::from_str(text).map_err(|e| LeaseError::Server {
-        code: ErrorCode::Internal,
-        status: 200,
-        message: format!("unexpected answer: {e}"),
-    })
 }

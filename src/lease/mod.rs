@@ -1,9 +1,10 @@
 //! Work leases, browser side: claim an item, heartbeat it, settle it — and
 //! never keep acting on a claim that is lost.
 //!
-//! - [`client::ClientInner`]: credentials (enrollment, refresh on `401`),
-//!   claims, ONE batched heartbeat request per pass for every held lease, the
-//!   journal and `pagehide` release.
+//! - [`client::ClientInner`]: configuration, the registry of held leases,
+//!   `close()`; [`credentials`] (enrollment, refresh on `401`), [`claims`]
+//!   (claim, lock, journal), [`heartbeat`] (the loop: ONE batched request per
+//!   pass, never awaited by the loop), [`recovery`] (`recover()`).
 //! - [`lease::LeaseInner`]: one lease: its `AbortSignal` (aborted with a
 //!   `ClaimLostError` whose `reason` is `claim_lost`, `expired_locally` or
 //!   `released`), `heartbeat`, `settle`, `release`, and the epoch-fencing
@@ -12,20 +13,28 @@
 //! - [`journal`]: held leases in IndexedDB, reconciled by `recover()`.
 //! - [`lifecycle`]: `pagehide` beacons and Web Locks.
 //!
-//! Time: only `performance.now()` durations. The local deadline of a lease is
-//! `sent_at(last successful heartbeat) + ttl − margin`; the rules live in
-//! `agentstore_protocol::lease_client` and are tested natively.
+//! Time: only `performance.now()` durations. A lease is held exactly while
+//! `now < sent_at(last successful heartbeat) + ttl − margin`; the rules and the
+//! loop's scheduling live in `agentstore_protocol::lease_client` and are
+//! property-tested natively against a simulated clock.
 
+pub mod claims;
 pub mod client;
+pub mod credentials;
 pub mod error;
+pub mod heartbeat;
 pub mod http;
 pub mod journal;
 #[allow(clippy::module_inception)]
 pub mod lease;
 pub mod lifecycle;
+pub mod recovery;
 pub mod work;
 
-pub use client::{Claimed, ClientConfig, ClientInner, Credentials, Recovery};
+pub use claims::Claimed;
+pub use client::{ClientConfig, ClientInner};
+pub use credentials::Credentials;
 pub use error::{LeaseError, LossReason};
 pub use lease::{LeaseInner, Status};
+pub use recovery::Recovery;
 pub use work::{Stats, WorkOptions, WorkerInner};

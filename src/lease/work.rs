@@ -18,12 +18,13 @@ use std::rc::Rc;
 
 use agentstore_protocol::lease::SettleState;
 use agentstore_protocol::lease_client::{poll_delay_ms, Reconnect};
-use futures::future::{join_all, select, Either};
+use futures::future::{select, Either};
 use js_sys::{Function, Promise};
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
 
-use super::client::{Claimed, ClientInner};
+use super::claims::Claimed;
+use super::client::ClientInner;
 use super::error::LeaseError;
 use super::http::{describe, random, sleep_ms};
 use super::lease::{LeaseInner, Status};
@@ -84,9 +85,10 @@ pub struct WorkerInner {
     pub stats: RefCell<Stats>,
     /// Backoff delays waited (ms), for tests of the schedule (last 32).
     pub backoffs: RefCell<Vec<f64>>,
+    /// Delays waited after an empty or rate-limited claim (ms, last 32).
+    pub polls: RefCell<Vec<f64>>,
     /// Resolves when every slot has ended.
-    pub finished:
-        RefCell<Option<futures::future::Shared<futures::future::LocalBoxFuture<'static, ()>>>>,
+    pub finished: RefCell<Option<Promise>>,
 }
 
 impl WorkerInner {
@@ -117,25 +119,29 @@ impl WorkerInner {
             stop_resolve: RefCell::new(stop_resolve),
             stats: RefCell::new(Stats::default()),
             backoffs: RefCell::new(Vec::new()),
+            polls: RefCell::new(Vec::new()),
             finished: RefCell::new(None),
         });
         let n = w.options.concurrency.clamp(1, 64);
-        let slots: Vec<_> = (0..n).map(|_| slot_loop(w.clone(), wrap)).collect();
-        use futures::FutureExt;
-        let client = w.client.clone();
-        let all = async move {
+        let me = w.clone();
+        let all = wasm_bindgen_futures::future_to_promise(async move {
             // Reconcile what earlier pages left in the journal before claiming.
-            if let Err(e) = client.recover(false).await {
-                super::lifecycle::warn(&format!(
-                    "agentstore work(): journal reconcile failed: {e}"
-                ));
+            if me.client.recover(false).await.is_err() {
+                super::lifecycle::warn("agentstore work(): journal reconcile failed");
             }
-            join_all(slots).await;
-        }
-        .boxed_local()
-        .shared();
-        *w.finished.borrow_mut() = Some(all.clone());
-        wasm_bindgen_futures::spawn_local(all);
+            let slots: js_sys::Array = (0..n)
+                .map(|_| {
+                    let w = me.clone();
+                    wasm_bindgen_futures::future_to_promise(async move {
+                        slot_loop(w, wrap).await;
+                        Ok(JsValue::UNDEFINED)
+                    })
+                })
+                .collect();
+            let _ = JsFuture::from(Promise::all(&slots)).await;
+            Ok(JsValue::UNDEFINED)
+        });
+        *w.finished.borrow_mut() = Some(all);
         w
     }
 
@@ -147,8 +153,16 @@ impl WorkerInner {
         }
         let f = self.finished.borrow().clone();
         if let Some(f) = f {
-            f.await;
+            let _ = JsFuture::from(f).await;
         }
+    }
+
+    fn record_poll(&self, d: f64) {
+        let mut p = self.polls.borrow_mut();
+        if p.len() >= 32 {
+            p.remove(0);
+        }
+        p.push(d);
     }
 
     /// Whether `stop()` was called.
@@ -178,16 +192,19 @@ async fn slot_loop(w: Rc<WorkerInner>, wrap: fn(Rc<LeaseInner>) -> JsValue) {
             Ok(Claimed::Empty(retry_after)) => {
                 w.backoff.borrow_mut().on_success();
                 let d = poll_delay_ms(w.options.poll_interval_ms, retry_after, random());
+                w.record_poll(d);
                 w.wait(d).await;
             }
             Err(LeaseError::RateLimited { retry_after_ms }) => {
                 w.backoff.borrow_mut().on_success();
-                w.wait(poll_delay_ms(retry_after_ms, None, random())).await;
+                let d = poll_delay_ms(w.options.poll_interval_ms, Some(retry_after_ms), random());
+                w.record_poll(d);
+                w.wait(d).await;
             }
             Err(LeaseError::Closed) => break,
             Err(e) => {
                 // No answer (or an error that retrying may fix): back off.
-                let d = w.backoff.borrow_mut().on_failure(random());
+                let d = w.backoff.borrow_mut().on_failure(random(), None);
                 {
                     let mut st = w.stats.borrow_mut();
                     st.connection_failures += 1;
@@ -201,7 +218,7 @@ async fn slot_loop(w: Rc<WorkerInner>, wrap: fn(Rc<LeaseInner>) -> JsValue) {
                     b.push(d);
                 }
                 if !e.is_transient() {
-                    super::lifecycle::warn(&format!("agentstore work({}): {e}", w.queue));
+                    web_sys::console::warn_2(&"agentstore work(): claim failed".into(), &e.to_js());
                 }
                 w.wait(d).await;
             }
@@ -232,7 +249,11 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
         return;
     }
     let (state, result, error) = match outcome {
-        Ok(v) => (SettleState::Done, to_value(&v), None),
+        // A result JSON cannot carry (a BigInt, a cycle) settles without one.
+        Ok(v) => {
+            let json = js_sys::JSON::stringify(&v).is_ok_and(|s| !s.is_undefined());
+            (SettleState::Done, json.then_some(v), None)
+        }
         Err(e) => (SettleState::Failed, None, Some(describe(&e))),
     };
     let mut attempt = 0u32;
@@ -260,15 +281,4 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
             }
         }
     }
-}
-
-/// A handler's result as JSON (`undefined` → no result; non-JSON → its string).
-fn to_value(v: &JsValue) -> Option<serde_json::Value> {
-    if v.is_undefined() {
-        return None;
-    }
-    js_sys::JSON::stringify(v)
-        .ok()
-        .and_then(|s| s.as_string())
-        .and_then(|s| serde_json::from_str(&s).ok())
 }

@@ -2,80 +2,222 @@
 //! same readwrite transaction as the record they derive from; `listBy`,
 //! `verifyIndexes` and a resumable, deterministic `rebuildIndexes`.
 //!
-//! Which indexes exist is shared state in META (`"indexes"`): their
-//! definitions by tag, which tags are active (complete, used by `listBy`) and
-//! an in-progress rebuild with its checkpoint. Every write transaction reads
-//! that state and maintains every active or building tag, so a tab that
+//! Which indexes exist is shared state in META, stored as a structured-clone
+//! object (no JSON text): `"indexes"` = `{defs: {tag: {name, keys}}, active:
+//! [tag], building: [tag]}` — definitions by tag, the tags whose entries are
+//! complete (used by `listBy`) and the tags being (re)built. Every change of
+//! it also bumps the number at `"indexes-gen"`, so a write transaction reads
+//! one number and reuses the definitions it cached for that generation
+//! ([`Store::write_indexes`]). Each building tag has its own checkpoint at
+//! `"rebuild:<tag>"` = `{after, done}`, so one connection's rebuild never
+//! ends or replaces another's (case: two tabs with different index sets).
+//! Every write maintains every active or building tag, so a tab that
 //! declares other indexes still keeps this tab's indexes in step.
 
 use super::db::{CursorDirection, KeyRange, Query, TransactionMode};
 use super::db::{Tx, DERIVED, META, RECORDS};
 use super::Store;
-use crate::error::{set, Result, StoreError};
+use crate::error::{get_str, set, Result, StoreError};
 use crate::value;
 use agentstore_protocol::index::{
     decode_key_cursor, encode_key_cursor, entry_range, Condition, EntryRange, IndexDef, KeyPart,
 };
 use agentstore_protocol::record::check_limit;
 use js_sys::{Array, Function, JsString, Object, Reflect};
-use serde::{Deserialize, Serialize};
+use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::future::IntoFuture;
+use std::rc::Rc;
 use wasm_bindgen::{JsCast, JsValue};
 
-/// META key of the shared index state.
+/// META key of the shared index state object.
 const STATE_KEY: &str = "indexes";
+/// META key of the state's generation: a number bumped with every change.
+const GEN_KEY: &str = "indexes-gen";
+/// META key prefix of a building tag's checkpoint.
+const CHECKPOINT_PREFIX: &str = "rebuild:";
 
-/// Shared index state, stored as JSON text in META.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// Shared index state (the object at META `"indexes"`).
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct IndexState {
     /// Every known definition by tag.
     pub defs: BTreeMap<String, IndexDef>,
     /// Tags whose entries are complete and kept in step.
     pub active: Vec<String>,
-    /// A rebuild in progress.
-    pub rebuild: Option<Rebuild>,
+    /// Tags being (re)built; each has a checkpoint of its own.
+    pub building: Vec<String>,
 }
 
-/// A rebuild's checkpoint: the tags being built and the last record id done.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Rebuild {
-    /// Tags being filled.
-    pub tags: Vec<String>,
-    /// Records with ids up to this cursor (a `list` cursor) are done.
-    pub after: Option<String>,
+/// A building tag's checkpoint (META `"rebuild:<tag>"` = `{after, done}`).
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Checkpoint {
+    /// Records with ids up to this `list` cursor are done (`None`: none yet).
+    after: Option<String>,
     /// Records processed so far.
-    pub done: u32,
+    done: u32,
 }
+
+/// The definitions every write must keep in step (active plus building
+/// tags), as of state generation `gen`.
+#[derive(Debug, Default)]
+pub struct Maintained {
+    gen: f64,
+    tags: Vec<(String, IndexDef)>,
+}
+
+/// A connection's cache of [`Maintained`] for the last generation it read.
+#[derive(Default)]
+pub(crate) struct IndexCache(RefCell<Option<Rc<Maintained>>>);
 
 impl IndexState {
     /// Tags every write must keep in step: active plus building.
     pub fn maintained(&self) -> impl Iterator<Item = (&String, &IndexDef)> {
-        let building = self.rebuild.iter().flat_map(|r| r.tags.iter());
         self.active
             .iter()
-            .chain(building)
+            .chain(&self.building)
             .filter_map(|t| self.defs.get_key_value(t))
     }
-}
 
-/// Reads the shared state inside `tx` (which must include META).
-pub(crate) async fn read_state(tx: &Tx) -> Result<IndexState> {
-    let v = tx.store(META)?.get(JsValue::from_str(STATE_KEY))?.await?;
-    match v.and_then(|v| v.as_string()) {
-        None => Ok(IndexState::default()),
-        Some(text) => serde_json::from_str(&text)
-            .map_err(|e| StoreError::Transaction(format!("index state is corrupt: {e}"))),
+    fn to_js(&self) -> JsValue {
+        let defs = Object::new();
+        for (tag, d) in &self.defs {
+            let o = Object::new();
+            set(&o, "name", &d.name.as_str().into());
+            set(&o, "keys", &strings_js(&d.keys));
+            set(&defs, tag, &o);
+        }
+        let o = Object::new();
+        set(&o, "defs", &defs);
+        set(&o, "active", &strings_js(&self.active));
+        set(&o, "building", &strings_js(&self.building));
+        o.into()
+    }
+
+    /// Reads the stored object; anything else (nothing yet, or the JSON text
+    /// of releases before this one) is an empty state, and `open` rebuilds.
+    fn from_js(v: &JsValue) -> IndexState {
+        let mut state = IndexState::default();
+        if !v.is_object() {
+            return state;
+        }
+        let field = |k: &str| Reflect::get(v, &k.into()).unwrap_or(JsValue::UNDEFINED);
+        let defs = field("defs");
+        if defs.is_object() {
+            for entry in Object::entries(defs.unchecked_ref()).iter() {
+                let entry = Array::from(&entry);
+                let (Some(tag), def) = (entry.get(0).as_string(), entry.get(1)) else {
+                    continue;
+                };
+                let keys = Reflect::get(&def, &"keys".into()).unwrap_or_default();
+                if let (Some(name), Some(keys)) = (get_str(&def, "name"), strings_from_js(&keys)) {
+                    state.defs.insert(tag, IndexDef { name, keys });
+                }
+            }
+        }
+        state.active = strings_from_js(&field("active")).unwrap_or_default();
+        state.building = strings_from_js(&field("building")).unwrap_or_default();
+        state
     }
 }
 
-fn write_state(tx: &Tx, state: &IndexState) -> Result<()> {
-    let text = serde_json::to_string(state).map_err(|e| StoreError::Transaction(e.to_string()))?;
-    tx.store(META)?.put(
-        &JsValue::from_str(&text),
-        Some(&JsValue::from_str(STATE_KEY)),
+fn strings_js(xs: &[String]) -> JsValue {
+    xs.iter()
+        .map(|x| JsValue::from_str(x))
+        .collect::<Array>()
+        .into()
+}
+
+fn strings_from_js(v: &JsValue) -> Option<Vec<String>> {
+    if !Array::is_array(v) {
+        return None;
+    }
+    Array::from(v).iter().map(|x| x.as_string()).collect()
+}
+
+/// The state generation stored in `tx` (0 before the first change).
+async fn read_gen(tx: &Tx) -> Result<f64> {
+    let v = tx.store(META)?.get(JsValue::from_str(GEN_KEY))?.await?;
+    Ok(v.and_then(|v| v.as_f64()).unwrap_or(0.0))
+}
+
+/// Reads the shared state and its generation inside `tx` (which must include META).
+async fn read_state(tx: &Tx) -> Result<(f64, IndexState)> {
+    let meta = tx.store(META)?;
+    let gen = read_gen(tx);
+    let state = meta.get(JsValue::from_str(STATE_KEY))?.into_future();
+    let (gen, state) = futures::join!(gen, state);
+    Ok((gen?, IndexState::from_js(&state?.unwrap_or_default())))
+}
+
+/// Stores `state` as generation `gen + 1`.
+fn write_state(tx: &Tx, state: &IndexState, gen: f64) -> Result<()> {
+    let meta = tx.store(META)?;
+    meta.put(&state.to_js(), Some(&JsValue::from_str(STATE_KEY)))?;
+    meta.put(
+        &JsValue::from_f64(gen + 1.0),
+        Some(&JsValue::from_str(GEN_KEY)),
     )?;
     Ok(())
+}
+
+fn checkpoint_key(tag: &str) -> JsValue {
+    JsValue::from([CHECKPOINT_PREFIX, tag].concat())
+}
+
+async fn read_checkpoint(tx: &Tx, tag: &str) -> Result<Option<Checkpoint>> {
+    let v = tx.store(META)?.get(checkpoint_key(tag))?.await?;
+    Ok(v.filter(JsValue::is_object).map(|v| Checkpoint {
+        after: get_str(&v, "after"),
+        done: Reflect::get(&v, &"done".into())
+            .ok()
+            .and_then(|d| d.as_f64())
+            .unwrap_or(0.0) as u32,
+    }))
+}
+
+fn write_checkpoint(tx: &Tx, tag: &str, cp: &Checkpoint) -> Result<()> {
+    let o = Object::new();
+    set(
+        &o,
+        "after",
+        &cp.after.as_deref().map_or(JsValue::NULL, JsValue::from),
+    );
+    set(&o, "done", &cp.done.into());
+    tx.store(META)?.put(&o, Some(&checkpoint_key(tag)))?;
+    Ok(())
+}
+
+impl Store {
+    /// The derived indexes a write transaction must maintain, read inside
+    /// `tx` (which must include META): one small read of the state
+    /// generation; the definitions are re-read only when another connection
+    /// (or this one) changed them since this connection last looked. Pass
+    /// the result to [`maintain`] for each record the transaction changes.
+    ///
+    /// # Errors
+    /// TransactionError / ClosedError from IndexedDB.
+    pub(crate) async fn write_indexes(&self, tx: &Tx) -> Result<Rc<Maintained>> {
+        let gen = read_gen(tx).await?;
+        if let Some(m) = self
+            .index_cache
+            .0
+            .borrow()
+            .as_ref()
+            .filter(|m| m.gen == gen)
+        {
+            return Ok(m.clone());
+        }
+        let (gen, state) = read_state(tx).await?;
+        let m = Rc::new(Maintained {
+            gen,
+            tags: state
+                .maintained()
+                .map(|(t, d)| (t.clone(), d.clone()))
+                .collect(),
+        });
+        *self.index_cache.0.borrow_mut() = Some(m.clone());
+        Ok(m)
+    }
 }
 
 /// The value at a dotted key path, if it is a valid index component
@@ -112,16 +254,15 @@ pub(crate) fn entry_key(tag: &str, def: &IndexDef, record: &JsValue) -> Option<A
 /// (either may be absent) — inside the caller's transaction, no await.
 pub(crate) fn maintain(
     tx: &Tx,
-    state: &IndexState,
+    indexes: &Maintained,
     old: Option<&JsValue>,
     new: Option<&JsValue>,
 ) -> Result<()> {
-    let mut maintained = state.maintained().peekable();
-    if maintained.peek().is_none() {
+    if indexes.tags.is_empty() {
         return Ok(());
     }
     let derived = tx.store(DERIVED)?;
-    for (tag, def) in maintained {
+    for (tag, def) in &indexes.tags {
         let old_key = old.and_then(|o| entry_key(tag, def, o));
         let new_key = new.and_then(|n| entry_key(tag, def, n));
         if let (Some(o), Some(n)) = (&old_key, &new_key) {
@@ -324,7 +465,7 @@ impl Store {
         let tx = self
             .db
             .tx(&[META, DERIVED, RECORDS], TransactionMode::ReadOnly)?;
-        let state = read_state(&tx).await?;
+        let (_, state) = read_state(&tx).await?;
         let fetch = q.limit + 1;
         let keys: Vec<JsValue> = if state.active.contains(&tag) {
             let derived = tx.store(DERIVED)?;
@@ -374,7 +515,7 @@ impl Store {
         let tx = self
             .db
             .tx(&[META, DERIVED, RECORDS], TransactionMode::ReadOnly)?;
-        let state = read_state(&tx).await?;
+        let (_, state) = read_state(&tx).await?;
         let records = tx.store(RECORDS)?.get_all(None, None)?.await?;
         let mut v = Verification {
             checked: records.len() as u32,
@@ -430,14 +571,19 @@ impl Store {
     }
 
     /// Rebuilds every declared index from the records, in batches of
-    /// `batch_size` records per transaction, resuming from the stored
-    /// checkpoint when a rebuild of the same definitions was interrupted.
+    /// `batch_size` records per transaction. With `restart` every declared
+    /// index starts over; without, an active index is kept and a building
+    /// one resumes from its own checkpoint (written by any connection).
     /// `on_progress(done, total)` is called after each batch. Entries are a
-    /// pure function of the records, so the result is identical every time.
+    /// pure function of the records, so the result is identical every time,
+    /// and connections rebuilding the same tag at once only share the work.
+    /// Resolves once every declared index is active: another connection's
+    /// rebuild of other indexes never ends this one (checkpoints are per tag).
     ///
     /// # Errors
-    /// AbortError when `signal` aborts (the checkpoint stays, so a later call
-    /// resumes); TransactionError / QuotaExceededError.
+    /// AbortError when `signal` aborts (the checkpoints stay, so a later call
+    /// resumes); TransactionError when another connection redefined one of
+    /// these index names meanwhile, or from IndexedDB; QuotaExceededError.
     pub async fn rebuild_indexes(
         &self,
         batch_size: u32,
@@ -446,37 +592,43 @@ impl Store {
         signal: Option<&web_sys::AbortSignal>,
     ) -> Result<u32> {
         let tags: Vec<String> = self.indexes.iter().map(IndexDef::tag).collect();
-        // Start (or adopt) a rebuild of exactly our tags.
+        // Start the tags that are neither active nor building (all with `restart`).
         let tx = self.db.tx(&[META, DERIVED], TransactionMode::ReadWrite)?;
-        let mut state = read_state(&tx).await?;
-        let resumable = state.rebuild.as_ref().is_some_and(|r| r.tags == tags) && !restart;
-        if !resumable {
-            let names: Vec<&str> = self.indexes.iter().map(|d| d.name.as_str()).collect();
-            let stale: Vec<String> = state
-                .defs
-                .iter()
-                .filter(|(_, d)| names.contains(&d.name.as_str()))
-                .map(|(t, _)| t.clone())
-                .collect();
+        let (gen, mut state) = read_state(&tx).await?;
+        let fresh: Vec<&IndexDef> = self
+            .indexes
+            .iter()
+            .zip(&tags)
+            .filter(|(_, t)| restart || !(state.active.contains(t) || state.building.contains(t)))
+            .map(|(d, _)| d)
+            .collect();
+        if !fresh.is_empty() {
             let derived = tx.store(DERIVED)?;
-            for t in stale.iter().chain(&tags) {
-                if let Some(all) = entry_range(t, &Condition::All, None, false) {
-                    derived.delete(to_range(&all)?)?;
+            let meta = tx.store(META)?;
+            for d in fresh {
+                let tag = d.tag();
+                // Entries of this tag, and of older definitions of the same name.
+                let dropped: Vec<String> = state
+                    .defs
+                    .iter()
+                    .filter(|(t, o)| o.name == d.name && **t != tag)
+                    .map(|(t, _)| t.clone())
+                    .chain([tag.clone()])
+                    .collect();
+                for t in &dropped {
+                    if let Some(all) = entry_range(t, &Condition::All, None, false) {
+                        derived.delete(to_range(&all)?)?;
+                    }
+                    meta.delete(checkpoint_key(t))?;
+                    state.defs.remove(t);
                 }
-                state.defs.remove(t);
+                state.active.retain(|t| !dropped.contains(t));
+                state.building.retain(|t| !dropped.contains(t));
+                state.defs.insert(tag.clone(), d.clone());
+                state.building.push(tag.clone());
+                write_checkpoint(&tx, &tag, &Checkpoint::default())?;
             }
-            state
-                .active
-                .retain(|t| !stale.contains(t) && !tags.contains(t));
-            for d in &self.indexes {
-                state.defs.insert(d.tag(), d.clone());
-            }
-            state.rebuild = Some(Rebuild {
-                tags: tags.clone(),
-                after: None,
-                done: 0,
-            });
-            write_state(&tx, &state)?;
+            write_state(&tx, &state, gen)?;
         }
         tx.commit().await?;
         let batch = batch_size.clamp(1, 10_000);
@@ -488,27 +640,51 @@ impl Store {
             let tx = self
                 .db
                 .tx(&[META, DERIVED, RECORDS], TransactionMode::ReadWrite)?;
-            let mut state = read_state(&tx).await?;
+            let (gen, mut state) = read_state(&tx).await?;
             let total = match counted {
                 Some(t) => t,
                 None => *counted.insert(tx.store(RECORDS)?.count(None)?.await?),
             };
-            let Some(rb) = state.rebuild.clone().filter(|r| r.tags == tags) else {
-                // Another tab finished (or restarted) it.
+            if let Some(d) = self
+                .indexes
+                .iter()
+                .zip(&tags)
+                .find(|(_, t)| !state.defs.contains_key(*t))
+            {
+                tx.commit().await?;
+                return Err(StoreError::Transaction(
+                    [
+                        "index ",
+                        &d.0.name,
+                        " was redefined by another connection during the rebuild",
+                    ]
+                    .concat(),
+                ));
+            }
+            // This connection's tags still building, each at its checkpoint.
+            let mut mine = Vec::new();
+            for t in tags.iter().filter(|t| state.building.contains(t)) {
+                mine.push((t, read_checkpoint(&tx, t).await?.unwrap_or_default()));
+            }
+            // Continue from the checkpoint furthest behind; re-putting entries
+            // a tag already has is harmless (same key), so the tags converge.
+            let Some(from) = mine
+                .iter()
+                .map(|(_, c)| c)
+                .min_by(|a, b| cursor_order(a, b))
+                .cloned()
+            else {
+                // Every tag is active: finished here or by another connection.
                 tx.commit().await?;
                 return Ok(total);
             };
-            let q = super::ListQuery {
-                limit: batch,
-                after: rb
-                    .after
-                    .as_deref()
-                    .map(agentstore_protocol::keys::decode_cursor)
-                    .transpose()
-                    .map_err(StoreError::Transaction)?,
-                ..Default::default()
-            };
-            let range = agentstore_protocol::keys::page_range(&[], q.after.as_deref(), false);
+            let after = from
+                .after
+                .as_deref()
+                .map(agentstore_protocol::keys::decode_cursor)
+                .transpose()
+                .map_err(StoreError::Transaction)?;
+            let range = agentstore_protocol::keys::page_range(&[], after.as_deref(), false);
             let query = match range.as_ref().and_then(|r| r.lower.as_ref()) {
                 Some(b) => Some(Query::KeyRange(KeyRange::lower_bound(
                     &value::from_units(&b.key).into(),
@@ -519,41 +695,46 @@ impl Store {
             let rows = tx.store(RECORDS)?.get_all(query, Some(batch))?.await?;
             let derived = tx.store(DERIVED)?;
             for r in &rows {
-                for t in &tags {
-                    if let Some(k) = state.defs.get(t).and_then(|d| entry_key(t, d, r)) {
+                for (t, _) in &mine {
+                    if let Some(k) = state.defs.get(*t).and_then(|d| entry_key(t, d, r)) {
                         derived.put(&k, Some(&k))?;
                     }
                 }
             }
             let finished = (rows.len() as u32) < batch;
-            let mut rb = rb;
-            rb.done += rows.len() as u32;
+            let mut next = Checkpoint {
+                after: from.after,
+                done: from.done + rows.len() as u32,
+            };
             if let Some(last) = rows.last() {
                 let id: JsString = Reflect::get(last, &"_id".into()).unwrap_or_default().into();
-                rb.after = Some(agentstore_protocol::keys::encode_cursor(&value::units(&id)));
+                next.after = Some(agentstore_protocol::keys::encode_cursor(&value::units(&id)));
             }
-            let done = rb.done;
             if finished {
-                state.rebuild = None;
-                for t in &tags {
-                    if !state.active.contains(t) {
-                        state.active.push(t.clone());
+                let meta = tx.store(META)?;
+                for (t, _) in &mine {
+                    meta.delete(checkpoint_key(t))?;
+                    state.building.retain(|b| b != *t);
+                    if !state.active.contains(*t) {
+                        state.active.push((*t).clone());
                     }
                 }
+                write_state(&tx, &state, gen)?;
             } else {
-                state.rebuild = Some(rb);
+                for (t, _) in &mine {
+                    write_checkpoint(&tx, t, &next)?;
+                }
             }
-            write_state(&tx, &state)?;
             tx.commit().await?;
             if let Some(cb) = on_progress {
                 let _ = cb.call2(
                     &JsValue::NULL,
-                    &JsValue::from(done),
-                    &JsValue::from(total.max(done)),
+                    &JsValue::from(next.done),
+                    &JsValue::from(total.max(next.done)),
                 );
             }
             if finished {
-                return Ok(done);
+                return Ok(next.done);
             }
             // Yield to the event loop so the page stays responsive.
             gloo_timers::future::TimeoutFuture::new(0).await;
@@ -566,7 +747,7 @@ impl Store {
     /// TransactionError / ClosedError.
     pub async fn indexes_ready(&self) -> Result<bool> {
         let tx = self.db.tx(&[META], TransactionMode::ReadOnly)?;
-        let state = read_state(&tx).await?;
+        let (_, state) = read_state(&tx).await?;
         tx.end_read();
         Ok(self.indexes.iter().all(|d| state.active.contains(&d.tag())))
     }
@@ -608,6 +789,17 @@ impl Store {
         }
         tx.commit().await
     }
+}
+
+/// Orders checkpoints by how far they got (`None` = not started = first).
+/// Cursors are compared as the ids they encode (UTF-16 units, IndexedDB's order).
+fn cursor_order(a: &Checkpoint, b: &Checkpoint) -> std::cmp::Ordering {
+    let key = |c: &Checkpoint| {
+        c.after
+            .as_deref()
+            .and_then(|s| agentstore_protocol::keys::decode_cursor(s).ok())
+    };
+    key(a).cmp(&key(b))
 }
 
 /// Builds the `{checked, missing, orphaned, stale, building}` JS object.

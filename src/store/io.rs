@@ -145,8 +145,17 @@ impl Store {
                 let rev = crate::error::get_str(&value, "_rev")
                     .ok_or_else(|| bad("tombstone without _rev".into()))?;
                 let rev = Rev::parse(&rev).map_err(|e| bad(e.0))?;
+                let object = tombstone(&id, &rev.to_string());
+                // A snapshot keeps when the record was deleted (purgeTombstones' clock).
+                if let Some(at) = js_sys::Reflect::get(&value, &"deletedAt".into())
+                    .ok()
+                    .and_then(|v| v.as_f64())
+                    .filter(|at| at.is_finite())
+                {
+                    set(&object, "deletedAt", &at.into());
+                }
                 items.push(Imported {
-                    object: tombstone(&id, &rev.to_string()).into(),
+                    object: object.into(),
                     id,
                     rev,
                     deleted: true,
@@ -179,7 +188,7 @@ impl Store {
         let tx = self.write_tx()?;
         let (currents, state) = futures::join!(
             read_many(&tx, items.iter().map(|i| &i.id)),
-            index::read_state(&tx)
+            self.write_indexes(&tx)
         );
         let (currents, state) = (currents?, state?);
         let mut changes = Vec::new();
@@ -264,7 +273,7 @@ impl Store {
             check_abort(signal)?;
             let tx = self.write_tx()?;
             let (cur, state) =
-                futures::join!(super::read_current(&tx, &id), index::read_state(&tx));
+                futures::join!(super::read_current(&tx, &id), self.write_indexes(&tx));
             let ((current, stored), state) = (cur?, state?);
             let out = f
                 .call1(&JsValue::NULL, stored.as_ref().unwrap_or(&JsValue::NULL))

@@ -182,7 +182,7 @@ fn query_js(q: Option<Query>) -> JsValue {
 pub(crate) use super::db::collect_cursor;
 
 /// The IndexedDB key range for a page; with a type, keys are `[type, id]`.
-fn key_range(r: &PageRange, record_type: Option<&str>) -> Result<Option<Query>> {
+pub(super) fn key_range(r: &PageRange, record_type: Option<&str>) -> Result<Option<Query>> {
     let key = |b: &Bound| -> JsValue {
         let id: JsValue = value::from_units(&b.key).into();
         match record_type {

@@ -5,12 +5,14 @@
 //! and writes — awaiting only IndexedDB requests in between, so IndexedDB's
 //! transaction scheduling makes the compare-and-swap atomic across tabs.
 
+mod bulk;
 pub mod db;
 pub mod index;
 mod io;
 mod list;
 pub mod watch;
 
+pub use bulk::destroy;
 pub use index::{ByQuery, Verification};
 pub use list::{ListQuery, Page};
 pub use watch::Watcher;
@@ -102,6 +104,8 @@ pub struct Store {
     /// Test hook: fail the n-th write request of the next write transaction.
     #[cfg(feature = "test-hooks")]
     fault_request_next: std::cell::Cell<Option<(u32, db::Fault)>>,
+    /// The maintained index definitions, by state generation.
+    index_cache: index::IndexCache,
 }
 
 impl Store {
@@ -152,6 +156,7 @@ impl Store {
             fault_abort_next: std::cell::Cell::new(false),
             #[cfg(feature = "test-hooks")]
             fault_request_next: std::cell::Cell::new(None),
+            index_cache: index::IndexCache::default(),
         })
     }
 
@@ -249,7 +254,7 @@ impl Store {
 
     pub(crate) async fn put_prepared(&self, p: Prepared) -> Result<Written> {
         let tx = self.write_tx()?;
-        let (cur, state) = futures::join!(read_current(&tx, &p.id), index::read_state(&tx));
+        let (cur, state) = futures::join!(read_current(&tx, &p.id), self.write_indexes(&tx));
         let ((current, stored), state) = (cur?, state?);
         self.cas_write(tx, &state, &current, stored, p).await
     }
@@ -260,7 +265,7 @@ impl Store {
     pub(crate) async fn cas_write(
         &self,
         tx: Tx,
-        state: &index::IndexState,
+        state: &index::Maintained,
         current: &Current,
         stored: Option<JsValue>,
         p: Prepared,
@@ -288,14 +293,9 @@ impl Store {
             .ok_or_else(|| StoreError::validation("delete(id, rev): rev must be a revision string"))
             .and_then(|s| Rev::parse(&s).map_err(|e| StoreError::validation(e.0)))?;
         let id_text = String::from(&id);
-        // The tombstone's body digest: canonical `{"_deleted":true,"_id":…}`.
-        let mut body = BodyDigest::new();
-        body.raw(b"{\"_deleted\":true,\"_id\":");
-        body.string(&id_text);
-        body.raw(b"}");
-        let digest = body.finish();
+        let digest = tombstone_digest(&id_text);
         let tx = self.write_tx()?;
-        let (cur, state) = futures::join!(read_current(&tx, &id), index::read_state(&tx));
+        let (cur, state) = futures::join!(read_current(&tx, &id), self.write_indexes(&tx));
         let ((current, stored), state) = (cur?, state?);
         let base = match decide_delete(&current, &expected) {
             Ok(base) => base,
@@ -311,9 +311,7 @@ impl Store {
                 })
             }
         };
-        let rev = Rev::next(Some(base), &[&digest])
-            .map_err(|e| StoreError::validation(e.0))?
-            .text();
+        let rev = tombstone_rev(base, &digest)?;
         let tomb = tombstone(&id, &rev);
         tx.store(TOMBSTONES)?.put(&tomb, None)?;
         tx.store(RECORDS)?.delete(JsValue::from(id.clone()))?;
@@ -372,7 +370,7 @@ impl Store {
         let tx = self.write_tx()?;
         let (currents, state) = futures::join!(
             read_many(&tx, prepared.iter().map(|p| &p.id)),
-            index::read_state(&tx)
+            self.write_indexes(&tx)
         );
         let (currents, state) = (currents?, state?);
         let mut revs = Vec::with_capacity(prepared.len());
@@ -489,11 +487,32 @@ pub(crate) fn write_record(tx: &Tx, p: &Prepared, current: &Current, add: bool) 
     Ok(())
 }
 
+/// The body digest of the tombstone of `id_text`: canonical
+/// `{"_deleted":true,"_id":…}`. Computed before the write transaction.
+pub(crate) fn tombstone_digest(id_text: &str) -> String {
+    let mut body = BodyDigest::new();
+    body.raw(b"{\"_deleted\":true,\"_id\":");
+    body.string(id_text);
+    body.raw(b"}");
+    body.finish()
+}
+
+/// The revision of the tombstone that follows `base`, from its body `digest`.
+pub(crate) fn tombstone_rev(base: &Rev, digest: &str) -> Result<String> {
+    Rev::next(Some(base), &[digest])
+        .map(|r| r.text())
+        .map_err(|e| StoreError::validation(e.0))
+}
+
+/// A tombstone `{_id, _rev, _deleted: true, deletedAt}`; `deletedAt` (ms
+/// since the epoch, when it was written here) is what `purgeTombstones`
+/// compares with `olderThanMs`.
 pub(crate) fn tombstone(id: &JsString, rev: &str) -> Object {
     let t = Object::new();
     set(&t, "_id", id);
     set(&t, "_rev", &rev.into());
     set(&t, "_deleted", &JsValue::TRUE);
+    set(&t, "deletedAt", &JsValue::from_f64(js_sys::Date::now()));
     t
 }
 

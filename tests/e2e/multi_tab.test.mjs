@@ -1,7 +1,8 @@
 // Races across two pages (two IndexedDB connections in two browsing contexts
-// of one origin), in headless Chromium: same-tick creates (case C-S2) and
-// concurrent `mutate` increments. The SDK is loaded from pkg/ (built by the
-// test command) through the static server that mirrors the demo server's layout.
+// of one origin), in headless Chromium: same-tick creates (case C-S2),
+// concurrent `mutate` increments, and `AgentStore.destroy` closing the other
+// page's connections. The SDK is loaded from pkg/ (built by the test command)
+// through the static server that mirrors the demo server's layout.
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -215,5 +216,72 @@ test('a rebuild interrupted by closing the page resumes from its checkpoint on r
   assert.deepEqual([out.verify.missing.length, out.verify.orphaned.length, out.verify.stale.length, out.verify.building.length], [0, 0, 0, 0]);
   assert.equal(out.verify.checked, 6000);
   assert.equal(out.runs, 2000);
+  await context.close();
+});
+
+// AgentStore.destroy across two pages: the other page's connections are
+// closed through `versionchange` (onVersionChange runs, later calls reject
+// with ClosedError) and the database is deleted; a connection that ignores
+// `versionchange` gives BlockedError after blockedTimeoutMs instead of a hang,
+// and the deletion, queued in IndexedDB, completes once it closes.
+
+/** `{name, code, isError}` of what `fn(arg)` rejects with in `page`, or null. */
+const errorOf = (page, fn, arg) => page.evaluate(async ({ src, arg }) => {
+  try {
+    await (0, eval)(src)(arg);
+    return null;
+  } catch (e) {
+    return { name: e.name, code: e.code, isError: e instanceof Error };
+  }
+}, { src: fn.toString(), arg });
+
+test('destroy from one page closes the other page\'s store (onVersionChange, then ClosedError) and deletes the data', { timeout: 120_000 }, async () => {
+  const name = `destroy-two-pages-${Date.now()}`;
+  const { context, pages: [a, b] } = await twoPages(name);
+  await a.evaluate(async (name) => {
+    const mod = await import('/pkg/agentstore.js');
+    window.versionChanges = 0;
+    window.watched = await mod.AgentStore.open(name, { onVersionChange: () => { window.versionChanges++; } });
+    await window.watched.put({ _id: 'kept?', v: 1 });
+  }, name);
+  await b.evaluate(async (name) => {
+    const mod = await import('/pkg/agentstore.js');
+    await mod.AgentStore.destroy(name, { blockedTimeoutMs: 10_000 });
+  }, name);
+  await a.waitForFunction(() => window.versionChanges === 1, null, { timeout: 10_000 });
+  for (const call of [() => window.watched.get('kept?'), () => window.watched.put({ _id: 'late' }), () => window.store.get('kept?')]) {
+    assert.deepEqual(await errorOf(a, call), { name: 'ClosedError', code: 'closed', isError: true });
+  }
+  assert.deepEqual(await errorOf(b, () => window.store.count()), { name: 'ClosedError', code: 'closed', isError: true });
+  // The data is gone: a new connection finds an empty store.
+  const after = await b.evaluate(async (name) => {
+    const mod = await import('/pkg/agentstore.js');
+    const s = await mod.AgentStore.open(name);
+    const out = { got: await s.get('kept?'), n: await s.count() };
+    s.close();
+    return out;
+  }, name);
+  assert.deepEqual(after, { got: null, n: 0 });
+  await context.close();
+});
+
+test('destroy while a connection ignores versionchange: BlockedError after the timeout, then the queued deletion completes', { timeout: 120_000 }, async () => {
+  const name = `destroy-blocked-${Date.now()}`;
+  const { context, pages: [a, b] } = await twoPages(name);
+  await b.evaluate(() => window.store.put({ _id: 'x' }));
+  // Page A also holds a raw connection without an onversionchange handler.
+  await a.evaluate((name) => new Promise((ok, fail) => {
+    const r = indexedDB.open(name);
+    r.onsuccess = () => { window.raw = r.result; ok(); };
+    r.onerror = () => fail(r.error);
+  }), name);
+  const e = await errorOf(b, async (name) => {
+    const mod = await import('/pkg/agentstore.js');
+    await mod.AgentStore.destroy(name, { blockedTimeoutMs: 300 });
+  }, name);
+  assert.deepEqual(e, { name: 'BlockedError', code: 'blocked', isError: true });
+  await a.evaluate(() => window.raw.close());
+  // IndexedDB kept the delete request queued: it completes now.
+  await b.waitForFunction(async (name) => !(await indexedDB.databases()).some((d) => d.name === name), name, { timeout: 10_000, polling: 50 });
   await context.close();
 });

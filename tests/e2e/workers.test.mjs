@@ -20,7 +20,9 @@ import {
 
 const ADMIN = randomBytes(24).toString('hex');
 const QUEUE = 'demo';
-const MAX_ATTEMPTS = 5;
+const MAX_REDELIVERIES = 5;
+/** The first delivery plus every re-delivery. */
+const DELIVERIES = 1 + MAX_REDELIVERIES;
 
 let demo;
 let browser;
@@ -28,7 +30,7 @@ let tmp;
 
 before(async () => {
   tmp = mkdtempSync(join(tmpdir(), 'agentstore-workers-e2e-'));
-  demo = await startDemo({ AGENTSTORE_ADMIN_TOKEN: ADMIN, DATABASE: join(tmp, 'demo.sqlite'), DEMO_MAX_ATTEMPTS: String(MAX_ATTEMPTS) });
+  demo = await startDemo({ AGENTSTORE_ADMIN_TOKEN: ADMIN, DATABASE: join(tmp, 'demo.sqlite'), DEMO_MAX_REDELIVERIES: String(MAX_REDELIVERIES) });
   browser = await launchBrowser();
 }, { timeout: SERVER_TIMEOUT_MS + 120_000 });
 
@@ -65,6 +67,43 @@ async function until(what, ms, check) {
     await sleep(500);
   }
   assert.fail(`timed out after ${ms} ms waiting for ${what}`);
+}
+
+/** `GET /metrics` with the admin token, parsed: `[{name, labels, value}]`. */
+async function scrape() {
+  const res = await fetch(`${demo.url}/metrics`, { headers: { Authorization: `Bearer ${ADMIN}` } });
+  assert.equal(res.status, 200, 'GET /metrics with the admin token');
+  const samples = [];
+  for (const line of (await res.text()).split('\n')) {
+    const m = /^(\w+)(?:\{(.*)\})? (\S+)$/.exec(line);
+    if (!m) continue;
+    const labels = Object.fromEntries([...(m[2] ?? '').matchAll(/(\w+)="([^"]*)"/g)].map((x) => [x[1], x[2]]));
+    samples.push({ name: m[1], labels, value: Number(m[3]) });
+  }
+  return samples;
+}
+
+/** Sum of the samples of `name` whose labels include `labels`. */
+function metric(samples, name, labels = {}) {
+  return samples
+    .filter((x) => x.name === name && Object.entries(labels).every(([k, v]) => x.labels[k] === v))
+    .reduce((sum, x) => sum + x.value, 0);
+}
+
+const GAUGE_STATES = ['open', 'running', 'paused', 'done', 'failed'];
+
+/**
+ * Waits until the panel's queue gauges equal `agentstore_queue_items` of a
+ * scrape taken in the same round; returns the panel's numbers.
+ */
+async function untilPanelMatchesMetrics(page, ms = 30_000) {
+  return until('the panel\'s queue gauges to equal /metrics', ms, async () => {
+    const panel = await page.evaluate((states) => Object.fromEntries(states.map(
+      (k) => [k, Number(document.querySelector(`[data-testid=queue-${k}]`).textContent)])), GAUGE_STATES);
+    const samples = await scrape();
+    const same = GAUGE_STATES.every((k) => panel[k] === metric(samples, 'agentstore_queue_items', { queue: QUEUE, state: k }));
+    return same ? panel : null;
+  });
 }
 
 /** A page of the demo with its workers enrolled and polling. */
@@ -141,7 +180,10 @@ test('the worker panel settles 100 enqueued items with two pages open, none sett
     assert.equal(doneA + doneB, all.length, `settles accepted by the pages (${doneA} + ${doneB}) = items done (${all.length})`);
     assert.ok(doneA > 0 && doneB > 0, 'both pages settled items');
 
-    await a.waitForFunction((n) => document.querySelector('[data-testid=queue-done]').textContent === String(n), all.length);
+    // The panel's gauges come from the same query as /metrics: all done, none waiting.
+    const gauges = await untilPanelMatchesMetrics(a);
+    assert.deepEqual(gauges, { open: 0, running: 0, paused: 0, done: all.length, failed: 0 });
+    assert.equal(await text(a, 'queue-oldest-open'), '–', 'no open item, no age');
     await assertNoError(a);
     await assertNoError(b);
     await shot(a, 'workers-settled');
@@ -205,15 +247,19 @@ test('a poison item ends failed at the retry cap (retry_limit)', { timeout: 120_
     await page.waitForSelector('[data-testid=poison-status][data-item]');
     const id = Number(await page.getAttribute('[data-testid=poison-status]', 'data-item'));
     await page.waitForSelector('[data-testid=poison-status][data-state=failed]', { timeout: 90_000 });
-    assert.match(await text(page, 'poison-status'), new RegExp(`#${id} stopped at the retry cap: failed \\(retry_limit\\) after ${MAX_ATTEMPTS} of ${MAX_ATTEMPTS} attempts`));
+    assert.match(await text(page, 'poison-status'), new RegExp(`#${id} stopped at the retry cap: failed \\(retry_limit\\) after ${DELIVERIES} of ${DELIVERIES} deliveries`));
 
     const it = await item(id);
     assert.equal(it.state, 'failed');
     assert.equal(it.last_error, 'retry_limit');
-    assert.equal(it.attempts, MAX_ATTEMPTS);
-    assert.equal(it.max_attempts, MAX_ATTEMPTS);
-    assert.equal(it.epoch, MAX_ATTEMPTS, 'claimed once per attempt, never again after the cap');
+    assert.equal(it.attempts, DELIVERIES);
+    assert.equal(it.max_redeliveries, MAX_REDELIVERIES);
+    assert.equal(it.epoch, DELIVERIES, 'claimed once per delivery, never again after the cap');
     await page.waitForSelector(`#items-body tr[data-item="${id}"][data-state=failed]`);
+    // /metrics counts every item the retry cap failed; the panel shows the failed gauge.
+    const failedAtCap = (await items()).filter((x) => x.state === 'failed' && x.last_error === 'retry_limit').length;
+    assert.equal(metric(await scrape(), 'agentstore_retry_limit_failures_total'), failedAtCap);
+    assert.ok((await untilPanelMatchesMetrics(page)).failed >= 1);
     await assertNoError(page);
     await shot(page, 'workers-poison');
   } finally {

@@ -138,9 +138,11 @@ pub async fn wait_item(id: i64, ms: f64, f: impl Fn(&ItemView) -> bool) -> ItemV
     }
 }
 
-/// A fresh single-use enrollment token.
-pub async fn enrollment_token() -> String {
-    let (status, body) = admin("POST", "/v1/admin/enrollment-tokens", Some(json!({}))).await;
+/// A fresh single-use enrollment token for a worker that may claim from `queue`
+/// only (the least privilege a test worker needs).
+pub async fn enrollment_token(queue: &str) -> String {
+    let body = json!({"role": "worker", "queues": [queue]});
+    let (status, body) = admin("POST", "/v1/admin/enrollment-tokens", Some(body)).await;
     assert_eq!(status, 201);
     body["token"].as_str().unwrap().to_owned()
 }
@@ -226,4 +228,28 @@ pub async fn within<T>(ms: f64, f: impl std::future::Future<Output = T>) -> Opti
 /// The `reason` of a ClaimLost error.
 pub fn loss(e: &LeaseError) -> Option<&'static str> {
     e.loss_reason().map(|r| r.as_str())
+}
+
+/// A JSON value as a JS value (for `settle` results).
+pub fn js(v: Value) -> JsValue {
+    js_sys::JSON::parse(&v.to_string()).expect("JSON")
+}
+
+/// Records when the lease's `abort` event fires (read with [`aborted_at`]).
+/// Reads the signal once, at registration: nothing later touches the lease's
+/// getters, so the record shows when the heartbeat loop acted.
+pub fn abort_recorder(lease: &LeaseInner) -> Rc<std::cell::Cell<Option<f64>>> {
+    let at = Rc::new(std::cell::Cell::new(None));
+    let a2 = at.clone();
+    let cb = wasm_bindgen::closure::Closure::once_into_js(move || a2.set(Some(now())));
+    lease
+        .signal()
+        .add_event_listener_with_callback("abort", cb.unchecked_ref())
+        .unwrap();
+    at
+}
+
+/// When the recorded `abort` event fired, if it did.
+pub fn aborted_at(rec: &Rc<std::cell::Cell<Option<f64>>>) -> Option<f64> {
+    rec.get()
 }

@@ -1,8 +1,10 @@
 //! Load generator for agentstore-server (see BENCHMARKS.md).
 //!
-//! Enrolls `--workers` workers, enqueues `--items` items (not timed), then runs
-//! every worker concurrently: claim → `--heartbeats` heartbeats → settle `done`,
-//! until the queue answers `204` or `--max-secs` passes. With several
+//! Enrolls `--workers` workers (scoped to the run's queue), enqueues `--items`
+//! items (not timed), then runs every worker concurrently: claim →
+//! `--heartbeats` heartbeats → settle `done` (`--heartbeats 0`: claim → settle,
+//! the shape pg-boss's fetch → complete has), until the queue answers `204` or
+//! `--max-secs` passes. With several
 //! `--server` URLs (instances sharing one PostgreSQL database) worker `i` talks
 //! to server `i % n`. Only loopback addresses are accepted.
 //!
@@ -123,23 +125,41 @@ async fn post_ok(client: &Client, url: Url, bearer: &str, body: Value) -> Result
     Ok(resp.json().await?)
 }
 
-async fn enroll(client: &Client, base: &Url, admin: &str) -> Result<WorkerCredentials, BoxError> {
+/// Enrolls one worker that may claim from `queue` only (least privilege). The
+/// server limits enrollments per client address: a `429` is waited out for its
+/// `Retry-After` (untimed set-up).
+async fn enroll(
+    client: &Client,
+    base: &Url,
+    admin: &str,
+    queue: &str,
+) -> Result<WorkerCredentials, BoxError> {
     let t = post_ok(
         client,
         endpoint(base, "/v1/admin/enrollment-tokens"),
         admin,
-        json!({}),
+        json!({"role": "worker", "queues": [queue]}),
     )
     .await?;
-    let resp = client
-        .post(endpoint(base, "/v1/workers/enroll"))
-        .json(&json!({"token": t["token"], "name": "loadgen"}))
-        .send()
-        .await?;
-    if resp.status() != StatusCode::CREATED {
-        return Err(format!("enroll: {}", resp.status()).into());
+    loop {
+        let resp = client
+            .post(endpoint(base, "/v1/workers/enroll"))
+            .json(&json!({"token": t["token"], "name": "loadgen"}))
+            .send()
+            .await?;
+        match resp.status() {
+            StatusCode::CREATED => return Ok(resp.json().await?),
+            StatusCode::TOO_MANY_REQUESTS => {
+                let secs = resp
+                    .headers()
+                    .get(reqwest::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+                    .unwrap_or(1);
+                tokio::time::sleep(Duration::from_secs(secs)).await;
+            }
+            other => return Err(format!("enroll: {other}").into()),
+        }
     }
-    Ok(resp.json().await?)
 }
 
 /// Enqueues `items` items with 32 requests in flight, spread over the servers.
@@ -266,7 +286,15 @@ async fn run(args: Args) -> Result<Report, BoxError> {
     });
     let mut creds = Vec::with_capacity(args.workers);
     for i in 0..args.workers {
-        creds.push(enroll(&client, &servers[i % servers.len()], &args.admin_token).await?);
+        creds.push(
+            enroll(
+                &client,
+                &servers[i % servers.len()],
+                &args.admin_token,
+                &queue,
+            )
+            .await?,
+        );
     }
     enqueue_all(&client, &servers, &args.admin_token, &queue, args.items).await?;
 

@@ -42,6 +42,8 @@ pub enum ErrorCode {
     PayloadTooLarge,
     /// The request was malformed (bad JSON, bad path parameter).
     BadRequest,
+    /// The endpoint exists but not with this HTTP method.
+    MethodNotAllowed,
     /// The server could not be reached.
     Network,
     /// An unexpected failure; details are in the server log, not the response.
@@ -50,7 +52,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// All codes, for tables and exhaustive tests.
-    pub const ALL: [ErrorCode; 17] = [
+    pub const ALL: [ErrorCode; 18] = [
         ErrorCode::Conflict,
         ErrorCode::Validation,
         ErrorCode::NotFound,
@@ -66,6 +68,7 @@ impl ErrorCode {
         ErrorCode::RateLimited,
         ErrorCode::PayloadTooLarge,
         ErrorCode::BadRequest,
+        ErrorCode::MethodNotAllowed,
         ErrorCode::Network,
         ErrorCode::Internal,
     ];
@@ -88,6 +91,7 @@ impl ErrorCode {
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::BadRequest => "bad_request",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::Network => "network",
             ErrorCode::Internal => "internal",
         }
@@ -112,6 +116,7 @@ impl ErrorCode {
             ErrorCode::RateLimited => "RateLimitedError",
             ErrorCode::PayloadTooLarge => "PayloadTooLargeError",
             ErrorCode::BadRequest => "BadRequestError",
+            ErrorCode::MethodNotAllowed => "MethodNotAllowedError",
             ErrorCode::Network => "NetworkError",
             ErrorCode::Internal => "InternalError",
         }
@@ -131,6 +136,7 @@ impl ErrorCode {
             ErrorCode::Forbidden => 403,
             ErrorCode::RateLimited => 429,
             ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::MethodNotAllowed => 405,
             ErrorCode::Network => 503,
             ErrorCode::Transaction | ErrorCode::Internal => 500,
         }

@@ -32,12 +32,58 @@ pub struct IndexDef {
 impl IndexDef {
     /// The tag `"<name>@<16 hex>"`: md5 of the canonical definition. Same
     /// definition → same tag, in every tab and every session.
+    ///
+    /// The canonical definition is the JSON text `["<name>",["<key>",…]]`
+    /// (serde_json's escaping, written by hand so the SDK needs no JSON
+    /// library for it; a test checks it against serde_json).
     pub fn tag(&self) -> String {
-        let canonical = serde_json::to_string(&(&self.name, &self.keys)).unwrap_or_default();
+        let mut canonical = String::from("[");
+        json_string(&mut canonical, &self.name);
+        canonical.push_str(",[");
+        for (i, k) in self.keys.iter().enumerate() {
+            if i > 0 {
+                canonical.push(',');
+            }
+            json_string(&mut canonical, k);
+        }
+        canonical.push_str("]]");
         let digest = Md5::digest(canonical.as_bytes());
-        let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
-        format!("{}@{hex}", self.name)
+        let mut tag = self.name.clone();
+        tag.push('@');
+        for b in digest.iter().take(8) {
+            tag.push(hex_digit(b >> 4));
+            tag.push(hex_digit(b & 0xF));
+        }
+        tag
     }
+}
+
+fn hex_digit(n: u8) -> char {
+    char::from_digit(u32::from(n), 16).unwrap_or('0')
+}
+
+/// Appends `s` as a JSON string literal, escaped exactly as serde_json does:
+/// `"` and `\` backslashed, `\b \f \n \r \t` short, other controls as `\u00XX`.
+fn json_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if u32::from(c) < 0x20 => {
+                out.push_str("\\u00");
+                out.push(hex_digit((c as u8) >> 4));
+                out.push(hex_digit(c as u8 & 0xF));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
 }
 
 /// Checks a set of definitions.
@@ -327,6 +373,34 @@ mod tests {
         assert!(a.tag().starts_with("byType@"));
         b.keys.reverse();
         assert_ne!(a.tag(), b.tag());
+    }
+
+    #[test]
+    fn tag_canonical_text_is_serde_json_s() {
+        let keys = [
+            "a",
+            "q\"uote",
+            "back\\slash",
+            "ctl\u{1}\u{1f}\u{8}\u{c}\n\r\t",
+            "é😀\u{7f}",
+        ];
+        for k in keys {
+            let d = IndexDef {
+                name: "n-1_x".into(),
+                keys: vec![k.into(), "b.c".into()],
+            };
+            let want = serde_json::to_string(&(&d.name, &d.keys)).unwrap();
+            let digest = Md5::digest(want.as_bytes());
+            let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+            assert_eq!(d.tag(), format!("{}@{hex}", d.name), "key {k:?}");
+        }
+        // the tag of the index every suite declares never changes across releases
+        let by_type = IndexDef {
+            name: "byType".into(),
+            keys: vec!["recordType".into(), "updatedAt".into()],
+        };
+        let want = serde_json::to_string(&(&by_type.name, &by_type.keys)).unwrap();
+        assert_eq!(want, r#"["byType",["recordType","updatedAt"]]"#);
     }
 
     #[test]

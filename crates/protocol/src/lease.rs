@@ -19,8 +19,11 @@ pub const DEFAULT_TTL_MS: u64 = 90_000;
 pub const DEFAULT_HEARTBEAT_MS: u64 = 15_000;
 /// How often each server instance runs a reaper pass (ms).
 pub const DEFAULT_REAPER_MS: u64 = 15_000;
-/// Claims that may end without a settle (expiry or release) before the item fails.
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
+/// Re-deliveries an item gets after its first delivery: a claim that ends without
+/// a settle (lease expiry or release) reopens the item while it has had at most
+/// this many re-deliveries; the ending after that fails it with `retry_limit`.
+/// So an item is delivered at most `1 + 5` times (DESIGN "retry cap 5").
+pub const DEFAULT_MAX_REDELIVERIES: u32 = 5;
 /// `last_error` of an item failed by the retry cap.
 pub const RETRY_LIMIT_REASON: &str = "retry_limit";
 
@@ -102,12 +105,14 @@ impl From<SettleState> for ItemState {
 
 /// `POST /v1/queues/{queue}/items` body.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct EnqueueRequest {
     /// Any JSON value; handed to the worker unchanged.
     pub payload: Value,
-    /// Retry cap for this item; the server default (5) when absent.
+    /// Re-deliveries allowed after the first delivery (0 = deliver once); the
+    /// server default (`--max-redeliveries`, 5) when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_attempts: Option<u32>,
+    pub max_redeliveries: Option<u32>,
 }
 
 /// A work item as the server reports it (`201` of enqueue, `GET /v1/items/{id}`).
@@ -126,8 +131,9 @@ pub struct ItemView {
     pub result: Option<Value>,
     /// Claims that ended without a settle (expiries and releases).
     pub attempts: u32,
-    /// Retry cap: the attempt reaching it fails the item with `retry_limit`.
-    pub max_attempts: u32,
+    /// Re-deliveries allowed after the first delivery: the ended attempt that
+    /// exceeds it fails the item with `retry_limit` (see [`end_attempt`]).
+    pub max_redeliveries: u32,
     /// Increases on every claim and resume; 0 before the first claim.
     pub epoch: u64,
     /// Why the item failed or was reopened (`"retry_limit"`, `"expired"`, a worker's message).
@@ -160,8 +166,29 @@ pub struct ClaimResponse {
     pub lease: Lease,
 }
 
+/// The fields of a claimed item the client acts on (`{id, epoch}`, the rest of
+/// an [`ItemView`] ignored): the SDK hands the app the item as the JS object it
+/// arrived as and reads only these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ItemRef {
+    /// Item id.
+    pub id: i64,
+    /// Grows on every claim of the item.
+    pub epoch: u64,
+}
+
+/// A claim answer ([`ClaimResponse`]) as the client reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimedRef {
+    /// The item's id and epoch.
+    pub item: ItemRef,
+    /// The lease.
+    pub lease: Lease,
+}
+
 /// Body of heartbeat and release: the lease token.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TokenRequest {
     /// The lease token from the claim.
     pub token: String,
@@ -176,6 +203,7 @@ pub struct HeartbeatResponse {
 
 /// `POST /v1/items/{id}/settle` body.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SettleRequest {
     /// The lease token from the claim.
     pub token: String,
@@ -191,6 +219,7 @@ pub struct SettleRequest {
 
 /// One lease in `POST /v1/heartbeats`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct BatchHeartbeatEntry {
     /// The item id.
     pub item_id: i64,
@@ -200,6 +229,7 @@ pub struct BatchHeartbeatEntry {
 
 /// `POST /v1/heartbeats` body.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct BatchHeartbeatRequest {
     /// The leases to renew.
     pub leases: Vec<BatchHeartbeatEntry>,
@@ -234,12 +264,70 @@ pub struct ItemList {
     pub items: Vec<ItemView>,
 }
 
+/// What an enrolled credential may do. The admin is not a role one can enroll
+/// as: it is the one token the server is started with.
+///
+/// | role | may |
+/// |---|---|
+/// | `producer` | enqueue into, list and read the items of the queues in its scope |
+/// | `worker` | claim from the queues in its scope; heartbeat, settle, release and read only the items it holds |
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Claims and works items (the default of an enrollment token).
+    #[default]
+    Worker,
+    /// Enqueues items and reads them back.
+    Producer,
+}
+
+impl Role {
+    /// The wire / database string.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Role::Worker => "worker",
+            Role::Producer => "producer",
+        }
+    }
+
+    /// Parses a role string; `None` for unknown strings.
+    pub fn parse(s: &str) -> Option<Role> {
+        [Role::Worker, Role::Producer]
+            .into_iter()
+            .find(|r| r.as_str() == s)
+    }
+}
+
+/// The queue-scope entry that stands for every queue.
+pub const ANY_QUEUE: &str = "*";
+
+/// Longest validity an enrollment token may be given (ms): one year.
+pub const MAX_ENROLLMENT_TTL_MS: u64 = 365 * 24 * 3600 * 1000;
+
+/// Most entries in an enrollment token's queue scope.
+pub const MAX_SCOPE_QUEUES: usize = 100;
+
+/// True when a credential scoped to `scope` may act on `queue`: the scope names
+/// it, or contains [`ANY_QUEUE`].
+pub fn queue_in_scope(scope: &[String], queue: &str) -> bool {
+    scope.iter().any(|q| q == ANY_QUEUE || q == queue)
+}
+
 /// `POST /v1/admin/enrollment-tokens` body (admin token required).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CreateEnrollmentRequest {
-    /// Validity of the token (ms); server default (24 h) when absent.
+    /// Validity of the token (ms, 1..=[`MAX_ENROLLMENT_TTL_MS`]); server default
+    /// (24 h) when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_in_ms: Option<u64>,
+    /// The role the enrolled credential gets; `worker` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<Role>,
+    /// The queues it may act on (1..=[`MAX_SCOPE_QUEUES`] queue names, or
+    /// [`ANY_QUEUE`]); every queue (`["*"]`) when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queues: Option<Vec<String>>,
 }
 
 /// `201` answer with a single-use enrollment token (shown once, stored hashed).
@@ -249,10 +337,17 @@ pub struct EnrollmentToken {
     pub token: String,
     /// Validity from creation (ms).
     pub expires_in_ms: u64,
+    /// The role it grants.
+    #[serde(default)]
+    pub role: Role,
+    /// The queue scope it grants.
+    #[serde(default)]
+    pub queues: Vec<String>,
 }
 
 /// `POST /v1/workers/enroll` body.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct EnrollRequest {
     /// A single-use enrollment token.
     pub token: String,
@@ -263,6 +358,7 @@ pub struct EnrollRequest {
 
 /// `POST /v1/workers/refresh` body.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RefreshRequest {
     /// The current refresh token; it is burnt by this call.
     pub refresh_token: String,
@@ -281,13 +377,77 @@ pub struct WorkerCredentials {
     pub refresh_token: String,
 }
 
-/// `GET /v1/health` answer.
+/// `GET /v1/health` answer (liveness: the process serves HTTP; the database is
+/// not consulted, see [`Readiness`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Health {
-    /// Always `"ok"` when the database answered.
+    /// Always `"ok"`.
     pub status: String,
     /// `"sqlite"` or `"postgres"`.
     pub database: String,
+}
+
+/// `GET /v1/ready` answer: `200` with `status: "ready"` when the database answers
+/// and every migration is applied; `503` with `status: "unavailable"` and a
+/// `reason` otherwise.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Readiness {
+    /// `"ready"` or `"unavailable"`.
+    pub status: String,
+    /// `"sqlite"` or `"postgres"`.
+    pub database: String,
+    /// Why the server is not ready (absent when ready).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Gauges of one queue, read from the database in one query: `GET
+/// /v1/queues/{queue}/stats`, and the per-queue gauges of `GET /metrics`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueStats {
+    /// The queue name.
+    pub queue: String,
+    /// Items waiting to be claimed.
+    pub open: u64,
+    /// Items claimed under a lease (leases held).
+    pub running: u64,
+    /// Items set aside by an operator or their worker.
+    pub paused: u64,
+    /// Items settled `blocked`.
+    pub blocked: u64,
+    /// Items settled `done`.
+    pub done: u64,
+    /// Items settled `failed` or failed by the retry cap.
+    pub failed: u64,
+    /// How long the longest-waiting open item has been open (ms on the database
+    /// clock, since it was enqueued or last reopened); `null` with no open item.
+    pub oldest_open_age_ms: Option<u64>,
+}
+
+impl QueueStats {
+    /// The count of items in `state`.
+    pub fn count(&self, state: ItemState) -> u64 {
+        match state {
+            ItemState::Open => self.open,
+            ItemState::Running => self.running,
+            ItemState::Paused => self.paused,
+            ItemState::Blocked => self.blocked,
+            ItemState::Done => self.done,
+            ItemState::Failed => self.failed,
+        }
+    }
+
+    /// Mutable count of items in `state`.
+    pub fn count_mut(&mut self, state: ItemState) -> &mut u64 {
+        match state {
+            ItemState::Open => &mut self.open,
+            ItemState::Running => &mut self.running,
+            ItemState::Paused => &mut self.paused,
+            ItemState::Blocked => &mut self.blocked,
+            ItemState::Done => &mut self.done,
+            ItemState::Failed => &mut self.failed,
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -307,12 +467,14 @@ pub fn is_expired(heartbeat_at_ms: Option<i64>, now_ms: i64, ttl_ms: u64) -> boo
 }
 
 /// Where an item goes when a claim ends without a settle (expiry or release):
-/// one more attempt; reaching `max_attempts` makes it `failed` with `retry_limit`.
+/// one more ended attempt; while the attempts ended so far are at most
+/// `max_redeliveries` the item reopens (to be re-delivered), past that it is
+/// `failed` with `retry_limit`. With 5, the 6th ended delivery fails it.
 ///
 /// Returns `(state, attempts, last_error)`.
-pub fn end_attempt(attempts: u32, max_attempts: u32) -> (ItemState, u32, &'static str) {
+pub fn end_attempt(attempts: u32, max_redeliveries: u32) -> (ItemState, u32, &'static str) {
     let attempts = attempts.saturating_add(1);
-    if attempts >= max_attempts {
+    if attempts > max_redeliveries {
         (ItemState::Failed, attempts, RETRY_LIMIT_REASON)
     } else {
         (ItemState::Open, attempts, "expired")
@@ -339,8 +501,8 @@ pub struct LeaseItem {
     pub epoch: u64,
     /// Claims that ended without a settle.
     pub attempts: u32,
-    /// Retry cap.
-    pub max_attempts: u32,
+    /// Re-deliveries allowed after the first delivery.
+    pub max_redeliveries: u32,
     /// Last heartbeat (or claim) on the database clock (ms); `None` if never recorded.
     pub heartbeat_at_ms: Option<i64>,
     /// Whether a token is held (running, or paused by an operator under a live token).
@@ -368,12 +530,12 @@ pub enum LeaseEvent {
 
 impl LeaseItem {
     /// A freshly enqueued item.
-    pub fn new(max_attempts: u32) -> LeaseItem {
+    pub fn new(max_redeliveries: u32) -> LeaseItem {
         LeaseItem {
             state: ItemState::Open,
             epoch: 0,
             attempts: 0,
-            max_attempts,
+            max_redeliveries,
             heartbeat_at_ms: None,
             has_token: false,
         }
@@ -449,7 +611,7 @@ impl LeaseItem {
     }
 
     fn end_claim(&mut self) {
-        let (state, attempts, _) = end_attempt(self.attempts, self.max_attempts);
+        let (state, attempts, _) = end_attempt(self.attempts, self.max_redeliveries);
         self.state = state;
         self.attempts = attempts;
         self.has_token = false;
@@ -464,7 +626,7 @@ mod tests {
     const TTL: u64 = 90_000;
 
     fn claimed(now: i64) -> LeaseItem {
-        LeaseItem::new(DEFAULT_MAX_ATTEMPTS)
+        LeaseItem::new(DEFAULT_MAX_REDELIVERIES)
             .apply(LeaseEvent::Claim, false, now, TTL)
             .unwrap()
     }
@@ -569,19 +731,32 @@ mod tests {
     }
 
     #[test]
-    fn the_expiry_that_reaches_the_cap_fails_the_item() {
-        let mut item = LeaseItem::new(3);
+    fn an_item_is_delivered_once_plus_its_redeliveries_then_fails_with_retry_limit() {
+        let mut item = LeaseItem::new(DEFAULT_MAX_REDELIVERIES);
         let mut now = 0;
-        for round in 1..=3 {
+        let mut deliveries = 0;
+        while item.state == ItemState::Open {
             item = item.apply(LeaseEvent::Claim, false, now, TTL).unwrap();
+            deliveries += 1;
             now += 90_000;
             item = item.apply(LeaseEvent::Expire, false, now, TTL).unwrap();
-            assert_eq!(item.attempts, round);
+            assert_eq!(item.attempts, deliveries);
         }
-        assert_eq!(item.state, ItemState::Failed);
         assert_eq!(
-            end_attempt(2, 3),
-            (ItemState::Failed, 3, RETRY_LIMIT_REASON)
+            deliveries,
+            1 + DEFAULT_MAX_REDELIVERIES,
+            "first delivery + 5"
+        );
+        assert_eq!((item.state, item.epoch), (ItemState::Failed, 6));
+        // The boundary itself: the 5th ended attempt still reopens, the 6th fails.
+        assert_eq!(end_attempt(4, 5), (ItemState::Open, 5, "expired"));
+        assert_eq!(
+            end_attempt(5, 5),
+            (ItemState::Failed, 6, RETRY_LIMIT_REASON)
+        );
+        assert_eq!(
+            end_attempt(0, 0),
+            (ItemState::Failed, 1, RETRY_LIMIT_REASON)
         );
         assert_eq!(
             item.apply(LeaseEvent::Claim, false, now, TTL),

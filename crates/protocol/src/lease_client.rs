@@ -37,20 +37,28 @@ pub fn effective_interval_ms(ttl_ms: f64, heartbeat_ms: f64, margin_ms: f64) -> 
 /// What the heartbeat scheduler should do for one lease at a given moment.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Step {
-    /// Heartbeat now. `timeout_ms` bounds the request: the time left to the local
-    /// deadline, or, for a late timer already past it, one interval.
+    /// Heartbeat now. `timeout_ms` bounds the request: the time left to the
+    /// local deadline (an answer after it cannot keep the lease any more).
     Heartbeat {
         /// Give up on the request after this long (ms).
         timeout_ms: f64,
     },
-    /// Abort the lease locally (`expired_locally`): heartbeats kept failing until
-    /// the local deadline passed.
+    /// The local deadline has passed: the lease is lost (`expired_locally`),
+    /// whatever its heartbeats did. Never a heartbeat past the deadline: the
+    /// server may already have handed the item to another worker.
     Expire,
-    /// Nothing to do for this long (ms).
+    /// Nothing to send for this long (ms); never longer than the time left to
+    /// the deadline.
     Sleep(f64),
 }
 
 /// The heartbeat state of one lease.
+///
+/// The lease is held at instant `now` exactly when `now < deadline()`, where
+/// `deadline() = last_ok_sent_at + ttl − margin`: a pure function of the clock
+/// and of when the last SUCCESSFUL heartbeat (or the claim) was SENT. Every
+/// reader (the `signal`, `throwIfLost()`, `lease.fetch`, the heartbeat loop)
+/// asks [`HeartbeatPlan::is_live`], so they agree at every instant.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HeartbeatPlan {
     /// Server TTL (ms).
@@ -67,6 +75,13 @@ pub struct HeartbeatPlan {
     /// When the next retry after a failure is due (only meaningful when
     /// `failures > 0`).
     pub retry_at: f64,
+    /// A heartbeat of this lease is in flight: no second one is sent until it
+    /// ends, but the deadline still applies.
+    pub in_flight: bool,
+    /// A settle or release of this lease is in flight: it is not heartbeated (a
+    /// heartbeat racing the settle would read `claim_lost` after the settle
+    /// landed), but the deadline still applies.
+    pub ending: bool,
 }
 
 impl HeartbeatPlan {
@@ -85,13 +100,21 @@ impl HeartbeatPlan {
             last_ok_sent_at: claim_sent_at,
             failures: 0,
             retry_at: claim_sent_at,
+            in_flight: false,
+            ending: false,
         }
     }
 
-    /// `last_ok_sent_at + ttl − margin`: past this, the server may be about to
-    /// take the claim over, so the client must stop the work.
+    /// `last_ok_sent_at + ttl − margin`: from this instant on the lease is lost
+    /// locally (`expired_locally`); the server cannot take the claim over
+    /// before `last_ok_sent_at + ttl`.
     pub fn deadline(&self) -> f64 {
         self.last_ok_sent_at + self.ttl_ms - self.margin_ms
+    }
+
+    /// Whether the lease is still ours at `now` (`now < deadline()`).
+    pub fn is_live(&self, now: f64) -> bool {
+        now < self.deadline()
     }
 
     /// When the next heartbeat is due.
@@ -103,23 +126,17 @@ impl HeartbeatPlan {
         }
     }
 
-    /// The step at `now`.
-    ///
-    /// Past the deadline, a lease whose heartbeats were failing expires; a lease
-    /// with no failure recorded was simply not looked at in time (a throttled or
-    /// frozen page fired the timer late), so it heartbeats at once and the
-    /// server's answer decides (`claim_lost` aborts; success renews). Otherwise
-    /// a due heartbeat runs at once however late its timer fired.
+    /// The step at `now`. Past the deadline: [`Step::Expire`], always (also for
+    /// a timer that fired late because the page was throttled or frozen, and
+    /// for a lease with a heartbeat or settle in flight). Otherwise a due
+    /// heartbeat runs at once however late its timer fired.
     pub fn step(&self, now: f64) -> Step {
         let deadline = self.deadline();
         if now >= deadline {
-            return if self.failures > 0 {
-                Step::Expire
-            } else {
-                Step::Heartbeat {
-                    timeout_ms: self.interval_ms,
-                }
-            };
+            return Step::Expire;
+        }
+        if self.in_flight || self.ending {
+            return Step::Sleep(deadline - now);
         }
         let due = self.next_due();
         if now >= due {
@@ -131,17 +148,37 @@ impl HeartbeatPlan {
         }
     }
 
-    /// A heartbeat sent at `sent_at` succeeded. A success older than the last
-    /// one recorded never moves the deadline back.
-    pub fn on_success(&mut self, sent_at: f64) {
+    /// A heartbeat of this lease was sent at `now`.
+    pub fn on_sent(&mut self) {
+        self.in_flight = true;
+    }
+
+    /// A heartbeat sent at `sent_at` succeeded; its answer arrived at `now`.
+    /// Returns whether the lease is (still) held. An answer that arrives at or
+    /// after the deadline does not revive the lease (the caller releases it
+    /// instead); a success older than the last one never moves the deadline back.
+    pub fn on_success(&mut self, sent_at: f64, now: f64) -> bool {
+        self.in_flight = false;
+        self.on_late_success(sent_at, now)
+    }
+
+    /// The answer of a heartbeat already given up on (its timeout counted as a
+    /// failure and a retry may be in flight) arrived after all, a success: as
+    /// [`HeartbeatPlan::on_success`], leaving the retry's `in_flight` alone.
+    pub fn on_late_success(&mut self, sent_at: f64, now: f64) -> bool {
+        if !self.is_live(now) {
+            return false;
+        }
         self.last_ok_sent_at = self.last_ok_sent_at.max(sent_at);
         self.failures = 0;
+        true
     }
 
     /// A heartbeat failed without a server answer at `now`: retry after a
     /// full-jitter delay (base a quarter interval, cap one interval), but
     /// always before the deadline when there is still room.
     pub fn on_failure(&mut self, now: f64, r: f64) {
+        self.in_flight = false;
         self.failures = self.failures.saturating_add(1);
         let base = (self.interval_ms / 4.0).max(1.0);
         let delay = full_jitter_ms(self.failures - 1, base, self.interval_ms, r).max(base / 2.0);
@@ -156,64 +193,75 @@ impl HeartbeatPlan {
     }
 }
 
-/// The decision for all leases of one client at `now`.
+/// The decision of one pass of the heartbeat loop over all leases of a client.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Batch {
-    /// Indexes of the leases to renew in ONE request.
-    pub heartbeat: Vec<usize>,
-    /// Indexes of the leases to abort with `expired_locally`.
+pub struct Pass {
+    /// Indexes of the leases lost now (`expired_locally`). Applied BEFORE
+    /// anything is sent.
     pub expire: Vec<usize>,
-    /// Bound for the batch request (ms): the smallest timeout of the leases in it.
+    /// Indexes of the leases to renew in ONE request (none past its deadline).
+    pub heartbeat: Vec<usize>,
+    /// When to give up waiting for that request (ms): the least time left to
+    /// a deadline in it. It then counts as a failure (so a retry can go out
+    /// before the deadline), but its answer is still read if it comes: a late
+    /// success renews a lease still held and releases one already lost.
     pub timeout_ms: f64,
-    /// How long to sleep when nothing is due (ms); `None` without leases.
-    pub sleep_ms: Option<f64>,
+    /// How long the loop may wait before the next pass (ms): never past the
+    /// earliest deadline of any lease still held, including leases with a
+    /// heartbeat or settle in flight. `None` when no lease is held.
+    pub wake_in_ms: Option<f64>,
 }
 
-/// Plans one scheduler pass over `plans` at `now`.
+/// Plans one pass of the heartbeat loop over `plans` at `now`.
 ///
-/// Leases that are due go into one request; so do leases without failures
-/// whose heartbeat is due within half an interval, so one request serves
-/// leases claimed at slightly different times (renewing early is harmless).
-pub fn plan_batch(plans: &[HeartbeatPlan], now: f64) -> Batch {
-    let mut batch = Batch {
+/// The loop never awaits a heartbeat request: it sends the batch, then waits
+/// at most `wake_in_ms` (or until an answer, a new lease or a settle wakes
+/// it), so a slow request cannot delay another lease's deadline. Leases that
+/// are due go into one request; so do idle leases whose heartbeat is due within
+/// half an interval (renewing early is harmless).
+pub fn plan_pass(plans: &[HeartbeatPlan], now: f64) -> Pass {
+    let mut pass = Pass {
         timeout_ms: f64::INFINITY,
-        ..Batch::default()
+        ..Pass::default()
     };
     let steps: Vec<Step> = plans.iter().map(|p| p.step(now)).collect();
     for (i, step) in steps.iter().enumerate() {
         match *step {
-            Step::Expire => batch.expire.push(i),
+            Step::Expire => pass.expire.push(i),
             Step::Heartbeat { timeout_ms } => {
-                batch.heartbeat.push(i);
-                batch.timeout_ms = batch.timeout_ms.min(timeout_ms);
+                pass.heartbeat.push(i);
+                pass.timeout_ms = pass.timeout_ms.min(timeout_ms);
             }
             Step::Sleep(_) => {}
         }
     }
-    if !batch.heartbeat.is_empty() {
+    if !pass.heartbeat.is_empty() {
         for (i, plan) in plans.iter().enumerate() {
-            let early = plan.failures == 0 && plan.next_due() - now <= plan.interval_ms / 2.0;
-            if early && !batch.heartbeat.contains(&i) && !batch.expire.contains(&i) {
-                batch.heartbeat.push(i);
-                batch.timeout_ms = batch.timeout_ms.min(plan.deadline() - now);
+            let idle = plan.failures == 0 && !plan.in_flight && !plan.ending;
+            let early = idle && plan.next_due() - now <= plan.interval_ms / 2.0;
+            if early && matches!(steps[i], Step::Sleep(_)) {
+                pass.heartbeat.push(i);
+                pass.timeout_ms = pass.timeout_ms.min(plan.deadline() - now);
             }
         }
-        batch.heartbeat.sort_unstable();
+        pass.heartbeat.sort_unstable();
     }
-    if batch.timeout_ms.is_infinite() {
-        batch.timeout_ms = 0.0;
+    if pass.timeout_ms.is_infinite() {
+        pass.timeout_ms = 0.0;
     }
-    let sleep = steps
+    let wake = plans
         .iter()
         .enumerate()
-        .filter(|(i, _)| !batch.heartbeat.contains(i))
-        .filter_map(|(_, s)| match s {
-            Step::Sleep(ms) => Some(*ms),
-            _ => None,
+        .filter_map(|(i, p)| match steps[i] {
+            Step::Expire => None,
+            // Sent now: in flight until its answer wakes the loop.
+            _ if pass.heartbeat.contains(&i) => Some(p.deadline() - now),
+            Step::Sleep(ms) => Some(ms),
+            Step::Heartbeat { .. } => Some(p.deadline() - now),
         })
         .fold(f64::INFINITY, f64::min);
-    batch.sleep_ms = sleep.is_finite().then_some(sleep.max(0.0));
-    batch
+    pass.wake_in_ms = wake.is_finite().then_some(wake.max(0.0));
+    pass
 }
 
 /// Reconnect backoff of a work loop: `random(base, min(cap, base·2^n))` after
@@ -254,11 +302,18 @@ impl Reconnect {
         }
     }
 
-    /// A connection failed: the delay before the next try (ms).
-    pub fn on_failure(&mut self, r: f64) -> f64 {
+    /// A connection failed: the delay before the next try (ms),
+    /// `random(lo, lo + min(cap, base·2^n) − base)` with `lo = max(base, Retry-After)`:
+    /// the server's `Retry-After` (when it sent one) moves the window, it does not
+    /// remove the jitter (otherwise every worker would retry in lockstep).
+    pub fn on_failure(&mut self, r: f64, retry_after_ms: Option<f64>) -> f64 {
         let d = reconnect_delay_ms(self.failures, self.base_ms, self.cap_ms, r);
         self.failures = self.failures.saturating_add(1);
-        d
+        let shift = match retry_after_ms {
+            Some(ra) if ra.is_finite() => (ra - self.base_ms).max(0.0),
+            _ => 0.0,
+        };
+        d + shift
     }
 
     /// The server answered: the next failure starts from the base again.
@@ -267,20 +322,21 @@ impl Reconnect {
     }
 }
 
-/// Delay before the next claim poll after an empty answer: the interval plus
-/// jitter in `[0, min(interval/2, 30 s)]`, and at least the server's
-/// `Retry-After` when it sent one.
+/// Delay before the next claim poll after an empty answer: `base + jitter`
+/// with `base = max(interval, Retry-After)` and jitter in
+/// `[0, min(base/2, 30 s)]`. The jitter is added AFTER the maximum, so workers
+/// told the same long `Retry-After` still spread out.
 pub fn poll_delay_ms(interval_ms: f64, retry_after_ms: Option<f64>, r: f64) -> f64 {
     let interval_ms = if interval_ms.is_finite() {
         interval_ms.max(0.0)
     } else {
         0.0
     };
-    let d = interval_ms + poll_jitter_ms(interval_ms, r);
-    match retry_after_ms {
-        Some(ra) if ra.is_finite() => d.max(ra),
-        _ => d,
-    }
+    let base = match retry_after_ms {
+        Some(ra) if ra.is_finite() => interval_ms.max(ra),
+        _ => interval_ms,
+    };
+    base + poll_jitter_ms(base, r)
 }
 
 #[cfg(test)]
@@ -296,10 +352,10 @@ mod tests {
         assert_eq!(p.margin_ms, 5_000.0);
         assert_eq!(p.deadline(), 1_000.0 + 90_000.0 - 5_000.0);
         // A success sent at 16 s moves it; the answer's arrival time does not matter.
-        p.on_success(16_000.0);
+        assert!(p.on_success(16_000.0, 17_000.0));
         assert_eq!(p.deadline(), 16_000.0 + 85_000.0);
         // An older success (a slow earlier request answering late) never moves it back.
-        p.on_success(2_000.0);
+        assert!(p.on_success(2_000.0, 30_000.0));
         assert_eq!(p.deadline(), 101_000.0);
         assert_eq!(safety_margin_ms(3_000.0), 300.0);
     }
@@ -317,18 +373,46 @@ mod tests {
     }
 
     #[test]
-    fn a_late_timer_inside_the_ttl_heartbeats_at_once() {
+    fn a_late_timer_inside_the_deadline_heartbeats_at_once() {
         // Chrome's once-a-minute throttling: the timer for 15 s fires at 60 s.
         let p = HeartbeatPlan::new(0.0, TTL, HB);
         assert!(matches!(p.step(60_000.0), Step::Heartbeat { .. }));
     }
 
     #[test]
-    fn a_late_timer_past_the_deadline_heartbeats_at_once_instead_of_expiring() {
-        // The page slept through the whole TTL: ask the server (it decides:
-        // success renews, claim_lost aborts) rather than guessing.
+    fn a_late_timer_past_the_deadline_expires_without_sending() {
+        // The page was frozen through the whole TTL: the server may already
+        // have handed the item to another worker, so nothing is sent under it.
         let p = HeartbeatPlan::new(0.0, TTL, HB);
-        assert_eq!(p.step(200_000.0), Step::Heartbeat { timeout_ms: HB });
+        assert_eq!(p.step(200_000.0), Step::Expire);
+        assert_eq!(
+            p.step(p.deadline()),
+            Step::Expire,
+            "the deadline itself is lost"
+        );
+        assert!(!p.is_live(p.deadline()) && p.is_live(p.deadline() - 0.001));
+    }
+
+    #[test]
+    fn an_answer_after_the_deadline_does_not_revive_the_lease() {
+        let mut p = HeartbeatPlan::new(0.0, TTL, HB);
+        p.on_sent();
+        // Sent at 80 s (before the 85 s deadline), answered at 86 s.
+        assert!(!p.on_success(80_000.0, 86_000.0));
+        assert_eq!(p.deadline(), 85_000.0);
+        assert!(!p.is_live(86_000.0));
+    }
+
+    #[test]
+    fn leases_with_a_heartbeat_or_settle_in_flight_are_not_resent_but_still_expire() {
+        let mut p = HeartbeatPlan::new(0.0, TTL, HB);
+        p.on_sent();
+        assert_eq!(p.step(20_000.0), Step::Sleep(65_000.0));
+        assert_eq!(p.step(85_000.0), Step::Expire);
+        let mut q = HeartbeatPlan::new(0.0, TTL, HB);
+        q.ending = true;
+        assert_eq!(q.step(20_000.0), Step::Sleep(65_000.0));
+        assert_eq!(q.step(90_000.0), Step::Expire);
     }
 
     #[test]
@@ -339,11 +423,9 @@ mod tests {
         loop {
             match p.step(now) {
                 Step::Heartbeat { timeout_ms } => {
-                    assert!(
-                        now + timeout_ms <= p.deadline() + 1e-9,
-                        "request bounded by deadline"
-                    );
+                    assert!(now + timeout_ms <= p.deadline() + 1e-9);
                     attempts += 1;
+                    p.on_sent();
                     p.on_failure(now, 0.999);
                 }
                 Step::Sleep(ms) => {
@@ -355,11 +437,7 @@ mod tests {
             assert!(attempts < 100);
         }
         assert!(attempts >= 2, "retried inside the deadline ({attempts})");
-        assert_eq!(
-            now,
-            p.deadline(),
-            "expires exactly at the deadline, not later"
-        );
+        assert_eq!(now, p.deadline(), "expires exactly at the deadline");
     }
 
     #[test]
@@ -378,7 +456,7 @@ mod tests {
     fn a_success_after_failures_resets_the_schedule() {
         let mut p = HeartbeatPlan::new(0.0, TTL, HB);
         p.on_failure(15_000.0, 0.5);
-        p.on_success(18_000.0);
+        assert!(p.on_success(18_000.0, 18_500.0));
         assert_eq!(p.failures, 0);
         assert_eq!(p.next_due(), 33_000.0);
     }
@@ -392,84 +470,398 @@ mod tests {
     }
 
     #[test]
-    fn delayed_timers_scaled_to_the_test_ttl_keep_or_lose_the_lease() {
-        // TTL 3 s, heartbeat 0.5 s: every timer fires `delay` late.
-        let simulate = |delay: f64| -> bool {
-            let mut p = HeartbeatPlan::new(0.0, 3_000.0, 500.0);
-            let mut now = 0.0;
-            for _ in 0..20 {
-                match p.step(now) {
-                    Step::Sleep(ms) => now += ms + delay,
-                    Step::Heartbeat { .. } if now >= p.last_ok_sent_at + 3_000.0 => return false,
-                    Step::Heartbeat { .. } => p.on_success(now),
-                    Step::Expire => return false,
-                }
-            }
-            true
-        };
-        assert!(
-            simulate(1_500.0),
-            "a delay shorter than the TTL keeps it alive"
-        );
-        assert!(
-            !simulate(3_500.0),
-            "a delay past the TTL heartbeats too late"
-        );
-    }
-
-    #[test]
     fn one_request_renews_every_lease_due_or_nearly_due() {
         let a = HeartbeatPlan::new(0.0, TTL, HB);
         let b = HeartbeatPlan::new(4_000.0, TTL, HB);
         let c = HeartbeatPlan::new(12_000.0, TTL, HB);
-        let batch = plan_batch(&[a.clone(), b, c], 15_000.0);
-        assert_eq!(batch.heartbeat, vec![0, 1], "b is within half an interval");
-        assert!(batch.expire.is_empty());
-        assert_eq!(batch.sleep_ms, Some(12_000.0));
-        let idle = plan_batch(&[a], 1_000.0);
+        let pass = plan_pass(&[a.clone(), b.clone(), c], 15_000.0);
+        assert_eq!(pass.heartbeat, vec![0, 1], "b is within half an interval");
+        assert!(pass.expire.is_empty());
+        // c is due at 27 s; a and b are in flight until their deadlines (85 s, 89 s).
+        assert_eq!(pass.wake_in_ms, Some(12_000.0));
+        let idle = plan_pass(&[a], 1_000.0);
         assert!(idle.heartbeat.is_empty());
-        assert_eq!(idle.sleep_ms, Some(14_000.0));
-        assert_eq!(plan_batch(&[], 0.0).sleep_ms, None);
+        assert_eq!(idle.wake_in_ms, Some(14_000.0));
+        assert_eq!(plan_pass(&[], 0.0).wake_in_ms, None);
     }
 
     #[test]
-    fn a_batch_expires_failing_leases_and_renews_the_others() {
-        let mut failing = HeartbeatPlan::new(0.0, TTL, HB);
-        failing.on_failure(80_000.0, 0.0);
-        let fresh = HeartbeatPlan::new(70_000.0, TTL, HB);
-        let batch = plan_batch(&[failing, fresh], 85_000.0);
-        assert_eq!(batch.expire, vec![0]);
-        assert_eq!(batch.heartbeat, vec![1]);
+    fn a_slow_request_of_one_lease_never_hides_another_leases_deadline() {
+        // Case 1 of issue 11: a is in flight (the server answers slowly), b's
+        // heartbeats keep failing. The loop wakes at b's deadline, not a's timeout.
+        let mut a = HeartbeatPlan::new(0.0, TTL, HB);
+        a.on_sent();
+        let mut b = HeartbeatPlan::new(-40_000.0, TTL, HB);
+        b.on_failure(30_000.0, 0.0);
+        b.on_sent();
+        let pass = plan_pass(&[a.clone(), b.clone()], 30_000.0);
+        assert!(pass.heartbeat.is_empty());
+        assert_eq!(pass.wake_in_ms, Some(b.deadline() - 30_000.0));
+        let later = plan_pass(&[a, b.clone()], b.deadline());
+        assert_eq!(later.expire, vec![1]);
     }
 
     #[test]
     fn reconnect_backoff_grows_within_base_and_cap_and_resets() {
         let mut b = Reconnect::default();
-        assert_eq!(b.on_failure(0.99), 10_000.0, "first failure waits the base");
-        let d = b.on_failure(1.0);
-        assert_eq!(d, 20_000.0);
+        assert_eq!(
+            b.on_failure(0.99, None),
+            10_000.0,
+            "first failure waits the base"
+        );
+        assert_eq!(b.on_failure(1.0, None), 20_000.0);
         for _ in 0..30 {
-            let d = b.on_failure(0.7);
+            let d = b.on_failure(0.7, None);
             assert!((10_000.0..=300_000.0).contains(&d));
         }
-        assert_eq!(b.on_failure(1.0), 300_000.0);
-        assert_eq!(
-            b.on_failure(0.0),
-            10_000.0,
-            "random(base, …) never below base"
-        );
+        assert_eq!(b.on_failure(1.0, None), 300_000.0);
+        assert_eq!(b.on_failure(0.0, None), 10_000.0, "never below base");
         b.on_success();
-        assert_eq!(b.on_failure(1.0), 10_000.0);
+        assert_eq!(b.on_failure(1.0, None), 10_000.0);
         let t = Reconnect::new(100.0, 50.0);
         assert_eq!(t.cap_ms, 100.0);
     }
 
     #[test]
-    fn poll_delay_adds_bounded_jitter_and_honours_retry_after() {
+    fn retry_after_moves_the_reconnect_window_and_keeps_its_jitter() {
+        let mut lo = Reconnect::default();
+        let mut hi = Reconnect::default();
+        lo.on_failure(0.0, None);
+        hi.on_failure(0.0, None);
+        // Third failure: window [10 s, 40 s]; Retry-After 60 s moves it to [60 s, 90 s].
+        lo.on_failure(0.0, None);
+        hi.on_failure(0.0, None);
+        assert_eq!(lo.on_failure(0.0, Some(60_000.0)), 60_000.0);
+        assert_eq!(hi.on_failure(1.0, Some(60_000.0)), 90_000.0);
+    }
+
+    #[test]
+    fn poll_jitter_is_added_after_the_maximum_with_retry_after() {
         assert_eq!(poll_delay_ms(1_000.0, None, 1.0), 1_500.0);
         assert_eq!(poll_delay_ms(1_000.0, None, 0.0), 1_000.0);
         assert_eq!(poll_delay_ms(600_000.0, None, 1.0), 630_000.0);
-        assert_eq!(poll_delay_ms(1_000.0, Some(5_000.0), 0.5), 5_000.0);
+        // Retry-After 5 s over an interval of 1 s: 5 s plus up to 2.5 s.
+        assert_eq!(poll_delay_ms(1_000.0, Some(5_000.0), 0.0), 5_000.0);
+        assert_eq!(poll_delay_ms(1_000.0, Some(5_000.0), 1.0), 7_500.0);
+        assert_ne!(
+            poll_delay_ms(1_000.0, Some(5_000.0), 0.2),
+            poll_delay_ms(1_000.0, Some(5_000.0), 0.7),
+            "two workers told the same Retry-After do not poll in lockstep"
+        );
         assert_eq!(poll_delay_ms(f64::NAN, None, 0.5), 0.0);
+    }
+
+    /// The heartbeat loop of one client, driven by a simulated clock, against
+    /// arbitrary timer delays, request latencies, failures and settles.
+    mod simulated {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        #[derive(Debug, Clone, Copy)]
+        enum Outcome {
+            Ok,
+            NoAnswer,
+            ClaimLost,
+        }
+
+        #[derive(Debug, Clone, Copy, PartialEq)]
+        enum State {
+            Held,
+            Ending { done_at: f64 },
+            Gone,
+        }
+
+        struct Request {
+            sent_at: f64,
+            arrives_at: f64,
+            leases: Vec<usize>,
+            answer: Outcome,
+            /// Given up on at its timeout already (a failure was counted).
+            late: bool,
+        }
+
+        #[derive(Debug, Clone)]
+        struct Script {
+            ttl_ms: f64,
+            heartbeat_ms: f64,
+            claims: Vec<f64>,
+            settles: Vec<Option<(f64, f64)>>,
+            timer_late: Vec<f64>,
+            latencies: Vec<f64>,
+            answers: Vec<Outcome>,
+            probes: Vec<f64>,
+        }
+
+        fn answer() -> impl Strategy<Value = Outcome> {
+            prop_oneof![
+                6 => Just(Outcome::Ok),
+                3 => Just(Outcome::NoAnswer),
+                1 => Just(Outcome::ClaimLost),
+            ]
+        }
+
+        fn script() -> impl Strategy<Value = Script> {
+            (1_000.0..120_000.0f64, 0.05..1.2f64, 1usize..6).prop_flat_map(|(ttl, hb, n)| {
+                (
+                    Just(ttl),
+                    Just(ttl * hb),
+                    prop::collection::vec(0.0..ttl, n),
+                    prop::collection::vec(
+                        prop::option::weighted(0.4, (0.0..4.0 * ttl, 0.0..ttl)),
+                        n,
+                    ),
+                    // Timers on time, a little late, or frozen well past the TTL.
+                    prop::collection::vec(
+                        prop_oneof![
+                            4 => Just(0.0),
+                            3 => 0.0..ttl / 2.0,
+                            1 => 0.0..3.0 * ttl,
+                        ],
+                        1..40,
+                    ),
+                    prop::collection::vec(
+                        prop_oneof![3 => 0.0..ttl / 10.0, 1 => 0.0..2.0 * ttl],
+                        1..40,
+                    ),
+                    prop::collection::vec(answer(), 1..40),
+                    prop::collection::vec(0.0..6.0 * ttl, 0..20),
+                )
+                    .prop_map(
+                        |(
+                            ttl_ms,
+                            heartbeat_ms,
+                            claims,
+                            settles,
+                            timer_late,
+                            latencies,
+                            answers,
+                            probes,
+                        )| {
+                            Script {
+                                ttl_ms,
+                                heartbeat_ms,
+                                claims,
+                                settles,
+                                timer_late,
+                                latencies,
+                                answers,
+                                probes,
+                            }
+                        },
+                    )
+            })
+        }
+
+        /// Runs the loop; panics on a broken invariant.
+        fn run(s: &Script) {
+            let n = s.claims.len();
+            let mut plans: Vec<HeartbeatPlan> = s
+                .claims
+                .iter()
+                .map(|&t| HeartbeatPlan::new(t, s.ttl_ms, s.heartbeat_ms))
+                .collect();
+            // Ground truth: the send time of the last heartbeat the server
+            // accepted (it applied it no earlier), so it cannot hand the item
+            // over before `truth + ttl`.
+            let mut truth: Vec<f64> = s.claims.clone();
+            let mut state = vec![State::Held; n];
+            let mut started = vec![false; n];
+            let mut requests: Vec<Request> = Vec::new();
+            let mut timer_at: Option<f64> = Some(0.0);
+            let mut probes = s.probes.clone();
+            let (mut t_i, mut l_i, mut a_i) = (0usize, 0usize, 0usize);
+            let mut now: f64 = 0.0;
+            // What a reader (signal, throwIfLost, lease.fetch) sees at `t`.
+            let held = |plans: &[HeartbeatPlan], state: &[State], i: usize, t: f64| {
+                state[i] != State::Gone && t >= s.claims[i] && plans[i].is_live(t)
+            };
+            let check = |plans: &[HeartbeatPlan], state: &[State], truth: &[f64], t: f64| {
+                for i in 0..n {
+                    if held(plans, state, i, t) {
+                        assert!(
+                            t < truth[i] + s.ttl_ms - plans[i].margin_ms,
+                            "lease {i} reported held at {t} past its local deadline"
+                        );
+                    }
+                }
+            };
+            let mut was_lost = vec![false; n];
+            for _ in 0..400 {
+                // The next event.
+                let mut next = f64::INFINITY;
+                if let Some(t) = timer_at {
+                    next = next.min(t);
+                }
+                for r in &requests {
+                    next = next.min(r.arrives_at);
+                }
+                for (i, st) in state.iter().enumerate() {
+                    if let State::Ending { done_at } = st {
+                        next = next.min(*done_at);
+                    }
+                    if let (Some((at, _)), false, State::Held) = (s.settles[i], started[i], st) {
+                        next = next.min(s.claims[i] + at);
+                    }
+                }
+                if !next.is_finite() {
+                    break;
+                }
+                // Probe the readers at arbitrary instants before the event.
+                probes.retain(|&p| {
+                    if p < next {
+                        check(&plans, &state, &truth, p.max(now));
+                        false
+                    } else {
+                        true
+                    }
+                });
+                now = next.max(now);
+                check(&plans, &state, &truth, now);
+                let mut run_pass = false;
+                if timer_at.is_some_and(|t| t <= now) {
+                    timer_at = None;
+                    run_pass = true;
+                }
+                // Answers that arrived.
+                let (arrived, rest): (Vec<Request>, Vec<Request>) =
+                    requests.drain(..).partition(|r| r.arrives_at <= now);
+                requests = rest;
+                for r in arrived {
+                    for &i in &r.leases {
+                        if state[i] == State::Gone {
+                            continue; // a late answer never revives a lost lease
+                        }
+                        match (r.answer, r.late) {
+                            (Outcome::Ok, late) => {
+                                let held = if late {
+                                    plans[i].on_late_success(r.sent_at, now)
+                                } else {
+                                    plans[i].on_success(r.sent_at, now)
+                                };
+                                if held {
+                                    truth[i] = truth[i].max(r.sent_at);
+                                } else {
+                                    state[i] = State::Gone;
+                                }
+                            }
+                            (Outcome::NoAnswer, false) => plans[i].on_failure(now, 0.5),
+                            (Outcome::NoAnswer, true) => {}
+                            (Outcome::ClaimLost, _) => state[i] = State::Gone,
+                        }
+                    }
+                    run_pass = true; // an answer wakes the loop
+                }
+                // Settles: a fenced call starts only while the lease is held.
+                for i in 0..n {
+                    match (state[i], s.settles[i]) {
+                        (State::Ending { done_at }, _) if done_at <= now => {
+                            state[i] = State::Gone;
+                        }
+                        (State::Held, Some((at, lat)))
+                            if !started[i] && s.claims[i] + at <= now =>
+                        {
+                            started[i] = true;
+                            if held(&plans, &state, i, now) {
+                                plans[i].ending = true;
+                                state[i] = State::Ending { done_at: now + lat };
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                if !run_pass {
+                    continue;
+                }
+                // One pass of the loop over the leases it holds.
+                let live: Vec<usize> = (0..n)
+                    .filter(|&i| state[i] != State::Gone && s.claims[i] <= now)
+                    .collect();
+                let view: Vec<HeartbeatPlan> = live.iter().map(|&i| plans[i].clone()).collect();
+                let pass = plan_pass(&view, now);
+                // A late timer checks every deadline before it sends anything.
+                for (k, &i) in live.iter().enumerate() {
+                    if !plans[i].is_live(now) {
+                        assert!(
+                            pass.expire.contains(&k),
+                            "lease {i} past its deadline not expired"
+                        );
+                    }
+                }
+                for &k in &pass.expire {
+                    state[live[k]] = State::Gone;
+                }
+                let mut batch = Vec::new();
+                for &k in &pass.heartbeat {
+                    let i = live[k];
+                    assert!(plans[i].is_live(now), "heartbeat sent past the deadline");
+                    assert!(!plans[i].ending && !plans[i].in_flight);
+                    plans[i].on_sent();
+                    batch.push(i);
+                }
+                if !batch.is_empty() {
+                    let lat = s.latencies[l_i % s.latencies.len()];
+                    l_i += 1;
+                    let answer = s.answers[a_i % s.answers.len()];
+                    a_i += 1;
+                    // Past its timeout the request counts as failed; its answer
+                    // may still come later.
+                    if lat > pass.timeout_ms {
+                        requests.push(Request {
+                            sent_at: now,
+                            arrives_at: now + pass.timeout_ms,
+                            leases: batch.clone(),
+                            answer: Outcome::NoAnswer,
+                            late: false,
+                        });
+                    }
+                    requests.push(Request {
+                        sent_at: now,
+                        arrives_at: now + lat,
+                        leases: batch,
+                        answer,
+                        late: lat > pass.timeout_ms,
+                    });
+                }
+                // The loop never waits past the earliest deadline it holds.
+                let earliest = live
+                    .iter()
+                    .filter(|&&i| state[i] != State::Gone)
+                    .map(|&i| plans[i].deadline())
+                    .fold(f64::INFINITY, f64::min);
+                let pending_claim = s
+                    .claims
+                    .iter()
+                    .copied()
+                    .filter(|&c| c > now)
+                    .fold(f64::INFINITY, f64::min);
+                match pass.wake_in_ms {
+                    Some(w) => {
+                        assert!(now + w <= earliest + 1e-6, "waits past a deadline");
+                    }
+                    None => assert!(earliest.is_infinite()),
+                }
+                let wake = pass
+                    .wake_in_ms
+                    .map_or(pending_claim, |w| (now + w).min(pending_claim));
+                if wake.is_finite() {
+                    let late = s.timer_late[t_i % s.timer_late.len()];
+                    t_i += 1;
+                    timer_at = Some(wake + late);
+                }
+                for i in 0..n {
+                    let lost_now = state[i] == State::Gone;
+                    assert!(!was_lost[i] || lost_now, "lease {i} revived");
+                    was_lost[i] = lost_now;
+                }
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2_000))]
+            #[test]
+            fn no_lease_is_held_past_its_deadline_whatever_the_timers_and_network_do(s in script()) {
+                run(&s);
+            }
+        }
     }
 }

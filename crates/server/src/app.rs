@@ -4,63 +4,98 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::DefaultBodyLimit;
-use axum::http::{header, HeaderValue, Method};
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::{header, HeaderName, HeaderValue, Method};
 use axum::Router;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tower::ServiceBuilder;
 use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::services::ServeDir;
 use tower_http::trace::TraceLayer;
 
 use crate::config::Config;
+use crate::error::json_errors;
+use crate::metrics::{self, Metrics};
 use crate::ratelimit::RateLimiter;
+use crate::state::AppState;
 use crate::store::{Store, StoreError};
-use crate::{reaper, routes, tokens};
+use crate::{ops, reaper, routes, tokens};
 
-/// What every handler shares.
-#[derive(Debug, Clone)]
-pub struct AppState {
-    /// The database.
-    pub store: Store,
-    /// SHA-256 of the admin token; `None` disables admin access.
-    pub admin_hash: Option<String>,
-    /// Claim polling limiter (per instance).
-    pub limiter: Arc<RateLimiter>,
-    /// `Retry-After` of an empty claim (ms).
-    pub idle_retry_ms: u64,
+/// The request id header: taken from the request when a proxy set one,
+/// otherwise a fresh UUID; echoed on the response and recorded in the
+/// request's tracing span.
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// The state every handler shares, built from the flags.
+pub fn state(config: &Config, store: Store, metrics: Arc<Metrics>) -> AppState {
+    AppState {
+        store,
+        admin_hash: config.admin_token.as_deref().map(tokens::hash),
+        claim_limiter: Arc::new(RateLimiter::new(config.claim_rate)),
+        auth_limiter: Arc::new(RateLimiter::new(config.auth_rate)),
+        idle_retry_ms: config.idle_retry_ms,
+        metrics,
+    }
 }
 
-/// Builds the whole application: `/v1` API, `/pkg/` and `/` static files, CORS,
-/// body limit and request tracing.
+/// Builds the whole application: `/v1` API, `/metrics` (admin), `/pkg/` and
+/// `/` static files, CORS, body limit, metrics and request tracing with a
+/// request id.
 ///
 /// # Errors
 /// An `--allow-origin` value is not a valid header value.
-pub fn router(config: &Config, store: Store) -> Result<Router, String> {
-    let state = AppState {
-        store,
-        admin_hash: config.admin_token.as_deref().map(tokens::hash),
-        limiter: Arc::new(RateLimiter::new(config.claim_rate)),
-        idle_retry_ms: config.idle_retry_ms,
-    };
+pub fn router(config: &Config, state: AppState) -> Result<Router, String> {
     let cors = CorsLayer::new()
         .allow_origin(allow_origin(&config.allow_origin)?)
         .allow_methods([Method::GET, Method::POST])
         .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
-        .expose_headers([header::RETRY_AFTER])
+        .expose_headers([header::RETRY_AFTER, REQUEST_ID])
         .max_age(Duration::from_secs(600));
+    let metrics = state.metrics.clone();
     let api = routes::router()
+        .merge(ops::v1_router())
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
-        .with_state(state);
+        .layer(axum::middleware::map_response(json_errors))
+        .with_state(state.clone());
     // ServeDir maps `.wasm` to `application/wasm` (mime_guess), which
     // `WebAssembly.instantiateStreaming` requires.
-    Ok(Router::new()
+    let app = Router::new()
         .nest("/v1", api)
+        .merge(ops::metrics_router().with_state(state))
         .nest_service("/pkg", ServeDir::new(&config.pkg))
         .fallback_service(ServeDir::new(&config.www))
-        .layer(cors)
-        .layer(TraceLayer::new_for_http()))
+        .layer(axum::middleware::from_fn_with_state(
+            metrics,
+            metrics::track,
+        ))
+        .layer(cors);
+    Ok(traced(app))
+}
+
+/// Request tracing: a request id (kept from the request or a new UUID) in
+/// every request's span and on its response.
+fn traced(app: Router) -> Router {
+    app.layer(
+        ServiceBuilder::new()
+            .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+            .layer(TraceLayer::new_for_http().make_span_with(|req: &Request| {
+                let id = req
+                    .headers()
+                    .get(REQUEST_ID)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("-");
+                tracing::info_span!(
+                    "request",
+                    method = %req.method(),
+                    uri = %req.uri().path(),
+                    request_id = %id,
+                )
+            }))
+            .layer(PropagateRequestIdLayer::new(REQUEST_ID)),
+    )
 }
 
 /// The CORS allow-list: exact origins, plus `scheme://host:*` entries that
@@ -97,9 +132,12 @@ fn allow_origin(entries: &[String]) -> Result<AllowOrigin, String> {
 #[derive(Debug)]
 pub struct Server {
     addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
     store: Store,
     shutdown: watch::Sender<bool>,
     http: JoinHandle<std::io::Result<()>>,
+    /// The `--metrics-listen` server, when configured.
+    metrics_http: Option<JoinHandle<std::io::Result<()>>>,
     reaper: JoinHandle<()>,
 }
 
@@ -126,29 +164,44 @@ impl Server {
     /// See [`StartError`].
     pub async fn start(config: &Config) -> Result<Server, StartError> {
         let store = Store::connect(&config.database, config.settings()).await?;
-        let app = router(config, store.clone()).map_err(StartError::Config)?;
+        let metrics = Arc::new(Metrics::new());
+        let state = state(config, store.clone(), metrics.clone());
+        let app = router(config, state.clone()).map_err(StartError::Config)?;
         let listener = TcpListener::bind(config.listen).await?;
         let addr = listener.local_addr()?;
+        let metrics_listener = match config.metrics_listen {
+            Some(at) => Some(TcpListener::bind(at).await?),
+            None => None,
+        };
         let (shutdown, rx) = watch::channel(false);
         let reaper = reaper::spawn(
             store.clone(),
             Duration::from_millis(config.reaper_ms),
             rx.clone(),
+            metrics,
         );
-        let mut rx_http = rx;
-        let http = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = rx_http.changed().await;
-                })
-                .await
-        });
+        let mut metrics_addr = None;
+        let metrics_http = match metrics_listener {
+            Some(l) => {
+                metrics_addr = Some(l.local_addr()?);
+                tracing::info!(addr = %l.local_addr()?, "metrics listening (no token)");
+                Some(serve(
+                    l,
+                    traced(ops::open_metrics_router().with_state(state)),
+                    rx.clone(),
+                ))
+            }
+            None => None,
+        };
+        let http = serve(listener, app, rx);
         tracing::info!(%addr, database = store.backend().name(), "agentstore-server listening");
         Ok(Server {
             addr,
+            metrics_addr,
             store,
             shutdown,
             http,
+            metrics_http,
             reaper,
         })
     }
@@ -161,6 +214,11 @@ impl Server {
     /// `http://<addr>`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// The `--metrics-listen` address, when configured.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     /// This instance's store.
@@ -176,8 +234,28 @@ impl Server {
     pub async fn stop(self) -> std::io::Result<()> {
         let _ = self.shutdown.send(true);
         let served = self.http.await.map_err(std::io::Error::other)?;
+        if let Some(m) = self.metrics_http {
+            m.await.map_err(std::io::Error::other)??;
+        }
         let _ = self.reaper.await;
         self.store.close().await;
         served
     }
+}
+
+/// Serves `app` on `listener` until `shutdown` changes, then drains.
+fn serve(
+    listener: TcpListener,
+    app: Router,
+    mut shutdown: watch::Receiver<bool>,
+) -> JoinHandle<std::io::Result<()>> {
+    tokio::spawn(async move {
+        // Connect info: the unauthenticated endpoints are limited per client address.
+        let app = app.into_make_service_with_connect_info::<SocketAddr>();
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = shutdown.changed().await;
+            })
+            .await
+    })
 }

@@ -1,29 +1,112 @@
-//! Who is calling: the admin (one configured token) or an enrolled worker
-//! (an access token). Both are compared in constant time; neither is logged.
+//! Who is calling and what it may do.
+//!
+//! Three kinds of caller (README "Roles and scopes"):
+//! - the **admin**: the one token the server is started with; every endpoint,
+//!   every queue (creates enrollment tokens, pauses, resumes);
+//! - a **producer**: enqueues into, lists and reads the items of the queues its
+//!   enrollment token named;
+//! - a **worker**: claims from the queues its enrollment token named, and
+//!   heartbeats, settles, releases and reads only the items it holds.
+//!
+//! Credentials are compared in constant time and never logged. Every refusal is
+//! `403 forbidden` decided before anything is written.
 
+use agentstore_protocol::lease::{queue_in_scope, ItemView, Role};
+use agentstore_protocol::ErrorCode;
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap};
 
-use crate::app::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
+use crate::store::Principal;
 use crate::tokens::{self, ct_eq};
 
 /// An authenticated caller.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Caller {
     /// Holder of the admin token.
     Admin,
-    /// An enrolled worker (its id).
-    Worker(i64),
+    /// An enrolled producer or worker.
+    Enrolled(Principal),
+}
+
+fn forbidden(message: &str) -> ApiError {
+    ApiError::new(ErrorCode::Forbidden, message)
 }
 
 impl Caller {
-    /// The worker id, if a worker.
-    pub fn worker_id(self) -> Option<i64> {
+    fn scoped(&self, role: Role, queue: &str) -> bool {
+        match self {
+            Caller::Admin => true,
+            Caller::Enrolled(p) => p.role == role && queue_in_scope(&p.queues, queue),
+        }
+    }
+
+    /// May enqueue into and list `queue`: the admin, or a producer scoped to it.
+    ///
+    /// # Errors
+    /// `403 forbidden` otherwise.
+    pub fn produce(&self, queue: &str) -> Result<(), ApiError> {
+        if self.scoped(Role::Producer, queue) {
+            Ok(())
+        } else {
+            Err(forbidden(
+                "this credential may not enqueue into or list this queue",
+            ))
+        }
+    }
+
+    /// May claim from `queue`: the admin (`Ok(None)`), or a worker scoped to it
+    /// (`Ok(Some(worker id))`, recorded as the lease holder).
+    ///
+    /// # Errors
+    /// `403 forbidden` otherwise.
+    pub fn claim(&self, queue: &str) -> Result<Option<i64>, ApiError> {
+        if !self.scoped(Role::Worker, queue) {
+            return Err(forbidden("this credential may not claim from this queue"));
+        }
+        Ok(self.worker_id())
+    }
+
+    /// The lease holder a fenced call (heartbeat, settle, release) must match:
+    /// `None` for the admin (the lease token alone decides), the worker's id for
+    /// a worker.
+    ///
+    /// # Errors
+    /// `403 forbidden` for a producer.
+    pub fn lease_owner(&self) -> Result<Option<i64>, ApiError> {
+        match self {
+            Caller::Admin => Ok(None),
+            Caller::Enrolled(p) if p.role == Role::Worker => Ok(Some(p.worker_id)),
+            Caller::Enrolled(_) => Err(forbidden("producers do not hold leases")),
+        }
+    }
+
+    /// May read `item`: the admin; a producer scoped to its queue; the worker
+    /// holding its current claim.
+    ///
+    /// # Errors
+    /// `403 forbidden` otherwise.
+    pub fn read(&self, item: &ItemView) -> Result<(), ApiError> {
+        let allowed = match self {
+            Caller::Admin => true,
+            Caller::Enrolled(p) => match p.role {
+                Role::Producer => queue_in_scope(&p.queues, &item.queue),
+                Role::Worker => item.worker_id == Some(p.worker_id),
+            },
+        };
+        if allowed {
+            Ok(())
+        } else {
+            Err(forbidden("this credential may not read this item"))
+        }
+    }
+
+    fn worker_id(&self) -> Option<i64> {
         match self {
             Caller::Admin => None,
-            Caller::Worker(id) => Some(id),
+            Caller::Enrolled(p) => Some(p.worker_id),
         }
     }
 }
@@ -51,7 +134,7 @@ pub async fn caller_from(
             return Ok(Some(Caller::Admin));
         }
     }
-    let worker = state
+    let principal = state
         .store
         .authenticate(token)
         .await
@@ -59,7 +142,7 @@ pub async fn caller_from(
             Some(_) => ApiError::unauthorized(),
             None => ApiError::from(e),
         })?;
-    Ok(Some(Caller::Worker(worker)))
+    Ok(Some(Caller::Enrolled(principal)))
 }
 
 impl FromRequestParts<AppState> for Caller {
@@ -82,10 +165,7 @@ impl FromRequestParts<AppState> for Admin {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Admin, ApiError> {
         match Caller::from_request_parts(parts, state).await? {
             Caller::Admin => Ok(Admin),
-            Caller::Worker(_) => Err(ApiError::new(
-                agentstore_protocol::ErrorCode::Forbidden,
-                "this endpoint needs the admin token",
-            )),
+            Caller::Enrolled(_) => Err(forbidden("this endpoint needs the admin token")),
         }
     }
 }

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use agentstore_protocol::lease::{
-    DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_ATTEMPTS, DEFAULT_REAPER_MS, DEFAULT_TTL_MS,
+    DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_REDELIVERIES, DEFAULT_REAPER_MS, DEFAULT_TTL_MS,
 };
 use clap::Parser;
 
@@ -46,21 +46,34 @@ pub struct Config {
     /// Interval between reaper passes on this instance (ms).
     #[arg(long, default_value_t = DEFAULT_REAPER_MS)]
     pub reaper_ms: u64,
-    /// Default retry cap for new items.
-    #[arg(long, default_value_t = DEFAULT_MAX_ATTEMPTS)]
-    pub max_attempts: u32,
+    /// Re-deliveries a new item gets after its first delivery (the retry cap):
+    /// with 5 an item is delivered at most 6 times, then fails with `retry_limit`.
+    #[arg(long, default_value_t = DEFAULT_MAX_REDELIVERIES)]
+    pub max_redeliveries: u32,
     /// Claim polling limit per worker: `20/s`, `600/min`, `5/100ms`.
     #[arg(long, default_value = "10/s")]
     pub claim_rate: Rate,
+    /// Enroll/refresh limit per client address (these need no credentials):
+    /// `20/s`, `600/min`, `5/100ms`. Past it: `429` with `Retry-After`.
+    #[arg(long, default_value = "20/s")]
+    pub auth_rate: Rate,
     /// Largest accepted request body (bytes).
     #[arg(long, default_value_t = 64 * 1024)]
     pub max_body_bytes: usize,
     /// Access token lifetime (ms).
     #[arg(long, default_value_t = 15 * 60 * 1000)]
     pub access_ttl_ms: u64,
+    /// Database connections per instance (0 = 4 for SQLite, 10 for PostgreSQL).
+    #[arg(long, default_value_t = 0)]
+    pub db_pool: u32,
     /// `Retry-After` of a `204` claim answer (ms, rounded up to seconds).
     #[arg(long, default_value_t = 5_000)]
     pub idle_retry_ms: u64,
+    /// Also serve `GET /metrics` WITHOUT a token on this address (e.g. a
+    /// private interface a Prometheus scraper reaches). Without it, `/metrics`
+    /// exists only on `--listen`, behind the admin token.
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl Config {
@@ -77,8 +90,9 @@ impl Config {
         Settings {
             ttl_ms: self.ttl_ms,
             heartbeat_ms: self.heartbeat_ms,
-            max_attempts: self.max_attempts,
+            max_redeliveries: self.max_redeliveries,
             access_ttl_ms: self.access_ttl_ms,
+            pool_size: self.db_pool,
             ..Settings::default()
         }
     }

@@ -56,10 +56,51 @@ impl IntoResponse for ApiError {
             message: self.message,
         };
         let mut resp = (status, Json(body)).into_response();
+        // For the metrics middleware, which counts answers by code.
+        resp.extensions_mut().insert(self.code);
         if let Some(secs) = self.retry_after_s {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         resp
     }
+}
+
+/// Middleware for the `/v1` router: answers the framework makes itself (`405`
+/// for a known path with another method, a path or query string the extractors
+/// cannot decode, …) get the same `{code, message}` body as every handler
+/// error, keeping their status and headers (`Allow`, `Retry-After`).
+pub async fn json_errors(resp: Response) -> Response {
+    let status = resp.status();
+    let is_error = status.is_client_error() || status.is_server_error();
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !is_error || is_json {
+        return resp;
+    }
+    let code = match status {
+        StatusCode::UNAUTHORIZED => ErrorCode::Unauthorized,
+        StatusCode::FORBIDDEN => ErrorCode::Forbidden,
+        StatusCode::NOT_FOUND => ErrorCode::NotFound,
+        StatusCode::METHOD_NOT_ALLOWED => ErrorCode::MethodNotAllowed,
+        StatusCode::PAYLOAD_TOO_LARGE => ErrorCode::PayloadTooLarge,
+        StatusCode::TOO_MANY_REQUESTS => ErrorCode::RateLimited,
+        s if s.is_client_error() => ErrorCode::BadRequest,
+        _ => ErrorCode::Internal,
+    };
+    let message = match code {
+        ErrorCode::MethodNotAllowed => "this endpoint does not accept this method",
+        ErrorCode::Internal => "internal error",
+        _ => status.canonical_reason().unwrap_or("request refused"),
+    };
+    let (mut parts, _) = resp.into_parts();
+    let body = ApiError::new(code, message).into_response();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Response::from_parts(parts, body.into_body())
 }

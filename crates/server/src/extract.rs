@@ -34,11 +34,21 @@ where
     }
 }
 
-/// Parses a JSON body with the error mapping of [`JsonBody`].
+/// Parses a JSON body with the error mapping of [`JsonBody`]. Every body is a
+/// JSON object: serde would also fill a struct from an array of its fields in
+/// order (`[{"job":1},3]` as `{payload, max_redeliveries}`), so anything else is
+/// refused before it is decoded; unknown fields are refused by the wire types.
 ///
 /// # Errors
 /// `bad_request` for malformed JSON, `validation` for the wrong shape.
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    if first.is_some_and(|&b| b != b'{') {
+        return Err(ApiError::new(
+            ErrorCode::Validation,
+            "the body must be a JSON object",
+        ));
+    }
     serde_json::from_slice(bytes).map_err(|e| {
         use serde_json::error::Category;
         match e.classify() {

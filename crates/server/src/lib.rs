@@ -22,9 +22,12 @@ pub mod auth;
 pub mod config;
 pub mod error;
 pub mod extract;
+pub mod metrics;
+pub mod ops;
 pub mod ratelimit;
 pub mod reaper;
 pub mod routes;
+pub mod state;
 pub mod store;
 pub mod tokens;
 

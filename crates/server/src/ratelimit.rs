@@ -1,11 +1,15 @@
-//! Per-worker token buckets for claim polling.
+//! Keyed rate limits (per worker for claim polling, per client address for the
+//! unauthenticated endpoints), on `governor`'s GCRA limiter.
 //!
 //! Limits are per server instance and measured with this process's monotonic
 //! clock: that is a duration, never compared with lease times.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::hash::Hash;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultKeyedRateLimiter, Quota};
 
 /// A rate: `count` requests per `per`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -41,54 +45,44 @@ impl std::str::FromStr for Rate {
     }
 }
 
+/// Keys above which idle entries are dropped (each entry is a few dozen bytes).
+const RETAIN_ABOVE: usize = 10_000;
+
+/// A rate limit per key: bursts of up to `count`, refilled evenly over `per`.
 #[derive(Debug)]
-struct Bucket {
-    tokens: f64,
-    at: Instant,
+pub struct RateLimiter<K: Hash + Eq + Clone> {
+    limiter: DefaultKeyedRateLimiter<K>,
+    clock: DefaultClock,
 }
 
-/// Token buckets keyed by worker id.
-#[derive(Debug)]
-pub struct RateLimiter {
-    rate: Rate,
-    buckets: Mutex<HashMap<i64, Bucket>>,
-}
-
-impl RateLimiter {
+impl<K: Hash + Eq + Clone> RateLimiter<K> {
     /// A limiter allowing `rate` per key.
-    pub fn new(rate: Rate) -> RateLimiter {
+    pub fn new(rate: Rate) -> RateLimiter<K> {
+        let burst = NonZeroU32::new(rate.count).unwrap_or(NonZeroU32::MIN);
+        let period = (rate.per / rate.count.max(1)).max(Duration::from_nanos(1));
+        let quota = Quota::with_period(period)
+            .unwrap_or_else(|| Quota::per_second(burst))
+            .allow_burst(burst);
         RateLimiter {
-            rate,
-            buckets: Mutex::new(HashMap::new()),
+            limiter: DefaultKeyedRateLimiter::keyed(quota),
+            clock: DefaultClock::default(),
         }
     }
 
-    /// Takes one token for `key` at `now`; `Err(wait)` when the bucket is empty.
-    pub fn check_at(&self, key: i64, now: Instant) -> Result<(), Duration> {
-        let per_token = self.rate.per.as_secs_f64() / f64::from(self.rate.count);
-        let cap = f64::from(self.rate.count);
-        // A poisoned lock only means another request panicked mid-update; the
-        // bucket numbers are still usable.
-        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
-        let b = buckets.entry(key).or_insert(Bucket {
-            tokens: cap,
-            at: now,
-        });
-        let refill = now.saturating_duration_since(b.at).as_secs_f64() / per_token;
-        b.tokens = (b.tokens + refill).min(cap);
-        b.at = now;
-        if b.tokens >= 1.0 {
-            b.tokens -= 1.0;
-            Ok(())
-        } else {
-            Err(Duration::from_secs_f64((1.0 - b.tokens) * per_token))
+    /// Takes one request for `key` now; `Err(wait)` when it must wait that long.
+    pub fn check(&self, key: &K) -> Result<(), Duration> {
+        if self.limiter.len() > RETAIN_ABOVE {
+            self.limiter.retain_recent();
         }
+        self.limiter
+            .check_key(key)
+            .map_err(|not_until| not_until.wait_time_from(self.clock.now()))
     }
+}
 
-    /// [`RateLimiter::check_at`] now.
-    pub fn check(&self, key: i64) -> Result<(), Duration> {
-        self.check_at(key, Instant::now())
-    }
+/// Whole seconds for a `Retry-After` header: `wait` rounded up, at least 1.
+pub fn retry_after_secs(wait: Duration) -> u64 {
+    wait.as_millis().div_ceil(1000).max(1) as u64
 }
 
 #[cfg(test)]
@@ -106,17 +100,13 @@ mod tests {
     }
 
     #[test]
-    fn a_bucket_allows_its_burst_then_refills_per_key() {
+    fn a_key_gets_its_burst_then_waits_while_other_keys_are_unaffected() {
         let l = RateLimiter::new("2/s".parse().unwrap());
-        let t0 = Instant::now();
-        assert!(l.check_at(1, t0).is_ok());
-        assert!(l.check_at(1, t0).is_ok());
-        let wait = l.check_at(1, t0).unwrap_err();
-        assert!(wait > Duration::from_millis(400) && wait <= Duration::from_millis(500));
-        assert!(
-            l.check_at(2, t0).is_ok(),
-            "other workers have their own bucket"
-        );
-        assert!(l.check_at(1, t0 + Duration::from_millis(500)).is_ok());
+        assert!(l.check(&1).is_ok());
+        assert!(l.check(&1).is_ok());
+        let wait = l.check(&1).unwrap_err();
+        assert!(wait > Duration::ZERO && wait <= Duration::from_millis(500));
+        assert!(l.check(&2).is_ok(), "other keys have their own allowance");
+        assert_eq!(retry_after_secs(wait), 1);
     }
 }

@@ -4,16 +4,23 @@
 //! state, epoch and expiry it read, so two reapers (or a reaper and a settling
 //! worker) racing for one item change it at most once.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::metrics::Metrics;
 use crate::store::Store;
 
 /// Spawns the reaper loop; it ends when `shutdown` changes or its sender drops.
 #[must_use = "the task handle should be awaited on shutdown"]
-pub fn spawn(store: Store, every: Duration, mut shutdown: watch::Receiver<bool>) -> JoinHandle<()> {
+pub fn spawn(
+    store: Store,
+    every: Duration,
+    mut shutdown: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every.max(Duration::from_millis(1)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -23,7 +30,7 @@ pub fn spawn(store: Store, every: Duration, mut shutdown: watch::Receiver<bool>)
                 _ = tick.tick() => {}
                 _ = shutdown.changed() => return,
             }
-            match store.reap().await {
+            match metrics.reaper_pass(store.reap()).await {
                 Ok((0, 0)) => {}
                 Ok((reopened, failed)) => {
                     tracing::info!(reopened, failed, "reaper took over expired claims");

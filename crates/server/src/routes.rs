@@ -2,24 +2,30 @@
 //! maps the outcome; every failure is an [`ApiError`].
 
 use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use agentstore_protocol::lease::{
     BatchHeartbeatRequest, BatchHeartbeatResponse, BatchHeartbeatResult, ClaimResponse,
     CreateEnrollmentRequest, EnqueueRequest, EnrollRequest, EnrollmentToken, Health,
     HeartbeatResponse, ItemList, ItemState, ItemView, RefreshRequest, SettleRequest, TokenRequest,
-    WorkerCredentials,
+    WorkerCredentials, ANY_QUEUE, MAX_ENROLLMENT_TTL_MS, MAX_SCOPE_QUEUES,
 };
 use agentstore_protocol::{ErrorBody, ErrorCode};
-use axum::extract::{Path, Query, State};
+use axum::extract::{ConnectInfo, FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 
-use crate::app::AppState;
 use crate::auth::{caller_from, Admin, Caller};
 use crate::error::ApiError;
 use crate::extract::{item_id, queue_name, JsonBody};
+use crate::ratelimit::retry_after_secs;
+use crate::state::AppState;
+
+/// Most re-deliveries an item may be given.
+pub const MAX_REDELIVERIES_LIMIT: u32 = 1_000;
 
 /// Most leases one batched heartbeat may carry.
 pub const MAX_BATCH: usize = 500;
@@ -43,12 +49,16 @@ pub fn router() -> Router<AppState> {
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such endpoint") })
 }
 
-async fn health(State(st): State<AppState>) -> Result<Json<Health>, ApiError> {
-    st.store.db_now_ms().await?;
-    Ok(Json(Health {
+/// Liveness: cheap, and independent of the database (readiness is `/v1/ready`).
+async fn health(State(st): State<AppState>) -> Json<Health> {
+    Json(Health {
         status: "ok".into(),
         database: st.store.backend().name().into(),
-    }))
+    })
+}
+
+fn invalid(message: impl Into<String>) -> ApiError {
+    ApiError::new(ErrorCode::Validation, message)
 }
 
 async fn create_enrollment(
@@ -56,24 +66,91 @@ async fn create_enrollment(
     _: Admin,
     JsonBody(req): JsonBody<CreateEnrollmentRequest>,
 ) -> Result<(StatusCode, Json<EnrollmentToken>), ApiError> {
-    let (secret, expires_in_ms) = st.store.create_enrollment_token(req.expires_in_ms).await?;
+    if req
+        .expires_in_ms
+        .is_some_and(|ms| ms == 0 || ms > MAX_ENROLLMENT_TTL_MS)
+    {
+        return Err(invalid(format!(
+            "expires_in_ms must be 1..={MAX_ENROLLMENT_TTL_MS}"
+        )));
+    }
+    let role = req.role.unwrap_or_default();
+    let queues = req.queues.unwrap_or_else(|| vec![ANY_QUEUE.to_owned()]);
+    if queues.is_empty() || queues.len() > MAX_SCOPE_QUEUES {
+        return Err(invalid(format!(
+            "queues must name 1..={MAX_SCOPE_QUEUES} queues (or \"{ANY_QUEUE}\")"
+        )));
+    }
+    for q in &queues {
+        if q != ANY_QUEUE {
+            queue_name(q)?;
+        }
+    }
+    let (secret, expires_in_ms) = st
+        .store
+        .create_enrollment_token(req.expires_in_ms, role, &queues)
+        .await?;
     let body = EnrollmentToken {
         token: secret.0,
         expires_in_ms,
+        role,
+        queues,
     };
     Ok((StatusCode::CREATED, Json(body)))
 }
 
+/// The peer address of the connection (the server is started with connect
+/// info); behind a reverse proxy that is the proxy's address.
+fn client_ip(parts: &Parts) -> IpAddr {
+    parts
+        .extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0.ip())
+}
+
+/// Admission to an unauthenticated endpoint (enroll, refresh): at most
+/// `--auth-rate` per client address, else `429 rate_limited` with `Retry-After`,
+/// decided before the body is read or the database is touched.
+#[derive(Debug, Clone, Copy)]
+pub struct Throttled;
+
+impl FromRequestParts<AppState> for Throttled {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, st: &AppState) -> Result<Throttled, ApiError> {
+        st.auth_limiter
+            .check(&client_ip(parts))
+            .map(|()| Throttled)
+            .map_err(|wait| {
+                let mut e = ApiError::new(ErrorCode::RateLimited, "too many credential requests");
+                e.retry_after_s = Some(retry_after_secs(wait));
+                e
+            })
+    }
+}
+
+/// Longest worker name (characters).
+const MAX_NAME_CHARS: usize = 200;
+
 async fn enroll(
     State(st): State<AppState>,
+    _: Throttled,
     JsonBody(req): JsonBody<EnrollRequest>,
 ) -> Result<(StatusCode, Json<WorkerCredentials>), ApiError> {
+    if let Some(name) = &req.name {
+        if name.chars().count() > MAX_NAME_CHARS || name.chars().any(char::is_control) {
+            return Err(invalid(format!(
+                "name must be at most {MAX_NAME_CHARS} characters without control characters"
+            )));
+        }
+    }
     let creds = st.store.enroll(&req.token, req.name.as_deref()).await?;
     Ok((StatusCode::CREATED, Json(creds)))
 }
 
 async fn refresh(
     State(st): State<AppState>,
+    _: Throttled,
     JsonBody(req): JsonBody<RefreshRequest>,
 ) -> Result<Json<WorkerCredentials>, ApiError> {
     Ok(Json(st.store.refresh(&req.refresh_token).await?))
@@ -81,25 +158,35 @@ async fn refresh(
 
 async fn enqueue(
     State(st): State<AppState>,
-    _: Caller,
+    caller: Caller,
     Path(queue): Path<String>,
     JsonBody(req): JsonBody<EnqueueRequest>,
 ) -> Result<(StatusCode, Json<ItemView>), ApiError> {
     let queue = queue_name(&queue)?;
+    caller.produce(queue)?;
+    if req
+        .max_redeliveries
+        .is_some_and(|n| n > MAX_REDELIVERIES_LIMIT)
+    {
+        return Err(invalid(format!(
+            "max_redeliveries must be 0..={MAX_REDELIVERIES_LIMIT}"
+        )));
+    }
     let item = st
         .store
-        .enqueue(queue, &req.payload, req.max_attempts)
+        .enqueue(queue, &req.payload, req.max_redeliveries)
         .await?;
     Ok((StatusCode::CREATED, Json(item)))
 }
 
 async fn list(
     State(st): State<AppState>,
-    _: Caller,
+    caller: Caller,
     Path(queue): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Json<ItemList>, ApiError> {
     let queue = queue_name(&queue)?;
+    caller.produce(queue)?;
     let state = match q.get("state").map(String::as_str) {
         None => None,
         Some(s) => Some(
@@ -127,12 +214,15 @@ async fn claim(
     Path(queue): Path<String>,
 ) -> Result<Response, ApiError> {
     let queue = queue_name(&queue)?;
-    if let Err(wait) = st.limiter.check(caller.worker_id().unwrap_or(-1)) {
+    let worker = caller.claim(queue)?;
+    if let Err(wait) = st.claim_limiter.check(&worker.unwrap_or(-1)) {
         let mut e = ApiError::new(ErrorCode::RateLimited, "claim polling too fast");
-        e.retry_after_s = Some(wait.as_millis().div_ceil(1000).max(1) as u64);
+        e.retry_after_s = Some(retry_after_secs(wait));
         return Err(e);
     }
-    match st.store.claim(queue, caller.worker_id()).await? {
+    let claimed = st.store.claim(queue, worker).await?;
+    st.metrics.claimed(claimed.is_some());
+    match claimed {
         Some(claimed) => Ok((StatusCode::CREATED, Json(claimed)).into_response()),
         None => {
             let secs = st.idle_retry_ms.div_ceil(1000).max(1);
@@ -144,12 +234,12 @@ async fn claim(
 
 async fn item(
     State(st): State<AppState>,
-    _: Caller,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<ItemView>, ApiError> {
     let id = item_id(&id)?;
     match st.store.item(id).await? {
-        Some(item) => Ok(Json(item)),
+        Some(item) => caller.read(&item).map(|()| Json(item)),
         None => Err(ApiError::new(
             ErrorCode::NotFound,
             format!("item {id} does not exist"),
@@ -159,39 +249,51 @@ async fn item(
 
 async fn heartbeat(
     State(st): State<AppState>,
-    _: Caller,
+    caller: Caller,
     Path(id): Path<String>,
     JsonBody(req): JsonBody<TokenRequest>,
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
-    let ttl_ms = st.store.heartbeat(item_id(&id)?, &req.token).await?;
+    let id = item_id(&id)?;
+    let owner = caller.lease_owner()?;
+    let ttl_ms = st.store.heartbeat(id, &req.token, owner).await?;
+    st.metrics.heartbeat();
     Ok(Json(HeartbeatResponse { ttl_ms }))
 }
 
+/// Renews every listed lease in one statement; a result per lease.
 async fn heartbeats(
     State(st): State<AppState>,
-    _: Caller,
+    caller: Caller,
     JsonBody(req): JsonBody<BatchHeartbeatRequest>,
 ) -> Result<Json<BatchHeartbeatResponse>, ApiError> {
     if req.leases.len() > MAX_BATCH {
-        return Err(ApiError::new(
-            ErrorCode::Validation,
-            format!("at most {MAX_BATCH} leases per batch"),
-        ));
+        return Err(invalid(format!("at most {MAX_BATCH} leases per batch")));
     }
-    let mut results = Vec::with_capacity(req.leases.len());
-    for lease in req.leases {
-        let outcome = st.store.heartbeat(lease.item_id, &lease.token).await;
-        results.push(match outcome {
-            Ok(ttl_ms) => BatchHeartbeatResult {
-                item_id: lease.item_id,
-                ok: true,
-                ttl_ms: Some(ttl_ms),
-                error: None,
-            },
+    let owner = caller.lease_owner()?;
+    let leases: Vec<(i64, &str)> = req
+        .leases
+        .iter()
+        .map(|l| (l.item_id, l.token.as_str()))
+        .collect();
+    let outcomes = st.store.heartbeat_many(&leases, owner).await?;
+    let results = leases
+        .iter()
+        .zip(outcomes)
+        .map(|(&(item_id, _), outcome)| match outcome {
+            Ok(ttl_ms) => {
+                st.metrics.heartbeat();
+                BatchHeartbeatResult {
+                    item_id,
+                    ok: true,
+                    ttl_ms: Some(ttl_ms),
+                    error: None,
+                }
+            }
             Err(e) => {
                 let e = ApiError::from(e);
+                st.metrics.answered(e.code);
                 BatchHeartbeatResult {
-                    item_id: lease.item_id,
+                    item_id,
                     ok: false,
                     ttl_ms: None,
                     error: Some(ErrorBody {
@@ -200,51 +302,61 @@ async fn heartbeats(
                     }),
                 }
             }
-        });
-    }
+        })
+        .collect();
     Ok(Json(BatchHeartbeatResponse { results }))
 }
 
 async fn settle(
     State(st): State<AppState>,
-    _: Caller,
+    caller: Caller,
     Path(id): Path<String>,
     JsonBody(req): JsonBody<SettleRequest>,
 ) -> Result<Json<ItemView>, ApiError> {
+    let id = item_id(&id)?;
+    let owner = caller.lease_owner()?;
     let item = st
         .store
         .settle(
-            item_id(&id)?,
+            id,
             &req.token,
+            owner,
             req.state,
             req.result.as_ref(),
             req.error.as_deref(),
         )
         .await?;
+    st.metrics.settled(req.state);
     Ok(Json(item))
 }
 
 /// Release also serves `navigator.sendBeacon`, which cannot set headers: the
 /// lease token in the body is the credential then. A present `Authorization`
-/// header must still be valid.
+/// header must still be valid, and then its role rules apply.
 async fn release(
     State(st): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
     JsonBody(req): JsonBody<TokenRequest>,
 ) -> Result<Json<ItemView>, ApiError> {
-    caller_from(&st, &headers).await?;
-    Ok(Json(st.store.release(item_id(&id)?, &req.token).await?))
+    let id = item_id(&id)?;
+    let owner = match caller_from(&st, &headers).await? {
+        Some(caller) => caller.lease_owner()?,
+        None => None,
+    };
+    let item = st.store.release(id, &req.token, owner).await?;
+    if item.state == ItemState::Failed {
+        st.metrics.retry_limit_failed("release", 1);
+    }
+    Ok(Json(item))
 }
 
 async fn resume(
     State(st): State<AppState>,
-    caller: Caller,
+    _: Admin,
     Path(id): Path<String>,
 ) -> Result<Json<ClaimResponse>, ApiError> {
-    Ok(Json(
-        st.store.resume(item_id(&id)?, caller.worker_id()).await?,
-    ))
+    Ok(Json(st.store.resume(item_id(&id)?, None).await?))
 }
 
 async fn pause(

@@ -19,7 +19,7 @@ use super::{get, ms, to_u32, to_u64, Store, StoreError};
 use crate::tokens::{self, ct_eq};
 
 const ITEM_COLS: &str =
-    "id, queue, state, payload, result, attempts, max_attempts, epoch, last_error, worker_id";
+    "id, queue, state, payload, result, attempts, max_redeliveries, epoch, last_error, worker_id";
 
 /// A running claim the reaper found expired, as it read it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,7 +47,7 @@ fn item_from_row(row: &AnyRow) -> Result<ItemView, StoreError> {
         payload: json(&payload)?,
         result: result.as_deref().map(json).transpose()?,
         attempts: to_u32(get(row, "attempts")?, "attempts")?,
-        max_attempts: to_u32(get(row, "max_attempts")?, "max_attempts")?,
+        max_redeliveries: to_u32(get(row, "max_redeliveries")?, "max_redeliveries")?,
         epoch: to_u64(get(row, "epoch")?, "epoch")?,
         last_error: get(row, "last_error")?,
         worker_id: get(row, "worker_id")?,
@@ -62,7 +62,7 @@ fn lease_item_from_row(row: &AnyRow) -> Result<LeaseItem, StoreError> {
             .ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?,
         epoch: to_u64(get(row, "epoch")?, "epoch")?,
         attempts: to_u32(get(row, "attempts")?, "attempts")?,
-        max_attempts: to_u32(get(row, "max_attempts")?, "max_attempts")?,
+        max_redeliveries: to_u32(get(row, "max_redeliveries")?, "max_redeliveries")?,
         heartbeat_at_ms: get(row, "heartbeat_at")?,
         has_token: token.is_some(),
     })
@@ -70,6 +70,13 @@ fn lease_item_from_row(row: &AnyRow) -> Result<LeaseItem, StoreError> {
 
 fn not_found(id: i64) -> StoreError {
     StoreError::rejected(ErrorCode::NotFound, format!("item {id} does not exist"))
+}
+
+fn forbidden(id: i64) -> StoreError {
+    StoreError::rejected(
+        ErrorCode::Forbidden,
+        format!("item {id} is leased to another worker"),
+    )
 }
 
 fn rejection(code: ErrorCode, id: i64) -> StoreError {
@@ -90,13 +97,13 @@ impl Store {
         &self,
         queue: &str,
         payload: &Value,
-        max_attempts: Option<u32>,
+        max_redeliveries: Option<u32>,
     ) -> Result<ItemView, StoreError> {
         let sql = self.sql(&format!(
-            "INSERT INTO items (queue, state, payload, attempts, max_attempts, epoch, created_at, updated_at)
+            "INSERT INTO items (queue, state, payload, attempts, max_redeliveries, epoch, created_at, updated_at)
              VALUES ($1, 'open', $2, 0, $3, 0, {{now}}, {{now}}) RETURNING {ITEM_COLS}"
         ));
-        let max = max_attempts.unwrap_or(self.settings.max_attempts).max(1);
+        let max = max_redeliveries.unwrap_or(self.settings.max_redeliveries);
         let row = sqlx::query(&sql)
             .bind(queue)
             .bind(payload.to_string())
@@ -151,30 +158,84 @@ impl Store {
     }
 
     /// Renews the lease of `id` held with `token` (even past the TTL, as long as no
-    /// takeover happened); returns the TTL in ms.
+    /// takeover happened); returns the TTL in ms. With `owner`, the lease must
+    /// also be held by that worker.
     ///
     /// # Errors
     /// `claim_lost` (stale token), `state_conflict` (current token, item not
-    /// running), `not_found`; nothing is written in any of these cases.
-    pub async fn heartbeat(&self, id: i64, token: &str) -> Result<u64, StoreError> {
+    /// running), `forbidden` (current token, another worker's lease),
+    /// `not_found`; nothing is written in any of these cases.
+    pub async fn heartbeat(
+        &self,
+        id: i64,
+        token: &str,
+        owner: Option<i64>,
+    ) -> Result<u64, StoreError> {
         let hash = tokens::hash(token);
         let sql = self.sql(
             "UPDATE items SET heartbeat_at = {now}, updated_at = {now}
-             WHERE id = $1 AND state = 'running' AND token_hash = $2",
+             WHERE id = $1 AND state = 'running' AND token_hash = $2
+               AND ($3 = 0 OR worker_id = $3)",
         );
         let done = sqlx::query(&sql)
             .bind(id)
             .bind(&hash)
+            .bind(owner.unwrap_or(0))
             .execute(&self.pool)
             .await?;
         if done.rows_affected() == 1 {
             Ok(self.settings.ttl_ms)
         } else {
-            Err(self.classify(id, &hash).await)
+            Err(self.classify(id, &hash, owner).await)
         }
     }
 
+    /// Renews many leases in ONE statement; a result per lease, in order (the
+    /// TTL in ms, or the error [`Store::heartbeat`] would give). Only the leases
+    /// it did not renew are read again, to tell why.
+    ///
+    /// # Errors
+    /// The database failed (no lease is renewed then).
+    pub async fn heartbeat_many(
+        &self,
+        leases: &[(i64, &str)],
+        owner: Option<i64>,
+    ) -> Result<Vec<Result<u64, StoreError>>, StoreError> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let hashes: Vec<String> = leases.iter().map(|(_, t)| tokens::hash(t)).collect();
+        let pairs: Vec<String> = (0..leases.len())
+            .map(|i| format!("(${}, ${})", 2 * i + 2, 2 * i + 3))
+            .collect();
+        let sql = self.sql(&format!(
+            "UPDATE items SET heartbeat_at = {{now}}, updated_at = {{now}}
+             WHERE state = 'running' AND ($1 = 0 OR worker_id = $1)
+               AND (id, token_hash) IN (VALUES {})
+             RETURNING id, token_hash",
+            pairs.join(", ")
+        ));
+        let mut q = sqlx::query_as::<_, (i64, String)>(&sql).bind(owner.unwrap_or(0));
+        for ((id, _), hash) in leases.iter().zip(&hashes) {
+            q = q.bind(*id).bind(hash);
+        }
+        // Keyed by (id, token hash): a batch may name one item twice, once stale.
+        let renewed: std::collections::HashSet<(i64, String)> =
+            q.fetch_all(&self.pool).await?.into_iter().collect();
+        let mut out = Vec::with_capacity(leases.len());
+        for ((id, _), hash) in leases.iter().zip(&hashes) {
+            out.push(if renewed.contains(&(*id, hash.clone())) {
+                Ok(self.settings.ttl_ms)
+            } else {
+                Err(self.classify(*id, hash, owner).await)
+            });
+        }
+        Ok(out)
+    }
+
     /// Settles `id` into `state`, storing `result` and `error`; releases the token.
+    /// A NUL character in `error` (which PostgreSQL's `TEXT` cannot hold) is stored
+    /// as U+FFFD on both backends, so a failure report is never lost to its content.
     ///
     /// # Errors
     /// As [`Store::heartbeat`].
@@ -182,6 +243,7 @@ impl Store {
         &self,
         id: i64,
         token: &str,
+        owner: Option<i64>,
         state: SettleState,
         result: Option<&Value>,
         error: Option<&str>,
@@ -191,19 +253,22 @@ impl Store {
             "UPDATE items SET state = $3, result = $4, last_error = $5, token_hash = NULL,
                  worker_id = NULL, heartbeat_at = NULL, updated_at = {{now}}
              WHERE id = $1 AND state = 'running' AND token_hash = $2
+               AND ($6 = 0 OR worker_id = $6)
              RETURNING {ITEM_COLS}"
         ));
+        let error = error.map(|e| e.replace('\0', "\u{FFFD}"));
         let row = sqlx::query(&sql)
             .bind(id)
             .bind(&hash)
             .bind(ItemState::from(state).as_str())
             .bind(result.map(Value::to_string))
             .bind(error)
+            .bind(owner.unwrap_or(0))
             .fetch_optional(&self.pool)
             .await?;
         match row {
             Some(row) => item_from_row(&row),
-            None => Err(self.classify(id, &hash).await),
+            None => Err(self.classify(id, &hash, owner).await),
         }
     }
 
@@ -212,18 +277,26 @@ impl Store {
     ///
     /// # Errors
     /// As [`Store::heartbeat`].
-    pub async fn release(&self, id: i64, token: &str) -> Result<ItemView, StoreError> {
+    pub async fn release(
+        &self,
+        id: i64,
+        token: &str,
+        owner: Option<i64>,
+    ) -> Result<ItemView, StoreError> {
         let hash = tokens::hash(token);
-        let Some((item, stored, now)) = self.read_lease(id).await? else {
+        let Some((item, stored, holder, now)) = self.read_lease(id).await? else {
             return Err(not_found(id));
         };
         // Decide with the pure rules first; the UPDATE below repeats the fence
         // atomically (token and epoch as read), so a concurrent change wins.
         let current = stored.is_some_and(|s| ct_eq(&s, &hash));
+        if current && owner.is_some() && holder != owner {
+            return Err(forbidden(id));
+        }
         if let Err(code) = item.apply(LeaseEvent::Release, current, now, self.settings.ttl_ms) {
             return Err(rejection(code, id));
         }
-        let (state, attempts, reason) = end_attempt(item.attempts, item.max_attempts);
+        let (state, attempts, reason) = end_attempt(item.attempts, item.max_redeliveries);
         let reason = if state == ItemState::Open {
             "released"
         } else {
@@ -233,6 +306,7 @@ impl Store {
             "UPDATE items SET state = $4, attempts = $5, last_error = $6, token_hash = NULL,
                  worker_id = NULL, heartbeat_at = NULL, updated_at = {{now}}
              WHERE id = $1 AND state = 'running' AND token_hash = $2 AND epoch = $3
+               AND ($7 = 0 OR worker_id = $7)
              RETURNING {ITEM_COLS}"
         ));
         let row = sqlx::query(&sql)
@@ -242,11 +316,12 @@ impl Store {
             .bind(state.as_str())
             .bind(i64::from(attempts))
             .bind(reason)
+            .bind(owner.unwrap_or(0))
             .fetch_optional(&self.pool)
             .await?;
         match row {
             Some(row) => item_from_row(&row),
-            None => Err(self.classify(id, &hash).await),
+            None => Err(self.classify(id, &hash, owner).await),
         }
     }
 
@@ -355,7 +430,7 @@ impl Store {
     pub async fn expired_claims(&self, limit: u32) -> Result<Vec<ExpiredClaim>, StoreError> {
         let sql = self.sql(
             "SELECT * FROM (
-                 SELECT id, state, epoch, attempts, max_attempts, heartbeat_at, token_hash,
+                 SELECT id, state, epoch, attempts, max_redeliveries, heartbeat_at, token_hash,
                         {now} AS now_ms
                  FROM items WHERE state = 'running') AS r
              WHERE heartbeat_at IS NULL OR heartbeat_at <= now_ms - $1
@@ -393,7 +468,7 @@ impl Store {
         ) else {
             return Ok(None);
         };
-        let (_, _, reason) = end_attempt(claim.item.attempts, claim.item.max_attempts);
+        let (_, _, reason) = end_attempt(claim.item.attempts, claim.item.max_redeliveries);
         let sql = self.sql(
             "UPDATE items SET state = $3, attempts = $4, last_error = $5, token_hash = NULL,
                  worker_id = NULL, heartbeat_at = NULL, updated_at = {now}
@@ -439,9 +514,10 @@ impl Store {
     async fn read_lease(
         &self,
         id: i64,
-    ) -> Result<Option<(LeaseItem, Option<String>, i64)>, StoreError> {
+    ) -> Result<Option<(LeaseItem, Option<String>, Option<i64>, i64)>, StoreError> {
         let sql = self.sql(
-            "SELECT state, epoch, attempts, max_attempts, heartbeat_at, token_hash, {now} AS now_ms
+            "SELECT state, epoch, attempts, max_redeliveries, heartbeat_at, token_hash, worker_id,
+                    {now} AS now_ms
              FROM items WHERE id = $1",
         );
         let row = sqlx::query(&sql)
@@ -452,6 +528,7 @@ impl Store {
             Ok((
                 lease_item_from_row(&r)?,
                 get(&r, "token_hash")?,
+                get(&r, "worker_id")?,
                 get(&r, "now_ms")?,
             ))
         })
@@ -459,18 +536,23 @@ impl Store {
     }
 
     /// Why a fenced write matched no row: compares the stored token hash in
-    /// constant time and applies [`fence_error`].
-    async fn classify(&self, id: i64, hash: &str) -> StoreError {
-        let sql = "SELECT state, token_hash FROM items WHERE id = $1";
-        let row: Result<Option<(String, Option<String>)>, _> = sqlx::query_as(sql)
+    /// constant time and applies [`fence_error`]; a current token of another
+    /// worker's lease (with `owner`) is `forbidden`.
+    async fn classify(&self, id: i64, hash: &str, owner: Option<i64>) -> StoreError {
+        let sql = "SELECT state, token_hash, worker_id FROM items WHERE id = $1";
+        type FenceRow = (String, Option<String>, Option<i64>);
+        let row: Result<Option<FenceRow>, _> = sqlx::query_as(sql)
             .bind(id)
             .fetch_optional(&self.pool)
             .await;
         match row {
             Err(e) => e.into(),
             Ok(None) => not_found(id),
-            Ok(Some((state, stored))) => {
+            Ok(Some((state, stored, holder))) => {
                 let current = stored.is_some_and(|s| ct_eq(&s, hash));
+                if current && owner.is_some() && holder != owner {
+                    return forbidden(id);
+                }
                 let state = ItemState::parse(&state).unwrap_or(ItemState::Failed);
                 rejection(fence_error(current, state), id)
             }

@@ -7,15 +7,19 @@
 
 mod items;
 mod migrate;
+mod stats;
 mod workers;
 
 pub use items::ExpiredClaim;
-pub use migrate::{migrate, MIGRATIONS};
+pub use migrate::{migrate, pending, MIGRATIONS};
+pub use workers::Principal;
 
-use agentstore_protocol::lease::{DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_ATTEMPTS, DEFAULT_TTL_MS};
+use agentstore_protocol::lease::{DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_REDELIVERIES, DEFAULT_TTL_MS};
 use agentstore_protocol::ErrorCode;
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{Any, AnyPool, Transaction};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Which database a URL selects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,14 +69,17 @@ pub struct Settings {
     pub ttl_ms: u64,
     /// Heartbeat interval suggested to workers.
     pub heartbeat_ms: u64,
-    /// Default retry cap for items enqueued without one.
-    pub max_attempts: u32,
+    /// Re-deliveries after the first delivery for items enqueued without a cap.
+    pub max_redeliveries: u32,
     /// Access token lifetime.
     pub access_ttl_ms: u64,
     /// Refresh token lifetime.
     pub refresh_ttl_ms: u64,
     /// Enrollment token lifetime when the admin gives none.
     pub enrollment_ttl_ms: u64,
+    /// Database connections in this instance's pool; 0 = the backend's default
+    /// (4 for SQLite, 10 for PostgreSQL).
+    pub pool_size: u32,
 }
 
 impl Default for Settings {
@@ -80,10 +87,11 @@ impl Default for Settings {
         Settings {
             ttl_ms: DEFAULT_TTL_MS,
             heartbeat_ms: DEFAULT_HEARTBEAT_MS,
-            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            max_redeliveries: DEFAULT_MAX_REDELIVERIES,
             access_ttl_ms: 15 * 60 * 1000,
             refresh_ttl_ms: 30 * 24 * 3600 * 1000,
             enrollment_ttl_ms: 24 * 3600 * 1000,
+            pool_size: 0,
         }
     }
 }
@@ -132,6 +140,10 @@ pub struct Store {
     pool: AnyPool,
     backend: Backend,
     settings: Settings,
+    /// Explicit write transactions begun (`BEGIN IMMEDIATE` on SQLite: the single
+    /// writer lock); counted so tests can show what an unauthenticated caller
+    /// can and cannot make the server do.
+    write_transactions: Arc<AtomicU64>,
 }
 
 /// Turns a `--database` value into a URL: `postgres://` / `postgresql://` and
@@ -163,9 +175,10 @@ impl Store {
         sqlx::any::install_default_drivers();
         let (backend, url) = database_url(database);
         let pool = AnyPoolOptions::new()
-            .max_connections(match backend {
-                Backend::Sqlite => 4,
-                Backend::Postgres => 10,
+            .max_connections(match (backend, settings.pool_size) {
+                (Backend::Sqlite, 0) => 4,
+                (Backend::Postgres, 0) => 10,
+                (_, n) => n,
             })
             .after_connect(move |conn, _| {
                 Box::pin(async move {
@@ -192,6 +205,7 @@ impl Store {
             pool,
             backend,
             settings,
+            write_transactions: Arc::new(AtomicU64::new(0)),
         };
         migrate(&store).await?;
         Ok(store)
@@ -210,6 +224,12 @@ impl Store {
     /// The connection pool (for tests and migrations).
     pub fn pool(&self) -> &AnyPool {
         &self.pool
+    }
+
+    /// How many explicit write transactions this instance has begun (enroll,
+    /// refresh, migrations); single-statement writes are not counted.
+    pub fn write_transactions(&self) -> u64 {
+        self.write_transactions.load(Ordering::Relaxed)
     }
 
     /// Closes the pool, waiting for connections to be returned.
@@ -231,6 +251,7 @@ impl Store {
     /// writer lock up front, so no transaction has to upgrade a read lock and
     /// deadlock), plain `BEGIN` on PostgreSQL (row locks do the work).
     async fn begin_write(&self) -> Result<Transaction<'static, Any>, StoreError> {
+        self.write_transactions.fetch_add(1, Ordering::Relaxed);
         Ok(match self.backend {
             Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
             Backend::Postgres => self.pool.begin().await?,

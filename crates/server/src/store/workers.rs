@@ -1,16 +1,18 @@
 //! Workers and their credentials: enrollment tokens, refresh tokens, access tokens.
 //!
-//! Single-use tokens are burnt by a conditional `UPDATE … WHERE used_at IS NULL`
-//! that opens the transaction, so two concurrent uses serialize on that row and
-//! exactly one sees it unused. The verifier is checked in constant time before the
-//! transaction commits; a wrong verifier rolls the burn back.
+//! The unauthenticated calls (enroll, refresh) first READ the token's row by its
+//! selector and compare the verifier hash in constant time; only a match opens
+//! the write transaction, so random or forged tokens never take SQLite's single
+//! writer lock. Inside it, single-use tokens are burnt by a conditional
+//! `UPDATE … WHERE used_at IS NULL AND verifier_hash = …`, so two concurrent uses
+//! serialize on that row and exactly one sees it unused.
 
-use agentstore_protocol::lease::WorkerCredentials;
+use agentstore_protocol::lease::{Role, WorkerCredentials};
 use agentstore_protocol::ErrorCode;
 use sqlx::{Any, Transaction};
 
 use super::{ms, Store, StoreError};
-use crate::tokens::{self, ct_eq, Kind, Secret};
+use crate::tokens::{self, ct_eq, Kind, Presented, Secret};
 
 fn unauthorized(what: &str) -> StoreError {
     StoreError::rejected(
@@ -19,33 +21,101 @@ fn unauthorized(what: &str) -> StoreError {
     )
 }
 
+/// An enrolled caller as its access token names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    /// The worker (or producer) id.
+    pub worker_id: i64,
+    /// What it may do.
+    pub role: Role,
+    /// The queues it may act on (`"*"` = every queue).
+    pub queues: Vec<String>,
+}
+
+fn principal(worker_id: i64, role: &str, queues: &str) -> Result<Principal, StoreError> {
+    Ok(Principal {
+        worker_id,
+        role: Role::parse(role).ok_or_else(|| StoreError::Corrupt(format!("role {role:?}")))?,
+        queues: serde_json::from_str(queues)
+            .map_err(|e| StoreError::Corrupt(format!("queues: {e}")))?,
+    })
+}
+
 impl Store {
     /// Creates a single-use enrollment token valid for `expires_in_ms` (default from
-    /// [`super::Settings`]). The secret is returned once and stored hashed.
+    /// [`super::Settings`]) that enrolls a credential of `role` scoped to `queues`.
+    /// The secret is returned once and stored hashed. The caller validates the
+    /// arguments (the route checks their ranges).
     ///
     /// # Errors
     /// The database failed.
     pub async fn create_enrollment_token(
         &self,
         expires_in_ms: Option<u64>,
+        role: Role,
+        queues: &[String],
     ) -> Result<(Secret, u64), StoreError> {
         let ttl = expires_in_ms.unwrap_or(self.settings.enrollment_ttl_ms);
         let cred = tokens::new_credential(Kind::Enrollment);
         let sql = self.sql(
-            "INSERT INTO enrollment_tokens (selector, verifier_hash, created_at, expires_at)
-             VALUES ($1, $2, {now}, {now} + $3)",
+            "INSERT INTO enrollment_tokens (selector, verifier_hash, created_at, expires_at, role, queues)
+             VALUES ($1, $2, {now}, {now} + $3, $4, $5)",
         );
         sqlx::query(&sql)
             .bind(&cred.selector)
             .bind(&cred.verifier_hash)
             .bind(ms(ttl))
+            .bind(role.as_str())
+            .bind(serde_json::to_string(queues).unwrap_or_else(|_| "[]".into()))
             .execute(&self.pool)
             .await?;
         Ok((cred.secret, ttl))
     }
 
-    /// Enrolls a worker with a single-use enrollment token: creates the worker,
-    /// burns the token and issues credentials in ONE transaction.
+    /// Reads the unused, unexpired row of `table` for `presented` and compares its
+    /// verifier in constant time; no write happens here.
+    async fn valid_token_row(
+        &self,
+        table: &str,
+        extra: &str,
+        presented: &Presented,
+    ) -> Result<Option<sqlx::any::AnyRow>, StoreError> {
+        let sql = self.sql(&format!(
+            "SELECT verifier_hash, {extra} FROM {table}
+             WHERE selector = $1 AND used_at IS NULL AND expires_at > {{now}}"
+        ));
+        let row = sqlx::query(&sql)
+            .bind(&presented.selector)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.filter(|r| {
+            super::get::<String>(r, "verifier_hash")
+                .is_ok_and(|h| ct_eq(&h, &presented.verifier_hash))
+        }))
+    }
+
+    /// Burns a single-use token inside `tx`: `true` if this call used it.
+    async fn burn(
+        &self,
+        tx: &mut Transaction<'static, Any>,
+        table: &str,
+        presented: &Presented,
+    ) -> Result<bool, StoreError> {
+        let sql = self.sql(&format!(
+            "UPDATE {table} SET used_at = {{now}}
+             WHERE selector = $1 AND verifier_hash = $2 AND used_at IS NULL AND expires_at > {{now}}"
+        ));
+        let done = sqlx::query(&sql)
+            .bind(&presented.selector)
+            .bind(&presented.verifier_hash)
+            .execute(&mut **tx)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Enrolls a worker (or producer: the token's role) with a single-use
+    /// enrollment token: creates it, burns the token and issues credentials in
+    /// ONE transaction, opened only after the token was found and matched.
     ///
     /// # Errors
     /// `unauthorized` when the token is malformed, wrong, expired or used.
@@ -56,24 +126,27 @@ impl Store {
     ) -> Result<WorkerCredentials, StoreError> {
         let presented = tokens::parse_credential(Kind::Enrollment, token)
             .ok_or_else(|| unauthorized("enrollment token"))?;
+        let Some(row) = self
+            .valid_token_row("enrollment_tokens", "role, queues", &presented)
+            .await?
+        else {
+            return Err(unauthorized("enrollment token"));
+        };
+        let role: String = super::get(&row, "role")?;
+        let queues: String = super::get(&row, "queues")?;
         let mut tx = self.begin_write().await?;
-        let burn = self.sql(
-            "UPDATE enrollment_tokens SET used_at = {now}
-             WHERE selector = $1 AND used_at IS NULL AND expires_at > {now}
-             RETURNING verifier_hash",
-        );
-        let stored: Option<(String,)> = sqlx::query_as(&burn)
-            .bind(&presented.selector)
-            .fetch_optional(&mut *tx)
-            .await?;
-        if !stored.is_some_and(|(h,)| ct_eq(&h, &presented.verifier_hash)) {
+        if !self.burn(&mut tx, "enrollment_tokens", &presented).await? {
             tx.rollback().await?;
             return Err(unauthorized("enrollment token"));
         }
-        let insert =
-            self.sql("INSERT INTO workers (name, created_at) VALUES ($1, {now}) RETURNING id");
+        let insert = self.sql(
+            "INSERT INTO workers (name, created_at, role, queues) VALUES ($1, {now}, $2, $3)
+             RETURNING id",
+        );
         let (worker_id,): (i64,) = sqlx::query_as(&insert)
             .bind(name)
+            .bind(&role)
+            .bind(&queues)
             .fetch_one(&mut *tx)
             .await?;
         sqlx::query("UPDATE enrollment_tokens SET worker_id = $2 WHERE selector = $1")
@@ -87,28 +160,23 @@ impl Store {
     }
 
     /// Exchanges a refresh token for new credentials, burning it, in one
-    /// transaction; a second use of the same refresh token is rejected.
+    /// transaction opened only after the token was found and matched; a second
+    /// use of the same refresh token is rejected.
     ///
     /// # Errors
     /// `unauthorized` when the token is malformed, wrong, expired or used.
     pub async fn refresh(&self, refresh_token: &str) -> Result<WorkerCredentials, StoreError> {
         let presented = tokens::parse_credential(Kind::Refresh, refresh_token)
             .ok_or_else(|| unauthorized("refresh token"))?;
-        let mut tx = self.begin_write().await?;
-        let burn = self.sql(
-            "UPDATE refresh_tokens SET used_at = {now}
-             WHERE selector = $1 AND used_at IS NULL AND expires_at > {now}
-             RETURNING verifier_hash, worker_id",
-        );
-        let stored: Option<(String, i64)> = sqlx::query_as(&burn)
-            .bind(&presented.selector)
-            .fetch_optional(&mut *tx)
-            .await?;
-        let Some((hash, worker_id)) = stored else {
-            tx.rollback().await?;
+        let Some(row) = self
+            .valid_token_row("refresh_tokens", "worker_id", &presented)
+            .await?
+        else {
             return Err(unauthorized("refresh token"));
         };
-        if !ct_eq(&hash, &presented.verifier_hash) {
+        let worker_id: i64 = super::get(&row, "worker_id")?;
+        let mut tx = self.begin_write().await?;
+        if !self.burn(&mut tx, "refresh_tokens", &presented).await? {
             tx.rollback().await?;
             return Err(unauthorized("refresh token"));
         }
@@ -117,24 +185,27 @@ impl Store {
         Ok(creds)
     }
 
-    /// The worker an access token belongs to, if it is valid and unexpired on the
-    /// database clock.
+    /// The enrolled caller an access token belongs to (id, role, queue scope), if
+    /// the token is valid and unexpired on the database clock.
     ///
     /// # Errors
     /// `unauthorized` otherwise.
-    pub async fn authenticate(&self, access_token: &str) -> Result<i64, StoreError> {
+    pub async fn authenticate(&self, access_token: &str) -> Result<Principal, StoreError> {
         let presented = tokens::parse_credential(Kind::Access, access_token)
             .ok_or_else(|| unauthorized("access token"))?;
         let sql = self.sql(
-            "SELECT verifier_hash, worker_id FROM access_tokens
-             WHERE selector = $1 AND expires_at > {now}",
+            "SELECT a.verifier_hash, a.worker_id, w.role, w.queues
+             FROM access_tokens a JOIN workers w ON w.id = a.worker_id
+             WHERE a.selector = $1 AND a.expires_at > {now}",
         );
-        let row: Option<(String, i64)> = sqlx::query_as(&sql)
+        let row: Option<(String, i64, String, String)> = sqlx::query_as(&sql)
             .bind(&presented.selector)
             .fetch_optional(&self.pool)
             .await?;
         match row {
-            Some((hash, worker)) if ct_eq(&hash, &presented.verifier_hash) => Ok(worker),
+            Some((hash, worker, role, queues)) if ct_eq(&hash, &presented.verifier_hash) => {
+                principal(worker, &role, &queues)
+            }
             _ => Err(unauthorized("access token")),
         }
     }

@@ -2,11 +2,14 @@
 
 use std::sync::Arc;
 
+use agentstore_protocol::lease::{Role, ANY_QUEUE};
 use agentstore_protocol::ErrorCode;
 use agentstore_server::{Settings, Store, StoreError};
 use tokio::sync::Barrier;
 
-use crate::common::{sleep_ms, TestDb};
+use serde_json::json;
+
+use crate::common::{http_server, sleep_ms, TestDb};
 
 async fn workers(store: &Store) -> i64 {
     let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM workers")
@@ -44,7 +47,10 @@ pub async fn an_enrollment_token_used_twice_concurrently_enrolls_exactly_one_wor
     let b = Arc::new(db.store(Settings::default()).await);
     const ROUNDS: i64 = 10;
     for round in 1..=ROUNDS {
-        let (token, _) = a.create_enrollment_token(None).await.unwrap();
+        let (token, _) = a
+            .create_enrollment_token(None, Role::Worker, &[ANY_QUEUE.into()])
+            .await
+            .unwrap();
         let results = twice_concurrently(&a, &b, |s| {
             let token = token.0.clone();
             async move { s.enroll(&token, Some("w")).await }
@@ -62,7 +68,7 @@ pub async fn an_enrollment_token_used_twice_concurrently_enrolls_exactly_one_wor
             .expect("one rejected");
         assert_eq!(rejected.code(), Some(ErrorCode::Unauthorized));
         assert_eq!(
-            a.authenticate(&ok[0].access_token).await.unwrap(),
+            a.authenticate(&ok[0].access_token).await.unwrap().worker_id,
             ok[0].worker_id
         );
         assert_eq!(workers(&a).await, round, "one worker per token");
@@ -72,7 +78,10 @@ pub async fn an_enrollment_token_used_twice_concurrently_enrolls_exactly_one_wor
 pub async fn a_refresh_token_used_twice_gets_one_success_and_one_rejection(db: TestDb) {
     let a = Arc::new(db.store(Settings::default()).await);
     let b = Arc::new(db.store(Settings::default()).await);
-    let (token, _) = a.create_enrollment_token(None).await.unwrap();
+    let (token, _) = a
+        .create_enrollment_token(None, Role::Worker, &[ANY_QUEUE.into()])
+        .await
+        .unwrap();
     let creds = a.enroll(&token.0, None).await.unwrap();
     let results = twice_concurrently(&a, &b, |s| {
         let refresh = creds.refresh_token.clone();
@@ -90,7 +99,7 @@ pub async fn a_refresh_token_used_twice_gets_one_success_and_one_rejection(db: T
     assert_eq!(new.worker_id, creds.worker_id);
     assert_ne!(new.refresh_token, creds.refresh_token);
     assert_eq!(
-        a.authenticate(&new.access_token).await.unwrap(),
+        a.authenticate(&new.access_token).await.unwrap().worker_id,
         creds.worker_id
     );
     // Later reuse of the old one is still rejected; the rotated one works once.
@@ -103,7 +112,10 @@ pub async fn a_refresh_token_used_twice_gets_one_success_and_one_rejection(db: T
 
 pub async fn a_wrong_verifier_neither_enrolls_nor_burns_the_token(db: TestDb) {
     let store = db.store(Settings::default()).await;
-    let (token, _) = store.create_enrollment_token(None).await.unwrap();
+    let (token, _) = store
+        .create_enrollment_token(None, Role::Worker, &[ANY_QUEUE.into()])
+        .await
+        .unwrap();
     // Same selector, different verifier.
     let (selector, verifier) = token.0.split_once('.').unwrap();
     let flipped = if verifier.starts_with('0') { "1" } else { "0" };
@@ -130,10 +142,17 @@ pub async fn access_tokens_expire_on_the_database_clock(db: TestDb) {
             ..Settings::default()
         })
         .await;
-    let (token, _) = store.create_enrollment_token(Some(5_000)).await.unwrap();
+    let (token, _) = store
+        .create_enrollment_token(Some(5_000), Role::Worker, &[ANY_QUEUE.into()])
+        .await
+        .unwrap();
     let creds = store.enroll(&token.0, None).await.unwrap();
     assert_eq!(
-        store.authenticate(&creds.access_token).await.unwrap(),
+        store
+            .authenticate(&creds.access_token)
+            .await
+            .unwrap()
+            .worker_id,
         creds.worker_id
     );
     sleep_ms(1_200).await;
@@ -142,11 +161,18 @@ pub async fn access_tokens_expire_on_the_database_clock(db: TestDb) {
     // The refresh token outlives it and issues a working one.
     let fresh = store.refresh(&creds.refresh_token).await.unwrap();
     assert_eq!(
-        store.authenticate(&fresh.access_token).await.unwrap(),
+        store
+            .authenticate(&fresh.access_token)
+            .await
+            .unwrap()
+            .worker_id,
         creds.worker_id
     );
     // An enrollment token past its own expiry is refused.
-    let (late, _) = store.create_enrollment_token(Some(50)).await.unwrap();
+    let (late, _) = store
+        .create_enrollment_token(Some(50), Role::Worker, &[ANY_QUEUE.into()])
+        .await
+        .unwrap();
     sleep_ms(150).await;
     assert_eq!(
         store.enroll(&late.0, None).await.unwrap_err().code(),
@@ -156,4 +182,151 @@ pub async fn access_tokens_expire_on_the_database_clock(db: TestDb) {
         store.purge_credentials().await.unwrap() >= 2,
         "expired rows are swept"
     );
+}
+
+/// A well-formed credential of `prefix` with random selector and verifier.
+fn random_token(prefix: &str) -> String {
+    let mut b = [0u8; 40];
+    rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut b);
+    format!("{prefix}{}.{}", hex::encode(&b[..8]), hex::encode(&b[8..]))
+}
+
+pub async fn random_and_forged_tokens_open_no_write_transaction(db: TestDb) {
+    let server = http_server(&db).await;
+    let store = server.store().clone();
+    let (real, _) = store
+        .create_enrollment_token(None, Role::Worker, &[ANY_QUEUE.into()])
+        .await
+        .unwrap();
+    // Same selector as the real one, wrong verifier.
+    let (selector, _) = real.0.split_once('.').unwrap();
+    let forged = format!("{selector}.{}", "0".repeat(64));
+    let http = reqwest::Client::new();
+    let before = store.write_transactions();
+    for i in 0..100 {
+        let (path, body) = match i % 3 {
+            0 => ("enroll", json!({"token": random_token("ase_")})),
+            1 => ("refresh", json!({"refresh_token": random_token("asr_")})),
+            _ => ("enroll", json!({"token": forged})),
+        };
+        let resp = http
+            .post(format!("{}/v1/workers/{path}", server.url()))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 401, "{path} with {body}");
+    }
+    assert_eq!(
+        store.write_transactions(),
+        before,
+        "no write transaction for a token that does not match"
+    );
+    assert_eq!(workers(&store).await, 0);
+    let resp = http
+        .post(format!("{}/v1/workers/enroll", server.url()))
+        .json(&json!({"token": real.0}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201, "the real token still enrolls");
+    assert_eq!(store.write_transactions(), before + 1, "exactly one for it");
+    server.stop().await.unwrap();
+}
+
+/// Requests each of the 16 flooding tasks sends.
+const FLOOD_PER_TASK: u32 = 150;
+
+pub async fn a_flood_of_random_tokens_is_refused_while_every_heartbeat_is_answered(db: TestDb) {
+    let mut config = db.config();
+    config.auth_rate = "20/s".parse().unwrap();
+    let server = agentstore_server::Server::start(&config).await.unwrap();
+    let store = server.store().clone();
+    let (t, _) = store
+        .create_enrollment_token(None, Role::Worker, &["q".into()])
+        .await
+        .unwrap();
+    let creds = store.enroll(&t.0, None).await.unwrap();
+    let item = store.enqueue("q", &json!(1), None).await.unwrap();
+    let lease = store
+        .claim("q", Some(creds.worker_id))
+        .await
+        .unwrap()
+        .unwrap()
+        .lease;
+    let base = server.url();
+    let flooding = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
+    let mut started_tx = Some(started_tx);
+    let mut flood = Vec::new();
+    for n in 0..16 {
+        let base = base.clone();
+        let started = if n == 0 { started_tx.take() } else { None };
+        flood.push(tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            let (mut limited, mut rejected) = (0u32, 0u32);
+            let mut started = started;
+            for _ in 0..FLOOD_PER_TASK {
+                let resp = http
+                    .post(format!("{base}/v1/workers/enroll"))
+                    .json(&json!({"token": random_token("ase_")}))
+                    .send()
+                    .await
+                    .unwrap();
+                match resp.status().as_u16() {
+                    429 => {
+                        assert!(resp.headers().contains_key("retry-after"));
+                        limited += 1;
+                    }
+                    401 => rejected += 1,
+                    other => panic!("flood answered {other}"),
+                }
+                if let Some(tx) = started.take() {
+                    let _ = tx.send(());
+                }
+            }
+            (limited, rejected)
+        }));
+    }
+    started_rx.await.unwrap();
+    let http = reqwest::Client::new();
+    let (mut beats, mut during) = (0, 0);
+    let watcher = {
+        let flooding = flooding.clone();
+        tokio::spawn(async move {
+            let mut totals = (0, 0);
+            for f in flood {
+                let (l, r) = f.await.unwrap();
+                totals = (totals.0 + l, totals.1 + r);
+            }
+            flooding.store(false, std::sync::atomic::Ordering::SeqCst);
+            totals
+        })
+    };
+    while flooding.load(std::sync::atomic::Ordering::SeqCst) || beats < 20 {
+        let resp = http
+            .post(format!("{base}/v1/items/{}/heartbeat", item.id))
+            .bearer_auth(&creds.access_token)
+            .json(&json!({"token": lease.token}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "heartbeat {beats} during the flood");
+        beats += 1;
+        if flooding.load(std::sync::atomic::Ordering::SeqCst) {
+            during += 1;
+        }
+    }
+    let (limited, rejected) = watcher.await.unwrap();
+    eprintln!(
+        "flood: {limited} refused with 429, {rejected} checked (401); \
+         {during} of {beats} heartbeats answered during it"
+    );
+    assert_eq!(limited + rejected, 16 * FLOOD_PER_TASK);
+    assert!(during >= 5, "heartbeats ran during the flood ({during})");
+    assert!(
+        limited > rejected * 2,
+        "most of the flood is refused before the database ({limited} vs {rejected})"
+    );
+    server.stop().await.unwrap();
 }

@@ -107,7 +107,8 @@ impl TestDb {
         sqlx::AnyPool::connect(&url).await.expect("raw pool")
     }
 
-    async fn cleanup(self) {
+    /// Deletes the database (file or schema).
+    pub async fn cleanup(self) {
         if let Some(dir) = self.dir {
             let _ = std::fs::remove_dir_all(dir);
         }
@@ -160,4 +161,71 @@ pub async fn heartbeat_at(store: &Store, id: i64) -> Option<i64> {
         .await
         .expect("read heartbeat_at");
     v
+}
+
+/// A server on `db` for HTTP-level tests: no limits in the way (the limits
+/// have their own tests), the test admin token.
+pub async fn http_server(db: &TestDb) -> agentstore_server::Server {
+    let mut config = db.config();
+    config.claim_rate = "1000000/s".parse().unwrap();
+    config.auth_rate = "1000000/s".parse().unwrap();
+    agentstore_server::Server::start(&config)
+        .await
+        .expect("start server")
+}
+
+/// Everything a request could change, as text: every item row, every worker
+/// and every credential row (their use and expiry included).
+pub async fn snapshot(store: &Store) -> Vec<String> {
+    const TABLES: [(&str, &[&str]); 5] = [
+        (
+            "items",
+            &[
+                "id",
+                "queue",
+                "state",
+                "payload",
+                "COALESCE(result, '')",
+                "attempts",
+                "max_redeliveries",
+                "epoch",
+                "COALESCE(token_hash, '')",
+                "COALESCE(worker_id, 0)",
+                "COALESCE(heartbeat_at, 0)",
+                "COALESCE(last_error, '')",
+                "updated_at",
+            ],
+        ),
+        ("workers", &["id", "COALESCE(name, '')", "role", "queues"]),
+        (
+            "enrollment_tokens",
+            &[
+                "selector",
+                "COALESCE(used_at, 0)",
+                "COALESCE(worker_id, 0)",
+                "expires_at",
+            ],
+        ),
+        (
+            "refresh_tokens",
+            &["selector", "COALESCE(used_at, 0)", "expires_at"],
+        ),
+        ("access_tokens", &["selector", "expires_at"]),
+    ];
+    let mut rows = Vec::new();
+    for (table, cols) in TABLES {
+        // One text per row: the columns joined with '|'.
+        let row = cols
+            .iter()
+            .map(|c| format!("CAST({c} AS TEXT)"))
+            .collect::<Vec<_>>()
+            .join(" || '|' || ");
+        let sql = format!("SELECT {row} AS r FROM {table} ORDER BY 1");
+        let found: Vec<(String,)> = sqlx::query_as(&sql)
+            .fetch_all(store.pool())
+            .await
+            .expect("snapshot");
+        rows.extend(found.into_iter().map(|(r,)| format!("{table}: {r}")));
+    }
+    rows
 }

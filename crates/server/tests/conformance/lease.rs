@@ -21,18 +21,18 @@ fn code<T: std::fmt::Debug>(r: Result<T, agentstore_server::StoreError>) -> Erro
 /// Every fenced call a stale holder might make; each must be `claim_lost`.
 async fn assert_all_claim_lost(store: &Store, id: i64, token: &str) {
     assert_eq!(
-        code(store.heartbeat(id, token).await),
+        code(store.heartbeat(id, token, None).await),
         ErrorCode::ClaimLost,
         "heartbeat"
     );
     for state in [SettleState::Done, SettleState::Blocked, SettleState::Failed] {
         let r = store
-            .settle(id, token, state, Some(&json!("late")), None)
+            .settle(id, token, None, state, Some(&json!("late")), None)
             .await;
         assert_eq!(code(r), ErrorCode::ClaimLost, "settle {state:?}");
     }
     assert_eq!(
-        code(store.release(id, token).await),
+        code(store.release(id, token, None).await),
         ErrorCode::ClaimLost,
         "release"
     );
@@ -49,7 +49,10 @@ async fn snapshot(store: &Store, id: i64) -> (agentstore_protocol::lease::ItemVi
 pub async fn a_claim_is_atomic_and_raises_the_epoch(db: TestDb) {
     let store = db.store(ttl(LONG)).await;
     let a = store.enqueue("q", &json!({"n": 1}), None).await.unwrap();
-    assert_eq!((a.state, a.epoch, a.max_attempts), (ItemState::Open, 0, 5));
+    assert_eq!(
+        (a.state, a.epoch, a.max_redeliveries),
+        (ItemState::Open, 0, 5)
+    );
     let c = store.claim("q", Some(7)).await.unwrap().expect("claimed");
     assert_eq!(c.item.id, a.id);
     assert_eq!(
@@ -93,7 +96,10 @@ pub async fn a_live_claim_is_not_reclaimed_by_any_instance_reaper_or_fresh_claim
         (now.state, now.epoch, now.attempts),
         (ItemState::Running, 1, 0)
     );
-    assert_eq!(b.heartbeat(item.id, &c.lease.token).await.unwrap(), LONG);
+    assert_eq!(
+        b.heartbeat(item.id, &c.lease.token, None).await.unwrap(),
+        LONG
+    );
 }
 
 pub async fn an_expired_claim_is_reclaimed_and_the_new_token_differs(db: TestDb) {
@@ -110,10 +116,13 @@ pub async fn an_expired_claim_is_reclaimed_and_the_new_token_differs(db: TestDb)
     assert_ne!(second.lease.token, first.lease.token);
     assert_eq!(second.lease.epoch, 2);
     assert_eq!(
-        code(store.heartbeat(item.id, &first.lease.token).await),
+        code(store.heartbeat(item.id, &first.lease.token, None).await),
         ErrorCode::ClaimLost
     );
-    store.heartbeat(item.id, &second.lease.token).await.unwrap();
+    store
+        .heartbeat(item.id, &second.lease.token, None)
+        .await
+        .unwrap();
 }
 
 pub async fn a_claim_with_no_heartbeat_recorded_counts_as_expired(db: TestDb) {
@@ -158,7 +167,10 @@ pub async fn a_heartbeat_past_the_ttl_but_before_takeover_renews_the_lease(db: T
         1,
         "expired, not yet taken"
     );
-    store.heartbeat(item.id, &c.lease.token).await.unwrap();
+    store
+        .heartbeat(item.id, &c.lease.token, None)
+        .await
+        .unwrap();
     assert_eq!(store.reap().await.unwrap(), (0, 0));
     let now = store.item(item.id).await.unwrap().unwrap();
     assert_eq!(
@@ -166,7 +178,7 @@ pub async fn a_heartbeat_past_the_ttl_but_before_takeover_renews_the_lease(db: T
         (ItemState::Running, 1, 0)
     );
     store
-        .settle(item.id, &c.lease.token, SettleState::Done, None, None)
+        .settle(item.id, &c.lease.token, None, SettleState::Done, None, None)
         .await
         .unwrap();
 }
@@ -216,6 +228,7 @@ pub async fn stale_heartbeat_settle_and_blocked_settle_are_claim_lost_and_change
         .settle(
             item.id,
             &t2,
+            None,
             SettleState::Done,
             Some(&json!({"ok": true})),
             None,
@@ -228,7 +241,7 @@ pub async fn stale_heartbeat_settle_and_blocked_settle_are_claim_lost_and_change
     );
     // Settling released t2: it is stale now too.
     assert_all_claim_lost(&store, item.id, &t2).await;
-    let unknown = store.heartbeat(item.id + 1000, &t2).await;
+    let unknown = store.heartbeat(item.id + 1000, &t2, None).await;
     assert_eq!(code(unknown), ErrorCode::NotFound);
 }
 
@@ -246,15 +259,22 @@ pub async fn settle_with_current_token_on_an_item_paused_elsewhere_is_state_conf
     assert_eq!(paused.state, ItemState::Paused);
     let before = snapshot(&store, item.id).await;
     let r = store
-        .settle(item.id, &t1, SettleState::Done, None, None)
+        .settle(item.id, &t1, None, SettleState::Done, None, None)
         .await;
     assert_eq!(code(r), ErrorCode::StateConflict);
     assert_eq!(
-        code(store.heartbeat(item.id, &t1).await),
+        code(store.heartbeat(item.id, &t1, None).await),
         ErrorCode::StateConflict
     );
     let stranger = store
-        .settle(item.id, &"f".repeat(48), SettleState::Done, None, None)
+        .settle(
+            item.id,
+            &"f".repeat(48),
+            None,
+            SettleState::Done,
+            None,
+            None,
+        )
         .await;
     assert_eq!(
         code(stranger),
@@ -285,7 +305,7 @@ pub async fn resume_of_a_paused_item_issues_a_new_token_and_fences_the_old_one(d
         "not paused"
     );
     store
-        .settle(item.id, &t1, SettleState::Paused, None, None)
+        .settle(item.id, &t1, None, SettleState::Paused, None, None)
         .await
         .unwrap();
     let resumed = store.resume(item.id, Some(3)).await.unwrap();
@@ -296,14 +316,14 @@ pub async fn resume_of_a_paused_item_issues_a_new_token_and_fences_the_old_one(d
     );
     assert_all_claim_lost(&store, item.id, &t1).await;
     let t2 = resumed.lease.token;
-    store.heartbeat(item.id, &t2).await.unwrap();
+    store.heartbeat(item.id, &t2, None).await.unwrap();
 
     // Paused by an operator while t2 was current: resume fences t2 as well.
     store.pause(item.id).await.unwrap();
     let t3 = store.resume(item.id, None).await.unwrap().lease.token;
     assert_all_claim_lost(&store, item.id, &t2).await;
     store
-        .settle(item.id, &t3, SettleState::Done, None, None)
+        .settle(item.id, &t3, None, SettleState::Done, None, None)
         .await
         .unwrap();
     assert_eq!(
@@ -342,7 +362,7 @@ pub async fn a_heartbeat_racing_a_takeover_has_exactly_one_winner(db: TestDb) {
             let (worker, barrier) = (worker.clone(), barrier.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                worker.heartbeat(id, &token).await
+                worker.heartbeat(id, &token, None).await
             })
         };
         let take = {
@@ -392,7 +412,7 @@ pub async fn a_takeover_of_an_item_settled_after_it_was_read_changes_nothing(db:
 
     // Between the reaper's read and its update, the worker settles `a` ...
     store
-        .settle(a.id, &ta, SettleState::Done, None, None)
+        .settle(a.id, &ta, None, SettleState::Done, None, None)
         .await
         .unwrap();
     // ... and `b` is taken over by another instance and claimed again.
@@ -420,7 +440,7 @@ pub async fn a_takeover_of_an_item_settled_after_it_was_read_changes_nothing(db:
         (b_now.state, b_now.epoch, b_now.attempts),
         (ItemState::Running, 2, 1)
     );
-    store.heartbeat(b.id, &tb2).await.unwrap();
+    store.heartbeat(b.id, &tb2, None).await.unwrap();
 }
 
 pub async fn a_stalled_worker_that_comes_back_is_fenced_and_the_new_attempt_is_untouched(
@@ -446,15 +466,22 @@ pub async fn a_stalled_worker_that_comes_back_is_fenced_and_the_new_attempt_is_u
     let before = snapshot(&store, item.id).await;
     // The stalled attempt resumes and heartbeats, settles, releases with t1.
     assert_eq!(
-        code(store.heartbeat(item.id, &t1).await),
+        code(store.heartbeat(item.id, &t1, None).await),
         ErrorCode::ClaimLost
     );
     let r = store
-        .settle(item.id, &t1, SettleState::Done, Some(&json!("stale")), None)
+        .settle(
+            item.id,
+            &t1,
+            None,
+            SettleState::Done,
+            Some(&json!("stale")),
+            None,
+        )
         .await;
     assert_eq!(code(r), ErrorCode::ClaimLost);
     assert_eq!(
-        code(store.release(item.id, &t1).await),
+        code(store.release(item.id, &t1, None).await),
         ErrorCode::ClaimLost
     );
     assert_eq!(
@@ -462,14 +489,18 @@ pub async fn a_stalled_worker_that_comes_back_is_fenced_and_the_new_attempt_is_u
         before,
         "the t2 attempt is untouched"
     );
-    store.heartbeat(item.id, &second.lease.token).await.unwrap();
+    store
+        .heartbeat(item.id, &second.lease.token, None)
+        .await
+        .unwrap();
 }
 
 pub async fn every_expiry_counts_an_attempt_and_the_cap_fails_the_item_with_retry_limit(
     db: TestDb,
 ) {
     let store = db.store(ttl(100)).await;
-    let item = store.enqueue("q", &json!(1), Some(3)).await.unwrap();
+    // Two re-deliveries: three deliveries in all.
+    let item = store.enqueue("q", &json!(1), Some(2)).await.unwrap();
     for attempt in 1..=3u32 {
         let c = store
             .claim("q", None)
@@ -500,7 +531,7 @@ pub async fn every_expiry_counts_an_attempt_and_the_cap_fails_the_item_with_retr
 pub async fn release_reopens_the_item_and_counts_an_attempt(db: TestDb) {
     let store = db
         .store(Settings {
-            max_attempts: 2,
+            max_redeliveries: 1,
             ..ttl(LONG)
         })
         .await;
@@ -512,10 +543,10 @@ pub async fn release_reopens_the_item_and_counts_an_attempt(db: TestDb) {
         .expect("claimed")
         .lease
         .token;
-    let released = store.release(item.id, &t1).await.unwrap();
+    let released = store.release(item.id, &t1, None).await.unwrap();
     assert_eq!((released.state, released.attempts), (ItemState::Open, 1));
     assert_eq!(
-        code(store.release(item.id, &t1).await),
+        code(store.release(item.id, &t1, None).await),
         ErrorCode::ClaimLost
     );
     let t2 = store
@@ -526,7 +557,7 @@ pub async fn release_reopens_the_item_and_counts_an_attempt(db: TestDb) {
         .lease
         .token;
     assert_ne!(t1, t2);
-    let last = store.release(item.id, &t2).await.unwrap();
+    let last = store.release(item.id, &t2, None).await.unwrap();
     assert_eq!((last.state, last.attempts), (ItemState::Failed, 2));
     assert_eq!(last.last_error.as_deref(), Some(RETRY_LIMIT_REASON));
 }
@@ -572,4 +603,42 @@ pub async fn lease_expiry_is_measured_only_on_the_database_clock(db: TestDb) {
             );
         }
     }
+}
+
+pub async fn an_item_is_redelivered_at_most_five_times_after_its_first_delivery(db: TestDb) {
+    let store = db.store(ttl(LONG)).await;
+    let item = store.enqueue("q", &json!(1), None).await.unwrap();
+    assert_eq!(
+        item.max_redeliveries, 5,
+        "the default cap counts re-deliveries"
+    );
+    let mut deliveries = 0;
+    while let Some(c) = store.claim("q", None).await.unwrap() {
+        deliveries += 1;
+        let after = store.release(item.id, &c.lease.token, None).await.unwrap();
+        assert_eq!(after.attempts, deliveries);
+        if deliveries <= 5 {
+            assert_eq!(
+                after.state,
+                ItemState::Open,
+                "delivery {deliveries} reopens"
+            );
+        } else {
+            assert_eq!(
+                after.state,
+                ItemState::Failed,
+                "delivery {deliveries} fails"
+            );
+            assert_eq!(after.last_error.as_deref(), Some(RETRY_LIMIT_REASON));
+        }
+    }
+    assert_eq!(deliveries, 6, "first delivery + 5 re-deliveries");
+    let zero = store.enqueue("once", &json!(1), Some(0)).await.unwrap();
+    let c = store.claim("once", None).await.unwrap().unwrap();
+    let after = store.release(zero.id, &c.lease.token, None).await.unwrap();
+    assert_eq!(
+        after.state,
+        ItemState::Failed,
+        "0 re-deliveries: delivered once"
+    );
 }

@@ -4,9 +4,12 @@
 
 mod auth;
 mod common;
+mod input;
 mod instances;
 mod lease;
+mod metrics;
 mod migrate;
+mod roles;
 
 macro_rules! conformance {
     ($($module:ident :: $name:ident),* $(,)?) => {
@@ -43,12 +46,26 @@ conformance! {
     lease::a_stalled_worker_that_comes_back_is_fenced_and_the_new_attempt_is_untouched,
     lease::every_expiry_counts_an_attempt_and_the_cap_fails_the_item_with_retry_limit,
     lease::release_reopens_the_item_and_counts_an_attempt,
+    lease::an_item_is_redelivered_at_most_five_times_after_its_first_delivery,
     lease::lease_expiry_is_measured_only_on_the_database_clock,
     auth::an_enrollment_token_used_twice_concurrently_enrolls_exactly_one_worker,
     auth::a_refresh_token_used_twice_gets_one_success_and_one_rejection,
     auth::a_wrong_verifier_neither_enrolls_nor_burns_the_token,
     auth::access_tokens_expire_on_the_database_clock,
+    auth::random_and_forged_tokens_open_no_write_transaction,
+    auth::a_flood_of_random_tokens_is_refused_while_every_heartbeat_is_answered,
     migrate::an_older_schema_upgrades_in_place_and_keeps_its_rows,
     migrate::running_migrations_twice_is_a_no_op,
+    migrate::concurrent_starts_apply_each_migration_exactly_once,
+    migrate::readiness_is_503_while_a_migration_is_not_recorded,
     instances::two_instances_with_eight_claimers_settle_every_item_exactly_once,
+    roles::every_endpoint_allows_exactly_its_roles_and_a_refusal_changes_nothing,
+    roles::a_worker_enrolled_for_one_queue_claims_there_and_nowhere_else,
+    input::out_of_range_numbers_are_400_before_they_reach_sql,
+    input::bodies_that_are_not_objects_of_the_documented_fields_are_refused,
+    input::a_failure_report_containing_nul_is_kept_and_the_item_leaves_running,
+    input::framework_answers_are_code_and_message_too,
+    input::generated_requests_never_get_a_5xx_and_a_refusal_changes_nothing,
+    metrics::a_scrape_counts_exactly_what_a_scripted_workload_did,
+    metrics::metrics_listen_serves_metrics_without_a_token_only_there,
 }

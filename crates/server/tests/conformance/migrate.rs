@@ -1,8 +1,8 @@
 //! Schema migrations: upgrade in place, idempotent.
 
-use agentstore_protocol::lease::ItemState;
+use agentstore_protocol::lease::{ItemState, Readiness};
 use agentstore_server::store::{migrate, Backend, MIGRATIONS};
-use agentstore_server::Settings;
+use agentstore_server::{Server, Settings, Store};
 use serde_json::json;
 
 use crate::common::{Kind, TestDb};
@@ -74,6 +74,8 @@ pub async fn an_older_schema_upgrades_in_place_and_keeps_its_rows(db: TestDb) {
     );
     assert_eq!(items[3].result, Some(json!("ok")));
     assert_eq!(items[3].attempts, 1);
+    // A cap of 5 deliveries becomes 4 re-deliveries: the item keeps its deliveries.
+    assert_eq!(items[0].max_redeliveries, 4);
     // The old claim with a claim time keeps a live lease; the one without counts as expired.
     let expired: Vec<i64> = store
         .expired_claims(10)
@@ -104,4 +106,79 @@ pub async fn running_migrations_twice_is_a_no_op(db: TestDb) {
     assert_eq!(migrate(&again).await.unwrap(), 0);
     assert_eq!(versions(store.pool()).await, before);
     assert_eq!(store.list("q", None, 10).await.unwrap().len(), 1);
+}
+
+/// Instances starting together on a fresh database: every start succeeds and
+/// each migration is recorded once (forced: all connect behind one barrier,
+/// several rounds).
+pub async fn concurrent_starts_apply_each_migration_exactly_once(db: TestDb) {
+    const STARTS: usize = 6;
+    const ROUNDS: usize = 5;
+    let all: Vec<i64> = MIGRATIONS.iter().map(|m| m.version).collect();
+    for round in 0..ROUNDS {
+        let fresh = TestDb::create(db.kind).await.expect("fresh database");
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(STARTS));
+        let mut starts = Vec::new();
+        for _ in 0..STARTS {
+            let (fresh, barrier) = (fresh.clone(), barrier.clone());
+            starts.push(tokio::spawn(async move {
+                barrier.wait().await;
+                Store::connect(&fresh.database, Settings::default()).await
+            }));
+        }
+        let mut stores = Vec::new();
+        for s in starts {
+            stores.push(
+                s.await
+                    .unwrap()
+                    .unwrap_or_else(|e| panic!("round {round}: a concurrent start failed: {e}")),
+            );
+        }
+        assert_eq!(versions(stores[0].pool()).await, all, "round {round}");
+        for s in stores {
+            s.close().await;
+        }
+        fresh.cleanup().await;
+    }
+}
+
+/// `/v1/ready` is 503 while a migration is not recorded (a database restored
+/// from an older backup under a running server) and 200 once it is.
+pub async fn readiness_is_503_while_a_migration_is_not_recorded(db: TestDb) {
+    let server = Server::start(&db.config()).await.unwrap();
+    let http = reqwest::Client::new();
+    let ready = |http: reqwest::Client, url: String| async move {
+        let resp = http.get(format!("{url}/v1/ready")).send().await.unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json::<Readiness>().await.unwrap())
+    };
+    let (status, body) = ready(http.clone(), server.url()).await;
+    assert_eq!(
+        (status, body.status.as_str(), body.reason),
+        (200, "ready", None)
+    );
+    let last = MIGRATIONS.last().unwrap();
+    let pool = server.store().pool();
+    sqlx::query("DELETE FROM schema_migrations WHERE version = $1")
+        .bind(last.version)
+        .execute(pool)
+        .await
+        .unwrap();
+    let (status, body) = ready(http.clone(), server.url()).await;
+    assert_eq!((status, body.status.as_str()), (503, "unavailable"));
+    assert_eq!(body.reason.as_deref(), Some("1 migration(s) not applied"));
+    let health = http
+        .get(format!("{}/v1/health", server.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200, "liveness does not look at the schema");
+    sqlx::query("INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, 0)")
+        .bind(last.version)
+        .bind(last.name)
+        .execute(pool)
+        .await
+        .unwrap();
+    assert_eq!(ready(http, server.url()).await.0, 200);
+    server.stop().await.unwrap();
 }

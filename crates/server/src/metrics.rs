@@ -1,0 +1,350 @@
+//! Prometheus metrics of one server instance, in the text exposition format.
+//!
+//! Each [`Server`](crate::Server) owns its own [`prometheus::Registry`]: nothing
+//! is registered in a process-wide default, so several servers in one process
+//! (the tests run many) count only their own requests.
+//!
+//! Counters and histograms are updated where the event happens (handlers, the
+//! request middleware [`track`], the reaper). Queue and pool gauges are read at
+//! scrape time: queue gauges from [`Store::queue_stats`], the same call behind
+//! `GET /v1/queues/{queue}/stats`. Names follow the Prometheus conventions
+//! (<https://prometheus.io/docs/practices/naming/>): `_total` for counters,
+//! base units (`_seconds`) for durations.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use agentstore_protocol::lease::{ItemState, SettleState};
+use agentstore_protocol::ErrorCode;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::Method;
+use axum::middleware::Next;
+use axum::response::Response;
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+use crate::store::{Store, StoreError};
+
+/// `Content-Type` of the text exposition format.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The metrics of one server instance (see the module docs for the names).
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Claims answered `201` with an item.
+    claims: IntCounter,
+    /// Claims answered `204`: nothing open in the queue.
+    claims_empty: IntCounter,
+    /// Leases renewed, by single or batched heartbeat.
+    heartbeats: IntCounter,
+    /// Accepted settles, by the state settled into.
+    settles: IntCounterVec,
+    /// `claim_lost` answers, batched heartbeat entries included.
+    claim_lost: IntCounter,
+    /// `state_conflict` answers, batched heartbeat entries included.
+    state_conflict: IntCounter,
+    /// Expired claims the reaper reopened.
+    reaper_reopened: IntCounter,
+    /// Items failed by the retry cap (reason `retry_limit`), by the path that did it.
+    retry_limit: IntCounterVec,
+    /// `429` answers.
+    rate_limited: IntCounter,
+    /// `401` and `403` answers, by status.
+    auth_rejected: IntCounterVec,
+    /// Request latency by method and route template.
+    request_duration: HistogramVec,
+    /// Duration of one reaper pass.
+    reaper_pass: Histogram,
+    /// Items by queue and state (read at scrape time).
+    queue_items: IntGaugeVec,
+    /// Age of the longest-waiting open item by queue (read at scrape time).
+    queue_oldest_open: prometheus::GaugeVec,
+    /// Running items across all queues (read at scrape time).
+    leases_held: IntGauge,
+    /// Pool connections checked out by this instance.
+    pool_in_use: IntGauge,
+    /// Pool size limit of this instance.
+    pool_max: IntGauge,
+}
+
+fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
+    let c = IntCounter::new(name, help).expect("valid metric name");
+    registry.register(Box::new(c.clone())).expect("unique name");
+    c
+}
+
+fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric name");
+    registry.register(Box::new(c.clone())).expect("unique name");
+    c
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
+    let g = IntGauge::new(name, help).expect("valid metric name");
+    registry.register(Box::new(g.clone())).expect("unique name");
+    g
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// A fresh registry with every metric at zero.
+    ///
+    /// # Panics
+    /// Never for the fixed names and labels used here (the registration of a
+    /// static name can only fail if the name were invalid or duplicated).
+    pub fn new() -> Metrics {
+        let r = Registry::new();
+        let request_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "agentstore_http_request_duration_seconds",
+                "HTTP request latency by method and route template (s)",
+            ),
+            &["method", "route"],
+        )
+        .expect("valid metric name");
+        r.register(Box::new(request_duration.clone()))
+            .expect("unique name");
+        let reaper_pass = Histogram::with_opts(HistogramOpts::new(
+            "agentstore_reaper_pass_duration_seconds",
+            "Duration of one reaper pass over expired claims (s)",
+        ))
+        .expect("valid metric name");
+        r.register(Box::new(reaper_pass.clone()))
+            .expect("unique name");
+        let queue_items = IntGaugeVec::new(
+            Opts::new("agentstore_queue_items", "Items by queue and state"),
+            &["queue", "state"],
+        )
+        .expect("valid metric name");
+        r.register(Box::new(queue_items.clone()))
+            .expect("unique name");
+        let queue_oldest_open = prometheus::GaugeVec::new(
+            Opts::new(
+                "agentstore_queue_oldest_open_age_seconds",
+                "How long the longest-waiting open item of the queue has been open (s; 0 when none)",
+            ),
+            &["queue"],
+        )
+        .expect("valid metric name");
+        r.register(Box::new(queue_oldest_open.clone()))
+            .expect("unique name");
+        let m = Metrics {
+            claims: counter(&r, "agentstore_claims_total", "Claims that handed out an item (201)"),
+            claims_empty: counter(
+                &r,
+                "agentstore_claims_empty_total",
+                "Claims that found nothing open (204)",
+            ),
+            heartbeats: counter(
+                &r,
+                "agentstore_heartbeats_total",
+                "Leases renewed by a heartbeat (single or batched)",
+            ),
+            settles: counter_vec(
+                &r,
+                "agentstore_settles_total",
+                "Accepted settles by the state settled into",
+                &["state"],
+            ),
+            claim_lost: counter(
+                &r,
+                "agentstore_claim_lost_total",
+                "claim_lost answers (batched heartbeat entries included)",
+            ),
+            state_conflict: counter(
+                &r,
+                "agentstore_state_conflict_total",
+                "state_conflict answers (batched heartbeat entries included)",
+            ),
+            reaper_reopened: counter(
+                &r,
+                "agentstore_reaper_reopened_total",
+                "Expired claims the reaper reopened",
+            ),
+            retry_limit: counter_vec(
+                &r,
+                "agentstore_retry_limit_failures_total",
+                "Items failed by the retry cap (reason retry_limit), by the path that ended the last attempt",
+                &["by"],
+            ),
+            rate_limited: counter(&r, "agentstore_rate_limited_total", "429 answers"),
+            auth_rejected: counter_vec(
+                &r,
+                "agentstore_auth_rejected_total",
+                "401 and 403 answers by status",
+                &["status"],
+            ),
+            leases_held: gauge(
+                &r,
+                "agentstore_leases_held",
+                "Running items (leases held) across all queues",
+            ),
+            pool_in_use: gauge(
+                &r,
+                "agentstore_db_pool_connections_in_use",
+                "Database connections this instance has checked out",
+            ),
+            pool_max: gauge(
+                &r,
+                "agentstore_db_pool_connections_max",
+                "Database pool size limit of this instance",
+            ),
+            request_duration,
+            reaper_pass,
+            queue_items,
+            queue_oldest_open,
+            registry: r,
+        };
+        // Every labelled counter series exists from the start at 0, so that
+        // `increase()` in an alert sees its first increment.
+        for state in [
+            SettleState::Done,
+            SettleState::Failed,
+            SettleState::Blocked,
+            SettleState::Paused,
+        ] {
+            m.settles
+                .with_label_values(&[ItemState::from(state).as_str()]);
+        }
+        for by in ["reaper", "release"] {
+            m.retry_limit.with_label_values(&[by]);
+        }
+        for status in ["401", "403"] {
+            m.auth_rejected.with_label_values(&[status]);
+        }
+        m
+    }
+
+    /// A claim answered `201` (`true`) or `204` (`false`).
+    pub fn claimed(&self, got_item: bool) {
+        if got_item {
+            self.claims.inc();
+        } else {
+            self.claims_empty.inc();
+        }
+    }
+
+    /// A lease renewed.
+    pub fn heartbeat(&self) {
+        self.heartbeats.inc();
+    }
+
+    /// A settle accepted into `state`.
+    pub fn settled(&self, state: SettleState) {
+        self.settles
+            .with_label_values(&[ItemState::from(state).as_str()])
+            .inc();
+    }
+
+    /// An error `code` answered to a client (whole response or batch entry).
+    pub fn answered(&self, code: ErrorCode) {
+        match code {
+            ErrorCode::ClaimLost => self.claim_lost.inc(),
+            ErrorCode::StateConflict => self.state_conflict.inc(),
+            _ => {}
+        }
+    }
+
+    /// Items failed by the retry cap; `by` is `"reaper"` or `"release"`.
+    pub fn retry_limit_failed(&self, by: &'static str, n: u64) {
+        self.retry_limit.with_label_values(&[by]).inc_by(n);
+    }
+
+    /// Runs one reaper pass (`(reopened, failed)`, see [`Store::reap`]),
+    /// recording its duration (this process's monotonic clock: a duration for
+    /// the histogram only, never a lease time) and what it took over.
+    ///
+    /// # Errors
+    /// The pass's own error, passed through.
+    pub async fn reaper_pass<F>(&self, pass: F) -> Result<(usize, usize), StoreError>
+    where
+        F: std::future::Future<Output = Result<(usize, usize), StoreError>>,
+    {
+        let started = Instant::now();
+        let outcome = pass.await;
+        self.reaper_pass.observe(started.elapsed().as_secs_f64());
+        if let Ok((reopened, failed)) = outcome {
+            self.reaper_reopened.inc_by(reopened as u64);
+            self.retry_limit_failed("reaper", failed as u64);
+        }
+        outcome
+    }
+
+    /// Reads the gauges from `store` and renders every metric as text.
+    ///
+    /// # Errors
+    /// The database failed while reading the queue gauges.
+    pub async fn render(&self, store: &Store) -> Result<String, StoreError> {
+        let queues = store.queue_stats(None).await?;
+        self.queue_items.reset();
+        self.queue_oldest_open.reset();
+        let mut running = 0;
+        for q in &queues {
+            for state in ItemState::ALL {
+                let n = i64::try_from(q.count(state)).unwrap_or(i64::MAX);
+                self.queue_items
+                    .with_label_values(&[q.queue.as_str(), state.as_str()])
+                    .set(n);
+            }
+            let age_ms = q.oldest_open_age_ms.unwrap_or(0);
+            self.queue_oldest_open
+                .with_label_values(&[q.queue.as_str()])
+                .set(age_ms as f64 / 1000.0);
+            running += q.running;
+        }
+        self.leases_held
+            .set(i64::try_from(running).unwrap_or(i64::MAX));
+        let (in_use, _, max) = store.pool_usage();
+        self.pool_in_use.set(i64::from(in_use));
+        self.pool_max.set(i64::from(max));
+        TextEncoder::new()
+            .encode_to_string(&self.registry.gather())
+            .map_err(|e| StoreError::Corrupt(format!("metrics encoding: {e}")))
+    }
+}
+
+/// Middleware: request latency by route template and the status-derived
+/// counters (`429`, `401`/`403`, and the error code an [`ApiError`](crate::ApiError)
+/// left in the response's extensions).
+pub async fn track(State(metrics): State<Arc<Metrics>>, req: Request, next: Next) -> Response {
+    // Label values stay a small fixed set: the route TEMPLATE (never the raw
+    // path, which holds ids and queue names) and the standard methods only.
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "other".to_owned(), |p| p.as_str().to_owned());
+    let method = match *req.method() {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        _ => "other",
+    };
+    let started = Instant::now();
+    let resp = next.run(req).await;
+    metrics
+        .request_duration
+        .with_label_values(&[method, route.as_str()])
+        .observe(started.elapsed().as_secs_f64());
+    match resp.status().as_u16() {
+        401 => metrics.auth_rejected.with_label_values(&["401"]).inc(),
+        403 => metrics.auth_rejected.with_label_values(&["403"]).inc(),
+        429 => metrics.rate_limited.inc(),
+        _ => {}
+    }
+    if let Some(code) = resp.extensions().get::<ErrorCode>() {
+        metrics.answered(*code);
+    }
+    resp
+}

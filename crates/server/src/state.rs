@@ -1,0 +1,26 @@
+//! What every handler shares (its own module so that the router, the handlers
+//! and the extractors all import it without a cycle).
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use crate::metrics::Metrics;
+use crate::ratelimit::RateLimiter;
+use crate::store::Store;
+
+/// The state behind every `/v1` handler.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// The database.
+    pub store: Store,
+    /// SHA-256 of the admin token; `None` disables admin access.
+    pub admin_hash: Option<String>,
+    /// Claim polling limit, per worker (per instance).
+    pub claim_limiter: Arc<RateLimiter<i64>>,
+    /// Enroll/refresh limit, per client address (per instance).
+    pub auth_limiter: Arc<RateLimiter<IpAddr>>,
+    /// `Retry-After` of an empty claim (ms).
+    pub idle_retry_ms: u64,
+    /// This instance's metrics (its own registry).
+    pub metrics: Arc<Metrics>,
+}

@@ -1,0 +1,415 @@
+//! Hostile input over HTTP: every answer is 2xx or a 4xx `{code, message}`, the
+//! same on both backends, and a refused request changes nothing.
+
+use agentstore_protocol::lease::{ItemState, Role, WorkerCredentials};
+use agentstore_protocol::{ErrorBody, ErrorCode};
+use agentstore_server::{Server, Store};
+use proptest::prelude::*;
+use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use crate::common::{http_server, snapshot, TestDb, ADMIN};
+
+/// Sends `body` (raw text) to `path` as `bearer`; returns status and text.
+async fn send(
+    server: &Server,
+    method: Method,
+    path: &str,
+    bearer: Option<&str>,
+    body: Option<String>,
+) -> (StatusCode, String) {
+    let mut req = reqwest::Client::new().request(method, format!("{}{path}", server.url()));
+    if let Some(b) = bearer {
+        req = req.bearer_auth(b);
+    }
+    if let Some(body) = body {
+        req = req.header("content-type", "application/json").body(body);
+    }
+    let resp = req.send().await.unwrap();
+    (resp.status(), resp.text().await.unwrap())
+}
+
+/// Asserts a `{code, message}` refusal with `code` and an unchanged database.
+async fn refused(
+    store: &Store,
+    before: &[String],
+    (status, text): (StatusCode, String),
+    code: ErrorCode,
+    what: &str,
+) {
+    assert_eq!(status.as_u16(), code.status(), "{what}: {text}");
+    let body: ErrorBody = serde_json::from_str(&text).unwrap_or_else(|_| panic!("{what}: {text}"));
+    assert_eq!(body.code, code, "{what}");
+    assert!(!body.message.is_empty(), "{what}");
+    assert_eq!(snapshot(store).await, before, "{what} changed state");
+}
+
+pub async fn out_of_range_numbers_are_400_before_they_reach_sql(db: TestDb) {
+    let server = http_server(&db).await;
+    let store = server.store().clone();
+    let before = snapshot(&store).await;
+    for (path, body) in [
+        (
+            "/v1/admin/enrollment-tokens",
+            r#"{"expires_in_ms": 9223372036854775807}"#,
+        ),
+        (
+            "/v1/admin/enrollment-tokens",
+            r#"{"expires_in_ms": 18446744073709551615}"#,
+        ),
+        ("/v1/admin/enrollment-tokens", r#"{"expires_in_ms": 0}"#),
+        ("/v1/admin/enrollment-tokens", r#"{"expires_in_ms": -1}"#),
+        ("/v1/admin/enrollment-tokens", r#"{"expires_in_ms": 1e300}"#),
+        (
+            "/v1/queues/q/items",
+            r#"{"payload": 1, "max_redeliveries": 4294967295}"#,
+        ),
+        (
+            "/v1/queues/q/items",
+            r#"{"payload": 1, "max_redeliveries": 1001}"#,
+        ),
+    ] {
+        let answer = send(&server, Method::POST, path, Some(ADMIN), Some(body.into())).await;
+        refused(&store, &before, answer, ErrorCode::Validation, body).await;
+    }
+    server.stop().await.unwrap();
+}
+
+pub async fn bodies_that_are_not_objects_of_the_documented_fields_are_refused(db: TestDb) {
+    let server = http_server(&db).await;
+    let store = server.store().clone();
+    let before = snapshot(&store).await;
+    for body in [
+        r#"[{"job":1},3]"#,
+        r#"[{"job":1}]"#,
+        "3",
+        r#""payload""#,
+        "null",
+        "true",
+        r#"{"payload": 1, "extra": 2}"#,
+        r#"{"payload": 1, "max_redeliveries": "3"}"#,
+        r#"{"max_redeliveries": 3}"#,
+        "[1,",
+        "\u{0}",
+    ] {
+        let answer = send(
+            &server,
+            Method::POST,
+            "/v1/queues/q/items",
+            Some(ADMIN),
+            Some(body.into()),
+        )
+        .await;
+        refused(&store, &before, answer, ErrorCode::Validation, body).await;
+    }
+    for body in ["{", "", "{\"payload\": 1"] {
+        let answer = send(
+            &server,
+            Method::POST,
+            "/v1/queues/q/items",
+            Some(ADMIN),
+            Some(body.into()),
+        )
+        .await;
+        refused(&store, &before, answer, ErrorCode::BadRequest, body).await;
+    }
+    server.stop().await.unwrap();
+}
+
+pub async fn a_failure_report_containing_nul_is_kept_and_the_item_leaves_running(db: TestDb) {
+    let server = http_server(&db).await;
+    let store = server.store().clone();
+    let item = store.enqueue("q", &json!(1), None).await.unwrap();
+    let lease = store.claim("q", None).await.unwrap().unwrap().lease;
+    let body = json!({"token": lease.token, "state": "failed", "error": "disk\u{0}full",
+                      "result": {"log": "a\u{0}b"}});
+    let (status, text) = send(
+        &server,
+        Method::POST,
+        &format!("/v1/items/{}/settle", item.id),
+        Some(ADMIN),
+        Some(body.to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let now = store.item(item.id).await.unwrap().unwrap();
+    assert_eq!(now.state, ItemState::Failed);
+    assert_eq!(now.last_error.as_deref(), Some("disk\u{FFFD}full"));
+    assert_eq!(
+        now.result,
+        Some(json!({"log": "a\u{0}b"})),
+        "JSON keeps it escaped"
+    );
+    // A worker name cannot hold one: refused, nothing enrolled.
+    let (t, _) = store
+        .create_enrollment_token(None, Role::Worker, &["q".into()])
+        .await
+        .unwrap();
+    let before = snapshot(&store).await;
+    let body = json!({"token": t.0, "name": "w\u{0}"}).to_string();
+    let answer = send(
+        &server,
+        Method::POST,
+        "/v1/workers/enroll",
+        None,
+        Some(body),
+    )
+    .await;
+    refused(
+        &store,
+        &before,
+        answer,
+        ErrorCode::Validation,
+        "NUL in a name",
+    )
+    .await;
+    server.stop().await.unwrap();
+}
+
+pub async fn framework_answers_are_code_and_message_too(db: TestDb) {
+    let server = http_server(&db).await;
+    let store = server.store().clone();
+    let item = store.enqueue("q", &json!(1), None).await.unwrap();
+    let before = snapshot(&store).await;
+    let cases = [
+        (
+            Method::DELETE,
+            format!("/v1/items/{}", item.id),
+            ErrorCode::MethodNotAllowed,
+        ),
+        (
+            Method::GET,
+            "/v1/queues/q/claims".into(),
+            ErrorCode::MethodNotAllowed,
+        ),
+        (
+            Method::PUT,
+            "/v1/heartbeats".into(),
+            ErrorCode::MethodNotAllowed,
+        ),
+        (
+            Method::GET,
+            "/v1/items/%FF%FE".into(),
+            ErrorCode::BadRequest,
+        ),
+        (
+            Method::GET,
+            "/v1/queues/q/items?limit=%FF".into(),
+            ErrorCode::Validation,
+        ),
+        (
+            Method::GET,
+            "/v1/no/such/endpoint".into(),
+            ErrorCode::NotFound,
+        ),
+    ];
+    for (method, path, code) in cases {
+        let what = format!("{method} {path}");
+        let answer = send(&server, method, &path, Some(ADMIN), None).await;
+        refused(&store, &before, answer, code, &what).await;
+    }
+    server.stop().await.unwrap();
+}
+
+/// What a generated request is made of.
+#[derive(Debug, Clone)]
+struct Generated {
+    method: Method,
+    path: String,
+    auth: Option<String>,
+    content_type: Option<String>,
+    body: Option<String>,
+}
+
+fn json_value() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<u64>().prop_map(Value::from),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(Value::from),
+        ".{0,12}".prop_map(Value::from),
+        Just(Value::from("done")),
+        Just(Value::from("failed")),
+    ];
+    leaf.prop_recursive(3, 24, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+            prop::collection::btree_map(
+                prop_oneof![
+                    Just("payload".to_owned()),
+                    Just("token".to_owned()),
+                    Just("state".to_owned()),
+                    Just("error".to_owned()),
+                    Just("result".to_owned()),
+                    Just("leases".to_owned()),
+                    Just("item_id".to_owned()),
+                    Just("max_redeliveries".to_owned()),
+                    Just("expires_in_ms".to_owned()),
+                    Just("role".to_owned()),
+                    Just("queues".to_owned()),
+                    Just("name".to_owned()),
+                    Just("refresh_token".to_owned()),
+                    ".{0,6}",
+                ],
+                inner,
+                0..4,
+            )
+            .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+fn generated(ids: Vec<i64>, tokens: Vec<String>) -> impl Strategy<Value = Generated> {
+    let segment = prop_oneof![
+        prop::sample::select(ids).prop_map(|i| i.to_string()),
+        Just("q".to_owned()),
+        Just("0".to_owned()),
+        Just("-1".to_owned()),
+        Just("9223372036854775808".to_owned()),
+        Just("%00".to_owned()),
+        Just("%FF".to_owned()),
+        "[a-zA-Z0-9_.:%-]{0,12}",
+    ];
+    let path = (
+        prop::sample::select(vec![
+            "/v1/health",
+            "/v1/admin/enrollment-tokens",
+            "/v1/workers/enroll",
+            "/v1/workers/refresh",
+            "/v1/queues/{}/items",
+            "/v1/queues/{}/claims",
+            "/v1/items/{}",
+            "/v1/items/{}/heartbeat",
+            "/v1/items/{}/settle",
+            "/v1/items/{}/release",
+            "/v1/items/{}/pause",
+            "/v1/items/{}/resume",
+            "/v1/heartbeats",
+            "/v1/{}",
+        ]),
+        segment,
+        prop_oneof![
+            Just(String::new()),
+            Just("?state=done".to_owned()),
+            Just("?limit=99999999999".to_owned()),
+            "\\?[a-z=&%0-9]{0,12}",
+        ],
+    )
+        .prop_map(|(t, s, q)| format!("{}{q}", t.replace("{}", &s)));
+    let method = prop::sample::select(vec![
+        Method::GET,
+        Method::POST,
+        Method::POST,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::PATCH,
+    ]);
+    let mut auths: Vec<Option<String>> = tokens.into_iter().map(Some).collect();
+    auths.extend([
+        None,
+        Some("garbage".into()),
+        Some(format!("asa_{}", "0".repeat(81))),
+    ]);
+    let body = prop_oneof![
+        Just(None),
+        json_value().prop_map(|v| Some(v.to_string())),
+        ".{0,40}".prop_map(Some),
+    ];
+    let content_type = prop::sample::select(vec![
+        None,
+        Some("application/json".to_owned()),
+        Some("text/plain".to_owned()),
+        Some("application/x-www-form-urlencoded".to_owned()),
+    ]);
+    (
+        method,
+        path,
+        prop::sample::select(auths),
+        content_type,
+        body,
+    )
+        .prop_map(|(method, path, auth, content_type, body)| Generated {
+            method,
+            path,
+            auth,
+            content_type,
+            body,
+        })
+}
+
+async fn principal(store: &Store, role: Role) -> WorkerCredentials {
+    let (t, _) = store
+        .create_enrollment_token(None, role, &["q".into()])
+        .await
+        .unwrap();
+    store.enroll(&t.0, None).await.unwrap()
+}
+
+pub async fn generated_requests_never_get_a_5xx_and_a_refusal_changes_nothing(db: TestDb) {
+    let server = http_server(&db).await;
+    let store = server.store().clone();
+    let worker = principal(&store, Role::Worker).await;
+    let producer = principal(&store, Role::Producer).await;
+    let mut ids = Vec::new();
+    for n in 0..4 {
+        ids.push(store.enqueue("q", &json!(n), None).await.unwrap().id);
+    }
+    store.claim("q", Some(worker.worker_id)).await.unwrap();
+    let tokens = vec![ADMIN.to_owned(), worker.access_token, producer.access_token];
+    let base = server.url();
+    let http = reqwest::Client::new();
+    let handle = tokio::runtime::Handle::current();
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 160,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let outcome = runner.run(&generated(ids, tokens), |g| {
+        tokio::task::block_in_place(|| {
+            handle.block_on(async {
+                let before = snapshot(&store).await;
+                let mut req = http.request(g.method.clone(), format!("{base}{}", g.path));
+                if let Some(a) = &g.auth {
+                    req = req.header("authorization", format!("Bearer {a}"));
+                }
+                if let Some(ct) = &g.content_type {
+                    req = req.header("content-type", ct);
+                }
+                if let Some(b) = &g.body {
+                    req = req.body(b.clone());
+                }
+                let resp = req
+                    .send()
+                    .await
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let status = resp.status();
+                let text = resp.text().await.unwrap_or_default();
+                prop_assert!(!status.is_server_error(), "{g:?} -> {status} {text}");
+                if status.is_client_error() {
+                    let body: Result<ErrorBody, _> = serde_json::from_str(&text);
+                    prop_assert!(
+                        body.is_ok(),
+                        "{g:?} -> {status} not {{code, message}}: {text}"
+                    );
+                    prop_assert_eq!(
+                        snapshot(&store).await,
+                        before,
+                        "{:?} -> {} changed state",
+                        g,
+                        status
+                    );
+                }
+                Ok(())
+            })
+        })
+    });
+    if let Err(e) = outcome {
+        panic!("{e}");
+    }
+    server.stop().await.unwrap();
+}

@@ -1,0 +1,540 @@
+//! `GET /metrics` after a scripted workload: every counter equals what the
+//! workload did, counted from the answers it got; a second server in the same
+//! process (on the same database) counts nothing of it.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use agentstore_protocol::lease::{ClaimResponse, ItemState, QueueStats, WorkerCredentials};
+use agentstore_server::Server;
+use reqwest::{Client, StatusCode};
+use serde_json::{json, Value};
+
+use crate::common::{TestDb, ADMIN};
+
+/// One parsed sample: metric name, labels, value.
+type Sample = (String, BTreeMap<String, String>, f64);
+
+/// Parses the text exposition format (enough of it for our own output).
+fn parse(text: &str) -> Vec<Sample> {
+    let mut out = Vec::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
+        let (series, value) = line.rsplit_once(' ').expect("sample line");
+        let value: f64 = value.parse().expect("sample value");
+        let (name, labels) = match series.split_once('{') {
+            None => (series.to_owned(), BTreeMap::new()),
+            Some((name, rest)) => {
+                let body = rest.strip_suffix('}').expect("closing brace");
+                let labels = body
+                    .split("\",")
+                    .filter(|kv| !kv.is_empty())
+                    .map(|kv| {
+                        let (k, v) = kv.split_once("=\"").expect("label");
+                        (k.to_owned(), v.trim_end_matches('"').to_owned())
+                    })
+                    .collect();
+                (name.to_owned(), labels)
+            }
+        };
+        out.push((name, labels, value));
+    }
+    out
+}
+
+/// The value of `name` with exactly `labels`; 0 when the series is absent
+/// (a labelled counter appears at its first increment).
+fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+    let want: BTreeMap<String, String> = labels
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    let found: Vec<f64> = samples
+        .iter()
+        .filter(|(n, l, _)| n == name && *l == want)
+        .map(|(_, _, v)| *v)
+        .collect();
+    assert!(found.len() <= 1, "{name}{labels:?} appears twice");
+    found.first().copied().unwrap_or(0.0)
+}
+
+/// What the workload saw, counted from the answers.
+#[derive(Debug, Default)]
+struct Tally {
+    claim_requests: u64,
+    claimed: u64,
+    empty: u64,
+    rate_limited: u64,
+}
+
+struct Api {
+    http: Client,
+    base: String,
+}
+
+impl Api {
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        bearer: Option<&str>,
+        body: Option<Value>,
+    ) -> reqwest::Response {
+        let mut req = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(t) = bearer {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        req.send().await.unwrap()
+    }
+
+    async fn post(&self, path: &str, bearer: &str, body: Value) -> reqwest::Response {
+        self.send(reqwest::Method::POST, path, Some(bearer), Some(body))
+            .await
+    }
+
+    async fn ok(&self, path: &str, bearer: &str, body: Value) -> Value {
+        let resp = self.post(path, bearer, body).await;
+        assert!(resp.status().is_success(), "{path}: {}", resp.status());
+        resp.json().await.unwrap()
+    }
+
+    async fn worker(&self) -> WorkerCredentials {
+        let t = self
+            .ok("/v1/admin/enrollment-tokens", ADMIN, json!({}))
+            .await;
+        let resp = self
+            .send(
+                reqwest::Method::POST,
+                "/v1/workers/enroll",
+                None,
+                Some(json!({"token": t["token"]})),
+            )
+            .await;
+        assert_eq!(resp.status(), StatusCode::CREATED);
+        resp.json().await.unwrap()
+    }
+
+    async fn enqueue(&self, max_redeliveries: Option<u32>) -> i64 {
+        let mut body = json!({"payload": {"job": true}});
+        if let Some(m) = max_redeliveries {
+            body["max_redeliveries"] = json!(m);
+        }
+        self.ok("/v1/queues/mq/items", ADMIN, body).await["id"]
+            .as_i64()
+            .unwrap()
+    }
+
+    /// One claim; counts its answer in `tally`.
+    async fn claim(&self, queue: &str, bearer: &str, tally: &mut Tally) -> Option<ClaimResponse> {
+        let resp = self
+            .post(&format!("/v1/queues/{queue}/claims"), bearer, json!({}))
+            .await;
+        tally.claim_requests += 1;
+        match resp.status().as_u16() {
+            201 => {
+                tally.claimed += 1;
+                Some(resp.json().await.unwrap())
+            }
+            204 => {
+                tally.empty += 1;
+                None
+            }
+            429 => {
+                tally.rate_limited += 1;
+                None
+            }
+            other => panic!("claim answered {other}"),
+        }
+    }
+
+    async fn status(&self, path: &str, bearer: &str, body: Value) -> (u16, Value) {
+        let resp = self.post(path, bearer, body).await;
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn scrape(&self) -> Vec<Sample> {
+        let resp = self
+            .send(reqwest::Method::GET, "/metrics", Some(ADMIN), None)
+            .await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        let ct = resp.headers()["content-type"].to_str().unwrap().to_owned();
+        assert!(ct.starts_with("text/plain; version=0.0.4"), "{ct}");
+        parse(&resp.text().await.unwrap())
+    }
+}
+
+/// Waits (bounded) until the item is in `state`.
+async fn until_state(store: &agentstore_server::Store, id: i64, state: ItemState) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if store.item(id).await.unwrap().map(|i| i.state) == Some(state) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "item {id} never became {state:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub async fn a_scrape_counts_exactly_what_a_scripted_workload_did(db: TestDb) {
+    let mut config = db.config();
+    config.claim_rate = "20/s".parse().unwrap();
+    config.ttl_ms = 60_000;
+    config.reaper_ms = 50;
+    let server = Server::start(&config).await.unwrap();
+    // Same process, same database: its registry must stay untouched. Its reaper
+    // waits an hour, so every takeover is the first server's.
+    config.reaper_ms = 3_600_000;
+    let other = Server::start(&config).await.unwrap();
+    let api = Api {
+        http: Client::new(),
+        base: server.url(),
+    };
+    let store = server.store();
+    let mut t = Tally::default();
+    let w = api.worker().await;
+    let tok = w.access_token.as_str();
+
+    // Refused callers: 3 × 401, 2 × 403.
+    let get = reqwest::Method::GET;
+    for bearer in [None, Some("not-a-token")] {
+        let resp = api
+            .send(get.clone(), "/v1/queues/mq/items", bearer, None)
+            .await;
+        assert_eq!(resp.status(), 401);
+    }
+    assert_eq!(
+        api.send(get.clone(), "/metrics", None, None).await.status(),
+        401
+    );
+    let (s, _) = api
+        .status("/v1/admin/enrollment-tokens", tok, json!({}))
+        .await;
+    assert_eq!(s, 403);
+    assert_eq!(
+        api.send(get.clone(), "/metrics", Some(tok), None)
+            .await
+            .status(),
+        403
+    );
+
+    let a = api.enqueue(None).await;
+    let b = api.enqueue(None).await;
+    let c = api.enqueue(None).await;
+    let d = api.enqueue(Some(0)).await; // delivered once
+    let e = api.enqueue(None).await;
+    let f = api.enqueue(Some(0)).await; // delivered once
+
+    // A: two heartbeats, settled done. B: settled failed.
+    let ca = api.claim("mq", tok, &mut t).await.expect("A");
+    assert_eq!(ca.item.id, a);
+    for _ in 0..2 {
+        let (s, _) = api
+            .status(
+                &format!("/v1/items/{a}/heartbeat"),
+                tok,
+                json!({"token": ca.lease.token}),
+            )
+            .await;
+        assert_eq!(s, 200);
+    }
+    let (s, _) = api
+        .status(
+            &format!("/v1/items/{a}/settle"),
+            tok,
+            json!({"token": ca.lease.token, "state": "done"}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    let cb = api.claim("mq", tok, &mut t).await.expect("B");
+    assert_eq!(cb.item.id, b);
+    let (s, _) = api
+        .status(
+            &format!("/v1/items/{b}/settle"),
+            tok,
+            json!({"token": cb.lease.token, "state": "failed", "error": "boom"}),
+        )
+        .await;
+    assert_eq!(s, 200);
+
+    // C paused by the admin: its holder's heartbeat and settle are state_conflict.
+    let cc = api.claim("mq", tok, &mut t).await.expect("C");
+    assert_eq!(cc.item.id, c);
+    api.ok(&format!("/v1/items/{c}/pause"), ADMIN, json!({}))
+        .await;
+    let (s, body) = api
+        .status(
+            &format!("/v1/items/{c}/heartbeat"),
+            tok,
+            json!({"token": cc.lease.token}),
+        )
+        .await;
+    assert_eq!((s, body["code"].as_str()), (409, Some("state_conflict")));
+    let (s, body) = api
+        .status(
+            &format!("/v1/items/{c}/settle"),
+            tok,
+            json!({"token": cc.lease.token, "state": "done"}),
+        )
+        .await;
+    assert_eq!((s, body["code"].as_str()), (409, Some("state_conflict")));
+    // A's old token: claim_lost, alone and in a batch beside C's.
+    let (s, body) = api
+        .status(
+            &format!("/v1/items/{a}/heartbeat"),
+            tok,
+            json!({"token": ca.lease.token}),
+        )
+        .await;
+    assert_eq!((s, body["code"].as_str()), (409, Some("claim_lost")));
+    let (s, body) = api
+        .status(
+            "/v1/heartbeats",
+            tok,
+            json!({"leases": [{"item_id": a, "token": ca.lease.token}, {"item_id": c, "token": cc.lease.token}]}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    let codes: Vec<_> = body["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["error"]["code"].clone())
+        .collect();
+    assert_eq!(codes, vec![json!("claim_lost"), json!("state_conflict")]);
+
+    // D (cap 1) and E expire: the reaper fails D at the cap and reopens E.
+    let cd = api.claim("mq", tok, &mut t).await.expect("D");
+    let ce = api.claim("mq", tok, &mut t).await.expect("E");
+    assert_eq!((cd.item.id, ce.item.id), (d, e));
+    sqlx::query("UPDATE items SET heartbeat_at = NULL WHERE id = $1 OR id = $2")
+        .bind(d)
+        .bind(e)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    until_state(store, d, ItemState::Failed).await;
+    until_state(store, e, ItemState::Open).await;
+    // E again, settled done; F (cap 1) released: failed at the cap by the release.
+    let ce2 = api.claim("mq", tok, &mut t).await.expect("E again");
+    assert_eq!((ce2.item.id, ce2.item.epoch), (e, 2));
+    let (s, _) = api
+        .status(
+            &format!("/v1/items/{e}/settle"),
+            tok,
+            json!({"token": ce2.lease.token, "state": "done"}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    let cf = api.claim("mq", tok, &mut t).await.expect("F");
+    assert_eq!(cf.item.id, f);
+    let (s, body) = api
+        .status(
+            &format!("/v1/items/{f}/release"),
+            tok,
+            json!({"token": cf.lease.token}),
+        )
+        .await;
+    assert_eq!(
+        (s, body["state"].as_str(), body["last_error"].as_str()),
+        (200, Some("failed"), Some("retry_limit"))
+    );
+    // G stays running (one lease held), H stays open.
+    let g = api.enqueue(None).await;
+    api.enqueue(None).await;
+    assert_eq!(api.claim("mq", tok, &mut t).await.expect("G").item.id, g);
+
+    // Empty claims, then a second worker polls until it is rate limited.
+    for _ in 0..2 {
+        assert!(api.claim("empty", tok, &mut t).await.is_none());
+    }
+    let w2 = api.worker().await;
+    for _ in 0..500 {
+        api.claim("empty", &w2.access_token, &mut t).await;
+        if t.rate_limited > 0 {
+            break;
+        }
+    }
+    assert_eq!(t.rate_limited, 1, "the second worker was rate limited once");
+    assert_eq!(t.claimed, 8);
+
+    // The other server saw none of it.
+    let quiet = Api {
+        http: api.http.clone(),
+        base: other.url(),
+    }
+    .scrape()
+    .await;
+    for name in [
+        "agentstore_claims_total",
+        "agentstore_claims_empty_total",
+        "agentstore_heartbeats_total",
+        "agentstore_claim_lost_total",
+        "agentstore_state_conflict_total",
+        "agentstore_reaper_reopened_total",
+        "agentstore_rate_limited_total",
+    ] {
+        assert_eq!(value(&quiet, name, &[]), 0.0, "{name} on the other server");
+    }
+    assert_eq!(
+        value(&quiet, "agentstore_settles_total", &[("state", "done")]),
+        0.0
+    );
+    assert_eq!(
+        value(
+            &quiet,
+            "agentstore_auth_rejected_total",
+            &[("status", "401")]
+        ),
+        0.0
+    );
+
+    let m = api.scrape().await;
+    let n = |name: &str, labels: &[(&str, &str)]| value(&m, name, labels);
+    assert_eq!(n("agentstore_claims_total", &[]), t.claimed as f64);
+    assert_eq!(n("agentstore_claims_empty_total", &[]), t.empty as f64);
+    assert_eq!(n("agentstore_heartbeats_total", &[]), 2.0);
+    assert_eq!(n("agentstore_settles_total", &[("state", "done")]), 2.0);
+    assert_eq!(n("agentstore_settles_total", &[("state", "failed")]), 1.0);
+    assert_eq!(n("agentstore_settles_total", &[("state", "paused")]), 0.0);
+    assert_eq!(n("agentstore_claim_lost_total", &[]), 2.0);
+    assert_eq!(n("agentstore_state_conflict_total", &[]), 3.0);
+    assert_eq!(n("agentstore_reaper_reopened_total", &[]), 1.0);
+    assert_eq!(
+        n("agentstore_retry_limit_failures_total", &[("by", "reaper")]),
+        1.0
+    );
+    assert_eq!(
+        n(
+            "agentstore_retry_limit_failures_total",
+            &[("by", "release")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        n("agentstore_rate_limited_total", &[]),
+        t.rate_limited as f64
+    );
+    assert_eq!(
+        n("agentstore_auth_rejected_total", &[("status", "401")]),
+        3.0
+    );
+    assert_eq!(
+        n("agentstore_auth_rejected_total", &[("status", "403")]),
+        2.0
+    );
+    let claims_route = [("method", "POST"), ("route", "/v1/queues/{queue}/claims")];
+    assert_eq!(
+        n(
+            "agentstore_http_request_duration_seconds_count",
+            &claims_route
+        ),
+        t.claim_requests as f64
+    );
+    assert!(n("agentstore_reaper_pass_duration_seconds_count", &[]) >= 1.0);
+
+    // Gauges, read from the database at scrape time: the same numbers as the
+    // JSON view.
+    let stats: QueueStats = api
+        .send(get.clone(), "/v1/queues/mq/stats", Some(ADMIN), None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            stats.open,
+            stats.running,
+            stats.paused,
+            stats.blocked,
+            stats.done,
+            stats.failed
+        ),
+        (1, 1, 1, 0, 2, 3)
+    );
+    for state in ItemState::ALL {
+        assert_eq!(
+            n(
+                "agentstore_queue_items",
+                &[("queue", "mq"), ("state", state.as_str())]
+            ),
+            stats.count(state) as f64,
+            "{state:?}"
+        );
+    }
+    assert_eq!(n("agentstore_leases_held", &[]), 1.0);
+    let age = n(
+        "agentstore_queue_oldest_open_age_seconds",
+        &[("queue", "mq")],
+    );
+    assert!((0.0..600.0).contains(&age), "oldest open age {age}");
+    assert!(stats.oldest_open_age_ms.is_some());
+    let max = n("agentstore_db_pool_connections_max", &[]);
+    assert!(max >= 1.0);
+    assert!((0.0..=max).contains(&n("agentstore_db_pool_connections_in_use", &[])));
+
+    other.stop().await.unwrap();
+    server.stop().await.unwrap();
+}
+
+pub async fn metrics_listen_serves_metrics_without_a_token_only_there(db: TestDb) {
+    let mut config = db.config();
+    config.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+    let server = Server::start(&config).await.unwrap();
+    let http = Client::new();
+    let open = format!("http://{}/metrics", server.metrics_addr().unwrap());
+    // One request and one queue, so that the labelled families have a series.
+    let resp = http
+        .post(format!("{}/v1/queues/q/items", server.url()))
+        .bearer_auth(ADMIN)
+        .json(&json!({"payload": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let resp = http.get(&open).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    // Every metric family is in the README's list with its type, and the list
+    // names nothing else.
+    let mut served: Vec<(String, String)> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| {
+            let (name, kind) = l.split_once(' ').unwrap();
+            (name.to_owned(), kind.to_owned())
+        })
+        .collect();
+    let readme = include_str!("../../../../README.md");
+    let section = &readme[readme
+        .find("## Running the server")
+        .expect("README section")..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
+    let mut listed: Vec<(String, String)> = section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `agentstore_"))
+        .map(|l| {
+            let name = l.split(['`', '{']).next().unwrap();
+            let kind = l.split('|').nth(1).unwrap().trim();
+            (format!("agentstore_{name}"), kind.to_owned())
+        })
+        .collect();
+    served.sort();
+    listed.sort();
+    assert!(served.len() >= 17, "{served:?}");
+    assert_eq!(served, listed, "/metrics vs the README's list");
+    // Only /metrics lives there; the main listener still wants the admin token.
+    let api_there = format!("http://{}/v1/health", server.metrics_addr().unwrap());
+    assert_eq!(http.get(api_there).send().await.unwrap().status(), 404);
+    let main = format!("{}/metrics", server.url());
+    assert_eq!(http.get(&main).send().await.unwrap().status(), 401);
+    server.stop().await.unwrap();
+}

@@ -1,0 +1,291 @@
+//! Roles and queue scopes over HTTP: every endpoint × every kind of caller.
+//! Each call is either allowed (2xx) or refused with `403 {code: "forbidden"}`
+//! (`401` without credentials) and then changes nothing in the database.
+
+use agentstore_protocol::lease::{Role, WorkerCredentials};
+use agentstore_protocol::{ErrorBody, ErrorCode};
+use agentstore_server::Store;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use crate::common::{http_server, snapshot, TestDb, ADMIN};
+
+/// The queue every scoped credential below names (or not).
+const Q: &str = "jobs";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Who {
+    Anonymous,
+    Admin,
+    /// Producer scoped to `Q`.
+    Producer,
+    /// Producer scoped to another queue.
+    ProducerElsewhere,
+    /// Worker scoped to `Q`, holding the running item.
+    Holder,
+    /// Worker scoped to `Q`, not holding it.
+    OtherWorker,
+    /// Worker scoped to another queue.
+    WorkerElsewhere,
+}
+
+const EVERYONE: [Who; 7] = [
+    Who::Anonymous,
+    Who::Admin,
+    Who::Producer,
+    Who::ProducerElsewhere,
+    Who::Holder,
+    Who::OtherWorker,
+    Who::WorkerElsewhere,
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    Health,
+    CreateEnrollment,
+    Enroll,
+    Refresh,
+    Enqueue,
+    List,
+    Claim,
+    Item,
+    Heartbeat,
+    Heartbeats,
+    Settle,
+    Release,
+    Pause,
+    Resume,
+    Ready,
+    Stats,
+    Metrics,
+}
+
+const ENDPOINTS: [Endpoint; 17] = [
+    Endpoint::Health,
+    Endpoint::CreateEnrollment,
+    Endpoint::Enroll,
+    Endpoint::Refresh,
+    Endpoint::Enqueue,
+    Endpoint::List,
+    Endpoint::Claim,
+    Endpoint::Item,
+    Endpoint::Heartbeat,
+    Endpoint::Heartbeats,
+    Endpoint::Settle,
+    Endpoint::Release,
+    Endpoint::Pause,
+    Endpoint::Resume,
+    Endpoint::Ready,
+    Endpoint::Stats,
+    Endpoint::Metrics,
+];
+
+/// The rule under test (README "Roles and scopes"): `true` = allowed.
+fn allowed(e: Endpoint, who: Who) -> bool {
+    use Endpoint as E;
+    use Who as W;
+    match e {
+        // Public: the body is the credential.
+        E::Health | E::Ready | E::Enroll | E::Refresh => true,
+        E::CreateEnrollment | E::Pause | E::Resume | E::Metrics => who == W::Admin,
+        E::Enqueue | E::List | E::Stats => matches!(who, W::Admin | W::Producer),
+        E::Claim => matches!(who, W::Admin | W::Holder | W::OtherWorker),
+        E::Item => matches!(who, W::Admin | W::Producer | W::Holder),
+        E::Heartbeat | E::Heartbeats | E::Settle => matches!(who, W::Admin | W::Holder),
+        // Without headers the lease token alone is the credential (sendBeacon).
+        E::Release => matches!(who, W::Admin | W::Holder | W::Anonymous),
+    }
+}
+
+struct Principals {
+    producer: WorkerCredentials,
+    producer_elsewhere: WorkerCredentials,
+    holder: WorkerCredentials,
+    other_worker: WorkerCredentials,
+    worker_elsewhere: WorkerCredentials,
+}
+
+async fn enrolled(store: &Store, role: Role, queue: &str) -> WorkerCredentials {
+    let (token, _) = store
+        .create_enrollment_token(None, role, &[queue.to_owned()])
+        .await
+        .unwrap();
+    store.enroll(&token.0, Some("matrix")).await.unwrap()
+}
+
+impl Principals {
+    async fn new(store: &Store) -> Principals {
+        Principals {
+            producer: enrolled(store, Role::Producer, Q).await,
+            producer_elsewhere: enrolled(store, Role::Producer, "elsewhere").await,
+            holder: enrolled(store, Role::Worker, Q).await,
+            other_worker: enrolled(store, Role::Worker, Q).await,
+            worker_elsewhere: enrolled(store, Role::Worker, "elsewhere").await,
+        }
+    }
+
+    fn bearer(&self, who: Who) -> Option<&str> {
+        Some(match who {
+            Who::Anonymous => return None,
+            Who::Admin => ADMIN,
+            Who::Producer => &self.producer.access_token,
+            Who::ProducerElsewhere => &self.producer_elsewhere.access_token,
+            Who::Holder => &self.holder.access_token,
+            Who::OtherWorker => &self.other_worker.access_token,
+            Who::WorkerElsewhere => &self.worker_elsewhere.access_token,
+        })
+    }
+}
+
+/// The request for `e` against a fresh fixture: an item of `Q` running under
+/// the holder's lease (paused first for `resume`) and an open one behind it.
+async fn request(store: &Store, p: &Principals, e: Endpoint) -> (Method, String, Option<Value>) {
+    let running = store.enqueue(Q, &json!({"n": 1}), None).await.unwrap();
+    store.enqueue(Q, &json!({"n": 2}), None).await.unwrap();
+    // Claim until this cell's item is running under the holder (older open
+    // items left by earlier cells are claimed on the way).
+    let token = loop {
+        let c = store
+            .claim(Q, Some(p.holder.worker_id))
+            .await
+            .unwrap()
+            .unwrap();
+        if c.item.id == running.id {
+            break c.lease.token;
+        }
+    };
+    let id = running.id;
+    let lease = json!({"token": token});
+    match e {
+        Endpoint::Health => (Method::GET, "/v1/health".into(), None),
+        Endpoint::Ready => (Method::GET, "/v1/ready".into(), None),
+        Endpoint::Stats => (Method::GET, format!("/v1/queues/{Q}/stats"), None),
+        Endpoint::Metrics => (Method::GET, "/metrics".into(), None),
+        Endpoint::CreateEnrollment => (
+            Method::POST,
+            "/v1/admin/enrollment-tokens".into(),
+            Some(json!({"role": "worker", "queues": [Q]})),
+        ),
+        Endpoint::Enroll => {
+            let (t, _) = store
+                .create_enrollment_token(None, Role::Worker, &[Q.to_owned()])
+                .await
+                .unwrap();
+            let body = json!({"token": t.0});
+            (Method::POST, "/v1/workers/enroll".into(), Some(body))
+        }
+        Endpoint::Refresh => {
+            let c = enrolled(store, Role::Worker, Q).await;
+            let body = json!({"refresh_token": c.refresh_token});
+            (Method::POST, "/v1/workers/refresh".into(), Some(body))
+        }
+        Endpoint::Enqueue => (
+            Method::POST,
+            format!("/v1/queues/{Q}/items"),
+            Some(json!({"payload": {"n": 3}})),
+        ),
+        Endpoint::List => (Method::GET, format!("/v1/queues/{Q}/items"), None),
+        Endpoint::Claim => (Method::POST, format!("/v1/queues/{Q}/claims"), None),
+        Endpoint::Item => (Method::GET, format!("/v1/items/{id}"), None),
+        Endpoint::Heartbeat => (
+            Method::POST,
+            format!("/v1/items/{id}/heartbeat"),
+            Some(lease),
+        ),
+        Endpoint::Heartbeats => (
+            Method::POST,
+            "/v1/heartbeats".into(),
+            Some(json!({"leases": [{"item_id": id, "token": token}]})),
+        ),
+        Endpoint::Settle => (
+            Method::POST,
+            format!("/v1/items/{id}/settle"),
+            Some(json!({"token": token, "state": "done"})),
+        ),
+        Endpoint::Release => (Method::POST, format!("/v1/items/{id}/release"), Some(lease)),
+        Endpoint::Pause => (Method::POST, format!("/v1/items/{id}/pause"), None),
+        Endpoint::Resume => {
+            store.pause(id).await.unwrap();
+            (Method::POST, format!("/v1/items/{id}/resume"), None)
+        }
+    }
+}
+
+pub async fn every_endpoint_allows_exactly_its_roles_and_a_refusal_changes_nothing(db: TestDb) {
+    let server = http_server(&db).await;
+    let store = server.store().clone();
+    let p = Principals::new(&store).await;
+    let http = reqwest::Client::new();
+    let mut refused = 0;
+    for e in ENDPOINTS {
+        for who in EVERYONE {
+            let (method, path, body) = request(&store, &p, e).await;
+            let before = snapshot(&store).await;
+            let mut req = http.request(method.clone(), format!("{}{path}", server.url()));
+            if let Some(b) = p.bearer(who) {
+                req = req.bearer_auth(b);
+            }
+            if let Some(body) = body {
+                req = req.json(&body);
+            }
+            let resp = req.send().await.unwrap();
+            let status = resp.status();
+            let text = resp.text().await.unwrap();
+            let cell = format!("{method} {path} as {who:?}: {status} {text}");
+            // The batched call answers 200 with a result per lease; a foreign
+            // lease is refused in its result.
+            let batch_refusal = e == Endpoint::Heartbeats
+                && status == StatusCode::OK
+                && serde_json::from_str::<Value>(&text).unwrap()["results"][0]["error"]["code"]
+                    == json!("forbidden");
+            if allowed(e, who) {
+                assert!(status.is_success() && !batch_refusal, "allowed: {cell}");
+                continue;
+            }
+            refused += 1;
+            let expected = if who == Who::Anonymous {
+                ErrorCode::Unauthorized
+            } else {
+                ErrorCode::Forbidden
+            };
+            if !batch_refusal {
+                assert_eq!(status.as_u16(), expected.status(), "refused: {cell}");
+                let err: ErrorBody = serde_json::from_str(&text).expect(&cell);
+                assert_eq!(err.code, expected, "{cell}");
+            }
+            assert_eq!(
+                snapshot(&store).await,
+                before,
+                "a refusal changed state: {cell}"
+            );
+        }
+    }
+    assert!(refused > 40, "the matrix refuses most cells ({refused})");
+    server.stop().await.unwrap();
+}
+
+pub async fn a_worker_enrolled_for_one_queue_claims_there_and_nowhere_else(db: TestDb) {
+    let server = http_server(&db).await;
+    let store = server.store().clone();
+    let worker = enrolled(&store, Role::Worker, Q).await;
+    store.enqueue(Q, &json!(1), None).await.unwrap();
+    let other = store.enqueue("other", &json!(2), None).await.unwrap();
+    let http = reqwest::Client::new();
+    let claim = |queue: &str| {
+        http.post(format!("{}/v1/queues/{queue}/claims", server.url()))
+            .bearer_auth(&worker.access_token)
+            .send()
+    };
+    assert_eq!(claim(Q).await.unwrap().status(), StatusCode::CREATED);
+    assert_eq!(
+        claim("other").await.unwrap().status(),
+        StatusCode::FORBIDDEN
+    );
+    let still = store.item(other.id).await.unwrap().unwrap();
+    assert_eq!((still.epoch, still.worker_id), (0, None), "untouched");
+    // The scope survives a refresh.
+    let fresh = store.refresh(&worker.refresh_token).await.unwrap();
+    let p = store.authenticate(&fresh.access_token).await.unwrap();
+    assert_eq!((p.role, p.queues), (Role::Worker, vec![Q.to_owned()]));
+    server.stop().await.unwrap();
+}

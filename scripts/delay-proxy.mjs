@@ -1,0 +1,62 @@
+#!/usr/bin/env node
+// A loopback HTTP proxy in front of the lease server, for the lease browser
+// suites (tests/lease_network.rs). The first path segment picks the fault, the
+// rest of the path goes to the server unchanged:
+//
+//   /slow-heartbeats[-<ms>]/… heartbeat requests reach the server at once (it applies
+//                           them), but their ANSWERS are held back <ms>, default
+//                           --delay-ms (4500: past the test server's 3 s TTL)
+//   /drop-first-enroll-<n>/… enrollment requests with nonce <n> are cut off
+//                           (socket destroyed, nothing forwarded) for 1 s from
+//                           the first one (browsers silently retry a POST once on
+//                           a reset keep-alive socket); later ones pass
+//   anything else            passed through
+//
+// Usage: node scripts/delay-proxy.mjs --target http://127.0.0.1:18787 [--listen 127.0.0.1:0] [--delay-ms 4500]
+// Prints "listening http://127.0.0.1:<port>" once ready.
+import http from 'node:http';
+
+const args = Object.fromEntries(
+  process.argv.slice(2).reduce((acc, v, i, a) => (v.startsWith('--') ? [...acc, [v.slice(2), a[i + 1]]] : acc), []),
+);
+const target = new URL(args.target ?? 'http://127.0.0.1:18787');
+const [host, port] = (args.listen ?? '127.0.0.1:0').split(':');
+const delayMs = Number(args['delay-ms'] ?? 4500);
+const dropping = new Map(); // nonce -> when the first request came (ms)
+
+const isHeartbeat = (path) => path === '/v1/heartbeats' || /^\/v1\/items\/\d+\/heartbeat$/.test(path);
+
+const server = http.createServer((req, res) => {
+  const m = /^\/([^/]+)(\/.*)?$/.exec(req.url ?? '/');
+  const mode = m ? m[1] : '';
+  const path = m && m[2] ? m[2] : '/';
+  const drop = /^drop-first-enroll-(.+)$/.exec(mode);
+  if (drop && req.method === 'POST' && path === '/v1/workers/enroll') {
+    if (!dropping.has(drop[1])) dropping.set(drop[1], Date.now());
+    if (Date.now() - dropping.get(drop[1]) < 1000) {
+      req.socket.destroy();
+      return;
+    }
+  }
+  const slow = /^slow-heartbeats(?:-(\d+))?$/.exec(mode);
+  const hold = slow && req.method === 'POST' && isHeartbeat(path) ? Number(slow[1] ?? delayMs) : 0;
+  const up = http.request(
+    { host: target.hostname, port: target.port, method: req.method, path, headers: req.headers },
+    (answer) => {
+      const chunks = [];
+      answer.on('data', (c) => chunks.push(c));
+      answer.on('end', () => {
+        setTimeout(() => {
+          res.writeHead(answer.statusCode ?? 502, answer.headers);
+          res.end(Buffer.concat(chunks));
+        }, hold);
+      });
+    },
+  );
+  up.on('error', () => res.destroy());
+  req.pipe(up);
+});
+server.listen(Number(port), host, () => {
+  console.log(`listening http://${host}:${server.address().port}`);
+});
+process.on('SIGTERM', () => server.close(() => process.exit(0)));

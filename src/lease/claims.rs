@@ -1,0 +1,129 @@
+//! Claims: one request for the oldest open item of a queue, then the lease is
+//! locked (Web Lock), journalled, and heartbeated.
+
+use std::rc::Rc;
+
+use agentstore_protocol::lease::ClaimedRef;
+use agentstore_protocol::lease_client::HeartbeatPlan;
+use wasm_bindgen::JsValue;
+use web_sys::AbortSignal;
+
+use super::client::ClientInner;
+use super::error::{LeaseError, LossReason, Result};
+use super::http::{now_ms, parse};
+use super::journal::Entry;
+use super::lease::{LeaseInner, Status};
+use super::lifecycle;
+
+/// What a claim gave.
+pub enum Claimed {
+    /// A lease, heartbeated from now on.
+    Lease(Rc<LeaseInner>),
+    /// Nothing open; the server suggests waiting this long (ms).
+    Empty(Option<f64>),
+}
+
+impl ClientInner {
+    /// Claims the oldest open item of `queue`.
+    ///
+    /// The lease's local deadline counts from when THIS request was sent. The
+    /// lease is locked, then journalled, before it is returned.
+    ///
+    /// # Errors
+    /// `NetworkError`, `RateLimitedError` (with `retryAfterMs`),
+    /// `UnauthorizedError`, `AbortError` (the signal fired; if the server had
+    /// already granted the claim it is released), `ValidationError`.
+    pub async fn claim(
+        self: &Rc<Self>,
+        queue: &str,
+        signal: Option<&AbortSignal>,
+    ) -> Result<Claimed> {
+        self.check_open()?;
+        let mut path = String::from("/v1/queues/");
+        path.push_str(&String::from(js_sys::encode_uri_component(queue)));
+        path.push_str("/claims");
+        let sent_at = now_ms();
+        let timeout = self.config.request_timeout_ms;
+        let answer = self.authed("POST", &path, None, timeout, signal).await?;
+        if answer.status == 204 {
+            return Ok(Claimed::Empty(answer.retry_after_ms));
+        }
+        let resp: ClaimedRef = parse(&answer.body)?;
+        let item = js_sys::Reflect::get(&answer.body, &"item".into()).unwrap_or(JsValue::NULL);
+        let plan = HeartbeatPlan::new(
+            sent_at,
+            resp.lease.ttl_ms as f64,
+            resp.lease.heartbeat_ms as f64,
+        );
+        let lease = Rc::new(LeaseInner::new(
+            self,
+            queue.to_owned(),
+            resp.lease.token.clone(),
+            resp.item,
+            item,
+            plan,
+        )?);
+        self.adopt(&lease, resp.lease.ttl_ms, resp.lease.heartbeat_ms)
+            .await;
+        if let Some(s) = signal {
+            if s.aborted() {
+                let _ = lease.release().await;
+                return Err(LeaseError::Aborted(s.reason()));
+            }
+        }
+        if self.closed.get() {
+            let _ = lease.release().await;
+            return Err(LeaseError::Closed);
+        }
+        Ok(Claimed::Lease(lease))
+    }
+
+    /// Locks, then journals a lease, and heartbeats it.
+    ///
+    /// The Web Lock is taken BEFORE the journal entry is written: another
+    /// page's `recover()` that reads the entry always finds the lock taken and
+    /// leaves the live lease alone.
+    async fn adopt(self: &Rc<Self>, lease: &Rc<LeaseInner>, ttl_ms: u64, heartbeat_ms: u64) {
+        // Registered first, so heartbeats (and the deadline) cover the lock and
+        // journal work.
+        self.leases
+            .borrow_mut()
+            .insert(lease.item_id, lease.clone());
+        self.ensure_heartbeats();
+        if self.config.use_locks {
+            if let lifecycle::LockOutcome::Acquired(unlock) =
+                lifecycle::lock(&self.lock_name(lease.item_id), 0.0).await
+            {
+                if lease.is_active() {
+                    *lease.unlock.borrow_mut() = Some(unlock);
+                } else {
+                    let _ = unlock.call0(&JsValue::UNDEFINED);
+                }
+            }
+        }
+        if !lease.is_active() {
+            return; // ended already (lost or settled): nothing to journal
+        }
+        let entry = Entry {
+            base: self.base.clone(),
+            item_id: lease.item_id,
+            token: lease.token().to_owned(),
+            epoch: lease.epoch,
+            queue: lease.queue.clone(),
+            ttl_ms,
+            heartbeat_ms,
+        };
+        if self.journal.put(&entry).await.is_err() {
+            lifecycle::warn("agentstore: lease journal write failed");
+        }
+        // It ended while the entry was being written: the end's own removal
+        // may have run first, so remove it again (an expired lease keeps its
+        // entry until its release is confirmed).
+        if matches!(
+            lease.status(),
+            Status::Settled | Status::Lost(LossReason::ClaimLost | LossReason::Released)
+        ) {
+            self.forget_journal(lease.item_id);
+        }
+    }
+}

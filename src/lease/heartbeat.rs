@@ -1,0 +1,213 @@
+//! The heartbeat loop: one per client, owned by its own task, holding only a
+//! `Weak` reference to the client (it ends when the client is dropped or
+//! closed, or holds no lease).
+//!
+//! Each pass asks [`plan_pass`] (the pure model in
+//! `agentstore_protocol::lease_client`, property-tested natively against a
+//! simulated clock): leases past their local deadline are lost first
+//! (`expired_locally`, before anything is sent), due leases are renewed in ONE
+//! batched request that the loop does NOT await, and the loop then waits at
+//! most until the earliest deadline of any lease it holds — or until an
+//! answer, a new lease or a settle wakes it.
+
+use std::rc::{Rc, Weak};
+
+use agentstore_protocol::lease::{
+    BatchHeartbeatEntry, BatchHeartbeatRequest, BatchHeartbeatResponse,
+};
+use agentstore_protocol::lease_client::{plan_pass, HeartbeatPlan};
+use agentstore_protocol::ErrorCode;
+use futures::future::{select, Either};
+use js_sys::{Function, Promise};
+use wasm_bindgen::JsValue;
+use wasm_bindgen_futures::JsFuture;
+
+use super::client::ClientInner;
+use super::error::LossReason;
+use super::http::{now_ms, parse, random, sleep_ms, to_js};
+use super::lease::LeaseInner;
+
+/// Most leases per batched heartbeat request (the server's limit).
+const MAX_BATCH: usize = 500;
+
+impl ClientInner {
+    /// Wakes the heartbeat loop to re-plan (a lease was added, resumed, paused
+    /// or answered).
+    pub(crate) fn wake(&self) {
+        let f = match self.wake.borrow_mut().as_mut() {
+            Some(slot) => slot.take(),
+            None => None,
+        };
+        if let Some(f) = f {
+            let _ = f.call0(&JsValue::UNDEFINED);
+        }
+    }
+
+    /// Starts the loop unless it runs; wakes it otherwise.
+    pub(crate) fn ensure_heartbeats(self: &Rc<Self>) {
+        if self.wake.borrow().is_some() {
+            self.wake();
+            return;
+        }
+        *self.wake.borrow_mut() = Some(None);
+        wasm_bindgen_futures::spawn_local(heartbeat_loop(self.weak()));
+    }
+
+    fn timer_delay(&self, ms: f64) -> f64 {
+        match &self.config.timer_delay {
+            Some(f) => f
+                .call1(&JsValue::UNDEFINED, &JsValue::from(ms))
+                .ok()
+                .and_then(|v| v.as_f64())
+                .filter(|d| d.is_finite())
+                .unwrap_or(ms),
+            None => ms,
+        }
+    }
+
+    /// One pass: expire, send, and say how long to wait (ms); `None` = stop.
+    fn heartbeat_pass(self: &Rc<Self>) -> Option<f64> {
+        if self.closed.get() {
+            return None;
+        }
+        let active: Vec<Rc<LeaseInner>> = self
+            .leases
+            .borrow()
+            .values()
+            .filter(|l| l.is_active())
+            .cloned()
+            .collect();
+        if active.is_empty() {
+            return None;
+        }
+        let now = now_ms();
+        let plans: Vec<HeartbeatPlan> = active
+            .iter()
+            .map(|l| {
+                let mut p = l.plan.borrow().clone();
+                // Test hook: suspended heartbeats; the deadline still applies.
+                p.ending |= l.paused.get();
+                p
+            })
+            .collect();
+        let pass = plan_pass(&plans, now);
+        for &i in &pass.expire {
+            active[i].expire_locally();
+        }
+        if !pass.heartbeat.is_empty() {
+            let due: Vec<Rc<LeaseInner>> =
+                pass.heartbeat.iter().map(|&i| active[i].clone()).collect();
+            for l in &due {
+                l.plan.borrow_mut().on_sent();
+            }
+            let me = self.clone();
+            let timeout = pass.timeout_ms.max(1.0);
+            wasm_bindgen_futures::spawn_local(async move {
+                me.heartbeat_batch(&due, now, timeout).await;
+                me.wake();
+            });
+        }
+        Some(pass.wake_in_ms.unwrap_or(0.0))
+    }
+
+    /// One batched heartbeat request for `leases`, sent at `sent_at`. After
+    /// `timeout_ms` (the least time left to a deadline in it) it counts as a
+    /// failure, so a retry can go out in time; the request itself runs on to
+    /// the client's request timeout, and a late answer is still read (a
+    /// success renews a lease still held, and releases one already lost).
+    async fn heartbeat_batch(
+        self: &Rc<Self>,
+        leases: &[Rc<LeaseInner>],
+        sent_at: f64,
+        timeout_ms: f64,
+    ) {
+        for chunk in leases.chunks(MAX_BATCH) {
+            let body = to_js(&BatchHeartbeatRequest {
+                leases: chunk
+                    .iter()
+                    .map(|l| BatchHeartbeatEntry {
+                        item_id: l.item_id,
+                        token: l.token().to_owned(),
+                    })
+                    .collect(),
+            });
+            let request_timeout = self.config.request_timeout_ms;
+            let mut request =
+                Box::pin(self.authed("POST", "/v1/heartbeats", Some(&body), request_timeout, None));
+            let mut late = false;
+            let outcome = match select(request.as_mut(), Box::pin(sleep_ms(timeout_ms))).await {
+                Either::Left((r, _)) => r,
+                Either::Right(((), _)) => {
+                    let now = now_ms();
+                    for lease in chunk {
+                        lease.plan.borrow_mut().on_failure(now, random());
+                    }
+                    self.wake();
+                    late = true;
+                    request.await
+                }
+            };
+            let outcome = outcome.and_then(|a| parse::<BatchHeartbeatResponse>(&a.body));
+            let now = now_ms();
+            let Ok(resp) = outcome else {
+                if !late {
+                    for lease in chunk {
+                        lease.plan.borrow_mut().on_failure(now, random());
+                    }
+                }
+                continue;
+            };
+            for lease in chunk {
+                match resp.results.iter().find(|r| r.item_id == lease.item_id) {
+                    Some(r) if r.ok => lease.on_heartbeat_ok(sent_at, now, late),
+                    Some(r) => {
+                        let code = r.error.as_ref().map_or(ErrorCode::ClaimLost, |e| e.code);
+                        match code {
+                            ErrorCode::ClaimLost
+                            | ErrorCode::StateConflict
+                            | ErrorCode::NotFound => {
+                                let message = r
+                                    .error
+                                    .as_ref()
+                                    .map_or("claim lost", |e| e.message.as_str());
+                                lease.lose(LossReason::ClaimLost, message);
+                            }
+                            _ if late => {}
+                            _ => lease.plan.borrow_mut().on_failure(now, random()),
+                        }
+                    }
+                    None if late => {}
+                    None => lease.plan.borrow_mut().on_failure(now, random()),
+                }
+            }
+        }
+    }
+}
+
+/// A pending Promise and the function that resolves it.
+pub(crate) fn deferred() -> (Promise, Function) {
+    let mut slot = None;
+    let p = Promise::new(&mut |resolve, _| slot = Some(resolve));
+    // The executor runs synchronously, so the slot is always filled.
+    (p, slot.unwrap_or_else(|| Function::new_no_args("")))
+}
+
+/// The loop (see the module docs). Holds the client only during a pass, never
+/// while it waits.
+async fn heartbeat_loop(weak: Weak<ClientInner>) {
+    loop {
+        let (woken, resolve) = deferred();
+        let wait = {
+            let Some(client) = weak.upgrade() else {
+                return;
+            };
+            let Some(ms) = client.heartbeat_pass() else {
+                *client.wake.borrow_mut() = None;
+                return;
+            };
+            *client.wake.borrow_mut() = Some(Some(resolve));
+            client.timer_delay(ms)
+        };
+        let _ = select(Box::pin(sleep_ms(wait)), JsFuture::from(woken)).await;
+    }
+}

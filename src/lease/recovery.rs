@@ -1,0 +1,168 @@
+//! Recovery: reconcile the journal of earlier pages — release (or resume) the
+//! leases no live page holds.
+
+use std::rc::Rc;
+
+use agentstore_protocol::lease::{ItemRef, TokenRequest};
+use agentstore_protocol::lease_client::HeartbeatPlan;
+use agentstore_protocol::ErrorCode;
+use js_sys::Function;
+use wasm_bindgen::JsValue;
+
+use super::client::{item_path, ClientInner};
+use super::error::{LeaseError, Result};
+use super::http::{now_ms, parse, to_js};
+use super::journal::Entry;
+use super::lease::LeaseInner;
+use super::lifecycle;
+
+/// What `recover()` did with the journal of an earlier page.
+#[derive(Default)]
+pub struct Recovery {
+    /// Released on the server (back in the queue now, not after the TTL).
+    pub released: Vec<i64>,
+    /// Still valid and now heartbeated by this client again.
+    pub resumed: Vec<Rc<LeaseInner>>,
+    /// Already gone on the server (taken over, settled or released).
+    pub lost: Vec<i64>,
+    /// Held by another live page (its Web Lock is taken): left alone.
+    pub busy: Vec<i64>,
+    /// Not touched: no Web Locks here, so a live page's lease cannot be told apart.
+    pub skipped: Vec<i64>,
+}
+
+fn unlock_now(f: &Option<Function>) {
+    if let Some(f) = f {
+        let _ = f.call0(&JsValue::UNDEFINED);
+    }
+}
+
+impl ClientInner {
+    /// Reconciles the journal of earlier pages for this base URL: each lease not
+    /// held by a live page (its Web Lock is free) is released — or, with
+    /// `resume`, heartbeated and handed back if still valid. An entry leaves the
+    /// journal only once its lease has ended on the server.
+    ///
+    /// # Errors
+    /// `ClosedError`; `TransactionError` when the journal cannot be read at all.
+    pub async fn recover(self: &Rc<Self>, resume: bool) -> Result<Recovery> {
+        self.check_open()?;
+        let mut report = Recovery::default();
+        let entries = self
+            .journal
+            .list(&self.base)
+            .await
+            .map_err(|e| LeaseError::Server {
+                code: ErrorCode::Transaction,
+                status: ErrorCode::Transaction.status(),
+                message: e,
+            })?;
+        for entry in entries {
+            if self.leases.borrow().contains_key(&entry.item_id) {
+                continue;
+            }
+            let unlock =
+                match lifecycle::lock(&self.lock_name(entry.item_id), self.config.lock_wait_ms)
+                    .await
+                {
+                    lifecycle::LockOutcome::Acquired(f) => Some(f),
+                    lifecycle::LockOutcome::Busy => {
+                        report.busy.push(entry.item_id);
+                        continue;
+                    }
+                    lifecycle::LockOutcome::Unsupported if !self.config.use_locks => None,
+                    lifecycle::LockOutcome::Unsupported => {
+                        report.skipped.push(entry.item_id);
+                        continue;
+                    }
+                };
+            if resume {
+                match self.resume_entry(&entry).await {
+                    Ok(Some(lease)) => {
+                        *lease.unlock.borrow_mut() = unlock;
+                        report.resumed.push(lease);
+                        continue;
+                    }
+                    Ok(None) => {
+                        let _ = self.journal.delete(&self.base, entry.item_id).await;
+                        report.lost.push(entry.item_id);
+                        unlock_now(&unlock);
+                        continue;
+                    }
+                    Err(_) => {
+                        unlock_now(&unlock);
+                        continue;
+                    }
+                }
+            }
+            match self.release_token(entry.item_id, &entry.token).await {
+                Ok(()) => {
+                    let _ = self.journal.delete(&self.base, entry.item_id).await;
+                    report.released.push(entry.item_id);
+                }
+                Err(e) if !e.is_transient() && !matches!(e, LeaseError::Unauthorized(_)) => {
+                    // claim_lost / state_conflict / not_found: nothing left to release.
+                    let _ = self.journal.delete(&self.base, entry.item_id).await;
+                    report.lost.push(entry.item_id);
+                }
+                Err(_) => {} // kept for the next recover
+            }
+            unlock_now(&unlock);
+        }
+        Ok(report)
+    }
+
+    /// `POST /v1/items/{id}/release` with `token`.
+    ///
+    /// # Errors
+    /// As [`ClientInner::authed`].
+    pub(crate) async fn release_token(self: &Rc<Self>, item_id: i64, token: &str) -> Result<()> {
+        let body = to_js(&TokenRequest {
+            token: token.to_owned(),
+        });
+        let path = item_path(item_id, "/release");
+        self.authed(
+            "POST",
+            &path,
+            Some(&body),
+            self.config.request_timeout_ms,
+            None,
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Heartbeats a journalled lease; `Some` (heartbeated from now on) if valid.
+    async fn resume_entry(self: &Rc<Self>, entry: &Entry) -> Result<Option<Rc<LeaseInner>>> {
+        let body = to_js(&TokenRequest {
+            token: entry.token.clone(),
+        });
+        let sent_at = now_ms();
+        let timeout = self.config.request_timeout_ms;
+        let path = item_path(entry.item_id, "/heartbeat");
+        match self.authed("POST", &path, Some(&body), timeout, None).await {
+            Ok(_) => {}
+            Err(e) if e.is_transient() => return Err(e),
+            Err(LeaseError::Unauthorized(m)) => return Err(LeaseError::Unauthorized(m)),
+            Err(_) => return Ok(None),
+        }
+        let answer = self
+            .authed("GET", &item_path(entry.item_id, ""), None, timeout, None)
+            .await?;
+        let view: ItemRef = parse(&answer.body)?;
+        let plan = HeartbeatPlan::new(sent_at, entry.ttl_ms as f64, entry.heartbeat_ms as f64);
+        let lease = Rc::new(LeaseInner::new(
+            self,
+            entry.queue.clone(),
+            entry.token.clone(),
+            view,
+            answer.body,
+            plan,
+        )?);
+        self.leases
+            .borrow_mut()
+            .insert(lease.item_id, lease.clone());
+        self.ensure_heartbeats();
+        Ok(Some(lease))
+    }
+}

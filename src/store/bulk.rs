@@ -1,0 +1,298 @@
+//! Calls over many records at once: `getMany`, `count`, `deleteMany`,
+//! `purgeTombstones`, and dropping a whole database (`destroy`).
+//!
+//! Reads issue every request before awaiting: IndexedDB runs the requests of
+//! one transaction in the order they were placed and fires their `success`
+//! events in that order (<https://w3c.github.io/IndexedDB/#request-construct>),
+//! so waiting for the LAST request is waiting for all of them — one Promise
+//! instead of one future per id.
+
+use super::db::TransactionMode;
+use super::db::{request_promise, BY_TYPE, RECORDS, TOMBSTONES};
+use super::{check_id_value, read_many, tombstone, tombstone_rev, Store, WRITE_SCOPE};
+use crate::error::{BatchFailure, Result, StoreError};
+use agentstore_protocol::keys::page_range;
+use agentstore_protocol::record::MAX_BATCH;
+use agentstore_protocol::rev::{decide_delete, CasError, Rev};
+use futures::future::{select, Either};
+use js_sys::{Array, JsString, Reflect};
+use wasm_bindgen::{JsCast, JsValue};
+use wasm_bindgen_futures::JsFuture;
+
+/// One validated `deleteMany` position.
+struct Deletion {
+    id: JsString,
+    id_text: String,
+    expected: Rev,
+}
+
+/// Awaits an IndexedDB request (resolving with its `result`); its handlers
+/// are attached at once, not at the first poll.
+fn settle(request: &web_sys::IdbRequest) -> impl std::future::Future<Output = Result<JsValue>> {
+    let done = JsFuture::from(request_promise(request));
+    async move { done.await.map_err(|e| StoreError::from_dom(&e)) }
+}
+
+fn dom<T>(r: std::result::Result<T, JsValue>) -> Result<T> {
+    r.map_err(|e| StoreError::from_dom(&e))
+}
+
+/// `v` as an array of at most [`MAX_BATCH`] items, or a ValidationError
+/// saying what `call` expects.
+fn batch_array(v: &JsValue, call: &'static str, of: &'static str) -> Result<Array> {
+    let arr = v
+        .dyn_ref::<Array>()
+        .ok_or_else(|| StoreError::validation([call, " expects an array of ", of].concat()))?;
+    if arr.length() as usize > MAX_BATCH {
+        return Err(StoreError::validation(
+            [call, " takes at most 100000 items"].concat(),
+        ));
+    }
+    Ok(arr.clone())
+}
+
+fn failure(index: usize, id: JsValue, message: String) -> BatchFailure {
+    BatchFailure {
+        index,
+        id,
+        message,
+        expected_rev: None,
+        current_rev: None,
+    }
+}
+
+/// Turns per-position validation failures into one ValidationError.
+fn invalid(failures: Vec<BatchFailure>) -> StoreError {
+    StoreError::Validation {
+        message: "some positions are invalid; nothing was read or written (see failures)".into(),
+        failures,
+    }
+}
+
+impl Store {
+    /// The records stored under `ids`, in the order of `ids`: each a record
+    /// or `null` (never stored, or deleted). One read-only transaction.
+    ///
+    /// # Errors
+    /// ValidationError (with `failures` naming every bad position) when `ids`
+    /// is not an array of ids or holds more than 100,000; ClosedError.
+    pub async fn get_many(&self, ids: &JsValue) -> Result<Array> {
+        let arr = batch_array(ids, "getMany", "ids")?;
+        let mut failures = Vec::new();
+        for (index, id) in arr.iter().enumerate() {
+            if let Err(e) = check_id_value(&id) {
+                failures.push(failure(index, id, e.to_string()));
+            }
+        }
+        if !failures.is_empty() {
+            return Err(invalid(failures));
+        }
+        let out = Array::new_with_length(arr.length());
+        if arr.length() == 0 {
+            return Ok(out);
+        }
+        let tx = self.db.tx(&[RECORDS], TransactionMode::ReadOnly)?;
+        let store: web_sys::IdbObjectStore = tx.store(RECORDS)?.into();
+        let requests = arr
+            .iter()
+            .map(|id| dom(store.get(&id)))
+            .collect::<Result<Vec<_>>>()?;
+        if let Some(last) = requests.last() {
+            settle(last).await?;
+        }
+        tx.end_read();
+        for (i, r) in requests.iter().enumerate() {
+            let v = dom(r.result())?;
+            out.set(i as u32, if v.is_undefined() { JsValue::NULL } else { v });
+        }
+        Ok(out)
+    }
+
+    /// How many live records match `{prefix, type}`, counted by IndexedDB on
+    /// the key range without loading a record: the `_id` range of `prefix`,
+    /// or with `type` the `[type, prefix…]` range of the native `byType`
+    /// index over `["recordType", "_id"]` (so both are O(log n + matches)
+    /// inside IndexedDB).
+    ///
+    /// # Errors
+    /// ClosedError / TransactionError.
+    pub async fn count(&self, prefix: &[u16], record_type: Option<&str>) -> Result<u32> {
+        let Some(range) = page_range(prefix, None, false) else {
+            return Ok(0);
+        };
+        let query = super::list::key_range(&range, record_type)?;
+        let query: JsValue = query.map_or(JsValue::UNDEFINED, JsValue::from);
+        let tx = self.db.tx(&[RECORDS], TransactionMode::ReadOnly)?;
+        let store = tx.store(RECORDS)?;
+        let request = if record_type.is_some() {
+            let index: web_sys::IdbIndex = store.index(BY_TYPE)?.into();
+            dom(index.count_with_key(&query))?
+        } else {
+            let raw: web_sys::IdbObjectStore = store.into();
+            dom(raw.count_with_key(&query))?
+        };
+        let n = settle(&request).await?;
+        tx.end_read();
+        Ok(n.as_f64().unwrap_or(0.0) as u32)
+    }
+
+    /// Deletes every `{id, rev}` with compare-and-swap, in one transaction,
+    /// all or none; returns the tombstone revisions in input order.
+    ///
+    /// # Errors
+    /// ValidationError (nothing read or written) listing every malformed
+    /// position or repeated id; ConflictError whose `failures` list every
+    /// position whose `rev` is not the live revision or that has nothing live
+    /// to delete (`currentRev: null`) — nothing is written then;
+    /// QuotaExceededError / TransactionError / ClosedError.
+    pub async fn delete_many(&self, items: &JsValue) -> Result<Vec<String>> {
+        let arr = batch_array(items, "deleteMany", "{id, rev} objects")?;
+        let mut dels = Vec::with_capacity(arr.length() as usize);
+        let mut failures = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for (index, item) in arr.iter().enumerate() {
+            let field = |k: &str| {
+                if item.is_object() {
+                    Reflect::get(&item, &k.into()).unwrap_or(JsValue::UNDEFINED)
+                } else {
+                    JsValue::UNDEFINED
+                }
+            };
+            let id = field("id");
+            let checked = check_id_value(&id).and_then(|id| {
+                let rev = field("rev")
+                    .as_string()
+                    .ok_or_else(|| StoreError::validation("rev must be a revision string"))?;
+                let expected = Rev::parse(&rev).map_err(|e| StoreError::validation(e.0))?;
+                Ok((id, expected))
+            });
+            match checked {
+                Ok((id, expected)) => {
+                    if !seen.insert(crate::value::units(&id)) {
+                        failures.push(failure(
+                            index,
+                            id.into(),
+                            "the same id appears twice in one batch".into(),
+                        ));
+                    } else {
+                        let id_text = String::from(&id);
+                        dels.push(Deletion {
+                            id,
+                            id_text,
+                            expected,
+                        });
+                    }
+                }
+                Err(e) => failures.push(failure(index, id, e.to_string())),
+            }
+        }
+        if !failures.is_empty() {
+            return Err(invalid(failures));
+        }
+        if dels.is_empty() {
+            return Ok(Vec::new());
+        }
+        let tx = self.db.tx(&WRITE_SCOPE, TransactionMode::ReadWrite)?;
+        let (currents, indexes) = futures::join!(
+            read_many(&tx, dels.iter().map(|d| &d.id)),
+            self.write_indexes(&tx)
+        );
+        let (currents, indexes) = (currents?, indexes?);
+        let mut revs = Vec::with_capacity(dels.len());
+        for (index, (d, (current, _))) in dels.iter().zip(&currents).enumerate() {
+            match decide_delete(current, &d.expected) {
+                Ok(base) => revs.push(tombstone_rev(base, &d.id_text)?),
+                Err(e) => failures.push(BatchFailure {
+                    index,
+                    id: d.id.clone().into(),
+                    message: match e {
+                        CasError::NotFound => "nothing live to delete".into(),
+                        CasError::Conflict => "revision conflict".into(),
+                    },
+                    expected_rev: Some(d.expected.to_string()),
+                    current_rev: current.rev().map(Rev::to_string),
+                }),
+            }
+        }
+        if !failures.is_empty() {
+            // Nothing was written; the transaction ends empty.
+            return Err(StoreError::BatchConflict { failures });
+        }
+        let tombs = tx.store(TOMBSTONES)?;
+        let records = tx.store(RECORDS)?;
+        for ((d, (_, stored)), rev) in dels.iter().zip(&currents).zip(&revs) {
+            tombs.put(&tombstone(&d.id, rev), None)?;
+            records.delete(JsValue::from(d.id.clone()))?;
+            super::index::maintain(&tx, &indexes, stored.as_ref(), None)?;
+        }
+        self.finish(tx).await?;
+        let changes: Vec<_> = dels
+            .iter()
+            .zip(&revs)
+            .map(|(d, r)| (d.id.clone().into(), r.clone(), true))
+            .collect();
+        self.changes.post(&changes);
+        Ok(revs)
+    }
+
+    /// Removes the tombstones written more than `older_than_ms` ago (by
+    /// their `deletedAt`; tombstones without one — written by an earlier
+    /// release — count as older than any bound). Returns how many were removed.
+    ///
+    /// After a purge the id is unknown to the store: a `put` without `_rev`
+    /// creates it anew at generation 1, and a `put` or `delete` carrying any
+    /// revision of it is refused (ConflictError / NotFoundError) because
+    /// nothing stored has that revision — a stale writer still never
+    /// overwrites a newer record. Live records, derived index entries and
+    /// `watch` are untouched (a tombstone has no entries and purging is not
+    /// a change of any record).
+    ///
+    /// # Errors
+    /// TransactionError / QuotaExceededError / ClosedError.
+    pub async fn purge_tombstones(&self, older_than_ms: f64) -> Result<u32> {
+        let cutoff = js_sys::Date::now() - older_than_ms;
+        let tx = self.db.tx(&[TOMBSTONES], TransactionMode::ReadWrite)?;
+        let store: web_sys::IdbObjectStore = tx.store(TOMBSTONES)?.into();
+        let all: Array = settle(&dom(store.get_all())?).await?.unchecked_into();
+        let mut purged = 0;
+        for t in all.iter() {
+            let at = Reflect::get(&t, &"deletedAt".into())
+                .ok()
+                .and_then(|v| v.as_f64());
+            if at.is_none_or(|at| at <= cutoff) {
+                let id = Reflect::get(&t, &"_id".into()).unwrap_or(JsValue::UNDEFINED);
+                dom(store.delete(&id))?;
+                purged += 1;
+            }
+        }
+        self.finish(tx).await?;
+        Ok(purged)
+    }
+}
+
+/// Deletes database `name`: every open connection to it (in any tab or
+/// worker of the origin) receives `versionchange`; agentstore connections
+/// close themselves there (their `onVersionChange` runs and their later
+/// calls reject with ClosedError), then the database is deleted.
+///
+/// # Errors
+/// BlockedError when a connection that does not close on `versionchange`
+/// (not an agentstore one) still blocks the deletion after
+/// `blocked_timeout_ms`. IndexedDB cannot cancel a delete request: it stays
+/// queued and completes once that connection closes. TransactionError when
+/// IndexedDB is unavailable or refuses.
+pub async fn destroy(name: &str, blocked_timeout_ms: u32) -> Result<()> {
+    let factory: web_sys::IdbFactory = Reflect::get(&js_sys::global(), &"indexedDB".into())
+        .ok()
+        .and_then(|f| f.dyn_into().ok())
+        .ok_or_else(|| {
+            StoreError::Transaction("IndexedDB is not available in this context".into())
+        })?;
+    let request = dom(factory.delete_database(name))?;
+    let done = Box::pin(settle(&request));
+    let timeout = Box::pin(gloo_timers::future::TimeoutFuture::new(blocked_timeout_ms));
+    match select(done, timeout).await {
+        Either::Left((r, _)) => r.map(|_| ()),
+        Either::Right(_) => Err(StoreError::Blocked(name.to_owned(), blocked_timeout_ms)),
+    }
+}

@@ -1,0 +1,324 @@
+// No argument of any type may trap the module (issue 15): every export of the
+// built package — enumerated from the module itself, so a new class, method,
+// getter or static is covered without editing this file — is called with
+// every JS type in every argument position, in headless Chromium against
+// pkg/ and a real agentstore-server (same origin: it serves the page and pkg/).
+//
+// A call passes when it returns/resolves, or throws/rejects a real `Error`
+// that is not a `WebAssembly.RuntimeError` and is either an agentstore error
+// (known `name`, string `code`), a `TypeError` JavaScript itself raised, or
+// the exception a throwing Proxy argument raised itself.
+// It may also stay pending (a long poll is not a trap); those are counted.
+// After each method's calls the same page must still open a store, write
+// and read, and a lease client must still claim and settle an item — a trap
+// would have killed the module instance.
+//
+// Each method runs in its own page (a fresh module instance), on a fresh
+// instance per call, so one trap is reported once and poisons nothing else.
+// Skipped on purpose: `default`/`initSync` (they (re)initialise the module)
+// and names starting with `__` (wasm-bindgen internals such as `__wrap(ptr)`,
+// which adopt raw pointers by design).
+//
+//   node --test tests/e2e/no_trap.test.mjs     (needs pkg/ and the server built)
+//
+// Environment: AGENTSTORE_PKG_DIR (default pkg/), AGENTSTORE_SERVER_BIN
+// (default target/debug/agentstore-server), NO_TRAP_PORT (default: a free port).
+
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn, spawnSync } from 'node:child_process';
+import { existsSync, mkdtempSync, rmSync, writeFileSync, mkdirSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { ROOT, freePort, launchBrowser, sleep } from './helpers.mjs';
+
+const PKG = process.env.AGENTSTORE_PKG_DIR ?? join(ROOT, 'pkg');
+const TARGET = process.env.CARGO_TARGET_DIR ?? join(ROOT, 'target');
+const BIN = process.env.AGENTSTORE_SERVER_BIN ?? join(TARGET, 'debug', 'agentstore-server');
+const ADMIN = 'no-trap-e2e-admin';
+
+/**
+ * Lease-side exports whose failures are reported but not (yet) fatal: the
+ * lease client's argument fixes (src/lease_api.rs) land on another branch.
+ * Once they are merged, empty this list: the test is then strict for all.
+ */
+const LEASE_PENDING_FIX = ['LeaseClient', 'Lease', 'LeaseWorker'];
+
+let dir;
+let server;
+let base;
+let browser;
+
+before(async () => {
+  assert.ok(existsSync(join(PKG, 'agentstore.js')), `${PKG} must hold the built SDK (scripts/test.sh builds it)`);
+  if (!existsSync(BIN)) {
+    const built = spawnSync('cargo', ['build', '-q', '-p', 'agentstore-server'], { cwd: ROOT, stdio: 'inherit' });
+    assert.equal(built.status, 0, 'cargo build -p agentstore-server');
+  }
+  dir = mkdtempSync(join(tmpdir(), 'agentstore-no-trap-'));
+  mkdirSync(join(dir, 'www'));
+  writeFileSync(join(dir, 'www', 'index.html'), '<!doctype html><title>no trap</title><p>no trap</p>');
+  const port = Number(process.env.NO_TRAP_PORT ?? await freePort());
+  base = `http://127.0.0.1:${port}`;
+  server = spawn(BIN, [
+    '--listen', `127.0.0.1:${port}`, '--database', join(dir, 'leases.sqlite'), '--admin-token', ADMIN,
+    '--www', join(dir, 'www'), '--pkg', PKG, '--claim-rate', '1000/s',
+  ], { stdio: 'ignore' });
+  const until = Date.now() + 30_000;
+  for (;;) {
+    try {
+      if ((await fetch(`${base}/v1/health`)).ok) break;
+    } catch {}
+    assert.ok(Date.now() < until && server.exitCode === null, 'agentstore-server did not start');
+    await sleep(50);
+  }
+  browser = await launchBrowser();
+});
+
+after(async () => {
+  await browser?.close();
+  if (server && server.exitCode === null) {
+    const exited = new Promise((r) => server.once('exit', r));
+    server.kill('SIGTERM');
+    await exited;
+  }
+  if (dir) rmSync(dir, { recursive: true, force: true });
+});
+
+/** In the page: the export's surface, as `[{owner, kind, name, arity}]`. */
+async function surface(page, entry) {
+  return page.evaluate(async (entry) => {
+    const mod = await import(entry);
+    await mod.default();
+    const out = [];
+    for (const [owner, v] of Object.entries(mod)) {
+      if (owner === 'default' || owner === 'initSync' || owner.startsWith('__') || typeof v !== 'function') continue;
+      const isClass = /^class\b/.test(Function.prototype.toString.call(v));
+      if (!isClass) {
+        out.push({ owner, kind: 'function', name: owner, arity: v.length });
+        continue;
+      }
+      if (/\bconstructor\s*\(/.test(Function.prototype.toString.call(v))) {
+        out.push({ owner, kind: 'constructor', name: 'constructor', arity: v.length });
+      }
+      for (const name of Object.getOwnPropertyNames(v)) {
+        if (['length', 'name', 'prototype'].includes(name) || name.startsWith('__')) continue;
+        if (typeof v[name] === 'function') out.push({ owner, kind: 'static', name, arity: v[name].length });
+      }
+      for (const key of Reflect.ownKeys(v.prototype)) {
+        const name = typeof key === 'symbol' ? key.description : key;
+        if (name === 'constructor' || name.startsWith('__')) continue;
+        const d = Object.getOwnPropertyDescriptor(v.prototype, key);
+        if (d.get) out.push({ owner, kind: 'getter', name, arity: 0 });
+        if (d.set) out.push({ owner, kind: 'setter', name, arity: 1 });
+        if (typeof d.value === 'function') out.push({ owner, kind: 'method', name, arity: d.value.length, symbol: typeof key === 'symbol' });
+      }
+    }
+    return out;
+  }, entry);
+}
+
+/**
+ * In the page: calls one member with every bad value in every position (and
+ * in all positions at once), each on a fresh instance; then checks that the
+ * store and the lease client still work. Resolves to `{calls, pending, bad, stillWorks}`.
+ */
+async function exercise(page, { entry, member, origin, admin }) {
+  return page.evaluate(async ({ entry, member, origin, admin }) => {
+    // `mod` is the entry point under test; `full` (the whole package) drives the lease server.
+    const mod = await import(entry);
+    await mod.default();
+    const full = await import('/pkg/agentstore.js');
+    await full.default();
+    const NAMES = ['ConflictError', 'ValidationError', 'NotFoundError', 'QuotaExceededError', 'TransactionError',
+      'BlockedError', 'ClosedError', 'AbortError', 'ClaimLostError', 'StateConflictError', 'UnauthorizedError',
+      'ForbiddenError', 'RateLimitedError', 'PayloadTooLargeError', 'BadRequestError', 'NetworkError', 'InternalError'];
+    const adminCall = async (method, path, body) => {
+      const r = await fetch(origin + path, {
+        method, headers: { authorization: `Bearer ${admin}`, 'content-type': 'application/json' },
+        body: body === undefined ? undefined : JSON.stringify(body),
+      });
+      if (!r.ok) throw new Error(`${method} ${path}: ${r.status}`);
+      return r.status === 204 ? null : r.json();
+    };
+    const token = async () => (await adminCall('POST', '/v1/admin/enrollment-tokens', {})).token;
+    const enqueue = (queue) => adminCall('POST', `/v1/queues/${queue}/items`, { payload: { n: 1 } });
+    const db = `no-trap-${Math.random().toString(36).slice(2)}`;
+    // One enrolled identity for every client of this page.
+    const seed = new full.LeaseClient(origin, { enrollmentToken: await token(), journal: false });
+    await seed.claim('no-trap-seed');
+    const { accessToken } = seed.credentials;
+    const client = () => new (mod.LeaseClient ?? full.LeaseClient)(origin, { accessToken, journal: false });
+    const q = `nt${Math.random().toString(36).slice(2, 8)}`;
+    const FACTORIES = {
+      AgentStore: () => mod.AgentStore.open(db),
+      Watch: async () => (await mod.AgentStore.open(db)).watch({}, () => {}),
+      LeaseClient: client,
+      Lease: async () => {
+        await enqueue(q);
+        const lease = await client().claim(q);
+        if (!lease) throw new Error('no lease to test with');
+        return lease;
+      },
+      LeaseWorker: () => client().work(`${q}-w`, async () => {}, { pollIntervalMs: 50 }),
+    };
+    const VALUES = {
+      undefined: () => undefined,
+      null: () => null,
+      number: () => 42,
+      NaN: () => NaN,
+      bigint: () => 10n,
+      symbol: () => Symbol('s'),
+      boolean: () => true,
+      'plain object': () => ({ a: 1 }),
+      array: () => [1, 'x', null],
+      function: () => () => 'f',
+      Proxy: () => new Proxy({ k: 1 }, {}),
+      'throwing Proxy': () => new Proxy({}, { get() { throw OWN; }, has() { throw OWN; }, ownKeys() { throw OWN; } }),
+      Blob: () => new Blob(['{"x":1}\n']),
+      'string (where an object is expected)': () => 'not-an-object',
+    };
+    // What the throwing Proxy throws: the argument's own exception, which may
+    // pass through unchanged (JavaScript itself raised it, not the module).
+    const OWN = new Error('thrown by the argument itself');
+    const PENDING_MS = 3000;
+    const cleanup = async (x) => {
+      try { if (x && typeof x.stop === 'function') await x.stop(); } catch {}
+      try { if (x && typeof x.close === 'function') await x.close(); } catch {}
+    };
+    const classify = (e) => {
+      if (e instanceof WebAssembly.RuntimeError) return `WebAssembly.RuntimeError: ${e.message}`;
+      if (e === OWN) return null;
+      if (!(e instanceof Error)) return `threw a non-Error: ${String(e)}`;
+      if (e instanceof TypeError && !('code' in e)) return null; // JavaScript's own TypeError
+      if (!NAMES.includes(e.name)) return `unexpected error name ${e.name}: ${e.message}`;
+      if (typeof e.code !== 'string' || !e.code) return `${e.name} without a code: ${e.message}`;
+      return null;
+    };
+    const invoke = async (args) => {
+      const { owner, kind, name } = member;
+      let target = null;
+      try {
+        if (kind === 'method' || kind === 'getter' || kind === 'setter') {
+          if (!FACTORIES[owner]) return `no factory for class ${owner}: add one to FACTORIES in this test`;
+          try {
+            target = await FACTORIES[owner]();
+          } catch (e) {
+            return `making a ${owner} to call it on failed: ${e?.name}: ${e?.message}`;
+          }
+        }
+        let r;
+        if (kind === 'function') r = mod[owner](...args);
+        else if (kind === 'constructor') r = new mod[owner](...args);
+        else if (kind === 'static') r = mod[owner][name](...args);
+        else if (kind === 'getter') r = target[name];
+        else if (kind === 'setter') { target[name] = args[0]; r = undefined; }
+        else {
+          const fn = member.symbol ? target[Symbol[name.replace(/^Symbol\./, '')]] : target[name];
+          r = fn.apply(target, args);
+        }
+        if (r && typeof r.then === 'function') {
+          const t = await Promise.race([
+            r.then((v) => ({ v }), (e) => ({ e })),
+            new Promise((res) => setTimeout(res, PENDING_MS, { pending: true })),
+          ]);
+          if (t.pending) return 'pending';
+          if ('e' in t) return classify(t.e);
+          await cleanup(t.v);
+          return null;
+        }
+        await cleanup(r);
+        return null;
+      } catch (e) {
+        return classify(e);
+      } finally {
+        await cleanup(target);
+        try { target?.free?.(); } catch {}
+      }
+    };
+    const positions = Math.max(member.arity, 1);
+    const bad = [];
+    let calls = 0;
+    let pending = 0;
+    for (const [label, make] of Object.entries(VALUES)) {
+      const plans = [];
+      for (let i = 0; i < positions; i++) plans.push([`argument ${i}`, Array.from({ length: positions }, (_, j) => (j === i ? make() : undefined))]);
+      if (positions > 1) plans.push(['every argument', Array.from({ length: positions }, () => make())]);
+      if (member.kind === 'getter') plans.splice(1);
+      for (const [where, args] of plans) {
+        calls++;
+        const r = await invoke(args);
+        if (r === 'pending') pending++;
+        else if (r) bad.push(`${label} as ${where}: ${r}`);
+        if (member.kind === 'getter') break;
+      }
+      if (member.kind === 'getter') break;
+    }
+    // Still alive: the store and the lease client work in this module instance.
+    let stillWorks = '';
+    try {
+      const s = await mod.AgentStore.open(`${db}-after`);
+      await s.put({ _id: 'alive', v: 1 });
+      if ((await s.get('alive'))?.v !== 1) throw new Error('store read back wrong');
+      s.close();
+      await enqueue(`${q}-after`);
+      const c = client();
+      const lease = await c.claim(`${q}-after`);
+      if (!lease) throw new Error('lease client claimed nothing');
+      await lease.settle('done', { ok: true });
+      await c.close();
+    } catch (e) {
+      stillWorks = `${e?.name}: ${e?.message}`;
+    }
+    try { await seed.close(); } catch {}
+    return { calls, pending, bad, stillWorks };
+  }, { entry, member, origin, admin });
+}
+
+/** The package's entry points: the whole package, and the store-only one when built. */
+const ENTRIES = [
+  ['/pkg/agentstore.js', ['AgentStore', 'LeaseClient', 'Lease', 'LeaseWorker', 'Watch']],
+  ...(existsSync(join(PKG, 'store', 'agentstore.js')) ? [['/pkg/store/agentstore.js', ['AgentStore', 'Watch']]] : []),
+];
+
+for (const [entry, expected] of ENTRIES) {
+  test(`every export of ${entry} × every JS type: a typed Error or a result, never a trap`, { timeout: 1_200_000 }, async () => {
+    const context = await browser.newContext();
+    const page = await context.newPage();
+    await page.goto(`${base}/index.html`);
+    const members = await surface(page, entry);
+    await context.close();
+    const owners = new Set(members.map((m) => m.owner));
+    for (const must of expected) assert.ok(owners.has(must), `${entry} exports ${must}`);
+    assert.ok(members.some((m) => m.owner === 'AgentStore' && m.name === 'getMany'), 'enumeration sees instance methods');
+    assert.ok(members.some((m) => m.owner === 'AgentStore' && m.kind === 'static' && m.name === 'open'), 'and statics');
+    const fatal = [];
+    const leasePending = [];
+    let calls = 0;
+    let pending = 0;
+    for (const member of members) {
+      const ctx = await browser.newContext();
+      const p = await ctx.newPage();
+      const errors = [];
+      p.on('pageerror', (e) => errors.push(String(e)));
+      try {
+        await p.goto(`${base}/index.html`);
+        const r = await exercise(p, { entry, member, origin: base, admin: ADMIN });
+        calls += r.calls;
+        pending += r.pending;
+        const problems = [...r.bad];
+        if (r.stillWorks) problems.push(`afterwards the store / lease client no longer work: ${r.stillWorks}`);
+        for (const e of errors.filter((x) => /RuntimeError/.test(x))) problems.push(`uncaught in the page: ${e}`);
+        const label = `${member.owner}${member.kind === 'static' ? '.' : member.kind === 'constructor' ? ' ' : '#'}${member.name} (${member.kind})`;
+        for (const msg of problems) (LEASE_PENDING_FIX.includes(member.owner) ? leasePending : fatal).push(`${label}: ${msg}`);
+      } finally {
+        await ctx.close();
+      }
+    }
+    console.log(`no-trap ${entry}: ${members.length} members, ${calls} calls, ${pending} left pending after 3 s`);
+    if (leasePending.length) {
+      console.log(`LEASE-SIDE FAILURES (not fatal until the lease_api.rs argument fixes are merged; then empty LEASE_PENDING_FIX):\n  ${leasePending.join('\n  ')}`);
+    }
+    assert.deepEqual(fatal, [], `calls that trapped or threw something other than a typed Error:\n  ${fatal.join('\n  ')}`);
+  });
+}

@@ -1,0 +1,418 @@
+//! getMany, count, deleteMany, purgeTombstones and AgentStore.destroy through
+//! the JS API, in a real browser's IndexedDB: results, all-or-nothing
+//! failures, bad input (ValidationError, nothing written), watch, indexes.
+use agentstore::AgentStore;
+use js_sys::{Array, Function, Promise};
+use serde_json::json;
+use std::cell::RefCell;
+use std::rc::Rc;
+use wasm_bindgen::{JsCast, JsValue};
+use wasm_bindgen_futures::JsFuture;
+use wasm_bindgen_test::*;
+
+mod common;
+use common::*;
+
+wasm_bindgen_test_configure!(run_in_browser);
+
+async fn call(p: Promise) -> Result<JsValue, JsValue> {
+    JsFuture::from(p).await
+}
+
+/// `(name, code)` of a rejection, which must be a real `Error`.
+fn err_kind(e: &JsValue) -> (String, String) {
+    assert!(e.is_instance_of::<js_sys::Error>(), "not an Error: {e:?}");
+    (
+        field_str(e, "name").unwrap_or_default(),
+        field_str(e, "code").unwrap_or_default(),
+    )
+}
+
+fn validation() -> (String, String) {
+    ("ValidationError".into(), "validation".into())
+}
+
+/// Positions named by an error's `failures`.
+fn failure_indexes(e: &JsValue) -> Vec<u32> {
+    Array::from(&field(e, "failures"))
+        .iter()
+        .map(|f| field(&f, "index").as_f64().unwrap() as u32)
+        .collect()
+}
+
+async fn open_api(tag: &str) -> (AgentStore, String) {
+    let (store, name) = open(tag).await;
+    (AgentStore::from_store(store), name)
+}
+
+async fn put(store: &AgentStore, v: serde_json::Value) -> String {
+    let w = call(store.put(js(v))).await.unwrap();
+    field_str(&w, "rev").unwrap()
+}
+
+async fn get_id(store: &AgentStore, id: &str) -> Option<JsValue> {
+    let v = call(store.get(s(id))).await.unwrap();
+    (!v.is_null()).then_some(v)
+}
+
+/// Collects `watch` changes under `prefix` as `"id:deleted"`.
+fn watch(store: &AgentStore, prefix: &str) -> (agentstore::api::Watch, Rc<RefCell<Vec<String>>>) {
+    let seen = Rc::new(RefCell::new(Vec::new()));
+    let s2 = seen.clone();
+    let cb = wasm_bindgen::closure::Closure::<dyn FnMut(JsValue)>::new(move |c: JsValue| {
+        s2.borrow_mut().push(format!(
+            "{}:{}",
+            field_str(&c, "id").unwrap(),
+            field(&c, "deleted").as_bool().unwrap()
+        ));
+    });
+    let f: Function = cb.into_js_value().unchecked_into();
+    let w = store
+        .watch(js(json!({ "prefix": prefix })), f.into())
+        .unwrap();
+    (w, seen)
+}
+
+/// Waits (bounded, 10 s) until `seen` holds `n` changes.
+async fn until_seen(seen: &Rc<RefCell<Vec<String>>>, n: usize) {
+    for _ in 0..1000 {
+        if seen.borrow().len() >= n {
+            return;
+        }
+        gloo_timers::future::TimeoutFuture::new(10).await;
+    }
+    panic!("only {:?} after 10 s", seen.borrow());
+}
+
+#[wasm_bindgen_test]
+async fn get_many_answers_in_the_order_of_ids_with_null_for_missing_and_deleted() {
+    let (store, _) = open_api("getmany").await;
+    for id in ["a", "b", "c"] {
+        put(&store, json!({"_id": id, "v": id})).await;
+    }
+    let rb = field_str(&get_id(&store, "b").await.unwrap(), "_rev").unwrap();
+    call(store.delete(s("b"), s(&rb))).await.unwrap();
+    let got = Array::from(
+        &call(store.get_many(js(json!(["c", "zz", "a", "b", "a"]))))
+            .await
+            .unwrap(),
+    );
+    let vs: Vec<Option<String>> = got.iter().map(|r| field_str(&r, "v")).collect();
+    assert_eq!(
+        vs,
+        [Some("c"), None, Some("a"), None, Some("a")].map(|x| x.map(String::from))
+    );
+    assert!(
+        got.get(1).is_null() && got.get(3).is_null(),
+        "null, not undefined"
+    );
+    assert_eq!(
+        Array::from(&call(store.get_many(js(json!([])))).await.unwrap()).length(),
+        0
+    );
+    // bad input: a ValidationError naming every bad position
+    let e = call(store.get_many(js(json!(["a", 5, "", null, "b"]))))
+        .await
+        .unwrap_err();
+    assert_eq!(err_kind(&e), validation());
+    assert_eq!(failure_indexes(&e), vec![1, 2, 3]);
+    for bad in [
+        s("a"),
+        JsValue::NULL,
+        JsValue::UNDEFINED,
+        js(json!({"0": "a"})),
+    ] {
+        let e = call(store.get_many(bad)).await.unwrap_err();
+        assert_eq!(err_kind(&e), validation());
+    }
+    let e = call(store.get_many(Array::new_with_length(100_001).into()))
+        .await
+        .unwrap_err();
+    assert_eq!(err_kind(&e), validation());
+}
+
+#[wasm_bindgen_test]
+async fn count_counts_live_records_by_prefix_and_type() {
+    let (store, _) = open_api("count").await;
+    let recs: Vec<_> = (0..30)
+        .map(|i| {
+            json!({"_id": format!("{}/{i:02}", if i % 3 == 0 {"run"} else {"agent"}),
+                   "recordType": if i % 2 == 0 {"even"} else {"odd"}})
+        })
+        .collect();
+    call(store.put_many(js(json!(recs)))).await.unwrap();
+    put(
+        &store,
+        json!({"_id": "runs-not-run/x", "recordType": "even"}),
+    )
+    .await;
+    let r = field_str(&get_id(&store, "run/00").await.unwrap(), "_rev").unwrap();
+    call(store.delete(s("run/00"), s(&r))).await.unwrap();
+    let count = |o: serde_json::Value| {
+        let p = store.count(js(o));
+        async move { call(p).await.unwrap().as_f64().unwrap() as u32 }
+    };
+    assert_eq!(count(json!({})).await, 30, "tombstones do not count");
+    assert_eq!(
+        call(store.count(JsValue::UNDEFINED))
+            .await
+            .unwrap()
+            .as_f64(),
+        Some(30.0)
+    );
+    assert_eq!(count(json!({"prefix": "run/"})).await, 9);
+    assert_eq!(count(json!({"prefix": "run"})).await, 10);
+    assert_eq!(count(json!({"type": "even"})).await, 15);
+    // run/ ids are multiples of 3; even among them: 0 (deleted), 6, 12, 18, 24
+    assert_eq!(count(json!({"prefix": "run/", "type": "even"})).await, 4);
+    assert_eq!(count(json!({"prefix": "nothing"})).await, 0);
+    assert_eq!(count(json!({"type": "none"})).await, 0);
+    for bad in [
+        json!({"prefix": 5}),
+        json!({"type": ["even"]}),
+        json!("run/"),
+    ] {
+        let e = call(store.count(js(bad))).await.unwrap_err();
+        assert_eq!(err_kind(&e), validation());
+    }
+}
+
+#[wasm_bindgen_test]
+async fn delete_many_is_all_or_nothing_and_reports_every_failing_position() {
+    let (store, _) = open_api("delmany").await;
+    let (_w, seen) = watch(&store, "d/");
+    let mut revs = Vec::new();
+    for id in ["d/a", "d/b", "d/c"] {
+        revs.push(put(&store, json!({"_id": id, "recordType": "run"})).await);
+    }
+    let newer = put(
+        &store,
+        json!({"_id": "d/b", "_rev": revs[1], "recordType": "run", "n": 2}),
+    )
+    .await;
+    // b's rev is stale, zz has nothing live: ConflictError naming both, nothing deleted
+    let e = call(store.delete_many(js(json!([
+        {"id": "d/a", "rev": revs[0]},
+        {"id": "d/b", "rev": revs[1]},
+        {"id": "d/zz", "rev": revs[2]},
+    ]))))
+    .await
+    .unwrap_err();
+    assert_eq!(err_kind(&e), ("ConflictError".into(), "conflict".into()));
+    assert_eq!(field(&e, "status").as_f64(), Some(409.0));
+    assert_eq!(failure_indexes(&e), vec![1, 2]);
+    let failures = Array::from(&field(&e, "failures"));
+    assert_eq!(
+        field_str(&failures.get(0), "currentRev"),
+        Some(newer.clone())
+    );
+    assert!(field(&failures.get(1), "currentRev").is_null());
+    assert!(get_id(&store, "d/a").await.is_some(), "nothing was deleted");
+    // bad input: every malformed position, nothing deleted
+    let e = call(store.delete_many(js(json!([
+        {"id": "d/a", "rev": revs[0]},
+        {"id": "d/c"},
+        {"id": 7, "rev": revs[2]},
+        {"id": "d/c", "rev": "not-a-rev"},
+        "d/c",
+        {"id": "d/a", "rev": revs[0]},
+    ]))))
+    .await
+    .unwrap_err();
+    assert_eq!(err_kind(&e), validation());
+    assert_eq!(failure_indexes(&e), vec![1, 2, 3, 4, 5]);
+    for bad in [
+        s("d/a"),
+        JsValue::NULL,
+        js(json!({"id": "d/a", "rev": revs[0]})),
+    ] {
+        let e = call(store.delete_many(bad)).await.unwrap_err();
+        assert_eq!(err_kind(&e), validation());
+    }
+    assert!(get_id(&store, "d/a").await.is_some(), "nothing was deleted");
+    // all three at once
+    let out = call(store.delete_many(js(json!([
+        {"id": "d/a", "rev": revs[0]},
+        {"id": "d/b", "rev": newer},
+        {"id": "d/c", "rev": revs[2]},
+    ]))))
+    .await
+    .unwrap();
+    let out: Vec<String> = Array::from(&out)
+        .iter()
+        .map(|r| r.as_string().unwrap())
+        .collect();
+    assert!(out[0].starts_with("2-") && out[1].starts_with("3-") && out[2].starts_with("2-"));
+    for id in ["d/a", "d/b", "d/c"] {
+        assert!(get_id(&store, id).await.is_none());
+    }
+    // a tombstone keeps the stale writer conflicting
+    let e = call(store.put(js(json!({"_id": "d/b", "_rev": revs[1]}))))
+        .await
+        .unwrap_err();
+    assert_eq!(err_kind(&e).1, "conflict");
+    assert_eq!(
+        Array::from(&call(store.delete_many(js(json!([])))).await.unwrap()).length(),
+        0
+    );
+    // watch announces each delete (after the four creates/updates)
+    until_seen(&seen, 7).await;
+    assert_eq!(
+        seen.borrow()[4..],
+        ["d/a:true", "d/b:true", "d/c:true"].map(String::from)
+    );
+    let by_run = store.list_by(s("byType"), js(json!({"eq": "run"})));
+    assert_eq!(
+        Array::from(&field(&call(by_run).await.unwrap(), "records")).length(),
+        0,
+        "the derived index lost the deleted records"
+    );
+}
+
+#[wasm_bindgen_test]
+async fn purge_removes_old_tombstones_and_a_stale_writer_still_never_overwrites() {
+    let (raw, name) = open("purge").await;
+    let store = AgentStore::from_store(raw);
+    let (_w, seen) = watch(&store, "p/");
+    let x1 = put(&store, json!({"_id": "p/x", "recordType": "run", "v": 1})).await;
+    let x2 = put(
+        &store,
+        json!({"_id": "p/x", "_rev": x1, "recordType": "run", "v": 2}),
+    )
+    .await;
+    let y1 = put(&store, json!({"_id": "p/y", "recordType": "run"})).await;
+    let tx = call(store.delete(s("p/x"), s(&x2)))
+        .await
+        .unwrap()
+        .as_string()
+        .unwrap();
+    call(store.delete(s("p/y"), s(&y1))).await.unwrap();
+    until_seen(&seen, 5).await;
+    // bad input: ValidationError, nothing purged
+    for bad in [
+        JsValue::UNDEFINED,
+        js(json!({})),
+        js(json!({"olderThanMs": -1})),
+        js(json!({"olderThanMs": "0"})),
+        JsValue::from(5),
+    ] {
+        let e = call(store.purge_tombstones(bad)).await.unwrap_err();
+        assert_eq!(err_kind(&e), validation());
+    }
+    let purge = |ms: f64| {
+        let p = store.purge_tombstones(js(json!({ "olderThanMs": ms })));
+        async move { call(p).await.unwrap().as_f64().unwrap() as u32 }
+    };
+    assert_eq!(
+        purge(3_600_000.0).await,
+        0,
+        "both tombstones are younger than an hour"
+    );
+    assert_eq!(purge(0.0).await, 2);
+    assert_eq!(purge(0.0).await, 0);
+    // A writer holding any revision of the purged id is refused: nothing stored has it.
+    for stale in [&x1, &x2, &tx] {
+        let e = call(store.put(js(json!({"_id": "p/x", "_rev": stale, "v": 9}))))
+            .await
+            .unwrap_err();
+        assert_eq!(err_kind(&e).1, "conflict", "put with {stale}");
+        assert!(field(&e, "currentRev").is_null());
+    }
+    let e = call(store.delete(s("p/x"), s(&x2))).await.unwrap_err();
+    assert_eq!(err_kind(&e).1, "not_found");
+    assert!(get_id(&store, "p/x").await.is_none());
+    // A create starts the id over; the stale writers still conflict with it.
+    let fresh = put(&store, json!({"_id": "p/x", "recordType": "run", "v": 3})).await;
+    assert!(fresh.starts_with("1-") && fresh != x1);
+    for stale in [&x1, &x2, &tx] {
+        let e = call(store.put(js(json!({"_id": "p/x", "_rev": stale, "v": 9}))))
+            .await
+            .unwrap_err();
+        assert_eq!(field_str(&e, "currentRev"), Some(fresh.clone()));
+    }
+    assert_eq!(
+        field(&get_id(&store, "p/x").await.unwrap(), "v").as_f64(),
+        Some(3.0)
+    );
+    // watch saw the deletes and the create, nothing for the purge
+    until_seen(&seen, 6).await;
+    assert_eq!(
+        *seen.borrow(),
+        [
+            "p/x:false",
+            "p/x:false",
+            "p/y:false",
+            "p/x:true",
+            "p/y:true",
+            "p/x:false"
+        ]
+        .map(String::from)
+    );
+    let again = open_named(&name).await;
+    assert_indexes_clean(&again).await;
+}
+
+/// A raw IndexedDB connection with no `versionchange` handler: it never closes by itself.
+async fn raw_connection(name: &str) -> JsValue {
+    let f = Function::new_with_args(
+        "name",
+        "return new Promise((ok, fail) => { const r = indexedDB.open(name); \
+         r.onsuccess = () => ok(r.result); r.onerror = () => fail(r.error); })",
+    );
+    call(f.call1(&JsValue::NULL, &s(name)).unwrap().unchecked_into())
+        .await
+        .unwrap()
+}
+
+#[wasm_bindgen_test]
+async fn destroy_closes_other_connections_and_times_out_on_one_that_ignores_it() {
+    let name = fresh_name("destroy");
+    let calls = Rc::new(RefCell::new(0u32));
+    let c2 = calls.clone();
+    let on_vc = wasm_bindgen::closure::Closure::<dyn FnMut()>::new(move || *c2.borrow_mut() += 1);
+    let other = AgentStore::from_store(
+        agentstore::store::Store::open(
+            &name,
+            2000,
+            Some(on_vc.as_ref().unchecked_ref::<Function>().clone()),
+            vec![],
+        )
+        .await
+        .unwrap(),
+    );
+    put(&other, json!({"_id": "k"})).await;
+    call(AgentStore::destroy(s(&name), JsValue::UNDEFINED))
+        .await
+        .unwrap();
+    assert!(*calls.borrow() >= 1, "onVersionChange ran");
+    let e = call(other.get(s("k"))).await.unwrap_err();
+    assert_eq!(err_kind(&e), ("ClosedError".into(), "closed".into()));
+    let reopened = AgentStore::from_store(open_named(&name).await);
+    assert!(
+        get_id(&reopened, "k").await.is_none(),
+        "the database was deleted"
+    );
+    reopened.close();
+    // A connection that ignores versionchange: BlockedError after the timeout, not a hang.
+    let raw = raw_connection(&name).await;
+    let e = call(AgentStore::destroy(
+        s(&name),
+        js(json!({"blockedTimeoutMs": 200})),
+    ))
+    .await
+    .unwrap_err();
+    assert_eq!(err_kind(&e), ("BlockedError".into(), "blocked".into()));
+    let close: Function = field(&raw, "close").unchecked_into();
+    close.call0(&raw).unwrap();
+    // bad input
+    for (n, o) in [
+        (JsValue::from(42), JsValue::UNDEFINED),
+        (s(""), JsValue::UNDEFINED),
+        (JsValue::NULL, JsValue::UNDEFINED),
+        (s(&name), js(json!({"blockedTimeoutMs": -5}))),
+        (s(&name), js(json!("fast"))),
+    ] {
+        let e = call(AgentStore::destroy(n, o)).await.unwrap_err();
+        assert_eq!(err_kind(&e), validation());
+    }
+}
