@@ -8,9 +8,11 @@
 #      (agentstore/store vs Dexie 4 vs raw, fresh profile per run);
 #   2. server: agentstore-server on SQLite, on PostgreSQL with 1 and 2
 #      instances, and pg-boss on the same PostgreSQL (BENCH_SERVER_RUNS, default 3).
+#   3. import/export: bench/import.mjs (a generated 120,000-document PouchDB dump;
+#      time vs raw IndexedDB and the wasm module's memory; IMPORT_RUNS, default 3).
 # Everything is loopback. Each phase is bounded by `timeout`; the browser phase
 # also stops starting new runs when its share of BENCH_BUDGET_S is spent.
-# Tables go to stdout and to bench/results/{browser,browser-firefox,first-read,server}.md.
+# Tables go to stdout and to bench/results/{browser,browser-firefox,first-read,import,server}.md.
 #
 #   bash scripts/bench.sh            # everything (about 15-25 min on 2 cores)
 #   BENCH_SKIP_BUILD=1 BENCH_RUNS=1 bash scripts/bench.sh   # quick look
@@ -69,6 +71,9 @@ timeout --kill-after=30 "$((BROWSER_S / 2 + 300))" \
 step "time to first read (slow profile, fresh profile per run)"
 timeout --kill-after=30 600 node bench/first-read.mjs --runs 3 > bench/results/first-read.md
 
+step "import/export memory and time (bench/import.mjs, ${IMPORT_RUNS:=3} runs)"
+timeout --kill-after=30 1800 node bench/import.mjs --runs "$IMPORT_RUNS" > bench/results/import.md
+
 step "PostgreSQL on loopback (scripts/pg.sh)"
 PG_ARGS=()
 if bash scripts/pg.sh start >&2; then
@@ -86,4 +91,5 @@ printf '\n## Machine\n\n```\n'; cat /tmp/agentstore-bench-machine.txt; printf '`
 printf '\n## Browser (headless Chromium)\n\n'; cat bench/results/browser.md
 printf '\n## Browser (headless Firefox ESR)\n\n'; cat bench/results/browser-firefox.md
 printf '\n## Time to first read (Chromium, slow profile)\n\n'; cat bench/results/first-read.md
+printf '\n## Import and export (headless Chromium)\n\n'; cat bench/results/import.md
 printf '\n## Server (loopback)\n\n'; cat bench/results/server.md

@@ -4,12 +4,120 @@
 # native tests (protocol + server on SQLite and PostgreSQL), the browser
 # suites in headless Chromium AND Firefox, and the end-to-end demo tests.
 # Exits non-zero on the first failure.
+#
+# Each step prints how long it took, and a table of every step's duration ends
+# the output. Whatever way the run ends (pass, failure, Ctrl-C, SIGTERM), what
+# it started is stopped: the steps run in a child process, every process they
+# start carries AGENTSTORE_TEST_RUN_DIR=<this run's directory> in its
+# environment, and on exit this script stops its PostgreSQL cluster (when it
+# started it) and then every process carrying that mark (lease servers, demo
+# servers, browsers, drivers), then deletes the run directory.
+#
+# Environment: AGENTSTORE_PG_DIR / AGENTSTORE_PG_PORT (see scripts/pg.sh; by
+# default a fresh cluster in the run directory on a free port),
+# AGENTSTORE_TEST_PORT (lease server for the browser suites, default 18787),
+# WASM_BINDGEN_TEST_TIMEOUT (seconds per browser test binary, default 180).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 export WASM_BINDGEN_TEST_TIMEOUT="${WASM_BINDGEN_TEST_TIMEOUT:-180}"
 
-step() { printf '\n=== %s ===\n' "$*"; }
+# Seconds (one decimal) between two timestamps in microseconds.
+seconds() { local us=$(($2 - $1)); printf '%d.%d' $((us / 1000000)) $((us / 100000 % 10)); }
+
+if [ -z "${AGENTSTORE_TEST_RUN_DIR:-}" ]; then
+  AGENTSTORE_TEST_RUN_DIR="$(mktemp -d /tmp/agentstore-test.XXXXXX)"
+  chmod 755 "$AGENTSTORE_TEST_RUN_DIR"  # the postgres user keeps its cluster in pg/
+  export AGENTSTORE_TEST_RUN_DIR
+  export AGENTSTORE_PG_DIR="${AGENTSTORE_PG_DIR:-$AGENTSTORE_TEST_RUN_DIR/pg}"
+  PG_WAS_RUNNING=0
+  bash scripts/pg.sh status 2>/dev/null && PG_WAS_RUNNING=1
+  RUN_START=${EPOCHREALTIME/./}
+  INNER=""
+
+  # Processes started by this run (the mark is in the environment they were
+  # started with; this shell's own environment predates it).
+  run_pids() {
+    local d
+    for d in /proc/[0-9]*; do
+      grep -qzxF "AGENTSTORE_TEST_RUN_DIR=$AGENTSTORE_TEST_RUN_DIR" "$d/environ" 2>/dev/null &&
+        echo "${d#/proc/}"
+    done
+    return 0
+  }
+
+  # One line per step: name, seconds, outcome (the step running when the run
+  # ended failed unless the steps finished).
+  summary() {
+    local rc=$1 now=${EPOCHREALTIME/./} name start next_name next_start outcome
+    local -a names=() starts=()
+    if [ -f "$AGENTSTORE_TEST_RUN_DIR/steps.tsv" ]; then
+      while IFS=$'\t' read -r start name; do
+        starts+=("$start"); names+=("$name")
+      done <"$AGENTSTORE_TEST_RUN_DIR/steps.tsv"
+    fi
+    printf '\n=== step durations ===\n'
+    local i
+    for i in "${!names[@]}"; do
+      next_start=${starts[$((i + 1))]:-$now}
+      next_name=${names[$((i + 1))]:-}
+      outcome=ok
+      if [ -z "$next_name" ]; then
+        [ "${names[$i]}" = "all test suites passed" ] && continue
+        outcome=$([ "$rc" -ge 128 ] && echo INTERRUPTED || echo FAILED)
+      fi
+      printf '%-66s %8s s  %s\n' "${names[$i]}" "$(seconds "${starts[$i]}" "$next_start")" "$outcome"
+    done
+    printf '%-66s %8s s  %s\n' "total" "$(seconds "$RUN_START" "$now")" \
+      "$([ "$rc" = 0 ] && echo passed || echo "FAILED (exit $rc)")"
+  }
+
+  cleanup() {
+    local rc=$? pids
+    trap - EXIT INT TERM
+    set +m
+    set +e
+    [ -n "$INNER" ] && kill -TERM "$INNER" 2>/dev/null
+    if [ "$PG_WAS_RUNNING" = 0 ]; then bash scripts/pg.sh stop 2>&1 | sed 's/^/[cleanup] /'; fi
+    pids=$(run_pids)
+    if [ -n "$pids" ]; then
+      echo "[cleanup] stopping what the run left running: $(echo $pids)"
+      kill -TERM $pids 2>/dev/null
+      for _ in $(seq 1 50); do
+        pids=$(run_pids)
+        [ -z "$pids" ] && break
+        sleep 0.2
+      done
+      [ -n "$pids" ] && kill -KILL $pids 2>/dev/null
+    fi
+    summary "$rc"
+    rm -rf "$AGENTSTORE_TEST_RUN_DIR"
+    exit "$rc"
+  }
+  trap cleanup EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  # The steps run in a child with its own process group (job control): this
+  # shell waits for it interruptibly, so Ctrl-C or SIGTERM cleans up at once.
+  set -m
+  bash scripts/test.sh "$@" &
+  INNER=$!
+  wait "$INNER"
+  exit 0
+fi
+
+STEP_NAME=""
+STEP_START=""
+step() {
+  local now=${EPOCHREALTIME/./}
+  if [ -n "$STEP_NAME" ]; then
+    printf -- '--- %s: %s s\n' "$STEP_NAME" "$(seconds "$STEP_START" "$now")"
+  fi
+  STEP_NAME="$*"
+  STEP_START=$now
+  printf '%s\t%s\n' "$now" "$*" >>"$AGENTSTORE_TEST_RUN_DIR/steps.tsv"
+  printf '\n=== %s ===\n' "$*"
+}
 
 step "bootstrap"
 bash scripts/bootstrap.sh
@@ -34,7 +142,8 @@ step "lease server for the browser suites (loopback, short TTLs)"
 # The lease suites (tests/lease_*.rs) read the URL and admin token at compile
 # time; the server allows the test runner's random loopback port by CORS.
 cargo build -q -p agentstore-server
-LEASE_DIR="$(mktemp -d)"
+LEASE_DIR="$AGENTSTORE_TEST_RUN_DIR/lease"
+mkdir -p "$LEASE_DIR"
 LEASE_PORT="${AGENTSTORE_TEST_PORT:-18787}"
 export AGENTSTORE_TEST_SERVER="http://127.0.0.1:$LEASE_PORT"
 export AGENTSTORE_TEST_ADMIN_TOKEN="agentstore-lease-test-admin"
@@ -45,11 +154,15 @@ export AGENTSTORE_TEST_ADMIN_TOKEN="agentstore-lease-test-admin"
   >"$LEASE_DIR/server.log" 2>&1 &
 LEASE_PID=$!
 trap 'kill "$LEASE_PID" 2>/dev/null || true; rm -rf "$LEASE_DIR"' EXIT
-for _ in $(seq 1 100); do
-  curl -fsS "$AGENTSTORE_TEST_SERVER/v1/health" >/dev/null 2>&1 && break
-  kill -0 "$LEASE_PID" 2>/dev/null || { cat "$LEASE_DIR/server.log"; exit 1; }
+# Ready once THIS server says it listens (another run's server on the same
+# port would answer /v1/health too); bounded.
+for _ in $(seq 1 300); do
+  grep -q "listening" "$LEASE_DIR/server.log" && break
+  kill -0 "$LEASE_PID" 2>/dev/null ||
+    { cat "$LEASE_DIR/server.log"; echo "lease server exited (port $LEASE_PORT taken? set AGENTSTORE_TEST_PORT)"; exit 1; }
   sleep 0.2
 done
+grep -q "listening" "$LEASE_DIR/server.log" || { cat "$LEASE_DIR/server.log"; exit 1; }
 curl -fsS "$AGENTSTORE_TEST_SERVER/v1/health" >/dev/null
 echo "AGENTSTORE_TEST_SERVER=$AGENTSTORE_TEST_SERVER"
 # A loopback proxy in front of it that holds heartbeat answers back or cuts off

@@ -317,7 +317,7 @@ async fn an_enrollment_cut_off_by_the_network_is_retried_and_reported_once() {
     let Some(proxy) = proxy() else { return };
     let q = fresh_queue("enroll-retry");
     let id = enqueue(&q, json!({})).await;
-    let token = enrollment_token().await;
+    let token = enrollment_token(&q).await;
     let seen = Rc::new(RefCell::new(Vec::<JsValue>::new()));
     let s2 = seen.clone();
     let cb =

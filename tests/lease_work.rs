@@ -226,7 +226,11 @@ async fn connection_failures_back_off_within_base_and_doubling_cap() {
         reconnect_cap_ms: 400.0,
     };
     let w = WorkerInner::start(client, "q".into(), h, opts, wrap);
-    sleep(2_500.0).await;
+    let until = now() + 30_000.0;
+    while w.backoffs.borrow().len() < 5 {
+        assert!(now() < until, "five connection failures");
+        sleep(10.0).await;
+    }
     let t0 = now();
     w.stop().await;
     assert!(now() - t0 < 200.0, "stop() interrupts the backoff wait");

@@ -93,20 +93,13 @@ async fn read_modify_write_split_by_an_await_conflicts_and_mutate_merges() {
         .await
         .unwrap()
         .rev;
-    // A and B both read r1; A writes after a 50 ms timer; B writes after A.
-    let a = async {
-        gloo_timers::future::TimeoutFuture::new(50).await;
-        store
-            .put(&js(json!({"_id": "r1", "_rev": r1, "items": ["a"]})))
-            .await
-    };
-    let b = async {
-        gloo_timers::future::TimeoutFuture::new(80).await;
-        store
-            .put(&js(json!({"_id": "r1", "_rev": r1, "items": ["b"]})))
-            .await
-    };
-    let (ra, rb) = futures::join!(a, b);
+    // A and B both read r1; A writes; then B writes what it based on r1.
+    let ra = store
+        .put(&js(json!({"_id": "r1", "_rev": r1, "items": ["a"]})))
+        .await;
+    let rb = store
+        .put(&js(json!({"_id": "r1", "_rev": r1, "items": ["b"]})))
+        .await;
     ra.unwrap();
     assert_eq!(rb.unwrap_err().code(), ErrorCode::Conflict);
 
@@ -137,11 +130,28 @@ async fn read_modify_write_split_by_an_await_conflicts_and_mutate_merges() {
 
     // retries: 0 under contention rejects and overwrites nothing.
     let before = field_str(&got, "_rev").unwrap();
-    let (slow, fast) = (push_fn("slow", 60), push_fn("fast", 0));
-    let (x, y) = futures::join!(
-        store.mutate(&key, &slow, 0, None),
-        store.mutate(&key, &fast, 0, None)
+    // `slow` has read the record; its function finishes only once `fast` has
+    // written (a gate, not a timer: the order holds however busy the machine).
+    let mut open_gate = None;
+    let gate = js_sys::Promise::new(&mut |resolve, _| open_gate = Some(resolve));
+    let slow: js_sys::Function = wasm_bindgen::JsCast::unchecked_into(
+        js_sys::Function::new_with_args(
+            "gate",
+            "return (cur) => gate.then(() => ({...cur, items: [...cur.items, 'slow']}));",
+        )
+        .call1(&wasm_bindgen::JsValue::NULL, &gate)
+        .unwrap(),
     );
+    let fast = push_fn("fast", 0);
+    let (x, y) = futures::join!(store.mutate(&key, &slow, 0, None), async {
+        let y = store.mutate(&key, &fast, 0, None).await;
+        open_gate
+            .take()
+            .unwrap()
+            .call0(&wasm_bindgen::JsValue::NULL)
+            .unwrap();
+        y
+    });
     y.unwrap();
     let e = x.unwrap_err();
     assert_eq!(e.code(), ErrorCode::Conflict);

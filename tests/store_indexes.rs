@@ -351,12 +351,36 @@ async fn watch_delivers_committed_changes_under_its_prefix_only() {
     store.delete(&s("w/1"), &s(&r)).await.unwrap();
     store.inject_abort_next_write();
     let _ = store.put(&js(json!({"_id": "w/aborted"}))).await;
-    gloo_timers::future::TimeoutFuture::new(100).await;
-    assert_eq!(*seen.borrow(), vec!["w/1:false", "w/1:true"]);
+    // Changes arrive in commit order: once the next commit is seen, the
+    // aborted write would have been seen before it.
+    store.put(&js(json!({"_id": "w/next"}))).await.unwrap();
+    let seen_len = |n: usize| {
+        let seen = seen.clone();
+        move || seen.borrow().len() >= n
+    };
+    wait_for("w/next", seen_len(3)).await;
+    assert_eq!(
+        *seen.borrow(),
+        vec!["w/1:false", "w/1:true", "w/next:false"]
+    );
+    // A control watch opened after `w`: a BroadcastChannel delivers to a page's
+    // channels in creation order, so once the control has seen w/2, `w` would
+    // have too had close() not stopped it.
+    let control = std::rc::Rc::new(std::cell::Cell::new(false));
+    let c2 = control.clone();
+    let control_cb =
+        wasm_bindgen::closure::Closure::<dyn FnMut(JsValue)>::new(move |_| c2.set(true));
+    let control_watch = agentstore::store::Watcher::new(
+        store.name(),
+        "w/".into(),
+        wasm_bindgen::JsCast::unchecked_ref::<js_sys::Function>(control_cb.as_ref()).clone(),
+    )
+    .unwrap();
     w.close();
     store.put(&js(json!({"_id": "w/2"}))).await.unwrap();
-    gloo_timers::future::TimeoutFuture::new(100).await;
-    assert_eq!(seen.borrow().len(), 2, "nothing after close");
+    wait_for("the control watch", move || control.get()).await;
+    assert_eq!(seen.borrow().len(), 3, "nothing after close");
+    control_watch.close();
     assert_indexes_clean(&store).await;
 }
 

@@ -81,8 +81,8 @@ async fn an_open_blocked_by_a_connection_that_refuses_to_close_fails_after_its_t
         .unchecked_into::<js_sys::Function>()
         .call0(&stubborn)
         .unwrap();
-    gloo_timers::future::TimeoutFuture::new(100).await;
-    let later = Store::open_versioned(&name, 3, 1000, None, vec![])
+    // The open itself waits (bounded) until no connection blocks it any more.
+    let later = Store::open_versioned(&name, 3, 30_000, None, vec![])
         .await
         .unwrap();
     later.put(&js(json!({"_id": "after"}))).await.unwrap();

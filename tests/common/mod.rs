@@ -123,3 +123,13 @@ pub async fn all_id_units(
         }
     }
 }
+
+/// Waits until `cond()` holds, polling every 10 ms; panics naming `what` after
+/// 30 s (bounded, and generous for a busy machine).
+pub async fn wait_for(what: &str, cond: impl Fn() -> bool) {
+    let until = js_sys::Date::now() + 30_000.0;
+    while !cond() {
+        assert!(js_sys::Date::now() < until, "timed out waiting for {what}");
+        gloo_timers::future::TimeoutFuture::new(10).await;
+    }
+}

@@ -127,7 +127,6 @@ test('after a reload, recover() releases the leases the old page journalled', { 
   assert.deepEqual(held.sort(), ids.sort());
   for (const id of ids) assert.equal((await item(id)).state, 'running');
 
-  const t0 = Date.now();
   await page.reload();
   await loadSdk(page);
   const report = await page.evaluate(async (opts) => {
@@ -140,7 +139,7 @@ test('after a reload, recover() releases the leases the old page journalled', { 
     const it = await item(id);
     assert.deepEqual([it.state, it.last_error, it.attempts], ['open', 'released', 1], `item ${id}`);
   }
-  assert.ok(Date.now() - t0 < TTL_MS, 'released well before the TTL would have');
+  // Released, not expired: the reaper would have recorded last_error 'expired'.
   await context.close();
 });
 
@@ -158,7 +157,8 @@ test('with the pagehide hook, the reload itself releases held leases', { timeout
   await page.reload();
   for (const id of ids) {
     let it = await item(id);
-    while (it.state !== 'open' && Date.now() - t0 < TTL_MS / 2) {
+    // Bounded generously: last_error tells a beacon's release from the reaper's expiry.
+    while (it.state !== 'open' && Date.now() - t0 < 30_000) {
       await sleep(50);
       it = await item(id);
     }
@@ -185,27 +185,37 @@ test('server stopped: the lease aborts with expired_locally by its deadline; wor
     const lease = await window.client.claim(qa);
     window.lease = lease;
     window.aborted = null;
+    // Counts deadline renewals (each successful heartbeat moves it forward).
+    window.renewals = 0;
+    let last = lease.msToDeadline;
+    window.sampler = setInterval(() => {
+      const d = lease.msToDeadline;
+      if (d > last) window.renewals += 1;
+      last = d;
+    }, 20);
     lease.signal.addEventListener('abort', () => {
       const r = lease.signal.reason;
       window.aborted = { name: r.name, code: r.code, reason: r.reason, msToDeadline: lease.msToDeadline };
     });
   }, qa);
-  await sleep(1500); // a few heartbeats succeed
+  await page.waitForFunction(() => window.renewals >= 2, null, { timeout: 30_000 }); // heartbeats succeed
+  await page.evaluate(() => clearInterval(window.sampler));
   assert.equal(await page.evaluate(() => window.lease.status), 'held');
   await stopServer();
   await page.waitForFunction(() => window.aborted !== null, null, { timeout: TTL_MS + 5000 });
   const aborted = await page.evaluate(() => window.aborted);
   assert.deepEqual([aborted.name, aborted.code, aborted.reason], ['ClaimLostError', 'claim_lost', 'expired_locally']);
   // The deadline keeps a margin of TTL/10 before the server's TTL; the abort
-  // lands at the deadline (a timer's lateness at most), never past the TTL.
-  assert.ok(aborted.msToDeadline <= 0 && aborted.msToDeadline > -(TTL_MS / 10) / 2, JSON.stringify(aborted));
+  // lands at the deadline (a timer's lateness at most, which a busy machine
+  // stretches), never past the TTL.
+  assert.ok(aborted.msToDeadline <= 0 && aborted.msToDeadline > -(TTL_MS / 10), JSON.stringify(aborted));
 
   await page.evaluate((qb) => {
     window.worker = window.client.work(qb, async (lease) => ({ got: lease.item.payload.n }), {
       concurrency: 2, pollIntervalMs: 100, reconnectBaseMs: 200, reconnectCapMs: 1000,
     });
   }, qb);
-  await sleep(2000);
+  await page.waitForFunction(() => window.worker.stats.connectionFailures >= 2, null, { timeout: 30_000 });
   const down = await page.evaluate(() => window.worker.stats);
   assert.ok(down.connectionFailures >= 2, JSON.stringify(down));
   for (const d of down.backoffsMs) assert.ok(d >= 200 && d <= 1000, `backoff ${d} within [base, cap]`);

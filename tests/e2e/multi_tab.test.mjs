@@ -115,10 +115,18 @@ test('a watch in page B sees page A\'s committed writes, and only those under it
   });
   await b.waitForFunction(() => window.seen.length >= 4, null, { timeout: 10_000 });
   assert.deepEqual(await b.evaluate(() => window.seen), ['job:1:false', 'job:1:true', 'job:2:false', 'job:3:false']);
-  await b.evaluate(() => window.w.close());
+  // A control watch opened after `w`: a BroadcastChannel delivers to a page's
+  // channels in creation order, so once the control has seen job:4, `w` would
+  // have seen it too had close() not stopped it.
+  await b.evaluate(() => {
+    window.control = [];
+    window.c = window.store.watch({ prefix: 'job:' }, (c) => window.control.push(c.id));
+    window.w.close();
+  });
   await a.evaluate(() => window.store.put({ _id: 'job:4' }));
-  await new Promise((r) => setTimeout(r, 300));
+  await b.waitForFunction(() => window.control.includes('job:4'), null, { timeout: 10_000 });
   assert.equal(await b.evaluate(() => window.seen.length), 4, 'nothing after close()');
+  await b.evaluate(() => window.c.close());
   await context.close();
 });
 

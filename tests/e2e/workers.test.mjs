@@ -171,12 +171,17 @@ test('the worker panel settles 100 enqueued items with two pages open, none sett
     }
 
     // None settled twice: the pages' own count of accepted settles equals the
-    // server's count of done items, and both pages took part.
-    await sleep(500); // one display tick
-    const statsA = await workerStats(a);
-    const statsB = await workerStats(b);
-    const doneA = statsA.reduce((s, w) => s + w.done, 0);
-    const doneB = statsB.reduce((s, w) => s + w.done, 0);
+    // server's count of done items, and both pages took part. The cards show a
+    // settle on their next display tick: wait until they show at least as many
+    // (the counts only grow, so a double settle still shows as a mismatch).
+    const doneOf = (stats) => stats.reduce((s, w) => s + w.done, 0);
+    const [statsA, statsB] = await until('the cards to show every settle', 30_000, async () => {
+      const sa = await workerStats(a);
+      const sb = await workerStats(b);
+      return doneOf(sa) + doneOf(sb) >= all.length ? [sa, sb] : null;
+    });
+    const doneA = doneOf(statsA);
+    const doneB = doneOf(statsB);
     assert.equal(doneA + doneB, all.length, `settles accepted by the pages (${doneA} + ${doneB}) = items done (${all.length})`);
     assert.ok(doneA > 0 && doneB > 0, 'both pages settled items');
 
@@ -212,7 +217,8 @@ test('pausing a worker\'s heartbeats: its lease is lost, another worker finishes
     await rejected.waitFor({ timeout: 30_000 });
     assert.match(await rejected.textContent(), /REJECTED by the server \(claim_lost\)/);
     assert.equal(await rejected.getAttribute('data-epoch'), '1');
-    assert.equal(await card.locator('button[data-testid$=-pause]').getAttribute('aria-pressed'), 'false', 'the stall ends with the lease');
+    // The stall ends with the lease: the card shows it on its next display tick.
+    await card.locator('button[data-testid$=-pause][aria-pressed="false"]').waitFor({ timeout: 10_000 });
 
     // Another worker finished it under the next epoch.
     const done = await until(`item #${id} done`, 30_000, async () => {
@@ -318,7 +324,7 @@ test('both panels side by side at 1280×800, stacked at 390×844; user errors ar
     await page.waitForSelector('[data-testid=poison-status][data-state=failed]', { timeout: 60_000 });
     await page.waitForFunction(() => document.querySelectorAll('.worker[data-item-id]:not([data-item-id=""])').length >= 2);
     await page.evaluate(() => window.scrollTo(0, 0));
-    await sleep(1200);
+    await page.waitForFunction(() => window.scrollY === 0);
     await assertNoError(page);
 
     // Side by side: the workers panel starts right of the records panel.
@@ -338,8 +344,8 @@ test('both panels side by side at 1280×800, stacked at 390×844; user errors ar
     // Phone: stacked, nothing sticks out; the workers panel scrolled into view.
     await page.setViewportSize(VIEWPORTS.phone);
     await page.locator('[data-testid=workers-panel]').scrollIntoViewIfNeeded();
+    // No smooth scrolling in style.css: scrollIntoView has scrolled when it returns.
     await page.evaluate(() => document.getElementById('workers-title').scrollIntoView({ block: 'start' }));
-    await sleep(300);
     await shot(page, 'workers');
     await shot(page, 'workers', true);
     await assertNothingOverflows(page);

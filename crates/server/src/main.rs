@@ -1,4 +1,11 @@
 //! `agentstore-server` binary: parse flags, start, stop on SIGINT/SIGTERM.
+//!
+//! The signal handlers are installed first, before the flags are read, the
+//! database is opened or the address is bound: a SIGTERM or SIGINT at any moment
+//! after `main` starts ends in a graceful exit 0. During start-up the start is
+//! abandoned (nothing is served yet; an unfinished migration's transaction is not
+//! committed); once serving, the server stops accepting, lets in-flight requests
+//! finish, stops the reaper and closes the database.
 
 use agentstore_server::{Config, Server};
 use clap::Parser;
@@ -6,23 +13,42 @@ use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
+    // First: until these exist a SIGTERM would kill the process (default action).
+    let shutdown = Shutdown::install();
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .init();
     let config = Config::parse();
-    let server = match Server::start(&config).await {
+    tracing::info!(pid = std::process::id(), "agentstore-server starting");
+    let mut shutdown = match shutdown {
         Ok(s) => s,
         Err(e) => {
-            tracing::error!(error = %e, "could not start");
+            tracing::error!(error = %e, "could not install the SIGINT/SIGTERM handlers");
             return std::process::ExitCode::FAILURE;
         }
     };
-    shutdown_signal().await;
-    tracing::info!("shutting down");
+    let server = tokio::select! {
+        started = Server::start(&config) => match started {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "could not start");
+                return std::process::ExitCode::FAILURE;
+            }
+        },
+        signal = shutdown.recv() => {
+            tracing::info!(signal, "stopped during start-up");
+            return std::process::ExitCode::SUCCESS;
+        }
+    };
+    let signal = shutdown.recv().await;
+    tracing::info!(signal, "shutting down");
     match server.stop().await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(()) => {
+            tracing::info!("stopped");
+            std::process::ExitCode::SUCCESS
+        }
         Err(e) => {
             tracing::error!(error = %e, "server failed");
             std::process::ExitCode::FAILURE
@@ -30,30 +56,42 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::warn!(error = %e, "no SIGINT handler");
-            std::future::pending::<()>().await;
-        }
-    };
+/// SIGINT and SIGTERM streams, registered when created: a signal that arrives
+/// before [`Shutdown::recv`] is awaited is still seen by it.
+struct Shutdown {
     #[cfg(unix)]
-    let term = async {
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl Shutdown {
+    #[cfg(unix)]
+    fn install() -> std::io::Result<Shutdown> {
         use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "no SIGTERM handler");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
+        Ok(Shutdown {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+
     #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
+    fn install() -> std::io::Result<Shutdown> {
+        Ok(Shutdown {})
+    }
+
+    /// Resolves with the signal's name once one arrives.
+    #[cfg(unix)]
+    async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
+
+    #[cfg(not(unix))]
+    async fn recv(&mut self) -> &'static str {
+        let _ = tokio::signal::ctrl_c().await;
+        "ctrl-c"
     }
 }
