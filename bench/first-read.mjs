@@ -63,7 +63,7 @@ const server = createServer(async (req, res) => {
     const gz = gzipSync(body, { level: 9 });
     sent[path] = gz.length;
     res.writeHead(200, {
-      'content-type': MIME[extname(file || '.html')] || 'application/octet-stream',
+      'content-type': file ? MIME[extname(file)] || 'application/octet-stream' : 'text/html',
       'content-encoding': 'gzip',
       'cache-control': 'no-store',
     }).end(gz);
