@@ -2,8 +2,10 @@
 # The one benchmark command (see BENCHMARKS.md). Installs what it needs
 # (scripts/bootstrap.sh, then bench/'s own npm packages), builds pkg/ and the
 # server + load generator in release, then runs
-#   1. browser: agentstore vs raw IndexedDB, Dexie 4, PouchDB 9, idb 8 in one
-#      headless Chromium (BENCH_RUNS runs, default 5; medians);
+#   1. browser: agentstore vs raw IndexedDB, Dexie 4, PouchDB 9, idb 8 in
+#      headless Chromium AND headless Firefox ESR (geckodriver) (BENCH_RUNS
+#      runs, default 5; medians), then time to first read on a slow profile
+#      (agentstore/store vs Dexie 4 vs raw, fresh profile per run);
 #   2. server: agentstore-server on SQLite and on PostgreSQL, claim → 3
 #      heartbeats → settle and (like for like with pg-boss's fetch → complete)
 #      claim → settle, and pg-boss 12 on the same PostgreSQL with the same pool
@@ -12,7 +14,7 @@
 #      time vs raw IndexedDB and the wasm module's memory; IMPORT_RUNS, default 3).
 # Everything is loopback. Each phase is bounded by `timeout`; the browser phase
 # also stops starting new runs when its share of BENCH_BUDGET_S is spent.
-# Tables go to stdout and to bench/results/{browser,server}.md.
+# Tables go to stdout and to bench/results/{browser,browser-firefox,first-read,import,server}.md.
 #
 #   bash scripts/bench.sh            # everything (about 15-25 min on 2 cores)
 #   BENCH_SKIP_BUILD=1 BENCH_RUNS=1 bash scripts/bench.sh   # quick look
@@ -56,10 +58,20 @@ if [ -z "${BENCH_SKIP_BUILD:-}" ]; then
 fi
 
 mkdir -p bench/results
-step "browser benchmarks (${RUNS} runs, budget ${BROWSER_S} s)"
-timeout --kill-after=30 "$((BROWSER_S + 300))" \
-  node bench/run-browser.mjs --runs "$RUNS" --budget-s "$BROWSER_S" --out bench/results/browser.json \
-  > bench/results/browser.md
+# BENCH_BEFORE=DIR adds "agentstore (before)": another build of pkg/ (e.g. main's)
+# run side by side in the same browsers.
+BEFORE_ARGS=()
+[ -n "${BENCH_BEFORE:-}" ] && BEFORE_ARGS=(--before "$BENCH_BEFORE")
+step "browser benchmarks, Chromium (${RUNS} runs, budget $((BROWSER_S / 2)) s)"
+timeout --kill-after=30 "$((BROWSER_S / 2 + 300))" \
+  node bench/run-browser.mjs --browser chromium --runs "$RUNS" --budget-s "$((BROWSER_S / 2))" \
+  "${BEFORE_ARGS[@]}" --out bench/results/browser.json > bench/results/browser.md
+step "browser benchmarks, Firefox ESR via geckodriver (${RUNS} runs, budget $((BROWSER_S / 2)) s)"
+timeout --kill-after=30 "$((BROWSER_S / 2 + 300))" \
+  node bench/run-browser.mjs --browser firefox --runs "$RUNS" --budget-s "$((BROWSER_S / 2))" \
+  "${BEFORE_ARGS[@]}" --out bench/results/browser-firefox.json > bench/results/browser-firefox.md
+step "time to first read (slow profile, fresh profile per run)"
+timeout --kill-after=30 600 node bench/first-read.mjs --runs 3 > bench/results/first-read.md
 
 step "import/export memory and time (bench/import.mjs, ${IMPORT_RUNS:=3} runs)"
 timeout --kill-after=30 1800 node bench/import.mjs --runs "$IMPORT_RUNS" > bench/results/import.md
@@ -79,5 +91,7 @@ timeout --kill-after=30 "$SERVER_S" \
 
 printf '\n## Machine\n\n```\n'; cat /tmp/agentstore-bench-machine.txt; printf '```\n'
 printf '\n## Browser (headless Chromium)\n\n'; cat bench/results/browser.md
+printf '\n## Browser (headless Firefox ESR)\n\n'; cat bench/results/browser-firefox.md
+printf '\n## Time to first read (Chromium, slow profile)\n\n'; cat bench/results/first-read.md
 printf '\n## Import and export (headless Chromium)\n\n'; cat bench/results/import.md
 printf '\n## Server (loopback)\n\n'; cat bench/results/server.md

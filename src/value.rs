@@ -155,9 +155,9 @@ struct Walker {
 }
 
 impl Walker {
-    /// Feeds `v` and returns what to store for it (the value itself for a
-    /// primitive, a plain copy for an object or array).
-    fn value(&mut self, v: JsValue) -> Walk<JsValue> {
+    /// Feeds `v`; returns the copy to store in its place when it is an object
+    /// or array (`None`: a primitive, stored as it is).
+    fn value(&mut self, v: &JsValue) -> Walk<Option<JsValue>> {
         if let Some(n) = v.as_f64() {
             let ok = self.digest.number(n, |n| {
                 // JSON.stringify of a finite number is JavaScript's String(n).
@@ -166,7 +166,7 @@ impl Walker {
                     .unwrap_or_default()
             });
             return if ok {
-                Ok(v)
+                Ok(None)
             } else {
                 Err(Fail::new(
                     "NaN and Infinity are not finite numbers and cannot be stored as JSON",
@@ -175,15 +175,15 @@ impl Walker {
         }
         if let Some(s) = v.as_string() {
             self.digest.string(&s);
-            return Ok(v);
+            return Ok(None);
         }
         if let Some(b) = v.as_bool() {
             self.digest.raw(if b { b"true" } else { b"false" });
-            return Ok(v);
+            return Ok(None);
         }
         if v.is_null() {
             self.digest.raw(b"null");
-            return Ok(v);
+            return Ok(None);
         }
         if v.is_undefined() {
             return Err(Fail::new("undefined cannot be stored as JSON (use null)"));
@@ -202,9 +202,13 @@ impl Walker {
         if !v.is_object() {
             return Err(Fail::new("this value cannot be stored as JSON"));
         }
-        self.object(&v, false)
+        self.object(v, false).map(Some)
     }
 
+    /// Walks an object or array and returns its plain copy: the engine copies
+    /// the level natively (`Array.from`, `Object.assign`, reading through a
+    /// Proxy's traps and getters), then the walk's copies of nested objects
+    /// replace theirs.
     fn object(&mut self, v: &JsValue, top: bool) -> Walk<JsValue> {
         if self.ancestors.len() >= MAX_DEPTH {
             return Err(Fail::new("nesting deeper than 64 levels"));
@@ -224,23 +228,31 @@ impl Walker {
 
     fn array(&mut self, arr: &Array) -> Walk<JsValue> {
         let len = arr.length();
-        let copy = Array::new_with_length(len);
+        let items: Vec<JsValue> = (0..len).map(|i| arr.get(i)).collect();
         self.digest.raw(b"[");
-        for i in 0..len {
+        let mut nested = Vec::new();
+        for (i, item) in items.iter().enumerate() {
             if i > 0 {
                 self.digest.raw(b",");
             }
-            let item = self.value(arr.get(i)).map_err(|f| f.at(Seg::Index(i)))?;
-            copy.set(i, item);
+            if let Some(copy) = self.value(item).map_err(|f| f.at(Seg::Index(i as u32)))? {
+                nested.push((i as u32, copy));
+            }
         }
         self.digest.raw(b"]");
+        let copy = Array::from(arr);
+        for (i, c) in nested {
+            copy.set(i, c);
+        }
         Ok(copy.into())
     }
 
     fn plain(&mut self, obj: &Object, top: bool) -> Walk<JsValue> {
         self.check_plain(obj)?;
         let keys = Object::keys(obj);
-        let mut fields: Vec<(String, JsValue)> = Vec::with_capacity(keys.length() as usize);
+        // (name, key as JS string, value)
+        let mut fields: Vec<(String, JsValue, JsValue)> =
+            Vec::with_capacity(keys.length() as usize);
         for key in keys.iter() {
             let Some(k) = key.as_string() else { continue };
             let item = match Reflect::get(obj, &key) {
@@ -248,23 +260,19 @@ impl Walker {
                 Err(_) => return Err(Fail::new("a property getter threw").at(Seg::Key(k))),
             };
             if !item.is_undefined() {
-                fields.push((k, item));
+                fields.push((k, key, item));
             }
         }
-        let mut order: Vec<usize> = (0..fields.len()).collect();
-        order.sort_unstable_by(|&a, &b| fields[a].0.as_bytes().cmp(fields[b].0.as_bytes()));
-        let mut copies: Vec<Option<JsValue>> = Vec::with_capacity(fields.len());
-        copies.resize_with(fields.len(), || None);
+        fields.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        let mut nested = Vec::new();
         self.digest.raw(b"{");
         let mut first = true;
-        for i in order {
-            let (k, item) = &fields[i];
+        for (k, key, item) in &fields {
             if top
                 && !self
                     .top_field(k, item)
                     .map_err(|f| f.at(Seg::Key(k.clone())))?
             {
-                copies[i] = Some(item.clone());
                 continue;
             }
             if !first {
@@ -273,17 +281,14 @@ impl Walker {
             first = false;
             self.digest.string(k);
             self.digest.raw(b":");
-            let copy = self
-                .value(item.clone())
-                .map_err(|f| f.at(Seg::Key(k.clone())))?;
-            copies[i] = Some(copy);
+            if let Some(copy) = self.value(item).map_err(|f| f.at(Seg::Key(k.clone())))? {
+                nested.push((key, copy));
+            }
         }
         self.digest.raw(b"}");
-        let out = Object::new();
-        for ((k, _), copy) in fields.iter().zip(copies) {
-            if let Some(c) = copy {
-                let _ = Reflect::set(&out, &JsValue::from_str(k), &c);
-            }
+        let out = Object::assign(&Object::new(), obj);
+        for (key, copy) in nested {
+            let _ = Reflect::set(&out, key, &copy);
         }
         Ok(out.into())
     }

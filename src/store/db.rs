@@ -17,7 +17,6 @@
 //! return) leaves nothing of it behind.
 
 use crate::error::{Result, StoreError};
-use futures::future::{select, Either};
 use js_sys::{Array, Function, Reflect};
 use std::cell::{Cell, RefCell};
 use std::future::{Future, IntoFuture};
@@ -111,16 +110,18 @@ impl Db {
         });
         request.set_onupgradeneeded(Some(upgrade.as_ref().unchecked_ref()));
 
-        let done = request_promise(&request);
-        let opened = wasm_bindgen_futures::JsFuture::from(done);
         // The timeout runs from the start of the open, not from the
         // `blocked` event: an open queued behind another tab's pending
-        // upgrade never receives `blocked` and would otherwise hang.
-        let timeout = gloo_timers::future::TimeoutFuture::new(blocked_timeout_ms);
-        let raw = match select(Box::pin(opened), Box::pin(timeout)).await {
-            Either::Left((Ok(db), _)) => db.unchecked_into::<IdbDatabase>(),
-            Either::Left((Err(e), _)) => return Err(StoreError::from_dom(&e)),
-            Either::Right(_) => {
+        // upgrade never receives `blocked` and would otherwise hang. One JS
+        // `Promise.race` (the timeout resolves with `undefined`).
+        let race = js_sys::Promise::race(&Array::of2(
+            &request_promise(&request),
+            &sleep_promise(blocked_timeout_ms),
+        ));
+        let raw = match JsFuture::from(race).await {
+            Ok(db) if !db.is_undefined() => db.unchecked_into::<IdbDatabase>(),
+            Err(e) => return Err(StoreError::from_dom(&e)),
+            Ok(_) => {
                 // Give up, but close the connection if the open completes later
                 // so this abandoned request never blocks anyone in turn.
                 let closer = Closure::once_into_js(move |event: web_sys::Event| {
@@ -645,6 +646,27 @@ pub async fn collect_cursor(cursor: Option<IdbCursorWithValue>, max: u32) -> Res
     Ok(out)
 }
 
+/// The results of requests issued in order in one transaction, read after
+/// awaiting only the last: IndexedDB runs a transaction's requests in the
+/// order they were made, so when the last has settled every earlier one has
+/// too. One Promise for the whole batch instead of one per request.
+///
+/// # Errors
+/// The first failed request's error.
+pub async fn all<T>(reqs: Vec<Req<T>>) -> Result<Vec<T>> {
+    if let Some(last) = reqs.last() {
+        let last = Req {
+            req: last.req.clone(),
+            map: |v| v,
+        };
+        // A failure of the last request is reported in order below.
+        let _ = last.await;
+    }
+    reqs.into_iter()
+        .map(|r| settled(&r.req).map(r.map))
+        .collect()
+}
+
 /// An issued request; `.await` it for the result.
 pub struct Req<T> {
     req: IdbRequest,
@@ -740,6 +762,23 @@ fn tx_promise(tx: &IdbTransaction) -> js_sys::Promise {
         tx.set_oncomplete(Some(ok.unchecked_ref()));
         tx.set_onabort(Some(fail.unchecked_ref()));
     })
+}
+
+/// A Promise resolved with `undefined` after `ms` milliseconds
+/// (`setTimeout` of this global scope: window or worker).
+pub fn sleep_promise(ms: u32) -> js_sys::Promise {
+    js_sys::Promise::new(&mut |resolve: Function, _reject: Function| {
+        if let Ok(set_timeout) = Reflect::get(&js_sys::global(), &"setTimeout".into())
+            .and_then(|f| f.dyn_into::<Function>())
+        {
+            let _ = set_timeout.call2(&JsValue::UNDEFINED, &resolve, &JsValue::from(ms));
+        }
+    })
+}
+
+/// Sleeps `ms` milliseconds (a JS timer; no Rust timer machinery).
+pub async fn sleep(ms: u32) {
+    let _ = JsFuture::from(sleep_promise(ms)).await;
 }
 
 /// `indexedDB` of this global scope (window or worker).

@@ -912,7 +912,7 @@ impl Store {
                         MUTATE_CAP_MS,
                         js_sys::Math::random(),
                     );
-                    gloo_timers::future::TimeoutFuture::new(delay as u32).await;
+                    super::db::sleep(delay as u32).await;
                     attempt += 1;
                 }
                 Err(e) => return Err(e),

@@ -443,8 +443,8 @@ pub(crate) async fn read_many<'a>(
         .collect::<Result<Vec<_>>>()?;
     let mut out = Vec::with_capacity(keys.len());
     let mut missing = Vec::new();
-    for (i, req) in live.into_iter().enumerate() {
-        match req.await? {
+    for (i, got) in db::all(live).await?.into_iter().enumerate() {
+        match got {
             Some(v) => out.push((Current::Live(stored_rev(&v)?), Some(v))),
             None => {
                 missing.push(i);
@@ -460,8 +460,8 @@ pub(crate) async fn read_many<'a>(
         .iter()
         .map(|&i| tombs.get(keys[i].clone()))
         .collect::<Result<Vec<_>>>()?;
-    for (i, req) in missing.into_iter().zip(dead) {
-        if let Some(t) = req.await? {
+    for (i, got) in missing.into_iter().zip(db::all(dead).await?) {
+        if let Some(t) = got {
             out[i].0 = Current::Deleted(stored_rev(&t)?);
         }
     }
