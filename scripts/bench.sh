@@ -4,8 +4,12 @@
 # server + load generator in release, then runs
 #   1. browser: agentstore vs raw IndexedDB, Dexie 4, PouchDB 9, idb 8 in one
 #      headless Chromium (BENCH_RUNS runs, default 5; medians);
-#   2. server: agentstore-server on SQLite, on PostgreSQL with 1 and 2
-#      instances, and pg-boss on the same PostgreSQL (BENCH_SERVER_RUNS, default 3).
+#   2. server: agentstore-server on SQLite and on PostgreSQL, claim → 3
+#      heartbeats → settle and (like for like with pg-boss's fetch → complete)
+#      claim → settle, and pg-boss 12 on the same PostgreSQL with the same pool
+#      (BENCH_SERVER_RUNS, default 3; BENCH_POOL, default 20).
+#   3. import/export: bench/import.mjs (a generated 120,000-document PouchDB dump;
+#      time vs raw IndexedDB and the wasm module's memory; IMPORT_RUNS, default 3).
 # Everything is loopback. Each phase is bounded by `timeout`; the browser phase
 # also stops starting new runs when its share of BENCH_BUDGET_S is spent.
 # Tables go to stdout and to bench/results/{browser,server}.md.
@@ -57,6 +61,9 @@ timeout --kill-after=30 "$((BROWSER_S + 300))" \
   node bench/run-browser.mjs --runs "$RUNS" --budget-s "$BROWSER_S" --out bench/results/browser.json \
   > bench/results/browser.md
 
+step "import/export memory and time (bench/import.mjs, ${IMPORT_RUNS:=3} runs)"
+timeout --kill-after=30 1800 node bench/import.mjs --runs "$IMPORT_RUNS" > bench/results/import.md
+
 step "PostgreSQL on loopback (scripts/pg.sh)"
 PG_ARGS=()
 if bash scripts/pg.sh start >&2; then
@@ -67,9 +74,10 @@ fi
 
 step "server benchmarks (${SERVER_RUNS} runs × ${ITEMS} items, budget ${SERVER_S} s)"
 timeout --kill-after=30 "$SERVER_S" \
-  node bench/run-server.mjs "${PG_ARGS[@]}" --runs "$SERVER_RUNS" --items "$ITEMS" --max-secs 60 \
+  node bench/run-server.mjs "${PG_ARGS[@]}" --runs "$SERVER_RUNS" --items "$ITEMS" --pool "${BENCH_POOL:-20}" --max-secs 60 \
   --out bench/results/server.json > bench/results/server.md
 
 printf '\n## Machine\n\n```\n'; cat /tmp/agentstore-bench-machine.txt; printf '```\n'
 printf '\n## Browser (headless Chromium)\n\n'; cat bench/results/browser.md
+printf '\n## Import and export (headless Chromium)\n\n'; cat bench/results/import.md
 printf '\n## Server (loopback)\n\n'; cat bench/results/server.md

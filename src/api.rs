@@ -3,8 +3,11 @@
 //! into JS `Error`s. Every method returns a Promise and never panics.
 
 use crate::error::{set, StoreError};
-use crate::options::{opt, opt_fn, opt_signal, string_arg};
-use crate::store::{index::verification_js, ByQuery, ListQuery, Store, Watcher, Written};
+use crate::options::{opt, opt_fn, opt_num, opt_signal, string_arg};
+use crate::store::{
+    index::verification_js, ByQuery, ImportOptions, ListQuery, Store, Watcher, Written,
+    DEFAULT_BATCH, MAX_IMPORT_BATCH,
+};
 use agentstore_protocol::index::IndexDef;
 use js_sys::{Array, Function, Object, Promise, Reflect};
 use std::rc::Rc;
@@ -48,11 +51,21 @@ export interface MutateOptions {
   retries?: number;
   signal?: AbortSignal;
 }
+/** What `importPouchDump` / `importSnapshot` read: NDJSON text as a string, or streamed from a Blob (File), Response or ReadableStream of bytes. */
+export type ImportSource = string | Blob | Response | ReadableStream<Uint8Array>;
 export interface ImportOptions {
-  /** Called with (done, total) while writing. */
+  /** Called with (done, total) ids after each committed batch. */
   onProgress?: (done: number, total: number) => void;
+  /** Stops the import between batches (AbortError); committed batches stay. */
+  signal?: AbortSignal;
+  /** Records per transaction, 1..=10000; default 1000. */
+  batchSize?: number;
   /** importPouchDump: id of a legacy index document to audit (default "agent-index"). */
   legacyIndexId?: string;
+}
+export interface ExportOptions {
+  /** Stored objects read per request (and per `exportSnapshotChunks` chunk), 1..=10000; default 1000. */
+  batchSize?: number;
 }
 export interface PouchImportSummary {
   documentsRead: number; live: number; tombstones: number; localSkipped: number;
@@ -539,24 +552,25 @@ impl AgentStore {
         Ok(Watch { inner: Some(inner) })
     }
 
-    /// Imports a PouchDB dump (pouchdb-replication-stream NDJSON) in one transaction.
+    /// Imports a PouchDB dump (pouchdb-replication-stream NDJSON) from a
+    /// string, `Blob`, `Response` or `ReadableStream`, streamed in batches.
     #[wasm_bindgen(js_name = importPouchDump, unchecked_return_type = "Promise<PouchImportSummary>")]
     pub fn import_pouch_dump(
         &self,
-        #[wasm_bindgen(unchecked_param_type = "string")] text: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "ImportSource")] source: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "ImportOptions")] options: JsValue,
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
-            let text = string_arg(&text, "the dump").map_err(StoreError::Thrown)?;
-            let cb = opt_fn(&options, "onProgress")?;
+            let opts = import_options(&options)?;
             let legacy_id = match opt(&options, "legacyIndexId") {
                 v if v.is_undefined() || v.is_null() => "agent-index".to_owned(),
                 v => v
                     .as_string()
                     .ok_or_else(|| StoreError::validation("legacyIndexId must be a string"))?,
             };
-            let (sum, counts, legacy) = s.import_pouch_dump(&text, &legacy_id, cb.as_ref()).await?;
+            let (sum, counts, legacy) =
+                s.import_pouch_dump_with(&source, &legacy_id, &opts).await?;
             let o = Object::new();
             for (k, v) in [
                 ("documentsRead", sum.documents_read),
@@ -591,31 +605,87 @@ impl AgentStore {
         })
     }
 
-    /// Every record and tombstone as NDJSON (header line first).
+    /// Every record and tombstone as NDJSON (header line first), as a string
+    /// assembled in JavaScript.
     #[wasm_bindgen(js_name = exportSnapshot, unchecked_return_type = "Promise<string>")]
-    pub fn export_snapshot(&self) -> Promise {
+    pub fn export_snapshot(
+        &self,
+        #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions")] options: JsValue,
+    ) -> Promise {
         let s = self.inner.clone();
-        run(async move { Ok(s.export_snapshot().await?.into()) })
+        run(async move {
+            let batch = batch_option(&options)?;
+            Ok(s.export_snapshot_chunks(None, batch).await?.join("").into())
+        })
     }
 
-    /// Imports an `exportSnapshot()` text; newer local revisions are kept.
+    /// The same NDJSON as `exportSnapshot`, as a `Blob`.
+    #[wasm_bindgen(js_name = exportSnapshotBlob, unchecked_return_type = "Promise<Blob>")]
+    pub fn export_snapshot_blob(
+        &self,
+        #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions")] options: JsValue,
+    ) -> Promise {
+        let s = self.inner.clone();
+        run(async move {
+            let batch = batch_option(&options)?;
+            s.export_snapshot_blob(batch).await
+        })
+    }
+
+    /// The same NDJSON as `exportSnapshot`, handed to `onChunk` in chunks of
+    /// whole lines, in order, synchronously, from one read-only transaction.
+    #[wasm_bindgen(js_name = exportSnapshotChunks, unchecked_return_type = "Promise<void>")]
+    pub fn export_snapshot_chunks(
+        &self,
+        #[wasm_bindgen(unchecked_param_type = "(chunk: string) => void")] on_chunk: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions")] options: JsValue,
+    ) -> Promise {
+        let s = self.inner.clone();
+        run(async move {
+            let on_chunk: Function = on_chunk.dyn_into().map_err(|_| {
+                StoreError::validation("exportSnapshotChunks(onChunk): onChunk must be a function")
+            })?;
+            let batch = batch_option(&options)?;
+            s.export_snapshot_chunks(Some(&on_chunk), batch).await?;
+            Ok(JsValue::UNDEFINED)
+        })
+    }
+
+    /// Imports an `exportSnapshot()` text (string, `Blob`, `Response` or
+    /// `ReadableStream`); newer local revisions are kept.
     #[wasm_bindgen(js_name = importSnapshot, unchecked_return_type = "Promise<SnapshotImportSummary>")]
     pub fn import_snapshot(
         &self,
-        #[wasm_bindgen(unchecked_param_type = "string")] text: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "ImportSource")] source: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "ImportOptions")] options: JsValue,
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
-            let text = string_arg(&text, "the snapshot").map_err(StoreError::Thrown)?;
-            let cb = opt_fn(&options, "onProgress")?;
-            let c = s.import_snapshot(&text, cb.as_ref()).await?;
+            let opts = import_options(&options)?;
+            let c = s.import_snapshot_with(&source, &opts).await?;
             let o = Object::new();
             set(&o, "written", &c.written.into());
             set(&o, "keptNewer", &c.kept_newer.into());
             Ok(o.into())
         })
     }
+}
+
+/// The `batchSize` option: 1..=10000, default 1000.
+fn batch_option(options: &JsValue) -> Result<u32, StoreError> {
+    Ok(
+        opt_num(options, "batchSize", 1.0, f64::from(MAX_IMPORT_BATCH))?
+            .map_or(DEFAULT_BATCH, |n| n as u32),
+    )
+}
+
+/// `onProgress`, `signal` and `batchSize` of an import.
+fn import_options(options: &JsValue) -> Result<ImportOptions, StoreError> {
+    Ok(ImportOptions {
+        on_progress: opt_fn(options, "onProgress")?,
+        signal: opt_signal(options)?,
+        batch: batch_option(options)?,
+    })
 }
 
 /// A `watch` subscription; `close()` stops it (so does `free()`).

@@ -182,8 +182,15 @@ async fn delete_many_is_all_or_nothing_and_reports_every_failing_position() {
     let (store, _) = open_api("delmany").await;
     let (_w, seen) = watch(&store, "d/");
     let mut revs = Vec::new();
+    const AT: &str = "2026-01-01T00:00:00.000Z";
     for id in ["d/a", "d/b", "d/c"] {
-        revs.push(put(&store, json!({"_id": id, "recordType": "run"})).await);
+        revs.push(
+            put(
+                &store,
+                json!({"_id": id, "recordType": "run", "updatedAt": AT}),
+            )
+            .await,
+        );
     }
     let newer = put(
         &store,
@@ -246,6 +253,16 @@ async fn delete_many_is_all_or_nothing_and_reports_every_failing_position() {
     for id in ["d/a", "d/b", "d/c"] {
         assert!(get_id(&store, id).await.is_none());
     }
+    // each tombstone revision is the one `delete` gives for the same record
+    let (twin, _) = open_api("delmany-twin").await;
+    let t1 = put(
+        &twin,
+        json!({"_id": "d/a", "recordType": "run", "updatedAt": AT}),
+    )
+    .await;
+    assert_eq!(t1, revs[0], "same body, same revision");
+    let single = call(twin.delete(s("d/a"), s(&t1))).await.unwrap();
+    assert_eq!(single.as_string().unwrap(), out[0]);
     // a tombstone keeps the stale writer conflicting
     let e = call(store.put(js(json!({"_id": "d/b", "_rev": revs[1]}))))
         .await

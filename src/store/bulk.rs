@@ -9,7 +9,9 @@
 
 use super::db::TransactionMode;
 use super::db::{request_promise, BY_TYPE, RECORDS, TOMBSTONES};
-use super::{check_id_value, read_many, tombstone, tombstone_rev, Store, WRITE_SCOPE};
+use super::{
+    check_id_value, read_many, tombstone, tombstone_digest, tombstone_rev, Store, WRITE_SCOPE,
+};
 use crate::error::{BatchFailure, Result, StoreError};
 use agentstore_protocol::keys::page_range;
 use agentstore_protocol::record::MAX_BATCH;
@@ -22,7 +24,8 @@ use wasm_bindgen_futures::JsFuture;
 /// One validated `deleteMany` position.
 struct Deletion {
     id: JsString,
-    id_text: String,
+    /// The tombstone's body digest (computed before the transaction).
+    digest: String,
     expected: Rev,
 }
 
@@ -175,10 +178,10 @@ impl Store {
                             "the same id appears twice in one batch".into(),
                         ));
                     } else {
-                        let id_text = String::from(&id);
+                        let digest = tombstone_digest(&String::from(&id));
                         dels.push(Deletion {
                             id,
-                            id_text,
+                            digest,
                             expected,
                         });
                     }
@@ -201,7 +204,7 @@ impl Store {
         let mut revs = Vec::with_capacity(dels.len());
         for (index, (d, (current, _))) in dels.iter().zip(&currents).enumerate() {
             match decide_delete(current, &d.expected) {
-                Ok(base) => revs.push(tombstone_rev(base, &d.id_text)?),
+                Ok(base) => revs.push(tombstone_rev(base, &d.digest)?),
                 Err(e) => failures.push(BatchFailure {
                     index,
                     id: d.id.clone().into(),

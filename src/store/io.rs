@@ -1,27 +1,29 @@
 //! Bulk paths: PouchDB dump import, NDJSON snapshot export/import, `mutate`.
+//!
+//! Imports read their source twice, streaming, with the lines kept as JS
+//! strings: pass 1 parses and validates every line and chooses each id's
+//! winner (only revision metadata is kept, per id, in a JS `Map`); pass 2
+//! reads again and writes each id's winner once, in batches of `batch`
+//! records per transaction. A bad line therefore fails the import before
+//! anything is written, and no record other than an id's winner is ever
+//! written (the derived indexes and `watch` see only winners).
 
-use super::db::TransactionMode;
-use super::db::{RECORDS, TOMBSTONES};
+use super::db::{KeyRange, Query, TransactionMode, RECORDS, TOMBSTONES};
 use super::index;
+use super::lines::{json_parse, JsBlob, Lines, Source};
 use super::{read_many, tombstone, Prepared, Store, Written};
 use crate::error::{set, Result, StoreError};
 use agentstore_protocol::backoff::{full_jitter_ms, MUTATE_BASE_MS, MUTATE_CAP_MS};
 use agentstore_protocol::pouch::{
-    legacy_index_report, resolve_dump, DumpSummary, LegacyIndexReport,
+    add_row, classify_line, decode_leaves, encode_leaves, import_replaces, revisions_ancestors,
+    winning_leaf, DumpSummary, Leaf, LegacyIndexReport, LineKind, BOOKKEEPING_FIELDS,
 };
+use agentstore_protocol::record::{is_iso_millis_utc, ALLOWED_UNDERSCORE_FIELDS};
 use agentstore_protocol::rev::{Current, Rev};
-use js_sys::{Function, JsString, Object, Promise};
+use js_sys::{Array, Function, JsString, Map, Object, Promise, Reflect};
 use std::future::IntoFuture;
 use wasm_bindgen::{JsCast, JsValue};
 use web_sys::AbortSignal;
-
-/// One record or tombstone to import with the revision it already has.
-pub(crate) struct Imported {
-    id: JsString,
-    rev: Rev,
-    deleted: bool,
-    object: JsValue,
-}
 
 /// What an import wrote.
 #[derive(Debug, Default, Clone, Copy)]
@@ -32,186 +34,766 @@ pub struct ImportCounts {
     pub kept_newer: u32,
 }
 
-/// Progress callbacks fire every this many items (and at the end).
-const PROGRESS_EVERY: usize = 250;
+/// Records per import transaction (and per export chunk) unless told otherwise.
+pub const DEFAULT_BATCH: u32 = 1000;
+/// Largest accepted `batch`.
+pub const MAX_IMPORT_BATCH: u32 = 10_000;
+
+/// Options of an import.
+#[derive(Debug, Clone)]
+pub struct ImportOptions {
+    /// Called as `(written, total)` after each committed batch (`written`
+    /// counts ids done, `total` the ids the import resolves to).
+    pub on_progress: Option<Function>,
+    /// Stops the import between batches with AbortError.
+    pub signal: Option<AbortSignal>,
+    /// Records per transaction, 1..=[`MAX_IMPORT_BATCH`].
+    pub batch: u32,
+}
+
+impl Default for ImportOptions {
+    fn default() -> Self {
+        ImportOptions {
+            on_progress: None,
+            signal: None,
+            batch: DEFAULT_BATCH,
+        }
+    }
+}
+
+/// One winner waiting for its batch's transaction.
+struct Staged {
+    id: JsString,
+    rev: Rev,
+    deleted: bool,
+    object: JsValue,
+}
+
+impl Staged {
+    /// The winning row of `id` at revision `win` (a JS string): a tombstone
+    /// when `deleted`, else `doc` as it is.
+    fn winner(id: JsValue, win: &JsValue, deleted: bool, doc: JsValue) -> Result<Staged> {
+        let rev_text = win.as_string().unwrap_or_default();
+        let rev = Rev::parse(&rev_text).map_err(|e| StoreError::Transaction(e.0))?;
+        let id: JsString = id.unchecked_into();
+        let object = if deleted {
+            let t = tombstone(&id, &rev_text);
+            // A snapshot keeps when the record was deleted (purgeTombstones' clock).
+            if let Some(at) = get(&doc, "deletedAt").as_f64().filter(|at| at.is_finite()) {
+                set(&t, "deletedAt", &at.into());
+            }
+            t.into()
+        } else {
+            doc
+        };
+        Ok(Staged {
+            id,
+            rev,
+            deleted,
+            object,
+        })
+    }
+}
+
+/// Pass 2 of an import: collects winners and writes them `opts.batch` at a
+/// time, reporting progress after each committed batch.
+struct Writer<'a> {
+    store: &'a Store,
+    opts: &'a ImportOptions,
+    /// Ids the import resolves to (the progress total).
+    total: u32,
+    staged: Vec<Staged>,
+    counts: ImportCounts,
+    mode: WriteMode,
+}
+
+impl<'a> Writer<'a> {
+    fn new(store: &'a Store, opts: &'a ImportOptions, total: u32) -> Self {
+        Writer {
+            store,
+            opts,
+            total,
+            staged: Vec::new(),
+            counts: ImportCounts::default(),
+            mode: WriteMode::Unknown,
+        }
+    }
+
+    async fn push(&mut self, item: Staged) -> Result<()> {
+        self.staged.push(item);
+        if self.staged.len() >= self.opts.batch as usize {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    async fn finish(mut self) -> Result<ImportCounts> {
+        self.flush().await?;
+        Ok(self.counts)
+    }
+
+    /// Writes the staged winners in one transaction (each only over a lower
+    /// stored revision), then reports progress.
+    async fn flush(&mut self) -> Result<()> {
+        if self.staged.is_empty() {
+            return Ok(());
+        }
+        check_abort(self.opts.signal.as_ref())?;
+        let batch = loop {
+            match self.store.write_batch(&self.staged, &mut self.mode).await {
+                Ok(b) => break b,
+                // A write from elsewhere made `add()` fail (the batch ran
+                // without reads, `mode` is still not `Read`): read, retry once.
+                Err(StoreError::Transaction(m))
+                    if self.mode != WriteMode::Read && m.starts_with("ConstraintError") =>
+                {
+                    self.mode = WriteMode::Read;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        self.counts.written += batch.written;
+        self.counts.kept_newer += batch.kept_newer;
+        let done = self.counts.written + self.counts.kept_newer;
+        self.staged.clear();
+        if let Some(cb) = &self.opts.on_progress {
+            cb.call2(&JsValue::NULL, &done.into(), &self.total.into())
+                .map_err(StoreError::Thrown)?;
+        }
+        Ok(())
+    }
+}
+
+/// The legacy index document's drift, from its winning row's `records` and
+/// the winners (`leaves`: id → winning revision; `dead`: ids whose winner is
+/// deleted).
+fn legacy_report(
+    leaves: &Map,
+    dead: &js_sys::Set,
+    legacy_index_id: &str,
+    rows: &[(String, JsValue)],
+    live_others: u64,
+) -> Option<LegacyIndexReport> {
+    let key = JsValue::from_str(legacy_index_id);
+    let win = leaves.get(&key).as_string()?;
+    if dead.has(&key) {
+        return None;
+    }
+    let (_, records) = rows.iter().find(|(rev, _)| *rev == win)?;
+    if !records.is_object() || Array::is_array(records) {
+        return None;
+    }
+    let listed = Object::keys(records.unchecked_ref::<Object>());
+    let listed_live = listed
+        .iter()
+        .filter(|id| !leaves.get(id).is_undefined() && !dead.has(id))
+        .count() as u64;
+    Some(LegacyIndexReport::from_counts(
+        legacy_index_id.to_owned(),
+        u64::from(listed.length()),
+        listed_live,
+        live_others,
+    ))
+}
+
+/// How a batch learns what the store holds for its ids.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum WriteMode {
+    /// Not decided yet (before the first batch).
+    Unknown,
+    /// The store was empty when the import began. Each id is written once
+    /// per import, so an id of a new batch can only be present if something
+    /// else wrote it meanwhile, and each batch checks for that without a
+    /// read per id: live records and tombstones are written with `add()`,
+    /// which refuses an id already in that store (the batch is then retried
+    /// reading); the tombstones store must still hold exactly the `dead`
+    /// tombstones this import wrote (counted, so only while it is small);
+    /// and a tombstone's id is looked up among the live records.
+    Fresh { dead: u32 },
+    /// Read each id's live record and tombstone first.
+    Read,
+}
+
+/// Tombstones an import into an empty store may write before it reads per
+/// id again (counting the tombstones store costs time in proportion to it).
+const FRESH_MAX_TOMBSTONES: u32 = 20_000;
+
+/// The message every import source error carries.
+const SOURCE_TYPES: &str = "an import takes a string, Blob, Response or ReadableStream";
+
+/// "`what` line `n`: `why`" — a ValidationError naming the line.
+fn line_error(what: &str, n: usize, why: &str) -> StoreError {
+    StoreError::validation(format!("{what} line {n}: {why}"))
+}
+
+thread_local! {
+    /// Property names as JS strings, made once: imports read a handful of
+    /// fields of every document, and a fresh JS string per read (decoded from
+    /// wasm memory) costs more than the read.
+    static KEYS: std::cell::RefCell<Vec<(&'static str, JsValue)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `v[key]`, or `undefined`.
+fn get(v: &JsValue, key: &'static str) -> JsValue {
+    let k = KEYS.with(|keys| {
+        let mut keys = keys.borrow_mut();
+        if let Some((_, k)) = keys.iter().find(|(name, _)| *name == key) {
+            return k.clone();
+        }
+        let k = JsValue::from_str(key);
+        keys.push((key, k.clone()));
+        k
+    });
+    Reflect::get(v, &k).unwrap_or(JsValue::UNDEFINED)
+}
+
+/// The next non-empty line (trimmed) with its number.
+async fn next_line(lines: &mut Lines) -> Result<Option<(usize, JsString)>> {
+    while let Some(line) = lines.next().await? {
+        let line = line.trim();
+        if line.length() > 0 {
+            return Ok(Some((lines.number, line)));
+        }
+    }
+    Ok(None)
+}
+
+/// One PouchDB row as read from a dump line.
+struct Row {
+    id: JsString,
+    rev: Rev,
+    rev_text: String,
+    deleted: bool,
+}
+
+/// Reads `doc`'s id, revision and deletion flag (`None` for `_local/` docs).
+fn pouch_row(doc: &JsValue, n: usize) -> Result<Option<Row>> {
+    const WHAT: &str = "PouchDB dump";
+    if !doc.is_object() || Array::is_array(doc) {
+        return Err(line_error(WHAT, n, "a doc must be an object"));
+    }
+    let id = super::check_id_value(&get(doc, "_id"))
+        .map_err(|_| line_error(WHAT, n, "a doc has no string _id"))?;
+    if id.starts_with("_local/", 0) {
+        return Ok(None);
+    }
+    let rev_text = get(doc, "_rev")
+        .as_string()
+        .ok_or_else(|| line_error(WHAT, n, "a doc has no string _rev"))?;
+    let rev = Rev::parse(&rev_text).map_err(|e| line_error(WHAT, n, &e.0))?;
+    let deleted = get(doc, "_deleted").as_bool() == Some(true);
+    Ok(Some(Row {
+        id,
+        rev,
+        rev_text,
+        deleted,
+    }))
+}
+
+/// The ancestors a doc's `_revisions` names (empty when it has none).
+fn pouch_ancestors(doc: &JsValue, n: usize) -> Result<Vec<Rev>> {
+    let revs = get(doc, "_revisions");
+    if revs.is_undefined() || revs.is_null() {
+        return Ok(Vec::new());
+    }
+    let bad = || {
+        line_error(
+            "PouchDB dump",
+            n,
+            "_revisions must be {start, ids: [hash, …]}",
+        )
+    };
+    let start = get(&revs, "start")
+        .as_f64()
+        .filter(|s| s.fract() == 0.0 && *s >= 1.0 && *s <= 9_007_199_254_740_991.0)
+        .ok_or_else(bad)? as u64;
+    let ids = get(&revs, "ids").dyn_into::<Array>().map_err(|_| bad())?;
+    if ids.length() <= 1 {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<String> = ids
+        .iter()
+        .map(|h| h.as_string().ok_or_else(bad))
+        .collect::<Result<_>>()?;
+    revisions_ancestors(start, &ids).map_err(|e| line_error("PouchDB dump", n, &e.0))
+}
+
+/// The docs of a dump line (`None` for a header or `seq` line); records `seq`.
+fn dump_docs(
+    line: &JsString,
+    n: usize,
+    first: bool,
+    last_seq: &mut Option<u64>,
+) -> Result<Option<Array>> {
+    const WHAT: &str = "PouchDB dump";
+    let v = json_parse(line).map_err(|_| line_error(WHAT, n, "not JSON"))?;
+    if !v.is_object() || Array::is_array(&v) {
+        return Err(line_error(WHAT, n, "expected a JSON object"));
+    }
+    let docs = get(&v, "docs");
+    let seq = get(&v, "seq");
+    let kind = classify_line(first, !docs.is_undefined(), !seq.is_undefined())
+        .map_err(|why| line_error(WHAT, n, why))?;
+    if let Some(s) = seq.as_f64().filter(|s| s.fract() == 0.0 && *s >= 0.0) {
+        *last_seq = Some(s as u64);
+    }
+    if kind != LineKind::Docs {
+        return Ok(None);
+    }
+    docs.dyn_into::<Array>()
+        .map(Some)
+        .map_err(|_| line_error(WHAT, n, "\"docs\" must be an array"))
+}
+
+/// Checks a snapshot record's top level as `put` would (reserved `_`
+/// fields, `recordType` a string, `updatedAt` ISO-8601 with milliseconds);
+/// its values came from `JSON.parse`, so they are JSON already.
+fn check_snapshot_record(v: &JsValue) -> std::result::Result<(), &'static str> {
+    for key in Object::keys(v.unchecked_ref::<Object>()).iter() {
+        let key = key.as_string().unwrap_or_default();
+        if key.starts_with('_') && !ALLOWED_UNDERSCORE_FIELDS.contains(&key.as_str()) {
+            return Err("fields starting with '_' other than _id and _rev are reserved");
+        }
+    }
+    let t = get(v, "recordType");
+    if !t.is_undefined() && !t.is_string() {
+        return Err("recordType must be a string");
+    }
+    let u = get(v, "updatedAt");
+    if !u.is_undefined() && !u.as_string().is_some_and(|s| is_iso_millis_utc(&s)) {
+        return Err("updatedAt must be an ISO-8601 UTC string with milliseconds");
+    }
+    Ok(())
+}
+
+/// One snapshot line after the header: `(id, rev, deleted, value)`.
+fn snapshot_row(line: &JsString, n: usize) -> Result<(JsString, Rev, bool, JsValue)> {
+    const WHAT: &str = "snapshot";
+    let v = json_parse(line).map_err(|_| line_error(WHAT, n, "not JSON"))?;
+    if !v.is_object() || Array::is_array(&v) {
+        return Err(line_error(WHAT, n, "expected a JSON object"));
+    }
+    let id =
+        super::check_id_value(&get(&v, "_id")).map_err(|e| line_error(WHAT, n, &e.to_string()))?;
+    let rev = get(&v, "_rev")
+        .as_string()
+        .ok_or_else(|| line_error(WHAT, n, "a line without _rev"))?;
+    let rev = Rev::parse(&rev).map_err(|e| line_error(WHAT, n, &e.0))?;
+    let deleted = get(&v, "_deleted").as_bool() == Some(true);
+    if !deleted {
+        check_snapshot_record(&v).map_err(|why| line_error(WHAT, n, why))?;
+    }
+    Ok((id, rev, deleted, v))
+}
 
 impl Store {
-    /// Imports a pouchdb-replication-stream dump: each id's PouchDB winner,
-    /// tombstones kept, `_local/` documents skipped, in one transaction.
+    /// Imports a pouchdb-replication-stream dump with the defaults of
+    /// [`ImportOptions`] and `on_progress`; see [`Store::import_pouch_dump_with`].
     ///
     /// # Errors
-    /// ValidationError naming the first bad line (nothing written);
-    /// QuotaExceededError / TransactionError (nothing written).
+    /// As [`Store::import_pouch_dump_with`].
     pub async fn import_pouch_dump(
         &self,
-        text: &str,
+        source: impl Into<JsValue>,
         legacy_index_id: &str,
         on_progress: Option<&Function>,
     ) -> Result<(DumpSummary, ImportCounts, Option<LegacyIndexReport>)> {
-        let (summary, winners) =
-            resolve_dump(text).map_err(|e| StoreError::validation(e.to_string()))?;
-        // The derived indexes are maintained from the records as they are
-        // written; the legacy document is only compared, never trusted.
-        let legacy = legacy_index_report(&winners, legacy_index_id);
-        let mut items = Vec::with_capacity(winners.len());
-        for w in winners {
-            let id = JsString::from(w.id.as_str());
-            let rev = w.rev.to_string();
-            let object = if w.deleted {
-                tombstone(&id, &rev).into()
-            } else {
-                let json = serde_json::Value::Object(w.body).to_string();
-                js_sys::JSON::parse(&json).map_err(|_| {
-                    StoreError::validation(format!("document {:?} is not valid JSON", w.id))
-                })?
-            };
-            items.push(Imported {
-                id,
-                rev: w.rev,
-                deleted: w.deleted,
-                object,
-            });
+        let opts = ImportOptions {
+            on_progress: on_progress.cloned(),
+            ..ImportOptions::default()
+        };
+        self.import_pouch_dump_with(&source.into(), legacy_index_id, &opts)
+            .await
+    }
+
+    /// Imports a pouchdb-replication-stream dump (a string, `Blob`,
+    /// `Response` or `ReadableStream` of NDJSON): each id's PouchDB winner
+    /// (see [`agentstore_protocol::pouch`]: `_revisions` ancestry honoured,
+    /// live leaves beat deleted ones), tombstones kept, `_local/` documents
+    /// skipped, bodies stored as given (their `updatedAt` kept). A winner
+    /// replaces a stored record only when its revision is higher
+    /// (generation, then hash).
+    ///
+    /// Pass 1 validates every line and keeps per id only its leaf revisions
+    /// (in a JS `Map`); pass 2 writes the winners in transactions of
+    /// `opts.batch` records.
+    ///
+    /// # Errors
+    /// ValidationError naming the first bad line, or for a source of another
+    /// type (nothing written); AbortError from `opts.signal` and
+    /// QuotaExceededError / TransactionError from a batch: the batches
+    /// committed before stay (each holds final winners only), the failing
+    /// batch leaves nothing, and running the same import again completes it.
+    pub async fn import_pouch_dump_with(
+        &self,
+        source: &JsValue,
+        legacy_index_id: &str,
+        opts: &ImportOptions,
+    ) -> Result<(DumpSummary, ImportCounts, Option<LegacyIndexReport>)> {
+        let source = Source::from_js(source, SOURCE_TYPES).await?;
+        let mut summary = DumpSummary::default();
+        // id → encoded leaf set (pass 1), then → the winner's encoded leaf.
+        let leaves = Map::new();
+        // id → revisions named as ancestors by some row (only ids that have any).
+        let ancestors = Map::new();
+        // The legacy index document's live rows: (revision, `records`).
+        let mut legacy_rows: Vec<(String, JsValue)> = Vec::new();
+
+        let legacy_key = JsValue::from_str(legacy_index_id);
+        let mut lines = source.lines();
+        let mut first = true;
+        while let Some((n, line)) = next_line(&mut lines).await? {
+            let docs = dump_docs(&line, n, first, &mut summary.last_seq)?;
+            first = false;
+            let Some(docs) = docs else { continue };
+            for doc in docs.iter() {
+                summary.documents_read += 1;
+                let Some(row) = pouch_row(&doc, n)? else {
+                    summary.local_skipped += 1;
+                    continue;
+                };
+                let anc = pouch_ancestors(&doc, n)?;
+                let key = JsValue::from(row.id.clone());
+                let known = ancestors.get(&key);
+                let is_ancestor = known
+                    .dyn_ref::<Array>()
+                    .is_some_and(|a| a.includes(&JsValue::from_str(&row.rev_text), 0));
+                if !anc.is_empty() {
+                    let list = known.dyn_into::<Array>().unwrap_or_else(|_| {
+                        let a = Array::new();
+                        ancestors.set(&key, &a);
+                        a
+                    });
+                    for r in &anc {
+                        list.push(&JsValue::from_str(&r.to_string()));
+                    }
+                }
+                let mut set_ = match leaves.get(&key).as_string() {
+                    Some(s) => decode_leaves(&s).map_err(|e| StoreError::Transaction(e.0))?,
+                    None => Vec::new(),
+                };
+                if !row.deleted && JsValue::from(row.id.clone()) == legacy_key {
+                    legacy_rows.push((row.rev_text.clone(), get(&doc, "records")));
+                }
+                let leaf = Leaf {
+                    rev: row.rev,
+                    deleted: row.deleted,
+                };
+                if add_row(&mut set_, leaf, &anc, is_ancestor) {
+                    leaves.set(&key, &JsValue::from_str(&encode_leaves(&set_)));
+                }
+            }
         }
-        let counts = self.write_imported(items, on_progress).await?;
+        drop(ancestors);
+
+        // Every id's winner (its revision string; deleted winners also in
+        // `dead`), the counts, and the live ids for the legacy report.
+        let dead = js_sys::Set::new(&JsValue::UNDEFINED);
+        let mut bad = None;
+        let mut live_others = 0u64;
+        leaves.for_each(&mut |value, key| {
+            let set_ = match decode_leaves(&value.as_string().unwrap_or_default()) {
+                Ok(s) => s,
+                Err(e) => {
+                    bad = Some(e);
+                    return;
+                }
+            };
+            summary.count_id(&set_);
+            if let Some(w) = winning_leaf(&set_) {
+                if w.deleted {
+                    dead.add(&key);
+                } else if key != legacy_key {
+                    live_others += 1;
+                }
+                leaves.set(&key, &JsValue::from_str(&w.rev.to_string()));
+            }
+        });
+        if let Some(e) = bad {
+            return Err(StoreError::Transaction(e.0));
+        }
+        let legacy = legacy_report(&leaves, &dead, legacy_index_id, &legacy_rows, live_others);
+        drop(legacy_rows);
+
+        let mut writer = Writer::new(self, opts, leaves.size());
+        let mut lines = source.lines();
+        let mut first = true;
+        let mut ignore_seq = None;
+        while let Some((n, line)) = next_line(&mut lines).await? {
+            let docs = dump_docs(&line, n, first, &mut ignore_seq)?;
+            first = false;
+            let Some(docs) = docs else { continue };
+            for doc in docs.iter() {
+                // Only an id's winning row goes on (compared as JS strings:
+                // no copy into wasm for the others); `_local/` ids have none.
+                let id = get(&doc, "_id");
+                let win = leaves.get(&id);
+                if win.is_undefined() || get(&doc, "_rev") != win {
+                    continue;
+                }
+                leaves.delete(&id);
+                let deleted = dead.has(&id);
+                if !deleted {
+                    for f in BOOKKEEPING_FIELDS {
+                        let _ = Reflect::delete_property(doc.unchecked_ref::<Object>(), &f.into());
+                    }
+                }
+                writer.push(Staged::winner(id, &win, deleted, doc)?).await?;
+            }
+        }
+        let counts = writer.finish().await?;
         Ok((summary, counts, legacy))
     }
 
-    /// Exports every record and tombstone as NDJSON: a header line
-    /// `{"agentstore":"snapshot","version":1,"records":N,"tombstones":M}`, then
-    /// one stored object per line in key order (records, then tombstones).
+    /// Exports every record and tombstone as one NDJSON string; see
+    /// [`Store::export_snapshot_chunks`]. The text is copied into wasm memory:
+    /// for tests and small stores (the JS `exportSnapshot` never copies it).
     ///
     /// # Errors
-    /// TransactionError / ClosedError.
+    /// As [`Store::export_snapshot_chunks`].
     pub async fn export_snapshot(&self) -> Result<String> {
+        let parts = self.export_snapshot_chunks(None, DEFAULT_BATCH).await?;
+        Ok(String::from(parts.join("")))
+    }
+
+    /// Exports every record and tombstone as NDJSON: a header line
+    /// `{"agentstore":"snapshot","records":N,"tombstones":M,"version":1}`, then
+    /// one stored object per line in key order (records, then tombstones),
+    /// read in one read-only transaction (a consistent snapshot) `batch`
+    /// objects at a time. Each chunk (whole lines, each ending in `\n`) goes
+    /// to `on_chunk` when given (called synchronously; the returned array is
+    /// then empty), else into the returned array of JS strings.
+    ///
+    /// # Errors
+    /// TransactionError / ClosedError; whatever `on_chunk` throws.
+    pub async fn export_snapshot_chunks(
+        &self,
+        on_chunk: Option<&Function>,
+        batch: u32,
+    ) -> Result<Array> {
         let tx = self
             .db
             .tx(&[RECORDS, TOMBSTONES], TransactionMode::ReadOnly)?;
-        let records = tx.store(RECORDS)?.get_all(None, None)?.into_future();
-        let tombs = tx.store(TOMBSTONES)?.get_all(None, None)?.into_future();
-        let (records, tombs) = futures::join!(records, tombs);
-        let (records, tombs) = (records?, tombs?);
-        tx.end_read();
-        let header = serde_json::json!({"agentstore": "snapshot", "version": 1, "records": records.len(), "tombstones": tombs.len()});
-        let mut out = header.to_string();
-        for v in records.iter().chain(&tombs) {
-            let line = js_sys::JSON::stringify(v)
-                .map_err(|_| StoreError::Transaction("a stored record is not JSON".into()))?;
-            out.push('\n');
-            out.push_str(&String::from(line));
+        let (records, tombs) = (tx.store(RECORDS)?, tx.store(TOMBSTONES)?);
+        let (n_records, n_tombs) = futures::join!(
+            records.count(None)?.into_future(),
+            tombs.count(None)?.into_future()
+        );
+        let header = Object::new();
+        set(&header, "agentstore", &"snapshot".into());
+        set(&header, "records", &JsValue::from(n_records?));
+        set(&header, "tombstones", &JsValue::from(n_tombs?));
+        set(&header, "version", &JsValue::from(1));
+        let parts = Array::new();
+        let emit = |chunk: JsString| -> Result<()> {
+            match on_chunk {
+                Some(f) => f
+                    .call1(&JsValue::NULL, &chunk)
+                    .map(|_| ())
+                    .map_err(StoreError::Thrown),
+                None => {
+                    parts.push(&chunk);
+                    Ok(())
+                }
+            }
+        };
+        let nl = JsString::from("\n");
+        let header = js_sys::JSON::stringify(&header)
+            .map_err(|_| StoreError::Transaction("the snapshot header is not JSON".into()))?;
+        emit(header.concat(&nl))?;
+        for store in [records, tombs] {
+            let mut after: Option<JsValue> = None;
+            loop {
+                let query = match &after {
+                    Some(k) => Some(Query::KeyRange(KeyRange::lower_bound(k, Some(true))?)),
+                    None => None,
+                };
+                let rows = store.get_all(query, Some(batch))?.await?;
+                let Some(last) = rows.last() else { break };
+                after = Some(get(last, "_id"));
+                let lines = Array::new();
+                for v in &rows {
+                    let line = js_sys::JSON::stringify(v).map_err(|_| {
+                        StoreError::Transaction("a stored record is not JSON".into())
+                    })?;
+                    lines.push(&line);
+                }
+                lines.push(&JsString::from(""));
+                emit(lines.join("\n"))?;
+                if rows.len() < batch as usize {
+                    break;
+                }
+            }
         }
-        out.push('\n');
-        Ok(out)
+        tx.end_read();
+        Ok(parts)
     }
 
-    /// Imports a snapshot made by [`Store::export_snapshot`]; each record keeps
-    /// its revision and replaces only an older local revision.
+    /// The chunks of [`Store::export_snapshot_chunks`] as one `Blob`
+    /// (`type: application/x-ndjson` is not set; the bytes are UTF-8).
     ///
     /// # Errors
-    /// ValidationError naming the first bad line (nothing written).
-    pub async fn import_snapshot(
-        &self,
-        text: &str,
-        on_progress: Option<&Function>,
-    ) -> Result<ImportCounts> {
-        let mut items = Vec::new();
-        for (i, line) in text.lines().enumerate() {
-            let bad =
-                |why: String| StoreError::validation(format!("snapshot line {}: {why}", i + 1));
-            let line = line.trim();
-            if line.is_empty() {
-                continue;
-            }
-            let value = js_sys::JSON::parse(line).map_err(|_| bad("not JSON".into()))?;
-            if i == 0 {
-                if js_sys::Reflect::get(&value, &"agentstore".into())
-                    .ok()
-                    .and_then(|v| v.as_string())
-                    .as_deref()
-                    != Some("snapshot")
-                {
-                    return Err(bad("missing the agentstore snapshot header".into()));
-                }
-                continue;
-            }
-            let deleted = js_sys::Reflect::get(&value, &"_deleted".into())
-                .ok()
-                .and_then(|v| v.as_bool())
-                == Some(true);
-            if deleted {
-                let id = super::check_id_value(
-                    &js_sys::Reflect::get(&value, &"_id".into()).unwrap_or_default(),
-                )
-                .map_err(|e| bad(e.to_string()))?;
-                let rev = crate::error::get_str(&value, "_rev")
-                    .ok_or_else(|| bad("tombstone without _rev".into()))?;
-                let rev = Rev::parse(&rev).map_err(|e| bad(e.0))?;
-                let object = tombstone(&id, &rev.to_string());
-                // A snapshot keeps when the record was deleted (purgeTombstones' clock).
-                if let Some(at) = js_sys::Reflect::get(&value, &"deletedAt".into())
-                    .ok()
-                    .and_then(|v| v.as_f64())
-                    .filter(|at| at.is_finite())
-                {
-                    set(&object, "deletedAt", &at.into());
-                }
-                items.push(Imported {
-                    object: object.into(),
-                    id,
-                    rev,
-                    deleted: true,
-                });
-            } else {
-                let p: Prepared = Store::prepare(&value).map_err(|e| bad(e.to_string()))?;
-                if p.updated_at.is_none() {
-                    set(&p.object, "updatedAt", &super::now_iso().into());
-                }
-                let rev = p
-                    .expected
-                    .clone()
-                    .ok_or_else(|| bad("record without _rev".into()))?;
-                items.push(Imported {
-                    id: p.id,
-                    rev,
-                    deleted: false,
-                    object: p.object.into(),
-                });
-            }
-        }
-        self.write_imported(items, on_progress).await
+    /// As [`Store::export_snapshot_chunks`].
+    pub async fn export_snapshot_blob(&self, batch: u32) -> Result<JsValue> {
+        let parts = self.export_snapshot_chunks(None, batch).await?;
+        JsBlob::new(&parts)
+            .map(Into::into)
+            .map_err(|e| StoreError::from_dom(&e))
     }
 
-    async fn write_imported(
+    /// Imports a snapshot made by [`Store::export_snapshot`] with the
+    /// defaults of [`ImportOptions`]; see [`Store::import_snapshot_with`].
+    ///
+    /// # Errors
+    /// As [`Store::import_snapshot_with`].
+    pub async fn import_snapshot(
         &self,
-        items: Vec<Imported>,
+        source: impl Into<JsValue>,
         on_progress: Option<&Function>,
     ) -> Result<ImportCounts> {
+        let opts = ImportOptions {
+            on_progress: on_progress.cloned(),
+            ..ImportOptions::default()
+        };
+        self.import_snapshot_with(&source.into(), &opts).await
+    }
+
+    /// Imports a snapshot (a string, `Blob`, `Response` or `ReadableStream`
+    /// of [`Store::export_snapshot`]'s NDJSON). Each record keeps its
+    /// revision and its `updatedAt`. When one id appears on several lines
+    /// (an older export appended to a newer one), the highest revision wins
+    /// (generation, then hash; a tombstone is a revision like any other) and
+    /// only it is written; it replaces a stored record only when higher.
+    ///
+    /// # Errors
+    /// ValidationError naming the first bad line (nothing written);
+    /// otherwise as [`Store::import_pouch_dump_with`].
+    pub async fn import_snapshot_with(
+        &self,
+        source: &JsValue,
+        opts: &ImportOptions,
+    ) -> Result<ImportCounts> {
+        let source = Source::from_js(source, SOURCE_TYPES).await?;
+        // id → the highest revision seen (pass 1); deleted once written (pass 2).
+        let winners = Map::new();
+        let mut lines = source.lines();
+        let mut header = false;
+        while let Some((n, line)) = next_line(&mut lines).await? {
+            if !header {
+                let v = json_parse(&line).map_err(|_| line_error("snapshot", n, "not JSON"))?;
+                if get(&v, "agentstore").as_string().as_deref() != Some("snapshot") {
+                    return Err(line_error(
+                        "snapshot",
+                        n,
+                        "missing the agentstore snapshot header",
+                    ));
+                }
+                header = true;
+                continue;
+            }
+            let (id, rev, _, _) = snapshot_row(&line, n)?;
+            let key = JsValue::from(id);
+            let held = match winners.get(&key).as_string() {
+                Some(s) => Some(Rev::parse(&s).map_err(|e| StoreError::Transaction(e.0))?),
+                None => None,
+            };
+            if import_replaces(held.as_ref(), &rev) {
+                winners.set(&key, &JsValue::from_str(&rev.to_string()));
+            }
+        }
+        let mut writer = Writer::new(self, opts, winners.size());
+        let mut lines = source.lines();
+        let mut header = false;
+        while let Some((_, line)) = next_line(&mut lines).await? {
+            if !header {
+                header = true;
+                continue;
+            }
+            // Pass 1 checked every line; only each id's winning line goes on.
+            let v = json_parse(&line).unwrap_or_default();
+            let id = get(&v, "_id");
+            let win = winners.get(&id);
+            if win.is_undefined() || get(&v, "_rev") != win {
+                continue;
+            }
+            winners.delete(&id);
+            let deleted = get(&v, "_deleted").as_bool() == Some(true);
+            writer.push(Staged::winner(id, &win, deleted, v)?).await?;
+        }
+        writer.finish().await
+    }
+
+    /// One batch in one transaction; see [`WriteMode`]. On success `mode`
+    /// counts the batch's writes when it is `Fresh`.
+    async fn write_batch(&self, staged: &[Staged], mode: &mut WriteMode) -> Result<ImportCounts> {
         let tx = self.write_tx()?;
-        let (currents, state) = futures::join!(
-            read_many(&tx, items.iter().map(|i| &i.id)),
-            self.write_indexes(&tx)
-        );
-        let (currents, state) = (currents?, state?);
+        let mut batch = ImportCounts::default();
         let mut changes = Vec::new();
-        let records = tx.store(RECORDS)?;
-        let tombs = tx.store(TOMBSTONES)?;
-        let mut counts = ImportCounts::default();
-        let total = items.len();
-        let mut last = None;
-        for (n, (item, (current, stored))) in items.iter().zip(&currents).enumerate() {
-            if current.rev().is_some_and(|r| *r >= item.rev) {
-                counts.kept_newer += 1;
+        let mut dead_added = 0u32;
+        let mut fresh = false;
+        let issued: Result<()> = async {
+            let records = tx.store(RECORDS)?;
+            let tombs = tx.store(TOMBSTONES)?;
+            let state = match *mode {
+                WriteMode::Read => self.write_indexes(&tx).await?,
+                WriteMode::Unknown => {
+                    let (l, d, state) = futures::join!(
+                        records.count(None)?.into_future(),
+                        tombs.count(None)?.into_future(),
+                        self.write_indexes(&tx)
+                    );
+                    fresh = (l?, d?) == (0, 0);
+                    state?
+                }
+                WriteMode::Fresh { dead } => {
+                    let (d, state) =
+                        futures::join!(tombs.count(None)?.into_future(), self.write_indexes(&tx));
+                    fresh = d? == dead;
+                    state?
+                }
+            };
+            if !fresh {
+                // From here on a failure is not a sign of a write from elsewhere.
+                *mode = WriteMode::Read;
+            }
+            let currents = if fresh {
+                // Only tombstones look for a live record written meanwhile.
+                let mut found = read_many(&tx, staged.iter().filter(|i| i.deleted).map(|i| &i.id))
+                    .await?
+                    .into_iter();
+                staged
+                    .iter()
+                    .map(|i| match i.deleted {
+                        true => found.next().unwrap_or((Current::Missing, None)),
+                        false => (Current::Missing, None),
+                    })
+                    .collect()
             } else {
+                read_many(&tx, staged.iter().map(|i| &i.id)).await?
+            };
+            for (item, (current, stored)) in staged.iter().zip(&currents) {
+                if !import_replaces(current.rev(), &item.rev) {
+                    batch.kept_newer += 1;
+                    continue;
+                }
                 let key = JsValue::from(item.id.clone());
-                if item.deleted {
-                    tombs.put(&item.object, None)?;
-                    if matches!(current, Current::Live(_)) {
+                let target = if item.deleted { &tombs } else { &records };
+                if fresh {
+                    target.add(&item.object, None)?;
+                } else {
+                    target.put(&item.object, None)?;
+                }
+                match current {
+                    Current::Live(_) if item.deleted => {
                         records.delete(key)?;
                     }
-                } else {
-                    last = Some(records.put(&item.object, None)?);
-                    if matches!(current, Current::Deleted(_)) {
+                    Current::Deleted(_) if !item.deleted => {
                         tombs.delete(key)?;
                     }
+                    _ => {}
+                }
+                if item.deleted {
+                    dead_added += 1;
                 }
                 index::maintain(
                     &tx,
@@ -224,25 +806,25 @@ impl Store {
                     item.rev.to_string(),
                     item.deleted,
                 ));
-                counts.written += 1;
+                batch.written += 1;
             }
-            if let Some(cb) = on_progress {
-                if (n + 1) % PROGRESS_EVERY == 0 || n + 1 == total {
-                    // A synchronous callback keeps the transaction active.
-                    let _ = cb.call2(
-                        &JsValue::NULL,
-                        &JsValue::from(n as u32 + 1),
-                        &JsValue::from(total as u32),
-                    );
-                }
-            }
+            Ok(())
         }
-        if let Some(req) = last {
-            req.await?;
-        }
+        .await;
+        // On an error the dropped transaction aborts: nothing of the batch stays.
+        issued?;
         self.finish(tx).await?;
         self.changes.post(&changes);
-        Ok(counts)
+        *mode = match (*mode, fresh) {
+            (WriteMode::Unknown, true) => WriteMode::Fresh { dead: dead_added },
+            (WriteMode::Fresh { dead }, true) if dead + dead_added <= FRESH_MAX_TOMBSTONES => {
+                WriteMode::Fresh {
+                    dead: dead + dead_added,
+                }
+            }
+            _ => WriteMode::Read,
+        };
+        Ok(batch)
     }
 
     /// Read-modify-write of one record with `f(current | null)`; `f`

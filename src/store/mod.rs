@@ -9,11 +9,13 @@ mod bulk;
 pub mod db;
 pub mod index;
 mod io;
+mod lines;
 mod list;
 pub mod watch;
 
 pub use bulk::destroy;
 pub use index::{ByQuery, Verification};
+pub use io::{ImportCounts, ImportOptions, DEFAULT_BATCH, MAX_IMPORT_BATCH};
 pub use list::{ListQuery, Page};
 pub use watch::Watcher;
 

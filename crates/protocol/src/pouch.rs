@@ -1,38 +1,177 @@
 //! Reading a PouchDB dump (pouchdb-replication-stream format) and choosing
-//! each document's winning revision the way PouchDB does.
+//! each document's winning revision the way PouchDB does — on plain revision
+//! data (revision strings, deleted flags, `_revisions` ancestry), so the SDK
+//! can apply it to values parsed by the browser's own `JSON.parse`.
 //!
 //! Format: a header line `{"version", "db_type", "db_info", …}`, then lines
-//! `{"docs": [doc, …]}` where each doc is one leaf revision with `_revisions`,
-//! and `{"seq": N}` checkpoint lines. Winner rule (PouchDB's `winningRev`):
-//! non-deleted leaves beat deleted ones, then the highest generation, then
-//! the highest revision string.
+//! `{"docs": [doc, …]}` where each doc is one revision with `_revisions`, and
+//! `{"seq": N}` checkpoint lines (a line may carry both `docs` and `seq`).
+//!
+//! Winner rule (PouchDB's `winningRev`, pouchdb-merge): among the LEAF
+//! revisions, non-deleted beats deleted, then the highest generation, then
+//! the highest revision string. A revision named as an ancestor in any row's
+//! `_revisions` is not a leaf and never wins, wherever it appears in the dump.
 
-use crate::rev::Rev;
+use crate::rev::{Rev, RevParseError};
 use serde::Serialize;
-use serde_json::{Map, Value};
-use std::collections::BTreeMap;
 
-/// One document's winning revision, ready to store.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Winner {
-    /// The document id.
-    pub id: String,
-    /// The winning revision, kept in PouchDB's form.
+/// Fields PouchDB keeps for itself; they are not part of a stored record.
+pub const BOOKKEEPING_FIELDS: [&str; 6] = [
+    "_revisions",
+    "_conflicts",
+    "_deleted",
+    "_attachments",
+    "_revs_info",
+    "_deleted_conflicts",
+];
+
+/// One leaf revision of a document.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leaf {
+    /// The revision.
     pub rev: Rev,
-    /// Whether the winner is a tombstone (every leaf deleted).
+    /// Whether it is a deletion (a tombstone).
     pub deleted: bool,
-    /// The body with `_id` and `_rev` and without PouchDB's bookkeeping
-    /// (`_revisions`, `_conflicts`, `_deleted`, `_attachments`).
-    pub body: Map<String, Value>,
-    /// Losing non-deleted leaf revisions (PouchDB's `_conflicts`).
-    pub conflicts: Vec<Rev>,
+}
+
+/// PouchDB's `winningRev` over a document's leaves: non-deleted first, then
+/// the highest revision (generation, then hash string). `None` when empty.
+pub fn winning_leaf(leaves: &[Leaf]) -> Option<&Leaf> {
+    leaves
+        .iter()
+        .max_by(|a, b| (!a.deleted, &a.rev).cmp(&(!b.deleted, &b.rev)))
+}
+
+/// Non-deleted leaves other than the winner: PouchDB's `_conflicts`, highest first.
+pub fn conflicts(leaves: &[Leaf]) -> Vec<&Rev> {
+    let win = winning_leaf(leaves);
+    let mut out: Vec<&Rev> = leaves
+        .iter()
+        .filter(|l| !l.deleted && Some(*l) != win)
+        .map(|l| &l.rev)
+        .collect();
+    out.sort_by(|a, b| b.cmp(a));
+    out
+}
+
+/// Adds one dump row to a document's leaf set.
+///
+/// `row_ancestors` are the revisions the row's `_revisions` names before its
+/// own; `row_is_known_ancestor` says whether an earlier row named this row's
+/// revision as an ancestor. A row that repeats a leaf, or that is an ancestor
+/// of another row, adds nothing; leaves the row descends from stop being
+/// leaves. Returns whether the set changed.
+pub fn add_row(
+    leaves: &mut Vec<Leaf>,
+    row: Leaf,
+    row_ancestors: &[Rev],
+    row_is_known_ancestor: bool,
+) -> bool {
+    if row_is_known_ancestor || leaves.iter().any(|l| l.rev == row.rev) {
+        return false;
+    }
+    leaves.retain(|l| !row_ancestors.contains(&l.rev));
+    leaves.push(row);
+    true
+}
+
+/// The ancestors named by a row's `_revisions` (`{start, ids}`, newest
+/// first; `ids[0]` is the row's own revision): `(start-1)-ids[1]`, ….
+///
+/// # Errors
+/// When `start` is below the number of ids or a hash is not a revision hash.
+pub fn revisions_ancestors(start: u64, ids: &[String]) -> Result<Vec<Rev>, RevParseError> {
+    if ids.len() as u64 > start {
+        return Err(RevParseError(
+            "_revisions names more ancestors than its start generation allows".into(),
+        ));
+    }
+    ids.iter()
+        .enumerate()
+        .skip(1)
+        .map(|(i, h)| {
+            let r = Rev {
+                generation: start - i as u64,
+                hash: h.clone(),
+            };
+            // Re-parse to apply the same hash rules as any other revision.
+            Rev::parse(&r.to_string())
+        })
+        .collect()
+}
+
+/// Compact text form of a leaf set (`"2-ab,~3-cd"`; `~` marks a deletion),
+/// so a caller can keep one per id outside its own memory (the SDK keeps
+/// them in a JS `Map`).
+pub fn encode_leaves(leaves: &[Leaf]) -> String {
+    let mut s = String::new();
+    for (i, l) in leaves.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        if l.deleted {
+            s.push('~');
+        }
+        s.push_str(&l.rev.to_string());
+    }
+    s
+}
+
+/// Reads [`encode_leaves`]' form back.
+///
+/// # Errors
+/// A malformed revision.
+pub fn decode_leaves(s: &str) -> Result<Vec<Leaf>, RevParseError> {
+    if s.is_empty() {
+        return Ok(Vec::new());
+    }
+    s.split(',')
+        .map(|part| {
+            let (deleted, rev) = match part.strip_prefix('~') {
+                Some(r) => (true, r),
+                None => (false, part),
+            };
+            Ok(Leaf {
+                rev: Rev::parse(rev)?,
+                deleted,
+            })
+        })
+        .collect()
+}
+
+/// What a dump line is, from which of `docs` / `seq` it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineKind {
+    /// The first line without `docs`: the dump's header.
+    Header,
+    /// A line carrying documents (it may also carry `seq`).
+    Docs,
+    /// A checkpoint line `{"seq": N}` alone.
+    Seq,
+}
+
+/// Classifies a dump line (`first`: it is the first non-empty line). A line
+/// that carries documents is always read as documents, never skipped.
+///
+/// # Errors
+/// A line that is none of the three.
+pub fn classify_line(first: bool, has_docs: bool, has_seq: bool) -> Result<LineKind, &'static str> {
+    if has_docs {
+        Ok(LineKind::Docs)
+    } else if has_seq {
+        Ok(LineKind::Seq)
+    } else if first {
+        Ok(LineKind::Header)
+    } else {
+        Err("expected a header, {\"docs\": [...]} or {\"seq\": N}")
+    }
 }
 
 /// Counts from reading a dump; the JS summary of `importPouchDump`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DumpSummary {
-    /// Leaf documents read from `docs` lines.
+    /// Documents read from `docs` lines (every row, `_local/` included).
     pub documents_read: u64,
     /// Distinct ids whose winner is live.
     pub live: u64,
@@ -43,136 +182,24 @@ pub struct DumpSummary {
     /// Live ids with more than one live leaf (PouchDB's `_conflicts`),
     /// resolved to PouchDB's winner.
     pub conflicts_resolved: u64,
-    /// The last `{"seq": N}` line, if any.
+    /// The last `seq` seen, if any.
     pub last_seq: Option<u64>,
 }
 
-/// A dump line that could not be read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DumpError {
-    /// 1-based line number.
-    pub line: usize,
-    /// What was wrong.
-    pub message: String,
-}
-
-impl std::fmt::Display for DumpError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PouchDB dump line {}: {}", self.line, self.message)
-    }
-}
-
-impl std::error::Error for DumpError {}
-
-struct Leaf {
-    rev: Rev,
-    deleted: bool,
-    body: Map<String, Value>,
-}
-
-/// Reads a whole dump and returns the summary and one [`Winner`] per id, in id order.
-///
-/// # Errors
-/// [`DumpError`] for a line that is not JSON, a doc without a string `_id`
-/// or with a malformed `_rev`. Nothing is returned in that case, so an import
-/// built on this writes nothing.
-pub fn resolve_dump(text: &str) -> Result<(DumpSummary, Vec<Winner>), DumpError> {
-    let mut summary = DumpSummary::default();
-    let mut leaves: BTreeMap<String, Vec<Leaf>> = BTreeMap::new();
-    for (i, line) in text.lines().enumerate() {
-        let err = |message: String| DumpError {
-            line: i + 1,
-            message,
-        };
-        let line = line.trim();
-        if line.is_empty() {
-            continue;
-        }
-        let value: Value = serde_json::from_str(line).map_err(|e| err(format!("not JSON: {e}")))?;
-        let Value::Object(mut obj) = value else {
-            return Err(err("expected a JSON object".into()));
-        };
-        if let Some(seq) = obj.get("seq") {
-            summary.last_seq = seq.as_u64();
-            continue;
-        }
-        let Some(docs) = obj.remove("docs") else {
-            if i == 0 {
-                continue; // header line
+impl DumpSummary {
+    /// Counts one id's final leaf set.
+    pub fn count_id(&mut self, leaves: &[Leaf]) {
+        match winning_leaf(leaves) {
+            Some(w) if w.deleted => self.tombstones += 1,
+            Some(_) => {
+                self.live += 1;
+                if !conflicts(leaves).is_empty() {
+                    self.conflicts_resolved += 1;
+                }
             }
-            return Err(err(
-                "expected a header, {\"docs\": [...]} or {\"seq\": N}".into()
-            ));
-        };
-        let Value::Array(docs) = docs else {
-            return Err(err("\"docs\" must be an array".into()));
-        };
-        for doc in docs {
-            let Value::Object(mut doc) = doc else {
-                return Err(err("a doc must be an object".into()));
-            };
-            let id = match doc.get("_id") {
-                Some(Value::String(s)) if !s.is_empty() => s.clone(),
-                _ => return Err(err("a doc has no string _id".into())),
-            };
-            summary.documents_read += 1;
-            if id.starts_with("_local/") {
-                summary.local_skipped += 1;
-                continue;
-            }
-            let rev = match doc.get("_rev") {
-                Some(Value::String(s)) => Rev::parse(s).map_err(|e| err(e.0))?,
-                _ => return Err(err(format!("doc {id:?} has no string _rev"))),
-            };
-            let deleted = doc.get("_deleted") == Some(&Value::Bool(true));
-            for k in [
-                "_revisions",
-                "_conflicts",
-                "_deleted",
-                "_attachments",
-                "_revs_info",
-                "_deleted_conflicts",
-            ] {
-                doc.remove(k);
-            }
-            let entry = leaves.entry(id).or_default();
-            if !entry.iter().any(|l| l.rev == rev) {
-                entry.push(Leaf {
-                    rev,
-                    deleted,
-                    body: doc,
-                });
-            }
+            None => {}
         }
     }
-    let mut winners = Vec::with_capacity(leaves.len());
-    for (id, mut ls) in leaves {
-        // Non-deleted first, then highest revision: sort so the winner is last.
-        ls.sort_by(|a, b| (!a.deleted, &a.rev).cmp(&(!b.deleted, &b.rev)));
-        let Some(win) = ls.pop() else { continue };
-        let conflicts = ls
-            .iter()
-            .filter(|l| !l.deleted)
-            .map(|l| l.rev.clone())
-            .rev()
-            .collect();
-        if !win.deleted && ls.iter().any(|l| !l.deleted) {
-            summary.conflicts_resolved += 1;
-        }
-        if win.deleted {
-            summary.tombstones += 1;
-        } else {
-            summary.live += 1;
-        }
-        winners.push(Winner {
-            id,
-            rev: win.rev,
-            deleted: win.deleted,
-            body: win.body,
-            conflicts,
-        });
-    }
-    Ok((summary, winners))
 }
 
 /// What a legacy index document (a PouchDB doc holding `records: {id: meta}`,
@@ -190,41 +217,113 @@ pub struct LegacyIndexReport {
     pub stale: u64,
 }
 
-/// Compares the legacy index document `index_id` (if the dump has it live,
-/// with a `records` object) with the winners it should describe: every live
-/// document except itself.
-pub fn legacy_index_report(winners: &[Winner], index_id: &str) -> Option<LegacyIndexReport> {
-    let doc = winners.iter().find(|w| w.id == index_id && !w.deleted)?;
-    let Some(Value::Object(listed)) = doc.body.get("records") else {
-        return None;
-    };
-    let live: std::collections::HashSet<&str> = winners
-        .iter()
-        .filter(|w| !w.deleted && w.id != index_id)
-        .map(|w| w.id.as_str())
-        .collect();
-    Some(LegacyIndexReport {
-        id: index_id.to_owned(),
-        listed: listed.len() as u64,
-        lost: live.iter().filter(|id| !listed.contains_key(**id)).count() as u64,
-        stale: listed
-            .keys()
-            .filter(|id| !live.contains(id.as_str()))
-            .count() as u64,
-    })
+impl LegacyIndexReport {
+    /// The report from counts: `listed` ids in the legacy document, of which
+    /// `listed_live` are live winners, and `live_others` live winners other
+    /// than the legacy document itself.
+    pub fn from_counts(id: String, listed: u64, listed_live: u64, live_others: u64) -> Self {
+        LegacyIndexReport {
+            id,
+            listed,
+            lost: live_others.saturating_sub(listed_live),
+            stale: listed.saturating_sub(listed_live),
+        }
+    }
+}
+
+/// The winner rule between an import and what the store holds, and between
+/// two rows of one snapshot for the same id: the higher revision (generation,
+/// then hash) wins and a tombstone is a revision like any other; an equal
+/// revision keeps what is there. Returns whether `incoming` replaces `held`.
+pub fn import_replaces(held: Option<&Rev>, incoming: &Rev) -> bool {
+    held.is_none_or(|h| incoming > h)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
+    use std::collections::{BTreeMap, HashMap};
 
     const DUMP: &str = include_str!("../../../www/data/agent-records.pouchdump.ndjson");
     const EXPECTED: &str = include_str!("../../../www/data/agent-records.expected.json");
 
+    /// One id's final state from [`resolve`].
+    struct Resolved {
+        leaves: Vec<Leaf>,
+        /// The body of each leaf (by revision).
+        bodies: HashMap<String, Value>,
+    }
+
+    /// Reads a whole dump with the rules above, the way the SDK does in its
+    /// first pass (there over `JSON.parse` values).
+    fn resolve(text: &str) -> Result<(DumpSummary, BTreeMap<String, Resolved>), (usize, String)> {
+        let mut summary = DumpSummary::default();
+        let mut ids: BTreeMap<String, Resolved> = BTreeMap::new();
+        let mut ancestors: HashMap<String, Vec<Rev>> = HashMap::new();
+        let mut first = true;
+        for (i, line) in text.lines().enumerate() {
+            let err = |m: &str| (i + 1, m.to_owned());
+            let line = line.trim();
+            if line.is_empty() {
+                continue;
+            }
+            let v: Value = serde_json::from_str(line).map_err(|_| err("not JSON"))?;
+            let kind = classify_line(first, v.get("docs").is_some(), v.get("seq").is_some())
+                .map_err(err)?;
+            first = false;
+            if let Some(seq) = v.get("seq").and_then(Value::as_u64) {
+                summary.last_seq = Some(seq);
+            }
+            if kind != LineKind::Docs {
+                continue;
+            }
+            for doc in v["docs"].as_array().ok_or_else(|| err("docs"))? {
+                let id = doc["_id"].as_str().ok_or_else(|| err("_id"))?.to_owned();
+                summary.documents_read += 1;
+                if id.starts_with("_local/") {
+                    summary.local_skipped += 1;
+                    continue;
+                }
+                let rev = Rev::parse(doc["_rev"].as_str().ok_or_else(|| err("_rev"))?)
+                    .map_err(|e| err(&e.0))?;
+                let deleted = doc.get("_deleted") == Some(&Value::Bool(true));
+                let anc = match doc.get("_revisions") {
+                    Some(r) => {
+                        let hashes: Vec<String> = r["ids"]
+                            .as_array()
+                            .unwrap()
+                            .iter()
+                            .map(|h| h.as_str().unwrap().to_owned())
+                            .collect();
+                        revisions_ancestors(r["start"].as_u64().unwrap(), &hashes)
+                            .map_err(|e| err(&e.0))?
+                    }
+                    None => Vec::new(),
+                };
+                let known = ancestors.entry(id.clone()).or_default();
+                let is_anc = known.contains(&rev);
+                known.extend(anc.iter().cloned());
+                let e = ids.entry(id).or_insert_with(|| Resolved {
+                    leaves: Vec::new(),
+                    bodies: HashMap::new(),
+                });
+                let rev_s = rev.to_string();
+                if add_row(&mut e.leaves, Leaf { rev, deleted }, &anc, is_anc) {
+                    e.bodies.insert(rev_s, doc.clone());
+                }
+            }
+        }
+        for r in ids.values() {
+            summary.count_id(&r.leaves);
+        }
+        Ok((summary, ids))
+    }
+
     /// Every id's winner equals PouchDB's own answer in the shared expected file.
     #[test]
     fn winners_match_pouchdb_answers_on_the_shared_dump() {
-        let (summary, winners) = resolve_dump(DUMP).unwrap();
+        let (summary, ids) = resolve(DUMP).unwrap();
         let expected: Value = serde_json::from_str(EXPECTED).unwrap();
         let live = expected["live"].as_object().unwrap();
         let deleted: Vec<&str> = expected["deleted"]
@@ -235,24 +334,26 @@ mod tests {
             .collect();
         assert_eq!(summary.live as usize, live.len());
         assert_eq!(summary.tombstones as usize, deleted.len());
-        assert_eq!(winners.len(), live.len() + deleted.len());
-        for w in &winners {
+        assert_eq!(ids.len(), live.len() + deleted.len());
+        for (id, r) in &ids {
+            let w = winning_leaf(&r.leaves).unwrap();
             if w.deleted {
-                assert!(deleted.contains(&w.id.as_str()), "{} should be live", w.id);
+                assert!(deleted.contains(&id.as_str()), "{id} should be live");
                 continue;
             }
-            let e = &live[&w.id];
-            assert_eq!(w.rev.to_string(), e["rev"].as_str().unwrap(), "{}", w.id);
-            assert_eq!(w.body.get("recordType"), e.get("recordType"), "{}", w.id);
-            assert_eq!(w.body.get("updatedAt"), e.get("updatedAt"), "{}", w.id);
-            let conflicts: Vec<String> = w.conflicts.iter().map(Rev::to_string).collect();
+            let e = &live[id];
+            let body = &r.bodies[&w.rev.to_string()];
+            assert_eq!(w.rev.to_string(), e["rev"].as_str().unwrap(), "{id}");
+            assert_eq!(body.get("recordType"), e.get("recordType"), "{id}");
+            assert_eq!(body.get("updatedAt"), e.get("updatedAt"), "{id}");
+            let got: Vec<String> = conflicts(&r.leaves).iter().map(|r| r.to_string()).collect();
             let want: Vec<String> = e["conflicts"]
                 .as_array()
                 .unwrap()
                 .iter()
                 .map(|v| v.as_str().unwrap().to_owned())
                 .collect();
-            assert_eq!(conflicts, want, "{}", w.id);
+            assert_eq!(got, want, "{id}");
         }
         let conflicted = live
             .values()
@@ -260,32 +361,6 @@ mod tests {
             .count();
         assert_eq!(summary.conflicts_resolved as usize, conflicted);
         assert_eq!(summary.last_seq, Some(6582));
-    }
-
-    /// Computed independently of the legacy document's own claims: the live
-    /// ids it lacks and the listed ids that are not live.
-    #[test]
-    fn legacy_index_report_counts_what_the_old_index_lost() {
-        let (_, winners) = resolve_dump(DUMP).unwrap();
-        let r = legacy_index_report(&winners, "agent-index").unwrap();
-        let expected: Value = serde_json::from_str(EXPECTED).unwrap();
-        let live = expected["live"].as_object().unwrap();
-        let doc = winners.iter().find(|w| w.id == "agent-index").unwrap();
-        let listed = doc.body["records"].as_object().unwrap();
-        let lost = live
-            .keys()
-            .filter(|k| *k != "agent-index" && !listed.contains_key(*k))
-            .count();
-        let stale = listed.keys().filter(|k| !live.contains_key(*k)).count();
-        assert_eq!(
-            (r.listed as usize, r.lost as usize, r.stale as usize),
-            (listed.len(), lost, stale)
-        );
-        assert!(
-            r.lost > 0,
-            "the shared dump's legacy index did lose records"
-        );
-        assert_eq!(legacy_index_report(&winners, "no-such-doc"), None);
     }
 
     #[test]
@@ -296,23 +371,117 @@ mod tests {
             "{\"docs\":[{\"_id\":\"_local/cp\",\"_rev\":\"0-1\"},{\"_id\":\"y\",\"_rev\":\"1-aa\",\"_deleted\":true}]}\n",
             "{\"seq\":4}\n"
         );
-        let (s, w) = resolve_dump(dump).unwrap();
+        let (s, ids) = resolve(dump).unwrap();
         assert_eq!(
             (s.documents_read, s.live, s.tombstones, s.local_skipped),
             (4, 1, 1, 1)
         );
-        assert_eq!(w[0].rev.to_string(), "2-bb");
-        assert!(!w[0].deleted);
-        assert!(w[1].deleted);
+        let x = winning_leaf(&ids["x"].leaves).unwrap();
+        assert_eq!((x.rev.to_string().as_str(), x.deleted), ("2-bb", false));
+        assert!(winning_leaf(&ids["y"].leaves).unwrap().deleted);
+    }
+
+    /// Issue 15: `x` live at 1-a in one row, deleted at its child 2-b (with
+    /// `_revisions` naming 1-a) in another: 1-a is no leaf, so `x` is deleted
+    /// — in either row order.
+    #[test]
+    fn an_ancestor_revision_never_wins_in_either_row_order() {
+        let live =
+            "{\"_id\":\"x\",\"_rev\":\"1-a\",\"v\":1,\"_revisions\":{\"start\":1,\"ids\":[\"a\"]}}";
+        let dead = "{\"_id\":\"x\",\"_rev\":\"2-b\",\"_deleted\":true,\"_revisions\":{\"start\":2,\"ids\":[\"b\",\"a\"]}}";
+        for (first, second) in [(live, dead), (dead, live)] {
+            let dump = format!("{{}}\n{{\"docs\":[{first}]}}\n{{\"docs\":[{second}]}}\n");
+            let (s, ids) = resolve(&dump).unwrap();
+            let w = winning_leaf(&ids["x"].leaves).unwrap();
+            assert_eq!((w.rev.to_string().as_str(), w.deleted), ("2-b", true));
+            assert_eq!((s.live, s.tombstones), (0, 1));
+        }
     }
 
     #[test]
-    fn a_bad_line_names_its_number() {
-        let e = resolve_dump("{\"version\":1}\n{\"docs\":[{\"_rev\":\"1-a\"}]}\n").unwrap_err();
-        assert_eq!(e.line, 2);
-        assert!(resolve_dump("{}\nnot json")
-            .unwrap_err()
-            .message
-            .contains("not JSON"));
+    fn add_row_drops_the_leaves_a_row_descends_from_and_ignores_repeats() {
+        let r = |s: &str| Rev::parse(s).unwrap();
+        let mut leaves = vec![
+            Leaf {
+                rev: r("2-a1"),
+                deleted: false,
+            },
+            Leaf {
+                rev: r("3-b2"),
+                deleted: false,
+            },
+        ];
+        assert!(!add_row(
+            &mut leaves,
+            Leaf {
+                rev: r("3-b2"),
+                deleted: true
+            },
+            &[],
+            false
+        ));
+        assert!(!add_row(
+            &mut leaves,
+            Leaf {
+                rev: r("1-c3"),
+                deleted: false
+            },
+            &[],
+            true
+        ));
+        // 4-d4 descends from 3-b2: leaves are 2-a1 (live) and 4-d4 (deleted); 2-a1 wins.
+        assert!(add_row(
+            &mut leaves,
+            Leaf {
+                rev: r("4-d4"),
+                deleted: true
+            },
+            &[r("3-b2"), r("2-e5")],
+            false
+        ));
+        assert_eq!(leaves.len(), 2);
+        assert_eq!(winning_leaf(&leaves).unwrap().rev, r("2-a1"));
+        assert_eq!(decode_leaves(&encode_leaves(&leaves)).unwrap(), leaves);
+        assert_eq!(encode_leaves(&leaves), "2-a1,~4-d4");
+    }
+
+    #[test]
+    fn revisions_name_ancestors_newest_first() {
+        let a = revisions_ancestors(3, &["c".into(), "b".into(), "a".into()]).unwrap();
+        assert_eq!(
+            a.iter().map(Rev::to_string).collect::<Vec<_>>(),
+            ["2-b", "1-a"]
+        );
+        assert!(revisions_ancestors(1, &["b".into(), "a".into()]).is_err());
+        assert!(revisions_ancestors(2, &["b".into(), "XYZ".into()]).is_err());
+    }
+
+    /// A line holding both `docs` and `seq` is documents (issue 15: such a
+    /// dump used to import nothing), and its seq is still recorded.
+    #[test]
+    fn a_line_with_docs_and_seq_is_read_as_documents() {
+        assert_eq!(classify_line(false, true, true), Ok(LineKind::Docs));
+        assert_eq!(classify_line(true, true, true), Ok(LineKind::Docs));
+        assert_eq!(classify_line(true, false, false), Ok(LineKind::Header));
+        assert!(classify_line(false, false, false).is_err());
+        let dump = "{\"version\":1}\n{\"docs\":[{\"_id\":\"a\",\"_rev\":\"1-a\"}],\"seq\":7}\n";
+        let (s, _) = resolve(dump).unwrap();
+        assert_eq!((s.documents_read, s.live, s.last_seq), (1, 1, Some(7)));
+    }
+
+    #[test]
+    fn legacy_report_counts_lost_and_stale_ids() {
+        let r = LegacyIndexReport::from_counts("agent-index".into(), 10, 7, 9);
+        assert_eq!((r.listed, r.lost, r.stale), (10, 2, 3));
+    }
+
+    #[test]
+    fn an_import_replaces_only_a_lower_revision() {
+        let r = |s: &str| Rev::parse(s).unwrap();
+        assert!(import_replaces(None, &r("1-a")));
+        assert!(import_replaces(Some(&r("1-f")), &r("2-a")));
+        assert!(import_replaces(Some(&r("2-a")), &r("2-b")));
+        assert!(!import_replaces(Some(&r("2-b")), &r("2-b")));
+        assert!(!import_replaces(Some(&r("3-a")), &r("2-f")));
     }
 }

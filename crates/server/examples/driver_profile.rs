@@ -71,6 +71,26 @@ macro_rules! one_item {
     }};
 }
 
+/// Items per second for `items` items over `pool`, `TASKS` tasks at once.
+macro_rules! timed {
+    ($pool:expr, $items:expr) => {{
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for t in 0..TASKS {
+            let pool = $pool.clone();
+            tasks.push(tokio::spawn(async move {
+                for n in (t..$items).step_by(TASKS) {
+                    one_item!(&pool, n);
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.expect("task");
+        }
+        $items as f64 / start.elapsed().as_secs_f64()
+    }};
+}
+
 async fn run_any(path: &str, items: usize) -> f64 {
     sqlx::any::install_default_drivers();
     let url = format!("sqlite://{path}?mode=rwc");
@@ -91,20 +111,7 @@ async fn run_any(path: &str, items: usize) -> f64 {
     for stmt in schema().split(';') {
         pool.execute(stmt).await.expect("schema");
     }
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for t in 0..TASKS {
-        let pool = pool.clone();
-        tasks.push(tokio::spawn(async move {
-            for n in (t..items).step_by(TASKS) {
-                one_item!(&pool, n);
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.expect("task");
-    }
-    items as f64 / start.elapsed().as_secs_f64()
+    timed!(pool, items)
 }
 
 async fn run_typed(path: &str, items: usize) -> f64 {
@@ -121,20 +128,7 @@ async fn run_typed(path: &str, items: usize) -> f64 {
     for stmt in schema().split(';') {
         pool.execute(stmt).await.expect("schema");
     }
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for t in 0..TASKS {
-        let pool = pool.clone();
-        tasks.push(tokio::spawn(async move {
-            for n in (t..items).step_by(TASKS) {
-                one_item!(&pool, n);
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.expect("task");
-    }
-    items as f64 / start.elapsed().as_secs_f64()
+    timed!(pool, items)
 }
 
 #[tokio::main]

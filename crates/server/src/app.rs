@@ -34,6 +34,7 @@ pub fn state(config: &Config, store: Store, metrics: Arc<Metrics>) -> AppState {
     AppState {
         store,
         admin_hash: config.admin_token.as_deref().map(tokens::hash),
+        auth_cache: Arc::default(),
         claim_limiter: Arc::new(RateLimiter::new(config.claim_rate)),
         auth_limiter: Arc::new(RateLimiter::new(config.auth_rate)),
         idle_retry_ms: config.idle_retry_ms,
@@ -58,7 +59,6 @@ pub fn router(config: &Config, state: AppState) -> Result<Router, String> {
     let api = routes::router()
         .merge(ops::v1_router())
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
-        .layer(axum::middleware::map_response(json_errors))
         .with_state(state.clone());
     // ServeDir maps `.wasm` to `application/wasm` (mime_guess), which
     // `WebAssembly.instantiateStreaming` requires.
@@ -71,6 +71,7 @@ pub fn router(config: &Config, state: AppState) -> Result<Router, String> {
             metrics,
             metrics::track,
         ))
+        .layer(axum::middleware::from_fn(json_errors))
         .layer(cors);
     Ok(traced(app))
 }

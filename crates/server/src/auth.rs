@@ -129,19 +129,25 @@ pub async fn caller_from(
         return Ok(None);
     }
     let token = bearer(headers).ok_or_else(ApiError::unauthorized)?;
+    let hash = tokens::hash(token);
     if let Some(admin_hash) = &state.admin_hash {
-        if ct_eq(admin_hash, &tokens::hash(token)) {
+        if ct_eq(admin_hash, &hash) {
             return Ok(Some(Caller::Admin));
         }
     }
-    let principal = state
-        .store
-        .authenticate(token)
-        .await
-        .map_err(|e| match e.code() {
-            Some(_) => ApiError::unauthorized(),
-            None => ApiError::from(e),
-        })?;
+    if let Some(principal) = state.auth_cache.get(&hash) {
+        return Ok(Some(Caller::Enrolled(principal)));
+    }
+    let (principal, valid_ms) =
+        state
+            .store
+            .authenticate_for(token)
+            .await
+            .map_err(|e| match e.code() {
+                Some(_) => ApiError::unauthorized(),
+                None => ApiError::from(e),
+            })?;
+    state.auth_cache.put(hash, principal.clone(), valid_ms);
     Ok(Some(Caller::Enrolled(principal)))
 }
 

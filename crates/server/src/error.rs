@@ -1,7 +1,9 @@
 //! The one error type every handler returns, and its `{code, message}` response.
 
 use agentstore_protocol::{ErrorBody, ErrorCode};
+use axum::extract::Request;
 use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
@@ -66,11 +68,23 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// Middleware for the `/v1` router: answers the framework makes itself (`405`
-/// for a known path with another method, a path or query string the extractors
-/// cannot decode, …) get the same `{code, message}` body as every handler
-/// error, keeping their status and headers (`Allow`, `Retry-After`).
-pub async fn json_errors(resp: Response) -> Response {
+/// Middleware for the API: answers under `/v1` that the framework makes itself
+/// (`405` for a known path with another method, a path or query string the
+/// extractors cannot decode, `/v1/` itself, …) get the same `{code, message}`
+/// body as every handler error, keeping their status and headers (`Allow`,
+/// `Retry-After`). Other paths (static files) are left alone.
+pub async fn json_errors(req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    let api = path == "/v1" || path.starts_with("/v1/");
+    let resp = next.run(req).await;
+    if api {
+        as_json_error(resp)
+    } else {
+        resp
+    }
+}
+
+fn as_json_error(resp: Response) -> Response {
     let status = resp.status();
     let is_error = status.is_client_error() || status.is_server_error();
     let is_json = resp

@@ -19,6 +19,7 @@
 
 pub mod app;
 pub mod auth;
+pub mod authcache;
 pub mod config;
 pub mod error;
 pub mod extract;

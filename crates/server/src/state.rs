@@ -4,6 +4,7 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use crate::authcache::AuthCache;
 use crate::metrics::Metrics;
 use crate::ratelimit::RateLimiter;
 use crate::store::Store;
@@ -15,6 +16,8 @@ pub struct AppState {
     pub store: Store,
     /// SHA-256 of the admin token; `None` disables admin access.
     pub admin_hash: Option<String>,
+    /// Access tokens verified in the last seconds (saves a query per request).
+    pub auth_cache: Arc<AuthCache>,
     /// Claim polling limit, per worker (per instance).
     pub claim_limiter: Arc<RateLimiter<i64>>,
     /// Enroll/refresh limit, per client address (per instance).

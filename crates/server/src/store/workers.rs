@@ -9,6 +9,7 @@
 
 use agentstore_protocol::lease::{Role, WorkerCredentials};
 use agentstore_protocol::ErrorCode;
+use sqlx::any::AnyRow;
 use sqlx::{Any, Transaction};
 
 use super::{ms, Store, StoreError};
@@ -79,7 +80,7 @@ impl Store {
         table: &str,
         extra: &str,
         presented: &Presented,
-    ) -> Result<Option<sqlx::any::AnyRow>, StoreError> {
+    ) -> Result<Option<AnyRow>, StoreError> {
         let sql = self.sql(&format!(
             "SELECT verifier_hash, {extra} FROM {table}
              WHERE selector = $1 AND used_at IS NULL AND expires_at > {{now}}"
@@ -94,13 +95,28 @@ impl Store {
         }))
     }
 
-    /// Burns a single-use token inside `tx`: `true` if this call used it.
-    async fn burn(
+    /// Uses a single-use token of `kind`: finds its row (with the `extra`
+    /// columns) and checks the verifier WITHOUT writing; only then begins the
+    /// write transaction and burns it there (a concurrent use loses the burn).
+    ///
+    /// # Errors
+    /// `unauthorized` when the token is malformed, wrong, expired or used.
+    async fn use_once(
         &self,
-        tx: &mut Transaction<'static, Any>,
-        table: &str,
-        presented: &Presented,
-    ) -> Result<bool, StoreError> {
+        kind: Kind,
+        token: &str,
+        extra: &str,
+    ) -> Result<(AnyRow, Presented, Transaction<'static, Any>), StoreError> {
+        let (table, what) = match kind {
+            Kind::Enrollment => ("enrollment_tokens", "enrollment token"),
+            Kind::Refresh => ("refresh_tokens", "refresh token"),
+            Kind::Access => ("access_tokens", "access token"),
+        };
+        let presented = tokens::parse_credential(kind, token).ok_or_else(|| unauthorized(what))?;
+        let Some(row) = self.valid_token_row(table, extra, &presented).await? else {
+            return Err(unauthorized(what));
+        };
+        let mut tx = self.begin_write().await?;
         let sql = self.sql(&format!(
             "UPDATE {table} SET used_at = {{now}}
              WHERE selector = $1 AND verifier_hash = $2 AND used_at IS NULL AND expires_at > {{now}}"
@@ -108,9 +124,13 @@ impl Store {
         let done = sqlx::query(&sql)
             .bind(&presented.selector)
             .bind(&presented.verifier_hash)
-            .execute(&mut **tx)
+            .execute(&mut *tx)
             .await?;
-        Ok(done.rows_affected() == 1)
+        if done.rows_affected() != 1 {
+            tx.rollback().await?;
+            return Err(unauthorized(what));
+        }
+        Ok((row, presented, tx))
     }
 
     /// Enrolls a worker (or producer: the token's role) with a single-use
@@ -124,21 +144,11 @@ impl Store {
         token: &str,
         name: Option<&str>,
     ) -> Result<WorkerCredentials, StoreError> {
-        let presented = tokens::parse_credential(Kind::Enrollment, token)
-            .ok_or_else(|| unauthorized("enrollment token"))?;
-        let Some(row) = self
-            .valid_token_row("enrollment_tokens", "role, queues", &presented)
-            .await?
-        else {
-            return Err(unauthorized("enrollment token"));
-        };
+        let (row, presented, mut tx) = self
+            .use_once(Kind::Enrollment, token, "role, queues")
+            .await?;
         let role: String = super::get(&row, "role")?;
         let queues: String = super::get(&row, "queues")?;
-        let mut tx = self.begin_write().await?;
-        if !self.burn(&mut tx, "enrollment_tokens", &presented).await? {
-            tx.rollback().await?;
-            return Err(unauthorized("enrollment token"));
-        }
         let insert = self.sql(
             "INSERT INTO workers (name, created_at, role, queues) VALUES ($1, {now}, $2, $3)
              RETURNING id",
@@ -166,20 +176,10 @@ impl Store {
     /// # Errors
     /// `unauthorized` when the token is malformed, wrong, expired or used.
     pub async fn refresh(&self, refresh_token: &str) -> Result<WorkerCredentials, StoreError> {
-        let presented = tokens::parse_credential(Kind::Refresh, refresh_token)
-            .ok_or_else(|| unauthorized("refresh token"))?;
-        let Some(row) = self
-            .valid_token_row("refresh_tokens", "worker_id", &presented)
-            .await?
-        else {
-            return Err(unauthorized("refresh token"));
-        };
+        let (row, _, mut tx) = self
+            .use_once(Kind::Refresh, refresh_token, "worker_id")
+            .await?;
         let worker_id: i64 = super::get(&row, "worker_id")?;
-        let mut tx = self.begin_write().await?;
-        if !self.burn(&mut tx, "refresh_tokens", &presented).await? {
-            tx.rollback().await?;
-            return Err(unauthorized("refresh token"));
-        }
         let creds = self.issue(&mut tx, worker_id).await?;
         tx.commit().await?;
         Ok(creds)
@@ -191,20 +191,32 @@ impl Store {
     /// # Errors
     /// `unauthorized` otherwise.
     pub async fn authenticate(&self, access_token: &str) -> Result<Principal, StoreError> {
+        Ok(self.authenticate_for(access_token).await?.0)
+    }
+
+    /// [`Store::authenticate`], and how long the token stays valid from now on
+    /// the database clock (ms), so that a caller may remember the answer that long.
+    ///
+    /// # Errors
+    /// `unauthorized` when the token is malformed, wrong or expired.
+    pub async fn authenticate_for(
+        &self,
+        access_token: &str,
+    ) -> Result<(Principal, u64), StoreError> {
         let presented = tokens::parse_credential(Kind::Access, access_token)
             .ok_or_else(|| unauthorized("access token"))?;
         let sql = self.sql(
-            "SELECT a.verifier_hash, a.worker_id, w.role, w.queues
+            "SELECT a.verifier_hash, a.worker_id, w.role, w.queues, a.expires_at - {now} AS left_ms
              FROM access_tokens a JOIN workers w ON w.id = a.worker_id
              WHERE a.selector = $1 AND a.expires_at > {now}",
         );
-        let row: Option<(String, i64, String, String)> = sqlx::query_as(&sql)
+        let row: Option<(String, i64, String, String, i64)> = sqlx::query_as(&sql)
             .bind(&presented.selector)
             .fetch_optional(&self.pool)
             .await?;
         match row {
-            Some((hash, worker, role, queues)) if ct_eq(&hash, &presented.verifier_hash) => {
-                principal(worker, &role, &queues)
+            Some((hash, worker, role, queues, left)) if ct_eq(&hash, &presented.verifier_hash) => {
+                Ok((principal(worker, &role, &queues)?, left.max(0) as u64))
             }
             _ => Err(unauthorized("access token")),
         }

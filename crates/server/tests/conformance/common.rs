@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::path::PathBuf;
 
+use agentstore_protocol::lease::WorkerCredentials;
 use agentstore_server::store::database_url;
 use agentstore_server::{Config, Settings, Store};
 use rand::RngCore;
@@ -228,4 +229,27 @@ pub async fn snapshot(store: &Store) -> Vec<String> {
         rows.extend(found.into_iter().map(|(r,)| format!("{table}: {r}")));
     }
     rows
+}
+
+/// Enrolls a worker (every queue) on the server at `base` over HTTP, with an
+/// enrollment token the admin creates.
+pub async fn enroll(client: &reqwest::Client, base: &str) -> WorkerCredentials {
+    let token: serde_json::Value = client
+        .post(format!("{base}/v1/admin/enrollment-tokens"))
+        .bearer_auth(ADMIN)
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let resp = client
+        .post(format!("{base}/v1/workers/enroll"))
+        .json(&serde_json::json!({"token": token["token"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    resp.json().await.unwrap()
 }

@@ -93,28 +93,24 @@ pub async fn bodies_that_are_not_objects_of_the_documented_fields_are_refused(db
         "[1,",
         "\u{0}",
     ] {
-        let answer = send(
-            &server,
-            Method::POST,
-            "/v1/queues/q/items",
-            Some(ADMIN),
-            Some(body.into()),
-        )
-        .await;
-        refused(&store, &before, answer, ErrorCode::Validation, body).await;
+        enqueue_refused(&server, &store, &before, body, ErrorCode::Validation).await;
     }
     for body in ["{", "", "{\"payload\": 1"] {
-        let answer = send(
-            &server,
-            Method::POST,
-            "/v1/queues/q/items",
-            Some(ADMIN),
-            Some(body.into()),
-        )
-        .await;
-        refused(&store, &before, answer, ErrorCode::BadRequest, body).await;
+        enqueue_refused(&server, &store, &before, body, ErrorCode::BadRequest).await;
     }
     server.stop().await.unwrap();
+}
+
+async fn enqueue_refused(
+    server: &Server,
+    store: &Store,
+    before: &[String],
+    body: &str,
+    code: ErrorCode,
+) {
+    let path = "/v1/queues/q/items";
+    let answer = send(server, Method::POST, path, Some(ADMIN), Some(body.into())).await;
+    refused(store, before, answer, code, body).await;
 }
 
 pub async fn a_failure_report_containing_nul_is_kept_and_the_item_leaves_running(db: TestDb) {
@@ -203,6 +199,8 @@ pub async fn framework_answers_are_code_and_message_too(db: TestDb) {
             "/v1/no/such/endpoint".into(),
             ErrorCode::NotFound,
         ),
+        (Method::GET, "/v1/".into(), ErrorCode::NotFound),
+        (Method::POST, "/v1".into(), ErrorCode::NotFound),
     ];
     for (method, path, code) in cases {
         let what = format!("{method} {path}");

@@ -6,33 +6,12 @@ use std::sync::Arc;
 
 use agentstore_protocol::lease::{ClaimResponse, ItemState, WorkerCredentials};
 use agentstore_server::Server;
-use serde_json::{json, Value};
+use serde_json::json;
 
-use crate::common::{TestDb, ADMIN};
+use crate::common::{enroll, TestDb};
 
 const ITEMS: usize = 2_000;
 const CLAIMERS: usize = 8;
-
-async fn enroll(client: &reqwest::Client, base: &str) -> WorkerCredentials {
-    let token: Value = client
-        .post(format!("{base}/v1/admin/enrollment-tokens"))
-        .bearer_auth(ADMIN)
-        .json(&json!({}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let resp = client
-        .post(format!("{base}/v1/workers/enroll"))
-        .json(&json!({"token": token["token"]}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 201);
-    resp.json().await.unwrap()
-}
 
 /// Claims and settles until the queue is empty and every item is settled;
 /// returns the ids this claimer was handed.

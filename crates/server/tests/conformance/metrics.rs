@@ -10,7 +10,7 @@ use agentstore_server::Server;
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
 
-use crate::common::{TestDb, ADMIN};
+use crate::common::{enroll, TestDb, ADMIN};
 
 /// One parsed sample: metric name, labels, value.
 type Sample = (String, BTreeMap<String, String>, f64);
@@ -104,19 +104,7 @@ impl Api {
     }
 
     async fn worker(&self) -> WorkerCredentials {
-        let t = self
-            .ok("/v1/admin/enrollment-tokens", ADMIN, json!({}))
-            .await;
-        let resp = self
-            .send(
-                reqwest::Method::POST,
-                "/v1/workers/enroll",
-                None,
-                Some(json!({"token": t["token"]})),
-            )
-            .await;
-        assert_eq!(resp.status(), StatusCode::CREATED);
-        resp.json().await.unwrap()
+        enroll(&self.http, &self.base).await
     }
 
     async fn enqueue(&self, max_redeliveries: Option<u32>) -> i64 {

@@ -1,0 +1,183 @@
+//! Import sources read line by line without copying them into wasm memory:
+//! a JS string, a `Blob`, a `Response` or a `ReadableStream` of bytes. Lines
+//! stay JS strings and are parsed by the browser's `JSON.parse`, so the
+//! module's linear memory does not grow with the data.
+
+use crate::error::{Result, StoreError};
+use js_sys::{Array, JsString, Promise, Reflect};
+use wasm_bindgen::prelude::*;
+use wasm_bindgen::JsCast;
+use wasm_bindgen_futures::JsFuture;
+
+#[wasm_bindgen]
+extern "C" {
+    /// `JSON.parse` on a JS string (js_sys's binding takes a Rust `&str`,
+    /// which would copy every line into linear memory).
+    #[wasm_bindgen(js_namespace = JSON, js_name = parse, catch)]
+    pub(crate) fn json_parse(text: &JsString) -> std::result::Result<JsValue, JsValue>;
+
+    #[wasm_bindgen(js_name = Blob)]
+    #[derive(Clone)]
+    pub(crate) type JsBlob;
+    #[wasm_bindgen(constructor, js_class = "Blob", catch)]
+    pub(crate) fn new(parts: &Array) -> std::result::Result<JsBlob, JsValue>;
+    #[wasm_bindgen(method, js_class = "Blob")]
+    fn stream(this: &JsBlob) -> JsReadableStream;
+
+    #[wasm_bindgen(js_name = Response)]
+    #[derive(Clone)]
+    type JsResponse;
+    #[wasm_bindgen(constructor, js_class = "Response", catch)]
+    fn new(body: &JsValue) -> std::result::Result<JsResponse, JsValue>;
+    #[wasm_bindgen(method, catch, js_class = "Response")]
+    fn blob(this: &JsResponse) -> std::result::Result<Promise, JsValue>;
+
+    #[wasm_bindgen(js_name = ReadableStream)]
+    type JsReadableStream;
+    #[wasm_bindgen(method, js_class = "ReadableStream", js_name = pipeThrough)]
+    fn pipe_through(this: &JsReadableStream, transform: &JsTextDecoderStream) -> JsReadableStream;
+    #[wasm_bindgen(method, js_class = "ReadableStream", js_name = getReader)]
+    fn get_reader(this: &JsReadableStream) -> JsReader;
+
+    type JsReader;
+    #[wasm_bindgen(method)]
+    fn read(this: &JsReader) -> Promise;
+
+    #[wasm_bindgen(js_name = TextDecoderStream)]
+    type JsTextDecoderStream;
+    #[wasm_bindgen(constructor, js_class = "TextDecoderStream")]
+    fn new() -> JsTextDecoderStream;
+}
+
+/// An import source that can be read more than once (imports read it twice:
+/// once to validate and choose winners, once to write them).
+pub(crate) enum Source {
+    /// A JS string.
+    Text(JsString),
+    /// A `Blob` (a `Response` or `ReadableStream` is first collected into one
+    /// by the browser, outside wasm memory).
+    Blob(JsBlob),
+}
+
+impl Source {
+    /// Accepts a string, `Blob` (or `File`), `Response` or `ReadableStream`.
+    ///
+    /// # Errors
+    /// ValidationError for any other value or a used-up `Response` body;
+    /// the stream's own error while it is collected.
+    pub(crate) async fn from_js(v: &JsValue, what: &'static str) -> Result<Source> {
+        if let Some(s) = v.dyn_ref::<JsString>() {
+            return Ok(Source::Text(s.clone()));
+        }
+        if let Some(b) = v.dyn_ref::<JsBlob>() {
+            return Ok(Source::Blob(b.clone()));
+        }
+        let response = if let Some(r) = v.dyn_ref::<JsResponse>() {
+            r.clone()
+        } else if v.has_type::<JsReadableStream>() {
+            JsResponse::new(v).map_err(|_| StoreError::validation(what))?
+        } else {
+            return Err(StoreError::validation(what));
+        };
+        let promise = response
+            .blob()
+            .map_err(|_| StoreError::validation("the Response body cannot be read"))?;
+        let blob = JsFuture::from(promise).await.map_err(|e| {
+            if e.is_instance_of::<js_sys::TypeError>() {
+                StoreError::validation("the Response body was already read or is not readable")
+            } else {
+                StoreError::Thrown(e)
+            }
+        })?;
+        Ok(Source::Blob(blob.unchecked_into()))
+    }
+
+    /// A fresh reader from the first line.
+    pub(crate) fn lines(&self) -> Lines {
+        match self {
+            Source::Text(s) => Lines::new(s.clone(), None),
+            Source::Blob(b) => Lines::new(
+                JsString::from(""),
+                Some(
+                    b.stream()
+                        .pipe_through(&JsTextDecoderStream::new())
+                        .get_reader(),
+                ),
+            ),
+        }
+    }
+}
+
+/// Lines of a source, `\n`-separated (a trailing `\r` is trimmed by the
+/// caller's `trim`), each a JS string.
+pub(crate) struct Lines {
+    reader: Option<JsReader>,
+    buf: JsString,
+    pos: u32,
+    /// Pieces of the current line from earlier chunks (joined once, so a
+    /// very long line costs linear time).
+    carry: Array,
+    /// 1-based number of the line last returned.
+    pub(crate) number: usize,
+}
+
+impl Lines {
+    fn new(buf: JsString, reader: Option<JsReader>) -> Lines {
+        Lines {
+            reader,
+            buf,
+            pos: 0,
+            carry: Array::new(),
+            number: 0,
+        }
+    }
+
+    /// The next line, or `None` at the end.
+    ///
+    /// # Errors
+    /// The stream's error (as thrown), for a Blob that cannot be read.
+    pub(crate) async fn next(&mut self) -> Result<Option<JsString>> {
+        loop {
+            let len = self.buf.length();
+            if self.pos < len {
+                let idx = self.buf.index_of("\n", self.pos as i32);
+                if idx >= 0 {
+                    let piece = self.buf.slice(self.pos, idx as u32);
+                    self.pos = idx as u32 + 1;
+                    return Ok(Some(self.take(piece)));
+                }
+                self.carry.push(&self.buf.slice(self.pos, len));
+                self.pos = len;
+            }
+            let Some(reader) = &self.reader else {
+                if self.carry.length() == 0 {
+                    return Ok(None);
+                }
+                return Ok(Some(self.take(JsString::from(""))));
+            };
+            let step = JsFuture::from(reader.read())
+                .await
+                .map_err(StoreError::Thrown)?;
+            if Reflect::get(&step, &"done".into()).is_ok_and(|d| d.is_truthy()) {
+                self.reader = None;
+            } else {
+                self.buf = Reflect::get(&step, &"value".into())
+                    .ok()
+                    .and_then(|v| v.dyn_into().ok())
+                    .unwrap_or_else(|| JsString::from(""));
+                self.pos = 0;
+            }
+        }
+    }
+
+    fn take(&mut self, piece: JsString) -> JsString {
+        self.number += 1;
+        if self.carry.length() == 0 {
+            return piece;
+        }
+        self.carry.push(&piece);
+        let line = self.carry.join("");
+        self.carry = Array::new();
+        line
+    }
+}

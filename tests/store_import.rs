@@ -1,0 +1,590 @@
+//! Imports and exports: winners inside one import, PouchDB `_revisions`,
+//! lines that carry documents, bad lines, `updatedAt`, streamed sources
+//! (Blob, Response, ReadableStream), progress, abort and failed batches.
+use agentstore::store::{ByQuery, ImportOptions, Store};
+use agentstore_protocol::ErrorCode;
+use js_sys::{Array, Function, JsString, Promise};
+use serde_json::json;
+use std::cell::RefCell;
+use std::rc::Rc;
+use wasm_bindgen::closure::Closure;
+use wasm_bindgen::{JsCast, JsValue};
+use wasm_bindgen_futures::JsFuture;
+use wasm_bindgen_test::*;
+
+mod common;
+use common::*;
+
+wasm_bindgen_test_configure!(run_in_browser);
+
+const HEADER: &str = "{\"agentstore\":\"snapshot\",\"records\":0,\"tombstones\":0,\"version\":1}";
+
+/// `[text, Blob, Response, ReadableStream]` of the same text.
+fn sources(text: &str) -> Vec<(&'static str, JsValue)> {
+    let f = Function::new_with_args(
+        "t",
+        "return [t, new Blob([t]), new Response(t), new Blob([t]).stream()]",
+    );
+    let a: Array = f.call1(&JsValue::NULL, &text.into()).unwrap().into();
+    ["string", "Blob", "Response", "ReadableStream"]
+        .into_iter()
+        .zip(a.iter())
+        .collect()
+}
+
+/// Every change `watch` announces, as `id@rev` (`!` marks a deletion).
+struct Seen {
+    seen: Rc<RefCell<Vec<String>>>,
+    _cb: Closure<dyn FnMut(JsValue)>,
+    watcher: agentstore::store::Watcher,
+}
+
+fn watch_all(store: &Store) -> Seen {
+    let seen = Rc::new(RefCell::new(Vec::new()));
+    let s2 = seen.clone();
+    let cb = Closure::<dyn FnMut(JsValue)>::new(move |c: JsValue| {
+        let mark = if field(&c, "deleted").as_bool() == Some(true) {
+            "!"
+        } else {
+            ""
+        };
+        s2.borrow_mut().push(format!(
+            "{}@{}{mark}",
+            field_str(&c, "id").unwrap(),
+            field_str(&c, "rev").unwrap()
+        ));
+    });
+    let watcher = agentstore::store::Watcher::new(
+        store.name(),
+        "".into(),
+        cb.as_ref().unchecked_ref::<Function>().clone(),
+    )
+    .unwrap();
+    Seen {
+        seen,
+        _cb: cb,
+        watcher,
+    }
+}
+
+impl Seen {
+    /// Writes a sentinel and waits (bounded) until it is announced: every
+    /// change committed before it has been delivered by then (one channel
+    /// delivers in order). Returns what came before it.
+    async fn drain(self, store: &Store) -> Vec<String> {
+        store.put(&js(json!({"_id": "~sentinel"}))).await.unwrap();
+        for _ in 0..500 {
+            if self
+                .seen
+                .borrow()
+                .iter()
+                .any(|c| c.starts_with("~sentinel@"))
+            {
+                break;
+            }
+            gloo_timers::future::TimeoutFuture::new(20).await;
+        }
+        self.watcher.close();
+        let mut out = self.seen.borrow().clone();
+        assert!(
+            out.pop().is_some_and(|l| l.starts_with("~sentinel@")),
+            "sentinel seen"
+        );
+        out.sort();
+        out
+    }
+}
+
+fn rec(id: &str, rev: &str, updated: &str) -> String {
+    json!({"_id": id, "_rev": rev, "recordType": "run", "updatedAt": updated}).to_string()
+}
+
+/// A snapshot of `n` records `p0`… at revision 1-aa.
+fn snapshot_of_runs(n: usize) -> String {
+    std::iter::once(HEADER.to_owned())
+        .chain((0..n).map(|i| rec(&format!("p{i}"), "1-aa", "2026-01-01T00:00:00.000Z")))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn tomb(id: &str, rev: &str) -> String {
+    json!({"_id": id, "_rev": rev, "_deleted": true}).to_string()
+}
+
+async fn runs(store: &Store) -> Vec<String> {
+    let q = ByQuery::from_js(&js(json!({"eq": "run"}))).unwrap();
+    let page = store.list_by("byType", &q).await.unwrap();
+    page.records
+        .iter()
+        .map(|r| {
+            format!(
+                "{}@{}",
+                field_str(&r, "_id").unwrap(),
+                field_str(&r, "_rev").unwrap()
+            )
+        })
+        .collect()
+}
+
+/// Issue 15: an older export appended to a newer one (and the reverse)
+/// resolves each id to its highest revision, a tombstone like any other;
+/// only winners reach the store, the derived index and `watch`.
+#[wasm_bindgen_test]
+async fn duplicate_ids_in_one_snapshot_resolve_to_the_highest_revision_and_only_it_is_written() {
+    let newer = [
+        rec("x", "2-bb", "2026-02-02T00:00:00.000Z"),
+        tomb("y", "2-cc"),
+        tomb("z", "2-dd"),
+    ];
+    let older = [
+        rec("x", "1-aa", "2026-01-01T00:00:00.000Z"),
+        rec("y", "1-aa", "2026-01-01T00:00:00.000Z"),
+        rec("z", "1-ff", "2026-01-01T00:00:00.000Z"),
+        rec("x", "2-ba", "2026-01-03T00:00:00.000Z"),
+    ];
+    for order in [[&newer[..], &older[..]], [&older[..], &newer[..]]] {
+        let (store, _) = open("snap-dup").await;
+        let text = std::iter::once(HEADER.to_owned())
+            .chain(order.concat())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let seen = watch_all(&store);
+        let c = store.import_snapshot(text.as_str(), None).await.unwrap();
+        assert_eq!((c.written, c.kept_newer), (3, 0));
+        let got = store.get(&s("x")).await.unwrap().unwrap();
+        assert_eq!(field_str(&got, "_rev").as_deref(), Some("2-bb"));
+        assert_eq!(
+            field_str(&got, "updatedAt").as_deref(),
+            Some("2026-02-02T00:00:00.000Z")
+        );
+        assert!(store.get(&s("y")).await.unwrap().is_none());
+        assert!(store.get(&s("z")).await.unwrap().is_none());
+        assert_eq!(runs(&store).await, ["x@2-bb"]);
+        assert_indexes_clean(&store).await;
+        assert_eq!(seen.drain(&store).await, ["x@2-bb", "y@2-cc!", "z@2-dd!"]);
+    }
+}
+
+fn pouch_doc(id: &str, rev: &str, deleted: bool, ancestors: &[&str]) -> serde_json::Value {
+    let (generation, hash) = rev.split_once('-').unwrap();
+    let mut ids = vec![hash];
+    ids.extend_from_slice(ancestors);
+    let mut d = json!({
+        "_id": id, "_rev": rev, "recordType": "run", "updatedAt": "2026-01-01T00:00:00.000Z",
+        "_revisions": {"start": generation.parse::<u64>().unwrap(), "ids": ids}
+    });
+    if deleted {
+        d["_deleted"] = json!(true);
+    }
+    d
+}
+
+fn dump(lines: &[serde_json::Value]) -> String {
+    std::iter::once("{\"version\":\"1.2.9\",\"db_type\":\"idb\"}".to_owned())
+        .chain(lines.iter().map(|l| l.to_string()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Issue 15: `x` live at 1-a in one row, deleted at its child 2-b (whose
+/// `_revisions` names 1-a) in another imports `x` deleted, as PouchDB says —
+/// in either order, in separate lines or one; only 2-b is announced.
+#[wasm_bindgen_test]
+async fn a_pouch_revision_named_as_an_ancestor_never_wins() {
+    let live = pouch_doc("x", "1-a", false, &[]);
+    let dead = pouch_doc("x", "2-b", true, &["a"]);
+    let cases = [
+        dump(&[json!({"docs": [live]}), json!({"docs": [dead]})]),
+        dump(&[json!({"docs": [dead]}), json!({"docs": [live]})]),
+        dump(&[json!({"docs": [live, dead]})]),
+    ];
+    for text in cases {
+        let (store, _) = open("pouch-anc").await;
+        let seen = watch_all(&store);
+        let opts = ImportOptions {
+            batch: 1,
+            ..ImportOptions::default()
+        };
+        let (sum, c, _) = store
+            .import_pouch_dump_with(&text.as_str().into(), "agent-index", &opts)
+            .await
+            .unwrap();
+        assert_eq!((sum.documents_read, sum.live, sum.tombstones), (2, 0, 1));
+        assert_eq!(c.written, 1);
+        assert!(store.get(&s("x")).await.unwrap().is_none(), "x is deleted");
+        assert!(store
+            .export_snapshot()
+            .await
+            .unwrap()
+            .contains(r#"{"_id":"x","_rev":"2-b","_deleted":true,"#));
+        assert!(runs(&store).await.is_empty());
+        assert_indexes_clean(&store).await;
+        assert_eq!(seen.drain(&store).await, ["x@2-b!"]);
+    }
+}
+
+/// Several live leaves of one id across lines: PouchDB's winner is the only
+/// record written, indexed and announced.
+#[wasm_bindgen_test]
+async fn duplicate_pouch_rows_write_only_the_pouchdb_winner() {
+    let text = dump(&[
+        json!({"docs": [pouch_doc("c", "2-aa", false, &["00"]), pouch_doc("d", "3-ff", true, &["ee", "dd"])]}),
+        json!({"seq": 2}),
+        json!({"docs": [pouch_doc("c", "2-bb", false, &["00"]), pouch_doc("d", "1-cc", false, &[])]}),
+        json!({"docs": [pouch_doc("c", "2-aa", false, &["00"])]}),
+    ]);
+    let (store, _) = open("pouch-dup").await;
+    let seen = watch_all(&store);
+    let (sum, c, _) = store
+        .import_pouch_dump(text.as_str(), "agent-index", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        (sum.live, sum.tombstones, sum.conflicts_resolved),
+        (2, 0, 1)
+    );
+    assert_eq!(c.written, 2);
+    let mut got = runs(&store).await;
+    got.sort();
+    assert_eq!(got, ["c@2-bb", "d@1-cc"]);
+    assert_indexes_clean(&store).await;
+    assert_eq!(seen.drain(&store).await, ["c@2-bb", "d@1-cc"]);
+}
+
+/// Issue 15: a line holding both `docs` and `seq` is imported — here one
+/// line of 3,000 documents with multi-byte text, streamed from a Blob so it
+/// spans many chunks of the byte stream.
+#[wasm_bindgen_test]
+async fn a_dump_line_with_docs_and_seq_is_imported_whatever_its_size() {
+    let docs: Vec<_> = (0..3000)
+        .map(|i| {
+            let mut d = pouch_doc(&format!("r{i:05}"), "1-ab", false, &[]);
+            d["name"] = json!(format!("Señor 翻译助手 {i} 🦀"));
+            d
+        })
+        .collect();
+    let text = dump(&[json!({"docs": docs, "seq": 3000})]);
+    for (kind, src) in sources(&text) {
+        let (store, _) = open("pouch-docs-seq").await;
+        let opts = ImportOptions::default();
+        let (sum, c, _) = store
+            .import_pouch_dump_with(&src, "agent-index", &opts)
+            .await
+            .unwrap();
+        assert_eq!(
+            (sum.documents_read, sum.live, sum.last_seq, c.written),
+            (3000, 3000, Some(3000), 3000),
+            "{kind}"
+        );
+        let r = store.get(&s("r02999")).await.unwrap().unwrap();
+        assert_eq!(
+            field_str(&r, "name").as_deref(),
+            Some("Señor 翻译助手 2999 🦀"),
+            "{kind}"
+        );
+        assert!(
+            field(&r, "_revisions").is_undefined(),
+            "bookkeeping dropped"
+        );
+    }
+}
+
+/// A line that cannot be read fails the whole import with a ValidationError
+/// naming the line, before any batch is written.
+#[wasm_bindgen_test]
+async fn an_unreadable_line_is_a_validation_error_naming_it_and_nothing_is_written() {
+    let ok = |id: &str| json!({"docs": [pouch_doc(id, "1-aa", false, &[])]});
+    let good = dump(&[ok("a"), ok("b"), ok("c")]);
+    let bad_pouch = [
+        (format!("{good}\n{{\"docs\": [oops\n"), 5),
+        (format!("{good}\n{{\"nothing\": 1}}\n"), 5),
+        (format!("{good}\n{{\"docs\": {{}}}}\n"), 5),
+        (
+            format!("{good}\n\n{{\"docs\": [{{\"_id\": 7, \"_rev\": \"1-a\"}}]}}\n"),
+            6,
+        ),
+        (
+            format!("{good}\n{{\"docs\": [{{\"_id\": \"q\", \"_rev\": \"x\"}}]}}\n"),
+            5,
+        ),
+    ];
+    for (text, line) in bad_pouch {
+        let (store, _) = open("bad-line").await;
+        let opts = ImportOptions {
+            batch: 1,
+            ..ImportOptions::default()
+        };
+        let e = store
+            .import_pouch_dump_with(&text.as_str().into(), "agent-index", &opts)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Validation, "{e}");
+        assert!(e.to_string().contains(&format!("line {line}:")), "{e}");
+        assert!(
+            store
+                .export_snapshot()
+                .await
+                .unwrap()
+                .contains("\"records\":0"),
+            "nothing written"
+        );
+    }
+    let snap = [
+        HEADER.to_owned(),
+        rec("a", "1-aa", "2026-01-01T00:00:00.000Z"),
+        "[1]".into(),
+    ]
+    .join("\n");
+    let snap_no_rev = [
+        HEADER.to_owned(),
+        rec("a", "1-aa", "2026-01-01T00:00:00.000Z"),
+        "{\"_id\":\"b\"}".into(),
+    ]
+    .join("\n");
+    for text in [snap, snap_no_rev] {
+        let (store, _) = open("bad-snap").await;
+        let e = store
+            .import_snapshot(text.as_str(), None)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Validation);
+        assert!(e.to_string().contains("line 3:"), "{e}");
+        assert!(store.get(&s("a")).await.unwrap().is_none());
+    }
+}
+
+/// Issue 15: imports keep the `updatedAt` they carry (and add none), so
+/// "newest first" listings keep their order.
+#[wasm_bindgen_test]
+async fn imports_keep_their_updated_at() {
+    let (store, _) = open("keep-updated").await;
+    let text = [
+        HEADER.to_owned(),
+        rec("old", "3-aa", "2001-02-03T04:05:06.007Z"),
+        json!({"_id": "bare", "_rev": "1-aa"}).to_string(),
+    ]
+    .join("\n");
+    store.import_snapshot(text.as_str(), None).await.unwrap();
+    let old = store.get(&s("old")).await.unwrap().unwrap();
+    assert_eq!(
+        field_str(&old, "updatedAt").as_deref(),
+        Some("2001-02-03T04:05:06.007Z")
+    );
+    let bare = store.get(&s("bare")).await.unwrap().unwrap();
+    assert!(field(&bare, "updatedAt").is_undefined());
+    let (store, _) = open("keep-updated-pouch").await;
+    let text = dump(&[json!({"docs": [pouch_doc("p", "4-aa", false, &["bb"])]})]);
+    store
+        .import_pouch_dump(text.as_str(), "agent-index", None)
+        .await
+        .unwrap();
+    let p = store.get(&s("p")).await.unwrap().unwrap();
+    assert_eq!(
+        field_str(&p, "updatedAt").as_deref(),
+        Some("2026-01-01T00:00:00.000Z")
+    );
+}
+
+/// Issue 17: a string, Blob, Response and ReadableStream import the same;
+/// anything else is a ValidationError and the store keeps working.
+#[wasm_bindgen_test]
+async fn imports_take_a_string_blob_response_or_readable_stream_and_refuse_anything_else() {
+    let (a, _) = open("src-a").await;
+    for i in 0..25 {
+        a.put(&js(
+            json!({"_id": format!("k{i}"), "recordType": "run", "v": "é"}),
+        ))
+        .await
+        .unwrap();
+    }
+    let w = a.put(&js(json!({"_id": "gone"}))).await.unwrap();
+    a.delete(&s("gone"), &s(&w.rev)).await.unwrap();
+    let text = a.export_snapshot().await.unwrap();
+    for (kind, src) in sources(&text) {
+        let (b, _) = open("src-b").await;
+        let opts = ImportOptions {
+            batch: 4,
+            ..ImportOptions::default()
+        };
+        let c = b.import_snapshot_with(&src, &opts).await.unwrap();
+        assert_eq!(c.written, 26, "{kind}");
+        assert_eq!(b.export_snapshot().await.unwrap(), text, "{kind}");
+        assert_indexes_clean(&b).await;
+    }
+    let (b, _) = open("src-bad").await;
+    let used = Function::new_with_args("", "const r = new Response('x'); r.text(); return r;")
+        .call0(&JsValue::NULL)
+        .unwrap();
+    let bad = [
+        JsValue::from(42),
+        JsValue::NULL,
+        JsValue::UNDEFINED,
+        js(json!({"docs": []})),
+        Array::new().into(),
+        JsValue::from(js_sys::Symbol::for_("s")),
+        used,
+    ];
+    for v in bad {
+        let e = b
+            .import_pouch_dump_with(&v, "agent-index", &ImportOptions::default())
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Validation, "{v:?}: {e}");
+        let e = b
+            .import_snapshot_with(&v, &ImportOptions::default())
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Validation, "{v:?}: {e}");
+    }
+    b.put(&js(json!({"_id": "still-works"}))).await.unwrap();
+}
+
+async fn blob_text(v: &JsValue) -> String {
+    let text: Function = field(v, "text").unchecked_into();
+    let p: Promise = text.call0(v).unwrap().unchecked_into();
+    JsFuture::from(p).await.unwrap().as_string().unwrap()
+}
+
+/// Issue 17: the export streams — chunks of whole lines to `onChunk`, or a
+/// Blob — with the same bytes as the string form, read in one transaction.
+#[wasm_bindgen_test]
+async fn export_streams_chunks_or_a_blob_with_the_same_bytes() {
+    let (store, _) = open("export").await;
+    for i in 0..30 {
+        store
+            .put(&js(json!({"_id": format!("e{i:02}"), "n": i})))
+            .await
+            .unwrap();
+    }
+    let w = store.put(&js(json!({"_id": "t"}))).await.unwrap();
+    store.delete(&s("t"), &s(&w.rev)).await.unwrap();
+    let whole = store.export_snapshot().await.unwrap();
+    assert_eq!(whole.lines().count(), 32);
+    assert!(whole.starts_with(
+        "{\"agentstore\":\"snapshot\",\"records\":30,\"tombstones\":1,\"version\":1}\n"
+    ));
+    let chunks = Rc::new(RefCell::new(Vec::<String>::new()));
+    let c2 = chunks.clone();
+    let cb = Closure::<dyn FnMut(JsString)>::new(move |c: JsString| c2.borrow_mut().push(c.into()));
+    let rest = store
+        .export_snapshot_chunks(Some(cb.as_ref().unchecked_ref()), 7)
+        .await
+        .unwrap();
+    assert_eq!(rest.length(), 0);
+    let chunks = chunks.borrow().clone();
+    assert_eq!(
+        chunks.len(),
+        1 + 5 + 1,
+        "header, 30 records by 7, 1 tombstone"
+    );
+    assert!(chunks.iter().all(|c| c.ends_with('\n')));
+    assert_eq!(chunks.concat(), whole);
+    let blob = store.export_snapshot_blob(7).await.unwrap();
+    assert_eq!(blob_text(&blob).await, whole);
+}
+
+/// Progress after each committed batch; an aborted signal stops the import
+/// before its next batch; a batch that fails leaves nothing of itself, and
+/// running the import again completes it.
+#[wasm_bindgen_test]
+async fn progress_abort_and_a_failed_batch_leave_only_whole_committed_batches() {
+    let text = snapshot_of_runs(5);
+    let (store, _) = open("progress").await;
+    let calls = Rc::new(RefCell::new(Vec::<(u32, u32)>::new()));
+    let c2 = calls.clone();
+    let cb =
+        Closure::<dyn FnMut(u32, u32)>::new(move |d: u32, t: u32| c2.borrow_mut().push((d, t)));
+    let opts = ImportOptions {
+        on_progress: Some(cb.as_ref().unchecked_ref::<Function>().clone()),
+        batch: 2,
+        ..ImportOptions::default()
+    };
+    store.inject_abort_next_write();
+    let e = store
+        .import_snapshot_with(&text.as_str().into(), &opts)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Transaction);
+    assert!(
+        store
+            .export_snapshot()
+            .await
+            .unwrap()
+            .contains("\"records\":0"),
+        "the failed first batch left nothing"
+    );
+    assert!(calls.borrow().is_empty());
+    let c = store
+        .import_snapshot_with(&text.as_str().into(), &opts)
+        .await
+        .unwrap();
+    assert_eq!(c.written, 5);
+    assert_eq!(*calls.borrow(), [(2, 5), (4, 5), (5, 5)]);
+
+    let (store, _) = open("abort").await;
+    let ctl = web_sys::AbortController::new().unwrap();
+    ctl.abort();
+    let opts = ImportOptions {
+        signal: Some(ctl.signal()),
+        ..ImportOptions::default()
+    };
+    let e = store
+        .import_snapshot_with(&text.as_str().into(), &opts)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Aborted);
+    assert!(store.get(&s("p0")).await.unwrap().is_none());
+}
+
+/// An import into an empty store skips per-id reads only while nothing else
+/// writes: a record and a tombstone written between two batches (here by
+/// another connection, in the progress callback, before the next batch's
+/// transaction exists) are seen and their newer revisions kept.
+#[wasm_bindgen_test]
+async fn a_write_from_elsewhere_during_an_import_into_an_empty_store_is_not_overwritten() {
+    let text = snapshot_of_runs(6);
+    let (store, name) = open("foreign").await;
+    let open_raw = Function::new_with_args(
+        "name",
+        "return new Promise((ok, err) => { const r = indexedDB.open(name); r.onsuccess = () => ok(r.result); r.onerror = () => err(r.error); })",
+    );
+    let db = JsFuture::from(
+        open_raw
+            .call1(&JsValue::NULL, &name.as_str().into())
+            .unwrap()
+            .unchecked_into::<Promise>(),
+    )
+    .await
+    .unwrap();
+    let on_progress = Function::new_with_args(
+        "db",
+        "let once = false; return (done) => { if (once) return; once = true; \
+         const tx = db.transaction(['records', 'tombstones'], 'readwrite'); \
+         tx.objectStore('records').put({_id: 'p4', _rev: '9-ff', recordType: 'run', updatedAt: '2026-05-05T00:00:00.000Z'}); \
+         tx.objectStore('tombstones').put({_id: 'p5', _rev: '9-ee', _deleted: true}); }",
+    )
+    .call1(&JsValue::NULL, &db)
+    .unwrap();
+    let opts = ImportOptions {
+        on_progress: Some(on_progress.unchecked_into()),
+        batch: 2,
+        ..ImportOptions::default()
+    };
+    let c = store
+        .import_snapshot_with(&text.as_str().into(), &opts)
+        .await
+        .unwrap();
+    assert_eq!((c.written, c.kept_newer), (4, 2));
+    assert!(
+        store.get(&s("p5")).await.unwrap().is_none(),
+        "the newer tombstone stays"
+    );
+    let p4 = store.get(&s("p4")).await.unwrap().unwrap();
+    assert_eq!(field_str(&p4, "_rev").as_deref(), Some("9-ff"));
+    for i in [0, 1, 2, 3] {
+        let r = store.get(&s(&format!("p{i}"))).await.unwrap().unwrap();
+        assert_eq!(field_str(&r, "_rev").as_deref(), Some("1-aa"));
+    }
+    let close: Function = field(&db, "close").unchecked_into();
+    close.call0(&db).unwrap();
+}
