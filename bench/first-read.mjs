@@ -13,13 +13,10 @@ import { fileURLToPath } from 'node:url';
 import { gzipSync } from 'node:zlib';
 import * as esbuild from 'esbuild';
 import { chromium } from 'playwright-core';
+import { arg } from './args.mjs';
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const ROOT = resolve(HERE, '..');
-const arg = (k, d) => {
-  const i = process.argv.indexOf(`--${k}`);
-  return i > 0 ? process.argv[i + 1] : d;
-};
 const RUNS = Number(arg('runs', 3));
 const FAST = process.argv.includes('--fast');
 const LIBS = [

@@ -15,13 +15,10 @@ import { tmpdir } from 'node:os';
 import { join, dirname, resolve, extname } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { createRequire } from 'node:module';
+import { arg } from './args.mjs';
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const ROOT = resolve(HERE, '..');
-const arg = (k, d) => {
-  const i = process.argv.indexOf(`--${k}`);
-  return i > 0 ? process.argv[i + 1] : d;
-};
 const RUNS = Number(arg('runs', 3));
 const COPIES = Number(arg('copies', 40));
 const log = (...a) => console.error('[bench:import]', ...a);

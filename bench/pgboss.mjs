@@ -8,11 +8,8 @@
 //
 //   node bench/pgboss.mjs --url postgres://… [--items 4000] [--workers 64] [--pool 10] [--max-secs 60]
 import { PgBoss } from 'pg-boss';
+import { arg } from './args.mjs';
 
-const arg = (k, d) => {
-  const i = process.argv.indexOf(`--${k}`);
-  return i > 0 ? process.argv[i + 1] : d;
-};
 const url = arg('url');
 const items = Number(arg('items', 4000));
 const workers = Number(arg('workers', 64));

@@ -18,13 +18,10 @@ import { gzipSync } from 'node:zlib';
 import * as esbuild from 'esbuild';
 import { chromium } from 'playwright-core';
 import { launchFirefox } from './webdriver.mjs';
+import { arg } from './args.mjs';
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const ROOT = resolve(HERE, '..');
-const arg = (k, d) => {
-  const i = process.argv.indexOf(`--${k}`);
-  return i > 0 ? process.argv[i + 1] : d;
-};
 const RUNS = Number(arg('runs', 5));
 const BUDGET_MS = Number(arg('budget-s', 1200)) * 1000;
 const OUT = arg('out', join(HERE, 'results', 'browser.json'));

@@ -16,13 +16,10 @@ import { tmpdir } from 'node:os';
 import { join, dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
+import { arg } from './args.mjs';
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const ROOT = resolve(HERE, '..');
-const arg = (k, d) => {
-  const i = process.argv.indexOf(`--${k}`);
-  return i > 0 ? process.argv[i + 1] : d;
-};
 const RUNS = Number(arg('runs', 3));
 const ITEMS = Number(arg('items', 4000));
 const WORKERS = Number(arg('workers', 64));
