@@ -457,17 +457,7 @@ impl ObjectStore {
     /// ValidationError for a value IndexedDB cannot clone (DataCloneError)
     /// or a bad key (DataError); ClosedError after the transaction ended.
     pub fn put(&self, value: &JsValue, key: Option<&JsValue>) -> Result<Req<JsValue>> {
-        #[cfg(feature = "test-hooks")]
-        if let Some(r) = self.faulty(value, key) {
-            return r;
-        }
-        issued(
-            match key {
-                Some(k) => self.raw.put_with_key(value, k),
-                None => self.raw.put(value),
-            },
-            |v| v,
-        )
+        self.write(value, key, false)
     }
 
     /// `add(value, key?)`: like [`ObjectStore::put`], but the request fails
@@ -476,14 +466,22 @@ impl ObjectStore {
     /// # Errors
     /// As [`ObjectStore::put`].
     pub fn add(&self, value: &JsValue, key: Option<&JsValue>) -> Result<Req<JsValue>> {
+        self.write(value, key, true)
+    }
+
+    /// The one body of [`ObjectStore::put`] and [`ObjectStore::add`]: the
+    /// test hooks' injected faults, then the request.
+    fn write(&self, value: &JsValue, key: Option<&JsValue>, add: bool) -> Result<Req<JsValue>> {
         #[cfg(feature = "test-hooks")]
         if let Some(r) = self.faulty(value, key) {
             return r;
         }
         issued(
-            match key {
-                Some(k) => self.raw.add_with_key(value, k),
-                None => self.raw.add(value),
+            match (key, add) {
+                (Some(k), true) => self.raw.add_with_key(value, k),
+                (None, true) => self.raw.add(value),
+                (Some(k), false) => self.raw.put_with_key(value, k),
+                (None, false) => self.raw.put(value),
             },
             |v| v,
         )
