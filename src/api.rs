@@ -673,10 +673,14 @@ impl AgentStore {
 
 /// The `batchSize` option: 1..=10000, default 1000.
 fn batch_option(options: &JsValue) -> Result<u32, StoreError> {
-    Ok(
-        opt_num(options, "batchSize", 1.0, f64::from(MAX_IMPORT_BATCH))?
-            .map_or(DEFAULT_BATCH, |n| n as u32),
-    )
+    Ok(opt_num(
+        options,
+        "batchSize",
+        1,
+        MAX_IMPORT_BATCH,
+        "a number in [1, 10000]",
+    )?
+    .map_or(DEFAULT_BATCH, |n| n as u32))
 }
 
 /// `onProgress`, `signal` and `batchSize` of an import.

@@ -16,8 +16,7 @@ use crate::error::{BatchFailure, Result, StoreError};
 use agentstore_protocol::keys::page_range;
 use agentstore_protocol::record::MAX_BATCH;
 use agentstore_protocol::rev::{decide_delete, CasError, Rev};
-use futures::future::{select, Either};
-use js_sys::{Array, JsString, Reflect};
+use js_sys::{Array, JsString, Object, Reflect};
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
 
@@ -84,7 +83,7 @@ impl Store {
         let mut failures = Vec::new();
         for (index, id) in arr.iter().enumerate() {
             if let Err(e) = check_id_value(&id) {
-                failures.push(failure(index, id, e.to_string()));
+                failures.push(failure(index, id, e.message()));
             }
         }
         if !failures.is_empty() {
@@ -152,7 +151,7 @@ impl Store {
         let arr = batch_array(items, "deleteMany", "{id, rev} objects")?;
         let mut dels = Vec::with_capacity(arr.length() as usize);
         let mut failures = Vec::new();
-        let mut seen = std::collections::HashSet::new();
+        let seen = super::SeenIds::new();
         for (index, item) in arr.iter().enumerate() {
             let field = |k: &str| {
                 if item.is_object() {
@@ -171,7 +170,7 @@ impl Store {
             });
             match checked {
                 Ok((id, expected)) => {
-                    if !seen.insert(crate::value::units(&id)) {
+                    if !seen.first(&id) {
                         failures.push(failure(
                             index,
                             id.into(),
@@ -186,7 +185,7 @@ impl Store {
                         });
                     }
                 }
-                Err(e) => failures.push(failure(index, id, e.to_string())),
+                Err(e) => failures.push(failure(index, id, e.message())),
             }
         }
         if !failures.is_empty() {
@@ -196,11 +195,9 @@ impl Store {
             return Ok(Vec::new());
         }
         let tx = self.db.tx(&WRITE_SCOPE, TransactionMode::ReadWrite)?;
-        let (currents, indexes) = futures::join!(
-            read_many(&tx, dels.iter().map(|d| &d.id)),
-            self.write_indexes(&tx)
-        );
-        let (currents, indexes) = (currents?, indexes?);
+        let (currents, indexes) = self
+            .with_indexes(&tx, read_many(&tx, dels.iter().map(|d| &d.id)))
+            .await?;
         let mut revs = Vec::with_capacity(dels.len());
         for (index, (d, (current, _))) in dels.iter().zip(&currents).enumerate() {
             match decide_delete(current, &d.expected) {
@@ -212,7 +209,7 @@ impl Store {
                         CasError::NotFound => "nothing live to delete".into(),
                         CasError::Conflict => "revision conflict".into(),
                     },
-                    expected_rev: Some(d.expected.to_string()),
+                    expected_rev: Some(d.expected.text()),
                     current_rev: current.rev().map(Rev::to_string),
                 }),
             }
@@ -292,10 +289,16 @@ pub async fn destroy(name: &str, blocked_timeout_ms: u32) -> Result<()> {
             StoreError::Transaction("IndexedDB is not available in this context".into())
         })?;
     let request = dom(factory.delete_database(name))?;
-    let done = Box::pin(settle(&request));
-    let timeout = Box::pin(gloo_timers::future::TimeoutFuture::new(blocked_timeout_ms));
-    match select(done, timeout).await {
-        Either::Left((r, _)) => r.map(|_| ()),
-        Either::Right(_) => Err(StoreError::Blocked(name.to_owned(), blocked_timeout_ms)),
+    // Promise.race of the delete request and a timer resolving with a marker
+    // (the request's own result is `undefined`).
+    let timed_out = JsValue::from(Object::new());
+    let race = js_sys::Promise::race(&Array::of2(
+        &request_promise(&request),
+        &super::db::timer_promise(blocked_timeout_ms, &timed_out),
+    ));
+    match JsFuture::from(race).await {
+        Ok(v) if v == timed_out => Err(StoreError::Blocked(name.to_owned(), blocked_timeout_ms)),
+        Ok(_) => Ok(()),
+        Err(e) => Err(StoreError::from_dom(&e)),
     }
 }

@@ -695,6 +695,8 @@ pub struct ReqFuture<T> {
 impl<T> Future for ReqFuture<T> {
     type Output = Result<T>;
 
+    // Not inlined into every `.await` of every async method (size).
+    #[inline(never)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
         let this = self.get_mut();
         let map = this.map;
@@ -765,11 +767,17 @@ fn tx_promise(tx: &IdbTransaction) -> js_sys::Promise {
 /// A Promise resolved with `undefined` after `ms` milliseconds
 /// (`setTimeout` of this global scope: window or worker).
 pub fn sleep_promise(ms: u32) -> js_sys::Promise {
+    timer_promise(ms, &JsValue::UNDEFINED)
+}
+
+/// A Promise resolved with `value` after `ms` milliseconds (`setTimeout`
+/// passes its extra argument to the callback, per the HTML timers spec).
+pub fn timer_promise(ms: u32, value: &JsValue) -> js_sys::Promise {
     js_sys::Promise::new(&mut |resolve: Function, _reject: Function| {
         if let Ok(set_timeout) = Reflect::get(&js_sys::global(), &"setTimeout".into())
             .and_then(|f| f.dyn_into::<Function>())
         {
-            let _ = set_timeout.call2(&JsValue::UNDEFINED, &resolve, &JsValue::from(ms));
+            let _ = set_timeout.call3(&JsValue::UNDEFINED, &resolve, &JsValue::from(ms), value);
         }
     })
 }

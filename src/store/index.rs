@@ -15,7 +15,7 @@
 //! declares other indexes still keeps this tab's indexes in step.
 
 use super::db::{CursorDirection, KeyRange, Query, TransactionMode};
-use super::db::{Tx, DERIVED, META, RECORDS};
+use super::db::{Req, Tx, DERIVED, META, RECORDS};
 use super::Store;
 use crate::error::{get_str, set, Result, StoreError};
 use crate::value;
@@ -25,8 +25,7 @@ use agentstore_protocol::index::{
 use agentstore_protocol::record::check_limit;
 use js_sys::{Array, Function, JsString, Object, Reflect};
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
-use std::future::IntoFuture;
+use std::collections::BTreeMap;
 use std::rc::Rc;
 use wasm_bindgen::{JsCast, JsValue};
 
@@ -134,19 +133,25 @@ fn strings_from_js(v: &JsValue) -> Option<Vec<String>> {
     Array::from(v).iter().map(|x| x.as_string()).collect()
 }
 
-/// The state generation stored in `tx` (0 before the first change).
-async fn read_gen(tx: &Tx) -> Result<f64> {
-    let v = tx.store(META)?.get(JsValue::from_str(GEN_KEY))?.await?;
-    Ok(v.and_then(|v| v.as_f64()).unwrap_or(0.0))
+/// Issues the read of the state generation stored in `tx` (which must
+/// include META); [`gen_of`] reads its answer.
+pub(crate) fn issue_gen(tx: &Tx) -> Result<Req<Option<JsValue>>> {
+    tx.store(META)?.get(JsValue::from_str(GEN_KEY))
 }
 
-/// Reads the shared state and its generation inside `tx` (which must include META).
+/// The state generation a [`issue_gen`] request answered (0 before the
+/// first change).
+fn gen_of(v: Option<JsValue>) -> f64 {
+    v.and_then(|v| v.as_f64()).unwrap_or(0.0)
+}
+
+/// Reads the shared state and its generation inside `tx` (which must include
+/// META): both requests are issued before the first is awaited.
 async fn read_state(tx: &Tx) -> Result<(f64, IndexState)> {
-    let meta = tx.store(META)?;
-    let gen = read_gen(tx);
-    let state = meta.get(JsValue::from_str(STATE_KEY))?.into_future();
-    let (gen, state) = futures::join!(gen, state);
-    Ok((gen?, IndexState::from_js(&state?.unwrap_or_default())))
+    let gen = issue_gen(tx)?;
+    let state = tx.store(META)?.get(JsValue::from_str(STATE_KEY))?;
+    let gen = gen_of(gen.await?);
+    Ok((gen, IndexState::from_js(&state.await?.unwrap_or_default())))
 }
 
 /// Stores `state` as generation `gen + 1`.
@@ -197,7 +202,32 @@ impl Store {
     /// # Errors
     /// TransactionError / ClosedError from IndexedDB.
     pub(crate) async fn write_indexes(&self, tx: &Tx) -> Result<Rc<Maintained>> {
-        let gen = read_gen(tx).await?;
+        self.write_indexes_from(tx, issue_gen(tx)?).await
+    }
+
+    /// Runs `read` (whose requests are issued after the generation read) and
+    /// [`Store::write_indexes`] in `tx`: the same requests, in one round of
+    /// IndexedDB's in-order request queue, as awaiting both together.
+    ///
+    /// # Errors
+    /// `read`'s error, or as [`Store::write_indexes`].
+    pub(crate) async fn with_indexes<T>(
+        &self,
+        tx: &Tx,
+        read: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<(T, Rc<Maintained>)> {
+        let gen = issue_gen(tx)?;
+        let t = read.await?;
+        Ok((t, self.write_indexes_from(tx, gen).await?))
+    }
+
+    /// [`Store::write_indexes`] given the issued generation read.
+    async fn write_indexes_from(
+        &self,
+        tx: &Tx,
+        gen: Req<Option<JsValue>>,
+    ) -> Result<Rc<Maintained>> {
+        let gen = gen_of(gen.await?);
         if let Some(m) = self
             .index_cache
             .0
@@ -353,7 +383,7 @@ impl ByQuery {
             part_from_js(v)
                 .filter(|p| *p != KeyPart::Max)
                 .ok_or_else(|| {
-                    StoreError::validation(format!("{what} must be a string or a finite number"))
+                    StoreError::validation([what, " must be a string or a finite number"].concat())
                 })
         };
         let (eq, prefix, range) = (get("eq"), get("prefix"), get("range"));
@@ -442,7 +472,7 @@ impl Store {
     /// The declared definition named `name`.
     fn def(&self, name: &str) -> Result<&IndexDef> {
         self.indexes.iter().find(|d| d.name == name).ok_or_else(|| {
-            StoreError::validation(format!("no index named {name:?} was declared at open"))
+            StoreError::validation(["no index named \"", name, "\" was declared at open"].concat())
         })
     }
 
@@ -486,15 +516,13 @@ impl Store {
         let page_keys: Vec<&JsValue> = keys.iter().take(q.limit as usize).collect();
         let gets: Vec<_> = page_keys
             .iter()
-            .map(|k| Ok(records_store.get(Array::from(k).at(-1))?.into_future()))
+            .map(|k| records_store.get(Array::from(k).at(-1)))
             .collect::<Result<_>>()?;
-        let got = futures::future::join_all(gets).await;
+        let got = super::db::all(gets).await?;
         tx.end_read();
         let records = Array::new();
-        for r in got {
-            if let Some(r) = r? {
-                records.push(&r);
-            }
+        for r in got.into_iter().flatten() {
+            records.push(&r);
         }
         let next = if keys.len() as u32 > q.limit {
             page_keys
@@ -533,36 +561,41 @@ impl Store {
                 .store(DERIVED)?
                 .get_all_keys(Some(to_range(&all)?), None)?
                 .await?;
-            // id (as JSON text, exact for lone surrogates) -> expected key JSON
-            let mut expected: HashMap<String, (String, JsValue)> = HashMap::new();
-            let mut live: HashMap<String, ()> = HashMap::new();
+            // JS Map/Set keyed by the id itself: exact (code units, lone
+            // surrogates included) and no Rust map code in the wasm.
+            // id -> the expected entry key as JSON text
+            let expected = js_sys::Map::new();
+            let live = js_sys::Set::new(&JsValue::UNDEFINED);
             for r in &records {
                 let id = Reflect::get(r, &"_id".into()).unwrap_or_default();
-                let id_json = json_text(&id);
-                live.insert(id_json.clone(), ());
+                live.add(&id);
                 if let Some(k) = entry_key(&tag, def, r) {
-                    expected.insert(id_json, (json_text(&k), id));
+                    expected.set(&id, &JsValue::from(json_text(&k)));
                 }
             }
-            let mut seen: HashMap<String, ()> = HashMap::new();
+            let (seen, stale) = (
+                js_sys::Set::new(&JsValue::UNDEFINED),
+                js_sys::Set::new(&JsValue::UNDEFINED),
+            );
             for k in &actual {
                 let id = Array::from(k).at(-1);
-                let id_json = json_text(&id);
-                if !live.contains_key(&id_json) {
+                if !live.has(&id) {
                     v.orphaned.push(id);
                 } else if expected
-                    .get(&id_json)
-                    .is_none_or(|(want, _)| *want != json_text(k))
+                    .get(&id)
+                    .as_string()
+                    .is_none_or(|want| want != json_text(k))
                 {
+                    stale.add(&id);
                     v.stale.push(id);
                 } else {
-                    seen.insert(id_json, ());
+                    seen.add(&id);
                 }
             }
-            for (id_json, (_, id)) in &expected {
-                if !seen.contains_key(id_json) && !v.stale.iter().any(|s| json_text(s) == *id_json)
-                {
-                    v.missing.push(id.clone());
+            for r in &records {
+                let id = Reflect::get(r, &"_id".into()).unwrap_or_default();
+                if expected.has(&id) && !seen.has(&id) && !stale.has(&id) {
+                    v.missing.push(id);
                 }
             }
         }
@@ -737,7 +770,7 @@ impl Store {
                 return Ok(next.done);
             }
             // Yield to the event loop so the page stays responsive.
-            gloo_timers::future::TimeoutFuture::new(0).await;
+            super::db::sleep(0).await;
         }
     }
 
@@ -760,10 +793,9 @@ impl Store {
     #[doc(hidden)]
     pub async fn dump_entries(&self) -> Result<String> {
         let tx = self.db.tx(&[DERIVED], TransactionMode::ReadOnly)?;
-        let keys = tx.store(DERIVED)?.get_all_keys(None, None)?.into_future();
-        let vals = tx.store(DERIVED)?.get_all(None, None)?.into_future();
-        let (keys, vals) = futures::join!(keys, vals);
-        let (keys, vals) = (keys?, vals?);
+        let keys = tx.store(DERIVED)?.get_all_keys(None, None)?;
+        let vals = tx.store(DERIVED)?.get_all(None, None)?;
+        let (keys, vals) = (keys.await?, vals.await?);
         tx.end_read();
         let pairs: Array = keys
             .iter()

@@ -21,7 +21,6 @@ use agentstore_protocol::pouch::{
 use agentstore_protocol::record::{is_iso_millis_utc, ALLOWED_UNDERSCORE_FIELDS};
 use agentstore_protocol::rev::{Current, Rev};
 use js_sys::{Array, Function, JsString, Map, Object, Promise, Reflect};
-use std::future::IntoFuture;
 use wasm_bindgen::{JsCast, JsValue};
 use web_sys::AbortSignal;
 
@@ -223,7 +222,10 @@ const SOURCE_TYPES: &str = "an import takes a string, Blob, Response or Readable
 
 /// "`what` line `n`: `why`" — a ValidationError naming the line.
 fn line_error(what: &str, n: usize, why: &str) -> StoreError {
-    StoreError::validation(format!("{what} line {n}: {why}"))
+    let mut buf = [0u8; 20];
+    let n = agentstore_protocol::canonical::itoa(n as u64, &mut buf);
+    let n = std::str::from_utf8(n).unwrap_or("?");
+    StoreError::validation([what, " line ", n, ": ", why].concat())
 }
 
 thread_local! {
@@ -374,7 +376,7 @@ fn snapshot_row(line: &JsString, n: usize) -> Result<(JsString, Rev, bool, JsVal
         return Err(line_error(WHAT, n, "expected a JSON object"));
     }
     let id =
-        super::check_id_value(&get(&v, "_id")).map_err(|e| line_error(WHAT, n, &e.to_string()))?;
+        super::check_id_value(&get(&v, "_id")).map_err(|e| line_error(WHAT, n, &e.message()))?;
     let rev = get(&v, "_rev")
         .as_string()
         .ok_or_else(|| line_error(WHAT, n, "a line without _rev"))?;
@@ -465,7 +467,7 @@ impl Store {
                         a
                     });
                     for r in &anc {
-                        list.push(&JsValue::from_str(&r.to_string()));
+                        list.push(&JsValue::from_str(&r.text()));
                     }
                 }
                 let mut set_ = match leaves.get(&key).as_string() {
@@ -506,7 +508,7 @@ impl Store {
                 } else if key != legacy_key {
                     live_others += 1;
                 }
-                leaves.set(&key, &JsValue::from_str(&w.rev.to_string()));
+                leaves.set(&key, &JsValue::from_str(&w.rev.text()));
             }
         });
         if let Some(e) = bad {
@@ -575,10 +577,8 @@ impl Store {
             .db
             .tx(&[RECORDS, TOMBSTONES], TransactionMode::ReadOnly)?;
         let (records, tombs) = (tx.store(RECORDS)?, tx.store(TOMBSTONES)?);
-        let (n_records, n_tombs) = futures::join!(
-            records.count(None)?.into_future(),
-            tombs.count(None)?.into_future()
-        );
+        let (n_records, n_tombs) = (records.count(None)?, tombs.count(None)?);
+        let (n_records, n_tombs) = (n_records.await, n_tombs.await);
         let header = Object::new();
         set(&header, "agentstore", &"snapshot".into());
         set(&header, "records", &JsValue::from(n_records?));
@@ -698,7 +698,7 @@ impl Store {
                 None => None,
             };
             if import_replaces(held.as_ref(), &rev) {
-                winners.set(&key, &JsValue::from_str(&rev.to_string()));
+                winners.set(&key, &JsValue::from_str(&rev.text()));
             }
         }
         let mut writer = Writer::new(self, opts, winners.size());
@@ -737,19 +737,16 @@ impl Store {
             let state = match *mode {
                 WriteMode::Read => self.write_indexes(&tx).await?,
                 WriteMode::Unknown => {
-                    let (l, d, state) = futures::join!(
-                        records.count(None)?.into_future(),
-                        tombs.count(None)?.into_future(),
-                        self.write_indexes(&tx)
-                    );
-                    fresh = (l?, d?) == (0, 0);
-                    state?
+                    let (l, d) = (records.count(None)?, tombs.count(None)?);
+                    let state = self.write_indexes(&tx).await?;
+                    fresh = (l.await?, d.await?) == (0, 0);
+                    state
                 }
                 WriteMode::Fresh { dead } => {
-                    let (d, state) =
-                        futures::join!(tombs.count(None)?.into_future(), self.write_indexes(&tx));
-                    fresh = d? == dead;
-                    state?
+                    let d = tombs.count(None)?;
+                    let state = self.write_indexes(&tx).await?;
+                    fresh = d.await? == dead;
+                    state
                 }
             };
             if !fresh {
@@ -803,7 +800,7 @@ impl Store {
                 )?;
                 changes.push((
                     JsValue::from(item.id.clone()),
-                    item.rev.to_string(),
+                    item.rev.text(),
                     item.deleted,
                 ));
                 batch.written += 1;
@@ -854,14 +851,14 @@ impl Store {
         loop {
             check_abort(signal)?;
             let tx = self.write_tx()?;
-            let (cur, state) =
-                futures::join!(super::read_current(&tx, &id), self.write_indexes(&tx));
-            let ((current, stored), state) = (cur?, state?);
+            let ((current, stored), state) = self
+                .with_indexes(&tx, super::read_current(&tx, &id))
+                .await?;
             let out = f
                 .call1(&JsValue::NULL, stored.as_ref().unwrap_or(&JsValue::NULL))
                 .map_err(StoreError::Thrown)?;
             let live_rev = match &current {
-                Current::Live(r) => Some(r.to_string()),
+                Current::Live(r) => Some(r.text()),
                 _ => None,
             };
             if !(out.has_type::<Promise>() || is_thenable(&out)) {

@@ -256,8 +256,7 @@ impl Store {
 
     pub(crate) async fn put_prepared(&self, p: Prepared) -> Result<Written> {
         let tx = self.write_tx()?;
-        let (cur, state) = futures::join!(read_current(&tx, &p.id), self.write_indexes(&tx));
-        let ((current, stored), state) = (cur?, state?);
+        let ((current, stored), state) = self.with_indexes(&tx, read_current(&tx, &p.id)).await?;
         self.cas_write(tx, &state, &current, stored, p).await
     }
 
@@ -297,8 +296,7 @@ impl Store {
         let id_text = String::from(&id);
         let digest = tombstone_digest(&id_text);
         let tx = self.write_tx()?;
-        let (cur, state) = futures::join!(read_current(&tx, &id), self.write_indexes(&tx));
-        let ((current, stored), state) = (cur?, state?);
+        let ((current, stored), state) = self.with_indexes(&tx, read_current(&tx, &id)).await?;
         let base = match decide_delete(&current, &expected) {
             Ok(base) => base,
             Err(CasError::NotFound) => return Err(StoreError::NotFound(id_text)),
@@ -341,10 +339,10 @@ impl Store {
         }
         let mut prepared = Vec::with_capacity(arr.length() as usize);
         let mut failures = Vec::new();
-        let mut seen = std::collections::HashSet::new();
+        let seen = SeenIds::new();
         for (index, r) in arr.iter().enumerate() {
             match Self::prepare(&r) {
-                Ok(p) if !seen.insert(dedup_key(&p)) => failures.push(BatchFailure {
+                Ok(p) if !seen.first(&p.id) => failures.push(BatchFailure {
                     index,
                     id: p.id.into(),
                     message: "the same _id appears twice in one batch".into(),
@@ -370,11 +368,9 @@ impl Store {
             });
         }
         let tx = self.write_tx()?;
-        let (currents, state) = futures::join!(
-            read_many(&tx, prepared.iter().map(|p| &p.id)),
-            self.write_indexes(&tx)
-        );
-        let (currents, state) = (currents?, state?);
+        let (currents, state) = self
+            .with_indexes(&tx, read_many(&tx, prepared.iter().map(|p| &p.id)))
+            .await?;
         let mut revs = Vec::with_capacity(prepared.len());
         let now = now_iso();
         for (index, (p, (current, stored))) in prepared.iter().zip(&currents).enumerate() {
@@ -541,12 +537,21 @@ pub(crate) fn check_id_value(id: &JsValue) -> Result<JsString> {
     Ok(s.clone())
 }
 
-/// A key that tells batch ids apart: the string itself, or its UTF-16 units
-/// when the lossy Rust string hides lone surrogates (U+FFFD).
-fn dedup_key(p: &Prepared) -> Vec<u16> {
-    if p.id_text.contains('\u{FFFD}') {
-        value::units(&p.id)
-    } else {
-        p.id_text.encode_utf16().collect()
+/// The ids of one batch seen so far: a JS `Set` of the id strings, so ids
+/// are told apart exactly as IndexedDB keys are (by UTF-16 code units, lone
+/// surrogates included), with no Rust set code in the wasm.
+pub(crate) struct SeenIds(js_sys::Set);
+
+impl SeenIds {
+    pub(crate) fn new() -> Self {
+        SeenIds(js_sys::Set::new(&JsValue::UNDEFINED))
+    }
+
+    /// Whether `id` is new to the batch (and remembers it).
+    pub(crate) fn first(&self, id: &JsString) -> bool {
+        !self.0.has(id) && {
+            self.0.add(id);
+            true
+        }
     }
 }

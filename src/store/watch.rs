@@ -10,7 +10,7 @@ use wasm_bindgen::{JsCast, JsValue};
 use web_sys::{BroadcastChannel, MessageEvent};
 
 fn channel_name(db: &str) -> String {
-    format!("agentstore:{db}")
+    ["agentstore:", db].concat()
 }
 
 /// Posts committed changes (`[{id, rev, deleted}]`) for one database.

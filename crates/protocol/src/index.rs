@@ -86,6 +86,18 @@ fn json_string(out: &mut String, s: &str) {
     out.push('"');
 }
 
+/// `before"name"after`: messages quote names as JSON strings without
+/// `core::fmt` (kept out of the SDK's wasm).
+fn quoted(before: &str, name: &str, after: &str) -> String {
+    let mut out = String::from(before);
+    json_string(&mut out, name);
+    out.push_str(after);
+    out
+}
+
+// The messages of `check_defs` spell these limits out.
+const _: () = assert!(MAX_INDEXES == 16 && MAX_INDEX_KEYS == 8);
+
 /// Checks a set of definitions.
 ///
 /// # Errors
@@ -93,7 +105,7 @@ fn json_string(out: &mut String, s: &str) {
 /// empty/oversized key list or empty path segment.
 pub fn check_defs(defs: &[IndexDef]) -> Result<(), String> {
     if defs.len() > MAX_INDEXES {
-        return Err(format!("at most {MAX_INDEXES} indexes"));
+        return Err("at most 16 indexes".into());
     }
     for (i, d) in defs.iter().enumerate() {
         let name_ok = !d.name.is_empty()
@@ -102,22 +114,20 @@ pub fn check_defs(defs: &[IndexDef]) -> Result<(), String> {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
         if !name_ok {
-            return Err(format!(
-                "index name {:?} must be 1..=64 characters of A-Z a-z 0-9 _ -",
-                d.name
+            return Err(quoted(
+                "index name ",
+                &d.name,
+                " must be 1..=64 characters of A-Z a-z 0-9 _ -",
             ));
         }
         if defs[..i].iter().any(|o| o.name == d.name) {
-            return Err(format!("index {:?} is declared twice", d.name));
+            return Err(quoted("index ", &d.name, " is declared twice"));
         }
         if d.keys.is_empty() || d.keys.len() > MAX_INDEX_KEYS {
-            return Err(format!(
-                "index {:?} needs 1..={MAX_INDEX_KEYS} keys",
-                d.name
-            ));
+            return Err(quoted("index ", &d.name, " needs 1..=8 keys"));
         }
         if d.keys.iter().any(|k| k.split('.').any(str::is_empty)) {
-            return Err(format!("index {:?} has an empty key path segment", d.name));
+            return Err(quoted("index ", &d.name, " has an empty key path segment"));
         }
     }
     Ok(())
@@ -286,6 +296,13 @@ pub fn entry_range(
     }
 }
 
+/// Appends the low `digits` hex digits of `v` (lower case, zero-padded).
+fn push_hex(out: &mut String, v: u64, digits: u32) {
+    for i in (0..digits).rev() {
+        out.push(hex_digit(((v >> (i * 4)) & 0xf) as u8));
+    }
+}
+
 /// Encodes an entry key as an opaque cursor: `"i1."` then per part
 /// `n<16 hex f64 bits>` or `s<4 hex per unit>` separated by `.`.
 pub fn encode_key_cursor(key: &[KeyPart]) -> String {
@@ -293,11 +310,14 @@ pub fn encode_key_cursor(key: &[KeyPart]) -> String {
     for p in key {
         out.push('.');
         match p {
-            KeyPart::Num(n) => out.push_str(&format!("n{:016x}", n.to_bits())),
+            KeyPart::Num(n) => {
+                out.push('n');
+                push_hex(&mut out, n.to_bits(), 16);
+            }
             KeyPart::Str(u) => {
                 out.push('s');
                 for unit in u {
-                    out.push_str(&format!("{unit:04x}"));
+                    push_hex(&mut out, u64::from(*unit), 4);
                 }
             }
             KeyPart::Max => out.push('m'),

@@ -50,7 +50,7 @@ pub fn conflicts(leaves: &[Leaf]) -> Vec<&Rev> {
         .filter(|l| !l.deleted && Some(*l) != win)
         .map(|l| &l.rev)
         .collect();
-    out.sort_by(|a, b| b.cmp(a));
+    out.sort_unstable_by(|a, b| b.cmp(a));
     out
 }
 
@@ -95,7 +95,7 @@ pub fn revisions_ancestors(start: u64, ids: &[String]) -> Result<Vec<Rev>, RevPa
                 hash: h.clone(),
             };
             // Re-parse to apply the same hash rules as any other revision.
-            Rev::parse(&r.to_string())
+            Rev::parse(&r.text())
         })
         .collect()
 }
@@ -112,7 +112,7 @@ pub fn encode_leaves(leaves: &[Leaf]) -> String {
         if l.deleted {
             s.push('~');
         }
-        s.push_str(&l.rev.to_string());
+        s.push_str(&l.rev.text());
     }
     s
 }
