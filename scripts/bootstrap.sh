@@ -19,6 +19,10 @@ if ! rustup target list --installed | grep -q wasm32-unknown-unknown; then
   rustup target add wasm32-unknown-unknown
 fi
 
+# The pinned nightly that builds the shipped wasm (scripts/pkg-toolchain.sh).
+. scripts/pkg-toolchain.sh
+pkg_toolchain_install
+
 if [ "$MODE" = demo ]; then
   command -v wasm-pack >/dev/null || cargo install -q wasm-pack
   wasm-bindgen --version 2>/dev/null | grep -q " $WASM_BINDGEN_VERSION" ||

@@ -3,14 +3,22 @@
 #   pkg/agentstore.js        "agentstore"        record store + lease client (default features)
 #   pkg/store/agentstore.js  "agentstore/store"  record store only (--no-default-features):
 #                            an app that imports only AgentStore downloads no lease code.
-# then completes pkg/package.json (scripts/package.mjs). Used by test.sh, demo.sh, bench.sh.
+# with the pinned toolchain and flags of scripts/pkg-toolchain.sh, then completes
+# pkg/package.json (scripts/package.mjs). Used by test.sh, demo.sh, bench.sh and
+# the e2e helpers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quiet=()
 [ "${1:-}" = "--quiet" ] && quiet=(--quiet)
+# shellcheck source=scripts/pkg-toolchain.sh
+. scripts/pkg-toolchain.sh
+pkg_toolchain_install
+export RUSTUP_TOOLCHAIN="$PKG_TOOLCHAIN" RUSTFLAGS="$PKG_RUSTFLAGS"
+# Its own target directory: the flags differ from the stable test builds'.
+export CARGO_TARGET_DIR="$PWD/target/pkg"
 rm -rf pkg
-wasm-pack build --target web --release --out-dir pkg "${quiet[@]}"
-wasm-pack build --target web --release --out-dir pkg/store "${quiet[@]}" -- --no-default-features
+wasm-pack build --target web --release --out-dir pkg "${quiet[@]}" -- "${PKG_CARGO_ARGS[@]}"
+wasm-pack build --target web --release --out-dir pkg/store "${quiet[@]}" -- --no-default-features "${PKG_CARGO_ARGS[@]}"
 # pkg/store is a sub-path of the one package, not a package of its own.
 rm -f pkg/store/package.json pkg/store/README.md pkg/store/.gitignore
 node scripts/package.mjs

@@ -35,11 +35,11 @@ export function freePort() {
 
 export function buildPkgIfMissing() {
   if (existsSync(join(ROOT, 'pkg/agentstore.js'))) return;
-  const r = spawnSync('wasm-pack', ['build', '--target', 'web', '--release', '--out-dir', 'pkg'], {
+  const r = spawnSync('bash', ['scripts/build-pkg.sh', '--quiet'], {
     cwd: ROOT, stdio: 'inherit', timeout: 900_000,
     env: { ...process.env, PATH: `${join(homedir(), '.cargo', 'bin')}:${process.env.PATH}` },
   });
-  assert.equal(r.status, 0, 'wasm-pack build failed');
+  assert.equal(r.status, 0, 'scripts/build-pkg.sh failed');
 }
 
 /**
