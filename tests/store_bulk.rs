@@ -418,3 +418,61 @@ async fn destroy_closes_other_connections_and_times_out_on_one_that_ignores_it()
         assert_eq!(err_kind(&e), validation());
     }
 }
+
+/// putMany of creates only (no `_rev`) skips the per-id reads when the key
+/// range spanning its ids holds nothing; a live record or a tombstone inside
+/// that range must still be found: a tombstone's generation continues, a
+/// live id is a conflict and nothing of the batch is written.
+#[wasm_bindgen_test]
+async fn put_many_of_new_ids_still_sees_tombstones_and_live_records_inside_its_key_range() {
+    let (store, _) = open("creates-span").await;
+    let r1 = store
+        .put(&js(json!({"_id": "k05", "n": 1})))
+        .await
+        .unwrap()
+        .rev;
+    let r = store
+        .put(&js(json!({"_id": "k05", "_rev": r1, "n": 2})))
+        .await
+        .unwrap()
+        .rev;
+    store.delete(&s("k05"), &s(&r)).await.unwrap(); // tombstone at generation 3
+    store.put(&js(json!({"_id": "k07"}))).await.unwrap();
+    // creates spanning the tombstone: k05 continues at generation 4
+    let out = store
+        .put_many(&js(json!([{"_id": "k01"}, {"_id": "k06"}, {"_id": "k05"}])))
+        .await
+        .unwrap();
+    let gens: Vec<&str> = out.iter().map(|w| &w.rev[..2]).collect();
+    assert_eq!(gens, ["1-", "1-", "4-"]);
+    // creates spanning the live k07: a conflict at that position only
+    let e = store
+        .put_many(&js(json!([{"_id": "k02"}, {"_id": "k08"}, {"_id": "k07"}])))
+        .await
+        .unwrap_err();
+    match &e {
+        agentstore::StoreError::BatchConflict { failures } => {
+            assert_eq!(
+                failures.iter().map(|f| f.index).collect::<Vec<_>>(),
+                vec![2]
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        store.get(&s("k02")).await.unwrap().is_none(),
+        "nothing written"
+    );
+    assert!(
+        store.get(&s("k08")).await.unwrap().is_none(),
+        "nothing written"
+    );
+    // creates into an empty range, given out of key order
+    let out = store
+        .put_many(&js(json!([{"_id": "z2"}, {"_id": "z1"}])))
+        .await
+        .unwrap();
+    assert!(out.iter().all(|w| w.rev.starts_with("1-")));
+    assert_eq!(all_ids(&store, "z", 10).await, ["z1", "z2"]);
+    assert_indexes_clean(&store).await;
+}
