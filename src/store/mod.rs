@@ -369,14 +369,10 @@ impl Store {
         }
         let tx = self.write_tx()?;
         let ids: Vec<&JsString> = prepared.iter().map(|p| &p.id).collect();
-        let read = async {
-            if prepared.iter().all(|p| p.expected.is_none()) {
-                read_creates(&tx, &ids).await
-            } else {
-                read_many(&tx, ids.iter().copied()).await
-            }
-        };
-        let (currents, state) = self.with_indexes(&tx, read).await?;
+        let creates = prepared.iter().all(|p| p.expected.is_none());
+        let (currents, state) = self
+            .with_indexes(&tx, read_batch(&tx, &ids, creates))
+            .await?;
         let mut revs = Vec::with_capacity(prepared.len());
         let now = now_iso();
         for (index, (p, (current, stored))) in prepared.iter().zip(&currents).enumerate() {
@@ -470,21 +466,22 @@ pub(crate) async fn read_many<'a>(
     Ok(out)
 }
 
-/// What is stored for a batch of creates (no `_rev` anywhere): when the key
-/// range spanning the batch's ids holds neither a live record nor a
-/// tombstone (two `count` requests), every id is new and nothing is read
-/// per id; otherwise [`read_many`]. Writing new ids into an empty or
+/// What is stored for a batch's ids. For a batch of creates (`creates`: no
+/// `_rev` anywhere) whose spanning key range holds neither a live record
+/// nor a tombstone (two `count` requests), every id is new and nothing is
+/// read per id; otherwise [`read_many`]. Writing new ids into an empty or
 /// disjoint key range (a bulk load, time-ordered ids) then costs what a raw
 /// IndexedDB batch of `add`s costs, plus the two counts.
-pub(crate) async fn read_creates(
+pub(crate) async fn read_batch(
     tx: &Tx,
     ids: &[&JsString],
+    creates: bool,
 ) -> Result<Vec<(Current, Option<JsValue>)>> {
-    // JS's default sort compares strings by UTF-16 code units, as
-    // IndexedDB compares string keys.
-    let sorted: js_sys::Array = ids.iter().map(|id| JsValue::from(*id)).collect();
-    sorted.sort();
-    if sorted.length() > 1 {
+    if creates && ids.len() > 1 {
+        // JS's default sort compares strings by UTF-16 code units, as
+        // IndexedDB compares string keys.
+        let sorted: js_sys::Array = ids.iter().map(|id| JsValue::from(*id)).collect();
+        sorted.sort();
         let span = db::KeyRange::bound(&sorted.get(0), &sorted.at(-1), None, None)?;
         let live = tx.store(RECORDS)?.count(Some(span.clone().into()))?;
         let dead = tx.store(TOMBSTONES)?.count(Some(span.into()))?;
