@@ -197,9 +197,14 @@ impl Store {
             .await?;
         if backend == Backend::Sqlite {
             // WAL lets readers run beside the single writer; it is persistent, set once.
-            sqlx::query("PRAGMA journal_mode = WAL")
-                .execute(&pool)
-                .await?;
+            retry_busy(|| async {
+                sqlx::query("PRAGMA journal_mode = WAL")
+                    .execute(&pool)
+                    .await
+                    .map(drop)
+                    .map_err(StoreError::from)
+            })
+            .await?;
         }
         let store = Store {
             pool,
@@ -207,7 +212,7 @@ impl Store {
             settings,
             write_transactions: Arc::new(AtomicU64::new(0)),
         };
-        migrate(&store).await?;
+        retry_busy(|| migrate(&store)).await?;
         Ok(store)
     }
 
@@ -299,5 +304,48 @@ mod tests {
             database_url("sqlite://x.db?mode=ro"),
             (Backend::Sqlite, "sqlite://x.db?mode=ro".into())
         );
+    }
+}
+
+/// Whether `e` is SQLite's `SQLITE_BUSY` ("database is locked", primary code
+/// 5, extended codes included).
+fn sqlite_busy(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(d) => d
+            .code()
+            .and_then(|c| c.parse::<i32>().ok())
+            .is_some_and(|c| c & 0xff == 5),
+        _ => false,
+    }
+}
+
+/// Runs a start-up step again while SQLite answers `SQLITE_BUSY`, with
+/// full-jitter exponential backoff (10 ms base, 500 ms cap, at most 40 more
+/// tries: under 20 s in all). SQLite returns `SQLITE_BUSY` without waiting for its
+/// busy timeout in some cases (sqlite.org/c3ref/busy_handler.html: when
+/// waiting could deadlock, e.g. changing the journal mode or the first
+/// writers of a fresh database), which instances starting together on one
+/// file hit; each step is idempotent (migrations are recorded in the same
+/// transaction that applies them), so running it again is safe.
+async fn retry_busy<T, F, Fut>(mut step: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut attempt = 0u32;
+    loop {
+        match step().await {
+            Err(StoreError::Database(e)) if sqlite_busy(&e) && attempt < 40 => {
+                let ms = agentstore_protocol::backoff::full_jitter_ms(
+                    attempt,
+                    10.0,
+                    500.0,
+                    rand::random::<f64>(),
+                );
+                attempt += 1;
+                tokio::time::sleep(std::time::Duration::from_micros((ms * 1000.0) as u64)).await;
+            }
+            other => return other,
+        }
     }
 }
