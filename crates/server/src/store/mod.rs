@@ -289,24 +289,6 @@ fn ms(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn database_values_select_their_backend() {
-        assert_eq!(database_url("postgres://u@h/db").0, Backend::Postgres);
-        assert_eq!(
-            database_url("data/a.sqlite"),
-            (Backend::Sqlite, "sqlite://data/a.sqlite?mode=rwc".into())
-        );
-        assert_eq!(
-            database_url("sqlite://x.db?mode=ro"),
-            (Backend::Sqlite, "sqlite://x.db?mode=ro".into())
-        );
-    }
-}
-
 /// Whether `e` is SQLite's `SQLITE_BUSY` ("database is locked", primary code
 /// 5, extended codes included).
 fn sqlite_busy(e: &sqlx::Error) -> bool {
@@ -347,5 +329,23 @@ where
             }
             other => return other,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_values_select_their_backend() {
+        assert_eq!(database_url("postgres://u@h/db").0, Backend::Postgres);
+        assert_eq!(
+            database_url("data/a.sqlite"),
+            (Backend::Sqlite, "sqlite://data/a.sqlite?mode=rwc".into())
+        );
+        assert_eq!(
+            database_url("sqlite://x.db?mode=ro"),
+            (Backend::Sqlite, "sqlite://x.db?mode=ro".into())
+        );
     }
 }
