@@ -17,8 +17,8 @@ export RUSTUP_TOOLCHAIN="$PKG_TOOLCHAIN" RUSTFLAGS="$PKG_RUSTFLAGS"
 # Its own target directory: the flags differ from the stable test builds'.
 export CARGO_TARGET_DIR="$PWD/target/pkg"
 rm -rf pkg
-wasm-pack build --target web --release --out-dir pkg "${quiet[@]}" -- "${PKG_CARGO_ARGS[@]}"
-wasm-pack build --target web --release --out-dir pkg/store "${quiet[@]}" -- --no-default-features "${PKG_CARGO_ARGS[@]}"
+wasm-pack "${quiet[@]}" build --target web --release --out-dir pkg . -- "${PKG_CARGO_ARGS[@]}"
+wasm-pack "${quiet[@]}" build --target web --release --out-dir pkg/store . -- --no-default-features "${PKG_CARGO_ARGS[@]}"
 # pkg/store is a sub-path of the one package, not a package of its own.
 rm -f pkg/store/package.json pkg/store/README.md pkg/store/.gitignore
 node scripts/package.mjs
