@@ -30,9 +30,12 @@ pub fn ct_eq(a: &str, b: &str) -> bool {
     a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
 }
 
+/// `bytes` random bytes as hex, from the thread-local CSPRNG (`rand::thread_rng`:
+/// ChaCha12 seeded and periodically reseeded from the OS), so a claim makes no
+/// `getrandom` system call of its own.
 fn random_hex(bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];
-    rand::rngs::OsRng.fill_bytes(&mut buf);
+    rand::thread_rng().fill_bytes(&mut buf);
     hex::encode(buf)
 }
 
