@@ -15,11 +15,49 @@ use agentstore_protocol::ErrorCode;
 use serde_json::Value;
 use sqlx::any::AnyRow;
 
-use super::{get, ms, to_u32, to_u64, Store, StoreError};
+use super::{coalesce, get, ms, to_u32, to_u64, Backend, Store, StoreError};
 use crate::tokens::{self, ct_eq};
+use std::sync::atomic::Ordering;
+use tokio::sync::oneshot;
 
 const ITEM_COLS: &str =
     "id, queue, state, payload, result, attempts, max_redeliveries, epoch, last_error, worker_id";
+
+/// [`ITEM_COLS`] qualified with the table alias `i` (for statements that join).
+fn qualified_item_cols() -> String {
+    ITEM_COLS
+        .split(", ")
+        .map(|c| format!("i.{c} AS {c}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A claim waiting in its queue's lane (PostgreSQL; see `coalesce`).
+pub(super) struct ClaimJob {
+    worker_id: Option<i64>,
+    token_hash: String,
+    reply: oneshot::Sender<Result<Option<ItemView>, StoreError>>,
+}
+
+/// A settle, waiting in the settle lane on PostgreSQL (`reply` set) or run
+/// directly on SQLite.
+pub(super) struct SettleJob {
+    id: i64,
+    hash: String,
+    owner: Option<i64>,
+    state: &'static str,
+    result: Option<String>,
+    error: Option<String>,
+    reply: Option<oneshot::Sender<Result<ItemView, StoreError>>>,
+}
+
+impl SettleJob {
+    fn answer(self, out: Result<ItemView, StoreError>) {
+        if let Some(reply) = self.reply {
+            let _ = reply.send(out);
+        }
+    }
+}
 
 /// A running claim the reaper found expired, as it read it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,6 +166,34 @@ impl Store {
         worker_id: Option<i64>,
     ) -> Result<Option<ClaimResponse>, StoreError> {
         let (token, token_hash) = tokens::new_lease_token();
+        if self.backend == Backend::Postgres {
+            let (reply, answer) = oneshot::channel();
+            let job = ClaimJob {
+                worker_id,
+                token_hash,
+                reply,
+            };
+            if self.claims.push(&queue.to_owned(), job) {
+                let store = self.clone();
+                let queue = queue.to_owned();
+                tokio::spawn(async move { store.run_claims(queue).await });
+            }
+            let item = answer
+                .await
+                .unwrap_or(Err(StoreError::Database(sqlx::Error::WorkerCrashed)))?;
+            return Ok(item.map(|item| self.claim_response(item, token.0)));
+        }
+        let item = self.claim_one(queue, &token_hash, worker_id).await?;
+        Ok(item.map(|item| self.claim_response(item, token.0)))
+    }
+
+    /// The single-row claim statement (see [`Store::claim`]).
+    async fn claim_one(
+        &self,
+        queue: &str,
+        token_hash: &str,
+        worker_id: Option<i64>,
+    ) -> Result<Option<ItemView>, StoreError> {
         let sql = self.sql(&format!(
             "UPDATE items SET state = 'running', epoch = epoch + 1, token_hash = $2,
                  worker_id = $3, claimed_at = {{now}}, heartbeat_at = {{now}}, updated_at = {{now}}
@@ -142,9 +208,89 @@ impl Store {
             .bind(worker_id)
             .fetch_optional(&self.pool)
             .await?;
-        let Some(row) = row else { return Ok(None) };
-        let item = item_from_row(&row)?;
-        Ok(Some(self.claim_response(item, token.0)))
+        row.as_ref().map(item_from_row).transpose()
+    }
+
+    /// Drains `queue`'s claim lane (PostgreSQL): each batch is ONE statement
+    /// that locks up to n open items with `FOR UPDATE SKIP LOCKED`, oldest
+    /// first, and pairs the k-th with the k-th waiting claim (its own token
+    /// hash and worker); claims beyond the items found get `None`. A batch
+    /// whose statement fails is retried claim by claim, so each caller gets its
+    /// own answer.
+    async fn run_claims(self, queue: String) {
+        while let Some(batch) = self.claims.next(&queue, coalesce::MAX_BATCH) {
+            if batch.len() == 1 {
+                for job in batch {
+                    let out = self.claim_one(&queue, &job.token_hash, job.worker_id).await;
+                    let _ = job.reply.send(out);
+                }
+                continue;
+            }
+            match self.claim_batch(&queue, &batch).await {
+                Ok(mut items) => {
+                    self.coalesced
+                        .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                    for (job, item) in batch.into_iter().zip(items.drain(..)) {
+                        let _ = job.reply.send(Ok(item));
+                    }
+                }
+                Err(_) => {
+                    for job in batch {
+                        let out = self.claim_one(&queue, &job.token_hash, job.worker_id).await;
+                        let _ = job.reply.send(out);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn claim_batch(
+        &self,
+        queue: &str,
+        batch: &[ClaimJob],
+    ) -> Result<Vec<Option<ItemView>>, StoreError> {
+        let values: Vec<String> = (0..batch.len())
+            .map(|k| {
+                let p = 3 * k + 2;
+                format!("(${p}::BIGINT, ${}::TEXT, ${}::BIGINT)", p + 1, p + 2)
+            })
+            .collect();
+        let sql = self.sql(&format!(
+            "WITH picked AS (
+                 SELECT id FROM items WHERE queue = $1 AND state = 'open'
+                 ORDER BY id LIMIT {n} FOR UPDATE SKIP LOCKED
+             ), numbered AS (
+                 SELECT id, row_number() OVER (ORDER BY id) AS n FROM picked
+             )
+             UPDATE items AS i SET state = 'running', epoch = i.epoch + 1,
+                 token_hash = r.token_hash, worker_id = r.worker_id,
+                 claimed_at = {{now}}, heartbeat_at = {{now}}, updated_at = {{now}}
+             FROM numbered
+             JOIN (VALUES {values}) AS r(n, token_hash, worker_id) ON r.n = numbered.n
+             WHERE i.id = numbered.id AND i.state = 'open'
+             RETURNING r.n AS n, {cols}",
+            n = batch.len(),
+            values = values.join(", "),
+            cols = qualified_item_cols(),
+        ));
+        let mut q = sqlx::query(&sql).bind(queue);
+        for (k, job) in batch.iter().enumerate() {
+            q = q
+                .bind(k as i64 + 1)
+                .bind(&job.token_hash)
+                .bind(job.worker_id);
+        }
+        let rows = q.fetch_all(&self.pool).await?;
+        let mut out: Vec<Option<ItemView>> = (0..batch.len()).map(|_| None).collect();
+        for row in &rows {
+            let n: i64 = get(row, "n")?;
+            let slot = usize::try_from(n - 1)
+                .ok()
+                .and_then(|k| out.get_mut(k))
+                .ok_or_else(|| StoreError::Corrupt(format!("claim batch row {n}")))?;
+            *slot = Some(item_from_row(row)?);
+        }
+        Ok(out)
     }
 
     fn claim_response(&self, item: ItemView, token: String) -> ClaimResponse {
@@ -248,7 +394,36 @@ impl Store {
         result: Option<&Value>,
         error: Option<&str>,
     ) -> Result<ItemView, StoreError> {
-        let hash = tokens::hash(token);
+        let job = SettleJob {
+            id,
+            hash: tokens::hash(token),
+            owner,
+            state: ItemState::from(state).as_str(),
+            result: result.map(Value::to_string),
+            error: error.map(|e| e.replace('\0', "\u{FFFD}")),
+            reply: None,
+        };
+        if self.backend == Backend::Postgres {
+            let (reply, answer) = oneshot::channel();
+            if self.settles.push(
+                &(),
+                SettleJob {
+                    reply: Some(reply),
+                    ..job
+                },
+            ) {
+                let store = self.clone();
+                tokio::spawn(async move { store.run_settles().await });
+            }
+            return answer
+                .await
+                .unwrap_or(Err(StoreError::Database(sqlx::Error::WorkerCrashed)));
+        }
+        self.settle_one(&job).await
+    }
+
+    /// The single-row settle statement (see [`Store::settle`]).
+    async fn settle_one(&self, job: &SettleJob) -> Result<ItemView, StoreError> {
         let sql = self.sql(&format!(
             "UPDATE items SET state = $3, result = $4, last_error = $5, token_hash = NULL,
                  worker_id = NULL, heartbeat_at = NULL, updated_at = {{now}}
@@ -256,20 +431,107 @@ impl Store {
                AND ($6 = 0 OR worker_id = $6)
              RETURNING {ITEM_COLS}"
         ));
-        let error = error.map(|e| e.replace('\0', "\u{FFFD}"));
         let row = sqlx::query(&sql)
-            .bind(id)
-            .bind(&hash)
-            .bind(ItemState::from(state).as_str())
-            .bind(result.map(Value::to_string))
-            .bind(error)
-            .bind(owner.unwrap_or(0))
+            .bind(job.id)
+            .bind(&job.hash)
+            .bind(job.state)
+            .bind(job.result.as_deref())
+            .bind(job.error.as_deref())
+            .bind(job.owner.unwrap_or(0))
             .fetch_optional(&self.pool)
             .await?;
         match row {
             Some(row) => item_from_row(&row),
-            None => Err(self.classify(id, &hash, owner).await),
+            None => Err(self.classify(job.id, &job.hash, job.owner).await),
         }
+    }
+
+    /// Drains the settle lane (PostgreSQL): each batch is ONE statement whose
+    /// rows each carry the fence of one settle (id, token hash, holder), as
+    /// [`Store::settle_one`] does; a settle it did not apply is read again
+    /// alone to tell why (nothing was written for it). A batch whose statement
+    /// fails is retried settle by settle.
+    async fn run_settles(self) {
+        while let Some(batch) = self.settles.next(&(), coalesce::MAX_BATCH) {
+            if batch.len() == 1 {
+                for job in batch {
+                    let out = self.settle_one(&job).await;
+                    job.answer(out);
+                }
+                continue;
+            }
+            match self.settle_batch(&batch).await {
+                Ok(mut applied) => {
+                    self.coalesced
+                        .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                    for (job, item) in batch.into_iter().zip(applied.drain(..)) {
+                        let out = match item {
+                            Some(item) => Ok(item),
+                            None => Err(self.classify(job.id, &job.hash, job.owner).await),
+                        };
+                        job.answer(out);
+                    }
+                }
+                Err(_) => {
+                    for job in batch {
+                        let out = self.settle_one(&job).await;
+                        job.answer(out);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn settle_batch(&self, batch: &[SettleJob]) -> Result<Vec<Option<ItemView>>, StoreError> {
+        let values: Vec<String> = (0..batch.len())
+            .map(|k| {
+                let p = 7 * k + 1;
+                format!(
+                    "(${p}::BIGINT, ${}::BIGINT, ${}::TEXT, ${}::TEXT, ${}::TEXT, ${}::TEXT, ${}::BIGINT)",
+                    p + 1,
+                    p + 2,
+                    p + 3,
+                    p + 4,
+                    p + 5,
+                    p + 6
+                )
+            })
+            .collect();
+        // One row per settle; a batch naming an item twice updates it once
+        // (PostgreSQL applies the first matching source row), and the other
+        // settle is classified afterwards, as if it had come second.
+        let sql = self.sql(&format!(
+            "UPDATE items AS i SET state = v.state, result = v.result, last_error = v.last_error,
+                 token_hash = NULL, worker_id = NULL, heartbeat_at = NULL, updated_at = {{now}}
+             FROM (VALUES {values}) AS v(n, id, hash, state, result, last_error, owner)
+             WHERE i.id = v.id AND i.state = 'running' AND i.token_hash = v.hash
+               AND (v.owner = 0 OR i.worker_id = v.owner)
+             RETURNING v.n AS n, {cols}",
+            values = values.join(", "),
+            cols = qualified_item_cols(),
+        ));
+        let mut q = sqlx::query(&sql);
+        for (k, job) in batch.iter().enumerate() {
+            q = q
+                .bind(k as i64 + 1)
+                .bind(job.id)
+                .bind(&job.hash)
+                .bind(job.state)
+                .bind(job.result.as_deref())
+                .bind(job.error.as_deref())
+                .bind(job.owner.unwrap_or(0));
+        }
+        let rows = q.fetch_all(&self.pool).await?;
+        let mut out: Vec<Option<ItemView>> = (0..batch.len()).map(|_| None).collect();
+        for row in &rows {
+            let n: i64 = get(row, "n")?;
+            let slot = usize::try_from(n - 1)
+                .ok()
+                .and_then(|k| out.get_mut(k))
+                .ok_or_else(|| StoreError::Corrupt(format!("settle batch row {n}")))?;
+            *slot = Some(item_from_row(row)?);
+        }
+        Ok(out)
     }
 
     /// Gives `id` back: it reopens (one attempt counted) or, at the cap, fails

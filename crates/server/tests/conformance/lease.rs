@@ -642,3 +642,134 @@ pub async fn an_item_is_redelivered_at_most_five_times_after_its_first_delivery(
         "0 re-deliveries: delivered once"
     );
 }
+
+/// Concurrent claims and settles (on PostgreSQL they share statements: see
+/// `store::coalesce`) each keep their own outcome: distinct items at epoch 1
+/// with distinct tokens, `None` once the queue is dry; per item exactly one of
+/// two settles with the current token wins, a settle with a wrong token or
+/// another worker's identity is refused and changes nothing. 20 rounds, every
+/// round's calls released together by a barrier.
+pub async fn concurrent_claims_and_settles_each_keep_their_own_outcome(db: TestDb) {
+    const ROUNDS: usize = 20;
+    const ITEMS: usize = 24;
+    const CLAIMS: usize = 36;
+    let store = db.store(ttl(LONG)).await;
+    for round in 0..ROUNDS {
+        let queue = format!("co{round}");
+        for i in 0..ITEMS {
+            store.enqueue(&queue, &json!({"i": i}), None).await.unwrap();
+        }
+        let barrier = Arc::new(Barrier::new(CLAIMS));
+        let claims: Vec<_> = (0..CLAIMS)
+            .map(|w| {
+                let (store, barrier, queue) = (store.clone(), barrier.clone(), queue.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    (
+                        w as i64 + 1,
+                        store.claim(&queue, Some(w as i64 + 1)).await.unwrap(),
+                    )
+                })
+            })
+            .collect();
+        let mut held = Vec::new();
+        for task in claims {
+            let (worker, claim) = task.await.unwrap();
+            if let Some(c) = claim {
+                assert_eq!((c.item.epoch, c.lease.epoch), (1, 1));
+                assert_eq!(
+                    c.item.worker_id,
+                    Some(worker),
+                    "recorded for its own claimer"
+                );
+                held.push((worker, c));
+            }
+        }
+        assert_eq!(
+            held.len(),
+            ITEMS,
+            "round {round}: every item claimed, no more"
+        );
+        let ids: std::collections::HashSet<i64> = held.iter().map(|(_, c)| c.item.id).collect();
+        let tokens: std::collections::HashSet<&str> =
+            held.iter().map(|(_, c)| c.lease.token.as_str()).collect();
+        assert_eq!(
+            (ids.len(), tokens.len()),
+            (ITEMS, ITEMS),
+            "distinct items and tokens"
+        );
+
+        // Per item: two settles with the current token (results "a" and "b"),
+        // one with a wrong token, one by another worker with the right token.
+        let calls = ITEMS * 4;
+        let barrier = Arc::new(Barrier::new(calls));
+        let mut settles = Vec::new();
+        for (worker, c) in &held {
+            let variants = [
+                ("a", c.lease.token.clone(), Some(*worker)),
+                ("b", c.lease.token.clone(), Some(*worker)),
+                ("wrong", "0".repeat(c.lease.token.len()), Some(*worker)),
+                ("other", c.lease.token.clone(), Some(worker + 1000)),
+            ];
+            for (label, token, owner) in variants {
+                let (store, barrier, id) = (store.clone(), barrier.clone(), c.item.id);
+                settles.push(tokio::spawn(async move {
+                    barrier.wait().await;
+                    let r = store
+                        .settle(
+                            id,
+                            &token,
+                            owner,
+                            SettleState::Done,
+                            Some(&json!(label)),
+                            None,
+                        )
+                        .await;
+                    (id, label, r)
+                }));
+            }
+        }
+        let mut winners = std::collections::HashMap::new();
+        for task in settles {
+            let (id, label, r) = task.await.unwrap();
+            match (label, r) {
+                ("a" | "b", Ok(item)) => {
+                    assert_eq!(item.result, Some(json!(label)));
+                    assert!(
+                        winners.insert(id, label).is_none(),
+                        "item {id} settled twice"
+                    );
+                }
+                ("a" | "b", Err(e)) => assert_eq!(e.code(), Some(ErrorCode::ClaimLost), "{label}"),
+                ("wrong", r) => assert_eq!(code(r), ErrorCode::ClaimLost, "wrong token"),
+                (_, r) => {
+                    let c = code(r);
+                    assert!(
+                        c == ErrorCode::Forbidden || c == ErrorCode::ClaimLost,
+                        "another worker: {c:?}"
+                    );
+                }
+            }
+        }
+        assert_eq!(
+            winners.len(),
+            ITEMS,
+            "round {round}: every item settled once"
+        );
+        for (id, label) in winners {
+            let item = store.item(id).await.unwrap().unwrap();
+            assert_eq!(
+                (item.state, item.result, item.epoch),
+                (ItemState::Done, Some(json!(label)), 1),
+                "item {id} holds its winner's result"
+            );
+        }
+    }
+    match db.kind {
+        crate::common::Kind::Postgres => assert!(
+            store.coalesced_calls() > 0,
+            "no claim or settle shared a statement in {ROUNDS} rounds"
+        ),
+        crate::common::Kind::Sqlite => assert_eq!(store.coalesced_calls(), 0),
+    }
+}

@@ -48,6 +48,7 @@ conformance! {
     lease::release_reopens_the_item_and_counts_an_attempt,
     lease::an_item_is_redelivered_at_most_five_times_after_its_first_delivery,
     lease::lease_expiry_is_measured_only_on_the_database_clock,
+    lease::concurrent_claims_and_settles_each_keep_their_own_outcome,
     auth::an_enrollment_token_used_twice_concurrently_enrolls_exactly_one_worker,
     auth::a_refresh_token_used_twice_gets_one_success_and_one_rejection,
     auth::a_wrong_verifier_neither_enrolls_nor_burns_the_token,

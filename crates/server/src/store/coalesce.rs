@@ -1,0 +1,103 @@
+//! Coalescing of concurrent single-row writes into one statement.
+//!
+//! On PostgreSQL every statement pays a fixed cost (snapshot, executor start,
+//! commit, a network round trip) that dwarfs its one row. Calls that arrive
+//! while a statement of their kind is in flight wait in a *lane* and go out
+//! together as the next statement, one row per call: River's batch completer
+//! and its batched fetch do the same for job completions and fetches. Nothing
+//! waits for a timer; a call that finds its lane idle starts the lane's runner
+//! at once, so a lone call costs what it did before.
+//!
+//! Every call keeps its own outcome (its own item, CAS result and error): the
+//! statements name the expected state per row exactly as the single-row ones
+//! do, so a stale call in a batch changes nothing and is told why alone.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::Mutex;
+
+/// Most calls one statement carries (7 bind parameters each for a settle:
+/// far below PostgreSQL's 65,535).
+pub const MAX_BATCH: usize = 64;
+
+struct Lane<T> {
+    pending: Vec<T>,
+    running: bool,
+}
+
+/// Calls waiting per key (a queue name for claims, `()` for settles).
+pub struct Lanes<K, T> {
+    lanes: Mutex<HashMap<K, Lane<T>>>,
+}
+
+impl<K, T> std::fmt::Debug for Lanes<K, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Lanes")
+    }
+}
+
+impl<K: Eq + Hash + Clone, T> Default for Lanes<K, T> {
+    fn default() -> Self {
+        Lanes {
+            lanes: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<K: Eq + Hash + Clone, T> Lanes<K, T> {
+    /// Queues `job` on `key`'s lane. Returns true when the lane was idle: the
+    /// caller must then start a runner that drains it with [`Lanes::next`].
+    pub fn push(&self, key: &K, job: T) -> bool {
+        let mut lanes = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
+        let lane = lanes.entry(key.clone()).or_insert_with(|| Lane {
+            pending: Vec::new(),
+            running: false,
+        });
+        lane.pending.push(job);
+        !std::mem::replace(&mut lane.running, true)
+    }
+
+    /// The runner's next batch: up to `max` jobs in arrival order. `None` when
+    /// the lane is empty, which also marks it idle (the next push starts a new
+    /// runner), so no job is ever left without one.
+    pub fn next(&self, key: &K, max: usize) -> Option<Vec<T>> {
+        let mut lanes = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
+        let lane = lanes.get_mut(key)?;
+        if lane.pending.is_empty() {
+            lanes.remove(key);
+            return None;
+        }
+        let take = lane.pending.len().min(max);
+        Some(lane.pending.drain(..take).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_push_on_an_idle_lane_starts_a_runner_and_later_ones_join_it() {
+        let lanes: Lanes<&str, u32> = Lanes::default();
+        assert!(lanes.push(&"q", 1));
+        assert!(!lanes.push(&"q", 2));
+        assert!(lanes.push(&"other", 3), "lanes are per key");
+        assert_eq!(lanes.next(&"q", 64), Some(vec![1, 2]));
+        assert!(!lanes.push(&"q", 4), "the runner is still draining");
+        assert_eq!(lanes.next(&"q", 64), Some(vec![4]));
+        assert_eq!(lanes.next(&"q", 64), None);
+        assert!(lanes.push(&"q", 5), "an emptied lane is idle again");
+    }
+
+    #[test]
+    fn a_batch_takes_at_most_max_jobs_in_arrival_order() {
+        let lanes: Lanes<(), u32> = Lanes::default();
+        for i in 0..10 {
+            lanes.push(&(), i);
+        }
+        assert_eq!(lanes.next(&(), 4), Some(vec![0, 1, 2, 3]));
+        assert_eq!(lanes.next(&(), 4), Some(vec![4, 5, 6, 7]));
+        assert_eq!(lanes.next(&(), 4), Some(vec![8, 9]));
+        assert_eq!(lanes.next(&(), 4), None);
+    }
+}
