@@ -11,6 +11,12 @@
 //! Every call keeps its own outcome (its own item, CAS result and error): the
 //! statements name the expected state per row exactly as the single-row ones
 //! do, so a stale call in a batch changes nothing and is told why alone.
+//!
+//! A queued call runs even if its caller goes away meanwhile (the runner is a
+//! task of its own, so one caller's disconnect never cancels the others). A
+//! claim nobody receives then expires unheld after its TTL and the reaper
+//! counts the attempt, as for a client that vanished after a single-row
+//! claim ran.
 
 use std::collections::HashMap;
 use std::hash::Hash;
