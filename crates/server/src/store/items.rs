@@ -23,13 +23,32 @@ use tokio::sync::oneshot;
 const ITEM_COLS: &str =
     "id, queue, state, payload, result, attempts, max_redeliveries, epoch, last_error, worker_id";
 
-/// [`ITEM_COLS`] qualified with the table alias `i` (for statements that join).
-fn qualified_item_cols() -> String {
-    ITEM_COLS
-        .split(", ")
-        .map(|c| format!("i.{c} AS {c}"))
-        .collect::<Vec<_>>()
-        .join(", ")
+/// [`ITEM_COLS`] qualified with the table alias `i` (for statements that join),
+/// derived once.
+fn qualified_item_cols() -> &'static str {
+    static COLS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        ITEM_COLS
+            .split(", ")
+            .map(|c| format!("i.{c} AS {c}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    });
+    &COLS
+}
+
+/// A batch statement's rows put back in call order: each row names its call
+/// by the 1-based `n` it was bound with; a call with no row gets `None`.
+fn by_call(rows: &[AnyRow], calls: usize) -> Result<Vec<Option<ItemView>>, StoreError> {
+    let mut out: Vec<Option<ItemView>> = (0..calls).map(|_| None).collect();
+    for row in rows {
+        let n: i64 = get(row, "n")?;
+        let slot = usize::try_from(n - 1)
+            .ok()
+            .and_then(|k| out.get_mut(k))
+            .ok_or_else(|| StoreError::Corrupt(format!("batch row {n}")))?;
+        *slot = Some(item_from_row(row)?);
+    }
+    Ok(out)
 }
 
 /// A claim waiting in its queue's lane (PostgreSQL; see `coalesce`).
@@ -280,17 +299,7 @@ impl Store {
                 .bind(&job.token_hash)
                 .bind(job.worker_id);
         }
-        let rows = q.fetch_all(&self.pool).await?;
-        let mut out: Vec<Option<ItemView>> = (0..batch.len()).map(|_| None).collect();
-        for row in &rows {
-            let n: i64 = get(row, "n")?;
-            let slot = usize::try_from(n - 1)
-                .ok()
-                .and_then(|k| out.get_mut(k))
-                .ok_or_else(|| StoreError::Corrupt(format!("claim batch row {n}")))?;
-            *slot = Some(item_from_row(row)?);
-        }
-        Ok(out)
+        by_call(&q.fetch_all(&self.pool).await?, batch.len())
     }
 
     fn claim_response(&self, item: ItemView, token: String) -> ClaimResponse {
@@ -521,17 +530,7 @@ impl Store {
                 .bind(job.error.as_deref())
                 .bind(job.owner.unwrap_or(0));
         }
-        let rows = q.fetch_all(&self.pool).await?;
-        let mut out: Vec<Option<ItemView>> = (0..batch.len()).map(|_| None).collect();
-        for row in &rows {
-            let n: i64 = get(row, "n")?;
-            let slot = usize::try_from(n - 1)
-                .ok()
-                .and_then(|k| out.get_mut(k))
-                .ok_or_else(|| StoreError::Corrupt(format!("settle batch row {n}")))?;
-            *slot = Some(item_from_row(row)?);
-        }
-        Ok(out)
+        by_call(&q.fetch_all(&self.pool).await?, batch.len())
     }
 
     /// Gives `id` back: it reopens (one attempt counted) or, at the cap, fails
