@@ -117,6 +117,8 @@ step() {
   STEP_START=$now
   printf '%s\t%s\n' "$now" "$*" >>"$AGENTSTORE_TEST_RUN_DIR/steps.tsv"
   printf '\n=== %s ===\n' "$*"
+  # Free disk, so that a run that fails for lack of space says so up front.
+  df -h . 2>/dev/null | awk 'NR == 2 { printf "(disk: %s free of %s)\n", $4, $2 }'
 }
 
 step "bootstrap"
