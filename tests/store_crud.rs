@@ -227,3 +227,53 @@ async fn js_errors_carry_name_code_status_and_the_stored_record() {
         .unwrap_err();
     assert_eq!(field_str(&err, "name").as_deref(), Some("ValidationError"));
 }
+
+/// The revision of a create is `Rev::next(None, [md5(canonical body),
+/// updatedAt])`, and the browser's canonical body must be the text the
+/// protocol crate writes natively (`canonical_body`: keys in UTF-8 byte
+/// order, serde_json's escapes). Each case is a body where a JavaScript
+/// serialisation would differ if done naively: keys past U+FFFF (UTF-16 order
+/// differs from UTF-8 order), escapes, nesting, integers up to 2^53, a lone
+/// surrogate (a Rust string holds U+FFFD), a field set to `undefined`
+/// (absent, as in JSON).
+#[wasm_bindgen_test]
+async fn the_body_digest_is_the_native_canonical_digest() {
+    use agentstore_protocol::canonical::BodyDigest;
+    use agentstore_protocol::record::canonical_body;
+    use agentstore_protocol::rev::Rev;
+    const AT: &str = "2026-03-01T08:27:12.804Z";
+    let (store, _) = open("digest").await;
+    // (the record as JS source, the same body natively)
+    let cases: Vec<(&str, serde_json::Value)> = vec![
+        (
+            r#"({"_id":"k","\u{E000}":1,"\u{1F600}":2,"a":3,"Z":4,"\u00e9":5,"\uFFFF":6})"#,
+            json!({"_id":"k","\u{E000}":1,"\u{1F600}":2,"a":3,"Z":4,"\u{e9}":5,"\u{FFFF}":6}),
+        ),
+        (
+            r#"({"_id":"e","s":"q\"b\\s\n\t\r\b\f\u0001\u001f\u007f\u2028/\u{1F600}"})"#,
+            json!({"_id":"e","s":"q\"b\\s\n\t\r\u{8}\u{c}\u{1}\u{1f}\u{7f}\u{2028}/\u{1F600}"}),
+        ),
+        (
+            r#"({"_id":"n","a":[1,-42,9007199254740992,-9007199254740992,0.5,-1.25,3.14159,[],{}],"o":{"z":null,"y":true,"x":false,"w":{"v":[{"u":"t"}]}}})"#,
+            json!({"_id":"n","a":[1,-42,9007199254740992_i64,-9007199254740992_i64,0.5,-1.25,3.14159,[],{}],"o":{"z":null,"y":true,"x":false,"w":{"v":[{"u":"t"}]}}}),
+        ),
+        (
+            r#"({"_id":"l","s":"a\ud800b","t":"\udc00","\ud800k":1})"#,
+            json!({"_id":"l","s":"a\u{FFFD}b","t":"\u{FFFD}","\u{FFFD}k":1}),
+        ),
+        (
+            r#"({"_id":"u","gone":undefined,"kept":{"also":undefined,"here":1},"recordType":"agent"})"#,
+            json!({"_id":"u","kept":{"here":1},"recordType":"agent"}),
+        ),
+    ];
+    for (source, native) in cases {
+        let record = js_sys::eval(source).unwrap();
+        js_sys::Reflect::set(&record, &"updatedAt".into(), &AT.into()).unwrap();
+        let written = store.put(&record).await.unwrap();
+        let mut body = BodyDigest::new();
+        body.raw(canonical_body(native.as_object().unwrap()).as_bytes());
+        let digest = body.finish();
+        let expected = Rev::next(None, &[&digest, AT]).unwrap().text();
+        assert_eq!(written.rev, expected, "{source}");
+    }
+}
