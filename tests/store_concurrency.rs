@@ -342,3 +342,109 @@ async fn synchronous_mutate_functions_never_conflict_even_without_retries() {
     assert!(field_str(&got, "_rev").unwrap().starts_with("201-"));
     assert_indexes_clean(&a).await;
 }
+
+/// Opens `name` with no derived index declared (the write path then has no
+/// index entry to keep in step, until another connection declares one).
+async fn open_plain(name: &str) -> agentstore::store::Store {
+    agentstore::store::Store::open(name, 2000, None, vec![])
+        .await
+        .expect("open")
+}
+
+/// The same barrier race as above on stores that maintain no index: over
+/// 120 rounds on two connections exactly one writer wins and the stored body
+/// is the winner's.
+#[wasm_bindgen_test]
+async fn without_indexes_two_writers_with_the_same_revision_exactly_one_wins_every_round() {
+    let name = fresh_name("plain-barrier");
+    let (a, b) = (open_plain(&name).await, open_plain(&name).await);
+    let mut rev = a.put(&js(json!({"_id": "k", "n": 0}))).await.unwrap().rev;
+    // Each connection has read the (empty) index state once.
+    rev = b
+        .put(&js(json!({"_id": "k", "_rev": rev, "n": 0})))
+        .await
+        .unwrap()
+        .rev;
+    for round in 1..=120 {
+        let (ra, rb) = (
+            js(json!({"_id": "k", "_rev": rev, "n": round, "w": "a"})),
+            js(json!({"_id": "k", "_rev": rev, "n": round, "w": "b"})),
+        );
+        let (x, y) = futures::join!(a.put(&ra), b.put(&rb));
+        let (won, who) = match (x, y) {
+            (Ok(w), Err(e)) if e.code() == ErrorCode::Conflict => (w, "a"),
+            (Err(e), Ok(w)) if e.code() == ErrorCode::Conflict => (w, "b"),
+            (x, y) => panic!("round {round}: {x:?} {y:?}"),
+        };
+        let stored = b.get(&s("k")).await.unwrap().unwrap();
+        assert_eq!(field_str(&stored, "w").as_deref(), Some(who));
+        assert_eq!(
+            field_str(&stored, "_rev").as_deref(),
+            Some(won.rev.as_str())
+        );
+        rev = won.rev;
+    }
+}
+
+/// An update whose `_rev` is a tombstone's revision resurrects the record
+/// (as in PouchDB) also when no index is maintained, and an older revision
+/// still conflicts.
+#[wasm_bindgen_test]
+async fn without_indexes_a_tombstone_revision_still_resurrects() {
+    let store = open_plain(&fresh_name("plain-tomb")).await;
+    let r1 = store
+        .put(&js(json!({"_id": "t", "n": 1})))
+        .await
+        .unwrap()
+        .rev;
+    let r2 = store
+        .put(&js(json!({"_id": "t", "_rev": r1, "n": 2})))
+        .await
+        .unwrap()
+        .rev;
+    let tomb = store.delete(&s("t"), &s(&r2)).await.unwrap();
+    let back = store
+        .put(&js(json!({"_id": "t", "_rev": tomb, "n": 4})))
+        .await
+        .unwrap();
+    assert!(back.rev.starts_with("4-"), "{}", back.rev);
+    let e = store
+        .put(&js(json!({"_id": "t", "_rev": r2, "n": 5})))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Conflict);
+    let stored = store.get(&s("t")).await.unwrap().unwrap();
+    assert_eq!(field(&stored, "n").as_f64(), Some(4.0));
+}
+
+/// A connection that last saw no index maintained, updating after another
+/// connection declared and built one, keeps that index's entries (its
+/// writes read the index state generation inside their transaction). Every
+/// round changes `recordType`, so a missed entry shows as stale or missing
+/// in `verifyIndexes`.
+#[wasm_bindgen_test]
+async fn an_update_after_another_connection_builds_an_index_maintains_it() {
+    let name = fresh_name("plain-then-indexed");
+    let plain = open_plain(&name).await;
+    let mut rev = plain
+        .put(&js(json!({"_id": "x", "recordType": "a"})))
+        .await
+        .unwrap()
+        .rev;
+    rev = plain
+        .put(&js(json!({"_id": "x", "_rev": rev, "recordType": "b"})))
+        .await
+        .unwrap()
+        .rev;
+    let indexed = open_named(&name).await;
+    for (round, kind) in ["c", "d", "e", "f"].iter().enumerate() {
+        rev = plain
+            .put(&js(
+                json!({"_id": "x", "_rev": rev, "recordType": kind, "round": round}),
+            ))
+            .await
+            .unwrap()
+            .rev;
+        assert_indexes_clean(&indexed).await;
+    }
+}
