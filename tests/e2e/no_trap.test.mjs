@@ -177,6 +177,12 @@ async function exercise(page, { entry, member, origin, admin }) {
       'throwing Proxy': () => new Proxy({}, { get() { throw OWN; }, has() { throw OWN; }, ownKeys() { throw OWN; } }),
       Blob: () => new Blob(['{"x":1}\n']),
       'string (where an object is expected)': () => 'not-an-object',
+      // Multi-byte and lone-surrogate text, where Rust code that splits or
+      // slices by byte index would panic (a cursor starting with 'é' did).
+      'non-ASCII string': () => 'i1.\u00e9.s\u{1F600}\uD800',
+      'object of non-ASCII strings': () => ({
+        after: 'i1.\u00e9', prefix: '\u00e9', eq: '\u{1F600}', gte: '\u00e9', lte: '\uD800', id: '\u00e9', _id: '\u00e9x',
+      }),
     };
     // What the throwing Proxy throws: the argument's own exception, which may
     // pass through unchanged (JavaScript itself raised it, not the module).

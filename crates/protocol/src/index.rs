@@ -332,6 +332,12 @@ pub fn encode_key_cursor(key: &[KeyPart]) -> String {
 /// A message when the cursor was not made by `encode_key_cursor`.
 pub fn decode_key_cursor(s: &str) -> Result<Vec<KeyPart>, String> {
     let bad = || "invalid index cursor: not made by listBy".to_string();
+    // Cursors are ASCII by construction; anything else is refused here,
+    // before any byte-indexed split (a split inside a multi-byte character
+    // would panic, and a panic in wasm kills the module).
+    if !s.is_ascii() {
+        return Err(bad());
+    }
     let mut parts = s.split('.');
     if parts.next() != Some("i1") {
         return Err(bad());
@@ -524,6 +530,25 @@ mod tests {
         assert_eq!(
             entry_range("t", &Condition::Eq(vec![s("run")]), Some(&past), false),
             None
+        );
+    }
+
+    #[test]
+    fn a_cursor_with_non_ascii_text_is_refused_not_a_panic() {
+        for c in [
+            "i1.\u{e9}",
+            "i1.\u{e9}0000",
+            "i1.s\u{e9}",
+            "\u{1F600}",
+            "i1.n\u{e9}000000000000000",
+            "i1.s00\u{e9}",
+        ] {
+            assert!(decode_key_cursor(c).is_err(), "{c:?}");
+        }
+        let good = encode_key_cursor(&[s("\u{e9}\u{1F600}"), KeyPart::Num(1.5), KeyPart::Max]);
+        assert_eq!(
+            decode_key_cursor(&good).unwrap(),
+            vec![s("\u{e9}\u{1F600}"), KeyPart::Num(1.5), KeyPart::Max]
         );
     }
 }
