@@ -10,6 +10,8 @@
 //                           (socket destroyed, nothing forwarded) for 1 s from
 //                           the first one (browsers silently retry a POST once on
 //                           a reset keep-alive socket); later ones pass
+//   /_held/<mode>            {"held": n}: how many answers of that mode are held
+//                           back right now (a test waits for 0 instead of sleeping)
 //   anything else            passed through
 //
 // Usage: node scripts/delay-proxy.mjs --target http://127.0.0.1:18787 [--listen 127.0.0.1:0] [--delay-ms 4500]
@@ -23,10 +25,17 @@ const target = new URL(args.target ?? 'http://127.0.0.1:18787');
 const [host, port] = (args.listen ?? '127.0.0.1:0').split(':');
 const delayMs = Number(args['delay-ms'] ?? 4500);
 const dropping = new Map(); // nonce -> when the first request came (ms)
+const held = new Map(); // mode -> answers held back now (counted from the request's arrival)
 
 const isHeartbeat = (path) => path === '/v1/heartbeats' || /^\/v1\/items\/\d+\/heartbeat$/.test(path);
 
 const server = http.createServer((req, res) => {
+  if ((req.url ?? '').startsWith('/_held/')) {
+    const mode = decodeURIComponent(req.url.slice('/_held/'.length));
+    res.writeHead(200, { 'content-type': 'application/json', 'access-control-allow-origin': '*' });
+    res.end(JSON.stringify({ held: held.get(mode) ?? 0 }));
+    return;
+  }
   const m = /^\/([^/]+)(\/.*)?$/.exec(req.url ?? '/');
   const mode = m ? m[1] : '';
   const path = m && m[2] ? m[2] : '/';
@@ -40,6 +49,8 @@ const server = http.createServer((req, res) => {
   }
   const slow = /^slow-heartbeats(?:-(\d+))?$/.exec(mode);
   const hold = slow && req.method === 'POST' && isHeartbeat(path) ? Number(slow[1] ?? delayMs) : 0;
+  const done = () => hold > 0 && held.set(mode, held.get(mode) - 1);
+  if (hold > 0) held.set(mode, (held.get(mode) ?? 0) + 1);
   const up = http.request(
     { host: target.hostname, port: target.port, method: req.method, path, headers: req.headers },
     (answer) => {
@@ -49,11 +60,15 @@ const server = http.createServer((req, res) => {
         setTimeout(() => {
           res.writeHead(answer.statusCode ?? 502, answer.headers);
           res.end(Buffer.concat(chunks));
+          done();
         }, hold);
       });
     },
   );
-  up.on('error', () => res.destroy());
+  up.on('error', () => {
+    done();
+    res.destroy();
+  });
   req.pipe(up);
 });
 server.listen(Number(port), host, () => {

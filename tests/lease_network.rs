@@ -53,6 +53,29 @@ fn admin_creds() -> Credentials {
     }
 }
 
+/// How many answers of proxy mode `mode` the proxy holds back right now.
+async fn held_back(proxy: &str, mode: &str) -> f64 {
+    let url = format!("{proxy}/_held/{mode}");
+    let call = |target: &JsValue, name: &str, args: &[JsValue]| -> Promise {
+        let f: Function = Reflect::get(target, &name.into()).unwrap().unchecked_into();
+        let r = match args {
+            [a] => f.call1(target, a),
+            _ => f.call0(target),
+        };
+        r.expect("call").unchecked_into()
+    };
+    let resp = JsFuture::from(call(&js_sys::global(), "fetch", &[url.into()]))
+        .await
+        .expect("proxy answers");
+    let body = JsFuture::from(call(&resp, "json", &[]))
+        .await
+        .expect("json body");
+    Reflect::get(&body, &"held".into())
+        .unwrap()
+        .as_f64()
+        .expect("held")
+}
+
 /// Case 1: every heartbeat answer is held back past the TTL (the server
 /// applies the heartbeat, the page does not hear of it in time). Each lease
 /// is lost locally — from the loop, not from a reader — before a competitor
@@ -96,8 +119,18 @@ async fn slow_heartbeat_answers_never_let_a_lease_outlive_its_deadline() {
     for l in [&la, &lb] {
         assert_eq!(l.status(), Status::Lost(LossReason::ExpiredLocally));
     }
-    // The held-back answers arrive now: still lost, never renewed again.
-    sleep(4_500.0).await;
+    // The held-back answers arrive: wait (bounded) until the proxy has sent
+    // every one of them, then for one more answer through it. Still lost,
+    // never renewed again.
+    let until = now() + 4.0 * TTL_MS + 4_500.0;
+    while held_back(proxy, "slow-heartbeats").await > 0.0 && now() < until {
+        sleep(50.0).await;
+    }
+    assert_eq!(
+        held_back(proxy, "slow-heartbeats").await,
+        0.0,
+        "answers still held back"
+    );
     for l in [&la, &lb] {
         assert_eq!(
             l.status(),
@@ -249,6 +282,90 @@ async fn recover_racing_claims_never_releases_a_live_lease() {
         recovered >= ROUNDS * 2,
         "recover ran during the claims ({recovered})"
     );
+}
+
+/// Holds the exclusive Web Lock `name` as another page would: resolves (once
+/// granted) to `(release, done)`, where calling `release` lets it go and
+/// `done` resolves once the lock manager has released it.
+async fn hold_web_lock(name: &str) -> (Function, Promise) {
+    let f = Function::new_with_args(
+        "name",
+        "return new Promise((ok) => { let done; done = navigator.locks.request(name, () => \
+         new Promise((release) => ok({ release: () => release(), done: () => done }))); });",
+    );
+    let held = JsFuture::from(
+        f.call1(&JsValue::NULL, &name.into())
+            .unwrap()
+            .unchecked_into::<Promise>(),
+    )
+    .await
+    .unwrap();
+    let release: Function = Reflect::get(&held, &"release".into())
+        .unwrap()
+        .unchecked_into();
+    let done: Function = Reflect::get(&held, &"done".into())
+        .unwrap()
+        .unchecked_into();
+    let done: Promise = done.call0(&JsValue::NULL).unwrap().unchecked_into();
+    (release, done)
+}
+
+/// A claim can find its item's Web Lock still held by the item's earlier
+/// holder: a page frozen past the TTL, whose own claim has not ended locally.
+/// The claim queues for the lock, so when that holder lets go, the claiming
+/// page holds the lock before another page's `recover()` (which takes only a
+/// free lock) can, and `recover()` never releases the live lease. Forced over
+/// 15 rounds: the test holds the lock as the earlier holder, the claim is
+/// made and journalled, the lock is let go, and `recover()` runs in another
+/// client (sharing the journal and the locks, as two pages do) as soon as the
+/// lock manager has released it.
+#[wasm_bindgen_test]
+async fn a_claim_behind_a_stale_lock_holder_is_never_released_by_recover() {
+    if server().is_none() {
+        return;
+    }
+    let journal = fresh_queue("stale-lock-journal");
+    let q = fresh_queue("stale-lock");
+    let cfg = || ClientConfig {
+        journal_name: Some(journal.clone()),
+        lock_wait_ms: 0.0,
+        ..config()
+    };
+    let claimer = admin_client(cfg());
+    let other = admin_client(cfg());
+    for round in 0..15 {
+        let id = enqueue(&q, json!({})).await;
+        let (release, done) = hold_web_lock(&claimer.lock_name(id)).await;
+        let lease = claim(&claimer, &q).await;
+        assert_eq!(lease.item_id, id, "round {round}");
+        let before = other.recover(false).await.expect("recover");
+        assert!(
+            before.busy.contains(&id),
+            "round {round}: the earlier holder has the lock"
+        );
+        release.call0(&JsValue::NULL).unwrap();
+        JsFuture::from(done).await.unwrap();
+        let after = other.recover(false).await.expect("recover");
+        assert!(
+            !after.released.contains(&id) && !after.lost.contains(&id),
+            "round {round}: recover() released the live lease"
+        );
+        assert!(
+            after.busy.contains(&id),
+            "round {round}: the claimer holds the lock now"
+        );
+        assert_eq!(lease.status(), Status::Held, "round {round}");
+        let it = item(id).await;
+        assert_eq!(
+            (it.state, it.attempts),
+            (ItemState::Running, 0),
+            "round {round}"
+        );
+        lease
+            .settle(agentstore_protocol::lease::SettleState::Done, None, None)
+            .await
+            .unwrap();
+    }
 }
 
 fn noop_handler() -> Function {

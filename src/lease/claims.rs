@@ -80,9 +80,15 @@ impl ClientInner {
 
     /// Locks, then journals a lease, and heartbeats it.
     ///
-    /// The Web Lock is taken BEFORE the journal entry is written: another
-    /// page's `recover()` that reads the entry always finds the lock taken and
-    /// leaves the live lease alone.
+    /// The item's Web Lock is taken, or queued for, BEFORE the journal entry is
+    /// written: another page's `recover()` that reads the entry always finds
+    /// the lock taken and leaves the live lease alone. The lock can still be
+    /// held by an earlier holder of the item: a page frozen past the TTL whose
+    /// claim has not ended locally yet. This lease then queues for the lock
+    /// without a bound; Web Locks grant in request order, so when that holder
+    /// lets go this page is the next holder, and no `recover()` elsewhere
+    /// (which only takes a free lock) can take it in between and release the
+    /// live lease.
     async fn adopt(self: &Rc<Self>, lease: &Rc<LeaseInner>, ttl_ms: u64, heartbeat_ms: u64) {
         // Registered first, so heartbeats (and the deadline) cover the lock and
         // journal work.
@@ -91,14 +97,19 @@ impl ClientInner {
             .insert(lease.item_id, lease.clone());
         self.ensure_heartbeats();
         if self.config.use_locks {
-            if let lifecycle::LockOutcome::Acquired(unlock) =
-                lifecycle::lock(&self.lock_name(lease.item_id), 0.0).await
-            {
-                if lease.is_active() {
-                    *lease.unlock.borrow_mut() = Some(unlock);
-                } else {
-                    let _ = unlock.call0(&JsValue::UNDEFINED);
+            let name = self.lock_name(lease.item_id);
+            match lifecycle::lock(&name, 0.0).await {
+                lifecycle::LockOutcome::Acquired(unlock) => hold_lock(lease, unlock),
+                lifecycle::LockOutcome::Busy => {
+                    let queued = lifecycle::lock(&name, f64::INFINITY); // issued now
+                    let lease = lease.clone();
+                    wasm_bindgen_futures::spawn_local(async move {
+                        if let lifecycle::LockOutcome::Acquired(unlock) = queued.await {
+                            hold_lock(&lease, unlock);
+                        }
+                    });
                 }
+                lifecycle::LockOutcome::Unsupported => {}
             }
         }
         if !lease.is_active() {
@@ -123,7 +134,17 @@ impl ClientInner {
             lease.status(),
             Status::Settled | Status::Lost(LossReason::ClaimLost | LossReason::Released)
         ) {
-            self.forget_journal(lease.item_id);
+            self.forget_journal(lease.item_id, lease.token());
         }
+    }
+}
+
+/// Keeps `unlock` (the item's Web Lock) with `lease` while it is active;
+/// a lease that already ended lets the lock go at once.
+fn hold_lock(lease: &LeaseInner, unlock: js_sys::Function) {
+    if lease.is_active() && lease.unlock.borrow().is_none() {
+        *lease.unlock.borrow_mut() = Some(unlock);
+    } else {
+        let _ = unlock.call0(&JsValue::UNDEFINED);
     }
 }

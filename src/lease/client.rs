@@ -173,7 +173,8 @@ impl ClientInner {
     }
 
     /// The Web Lock name of a lease of this server.
-    pub(crate) fn lock_name(&self, item_id: i64) -> String {
+    #[doc(hidden)]
+    pub fn lock_name(&self, item_id: i64) -> String {
         let mut s = String::from("agentstore-lease ");
         s.push_str(&self.base);
         s.push(' ');
@@ -183,19 +184,28 @@ impl ClientInner {
 
     /// Drops a lease from the registry and, when `journal`, from the journal
     /// (only ever called once the lease has ended).
-    pub(crate) fn forget_lease(&self, item_id: i64, journal: bool) {
-        self.leases.borrow_mut().remove(&item_id);
+    ///
+    /// Both are keyed by item id, and the same item can be claimed again (by
+    /// this page or another) once the lease ended: only the entries that
+    /// still carry this lease's `token` are removed.
+    pub(crate) fn forget_lease(&self, item_id: i64, token: &str, journal: bool) {
+        let mut leases = self.leases.borrow_mut();
+        if leases.get(&item_id).is_some_and(|l| l.token() == token) {
+            leases.remove(&item_id);
+        }
+        drop(leases);
         if journal {
-            self.forget_journal(item_id);
+            self.forget_journal(item_id, token);
         }
     }
 
     /// Removes a lease's journal entry in the background.
-    pub(crate) fn forget_journal(&self, item_id: i64) {
+    pub(crate) fn forget_journal(&self, item_id: i64, token: &str) {
         let j = self.journal.clone();
         let base = self.base.clone();
+        let token = token.to_owned();
         wasm_bindgen_futures::spawn_local(async move {
-            let _ = j.delete(&base, item_id).await;
+            let _ = j.delete(&base, item_id, &token).await;
         });
     }
 

@@ -120,11 +120,13 @@ impl Journal {
         tx.commit().await.map_err(|e| e.message())
     }
 
-    /// Removes an entry (absent is fine).
+    /// Removes the entry of `item_id` if it still holds `token` (absent is
+    /// fine). Read and delete are one transaction: an entry another claim of
+    /// the same item wrote meanwhile (a new token) stays.
     ///
     /// # Errors
     /// As [`Journal::put`].
-    pub async fn delete(&self, base: &str, item_id: i64) -> Result<(), String> {
+    pub async fn delete(&self, base: &str, item_id: i64, token: &str) -> Result<(), String> {
         let Some(db) = self.open().await? else {
             return Ok(());
         };
@@ -132,7 +134,17 @@ impl Journal {
             .tx(&[STORE], TransactionMode::ReadWrite)
             .map_err(|e| e.message())?;
         let store = tx.store(STORE).map_err(|e| e.message())?;
-        store.delete(key(base, item_id)).map_err(|e| e.message())?;
+        let k = key(base, item_id);
+        let held = store
+            .get(k.clone())
+            .map_err(|e| e.message())?
+            .await
+            .map_err(|e| e.message())?
+            .and_then(|v| js_sys::Reflect::get(&v, &"token".into()).ok())
+            .and_then(|t| t.as_string());
+        if held.as_deref() == Some(token) {
+            store.delete(k).map_err(|e| e.message())?;
+        }
         tx.commit().await.map_err(|e| e.message())
     }
 

@@ -229,7 +229,7 @@ impl LeaseInner {
         wasm_bindgen_futures::spawn_local(async move {
             match client.release_token(item_id, &token).await {
                 Err(e) if e.is_transient() || matches!(e, LeaseError::Unauthorized(_)) => {}
-                _ => client.forget_journal(item_id),
+                _ => client.forget_journal(item_id, &token),
             }
         });
     }
@@ -258,7 +258,7 @@ impl LeaseInner {
 
     fn finish(&self, forget: bool) {
         if let Some(c) = self.client.upgrade() {
-            c.forget_lease(self.item_id, forget);
+            c.forget_lease(self.item_id, &self.token, forget);
         }
         if let Some(unlock) = self.unlock.borrow_mut().take() {
             let _ = unlock.call0(&JsValue::UNDEFINED);
@@ -368,7 +368,7 @@ impl LeaseInner {
         self.lose(LossReason::Released, "released by this client");
         // Lost locally while the release was in flight: the entry still goes.
         if let Some(c) = self.client.upgrade() {
-            c.forget_journal(self.item_id);
+            c.forget_journal(self.item_id, &self.token);
         }
         Ok(())
     }

@@ -89,15 +89,32 @@ pub enum LockOutcome {
 }
 
 /// Requests the exclusive [Web Lock](https://developer.mozilla.org/docs/Web/API/LockManager/request)
-/// `name`, waiting at most `wait_ms` (0 = only if free now). The lock is held
-/// until the returned function is called (or the page goes away).
-pub async fn lock(name: &str, wait_ms: f64) -> LockOutcome {
-    let Some(locks) = get(&js_sys::global(), "navigator").and_then(|n| get(&n, "locks")) else {
-        return LockOutcome::Unsupported;
-    };
-    let Some(request) = get(&locks, "request").and_then(|f| f.dyn_into::<Function>().ok()) else {
-        return LockOutcome::Unsupported;
-    };
+/// `name`, waiting at most `wait_ms` (0 = only if free now; `f64::INFINITY` =
+/// until it is granted). The lock is held until the returned function is
+/// called (or the page goes away).
+///
+/// The request is issued when this function is called, not when the future
+/// is first polled: Web Locks grant requests in the order they were made, so
+/// a caller can take its place in the queue before it does anything that
+/// another context might react to.
+pub fn lock(name: &str, wait_ms: f64) -> impl std::future::Future<Output = LockOutcome> {
+    let issued = request_lock(name, wait_ms);
+    async move {
+        let Some((granted, unlock)) = issued else {
+            return LockOutcome::Unsupported;
+        };
+        match JsFuture::from(granted).await.ok().and_then(|v| v.as_bool()) {
+            Some(true) => LockOutcome::Acquired(unlock),
+            _ => LockOutcome::Busy,
+        }
+    }
+}
+
+/// Issues the request of [`lock`]: `(granted, unlock)`, where `granted`
+/// resolves with whether the lock is held; `None` without Web Locks.
+fn request_lock(name: &str, wait_ms: f64) -> Option<(Promise, Function)> {
+    let locks = get(&js_sys::global(), "navigator").and_then(|n| get(&n, "locks"))?;
+    let request = get(&locks, "request").and_then(|f| f.dyn_into::<Function>().ok())?;
     // `granted` resolves with true (lock held) or false (busy / gave up).
     let grant_slot: Rc<RefCell<Option<Function>>> = Rc::new(RefCell::new(None));
     let g2 = grant_slot.clone();
@@ -108,9 +125,7 @@ pub async fn lock(name: &str, wait_ms: f64) -> LockOutcome {
     let h2 = hold_slot.clone();
     let hold = Promise::new(&mut |resolve, _| *h2.borrow_mut() = Some(resolve));
     let unlock = hold_slot.borrow_mut().take();
-    let (Some(grant), Some(unlock)) = (grant, unlock) else {
-        return LockOutcome::Unsupported;
-    };
+    let (grant, unlock) = (grant?, unlock?);
     let g = grant.clone();
     let cb = Closure::once_into_js(move |lock: JsValue| -> JsValue {
         let held = !lock.is_null() && !lock.is_undefined();
@@ -125,18 +140,16 @@ pub async fn lock(name: &str, wait_ms: f64) -> LockOutcome {
     let controller = web_sys::AbortController::new().ok();
     if wait_ms <= 0.0 {
         let _ = Reflect::set(&options, &"ifAvailable".into(), &JsValue::TRUE);
-    } else if let Some(c) = &controller {
+    } else if let (Some(c), true) = (&controller, wait_ms.is_finite()) {
         let _ = Reflect::set(&options, &"signal".into(), &c.signal());
     }
-    let Ok(p) = request.call3(&locks, &name.into(), &options, &cb) else {
-        return LockOutcome::Unsupported;
-    };
+    let p = request.call3(&locks, &name.into(), &options, &cb).ok()?;
     let g = grant.clone();
     let on_err = Closure::once_into_js(move |_: JsValue| {
         let _ = g.call1(&JsValue::UNDEFINED, &JsValue::FALSE);
     });
     on_reject(&p, on_err);
-    if wait_ms > 0.0 {
+    if wait_ms > 0.0 && wait_ms.is_finite() {
         if let Some(c) = controller {
             let g = grant.clone();
             wasm_bindgen_futures::spawn_local(async move {
@@ -147,8 +160,5 @@ pub async fn lock(name: &str, wait_ms: f64) -> LockOutcome {
             });
         }
     }
-    match JsFuture::from(granted).await.ok().and_then(|v| v.as_bool()) {
-        Some(true) => LockOutcome::Acquired(unlock),
-        _ => LockOutcome::Busy,
-    }
+    Some((granted, unlock))
 }

@@ -84,7 +84,10 @@ impl ClientInner {
                         continue;
                     }
                     Ok(None) => {
-                        let _ = self.journal.delete(&self.base, entry.item_id).await;
+                        let _ = self
+                            .journal
+                            .delete(&self.base, entry.item_id, &entry.token)
+                            .await;
                         report.lost.push(entry.item_id);
                         unlock_now(&unlock);
                         continue;
@@ -97,12 +100,18 @@ impl ClientInner {
             }
             match self.release_token(entry.item_id, &entry.token).await {
                 Ok(()) => {
-                    let _ = self.journal.delete(&self.base, entry.item_id).await;
+                    let _ = self
+                        .journal
+                        .delete(&self.base, entry.item_id, &entry.token)
+                        .await;
                     report.released.push(entry.item_id);
                 }
                 Err(e) if !e.is_transient() && !matches!(e, LeaseError::Unauthorized(_)) => {
                     // claim_lost / state_conflict / not_found: nothing left to release.
-                    let _ = self.journal.delete(&self.base, entry.item_id).await;
+                    let _ = self
+                        .journal
+                        .delete(&self.base, entry.item_id, &entry.token)
+                        .await;
                     report.lost.push(entry.item_id);
                 }
                 Err(_) => {} // kept for the next recover
