@@ -10,6 +10,9 @@
 //                           (socket destroyed, nothing forwarded) for 1 s from
 //                           the first one (browsers silently retry a POST once on
 //                           a reset keep-alive socket); later ones pass
+//   /drop-settle-answers-<n>/… settle requests reach the server (it applies them),
+//                           but their answers are cut off (socket destroyed) until
+//                           /_stop/<n> is requested; later ones pass
 //   /_held/<mode>            {"held": n}: how many answers of that mode are held
 //                           back right now (a test waits for 0 instead of sleeping)
 //   anything else            passed through
@@ -26,6 +29,7 @@ const [host, port] = (args.listen ?? '127.0.0.1:0').split(':');
 const delayMs = Number(args['delay-ms'] ?? 4500);
 const dropping = new Map(); // nonce -> when the first request came (ms)
 const held = new Map(); // mode -> answers held back now (counted from the request's arrival)
+const stopped = new Set(); // nonces of drop-settle-answers-<n> that pass again
 
 const isHeartbeat = (path) => path === '/v1/heartbeats' || /^\/v1\/items\/\d+\/heartbeat$/.test(path);
 
@@ -34,6 +38,12 @@ const server = http.createServer((req, res) => {
     const mode = decodeURIComponent(req.url.slice('/_held/'.length));
     res.writeHead(200, { 'content-type': 'application/json', 'access-control-allow-origin': '*' });
     res.end(JSON.stringify({ held: held.get(mode) ?? 0 }));
+    return;
+  }
+  if ((req.url ?? '').startsWith('/_stop/')) {
+    stopped.add(decodeURIComponent(req.url.slice('/_stop/'.length)));
+    res.writeHead(200, { 'content-type': 'application/json', 'access-control-allow-origin': '*' });
+    res.end('{}');
     return;
   }
   const m = /^\/([^/]+)(\/.*)?$/.exec(req.url ?? '/');
@@ -47,6 +57,9 @@ const server = http.createServer((req, res) => {
       return;
     }
   }
+  const dropSettle = /^drop-settle-answers-(.+)$/.exec(mode);
+  const cut =
+    dropSettle && !stopped.has(dropSettle[1]) && req.method === 'POST' && /^\/v1\/items\/\d+\/settle$/.test(path);
   const slow = /^slow-heartbeats(?:-(\d+))?$/.exec(mode);
   const hold = slow && req.method === 'POST' && isHeartbeat(path) ? Number(slow[1] ?? delayMs) : 0;
   const done = () => hold > 0 && held.set(mode, held.get(mode) - 1);
@@ -57,6 +70,10 @@ const server = http.createServer((req, res) => {
       const chunks = [];
       answer.on('data', (c) => chunks.push(c));
       answer.on('end', () => {
+        if (cut) {
+          req.socket.destroy();
+          return;
+        }
         setTimeout(() => {
           res.writeHead(answer.statusCode ?? 502, answer.headers);
           res.end(Buffer.concat(chunks));

@@ -368,6 +368,55 @@ async fn a_claim_behind_a_stale_lock_holder_is_never_released_by_recover() {
     }
 }
 
+/// A settle whose answer is lost on the way back (the server applied it: the
+/// proxy cuts the connection after the server answered) and is sent again:
+/// the server says `claim_lost`, because the settle cleared the token. The
+/// client reads the item, finds it at its epoch in the settled state, and
+/// reports the settle as done, not a lost claim; the signal never aborts.
+#[wasm_bindgen_test]
+async fn a_settle_whose_answer_was_lost_is_reported_settled_when_sent_again() {
+    let Some(proxy) = proxy() else { return };
+    let q = fresh_queue("lost-answer");
+    let id = enqueue(&q, json!({})).await;
+    let nonce = fresh_queue("n");
+    let c = client_at(
+        &format!("{proxy}/drop-settle-answers-{nonce}"),
+        admin_creds(),
+        config(),
+    );
+    let lease = claim(&c, &q).await;
+    assert_eq!(lease.item_id, id);
+    let done = agentstore_protocol::lease::SettleState::Done;
+    let first = lease.settle(done, Some(js(json!({"n": 1}))), None).await;
+    assert!(
+        matches!(&first, Err(e) if e.is_transient()),
+        "the first answer is cut off: {first:?}"
+    );
+    assert_eq!(lease.status(), Status::Held);
+    let it = wait_item(id, 2.0 * TTL_MS, |it| it.state == ItemState::Done).await;
+    assert_eq!(
+        it.state,
+        ItemState::Done,
+        "the server applied the first settle"
+    );
+    let call: Function = Reflect::get(&js_sys::global(), &"fetch".into())
+        .unwrap()
+        .unchecked_into();
+    let stop = call
+        .call1(&JsValue::NULL, &format!("{proxy}/_stop/{nonce}").into())
+        .unwrap();
+    JsFuture::from(stop.unchecked_into::<Promise>())
+        .await
+        .unwrap();
+    let again = lease.settle(done, Some(js(json!({"n": 1}))), None).await;
+    assert!(again.is_ok(), "reported settled: {again:?}");
+    assert_eq!(lease.status(), Status::Settled);
+    assert!(
+        !lease.signal().aborted(),
+        "a settled lease's signal never aborts"
+    );
+}
+
 fn noop_handler() -> Function {
     Function::new_no_args("return undefined")
 }

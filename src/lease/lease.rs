@@ -83,6 +83,9 @@ pub struct LeaseInner {
     pub(crate) plan: RefCell<HeartbeatPlan>,
     /// Test hook: heartbeats suspended (the local deadline still applies).
     pub(crate) paused: Cell<bool>,
+    /// A settle of this lease went out and its answer never came (a network
+    /// error or timeout): the server may have applied it.
+    settle_unanswered: Cell<bool>,
     /// Resolves the Web Lock held for this lease, when one is held.
     pub(crate) unlock: RefCell<Option<Function>>,
     /// Resolves `ended` (loss, settle or release).
@@ -113,6 +116,7 @@ impl LeaseInner {
             status: Cell::new(Status::Held),
             plan: RefCell::new(plan),
             paused: Cell::new(false),
+            settle_unanswered: Cell::new(false),
             unlock: RefCell::new(None),
             end_resolve: RefCell::new(Some(end_resolve)),
             ended,
@@ -346,7 +350,7 @@ impl LeaseInner {
             crate::error::set(&body, "error", &e.into());
         }
         let path = item_path(self.item_id, "/settle");
-        let answer = self.ending_call(&path, &body).await?;
+        let answer = self.ending_call(&path, &body, Some(state)).await?;
         if self.status.get() == Status::Ending {
             self.status.set(Status::Settled);
         }
@@ -364,7 +368,7 @@ impl LeaseInner {
             token: self.token.clone(),
         });
         let path = item_path(self.item_id, "/release");
-        self.ending_call(&path, &body).await?;
+        self.ending_call(&path, &body, None).await?;
         self.lose(LossReason::Released, "released by this client");
         // Lost locally while the release was in flight: the entry still goes.
         if let Some(c) = self.client.upgrade() {
@@ -374,7 +378,19 @@ impl LeaseInner {
     }
 
     /// A fenced call that ends the lease: no heartbeat of it runs meanwhile.
-    async fn ending_call(&self, path: &str, body: &JsValue) -> Result<JsValue> {
+    ///
+    /// `settling` (a settle to that state): when an earlier settle of this
+    /// lease got no answer and this one is told `claim_lost`, the earlier one
+    /// may have landed (its answer was lost, and the settle cleared the
+    /// token). The item is read: at this lease's epoch and in the settled
+    /// state, only this lease's token can have put it there, so the settle
+    /// succeeded and its answer is the item. Otherwise the claim was lost.
+    async fn ending_call(
+        &self,
+        path: &str,
+        body: &JsValue,
+        settling: Option<SettleState>,
+    ) -> Result<JsValue> {
         if let Some(e) = self.lost_error() {
             return Err(e);
         }
@@ -383,10 +399,34 @@ impl LeaseInner {
         self.plan.borrow_mut().ending = true;
         let timeout = client.config.request_timeout_ms;
         let r = client.authed("POST", path, Some(body), timeout, None).await;
+        let r = match (r, settling) {
+            (Err(e), Some(state))
+                if self.settle_unanswered.get()
+                    && matches!(
+                        e,
+                        LeaseError::Server {
+                            code: ErrorCode::ClaimLost,
+                            ..
+                        }
+                    ) =>
+            {
+                match client
+                    .authed("GET", &item_path(self.item_id, ""), None, timeout, None)
+                    .await
+                {
+                    Ok(a) if self.settled_here(&a.body, state) => Ok(a),
+                    _ => Err(e),
+                }
+            }
+            (r, _) => r,
+        };
         self.plan.borrow_mut().ending = false;
         match r {
             Ok(a) => Ok(a.body),
             Err(e) => {
+                if settling.is_some() && e.is_transient() {
+                    self.settle_unanswered.set(true);
+                }
                 let e = self.on_rejection(e);
                 if self.status.get() == Status::Ending {
                     self.status.set(Status::Held);
@@ -395,6 +435,15 @@ impl LeaseInner {
                 Err(e)
             }
         }
+    }
+
+    /// Whether `item` (an item view) is this lease's item, at its epoch, in
+    /// `state`.
+    fn settled_here(&self, item: &JsValue, state: SettleState) -> bool {
+        let field = |k: &str| js_sys::Reflect::get(item, &k.into()).unwrap_or_default();
+        field("id").as_f64() == Some(self.item_id as f64)
+            && field("epoch").as_f64() == Some(self.epoch as f64)
+            && field("state").as_string().as_deref() == Some(ItemState::from(state).as_str())
     }
 
     /// Release through `navigator.sendBeacon` (the token in a text/plain body,
