@@ -489,3 +489,47 @@ async fn rebuilds_of_different_index_sets_in_two_connections_both_finish() {
     assert!(!runs.contains(&"r298".to_string()) && runs.contains(&"r296".to_string()));
     assert_eq!(a.verify_indexes().await.unwrap().missing.len(), 1);
 }
+
+/// A synchronous `mutate` function runs inside the write transaction; one
+/// that edits its argument in place instead of returning a copy must not
+/// change what the index upkeep reads as the OLD record. Otherwise the old
+/// entry (`task`) is never deleted and the record is listed under both
+/// types. Also in place: setting `updatedAt` keeps the caller's value.
+#[wasm_bindgen_test]
+async fn a_synchronous_mutate_that_edits_its_argument_in_place_keeps_the_index_exact() {
+    let (store, _) = open("mutate-in-place").await;
+    for i in 0..5 {
+        let id = format!("t{i}");
+        store
+            .put(&js(
+                json!({"_id": id, "recordType": "task", "updatedAt": at(i)}),
+            ))
+            .await
+            .unwrap();
+    }
+    let retype = js_sys::Function::new_with_args("r", "r.recordType = 'archived'; return r;");
+    let restamp = js_sys::Function::new_with_args(
+        "r",
+        "r.updatedAt = '2020-01-01T00:00:00.000Z'; r.n = 1; return r;",
+    );
+    for i in 0..5 {
+        let key = JsValue::from(format!("t{i}"));
+        store.mutate(&key, &retype, 0, None).await.unwrap().unwrap();
+    }
+    assert_eq!(
+        by_all(&store, json!({"eq": ["task"]})).await,
+        Vec::<String>::new()
+    );
+    assert_eq!(by_all(&store, json!({"eq": ["archived"]})).await.len(), 5);
+    store
+        .mutate(&JsValue::from("t0"), &restamp, 0, None)
+        .await
+        .unwrap()
+        .unwrap();
+    let t0 = store.get(&JsValue::from("t0")).await.unwrap().unwrap();
+    assert_eq!(
+        field_str(&t0, "updatedAt").as_deref(),
+        Some("2020-01-01T00:00:00.000Z")
+    );
+    assert_indexes_clean(&store).await;
+}

@@ -346,11 +346,13 @@ impl LeaseInner {
         if let Some(r) = result {
             crate::error::set(&body, "result", &r);
         }
-        if let Some(e) = error {
-            crate::error::set(&body, "error", &e.into());
+        if let Some(e) = &error {
+            crate::error::set(&body, "error", &e.as_str().into());
         }
         let path = item_path(self.item_id, "/settle");
-        let answer = self.ending_call(&path, &body, Some(state)).await?;
+        let answer = self
+            .ending_call(&path, &body, Some((state, error.as_deref())))
+            .await?;
         if self.status.get() == Status::Ending {
             self.status.set(Status::Settled);
         }
@@ -379,17 +381,20 @@ impl LeaseInner {
 
     /// A fenced call that ends the lease: no heartbeat of it runs meanwhile.
     ///
-    /// `settling` (a settle to that state): when an earlier settle of this
-    /// lease got no answer and this one is told `claim_lost`, the earlier one
-    /// may have landed (its answer was lost, and the settle cleared the
-    /// token). The item is read: at this lease's epoch and in the settled
-    /// state, only this lease's token can have put it there, so the settle
-    /// succeeded and its answer is the item. Otherwise the claim was lost.
+    /// `settling` (a settle to that state, with that error message): when an
+    /// earlier settle of this lease got no answer and this one is told
+    /// `claim_lost`, the earlier one may have landed (its answer was lost,
+    /// and the settle cleared the token). The item is read: `done` at this
+    /// lease's epoch can only come from this lease's token; `failed` at this
+    /// epoch can also come from the reaper failing the item at its retry cap
+    /// (its `last_error` is then `retry_limit`), so it also needs this
+    /// settle's error message. Then the settle succeeded and its answer is
+    /// the item; otherwise the claim was lost.
     async fn ending_call(
         &self,
         path: &str,
         body: &JsValue,
-        settling: Option<SettleState>,
+        settling: Option<(SettleState, Option<&str>)>,
     ) -> Result<JsValue> {
         if let Some(e) = self.lost_error() {
             return Err(e);
@@ -400,7 +405,7 @@ impl LeaseInner {
         let timeout = client.config.request_timeout_ms;
         let r = client.authed("POST", path, Some(body), timeout, None).await;
         let r = match (r, settling) {
-            (Err(e), Some(state))
+            (Err(e), Some((state, error)))
                 if self.settle_unanswered.get()
                     && matches!(
                         e,
@@ -414,7 +419,7 @@ impl LeaseInner {
                     .authed("GET", &item_path(self.item_id, ""), None, timeout, None)
                     .await
                 {
-                    Ok(a) if self.settled_here(&a.body, state) => Ok(a),
+                    Ok(a) if self.settled_here(&a.body, state, error) => Ok(a),
                     _ => Err(e),
                 }
             }
@@ -438,12 +443,14 @@ impl LeaseInner {
     }
 
     /// Whether `item` (an item view) is this lease's item, at its epoch, in
-    /// `state`.
-    fn settled_here(&self, item: &JsValue, state: SettleState) -> bool {
+    /// `state` — and, for `failed`, with `error` as its `last_error`.
+    fn settled_here(&self, item: &JsValue, state: SettleState, error: Option<&str>) -> bool {
         let field = |k: &str| js_sys::Reflect::get(item, &k.into()).unwrap_or_default();
         field("id").as_f64() == Some(self.item_id as f64)
             && field("epoch").as_f64() == Some(self.epoch as f64)
             && field("state").as_string().as_deref() == Some(ItemState::from(state).as_str())
+            && (state == SettleState::Done
+                || error.is_some_and(|e| field("last_error").as_string().as_deref() == Some(e)))
     }
 
     /// Release through `navigator.sendBeacon` (the token in a text/plain body,

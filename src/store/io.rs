@@ -854,9 +854,14 @@ impl Store {
             let ((current, stored), state) = self
                 .with_indexes(&tx, super::read_current(&tx, &id))
                 .await?;
-            let out = f
-                .call1(&JsValue::NULL, stored.as_ref().unwrap_or(&JsValue::NULL))
-                .map_err(StoreError::Thrown)?;
+            // The function gets its own copy: one that edits its argument in
+            // place (`r => { r.recordType = "x"; return r; }`) must not change
+            // the stored record the index upkeep reads the old keys from.
+            let arg = match &stored {
+                Some(v) => structured_clone(v)?,
+                None => JsValue::NULL,
+            };
+            let out = f.call1(&JsValue::NULL, &arg).map_err(StoreError::Thrown)?;
             let live_rev = match &current {
                 Current::Live(r) => Some(r.text()),
                 _ => None,
@@ -950,4 +955,15 @@ pub(crate) fn check_abort(signal: Option<&AbortSignal>) -> Result<()> {
         Some(s) if s.aborted() => Err(StoreError::Aborted(s.reason())),
         _ => Ok(()),
     }
+}
+
+/// `structuredClone(v)`: a deep copy of a stored record (plain data).
+/// <https://developer.mozilla.org/docs/Web/API/Window/structuredClone>
+fn structured_clone(v: &JsValue) -> Result<JsValue> {
+    let f: Function = js_sys::Reflect::get(&js_sys::global(), &"structuredClone".into())
+        .ok()
+        .and_then(|f| f.dyn_into().ok())
+        .ok_or_else(|| StoreError::Transaction("structuredClone is not available".into()))?;
+    f.call1(&JsValue::NULL, v)
+        .map_err(|_| StoreError::Transaction("a stored record could not be copied".into()))
 }
