@@ -217,6 +217,18 @@ async fn a_heartbeat_answered_after_the_deadline_is_released_not_renewed() {
     assert_eq!(lease.status(), Status::Lost(LossReason::ExpiredLocally));
 }
 
+/// Two admin clients sharing one fresh journal and the Web Locks, as two
+/// pages of one origin do; `recover()` takes only free locks (no wait).
+fn two_pages(tag: &str) -> (Rc<ClientInner>, Rc<ClientInner>) {
+    let journal = fresh_queue(tag);
+    let cfg = || ClientConfig {
+        journal_name: Some(journal.clone()),
+        lock_wait_ms: 0.0,
+        ..config()
+    };
+    (admin_client(cfg()), admin_client(cfg()))
+}
+
 /// Case 3: a client claiming while another (sharing the journal and the Web
 /// Locks, as two pages do) runs `recover()` in a tight loop. The lock is taken
 /// before the journal entry is written, so `recover()` never releases a live
@@ -226,15 +238,8 @@ async fn recover_racing_claims_never_releases_a_live_lease() {
     if server().is_none() {
         return;
     }
-    let journal = fresh_queue("race-journal");
     let q = fresh_queue("race");
-    let cfg = || ClientConfig {
-        journal_name: Some(journal.clone()),
-        lock_wait_ms: 0.0,
-        ..config()
-    };
-    let page_a = admin_client(cfg());
-    let page_b = admin_client(cfg());
+    let (page_a, page_b) = two_pages("race-journal");
     const ROUNDS: usize = 40;
     for _ in 0..ROUNDS {
         enqueue(&q, json!({})).await;
@@ -324,15 +329,8 @@ async fn a_claim_behind_a_stale_lock_holder_is_never_released_by_recover() {
     if server().is_none() {
         return;
     }
-    let journal = fresh_queue("stale-lock-journal");
     let q = fresh_queue("stale-lock");
-    let cfg = || ClientConfig {
-        journal_name: Some(journal.clone()),
-        lock_wait_ms: 0.0,
-        ..config()
-    };
-    let claimer = admin_client(cfg());
-    let other = admin_client(cfg());
+    let (claimer, other) = two_pages("stale-lock-journal");
     for round in 0..15 {
         let id = enqueue(&q, json!({})).await;
         let (release, done) = hold_web_lock(&claimer.lock_name(id)).await;

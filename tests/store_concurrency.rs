@@ -1,5 +1,6 @@
 //! Races forced, not hoped for: both writers read the same revision before
 //! either writes, over many rounds, on one and on two connections.
+use agentstore::store::Store;
 use agentstore_protocol::ErrorCode;
 use serde_json::{json, Value};
 use std::cell::RefCell;
@@ -52,8 +53,17 @@ async fn two_creates_in_the_same_tick_have_exactly_one_winner() {
 async fn two_writers_with_the_same_revision_exactly_one_wins_every_round() {
     let (a, name) = open("barrier").await;
     let b = open_named(&name).await;
-    let mut rev = a.put(&js(json!({"_id": "k", "n": 0}))).await.unwrap().rev;
-    for round in 1..=120 {
+    let rev = a.put(&js(json!({"_id": "k", "n": 0}))).await.unwrap().rev;
+    race_rounds(&a, &b, rev, 120).await;
+    assert_indexes_clean(&a).await;
+}
+
+/// `rounds` rounds of the barrier race on record `k`, starting from `rev`:
+/// both connections write against the same revision at once; exactly one
+/// wins, the stored body and revision are the winner's, and the generation
+/// grows by one per round.
+async fn race_rounds(a: &Store, b: &Store, mut rev: String, rounds: u32) {
+    for round in 1..=rounds {
         let (ra, rb) = (
             js(json!({"_id": "k", "_rev": rev, "n": round, "w": "a"})),
             js(json!({"_id": "k", "_rev": rev, "n": round, "w": "b"})),
@@ -70,10 +80,10 @@ async fn two_writers_with_the_same_revision_exactly_one_wins_every_round() {
             field_str(&stored, "_rev").as_deref(),
             Some(won.rev.as_str())
         );
-        assert!(won.rev.starts_with(&format!("{}-", round + 1)));
+        let generation: u64 = rev.split('-').next().unwrap().parse().unwrap();
+        assert!(won.rev.starts_with(&format!("{}-", generation + 1)));
         rev = won.rev;
     }
-    assert_indexes_clean(&a).await;
 }
 
 fn push_fn(item: &'static str, delay_ms: u32) -> js_sys::Function {
@@ -345,10 +355,8 @@ async fn synchronous_mutate_functions_never_conflict_even_without_retries() {
 
 /// Opens `name` with no derived index declared (the write path then has no
 /// index entry to keep in step, until another connection declares one).
-async fn open_plain(name: &str) -> agentstore::store::Store {
-    agentstore::store::Store::open(name, 2000, None, vec![])
-        .await
-        .expect("open")
+async fn open_plain(name: &str) -> Store {
+    Store::open(name, 2000, None, vec![]).await.expect("open")
 }
 
 /// The same barrier race as above on stores that maintain no index: over
@@ -365,25 +373,7 @@ async fn without_indexes_two_writers_with_the_same_revision_exactly_one_wins_eve
         .await
         .unwrap()
         .rev;
-    for round in 1..=120 {
-        let (ra, rb) = (
-            js(json!({"_id": "k", "_rev": rev, "n": round, "w": "a"})),
-            js(json!({"_id": "k", "_rev": rev, "n": round, "w": "b"})),
-        );
-        let (x, y) = futures::join!(a.put(&ra), b.put(&rb));
-        let (won, who) = match (x, y) {
-            (Ok(w), Err(e)) if e.code() == ErrorCode::Conflict => (w, "a"),
-            (Err(e), Ok(w)) if e.code() == ErrorCode::Conflict => (w, "b"),
-            (x, y) => panic!("round {round}: {x:?} {y:?}"),
-        };
-        let stored = b.get(&s("k")).await.unwrap().unwrap();
-        assert_eq!(field_str(&stored, "w").as_deref(), Some(who));
-        assert_eq!(
-            field_str(&stored, "_rev").as_deref(),
-            Some(won.rev.as_str())
-        );
-        rev = won.rev;
-    }
+    race_rounds(&a, &b, rev, 120).await;
 }
 
 /// An update whose `_rev` is a tombstone's revision resurrects the record
