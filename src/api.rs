@@ -26,7 +26,7 @@ export interface AgentRecord {
   [field: string]: unknown;
 }
 export interface OpenOptions {
-  /** Reject with BlockedError when another tab blocks the open this long (ms). Default 5000. */
+  /** Reject with BlockedError when another tab blocks the open this long (ms, 0..=2147483647). Default 5000. */
   blockedTimeoutMs?: number;
   /** Called after another tab's upgrade closed this connection. */
   onVersionChange?: () => void;
@@ -90,7 +90,7 @@ export interface CountOptions {
 /** One `deleteMany` position: the id and the live revision it deletes (compare-and-swap). */
 export interface DeleteItem { id: string; rev: string; }
 export interface DestroyOptions {
-  /** Reject with BlockedError when a connection that ignores `versionchange` still blocks after this long (ms). Default 5000. */
+  /** Reject with BlockedError when a connection that ignores `versionchange` still blocks after this long (ms, 0..=2147483647). Default 5000. */
   blockedTimeoutMs?: number;
 }
 export interface PurgeOptions {
@@ -171,21 +171,29 @@ fn parse_index_defs(v: &JsValue) -> Result<Vec<IndexDef>, StoreError> {
     }
     let bad =
         || StoreError::validation("indexes must be an array of {name: string, keys: string[]}");
-    let arr = v.dyn_ref::<Array>().ok_or_else(bad)?;
-    arr.iter()
+    if !crate::value::is_array(v)? {
+        return Err(bad());
+    }
+    use agentstore_protocol::index::{MAX_INDEXES, MAX_INDEX_KEYS};
+    crate::value::items(v.unchecked_ref(), MAX_INDEXES, "at most 16 indexes")?
+        .iter()
         .map(|d| {
-            let name = Reflect::get(&d, &"name".into())
+            let name = Reflect::get(d, &"name".into())
                 .ok()
                 .and_then(|n| n.as_string())
                 .ok_or_else(bad)?;
-            let keys = Reflect::get(&d, &"keys".into())
-                .ok()
-                .filter(Array::is_array)
-                .ok_or_else(bad)?;
-            let keys = Array::from(&keys)
-                .iter()
-                .map(|k| k.as_string().ok_or_else(bad))
-                .collect::<Result<Vec<_>, _>>()?;
+            let keys = Reflect::get(d, &"keys".into()).map_err(|_| bad())?;
+            if !crate::value::is_array(&keys)? {
+                return Err(bad());
+            }
+            let keys = crate::value::items(
+                keys.unchecked_ref(),
+                MAX_INDEX_KEYS,
+                "an index needs 1..=8 keys",
+            )?
+            .iter()
+            .map(|k| k.as_string().ok_or_else(bad))
+            .collect::<Result<Vec<_>, _>>()?;
             Ok(IndexDef { name, keys })
         })
         .collect()
@@ -206,10 +214,12 @@ fn name_and_timeout(name: &JsValue, options: &JsValue) -> Result<(String, u32), 
     let timeout = match opt(options, "blockedTimeoutMs") {
         v if v.is_undefined() => 5000,
         v => match v.as_f64() {
-            Some(ms) if ms >= 0.0 && ms <= f64::from(u32::MAX) => ms as u32,
+            // Browsers run a timer longer than 2^31 - 1 ms (HTML's timer
+            // limit, ~24.8 days) at once, so the open would fail at once.
+            Some(ms) if (0.0..=2_147_483_647.0).contains(&ms) => ms as u32,
             _ => {
                 return Err(StoreError::validation(
-                    "blockedTimeoutMs must be a non-negative number of ms",
+                    "blockedTimeoutMs must be a number of ms in [0, 2147483647]",
                 ))
             }
         },
@@ -331,7 +341,7 @@ impl AgentStore {
         let s = self.inner.clone();
         run(async move {
             let q = ListQuery::from_js(&options)?;
-            Ok(s.count(&q.prefix, q.record_type.as_deref()).await?.into())
+            Ok(s.count(&q.prefix, q.record_type.as_ref()).await?.into())
         })
     }
 

@@ -197,13 +197,15 @@ impl LeaseClient {
         if !origins.is_undefined() && !origins.is_null() {
             let bad = || {
                 LeaseError::Validation(
-                    "leaseHeaderOrigins must be an array of absolute URLs".into(),
+                    "leaseHeaderOrigins must be an array of at most 64 absolute URLs".into(),
                 )
             };
-            if !Array::is_array(&origins) {
+            if !crate::value::is_array(&origins).map_err(|_| bad())? {
                 return Err(bad());
             }
-            for v in Array::from(&origins).iter() {
+            let origins =
+                crate::value::items(origins.unchecked_ref(), 64, "").map_err(|_| bad())?;
+            for v in origins {
                 let origin = v
                     .as_string()
                     .and_then(|u| crate::lease::client::origin_of(&u))

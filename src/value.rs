@@ -111,7 +111,7 @@ type Walk<T> = std::result::Result<T, Fail>;
 /// ValidationError naming the field, e.g.
 /// `"field data.items[2]: BigInt cannot be stored as JSON; …"`.
 pub fn walk_record(record: &JsValue) -> crate::error::Result<Walked> {
-    if !record.is_object() || Array::is_array(record) {
+    if !record.is_object() || is_array(record)? {
         return Err(StoreError::validation("a record must be a plain object"));
     }
     let mut w = Walker {
@@ -205,10 +205,8 @@ impl Walker {
         self.object(v, false).map(Some)
     }
 
-    /// Walks an object or array and returns its plain copy: the engine copies
-    /// the level natively (`Array.from`, `Object.assign`, reading through a
-    /// Proxy's traps and getters), then the walk's copies of nested objects
-    /// replace theirs.
+    /// Walks an object or array and returns its plain copy, built from the
+    /// values this walk read (each getter and Proxy trap runs once).
     fn object(&mut self, v: &JsValue, top: bool) -> Walk<JsValue> {
         if self.ancestors.len() >= MAX_DEPTH {
             return Err(Fail::new("nesting deeper than 64 levels"));
@@ -216,8 +214,9 @@ impl Walker {
         if self.ancestors.iter().any(|a| Object::is(a, v)) {
             return Err(Fail::new("a cyclic reference cannot be stored as JSON"));
         }
+        let is_array = is_array(v).map_err(|_| Fail::new(GETTER_THREW))?;
         self.ancestors.push(v.clone());
-        let out = if Array::is_array(v) {
+        let out = if is_array {
             self.array(v.unchecked_ref())
         } else {
             self.plain(v.unchecked_ref(), top)
@@ -227,70 +226,67 @@ impl Walker {
     }
 
     fn array(&mut self, arr: &Array) -> Walk<JsValue> {
-        let len = arr.length();
-        let items: Vec<JsValue> = (0..len).map(|i| arr.get(i)).collect();
+        let len = length(arr)?;
+        // Every element is at least one byte of JSON and a comma: refuse an
+        // array that cannot fit before reading any of it (a sparse
+        // `[].length = 2 ** 29` would otherwise be walked hole by hole).
+        if len as usize > MAX_RECORD_BYTES / 2 {
+            return Err(Fail::new(TOO_LARGE));
+        }
         self.digest.raw(b"[");
-        let mut nested = Vec::new();
-        for (i, item) in items.iter().enumerate() {
+        // The copy holds exactly the values read here, once each: a getter
+        // or a Proxy trap is never asked again for what gets stored.
+        let copy = Array::new();
+        for i in 0..len {
             if i > 0 {
                 self.digest.raw(b",");
             }
-            if let Some(copy) = self.value(item).map_err(|f| f.at(Seg::Index(i as u32)))? {
-                nested.push((i as u32, copy));
-            }
+            let at = |f: Fail| f.at(Seg::Index(i));
+            let item = Reflect::get_u32(arr, i).map_err(|_| at(Fail::new(GETTER_THREW)))?;
+            let stored = self.value(&item).map_err(at)?.unwrap_or(item);
+            copy.push(&stored);
+            self.check_size()?;
         }
         self.digest.raw(b"]");
-        let copy = Array::from(arr);
-        for (i, c) in nested {
-            copy.set(i, c);
-        }
         Ok(copy.into())
     }
 
     fn plain(&mut self, obj: &Object, top: bool) -> Walk<JsValue> {
         self.check_plain(obj)?;
-        let keys = Object::keys(obj);
-        // (name, key as JS string, value)
-        let mut fields: Vec<(String, JsValue, JsValue)> =
-            Vec::with_capacity(keys.length() as usize);
-        for key in keys.iter() {
-            let Some(k) = key.as_string() else { continue };
-            let item = match Reflect::get(obj, &key) {
-                Ok(item) => item,
-                Err(_) => return Err(Fail::new("a property getter threw").at(Seg::Key(k))),
-            };
-            if !item.is_undefined() {
-                fields.push((k, key, item));
-            }
-        }
+        let mut fields = own_fields(obj)?;
         fields.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-        let mut nested = Vec::new();
+        let out = Object::new();
         self.digest.raw(b"{");
         let mut first = true;
         for (k, key, item) in &fields {
-            if top
-                && !self
-                    .top_field(k, item)
-                    .map_err(|f| f.at(Seg::Key(k.clone())))?
-            {
-                continue;
+            let at = |f: Fail| f.at(Seg::Key(k.clone()));
+            let in_body = !top || self.top_field(k, item).map_err(at)?;
+            if in_body {
+                if !first {
+                    self.digest.raw(b",");
+                }
+                first = false;
+                self.digest.string(k);
+                self.digest.raw(b":");
             }
-            if !first {
-                self.digest.raw(b",");
-            }
-            first = false;
-            self.digest.string(k);
-            self.digest.raw(b":");
-            if let Some(copy) = self.value(item).map_err(|f| f.at(Seg::Key(k.clone())))? {
-                nested.push((key, copy));
-            }
+            let stored = if in_body {
+                self.value(item).map_err(at)?
+            } else {
+                None
+            };
+            define(&out, key, stored.as_ref().unwrap_or(item));
+            self.check_size()?;
         }
         self.digest.raw(b"}");
-        let out = Object::assign(&Object::new(), obj);
-        for (key, copy) in nested {
-            let _ = Reflect::set(&out, key, &copy);
-        }
         Ok(out.into())
+    }
+
+    /// Stops the walk as soon as the body is past the size limit.
+    fn check_size(&self) -> Walk<()> {
+        if self.digest.len() + UPDATED_AT_BYTES > MAX_RECORD_BYTES {
+            return Err(Fail::new(TOO_LARGE));
+        }
+        Ok(())
     }
 
     /// Checks a top-level field; `false` = keep it out of the body digest.
@@ -323,7 +319,7 @@ impl Walker {
     /// objects; `Date`, `Map`, `Set`, typed arrays and class instances would
     /// be silently changed by JSON, so they are refused.
     fn check_plain(&self, obj: &Object) -> Walk<()> {
-        let proto: JsValue = Object::get_prototype_of(obj).into();
+        let proto = get_prototype_of(obj).map_err(|_| Fail::new(GETTER_THREW))?;
         if proto.is_null() || Object::is(&proto, &self.object_proto) {
             return Ok(());
         }
@@ -337,6 +333,120 @@ impl Walker {
             detail: Some(ctor),
             path: Vec::new(),
         })
+    }
+}
+
+/// A getter or Proxy trap of the caller's value threw while it was read.
+const GETTER_THREW: &str = "reading this value threw (a getter or a Proxy trap)";
+
+// Reads of caller-supplied values that can run caller code (getters, Proxy
+// traps) go through bindings with `catch`: an exception thrown through a
+// binding without it unwinds the wasm stack and leaves the module's async
+// task half-run. js_sys's `Array::is_array`, `Object::keys`,
+// `Object::get_prototype_of` and `Array::get`/`length` have no `catch`.
+#[wasm_bindgen::prelude::wasm_bindgen]
+extern "C" {
+    #[wasm_bindgen(js_namespace = Array, js_name = isArray, catch)]
+    fn is_array_js(v: &JsValue) -> Result<bool, JsValue>;
+    #[wasm_bindgen(js_namespace = Object, js_name = keys, catch)]
+    fn keys_js(v: &JsValue) -> Result<Array, JsValue>;
+    #[wasm_bindgen(js_namespace = Object, js_name = getPrototypeOf, catch)]
+    fn prototype_js(v: &JsValue) -> Result<JsValue, JsValue>;
+}
+
+/// `Array.isArray(v)`; a revoked Proxy (which makes it throw) is a
+/// ValidationError.
+///
+/// # Errors
+/// ValidationError when reading `v` threw.
+pub(crate) fn is_array(v: &JsValue) -> crate::error::Result<bool> {
+    is_array_js(v).map_err(|_| StoreError::validation(GETTER_THREW))
+}
+
+/// The elements of the array `v`, each read once, or a ValidationError when
+/// it has more than `max` or reading it threw.
+///
+/// # Errors
+/// ValidationError (`too_many` when longer than `max`).
+pub(crate) fn items(
+    v: &Array,
+    max: usize,
+    too_many: &'static str,
+) -> crate::error::Result<Vec<JsValue>> {
+    let err = |f: Fail| f.into_error();
+    let len = length(v).map_err(err)?;
+    if len as usize > max {
+        return Err(StoreError::validation(too_many));
+    }
+    (0..len)
+        .map(|i| Reflect::get_u32(v, i).map_err(|_| err(Fail::new(GETTER_THREW).at(Seg::Index(i)))))
+        .collect()
+}
+
+/// `v.length` as an array length (read once; a throwing trap is a failure).
+fn length(v: &Array) -> Walk<u32> {
+    Reflect::get(v, &"length".into())
+        .ok()
+        .and_then(|n| n.as_f64())
+        .filter(|n| (0.0..=f64::from(u32::MAX)).contains(n))
+        .map(|n| n as u32)
+        .ok_or_else(|| Fail::new(GETTER_THREW))
+}
+
+fn get_prototype_of(v: &JsValue) -> Result<JsValue, JsValue> {
+    prototype_js(v)
+}
+
+/// The enumerable own string-keyed fields of `obj` whose value is not
+/// `undefined` (what `JSON.stringify` writes), as `(name, key, value)`, each
+/// value read once.
+fn own_fields(obj: &Object) -> Walk<Vec<(String, JsValue, JsValue)>> {
+    let keys = keys_js(obj).map_err(|_| Fail::new(GETTER_THREW))?;
+    let mut fields = Vec::with_capacity(keys.length() as usize);
+    for key in keys.iter() {
+        let Some(k) = key.as_string() else { continue };
+        let item = match Reflect::get(obj, &key) {
+            Ok(item) => item,
+            Err(_) => return Err(Fail::new("a property getter threw").at(Seg::Key(k))),
+        };
+        if !item.is_undefined() {
+            fields.push((k, key, item));
+        }
+    }
+    Ok(fields)
+}
+
+/// A plain copy of `obj`'s own fields (one level, each read once), for a
+/// value that is walked afterwards and must not be read twice.
+///
+/// # Errors
+/// ValidationError when reading `obj` threw.
+pub(crate) fn shallow_copy(obj: &Object) -> crate::error::Result<Object> {
+    let out = Object::new();
+    for (_, key, item) in own_fields(obj).map_err(Fail::into_error)? {
+        define(&out, &key, &item);
+    }
+    Ok(out)
+}
+
+/// Sets `out[key] = value` as an own data field. A key `"__proto__"` is
+/// defined, not assigned: assigning it would call `Object.prototype`'s
+/// setter and make the value the copy's prototype (its data dropped, yet
+/// still readable through the prototype chain).
+fn define(out: &Object, key: &JsValue, value: &JsValue) {
+    if key.as_string().as_deref() == Some("__proto__") {
+        let desc = Object::new();
+        for (k, v) in [
+            ("value", value.clone()),
+            ("writable", JsValue::TRUE),
+            ("enumerable", JsValue::TRUE),
+            ("configurable", JsValue::TRUE),
+        ] {
+            let _ = Reflect::set(&desc, &k.into(), &v);
+        }
+        let _ = Reflect::define_property(out, key, &desc);
+    } else {
+        let _ = Reflect::set(out, key, value);
     }
 }
 

@@ -2,7 +2,7 @@
 use agentstore::store::ListQuery;
 use agentstore_protocol::ErrorCode;
 use serde_json::json;
-use wasm_bindgen::JsValue;
+use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_test::*;
 
 mod common;
@@ -215,4 +215,196 @@ async fn a_closed_store_rejects_with_closed_error() {
             .code(),
         ErrorCode::Closed
     );
+}
+
+/// What a getter or a Proxy trap returns is read once: the `_id`, the
+/// revision check, the digest and the stored copy all come from that one
+/// read. (Before, the copy was a second read: a getter answering "fresh"
+/// then "victim" overwrote `victim` without its revision, and a value
+/// checked as a number was stored as a BigInt.)
+#[wasm_bindgen_test]
+async fn a_getter_is_read_once_so_what_is_stored_is_what_was_checked() {
+    let (store, _) = open("read-once").await;
+    let victim = store
+        .put(&js(json!({"_id": "victim", "recordType": "task", "n": 1})))
+        .await
+        .unwrap();
+    let two_faced = eval(
+        "(() => { let n = 0, m = 0; return { get _id() { return n++ ? 'victim' : 'fresh'; }, \
+         recordType: 'agent', get v() { return m++ ? 10n : 1; } }; })()",
+    );
+    let w = store.put(&two_faced).await.unwrap();
+    assert_eq!(w.id, "fresh");
+    let fresh = store.get(&s("fresh")).await.unwrap().expect("fresh stored");
+    assert_eq!(field_str(&fresh, "_id").as_deref(), Some("fresh"));
+    assert_eq!(field(&fresh, "v").as_f64(), Some(1.0), "the value checked");
+    let kept = store.get(&s("victim")).await.unwrap().unwrap();
+    assert_eq!(field_str(&kept, "_rev"), Some(victim.rev));
+    assert_eq!(field(&kept, "n").as_f64(), Some(1.0));
+    // The same through putMany and through mutate's returned object.
+    let twice = eval(
+        "(() => { let n = 0; return [{ get _id() { return n++ ? 'victim' : 'fresh2'; } }]; })()",
+    );
+    store.put_many(&twice).await.unwrap();
+    assert!(store.get(&s("fresh2")).await.unwrap().is_some());
+    let f = js_sys::Function::new_with_args(
+        "cur",
+        "let m = 0; return { get n() { return m++ ? 10n : 2; } };",
+    );
+    store.mutate(&s("victim"), &f, 0, None).await.unwrap();
+    let after = store.get(&s("victim")).await.unwrap().unwrap();
+    assert_eq!(field(&after, "n").as_f64(), Some(2.0));
+    assert_indexes_clean(&store).await;
+}
+
+/// A revoked Proxy, a throwing Proxy trap or a throwing array-element getter,
+/// anywhere a call reads caller input, is a ValidationError and the store
+/// goes on working. (Before, the exception unwound through the module: the
+/// Promise never settled.)
+#[wasm_bindgen_test]
+async fn a_throwing_proxy_trap_is_a_validation_error_not_a_hang() {
+    let (store, _) = open("traps").await;
+    let records = [
+        "(() => { const p = Proxy.revocable({}, {}); p.revoke(); return p.proxy; })()",
+        "({_id: 'x', a: Object.defineProperty([], 0, {get() { throw 1; }, enumerable: true})})",
+        "({_id: 'x', m: new Proxy({}, {ownKeys() { throw 1; }})})",
+        "({_id: 'x', m: new Proxy({}, {getPrototypeOf() { throw 1; }})})",
+        "({_id: 'x', a: new Proxy([], {get() { throw 1; }})})",
+        "(() => { const p = Proxy.revocable([], {}); p.revoke(); return {_id: 'x', a: p.proxy}; })()",
+    ];
+    for src in records {
+        let e = store.put(&eval(src)).await.unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Validation, "{src}: {}", e.message());
+    }
+    let arrays = [
+        "new Proxy([], {get() { throw 1; }})",
+        "(() => { const p = Proxy.revocable([], {}); p.revoke(); return p.proxy; })()",
+        "Object.defineProperty([], 0, {get() { throw 1; }, enumerable: true})",
+    ];
+    for src in arrays {
+        let e = store.put_many(&eval(src)).await.unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Validation, "putMany {src}");
+        let e = store.get_many(&eval(src)).await.unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Validation, "getMany {src}");
+        let e = store.delete_many(&eval(src)).await.unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Validation, "deleteMany {src}");
+        let q = js_sys::Object::new();
+        js_sys::Reflect::set(&q, &"eq".into(), &eval(src)).unwrap();
+        assert!(
+            agentstore::store::ByQuery::from_js(&q).is_err(),
+            "listBy eq {src}"
+        );
+    }
+    store.put(&js(json!({"_id": "m"}))).await.unwrap();
+    let f = js_sys::Function::new_with_args(
+        "cur",
+        "const p = Proxy.revocable({}, {}); p.revoke(); return p.proxy;",
+    );
+    let e = store.mutate(&s("m"), &f, 0, None).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Validation);
+    // Still working, nothing of the above written.
+    store.put(&js(json!({"_id": "after"}))).await.unwrap();
+    assert_eq!(all_ids(&store, "", 100).await, vec!["after", "m"]);
+    assert_indexes_clean(&store).await;
+}
+
+/// An array whose length alone is past the 64 MiB record limit is refused
+/// before any of it is read (before: `[].length = 2 ** 29` made the walk
+/// allocate 2 GiB and panic).
+#[wasm_bindgen_test]
+async fn a_huge_sparse_array_is_refused_as_too_large() {
+    let (store, _) = open("sparse").await;
+    for len in ["2 ** 29", "2 ** 32 - 1", "2 ** 25 + 1"] {
+        let rec = eval(&format!(
+            "(() => {{ const a = []; a.length = {len}; return {{_id: 'h', a}}; }})()"
+        ));
+        let e = store.put(&rec).await.unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Validation, "{len}");
+        assert!(
+            e.message().contains("larger than"),
+            "{len}: {}",
+            e.message()
+        );
+    }
+    assert!(store.get(&s("h")).await.unwrap().is_none());
+}
+
+/// A `__proto__` key (as `JSON.parse` makes it) is stored as the data it is,
+/// and the index reads only the record's own fields. (Before, the copy's
+/// `__proto__` setter dropped the field and made it the prototype, whose `k`
+/// the index then read: an entry `verifyIndexes` called stale.)
+#[wasm_bindgen_test]
+async fn a_proto_key_is_stored_as_data_and_indexed_as_such() {
+    let name = fresh_name("proto");
+    let by_k = agentstore_protocol::index::IndexDef {
+        name: "byK".into(),
+        keys: vec!["data.k".into()],
+    };
+    let store = agentstore::store::Store::open(&name, 2000, None, vec![by_k])
+        .await
+        .unwrap();
+    store.rebuild_indexes(500, false, None, None).await.unwrap();
+    let text = r#"{"_id":"pp","data":{"__proto__":{"k":7},"x":1}}"#;
+    let rec = js_sys::JSON::parse(text).unwrap();
+    store.put(&rec).await.unwrap();
+    let got = store.get(&s("pp")).await.unwrap().unwrap();
+    let data = field(&got, "data");
+    let own = js_sys::Object::get_own_property_descriptor(
+        data.unchecked_ref::<js_sys::Object>(),
+        &"__proto__".into(),
+    );
+    assert!(own.is_object(), "__proto__ kept as an own field");
+    assert_eq!(field(&field(&data, "__proto__"), "k").as_f64(), Some(7.0));
+    assert_eq!(field(&data, "x").as_f64(), Some(1.0));
+    let q = agentstore::store::ByQuery::from_js(&js(json!({"eq": 7}))).unwrap();
+    assert_eq!(store.list_by("byK", &q).await.unwrap().records.length(), 0);
+    assert_indexes_clean(&store).await;
+}
+
+/// `list({type})` and `count({type})` compare the type as UTF-16 code units,
+/// as IndexedDB stores it: a lone surrogate is not U+FFFD.
+#[wasm_bindgen_test]
+async fn a_type_with_a_lone_surrogate_lists_only_itself() {
+    let (store, _) = open("surrogate-type").await;
+    let lone = eval("'\\uD800'");
+    let replacement = eval("'\\uFFFD'");
+    for (id, t) in [("a", &lone), ("b", &replacement)] {
+        store.put(&obj_with(id, "recordType", t)).await.unwrap();
+    }
+    let q = ListQuery {
+        record_type: Some(lone.clone().into()),
+        limit: 10,
+        ..Default::default()
+    };
+    let page = store.list(&q).await.unwrap();
+    let ids: Vec<String> = page
+        .records
+        .iter()
+        .map(|r| field_str(&r, "_id").unwrap())
+        .collect();
+    assert_eq!(ids, vec!["a"]);
+    let t: js_sys::JsString = lone.into();
+    assert_eq!(store.count(&[], Some(&t)).await.unwrap(), 1);
+}
+
+/// `blockedTimeoutMs` past the browsers' 2^31 - 1 ms timer limit (which they
+/// run at once) is refused, not an open that fails as blocked at once.
+#[wasm_bindgen_test]
+async fn a_blocked_timeout_past_the_timer_limit_is_refused() {
+    let name = fresh_name("timer-limit");
+    for ms in [4_294_967_295.0, 2_147_483_648.0] {
+        let o = js_sys::Object::new();
+        js_sys::Reflect::set(&o, &"blockedTimeoutMs".into(), &ms.into()).unwrap();
+        let e =
+            wasm_bindgen_futures::JsFuture::from(agentstore::AgentStore::open(s(&name), o.into()))
+                .await
+                .unwrap_err();
+        assert_eq!(field_str(&e, "code").as_deref(), Some("validation"), "{ms}");
+    }
+    let o = js(json!({"blockedTimeoutMs": 2_147_483_647u32}));
+    let opened = wasm_bindgen_futures::JsFuture::from(agentstore::AgentStore::open(s(&name), o))
+        .await
+        .expect("the largest timer opens");
+    let close: js_sys::Function = field(&opened, "close").unchecked_into();
+    close.call0(&opened).unwrap();
 }

@@ -41,16 +41,17 @@ fn dom<T>(r: std::result::Result<T, JsValue>) -> Result<T> {
 
 /// `v` as an array of at most [`MAX_BATCH`] items, or a ValidationError
 /// saying what `call` expects.
-fn batch_array(v: &JsValue, call: &'static str, of: &'static str) -> Result<Array> {
-    let arr = v
-        .dyn_ref::<Array>()
-        .ok_or_else(|| StoreError::validation([call, " expects an array of ", of].concat()))?;
-    if arr.length() as usize > MAX_BATCH {
+fn batch_array(v: &JsValue, call: &'static str, of: &'static str) -> Result<Vec<JsValue>> {
+    if !crate::value::is_array(v)? {
         return Err(StoreError::validation(
-            [call, " takes at most 100000 items"].concat(),
+            [call, " expects an array of ", of].concat(),
         ));
     }
-    Ok(arr.clone())
+    let too_many = match call {
+        "getMany" => "getMany takes at most 100000 items",
+        _ => "deleteMany takes at most 100000 items",
+    };
+    crate::value::items(v.unchecked_ref(), MAX_BATCH, too_many)
 }
 
 fn failure(index: usize, id: JsValue, message: String) -> BatchFailure {
@@ -82,22 +83,22 @@ impl Store {
         let arr = batch_array(ids, "getMany", "ids")?;
         let mut failures = Vec::new();
         for (index, id) in arr.iter().enumerate() {
-            if let Err(e) = check_id_value(&id) {
-                failures.push(failure(index, id, e.message()));
+            if let Err(e) = check_id_value(id) {
+                failures.push(failure(index, id.clone(), e.message()));
             }
         }
         if !failures.is_empty() {
             return Err(invalid(failures));
         }
-        let out = Array::new_with_length(arr.length());
-        if arr.length() == 0 {
+        let out = Array::new_with_length(arr.len() as u32);
+        if arr.is_empty() {
             return Ok(out);
         }
         let tx = self.db.tx(&[RECORDS], TransactionMode::ReadOnly)?;
         let store: web_sys::IdbObjectStore = tx.store(RECORDS)?.into();
         let requests = arr
             .iter()
-            .map(|id| dom(store.get(&id)))
+            .map(|id| dom(store.get(id)))
             .collect::<Result<Vec<_>>>()?;
         if let Some(last) = requests.last() {
             settle(last).await?;
@@ -118,7 +119,7 @@ impl Store {
     ///
     /// # Errors
     /// ClosedError / TransactionError.
-    pub async fn count(&self, prefix: &[u16], record_type: Option<&str>) -> Result<u32> {
+    pub async fn count(&self, prefix: &[u16], record_type: Option<&JsString>) -> Result<u32> {
         let Some(range) = page_range(prefix, None, false) else {
             return Ok(0);
         };
@@ -149,13 +150,13 @@ impl Store {
     /// QuotaExceededError / TransactionError / ClosedError.
     pub async fn delete_many(&self, items: &JsValue) -> Result<Vec<String>> {
         let arr = batch_array(items, "deleteMany", "{id, rev} objects")?;
-        let mut dels = Vec::with_capacity(arr.length() as usize);
+        let mut dels = Vec::with_capacity(arr.len());
         let mut failures = Vec::new();
         let seen = super::SeenIds::new();
         for (index, item) in arr.iter().enumerate() {
             let field = |k: &str| {
                 if item.is_object() {
-                    Reflect::get(&item, &k.into()).unwrap_or(JsValue::UNDEFINED)
+                    Reflect::get(item, &k.into()).unwrap_or(JsValue::UNDEFINED)
                 } else {
                     JsValue::UNDEFINED
                 }

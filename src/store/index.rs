@@ -393,8 +393,12 @@ impl ByQuery {
             ));
         }
         let cond = if given(&eq) {
-            let vals: Vec<JsValue> = if Array::is_array(&eq) {
-                Array::from(&eq).iter().collect()
+            let vals: Vec<JsValue> = if value::is_array(&eq)? {
+                value::items(
+                    eq.unchecked_ref(),
+                    agentstore_protocol::index::MAX_INDEX_KEYS,
+                    "eq takes at most 8 values",
+                )?
             } else {
                 vec![eq]
             };

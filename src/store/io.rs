@@ -929,12 +929,13 @@ fn mutate_result(id: &JsString, out: JsValue, read_rev: Option<&str>) -> Result<
     if out.is_undefined() {
         return Ok(None);
     }
-    if !out.is_object() || js_sys::Array::is_array(&out) {
+    if !out.is_object() || crate::value::is_array(&out)? {
         return Err(StoreError::validation(
             "the mutate function must return a record object or undefined",
         ));
     }
-    let next = Object::assign(&Object::new(), out.unchecked_ref());
+    // One read of each top-level field; the walk reads the nested ones once.
+    let next = crate::value::shallow_copy(out.unchecked_ref())?;
     set(&next, "_id", id);
     match read_rev {
         Some(r) => set(&next, "_rev", &r.into()),

@@ -22,7 +22,7 @@ pub struct ListQuery {
     /// Keys must start with these UTF-16 units (empty = all).
     pub prefix: Vec<u16>,
     /// Only records whose `recordType` equals this.
-    pub record_type: Option<String>,
+    pub record_type: Option<JsString>,
     /// Page size, 1..=10 000.
     pub limit: u32,
     /// Continue after this key (decoded cursor).
@@ -56,9 +56,10 @@ impl ListQuery {
         };
         let record_type = match get("type") {
             v if v.is_undefined() || v.is_null() => None,
+            // Kept as JS text: a lone surrogate must match itself, not U+FFFD.
             v => Some(
-                v.as_string()
-                    .ok_or_else(|| StoreError::validation("type must be a string"))?,
+                v.dyn_into::<JsString>()
+                    .map_err(|_| StoreError::validation("type must be a string"))?,
             ),
         };
         let limit = match get("limit") {
@@ -116,7 +117,7 @@ impl Store {
         let tx = self.db.tx(&[RECORDS], TransactionMode::ReadOnly)?;
         let store = tx.store(RECORDS)?;
         let fetch = q.limit + 1;
-        let query = key_range(&range, q.record_type.as_deref())?;
+        let query = key_range(&range, q.record_type.as_ref())?;
         let rows: Array = match (&q.record_type, q.descending) {
             // Ascending pages come from one getAll whose JS array is handed
             // on as is: no per-row trip through wasm.
@@ -182,24 +183,24 @@ fn query_js(q: Option<Query>) -> JsValue {
 pub(crate) use super::db::collect_cursor;
 
 /// The IndexedDB key range for a page; with a type, keys are `[type, id]`.
-pub(super) fn key_range(r: &PageRange, record_type: Option<&str>) -> Result<Option<Query>> {
+pub(super) fn key_range(r: &PageRange, record_type: Option<&JsString>) -> Result<Option<Query>> {
     let key = |b: &Bound| -> JsValue {
         let id: JsValue = value::from_units(&b.key).into();
         match record_type {
             None => id,
-            Some(t) => Array::of2(&t.into(), &id).into(),
+            Some(t) => Array::of2(t, &id).into(),
         }
     };
     // With a type, a missing bound still has to stay inside [type] … [type, []]:
     // arrays sort after every string, so [type, []] is above all [type, id].
     let (lower, lower_open) = match (&r.lower, record_type) {
         (Some(b), _) => (Some(key(b)), b.open),
-        (None, Some(t)) => (Some(Array::of1(&t.into()).into()), false),
+        (None, Some(t)) => (Some(Array::of1(t).into()), false),
         (None, None) => (None, false),
     };
     let (upper, upper_open) = match (&r.upper, record_type) {
         (Some(b), _) => (Some(key(b)), b.open),
-        (None, Some(t)) => (Some(Array::of2(&t.into(), &Array::new()).into()), true),
+        (None, Some(t)) => (Some(Array::of2(t, &Array::new()).into()), true),
         (None, None) => (None, false),
     };
     let range = match (lower, upper) {

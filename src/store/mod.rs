@@ -329,19 +329,21 @@ impl Store {
     /// position (nothing written); QuotaExceededError/TransactionError
     /// (nothing written: the transaction is aborted).
     pub async fn put_many(&self, records: &JsValue) -> Result<Vec<Written>> {
-        let arr = records
-            .dyn_ref::<js_sys::Array>()
-            .ok_or_else(|| StoreError::validation("putMany expects an array of records"))?;
-        if arr.length() as usize > MAX_BATCH {
+        if !crate::value::is_array(records)? {
             return Err(StoreError::validation(
-                "putMany takes at most 100000 records",
+                "putMany expects an array of records",
             ));
         }
-        let mut prepared = Vec::with_capacity(arr.length() as usize);
+        let arr = crate::value::items(
+            records.unchecked_ref(),
+            MAX_BATCH,
+            "putMany takes at most 100000 records",
+        )?;
+        let mut prepared = Vec::with_capacity(arr.len());
         let mut failures = Vec::new();
         let seen = SeenIds::new();
         for (index, r) in arr.iter().enumerate() {
-            match Self::prepare(&r) {
+            match Self::prepare(r) {
                 Ok(p) if !seen.first(&p.id) => failures.push(BatchFailure {
                     index,
                     id: p.id.into(),
@@ -352,7 +354,7 @@ impl Store {
                 Ok(p) => prepared.push(p),
                 Err(e) => failures.push(BatchFailure {
                     index,
-                    id: js_sys::Reflect::get(&r, &"_id".into()).unwrap_or(JsValue::UNDEFINED),
+                    id: js_sys::Reflect::get(r, &"_id".into()).unwrap_or(JsValue::UNDEFINED),
                     message: e.message(),
                     expected_rev: None,
                     current_rev: None,
