@@ -366,53 +366,69 @@ async fn a_claim_behind_a_stale_lock_holder_is_never_released_by_recover() {
     }
 }
 
-/// A settle whose answer is lost on the way back (the server applied it: the
-/// proxy cuts the connection after the server answered) and is sent again:
-/// the server says `claim_lost`, because the settle cleared the token. The
-/// client reads the item, finds it at its epoch in the settled state, and
-/// reports the settle as done, not a lost claim; the signal never aborts.
+/// A settle whose answer was lost (the server applied it, then the test
+/// proxy cut the connection) is sent again: the server answers it as a
+/// replay of this token's own settle, and the client reports the settle
+/// done, not a lost claim; the signal never aborts. With an operator's
+/// credentials and with a worker's: before, the client confirmed the settle
+/// by reading the item, which a worker may not read once it settled (403),
+/// so a worker's settle was reported `claim_lost`.
 #[wasm_bindgen_test]
 async fn a_settle_whose_answer_was_lost_is_reported_settled_when_sent_again() {
     let Some(proxy) = proxy() else { return };
-    let q = fresh_queue("lost-answer");
-    let id = enqueue(&q, json!({})).await;
-    let nonce = fresh_queue("n");
-    let c = client_at(
-        &format!("{proxy}/drop-settle-answers-{nonce}"),
-        admin_creds(),
-        config(),
-    );
-    let lease = claim(&c, &q).await;
-    assert_eq!(lease.item_id, id);
-    let done = agentstore_protocol::lease::SettleState::Done;
-    let first = lease.settle(done, Some(js(json!({"n": 1}))), None).await;
-    assert!(
-        matches!(&first, Err(e) if e.is_transient()),
-        "the first answer is cut off: {first:?}"
-    );
-    assert_eq!(lease.status(), Status::Held);
-    let it = wait_item(id, 2.0 * TTL_MS, |it| it.state == ItemState::Done).await;
-    assert_eq!(
-        it.state,
-        ItemState::Done,
-        "the server applied the first settle"
-    );
-    let call: Function = Reflect::get(&js_sys::global(), &"fetch".into())
-        .unwrap()
-        .unchecked_into();
-    let stop = call
-        .call1(&JsValue::NULL, &format!("{proxy}/_stop/{nonce}").into())
-        .unwrap();
-    JsFuture::from(stop.unchecked_into::<Promise>())
-        .await
-        .unwrap();
-    let again = lease.settle(done, Some(js(json!({"n": 1}))), None).await;
-    assert!(again.is_ok(), "reported settled: {again:?}");
-    assert_eq!(lease.status(), Status::Settled);
-    assert!(
-        !lease.signal().aborted(),
-        "a settled lease's signal never aborts"
-    );
+    for as_worker in [false, true] {
+        let q = fresh_queue("lost-answer");
+        let id = enqueue(&q, json!({})).await;
+        let nonce = fresh_queue("n");
+        let creds = if as_worker {
+            Credentials {
+                enrollment_token: Some(enrollment_token(&q).await),
+                name: Some("settler".into()),
+                ..Credentials::default()
+            }
+        } else {
+            admin_creds()
+        };
+        let c = client_at(
+            &format!("{proxy}/drop-settle-answers-{nonce}"),
+            creds,
+            config(),
+        );
+        let lease = claim(&c, &q).await;
+        assert_eq!(lease.item_id, id);
+        let done = agentstore_protocol::lease::SettleState::Done;
+        let first = lease.settle(done, Some(js(json!({"n": 1}))), None).await;
+        assert!(
+            matches!(&first, Err(e) if e.is_transient()),
+            "the first answer is cut off: {first:?}"
+        );
+        assert_eq!(lease.status(), Status::Held);
+        let it = wait_item(id, 2.0 * TTL_MS, |it| it.state == ItemState::Done).await;
+        assert_eq!(
+            it.state,
+            ItemState::Done,
+            "the server applied the first settle"
+        );
+        let call: Function = Reflect::get(&js_sys::global(), &"fetch".into())
+            .unwrap()
+            .unchecked_into();
+        let stop = call
+            .call1(&JsValue::NULL, &format!("{proxy}/_stop/{nonce}").into())
+            .unwrap();
+        JsFuture::from(stop.unchecked_into::<Promise>())
+            .await
+            .unwrap();
+        let again = lease.settle(done, Some(js(json!({"n": 1}))), None).await;
+        assert!(
+            again.is_ok(),
+            "worker {as_worker}: reported settled: {again:?}"
+        );
+        assert_eq!(lease.status(), Status::Settled);
+        assert!(
+            !lease.signal().aborted(),
+            "a settled lease's signal never aborts"
+        );
+    }
 }
 
 fn noop_handler() -> Function {

@@ -88,3 +88,38 @@ async fn a_timer_late_past_the_ttl_finds_the_lease_already_lost_and_sends_nothin
     fresh.heartbeat().await.expect("the new claim is untouched");
     fresh.release().await.unwrap();
 }
+
+/// CASES C-F2, "its own process claims it again": a client whose heartbeat
+/// timers are held back (a throttled tab) still holds item X locally when the
+/// server has reopened it; the same client then claims X again. The new
+/// claim proves the old one gone, so the old lease is lost at once — its
+/// signal aborts with `claim_lost` — instead of staying held, unheard, until
+/// its late timer. (Before, the new lease silently replaced it in the
+/// client's registry and nothing ever ended it.)
+#[wasm_bindgen_test]
+async fn a_client_that_claims_its_own_item_again_loses_the_earlier_claim() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("reclaim-own");
+    let id = enqueue(&q, json!({})).await;
+    // Timers 20 s late: nothing of the old lease runs during this test
+    // unless the new claim ends it.
+    let c = admin_client(delayed(20_000.0));
+    let old = claim(&c, &q).await;
+    let fired = abort_recorder(&old);
+    wait_item(id, 5.0 * TTL_MS, |it| it.state == ItemState::Open).await;
+    let new = claim(&c, &q).await;
+    assert_eq!(new.item_id, old.item_id);
+    assert!(
+        aborted_at(&fired).is_some(),
+        "the old lease's signal aborted when the item was claimed again"
+    );
+    assert_eq!(old.status(), Status::Lost(LossReason::ClaimLost));
+    assert_eq!(c.held().len(), 1, "only the new lease is held");
+    new.settle(SettleState::Done, None, None)
+        .await
+        .expect("the new claim is ours");
+    let seen = item(id).await;
+    assert_eq!((seen.state, seen.epoch), (ItemState::Done, 2));
+}

@@ -92,9 +92,20 @@ impl ClientInner {
     async fn adopt(self: &Rc<Self>, lease: &Rc<LeaseInner>, ttl_ms: u64, heartbeat_ms: u64) {
         // Registered first, so heartbeats (and the deadline) cover the lock and
         // journal work.
-        self.leases
+        let replaced = self
+            .leases
             .borrow_mut()
             .insert(lease.item_id, lease.clone());
+        // This client held the item already: the server granted a new claim, so
+        // it reopened the item and the earlier claim is gone even if no
+        // heartbeat has said so yet (a throttled timer). Lost now, so its
+        // signal aborts and it lets go of the item's Web Lock (CASES C-F2).
+        if let Some(old) = replaced.filter(|o| !Rc::ptr_eq(o, lease)) {
+            old.lose(
+                LossReason::ClaimLost,
+                "claim lost: the item was claimed again by this client",
+            );
+        }
         self.ensure_heartbeats();
         if self.config.use_locks {
             let name = self.lock_name(lease.item_id);

@@ -85,8 +85,10 @@ impl ClientInner {
             .iter()
             .map(|l| {
                 let mut p = l.plan.borrow().clone();
-                // Test hook: suspended heartbeats; the deadline still applies.
-                p.ending |= l.paused.get();
+                // No heartbeat while a settle's answer is missing (it may have
+                // landed: see `LeaseInner::settle_unanswered`), nor while the
+                // test hook suspends them; the deadline still applies.
+                p.ending |= l.paused.get() || l.settle_unanswered.get();
                 p
             })
             .collect();

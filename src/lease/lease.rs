@@ -84,8 +84,11 @@ pub struct LeaseInner {
     /// Test hook: heartbeats suspended (the local deadline still applies).
     pub(crate) paused: Cell<bool>,
     /// A settle of this lease went out and its answer never came (a network
-    /// error or timeout): the server may have applied it.
-    settle_unanswered: Cell<bool>,
+    /// error or timeout): the server may have applied it, and then a
+    /// heartbeat would be told `claim_lost`. No heartbeat goes out meanwhile
+    /// (the local deadline still applies); the settle sent again is answered
+    /// by the server as a replay when the first one landed.
+    pub(crate) settle_unanswered: Cell<bool>,
     /// Resolves the Web Lock held for this lease, when one is held.
     pub(crate) unlock: RefCell<Option<Function>>,
     /// Resolves `ended` (loss, settle or release).
@@ -350,9 +353,7 @@ impl LeaseInner {
             crate::error::set(&body, "error", &e.as_str().into());
         }
         let path = item_path(self.item_id, "/settle");
-        let answer = self
-            .ending_call(&path, &body, Some((state, error.as_deref())))
-            .await?;
+        let answer = self.ending_call(&path, &body, true).await?;
         if self.status.get() == Status::Ending {
             self.status.set(Status::Settled);
         }
@@ -370,7 +371,7 @@ impl LeaseInner {
             token: self.token.clone(),
         });
         let path = item_path(self.item_id, "/release");
-        self.ending_call(&path, &body, None).await?;
+        self.ending_call(&path, &body, false).await?;
         self.lose(LossReason::Released, "released by this client");
         // Lost locally while the release was in flight: the entry still goes.
         if let Some(c) = self.client.upgrade() {
@@ -381,21 +382,12 @@ impl LeaseInner {
 
     /// A fenced call that ends the lease: no heartbeat of it runs meanwhile.
     ///
-    /// `settling` (a settle to that state, with that error message): when an
-    /// earlier settle of this lease got no answer and this one is told
-    /// `claim_lost`, the earlier one may have landed (its answer was lost,
-    /// and the settle cleared the token). The item is read: `done` at this
-    /// lease's epoch can only come from this lease's token; `failed` at this
-    /// epoch can also come from the reaper failing the item at its retry cap
-    /// (its `last_error` is then `retry_limit`), so it also needs this
-    /// settle's error message. Then the settle succeeded and its answer is
-    /// the item; otherwise the claim was lost.
-    async fn ending_call(
-        &self,
-        path: &str,
-        body: &JsValue,
-        settling: Option<(SettleState, Option<&str>)>,
-    ) -> Result<JsValue> {
+    /// `settling`: a settle. Its answer can be lost after the server applied
+    /// it (the settle cleared the token); sending the same settle again is
+    /// then answered by the server with the item (a replay of this token's
+    /// own settle, same state, result and error), not `claim_lost`, so a
+    /// retried settle that landed the first time is reported settled.
+    async fn ending_call(&self, path: &str, body: &JsValue, settling: bool) -> Result<JsValue> {
         if let Some(e) = self.lost_error() {
             return Err(e);
         }
@@ -404,32 +396,11 @@ impl LeaseInner {
         self.plan.borrow_mut().ending = true;
         let timeout = client.config.request_timeout_ms;
         let r = client.authed("POST", path, Some(body), timeout, None).await;
-        let r = match (r, settling) {
-            (Err(e), Some((state, error)))
-                if self.settle_unanswered.get()
-                    && matches!(
-                        e,
-                        LeaseError::Server {
-                            code: ErrorCode::ClaimLost,
-                            ..
-                        }
-                    ) =>
-            {
-                match client
-                    .authed("GET", &item_path(self.item_id, ""), None, timeout, None)
-                    .await
-                {
-                    Ok(a) if self.settled_here(&a.body, state, error) => Ok(a),
-                    _ => Err(e),
-                }
-            }
-            (r, _) => r,
-        };
         self.plan.borrow_mut().ending = false;
         match r {
             Ok(a) => Ok(a.body),
             Err(e) => {
-                if settling.is_some() && e.is_transient() {
+                if settling && e.is_transient() {
                     self.settle_unanswered.set(true);
                 }
                 let e = self.on_rejection(e);
@@ -440,17 +411,6 @@ impl LeaseInner {
                 Err(e)
             }
         }
-    }
-
-    /// Whether `item` (an item view) is this lease's item, at its epoch, in
-    /// `state` — and, for `failed`, with `error` as its `last_error`.
-    fn settled_here(&self, item: &JsValue, state: SettleState, error: Option<&str>) -> bool {
-        let field = |k: &str| js_sys::Reflect::get(item, &k.into()).unwrap_or_default();
-        field("id").as_f64() == Some(self.item_id as f64)
-            && field("epoch").as_f64() == Some(self.epoch as f64)
-            && field("state").as_string().as_deref() == Some(ItemState::from(state).as_str())
-            && (state == SettleState::Done
-                || error.is_some_and(|e| field("last_error").as_string().as_deref() == Some(e)))
     }
 
     /// Release through `navigator.sendBeacon` (the token in a text/plain body,

@@ -489,7 +489,19 @@ async fn the_lease_flow_works_over_http_and_stale_tokens_get_claim_lost() {
     };
     let done: ItemView = settle(c.lease.token.clone()).await.json().await.unwrap();
     assert_eq!(done.result, Some(json!([1, 2])));
-    expect_error(settle(c.lease.token.clone()).await, ErrorCode::ClaimLost).await;
+    // The same settle again (its answer lost) is a replay: the same item;
+    // other content with the spent token is claim_lost.
+    let replay = settle(c.lease.token.clone()).await;
+    assert_eq!(replay.status(), StatusCode::OK);
+    assert_eq!(replay.json::<ItemView>().await.unwrap(), done);
+    let other = h
+        .post(
+            &settle_path,
+            t,
+            json!({"token": c.lease.token, "state": "done", "result": [3]}),
+        )
+        .await;
+    expect_error(other, ErrorCode::ClaimLost).await;
     let empty = h
         .call(Method::POST, "/v1/queues/jobs/claims", Some(t), None)
         .await;

@@ -435,7 +435,8 @@ impl Store {
     async fn settle_one(&self, job: &SettleJob) -> Result<ItemView, StoreError> {
         let sql = self.sql(&format!(
             "UPDATE items SET state = $3, result = $4, last_error = $5, token_hash = NULL,
-                 worker_id = NULL, heartbeat_at = NULL, updated_at = {{now}}
+                 settled_token_hash = $2, worker_id = NULL, heartbeat_at = NULL,
+                 updated_at = {{now}}
              WHERE id = $1 AND state = 'running' AND token_hash = $2
                AND ($6 = 0 OR worker_id = $6)
              RETURNING {ITEM_COLS}"
@@ -451,8 +452,36 @@ impl Store {
             .await?;
         match row {
             Some(row) => item_from_row(&row),
-            None => Err(self.classify(job.id, &job.hash, job.owner).await),
+            None => self.settled_before(job).await,
         }
+    }
+
+    /// A settle that matched no running lease: when the same lease (token)
+    /// already settled the item with this very settle — same state, result
+    /// and error; the first was applied and its answer lost — it is answered
+    /// with the item, so the holder can retry a settle safely (an idempotent
+    /// retry, as with an idempotency key: the same key with other content is
+    /// refused). Otherwise the usual rejection (`claim_lost`,
+    /// `state_conflict`, …). Read-only: a replay changes nothing.
+    async fn settled_before(&self, job: &SettleJob) -> Result<ItemView, StoreError> {
+        let sql = format!(
+            "SELECT {ITEM_COLS} FROM items
+             WHERE id = $1 AND settled_token_hash = $2 AND state = $3"
+        );
+        let row = sqlx::query(&sql)
+            .bind(job.id)
+            .bind(&job.hash)
+            .bind(job.state)
+            .fetch_optional(&self.pool)
+            .await?;
+        if let Some(row) = row {
+            let item = item_from_row(&row)?;
+            let result = item.result.as_ref().map(Value::to_string);
+            if result == job.result && item.last_error == job.error {
+                return Ok(item);
+            }
+        }
+        Err(self.classify(job.id, &job.hash, job.owner).await)
     }
 
     /// Drains the settle lane (PostgreSQL): each batch is ONE statement whose
@@ -476,7 +505,7 @@ impl Store {
                     for (job, item) in batch.into_iter().zip(applied.drain(..)) {
                         let out = match item {
                             Some(item) => Ok(item),
-                            None => Err(self.classify(job.id, &job.hash, job.owner).await),
+                            None => self.settled_before(&job).await,
                         };
                         job.answer(out);
                     }
@@ -511,7 +540,8 @@ impl Store {
         // settle is classified afterwards, as if it had come second.
         let sql = self.sql(&format!(
             "UPDATE items AS i SET state = v.state, result = v.result, last_error = v.last_error,
-                 token_hash = NULL, worker_id = NULL, heartbeat_at = NULL, updated_at = {{now}}
+                 token_hash = NULL, settled_token_hash = v.hash, worker_id = NULL,
+                 heartbeat_at = NULL, updated_at = {{now}}
              FROM (VALUES {values}) AS v(n, id, hash, state, result, last_error, owner)
              WHERE i.id = v.id AND i.state = 'running' AND i.token_hash = v.hash
                AND (v.owner = 0 OR i.worker_id = v.owner)

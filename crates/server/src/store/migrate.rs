@@ -112,6 +112,13 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: "ALTER TABLE items RENAME COLUMN max_attempts TO max_redeliveries;
             UPDATE items SET max_redeliveries = max_redeliveries - 1",
     },
+    Migration {
+        version: 5,
+        name: "settle_replay",
+        // The token hash of the lease that settled the item, so a settle sent
+        // again by that lease (its first answer lost) is answered, not refused.
+        sql: "ALTER TABLE items ADD COLUMN settled_token_hash TEXT",
+    },
 ];
 
 /// Advisory lock key for migrations on PostgreSQL ("agst").

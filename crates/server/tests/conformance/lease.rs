@@ -239,8 +239,21 @@ pub async fn stale_heartbeat_settle_and_blocked_settle_are_claim_lost_and_change
         (done.state, done.result),
         (ItemState::Done, Some(json!({"ok": true})))
     );
-    // Settling released t2: it is stale now too.
-    assert_all_claim_lost(&store, item.id, &t2).await;
+    // Settling released t2: heartbeat, release and a settle into another
+    // state are claim_lost. (The same settle sent again is answered: see
+    // a_settle_sent_again_by_its_lease_is_answered_and_changes_nothing.)
+    assert_eq!(
+        code(store.heartbeat(item.id, &t2, None).await),
+        ErrorCode::ClaimLost
+    );
+    assert_eq!(
+        code(store.release(item.id, &t2, None).await),
+        ErrorCode::ClaimLost
+    );
+    for state in [SettleState::Blocked, SettleState::Failed] {
+        let r = store.settle(item.id, &t2, None, state, None, None).await;
+        assert_eq!(code(r), ErrorCode::ClaimLost, "settle {state:?}");
+    }
     let unknown = store.heartbeat(item.id + 1000, &t2, None).await;
     assert_eq!(code(unknown), ErrorCode::NotFound);
 }
@@ -772,4 +785,143 @@ pub async fn concurrent_claims_and_settles_each_keep_their_own_outcome(db: TestD
         ),
         crate::common::Kind::Sqlite => assert_eq!(store.coalesced_calls(), 0),
     }
+}
+
+/// A settle whose answer was lost is sent again by its lease: the server
+/// answers it with the item as the first settle left it (result, error) and
+/// writes nothing. Only the same token settling into the same state is a
+/// replay; anything else stays `claim_lost`, including the same token after
+/// the reaper failed the item at its retry cap (not this lease's settle) and
+/// after the item was claimed and settled again by another lease.
+pub async fn a_settle_sent_again_by_its_lease_is_answered_and_changes_nothing(db: TestDb) {
+    let store = db.store(ttl(LONG)).await;
+    let item = store.enqueue("q", &json!(1), None).await.unwrap();
+    let t1 = store
+        .claim("q", None)
+        .await
+        .unwrap()
+        .expect("claimed")
+        .lease
+        .token;
+    let first = store
+        .settle(item.id, &t1, None, SettleState::Failed, None, Some("boom"))
+        .await
+        .unwrap();
+    let before = snapshot(&store, item.id).await;
+    // Sent again: the first settle's item, nothing written.
+    for _ in 0..2 {
+        let again = store
+            .settle(item.id, &t1, None, SettleState::Failed, None, Some("boom"))
+            .await
+            .expect("a replay is answered");
+        assert_eq!(again, first);
+    }
+    assert_eq!(
+        snapshot(&store, item.id).await,
+        before,
+        "a replay writes nothing"
+    );
+    // The same token with other content is not a replay.
+    let r = store
+        .settle(item.id, &t1, None, SettleState::Failed, None, Some("other"))
+        .await;
+    assert_eq!(code(r), ErrorCode::ClaimLost, "another message");
+    let one = json!(1);
+    let r = store
+        .settle(
+            item.id,
+            &t1,
+            None,
+            SettleState::Failed,
+            Some(&one),
+            Some("boom"),
+        )
+        .await;
+    assert_eq!(code(r), ErrorCode::ClaimLost, "another result");
+    for state in [SettleState::Done, SettleState::Blocked] {
+        let r = store.settle(item.id, &t1, None, state, None, None).await;
+        assert_eq!(code(r), ErrorCode::ClaimLost, "another state {state:?}");
+    }
+    let r = store
+        .settle(
+            item.id,
+            &"0".repeat(48),
+            None,
+            SettleState::Failed,
+            None,
+            Some("boom"),
+        )
+        .await;
+    assert_eq!(code(r), ErrorCode::ClaimLost, "another token");
+
+    // Many replays at once (PostgreSQL coalesces them into one statement).
+    let item2 = store.enqueue("q2", &json!(2), None).await.unwrap();
+    let t2 = store
+        .claim("q2", None)
+        .await
+        .unwrap()
+        .expect("claimed")
+        .lease
+        .token;
+    let done = store
+        .settle(
+            item2.id,
+            &t2,
+            None,
+            SettleState::Done,
+            Some(&json!("r")),
+            None,
+        )
+        .await
+        .unwrap();
+    let barrier = Arc::new(Barrier::new(8));
+    let replays: Vec<_> = (0..8)
+        .map(|_| {
+            let (store, t2, barrier) = (store.clone(), t2.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store
+                    .settle(
+                        item2.id,
+                        &t2,
+                        None,
+                        SettleState::Done,
+                        Some(&json!("r")),
+                        None,
+                    )
+                    .await
+            })
+        })
+        .collect();
+    for r in replays {
+        assert_eq!(r.await.unwrap().expect("replay answered"), done);
+    }
+
+    // The reaper's retry-cap failure is not a settle of the lease it ended.
+    let store = db.store(ttl(100)).await;
+    let item3 = store.enqueue("q3", &json!(3), Some(0)).await.unwrap();
+    let t3 = store
+        .claim("q3", None)
+        .await
+        .unwrap()
+        .expect("claimed")
+        .lease
+        .token;
+    sleep_ms(180).await;
+    assert_eq!(store.reap().await.unwrap(), (0, 1));
+    let r = store
+        .settle(
+            item3.id,
+            &t3,
+            None,
+            SettleState::Failed,
+            None,
+            Some(RETRY_LIMIT_REASON),
+        )
+        .await;
+    assert_eq!(
+        code(r),
+        ErrorCode::ClaimLost,
+        "failed by the reaper, not by t3"
+    );
 }
