@@ -6,6 +6,7 @@
 //   /slow-heartbeats[-<ms>]/… heartbeat requests reach the server at once (it applies
 //                           them), but their ANSWERS are held back <ms>, default
 //                           --delay-ms (4500: past the test server's 3 s TTL)
+//   /slow-claims[-<ms>]/…    the same for claim requests (the server grants the claim)
 //   /drop-first-enroll-<n>/… enrollment requests with nonce <n> are cut off
 //                           (socket destroyed, nothing forwarded) for 1 s from
 //                           the first one (browsers silently retry a POST once on
@@ -13,6 +14,8 @@
 //   /drop-settle-answers-<n>/… settle requests reach the server (it applies them),
 //                           but their answers are cut off (socket destroyed) until
 //                           /_stop/<n> is requested; later ones pass
+//   /drop-credential-answers-<n>/… the same for enrollment and refresh requests: the
+//                           server issues credentials, the answers are cut off
 //   /_held/<mode>            {"held": n}: how many answers of that mode are held
 //                           back right now (a test waits for 0 instead of sleeping)
 //   anything else            passed through
@@ -29,8 +32,9 @@ const [host, port] = (args.listen ?? '127.0.0.1:0').split(':');
 const delayMs = Number(args['delay-ms'] ?? 4500);
 const dropping = new Map(); // nonce -> when the first request came (ms)
 const held = new Map(); // mode -> answers held back now (counted from the request's arrival)
-const stopped = new Set(); // nonces of drop-settle-answers-<n> that pass again
+const stopped = new Set(); // nonces of drop-*-answers-<n> that pass again
 
+const isClaim = (path) => /^\/v1\/queues\/[^/]+\/claims$/.test(path);
 const isHeartbeat = (path) => path === '/v1/heartbeats' || /^\/v1\/items\/\d+\/heartbeat$/.test(path);
 
 const server = http.createServer((req, res) => {
@@ -57,11 +61,15 @@ const server = http.createServer((req, res) => {
       return;
     }
   }
-  const dropSettle = /^drop-settle-answers-(.+)$/.exec(mode);
-  const cut =
-    dropSettle && !stopped.has(dropSettle[1]) && req.method === 'POST' && /^\/v1\/items\/\d+\/settle$/.test(path);
-  const slow = /^slow-heartbeats(?:-(\d+))?$/.exec(mode);
-  const hold = slow && req.method === 'POST' && isHeartbeat(path) ? Number(slow[1] ?? delayMs) : 0;
+  const dropAnswers = /^drop-(settle|credential)-answers-(.+)$/.exec(mode);
+  const cuts =
+    dropAnswers?.[1] === 'settle'
+      ? /^\/v1\/items\/\d+\/settle$/
+      : /^\/v1\/workers\/(enroll|refresh)$/;
+  const cut = dropAnswers && !stopped.has(dropAnswers[2]) && req.method === 'POST' && cuts.test(path);
+  const slow = /^slow-(heartbeats|claims)(?:-(\d+))?$/.exec(mode);
+  const slowed = slow && req.method === 'POST' && (slow[1] === 'claims' ? isClaim(path) : isHeartbeat(path));
+  const hold = slowed ? Number(slow[2] ?? delayMs) : 0;
   const done = () => hold > 0 && held.set(mode, held.get(mode) - 1);
   if (hold > 0) held.set(mode, (held.get(mode) ?? 0) + 1);
   const up = http.request(

@@ -409,15 +409,7 @@ async fn a_settle_whose_answer_was_lost_is_reported_settled_when_sent_again() {
             ItemState::Done,
             "the server applied the first settle"
         );
-        let call: Function = Reflect::get(&js_sys::global(), &"fetch".into())
-            .unwrap()
-            .unchecked_into();
-        let stop = call
-            .call1(&JsValue::NULL, &format!("{proxy}/_stop/{nonce}").into())
-            .unwrap();
-        JsFuture::from(stop.unchecked_into::<Promise>())
-            .await
-            .unwrap();
+        stop_dropping(proxy, &nonce).await;
         let again = lease.settle(done, Some(js(json!({"n": 1}))), None).await;
         assert!(
             again.is_ok(),
@@ -675,4 +667,119 @@ async fn lease_exports_reject_arguments_of_the_wrong_type_with_real_errors() {
     }
     assert_eq!(lease.status(), "held", "nothing was sent");
     JsFuture::from(lease.release()).await.unwrap();
+}
+
+/// Asks the test proxy to let answers of `nonce`'s mode through again.
+async fn stop_dropping(proxy: &str, nonce: &str) {
+    let call: Function = Reflect::get(&js_sys::global(), &"fetch".into())
+        .unwrap()
+        .unchecked_into();
+    let stop = call
+        .call1(&JsValue::NULL, &format!("{proxy}/_stop/{nonce}").into())
+        .unwrap();
+    JsFuture::from(stop.unchecked_into::<Promise>())
+        .await
+        .unwrap();
+}
+
+/// The server enrolls the worker (or refreshes its credentials) and the
+/// answer is lost on the way back. The client kept its single-use token, sends
+/// it again, and the server answers it as a replay: the worker carries on
+/// under the same worker id. (Before, the token was burnt by the first use
+/// and the worker was locked out for good: every call `unauthorized`.)
+#[wasm_bindgen_test]
+async fn a_lost_enrollment_or_refresh_answer_does_not_lock_the_worker_out() {
+    let Some(proxy) = proxy() else { return };
+    let q = fresh_queue("lost-creds");
+    enqueue(&q, json!({})).await;
+    enqueue(&q, json!({})).await;
+    let nonce = fresh_queue("c");
+    let client = client_at(
+        &format!("{proxy}/drop-credential-answers-{nonce}"),
+        Credentials {
+            enrollment_token: Some(enrollment_token(&q).await),
+            name: Some("unlucky".into()),
+            ..Credentials::default()
+        },
+        config(),
+    );
+    let e = err_of(client.claim(&q, None).await);
+    assert!(e.is_transient(), "the enrollment answer was cut off: {e}");
+    assert!(
+        client.credentials().enrollment_token.is_some(),
+        "token kept"
+    );
+    stop_dropping(proxy, &nonce).await;
+    let first = claim(&client, &q).await;
+    let worker = client.credentials();
+    assert!(worker.refresh_token.is_some(), "enrolled on the second try");
+    first
+        .settle(agentstore_protocol::lease::SettleState::Done, None, None)
+        .await
+        .unwrap();
+
+    // Now a refresh: a client holding a refresh token and a dead access token.
+    let nonce = fresh_queue("r");
+    let client = client_at(
+        &format!("{proxy}/drop-credential-answers-{nonce}"),
+        Credentials {
+            access_token: Some("asa_not-a-live-token".into()),
+            refresh_token: worker.refresh_token.clone(),
+            ..Credentials::default()
+        },
+        config(),
+    );
+    let e = err_of(client.claim(&q, None).await);
+    assert!(e.is_transient(), "the refresh answer was cut off: {e}");
+    assert_eq!(client.credentials().refresh_token, worker.refresh_token);
+    stop_dropping(proxy, &nonce).await;
+    let second = claim(&client, &q).await;
+    assert_ne!(client.credentials().refresh_token, worker.refresh_token);
+    second
+        .settle(agentstore_protocol::lease::SettleState::Done, None, None)
+        .await
+        .unwrap();
+}
+
+/// A claim whose signal fires while the request is at the server: the
+/// server grants it, the answer arrives after the abort. The claim rejects
+/// with AbortError at once, and the granted claim is released (the item
+/// reopens with `last_error` "released"), not left running under a token no
+/// one holds until it expires ("expired"). (Before, the signal aborted the
+/// fetch itself and the grant was thrown away.)
+#[wasm_bindgen_test]
+async fn a_claim_aborted_while_the_server_grants_it_releases_the_grant() {
+    let Some(proxy) = proxy() else { return };
+    let q = fresh_queue("abort-claim");
+    let id = enqueue(&q, json!({})).await;
+    // Claim answers held back 1.5 s: the abort lands between grant and answer.
+    let c = client_at(
+        &format!("{proxy}/slow-claims-1500"),
+        admin_creds(),
+        config(),
+    );
+    let controller = web_sys::AbortController::new().unwrap();
+    let signal = controller.signal();
+    let (claimed, ()) = join(c.claim(&q, Some(&signal)), async {
+        wait_item(id, 10_000.0, |it| it.state == ItemState::Running).await;
+        controller.abort();
+    })
+    .await;
+    let e = match claimed {
+        Err(e) => e,
+        Ok(_) => panic!("the claim resolved after its signal fired"),
+    };
+    assert_eq!(e.code(), agentstore_protocol::ErrorCode::Aborted, "{e}");
+    assert_eq!(
+        item(id).await.state,
+        ItemState::Running,
+        "granted meanwhile"
+    );
+    let it = wait_item(id, 10_000.0, |it| it.state == ItemState::Open).await;
+    assert_eq!(
+        (it.state, it.last_error.as_deref()),
+        (ItemState::Open, Some("released")),
+        "released by the client, not expired"
+    );
+    assert!(c.held().is_empty());
 }

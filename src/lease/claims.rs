@@ -1,16 +1,20 @@
 //! Claims: one request for the oldest open item of a queue, then the lease is
 //! locked (Web Lock), journalled, and heartbeated.
 
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use agentstore_protocol::lease::ClaimedRef;
+use agentstore_protocol::lease::{ClaimedRef, TokenRequest};
 use agentstore_protocol::lease_client::HeartbeatPlan;
+use futures::future::select;
 use wasm_bindgen::JsValue;
+use wasm_bindgen_futures::JsFuture;
 use web_sys::AbortSignal;
 
-use super::client::ClientInner;
+use super::client::{item_path, ClientInner};
 use super::error::{LeaseError, LossReason, Result};
-use super::http::{now_ms, parse};
+use super::heartbeat::deferred;
+use super::http::{now_ms, parse, to_js};
 use super::journal::Entry;
 use super::lease::{LeaseInner, Status};
 use super::lifecycle;
@@ -31,8 +35,8 @@ impl ClientInner {
     ///
     /// # Errors
     /// `NetworkError`, `RateLimitedError` (with `retryAfterMs`),
-    /// `UnauthorizedError`, `AbortError` (the signal fired; if the server had
-    /// already granted the claim it is released), `ValidationError`.
+    /// `UnauthorizedError`, `AbortError` (the signal fired; a claim the server
+    /// granted anyway is released, see `claim_request`), `ValidationError`.
     pub async fn claim(
         self: &Rc<Self>,
         queue: &str,
@@ -44,7 +48,10 @@ impl ClientInner {
         path.push_str("/claims");
         let sent_at = now_ms();
         let timeout = self.config.request_timeout_ms;
-        let answer = self.authed("POST", &path, None, timeout, signal).await?;
+        let answer = match signal {
+            None => self.authed("POST", &path, None, timeout, None).await?,
+            Some(s) => self.claim_request(path, timeout, s).await?,
+        };
         if answer.status == 204 {
             return Ok(Claimed::Empty(answer.retry_after_ms));
         }
@@ -76,6 +83,59 @@ impl ClientInner {
             return Err(LeaseError::Closed);
         }
         Ok(Claimed::Lease(lease))
+    }
+
+    /// The claim request under `signal`. The signal abandons the request
+    /// rather than aborting it: aborting the fetch would only drop the answer,
+    /// and a claim the server granted would stay `running` under a token no
+    /// one holds until it expired (an attempt lost). The request runs on, and
+    /// a claim granted after the signal fired is released at once.
+    ///
+    /// # Errors
+    /// `AbortError` when the signal fired first; as [`ClientInner::authed`].
+    async fn claim_request(
+        self: &Rc<Self>,
+        path: String,
+        timeout: f64,
+        signal: &AbortSignal,
+    ) -> Result<super::http::Answer> {
+        if signal.aborted() {
+            return Err(LeaseError::Aborted(signal.reason()));
+        }
+        let slot: Rc<RefCell<Option<Result<super::http::Answer>>>> = Rc::default();
+        let abandoned = Rc::new(Cell::new(false));
+        let (done, resolve) = deferred();
+        {
+            let (me, slot, abandoned) = (self.clone(), slot.clone(), abandoned.clone());
+            wasm_bindgen_futures::spawn_local(async move {
+                let r = me.authed("POST", &path, None, timeout, None).await;
+                match r {
+                    Ok(a) if abandoned.get() && a.status == 201 => {
+                        if let Ok(c) = parse::<ClaimedRef>(&a.body) {
+                            let body = to_js(&TokenRequest {
+                                token: c.lease.token,
+                            });
+                            let path = item_path(c.item.id, "/release");
+                            let _ = me.authed("POST", &path, Some(&body), timeout, None).await;
+                        }
+                    }
+                    r => *slot.borrow_mut() = Some(r),
+                }
+                let _ = resolve.call0(&JsValue::UNDEFINED);
+            });
+        }
+        let (fired, on_abort) = deferred();
+        let _ = signal.add_event_listener_with_callback("abort", &on_abort);
+        let _ = select(JsFuture::from(done), JsFuture::from(fired)).await;
+        let _ = signal.remove_event_listener_with_callback("abort", &on_abort);
+        let answer = slot.borrow_mut().take();
+        match answer {
+            Some(r) => r,
+            None => {
+                abandoned.set(true);
+                Err(LeaseError::Aborted(signal.reason()))
+            }
+        }
     }
 
     /// Locks, then journals a lease, and heartbeats it.

@@ -21,8 +21,11 @@ pub struct Credentials {
     /// Single-use refresh token, rotated by every refresh.
     pub refresh_token: Option<String>,
     /// Single-use enrollment token. Kept until an enrollment with it succeeds
-    /// (resending it after a network error is safe: the server burns it
-    /// atomically), dropped when the server refuses it.
+    /// and dropped when the server refuses it. Resending it (or a refresh
+    /// token) after a network error is safe: the server burns it atomically,
+    /// and when only its answer was lost, the same token sent again within
+    /// the server's replay grace (60 s by default) gets new credentials for
+    /// the same worker.
     pub enrollment_token: Option<String>,
     /// Worker name sent with the enrollment.
     pub name: Option<String>,

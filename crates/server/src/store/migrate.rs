@@ -119,6 +119,16 @@ pub const MIGRATIONS: &[Migration] = &[
         // again by that lease (its first answer lost) is answered, not refused.
         sql: "ALTER TABLE items ADD COLUMN settled_token_hash TEXT",
     },
+    Migration {
+        version: 6,
+        name: "credential_lineage",
+        // Which single-use token's use issued a credential (its selector), so
+        // a replay of that token can revoke exactly what the lost answer held.
+        sql: "ALTER TABLE access_tokens ADD COLUMN parent TEXT;
+            ALTER TABLE refresh_tokens ADD COLUMN parent TEXT;
+            CREATE INDEX access_tokens_parent ON access_tokens (parent);
+            CREATE INDEX refresh_tokens_parent ON refresh_tokens (parent)",
+    },
 ];
 
 /// Advisory lock key for migrations on PostgreSQL ("agst").

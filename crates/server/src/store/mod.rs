@@ -78,6 +78,14 @@ pub struct Settings {
     pub refresh_ttl_ms: u64,
     /// Enrollment token lifetime when the admin gives none.
     pub enrollment_ttl_ms: u64,
+    /// How long after its use a single-use token (enrollment or refresh) may
+    /// be sent again because the answer was lost: the credentials the first
+    /// use issued are revoked and new ones issued for the same worker, while
+    /// those credentials have not refreshed yet. After it, or once they have,
+    /// a used token is refused and the worker's credentials are revoked
+    /// (refresh-token reuse detection, OAuth 2.0 Security BCP, RFC 9700
+    /// §4.14.2). 0 = no replay.
+    pub replay_grace_ms: u64,
     /// Database connections in this instance's pool; 0 = the backend's default
     /// (4 for SQLite, 10 for PostgreSQL).
     pub pool_size: u32,
@@ -92,6 +100,7 @@ impl Default for Settings {
             access_ttl_ms: 15 * 60 * 1000,
             refresh_ttl_ms: 30 * 24 * 3600 * 1000,
             enrollment_ttl_ms: 24 * 3600 * 1000,
+            replay_grace_ms: 60 * 1000,
             pool_size: 0,
         }
     }

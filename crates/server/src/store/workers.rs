@@ -73,8 +73,8 @@ impl Store {
         Ok((cred.secret, ttl))
     }
 
-    /// Reads the unused, unexpired row of `table` for `presented` and compares its
-    /// verifier in constant time; no write happens here.
+    /// Reads the unexpired row of `table` for `presented` (used or not) and
+    /// compares its verifier in constant time; no write happens here.
     async fn valid_token_row(
         &self,
         table: &str,
@@ -83,7 +83,7 @@ impl Store {
     ) -> Result<Option<AnyRow>, StoreError> {
         let sql = self.sql(&format!(
             "SELECT verifier_hash, {extra} FROM {table}
-             WHERE selector = $1 AND used_at IS NULL AND expires_at > {{now}}"
+             WHERE selector = $1 AND expires_at > {{now}}"
         ));
         let row = sqlx::query(&sql)
             .bind(&presented.selector)
@@ -96,17 +96,28 @@ impl Store {
     }
 
     /// Uses a single-use token of `kind`: finds its row (with the `extra`
-    /// columns) and checks the verifier WITHOUT writing; only then begins the
-    /// write transaction and burns it there (a concurrent use loses the burn).
+    /// columns, which include `worker_id`) and checks the verifier WITHOUT
+    /// writing; only then begins the write transaction and burns it there.
+    ///
+    /// A token already used is a replay (its answer was lost, the caller sends
+    /// it again) when it was used less than [`super::Settings::replay_grace_ms`]
+    /// ago and the credentials that use issued have not refreshed: those
+    /// credentials are revoked here, and the caller issues new ones for the
+    /// same worker (`Some(worker_id)`). Any other reuse is refused and revokes
+    /// every credential of the worker (reuse detection, RFC 9700 §4.14.2): a
+    /// token that two parties hold is a stolen one. Concurrent uses serialize
+    /// on the token's row, so exactly one credential pair from a token is
+    /// valid at any time.
     ///
     /// # Errors
-    /// `unauthorized` when the token is malformed, wrong, expired or used.
+    /// `unauthorized` when the token is malformed, wrong, expired, or reused
+    /// outside a replay.
     async fn use_once(
         &self,
         kind: Kind,
         token: &str,
         extra: &str,
-    ) -> Result<(AnyRow, Presented, Transaction<'static, Any>), StoreError> {
+    ) -> Result<(AnyRow, Option<i64>, Presented, Transaction<'static, Any>), StoreError> {
         let (table, what) = match kind {
             Kind::Enrollment => ("enrollment_tokens", "enrollment token"),
             Kind::Refresh => ("refresh_tokens", "refresh token"),
@@ -117,25 +128,66 @@ impl Store {
             return Err(unauthorized(what));
         };
         let mut tx = self.begin_write().await?;
-        let sql = self.sql(&format!(
+        let burn = self.sql(&format!(
             "UPDATE {table} SET used_at = {{now}}
              WHERE selector = $1 AND verifier_hash = $2 AND used_at IS NULL AND expires_at > {{now}}"
         ));
-        let done = sqlx::query(&sql)
+        let done = sqlx::query(&burn)
             .bind(&presented.selector)
             .bind(&presented.verifier_hash)
             .execute(&mut *tx)
             .await?;
-        if done.rows_affected() != 1 {
+        if done.rows_affected() == 1 {
+            return Ok((row, None, presented, tx));
+        }
+        // Used before (maybe by a use that committed while this one waited
+        // for the row). Re-read it under the row lock, with its worker.
+        let recent = self.sql(&format!(
+            "UPDATE {table} SET used_at = used_at
+             WHERE selector = $1 AND verifier_hash = $2 AND expires_at > {{now}}
+               AND used_at IS NOT NULL
+             RETURNING worker_id, CAST(CASE WHEN used_at > {{now}} - $3 THEN 1 ELSE 0 END AS BIGINT) AS recent"
+        ));
+        let used: Option<(Option<i64>, i64)> = sqlx::query_as(&recent)
+            .bind(&presented.selector)
+            .bind(&presented.verifier_hash)
+            .bind(ms(self.settings.replay_grace_ms))
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some((Some(worker_id), recent)) = used else {
             tx.rollback().await?;
             return Err(unauthorized(what));
+        };
+        let moved_on: (i64,) = sqlx::query_as(
+            "SELECT COUNT(*) FROM refresh_tokens WHERE parent = $1 AND used_at IS NOT NULL",
+        )
+        .bind(&presented.selector)
+        .fetch_one(&mut *tx)
+        .await?;
+        if recent == 1 && moved_on.0 == 0 {
+            for table in ["access_tokens", "refresh_tokens"] {
+                sqlx::query(&format!("DELETE FROM {table} WHERE parent = $1"))
+                    .bind(&presented.selector)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            return Ok((row, Some(worker_id), presented, tx));
         }
-        Ok((row, presented, tx))
+        for table in ["access_tokens", "refresh_tokens"] {
+            sqlx::query(&format!("DELETE FROM {table} WHERE worker_id = $1"))
+                .bind(worker_id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Err(unauthorized(what))
     }
 
     /// Enrolls a worker (or producer: the token's role) with a single-use
     /// enrollment token: creates it, burns the token and issues credentials in
-    /// ONE transaction, opened only after the token was found and matched.
+    /// ONE transaction, opened only after the token was found and matched. The
+    /// same token sent again because the answer was lost issues new
+    /// credentials for the worker it enrolled (see `use_once`).
     ///
     /// # Errors
     /// `unauthorized` when the token is malformed, wrong, expired or used.
@@ -144,43 +196,49 @@ impl Store {
         token: &str,
         name: Option<&str>,
     ) -> Result<WorkerCredentials, StoreError> {
-        let (row, presented, mut tx) = self
+        let (row, replay, presented, mut tx) = self
             .use_once(Kind::Enrollment, token, "role, queues")
             .await?;
-        let role: String = super::get(&row, "role")?;
-        let queues: String = super::get(&row, "queues")?;
-        let insert = self.sql(
-            "INSERT INTO workers (name, created_at, role, queues) VALUES ($1, {now}, $2, $3)
-             RETURNING id",
-        );
-        let (worker_id,): (i64,) = sqlx::query_as(&insert)
-            .bind(name)
-            .bind(&role)
-            .bind(&queues)
-            .fetch_one(&mut *tx)
-            .await?;
-        sqlx::query("UPDATE enrollment_tokens SET worker_id = $2 WHERE selector = $1")
-            .bind(&presented.selector)
-            .bind(worker_id)
-            .execute(&mut *tx)
-            .await?;
-        let creds = self.issue(&mut tx, worker_id).await?;
+        let worker_id = match replay {
+            Some(worker_id) => worker_id,
+            None => {
+                let role: String = super::get(&row, "role")?;
+                let queues: String = super::get(&row, "queues")?;
+                let insert = self.sql(
+                    "INSERT INTO workers (name, created_at, role, queues) VALUES ($1, {now}, $2, $3)
+                     RETURNING id",
+                );
+                let (worker_id,): (i64,) = sqlx::query_as(&insert)
+                    .bind(name)
+                    .bind(&role)
+                    .bind(&queues)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                sqlx::query("UPDATE enrollment_tokens SET worker_id = $2 WHERE selector = $1")
+                    .bind(&presented.selector)
+                    .bind(worker_id)
+                    .execute(&mut *tx)
+                    .await?;
+                worker_id
+            }
+        };
+        let creds = self.issue(&mut tx, worker_id, &presented.selector).await?;
         tx.commit().await?;
         Ok(creds)
     }
 
     /// Exchanges a refresh token for new credentials, burning it, in one
-    /// transaction opened only after the token was found and matched; a second
-    /// use of the same refresh token is rejected.
+    /// transaction opened only after the token was found and matched. A
+    /// second use is refused, except a replay (see `use_once`).
     ///
     /// # Errors
     /// `unauthorized` when the token is malformed, wrong, expired or used.
     pub async fn refresh(&self, refresh_token: &str) -> Result<WorkerCredentials, StoreError> {
-        let (row, _, mut tx) = self
+        let (row, _, presented, mut tx) = self
             .use_once(Kind::Refresh, refresh_token, "worker_id")
             .await?;
         let worker_id: i64 = super::get(&row, "worker_id")?;
-        let creds = self.issue(&mut tx, worker_id).await?;
+        let creds = self.issue(&mut tx, worker_id, &presented.selector).await?;
         tx.commit().await?;
         Ok(creds)
     }
@@ -235,10 +293,13 @@ impl Store {
         Ok(n)
     }
 
+    /// Issues an access and a refresh token for `worker_id`, recording the
+    /// selector of the single-use token whose use issued them (`parent`).
     async fn issue(
         &self,
         tx: &mut Transaction<'static, Any>,
         worker_id: i64,
+        parent: &str,
     ) -> Result<WorkerCredentials, StoreError> {
         let access = tokens::new_credential(Kind::Access);
         let refresh = tokens::new_credential(Kind::Refresh);
@@ -247,14 +308,15 @@ impl Store {
             ("refresh_tokens", &refresh, self.settings.refresh_ttl_ms),
         ] {
             let sql = self.sql(&format!(
-                "INSERT INTO {table} (selector, verifier_hash, worker_id, created_at, expires_at)
-                 VALUES ($1, $2, $3, {{now}}, {{now}} + $4)"
+                "INSERT INTO {table} (selector, verifier_hash, worker_id, created_at, expires_at, parent)
+                 VALUES ($1, $2, $3, {{now}}, {{now}} + $4, $5)"
             ));
             sqlx::query(&sql)
                 .bind(&cred.selector)
                 .bind(&cred.verifier_hash)
                 .bind(worker_id)
                 .bind(ms(ttl))
+                .bind(parent)
                 .execute(&mut **tx)
                 .await?;
         }

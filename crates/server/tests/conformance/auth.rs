@@ -42,6 +42,16 @@ where
     [x.await.unwrap(), y.await.unwrap()]
 }
 
+/// Whether `creds` still works: its access token authenticates and its
+/// refresh token is unused (checked by reading, not by using it).
+async fn valid(store: &Store, creds: &agentstore_protocol::lease::WorkerCredentials) -> bool {
+    store.authenticate(&creds.access_token).await.is_ok()
+}
+
+/// Two uses of one enrollment token at once (two instances): one worker,
+/// and exactly one of the two credential pairs valid — the later use is a
+/// replay of the earlier (as a lost answer's retry is) and revokes what the
+/// earlier use issued.
 pub async fn an_enrollment_token_used_twice_concurrently_enrolls_exactly_one_worker(db: TestDb) {
     let a = Arc::new(db.store(Settings::default()).await);
     let b = Arc::new(db.store(Settings::default()).await);
@@ -57,25 +67,25 @@ pub async fn an_enrollment_token_used_twice_concurrently_enrolls_exactly_one_wor
         })
         .await;
         let ok: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+        assert_eq!(ok.len(), 2, "round {round}: the second use is a replay");
         assert_eq!(
-            ok.len(),
-            1,
-            "round {round}: exactly one enrollment succeeds"
+            ok[0].worker_id, ok[1].worker_id,
+            "round {round}: one worker"
         );
-        let rejected = results
-            .iter()
-            .find_map(|r| r.as_ref().err())
-            .expect("one rejected");
-        assert_eq!(rejected.code(), Some(ErrorCode::Unauthorized));
+        let live = [valid(&a, ok[0]).await, valid(&a, ok[1]).await];
         assert_eq!(
-            a.authenticate(&ok[0].access_token).await.unwrap().worker_id,
-            ok[0].worker_id
+            live.iter().filter(|v| **v).count(),
+            1,
+            "round {round}: exactly one credential pair valid: {live:?}"
         );
         assert_eq!(workers(&a).await, round, "one worker per token");
     }
 }
 
-pub async fn a_refresh_token_used_twice_gets_one_success_and_one_rejection(db: TestDb) {
+/// Two uses of one refresh token at once: exactly one resulting pair valid,
+/// for the same worker. Once the surviving pair has refreshed, the old token
+/// is a reuse: refused, and every credential of the worker is revoked.
+pub async fn a_refresh_token_used_twice_leaves_exactly_one_valid_pair(db: TestDb) {
     let a = Arc::new(db.store(Settings::default()).await);
     let b = Arc::new(db.store(Settings::default()).await);
     let (token, _) = a
@@ -89,25 +99,79 @@ pub async fn a_refresh_token_used_twice_gets_one_success_and_one_rejection(db: T
     })
     .await;
     let ok: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
-    assert_eq!(ok.len(), 1, "exactly one refresh succeeds");
-    let rejected = results
-        .iter()
-        .find_map(|r| r.as_ref().err())
-        .expect("one rejected");
-    assert_eq!(rejected.code(), Some(ErrorCode::Unauthorized));
-    let new = ok[0];
+    assert_eq!(ok.len(), 2, "the second use is a replay");
+    let live: Vec<_> = {
+        let mut v = Vec::new();
+        for c in &ok {
+            if valid(&a, c).await {
+                v.push(*c);
+            }
+        }
+        v
+    };
+    assert_eq!(live.len(), 1, "exactly one pair valid");
+    let new = live[0];
     assert_eq!(new.worker_id, creds.worker_id);
     assert_ne!(new.refresh_token, creds.refresh_token);
-    assert_eq!(
-        a.authenticate(&new.access_token).await.unwrap().worker_id,
-        creds.worker_id
-    );
-    // Later reuse of the old one is still rejected; the rotated one works once.
+    let newer = a.refresh(&new.refresh_token).await.unwrap();
+    // The survivor refreshed: the old token again is a reuse.
     let again = a.refresh(&creds.refresh_token).await;
     assert_eq!(again.unwrap_err().code(), Some(ErrorCode::Unauthorized));
-    a.refresh(&new.refresh_token).await.unwrap();
-    let used = a.refresh(&new.refresh_token).await;
+    assert!(
+        !valid(&a, &newer).await,
+        "reuse revoked the worker's credentials"
+    );
+    let used = a.refresh(&newer.refresh_token).await;
     assert_eq!(used.unwrap_err().code(), Some(ErrorCode::Unauthorized));
+}
+
+/// The answer to an enrollment or a refresh is lost after the server
+/// committed it; the client sends the same token again and gets working
+/// credentials for the same worker, and the lost ones stop working. (Before,
+/// the token was burnt and the worker locked out for good.) Without a replay
+/// grace the second use is refused and revokes the worker's credentials.
+pub async fn a_lost_enrollment_or_refresh_answer_can_be_sent_again(db: TestDb) {
+    let store = db.store(Settings::default()).await;
+    let (token, _) = store
+        .create_enrollment_token(None, Role::Worker, &[ANY_QUEUE.into()])
+        .await
+        .unwrap();
+    let lost = store.enroll(&token.0, Some("w")).await.unwrap();
+    let got = store.enroll(&token.0, Some("w")).await.unwrap();
+    assert_eq!(got.worker_id, lost.worker_id);
+    assert_eq!(workers(&store).await, 1);
+    assert!(!valid(&store, &lost).await);
+    assert_eq!(
+        store.refresh(&lost.refresh_token).await.unwrap_err().code(),
+        Some(ErrorCode::Unauthorized),
+        "the lost pair's refresh token is gone"
+    );
+    assert!(valid(&store, &got).await);
+    let lost2 = store.refresh(&got.refresh_token).await.unwrap();
+    let got2 = store.refresh(&got.refresh_token).await.unwrap();
+    assert_eq!(got2.worker_id, got.worker_id);
+    assert!(!valid(&store, &lost2).await);
+    assert!(valid(&store, &got2).await);
+    store.refresh(&got2.refresh_token).await.unwrap();
+
+    let strict = db
+        .store(Settings {
+            replay_grace_ms: 0,
+            ..Settings::default()
+        })
+        .await;
+    let (token, _) = strict
+        .create_enrollment_token(None, Role::Worker, &[ANY_QUEUE.into()])
+        .await
+        .unwrap();
+    let c = strict.enroll(&token.0, None).await.unwrap();
+    let r = strict.refresh(&c.refresh_token).await.unwrap();
+    let e = strict.refresh(&c.refresh_token).await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Unauthorized));
+    assert!(
+        !valid(&strict, &r).await,
+        "reuse revoked the worker's credentials"
+    );
 }
 
 pub async fn a_wrong_verifier_neither_enrolls_nor_burns_the_token(db: TestDb) {
