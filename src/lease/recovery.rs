@@ -159,6 +159,12 @@ impl ClientInner {
             .authed("GET", &item_path(entry.item_id, ""), None, timeout, None)
             .await?;
         let view: ItemRef = parse(&answer.body)?;
+        // Paused and resumed (a new claim, a new token) between the heartbeat
+        // and this read: the journalled token is stale, and pairing it with
+        // the new epoch would send the wrong fence.
+        if view.epoch != entry.epoch {
+            return Ok(None);
+        }
         let plan = HeartbeatPlan::new(sent_at, entry.ttl_ms as f64, entry.heartbeat_ms as f64);
         let lease = Rc::new(LeaseInner::new(
             self,
