@@ -175,28 +175,29 @@ fn parse_index_defs(v: &JsValue) -> Result<Vec<IndexDef>, StoreError> {
         return Err(bad());
     }
     use agentstore_protocol::index::{MAX_INDEXES, MAX_INDEX_KEYS};
-    crate::value::items(v.unchecked_ref(), MAX_INDEXES, "at most 16 indexes")?
-        .iter()
-        .map(|d| {
-            let name = Reflect::get(d, &"name".into())
-                .ok()
-                .and_then(|n| n.as_string())
-                .ok_or_else(bad)?;
-            let keys = Reflect::get(d, &"keys".into()).map_err(|_| bad())?;
-            if !crate::value::is_array(&keys)? {
-                return Err(bad());
-            }
-            let keys = crate::value::items(
-                keys.unchecked_ref(),
-                MAX_INDEX_KEYS,
-                "an index needs 1..=8 keys",
-            )?
-            .iter()
-            .map(|k| k.as_string().ok_or_else(bad))
-            .collect::<Result<Vec<_>, _>>()?;
-            Ok(IndexDef { name, keys })
-        })
-        .collect()
+    let mut defs = Vec::new();
+    for d in crate::value::items(v.unchecked_ref(), MAX_INDEXES, "at most 16 indexes")? {
+        let name = Reflect::get(&d, &"name".into())
+            .ok()
+            .and_then(|n| n.as_string());
+        let keys = Reflect::get(&d, &"keys".into()).unwrap_or_default();
+        if !crate::value::is_array(&keys)? {
+            return Err(bad());
+        }
+        let mut names = Vec::new();
+        for k in crate::value::items(
+            keys.unchecked_ref(),
+            MAX_INDEX_KEYS,
+            "an index needs 1..=8 keys",
+        )? {
+            names.push(k.as_string().ok_or_else(bad)?);
+        }
+        defs.push(IndexDef {
+            name: name.ok_or_else(bad)?,
+            keys: names,
+        });
+    }
+    Ok(defs)
 }
 
 /// The database name (a non-empty string) and `options.blockedTimeoutMs`

@@ -255,7 +255,7 @@ impl Walker {
         self.check_plain(obj)?;
         let mut fields = own_fields(obj)?;
         fields.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-        let out = Object::new();
+        let out = bare_object();
         self.digest.raw(b"{");
         let mut first = true;
         for (k, key, item) in &fields {
@@ -373,14 +373,18 @@ pub(crate) fn items(
     max: usize,
     too_many: &'static str,
 ) -> crate::error::Result<Vec<JsValue>> {
-    let err = |f: Fail| f.into_error();
-    let len = length(v).map_err(err)?;
+    let len = length(v).map_err(Fail::into_error)?;
     if len as usize > max {
         return Err(StoreError::validation(too_many));
     }
-    (0..len)
-        .map(|i| Reflect::get_u32(v, i).map_err(|_| err(Fail::new(GETTER_THREW).at(Seg::Index(i)))))
-        .collect()
+    let mut out = Vec::with_capacity(len as usize);
+    for i in 0..len {
+        match Reflect::get_u32(v, i) {
+            Ok(item) => out.push(item),
+            Err(_) => return Err(Fail::new(GETTER_THREW).at(Seg::Index(i)).into_error()),
+        }
+    }
+    Ok(out)
 }
 
 /// `v.length` as an array length (read once; a throwing trap is a failure).
@@ -422,32 +426,26 @@ fn own_fields(obj: &Object) -> Walk<Vec<(String, JsValue, JsValue)>> {
 /// # Errors
 /// ValidationError when reading `obj` threw.
 pub(crate) fn shallow_copy(obj: &Object) -> crate::error::Result<Object> {
-    let out = Object::new();
+    let out = bare_object();
     for (_, key, item) in own_fields(obj).map_err(Fail::into_error)? {
         define(&out, &key, &item);
     }
     Ok(out)
 }
 
-/// Sets `out[key] = value` as an own data field. A key `"__proto__"` is
-/// defined, not assigned: assigning it would call `Object.prototype`'s
-/// setter and make the value the copy's prototype (its data dropped, yet
-/// still readable through the prototype chain).
+/// A new object without a prototype, for the copies the store writes: every
+/// key, `"__proto__"` included, is then an own data field when set (on an
+/// ordinary object, assigning `__proto__` calls `Object.prototype`'s setter
+/// and makes the value the prototype: its data dropped, yet readable through
+/// the prototype chain). IndexedDB's structured clone stores own fields only,
+/// so a stored record reads back as an ordinary object with the same fields.
+fn bare_object() -> Object {
+    Object::create(JsValue::NULL.unchecked_ref())
+}
+
+/// Sets `out[key] = value` on a [`bare_object`].
 fn define(out: &Object, key: &JsValue, value: &JsValue) {
-    if key.as_string().as_deref() == Some("__proto__") {
-        let desc = Object::new();
-        for (k, v) in [
-            ("value", value.clone()),
-            ("writable", JsValue::TRUE),
-            ("enumerable", JsValue::TRUE),
-            ("configurable", JsValue::TRUE),
-        ] {
-            let _ = Reflect::set(&desc, &k.into(), &v);
-        }
-        let _ = Reflect::define_property(out, key, &desc);
-    } else {
-        let _ = Reflect::set(out, key, value);
-    }
+    let _ = Reflect::set(out, key, value);
 }
 
 /// The UTF-16 code units of a JS string (lone surrogates included).

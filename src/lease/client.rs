@@ -11,7 +11,6 @@
 //! is released with a beacon and ends with reason `released`.
 
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
 use std::rc::{Rc, Weak};
 
 use js_sys::{Function, Promise};
@@ -80,7 +79,7 @@ pub struct ClientInner {
     /// The error of the last failed enrollment or refresh.
     pub(crate) auth_error: RefCell<Option<LeaseError>>,
     /// Held leases by item id.
-    pub(crate) leases: RefCell<BTreeMap<i64, Rc<LeaseInner>>>,
+    pub(crate) leases: RefCell<agentstore_protocol::vecmap::VecMap<i64, Rc<LeaseInner>>>,
     /// Set while the heartbeat loop runs: `Some(None)` busy, `Some(Some(f))`
     /// waiting (calling `f` wakes it to re-plan).
     pub(crate) wake: RefCell<Option<Option<Function>>>,
@@ -113,7 +112,7 @@ impl ClientInner {
             generation: Cell::new(0),
             auth_flight: RefCell::new(None),
             auth_error: RefCell::new(None),
-            leases: RefCell::new(BTreeMap::new()),
+            leases: RefCell::default(),
             wake: RefCell::new(None),
             closed: Cell::new(false),
             journal,

@@ -25,7 +25,6 @@ use agentstore_protocol::index::{
 use agentstore_protocol::record::check_limit;
 use js_sys::{Array, Function, JsString, Object, Reflect};
 use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::rc::Rc;
 use wasm_bindgen::{JsCast, JsValue};
 
@@ -40,12 +39,16 @@ const CHECKPOINT_PREFIX: &str = "rebuild:";
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct IndexState {
     /// Every known definition by tag.
-    pub defs: BTreeMap<String, IndexDef>,
+    pub defs: Defs,
     /// Tags whose entries are complete and kept in step.
     pub active: Vec<String>,
     /// Tags being (re)built; each has a checkpoint of its own.
     pub building: Vec<String>,
 }
+
+/// Index definitions by tag, in tag order (a sorted `Vec`: see
+/// [`agentstore_protocol::vecmap`] for why not a `BTreeMap`).
+pub type Defs = agentstore_protocol::vecmap::VecMap<String, IndexDef>;
 
 /// A building tag's checkpoint (META `"rebuild:<tag>"` = `{after, done}`).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -79,7 +82,7 @@ impl IndexState {
 
     fn to_js(&self) -> JsValue {
         let defs = Object::new();
-        for (tag, d) in &self.defs {
+        for (tag, d) in self.defs.iter() {
             let o = Object::new();
             set(&o, "name", &d.name.as_str().into());
             set(&o, "keys", &strings_js(&d.keys));

@@ -13,5 +13,6 @@ pub mod lease_client;
 pub mod pouch;
 pub mod record;
 pub mod rev;
+pub mod vecmap;
 
 pub use error::{ErrorBody, ErrorCode};
