@@ -11,7 +11,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 
 log() { printf '[bootstrap] %s\n' "$*"; }
 # `bootstrap.sh demo` installs only what the demo needs (no browsers,
-# drivers, PostgreSQL or npm test packages).
+# drivers or PostgreSQL).
 MODE=${1:-all}
 
 if ! rustup target list --installed | grep -q wasm32-unknown-unknown; then
@@ -23,7 +23,17 @@ fi
 . scripts/pkg-toolchain.sh
 pkg_toolchain_install
 
+# esbuild minifies the package's JS glue (scripts/package.mjs); npm's package
+# of it carries the compiled binary for this platform.
+npm_ci() {
+  if [ ! -d node_modules/playwright-core ] || [ ! -d node_modules/esbuild ]; then
+    log "npm ci (esbuild, playwright-core)"
+    npm ci --no-audit --no-fund --silent
+  fi
+}
+
 if [ "$MODE" = demo ]; then
+  npm_ci
   command -v wasm-pack >/dev/null || cargo install -q wasm-pack
   wasm-bindgen --version 2>/dev/null | grep -q " $WASM_BINDGEN_VERSION" ||
     cargo install -q wasm-bindgen-cli --version "$WASM_BINDGEN_VERSION"
@@ -57,8 +67,5 @@ if ! command -v geckodriver >/dev/null; then
   cargo install -q geckodriver
 fi
 
-if [ ! -d node_modules/playwright-core ]; then
-  log "npm ci (playwright-core)"
-  npm ci --no-audit --no-fund --silent
-fi
+npm_ci
 log "toolchain ready"
