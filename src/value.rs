@@ -253,31 +253,34 @@ impl Walker {
 
     fn plain(&mut self, obj: &Object, top: bool) -> Walk<JsValue> {
         self.check_plain(obj)?;
-        let mut fields = own_fields(obj)?;
-        fields.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-        let out = bare_object();
+        let fields = own_fields(obj)?;
+        // The digest takes the fields in key order (canonical JSON); the copy
+        // keeps the caller's order, as `Object.assign` or `JSON.parse` would.
+        let mut order: Vec<usize> = (0..fields.len()).collect();
+        order.sort_unstable_by(|&a, &b| fields[a].0.as_bytes().cmp(fields[b].0.as_bytes()));
+        let mut copies: Vec<Option<JsValue>> = vec![None; fields.len()];
         self.digest.raw(b"{");
         let mut first = true;
-        for (k, key, item) in &fields {
+        for i in order {
+            let (k, _, item) = &fields[i];
             let at = |f: Fail| f.at(Seg::Key(k.clone()));
-            let in_body = !top || self.top_field(k, item).map_err(at)?;
-            if in_body {
-                if !first {
-                    self.digest.raw(b",");
-                }
-                first = false;
-                self.digest.string(k);
-                self.digest.raw(b":");
+            if top && !self.top_field(k, item).map_err(at)? {
+                continue;
             }
-            let stored = if in_body {
-                self.value(item).map_err(at)?
-            } else {
-                None
-            };
-            define(&out, key, stored.as_ref().unwrap_or(item));
+            if !first {
+                self.digest.raw(b",");
+            }
+            first = false;
+            self.digest.string(k);
+            self.digest.raw(b":");
+            copies[i] = self.value(item).map_err(at)?;
             self.check_size()?;
         }
         self.digest.raw(b"}");
+        let out = bare_object();
+        for ((_, key, item), copy) in fields.iter().zip(&copies) {
+            define(&out, key, copy.as_ref().unwrap_or(item));
+        }
         Ok(out.into())
     }
 

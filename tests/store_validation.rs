@@ -408,3 +408,18 @@ async fn a_blocked_timeout_past_the_timer_limit_is_refused() {
     let close: js_sys::Function = field(&opened, "close").unchecked_into();
     close.call0(&opened).unwrap();
 }
+
+/// The stored copy keeps the caller's key order (nested too), although the
+/// revision digest reads the keys sorted.
+#[wasm_bindgen_test]
+async fn the_stored_record_keeps_the_callers_key_order() {
+    let (store, _) = open("key-order").await;
+    let text = r#"{"_id":"o","z":1,"a":2,"m":{"y":1,"b":[{"q":1,"c":2}]}}"#;
+    store
+        .put(&js_sys::JSON::parse(text).unwrap())
+        .await
+        .unwrap();
+    let got = store.get(&s("o")).await.unwrap().unwrap();
+    let back: String = js_sys::JSON::stringify(&got).unwrap().into();
+    assert!(back.starts_with(&text[..text.len() - 1]), "{back}");
+}
