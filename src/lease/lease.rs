@@ -83,8 +83,8 @@ pub struct LeaseInner {
     pub(crate) plan: RefCell<HeartbeatPlan>,
     /// Test hook: heartbeats suspended (the local deadline still applies).
     pub(crate) paused: Cell<bool>,
-    /// A settle of this lease went out and its answer never came (a network
-    /// error or timeout): the server may have applied it, and then a
+    /// A settle of this lease went out and its outcome is unknown (no answer,
+    /// or a 5xx): the server may have applied it, and then a
     /// heartbeat would be told `claim_lost`. No heartbeat goes out meanwhile
     /// (the local deadline still applies); the settle sent again is answered
     /// by the server as a replay when the first one landed.
@@ -397,12 +397,20 @@ impl LeaseInner {
         let timeout = client.config.request_timeout_ms;
         let r = client.authed("POST", path, Some(body), timeout, None).await;
         self.plan.borrow_mut().ending = false;
+        // Whether the server may have applied the call: no answer, or a 5xx
+        // (a 429 or any 4xx says it was not applied).
+        let unknown = match &r {
+            Ok(_) => false,
+            Err(LeaseError::Network(_)) => true,
+            Err(LeaseError::Server { status, .. }) => *status >= 500,
+            Err(_) => false,
+        };
+        if settling || !unknown {
+            self.settle_unanswered.set(settling && unknown);
+        }
         match r {
             Ok(a) => Ok(a.body),
             Err(e) => {
-                if settling && e.is_transient() {
-                    self.settle_unanswered.set(true);
-                }
                 let e = self.on_rejection(e);
                 if self.status.get() == Status::Ending {
                     self.status.set(Status::Held);

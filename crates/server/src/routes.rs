@@ -315,9 +315,9 @@ async fn settle(
 ) -> Result<Json<ItemView>, ApiError> {
     let id = item_id(&id)?;
     let owner = caller.lease_owner()?;
-    let item = st
+    let (item, replayed) = st
         .store
-        .settle(
+        .settle_reporting(
             id,
             &req.token,
             owner,
@@ -326,7 +326,9 @@ async fn settle(
             req.error.as_deref(),
         )
         .await?;
-    st.metrics.settled(req.state);
+    if !replayed {
+        st.metrics.settled(req.state);
+    }
     Ok(Json(item))
 }
 

@@ -67,11 +67,11 @@ pub(super) struct SettleJob {
     state: &'static str,
     result: Option<String>,
     error: Option<String>,
-    reply: Option<oneshot::Sender<Result<ItemView, StoreError>>>,
+    reply: Option<oneshot::Sender<Result<(ItemView, bool), StoreError>>>,
 }
 
 impl SettleJob {
-    fn answer(self, out: Result<ItemView, StoreError>) {
+    fn answer(self, out: Result<(ItemView, bool), StoreError>) {
         if let Some(reply) = self.reply {
             let _ = reply.send(out);
         }
@@ -215,7 +215,8 @@ impl Store {
     ) -> Result<Option<ItemView>, StoreError> {
         let sql = self.sql(&format!(
             "UPDATE items SET state = 'running', epoch = epoch + 1, token_hash = $2,
-                 worker_id = $3, claimed_at = {{now}}, heartbeat_at = {{now}}, updated_at = {{now}}
+                 settled_token_hash = NULL, worker_id = $3, claimed_at = {{now}},
+                 heartbeat_at = {{now}}, updated_at = {{now}}
              WHERE id = (SELECT id FROM items WHERE queue = $1 AND state = 'open'
                          ORDER BY id LIMIT 1 {{skip_locked}})
                AND state = 'open'
@@ -282,7 +283,7 @@ impl Store {
                  SELECT id, row_number() OVER (ORDER BY id) AS n FROM picked
              )
              UPDATE items AS i SET state = 'running', epoch = i.epoch + 1,
-                 token_hash = r.token_hash, worker_id = r.worker_id,
+                 token_hash = r.token_hash, settled_token_hash = NULL, worker_id = r.worker_id,
                  claimed_at = {{now}}, heartbeat_at = {{now}}, updated_at = {{now}}
              FROM numbered
              JOIN (VALUES {values}) AS r(n, token_hash, worker_id) ON r.n = numbered.n
@@ -392,9 +393,12 @@ impl Store {
     /// A NUL character in `error` (which PostgreSQL's `TEXT` cannot hold) is stored
     /// as U+FFFD on both backends, so a failure report is never lost to its content.
     ///
+    /// Also says whether this was a replay (see `settled_before`),
+    /// which changed nothing and must not be counted again.
+    ///
     /// # Errors
     /// As [`Store::heartbeat`].
-    pub async fn settle(
+    pub async fn settle_reporting(
         &self,
         id: i64,
         token: &str,
@@ -402,7 +406,7 @@ impl Store {
         state: SettleState,
         result: Option<&Value>,
         error: Option<&str>,
-    ) -> Result<ItemView, StoreError> {
+    ) -> Result<(ItemView, bool), StoreError> {
         let job = SettleJob {
             id,
             hash: tokens::hash(token),
@@ -431,11 +435,30 @@ impl Store {
         self.settle_one(&job).await
     }
 
+    /// [`Store::settle_reporting`] without the replay flag.
+    ///
+    /// # Errors
+    /// As [`Store::heartbeat`].
+    pub async fn settle(
+        &self,
+        id: i64,
+        token: &str,
+        owner: Option<i64>,
+        state: SettleState,
+        result: Option<&Value>,
+        error: Option<&str>,
+    ) -> Result<ItemView, StoreError> {
+        self.settle_reporting(id, token, owner, state, result, error)
+            .await
+            .map(|(item, _)| item)
+    }
+
     /// The single-row settle statement (see [`Store::settle`]).
-    async fn settle_one(&self, job: &SettleJob) -> Result<ItemView, StoreError> {
+    async fn settle_one(&self, job: &SettleJob) -> Result<(ItemView, bool), StoreError> {
         let sql = self.sql(&format!(
             "UPDATE items SET state = $3, result = $4, last_error = $5, token_hash = NULL,
-                 settled_token_hash = $2, worker_id = NULL, heartbeat_at = NULL,
+                 settled_token_hash = $2, settled_by = worker_id, worker_id = NULL,
+                 heartbeat_at = NULL,
                  updated_at = {{now}}
              WHERE id = $1 AND state = 'running' AND token_hash = $2
                AND ($6 = 0 OR worker_id = $6)
@@ -451,8 +474,8 @@ impl Store {
             .fetch_optional(&self.pool)
             .await?;
         match row {
-            Some(row) => item_from_row(&row),
-            None => self.settled_before(job).await,
+            Some(row) => Ok((item_from_row(&row)?, false)),
+            None => self.settled_before(job).await.map(|item| (item, true)),
         }
     }
 
@@ -464,14 +487,18 @@ impl Store {
     /// refused). Otherwise the usual rejection (`claim_lost`,
     /// `state_conflict`, …). Read-only: a replay changes nothing.
     async fn settled_before(&self, job: &SettleJob) -> Result<ItemView, StoreError> {
+        // The same holder only: a worker's replay must come from the worker
+        // that settled (settle_one's owner fence), an operator's from anyone.
         let sql = format!(
             "SELECT {ITEM_COLS} FROM items
-             WHERE id = $1 AND settled_token_hash = $2 AND state = $3"
+             WHERE id = $1 AND settled_token_hash = $2 AND state = $3
+               AND ($4 = 0 OR settled_by = $4)"
         );
         let row = sqlx::query(&sql)
             .bind(job.id)
             .bind(&job.hash)
             .bind(job.state)
+            .bind(job.owner.unwrap_or(0))
             .fetch_optional(&self.pool)
             .await?;
         if let Some(row) = row {
@@ -504,8 +531,8 @@ impl Store {
                         .fetch_add(batch.len() as u64, Ordering::Relaxed);
                     for (job, item) in batch.into_iter().zip(applied.drain(..)) {
                         let out = match item {
-                            Some(item) => Ok(item),
-                            None => self.settled_before(&job).await,
+                            Some(item) => Ok((item, false)),
+                            None => self.settled_before(&job).await.map(|item| (item, true)),
                         };
                         job.answer(out);
                     }
@@ -540,7 +567,8 @@ impl Store {
         // settle is classified afterwards, as if it had come second.
         let sql = self.sql(&format!(
             "UPDATE items AS i SET state = v.state, result = v.result, last_error = v.last_error,
-                 token_hash = NULL, settled_token_hash = v.hash, worker_id = NULL,
+                 token_hash = NULL, settled_token_hash = v.hash, settled_by = i.worker_id,
+                 worker_id = NULL,
                  heartbeat_at = NULL, updated_at = {{now}}
              FROM (VALUES {values}) AS v(n, id, hash, state, result, last_error, owner)
              WHERE i.id = v.id AND i.state = 'running' AND i.token_hash = v.hash
@@ -629,7 +657,8 @@ impl Store {
         let (token, token_hash) = tokens::new_lease_token();
         let sql = self.sql(&format!(
             "UPDATE items SET state = 'running', epoch = epoch + 1, token_hash = $2,
-                 worker_id = $3, claimed_at = {{now}}, heartbeat_at = {{now}}, updated_at = {{now}}
+                 settled_token_hash = NULL, worker_id = $3, claimed_at = {{now}},
+                 heartbeat_at = {{now}}, updated_at = {{now}}
              WHERE id = $1 AND state = 'paused'
              RETURNING {ITEM_COLS}"
         ));

@@ -115,17 +115,23 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 5,
         name: "settle_replay",
-        // The token hash of the lease that settled the item, so a settle sent
-        // again by that lease (its first answer lost) is answered, not refused.
-        sql: "ALTER TABLE items ADD COLUMN settled_token_hash TEXT",
+        // The token hash of the lease that settled the item and its holder, so
+        // a settle sent again by that lease (its first answer lost) is
+        // answered, not refused. Cleared when the item gets a new token.
+        sql: "ALTER TABLE items ADD COLUMN settled_token_hash TEXT;
+            ALTER TABLE items ADD COLUMN settled_by BIGINT",
     },
     Migration {
         version: 6,
         name: "credential_lineage",
         // Which single-use token's use issued a credential (its selector), so
         // a replay of that token can revoke exactly what the lost answer held.
+        // `revoked`: a refresh or enrollment token revoked by reuse detection
+        // or superseded by a replay; presenting it again is reuse.
         sql: "ALTER TABLE access_tokens ADD COLUMN parent TEXT;
             ALTER TABLE refresh_tokens ADD COLUMN parent TEXT;
+            ALTER TABLE refresh_tokens ADD COLUMN revoked BIGINT NOT NULL DEFAULT 0;
+            ALTER TABLE enrollment_tokens ADD COLUMN revoked BIGINT NOT NULL DEFAULT 0;
             CREATE INDEX access_tokens_parent ON access_tokens (parent);
             CREATE INDEX refresh_tokens_parent ON refresh_tokens (parent)",
     },

@@ -96,22 +96,26 @@ impl Store {
     }
 
     /// Uses a single-use token of `kind`: finds its row (with the `extra`
-    /// columns, which include `worker_id`) and checks the verifier WITHOUT
-    /// writing; only then begins the write transaction and burns it there.
+    /// columns) and checks the verifier WITHOUT writing; only then begins the
+    /// write transaction and burns it there.
     ///
     /// A token already used is a replay (its answer was lost, the caller sends
     /// it again) when it was used less than [`super::Settings::replay_grace_ms`]
-    /// ago and the credentials that use issued have not refreshed: those
-    /// credentials are revoked here, and the caller issues new ones for the
-    /// same worker (`Some(worker_id)`). Any other reuse is refused and revokes
-    /// every credential of the worker (reuse detection, RFC 9700 §4.14.2): a
-    /// token that two parties hold is a stolen one. Concurrent uses serialize
-    /// on the token's row, so exactly one credential pair from a token is
-    /// valid at any time.
+    /// ago, has not been revoked, and the credentials that use issued have not
+    /// refreshed: those credentials are revoked here (the refresh token kept
+    /// as revoked, so a later use of it is detected), and the caller issues
+    /// new ones for the same worker (`Some(worker_id)`). Any other reuse, or
+    /// any use of a revoked token, is refused and revokes every credential of
+    /// the worker, its enrollment token included (reuse detection, RFC 9700
+    /// §4.14.2): a token that two parties hold is a stolen one, and the
+    /// server cannot tell which party is legitimate. Every credential change
+    /// of a worker first locks its `workers` row, so concurrent refreshes,
+    /// replays and revocations of one worker apply one after another on both
+    /// backends: exactly one credential pair is valid at any time.
     ///
     /// # Errors
-    /// `unauthorized` when the token is malformed, wrong, expired, or reused
-    /// outside a replay.
+    /// `unauthorized` when the token is malformed, wrong, expired, revoked or
+    /// reused outside a replay.
     async fn use_once(
         &self,
         kind: Kind,
@@ -128,9 +132,14 @@ impl Store {
             return Err(unauthorized(what));
         };
         let mut tx = self.begin_write().await?;
+        let known: Option<i64> = super::get(&row, "worker_id")?;
+        if let Some(worker_id) = known {
+            lock_worker(&mut tx, worker_id).await?;
+        }
         let burn = self.sql(&format!(
             "UPDATE {table} SET used_at = {{now}}
-             WHERE selector = $1 AND verifier_hash = $2 AND used_at IS NULL AND expires_at > {{now}}"
+             WHERE selector = $1 AND verifier_hash = $2 AND used_at IS NULL AND revoked = 0
+               AND expires_at > {{now}}"
         ));
         let done = sqlx::query(&burn)
             .bind(&presented.selector)
@@ -140,47 +149,79 @@ impl Store {
         if done.rows_affected() == 1 {
             return Ok((row, None, presented, tx));
         }
-        // Used before (maybe by a use that committed while this one waited
-        // for the row). Re-read it under the row lock, with its worker.
-        let recent = self.sql(&format!(
-            "UPDATE {table} SET used_at = used_at
-             WHERE selector = $1 AND verifier_hash = $2 AND expires_at > {{now}}
-               AND used_at IS NOT NULL
-             RETURNING worker_id, CAST(CASE WHEN used_at > {{now}} - $3 THEN 1 ELSE 0 END AS BIGINT) AS recent"
+        // Used or revoked before (maybe by a use that committed while this
+        // one waited): read it again, with the worker it enrolled.
+        let again = self.sql(&format!(
+            "SELECT worker_id, revoked,
+                 CAST(CASE WHEN used_at > {{now}} - $3 THEN 1 ELSE 0 END AS BIGINT) AS recent
+             FROM {table}
+             WHERE selector = $1 AND verifier_hash = $2 AND expires_at > {{now}}"
         ));
-        let used: Option<(Option<i64>, i64)> = sqlx::query_as(&recent)
+        let used: Option<(Option<i64>, i64, i64)> = sqlx::query_as(&again)
             .bind(&presented.selector)
             .bind(&presented.verifier_hash)
             .bind(ms(self.settings.replay_grace_ms))
             .fetch_optional(&mut *tx)
             .await?;
-        let Some((Some(worker_id), recent)) = used else {
+        let Some((Some(worker_id), revoked, recent)) = used else {
             tx.rollback().await?;
             return Err(unauthorized(what));
         };
+        if known != Some(worker_id) {
+            lock_worker(&mut tx, worker_id).await?;
+        }
         let moved_on: (i64,) = sqlx::query_as(
-            "SELECT COUNT(*) FROM refresh_tokens WHERE parent = $1 AND used_at IS NOT NULL",
+            "SELECT COUNT(*) FROM refresh_tokens
+             WHERE parent = $1 AND used_at IS NOT NULL AND revoked = 0",
         )
         .bind(&presented.selector)
         .fetch_one(&mut *tx)
         .await?;
-        if recent == 1 && moved_on.0 == 0 {
-            for table in ["access_tokens", "refresh_tokens"] {
-                sqlx::query(&format!("DELETE FROM {table} WHERE parent = $1"))
-                    .bind(&presented.selector)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            return Ok((row, Some(worker_id), presented, tx));
-        }
-        for table in ["access_tokens", "refresh_tokens"] {
-            sqlx::query(&format!("DELETE FROM {table} WHERE worker_id = $1"))
-                .bind(worker_id)
+        if revoked == 0 && recent == 1 && moved_on.0 == 0 {
+            let revoke = self.sql(
+                "UPDATE refresh_tokens SET revoked = 1, used_at = COALESCE(used_at, {now})
+                 WHERE parent = $1",
+            );
+            sqlx::query(&revoke)
+                .bind(&presented.selector)
                 .execute(&mut *tx)
                 .await?;
+            sqlx::query("DELETE FROM access_tokens WHERE parent = $1")
+                .bind(&presented.selector)
+                .execute(&mut *tx)
+                .await?;
+            return Ok((row, Some(worker_id), presented, tx));
         }
+        self.revoke_worker(&mut tx, worker_id).await?;
         tx.commit().await?;
         Err(unauthorized(what))
+    }
+
+    /// Revokes every credential of `worker_id`: its access tokens go, its
+    /// refresh and enrollment tokens stay as revoked (so a later use of one
+    /// is still recognised as reuse). The caller holds the worker's lock.
+    async fn revoke_worker(
+        &self,
+        tx: &mut Transaction<'static, Any>,
+        worker_id: i64,
+    ) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM access_tokens WHERE worker_id = $1")
+            .bind(worker_id)
+            .execute(&mut **tx)
+            .await?;
+        let refresh = self.sql(
+            "UPDATE refresh_tokens SET revoked = 1, used_at = COALESCE(used_at, {now})
+             WHERE worker_id = $1",
+        );
+        sqlx::query(&refresh)
+            .bind(worker_id)
+            .execute(&mut **tx)
+            .await?;
+        sqlx::query("UPDATE enrollment_tokens SET revoked = 1 WHERE worker_id = $1")
+            .bind(worker_id)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
     }
 
     /// Enrolls a worker (or producer: the token's role) with a single-use
@@ -197,7 +238,7 @@ impl Store {
         name: Option<&str>,
     ) -> Result<WorkerCredentials, StoreError> {
         let (row, replay, presented, mut tx) = self
-            .use_once(Kind::Enrollment, token, "role, queues")
+            .use_once(Kind::Enrollment, token, "role, queues, worker_id")
             .await?;
         let worker_id = match replay {
             Some(worker_id) => worker_id,
@@ -327,4 +368,15 @@ impl Store {
             refresh_token: refresh.secret.0,
         })
     }
+}
+
+/// Locks the `workers` row of `worker_id` for the rest of `tx` (a no-op
+/// update: a row lock on PostgreSQL; SQLite's write transaction already holds
+/// the database's single writer lock).
+async fn lock_worker(tx: &mut Transaction<'static, Any>, worker_id: i64) -> Result<(), StoreError> {
+    sqlx::query("UPDATE workers SET id = id WHERE id = $1")
+        .bind(worker_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
 }

@@ -42,10 +42,22 @@ where
     [x.await.unwrap(), y.await.unwrap()]
 }
 
-/// Whether `creds` still works: its access token authenticates and its
-/// refresh token is unused (checked by reading, not by using it).
+/// Whether `creds`' access token still authenticates.
 async fn valid(store: &Store, creds: &agentstore_protocol::lease::WorkerCredentials) -> bool {
     store.authenticate(&creds.access_token).await.is_ok()
+}
+
+/// Refresh tokens of `worker` that could still be used (unused, not
+/// revoked), read from the database (using one would change it).
+async fn live_refresh_tokens(store: &Store, worker: i64) -> i64 {
+    let (n,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM refresh_tokens WHERE worker_id = $1 AND used_at IS NULL AND revoked = 0",
+    )
+    .bind(worker)
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    n
 }
 
 /// Two uses of one enrollment token at once (two instances): one worker,
@@ -77,6 +89,11 @@ pub async fn an_enrollment_token_used_twice_concurrently_enrolls_exactly_one_wor
             live.iter().filter(|v| **v).count(),
             1,
             "round {round}: exactly one credential pair valid: {live:?}"
+        );
+        assert_eq!(
+            live_refresh_tokens(&a, ok[0].worker_id).await,
+            1,
+            "round {round}: exactly one refresh token usable"
         );
         assert_eq!(workers(&a).await, round, "one worker per token");
     }
@@ -110,6 +127,7 @@ pub async fn a_refresh_token_used_twice_leaves_exactly_one_valid_pair(db: TestDb
         v
     };
     assert_eq!(live.len(), 1, "exactly one pair valid");
+    assert_eq!(live_refresh_tokens(&a, creds.worker_id).await, 1);
     let new = live[0];
     assert_eq!(new.worker_id, creds.worker_id);
     assert_ne!(new.refresh_token, creds.refresh_token);
@@ -141,11 +159,9 @@ pub async fn a_lost_enrollment_or_refresh_answer_can_be_sent_again(db: TestDb) {
     assert_eq!(got.worker_id, lost.worker_id);
     assert_eq!(workers(&store).await, 1);
     assert!(!valid(&store, &lost).await);
-    assert_eq!(
-        store.refresh(&lost.refresh_token).await.unwrap_err().code(),
-        Some(ErrorCode::Unauthorized),
-        "the lost pair's refresh token is gone"
-    );
+    // Only the new pair's refresh token is usable (the lost one is kept as
+    // revoked: presenting it would be reuse, see the test below).
+    assert_eq!(live_refresh_tokens(&store, got.worker_id).await, 1);
     assert!(valid(&store, &got).await);
     let lost2 = store.refresh(&got.refresh_token).await.unwrap();
     let got2 = store.refresh(&got.refresh_token).await.unwrap();
@@ -172,6 +188,43 @@ pub async fn a_lost_enrollment_or_refresh_answer_can_be_sent_again(db: TestDb) {
         !valid(&strict, &r).await,
         "reuse revoked the worker's credentials"
     );
+}
+
+/// Someone else sends a used token within the replay grace (it was copied
+/// or intercepted): the replay hands them credentials and revokes the
+/// holder's. When the holder comes back with its now-revoked refresh token,
+/// that is reuse: every credential of the worker is revoked — the other
+/// party's too — and the enrollment token cannot enroll it again.
+pub async fn a_replayed_token_is_detected_when_its_holder_comes_back(db: TestDb) {
+    let store = db.store(Settings::default()).await;
+    let (token, _) = store
+        .create_enrollment_token(None, Role::Worker, &[ANY_QUEUE.into()])
+        .await
+        .unwrap();
+    let first = store.enroll(&token.0, None).await.unwrap();
+    let holder = store.refresh(&first.refresh_token).await.unwrap();
+    let taker = store.refresh(&first.refresh_token).await.unwrap();
+    assert!(valid(&store, &taker).await);
+    assert!(
+        !valid(&store, &holder).await,
+        "the replay revoked the holder's pair"
+    );
+    let back = store.refresh(&holder.refresh_token).await;
+    assert_eq!(back.unwrap_err().code(), Some(ErrorCode::Unauthorized));
+    assert!(
+        !valid(&store, &taker).await,
+        "reuse revoked the taker's pair too"
+    );
+    assert_eq!(live_refresh_tokens(&store, first.worker_id).await, 0);
+    let r = store.refresh(&taker.refresh_token).await;
+    assert_eq!(r.unwrap_err().code(), Some(ErrorCode::Unauthorized));
+    let r = store.enroll(&token.0, None).await;
+    assert_eq!(
+        r.unwrap_err().code(),
+        Some(ErrorCode::Unauthorized),
+        "the enrollment token was revoked with the worker"
+    );
+    assert_eq!(live_refresh_tokens(&store, first.worker_id).await, 0);
 }
 
 pub async fn a_wrong_verifier_neither_enrolls_nor_burns_the_token(db: TestDb) {

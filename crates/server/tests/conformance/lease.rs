@@ -897,6 +897,55 @@ pub async fn a_settle_sent_again_by_its_lease_is_answered_and_changes_nothing(db
         assert_eq!(r.await.unwrap().expect("replay answered"), done);
     }
 
+    // A worker's replay comes from the worker that settled, nobody else.
+    let item4 = store.enqueue("q4", &json!(4), None).await.unwrap();
+    let t4 = store
+        .claim("q4", Some(7))
+        .await
+        .unwrap()
+        .expect("claimed")
+        .lease
+        .token;
+    let settled = store
+        .settle(item4.id, &t4, Some(7), SettleState::Done, None, None)
+        .await
+        .unwrap();
+    let again = store
+        .settle(item4.id, &t4, Some(7), SettleState::Done, None, None)
+        .await;
+    assert_eq!(again.unwrap(), settled, "the same worker's replay");
+    let other = store
+        .settle(item4.id, &t4, Some(8), SettleState::Done, None, None)
+        .await;
+    assert!(
+        other.is_err(),
+        "another worker with the token gets no answer"
+    );
+
+    // A new token (resume of a paused item) ends the old token's replays.
+    let item5 = store.enqueue("q5", &json!(5), None).await.unwrap();
+    let t5 = store
+        .claim("q5", None)
+        .await
+        .unwrap()
+        .expect("claimed")
+        .lease
+        .token;
+    store
+        .settle(item5.id, &t5, None, SettleState::Paused, None, None)
+        .await
+        .unwrap();
+    store.resume(item5.id, None).await.unwrap();
+    store.pause(item5.id).await.unwrap();
+    let r = store
+        .settle(item5.id, &t5, None, SettleState::Paused, None, None)
+        .await;
+    assert_eq!(
+        code(r),
+        ErrorCode::ClaimLost,
+        "the token of an earlier claim"
+    );
+
     // The reaper's retry-cap failure is not a settle of the lease it ended.
     let store = db.store(ttl(100)).await;
     let item3 = store.enqueue("q3", &json!(3), Some(0)).await.unwrap();
