@@ -111,7 +111,9 @@ impl Store {
     /// server cannot tell which party is legitimate. Every credential change
     /// of a worker first locks its `workers` row, so concurrent refreshes,
     /// replays and revocations of one worker apply one after another on both
-    /// backends: exactly one credential pair is valid at any time.
+    /// backends: exactly one refresh token of a worker is usable at any time
+    /// (an access token issued before a refresh lives out its lifetime, as
+    /// with any rotation, unless the worker is revoked).
     ///
     /// # Errors
     /// `unauthorized` when the token is malformed, wrong, expired, revoked or
@@ -151,25 +153,24 @@ impl Store {
         }
         // Used or revoked before (maybe by a use that committed while this
         // one waited): read it again, with the worker it enrolled.
-        let again = self.sql(&format!(
-            "SELECT worker_id, revoked,
-                 CAST(CASE WHEN used_at > {{now}} - $3 THEN 1 ELSE 0 END AS BIGINT) AS recent
-             FROM {table}
-             WHERE selector = $1 AND verifier_hash = $2 AND expires_at > {{now}}"
-        ));
-        let used: Option<(Option<i64>, i64, i64)> = sqlx::query_as(&again)
-            .bind(&presented.selector)
-            .bind(&presented.verifier_hash)
-            .bind(ms(self.settings.replay_grace_ms))
-            .fetch_optional(&mut *tx)
-            .await?;
+        let mut used = self.read_used(&mut tx, table, &presented).await?;
+        if let Some((Some(worker_id), _, _)) = used {
+            if known != Some(worker_id) {
+                // The worker was not known when this transaction began (an
+                // enrollment token's first use committed meanwhile). Start
+                // over with the worker's lock taken first — the order every
+                // other credential change uses, so none deadlocks with this
+                // one — and decide on what is current under it.
+                tx.rollback().await?;
+                tx = self.begin_write().await?;
+                lock_worker(&mut tx, worker_id).await?;
+                used = self.read_used(&mut tx, table, &presented).await?;
+            }
+        }
         let Some((Some(worker_id), revoked, recent)) = used else {
             tx.rollback().await?;
             return Err(unauthorized(what));
         };
-        if known != Some(worker_id) {
-            lock_worker(&mut tx, worker_id).await?;
-        }
         let moved_on: (i64,) = sqlx::query_as(
             "SELECT COUNT(*) FROM refresh_tokens
              WHERE parent = $1 AND used_at IS NOT NULL AND revoked = 0",
@@ -195,6 +196,28 @@ impl Store {
         self.revoke_worker(&mut tx, worker_id).await?;
         tx.commit().await?;
         Err(unauthorized(what))
+    }
+
+    /// The worker a used token of `table` belongs to, whether it is revoked,
+    /// and whether it was used within the replay grace (1) or not (0).
+    async fn read_used(
+        &self,
+        tx: &mut Transaction<'static, Any>,
+        table: &str,
+        presented: &Presented,
+    ) -> Result<Option<(Option<i64>, i64, i64)>, StoreError> {
+        let sql = self.sql(&format!(
+            "SELECT worker_id, revoked,
+                 CAST(CASE WHEN used_at > {{now}} - $3 THEN 1 ELSE 0 END AS BIGINT) AS recent
+             FROM {table}
+             WHERE selector = $1 AND verifier_hash = $2 AND expires_at > {{now}}"
+        ));
+        Ok(sqlx::query_as(&sql)
+            .bind(&presented.selector)
+            .bind(&presented.verifier_hash)
+            .bind(ms(self.settings.replay_grace_ms))
+            .fetch_optional(&mut **tx)
+            .await?)
     }
 
     /// Revokes every credential of `worker_id`: its access tokens go, its
