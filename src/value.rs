@@ -279,7 +279,7 @@ impl Walker {
         self.digest.raw(b"}");
         let out = bare_object();
         for ((_, key, item), copy) in fields.iter().zip(&copies) {
-            define(&out, key, copy.as_ref().unwrap_or(item));
+            let _ = Reflect::set(&out, key, copy.as_ref().unwrap_or(item));
         }
         Ok(out.into())
     }
@@ -322,7 +322,7 @@ impl Walker {
     /// objects; `Date`, `Map`, `Set`, typed arrays and class instances would
     /// be silently changed by JSON, so they are refused.
     fn check_plain(&self, obj: &Object) -> Walk<()> {
-        let proto = get_prototype_of(obj).map_err(|_| Fail::new(GETTER_THREW))?;
+        let proto = prototype_js(obj).map_err(|_| Fail::new(GETTER_THREW))?;
         if proto.is_null() || Object::is(&proto, &self.object_proto) {
             return Ok(());
         }
@@ -400,10 +400,6 @@ fn length(v: &Array) -> Walk<u32> {
         .ok_or_else(|| Fail::new(GETTER_THREW))
 }
 
-fn get_prototype_of(v: &JsValue) -> Result<JsValue, JsValue> {
-    prototype_js(v)
-}
-
 /// The enumerable own string-keyed fields of `obj` whose value is not
 /// `undefined` (what `JSON.stringify` writes), as `(name, key, value)`, each
 /// value read once.
@@ -431,7 +427,7 @@ fn own_fields(obj: &Object) -> Walk<Vec<(String, JsValue, JsValue)>> {
 pub(crate) fn shallow_copy(obj: &Object) -> crate::error::Result<Object> {
     let out = bare_object();
     for (_, key, item) in own_fields(obj).map_err(Fail::into_error)? {
-        define(&out, &key, &item);
+        let _ = Reflect::set(&out, &key, &item);
     }
     Ok(out)
 }
@@ -444,11 +440,6 @@ pub(crate) fn shallow_copy(obj: &Object) -> crate::error::Result<Object> {
 /// so a stored record reads back as an ordinary object with the same fields.
 fn bare_object() -> Object {
     Object::create(JsValue::NULL.unchecked_ref())
-}
-
-/// Sets `out[key] = value` on a [`bare_object`].
-fn define(out: &Object, key: &JsValue, value: &JsValue) {
-    let _ = Reflect::set(out, key, value);
 }
 
 /// The UTF-16 code units of a JS string (lone surrogates included).

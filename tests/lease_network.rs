@@ -53,6 +53,15 @@ fn admin_creds() -> Credentials {
     }
 }
 
+/// A worker's credentials: a fresh enrollment token for `queue`.
+async fn worker_creds(queue: &str, name: &str) -> Credentials {
+    Credentials {
+        enrollment_token: Some(enrollment_token(queue).await),
+        name: Some(name.into()),
+        ..Credentials::default()
+    }
+}
+
 /// How many answers of proxy mode `mode` the proxy holds back right now.
 async fn held_back(proxy: &str, mode: &str) -> f64 {
     let url = format!("{proxy}/_held/{mode}");
@@ -381,11 +390,7 @@ async fn a_settle_whose_answer_was_lost_is_reported_settled_when_sent_again() {
         let id = enqueue(&q, json!({})).await;
         let nonce = fresh_queue("n");
         let creds = if as_worker {
-            Credentials {
-                enrollment_token: Some(enrollment_token(&q).await),
-                name: Some("settler".into()),
-                ..Credentials::default()
-            }
+            worker_creds(&q, "settler").await
         } else {
             admin_creds()
         };
@@ -696,11 +701,7 @@ async fn a_lost_enrollment_or_refresh_answer_does_not_lock_the_worker_out() {
     let nonce = fresh_queue("c");
     let client = client_at(
         &format!("{proxy}/drop-credential-answers-{nonce}"),
-        Credentials {
-            enrollment_token: Some(enrollment_token(&q).await),
-            name: Some("unlucky".into()),
-            ..Credentials::default()
-        },
+        worker_creds(&q, "unlucky").await,
         config(),
     );
     let e = err_of(client.claim(&q, None).await);

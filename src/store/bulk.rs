@@ -41,16 +41,17 @@ fn dom<T>(r: std::result::Result<T, JsValue>) -> Result<T> {
 
 /// `v` as an array of at most [`MAX_BATCH`] items, or a ValidationError
 /// saying what `call` expects.
-fn batch_array(v: &JsValue, call: &'static str, of: &'static str) -> Result<Vec<JsValue>> {
+pub(super) fn batch_array(
+    v: &JsValue,
+    call: &'static str,
+    of: &'static str,
+    too_many: &'static str,
+) -> Result<Vec<JsValue>> {
     if !crate::value::is_array(v)? {
         return Err(StoreError::validation(
             [call, " expects an array of ", of].concat(),
         ));
     }
-    let too_many = match call {
-        "getMany" => "getMany takes at most 100000 items",
-        _ => "deleteMany takes at most 100000 items",
-    };
     crate::value::items(v.unchecked_ref(), MAX_BATCH, too_many)
 }
 
@@ -80,7 +81,7 @@ impl Store {
     /// ValidationError (with `failures` naming every bad position) when `ids`
     /// is not an array of ids or holds more than 100,000; ClosedError.
     pub async fn get_many(&self, ids: &JsValue) -> Result<Array> {
-        let arr = batch_array(ids, "getMany", "ids")?;
+        let arr = batch_array(ids, "getMany", "ids", "getMany takes at most 100000 items")?;
         let mut failures = Vec::new();
         for (index, id) in arr.iter().enumerate() {
             if let Err(e) = check_id_value(id) {
@@ -149,7 +150,12 @@ impl Store {
     /// to delete (`currentRev: null`) — nothing is written then;
     /// QuotaExceededError / TransactionError / ClosedError.
     pub async fn delete_many(&self, items: &JsValue) -> Result<Vec<String>> {
-        let arr = batch_array(items, "deleteMany", "{id, rev} objects")?;
+        let arr = batch_array(
+            items,
+            "deleteMany",
+            "{id, rev} objects",
+            "deleteMany takes at most 100000 items",
+        )?;
         let mut dels = Vec::with_capacity(arr.len());
         let mut failures = Vec::new();
         let seen = super::SeenIds::new();

@@ -23,7 +23,7 @@ use crate::error::{get_str, set, BatchFailure, Result, StoreError};
 use crate::value;
 use agentstore_protocol::canonical::BodyDigest;
 use agentstore_protocol::index::IndexDef;
-use agentstore_protocol::record::{check_id, MAX_BATCH};
+use agentstore_protocol::record::check_id;
 use agentstore_protocol::rev::{decide_delete, decide_put, CasError, Current, Rev};
 use db::{Db, TransactionMode, Tx, DERIVED, META, RECORDS, TOMBSTONES};
 use js_sys::{JsString, Object};
@@ -329,14 +329,10 @@ impl Store {
     /// position (nothing written); QuotaExceededError/TransactionError
     /// (nothing written: the transaction is aborted).
     pub async fn put_many(&self, records: &JsValue) -> Result<Vec<Written>> {
-        if !crate::value::is_array(records)? {
-            return Err(StoreError::validation(
-                "putMany expects an array of records",
-            ));
-        }
-        let arr = crate::value::items(
-            records.unchecked_ref(),
-            MAX_BATCH,
+        let arr = bulk::batch_array(
+            records,
+            "putMany",
+            "records",
             "putMany takes at most 100000 records",
         )?;
         let mut prepared = Vec::with_capacity(arr.len());
