@@ -588,3 +588,57 @@ async fn a_write_from_elsewhere_during_an_import_into_an_empty_store_is_not_over
     let close: Function = field(&db, "close").unchecked_into();
     close.call0(&db).unwrap();
 }
+
+/// Every way into the store checks a record as `put` does: a snapshot line
+/// or a PouchDB doc with a reserved `_` field, a non-string `recordType`, a
+/// malformed `updatedAt`, a value JSON cannot carry or nesting past the
+/// limit is refused naming its line, and nothing of the import is written
+/// (before, such a record was stored and then refused by `put`, `mutate`
+/// and the store's own `importSnapshot` of its export).
+#[wasm_bindgen_test]
+async fn an_imported_record_must_pass_the_checks_put_makes() {
+    let mut deep = json!("leaf");
+    for _ in 0..80 {
+        deep = json!({ "n": deep });
+    }
+    let bad_fields: [(&str, serde_json::Value); 5] = [
+        ("_custom", json!(1)),
+        ("recordType", json!(5)),
+        ("updatedAt", json!("yesterday")),
+        ("nested", deep),
+        ("_rev_info", json!("x")),
+    ];
+    for (key, value) in bad_fields {
+        let mut good = json!({"_id": "a", "_rev": "1-aa", "recordType": "run"});
+        let mut bad = json!({"_id": "b", "_rev": "1-aa", "recordType": "run"});
+        bad[key] = value.clone();
+        // The same body as `put` sees it is refused there too.
+        let (store, _) = open("import-rules-put").await;
+        let mut put_body = bad.clone();
+        put_body.as_object_mut().unwrap().remove("_rev");
+        let e = store.put(&js(put_body)).await.unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Validation, "put {key}: {e}");
+
+        let snap = [HEADER.to_owned(), good.to_string(), bad.to_string()].join("\n");
+        let (store, _) = open("import-rules-snap").await;
+        let e = store
+            .import_snapshot(snap.as_str(), None)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Validation, "snapshot {key}: {e}");
+        assert!(e.to_string().contains("line 3:"), "snapshot {key}: {e}");
+        assert!(store.get(&s("a")).await.unwrap().is_none(), "{key}");
+
+        good["_revisions"] = json!({"start": 1, "ids": ["aa"]});
+        bad["_revisions"] = json!({"start": 1, "ids": ["aa"]});
+        let text = dump(&[json!({"docs": [good]}), json!({"docs": [bad]})]);
+        let (store, _) = open("import-rules-pouch").await;
+        let e = store
+            .import_pouch_dump(text.as_str(), "agent-index", None)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Validation, "pouch {key}: {e}");
+        assert!(e.to_string().contains("line 3:"), "pouch {key}: {e}");
+        assert!(store.get(&s("a")).await.unwrap().is_none(), "{key}");
+    }
+}

@@ -18,7 +18,6 @@ use agentstore_protocol::pouch::{
     add_row, classify_line, decode_leaves, encode_leaves, import_replaces, revisions_ancestors,
     winning_leaf, DumpSummary, Leaf, LegacyIndexReport, LineKind, BOOKKEEPING_FIELDS,
 };
-use agentstore_protocol::record::{is_iso_millis_utc, ALLOWED_UNDERSCORE_FIELDS};
 use agentstore_protocol::rev::{Current, Rev};
 use js_sys::{Array, Function, JsString, Map, Object, Promise, Reflect};
 use wasm_bindgen::{JsCast, JsValue};
@@ -347,25 +346,23 @@ fn dump_docs(
         .map_err(|_| line_error(WHAT, n, "\"docs\" must be an array"))
 }
 
-/// Checks a snapshot record's top level as `put` would (reserved `_`
-/// fields, `recordType` a string, `updatedAt` ISO-8601 with milliseconds);
-/// its values came from `JSON.parse`, so they are JSON already.
-fn check_snapshot_record(v: &JsValue) -> std::result::Result<(), &'static str> {
-    for key in Object::keys(v.unchecked_ref::<Object>()).iter() {
-        let key = key.as_string().unwrap_or_default();
-        if key.starts_with('_') && !ALLOWED_UNDERSCORE_FIELDS.contains(&key.as_str()) {
-            return Err("fields starting with '_' other than _id and _rev are reserved");
-        }
+/// Checks an imported live record exactly as `put` checks a record (the
+/// same walk: reserved fields, `recordType`, `updatedAt`, JSON-only values,
+/// nesting depth, size), so that every record in the store, however it got
+/// there, can be read back, updated with `put`/`mutate` and exported and
+/// imported again.
+fn check_body(v: &JsValue, what: &str, n: usize) -> Result<()> {
+    crate::value::walk_record(v)
+        .map(drop)
+        .map_err(|e| line_error(what, n, &e.message()))
+}
+
+/// Removes PouchDB's bookkeeping fields (`_revisions`, `_conflicts`, …) from
+/// a parsed doc before it is checked or stored.
+fn strip_bookkeeping(doc: &JsValue) {
+    for f in BOOKKEEPING_FIELDS {
+        let _ = Reflect::delete_property(doc.unchecked_ref::<Object>(), &f.into());
     }
-    let t = get(v, "recordType");
-    if !t.is_undefined() && !t.is_string() {
-        return Err("recordType must be a string");
-    }
-    let u = get(v, "updatedAt");
-    if !u.is_undefined() && !u.as_string().is_some_and(|s| is_iso_millis_utc(&s)) {
-        return Err("updatedAt must be an ISO-8601 UTC string with milliseconds");
-    }
-    Ok(())
 }
 
 /// One snapshot line after the header: `(id, rev, deleted, value)`.
@@ -383,7 +380,7 @@ fn snapshot_row(line: &JsString, n: usize) -> Result<(JsString, Rev, bool, JsVal
     let rev = Rev::parse(&rev).map_err(|e| line_error(WHAT, n, &e.0))?;
     let deleted = get(&v, "_deleted").as_bool() == Some(true);
     if !deleted {
-        check_snapshot_record(&v).map_err(|why| line_error(WHAT, n, why))?;
+        check_body(&v, WHAT, n)?;
     }
     Ok((id, rev, deleted, v))
 }
@@ -414,7 +411,8 @@ impl Store {
     /// live leaves beat deleted ones), tombstones kept, `_local/` documents
     /// skipped, bodies stored as given (their `updatedAt` kept). A winner
     /// replaces a stored record only when its revision is higher
-    /// (generation, then hash).
+    /// (generation, then hash). Every live body is checked as `put` checks a
+    /// record (pass 1, so a bad one writes nothing).
     ///
     /// Pass 1 validates every line and keeps per id only its leaf revisions
     /// (in a JS `Map`); pass 2 writes the winners in transactions of
@@ -455,6 +453,11 @@ impl Store {
                     continue;
                 };
                 let anc = pouch_ancestors(&doc, n)?;
+                if !row.deleted {
+                    // Refused here, in pass 1, so that nothing is written.
+                    strip_bookkeeping(&doc);
+                    check_body(&doc, "PouchDB dump", n)?;
+                }
                 let key = JsValue::from(row.id.clone());
                 let known = ancestors.get(&key);
                 let is_ancestor = known
@@ -536,9 +539,7 @@ impl Store {
                 leaves.delete(&id);
                 let deleted = dead.has(&id);
                 if !deleted {
-                    for f in BOOKKEEPING_FIELDS {
-                        let _ = Reflect::delete_property(doc.unchecked_ref::<Object>(), &f.into());
-                    }
+                    strip_bookkeeping(&doc);
                 }
                 writer.push(Staged::winner(id, &win, deleted, doc)?).await?;
             }
