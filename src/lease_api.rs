@@ -98,7 +98,7 @@ export interface LeaseError extends Error {
   /** AbortError: the signal's reason. */
   cause?: unknown;
 }
-export interface WorkStats { claimed: number; done: number; failed: number; lost: number; connectionFailures: number; backoffsMs: number[]; pollDelaysMs: number[]; }
+export interface WorkStats { claimed: number; done: number; failed: number; lost: number; released: number; connectionFailures: number; backoffsMs: number[]; pollDelaysMs: number[]; }
 export interface Recovery { released: number[]; lost: number[]; busy: number[]; skipped: number[]; resumed: Lease[]; }
 /** `ClaimLostError`: the lease is gone; nothing was written under it. */
 export interface ClaimLostError extends Error { code: "claim_lost"; status: 409; reason: "claim_lost" | "expired_locally" | "released"; itemId: number; }
@@ -261,7 +261,7 @@ impl LeaseClient {
         let queue = string_param(&queue, "queue").map_err(|e| e.to_js())?;
         let handler: Function = handler
             .dyn_into()
-            .map_err(|_| LeaseError::Type("handler must be a function").to_js())?;
+            .map_err(|_| LeaseError::Validation("handler must be a function".into()).to_js())?;
         self.inner.check_open().map_err(|e| e.to_js())?;
         let parse = || -> Result<WorkOptions, LeaseError> {
             let mut w = WorkOptions::default();
@@ -438,7 +438,7 @@ impl Lease {
         match self.inner.status() {
             Status::Held => "held".into(),
             Status::Ending => "ending".into(),
-            Status::Settled => "settled".into(),
+            Status::Settled(_) => "settled".into(),
             Status::Lost(r) => r.as_str().into(),
         }
     }
@@ -542,21 +542,31 @@ impl Lease {
         let fetch = Reflect::get(&js_sys::global(), &"fetch".into())
             .ok()
             .and_then(|f| f.dyn_into::<Function>().ok());
-        match fetch.map(|f| f.call1(&JsValue::UNDEFINED, &request)) {
-            Some(Ok(p)) => p
-                .dyn_into::<Promise>()
-                .unwrap_or_else(|v| Promise::resolve(&v)),
-            Some(Err(e)) => Promise::reject(&e),
-            None => Promise::reject(&LeaseError::Network("fetch is not available".into()).to_js()),
-        }
+        let sent = match fetch.map(|f| f.call1(&JsValue::UNDEFINED, &request)) {
+            Some(Ok(p)) => p,
+            Some(Err(e)) => return Promise::reject(&coded(e, LeaseError::Network)),
+            None => {
+                return Promise::reject(
+                    &LeaseError::Network("fetch is not available".into()).to_js(),
+                )
+            }
+        };
+        // fetch's own rejection ("Failed to fetch", a TypeError) becomes a
+        // NetworkError; an abort by the lease keeps its ClaimLostError.
+        crate::options::run(async move {
+            wasm_bindgen_futures::JsFuture::from(Promise::resolve(&sent))
+                .await
+                .map_err(|e| coded(e, LeaseError::Network))
+        })
     }
 
     /// The `Request` that `fetch(input, init)` sends: lease headers stamped and
     /// a signal that follows both the lease and `init.signal`.
     ///
     /// # Errors
-    /// The `ClaimLostError` when the lease is lost; the `Request` constructor's
-    /// `TypeError` for bad input.
+    /// The `ClaimLostError` when the lease is lost; a ValidationError (the
+    /// `Request` constructor's message) for input it refuses, e.g. a bad URL
+    /// or a body on a GET.
     #[wasm_bindgen(js_name = prepareRequest)]
     pub fn prepare_request(
         &self,
@@ -566,6 +576,12 @@ impl Lease {
         if let Some(e) = self.inner.lost_error() {
             return Err(e.to_js());
         }
+        self.stamp(input, init)
+            .map_err(|e| coded(e, LeaseError::Validation))
+    }
+
+    /// [`Lease::prepare_request`] once the lease is known to be held.
+    fn stamp(&self, input: JsValue, init: JsValue) -> Result<Request, JsValue> {
         let base = match input.as_string() {
             Some(url) if init.is_object() => {
                 Request::new_with_str_and_init(&url, init.unchecked_ref())?
@@ -654,7 +670,7 @@ impl Worker {
         })
     }
 
-    /// Counters: `{claimed, done, failed, lost, connectionFailures, backoffsMs, pollDelaysMs}`.
+    /// Counters: `{claimed, done, failed, lost, released, connectionFailures, backoffsMs, pollDelaysMs}`.
     #[wasm_bindgen(getter, unchecked_return_type = "WorkStats")]
     pub fn stats(&self) -> JsValue {
         let s = *self.inner.stats.borrow();
@@ -663,6 +679,7 @@ impl Worker {
         set(&o, "done", &s.done.into());
         set(&o, "failed", &s.failed.into());
         set(&o, "lost", &s.lost.into());
+        set(&o, "released", &s.released.into());
         set(&o, "connectionFailures", &s.connection_failures.into());
         let ms = |v: &std::cell::RefCell<Vec<f64>>| -> Array {
             v.borrow().iter().map(|&d| JsValue::from(d)).collect()
@@ -677,4 +694,29 @@ impl Worker {
     pub fn stopping(&self) -> bool {
         self.inner.is_stopping()
     }
+}
+
+/// `e` when it is already one of this SDK's errors (it has a string `code`),
+/// else `make(e.message)` with `e` as its `cause`: a platform `TypeError`
+/// from `new Request` or `fetch` gets a `name`, `code` and `status` like
+/// every other rejection. An abort by the caller's own signal (an
+/// `AbortError` or `TimeoutError` DOMException) becomes the AbortError whose
+/// `cause` it is.
+fn coded(e: JsValue, make: fn(String) -> LeaseError) -> JsValue {
+    if Reflect::get(&e, &"code".into()).is_ok_and(|c| c.is_string()) {
+        return e;
+    }
+    let name = Reflect::get(&e, &"name".into())
+        .ok()
+        .and_then(|n| n.as_string());
+    if matches!(name.as_deref(), Some("AbortError" | "TimeoutError")) {
+        return LeaseError::Aborted(e).to_js();
+    }
+    let message = Reflect::get(&e, &"message".into())
+        .ok()
+        .and_then(|m| m.as_string())
+        .unwrap_or_else(|| "the request could not be made".into());
+    let out = make(message).to_js();
+    let _ = Reflect::set(&out, &"cause".into(), &e);
+    out
 }

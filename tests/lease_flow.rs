@@ -187,7 +187,7 @@ async fn heartbeats_of_many_leases_share_one_request_and_settle_stores_the_resul
                 .as_deref(),
             Some(if i % 2 == 0 { "done" } else { "failed" })
         );
-        assert_eq!(l.status(), Status::Settled);
+        assert_eq!(l.status(), Status::Settled(state));
         assert!(
             !l.signal().aborted(),
             "a settled lease is finished, not lost"
@@ -429,4 +429,71 @@ async fn an_unreachable_server_is_a_network_error_and_errors_are_js_errors() {
             .as_deref(),
         Some("RateLimitedError")
     );
+}
+
+/// `lease.fetch` and `lease.prepareRequest` reject like every other call:
+/// input the platform's `Request` refuses is a ValidationError, a fetch that
+/// gets no answer a NetworkError, the caller's own abort an AbortError, each
+/// a real `Error` with `name`, `code` and `status` (the platform's error is
+/// its `cause`). Before, the platform's bare TypeError came through.
+#[wasm_bindgen_test]
+async fn lease_fetch_errors_have_a_name_code_and_status() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("fetch-errors");
+    enqueue(&q, json!({})).await;
+    let c = admin_client(config());
+    let lease = claim(&c, &q).await;
+    let api = agentstore::lease_api::Lease::from_inner(lease.clone());
+    let named = |e: &JsValue| -> (String, String, f64) {
+        assert!(e.is_instance_of::<js_sys::Error>(), "a real Error");
+        let get = |k: &str| Reflect::get(e, &k.into()).unwrap();
+        (
+            get("name").as_string().unwrap_or_default(),
+            get("code").as_string().unwrap_or_default(),
+            get("status").as_f64().unwrap_or(f64::NAN),
+        )
+    };
+    let validation = ("ValidationError".to_owned(), "validation".to_owned(), 400.0);
+    let e = api
+        .prepare_request("http://[".into(), JsValue::UNDEFINED)
+        .unwrap_err();
+    assert_eq!(named(&e), validation);
+    assert!(Reflect::get(&e, &"cause".into())
+        .unwrap()
+        .is_instance_of::<js_sys::TypeError>());
+    let fetch = |input: &str, init: JsValue| {
+        wasm_bindgen_futures::JsFuture::from(api.fetch(input.into(), init))
+    };
+    assert_eq!(
+        named(&fetch("http://[", JsValue::UNDEFINED).await.unwrap_err()),
+        validation
+    );
+    let get_with_body = js_sys::Object::new();
+    Reflect::set(&get_with_body, &"method".into(), &"GET".into()).unwrap();
+    Reflect::set(&get_with_body, &"body".into(), &"x".into()).unwrap();
+    assert_eq!(
+        named(&fetch("/x", get_with_body.into()).await.unwrap_err()),
+        validation
+    );
+    // Nothing listens on port 1: no answer.
+    let e = fetch("http://127.0.0.1:1/y", JsValue::UNDEFINED)
+        .await
+        .unwrap_err();
+    assert_eq!(named(&e), ("NetworkError".into(), "network".into(), 503.0));
+    let user = web_sys::AbortController::new().unwrap();
+    user.abort();
+    let init = js_sys::Object::new();
+    Reflect::set(&init, &"signal".into(), &user.signal()).unwrap();
+    let e = fetch("http://127.0.0.1:1/y", init.into())
+        .await
+        .unwrap_err();
+    assert_eq!(named(&e).0, "AbortError");
+    assert_eq!(named(&e).1, "aborted");
+    assert!(
+        !lease.signal().aborted(),
+        "the caller's abort leaves the lease held"
+    );
+    lease.release().await.unwrap();
 }

@@ -246,3 +246,73 @@ async fn connection_failures_back_off_within_base_and_doubling_cap() {
     }
     assert_eq!(w.stats.borrow().connection_failures as usize, delays.len());
 }
+
+/// A handler may end its lease itself. What it did is what `stats` counts:
+/// settled `done` or `failed` counts there (also when the handler does not
+/// await its settle), a release or a `paused` settle counts as `released`,
+/// and none of them as `lost` (before, every one was counted `lost`).
+#[wasm_bindgen_test]
+async fn a_handler_that_settles_or_releases_its_lease_itself_is_counted_by_what_it_did() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("self-settle");
+    let plan = ["done", "failed", "paused", "release", "done-unawaited"];
+    let mut ids = Vec::new();
+    for p in plan {
+        ids.push(enqueue(&q, json!({ "do": p })).await);
+    }
+    let h = handler(|lease: JsValue| async move {
+        let what = get(&lease, &["item", "payload", "do"]).as_string().unwrap();
+        let call = |name: &str, args: &[JsValue]| -> Promise {
+            let f: Function = get(&lease, &[name]).unchecked_into();
+            let args: js_sys::Array = args.iter().collect();
+            f.apply(&lease, &args).unwrap().unchecked_into()
+        };
+        // A released item comes back at once: the second claim settles it.
+        let first = get(&lease, &["item", "epoch"]).as_f64() == Some(1.0);
+        match what.as_str() {
+            "release" if first => {
+                wasm_bindgen_futures::JsFuture::from(call("release", &[])).await?;
+            }
+            "done-unawaited" => {
+                let _ = call("settle", &["done".into()]);
+            }
+            "release" => {
+                wasm_bindgen_futures::JsFuture::from(call("settle", &["done".into()])).await?;
+            }
+            state => {
+                wasm_bindgen_futures::JsFuture::from(call("settle", &[state.into()])).await?;
+            }
+        }
+        Ok(JsValue::UNDEFINED)
+    });
+    let w = WorkerInner::start(admin_client(config()), q.clone(), h, options(1), wrap);
+    let counted = |w: &WorkerInner| {
+        let s = *w.stats.borrow();
+        s.done + s.failed + s.lost + s.released
+    };
+    let deadline = now() + 20_000.0;
+    while counted(&w) < 6 && now() < deadline {
+        sleep(20.0).await;
+    }
+    w.stop().await;
+    let s = *w.stats.borrow();
+    assert_eq!(
+        (s.claimed, s.done, s.failed, s.released, s.lost),
+        (6, 3, 1, 2, 0),
+        "{s:?}"
+    );
+    let states: Vec<ItemState> = {
+        let mut v = Vec::new();
+        for id in &ids {
+            v.push(item(*id).await.state);
+        }
+        v
+    };
+    assert_eq!(states[0], ItemState::Done);
+    assert_eq!(states[1], ItemState::Failed);
+    assert_eq!(states[2], ItemState::Paused);
+    assert_eq!(states[3], ItemState::Done);
+    assert_eq!(states[4], ItemState::Done);
+}

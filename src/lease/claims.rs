@@ -203,7 +203,7 @@ impl ClientInner {
         // entry until its release is confirmed).
         if matches!(
             lease.status(),
-            Status::Settled | Status::Lost(LossReason::ClaimLost | LossReason::Released)
+            Status::Settled(_) | Status::Lost(LossReason::ClaimLost | LossReason::Released)
         ) {
             self.forget_journal(lease.item_id, lease.token());
         }

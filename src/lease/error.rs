@@ -6,7 +6,7 @@
 //! (`"claim_lost"`, `"expired_locally"` or `"released"`) and `itemId`.
 
 use agentstore_protocol::ErrorCode;
-use wasm_bindgen::{JsCast, JsValue};
+use wasm_bindgen::JsValue;
 
 use crate::error::set;
 
@@ -65,9 +65,6 @@ pub enum LeaseError {
     Network(String),
     /// Bad input to an SDK call.
     Validation(String),
-    /// A JavaScript `TypeError`: an argument of the wrong type where
-    /// JavaScript itself would throw one (a handler that is not a function).
-    Type(&'static str),
     /// Any other `{code, message}` answer of the server.
     Server {
         /// The protocol code.
@@ -104,7 +101,6 @@ impl LeaseError {
             LeaseError::Server { code, .. } => *code,
             LeaseError::Aborted(_) => ErrorCode::Aborted,
             LeaseError::Closed => ErrorCode::Closed,
-            LeaseError::Type(_) => ErrorCode::Validation,
         }
     }
 
@@ -117,7 +113,6 @@ impl LeaseError {
             | LeaseError::Network(message)
             | LeaseError::Validation(message)
             | LeaseError::Server { message, .. } => message,
-            LeaseError::Type(message) => message,
             LeaseError::RateLimited { .. } => "rate limited; retry after retryAfterMs",
             LeaseError::Aborted(_) => "the operation was aborted",
             LeaseError::Closed => "the lease client is closed",
@@ -144,15 +139,8 @@ impl LeaseError {
     /// Builds the JS `Error` object for this error.
     pub fn to_js(&self) -> JsValue {
         let code = self.code();
-        let err = match self {
-            // A real TypeError, as JavaScript throws for a wrong argument type.
-            LeaseError::Type(m) => js_sys::TypeError::new(m).unchecked_into::<js_sys::Error>(),
-            _ => {
-                let e = js_sys::Error::new(self.message());
-                e.set_name(code.js_name());
-                e
-            }
-        };
+        let err = js_sys::Error::new(self.message());
+        err.set_name(code.js_name());
         let o: &JsValue = err.as_ref();
         set(o, "code", &code.as_str().into());
         let status = match self {

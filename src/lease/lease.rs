@@ -57,8 +57,8 @@ pub enum Status {
     /// the settle would read `claim_lost` after the settle landed), but its
     /// local deadline still applies.
     Ending,
-    /// Settled by us.
-    Settled,
+    /// Settled by us, into this state.
+    Settled(SettleState),
     /// Lost, or released by us (the signal is aborted).
     Lost(LossReason),
 }
@@ -189,7 +189,9 @@ impl LeaseInner {
         match self.status() {
             Status::Held | Status::Ending => None,
             Status::Lost(reason) => Some(self.claim_lost(reason, "the lease is no longer held")),
-            Status::Settled => Some(self.claim_lost(LossReason::Released, "the lease was settled")),
+            Status::Settled(_) => {
+                Some(self.claim_lost(LossReason::Released, "the lease was settled"))
+            }
         }
     }
 
@@ -355,7 +357,7 @@ impl LeaseInner {
         let path = item_path(self.item_id, "/settle");
         let answer = self.ending_call(&path, &body, true).await?;
         if self.status.get() == Status::Ending {
-            self.status.set(Status::Settled);
+            self.status.set(Status::Settled(state));
         }
         self.finish(true);
         Ok(answer)

@@ -28,6 +28,7 @@ use super::client::ClientInner;
 use super::error::LeaseError;
 use super::http::{describe, random, sleep_ms};
 use super::lease::{LeaseInner, Status};
+use super::LossReason;
 
 /// Options of a work loop.
 #[derive(Debug, Clone)]
@@ -58,12 +59,15 @@ impl Default for WorkOptions {
 pub struct Stats {
     /// Leases claimed.
     pub claimed: u32,
-    /// Settled `done`.
+    /// Settled `done` (the handler returned, or settled `done` itself).
     pub done: u32,
-    /// Settled `failed` (the handler threw).
+    /// Settled `failed` (the handler threw, or settled `failed` itself).
     pub failed: u32,
     /// Lost before settling: result discarded, nothing settled.
     pub lost: u32,
+    /// Ended by the handler itself without finishing the item: it released
+    /// the lease, or settled it `blocked` or `paused`.
+    pub released: u32,
     /// Connection failures (each followed by a backoff).
     pub connection_failures: u32,
     /// The most recent reconnect delay (ms).
@@ -244,9 +248,24 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
             }
         },
     };
-    if lease.status() != Status::Held {
-        w.stats.borrow_mut().lost += 1;
-        return;
+    if lease.status() == Status::Ending {
+        // The handler's own settle or release is still in flight: its outcome
+        // (bounded by the local deadline) decides what is counted.
+        let _ = JsFuture::from(lease.ended.clone()).await;
+    }
+    match lease.status() {
+        Status::Held => {}
+        // The handler ended the lease itself: count what it did.
+        ended => {
+            let mut st = w.stats.borrow_mut();
+            match ended {
+                Status::Settled(SettleState::Done) => st.done += 1,
+                Status::Settled(SettleState::Failed) => st.failed += 1,
+                Status::Settled(_) | Status::Lost(LossReason::Released) => st.released += 1,
+                _ => st.lost += 1,
+            }
+            return;
+        }
     }
     let (state, result, error) = match outcome {
         // A result JSON cannot carry (a BigInt, a cycle) settles without one.
@@ -274,7 +293,7 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
                 sleep_ms(d).await;
             }
             Err(_) => {
-                if lease.status() != Status::Settled {
+                if !matches!(lease.status(), Status::Settled(_)) {
                     w.stats.borrow_mut().lost += 1;
                 }
                 return;

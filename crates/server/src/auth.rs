@@ -135,7 +135,10 @@ pub async fn caller_from(
             return Ok(Some(Caller::Admin));
         }
     }
-    if let Some(principal) = state.auth_cache.get(&hash) {
+    // Read before the database is asked: an answer that raced a revocation
+    // is filed under the old count and never trusted.
+    let revocations = state.store.revocations();
+    if let Some(principal) = state.auth_cache.get(&hash, revocations) {
         return Ok(Some(Caller::Enrolled(principal)));
     }
     let (principal, valid_ms) =
@@ -147,7 +150,9 @@ pub async fn caller_from(
                 Some(_) => ApiError::unauthorized(),
                 None => ApiError::from(e),
             })?;
-    state.auth_cache.put(hash, principal.clone(), valid_ms);
+    state
+        .auth_cache
+        .put(hash, principal.clone(), valid_ms, revocations);
     Ok(Some(Caller::Enrolled(principal)))
 }
 

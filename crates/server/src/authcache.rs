@@ -6,6 +6,12 @@
 //! process's monotonic clock; no lease time is involved). Keys are the SHA-256
 //! of the whole token, so the map holds no secret. A token that was never
 //! verified, or whose entry aged out, is checked against the database.
+//!
+//! Each entry is filed under the instance's revocation count
+//! ([`crate::store::Store::revocations`]) read before the database was
+//! asked; once this instance commits a revocation the count moves and no
+//! older entry is trusted again, so a revoked worker's access tokens stop
+//! working here at once (other instances: within [`MAX_AGE`]).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -21,15 +27,18 @@ const MAX_ENTRIES: usize = 50_000;
 /// Verified access tokens (see the module docs).
 #[derive(Debug, Default)]
 pub struct AuthCache {
-    entries: Mutex<HashMap<String, (Principal, Instant)>>,
+    entries: Mutex<HashMap<String, (Principal, Instant, u64)>>,
 }
 
 impl AuthCache {
-    /// The principal of the token with hash `key`, if verified and still fresh.
-    pub fn get(&self, key: &str) -> Option<Principal> {
+    /// The principal of the token with hash `key`, if verified, still fresh
+    /// and filed under `revocations` (the current count).
+    pub fn get(&self, key: &str, revocations: u64) -> Option<Principal> {
         let mut map = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         match map.get(key) {
-            Some((p, until)) if Instant::now() < *until => Some(p.clone()),
+            Some((p, until, seen)) if Instant::now() < *until && *seen == revocations => {
+                Some(p.clone())
+            }
             Some(_) => {
                 map.remove(key);
                 None
@@ -38,13 +47,14 @@ impl AuthCache {
         }
     }
 
-    /// Remembers a verified token for `MAX_AGE` or `valid_ms`, whichever is shorter.
-    pub fn put(&self, key: String, principal: Principal, valid_ms: u64) {
+    /// Remembers a verified token for `MAX_AGE` or `valid_ms`, whichever is
+    /// shorter, filed under `revocations` (the count read before verifying).
+    pub fn put(&self, key: String, principal: Principal, valid_ms: u64, revocations: u64) {
         let age = MAX_AGE.min(Duration::from_millis(valid_ms));
         let mut map = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         if map.len() >= MAX_ENTRIES {
             map.clear();
         }
-        map.insert(key, (principal, Instant::now() + age));
+        map.insert(key, (principal, Instant::now() + age, revocations));
     }
 }

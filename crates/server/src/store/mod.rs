@@ -160,6 +160,8 @@ pub struct Store {
     settles: Arc<coalesce::Lanes<(), items::SettleJob>>,
     /// Calls that shared a statement with at least one other call.
     coalesced: Arc<AtomicU64>,
+    /// Credential revocations this instance committed (see [`Store::revocations`]).
+    revocations: Arc<AtomicU64>,
 }
 
 /// Turns a `--database` value into a URL: `postgres://` / `postgresql://` and
@@ -236,6 +238,7 @@ impl Store {
             claims: Arc::default(),
             settles: Arc::default(),
             coalesced: Arc::new(AtomicU64::new(0)),
+            revocations: Arc::new(AtomicU64::new(0)),
         };
         retry_busy(|| migrate(&store)).await?;
         Ok(store)
@@ -260,6 +263,20 @@ impl Store {
     /// at least one other call (PostgreSQL; see `coalesce`). Always 0 on SQLite.
     pub fn coalesced_calls(&self) -> u64 {
         self.coalesced.load(Ordering::Relaxed)
+    }
+
+    /// How many credential revocations (reuse detected, or a replay that
+    /// revoked the first use's credentials) this instance has committed. A
+    /// cache of verified access tokens keyed by this number stops trusting
+    /// its entries the moment it changes (`crate::authcache`); revocations
+    /// committed by another instance reach it within the cache's `MAX_AGE`.
+    pub fn revocations(&self) -> u64 {
+        self.revocations.load(Ordering::SeqCst)
+    }
+
+    /// Records a committed revocation (see [`Store::revocations`]).
+    fn revoked(&self) {
+        self.revocations.fetch_add(1, Ordering::SeqCst);
     }
 
     /// How many explicit write transactions this instance has begun (enroll,

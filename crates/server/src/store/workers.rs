@@ -195,6 +195,7 @@ impl Store {
         }
         self.revoke_worker(&mut tx, worker_id).await?;
         tx.commit().await?;
+        self.revoked();
         Err(unauthorized(what))
     }
 
@@ -288,6 +289,9 @@ impl Store {
         };
         let creds = self.issue(&mut tx, worker_id, &presented.selector).await?;
         tx.commit().await?;
+        if replay.is_some() {
+            self.revoked();
+        }
         Ok(creds)
     }
 
@@ -298,12 +302,15 @@ impl Store {
     /// # Errors
     /// `unauthorized` when the token is malformed, wrong, expired or used.
     pub async fn refresh(&self, refresh_token: &str) -> Result<WorkerCredentials, StoreError> {
-        let (row, _, presented, mut tx) = self
+        let (row, replay, presented, mut tx) = self
             .use_once(Kind::Refresh, refresh_token, "worker_id")
             .await?;
         let worker_id: i64 = super::get(&row, "worker_id")?;
         let creds = self.issue(&mut tx, worker_id, &presented.selector).await?;
         tx.commit().await?;
+        if replay.is_some() {
+            self.revoked();
+        }
         Ok(creds)
     }
 

@@ -447,3 +447,80 @@ pub async fn a_flood_of_random_tokens_is_refused_while_every_heartbeat_is_answer
     );
     server.stop().await.unwrap();
 }
+
+/// Reuse of a refresh token revokes every credential of the worker, and on
+/// the instance that saw the reuse an access token it verified a moment ago
+/// (and so holds in its cache of verified tokens) is refused at once, not
+/// when the cache entry ages out. Likewise after a replay, for the access
+/// token the replay revoked.
+pub async fn a_revoked_access_token_is_refused_at_once_though_it_was_just_verified(db: TestDb) {
+    let server = http_server(&db).await;
+    let http = reqwest::Client::new();
+    let base = server.url().to_owned();
+    let refresh = |token: String| {
+        let http = http.clone();
+        let base = base.clone();
+        async move {
+            http.post(format!("{base}/v1/workers/refresh"))
+                .json(&json!({ "refresh_token": token }))
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let claim = |access: String| {
+        let http = http.clone();
+        let base = base.clone();
+        async move {
+            http.post(format!("{base}/v1/queues/revoke-cache/claims"))
+                .bearer_auth(access)
+                .json(&json!({}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    let creds = |r: reqwest::Response| async move {
+        assert_eq!(r.status(), 200);
+        r.json::<agentstore_protocol::lease::WorkerCredentials>()
+            .await
+            .unwrap()
+    };
+
+    // Replay: the first use's access token was verified (cached), then the
+    // same refresh token is sent again within the grace.
+    let first = crate::common::enroll(&http, &base).await;
+    let a = creds(refresh(first.refresh_token.clone()).await).await;
+    assert_eq!(
+        claim(a.access_token.clone()).await,
+        204,
+        "verified and cached"
+    );
+    let b = creds(refresh(first.refresh_token.clone()).await).await;
+    assert_eq!(
+        claim(a.access_token.clone()).await,
+        401,
+        "revoked by the replay"
+    );
+    assert_eq!(claim(b.access_token.clone()).await, 204);
+
+    // Reuse: R1 → R2 → R3, the newest access token verified (cached), then
+    // R1 comes back.
+    let first = crate::common::enroll(&http, &base).await;
+    let second = creds(refresh(first.refresh_token.clone()).await).await;
+    let third = creds(refresh(second.refresh_token.clone()).await).await;
+    assert_eq!(
+        claim(third.access_token.clone()).await,
+        204,
+        "verified and cached"
+    );
+    assert_eq!(refresh(first.refresh_token.clone()).await.status(), 401);
+    assert_eq!(
+        claim(third.access_token.clone()).await,
+        401,
+        "every credential of the worker is revoked, cached or not"
+    );
+    server.stop().await.unwrap();
+}
