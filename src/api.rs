@@ -521,13 +521,8 @@ impl AgentStore {
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
-            let batch = match opt(&options, "batchSize") {
-                v if v.is_undefined() => 500,
-                v => match v.as_f64() {
-                    Some(n) if (1.0..=10_000.0).contains(&n) => n as u32,
-                    _ => return Err(StoreError::validation("batchSize must be in 1..=10000")),
-                },
-            };
+            let batch = opt_num(&options, "batchSize", 1, 10_000, "an integer in [1, 10000]")?
+                .map_or(500, |n| n as u32);
             let cb = opt_fn(&options, "onProgress")?;
             let signal = opt_signal(&options)?;
             let restart = opt(&options, "restart").as_bool().unwrap_or(true);
@@ -689,7 +684,7 @@ fn batch_option(options: &JsValue) -> Result<u32, StoreError> {
         "batchSize",
         1,
         MAX_IMPORT_BATCH,
-        "a number in [1, 10000]",
+        "an integer in [1, 10000]",
     )?
     .map_or(DEFAULT_BATCH, |n| n as u32))
 }

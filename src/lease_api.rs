@@ -169,7 +169,13 @@ impl LeaseClient {
             name: opt_str(o, "name")?,
         };
         let mut config = ClientConfig::default();
-        if let Some(t) = opt_num(o, "requestTimeoutMs", 1, 600_000, "a number in [1, 600000]")? {
+        if let Some(t) = opt_num(
+            o,
+            "requestTimeoutMs",
+            1,
+            600_000,
+            "an integer in [1, 600000]",
+        )? {
             config.request_timeout_ms = t;
         }
         let journal = opt(o, "journal");
@@ -190,7 +196,7 @@ impl LeaseClient {
         if let Some(b) = opt_bool(o, "releaseOnPagehide")? {
             config.release_on_pagehide = b;
         }
-        if let Some(ms) = opt_num(o, "lockWaitMs", 0, 600_000, "a number in [0, 600000]")? {
+        if let Some(ms) = opt_num(o, "lockWaitMs", 0, 600_000, "an integer in [0, 600000]")? {
             config.lock_wait_ms = ms;
         }
         let origins = opt(o, "leaseHeaderOrigins");
@@ -265,7 +271,7 @@ impl LeaseClient {
         self.inner.check_open().map_err(|e| e.to_js())?;
         let parse = || -> Result<WorkOptions, LeaseError> {
             let mut w = WorkOptions::default();
-            if let Some(c) = opt_num(&options, "concurrency", 1, 64, "a number in [1, 64]")? {
+            if let Some(c) = opt_num(&options, "concurrency", 1, 64, "an integer in [1, 64]")? {
                 w.concurrency = c as u32;
             }
             if let Some(p) = opt_num(
@@ -273,7 +279,7 @@ impl LeaseClient {
                 "pollIntervalMs",
                 0,
                 3_600_000,
-                "a number in [0, 3600000]",
+                "an integer in [0, 3600000]",
             )? {
                 w.poll_interval_ms = p;
             }
@@ -282,7 +288,7 @@ impl LeaseClient {
                 "reconnectBaseMs",
                 0,
                 3_600_000,
-                "a number in [0, 3600000]",
+                "an integer in [0, 3600000]",
             )? {
                 w.reconnect_base_ms = b;
             }
@@ -291,7 +297,7 @@ impl LeaseClient {
                 "reconnectCapMs",
                 0,
                 3_600_000,
-                "a number in [0, 3600000]",
+                "an integer in [0, 3600000]",
             )? {
                 w.reconnect_cap_ms = c;
             }

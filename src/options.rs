@@ -64,10 +64,11 @@ pub(crate) fn opt_bool(options: &JsValue, key: &str) -> Result<Option<bool>, Str
     given(options, key, "a boolean", |v| v.as_bool())
 }
 
-/// An optional number in `min..=max` (integers: every numeric option is a
-/// count or a duration in ms). `what` is the message's rule, e.g.
-/// `"a number in [1, 600000]"`: a static string, so no number is formatted
-/// on the wasm side (float formatting alone is ~16 kB of code).
+/// An optional integer in `min..=max` (every numeric option is a count or a
+/// duration in ms; a fraction is refused, not truncated). `what` is the
+/// message's rule, e.g. `"an integer in [1, 600000]"`: a static string, so
+/// no number is formatted on the wasm side (float formatting alone is
+/// ~16 kB of code).
 pub(crate) fn opt_num(
     options: &JsValue,
     key: &str,
@@ -77,7 +78,7 @@ pub(crate) fn opt_num(
 ) -> Result<Option<f64>, String> {
     given(options, key, what, |v| {
         v.as_f64()
-            .filter(|n| (f64::from(min)..=f64::from(max)).contains(n))
+            .filter(|n| (f64::from(min)..=f64::from(max)).contains(n) && n.fract() == 0.0)
     })
 }
 

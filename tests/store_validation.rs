@@ -423,3 +423,44 @@ async fn the_stored_record_keeps_the_callers_key_order() {
     let back: String = js_sys::JSON::stringify(&got).unwrap().into();
     assert!(back.starts_with(&text[..text.len() - 1]), "{back}");
 }
+
+/// A count or ms option is an integer: `batchSize: 1.5` is refused with a
+/// ValidationError (it was truncated to 1), in every call that takes one,
+/// and nothing is written.
+#[wasm_bindgen_test]
+async fn a_fractional_count_option_is_refused_not_truncated() {
+    let name = fresh_name("fraction");
+    let opened = wasm_bindgen_futures::JsFuture::from(agentstore::AgentStore::open(
+        s(&name),
+        JsValue::UNDEFINED,
+    ))
+    .await
+    .unwrap();
+    let call = |method: &str, args: &[JsValue]| {
+        let f: js_sys::Function = field(&opened, method).unchecked_into();
+        let args: js_sys::Array = args.iter().collect();
+        let p: js_sys::Promise = f.apply(&opened, &args).unwrap().unchecked_into();
+        wasm_bindgen_futures::JsFuture::from(p)
+    };
+    let snapshot = "{\"agentstore\":\"snapshot\",\"records\":1,\"tombstones\":0,\"version\":1}\n{\"_id\":\"a\",\"_rev\":\"1-aa\"}";
+    for batch in [1.5, 0.5, 9999.25] {
+        let o = js(json!({ "batchSize": batch }));
+        let calls = [
+            ("rebuildIndexes", vec![o.clone()]),
+            ("exportSnapshot", vec![o.clone()]),
+            ("importSnapshot", vec![s(snapshot), o.clone()]),
+        ];
+        for (method, args) in calls {
+            let e = call(method, &args).await.unwrap_err();
+            assert_eq!(
+                field_str(&e, "code").as_deref(),
+                Some("validation"),
+                "{method} {batch}"
+            );
+        }
+    }
+    let got = call("get", &[s("a")]).await.unwrap();
+    assert!(got.is_null(), "nothing was imported");
+    let close: js_sys::Function = field(&opened, "close").unchecked_into();
+    close.call0(&opened).unwrap();
+}
