@@ -557,12 +557,25 @@ impl Lease {
                 )
             }
         };
-        // fetch's own rejection ("Failed to fetch", a TypeError) becomes a
-        // NetworkError; an abort by the lease keeps its ClaimLostError.
+        // An abort answers with the signal's reason: the lease's
+        // ClaimLostError as it is, the caller's own reason (whatever it is)
+        // as the `cause` of an AbortError. Anything else is fetch's own
+        // rejection ("Failed to fetch", a TypeError): a NetworkError.
+        let signal = request.signal();
         crate::options::run(async move {
             wasm_bindgen_futures::JsFuture::from(Promise::resolve(&sent))
                 .await
-                .map_err(|e| coded(e, LeaseError::Network))
+                .map_err(|e| {
+                    if !signal.aborted() {
+                        return coded(e, LeaseError::Network);
+                    }
+                    let reason = signal.reason();
+                    if Reflect::get(&reason, &"code".into()).is_ok_and(|c| c.is_string()) {
+                        reason
+                    } else {
+                        LeaseError::Aborted(reason).to_js()
+                    }
+                })
         })
     }
 

@@ -477,7 +477,8 @@ async fn lease_fetch_errors_have_a_name_code_and_status() {
         named(&fetch("/x", get_with_body.into()).await.unwrap_err()),
         validation
     );
-    // Nothing listens on port 1: no answer.
+    // Port 1: browsers refuse it (an unsafe port) and nothing listens; either
+    // way no answer.
     let e = fetch("http://127.0.0.1:1/y", JsValue::UNDEFINED)
         .await
         .unwrap_err();

@@ -250,42 +250,42 @@ async fn connection_failures_back_off_within_base_and_doubling_cap() {
 /// A handler may end its lease itself. What it did is what `stats` counts:
 /// settled `done` or `failed` counts there (also when the handler does not
 /// await its settle), a release or a `paused` settle counts as `released`,
-/// and none of them as `lost` (before, every one was counted `lost`).
+/// and none of them as `lost` (before, every one was counted `lost`). A
+/// settle the server refuses for good (413) never leaves the slot waiting
+/// or the item leased: the worker settles it itself, `failed` with the
+/// reason when its own settle is the refused one.
 #[wasm_bindgen_test]
 async fn a_handler_that_settles_or_releases_its_lease_itself_is_counted_by_what_it_did() {
     if server().is_none() {
         return;
     }
     let q = fresh_queue("self-settle");
-    let plan = ["done", "failed", "paused", "release", "done-unawaited"];
+    let plan = [
+        "done",
+        "failed",
+        "paused",
+        "release",
+        "done-unawaited",
+        "refused-unawaited",
+        "refused-returned",
+    ];
     let mut ids = Vec::new();
     for p in plan {
         ids.push(enqueue(&q, json!({ "do": p })).await);
     }
-    let h = handler(|lease: JsValue| async move {
-        let what = get(&lease, &["item", "payload", "do"]).as_string().unwrap();
-        let call = |name: &str, args: &[JsValue]| -> Promise {
-            let f: Function = get(&lease, &[name]).unchecked_into();
-            let args: js_sys::Array = args.iter().collect();
-            f.apply(&lease, &args).unwrap().unchecked_into()
-        };
-        // A released item comes back at once: the second claim settles it.
-        let first = get(&lease, &["item", "epoch"]).as_f64() == Some(1.0);
-        match what.as_str() {
-            "release" if first => {
-                wasm_bindgen_futures::JsFuture::from(call("release", &[])).await?;
-            }
-            "done-unawaited" => {
-                let _ = call("settle", &["done".into()]);
-            }
-            "release" => {
-                wasm_bindgen_futures::JsFuture::from(call("settle", &["done".into()])).await?;
-            }
-            state => {
-                wasm_bindgen_futures::JsFuture::from(call("settle", &[state.into()])).await?;
-            }
+    // Handlers running now, and the most seen at once (concurrency is 1).
+    let running = Rc::new(Cell::new(0u32));
+    let most = Rc::new(Cell::new(0u32));
+    let (run2, most2) = (running.clone(), most.clone());
+    let h = handler(move |lease: JsValue| {
+        let (running, most) = (run2.clone(), most2.clone());
+        async move {
+            running.set(running.get() + 1);
+            most.set(most.get().max(running.get()));
+            let out = self_ending(lease).await;
+            running.set(running.get() - 1);
+            out
         }
-        Ok(JsValue::UNDEFINED)
     });
     let w = WorkerInner::start(admin_client(config()), q.clone(), h, options(1), wrap);
     let counted = |w: &WorkerInner| {
@@ -293,14 +293,20 @@ async fn a_handler_that_settles_or_releases_its_lease_itself_is_counted_by_what_
         s.done + s.failed + s.lost + s.released
     };
     let deadline = now() + 20_000.0;
-    while counted(&w) < 6 && now() < deadline {
+    while counted(&w) < 8 && now() < deadline {
         sleep(20.0).await;
     }
     w.stop().await;
+    assert_eq!(running.get(), 0, "stop() waited for the running handler");
+    assert_eq!(
+        most.get(),
+        1,
+        "one handler at a time in a slot of concurrency 1"
+    );
     let s = *w.stats.borrow();
     assert_eq!(
         (s.claimed, s.done, s.failed, s.released, s.lost),
-        (6, 3, 1, 2, 0),
+        (8, 4, 2, 2, 0),
         "{s:?}"
     );
     let states: Vec<ItemState> = {
@@ -315,4 +321,44 @@ async fn a_handler_that_settles_or_releases_its_lease_itself_is_counted_by_what_
     assert_eq!(states[2], ItemState::Paused);
     assert_eq!(states[3], ItemState::Done);
     assert_eq!(states[4], ItemState::Done);
+    // The handler's refused settle left the lease held: the worker settled
+    // it with what the handler returned.
+    assert_eq!(states[5], ItemState::Done);
+    // The worker's own settle was refused for good: failed, with the reason.
+    assert_eq!(states[6], ItemState::Failed);
+}
+
+/// The handler of the self-ending test: does what the item's `do` says.
+async fn self_ending(lease: JsValue) -> Result<JsValue, JsValue> {
+    let what = get(&lease, &["item", "payload", "do"]).as_string().unwrap();
+    let call = |name: &str, args: &[JsValue]| -> Promise {
+        let f: Function = get(&lease, &[name]).unchecked_into();
+        let args: js_sys::Array = args.iter().collect();
+        f.apply(&lease, &args).unwrap().unchecked_into()
+    };
+    // A released item comes back at once: the second claim settles it.
+    let first = get(&lease, &["item", "epoch"]).as_f64() == Some(1.0);
+    match what.as_str() {
+        "release" if first => {
+            wasm_bindgen_futures::JsFuture::from(call("release", &[])).await?;
+        }
+        "done-unawaited" => {
+            let _ = call("settle", &["done".into()]);
+        }
+        // A result above the server's 64 KiB body limit: 413.
+        "refused-unawaited" => {
+            let big = js(json!({ "blob": "x".repeat(100_000) }));
+            let _ = call("settle", &["done".into(), big]);
+        }
+        "refused-returned" => return Ok(js(json!({ "blob": "x".repeat(100_000) }))),
+        "release" => {
+            wasm_bindgen_futures::JsFuture::from(call("settle", &["done".into()])).await?;
+        }
+        state => {
+            wasm_bindgen_futures::JsFuture::from(call("settle", &[state.into()])).await?;
+        }
+    }
+    // Run on after the lease ended: the slot must wait for this handler.
+    sleep(100.0).await;
+    Ok(JsValue::UNDEFINED)
 }

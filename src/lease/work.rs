@@ -239,19 +239,32 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
             None => Ok(v),
             Some(p) => {
                 let run = JsFuture::from(p.clone());
-                let lost = JsFuture::from(lease.ended.clone());
-                match select(Box::pin(run), Box::pin(lost)).await {
+                let ended = JsFuture::from(lease.ended.clone());
+                match select(Box::pin(run), Box::pin(ended)).await {
                     Either::Left((r, _)) => r,
+                    // The handler settled or released its lease itself and
+                    // runs on: wait for it, so that a slot runs one handler
+                    // at a time and `stop()` waits for it.
+                    Either::Right((_, run))
+                        if matches!(
+                            lease.status(),
+                            Status::Settled(_) | Status::Lost(LossReason::Released)
+                        ) =>
+                    {
+                        run.await
+                    }
                     // The lease ended first (lost): discard whatever comes later.
                     Either::Right(_) => Err(JsValue::UNDEFINED),
                 }
             }
         },
     };
-    if lease.status() == Status::Ending {
-        // The handler's own settle or release is still in flight: its outcome
-        // (bounded by the local deadline) decides what is counted.
-        let _ = JsFuture::from(lease.ended.clone()).await;
+    // The handler's own settle or release may still be in flight; its
+    // outcome decides what follows. Each request ends within the client's
+    // request timeout, so this wait is bounded; if the call failed, the lease
+    // is Held again and the worker settles it below.
+    while lease.status() == Status::Ending {
+        sleep_ms(25.0).await;
     }
     match lease.status() {
         Status::Held => {}
@@ -261,7 +274,9 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
             match ended {
                 Status::Settled(SettleState::Done) => st.done += 1,
                 Status::Settled(SettleState::Failed) => st.failed += 1,
-                Status::Settled(_) | Status::Lost(LossReason::Released) => st.released += 1,
+                Status::Settled(_) => st.released += 1,
+                // Released by the handler, not by `client.close()`.
+                Status::Lost(LossReason::Released) if !w.client.closed.get() => st.released += 1,
                 _ => st.lost += 1,
             }
             return;
@@ -292,7 +307,22 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
                     agentstore_protocol::backoff::full_jitter_ms(attempt, 100.0, 5_000.0, random());
                 sleep_ms(d).await;
             }
-            Err(_) => {
+            Err(e) => {
+                if lease.status() == Status::Held && state != SettleState::Failed {
+                    // Refused for good (a 4xx such as 413: the result is too
+                    // large): settle `failed` with the reason, so that the
+                    // item neither stays leased and heartbeated nor loops
+                    // through redeliveries.
+                    let why = Some(e.message().to_owned());
+                    if lease.settle(SettleState::Failed, None, why).await.is_ok() {
+                        w.stats.borrow_mut().failed += 1;
+                        return;
+                    }
+                }
+                if lease.status() == Status::Held {
+                    // Still refused: give the item back rather than hold it.
+                    let _ = lease.release().await;
+                }
                 if !matches!(lease.status(), Status::Settled(_)) {
                     w.stats.borrow_mut().lost += 1;
                 }
