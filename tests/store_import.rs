@@ -642,3 +642,33 @@ async fn an_imported_record_must_pass_the_checks_put_makes() {
         assert!(store.get(&s("a")).await.unwrap().is_none(), "{key}");
     }
 }
+
+/// Only what an import stores must pass `put`'s checks: a PouchDB revision
+/// that loses (a conflicting leaf with a lower hash, or an ancestor the
+/// winner supersedes) may carry a body `put` would refuse, and PouchDB's
+/// own `_local_seq`/`_removed` fields are bookkeeping, stripped like
+/// `_revisions`.
+#[wasm_bindgen_test]
+async fn a_losing_pouch_revision_is_not_held_against_the_dump() {
+    let mut loser = pouch_doc("x", "1-a", false, &[]);
+    loser["_custom"] = json!(1);
+    let winner = pouch_doc("x", "1-b", false, &[]);
+    let mut old = pouch_doc("y", "1-a", false, &[]);
+    old["recordType"] = json!(5);
+    let mut newer = pouch_doc("y", "2-c", false, &["a"]);
+    newer["_local_seq"] = json!(7);
+    newer["_removed"] = json!(false);
+    let text = dump(&[json!({"docs": [loser, old]}), json!({"docs": [winner, newer]})]);
+    let (store, _) = open("pouch-loser").await;
+    store
+        .import_pouch_dump(text.as_str(), "agent-index", None)
+        .await
+        .expect("only the winners are checked");
+    let x = store.get(&s("x")).await.unwrap().unwrap();
+    assert_eq!(field_str(&x, "_rev").as_deref(), Some("1-b"));
+    assert!(field(&x, "_custom").is_undefined());
+    let y = store.get(&s("y")).await.unwrap().unwrap();
+    assert_eq!(field_str(&y, "_rev").as_deref(), Some("2-c"));
+    assert!(field(&y, "_local_seq").is_undefined());
+    assert!(field(&y, "_removed").is_undefined());
+}

@@ -411,8 +411,9 @@ impl Store {
     /// live leaves beat deleted ones), tombstones kept, `_local/` documents
     /// skipped, bodies stored as given (their `updatedAt` kept). A winner
     /// replaces a stored record only when its revision is higher
-    /// (generation, then hash). Every live body is checked as `put` checks a
-    /// record (pass 1, so a bad one writes nothing).
+    /// (generation, then hash). A winning live body is checked as `put`
+    /// checks a record (decided after pass 1, so a bad one writes nothing);
+    /// losing revisions, never stored, are not held against the dump.
     ///
     /// Pass 1 validates every line and keeps per id only its leaf revisions
     /// (in a JS `Map`); pass 2 writes the winners in transactions of
@@ -438,6 +439,8 @@ impl Store {
         let ancestors = Map::new();
         // The legacy index document's live rows: (revision, `records`).
         let mut legacy_rows: Vec<(String, JsValue)> = Vec::new();
+        // Live rows `put` would refuse, in line order: (id, revision, error).
+        let mut bad_bodies: Vec<(JsValue, String, StoreError)> = Vec::new();
 
         let legacy_key = JsValue::from_str(legacy_index_id);
         let mut lines = source.lines();
@@ -454,9 +457,13 @@ impl Store {
                 };
                 let anc = pouch_ancestors(&doc, n)?;
                 if !row.deleted {
-                    // Refused here, in pass 1, so that nothing is written.
                     strip_bookkeeping(&doc);
-                    check_body(&doc, "PouchDB dump", n)?;
+                    if let Err(e) = check_body(&doc, "PouchDB dump", n) {
+                        // Refused only if this revision wins (decided before
+                        // pass 2, so nothing is written): a losing leaf or
+                        // superseded revision is never stored.
+                        bad_bodies.push((row.id.clone().into(), row.rev_text.clone(), e));
+                    }
                 }
                 let key = JsValue::from(row.id.clone());
                 let known = ancestors.get(&key);
@@ -516,6 +523,11 @@ impl Store {
         });
         if let Some(e) = bad {
             return Err(StoreError::Transaction(e.0));
+        }
+        for (id, rev, e) in bad_bodies {
+            if !dead.has(&id) && leaves.get(&id).as_string().as_deref() == Some(rev.as_str()) {
+                return Err(e);
+            }
         }
         let legacy = legacy_report(&leaves, &dead, legacy_index_id, &legacy_rows, live_others);
         drop(legacy_rows);

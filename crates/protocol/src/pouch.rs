@@ -15,14 +15,18 @@
 use crate::rev::{Rev, RevParseError};
 use serde::Serialize;
 
-/// Fields PouchDB keeps for itself; they are not part of a stored record.
-pub const BOOKKEEPING_FIELDS: [&str; 6] = [
+/// Fields PouchDB keeps for itself; they are not part of a stored record
+/// (`_local_seq` from the `local_seq` option, `_removed` from filtered
+/// replication included).
+pub const BOOKKEEPING_FIELDS: [&str; 8] = [
     "_revisions",
     "_conflicts",
     "_deleted",
     "_attachments",
     "_revs_info",
     "_deleted_conflicts",
+    "_local_seq",
+    "_removed",
 ];
 
 /// One leaf revision of a document.
