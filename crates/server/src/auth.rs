@@ -135,12 +135,13 @@ pub async fn caller_from(
             return Ok(Some(Caller::Admin));
         }
     }
-    // Read before the database is asked: an answer that raced a revocation
-    // is filed under the old count and never trusted.
     let revocations = state.store.revocations();
     if let Some(principal) = state.auth_cache.get(&hash, revocations) {
         return Ok(Some(Caller::Enrolled(principal)));
     }
+    // Read before the database is asked: an answer that may have raced a
+    // revocation (the total moved meanwhile) is not cached.
+    let before = revocations.total();
     let (principal, valid_ms) =
         state
             .store
@@ -150,9 +151,12 @@ pub async fn caller_from(
                 Some(_) => ApiError::unauthorized(),
                 None => ApiError::from(e),
             })?;
-    state
-        .auth_cache
-        .put(hash, principal.clone(), valid_ms, revocations);
+    let seen = revocations.of(principal.worker_id);
+    if revocations.total() == before {
+        state
+            .auth_cache
+            .put(hash, principal.clone(), valid_ms, seen);
+    }
     Ok(Some(Caller::Enrolled(principal)))
 }
 

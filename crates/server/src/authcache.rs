@@ -7,17 +7,18 @@
 //! of the whole token, so the map holds no secret. A token that was never
 //! verified, or whose entry aged out, is checked against the database.
 //!
-//! Each entry is filed under the instance's revocation count
-//! ([`crate::store::Store::revocations`]) read before the database was
-//! asked; once this instance commits a revocation the count moves and no
-//! older entry is trusted again, so a revoked worker's access tokens stop
-//! working here at once (other instances: within [`MAX_AGE`]).
+//! Each entry is filed under its worker's revocation count on this instance
+//! ([`crate::store::Store::revocations`]); once this instance commits a
+//! revocation of that worker the count moves and the entry is not trusted
+//! again, so a revoked worker's access tokens stop working here at once
+//! (other instances: within [`MAX_AGE`]), and other workers' entries stay.
+//! An answer read while any revocation committed is not cached at all.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::store::Principal;
+use crate::store::{Principal, Revocations};
 
 /// Longest time a verified token is trusted without asking the database again.
 pub const MAX_AGE: Duration = Duration::from_secs(5);
@@ -32,11 +33,13 @@ pub struct AuthCache {
 
 impl AuthCache {
     /// The principal of the token with hash `key`, if verified, still fresh
-    /// and filed under `revocations` (the current count).
-    pub fn get(&self, key: &str, revocations: u64) -> Option<Principal> {
+    /// and filed under its worker's current revocation count.
+    pub fn get(&self, key: &str, revocations: &Revocations) -> Option<Principal> {
         let mut map = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         match map.get(key) {
-            Some((p, until, seen)) if Instant::now() < *until && *seen == revocations => {
+            Some((p, until, seen))
+                if Instant::now() < *until && *seen == revocations.of(p.worker_id) =>
+            {
                 Some(p.clone())
             }
             Some(_) => {
@@ -48,7 +51,8 @@ impl AuthCache {
     }
 
     /// Remembers a verified token for `MAX_AGE` or `valid_ms`, whichever is
-    /// shorter, filed under `revocations` (the count read before verifying).
+    /// shorter, filed under `revocations` (its worker's count, read after
+    /// verifying, by a caller that saw no revocation meanwhile).
     pub fn put(&self, key: String, principal: Principal, valid_ms: u64, revocations: u64) {
         let age = MAX_AGE.min(Duration::from_millis(valid_ms));
         let mut map = self.entries.lock().unwrap_or_else(|p| p.into_inner());

@@ -161,7 +161,50 @@ pub struct Store {
     /// Calls that shared a statement with at least one other call.
     coalesced: Arc<AtomicU64>,
     /// Credential revocations this instance committed (see [`Store::revocations`]).
-    revocations: Arc<AtomicU64>,
+    revocations: Arc<Revocations>,
+}
+
+/// Credential revocations committed by this instance (see
+/// [`Store::revocations`]).
+#[derive(Debug, Default)]
+pub struct Revocations {
+    total: AtomicU64,
+    by_worker: std::sync::Mutex<std::collections::HashMap<i64, u64>>,
+}
+
+impl Revocations {
+    /// Revocations of any worker so far.
+    pub fn total(&self) -> u64 {
+        self.total.load(Ordering::SeqCst)
+    }
+
+    /// Revocations of `worker_id` so far.
+    pub fn of(&self, worker_id: i64) -> u64 {
+        let map = self.by_worker.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(&worker_id).copied().unwrap_or(0)
+    }
+
+    /// Counts one revocation of `worker_id`: the total first, then the
+    /// worker's (a reader that saw the worker's new count also sees the new
+    /// total).
+    fn record(&self, worker_id: i64) {
+        self.total.fetch_add(1, Ordering::SeqCst);
+        let mut map = self.by_worker.lock().unwrap_or_else(|p| p.into_inner());
+        *map.entry(worker_id).or_default() += 1;
+    }
+}
+
+/// Counts a revocation of a worker when dropped: made just before the
+/// revoking transaction commits, so that it counts once the commit is done —
+/// also when the request's future is dropped (the client went away) between
+/// the commit and the next statement. Counting a revocation whose commit
+/// failed only makes the cache ask the database again.
+pub(crate) struct CountRevocation<'a>(pub(crate) &'a Revocations, pub(crate) i64);
+
+impl Drop for CountRevocation<'_> {
+    fn drop(&mut self) {
+        self.0.record(self.1);
+    }
 }
 
 /// Turns a `--database` value into a URL: `postgres://` / `postgresql://` and
@@ -238,7 +281,7 @@ impl Store {
             claims: Arc::default(),
             settles: Arc::default(),
             coalesced: Arc::new(AtomicU64::new(0)),
-            revocations: Arc::new(AtomicU64::new(0)),
+            revocations: Arc::default(),
         };
         retry_busy(|| migrate(&store)).await?;
         Ok(store)
@@ -265,18 +308,14 @@ impl Store {
         self.coalesced.load(Ordering::Relaxed)
     }
 
-    /// How many credential revocations (reuse detected, or a replay that
-    /// revoked the first use's credentials) this instance has committed. A
-    /// cache of verified access tokens keyed by this number stops trusting
-    /// its entries the moment it changes (`crate::authcache`); revocations
-    /// committed by another instance reach it within the cache's `MAX_AGE`.
-    pub fn revocations(&self) -> u64 {
-        self.revocations.load(Ordering::SeqCst)
-    }
-
-    /// Records a committed revocation (see [`Store::revocations`]).
-    fn revoked(&self) {
-        self.revocations.fetch_add(1, Ordering::SeqCst);
+    /// The credential revocations (reuse detected, or a replay that revoked
+    /// the first use's credentials) this instance has committed, counted in
+    /// all and per worker. A cache of verified access tokens files each
+    /// entry under its worker's count and stops trusting it the moment that
+    /// moves (`crate::authcache`); revocations committed by another instance
+    /// reach it within the cache's `MAX_AGE`.
+    pub fn revocations(&self) -> &Revocations {
+        &self.revocations
     }
 
     /// How many explicit write transactions this instance has begun (enroll,

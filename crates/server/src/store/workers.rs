@@ -194,8 +194,8 @@ impl Store {
             return Ok((row, Some(worker_id), presented, tx));
         }
         self.revoke_worker(&mut tx, worker_id).await?;
+        let _counted = super::CountRevocation(self.revocations(), worker_id);
         tx.commit().await?;
-        self.revoked();
         Err(unauthorized(what))
     }
 
@@ -288,10 +288,8 @@ impl Store {
             }
         };
         let creds = self.issue(&mut tx, worker_id, &presented.selector).await?;
+        let _counted = replay.map(|w| super::CountRevocation(self.revocations(), w));
         tx.commit().await?;
-        if replay.is_some() {
-            self.revoked();
-        }
         Ok(creds)
     }
 
@@ -307,10 +305,8 @@ impl Store {
             .await?;
         let worker_id: i64 = super::get(&row, "worker_id")?;
         let creds = self.issue(&mut tx, worker_id, &presented.selector).await?;
+        let _counted = replay.map(|w| super::CountRevocation(self.revocations(), w));
         tx.commit().await?;
-        if replay.is_some() {
-            self.revoked();
-        }
         Ok(creds)
     }
 
