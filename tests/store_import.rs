@@ -658,7 +658,10 @@ async fn a_losing_pouch_revision_is_not_held_against_the_dump() {
     let mut newer = pouch_doc("y", "2-c", false, &["a"]);
     newer["_local_seq"] = json!(7);
     newer["_removed"] = json!(false);
-    let text = dump(&[json!({"docs": [loser, old]}), json!({"docs": [winner, newer]})]);
+    let text = dump(&[
+        json!({"docs": [loser, old]}),
+        json!({"docs": [winner, newer]}),
+    ]);
     let (store, _) = open("pouch-loser").await;
     store
         .import_pouch_dump(text.as_str(), "agent-index", None)

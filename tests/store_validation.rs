@@ -443,7 +443,7 @@ async fn a_fractional_count_option_is_refused_not_truncated() {
         wasm_bindgen_futures::JsFuture::from(p)
     };
     let snapshot = "{\"agentstore\":\"snapshot\",\"records\":1,\"tombstones\":0,\"version\":1}\n{\"_id\":\"a\",\"_rev\":\"1-aa\"}";
-    for batch in [1.5, 0.5, 9999.25] {
+    for batch in [1.5, 2.5, 9999.25] {
         let o = js(json!({ "batchSize": batch }));
         let calls = [
             ("rebuildIndexes", vec![o.clone()]),
