@@ -557,11 +557,12 @@ impl Lease {
                 )
             }
         };
-        // An abort answers with the signal's reason: the lease's
-        // ClaimLostError as it is, the caller's own reason (whatever it is)
-        // as the `cause` of an AbortError. Anything else is fetch's own
+        // An abort answers with the signal's reason: the lease's own
+        // ClaimLostError as it is, the caller's reason (whatever it is) as
+        // the `cause` of an AbortError. Anything else is fetch's own
         // rejection ("Failed to fetch", a TypeError): a NetworkError.
         let signal = request.signal();
+        let lease_signal = self.inner.signal();
         crate::options::run(async move {
             wasm_bindgen_futures::JsFuture::from(Promise::resolve(&sent))
                 .await
@@ -570,7 +571,7 @@ impl Lease {
                         return coded(e, LeaseError::Network);
                     }
                     let reason = signal.reason();
-                    if Reflect::get(&reason, &"code".into()).is_ok_and(|c| c.is_string()) {
+                    if lease_signal.aborted() && Object::is(&reason, &lease_signal.reason()) {
                         reason
                     } else {
                         LeaseError::Aborted(reason).to_js()

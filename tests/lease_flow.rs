@@ -483,15 +483,27 @@ async fn lease_fetch_errors_have_a_name_code_and_status() {
         .await
         .unwrap_err();
     assert_eq!(named(&e), ("NetworkError".into(), "network".into(), 503.0));
-    let user = web_sys::AbortController::new().unwrap();
-    user.abort();
-    let init = js_sys::Object::new();
-    Reflect::set(&init, &"signal".into(), &user.signal()).unwrap();
-    let e = fetch("http://127.0.0.1:1/y", init.into())
-        .await
-        .unwrap_err();
-    assert_eq!(named(&e).0, "AbortError");
-    assert_eq!(named(&e).1, "aborted");
+    // The caller's own abort, whatever its reason, is an AbortError whose
+    // cause is that reason (never a retryable NetworkError).
+    for reason in [
+        JsValue::UNDEFINED,
+        js_sys::Error::new("cancel").into(),
+        "a string".into(),
+        // Looks like one of the SDK's errors, but is the caller's reason.
+        js(json!({"code": "mine"})),
+    ] {
+        let user = web_sys::AbortController::new().unwrap();
+        user.abort_with_reason(&reason);
+        let init = js_sys::Object::new();
+        Reflect::set(&init, &"signal".into(), &user.signal()).unwrap();
+        let e = fetch("http://127.0.0.1:1/y", init.into())
+            .await
+            .unwrap_err();
+        assert_eq!(named(&e), ("AbortError".into(), "aborted".into(), 499.0));
+        if !reason.is_undefined() {
+            assert_eq!(Reflect::get(&e, &"cause".into()).unwrap(), reason);
+        }
+    }
     assert!(
         !lease.signal().aborted(),
         "the caller's abort leaves the lease held"

@@ -224,11 +224,23 @@ pub fn from_code(
     }
 }
 
-/// The `message` of a thrown JS value (or the value itself when it is a string).
+/// The `message` of a thrown JS value (or the value itself when it is a
+/// string), at most its first 8 KiB.
 pub fn describe(e: &JsValue) -> String {
-    Reflect::get(e, &"message".into())
+    let mut m = Reflect::get(e, &"message".into())
         .ok()
         .and_then(|v| v.as_string())
         .or_else(|| e.as_string())
-        .unwrap_or_else(|| String::from("unknown error"))
+        .unwrap_or_else(|| String::from("unknown error"));
+    // A failure report must fit the server's request body limit (64 KiB by
+    // default): keep the first 8 KiB, cut at a character boundary.
+    if m.len() > 8192 {
+        let mut end = 8192;
+        while !m.is_char_boundary(end) {
+            end -= 1;
+        }
+        m.truncate(end);
+        m.push('…');
+    }
+    m
 }

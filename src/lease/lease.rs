@@ -63,6 +63,15 @@ pub enum Status {
     Lost(LossReason),
 }
 
+/// An ending call: a settle (state, result, error) or a release.
+#[derive(Clone)]
+pub enum Ending {
+    /// `settle(state, result, error)`.
+    Settle(SettleState, Option<JsValue>, Option<String>),
+    /// `release()`.
+    Release,
+}
+
 /// The shared state of one lease (the JS `Lease` wraps an `Rc` of this).
 pub struct LeaseInner {
     /// The client, weakly: a lease never keeps its client alive.
@@ -89,6 +98,9 @@ pub struct LeaseInner {
     /// (the local deadline still applies); the settle sent again is answered
     /// by the server as a replay when the first one landed.
     pub(crate) settle_unanswered: Cell<bool>,
+    /// The last ending call made on this lease (by anyone), so that `work()`
+    /// can repeat exactly what a handler asked for when its call failed.
+    pub(crate) asked: RefCell<Option<Ending>>,
     /// Resolves the Web Lock held for this lease, when one is held.
     pub(crate) unlock: RefCell<Option<Function>>,
     /// Resolves `ended` (loss, settle or release).
@@ -120,6 +132,7 @@ impl LeaseInner {
             plan: RefCell::new(plan),
             paused: Cell::new(false),
             settle_unanswered: Cell::new(false),
+            asked: RefCell::new(None),
             unlock: RefCell::new(None),
             end_resolve: RefCell::new(Some(end_resolve)),
             ended,
@@ -345,6 +358,7 @@ impl LeaseInner {
         result: Option<JsValue>,
         error: Option<String>,
     ) -> Result<JsValue> {
+        *self.asked.borrow_mut() = Some(Ending::Settle(state, result.clone(), error.clone()));
         let body = Object::new();
         crate::error::set(&body, "token", &self.token.as_str().into());
         crate::error::set(&body, "state", &ItemState::from(state).as_str().into());
@@ -369,6 +383,7 @@ impl LeaseInner {
     /// # Errors
     /// As [`LeaseInner::settle`].
     pub async fn release(&self) -> Result<()> {
+        *self.asked.borrow_mut() = Some(Ending::Release);
         let body = to_js(&TokenRequest {
             token: self.token.clone(),
         });

@@ -27,7 +27,7 @@ use super::claims::Claimed;
 use super::client::ClientInner;
 use super::error::LeaseError;
 use super::http::{describe, random, sleep_ms};
-use super::lease::{LeaseInner, Status};
+use super::lease::{Ending, LeaseInner, Status};
 use super::LossReason;
 
 /// Options of a work loop.
@@ -244,12 +244,14 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
                     Either::Left((r, _)) => r,
                     // The handler settled or released its lease itself and
                     // runs on: wait for it, so that a slot runs one handler
-                    // at a time and `stop()` waits for it.
+                    // at a time and `stop()` waits for it. (After
+                    // `client.close()` nothing is waited for.)
                     Either::Right((_, run))
-                        if matches!(
-                            lease.status(),
-                            Status::Settled(_) | Status::Lost(LossReason::Released)
-                        ) =>
+                        if !w.client.closed.get()
+                            && matches!(
+                                lease.status(),
+                                Status::Settled(_) | Status::Lost(LossReason::Released)
+                            ) =>
                     {
                         run.await
                     }
@@ -260,47 +262,38 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
         },
     };
     // The handler's own settle or release may still be in flight; its
-    // outcome decides what follows. Each request ends within the client's
-    // request timeout, so this wait is bounded; if the call failed, the lease
-    // is Held again and the worker settles it below.
+    // outcome decides what follows. It ends by the lease's local deadline at
+    // the latest (no heartbeat renews a lease while it is ending).
     while lease.status() == Status::Ending {
         sleep_ms(25.0).await;
     }
-    match lease.status() {
-        Status::Held => {}
-        // The handler ended the lease itself: count what it did.
-        ended => {
-            let mut st = w.stats.borrow_mut();
-            match ended {
-                Status::Settled(SettleState::Done) => st.done += 1,
-                Status::Settled(SettleState::Failed) => st.failed += 1,
-                Status::Settled(_) => st.released += 1,
-                // Released by the handler, not by `client.close()`.
-                Status::Lost(LossReason::Released) if !w.client.closed.get() => st.released += 1,
-                _ => st.lost += 1,
-            }
+    if lease.status() != Status::Held {
+        // The handler ended the lease itself, or it was lost.
+        count(w, lease.status());
+        return;
+    }
+    // Held: repeat what the handler asked for if its call failed (the very
+    // same settle, so that one whose answer was lost is recognised by the
+    // server as a replay), else settle by the handler's outcome.
+    let asked = lease.asked.borrow().clone();
+    let (state, result, error) = match (asked, outcome) {
+        (Some(Ending::Release), _) => {
+            end_or_drop(lease, true).await;
+            count(w, lease.status());
             return;
         }
-    }
-    let (state, result, error) = match outcome {
+        (Some(Ending::Settle(state, result, error)), _) => (state, result, error),
         // A result JSON cannot carry (a BigInt, a cycle) settles without one.
-        Ok(v) => {
+        (None, Ok(v)) => {
             let json = js_sys::JSON::stringify(&v).is_ok_and(|s| !s.is_undefined());
             (SettleState::Done, json.then_some(v), None)
         }
-        Err(e) => (SettleState::Failed, None, Some(describe(&e))),
+        (None, Err(e)) => (SettleState::Failed, None, Some(describe(&e))),
     };
     let mut attempt = 0u32;
     loop {
         match lease.settle(state, result.clone(), error.clone()).await {
-            Ok(_) => {
-                let mut st = w.stats.borrow_mut();
-                match state {
-                    SettleState::Done => st.done += 1,
-                    _ => st.failed += 1,
-                }
-                return;
-            }
+            Ok(_) => break,
             Err(e) if e.is_transient() && lease.status() == Status::Held && attempt < 8 => {
                 attempt += 1;
                 let d =
@@ -308,26 +301,65 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
                 sleep_ms(d).await;
             }
             Err(e) => {
-                if lease.status() == Status::Held && state != SettleState::Failed {
+                if lease.status() == Status::Held
+                    && !e.is_transient()
+                    && state != SettleState::Failed
+                {
                     // Refused for good (a 4xx such as 413: the result is too
                     // large): settle `failed` with the reason, so that the
-                    // item neither stays leased and heartbeated nor loops
-                    // through redeliveries.
+                    // item neither stays leased nor loops through redeliveries.
                     let why = Some(e.message().to_owned());
-                    if lease.settle(SettleState::Failed, None, why).await.is_ok() {
-                        w.stats.borrow_mut().failed += 1;
-                        return;
-                    }
+                    let _ = lease.settle(SettleState::Failed, None, why).await;
                 }
-                if lease.status() == Status::Held {
-                    // Still refused: give the item back rather than hold it.
-                    let _ = lease.release().await;
-                }
+                end_or_drop(lease, false).await;
                 if !matches!(lease.status(), Status::Settled(_)) {
+                    // Given back or dropped: the outcome was discarded.
                     w.stats.borrow_mut().lost += 1;
+                    return;
                 }
-                return;
+                break;
             }
         }
+    }
+    count(w, lease.status());
+}
+
+/// Releases a lease that is still held (`handed_back`: the handler asked
+/// for it, so transient failures are retried like a settle's); if that
+/// fails, stops holding it locally (`expired_locally`: no more heartbeats,
+/// the journal keeps it for `recover()`), so that its server lease runs out
+/// and the item is delivered again.
+async fn end_or_drop(lease: &LeaseInner, handed_back: bool) {
+    let mut attempt = 0u32;
+    while lease.status() == Status::Held {
+        match lease.release().await {
+            Err(e) if handed_back && e.is_transient() && attempt < 8 => {
+                attempt += 1;
+                let d =
+                    agentstore_protocol::backoff::full_jitter_ms(attempt, 100.0, 5_000.0, random());
+                sleep_ms(d).await;
+            }
+            Err(_) if lease.status() == Status::Held => {
+                lease.lose(
+                    LossReason::ExpiredLocally,
+                    "the lease could be neither settled nor released",
+                );
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Counts how a lease of this loop ended.
+fn count(w: &WorkerInner, status: Status) {
+    let mut st = w.stats.borrow_mut();
+    match status {
+        Status::Settled(SettleState::Done) => st.done += 1,
+        Status::Settled(SettleState::Failed) => st.failed += 1,
+        Status::Settled(_) => st.released += 1,
+        // Released by the handler (or by this loop at its request), not by
+        // `client.close()`.
+        Status::Lost(LossReason::Released) if !w.client.closed.get() => st.released += 1,
+        _ => st.lost += 1,
     }
 }

@@ -194,19 +194,6 @@ impl Revocations {
     }
 }
 
-/// Counts a revocation of a worker when dropped: made just before the
-/// revoking transaction commits, so that it counts once the commit is done —
-/// also when the request's future is dropped (the client went away) between
-/// the commit and the next statement. Counting a revocation whose commit
-/// failed only makes the cache ask the database again.
-pub(crate) struct CountRevocation<'a>(pub(crate) &'a Revocations, pub(crate) i64);
-
-impl Drop for CountRevocation<'_> {
-    fn drop(&mut self) {
-        self.0.record(self.1);
-    }
-}
-
 /// Turns a `--database` value into a URL: `postgres://` / `postgresql://` and
 /// `sqlite:` URLs pass through (SQLite gets `mode=rwc` so the file is created);
 /// anything else is an SQLite file path.

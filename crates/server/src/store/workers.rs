@@ -194,8 +194,7 @@ impl Store {
             return Ok((row, Some(worker_id), presented, tx));
         }
         self.revoke_worker(&mut tx, worker_id).await?;
-        let _counted = super::CountRevocation(self.revocations(), worker_id);
-        tx.commit().await?;
+        self.commit_revoking(tx, worker_id).await?;
         Err(unauthorized(what))
     }
 
@@ -288,9 +287,31 @@ impl Store {
             }
         };
         let creds = self.issue(&mut tx, worker_id, &presented.selector).await?;
-        let _counted = replay.map(|w| super::CountRevocation(self.revocations(), w));
-        tx.commit().await?;
+        match replay {
+            Some(w) => self.commit_revoking(tx, w).await?,
+            None => tx.commit().await?,
+        }
         Ok(creds)
+    }
+
+    /// Commits a transaction that revoked credentials of `worker_id`, then
+    /// counts the revocation (see [`Store::revocations`]) — in a task of its
+    /// own, so that a request dropped mid-commit (its client went away)
+    /// still counts it, and only once the commit has landed.
+    async fn commit_revoking(
+        &self,
+        tx: Transaction<'static, Any>,
+        worker_id: i64,
+    ) -> Result<(), StoreError> {
+        let revocations = self.revocations.clone();
+        let committed = tokio::spawn(async move {
+            let r = tx.commit().await;
+            revocations.record(worker_id);
+            r
+        })
+        .await
+        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        Ok(committed?)
     }
 
     /// Exchanges a refresh token for new credentials, burning it, in one
@@ -305,8 +326,10 @@ impl Store {
             .await?;
         let worker_id: i64 = super::get(&row, "worker_id")?;
         let creds = self.issue(&mut tx, worker_id, &presented.selector).await?;
-        let _counted = replay.map(|w| super::CountRevocation(self.revocations(), w));
-        tx.commit().await?;
+        match replay {
+            Some(w) => self.commit_revoking(tx, w).await?,
+            None => tx.commit().await?,
+        }
         Ok(creds)
     }
 
