@@ -514,6 +514,11 @@ impl Lease {
                 }
             };
             let error = opt_str(&options, "error")?;
+            *inner.asked.borrow_mut() = Some(crate::lease::lease::Ending::Settle(
+                state,
+                result.clone(),
+                error.clone(),
+            ));
             inner.settle(state, result, error).await
         })
     }
@@ -523,6 +528,7 @@ impl Lease {
     pub fn release(&self) -> Promise {
         let inner = self.inner.clone();
         run(async move {
+            *inner.asked.borrow_mut() = Some(crate::lease::lease::Ending::Release);
             inner.release().await?;
             Ok(JsValue::UNDEFINED)
         })

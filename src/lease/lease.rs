@@ -98,8 +98,9 @@ pub struct LeaseInner {
     /// (the local deadline still applies); the settle sent again is answered
     /// by the server as a replay when the first one landed.
     pub(crate) settle_unanswered: Cell<bool>,
-    /// The last ending call made on this lease (by anyone), so that `work()`
-    /// can repeat exactly what a handler asked for when its call failed.
+    /// The last ending call the app made on this lease (the JS `settle` /
+    /// `release`), so that `work()` can repeat exactly what a handler asked
+    /// for when its call failed.
     pub(crate) asked: RefCell<Option<Ending>>,
     /// Resolves the Web Lock held for this lease, when one is held.
     pub(crate) unlock: RefCell<Option<Function>>,
@@ -358,7 +359,6 @@ impl LeaseInner {
         result: Option<JsValue>,
         error: Option<String>,
     ) -> Result<JsValue> {
-        *self.asked.borrow_mut() = Some(Ending::Settle(state, result.clone(), error.clone()));
         let body = Object::new();
         crate::error::set(&body, "token", &self.token.as_str().into());
         crate::error::set(&body, "state", &ItemState::from(state).as_str().into());
@@ -383,7 +383,6 @@ impl LeaseInner {
     /// # Errors
     /// As [`LeaseInner::settle`].
     pub async fn release(&self) -> Result<()> {
-        *self.asked.borrow_mut() = Some(Ending::Release);
         let body = to_js(&TokenRequest {
             token: self.token.clone(),
         });

@@ -189,6 +189,7 @@ async fn slot_loop(w: Rc<WorkerInner>, wrap: fn(Rc<LeaseInner>) -> JsValue) {
                 w.stats.borrow_mut().claimed += 1;
                 if w.stopping.get() {
                     let _ = lease.release().await;
+                    w.stats.borrow_mut().released += 1;
                     break;
                 }
                 run_one(&w, &lease, wrap).await;
@@ -253,7 +254,7 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
                                 Status::Settled(_) | Status::Lost(LossReason::Released)
                             ) =>
                     {
-                        run.await
+                        until_closed(w, run).await
                     }
                     // The lease ended first (lost): discard whatever comes later.
                     Either::Right(_) => Err(JsValue::UNDEFINED),
@@ -295,16 +296,14 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
         match lease.settle(state, result.clone(), error.clone()).await {
             Ok(_) => break,
             Err(e) if e.is_transient() && lease.status() == Status::Held && attempt < 8 => {
-                attempt += 1;
-                let d =
-                    agentstore_protocol::backoff::full_jitter_ms(attempt, 100.0, 5_000.0, random());
-                sleep_ms(d).await;
+                pause(&mut attempt).await;
             }
             Err(e) => {
-                if lease.status() == Status::Held
-                    && !e.is_transient()
-                    && state != SettleState::Failed
-                {
+                // (A `failed` settle is retried bare, once, unless it was.)
+                let bare = state == SettleState::Failed
+                    && result.is_none()
+                    && error.as_ref().is_none_or(|m| m.len() <= 8192);
+                if lease.status() == Status::Held && !e.is_transient() && !bare {
                     // Refused for good (a 4xx such as 413: the result is too
                     // large): settle `failed` with the reason, so that the
                     // item neither stays leased nor loops through redeliveries.
@@ -333,12 +332,7 @@ async fn end_or_drop(lease: &LeaseInner, handed_back: bool) {
     let mut attempt = 0u32;
     while lease.status() == Status::Held {
         match lease.release().await {
-            Err(e) if handed_back && e.is_transient() && attempt < 8 => {
-                attempt += 1;
-                let d =
-                    agentstore_protocol::backoff::full_jitter_ms(attempt, 100.0, 5_000.0, random());
-                sleep_ms(d).await;
-            }
+            Err(e) if handed_back && e.is_transient() && attempt < 8 => pause(&mut attempt).await,
             Err(_) if lease.status() == Status::Held => {
                 lease.lose(
                     LossReason::ExpiredLocally,
@@ -348,6 +342,34 @@ async fn end_or_drop(lease: &LeaseInner, handed_back: bool) {
             _ => {}
         }
     }
+}
+
+/// The handler's outcome, or an error once `client.close()` was called (the
+/// slot then stops waiting for a handler whose lease already ended).
+async fn until_closed(
+    w: &WorkerInner,
+    mut run: std::pin::Pin<Box<JsFuture>>,
+) -> Result<JsValue, JsValue> {
+    loop {
+        match select(run, Box::pin(sleep_ms(100.0))).await {
+            Either::Left((r, _)) => return r,
+            Either::Right((_, pending)) if !w.client.closed.get() => run = pending,
+            Either::Right(_) => return Err(JsValue::UNDEFINED),
+        }
+    }
+}
+
+/// Waits before retrying an ending call: full jitter over 100 ms doubling
+/// up to 5 s (`attempt` counts the retries).
+async fn pause(attempt: &mut u32) {
+    *attempt += 1;
+    sleep_ms(agentstore_protocol::backoff::full_jitter_ms(
+        *attempt,
+        100.0,
+        5_000.0,
+        random(),
+    ))
+    .await;
 }
 
 /// Counts how a lease of this loop ended.
