@@ -14,6 +14,7 @@
 //   /drop-settle-answers-<n>/… settle requests reach the server (it applies them),
 //                           but their answers are cut off (socket destroyed) until
 //                           /_stop/<n> is requested; later ones pass
+//   /drop-release-answers-<n>/… the same for release requests
 //   /drop-credential-answers-<n>/… the same for enrollment and refresh requests: the
 //                           server issues credentials, the answers are cut off
 //   /_held/<mode>            {"held": n}: how many answers of that mode are held
@@ -61,11 +62,11 @@ const server = http.createServer((req, res) => {
       return;
     }
   }
-  const dropAnswers = /^drop-(settle|credential)-answers-(.+)$/.exec(mode);
+  const dropAnswers = /^drop-(settle|release|credential)-answers-(.+)$/.exec(mode);
   const cuts =
-    dropAnswers?.[1] === 'settle'
-      ? /^\/v1\/items\/\d+\/settle$/
-      : /^\/v1\/workers\/(enroll|refresh)$/;
+    dropAnswers?.[1] === 'credential'
+      ? /^\/v1\/workers\/(enroll|refresh)$/
+      : new RegExp(`^/v1/items/\\d+/${dropAnswers?.[1]}$`);
   const cut = dropAnswers && !stopped.has(dropAnswers[2]) && req.method === 'POST' && cuts.test(path);
   const slow = /^slow-(heartbeats|claims)(?:-(\d+))?$/.exec(mode);
   const slowed = slow && req.method === 'POST' && (slow[1] === 'claims' ? isClaim(path) : isHeartbeat(path));

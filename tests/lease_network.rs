@@ -375,6 +375,74 @@ async fn a_claim_behind_a_stale_lock_holder_is_never_released_by_recover() {
     }
 }
 
+/// A release whose answer was lost (the server applied it, then the test
+/// proxy cut the connection): no heartbeat goes out while its outcome is
+/// unknown (one would be told `claim_lost`), and the release sent again is
+/// answered by the server as a replay, so the client reports the lease
+/// released, not lost. Before, a heartbeat or the retry was refused with
+/// `claim_lost` and `work()` counted the item `lost`. With an operator's
+/// credentials and with a worker's; the item was claimed again by another
+/// client before the retry in the second round.
+#[wasm_bindgen_test]
+async fn a_release_whose_answer_was_lost_is_reported_released_when_sent_again() {
+    let Some(proxy) = proxy() else { return };
+    for as_worker in [false, true] {
+        let q = fresh_queue("lost-release");
+        let id = enqueue(&q, json!({})).await;
+        let nonce = fresh_queue("n");
+        let creds = if as_worker {
+            worker_creds(&q, "releaser").await
+        } else {
+            admin_creds()
+        };
+        let c = client_at(
+            &format!("{proxy}/drop-release-answers-{nonce}"),
+            creds,
+            config(),
+        );
+        let lease = claim(&c, &q).await;
+        assert_eq!(lease.item_id, id);
+        let first = lease.release().await;
+        assert!(
+            matches!(&first, Err(e) if e.is_transient()),
+            "the first answer is cut off: {first:?}"
+        );
+        assert_eq!(lease.status(), Status::Held);
+        let it = wait_item(id, 2.0 * TTL_MS, |it| it.state == ItemState::Open).await;
+        assert_eq!(it.state, ItemState::Open, "the server applied the release");
+        // Claimed again by someone else before the retry (second round).
+        let other = admin_client(config());
+        let reclaimed = if as_worker {
+            let l = claim(&other, &q).await;
+            assert_eq!(l.item_id, id);
+            Some(l)
+        } else {
+            None
+        };
+        // Two heartbeat intervals: had a heartbeat gone out, the server's
+        // `claim_lost` would have ended the lease by now (a bounded window
+        // for something that must not happen; a busy machine only shortens
+        // what it checks, and the local deadline is further off).
+        let until = now() + 2.0 * HEARTBEAT_MS;
+        while now() < until && lease.status() == Status::Held {
+            sleep(50.0).await;
+        }
+        assert_eq!(lease.status(), Status::Held, "no heartbeat was refused");
+        stop_dropping(proxy, &nonce).await;
+        let again = lease.release().await;
+        assert!(
+            again.is_ok(),
+            "worker {as_worker}: reported released: {again:?}"
+        );
+        assert_eq!(lease.status(), Status::Lost(LossReason::Released));
+        if let Some(l) = reclaimed {
+            assert_eq!(l.status(), Status::Held, "the new lease is untouched");
+            l.release().await.unwrap();
+        }
+        other.close().await;
+    }
+}
+
 /// A settle whose answer was lost (the server applied it, then the test
 /// proxy cut the connection) is sent again: the server answers it as a
 /// replay of this token's own settle, and the client reports the settle

@@ -85,10 +85,10 @@ impl ClientInner {
             .iter()
             .map(|l| {
                 let mut p = l.plan.borrow().clone();
-                // No heartbeat while a settle's answer is missing (it may have
-                // landed: see `LeaseInner::settle_unanswered`), nor while the
+                // No heartbeat while a settle's or release's answer is missing
+                // (it may have landed: see `LeaseInner::ending_unanswered`), nor while the
                 // test hook suspends them; the deadline still applies.
-                p.ending |= l.paused.get() || l.settle_unanswered.get();
+                p.ending |= l.paused.get() || l.ending_unanswered.get();
                 p
             })
             .collect();

@@ -92,12 +92,12 @@ pub struct LeaseInner {
     pub(crate) plan: RefCell<HeartbeatPlan>,
     /// Test hook: heartbeats suspended (the local deadline still applies).
     pub(crate) paused: Cell<bool>,
-    /// A settle of this lease went out and its outcome is unknown (no answer,
-    /// or a 5xx): the server may have applied it, and then a
+    /// A settle or release of this lease went out and its outcome is unknown
+    /// (no answer, or a 5xx): the server may have applied it, and then a
     /// heartbeat would be told `claim_lost`. No heartbeat goes out meanwhile
-    /// (the local deadline still applies); the settle sent again is answered
-    /// by the server as a replay when the first one landed.
-    pub(crate) settle_unanswered: Cell<bool>,
+    /// (the local deadline still applies); the same call sent again is
+    /// answered by the server as a replay when the first one landed.
+    pub(crate) ending_unanswered: Cell<bool>,
     /// The last ending call the app made on this lease (the JS `settle` /
     /// `release`), so that `work()` can repeat exactly what a handler asked
     /// for when its call failed.
@@ -132,7 +132,7 @@ impl LeaseInner {
             status: Cell::new(Status::Held),
             plan: RefCell::new(plan),
             paused: Cell::new(false),
-            settle_unanswered: Cell::new(false),
+            ending_unanswered: Cell::new(false),
             asked: RefCell::new(None),
             unlock: RefCell::new(None),
             end_resolve: RefCell::new(Some(end_resolve)),
@@ -369,7 +369,7 @@ impl LeaseInner {
             crate::error::set(&body, "error", &e.as_str().into());
         }
         let path = item_path(self.item_id, "/settle");
-        let answer = self.ending_call(&path, &body, true).await?;
+        let answer = self.ending_call(&path, &body).await?;
         if self.status.get() == Status::Ending {
             self.status.set(Status::Settled(state));
         }
@@ -387,7 +387,7 @@ impl LeaseInner {
             token: self.token.clone(),
         });
         let path = item_path(self.item_id, "/release");
-        self.ending_call(&path, &body, false).await?;
+        self.ending_call(&path, &body).await?;
         self.lose(LossReason::Released, "released by this client");
         // Lost locally while the release was in flight: the entry still goes.
         if let Some(c) = self.client.upgrade() {
@@ -396,14 +396,16 @@ impl LeaseInner {
         Ok(())
     }
 
-    /// A fenced call that ends the lease: no heartbeat of it runs meanwhile.
+    /// A fenced call that ends the lease (settle or release): no heartbeat of
+    /// it runs meanwhile.
     ///
-    /// `settling`: a settle. Its answer can be lost after the server applied
-    /// it (the settle cleared the token); sending the same settle again is
-    /// then answered by the server with the item (a replay of this token's
-    /// own settle, same state, result and error), not `claim_lost`, so a
-    /// retried settle that landed the first time is reported settled.
-    async fn ending_call(&self, path: &str, body: &JsValue, settling: bool) -> Result<JsValue> {
+    /// Its answer can be lost after the server applied it (the call cleared
+    /// the token). Sending the same call again is then answered by the server
+    /// with the item (a replay of this token's own settle, same state, result
+    /// and error; or of its release), not `claim_lost`, so a retried call that
+    /// landed the first time is reported as done. Until an answer comes, no
+    /// heartbeat goes out (`ending_unanswered`).
+    async fn ending_call(&self, path: &str, body: &JsValue) -> Result<JsValue> {
         if let Some(e) = self.lost_error() {
             return Err(e);
         }
@@ -421,9 +423,7 @@ impl LeaseInner {
             Err(LeaseError::Server { status, .. }) => *status >= 500,
             Err(_) => false,
         };
-        if settling || !unknown {
-            self.settle_unanswered.set(settling && unknown);
-        }
+        self.ending_unanswered.set(unknown);
         match r {
             Ok(a) => Ok(a.body),
             Err(e) => {

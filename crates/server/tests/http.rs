@@ -577,8 +577,14 @@ async fn release_accepts_a_beacon_body_without_headers_but_not_a_wrong_bearer() 
     assert_eq!(beacon.status(), StatusCode::OK);
     let released: ItemView = beacon.json().await.unwrap();
     assert_eq!((released.state.as_str(), released.attempts), ("open", 1));
+    // The beacon sent again (its answer lost): a replay, nothing changes.
     let again = h.http.post(&url).body(body).send().await.unwrap();
-    expect_error(again, ErrorCode::ClaimLost).await;
+    assert_eq!(again.status(), StatusCode::OK);
+    let replayed: ItemView = again.json().await.unwrap();
+    assert_eq!(replayed, released);
+    let other = json!({"token": "0".repeat(48)}).to_string();
+    let wrong_token = h.http.post(&url).body(other).send().await.unwrap();
+    expect_error(wrong_token, ErrorCode::ClaimLost).await;
     h.stop().await;
 }
 

@@ -594,6 +594,11 @@ impl Store {
     /// Gives `id` back: it reopens (one attempt counted) or, at the cap, fails
     /// with `retry_limit`.
     ///
+    /// A release sent again by the lease that released the item (its first
+    /// answer lost on the way back) is answered with the item as it is now,
+    /// and changes nothing (see `released_before`). Ending calls are
+    /// all safe to retry this way (settle: [`Store::settle_reporting`]).
+    ///
     /// # Errors
     /// As [`Store::heartbeat`].
     pub async fn release(
@@ -613,7 +618,10 @@ impl Store {
             return Err(forbidden(id));
         }
         if let Err(code) = item.apply(LeaseEvent::Release, current, now, self.settings.ttl_ms) {
-            return Err(rejection(code, id));
+            return match self.released_before(id, &hash, owner).await? {
+                Some(item) => Ok(item),
+                None => Err(rejection(code, id)),
+            };
         }
         let (state, attempts, reason) = end_attempt(item.attempts, item.max_redeliveries);
         let reason = if state == ItemState::Open {
@@ -623,6 +631,7 @@ impl Store {
         };
         let sql = self.sql(&format!(
             "UPDATE items SET state = $4, attempts = $5, last_error = $6, token_hash = NULL,
+                 released_token_hash = $2, released_by = worker_id,
                  worker_id = NULL, heartbeat_at = NULL, updated_at = {{now}}
              WHERE id = $1 AND state = 'running' AND token_hash = $2 AND epoch = $3
                AND ($7 = 0 OR worker_id = $7)
@@ -640,8 +649,35 @@ impl Store {
             .await?;
         match row {
             Some(row) => item_from_row(&row),
-            None => Err(self.classify(id, &hash, owner).await),
+            None => match self.released_before(id, &hash, owner).await? {
+                Some(item) => Ok(item),
+                None => Err(self.classify(id, &hash, owner).await),
+            },
         }
+    }
+
+    /// A release that matched no running lease: when this very token released
+    /// the item (the same holder: a worker's replay must come from the worker
+    /// that released, an operator's or a beacon's from anyone holding the
+    /// token), the item as it is now; the release was applied once and the
+    /// retry changes nothing. `None`: the caller's usual rejection stands.
+    async fn released_before(
+        &self,
+        id: i64,
+        hash: &str,
+        owner: Option<i64>,
+    ) -> Result<Option<ItemView>, StoreError> {
+        let sql = format!(
+            "SELECT {ITEM_COLS} FROM items
+             WHERE id = $1 AND released_token_hash = $2 AND ($3 = 0 OR released_by = $3)"
+        );
+        let row = sqlx::query(&sql)
+            .bind(id)
+            .bind(hash)
+            .bind(owner.unwrap_or(0))
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| item_from_row(&r)).transpose()
     }
 
     /// Resumes a paused item: running again with a NEW token and `epoch + 1`;

@@ -135,6 +135,17 @@ pub const MIGRATIONS: &[Migration] = &[
             CREATE INDEX access_tokens_parent ON access_tokens (parent);
             CREATE INDEX refresh_tokens_parent ON refresh_tokens (parent)",
     },
+    Migration {
+        version: 7,
+        name: "release_replay",
+        // The token hash of the lease that last released the item and its
+        // holder, so a release sent again by that lease (its first answer
+        // lost) is answered, not refused. Kept when the item is claimed again
+        // (unlike settled_token_hash): a released item reopens and may be
+        // claimed before the retry arrives; the next release overwrites it.
+        sql: "ALTER TABLE items ADD COLUMN released_token_hash TEXT;
+            ALTER TABLE items ADD COLUMN released_by BIGINT",
+    },
 ];
 
 /// Advisory lock key for migrations on PostgreSQL ("agst").

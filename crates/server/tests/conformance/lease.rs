@@ -559,7 +559,7 @@ pub async fn release_reopens_the_item_and_counts_an_attempt(db: TestDb) {
     let released = store.release(item.id, &t1, None).await.unwrap();
     assert_eq!((released.state, released.attempts), (ItemState::Open, 1));
     assert_eq!(
-        code(store.release(item.id, &t1, None).await),
+        code(store.heartbeat(item.id, &t1, None).await),
         ErrorCode::ClaimLost
     );
     let t2 = store
@@ -793,6 +793,97 @@ pub async fn concurrent_claims_and_settles_each_keep_their_own_outcome(db: TestD
 /// replay; anything else stays `claim_lost`, including the same token after
 /// the reaper failed the item at its retry cap (not this lease's settle) and
 /// after the item was claimed and settled again by another lease.
+/// A release whose answer was lost is sent again by the same lease: the
+/// server answers it with the item as it is now and changes nothing (no second
+/// attempt counted), even once the item was claimed again; only the holder
+/// that released may replay it, and only the latest release of an item is
+/// remembered. Every other call with the released token stays `claim_lost`.
+pub async fn a_release_sent_again_by_its_lease_is_answered_and_changes_nothing(db: TestDb) {
+    let store = db.store(ttl(LONG)).await;
+    let item = store.enqueue("q", &json!(1), None).await.unwrap();
+    let (w1, w2) = (Some(11), Some(12));
+    let t1 = store
+        .claim("q", w1)
+        .await
+        .unwrap()
+        .expect("claimed")
+        .lease
+        .token;
+    let first = store.release(item.id, &t1, w1).await.unwrap();
+    assert_eq!((first.state, first.attempts), (ItemState::Open, 1));
+    let before = snapshot(&store, item.id).await;
+    for _ in 0..2 {
+        let again = store
+            .release(item.id, &t1, w1)
+            .await
+            .expect("a replay is answered");
+        assert_eq!(again, first);
+    }
+    assert_eq!(
+        snapshot(&store, item.id).await,
+        before,
+        "a replay writes nothing (one attempt counted)"
+    );
+    assert_eq!(
+        code(store.release(item.id, &t1, w2).await),
+        ErrorCode::ClaimLost,
+        "another worker cannot replay it"
+    );
+    assert_eq!(
+        code(store.release(item.id, &"0".repeat(48), w1).await),
+        ErrorCode::ClaimLost,
+        "another token"
+    );
+    for state in [SettleState::Done, SettleState::Failed] {
+        let r = store.settle(item.id, &t1, w1, state, None, None).await;
+        assert_eq!(code(r), ErrorCode::ClaimLost, "settle {state:?}");
+    }
+    assert_eq!(
+        code(store.heartbeat(item.id, &t1, w1).await),
+        ErrorCode::ClaimLost
+    );
+
+    // Claimed again before the retry arrives: still a replay, and the new
+    // lease is untouched.
+    let t2 = store
+        .claim("q", w2)
+        .await
+        .unwrap()
+        .expect("claimed again")
+        .lease
+        .token;
+    let before = snapshot(&store, item.id).await;
+    let again = store.release(item.id, &t1, w1).await.expect("a replay");
+    assert_eq!((again.state, again.attempts), (ItemState::Running, 1));
+    assert_eq!(snapshot(&store, item.id).await, before, "t2 untouched");
+    store.heartbeat(item.id, &t2, w2).await.unwrap();
+
+    // A later release of the item replaces the one remembered.
+    store.release(item.id, &t2, w2).await.unwrap();
+    assert_eq!(
+        code(store.release(item.id, &t1, w1).await),
+        ErrorCode::ClaimLost
+    );
+    store.release(item.id, &t2, w2).await.expect("t2's replay");
+
+    // A lease that expired was never released: its release is refused.
+    let short = db.store(ttl(100)).await;
+    let item3 = short.enqueue("q3", &json!(3), None).await.unwrap();
+    let t3 = short
+        .claim("q3", None)
+        .await
+        .unwrap()
+        .expect("claimed")
+        .lease
+        .token;
+    sleep_ms(180).await;
+    assert_eq!(short.reap().await.unwrap(), (1, 0));
+    assert_eq!(
+        code(short.release(item3.id, &t3, None).await),
+        ErrorCode::ClaimLost
+    );
+}
+
 pub async fn a_settle_sent_again_by_its_lease_is_answered_and_changes_nothing(db: TestDb) {
     let store = db.store(ttl(LONG)).await;
     let item = store.enqueue("q", &json!(1), None).await.unwrap();
