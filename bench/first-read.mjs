@@ -23,7 +23,14 @@ const LIBS = [
   ['raw', 'raw IndexedDB'],
   ['dexie', 'Dexie 4'],
   ['agentstore', 'agentstore (agentstore/store)'],
+  ['agentstore-bundled', 'agentstore (agentstore/store), glue bundled, wasm preloaded'],
 ];
+// What a page adds to its <head> for one library: agentstore-bundled preloads
+// the wasm (README, Package) so that it downloads beside the script.
+const HEAD = {
+  'agentstore-bundled':
+    '<link rel="preload" href="/pkg/store/agentstore_bg.wasm" as="fetch" type="application/wasm" crossorigin>',
+};
 const DIST = join(HERE, 'dist', 'first-read');
 await esbuild.build({
   entryPoints: LIBS.map(([k]) => join(HERE, 'first-read', `${k}.js`)),
@@ -45,6 +52,7 @@ const server = createServer(async (req, res) => {
   let body;
   if (path === '/page.html') {
     body = Buffer.from(`<!doctype html><meta charset="utf-8"><title>first read</title>
+${HEAD[url.searchParams.get('lib')] ?? ''}
 <script type="module" src="/dist/${url.searchParams.get('lib')}.js"></script>`);
   } else if (path.startsWith('/dist/')) file = join(DIST, path.slice('/dist/'.length));
   else if (path.startsWith('/pkg/')) file = join(ROOT, 'pkg', path.slice('/pkg/'.length));
@@ -118,7 +126,12 @@ const median = (xs) => {
 const dexie = median(times['Dexie 4']);
 const bytes = (lib) =>
   Object.entries(sent)
-    .filter(([p]) => p.includes(`/${lib}.js`) || (lib === 'agentstore' && p.startsWith('/pkg/')))
+    .filter(
+      ([p]) =>
+        p.includes(`/${lib}.js`) ||
+        (lib === 'agentstore' && p.startsWith('/pkg/')) ||
+        (lib === 'agentstore-bundled' && p === '/pkg/store/agentstore_bg.wasm'),
+    )
     .reduce((a, [, n]) => a + n, 0);
 let md = `Time to first read (${FAST ? 'loopback, no throttling' : '1.6 Mbps / 150 ms RTT, CPU ×4'}), median of ${RUNS} runs, fresh profile each, gzip -9 transfer:\n\n`;
 md += `| library | ms (median) | runs | × Dexie 4 | bytes transferred (gzip) |\n|---|---:|---|---:|---:|\n`;
