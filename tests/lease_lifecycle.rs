@@ -1,7 +1,9 @@
 //! The lease journal and Web Locks: `recover()` releases what a gone page left
 //! in the journal, leaves a live page's (locked) leases alone, can resume a
-//! still-valid lease, and touches nothing where Web Locks are missing.
-use agentstore::lease::{ClientConfig, Status};
+//! still-valid lease, and touches nothing where Web Locks are missing or a
+//! lease was claimed without one.
+use agentstore::lease::journal::Journal;
+use agentstore::lease::{ClientConfig, Credentials, Status};
 use agentstore_protocol::lease::{ItemState, SettleState};
 use js_sys::{Object, Reflect};
 use serde_json::json;
@@ -37,6 +39,7 @@ async fn recover_releases_the_leases_a_gone_page_left_in_the_journal() {
     let lb = claim(&old, &q).await;
     la.set_heartbeats_paused(true);
     lb.set_heartbeats_paused(true);
+    gone_with_its_locks(&journal, &old.base).await;
 
     let new = admin_client(journalled(&journal, true));
     let report = new.recover(false).await.expect("recover");
@@ -65,6 +68,96 @@ async fn recover_releases_the_leases_a_gone_page_left_in_the_journal() {
         reason == "claim_lost" || reason == "expired_locally",
         "{reason}"
     );
+}
+
+/// Rewrites the journal entries of `base` as a page that held each item's
+/// Web Lock would have left them once it was gone (its locks went with it):
+/// the leases were claimed without a lock (`webLocks: false`), so no lock of
+/// theirs is held now.
+async fn gone_with_its_locks(journal: &str, base: &str) {
+    let j = Journal::new(Some(journal.to_owned()));
+    for mut e in j.list(base).await.unwrap() {
+        assert!(!e.locked, "claimed without a Web Lock");
+        e.locked = true;
+        j.put(&e).await.unwrap();
+    }
+}
+
+/// A live context that claims without Web Locks (`webLocks: false`) leaves
+/// journal entries whose item lock is free: another context's `recover()`
+/// cannot tell them from a gone page's and must not release them. Before,
+/// it released the live lease and the item was delivered again while its
+/// handler still ran.
+#[wasm_bindgen_test]
+async fn recover_leaves_alone_a_lease_claimed_without_a_web_lock() {
+    if server().is_none() {
+        return;
+    }
+    let journal = fresh_queue("journal");
+    let q = fresh_queue("unlocked");
+    let id = enqueue(&q, json!({})).await;
+    let live = admin_client(journalled(&journal, false));
+    let lease = claim(&live, &q).await;
+    for locks in [true, false] {
+        let other = admin_client(journalled(&journal, locks));
+        let report = other.recover(false).await.unwrap();
+        assert_eq!(report.skipped, vec![id], "locks {locks}");
+        assert!(report.released.is_empty() && report.lost.is_empty());
+        let resumed = other.recover(true).await.unwrap();
+        assert!(resumed.resumed.is_empty() && resumed.lost.is_empty());
+    }
+    assert_eq!(item(id).await.state, ItemState::Running);
+    assert_eq!(lease.status(), Status::Held);
+    lease.release().await.unwrap();
+}
+
+/// A journalled lease whose page is gone but which is still current on the
+/// server under ANOTHER worker (two workers sharing one origin's journal):
+/// the server refuses this worker's release (403), and the entry is reported
+/// `busy` and kept — not `lost` and deleted, which would leave nothing to
+/// release it once its worker's credentials come back.
+#[wasm_bindgen_test]
+async fn recover_keeps_another_workers_current_lease_as_busy() {
+    if server().is_none() {
+        return;
+    }
+    let journal = fresh_queue("journal");
+    let q = fresh_queue("two-workers");
+    let id = enqueue(&q, json!({})).await;
+    let worker = |name: &'static str, locks: bool| {
+        let q = q.clone();
+        let journal = journal.clone();
+        async move {
+            let (base, _) = server().unwrap();
+            agentstore::lease::ClientInner::new(
+                base,
+                Credentials {
+                    enrollment_token: Some(enrollment_token(&q).await),
+                    name: Some(name.into()),
+                    ..Credentials::default()
+                },
+                journalled(&journal, locks),
+            )
+            .unwrap()
+        }
+    };
+    let a = worker("a", false).await;
+    let lease = claim(&a, &q).await;
+    gone_with_its_locks(&journal, &a.base).await;
+    let b = worker("b", true).await;
+    for resume in [false, true] {
+        let report = b.recover(resume).await.unwrap();
+        assert_eq!(report.busy, vec![id], "resume {resume}");
+        assert!(report.released.is_empty() && report.lost.is_empty() && report.resumed.is_empty());
+    }
+    let kept = Journal::new(Some(journal.clone()))
+        .list(&b.base)
+        .await
+        .unwrap();
+    assert_eq!(kept.len(), 1, "the entry is kept");
+    assert_eq!(item(id).await.state, ItemState::Running);
+    assert_eq!(lease.status(), Status::Held);
+    lease.release().await.unwrap();
 }
 
 #[wasm_bindgen_test]
@@ -119,6 +212,7 @@ async fn recover_with_resume_keeps_heartbeating_a_still_valid_lease() {
     let old = admin_client(journalled(&journal, false));
     let stale = claim(&old, &q).await;
     stale.set_heartbeats_paused(true);
+    gone_with_its_locks(&journal, &old.base).await;
     let new = admin_client(journalled(&journal, true));
     let report = new.recover(true).await.unwrap();
     assert_eq!(report.resumed.len(), 1);
@@ -144,6 +238,8 @@ async fn without_web_locks_recover_touches_nothing() {
     let id = enqueue(&q, json!({})).await;
     let old = admin_client(journalled(&journal, false));
     let lease = claim(&old, &q).await;
+    // As if claimed with a Web Lock, in a browser that has them.
+    gone_with_its_locks(&journal, &old.base).await;
     let nav = Reflect::get(&js_sys::global(), &"navigator".into()).unwrap();
     let desc = Object::new();
     Reflect::set(&desc, &"value".into(), &JsValue::UNDEFINED).unwrap();

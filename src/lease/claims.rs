@@ -167,10 +167,14 @@ impl ClientInner {
             );
         }
         self.ensure_heartbeats();
+        let mut locked = false;
         if self.config.use_locks {
             let name = self.lock_name(lease.item_id);
             match lifecycle::lock(&name, 0.0).await {
-                lifecycle::LockOutcome::Acquired(unlock) => hold_lock(lease, unlock),
+                lifecycle::LockOutcome::Acquired(unlock) => {
+                    hold_lock(lease, unlock);
+                    locked = true;
+                }
                 lifecycle::LockOutcome::Busy => {
                     let queued = lifecycle::lock(&name, f64::INFINITY); // issued now
                     let lease = lease.clone();
@@ -179,6 +183,7 @@ impl ClientInner {
                             hold_lock(&lease, unlock);
                         }
                     });
+                    locked = true;
                 }
                 lifecycle::LockOutcome::Unsupported => {}
             }
@@ -194,6 +199,7 @@ impl ClientInner {
             queue: lease.queue.clone(),
             ttl_ms,
             heartbeat_ms,
+            locked,
         };
         if self.journal.put(&entry).await.is_err() {
             lifecycle::warn("agentstore: lease journal write failed");

@@ -42,6 +42,16 @@ pub struct Entry {
     pub ttl_ms: u64,
     /// Heartbeat interval (ms).
     pub heartbeat_ms: u64,
+    /// Whether the claiming context holds (or queued for) the item's Web Lock.
+    /// An entry without one (`webLocks: false`, or no `navigator.locks`)
+    /// cannot be told apart from a live context's lease, so `recover()` leaves
+    /// it alone. Entries written before the field existed count as locked.
+    #[serde(default = "locked_by_default")]
+    pub locked: bool,
+}
+
+fn locked_by_default() -> bool {
+    true
 }
 
 fn key(base: &str, item_id: i64) -> JsValue {

@@ -25,9 +25,11 @@ pub struct Recovery {
     pub resumed: Vec<Rc<LeaseInner>>,
     /// Already gone on the server (taken over, settled or released).
     pub lost: Vec<i64>,
-    /// Held by another live page (its Web Lock is taken): left alone.
+    /// Held by another live page (its Web Lock is taken), or by another
+    /// worker on the server (403): left alone.
     pub busy: Vec<i64>,
-    /// Not touched: no Web Locks here, so a live page's lease cannot be told apart.
+    /// Not touched: no Web Locks here, or the lease was claimed without one
+    /// (`webLocks: false`), so a live page's lease cannot be told apart.
     pub skipped: Vec<i64>,
 }
 
@@ -61,6 +63,12 @@ impl ClientInner {
             if self.leases.borrow().contains_key(&entry.item_id) {
                 continue;
             }
+            // Claimed without a Web Lock: a free lock says nothing about
+            // whether its context is alive.
+            if !entry.locked {
+                report.skipped.push(entry.item_id);
+                continue;
+            }
             let unlock =
                 match lifecycle::lock(&self.lock_name(entry.item_id), self.config.lock_wait_ms)
                     .await
@@ -70,7 +78,6 @@ impl ClientInner {
                         report.busy.push(entry.item_id);
                         continue;
                     }
-                    lifecycle::LockOutcome::Unsupported if !self.config.use_locks => None,
                     lifecycle::LockOutcome::Unsupported => {
                         report.skipped.push(entry.item_id);
                         continue;
@@ -92,7 +99,16 @@ impl ClientInner {
                         unlock_now(&unlock);
                         continue;
                     }
-                    Err(_) => {
+                    Err(e) => {
+                        if matches!(
+                            e,
+                            LeaseError::Server {
+                                code: ErrorCode::Forbidden,
+                                ..
+                            }
+                        ) {
+                            report.busy.push(entry.item_id);
+                        }
                         unlock_now(&unlock);
                         continue;
                     }
@@ -106,6 +122,12 @@ impl ClientInner {
                         .await;
                     report.released.push(entry.item_id);
                 }
+                // Current on the server and held by another worker: its
+                // context lives elsewhere (or its lease runs out by the TTL).
+                Err(LeaseError::Server {
+                    code: ErrorCode::Forbidden,
+                    ..
+                }) => report.busy.push(entry.item_id),
                 Err(e) if !e.is_transient() && !matches!(e, LeaseError::Unauthorized(_)) => {
                     // claim_lost / state_conflict / not_found: nothing left to release.
                     let _ = self
@@ -151,8 +173,17 @@ impl ClientInner {
         let path = item_path(entry.item_id, "/heartbeat");
         match self.authed("POST", &path, Some(&body), timeout, None).await {
             Ok(_) => {}
+            // Kept for a later recover: no answer, refused credentials, or
+            // (403) a lease another worker holds.
+            Err(
+                e @ (LeaseError::Network(_)
+                | LeaseError::Unauthorized(_)
+                | LeaseError::Server {
+                    code: ErrorCode::Forbidden,
+                    ..
+                }),
+            ) => return Err(e),
             Err(e) if e.is_transient() => return Err(e),
-            Err(LeaseError::Unauthorized(m)) => return Err(LeaseError::Unauthorized(m)),
             Err(_) => return Ok(None),
         }
         let answer = self
