@@ -17,8 +17,15 @@
 //   /drop-release-answers-<n>/… the same for release requests
 //   /drop-credential-answers-<n>/… the same for enrollment and refresh requests: the
 //                           server issues credentials, the answers are cut off
-//   /_held/<mode>            {"held": n}: how many answers of that mode are held
-//                           back right now (a test waits for 0 instead of sleeping)
+//   /slow-settle-requests-<ms>/… settle REQUESTS are forwarded to the server only
+//                           after <ms> (anything sent meanwhile gets there first)
+//   /late-heartbeats-<ms>/…  heartbeat REQUESTS are forwarded only after <ms>, and
+//                           settle ANSWERS are held back 3 × <ms>: a heartbeat sent
+//                           just before a settle reaches the server after it, and
+//                           its answer reaches the page before the settle's
+//   /_held/<mode>            {"held": n}: how many requests or answers of that mode
+//                           are held back right now (a test waits for a count
+//                           instead of sleeping)
 //   anything else            passed through
 //
 // Usage: node scripts/delay-proxy.mjs --target http://127.0.0.1:18787 [--listen 127.0.0.1:0] [--delay-ms 4500]
@@ -70,32 +77,47 @@ const server = http.createServer((req, res) => {
   const cut = dropAnswers && !stopped.has(dropAnswers[2]) && req.method === 'POST' && cuts.test(path);
   const slow = /^slow-(heartbeats|claims)(?:-(\d+))?$/.exec(mode);
   const slowed = slow && req.method === 'POST' && (slow[1] === 'claims' ? isClaim(path) : isHeartbeat(path));
-  const hold = slowed ? Number(slow[2] ?? delayMs) : 0;
+  const late = /^(slow-settle-requests|late-heartbeats)-(\d+)$/.exec(mode);
+  const isSettle = /^\/v1\/items\/\d+\/settle$/.test(path);
+  const lateMs = late ? Number(late[2]) : 0;
+  // Held before forwarding (the server has not seen them yet).
+  const wait =
+    late && req.method === 'POST' && (late[1] === 'late-heartbeats' ? isHeartbeat(path) : isSettle) ? lateMs : 0;
+  const hold = slowed
+    ? Number(slow[2] ?? delayMs)
+    : late?.[1] === 'late-heartbeats' && req.method === 'POST' && isSettle
+      ? 3 * lateMs
+      : 0;
   const done = () => hold > 0 && held.set(mode, held.get(mode) - 1);
-  if (hold > 0) held.set(mode, (held.get(mode) ?? 0) + 1);
-  const up = http.request(
-    { host: target.hostname, port: target.port, method: req.method, path, headers: req.headers },
-    (answer) => {
-      const chunks = [];
-      answer.on('data', (c) => chunks.push(c));
-      answer.on('end', () => {
-        if (cut) {
-          req.socket.destroy();
-          return;
-        }
-        setTimeout(() => {
-          res.writeHead(answer.statusCode ?? 502, answer.headers);
-          res.end(Buffer.concat(chunks));
-          done();
-        }, hold);
-      });
-    },
-  );
-  up.on('error', () => {
-    done();
-    res.destroy();
-  });
-  req.pipe(up);
+  if (hold > 0 || wait > 0) held.set(mode, (held.get(mode) ?? 0) + 1);
+  const forward = () => {
+    if (wait > 0) held.set(mode, held.get(mode) - 1);
+    const up = http.request(
+      { host: target.hostname, port: target.port, method: req.method, path, headers: req.headers },
+      (answer) => {
+        const chunks = [];
+        answer.on('data', (c) => chunks.push(c));
+        answer.on('end', () => {
+          if (cut) {
+            req.socket.destroy();
+            return;
+          }
+          setTimeout(() => {
+            res.writeHead(answer.statusCode ?? 502, answer.headers);
+            res.end(Buffer.concat(chunks));
+            done();
+          }, hold);
+        });
+      },
+    );
+    up.on('error', () => {
+      done();
+      res.destroy();
+    });
+    req.pipe(up);
+  };
+  if (wait > 0) setTimeout(forward, wait);
+  else forward();
 });
 server.listen(Number(port), host, () => {
   console.log(`listening http://${host}:${server.address().port}`);

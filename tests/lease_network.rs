@@ -375,6 +375,91 @@ async fn a_claim_behind_a_stale_lock_holder_is_never_released_by_recover() {
     }
 }
 
+/// `client.close()` while a settle is in flight lets the settle land: it
+/// waits for it instead of sending a release with the same token, which the
+/// server could apply first (the finished item reopened with one attempt
+/// counted, and the settle refused `claim_lost`). Forced: the proxy holds the
+/// settle back 1 s before the server sees it; anything `close()` sent would
+/// get there first.
+#[wasm_bindgen_test]
+async fn close_during_a_settle_in_flight_lets_the_settle_land() {
+    let Some(proxy) = proxy() else { return };
+    let mode = "slow-settle-requests-1000";
+    for round in 0..2 {
+        let q = fresh_queue("close-settle");
+        let id = enqueue(&q, json!({})).await;
+        let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
+        let lease = claim(&c, &q).await;
+        let done = agentstore_protocol::lease::SettleState::Done;
+        let settling = lease.clone();
+        let settle = async move {
+            settling
+                .settle(done, Some(js(json!({"round": round}))), None)
+                .await
+        };
+        let close = async {
+            // The settle is out, held by the proxy before the server has it.
+            let until = now() + 10_000.0;
+            while held_back(proxy, mode).await < 1.0 && now() < until {
+                sleep(10.0).await;
+            }
+            assert_eq!(lease.status(), Status::Ending);
+            c.close().await;
+            // close() returned after the settle's answer.
+            assert_eq!(lease.status(), Status::Settled(done));
+        };
+        let (settled, ()) = join(settle, close).await;
+        assert!(settled.is_ok(), "round {round}: {settled:?}");
+        let it = item(id).await;
+        assert_eq!(
+            (it.state, it.attempts, it.result),
+            (ItemState::Done, 0, Some(json!({"round": round}))),
+            "round {round}"
+        );
+    }
+}
+
+/// A heartbeat sent just before a settle, which reaches the server after the
+/// settle landed, is answered `claim_lost`; that answer, arriving while the
+/// settle is in flight, does not end the lease: the settle's own answer
+/// decides, and the lease ends settled with its signal never aborted.
+/// Before, the lease was marked `claim_lost` (signal aborted) and stayed so
+/// after its settle succeeded, and `work()` counted the item lost. Forced by
+/// the proxy: heartbeat requests are held 400 ms before the server sees
+/// them, settle answers 1.2 s.
+#[wasm_bindgen_test]
+async fn a_heartbeat_refused_because_the_settle_landed_first_does_not_lose_the_lease() {
+    let Some(proxy) = proxy() else { return };
+    let mode = "late-heartbeats-400";
+    for round in 0..3 {
+        let q = fresh_queue("hb-race");
+        let id = enqueue(&q, json!({})).await;
+        let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
+        // Nothing of the previous round is still held.
+        let until = now() + 10_000.0;
+        while held_back(proxy, mode).await > 0.0 && now() < until {
+            sleep(10.0).await;
+        }
+        let lease = claim(&c, &q).await;
+        // A heartbeat is on its way, not yet at the server.
+        let until = now() + 10_000.0;
+        while held_back(proxy, mode).await < 1.0 && now() < until {
+            sleep(10.0).await;
+        }
+        assert!(now() < until, "round {round}: a heartbeat went out");
+        let done = agentstore_protocol::lease::SettleState::Done;
+        let settled = lease.settle(done, None, None).await;
+        assert!(settled.is_ok(), "round {round}: {settled:?}");
+        assert_eq!(lease.status(), Status::Settled(done), "round {round}");
+        assert!(
+            !lease.signal().aborted(),
+            "round {round}: a settled lease's signal never aborts"
+        );
+        assert_eq!(item(id).await.state, ItemState::Done);
+        c.close().await;
+    }
+}
+
 /// A release whose answer was lost (the server applied it, then the test
 /// proxy cut the connection): no heartbeat goes out while its outcome is
 /// unknown (one would be told `claim_lost`), and the release sent again is

@@ -217,7 +217,10 @@ impl ClientInner {
     }
 
     /// Stops heartbeating and releases every held lease (signals abort with
-    /// `released`); later calls fail with `ClosedError`.
+    /// `released`); later calls fail with `ClosedError`. A lease whose settle
+    /// (or release) is in flight is not raced by a release: its call finishes
+    /// first (bounded by the request timeout), and only a lease it left held
+    /// is released.
     pub async fn close(self: &Rc<Self>) {
         self.closed.set(true);
         if let Some(cb) = self.pagehide.borrow_mut().take() {
@@ -229,7 +232,10 @@ impl ClientInner {
             .map(|l| {
                 let l = l.clone();
                 wasm_bindgen_futures::future_to_promise(async move {
-                    let _ = l.release().await;
+                    l.until_not_ending().await;
+                    if l.status() == super::lease::Status::Held {
+                        let _ = l.release().await;
+                    }
                     Ok(JsValue::UNDEFINED)
                 })
             })

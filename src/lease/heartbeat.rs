@@ -165,6 +165,12 @@ impl ClientInner {
                     Some(r) => {
                         let code = r.error.as_ref().map_or(ErrorCode::ClaimLost, |e| e.code);
                         match code {
+                            // Sent before a settle or release that landed
+                            // first: that call's own answer decides.
+                            ErrorCode::ClaimLost
+                            | ErrorCode::StateConflict
+                            | ErrorCode::NotFound
+                                if lease.ending_pending() => {}
                             ErrorCode::ClaimLost
                             | ErrorCode::StateConflict
                             | ErrorCode::NotFound => {

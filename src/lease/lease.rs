@@ -340,14 +340,34 @@ impl LeaseInner {
                     None => Ok(r.ttl_ms),
                 }
             }
+            Err(e) if self.ending_pending() => Err(e),
             Err(e) => Err(self.on_rejection(e)),
+        }
+    }
+
+    /// A settle or release is in flight, or went out and its outcome is
+    /// unknown: a heartbeat refused now may have raced it (sent before the
+    /// ending call, answered after it landed), so only the ending call's own
+    /// answer (or its retry) may end the lease.
+    pub(crate) fn ending_pending(&self) -> bool {
+        self.status.get() == Status::Ending || self.ending_unanswered.get()
+    }
+
+    /// Waits until no settle or release of this lease is in flight. Bounded:
+    /// an ending call ends by its request timeout.
+    pub(crate) async fn until_not_ending(&self) {
+        while self.status.get() == Status::Ending {
+            super::http::sleep_ms(25.0).await;
         }
     }
 
     /// Settles the item into `state` with `result` (any JSON value) and an
     /// optional error message. On success the lease is over (its signal is NOT
     /// aborted). The local deadline keeps running while the settle is in
-    /// flight.
+    /// flight: past it the signal aborts (`expired_locally`), but a settle the
+    /// server then applies still ends the lease as settled. A heartbeat
+    /// answered `claim_lost` meanwhile (sent before the settle, answered after
+    /// it landed) does not end it: the settle's own answer decides.
     ///
     /// # Errors
     /// `ClaimLostError` without sending anything when the lease is already lost;
@@ -370,9 +390,9 @@ impl LeaseInner {
         }
         let path = item_path(self.item_id, "/settle");
         let answer = self.ending_call(&path, &body).await?;
-        if self.status.get() == Status::Ending {
-            self.status.set(Status::Settled(state));
-        }
+        // The server applied it: settled, even if the local deadline passed
+        // while the call was in flight (the signal then aborted already).
+        self.status.set(Status::Settled(state));
         self.finish(true);
         Ok(answer)
     }
@@ -389,6 +409,9 @@ impl LeaseInner {
         let path = item_path(self.item_id, "/release");
         self.ending_call(&path, &body).await?;
         self.lose(LossReason::Released, "released by this client");
+        // Lost locally (the deadline) while the release was in flight: the
+        // server released it, which is what the status says.
+        self.status.set(Status::Lost(LossReason::Released));
         // Lost locally while the release was in flight: the entry still goes.
         if let Some(c) = self.client.upgrade() {
             c.forget_journal(self.item_id, &self.token);
@@ -442,7 +465,10 @@ impl LeaseInner {
     /// dropped without `close()`. Falls back to a `keepalive` fetch. Ends the
     /// lease locally with reason `released`.
     pub(crate) fn release_beacon(&self, base: &str) {
-        if !self.is_active() {
+        // A settle in flight may land: a release racing it could undo
+        // finished work (the item reopened, the settle refused). If it does
+        // not land, the lease runs out and the journal keeps it for recover().
+        if self.status.get() != Status::Held {
             return;
         }
         let mut url = String::from(base);
