@@ -456,3 +456,16 @@ pub fn from_units(units: &[u16]) -> JsString {
         .map(JsString::from_char_code)
         .fold(JsString::from(""), |acc, s| acc.concat(&s))
 }
+
+/// `v` as a Promise when it is one or a thenable (a Promise of another realm,
+/// a library's `PromiseLike`: anything with a callable `then`, as the
+/// Promises/A+ "thenable" rule and `await` itself treat it), wrapped with
+/// `Promise.resolve`; `None` for any other value.
+pub(crate) fn as_promise(v: &JsValue) -> Option<js_sys::Promise> {
+    if let Some(p) = v.dyn_ref::<js_sys::Promise>() {
+        return Some(p.clone());
+    }
+    let thenable =
+        v.is_object() && js_sys::Reflect::get(v, &"then".into()).is_ok_and(|t| t.is_function());
+    thenable.then(|| js_sys::Promise::resolve(v))
+}

@@ -155,6 +155,69 @@ async fn a_throwing_handler_settles_failed_and_undefined_settles_done_without_re
     assert_eq!((s.done, s.failed, s.lost), (1, 1, 0));
 }
 
+/// A handler may return any thenable, as `await` accepts: a Promise of
+/// another realm (an iframe's) or a library's `PromiseLike`. Each is awaited
+/// before its item is settled, with what it resolves to (or `failed` with
+/// what it rejects with). Before, only a native Promise of this realm was
+/// awaited: the others settled `done` at once, with the thenable itself
+/// (`{}`) as the result, while the work still ran.
+#[wasm_bindgen_test]
+async fn a_handler_returning_a_thenable_is_awaited_before_its_item_is_settled() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("thenable");
+    let kinds = ["thenable", "foreign", "rejects"];
+    let mut ids = Vec::new();
+    for (n, kind) in kinds.iter().enumerate() {
+        ids.push(enqueue(&q, json!({"kind": kind, "n": n})).await);
+    }
+    let h = Function::new_with_args(
+        "lease",
+        r#"
+        const p = lease.item.payload;
+        const later = (f) => setTimeout(f, 100);
+        if (p.kind === "thenable") return { then(ok) { later(() => ok({ n: p.n })); } };
+        if (p.kind === "rejects") return { then(_, no) { later(() => no(new Error("thenable rejected"))); } };
+        const frame = document.body.appendChild(document.createElement("iframe"));
+        const Foreign = frame.contentWindow.Promise;
+        const foreign = new Foreign((ok) => later(() => ok({ n: p.n })));
+        if (foreign instanceof Promise) throw new Error("not another realm's Promise");
+        return foreign;
+        "#,
+    );
+    let w = WorkerInner::start(admin_client(config()), q.clone(), h, options(1), wrap);
+    for id in &ids {
+        wait_item(*id, 20_000.0, |i| {
+            i.state != ItemState::Open && i.state != ItemState::Running
+        })
+        .await;
+    }
+    w.stop().await;
+    let thenable = item(ids[0]).await;
+    assert_eq!(
+        (thenable.state, thenable.result),
+        (ItemState::Done, Some(json!({"n": 0})))
+    );
+    let foreign = item(ids[1]).await;
+    assert_eq!(
+        (foreign.state, foreign.result),
+        (ItemState::Done, Some(json!({"n": 1})))
+    );
+    let rejected = item(ids[2]).await;
+    assert_eq!(rejected.state, ItemState::Failed);
+    assert!(
+        rejected
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("thenable rejected")),
+        "{:?}",
+        rejected.last_error
+    );
+    let s = *w.stats.borrow();
+    assert_eq!((s.done, s.failed, s.lost), (2, 1, 0));
+}
+
 #[wasm_bindgen_test]
 async fn a_lease_lost_during_the_handler_aborts_it_and_its_result_is_never_settled() {
     if server().is_none() {

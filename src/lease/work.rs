@@ -20,7 +20,7 @@ use agentstore_protocol::lease::SettleState;
 use agentstore_protocol::lease_client::{poll_delay_ms, Reconnect};
 use futures::future::{select, Either};
 use js_sys::{Function, Promise};
-use wasm_bindgen::{JsCast, JsValue};
+use wasm_bindgen::JsValue;
 use wasm_bindgen_futures::JsFuture;
 
 use super::claims::Claimed;
@@ -236,10 +236,11 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
     let js_lease = wrap(lease.clone());
     let outcome = match w.handler.call1(&JsValue::UNDEFINED, &js_lease) {
         Err(thrown) => Err(thrown),
-        Ok(v) => match v.dyn_ref::<Promise>() {
+        // A Promise of another realm or a library's thenable is awaited too.
+        Ok(v) => match crate::value::as_promise(&v) {
             None => Ok(v),
             Some(p) => {
-                let run = JsFuture::from(p.clone());
+                let run = JsFuture::from(p);
                 let ended = JsFuture::from(lease.ended.clone());
                 match select(Box::pin(run), Box::pin(ended)).await {
                     Either::Left((r, _)) => r,
@@ -265,9 +266,7 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
     // The handler's own settle or release may still be in flight; its
     // outcome decides what follows. It ends by the lease's local deadline at
     // the latest (no heartbeat renews a lease while it is ending).
-    while lease.status() == Status::Ending {
-        sleep_ms(25.0).await;
-    }
+    lease.until_not_ending().await;
     if lease.status() != Status::Held {
         // The handler ended the lease itself, or it was lost.
         count(w, lease.status());

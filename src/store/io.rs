@@ -19,7 +19,7 @@ use agentstore_protocol::pouch::{
     winning_leaf, DumpSummary, Leaf, LegacyIndexReport, LineKind, BOOKKEEPING_FIELDS,
 };
 use agentstore_protocol::rev::{Current, Rev};
-use js_sys::{Array, Function, JsString, Map, Object, Promise, Reflect};
+use js_sys::{Array, Function, JsString, Map, Object, Reflect};
 use wasm_bindgen::{JsCast, JsValue};
 use web_sys::AbortSignal;
 
@@ -879,7 +879,7 @@ impl Store {
                 Current::Live(r) => Some(r.text()),
                 _ => None,
             };
-            if !(out.has_type::<Promise>() || is_thenable(&out)) {
+            let Some(out) = crate::value::as_promise(&out) else {
                 // A synchronous function ran inside the write transaction:
                 // nothing can change between its read and its write, so this
                 // attempt cannot conflict (only IndexedDB was awaited).
@@ -890,11 +890,11 @@ impl Store {
                     .cas_write(tx, &state, &current, stored, p)
                     .await
                     .map(Some);
-            }
+            };
             // An async function: end the (unwritten) transaction, await it
             // outside, then compare-and-swap against the revision it saw.
             tx.end_read();
-            let out = wasm_bindgen_futures::JsFuture::from(Promise::resolve(&out))
+            let out = wasm_bindgen_futures::JsFuture::from(out)
                 .await
                 .map_err(StoreError::Thrown)?;
             check_abort(signal)?;
@@ -957,10 +957,6 @@ fn mutate_result(id: &JsString, out: JsValue, read_rev: Option<&str>) -> Result<
         }
     }
     Store::prepare(&next).map(Some)
-}
-
-fn is_thenable(v: &JsValue) -> bool {
-    v.is_object() && js_sys::Reflect::get(v, &"then".into()).is_ok_and(|t| t.is_function())
 }
 
 /// Fails with AbortError (carrying `signal.reason`) once `signal` is aborted.
