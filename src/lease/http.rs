@@ -46,6 +46,10 @@ pub struct Answer {
     pub body: JsValue,
     /// `Retry-After` in ms, when present.
     pub retry_after_ms: Option<f64>,
+    /// `Idempotent-Replayed: true`: the server answered a settle or release
+    /// this lease token had already made (its first answer lost) and changed
+    /// nothing.
+    pub replayed: bool,
 }
 
 /// One request to the lease server.
@@ -178,10 +182,17 @@ async fn send_inner(call: &Call<'_>, controller: &AbortController) -> Result<Ans
         .filter(|s| s.is_finite() && *s >= 0.0)
         .map(|s| s * 1000.0);
     if (200..300).contains(&status) {
+        let replayed = resp
+            .headers()
+            .get("Idempotent-Replayed")
+            .ok()
+            .flatten()
+            .is_some_and(|v| v == "true");
         return Ok(Answer {
             status,
             body,
             retry_after_ms,
+            replayed,
         });
     }
     Err(error_from(status, &body, retry_after_ms))

@@ -115,12 +115,18 @@ impl ClientInner {
                 }
             }
             match self.release_token(entry.item_id, &entry.token).await {
-                Ok(()) => {
+                Ok(replayed) => {
                     let _ = self
                         .journal
                         .delete(&self.base, entry.item_id, &entry.token)
                         .await;
-                    report.released.push(entry.item_id);
+                    // A replay: this token had been released already (a
+                    // pagehide beacon, or a release whose answer was lost).
+                    if replayed {
+                        report.lost.push(entry.item_id);
+                    } else {
+                        report.released.push(entry.item_id);
+                    }
                 }
                 // Current on the server and held by another worker: its
                 // context lives elsewhere (or its lease runs out by the TTL).
@@ -143,11 +149,12 @@ impl ClientInner {
         Ok(report)
     }
 
-    /// `POST /v1/items/{id}/release` with `token`.
+    /// `POST /v1/items/{id}/release` with `token`; `true` when the server
+    /// answered it as a replay (this token had been released already).
     ///
     /// # Errors
     /// As [`ClientInner::authed`].
-    pub(crate) async fn release_token(self: &Rc<Self>, item_id: i64, token: &str) -> Result<()> {
+    pub(crate) async fn release_token(self: &Rc<Self>, item_id: i64, token: &str) -> Result<bool> {
         let body = to_js(&TokenRequest {
             token: token.to_owned(),
         });
@@ -160,7 +167,7 @@ impl ClientInner {
             None,
         )
         .await
-        .map(|_| ())
+        .map(|a| a.replayed)
     }
 
     /// Heartbeats a journalled lease; `Some` (heartbeated from now on) if valid.

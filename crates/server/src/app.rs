@@ -55,7 +55,11 @@ pub fn router(config: &Config, state: AppState) -> Result<Router, String> {
         .allow_origin(allow_origin(&config.allow_origin)?)
         .allow_methods([Method::GET, Method::POST])
         .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
-        .expose_headers([header::RETRY_AFTER, REQUEST_ID])
+        .expose_headers([
+            header::RETRY_AFTER,
+            REQUEST_ID,
+            HeaderName::from_static(crate::routes::IDEMPOTENT_REPLAYED),
+        ])
         .max_age(Duration::from_secs(600));
     let metrics = state.metrics.clone();
     let api = routes::router()

@@ -312,7 +312,7 @@ async fn settle(
     caller: Caller,
     Path(id): Path<String>,
     JsonBody(req): JsonBody<SettleRequest>,
-) -> Result<Json<ItemView>, ApiError> {
+) -> Result<Response, ApiError> {
     let id = item_id(&id)?;
     let owner = caller.lease_owner()?;
     let (item, replayed) = st
@@ -329,7 +329,23 @@ async fn settle(
     if !replayed {
         st.metrics.settled(req.state);
     }
-    Ok(Json(item))
+    Ok(replay_marked(Json(item), replayed))
+}
+
+/// The answer header that marks a replayed ending call (a settle or release
+/// this lease token had already made, answered again and changing nothing),
+/// as Stripe's API marks a replayed idempotent request. Exposed to browsers
+/// by CORS.
+pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+
+/// `answer`, with `Idempotent-Replayed: true` when `replayed`.
+fn replay_marked(answer: Json<ItemView>, replayed: bool) -> Response {
+    let mut resp = answer.into_response();
+    if replayed {
+        resp.headers_mut()
+            .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    }
+    resp
 }
 
 /// Release also serves `navigator.sendBeacon`, which cannot set headers: the
@@ -340,17 +356,17 @@ async fn release(
     headers: HeaderMap,
     Path(id): Path<String>,
     JsonBody(req): JsonBody<TokenRequest>,
-) -> Result<Json<ItemView>, ApiError> {
+) -> Result<Response, ApiError> {
     let id = item_id(&id)?;
     let owner = match caller_from(&st, &headers).await? {
         Some(caller) => caller.lease_owner()?,
         None => None,
     };
-    let item = st.store.release(id, &req.token, owner).await?;
-    if item.state == ItemState::Failed {
+    let (item, replayed) = st.store.release_reporting(id, &req.token, owner).await?;
+    if item.state == ItemState::Failed && !replayed {
         st.metrics.retry_limit_failed("release", 1);
     }
-    Ok(Json(item))
+    Ok(replay_marked(Json(item), replayed))
 }
 
 async fn resume(

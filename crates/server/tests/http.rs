@@ -575,11 +575,20 @@ async fn release_accepts_a_beacon_body_without_headers_but_not_a_wrong_bearer() 
         .await
         .unwrap();
     assert_eq!(beacon.status(), StatusCode::OK);
+    assert!(beacon.headers().get("idempotent-replayed").is_none());
     let released: ItemView = beacon.json().await.unwrap();
     assert_eq!((released.state.as_str(), released.attempts), ("open", 1));
     // The beacon sent again (its answer lost): a replay, nothing changes.
     let again = h.http.post(&url).body(body).send().await.unwrap();
     assert_eq!(again.status(), StatusCode::OK);
+    assert_eq!(
+        again
+            .headers()
+            .get("idempotent-replayed")
+            .map(|v| v.as_bytes()),
+        Some(&b"true"[..]),
+        "marked as a replay"
+    );
     let replayed: ItemView = again.json().await.unwrap();
     assert_eq!(replayed, released);
     let other = json!({"token": "0".repeat(48)}).to_string();

@@ -607,6 +607,23 @@ impl Store {
         token: &str,
         owner: Option<i64>,
     ) -> Result<ItemView, StoreError> {
+        self.release_reporting(id, token, owner)
+            .await
+            .map(|(item, _)| item)
+    }
+
+    /// [`Store::release`], also saying whether this was a replay (see
+    /// `released_before`), which changed nothing and must not be counted
+    /// again.
+    ///
+    /// # Errors
+    /// As [`Store::heartbeat`].
+    pub async fn release_reporting(
+        &self,
+        id: i64,
+        token: &str,
+        owner: Option<i64>,
+    ) -> Result<(ItemView, bool), StoreError> {
         let hash = tokens::hash(token);
         let Some((item, stored, holder, now)) = self.read_lease(id).await? else {
             return Err(not_found(id));
@@ -619,7 +636,7 @@ impl Store {
         }
         if let Err(code) = item.apply(LeaseEvent::Release, current, now, self.settings.ttl_ms) {
             return match self.released_before(id, &hash, owner).await? {
-                Some(item) => Ok(item),
+                Some(item) => Ok((item, true)),
                 None => Err(rejection(code, id)),
             };
         }
@@ -648,9 +665,9 @@ impl Store {
             .fetch_optional(&self.pool)
             .await?;
         match row {
-            Some(row) => item_from_row(&row),
+            Some(row) => Ok((item_from_row(&row)?, false)),
             None => match self.released_before(id, &hash, owner).await? {
-                Some(item) => Ok(item),
+                Some(item) => Ok((item, true)),
                 None => Err(self.classify(id, &hash, owner).await),
             },
         }

@@ -335,6 +335,15 @@ pub async fn a_scrape_counts_exactly_what_a_scripted_workload_did(db: TestDb) {
         (s, body["state"].as_str(), body["last_error"].as_str()),
         (200, Some("failed"), Some("retry_limit"))
     );
+    // The same release again (its answer lost): a replay, counted once.
+    let (s, again) = api
+        .status(
+            &format!("/v1/items/{f}/release"),
+            tok,
+            json!({"token": cf.lease.token}),
+        )
+        .await;
+    assert_eq!((s, again["state"].as_str()), (200, Some("failed")));
     // G stays running (one lease held), H stays open.
     let g = api.enqueue(None).await;
     api.enqueue(None).await;
