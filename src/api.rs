@@ -3,7 +3,7 @@
 //! into JS `Error`s. Every method returns a Promise and never panics.
 
 use crate::error::{set, StoreError};
-use crate::options::{opt, opt_fn, opt_num, opt_signal, string_arg};
+use crate::options::{opt, opt_bool, opt_fn, opt_num, opt_signal, string_arg};
 use crate::store::{
     index::verification_js, ByQuery, ImportOptions, ListQuery, Store, Watcher, Written,
     DEFAULT_BATCH, MAX_IMPORT_BATCH,
@@ -212,19 +212,17 @@ fn name_and_timeout(name: &JsValue, options: &JsValue) -> Result<(String, u32), 
     if !options.is_undefined() && !options.is_null() && !options.is_object() {
         return Err(StoreError::validation("options must be an object"));
     }
-    let timeout = match opt(options, "blockedTimeoutMs") {
-        v if v.is_undefined() => 5000,
-        v => match v.as_f64() {
-            // Browsers run a timer longer than 2^31 - 1 ms (HTML's timer
-            // limit, ~24.8 days) at once, so the open would fail at once.
-            Some(ms) if (0.0..=2_147_483_647.0).contains(&ms) => ms as u32,
-            _ => {
-                return Err(StoreError::validation(
-                    "blockedTimeoutMs must be a number of ms in [0, 2147483647]",
-                ))
-            }
-        },
-    };
+    // Browsers run a timer longer than 2^31 - 1 ms (HTML's timer limit,
+    // ~24.8 days) at once, so the open would fail at once.
+    let timeout = opt_num(
+        options,
+        "blockedTimeoutMs",
+        0,
+        2_147_483_647,
+        "an integer number of ms in [0, 2147483647]",
+    )
+    .map_err(StoreError::validation)?
+    .map_or(5000, |ms| ms as u32);
     Ok((name, timeout))
 }
 
@@ -341,6 +339,16 @@ impl AgentStore {
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
+            // Listing options mean nothing to a count: refused, not ignored
+            // (`count({prefix, after})` would count the whole prefix).
+            for k in ["after", "limit", "descending"] {
+                let v = opt(&options, k);
+                if !v.is_undefined() && !v.is_null() {
+                    return Err(StoreError::validation(
+                        ["count takes only prefix and type: ", k, " is a list option"].concat(),
+                    ));
+                }
+            }
             let q = ListQuery::from_js(&options)?;
             Ok(s.count(&q.prefix, q.record_type.as_ref()).await?.into())
         })
@@ -439,17 +447,8 @@ impl AgentStore {
             let f: Function = f
                 .dyn_into()
                 .map_err(|_| StoreError::validation("mutate(id, fn): fn must be a function"))?;
-            let retries = match opt(&options, "retries") {
-                v if v.is_undefined() => 8,
-                v => match v.as_f64() {
-                    Some(n) if (0.0..=1000.0).contains(&n) && n.fract() == 0.0 => n as u32,
-                    _ => {
-                        return Err(StoreError::validation(
-                            "retries must be an integer in 0..=1000",
-                        ))
-                    }
-                },
-            };
+            let retries = opt_num(&options, "retries", 0, 1000, "an integer in [0, 1000]")?
+                .map_or(8, |n| n as u32);
             let signal = opt_signal(&options)?;
             Ok(match s.mutate(&id, &f, retries, signal.as_ref()).await? {
                 Some(w) => written_js(&w),
@@ -525,7 +524,7 @@ impl AgentStore {
                 .map_or(500, |n| n as u32);
             let cb = opt_fn(&options, "onProgress")?;
             let signal = opt_signal(&options)?;
-            let restart = opt(&options, "restart").as_bool().unwrap_or(true);
+            let restart = opt_bool(&options, "restart")?.unwrap_or(true);
             Ok(
                 s.rebuild_indexes(batch, restart, cb.as_ref(), signal.as_ref())
                     .await?

@@ -36,14 +36,28 @@ pub(crate) fn opt(options: &JsValue, key: &str) -> JsValue {
     }
 }
 
+/// An options argument is `undefined`, `null` or an object: anything else
+/// (a string, a number, a function) is refused instead of read as "no
+/// options" (`rebuildIndexes("restart")` would otherwise run a restart).
+/// `what` names the argument in the message.
+pub(crate) fn check_object(options: &JsValue, what: &str) -> Result<(), String> {
+    if options.is_undefined() || options.is_null() || options.is_object() {
+        Ok(())
+    } else {
+        Err([what, " must be an object"].concat())
+    }
+}
+
 /// `options[key]` when given (not `undefined`/`null`), converted by `f`, or
-/// an error saying it must be `what`.
+/// an error saying it must be `what`. Options that are not an object are
+/// refused (see [`check_object`]).
 fn given<T>(
     options: &JsValue,
     key: &str,
     what: &str,
     f: impl FnOnce(JsValue) -> Option<T>,
 ) -> Result<Option<T>, String> {
+    check_object(options, "options")?;
     let v = opt(options, key);
     if v.is_undefined() || v.is_null() {
         return Ok(None);
@@ -58,8 +72,8 @@ pub(crate) fn opt_str(options: &JsValue, key: &str) -> Result<Option<String>, St
     given(options, key, "a string", |v| v.as_string())
 }
 
-/// An optional boolean option.
-#[cfg_attr(not(feature = "lease"), allow(dead_code))]
+/// An optional boolean option (a string such as `"false"` or a number is
+/// refused, not coerced).
 pub(crate) fn opt_bool(options: &JsValue, key: &str) -> Result<Option<bool>, String> {
     given(options, key, "a boolean", |v| v.as_bool())
 }

@@ -240,6 +240,28 @@ async fn mutate_returning_undefined_writes_nothing_and_a_thrown_error_passes_thr
         .await
         .unwrap_err();
     assert_eq!(e.code(), ErrorCode::Aborted);
+    // A signal aborted while the function runs: the same AbortError and
+    // nothing written, whether the function is synchronous or async (before,
+    // a synchronous one's result was committed).
+    for body in [
+        "globalThis.__ctl.abort(); return {...cur, v: 3};",
+        "globalThis.__ctl.abort(); return Promise.resolve({...cur, v: 3});",
+    ] {
+        let ctl = web_sys::AbortController::new().unwrap();
+        js_sys::Reflect::set(&js_sys::global(), &"__ctl".into(), &ctl).unwrap();
+        let f = js_sys::Function::new_with_args("cur", body);
+        let e = store
+            .mutate(&s("u"), &f, 8, Some(&ctl.signal()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Aborted, "{body}");
+        let got = store.get(&s("u")).await.unwrap().unwrap();
+        assert_eq!(
+            field_str(&got, "_rev").as_deref(),
+            Some(rev.as_str()),
+            "{body}"
+        );
+    }
     // mutate creates when nothing is stored
     let mk = js_sys::Function::new_with_args("cur", "return cur ? undefined : {v: 'new'};");
     let w = store

@@ -138,6 +138,29 @@ async fn single_writes_failing_at_any_request_leave_nothing_visible() {
         store.inject_request_fault(0, kind);
         assert!(store.delete(&s("old"), &s(&old)).await.is_err());
         assert_eq!(visible(&store).await, before, "delete: {kind:?}");
+        // deleteMany (a tombstone put per id). Before, its transaction did not
+        // take the hook, so it went untested and the armed fault hit the
+        // next unrelated write.
+        for n in 0..2 {
+            let (store, old, _) = seeded("fault-delete-many").await;
+            let other = store
+                .put(&js(json!({"_id": "other", "recordType": "run"})))
+                .await
+                .unwrap()
+                .rev;
+            let before = visible(&store).await;
+            store.inject_request_fault(n, kind);
+            let items = js(json!([{"id": "old", "rev": old}, {"id": "other", "rev": other}]));
+            assert!(
+                store.delete_many(&items).await.is_err(),
+                "deleteMany: {kind:?} at {n}"
+            );
+            assert_eq!(visible(&store).await, before, "deleteMany: {kind:?} at {n}");
+            store
+                .put(&js(json!({"_id": "after"})))
+                .await
+                .expect("the hook was spent");
+        }
         // mutate with a synchronous function
         let (store, _, _) = seeded("fault-mutate").await;
         let before = visible(&store).await;

@@ -214,6 +214,47 @@ async fn verify_reports_corruption_exactly_and_rebuild_restores_identical_entrie
     assert_indexes_clean(&store).await;
 }
 
+/// `rebuildIndexes` treats its signal and its callback as the imports do: a
+/// signal aborted before the call changes nothing (before, the restart
+/// dropped every entry first and the call then failed, leaving the index to
+/// be served by full scans), and a throwing `onProgress` ends the call with
+/// what it threw (before, the throw was swallowed and the rebuild ran on);
+/// the committed batches stay, so a later call resumes.
+#[wasm_bindgen_test]
+async fn an_aborted_signal_or_a_throwing_callback_stops_a_rebuild_like_an_import() {
+    let (store, _) = open("idx-stop").await;
+    let recs: Vec<Value> = (0..100u32)
+        .map(|i| json!({"_id": format!("s{i:03}"), "recordType": "run", "updatedAt": at(i)}))
+        .collect();
+    store.put_many(&js(Value::Array(recs))).await.unwrap();
+    assert!(store.indexes_ready().await.unwrap());
+    let before = store.dump_entries().await.unwrap();
+    let ctl = web_sys::AbortController::new().unwrap();
+    ctl.abort();
+    for restart in [true, false] {
+        let e = store
+            .rebuild_indexes(10, restart, None, Some(&ctl.signal()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Aborted, "restart {restart}");
+        assert!(store.indexes_ready().await.unwrap(), "still active");
+        assert_eq!(store.dump_entries().await.unwrap(), before, "untouched");
+    }
+    let throws =
+        js_sys::Function::new_with_args("done, total", "throw new Error('stop at ' + done)");
+    let e = store
+        .rebuild_indexes(10, true, Some(&throws), None)
+        .await
+        .unwrap_err();
+    let thrown = e.to_js();
+    assert_eq!(field_str(&thrown, "message").as_deref(), Some("stop at 10"));
+    assert!(!store.indexes_ready().await.unwrap(), "stopped mid-way");
+    let n = store.rebuild_indexes(10, false, None, None).await.unwrap();
+    assert_eq!(n, 100);
+    assert_eq!(store.dump_entries().await.unwrap(), before);
+    assert_indexes_clean(&store).await;
+}
+
 /// A rebuild cancelled half-way keeps its checkpoint; reads stay right while
 /// it is incomplete; a resumed rebuild finishes clean.
 #[wasm_bindgen_test]

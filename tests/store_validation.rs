@@ -464,3 +464,108 @@ async fn a_fractional_count_option_is_refused_not_truncated() {
     let close: js_sys::Function = field(&opened, "close").unchecked_into();
     close.call0(&opened).unwrap();
 }
+
+/// Every options argument of the store is read one way: options that are
+/// not an object, a boolean given as a string or a number, a fraction where
+/// a count goes, and listing options given to `count` are ValidationErrors,
+/// never read as "no options", coerced or ignored. (Before:
+/// `rebuildIndexes({restart: "false"})` ran a restart, `list({descending:
+/// "true"})` listed ascending, `listBy("byType", {range: "run"})` returned the
+/// whole index, `count({prefix, after})` counted the whole prefix, and
+/// `open(name, {blockedTimeoutMs: 1.5})` truncated.) `null` stays "not given".
+#[wasm_bindgen_test]
+async fn options_are_checked_one_way_never_coerced_or_ignored() {
+    let name = fresh_name("options");
+    let opts = js(json!({"indexes": [{"name": "byType", "keys": ["recordType", "updatedAt"]}]}));
+    let opened = wasm_bindgen_futures::JsFuture::from(agentstore::AgentStore::open(s(&name), opts))
+        .await
+        .unwrap();
+    let call = |method: &str, args: Vec<JsValue>| {
+        let f: js_sys::Function = field(&opened, method).unchecked_into();
+        let args: js_sys::Array = args.iter().collect();
+        let p: js_sys::Promise = f.apply(&opened, &args).unwrap().unchecked_into();
+        wasm_bindgen_futures::JsFuture::from(p)
+    };
+    call("put", vec![js(json!({"_id": "a", "recordType": "run"}))])
+        .await
+        .unwrap();
+    let id_fn = eval("(r) => r");
+    let refused: Vec<(&str, Vec<JsValue>)> = vec![
+        ("rebuildIndexes", vec![s("restart")]),
+        ("rebuildIndexes", vec![js(json!({"restart": "false"}))]),
+        ("rebuildIndexes", vec![js(json!({"restart": 0}))]),
+        ("list", vec![js(json!({"descending": "true"}))]),
+        ("listBy", vec![s("byType"), s("run")]),
+        ("listBy", vec![s("byType"), js(json!({"range": "run"}))]),
+        (
+            "listBy",
+            vec![s("byType"), js(json!({"range": ["a", "b"]}))],
+        ),
+        (
+            "listBy",
+            vec![s("byType"), js(json!({"range": {"lowerOpen": "yes"}}))],
+        ),
+        (
+            "listBy",
+            vec![s("byType"), js(json!({"eq": "run", "descending": 1}))],
+        ),
+        ("count", vec![js(json!({"prefix": "a", "after": "x"}))]),
+        ("count", vec![js(json!({"limit": 5}))]),
+        ("count", vec![js(json!({"descending": true}))]),
+        (
+            "mutate",
+            vec![s("a"), id_fn.clone(), js(json!({"retries": 1.5}))],
+        ),
+        ("mutate", vec![s("a"), id_fn.clone(), s("retries")]),
+        ("exportSnapshot", vec![s("batchSize")]),
+    ];
+    for (method, args) in refused {
+        let shown = format!(
+            "{method}({:?})",
+            args.iter()
+                .map(|a| js_sys::JSON::stringify(a).ok().and_then(|s| s.as_string()))
+                .collect::<Vec<_>>()
+        );
+        let e = call(method, args).await.expect_err(&shown);
+        assert_eq!(
+            field_str(&e, "code").as_deref(),
+            Some("validation"),
+            "{shown}"
+        );
+        assert_eq!(
+            field_str(&e, "name").as_deref(),
+            Some("ValidationError"),
+            "{shown}"
+        );
+    }
+    // `null` is "not given"; real booleans and counts work.
+    call("mutate", vec![s("a"), id_fn, js(json!({"retries": null}))])
+        .await
+        .expect("retries: null is the default");
+    let n = call("count", vec![js(json!({"prefix": "a", "type": "run"}))])
+        .await
+        .unwrap();
+    assert_eq!(n.as_f64(), Some(1.0));
+    let page = call("list", vec![js(json!({"descending": true}))])
+        .await
+        .unwrap();
+    assert_eq!(js_sys::Array::from(&field(&page, "records")).length(), 1);
+    for bad in [
+        json!({"blockedTimeoutMs": 1.5}),
+        json!({"blockedTimeoutMs": "5"}),
+    ] {
+        let e = wasm_bindgen_futures::JsFuture::from(agentstore::AgentStore::open(
+            s(&fresh_name("options-open")),
+            js(bad.clone()),
+        ))
+        .await
+        .expect_err("refused");
+        assert_eq!(
+            field_str(&e, "code").as_deref(),
+            Some("validation"),
+            "{bad}"
+        );
+    }
+    let close: js_sys::Function = field(&opened, "close").unchecked_into();
+    close.call0(&opened).unwrap();
+}

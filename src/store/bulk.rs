@@ -9,9 +9,7 @@
 
 use super::db::TransactionMode;
 use super::db::{request_promise, BY_TYPE, RECORDS, TOMBSTONES};
-use super::{
-    check_id_value, read_many, tombstone, tombstone_digest, tombstone_rev, Store, WRITE_SCOPE,
-};
+use super::{check_id_value, read_many, tombstone, tombstone_digest, tombstone_rev, Store};
 use crate::error::{BatchFailure, Result, StoreError};
 use agentstore_protocol::keys::page_range;
 use agentstore_protocol::record::MAX_BATCH;
@@ -201,7 +199,7 @@ impl Store {
         if dels.is_empty() {
             return Ok(Vec::new());
         }
-        let tx = self.db.tx(&WRITE_SCOPE, TransactionMode::ReadWrite)?;
+        let tx = self.write_tx()?;
         let (currents, indexes) = self
             .with_indexes(&tx, read_many(&tx, dels.iter().map(|d| &d.id)))
             .await?;
@@ -258,7 +256,7 @@ impl Store {
     /// TransactionError / QuotaExceededError / ClosedError.
     pub async fn purge_tombstones(&self, older_than_ms: f64) -> Result<u32> {
         let cutoff = js_sys::Date::now() - older_than_ms;
-        let tx = self.db.tx(&[TOMBSTONES], TransactionMode::ReadWrite)?;
+        let tx = self.write_tx_in(&[TOMBSTONES])?;
         let store: web_sys::IdbObjectStore = tx.store(TOMBSTONES)?.into();
         let all: Array = settle(&dom(store.get_all())?).await?.unchecked_into();
         let mut purged = 0;

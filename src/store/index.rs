@@ -374,6 +374,7 @@ impl ByQuery {
     /// # Errors
     /// ValidationError for more than one condition, wrong types, bad limit or cursor.
     pub fn from_js(o: &JsValue) -> Result<ByQuery> {
+        crate::options::check_object(o, "listBy options").map_err(StoreError::validation)?;
         let get = |k: &str| {
             if o.is_object() {
                 Reflect::get(o, &k.into()).unwrap_or(JsValue::UNDEFINED)
@@ -415,6 +416,11 @@ impl ByQuery {
                 .ok_or_else(|| StoreError::validation("prefix must be a string"))?;
             Condition::Prefix(value::units(s))
         } else if given(&range) {
+            if !range.is_object() || value::is_array(&range)? {
+                return Err(StoreError::validation(
+                    "range must be an object {lower?, upper?, lowerOpen?, upperOpen?}",
+                ));
+            }
             let rget = |k: &str| Reflect::get(&range, &k.into()).unwrap_or(JsValue::UNDEFINED);
             let opt = |k: &str| -> Result<Option<KeyPart>> {
                 let v = rget(k);
@@ -427,8 +433,12 @@ impl ByQuery {
             Condition::Range {
                 lower: opt("lower")?,
                 upper: opt("upper")?,
-                lower_open: rget("lowerOpen").as_bool().unwrap_or(false),
-                upper_open: rget("upperOpen").as_bool().unwrap_or(false),
+                lower_open: crate::options::opt_bool(&range, "lowerOpen")
+                    .map_err(StoreError::validation)?
+                    .unwrap_or(false),
+                upper_open: crate::options::opt_bool(&range, "upperOpen")
+                    .map_err(StoreError::validation)?
+                    .unwrap_or(false),
             }
         } else {
             Condition::All
@@ -455,7 +465,9 @@ impl ByQuery {
             cond,
             limit,
             after,
-            descending: get("descending").as_bool().unwrap_or(false),
+            descending: crate::options::opt_bool(o, "descending")
+                .map_err(StoreError::validation)?
+                .unwrap_or(false),
         })
     }
 }
@@ -632,6 +644,8 @@ impl Store {
         signal: Option<&web_sys::AbortSignal>,
     ) -> Result<u32> {
         let tags: Vec<String> = self.indexes.iter().map(IndexDef::tag).collect();
+        // Aborted already: nothing is restarted (a restart drops entries).
+        super::io::check_abort(signal)?;
         // Start the tags that are neither active nor building (all with `restart`).
         let tx = self.db.tx(&[META, DERIVED], TransactionMode::ReadWrite)?;
         let (gen, mut state) = read_state(&tx).await?;
@@ -766,12 +780,15 @@ impl Store {
                 }
             }
             tx.commit().await?;
+            // A throwing callback ends the call with what it threw, as in
+            // the imports; the batch is committed, so a later call resumes.
             if let Some(cb) = on_progress {
-                let _ = cb.call2(
+                cb.call2(
                     &JsValue::NULL,
                     &JsValue::from(next.done),
                     &JsValue::from(total.max(next.done)),
-                );
+                )
+                .map_err(StoreError::Thrown)?;
             }
             if finished {
                 return Ok(next.done);

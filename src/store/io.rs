@@ -366,11 +366,16 @@ fn strip_bookkeeping(doc: &JsValue) {
 }
 
 /// One snapshot line after the header: `(id, rev, deleted, value)`.
-fn snapshot_row(line: &JsString, n: usize) -> Result<(JsString, Rev, bool, JsValue)> {
+fn snapshot_row(line: &JsString, n: usize) -> Result<Option<(JsString, Rev, bool, JsValue)>> {
     const WHAT: &str = "snapshot";
     let v = json_parse(line).map_err(|_| line_error(WHAT, n, "not JSON"))?;
     if !v.is_object() || Array::is_array(&v) {
         return Err(line_error(WHAT, n, "expected a JSON object"));
+    }
+    // The header of a second export appended to the first (`cat a b`):
+    // skipped, so joined exports import as one.
+    if get(&v, "_id").is_undefined() && is_snapshot_header(&v) {
+        return Ok(None);
     }
     let id =
         super::check_id_value(&get(&v, "_id")).map_err(|e| line_error(WHAT, n, &e.message()))?;
@@ -382,7 +387,12 @@ fn snapshot_row(line: &JsString, n: usize) -> Result<(JsString, Rev, bool, JsVal
     if !deleted {
         check_body(&v, WHAT, n)?;
     }
-    Ok((id, rev, deleted, v))
+    Ok(Some((id, rev, deleted, v)))
+}
+
+/// `{"agentstore": "snapshot", …}`: a snapshot's header line.
+fn is_snapshot_header(v: &JsValue) -> bool {
+    get(v, "agentstore").as_string().as_deref() == Some("snapshot")
 }
 
 impl Store {
@@ -694,7 +704,7 @@ impl Store {
         while let Some((n, line)) = next_line(&mut lines).await? {
             if !header {
                 let v = json_parse(&line).map_err(|_| line_error("snapshot", n, "not JSON"))?;
-                if get(&v, "agentstore").as_string().as_deref() != Some("snapshot") {
+                if !is_snapshot_header(&v) {
                     return Err(line_error(
                         "snapshot",
                         n,
@@ -704,7 +714,9 @@ impl Store {
                 header = true;
                 continue;
             }
-            let (id, rev, _, _) = snapshot_row(&line, n)?;
+            let Some((id, rev, _, _)) = snapshot_row(&line, n)? else {
+                continue;
+            };
             let key = JsValue::from(id);
             let held = match winners.get(&key).as_string() {
                 Some(s) => Some(Rev::parse(&s).map_err(|e| StoreError::Transaction(e.0))?),
@@ -882,7 +894,9 @@ impl Store {
             let Some(out) = crate::value::as_promise(&out) else {
                 // A synchronous function ran inside the write transaction:
                 // nothing can change between its read and its write, so this
-                // attempt cannot conflict (only IndexedDB was awaited).
+                // attempt cannot conflict (only IndexedDB was awaited). The
+                // signal is checked after it, as after an async one.
+                check_abort(signal)?;
                 let Some(p) = mutate_result(&id, out, live_rev.as_deref())? else {
                     return Ok(None);
                 };

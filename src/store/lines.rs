@@ -31,6 +31,8 @@ extern "C" {
     fn new(body: &JsValue) -> std::result::Result<JsResponse, JsValue>;
     #[wasm_bindgen(method, catch, js_class = "Response")]
     fn blob(this: &JsResponse) -> std::result::Result<Promise, JsValue>;
+    #[wasm_bindgen(method, getter, js_class = "Response", js_name = bodyUsed)]
+    fn body_used(this: &JsResponse) -> bool;
 
     #[wasm_bindgen(js_name = ReadableStream)]
     type JsReadableStream;
@@ -79,16 +81,11 @@ impl Source {
         } else {
             return Err(StoreError::validation(what));
         };
-        let promise = response
-            .blob()
-            .map_err(|_| StoreError::validation("the Response body cannot be read"))?;
-        let blob = JsFuture::from(promise).await.map_err(|e| {
-            if e.is_instance_of::<js_sys::TypeError>() {
-                StoreError::validation("the Response body was already read or is not readable")
-            } else {
-                StoreError::Thrown(e)
-            }
-        })?;
+        if response.body_used() {
+            return Err(StoreError::validation("the Response body was already read"));
+        }
+        let promise = response.blob().map_err(|e| unreadable(&e))?;
+        let blob = JsFuture::from(promise).await.map_err(|e| unreadable(&e))?;
         Ok(Source::Blob(blob.unchecked_into()))
     }
 
@@ -157,7 +154,7 @@ impl Lines {
             };
             let step = JsFuture::from(reader.read())
                 .await
-                .map_err(StoreError::Thrown)?;
+                .map_err(|e| unreadable(&e))?;
             if Reflect::get(&step, &"done".into()).is_ok_and(|d| d.is_truthy()) {
                 self.reader = None;
             } else {
@@ -180,4 +177,26 @@ impl Lines {
         self.carry = Array::new();
         line
     }
+}
+
+/// The import source failed while it was read (a fetch aborted or cut off
+/// mid-body, a `File` that became unreadable, a stream that errored): an
+/// AbortError when it was aborted, else a ValidationError naming what the
+/// platform said. Either way a real `Error` with the SDK's `code`.
+fn unreadable(e: &JsValue) -> StoreError {
+    let name = crate::error::get_str(e, "name").unwrap_or_default();
+    if name == "AbortError" {
+        return StoreError::Aborted(e.clone());
+    }
+    let message = crate::error::get_str(e, "message").unwrap_or_default();
+    StoreError::validation(
+        [
+            "the import source could not be read (",
+            &name,
+            ": ",
+            &message,
+            ")",
+        ]
+        .concat(),
+    )
 }

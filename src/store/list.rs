@@ -81,7 +81,9 @@ impl ListQuery {
                 Some(decode_cursor(&s).map_err(StoreError::validation)?)
             }
         };
-        let descending = get("descending").as_bool().unwrap_or(false);
+        let descending = crate::options::opt_bool(options, "descending")
+            .map_err(StoreError::validation)?
+            .unwrap_or(false);
         Ok(ListQuery {
             prefix,
             record_type,

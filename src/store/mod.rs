@@ -189,7 +189,13 @@ impl Store {
 
     /// Starts a readwrite transaction over every store a write touches.
     pub(crate) fn write_tx(&self) -> Result<Tx> {
-        let tx = self.db.tx(&WRITE_SCOPE, TransactionMode::ReadWrite)?;
+        self.write_tx_in(&WRITE_SCOPE)
+    }
+
+    /// Starts a readwrite transaction over `scope`. Every write of the store
+    /// starts here, so the test hooks reach each one.
+    pub(crate) fn write_tx_in(&self, scope: &[&str]) -> Result<Tx> {
+        let tx = self.db.tx(scope, TransactionMode::ReadWrite)?;
         #[cfg(feature = "test-hooks")]
         if let Some((n, kind)) = self.fault_request_next.take() {
             tx.inject_fault(n, kind);
