@@ -363,10 +363,18 @@ async fn release(
         None => None,
     };
     let (item, replayed) = st.store.release_reporting(id, &req.token, owner).await?;
-    if item.state == ItemState::Failed && !replayed {
+    if replayed {
+        // Only that it was released: the item may have moved on (claimed,
+        // settled by another worker), and a released token is no read key.
+        let mut resp = Json(serde_json::json!({"id": id, "replayed": true})).into_response();
+        resp.headers_mut()
+            .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+        return Ok(resp);
+    }
+    if item.state == ItemState::Failed {
         st.metrics.retry_limit_failed("release", 1);
     }
-    Ok(replay_marked(Json(item), replayed))
+    Ok(Json(item).into_response())
 }
 
 async fn resume(

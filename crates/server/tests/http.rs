@@ -589,8 +589,9 @@ async fn release_accepts_a_beacon_body_without_headers_but_not_a_wrong_bearer() 
         Some(&b"true"[..]),
         "marked as a replay"
     );
-    let replayed: ItemView = again.json().await.unwrap();
-    assert_eq!(replayed, released);
+    // Only that it was released: a released token reads nothing of the item.
+    let replayed: Value = again.json().await.unwrap();
+    assert_eq!(replayed, json!({"id": item.id, "replayed": true}));
     let other = json!({"token": "0".repeat(48)}).to_string();
     let wrong_token = h.http.post(&url).body(other).send().await.unwrap();
     expect_error(wrong_token, ErrorCode::ClaimLost).await;

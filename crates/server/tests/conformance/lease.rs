@@ -787,12 +787,6 @@ pub async fn concurrent_claims_and_settles_each_keep_their_own_outcome(db: TestD
     }
 }
 
-/// A settle whose answer was lost is sent again by its lease: the server
-/// answers it with the item as the first settle left it (result, error) and
-/// writes nothing. Only the same token settling into the same state is a
-/// replay; anything else stays `claim_lost`, including the same token after
-/// the reaper failed the item at its retry cap (not this lease's settle) and
-/// after the item was claimed and settled again by another lease.
 /// A release whose answer was lost is sent again by the same lease: the
 /// server answers it with the item as it is now and changes nothing (no second
 /// attempt counted), even once the item was claimed again; only the holder
@@ -884,6 +878,12 @@ pub async fn a_release_sent_again_by_its_lease_is_answered_and_changes_nothing(d
     );
 }
 
+/// A settle whose answer was lost is sent again by its lease: the server
+/// answers it with the item as the first settle left it (result, error) and
+/// writes nothing. Only the same token settling into the same state is a
+/// replay; anything else stays `claim_lost`, including the same token after
+/// the reaper failed the item at its retry cap (not this lease's settle) and
+/// after the item was claimed and settled again by another lease.
 pub async fn a_settle_sent_again_by_its_lease_is_answered_and_changes_nothing(db: TestDb) {
     let store = db.store(ttl(LONG)).await;
     let item = store.enqueue("q", &json!(1), None).await.unwrap();

@@ -343,7 +343,7 @@ pub async fn a_scrape_counts_exactly_what_a_scripted_workload_did(db: TestDb) {
             json!({"token": cf.lease.token}),
         )
         .await;
-    assert_eq!((s, again["state"].as_str()), (200, Some("failed")));
+    assert_eq!((s, again["replayed"].as_bool()), (200, Some(true)));
     // G stays running (one lease held), H stays open.
     let g = api.enqueue(None).await;
     api.enqueue(None).await;
