@@ -23,9 +23,11 @@
 //                           settle ANSWERS are held back 3 × <ms>: a heartbeat sent
 //                           just before a settle reaches the server after it, and
 //                           its answer reaches the page before the settle's
-//   /_held/<mode>            {"held": n}: how many requests or answers of that mode
-//                           are held back right now (a test waits for a count
-//                           instead of sleeping)
+//   /_held/<mode>            {"held": n, "raced": r}: how many requests or answers of
+//                           that mode are held back right now (a test waits for a
+//                           count instead of sleeping), and (late-heartbeats) how
+//                           many heartbeats reached the server while a settle's
+//                           answer was held: the race the mode is for happened
 //   anything else            passed through
 //
 // Usage: node scripts/delay-proxy.mjs --target http://127.0.0.1:18787 [--listen 127.0.0.1:0] [--delay-ms 4500]
@@ -41,6 +43,8 @@ const delayMs = Number(args['delay-ms'] ?? 4500);
 const dropping = new Map(); // nonce -> when the first request came (ms)
 const held = new Map(); // mode -> answers held back now (counted from the request's arrival)
 const stopped = new Set(); // nonces of drop-*-answers-<n> that pass again
+const settling = new Map(); // mode -> settle answers held back now (late-heartbeats)
+const raced = new Map(); // mode -> heartbeats forwarded while a settle answer was held
 
 const isClaim = (path) => /^\/v1\/queues\/[^/]+\/claims$/.test(path);
 const isHeartbeat = (path) => path === '/v1/heartbeats' || /^\/v1\/items\/\d+\/heartbeat$/.test(path);
@@ -49,7 +53,7 @@ const server = http.createServer((req, res) => {
   if ((req.url ?? '').startsWith('/_held/')) {
     const mode = decodeURIComponent(req.url.slice('/_held/'.length));
     res.writeHead(200, { 'content-type': 'application/json', 'access-control-allow-origin': '*' });
-    res.end(JSON.stringify({ held: held.get(mode) ?? 0 }));
+    res.end(JSON.stringify({ held: held.get(mode) ?? 0, raced: raced.get(mode) ?? 0 }));
     return;
   }
   if ((req.url ?? '').startsWith('/_stop/')) {
@@ -88,10 +92,19 @@ const server = http.createServer((req, res) => {
     : late?.[1] === 'late-heartbeats' && req.method === 'POST' && isSettle
       ? 3 * lateMs
       : 0;
-  const done = () => hold > 0 && held.set(mode, held.get(mode) - 1);
+  const settleHold = late?.[1] === 'late-heartbeats' && hold > 0;
+  let settleCounted = false;
+  const done = () => {
+    if (hold > 0) held.set(mode, held.get(mode) - 1);
+    if (settleCounted) settling.set(mode, settling.get(mode) - 1);
+    settleCounted = false;
+  };
   if (hold > 0 || wait > 0) held.set(mode, (held.get(mode) ?? 0) + 1);
   const forward = () => {
-    if (wait > 0) held.set(mode, held.get(mode) - 1);
+    if (wait > 0) {
+      held.set(mode, held.get(mode) - 1);
+      if ((settling.get(mode) ?? 0) > 0) raced.set(mode, (raced.get(mode) ?? 0) + 1);
+    }
     const up = http.request(
       { host: target.hostname, port: target.port, method: req.method, path, headers: req.headers },
       (answer) => {
@@ -101,6 +114,11 @@ const server = http.createServer((req, res) => {
           if (cut) {
             req.socket.destroy();
             return;
+          }
+          // The server has applied the settle; its answer is held from now.
+          if (settleHold) {
+            settling.set(mode, (settling.get(mode) ?? 0) + 1);
+            settleCounted = true;
           }
           setTimeout(() => {
             res.writeHead(answer.statusCode ?? 502, answer.headers);

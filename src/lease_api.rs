@@ -486,7 +486,10 @@ impl Lease {
         #[wasm_bindgen(unchecked_optional_param_type = "SettleOptions")] options: JsValue,
     ) -> Promise {
         let inner = self.inner.clone();
-        run(async move {
+        // Read and recorded synchronously: a handler that calls settle()
+        // and returns without awaiting it has asked for this ending by the
+        // time work() looks (the request itself starts in a microtask).
+        let asked = (|| {
             let state = state
                 .as_string()
                 .and_then(|s| ItemState::parse(&s))
@@ -519,6 +522,11 @@ impl Lease {
                 result.clone(),
                 error.clone(),
             ));
+            Ok((state, result, error))
+        })();
+        let inner = self.inner.clone();
+        run(async move {
+            let (state, result, error) = asked?;
             inner.settle(state, result, error).await
         })
     }
@@ -527,8 +535,8 @@ impl Lease {
     #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
     pub fn release(&self) -> Promise {
         let inner = self.inner.clone();
+        *inner.asked.borrow_mut() = Some(crate::lease::lease::Ending::Release);
         run(async move {
-            *inner.asked.borrow_mut() = Some(crate::lease::lease::Ending::Release);
             inner.release().await?;
             Ok(JsValue::UNDEFINED)
         })

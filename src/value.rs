@@ -465,7 +465,7 @@ pub(crate) fn as_promise(v: &JsValue) -> Option<js_sys::Promise> {
     if let Some(p) = v.dyn_ref::<js_sys::Promise>() {
         return Some(p.clone());
     }
-    let thenable =
-        v.is_object() && js_sys::Reflect::get(v, &"then".into()).is_ok_and(|t| t.is_function());
+    let thenable = (v.is_object() || v.is_function())
+        && js_sys::Reflect::get(v, &"then".into()).is_ok_and(|t| t.is_function());
     thenable.then(|| js_sys::Promise::resolve(v))
 }

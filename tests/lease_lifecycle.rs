@@ -111,6 +111,37 @@ async fn recover_leaves_alone_a_lease_claimed_without_a_web_lock() {
     lease.release().await.unwrap();
 }
 
+/// The entry of a lease claimed without a Web Lock goes once the server
+/// shows that lease over (here: it expired and the item reopened): it is
+/// reported `lost` and deleted, so a crashed page's entries do not pile up.
+#[wasm_bindgen_test]
+async fn recover_clears_the_entry_of_an_unlocked_lease_that_ended() {
+    if server().is_none() {
+        return;
+    }
+    let journal = fresh_queue("journal");
+    let q = fresh_queue("unlocked-ended");
+    let id = enqueue(&q, json!({})).await;
+    let crashed = admin_client(journalled(&journal, false));
+    let lease = claim(&crashed, &q).await;
+    lease.set_heartbeats_paused(true);
+    let other = admin_client(journalled(&journal, true));
+    assert_eq!(
+        other.recover(false).await.unwrap().skipped,
+        vec![id],
+        "still current"
+    );
+    wait_item(id, 4.0 * TTL_MS, |it| it.state == ItemState::Open).await;
+    let report = other.recover(false).await.unwrap();
+    assert_eq!(report.lost, vec![id]);
+    assert!(report.skipped.is_empty() && report.released.is_empty());
+    let left = Journal::new(Some(journal.clone()))
+        .list(&other.base)
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "the entry is gone");
+}
+
 /// A journalled lease whose page is gone but which is still current on the
 /// server under ANOTHER worker (two workers sharing one origin's journal):
 /// the server refuses this worker's release (403), and the entry is reported

@@ -64,6 +64,12 @@ async fn worker_creds(queue: &str, name: &str) -> Credentials {
 
 /// How many answers of proxy mode `mode` the proxy holds back right now.
 async fn held_back(proxy: &str, mode: &str) -> f64 {
+    proxy_count(proxy, mode, "held").await
+}
+
+/// A count the proxy keeps for `mode` (`held` or `raced`, see
+/// scripts/delay-proxy.mjs).
+async fn proxy_count(proxy: &str, mode: &str, which: &str) -> f64 {
     let url = format!("{proxy}/_held/{mode}");
     let call = |target: &JsValue, name: &str, args: &[JsValue]| -> Promise {
         let f: Function = Reflect::get(target, &name.into()).unwrap().unchecked_into();
@@ -79,10 +85,10 @@ async fn held_back(proxy: &str, mode: &str) -> f64 {
     let body = JsFuture::from(call(&resp, "json", &[]))
         .await
         .expect("json body");
-    Reflect::get(&body, &"held".into())
+    Reflect::get(&body, &which.into())
         .unwrap()
         .as_f64()
-        .expect("held")
+        .expect("a count")
 }
 
 /// Case 1: every heartbeat answer is held back past the TTL (the server
@@ -379,12 +385,12 @@ async fn a_claim_behind_a_stale_lock_holder_is_never_released_by_recover() {
 /// waits for it instead of sending a release with the same token, which the
 /// server could apply first (the finished item reopened with one attempt
 /// counted, and the settle refused `claim_lost`). Forced: the proxy holds the
-/// settle back 1 s before the server sees it; anything `close()` sent would
+/// settle back 600 ms before the server sees it; anything `close()` sent would
 /// get there first.
 #[wasm_bindgen_test]
 async fn close_during_a_settle_in_flight_lets_the_settle_land() {
     let Some(proxy) = proxy() else { return };
-    let mode = "slow-settle-requests-1000";
+    let mode = "slow-settle-requests-600";
     for round in 0..2 {
         let q = fresh_queue("close-settle");
         let id = enqueue(&q, json!({})).await;
@@ -425,13 +431,20 @@ async fn close_during_a_settle_in_flight_lets_the_settle_land() {
 /// decides, and the lease ends settled with its signal never aborted.
 /// Before, the lease was marked `claim_lost` (signal aborted) and stayed so
 /// after its settle succeeded, and `work()` counted the item lost. Forced by
-/// the proxy: heartbeat requests are held 400 ms before the server sees
-/// them, settle answers 1.2 s.
+/// the proxy: heartbeat requests are held 300 ms before the server sees
+/// them, settle answers 900 ms; the proxy counts each heartbeat that reached
+/// the server while a settle's answer was held, and every round must count one.
 #[wasm_bindgen_test]
 async fn a_heartbeat_refused_because_the_settle_landed_first_does_not_lose_the_lease() {
     let Some(proxy) = proxy() else { return };
-    let mode = "late-heartbeats-400";
-    for round in 0..3 {
+    let mode = "late-heartbeats-300";
+    // Rounds until three forced the race (a round the scheduler delayed past
+    // the heartbeat's hold does not, and must still end settled); bounded.
+    let mut forced = 0;
+    for round in 0..12 {
+        if forced == 3 {
+            break;
+        }
         let q = fresh_queue("hb-race");
         let id = enqueue(&q, json!({})).await;
         let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
@@ -447,9 +460,13 @@ async fn a_heartbeat_refused_because_the_settle_landed_first_does_not_lose_the_l
             sleep(10.0).await;
         }
         assert!(now() < until, "round {round}: a heartbeat went out");
+        let raced_before = proxy_count(proxy, mode, "raced").await;
         let done = agentstore_protocol::lease::SettleState::Done;
         let settled = lease.settle(done, None, None).await;
         assert!(settled.is_ok(), "round {round}: {settled:?}");
+        if proxy_count(proxy, mode, "raced").await > raced_before {
+            forced += 1;
+        }
         assert_eq!(lease.status(), Status::Settled(done), "round {round}");
         assert!(
             !lease.signal().aborted(),
@@ -458,6 +475,47 @@ async fn a_heartbeat_refused_because_the_settle_landed_first_does_not_lose_the_l
         assert_eq!(item(id).await.state, ItemState::Done);
         c.close().await;
     }
+    assert_eq!(forced, 3, "a heartbeat reached the server after the settle");
+}
+
+/// A settle the server applied whose answer comes after the lease's local
+/// deadline (the proxy holds settle answers 3 s; nothing renews a lease while
+/// it is ending, and its deadline is 2.7 s after the last heartbeat) still
+/// ends the lease settled, and `work()` counts the item `done`: both the
+/// worker's own settle and one the handler sent itself and did not await.
+/// Before, the local expiry while the call was out made it count `lost`, and
+/// the slot took its next item while the handler's settle was still on the
+/// wire.
+#[wasm_bindgen_test]
+async fn a_settle_answered_after_the_local_deadline_is_counted_done_by_work() {
+    let Some(proxy) = proxy() else { return };
+    let q = fresh_queue("late-settle");
+    let own = enqueue(&q, json!({"own": true})).await;
+    let returned = enqueue(&q, json!({"own": false})).await;
+    let handler = Function::new_with_args(
+        "lease",
+        "if (lease.item.payload.own) { lease.settle('done', {own: true}); return 'ignored'; } \
+         return {own: false};",
+    );
+    let c = client_at(
+        &format!("{proxy}/late-heartbeats-1000"),
+        admin_creds(),
+        config(),
+    );
+    let w = WorkerInner::start(c, q.clone(), handler, WorkOptions::default(), wrap);
+    for id in [own, returned] {
+        let it = wait_item(id, 20_000.0, |it| it.state == ItemState::Done).await;
+        assert_eq!(it.state, ItemState::Done);
+    }
+    let until = now() + 20_000.0;
+    while w.stats.borrow().done + w.stats.borrow().lost < 2 && now() < until {
+        sleep(50.0).await;
+    }
+    w.stop().await;
+    let st = *w.stats.borrow();
+    assert_eq!((st.claimed, st.done, st.lost), (2, 2, 0), "{st:?}");
+    assert_eq!(item(own).await.result, Some(json!({"own": true})));
+    assert_eq!(item(returned).await.result, Some(json!({"own": false})));
 }
 
 /// A release whose answer was lost (the server applied it, then the test
@@ -504,11 +562,12 @@ async fn a_release_whose_answer_was_lost_is_reported_released_when_sent_again() 
         } else {
             None
         };
-        // Two heartbeat intervals: had a heartbeat gone out, the server's
-        // `claim_lost` would have ended the lease by now (a bounded window
-        // for something that must not happen; a busy machine only shortens
-        // what it checks, and the local deadline is further off).
-        let until = now() + 2.0 * HEARTBEAT_MS;
+        // Past one heartbeat interval: had a heartbeat gone out, the
+        // server's `claim_lost` would have ended the lease by now. (A bounded
+        // window for something that must not happen, kept short: nothing
+        // renews the lease meanwhile, and its local deadline, 2.7 s after the
+        // last heartbeat, must not pass before the retry below.)
+        let until = now() + 1.2 * HEARTBEAT_MS;
         while now() < until && lease.status() == Status::Held {
             sleep(50.0).await;
         }

@@ -98,6 +98,10 @@ pub struct LeaseInner {
     /// (the local deadline still applies); the same call sent again is
     /// answered by the server as a replay when the first one landed.
     pub(crate) ending_unanswered: Cell<bool>,
+    /// Settles and releases of this lease on the wire now. Unlike the
+    /// `Ending` status, which a local expiry replaces while the call is out,
+    /// this says whether an answer is still to come.
+    in_flight: Cell<u32>,
     /// The last ending call the app made on this lease (the JS `settle` /
     /// `release`), so that `work()` can repeat exactly what a handler asked
     /// for when its call failed.
@@ -133,6 +137,7 @@ impl LeaseInner {
             plan: RefCell::new(plan),
             paused: Cell::new(false),
             ending_unanswered: Cell::new(false),
+            in_flight: Cell::new(0),
             asked: RefCell::new(None),
             unlock: RefCell::new(None),
             end_resolve: RefCell::new(Some(end_resolve)),
@@ -350,13 +355,15 @@ impl LeaseInner {
     /// ending call, answered after it landed), so only the ending call's own
     /// answer (or its retry) may end the lease.
     pub(crate) fn ending_pending(&self) -> bool {
-        self.status.get() == Status::Ending || self.ending_unanswered.get()
+        self.in_flight.get() > 0 || self.ending_unanswered.get()
     }
 
-    /// Waits until no settle or release of this lease is in flight. Bounded:
-    /// an ending call ends by its request timeout.
+    /// Waits until no settle or release of this lease is on the wire, even
+    /// one whose lease expired locally meanwhile (its answer still decides
+    /// how the lease ended). Bounded: an ending call ends by its request
+    /// timeout.
     pub(crate) async fn until_not_ending(&self) {
-        while self.status.get() == Status::Ending {
+        while self.in_flight.get() > 0 {
             super::http::sleep_ms(25.0).await;
         }
     }
@@ -436,7 +443,9 @@ impl LeaseInner {
         self.status.set(Status::Ending);
         self.plan.borrow_mut().ending = true;
         let timeout = client.config.request_timeout_ms;
+        self.in_flight.set(self.in_flight.get() + 1);
         let r = client.authed("POST", path, Some(body), timeout, None).await;
+        self.in_flight.set(self.in_flight.get() - 1);
         self.plan.borrow_mut().ending = false;
         // Whether the server may have applied the call: no answer, or a 5xx
         // (a 429 or any 4xx says it was not applied).

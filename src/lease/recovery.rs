@@ -64,9 +64,19 @@ impl ClientInner {
                 continue;
             }
             // Claimed without a Web Lock: a free lock says nothing about
-            // whether its context is alive.
+            // whether its context is alive. Left alone while its lease may
+            // still be current; its entry goes once the server shows the
+            // lease over (a crashed page's entries do not pile up).
             if !entry.locked {
-                report.skipped.push(entry.item_id);
+                if self.lease_over(&entry).await {
+                    let _ = self
+                        .journal
+                        .delete(&self.base, entry.item_id, &entry.token)
+                        .await;
+                    report.lost.push(entry.item_id);
+                } else {
+                    report.skipped.push(entry.item_id);
+                }
                 continue;
             }
             let unlock =
@@ -168,6 +178,28 @@ impl ClientInner {
         )
         .await
         .map(|a| a.replayed)
+    }
+
+    /// Whether the server shows `entry`'s lease over: the item is neither
+    /// running nor paused under the entry's epoch (claimed again, settled,
+    /// released, expired), or it is gone. `false` when that cannot be read
+    /// (no answer; a worker may not read an item it does not hold).
+    async fn lease_over(self: &Rc<Self>, entry: &Entry) -> bool {
+        let path = item_path(entry.item_id, "");
+        let timeout = self.config.request_timeout_ms;
+        match self.authed("GET", &path, None, timeout, None).await {
+            Ok(a) => {
+                let state = crate::error::get_str(&a.body, "state");
+                let held = matches!(state.as_deref(), Some("running" | "paused"));
+                let same = parse::<ItemRef>(&a.body).is_ok_and(|v| v.epoch == entry.epoch);
+                !(held && same)
+            }
+            Err(LeaseError::Server {
+                code: ErrorCode::NotFound,
+                ..
+            }) => true,
+            Err(_) => false,
+        }
     }
 
     /// Heartbeats a journalled lease; `Some` (heartbeated from now on) if valid.

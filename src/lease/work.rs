@@ -266,6 +266,9 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
     // The handler's own settle or release may still be in flight; its
     // outcome decides what follows. It ends by the lease's local deadline at
     // the latest (no heartbeat renews a lease while it is ending).
+    // A settle or release the handler called without awaiting goes out in a
+    // microtask: let it start before looking.
+    let _ = JsFuture::from(Promise::resolve(&JsValue::UNDEFINED)).await;
     lease.until_not_ending().await;
     if lease.status() != Status::Held {
         // The handler ended the lease itself, or it was lost.
@@ -294,7 +297,14 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
     loop {
         match lease.settle(state, result.clone(), error.clone()).await {
             Ok(_) => break,
-            Err(e) if e.is_transient() && lease.status() == Status::Held && attempt < 8 => {
+            // (Not after client.close(): close() releases what is left held,
+            // and a settle sent beside that release would race it.)
+            Err(e)
+                if e.is_transient()
+                    && lease.status() == Status::Held
+                    && attempt < 8
+                    && !w.client.closed.get() =>
+            {
                 pause(&mut attempt).await;
             }
             Err(e) => {
