@@ -78,6 +78,15 @@ pub(crate) fn opt_bool(options: &JsValue, key: &str) -> Result<Option<bool>, Str
     given(options, key, "a boolean", |v| v.as_bool())
 }
 
+/// An optional boolean option of the store, `false` when not given; a
+/// ValidationError otherwise (one out-of-line copy for every flag).
+#[inline(never)]
+pub(crate) fn flag(options: &JsValue, key: &str) -> Result<bool, crate::error::StoreError> {
+    opt_bool(options, key)
+        .map(|b| b.unwrap_or(false))
+        .map_err(crate::error::StoreError::validation)
+}
+
 /// An optional integer in `min..=max` (every numeric option is a count or a
 /// duration in ms; a fraction is refused, not truncated). `what` is the
 /// message's rule, e.g. `"an integer in [1, 600000]"`: a static string, so

@@ -433,12 +433,8 @@ impl ByQuery {
             Condition::Range {
                 lower: opt("lower")?,
                 upper: opt("upper")?,
-                lower_open: crate::options::opt_bool(&range, "lowerOpen")
-                    .map_err(StoreError::validation)?
-                    .unwrap_or(false),
-                upper_open: crate::options::opt_bool(&range, "upperOpen")
-                    .map_err(StoreError::validation)?
-                    .unwrap_or(false),
+                lower_open: crate::options::flag(&range, "lowerOpen")?,
+                upper_open: crate::options::flag(&range, "upperOpen")?,
             }
         } else {
             Condition::All
@@ -465,9 +461,7 @@ impl ByQuery {
             cond,
             limit,
             after,
-            descending: crate::options::opt_bool(o, "descending")
-                .map_err(StoreError::validation)?
-                .unwrap_or(false),
+            descending: crate::options::flag(o, "descending")?,
         })
     }
 }

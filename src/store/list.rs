@@ -81,9 +81,7 @@ impl ListQuery {
                 Some(decode_cursor(&s).map_err(StoreError::validation)?)
             }
         };
-        let descending = crate::options::opt_bool(options, "descending")
-            .map_err(StoreError::validation)?
-            .unwrap_or(false);
+        let descending = crate::options::flag(options, "descending")?;
         Ok(ListQuery {
             prefix,
             record_type,
