@@ -544,6 +544,8 @@ impl AgentStore {
         #[wasm_bindgen(unchecked_param_type = "WatchOptions")] options: JsValue,
         #[wasm_bindgen(unchecked_param_type = "(change: WatchChange) => void")] callback: JsValue,
     ) -> Result<Watch, JsValue> {
+        crate::options::check_object(&options, "watch options")
+            .map_err(|m| StoreError::validation(m).to_js())?;
         let prefix = match opt(&options, "prefix") {
             v if v.is_undefined() || v.is_null() => js_sys::JsString::from(""),
             v => v

@@ -423,6 +423,23 @@ async fn close_during_a_settle_in_flight_lets_the_settle_land() {
             "round {round}"
         );
     }
+    // The app's own release while the settle is out: it waits for the
+    // settle and is then refused (the lease was settled), instead of racing.
+    let q = fresh_queue("release-settle");
+    let id = enqueue(&q, json!({})).await;
+    let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
+    let lease = claim(&c, &q).await;
+    let done = agentstore_protocol::lease::SettleState::Done;
+    let (settled, released) = join(lease.settle(done, None, None), lease.release()).await;
+    assert!(settled.is_ok(), "{settled:?}");
+    assert!(
+        matches!(&released, Err(e) if !e.is_transient()),
+        "refused: {released:?}"
+    );
+    assert_eq!(lease.status(), Status::Settled(done));
+    let it = item(id).await;
+    assert_eq!((it.state, it.attempts), (ItemState::Done, 0));
+    c.close().await;
 }
 
 /// A heartbeat sent just before a settle, which reaches the server after the

@@ -718,6 +718,12 @@ async fn joined_exports_import_as_one_with_the_highest_revision_winning() {
         let shared = c.get(&s("shared")).await.unwrap().unwrap();
         assert_eq!(field_str(&shared, "_rev"), Some(newer.clone()), "{kind}");
     }
+    // Only a whole header is skipped: a damaged line that merely names the
+    // format is refused, and nothing is written.
+    let (d, _) = open("join-d").await;
+    let damaged = format!("{HEADER}\n{{\"agentstore\":\"snapshot\"}}\n");
+    let e = d.import_snapshot(damaged.as_str(), None).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Validation, "{}", e.message());
 }
 
 /// A source that fails while it is read (a stream that errors mid-way, as a

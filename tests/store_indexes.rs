@@ -253,6 +253,13 @@ async fn an_aborted_signal_or_a_throwing_callback_stops_a_rebuild_like_an_import
     assert_eq!(n, 100);
     assert_eq!(store.dump_entries().await.unwrap(), before);
     assert_indexes_clean(&store).await;
+    // A throw after the last batch: the rebuild is complete, and resolves.
+    let n = store
+        .rebuild_indexes(1000, true, Some(&throws), None)
+        .await
+        .expect("complete");
+    assert_eq!(n, 100);
+    assert!(store.indexes_ready().await.unwrap());
 }
 
 /// A rebuild cancelled half-way keeps its checkpoint; reads stay right while

@@ -566,6 +566,12 @@ async fn options_are_checked_one_way_never_coerced_or_ignored() {
             "{bad}"
         );
     }
+    // watch's options too (it throws at once: it returns a handle).
+    let watch: js_sys::Function = field(&opened, "watch").unchecked_into();
+    let e = watch
+        .call2(&opened, &s("agent:"), &eval("() => {}"))
+        .expect_err("a string is not watch options");
+    assert_eq!(field_str(&e, "code").as_deref(), Some("validation"));
     let close: js_sys::Function = field(&opened, "close").unchecked_into();
     close.call0(&opened).unwrap();
 }

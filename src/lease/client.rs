@@ -84,6 +84,9 @@ pub struct ClientInner {
     /// waiting (calling `f` wakes it to re-plan).
     pub(crate) wake: RefCell<Option<Option<Function>>>,
     pub(crate) closed: Cell<bool>,
+    /// Settles and releases of this client's leases on the wire now
+    /// (`close()` waits for them).
+    pub(crate) ending_calls: Cell<u32>,
     pub(crate) journal: Journal,
     /// Keeps the `pagehide` listener alive (removed on close).
     pagehide: RefCell<Option<Closure<dyn FnMut()>>>,
@@ -115,6 +118,7 @@ impl ClientInner {
             leases: RefCell::default(),
             wake: RefCell::new(None),
             closed: Cell::new(false),
+            ending_calls: Cell::new(0),
             journal,
             pagehide: RefCell::new(None),
             weak: weak.clone(),
@@ -241,6 +245,11 @@ impl ClientInner {
             })
             .collect();
         let _ = wasm_bindgen_futures::JsFuture::from(Promise::all(&releases)).await;
+        // Also the settles of leases that expired locally while on the wire
+        // (no longer held, but their answer decides how they ended).
+        while self.ending_calls.get() > 0 {
+            super::http::sleep_ms(25.0).await;
+        }
         for l in held {
             l.lose(LossReason::Released, "the client was closed");
         }

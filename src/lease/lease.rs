@@ -248,7 +248,7 @@ impl LeaseInner {
 
     /// Releases the token of a lease lost locally, best effort; removes the
     /// journal entry once the server confirmed the claim is gone.
-    fn release_after_loss(&self) {
+    fn release_token_now(&self) {
         let Some(client) = self.client.upgrade() else {
             return;
         };
@@ -281,6 +281,15 @@ impl LeaseInner {
             // Lost locally, yet the server still took the heartbeat: give it back.
             Status::Lost(LossReason::ExpiredLocally) => self.release_after_loss(),
             _ => {}
+        }
+    }
+
+    /// Releases the token of a lease lost locally, unless a settle or
+    /// release of it is on the wire or unanswered: that call ends it (a
+    /// release racing a settle could undo finished work).
+    fn release_after_loss(&self) {
+        if !self.ending_pending() {
+            self.release_token_now();
         }
     }
 
@@ -436,6 +445,10 @@ impl LeaseInner {
     /// landed the first time is reported as done. Until an answer comes, no
     /// heartbeat goes out (`ending_unanswered`).
     async fn ending_call(&self, path: &str, body: &JsValue) -> Result<JsValue> {
+        // One ending call on the wire at a time: a second (a release sent
+        // while a settle is out, from close() or the app) waits for the first
+        // and is then refused if that one ended the lease.
+        self.until_not_ending().await;
         if let Some(e) = self.lost_error() {
             return Err(e);
         }
@@ -444,7 +457,9 @@ impl LeaseInner {
         self.plan.borrow_mut().ending = true;
         let timeout = client.config.request_timeout_ms;
         self.in_flight.set(self.in_flight.get() + 1);
+        client.ending_calls.set(client.ending_calls.get() + 1);
         let r = client.authed("POST", path, Some(body), timeout, None).await;
+        client.ending_calls.set(client.ending_calls.get() - 1);
         self.in_flight.set(self.in_flight.get() - 1);
         self.plan.borrow_mut().ending = false;
         // Whether the server may have applied the call: no answer, or a 5xx

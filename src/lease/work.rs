@@ -306,6 +306,13 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
                     && !w.client.closed.get() =>
             {
                 pause(&mut attempt).await;
+                if w.client.closed.get() {
+                    // close() came during the pause and gives the lease
+                    // back: nothing more is sent from here.
+                    lease.until_not_ending().await;
+                    count(w, lease.status());
+                    return;
+                }
             }
             Err(e) => {
                 // (A `failed` settle is retried bare, once, unless it was.)

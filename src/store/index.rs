@@ -628,8 +628,11 @@ impl Store {
     ///
     /// # Errors
     /// AbortError when `signal` aborts (the checkpoints stay, so a later call
-    /// resumes); TransactionError when another connection redefined one of
-    /// these index names meanwhile, or from IndexedDB; QuotaExceededError.
+    /// resumes; one aborted before the call changes nothing); what
+    /// `on_progress` threw, unchanged, when it throws before the last batch
+    /// (the committed batches stay); TransactionError when another
+    /// connection redefined one of these index names meanwhile, or from
+    /// IndexedDB; QuotaExceededError.
     pub async fn rebuild_indexes(
         &self,
         batch_size: u32,
@@ -776,13 +779,16 @@ impl Store {
             tx.commit().await?;
             // A throwing callback ends the call with what it threw, as in
             // the imports; the batch is committed, so a later call resumes.
+            // After the last batch the rebuild is complete, and it says so.
             if let Some(cb) = on_progress {
-                cb.call2(
+                let called = cb.call2(
                     &JsValue::NULL,
                     &JsValue::from(next.done),
                     &JsValue::from(total.max(next.done)),
-                )
-                .map_err(StoreError::Thrown)?;
+                );
+                if !finished {
+                    called.map_err(StoreError::Thrown)?;
+                }
             }
             if finished {
                 return Ok(next.done);

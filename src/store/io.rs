@@ -374,7 +374,7 @@ fn snapshot_row(line: &JsString, n: usize) -> Result<Option<(JsString, Rev, bool
     }
     // The header of a second export appended to the first (`cat a b`):
     // skipped, so joined exports import as one.
-    if get(&v, "_id").is_undefined() && is_snapshot_header(&v) {
+    if is_appended_header(&v) {
         return Ok(None);
     }
     let id =
@@ -393,6 +393,16 @@ fn snapshot_row(line: &JsString, n: usize) -> Result<Option<(JsString, Rev, bool
 /// `{"agentstore": "snapshot", …}`: a snapshot's header line.
 fn is_snapshot_header(v: &JsValue) -> bool {
     get(v, "agentstore").as_string().as_deref() == Some("snapshot")
+}
+
+/// A later header line, as a second export appended to the first starts
+/// with: the header's full shape (a `version` number, no `_id` or `_rev`),
+/// so that a damaged record line is still refused, not skipped.
+fn is_appended_header(v: &JsValue) -> bool {
+    is_snapshot_header(v)
+        && get(v, "version").as_f64().is_some()
+        && get(v, "_id").is_undefined()
+        && get(v, "_rev").is_undefined()
 }
 
 impl Store {

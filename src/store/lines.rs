@@ -188,7 +188,10 @@ fn unreadable(e: &JsValue) -> StoreError {
     if name == "AbortError" {
         return StoreError::Aborted(e.clone());
     }
-    let message = crate::error::get_str(e, "message").unwrap_or_default();
+    // A stream may error with any value, a string included.
+    let message = crate::error::get_str(e, "message")
+        .or_else(|| e.as_string())
+        .unwrap_or_default();
     StoreError::validation(
         [
             "the import source could not be read (",
