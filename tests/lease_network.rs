@@ -439,6 +439,83 @@ async fn close_during_a_settle_in_flight_lets_the_settle_land() {
     assert_eq!(lease.status(), Status::Settled(done));
     let it = item(id).await;
     assert_eq!((it.state, it.attempts), (ItemState::Done, 0));
+    // The same settle twice at once (a double click): the second waits and
+    // gets the first one's answer, as the server answers a replay; another
+    // settle is refused.
+    for same in [true, false] {
+        let id = enqueue(&q, json!({})).await;
+        let lease = claim(&c, &q).await;
+        assert_eq!(lease.item_id, id);
+        let second = if same {
+            json!({"r": 1})
+        } else {
+            json!({"r": 2})
+        };
+        let (a, b) = join(
+            lease.settle(done, Some(js(json!({"r": 1}))), None),
+            lease.settle(done, Some(js(second)), None),
+        )
+        .await;
+        assert!(a.is_ok(), "{a:?}");
+        assert_eq!(b.is_ok(), same, "same {same}: {b:?}");
+        assert_eq!(item(id).await.result, Some(json!({"r": 1})));
+    }
+    c.close().await;
+}
+
+/// A lease whose settle is on the wire when its local deadline passes keeps
+/// its Web Lock until the settle's answer comes: another page's recover()
+/// (same journal) finds it busy instead of releasing it under the settle,
+/// and the settle lands. Forced by the proxy: settle answers are held 3 s,
+/// past the 2.7 s local deadline (nothing renews an ending lease).
+#[wasm_bindgen_test]
+async fn a_lease_expiring_while_its_settle_is_out_is_not_released_by_recover() {
+    let Some(proxy) = proxy() else { return };
+    let q = fresh_queue("expiring-settle");
+    let id = enqueue(&q, json!({})).await;
+    let journal = fresh_queue("journal");
+    let journalled = || ClientConfig {
+        journal_name: Some(journal.clone()),
+        lock_wait_ms: 200.0,
+        ..config()
+    };
+    let c = client_at(
+        &format!("{proxy}/late-heartbeats-1000"),
+        admin_creds(),
+        journalled(),
+    );
+    let lease = claim(&c, &q).await;
+    let done = agentstore_protocol::lease::SettleState::Done;
+    let settling = lease.clone();
+    let settle = async move { settling.settle(done, None, None).await };
+    let other_page = async {
+        let until = now() + 10_000.0;
+        while lease.status() != Status::Lost(LossReason::ExpiredLocally) && now() < until {
+            sleep(25.0).await;
+        }
+        assert_eq!(lease.status(), Status::Lost(LossReason::ExpiredLocally));
+        // Another page of the same app: same server URL, same journal.
+        let other = client_at(
+            &format!("{proxy}/late-heartbeats-1000"),
+            admin_creds(),
+            journalled(),
+        );
+        let report = other.recover(false).await.unwrap();
+        assert_eq!(
+            report.busy,
+            vec![id],
+            "its lock is still held: released {:?} lost {:?} skipped {:?}",
+            report.released,
+            report.lost,
+            report.skipped
+        );
+        assert!(report.released.is_empty());
+    };
+    let (settled, ()) = join(settle, other_page).await;
+    assert!(settled.is_ok(), "{settled:?}");
+    assert_eq!(lease.status(), Status::Settled(done));
+    let it = item(id).await;
+    assert_eq!((it.state, it.attempts), (ItemState::Done, 0));
     c.close().await;
 }
 

@@ -102,6 +102,18 @@ pub struct LeaseInner {
     /// `Ending` status, which a local expiry replaces while the call is out,
     /// this says whether an answer is still to come.
     in_flight: Cell<u32>,
+    /// Resolves the waits of [`LeaseInner::until_not_ending`] when
+    /// `in_flight` drops to 0 (a Promise, not a timer: timers crawl in a
+    /// hidden tab).
+    idle: RefCell<Vec<Function>>,
+    /// The ending call that landed: its path, its body as JSON text and the
+    /// server's answer. The same call made again (an app's double settle)
+    /// gets that answer, as the server would answer a replay.
+    landed: RefCell<Option<(String, String, JsValue)>>,
+    /// A release was owed when the lease was lost locally while an ending
+    /// call was out (see `release_after_loss`): sent if that call turns out
+    /// not to have been applied.
+    release_owed: Cell<bool>,
     /// The last ending call the app made on this lease (the JS `settle` /
     /// `release`), so that `work()` can repeat exactly what a handler asked
     /// for when its call failed.
@@ -138,6 +150,9 @@ impl LeaseInner {
             paused: Cell::new(false),
             ending_unanswered: Cell::new(false),
             in_flight: Cell::new(0),
+            idle: RefCell::new(Vec::new()),
+            landed: RefCell::new(None),
+            release_owed: Cell::new(false),
             asked: RefCell::new(None),
             unlock: RefCell::new(None),
             end_resolve: RefCell::new(Some(end_resolve)),
@@ -288,7 +303,9 @@ impl LeaseInner {
     /// release of it is on the wire or unanswered: that call ends it (a
     /// release racing a settle could undo finished work).
     fn release_after_loss(&self) {
-        if !self.ending_pending() {
+        if self.ending_pending() {
+            self.release_owed.set(true);
+        } else {
             self.release_token_now();
         }
     }
@@ -297,11 +314,20 @@ impl LeaseInner {
         if let Some(c) = self.client.upgrade() {
             c.forget_lease(self.item_id, &self.token, forget);
         }
-        if let Some(unlock) = self.unlock.borrow_mut().take() {
-            let _ = unlock.call0(&JsValue::UNDEFINED);
+        // The item's Web Lock stays while a settle or release is on the wire
+        // (let go when it returns): another context's recover() would
+        // otherwise find the lock free and release the lease under it.
+        if self.in_flight.get() == 0 {
+            self.let_go_of_lock();
         }
         if let Some(resolve) = self.end_resolve.borrow_mut().take() {
             let _ = resolve.call0(&JsValue::UNDEFINED);
+        }
+    }
+
+    fn let_go_of_lock(&self) {
+        if let Some(unlock) = self.unlock.borrow_mut().take() {
+            let _ = unlock.call0(&JsValue::UNDEFINED);
         }
     }
 
@@ -373,7 +399,9 @@ impl LeaseInner {
     /// timeout.
     pub(crate) async fn until_not_ending(&self) {
         while self.in_flight.get() > 0 {
-            super::http::sleep_ms(25.0).await;
+            let (idle, resolve) = super::heartbeat::deferred();
+            self.idle.borrow_mut().push(resolve);
+            let _ = wasm_bindgen_futures::JsFuture::from(idle).await;
         }
     }
 
@@ -449,6 +477,15 @@ impl LeaseInner {
         // while a settle is out, from close() or the app) waits for the first
         // and is then refused if that one ended the lease.
         self.until_not_ending().await;
+        let text = js_sys::JSON::stringify(body)
+            .ok()
+            .and_then(|t| t.as_string())
+            .unwrap_or_default();
+        if let Some((p, b, answer)) = self.landed.borrow().as_ref() {
+            if p == path && *b == text {
+                return Ok(answer.clone());
+            }
+        }
         if let Some(e) = self.lost_error() {
             return Err(e);
         }
@@ -462,6 +499,15 @@ impl LeaseInner {
         client.ending_calls.set(client.ending_calls.get() - 1);
         self.in_flight.set(self.in_flight.get() - 1);
         self.plan.borrow_mut().ending = false;
+        if self.in_flight.get() == 0 {
+            for resolve in self.idle.take() {
+                let _ = resolve.call0(&JsValue::UNDEFINED);
+            }
+            // Ended (lost locally) while the call was out: the lock goes now.
+            if !self.is_active() {
+                self.let_go_of_lock();
+            }
+        }
         // Whether the server may have applied the call: no answer, or a 5xx
         // (a 429 or any 4xx says it was not applied).
         let unknown = match &r {
@@ -471,8 +517,19 @@ impl LeaseInner {
             Err(_) => false,
         };
         self.ending_unanswered.set(unknown);
+        // A release owed since a local loss: due once this call is known not
+        // to have ended the lease (after an unknown outcome the journal
+        // keeps it for recover()).
+        if r.is_ok() || unknown {
+            self.release_owed.set(r.is_err() && self.release_owed.get());
+        } else if self.release_owed.replace(false) {
+            self.release_token_now();
+        }
         match r {
-            Ok(a) => Ok(a.body),
+            Ok(a) => {
+                *self.landed.borrow_mut() = Some((path.to_owned(), text, a.body.clone()));
+                Ok(a.body)
+            }
             Err(e) => {
                 let e = self.on_rejection(e);
                 if self.status.get() == Status::Ending {
