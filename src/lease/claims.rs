@@ -216,10 +216,11 @@ impl ClientInner {
     }
 }
 
-/// Keeps `unlock` (the item's Web Lock) with `lease` while it is active;
-/// a lease that already ended lets the lock go at once.
+/// Keeps `unlock` (the item's Web Lock) with `lease` while it is active, or
+/// while a settle or release of it is on the wire (the call's return lets
+/// it go); a lease that already ended lets the lock go at once.
 fn hold_lock(lease: &LeaseInner, unlock: js_sys::Function) {
-    if lease.is_active() && lease.unlock.borrow().is_none() {
+    if (lease.is_active() || lease.call_on_wire()) && lease.unlock.borrow().is_none() {
         *lease.unlock.borrow_mut() = Some(unlock);
     } else {
         let _ = unlock.call0(&JsValue::UNDEFINED);

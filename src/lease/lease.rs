@@ -325,6 +325,11 @@ impl LeaseInner {
         }
     }
 
+    /// A settle or release of this lease is on the wire now.
+    pub(crate) fn call_on_wire(&self) -> bool {
+        self.in_flight.get() > 0
+    }
+
     fn let_go_of_lock(&self) {
         if let Some(unlock) = self.unlock.borrow_mut().take() {
             let _ = unlock.call0(&JsValue::UNDEFINED);
