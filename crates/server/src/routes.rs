@@ -339,7 +339,7 @@ async fn settle(
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 
 /// `answer`, with `Idempotent-Replayed: true` when `replayed`.
-fn replay_marked(answer: Json<ItemView>, replayed: bool) -> Response {
+fn replay_marked(answer: impl IntoResponse, replayed: bool) -> Response {
     let mut resp = answer.into_response();
     if replayed {
         resp.headers_mut()
@@ -366,10 +366,10 @@ async fn release(
     if replayed {
         // Only that it was released: the item may have moved on (claimed,
         // settled by another worker), and a released token is no read key.
-        let mut resp = Json(serde_json::json!({"id": id, "replayed": true})).into_response();
-        resp.headers_mut()
-            .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-        return Ok(resp);
+        return Ok(replay_marked(
+            Json(serde_json::json!({"id": id, "replayed": true})),
+            true,
+        ));
     }
     if item.state == ItemState::Failed {
         st.metrics.retry_limit_failed("release", 1);
