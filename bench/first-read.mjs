@@ -4,9 +4,13 @@
 // (1.6 Mbps down, 750 kbps up, 150 ms round trip) and
 // Emulation.setCPUThrottlingRate 4. Prints a Markdown table of medians.
 //
-//   node bench/first-read.mjs [--runs 3] [--fast]   (--fast: no throttling)
+//   node bench/first-read.mjs [--runs 3] [--fast] [--before DIR]
+//
+// --fast: no throttling. --before DIR: one more row, the store-only entry of
+// an earlier build's pkg/ (e.g. `git worktree add /tmp/old <commit>` and
+// scripts/build-pkg.sh there) loaded as the bundled row is, in the same runs.
 import { createServer } from 'node:http';
-import { readFile, mkdtemp, rm } from 'node:fs/promises';
+import { readFile, mkdtemp, mkdir, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, dirname, extname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -32,16 +36,38 @@ const HEAD = {
     '<link rel="preload" href="/pkg/store/agentstore_bg.wasm" as="fetch" type="application/wasm" crossorigin>',
 };
 const DIST = join(HERE, 'dist', 'first-read');
-await esbuild.build({
-  entryPoints: LIBS.map(([k]) => join(HERE, 'first-read', `${k}.js`)),
-  outdir: DIST,
-  bundle: true,
-  minify: true,
-  format: 'esm',
-  target: 'chrome120',
-  external: ['/pkg/*'],
-  logLevel: 'warning',
-});
+const BEFORE = arg('before', null) && resolve(arg('before', null));
+const entry = (k) => join(HERE, 'first-read', `${k}.js`);
+if (BEFORE) {
+  const k = 'agentstore-bundled-before';
+  LIBS.push([k, `agentstore (agentstore/store), glue bundled, wasm preloaded — before (${BEFORE})`]);
+  HEAD[k] = HEAD['agentstore-bundled'].replace('/pkg/', '/pkg-before/');
+  await mkdir(join(HERE, 'dist', 'first-read-src'), { recursive: true });
+  const src = (await readFile(entry('agentstore-bundled'), 'utf8'))
+    .replace('../../pkg/store/agentstore.js', join(BEFORE, 'store', 'agentstore.js'))
+    .replace("'/pkg/store/agentstore_bg.wasm'", "'/pkg-before/store/agentstore_bg.wasm'");
+  await writeFile(join(HERE, 'dist', 'first-read-src', `${k}.js`), src);
+}
+const entryOf = (k) => (k.endsWith('-before') ? join(HERE, 'dist', 'first-read-src', `${k}.js`) : entry(k));
+// One build per page, so no page shares a chunk with another (a shared chunk
+// is one more request on the page's critical path).
+await rm(DIST, { recursive: true, force: true });
+for (const [k] of LIBS) {
+  await esbuild.build({
+    entryPoints: [entryOf(k)],
+    outdir: DIST,
+    bundle: true,
+    // agentstore loads its import/export module with import(): split it into
+    // a chunk of its own, as an app's bundler does, so the page does not pull
+    // it in before its first read.
+    splitting: true,
+    minify: true,
+    format: 'esm',
+    target: 'chrome120',
+    external: ['/pkg/*'],
+    logLevel: 'warning',
+  });
+}
 
 const MIME = { '.html': 'text/html', '.js': 'text/javascript', '.wasm': 'application/wasm' };
 const sent = {};
@@ -56,6 +82,7 @@ ${HEAD[url.searchParams.get('lib')] ?? ''}
 <script type="module" src="/dist/${url.searchParams.get('lib')}.js"></script>`);
   } else if (path.startsWith('/dist/')) file = join(DIST, path.slice('/dist/'.length));
   else if (path.startsWith('/pkg/')) file = join(ROOT, 'pkg', path.slice('/pkg/'.length));
+  else if (BEFORE && path.startsWith('/pkg-before/')) file = join(BEFORE, path.slice('/pkg-before/'.length));
   else {
     res.writeHead(404).end();
     return;
@@ -130,7 +157,8 @@ const bytes = (lib) =>
       ([p]) =>
         p.includes(`/${lib}.js`) ||
         (lib === 'agentstore' && p.startsWith('/pkg/')) ||
-        (lib === 'agentstore-bundled' && p === '/pkg/store/agentstore_bg.wasm'),
+        (lib === 'agentstore-bundled' && p === '/pkg/store/agentstore_bg.wasm') ||
+        (lib === 'agentstore-bundled-before' && p === '/pkg-before/store/agentstore_bg.wasm'),
     )
     .reduce((a, [, n]) => a + n, 0);
 let md = `Time to first read (${FAST ? 'loopback, no throttling' : '1.6 Mbps / 150 ms RTT, CPU ×4'}), median of ${RUNS} runs, fresh profile each, gzip -9 transfer:\n\n`;

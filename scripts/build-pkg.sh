@@ -3,6 +3,10 @@
 #   pkg/agentstore.js        "agentstore"        record store + lease client (default features)
 #   pkg/store/agentstore.js  "agentstore/store"  record store only (--no-default-features):
 #                            an app that imports only AgentStore downloads no lease code.
+#   pkg/io/agentstore.js     import/export (--features io), loaded by both
+#                            entry points (js/io-loader.js, which package.mjs
+#                            inlines into their glue) on the first
+#                            importPouchDump/importSnapshot/exportSnapshot*.
 # with the pinned toolchain and flags of scripts/pkg-toolchain.sh, then completes
 # pkg/package.json (scripts/package.mjs). Used by test.sh, demo.sh, bench.sh and
 # the e2e helpers.
@@ -19,6 +23,7 @@ export CARGO_TARGET_DIR="$PWD/target/pkg"
 rm -rf pkg
 wasm-pack "${quiet[@]}" build --target web --release --out-dir pkg . -- "${PKG_CARGO_ARGS[@]}"
 wasm-pack "${quiet[@]}" build --target web --release --out-dir pkg/store . -- --no-default-features "${PKG_CARGO_ARGS[@]}"
-# pkg/store is a sub-path of the one package, not a package of its own.
-rm -f pkg/store/package.json pkg/store/README.md pkg/store/.gitignore
+wasm-pack "${quiet[@]}" build --target web --release --out-dir pkg/io . -- --no-default-features --features io "${PKG_CARGO_ARGS[@]}"
+# pkg/store and pkg/io are sub-paths of the one package, not packages of their own.
+rm -f pkg/{store,io}/package.json pkg/{store,io}/README.md pkg/{store,io}/.gitignore
 node scripts/package.mjs

@@ -22,8 +22,8 @@
 // ships beside it).
 // Idempotent: running it twice writes the same files.
 
-import { existsSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
-import { basename, join, resolve } from 'node:path';
+import { existsSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { basename, join, relative, resolve, sep } from 'node:path';
 import { transformSync } from 'esbuild';
 
 const dir = resolve(process.argv[2] ?? 'pkg');
@@ -47,7 +47,7 @@ for (const f of [js, types, wasm]) {
 }
 // wasm-pack lists ./snippets/* as side-effectful when the crate has JS
 // snippets; keep that, otherwise nothing is.
-const snippets = existsSync(join(dir, 'snippets'));
+const hasSnippets = () => existsSync(join(dir, 'snippets'));
 
 // wasm-bindgen's classes declare `[Symbol.dispose]()`, which only type-checks
 // with the `esnext.disposable` lib; reference it from the .d.ts so projects
@@ -109,6 +109,40 @@ const stripWasm = (file) => {
 };
 stripWasm(join(dir, wasm));
 if (hasStore) stripWasm(join(dir, sub, wasm));
+// pkg/io/: the `io` build both entry points load on the first import or
+// export (through io-loader.js); not an entry point of its own.
+const ioSub = 'io';
+const hasIo = existsSync(join(dir, ioSub, js));
+if (hasIo) stripWasm(join(dir, ioSub, wasm));
+
+// The import/export loader (js/io-loader.js, a wasm-bindgen snippet of both
+// entry points) is inlined into each entry's glue: as a snippet file it
+// would be one more module request before `init` can start (two round trips
+// on a slow link, as the glue's import of it is discovered only after the
+// glue arrives). Its `import('./io/agentstore.js')` is rewritten relative to
+// the glue's own directory, so that bundlers still see a literal path and
+// split pkg/io/ into a chunk of its own. Idempotent: a glue that no longer
+// imports the snippet is left alone.
+const inlineIoLoader = (root) => {
+  const glue = join(root, js);
+  const text = readFileSync(glue, 'utf8');
+  const m = text.match(/import \{ ioCall \} from '(\.\/snippets\/[^']+\/js\/io-loader\.js)';\n/);
+  if (!m) return;
+  const snippet = readFileSync(join(root, m[1]), 'utf8');
+  let rel = relative(root, join(dir, ioSub, js)).split(sep).join('/');
+  if (!rel.startsWith('.')) rel = `./${rel}`;
+  const body = snippet.replace('export async function ioCall', 'async function ioCall');
+  const target = "import('./io/agentstore.js')";
+  if (!body.includes(target) || body === snippet) throw new Error('js/io-loader.js changed: update inlineIoLoader');
+  const inlined = `const ioCall = (() => {\n${body.replace(target, `import('${rel}')`)}\nreturn ioCall;\n})();\n`;
+  writeFileSync(glue, text.replace(m[0], inlined));
+  // The loader was the only snippet; anything else would still be imported.
+  if (!readFileSync(glue, 'utf8').includes('./snippets/')) rmSync(join(root, 'snippets'), { recursive: true, force: true });
+};
+if (hasIo) {
+  inlineIoLoader(dir);
+  if (hasStore) inlineIoLoader(join(dir, sub));
+}
 
 // The JS glue wasm-bindgen writes (and its snippets) ship minified, with an
 // external source map that carries the original text: the code a bundler or
@@ -147,11 +181,18 @@ const snippetFiles = (root) => {
   walk(join(root, 'snippets'));
   return out;
 };
-for (const root of hasStore ? [dir, join(dir, sub)] : [dir]) {
+for (const root of [dir, ...(hasStore ? [join(dir, sub)] : []), ...(hasIo ? [join(dir, ioSub)] : [])]) {
   minifyGlue(join(root, js));
   snippetFiles(root).forEach(minifyGlue);
 }
-const subFiles = hasStore ? [js, `${js}.map`, types, wasm].map((f) => `${sub}/${f}`) : [];
+const snippets = hasSnippets();
+const storeSnippets = hasStore && existsSync(join(dir, sub, 'snippets'));
+const subFiles = hasStore
+  ? [js, `${js}.map`, types, wasm, ...(storeSnippets ? ['snippets'] : [])].map((f) => `${sub}/${f}`)
+  : [];
+const ioFiles = hasIo
+  ? [js, `${js}.map`, wasm].map((f) => `${ioSub}/${f}`)
+  : [];
 
 const out = {
   name: pkg.name,
@@ -174,18 +215,25 @@ const out = {
           [`./${sub}/${wasm}`]: `./${sub}/${wasm}`,
         }
       : {}),
+    // For a <link rel="preload"> or a bundler asked for the file's URL.
+    ...(hasIo ? { [`./${ioSub}/${wasm}`]: `./${ioSub}/${wasm}` } : {}),
     './package.json': './package.json',
   },
   files: [
     ...new Set([
-      ...(pkg.files ?? [js, types, wasm]).map(bare),
+      // wasm-pack lists "snippets", gone once the loader is inlined.
+      ...(pkg.files ?? [js, types, wasm]).map(bare).filter((f) => f !== 'snippets'),
       `${js}.map`,
       ...subFiles,
+      ...ioFiles,
       ...(snippets ? ['snippets'] : []),
       'README.md',
     ]),
   ],
-  sideEffects: snippets ? ['./snippets/*'] : false,
+  sideEffects:
+    snippets || storeSnippets
+      ? [...(snippets ? ['./snippets/*'] : []), ...(storeSnippets ? ['./store/snippets/*'] : [])]
+      : false,
 };
 writeFileSync(path, JSON.stringify(out, null, 2) + '\n');
 console.log(`completed ${path}: exports ${Object.keys(out.exports).join(', ')}`);

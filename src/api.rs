@@ -4,10 +4,9 @@
 
 use crate::error::{set, StoreError};
 use crate::options::{opt, opt_bool, opt_fn, opt_num, opt_signal, string_arg};
-use crate::store::{
-    index::verification_js, ByQuery, ImportOptions, ListQuery, Store, Watcher, Written,
-    DEFAULT_BATCH, MAX_IMPORT_BATCH,
-};
+use crate::store::{index::verification_js, ByQuery, ListQuery, Store, Watcher, Written};
+#[cfg(feature = "io")]
+use crate::store::{ImportOptions, DEFAULT_BATCH, MAX_IMPORT_BATCH};
 use agentstore_protocol::index::IndexDef;
 use js_sys::{Array, Function, Object, Promise, Reflect};
 use std::rc::Rc;
@@ -558,6 +557,129 @@ impl AgentStore {
         let inner = Watcher::new(self.inner.name(), prefix, callback)?;
         Ok(Watch { inner: Some(inner) })
     }
+}
+
+// Import and export (cargo feature `io`). The shipped entry points are built
+// without it: the methods below load the `io` build of this crate
+// (`pkg/io/`: the same store API plus these bodies) on first use through
+// js/io-loader.js, open a second connection to the same database there
+// (with this store's index definitions), run the call and close it.
+// IndexedDB orders that connection's transactions with this one's as it
+// orders another tab's, and `watch` subscribers hear its writes through the
+// same BroadcastChannel. An app that never imports or exports downloads none
+// of it. scripts/package.mjs inlines the loader into each entry's glue (a
+// snippet file would be two more module requests before `init` can start).
+
+#[cfg(not(feature = "io"))]
+#[wasm_bindgen(module = "/js/io-loader.js")]
+extern "C" {
+    #[wasm_bindgen(js_name = ioCall)]
+    fn io_call(name: &str, indexes: JsValue, method: &str, a: &JsValue, b: &JsValue) -> Promise;
+}
+
+#[cfg(not(feature = "io"))]
+impl AgentStore {
+    /// Runs `method(a, b)` of the io module on a second connection to this
+    /// store; rejects with ClosedError once this one is closed, and with
+    /// NetworkError when the module cannot be loaded.
+    fn io(&self, method: &'static str, a: JsValue, b: JsValue) -> Promise {
+        let s = self.inner.clone();
+        run(async move {
+            s.check_open()?;
+            let defs: Array = s
+                .indexes()
+                .iter()
+                .map(|d| {
+                    let o = Object::new();
+                    set(&o, "name", &d.name.as_str().into());
+                    let keys: Array = d.keys.iter().map(|k| JsValue::from_str(k)).collect();
+                    set(&o, "keys", &keys);
+                    JsValue::from(o)
+                })
+                .collect();
+            let p = io_call(s.name(), defs.into(), method, &a, &b);
+            wasm_bindgen_futures::JsFuture::from(p)
+                .await
+                .map_err(StoreError::Thrown)
+        })
+    }
+}
+
+#[cfg(not(feature = "io"))]
+#[wasm_bindgen]
+impl AgentStore {
+    /// Imports a PouchDB dump (pouchdb-replication-stream NDJSON) from a
+    /// string, `Blob`, `Response` or `ReadableStream`, streamed in batches.
+    ///
+    /// The first import or export loads `io/agentstore.js` and its wasm
+    /// (about 100 kB gzipped) from beside the package's entry point; a load
+    /// failure rejects with NetworkError (code "network") and the next call
+    /// tries again.
+    #[wasm_bindgen(js_name = importPouchDump, unchecked_return_type = "Promise<PouchImportSummary>")]
+    pub fn import_pouch_dump(
+        &self,
+        #[wasm_bindgen(unchecked_param_type = "ImportSource")] source: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "ImportOptions")] options: JsValue,
+    ) -> Promise {
+        self.io("importPouchDump", source, options)
+    }
+
+    /// Every record and tombstone as NDJSON (header line first), as a string
+    /// assembled in JavaScript. Loads the io module as `importPouchDump` does.
+    #[wasm_bindgen(js_name = exportSnapshot, unchecked_return_type = "Promise<string>")]
+    pub fn export_snapshot(
+        &self,
+        #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions")] options: JsValue,
+    ) -> Promise {
+        self.io("exportSnapshot", options, JsValue::UNDEFINED)
+    }
+
+    /// The same NDJSON as `exportSnapshot`, as a `Blob`.
+    #[wasm_bindgen(js_name = exportSnapshotBlob, unchecked_return_type = "Promise<Blob>")]
+    pub fn export_snapshot_blob(
+        &self,
+        #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions")] options: JsValue,
+    ) -> Promise {
+        self.io("exportSnapshotBlob", options, JsValue::UNDEFINED)
+    }
+
+    /// The same NDJSON as `exportSnapshot`, handed to `onChunk` in chunks of
+    /// whole lines, in order, synchronously, from one read-only transaction.
+    #[wasm_bindgen(js_name = exportSnapshotChunks, unchecked_return_type = "Promise<void>")]
+    pub fn export_snapshot_chunks(
+        &self,
+        #[wasm_bindgen(unchecked_param_type = "(chunk: string) => void")] on_chunk: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions")] options: JsValue,
+    ) -> Promise {
+        self.io("exportSnapshotChunks", on_chunk, options)
+    }
+
+    /// Imports an `exportSnapshot()` text (string, `Blob`, `Response` or
+    /// `ReadableStream`); newer local revisions are kept.
+    #[wasm_bindgen(js_name = importSnapshot, unchecked_return_type = "Promise<SnapshotImportSummary>")]
+    pub fn import_snapshot(
+        &self,
+        #[wasm_bindgen(unchecked_param_type = "ImportSource")] source: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "ImportOptions")] options: JsValue,
+    ) -> Promise {
+        self.io("importSnapshot", source, options)
+    }
+}
+
+/// The bodies of the methods above, in the `io` build (and the Rust tests).
+#[cfg(feature = "io")]
+#[wasm_bindgen]
+impl AgentStore {
+    /// Opens `name` for io-loader.js, without the background index rebuild
+    /// (the connection that asked runs it). Not public API.
+    #[wasm_bindgen(js_name = __openForIo, skip_typescript)]
+    pub fn open_for_io(name: String, indexes: JsValue) -> Promise {
+        run(async move {
+            let indexes = parse_index_defs(&indexes)?;
+            let store = Store::open(&name, 5000, None, indexes).await?;
+            Ok(AgentStore::from_store(store).into())
+        })
+    }
 
     /// Imports a PouchDB dump (pouchdb-replication-stream NDJSON) from a
     /// string, `Blob`, `Response` or `ReadableStream`, streamed in batches.
@@ -678,6 +800,7 @@ impl AgentStore {
     }
 }
 
+#[cfg(feature = "io")]
 /// The `batchSize` option: 1..=10000, default 1000.
 fn batch_option(options: &JsValue) -> Result<u32, StoreError> {
     Ok(opt_num(
@@ -690,6 +813,7 @@ fn batch_option(options: &JsValue) -> Result<u32, StoreError> {
     .map_or(DEFAULT_BATCH, |n| n as u32))
 }
 
+#[cfg(feature = "io")]
 /// `onProgress`, `signal` and `batchSize` of an import.
 fn import_options(options: &JsValue) -> Result<ImportOptions, StoreError> {
     Ok(ImportOptions {

@@ -167,14 +167,23 @@ impl Db {
             .get_or_insert_with(|| "close() was called".to_owned());
     }
 
+    /// `Ok` while the connection is open.
+    ///
+    /// # Errors
+    /// ClosedError after `close()` or a `versionchange`.
+    pub fn check_open(&self) -> Result<()> {
+        match self.closed.borrow().as_ref() {
+            Some(why) => Err(StoreError::Closed(why.clone())),
+            None => Ok(()),
+        }
+    }
+
     /// Starts a transaction over `stores`.
     ///
     /// # Errors
     /// ClosedError after `close()` or a `versionchange`.
     pub fn tx(&self, stores: &[&str], mode: TransactionMode) -> Result<Tx> {
-        if let Some(why) = self.closed.borrow().as_ref() {
-            return Err(StoreError::Closed(why.clone()));
-        }
+        self.check_open()?;
         let names: Array = stores.iter().map(|s| JsValue::from_str(s)).collect();
         let write = mode == TransactionMode::ReadWrite;
         let mode = if write {

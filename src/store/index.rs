@@ -204,6 +204,7 @@ impl Store {
     ///
     /// # Errors
     /// TransactionError / ClosedError from IndexedDB.
+    #[cfg(feature = "io")]
     pub(crate) async fn write_indexes(&self, tx: &Tx) -> Result<Rc<Maintained>> {
         self.write_indexes_from(tx, issue_gen(tx)?).await
     }
@@ -642,7 +643,7 @@ impl Store {
     ) -> Result<u32> {
         let tags: Vec<String> = self.indexes.iter().map(IndexDef::tag).collect();
         // Aborted already: nothing is restarted (a restart drops entries).
-        super::io::check_abort(signal)?;
+        super::mutate::check_abort(signal)?;
         // Start the tags that are neither active nor building (all with `restart`).
         let tx = self.db.tx(&[META, DERIVED], TransactionMode::ReadWrite)?;
         let (gen, mut state) = read_state(&tx).await?;
@@ -687,7 +688,7 @@ impl Store {
         // records), and progress only needs an estimate of the total.
         let mut counted: Option<u32> = None;
         loop {
-            super::io::check_abort(signal)?;
+            super::mutate::check_abort(signal)?;
             let tx = self
                 .db
                 .tx(&[META, DERIVED, RECORDS], TransactionMode::ReadWrite)?;

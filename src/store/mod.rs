@@ -8,13 +8,17 @@
 mod bulk;
 pub mod db;
 pub mod index;
+#[cfg(feature = "io")]
 mod io;
+#[cfg(feature = "io")]
 mod lines;
 mod list;
+mod mutate;
 pub mod watch;
 
 pub use bulk::destroy;
 pub use index::{ByQuery, Verification};
+#[cfg(feature = "io")]
 pub use io::{ImportCounts, ImportOptions, DEFAULT_BATCH, MAX_IMPORT_BATCH};
 pub use list::{ListQuery, Page};
 pub use watch::Watcher;
@@ -170,6 +174,14 @@ impl Store {
     /// The derived indexes declared at open.
     pub fn indexes(&self) -> &[IndexDef] {
         &self.indexes
+    }
+
+    /// `Ok` while the connection is open.
+    ///
+    /// # Errors
+    /// ClosedError after `close()` or a `versionchange`.
+    pub fn check_open(&self) -> Result<()> {
+        self.db.check_open()
     }
 
     /// Test hook: the next write transaction issues its writes, then aborts

@@ -109,7 +109,8 @@ after(async () => {
 
 test('vite build emits the wasm as a hashed asset next to the bundle', () => {
   const assets = readdirSync(join(EXAMPLE, 'dist', 'assets'));
-  assert.ok(assets.some((f) => /^agentstore_bg-.*\.wasm$/.test(f)), `assets: ${assets}`);
+  // The entry's wasm and the import/export module's (pkg/io/), split off.
+  assert.equal(assets.filter((f) => /^agentstore_bg-.*\.wasm$/.test(f)).length, 2, `assets: ${assets}`);
   assert.ok(assets.some((f) => f.endsWith('.js')), `assets: ${assets}`);
 });
 
@@ -124,14 +125,19 @@ test('the built page writes and lists records, then claims and settles a lease',
   const errors = [];
   page.on('pageerror', (e) => errors.push(String(e)));
   const wasm = page.waitForResponse((r) => r.url().endsWith('.wasm'));
+  const fetched = [];
+  page.on('request', (r) => fetched.push(r.url()));
   const url = (enroll) => `${site}/?${new URLSearchParams({ server: base, enroll, queue })}`;
 
   await page.goto(url(await enrollmentToken()));
+  assert.deepEqual(fetched.filter((u) => u.endsWith('.wasm')), [], 'no wasm before Run');
   await page.click('#run');
   await page.waitForSelector('body[data-runs="1"]', { timeout: 30_000 });
   const wasmResp = await wasm;
   assert.equal(wasmResp.headers()['content-type'], 'application/wasm');
   assert.equal(await page.textContent('#error'), '');
+  assert.equal(await page.textContent('#exported'), '3 records exported');
+  assert.equal(fetched.filter((u) => u.endsWith('.wasm')).length, 2, 'the entry wasm, then the import/export one');
   const records = await page.$$eval('#records li', (lis) => lis.map((li) => li.textContent));
   assert.deepEqual(records.map((t) => t.split(' — ')[0]), ['agent:reply', 'agent:summarise', 'agent:triage']);
   assert.ok(records.every((t) => /runs 1 \(rev 1-[0-9a-f]{32}\)/.test(t)), records.join('\n'));

@@ -62,6 +62,10 @@ $('setup').addEventListener('submit', async (event) => {
     const store = await AgentStore.open('vite-example');
     try {
       await writeAndList(store);
+      // The first export loads the package's import/export module (a chunk
+      // and a wasm asset of its own that Vite splits off the main bundle).
+      const snapshot = await store.exportSnapshot();
+      $('exported').textContent = `${snapshot.trim().split('\n').length - 1} records exported`;
       await holdLease(store);
     } finally {
       store.close();

@@ -1,0 +1,153 @@
+//! `mutate`: read-modify-write of one record with a caller's function.
+
+use super::{Prepared, Store, Written};
+use crate::error::{set, Result, StoreError};
+use agentstore_protocol::backoff::{full_jitter_ms, MUTATE_BASE_MS, MUTATE_CAP_MS};
+use agentstore_protocol::rev::Current;
+use js_sys::{Function, JsString};
+use wasm_bindgen::{JsCast, JsValue};
+use web_sys::AbortSignal;
+
+impl Store {
+    /// Read-modify-write of one record with `f(current | null)`; `f`
+    /// returning `undefined` writes nothing (`Ok(None)`).
+    ///
+    /// A synchronous `f` is called inside the write transaction, between the
+    /// read and the write (only IndexedDB is awaited there), so it cannot
+    /// conflict. An async `f` (it returns a thenable) is awaited OUTSIDE any
+    /// transaction — awaiting a foreign promise inside one would auto-commit
+    /// it — and its result is written with the revision it was given; on a
+    /// conflict the whole read-apply-write is retried after a full-jitter
+    /// backoff, at most `retries` more times.
+    ///
+    /// # Errors
+    /// ConflictError with `attempts` when retries run out; AbortError when
+    /// `signal` aborts; whatever `f` throws, unchanged; ValidationError when
+    /// `f` returns something that is not a valid record.
+    pub async fn mutate(
+        &self,
+        id: &JsValue,
+        f: &Function,
+        retries: u32,
+        signal: Option<&AbortSignal>,
+    ) -> Result<Option<Written>> {
+        let id = super::check_id_value(id)?;
+        let mut attempt = 0u32;
+        loop {
+            check_abort(signal)?;
+            let tx = self.write_tx()?;
+            let ((current, stored), state) = self
+                .with_indexes(&tx, super::read_current(&tx, &id))
+                .await?;
+            // The function gets its own copy: one that edits its argument in
+            // place (`r => { r.recordType = "x"; return r; }`) must not change
+            // the stored record the index upkeep reads the old keys from.
+            let arg = match &stored {
+                Some(v) => structured_clone(v)?,
+                None => JsValue::NULL,
+            };
+            let out = f.call1(&JsValue::NULL, &arg).map_err(StoreError::Thrown)?;
+            let live_rev = match &current {
+                Current::Live(r) => Some(r.text()),
+                _ => None,
+            };
+            let Some(out) = crate::value::as_promise(&out) else {
+                // A synchronous function ran inside the write transaction:
+                // nothing can change between its read and its write, so this
+                // attempt cannot conflict (only IndexedDB was awaited). The
+                // signal is checked after it, as after an async one.
+                check_abort(signal)?;
+                let Some(p) = mutate_result(&id, out, live_rev.as_deref())? else {
+                    return Ok(None);
+                };
+                return self
+                    .cas_write(tx, &state, &current, stored, p)
+                    .await
+                    .map(Some);
+            };
+            // An async function: end the (unwritten) transaction, await it
+            // outside, then compare-and-swap against the revision it saw.
+            tx.end_read();
+            let out = wasm_bindgen_futures::JsFuture::from(out)
+                .await
+                .map_err(StoreError::Thrown)?;
+            check_abort(signal)?;
+            let Some(prepared) = mutate_result(&id, out, live_rev.as_deref())? else {
+                return Ok(None);
+            };
+            match self.put_prepared(prepared).await {
+                Ok(w) => return Ok(Some(w)),
+                Err(StoreError::Conflict {
+                    id,
+                    id_text,
+                    expected_rev,
+                    current_rev,
+                    current,
+                    ..
+                }) if attempt >= retries => {
+                    return Err(StoreError::Conflict {
+                        id,
+                        id_text,
+                        expected_rev,
+                        current_rev,
+                        current,
+                        attempts: Some(attempt + 1),
+                    })
+                }
+                Err(StoreError::Conflict { .. }) => {
+                    let delay = full_jitter_ms(
+                        attempt,
+                        MUTATE_BASE_MS,
+                        MUTATE_CAP_MS,
+                        js_sys::Math::random(),
+                    );
+                    super::db::sleep(delay as u32).await;
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// The record `mutate` writes for the function's result `out`: `None` for
+/// `undefined`; `_id` forced to `id`, `_rev` set to the revision read.
+fn mutate_result(id: &JsString, out: JsValue, read_rev: Option<&str>) -> Result<Option<Prepared>> {
+    if out.is_undefined() {
+        return Ok(None);
+    }
+    if !out.is_object() || crate::value::is_array(&out)? {
+        return Err(StoreError::validation(
+            "the mutate function must return a record object or undefined",
+        ));
+    }
+    // One read of each top-level field; the walk reads the nested ones once.
+    let next = crate::value::shallow_copy(out.unchecked_ref())?;
+    set(&next, "_id", id);
+    match read_rev {
+        Some(r) => set(&next, "_rev", &r.into()),
+        None => {
+            let _ = js_sys::Reflect::delete_property(&next, &"_rev".into());
+        }
+    }
+    Store::prepare(&next).map(Some)
+}
+
+/// Fails with AbortError (carrying `signal.reason`) once `signal` is aborted.
+pub(crate) fn check_abort(signal: Option<&AbortSignal>) -> Result<()> {
+    match signal {
+        Some(s) if s.aborted() => Err(StoreError::Aborted(s.reason())),
+        _ => Ok(()),
+    }
+}
+
+/// `structuredClone(v)`: a deep copy of a stored record (plain data).
+/// <https://developer.mozilla.org/docs/Web/API/Window/structuredClone>
+fn structured_clone(v: &JsValue) -> Result<JsValue> {
+    let f: Function = js_sys::Reflect::get(&js_sys::global(), &"structuredClone".into())
+        .ok()
+        .and_then(|f| f.dyn_into().ok())
+        .ok_or_else(|| StoreError::Transaction("structuredClone is not available".into()))?;
+    f.call1(&JsValue::NULL, v)
+        .map_err(|_| StoreError::Transaction("a stored record could not be copied".into()))
+}
