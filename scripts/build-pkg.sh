@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds the npm package in pkg/ with its two entry points:
-#   pkg/agentstore.js        "agentstore"        record store + lease client (default features)
+#   pkg/agentstore.js        "agentstore"        record store + lease client (--features lease)
 #   pkg/store/agentstore.js  "agentstore/store"  record store only (--no-default-features):
 #                            an app that imports only AgentStore downloads no lease code.
-#   pkg/io/agentstore.js     import/export (--features io), loaded by both
+#   pkg/io/agentstore_io.js  import/export (--features io), loaded by both
 #                            entry points (js/io-loader.js, which package.mjs
 #                            inlines into their glue) on the first
 #                            importPouchDump/importSnapshot/exportSnapshot*.
@@ -21,9 +21,9 @@ export RUSTUP_TOOLCHAIN="$PKG_TOOLCHAIN" RUSTFLAGS="$PKG_RUSTFLAGS"
 # Its own target directory: the flags differ from the stable test builds'.
 export CARGO_TARGET_DIR="$PWD/target/pkg"
 rm -rf pkg
-wasm-pack "${quiet[@]}" build --target web --release --out-dir pkg . -- "${PKG_CARGO_ARGS[@]}"
+wasm-pack "${quiet[@]}" build --target web --release --out-dir pkg . -- --no-default-features --features lease "${PKG_CARGO_ARGS[@]}"
 wasm-pack "${quiet[@]}" build --target web --release --out-dir pkg/store . -- --no-default-features "${PKG_CARGO_ARGS[@]}"
-wasm-pack "${quiet[@]}" build --target web --release --out-dir pkg/io . -- --no-default-features --features io "${PKG_CARGO_ARGS[@]}"
+wasm-pack "${quiet[@]}" build --target web --release --out-dir pkg/io --out-name agentstore_io . -- --no-default-features --features io "${PKG_CARGO_ARGS[@]}"
 # pkg/store and pkg/io are sub-paths of the one package, not packages of their own.
 rm -f pkg/{store,io}/package.json pkg/{store,io}/README.md pkg/{store,io}/.gitignore
 node scripts/package.mjs

@@ -29,7 +29,7 @@ import { transformSync } from 'esbuild';
 const dir = resolve(process.argv[2] ?? 'pkg');
 const path = join(dir, 'package.json');
 if (!existsSync(path)) {
-  console.error(`${path} is missing: run wasm-pack build --target web --out-dir pkg first`);
+  console.error(`${path} is missing: run scripts/build-pkg.sh (wasm-pack build --target web --out-dir pkg) first`);
   process.exit(1);
 }
 const pkg = JSON.parse(readFileSync(path, 'utf8'));
@@ -61,6 +61,10 @@ const NOTE = {
   store:
     '/**\n * Entry point "agentstore/store": the record store only (AgentStore, its\n' +
     ' * options and errors). The lease client lives in "agentstore".\n */\n',
+  io:
+    '/**\n * "agentstore/io": the import/export module both entry points load on the\n' +
+    ' * first import or export. Import it only to hand it to\n' +
+    ' * AgentStore.setIoModule (e.g. in a service worker, where import() is not allowed).\n */\n',
 };
 const completeDts = (file, note) => {
   let text = readFileSync(file, 'utf8');
@@ -112,8 +116,14 @@ if (hasStore) stripWasm(join(dir, sub, wasm));
 // pkg/io/: the `io` build both entry points load on the first import or
 // export (through io-loader.js); not an entry point of its own.
 const ioSub = 'io';
-const hasIo = existsSync(join(dir, ioSub, js));
-if (hasIo) stripWasm(join(dir, ioSub, wasm));
+const ioJs = 'agentstore_io.js';
+const ioTypes = 'agentstore_io.d.ts';
+const ioWasm = 'agentstore_io_bg.wasm';
+const hasIo = existsSync(join(dir, ioSub, ioJs));
+if (hasIo) {
+  stripWasm(join(dir, ioSub, ioWasm));
+  completeDts(join(dir, ioSub, ioTypes), NOTE.io);
+}
 
 // The import/export loader (js/io-loader.js, a wasm-bindgen snippet of both
 // entry points) is inlined into each entry's glue: as a snippet file it
@@ -125,19 +135,40 @@ if (hasIo) stripWasm(join(dir, ioSub, wasm));
 // imports the snippet is left alone.
 const inlineIoLoader = (root) => {
   const glue = join(root, js);
-  const text = readFileSync(glue, 'utf8');
-  const m = text.match(/import \{ ioCall \} from '(\.\/snippets\/[^']+\/js\/io-loader\.js)';\n/);
-  if (!m) return;
-  const snippet = readFileSync(join(root, m[1]), 'utf8');
-  let rel = relative(root, join(dir, ioSub, js)).split(sep).join('/');
-  if (!rel.startsWith('.')) rel = `./${rel}`;
-  const body = snippet.replace('export async function ioCall', 'async function ioCall');
-  const target = "import('./io/agentstore.js')";
-  if (!body.includes(target) || body === snippet) throw new Error('js/io-loader.js changed: update inlineIoLoader');
-  const inlined = `const ioCall = (() => {\n${body.replace(target, `import('${rel}')`)}\nreturn ioCall;\n})();\n`;
-  writeFileSync(glue, text.replace(m[0], inlined));
-  // The loader was the only snippet; anything else would still be imported.
-  if (!readFileSync(glue, 'utf8').includes('./snippets/')) rmSync(join(root, 'snippets'), { recursive: true, force: true });
+  let text = readFileSync(glue, 'utf8');
+  // wasm-bindgen imports a snippet's functions by name when they need a JS
+  // shim (`import { a, b } from '…'`) and as a namespace handed straight to
+  // the wasm imports when they do not (`import * as import1 from "…"`).
+  const IMPORT = /import (?:\{ ([\w$, ]+) \}|\* as ([\w$]+)) from (['"])(\.\/snippets\/[^'"]+\/js\/io-loader\.js)\3;?\n/g;
+  const found = [...text.matchAll(IMPORT)];
+  if (found.length) {
+    const snippet = readFileSync(join(root, found[0][4]), 'utf8');
+    let rel = relative(root, join(dir, ioSub, ioJs)).split(sep).join('/');
+    if (!rel.startsWith('.')) rel = `./${rel}`;
+    const target = "import('./io/agentstore_io.js')";
+    const exported = [...snippet.matchAll(/^export (?:async )?function ([\w$]+)/gm)].map((x) => x[1]);
+    const body = snippet.replace(/^export (async )?function /gm, '$1function ');
+    if (!body.includes(target) || /^export /m.test(body)) throw new Error('js/io-loader.js changed: update inlineIoLoader');
+    const def =
+      `const __agentstoreIoLoader = (() => {\n${body.replace(target, `import('${rel}')`)}\n` +
+      `return { ${exported.join(', ')} };\n})();\n`;
+    let first = true;
+    text = text.replace(IMPORT, (_, names, ns) => {
+      const bind = names ? `const { ${names} } = __agentstoreIoLoader;\n` : `const ${ns} = __agentstoreIoLoader;\n`;
+      const out = (first ? def : '') + bind;
+      first = false;
+      return out;
+    });
+    writeFileSync(glue, text);
+    // The loader was the only snippet; anything else would still be imported.
+    if (!/from ['"]\.\/snippets\//.test(text)) rmSync(join(root, 'snippets'), { recursive: true, force: true });
+  }
+  // A glue still naming the loader (wasm-bindgen changed how it imports
+  // snippets) would load it from a path where the io module is not.
+  // (The wasm's import module names, keys of the imports object, stay.)
+  if (/from ['"][^'"]*io-loader\.js['"]/.test(readFileSync(glue, 'utf8'))) {
+    throw new Error(`${glue}: js/io-loader.js was not inlined`);
+  }
 };
 if (hasIo) {
   inlineIoLoader(dir);
@@ -181,18 +212,17 @@ const snippetFiles = (root) => {
   walk(join(root, 'snippets'));
   return out;
 };
-for (const root of [dir, ...(hasStore ? [join(dir, sub)] : []), ...(hasIo ? [join(dir, ioSub)] : [])]) {
+for (const root of [dir, ...(hasStore ? [join(dir, sub)] : [])]) {
   minifyGlue(join(root, js));
   snippetFiles(root).forEach(minifyGlue);
 }
+if (hasIo) minifyGlue(join(dir, ioSub, ioJs));
 const snippets = hasSnippets();
 const storeSnippets = hasStore && existsSync(join(dir, sub, 'snippets'));
 const subFiles = hasStore
   ? [js, `${js}.map`, types, wasm, ...(storeSnippets ? ['snippets'] : [])].map((f) => `${sub}/${f}`)
   : [];
-const ioFiles = hasIo
-  ? [js, `${js}.map`, wasm].map((f) => `${ioSub}/${f}`)
-  : [];
+const ioFiles = hasIo ? [ioJs, `${ioJs}.map`, ioTypes, ioWasm].map((f) => `${ioSub}/${f}`) : [];
 
 const out = {
   name: pkg.name,
@@ -216,7 +246,12 @@ const out = {
         }
       : {}),
     // For a <link rel="preload"> or a bundler asked for the file's URL.
-    ...(hasIo ? { [`./${ioSub}/${wasm}`]: `./${ioSub}/${wasm}` } : {}),
+    ...(hasIo
+      ? {
+          [`./${ioSub}`]: { types: `./${ioSub}/${ioTypes}`, import: `./${ioSub}/${ioJs}`, default: `./${ioSub}/${ioJs}` },
+          [`./${ioSub}/${ioWasm}`]: `./${ioSub}/${ioWasm}`,
+        }
+      : {}),
     './package.json': './package.json',
   },
   files: [

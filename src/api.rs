@@ -4,9 +4,10 @@
 
 use crate::error::{set, StoreError};
 use crate::options::{opt, opt_bool, opt_fn, opt_num, opt_signal, string_arg};
-use crate::store::{index::verification_js, ByQuery, ListQuery, Store, Watcher, Written};
-#[cfg(feature = "io")]
-use crate::store::{ImportOptions, DEFAULT_BATCH, MAX_IMPORT_BATCH};
+use crate::store::{
+    index::verification_js, ByQuery, ImportOptions, ListQuery, Store, Watcher, Written,
+    DEFAULT_BATCH, MAX_IMPORT_BATCH,
+};
 use agentstore_protocol::index::IndexDef;
 use js_sys::{Array, Function, Object, Promise, Reflect};
 use std::rc::Rc;
@@ -137,7 +138,8 @@ export interface ConflictError extends Error {
 }
 /** Errors thrown by agentstore: `name` is e.g. "ConflictError", `code` e.g. "conflict". */
 export interface AgentStoreError extends Error {
-  code: "conflict" | "validation" | "not_found" | "quota_exceeded" | "transaction" | "blocked" | "closed" | "aborted";
+  /** "network": an import or export could not fetch the import/export module. */
+  code: "conflict" | "validation" | "not_found" | "quota_exceeded" | "transaction" | "blocked" | "closed" | "aborted" | "network";
   status: number;
   id?: string; expectedRev?: string | null; currentRev?: string | null; current?: AgentRecord | null;
   attempts?: number;
@@ -154,6 +156,10 @@ export interface AgentStoreError extends Error {
 #[wasm_bindgen]
 pub struct AgentStore {
     inner: Rc<Store>,
+    /// Names this store to the io loader, which closes the store's io
+    /// connections when it is closed (unique per store, never reused).
+    #[cfg(not(feature = "io"))]
+    io_token: u32,
 }
 
 /// Runs `f` as a Promise rejecting with the error's JS `Error`.
@@ -242,8 +248,16 @@ fn written_js(w: &Written) -> JsValue {
 impl AgentStore {
     /// Wraps a store opened from Rust (tests, embedding crates).
     pub fn from_store(store: Store) -> AgentStore {
+        Self::wrap(Rc::new(store))
+    }
+
+    fn wrap(inner: Rc<Store>) -> AgentStore {
+        #[cfg(not(feature = "io"))]
+        static NEXT_TOKEN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
         AgentStore {
-            inner: Rc::new(store),
+            inner,
+            #[cfg(not(feature = "io"))]
+            io_token: NEXT_TOKEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
     }
 }
@@ -272,7 +286,7 @@ impl AgentStore {
                     let _ = s.rebuild_indexes(500, false, None, None).await;
                 });
             }
-            Ok(AgentStore { inner: store }.into())
+            Ok(AgentStore::wrap(store).into())
         })
     }
 
@@ -298,9 +312,13 @@ impl AgentStore {
         })
     }
 
-    /// Closes the connection; later calls reject with ClosedError.
+    /// Closes the connection; later calls reject with ClosedError. An import
+    /// or export in progress stops as it would on this connection: its
+    /// connection (the io module's) is closed too.
     pub fn close(&self) {
         self.inner.close();
+        #[cfg(not(feature = "io"))]
+        io_close(self.io_token);
     }
 
     /// The record stored under `id`, or `null` (never stored, or deleted).
@@ -559,32 +577,65 @@ impl AgentStore {
     }
 }
 
-// Import and export (cargo feature `io`). The shipped entry points are built
-// without it: the methods below load the `io` build of this crate
-// (`pkg/io/`: the same store API plus these bodies) on first use through
-// js/io-loader.js, open a second connection to the same database there
-// (with this store's index definitions), run the call and close it.
-// IndexedDB orders that connection's transactions with this one's as it
-// orders another tab's, and `watch` subscribers hear its writes through the
-// same BroadcastChannel. An app that never imports or exports downloads none
-// of it. scripts/package.mjs inlines the loader into each entry's glue (a
+// Import and export (cargo feature `io`, on by default). The shipped entry
+// points are built without it: their methods below check the arguments here,
+// then load the `io` build of this crate (`pkg/io/`: the same store API plus
+// these bodies) on first use through js/io-loader.js, open a second
+// connection to the same (existing) database there, with this store's index
+// definitions and blockedTimeoutMs, run the call and close it. IndexedDB
+// orders that connection's transactions with this one's as it orders another
+// tab's, and `watch` subscribers hear its writes through the same
+// BroadcastChannel. An app that never imports or exports downloads none of
+// it. scripts/package.mjs inlines the loader into each entry's glue (a
 // snippet file would be two more module requests before `init` can start).
 
 #[cfg(not(feature = "io"))]
 #[wasm_bindgen(module = "/js/io-loader.js")]
 extern "C" {
-    #[wasm_bindgen(js_name = ioCall)]
-    fn io_call(name: &str, indexes: JsValue, method: &str, a: &JsValue, b: &JsValue) -> Promise;
+    #[wasm_bindgen(js_name = ioUse)]
+    fn io_use(source: &JsValue);
+    #[wasm_bindgen(js_name = ioLoad)]
+    fn io_load() -> Promise;
+    #[wasm_bindgen(js_name = ioRun)]
+    #[allow(clippy::too_many_arguments)]
+    fn io_run(
+        module: &JsValue,
+        token: u32,
+        name: &str,
+        indexes: JsValue,
+        blocked_timeout_ms: u32,
+        method: &str,
+        a: &JsValue,
+        b: &JsValue,
+    ) -> Promise;
+    #[wasm_bindgen(js_name = ioClose)]
+    fn io_close(token: u32);
 }
 
 #[cfg(not(feature = "io"))]
 impl AgentStore {
     /// Runs `method(a, b)` of the io module on a second connection to this
-    /// store; rejects with ClosedError once this one is closed, and with
-    /// NetworkError when the module cannot be loaded.
-    fn io(&self, method: &'static str, a: JsValue, b: JsValue) -> Promise {
+    /// store, once `checked` (the arguments' checks, made here so that bad
+    /// input is refused without a download) is `Ok`.
+    ///
+    /// Rejects with ClosedError once this store is closed (also while the
+    /// module loads), NetworkError when the module cannot be fetched, and
+    /// with the io method's own errors unchanged.
+    fn io(
+        &self,
+        method: &'static str,
+        a: JsValue,
+        b: JsValue,
+        checked: Result<(), StoreError>,
+    ) -> Promise {
         let s = self.inner.clone();
+        let token = self.io_token;
         run(async move {
+            checked?;
+            s.check_open()?;
+            let module = wasm_bindgen_futures::JsFuture::from(io_load())
+                .await
+                .map_err(StoreError::Thrown)?;
             s.check_open()?;
             let defs: Array = s
                 .indexes()
@@ -597,7 +648,16 @@ impl AgentStore {
                     JsValue::from(o)
                 })
                 .collect();
-            let p = io_call(s.name(), defs.into(), method, &a, &b);
+            let p = io_run(
+                &module,
+                token,
+                s.name(),
+                defs.into(),
+                s.blocked_timeout_ms(),
+                method,
+                &a,
+                &b,
+            );
             wasm_bindgen_futures::JsFuture::from(p)
                 .await
                 .map_err(StoreError::Thrown)
@@ -606,22 +666,62 @@ impl AgentStore {
 }
 
 #[cfg(not(feature = "io"))]
+/// The checks an import makes before it reads its source: options, then
+/// `legacyIndexId` (PouchDB dumps), then the source's type, then the signal.
+fn import_checks(source: &JsValue, options: &JsValue, pouch: bool) -> Result<(), StoreError> {
+    let opts = import_options(options)?;
+    if pouch {
+        legacy_id(options)?;
+    }
+    crate::store::lines::check_source(source)?;
+    crate::store::check_abort(opts.signal.as_ref())
+}
+
+#[cfg(not(feature = "io"))]
 #[wasm_bindgen]
 impl AgentStore {
+    /// Where the import/export module comes from, for pages and workers that
+    /// cannot load it from beside the package: a service worker (where
+    /// `import()` is not allowed), a worker started from a blob URL, an app
+    /// that hosts the files elsewhere. `source` is the module itself
+    /// (`import * as io from "agentstore/io"`) or a function returning a
+    /// Promise of it (`() => import("/static/agentstore_io.js")`). The module
+    /// is initialised with its `default()` (its wasm beside it) unless the
+    /// app already did. Call it before the first import or export; by
+    /// default the package loads `io/agentstore_io.js` with `import()`.
+    ///
+    /// # Errors
+    /// ValidationError (thrown) when `source` is neither an object nor a function.
+    #[wasm_bindgen(js_name = setIoModule)]
+    pub fn set_io_module(
+        #[wasm_bindgen(unchecked_param_type = "object | (() => Promise<object>)")] source: JsValue,
+    ) -> Result<(), JsValue> {
+        if !source.is_object() && !source.is_function() {
+            return Err(StoreError::validation(
+                "setIoModule(source): source must be the io module or a function returning a Promise of it",
+            )
+            .to_js());
+        }
+        io_use(&source);
+        Ok(())
+    }
+
     /// Imports a PouchDB dump (pouchdb-replication-stream NDJSON) from a
     /// string, `Blob`, `Response` or `ReadableStream`, streamed in batches.
     ///
-    /// The first import or export loads `io/agentstore.js` and its wasm
-    /// (about 100 kB gzipped) from beside the package's entry point; a load
-    /// failure rejects with NetworkError (code "network") and the next call
-    /// tries again.
+    /// The first import or export loads `io/agentstore_io.js` and its wasm
+    /// (about 106 kB gzipped) from beside the package's entry point (see
+    /// `setIoModule`); a load that fails for want of the network rejects
+    /// with NetworkError (code "network") and the next call tries again.
+    /// Arguments are checked before: bad ones are refused without a download.
     #[wasm_bindgen(js_name = importPouchDump, unchecked_return_type = "Promise<PouchImportSummary>")]
     pub fn import_pouch_dump(
         &self,
         #[wasm_bindgen(unchecked_param_type = "ImportSource")] source: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "ImportOptions")] options: JsValue,
     ) -> Promise {
-        self.io("importPouchDump", source, options)
+        let checked = import_checks(&source, &options, true);
+        self.io("importPouchDump", source, options, checked)
     }
 
     /// Every record and tombstone as NDJSON (header line first), as a string
@@ -631,7 +731,8 @@ impl AgentStore {
         &self,
         #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions")] options: JsValue,
     ) -> Promise {
-        self.io("exportSnapshot", options, JsValue::UNDEFINED)
+        let checked = batch_option(&options).map(|_| ());
+        self.io("exportSnapshot", options, JsValue::UNDEFINED, checked)
     }
 
     /// The same NDJSON as `exportSnapshot`, as a `Blob`.
@@ -640,7 +741,8 @@ impl AgentStore {
         &self,
         #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions")] options: JsValue,
     ) -> Promise {
-        self.io("exportSnapshotBlob", options, JsValue::UNDEFINED)
+        let checked = batch_option(&options).map(|_| ());
+        self.io("exportSnapshotBlob", options, JsValue::UNDEFINED, checked)
     }
 
     /// The same NDJSON as `exportSnapshot`, handed to `onChunk` in chunks of
@@ -651,7 +753,8 @@ impl AgentStore {
         #[wasm_bindgen(unchecked_param_type = "(chunk: string) => void")] on_chunk: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions")] options: JsValue,
     ) -> Promise {
-        self.io("exportSnapshotChunks", on_chunk, options)
+        let checked = chunk_fn(&on_chunk).and_then(|_| batch_option(&options).map(|_| ()));
+        self.io("exportSnapshotChunks", on_chunk, options, checked)
     }
 
     /// Imports an `exportSnapshot()` text (string, `Blob`, `Response` or
@@ -662,7 +765,8 @@ impl AgentStore {
         #[wasm_bindgen(unchecked_param_type = "ImportSource")] source: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "ImportOptions")] options: JsValue,
     ) -> Promise {
-        self.io("importSnapshot", source, options)
+        let checked = import_checks(&source, &options, false);
+        self.io("importSnapshot", source, options, checked)
     }
 }
 
@@ -670,13 +774,14 @@ impl AgentStore {
 #[cfg(feature = "io")]
 #[wasm_bindgen]
 impl AgentStore {
-    /// Opens `name` for io-loader.js, without the background index rebuild
-    /// (the connection that asked runs it). Not public API.
+    /// Opens the existing store `name` for io-loader.js (ClosedError when
+    /// it was deleted), without the background index rebuild (the
+    /// connection that asked runs it). Not public API.
     #[wasm_bindgen(js_name = __openForIo, skip_typescript)]
-    pub fn open_for_io(name: String, indexes: JsValue) -> Promise {
+    pub fn open_for_io(name: String, indexes: JsValue, blocked_timeout_ms: u32) -> Promise {
         run(async move {
             let indexes = parse_index_defs(&indexes)?;
-            let store = Store::open(&name, 5000, None, indexes).await?;
+            let store = Store::open_existing(&name, blocked_timeout_ms, indexes).await?;
             Ok(AgentStore::from_store(store).into())
         })
     }
@@ -692,12 +797,7 @@ impl AgentStore {
         let s = self.inner.clone();
         run(async move {
             let opts = import_options(&options)?;
-            let legacy_id = match opt(&options, "legacyIndexId") {
-                v if v.is_undefined() || v.is_null() => "agent-index".to_owned(),
-                v => v
-                    .as_string()
-                    .ok_or_else(|| StoreError::validation("legacyIndexId must be a string"))?,
-            };
+            let legacy_id = legacy_id(&options)?;
             let (sum, counts, legacy) =
                 s.import_pouch_dump_with(&source, &legacy_id, &opts).await?;
             let o = Object::new();
@@ -771,9 +871,7 @@ impl AgentStore {
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
-            let on_chunk: Function = on_chunk.dyn_into().map_err(|_| {
-                StoreError::validation("exportSnapshotChunks(onChunk): onChunk must be a function")
-            })?;
+            let on_chunk = chunk_fn(&on_chunk)?;
             let batch = batch_option(&options)?;
             s.export_snapshot_chunks(Some(&on_chunk), batch).await?;
             Ok(JsValue::UNDEFINED)
@@ -800,7 +898,23 @@ impl AgentStore {
     }
 }
 
-#[cfg(feature = "io")]
+/// `legacyIndexId` of `importPouchDump` (default `"agent-index"`).
+fn legacy_id(options: &JsValue) -> Result<String, StoreError> {
+    match opt(options, "legacyIndexId") {
+        v if v.is_undefined() || v.is_null() => Ok("agent-index".to_owned()),
+        v => v
+            .as_string()
+            .ok_or_else(|| StoreError::validation("legacyIndexId must be a string")),
+    }
+}
+
+/// `onChunk` of `exportSnapshotChunks`: a function.
+fn chunk_fn(on_chunk: &JsValue) -> Result<Function, StoreError> {
+    on_chunk.clone().dyn_into().map_err(|_| {
+        StoreError::validation("exportSnapshotChunks(onChunk): onChunk must be a function")
+    })
+}
+
 /// The `batchSize` option: 1..=10000, default 1000.
 fn batch_option(options: &JsValue) -> Result<u32, StoreError> {
     Ok(opt_num(
@@ -813,7 +927,6 @@ fn batch_option(options: &JsValue) -> Result<u32, StoreError> {
     .map_or(DEFAULT_BATCH, |n| n as u32))
 }
 
-#[cfg(feature = "io")]
 /// `onProgress`, `signal` and `batchSize` of an import.
 fn import_options(options: &JsValue) -> Result<ImportOptions, StoreError> {
     Ok(ImportOptions {

@@ -774,3 +774,50 @@ async fn a_source_that_fails_while_read_is_a_typed_error_and_writes_nothing() {
         );
     }
 }
+
+/// The names of the origin's databases (`indexedDB.databases()`).
+async fn database_names() -> Vec<String> {
+    let f = Function::new_no_args("return indexedDB.databases().then((l) => l.map((d) => d.name))");
+    let p: Promise = f.call0(&JsValue::NULL).unwrap().into();
+    let a: Array = JsFuture::from(p).await.unwrap().into();
+    a.iter().filter_map(|v| v.as_string()).collect()
+}
+
+/// The entry points run imports and exports on a second connection opened
+/// with `Store::open_existing` (the io module's). A store deleted before that
+/// open is refused with ClosedError and not created again empty (an export
+/// would otherwise answer an empty snapshot, an import write into it).
+#[wasm_bindgen_test]
+async fn a_second_connection_never_recreates_a_deleted_store() {
+    let name = fresh_name("io-existing");
+    let err = Store::open_existing(&name, 5000, vec![])
+        .await
+        .err()
+        .expect("a store that does not exist is refused");
+    assert_eq!(code(&err), ErrorCode::Closed);
+    assert!(
+        !database_names().await.contains(&name),
+        "the refused open left no database behind"
+    );
+
+    let first = open_named(&name).await;
+    first.put(&js(json!({"_id": "a", "n": 1}))).await.unwrap();
+    let second = Store::open_existing(&name, 5000, vec![by_type()])
+        .await
+        .expect("an existing store opens");
+    let got = second
+        .get(&s("a"))
+        .await
+        .unwrap()
+        .expect("the same records");
+    assert_eq!(field(&got, "n").as_f64(), Some(1.0));
+    second.close();
+    first.close();
+    agentstore::store::destroy(&name, 5000).await.unwrap();
+    let err = Store::open_existing(&name, 5000, vec![])
+        .await
+        .err()
+        .expect("a destroyed store is refused");
+    assert_eq!(code(&err), ErrorCode::Closed);
+    assert!(!database_names().await.contains(&name));
+}

@@ -429,7 +429,7 @@ async function main() {
     await sdk.default();
   } catch (err) {
     $('sdk-state').textContent = 'unavailable';
-    showError(err, `Could not load the SDK from ${SDK_URL} (build it with \`wasm-pack build --target web --release --out-dir pkg\` and serve pkg/ at /pkg/)`);
+    showError(err, `Could not load the SDK from ${SDK_URL} (build it with \`bash scripts/build-pkg.sh\` and serve pkg/ at /pkg/)`);
     startWorkersPanel(null);
     return;
   }

@@ -50,7 +50,7 @@ window.bench = {
   async init() {
     wasm = await init();
     // The same module instance the store's loader imports (one URL, one module).
-    ioWasm = await (await import('/pkg/io/agentstore.js')).default();
+    ioWasm = await (await import('/pkg/io/agentstore_io.js')).default();
   },
   wasmBytes: (io = false) => (io ? ioWasm : wasm).memory.buffer.byteLength,
 

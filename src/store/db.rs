@@ -98,13 +98,25 @@ impl Db {
             .open_with_u32(name, version)
             .map_err(|e| StoreError::from_dom(&e))?;
 
+        // An upgrade that refuses with a string (see [`existing_only`]) aborts
+        // the versionchange transaction; the open then fails with ClosedError
+        // carrying that string.
+        let refused: Rc<RefCell<Option<String>>> = Rc::new(RefCell::new(None));
+        let refused2 = refused.clone();
         let upgrade = Closure::<dyn FnMut(web_sys::Event)>::new(move |event: web_sys::Event| {
             if let Some(req) = event
                 .target()
                 .and_then(|t| t.dyn_into::<IdbOpenDbRequest>().ok())
             {
                 if let Ok(db) = req.result().and_then(|d| d.dyn_into::<IdbDatabase>()) {
-                    let _ = upgrade(&db);
+                    if let Err(why) = upgrade(&db) {
+                        if let Some(why) = why.as_string() {
+                            *refused2.borrow_mut() = Some(why);
+                            if let Some(tx) = req.transaction() {
+                                let _ = tx.abort();
+                            }
+                        }
+                    }
                 }
             }
         });
@@ -120,7 +132,12 @@ impl Db {
         ));
         let raw = match JsFuture::from(race).await {
             Ok(db) if !db.is_undefined() => db.unchecked_into::<IdbDatabase>(),
-            Err(e) => return Err(StoreError::from_dom(&e)),
+            Err(e) => {
+                return Err(match refused.take() {
+                    Some(why) => StoreError::Closed(why),
+                    None => StoreError::from_dom(&e),
+                })
+            }
             Ok(_) => {
                 // Give up, but close the connection if the open completes later
                 // so this abandoned request never blocks anyone in turn.
@@ -808,6 +825,17 @@ pub fn factory() -> Result<IdbFactory> {
 }
 
 /// Creates the record store's object stores and index where missing.
+/// An upgrade that creates nothing: for a second connection to a store that
+/// must already exist (the io module's). A database that is not there (it was
+/// deleted) is refused, so the open fails with ClosedError instead of
+/// creating an empty one.
+pub fn existing_only(db: &IdbDatabase) -> std::result::Result<(), JsValue> {
+    if db.object_store_names().length() == 0 {
+        return Err(JsValue::from_str("the store was deleted"));
+    }
+    create_schema(db)
+}
+
 fn create_schema(db: &IdbDatabase) -> std::result::Result<(), JsValue> {
     let names = db.object_store_names();
     let key_id = web_sys::IdbObjectStoreParameters::new();

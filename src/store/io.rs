@@ -12,7 +12,7 @@
 
 use super::db::{KeyRange, Query, TransactionMode, RECORDS, TOMBSTONES};
 use super::index;
-use super::lines::{json_parse, JsBlob, Lines, Source};
+use super::lines::{json_parse, ImportOptions, JsBlob, Lines, Source, DEFAULT_BATCH};
 use super::mutate::check_abort;
 use super::{read_many, tombstone, Store};
 use crate::error::{set, Result, StoreError};
@@ -23,7 +23,6 @@ use agentstore_protocol::pouch::{
 use agentstore_protocol::rev::{Current, Rev};
 use js_sys::{Array, Function, JsString, Map, Object, Reflect};
 use wasm_bindgen::{JsCast, JsValue};
-use web_sys::AbortSignal;
 
 /// What an import wrote.
 #[derive(Debug, Default, Clone, Copy)]
@@ -32,33 +31,6 @@ pub struct ImportCounts {
     pub written: u32,
     /// Ids skipped because the store already held an equal or newer revision.
     pub kept_newer: u32,
-}
-
-/// Records per import transaction (and per export chunk) unless told otherwise.
-pub const DEFAULT_BATCH: u32 = 1000;
-/// Largest accepted `batch`.
-pub const MAX_IMPORT_BATCH: u32 = 10_000;
-
-/// Options of an import.
-#[derive(Debug, Clone)]
-pub struct ImportOptions {
-    /// Called as `(written, total)` after each committed batch (`written`
-    /// counts ids done, `total` the ids the import resolves to).
-    pub on_progress: Option<Function>,
-    /// Stops the import between batches with AbortError.
-    pub signal: Option<AbortSignal>,
-    /// Records per transaction, 1..=[`MAX_IMPORT_BATCH`].
-    pub batch: u32,
-}
-
-impl Default for ImportOptions {
-    fn default() -> Self {
-        ImportOptions {
-            on_progress: None,
-            signal: None,
-            batch: DEFAULT_BATCH,
-        }
-    }
 }
 
 /// One winner waiting for its batch's transaction.
@@ -217,9 +189,6 @@ enum WriteMode {
 /// Tombstones an import into an empty store may write before it reads per
 /// id again (counting the tombstones store costs time in proportion to it).
 const FRESH_MAX_TOMBSTONES: u32 = 20_000;
-
-/// The message every import source error carries.
-const SOURCE_TYPES: &str = "an import takes a string, Blob, Response or ReadableStream";
 
 /// "`what` line `n`: `why`" — a ValidationError naming the line.
 fn line_error(what: &str, n: usize, why: &str) -> StoreError {
@@ -453,7 +422,7 @@ impl Store {
         legacy_index_id: &str,
         opts: &ImportOptions,
     ) -> Result<(DumpSummary, ImportCounts, Option<LegacyIndexReport>)> {
-        let source = Source::from_js(source, SOURCE_TYPES).await?;
+        let source = Source::from_js(source).await?;
         let mut summary = DumpSummary::default();
         // id → encoded leaf set (pass 1), then → the winner's encoded leaf.
         let leaves = Map::new();
@@ -708,7 +677,7 @@ impl Store {
         source: &JsValue,
         opts: &ImportOptions,
     ) -> Result<ImportCounts> {
-        let source = Source::from_js(source, SOURCE_TYPES).await?;
+        let source = Source::from_js(source).await?;
         // id → the highest revision seen (pass 1); deleted once written (pass 2).
         let winners = Map::new();
         let mut lines = source.lines();

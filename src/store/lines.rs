@@ -3,11 +3,48 @@
 //! stay JS strings and are parsed by the browser's `JSON.parse`, so the
 //! module's linear memory does not grow with the data.
 
+//!
+//! The import options and [`check_source`] are built into every module: the
+//! entry points check an import's arguments before they load the io module
+//! (`crate::api`), which holds the rest.
+#![cfg_attr(not(feature = "io"), allow(dead_code))]
+
 use crate::error::{Result, StoreError};
-use js_sys::{Array, JsString, Promise, Reflect};
+use js_sys::{Array, Function, JsString, Promise, Reflect};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::JsFuture;
+use web_sys::AbortSignal;
+
+/// Records per import transaction (and per export chunk) unless told otherwise.
+pub const DEFAULT_BATCH: u32 = 1000;
+/// Largest accepted `batch`.
+pub const MAX_IMPORT_BATCH: u32 = 10_000;
+
+/// Options of an import.
+#[derive(Debug, Clone)]
+pub struct ImportOptions {
+    /// Called as `(written, total)` after each committed batch (`written`
+    /// counts ids done, `total` the ids the import resolves to).
+    pub on_progress: Option<Function>,
+    /// Stops the import between batches with AbortError.
+    pub signal: Option<AbortSignal>,
+    /// Records per transaction, 1..=[`MAX_IMPORT_BATCH`].
+    pub batch: u32,
+}
+
+impl Default for ImportOptions {
+    fn default() -> Self {
+        ImportOptions {
+            on_progress: None,
+            signal: None,
+            batch: DEFAULT_BATCH,
+        }
+    }
+}
+
+/// The ValidationError message for a source of another type.
+const SOURCE_TYPES: &str = "an import takes a string, Blob, Response or ReadableStream";
 
 #[wasm_bindgen]
 extern "C" {
@@ -61,29 +98,56 @@ pub(crate) enum Source {
     Blob(JsBlob),
 }
 
+/// What an import source is, without reading it.
+enum Kind<'a> {
+    Text(&'a JsString),
+    Blob(&'a JsBlob),
+    Response(&'a JsResponse),
+    Stream,
+}
+
+fn kind(v: &JsValue) -> Result<Kind<'_>> {
+    if let Some(s) = v.dyn_ref::<JsString>() {
+        return Ok(Kind::Text(s));
+    }
+    if let Some(b) = v.dyn_ref::<JsBlob>() {
+        return Ok(Kind::Blob(b));
+    }
+    if let Some(r) = v.dyn_ref::<JsResponse>() {
+        if r.body_used() {
+            return Err(StoreError::validation("the Response body was already read"));
+        }
+        return Ok(Kind::Response(r));
+    }
+    if v.has_type::<JsReadableStream>() {
+        return Ok(Kind::Stream);
+    }
+    Err(StoreError::validation(SOURCE_TYPES))
+}
+
+/// `Ok` for a value an import can read (a string, `Blob`, unread `Response`
+/// or `ReadableStream`), without reading it.
+///
+/// # Errors
+/// ValidationError as [`Source::from_js`] gives it.
+#[cfg(not(feature = "io"))]
+pub(crate) fn check_source(v: &JsValue) -> Result<()> {
+    kind(v).map(|_| ())
+}
+
 impl Source {
     /// Accepts a string, `Blob` (or `File`), `Response` or `ReadableStream`.
     ///
     /// # Errors
     /// ValidationError for any other value or a used-up `Response` body;
     /// the stream's own error while it is collected.
-    pub(crate) async fn from_js(v: &JsValue, what: &'static str) -> Result<Source> {
-        if let Some(s) = v.dyn_ref::<JsString>() {
-            return Ok(Source::Text(s.clone()));
-        }
-        if let Some(b) = v.dyn_ref::<JsBlob>() {
-            return Ok(Source::Blob(b.clone()));
-        }
-        let response = if let Some(r) = v.dyn_ref::<JsResponse>() {
-            r.clone()
-        } else if v.has_type::<JsReadableStream>() {
-            JsResponse::new(v).map_err(|_| StoreError::validation(what))?
-        } else {
-            return Err(StoreError::validation(what));
+    pub(crate) async fn from_js(v: &JsValue) -> Result<Source> {
+        let response = match kind(v)? {
+            Kind::Text(s) => return Ok(Source::Text(s.clone())),
+            Kind::Blob(b) => return Ok(Source::Blob(b.clone())),
+            Kind::Response(r) => r.clone(),
+            Kind::Stream => JsResponse::new(v).map_err(|_| StoreError::validation(SOURCE_TYPES))?,
         };
-        if response.body_used() {
-            return Err(StoreError::validation("the Response body was already read"));
-        }
         let promise = response.blob().map_err(|e| unreadable(&e))?;
         let blob = JsFuture::from(promise).await.map_err(|e| unreadable(&e))?;
         Ok(Source::Blob(blob.unchecked_into()))

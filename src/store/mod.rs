@@ -10,16 +10,18 @@ pub mod db;
 pub mod index;
 #[cfg(feature = "io")]
 mod io;
-#[cfg(feature = "io")]
-mod lines;
+pub(crate) mod lines;
 mod list;
 mod mutate;
+#[cfg(not(feature = "io"))]
+pub(crate) use mutate::check_abort;
 pub mod watch;
 
 pub use bulk::destroy;
 pub use index::{ByQuery, Verification};
 #[cfg(feature = "io")]
-pub use io::{ImportCounts, ImportOptions, DEFAULT_BATCH, MAX_IMPORT_BATCH};
+pub use io::ImportCounts;
+pub use lines::{ImportOptions, DEFAULT_BATCH, MAX_IMPORT_BATCH};
 pub use list::{ListQuery, Page};
 pub use watch::Watcher;
 
@@ -100,6 +102,9 @@ const WRITE_SCOPE: [&str; 4] = [RECORDS, TOMBSTONES, META, DERIVED];
 /// The record store over one IndexedDB database.
 pub struct Store {
     db: Db,
+    /// `blockedTimeoutMs` given at open (ms); a second connection (the io
+    /// module's) opens with it too.
+    blocked_timeout_ms: u32,
     /// Derived indexes declared at open.
     indexes: Vec<IndexDef>,
     /// Posts committed changes to `watch` subscribers in every tab.
@@ -154,8 +159,38 @@ impl Store {
     ) -> Result<Store> {
         agentstore_protocol::index::check_defs(&indexes).map_err(StoreError::validation)?;
         let db = Db::open(name, version, blocked_timeout_ms, on_version_change).await?;
-        Ok(Store {
+        Ok(Self::with_db(db, name, blocked_timeout_ms, indexes))
+    }
+
+    /// A second connection to the existing store `name` (the io module's,
+    /// opened for one call of the entry point's store): it never creates
+    /// the database.
+    ///
+    /// # Errors
+    /// ClosedError when the database does not exist (it was deleted);
+    /// otherwise as [`Store::open`].
+    #[cfg(feature = "io")]
+    pub async fn open_existing(
+        name: &str,
+        blocked_timeout_ms: u32,
+        indexes: Vec<IndexDef>,
+    ) -> Result<Store> {
+        agentstore_protocol::index::check_defs(&indexes).map_err(StoreError::validation)?;
+        let db = Db::open_with(
+            name,
+            db::SCHEMA_VERSION,
+            blocked_timeout_ms,
+            db::existing_only,
+            None,
+        )
+        .await?;
+        Ok(Self::with_db(db, name, blocked_timeout_ms, indexes))
+    }
+
+    fn with_db(db: Db, name: &str, blocked_timeout_ms: u32, indexes: Vec<IndexDef>) -> Store {
+        Store {
             db,
+            blocked_timeout_ms,
             indexes,
             changes: watch::Notifier::new(name),
             #[cfg(feature = "test-hooks")]
@@ -163,7 +198,12 @@ impl Store {
             #[cfg(feature = "test-hooks")]
             fault_request_next: std::cell::Cell::new(None),
             index_cache: index::IndexCache::default(),
-        })
+        }
+    }
+
+    /// `blockedTimeoutMs` given at open (ms).
+    pub fn blocked_timeout_ms(&self) -> u32 {
+        self.blocked_timeout_ms
     }
 
     /// The database name.

@@ -1,18 +1,25 @@
 // Import and export load on first use (issue 17): both entry points
 // ("agentstore" and "agentstore/store") ship without the import/export code
-// and fetch pkg/io/ (through pkg/io-loader.js) on the first importPouchDump,
-// importSnapshot or exportSnapshot*. This drives the built pkg/ in headless
+// and fetch pkg/io/ (agentstore_io.js and its wasm) on the first
+// importPouchDump, importSnapshot or exportSnapshot*. This drives the built pkg/ in headless
 // Chromium (Playwright) and headless Firefox (geckodriver): two IndexedDB
 // engines, since the io module writes through a second connection.
 //
 // Each page must:
-// - fetch nothing under /pkg/io/ while it only opens, writes, reads and lists;
+// - fetch nothing under /pkg/io/ while it only opens, writes, reads and lists,
+//   nor for calls with bad arguments (ValidationError, AbortError at once);
+// - load the module once for two first calls made at once;
 // - export, import a snapshot into a second store and import the shared
 //   PouchDB dump (as a Response) through the io module, with the same counts
 //   as the demo's, the derived index kept in step (verifyIndexes clean) and a
 //   `watch` subscriber of the first connection hearing the imported ids;
 // - get the io module's errors unchanged (ValidationError, AbortError with
 //   nothing written, ClosedError on a closed store);
+// - stop an import when the store is closed during it, and reject with
+//   ClosedError, without re-creating the database, when the store is closed
+//   or destroyed while the module is still downloading (the test holds the
+//   module's wasm back until then);
+// - load the module from where AgentStore.setIoModule says;
 // - reject with NetworkError (code "network") while pkg/io/'s wasm cannot be
 //   fetched, and succeed on the next call once it can. (A failed fetch of the
 //   io glue itself is kept by Firefox's module map, as HTML specifies, so
@@ -60,8 +67,23 @@ window.phases = {
     window.store = s;
     return { count: await s.count(), got: (await s.get('local:2')).n, listed: (await s.list({ prefix: 'local:' })).records.length };
   },
+  async checks() {
+    const s = window.store;
+    const ac = new AbortController();
+    ac.abort();
+    return [
+      await fail(s.exportSnapshotChunks(42)),
+      await fail(s.importSnapshot('x', { batchSize: 0 })),
+      await fail(s.importPouchDump(42)),
+      await fail(s.importPouchDump('x', { legacyIndexId: 7 })),
+      await fail(s.exportSnapshot('fast')),
+      await fail(s.importSnapshot('x', { signal: ac.signal })),
+    ];
+  },
   async io(name) {
     const s = window.store;
+    // Two first calls at once share one load.
+    const [t1, t2] = await Promise.all([s.exportSnapshot(), s.exportSnapshot()]);
     const heard = new Set();
     const w = s.watch({ prefix: 'agent-system-legacy:' }, (c) => heard.add(c.id));
     const text = await s.exportSnapshot();
@@ -90,6 +112,7 @@ window.phases = {
     copy.close();
     const closed = await fail(copy.exportSnapshot());
     return {
+      twice: t1 === t2 && t1 === text,
       lines: text.trim().split('\\n').length,
       chunksMatch: chunks.join('') === text && chunks.length > 1,
       blobMatch: blob === text,
@@ -117,10 +140,51 @@ window.phases = {
     s.close();
     return out;
   },
+  // Starts an export while the test holds the module's wasm back; end()
+  // closes or destroys the store before the test lets it through.
+  async held(name) {
+    await AgentStore.destroy(name);
+    const s = await AgentStore.open(name);
+    await s.put({ _id: 'h:1', n: 1 });
+    window.store = s;
+    window.storeName = name;
+    window.heldCall = fail(s.exportSnapshot());
+  },
+  async end(how) {
+    if (how === 'close') window.store.close();
+    else await AgentStore.destroy(window.storeName);
+    return true;
+  },
+  async heldResult() {
+    const r = await window.heldCall;
+    const names = (await indexedDB.databases()).map((d) => d.name);
+    return { r, recreated: names.includes(window.storeName) };
+  },
+  // close() while an import runs: it stops at the next batch.
+  async closeDuring(name) {
+    await AgentStore.destroy(name);
+    const s = await AgentStore.open(name);
+    const dump = await (await fetch('/data/agent-records.pouchdump.ndjson')).text();
+    let batches = 0;
+    const r = await fail(s.importPouchDump(dump, { batchSize: 100, onProgress: () => { if (++batches === 1) s.close(); } }));
+    const again = await AgentStore.open(name);
+    const count = await again.count();
+    again.close();
+    return { r, batches, partial: count > 0 && count < 2894 };
+  },
+  async custom(name) {
+    const bad = (() => { try { AgentStore.setIoModule(42); return null; } catch (e) { return { isError: e instanceof Error, name: e.name, code: e.code }; } })();
+    AgentStore.setIoModule(() => import('/alt/agentstore_io.js'));
+    await AgentStore.destroy(name);
+    const s = await AgentStore.open(name);
+    const sum = await s.importSnapshot([JSON.stringify({ agentstore: 'snapshot', records: 1, tombstones: 0, version: 1 }), JSON.stringify({ _id: 'c:1', _rev: '1-' + 'a'.repeat(32), n: 1, updatedAt: '2026-01-01T00:00:00.000Z' })].join('\\n'));
+    s.close();
+    return { bad, written: sum.written };
+  },
   async unreachable(name) {
     await AgentStore.destroy(name);
     const s = await AgentStore.open(name);
-    const first = await fail(s.importSnapshot(''));
+    const first = await s.importSnapshot('').then(() => null, (e) => ({ isError: e instanceof Error, name: e.name, code: e.code, status: e.status }));
     window.retry = () => s.exportSnapshot().then((t) => t.split('\\n')[0].length > 0);
     return first;
   },
@@ -147,11 +211,14 @@ postMessage('ready');
 let server;
 let origin;
 let ioBlocked = false;
+// While set, the io wasm is answered only once `release()` is called.
+let hold = null;
 const requests = [];
+const IO_WASM = '/pkg/io/agentstore_io_bg.wasm';
 
 before(async () => {
   buildPkgIfMissing();
-  assert.ok(existsSync(join(PKG, 'io', 'agentstore_bg.wasm')), 'pkg/io/ must be built (scripts/build-pkg.sh)');
+  assert.ok(existsSync(join(PKG, 'io', 'agentstore_io_bg.wasm')), 'pkg/io/ must be built (scripts/build-pkg.sh)');
   server = createServer(async (req, res) => {
     const path = decodeURIComponent(new URL(req.url, 'http://x').pathname);
     requests.push(path);
@@ -162,11 +229,14 @@ before(async () => {
       type = MIME['.html'];
     } else if (path === '/scenario.js') body = SCENARIO;
     else if (path === '/worker.js') body = WORKER;
-    else if (path.startsWith('/pkg/') || path.startsWith('/data/')) {
-      if (ioBlocked && path === '/pkg/io/agentstore_bg.wasm') return res.writeHead(503).end();
+    else if (path.startsWith('/pkg/') || path.startsWith('/data/') || path.startsWith('/alt/')) {
+      if (ioBlocked && path === IO_WASM) return res.writeHead(503).end();
+      if (hold && path === IO_WASM) await hold.promise;
       const file = path.startsWith('/pkg/')
         ? join(PKG, normalize(path.slice(5)))
-        : join(ROOT, 'www', 'data', normalize(path.slice(6)));
+        : path.startsWith('/alt/')
+          ? join(PKG, 'io', normalize(path.slice(5)))
+          : join(ROOT, 'www', 'data', normalize(path.slice(6)));
       body = await readFile(file).catch(() => null);
     }
     if (body == null) return res.writeHead(404).end();
@@ -178,26 +248,47 @@ before(async () => {
 
 after(() => server?.close());
 
-const ioRequests = () => requests.filter((p) => p.startsWith('/pkg/io/') || p === '/pkg/io-loader.js');
+const ioRequests = () => requests.filter((p) => p.startsWith('/pkg/io/'));
 
-async function scenario(page, engine, entry) {
-  const name = `io-e2e-${engine}-${entry}`;
+/** Resolves once `cond()` holds (polled every 20 ms), failing after `ms`. */
+async function until(cond, what, ms = 30_000) {
+  const end = Date.now() + ms;
+  while (!cond()) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+async function open(page, entry) {
   requests.length = 0;
   await page.goto(`${origin}/page.html?entry=${entry}`);
   await page.waitForFunction(() => window.ready === true, null, { timeout: 60_000 });
+}
+
+const VALIDATION = { isError: true, name: 'ValidationError', code: 'validation' };
+
+async function scenario(page, engine, entry) {
+  const name = `io-e2e-${engine}-${entry}`;
+  await open(page, entry);
 
   const local = await page.evaluate((n) => window.phases.local(n), name);
   assert.deepEqual(local, { count: 3, got: 2, listed: 3 });
+  const checks = await page.evaluate(() => window.phases.checks());
+  assert.deepEqual(checks, [
+    VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION,
+    { isError: true, name: 'AbortError', code: 'aborted' },
+  ]);
   assert.deepEqual(
-    ioRequests().filter((p) => p.startsWith('/pkg/io/')),
+    ioRequests(),
     [],
-    `${engine} ${entry}: nothing under /pkg/io/ is fetched before an import or export`,
+    `${engine} ${entry}: nothing under /pkg/io/ is fetched for reads, writes or calls with bad arguments`,
   );
 
   const r = await page.evaluate((n) => window.phases.io(n), name);
   const loaded = ioRequests();
-  assert.ok(loaded.includes('/pkg/io/agentstore.js') && loaded.includes('/pkg/io/agentstore_bg.wasm'), loaded.join());
-  assert.equal(loaded.filter((p) => p === '/pkg/io/agentstore_bg.wasm').length, 1, 'the io module loads once per page');
+  assert.ok(loaded.includes('/pkg/io/agentstore_io.js') && loaded.includes(IO_WASM), loaded.join());
+  assert.equal(loaded.filter((p) => p === IO_WASM).length, 1, 'the io module loads once per page');
+  assert.ok(r.twice, 'two first calls at once both answer');
   assert.equal(r.lines, 4, 'a header and three records');
   assert.ok(r.chunksMatch, 'exportSnapshotChunks gives the same text, in several chunks');
   assert.ok(r.blobMatch, 'exportSnapshotBlob gives the same text');
@@ -213,43 +304,76 @@ async function scenario(page, engine, entry) {
   assert.ok(r.heardAll, 'the first connection watch() heard the io connection writes');
   assert.deepEqual(r.verify, { missing: 0, orphaned: 0, stale: 0 }, 'indexes kept in step by the io connection');
   assert.deepEqual(r.byType, ['local:1', 'local:2', 'local:3']);
-  assert.deepEqual(r.bad, { isError: true, name: 'ValidationError', code: 'validation' });
+  assert.deepEqual(r.bad, VALIDATION);
   assert.deepEqual(r.aborted, { isError: true, name: 'AbortError', code: 'aborted' });
   assert.ok(r.unchanged, 'an aborted import writes nothing');
   assert.deepEqual(r.closed, { isError: true, name: 'ClosedError', code: 'closed' });
+
+  const c = await page.evaluate((n) => window.phases.closeDuring(n), `${name}-close`);
+  assert.deepEqual(c.r, { isError: true, name: 'ClosedError', code: 'closed' }, 'close() stops an import in progress');
+  assert.ok(c.partial, `batches before the close stay, the rest is not written (${c.batches} batches)`);
 
   const w = await page.evaluate((n) => window.phases.worker(n), `${name}-worker`);
   assert.deepEqual(w, { written: 2, lines: 3, seenByPage: 2 }, `${engine} ${entry}: import and export in a worker`);
 }
 
+/** close() or destroy() while the module's wasm is still on its way. */
+async function endedWhileLoading(page, engine, how) {
+  const name = `io-e2e-${engine}-held-${how}`;
+  await open(page, 'store');
+  let release;
+  hold = { promise: new Promise((r) => (release = r)) };
+  try {
+    await page.evaluate((n) => window.phases.held(n), name);
+    await until(() => requests.includes(IO_WASM), 'the io wasm request');
+    assert.equal(await page.evaluate((h) => window.phases.end(h), how), true);
+  } finally {
+    hold = null;
+    release();
+  }
+  const out = await page.evaluate(() => window.phases.heldResult());
+  assert.deepEqual(out.r, { isError: true, name: 'ClosedError', code: 'closed' }, `${how} during the load`);
+  assert.equal(out.recreated, how === 'close', `${how}: the database is ${how === 'close' ? 'kept' : 'not re-created'}`);
+}
+
+async function custom(page, engine) {
+  await open(page, 'store');
+  const out = await page.evaluate((n) => window.phases.custom(n), `io-e2e-${engine}-custom`);
+  assert.deepEqual(out, { bad: VALIDATION, written: 1 });
+  assert.ok(requests.includes('/alt/agentstore_io_bg.wasm'), requests.join());
+  assert.deepEqual(ioRequests(), [], 'nothing fetched from the default place');
+}
+
 async function unreachable(page, engine) {
   ioBlocked = true;
   try {
-    await page.goto(`${origin}/page.html?entry=store`);
-    await page.waitForFunction(() => window.ready === true, null, { timeout: 60_000 });
+    await open(page, 'store');
     const first = await page.evaluate((n) => window.phases.unreachable(n), `io-e2e-${engine}-unreachable`);
-    assert.deepEqual(first, { isError: true, name: 'NetworkError', code: 'network' });
+    assert.deepEqual(first, { isError: true, name: 'NetworkError', code: 'network', status: 503 });
   } finally {
     ioBlocked = false;
   }
   assert.equal(await page.evaluate(() => window.retry()), true, 'the next call loads the module');
 }
 
+async function all(newPage, engine) {
+  for (const entry of ['store', 'full']) await scenario(await newPage(), engine, entry);
+  await endedWhileLoading(await newPage(), engine, 'close');
+  await endedWhileLoading(await newPage(), engine, 'destroy');
+  await custom(await newPage(), engine);
+  await unreachable(await newPage(), engine);
+}
+
 test('chromium: import and export load pkg/io/ on first use, from both entry points', async () => {
   const browser = await launchBrowser();
+  const errors = [];
   try {
-    for (const entry of ['store', 'full']) {
-      const context = await browser.newContext();
-      const page = await context.newPage();
-      const errors = [];
+    await all(async () => {
+      const page = await (await browser.newContext()).newPage();
       page.on('pageerror', (e) => errors.push(String(e)));
-      await scenario(page, 'chromium', entry);
-      assert.deepEqual(errors, []);
-      await context.close();
-    }
-    const context = await browser.newContext();
-    await unreachable(await context.newPage(), 'chromium');
-    await context.close();
+      return page;
+    }, 'chromium');
+    assert.deepEqual(errors, []);
   } finally {
     await browser.close();
   }
@@ -258,8 +382,7 @@ test('chromium: import and export load pkg/io/ on first use, from both entry poi
 test('firefox: import and export load pkg/io/ on first use, from both entry points', async () => {
   const firefox = await launchFirefox();
   try {
-    for (const entry of ['store', 'full']) await scenario(await firefox.newPage(), 'firefox', entry);
-    await unreachable(await firefox.newPage(), 'firefox');
+    await all(() => firefox.newPage(), 'firefox');
   } finally {
     await firefox.close();
   }

@@ -109,8 +109,10 @@ after(async () => {
 
 test('vite build emits the wasm as a hashed asset next to the bundle', () => {
   const assets = readdirSync(join(EXAMPLE, 'dist', 'assets'));
-  // The entry's wasm and the import/export module's (pkg/io/), split off.
-  assert.equal(assets.filter((f) => /^agentstore_bg-.*\.wasm$/.test(f)).length, 2, `assets: ${assets}`);
+  assert.equal(assets.filter((f) => /^agentstore_bg-.*\.wasm$/.test(f)).length, 1, `assets: ${assets}`);
+  // The import/export module (pkg/io/), split off: its own chunk and wasm.
+  assert.ok(assets.some((f) => /^agentstore_io-.*\.js$/.test(f)), `assets: ${assets}`);
+  assert.ok(assets.some((f) => /^agentstore_io_bg-.*\.wasm$/.test(f)), `assets: ${assets}`);
   assert.ok(assets.some((f) => f.endsWith('.js')), `assets: ${assets}`);
 });
 
@@ -127,6 +129,13 @@ test('the built page writes and lists records, then claims and settles a lease',
   const wasm = page.waitForResponse((r) => r.url().endsWith('.wasm'));
   const fetched = [];
   page.on('request', (r) => fetched.push(r.url()));
+  // When the import/export chunk is requested, the records must already be
+  // listed: the first read never waits for it.
+  const listedWhenIoRequested = [];
+  await page.route(/\/assets\/agentstore_io-[^/]*\.js$/, async (route) => {
+    listedWhenIoRequested.push(await page.$$eval('#records li', (lis) => lis.length));
+    await route.continue();
+  });
   const url = (enroll) => `${site}/?${new URLSearchParams({ server: base, enroll, queue })}`;
 
   await page.goto(url(await enrollmentToken()));
@@ -138,6 +147,7 @@ test('the built page writes and lists records, then claims and settles a lease',
   assert.equal(await page.textContent('#error'), '');
   assert.equal(await page.textContent('#exported'), '3 records exported');
   assert.equal(fetched.filter((u) => u.endsWith('.wasm')).length, 2, 'the entry wasm, then the import/export one');
+  assert.deepEqual(listedWhenIoRequested, [3], 'the io chunk is requested once, after the records were listed');
   const records = await page.$$eval('#records li', (lis) => lis.map((li) => li.textContent));
   assert.deepEqual(records.map((t) => t.split(' — ')[0]), ['agent:reply', 'agent:summarise', 'agent:triage']);
   assert.ok(records.every((t) => /runs 1 \(rev 1-[0-9a-f]{32}\)/.test(t)), records.join('\n'));

@@ -41,6 +41,8 @@ export async function records(): Promise<void> {
   };
   const store: AgentStore = await AgentStore.open('agents', options);
   await AgentStore.open('agents'); // options are optional
+  // Where import/export code comes from (by default: import() beside the package).
+  AgentStore.setIoModule(() => import('agentstore/io'));
 
   const agent: Agent = { _id: 'agent:1', recordType: 'agent', name: 'Triage bot' };
   const written = await store.put(agent);
