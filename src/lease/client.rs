@@ -87,6 +87,8 @@ pub struct ClientInner {
     /// Settles and releases of this client's leases on the wire now
     /// (`close()` waits for them).
     pub(crate) ending_calls: Cell<u32>,
+    /// Resolved (and emptied) when `ending_calls` drops to 0.
+    ending_idle: RefCell<Vec<Function>>,
     pub(crate) journal: Journal,
     /// Keeps the `pagehide` listener alive (removed on close).
     pagehide: RefCell<Option<Closure<dyn FnMut()>>>,
@@ -119,6 +121,7 @@ impl ClientInner {
             wake: RefCell::new(None),
             closed: Cell::new(false),
             ending_calls: Cell::new(0),
+            ending_idle: RefCell::new(Vec::new()),
             journal,
             pagehide: RefCell::new(None),
             weak: weak.clone(),
@@ -248,12 +251,40 @@ impl ClientInner {
         // Also the settles of leases that expired locally while on the wire
         // (no longer held, but their answer decides how they ended).
         while self.ending_calls.get() > 0 {
-            super::http::sleep_ms(25.0).await;
+            let (idle, resolve) = super::heartbeat::deferred();
+            self.ending_idle.borrow_mut().push(resolve);
+            let _ = wasm_bindgen_futures::JsFuture::from(idle).await;
         }
         for l in held {
             l.lose(LossReason::Released, "the client was closed");
         }
         self.wake();
+    }
+}
+
+impl ClientInner {
+    /// Counts a settle or release of one of this client's leases as on the
+    /// wire until the guard is dropped (answered, failed or abandoned);
+    /// `close()` wakes when the last one ends.
+    pub(crate) fn ending_call(self: &Rc<Self>) -> EndingCall {
+        self.ending_calls.set(self.ending_calls.get() + 1);
+        EndingCall(self.clone())
+    }
+}
+
+/// See [`ClientInner::ending_call`].
+pub(crate) struct EndingCall(Rc<ClientInner>);
+
+impl Drop for EndingCall {
+    fn drop(&mut self) {
+        let c = &self.0;
+        let n = c.ending_calls.get().saturating_sub(1);
+        c.ending_calls.set(n);
+        if n == 0 {
+            for resolve in c.ending_idle.take() {
+                let _ = resolve.call0(&JsValue::UNDEFINED);
+            }
+        }
     }
 }
 

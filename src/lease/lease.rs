@@ -499,9 +499,9 @@ impl LeaseInner {
         self.plan.borrow_mut().ending = true;
         let timeout = client.config.request_timeout_ms;
         self.in_flight.set(self.in_flight.get() + 1);
-        client.ending_calls.set(client.ending_calls.get() + 1);
+        let on_wire = client.ending_call();
         let r = client.authed("POST", path, Some(body), timeout, None).await;
-        client.ending_calls.set(client.ending_calls.get() - 1);
+        drop(on_wire);
         self.in_flight.set(self.in_flight.get() - 1);
         self.plan.borrow_mut().ending = false;
         if self.in_flight.get() == 0 {
