@@ -21,22 +21,34 @@ export function ioUse(s) {
   io = undefined;
 }
 
+// Thrown for a module handed to setIoModule that is not the io module.
+const notTheModule = () => {
+  const e = new Error('agentstore: setIoModule: the module has no default() and AgentStore.__openForIo (is it "agentstore/io"?)');
+  e.name = 'ValidationError';
+  e.code = 'validation';
+  e.status = 400;
+  return e;
+};
+
 const load = () => {
   if (!io) {
     const s = source ?? (() => import('./io/agentstore_io.js'));
     // default() fetches the module's wasm from beside its glue
     // (new URL(..., import.meta.url)), or returns at once when the app has
     // initialised the module itself.
-    io = Promise.resolve(typeof s === 'function' ? s() : s).then(async (m) => {
+    const p = Promise.resolve(typeof s === 'function' ? s() : s).then(async (m) => {
+      if (typeof m?.default !== 'function' || typeof m.AgentStore?.__openForIo !== 'function') throw notTheModule();
       await m.default();
       return m;
     });
-    // A failed load is not kept: the next call tries again. (A failed fetch
-    // of io/agentstore_io.js itself stays failed in Firefox, whose module map
+    io = p;
+    // A failed load is not kept: the next call tries again (unless
+    // setIoModule started another meanwhile). A failed fetch of
+    // io/agentstore_io.js itself stays failed in Firefox, whose module map
     // keeps it as HTML specifies, until the page reloads; its wasm is
-    // fetched again.)
-    io.catch(() => {
-      io = undefined;
+    // fetched again.
+    p.catch(() => {
+      if (io === p) io = undefined;
     });
   }
   return io;
@@ -55,11 +67,18 @@ export async function ioLoad() {
     return await load();
   } catch (cause) {
     const W = globalThis.WebAssembly;
-    if (cause instanceof SyntaxError || (W && (cause instanceof W.CompileError || cause instanceof W.LinkError))) {
+    if (
+      cause?.name === 'ValidationError' ||
+      cause instanceof SyntaxError ||
+      (W && (cause instanceof W.CompileError || cause instanceof W.LinkError || cause instanceof W.RuntimeError))
+    ) {
       throw cause;
     }
     const e = new Error(
-      `agentstore: the import/export module (io/agentstore_io.js) could not be loaded: ${cause.message}`,
+      `agentstore: the import/export module (io/agentstore_io.js) could not be loaded: ${cause?.message ?? String(cause)}` +
+        (typeof ServiceWorkerGlobalScope === 'function' && globalThis instanceof ServiceWorkerGlobalScope
+          ? ' (a service worker cannot import() it: hand it over with AgentStore.setIoModule)'
+          : ''),
       { cause },
     );
     e.name = 'NetworkError';
@@ -69,31 +88,37 @@ export async function ioLoad() {
   }
 }
 
-// The io connections of each store now open (by the store's token), and the
-// tokens of stores closed since: close() closes their io connections too,
-// including one whose open is still in flight.
-const running = new Map();
-const closed = new Set();
+// Per store token: the calls in ioRun, the io connections they opened, and
+// whether the store was closed while one was in ioRun (close() then closes
+// their connections too, including one whose open is still in flight). A
+// token is forgotten when its last call ends.
+const calls = new Map();
 
 /** Closes the io connections of the store with `token` (its close()). */
 export function ioClose(token) {
-  closed.add(token);
-  for (const s of running.get(token) ?? []) s.close();
+  const c = calls.get(token);
+  if (!c) return;
+  c.closed = true;
+  for (const s of c.open) s.close();
 }
 
 /** Runs `method(a, b)` on a connection of module `m` to store `name`. */
-export async function ioRun(m, token, name, indexes, timeoutMs, method, a, b) {
-  const s = await m.AgentStore.__openForIo(name, indexes, timeoutMs);
-  let open = running.get(token);
-  if (!open) running.set(token, (open = new Set()));
-  open.add(s);
+export async function ioRun(m, token, name, indexes, timeoutMs, schema, method, a, b) {
+  let c = calls.get(token);
+  if (!c) calls.set(token, (c = { n: 0, open: new Set(), closed: false }));
+  c.n++;
   try {
-    if (closed.has(token)) s.close();
-    return await s[method](a, b);
+    const s = await m.AgentStore.__openForIo(name, indexes, timeoutMs, schema);
+    c.open.add(s);
+    try {
+      if (c.closed) s.close();
+      return await s[method](a, b);
+    } finally {
+      c.open.delete(s);
+      s.close();
+      s.free();
+    }
   } finally {
-    open.delete(s);
-    if (!open.size) running.delete(token);
-    s.close();
-    s.free();
+    if (--c.n === 0) calls.delete(token);
   }
 }

@@ -129,7 +129,7 @@ if (hasIo) {
 // entry points) is inlined into each entry's glue: as a snippet file it
 // would be one more module request before `init` can start (two round trips
 // on a slow link, as the glue's import of it is discovered only after the
-// glue arrives). Its `import('./io/agentstore.js')` is rewritten relative to
+// glue arrives). Its `import('./io/agentstore_io.js')` is rewritten relative to
 // the glue's own directory, so that bundlers still see a literal path and
 // split pkg/io/ into a chunk of its own. Idempotent: a glue that no longer
 // imports the snippet is left alone.
@@ -166,7 +166,7 @@ const inlineIoLoader = (root) => {
   // A glue still naming the loader (wasm-bindgen changed how it imports
   // snippets) would load it from a path where the io module is not.
   // (The wasm's import module names, keys of the imports object, stay.)
-  if (/from ['"][^'"]*io-loader\.js['"]/.test(readFileSync(glue, 'utf8'))) {
+  if (/from\s*['"][^'"]*io-loader\.js['"]/.test(readFileSync(glue, 'utf8'))) {
     throw new Error(`${glue}: js/io-loader.js was not inlined`);
   }
 };

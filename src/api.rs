@@ -604,6 +604,7 @@ extern "C" {
         name: &str,
         indexes: JsValue,
         blocked_timeout_ms: u32,
+        schema: u32,
         method: &str,
         a: &JsValue,
         b: &JsValue,
@@ -654,6 +655,7 @@ impl AgentStore {
                 s.name(),
                 defs.into(),
                 s.blocked_timeout_ms(),
+                crate::store::db::SCHEMA_VERSION,
                 method,
                 &a,
                 &b,
@@ -665,9 +667,10 @@ impl AgentStore {
     }
 }
 
-#[cfg(not(feature = "io"))]
-/// The checks an import makes before it reads its source: options, then
-/// `legacyIndexId` (PouchDB dumps), then the source's type, then the signal.
+/// The checks an import makes before it reads its source, in every build
+/// (the entry points make them before they load the io module, which makes
+/// them again): options, then `legacyIndexId` (PouchDB dumps), then the
+/// source's type, then the signal.
 fn import_checks(source: &JsValue, options: &JsValue, pouch: bool) -> Result<(), StoreError> {
     let opts = import_options(options)?;
     if pouch {
@@ -710,7 +713,7 @@ impl AgentStore {
     /// string, `Blob`, `Response` or `ReadableStream`, streamed in batches.
     ///
     /// The first import or export loads `io/agentstore_io.js` and its wasm
-    /// (about 106 kB gzipped) from beside the package's entry point (see
+    /// (about 107 kB gzipped) from beside the package's entry point (see
     /// `setIoModule`); a load that fails for want of the network rejects
     /// with NetworkError (code "network") and the next call tries again.
     /// Arguments are checked before: bad ones are refused without a download.
@@ -778,8 +781,21 @@ impl AgentStore {
     /// it was deleted), without the background index rebuild (the
     /// connection that asked runs it). Not public API.
     #[wasm_bindgen(js_name = __openForIo, skip_typescript)]
-    pub fn open_for_io(name: String, indexes: JsValue, blocked_timeout_ms: u32) -> Promise {
+    pub fn open_for_io(
+        name: String,
+        indexes: JsValue,
+        blocked_timeout_ms: u32,
+        schema: u32,
+    ) -> Promise {
         run(async move {
+            // An io module of another release (a cached file) must not open
+            // the database at another schema version: a newer one would
+            // upgrade it under the caller's connection.
+            if schema != crate::store::db::SCHEMA_VERSION {
+                return Err(StoreError::validation(
+                    "the import/export module is from another release of agentstore (schema version differs)",
+                ));
+            }
             let indexes = parse_index_defs(&indexes)?;
             let store = Store::open_existing(&name, blocked_timeout_ms, indexes).await?;
             Ok(AgentStore::from_store(store).into())
@@ -796,6 +812,7 @@ impl AgentStore {
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
+            import_checks(&source, &options, true)?;
             let opts = import_options(&options)?;
             let legacy_id = legacy_id(&options)?;
             let (sum, counts, legacy) =
@@ -888,6 +905,7 @@ impl AgentStore {
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
+            import_checks(&source, &options, false)?;
             let opts = import_options(&options)?;
             let c = s.import_snapshot_with(&source, &opts).await?;
             let o = Object::new();

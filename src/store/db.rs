@@ -824,11 +824,10 @@ pub fn factory() -> Result<IdbFactory> {
         .ok_or_else(|| StoreError::Transaction("IndexedDB is not available in this context".into()))
 }
 
-/// Creates the record store's object stores and index where missing.
-/// An upgrade that creates nothing: for a second connection to a store that
-/// must already exist (the io module's). A database that is not there (it was
-/// deleted) is refused, so the open fails with ClosedError instead of
-/// creating an empty one.
+/// The upgrade of a second connection to a store that must already exist
+/// (the io module's): a database that is not there (it was deleted) is
+/// refused, so the open fails with ClosedError instead of creating an empty
+/// one; an existing one gets what [`create_schema`] adds.
 pub fn existing_only(db: &IdbDatabase) -> std::result::Result<(), JsValue> {
     if db.object_store_names().length() == 0 {
         return Err(JsValue::from_str("the store was deleted"));
@@ -836,6 +835,7 @@ pub fn existing_only(db: &IdbDatabase) -> std::result::Result<(), JsValue> {
     create_schema(db)
 }
 
+/// Creates the record store's object stores and index where missing.
 fn create_schema(db: &IdbDatabase) -> std::result::Result<(), JsValue> {
     let names = db.object_store_names();
     let key_id = web_sys::IdbObjectStoreParameters::new();

@@ -73,6 +73,8 @@ extern "C" {
 
     #[wasm_bindgen(js_name = ReadableStream)]
     type JsReadableStream;
+    #[wasm_bindgen(method, getter, js_class = "ReadableStream")]
+    fn locked(this: &JsReadableStream) -> bool;
     #[wasm_bindgen(method, js_class = "ReadableStream", js_name = pipeThrough)]
     fn pipe_through(this: &JsReadableStream, transform: &JsTextDecoderStream) -> JsReadableStream;
     #[wasm_bindgen(method, js_class = "ReadableStream", js_name = getReader)]
@@ -119,7 +121,12 @@ fn kind(v: &JsValue) -> Result<Kind<'_>> {
         }
         return Ok(Kind::Response(r));
     }
-    if v.has_type::<JsReadableStream>() {
+    if let Some(r) = v.dyn_ref::<JsReadableStream>() {
+        if r.locked() {
+            return Err(StoreError::validation(
+                "the ReadableStream is locked (it is already being read)",
+            ));
+        }
         return Ok(Kind::Stream);
     }
     Err(StoreError::validation(SOURCE_TYPES))
@@ -130,7 +137,6 @@ fn kind(v: &JsValue) -> Result<Kind<'_>> {
 ///
 /// # Errors
 /// ValidationError as [`Source::from_js`] gives it.
-#[cfg(not(feature = "io"))]
 pub(crate) fn check_source(v: &JsValue) -> Result<()> {
     kind(v).map(|_| ())
 }

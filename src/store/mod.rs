@@ -13,7 +13,6 @@ mod io;
 pub(crate) mod lines;
 mod list;
 mod mutate;
-#[cfg(not(feature = "io"))]
 pub(crate) use mutate::check_abort;
 pub mod watch;
 

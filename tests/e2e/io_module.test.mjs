@@ -77,6 +77,11 @@ window.phases = {
       await fail(s.importPouchDump(42)),
       await fail(s.importPouchDump('x', { legacyIndexId: 7 })),
       await fail(s.exportSnapshot('fast')),
+      await (async () => {
+        const locked = new Blob(['x']).stream();
+        locked.getReader();
+        return fail(s.importSnapshot(locked));
+      })(),
       await fail(s.importSnapshot('x', { signal: ac.signal })),
     ];
   },
@@ -178,8 +183,14 @@ window.phases = {
     await AgentStore.destroy(name);
     const s = await AgentStore.open(name);
     const sum = await s.importSnapshot([JSON.stringify({ agentstore: 'snapshot', records: 1, tombstones: 0, version: 1 }), JSON.stringify({ _id: 'c:1', _rev: '1-' + 'a'.repeat(32), n: 1, updatedAt: '2026-01-01T00:00:00.000Z' })].join('\\n'));
+    // Not the io module: a ValidationError, not a NetworkError.
+    AgentStore.setIoModule({});
+    const notIo = await fail(s.exportSnapshot());
+    // The module object itself (as a service worker hands it over).
+    AgentStore.setIoModule(await import('/alt/agentstore_io.js'));
+    const lines = (await s.exportSnapshot()).trim().split('\\n').length;
     s.close();
-    return { bad, written: sum.written };
+    return { bad, written: sum.written, notIo, lines };
   },
   async unreachable(name) {
     await AgentStore.destroy(name);
@@ -275,7 +286,7 @@ async function scenario(page, engine, entry) {
   assert.deepEqual(local, { count: 3, got: 2, listed: 3 });
   const checks = await page.evaluate(() => window.phases.checks());
   assert.deepEqual(checks, [
-    VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION,
+    VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION,
     { isError: true, name: 'AbortError', code: 'aborted' },
   ]);
   assert.deepEqual(
@@ -339,7 +350,7 @@ async function endedWhileLoading(page, engine, how) {
 async function custom(page, engine) {
   await open(page, 'store');
   const out = await page.evaluate((n) => window.phases.custom(n), `io-e2e-${engine}-custom`);
-  assert.deepEqual(out, { bad: VALIDATION, written: 1 });
+  assert.deepEqual(out, { bad: VALIDATION, written: 1, notIo: VALIDATION, lines: 2 });
   assert.ok(requests.includes('/alt/agentstore_io_bg.wasm'), requests.join());
   assert.deepEqual(ioRequests(), [], 'nothing fetched from the default place');
 }
