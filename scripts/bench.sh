@@ -59,7 +59,7 @@ fi
 
 mkdir -p bench/results
 # BENCH_BEFORE=DIR adds "agentstore (before)": another build of pkg/ (e.g. main's)
-# run side by side in the same browsers.
+# run side by side in the same browsers, and in the time-to-first-read runs.
 BEFORE_ARGS=()
 [ -n "${BENCH_BEFORE:-}" ] && BEFORE_ARGS=(--before "$BENCH_BEFORE")
 step "browser benchmarks, Chromium (${RUNS} runs, budget $((BROWSER_S / 2)) s)"
@@ -71,7 +71,7 @@ timeout --kill-after=30 "$((BROWSER_S / 2 + 300))" \
   node bench/run-browser.mjs --browser firefox --runs "$RUNS" --budget-s "$((BROWSER_S / 2))" \
   "${BEFORE_ARGS[@]}" --out bench/results/browser-firefox.json > bench/results/browser-firefox.md
 step "time to first read (slow profile, fresh profile per run)"
-timeout --kill-after=30 600 node bench/first-read.mjs --runs 3 > bench/results/first-read.md
+timeout --kill-after=30 900 node bench/first-read.mjs --runs 3 "${BEFORE_ARGS[@]}" > bench/results/first-read.md
 
 step "import/export memory and time (bench/import.mjs, ${IMPORT_RUNS:=3} runs)"
 timeout --kill-after=30 1800 node bench/import.mjs --runs "$IMPORT_RUNS" > bench/results/import.md
