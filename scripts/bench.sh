@@ -78,8 +78,10 @@ timeout --kill-after=30 1800 node bench/import.mjs --runs "$IMPORT_RUNS" > bench
 
 step "PostgreSQL on loopback (scripts/pg.sh)"
 PG_ARGS=()
-if bash scripts/pg.sh start >&2; then
-  PG_ARGS=(--pg-admin-url "postgres://postgres@127.0.0.1:${AGENTSTORE_PG_PORT:-55432}/postgres")
+# pg.sh picks a free port (or AGENTSTORE_PG_PORT) and prints the test URL
+# last; the benchmark needs the cluster's superuser on that port.
+if PG_URL="$(bash scripts/pg.sh start | tail -n 1)" && [[ "$PG_URL" =~ :([0-9]+)/ ]]; then
+  PG_ARGS=(--pg-admin-url "postgres://postgres@127.0.0.1:${BASH_REMATCH[1]}/postgres")
 else
   echo "PostgreSQL unavailable: PostgreSQL scenarios skipped" >&2
 fi
