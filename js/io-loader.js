@@ -58,9 +58,10 @@ const load = () => {
  * The initialised io module. A fetch that fails (offline, a CORS refusal: a
  * TypeError; an HTTP error status: wasm-bindgen's "failed to fetch Wasm"
  * Error) rejects with a NetworkError (code "network", status 503, the
- * failure in `cause`). A module that arrived but does not compile or link
- * (a CompileError, e.g. a CSP without 'wasm-unsafe-eval'; a LinkError) or
- * does not parse (a SyntaxError) rejects as thrown.
+ * failure in `cause`). A module that arrived but does not compile, link or
+ * start (a CompileError, e.g. a CSP without 'wasm-unsafe-eval'; a LinkError;
+ * a RuntimeError) or does not parse (a SyntaxError) rejects as thrown, and a
+ * setIoModule source that is not the io module with a ValidationError.
  */
 export async function ioLoad() {
   try {
@@ -76,7 +77,9 @@ export async function ioLoad() {
     }
     const e = new Error(
       `agentstore: the import/export module (io/agentstore_io.js) could not be loaded: ${cause?.message ?? String(cause)}` +
-        (typeof ServiceWorkerGlobalScope === 'function' && globalThis instanceof ServiceWorkerGlobalScope
+        (source === undefined &&
+        typeof ServiceWorkerGlobalScope === 'function' &&
+        globalThis instanceof ServiceWorkerGlobalScope
           ? ' (a service worker cannot import() it: hand it over with AgentStore.setIoModule)'
           : ''),
       { cause },

@@ -813,6 +813,9 @@ impl AgentStore {
         let s = self.inner.clone();
         run(async move {
             import_checks(&source, &options, true)?;
+            // A closed store is refused before its source is read, as the
+            // entry points refuse it before they load the io module.
+            s.check_open()?;
             let opts = import_options(&options)?;
             let legacy_id = legacy_id(&options)?;
             let (sum, counts, legacy) =
@@ -906,6 +909,9 @@ impl AgentStore {
         let s = self.inner.clone();
         run(async move {
             import_checks(&source, &options, false)?;
+            // A closed store is refused before its source is read, as the
+            // entry points refuse it before they load the io module.
+            s.check_open()?;
             let opts = import_options(&options)?;
             let c = s.import_snapshot_with(&source, &opts).await?;
             let o = Object::new();

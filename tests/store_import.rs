@@ -821,3 +821,49 @@ async fn a_second_connection_never_recreates_a_deleted_store() {
     assert_eq!(code(&err), ErrorCode::Closed);
     assert!(!database_names().await.contains(&name));
 }
+
+/// `(name, code)` of the error an AgentStore Promise rejects with.
+async fn rejection(p: Promise) -> (String, String) {
+    let e = JsFuture::from(p).await.expect_err("the call must reject");
+    (
+        field_str(&e, "name").unwrap_or_default(),
+        field_str(&e, "code").unwrap_or_default(),
+    )
+}
+
+/// The JS API refuses an import the same way in every build (the shipped
+/// entry points check before they load the io module; this build runs the
+/// bodies in place): its arguments first, then a closed store, then an
+/// aborted signal, all before the source is read. Before, an empty or
+/// header-only source on a closed store resolved `{written: 0}` here while
+/// the entry points rejected with ClosedError.
+#[wasm_bindgen_test]
+async fn an_import_refuses_a_closed_store_or_an_aborted_signal_before_it_reads() {
+    let (store, _name) = open("io-refusals").await;
+    let api = agentstore::AgentStore::from_store(store);
+    let aborted = web_sys::AbortController::new().unwrap();
+    aborted.abort();
+    let with_signal = js_sys::Object::new();
+    js_sys::Reflect::set(&with_signal, &"signal".into(), &aborted.signal()).unwrap();
+    assert_eq!(
+        rejection(api.import_snapshot(s(""), with_signal.clone().into())).await,
+        ("AbortError".into(), "aborted".into())
+    );
+    assert_eq!(
+        rejection(api.import_pouch_dump(s(HEADER), with_signal.into())).await,
+        ("AbortError".into(), "aborted".into())
+    );
+    api.close();
+    for p in [
+        api.import_snapshot(s(""), JsValue::UNDEFINED),
+        api.import_snapshot(s(HEADER), JsValue::UNDEFINED),
+        api.import_pouch_dump(s(""), JsValue::UNDEFINED),
+    ] {
+        assert_eq!(rejection(p).await, ("ClosedError".into(), "closed".into()));
+    }
+    // Bad arguments are named first, even on a closed store.
+    assert_eq!(
+        rejection(api.import_snapshot(JsValue::from(42), JsValue::UNDEFINED)).await,
+        ("ValidationError".into(), "validation".into())
+    );
+}
