@@ -671,13 +671,22 @@ impl AgentStore {
 /// (the entry points make them before they load the io module, which makes
 /// them again): options, then `legacyIndexId` (PouchDB dumps), then the
 /// source's type, then the signal.
-fn import_checks(source: &JsValue, options: &JsValue, pouch: bool) -> Result<(), StoreError> {
+/// Returns the options read (and, with `pouch`, `legacyIndexId`), so that
+/// each option is read once.
+fn import_checks(
+    source: &JsValue,
+    options: &JsValue,
+    pouch: bool,
+) -> Result<(ImportOptions, String), StoreError> {
     let opts = import_options(options)?;
-    if pouch {
-        legacy_id(options)?;
-    }
+    let legacy = if pouch {
+        legacy_id(options)?
+    } else {
+        String::new()
+    };
     crate::store::lines::check_source(source)?;
-    crate::store::check_abort(opts.signal.as_ref())
+    crate::store::check_abort(opts.signal.as_ref())?;
+    Ok((opts, legacy))
 }
 
 #[cfg(not(feature = "io"))]
@@ -723,7 +732,7 @@ impl AgentStore {
         #[wasm_bindgen(unchecked_param_type = "ImportSource")] source: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "ImportOptions")] options: JsValue,
     ) -> Promise {
-        let checked = import_checks(&source, &options, true);
+        let checked = import_checks(&source, &options, true).map(|_| ());
         self.io("importPouchDump", source, options, checked)
     }
 
@@ -768,7 +777,7 @@ impl AgentStore {
         #[wasm_bindgen(unchecked_param_type = "ImportSource")] source: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "ImportOptions")] options: JsValue,
     ) -> Promise {
-        let checked = import_checks(&source, &options, false);
+        let checked = import_checks(&source, &options, false).map(|_| ());
         self.io("importSnapshot", source, options, checked)
     }
 }
@@ -812,12 +821,10 @@ impl AgentStore {
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
-            import_checks(&source, &options, true)?;
+            let (opts, legacy_id) = import_checks(&source, &options, true)?;
             // A closed store is refused before its source is read, as the
             // entry points refuse it before they load the io module.
             s.check_open()?;
-            let opts = import_options(&options)?;
-            let legacy_id = legacy_id(&options)?;
             let (sum, counts, legacy) =
                 s.import_pouch_dump_with(&source, &legacy_id, &opts).await?;
             let o = Object::new();
@@ -908,11 +915,10 @@ impl AgentStore {
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
-            import_checks(&source, &options, false)?;
+            let (opts, _) = import_checks(&source, &options, false)?;
             // A closed store is refused before its source is read, as the
             // entry points refuse it before they load the io module.
             s.check_open()?;
-            let opts = import_options(&options)?;
             let c = s.import_snapshot_with(&source, &opts).await?;
             let o = Object::new();
             set(&o, "written", &c.written.into());

@@ -861,6 +861,21 @@ async fn an_import_refuses_a_closed_store_or_an_aborted_signal_before_it_reads()
     ] {
         assert_eq!(rejection(p).await, ("ClosedError".into(), "closed".into()));
     }
+    // A source that is already being read is refused before anything else
+    // (the entry points refuse it without loading the io module).
+    let f = Function::new_no_args(
+        "const r = new Response('x'); r.body.getReader(); \
+         const s = new Blob(['x']).stream(); s.getReader(); return [r, s];",
+    );
+    let busy: Array = f.call0(&JsValue::NULL).unwrap().into();
+    for source in busy.iter() {
+        let e = JsFuture::from(api.import_snapshot(source, JsValue::UNDEFINED))
+            .await
+            .expect_err("a locked source is refused");
+        assert_eq!(field_str(&e, "name").as_deref(), Some("ValidationError"));
+        let message = field_str(&e, "message").unwrap_or_default();
+        assert!(message.contains("locked"), "{message}");
+    }
     // Bad arguments are named first, even on a closed store.
     assert_eq!(
         rejection(api.import_snapshot(JsValue::from(42), JsValue::UNDEFINED)).await,

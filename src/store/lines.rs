@@ -70,6 +70,8 @@ extern "C" {
     fn blob(this: &JsResponse) -> std::result::Result<Promise, JsValue>;
     #[wasm_bindgen(method, getter, js_class = "Response", js_name = bodyUsed)]
     fn body_used(this: &JsResponse) -> bool;
+    #[wasm_bindgen(method, getter, js_class = "Response")]
+    fn body(this: &JsResponse) -> Option<JsReadableStream>;
 
     #[wasm_bindgen(js_name = ReadableStream)]
     type JsReadableStream;
@@ -118,6 +120,11 @@ fn kind(v: &JsValue) -> Result<Kind<'_>> {
     if let Some(r) = v.dyn_ref::<JsResponse>() {
         if r.body_used() {
             return Err(StoreError::validation("the Response body was already read"));
+        }
+        if r.body().is_some_and(|b| b.locked()) {
+            return Err(StoreError::validation(
+                "the Response body is locked (it is already being read)",
+            ));
         }
         return Ok(Kind::Response(r));
     }
