@@ -641,13 +641,7 @@ impl AgentStore {
             let defs: Array = s
                 .indexes()
                 .iter()
-                .map(|d| {
-                    let o = Object::new();
-                    set(&o, "name", &d.name.as_str().into());
-                    let keys: Array = d.keys.iter().map(|k| JsValue::from_str(k)).collect();
-                    set(&o, "keys", &keys);
-                    JsValue::from(o)
-                })
+                .map(crate::store::index::def_js)
                 .collect();
             let p = io_run(
                 &module,

@@ -83,10 +83,7 @@ impl IndexState {
     fn to_js(&self) -> JsValue {
         let defs = Object::new();
         for (tag, d) in self.defs.iter() {
-            let o = Object::new();
-            set(&o, "name", &d.name.as_str().into());
-            set(&o, "keys", &strings_js(&d.keys));
-            set(&defs, tag, &o);
+            set(&defs, tag, &def_js(d));
         }
         let o = Object::new();
         set(&o, "defs", &defs);
@@ -120,6 +117,14 @@ impl IndexState {
         state.building = strings_from_js(&field("building")).unwrap_or_default();
         state
     }
+}
+
+/// An index definition as JS: `{name, keys}` (the shape `open` takes).
+pub(crate) fn def_js(d: &IndexDef) -> JsValue {
+    let o = Object::new();
+    set(&o, "name", &d.name.as_str().into());
+    set(&o, "keys", &strings_js(&d.keys));
+    o.into()
 }
 
 fn strings_js(xs: &[String]) -> JsValue {
