@@ -460,3 +460,111 @@ async fn an_update_after_another_connection_builds_an_index_maintains_it() {
         assert_indexes_clean(&indexed).await;
     }
 }
+
+/// Group commit: writes issued together share one transaction, and each
+/// keeps its own outcome. Over 40 rounds, two puts with the same revision,
+/// a put of another id and a throwing mutate are issued at once: exactly one
+/// of the two same-revision puts wins, the loser gets a ConflictError naming
+/// the winner's revision, the other id is written and the throw reaches only
+/// its own caller.
+#[wasm_bindgen_test]
+async fn writes_issued_together_keep_their_own_cas_outcomes_and_errors() {
+    let (a, _) = open("group").await;
+    let mut rev = a.put(&js(json!({"_id": "k", "n": 0}))).await.unwrap().rev;
+    let thrower = js_sys::Function::new_with_args("cur", "throw new RangeError('mine')");
+    for round in 0..40 {
+        let other = format!("other-{round}");
+        let rx = js(json!({"_id": "k", "n": round, "who": "x", "_rev": rev}));
+        let ry = js(json!({"_id": "k", "n": round, "who": "y", "_rev": rev}));
+        let rz = js(json!({"_id": other, "recordType": "counter"}));
+        let k = s("k");
+        let (x, y, z, t) = futures::join!(
+            a.put(&rx),
+            a.put(&ry),
+            a.put(&rz),
+            a.mutate(&k, &thrower, 0, None)
+        );
+        let (won, lost) = match (x, y) {
+            (Ok(w), Err(e)) => (w, e),
+            (Err(e), Ok(w)) => (w, e),
+            (x, y) => panic!("round {round}: exactly one must win: {x:?} {y:?}"),
+        };
+        match &lost {
+            agentstore::error::StoreError::Conflict { current_rev, .. } => {
+                assert_eq!(current_rev.as_deref(), Some(won.rev.as_str()))
+            }
+            other => panic!("round {round}: the loser must conflict: {other:?}"),
+        }
+        assert!(z.unwrap().rev.starts_with("1-"));
+        match t {
+            Err(agentstore::error::StoreError::Thrown(v)) => {
+                assert!(wasm_bindgen::JsCast::is_instance_of::<js_sys::RangeError>(
+                    &v
+                ))
+            }
+            other => panic!("round {round}: the throw must reach its caller: {other:?}"),
+        }
+        let stored = a.get(&s("k")).await.unwrap().unwrap();
+        assert_eq!(
+            field_str(&stored, "_rev").as_deref(),
+            Some(won.rev.as_str())
+        );
+        rev = won.rev;
+    }
+    assert_indexes_clean(&a).await;
+}
+
+/// A shared transaction that fails (here: aborted after its writes by the
+/// test hook) keeps nothing, and each of its writes is run again alone, so
+/// each gets the outcome it would have had in a transaction of its own. A
+/// write alone in its transaction still reports the failure.
+#[wasm_bindgen_test]
+async fn a_failed_shared_transaction_retries_each_write_alone() {
+    let (a, _) = open("group-abort").await;
+    let inc = js_sys::Function::new_with_args("cur", "return {...cur, n: (cur ? cur.n : 0) + 1};");
+    for round in 0..10 {
+        let (p, q) = (format!("p-{round}"), format!("q-{round}"));
+        a.inject_abort_next_write();
+        let (rp, rq, n) = (js(json!({"_id": p})), js(json!({"_id": q})), s("n"));
+        let (x, y, z) = futures::join!(a.put(&rp), a.put(&rq), a.mutate(&n, &inc, 0, None));
+        assert!(x.unwrap().rev.starts_with("1-"));
+        assert!(y.unwrap().rev.starts_with("1-"));
+        assert!(z.unwrap().is_some());
+    }
+    let n = a.get(&s("n")).await.unwrap().unwrap();
+    assert_eq!(field(&n, "n").as_f64(), Some(10.0));
+    a.inject_abort_next_write();
+    let alone = a.put(&js(json!({"_id": "alone"}))).await;
+    assert_eq!(code(&alone.unwrap_err()), ErrorCode::Transaction);
+    assert!(a.get(&s("alone")).await.unwrap().is_none());
+    assert_indexes_clean(&a).await;
+}
+
+/// A write never joins a group started before another transaction the
+/// caller issued in between: `put(y)`, `delete(x)`, `put(x)` issued in that
+/// order without awaiting run in that order (the create of `x` follows its
+/// tombstone), every round.
+#[wasm_bindgen_test]
+async fn a_write_issued_after_a_delete_never_runs_before_it() {
+    let (a, _) = open("group-order").await;
+    for round in 0..20 {
+        let (x, y) = (format!("x-{round}"), format!("y-{round}"));
+        let rev = a.put(&js(json!({"_id": x}))).await.unwrap().rev;
+        let (ry, rx, kx, kr) = (
+            js(json!({"_id": y})),
+            js(json!({"_id": x, "again": true})),
+            s(&x),
+            s(&rev),
+        );
+        let (py, dx, px) = futures::join!(a.put(&ry), a.delete(&kx, &kr), a.put(&rx));
+        py.unwrap();
+        let tomb = dx.unwrap();
+        let again = px.unwrap();
+        assert!(
+            tomb.starts_with("2-") && again.rev.starts_with("3-"),
+            "{tomb} {}",
+            again.rev
+        );
+    }
+    assert_indexes_clean(&a).await;
+}

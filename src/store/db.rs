@@ -51,6 +51,9 @@ pub struct Db {
     /// Set when the connection was closed, with the reason, so later calls
     /// fail with ClosedError instead of an opaque InvalidStateError.
     closed: Rc<RefCell<Option<String>>>,
+    /// Transactions started on this connection so far (group commit joins
+    /// a group only while no other transaction started after it).
+    seq: Cell<u32>,
     /// Keeps the `versionchange` handler alive.
     _on_version_change: Closure<dyn FnMut(web_sys::IdbVersionChangeEvent)>,
 }
@@ -172,6 +175,7 @@ impl Db {
         Ok(Db {
             raw,
             closed,
+            seq: Cell::new(0),
             _on_version_change: on_vc,
         })
     }
@@ -201,6 +205,7 @@ impl Db {
     /// ClosedError after `close()` or a `versionchange`.
     pub fn tx(&self, stores: &[&str], mode: TransactionMode) -> Result<Tx> {
         self.check_open()?;
+        self.seq.set(self.seq.get().wrapping_add(1));
         let names: Array = stores.iter().map(|s| JsValue::from_str(s)).collect();
         let write = mode == TransactionMode::ReadWrite;
         let mode = if write {
@@ -218,6 +223,13 @@ impl Db {
             #[cfg(feature = "test-hooks")]
             fault: Rc::new(Cell::new(None)),
         })
+    }
+}
+
+impl Db {
+    /// How many transactions were started on this connection (wrapping).
+    pub fn seq(&self) -> u32 {
+        self.seq.get()
     }
 }
 

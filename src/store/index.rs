@@ -231,7 +231,7 @@ impl Store {
     }
 
     /// [`Store::write_indexes`] given the issued generation read.
-    async fn write_indexes_from(
+    pub(crate) async fn write_indexes_from(
         &self,
         tx: &Tx,
         gen: Req<Option<JsValue>>,

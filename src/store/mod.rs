@@ -7,6 +7,7 @@
 
 mod bulk;
 pub mod db;
+mod group;
 pub mod index;
 #[cfg(feature = "io")]
 mod io;
@@ -116,6 +117,8 @@ pub struct Store {
     fault_request_next: std::cell::Cell<Option<(u32, db::Fault)>>,
     /// The maintained index definitions, by state generation.
     index_cache: index::IndexCache,
+    /// The write group open for joining (group commit, `group.rs`).
+    group: std::cell::RefCell<Option<std::rc::Rc<group::Group>>>,
 }
 
 impl Store {
@@ -197,6 +200,7 @@ impl Store {
             #[cfg(feature = "test-hooks")]
             fault_request_next: std::cell::Cell::new(None),
             index_cache: index::IndexCache::default(),
+            group: Default::default(),
         }
     }
 
@@ -311,33 +315,14 @@ impl Store {
         self.put_prepared(p).await
     }
 
+    /// Writes `p` with compare-and-swap, in a transaction it may share
+    /// with other single-record writes issued at the same time (group
+    /// commit, see `group.rs`); commits and notifies watchers.
     pub(crate) async fn put_prepared(&self, p: Prepared) -> Result<Written> {
-        let tx = self.write_tx()?;
-        let ((current, stored), state) = self.with_indexes(&tx, read_current(&tx, &p.id)).await?;
-        self.cas_write(tx, &state, &current, stored, p).await
-    }
-
-    /// Decides `p` against what `tx` read (`current`, `stored`), writes the
-    /// record and its index entries in `tx`, commits and notifies watchers.
-    /// Any error after the first write request drops `tx`, which aborts it.
-    pub(crate) async fn cas_write(
-        &self,
-        tx: Tx,
-        state: &index::Maintained,
-        current: &Current,
-        stored: Option<JsValue>,
-        p: Prepared,
-    ) -> Result<Written> {
-        let rev = match decide_put(current, p.expected.as_ref()) {
-            Ok(base) => p.stamp(base, stored.as_ref(), &now_iso())?,
-            Err(_) => return Err(conflict(&p, current, stored)),
-        };
-        write_record(&tx, &p, current, false)?;
-        index::maintain(&tx, state, stored.as_ref(), Some(&p.object))?;
-        self.finish(tx).await?;
-        self.changes
-            .post(&[(p.id.clone().into(), rev.clone(), false)]);
-        Ok(Written { id: p.id, rev })
+        match self.write_one(group::Job::Put(p)).await? {
+            group::Done::Written(w) => Ok(w),
+            _ => Err(StoreError::Transaction("put wrote nothing".into())),
+        }
     }
 
     /// Deletes with CAS, leaving a tombstone; returns the tombstone's revision.

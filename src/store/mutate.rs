@@ -1,5 +1,6 @@
 //! `mutate`: read-modify-write of one record with a caller's function.
 
+use super::group::{Done, Job};
 use super::{Prepared, Store, Written};
 use crate::error::{set, Result, StoreError};
 use agentstore_protocol::backoff::{full_jitter_ms, MUTATE_BASE_MS, MUTATE_CAP_MS};
@@ -35,44 +36,24 @@ impl Store {
         let mut attempt = 0u32;
         loop {
             check_abort(signal)?;
-            let tx = self.write_tx()?;
-            let ((current, stored), state) = self
-                .with_indexes(&tx, super::read_current(&tx, &id))
-                .await?;
-            // The function gets its own copy: one that edits its argument in
-            // place (`r => { r.recordType = "x"; return r; }`) must not change
-            // the stored record the index upkeep reads the old keys from.
-            let arg = match &stored {
-                Some(v) => structured_clone(v)?,
-                None => JsValue::NULL,
+            let job = Job::Mutate {
+                id: id.clone(),
+                f: f.clone(),
+                signal: signal.cloned(),
             };
-            let out = f.call1(&JsValue::NULL, &arg).map_err(StoreError::Thrown)?;
-            let live_rev = match &current {
-                Current::Live(r) => Some(r.text()),
-                _ => None,
+            let (promise, rev) = match self.write_one(job).await? {
+                Done::Written(w) => return Ok(Some(w)),
+                Done::Unchanged => return Ok(None),
+                Done::Async { promise, rev } => (promise, rev),
             };
-            let Some(out) = crate::value::as_promise(&out) else {
-                // A synchronous function ran inside the write transaction:
-                // nothing can change between its read and its write, so this
-                // attempt cannot conflict (only IndexedDB was awaited). The
-                // signal is checked after it, as after an async one.
-                check_abort(signal)?;
-                let Some(p) = mutate_result(&id, out, live_rev.as_deref())? else {
-                    return Ok(None);
-                };
-                return self
-                    .cas_write(tx, &state, &current, stored, p)
-                    .await
-                    .map(Some);
-            };
-            // An async function: end the (unwritten) transaction, await it
-            // outside, then compare-and-swap against the revision it saw.
-            tx.end_read();
-            let out = wasm_bindgen_futures::JsFuture::from(out)
+            // An async function: its (unwritten) read ended with the group;
+            // await it outside any transaction, then compare-and-swap
+            // against the revision it saw.
+            let out = wasm_bindgen_futures::JsFuture::from(promise)
                 .await
                 .map_err(StoreError::Thrown)?;
             check_abort(signal)?;
-            let Some(prepared) = mutate_result(&id, out, live_rev.as_deref())? else {
+            let Some(prepared) = mutate_result(&id, out, rev.as_deref())? else {
                 return Ok(None);
             };
             match self.put_prepared(prepared).await {
@@ -108,6 +89,52 @@ impl Store {
             }
         }
     }
+}
+
+/// What calling `mutate`'s function inside the write transaction gave.
+pub(super) enum Called {
+    /// A synchronous result to write (its `_rev` is the one read).
+    Write(Prepared),
+    /// Nothing to write now: `undefined`, or a thenable to await outside.
+    Done(Done),
+}
+
+/// Calls `f` with a copy of what the transaction read for `id` (`current`,
+/// `stored`). A synchronous function runs between the read and the write
+/// (only IndexedDB is awaited there), so its write cannot conflict; the
+/// signal is checked before and after it.
+///
+/// # Errors
+/// AbortError, the value `f` threw, ValidationError for a result that is
+/// not a record.
+pub(super) fn call(
+    id: &JsString,
+    f: &Function,
+    signal: Option<&AbortSignal>,
+    current: &Current,
+    stored: Option<&JsValue>,
+) -> Result<Called> {
+    check_abort(signal)?;
+    // The function gets its own copy: one that edits its argument in
+    // place (`r => { r.recordType = "x"; return r; }`) must not change
+    // the stored record the index upkeep reads the old keys from.
+    let arg = match stored {
+        Some(v) => structured_clone(v)?,
+        None => JsValue::NULL,
+    };
+    let out = f.call1(&JsValue::NULL, &arg).map_err(StoreError::Thrown)?;
+    let rev = match current {
+        Current::Live(r) => Some(r.text()),
+        _ => None,
+    };
+    if let Some(promise) = crate::value::as_promise(&out) {
+        return Ok(Called::Done(Done::Async { promise, rev }));
+    }
+    check_abort(signal)?;
+    Ok(match mutate_result(id, out, rev.as_deref())? {
+        Some(p) => Called::Write(p),
+        None => Called::Done(Done::Unchanged),
+    })
 }
 
 /// The record `mutate` writes for the function's result `out`: `None` for

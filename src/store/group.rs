@@ -1,0 +1,322 @@
+//! Group commit: single-record writes (`put`, `mutate`) issued while another
+//! one of this connection is still open for joining share its readwrite
+//! transaction, and each keeps its own compare-and-swap outcome and error.
+//!
+//! A write that finds no open group leads a new one: it starts the
+//! transaction and registers the group. Writes issued before the leader has
+//! run out of members (in practice: the same tick, or while the group's
+//! requests are in flight) join it, as long as no other transaction was
+//! started on this connection since the group's (so a write never runs ahead
+//! of a read, delete or batch the caller issued before it), and while the
+//! group has fewer than [`MAX_GROUP`] members (bounding a member's wait).
+//!
+//! The leader applies the members strictly one after another: a member's
+//! reads are issued after the previous member's writes, and IndexedDB
+//! answers requests of one transaction in order, so every member reads what
+//! the members before it wrote and decides its compare-and-swap exactly as
+//! it would in a transaction of its own. A member refused on its own terms
+//! (a revision conflict, an invalid `mutate` result, a throwing function, an
+//! aborted signal) writes nothing and does not affect the others. When the
+//! transaction itself fails (a failing request, a quota abort at commit,
+//! a closed connection), nothing of it is kept, and each member of a group of
+//! two or more is run again in a transaction of its own, so each one gets
+//! the outcome it would have had alone (a `mutate` function may then run
+//! twice). One change message is posted for the whole group after commit.
+//!
+//! This is the group commit of database write-ahead logs (e.g. PostgreSQL's
+//! `commit_delay`, InnoDB's binary-log group commit), applied to IndexedDB
+//! transactions: it is what lets independent writers of one page beat one
+//! transaction per write.
+
+use super::db::Tx;
+use super::{index, read_current, Prepared, Store, Written};
+use crate::error::{Result, StoreError};
+use agentstore_protocol::rev::{decide_put, Current};
+use js_sys::{Function, JsString};
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+use wasm_bindgen::JsValue;
+use web_sys::AbortSignal;
+
+/// Members one group takes at most; later writes start the next group.
+pub(crate) const MAX_GROUP: usize = 64;
+
+/// One single-record write.
+pub(crate) enum Job {
+    /// `put` of a validated record.
+    Put(Prepared),
+    /// `mutate(id, f)`: `f` is called inside the transaction.
+    Mutate {
+        id: JsString,
+        f: Function,
+        signal: Option<AbortSignal>,
+    },
+}
+
+/// What a member's write came to.
+pub(crate) enum Done {
+    /// Written with this revision.
+    Written(Written),
+    /// `mutate`'s function returned `undefined`: nothing written.
+    Unchanged,
+    /// `mutate`'s function returned a thenable: it is awaited outside any
+    /// transaction; `rev` is the revision the function was given.
+    Async {
+        promise: js_sys::Promise,
+        rev: Option<String>,
+    },
+}
+
+/// What the leader hands a member.
+enum Delivered {
+    Done(Result<Done>),
+    /// The shared transaction failed: run again alone.
+    Rerun,
+}
+
+struct Member {
+    job: Job,
+    answered: Cell<bool>,
+    out: RefCell<Option<Delivered>>,
+    waker: RefCell<Option<Waker>>,
+}
+
+impl Member {
+    fn new(job: Job) -> Rc<Member> {
+        Rc::new(Member {
+            job,
+            answered: Cell::new(false),
+            out: RefCell::new(None),
+            waker: RefCell::new(None),
+        })
+    }
+
+    fn deliver(&self, d: Delivered) {
+        self.answered.set(true);
+        *self.out.borrow_mut() = Some(d);
+        if let Some(w) = self.waker.borrow_mut().take() {
+            w.wake();
+        }
+    }
+}
+
+/// Waits for the leader's answer to a member.
+struct Wait(Rc<Member>);
+
+impl Future for Wait {
+    type Output = Delivered;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Delivered> {
+        match self.0.out.borrow_mut().take() {
+            Some(d) => Poll::Ready(d),
+            None => {
+                *self.0.waker.borrow_mut() = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// A group of writes sharing one readwrite transaction.
+pub(crate) struct Group {
+    /// The connection's transaction count when the group's started.
+    seq: u32,
+    open: Cell<bool>,
+    members: RefCell<Vec<Rc<Member>>>,
+}
+
+/// Answers every member not answered yet with [`Delivered::Rerun`] when the
+/// leader stops early (its future dropped), so no member waits forever.
+struct Unanswered<'a>(&'a Group);
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        self.0.open.set(false);
+        for m in self.0.members.borrow().iter() {
+            if !m.answered.get() {
+                m.deliver(Delivered::Rerun);
+            }
+        }
+    }
+}
+
+/// Whether a member's outcome is final after its own decision, or the
+/// shared transaction failed.
+type Step = std::result::Result<(Result<Done>, Option<Written>), StoreError>;
+
+impl Store {
+    /// Runs one single-record write, in a shared transaction when a group
+    /// is open for joining (see the module docs).
+    ///
+    /// # Errors
+    /// The member's own error (ConflictError, ValidationError, the value
+    /// `f` threw, AbortError) or the transaction's (TransactionError,
+    /// QuotaExceededError, ClosedError).
+    pub(crate) async fn write_one(&self, job: Job) -> Result<Done> {
+        let joinable = self
+            .group
+            .borrow()
+            .as_ref()
+            .filter(|g| {
+                g.open.get() && g.seq == self.db.seq() && g.members.borrow().len() < MAX_GROUP
+            })
+            .cloned();
+        let member = Member::new(job);
+        let delivered = match joinable {
+            Some(g) => {
+                g.members.borrow_mut().push(member.clone());
+                Wait(member.clone()).await
+            }
+            None => {
+                self.lead(member.clone(), true).await;
+                Wait(member.clone()).await
+            }
+        };
+        match delivered {
+            Delivered::Done(r) => r,
+            Delivered::Rerun => {
+                member.answered.set(false);
+                self.lead(member.clone(), false).await;
+                match Wait(member).await {
+                    Delivered::Done(r) => r,
+                    Delivered::Rerun => Err(StoreError::Transaction(
+                        "the write's transaction was interrupted".into(),
+                    )),
+                }
+            }
+        }
+    }
+
+    /// Starts a group with `first` (registered for joining when `shared`),
+    /// applies its members in order, commits, and answers each member.
+    async fn lead(&self, first: Rc<Member>, shared: bool) {
+        let tx = match self.write_tx() {
+            Ok(tx) => tx,
+            Err(e) => return first.deliver(Delivered::Done(Err(e))),
+        };
+        let g = Rc::new(Group {
+            seq: self.db.seq(),
+            open: Cell::new(true),
+            members: RefCell::new(vec![first]),
+        });
+        if shared {
+            *self.group.borrow_mut() = Some(g.clone());
+        }
+        let guard = Unanswered(&g);
+        let outcome = self.apply_all(tx, &g).await;
+        if shared {
+            let mut cur = self.group.borrow_mut();
+            if cur.as_ref().is_some_and(|c| Rc::ptr_eq(c, &g)) {
+                *cur = None;
+            }
+        }
+        let members = g.members.borrow().clone();
+        match outcome {
+            Ok(results) => {
+                let changes: Vec<_> = results
+                    .iter()
+                    .filter_map(|(_, w)| w.as_ref())
+                    .map(|w| (JsValue::from(w.id.clone()), w.rev.clone(), false))
+                    .collect();
+                self.changes.post(&changes);
+                for (m, (r, _)) in members.iter().zip(results) {
+                    m.deliver(Delivered::Done(r));
+                }
+            }
+            Err(e) if members.len() == 1 => members[0].deliver(Delivered::Done(Err(e))),
+            Err(_) => {
+                for m in &members {
+                    m.deliver(Delivered::Rerun);
+                }
+            }
+        }
+        drop(guard);
+    }
+
+    /// Applies the group's members one after another in `tx`, closes the
+    /// group when none is left, and commits. `Err` = the transaction failed
+    /// (nothing of it was kept).
+    async fn apply_all(
+        &self,
+        tx: Tx,
+        g: &Group,
+    ) -> std::result::Result<Vec<(Result<Done>, Option<Written>)>, StoreError> {
+        let mut gen = Some(index::issue_gen(&tx)?);
+        let mut state = None;
+        let mut results = Vec::new();
+        loop {
+            let next = g.members.borrow().get(results.len()).cloned();
+            let Some(m) = next else { break };
+            let id = match &m.job {
+                Job::Put(p) => p.id.clone(),
+                Job::Mutate { id, .. } => id.clone(),
+            };
+            let (current, stored) = read_current(&tx, &id).await?;
+            let st = match (&state, gen.take()) {
+                (Some(s), _) => Rc::clone(s),
+                (None, Some(gen)) => state
+                    .insert(self.write_indexes_from(&tx, gen).await?)
+                    .clone(),
+                (None, None) => {
+                    return Err(StoreError::Transaction("index state was not read".into()))
+                }
+            };
+            results.push(self.apply(&tx, &st, &m.job, current, stored)?);
+        }
+        g.open.set(false);
+        self.finish(tx).await?;
+        Ok(results)
+    }
+
+    /// One member's decision and writes, after its read. Issues no await:
+    /// the next member's reads are issued after these writes.
+    fn apply(
+        &self,
+        tx: &Tx,
+        state: &index::Maintained,
+        job: &Job,
+        current: Current,
+        stored: Option<JsValue>,
+    ) -> Step {
+        let p = match job {
+            Job::Put(p) => p,
+            Job::Mutate { id, f, signal } => {
+                match super::mutate::call(id, f, signal.as_ref(), &current, stored.as_ref()) {
+                    Ok(super::mutate::Called::Write(p)) => {
+                        return self.write(tx, state, &current, stored, &p)
+                    }
+                    Ok(super::mutate::Called::Done(d)) => return Ok((Ok(d), None)),
+                    Err(e) => return Ok((Err(e), None)),
+                }
+            }
+        };
+        self.write(tx, state, &current, stored, p)
+    }
+
+    /// Decides `p` against `current` and, when it wins, issues its writes.
+    fn write(
+        &self,
+        tx: &Tx,
+        state: &index::Maintained,
+        current: &Current,
+        stored: Option<JsValue>,
+        p: &Prepared,
+    ) -> Step {
+        let rev = match decide_put(current, p.expected.as_ref()) {
+            Ok(base) => match p.stamp(base, stored.as_ref(), &super::now_iso()) {
+                Ok(rev) => rev,
+                Err(e) => return Ok((Err(e), None)),
+            },
+            Err(_) => return Ok((Err(super::conflict(p, current, stored)), None)),
+        };
+        super::write_record(tx, p, current, false)?;
+        index::maintain(tx, state, stored.as_ref(), Some(&p.object))?;
+        let w = Written {
+            id: p.id.clone(),
+            rev,
+        };
+        Ok((Ok(Done::Written(w.clone())), Some(w)))
+    }
+}
