@@ -555,12 +555,15 @@ impl AgentStore {
     /// stops it.
     ///
     /// # Errors
-    /// ValidationError for a non-string prefix or a non-function callback.
+    /// ValidationError for a non-string prefix or a non-function callback;
+    /// ClosedError after `close()` or a `versionchange`; TransactionError
+    /// where `BroadcastChannel` does not exist.
     pub fn watch(
         &self,
         #[wasm_bindgen(unchecked_param_type = "WatchOptions")] options: JsValue,
         #[wasm_bindgen(unchecked_param_type = "(change: WatchChange) => void")] callback: JsValue,
     ) -> Result<Watch, JsValue> {
+        self.inner.check_open().map_err(|e| e.to_js())?;
         crate::options::check_object(&options, "watch options")
             .map_err(|m| StoreError::validation(m).to_js())?;
         let prefix = match opt(&options, "prefix") {
@@ -572,7 +575,12 @@ impl AgentStore {
         let callback: Function = callback.dyn_into().map_err(|_| {
             StoreError::validation("watch(options, callback): callback must be a function").to_js()
         })?;
-        let inner = Watcher::new(self.inner.name(), prefix, callback)?;
+        let inner = Watcher::new(self.inner.name(), prefix, callback).map_err(|_| {
+            StoreError::Transaction(
+                "watch() needs BroadcastChannel, which this context does not have".into(),
+            )
+            .to_js()
+        })?;
         Ok(Watch { inner: Some(inner) })
     }
 }

@@ -173,7 +173,10 @@ impl Walker {
                 ))
             };
         }
-        if let Some(s) = v.as_string() {
+        if v.is_string() {
+            // Refused before it is copied into wasm memory: every UTF-16
+            // unit is at least one byte of UTF-8.
+            let s = short_string(v, MAX_RECORD_BYTES).ok_or_else(|| Fail::new(TOO_LARGE))?;
             self.digest.string(&s);
             return Ok(None);
         }
@@ -300,12 +303,16 @@ impl Walker {
                 Ok(true)
             }
             TopField::Rev => {
-                let s = item.as_string().ok_or_else(|| Fail::new(REV_NOT_STRING))?;
-                let rev = Rev::parse(&s).map_err(|_| Fail::new("_rev is not a revision"))?;
+                if !item.is_string() {
+                    return Err(Fail::new(REV_NOT_STRING));
+                }
+                let rev = short_string(item, MAX_REV_TEXT)
+                    .and_then(|s| Rev::parse(&s).ok())
+                    .ok_or_else(|| Fail::new("_rev is not a revision"))?;
                 self.top.rev = Some(rev);
                 Ok(false)
             }
-            TopField::UpdatedAt => match item.as_string() {
+            TopField::UpdatedAt => match short_string(item, 64) {
                 Some(s) if is_iso_millis_utc(&s) => {
                     self.top.updated_at = Some(s);
                     Ok(false)
@@ -407,7 +414,12 @@ fn own_fields(obj: &Object) -> Walk<Vec<(String, JsValue, JsValue)>> {
     let keys = keys_js(obj).map_err(|_| Fail::new(GETTER_THREW))?;
     let mut fields = Vec::with_capacity(keys.length() as usize);
     for key in keys.iter() {
-        let Some(k) = key.as_string() else { continue };
+        let Some(k) = short_string(&key, MAX_RECORD_BYTES) else {
+            if key.is_string() {
+                return Err(Fail::new(TOO_LARGE));
+            }
+            continue;
+        };
         let item = match Reflect::get(obj, &key) {
             Ok(item) => item,
             Err(_) => return Err(Fail::new("a property getter threw").at(Seg::Key(k))),
@@ -417,6 +429,19 @@ fn own_fields(obj: &Object) -> Walk<Vec<(String, JsValue, JsValue)>> {
         }
     }
     Ok(fields)
+}
+
+/// The longest revision text: a generation below 2^53 (16 digits), `-`
+/// and at most 64 hex digits, with room to spare.
+pub(crate) const MAX_REV_TEXT: usize = 96;
+
+/// `v` as a Rust string when it is a JS string of at most `max_units`
+/// UTF-16 units; `None` otherwise. The length is read first, so a huge
+/// string is refused without being copied into wasm memory (which never
+/// shrinks).
+pub(crate) fn short_string(v: &JsValue, max_units: usize) -> Option<String> {
+    let s = v.dyn_ref::<JsString>()?;
+    (s.length() as usize <= max_units).then(|| String::from(s))
 }
 
 /// A plain copy of `obj`'s own fields (one level, each read once), for a

@@ -476,3 +476,53 @@ async fn put_many_of_new_ids_still_sees_tombstones_and_live_records_inside_its_k
     assert_eq!(all_ids(&store, "z", 10).await, ["z1", "z2"]);
     assert_indexes_clean(&store).await;
 }
+
+/// `blockedTimeoutMs` bounds how long an open or a destroy is BLOCKED, not
+/// how long it takes: with nothing blocking, `blockedTimeoutMs: 0` opens and
+/// destroys succeed every round (before, the timer raced the open itself and
+/// won), and the destroyed database is gone.
+#[wasm_bindgen_test]
+async fn open_and_destroy_that_nothing_blocks_succeed_even_with_a_zero_blocked_timeout() {
+    for round in 0..10 {
+        let name = fresh_name(&format!("zero-{round}"));
+        let opened = call(AgentStore::open(
+            s(&name),
+            js(json!({"blockedTimeoutMs": 0})),
+        ))
+        .await
+        .expect("an open nothing blocks succeeds");
+        let method = |k: &str| field(&opened, k).unchecked_into::<Function>();
+        let put: Promise = method("put")
+            .call1(&opened, &js(json!({"_id": "k"})))
+            .unwrap()
+            .unchecked_into();
+        call(put).await.expect("put");
+        method("close").call0(&opened).unwrap();
+        call(AgentStore::destroy(
+            s(&name),
+            js(json!({"blockedTimeoutMs": 0})),
+        ))
+        .await
+        .expect("a destroy nothing blocks succeeds");
+        let again = AgentStore::from_store(open_named(&name).await);
+        assert!(
+            get_id(&again, "k").await.is_none(),
+            "round {round}: deleted"
+        );
+        again.close();
+    }
+}
+
+/// `watch` on a closed store throws ClosedError (a real Error), like every
+/// other call after `close()`.
+#[wasm_bindgen_test]
+async fn watch_on_a_closed_store_throws_closed_error() {
+    let store = AgentStore::from_store(open_named(&fresh_name("watch-closed")).await);
+    store.close();
+    let cb = Function::new_no_args("");
+    let e = match store.watch(js(json!({})), cb.into()) {
+        Ok(_) => panic!("watch on a closed store must throw"),
+        Err(e) => e,
+    };
+    assert_eq!(err_kind(&e), ("ClosedError".into(), "closed".into()));
+}

@@ -5,6 +5,8 @@ use agentstore_protocol::ErrorCode;
 use serde_json::{json, Value};
 use std::cell::RefCell;
 use std::rc::Rc;
+use wasm_bindgen::prelude::{Closure, JsValue};
+use wasm_bindgen::JsCast;
 use wasm_bindgen_test::*;
 
 mod common;
@@ -567,4 +569,55 @@ async fn a_write_issued_after_a_delete_never_runs_before_it() {
         );
     }
     assert_indexes_clean(&a).await;
+}
+
+/// An abort while an async `mutate` function is pending (one that never
+/// settles) rejects the call with AbortError carrying the signal's reason,
+/// instead of holding it forever, and nothing is written. (The backoff sleep
+/// between attempts is raced against the signal the same way.)
+#[wasm_bindgen_test]
+async fn an_abort_while_an_async_mutate_function_is_pending_rejects_the_call() {
+    let (store, _) = open("abort-pending").await;
+    let rev = store
+        .put(&js(json!({"_id": "u", "v": 1})))
+        .await
+        .unwrap()
+        .rev;
+    let never = js_sys::Function::new_with_args("cur", "return new Promise(() => {});");
+    for round in 0..5 {
+        let ctl = web_sys::AbortController::new().unwrap();
+        let signal = ctl.signal();
+        // Aborted from a timer once the call is waiting on the function.
+        let abort_later =
+            Closure::once_into_js(move || ctl.abort_with_reason(&JsValue::from_str("stop")));
+        let set_timeout: js_sys::Function =
+            js_sys::Reflect::get(&js_sys::global(), &"setTimeout".into())
+                .unwrap()
+                .unchecked_into();
+        set_timeout
+            .call2(&JsValue::NULL, &abort_later, &JsValue::from(round * 10))
+            .unwrap();
+        // The test's own bound: a call still pending 10 s after the abort fails.
+        let bound = wasm_bindgen_futures::JsFuture::from(js_sys::Promise::new(&mut |ok, _| {
+            set_timeout
+                .call2(&JsValue::NULL, &ok, &JsValue::from(10_000))
+                .unwrap();
+        }));
+        let key = s("u");
+        let call = store.mutate(&key, &never, 8, Some(&signal));
+        let e = match futures::future::select(Box::pin(call), Box::pin(bound)).await {
+            futures::future::Either::Left((r, _)) => r.unwrap_err(),
+            futures::future::Either::Right(_) => {
+                panic!("round {round}: still pending after the abort")
+            }
+        };
+        match e {
+            agentstore::error::StoreError::Aborted(reason) => {
+                assert_eq!(reason.as_string().as_deref(), Some("stop"))
+            }
+            other => panic!("round {round}: {other:?}"),
+        }
+    }
+    let got = store.get(&s("u")).await.unwrap().unwrap();
+    assert_eq!(field_str(&got, "_rev").as_deref(), Some(rev.as_str()));
 }

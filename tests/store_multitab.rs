@@ -57,6 +57,13 @@ async fn an_upgrade_from_another_connection_closes_this_one_and_notifies() {
 #[wasm_bindgen_test]
 async fn an_open_blocked_by_a_connection_that_refuses_to_close_fails_after_its_timeout() {
     let name = fresh_name("blocked");
+    // Errors thrown into the page by callbacks (an abandoned open's
+    // `upgradeneeded` calling a dropped closure was one).
+    js_sys::Function::new_no_args(
+        "globalThis.__uncaught = []; addEventListener('error', e => __uncaught.push(String(e.message)));",
+    )
+    .call0(&JsValue::NULL)
+    .unwrap();
     drop(Store::open(&name, 2000, None, vec![]).await.unwrap());
     let stubborn = stubborn_connection(&name).await;
     let started = js_sys::Date::now();
@@ -86,4 +93,10 @@ async fn an_open_blocked_by_a_connection_that_refuses_to_close_fails_after_its_t
         .await
         .unwrap();
     later.put(&js(json!({"_id": "after"}))).await.unwrap();
+    let uncaught = js_sys::Reflect::get(&js_sys::global(), &"__uncaught".into()).unwrap();
+    assert_eq!(
+        js_sys::Array::from(&uncaught).length(),
+        0,
+        "no uncaught error when the abandoned upgrade finally runs: {uncaught:?}"
+    );
 }

@@ -575,3 +575,37 @@ async fn options_are_checked_one_way_never_coerced_or_ignored() {
     let close: js_sys::Function = field(&opened, "close").unchecked_into();
     close.call0(&opened).unwrap();
 }
+
+/// A string past the record size limit (as a value, a key or `_rev`) is
+/// refused with ValidationError before it is copied into wasm memory: the
+/// module's memory (which never shrinks) grows by less than 16 MiB for a
+/// 72 Mi-unit string.
+#[wasm_bindgen_test]
+async fn an_oversized_string_is_refused_without_copying_it_into_wasm_memory() {
+    let (store, _) = open("huge-string").await;
+    let make = js_sys::Function::new_with_args(
+        "kind",
+        "const big = 'x'.repeat(72 * 1024 * 1024); \
+         if (kind === 0) return {_id: 'a', s: big}; \
+         if (kind === 1) return {_id: 'a', [big]: 1}; \
+         return {_id: 'a', _rev: big};",
+    );
+    let memory = || {
+        let m: js_sys::WebAssembly::Memory = wasm_bindgen::memory().unchecked_into();
+        m.buffer()
+            .unchecked_into::<js_sys::ArrayBuffer>()
+            .byte_length()
+    };
+    for kind in 0..3 {
+        let record = make.call1(&JsValue::NULL, &kind.into()).unwrap();
+        let before = memory();
+        let e = store.put(&record).await.unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Validation, "kind {kind}");
+        let grown = memory() - before;
+        assert!(
+            grown < 16 << 20,
+            "kind {kind}: wasm memory grew by {grown} bytes"
+        );
+    }
+    assert!(store.get(&s("a")).await.unwrap().is_none());
+}

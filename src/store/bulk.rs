@@ -167,8 +167,7 @@ impl Store {
             };
             let id = field("id");
             let checked = check_id_value(&id).and_then(|id| {
-                let rev = field("rev")
-                    .as_string()
+                let rev = crate::value::short_string(&field("rev"), crate::value::MAX_REV_TEXT)
                     .ok_or_else(|| StoreError::validation("rev must be a revision string"))?;
                 let expected = Rev::parse(&rev).map_err(|e| StoreError::validation(e.0))?;
                 Ok((id, expected))
@@ -294,14 +293,13 @@ pub async fn destroy(name: &str, blocked_timeout_ms: u32) -> Result<()> {
             StoreError::Transaction("IndexedDB is not available in this context".into())
         })?;
     let request = dom(factory.delete_database(name))?;
-    // Promise.race of the delete request and a timer resolving with a marker
-    // (the request's own result is `undefined`).
+    // Raced with the blocked timeout, resolving with a marker (the
+    // request's own result is `undefined`).
     let timed_out = JsValue::from(Object::new());
-    let race = js_sys::Promise::race(&Array::of2(
-        &request_promise(&request),
-        &super::db::timer_promise(blocked_timeout_ms, &timed_out),
-    ));
-    match JsFuture::from(race).await {
+    let race = super::db::race_blocked(&request, blocked_timeout_ms, &timed_out);
+    let out = JsFuture::from(race).await;
+    request.set_onblocked(None);
+    match out {
         Ok(v) if v == timed_out => Err(StoreError::Blocked(name.to_owned(), blocked_timeout_ms)),
         Ok(_) => Ok(()),
         Err(e) => Err(StoreError::from_dom(&e)),

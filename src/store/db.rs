@@ -125,16 +125,10 @@ impl Db {
         });
         request.set_onupgradeneeded(Some(upgrade.as_ref().unchecked_ref()));
 
-        // The timeout runs from the start of the open, not from the
-        // `blocked` event: an open queued behind another tab's pending
-        // upgrade never receives `blocked` and would otherwise hang. One JS
-        // `Promise.race` (the timeout resolves with `undefined`).
-        let race = js_sys::Promise::race(&Array::of2(
-            &request_promise(&request),
-            &sleep_promise(blocked_timeout_ms),
-        ));
+        let timed_out = JsValue::from(js_sys::Object::new());
+        let race = race_blocked(&request, blocked_timeout_ms, &timed_out);
         let raw = match JsFuture::from(race).await {
-            Ok(db) if !db.is_undefined() => db.unchecked_into::<IdbDatabase>(),
+            Ok(db) if db != timed_out => db.unchecked_into::<IdbDatabase>(),
             Err(e) => {
                 return Err(match refused.take() {
                     Some(why) => StoreError::Closed(why),
@@ -143,8 +137,13 @@ impl Db {
             }
             Ok(_) => {
                 // Give up, but close the connection if the open completes later
-                // so this abandoned request never blocks anyone in turn.
+                // so this abandoned request never blocks anyone in turn. The
+                // upgrade handler stays alive until then: `upgradeneeded` may
+                // still fire (once the blocker closes), and calling a dropped
+                // closure would throw an uncaught error into the page.
+                let keep_upgrade = upgrade;
                 let closer = Closure::once_into_js(move |event: web_sys::Event| {
+                    drop(keep_upgrade);
                     if let Some(req) = event
                         .target()
                         .and_then(|t| t.dyn_into::<IdbOpenDbRequest>().ok())
@@ -159,6 +158,7 @@ impl Db {
             }
         };
         request.set_onupgradeneeded(None);
+        request.set_onblocked(None);
         drop(upgrade);
 
         let closed = Rc::new(RefCell::new(None));
@@ -818,6 +818,49 @@ pub fn timer_promise(ms: u32, value: &JsValue) -> js_sys::Promise {
             let _ = set_timeout.call3(&JsValue::UNDEFINED, &resolve, &JsValue::from(ms), value);
         }
     })
+}
+
+/// How much longer (ms) than `blockedTimeoutMs` an open or delete that
+/// never received `blocked` may take before it counts as blocked: one
+/// queued behind another connection's pending upgrade or delete never gets
+/// the event, yet must not hang.
+pub const QUEUED_GRACE_MS: u32 = 3_000;
+
+/// Browsers run a timer longer than 2^31 - 1 ms at once.
+const MAX_TIMER_MS: u32 = 2_147_483_647;
+
+/// `Promise.race` of an open or delete `request` and its blocked timeout:
+/// resolves with the request's result, or with `timed_out` once the
+/// request has been `blocked` for `ms`, or has had no answer for
+/// `ms` + [`QUEUED_GRACE_MS`] since it was made. The time an open or delete
+/// takes when nothing blocks it never counts as blocked (with
+/// `blockedTimeoutMs: 0`, an open nothing blocks still succeeds).
+pub(crate) fn race_blocked(
+    request: &IdbOpenDbRequest,
+    ms: u32,
+    timed_out: &JsValue,
+) -> js_sys::Promise {
+    let from_blocked = js_sys::Promise::new(&mut |resolve: Function, _reject: Function| {
+        if let Ok(set_timeout) = Reflect::get(&js_sys::global(), &"setTimeout".into())
+            .and_then(|f| f.dyn_into::<Function>())
+        {
+            // `blocked` calls setTimeout(resolve, ms, timed_out).
+            let arm: Function = JsValue::from(set_timeout.bind3(
+                &JsValue::UNDEFINED,
+                &resolve,
+                &JsValue::from(ms),
+                timed_out,
+            ))
+            .unchecked_into();
+            request.set_onblocked(Some(&arm));
+        }
+    });
+    let limit = ms.saturating_add(QUEUED_GRACE_MS).min(MAX_TIMER_MS);
+    js_sys::Promise::race(&Array::of3(
+        &request_promise(request),
+        &from_blocked,
+        &timer_promise(limit, timed_out),
+    ))
 }
 
 /// Sleeps `ms` milliseconds (a JS timer; no Rust timer machinery).

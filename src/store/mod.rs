@@ -331,8 +331,7 @@ impl Store {
     /// NotFoundError (nothing live), ConflictError (stale `rev`), ValidationError.
     pub async fn delete(&self, id: &JsValue, rev: &JsValue) -> Result<String> {
         let id = check_id_value(id)?;
-        let expected = rev
-            .as_string()
+        let expected = value::short_string(rev, value::MAX_REV_TEXT)
             .ok_or_else(|| StoreError::validation("delete(id, rev): rev must be a revision string"))
             .and_then(|s| Rev::parse(&s).map_err(|e| StoreError::validation(e.0)))?;
         let id_text = String::from(&id);

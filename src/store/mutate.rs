@@ -49,9 +49,7 @@ impl Store {
             // An async function: its (unwritten) read ended with the group;
             // await it outside any transaction, then compare-and-swap
             // against the revision it saw.
-            let out = wasm_bindgen_futures::JsFuture::from(promise)
-                .await
-                .map_err(StoreError::Thrown)?;
+            let out = until_abort(promise, signal).await?;
             check_abort(signal)?;
             let Some(prepared) = mutate_result(&id, out, rev.as_deref())? else {
                 return Ok(None);
@@ -82,7 +80,7 @@ impl Store {
                         MUTATE_CAP_MS,
                         js_sys::Math::random(),
                     );
-                    super::db::sleep(delay as u32).await;
+                    until_abort(super::db::sleep_promise(delay as u32), signal).await?;
                     attempt += 1;
                 }
                 Err(e) => return Err(e),
@@ -165,6 +163,39 @@ pub(crate) fn check_abort(signal: Option<&AbortSignal>) -> Result<()> {
     match signal {
         Some(s) if s.aborted() => Err(StoreError::Aborted(s.reason())),
         _ => Ok(()),
+    }
+}
+
+/// Awaits `promise`, but rejects with AbortError (carrying
+/// `signal.reason`) as soon as `signal` aborts: an async `mutate` function
+/// that never settles, or a backoff sleep, does not hold the call after an
+/// abort. A rejection of `promise` is passed through unchanged.
+///
+/// # Errors
+/// AbortError; the value `promise` rejected with.
+async fn until_abort(promise: js_sys::Promise, signal: Option<&AbortSignal>) -> Result<JsValue> {
+    let Some(sig) = signal else {
+        return wasm_bindgen_futures::JsFuture::from(promise)
+            .await
+            .map_err(StoreError::Thrown);
+    };
+    check_abort(signal)?;
+    let marker = JsValue::from(js_sys::Object::new());
+    let mut listener = None;
+    let aborted = js_sys::Promise::new(&mut |resolve: Function, _reject: Function| {
+        let f: Function = JsValue::from(resolve.bind1(&JsValue::NULL, &marker)).unchecked_into();
+        let _ = sig.add_event_listener_with_callback("abort", &f);
+        listener = Some(f);
+    });
+    let raced = js_sys::Promise::race(&js_sys::Array::of2(&promise, &aborted));
+    let out = wasm_bindgen_futures::JsFuture::from(raced).await;
+    if let Some(f) = &listener {
+        let _ = sig.remove_event_listener_with_callback("abort", f);
+    }
+    match out {
+        Ok(v) if v == marker => Err(StoreError::Aborted(sig.reason())),
+        Ok(v) => Ok(v),
+        Err(e) => Err(StoreError::Thrown(e)),
     }
 }
 
