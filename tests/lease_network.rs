@@ -734,6 +734,91 @@ async fn a_settle_whose_answer_was_lost_is_reported_settled_when_sent_again() {
     }
 }
 
+/// A settle retried after a lost answer resends the first attempt's body,
+/// even when the caller's `result` changed meanwhile (a handler that kept a
+/// reference to its result object and mutated it): the server applied the
+/// first one and answers only an identical body as its replay. Before, the
+/// retry carried the new result, the server answered `claim_lost`, and the
+/// client reported a lease lost whose item was done.
+#[wasm_bindgen_test]
+async fn a_retried_settle_resends_the_first_attempts_body_even_if_the_result_changed() {
+    let Some(proxy) = proxy() else { return };
+    let q = fresh_queue("resend");
+    let id = enqueue(&q, json!({})).await;
+    let nonce = fresh_queue("n");
+    let c = client_at(
+        &format!("{proxy}/drop-settle-answers-{nonce}"),
+        admin_creds(),
+        config(),
+    );
+    let lease = claim(&c, &q).await;
+    assert_eq!(lease.item_id, id);
+    let done = agentstore_protocol::lease::SettleState::Done;
+    let result = js(json!({"n": 1}));
+    let first = lease.settle(done, Some(result.clone()), None).await;
+    assert!(
+        matches!(&first, Err(e) if e.is_transient()),
+        "the first answer is cut off: {first:?}"
+    );
+    let it = wait_item(id, 2.0 * TTL_MS, |it| it.state == ItemState::Done).await;
+    assert_eq!(
+        it.state,
+        ItemState::Done,
+        "the server applied the first settle"
+    );
+    // The handler changes the object it handed over, then the settle is retried.
+    Reflect::set(&result, &"n".into(), &JsValue::from(2)).unwrap();
+    stop_dropping(proxy, &nonce).await;
+    let again = lease.settle(done, Some(result), None).await;
+    assert!(again.is_ok(), "reported settled: {again:?}");
+    assert_eq!(lease.status(), Status::Settled(done));
+    assert_eq!(item(id).await.result, Some(json!({"n": 1})));
+}
+
+/// `close()` whose release gets no answer (the test proxy cuts it off)
+/// keeps the lease's journal entry: the client cannot know whether the
+/// server released the item, so a later `recover()` must still find it.
+/// Before, the entry was deleted with the lease and nothing could release
+/// an item the server still held. Here the server did release it:
+/// `recover()` sees the lease over and drops the entry.
+#[wasm_bindgen_test]
+async fn close_whose_release_is_unanswered_keeps_the_journal_entry_for_recover() {
+    let Some(proxy) = proxy() else { return };
+    let q = fresh_queue("close-unanswered");
+    let id = enqueue(&q, json!({})).await;
+    let nonce = fresh_queue("n");
+    let journal = fresh_queue("journal");
+    let base = format!("{proxy}/drop-release-answers-{nonce}");
+    let journalled = || ClientConfig {
+        journal_name: Some(journal.clone()),
+        use_locks: false,
+        ..config()
+    };
+    let c = client_at(&base, admin_creds(), journalled());
+    let lease = claim(&c, &q).await;
+    c.close().await;
+    assert_eq!(lease.status(), Status::Lost(LossReason::Released));
+    let j = agentstore::lease::journal::Journal::new(Some(journal.clone()));
+    let kept = j.list(&c.base).await.unwrap();
+    assert!(
+        kept.iter().any(|e| e.item_id == id),
+        "the entry stays for recover()"
+    );
+    stop_dropping(proxy, &nonce).await;
+    let later = client_at(&base, admin_creds(), journalled());
+    let report = later.recover(false).await.unwrap();
+    assert!(
+        report.lost.contains(&id) || report.released.contains(&id),
+        "lost {:?}, released {:?}, skipped {:?}",
+        report.lost,
+        report.released,
+        report.skipped
+    );
+    assert!(j.list(&c.base).await.unwrap().is_empty(), "entry gone");
+    assert_eq!(item(id).await.state, ItemState::Open);
+    later.close().await;
+}
+
 fn noop_handler() -> Function {
     Function::new_no_args("return undefined")
 }

@@ -256,7 +256,9 @@ impl ClientInner {
             let _ = wasm_bindgen_futures::JsFuture::from(idle).await;
         }
         for l in held {
-            l.lose(LossReason::Released, "the client was closed");
+            // Still held here = its release failed (no answer): the journal
+            // keeps the entry for a later recover().
+            l.lose_unconfirmed(LossReason::Released, "the client was closed");
         }
         self.wake();
     }

@@ -110,6 +110,10 @@ pub struct LeaseInner {
     /// server's answer. The same call made again (an app's double settle)
     /// gets that answer, as the server would answer a replay.
     landed: RefCell<Option<(String, String, JsValue)>>,
+    /// The last ending call whose outcome is unknown (no answer, or a 5xx):
+    /// its path, `state` and body as JSON text, resent as it was when the
+    /// same call is retried.
+    unanswered: RefCell<Option<(String, Option<String>, String)>>,
     /// A release was owed when the lease was lost locally while an ending
     /// call was out (see `release_after_loss`): sent if that call turns out
     /// not to have been applied.
@@ -152,6 +156,7 @@ impl LeaseInner {
             in_flight: Cell::new(0),
             idle: RefCell::new(Vec::new()),
             landed: RefCell::new(None),
+            unanswered: RefCell::new(None),
             release_owed: Cell::new(false),
             asked: RefCell::new(None),
             unlock: RefCell::new(None),
@@ -240,15 +245,26 @@ impl LeaseInner {
     /// Ends the lease: aborts the signal with a `ClaimLostError` of `reason`,
     /// stops heartbeating it and releases its Web Lock. Idempotent.
     pub(crate) fn lose(&self, reason: LossReason, message: &str) {
+        // Only a claim the server confirmed gone leaves the journal here; after
+        // `expired_locally` the entry stays until its release is confirmed.
+        self.lose_as(reason, message, reason != LossReason::ExpiredLocally);
+    }
+
+    /// [`LeaseInner::lose`] for a lease whose end the server has NOT
+    /// confirmed (a release that failed or was only beaconed): its journal
+    /// entry stays, so a later `recover()` releases it or sees it over.
+    pub(crate) fn lose_unconfirmed(&self, reason: LossReason, message: &str) {
+        self.lose_as(reason, message, false);
+    }
+
+    fn lose_as(&self, reason: LossReason, message: &str, forget: bool) {
         if !self.is_active() {
             return;
         }
         self.status.set(Status::Lost(reason));
         let err = self.claim_lost(reason, message);
         self.controller.abort_with_reason(&err.to_js());
-        // Only a claim the server confirmed gone leaves the journal here; after
-        // `expired_locally` the entry stays until its release is confirmed.
-        self.finish(reason != LossReason::ExpiredLocally);
+        self.finish(forget);
     }
 
     /// The local deadline passed: lost (`expired_locally`). The journal entry
@@ -482,10 +498,31 @@ impl LeaseInner {
         // while a settle is out, from close() or the app) waits for the first
         // and is then refused if that one ended the lease.
         self.until_not_ending().await;
-        let text = js_sys::JSON::stringify(body)
+        let mut text = js_sys::JSON::stringify(body)
             .ok()
             .and_then(|t| t.as_string())
             .unwrap_or_default();
+        // The same call again after an unknown outcome (no answer, or a
+        // 5xx): the first attempt may have been applied, and the server
+        // answers a replay only for an identical body. Resend the first
+        // attempt's text, even if the caller's `result` object changed
+        // since (a handler that kept a reference and mutated it).
+        let state = crate::error::get_str(body, "state");
+        let retry_of = self
+            .unanswered
+            .borrow()
+            .as_ref()
+            .filter(|(p, s, _)| p == path && *s == state)
+            .map(|(_, _, t)| t.clone());
+        let resent;
+        let body = match retry_of {
+            Some(first) => {
+                resent = js_sys::JSON::parse(&first).unwrap_or_else(|_| body.clone());
+                text = first;
+                &resent
+            }
+            None => body,
+        };
         if let Some((p, b, answer)) = self.landed.borrow().as_ref() {
             if p == path && *b == text {
                 return Ok(answer.clone());
@@ -522,6 +559,7 @@ impl LeaseInner {
             Err(_) => false,
         };
         self.ending_unanswered.set(unknown);
+        *self.unanswered.borrow_mut() = unknown.then(|| (path.to_owned(), state, text.clone()));
         // A release owed since a local loss: due once this call is known not
         // to have ended the lease (after an unknown outcome the journal
         // keeps it for recover()).
@@ -568,6 +606,8 @@ impl LeaseInner {
         {
             super::lifecycle::beacon(&url, &text);
         }
-        self.lose(LossReason::Released, "released on pagehide");
+        // A beacon is never answered: the journal keeps the entry until a
+        // later recover() sees the lease over.
+        self.lose_unconfirmed(LossReason::Released, "released on pagehide");
     }
 }
