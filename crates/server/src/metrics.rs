@@ -34,6 +34,10 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
+    /// Held by a scrape from resetting the scrape-time gauges to encoding
+    /// them, so that concurrent scrapes (an HA Prometheus pair, or both
+    /// listeners scraped) never gather a half-filled family.
+    scrape: std::sync::Mutex<()>,
     /// Claims answered `201` with an item.
     claims: IntCounter,
     /// Claims answered `204`: nothing open in the queue.
@@ -202,6 +206,7 @@ impl Metrics {
             queue_items,
             queue_oldest_open,
             registry: r,
+            scrape: std::sync::Mutex::new(()),
         };
         // Every labelled counter series exists from the start at 0, so that
         // `increase()` in an alert sees its first increment.
@@ -284,6 +289,12 @@ impl Metrics {
     /// The database failed while reading the queue gauges.
     pub async fn render(&self, store: &Store) -> Result<String, StoreError> {
         let queues = store.queue_stats(None).await?;
+        let (in_use, _, max) = store.pool_usage();
+        // No await from here to the end: the lock is a std one.
+        let _scrape = self
+            .scrape
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         self.queue_items.reset();
         self.queue_oldest_open.reset();
         let mut running = 0;
@@ -302,7 +313,6 @@ impl Metrics {
         }
         self.leases_held
             .set(i64::try_from(running).unwrap_or(i64::MAX));
-        let (in_use, _, max) = store.pool_usage();
         self.pool_in_use.set(i64::from(in_use));
         self.pool_max.set(i64::from(max));
         TextEncoder::new()

@@ -87,6 +87,8 @@ pub struct ExpiredClaim {
     pub item: LeaseItem,
     /// The database clock when it was read (ms).
     pub now_ms: i64,
+    /// The TTL (ms) the lease was granted with.
+    pub ttl_ms: u64,
 }
 
 fn item_from_row(row: &AnyRow) -> Result<ItemView, StoreError> {
@@ -216,11 +218,12 @@ impl Store {
         let sql = self.sql(&format!(
             "UPDATE items SET state = 'running', epoch = epoch + 1, token_hash = $2,
                  settled_token_hash = NULL, worker_id = $3, claimed_at = {{now}},
-                 heartbeat_at = {{now}}, updated_at = {{now}}
+                 heartbeat_at = {{now}}, updated_at = {{now}}, lease_ttl_ms = {ttl}
              WHERE id = (SELECT id FROM items WHERE queue = $1 AND state = 'open'
                          ORDER BY id LIMIT 1 {{skip_locked}})
                AND state = 'open'
-             RETURNING {ITEM_COLS}"
+             RETURNING {ITEM_COLS}",
+            ttl = ms(self.settings.ttl_ms),
         ));
         let row = sqlx::query(&sql)
             .bind(queue)
@@ -284,12 +287,14 @@ impl Store {
              )
              UPDATE items AS i SET state = 'running', epoch = i.epoch + 1,
                  token_hash = r.token_hash, settled_token_hash = NULL, worker_id = r.worker_id,
-                 claimed_at = {{now}}, heartbeat_at = {{now}}, updated_at = {{now}}
+                 claimed_at = {{now}}, heartbeat_at = {{now}}, updated_at = {{now}},
+                 lease_ttl_ms = {ttl}
              FROM numbered
              JOIN (VALUES {values}) AS r(n, token_hash, worker_id) ON r.n = numbered.n
              WHERE i.id = numbered.id AND i.state = 'open'
              RETURNING r.n AS n, {cols}",
             n = batch.len(),
+            ttl = ms(self.settings.ttl_ms),
             values = values.join(", "),
             cols = qualified_item_cols(),
         ));
@@ -328,21 +333,24 @@ impl Store {
         owner: Option<i64>,
     ) -> Result<u64, StoreError> {
         let hash = tokens::hash(token);
+        // The answer is the TTL the lease was granted with (a heartbeat
+        // renews it; it does not change it).
         let sql = self.sql(
             "UPDATE items SET heartbeat_at = {now}, updated_at = {now}
              WHERE id = $1 AND state = 'running' AND token_hash = $2
-               AND ($3 = 0 OR worker_id = $3)",
+               AND ($3 = 0 OR worker_id = $3)
+             RETURNING COALESCE(lease_ttl_ms, $4)",
         );
-        let done = sqlx::query(&sql)
+        let renewed: Option<(i64,)> = sqlx::query_as(&sql)
             .bind(id)
             .bind(&hash)
             .bind(owner.unwrap_or(0))
-            .execute(&self.pool)
+            .bind(ms(self.settings.ttl_ms))
+            .fetch_optional(&self.pool)
             .await?;
-        if done.rows_affected() == 1 {
-            Ok(self.settings.ttl_ms)
-        } else {
-            Err(self.classify(id, &hash, owner).await)
+        match renewed {
+            Some((ttl,)) => Ok(u64::try_from(ttl).unwrap_or(self.settings.ttl_ms)),
+            None => Err(self.classify(id, &hash, owner).await),
         }
     }
 
@@ -368,22 +376,26 @@ impl Store {
             "UPDATE items SET heartbeat_at = {{now}}, updated_at = {{now}}
              WHERE state = 'running' AND ($1 = 0 OR worker_id = $1)
                AND (id, token_hash) IN (VALUES {})
-             RETURNING id, token_hash",
-            pairs.join(", ")
+             RETURNING id, token_hash, COALESCE(lease_ttl_ms, {ttl})",
+            pairs.join(", "),
+            ttl = ms(self.settings.ttl_ms),
         ));
-        let mut q = sqlx::query_as::<_, (i64, String)>(&sql).bind(owner.unwrap_or(0));
+        let mut q = sqlx::query_as::<_, (i64, String, i64)>(&sql).bind(owner.unwrap_or(0));
         for ((id, _), hash) in leases.iter().zip(&hashes) {
             q = q.bind(*id).bind(hash);
         }
         // Keyed by (id, token hash): a batch may name one item twice, once stale.
-        let renewed: std::collections::HashSet<(i64, String)> =
-            q.fetch_all(&self.pool).await?.into_iter().collect();
+        let renewed: std::collections::HashMap<(i64, String), i64> = q
+            .fetch_all(&self.pool)
+            .await?
+            .into_iter()
+            .map(|(id, hash, ttl)| ((id, hash), ttl))
+            .collect();
         let mut out = Vec::with_capacity(leases.len());
         for ((id, _), hash) in leases.iter().zip(&hashes) {
-            out.push(if renewed.contains(&(*id, hash.clone())) {
-                Ok(self.settings.ttl_ms)
-            } else {
-                Err(self.classify(*id, hash, owner).await)
+            out.push(match renewed.get(&(*id, hash.clone())) {
+                Some(ttl) => Ok(u64::try_from(*ttl).unwrap_or(self.settings.ttl_ms)),
+                None => Err(self.classify(*id, hash, owner).await),
             });
         }
         Ok(out)
@@ -625,7 +637,7 @@ impl Store {
         owner: Option<i64>,
     ) -> Result<(ItemView, bool), StoreError> {
         let hash = tokens::hash(token);
-        let Some((item, stored, holder, now)) = self.read_lease(id).await? else {
+        let Some((item, stored, holder, now, ttl)) = self.read_lease(id).await? else {
             return Err(not_found(id));
         };
         // Decide with the pure rules first; the UPDATE below repeats the fence
@@ -634,7 +646,7 @@ impl Store {
         if current && owner.is_some() && holder != owner {
             return Err(forbidden(id));
         }
-        if let Err(code) = item.apply(LeaseEvent::Release, current, now, self.settings.ttl_ms) {
+        if let Err(code) = item.apply(LeaseEvent::Release, current, now, ttl) {
             return match self.released_before(id, &hash, owner).await? {
                 Some(item) => Ok((item, true)),
                 None => Err(rejection(code, id)),
@@ -711,9 +723,10 @@ impl Store {
         let sql = self.sql(&format!(
             "UPDATE items SET state = 'running', epoch = epoch + 1, token_hash = $2,
                  settled_token_hash = NULL, worker_id = $3, claimed_at = {{now}},
-                 heartbeat_at = {{now}}, updated_at = {{now}}
+                 heartbeat_at = {{now}}, updated_at = {{now}}, lease_ttl_ms = {ttl}
              WHERE id = $1 AND state = 'paused'
-             RETURNING {ITEM_COLS}"
+             RETURNING {ITEM_COLS}",
+            ttl = ms(self.settings.ttl_ms),
         ));
         let row = sqlx::query(&sql)
             .bind(id)
@@ -804,9 +817,9 @@ impl Store {
         let sql = self.sql(
             "SELECT * FROM (
                  SELECT id, state, epoch, attempts, max_redeliveries, heartbeat_at, token_hash,
-                        {now} AS now_ms
+                        COALESCE(lease_ttl_ms, $1) AS ttl_ms, {now} AS now_ms
                  FROM items WHERE state = 'running') AS r
-             WHERE heartbeat_at IS NULL OR heartbeat_at <= now_ms - $1
+             WHERE heartbeat_at IS NULL OR heartbeat_at <= now_ms - ttl_ms
              ORDER BY id LIMIT $2",
         );
         let rows = sqlx::query(&sql)
@@ -820,6 +833,7 @@ impl Store {
                     id: get(row, "id")?,
                     item: lease_item_from_row(row)?,
                     now_ms: get(row, "now_ms")?,
+                    ttl_ms: to_u64(get(row, "ttl_ms")?, "lease_ttl_ms")?,
                 })
             })
             .collect()
@@ -833,12 +847,10 @@ impl Store {
     /// # Errors
     /// The database failed.
     pub async fn take_over(&self, claim: &ExpiredClaim) -> Result<Option<ItemState>, StoreError> {
-        let Ok(next) = claim.item.apply(
-            LeaseEvent::Expire,
-            false,
-            claim.now_ms,
-            self.settings.ttl_ms,
-        ) else {
+        let Ok(next) = claim
+            .item
+            .apply(LeaseEvent::Expire, false, claim.now_ms, claim.ttl_ms)
+        else {
             return Ok(None);
         };
         let (_, _, reason) = end_attempt(claim.item.attempts, claim.item.max_redeliveries);
@@ -846,7 +858,8 @@ impl Store {
             "UPDATE items SET state = $3, attempts = $4, last_error = $5, token_hash = NULL,
                  worker_id = NULL, heartbeat_at = NULL, updated_at = {now}
              WHERE id = $1 AND state = 'running' AND epoch = $2
-               AND (heartbeat_at IS NULL OR heartbeat_at <= {now} - $6)",
+               AND (heartbeat_at IS NULL
+                    OR heartbeat_at <= {now} - COALESCE(lease_ttl_ms, $6))",
         );
         let done = sqlx::query(&sql)
             .bind(claim.id)
@@ -887,14 +900,15 @@ impl Store {
     async fn read_lease(
         &self,
         id: i64,
-    ) -> Result<Option<(LeaseItem, Option<String>, Option<i64>, i64)>, StoreError> {
+    ) -> Result<Option<(LeaseItem, Option<String>, Option<i64>, i64, u64)>, StoreError> {
         let sql = self.sql(
             "SELECT state, epoch, attempts, max_redeliveries, heartbeat_at, token_hash, worker_id,
-                    {now} AS now_ms
+                    COALESCE(lease_ttl_ms, $2) AS ttl_ms, {now} AS now_ms
              FROM items WHERE id = $1",
         );
         let row = sqlx::query(&sql)
             .bind(id)
+            .bind(ms(self.settings.ttl_ms))
             .fetch_optional(&self.pool)
             .await?;
         row.map(|r| {
@@ -903,6 +917,7 @@ impl Store {
                 get(&r, "token_hash")?,
                 get(&r, "worker_id")?,
                 get(&r, "now_ms")?,
+                to_u64(get(&r, "ttl_ms")?, "lease_ttl_ms")?,
             ))
         })
         .transpose()

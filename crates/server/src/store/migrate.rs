@@ -146,6 +146,17 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: "ALTER TABLE items ADD COLUMN released_token_hash TEXT;
             ALTER TABLE items ADD COLUMN released_by BIGINT",
     },
+    Migration {
+        version: 8,
+        name: "lease_ttl",
+        // The TTL (ms) the current lease was granted with, by the instance
+        // that granted it: expiry and takeover use it, not the TTL of the
+        // instance that happens to look, so an instance started with a
+        // shorter --ttl-ms never takes over a lease before the time its
+        // holder was promised. NULL (leases granted before this column
+        // existed): the looking instance's TTL, as before.
+        sql: "ALTER TABLE items ADD COLUMN lease_ttl_ms BIGINT",
+    },
 ];
 
 /// Advisory lock key for migrations on PostgreSQL ("agst").

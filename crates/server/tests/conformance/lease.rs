@@ -102,6 +102,51 @@ pub async fn a_live_claim_is_not_reclaimed_by_any_instance_reaper_or_fresh_claim
     );
 }
 
+/// Instances with different `--ttl-ms` on one database (a rolling config
+/// change): a lease expires after the TTL it was GRANTED with. The reaper of
+/// an instance with a 150 ms TTL leaves alone a lease granted for `LONG`
+/// 300 ms after its claim, and a heartbeat through that instance answers the
+/// granted TTL; the other way round, the long-TTL instance takes over a
+/// lease the short-TTL instance granted once that lease's 150 ms ran out.
+pub async fn a_lease_expires_after_the_ttl_it_was_granted_whichever_instance_looks(db: TestDb) {
+    let long = db.store(ttl(LONG)).await;
+    let short = db.store(ttl(150)).await;
+    let a = long.enqueue("q", &json!("a"), None).await.unwrap();
+    let ca = long.claim("q", None).await.unwrap().expect("claimed");
+    assert_eq!(ca.lease.ttl_ms, LONG);
+    let b = short.enqueue("q", &json!("b"), None).await.unwrap();
+    let cb = short.claim("q", None).await.unwrap().expect("claimed");
+    assert_eq!((cb.item.id, cb.lease.ttl_ms), (b.id, 150));
+    sleep_ms(300).await;
+    let expired: Vec<i64> = short
+        .expired_claims(10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| c.id)
+        .collect();
+    assert_eq!(expired, vec![b.id], "only the 150 ms lease is expired");
+    assert_eq!(
+        short.heartbeat(a.id, &ca.lease.token, None).await.unwrap(),
+        LONG,
+        "renewed with the TTL it was granted"
+    );
+    assert_eq!(long.reap().await.unwrap(), (1, 0), "b's lease ran out");
+    assert_eq!(short.reap().await.unwrap(), (0, 0), "a's lease is live");
+    let now_a = short.item(a.id).await.unwrap().unwrap();
+    assert_eq!((now_a.state, now_a.epoch), (ItemState::Running, 1));
+    let now_b = long.item(b.id).await.unwrap().unwrap();
+    assert_eq!(
+        (now_b.state, now_b.last_error.as_deref()),
+        (ItemState::Open, Some("expired"))
+    );
+    let batch = short
+        .heartbeat_many(&[(a.id, ca.lease.token.as_str())], None)
+        .await
+        .unwrap();
+    assert_eq!(batch[0].as_ref().ok(), Some(&LONG));
+}
+
 pub async fn an_expired_claim_is_reclaimed_and_the_new_token_differs(db: TestDb) {
     let store = db.store(ttl(150)).await;
     let item = store.enqueue("q", &json!(1), None).await.unwrap();

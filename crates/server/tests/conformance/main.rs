@@ -36,6 +36,7 @@ conformance! {
     lease::a_claim_is_atomic_and_raises_the_epoch,
     lease::a_live_claim_is_not_reclaimed_by_any_instance_reaper_or_fresh_claim,
     lease::an_expired_claim_is_reclaimed_and_the_new_token_differs,
+    lease::a_lease_expires_after_the_ttl_it_was_granted_whichever_instance_looks,
     lease::a_claim_with_no_heartbeat_recorded_counts_as_expired,
     lease::a_heartbeat_past_the_ttl_but_before_takeover_renews_the_lease,
     lease::stale_heartbeat_settle_and_blocked_settle_are_claim_lost_and_change_nothing,
@@ -74,4 +75,5 @@ conformance! {
     input::generated_requests_never_get_a_5xx_and_a_refusal_changes_nothing,
     metrics::a_scrape_counts_exactly_what_a_scripted_workload_did,
     metrics::metrics_listen_serves_metrics_without_a_token_only_there,
+    metrics::concurrent_scrapes_each_report_every_queue_gauge,
 }

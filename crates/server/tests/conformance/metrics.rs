@@ -535,3 +535,54 @@ pub async fn metrics_listen_serves_metrics_without_a_token_only_there(db: TestDb
     assert_eq!(http.get(&main).send().await.unwrap().status(), 401);
     server.stop().await.unwrap();
 }
+
+/// Concurrent scrapes: eight scrapers × 30 scrapes over six queues, each
+/// with one open item. Every scrape reports every queue's item gauge and
+/// oldest-open age (a scrape's reset of the scrape-time gauges must never
+/// show in another scrape's output).
+pub async fn concurrent_scrapes_each_report_every_queue_gauge(db: TestDb) {
+    let mut config = db.config();
+    config.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+    let server = Server::start(&config).await.unwrap();
+    let http = Client::new();
+    let queues: Vec<String> = (0..6).map(|i| format!("scrape{i}")).collect();
+    for q in &queues {
+        let resp = http
+            .post(format!("{}/v1/queues/{q}/items", server.url()))
+            .bearer_auth(ADMIN)
+            .json(&json!({"payload": 1}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 201);
+    }
+    let url = format!("http://{}/metrics", server.metrics_addr().unwrap());
+    let scrapers: Vec<_> = (0..8)
+        .map(|_| {
+            let (http, url, queues) = (http.clone(), url.clone(), queues.clone());
+            tokio::spawn(async move {
+                for _ in 0..30 {
+                    let text = http.get(&url).send().await.unwrap().text().await.unwrap();
+                    let samples = parse(&text);
+                    for q in &queues {
+                        let open = samples.iter().any(|(n, l, v)| {
+                            n == "agentstore_queue_items"
+                                && l.get("queue") == Some(q)
+                                && l.get("state").map(String::as_str) == Some("open")
+                                && *v == 1.0
+                        });
+                        let age = samples.iter().any(|(n, l, _)| {
+                            n == "agentstore_queue_oldest_open_age_seconds"
+                                && l.get("queue") == Some(q)
+                        });
+                        assert!(open && age, "queue {q} missing from a scrape:\n{text}");
+                    }
+                }
+            })
+        })
+        .collect();
+    for s in scrapers {
+        s.await.unwrap();
+    }
+    server.stop().await.unwrap();
+}
