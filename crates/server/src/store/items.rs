@@ -238,8 +238,14 @@ impl Store {
     /// that locks up to n open items with `FOR UPDATE SKIP LOCKED`, oldest
     /// first, and pairs the k-th with the k-th waiting claim (its own token
     /// hash and worker); claims beyond the items found get `None`. A batch
-    /// whose statement fails is retried claim by claim, so each caller gets its
-    /// own answer.
+    /// whose statement the database refused (a database error: the
+    /// statement was rolled back) is retried claim by claim, so each caller
+    /// gets its own answer. Any other failure (the connection lost while the
+    /// answer was read, a row that does not decode) may come after the
+    /// statement committed: its claims are answered with the error and NOT
+    /// claimed again, which would hand out further items while the first
+    /// ones stay running under tokens nobody received (they expire after
+    /// the TTL, an attempt counted, as any lease whose answer was lost).
     async fn run_claims(self, queue: String) {
         while let Some(batch) = self.claims.next(&queue, coalesce::MAX_BATCH) {
             if batch.len() == 1 {
@@ -257,10 +263,16 @@ impl Store {
                         let _ = job.reply.send(Ok(item));
                     }
                 }
-                Err(_) => {
+                Err(StoreError::Database(sqlx::Error::Database(_))) => {
                     for job in batch {
                         let out = self.claim_one(&queue, &job.token_hash, job.worker_id).await;
                         let _ = job.reply.send(out);
+                    }
+                }
+                Err(e) => {
+                    let message = e.to_string();
+                    for job in batch {
+                        let _ = job.reply.send(Err(StoreError::Corrupt(message.clone())));
                     }
                 }
             }

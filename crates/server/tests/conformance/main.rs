@@ -37,6 +37,7 @@ conformance! {
     lease::a_live_claim_is_not_reclaimed_by_any_instance_reaper_or_fresh_claim,
     lease::an_expired_claim_is_reclaimed_and_the_new_token_differs,
     lease::a_lease_expires_after_the_ttl_it_was_granted_whichever_instance_looks,
+    lease::a_claim_whose_answer_cannot_be_read_hands_out_nothing_more,
     lease::a_claim_with_no_heartbeat_recorded_counts_as_expired,
     lease::a_heartbeat_past_the_ttl_but_before_takeover_renews_the_lease,
     lease::stale_heartbeat_settle_and_blocked_settle_are_claim_lost_and_change_nothing,
