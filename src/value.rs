@@ -177,7 +177,7 @@ impl Walker {
             // Refused before it is copied into wasm memory: every UTF-16
             // unit is at least one byte of UTF-8.
             let s = short_string(v, MAX_RECORD_BYTES).ok_or_else(|| Fail::new(TOO_LARGE))?;
-            self.digest.string(&s);
+            self.string(&s, v);
             return Ok(None);
         }
         if let Some(b) = v.as_bool() {
@@ -259,8 +259,15 @@ impl Walker {
         let fields = own_fields(obj)?;
         // The digest takes the fields in key order (canonical JSON); the copy
         // keeps the caller's order, as `Object.assign` or `JSON.parse` would.
+        // Keys that read the same in Rust (lone surrogates become U+FFFD)
+        // are ordered by their UTF-16 units, so the order is total.
         let mut order: Vec<usize> = (0..fields.len()).collect();
-        order.sort_unstable_by(|&a, &b| fields[a].0.as_bytes().cmp(fields[b].0.as_bytes()));
+        order.sort_unstable_by(|&a, &b| {
+            let (ka, kb) = (&fields[a], &fields[b]);
+            ka.0.as_bytes()
+                .cmp(kb.0.as_bytes())
+                .then_with(|| units(ka.1.unchecked_ref()).cmp(&units(kb.1.unchecked_ref())))
+        });
         let mut copies: Vec<Option<JsValue>> = vec![None; fields.len()];
         self.digest.raw(b"{");
         let mut first = true;
@@ -274,7 +281,7 @@ impl Walker {
                 self.digest.raw(b",");
             }
             first = false;
-            self.digest.string(k);
+            self.string(k, &fields[i].1);
             self.digest.raw(b":");
             copies[i] = self.value(item).map_err(at)?;
             self.check_size()?;
@@ -285,6 +292,18 @@ impl Walker {
             let _ = Reflect::set(&out, key, copy.as_ref().unwrap_or(item));
         }
         Ok(out.into())
+    }
+
+    /// Feeds the JS string `js`, read into Rust as `text`. The conversion
+    /// turns lone surrogates into U+FFFD; only a `text` holding U+FFFD is
+    /// read again as UTF-16 units, so lone surrogates are digested as the
+    /// escapes `JSON.stringify` writes (`BodyDigest::string_utf16`).
+    fn string(&mut self, text: &str, js: &JsValue) {
+        if text.contains('\u{FFFD}') {
+            self.digest.string_utf16(&units(js.unchecked_ref()));
+        } else {
+            self.digest.string(text);
+        }
     }
 
     /// Stops the walk as soon as the body is past the size limit.

@@ -258,10 +258,6 @@ async fn the_body_digest_is_the_native_canonical_digest() {
             json!({"_id":"n","a":[1,-42,9007199254740992_i64,-9007199254740992_i64,0.5,-1.25,6.125,[],{}],"o":{"z":null,"y":true,"x":false,"w":{"v":[{"u":"t"}]}}}),
         ),
         (
-            r#"({"_id":"l","s":"a\ud800b","t":"\udc00","\ud800k":1})"#,
-            json!({"_id":"l","s":"a\u{FFFD}b","t":"\u{FFFD}","\u{FFFD}k":1}),
-        ),
-        (
             r#"({"_id":"u","gone":undefined,"kept":{"also":undefined,"here":1},"recordType":"agent"})"#,
             json!({"_id":"u","kept":{"here":1},"recordType":"agent"}),
         ),
@@ -274,6 +270,33 @@ async fn the_body_digest_is_the_native_canonical_digest() {
         body.raw(canonical_body(native.as_object().unwrap()).as_bytes());
         let digest = body.finish();
         let expected = Rev::next(None, &[&digest, AT]).unwrap().text();
+        assert_eq!(written.rev, expected, "{source}");
+    }
+    // Lone surrogates (serde_json cannot hold them): digested as the
+    // `\udxxx` escapes `JSON.stringify` writes, so a body with a lone
+    // surrogate and one with U+FFFD in its place get different revisions
+    // (before, both were digested as U+FFFD). Keys sort by their UTF-8 bytes
+    // with lone surrogates counted as U+FFFD.
+    for (source, canonical) in [
+        (
+            r#"({"_id":"l","s":"a\ud800b","t":"\udc00","\ud800k":1})"#,
+            r#"{"_id":"l","s":"a\ud800b","t":"\udc00","\ud800k":1}"#,
+        ),
+        (
+            r#"({"_id":"m","s":"a\ufffdb","t":"\ufffd","\ufffdk":1})"#,
+            "{\"_id\":\"m\",\"s\":\"a\u{FFFD}b\",\"t\":\"\u{FFFD}\",\"\u{FFFD}k\":1}",
+        ),
+        (
+            r#"({"_id":"p","\udc00":1,"\ud800":2})"#,
+            r#"{"_id":"p","\ud800":2,"\udc00":1}"#,
+        ),
+    ] {
+        let record = js_sys::eval(source).unwrap();
+        js_sys::Reflect::set(&record, &"updatedAt".into(), &AT.into()).unwrap();
+        let written = store.put(&record).await.unwrap();
+        let mut body = BodyDigest::new();
+        body.raw(canonical.as_bytes());
+        let expected = Rev::next(None, &[&body.finish(), AT]).unwrap().text();
         assert_eq!(written.rev, expected, "{source}");
     }
 }

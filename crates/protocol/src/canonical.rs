@@ -60,6 +60,45 @@ impl BodyDigest {
     /// characters as `\u00xx`; everything else as UTF-8.
     pub fn string(&mut self, s: &str) {
         self.raw(b"\"");
+        self.string_body(s);
+        self.raw(b"\"");
+    }
+
+    /// Feeds a JSON string literal given as UTF-16 code units, which may
+    /// hold lone surrogates (JavaScript strings can): each lone surrogate is
+    /// written as the escape `\udxxx` (lower-case hex), as ECMAScript's
+    /// well-formed `JSON.stringify` writes it (ES2019, "JSON superset" and
+    /// "well-formed JSON.stringify" proposals); everything else as
+    /// [`BodyDigest::string`]. Two strings that differ only in which lone
+    /// surrogate (or U+FFFD) they hold therefore digest differently.
+    pub fn string_utf16(&mut self, units: &[u16]) {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        self.raw(b"\"");
+        let mut run = String::new();
+        for c in char::decode_utf16(units.iter().copied()) {
+            match c {
+                Ok(c) => run.push(c),
+                Err(lone) => {
+                    self.string_body(&run);
+                    run.clear();
+                    let u = lone.unpaired_surrogate();
+                    self.raw(&[
+                        b'\\',
+                        b'u',
+                        HEX[usize::from(u >> 12)],
+                        HEX[usize::from((u >> 8) & 15)],
+                        HEX[usize::from((u >> 4) & 15)],
+                        HEX[usize::from(u & 15)],
+                    ]);
+                }
+            }
+        }
+        self.string_body(&run);
+        self.raw(b"\"");
+    }
+
+    /// The escaped content of a JSON string literal, without the quotes.
+    fn string_body(&mut self, s: &str) {
         let bytes = s.as_bytes();
         let mut start = 0;
         for (i, &b) in bytes.iter().enumerate() {
@@ -91,7 +130,6 @@ impl BodyDigest {
             start = i + 1;
         }
         self.raw(&bytes[start..]);
-        self.raw(b"\"");
     }
 
     /// Bytes fed so far.
@@ -189,6 +227,31 @@ mod tests {
         let mut whole = BodyDigest::new();
         whole.raw(expected.as_bytes());
         assert_eq!(d.finish(), whole.finish());
+    }
+
+    #[test]
+    fn lone_surrogates_digest_as_their_json_stringify_escapes() {
+        let digest = |units: &[u16]| {
+            let mut d = BodyDigest::new();
+            d.string_utf16(units);
+            (d.len(), d.finish())
+        };
+        let text = |t: &str| {
+            let mut d = BodyDigest::new();
+            d.raw(t.as_bytes());
+            (d.len(), d.finish())
+        };
+        // "a\ud800b" as JSON.stringify writes it; a pair stays one character.
+        assert_eq!(digest(&[0x61, 0xd800, 0x62]), text("\"a\\ud800b\""));
+        assert_eq!(digest(&[0xdc00]), text("\"\\udc00\""));
+        assert_eq!(digest(&[0xd83d, 0xde00, 0x22]), text("\"😀\\\"\""));
+        // Distinct lone surrogates and U+FFFD digest apart.
+        let all = [digest(&[0xd800]), digest(&[0xdc00]), digest(&[0xfffd])];
+        assert!(all[0] != all[1] && all[1] != all[2] && all[0] != all[2]);
+        // Well-formed input digests exactly as `string`.
+        let mut d = BodyDigest::new();
+        d.string("é\n");
+        assert_eq!(digest(&[0xe9, 0x0a]).1, d.finish());
     }
 
     #[test]

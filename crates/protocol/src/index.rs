@@ -10,7 +10,7 @@
 //! arrays; strings by UTF-16 code units; arrays element by element, a proper
 //! prefix first.
 
-use crate::keys::prefix_successor;
+use crate::keys::{is_lower_hex, prefix_successor};
 use md5::{Digest, Md5};
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
@@ -346,10 +346,10 @@ pub fn decode_key_cursor(s: &str) -> Result<Vec<KeyPart>, String> {
         .map(|p| {
             let (kind, body) = p.split_at(p.len().min(1));
             match kind {
-                "n" if body.len() == 16 => u64::from_str_radix(body, 16)
+                "n" if body.len() == 16 && is_lower_hex(body) => u64::from_str_radix(body, 16)
                     .map(|b| KeyPart::Num(f64::from_bits(b)))
                     .map_err(|_| bad()),
-                "s" if body.len() % 4 == 0 && body.is_ascii() => body
+                "s" if body.len() % 4 == 0 && is_lower_hex(body) => body
                     .as_bytes()
                     .chunks(4)
                     .map(|c| {
@@ -522,7 +522,16 @@ mod tests {
         assert!(!inside(&r, &last) && inside(&r, &key("t", &[s("run"), s("2025"), s("a")])));
         let n = vec![KeyPart::Num(-0.5), KeyPart::Max];
         assert_eq!(decode_key_cursor(&encode_key_cursor(&n)).unwrap(), n);
-        for bad in ["", "c1.00", "i1.x", "i1.n12", "i1.s123"] {
+        for bad in [
+            "",
+            "c1.00",
+            "i1.x",
+            "i1.n12",
+            "i1.s123",
+            "i1.s+061",
+            "i1.s00FF",
+            "i1.n+000000000000000",
+        ] {
             assert!(decode_key_cursor(bad).is_err(), "{bad}");
         }
         // a cursor past the condition's range gives an empty page

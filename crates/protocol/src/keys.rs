@@ -46,6 +46,13 @@ pub fn encode_cursor(key: &[u16]) -> String {
     s
 }
 
+/// Whether `s` is made only of the digits cursors are written with
+/// (`0-9a-f`): `from_str_radix` alone also takes a `+` sign and upper-case
+/// digits, so one position would have several cursor texts.
+pub(crate) fn is_lower_hex(s: &str) -> bool {
+    s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
 /// Decodes a cursor made by [`encode_cursor`].
 ///
 /// # Errors
@@ -54,7 +61,7 @@ pub fn decode_cursor(cursor: &str) -> Result<Vec<u16>, String> {
     let body = cursor
         .strip_prefix(CURSOR_TAG)
         .ok_or_else(|| "invalid cursor: not made by this store".to_string())?;
-    if body.len() % 4 != 0 || !body.is_ascii() {
+    if body.len() % 4 != 0 || !is_lower_hex(body) {
         return Err("invalid cursor: malformed".into());
     }
     body.as_bytes()
@@ -136,7 +143,10 @@ mod tests {
         for key in [vec![], vec![0x61, 0xD800], vec![0xFFFF, 0xDC00, 0x0000]] {
             assert_eq!(decode_cursor(&encode_cursor(&key)).unwrap(), key);
         }
-        for bad in ["", "c1.abc", "c2.0061", "c1.zzzz", "c1.é000"] {
+        // One text per position: no sign, no upper-case digits.
+        for bad in [
+            "", "c1.abc", "c2.0061", "c1.zzzz", "c1.é000", "c1.+061", "c1.00FF",
+        ] {
             assert!(decode_cursor(bad).is_err(), "{bad}");
         }
     }
