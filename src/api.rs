@@ -4,9 +4,10 @@
 
 use crate::error::{set, StoreError};
 use crate::options::{opt, opt_bool, opt_fn, opt_num, opt_signal, string_arg};
+#[cfg(feature = "io")]
+use crate::store::index::verification_js;
 use crate::store::{
-    index::verification_js, ByQuery, ImportOptions, ListQuery, Store, Watcher, Written,
-    DEFAULT_BATCH, MAX_IMPORT_BATCH,
+    ByQuery, ImportOptions, ListQuery, Store, Watcher, Written, DEFAULT_BATCH, MAX_IMPORT_BATCH,
 };
 use agentstore_protocol::index::IndexDef;
 use js_sys::{Array, Function, Object, Promise, Reflect};
@@ -279,14 +280,15 @@ impl AgentStore {
             let on_vc = opt_fn(&options, "onVersionChange")?;
             let indexes = parse_index_defs(&opt(&options, "indexes"))?;
             let store = Rc::new(Store::open(&name, timeout, on_vc, indexes).await?);
-            if !store.indexes().is_empty() && !store.indexes_ready().await? {
+            let agent = AgentStore::wrap(store.clone());
+            if !store.indexes().is_empty()
+                && !store.indexes_ready().await?
+                && !store.adopt_indexes_if_empty().await?
+            {
                 // Build in the background; listBy answers from the records meanwhile.
-                let s = store.clone();
-                wasm_bindgen_futures::spawn_local(async move {
-                    let _ = s.rebuild_indexes(500, false, None, None).await;
-                });
+                agent.rebuild_in_background();
             }
-            Ok(AgentStore::wrap(store).into())
+            Ok(agent.into())
         })
     }
 
@@ -515,38 +517,6 @@ impl AgentStore {
             let name = string_arg(&name, "the index name").map_err(StoreError::Thrown)?;
             let q = ByQuery::from_js(&options)?;
             Ok(page_js(s.list_by(&name, &q).await?))
-        })
-    }
-
-    /// Compares every derived index with the records:
-    /// `{checked, missing, orphaned, stale, building}` (ids).
-    #[wasm_bindgen(js_name = verifyIndexes, unchecked_return_type = "Promise<IndexVerification>")]
-    pub fn verify_indexes(&self) -> Promise {
-        let s = self.inner.clone();
-        run(async move { Ok(verification_js(&s.verify_indexes().await?)) })
-    }
-
-    /// Rebuilds the derived indexes from the records, `batchSize` records per
-    /// transaction (default 500); with `restart: false` an interrupted
-    /// rebuild resumes from its checkpoint. Resolves to the number of records
-    /// processed.
-    #[wasm_bindgen(js_name = rebuildIndexes, unchecked_return_type = "Promise<number>")]
-    pub fn rebuild_indexes(
-        &self,
-        #[wasm_bindgen(unchecked_optional_param_type = "RebuildOptions")] options: JsValue,
-    ) -> Promise {
-        let s = self.inner.clone();
-        run(async move {
-            let batch = opt_num(&options, "batchSize", 1, 10_000, "an integer in [1, 10000]")?
-                .map_or(500, |n| n as u32);
-            let cb = opt_fn(&options, "onProgress")?;
-            let signal = opt_signal(&options)?;
-            let restart = opt_bool(&options, "restart")?.unwrap_or(true);
-            Ok(
-                s.rebuild_indexes(batch, restart, cb.as_ref(), signal.as_ref())
-                    .await?
-                    .into(),
-            )
         })
     }
 
@@ -782,6 +752,72 @@ impl AgentStore {
         let checked = import_checks(&source, &options, false).map(|_| ());
         self.io("importSnapshot", source, options, checked)
     }
+
+    /// Compares every derived index with the records:
+    /// `{checked, missing, orphaned, stale, building}` (ids). Index
+    /// maintenance ships in the io module with import and export: the
+    /// first call loads it as `importPouchDump` does.
+    #[wasm_bindgen(js_name = verifyIndexes, unchecked_return_type = "Promise<IndexVerification>")]
+    pub fn verify_indexes(&self) -> Promise {
+        self.io(
+            "verifyIndexes",
+            JsValue::UNDEFINED,
+            JsValue::UNDEFINED,
+            Ok(()),
+        )
+    }
+
+    /// Rebuilds the derived indexes from the records, `batchSize` records per
+    /// transaction (default 500); with `restart: false` an interrupted
+    /// rebuild resumes from its checkpoint. Resolves to the number of records
+    /// processed. Loads the io module as `verifyIndexes` does (options are
+    /// checked before).
+    #[wasm_bindgen(js_name = rebuildIndexes, unchecked_return_type = "Promise<number>")]
+    pub fn rebuild_indexes(
+        &self,
+        #[wasm_bindgen(unchecked_optional_param_type = "RebuildOptions")] options: JsValue,
+    ) -> Promise {
+        let checked = rebuild_options(&options).map(|_| ());
+        self.io("rebuildIndexes", options, JsValue::UNDEFINED, checked)
+    }
+}
+
+#[cfg(not(feature = "io"))]
+impl AgentStore {
+    /// `open()`'s rebuild of indexes whose definitions changed, in the io
+    /// module (loaded in the background; its result is not awaited).
+    fn rebuild_in_background(&self) {
+        let o = Object::new();
+        set(&o, "restart", &JsValue::FALSE);
+        let p = self.io("rebuildIndexes", o.into(), JsValue::UNDEFINED, Ok(()));
+        wasm_bindgen_futures::spawn_local(async move {
+            let _ = wasm_bindgen_futures::JsFuture::from(p).await;
+        });
+    }
+}
+
+#[cfg(feature = "io")]
+impl AgentStore {
+    /// `open()`'s rebuild of indexes whose definitions changed, in the
+    /// background (its result is not awaited).
+    fn rebuild_in_background(&self) {
+        let s = self.inner.clone();
+        wasm_bindgen_futures::spawn_local(async move {
+            let _ = s.rebuild_indexes(500, false, None, None).await;
+        });
+    }
+}
+
+/// `rebuildIndexes` options: `(batchSize, onProgress, signal, restart)`.
+fn rebuild_options(
+    options: &JsValue,
+) -> Result<(u32, Option<Function>, Option<web_sys::AbortSignal>, bool), StoreError> {
+    let batch = opt_num(options, "batchSize", 1, 10_000, "an integer in [1, 10000]")?
+        .map_or(500, |n| n as u32);
+    let cb = opt_fn(options, "onProgress")?;
+    let signal = opt_signal(options)?;
+    let restart = opt_bool(options, "restart")?.unwrap_or(true);
+    Ok((batch, cb, signal, restart))
 }
 
 /// The bodies of the methods above, in the `io` build (and the Rust tests).
@@ -810,6 +846,34 @@ impl AgentStore {
             let indexes = parse_index_defs(&indexes)?;
             let store = Store::open_existing(&name, blocked_timeout_ms, indexes).await?;
             Ok(AgentStore::from_store(store).into())
+        })
+    }
+
+    /// Compares every derived index with the records:
+    /// `{checked, missing, orphaned, stale, building}` (ids).
+    #[wasm_bindgen(js_name = verifyIndexes, unchecked_return_type = "Promise<IndexVerification>")]
+    pub fn verify_indexes(&self) -> Promise {
+        let s = self.inner.clone();
+        run(async move { Ok(verification_js(&s.verify_indexes().await?)) })
+    }
+
+    /// Rebuilds the derived indexes from the records, `batchSize` records per
+    /// transaction (default 500); with `restart: false` an interrupted
+    /// rebuild resumes from its checkpoint. Resolves to the number of records
+    /// processed.
+    #[wasm_bindgen(js_name = rebuildIndexes, unchecked_return_type = "Promise<number>")]
+    pub fn rebuild_indexes(
+        &self,
+        #[wasm_bindgen(unchecked_optional_param_type = "RebuildOptions")] options: JsValue,
+    ) -> Promise {
+        let s = self.inner.clone();
+        run(async move {
+            let (batch, cb, signal, restart) = rebuild_options(&options)?;
+            Ok(
+                s.rebuild_indexes(batch, restart, cb.as_ref(), signal.as_ref())
+                    .await?
+                    .into(),
+            )
         })
     }
 

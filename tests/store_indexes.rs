@@ -581,3 +581,49 @@ async fn a_synchronous_mutate_that_edits_its_argument_in_place_keeps_the_index_e
     );
     assert_indexes_clean(&store).await;
 }
+
+/// A store with no record adopts its declared indexes at once (there is
+/// nothing to build): `open()` on a new database leaves them active without
+/// a rebuild (in the shipped entry points, without loading the module that
+/// carries the rebuild), and writes keep them in step from the first one.
+/// A store that holds records does not adopt: it needs the rebuild.
+#[wasm_bindgen_test]
+async fn an_empty_store_adopts_its_declared_indexes_without_a_rebuild() {
+    let name = fresh_name("adopt");
+    let opened = wasm_bindgen_futures::JsFuture::from(agentstore::AgentStore::open(
+        s(&name),
+        js(json!({"indexes": [{"name": "byType", "keys": ["recordType", "updatedAt"]}]})),
+    ))
+    .await
+    .unwrap();
+    let close: js_sys::Function = wasm_bindgen::JsCast::unchecked_into(field(&opened, "close"));
+    let store = open_named(&name).await;
+    assert!(
+        store.indexes_ready().await.unwrap(),
+        "active as soon as open() resolved"
+    );
+    assert!(store.adopt_indexes_if_empty().await.unwrap(), "still empty");
+    store
+        .put(&js(json!({"_id": "a", "recordType": "run"})))
+        .await
+        .unwrap();
+    assert_eq!(by_all(&store, json!({"eq": "run"})).await, vec!["a"]);
+    assert_indexes_clean(&store).await;
+    close.call0(&opened).unwrap();
+    // With a record stored and a new definition, nothing is adopted.
+    let other = Store::open(
+        &name,
+        2000,
+        None,
+        vec![IndexDef {
+            name: "byOwner".into(),
+            keys: vec!["owner".into()],
+        }],
+    )
+    .await
+    .unwrap();
+    assert!(!other.adopt_indexes_if_empty().await.unwrap());
+    assert!(!other.indexes_ready().await.unwrap());
+    other.rebuild_indexes(500, false, None, None).await.unwrap();
+    assert!(other.indexes_ready().await.unwrap());
+}

@@ -162,6 +162,45 @@ async fn read_state(tx: &Tx) -> Result<(f64, IndexState)> {
     Ok((gen, IndexState::from_js(&state.await?.unwrap_or_default())))
 }
 
+/// Starts the definitions `fresh` in `state` (inside `tx`, which must
+/// include META and DERIVED): drops the entries, checkpoints and state of
+/// each one's tag and of older definitions of the same name, then adds it
+/// as building (with an empty checkpoint) or, with `active` (a store
+/// without records: nothing to build), as active. The caller writes the
+/// state.
+fn start_tags(tx: &Tx, state: &mut IndexState, fresh: &[&IndexDef], active: bool) -> Result<()> {
+    let derived = tx.store(DERIVED)?;
+    let meta = tx.store(META)?;
+    for d in fresh {
+        let tag = d.tag();
+        // Entries of this tag, and of older definitions of the same name.
+        let dropped: Vec<String> = state
+            .defs
+            .iter()
+            .filter(|(t, o)| o.name == d.name && **t != tag)
+            .map(|(t, _)| t.clone())
+            .chain([tag.clone()])
+            .collect();
+        for t in &dropped {
+            if let Some(all) = entry_range(t, &Condition::All, None, false) {
+                derived.delete(to_range(&all)?)?;
+            }
+            meta.delete(checkpoint_key(t))?;
+            state.defs.remove(t);
+        }
+        state.active.retain(|t| !dropped.contains(t));
+        state.building.retain(|t| !dropped.contains(t));
+        state.defs.insert(tag.clone(), (*d).clone());
+        if active {
+            state.active.push(tag);
+        } else {
+            state.building.push(tag.clone());
+            write_checkpoint(tx, &tag, &Checkpoint::default())?;
+        }
+    }
+    Ok(())
+}
+
 /// Stores `state` as generation `gen + 1`.
 fn write_state(tx: &Tx, state: &IndexState, gen: f64) -> Result<()> {
     let meta = tx.store(META)?;
@@ -660,31 +699,7 @@ impl Store {
             .map(|(d, _)| d)
             .collect();
         if !fresh.is_empty() {
-            let derived = tx.store(DERIVED)?;
-            let meta = tx.store(META)?;
-            for d in fresh {
-                let tag = d.tag();
-                // Entries of this tag, and of older definitions of the same name.
-                let dropped: Vec<String> = state
-                    .defs
-                    .iter()
-                    .filter(|(t, o)| o.name == d.name && **t != tag)
-                    .map(|(t, _)| t.clone())
-                    .chain([tag.clone()])
-                    .collect();
-                for t in &dropped {
-                    if let Some(all) = entry_range(t, &Condition::All, None, false) {
-                        derived.delete(to_range(&all)?)?;
-                    }
-                    meta.delete(checkpoint_key(t))?;
-                    state.defs.remove(t);
-                }
-                state.active.retain(|t| !dropped.contains(t));
-                state.building.retain(|t| !dropped.contains(t));
-                state.defs.insert(tag.clone(), d.clone());
-                state.building.push(tag.clone());
-                write_checkpoint(&tx, &tag, &Checkpoint::default())?;
-            }
+            start_tags(&tx, &mut state, &fresh, false)?;
             write_state(&tx, &state, gen)?;
         }
         tx.commit().await?;
@@ -813,6 +828,40 @@ impl Store {
         let (_, state) = read_state(&tx).await?;
         tx.end_read();
         Ok(self.indexes.iter().all(|d| state.active.contains(&d.tag())))
+    }
+
+    /// When the store holds no record, makes this connection's declared
+    /// indexes active at once (there is nothing to build) and returns
+    /// `true`; otherwise changes nothing and returns `false` (a rebuild is
+    /// needed). One readwrite transaction over META, DERIVED and RECORDS, so
+    /// a record written by another connection is either counted or written
+    /// after the indexes are active (and then kept in step by its write).
+    /// This spares a new app's first `open()` the rebuild and the module
+    /// that carries it.
+    ///
+    /// # Errors
+    /// TransactionError / ClosedError from IndexedDB.
+    pub async fn adopt_indexes_if_empty(&self) -> Result<bool> {
+        let tx = self
+            .db
+            .tx(&[META, DERIVED, RECORDS], TransactionMode::ReadWrite)?;
+        let records = tx.store(RECORDS)?.count(None)?;
+        let (gen, mut state) = read_state(&tx).await?;
+        if records.await? > 0 {
+            tx.end_read();
+            return Ok(false);
+        }
+        let fresh: Vec<&IndexDef> = self
+            .indexes
+            .iter()
+            .filter(|d| !state.active.contains(&d.tag()))
+            .collect();
+        if !fresh.is_empty() {
+            start_tags(&tx, &mut state, &fresh, true)?;
+            write_state(&tx, &state, gen)?;
+        }
+        tx.commit().await?;
+        Ok(true)
     }
 
     /// All entries of the DERIVED store as `[key, value]` JSON text, for tests

@@ -82,6 +82,7 @@ window.phases = {
         locked.getReader();
         return fail(s.importSnapshot(locked));
       })(),
+      await fail(s.rebuildIndexes({ batchSize: 0 })),
       await fail(s.importSnapshot('x', { signal: ac.signal })),
     ];
   },
@@ -106,6 +107,7 @@ window.phases = {
     const heardAll = await until(() => heard.has('agent-system-legacy:0439b1b3') && heard.has('agent-system-legacy:05e442af'));
     w.close();
     const verify = await s.verifyIndexes();
+    const rebuilt = await s.rebuildIndexes({ batchSize: 500 });
     const byType = await s.listBy('byType', { eq: 'note' });
     const before = await copy.count();
     const dumpText = await (await fetch('/data/agent-records.pouchdump.ndjson')).text();
@@ -126,6 +128,7 @@ window.phases = {
       count: await s.count(),
       heardAll,
       verify: { missing: verify.missing.length, orphaned: verify.orphaned.length, stale: verify.stale.length },
+      rebuilt,
       byType: byType.records.map((r) => r._id),
       bad, aborted, unchanged: before === afterAbort, closed,
     };
@@ -286,13 +289,13 @@ async function scenario(page, engine, entry) {
   assert.deepEqual(local, { count: 3, got: 2, listed: 3 });
   const checks = await page.evaluate(() => window.phases.checks());
   assert.deepEqual(checks, [
-    VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION,
+    VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION,
     { isError: true, name: 'AbortError', code: 'aborted' },
   ]);
   assert.deepEqual(
     ioRequests(),
     [],
-    `${engine} ${entry}: nothing under /pkg/io/ is fetched for reads, writes or calls with bad arguments`,
+    `${engine} ${entry}: nothing under /pkg/io/ is fetched for an open with indexes on a new store, reads, writes or calls with bad arguments`,
   );
 
   const r = await page.evaluate((n) => window.phases.io(n), name);
@@ -314,6 +317,7 @@ async function scenario(page, engine, entry) {
   assert.equal(r.count, 3 + 2894);
   assert.ok(r.heardAll, 'the first connection watch() heard the io connection writes');
   assert.deepEqual(r.verify, { missing: 0, orphaned: 0, stale: 0 }, 'indexes kept in step by the io connection');
+  assert.equal(r.rebuilt, 3 + 2894, 'rebuildIndexes runs in the io module over every record');
   assert.deepEqual(r.byType, ['local:1', 'local:2', 'local:3']);
   assert.deepEqual(r.bad, VALIDATION);
   assert.deepEqual(r.aborted, { isError: true, name: 'AbortError', code: 'aborted' });
