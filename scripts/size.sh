@@ -27,6 +27,6 @@ check() { # name dir budget
 }
 check "agentstore/store" pkg/store "$STORE_BUDGET"
 check "agentstore" pkg "$FULL_BUDGET"
-printf '%-18s wasm %7d B + js %6d B (loaded on the first import or export; no budget)\n' \
+printf '%-18s wasm %7d B + js %6d B (loaded on the first import, export or index rebuild; no budget)\n' \
   "agentstore io" "$(gz pkg/io/agentstore_io_bg.wasm)" "$(gz pkg/io/agentstore_io.js)"
 exit "$fail"
