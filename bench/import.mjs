@@ -1,8 +1,8 @@
 // Import / export / index-rebuild benchmark: time next to raw IndexedDB doing
 // the same writes, and the wasm module's linear memory (WebAssembly.Memory
 // buffer byteLength, read from the page) before, at its peak and after: for
-// imports and exports the package's import/export module's (pkg/io/, where
-// they run), for the rebuild the entry point's.
+// imports, exports and the rebuild the package's import/export module's
+// (pkg/io/, where they run: index maintenance ships in it too).
 //
 // The dump is generated here, never committed: the shared PouchDB dump's
 // documents copied COPIES times under new ids (`c<k>:<id>`), ~120,000 docs.
@@ -158,5 +158,5 @@ md += row('importPouchDump(Blob) vs raw stream + JSON.parse + put', samples.map(
 md += row('exportSnapshotBlob() vs raw getAll + stringify + Blob', samples.map((s) => s.exp.rawExport.ms), samples.map((s) => s.exp.agentExport.ms),
   `${mib(max(samples.map((s) => s.exp.freshIo)))} → ${mib(max(samples.map((s) => s.exp.agentExport.after)))} (after)`);
 md += row('rebuildIndexes (1 index) vs raw entry puts', samples.map((s) => s.reb.rawRebuild.ms), samples.map((s) => s.reb.agentRebuild.ms),
-  `${mib(max(samples.map((s) => s.reb.fresh)))} → ${mib(max(samples.map((s) => s.reb.agentRebuild.after)))} (after)`);
+  `${mib(max(samples.map((s) => s.reb.freshIo)))} → ${mib(max(samples.map((s) => s.reb.agentRebuild.after)))} (after)`);
 console.log(md);
