@@ -281,9 +281,10 @@ impl AgentStore {
             let indexes = parse_index_defs(&opt(&options, "indexes"))?;
             let store = Rc::new(Store::open(&name, timeout, on_vc, indexes).await?);
             let agent = AgentStore::wrap(store.clone());
+            // An adoption that fails (e.g. for quota) leaves the rebuild to do it.
             if !store.indexes().is_empty()
                 && !store.indexes_ready().await?
-                && !store.adopt_indexes_if_empty().await?
+                && !store.adopt_indexes_if_empty().await.unwrap_or(false)
             {
                 // Build in the background; listBy answers from the records meanwhile.
                 agent.rebuild_in_background();
@@ -791,7 +792,9 @@ impl AgentStore {
         set(&o, "restart", &JsValue::FALSE);
         let p = self.io("rebuildIndexes", o.into(), JsValue::UNDEFINED, Ok(()));
         wasm_bindgen_futures::spawn_local(async move {
-            let _ = wasm_bindgen_futures::JsFuture::from(p).await;
+            if let Err(e) = wasm_bindgen_futures::JsFuture::from(p).await {
+                background_rebuild_failed(&e);
+            }
         });
     }
 }
@@ -803,8 +806,23 @@ impl AgentStore {
     fn rebuild_in_background(&self) {
         let s = self.inner.clone();
         wasm_bindgen_futures::spawn_local(async move {
-            let _ = s.rebuild_indexes(500, false, None, None).await;
+            if let Err(e) = s.rebuild_indexes(500, false, None, None).await {
+                background_rebuild_failed(&e.to_js());
+            }
         });
+    }
+}
+
+/// Reports a failed background rebuild (`open()` does not wait for it):
+/// `listBy` keeps answering from the records, and the next `open()` or
+/// `rebuildIndexes()` tries again. A rebuild stopped by `close()` is not
+/// reported.
+fn background_rebuild_failed(e: &JsValue) {
+    if crate::error::get_str(e, "code").as_deref() != Some("closed") {
+        web_sys::console::warn_2(
+            &"agentstore: background index rebuild failed (listBy scans records meanwhile):".into(),
+            e,
+        );
     }
 }
 

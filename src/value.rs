@@ -301,7 +301,12 @@ impl Walker {
     fn string(&mut self, text: &str, js: &JsValue) {
         // U+FFFD in UTF-8 (a byte scan: `str::contains` brings in the
         // two-way string searcher, ~1.3 kB of wasm).
-        if text.as_bytes().windows(3).any(|w| w == [0xEF, 0xBF, 0xBD]) {
+        // A genuine U+FFFD is common (decoded tool output): `isWellFormed`
+        // (one call) spares those the unit-by-unit read; without it (older
+        // browsers) the units are read.
+        if text.as_bytes().windows(3).any(|w| w == [0xEF, 0xBF, 0xBD])
+            && !is_well_formed_js(js).unwrap_or(false)
+        {
             self.digest.string_utf16(&units(js.unchecked_ref()));
         } else {
             self.digest.string(text);
@@ -383,6 +388,9 @@ extern "C" {
     fn keys_js(v: &JsValue) -> Result<Array, JsValue>;
     #[wasm_bindgen(js_namespace = Object, js_name = getPrototypeOf, catch)]
     fn prototype_js(v: &JsValue) -> Result<JsValue, JsValue>;
+    /// `String.prototype.isWellFormed.call(s)` (throws where it is missing).
+    #[wasm_bindgen(js_namespace = ["String", "prototype", "isWellFormed"], js_name = call, catch)]
+    fn is_well_formed_js(s: &JsValue) -> Result<bool, JsValue>;
 }
 
 /// `Array.isArray(v)`; a revoked Proxy (which makes it throw) is a

@@ -621,3 +621,45 @@ async fn an_abort_while_an_async_mutate_function_is_pending_rejects_the_call() {
     let got = store.get(&s("u")).await.unwrap().unwrap();
     assert_eq!(field_str(&got, "_rev").as_deref(), Some(rev.as_str()));
 }
+
+/// A write issued after `close()` is refused with ClosedError even while a
+/// group of this connection is still running (it would otherwise join it
+/// and be committed); the write issued before `close()` completes.
+#[wasm_bindgen_test]
+async fn a_write_issued_after_close_is_refused_while_a_group_is_open() {
+    let (a, name) = open("group-close").await;
+    let (ra, rb) = (js(json!({"_id": "before"})), js(json!({"_id": "after"})));
+    let (x, y) = futures::join!(a.put(&ra), async {
+        a.close();
+        a.put(&rb).await
+    });
+    assert!(x.unwrap().rev.starts_with("1-"), "issued before close()");
+    assert_eq!(code(&y.unwrap_err()), ErrorCode::Closed);
+    let again = open_named(&name).await;
+    assert!(again.get(&s("before")).await.unwrap().is_some());
+    assert!(again.get(&s("after")).await.unwrap().is_none());
+}
+
+/// When a shared transaction fails and a read was issued after its writes,
+/// the writes are not run again behind the read's back: each gets the
+/// transaction's error, so a read never misses a write that then reports
+/// success. 10 rounds.
+#[wasm_bindgen_test]
+async fn a_read_issued_after_grouped_writes_never_misses_a_write_that_succeeded() {
+    let (a, _) = open("group-order-fail").await;
+    for round in 0..10 {
+        let (p, q) = (format!("p-{round}"), format!("q-{round}"));
+        let (rp, rq, kp) = (js(json!({"_id": p})), js(json!({"_id": q})), s(&p));
+        a.inject_abort_next_write();
+        let (x, y, got) = futures::join!(a.put(&rp), a.put(&rq), a.get(&kp));
+        let got = got.unwrap();
+        assert_eq!(
+            x.is_ok(),
+            got.is_some(),
+            "round {round}: the read sees p exactly when p's put succeeded"
+        );
+        assert_eq!(code(&x.unwrap_err()), ErrorCode::Transaction);
+        assert_eq!(code(&y.unwrap_err()), ErrorCode::Transaction);
+    }
+    assert_indexes_clean(&a).await;
+}

@@ -106,7 +106,12 @@ impl Db {
         // carrying that string.
         let refused: Rc<RefCell<Option<String>>> = Rc::new(RefCell::new(None));
         let refused2 = refused.clone();
+        // Set once `upgradeneeded` fired: the open is no longer blocked, and
+        // a blocked timeout that fires during its upgrade does not count.
+        let upgrading = Rc::new(Cell::new(false));
+        let upgrading2 = upgrading.clone();
         let upgrade = Closure::<dyn FnMut(web_sys::Event)>::new(move |event: web_sys::Event| {
+            upgrading2.set(true);
             if let Some(req) = event
                 .target()
                 .and_then(|t| t.dyn_into::<IdbOpenDbRequest>().ok())
@@ -127,7 +132,11 @@ impl Db {
 
         let timed_out = JsValue::from(js_sys::Object::new());
         let race = race_blocked(&request, blocked_timeout_ms, &timed_out);
-        let raw = match JsFuture::from(race).await {
+        let mut out = JsFuture::from(race).await;
+        if matches!(&out, Ok(v) if *v == timed_out) && upgrading.get() {
+            out = JsFuture::from(request_promise(&request)).await;
+        }
+        let raw = match out {
             Ok(db) if db != timed_out => db.unchecked_into::<IdbDatabase>(),
             Err(e) => {
                 return Err(match refused.take() {

@@ -21,7 +21,10 @@
 //! a closed connection), nothing of it is kept, and each member of a group of
 //! two or more is run again in a transaction of its own, so each one gets
 //! the outcome it would have had alone (a `mutate` function may then run
-//! twice). One change message is posted for the whole group after commit.
+//! twice) — unless another transaction of this connection started after the
+//! group's: the members would then take effect after it, out of the order
+//! they were issued in, so each gets the transaction's error instead. One
+//! change message is posted for the whole group after commit.
 //!
 //! This is the group commit of database write-ahead logs (e.g. PostgreSQL's
 //! `commit_delay`, InnoDB's binary-log group commit), applied to IndexedDB
@@ -124,19 +127,31 @@ pub(crate) struct Group {
     /// The connection's transaction count when the group's started.
     seq: u32,
     open: Cell<bool>,
+    /// The commit was asked for: from then on the outcome cannot be undone.
+    committing: Cell<bool>,
     members: RefCell<Vec<Rc<Member>>>,
 }
 
-/// Answers every member not answered yet with [`Delivered::Rerun`] when the
-/// leader stops early (its future dropped), so no member waits forever.
+/// Answers every member not answered yet when the leader stops early (its
+/// future dropped, which aborts the transaction): with
+/// [`Delivered::Rerun`] before the commit was asked for (nothing of it is
+/// kept), with a TransactionError after (the outcome is unknown: running
+/// the members again could apply them twice). No member waits forever.
 struct Unanswered<'a>(&'a Group);
 
 impl Drop for Unanswered<'_> {
     fn drop(&mut self) {
         self.0.open.set(false);
+        let committing = self.0.committing.get();
         for m in self.0.members.borrow().iter() {
             if !m.answered.get() {
-                m.deliver(Delivered::Rerun);
+                m.deliver(if committing {
+                    Delivered::Done(Err(StoreError::Transaction(
+                        "commit outcome unknown (the leading call was dropped)".into(),
+                    )))
+                } else {
+                    Delivered::Rerun
+                });
             }
         }
     }
@@ -155,6 +170,8 @@ impl Store {
     /// `f` threw, AbortError) or the transaction's (TransactionError,
     /// QuotaExceededError, ClosedError).
     pub(crate) async fn write_one(&self, job: Job) -> Result<Done> {
+        // A group still running on a closed connection would take it.
+        self.db.check_open()?;
         let joinable = self
             .group
             .borrow()
@@ -199,6 +216,7 @@ impl Store {
         let g = Rc::new(Group {
             seq: self.db.seq(),
             open: Cell::new(true),
+            committing: Cell::new(false),
             members: RefCell::new(vec![first]),
         });
         if shared {
@@ -225,7 +243,15 @@ impl Store {
                     m.deliver(Delivered::Done(r));
                 }
             }
-            Err(e) if members.len() == 1 => members[0].deliver(Delivered::Done(Err(e))),
+            // Alone, or another transaction of this connection started
+            // after the group's (a read, delete or batch issued after these
+            // writes): running them again would put them after it, out of
+            // the order they were issued in. Each gets the error.
+            Err(e) if members.len() == 1 || self.db.seq() != g.seq => {
+                for m in &members {
+                    m.deliver(Delivered::Done(Err(e.clone())));
+                }
+            }
             Err(_) => {
                 for m in &members {
                     m.deliver(Delivered::Rerun);
@@ -266,6 +292,7 @@ impl Store {
             results.push(self.apply(&tx, &st, &m.job, current, stored)?);
         }
         g.open.set(false);
+        g.committing.set(true);
         self.finish(tx).await?;
         Ok(results)
     }

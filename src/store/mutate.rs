@@ -126,6 +126,19 @@ pub(super) fn call(
         _ => None,
     };
     if let Some(promise) = crate::value::as_promise(&out) {
+        // Handled from now on: if the group's transaction fails, this
+        // attempt's promise is dropped unawaited (the member runs again),
+        // and its rejection must not reach the page as unhandled. Awaiting
+        // it later still sees the rejection.
+        // (`Boolean` as the handler: any function that cannot throw.)
+        let get = |o: &JsValue, k: &str| js_sys::Reflect::get(o, &k.into());
+        if let (Ok(catch), Ok(handler)) =
+            (get(&promise, "catch"), get(&js_sys::global(), "Boolean"))
+        {
+            if let Some(catch) = catch.dyn_ref::<Function>() {
+                let _ = catch.call1(&promise, &handler);
+            }
+        }
         return Ok(Called::Done(Done::Async { promise, rev }));
     }
     check_abort(signal)?;

@@ -263,16 +263,29 @@ impl Store {
                         let _ = job.reply.send(Ok(item));
                     }
                 }
-                Err(StoreError::Database(sqlx::Error::Database(_))) => {
+                // Refused by the database (rolled back), or never sent (no
+                // connection from the pool): safe to run claim by claim.
+                Err(StoreError::Database(
+                    sqlx::Error::Database(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed,
+                )) => {
                     for job in batch {
                         let out = self.claim_one(&queue, &job.token_hash, job.worker_id).await;
                         let _ = job.reply.send(out);
                     }
                 }
                 Err(e) => {
+                    // The same failure for each claim (sqlx errors do not
+                    // clone): a database failure stays one, a row that did
+                    // not decode stays a corrupt row.
                     let message = e.to_string();
                     for job in batch {
-                        let _ = job.reply.send(Err(StoreError::Corrupt(message.clone())));
+                        let err = match &e {
+                            StoreError::Database(_) => {
+                                StoreError::Database(sqlx::Error::Protocol(message.clone()))
+                            }
+                            _ => StoreError::Corrupt(message.clone()),
+                        };
+                        let _ = job.reply.send(Err(err));
                     }
                 }
             }
@@ -480,7 +493,7 @@ impl Store {
     /// The single-row settle statement (see [`Store::settle`]).
     async fn settle_one(&self, job: &SettleJob) -> Result<(ItemView, bool), StoreError> {
         let sql = self.sql(&format!(
-            "UPDATE items SET state = $3, result = $4, last_error = $5, token_hash = NULL,
+            "UPDATE items SET state = $3, result = $4, last_error = $5, token_hash = NULL, lease_ttl_ms = NULL,
                  settled_token_hash = $2, settled_by = worker_id, worker_id = NULL,
                  heartbeat_at = NULL,
                  updated_at = {{now}}
@@ -591,7 +604,8 @@ impl Store {
         // settle is classified afterwards, as if it had come second.
         let sql = self.sql(&format!(
             "UPDATE items AS i SET state = v.state, result = v.result, last_error = v.last_error,
-                 token_hash = NULL, settled_token_hash = v.hash, settled_by = i.worker_id,
+                 token_hash = NULL, lease_ttl_ms = NULL, settled_token_hash = v.hash,
+                 settled_by = i.worker_id,
                  worker_id = NULL,
                  heartbeat_at = NULL, updated_at = {{now}}
              FROM (VALUES {values}) AS v(n, id, hash, state, result, last_error, owner)
@@ -671,7 +685,7 @@ impl Store {
             reason
         };
         let sql = self.sql(&format!(
-            "UPDATE items SET state = $4, attempts = $5, last_error = $6, token_hash = NULL,
+            "UPDATE items SET state = $4, attempts = $5, last_error = $6, token_hash = NULL, lease_ttl_ms = NULL,
                  released_token_hash = $2, released_by = worker_id,
                  worker_id = NULL, heartbeat_at = NULL, updated_at = {{now}}
              WHERE id = $1 AND state = 'running' AND token_hash = $2 AND epoch = $3
@@ -867,7 +881,7 @@ impl Store {
         };
         let (_, _, reason) = end_attempt(claim.item.attempts, claim.item.max_redeliveries);
         let sql = self.sql(
-            "UPDATE items SET state = $3, attempts = $4, last_error = $5, token_hash = NULL,
+            "UPDATE items SET state = $3, attempts = $4, last_error = $5, token_hash = NULL, lease_ttl_ms = NULL,
                  worker_id = NULL, heartbeat_at = NULL, updated_at = {now}
              WHERE id = $1 AND state = 'running' AND epoch = $2
                AND (heartbeat_at IS NULL

@@ -153,8 +153,10 @@ pub const MIGRATIONS: &[Migration] = &[
         // that granted it: expiry and takeover use it, not the TTL of the
         // instance that happens to look, so an instance started with a
         // shorter --ttl-ms never takes over a lease before the time its
-        // holder was promised. NULL (leases granted before this column
-        // existed): the looking instance's TTL, as before.
+        // holder was promised. Cleared when the lease ends (settle,
+        // release, takeover), so NULL means: granted by a binary that does
+        // not set it (before this column, or an older one during a rolling
+        // upgrade); then the looking instance's TTL applies, as before.
         sql: "ALTER TABLE items ADD COLUMN lease_ttl_ms BIGINT",
     },
 ];

@@ -145,6 +145,22 @@ pub async fn a_lease_expires_after_the_ttl_it_was_granted_whichever_instance_loo
         .await
         .unwrap();
     assert_eq!(batch[0].as_ref().ok(), Some(&LONG));
+    // The TTL goes with the lease: cleared by the takeover of b and the
+    // settle of a, so a later claim by a binary that does not record it (an
+    // older one in a rolling upgrade) is judged by the looking instance's
+    // TTL, not a stale one.
+    short
+        .settle(a.id, &ca.lease.token, None, SettleState::Done, None, None)
+        .await
+        .unwrap();
+    for id in [a.id, b.id] {
+        let (ttl,): (Option<i64>,) = sqlx::query_as("SELECT lease_ttl_ms FROM items WHERE id = $1")
+            .bind(id)
+            .fetch_one(long.pool())
+            .await
+            .unwrap();
+        assert_eq!(ttl, None, "item {id}");
+    }
 }
 
 /// Concurrent claims whose (coalesced, on PostgreSQL) claim statement
