@@ -489,14 +489,7 @@ pub async fn metrics_listen_serves_metrics_without_a_token_only_there(db: TestDb
     let http = Client::new();
     let open = format!("http://{}/metrics", server.metrics_addr().unwrap());
     // One request and one queue, so that the labelled families have a series.
-    let resp = http
-        .post(format!("{}/v1/queues/q/items", server.url()))
-        .bearer_auth(ADMIN)
-        .json(&json!({"payload": 1}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 201);
+    enqueue_over_http(&http, &server.url(), "q").await;
     let resp = http.get(&open).send().await.unwrap();
     assert_eq!(resp.status(), 200);
     let text = resp.text().await.unwrap();
@@ -547,14 +540,7 @@ pub async fn concurrent_scrapes_each_report_every_queue_gauge(db: TestDb) {
     let http = Client::new();
     let queues: Vec<String> = (0..6).map(|i| format!("scrape{i}")).collect();
     for q in &queues {
-        let resp = http
-            .post(format!("{}/v1/queues/{q}/items", server.url()))
-            .bearer_auth(ADMIN)
-            .json(&json!({"payload": 1}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 201);
+        enqueue_over_http(&http, &server.url(), q).await;
     }
     let url = format!("http://{}/metrics", server.metrics_addr().unwrap());
     let scrapers: Vec<_> = (0..8)
@@ -585,4 +571,16 @@ pub async fn concurrent_scrapes_each_report_every_queue_gauge(db: TestDb) {
         s.await.unwrap();
     }
     server.stop().await.unwrap();
+}
+
+/// Enqueues one item into `queue` through the HTTP API (admin token).
+async fn enqueue_over_http(http: &Client, base: &str, queue: &str) {
+    let resp = http
+        .post(format!("{base}/v1/queues/{queue}/items"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"payload": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
 }
