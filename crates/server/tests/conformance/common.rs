@@ -253,3 +253,28 @@ pub async fn enroll(client: &reqwest::Client, base: &str) -> WorkerCredentials {
     assert_eq!(resp.status(), 201);
     resp.json().await.unwrap()
 }
+
+/// Runs `n` tasks that a barrier releases together (the race forced, not
+/// hoped for); `f(k)` makes the k-th. Their outputs, in task order.
+pub async fn at_once<T, F, Fut>(n: usize, f: F) -> Vec<T>
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(n));
+    let tasks: Vec<_> = (0..n)
+        .map(|k| {
+            let (barrier, task) = (barrier.clone(), f(k));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                task.await
+            })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(n);
+    for t in tasks {
+        out.push(t.await.expect("task"));
+    }
+    out
+}

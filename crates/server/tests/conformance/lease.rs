@@ -8,7 +8,7 @@ use agentstore_server::{Settings, Store};
 use serde_json::json;
 use tokio::sync::Barrier;
 
-use crate::common::{heartbeat_at, sleep_ms, ttl, TestDb};
+use crate::common::{at_once, heartbeat_at, sleep_ms, ttl, TestDb};
 
 const LONG: u64 = 60_000;
 
@@ -185,19 +185,14 @@ pub async fn a_claim_whose_answer_cannot_be_read_hands_out_nothing_more(db: Test
             .execute(store.pool())
             .await
             .unwrap();
-        let barrier = Arc::new(Barrier::new(8));
-        let claims: Vec<_> = (0..8)
-            .map(|_| {
-                let (store, queue, barrier) = (store.clone(), queue.clone(), barrier.clone());
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    store.claim(&queue, None).await
-                })
-            })
-            .collect();
+        let claims = at_once(8, |_| {
+            let (store, queue) = (store.clone(), queue.clone());
+            async move { store.claim(&queue, None).await }
+        })
+        .await;
         let (mut received, mut errors) = (0, 0);
         for c in claims {
-            match c.await.unwrap() {
+            match c {
                 Ok(Some(_)) => received += 1,
                 Ok(None) => {}
                 Err(_) => errors += 1,
@@ -1083,27 +1078,24 @@ pub async fn a_settle_sent_again_by_its_lease_is_answered_and_changes_nothing(db
         )
         .await
         .unwrap();
-    let barrier = Arc::new(Barrier::new(8));
-    let replays: Vec<_> = (0..8)
-        .map(|_| {
-            let (store, t2, barrier) = (store.clone(), t2.clone(), barrier.clone());
-            tokio::spawn(async move {
-                barrier.wait().await;
-                store
-                    .settle(
-                        item2.id,
-                        &t2,
-                        None,
-                        SettleState::Done,
-                        Some(&json!("r")),
-                        None,
-                    )
-                    .await
-            })
-        })
-        .collect();
+    let replays = at_once(8, |_| {
+        let (store, t2) = (store.clone(), t2.clone());
+        async move {
+            store
+                .settle(
+                    item2.id,
+                    &t2,
+                    None,
+                    SettleState::Done,
+                    Some(&json!("r")),
+                    None,
+                )
+                .await
+        }
+    })
+    .await;
     for r in replays {
-        assert_eq!(r.await.unwrap().expect("replay answered"), done);
+        assert_eq!(r.expect("replay answered"), done);
     }
 
     // A worker's replay comes from the worker that settled, nobody else.
