@@ -17,6 +17,9 @@
 //   /drop-release-answers-<n>/… the same for release requests
 //   /drop-credential-answers-<n>/… the same for enrollment and refresh requests: the
 //                           server issues credentials, the answers are cut off
+//   /refuse-settles-<n>/…    settle requests are answered 503 {code: "network"} without
+//                           reaching the server (nothing applied) until /_stop/<n>
+//                           is requested; /_held/refuse-settles-<n> counts them
 //   /slow-settle-requests-<ms>/… settle REQUESTS are forwarded to the server only
 //                           after <ms> (anything sent meanwhile gets there first)
 //   /late-heartbeats-<ms>/…  heartbeat REQUESTS are forwarded only after <ms>, and
@@ -72,6 +75,14 @@ const server = http.createServer((req, res) => {
       req.socket.destroy();
       return;
     }
+  }
+  const refuse = /^refuse-settles-(.+)$/.exec(mode);
+  if (refuse && !stopped.has(refuse[1]) && req.method === 'POST' && /^\/v1\/items\/\d+\/settle$/.test(path)) {
+    held.set(mode, (held.get(mode) ?? 0) + 1);
+    req.resume();
+    res.writeHead(503, { 'content-type': 'application/json', 'access-control-allow-origin': '*' });
+    res.end(JSON.stringify({ code: 'network', message: 'refused by the test proxy' }));
+    return;
   }
   const dropAnswers = /^drop-(settle|release|credential)-answers-(.+)$/.exec(mode);
   const cuts =

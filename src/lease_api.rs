@@ -356,7 +356,10 @@ impl LeaseClient {
     }
 
     /// Releases every held lease (their signals abort with `released`) and
-    /// stops; later calls reject with `ClosedError`.
+    /// stops; later calls reject with `ClosedError`. A lease whose settle
+    /// failed is settled once more with the same body instead.
+    /// Resolves once every lease has been settled or released (or its call
+    /// failed; its journal entry then stays for `recover()`).
     #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
     pub fn close(&self) -> Promise {
         let inner = self.inner.clone();

@@ -11,7 +11,7 @@ use std::rc::Rc;
 use agentstore::lease::{
     ClientConfig, ClientInner, Credentials, LossReason, Status, WorkOptions, WorkerInner,
 };
-use agentstore_protocol::lease::ItemState;
+use agentstore_protocol::lease::{ItemState, SettleState};
 use futures::future::join;
 use js_sys::{Function, Promise, Reflect};
 use serde_json::json;
@@ -817,6 +817,73 @@ async fn close_whose_release_is_unanswered_keeps_the_journal_entry_for_recover()
     assert!(j.list(&c.base).await.unwrap().is_empty(), "entry gone");
     assert_eq!(item(id).await.state, ItemState::Open);
     later.close().await;
+}
+
+/// The app's settle fails (the proxy answers 503 and nothing reaches the
+/// server), then the app calls `close()`. The client settles once more with
+/// the same body instead of releasing: the item ends `done` with its result.
+/// Before, `close()` released it, and the finished work went back to the
+/// queue to be done again.
+#[wasm_bindgen_test]
+async fn close_after_a_failed_settle_settles_again_instead_of_releasing() {
+    let Some(proxy) = proxy() else { return };
+    let q = fresh_queue("close-settle");
+    let id = enqueue(&q, json!({})).await;
+    let nonce = fresh_queue("n");
+    let mode = format!("refuse-settles-{nonce}");
+    let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
+    let lease = claim(&c, &q).await;
+    let handle = agentstore::lease_api::Lease::from_inner(lease.clone());
+    let first =
+        JsFuture::from(handle.settle("done".into(), js(json!({"out": 7})), JsValue::UNDEFINED))
+            .await;
+    assert!(first.is_err(), "the proxy refused the settle: {first:?}");
+    assert_eq!(lease.status(), Status::Held);
+    assert_eq!(proxy_count(proxy, &mode, "held").await, 1.0);
+    stop_dropping(proxy, &nonce).await;
+    c.close().await;
+    assert_eq!(lease.status(), Status::Settled(SettleState::Done));
+    let it = item(id).await;
+    assert_eq!(it.state, ItemState::Done);
+    assert_eq!(it.result, Some(json!({"out": 7})));
+}
+
+/// The same through `work()`: the handler returned, its settle was refused
+/// (503, nothing applied) and `work()` waits to retry it when the app calls
+/// `close()`. The item ends `done` with the handler's result in every round.
+/// Before, `close()` released it unless the retry happened to go first
+/// (a backoff of 0–100 ms), and the item went back to the queue.
+#[wasm_bindgen_test]
+async fn close_during_work_settle_retries_keeps_the_handlers_result() {
+    let Some(proxy) = proxy() else { return };
+    let q = fresh_queue("close-work-settle");
+    let handler = Function::new_with_args("lease", "return {n: lease.item.payload.n};");
+    for round in 0..5 {
+        let id = enqueue(&q, json!({"n": round})).await;
+        let nonce = fresh_queue("n");
+        let mode = format!("refuse-settles-{nonce}");
+        let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
+        let _w = WorkerInner::start(
+            c.clone(),
+            q.clone(),
+            handler.clone(),
+            WorkOptions::default(),
+            wrap,
+        );
+        let until = now() + 20_000.0;
+        while proxy_count(proxy, &mode, "held").await < 1.0 && now() < until {
+            sleep(5.0).await;
+        }
+        assert!(
+            proxy_count(proxy, &mode, "held").await >= 1.0,
+            "round {round}: a settle was refused"
+        );
+        stop_dropping(proxy, &nonce).await;
+        c.close().await;
+        let it = item(id).await;
+        assert_eq!(it.state, ItemState::Done, "round {round}");
+        assert_eq!(it.result, Some(json!({"n": round})), "round {round}");
+    }
 }
 
 fn noop_handler() -> Function {

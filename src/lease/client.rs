@@ -227,7 +227,10 @@ impl ClientInner {
     /// `released`); later calls fail with `ClosedError`. A lease whose settle
     /// (or release) is in flight is not raced by a release: its call finishes
     /// first (bounded by the request timeout), and only a lease it left held
-    /// is released.
+    /// is released. A held lease whose settle failed (asked by the app, or by
+    /// `work()` with its handler's outcome, and not yet retried) is settled
+    /// once more with the same body first: releasing it would give finished
+    /// work back to the queue.
     pub async fn close(self: &Rc<Self>) {
         self.closed.set(true);
         if let Some(cb) = self.pagehide.borrow_mut().take() {
@@ -240,6 +243,16 @@ impl ClientInner {
                 let l = l.clone();
                 wasm_bindgen_futures::future_to_promise(async move {
                     l.until_not_ending().await;
+                    // A settle asked for (by the app, or by `work()` with a
+                    // handler's outcome) that failed: sent once more (the
+                    // same body) instead of releasing, which would hand
+                    // finished work back to the queue.
+                    let asked = l.asked.borrow().clone();
+                    if let Some(super::lease::Ending::Settle(state, result, error)) = asked {
+                        if l.status() == super::lease::Status::Held {
+                            let _ = l.settle(state, result, error).await;
+                        }
+                    }
                     if l.status() == super::lease::Status::Held {
                         let _ = l.release().await;
                     }

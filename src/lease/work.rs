@@ -293,6 +293,9 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
         }
         (None, Err(e)) => (SettleState::Failed, None, Some(describe(&e))),
     };
+    // Recorded as asked: a `client.close()` during the retries below sends
+    // this settle again instead of releasing the finished work.
+    *lease.asked.borrow_mut() = Some(Ending::Settle(state, result.clone(), error.clone()));
     let mut attempt = 0u32;
     loop {
         match lease.settle(state, result.clone(), error.clone()).await {
