@@ -257,6 +257,23 @@ async fn delete_many_is_all_or_nothing_and_reports_every_failing_position() {
         Array::from(&call(store.delete_many(js(json!([])))).await.unwrap()).length(),
         0
     );
+    // deleting an already deleted record again: nothing live, `currentRev:
+    // null` as the docs say (it was the tombstone's revision)
+    let e = call(store.delete_many(js(
+        json!([{"id": "d/a", "rev": out[0]}, {"id": "d/c", "rev": revs[2]}]),
+    )))
+    .await
+    .unwrap_err();
+    assert_eq!(err_kind(&e).1, "conflict");
+    assert_eq!(failure_indexes(&e), vec![0, 1]);
+    let failures = Array::from(&field(&e, "failures"));
+    for f in failures.iter() {
+        assert!(
+            field(&f, "currentRev").is_null(),
+            "{:?}",
+            field(&f, "currentRev")
+        );
+    }
     // watch announces each delete (after the four creates/updates)
     until_seen(&seen, 7).await;
     assert_eq!(

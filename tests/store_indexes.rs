@@ -627,3 +627,63 @@ async fn an_empty_store_adopts_its_declared_indexes_without_a_rebuild() {
     other.rebuild_indexes(500, false, None, None).await.unwrap();
     assert!(other.indexes_ready().await.unwrap());
 }
+
+/// `listBy` refuses an `eq` with more values than the index has keys (the
+/// extra value was compared with the record id: `eq: ["run", updatedAt,
+/// "r1"]` listed r1 and `"x"` in its place listed nothing) and an `after`
+/// cursor made by another index (a lower tag restarted the listing and
+/// repeated records, a higher one ended it early).
+#[wasm_bindgen_test]
+async fn list_by_refuses_eq_longer_than_the_index_and_a_cursor_of_another_index() {
+    let name = fresh_name("idx-query-shape");
+    let by_owner = IndexDef {
+        name: "byOwner".into(),
+        keys: vec!["owner".into()],
+    };
+    let store = Store::open(&name, 2000, None, vec![by_type(), by_owner])
+        .await
+        .unwrap();
+    let recs: Vec<Value> = (0..6)
+        .map(|i| json!({"_id": format!("r{i}"), "recordType": "run", "owner": format!("o{i}"), "updatedAt": at(i)}))
+        .collect();
+    store.put_many(&js(Value::Array(recs))).await.unwrap();
+    let q = |v: Value| ByQuery::from_js(&js(v)).unwrap();
+    for extra in ["r1", "x"] {
+        let err = store
+            .list_by("byType", &q(json!({"eq": ["run", at(1), extra]})))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Validation, "{extra}");
+    }
+    // Exactly as many values as keys is an exact match.
+    let page = store
+        .list_by("byType", &q(json!({"eq": ["run", at(1)]})))
+        .await
+        .unwrap();
+    assert_eq!(page.records.length(), 1);
+    for (from, to) in [("byOwner", "byType"), ("byType", "byOwner")] {
+        let first = store.list_by(from, &q(json!({"limit": 2}))).await.unwrap();
+        let cursor = first.next.expect("a second page");
+        let err = store
+            .list_by(to, &q(json!({"limit": 2, "after": cursor})))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Validation, "{from} cursor on {to}");
+    }
+    // The index's own cursor still pages through every record once.
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut v = json!({"limit": 4});
+        if let Some(a) = &after {
+            v["after"] = json!(a);
+        }
+        let page = store.list_by("byOwner", &q(v)).await.unwrap();
+        seen.extend(page.records.iter().map(|r| field_str(&r, "_id").unwrap()));
+        match page.next {
+            Some(n) => after = Some(n),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["r0", "r1", "r2", "r3", "r4", "r5"]);
+}

@@ -13,7 +13,7 @@ use super::{check_id_value, read_many, tombstone, tombstone_digest, tombstone_re
 use crate::error::{BatchFailure, Result, StoreError};
 use agentstore_protocol::keys::page_range;
 use agentstore_protocol::record::MAX_BATCH;
-use agentstore_protocol::rev::{decide_delete, CasError, Rev};
+use agentstore_protocol::rev::{decide_delete, CasError, Current, Rev};
 use js_sys::{Array, JsString, Object, Reflect};
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
@@ -214,7 +214,12 @@ impl Store {
                         CasError::Conflict => "revision conflict".into(),
                     },
                     expected_rev: Some(d.expected.text()),
-                    current_rev: current.rev().map(Rev::to_string),
+                    // Only a live revision: a tombstone's is not one to
+                    // delete at (docs: `currentRev: null`, as `delete`).
+                    current_rev: match current {
+                        Current::Live(r) => Some(r.to_string()),
+                        _ => None,
+                    },
                 }),
             }
         }

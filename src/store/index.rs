@@ -544,6 +544,8 @@ impl Store {
     pub async fn list_by(&self, name: &str, q: &ByQuery) -> Result<super::Page> {
         let def = self.def(name)?.clone();
         let tag = def.tag();
+        agentstore_protocol::index::check_query(&tag, def.keys.len(), &q.cond, q.after.as_deref())
+            .map_err(StoreError::validation)?;
         let Some(range) = entry_range(&tag, &q.cond, q.after.as_deref(), q.descending) else {
             return Ok(super::Page {
                 records: Array::new(),

@@ -210,6 +210,35 @@ pub struct EntryRange {
     pub upper_open: bool,
 }
 
+/// Checks a `listBy` query against the index it names, whose entry keys are
+/// `[tag, key values…, id]` with `keys` key values: `eq` gives at most `keys`
+/// values (one more would be compared with the record id), and `after` is an
+/// entry key of this index (a cursor of another index would restart the
+/// listing or end it early, silently). Static messages, for the wasm side.
+///
+/// # Errors
+/// The message of the first rule broken.
+pub fn check_query(
+    tag: &str,
+    keys: usize,
+    cond: &Condition,
+    after: Option<&[KeyPart]>,
+) -> Result<(), &'static str> {
+    if matches!(cond, Condition::Eq(v) if v.len() > keys) {
+        return Err("eq has more values than the index has keys");
+    }
+    if let Some(a) = after {
+        let ours = match a.first() {
+            Some(KeyPart::Str(t)) => t.iter().copied().eq(tag.encode_utf16()),
+            _ => false,
+        };
+        if !ours || a.len() != keys + 2 || a[1..].contains(&KeyPart::Max) {
+            return Err("after is a cursor of another index: pass the next of this index's listBy");
+        }
+    }
+    Ok(())
+}
+
 /// The entry key range of a condition on index `tag`, continuing after the
 /// entry key `after` (a previous page's last key) in the listing direction.
 /// `None` when the range is empty.
@@ -386,6 +415,30 @@ mod tests {
         let mut v = vec![s(tag)];
         v.extend_from_slice(parts);
         v
+    }
+
+    #[test]
+    fn eq_with_more_values_than_keys_and_cursors_of_another_index_are_refused() {
+        let tag = "byType@1";
+        let eq = |n: usize| Condition::Eq((0..n).map(|i| s(&i.to_string())).collect());
+        assert_eq!(check_query(tag, 1, &eq(1), None), Ok(()));
+        assert!(check_query(tag, 1, &eq(2), None).is_err());
+        assert_eq!(check_query(tag, 2, &eq(2), None), Ok(()));
+        let ours = key(tag, &[s("run"), s("r1")]);
+        assert_eq!(check_query(tag, 1, &Condition::All, Some(&ours)), Ok(()));
+        for bad in [
+            key("byOther@2", &[s("run"), s("r1")]),
+            key(tag, &[s("r1")]),
+            key(tag, &[s("run"), s("x"), s("r1")]),
+            key(tag, &[KeyPart::Max, s("r1")]),
+            vec![KeyPart::Num(1.0), s("run"), s("r1")],
+            Vec::new(),
+        ] {
+            assert!(
+                check_query(tag, 1, &Condition::All, Some(&bad)).is_err(),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]
