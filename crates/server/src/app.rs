@@ -35,7 +35,11 @@ pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 pub fn state(config: &Config, store: Store, metrics: Arc<Metrics>) -> AppState {
     AppState {
         store,
-        admin_hash: config.admin_token.as_deref().map(tokens::hash),
+        admin_hash: config
+            .admin_token
+            .as_deref()
+            .filter(|t| !t.is_empty())
+            .map(tokens::hash),
         auth_cache: Arc::default(),
         claim_limiter: Arc::new(RateLimiter::new(config.claim_rate)),
         auth_limiter: Arc::new(RateLimiter::new(config.auth_rate)),

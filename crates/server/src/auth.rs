@@ -114,7 +114,10 @@ impl Caller {
 fn bearer(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+    // An empty token is no credential (it must never match a token that
+    // hashes the empty string).
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
 /// Authenticates from headers; `Ok(None)` when no `Authorization` header is present.

@@ -29,8 +29,10 @@ pub struct Config {
     #[arg(long, default_value = "pkg")]
     pub pkg: PathBuf,
     /// Admin bearer token (creates enrollment tokens, enqueues, reads, pauses).
-    /// Without it the admin endpoints always answer 401.
-    #[arg(long, env = "AGENTSTORE_ADMIN_TOKEN", hide_env_values = true)]
+    /// Without it the admin endpoints always answer 401. An empty token, or
+    /// one with whitespace, is refused at startup: `Authorization: Bearer `
+    /// with nothing after it would otherwise be the admin.
+    #[arg(long, env = "AGENTSTORE_ADMIN_TOKEN", hide_env_values = true, value_parser = admin_token_arg)]
     pub admin_token: Option<String>,
     /// Origins allowed by CORS (repeat or comma-separate); none → no CORS headers.
     /// `scheme://host:*` allows that scheme and host on any port (e.g.
@@ -74,6 +76,16 @@ pub struct Config {
     /// exists only on `--listen`, behind the admin token.
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
+}
+
+/// `--admin-token`: any non-empty text without whitespace (a bearer token is
+/// one header word).
+fn admin_token_arg(v: &str) -> Result<String, String> {
+    if v.is_empty() || v.chars().any(char::is_whitespace) {
+        Err("the admin token must be non-empty and contain no whitespace".into())
+    } else {
+        Ok(v.to_owned())
+    }
 }
 
 impl Config {

@@ -198,6 +198,37 @@ async fn requests_without_or_with_a_wrong_token_are_401_and_health_needs_none() 
     h.stop().await;
 }
 
+/// An empty admin token is refused at startup (flag or environment), and an
+/// empty bearer never authenticates: before, `--admin-token ""` made
+/// `Authorization: Bearer ` (nothing after it) the admin.
+#[tokio::test]
+async fn an_empty_admin_token_is_refused_and_an_empty_bearer_is_never_the_admin() {
+    use clap::Parser;
+    for bad in ["", "two words", " "] {
+        let parsed = Config::try_parse_from(["agentstore-server", "--admin-token", bad]);
+        assert!(parsed.is_err(), "{bad:?} accepted");
+    }
+    assert!(Config::try_parse_from(["agentstore-server", "--admin-token", "t"]).is_ok());
+    // A configuration built in code with an empty token has no admin at all.
+    let h = Harness::start(|c| c.admin_token = Some(String::new())).await;
+    for bearer in [Some(""), Some(" "), None] {
+        let resp = h
+            .call(
+                Method::POST,
+                "/v1/admin/enrollment-tokens",
+                bearer,
+                Some(json!({})),
+            )
+            .await;
+        expect_error(resp, ErrorCode::Unauthorized).await;
+        let resp = h
+            .call(Method::GET, "/v1/queues/q/items", bearer, None)
+            .await;
+        expect_error(resp, ErrorCode::Unauthorized).await;
+    }
+    h.stop().await;
+}
+
 #[tokio::test]
 async fn unknown_items_and_endpoints_are_404() {
     let h = Harness::start(|_| {}).await;
