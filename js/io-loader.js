@@ -14,6 +14,13 @@
 
 let io;
 let source;
+// The build this loader belongs to: scripts/package.mjs writes one id (a
+// digest of the package's wasm files) here and into the io module's glue
+// (`AGENTSTORE_RELEASE`). An io module of another build (a stale cached
+// chunk, a mismatched CDN path) is refused before its wasm is fetched: its
+// record, revision or index rules may differ even where the schema version
+// does not. Left as is (unpackaged builds), nothing is compared.
+const RELEASE = '__AGENTSTORE_RELEASE__';
 
 /** `AgentStore.setIoModule(source)`: the module, or a function returning a Promise of it. */
 export function ioUse(s) {
@@ -30,6 +37,17 @@ const notTheModule = () => {
   return e;
 };
 
+// Thrown for an io module of another build of agentstore.
+const otherRelease = (theirs) => {
+  const e = new Error(
+    `agentstore: the import/export module is from another build of agentstore (release ${String(theirs)}, this one is ${RELEASE}): serve io/ from the same package`,
+  );
+  e.name = 'ValidationError';
+  e.code = 'validation';
+  e.status = 400;
+  return e;
+};
+
 const load = () => {
   if (!io) {
     const s = source ?? (() => import('./io/agentstore_io.js'));
@@ -38,6 +56,7 @@ const load = () => {
     // initialised the module itself.
     const p = Promise.resolve(typeof s === 'function' ? s() : s).then(async (m) => {
       if (typeof m?.default !== 'function' || typeof m.AgentStore?.__openForIo !== 'function') throw notTheModule();
+      if (!RELEASE.startsWith('__') && m.AGENTSTORE_RELEASE !== RELEASE) throw otherRelease(m.AGENTSTORE_RELEASE);
       await m.default();
       return m;
     });

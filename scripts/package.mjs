@@ -22,6 +22,7 @@
 // ships beside it).
 // Idempotent: running it twice writes the same files.
 
+import { createHash } from 'node:crypto';
 import { existsSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { basename, join, relative, resolve, sep } from 'node:path';
 import { transformSync } from 'esbuild';
@@ -125,6 +126,27 @@ if (hasIo) {
   completeDts(join(dir, ioSub, ioTypes), NOTE.io);
 }
 
+// One id for this build: a digest of every wasm file of the package. The
+// loader inlined below compares it with the io module's AGENTSTORE_RELEASE
+// and refuses an io module of another build before fetching its wasm.
+const release = (() => {
+  const h = createHash('sha256');
+  for (const f of [join(dir, wasm), join(dir, sub, wasm), join(dir, ioSub, ioWasm)]) {
+    if (existsSync(f)) h.update(readFileSync(f));
+  }
+  return h.digest('hex').slice(0, 16);
+})();
+if (hasIo) {
+  const ioGlue = join(dir, ioSub, ioJs);
+  const line = `export const AGENTSTORE_RELEASE = '${release}';\n`;
+  const text = readFileSync(ioGlue, 'utf8').replace(/^export const AGENTSTORE_RELEASE = .*\n/m, '');
+  writeFileSync(ioGlue, text + line);
+  const types = join(dir, ioSub, ioTypes);
+  const decl = '/** The build this module belongs to (compared by the entry points before they load it). */\nexport const AGENTSTORE_RELEASE: string;\n';
+  const dts = readFileSync(types, 'utf8');
+  if (!dts.includes('AGENTSTORE_RELEASE')) writeFileSync(types, dts + decl);
+}
+
 // The import/export loader (js/io-loader.js, a wasm-bindgen snippet of both
 // entry points) is inlined into each entry's glue: as a snippet file it
 // would be one more module request before `init` can start (two round trips
@@ -147,8 +169,10 @@ const inlineIoLoader = (root) => {
     if (!rel.startsWith('.')) rel = `./${rel}`;
     const target = "import('./io/agentstore_io.js')";
     const exported = [...snippet.matchAll(/^export (?:async )?function ([\w$]+)/gm)].map((x) => x[1]);
-    const body = snippet.replace(/^export (async )?function /gm, '$1function ');
-    if (!body.includes(target) || /^export /m.test(body)) throw new Error('js/io-loader.js changed: update inlineIoLoader');
+    const body = snippet
+      .replace(/^export (async )?function /gm, '$1function ')
+      .replace("const RELEASE = '__AGENTSTORE_RELEASE__';", `const RELEASE = '${release}';`);
+    if (!body.includes(target) || !body.includes(`const RELEASE = '${release}';`) || /^export /m.test(body)) throw new Error('js/io-loader.js changed: update inlineIoLoader');
     const def =
       `const __agentstoreIoLoader = (() => {\n${body.replace(target, `import('${rel}')`)}\n` +
       `return { ${exported.join(', ')} };\n})();\n`;

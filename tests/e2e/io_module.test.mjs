@@ -182,9 +182,13 @@ window.phases = {
   },
   async custom(name) {
     const bad = (() => { try { AgentStore.setIoModule(42); return null; } catch (e) { return { isError: e instanceof Error, name: e.name, code: e.code }; } })();
-    AgentStore.setIoModule(() => import('/alt/agentstore_io.js'));
     await AgentStore.destroy(name);
     const s = await AgentStore.open(name);
+    // An io module of another build: refused before its wasm is fetched.
+    AgentStore.setIoModule(async () => ({ ...(await import('/alt/agentstore_io.js')), AGENTSTORE_RELEASE: '0123456789abcdef' }));
+    const other = await s.exportSnapshot().then(() => null, (e) => ({ isError: e instanceof Error, name: e.name, code: e.code, says: /another build/.test(e.message) }));
+    const wasmBefore = performance.getEntriesByType('resource').some((r) => r.name.endsWith('/alt/agentstore_io_bg.wasm'));
+    AgentStore.setIoModule(() => import('/alt/agentstore_io.js'));
     const sum = await s.importSnapshot([JSON.stringify({ agentstore: 'snapshot', records: 1, tombstones: 0, version: 1 }), JSON.stringify({ _id: 'c:1', _rev: '1-' + 'a'.repeat(32), n: 1, updatedAt: '2026-01-01T00:00:00.000Z' })].join('\\n'));
     // Not the io module: a ValidationError, not a NetworkError.
     AgentStore.setIoModule({});
@@ -193,7 +197,7 @@ window.phases = {
     AgentStore.setIoModule(await import('/alt/agentstore_io.js'));
     const lines = (await s.exportSnapshot()).trim().split('\\n').length;
     s.close();
-    return { bad, written: sum.written, notIo, lines };
+    return { bad, written: sum.written, notIo, lines, other, wasmBefore };
   },
   async unreachable(name) {
     await AgentStore.destroy(name);
@@ -354,7 +358,14 @@ async function endedWhileLoading(page, engine, how) {
 async function custom(page, engine) {
   await open(page, 'store');
   const out = await page.evaluate((n) => window.phases.custom(n), `io-e2e-${engine}-custom`);
-  assert.deepEqual(out, { bad: VALIDATION, written: 1, notIo: VALIDATION, lines: 2 });
+  assert.deepEqual(out, {
+    bad: VALIDATION,
+    written: 1,
+    notIo: VALIDATION,
+    lines: 2,
+    other: { ...VALIDATION, says: true },
+    wasmBefore: false,
+  });
   assert.ok(requests.includes('/alt/agentstore_io_bg.wasm'), requests.join());
   assert.deepEqual(ioRequests(), [], 'nothing fetched from the default place');
 }
