@@ -123,8 +123,8 @@ async fn recover_clears_the_entry_of_an_unlocked_lease_that_ended() {
     let q = fresh_queue("unlocked-ended");
     let id = enqueue(&q, json!({})).await;
     let crashed = admin_client(journalled(&journal, false));
-    let lease = claim(&crashed, &q).await;
-    lease.set_heartbeats_paused(true);
+    let _lease = claim(&crashed, &q).await;
+    crashed.vanish();
     let other = admin_client(journalled(&journal, true));
     assert_eq!(
         other.recover(false).await.unwrap().skipped,
@@ -241,8 +241,8 @@ async fn recover_with_resume_keeps_heartbeating_a_still_valid_lease() {
     let q = fresh_queue("resume");
     let id = enqueue(&q, json!({})).await;
     let old = admin_client(journalled(&journal, false));
-    let stale = claim(&old, &q).await;
-    stale.set_heartbeats_paused(true);
+    let _stale = claim(&old, &q).await;
+    old.vanish();
     gone_with_its_locks(&journal, &old.base).await;
     let new = admin_client(journalled(&journal, true));
     let report = new.recover(true).await.unwrap();

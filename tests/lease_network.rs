@@ -232,6 +232,45 @@ async fn a_heartbeat_answered_after_the_deadline_is_released_not_renewed() {
     assert_eq!(lease.status(), Status::Lost(LossReason::ExpiredLocally));
 }
 
+/// A lease that expires locally with no heartbeat out (heartbeats suspended:
+/// a throttled timer, a stalled loop) is released by the client at once, so
+/// its item goes back to the queue now, not after the server's TTL and
+/// reaper. The proxy counts the release request. Before, nothing was sent
+/// and the item stayed `running` until the server expired it.
+#[wasm_bindgen_test]
+async fn a_lease_expired_locally_with_no_heartbeat_out_is_released_at_once() {
+    let Some(proxy) = proxy() else { return };
+    for round in 0..3 {
+        let q = fresh_queue("expire-release");
+        let id = enqueue(&q, json!({})).await;
+        let mode = fresh_queue("count");
+        let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
+        let lease = claim(&c, &q).await;
+        lease.set_heartbeats_paused(true);
+        let until = now() + 4.0 * TTL_MS;
+        while lease.status() != Status::Lost(LossReason::ExpiredLocally) && now() < until {
+            sleep(20.0).await;
+        }
+        assert_eq!(
+            lease.status(),
+            Status::Lost(LossReason::ExpiredLocally),
+            "round {round}"
+        );
+        let until = now() + 4.0 * TTL_MS;
+        while proxy_count(proxy, &mode, "releases").await < 1.0 && now() < until {
+            sleep(20.0).await;
+        }
+        assert_eq!(
+            proxy_count(proxy, &mode, "releases").await,
+            1.0,
+            "round {round}: one release request"
+        );
+        let it = wait_item(id, 3.0 * TTL_MS, |it| it.state == ItemState::Open).await;
+        assert_eq!(it.state, ItemState::Open, "round {round}");
+        c.close().await;
+    }
+}
+
 /// Two admin clients sharing one fresh journal and the Web Locks, as two
 /// pages of one origin do; `recover()` takes only free locks (no wait).
 fn two_pages(tag: &str) -> (Rc<ClientInner>, Rc<ClientInner>) {

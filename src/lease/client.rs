@@ -223,6 +223,22 @@ impl ClientInner {
         }
     }
 
+    /// Test hook: this client's page dies. Nothing more is sent for it (no
+    /// heartbeat, release or beacon), its leases stop being held locally and
+    /// their Web Locks go, and the journal keeps their entries: what a
+    /// crashed or killed tab leaves for another page's `recover()`.
+    #[cfg(feature = "test-hooks")]
+    pub fn vanish(self: &Rc<Self>) {
+        self.closed.set(true);
+        if let Some(cb) = self.pagehide.borrow_mut().take() {
+            lifecycle::off_pagehide(&cb);
+        }
+        for l in self.held() {
+            l.lose_unconfirmed(LossReason::Released, "the page is gone (test hook)");
+        }
+        self.wake();
+    }
+
     /// Stops heartbeating and releases every held lease (signals abort with
     /// `released`); later calls fail with `ClosedError`. A lease whose settle
     /// (or release) is in flight is not raced by a release: its call finishes

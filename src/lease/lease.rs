@@ -267,14 +267,22 @@ impl LeaseInner {
         self.finish(forget);
     }
 
-    /// The local deadline passed: lost (`expired_locally`). The journal entry
-    /// stays (a later `recover()` releases it) unless a heartbeat the server
-    /// accepted arrives afterwards: then the token is released at once.
+    /// The local deadline passed: lost (`expired_locally`), and the token is
+    /// released at once, best effort (unless a settle or release of it is
+    /// out: that call's answer decides), so that the item goes back to the
+    /// queue now instead of after the server's TTL and reaper (a throttled
+    /// timer that fired late, a frozen page). The journal entry stays until
+    /// the server confirms the claim gone; a heartbeat the server accepts
+    /// afterwards releases it again.
     pub(crate) fn expire_locally(&self) {
+        if !self.is_active() {
+            return;
+        }
         self.lose(
             LossReason::ExpiredLocally,
             "no heartbeat succeeded before the local deadline",
         );
+        self.release_after_loss();
     }
 
     /// Releases the token of a lease lost locally, best effort; removes the
@@ -307,7 +315,6 @@ impl LeaseInner {
             // Answered past the deadline: never revived.
             Status::Held | Status::Ending if !renewed(&mut self.plan.borrow_mut()) => {
                 self.expire_locally();
-                self.release_after_loss();
             }
             // Lost locally, yet the server still took the heartbeat: give it back.
             Status::Lost(LossReason::ExpiredLocally) => self.release_after_loss(),
