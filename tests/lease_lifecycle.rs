@@ -191,6 +191,70 @@ async fn recover_keeps_another_workers_current_lease_as_busy() {
     lease.release().await.unwrap();
 }
 
+/// A worker's page claims without a Web Lock and dies; its lease expires and
+/// another worker claims the item. The first worker's next page runs
+/// `recover()`: it may not read the item any more (403), so the entry's
+/// token is checked with a heartbeat, which the server answers `claim_lost`
+/// (a heartbeat renews only the caller's own lease, so nothing changes): the
+/// entry is reported lost and deleted. Before, it was skipped by every
+/// `recover()`, for ever, and the journal kept growing.
+#[wasm_bindgen_test]
+async fn recover_drops_the_entry_of_an_unlocked_lease_another_worker_took_over() {
+    if server().is_none() {
+        return;
+    }
+    let journal = fresh_queue("journal");
+    let q = fresh_queue("taken-over");
+    let id = enqueue(&q, json!({})).await;
+    let (base, _) = server().unwrap();
+    let enrolled = |name: &'static str, journal: String, locks: bool| {
+        let q = q.clone();
+        async move {
+            agentstore::lease::ClientInner::new(
+                base,
+                Credentials {
+                    enrollment_token: Some(enrollment_token(&q).await),
+                    name: Some(name.into()),
+                    ..Credentials::default()
+                },
+                journalled(&journal, locks),
+            )
+            .unwrap()
+        }
+    };
+    let first = enrolled("first", journal.clone(), false).await;
+    let _gone = claim(&first, &q).await;
+    let creds = first.credentials();
+    first.vanish();
+    wait_item(id, 4.0 * TTL_MS, |it| it.state == ItemState::Open).await;
+    let other = enrolled("other", fresh_queue("journal"), true).await;
+    let taken = claim(&other, &q).await;
+    // The first worker again, on a new page (its stored credentials).
+    let again = agentstore::lease::ClientInner::new(
+        base,
+        Credentials {
+            access_token: creds.access_token,
+            refresh_token: creds.refresh_token,
+            ..Credentials::default()
+        },
+        journalled(&journal, true),
+    )
+    .unwrap();
+    let report = again.recover(false).await.unwrap();
+    assert_eq!(report.lost, vec![id]);
+    assert!(report.skipped.is_empty() && report.busy.is_empty() && report.released.is_empty());
+    let left = Journal::new(Some(journal.clone()))
+        .list(&again.base)
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "the entry is gone");
+    // The other worker's lease is untouched.
+    let it = item(id).await;
+    assert_eq!((it.state, it.epoch), (ItemState::Running, 2));
+    assert_eq!(taken.status(), Status::Held);
+    taken.release().await.unwrap();
+}
+
 #[wasm_bindgen_test]
 async fn recover_leaves_a_live_pages_locked_lease_alone() {
     if server().is_none() {

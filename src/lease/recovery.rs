@@ -182,8 +182,16 @@ impl ClientInner {
 
     /// Whether the server shows `entry`'s lease over: the item is neither
     /// running nor paused under the entry's epoch (claimed again, settled,
-    /// released, expired), or it is gone. `false` when that cannot be read
-    /// (no answer; a worker may not read an item it does not hold).
+    /// released, expired), or it is gone. `false` when that cannot be told
+    /// (no answer).
+    ///
+    /// A worker may not read an item it does not hold (403). The entry's
+    /// token then decides, through a heartbeat: `claim_lost` / `not_found`
+    /// say the token's lease is over; `forbidden` says it is still current
+    /// and another worker's (the entry is another worker's, sharing this
+    /// origin's journal). That heartbeat renews nothing: the server renews
+    /// only a lease the calling worker holds, and the 403 said it holds none
+    /// of this item.
     async fn lease_over(self: &Rc<Self>, entry: &Entry) -> bool {
         let path = item_path(entry.item_id, "");
         let timeout = self.config.request_timeout_ms;
@@ -198,6 +206,22 @@ impl ClientInner {
                 code: ErrorCode::NotFound,
                 ..
             }) => true,
+            Err(LeaseError::Server {
+                code: ErrorCode::Forbidden,
+                ..
+            }) => {
+                let body = to_js(&TokenRequest {
+                    token: entry.token.clone(),
+                });
+                let path = item_path(entry.item_id, "/heartbeat");
+                matches!(
+                    self.authed("POST", &path, Some(&body), timeout, None).await,
+                    Err(LeaseError::Server {
+                        code: ErrorCode::ClaimLost | ErrorCode::NotFound,
+                        ..
+                    })
+                )
+            }
             Err(_) => false,
         }
     }

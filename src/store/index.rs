@@ -967,12 +967,9 @@ async fn scan_entries(
         }
     }
     let f = factory()?;
-    let mut cmp_err = false;
+    // Both are keys IndexedDB produced, so `cmp` cannot throw on them.
     let mut cmp = |a: JsValue, b: JsValue| -> i32 {
-        let c = f.cmp(&a, &b).map(i32::from).unwrap_or_else(|_| {
-            cmp_err = true;
-            0
-        });
+        let c = f.cmp(&a, &b).map(i32::from).unwrap_or(0);
         if descending {
             -c
         } else {
