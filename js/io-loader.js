@@ -39,9 +39,7 @@ const notTheModule = () => {
 
 // Thrown for an io module of another build of agentstore.
 const otherRelease = (theirs) => {
-  const e = new Error(
-    `agentstore: the import/export module is from another build of agentstore (release ${String(theirs)}, this one is ${RELEASE}): serve io/ from the same package`,
-  );
+  const e = new Error(`agentstore: the io module is from another build (${String(theirs)}, not ${RELEASE})`);
   e.name = 'ValidationError';
   e.code = 'validation';
   e.status = 400;

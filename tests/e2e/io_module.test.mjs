@@ -186,7 +186,7 @@ window.phases = {
     const s = await AgentStore.open(name);
     // An io module of another build: refused before its wasm is fetched.
     AgentStore.setIoModule(async () => ({ ...(await import('/alt/agentstore_io.js')), AGENTSTORE_RELEASE: '0123456789abcdef' }));
-    const other = await s.exportSnapshot().then(() => null, (e) => ({ isError: e instanceof Error, name: e.name, code: e.code, says: /another build/.test(e.message) }));
+    const other = await s.exportSnapshot().then(() => null, (e) => ({ isError: e instanceof Error, name: e.name, code: e.code, says: /another build \\(0123456789abcdef, not [0-9a-f]{16}\\)/.test(e.message) }));
     const wasmBefore = performance.getEntriesByType('resource').some((r) => r.name.endsWith('/alt/agentstore_io_bg.wasm'));
     AgentStore.setIoModule(() => import('/alt/agentstore_io.js'));
     const sum = await s.importSnapshot([JSON.stringify({ agentstore: 'snapshot', records: 1, tombstones: 0, version: 1 }), JSON.stringify({ _id: 'c:1', _rev: '1-' + 'a'.repeat(32), n: 1, updatedAt: '2026-01-01T00:00:00.000Z' })].join('\\n'));
