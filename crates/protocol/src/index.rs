@@ -228,11 +228,9 @@ pub fn check_query(
         return Err("eq has more values than the index has keys");
     }
     if let Some(a) = after {
-        let ours = match a.first() {
-            Some(KeyPart::Str(t)) => t.iter().copied().eq(tag.encode_utf16()),
-            _ => false,
-        };
-        if !ours || a.len() != keys + 2 || a[1..].contains(&KeyPart::Max) {
+        let tag = KeyPart::Str(tag.encode_utf16().collect());
+        let ours = a.first() == Some(&tag);
+        if !ours || a.len() != keys + 2 || a.iter().any(|p| matches!(p, KeyPart::Max)) {
             return Err("after is a cursor of another index: pass the next of this index's listBy");
         }
     }
