@@ -21,10 +21,25 @@ where
 }
 
 /// The one instance of `future_to_promise`.
+///
+/// The future is polled once here, synchronously, before the Promise is
+/// returned: everything a method does before its first `.await` (reading
+/// and checking its arguments, walking a record, issuing its IndexedDB
+/// requests) happens during the call, as IndexedDB's own `put` clones its
+/// value during the call. `future_to_promise` alone polls first in a
+/// microtask, so a caller that changed a record (or emptied an array) right
+/// after `put(r)` / `putMany(a)` returned had the change stored. Every leaf
+/// future keeps only the waker of its latest poll (the `Future` contract), so
+/// the later polls under `future_to_promise` wake it as usual.
 fn promise(
-    f: std::pin::Pin<Box<dyn std::future::Future<Output = Result<JsValue, JsValue>>>>,
+    mut f: std::pin::Pin<Box<dyn std::future::Future<Output = Result<JsValue, JsValue>>>>,
 ) -> Promise {
-    future_to_promise(f)
+    use std::task::{Context, Poll, Waker};
+    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(Ok(v)) => Promise::resolve(&v),
+        Poll::Ready(Err(e)) => Promise::reject(&e),
+        Poll::Pending => future_to_promise(f),
+    }
 }
 
 /// `options[key]`, or `undefined` when `options` is not an object.

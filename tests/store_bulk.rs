@@ -543,3 +543,67 @@ async fn watch_on_a_closed_store_throws_closed_error() {
     };
     assert_eq!(err_kind(&e), ("ClosedError".into(), "closed".into()));
 }
+
+/// Arguments are read during the call, as IndexedDB's `put` clones its value
+/// then: a record changed, or an array emptied, right after the call returned
+/// is stored (or read) as it was at the call. Before, the methods read their
+/// arguments a microtask later: `put(r); r.n = 2` stored 2, one object
+/// reused for three puts wrote only its last id (the other two conflicted),
+/// and `putMany(a); a.length = 0` wrote nothing.
+#[wasm_bindgen_test]
+async fn arguments_are_read_during_the_call_not_after_it_returns() {
+    use js_sys::Reflect;
+    let (store, _) = open_api("args-at-call").await;
+    let r = js(json!({"_id": "s/1", "n": 1}));
+    let p = store.put(r.clone());
+    Reflect::set(&r, &"n".into(), &JsValue::from(2)).unwrap();
+    call(p).await.unwrap();
+    assert_eq!(
+        field(&get_id(&store, "s/1").await.unwrap(), "n").as_f64(),
+        Some(1.0)
+    );
+    // One object reused for three puts, changed after each call.
+    let o = js(json!({}));
+    let puts: Vec<Promise> = (0..3)
+        .map(|i| {
+            Reflect::set(&o, &"_id".into(), &format!("s/r{i}").into()).unwrap();
+            Reflect::set(&o, &"n".into(), &JsValue::from(i)).unwrap();
+            store.put(o.clone())
+        })
+        .collect();
+    for p in puts {
+        call(p).await.unwrap();
+    }
+    for i in 0..3 {
+        let got = get_id(&store, &format!("s/r{i}")).await.expect("stored");
+        assert_eq!(field(&got, "n").as_f64(), Some(f64::from(i)));
+    }
+    // Arrays emptied after the call.
+    let recs = js(json!([{"_id": "s/m1"}, {"_id": "s/m2"}]));
+    let p = store.put_many(recs.clone());
+    Array::from(&recs).set_length(0);
+    assert_eq!(Array::from(&call(p).await.unwrap()).length(), 2);
+    let ids = js(json!(["s/1", "s/m1", "s/m2"]));
+    let p = store.get_many(ids.clone());
+    Array::from(&ids).set_length(0);
+    let got = Array::from(&call(p).await.unwrap());
+    assert_eq!(got.length(), 3);
+    assert!(got.iter().all(|r| !r.is_null()));
+    let rev = |id: &'static str| {
+        let store = &store;
+        async move { field_str(&get_id(store, id).await.unwrap(), "_rev").unwrap() }
+    };
+    let items = js(json!([{"id": "s/m1", "rev": rev("s/m1").await}]));
+    let p = store.delete_many(items.clone());
+    Array::from(&items).set_length(0);
+    assert_eq!(Array::from(&call(p).await.unwrap()).length(), 1);
+    assert!(get_id(&store, "s/m1").await.is_none());
+    // A list query changed after the call.
+    let q = js(json!({"prefix": "s/r", "limit": 2}));
+    let p = store.list(q.clone());
+    Reflect::set(&q, &"prefix".into(), &"nothing/".into()).unwrap();
+    assert_eq!(
+        Array::from(&field(&call(p).await.unwrap(), "records")).length(),
+        2
+    );
+}
