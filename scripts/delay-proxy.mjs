@@ -20,6 +20,7 @@
 //   /refuse-settles-<n>/…    settle requests are answered 503 {code: "network"} without
 //                           reaching the server (nothing applied) until /_stop/<n>
 //                           is requested; /_held/refuse-settles-<n> counts them
+//   /refuse-settles-after-<ms>-<n>/… the same, the 503 sent only after <ms>
 //   /slow-settle-requests-<ms>/… settle REQUESTS are forwarded to the server only
 //                           after <ms> (anything sent meanwhile gets there first)
 //   /late-heartbeats-<ms>/…  heartbeat REQUESTS are forwarded only after <ms>, and
@@ -81,12 +82,14 @@ const server = http.createServer((req, res) => {
     }
   }
   if (req.method === 'POST' && /^\/v1\/items\/\d+\/release$/.test(path)) releases.set(mode, (releases.get(mode) ?? 0) + 1);
-  const refuse = /^refuse-settles-(.+)$/.exec(mode);
-  if (refuse && !stopped.has(refuse[1]) && req.method === 'POST' && /^\/v1\/items\/\d+\/settle$/.test(path)) {
+  const refuse = /^refuse-settles-(?:after-(\d+)-)?(.+)$/.exec(mode);
+  if (refuse && !stopped.has(refuse[2]) && req.method === 'POST' && /^\/v1\/items\/\d+\/settle$/.test(path)) {
     held.set(mode, (held.get(mode) ?? 0) + 1);
     req.resume();
-    res.writeHead(503, { 'content-type': 'application/json', 'access-control-allow-origin': '*' });
-    res.end(JSON.stringify({ code: 'network', message: 'refused by the test proxy' }));
+    setTimeout(() => {
+      res.writeHead(503, { 'content-type': 'application/json', 'access-control-allow-origin': '*' });
+      res.end(JSON.stringify({ code: 'network', message: 'refused by the test proxy' }));
+    }, Number(refuse[1] ?? 0));
     return;
   }
   const dropAnswers = /^drop-(settle|release|credential)-answers-(.+)$/.exec(mode);

@@ -925,6 +925,42 @@ async fn close_during_work_settle_retries_keeps_the_handlers_result() {
     }
 }
 
+/// `close()` while `work()`'s settle of a handler's result is on the wire,
+/// and that settle then fails (the proxy answers 503 after 300 ms, nothing
+/// applied): the lease is settled once more by `close()`, with the handler's
+/// result. Before, `work()` released it the moment its settle failed (a
+/// release on the wire before `close()` looked), and the finished work went
+/// back to the queue.
+#[wasm_bindgen_test]
+async fn close_while_work_settle_is_in_flight_and_fails_still_settles() {
+    let Some(proxy) = proxy() else { return };
+    let q = fresh_queue("close-inflight-settle");
+    let handler = Function::new_with_args("lease", "return {n: lease.item.payload.n};");
+    for round in 0..3 {
+        let id = enqueue(&q, json!({"n": round})).await;
+        let nonce = fresh_queue("n");
+        let mode = format!("refuse-settles-after-300-{nonce}");
+        let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
+        let _w = WorkerInner::start(
+            c.clone(),
+            q.clone(),
+            handler.clone(),
+            WorkOptions::default(),
+            wrap,
+        );
+        let until = now() + 20_000.0;
+        while proxy_count(proxy, &mode, "held").await < 1.0 && now() < until {
+            sleep(5.0).await;
+        }
+        // The settle is on the wire (its 503 comes at 300 ms).
+        stop_dropping(proxy, &nonce).await;
+        c.close().await;
+        let it = item(id).await;
+        assert_eq!(it.state, ItemState::Done, "round {round}");
+        assert_eq!(it.result, Some(json!({"n": round})), "round {round}");
+    }
+}
+
 fn noop_handler() -> Function {
     Function::new_no_args("return undefined")
 }

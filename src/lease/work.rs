@@ -317,6 +317,15 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
                     return;
                 }
             }
+            // close() came while this settle was out, and it failed without
+            // being applied for sure: close() sends the same settle again (it
+            // is recorded as asked). A release from here would reach the
+            // wire first and hand the finished work back to the queue.
+            Err(e) if e.is_transient() && w.client.closed.get() => {
+                let _ = JsFuture::from(lease.ended.clone()).await;
+                count(w, lease.status());
+                return;
+            }
             Err(e) => {
                 // (A `failed` settle is retried bare, once, unless it was.)
                 let bare = state == SettleState::Failed
