@@ -607,3 +607,31 @@ async fn arguments_are_read_during_the_call_not_after_it_returns() {
         2
     );
 }
+
+/// A `watch` callback that closes its own handle on the first change of a
+/// message gets no more changes, not even the rest of that message (a
+/// `putMany` of three records is one message). Before, it was called for all
+/// three.
+#[wasm_bindgen_test]
+async fn a_watch_closed_from_its_own_callback_gets_no_further_change() {
+    use js_sys::Reflect;
+    let (store, _) = open_api("watch-self-close").await;
+    let key = format!("__watchSelfClose{}", js_sys::Math::random().to_bits());
+    let cb = Function::new_with_args(
+        "c",
+        &format!("const s = globalThis['{key}']; s.calls++; s.handle.close();"),
+    );
+    let state = js(json!({"calls": 0}));
+    Reflect::set(&js_sys::global(), &key.as_str().into(), &state).unwrap();
+    let handle = store.watch(js(json!({"prefix": "w/"})), cb.into()).unwrap();
+    Reflect::set(&state, &"handle".into(), &handle.into()).unwrap();
+    let (_control, seen) = watch(&store, "w/");
+    call(store.put_many(js(json!([{"_id": "w/1"}, {"_id": "w/2"}, {"_id": "w/3"}]))))
+        .await
+        .unwrap();
+    until_seen(&seen, 3).await;
+    assert_eq!(field(&state, "calls").as_f64(), Some(1.0));
+    call(store.put(js(json!({"_id": "w/4"})))).await.unwrap();
+    until_seen(&seen, 4).await;
+    assert_eq!(field(&state, "calls").as_f64(), Some(1.0));
+}

@@ -68,6 +68,9 @@ impl Drop for Notifier {
 #[must_use = "the subscription stops when the Watcher is dropped"]
 pub struct Watcher {
     channel: BroadcastChannel,
+    /// Set by `close()`: a callback that closes its own handle gets no
+    /// further change, not even the rest of the message it is handling.
+    closed: std::rc::Rc<std::cell::Cell<bool>>,
     _listener: Closure<dyn FnMut(MessageEvent)>,
 }
 
@@ -78,12 +81,17 @@ impl Watcher {
     /// The DOMException when BroadcastChannel is unavailable.
     pub fn new(db: &str, prefix: JsString, callback: Function) -> Result<Watcher, JsValue> {
         let channel = BroadcastChannel::new(&channel_name(db))?;
+        let closed = std::rc::Rc::new(std::cell::Cell::new(false));
+        let stop = closed.clone();
         let listener = Closure::<dyn FnMut(MessageEvent)>::new(move |ev: MessageEvent| {
             let data = ev.data();
             if !Array::is_array(&data) {
                 return;
             }
             for change in Array::from(&data).iter() {
+                if stop.get() {
+                    return;
+                }
                 let matches = Reflect::get(&change, &"id".into())
                     .ok()
                     .and_then(|id| id.dyn_into::<JsString>().ok())
@@ -96,12 +104,14 @@ impl Watcher {
         channel.set_onmessage(Some(listener.as_ref().unchecked_ref()));
         Ok(Watcher {
             channel,
+            closed,
             _listener: listener,
         })
     }
 
-    /// Stops the subscription.
+    /// Stops the subscription (also for the rest of a message being handled).
     pub fn close(&self) {
+        self.closed.set(true);
         self.channel.set_onmessage(None);
         self.channel.close();
     }
