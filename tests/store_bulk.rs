@@ -329,6 +329,21 @@ async fn purge_removes_old_tombstones_and_a_stale_writer_still_never_overwrites(
     );
     assert_eq!(purge(0.0).await, 2);
     assert_eq!(purge(0.0).await, 0);
+    // A tombstone dated in the future (a snapshot from a device whose clock
+    // runs ahead, or this clock stepped back) is still purged by
+    // `olderThanMs: 0`, "every tombstone"; before, it was kept.
+    let ahead = js_sys::Date::now() + 86_400_000.0;
+    let snap = [
+        json!({"agentstore": "snapshot", "records": 0, "tombstones": 1, "version": 1}).to_string(),
+        json!({"_id": "q/z", "_rev": format!("2-{}", "a".repeat(32)), "_deleted": true, "deletedAt": ahead})
+            .to_string(),
+    ]
+    .join("\n");
+    call(store.import_snapshot(s(&snap), JsValue::UNDEFINED))
+        .await
+        .unwrap();
+    assert_eq!(purge(3_600_000.0).await, 0);
+    assert_eq!(purge(0.0).await, 1);
     // A writer holding any revision of the purged id is refused: nothing stored has it.
     for stale in [&x1, &x2, &tx] {
         let e = call(store.put(js(json!({"_id": "p/x", "_rev": stale, "v": 9}))))
