@@ -32,9 +32,9 @@
 //                           count instead of sleeping), and (late-heartbeats) how
 //                           many heartbeats reached the server while a settle's
 //                           answer was held: the race the mode is for happened
-//                           The answer also has "releases": how many release
-//                           requests came through that mode (any mode, e.g. a
-//                           pass-through /count-<n>/…)
+//                           The answer also has "releases" and "heartbeats": how
+//                           many release and heartbeat requests came through that
+//                           mode (any mode, e.g. a pass-through /count-<n>/…)
 //   anything else            passed through
 //
 // Usage: node scripts/delay-proxy.mjs --target http://127.0.0.1:18787 [--listen 127.0.0.1:0] [--delay-ms 4500]
@@ -53,6 +53,7 @@ const stopped = new Set(); // nonces of drop-*-answers-<n> that pass again
 const settling = new Map(); // mode -> settle answers held back now (late-heartbeats)
 const raced = new Map(); // mode -> heartbeats forwarded while a settle answer was held
 const releases = new Map(); // mode -> release requests seen
+const heartbeats = new Map(); // mode -> heartbeat requests seen
 
 const isClaim = (path) => /^\/v1\/queues\/[^/]+\/claims$/.test(path);
 const isHeartbeat = (path) => path === '/v1/heartbeats' || /^\/v1\/items\/\d+\/heartbeat$/.test(path);
@@ -61,7 +62,7 @@ const server = http.createServer((req, res) => {
   if ((req.url ?? '').startsWith('/_held/')) {
     const mode = decodeURIComponent(req.url.slice('/_held/'.length));
     res.writeHead(200, { 'content-type': 'application/json', 'access-control-allow-origin': '*' });
-    res.end(JSON.stringify({ held: held.get(mode) ?? 0, raced: raced.get(mode) ?? 0, releases: releases.get(mode) ?? 0 }));
+    res.end(JSON.stringify({ held: held.get(mode) ?? 0, raced: raced.get(mode) ?? 0, releases: releases.get(mode) ?? 0, heartbeats: heartbeats.get(mode) ?? 0 }));
     return;
   }
   if ((req.url ?? '').startsWith('/_stop/')) {
@@ -82,6 +83,7 @@ const server = http.createServer((req, res) => {
     }
   }
   if (req.method === 'POST' && /^\/v1\/items\/\d+\/release$/.test(path)) releases.set(mode, (releases.get(mode) ?? 0) + 1);
+  if (req.method === 'POST' && isHeartbeat(path)) heartbeats.set(mode, (heartbeats.get(mode) ?? 0) + 1);
   const refuse = /^refuse-settles-(?:after-(\d+)-)?(.+)$/.exec(mode);
   if (refuse && !stopped.has(refuse[2]) && req.method === 'POST' && /^\/v1\/items\/\d+\/settle$/.test(path)) {
     held.set(mode, (held.get(mode) ?? 0) + 1);

@@ -887,6 +887,50 @@ async fn close_after_a_failed_settle_settles_again_instead_of_releasing() {
     assert_eq!(it.result, Some(json!({"out": 7})));
 }
 
+/// While a settle's outcome is unknown (the proxy answered 503), a manual
+/// `heartbeat()` sends nothing and rejects with StateConflictError: the
+/// settle's retry decides how the lease ends. Before, it went out (the
+/// automatic loop already held back) and renewed a lease being settled.
+#[wasm_bindgen_test]
+async fn a_manual_heartbeat_is_not_sent_while_a_settle_is_unanswered() {
+    let Some(proxy) = proxy() else { return };
+    let q = fresh_queue("hb-while-settling");
+    let id = enqueue(&q, json!({})).await;
+    let nonce = fresh_queue("n");
+    let mode = format!("refuse-settles-{nonce}");
+    let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
+    let lease = claim(&c, &q).await;
+    let first = lease
+        .settle(SettleState::Done, Some(js(json!(1))), None)
+        .await;
+    assert!(first.is_err(), "the proxy refused the settle");
+    let before = proxy_count(proxy, &mode, "heartbeats").await;
+    let hb = lease.heartbeat().await;
+    assert!(
+        matches!(
+            &hb,
+            Err(agentstore::lease::LeaseError::Server {
+                code: agentstore_protocol::ErrorCode::StateConflict,
+                ..
+            })
+        ),
+        "{hb:?}"
+    );
+    assert_eq!(
+        proxy_count(proxy, &mode, "heartbeats").await,
+        before,
+        "nothing was sent"
+    );
+    assert_eq!(lease.status(), Status::Held);
+    stop_dropping(proxy, &nonce).await;
+    lease
+        .settle(SettleState::Done, Some(js(json!(1))), None)
+        .await
+        .unwrap();
+    assert_eq!(item(id).await.state, ItemState::Done);
+    c.close().await;
+}
+
 /// The same through `work()`: the handler returned, its settle was refused
 /// (503, nothing applied) and `work()` waits to retry it when the app calls
 /// `close()`. The item ends `done` with the handler's result in every round.

@@ -384,10 +384,23 @@ impl LeaseInner {
     /// # Errors
     /// `ClaimLostError` (and the signal aborts) when the server says the claim is
     /// gone, or the answer came past the local deadline; `NetworkError` when it
-    /// cannot be reached (the lease is kept until its local deadline).
+    /// cannot be reached (the lease is kept until its local deadline);
+    /// `StateConflictError`, without sending anything, while a settle or
+    /// release of the lease is on the wire or went unanswered (its own answer,
+    /// or its retry, decides how the lease ends; a heartbeat's `claim_lost`
+    /// could only be a race with it).
     pub async fn heartbeat(&self) -> Result<u64> {
         if let Some(e) = self.lost_error() {
             return Err(e);
+        }
+        if self.ending_pending() {
+            return Err(LeaseError::Server {
+                code: ErrorCode::StateConflict,
+                status: ErrorCode::StateConflict.status(),
+                message:
+                    "a settle or release of this lease is out or unanswered: no heartbeat is sent"
+                        .into(),
+            });
         }
         let client = self.client()?;
         let body = to_js(&TokenRequest {
@@ -408,6 +421,7 @@ impl LeaseInner {
                     None => Ok(r.ttl_ms),
                 }
             }
+            // A settle or release went out meanwhile: its answer decides.
             Err(e) if self.ending_pending() => Err(e),
             Err(e) => Err(self.on_rejection(e)),
         }
@@ -521,15 +535,15 @@ impl LeaseInner {
             .as_ref()
             .filter(|(p, s, _)| p == path && *s == state)
             .map(|(_, _, t)| t.clone());
-        let resent;
-        let body = match retry_of {
-            Some(first) => {
-                resent = js_sys::JSON::parse(&first).unwrap_or_else(|_| body.clone());
-                text = first;
-                &resent
-            }
-            None => body,
-        };
+        if let Some(first) = retry_of {
+            text = first;
+        }
+        // What goes on the wire is `text` itself (parsed back), never the
+        // caller's object: one changed while the request waits for a
+        // credential refresh would otherwise differ from the `text` a retry
+        // resends, and the server would not answer that retry as a replay.
+        let sent = js_sys::JSON::parse(&text).unwrap_or_else(|_| body.clone());
+        let body = &sent;
         if let Some((p, b, answer)) = self.landed.borrow().as_ref() {
             if p == path && *b == text {
                 return Ok(answer.clone());
