@@ -263,24 +263,22 @@ impl Metrics {
         self.retry_limit.with_label_values(&[by]).inc_by(n);
     }
 
-    /// Runs one reaper pass (`(reopened, failed)`, see [`Store::reap`]),
-    /// recording its duration (this process's monotonic clock: a duration for
-    /// the histogram only, never a lease time) and what it took over.
+    /// Runs one reaper pass over `store` (`(reopened, failed)`, see
+    /// [`Store::reap`]), recording its duration (this process's monotonic
+    /// clock: a duration for the histogram only, never a lease time) and what
+    /// it took over, also when the pass fails partway (the takeovers it made
+    /// are committed and counted).
     ///
     /// # Errors
     /// The pass's own error, passed through.
-    pub async fn reaper_pass<F>(&self, pass: F) -> Result<(usize, usize), StoreError>
-    where
-        F: std::future::Future<Output = Result<(usize, usize), StoreError>>,
-    {
+    pub async fn reaper_pass(&self, store: &Store) -> Result<(usize, usize), StoreError> {
         let started = Instant::now();
-        let outcome = pass.await;
+        let mut taken = (0, 0);
+        let outcome = store.reap_into(&mut taken).await;
         self.reaper_pass.observe(started.elapsed().as_secs_f64());
-        if let Ok((reopened, failed)) = outcome {
-            self.reaper_reopened.inc_by(reopened as u64);
-            self.retry_limit_failed("reaper", failed as u64);
-        }
-        outcome
+        self.reaper_reopened.inc_by(taken.0 as u64);
+        self.retry_limit_failed("reaper", taken.1 as u64);
+        outcome.map(|()| taken)
     }
 
     /// Reads the gauges from `store` and renders every metric as text.

@@ -30,7 +30,7 @@ pub fn spawn(
                 _ = tick.tick() => {}
                 _ = shutdown.changed() => return,
             }
-            match metrics.reaper_pass(store.reap()).await {
+            match metrics.reaper_pass(&store).await {
                 Ok((0, 0)) => {}
                 Ok((reopened, failed)) => {
                     tracing::info!(reopened, failed, "reaper took over expired claims");

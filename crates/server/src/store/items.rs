@@ -905,19 +905,29 @@ impl Store {
     /// # Errors
     /// The database failed.
     pub async fn reap(&self) -> Result<(usize, usize), StoreError> {
-        let (mut reopened, mut failed) = (0, 0);
+        let mut taken = (0, 0);
+        self.reap_into(&mut taken).await.map(|()| taken)
+    }
+
+    /// [`Store::reap`], adding each takeover to `taken` (`(reopened,
+    /// failed)`) as it commits: a pass that fails partway still reports the
+    /// takeovers it made (the metrics count them).
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn reap_into(&self, taken: &mut (usize, usize)) -> Result<(), StoreError> {
         loop {
             let batch = self.expired_claims(500).await?;
             let full = batch.len() == 500;
             for claim in &batch {
                 match self.take_over(claim).await? {
-                    Some(ItemState::Failed) => failed += 1,
-                    Some(_) => reopened += 1,
+                    Some(ItemState::Failed) => taken.1 += 1,
+                    Some(_) => taken.0 += 1,
                     None => {}
                 }
             }
             if !full {
-                return Ok((reopened, failed));
+                return Ok(());
             }
         }
     }
