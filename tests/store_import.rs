@@ -882,3 +882,48 @@ async fn an_import_refuses_a_closed_store_or_an_aborted_signal_before_it_reads()
         ("ValidationError".into(), "validation".into())
     );
 }
+
+/// An import whose source never ends (a stalled stream or response body)
+/// rejects with AbortError as soon as its signal aborts, and writes nothing.
+/// Before, the signal was looked at only between batches, so the call waited
+/// for the body for ever.
+#[wasm_bindgen_test]
+async fn an_abort_while_the_source_stalls_rejects_the_import() {
+    let (store, _name) = open("io-stalled").await;
+    let api = agentstore::AgentStore::from_store(store);
+    let stalled = Function::new_with_args(
+        "head, response",
+        "const s = new ReadableStream({ start(c) { c.enqueue(new TextEncoder().encode(head + '\\n')); } }); \
+         return response ? new Response(s) : s;",
+    );
+    for (pouch, response) in [(false, false), (false, true), (true, false), (true, true)] {
+        let source = stalled
+            .call2(
+                &JsValue::NULL,
+                &HEADER.into(),
+                &JsValue::from_bool(response),
+            )
+            .unwrap();
+        let ctl = web_sys::AbortController::new().unwrap();
+        let options = js_sys::Object::new();
+        js_sys::Reflect::set(&options, &"signal".into(), &ctl.signal()).unwrap();
+        let p = if pouch {
+            api.import_pouch_dump(source, options.into())
+        } else {
+            api.import_snapshot(source, options.into())
+        };
+        ctl.abort();
+        assert_eq!(
+            rejection(p).await,
+            ("AbortError".into(), "aborted".into()),
+            "pouch {pouch}, response {response}"
+        );
+    }
+    assert_eq!(
+        JsFuture::from(api.count(JsValue::UNDEFINED))
+            .await
+            .unwrap()
+            .as_f64(),
+        Some(0.0)
+    );
+}

@@ -422,7 +422,7 @@ impl Store {
         legacy_index_id: &str,
         opts: &ImportOptions,
     ) -> Result<(DumpSummary, ImportCounts, Option<LegacyIndexReport>)> {
-        let source = Source::from_js(source).await?;
+        let source = Source::from_js(source, opts.signal.as_ref()).await?;
         let mut summary = DumpSummary::default();
         // id → encoded leaf set (pass 1), then → the winner's encoded leaf.
         let leaves = Map::new();
@@ -434,7 +434,7 @@ impl Store {
         let mut bad_bodies: Vec<(JsValue, String, StoreError)> = Vec::new();
 
         let legacy_key = JsValue::from_str(legacy_index_id);
-        let mut lines = source.lines();
+        let mut lines = source.lines(opts.signal.clone());
         let mut first = true;
         while let Some((n, line)) = next_line(&mut lines).await? {
             let docs = dump_docs(&line, n, first, &mut summary.last_seq)?;
@@ -524,7 +524,7 @@ impl Store {
         drop(legacy_rows);
 
         let mut writer = Writer::new(self, opts, leaves.size());
-        let mut lines = source.lines();
+        let mut lines = source.lines(opts.signal.clone());
         let mut first = true;
         let mut ignore_seq = None;
         while let Some((n, line)) = next_line(&mut lines).await? {
@@ -677,10 +677,10 @@ impl Store {
         source: &JsValue,
         opts: &ImportOptions,
     ) -> Result<ImportCounts> {
-        let source = Source::from_js(source).await?;
+        let source = Source::from_js(source, opts.signal.as_ref()).await?;
         // id → the highest revision seen (pass 1); deleted once written (pass 2).
         let winners = Map::new();
-        let mut lines = source.lines();
+        let mut lines = source.lines(opts.signal.clone());
         let mut header = false;
         while let Some((n, line)) = next_line(&mut lines).await? {
             if !header {
@@ -708,7 +708,7 @@ impl Store {
             }
         }
         let mut writer = Writer::new(self, opts, winners.size());
-        let mut lines = source.lines();
+        let mut lines = source.lines(opts.signal.clone());
         let mut header = false;
         while let Some((_, line)) = next_line(&mut lines).await? {
             if !header {

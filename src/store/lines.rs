@@ -9,11 +9,11 @@
 //! (`crate::api`), which holds the rest.
 #![cfg_attr(not(feature = "io"), allow(dead_code))]
 
+use super::mutate::race_abort;
 use crate::error::{Result, StoreError};
 use js_sys::{Array, Function, JsString, Promise, Reflect};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
-use wasm_bindgen_futures::JsFuture;
 use web_sys::AbortSignal;
 
 /// Records per import transaction (and per export chunk) unless told otherwise.
@@ -154,22 +154,27 @@ impl Source {
     /// # Errors
     /// ValidationError for any other value or a used-up `Response` body;
     /// the stream's own error while it is collected.
-    pub(crate) async fn from_js(v: &JsValue) -> Result<Source> {
+    pub(crate) async fn from_js(v: &JsValue, signal: Option<&AbortSignal>) -> Result<Source> {
         let response = match kind(v)? {
             Kind::Text(s) => return Ok(Source::Text(s.clone())),
             Kind::Blob(b) => return Ok(Source::Blob(b.clone())),
             Kind::Response(r) => r.clone(),
             Kind::Stream => JsResponse::new(v).map_err(|_| StoreError::validation(SOURCE_TYPES))?,
         };
+        // Raced with the signal: a body that never ends (a stalled stream)
+        // would otherwise hold the call after an abort.
         let promise = response.blob().map_err(|e| unreadable(&e))?;
-        let blob = JsFuture::from(promise).await.map_err(|e| unreadable(&e))?;
+        let blob = race_abort(promise, signal)
+            .await?
+            .map_err(|e| unreadable(&e))?;
         Ok(Source::Blob(blob.unchecked_into()))
     }
 
-    /// A fresh reader from the first line.
-    pub(crate) fn lines(&self) -> Lines {
+    /// A fresh reader from the first line; each chunk read is raced with
+    /// `signal`.
+    pub(crate) fn lines(&self, signal: Option<AbortSignal>) -> Lines {
         match self {
-            Source::Text(s) => Lines::new(s.clone(), None),
+            Source::Text(s) => Lines::new(s.clone(), None, signal),
             Source::Blob(b) => Lines::new(
                 JsString::from(""),
                 Some(
@@ -177,6 +182,7 @@ impl Source {
                         .pipe_through(&JsTextDecoderStream::new())
                         .get_reader(),
                 ),
+                signal,
             ),
         }
     }
@@ -193,16 +199,18 @@ pub(crate) struct Lines {
     carry: Array,
     /// 1-based number of the line last returned.
     pub(crate) number: usize,
+    signal: Option<AbortSignal>,
 }
 
 impl Lines {
-    fn new(buf: JsString, reader: Option<JsReader>) -> Lines {
+    fn new(buf: JsString, reader: Option<JsReader>, signal: Option<AbortSignal>) -> Lines {
         Lines {
             reader,
             buf,
             pos: 0,
             carry: Array::new(),
             number: 0,
+            signal,
         }
     }
 
@@ -229,8 +237,8 @@ impl Lines {
                 }
                 return Ok(Some(self.take(JsString::from(""))));
             };
-            let step = JsFuture::from(reader.read())
-                .await
+            let step = race_abort(reader.read(), self.signal.as_ref())
+                .await?
                 .map_err(|e| unreadable(&e))?;
             if Reflect::get(&step, &"done".into()).is_ok_and(|d| d.is_truthy()) {
                 self.reader = None;

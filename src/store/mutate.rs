@@ -187,10 +187,23 @@ pub(crate) fn check_abort(signal: Option<&AbortSignal>) -> Result<()> {
 /// # Errors
 /// AbortError; the value `promise` rejected with.
 async fn until_abort(promise: js_sys::Promise, signal: Option<&AbortSignal>) -> Result<JsValue> {
+    race_abort(promise, signal)
+        .await?
+        .map_err(StoreError::Thrown)
+}
+
+/// Awaits `promise` raced with `signal`: AbortError (carrying
+/// `signal.reason`) once it aborts (also when it already had), else the
+/// promise's own outcome, for the caller to map.
+///
+/// # Errors
+/// AbortError.
+pub(crate) async fn race_abort(
+    promise: js_sys::Promise,
+    signal: Option<&AbortSignal>,
+) -> Result<std::result::Result<JsValue, JsValue>> {
     let Some(sig) = signal else {
-        return wasm_bindgen_futures::JsFuture::from(promise)
-            .await
-            .map_err(StoreError::Thrown);
+        return Ok(wasm_bindgen_futures::JsFuture::from(promise).await);
     };
     check_abort(signal)?;
     let marker = JsValue::from(js_sys::Object::new());
@@ -207,8 +220,7 @@ async fn until_abort(promise: js_sys::Promise, signal: Option<&AbortSignal>) -> 
     }
     match out {
         Ok(v) if v == marker => Err(StoreError::Aborted(sig.reason())),
-        Ok(v) => Ok(v),
-        Err(e) => Err(StoreError::Thrown(e)),
+        other => Ok(other),
     }
 }
 
