@@ -178,7 +178,7 @@ impl LeaseClient {
         )? {
             config.request_timeout_ms = t;
         }
-        let journal = opt(o, "journal");
+        let journal = opt(o, "journal")?;
         if let Some(b) = journal.as_bool() {
             if !b {
                 config.journal_name = None;
@@ -199,7 +199,7 @@ impl LeaseClient {
         if let Some(ms) = opt_num(o, "lockWaitMs", 0, 600_000, "an integer in [0, 600000]")? {
             config.lock_wait_ms = ms;
         }
-        let origins = opt(o, "leaseHeaderOrigins");
+        let origins = opt(o, "leaseHeaderOrigins")?;
         if !origins.is_undefined() && !origins.is_null() {
             let bad = || {
                 LeaseError::Validation(

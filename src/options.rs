@@ -43,11 +43,17 @@ fn promise(
 }
 
 /// `options[key]`, or `undefined` when `options` is not an object.
-pub(crate) fn opt(options: &JsValue, key: &str) -> JsValue {
+///
+/// # Errors
+/// A message naming `key` when reading it throws (a getter or a Proxy
+/// trap): never read as "not given", which would silently drop, say, a
+/// `signal`.
+pub(crate) fn opt(options: &JsValue, key: &str) -> Result<JsValue, String> {
     if options.is_object() {
-        Reflect::get(options, &key.into()).unwrap_or(JsValue::UNDEFINED)
+        Reflect::get(options, &key.into())
+            .map_err(|_| [key, " could not be read (its getter threw)"].concat())
     } else {
-        JsValue::UNDEFINED
+        Ok(JsValue::UNDEFINED)
     }
 }
 
@@ -73,7 +79,7 @@ fn given<T>(
     f: impl FnOnce(JsValue) -> Option<T>,
 ) -> Result<Option<T>, String> {
     check_object(options, "options")?;
-    let v = opt(options, key);
+    let v = opt(options, key)?;
     if v.is_undefined() || v.is_null() {
         return Ok(None);
     }

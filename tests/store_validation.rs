@@ -609,3 +609,60 @@ async fn an_oversized_string_is_refused_without_copying_it_into_wasm_memory() {
     }
     assert!(store.get(&s("a")).await.unwrap().is_none());
 }
+
+/// An options object whose getter (or Proxy trap) throws is a ValidationError
+/// naming the option, and the call does nothing: it is never read as "not
+/// given". Before, a throwing `signal` getter silently dropped the abort,
+/// and a throwing `prefix` getter listed the whole store.
+#[wasm_bindgen_test]
+async fn an_option_whose_getter_throws_is_a_validation_error_not_a_missing_option() {
+    use agentstore::AgentStore;
+    use wasm_bindgen_futures::JsFuture;
+    let (store, _) = open("throwing-options").await;
+    let api = AgentStore::from_store(store);
+    JsFuture::from(api.put(js(json!({"_id": "a"}))))
+        .await
+        .unwrap();
+    let throwing = |key: &str| eval(&format!("{{ get {key}() {{ throw new Error('no'); }} }}"));
+    let calls: Vec<(&str, js_sys::Promise)> = vec![
+        ("list prefix", api.list(throwing("prefix"))),
+        ("list limit", api.list(throwing("limit"))),
+        ("count type", api.count(throwing("type"))),
+        ("listBy eq", api.list_by("byType".into(), throwing("eq"))),
+        (
+            "mutate signal",
+            api.mutate(
+                "a".into(),
+                eval("(r) => ({...r, n: 1})"),
+                throwing("signal"),
+            ),
+        ),
+        (
+            "mutate retries",
+            api.mutate(
+                "a".into(),
+                eval("(r) => ({...r, n: 1})"),
+                throwing("retries"),
+            ),
+        ),
+        (
+            "purge olderThanMs",
+            api.purge_tombstones(throwing("olderThanMs")),
+        ),
+    ];
+    for (what, p) in calls {
+        let e = JsFuture::from(p).await.expect_err(what);
+        assert_eq!(
+            field_str(&e, "code").as_deref(),
+            Some("validation"),
+            "{what}"
+        );
+        assert!(
+            field_str(&e, "message").is_some_and(|m| m.contains("could not be read")),
+            "{what}: {:?}",
+            field_str(&e, "message")
+        );
+    }
+    let got = JsFuture::from(api.get("a".into())).await.unwrap();
+    assert!(field(&got, "n").is_undefined(), "no mutate ran");
+}

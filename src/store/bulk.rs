@@ -158,13 +158,10 @@ impl Store {
         let mut failures = Vec::new();
         let seen = super::SeenIds::new();
         for (index, item) in arr.iter().enumerate() {
-            let field = |k: &str| {
-                if item.is_object() {
-                    Reflect::get(item, &k.into()).unwrap_or(JsValue::UNDEFINED)
-                } else {
-                    JsValue::UNDEFINED
-                }
-            };
+            // A throwing getter reads as a value no check accepts (the
+            // position is then reported as malformed), never as the
+            // string it did not give.
+            let field = |k: &str| crate::options::opt(item, k).unwrap_or(JsValue::UNDEFINED);
             let id = field("id");
             let checked = check_id_value(&id).and_then(|id| {
                 let rev = crate::value::short_string(&field("rev"), crate::value::MAX_REV_TEXT)

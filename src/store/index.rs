@@ -420,13 +420,7 @@ impl ByQuery {
     /// ValidationError for more than one condition, wrong types, bad limit or cursor.
     pub fn from_js(o: &JsValue) -> Result<ByQuery> {
         crate::options::check_object(o, "listBy options").map_err(StoreError::validation)?;
-        let get = |k: &str| {
-            if o.is_object() {
-                Reflect::get(o, &k.into()).unwrap_or(JsValue::UNDEFINED)
-            } else {
-                JsValue::UNDEFINED
-            }
-        };
+        let get = |k: &str| crate::options::opt(o, k).map_err(StoreError::validation);
         let given = |v: &JsValue| !v.is_undefined() && !v.is_null();
         let part = |v: &JsValue, what: &str| {
             part_from_js(v)
@@ -435,7 +429,7 @@ impl ByQuery {
                     StoreError::validation([what, " must be a string or a finite number"].concat())
                 })
         };
-        let (eq, prefix, range) = (get("eq"), get("prefix"), get("range"));
+        let (eq, prefix, range) = (get("eq")?, get("prefix")?, get("range")?);
         if [&eq, &prefix, &range].iter().filter(|v| given(v)).count() > 1 {
             return Err(StoreError::validation(
                 "give at most one of eq, prefix, range",
@@ -466,9 +460,8 @@ impl ByQuery {
                     "range must be an object {lower?, upper?, lowerOpen?, upperOpen?}",
                 ));
             }
-            let rget = |k: &str| Reflect::get(&range, &k.into()).unwrap_or(JsValue::UNDEFINED);
             let opt = |k: &str| -> Result<Option<KeyPart>> {
-                let v = rget(k);
+                let v = crate::options::opt(&range, k).map_err(StoreError::validation)?;
                 if given(&v) {
                     part(&v, k).map(Some)
                 } else {
@@ -484,7 +477,7 @@ impl ByQuery {
         } else {
             Condition::All
         };
-        let limit = match get("limit") {
+        let limit = match get("limit")? {
             v if !given(&v) => check_limit(None),
             v => check_limit(Some(
                 v.as_f64()
@@ -492,7 +485,7 @@ impl ByQuery {
             )),
         }
         .map_err(StoreError::validation)?;
-        let after = match get("after") {
+        let after = match get("after")? {
             v if !given(&v) => None,
             v => Some(
                 decode_key_cursor(

@@ -37,24 +37,18 @@ impl ListQuery {
     /// # Errors
     /// ValidationError for wrong types, a bad limit or a cursor not made by `list`.
     pub fn from_js(options: &JsValue) -> Result<ListQuery> {
-        let get = |k: &str| -> JsValue {
-            if options.is_object() {
-                js_sys::Reflect::get(options, &k.into()).unwrap_or(JsValue::UNDEFINED)
-            } else {
-                JsValue::UNDEFINED
-            }
-        };
+        let get = |k: &str| crate::options::opt(options, k).map_err(StoreError::validation);
         if !options.is_undefined() && !options.is_null() && !options.is_object() {
             return Err(StoreError::validation("list options must be an object"));
         }
-        let prefix = match get("prefix") {
+        let prefix = match get("prefix")? {
             v if v.is_undefined() || v.is_null() => Vec::new(),
             v => match v.dyn_into::<JsString>() {
                 Ok(s) => value::units(&s),
                 Err(_) => return Err(StoreError::validation("prefix must be a string")),
             },
         };
-        let record_type = match get("type") {
+        let record_type = match get("type")? {
             v if v.is_undefined() || v.is_null() => None,
             // Kept as JS text: a lone surrogate must match itself, not U+FFFD.
             v => Some(
@@ -62,7 +56,7 @@ impl ListQuery {
                     .map_err(|_| StoreError::validation("type must be a string"))?,
             ),
         };
-        let limit = match get("limit") {
+        let limit = match get("limit")? {
             v if v.is_undefined() || v.is_null() => check_limit(None),
             v => match v.as_f64() {
                 Some(n) => check_limit(Some(n)),
@@ -70,7 +64,7 @@ impl ListQuery {
             },
         }
         .map_err(StoreError::validation)?;
-        let after = match get("after") {
+        let after = match get("after")? {
             v if v.is_undefined() || v.is_null() => None,
             v => {
                 let s = v.as_string().ok_or_else(|| {
