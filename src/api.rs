@@ -3,7 +3,7 @@
 //! into JS `Error`s. Every method returns a Promise and never panics.
 
 use crate::error::{set, StoreError};
-use crate::options::{opt, opt_bool, opt_fn, opt_num, opt_signal, string_arg};
+use crate::options::{opt_bool, opt_fn, opt_num, opt_signal, read, string_arg};
 #[cfg(feature = "io")]
 use crate::store::index::verification_js;
 use crate::store::{
@@ -278,7 +278,7 @@ impl AgentStore {
         run(async move {
             let (name, timeout) = name_and_timeout(&name, &options)?;
             let on_vc = opt_fn(&options, "onVersionChange")?;
-            let indexes = parse_index_defs(&opt(&options, "indexes")?)?;
+            let indexes = parse_index_defs(&read(&options, "indexes")?)?;
             let store = Rc::new(Store::open(&name, timeout, on_vc, indexes).await?);
             let agent = AgentStore::wrap(store.clone());
             // An adoption that fails (e.g. for quota) leaves the rebuild to do it.
@@ -362,7 +362,7 @@ impl AgentStore {
             // Listing options mean nothing to a count: refused, not ignored
             // (`count({prefix, after})` would count the whole prefix).
             for k in ["after", "limit", "descending"] {
-                let v = opt(&options, k)?;
+                let v = read(&options, k)?;
                 if !v.is_undefined() && !v.is_null() {
                     return Err(StoreError::validation(
                         ["count takes only prefix and type: ", k, " is a list option"].concat(),
@@ -414,7 +414,7 @@ impl AgentStore {
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
-            let ms = opt(&options, "olderThanMs")?
+            let ms = read(&options, "olderThanMs")?
                 .as_f64()
                 .filter(|n| n.is_finite() && *n >= 0.0)
                 .ok_or_else(|| {
@@ -537,7 +537,7 @@ impl AgentStore {
         self.inner.check_open().map_err(|e| e.to_js())?;
         crate::options::check_object(&options, "watch options")
             .map_err(|m| StoreError::validation(m).to_js())?;
-        let prefix = match opt(&options, "prefix").map_err(|m| StoreError::validation(m).to_js())? {
+        let prefix = match read(&options, "prefix").map_err(|e| e.to_js())? {
             v if v.is_undefined() || v.is_null() => js_sys::JsString::from(""),
             v => v
                 .dyn_into()
@@ -1014,7 +1014,7 @@ impl AgentStore {
 
 /// `legacyIndexId` of `importPouchDump` (default `"agent-index"`).
 fn legacy_id(options: &JsValue) -> Result<String, StoreError> {
-    match opt(options, "legacyIndexId")? {
+    match read(options, "legacyIndexId")? {
         v if v.is_undefined() || v.is_null() => Ok("agent-index".to_owned()),
         v => v
             .as_string()

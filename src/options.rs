@@ -57,6 +57,16 @@ pub(crate) fn opt(options: &JsValue, key: &str) -> Result<JsValue, String> {
     }
 }
 
+/// [`opt`] for the store's readers: one out-of-line copy of the error
+/// conversion (a ValidationError) instead of one per call site.
+///
+/// # Errors
+/// ValidationError when reading `key` throws.
+#[inline(never)]
+pub(crate) fn read(options: &JsValue, key: &str) -> Result<JsValue, crate::error::StoreError> {
+    opt(options, key).map_err(crate::error::StoreError::validation)
+}
+
 /// An options argument is `undefined`, `null` or an object: anything else
 /// (a string, a number, a function) is refused instead of read as "no
 /// options" (`rebuildIndexes("restart")` would otherwise run a restart).

@@ -420,7 +420,7 @@ impl ByQuery {
     /// ValidationError for more than one condition, wrong types, bad limit or cursor.
     pub fn from_js(o: &JsValue) -> Result<ByQuery> {
         crate::options::check_object(o, "listBy options").map_err(StoreError::validation)?;
-        let get = |k: &str| crate::options::opt(o, k).map_err(StoreError::validation);
+        let get = |k: &str| crate::options::read(o, k);
         let given = |v: &JsValue| !v.is_undefined() && !v.is_null();
         let part = |v: &JsValue, what: &str| {
             part_from_js(v)
@@ -461,7 +461,7 @@ impl ByQuery {
                 ));
             }
             let opt = |k: &str| -> Result<Option<KeyPart>> {
-                let v = crate::options::opt(&range, k).map_err(StoreError::validation)?;
+                let v = crate::options::read(&range, k)?;
                 if given(&v) {
                     part(&v, k).map(Some)
                 } else {

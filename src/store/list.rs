@@ -37,7 +37,7 @@ impl ListQuery {
     /// # Errors
     /// ValidationError for wrong types, a bad limit or a cursor not made by `list`.
     pub fn from_js(options: &JsValue) -> Result<ListQuery> {
-        let get = |k: &str| crate::options::opt(options, k).map_err(StoreError::validation);
+        let get = |k: &str| crate::options::read(options, k);
         if !options.is_undefined() && !options.is_null() && !options.is_object() {
             return Err(StoreError::validation("list options must be an object"));
         }
