@@ -83,6 +83,27 @@ async fn gone_with_its_locks(journal: &str, base: &str) {
     }
 }
 
+/// A client of a newly enrolled worker (may claim from `queue` only), with
+/// journal `journal`.
+async fn enrolled(
+    queue: &str,
+    name: &str,
+    journal: &str,
+    locks: bool,
+) -> std::rc::Rc<agentstore::lease::ClientInner> {
+    let (base, _) = server().unwrap();
+    agentstore::lease::ClientInner::new(
+        base,
+        Credentials {
+            enrollment_token: Some(enrollment_token(queue).await),
+            name: Some(name.into()),
+            ..Credentials::default()
+        },
+        journalled(journal, locks),
+    )
+    .unwrap()
+}
+
 /// A live context that claims without Web Locks (`webLocks: false`) leaves
 /// journal entries whose item lock is free: another context's `recover()`
 /// cannot tell them from a gone page's and must not release them. Before,
@@ -155,27 +176,10 @@ async fn recover_keeps_another_workers_current_lease_as_busy() {
     let journal = fresh_queue("journal");
     let q = fresh_queue("two-workers");
     let id = enqueue(&q, json!({})).await;
-    let worker = |name: &'static str, locks: bool| {
-        let q = q.clone();
-        let journal = journal.clone();
-        async move {
-            let (base, _) = server().unwrap();
-            agentstore::lease::ClientInner::new(
-                base,
-                Credentials {
-                    enrollment_token: Some(enrollment_token(&q).await),
-                    name: Some(name.into()),
-                    ..Credentials::default()
-                },
-                journalled(&journal, locks),
-            )
-            .unwrap()
-        }
-    };
-    let a = worker("a", false).await;
+    let a = enrolled(&q, "a", &journal, false).await;
     let lease = claim(&a, &q).await;
     gone_with_its_locks(&journal, &a.base).await;
-    let b = worker("b", true).await;
+    let b = enrolled(&q, "b", &journal, true).await;
     for resume in [false, true] {
         let report = b.recover(resume).await.unwrap();
         assert_eq!(report.busy, vec![id], "resume {resume}");
@@ -207,27 +211,12 @@ async fn recover_drops_the_entry_of_an_unlocked_lease_another_worker_took_over()
     let q = fresh_queue("taken-over");
     let id = enqueue(&q, json!({})).await;
     let (base, _) = server().unwrap();
-    let enrolled = |name: &'static str, journal: String, locks: bool| {
-        let q = q.clone();
-        async move {
-            agentstore::lease::ClientInner::new(
-                base,
-                Credentials {
-                    enrollment_token: Some(enrollment_token(&q).await),
-                    name: Some(name.into()),
-                    ..Credentials::default()
-                },
-                journalled(&journal, locks),
-            )
-            .unwrap()
-        }
-    };
-    let first = enrolled("first", journal.clone(), false).await;
+    let first = enrolled(&q, "first", &journal, false).await;
     let _gone = claim(&first, &q).await;
     let creds = first.credentials();
     first.vanish();
     wait_item(id, 4.0 * TTL_MS, |it| it.state == ItemState::Open).await;
-    let other = enrolled("other", fresh_queue("journal"), true).await;
+    let other = enrolled(&q, "other", &fresh_queue("journal"), true).await;
     let taken = claim(&other, &q).await;
     // The first worker again, on a new page (its stored credentials).
     let again = agentstore::lease::ClientInner::new(

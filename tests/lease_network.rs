@@ -931,20 +931,17 @@ async fn a_manual_heartbeat_is_not_sent_while_a_settle_is_unanswered() {
     c.close().await;
 }
 
-/// The same through `work()`: the handler returned, its settle was refused
-/// (503, nothing applied) and `work()` waits to retry it when the app calls
-/// `close()`. The item ends `done` with the handler's result in every round.
-/// Before, `close()` released it unless the retry happened to go first
-/// (a backoff of 0–100 ms), and the item went back to the queue.
-#[wasm_bindgen_test]
-async fn close_during_work_settle_retries_keeps_the_handlers_result() {
-    let Some(proxy) = proxy() else { return };
-    let q = fresh_queue("close-work-settle");
+/// Runs `rounds` items through `work()` on a client behind proxy mode
+/// `<mode>-<nonce>` (one that refuses settles), waits until a settle was
+/// refused, lets later ones pass, calls `close()`, and asserts the item ended
+/// `done` with the handler's result.
+async fn close_during_a_refused_work_settle(proxy: &str, tag: &str, mode: &str, rounds: u32) {
+    let q = fresh_queue(tag);
     let handler = Function::new_with_args("lease", "return {n: lease.item.payload.n};");
-    for round in 0..5 {
+    for round in 0..rounds {
         let id = enqueue(&q, json!({"n": round})).await;
         let nonce = fresh_queue("n");
-        let mode = format!("refuse-settles-{nonce}");
+        let mode = format!("{mode}-{nonce}");
         let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
         let _w = WorkerInner::start(
             c.clone(),
@@ -969,6 +966,17 @@ async fn close_during_work_settle_retries_keeps_the_handlers_result() {
     }
 }
 
+/// The same through `work()`: the handler returned, its settle was refused
+/// (503, nothing applied) and `work()` waits to retry it when the app calls
+/// `close()`. The item ends `done` with the handler's result in every round.
+/// Before, `close()` released it unless the retry happened to go first
+/// (a backoff of 0–100 ms), and the item went back to the queue.
+#[wasm_bindgen_test]
+async fn close_during_work_settle_retries_keeps_the_handlers_result() {
+    let Some(proxy) = proxy() else { return };
+    close_during_a_refused_work_settle(proxy, "close-work-settle", "refuse-settles", 5).await;
+}
+
 /// `close()` while `work()`'s settle of a handler's result is on the wire,
 /// and that settle then fails (the proxy answers 503 after 300 ms, nothing
 /// applied): the lease is settled once more by `close()`, with the handler's
@@ -978,31 +986,13 @@ async fn close_during_work_settle_retries_keeps_the_handlers_result() {
 #[wasm_bindgen_test]
 async fn close_while_work_settle_is_in_flight_and_fails_still_settles() {
     let Some(proxy) = proxy() else { return };
-    let q = fresh_queue("close-inflight-settle");
-    let handler = Function::new_with_args("lease", "return {n: lease.item.payload.n};");
-    for round in 0..3 {
-        let id = enqueue(&q, json!({"n": round})).await;
-        let nonce = fresh_queue("n");
-        let mode = format!("refuse-settles-after-300-{nonce}");
-        let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
-        let _w = WorkerInner::start(
-            c.clone(),
-            q.clone(),
-            handler.clone(),
-            WorkOptions::default(),
-            wrap,
-        );
-        let until = now() + 20_000.0;
-        while proxy_count(proxy, &mode, "held").await < 1.0 && now() < until {
-            sleep(5.0).await;
-        }
-        // The settle is on the wire (its 503 comes at 300 ms).
-        stop_dropping(proxy, &nonce).await;
-        c.close().await;
-        let it = item(id).await;
-        assert_eq!(it.state, ItemState::Done, "round {round}");
-        assert_eq!(it.result, Some(json!({"n": round})), "round {round}");
-    }
+    close_during_a_refused_work_settle(
+        proxy,
+        "close-inflight-settle",
+        "refuse-settles-after-300",
+        3,
+    )
+    .await;
 }
 
 fn noop_handler() -> Function {
