@@ -891,11 +891,20 @@ async fn an_import_refuses_a_closed_store_or_an_aborted_signal_before_it_reads()
 async fn an_abort_while_the_source_stalls_rejects_the_import() {
     let (store, _name) = open("io-stalled").await;
     let api = agentstore::AgentStore::from_store(store);
+    // Each stream counts its cancellation in globalThis.__stalledCancelled.
     let stalled = Function::new_with_args(
         "head, response",
-        "const s = new ReadableStream({ start(c) { c.enqueue(new TextEncoder().encode(head + '\\n')); } }); \
+        "globalThis.__stalledCancelled ??= 0; \
+         const s = new ReadableStream({ start(c) { c.enqueue(new TextEncoder().encode(head + '\\n')); }, \
+           cancel() { globalThis.__stalledCancelled++; } }); \
          return response ? new Response(s) : s;",
     );
+    let cancelled = || {
+        js_sys::Reflect::get(&js_sys::global(), &"__stalledCancelled".into())
+            .unwrap()
+            .as_f64()
+            .unwrap_or(0.0)
+    };
     for (pouch, response) in [(false, false), (false, true), (true, false), (true, true)] {
         let source = stalled
             .call2(
@@ -912,12 +921,18 @@ async fn an_abort_while_the_source_stalls_rejects_the_import() {
         } else {
             api.import_snapshot(source, options.into())
         };
+        let before = cancelled();
         ctl.abort();
         assert_eq!(
             rejection(p).await,
             ("AbortError".into(), "aborted".into()),
             "pouch {pouch}, response {response}"
         );
+        // The source is cancelled, not read on after the rejection.
+        wait_for("the stalled source to be cancelled", || {
+            cancelled() > before
+        })
+        .await;
     }
     assert_eq!(
         JsFuture::from(api.count(JsValue::UNDEFINED))

@@ -79,12 +79,23 @@ extern "C" {
     fn locked(this: &JsReadableStream) -> bool;
     #[wasm_bindgen(method, js_class = "ReadableStream", js_name = pipeThrough)]
     fn pipe_through(this: &JsReadableStream, transform: &JsTextDecoderStream) -> JsReadableStream;
+    #[wasm_bindgen(method, js_class = "ReadableStream", js_name = pipeThrough)]
+    fn pipe_through_with(
+        this: &JsReadableStream,
+        transform: &JsTransformStream,
+        options: &JsValue,
+    ) -> JsReadableStream;
     #[wasm_bindgen(method, js_class = "ReadableStream", js_name = getReader)]
     fn get_reader(this: &JsReadableStream) -> JsReader;
 
     type JsReader;
     #[wasm_bindgen(method)]
     fn read(this: &JsReader) -> Promise;
+
+    #[wasm_bindgen(js_name = TransformStream)]
+    type JsTransformStream;
+    #[wasm_bindgen(constructor, js_class = "TransformStream", catch)]
+    fn new() -> std::result::Result<JsTransformStream, JsValue>;
 
     #[wasm_bindgen(js_name = TextDecoderStream)]
     type JsTextDecoderStream;
@@ -161,8 +172,21 @@ impl Source {
             Kind::Response(r) => r.clone(),
             Kind::Stream => JsResponse::new(v).map_err(|_| StoreError::validation(SOURCE_TYPES))?,
         };
-        // Raced with the signal: a body that never ends (a stalled stream)
-        // would otherwise hold the call after an abort.
+        // With a signal, the body is collected through a pipe the signal
+        // aborts: an aborted import cancels its source instead of reading on
+        // (a body that never ends would grow memory after the rejection).
+        let response = match (signal, response.body()) {
+            (Some(sig), Some(body)) => {
+                let opts = js_sys::Object::new();
+                crate::error::set(&opts, "signal", sig);
+                let pipe = JsTransformStream::new().map_err(|e| unreadable(&e))?;
+                JsResponse::new(&body.pipe_through_with(&pipe, &opts).into())
+                    .map_err(|e| unreadable(&e))?
+            }
+            _ => response,
+        };
+        // Raced with the signal too: the abort answers at once, whatever the
+        // pipe's own error is.
         let promise = response.blob().map_err(|e| unreadable(&e))?;
         let blob = race_abort(promise, signal)
             .await?
