@@ -7,6 +7,7 @@
 //                           them), but their ANSWERS are held back <ms>, default
 //                           --delay-ms (4500: past the test server's 3 s TTL)
 //   /slow-claims[-<ms>]/…    the same for claim requests (the server grants the claim)
+//   /slow-releases[-<ms>]/…  the same for release requests (the server releases)
 //   /drop-first-enroll-<n>/… enrollment requests with nonce <n> are cut off
 //                           (socket destroyed, nothing forwarded) for 1 s from
 //                           the first one (browsers silently retry a POST once on
@@ -100,8 +101,11 @@ const server = http.createServer((req, res) => {
       ? /^\/v1\/workers\/(enroll|refresh)$/
       : new RegExp(`^/v1/items/\\d+/${dropAnswers?.[1]}$`);
   const cut = dropAnswers && !stopped.has(dropAnswers[2]) && req.method === 'POST' && cuts.test(path);
-  const slow = /^slow-(heartbeats|claims)(?:-(\d+))?$/.exec(mode);
-  const slowed = slow && req.method === 'POST' && (slow[1] === 'claims' ? isClaim(path) : isHeartbeat(path));
+  const slow = /^slow-(heartbeats|claims|releases)(?:-(\d+))?$/.exec(mode);
+  const slowed =
+    slow &&
+    req.method === 'POST' &&
+    (slow[1] === 'claims' ? isClaim(path) : slow[1] === 'releases' ? /^\/v1\/items\/\d+\/release$/.test(path) : isHeartbeat(path));
   const late = /^(slow-settle-requests|late-heartbeats)-(\d+)$/.exec(mode);
   const isSettle = /^\/v1\/items\/\d+\/settle$/.test(path);
   const lateMs = late ? Number(late[2]) : 0;

@@ -99,7 +99,7 @@ export interface LeaseError extends Error {
   cause?: unknown;
 }
 export interface WorkStats { claimed: number; done: number; failed: number; lost: number; released: number; connectionFailures: number; backoffsMs: number[]; pollDelaysMs: number[]; }
-export interface Recovery { released: number[]; lost: number[]; busy: number[]; skipped: number[]; resumed: Lease[]; }
+export interface Recovery { released: number[]; lost: number[]; busy: number[]; skipped: number[]; pending: number[]; resumed: Lease[]; }
 /** `ClaimLostError`: the lease is gone; nothing was written under it. */
 export interface ClaimLostError extends Error { code: "claim_lost"; status: 409; reason: "claim_lost" | "expired_locally" | "released"; itemId: number; }
 "#;
@@ -332,6 +332,7 @@ impl LeaseClient {
             set(&o, "lost", &ids(&r.lost));
             set(&o, "busy", &ids(&r.busy));
             set(&o, "skipped", &ids(&r.skipped));
+            set(&o, "pending", &ids(&r.pending));
             let resumed: Array = r.resumed.into_iter().map(wrap_lease).collect();
             set(&o, "resumed", &resumed);
             Ok(o.into())
@@ -468,6 +469,11 @@ impl Lease {
     }
 
     /// Renews now; resolves with the TTL (ms). Automatic heartbeats already run.
+    ///
+    /// # Errors
+    /// `ClaimLostError` when the claim is gone; `NetworkError`;
+    /// `StateConflictError`, without sending anything, while a settle or
+    /// release of this lease is out or unanswered.
     #[wasm_bindgen(unchecked_return_type = "Promise<number>")]
     pub fn heartbeat(&self) -> Promise {
         let inner = self.inner.clone();
@@ -491,7 +497,7 @@ impl Lease {
         let inner = self.inner.clone();
         // Read and recorded synchronously: a handler that calls settle()
         // and returns without awaiting it has asked for this ending by the
-        // time work() looks (the request itself starts in a microtask).
+        // time work() looks.
         let asked = (|| {
             let state = state
                 .as_string()

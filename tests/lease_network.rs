@@ -995,6 +995,78 @@ async fn close_while_work_settle_is_in_flight_and_fails_still_settles() {
     .await;
 }
 
+/// `recover()` lists an entry it could not settle (its release got no
+/// answer) in `pending`, keeps it journalled, and the next `recover()` ends
+/// it. Before, such an entry appeared in none of the lists, so the caller
+/// could not tell that recovery was incomplete.
+#[wasm_bindgen_test]
+async fn recover_lists_an_entry_whose_release_got_no_answer_as_pending() {
+    let Some(proxy) = proxy() else { return };
+    let q = fresh_queue("recover-pending");
+    let id = enqueue(&q, json!({})).await;
+    let nonce = fresh_queue("n");
+    let journal = fresh_queue("journal");
+    let base = format!("{proxy}/drop-release-answers-{nonce}");
+    let journalled = || ClientConfig {
+        journal_name: Some(journal.clone()),
+        ..config()
+    };
+    let gone = client_at(&base, admin_creds(), journalled());
+    let _lease = claim(&gone, &q).await;
+    gone.vanish();
+    let later = client_at(&base, admin_creds(), journalled());
+    let first = later.recover(false).await.unwrap();
+    assert_eq!(first.pending, vec![id]);
+    assert!(first.released.is_empty() && first.lost.is_empty() && first.busy.is_empty());
+    stop_dropping(proxy, &nonce).await;
+    let second = later.recover(false).await.unwrap();
+    assert!(second.pending.is_empty());
+    assert!(
+        second.lost.contains(&id) || second.released.contains(&id),
+        "ended on the second recover"
+    );
+    let kept = agentstore::lease::journal::Journal::new(Some(journal.clone()))
+        .list(&later.base)
+        .await
+        .unwrap();
+    assert!(kept.is_empty());
+}
+
+/// A lease that expired locally is released by the client; `close()` waits
+/// for that release's answer like for any other ending call (the proxy holds
+/// release answers 1.5 s). Before, `close()` resolved while it was still on
+/// the wire, so a page closing right after could lose it.
+#[wasm_bindgen_test]
+async fn close_waits_for_the_release_a_local_expiry_started() {
+    let Some(proxy) = proxy() else { return };
+    let q = fresh_queue("close-expiry-release");
+    let id = enqueue(&q, json!({})).await;
+    let mode = "slow-releases-1500";
+    let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
+    let lease = claim(&c, &q).await;
+    lease.set_heartbeats_paused(true);
+    // The loop expires the lease at its deadline and sends the release.
+    let until = now() + 4.0 * TTL_MS;
+    while held_back(proxy, mode).await < 1.0 && now() < until {
+        sleep(20.0).await;
+    }
+    assert!(
+        held_back(proxy, mode).await >= 1.0,
+        "a release answer is held"
+    );
+    c.close().await;
+    assert_eq!(
+        held_back(proxy, mode).await,
+        0.0,
+        "close() waited for the release's answer"
+    );
+    let it = item(id).await;
+    assert_eq!(
+        (it.state, it.last_error.as_deref()),
+        (ItemState::Open, Some("released"))
+    );
+}
+
 fn noop_handler() -> Function {
     Function::new_no_args("return undefined")
 }

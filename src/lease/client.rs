@@ -233,7 +233,9 @@ impl ClientInner {
         if let Some(cb) = self.pagehide.borrow_mut().take() {
             lifecycle::off_pagehide(&cb);
         }
-        for l in self.held() {
+        // Not `held()`: its deadline check would release an expired lease.
+        let all: Vec<Rc<LeaseInner>> = self.leases.borrow().values().cloned().collect();
+        for l in all {
             l.lose_unconfirmed(LossReason::Released, "the page is gone (test hook)");
         }
         self.wake();

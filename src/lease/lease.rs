@@ -293,7 +293,10 @@ impl LeaseInner {
         };
         let item_id = self.item_id;
         let token = self.token.clone();
+        // Counted as on the wire from now: `close()` waits for it.
+        let on_wire = client.ending_call();
         wasm_bindgen_futures::spawn_local(async move {
+            let _on_wire = on_wire;
             match client.release_token(item_id, &token).await {
                 Err(e) if e.is_transient() || matches!(e, LeaseError::Unauthorized(_)) => {}
                 _ => client.forget_journal(item_id, &token),

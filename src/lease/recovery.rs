@@ -31,6 +31,9 @@ pub struct Recovery {
     /// Not touched: no Web Locks here, or the lease was claimed without one
     /// (`webLocks: false`), so a live page's lease cannot be told apart.
     pub skipped: Vec<i64>,
+    /// Kept for the next `recover()`: the server could not be asked (no
+    /// answer, a 5xx, refused credentials).
+    pub pending: Vec<i64>,
 }
 
 fn unlock_now(f: &Option<Function>) {
@@ -118,6 +121,8 @@ impl ClientInner {
                             }
                         ) {
                             report.busy.push(entry.item_id);
+                        } else {
+                            report.pending.push(entry.item_id);
                         }
                         unlock_now(&unlock);
                         continue;
@@ -152,7 +157,7 @@ impl ClientInner {
                         .await;
                     report.lost.push(entry.item_id);
                 }
-                Err(_) => {} // kept for the next recover
+                Err(_) => report.pending.push(entry.item_id), // kept for the next recover
             }
             unlock_now(&unlock);
         }

@@ -266,8 +266,9 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
     // The handler's own settle or release may still be in flight; its
     // outcome decides what follows. It ends by the lease's local deadline at
     // the latest (no heartbeat renews a lease while it is ending).
-    // A settle or release the handler called without awaiting goes out in a
-    // microtask: let it start before looking.
+    // A settle or release the handler called without awaiting has gone out
+    // during its call (or waits behind another ending call); one more
+    // microtask lets a thenable's own settle start before looking.
     let _ = JsFuture::from(Promise::resolve(&JsValue::UNDEFINED)).await;
     lease.until_not_ending().await;
     if lease.status() != Status::Held {
