@@ -858,6 +858,27 @@ async fn close_whose_release_is_unanswered_keeps_the_journal_entry_for_recover()
     later.close().await;
 }
 
+/// A fresh item claimed by an admin client behind proxy mode
+/// `refuse-settles-<nonce>`: `(item id, nonce, mode, client, lease)`.
+async fn claimed_behind_refused_settles(
+    proxy: &str,
+    tag: &str,
+) -> (
+    i64,
+    String,
+    String,
+    Rc<ClientInner>,
+    Rc<agentstore::lease::LeaseInner>,
+) {
+    let q = fresh_queue(tag);
+    let id = enqueue(&q, json!({})).await;
+    let nonce = fresh_queue("n");
+    let mode = format!("refuse-settles-{nonce}");
+    let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
+    let lease = claim(&c, &q).await;
+    (id, nonce, mode, c, lease)
+}
+
 /// The app's settle fails (the proxy answers 503 and nothing reaches the
 /// server), then the app calls `close()`. The client settles once more with
 /// the same body instead of releasing: the item ends `done` with its result.
@@ -866,12 +887,7 @@ async fn close_whose_release_is_unanswered_keeps_the_journal_entry_for_recover()
 #[wasm_bindgen_test]
 async fn close_after_a_failed_settle_settles_again_instead_of_releasing() {
     let Some(proxy) = proxy() else { return };
-    let q = fresh_queue("close-settle");
-    let id = enqueue(&q, json!({})).await;
-    let nonce = fresh_queue("n");
-    let mode = format!("refuse-settles-{nonce}");
-    let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
-    let lease = claim(&c, &q).await;
+    let (id, nonce, mode, c, lease) = claimed_behind_refused_settles(proxy, "close-settle").await;
     let handle = agentstore::lease_api::Lease::from_inner(lease.clone());
     let first =
         JsFuture::from(handle.settle("done".into(), js(json!({"out": 7})), JsValue::UNDEFINED))
@@ -894,12 +910,8 @@ async fn close_after_a_failed_settle_settles_again_instead_of_releasing() {
 #[wasm_bindgen_test]
 async fn a_manual_heartbeat_is_not_sent_while_a_settle_is_unanswered() {
     let Some(proxy) = proxy() else { return };
-    let q = fresh_queue("hb-while-settling");
-    let id = enqueue(&q, json!({})).await;
-    let nonce = fresh_queue("n");
-    let mode = format!("refuse-settles-{nonce}");
-    let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
-    let lease = claim(&c, &q).await;
+    let (id, nonce, mode, c, lease) =
+        claimed_behind_refused_settles(proxy, "hb-while-settling").await;
     let first = lease
         .settle(SettleState::Done, Some(js(json!(1))), None)
         .await;

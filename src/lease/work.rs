@@ -311,21 +311,16 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
             {
                 pause(&mut attempt).await;
                 if w.client.closed.get() {
-                    // close() came during the pause and gives the lease
-                    // back: nothing more is sent from here.
-                    lease.until_not_ending().await;
-                    count(w, lease.status());
-                    return;
+                    // close() came during the pause: it sends the settle.
+                    return left_to_close(w, lease).await;
                 }
             }
             // close() came while this settle was out, and it failed without
-            // being applied for sure: close() sends the same settle again (it
-            // is recorded as asked). A release from here would reach the
-            // wire first and hand the finished work back to the queue.
+            // being applied for sure: close() sends it again. A release from
+            // here would reach the wire first and hand the finished work
+            // back to the queue.
             Err(e) if e.is_transient() && w.client.closed.get() => {
-                let _ = JsFuture::from(lease.ended.clone()).await;
-                count(w, lease.status());
-                return;
+                return left_to_close(w, lease).await;
             }
             Err(e) => {
                 // (A `failed` settle is retried bare, once, unless it was.)
@@ -349,6 +344,14 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
             }
         }
     }
+    count(w, lease.status());
+}
+
+/// `client.close()` was called while this loop settled `lease`: close()
+/// ends it (the settle recorded as asked, sent again; else a release), so
+/// nothing more is sent from here. Waits for that end and counts it.
+async fn left_to_close(w: &WorkerInner, lease: &LeaseInner) {
+    let _ = JsFuture::from(lease.ended.clone()).await;
     count(w, lease.status());
 }
 
