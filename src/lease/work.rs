@@ -298,11 +298,12 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
     // this settle again instead of releasing the finished work.
     *lease.asked.borrow_mut() = Some(Ending::Settle(state, result.clone(), error.clone()));
     let mut attempt = 0u32;
-    loop {
+    // Whether `client.close()` took this lease over: it ends it (the settle
+    // recorded as asked, sent again; else a release), and nothing more is
+    // sent from here.
+    let closed = loop {
         match lease.settle(state, result.clone(), error.clone()).await {
-            Ok(_) => break,
-            // (Not after client.close(): close() releases what is left held,
-            // and a settle sent beside that release would race it.)
+            Ok(_) => break false,
             Err(e)
                 if e.is_transient()
                     && lease.status() == Status::Held
@@ -310,18 +311,16 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
                     && !w.client.closed.get() =>
             {
                 pause(&mut attempt).await;
+                // close() came during the pause: it sends the settle.
                 if w.client.closed.get() {
-                    // close() came during the pause: it sends the settle.
-                    return left_to_close(w, lease).await;
+                    break true;
                 }
             }
             // close() came while this settle was out, and it failed without
             // being applied for sure: close() sends it again. A release from
             // here would reach the wire first and hand the finished work
             // back to the queue.
-            Err(e) if e.is_transient() && w.client.closed.get() => {
-                return left_to_close(w, lease).await;
-            }
+            Err(e) if e.is_transient() && w.client.closed.get() => break true,
             Err(e) => {
                 // (A `failed` settle is retried bare, once, unless it was.)
                 let bare = state == SettleState::Failed
@@ -340,18 +339,14 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
                     w.stats.borrow_mut().lost += 1;
                     return;
                 }
-                break;
+                break false;
             }
         }
+    };
+    if closed {
+        // Counted as close() ended it.
+        let _ = JsFuture::from(lease.ended.clone()).await;
     }
-    count(w, lease.status());
-}
-
-/// `client.close()` was called while this loop settled `lease`: close()
-/// ends it (the settle recorded as asked, sent again; else a release), so
-/// nothing more is sent from here. Waits for that end and counts it.
-async fn left_to_close(w: &WorkerInner, lease: &LeaseInner) {
-    let _ = JsFuture::from(lease.ended.clone()).await;
     count(w, lease.status());
 }
 
