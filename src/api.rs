@@ -185,7 +185,7 @@ fn parse_index_defs(v: &JsValue) -> Result<Vec<IndexDef>, StoreError> {
     for d in crate::value::items(v.unchecked_ref(), MAX_INDEXES, "at most 16 indexes")? {
         let name = Reflect::get(&d, &"name".into())
             .ok()
-            .and_then(|n| n.as_string());
+            .and_then(|n| crate::value::exact_string(&n));
         let keys = Reflect::get(&d, &"keys".into()).unwrap_or_default();
         if !crate::value::is_array(&keys)? {
             return Err(bad());
@@ -196,7 +196,7 @@ fn parse_index_defs(v: &JsValue) -> Result<Vec<IndexDef>, StoreError> {
             MAX_INDEX_KEYS,
             "an index needs 1..=8 keys",
         )? {
-            names.push(k.as_string().ok_or_else(bad)?);
+            names.push(crate::value::exact_string(&k).ok_or_else(bad)?);
         }
         defs.push(IndexDef {
             name: name.ok_or_else(bad)?,
@@ -416,10 +416,12 @@ impl AgentStore {
         run(async move {
             let ms = read(&options, "olderThanMs")?
                 .as_f64()
-                .filter(|n| n.is_finite() && *n >= 0.0)
+                // An integer, as every ms option is (never coerced); up to
+                // 2^53 - 1, past which an f64 no longer counts each ms.
+                .filter(|n| (0.0..=9_007_199_254_740_991.0).contains(n) && n.fract() == 0.0)
                 .ok_or_else(|| {
                     StoreError::validation(
-                        "purgeTombstones({olderThanMs}): olderThanMs must be a finite number of ms >= 0",
+                        "purgeTombstones({olderThanMs}): olderThanMs must be an integer number of ms in [0, 2^53 - 1]",
                     )
                 })?;
             Ok(s.purge_tombstones(ms).await?.into())
@@ -1016,9 +1018,9 @@ impl AgentStore {
 fn legacy_id(options: &JsValue) -> Result<String, StoreError> {
     match read(options, "legacyIndexId")? {
         v if v.is_undefined() || v.is_null() => Ok("agent-index".to_owned()),
-        v => v
-            .as_string()
-            .ok_or_else(|| StoreError::validation("legacyIndexId must be a string")),
+        v => crate::value::exact_string(&v).ok_or_else(|| {
+            StoreError::validation("legacyIndexId must be a string without lone surrogates")
+        }),
     }
 }
 

@@ -105,11 +105,13 @@ export interface ClaimLostError extends Error { code: "claim_lost"; status: 409;
 "#;
 
 /// A string argument: `ValidationError` naming `what` for any other JS type
-/// (exports never take `String`, whose glue traps on a number).
+/// (exports never take `String`, whose glue traps on a number) and for a
+/// string with a lone surrogate, which the conversion would change
+/// ([`crate::value::exact_string`]).
 fn string_param(v: &JsValue, what: &'static str) -> Result<String, LeaseError> {
-    v.as_string().ok_or_else(|| {
+    crate::value::exact_string(v).ok_or_else(|| {
         let mut m = String::from(what);
-        m.push_str(" must be a string");
+        m.push_str(" must be a string without lone surrogates");
         LeaseError::Validation(m)
     })
 }

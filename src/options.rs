@@ -156,9 +156,13 @@ pub(crate) fn opt_signal(options: &JsValue) -> Result<Option<AbortSignal>, Strin
 /// and traps ("memory access out of bounds") when given a number.
 ///
 /// # Errors
-/// ValidationError when `v` is not a string.
+/// ValidationError when `v` is not a string, or holds a lone surrogate
+/// (which the conversion would change: [`crate::value::exact_string`]).
 pub(crate) fn string_arg(v: &JsValue, what: &'static str) -> Result<String, JsValue> {
-    v.as_string().ok_or_else(|| {
-        crate::error::StoreError::validation([what, " must be a string"].concat()).to_js()
+    crate::value::exact_string(v).ok_or_else(|| {
+        crate::error::StoreError::validation(
+            [what, " must be a string without lone surrogates"].concat(),
+        )
+        .to_js()
     })
 }

@@ -165,12 +165,17 @@ impl Walker {
                     .map(String::from)
                     .unwrap_or_default()
             });
-            return if ok {
-                Ok(None)
-            } else {
+            return if !ok {
                 Err(Fail::new(
                     "NaN and Infinity are not finite numbers and cannot be stored as JSON",
                 ))
+            } else if n == 0.0 && n.is_sign_negative() {
+                // JSON has no negative zero (`JSON.stringify(-0)` is "0"):
+                // -0 is stored as 0, so `get`, an export/import round trip
+                // and the revision's digest all see the same value.
+                Ok(Some(JsValue::from_f64(0.0)))
+            } else {
+                Ok(None)
             };
         }
         if v.is_string() {
@@ -255,7 +260,7 @@ impl Walker {
     }
 
     fn plain(&mut self, obj: &Object, top: bool) -> Walk<JsValue> {
-        self.check_plain(obj)?;
+        check_plain(obj, &self.object_proto)?;
         let fields = own_fields(obj)?;
         // The digest takes the fields in key order (canonical JSON); the copy
         // keeps the caller's order, as `Object.assign` or `JSON.parse` would.
@@ -304,9 +309,7 @@ impl Walker {
         // A genuine U+FFFD is common (decoded tool output): `isWellFormed`
         // (one call) spares those the unit-by-unit read; without it (older
         // browsers) the units are read.
-        if text.as_bytes().windows(3).any(|w| w == [0xEF, 0xBF, 0xBD])
-            && !is_well_formed_js(js).unwrap_or(false)
-        {
+        if may_be_lossy(text, js) {
             self.digest.string_utf16(&units(js.unchecked_ref()));
         } else {
             self.digest.string(text);
@@ -351,25 +354,49 @@ impl Walker {
         }
     }
 
-    /// Only plain objects (prototype `Object.prototype` or `null`) are JSON
-    /// objects; `Date`, `Map`, `Set`, typed arrays and class instances would
-    /// be silently changed by JSON, so they are refused.
-    fn check_plain(&self, obj: &Object) -> Walk<()> {
-        let proto = prototype_js(obj).map_err(|_| Fail::new(GETTER_THREW))?;
-        if proto.is_null() || Object::is(&proto, &self.object_proto) {
-            return Ok(());
-        }
-        let ctor = Reflect::get(obj, &"constructor".into())
-            .ok()
-            .and_then(|c| Reflect::get(&c, &"name".into()).ok())
-            .and_then(|n| n.as_string())
-            .unwrap_or_else(|| "object".into());
-        Err(Fail {
-            why: "not a plain JSON object (convert it first, e.g. a Date with toISOString()): ",
-            detail: Some(ctor),
-            path: Vec::new(),
-        })
+}
+
+/// Only plain objects (prototype `Object.prototype`, given as `object_proto`,
+/// or `null`) are JSON objects; `Date`, `Map`, `Set`, typed arrays, boxed
+/// primitives and class instances would be silently changed by JSON, so
+/// they are refused.
+fn check_plain(obj: &Object, object_proto: &JsValue) -> Walk<()> {
+    let proto = prototype_js(obj).map_err(|_| Fail::new(GETTER_THREW))?;
+    if proto.is_null() || Object::is(&proto, object_proto) {
+        return Ok(());
     }
+    let ctor = Reflect::get(obj, &"constructor".into())
+        .ok()
+        .and_then(|c| Reflect::get(&c, &"name".into()).ok())
+        .and_then(|n| n.as_string())
+        .unwrap_or_else(|| "object".into());
+    Err(Fail {
+        why: "not a plain JSON object (convert it first, e.g. a Date with toISOString()): ",
+        detail: Some(ctor),
+        path: Vec::new(),
+    })
+}
+
+/// Whether `text`, the JS string `js` read into Rust, may have lost a lone
+/// surrogate to U+FFFD: it holds U+FFFD (a byte scan: `str::contains`
+/// brings in the two-way string searcher, ~1.3 kB of wasm) and `js` is not
+/// known to be well-formed. A genuine U+FFFD is common (decoded tool
+/// output): `isWellFormed` (one call) settles those; without it (older
+/// browsers) the answer is "maybe".
+fn may_be_lossy(text: &str, js: &JsValue) -> bool {
+    text.as_bytes().windows(3).any(|w| w == [0xEF, 0xBF, 0xBD])
+        && !is_well_formed_js(js).unwrap_or(false)
+}
+
+/// `v` as a Rust string when the conversion loses nothing: `None` for a
+/// non-string and for one holding a lone surrogate, which the conversion
+/// would turn into U+FFFD (two different names would then be one). For
+/// names: the store name, index names and keys, `legacyIndexId`.
+pub(crate) fn exact_string(v: &JsValue) -> Option<String> {
+    let text = v.as_string()?;
+    let exact = !may_be_lossy(&text, v)
+        || char::decode_utf16(units(v.unchecked_ref())).all(|c| c.is_ok());
+    exact.then_some(text)
 }
 
 /// A getter or Proxy trap of the caller's value threw while it was read.
@@ -477,8 +504,11 @@ pub(crate) fn short_string(v: &JsValue, max_units: usize) -> Option<String> {
 /// value that is walked afterwards and must not be read twice.
 ///
 /// # Errors
-/// ValidationError when reading `obj` threw.
+/// ValidationError when `obj` is not a plain object or reading it threw.
 pub(crate) fn shallow_copy(obj: &Object) -> crate::error::Result<Object> {
+    // The copy's prototype is null: `walk_record` would find it plain, so
+    // the original's prototype is checked here.
+    check_plain(obj, &Object::get_prototype_of(&Object::new()).into()).map_err(Fail::into_error)?;
     let out = bare_object();
     for (_, key, item) in own_fields(obj).map_err(Fail::into_error)? {
         let _ = Reflect::set(&out, &key, &item);

@@ -162,6 +162,44 @@ async fn large_numbers_round_trip_exactly_and_bigint_is_refused() {
     assert!(store.get(&s("b")).await.unwrap().is_none());
 }
 
+/// JSON has no negative zero: -0 is stored as 0 at any depth, so what `get`
+/// returns is what an export/import round trip gives back, and a record that
+/// differs only by the sign of a zero has the same body (the same digest).
+#[wasm_bindgen_test]
+async fn negative_zero_is_stored_as_zero_so_get_and_a_snapshot_round_trip_agree() {
+    let (store, _) = open("negzero").await;
+    let rec = js_sys::Object::new();
+    let nested = js_sys::Object::new();
+    let list = js_sys::Array::new();
+    list.push(&JsValue::from_f64(-0.0));
+    js_sys::Reflect::set(&nested, &"list".into(), &list).unwrap();
+    js_sys::Reflect::set(&rec, &"_id".into(), &"z".into()).unwrap();
+    js_sys::Reflect::set(&rec, &"top".into(), &JsValue::from_f64(-0.0)).unwrap();
+    js_sys::Reflect::set(&rec, &"nested".into(), &nested).unwrap();
+    store.put(&rec.clone().into()).await.unwrap();
+    let is_plus_zero = |v: JsValue| js_sys::Object::is(&v, &JsValue::from_f64(0.0));
+    // the caller's object is not touched
+    assert!(js_sys::Object::is(
+        &js_sys::Reflect::get(&rec, &"top".into()).unwrap(),
+        &JsValue::from_f64(-0.0)
+    ));
+    let got = store.get(&s("z")).await.unwrap().unwrap();
+    assert!(is_plus_zero(field(&got, "top")), "top-level -0 is stored as 0");
+    let inner = js_sys::Reflect::get(&field(&got, "nested"), &"list".into()).unwrap();
+    assert!(is_plus_zero(js_sys::Reflect::get_u32(&inner, 0).unwrap()), "nested -0 is stored as 0");
+
+    let text = store.export_snapshot().await.unwrap();
+    let (copy, _) = open("negzero-copy").await;
+    copy.import_snapshot(text.as_str(), None).await.unwrap();
+    let back = copy.get(&s("z")).await.unwrap().unwrap();
+    assert_eq!(
+        js_sys::JSON::stringify(&back).unwrap(),
+        js_sys::JSON::stringify(&got).unwrap()
+    );
+    assert!(is_plus_zero(field(&back, "top")));
+    assert_eq!(field_str(&back, "_rev"), field_str(&got, "_rev"));
+}
+
 /// A generation near 2^53 keeps counting exactly and stops at 2^53 − 1.
 #[wasm_bindgen_test]
 async fn generation_near_max_safe_integer_is_never_rounded() {

@@ -666,3 +666,87 @@ async fn an_option_whose_getter_throws_is_a_validation_error_not_a_missing_optio
     let got = JsFuture::from(api.get("a".into())).await.unwrap();
     assert!(field(&got, "n").is_undefined(), "no mutate ran");
 }
+
+/// What `mutate`'s function returns is checked like what `put` takes: a Date,
+/// Map, typed array, boxed string or class instance is a ValidationError
+/// (before, its own fields were copied into a plain object and stored),
+/// whether the function returns it or a Promise of it.
+#[wasm_bindgen_test]
+async fn mutate_refuses_a_result_that_is_not_a_plain_object() {
+    let (store, _) = open("mutate-plain").await;
+    let w = store.put(&js(json!({"_id": "m", "v": 1}))).await.unwrap();
+    for body in [
+        "new Date(0)",
+        "new Map([['k', 1]])",
+        "new Uint8Array([7, 8])",
+        "new String('hi')",
+        "new (class M { constructor() { this.n = 1; } })()",
+    ] {
+        for wrap in ["return {b};", "return Promise.resolve({b});"] {
+            let src = wrap.replace("{b}", body);
+            let f = js_sys::Function::new_with_args("cur", &src);
+            let e = store.mutate(&s("m"), &f, 0, None).await.unwrap_err();
+            assert_eq!(e.code(), ErrorCode::Validation, "{src}");
+            assert!(e.to_string().contains("not a plain JSON object"), "{src}: {e}");
+        }
+    }
+    // A null-prototype object is plain, as in put.
+    let f = js_sys::Function::new_with_args("cur", "return Object.assign(Object.create(null), {v: 2});");
+    store.mutate(&s("m"), &f, 0, None).await.unwrap();
+    let got = store.get(&s("m")).await.unwrap().unwrap();
+    assert_eq!(field(&got, "v").as_f64(), Some(2.0));
+    assert!(field_str(&got, "_rev").unwrap().starts_with("2-"), "only the last call wrote: {}", w.rev);
+}
+
+/// Names are taken exactly or refused: a store name, index name or key path
+/// with a lone surrogate is a ValidationError. Before, each lone surrogate
+/// became U+FFFD, so `open("t\uD800")` and `open("t\uDC00")` opened one
+/// database, and `destroy` of one deleted the other's records.
+#[wasm_bindgen_test]
+async fn a_name_with_a_lone_surrogate_is_refused_not_changed() {
+    let base = fresh_name("lone");
+    let code = |e: &JsValue| field_str(e, "code");
+    for name in [format!("\"{base}\\ud800\""), format!("\"{base}\\udc00x\"")] {
+        let e = wasm_bindgen_futures::JsFuture::from(agentstore::AgentStore::open(
+            eval(&name),
+            JsValue::UNDEFINED,
+        ))
+        .await
+        .expect_err("refused");
+        assert_eq!(code(&e).as_deref(), Some("validation"), "open {name}");
+        let e = wasm_bindgen_futures::JsFuture::from(agentstore::AgentStore::destroy(
+            eval(&name),
+            JsValue::UNDEFINED,
+        ))
+        .await
+        .expect_err("refused");
+        assert_eq!(code(&e).as_deref(), Some("validation"), "destroy {name}");
+    }
+    for indexes in [
+        "[{name: 'by\\ud800', keys: ['recordType']}]",
+        "[{name: 'byType', keys: ['a\\udfff']}]",
+    ] {
+        let o = js_sys::Object::new();
+        js_sys::Reflect::set(&o, &"indexes".into(), &eval(indexes)).unwrap();
+        let e = wasm_bindgen_futures::JsFuture::from(agentstore::AgentStore::open(
+            s(&fresh_name("lone-index")),
+            o.into(),
+        ))
+        .await
+        .expect_err("refused");
+        assert_eq!(code(&e).as_deref(), Some("validation"), "{indexes}");
+    }
+    // A well-formed name with U+FFFD or an astral character is kept as it is.
+    let ok = format!("{base}\u{FFFD}\u{1F600}");
+    let opened = wasm_bindgen_futures::JsFuture::from(agentstore::AgentStore::open(
+        s(&ok),
+        JsValue::UNDEFINED,
+    ))
+    .await
+    .expect("opened");
+    let close: js_sys::Function = field(&opened, "close").unchecked_into();
+    close.call0(&opened).unwrap();
+    wasm_bindgen_futures::JsFuture::from(agentstore::AgentStore::destroy(s(&ok), JsValue::UNDEFINED))
+        .await
+        .expect("destroyed");
+}
