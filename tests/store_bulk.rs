@@ -313,6 +313,8 @@ async fn purge_removes_old_tombstones_and_a_stale_writer_still_never_overwrites(
         js(json!({})),
         js(json!({"olderThanMs": -1})),
         js(json!({"olderThanMs": "0"})),
+        js(json!({"olderThanMs": 0.5})),
+        js(json!({"olderThanMs": 1e300})),
         JsValue::from(5),
     ] {
         let e = call(store.purge_tombstones(bad)).await.unwrap_err();
@@ -384,6 +386,44 @@ async fn purge_removes_old_tombstones_and_a_stale_writer_still_never_overwrites(
     );
     let again = open_named(&name).await;
     assert_indexes_clean(&again).await;
+}
+
+/// The ABA case: an id created, deleted, purged and created again with the
+/// same body and the same caller-given `updatedAt` gets a revision other
+/// than its first one, so a writer still holding that first revision
+/// conflicts (before, the two revisions were equal and its write landed).
+#[wasm_bindgen_test]
+async fn a_record_created_again_after_a_purge_never_gets_back_a_purged_revision() {
+    let (raw, _) = open("purge-aba").await;
+    let store = AgentStore::from_store(raw);
+    let body = json!({"_id": "job", "state": "queued", "updatedAt": "2026-01-01T00:00:00.000Z"});
+    let mut seen_revs = Vec::new();
+    for round in 0..3 {
+        let r1 = put(&store, body.clone()).await;
+        assert!(r1.starts_with("1-"), "{r1}");
+        assert!(!seen_revs.contains(&r1), "round {round}: {r1} was issued before");
+        seen_revs.push(r1.clone());
+        call(store.delete(s("job"), s(&r1))).await.unwrap();
+        let purged = call(store.purge_tombstones(js(json!({"olderThanMs": 0}))))
+            .await
+            .unwrap();
+        assert_eq!(purged.as_f64(), Some(1.0));
+        let again = put(&store, body.clone()).await;
+        assert_ne!(again, r1, "round {round}: the re-created record got the purged revision");
+        let mut stale = body.clone();
+        stale["_rev"] = json!(r1);
+        stale["state"] = json!("done");
+        let e = call(store.put(js(stale))).await.unwrap_err();
+        assert_eq!(err_kind(&e).1, "conflict", "round {round}");
+        assert_eq!(field_str(&e, "currentRev"), Some(again.clone()));
+        let got = get_id(&store, "job").await.unwrap();
+        assert_eq!(field_str(&got, "state").as_deref(), Some("queued"));
+        call(store.delete(s("job"), s(&again))).await.unwrap();
+        call(store.purge_tombstones(js(json!({"olderThanMs": 0}))))
+            .await
+            .unwrap();
+        seen_revs.push(again);
+    }
 }
 
 /// A raw IndexedDB connection with no `versionchange` handler: it never closes by itself.

@@ -8,7 +8,7 @@
 //! instead of one future per id.
 
 use super::db::TransactionMode;
-use super::db::{request_promise, BY_TYPE, RECORDS, TOMBSTONES};
+use super::db::{request_promise, BY_TYPE, META, RECORDS, TOMBSTONES};
 use super::{check_id_value, read_many, tombstone, tombstone_digest, tombstone_rev, Store};
 use crate::error::{BatchFailure, Result, StoreError};
 use agentstore_protocol::keys::page_range;
@@ -257,7 +257,7 @@ impl Store {
     /// TransactionError / QuotaExceededError / ClosedError.
     pub async fn purge_tombstones(&self, older_than_ms: f64) -> Result<u32> {
         let cutoff = js_sys::Date::now() - older_than_ms;
-        let tx = self.write_tx_in(&[TOMBSTONES])?;
+        let tx = self.write_tx_in(&[TOMBSTONES, META])?;
         let store: web_sys::IdbObjectStore = tx.store(TOMBSTONES)?.into();
         let all: Array = settle(&dom(store.get_all())?).await?.unchecked_into();
         let mut purged = 0;
@@ -272,6 +272,11 @@ impl Store {
                 dom(store.delete(&id))?;
                 purged += 1;
             }
+        }
+        if purged > 0 {
+            // A purged id can be created afresh at generation 1: the count
+            // keeps that revision apart from the purged one's first.
+            super::index::note_purge(&tx).await?;
         }
         self.finish(tx).await?;
         Ok(purged)

@@ -332,7 +332,7 @@ impl Store {
         p: &Prepared,
     ) -> Step {
         let rev = match decide_put(current, p.expected.as_ref()) {
-            Ok(base) => match p.stamp(base, stored.as_ref(), &super::now_iso()) {
+            Ok(base) => match p.stamp(base, stored.as_ref(), &super::now_iso(), state.purges()) {
                 Ok(rev) => rev,
                 Err(e) => return Ok((Err(e), None)),
             },

@@ -44,6 +44,8 @@ pub struct IndexState {
     pub active: Vec<String>,
     /// Tags being (re)built; each has a checkpoint of its own.
     pub building: Vec<String>,
+    /// Tombstone purges so far (`purgeTombstones` calls that removed any).
+    pub purges: f64,
 }
 
 /// Index definitions by tag, in tag order (a sorted `Vec`: see
@@ -65,11 +67,19 @@ struct Checkpoint {
 pub struct Maintained {
     gen: f64,
     tags: Vec<(String, IndexDef)>,
+    purges: f64,
 }
 
 /// A connection's cache of [`Maintained`] for the last generation it read.
 #[derive(Default)]
 pub(crate) struct IndexCache(RefCell<Option<Rc<Maintained>>>);
+
+impl Maintained {
+    /// [`IndexState::purges`] as of this read.
+    pub(crate) fn purges(&self) -> f64 {
+        self.purges
+    }
+}
 
 impl IndexState {
     /// Tags every write must keep in step: active plus building.
@@ -89,6 +99,9 @@ impl IndexState {
         set(&o, "defs", &defs);
         set(&o, "active", &strings_js(&self.active));
         set(&o, "building", &strings_js(&self.building));
+        if self.purges > 0.0 {
+            set(&o, "purges", &JsValue::from_f64(self.purges));
+        }
         o.into()
     }
 
@@ -115,6 +128,7 @@ impl IndexState {
         }
         state.active = strings_from_js(&field("active")).unwrap_or_default();
         state.building = strings_from_js(&field("building")).unwrap_or_default();
+        state.purges = field("purges").as_f64().unwrap_or(0.0);
         state
     }
 }
@@ -199,6 +213,16 @@ fn start_tags(tx: &Tx, state: &mut IndexState, fresh: &[&IndexDef], active: bool
         }
     }
     Ok(())
+}
+
+/// Counts a tombstone purge in the shared state, inside `tx` (which must
+/// include META): a record created afresh after a purge takes the count
+/// into its first revision (see `Prepared::stamp`), so it never gets back a
+/// revision the purged history issued. Connections re-read the state once.
+pub(crate) async fn note_purge(tx: &Tx) -> Result<()> {
+    let (gen, mut state) = read_state(tx).await?;
+    state.purges += 1.0;
+    write_state(tx, &state, gen)
 }
 
 /// Stores `state` as generation `gen + 1`.
@@ -292,6 +316,7 @@ impl Store {
                 .maintained()
                 .map(|(t, d)| (t.clone(), d.clone()))
                 .collect(),
+            purges: state.purges,
         });
         *self.index_cache.0.borrow_mut() = Some(m.clone());
         Ok(m)

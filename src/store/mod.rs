@@ -60,19 +60,34 @@ impl Prepared {
     ///
     /// Rule (README "Records"): a write whose `updatedAt` is absent or equal
     /// to the stored record's gets `now`; a different value given by the
-    /// caller is kept. The revision is `Rev::next(base, [digest, updatedAt])`.
+    /// caller is kept. The revision is `Rev::next(base, [digest, updatedAt])`;
+    /// a first revision (no `base`) also takes the store's count of
+    /// tombstone `purges` when there were any, so an id purged and created
+    /// again with the same body and `updatedAt` never gets back the revision
+    /// a stale writer may hold (the ABA case compare-and-swap exists to
+    /// refuse). A store never purged keeps PouchDB-like deterministic first
+    /// revisions.
     pub(crate) fn stamp(
         &self,
         base: Option<&Rev>,
         stored: Option<&JsValue>,
         now: &str,
+        purges: f64,
     ) -> Result<String> {
         let stored_at = stored.and_then(|s| get_str(s, "updatedAt"));
         let updated_at = match &self.updated_at {
             Some(given) if stored_at.as_ref() != Some(given) => given.as_str(),
             _ => now,
         };
-        let rev = Rev::next(base, &[&self.digest, updated_at])
+        let mut buf = [0u8; 20];
+        let epoch = agentstore_protocol::canonical::itoa(purges as u64, &mut buf);
+        let epoch = std::str::from_utf8(epoch).unwrap_or_default();
+        let parts: &[&str] = if base.is_none() && purges > 0.0 {
+            &[&self.digest, updated_at, epoch]
+        } else {
+            &[&self.digest, updated_at]
+        };
+        let rev = Rev::next(base, parts)
             .map_err(|e| StoreError::validation(e.0))?
             .text();
         set(&self.object, "updatedAt", &JsValue::from_str(updated_at));
@@ -418,7 +433,7 @@ impl Store {
         let now = now_iso();
         for (index, (p, (current, stored))) in prepared.iter().zip(&currents).enumerate() {
             match decide_put(current, p.expected.as_ref()) {
-                Ok(base) => revs.push(p.stamp(base, stored.as_ref(), &now)?),
+                Ok(base) => revs.push(p.stamp(base, stored.as_ref(), &now, state.purges())?),
                 Err(_) => failures.push(BatchFailure {
                     index,
                     id: p.id.clone().into(),
