@@ -1437,3 +1437,106 @@ async fn a_claim_aborted_while_the_server_grants_it_releases_the_grant() {
     );
     assert!(c.held().is_empty());
 }
+
+/// `close()` while `recover({resume: true})` is heartbeating a journalled
+/// lease (the proxy holds heartbeat answers 1.5 s): `recover` rejects with
+/// ClosedError and the lease is released, so the item goes back to the
+/// queue now. Before, `close()` could not see the lease yet, and `recover`
+/// handed it back resumed with no heartbeat loop: its signal never fired and
+/// the server reaped it after the TTL while the page still worked on it.
+#[wasm_bindgen_test]
+async fn close_during_recover_with_resume_releases_the_lease_instead_of_resuming_it() {
+    let Some(proxy) = proxy() else { return };
+    let mode = "slow-heartbeats-1500";
+    for round in 0..3 {
+        let q = fresh_queue("recover-close");
+        let id = enqueue(&q, json!({})).await;
+        let journal = fresh_queue("journal");
+        let base = format!("{proxy}/{mode}");
+        let journalled = || ClientConfig {
+            journal_name: Some(journal.clone()),
+            ..config()
+        };
+        let gone = client_at(&base, admin_creds(), journalled());
+        let _lease = claim(&gone, &q).await;
+        gone.vanish();
+        let later = client_at(&base, admin_creds(), journalled());
+        let close = async {
+            // Close once recover's heartbeat of the entry is on the wire.
+            let until = now() + 4.0 * TTL_MS;
+            while held_back(proxy, mode).await < 1.0 && now() < until {
+                sleep(20.0).await;
+            }
+            assert!(held_back(proxy, mode).await >= 1.0, "round {round}: a heartbeat is held");
+            later.close().await;
+        };
+        let (recovered, ()) = join(later.recover(true), close).await;
+        assert!(
+            matches!(recovered, Err(agentstore::lease::LeaseError::Closed)),
+            "round {round}: recover did not reject with ClosedError after close()"
+        );
+        assert!(later.held().is_empty(), "round {round}");
+        let it = item(id).await;
+        assert_eq!(
+            (it.state, it.last_error.as_deref()),
+            (ItemState::Open, Some("released")),
+            "round {round}: released at once, not left to the TTL"
+        );
+        let kept = agentstore::lease::journal::Journal::new(Some(journal.clone()))
+            .list(&later.base)
+            .await
+            .unwrap();
+        assert!(kept.is_empty(), "round {round}: the journal entry went with the release");
+    }
+}
+
+/// A lease lost at its local deadline keeps its item's Web Lock until the
+/// release it sends is answered (the proxy holds release answers 1.5 s).
+/// Before, the loss let the lock go at once: another page's
+/// `recover({resume: true})` could take it and carry the journalled lease
+/// on under the same token while that release was still on its way to end
+/// it.
+#[wasm_bindgen_test]
+async fn a_lease_expired_locally_keeps_its_web_lock_until_its_release_is_answered() {
+    use agentstore::lease::lifecycle::{lock, LockOutcome};
+    let Some(proxy) = proxy() else { return };
+    let q = fresh_queue("expiry-lock");
+    let id = enqueue(&q, json!({})).await;
+    let mode = "slow-releases-1500";
+    let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
+    let lease = claim(&c, &q).await;
+    let name = c.lock_name(id);
+    lease.set_heartbeats_paused(true);
+    let until = now() + 4.0 * TTL_MS;
+    while held_back(proxy, mode).await < 1.0 && now() < until {
+        sleep(20.0).await;
+    }
+    assert!(held_back(proxy, mode).await >= 1.0, "a release answer is held");
+    assert_eq!(lease.status(), Status::Lost(LossReason::ExpiredLocally));
+    match lock(&name, 0.0).await {
+        LockOutcome::Busy => {}
+        LockOutcome::Acquired(unlock) => {
+            let _ = unlock.call0(&JsValue::UNDEFINED);
+            panic!("the item's Web Lock was free while its release was out");
+        }
+        LockOutcome::Unsupported => return,
+    }
+    // Once the release is answered, the lock goes.
+    let until = now() + 4.0 * TTL_MS;
+    loop {
+        match lock(&name, 0.0).await {
+            LockOutcome::Acquired(unlock) => {
+                let _ = unlock.call0(&JsValue::UNDEFINED);
+                break;
+            }
+            _ if now() < until => sleep(20.0).await,
+            _ => panic!("the lock stayed held after the release was answered"),
+        }
+    }
+    let it = item(id).await;
+    assert_eq!(
+        (it.state, it.last_error.as_deref()),
+        (ItemState::Open, Some("released"))
+    );
+    c.close().await;
+}

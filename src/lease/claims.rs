@@ -188,6 +188,7 @@ impl ClientInner {
                 lifecycle::LockOutcome::Unsupported => {}
             }
         }
+        lease.locking.set(locked);
         if !lease.is_active() {
             return; // ended already (lost or settled): nothing to journal
         }

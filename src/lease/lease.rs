@@ -124,6 +124,11 @@ pub struct LeaseInner {
     pub(crate) asked: RefCell<Option<Ending>>,
     /// Resolves the Web Lock held for this lease, when one is held.
     pub(crate) unlock: RefCell<Option<Function>>,
+    /// Whether this lease took (or queued for) its item's Web Lock. Its
+    /// token is then released only while that lock is held: once the lock
+    /// is free, another context's `recover({resume: true})` may carry on the
+    /// journalled lease under the same token, and a release would end it.
+    pub(crate) locking: Cell<bool>,
     /// Resolves `ended` (loss, settle or release).
     end_resolve: RefCell<Option<Function>>,
     /// Settles when the lease ends for any reason.
@@ -160,6 +165,7 @@ impl LeaseInner {
             release_owed: Cell::new(false),
             asked: RefCell::new(None),
             unlock: RefCell::new(None),
+            locking: Cell::new(false),
             end_resolve: RefCell::new(Some(end_resolve)),
             ended,
         })
@@ -273,24 +279,34 @@ impl LeaseInner {
     /// queue now instead of after the server's TTL and reaper (a throttled
     /// timer that fired late, a frozen page). The journal entry stays until
     /// the server confirms the claim gone; a heartbeat the server accepts
-    /// afterwards releases it again.
+    /// afterwards releases it again while this context still holds the
+    /// item's Web Lock (or never took one).
     pub(crate) fn expire_locally(&self) {
         if !self.is_active() {
             return;
         }
+        // First, so the release takes the item's Web Lock with it before
+        // the loss would let it go.
+        self.release_after_loss();
         self.lose(
             LossReason::ExpiredLocally,
             "no heartbeat succeeded before the local deadline",
         );
-        self.release_after_loss();
     }
 
     /// Releases the token of a lease lost locally, best effort; removes the
-    /// journal entry once the server confirmed the claim is gone.
+    /// journal entry once the server confirmed the claim is gone. The item's
+    /// Web Lock goes with the release and is let go when it is answered; a
+    /// lease that took a lock and holds it no more sends nothing (its entry
+    /// is `recover()`'s, or the TTL's, to end).
     fn release_token_now(&self) {
         let Some(client) = self.client.upgrade() else {
             return;
         };
+        let unlock = self.unlock.borrow_mut().take();
+        if unlock.is_none() && self.locking.get() {
+            return;
+        }
         let item_id = self.item_id;
         let token = self.token.clone();
         // Counted as on the wire from now: `close()` waits for it.
@@ -300,6 +316,9 @@ impl LeaseInner {
             match client.release_token(item_id, &token).await {
                 Err(e) if e.is_transient() || matches!(e, LeaseError::Unauthorized(_)) => {}
                 _ => client.forget_journal(item_id, &token),
+            }
+            if let Some(unlock) = unlock {
+                let _ = unlock.call0(&JsValue::UNDEFINED);
             }
         });
     }
@@ -319,7 +338,8 @@ impl LeaseInner {
             Status::Held | Status::Ending if !renewed(&mut self.plan.borrow_mut()) => {
                 self.expire_locally();
             }
-            // Lost locally, yet the server still took the heartbeat: give it back.
+            // Lost locally, yet the server still took the heartbeat: give it
+            // back (not once the lock is let go: see `release_token_now`).
             Status::Lost(LossReason::ExpiredLocally) => self.release_after_loss(),
             _ => {}
         }
@@ -565,15 +585,6 @@ impl LeaseInner {
         drop(on_wire);
         self.in_flight.set(self.in_flight.get() - 1);
         self.plan.borrow_mut().ending = false;
-        if self.in_flight.get() == 0 {
-            for resolve in self.idle.take() {
-                let _ = resolve.call0(&JsValue::UNDEFINED);
-            }
-            // Ended (lost locally) while the call was out: the lock goes now.
-            if !self.is_active() {
-                self.let_go_of_lock();
-            }
-        }
         // Whether the server may have applied the call: no answer, or a 5xx
         // (a 429 or any 4xx says it was not applied).
         let unknown = match &r {
@@ -586,11 +597,21 @@ impl LeaseInner {
         *self.unanswered.borrow_mut() = unknown.then(|| (path.to_owned(), state, text.clone()));
         // A release owed since a local loss: due once this call is known not
         // to have ended the lease (after an unknown outcome the journal
-        // keeps it for recover()).
+        // keeps it for recover()). Sent before the lock below is let go, so
+        // it takes the lock with it.
         if r.is_ok() || unknown {
             self.release_owed.set(r.is_err() && self.release_owed.get());
         } else if self.release_owed.replace(false) {
             self.release_token_now();
+        }
+        if self.in_flight.get() == 0 {
+            for resolve in self.idle.take() {
+                let _ = resolve.call0(&JsValue::UNDEFINED);
+            }
+            // Ended (lost locally) while the call was out: the lock goes now.
+            if !self.is_active() {
+                self.let_go_of_lock();
+            }
         }
         match r {
             Ok(a) => {

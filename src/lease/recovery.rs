@@ -99,7 +99,16 @@ impl ClientInner {
             if resume {
                 match self.resume_entry(&entry).await {
                     Ok(Some(lease)) => {
+                        lease.locking.set(true);
                         *lease.unlock.borrow_mut() = unlock;
+                        // close() ran while this entry was being checked:
+                        // it could not see the lease, so nothing would
+                        // heartbeat or end it. It is released, as claim()
+                        // releases a lease granted after close().
+                        if self.closed.get() {
+                            let _ = lease.release().await;
+                            return Err(LeaseError::Closed);
+                        }
                         report.resumed.push(lease);
                         continue;
                     }
