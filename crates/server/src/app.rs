@@ -20,7 +20,7 @@ use tower_http::trace::TraceLayer;
 
 use crate::config::Config;
 use crate::error::json_errors;
-use crate::metrics::{self, Metrics};
+use crate::metrics;
 use crate::ratelimit::RateLimiter;
 use crate::state::AppState;
 use crate::store::{Store, StoreError};
@@ -31,9 +31,11 @@ use crate::{ops, reaper, routes, tokens};
 /// request's tracing span.
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// The state every handler shares, built from the flags.
-pub fn state(config: &Config, store: Store, metrics: Arc<Metrics>) -> AppState {
+/// The state every handler shares, built from the flags; its metrics are the
+/// store's (see [`Store::metrics`]).
+pub fn state(config: &Config, store: Store) -> AppState {
     AppState {
+        metrics: store.metrics().clone(),
         store,
         admin_hash: config
             .admin_token
@@ -44,7 +46,6 @@ pub fn state(config: &Config, store: Store, metrics: Arc<Metrics>) -> AppState {
         claim_limiter: Arc::new(RateLimiter::new(config.claim_rate)),
         auth_limiter: Arc::new(RateLimiter::new(config.auth_rate)),
         idle_retry_ms: config.idle_retry_ms,
-        metrics,
     }
 }
 
@@ -190,8 +191,8 @@ impl Server {
     /// See [`StartError`].
     pub async fn start(config: &Config) -> Result<Server, StartError> {
         let store = Store::connect(&config.database, config.settings()).await?;
-        let metrics = Arc::new(Metrics::new());
-        let state = state(config, store.clone(), metrics.clone());
+        let metrics = store.metrics().clone();
+        let state = state(config, store.clone());
         let app = router(config, state.clone()).map_err(StartError::Config)?;
         let listener = TcpListener::bind(config.listen).await?;
         let addr = listener.local_addr()?;

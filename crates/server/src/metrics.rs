@@ -1,13 +1,16 @@
 //! Prometheus metrics of one server instance, in the text exposition format.
 //!
-//! Each [`Server`](crate::Server) owns its own [`prometheus::Registry`]: nothing
-//! is registered in a process-wide default, so several servers in one process
-//! (the tests run many) count only their own requests.
+//! Each [`Server`](crate::Server) owns its own [`prometheus::Registry`], held by
+//! its [`Store`]: nothing is registered in a process-wide default, so several
+//! servers in one process (the tests run many) count only their own requests.
 //!
-//! Counters and histograms are updated where the event happens (handlers, the
-//! request middleware [`track`], the reaper). Queue and pool gauges are read at
-//! scrape time: queue gauges from [`Store::queue_stats`], the same call behind
-//! `GET /v1/queues/{queue}/stats`. Names follow the Prometheus conventions
+//! Counters and histograms are updated where the event happens: lease changes
+//! in the store as each commits (see [`Store::metrics`]), so that a request
+//! whose client goes away mid-call is counted all the same; answers in the
+//! handlers and the request middleware [`track`]; takeovers in the reaper.
+//! Queue and pool gauges are read at scrape time: queue gauges from
+//! [`Store::queue_stats`], the same call behind `GET /v1/queues/{queue}/stats`.
+//! Names follow the Prometheus conventions
 //! (<https://prometheus.io/docs/practices/naming/>): `_total` for counters,
 //! base units (`_seconds`) for durations.
 
@@ -38,13 +41,14 @@ pub struct Metrics {
     /// them, so that concurrent scrapes (an HA Prometheus pair, or both
     /// listeners scraped) never gather a half-filled family.
     scrape: std::sync::Mutex<()>,
-    /// Claims answered `201` with an item.
+    /// Claims committed that handed out an item (answered `201`, unless the
+    /// client went away).
     claims: IntCounter,
-    /// Claims answered `204`: nothing open in the queue.
+    /// Claims that found nothing open in the queue (answered `204`).
     claims_empty: IntCounter,
     /// Leases renewed, by single or batched heartbeat.
     heartbeats: IntCounter,
-    /// Accepted settles, by the state settled into.
+    /// Settles committed (a replay is none), by the state settled into.
     settles: IntCounterVec,
     /// `claim_lost` answers, batched heartbeat entries included.
     claim_lost: IntCounter,
@@ -228,21 +232,19 @@ impl Metrics {
         m
     }
 
-    /// A claim answered `201` (`true`) or `204` (`false`).
-    pub fn claimed(&self, got_item: bool) {
-        if got_item {
-            self.claims.inc();
-        } else {
-            self.claims_empty.inc();
-        }
+    /// Claims committed: `items` that handed out an item, `empty` that found
+    /// nothing open.
+    pub fn claimed(&self, items: u64, empty: u64) {
+        self.claims.inc_by(items);
+        self.claims_empty.inc_by(empty);
     }
 
-    /// A lease renewed.
-    pub fn heartbeat(&self) {
-        self.heartbeats.inc();
+    /// `n` leases renewed.
+    pub fn renewed(&self, n: u64) {
+        self.heartbeats.inc_by(n);
     }
 
-    /// A settle accepted into `state`.
+    /// A settle into `state` committed.
     pub fn settled(&self, state: SettleState) {
         self.settles
             .with_label_values(&[ItemState::from(state).as_str()])

@@ -220,9 +220,7 @@ async fn claim(
         e.retry_after_s = Some(retry_after_secs(wait));
         return Err(e);
     }
-    let claimed = st.store.claim(queue, worker).await?;
-    st.metrics.claimed(claimed.is_some());
-    match claimed {
+    match st.store.claim(queue, worker).await? {
         Some(claimed) => Ok((StatusCode::CREATED, Json(claimed)).into_response()),
         None => {
             let secs = st.idle_retry_ms.div_ceil(1000).max(1);
@@ -256,7 +254,6 @@ async fn heartbeat(
     let id = item_id(&id)?;
     let owner = caller.lease_owner()?;
     let ttl_ms = st.store.heartbeat(id, &req.token, owner).await?;
-    st.metrics.heartbeat();
     Ok(Json(HeartbeatResponse { ttl_ms }))
 }
 
@@ -280,15 +277,12 @@ async fn heartbeats(
         .iter()
         .zip(outcomes)
         .map(|(&(item_id, _), outcome)| match outcome {
-            Ok(ttl_ms) => {
-                st.metrics.heartbeat();
-                BatchHeartbeatResult {
-                    item_id,
-                    ok: true,
-                    ttl_ms: Some(ttl_ms),
-                    error: None,
-                }
-            }
+            Ok(ttl_ms) => BatchHeartbeatResult {
+                item_id,
+                ok: true,
+                ttl_ms: Some(ttl_ms),
+                error: None,
+            },
             Err(e) => {
                 let e = ApiError::from(e);
                 st.metrics.answered(e.code);
@@ -326,9 +320,6 @@ async fn settle(
             req.error.as_deref(),
         )
         .await?;
-    if !replayed {
-        st.metrics.settled(req.state);
-    }
     Ok(replay_marked(Json(item), replayed))
 }
 
@@ -370,9 +361,6 @@ async fn release(
             Json(serde_json::json!({"id": id, "replayed": true})),
             true,
         ));
-    }
-    if item.state == ItemState::Failed {
-        st.metrics.retry_limit_failed("release", 1);
     }
     Ok(Json(item).into_response())
 }

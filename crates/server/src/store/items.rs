@@ -15,7 +15,7 @@ use agentstore_protocol::ErrorCode;
 use serde_json::Value;
 use sqlx::any::AnyRow;
 
-use super::{coalesce, get, ms, to_u32, to_u64, Backend, Store, StoreError};
+use super::{coalesce, detached, get, ms, to_u32, to_u64, Backend, Store, StoreError};
 use crate::tokens::{self, ct_eq};
 use std::sync::atomic::Ordering;
 use tokio::sync::oneshot;
@@ -51,6 +51,30 @@ fn by_call(rows: &[AnyRow], calls: usize) -> Result<Vec<Option<ItemView>>, Store
     Ok(out)
 }
 
+/// Whether a coalesced statement failed before it could change anything: the
+/// database refused it (and rolled it back), or no pool connection was had to
+/// send it. Only then is its batch run again call by call; any other failure
+/// (the connection lost while the answer was read, a row that does not
+/// decode) may come after the commit.
+fn never_applied(e: &StoreError) -> bool {
+    matches!(
+        e,
+        StoreError::Database(
+            sqlx::Error::Database(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed
+        )
+    )
+}
+
+/// The failure of a coalesced statement, once more for another call of its
+/// batch (sqlx errors do not clone): a database failure stays one, a row that
+/// did not decode stays a corrupt row.
+fn for_each_call(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::Database(_) => StoreError::Database(sqlx::Error::Protocol(e.to_string())),
+        _ => StoreError::Corrupt(e.to_string()),
+    }
+}
+
 /// A claim waiting in its queue's lane (PostgreSQL; see `coalesce`).
 pub(super) struct ClaimJob {
     worker_id: Option<i64>,
@@ -64,13 +88,18 @@ pub(super) struct SettleJob {
     id: i64,
     hash: String,
     owner: Option<i64>,
-    state: &'static str,
+    state: SettleState,
     result: Option<String>,
     error: Option<String>,
     reply: Option<oneshot::Sender<Result<(ItemView, bool), StoreError>>>,
 }
 
 impl SettleJob {
+    /// The state settled into, as stored.
+    fn state_name(&self) -> &'static str {
+        ItemState::from(self.state).as_str()
+    }
+
     fn answer(self, out: Result<(ItemView, bool), StoreError>) {
         if let Some(reply) = self.reply {
             let _ = reply.send(out);
@@ -204,7 +233,9 @@ impl Store {
                 .unwrap_or(Err(StoreError::Database(sqlx::Error::WorkerCrashed)))?;
             return Ok(item.map(|item| self.claim_response(item, token.0)));
         }
-        let item = self.claim_one(queue, &token_hash, worker_id).await?;
+        let (store, queue) = (self.clone(), queue.to_owned());
+        let item =
+            detached(async move { store.claim_one(&queue, &token_hash, worker_id).await }).await?;
         Ok(item.map(|item| self.claim_response(item, token.0)))
     }
 
@@ -231,6 +262,8 @@ impl Store {
             .bind(worker_id)
             .fetch_optional(&self.pool)
             .await?;
+        self.metrics
+            .claimed(row.is_some().into(), row.is_none().into());
         row.as_ref().map(item_from_row).transpose()
     }
 
@@ -238,14 +271,14 @@ impl Store {
     /// that locks up to n open items with `FOR UPDATE SKIP LOCKED`, oldest
     /// first, and pairs the k-th with the k-th waiting claim (its own token
     /// hash and worker); claims beyond the items found get `None`. A batch
-    /// whose statement the database refused (a database error: the
-    /// statement was rolled back) is retried claim by claim, so each caller
-    /// gets its own answer. Any other failure (the connection lost while the
-    /// answer was read, a row that does not decode) may come after the
-    /// statement committed: its claims are answered with the error and NOT
-    /// claimed again, which would hand out further items while the first
-    /// ones stay running under tokens nobody received (they expire after
-    /// the TTL, an attempt counted, as any lease whose answer was lost).
+    /// whose statement never applied (see `never_applied`) is retried claim
+    /// by claim, so each caller gets its own answer. Any other failure (the
+    /// connection lost while the answer was read, a row that does not
+    /// decode) may come after the statement committed: its claims are
+    /// answered with the error and NOT claimed again, which would hand out
+    /// further items while the first ones stay running under tokens nobody
+    /// received (they expire after the TTL, an attempt counted, as any lease
+    /// whose answer was lost).
     async fn run_claims(self, queue: String) {
         while let Some(batch) = self.claims.next(&queue, coalesce::MAX_BATCH) {
             if batch.len() == 1 {
@@ -263,29 +296,15 @@ impl Store {
                         let _ = job.reply.send(Ok(item));
                     }
                 }
-                // Refused by the database (rolled back), or never sent (no
-                // connection from the pool): safe to run claim by claim.
-                Err(StoreError::Database(
-                    sqlx::Error::Database(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed,
-                )) => {
+                Err(e) if never_applied(&e) => {
                     for job in batch {
                         let out = self.claim_one(&queue, &job.token_hash, job.worker_id).await;
                         let _ = job.reply.send(out);
                     }
                 }
                 Err(e) => {
-                    // The same failure for each claim (sqlx errors do not
-                    // clone): a database failure stays one, a row that did
-                    // not decode stays a corrupt row.
-                    let message = e.to_string();
                     for job in batch {
-                        let err = match &e {
-                            StoreError::Database(_) => {
-                                StoreError::Database(sqlx::Error::Protocol(message.clone()))
-                            }
-                            _ => StoreError::Corrupt(message.clone()),
-                        };
-                        let _ = job.reply.send(Err(err));
+                        let _ = job.reply.send(Err(for_each_call(&e)));
                     }
                 }
             }
@@ -330,7 +349,12 @@ impl Store {
                 .bind(&job.token_hash)
                 .bind(job.worker_id);
         }
-        by_call(&q.fetch_all(&self.pool).await?, batch.len())
+        let rows = q.fetch_all(&self.pool).await?;
+        // Committed: one row per claim that got an item, whether or not the
+        // rows decode.
+        let items = rows.len() as u64;
+        self.metrics.claimed(items, batch.len() as u64 - items);
+        by_call(&rows, batch.len())
     }
 
     fn claim_response(&self, item: ItemView, token: String) -> ClaimResponse {
@@ -357,7 +381,12 @@ impl Store {
         token: &str,
         owner: Option<i64>,
     ) -> Result<u64, StoreError> {
-        let hash = tokens::hash(token);
+        let (store, hash) = (self.clone(), tokens::hash(token));
+        detached(async move { store.renew(id, &hash, owner).await }).await
+    }
+
+    /// The single-lease renewal of [`Store::heartbeat`], by token hash.
+    async fn renew(&self, id: i64, hash: &str, owner: Option<i64>) -> Result<u64, StoreError> {
         // The answer is the TTL the lease was granted with (a heartbeat
         // renews it; it does not change it).
         let sql = self.sql(
@@ -368,14 +397,17 @@ impl Store {
         );
         let renewed: Option<(i64,)> = sqlx::query_as(&sql)
             .bind(id)
-            .bind(&hash)
+            .bind(hash)
             .bind(owner.unwrap_or(0))
             .bind(ms(self.settings.ttl_ms))
             .fetch_optional(&self.pool)
             .await?;
         match renewed {
-            Some((ttl,)) => Ok(u64::try_from(ttl).unwrap_or(self.settings.ttl_ms)),
-            None => Err(self.classify(id, &hash, owner).await),
+            Some((ttl,)) => {
+                self.metrics.renewed(1);
+                Ok(u64::try_from(ttl).unwrap_or(self.settings.ttl_ms))
+            }
+            None => Err(self.classify(id, hash, owner).await),
         }
     }
 
@@ -393,7 +425,20 @@ impl Store {
         if leases.is_empty() {
             return Ok(Vec::new());
         }
-        let hashes: Vec<String> = leases.iter().map(|(_, t)| tokens::hash(t)).collect();
+        let store = self.clone();
+        let leases: Vec<(i64, String)> = leases
+            .iter()
+            .map(|&(id, token)| (id, tokens::hash(token)))
+            .collect();
+        detached(async move { store.renew_many(&leases, owner).await }).await
+    }
+
+    /// The one statement of [`Store::heartbeat_many`], by (id, token hash).
+    async fn renew_many(
+        &self,
+        leases: &[(i64, String)],
+        owner: Option<i64>,
+    ) -> Result<Vec<Result<u64, StoreError>>, StoreError> {
         let pairs: Vec<String> = (0..leases.len())
             .map(|i| format!("(${}, ${})", 2 * i + 2, 2 * i + 3))
             .collect();
@@ -406,18 +451,18 @@ impl Store {
             ttl = ms(self.settings.ttl_ms),
         ));
         let mut q = sqlx::query_as::<_, (i64, String, i64)>(&sql).bind(owner.unwrap_or(0));
-        for ((id, _), hash) in leases.iter().zip(&hashes) {
+        for (id, hash) in leases {
             q = q.bind(*id).bind(hash);
         }
+        let rows = q.fetch_all(&self.pool).await?;
+        self.metrics.renewed(rows.len() as u64);
         // Keyed by (id, token hash): a batch may name one item twice, once stale.
-        let renewed: std::collections::HashMap<(i64, String), i64> = q
-            .fetch_all(&self.pool)
-            .await?
+        let renewed: std::collections::HashMap<(i64, String), i64> = rows
             .into_iter()
             .map(|(id, hash, ttl)| ((id, hash), ttl))
             .collect();
         let mut out = Vec::with_capacity(leases.len());
-        for ((id, _), hash) in leases.iter().zip(&hashes) {
+        for (id, hash) in leases {
             out.push(match renewed.get(&(*id, hash.clone())) {
                 Some(ttl) => Ok(u64::try_from(*ttl).unwrap_or(self.settings.ttl_ms)),
                 None => Err(self.classify(*id, hash, owner).await),
@@ -448,7 +493,7 @@ impl Store {
             id,
             hash: tokens::hash(token),
             owner,
-            state: ItemState::from(state).as_str(),
+            state,
             result: result.map(Value::to_string),
             error: error.map(|e| e.replace('\0', "\u{FFFD}")),
             reply: None,
@@ -469,7 +514,8 @@ impl Store {
                 .await
                 .unwrap_or(Err(StoreError::Database(sqlx::Error::WorkerCrashed)));
         }
-        self.settle_one(&job).await
+        let store = self.clone();
+        detached(async move { store.settle_one(&job).await }).await
     }
 
     /// [`Store::settle_reporting`] without the replay flag.
@@ -504,14 +550,17 @@ impl Store {
         let row = sqlx::query(&sql)
             .bind(job.id)
             .bind(&job.hash)
-            .bind(job.state)
+            .bind(job.state_name())
             .bind(job.result.as_deref())
             .bind(job.error.as_deref())
             .bind(job.owner.unwrap_or(0))
             .fetch_optional(&self.pool)
             .await?;
         match row {
-            Some(row) => Ok((item_from_row(&row)?, false)),
+            Some(row) => {
+                self.metrics.settled(job.state);
+                Ok((item_from_row(&row)?, false))
+            }
             None => self.settled_before(job).await.map(|item| (item, true)),
         }
     }
@@ -534,7 +583,7 @@ impl Store {
         let row = sqlx::query(&sql)
             .bind(job.id)
             .bind(&job.hash)
-            .bind(job.state)
+            .bind(job.state_name())
             .bind(job.owner.unwrap_or(0))
             .fetch_optional(&self.pool)
             .await?;
@@ -552,7 +601,10 @@ impl Store {
     /// rows each carry the fence of one settle (id, token hash, holder), as
     /// [`Store::settle_one`] does; a settle it did not apply is read again
     /// alone to tell why (nothing was written for it). A batch whose statement
-    /// fails is retried settle by settle.
+    /// never applied (see `never_applied`) is retried settle by settle; any
+    /// other failure may come after the commit, and is every settle's answer
+    /// (a settle run again would find its own commit and be answered as a
+    /// replay, which it is not).
     async fn run_settles(self) {
         while let Some(batch) = self.settles.next(&(), coalesce::MAX_BATCH) {
             if batch.len() == 1 {
@@ -574,10 +626,15 @@ impl Store {
                         job.answer(out);
                     }
                 }
-                Err(_) => {
+                Err(e) if never_applied(&e) => {
                     for job in batch {
                         let out = self.settle_one(&job).await;
                         job.answer(out);
+                    }
+                }
+                Err(e) => {
+                    for job in batch {
+                        job.answer(Err(for_each_call(&e)));
                     }
                 }
             }
@@ -621,12 +678,22 @@ impl Store {
                 .bind(k as i64 + 1)
                 .bind(job.id)
                 .bind(&job.hash)
-                .bind(job.state)
+                .bind(job.state_name())
                 .bind(job.result.as_deref())
                 .bind(job.error.as_deref())
                 .bind(job.owner.unwrap_or(0));
         }
-        by_call(&q.fetch_all(&self.pool).await?, batch.len())
+        let rows = q.fetch_all(&self.pool).await?;
+        // Committed: one row per settle applied, counted by the call its `n`
+        // names whether or not the rest of the row decodes.
+        let applied = rows.iter().filter_map(|row| {
+            let n: i64 = get(row, "n").ok()?;
+            batch.get(usize::try_from(n - 1).ok()?)
+        });
+        for job in applied {
+            self.metrics.settled(job.state);
+        }
+        by_call(&rows, batch.len())
     }
 
     /// Gives `id` back: it reopens (one attempt counted) or, at the cap, fails
@@ -662,18 +729,28 @@ impl Store {
         token: &str,
         owner: Option<i64>,
     ) -> Result<(ItemView, bool), StoreError> {
-        let hash = tokens::hash(token);
+        let (store, hash) = (self.clone(), tokens::hash(token));
+        detached(async move { store.release_one(id, &hash, owner).await }).await
+    }
+
+    /// The release of [`Store::release_reporting`], by token hash.
+    async fn release_one(
+        &self,
+        id: i64,
+        hash: &str,
+        owner: Option<i64>,
+    ) -> Result<(ItemView, bool), StoreError> {
         let Some((item, stored, holder, now, ttl)) = self.read_lease(id).await? else {
             return Err(not_found(id));
         };
         // Decide with the pure rules first; the UPDATE below repeats the fence
         // atomically (token and epoch as read), so a concurrent change wins.
-        let current = stored.is_some_and(|s| ct_eq(&s, &hash));
+        let current = stored.is_some_and(|s| ct_eq(&s, hash));
         if current && owner.is_some() && holder != owner {
             return Err(forbidden(id));
         }
         if let Err(code) = item.apply(LeaseEvent::Release, current, now, ttl) {
-            return match self.released_before(id, &hash, owner).await? {
+            return match self.released_before(id, hash, owner).await? {
                 Some(item) => Ok((item, true)),
                 None => Err(rejection(code, id)),
             };
@@ -694,7 +771,7 @@ impl Store {
         ));
         let row = sqlx::query(&sql)
             .bind(id)
-            .bind(&hash)
+            .bind(hash)
             .bind(ms(item.epoch))
             .bind(state.as_str())
             .bind(i64::from(attempts))
@@ -703,10 +780,15 @@ impl Store {
             .fetch_optional(&self.pool)
             .await?;
         match row {
-            Some(row) => Ok((item_from_row(&row)?, false)),
-            None => match self.released_before(id, &hash, owner).await? {
+            Some(row) => {
+                if state == ItemState::Failed {
+                    self.metrics.retry_limit_failed("release", 1);
+                }
+                Ok((item_from_row(&row)?, false))
+            }
+            None => match self.released_before(id, hash, owner).await? {
                 Some(item) => Ok((item, true)),
-                None => Err(self.classify(id, &hash, owner).await),
+                None => Err(self.classify(id, hash, owner).await),
             },
         }
     }

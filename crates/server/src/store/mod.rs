@@ -19,8 +19,11 @@ use agentstore_protocol::lease::{DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_REDELIVERIES,
 use agentstore_protocol::ErrorCode;
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{Any, AnyPool, Transaction};
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+use crate::metrics::Metrics;
 
 /// Which database a URL selects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,6 +165,8 @@ pub struct Store {
     coalesced: Arc<AtomicU64>,
     /// Credential revocations this instance committed (see [`Store::revocations`]).
     revocations: Arc<Revocations>,
+    /// This instance's metrics (see [`Store::metrics`]).
+    metrics: Arc<Metrics>,
 }
 
 /// Credential revocations committed by this instance (see
@@ -269,6 +274,7 @@ impl Store {
             settles: Arc::default(),
             coalesced: Arc::new(AtomicU64::new(0)),
             revocations: Arc::default(),
+            metrics: Arc::default(),
         };
         retry_busy(|| migrate(&store)).await?;
         Ok(store)
@@ -303,6 +309,14 @@ impl Store {
     /// reach it within the cache's `MAX_AGE`.
     pub fn revocations(&self) -> &Revocations {
         &self.revocations
+    }
+
+    /// This instance's metrics. The store counts the lease changes it commits
+    /// (claims, heartbeats, settles, releases failed at the retry cap) the
+    /// moment it learns of the commit, in a task no caller can cancel: a
+    /// request whose client goes away mid-call is counted all the same.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// How many explicit write transactions this instance has begun (enroll,
@@ -340,6 +354,17 @@ impl Store {
     fn sql(&self, sql: &str) -> String {
         self.backend.sql(sql)
     }
+}
+
+/// Runs `call` in a task of its own and waits for its outcome: dropping the
+/// wait (the request's client went away) leaves the call to run to its end,
+/// so what it commits is also counted (see [`Store::metrics`]).
+async fn detached<T: Send + 'static>(
+    call: impl Future<Output = Result<T, StoreError>> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::spawn(call)
+        .await
+        .unwrap_or(Err(StoreError::Database(sqlx::Error::WorkerCrashed)))
 }
 
 fn get<'r, T>(row: &'r AnyRow, col: &str) -> Result<T, StoreError>

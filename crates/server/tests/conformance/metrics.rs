@@ -3,14 +3,17 @@
 //! process (on the same database) counts nothing of it.
 
 use std::collections::BTreeMap;
+use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use agentstore_protocol::lease::{ClaimResponse, ItemState, QueueStats, WorkerCredentials};
+use agentstore_protocol::lease::{
+    ClaimResponse, ItemState, QueueStats, SettleState, WorkerCredentials,
+};
 use agentstore_server::Server;
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
 
-use crate::common::{enroll, TestDb, ADMIN};
+use crate::common::{at_once, enroll, Kind, TestDb, ADMIN};
 
 /// One parsed sample: metric name, labels, value.
 type Sample = (String, BTreeMap<String, String>, f64);
@@ -570,6 +573,185 @@ pub async fn concurrent_scrapes_each_report_every_queue_gauge(db: TestDb) {
     for s in scrapers {
         s.await.unwrap();
     }
+    server.stop().await.unwrap();
+}
+
+/// Sends `request` (raw HTTP/1.1) to `server` while `db`'s items are locked,
+/// and goes away once the server's call waits on the lock: the server drops
+/// the request unanswered, and only then is the lock released, so that the
+/// call commits after its request is gone.
+async fn send_and_go_away(db: &TestDb, server: &Server, request: String) {
+    let in_use = || server.store().pool_usage().0;
+    // Nothing else of the server's holds a connection (its reaper's one pass
+    // at start is long done; admin requests use none to authenticate).
+    until("the server's pool is idle", || async { in_use() == 0 }).await;
+    let raw = db.raw_pool().await;
+    let mut lock = raw.begin().await.unwrap();
+    let sql = match db.kind {
+        // Any write takes SQLite's single writer lock.
+        Kind::Sqlite => "UPDATE items SET updated_at = updated_at",
+        // Blocks UPDATE and FOR UPDATE, not plain reads.
+        Kind::Postgres => "LOCK TABLE items IN EXCLUSIVE MODE",
+    };
+    sqlx::query(sql).execute(&mut *lock).await.unwrap();
+    let mut conn = std::net::TcpStream::connect(server.addr()).unwrap();
+    conn.write_all(request.as_bytes()).unwrap();
+    until("the call waits on the lock", || async { in_use() >= 1 }).await;
+    conn.shutdown(std::net::Shutdown::Write).unwrap();
+    // The server closes the connection when it drops the request.
+    let answer = tokio::task::spawn_blocking(move || {
+        conn.set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let mut answer = Vec::new();
+        match conn.read_to_end(&mut answer) {
+            Ok(_) => answer,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => answer,
+            Err(e) => panic!("the server kept the connection: {e}"),
+        }
+    })
+    .await
+    .unwrap();
+    assert!(answer.is_empty(), "{}", String::from_utf8_lossy(&answer));
+    lock.rollback().await.unwrap();
+}
+
+/// Waits (bounded) until `cond` holds.
+async fn until<F, Fut>(what: &str, cond: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cond().await {
+        assert!(Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A claim and a settle whose clients went away while the server's call was
+/// in flight still commit, and each is counted once; a settle sent again (a
+/// replay) is not counted again.
+pub async fn a_claim_and_a_settle_whose_client_went_away_are_counted_once_committed(db: TestDb) {
+    let mut config = db.config();
+    config.reaper_ms = 3_600_000;
+    let server = Server::start(&config).await.unwrap();
+    let api = Api {
+        http: Client::new(),
+        base: server.url(),
+    };
+    let store = server.store();
+    let a = api.enqueue(None).await;
+    let ca = api
+        .claim("mq", ADMIN, &mut Tally::default())
+        .await
+        .expect("A");
+    assert_eq!(ca.item.id, a);
+    let b = api.enqueue(None).await;
+
+    let claim = format!(
+        "POST /v1/queues/mq/claims HTTP/1.1\r\nHost: test\r\n\
+         Authorization: Bearer {ADMIN}\r\nContent-Length: 0\r\n\r\n"
+    );
+    send_and_go_away(&db, &server, claim).await;
+    until_state(store, b, ItemState::Running).await;
+
+    let body = json!({"token": ca.lease.token, "state": "done"}).to_string();
+    let settle = format!(
+        "POST /v1/items/{a}/settle HTTP/1.1\r\nHost: test\r\n\
+         Authorization: Bearer {ADMIN}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    send_and_go_away(&db, &server, settle).await;
+    until_state(store, a, ItemState::Done).await;
+
+    let counts = || async {
+        let m = api.scrape().await;
+        (
+            value(&m, "agentstore_claims_total", &[]),
+            value(&m, "agentstore_settles_total", &[("state", "done")]),
+        )
+    };
+    // Counted as the store learns of each commit, which may come a moment
+    // after the row shows it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while counts().await != (2.0, 1.0) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(counts().await, (2.0, 1.0), "claims, settles");
+    // The settle sent again: answered as a replay, not counted again.
+    let resp = api
+        .post(
+            &format!("/v1/items/{a}/settle"),
+            ADMIN,
+            json!({"token": ca.lease.token, "state": "done"}),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["idempotent-replayed"], "true");
+    assert_eq!(counts().await, (2.0, 1.0), "claims, settles");
+    server.stop().await.unwrap();
+}
+
+/// Settles that commit together in one statement (PostgreSQL) whose rows
+/// cannot be read back (one item's payload is corrupt) are answered with the
+/// error, never as replays of themselves; every settle that committed is
+/// counted once, also those whose answer was the error.
+pub async fn a_settle_whose_answer_cannot_be_read_is_counted_and_not_a_replay(db: TestDb) {
+    const ROUNDS: usize = 20;
+    const ITEMS: usize = 8;
+    let server = Server::start(&db.config()).await.unwrap();
+    let store = std::sync::Arc::new(server.store().clone());
+    for round in 0..ROUNDS {
+        let queue = format!("corrupt{round}");
+        let mut held = Vec::new();
+        for k in 0..ITEMS {
+            store.enqueue(&queue, &json!(k), None).await.unwrap();
+            held.push(store.claim(&queue, None).await.unwrap().expect("claimed"));
+        }
+        // The second: the first settle of a round usually runs alone, the
+        // rest as one statement that then holds this item.
+        sqlx::query("UPDATE items SET payload = 'not json' WHERE id = $1")
+            .bind(held[1].item.id)
+            .execute(store.pool())
+            .await
+            .unwrap();
+        let held = std::sync::Arc::new(held);
+        let settles = at_once(ITEMS, |k| {
+            let (store, held) = (store.clone(), held.clone());
+            async move {
+                let c = &held[k];
+                let done = SettleState::Done;
+                store
+                    .settle_reporting(c.item.id, &c.lease.token, None, done, None, None)
+                    .await
+            }
+        })
+        .await;
+        for (k, settle) in settles.iter().enumerate() {
+            assert!(
+                !matches!(settle, Ok((_, true))),
+                "round {round}: settle {k} answered as a replay of itself"
+            );
+        }
+        assert!(settles[1].is_err(), "round {round}: the corrupt item");
+        let (done,): (i64,) =
+            sqlx::query_as("SELECT COUNT(*) FROM items WHERE queue = $1 AND state = 'done'")
+                .bind(&queue)
+                .fetch_one(store.pool())
+                .await
+                .unwrap();
+        assert_eq!(done, ITEMS as i64, "round {round}: every settle committed");
+    }
+    let api = Api {
+        http: Client::new(),
+        base: server.url(),
+    };
+    let m = api.scrape().await;
+    assert_eq!(
+        value(&m, "agentstore_settles_total", &[("state", "done")]),
+        (ROUNDS * ITEMS) as f64
+    );
     server.stop().await.unwrap();
 }
 
