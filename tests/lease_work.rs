@@ -218,6 +218,14 @@ async fn a_handler_returning_a_thenable_is_awaited_before_its_item_is_settled() 
     assert_eq!((s.done, s.failed, s.lost), (2, 1, 0));
 }
 
+/// The handler's lease runs out (its heartbeats are paused) while it works:
+/// its signal aborts, and the result it returns afterwards is never settled.
+/// The lost lease is released at its deadline, so the worker may claim the
+/// item again (epoch 2) before it stops; that second handler releases its
+/// lease when the test stops the worker, so nothing is settled either.
+/// (Before, a thief claimed the item
+/// once it was open, and the worker's own re-claim, which the release at the
+/// deadline makes possible, raced it.)
 #[wasm_bindgen_test]
 async fn a_lease_lost_during_the_handler_aborts_it_and_its_result_is_never_settled() {
     if server().is_none() {
@@ -225,30 +233,37 @@ async fn a_lease_lost_during_the_handler_aborts_it_and_its_result_is_never_settl
     }
     let q = fresh_queue("lost");
     let id = enqueue(&q, json!({})).await;
-    let queue = q.clone();
     let saw_abort = Rc::new(Cell::new(false));
     let saw = saw_abort.clone();
     // The work loop stops waiting for a handler whose lease is lost (its
     // result is discarded); the test waits for the handler to finish itself.
     let finished = Rc::new(Cell::new(false));
     let fin = finished.clone();
+    let calls = Rc::new(Cell::new(0u32));
+    let stopping = Rc::new(Cell::new(false));
+    let stop_now = stopping.clone();
     let h = handler(move |lease: JsValue| {
-        let queue = queue.clone();
-        let saw = saw.clone();
-        let fin = fin.clone();
+        let (saw, fin, calls) = (saw.clone(), fin.clone(), calls.clone());
+        let stop_now = stop_now.clone();
         async move {
-            // Stall this worker's heartbeats until the item is taken over.
+            let first = calls.get() == 0;
+            calls.set(calls.get() + 1);
+            if !first {
+                // The item again: hold it until the test stops the worker.
+                let until = now() + 6.0 * TTL_MS;
+                while !stop_now.get() && now() < until {
+                    sleep(10.0).await;
+                }
+                let release: Function = get(&lease, &["release"]).unchecked_into();
+                let p: Promise = release.call0(&lease).unwrap().unchecked_into();
+                let _ = wasm_bindgen_futures::JsFuture::from(p).await;
+                return Ok(JsValue::UNDEFINED);
+            }
+            // No heartbeat from now on: the lease runs out locally.
             let pause: Function = get(&lease, &["setHeartbeatsPaused"]).unchecked_into();
             pause.call1(&lease, &JsValue::TRUE).unwrap();
-            let id = get(&lease, &["item", "id"]).as_f64().unwrap() as i64;
-            wait_item(id, 3.0 * TTL_MS, |i| i.state == ItemState::Open).await;
-            let thief = admin_client(config());
-            let _stolen = claim(&thief, &queue).await;
-            // The thief's client lives on (and heartbeats) past this handler.
-            std::mem::forget(thief);
-            pause.call1(&lease, &JsValue::FALSE).unwrap();
             let signal: web_sys::AbortSignal = get(&lease, &["signal"]).unchecked_into();
-            let until = now() + 3.0 * TTL_MS;
+            let until = now() + 4.0 * TTL_MS;
             while !signal.aborted() && now() < until {
                 sleep(10.0).await;
             }
@@ -262,19 +277,25 @@ async fn a_lease_lost_during_the_handler_aborts_it_and_its_result_is_never_settl
     while w.stats.borrow().lost == 0 && now() < until {
         sleep(50.0).await;
     }
-    w.stop().await;
     let until = now() + 3.0 * TTL_MS;
     while !finished.get() && now() < until {
         sleep(20.0).await;
     }
+    stopping.set(true);
+    w.stop().await;
     assert!(saw_abort.get(), "the handler's signal aborted");
     let s = *w.stats.borrow();
-    assert_eq!((s.claimed, s.done, s.failed, s.lost), (1, 0, 0, 1));
+    assert!(
+        s.lost >= 1 && (1..=2).contains(&s.claimed),
+        "{:?}",
+        (s.claimed, s.lost)
+    );
+    assert_eq!((s.done, s.failed), (0, 0), "nothing was settled");
     let seen = item(id).await;
     assert_eq!(
-        (seen.state, seen.epoch, seen.result),
-        (ItemState::Running, 2, None),
-        "never settled by the lost lease"
+        (seen.state, seen.result),
+        (ItemState::Open, None),
+        "never settled by the lost lease; released, not left running"
     );
 }
 
