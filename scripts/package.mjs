@@ -147,53 +147,68 @@ if (hasIo) {
   if (!dts.includes('AGENTSTORE_RELEASE')) writeFileSync(types, dts + decl);
 }
 
+// Inlines the wasm-bindgen snippet `js/<name>` into the glue `root/<glue>`
+// as a module-local object (one module request fewer before `init` can
+// start), passing its text through `edit` first. Idempotent: a glue that no
+// longer imports the snippet is left alone. The snippets directory goes once
+// no glue import names it.
+const inlineSnippet = (root, glue, name, edit = (body) => body) => {
+  const file = join(root, glue);
+  let text = readFileSync(file, 'utf8');
+  // wasm-bindgen imports a snippet's functions by name when they need a JS
+  // shim (`import { a, b } from '…'`) and as a namespace handed straight to
+  // the wasm imports when they do not (`import * as import1 from "…"`).
+  const IMPORT = new RegExp(
+    `import (?:\\{ ([\\w$, ]+) \\}|\\* as ([\\w$]+)) from (['"])(\\./snippets/[^'"]+/js/${name.replace('.', '\\.')})\\3;?\\n`,
+    'g',
+  );
+  const found = [...text.matchAll(IMPORT)];
+  if (found.length) {
+    const snippet = readFileSync(join(root, found[0][4]), 'utf8');
+    const exported = [...snippet.matchAll(/^export (?:async )?function ([\w$]+)/gm)].map((x) => x[1]);
+    const body = edit(snippet.replace(/^export (async )?function /gm, '$1function '));
+    if (/^(export|import) /m.test(body)) throw new Error(`js/${name} has imports or non-function exports: update inlineSnippet`);
+    const local = `__agentstore_${name.replace(/\W/g, '_')}`;
+    const def = `const ${local} = (() => {\n${body}\nreturn { ${exported.join(', ')} };\n})();\n`;
+    let first = true;
+    text = text.replace(IMPORT, (_, names, ns) => {
+      const bind = names ? `const { ${names} } = ${local};\n` : `const ${ns} = ${local};\n`;
+      const out = (first ? def : '') + bind;
+      first = false;
+      return out;
+    });
+    writeFileSync(file, text);
+    if (!/from ['"]\.\/snippets\//.test(text)) rmSync(join(root, 'snippets'), { recursive: true, force: true });
+  }
+  // A glue still naming the snippet (wasm-bindgen changed how it imports
+  // snippets) would load it from a path where it is not.
+  // (The wasm's import module names, keys of the imports object, stay.)
+  if (new RegExp(`from\\s*['"][^'"]*${name.replace('.', '\\.')}['"]`).test(readFileSync(file, 'utf8'))) {
+    throw new Error(`${file}: js/${name} was not inlined`);
+  }
+};
+
 // The import/export loader (js/io-loader.js, a wasm-bindgen snippet of both
 // entry points) is inlined into each entry's glue: as a snippet file it
 // would be one more module request before `init` can start (two round trips
 // on a slow link, as the glue's import of it is discovered only after the
 // glue arrives). Its `import('./io/agentstore_io.js')` is rewritten relative to
 // the glue's own directory, so that bundlers still see a literal path and
-// split pkg/io/ into a chunk of its own. Idempotent: a glue that no longer
-// imports the snippet is left alone.
-const inlineIoLoader = (root) => {
-  const glue = join(root, js);
-  let text = readFileSync(glue, 'utf8');
-  // wasm-bindgen imports a snippet's functions by name when they need a JS
-  // shim (`import { a, b } from '…'`) and as a namespace handed straight to
-  // the wasm imports when they do not (`import * as import1 from "…"`).
-  const IMPORT = /import (?:\{ ([\w$, ]+) \}|\* as ([\w$]+)) from (['"])(\.\/snippets\/[^'"]+\/js\/io-loader\.js)\3;?\n/g;
-  const found = [...text.matchAll(IMPORT)];
-  if (found.length) {
-    const snippet = readFileSync(join(root, found[0][4]), 'utf8');
+// split pkg/io/ into a chunk of its own.
+const inlineIoLoader = (root) =>
+  inlineSnippet(root, js, 'io-loader.js', (body) => {
     let rel = relative(root, join(dir, ioSub, ioJs)).split(sep).join('/');
     if (!rel.startsWith('.')) rel = `./${rel}`;
     const target = "import('./io/agentstore_io.js')";
-    const exported = [...snippet.matchAll(/^export (?:async )?function ([\w$]+)/gm)].map((x) => x[1]);
-    const body = snippet
-      .replace(/^export (async )?function /gm, '$1function ')
-      .replace("const RELEASE = '__AGENTSTORE_RELEASE__';", `const RELEASE = '${release}';`);
-    if (!body.includes(target) || !body.includes(`const RELEASE = '${release}';`) || /^export /m.test(body)) throw new Error('js/io-loader.js changed: update inlineIoLoader');
-    const def =
-      `const __agentstoreIoLoader = (() => {\n${body.replace(target, `import('${rel}')`)}\n` +
-      `return { ${exported.join(', ')} };\n})();\n`;
-    let first = true;
-    text = text.replace(IMPORT, (_, names, ns) => {
-      const bind = names ? `const { ${names} } = __agentstoreIoLoader;\n` : `const ${ns} = __agentstoreIoLoader;\n`;
-      const out = (first ? def : '') + bind;
-      first = false;
-      return out;
-    });
-    writeFileSync(glue, text);
-    // The loader was the only snippet; anything else would still be imported.
-    if (!/from ['"]\.\/snippets\//.test(text)) rmSync(join(root, 'snippets'), { recursive: true, force: true });
-  }
-  // A glue still naming the loader (wasm-bindgen changed how it imports
-  // snippets) would load it from a path where the io module is not.
-  // (The wasm's import module names, keys of the imports object, stay.)
-  if (/from\s*['"][^'"]*io-loader\.js['"]/.test(readFileSync(glue, 'utf8'))) {
-    throw new Error(`${glue}: js/io-loader.js was not inlined`);
-  }
-};
+    const out = body.replace("const RELEASE = '__AGENTSTORE_RELEASE__';", `const RELEASE = '${release}';`);
+    if (!out.includes(target) || !out.includes(`const RELEASE = '${release}';`)) throw new Error('js/io-loader.js changed: update inlineIoLoader');
+    return out.replace(target, `import('${rel}')`);
+  });
+// The write path's walk (js/walk.js, a snippet of every build, the io
+// module's too) is inlined the same way.
+for (const [root, glue] of [[dir, js], ...(hasStore ? [[join(dir, sub), js]] : []), ...(hasIo ? [[join(dir, ioSub), ioJs]] : [])]) {
+  inlineSnippet(root, glue, 'walk.js');
+}
 if (hasIo) {
   inlineIoLoader(dir);
   if (hasStore) inlineIoLoader(join(dir, sub));

@@ -1,25 +1,26 @@
 //! The write path's one walk over a JS record.
 //!
-//! [`walk_record`] visits the value once and, in that pass: refuses what JSON
-//! cannot carry (functions, symbols, BigInt, NaN/±Infinity, cycles,
-//! `undefined` inside arrays, non-plain objects such as `Date`/`Map`, a
-//! getter that throws), checks the top-level fields with the protocol
-//! crate's rules, streams the canonical JSON into the body digest (whose byte
-//! count is the size check) and builds the object to store: a deep copy made
-//! of plain objects and arrays holding exactly what `JSON.stringify` would
-//! see. Storing that copy instead of the caller's object means a `Proxy` or
-//! an object with getters is stored as plain data, and IndexedDB's structured
+//! [`walk_record`] visits the value once, in JavaScript (`js/walk.js`: one
+//! call across the boundary per record, where a walk in wasm made about
+//! fifteen per field), and in that pass: refuses what JSON cannot carry
+//! (functions, symbols, BigInt, NaN/±Infinity, cycles, `undefined` inside
+//! arrays, non-plain objects such as `Date`/`Map`, a getter that throws),
+//! checks the types of the top-level fields, writes the canonical JSON body
+//! and builds the object to store: a deep copy made of plain objects and
+//! arrays holding exactly what `JSON.stringify` would see (`-0` as `0`).
+//! Storing that copy instead of the caller's object means a `Proxy` or an
+//! object with getters is stored as plain data, and IndexedDB's structured
 //! clone never meets a value it cannot clone in the middle of a write.
 //! Object fields whose value is `undefined` are treated as absent, as
-//! `JSON.stringify` does. No JSON tree or JSON text is built, and numbers
-//! other than safe integers are formatted by JavaScript, so no float
-//! formatting is compiled into the module.
+//! `JSON.stringify` does. This side hashes the body (its byte count is the
+//! size check) and checks `_id`, `_rev` and `updatedAt` with the protocol
+//! crate's rules; no float formatting is compiled into the module.
 
 use crate::error::StoreError;
 use agentstore_protocol::canonical::{itoa, BodyDigest};
 use agentstore_protocol::record::{
-    is_iso_millis_utc, top_field, TopField, BAD_UPDATED_AT, MAX_DEPTH, MAX_RECORD_BYTES,
-    RECORD_TYPE_NOT_STRING, RESERVED_FIELD, REV_NOT_STRING, TOO_LARGE,
+    is_iso_millis_utc, BAD_UPDATED_AT, MAX_RECORD_BYTES, RECORD_TYPE_NOT_STRING, RESERVED_FIELD,
+    REV_NOT_STRING, TOO_LARGE,
 };
 use agentstore_protocol::rev::Rev;
 use js_sys::{Array, JsString, Object, Reflect};
@@ -105,255 +106,93 @@ impl Fail {
 
 type Walk<T> = std::result::Result<T, Fail>;
 
-/// Walks a record for `put`: see the module docs.
+/// The reasons of `js/walk.js`'s failure codes, by code.
+const WHY: [&str; 17] = [
+    GETTER_THREW,
+    "a property getter threw",
+    TOO_LARGE,
+    "NaN and Infinity are not finite numbers and cannot be stored as JSON",
+    "undefined cannot be stored as JSON (use null)",
+    "BigInt cannot be stored as JSON; store it as a string or a Number",
+    "a Symbol cannot be stored as JSON",
+    "a function cannot be stored as JSON",
+    "this value cannot be stored as JSON",
+    "nesting deeper than 64 levels",
+    "a cyclic reference cannot be stored as JSON",
+    "not a plain JSON object (convert it first, e.g. a Date with toISOString()): ",
+    REV_NOT_STRING,
+    BAD_UPDATED_AT,
+    RECORD_TYPE_NOT_STRING,
+    RESERVED_FIELD,
+    "a record must be a plain object",
+];
+
+#[wasm_bindgen::prelude::wasm_bindgen(module = "/js/walk.js")]
+extern "C" {
+    /// `walkRecord(record)`: `[copy, body, id, rev, updatedAt]` or
+    /// `[code, path, detail]` (see js/walk.js).
+    #[wasm_bindgen(js_name = walkRecord, catch)]
+    fn walk_record_js(record: &JsValue) -> Result<Array, JsValue>;
+}
+
+/// Walks a record for `put`: see the module docs. The walk itself runs in
+/// JavaScript (`js/walk.js`, one call per record); this side hashes the
+/// canonical body it wrote and checks `_id`, `_rev`, `updatedAt` and the
+/// size with the protocol crate's rules.
 ///
 /// # Errors
 /// ValidationError naming the field, e.g.
 /// `"field data.items[2]: BigInt cannot be stored as JSON; …"`.
 pub fn walk_record(record: &JsValue) -> crate::error::Result<Walked> {
-    if !record.is_object() || is_array(record)? {
-        return Err(StoreError::validation("a record must be a plain object"));
+    let out = walk_record_js(record).map_err(|_| StoreError::validation(GETTER_THREW))?;
+    let first = out.get(0);
+    if let Some(code) = first.as_f64() {
+        let mut fail = Fail::new(WHY.get(code as usize).copied().unwrap_or(GETTER_THREW));
+        fail.detail = out.get(2).as_string();
+        // js/walk.js lists the path outermost first; `Fail` keeps it
+        // innermost first.
+        for seg in Array::from(&out.get(1)).iter() {
+            fail.path.insert(
+                0,
+                match seg.as_f64() {
+                    Some(i) => Seg::Index(i as u32),
+                    None => Seg::Key(seg.as_string().unwrap_or_default()),
+                },
+            );
+        }
+        return Err(fail.into_error());
     }
-    let mut w = Walker {
-        digest: BodyDigest::new(),
-        ancestors: Vec::new(),
-        object_proto: Object::get_prototype_of(&Object::new()).into(),
-        top: Top::default(),
+    let top = |key: &str, why: &'static str| Fail::new(why).at(Seg::Key(key.into())).into_error();
+    let rev = match out.get(3) {
+        v if v.is_undefined() => None,
+        v => Some(
+            short_string(&v, MAX_REV_TEXT)
+                .and_then(|s| Rev::parse(&s).ok())
+                .ok_or_else(|| top("_rev", "_rev is not a revision"))?,
+        ),
     };
-    let object = w
-        .object(record, true)
-        .map_err(Fail::into_error)?
-        .unchecked_into::<Object>();
-    if w.digest.len() + UPDATED_AT_BYTES > MAX_RECORD_BYTES {
+    let updated_at = match out.get(4) {
+        v if v.is_undefined() => None,
+        v => Some(
+            v.as_string()
+                .filter(|s| is_iso_millis_utc(s))
+                .ok_or_else(|| top("updatedAt", BAD_UPDATED_AT))?,
+        ),
+    };
+    let body = out.get(1).as_string().unwrap_or_default();
+    if body.len() + UPDATED_AT_BYTES > MAX_RECORD_BYTES {
         return Err(StoreError::validation(TOO_LARGE));
     }
-    let id = crate::store::check_id_value(&w.top.id.unwrap_or(JsValue::UNDEFINED))?;
+    let id = crate::store::check_id_value(&out.get(2))?;
+    let mut digest = BodyDigest::new();
+    digest.raw(body.as_bytes());
     Ok(Walked {
-        object,
+        object: first.unchecked_into(),
         id,
-        rev: w.top.rev,
-        updated_at: w.top.updated_at,
-        digest: w.digest.finish(),
+        rev,
+        updated_at,
+        digest: digest.finish(),
     })
-}
-
-#[derive(Default)]
-struct Top {
-    id: Option<JsValue>,
-    rev: Option<Rev>,
-    updated_at: Option<String>,
-}
-
-struct Walker {
-    digest: BodyDigest,
-    /// Objects on the current path, to refuse cycles.
-    ancestors: Vec<JsValue>,
-    /// `Object.prototype`, read once.
-    object_proto: JsValue,
-    /// What the top level holds.
-    top: Top,
-}
-
-impl Walker {
-    /// Feeds `v`; returns the copy to store in its place when it is an object
-    /// or array (`None`: a primitive, stored as it is).
-    fn value(&mut self, v: &JsValue) -> Walk<Option<JsValue>> {
-        if let Some(n) = v.as_f64() {
-            let ok = self.digest.number(n, |n| {
-                // JSON.stringify of a finite number is JavaScript's String(n).
-                js_sys::JSON::stringify(&JsValue::from_f64(n))
-                    .map(String::from)
-                    .unwrap_or_default()
-            });
-            return if !ok {
-                Err(Fail::new(
-                    "NaN and Infinity are not finite numbers and cannot be stored as JSON",
-                ))
-            } else if n == 0.0 && n.is_sign_negative() {
-                // JSON has no negative zero (`JSON.stringify(-0)` is "0"):
-                // -0 is stored as 0, so `get`, an export/import round trip
-                // and the revision's digest all see the same value.
-                Ok(Some(JsValue::from_f64(0.0)))
-            } else {
-                Ok(None)
-            };
-        }
-        if v.is_string() {
-            // Refused before it is copied into wasm memory: every UTF-16
-            // unit is at least one byte of UTF-8.
-            let s = short_string(v, MAX_RECORD_BYTES).ok_or_else(|| Fail::new(TOO_LARGE))?;
-            self.string(&s, v);
-            return Ok(None);
-        }
-        if let Some(b) = v.as_bool() {
-            self.digest.raw(if b { b"true" } else { b"false" });
-            return Ok(None);
-        }
-        if v.is_null() {
-            self.digest.raw(b"null");
-            return Ok(None);
-        }
-        if v.is_undefined() {
-            return Err(Fail::new("undefined cannot be stored as JSON (use null)"));
-        }
-        if v.is_bigint() {
-            return Err(Fail::new(
-                "BigInt cannot be stored as JSON; store it as a string or a Number",
-            ));
-        }
-        if v.is_symbol() {
-            return Err(Fail::new("a Symbol cannot be stored as JSON"));
-        }
-        if v.is_function() {
-            return Err(Fail::new("a function cannot be stored as JSON"));
-        }
-        if !v.is_object() {
-            return Err(Fail::new("this value cannot be stored as JSON"));
-        }
-        self.object(v, false).map(Some)
-    }
-
-    /// Walks an object or array and returns its plain copy, built from the
-    /// values this walk read (each getter and Proxy trap runs once).
-    fn object(&mut self, v: &JsValue, top: bool) -> Walk<JsValue> {
-        if self.ancestors.len() >= MAX_DEPTH {
-            return Err(Fail::new("nesting deeper than 64 levels"));
-        }
-        if self.ancestors.iter().any(|a| Object::is(a, v)) {
-            return Err(Fail::new("a cyclic reference cannot be stored as JSON"));
-        }
-        let is_array = is_array(v).map_err(|_| Fail::new(GETTER_THREW))?;
-        self.ancestors.push(v.clone());
-        let out = if is_array {
-            self.array(v.unchecked_ref())
-        } else {
-            self.plain(v.unchecked_ref(), top)
-        };
-        self.ancestors.pop();
-        out
-    }
-
-    fn array(&mut self, arr: &Array) -> Walk<JsValue> {
-        let len = length(arr)?;
-        // Every element is at least one byte of JSON and a comma: refuse an
-        // array that cannot fit before reading any of it (a sparse
-        // `[].length = 2 ** 29` would otherwise be walked hole by hole).
-        if len as usize > MAX_RECORD_BYTES / 2 {
-            return Err(Fail::new(TOO_LARGE));
-        }
-        self.digest.raw(b"[");
-        // The copy holds exactly the values read here, once each: a getter
-        // or a Proxy trap is never asked again for what gets stored.
-        let copy = Array::new();
-        for i in 0..len {
-            if i > 0 {
-                self.digest.raw(b",");
-            }
-            let at = |f: Fail| f.at(Seg::Index(i));
-            let item = Reflect::get_u32(arr, i).map_err(|_| at(Fail::new(GETTER_THREW)))?;
-            let stored = self.value(&item).map_err(at)?.unwrap_or(item);
-            copy.push(&stored);
-            self.check_size()?;
-        }
-        self.digest.raw(b"]");
-        Ok(copy.into())
-    }
-
-    fn plain(&mut self, obj: &Object, top: bool) -> Walk<JsValue> {
-        check_plain(obj, &self.object_proto)?;
-        let fields = own_fields(obj)?;
-        // The digest takes the fields in key order (canonical JSON); the copy
-        // keeps the caller's order, as `Object.assign` or `JSON.parse` would.
-        // Keys that read the same in Rust (lone surrogates become U+FFFD)
-        // are ordered by their UTF-16 units, so the order is total.
-        let mut order: Vec<usize> = (0..fields.len()).collect();
-        order.sort_unstable_by(|&a, &b| {
-            let (ka, kb) = (&fields[a], &fields[b]);
-            ka.0.as_bytes()
-                .cmp(kb.0.as_bytes())
-                .then_with(|| units(ka.1.unchecked_ref()).cmp(&units(kb.1.unchecked_ref())))
-        });
-        let mut copies: Vec<Option<JsValue>> = vec![None; fields.len()];
-        self.digest.raw(b"{");
-        let mut first = true;
-        for i in order {
-            let (k, _, item) = &fields[i];
-            let at = |f: Fail| f.at(Seg::Key(k.clone()));
-            if top && !self.top_field(k, item).map_err(at)? {
-                continue;
-            }
-            if !first {
-                self.digest.raw(b",");
-            }
-            first = false;
-            self.string(k, &fields[i].1);
-            self.digest.raw(b":");
-            copies[i] = self.value(item).map_err(at)?;
-            self.check_size()?;
-        }
-        self.digest.raw(b"}");
-        let out = bare_object();
-        for ((_, key, item), copy) in fields.iter().zip(&copies) {
-            let _ = Reflect::set(&out, key, copy.as_ref().unwrap_or(item));
-        }
-        Ok(out.into())
-    }
-
-    /// Feeds the JS string `js`, read into Rust as `text`. The conversion
-    /// turns lone surrogates into U+FFFD; only a `text` holding U+FFFD is
-    /// read again as UTF-16 units, so lone surrogates are digested as the
-    /// escapes `JSON.stringify` writes (`BodyDigest::string_utf16`).
-    fn string(&mut self, text: &str, js: &JsValue) {
-        // U+FFFD in UTF-8 (a byte scan: `str::contains` brings in the
-        // two-way string searcher, ~1.3 kB of wasm).
-        // A genuine U+FFFD is common (decoded tool output): `isWellFormed`
-        // (one call) spares those the unit-by-unit read; without it (older
-        // browsers) the units are read.
-        if may_be_lossy(text, js) {
-            self.digest.string_utf16(&units(js.unchecked_ref()));
-        } else {
-            self.digest.string(text);
-        }
-    }
-
-    /// Stops the walk as soon as the body is past the size limit.
-    fn check_size(&self) -> Walk<()> {
-        if self.digest.len() + UPDATED_AT_BYTES > MAX_RECORD_BYTES {
-            return Err(Fail::new(TOO_LARGE));
-        }
-        Ok(())
-    }
-
-    /// Checks a top-level field; `false` = keep it out of the body digest.
-    fn top_field(&mut self, key: &str, item: &JsValue) -> Walk<bool> {
-        match top_field(key) {
-            TopField::Id => {
-                self.top.id = Some(item.clone());
-                Ok(true)
-            }
-            TopField::Rev => {
-                if !item.is_string() {
-                    return Err(Fail::new(REV_NOT_STRING));
-                }
-                let rev = short_string(item, MAX_REV_TEXT)
-                    .and_then(|s| Rev::parse(&s).ok())
-                    .ok_or_else(|| Fail::new("_rev is not a revision"))?;
-                self.top.rev = Some(rev);
-                Ok(false)
-            }
-            TopField::UpdatedAt => match short_string(item, 64) {
-                Some(s) if is_iso_millis_utc(&s) => {
-                    self.top.updated_at = Some(s);
-                    Ok(false)
-                }
-                _ => Err(Fail::new(BAD_UPDATED_AT)),
-            },
-            TopField::RecordType if !item.is_string() => Err(Fail::new(RECORD_TYPE_NOT_STRING)),
-            TopField::Reserved => Err(Fail::new(RESERVED_FIELD)),
-            TopField::RecordType | TopField::Data => Ok(true),
-        }
-    }
-
 }
 
 /// Only plain objects (prototype `Object.prototype`, given as `object_proto`,
@@ -394,8 +233,8 @@ fn may_be_lossy(text: &str, js: &JsValue) -> bool {
 /// names: the store name, index names and keys, `legacyIndexId`.
 pub(crate) fn exact_string(v: &JsValue) -> Option<String> {
     let text = v.as_string()?;
-    let exact = !may_be_lossy(&text, v)
-        || char::decode_utf16(units(v.unchecked_ref())).all(|c| c.is_ok());
+    let exact =
+        !may_be_lossy(&text, v) || char::decode_utf16(units(v.unchecked_ref())).all(|c| c.is_ok());
     exact.then_some(text)
 }
 

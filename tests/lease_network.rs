@@ -1467,7 +1467,10 @@ async fn close_during_recover_with_resume_releases_the_lease_instead_of_resuming
             while held_back(proxy, mode).await < 1.0 && now() < until {
                 sleep(20.0).await;
             }
-            assert!(held_back(proxy, mode).await >= 1.0, "round {round}: a heartbeat is held");
+            assert!(
+                held_back(proxy, mode).await >= 1.0,
+                "round {round}: a heartbeat is held"
+            );
             later.close().await;
         };
         let (recovered, ()) = join(later.recover(true), close).await;
@@ -1486,7 +1489,10 @@ async fn close_during_recover_with_resume_releases_the_lease_instead_of_resuming
             .list(&later.base)
             .await
             .unwrap();
-        assert!(kept.is_empty(), "round {round}: the journal entry went with the release");
+        assert!(
+            kept.is_empty(),
+            "round {round}: the journal entry went with the release"
+        );
     }
 }
 
@@ -1511,7 +1517,10 @@ async fn a_lease_expired_locally_keeps_its_web_lock_until_its_release_is_answere
     while held_back(proxy, mode).await < 1.0 && now() < until {
         sleep(20.0).await;
     }
-    assert!(held_back(proxy, mode).await >= 1.0, "a release answer is held");
+    assert!(
+        held_back(proxy, mode).await >= 1.0,
+        "a release answer is held"
+    );
     assert_eq!(lease.status(), Status::Lost(LossReason::ExpiredLocally));
     match lock(&name, 0.0).await {
         LockOutcome::Busy => {}

@@ -401,7 +401,10 @@ async fn a_record_created_again_after_a_purge_never_gets_back_a_purged_revision(
     for round in 0..3 {
         let r1 = put(&store, body.clone()).await;
         assert!(r1.starts_with("1-"), "{r1}");
-        assert!(!seen_revs.contains(&r1), "round {round}: {r1} was issued before");
+        assert!(
+            !seen_revs.contains(&r1),
+            "round {round}: {r1} was issued before"
+        );
         seen_revs.push(r1.clone());
         call(store.delete(s("job"), s(&r1))).await.unwrap();
         let purged = call(store.purge_tombstones(js(json!({"olderThanMs": 0}))))
@@ -409,7 +412,10 @@ async fn a_record_created_again_after_a_purge_never_gets_back_a_purged_revision(
             .unwrap();
         assert_eq!(purged.as_f64(), Some(1.0));
         let again = put(&store, body.clone()).await;
-        assert_ne!(again, r1, "round {round}: the re-created record got the purged revision");
+        assert_ne!(
+            again, r1,
+            "round {round}: the re-created record got the purged revision"
+        );
         let mut stale = body.clone();
         stale["_rev"] = json!(r1);
         stale["state"] = json!("done");

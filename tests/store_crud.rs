@@ -184,9 +184,15 @@ async fn negative_zero_is_stored_as_zero_so_get_and_a_snapshot_round_trip_agree(
         &JsValue::from_f64(-0.0)
     ));
     let got = store.get(&s("z")).await.unwrap().unwrap();
-    assert!(is_plus_zero(field(&got, "top")), "top-level -0 is stored as 0");
+    assert!(
+        is_plus_zero(field(&got, "top")),
+        "top-level -0 is stored as 0"
+    );
     let inner = js_sys::Reflect::get(&field(&got, "nested"), &"list".into()).unwrap();
-    assert!(is_plus_zero(js_sys::Reflect::get_u32(&inner, 0).unwrap()), "nested -0 is stored as 0");
+    assert!(
+        is_plus_zero(js_sys::Reflect::get_u32(&inner, 0).unwrap()),
+        "nested -0 is stored as 0"
+    );
 
     let text = store.export_snapshot().await.unwrap();
     let (copy, _) = open("negzero-copy").await;

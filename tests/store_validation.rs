@@ -687,15 +687,25 @@ async fn mutate_refuses_a_result_that_is_not_a_plain_object() {
             let f = js_sys::Function::new_with_args("cur", &src);
             let e = store.mutate(&s("m"), &f, 0, None).await.unwrap_err();
             assert_eq!(e.code(), ErrorCode::Validation, "{src}");
-            assert!(e.to_string().contains("not a plain JSON object"), "{src}: {e}");
+            assert!(
+                e.to_string().contains("not a plain JSON object"),
+                "{src}: {e}"
+            );
         }
     }
     // A null-prototype object is plain, as in put.
-    let f = js_sys::Function::new_with_args("cur", "return Object.assign(Object.create(null), {v: 2});");
+    let f = js_sys::Function::new_with_args(
+        "cur",
+        "return Object.assign(Object.create(null), {v: 2});",
+    );
     store.mutate(&s("m"), &f, 0, None).await.unwrap();
     let got = store.get(&s("m")).await.unwrap().unwrap();
     assert_eq!(field(&got, "v").as_f64(), Some(2.0));
-    assert!(field_str(&got, "_rev").unwrap().starts_with("2-"), "only the last call wrote: {}", w.rev);
+    assert!(
+        field_str(&got, "_rev").unwrap().starts_with("2-"),
+        "only the last call wrote: {}",
+        w.rev
+    );
 }
 
 /// Names are taken exactly or refused: a store name, index name or key path
@@ -746,7 +756,10 @@ async fn a_name_with_a_lone_surrogate_is_refused_not_changed() {
     .expect("opened");
     let close: js_sys::Function = field(&opened, "close").unchecked_into();
     close.call0(&opened).unwrap();
-    wasm_bindgen_futures::JsFuture::from(agentstore::AgentStore::destroy(s(&ok), JsValue::UNDEFINED))
-        .await
-        .expect("destroyed");
+    wasm_bindgen_futures::JsFuture::from(agentstore::AgentStore::destroy(
+        s(&ok),
+        JsValue::UNDEFINED,
+    ))
+    .await
+    .expect("destroyed");
 }

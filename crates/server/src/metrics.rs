@@ -145,7 +145,7 @@ impl Metrics {
         r.register(Box::new(queue_oldest_open.clone()))
             .expect("unique name");
         let m = Metrics {
-            claims: counter(&r, "agentstore_claims_total", "Claims that handed out an item (201)"),
+            claims: counter(&r, "agentstore_claims_total", "Claims committed that handed out an item"),
             claims_empty: counter(
                 &r,
                 "agentstore_claims_empty_total",
@@ -159,7 +159,7 @@ impl Metrics {
             settles: counter_vec(
                 &r,
                 "agentstore_settles_total",
-                "Accepted settles by the state settled into",
+                "Committed settles by the state settled into",
                 &["state"],
             ),
             claim_lost: counter(

@@ -1,0 +1,297 @@
+// agentstore: the write path's one walk over a record, in JavaScript.
+//
+// `put`, `putMany`, `mutate` and the imports hand each record to
+// `walkRecord` once (src/value.rs). In that pass it refuses what JSON cannot
+// carry, checks the top-level fields whose type it can see, builds the plain
+// copy the store writes, and writes the record's canonical JSON body: object
+// keys sorted by their UTF-8 bytes (code points; a lone surrogate counts as
+// U+FFFD, ties broken by UTF-16 units), no whitespace, `_rev` and `updatedAt`
+// left out, strings and numbers exactly as `JSON.stringify` writes them
+// (which is what crates/protocol/src/canonical.rs writes natively: the same
+// escapes, lone surrogates as lower-case `\udxxx`, integers up to 2^53 as
+// digits, others as JavaScript's `String(n)`). The wasm side hashes that text
+// and checks what needs its rules (`_id`, `_rev`, `updatedAt`, the size).
+//
+// Walking here instead of in wasm costs one call per record instead of about
+// fifteen calls across the boundary per field (BENCHMARKS.md, twelfth round).
+// No message text lives here: a failure is a code that src/value.rs turns
+// into its ValidationError, with the path to the field.
+//
+// scripts/package.mjs inlines this file into each glue that imports it.
+
+// Failure codes: indexes of `WHY` in src/value.rs.
+const GETTER_THREW = 0;
+const PROPERTY_GETTER_THREW = 1;
+const TOO_LARGE = 2;
+const NOT_FINITE = 3;
+const UNDEFINED = 4;
+const BIGINT = 5;
+const SYMBOL = 6;
+const FUNCTION = 7;
+const OTHER = 8;
+const TOO_DEEP = 9;
+const CYCLE = 10;
+const NOT_PLAIN = 11;
+const REV_NOT_STRING = 12;
+const BAD_UPDATED_AT = 13;
+const RECORD_TYPE_NOT_STRING = 14;
+const RESERVED = 15;
+const NOT_A_RECORD = 16;
+
+// Limits (crates/protocol/src/record.rs): 64 MiB of JSON, 64 levels. The
+// running length counts UTF-16 units, each at least one byte of UTF-8: a
+// lower bound that stops a walk early; the exact byte count is checked in
+// wasm.
+const MAX_BYTES = 64 * 1024 * 1024;
+const MAX_DEPTH = 64;
+const OBJECT_PROTO = Object.prototype;
+const SURROGATE = /[\uD800-\uDFFF]/;
+
+class Fail {
+  constructor(code, path, detail) {
+    this.code = code;
+    this.path = path;
+    this.detail = detail;
+  }
+}
+
+/**
+ * Walks `record` for a write.
+ *
+ * Returns `[copy, body, id, rev, updatedAt]` (the plain copy to store, the
+ * canonical JSON body as a string, and the raw `_id`, `_rev` and `updatedAt`
+ * values, `undefined` when absent), or `[code, path, detail]` on failure:
+ * `code` a number, `path` the keys and indexes from the record down to the
+ * field, `detail` a constructor's name or `undefined`.
+ */
+export function walkRecord(record) {
+  const w = { out: '', path: [], stack: [], id: undefined, rev: undefined, at: undefined };
+  try {
+    if (typeof record !== 'object' || record === null || isArray(record, w)) {
+      fail(w, NOT_A_RECORD);
+    }
+    const copy = object(record, w, true);
+    return [copy, w.out, w.id, w.rev, w.at];
+  } catch (e) {
+    if (e instanceof Fail) return [e.code, e.path, e.detail];
+    throw e;
+  }
+}
+
+function fail(w, code, detail) {
+  throw new Fail(code, w.path.slice(), detail);
+}
+
+function isArray(v, w) {
+  try {
+    return Array.isArray(v); // a revoked Proxy throws
+  } catch {
+    return fail(w, GETTER_THREW);
+  }
+}
+
+function checkSize(w) {
+  if (w.out.length > MAX_BYTES) fail(w, TOO_LARGE);
+}
+
+/** Writes `v`'s JSON to `w.out`; returns what to store in its place. */
+function value(v, w) {
+  switch (typeof v) {
+    case 'string':
+      if (v.length > MAX_BYTES) fail(w, TOO_LARGE);
+      w.out += JSON.stringify(v);
+      return v;
+    case 'number':
+      if (!Number.isFinite(v)) fail(w, NOT_FINITE);
+      w.out += String(v); // what JSON.stringify writes for a finite number
+      // JSON has no negative zero: -0 is stored as 0 (`-0 === 0`).
+      return v === 0 ? 0 : v;
+    case 'boolean':
+      w.out += v ? 'true' : 'false';
+      return v;
+    case 'object':
+      if (v === null) {
+        w.out += 'null';
+        return null;
+      }
+      return object(v, w, false);
+    case 'undefined':
+      return fail(w, v === undefined ? UNDEFINED : OTHER);
+    case 'bigint':
+      return fail(w, BIGINT);
+    case 'symbol':
+      return fail(w, SYMBOL);
+    case 'function':
+      return fail(w, FUNCTION);
+    default:
+      return fail(w, OTHER);
+  }
+}
+
+function object(v, w, top) {
+  if (w.stack.length >= MAX_DEPTH) fail(w, TOO_DEEP);
+  if (w.stack.includes(v)) fail(w, CYCLE);
+  const arr = isArray(v, w);
+  w.stack.push(v);
+  const out = arr ? array(v, w) : plain(v, w, top);
+  w.stack.pop();
+  return out;
+}
+
+function array(a, w) {
+  let len;
+  try {
+    len = a.length;
+  } catch {
+    fail(w, GETTER_THREW);
+  }
+  if (typeof len !== 'number' || !(len >= 0 && len <= 0xffffffff)) fail(w, GETTER_THREW);
+  // Every element is at least one byte and a comma: an array that cannot
+  // fit is refused before any of it is read (a sparse `[].length = 2 ** 29`).
+  if (len > MAX_BYTES / 2) fail(w, TOO_LARGE);
+  // The copy holds exactly the values read here, once each.
+  const copy = [];
+  w.out += '[';
+  for (let i = 0; i < len; i++) {
+    if (i > 0) w.out += ',';
+    w.path.push(i);
+    let item;
+    try {
+      item = a[i];
+    } catch {
+      fail(w, GETTER_THREW);
+    }
+    copy.push(value(item, w));
+    w.path.pop();
+    checkSize(w);
+  }
+  w.out += ']';
+  return copy;
+}
+
+function plain(o, w, top) {
+  let proto;
+  try {
+    proto = Object.getPrototypeOf(o);
+  } catch {
+    fail(w, GETTER_THREW);
+  }
+  // Date, Map, Set, typed arrays, boxed primitives and class instances would
+  // be silently changed by JSON.
+  if (proto !== null && proto !== OBJECT_PROTO) fail(w, NOT_PLAIN, ctorName(o));
+  let keys;
+  try {
+    keys = Object.keys(o);
+  } catch {
+    fail(w, GETTER_THREW);
+  }
+  // Each value read once, in the caller's order; `undefined` is absent, as
+  // in JSON.stringify.
+  const fields = [];
+  for (const k of keys) {
+    if (k.length > MAX_BYTES) fail(w, TOO_LARGE);
+    let item;
+    try {
+      item = o[k];
+    } catch {
+      w.path.push(k);
+      fail(w, PROPERTY_GETTER_THREW);
+    }
+    if (item !== undefined) fields.push(k, item);
+  }
+  const n = fields.length / 2;
+  const order = [];
+  let odd = false;
+  for (let i = 0; i < n; i++) {
+    order.push(i);
+    odd = odd || SURROGATE.test(fields[2 * i]);
+  }
+  if (n > 1) {
+    // Without surrogates, UTF-16 order is code point order.
+    const key = (i) => fields[2 * i];
+    order.sort(odd ? (a, b) => compareKeys(key(a), key(b)) : (a, b) => (key(a) < key(b) ? -1 : 1));
+  }
+  // What to store for each field: its copy; `_rev` and `updatedAt` as given.
+  const stored = new Array(n);
+  let first = true;
+  w.out += '{';
+  for (const i of order) {
+    const k = fields[2 * i];
+    const item = fields[2 * i + 1];
+    stored[i] = item;
+    w.path.push(k);
+    if (!top || topField(k, item, w)) {
+      if (!first) w.out += ',';
+      first = false;
+      w.out += JSON.stringify(k);
+      w.out += ':';
+      stored[i] = value(item, w);
+    }
+    w.path.pop();
+    checkSize(w);
+  }
+  w.out += '}';
+  // No prototype: every key, "__proto__" included, is an own data field.
+  const copy = Object.create(null);
+  for (let i = 0; i < n; i++) copy[fields[2 * i]] = stored[i];
+  return copy;
+}
+
+function ctorName(o) {
+  try {
+    const c = o.constructor;
+    const name = c !== null && (typeof c === 'object' || typeof c === 'function') ? c.name : undefined;
+    return typeof name === 'string' ? name : 'object';
+  } catch {
+    return 'object';
+  }
+}
+
+/**
+ * A top-level field's check (crates/protocol/src/record.rs, `top_field`):
+ * `false` keeps it out of the body (`_rev`, `updatedAt`).
+ */
+function topField(k, item, w) {
+  switch (k) {
+    case '_id':
+      w.id = item;
+      return true;
+    case '_rev':
+      if (typeof item !== 'string') fail(w, REV_NOT_STRING);
+      w.rev = item;
+      return false;
+    case 'updatedAt':
+      if (typeof item !== 'string' || item.length > 64) fail(w, BAD_UPDATED_AT);
+      w.at = item;
+      return false;
+    case 'recordType':
+      if (typeof item !== 'string') fail(w, RECORD_TYPE_NOT_STRING);
+      return true;
+    default:
+      if (k.charCodeAt(0) === 0x5f) fail(w, RESERVED); // `_`
+      return true;
+  }
+}
+
+/**
+ * Orders keys by their UTF-8 bytes, that is by code point, with a lone
+ * surrogate counted as U+FFFD; keys equal that way (lone surrogates against
+ * U+FFFD) by their UTF-16 units.
+ */
+function compareKeys(a, b) {
+  const x = codePoints(a);
+  const y = codePoints(b);
+  const n = Math.min(x.length, y.length);
+  for (let i = 0; i < n; i++) if (x[i] !== y[i]) return x[i] < y[i] ? -1 : 1;
+  if (x.length !== y.length) return x.length < y.length ? -1 : 1;
+  return a < b ? -1 : a > b ? 1 : 0;
+}
+
+function codePoints(s) {
+  const out = [];
+  for (const c of s) {
+    const p = c.codePointAt(0);
+    out.push(p >= 0xd800 && p <= 0xdfff ? 0xfffd : p);
+  }
+  return out;
+}
