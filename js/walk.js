@@ -45,7 +45,11 @@ const NOT_A_RECORD = 16;
 const MAX_BYTES = 64 * 1024 * 1024;
 const MAX_DEPTH = 64;
 const OBJECT_PROTO = Object.prototype;
-const SURROGATE = /[\uD800-\uDFFF]/;
+// The body is handed over in pieces of about this many UTF-16 units: a
+// string built by `+=` token by token keeps one rope node per token alive
+// (hundreds of MB for a large record), and wasm copies and hashes one piece
+// at a time, so its memory, which never shrinks, grows by a piece at most.
+const PIECE = 1 << 16;
 
 class Fail {
   constructor(code, path, detail) {
@@ -59,21 +63,26 @@ class Fail {
  * Walks `record` for a write.
  *
  * Returns `[copy, body, id, rev, updatedAt]` (the plain copy to store, the
- * canonical JSON body as a string, and the raw `_id`, `_rev` and `updatedAt`
- * values, `undefined` when absent), or `[code, path, detail]` on failure:
- * `code` a number, `path` the keys and indexes from the record down to the
- * field, `detail` a constructor's name or `undefined`.
+ * canonical JSON body as an array of strings to be read in order, and the
+ * raw `_id`, `_rev` and `updatedAt` values, `undefined` when absent), or
+ * `[code, path, detail]` on failure: `code` a number, `path` the keys and
+ * indexes from the record down to the field, `detail` a constructor's name
+ * or `undefined`.
  */
 export function walkRecord(record) {
-  const w = { out: '', path: [], stack: [], id: undefined, rev: undefined, at: undefined };
+  const w = { out: '', pieces: [], len: 0, path: [], stack: [], id: undefined, rev: undefined, at: undefined };
   try {
     if (typeof record !== 'object' || record === null || isArray(record, w)) {
       fail(w, NOT_A_RECORD);
     }
     const copy = object(record, w, true);
-    return [copy, w.out, w.id, w.rev, w.at];
+    w.pieces.push(w.out);
+    return [copy, w.pieces, w.id, w.rev, w.at];
   } catch (e) {
     if (e instanceof Fail) return [e.code, e.path, e.detail];
+    // An engine's string length limit (a RangeError from a string far past
+    // the record limit once escaped) is the size limit too.
+    if (e instanceof RangeError) return [TOO_LARGE, [], undefined];
     throw e;
   }
 }
@@ -90,8 +99,14 @@ function isArray(v, w) {
   }
 }
 
+/** Hands the current piece over once it is long; fails past the limit. */
 function checkSize(w) {
-  if (w.out.length > MAX_BYTES) fail(w, TOO_LARGE);
+  if (w.out.length > PIECE) {
+    w.pieces.push(w.out);
+    w.len += w.out.length;
+    w.out = '';
+  }
+  if (w.len + w.out.length > MAX_BYTES) fail(w, TOO_LARGE);
 }
 
 /** Writes `v`'s JSON to `w.out`; returns what to store in its place. */
@@ -146,6 +161,7 @@ function array(a, w) {
     fail(w, GETTER_THREW);
   }
   if (typeof len !== 'number' || !(len >= 0 && len <= 0xffffffff)) fail(w, GETTER_THREW);
+  len = Math.floor(len); // a Proxy may answer a fraction
   // Every element is at least one byte and a comma: an array that cannot
   // fit is refused before any of it is read (a sparse `[].length = 2 ** 29`).
   if (len > MAX_BYTES / 2) fail(w, TOO_LARGE);
@@ -188,7 +204,8 @@ function plain(o, w, top) {
   // Each value read once, in the caller's order; `undefined` is absent, as
   // in JSON.stringify.
   const fields = [];
-  for (const k of keys) {
+  for (let j = 0; j < keys.length; j++) {
+    const k = keys[j];
     if (k.length > MAX_BYTES) fail(w, TOO_LARGE);
     let item;
     try {
@@ -201,21 +218,14 @@ function plain(o, w, top) {
   }
   const n = fields.length / 2;
   const order = [];
-  let odd = false;
-  for (let i = 0; i < n; i++) {
-    order.push(i);
-    odd = odd || SURROGATE.test(fields[2 * i]);
-  }
-  if (n > 1) {
-    // Without surrogates, UTF-16 order is code point order.
-    const key = (i) => fields[2 * i];
-    order.sort(odd ? (a, b) => compareKeys(key(a), key(b)) : (a, b) => (key(a) < key(b) ? -1 : 1));
-  }
+  for (let i = 0; i < n; i++) order.push(i);
+  if (n > 1) order.sort((a, b) => compareKeys(fields[2 * a], fields[2 * b]));
   // What to store for each field: its copy; `_rev` and `updatedAt` as given.
   const stored = new Array(n);
   let first = true;
   w.out += '{';
-  for (const i of order) {
+  for (let j = 0; j < n; j++) {
+    const i = order[j];
     const k = fields[2 * i];
     const item = fields[2 * i + 1];
     stored[i] = item;
@@ -276,22 +286,28 @@ function topField(k, item, w) {
 /**
  * Orders keys by their UTF-8 bytes, that is by code point, with a lone
  * surrogate counted as U+FFFD; keys equal that way (lone surrogates against
- * U+FFFD) by their UTF-16 units.
+ * U+FFFD) by their UTF-16 units. Code points are decoded only from the first
+ * unit that differs (one before it when that one may start a pair).
  */
 function compareKeys(a, b) {
-  const x = codePoints(a);
-  const y = codePoints(b);
-  const n = Math.min(x.length, y.length);
-  for (let i = 0; i < n; i++) if (x[i] !== y[i]) return x[i] < y[i] ? -1 : 1;
-  if (x.length !== y.length) return x.length < y.length ? -1 : 1;
+  const n = Math.min(a.length, b.length);
+  let x = 0;
+  while (x < n && a.charCodeAt(x) === b.charCodeAt(x)) x++;
+  if (x > 0 && (a.charCodeAt(x - 1) & 0xfc00) === 0xd800) x--;
+  let y = x;
+  while (x < a.length && y < b.length) {
+    const p = codePoint(a, x);
+    const q = codePoint(b, y);
+    if (p !== q) return p < q ? -1 : 1;
+    x += p > 0xffff ? 2 : 1;
+    y += q > 0xffff ? 2 : 1;
+  }
+  if (x < a.length || y < b.length) return x < a.length ? 1 : -1;
   return a < b ? -1 : a > b ? 1 : 0;
 }
 
-function codePoints(s) {
-  const out = [];
-  for (const c of s) {
-    const p = c.codePointAt(0);
-    out.push(p >= 0xd800 && p <= 0xdfff ? 0xfffd : p);
-  }
-  return out;
+/** The code point at `i`; a lone surrogate reads as U+FFFD. */
+function codePoint(s, i) {
+  const c = s.codePointAt(i);
+  return c >= 0xd800 && c <= 0xdfff ? 0xfffd : c;
 }

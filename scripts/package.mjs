@@ -154,12 +154,13 @@ if (hasIo) {
 // no glue import names it.
 const inlineSnippet = (root, glue, name, edit = (body) => body) => {
   const file = join(root, glue);
+  const quoted = name.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
   let text = readFileSync(file, 'utf8');
   // wasm-bindgen imports a snippet's functions by name when they need a JS
   // shim (`import { a, b } from '…'`) and as a namespace handed straight to
   // the wasm imports when they do not (`import * as import1 from "…"`).
   const IMPORT = new RegExp(
-    `import (?:\\{ ([\\w$, ]+) \\}|\\* as ([\\w$]+)) from (['"])(\\./snippets/[^'"]+/js/${name.replace('.', '\\.')})\\3;?\\n`,
+    `import (?:\\{ ([\\w$, ]+) \\}|\\* as ([\\w$]+)) from (['"])(\\./snippets/[^'"]+/js/${quoted})\\3;?\\n`,
     'g',
   );
   const found = [...text.matchAll(IMPORT)];
@@ -183,7 +184,7 @@ const inlineSnippet = (root, glue, name, edit = (body) => body) => {
   // A glue still naming the snippet (wasm-bindgen changed how it imports
   // snippets) would load it from a path where it is not.
   // (The wasm's import module names, keys of the imports object, stay.)
-  if (new RegExp(`from\\s*['"][^'"]*${name.replace('.', '\\.')}['"]`).test(readFileSync(file, 'utf8'))) {
+  if (new RegExp(`from\\s*['"][^'"]*/${quoted}['"]`).test(readFileSync(file, 'utf8'))) {
     throw new Error(`${file}: js/${name} was not inlined`);
   }
 };

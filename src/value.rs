@@ -129,7 +129,7 @@ const WHY: [&str; 17] = [
 
 #[wasm_bindgen::prelude::wasm_bindgen(module = "/js/walk.js")]
 extern "C" {
-    /// `walkRecord(record)`: `[copy, body, id, rev, updatedAt]` or
+    /// `walkRecord(record)`: `[copy, bodyPieces, id, rev, updatedAt]` or
     /// `[code, path, detail]` (see js/walk.js).
     #[wasm_bindgen(js_name = walkRecord, catch)]
     fn walk_record_js(record: &JsValue) -> Result<Array, JsValue>;
@@ -179,13 +179,16 @@ pub fn walk_record(record: &JsValue) -> crate::error::Result<Walked> {
                 .ok_or_else(|| top("updatedAt", BAD_UPDATED_AT))?,
         ),
     };
-    let body = out.get(1).as_string().unwrap_or_default();
-    if body.len() + UPDATED_AT_BYTES > MAX_RECORD_BYTES {
-        return Err(StoreError::validation(TOO_LARGE));
+    // The body arrives in pieces: each is copied into wasm memory (which
+    // never shrinks), hashed and dropped before the next.
+    let mut digest = BodyDigest::new();
+    for piece in Array::from(&out.get(1)).iter() {
+        digest.raw(piece.as_string().unwrap_or_default().as_bytes());
+        if digest.len() + UPDATED_AT_BYTES > MAX_RECORD_BYTES {
+            return Err(StoreError::validation(TOO_LARGE));
+        }
     }
     let id = crate::store::check_id_value(&out.get(2))?;
-    let mut digest = BodyDigest::new();
-    digest.raw(body.as_bytes());
     Ok(Walked {
         object: first.unchecked_into(),
         id,

@@ -763,3 +763,19 @@ async fn a_name_with_a_lone_surrogate_is_refused_not_changed() {
     .await
     .expect("destroyed");
 }
+
+/// An array behind a Proxy whose `length` is a fraction is read up to the
+/// whole part of it, as the walk did in wasm (`as u32`), so the stored copy
+/// and the revision do not change with where the walk runs.
+#[wasm_bindgen_test]
+async fn a_proxy_array_with_a_fractional_length_is_read_up_to_its_whole_part() {
+    let (store, _) = open("proxy-length").await;
+    let rec = eval(
+        "({_id: 'p', a: new Proxy([1, 2, 3], {get: (t, k) => (k === 'length' ? 1.5 : t[k])}), \
+          b: new Proxy([7], {get: (t, k) => (k === 'length' ? 1e-9 : t[k])})})",
+    );
+    store.put(&rec).await.unwrap();
+    let got = store.get(&s("p")).await.unwrap().unwrap();
+    let text = String::from(js_sys::JSON::stringify(&got).unwrap());
+    assert!(text.contains(r#""a":[1]"#) && text.contains(r#""b":[]"#), "{text}");
+}
