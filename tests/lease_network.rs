@@ -1044,6 +1044,32 @@ async fn recover_lists_an_entry_whose_release_got_no_answer_as_pending() {
     assert!(kept.is_empty());
 }
 
+/// The proxy mode that holds release answers 1.5 s.
+const SLOW_RELEASES: &str = "slow-releases-1500";
+
+/// Claims an item through [`SLOW_RELEASES`] and pauses the lease's
+/// heartbeats: returns once the loop has expired it at its deadline and the
+/// release it sent is held at the proxy.
+async fn expired_behind_a_held_release(
+    proxy: &str,
+    tag: &str,
+) -> (Rc<ClientInner>, Rc<agentstore::lease::LeaseInner>, i64) {
+    let q = fresh_queue(tag);
+    let id = enqueue(&q, json!({})).await;
+    let c = client_at(&format!("{proxy}/{SLOW_RELEASES}"), admin_creds(), config());
+    let lease = claim(&c, &q).await;
+    lease.set_heartbeats_paused(true);
+    let until = now() + 4.0 * TTL_MS;
+    while held_back(proxy, SLOW_RELEASES).await < 1.0 && now() < until {
+        sleep(20.0).await;
+    }
+    assert!(
+        held_back(proxy, SLOW_RELEASES).await >= 1.0,
+        "a release answer is held"
+    );
+    (c, lease, id)
+}
+
 /// A lease that expired locally is released by the client; `close()` waits
 /// for that release's answer like for any other ending call (the proxy holds
 /// release answers 1.5 s). Before, `close()` resolved while it was still on
@@ -1051,24 +1077,10 @@ async fn recover_lists_an_entry_whose_release_got_no_answer_as_pending() {
 #[wasm_bindgen_test]
 async fn close_waits_for_the_release_a_local_expiry_started() {
     let Some(proxy) = proxy() else { return };
-    let q = fresh_queue("close-expiry-release");
-    let id = enqueue(&q, json!({})).await;
-    let mode = "slow-releases-1500";
-    let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
-    let lease = claim(&c, &q).await;
-    lease.set_heartbeats_paused(true);
-    // The loop expires the lease at its deadline and sends the release.
-    let until = now() + 4.0 * TTL_MS;
-    while held_back(proxy, mode).await < 1.0 && now() < until {
-        sleep(20.0).await;
-    }
-    assert!(
-        held_back(proxy, mode).await >= 1.0,
-        "a release answer is held"
-    );
+    let (c, _lease, id) = expired_behind_a_held_release(proxy, "close-expiry-release").await;
     c.close().await;
     assert_eq!(
-        held_back(proxy, mode).await,
+        held_back(proxy, SLOW_RELEASES).await,
         0.0,
         "close() waited for the release's answer"
     );
@@ -1506,21 +1518,8 @@ async fn close_during_recover_with_resume_releases_the_lease_instead_of_resuming
 async fn a_lease_expired_locally_keeps_its_web_lock_until_its_release_is_answered() {
     use agentstore::lease::lifecycle::{lock, LockOutcome};
     let Some(proxy) = proxy() else { return };
-    let q = fresh_queue("expiry-lock");
-    let id = enqueue(&q, json!({})).await;
-    let mode = "slow-releases-1500";
-    let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
-    let lease = claim(&c, &q).await;
+    let (c, lease, id) = expired_behind_a_held_release(proxy, "expiry-lock").await;
     let name = c.lock_name(id);
-    lease.set_heartbeats_paused(true);
-    let until = now() + 4.0 * TTL_MS;
-    while held_back(proxy, mode).await < 1.0 && now() < until {
-        sleep(20.0).await;
-    }
-    assert!(
-        held_back(proxy, mode).await >= 1.0,
-        "a release answer is held"
-    );
     assert_eq!(lease.status(), Status::Lost(LossReason::ExpiredLocally));
     match lock(&name, 0.0).await {
         LockOutcome::Busy => {}

@@ -777,5 +777,8 @@ async fn a_proxy_array_with_a_fractional_length_is_read_up_to_its_whole_part() {
     store.put(&rec).await.unwrap();
     let got = store.get(&s("p")).await.unwrap().unwrap();
     let text = String::from(js_sys::JSON::stringify(&got).unwrap());
-    assert!(text.contains(r#""a":[1]"#) && text.contains(r#""b":[]"#), "{text}");
+    assert!(
+        text.contains(r#""a":[1]"#) && text.contains(r#""b":[]"#),
+        "{text}"
+    );
 }
