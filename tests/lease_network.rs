@@ -903,6 +903,47 @@ async fn close_after_a_failed_settle_settles_again_instead_of_releasing() {
     assert_eq!(it.result, Some(json!({"out": 7})));
 }
 
+/// `pagehide` after a settle that got no answer (the proxy answered 503, so
+/// its outcome is unknown) sends no release beacon: the settle may still
+/// land, and `close()` sends it again. The item then ends `done` with its
+/// result. Before, the beacon released the lease (the lease ended
+/// `released` locally and on the server), and the finished work went back
+/// to the queue.
+#[wasm_bindgen_test]
+async fn pagehide_after_an_unanswered_settle_sends_no_release() {
+    let Some(proxy) = proxy() else { return };
+    let q = fresh_queue("pagehide-settle");
+    let id = enqueue(&q, json!({})).await;
+    let nonce = fresh_queue("n");
+    let pagehide = ClientConfig {
+        release_on_pagehide: true,
+        ..config()
+    };
+    let c = client_at(
+        &format!("{proxy}/refuse-settles-{nonce}"),
+        admin_creds(),
+        pagehide,
+    );
+    let lease = claim(&c, &q).await;
+    let handle = agentstore::lease_api::Lease::from_inner(lease.clone());
+    let first =
+        JsFuture::from(handle.settle("done".into(), js(json!({"out": 8})), JsValue::UNDEFINED))
+            .await;
+    assert!(first.is_err(), "the proxy refused the settle");
+    js_sys::Function::new_no_args("globalThis.dispatchEvent(new Event('pagehide'))")
+        .call0(&JsValue::NULL)
+        .expect("pagehide dispatched");
+    assert_eq!(lease.status(), Status::Held, "not released by the beacon");
+    stop_dropping(proxy, &nonce).await;
+    c.close().await;
+    assert_eq!(lease.status(), Status::Settled(SettleState::Done));
+    let it = item(id).await;
+    assert_eq!(
+        (it.state, it.result),
+        (ItemState::Done, Some(json!({"out": 8})))
+    );
+}
+
 /// While a settle's outcome is unknown (the proxy answered 503), a manual
 /// `heartbeat()` sends nothing and rejects with StateConflictError: the
 /// settle's retry decides how the lease ends. Before, it went out (the

@@ -634,10 +634,12 @@ impl LeaseInner {
     /// dropped without `close()`. Falls back to a `keepalive` fetch. Ends the
     /// lease locally with reason `released`.
     pub(crate) fn release_beacon(&self, base: &str) {
-        // A settle in flight may land: a release racing it could undo
-        // finished work (the item reopened, the settle refused). If it does
-        // not land, the lease runs out and the journal keeps it for recover().
-        if self.status.get() != Status::Held {
+        // A settle in flight, or one that got no answer (its outcome is
+        // unknown, and close() would send it again), may land: a release
+        // racing it could undo finished work (the item reopened, the settle
+        // refused). If it does not land, the lease runs out and the journal
+        // keeps it for recover().
+        if self.status.get() != Status::Held || self.ending_unanswered.get() {
             return;
         }
         let mut url = String::from(base);
