@@ -1048,18 +1048,14 @@ async fn close_while_work_settle_is_in_flight_and_fails_still_settles() {
     .await;
 }
 
-/// `recover()` lists an entry it could not settle (its release got no
-/// answer) in `pending`, keeps it journalled, and the next `recover()` ends
-/// it. Before, such an entry appeared in none of the lists, so the caller
-/// could not tell that recovery was incomplete.
-#[wasm_bindgen_test]
-async fn recover_lists_an_entry_whose_release_got_no_answer_as_pending() {
-    let Some(proxy) = proxy() else { return };
-    let q = fresh_queue("recover-pending");
+/// A page claims a fresh item through `{proxy}/{mode}`, journalling it, and
+/// vanishes with the lease in its journal: `(item id, journal name, a later
+/// client on the same base URL and journal)`.
+async fn left_in_the_journal(proxy: &str, mode: &str, tag: &str) -> (i64, String, Rc<ClientInner>) {
+    let q = fresh_queue(tag);
     let id = enqueue(&q, json!({})).await;
-    let nonce = fresh_queue("n");
     let journal = fresh_queue("journal");
-    let base = format!("{proxy}/drop-release-answers-{nonce}");
+    let base = format!("{proxy}/{mode}");
     let journalled = || ClientConfig {
         journal_name: Some(journal.clone()),
         ..config()
@@ -1068,6 +1064,19 @@ async fn recover_lists_an_entry_whose_release_got_no_answer_as_pending() {
     let _lease = claim(&gone, &q).await;
     gone.vanish();
     let later = client_at(&base, admin_creds(), journalled());
+    (id, journal, later)
+}
+
+/// `recover()` lists an entry it could not settle (its release got no
+/// answer) in `pending`, keeps it journalled, and the next `recover()` ends
+/// it. Before, such an entry appeared in none of the lists, so the caller
+/// could not tell that recovery was incomplete.
+#[wasm_bindgen_test]
+async fn recover_lists_an_entry_whose_release_got_no_answer_as_pending() {
+    let Some(proxy) = proxy() else { return };
+    let nonce = fresh_queue("n");
+    let mode = format!("drop-release-answers-{nonce}");
+    let (id, journal, later) = left_in_the_journal(proxy, &mode, "recover-pending").await;
     let first = later.recover(false).await.unwrap();
     assert_eq!(first.pending, vec![id]);
     assert!(first.released.is_empty() && first.lost.is_empty() && first.busy.is_empty());
@@ -1502,18 +1511,7 @@ async fn close_during_recover_with_resume_releases_the_lease_instead_of_resuming
     let Some(proxy) = proxy() else { return };
     let mode = "slow-heartbeats-1500";
     for round in 0..3 {
-        let q = fresh_queue("recover-close");
-        let id = enqueue(&q, json!({})).await;
-        let journal = fresh_queue("journal");
-        let base = format!("{proxy}/{mode}");
-        let journalled = || ClientConfig {
-            journal_name: Some(journal.clone()),
-            ..config()
-        };
-        let gone = client_at(&base, admin_creds(), journalled());
-        let _lease = claim(&gone, &q).await;
-        gone.vanish();
-        let later = client_at(&base, admin_creds(), journalled());
+        let (id, journal, later) = left_in_the_journal(proxy, mode, "recover-close").await;
         let close = async {
             // Close once recover's heartbeat of the entry is on the wire.
             let until = now() + 4.0 * TTL_MS;
