@@ -36,6 +36,11 @@
 //                           The answer also has "releases" and "heartbeats": how
 //                           many release and heartbeat requests came through that
 //                           mode (any mode, e.g. a pass-through /count-<n>/…)
+//   /_redirect/<n>?to=<url>  answered 307 with Location <url> (CORS open to any
+//                           origin and header, so a browser would follow it)
+//   /_sink/<n>               answered 200 (CORS open); "tokens" in /_held/<n>
+//                           counts the requests that reached it carrying an
+//                           X-Lease-Token header (a redirect's target)
 //   anything else            passed through
 //
 // Usage: node scripts/delay-proxy.mjs --target http://127.0.0.1:18787 [--listen 127.0.0.1:0] [--delay-ms 4500]
@@ -59,11 +64,36 @@ const heartbeats = new Map(); // mode -> heartbeat requests seen
 const isClaim = (path) => /^\/v1\/queues\/[^/]+\/claims$/.test(path);
 const isHeartbeat = (path) => path === '/v1/heartbeats' || /^\/v1\/items\/\d+\/heartbeat$/.test(path);
 
+const tokens = new Map(); // n -> requests to /_sink/<n> that carried X-Lease-Token
+
+// CORS open to any origin and any header (a redirect target the page does
+// not trust, but which would accept the lease headers).
+const openCors = (req) => ({
+  'access-control-allow-origin': req.headers.origin ?? '*',
+  'access-control-allow-headers': req.headers['access-control-request-headers'] ?? '*',
+  'access-control-allow-methods': 'GET, POST, PUT, DELETE',
+});
+
 const server = http.createServer((req, res) => {
+  const open = /^\/_(redirect|sink)\/([^/?]+)/.exec(req.url ?? '');
+  if (open) {
+    if (req.method === 'OPTIONS') {
+      res.writeHead(204, openCors(req));
+    } else if (open[1] === 'redirect') {
+      const to = new URL(req.url, 'http://x').searchParams.get('to') ?? '/';
+      res.writeHead(307, { ...openCors(req), location: to });
+    } else {
+      if (req.headers['x-lease-token']) tokens.set(open[2], (tokens.get(open[2]) ?? 0) + 1);
+      res.writeHead(200, { ...openCors(req), 'content-type': 'text/plain' });
+    }
+    res.end();
+    req.resume();
+    return;
+  }
   if ((req.url ?? '').startsWith('/_held/')) {
     const mode = decodeURIComponent(req.url.slice('/_held/'.length));
     res.writeHead(200, { 'content-type': 'application/json', 'access-control-allow-origin': '*' });
-    res.end(JSON.stringify({ held: held.get(mode) ?? 0, raced: raced.get(mode) ?? 0, releases: releases.get(mode) ?? 0, heartbeats: heartbeats.get(mode) ?? 0 }));
+    res.end(JSON.stringify({ held: held.get(mode) ?? 0, raced: raced.get(mode) ?? 0, releases: releases.get(mode) ?? 0, heartbeats: heartbeats.get(mode) ?? 0, tokens: tokens.get(mode) ?? 0 }));
     return;
   }
   if ((req.url ?? '').startsWith('/_stop/')) {

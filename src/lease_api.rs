@@ -559,14 +559,18 @@ impl Lease {
     /// (other origins get the request without them: the token alone can
     /// release the lease). Rejects at once with the `ClaimLostError` when the
     /// lease is already lost, including past its local deadline. Listed
-    /// cross-origin targets must allow these headers in CORS.
+    /// cross-origin targets must allow these headers in CORS. A request
+    /// sent with these headers does not follow redirects (see
+    /// [`Lease::prepare_request`]): a redirect answer rejects with a
+    /// NetworkError, unless `init.redirect` is `"manual"` (the
+    /// opaque-redirect `Response` is returned) or `"error"`.
     #[wasm_bindgen(unchecked_return_type = "Promise<Response>")]
     pub fn fetch(
         &self,
         #[wasm_bindgen(unchecked_param_type = "string | Request")] input: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "RequestInit")] init: JsValue,
     ) -> Promise {
-        let request = match self.prepare_request(input, init) {
+        let (request, manual) = match self.prepare(input, init) {
             Ok(r) => r,
             Err(e) => return Promise::reject(&e),
         };
@@ -589,7 +593,7 @@ impl Lease {
         let signal = request.signal();
         let lease_signal = self.inner.signal();
         crate::options::run(async move {
-            wasm_bindgen_futures::JsFuture::from(Promise::resolve(&sent))
+            let answer = wasm_bindgen_futures::JsFuture::from(Promise::resolve(&sent))
                 .await
                 .map_err(|e| {
                     if !signal.aborted() {
@@ -601,12 +605,31 @@ impl Lease {
                     } else {
                         LeaseError::Aborted(reason).to_js()
                     }
-                })
+                })?;
+            // Our "manual" in place of the caller's "follow" (see `stamp`):
+            // the redirect is refused, not handed over as an opaque answer
+            // the caller never asked for.
+            if manual
+                && answer
+                    .dyn_ref::<web_sys::Response>()
+                    .is_some_and(|r| r.type_() == web_sys::ResponseType::Opaqueredirect)
+            {
+                return Err(LeaseError::Network(
+                    "the answer was a redirect, which lease.fetch does not follow: X-Lease-Token would go with it to the redirect's target (pass redirect: \"manual\" to get the redirect answer)".into(),
+                )
+                .to_js());
+            }
+            Ok(answer)
         })
     }
 
     /// The `Request` that `fetch(input, init)` sends: lease headers stamped and
-    /// a signal that follows both the lease and `init.signal`.
+    /// a signal that follows both the lease and `init.signal`. A request that
+    /// carries the lease headers and would follow redirects (`redirect:
+    /// "follow"`, the default) gets `redirect: "manual"`: browsers keep
+    /// custom headers across a redirect to another origin (the Fetch standard
+    /// strips only `Authorization`), and the token alone can release the
+    /// lease.
     ///
     /// # Errors
     /// The `ClaimLostError` when the lease is lost; a ValidationError (the
@@ -618,6 +641,12 @@ impl Lease {
         #[wasm_bindgen(unchecked_param_type = "string | Request")] input: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "RequestInit")] init: JsValue,
     ) -> Result<Request, JsValue> {
+        self.prepare(input, init).map(|(r, _)| r)
+    }
+
+    /// [`Lease::prepare_request`], and whether it turned the caller's
+    /// `redirect: "follow"` into `"manual"`.
+    fn prepare(&self, input: JsValue, init: JsValue) -> Result<(Request, bool), JsValue> {
         if let Some(e) = self.inner.lost_error() {
             return Err(e.to_js());
         }
@@ -625,8 +654,8 @@ impl Lease {
             .map_err(|e| coded(e, LeaseError::Validation))
     }
 
-    /// [`Lease::prepare_request`] once the lease is known to be held.
-    fn stamp(&self, input: JsValue, init: JsValue) -> Result<Request, JsValue> {
+    /// [`Lease::prepare`] once the lease is known to be held.
+    fn stamp(&self, input: JsValue, init: JsValue) -> Result<(Request, bool), JsValue> {
         let base = match input.as_string() {
             Some(url) if init.is_object() => {
                 Request::new_with_str_and_init(&url, init.unchecked_ref())?
@@ -645,9 +674,15 @@ impl Lease {
         };
         let signal = follow_both(&self.inner.signal(), &base.signal())?;
         let next = RequestInit::new();
+        let mut manual = false;
         // The token alone can release the lease: it goes only to the lease
-        // server's origin and the origins listed in `leaseHeaderOrigins`.
+        // server's origin and the origins listed in `leaseHeaderOrigins`,
+        // and never along a redirect (whose target may be anywhere).
         if self.inner.may_send_headers_to(&base.url()) {
+            if base.redirect() == web_sys::RequestRedirect::Follow {
+                next.set_redirect(web_sys::RequestRedirect::Manual);
+                manual = true;
+            }
             let headers = Headers::new_with_headers(&base.headers())?;
             headers.set("X-Lease-Token", self.inner.token())?;
             let epoch = js_sys::Number::from(self.inner.epoch as f64).to_string_with_radix(10)?;
@@ -655,7 +690,7 @@ impl Lease {
             next.set_headers(&headers);
         }
         next.set_signal(Some(&signal));
-        Request::new_with_request_and_init(&base, &next)
+        Ok((Request::new_with_request_and_init(&base, &next)?, manual))
     }
 
     /// TEST HOOK: suspends (true) or resumes (false) this lease's automatic

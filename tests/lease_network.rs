@@ -1587,3 +1587,87 @@ async fn a_lease_expired_locally_keeps_its_web_lock_until_its_release_is_answere
     );
     c.close().await;
 }
+
+/// `lease.fetch` never carries the lease headers along a redirect. Browsers
+/// keep custom headers across a redirect to another origin (the Fetch
+/// standard strips only `Authorization`), so an open redirect on the lease
+/// server's origin handed `X-Lease-Token`, which alone can release the lease,
+/// to whatever origin it named. The proxy answers a redirect to another
+/// origin (`localhost` for `127.0.0.1`) whose CORS would accept the header:
+/// the redirect is refused with a NetworkError, `redirect: "manual"` gets the
+/// redirect answer, and the target never sees the token. A request that
+/// carries no lease headers still follows redirects.
+#[wasm_bindgen_test]
+async fn lease_fetch_never_follows_a_redirect_with_the_lease_token() {
+    let Some(proxy) = proxy() else { return };
+    let q = fresh_queue("redirect");
+    enqueue(&q, json!({})).await;
+    let c = client_at(&format!("{proxy}/pass"), admin_creds(), config());
+    let lease = claim(&c, &q).await;
+    let api = agentstore::lease_api::Lease::from_inner(lease.clone());
+    let elsewhere = proxy.replace("127.0.0.1", "localhost");
+    assert_ne!(elsewhere, proxy, "the proxy listens on 127.0.0.1");
+    let sink = format!("{elsewhere}/_sink/{q}");
+    let redirect = format!("{proxy}/_redirect/{q}?to={sink}");
+    let field = |v: &JsValue, k: &str| Reflect::get(v, &k.into()).unwrap();
+
+    // The sink counts a token that reaches it (CORS lets the header through).
+    let probe = format!("{q}-probe");
+    let init = js_sys::Object::new();
+    let headers = web_sys::Headers::new().unwrap();
+    headers.set("X-Lease-Token", "probe").unwrap();
+    Reflect::set(&init, &"headers".into(), &headers).unwrap();
+    let fetch: Function = field(&js_sys::global(), "fetch").unchecked_into();
+    let sent = fetch
+        .call2(
+            &JsValue::UNDEFINED,
+            &format!("{elsewhere}/_sink/{probe}").into(),
+            &init,
+        )
+        .unwrap();
+    JsFuture::from(Promise::resolve(&sent)).await.unwrap();
+    assert_eq!(proxy_count(proxy, &probe, "tokens").await, 1.0);
+
+    for round in 0..3 {
+        let err = JsFuture::from(api.fetch(redirect.clone().into(), JsValue::UNDEFINED))
+            .await
+            .expect_err("a redirect is not followed");
+        assert_eq!(
+            field(&err, "name").as_string().as_deref(),
+            Some("NetworkError"),
+            "round {round}"
+        );
+        let manual = js_sys::Object::new();
+        Reflect::set(&manual, &"redirect".into(), &"manual".into()).unwrap();
+        let answer = JsFuture::from(api.fetch(redirect.clone().into(), manual.into()))
+            .await
+            .expect("redirect: manual gets the redirect answer");
+        assert_eq!(
+            field(&answer, "type").as_string().as_deref(),
+            Some("opaqueredirect")
+        );
+        let req = api
+            .prepare_request(redirect.clone().into(), JsValue::UNDEFINED)
+            .unwrap();
+        assert_eq!(
+            req.headers().get("x-lease-token").unwrap().as_deref(),
+            Some(lease.token())
+        );
+        assert_eq!(
+            field(&req, "redirect").as_string().as_deref(),
+            Some("manual")
+        );
+    }
+    // No lease headers (another origin): the redirect is followed as usual.
+    let plain = format!("{elsewhere}/_redirect/{q}?to={sink}");
+    let answer = JsFuture::from(api.fetch(plain.into(), JsValue::UNDEFINED))
+        .await
+        .expect("followed");
+    assert_eq!(field(&answer, "status").as_f64(), Some(200.0));
+    assert_eq!(
+        proxy_count(proxy, &q, "tokens").await,
+        0.0,
+        "the redirect's target never saw the token"
+    );
+    lease.release().await.unwrap();
+}
