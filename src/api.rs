@@ -536,6 +536,13 @@ impl AgentStore {
         #[wasm_bindgen(unchecked_param_type = "WatchOptions")] options: JsValue,
         #[wasm_bindgen(unchecked_param_type = "(change: WatchChange) => void")] callback: JsValue,
     ) -> Result<Watch, JsValue> {
+        crate::options::nested(|| self.watch_with(options, callback))?
+    }
+}
+
+impl AgentStore {
+    /// [`AgentStore::watch`] within one level of nesting.
+    fn watch_with(&self, options: JsValue, callback: JsValue) -> Result<Watch, JsValue> {
         self.inner.check_open().map_err(|e| e.to_js())?;
         crate::options::check_object(&options, "watch options")
             .map_err(|m| StoreError::validation(m).to_js())?;

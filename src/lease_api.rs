@@ -156,7 +156,7 @@ impl LeaseClient {
         #[wasm_bindgen(js_name = baseUrl, unchecked_param_type = "string")] base_url: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "LeaseClientOptions")] options: JsValue,
     ) -> Result<LeaseClient, JsValue> {
-        Self::build(&base_url, &options).map_err(|e| e.to_js())
+        crate::options::nested(|| Self::build(&base_url, &options))?.map_err(|e| e.to_js())
     }
 
     fn build(base_url: &JsValue, o: &JsValue) -> Result<LeaseClient, LeaseError> {
@@ -305,7 +305,7 @@ impl LeaseClient {
             }
             Ok(w)
         };
-        let opts = parse().map_err(|e| e.to_js())?;
+        let opts = crate::options::nested(parse)?.map_err(|e| e.to_js())?;
         let inner = WorkerInner::start(self.inner.clone(), queue, handler, opts, wrap_lease);
         Ok(Worker { inner })
     }
@@ -500,41 +500,42 @@ impl Lease {
         // Read and recorded synchronously: a handler that calls settle()
         // and returns without awaiting it has asked for this ending by the
         // time work() looks.
-        let asked = (|| {
-            let state = state
-                .as_string()
-                .and_then(|s| ItemState::parse(&s))
-                .and_then(|s| match s {
-                    ItemState::Done => Some(SettleState::Done),
-                    ItemState::Failed => Some(SettleState::Failed),
-                    ItemState::Blocked => Some(SettleState::Blocked),
-                    ItemState::Paused => Some(SettleState::Paused),
-                    _ => None,
-                })
-                .ok_or_else(|| {
-                    LeaseError::Validation("state must be done, failed, blocked or paused".into())
-                })?;
-            let result = if result.is_undefined() {
-                None
-            } else {
-                // JSON.stringify(undefined-like values) gives undefined; a BigInt or a cycle throws.
-                match js_sys::JSON::stringify(&result) {
-                    Ok(s) if !s.is_undefined() => Some(result),
-                    _ => {
-                        return Err(LeaseError::Validation(
-                            "result must be JSON-serialisable".into(),
-                        ))
-                    }
-                }
-            };
-            let error = opt_str(&options, "error")?;
-            *inner.asked.borrow_mut() = Some(crate::lease::lease::Ending::Settle(
-                state,
-                result.clone(),
-                error.clone(),
-            ));
-            Ok((state, result, error))
-        })();
+        let asked: Result<_, LeaseError> = match crate::options::nested(|| {
+            (|| {
+                let state = state
+                    .as_string()
+                    .and_then(|s| ItemState::parse(&s))
+                    .and_then(|s| match s {
+                        ItemState::Done => Some(SettleState::Done),
+                        ItemState::Failed => Some(SettleState::Failed),
+                        ItemState::Blocked => Some(SettleState::Blocked),
+                        ItemState::Paused => Some(SettleState::Paused),
+                        _ => None,
+                    })
+                    .ok_or_else(|| {
+                        LeaseError::Validation(
+                            "state must be done, failed, blocked or paused".into(),
+                        )
+                    })?;
+                let result = if result.is_undefined() {
+                    None
+                } else {
+                    Some(crate::lease::lease::json_copy(&result).ok_or_else(|| {
+                        LeaseError::Validation("result must be JSON-serialisable".into())
+                    })?)
+                };
+                let error = opt_str(&options, "error")?;
+                *inner.asked.borrow_mut() = Some(crate::lease::lease::Ending::Settle(
+                    state,
+                    result.clone(),
+                    error.clone(),
+                ));
+                Ok((state, result, error))
+            })()
+        }) {
+            Ok(asked) => asked,
+            Err(e) => return Promise::reject(&e),
+        };
         let inner = self.inner.clone();
         run(async move {
             let (state, result, error) = asked?;
@@ -650,7 +651,8 @@ impl Lease {
         if let Some(e) = self.inner.lost_error() {
             return Err(e.to_js());
         }
-        self.stamp(input, init)
+        // The Request constructor reads `init`'s getters.
+        crate::options::nested(|| self.stamp(input, init))?
             .map_err(|e| coded(e, LeaseError::Validation))
     }
 

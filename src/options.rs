@@ -20,6 +20,40 @@ where
     promise(Box::pin(async move { f.await.map_err(Into::into) }))
 }
 
+/// How deeply calls into the module may nest while it reads its input.
+///
+/// A getter, Proxy trap or `toJSON` of the caller's input runs while the
+/// module reads it, and may call the module again (`store.put(this)` from a
+/// getter of the record being put). Each level holds frames on the
+/// module's shadow stack, which has no overflow check: unbounded, the
+/// recursion ran into the module's data ("memory access out of bounds")
+/// and the module was dead. 16 levels is far past any sane nesting.
+const MAX_NESTING: u32 = 16;
+
+thread_local! {
+    /// Calls into the module now reading their input (see [`MAX_NESTING`]).
+    static NESTING: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs `f` as one more level of nested calls into the module.
+///
+/// # Errors
+/// ValidationError (a JS `Error`) without running `f` when
+/// [`MAX_NESTING`] levels are already running.
+pub(crate) fn nested<T>(f: impl FnOnce() -> T) -> Result<T, JsValue> {
+    let depth = NESTING.with(std::cell::Cell::get);
+    if depth >= MAX_NESTING {
+        return Err(crate::error::StoreError::validation(
+            "calls into agentstore nest too deeply: a getter, Proxy trap or toJSON of the input calls it again while it is read",
+        )
+        .to_js());
+    }
+    NESTING.with(|n| n.set(depth + 1));
+    let out = f();
+    NESTING.with(|n| n.set(depth));
+    Ok(out)
+}
+
 /// The one instance of `future_to_promise`.
 ///
 /// The future is polled once here, synchronously, before the Promise is
@@ -35,10 +69,11 @@ fn promise(
     mut f: std::pin::Pin<Box<dyn std::future::Future<Output = Result<JsValue, JsValue>>>>,
 ) -> Promise {
     use std::task::{Context, Poll, Waker};
-    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(Ok(v)) => Promise::resolve(&v),
-        Poll::Ready(Err(e)) => Promise::reject(&e),
-        Poll::Pending => future_to_promise(f),
+    // The first poll reads the caller's input: one level of nesting.
+    match nested(|| f.as_mut().poll(&mut Context::from_waker(Waker::noop()))) {
+        Err(e) | Ok(Poll::Ready(Err(e))) => Promise::reject(&e),
+        Ok(Poll::Ready(Ok(v))) => Promise::resolve(&v),
+        Ok(Poll::Pending) => future_to_promise(f),
     }
 }
 

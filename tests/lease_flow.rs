@@ -510,3 +510,56 @@ async fn lease_fetch_errors_have_a_name_code_and_status() {
     );
     lease.release().await.unwrap();
 }
+
+/// The lease side of the bounded nesting (see the store's
+/// `a_getter_that_calls_the_store_again_is_bounded_and_every_call_settles`):
+/// a `RequestInit` getter that calls `lease.prepareRequest` with itself
+/// again, and a settle `result` whose `toJSON` settles again, are cut off
+/// with a ValidationError; the lease still settles once.
+#[wasm_bindgen_test]
+async fn a_getter_that_calls_the_lease_again_is_bounded() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("reenter");
+    let id = enqueue(&q, json!({})).await;
+    let c = admin_client(config());
+    let lease = claim(&c, &q).await;
+    let api = agentstore::lease_api::Lease::from_inner(lease.clone());
+    let body = "return (async () => {
+        const codes = [];
+        const init = { get method() {
+            try { l.prepareRequest('/x', init); codes.push('ok'); } catch (e) { codes.push(e.code); }
+            return 'GET';
+        } };
+        l.prepareRequest('/x', init);
+        const settles = [];
+        const result = { toJSON() { settles.push(l.settle('done', result)); return { n: 1 }; } };
+        settles.push(l.settle('done', result));
+        const outcomes = [];
+        for (let i = 0; i < settles.length; i++) {
+            outcomes.push(await settles[i].then(() => 'ok', (e) => e instanceof Error ? e.code : 'not an Error'));
+        }
+        return { codes, outcomes };
+    })();";
+    let f = js_sys::Function::new_with_args("l", body);
+    let out = wasm_bindgen_futures::JsFuture::from(js_sys::Promise::from(
+        f.call1(&JsValue::NULL, &JsValue::from(api)).unwrap(),
+    ))
+    .await
+    .expect("every call settles");
+    let strings = |k: &str| -> Vec<String> {
+        js_sys::Array::from(&Reflect::get(&out, &k.into()).unwrap())
+            .iter()
+            .map(|v| v.as_string().unwrap_or_default())
+            .collect()
+    };
+    let codes = strings("codes");
+    assert!(codes.contains(&"validation".to_owned()), "{codes:?}");
+    assert!(codes.len() < 64, "bounded: {}", codes.len());
+    let outcomes = strings("outcomes");
+    assert!(outcomes.contains(&"validation".to_owned()), "{outcomes:?}");
+    assert!(outcomes.iter().any(|o| o == "ok"), "{outcomes:?}");
+    let it = item(id).await;
+    assert_eq!(it.state, ItemState::Done);
+}

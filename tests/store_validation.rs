@@ -782,3 +782,61 @@ async fn a_proxy_array_with_a_fractional_length_is_read_up_to_its_whole_part() {
         "{text}"
     );
 }
+
+/// A getter or Proxy trap that calls the store again while the store reads
+/// it (here: a record whose getter writes that record again, and an id list
+/// whose trap asks `getMany` for that list again) re-enters the module with
+/// no end. The nesting is bounded: past it a call is refused with a
+/// ValidationError before it reads anything, every call settles, and the
+/// store goes on working. Unbounded, the recursion ran until the engine's
+/// stack overflowed inside the module's own frames.
+#[wasm_bindgen_test]
+async fn a_getter_that_calls_the_store_again_is_bounded_and_every_call_settles() {
+    let name = format!("reenter-{}", (js_sys::Math::random() * 1e9) as u64);
+    let opened = wasm_bindgen_futures::JsFuture::from(agentstore::AgentStore::open(
+        s(&name),
+        JsValue::UNDEFINED,
+    ))
+    .await
+    .unwrap();
+    let body = "return (async () => {
+        const calls = [];
+        const track = (p) => { calls.push(p.then(() => 'ok', (e) => e instanceof Error ? e.code : 'not an Error')); };
+        const rec = { _id: 'loop', get v() { track(s.put(this)); return 1; } };
+        track(s.put(rec));
+        const ids = new Proxy(['a'], { get(t, k) { if (k === '0') track(s.getMany(ids)); return t[k]; } });
+        track(s.getMany(ids));
+        const all = [];
+        for (let i = 0; i < calls.length; i++) all.push(await calls[i]);
+        await s.put({ _id: 'after', n: 1 });
+        const after = await s.get('after');
+        return { all, after: after && after.n };
+    })();";
+    let f = js_sys::Function::new_with_args("s", body);
+    let out = wasm_bindgen_futures::JsFuture::from(js_sys::Promise::from(
+        f.call1(&JsValue::NULL, &opened).unwrap(),
+    ))
+    .await
+    .expect("every call settles");
+    let all: js_sys::Array = field(&out, "all").unchecked_into();
+    let codes: Vec<String> = all.iter().filter_map(|v| v.as_string()).collect();
+    assert_eq!(codes.len() as u32, all.length());
+    assert!(
+        codes
+            .iter()
+            .all(|c| ["ok", "validation", "conflict"].contains(&c.as_str())),
+        "{codes:?}"
+    );
+    assert!(
+        codes.iter().any(|c| c == "validation"),
+        "the nesting was cut"
+    );
+    assert!(codes.len() < 200, "bounded: {}", codes.len());
+    assert_eq!(
+        field(&out, "after").as_f64(),
+        Some(1.0),
+        "the store goes on working"
+    );
+    let close: js_sys::Function = field(&opened, "close").unchecked_into();
+    close.call0(&opened).unwrap();
+}

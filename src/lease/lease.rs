@@ -658,3 +658,16 @@ impl LeaseInner {
         self.lose_unconfirmed(LossReason::Released, "released on pagehide");
     }
 }
+
+/// The JSON copy of a settle result: `JSON.parse(JSON.stringify(v))`, or
+/// `None` when JSON cannot carry it (`undefined`, a function, a BigInt, a
+/// cycle, a throwing getter or `toJSON`).
+///
+/// The caller's object is read this once, during the call that hands it
+/// over: a `toJSON` or getter then never runs again when the settle goes
+/// on the wire or is sent again (it could call `settle()` itself each time,
+/// and every retry started new ones), and a retry sends what was read.
+pub(crate) fn json_copy(v: &JsValue) -> Option<JsValue> {
+    let text = js_sys::JSON::stringify(v).ok()?.as_string()?;
+    js_sys::JSON::parse(&text).ok()
+}

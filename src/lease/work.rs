@@ -288,10 +288,7 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
         }
         (Some(Ending::Settle(state, result, error)), _) => (state, result, error),
         // A result JSON cannot carry (a BigInt, a cycle) settles without one.
-        (None, Ok(v)) => {
-            let json = js_sys::JSON::stringify(&v).is_ok_and(|s| !s.is_undefined());
-            (SettleState::Done, json.then_some(v), None)
-        }
+        (None, Ok(v)) => (SettleState::Done, super::lease::json_copy(&v), None),
         (None, Err(e)) => (SettleState::Failed, None, Some(describe(&e))),
     };
     // Recorded as asked: a `client.close()` during the retries below sends
