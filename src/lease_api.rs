@@ -610,13 +610,12 @@ impl Lease {
             // Our "manual" in place of the caller's "follow" (see `stamp`):
             // the redirect is refused, not handed over as an opaque answer
             // the caller never asked for.
-            if manual
-                && answer
-                    .dyn_ref::<web_sys::Response>()
-                    .is_some_and(|r| r.type_() == web_sys::ResponseType::Opaqueredirect)
+            // (Read as strings: web-sys's enums carry every variant's
+            // name into the glue.)
+            if manual && crate::error::get_str(&answer, "type").as_deref() == Some("opaqueredirect")
             {
                 return Err(LeaseError::Network(
-                    "the answer was a redirect, which lease.fetch does not follow: X-Lease-Token would go with it to the redirect's target (pass redirect: \"manual\" to get the redirect answer)".into(),
+                    "a redirect, which lease.fetch does not follow with the lease headers (pass redirect: \"manual\" to get it)".into(),
                 )
                 .to_js());
             }
@@ -681,8 +680,8 @@ impl Lease {
         // server's origin and the origins listed in `leaseHeaderOrigins`,
         // and never along a redirect (whose target may be anywhere).
         if self.inner.may_send_headers_to(&base.url()) {
-            if base.redirect() == web_sys::RequestRedirect::Follow {
-                next.set_redirect(web_sys::RequestRedirect::Manual);
+            if crate::error::get_str(&base, "redirect").as_deref() == Some("follow") {
+                crate::error::set(&next, "redirect", &"manual".into());
                 manual = true;
             }
             let headers = Headers::new_with_headers(&base.headers())?;

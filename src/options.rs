@@ -3,6 +3,7 @@
 //! `StoreError` and `LeaseError` implement `From<String>`).
 
 use js_sys::{Function, Promise, Reflect};
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::future_to_promise;
 use web_sys::AbortSignal;
@@ -30,10 +31,9 @@ where
 /// and the module was dead. 16 levels is far past any sane nesting.
 const MAX_NESTING: u32 = 16;
 
-thread_local! {
-    /// Calls into the module now reading their input (see [`MAX_NESTING`]).
-    static NESTING: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-}
+/// Calls into the module now reading their input (see [`MAX_NESTING`]).
+/// (An atomic only to be a safe `static`: the module has one thread.)
+static NESTING: AtomicU32 = AtomicU32::new(0);
 
 /// Runs `f` as one more level of nested calls into the module.
 ///
@@ -41,17 +41,25 @@ thread_local! {
 /// ValidationError (a JS `Error`) without running `f` when
 /// [`MAX_NESTING`] levels are already running.
 pub(crate) fn nested<T>(f: impl FnOnce() -> T) -> Result<T, JsValue> {
-    let depth = NESTING.with(std::cell::Cell::get);
+    let depth = enter()?;
+    let out = f();
+    NESTING.store(depth, Relaxed);
+    Ok(out)
+}
+
+/// One more level of nesting: the depth before it, to store back when the
+/// level ends (one out-of-line copy for every [`nested`]).
+#[inline(never)]
+fn enter() -> Result<u32, JsValue> {
+    let depth = NESTING.load(Relaxed);
     if depth >= MAX_NESTING {
         return Err(crate::error::StoreError::validation(
-            "calls into agentstore nest too deeply: a getter, Proxy trap or toJSON of the input calls it again while it is read",
+            "nested too deeply: a getter or toJSON of the input calls agentstore again",
         )
         .to_js());
     }
-    NESTING.with(|n| n.set(depth + 1));
-    let out = f();
-    NESTING.with(|n| n.set(depth));
-    Ok(out)
+    NESTING.store(depth + 1, Relaxed);
+    Ok(depth)
 }
 
 /// The one instance of `future_to_promise`.
