@@ -603,6 +603,12 @@ extern "C" {
 
 #[cfg(not(feature = "io"))]
 impl AgentStore {
+    /// Runs an io method's argument checks as one level of nesting (they
+    /// read the caller's getters: [`crate::options::nested`]).
+    fn guarded(check: &dyn Fn() -> Result<(), StoreError>) -> Result<(), StoreError> {
+        crate::options::nested(check).unwrap_or_else(|e| Err(StoreError::Thrown(e)))
+    }
+
     /// Runs `method(a, b)` of the io module on a second connection to this
     /// store, once `checked` (the arguments' checks, made here so that bad
     /// input is refused without a download) is `Ok`.
@@ -714,7 +720,7 @@ impl AgentStore {
         #[wasm_bindgen(unchecked_param_type = "ImportSource")] source: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "ImportOptions")] options: JsValue,
     ) -> Promise {
-        let checked = import_checks(&source, &options, true).map(|_| ());
+        let checked = Self::guarded(&|| import_checks(&source, &options, true).map(|_| ()));
         self.io("importPouchDump", source, options, checked)
     }
 
@@ -725,7 +731,7 @@ impl AgentStore {
         &self,
         #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions")] options: JsValue,
     ) -> Promise {
-        let checked = batch_option(&options).map(|_| ());
+        let checked = Self::guarded(&|| batch_option(&options).map(|_| ()));
         self.io("exportSnapshot", options, JsValue::UNDEFINED, checked)
     }
 
@@ -735,7 +741,7 @@ impl AgentStore {
         &self,
         #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions")] options: JsValue,
     ) -> Promise {
-        let checked = batch_option(&options).map(|_| ());
+        let checked = Self::guarded(&|| batch_option(&options).map(|_| ()));
         self.io("exportSnapshotBlob", options, JsValue::UNDEFINED, checked)
     }
 
@@ -747,7 +753,8 @@ impl AgentStore {
         #[wasm_bindgen(unchecked_param_type = "(chunk: string) => void")] on_chunk: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions")] options: JsValue,
     ) -> Promise {
-        let checked = chunk_fn(&on_chunk).and_then(|_| batch_option(&options).map(|_| ()));
+        let checked =
+            Self::guarded(&|| chunk_fn(&on_chunk).and_then(|_| batch_option(&options).map(|_| ())));
         self.io("exportSnapshotChunks", on_chunk, options, checked)
     }
 
@@ -759,7 +766,7 @@ impl AgentStore {
         #[wasm_bindgen(unchecked_param_type = "ImportSource")] source: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "ImportOptions")] options: JsValue,
     ) -> Promise {
-        let checked = import_checks(&source, &options, false).map(|_| ());
+        let checked = Self::guarded(&|| import_checks(&source, &options, false).map(|_| ()));
         self.io("importSnapshot", source, options, checked)
     }
 
@@ -787,7 +794,7 @@ impl AgentStore {
         &self,
         #[wasm_bindgen(unchecked_optional_param_type = "RebuildOptions")] options: JsValue,
     ) -> Promise {
-        let checked = rebuild_options(&options).map(|_| ());
+        let checked = Self::guarded(&|| rebuild_options(&options).map(|_| ()));
         self.io("rebuildIndexes", options, JsValue::UNDEFINED, checked)
     }
 }

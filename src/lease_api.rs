@@ -547,8 +547,10 @@ impl Lease {
     #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
     pub fn release(&self) -> Promise {
         let inner = self.inner.clone();
-        *inner.asked.borrow_mut() = Some(crate::lease::lease::Ending::Release);
         run(async move {
+            // Recorded in the first poll (synchronously, during the call),
+            // and only when the call is not refused for nesting.
+            *inner.asked.borrow_mut() = Some(crate::lease::lease::Ending::Release);
             inner.release().await?;
             Ok(JsValue::UNDEFINED)
         })
@@ -571,27 +573,18 @@ impl Lease {
         #[wasm_bindgen(unchecked_param_type = "string | Request")] input: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "RequestInit")] init: JsValue,
     ) -> Promise {
-        let (request, manual) = match self.prepare(input, init) {
-            Ok(r) => r,
-            Err(e) => return Promise::reject(&e),
-        };
-        let fetch = Reflect::get(&js_sys::global(), &"fetch".into())
-            .ok()
-            .and_then(|f| f.dyn_into::<Function>().ok());
-        let sent = match fetch.map(|f| f.call1(&JsValue::UNDEFINED, &request)) {
-            Some(Ok(p)) => p,
-            Some(Err(e)) => return Promise::reject(&coded(e, LeaseError::Network)),
-            None => {
-                return Promise::reject(
-                    &LeaseError::Network("fetch is not available".into()).to_js(),
-                )
-            }
-        };
+        // Everything that may run the caller's code (`init`'s getters, the
+        // getters of what they throw, a page's own `fetch` wrapper) runs
+        // as one level of nesting.
+        let (sent, signal, manual) =
+            match crate::options::nested(|| self.send(input, init)).and_then(|r| r) {
+                Ok(s) => s,
+                Err(e) => return Promise::reject(&e),
+            };
         // An abort answers with the signal's reason: the lease's own
         // ClaimLostError as it is, the caller's reason (whatever it is) as
         // the `cause` of an AbortError. Anything else is fetch's own
         // rejection ("Failed to fetch", a TypeError): a NetworkError.
-        let signal = request.signal();
         let lease_signal = self.inner.signal();
         crate::options::run(async move {
             let answer = wasm_bindgen_futures::JsFuture::from(Promise::resolve(&sent))
@@ -641,7 +634,24 @@ impl Lease {
         #[wasm_bindgen(unchecked_param_type = "string | Request")] input: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "RequestInit")] init: JsValue,
     ) -> Result<Request, JsValue> {
-        self.prepare(input, init).map(|(r, _)| r)
+        // The Request constructor reads `init`'s getters.
+        crate::options::nested(|| self.prepare(input, init))
+            .and_then(|r| r)
+            .map(|(r, _)| r)
+    }
+
+    /// [`Lease::fetch`]'s synchronous part: the request sent, its signal,
+    /// and whether [`Lease::prepare`] turned "follow" into "manual".
+    fn send(&self, input: JsValue, init: JsValue) -> Result<(JsValue, AbortSignal, bool), JsValue> {
+        let (request, manual) = self.prepare(input, init)?;
+        let fetch = Reflect::get(&js_sys::global(), &"fetch".into())
+            .ok()
+            .and_then(|f| f.dyn_into::<Function>().ok())
+            .ok_or_else(|| LeaseError::Network("fetch is not available".into()).to_js())?;
+        let sent = fetch
+            .call1(&JsValue::UNDEFINED, &request)
+            .map_err(|e| coded(e, LeaseError::Network))?;
+        Ok((sent, request.signal(), manual))
     }
 
     /// [`Lease::prepare_request`], and whether it turned the caller's
@@ -650,8 +660,7 @@ impl Lease {
         if let Some(e) = self.inner.lost_error() {
             return Err(e.to_js());
         }
-        // The Request constructor reads `init`'s getters.
-        crate::options::nested(|| self.stamp(input, init))?
+        self.stamp(input, init)
             .map_err(|e| coded(e, LeaseError::Validation))
     }
 
@@ -666,10 +675,13 @@ impl Lease {
                 let req: Request = input.dyn_into().map_err(|_| {
                     LeaseError::Validation("input must be a URL string or a Request".into()).to_js()
                 })?;
+                // A new Request either way: an object that only claims
+                // Request's prototype is refused here (a TypeError), not
+                // read through getters that throw past the module.
                 if init.is_object() {
                     Request::new_with_request_and_init(&req, init.unchecked_ref())?
                 } else {
-                    req
+                    Request::new_with_request(&req)?
                 }
             }
         };

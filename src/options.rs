@@ -31,15 +31,23 @@ where
 /// and the module was dead. 16 levels is far past any sane nesting.
 const MAX_NESTING: u32 = 16;
 
+/// How many nested calls one outermost call may start in all. Depth alone
+/// does not bound the work: a Proxy whose every trap calls the module again
+/// fans out (k reads per level: k^16 calls).
+const MAX_NESTED_CALLS: u32 = 1024;
+
 /// Calls into the module now reading their input (see [`MAX_NESTING`]).
-/// (An atomic only to be a safe `static`: the module has one thread.)
+/// (Atomics only to be safe `static`s: the module has one thread.)
 static NESTING: AtomicU32 = AtomicU32::new(0);
+/// Nested calls started since the outermost one began.
+static NESTED_CALLS: AtomicU32 = AtomicU32::new(0);
 
 /// Runs `f` as one more level of nested calls into the module.
 ///
 /// # Errors
 /// ValidationError (a JS `Error`) without running `f` when
-/// [`MAX_NESTING`] levels are already running.
+/// [`MAX_NESTING`] levels are already running, or the outermost call has
+/// started [`MAX_NESTED_CALLS`] nested ones.
 pub(crate) fn nested<T>(f: impl FnOnce() -> T) -> Result<T, JsValue> {
     let depth = enter()?;
     let out = f();
@@ -52,13 +60,26 @@ pub(crate) fn nested<T>(f: impl FnOnce() -> T) -> Result<T, JsValue> {
 #[inline(never)]
 fn enter() -> Result<u32, JsValue> {
     let depth = NESTING.load(Relaxed);
-    if depth >= MAX_NESTING {
+    let calls = if depth == 0 {
+        0
+    } else {
+        NESTED_CALLS.load(Relaxed) + 1
+    };
+    if depth >= MAX_NESTING || calls > MAX_NESTED_CALLS {
+        // Back to 0 in a microtask, when no frame of the module is on the
+        // stack: a JS exception that unwound through the module's frames
+        // (past a binding without `catch`) skipped a level's restore, and
+        // must not leave the module refusing every call.
+        let reset = wasm_bindgen::closure::Closure::once(|_: JsValue| NESTING.store(0, Relaxed));
+        let _ = Promise::resolve(&JsValue::UNDEFINED).then(&reset);
+        reset.forget(); // a `once` closure frees itself when called
         return Err(crate::error::StoreError::validation(
             "nested too deeply: a getter or toJSON of the input calls agentstore again",
         )
         .to_js());
     }
     NESTING.store(depth + 1, Relaxed);
+    NESTED_CALLS.store(calls, Relaxed);
     Ok(depth)
 }
 

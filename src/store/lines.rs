@@ -68,15 +68,18 @@ extern "C" {
     fn new(body: &JsValue) -> std::result::Result<JsResponse, JsValue>;
     #[wasm_bindgen(method, catch, js_class = "Response")]
     fn blob(this: &JsResponse) -> std::result::Result<Promise, JsValue>;
-    #[wasm_bindgen(method, getter, js_class = "Response", js_name = bodyUsed)]
-    fn body_used(this: &JsResponse) -> bool;
-    #[wasm_bindgen(method, getter, js_class = "Response")]
-    fn body(this: &JsResponse) -> Option<JsReadableStream>;
+    // `catch`: on an object that only claims Response's prototype these
+    // getters throw ("Illegal invocation"); uncaught, that would unwind
+    // through the module's frames.
+    #[wasm_bindgen(method, catch, getter, js_class = "Response", js_name = bodyUsed)]
+    fn body_used(this: &JsResponse) -> std::result::Result<bool, JsValue>;
+    #[wasm_bindgen(method, catch, getter, js_class = "Response")]
+    fn body(this: &JsResponse) -> std::result::Result<Option<JsReadableStream>, JsValue>;
 
     #[wasm_bindgen(js_name = ReadableStream)]
     type JsReadableStream;
-    #[wasm_bindgen(method, getter, js_class = "ReadableStream")]
-    fn locked(this: &JsReadableStream) -> bool;
+    #[wasm_bindgen(method, catch, getter, js_class = "ReadableStream")]
+    fn locked(this: &JsReadableStream) -> std::result::Result<bool, JsValue>;
     #[wasm_bindgen(method, js_class = "ReadableStream", js_name = pipeThrough)]
     fn pipe_through(this: &JsReadableStream, transform: &JsTextDecoderStream) -> JsReadableStream;
     #[wasm_bindgen(method, js_class = "ReadableStream", js_name = pipeThrough)]
@@ -128,11 +131,13 @@ fn kind(v: &JsValue) -> Result<Kind<'_>> {
     if let Some(b) = v.dyn_ref::<JsBlob>() {
         return Ok(Kind::Blob(b));
     }
+    let not_a_source = |_| StoreError::validation(SOURCE_TYPES);
     if let Some(r) = v.dyn_ref::<JsResponse>() {
-        if r.body_used() {
+        if r.body_used().map_err(not_a_source)? {
             return Err(StoreError::validation("the Response body was already read"));
         }
-        if r.body().is_some_and(|b| b.locked()) {
+        let body = r.body().map_err(not_a_source)?;
+        if body.map(|b| b.locked()).transpose().map_err(not_a_source)? == Some(true) {
             return Err(StoreError::validation(
                 "the Response body is locked (it is already being read)",
             ));
@@ -140,7 +145,7 @@ fn kind(v: &JsValue) -> Result<Kind<'_>> {
         return Ok(Kind::Response(r));
     }
     if let Some(r) = v.dyn_ref::<JsReadableStream>() {
-        if r.locked() {
+        if r.locked().map_err(not_a_source)? {
             return Err(StoreError::validation(
                 "the ReadableStream is locked (it is already being read)",
             ));
@@ -175,7 +180,8 @@ impl Source {
         // With a signal, the body is collected through a pipe the signal
         // aborts: an aborted import cancels its source instead of reading on
         // (a body that never ends would grow memory after the rejection).
-        let response = match (signal, response.body()) {
+        let body = response.body().map_err(|e| unreadable(&e))?;
+        let response = match (signal, body) {
             (Some(sig), Some(body)) => {
                 let opts = js_sys::Object::new();
                 crate::error::set(&opts, "signal", sig);
