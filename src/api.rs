@@ -603,15 +603,10 @@ extern "C" {
 
 #[cfg(not(feature = "io"))]
 impl AgentStore {
-    /// Runs an io method's argument checks as one level of nesting (they
-    /// read the caller's getters: [`crate::options::nested`]).
-    fn guarded(check: &dyn Fn() -> Result<(), StoreError>) -> Result<(), StoreError> {
-        crate::options::nested(check).unwrap_or_else(|e| Err(StoreError::Thrown(e)))
-    }
-
     /// Runs `method(a, b)` of the io module on a second connection to this
-    /// store, once `checked` (the arguments' checks, made here so that bad
-    /// input is refused without a download) is `Ok`.
+    /// store, once `check(a, b)` (the arguments' checks, made first so that
+    /// bad input is refused without a download; in the call's first poll,
+    /// so as one level of [`crate::options::nested`] calls) is `Ok`.
     ///
     /// Rejects with ClosedError once this store is closed (also while the
     /// module loads), NetworkError when the module cannot be fetched, and
@@ -621,12 +616,12 @@ impl AgentStore {
         method: &'static str,
         a: JsValue,
         b: JsValue,
-        checked: Result<(), StoreError>,
+        check: fn(&JsValue, &JsValue) -> Result<(), StoreError>,
     ) -> Promise {
         let s = self.inner.clone();
         let token = self.io_token;
         run(async move {
-            checked?;
+            check(&a, &b)?;
             s.check_open()?;
             let module = wasm_bindgen_futures::JsFuture::from(io_load())
                 .await
@@ -720,8 +715,9 @@ impl AgentStore {
         #[wasm_bindgen(unchecked_param_type = "ImportSource")] source: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "ImportOptions")] options: JsValue,
     ) -> Promise {
-        let checked = Self::guarded(&|| import_checks(&source, &options, true).map(|_| ()));
-        self.io("importPouchDump", source, options, checked)
+        self.io("importPouchDump", source, options, |s, o| {
+            import_checks(s, o, true).map(|_| ())
+        })
     }
 
     /// Every record and tombstone as NDJSON (header line first), as a string
@@ -731,8 +727,9 @@ impl AgentStore {
         &self,
         #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions")] options: JsValue,
     ) -> Promise {
-        let checked = Self::guarded(&|| batch_option(&options).map(|_| ()));
-        self.io("exportSnapshot", options, JsValue::UNDEFINED, checked)
+        self.io("exportSnapshot", options, JsValue::UNDEFINED, |o, _| {
+            batch_option(o).map(|_| ())
+        })
     }
 
     /// The same NDJSON as `exportSnapshot`, as a `Blob`.
@@ -741,8 +738,9 @@ impl AgentStore {
         &self,
         #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions")] options: JsValue,
     ) -> Promise {
-        let checked = Self::guarded(&|| batch_option(&options).map(|_| ()));
-        self.io("exportSnapshotBlob", options, JsValue::UNDEFINED, checked)
+        self.io("exportSnapshotBlob", options, JsValue::UNDEFINED, |o, _| {
+            batch_option(o).map(|_| ())
+        })
     }
 
     /// The same NDJSON as `exportSnapshot`, handed to `onChunk` in chunks of
@@ -753,9 +751,9 @@ impl AgentStore {
         #[wasm_bindgen(unchecked_param_type = "(chunk: string) => void")] on_chunk: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions")] options: JsValue,
     ) -> Promise {
-        let checked =
-            Self::guarded(&|| chunk_fn(&on_chunk).and_then(|_| batch_option(&options).map(|_| ())));
-        self.io("exportSnapshotChunks", on_chunk, options, checked)
+        self.io("exportSnapshotChunks", on_chunk, options, |f, o| {
+            chunk_fn(f).and_then(|_| batch_option(o).map(|_| ()))
+        })
     }
 
     /// Imports an `exportSnapshot()` text (string, `Blob`, `Response` or
@@ -766,8 +764,9 @@ impl AgentStore {
         #[wasm_bindgen(unchecked_param_type = "ImportSource")] source: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "ImportOptions")] options: JsValue,
     ) -> Promise {
-        let checked = Self::guarded(&|| import_checks(&source, &options, false).map(|_| ()));
-        self.io("importSnapshot", source, options, checked)
+        self.io("importSnapshot", source, options, |s, o| {
+            import_checks(s, o, false).map(|_| ())
+        })
     }
 
     /// Compares every derived index with the records:
@@ -780,7 +779,7 @@ impl AgentStore {
             "verifyIndexes",
             JsValue::UNDEFINED,
             JsValue::UNDEFINED,
-            Ok(()),
+            |_, _| Ok(()),
         )
     }
 
@@ -794,8 +793,9 @@ impl AgentStore {
         &self,
         #[wasm_bindgen(unchecked_optional_param_type = "RebuildOptions")] options: JsValue,
     ) -> Promise {
-        let checked = Self::guarded(&|| rebuild_options(&options).map(|_| ()));
-        self.io("rebuildIndexes", options, JsValue::UNDEFINED, checked)
+        self.io("rebuildIndexes", options, JsValue::UNDEFINED, |o, _| {
+            rebuild_options(o).map(|_| ())
+        })
     }
 }
 
@@ -806,7 +806,12 @@ impl AgentStore {
     fn rebuild_in_background(&self) {
         let o = Object::new();
         set(&o, "restart", &JsValue::FALSE);
-        let p = self.io("rebuildIndexes", o.into(), JsValue::UNDEFINED, Ok(()));
+        let p = self.io(
+            "rebuildIndexes",
+            o.into(),
+            JsValue::UNDEFINED,
+            |_, _| Ok(()),
+        );
         wasm_bindgen_futures::spawn_local(async move {
             if let Err(e) = wasm_bindgen_futures::JsFuture::from(p).await {
                 background_rebuild_failed(&e);

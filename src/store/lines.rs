@@ -68,18 +68,9 @@ extern "C" {
     fn new(body: &JsValue) -> std::result::Result<JsResponse, JsValue>;
     #[wasm_bindgen(method, catch, js_class = "Response")]
     fn blob(this: &JsResponse) -> std::result::Result<Promise, JsValue>;
-    // `catch`: on an object that only claims Response's prototype these
-    // getters throw ("Illegal invocation"); uncaught, that would unwind
-    // through the module's frames.
-    #[wasm_bindgen(method, catch, getter, js_class = "Response", js_name = bodyUsed)]
-    fn body_used(this: &JsResponse) -> std::result::Result<bool, JsValue>;
-    #[wasm_bindgen(method, catch, getter, js_class = "Response")]
-    fn body(this: &JsResponse) -> std::result::Result<Option<JsReadableStream>, JsValue>;
 
     #[wasm_bindgen(js_name = ReadableStream)]
     type JsReadableStream;
-    #[wasm_bindgen(method, catch, getter, js_class = "ReadableStream")]
-    fn locked(this: &JsReadableStream) -> std::result::Result<bool, JsValue>;
     #[wasm_bindgen(method, js_class = "ReadableStream", js_name = pipeThrough)]
     fn pipe_through(this: &JsReadableStream, transform: &JsTextDecoderStream) -> JsReadableStream;
     #[wasm_bindgen(method, js_class = "ReadableStream", js_name = pipeThrough)]
@@ -124,6 +115,11 @@ enum Kind<'a> {
     Stream,
 }
 
+/// `v[key]`; a throwing getter means `v` is not a source.
+fn prop(v: &JsValue, key: &str) -> Result<JsValue> {
+    js_sys::Reflect::get(v, &key.into()).map_err(|_| StoreError::validation(SOURCE_TYPES))
+}
+
 fn kind(v: &JsValue) -> Result<Kind<'_>> {
     if let Some(s) = v.dyn_ref::<JsString>() {
         return Ok(Kind::Text(s));
@@ -131,13 +127,15 @@ fn kind(v: &JsValue) -> Result<Kind<'_>> {
     if let Some(b) = v.dyn_ref::<JsBlob>() {
         return Ok(Kind::Blob(b));
     }
-    let not_a_source = |_| StoreError::validation(SOURCE_TYPES);
+    // `bodyUsed`, `body` and `locked` are read with Reflect (which catches):
+    // on an object that only claims the prototype they throw ("Illegal
+    // invocation"), which must not unwind through the module's frames.
     if let Some(r) = v.dyn_ref::<JsResponse>() {
-        if r.body_used().map_err(not_a_source)? {
+        if prop(r, "bodyUsed")?.is_truthy() {
             return Err(StoreError::validation("the Response body was already read"));
         }
-        let body = r.body().map_err(not_a_source)?;
-        if body.map(|b| b.locked()).transpose().map_err(not_a_source)? == Some(true) {
+        let body = prop(r, "body")?;
+        if body.is_object() && prop(&body, "locked")?.is_truthy() {
             return Err(StoreError::validation(
                 "the Response body is locked (it is already being read)",
             ));
@@ -145,7 +143,7 @@ fn kind(v: &JsValue) -> Result<Kind<'_>> {
         return Ok(Kind::Response(r));
     }
     if let Some(r) = v.dyn_ref::<JsReadableStream>() {
-        if r.locked().map_err(not_a_source)? {
+        if prop(r, "locked")?.is_truthy() {
             return Err(StoreError::validation(
                 "the ReadableStream is locked (it is already being read)",
             ));
@@ -180,9 +178,9 @@ impl Source {
         // With a signal, the body is collected through a pipe the signal
         // aborts: an aborted import cancels its source instead of reading on
         // (a body that never ends would grow memory after the rejection).
-        let body = response.body().map_err(|e| unreadable(&e))?;
-        let response = match (signal, body) {
-            (Some(sig), Some(body)) => {
+        let body = js_sys::Reflect::get(&response, &"body".into()).map_err(|e| unreadable(&e))?;
+        let response = match (signal, body.dyn_into::<JsReadableStream>()) {
+            (Some(sig), Ok(body)) => {
                 let opts = js_sys::Object::new();
                 crate::error::set(&opts, "signal", sig);
                 let pipe = JsTransformStream::new().map_err(|e| unreadable(&e))?;
