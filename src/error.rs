@@ -6,7 +6,7 @@
 
 use agentstore_protocol::ErrorCode;
 use js_sys::{Array, Object, Reflect};
-use wasm_bindgen::{JsCast, JsValue};
+use wasm_bindgen::JsValue;
 
 /// One failing position of a batch (`putMany`, imports).
 #[derive(Debug, Clone)]
@@ -155,15 +155,14 @@ impl StoreError {
 
     /// Classifies a DOMException (or any thrown JS value) from IndexedDB.
     pub fn from_dom(value: &JsValue) -> Self {
-        let (name, message) = match value.dyn_ref::<web_sys::DomException>() {
-            Some(e) => (e.name(), e.message()),
-            None => (
-                get_str(value, "name").unwrap_or_default(),
-                get_str(value, "message")
-                    .or_else(|| value.as_string())
-                    .unwrap_or_default(),
-            ),
-        };
+        // Read through Reflect (which catches), also for a DOMException: a
+        // getter that throws must not unwind through the module.
+        let (name, message) = (
+            get_str(value, "name").unwrap_or_default(),
+            get_str(value, "message")
+                .or_else(|| value.as_string())
+                .unwrap_or_default(),
+        );
         match name.as_str() {
             "QuotaExceededError" => StoreError::QuotaExceeded(message),
             "InvalidStateError" => StoreError::Closed(message),

@@ -207,9 +207,12 @@ pub(crate) fn opt_fn(options: &JsValue, key: &str) -> Result<Option<Function>, S
     })
 }
 
-/// The optional `signal` option.
+/// The optional `signal` option. An object that only claims
+/// `AbortSignal.prototype` (whose `aborted` getter throws on it, and would
+/// throw past the module where it is read) is refused like any non-signal.
 pub(crate) fn opt_signal(options: &JsValue) -> Result<Option<AbortSignal>, String> {
     given(options, "signal", "an AbortSignal", |v| {
+        Reflect::get(&v, &"aborted".into()).ok()?;
         v.dyn_into::<AbortSignal>().ok()
     })
 }

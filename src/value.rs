@@ -388,8 +388,11 @@ pub fn from_units(units: &[u16]) -> JsString {
 /// Promises/A+ "thenable" rule and `await` itself treat it), wrapped with
 /// `Promise.resolve`; `None` for any other value.
 pub(crate) fn as_promise(v: &JsValue) -> Option<js_sys::Promise> {
-    if let Some(p) = v.dyn_ref::<js_sys::Promise>() {
-        return Some(p.clone());
+    if v.dyn_ref::<js_sys::Promise>().is_some() {
+        // `Promise.resolve`: the same Promise for a real one; for an object
+        // that only claims Promise's prototype, a Promise that rejects
+        // (never a `then` that throws past the module).
+        return Some(js_sys::Promise::resolve(v));
     }
     let thenable = (v.is_object() || v.is_function())
         && js_sys::Reflect::get(v, &"then".into()).is_ok_and(|t| t.is_function());

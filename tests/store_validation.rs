@@ -852,3 +852,55 @@ async fn a_getter_that_calls_the_store_again_is_bounded_and_every_call_settles()
     let close: js_sys::Function = field(&opened, "close").unchecked_into();
     close.call0(&opened).unwrap();
 }
+
+/// An object that only claims a platform prototype (`instanceof` says
+/// AbortSignal, Promise, Blob or Response) throws from every getter and
+/// method of the real class. Each is refused or rejected as a value like
+/// any other, never thrown past the module: before, a fake `signal` threw
+/// from inside the write group (whose later writes then waited for ever),
+/// and a fake Promise returned by `mutate`'s function threw from `then`.
+#[wasm_bindgen_test]
+async fn an_object_that_only_claims_a_platform_prototype_is_refused_and_the_store_goes_on() {
+    let name = format!("fakes-{}", (js_sys::Math::random() * 1e9) as u64);
+    let opened = wasm_bindgen_futures::JsFuture::from(agentstore::AgentStore::open(
+        s(&name),
+        JsValue::UNDEFINED,
+    ))
+    .await
+    .unwrap();
+    let body = "return (async () => {
+        const out = {};
+        const settle = async (f) => {
+            try { await f(); return 'ok'; }
+            catch (e) { return e instanceof Error ? (e.code ?? e.name) : 'not an Error'; }
+        };
+        await s.put({ _id: 'm', n: 1 });
+        const signal = Object.create(AbortSignal.prototype);
+        out.mutateSignal = await settle(() => s.mutate('m', (r) => ({ ...r, n: 2 }), { signal }));
+        out.importSignal = await settle(() => s.importSnapshot('', { signal }));
+        out.rebuildSignal = await settle(() => s.rebuildIndexes({ signal }));
+        out.fakePromise = await settle(() => s.mutate('m', () => Object.create(Promise.prototype)));
+        out.fakeBlob = await settle(() => s.importSnapshot(Object.create(Blob.prototype)));
+        out.fakeResponse = await settle(() => s.importPouchDump(Object.create(Response.prototype)));
+        // Writes after them (grouped: issued in one tick) still commit.
+        const [a, b] = await Promise.all([s.put({ _id: 'a' }), s.put({ _id: 'b' })]);
+        out.after = a.id + b.id + (await s.get('m')).n;
+        return out;
+    })();";
+    let f = js_sys::Function::new_with_args("s", body);
+    let out = wasm_bindgen_futures::JsFuture::from(js_sys::Promise::from(
+        f.call1(&JsValue::NULL, &opened).unwrap(),
+    ))
+    .await
+    .expect("every call settles");
+    let got = |k: &str| field_str(&out, k).unwrap_or_default();
+    assert_eq!(got("mutateSignal"), "validation");
+    assert_eq!(got("importSignal"), "validation");
+    assert_eq!(got("rebuildSignal"), "validation");
+    assert_ne!(got("fakePromise"), "not an Error");
+    assert_eq!(got("fakeBlob"), "validation");
+    assert_eq!(got("fakeResponse"), "validation");
+    assert_eq!(got("after"), "ab1", "the store goes on working");
+    let close: js_sys::Function = field(&opened, "close").unchecked_into();
+    close.call0(&opened).unwrap();
+}

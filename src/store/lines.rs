@@ -124,12 +124,14 @@ fn kind(v: &JsValue) -> Result<Kind<'_>> {
     if let Some(s) = v.dyn_ref::<JsString>() {
         return Ok(Kind::Text(s));
     }
+    // `size`, `bodyUsed`, `body` and `locked` are read with Reflect (which
+    // catches): on an object that only claims the prototype they throw
+    // ("Illegal invocation"), which must not unwind through the module's
+    // frames.
     if let Some(b) = v.dyn_ref::<JsBlob>() {
+        prop(b, "size")?;
         return Ok(Kind::Blob(b));
     }
-    // `bodyUsed`, `body` and `locked` are read with Reflect (which catches):
-    // on an object that only claims the prototype they throw ("Illegal
-    // invocation"), which must not unwind through the module's frames.
     if let Some(r) = v.dyn_ref::<JsResponse>() {
         if prop(r, "bodyUsed")?.is_truthy() {
             return Err(StoreError::validation("the Response body was already read"));
