@@ -177,6 +177,12 @@ async function exercise(page, { entry, member, origin, admin }) {
       'throwing Proxy': () => new Proxy({}, { get() { throw OWN; }, has() { throw OWN; }, ownKeys() { throw OWN; } }),
       Blob: () => new Blob(['{"x":1}\n']),
       'string (where an object is expected)': () => 'not-an-object',
+      // Objects that only claim a platform prototype: instanceof says
+      // Request/Response, but every getter of the real class throws on them
+      // ("Illegal invocation"), past the module unless it reads them safely.
+      'fake Request': () => Object.create(Request.prototype),
+      'fake Response': () => Object.create(Response.prototype),
+      'options with a fake signal': () => ({ signal: Object.create(AbortSignal.prototype) }),
       // Multi-byte and lone-surrogate text, where Rust code that splits or
       // slices by byte index would panic (a cursor starting with 'é' did).
       'non-ASCII string': () => 'i1.\u00e9.s\u{1F600}\uD800',
