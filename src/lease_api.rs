@@ -587,14 +587,16 @@ impl Lease {
         // rejection ("Failed to fetch", a TypeError): a NetworkError.
         let lease_signal = self.inner.signal();
         crate::options::run(async move {
-            let answer = wasm_bindgen_futures::JsFuture::from(Promise::resolve(&sent))
+            // `adopt`: the page's `fetch` may be a wrapper that returns
+            // anything; nothing of it runs here.
+            let answer = wasm_bindgen_futures::JsFuture::from(crate::value::adopt(&sent))
                 .await
                 .map_err(|e| {
-                    if !signal.aborted() {
+                    let Some(reason) = crate::options::abort_reason(&signal) else {
                         return coded(e, LeaseError::Network);
-                    }
-                    let reason = signal.reason();
-                    if lease_signal.aborted() && Object::is(&reason, &lease_signal.reason()) {
+                    };
+                    let ours = crate::options::abort_reason(&lease_signal);
+                    if ours.is_some_and(|r| Object::is(&reason, &r)) {
                         reason
                     } else {
                         LeaseError::Aborted(reason).to_js()

@@ -207,6 +207,19 @@ pub(crate) fn opt_fn(options: &JsValue, key: &str) -> Result<Option<Function>, S
     })
 }
 
+/// `Some(reason)` when `signal` has aborted. Read through Reflect (which
+/// catches): a caller's signal may be one whose `aborted` or `reason` was
+/// redefined to throw, and a throw must not unwind through the module (a
+/// write group or a lease would be left half-done). A getter that throws
+/// reads as aborted, with what it threw as the reason.
+pub(crate) fn abort_reason(signal: &AbortSignal) -> Option<JsValue> {
+    match Reflect::get(signal, &"aborted".into()) {
+        Ok(a) if !a.is_truthy() => None,
+        Ok(_) => Some(Reflect::get(signal, &"reason".into()).unwrap_or_else(|e| e)),
+        Err(e) => Some(e),
+    }
+}
+
 /// The optional `signal` option. An object that only claims
 /// `AbortSignal.prototype` (whose `aborted` getter throws on it, and would
 /// throw past the module where it is read) is refused like any non-signal.

@@ -388,13 +388,21 @@ pub fn from_units(units: &[u16]) -> JsString {
 /// Promises/A+ "thenable" rule and `await` itself treat it), wrapped with
 /// `Promise.resolve`; `None` for any other value.
 pub(crate) fn as_promise(v: &JsValue) -> Option<js_sys::Promise> {
-    if v.dyn_ref::<js_sys::Promise>().is_some() {
-        // `Promise.resolve`: the same Promise for a real one; for an object
-        // that only claims Promise's prototype, a Promise that rejects
-        // (never a `then` that throws past the module).
-        return Some(js_sys::Promise::resolve(v));
-    }
-    let thenable = (v.is_object() || v.is_function())
-        && js_sys::Reflect::get(v, &"then".into()).is_ok_and(|t| t.is_function());
-    thenable.then(|| js_sys::Promise::resolve(v))
+    let thenable = v.dyn_ref::<js_sys::Promise>().is_some()
+        || ((v.is_object() || v.is_function())
+            && js_sys::Reflect::get(v, &"then".into()).is_ok_and(|t| t.is_function()));
+    thenable.then(|| adopt(v))
+}
+
+/// A new Promise that settles as `v` does (`new Promise(r => r(v))`).
+///
+/// Unlike `Promise.resolve(v)`, which reads `v.constructor` and may hand `v`
+/// itself back, and unlike `v.then(…)`, nothing of `v` runs during the call:
+/// a `constructor` getter or an own `then` that throws (or an object that
+/// only claims Promise's prototype) rejects the new Promise, in a later job,
+/// instead of throwing past the module.
+pub(crate) fn adopt(v: &JsValue) -> js_sys::Promise {
+    js_sys::Promise::new(&mut |resolve, _| {
+        let _ = resolve.call1(&JsValue::UNDEFINED, v);
+    })
 }

@@ -167,7 +167,7 @@ async fn a_handler_returning_a_thenable_is_awaited_before_its_item_is_settled() 
         return;
     }
     let q = fresh_queue("thenable");
-    let kinds = ["thenable", "foreign", "rejects"];
+    let kinds = ["thenable", "foreign", "rejects", "throwing then", "fake"];
     let mut ids = Vec::new();
     for (n, kind) in kinds.iter().enumerate() {
         ids.push(enqueue(&q, json!({"kind": kind, "n": n})).await);
@@ -179,6 +179,11 @@ async fn a_handler_returning_a_thenable_is_awaited_before_its_item_is_settled() 
         const later = (f) => setTimeout(f, 100);
         if (p.kind === "thenable") return { then(ok) { later(() => ok({ n: p.n })); } };
         if (p.kind === "rejects") return { then(_, no) { later(() => no(new Error("thenable rejected"))); } };
+        // A Promise whose own `then` throws, and an object that only claims
+        // Promise's prototype: each fails its item (before, the throw went
+        // past the module and the lease was held with no settle).
+        if (p.kind === "throwing then") return Object.assign(Promise.resolve(1), { then() { throw new Error("then threw"); } });
+        if (p.kind === "fake") return Object.create(Promise.prototype);
         const frame = document.body.appendChild(document.createElement("iframe"));
         const Foreign = frame.contentWindow.Promise;
         const foreign = new Foreign((ok) => later(() => ok({ n: p.n })));
@@ -214,8 +219,15 @@ async fn a_handler_returning_a_thenable_is_awaited_before_its_item_is_settled() 
         "{:?}",
         rejected.last_error
     );
+    for id in &ids[3..] {
+        assert_eq!(item(*id).await.state, ItemState::Failed);
+    }
+    assert!(item(ids[3])
+        .await
+        .last_error
+        .is_some_and(|e| e.contains("then threw")));
     let s = *w.stats.borrow();
-    assert_eq!((s.done, s.failed, s.lost), (2, 1, 0));
+    assert_eq!((s.done, s.failed, s.lost), (2, 3, 0));
 }
 
 /// The handler's lease runs out (its heartbeats are paused) while it works:

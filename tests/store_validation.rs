@@ -882,6 +882,18 @@ async fn an_object_that_only_claims_a_platform_prototype_is_refused_and_the_stor
         out.fakePromise = await settle(() => s.mutate('m', () => Object.create(Promise.prototype)));
         out.fakeBlob = await settle(() => s.importSnapshot(Object.create(Blob.prototype)));
         out.fakeResponse = await settle(() => s.importPouchDump(Object.create(Response.prototype)));
+        // A real-looking signal whose `aborted` throws once the write group
+        // reads it, and a Promise whose own `then` throws: each call settles,
+        // and the group they were in does not hang the writes after it.
+        let n = 0;
+        const late = Object.create(AbortSignal.prototype, {
+            aborted: { get() { if (n++ >= 2) throw new Error('late'); return false; } },
+        });
+        const grouped = [s.put({ _id: 'g' }), s.mutate('m', (r) => ({ ...r, n: 1 }), { signal: late })];
+        out.lateSignal = await settle(() => grouped[1]);
+        await grouped[0];
+        const bad = () => Object.assign(Promise.resolve({ n: 1 }), { then() { throw new Error('then'); } });
+        out.badThen = await settle(() => s.mutate('m', bad));
         // Writes after them (grouped: issued in one tick) still commit.
         const [a, b] = await Promise.all([s.put({ _id: 'a' }), s.put({ _id: 'b' })]);
         out.after = a.id + b.id + (await s.get('m')).n;
@@ -900,6 +912,8 @@ async fn an_object_that_only_claims_a_platform_prototype_is_refused_and_the_stor
     assert_ne!(got("fakePromise"), "not an Error");
     assert_eq!(got("fakeBlob"), "validation");
     assert_eq!(got("fakeResponse"), "validation");
+    assert_eq!(got("lateSignal"), "aborted");
+    assert_ne!(got("badThen"), "not an Error");
     assert_eq!(got("after"), "ab1", "the store goes on working");
     let close: js_sys::Function = field(&opened, "close").unchecked_into();
     close.call0(&opened).unwrap();

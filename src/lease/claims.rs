@@ -72,11 +72,9 @@ impl ClientInner {
         )?);
         self.adopt(&lease, resp.lease.ttl_ms, resp.lease.heartbeat_ms)
             .await;
-        if let Some(s) = signal {
-            if s.aborted() {
-                let _ = lease.release().await;
-                return Err(LeaseError::Aborted(s.reason()));
-            }
+        if let Some(reason) = signal.and_then(crate::options::abort_reason) {
+            let _ = lease.release().await;
+            return Err(LeaseError::Aborted(reason));
         }
         if self.closed.get() {
             let _ = lease.release().await;
@@ -99,8 +97,8 @@ impl ClientInner {
         timeout: f64,
         signal: &AbortSignal,
     ) -> Result<super::http::Answer> {
-        if signal.aborted() {
-            return Err(LeaseError::Aborted(signal.reason()));
+        if let Some(reason) = crate::options::abort_reason(signal) {
+            return Err(LeaseError::Aborted(reason));
         }
         let slot: Rc<RefCell<Option<Result<super::http::Answer>>>> = Rc::default();
         let abandoned = Rc::new(Cell::new(false));
@@ -133,7 +131,9 @@ impl ClientInner {
             Some(r) => r,
             None => {
                 abandoned.set(true);
-                Err(LeaseError::Aborted(signal.reason()))
+                Err(LeaseError::Aborted(
+                    crate::options::abort_reason(signal).unwrap_or(JsValue::UNDEFINED),
+                ))
             }
         }
     }

@@ -9,7 +9,7 @@ use js_sys::{Function, Promise, Reflect};
 use serde::de::DeserializeOwned;
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
-use web_sys::{AbortController, AbortSignal, Headers, RequestInit, Response};
+use web_sys::{AbortController, AbortSignal, Headers, RequestInit};
 
 use super::error::{LeaseError, Result};
 
@@ -146,23 +146,36 @@ async fn send_inner(call: &Call<'_>, controller: &AbortController) -> Result<Ans
         .call2(&JsValue::UNDEFINED, &JsValue::from_str(call.url), &init)
         .map_err(|e| LeaseError::Network(describe(&e)))?
         .unchecked_into();
+    // The answer is read through Reflect and `adopt` (which catch): the
+    // page's `fetch` may be its own wrapper (a test mock) answering with
+    // anything, which must not throw past the module.
     let fetch = async {
-        let resp: Response = JsFuture::from(promise).await?.unchecked_into();
+        let resp = JsFuture::from(crate::value::adopt(&promise)).await?;
+        let status = Reflect::get(&resp, &"status".into())?
+            .as_f64()
+            .filter(|s| (0.0..1000.0).contains(s))
+            .ok_or_else(|| JsValue::from_str("fetch answered without a Response"))?
+            as u16;
         // An empty body (204) is `null`; a body that is not JSON too.
-        let body = if resp.status() == 204 {
+        let body = if status == 204 {
             JsValue::NULL
         } else {
-            JsFuture::from(resp.json()?).await.unwrap_or(JsValue::NULL)
+            let json: Function = Reflect::get(&resp, &"json".into())?.dyn_into()?;
+            JsFuture::from(crate::value::adopt(&json.call0(&resp)?))
+                .await
+                .unwrap_or(JsValue::NULL)
         };
-        Ok::<_, JsValue>((resp, body))
+        let headers: Headers = Reflect::get(&resp, &"headers".into())?.unchecked_into();
+        Ok::<_, JsValue>((status, headers, body))
     };
     let timeout = sleep_ms(call.timeout_ms);
-    let (resp, body) = match select(Box::pin(fetch), Box::pin(timeout)).await {
+    let (status, headers, body) = match select(Box::pin(fetch), Box::pin(timeout)).await {
         Either::Left((Ok(r), _)) => r,
         Either::Left((Err(e), _)) => {
             return Err(match call.signal {
-                Some(s) if s.aborted() => LeaseError::Aborted(s.reason()),
-                _ => LeaseError::Network(describe(&e)),
+                Some(s) => crate::options::abort_reason(s)
+                    .map_or_else(|| LeaseError::Network(describe(&e)), LeaseError::Aborted),
+                None => LeaseError::Network(describe(&e)),
             })
         }
         Either::Right(_) => {
@@ -172,9 +185,7 @@ async fn send_inner(call: &Call<'_>, controller: &AbortController) -> Result<Ans
             ));
         }
     };
-    let status = resp.status();
-    let retry_after_ms = resp
-        .headers()
+    let retry_after_ms = headers
         .get("Retry-After")
         .ok()
         .flatten()
@@ -182,8 +193,7 @@ async fn send_inner(call: &Call<'_>, controller: &AbortController) -> Result<Ans
         .filter(|s| s.is_finite() && *s >= 0.0)
         .map(|s| s * 1000.0);
     if (200..300).contains(&status) {
-        let replayed = resp
-            .headers()
+        let replayed = headers
             .get("Idempotent-Replayed")
             .ok()
             .flatten()

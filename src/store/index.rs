@@ -414,7 +414,9 @@ fn part_from_js(v: &JsValue) -> Option<KeyPart> {
     if let Some(s) = v.dyn_ref::<JsString>() {
         return Some(KeyPart::Str(value::units(s)));
     }
-    (Array::is_array(v) && Array::from(v).length() == 0).then_some(KeyPart::Max)
+    // `value::is_array` catches (a revoked Proxy throws from `Array.isArray`).
+    let empty = js_sys::Reflect::get(v, &"length".into()).ok()?.as_f64() == Some(0.0);
+    (value::is_array(v).ok()? && empty).then_some(KeyPart::Max)
 }
 
 fn key_from_js(v: &JsValue) -> Option<Vec<KeyPart>> {

@@ -174,8 +174,8 @@ fn mutate_result(id: &JsString, out: JsValue, read_rev: Option<&str>) -> Result<
 /// Fails with AbortError (carrying `signal.reason`) once `signal` is aborted.
 pub(crate) fn check_abort(signal: Option<&AbortSignal>) -> Result<()> {
     match signal {
-        Some(s) if s.aborted() => Err(StoreError::Aborted(s.reason())),
-        _ => Ok(()),
+        Some(s) => crate::options::abort_reason(s).map_or(Ok(()), |r| Err(StoreError::Aborted(r))),
+        None => Ok(()),
     }
 }
 
@@ -219,7 +219,9 @@ pub(crate) async fn race_abort(
         let _ = sig.remove_event_listener_with_callback("abort", f);
     }
     match out {
-        Ok(v) if v == marker => Err(StoreError::Aborted(sig.reason())),
+        Ok(v) if v == marker => Err(StoreError::Aborted(
+            crate::options::abort_reason(sig).unwrap_or(JsValue::UNDEFINED),
+        )),
         other => Ok(other),
     }
 }
