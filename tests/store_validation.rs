@@ -792,13 +792,6 @@ async fn a_proxy_array_with_a_fractional_length_is_read_up_to_its_whole_part() {
 /// stack overflowed inside the module's own frames.
 #[wasm_bindgen_test]
 async fn a_getter_that_calls_the_store_again_is_bounded_and_every_call_settles() {
-    let name = format!("reenter-{}", (js_sys::Math::random() * 1e9) as u64);
-    let opened = wasm_bindgen_futures::JsFuture::from(agentstore::AgentStore::open(
-        s(&name),
-        JsValue::UNDEFINED,
-    ))
-    .await
-    .unwrap();
     let body = "return (async () => {
         const calls = [];
         const track = (p) => { calls.push(p.then(() => 'ok', (e) => e instanceof Error ? e.code : 'not an Error')); };
@@ -822,12 +815,7 @@ async fn a_getter_that_calls_the_store_again_is_bounded_and_every_call_settles()
         const after = await s.get('after');
         return { all, after: after && after.n };
     })();";
-    let f = js_sys::Function::new_with_args("s", body);
-    let out = wasm_bindgen_futures::JsFuture::from(js_sys::Promise::from(
-        f.call1(&JsValue::NULL, &opened).unwrap(),
-    ))
-    .await
-    .expect("every call settles");
+    let out = with_js_store(body).await;
     let all: js_sys::Array = field(&out, "all").unchecked_into();
     let codes: Vec<String> = all.iter().filter_map(|v| v.as_string()).collect();
     assert_eq!(codes.len() as u32, all.length());
@@ -849,8 +837,6 @@ async fn a_getter_that_calls_the_store_again_is_bounded_and_every_call_settles()
         Some(1.0),
         "the store goes on working"
     );
-    let close: js_sys::Function = field(&opened, "close").unchecked_into();
-    close.call0(&opened).unwrap();
 }
 
 /// An object that only claims a platform prototype (`instanceof` says
@@ -861,13 +847,6 @@ async fn a_getter_that_calls_the_store_again_is_bounded_and_every_call_settles()
 /// and a fake Promise returned by `mutate`'s function threw from `then`.
 #[wasm_bindgen_test]
 async fn an_object_that_only_claims_a_platform_prototype_is_refused_and_the_store_goes_on() {
-    let name = format!("fakes-{}", (js_sys::Math::random() * 1e9) as u64);
-    let opened = wasm_bindgen_futures::JsFuture::from(agentstore::AgentStore::open(
-        s(&name),
-        JsValue::UNDEFINED,
-    ))
-    .await
-    .unwrap();
     let body = "return (async () => {
         const out = {};
         const settle = async (f) => {
@@ -899,12 +878,7 @@ async fn an_object_that_only_claims_a_platform_prototype_is_refused_and_the_stor
         out.after = a.id + b.id + (await s.get('m')).n;
         return out;
     })();";
-    let f = js_sys::Function::new_with_args("s", body);
-    let out = wasm_bindgen_futures::JsFuture::from(js_sys::Promise::from(
-        f.call1(&JsValue::NULL, &opened).unwrap(),
-    ))
-    .await
-    .expect("every call settles");
+    let out = with_js_store(body).await;
     let got = |k: &str| field_str(&out, k).unwrap_or_default();
     assert_eq!(got("mutateSignal"), "validation");
     assert_eq!(got("importSignal"), "validation");
@@ -915,6 +889,26 @@ async fn an_object_that_only_claims_a_platform_prototype_is_refused_and_the_stor
     assert_eq!(got("lateSignal"), "aborted");
     assert_ne!(got("badThen"), "not an Error");
     assert_eq!(got("after"), "ab1", "the store goes on working");
+}
+
+/// Runs the JS `body` (a function body that returns a Promise) with `s`, an
+/// `AgentStore` opened through the JS API on a fresh database; returns what
+/// the Promise resolves to (panics if it rejects) and closes the store.
+async fn with_js_store(body: &str) -> JsValue {
+    let name = format!("js-{}", (js_sys::Math::random() * 1e9) as u64);
+    let opened = wasm_bindgen_futures::JsFuture::from(agentstore::AgentStore::open(
+        s(&name),
+        JsValue::UNDEFINED,
+    ))
+    .await
+    .unwrap();
+    let f = js_sys::Function::new_with_args("s", body);
+    let out = wasm_bindgen_futures::JsFuture::from(js_sys::Promise::from(
+        f.call1(&JsValue::NULL, &opened).unwrap(),
+    ))
+    .await
+    .expect("every call settles");
     let close: js_sys::Function = field(&opened, "close").unchecked_into();
     close.call0(&opened).unwrap();
+    out
 }
