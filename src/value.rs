@@ -385,8 +385,8 @@ pub fn from_units(units: &[u16]) -> JsString {
 
 /// `v` as a Promise when it is one or a thenable (a Promise of another realm,
 /// a library's `PromiseLike`: anything with a callable `then`, as the
-/// Promises/A+ "thenable" rule and `await` itself treat it), wrapped with
-/// `Promise.resolve`; `None` for any other value.
+/// Promises/A+ "thenable" rule and `await` itself treat it), adopted by a
+/// new Promise ([`adopt`]); `None` for any other value.
 pub(crate) fn as_promise(v: &JsValue) -> Option<js_sys::Promise> {
     let thenable = v.dyn_ref::<js_sys::Promise>().is_some()
         || ((v.is_object() || v.is_function())
