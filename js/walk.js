@@ -101,10 +101,22 @@ function isArray(v, w) {
 
 /** Hands the current piece over once it is long; fails past the limit. */
 function checkSize(w) {
-  if (w.out.length > PIECE) {
-    w.pieces.push(w.out);
-    w.len += w.out.length;
-    w.out = '';
+  const s = w.out;
+  if (s.length > PIECE) {
+    // A long token (a large string value or key) is cut too, so no piece
+    // is much longer than PIECE — never between the halves of a surrogate
+    // pair (wasm converts each piece to UTF-8 on its own; JSON.stringify
+    // escapes lone surrogates, so every other cut is exact).
+    let i = 0;
+    while (s.length - i > PIECE) {
+      let end = i + PIECE;
+      const c = s.charCodeAt(end - 1);
+      if (c >= 0xd800 && c <= 0xdbff) end--;
+      w.pieces.push(s.slice(i, end));
+      i = end;
+    }
+    w.len += i;
+    w.out = s.slice(i);
   }
   if (w.len + w.out.length > MAX_BYTES) fail(w, TOO_LARGE);
 }

@@ -868,7 +868,7 @@ impl AgentStore {
     /// connection that asked runs it). Not public API.
     #[wasm_bindgen(js_name = __openForIo, skip_typescript)]
     pub fn open_for_io(
-        name: String,
+        name: JsValue,
         indexes: JsValue,
         blocked_timeout_ms: u32,
         schema: u32,
@@ -882,6 +882,7 @@ impl AgentStore {
                     "the import/export module is from another release of agentstore (schema version differs)",
                 ));
             }
+            let name = string_arg(&name, "the store name").map_err(StoreError::Thrown)?;
             let indexes = parse_index_defs(&indexes)?;
             let store = Store::open_existing(&name, blocked_timeout_ms, indexes).await?;
             Ok(AgentStore::from_store(store).into())
@@ -1038,7 +1039,7 @@ fn legacy_id(options: &JsValue) -> Result<String, StoreError> {
     match read(options, "legacyIndexId")? {
         v if v.is_undefined() || v.is_null() => Ok("agent-index".to_owned()),
         v => crate::value::exact_string(&v).ok_or_else(|| {
-            StoreError::validation("legacyIndexId must be a string without lone surrogates")
+            StoreError::validation(["legacyIndexId", crate::value::STRING_ARG].concat())
         }),
     }
 }

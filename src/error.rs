@@ -160,7 +160,7 @@ impl StoreError {
         let (name, message) = (
             get_str(value, "name").unwrap_or_default(),
             get_str(value, "message")
-                .or_else(|| value.as_string())
+                .or_else(|| crate::value::text_prefix(value, crate::value::MAX_ARG_UNITS))
                 .unwrap_or_default(),
         );
         match name.as_str() {
@@ -250,9 +250,12 @@ pub(crate) fn set(obj: &JsValue, key: &str, value: &JsValue) {
     let _ = Reflect::set(obj, &JsValue::from_str(key), value);
 }
 
-/// Reads `obj[key]` as a string, if it is one.
+/// Reads `obj[key]` as a string, if it is one: at most its first 64 Ki
+/// UTF-16 code units ([`crate::value::MAX_ARG_UNITS`]; an error's `message`
+/// may be any length, and wasm memory never shrinks).
 pub(crate) fn get_str(obj: &JsValue, key: &str) -> Option<String> {
-    Reflect::get(obj, &JsValue::from_str(key)).ok()?.as_string()
+    let v = Reflect::get(obj, &JsValue::from_str(key)).ok()?;
+    crate::value::text_prefix(&v, crate::value::MAX_ARG_UNITS)
 }
 
 /// Result alias for the SDK.

@@ -111,7 +111,7 @@ export interface ClaimLostError extends Error { code: "claim_lost"; status: 409;
 fn string_param(v: &JsValue, what: &'static str) -> Result<String, LeaseError> {
     crate::value::exact_string(v).ok_or_else(|| {
         let mut m = String::from(what);
-        m.push_str(" must be a string without lone surrogates");
+        m.push_str(crate::value::STRING_ARG);
         LeaseError::Validation(m)
     })
 }
@@ -185,8 +185,8 @@ impl LeaseClient {
             if !b {
                 config.journal_name = None;
             }
-        } else if let Some(name) = journal.as_string() {
-            config.journal_name = Some(name);
+        } else if let Some(name) = crate::value::bounded(&journal, crate::value::MAX_ARG_UNITS) {
+            config.journal_name = Some(name.into());
         } else if !journal.is_undefined() && !journal.is_null() {
             return Err(LeaseError::Validation(
                 "journal must be a boolean or a string".into(),
@@ -214,9 +214,8 @@ impl LeaseClient {
             let origins =
                 crate::value::items(origins.unchecked_ref(), 64, "").map_err(|_| bad())?;
             for v in origins {
-                let origin = v
-                    .as_string()
-                    .and_then(|u| crate::lease::client::origin_of(&u))
+                let origin = crate::value::bounded(&v, crate::value::MAX_ARG_UNITS)
+                    .and_then(|u| crate::lease::client::origin_of(&String::from(u)))
                     .ok_or_else(bad)?;
                 config.header_origins.push(origin);
             }
@@ -502,9 +501,8 @@ impl Lease {
         // time work() looks.
         let asked: Result<_, LeaseError> = match crate::options::nested(|| {
             (|| {
-                let state = state
-                    .as_string()
-                    .and_then(|s| ItemState::parse(&s))
+                let state = crate::value::bounded(&state, 16)
+                    .and_then(|s| ItemState::parse(&String::from(s)))
                     .and_then(|s| match s {
                         ItemState::Done => Some(SettleState::Done),
                         ItemState::Failed => Some(SettleState::Failed),
@@ -668,14 +666,21 @@ impl Lease {
 
     /// [`Lease::prepare`] once the lease is known to be held.
     fn stamp(&self, input: JsValue, init: JsValue) -> Result<(Request, bool), JsValue> {
-        let base = match input.as_string() {
+        // A URL is copied into wasm memory only up to 64 Ki units (a longer
+        // one is refused below as not a string).
+        let url = crate::value::bounded(&input, crate::value::MAX_ARG_UNITS).map(String::from);
+        let base = match url {
             Some(url) if init.is_object() => {
                 Request::new_with_str_and_init(&url, init.unchecked_ref())?
             }
             Some(url) => Request::new_with_str(&url)?,
             None => {
                 let req: Request = input.dyn_into().map_err(|_| {
-                    LeaseError::Validation("input must be a URL string or a Request".into()).to_js()
+                    LeaseError::Validation(
+                        "input must be a URL string (at most 65,536 UTF-16 code units) or a Request"
+                            .into(),
+                    )
+                    .to_js()
                 })?;
                 // A new Request either way: an object that only claims
                 // Request's prototype is refused here (a TypeError), not
@@ -693,7 +698,18 @@ impl Lease {
         // The token alone can release the lease: it goes only to the lease
         // server's origin and the origins listed in `leaseHeaderOrigins`,
         // and never along a redirect (whose target may be anywhere).
-        if self.inner.may_send_headers_to(&base.url()) {
+        // The URL is read up to 64 Ki units: a longer one is refused rather
+        // than copied into wasm memory.
+        let url = crate::value::bounded(
+            &Reflect::get(&base, &"url".into())?,
+            crate::value::MAX_ARG_UNITS,
+        )
+        .map(String::from)
+        .ok_or_else(|| {
+            LeaseError::Validation("the request URL is longer than 65,536 UTF-16 code units".into())
+                .to_js()
+        })?;
+        if self.inner.may_send_headers_to(&url) {
             if crate::error::get_str(&base, "redirect").as_deref() == Some("follow") {
                 crate::error::set(&next, "redirect", &"manual".into());
                 manual = true;
@@ -724,23 +740,36 @@ impl Lease {
 }
 
 /// A signal aborted when either input aborts (`AbortSignal.any` when present).
+///
+/// Both signals are read through Reflect and `AbortSignal.any` is called
+/// through `Function.call` (both catch): a page may redefine `aborted` or
+/// `reason` on the lease's signal, or replace `AbortSignal.any`, and a throw
+/// from either is then an error here, never an unwind through the module.
 fn follow_both(a: &AbortSignal, b: &AbortSignal) -> Result<AbortSignal, JsValue> {
-    if a.aborted() {
-        return Ok(a.clone());
+    for s in [a, b] {
+        if crate::options::abort_reason(s).is_some() {
+            return Ok(s.clone());
+        }
     }
-    if b.aborted() {
-        return Ok(b.clone());
-    }
-    let ctor = Reflect::get(&js_sys::global(), &"AbortSignal".into())?;
-    if Reflect::get(&ctor, &"any".into()).is_ok_and(|f| f.is_function()) {
-        let both: Array = [a.clone(), b.clone()].iter().collect();
-        return Ok(AbortSignal::any(&both));
+    let both: Array = [a.clone(), b.clone()].iter().collect();
+    let any = Reflect::get(&js_sys::global(), &"AbortSignal".into())
+        .and_then(|ctor| Ok((Reflect::get(&ctor, &"any".into())?, ctor)));
+    if let Ok((any, ctor)) = any {
+        if let Some(any) = any.dyn_ref::<Function>() {
+            // A replaced `any` that throws or answers a non-signal: the
+            // listeners below do the same job.
+            if let Some(s) = any.call1(&ctor, &both).ok().and_then(|s| s.dyn_into().ok()) {
+                return Ok(s);
+            }
+        }
     }
     let c = AbortController::new()?;
     for s in [a, b] {
         let c2 = c.clone();
         let s2 = s.clone();
-        let cb = Closure::once_into_js(move || c2.abort_with_reason(&s2.reason()));
+        let cb = Closure::once_into_js(move || {
+            c2.abort_with_reason(&crate::options::abort_reason(&s2).unwrap_or(JsValue::UNDEFINED))
+        });
         s.add_event_listener_with_callback("abort", cb.unchecked_ref())?;
     }
     Ok(c.signal())
@@ -801,15 +830,13 @@ fn coded(e: JsValue, make: fn(String) -> LeaseError) -> JsValue {
     if Reflect::get(&e, &"code".into()).is_ok_and(|c| c.is_string()) {
         return e;
     }
-    let name = Reflect::get(&e, &"name".into())
-        .ok()
-        .and_then(|n| n.as_string());
+    // Through `get_str`: a thrown message of any length is read only up to
+    // its first 64 Ki units.
+    let name = crate::error::get_str(&e, "name");
     if matches!(name.as_deref(), Some("AbortError" | "TimeoutError")) {
         return LeaseError::Aborted(e).to_js();
     }
-    let message = Reflect::get(&e, &"message".into())
-        .ok()
-        .and_then(|m| m.as_string())
+    let message = crate::error::get_str(&e, "message")
         .unwrap_or_else(|| "the request could not be made".into());
     let out = make(message).to_js();
     let _ = Reflect::set(&out, &"cause".into(), &e);

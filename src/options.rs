@@ -164,7 +164,12 @@ fn given<T>(
 /// An optional string option.
 #[cfg_attr(not(feature = "lease"), allow(dead_code))]
 pub(crate) fn opt_str(options: &JsValue, key: &str) -> Result<Option<String>, String> {
-    given(options, key, "a string", |v| v.as_string())
+    given(
+        options,
+        key,
+        "a string of at most 65,536 UTF-16 code units",
+        |v| crate::value::bounded(&v, crate::value::MAX_ARG_UNITS).map(String::from),
+    )
 }
 
 /// An optional boolean option (a string such as `"false"` or a number is
@@ -240,9 +245,6 @@ pub(crate) fn opt_signal(options: &JsValue) -> Result<Option<AbortSignal>, Strin
 /// (which the conversion would change: [`crate::value::exact_string`]).
 pub(crate) fn string_arg(v: &JsValue, what: &'static str) -> Result<String, JsValue> {
     crate::value::exact_string(v).ok_or_else(|| {
-        crate::error::StoreError::validation(
-            [what, " must be a string without lone surrogates"].concat(),
-        )
-        .to_js()
+        crate::error::StoreError::validation([what, crate::value::STRING_ARG].concat()).to_js()
     })
 }

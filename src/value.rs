@@ -148,7 +148,7 @@ pub fn walk_record(record: &JsValue) -> crate::error::Result<Walked> {
     let first = out.get(0);
     if let Some(code) = first.as_f64() {
         let mut fail = Fail::new(WHY.get(code as usize).copied().unwrap_or(GETTER_THREW));
-        fail.detail = out.get(2).as_string();
+        fail.detail = Some(name(&out.get(2))).filter(|d| !d.is_empty());
         // js/walk.js lists the path outermost first; `Fail` keeps it
         // innermost first.
         for seg in Array::from(&out.get(1)).iter() {
@@ -156,7 +156,7 @@ pub fn walk_record(record: &JsValue) -> crate::error::Result<Walked> {
                 0,
                 match seg.as_f64() {
                     Some(i) => Seg::Index(i as u32),
-                    None => Seg::Key(seg.as_string().unwrap_or_default()),
+                    None => Seg::Key(name(&seg)),
                 },
             );
         }
@@ -210,7 +210,8 @@ fn check_plain(obj: &Object, object_proto: &JsValue) -> Walk<()> {
     let ctor = Reflect::get(obj, &"constructor".into())
         .ok()
         .and_then(|c| Reflect::get(&c, &"name".into()).ok())
-        .and_then(|n| n.as_string())
+        .map(|n| name(&n))
+        .filter(|n| !n.is_empty())
         .unwrap_or_else(|| "object".into());
     Err(Fail {
         why: "not a plain JSON object (convert it first, e.g. a Date with toISOString()): ",
@@ -234,8 +235,10 @@ fn may_be_lossy(text: &str, js: &JsValue) -> bool {
 /// non-string and for one holding a lone surrogate, which the conversion
 /// would turn into U+FFFD (two different names would then be one). For
 /// names: the store name, index names and keys, `legacyIndexId`.
+/// Longer strings are refused (the caller gets `None`) before anything is
+/// copied: see [`MAX_ARG_UNITS`].
 pub(crate) fn exact_string(v: &JsValue) -> Option<String> {
-    let text = v.as_string()?;
+    let text = String::from(bounded(v, MAX_ARG_UNITS)?);
     let exact =
         !may_be_lossy(&text, v) || char::decode_utf16(units(v.unchecked_ref())).all(|c| c.is_ok());
     exact.then_some(text)
@@ -306,27 +309,36 @@ fn length(v: &Array) -> Walk<u32> {
 }
 
 /// The enumerable own string-keyed fields of `obj` whose value is not
-/// `undefined` (what `JSON.stringify` writes), as `(name, key, value)`, each
-/// value read once.
-fn own_fields(obj: &Object) -> Walk<Vec<(String, JsValue, JsValue)>> {
+/// `undefined` (what `JSON.stringify` writes), as `(key, value)`, each value
+/// read once. The keys stay JS strings (their units together count toward
+/// the record's size limit), so none is copied into wasm memory.
+fn own_fields(obj: &Object) -> Walk<Vec<(JsValue, JsValue)>> {
     let keys = keys_js(obj).map_err(|_| Fail::new(GETTER_THREW))?;
     let mut fields = Vec::with_capacity(keys.length() as usize);
+    let mut units = 0usize;
     for key in keys.iter() {
-        let Some(k) = short_string(&key, MAX_RECORD_BYTES) else {
-            if key.is_string() {
-                return Err(Fail::new(TOO_LARGE));
-            }
+        let Some(k) = key.dyn_ref::<JsString>() else {
             continue;
         };
+        units += k.length() as usize;
+        if units > MAX_RECORD_BYTES {
+            return Err(Fail::new(TOO_LARGE));
+        }
         let item = match Reflect::get(obj, &key) {
             Ok(item) => item,
-            Err(_) => return Err(Fail::new("a property getter threw").at(Seg::Key(k))),
+            Err(_) => return Err(Fail::new("a property getter threw").at(Seg::Key(name(&key)))),
         };
         if !item.is_undefined() {
-            fields.push((k, key, item));
+            fields.push((key, item));
         }
     }
     Ok(fields)
+}
+
+/// A field name or constructor name for an error message: its first 256
+/// UTF-16 units (a name may be any length; only that much is copied).
+fn name(v: &JsValue) -> String {
+    text_prefix(v, 256).unwrap_or_default()
 }
 
 /// The longest revision text: a generation below 2^53 (16 digits), `-`
@@ -352,7 +364,7 @@ pub(crate) fn shallow_copy(obj: &Object) -> crate::error::Result<Object> {
     // the original's prototype is checked here.
     check_plain(obj, &Object::get_prototype_of(&Object::new()).into()).map_err(Fail::into_error)?;
     let out = bare_object();
-    for (_, key, item) in own_fields(obj).map_err(Fail::into_error)? {
+    for (key, item) in own_fields(obj).map_err(Fail::into_error)? {
         let _ = Reflect::set(&out, &key, &item);
     }
     Ok(out)
@@ -366,6 +378,31 @@ pub(crate) fn shallow_copy(obj: &Object) -> crate::error::Result<Object> {
 /// so a stored record reads back as an ordinary object with the same fields.
 fn bare_object() -> Object {
     Object::create(JsValue::NULL.unchecked_ref())
+}
+
+/// Longest string argument copied into the module's memory, in UTF-16
+/// code units (64 Ki): names, prefixes, key parts, cursors, options.
+/// Linear memory never shrinks, so a caller string of hundreds of MiB copied
+/// in would keep the page that large for its life; longer ones are refused
+/// with a ValidationError before the copy. (Record bodies are not arguments:
+/// they are hashed piece by piece under [`MAX_RECORD_BYTES`].)
+pub(crate) const MAX_ARG_UNITS: u32 = 1 << 16;
+
+/// The message end for a string argument that is not one ([`exact_string`]).
+pub(crate) const STRING_ARG: &str =
+    " must be a string without lone surrogates, at most 65,536 UTF-16 code units long";
+
+/// `v` as a JS string of at most `max_units` UTF-16 code units (its length
+/// is read without copying it).
+pub(crate) fn bounded(v: &JsValue, max_units: u32) -> Option<&JsString> {
+    v.dyn_ref::<JsString>().filter(|s| s.length() <= max_units)
+}
+
+/// The first `max_units` UTF-16 code units of `v` when it is a string (cut
+/// in JS, so only they are copied into wasm memory), e.g. an error's
+/// `message`; a lone surrogate left at the cut becomes U+FFFD.
+pub(crate) fn text_prefix(v: &JsValue, max_units: u32) -> Option<String> {
+    Some(String::from(v.dyn_ref::<JsString>()?.slice(0, max_units)))
 }
 
 /// The UTF-16 code units of a JS string (lone surrogates included).

@@ -580,3 +580,70 @@ async fn a_getter_that_calls_the_lease_again_is_bounded() {
     let it = item(id).await;
     assert_eq!(it.state, ItemState::Done);
 }
+
+/// Bytes of the module's linear memory (it never shrinks).
+fn wasm_memory_bytes() -> f64 {
+    let memory: js_sys::WebAssembly::Memory = wasm_bindgen::memory().unchecked_into();
+    js_sys::ArrayBuffer::from(memory.buffer()).byte_length() as f64
+}
+
+/// A settle result, error message, state or URL longer than the module's
+/// whole memory goes through (or is refused) without being copied into it:
+/// wasm memory never shrinks, so a copy would keep the page that large.
+#[wasm_bindgen_test]
+async fn a_huge_settle_result_or_argument_is_never_copied_into_wasm_memory() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("huge");
+    let id = enqueue(&q, json!({})).await;
+    let c = admin_client(config());
+    let lease = claim(&c, &q).await;
+    let api = agentstore::lease_api::Lease::from_inner(lease.clone());
+    let units = wasm_memory_bytes() + f64::from(4u32 << 20);
+    let before = wasm_memory_bytes();
+    let body = format!(
+        "return (async () => {{
+        const out = {{}};
+        const settle = async (f) => {{
+            try {{ await f(); return 'ok'; }}
+            catch (e) {{ return e instanceof Error ? (e.code ?? e.name) : 'not an Error'; }}
+        }};
+        const big = 'x'.repeat({units});
+        out.url = await settle(() => l.prepareRequest(big));
+        out.state = await settle(() => l.settle(big));
+        out.error = await settle(() => l.settle('failed', undefined, {{ error: big }}));
+        // Larger than the server's body limit: refused there.
+        out.result = await settle(() => l.settle('done', {{ big }}));
+        return out;
+    }})();"
+    );
+    let f = js_sys::Function::new_with_args("l", &body);
+    let out = wasm_bindgen_futures::JsFuture::from(js_sys::Promise::from(
+        f.call1(&JsValue::NULL, &JsValue::from(api)).unwrap(),
+    ))
+    .await
+    .expect("every call settles");
+    let grew = wasm_memory_bytes() - before;
+    let got = |k: &str| {
+        Reflect::get(&out, &k.into())
+            .ok()
+            .and_then(|v| v.as_string())
+            .unwrap_or_default()
+    };
+    assert!(
+        grew < f64::from(2u32 << 20),
+        "linear memory grew by {grew} bytes"
+    );
+    assert_eq!(got("url"), "validation");
+    assert_eq!(got("state"), "validation");
+    assert_eq!(got("error"), "validation");
+    assert_ne!(
+        got("result"),
+        "ok",
+        "the server refuses a body over its limit"
+    );
+    // (Chromium reads the 413; Firefox sees the connection closed: an
+    // unknown outcome, which a later settle would resend as it was.)
+    assert_ne!(item(id).await.state, ItemState::Done);
+}

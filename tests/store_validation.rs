@@ -912,3 +912,173 @@ async fn with_js_store(body: &str) -> JsValue {
     close.call0(&opened).unwrap();
     out
 }
+
+/// Bytes of the module's linear memory (it never shrinks).
+fn wasm_memory_bytes() -> f64 {
+    let memory: js_sys::WebAssembly::Memory = wasm_bindgen::memory().unchecked_into();
+    js_sys::ArrayBuffer::from(memory.buffer()).byte_length() as f64
+}
+
+/// A string argument longer than 64 Ki UTF-16 code units (a prefix longer
+/// than any id, a name, a key part, a `list` cursor) is a ValidationError
+/// before it is copied into wasm memory, which would otherwise grow for the
+/// rest of the page's life; so is a revision, a header value, a constructor
+/// name or a field name read outside the record walk. (`listBy`'s cursor is
+/// exempt: it is as long as the indexed values of the entry it names.)
+#[wasm_bindgen_test]
+async fn a_string_argument_too_long_to_be_one_is_refused_before_it_is_copied_into_wasm_memory() {
+    // Longer than the whole linear memory: copying it in would have to grow
+    // the memory (for the rest of the page's life) by at least 4 MiB.
+    let units = wasm_memory_bytes() + f64::from(4u32 << 20);
+    let before = wasm_memory_bytes();
+    let body = format!(
+        "return (async () => {{
+        const out = {{}};
+        const settle = async (f) => {{
+            try {{ await f(); return 'ok'; }}
+            catch (e) {{ return e instanceof Error ? (e.code ?? e.name) : 'not an Error'; }}
+        }};
+        const big = 'x'.repeat({units});
+        await s.put({{ _id: 'k', recordType: 't' }});
+        out.listPrefix = await settle(() => s.list({{ prefix: big }}));
+        out.countPrefix = await settle(() => s.count({{ prefix: big }}));
+        out.listAfter = await settle(() => s.list({{ after: big }}));
+        out.listByEq = await settle(() => s.listBy('byType', {{ eq: big }}));
+        out.listByPrefix = await settle(() => s.listBy('byType', {{ prefix: big }}));
+        out.listByName = await settle(() => s.listBy(big));
+        out.openName = await settle(() => s.constructor.open(big));
+        out.indexName = await settle(() => s.constructor.open('never', {{ indexes: [{{ name: big, keys: ['a'] }}] }}));
+        out.legacyId = await settle(() => s.importPouchDump('', {{ legacyIndexId: big }}));
+        // Fields read outside the record walk: a revision, a header value,
+        // a constructor's name, a field name on a failure path.
+        out.pouchRev = await settle(() => s.importPouchDump(JSON.stringify({{ docs: [{{ _id: 'p', _rev: big }}] }})));
+        out.snapshotRev = await settle(() => s.importSnapshot(JSON.stringify({{ _id: 'p', _rev: big }}) + '\\n'));
+        out.header = await settle(() => s.importSnapshot(JSON.stringify({{ agentstore: big }}) + '\\n'));
+        out.ctorName = await settle(() => s.put(Object.create({{ constructor: {{ name: big }} }})));
+        out.pathKey = await settle(() => s.put({{ _id: 'q', [big]: [undefined] }}));
+        out.mutateKey = await settle(() => s.mutate('k', () => ({{ [big]: [undefined] }})));
+        out.after = (await s.get('k'))._id;
+        return out;
+    }})();"
+    );
+    let out = with_js_store(&body).await;
+    let grew = wasm_memory_bytes() - before;
+    assert!(
+        grew < f64::from(2u32 << 20),
+        "linear memory grew by {grew} bytes for refused arguments"
+    );
+    let got = |k: &str| field_str(&out, k).unwrap_or_default();
+    for k in [
+        "listPrefix",
+        "countPrefix",
+        "listAfter",
+        "listByEq",
+        "listByPrefix",
+        "listByName",
+        "openName",
+        "indexName",
+        "legacyId",
+        "pouchRev",
+        "snapshotRev",
+        "header",
+        "ctorName",
+        "pathKey",
+        "mutateKey",
+    ] {
+        assert_eq!(got(k), "validation", "{k}");
+    }
+    assert_eq!(got("after"), "k", "the store goes on working");
+}
+
+/// A Blob or Response whose own `stream`, `blob`, `pipeThrough`, `getReader`
+/// or `read` is replaced (throws, or answers a non-stream, a non-Promise or a
+/// throwing thenable) fails the import with a ValidationError; before, a
+/// throw there unwound through the module.
+#[wasm_bindgen_test]
+async fn an_import_source_whose_own_stream_methods_are_replaced_is_an_error_and_the_store_goes_on()
+{
+    let body = "return (async () => {
+        const out = {};
+        const settle = async (f) => {
+            try { await f(); return 'ok'; }
+            catch (e) { return e instanceof Error ? (e.code ?? e.name) : 'not an Error'; }
+        };
+        const blob = (stream) => Object.assign(new Blob(['{}\\n']), { stream });
+        const reading = (read) => blob(() => ({ pipeThrough: () => ({ getReader: () => ({ read }) }) }));
+        out.streamThrows = await settle(() => s.importSnapshot(blob(() => { throw new Error('stream'); })));
+        out.notAStream = await settle(() => s.importSnapshot(blob(() => 42)));
+        out.readThrows = await settle(() => s.importPouchDump(reading(() => { throw new Error('read'); })));
+        out.readNotAPromise = await settle(() => s.importPouchDump(reading(() => 7)));
+        out.readBadThen = await settle(() => s.importSnapshot(reading(() => ({ then() { throw new Error('then'); } }))));
+        const response = Object.assign(new Response('{}'), { blob: () => 7 });
+        out.responseBlob = await settle(() => s.importPouchDump(response));
+        await s.put({ _id: 'after' });
+        out.after = (await s.get('after'))._id;
+        return out;
+    })();";
+    let out = with_js_store(body).await;
+    let got = |k: &str| field_str(&out, k).unwrap_or_default();
+    for k in [
+        "streamThrows",
+        "notAStream",
+        "readThrows",
+        "readNotAPromise",
+        "readBadThen",
+        "responseBlob",
+    ] {
+        assert_eq!(got(k), "validation", "{k}");
+    }
+    assert_eq!(got("after"), "after", "the store goes on working");
+}
+
+/// A record holding one string of tens of MiB (within the 64 MiB limit) is
+/// hashed in pieces of at most 64 Ki units: the module's memory grows by a
+/// piece, not by the string. Before, the whole string was one piece.
+#[wasm_bindgen_test]
+async fn a_large_string_in_a_record_is_hashed_in_pieces_not_copied_whole() {
+    let units = wasm_memory_bytes() + f64::from(4u32 << 20);
+    assert!(
+        units < f64::from(60u32 << 20),
+        "the module's memory is already {units} B"
+    );
+    let before = wasm_memory_bytes();
+    let body = format!(
+        "return (async () => {{
+        const big = 'x'.repeat({units}) + '\\u{{1F600}}'.repeat(70000);
+        const w = await s.put({{ _id: 'big', s: big }});
+        const back = await s.get('big');
+        return {{ same: back.s === big, rev: w.rev }};
+    }})();"
+    );
+    let out = with_js_store(&body).await;
+    let grew = wasm_memory_bytes() - before;
+    assert!(
+        grew < f64::from(2u32 << 20),
+        "linear memory grew by {grew} bytes"
+    );
+    assert_eq!(field(&out, "same").as_bool(), Some(true));
+}
+
+/// `listBy` pages through index entries whose string parts are longer than
+/// the 64 Ki-unit bound on caller arguments: the store's own keys and
+/// cursors are not bounded by it.
+#[wasm_bindgen_test]
+async fn list_by_pages_through_index_values_longer_than_an_argument_may_be() {
+    let body = "return (async () => {
+        const name = 'long-' + Math.random();
+        const t = await s.constructor.open(name, { indexes: [{ name: 'byTitle', keys: ['title'] }] });
+        const long = 'x'.repeat(70000);
+        for (let i = 0; i < 3; i++) await t.put({ _id: 'r' + i, title: long + i });
+        const seen = [];
+        let page = await t.listBy('byTitle', { limit: 1 });
+        for (;;) {
+            seen.push(...page.records.map((r) => r._id));
+            if (!page.next) break;
+            page = await t.listBy('byTitle', { limit: 1, after: page.next });
+        }
+        t.close();
+        return seen.join(',');
+    })();";
+    let out = with_js_store(body).await;
+    assert_eq!(out.as_string().as_deref(), Some("r0,r1,r2"));
+}

@@ -102,8 +102,8 @@ fn global_fetch() -> Result<Function> {
 /// when the caller's signal fired; the server's code otherwise.
 pub async fn send(call: Call<'_>) -> Result<Answer> {
     if let Some(s) = call.signal {
-        if s.aborted() {
-            return Err(LeaseError::Aborted(s.reason()));
+        if let Some(reason) = crate::options::abort_reason(s) {
+            return Err(LeaseError::Aborted(reason));
         }
     }
     let controller = AbortController::new().map_err(|e| LeaseError::Network(describe(&e)))?;
@@ -112,7 +112,7 @@ pub async fn send(call: Call<'_>) -> Result<Answer> {
         let c = controller.clone();
         let s2 = s.clone();
         let cb = wasm_bindgen::closure::Closure::<dyn FnMut()>::new(move || {
-            c.abort_with_reason(&s2.reason());
+            c.abort_with_reason(&crate::options::abort_reason(&s2).unwrap_or(JsValue::UNDEFINED));
         });
         let _ = s.add_event_listener_with_callback("abort", cb.as_ref().unchecked_ref());
         (s.clone(), cb)
@@ -248,10 +248,12 @@ pub fn from_code(
 /// The `message` of a thrown JS value (or the value itself when it is a
 /// string), at most its first 8 KiB.
 pub fn describe(e: &JsValue) -> String {
+    // Cut in JS first: only the kept part is copied into wasm memory.
     let mut m = Reflect::get(e, &"message".into())
         .ok()
-        .and_then(|v| v.as_string())
-        .or_else(|| e.as_string())
+        // One unit more than is kept, so a longer message is seen as cut.
+        .and_then(|v| crate::value::text_prefix(&v, 8193))
+        .or_else(|| crate::value::text_prefix(e, 8193))
         .unwrap_or_else(|| String::from("unknown error"));
     // A failure report must fit the server's request body limit (64 KiB by
     // default): keep the first 8 KiB, cut at a character boundary.

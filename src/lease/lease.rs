@@ -40,13 +40,14 @@ use agentstore_protocol::lease::{
 };
 use agentstore_protocol::lease_client::HeartbeatPlan;
 use agentstore_protocol::ErrorCode;
-use js_sys::{Function, Object, Promise};
+use js_sys::{Function, JsString, Object, Promise};
 use wasm_bindgen::JsValue;
 use web_sys::{AbortController, AbortSignal};
 
 use super::client::{item_path, ClientInner};
 use super::error::{LeaseError, LossReason, Result};
 use super::http::{describe, now_ms, parse, to_js};
+use crate::store::lines::json_parse;
 
 /// Where a lease is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,11 +110,11 @@ pub struct LeaseInner {
     /// The ending call that landed: its path, its body as JSON text and the
     /// server's answer. The same call made again (an app's double settle)
     /// gets that answer, as the server would answer a replay.
-    landed: RefCell<Option<(String, String, JsValue)>>,
+    landed: RefCell<Option<(String, JsString, JsValue)>>,
     /// The last ending call whose outcome is unknown (no answer, or a 5xx):
     /// its path, `state` and body as JSON text, resent as it was when the
     /// same call is retried.
-    unanswered: RefCell<Option<(String, Option<String>, String)>>,
+    unanswered: RefCell<Option<(String, Option<String>, JsString)>>,
     /// A release was owed when the lease was lost locally while an ending
     /// call was out (see `release_after_loss`): sent if that call turns out
     /// not to have been applied.
@@ -542,10 +543,9 @@ impl LeaseInner {
         // while a settle is out, from close() or the app) waits for the first
         // and is then refused if that one ended the lease.
         self.until_not_ending().await;
-        let mut text = js_sys::JSON::stringify(body)
-            .ok()
-            .and_then(|t| t.as_string())
-            .unwrap_or_default();
+        // Kept as a JS string: a large result is never copied into wasm
+        // memory (which never shrinks).
+        let mut text = js_sys::JSON::stringify(body).unwrap_or_else(|_| JsString::from(""));
         // The same call again after an unknown outcome (no answer, or a
         // 5xx): the first attempt may have been applied, and the server
         // answers a replay only for an identical body. Resend the first
@@ -565,7 +565,7 @@ impl LeaseInner {
         // caller's object: one changed while the request waits for a
         // credential refresh would otherwise differ from the `text` a retry
         // resends, and the server would not answer that retry as a replay.
-        let sent = js_sys::JSON::parse(&text).unwrap_or_else(|_| body.clone());
+        let sent = json_parse(&text).unwrap_or_else(|_| body.clone());
         let body = &sent;
         if let Some((p, b, answer)) = self.landed.borrow().as_ref() {
             if p == path && *b == text {
@@ -667,7 +667,10 @@ impl LeaseInner {
 /// over: a `toJSON` or getter then never runs again when the settle goes
 /// on the wire or is sent again (it could call `settle()` itself each time,
 /// and every retry started new ones), and a retry sends what was read.
+///
+/// The text stays a JS string (never copied into wasm memory, which never
+/// shrinks): a result of any size costs the module nothing, and the server
+/// refuses one larger than its `--max-body-bytes`.
 pub(crate) fn json_copy(v: &JsValue) -> Option<JsValue> {
-    let text = js_sys::JSON::stringify(v).ok()?.as_string()?;
-    js_sys::JSON::parse(&text).ok()
+    json_parse(&js_sys::JSON::stringify(v).ok()?).ok()
 }

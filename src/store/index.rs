@@ -449,11 +449,16 @@ impl ByQuery {
         crate::options::check_object(o, "listBy options").map_err(StoreError::validation)?;
         let get = |k: &str| crate::options::read(o, k);
         let given = |v: &JsValue| !v.is_undefined() && !v.is_null();
+        // A caller's key part: a string is copied into wasm memory only up
+        // to 64 Ki units (the store's own keys, read for `next`, are not
+        // bounded).
         let part = |v: &JsValue, what: &str| {
-            part_from_js(v)
+            (!v.is_string() || value::bounded(v, value::MAX_ARG_UNITS).is_some())
+                .then(|| part_from_js(v))
+                .flatten()
                 .filter(|p| *p != KeyPart::Max)
                 .ok_or_else(|| {
-                    StoreError::validation([what, " must be a string or a finite number"].concat())
+                    StoreError::validation([what, " must be a finite number or a string of at most 65,536 UTF-16 code units"].concat())
                 })
         };
         let (eq, prefix, range) = (get("eq")?, get("prefix")?, get("range")?);
@@ -477,9 +482,11 @@ impl ByQuery {
             }
             Condition::Eq(vals.iter().map(|v| part(v, "eq")).collect::<Result<_>>()?)
         } else if given(&prefix) {
-            let s = prefix
-                .dyn_ref::<JsString>()
-                .ok_or_else(|| StoreError::validation("prefix must be a string"))?;
+            let s = value::bounded(&prefix, value::MAX_ARG_UNITS).ok_or_else(|| {
+                StoreError::validation(
+                    "prefix must be a string of at most 65,536 UTF-16 code units",
+                )
+            })?;
             Condition::Prefix(value::units(s))
         } else if given(&range) {
             if !range.is_object() || value::is_array(&range)? {
@@ -516,6 +523,9 @@ impl ByQuery {
             v if !given(&v) => None,
             v => Some(
                 decode_key_cursor(
+                    // Not bounded: the store's own cursor, as long as the
+                    // indexed values of the entry it names (4 hex digits per
+                    // code unit).
                     &v.as_string()
                         .ok_or_else(|| StoreError::validation("after must be a cursor string"))?,
                 )
@@ -650,7 +660,7 @@ impl Store {
                 let id = Reflect::get(r, &"_id".into()).unwrap_or_default();
                 live.add(&id);
                 if let Some(k) = entry_key(&tag, def, r) {
-                    expected.set(&id, &JsValue::from(json_text(&k)));
+                    expected.set(&id, &json_text(&k));
                 }
             }
             let (seen, stale) = (
@@ -661,11 +671,7 @@ impl Store {
                 let id = Array::from(k).at(-1);
                 if !live.has(&id) {
                     v.orphaned.push(id);
-                } else if expected
-                    .get(&id)
-                    .as_string()
-                    .is_none_or(|want| want != json_text(k))
-                {
+                } else if expected.get(&id) != json_text(k) {
                     stale.add(&id);
                     v.stale.push(id);
                 } else {
@@ -903,7 +909,7 @@ impl Store {
             .zip(&vals)
             .map(|(k, v)| JsValue::from(Array::of2(k, v)))
             .collect();
-        Ok(json_text(&pairs.into()))
+        Ok(json_text(&pairs.into()).as_string().unwrap_or_default())
     }
 
     /// Raw access to the DERIVED store for fault-injection tests.
@@ -954,9 +960,11 @@ pub fn verification_js(v: &Verification) -> JsValue {
     o.into()
 }
 
-fn json_text(v: &JsValue) -> String {
+/// `JSON.stringify(v)` as a JS string (entry keys hold record strings of
+/// any length: compared in JS, never copied into wasm memory).
+fn json_text(v: &JsValue) -> JsValue {
     js_sys::JSON::stringify(v)
-        .map(String::from)
+        .map(JsValue::from)
         .unwrap_or_default()
 }
 

@@ -249,9 +249,8 @@ fn pouch_row(doc: &JsValue, n: usize) -> Result<Option<Row>> {
     if id.starts_with("_local/", 0) {
         return Ok(None);
     }
-    let rev_text = get(doc, "_rev")
-        .as_string()
-        .ok_or_else(|| line_error(WHAT, n, "a doc has no string _rev"))?;
+    let rev_text = crate::value::short_string(&get(doc, "_rev"), crate::value::MAX_REV_TEXT)
+        .ok_or_else(|| line_error(WHAT, n, "a doc has no string _rev (a revision)"))?;
     let rev = Rev::parse(&rev_text).map_err(|e| line_error(WHAT, n, &e.0))?;
     let deleted = get(doc, "_deleted").as_bool() == Some(true);
     Ok(Some(Row {
@@ -261,6 +260,10 @@ fn pouch_row(doc: &JsValue, n: usize) -> Result<Option<Row>> {
         deleted,
     }))
 }
+
+/// Most `_revisions.ids` one doc may list (PouchDB keeps 1,000 by default,
+/// its `revs_limit`); a longer list is refused rather than copied in.
+const MAX_REVISION_IDS: u32 = 100_000;
 
 /// The ancestors a doc's `_revisions` names (empty when it has none).
 fn pouch_ancestors(doc: &JsValue, n: usize) -> Result<Vec<Rev>> {
@@ -272,7 +275,7 @@ fn pouch_ancestors(doc: &JsValue, n: usize) -> Result<Vec<Rev>> {
         line_error(
             "PouchDB dump",
             n,
-            "_revisions must be {start, ids: [hash, …]}",
+            "_revisions must be {start, ids: [hash, …]} (at most 100,000 ids)",
         )
     };
     let start = get(&revs, "start")
@@ -283,9 +286,14 @@ fn pouch_ancestors(doc: &JsValue, n: usize) -> Result<Vec<Rev>> {
     if ids.length() <= 1 {
         return Ok(Vec::new());
     }
+    // Each id is a revision hash (copied only when short), and there are
+    // at most as many as generations a dump can hold in one line.
+    if ids.length() > MAX_REVISION_IDS {
+        return Err(bad());
+    }
     let ids: Vec<String> = ids
         .iter()
-        .map(|h| h.as_string().ok_or_else(bad))
+        .map(|h| crate::value::short_string(&h, crate::value::MAX_REV_TEXT).ok_or_else(bad))
         .collect::<Result<_>>()?;
     revisions_ancestors(start, &ids).map_err(|e| line_error("PouchDB dump", n, &e.0))
 }
@@ -350,9 +358,8 @@ fn snapshot_row(line: &JsString, n: usize) -> Result<Option<(JsString, Rev, bool
     }
     let id =
         super::check_id_value(&get(&v, "_id")).map_err(|e| line_error(WHAT, n, &e.message()))?;
-    let rev = get(&v, "_rev")
-        .as_string()
-        .ok_or_else(|| line_error(WHAT, n, "a line without _rev"))?;
+    let rev = crate::value::short_string(&get(&v, "_rev"), crate::value::MAX_REV_TEXT)
+        .ok_or_else(|| line_error(WHAT, n, "a line without _rev (a revision)"))?;
     let rev = Rev::parse(&rev).map_err(|e| line_error(WHAT, n, &e.0))?;
     let deleted = get(&v, "_deleted").as_bool() == Some(true);
     if !deleted {
@@ -363,7 +370,8 @@ fn snapshot_row(line: &JsString, n: usize) -> Result<Option<(JsString, Rev, bool
 
 /// `{"agentstore": "snapshot", …}`: a snapshot's header line.
 fn is_snapshot_header(v: &JsValue) -> bool {
-    get(v, "agentstore").as_string().as_deref() == Some("snapshot")
+    // Compared in JS (`===`): the value may be any length.
+    get(v, "agentstore") == JsValue::from_str("snapshot")
 }
 
 /// A later header line, as a second export appended to the first starts
@@ -434,7 +442,7 @@ impl Store {
         let mut bad_bodies: Vec<(JsValue, String, StoreError)> = Vec::new();
 
         let legacy_key = JsValue::from_str(legacy_index_id);
-        let mut lines = source.lines(opts.signal.clone());
+        let mut lines = source.lines(opts.signal.clone())?;
         let mut first = true;
         while let Some((n, line)) = next_line(&mut lines).await? {
             let docs = dump_docs(&line, n, first, &mut summary.last_seq)?;
@@ -524,7 +532,7 @@ impl Store {
         drop(legacy_rows);
 
         let mut writer = Writer::new(self, opts, leaves.size());
-        let mut lines = source.lines(opts.signal.clone());
+        let mut lines = source.lines(opts.signal.clone())?;
         let mut first = true;
         let mut ignore_seq = None;
         while let Some((n, line)) = next_line(&mut lines).await? {
@@ -680,7 +688,7 @@ impl Store {
         let source = Source::from_js(source, opts.signal.as_ref()).await?;
         // id → the highest revision seen (pass 1); deleted once written (pass 2).
         let winners = Map::new();
-        let mut lines = source.lines(opts.signal.clone());
+        let mut lines = source.lines(opts.signal.clone())?;
         let mut header = false;
         while let Some((n, line)) = next_line(&mut lines).await? {
             if !header {
@@ -708,7 +716,7 @@ impl Store {
             }
         }
         let mut writer = Writer::new(self, opts, winners.size());
-        let mut lines = source.lines(opts.signal.clone());
+        let mut lines = source.lines(opts.signal.clone())?;
         let mut header = false;
         while let Some((_, line)) = next_line(&mut lines).await? {
             if !header {

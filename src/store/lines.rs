@@ -11,7 +11,7 @@
 
 use super::mutate::race_abort;
 use crate::error::{Result, StoreError};
-use js_sys::{Array, Function, JsString, Promise, Reflect};
+use js_sys::{Array, Function, JsString, Reflect};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 use web_sys::AbortSignal;
@@ -58,8 +58,12 @@ extern "C" {
     pub(crate) type JsBlob;
     #[wasm_bindgen(constructor, js_class = "Blob", catch)]
     pub(crate) fn new(parts: &Array) -> std::result::Result<JsBlob, JsValue>;
-    #[wasm_bindgen(method, js_class = "Blob")]
-    fn stream(this: &JsBlob) -> JsReadableStream;
+    // `stream`, `pipeThrough`, `getReader` and `read` are called on the
+    // caller's objects (a Blob's own `stream` may be replaced, and then what
+    // it answers is anything): each binding catches, so a throw is an
+    // import error instead of an unwind through the module.
+    #[wasm_bindgen(method, catch, js_class = "Blob")]
+    fn stream(this: &JsBlob) -> std::result::Result<JsReadableStream, JsValue>;
 
     #[wasm_bindgen(js_name = Response)]
     #[derive(Clone)]
@@ -67,24 +71,27 @@ extern "C" {
     #[wasm_bindgen(constructor, js_class = "Response", catch)]
     fn new(body: &JsValue) -> std::result::Result<JsResponse, JsValue>;
     #[wasm_bindgen(method, catch, js_class = "Response")]
-    fn blob(this: &JsResponse) -> std::result::Result<Promise, JsValue>;
+    fn blob(this: &JsResponse) -> std::result::Result<JsValue, JsValue>;
 
     #[wasm_bindgen(js_name = ReadableStream)]
     type JsReadableStream;
-    #[wasm_bindgen(method, js_class = "ReadableStream", js_name = pipeThrough)]
-    fn pipe_through(this: &JsReadableStream, transform: &JsTextDecoderStream) -> JsReadableStream;
-    #[wasm_bindgen(method, js_class = "ReadableStream", js_name = pipeThrough)]
+    #[wasm_bindgen(method, catch, js_class = "ReadableStream", js_name = pipeThrough)]
+    fn pipe_through(
+        this: &JsReadableStream,
+        transform: &JsTextDecoderStream,
+    ) -> std::result::Result<JsReadableStream, JsValue>;
+    #[wasm_bindgen(method, catch, js_class = "ReadableStream", js_name = pipeThrough)]
     fn pipe_through_with(
         this: &JsReadableStream,
         transform: &JsTransformStream,
         options: &JsValue,
-    ) -> JsReadableStream;
-    #[wasm_bindgen(method, js_class = "ReadableStream", js_name = getReader)]
-    fn get_reader(this: &JsReadableStream) -> JsReader;
+    ) -> std::result::Result<JsReadableStream, JsValue>;
+    #[wasm_bindgen(method, catch, js_class = "ReadableStream", js_name = getReader)]
+    fn get_reader(this: &JsReadableStream) -> std::result::Result<JsReader, JsValue>;
 
     type JsReader;
-    #[wasm_bindgen(method)]
-    fn read(this: &JsReader) -> Promise;
+    #[wasm_bindgen(method, catch)]
+    fn read(this: &JsReader) -> std::result::Result<JsValue, JsValue>;
 
     #[wasm_bindgen(js_name = TransformStream)]
     type JsTransformStream;
@@ -93,8 +100,8 @@ extern "C" {
 
     #[wasm_bindgen(js_name = TextDecoderStream)]
     type JsTextDecoderStream;
-    #[wasm_bindgen(constructor, js_class = "TextDecoderStream")]
-    fn new() -> JsTextDecoderStream;
+    #[wasm_bindgen(constructor, catch, js_class = "TextDecoderStream")]
+    fn new() -> std::result::Result<JsTextDecoderStream, JsValue>;
 }
 
 /// An import source that can be read more than once (imports read it twice:
@@ -186,14 +193,17 @@ impl Source {
                 let opts = js_sys::Object::new();
                 crate::error::set(&opts, "signal", sig);
                 let pipe = JsTransformStream::new().map_err(|e| unreadable(&e))?;
-                JsResponse::new(&body.pipe_through_with(&pipe, &opts).into())
-                    .map_err(|e| unreadable(&e))?
+                let piped = body
+                    .pipe_through_with(&pipe, &opts)
+                    .map_err(|e| unreadable(&e))?;
+                JsResponse::new(&piped.into()).map_err(|e| unreadable(&e))?
             }
             _ => response,
         };
         // Raced with the signal too: the abort answers at once, whatever the
         // pipe's own error is.
-        let promise = response.blob().map_err(|e| unreadable(&e))?;
+        // Adopted: a Response whose own `blob` answers a non-Promise.
+        let promise = crate::value::adopt(&response.blob().map_err(|e| unreadable(&e))?);
         let blob = race_abort(promise, signal)
             .await?
             .map_err(|e| unreadable(&e))?;
@@ -202,19 +212,23 @@ impl Source {
 
     /// A fresh reader from the first line; each chunk read is raced with
     /// `signal`.
-    pub(crate) fn lines(&self, signal: Option<AbortSignal>) -> Lines {
-        match self {
+    ///
+    /// # Errors
+    /// ValidationError when the Blob cannot be read as a stream (its own
+    /// `stream` replaced by one that throws or answers a non-stream).
+    pub(crate) fn lines(&self, signal: Option<AbortSignal>) -> Result<Lines> {
+        Ok(match self {
             Source::Text(s) => Lines::new(s.clone(), None, signal),
-            Source::Blob(b) => Lines::new(
-                JsString::from(""),
-                Some(
-                    b.stream()
-                        .pipe_through(&JsTextDecoderStream::new())
-                        .get_reader(),
-                ),
-                signal,
-            ),
-        }
+            Source::Blob(b) => {
+                let text = JsTextDecoderStream::new().map_err(|e| unreadable(&e))?;
+                let reader = b
+                    .stream()
+                    .and_then(|s| s.pipe_through(&text))
+                    .and_then(|s| s.get_reader())
+                    .map_err(|e| unreadable(&e))?;
+                Lines::new(JsString::from(""), Some(reader), signal)
+            }
+        })
     }
 }
 
@@ -267,9 +281,19 @@ impl Lines {
                 }
                 return Ok(Some(self.take(JsString::from(""))));
             };
-            let step = race_abort(reader.read(), self.signal.as_ref())
+            // Adopted by a new Promise: a `read` that answers a non-Promise
+            // (or a thenable that throws) is a rejection here.
+            let read = reader.read().map_err(|e| unreadable(&e))?;
+            let step = race_abort(crate::value::adopt(&read), self.signal.as_ref())
                 .await?
                 .map_err(|e| unreadable(&e))?;
+            if !step.is_object() {
+                // Not a reader's `{done, value}` (a replaced `read`): an
+                // error, not a loop reading nothing forever.
+                return Err(unreadable(&JsValue::from_str(
+                    "a read answered a non-object",
+                )));
+            }
             if Reflect::get(&step, &"done".into()).is_ok_and(|d| d.is_truthy()) {
                 self.reader = None;
             } else {
@@ -305,7 +329,7 @@ fn unreadable(e: &JsValue) -> StoreError {
     }
     // A stream may error with any value, a string included.
     let message = crate::error::get_str(e, "message")
-        .or_else(|| e.as_string())
+        .or_else(|| crate::value::text_prefix(e, crate::value::MAX_ARG_UNITS))
         .unwrap_or_default();
     StoreError::validation(
         [

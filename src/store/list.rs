@@ -12,7 +12,7 @@ use super::Store;
 use crate::error::{Result, StoreError};
 use crate::value;
 use agentstore_protocol::keys::{decode_cursor, encode_cursor, page_range, Bound, PageRange};
-use agentstore_protocol::record::check_limit;
+use agentstore_protocol::record::{check_limit, MAX_ID_UNITS};
 use js_sys::{Array, JsString};
 use wasm_bindgen::{JsCast, JsValue};
 
@@ -44,6 +44,12 @@ impl ListQuery {
         let prefix = match get("prefix")? {
             v if v.is_undefined() || v.is_null() => Vec::new(),
             v => match v.dyn_into::<JsString>() {
+                // No id is longer (and the copy into wasm memory stays small).
+                Ok(s) if s.length() as usize > MAX_ID_UNITS => {
+                    return Err(StoreError::validation(
+                        "prefix is longer than any id (1024 UTF-16 code units)",
+                    ))
+                }
                 Ok(s) => value::units(&s),
                 Err(_) => return Err(StoreError::validation("prefix must be a string")),
             },
@@ -67,11 +73,13 @@ impl ListQuery {
         let after = match get("after")? {
             v if v.is_undefined() || v.is_null() => None,
             v => {
-                let s = v.as_string().ok_or_else(|| {
-                    StoreError::validation(
-                        "after must be a cursor string from a previous page's next",
-                    )
-                })?;
+                let s = value::bounded(&v, value::MAX_ARG_UNITS)
+                    .map(String::from)
+                    .ok_or_else(|| {
+                        StoreError::validation(
+                            "after must be a cursor string from a previous page's next",
+                        )
+                    })?;
                 Some(decode_cursor(&s).map_err(StoreError::validation)?)
             }
         };
