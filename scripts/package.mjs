@@ -205,10 +205,12 @@ const inlineIoLoader = (root) =>
     if (!out.includes(target) || !out.includes(`const RELEASE = '${release}';`)) throw new Error('js/io-loader.js changed: update inlineIoLoader');
     return out.replace(target, `import('${rel}')`);
   });
-// The write path's walk (js/walk.js, a snippet of every build, the io
-// module's too) is inlined the same way.
+// The write path's walk (js/walk.js) and the Promises made in JS
+// (js/promise.js), snippets of every build (the io module's too), are inlined
+// the same way.
 for (const [root, glue] of [[dir, js], ...(hasStore ? [[join(dir, sub), js]] : []), ...(hasIo ? [[join(dir, ioSub), ioJs]] : [])]) {
   inlineSnippet(root, glue, 'walk.js');
+  inlineSnippet(root, glue, 'promise.js');
 }
 if (hasIo) {
   inlineIoLoader(dir);

@@ -439,7 +439,11 @@ pub(crate) fn as_promise(v: &JsValue) -> Option<js_sys::Promise> {
 /// only claims Promise's prototype) rejects the new Promise, in a later job,
 /// instead of throwing past the module.
 pub(crate) fn adopt(v: &JsValue) -> js_sys::Promise {
-    js_sys::Promise::new(&mut |resolve, _| {
-        let _ = resolve.call1(&JsValue::UNDEFINED, v);
-    })
+    adopt_js(v)
+}
+
+#[wasm_bindgen::prelude::wasm_bindgen(module = "/js/promise.js")]
+extern "C" {
+    #[wasm_bindgen(js_name = adopt)]
+    fn adopt_js(v: &JsValue) -> js_sys::Promise;
 }

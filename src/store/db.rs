@@ -794,39 +794,27 @@ fn abort_error(raw: &IdbTransaction) -> StoreError {
     }
 }
 
-/// A Promise settled by a transaction's `complete` (resolves) or
-/// `abort`/`error` (rejects).
-fn tx_promise(tx: &IdbTransaction) -> js_sys::Promise {
-    let tx = tx.clone();
-    js_sys::Promise::new(&mut move |resolve: Function, reject: Function| {
-        let ok = Closure::once_into_js(move |_e: web_sys::Event| {
-            let _ = resolve.call0(&JsValue::NULL);
-        });
-        let fail = Closure::<dyn FnMut(web_sys::Event)>::new(move |_e: web_sys::Event| {
-            let _ = reject.call0(&JsValue::NULL);
-        })
-        .into_js_value();
-        tx.set_oncomplete(Some(ok.unchecked_ref()));
-        tx.set_onabort(Some(fail.unchecked_ref()));
-    })
+#[wasm_bindgen::prelude::wasm_bindgen(module = "/js/promise.js")]
+extern "C" {
+    /// A Promise settled by a transaction's `complete` (resolves) or
+    /// `abort` (rejects) event (js/promise.js).
+    #[wasm_bindgen(js_name = transactionPromise)]
+    fn tx_promise(tx: &IdbTransaction) -> js_sys::Promise;
+    /// A Promise settled by an IDB request's `success` / `error` events
+    /// (resolves with `result`, rejects with the request's DOMException;
+    /// js/promise.js).
+    #[wasm_bindgen(js_name = requestPromise)]
+    pub(crate) fn request_promise(request: &web_sys::IdbRequest) -> js_sys::Promise;
+    /// A Promise resolved with `value` after `ms` milliseconds (this global
+    /// scope's `setTimeout`, window or worker; js/promise.js).
+    #[wasm_bindgen(js_name = timerPromise)]
+    pub fn timer_promise(ms: u32, value: &JsValue) -> js_sys::Promise;
 }
 
 /// A Promise resolved with `undefined` after `ms` milliseconds
 /// (`setTimeout` of this global scope: window or worker).
 pub fn sleep_promise(ms: u32) -> js_sys::Promise {
     timer_promise(ms, &JsValue::UNDEFINED)
-}
-
-/// A Promise resolved with `value` after `ms` milliseconds (`setTimeout`
-/// passes its extra argument to the callback, per the HTML timers spec).
-pub fn timer_promise(ms: u32, value: &JsValue) -> js_sys::Promise {
-    js_sys::Promise::new(&mut |resolve: Function, _reject: Function| {
-        if let Ok(set_timeout) = Reflect::get(&js_sys::global(), &"setTimeout".into())
-            .and_then(|f| f.dyn_into::<Function>())
-        {
-            let _ = set_timeout.call3(&JsValue::UNDEFINED, &resolve, &JsValue::from(ms), value);
-        }
-    })
 }
 
 /// How much longer (ms) than `blockedTimeoutMs` an open or delete that
@@ -921,27 +909,4 @@ fn create_schema(db: &IdbDatabase) -> std::result::Result<(), JsValue> {
         }
     }
     Ok(())
-}
-
-/// A Promise settled by an IDB request's `success` / `error` events
-/// (resolves with `result`, rejects with the request's DOMException).
-pub(crate) fn request_promise(request: &web_sys::IdbRequest) -> js_sys::Promise {
-    let request = request.clone();
-    js_sys::Promise::new(&mut move |resolve: Function, reject: Function| {
-        let r = request.clone();
-        let ok = Closure::once_into_js(move |_e: web_sys::Event| {
-            let _ = resolve.call1(&JsValue::NULL, &r.result().unwrap_or(JsValue::NULL));
-        });
-        let r = request.clone();
-        let err = Closure::once_into_js(move |_e: web_sys::Event| {
-            let e = r
-                .error()
-                .ok()
-                .flatten()
-                .map_or(JsValue::NULL, JsValue::from);
-            let _ = reject.call1(&JsValue::NULL, &e);
-        });
-        request.set_onsuccess(Some(ok.unchecked_ref()));
-        request.set_onerror(Some(err.unchecked_ref()));
-    })
 }
