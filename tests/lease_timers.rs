@@ -123,3 +123,49 @@ async fn a_client_that_claims_its_own_item_again_loses_the_earlier_claim() {
     let seen = item(id).await;
     assert_eq!((seen.state, seen.epoch), (ItemState::Done, 2));
 }
+
+/// A machine that sleeps: `performance.now()` (and the browser's timers)
+/// stop while the operating system is suspended on macOS, Linux, ChromeOS
+/// and Android, so on waking the wall clock is ahead of it by the time
+/// asleep (simulated here by shifting the wall clock the lease client reads
+/// by 10 TTLs). The lease is lost by then — the server has long reaped it —
+/// and the client must say so: the page waking (`online`, here) wakes the
+/// heartbeat loop, whose pass aborts the signal without anyone reading the
+/// lease, well before the loop's own (9 s late) timer; status and settle
+/// agree, and the token is released. Before, the lease read as held, its
+/// signal un-aborted, for as long as the TTL had left on the stopped clock.
+#[wasm_bindgen_test]
+async fn a_machine_waking_from_a_sleep_past_the_ttl_finds_its_lease_lost() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("slept");
+    let id = enqueue(&q, json!({})).await;
+    // The loop's own timers fire 9 s late: only the wake event can end the
+    // lease within the wait below.
+    let c = admin_client(delayed(9_000.0));
+    let lease = claim(&c, &q).await;
+    let fired = abort_recorder(&lease);
+    agentstore::lease::http::shift_wall_clock(10.0 * TTL_MS);
+    let global: web_sys::EventTarget = wasm_bindgen::JsCast::unchecked_into(js_sys::global());
+    global
+        .dispatch_event(&web_sys::Event::new("online").unwrap())
+        .unwrap();
+    let aborted = within(4_000.0, async {
+        while aborted_at(&fired).is_none() {
+            sleep(20.0).await;
+        }
+    })
+    .await;
+    agentstore::lease::http::shift_wall_clock(0.0);
+    assert!(aborted.is_some(), "the signal did not abort on waking");
+    assert_eq!(lease.status(), Status::Lost(LossReason::ExpiredLocally));
+    let e = lease
+        .settle(SettleState::Done, None, None)
+        .await
+        .unwrap_err();
+    assert_eq!(loss(&e), Some("expired_locally"));
+    // The token is released: the item is claimable again.
+    let seen = wait_item(id, 3.0 * TTL_MS, |it| it.state == ItemState::Open).await;
+    assert_eq!(seen.state, ItemState::Open);
+}

@@ -92,6 +92,10 @@ pub struct ClientInner {
     pub(crate) journal: Journal,
     /// Keeps the `pagehide` listener alive (removed on close).
     pagehide: RefCell<Option<Closure<dyn FnMut()>>>,
+    /// Keeps the [`lifecycle::RESUME_EVENTS`] listener alive (removed on
+    /// close): it wakes the heartbeat loop, whose pass expires leases the
+    /// time away (a suspend) has lost.
+    resume: RefCell<Option<Closure<dyn FnMut()>>>,
     weak: Weak<ClientInner>,
 }
 
@@ -124,17 +128,34 @@ impl ClientInner {
             ending_idle: RefCell::new(Vec::new()),
             journal,
             pagehide: RefCell::new(None),
+            resume: RefCell::new(None),
             weak: weak.clone(),
         });
         if pagehide_wanted {
             let weak = Rc::downgrade(&inner);
-            *inner.pagehide.borrow_mut() = lifecycle::on_pagehide(move || {
+            *inner.pagehide.borrow_mut() = lifecycle::listen(&lifecycle::PAGEHIDE, move || {
                 if let Some(c) = weak.upgrade() {
                     c.release_all_beacon();
                 }
             });
         }
+        let weak = Rc::downgrade(&inner);
+        *inner.resume.borrow_mut() = lifecycle::listen(&lifecycle::RESUME_EVENTS, move || {
+            if let Some(c) = weak.upgrade() {
+                c.wake();
+            }
+        });
         Ok(inner)
+    }
+
+    /// Removes the page's `pagehide` and resume listeners.
+    fn unlisten(&self) {
+        if let Some(cb) = self.pagehide.borrow_mut().take() {
+            lifecycle::unlisten(&lifecycle::PAGEHIDE, &cb);
+        }
+        if let Some(cb) = self.resume.borrow_mut().take() {
+            lifecycle::unlisten(&lifecycle::RESUME_EVENTS, &cb);
+        }
     }
 
     /// A `Weak` back-reference for leases and loops.
@@ -230,9 +251,7 @@ impl ClientInner {
     #[cfg(feature = "test-hooks")]
     pub fn vanish(self: &Rc<Self>) {
         self.closed.set(true);
-        if let Some(cb) = self.pagehide.borrow_mut().take() {
-            lifecycle::off_pagehide(&cb);
-        }
+        self.unlisten();
         // Not `held()`: its deadline check would release an expired lease.
         let all: Vec<Rc<LeaseInner>> = self.leases.borrow().values().cloned().collect();
         for l in all {
@@ -251,9 +270,7 @@ impl ClientInner {
     /// work back to the queue.
     pub async fn close(self: &Rc<Self>) {
         self.closed.set(true);
-        if let Some(cb) = self.pagehide.borrow_mut().take() {
-            lifecycle::off_pagehide(&cb);
-        }
+        self.unlisten();
         let held = self.held();
         let releases: js_sys::Array = held
             .iter()
@@ -326,9 +343,7 @@ impl Drop for ClientInner {
     /// journal entry stays until a later `recover()` confirms it) and wake the
     /// heartbeat loop, which then finds no client and ends.
     fn drop(&mut self) {
-        if let Some(cb) = self.pagehide.get_mut().take() {
-            lifecycle::off_pagehide(&cb);
-        }
+        self.unlisten();
         let leases = std::mem::take(self.leases.get_mut());
         for lease in leases.values() {
             lease.release_beacon(&self.base);

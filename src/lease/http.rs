@@ -13,13 +13,81 @@ use web_sys::{AbortController, AbortSignal, Headers, RequestInit};
 
 use super::error::{LeaseError, Result};
 
-/// Milliseconds from `performance.now()`: a monotonic clock used ONLY for
-/// durations (never compared with a wall clock or the server's clock).
+/// How far (ms) the wall clock may run ahead of `performance.now()` between
+/// two readings before the difference counts as time the machine was
+/// suspended (above the two clocks' jitter and drift between readings).
+const SUSPEND_SKEW_MS: f64 = 1_000.0;
+
+/// [`now_ms`]'s state: the readings of both clocks at the last reference
+/// point, the suspended time counted so far, and the last value returned.
+#[derive(Clone, Copy)]
+struct Clock {
+    perf: f64,
+    wall: f64,
+    suspended: f64,
+    last: f64,
+}
+
+thread_local! {
+    static CLOCK: std::cell::Cell<Option<Clock>> = const { std::cell::Cell::new(None) };
+}
+
+#[cfg(feature = "test-hooks")]
+thread_local! {
+    static WALL_SHIFT: std::cell::Cell<f64> = const { std::cell::Cell::new(0.0) };
+}
+
+/// Test hook: `Date.now()` as [`now_ms`] reads it is shifted by `ms` (a
+/// machine waking from a suspend of `ms` sees the wall clock jump ahead of
+/// `performance.now()` by that much).
+#[cfg(feature = "test-hooks")]
+pub fn shift_wall_clock(ms: f64) {
+    WALL_SHIFT.with(|w| w.set(ms));
+}
+
+fn wall_now() -> f64 {
+    #[cfg(feature = "test-hooks")]
+    return js_sys::Date::now() + WALL_SHIFT.with(std::cell::Cell::get);
+    #[cfg(not(feature = "test-hooks"))]
+    js_sys::Date::now()
+}
+
+/// Milliseconds on a monotonic clock that also counts the time the machine
+/// was suspended, used ONLY for durations (never compared with a wall clock
+/// or the server's clock).
+///
+/// It is `performance.now()` plus every stretch by which `Date.now()` ran
+/// ahead of it by more than [`SUSPEND_SKEW_MS`] between two readings:
+/// `performance.now()` stops while the operating system sleeps on macOS,
+/// Linux, ChromeOS and Android (w3c/hr-time issue 115; MDN, "Ticking during
+/// sleep"), so a lease read with it alone looked held for the whole sleep
+/// after a laptop woke, although the server had long taken it back. A wall
+/// clock set forward shortens leases (a safe, early local expiry); one set
+/// back changes nothing. Never decreases.
 pub fn now_ms() -> f64 {
-    Reflect::get(&js_sys::global(), &"performance".into())
+    let perf = Reflect::get(&js_sys::global(), &"performance".into())
         .ok()
         .and_then(|p| p.dyn_into::<web_sys::Performance>().ok())
-        .map_or_else(js_sys::Date::now, |p| p.now())
+        .map(|p| p.now());
+    let wall = wall_now();
+    let perf = perf.unwrap_or(wall);
+    CLOCK.with(|cell| {
+        let mut c = cell.get().unwrap_or(Clock {
+            perf,
+            wall,
+            suspended: 0.0,
+            last: f64::MIN,
+        });
+        let skew = (wall - c.wall) - (perf - c.perf);
+        if skew.abs() > SUSPEND_SKEW_MS {
+            c.suspended += skew.max(0.0);
+            c.perf = perf;
+            c.wall = wall;
+        }
+        c.last = c.last.max(perf + c.suspended);
+        cell.set(Some(c));
+        c.last
+    })
 }
 
 /// `Math.random()` in `[0, 1)`.

@@ -58,24 +58,42 @@ fn on_reject(promise: &JsValue, handler: JsValue) {
     }
 }
 
-/// Calls `f` on the window's `pagehide` event. `None` outside a window (workers
-/// have no `pagehide`).
-pub fn on_pagehide(f: impl FnMut() + 'static) -> Option<Closure<dyn FnMut()>> {
+/// The events on which the heartbeat loop looks at its leases at once: a
+/// page shown or focused again and a network back are what a machine waking
+/// from a suspend, or a tab leaving the background, fire first. (The loop's
+/// own timer may be up to a heartbeat interval away: browsers' timers, like
+/// `performance.now()`, do not run while the machine sleeps.)
+pub const RESUME_EVENTS: [&str; 4] = ["visibilitychange", "pageshow", "focus", "online"];
+
+/// The window's `pagehide` (windows only: workers have none).
+pub const PAGEHIDE: [&str; 1] = ["pagehide"];
+
+/// Calls `f` on each of `events` of the global scope (window or worker).
+/// `None` where the scope is not an event target, and for `pagehide` outside
+/// a window.
+pub fn listen(events: &[&str], f: impl FnMut() + 'static) -> Option<Closure<dyn FnMut()>> {
     let global = js_sys::global();
-    get(&global, "document")?;
+    if events == PAGEHIDE {
+        get(&global, "document")?;
+    }
     let cb = Closure::<dyn FnMut()>::new(f);
-    let target: &web_sys::EventTarget = global.unchecked_ref();
-    target
-        .add_event_listener_with_callback("pagehide", cb.as_ref().unchecked_ref())
-        .ok()?;
+    let target = global.dyn_ref::<web_sys::EventTarget>()?;
+    for e in events {
+        target
+            .add_event_listener_with_callback(e, cb.as_ref().unchecked_ref())
+            .ok()?;
+    }
     Some(cb)
 }
 
-/// Removes a listener installed by [`on_pagehide`].
-pub fn off_pagehide(cb: &Closure<dyn FnMut()>) {
+/// Removes a listener installed by [`listen`] for the same `events`.
+pub fn unlisten(events: &[&str], cb: &Closure<dyn FnMut()>) {
     let global = js_sys::global();
-    let target: &web_sys::EventTarget = global.unchecked_ref();
-    let _ = target.remove_event_listener_with_callback("pagehide", cb.as_ref().unchecked_ref());
+    if let Some(target) = global.dyn_ref::<web_sys::EventTarget>() {
+        for e in events {
+            let _ = target.remove_event_listener_with_callback(e, cb.as_ref().unchecked_ref());
+        }
+    }
 }
 
 /// The result of asking for a Web Lock.
