@@ -589,6 +589,83 @@ async fn a_write_from_elsewhere_during_an_import_into_an_empty_store_is_not_over
     close.call0(&db).unwrap();
 }
 
+/// The same, when the writes from elsewhere leave the tombstone count as the
+/// import left it: one of the import's own tombstones is removed (its id
+/// written again) and a newer tombstone written for an id the import brings
+/// later. The import must not bring that record back over the tombstone
+/// (before, its `add` could not see the tombstone, and the record and the
+/// tombstone were both stored: the delete was undone). Review finding.
+#[wasm_bindgen_test]
+async fn a_tombstone_written_elsewhere_during_an_import_is_kept_when_the_count_is_unchanged() {
+    let text = std::iter::once(HEADER.to_owned())
+        .chain(std::iter::once(tomb("p0", "1-aa")))
+        .chain((1..6).map(|i| rec(&format!("p{i}"), "1-aa", "2026-01-01T00:00:00.000Z")))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let (store, name) = open("foreign-swap").await;
+    let open_raw = Function::new_with_args(
+        "name",
+        "return new Promise((ok, err) => { const r = indexedDB.open(name); r.onsuccess = () => ok(r.result); r.onerror = () => err(r.error); })",
+    );
+    let db = JsFuture::from(
+        open_raw
+            .call1(&JsValue::NULL, &name.as_str().into())
+            .unwrap()
+            .unchecked_into::<Promise>(),
+    )
+    .await
+    .unwrap();
+    let on_progress = Function::new_with_args(
+        "db",
+        "let once = false; return (done) => { if (once) return; once = true; \
+         const tx = db.transaction(['records', 'tombstones'], 'readwrite'); \
+         tx.objectStore('tombstones').delete('p0'); \
+         tx.objectStore('records').put({_id: 'p0', _rev: '2-bb', recordType: 'run', updatedAt: '2026-05-05T00:00:00.000Z'}); \
+         tx.objectStore('tombstones').put({_id: 'p5', _rev: '9-ee', _deleted: true}); }",
+    )
+    .call1(&JsValue::NULL, &db)
+    .unwrap();
+    let opts = ImportOptions {
+        on_progress: Some(on_progress.unchecked_into()),
+        batch: 2,
+        ..ImportOptions::default()
+    };
+    let c = store
+        .import_snapshot_with(&text.as_str().into(), &opts)
+        .await
+        .unwrap();
+    assert_eq!((c.written, c.kept_newer), (5, 1));
+    assert!(
+        store.get(&s("p5")).await.unwrap().is_none(),
+        "the newer tombstone stays and the record is not brought back"
+    );
+    let p0 = store.get(&s("p0")).await.unwrap().unwrap();
+    assert_eq!(field_str(&p0, "_rev").as_deref(), Some("2-bb"));
+    for i in 1..5 {
+        let r = store.get(&s(&format!("p{i}"))).await.unwrap().unwrap();
+        assert_eq!(field_str(&r, "_rev").as_deref(), Some("1-aa"));
+    }
+    let count = Function::new_with_args(
+        "db",
+        "return new Promise((ok) => { const r = db.transaction('records').objectStore('records').count('p5'); r.onsuccess = () => ok(r.result); })",
+    );
+    let live_p5 = JsFuture::from(
+        count
+            .call1(&JsValue::NULL, &db)
+            .unwrap()
+            .unchecked_into::<Promise>(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        live_p5.as_f64(),
+        Some(0.0),
+        "no live p5 beside its tombstone"
+    );
+    let close: Function = field(&db, "close").unchecked_into();
+    close.call0(&db).unwrap();
+}
+
 /// Every way into the store checks a record as `put` does: a snapshot line
 /// or a PouchDB doc with a reserved `_` field, a non-string `recordType`, a
 /// malformed `updatedAt`, a value JSON cannot carry or nesting past the

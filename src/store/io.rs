@@ -768,17 +768,26 @@ impl Store {
                 *mode = WriteMode::Read;
             }
             let currents = if fresh {
-                // Only tombstones look for a live record written meanwhile.
+                // Tombstones look for a live record written meanwhile. A live
+                // record's `add` fails on a live record written meanwhile, but
+                // cannot see a tombstone: those are read once, over the key
+                // range of the batch's live ids (the tombstone count alone
+                // cannot tell: another connection may have removed one
+                // tombstone and written another between two batches).
+                let dead_live = live_tombstones(&tombs, staged).await?;
                 let mut found = read_many(&tx, staged.iter().filter(|i| i.deleted).map(|i| &i.id))
                     .await?
                     .into_iter();
                 staged
                     .iter()
                     .map(|i| match i.deleted {
-                        true => found.next().unwrap_or((Current::Missing, None)),
-                        false => (Current::Missing, None),
+                        true => Ok(found.next().unwrap_or((Current::Missing, None))),
+                        false => match dead_live.get(&i.id) {
+                            t if t.is_undefined() => Ok((Current::Missing, None)),
+                            t => Ok((Current::Deleted(super::stored_rev(&t)?), None)),
+                        },
                     })
-                    .collect()
+                    .collect::<Result<Vec<_>>>()?
             } else {
                 read_many(&tx, staged.iter().map(|i| &i.id)).await?
             };
@@ -837,4 +846,46 @@ impl Store {
         };
         Ok(batch)
     }
+}
+
+/// The tombstones (by id, in a JS `Map`) stored for any of the live (not
+/// deleted) items of `staged`: one `getAll` over the key range from the
+/// least to the greatest of their ids (compared as IndexedDB compares
+/// string keys, by UTF-16 code units, as JS `<` does).
+async fn live_tombstones(tombs: &super::db::ObjectStore, staged: &[Staged]) -> Result<Map> {
+    let found = Map::new();
+    let mut live = staged
+        .iter()
+        .filter(|i| !i.deleted)
+        .map(|i| JsValue::from(i.id.clone()));
+    let Some(first) = live.next() else {
+        return Ok(found);
+    };
+    let (mut lo, mut hi) = (first.clone(), first);
+    for id in live {
+        if id.lt(&lo) {
+            lo = id;
+        } else if id.gt(&hi) {
+            hi = id;
+        }
+    }
+    // Keys only (an unordered dump's range may hold many of the import's
+    // own tombstones); the values of the few that match are read after.
+    let range = KeyRange::bound(&lo, &hi, None, None)?;
+    let keys = js_sys::Set::new(&JsValue::UNDEFINED);
+    for k in tombs
+        .get_all_keys(Some(Query::KeyRange(range)), None)?
+        .await?
+    {
+        keys.add(&k);
+    }
+    let hits: Vec<_> = staged
+        .iter()
+        .filter(|i| !i.deleted && keys.has(&i.id))
+        .map(|i| tombs.get(JsValue::from(i.id.clone())))
+        .collect::<Result<_>>()?;
+    for t in super::db::all(hits).await?.into_iter().flatten() {
+        found.set(&Reflect::get(&t, &"_id".into()).unwrap_or_default(), &t);
+    }
+    Ok(found)
 }
