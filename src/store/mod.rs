@@ -244,8 +244,9 @@ impl Store {
 
     /// Test hook: the next write transaction issues its writes, then aborts
     /// (as a crash or a failing request would) and the call fails. (Writes
-    /// grouped in that transaction are run again alone and succeed, see
-    /// `group.rs`; a write alone in it fails.)
+    /// grouped in that transaction are run again alone and succeed unless a
+    /// later transaction of the connection started meanwhile, a 65th grouped
+    /// write's included, see `group.rs`; a write alone in it fails.)
     #[cfg(feature = "test-hooks")]
     pub fn inject_abort_next_write(&self) {
         self.fault_abort_next.set(true);
