@@ -343,3 +343,45 @@ async fn without_web_locks_recover_touches_nothing() {
     assert_eq!(item(id).await.state, ItemState::Running);
     lease.release().await.unwrap();
 }
+
+/// A Web Lock granted in the instant its finite wait runs out (its callback
+/// not run yet, which the wait's abort cannot stop) is let go at once. Before,
+/// the caller was told "busy" while the callback went on to hold the lock
+/// for the page's life, and every later lease of that item in any tab waited
+/// behind it. (Web Locks are stubbed here so the grant lands exactly as the
+/// wait's signal aborts.) Review finding.
+#[wasm_bindgen_test]
+async fn a_web_lock_granted_as_its_wait_runs_out_is_let_go() {
+    let stub = js_sys::Function::new_no_args(
+        "const nav = globalThis.navigator; const had = Object.getOwnPropertyDescriptor(nav, 'locks'); \
+         const log = { released: false }; \
+         Object.defineProperty(nav, 'locks', { configurable: true, value: { request(name, opts, cb) { \
+           return new Promise((res) => { opts.signal.addEventListener('abort', () => { \
+             const held = cb({ name, mode: 'exclusive' }); \
+             Promise.resolve(held).then(() => { log.released = true; }); res(held); }); }); } } }); \
+         return { log, restore() { if (had) Object.defineProperty(nav, 'locks', had); else delete nav.locks; } };",
+    )
+    .call0(&wasm_bindgen::JsValue::NULL)
+    .unwrap();
+    let outcome = agentstore::lease::lifecycle::lock("agentstore-test-late-grant", 50.0).await;
+    let log = js_sys::Reflect::get(&stub, &"log".into()).unwrap();
+    let released = || {
+        js_sys::Reflect::get(&log, &"released".into())
+            .unwrap()
+            .as_bool()
+            .unwrap_or(false)
+    };
+    let let_go = within(5_000.0, async {
+        while !released() {
+            sleep(10.0).await;
+        }
+    })
+    .await;
+    let restore = js_sys::Function::from(js_sys::Reflect::get(&stub, &"restore".into()).unwrap());
+    restore.call0(&stub).unwrap();
+    assert!(matches!(
+        outcome,
+        agentstore::lease::lifecycle::LockOutcome::Busy
+    ));
+    assert!(let_go.is_some(), "the late-granted lock is still held");
+}

@@ -144,9 +144,14 @@ fn request_lock(name: &str, wait_ms: f64) -> Option<(Promise, Function)> {
     let hold = Promise::new(&mut |resolve, _| *h2.borrow_mut() = Some(resolve));
     let unlock = hold_slot.borrow_mut().take();
     let (grant, unlock) = (grant?, unlock?);
+    // Set when the wait ran out: a lock granted in that same instant (its
+    // callback not run yet, which the abort cannot stop) is let go at once,
+    // instead of held for the page's life by a caller told "busy".
+    let gave_up = Rc::new(std::cell::Cell::new(false));
     let g = grant.clone();
+    let late = gave_up.clone();
     let cb = Closure::once_into_js(move |lock: JsValue| -> JsValue {
-        let held = !lock.is_null() && !lock.is_undefined();
+        let held = !lock.is_null() && !lock.is_undefined() && !late.get();
         let _ = g.call1(&JsValue::UNDEFINED, &JsValue::from(held));
         if held {
             hold.into()
@@ -173,6 +178,7 @@ fn request_lock(name: &str, wait_ms: f64) -> Option<(Promise, Function)> {
             wasm_bindgen_futures::spawn_local(async move {
                 super::http::sleep_ms(wait_ms).await;
                 // Aborting a granted request does nothing; a pending one rejects.
+                gave_up.set(true);
                 c.abort();
                 let _ = g.call1(&JsValue::UNDEFINED, &JsValue::FALSE);
             });
