@@ -133,18 +133,26 @@ impl ClientInner {
         });
         if pagehide_wanted {
             let weak = Rc::downgrade(&inner);
-            *inner.pagehide.borrow_mut() = lifecycle::listen(&lifecycle::PAGEHIDE, move || {
-                if let Some(c) = weak.upgrade() {
-                    c.release_all_beacon();
-                }
-            });
+            *inner.pagehide.borrow_mut() = lifecycle::listen(
+                &lifecycle::PAGEHIDE,
+                true,
+                Box::new(move || {
+                    if let Some(c) = weak.upgrade() {
+                        c.release_all_beacon();
+                    }
+                }),
+            );
         }
         let weak = Rc::downgrade(&inner);
-        *inner.resume.borrow_mut() = lifecycle::listen(&lifecycle::RESUME_EVENTS, move || {
-            if let Some(c) = weak.upgrade() {
-                c.wake();
-            }
-        });
+        *inner.resume.borrow_mut() = lifecycle::listen(
+            &lifecycle::RESUME_EVENTS,
+            false,
+            Box::new(move || {
+                if let Some(c) = weak.upgrade() {
+                    c.wake();
+                }
+            }),
+        );
         Ok(inner)
     }
 

@@ -12,25 +12,20 @@ use wasm_bindgen_futures::JsFuture;
 use web_sys::{AbortController, AbortSignal, Headers, RequestInit};
 
 use super::error::{LeaseError, Result};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 /// How far (ms) the wall clock may run ahead of `performance.now()` between
 /// two readings before the difference counts as time the machine was
 /// suspended (above the two clocks' jitter and drift between readings).
 const SUSPEND_SKEW_MS: f64 = 1_000.0;
 
-/// [`now_ms`]'s state: the readings of both clocks at the last reference
-/// point, the suspended time counted so far, and the last value returned.
-#[derive(Clone, Copy)]
-struct Clock {
-    perf: f64,
-    wall: f64,
-    suspended: f64,
-    last: f64,
-}
-
-thread_local! {
-    static CLOCK: std::cell::Cell<Option<Clock>> = const { std::cell::Cell::new(None) };
-}
+/// [`now_ms`]'s state, as `f64` bits: the readings of both clocks at the
+/// last reference point, the suspended time counted so far and the last
+/// value returned (the module is single-threaded; atomics only make plain
+/// statics of them, `thread_local!` would add its lazy-init machinery).
+static CLOCK: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+/// Whether [`CLOCK`] holds a reference point yet.
+static CLOCK_SET: AtomicBool = AtomicBool::new(false);
 
 #[cfg(feature = "test-hooks")]
 thread_local! {
@@ -64,6 +59,7 @@ fn wall_now() -> f64 {
 /// after a laptop woke, although the server had long taken it back. A wall
 /// clock set forward shortens leases (a safe, early local expiry); one set
 /// back changes nothing. Never decreases.
+#[inline(never)]
 pub fn now_ms() -> f64 {
     let perf = Reflect::get(&js_sys::global(), &"performance".into())
         .ok()
@@ -71,23 +67,22 @@ pub fn now_ms() -> f64 {
         .map(|p| p.now());
     let wall = wall_now();
     let perf = perf.unwrap_or(wall);
-    CLOCK.with(|cell| {
-        let mut c = cell.get().unwrap_or(Clock {
-            perf,
-            wall,
-            suspended: 0.0,
-            last: f64::MIN,
-        });
-        let skew = (wall - c.wall) - (perf - c.perf);
-        if skew.abs() > SUSPEND_SKEW_MS {
-            c.suspended += skew.max(0.0);
-            c.perf = perf;
-            c.wall = wall;
-        }
-        c.last = c.last.max(perf + c.suspended);
-        cell.set(Some(c));
-        c.last
-    })
+    let get = |i: usize| f64::from_bits(CLOCK[i].load(Relaxed));
+    let set = |i: usize, v: f64| CLOCK[i].store(v.to_bits(), Relaxed);
+    if !CLOCK_SET.swap(true, Relaxed) {
+        set(0, perf);
+        set(1, wall);
+        set(3, perf);
+    }
+    let skew = (wall - get(1)) - (perf - get(0));
+    if skew.abs() > SUSPEND_SKEW_MS {
+        set(2, get(2) + skew.max(0.0));
+        set(0, perf);
+        set(1, wall);
+    }
+    let now = get(3).max(perf + get(2));
+    set(3, now);
+    now
 }
 
 /// `Math.random()` in `[0, 1)`.

@@ -68,16 +68,19 @@ pub const RESUME_EVENTS: [&str; 4] = ["visibilitychange", "pageshow", "focus", "
 /// The window's `pagehide` (windows only: workers have none).
 pub const PAGEHIDE: [&str; 1] = ["pagehide"];
 
-/// Calls `f` on each of `events` of the global scope (window or worker).
-/// `None` where the scope is not an event target, and for `pagehide` outside
-/// a window.
-pub fn listen(events: &[&str], f: impl FnMut() + 'static) -> Option<Closure<dyn FnMut()>> {
+/// Calls `f` on each of `events` of the global scope (window or worker);
+/// `None` outside a window when `window_only` (for `pagehide`).
+pub fn listen(
+    events: &[&str],
+    window_only: bool,
+    f: Box<dyn FnMut()>,
+) -> Option<Closure<dyn FnMut()>> {
     let global = js_sys::global();
-    if events == PAGEHIDE {
+    if window_only {
         get(&global, "document")?;
     }
-    let cb = Closure::<dyn FnMut()>::new(f);
-    let target = global.dyn_ref::<web_sys::EventTarget>()?;
+    let cb = Closure::wrap(f);
+    let target: &web_sys::EventTarget = global.unchecked_ref();
     for e in events {
         target
             .add_event_listener_with_callback(e, cb.as_ref().unchecked_ref())
@@ -89,10 +92,9 @@ pub fn listen(events: &[&str], f: impl FnMut() + 'static) -> Option<Closure<dyn 
 /// Removes a listener installed by [`listen`] for the same `events`.
 pub fn unlisten(events: &[&str], cb: &Closure<dyn FnMut()>) {
     let global = js_sys::global();
-    if let Some(target) = global.dyn_ref::<web_sys::EventTarget>() {
-        for e in events {
-            let _ = target.remove_event_listener_with_callback(e, cb.as_ref().unchecked_ref());
-        }
+    let target: &web_sys::EventTarget = global.unchecked_ref();
+    for e in events {
+        let _ = target.remove_event_listener_with_callback(e, cb.as_ref().unchecked_ref());
     }
 }
 
