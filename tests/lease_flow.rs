@@ -11,6 +11,9 @@ use wasm_bindgen_test::*;
 
 mod lease_common;
 use lease_common::*;
+#[path = "common/values.rs"]
+mod values;
+use values::*;
 
 wasm_bindgen_test_configure!(run_in_browser);
 
@@ -581,12 +584,6 @@ async fn a_getter_that_calls_the_lease_again_is_bounded() {
     assert_eq!(it.state, ItemState::Done);
 }
 
-/// Bytes of the module's linear memory (it never shrinks).
-fn wasm_memory_bytes() -> f64 {
-    let memory: js_sys::WebAssembly::Memory = wasm_bindgen::memory().unchecked_into();
-    js_sys::ArrayBuffer::from(memory.buffer()).byte_length() as f64
-}
-
 /// A settle result, error message, state or URL longer than the module's
 /// whole memory goes through (or is refused) without being copied into it:
 /// wasm memory never shrinks, so a copy would keep the page that large.
@@ -605,10 +602,7 @@ async fn a_huge_settle_result_or_argument_is_never_copied_into_wasm_memory() {
     let body = format!(
         "return (async () => {{
         const out = {{}};
-        const settle = async (f) => {{
-            try {{ await f(); return 'ok'; }}
-            catch (e) {{ return e instanceof Error ? (e.code ?? e.name) : 'not an Error'; }}
-        }};
+        {SETTLE_JS}
         const big = 'x'.repeat({units});
         out.url = await settle(() => l.prepareRequest(big));
         out.state = await settle(() => l.settle(big));

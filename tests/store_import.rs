@@ -543,37 +543,13 @@ async fn progress_abort_and_a_failed_batch_leave_only_whole_committed_batches() 
 #[wasm_bindgen_test]
 async fn a_write_from_elsewhere_during_an_import_into_an_empty_store_is_not_overwritten() {
     let text = snapshot_of_runs(6);
-    let (store, name) = open("foreign").await;
-    let open_raw = Function::new_with_args(
-        "name",
-        "return new Promise((ok, err) => { const r = indexedDB.open(name); r.onsuccess = () => ok(r.result); r.onerror = () => err(r.error); })",
-    );
-    let db = JsFuture::from(
-        open_raw
-            .call1(&JsValue::NULL, &name.as_str().into())
-            .unwrap()
-            .unchecked_into::<Promise>(),
+    let (store, c, db) = import_with_writes_between_batches(
+        "foreign",
+        &text,
+        "tx.objectStore('records').put({_id: 'p4', _rev: '9-ff', recordType: 'run', updatedAt: '2026-05-05T00:00:00.000Z'}); \
+         tx.objectStore('tombstones').put({_id: 'p5', _rev: '9-ee', _deleted: true});",
     )
-    .await
-    .unwrap();
-    let on_progress = Function::new_with_args(
-        "db",
-        "let once = false; return (done) => { if (once) return; once = true; \
-         const tx = db.transaction(['records', 'tombstones'], 'readwrite'); \
-         tx.objectStore('records').put({_id: 'p4', _rev: '9-ff', recordType: 'run', updatedAt: '2026-05-05T00:00:00.000Z'}); \
-         tx.objectStore('tombstones').put({_id: 'p5', _rev: '9-ee', _deleted: true}); }",
-    )
-    .call1(&JsValue::NULL, &db)
-    .unwrap();
-    let opts = ImportOptions {
-        on_progress: Some(on_progress.unchecked_into()),
-        batch: 2,
-        ..ImportOptions::default()
-    };
-    let c = store
-        .import_snapshot_with(&text.as_str().into(), &opts)
-        .await
-        .unwrap();
+    .await;
     assert_eq!((c.written, c.kept_newer), (4, 2));
     assert!(
         store.get(&s("p5")).await.unwrap().is_none(),
@@ -602,38 +578,14 @@ async fn a_tombstone_written_elsewhere_during_an_import_is_kept_when_the_count_i
         .chain((1..6).map(|i| rec(&format!("p{i}"), "1-aa", "2026-01-01T00:00:00.000Z")))
         .collect::<Vec<_>>()
         .join("\n");
-    let (store, name) = open("foreign-swap").await;
-    let open_raw = Function::new_with_args(
-        "name",
-        "return new Promise((ok, err) => { const r = indexedDB.open(name); r.onsuccess = () => ok(r.result); r.onerror = () => err(r.error); })",
-    );
-    let db = JsFuture::from(
-        open_raw
-            .call1(&JsValue::NULL, &name.as_str().into())
-            .unwrap()
-            .unchecked_into::<Promise>(),
-    )
-    .await
-    .unwrap();
-    let on_progress = Function::new_with_args(
-        "db",
-        "let once = false; return (done) => { if (once) return; once = true; \
-         const tx = db.transaction(['records', 'tombstones'], 'readwrite'); \
-         tx.objectStore('tombstones').delete('p0'); \
+    let (store, c, db) = import_with_writes_between_batches(
+        "foreign-swap",
+        &text,
+        "tx.objectStore('tombstones').delete('p0'); \
          tx.objectStore('records').put({_id: 'p0', _rev: '2-bb', recordType: 'run', updatedAt: '2026-05-05T00:00:00.000Z'}); \
-         tx.objectStore('tombstones').put({_id: 'p5', _rev: '9-ee', _deleted: true}); }",
+         tx.objectStore('tombstones').put({_id: 'p5', _rev: '9-ee', _deleted: true});",
     )
-    .call1(&JsValue::NULL, &db)
-    .unwrap();
-    let opts = ImportOptions {
-        on_progress: Some(on_progress.unchecked_into()),
-        batch: 2,
-        ..ImportOptions::default()
-    };
-    let c = store
-        .import_snapshot_with(&text.as_str().into(), &opts)
-        .await
-        .unwrap();
+    .await;
     assert_eq!((c.written, c.kept_newer), (5, 1));
     assert!(
         store.get(&s("p5")).await.unwrap().is_none(),
@@ -1018,4 +970,48 @@ async fn an_abort_while_the_source_stalls_rejects_the_import() {
             .as_f64(),
         Some(0.0)
     );
+}
+
+/// Imports `text` in batches of 2 into a new store named after `tag` while a
+/// second (raw IndexedDB) connection runs the JS statements `writes` on `tx`,
+/// its readwrite transaction over records and tombstones, once: in the
+/// progress callback of the first batch, before the next batch's
+/// transaction exists. Returns the store, the counts and that connection.
+async fn import_with_writes_between_batches(
+    tag: &str,
+    text: &str,
+    writes: &str,
+) -> (Store, agentstore::store::ImportCounts, JsValue) {
+    let (store, name) = open(tag).await;
+    let open_raw = Function::new_with_args(
+        "name",
+        "return new Promise((ok, err) => { const r = indexedDB.open(name); r.onsuccess = () => ok(r.result); r.onerror = () => err(r.error); })",
+    );
+    let db = JsFuture::from(
+        open_raw
+            .call1(&JsValue::NULL, &name.as_str().into())
+            .unwrap()
+            .unchecked_into::<Promise>(),
+    )
+    .await
+    .unwrap();
+    let on_progress = Function::new_with_args(
+        "db",
+        &format!(
+            "let once = false; return (done) => {{ if (once) return; once = true; \
+             const tx = db.transaction(['records', 'tombstones'], 'readwrite'); {writes} }}"
+        ),
+    )
+    .call1(&JsValue::NULL, &db)
+    .unwrap();
+    let opts = ImportOptions {
+        on_progress: Some(on_progress.unchecked_into()),
+        batch: 2,
+        ..ImportOptions::default()
+    };
+    let c = store
+        .import_snapshot_with(&text.into(), &opts)
+        .await
+        .unwrap();
+    (store, c, db)
 }

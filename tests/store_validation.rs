@@ -7,6 +7,9 @@ use wasm_bindgen_test::*;
 
 mod common;
 use common::*;
+#[path = "common/values.rs"]
+mod values;
+use values::*;
 
 wasm_bindgen_test_configure!(run_in_browser);
 
@@ -849,10 +852,6 @@ async fn a_getter_that_calls_the_store_again_is_bounded_and_every_call_settles()
 async fn an_object_that_only_claims_a_platform_prototype_is_refused_and_the_store_goes_on() {
     let body = "return (async () => {
         const out = {};
-        const settle = async (f) => {
-            try { await f(); return 'ok'; }
-            catch (e) { return e instanceof Error ? (e.code ?? e.name) : 'not an Error'; }
-        };
         await s.put({ _id: 'm', n: 1 });
         const signal = Object.create(AbortSignal.prototype);
         out.mutateSignal = await settle(() => s.mutate('m', (r) => ({ ...r, n: 2 }), { signal }));
@@ -891,7 +890,8 @@ async fn an_object_that_only_claims_a_platform_prototype_is_refused_and_the_stor
     assert_eq!(got("after"), "ab1", "the store goes on working");
 }
 
-/// Runs the JS `body` (a function body that returns a Promise) with `s`, an
+/// Runs the JS `body` (a function body that returns a Promise, with
+/// [`SETTLE_JS`]'s `settle` in scope) with `s`, an
 /// `AgentStore` opened through the JS API on a fresh database; returns what
 /// the Promise resolves to (panics if it rejects) and closes the store.
 async fn with_js_store(body: &str) -> JsValue {
@@ -902,7 +902,7 @@ async fn with_js_store(body: &str) -> JsValue {
     ))
     .await
     .unwrap();
-    let f = js_sys::Function::new_with_args("s", body);
+    let f = js_sys::Function::new_with_args("s", &[SETTLE_JS, body].concat());
     let out = wasm_bindgen_futures::JsFuture::from(js_sys::Promise::from(
         f.call1(&JsValue::NULL, &opened).unwrap(),
     ))
@@ -911,12 +911,6 @@ async fn with_js_store(body: &str) -> JsValue {
     let close: js_sys::Function = field(&opened, "close").unchecked_into();
     close.call0(&opened).unwrap();
     out
-}
-
-/// Bytes of the module's linear memory (it never shrinks).
-fn wasm_memory_bytes() -> f64 {
-    let memory: js_sys::WebAssembly::Memory = wasm_bindgen::memory().unchecked_into();
-    js_sys::ArrayBuffer::from(memory.buffer()).byte_length() as f64
 }
 
 /// A string argument longer than 64 Ki UTF-16 code units (a prefix longer
@@ -934,10 +928,6 @@ async fn a_string_argument_too_long_to_be_one_is_refused_before_it_is_copied_int
     let body = format!(
         "return (async () => {{
         const out = {{}};
-        const settle = async (f) => {{
-            try {{ await f(); return 'ok'; }}
-            catch (e) {{ return e instanceof Error ? (e.code ?? e.name) : 'not an Error'; }}
-        }};
         const big = 'x'.repeat({units});
         await s.put({{ _id: 'k', recordType: 't' }});
         out.listPrefix = await settle(() => s.list({{ prefix: big }}));
@@ -999,10 +989,6 @@ async fn an_import_source_whose_own_stream_methods_are_replaced_is_an_error_and_
 {
     let body = "return (async () => {
         const out = {};
-        const settle = async (f) => {
-            try { await f(); return 'ok'; }
-            catch (e) { return e instanceof Error ? (e.code ?? e.name) : 'not an Error'; }
-        };
         const blob = (stream) => Object.assign(new Blob(['{}\\n']), { stream });
         const reading = (read) => blob(() => ({ pipeThrough: () => ({ getReader: () => ({ read }) }) }));
         out.streamThrows = await settle(() => s.importSnapshot(blob(() => { throw new Error('stream'); })));
