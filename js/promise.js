@@ -38,9 +38,10 @@ export function timerPromise(ms, value) {
 }
 
 /**
- * `v` adopted by a new Promise (`new Promise((r) => r(v))`): a thenable's
- * `then` and a Promise's `constructor` are read in a later job, so what they
- * throw rejects the new Promise instead of throwing to the caller.
+ * `v` adopted by a new Promise (`new Promise((r) => r(v))`): `resolve(v)`
+ * reads `v.then` at once (a getter that throws there rejects the new
+ * Promise) and calls it in a later job (what it throws rejects it too), so
+ * nothing of `v` throws to the caller.
  */
 export function adopt(v) {
   return new Promise((resolve) => resolve(v));

@@ -139,7 +139,7 @@ where
 /// Heartbeats run automatically (one batched request for all held leases) at
 /// the server's interval; a lease whose heartbeats fail until its local
 /// deadline (`sent_at` of the last successful heartbeat + TTL − margin, on
-/// `performance.now()`) aborts with `expired_locally`.
+/// `performance.now()` plus suspended time) aborts with `expired_locally`.
 #[wasm_bindgen]
 pub struct LeaseClient {
     inner: Rc<ClientInner>,

@@ -434,10 +434,11 @@ pub(crate) fn as_promise(v: &JsValue) -> Option<js_sys::Promise> {
 /// A new Promise that settles as `v` does (`new Promise(r => r(v))`).
 ///
 /// Unlike `Promise.resolve(v)`, which reads `v.constructor` and may hand `v`
-/// itself back, and unlike `v.then(…)`, nothing of `v` runs during the call:
-/// a `constructor` getter or an own `then` that throws (or an object that
-/// only claims Promise's prototype) rejects the new Promise, in a later job,
-/// instead of throwing past the module.
+/// itself back, and unlike `v.then(…)`, nothing of `v` can throw past the
+/// call: `resolve(v)` reads `v.then` at once, and a getter that throws there
+/// rejects the new Promise; the `then` it found runs in a later job, and
+/// what it throws (or an object that only claims Promise's prototype) rejects
+/// the new Promise too (js/promise.js).
 pub(crate) fn adopt(v: &JsValue) -> js_sys::Promise {
     adopt_js(v)
 }

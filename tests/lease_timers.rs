@@ -169,3 +169,34 @@ async fn a_machine_waking_from_a_sleep_past_the_ttl_finds_its_lease_lost() {
     let seen = wait_item(id, 3.0 * TTL_MS, |it| it.state == ItemState::Open).await;
     assert_eq!(seen.state, ItemState::Open);
 }
+
+/// The lease clock counts a suspend once, and never the two clocks' slow
+/// drift: a wall clock that moves ahead of `performance.now()` in steps
+/// below a second (NTP slewing, small corrections) adds nothing however far
+/// the steps add up, while one jump of 5 s adds 5 s. (Before the review, the
+/// steps were measured from a fixed reference point and added up to a false
+/// "suspend".) No server needed.
+#[wasm_bindgen_test]
+async fn the_lease_clock_counts_a_jump_of_the_wall_clock_but_not_small_steps() {
+    use agentstore::lease::http::{now_ms, shift_wall_clock};
+    let start = now_ms();
+    for step in 1..=4 {
+        shift_wall_clock(f64::from(step) * 600.0);
+        now_ms();
+    }
+    let after_steps = now_ms();
+    shift_wall_clock(2_400.0 + 5_000.0);
+    let after_jump = now_ms();
+    shift_wall_clock(0.0);
+    assert!(
+        after_steps - start < 1_000.0,
+        "2.4 s of small steps counted as {} ms",
+        after_steps - start
+    );
+    assert!(
+        after_jump - after_steps >= 5_000.0,
+        "a 5 s jump counted as {} ms",
+        after_jump - after_steps
+    );
+    assert!(now_ms() >= after_jump, "the clock never goes back");
+}

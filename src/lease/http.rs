@@ -15,8 +15,9 @@ use super::error::{LeaseError, Result};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 /// How far (ms) the wall clock may run ahead of `performance.now()` between
-/// two readings before the difference counts as time the machine was
-/// suspended (above the two clocks' jitter and drift between readings).
+/// two consecutive readings before the difference counts as time the
+/// machine was suspended (above the two clocks' jitter; a shorter sleep is
+/// not counted).
 const SUSPEND_SKEW_MS: f64 = 1_000.0;
 
 /// [`now_ms`]'s state, as `f64` bits: the readings of both clocks at the
@@ -52,7 +53,8 @@ fn wall_now() -> f64 {
 /// or the server's clock).
 ///
 /// It is `performance.now()` plus every stretch by which `Date.now()` ran
-/// ahead of it by more than [`SUSPEND_SKEW_MS`] between two readings:
+/// ahead of it by more than [`SUSPEND_SKEW_MS`] between two consecutive
+/// readings:
 /// `performance.now()` stops while the operating system sleeps on macOS,
 /// Linux, ChromeOS and Android (w3c/hr-time issue 115; MDN, "Ticking during
 /// sleep"), so a lease read with it alone looked held for the whole sleep
@@ -74,12 +76,15 @@ pub fn now_ms() -> f64 {
         set(1, wall);
         set(3, perf);
     }
+    // Against the previous reading (the reference moves every time): the
+    // clocks' slow drift (NTP slews the wall clock, not the monotonic one)
+    // never adds up to a false "suspend".
     let skew = (wall - get(1)) - (perf - get(0));
-    if skew.abs() > SUSPEND_SKEW_MS {
-        set(2, get(2) + skew.max(0.0));
-        set(0, perf);
-        set(1, wall);
+    if skew > SUSPEND_SKEW_MS {
+        set(2, get(2) + skew);
     }
+    set(0, perf);
+    set(1, wall);
     let now = get(3).max(perf + get(2));
     set(3, now);
     now

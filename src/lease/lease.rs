@@ -23,7 +23,8 @@
 //!
 //! # When a lease is lost locally
 //!
-//! A lease is held at instant `now` (`performance.now()`) exactly while
+//! A lease is held at instant `now` (`http::now_ms`: `performance.now()` plus
+//! the time the machine was suspended) exactly while
 //! `now < sent_at(last successful heartbeat, or the claim) + ttl − margin`
 //! (margin: a tenth of the TTL, at most 5 s). Every reader — `signal`,
 //! `status`, `throwIfLost()`, `lease.fetch`, and each fenced call — checks this
@@ -207,7 +208,7 @@ impl LeaseInner {
         matches!(self.status.get(), Status::Held | Status::Ending)
     }
 
-    /// The local deadline on the `performance.now()` clock (ms).
+    /// The local deadline on the [`now_ms`] clock (ms).
     pub fn deadline(&self) -> f64 {
         self.plan.borrow().deadline()
     }

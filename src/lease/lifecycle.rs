@@ -81,10 +81,15 @@ pub fn listen(
     }
     let cb = Closure::wrap(f);
     let target: &web_sys::EventTarget = global.unchecked_ref();
-    for e in events {
-        target
+    for (i, e) in events.iter().enumerate() {
+        if target
             .add_event_listener_with_callback(e, cb.as_ref().unchecked_ref())
-            .ok()?;
+            .is_err()
+        {
+            // None of it stays registered: the closure is dropped below.
+            unlisten(&events[..i], &cb);
+            return None;
+        }
     }
     Some(cb)
 }

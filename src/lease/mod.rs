@@ -13,7 +13,8 @@
 //! - [`journal`]: held leases in IndexedDB, reconciled by `recover()`.
 //! - [`lifecycle`]: `pagehide` beacons and Web Locks.
 //!
-//! Time: only `performance.now()` durations. A lease is held exactly while
+//! Time: only durations, on `http::now_ms` (`performance.now()` plus the time
+//! the machine was suspended). A lease is held exactly while
 //! `now < sent_at(last successful heartbeat) + ttl − margin`; the rules and the
 //! loop's scheduling live in `agentstore_protocol::lease_client` and are
 //! property-tested natively against a simulated clock.

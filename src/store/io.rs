@@ -745,6 +745,8 @@ impl Store {
         let mut changes = Vec::new();
         let mut dead_added = 0u32;
         let mut fresh = false;
+        // Tombstones stored when the batch began (read in the fresh modes).
+        let mut dead_now = 0;
         let issued: Result<()> = async {
             let records = tx.store(RECORDS)?;
             let tombs = tx.store(TOMBSTONES)?;
@@ -759,7 +761,8 @@ impl Store {
                 WriteMode::Fresh { dead } => {
                     let d = tombs.count(None)?;
                     let state = self.write_indexes(&tx).await?;
-                    fresh = d.await? == dead;
+                    dead_now = d.await?;
+                    fresh = dead_now == dead;
                     state
                 }
             };
@@ -774,7 +777,13 @@ impl Store {
                 // range of the batch's live ids (the tombstone count alone
                 // cannot tell: another connection may have removed one
                 // tombstone and written another between two batches).
-                let dead_live = live_tombstones(&tombs, staged).await?;
+                // (None when no tombstone is stored at all: the first batch,
+                // and every batch of an import without deletions.)
+                let dead_live = if dead_now > 0 {
+                    live_tombstones(&tombs, staged).await?
+                } else {
+                    Map::new()
+                };
                 let mut found = read_many(&tx, staged.iter().filter(|i| i.deleted).map(|i| &i.id))
                     .await?
                     .into_iter();
