@@ -18,6 +18,10 @@ const $ = (id) => document.getElementById(id);
 
 /** @type {import('../pkg/agentstore.js').AgentStore | null} */
 let store = null;
+// Settles once main() has opened the store (or failed to): a click that
+// comes while the SDK still loads waits for it instead of failing.
+let opened;
+const opening = new Promise((resolve) => { opened = resolve; });
 
 // ---------------------------------------------------------------- messages
 
@@ -28,6 +32,7 @@ let store = null;
 function action(button, context, fn) {
   return async (event) => {
     event?.preventDefault?.();
+    if (!store) await opening;
     if (!store) {
       showError(new Error('the SDK is not loaded (see the message above)'), context);
       return;
@@ -421,6 +426,14 @@ function bind() {
 
 async function main() {
   bind();
+  try {
+    await start();
+  } finally {
+    opened();
+  }
+}
+
+async function start() {
   const name = new URLSearchParams(location.search).get('db') || DEFAULT_STORE;
   $('store-name').textContent = name;
   let sdk;

@@ -137,6 +137,24 @@ test('import shows the expected live count per recordType and in total', { timeo
   }
 });
 
+test('an import clicked while the SDK still loads waits for it instead of failing', { timeout: 180_000 }, async () => {
+  // A slow link: the SDK arrives 2 s after the page, and the user clicks at once.
+  const ctx = await browser.newContext({ viewport: VIEWPORTS.desktop });
+  await ctx.route('**/pkg/**', async (route) => {
+    await new Promise((r) => setTimeout(r, 2000));
+    await route.continue();
+  });
+  const page = await ctx.newPage();
+  page.setDefaultTimeout(60_000);
+  page.errors = [];
+  page.on('pageerror', (e) => page.errors.push(e));
+  await page.goto(baseUrl, { waitUntil: 'domcontentloaded' });
+  assert.notEqual(await page.getAttribute('body', 'data-ready'), 'true', 'the SDK was not late');
+  await importDump(page);
+  await assertNoError(page);
+  await ctx.close();
+});
+
 test('browse pages by prefix and by type with next/previous cursors', { timeout: 180_000 }, async () => {
   const { ctx, page } = await openDemo(VIEWPORTS.desktop);
   try {
