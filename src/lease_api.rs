@@ -185,8 +185,9 @@ impl LeaseClient {
             if !b {
                 config.journal_name = None;
             }
-        } else if let Some(name) = crate::value::bounded(&journal, crate::value::MAX_ARG_UNITS) {
-            config.journal_name = Some(name.into());
+        } else if let Some(name) = crate::value::short_string(&journal, crate::value::MAX_ARG_UNITS)
+        {
+            config.journal_name = Some(name);
         } else if !journal.is_undefined() && !journal.is_null() {
             return Err(LeaseError::Validation(
                 "journal must be a boolean or a string".into(),
@@ -214,8 +215,8 @@ impl LeaseClient {
             let origins =
                 crate::value::items(origins.unchecked_ref(), 64, "").map_err(|_| bad())?;
             for v in origins {
-                let origin = crate::value::bounded(&v, crate::value::MAX_ARG_UNITS)
-                    .and_then(|u| crate::lease::client::origin_of(&String::from(u)))
+                let origin = crate::value::short_string(&v, crate::value::MAX_ARG_UNITS)
+                    .and_then(|u| crate::lease::client::origin_of(&u))
                     .ok_or_else(bad)?;
                 config.header_origins.push(origin);
             }
@@ -501,8 +502,8 @@ impl Lease {
         // time work() looks.
         let asked: Result<_, LeaseError> = match crate::options::nested(|| {
             (|| {
-                let state = crate::value::bounded(&state, 16)
-                    .and_then(|s| ItemState::parse(&String::from(s)))
+                let state = crate::value::short_string(&state, 16)
+                    .and_then(|s| ItemState::parse(&s))
                     .and_then(|s| match s {
                         ItemState::Done => Some(SettleState::Done),
                         ItemState::Failed => Some(SettleState::Failed),
@@ -668,7 +669,7 @@ impl Lease {
     fn stamp(&self, input: JsValue, init: JsValue) -> Result<(Request, bool), JsValue> {
         // A URL is copied into wasm memory only up to 64 Ki units (a longer
         // one is refused below as not a string).
-        let url = crate::value::bounded(&input, crate::value::MAX_ARG_UNITS).map(String::from);
+        let url = crate::value::short_string(&input, crate::value::MAX_ARG_UNITS);
         let base = match url {
             Some(url) if init.is_object() => {
                 Request::new_with_str_and_init(&url, init.unchecked_ref())?
@@ -700,11 +701,10 @@ impl Lease {
         // and never along a redirect (whose target may be anywhere).
         // The URL is read up to 64 Ki units: a longer one is refused rather
         // than copied into wasm memory.
-        let url = crate::value::bounded(
+        let url = crate::value::short_string(
             &Reflect::get(&base, &"url".into())?,
             crate::value::MAX_ARG_UNITS,
         )
-        .map(String::from)
         .ok_or_else(|| {
             LeaseError::Validation("the request URL is longer than 65,536 UTF-16 code units".into())
                 .to_js()

@@ -168,7 +168,7 @@ pub(crate) fn opt_str(options: &JsValue, key: &str) -> Result<Option<String>, St
         options,
         key,
         "a string of at most 65,536 UTF-16 code units",
-        |v| crate::value::bounded(&v, crate::value::MAX_ARG_UNITS).map(String::from),
+        |v| crate::value::short_string(&v, crate::value::MAX_ARG_UNITS),
     )
 }
 

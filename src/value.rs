@@ -238,7 +238,7 @@ fn may_be_lossy(text: &str, js: &JsValue) -> bool {
 /// Longer strings are refused (the caller gets `None`) before anything is
 /// copied: see [`MAX_ARG_UNITS`].
 pub(crate) fn exact_string(v: &JsValue) -> Option<String> {
-    let text = String::from(bounded(v, MAX_ARG_UNITS)?);
+    let text = short_string(v, MAX_ARG_UNITS)?;
     let exact =
         !may_be_lossy(&text, v) || char::decode_utf16(units(v.unchecked_ref())).all(|c| c.is_ok());
     exact.then_some(text)
@@ -343,15 +343,14 @@ fn name(v: &JsValue) -> String {
 
 /// The longest revision text: a generation below 2^53 (16 digits), `-`
 /// and at most 64 hex digits, with room to spare.
-pub(crate) const MAX_REV_TEXT: usize = 96;
+pub(crate) const MAX_REV_TEXT: u32 = 96;
 
 /// `v` as a Rust string when it is a JS string of at most `max_units`
 /// UTF-16 units; `None` otherwise. The length is read first, so a huge
 /// string is refused without being copied into wasm memory (which never
 /// shrinks).
-pub(crate) fn short_string(v: &JsValue, max_units: usize) -> Option<String> {
-    let s = v.dyn_ref::<JsString>()?;
-    (s.length() as usize <= max_units).then(|| String::from(s))
+pub(crate) fn short_string(v: &JsValue, max_units: u32) -> Option<String> {
+    bounded(v, max_units).map(String::from)
 }
 
 /// A plain copy of `obj`'s own fields (one level, each read once), for a

@@ -73,13 +73,11 @@ impl ListQuery {
         let after = match get("after")? {
             v if v.is_undefined() || v.is_null() => None,
             v => {
-                let s = value::bounded(&v, value::MAX_ARG_UNITS)
-                    .map(String::from)
-                    .ok_or_else(|| {
-                        StoreError::validation(
-                            "after must be a cursor string from a previous page's next",
-                        )
-                    })?;
+                let s = value::short_string(&v, value::MAX_ARG_UNITS).ok_or_else(|| {
+                    StoreError::validation(
+                        "after must be a cursor string from a previous page's next",
+                    )
+                })?;
                 Some(decode_cursor(&s).map_err(StoreError::validation)?)
             }
         };
