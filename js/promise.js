@@ -1,9 +1,14 @@
-// Promises made in JS rather than from Rust: IndexedDB request and
-// transaction outcomes, timers, adoption of a caller's value. Each then
-// costs JS arrow functions instead of a Rust closure per callback (each a
-// wasm allocation, a JS wrapper and a call back into the module) and an
-// executor call into the module; the wasm is smaller by the closures' code.
+// Promises and event handlers made in JS rather than from Rust: IndexedDB
+// request and transaction outcomes, timers, adoption of a caller's value,
+// opening and deleting a database (schema upgrade, blocked timeout,
+// `versionchange`) and `watch`'s BroadcastChannel listener. Each then costs
+// JS arrow functions instead of a Rust closure per callback (each a wasm
+// allocation, a JS wrapper and a call back into the module) and an executor
+// call into the module; the wasm is smaller by the closures' code.
 // Inlined into the glue by scripts/package.mjs, like js/walk.js.
+//
+// The object store names are those of src/store/db.rs (RECORDS, TOMBSTONES,
+// META, DERIVED, BY_TYPE) and src/lease/journal.rs (STORE).
 
 /**
  * A Promise settled by `request`'s `success` (resolves with its `result`)
@@ -45,4 +50,164 @@ export function timerPromise(ms, value) {
  */
 export function adopt(v) {
   return new Promise((resolve) => resolve(v));
+}
+
+/**
+ * How much longer (ms) than the blocked timeout an open or delete that never
+ * received `blocked` may take before it counts as blocked: one queued behind
+ * another connection's pending upgrade or delete never gets the event, yet
+ * must not hang.
+ */
+const QUEUED_GRACE_MS = 3000;
+/** Browsers run a timer longer than 2^31 - 1 ms at once. */
+const MAX_TIMER_MS = 2147483647;
+
+/**
+ * `Promise.race` of an open or delete `request` and its blocked timeout:
+ * resolves with the request's result, or with `timedOut` once the request
+ * has been `blocked` for `ms`, or has had no answer for `ms` +
+ * QUEUED_GRACE_MS since it was made. The time an open or delete takes when
+ * nothing blocks it never counts as blocked (with `blockedTimeoutMs: 0`, an
+ * open nothing blocks still succeeds).
+ */
+function raceBlocked(request, ms, timedOut) {
+  return Promise.race([
+    requestPromise(request),
+    new Promise((resolve) => {
+      request.onblocked = () => setTimeout(resolve, ms, timedOut);
+    }),
+    timerPromise(Math.min(ms + QUEUED_GRACE_MS, MAX_TIMER_MS), timedOut),
+  ]);
+}
+
+/**
+ * Creates what `schema` needs and is missing, in `upgradeneeded`; returns a
+ * string to refuse the upgrade. Schemas: 0 the record store; 1 the record
+ * store of a second connection (the io module's), which must exist (a
+ * database with no object store was deleted: refused); 2 the lease journal.
+ */
+function createSchema(db, schema) {
+  const names = db.objectStoreNames;
+  if (schema === 2) {
+    if (!names.contains('leases')) db.createObjectStore('leases');
+    return undefined;
+  }
+  if (schema === 1 && names.length === 0) return 'the store was deleted';
+  if (!names.contains('records')) {
+    db.createObjectStore('records', { keyPath: '_id' }).createIndex('byType', ['recordType', '_id']);
+  }
+  if (!names.contains('tombstones')) db.createObjectStore('tombstones', { keyPath: '_id' });
+  for (const name of ['meta', 'derived']) if (!names.contains(name)) db.createObjectStore(name);
+  return undefined;
+}
+
+/**
+ * Opens database `name` at `version` through `factory` (an IDBFactory),
+ * creating what `schema` (see createSchema) needs.
+ *
+ * Resolves with the IDBDatabase, or with `null` when the open stayed blocked
+ * for `blockedMs` (the request cannot be cancelled: if it completes later,
+ * its connection is closed at once so it never blocks anyone in turn).
+ * Rejects with a string when the upgrade refused (the database was
+ * deleted), else with the request's DOMException (an upgrade that throws
+ * aborts: AbortError). Throws what `factory.open` throws.
+ *
+ * On `versionchange` (another tab upgrades or deletes the database) the
+ * connection closes itself, sets its `onversionchange` back to null (how
+ * the module tells a connection closed this way) and calls `onClose` (what
+ * it throws is dropped).
+ */
+export function openDatabase(factory, name, version, blockedMs, schema, onClose) {
+  const request = factory.open(name, version);
+  let upgrading = false;
+  let refused;
+  request.onupgradeneeded = () => {
+    upgrading = true;
+    try {
+      refused = createSchema(request.result, schema);
+    } catch (e) {
+      refused = undefined;
+      request.transaction.abort();
+      return;
+    }
+    if (refused !== undefined) request.transaction.abort();
+  };
+  const timedOut = {};
+  return raceBlocked(request, blockedMs, timedOut)
+    // A blocked timeout that fires during the upgrade does not count.
+    .then((out) => (out === timedOut && upgrading ? requestPromise(request) : out))
+    .then(
+      (db) => {
+        request.onblocked = null;
+        if (db === timedOut) {
+          // The upgrade handler stays: `upgradeneeded` may still fire once
+          // the blocker closes.
+          request.onsuccess = () => request.result.close();
+          return null;
+        }
+        request.onupgradeneeded = null;
+        db.onversionchange = () => {
+          db.onversionchange = null;
+          db.close();
+          try {
+            if (onClose) onClose();
+          } catch (e) {
+            // The caller's callback: its error is its own.
+          }
+        };
+        return db;
+      },
+      (e) => {
+        throw refused !== undefined ? refused : e;
+      },
+    );
+}
+
+/**
+ * Deletes database `name` through `factory`. Resolves with `true` when it
+ * is gone, `false` when a connection that does not close on `versionchange`
+ * kept the deletion blocked for `blockedMs` (the request stays queued and
+ * completes once that connection closes); rejects with the request's
+ * DOMException; throws what `factory.deleteDatabase` throws.
+ */
+export function deleteDatabase(factory, name, blockedMs) {
+  const request = factory.deleteDatabase(name);
+  const timedOut = {};
+  return raceBlocked(request, blockedMs, timedOut).then((out) => {
+    request.onblocked = null;
+    return out !== timedOut;
+  });
+}
+
+/**
+ * Listens on BroadcastChannel `name` (throws where there is none) and calls
+ * `callback(change)` for every `{id, rev, deleted}` of a posted change
+ * array whose string `id` starts with `prefix` (UTF-16 code units, as
+ * `startsWith`); what the callback throws is dropped. Returns the function
+ * that stops it, also for the rest of a message being handled (a callback
+ * that stops its own subscription gets no further change).
+ */
+export function watchChannel(name, prefix, callback) {
+  const channel = new BroadcastChannel(name);
+  let stopped = false;
+  channel.onmessage = (event) => {
+    const data = event.data;
+    if (!Array.isArray(data)) return;
+    for (const change of data) {
+      if (stopped) return;
+      const id = change !== null && typeof change === 'object' ? change.id : undefined;
+      if (typeof id === 'string' && id.startsWith(prefix)) {
+        try {
+          callback.call(null, change);
+        } catch (e) {
+          // The caller's callback: its error is its own.
+        }
+      }
+    }
+  };
+  return () => {
+    stopped = true;
+    channel.onmessage = null;
+    channel.close();
+  };
 }

@@ -14,7 +14,6 @@ use js_sys::Array;
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::closure::Closure;
 use wasm_bindgen::{JsCast, JsValue};
-use web_sys::IdbDatabase;
 
 use crate::store::db::{Db, TransactionMode};
 
@@ -61,13 +60,6 @@ fn key(base: &str, item_id: i64) -> JsValue {
     k.into()
 }
 
-fn upgrade(db: &IdbDatabase) -> Result<(), JsValue> {
-    if !db.object_store_names().contains(STORE) {
-        db.create_object_store(STORE)?;
-    }
-    Ok(())
-}
-
 /// A lazily opened journal; `None` name = disabled (every call is a no-op).
 #[derive(Clone)]
 pub struct Journal {
@@ -101,7 +93,7 @@ impl Journal {
             name,
             1,
             OPEN_TIMEOUT_MS,
-            upgrade,
+            crate::store::db::Schema::Journal,
             Some(on_vc.unchecked_into()),
         )
         .await

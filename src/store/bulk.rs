@@ -14,7 +14,7 @@ use crate::error::{BatchFailure, Result, StoreError};
 use agentstore_protocol::keys::page_range;
 use agentstore_protocol::record::MAX_BATCH;
 use agentstore_protocol::rev::{decide_delete, CasError, Current, Rev};
-use js_sys::{Array, JsString, Object, Reflect};
+use js_sys::{Array, JsString, Reflect};
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
 
@@ -295,22 +295,14 @@ impl Store {
 /// queued and completes once that connection closes. TransactionError when
 /// IndexedDB is unavailable or refuses.
 pub async fn destroy(name: &str, blocked_timeout_ms: u32) -> Result<()> {
-    let factory: web_sys::IdbFactory = Reflect::get(&js_sys::global(), &"indexedDB".into())
-        .ok()
-        .and_then(|f| f.dyn_into().ok())
-        .ok_or_else(|| {
-            StoreError::Transaction("IndexedDB is not available in this context".into())
-        })?;
-    let request = dom(factory.delete_database(name))?;
-    // Raced with the blocked timeout, resolving with a marker (the
-    // request's own result is `undefined`).
-    let timed_out = JsValue::from(Object::new());
-    let race = super::db::race_blocked(&request, blocked_timeout_ms, &timed_out);
-    let out = JsFuture::from(race).await;
-    request.set_onblocked(None);
-    match out {
-        Ok(v) if v == timed_out => Err(StoreError::Blocked(name.to_owned(), blocked_timeout_ms)),
-        Ok(_) => Ok(()),
+    let deleting = dom(super::db::delete_database(
+        &super::db::factory()?,
+        name,
+        blocked_timeout_ms,
+    ))?;
+    match JsFuture::from(deleting).await {
+        Ok(gone) if gone.is_truthy() => Ok(()),
+        Ok(_) => Err(StoreError::Blocked(name.to_owned(), blocked_timeout_ms)),
         Err(e) => Err(StoreError::from_dom(&e)),
     }
 }

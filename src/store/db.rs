@@ -21,14 +21,12 @@ use js_sys::{Array, Function, Reflect};
 use std::cell::{Cell, RefCell};
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
-use std::rc::Rc;
 use std::task::{Context, Poll};
-use wasm_bindgen::prelude::Closure;
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
 use web_sys::{
     IdbCursorDirection, IdbCursorWithValue, IdbDatabase, IdbFactory, IdbKeyRange, IdbObjectStore,
-    IdbOpenDbRequest, IdbRequest, IdbRequestReadyState, IdbTransaction,
+    IdbRequest, IdbRequestReadyState, IdbTransaction,
 };
 
 /// Object store of live records, keyed by `_id`.
@@ -45,17 +43,16 @@ pub const BY_TYPE: &str = "byType";
 /// Schema version of the IndexedDB database.
 pub const SCHEMA_VERSION: u32 = 1;
 
-/// An open connection plus the closures that must live as long as it does.
+/// An open connection.
 pub struct Db {
     raw: IdbDatabase,
-    /// Set when the connection was closed, with the reason, so later calls
-    /// fail with ClosedError instead of an opaque InvalidStateError.
-    closed: Rc<RefCell<Option<String>>>,
+    /// Set by `close()`, with the reason, so later calls fail with
+    /// ClosedError instead of an opaque InvalidStateError (a connection
+    /// closed by `versionchange` has no `onversionchange` handler left).
+    closed: RefCell<Option<String>>,
     /// Transactions started on this connection so far (group commit joins
     /// a group only while no other transaction started after it).
     seq: Cell<u32>,
-    /// Keeps the `versionchange` handler alive.
-    _on_version_change: Closure<dyn FnMut(web_sys::IdbVersionChangeEvent)>,
 }
 
 impl Db {
@@ -77,116 +74,47 @@ impl Db {
             name,
             version.max(SCHEMA_VERSION),
             blocked_timeout_ms,
-            create_schema,
+            Schema::Records,
             on_version_change,
         )
         .await
     }
 
-    /// Opens database `name` at `version`, running `upgrade` on the
-    /// connection in `upgradeneeded` (it must create what is missing and
-    /// leave what exists). For other databases than the record store (the
-    /// lease journal).
+    /// Opens database `name` at `version` with `schema` (js/promise.js
+    /// `openDatabase`: the upgrade, the blocked timeout and the
+    /// `versionchange` handler are JS event handlers).
     ///
     /// # Errors
-    /// As [`Db::open`].
+    /// As [`Db::open`]; ClosedError carrying the reason when the upgrade
+    /// refused ([`Schema::Existing`] of a deleted database).
     pub async fn open_with(
         name: &str,
         version: u32,
         blocked_timeout_ms: u32,
-        upgrade: fn(&IdbDatabase) -> std::result::Result<(), JsValue>,
+        schema: Schema,
         on_version_change: Option<Function>,
     ) -> Result<Db> {
-        let request = factory()?
-            .open_with_u32(name, version)
-            .map_err(|e| StoreError::from_dom(&e))?;
-
-        // An upgrade that refuses with a string (see [`existing_only`]) aborts
-        // the versionchange transaction; the open then fails with ClosedError
-        // carrying that string.
-        let refused: Rc<RefCell<Option<String>>> = Rc::new(RefCell::new(None));
-        let refused2 = refused.clone();
-        // Set once `upgradeneeded` fired: the open is no longer blocked, and
-        // a blocked timeout that fires during its upgrade does not count.
-        let upgrading = Rc::new(Cell::new(false));
-        let upgrading2 = upgrading.clone();
-        let upgrade = Closure::<dyn FnMut(web_sys::Event)>::new(move |event: web_sys::Event| {
-            upgrading2.set(true);
-            if let Some(req) = event
-                .target()
-                .and_then(|t| t.dyn_into::<IdbOpenDbRequest>().ok())
-            {
-                if let Ok(db) = req.result().and_then(|d| d.dyn_into::<IdbDatabase>()) {
-                    if let Err(why) = upgrade(&db) {
-                        if let Some(why) = why.as_string() {
-                            *refused2.borrow_mut() = Some(why);
-                            if let Some(tx) = req.transaction() {
-                                let _ = tx.abort();
-                            }
-                        }
-                    }
-                }
-            }
-        });
-        request.set_onupgradeneeded(Some(upgrade.as_ref().unchecked_ref()));
-
-        let timed_out = JsValue::from(js_sys::Object::new());
-        let race = race_blocked(&request, blocked_timeout_ms, &timed_out);
-        let mut out = JsFuture::from(race).await;
-        if matches!(&out, Ok(v) if *v == timed_out) && upgrading.get() {
-            out = JsFuture::from(request_promise(&request)).await;
+        let opening = open_database(
+            &factory()?,
+            name,
+            version,
+            blocked_timeout_ms,
+            schema as u8,
+            on_version_change.as_ref(),
+        )
+        .map_err(|e| StoreError::from_dom(&e))?;
+        match JsFuture::from(opening).await {
+            Ok(db) if db.is_null() => Err(StoreError::Blocked(name.to_owned(), blocked_timeout_ms)),
+            Ok(db) => Ok(Db {
+                raw: db.unchecked_into(),
+                closed: RefCell::new(None),
+                seq: Cell::new(0),
+            }),
+            Err(e) => Err(match e.as_string() {
+                Some(why) => StoreError::Closed(why),
+                None => StoreError::from_dom(&e),
+            }),
         }
-        let raw = match out {
-            Ok(db) if db != timed_out => db.unchecked_into::<IdbDatabase>(),
-            Err(e) => {
-                return Err(match refused.take() {
-                    Some(why) => StoreError::Closed(why),
-                    None => StoreError::from_dom(&e),
-                })
-            }
-            Ok(_) => {
-                // Give up, but close the connection if the open completes later
-                // so this abandoned request never blocks anyone in turn. The
-                // upgrade handler stays alive until then: `upgradeneeded` may
-                // still fire (once the blocker closes), and calling a dropped
-                // closure would throw an uncaught error into the page.
-                let keep_upgrade = upgrade;
-                let closer = Closure::once_into_js(move |event: web_sys::Event| {
-                    drop(keep_upgrade);
-                    if let Some(req) = event
-                        .target()
-                        .and_then(|t| t.dyn_into::<IdbOpenDbRequest>().ok())
-                    {
-                        if let Ok(db) = req.result().and_then(|d| d.dyn_into::<IdbDatabase>()) {
-                            db.close();
-                        }
-                    }
-                });
-                request.set_onsuccess(Some(closer.unchecked_ref()));
-                return Err(StoreError::Blocked(name.to_owned(), blocked_timeout_ms));
-            }
-        };
-        request.set_onupgradeneeded(None);
-        request.set_onblocked(None);
-        drop(upgrade);
-
-        let closed = Rc::new(RefCell::new(None));
-        let closed2 = closed.clone();
-        let raw2 = raw.clone();
-        let on_vc = Closure::<dyn FnMut(web_sys::IdbVersionChangeEvent)>::new(move |_| {
-            raw2.close();
-            *closed2.borrow_mut() = Some("another tab upgraded or deleted the database".to_owned());
-            if let Some(cb) = &on_version_change {
-                let _ = cb.call0(&JsValue::NULL);
-            }
-        });
-        raw.set_onversionchange(Some(on_vc.as_ref().unchecked_ref()));
-        Ok(Db {
-            raw,
-            closed,
-            seq: Cell::new(0),
-            _on_version_change: on_vc,
-        })
     }
 
     /// Closes the connection (after running transactions finish).
@@ -202,10 +130,17 @@ impl Db {
     /// # Errors
     /// ClosedError after `close()` or a `versionchange`.
     pub fn check_open(&self) -> Result<()> {
-        match self.closed.borrow().as_ref() {
-            Some(why) => Err(StoreError::Closed(why.clone())),
-            None => Ok(()),
+        if let Some(why) = self.closed.borrow().as_ref() {
+            return Err(StoreError::Closed(why.clone()));
         }
+        // js/promise.js's `versionchange` handler closes the connection and
+        // sets the handler back to null.
+        if self.raw.onversionchange().is_none() {
+            return Err(StoreError::Closed(
+                "another tab upgraded or deleted the database".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Starts a transaction over `stores`.
@@ -230,7 +165,7 @@ impl Db {
             raw,
             open_write: Cell::new(write),
             #[cfg(feature = "test-hooks")]
-            fault: Rc::new(Cell::new(None)),
+            fault: std::rc::Rc::new(Cell::new(None)),
         })
     }
 }
@@ -357,7 +292,7 @@ pub struct Tx {
     open_write: Cell<bool>,
     /// Test hook: make the n-th write request of this transaction fail.
     #[cfg(feature = "test-hooks")]
-    fault: Rc<Cell<Option<(u32, Fault)>>>,
+    fault: std::rc::Rc<Cell<Option<(u32, Fault)>>>,
 }
 
 /// How an injected request fault fails (test hook).
@@ -441,7 +376,7 @@ impl Drop for Tx {
 pub struct ObjectStore {
     raw: IdbObjectStore,
     #[cfg(feature = "test-hooks")]
-    fault: Rc<Cell<Option<(u32, Fault)>>>,
+    fault: std::rc::Rc<Cell<Option<(u32, Fault)>>>,
 }
 
 impl From<ObjectStore> for IdbObjectStore {
@@ -809,55 +744,49 @@ extern "C" {
     /// scope's `setTimeout`, window or worker; js/promise.js).
     #[wasm_bindgen(js_name = timerPromise)]
     pub fn timer_promise(ms: u32, value: &JsValue) -> js_sys::Promise;
+    /// Opens a database (js/promise.js `openDatabase`): resolves with the
+    /// IDBDatabase, or `null` when the open stayed blocked for
+    /// `blocked_ms`; rejects with a string when the upgrade refused, else
+    /// with the DOMException.
+    #[wasm_bindgen(js_name = openDatabase, catch)]
+    fn open_database(
+        factory: &IdbFactory,
+        name: &str,
+        version: u32,
+        blocked_ms: u32,
+        schema: u8,
+        on_close: Option<&Function>,
+    ) -> std::result::Result<js_sys::Promise, JsValue>;
+    /// Deletes a database (js/promise.js `deleteDatabase`): resolves with
+    /// `true` once it is gone, `false` when it stayed blocked for
+    /// `blocked_ms`; rejects with the DOMException.
+    #[wasm_bindgen(js_name = deleteDatabase, catch)]
+    pub(crate) fn delete_database(
+        factory: &IdbFactory,
+        name: &str,
+        blocked_ms: u32,
+    ) -> std::result::Result<js_sys::Promise, JsValue>;
+}
+
+/// What an open creates in `upgradeneeded` (js/promise.js `createSchema`).
+#[derive(Clone, Copy)]
+pub enum Schema {
+    /// The record store: [`RECORDS`] (with [`BY_TYPE`]), [`TOMBSTONES`],
+    /// [`META`], [`DERIVED`], each where missing.
+    Records = 0,
+    /// The record store of a second connection (the io module's, opened
+    /// for one call of the entry point's store): a database that is not
+    /// there (it was deleted) is refused, so the open fails with
+    /// ClosedError instead of creating an empty one.
+    Existing = 1,
+    /// The lease journal's one object store.
+    Journal = 2,
 }
 
 /// A Promise resolved with `undefined` after `ms` milliseconds
 /// (`setTimeout` of this global scope: window or worker).
 pub fn sleep_promise(ms: u32) -> js_sys::Promise {
     timer_promise(ms, &JsValue::UNDEFINED)
-}
-
-/// How much longer (ms) than `blockedTimeoutMs` an open or delete that
-/// never received `blocked` may take before it counts as blocked: one
-/// queued behind another connection's pending upgrade or delete never gets
-/// the event, yet must not hang.
-pub const QUEUED_GRACE_MS: u32 = 3_000;
-
-/// Browsers run a timer longer than 2^31 - 1 ms at once.
-const MAX_TIMER_MS: u32 = 2_147_483_647;
-
-/// `Promise.race` of an open or delete `request` and its blocked timeout:
-/// resolves with the request's result, or with `timed_out` once the
-/// request has been `blocked` for `ms`, or has had no answer for
-/// `ms` + [`QUEUED_GRACE_MS`] since it was made. The time an open or delete
-/// takes when nothing blocks it never counts as blocked (with
-/// `blockedTimeoutMs: 0`, an open nothing blocks still succeeds).
-pub(crate) fn race_blocked(
-    request: &IdbOpenDbRequest,
-    ms: u32,
-    timed_out: &JsValue,
-) -> js_sys::Promise {
-    let from_blocked = js_sys::Promise::new(&mut |resolve: Function, _reject: Function| {
-        if let Ok(set_timeout) = Reflect::get(&js_sys::global(), &"setTimeout".into())
-            .and_then(|f| f.dyn_into::<Function>())
-        {
-            // `blocked` calls setTimeout(resolve, ms, timed_out).
-            let arm: Function = JsValue::from(set_timeout.bind3(
-                &JsValue::UNDEFINED,
-                &resolve,
-                &JsValue::from(ms),
-                timed_out,
-            ))
-            .unchecked_into();
-            request.set_onblocked(Some(&arm));
-        }
-    });
-    let limit = ms.saturating_add(QUEUED_GRACE_MS).min(MAX_TIMER_MS);
-    js_sys::Promise::race(&Array::of3(
-        &request_promise(request),
-        &from_blocked,
-        &timer_promise(limit, timed_out),
-    ))
 }
 
 /// Sleeps `ms` milliseconds (a JS timer; no Rust timer machinery).
@@ -874,39 +803,4 @@ pub fn factory() -> Result<IdbFactory> {
         .ok()
         .and_then(|f| f.dyn_into().ok())
         .ok_or_else(|| StoreError::Transaction("IndexedDB is not available in this context".into()))
-}
-
-/// The upgrade of a second connection to a store that must already exist
-/// (the io module's): a database that is not there (it was deleted) is
-/// refused, so the open fails with ClosedError instead of creating an empty
-/// one; an existing one gets what [`create_schema`] adds.
-pub fn existing_only(db: &IdbDatabase) -> std::result::Result<(), JsValue> {
-    if db.object_store_names().length() == 0 {
-        return Err(JsValue::from_str("the store was deleted"));
-    }
-    create_schema(db)
-}
-
-/// Creates the record store's object stores and index where missing.
-fn create_schema(db: &IdbDatabase) -> std::result::Result<(), JsValue> {
-    let names = db.object_store_names();
-    let key_id = web_sys::IdbObjectStoreParameters::new();
-    key_id.set_key_path(&JsValue::from_str("_id"));
-    if !names.contains(RECORDS) {
-        let records = db.create_object_store_with_optional_parameters(RECORDS, &key_id)?;
-        let path: Array = ["recordType", "_id"]
-            .iter()
-            .map(|s| JsValue::from_str(s))
-            .collect();
-        records.create_index_with_str_sequence(BY_TYPE, &path)?;
-    }
-    if !names.contains(TOMBSTONES) {
-        db.create_object_store_with_optional_parameters(TOMBSTONES, &key_id)?;
-    }
-    for name in [META, DERIVED] {
-        if !names.contains(name) {
-            db.create_object_store(name)?;
-        }
-    }
-    Ok(())
 }

@@ -197,7 +197,7 @@ impl Store {
             name,
             db::SCHEMA_VERSION,
             blocked_timeout_ms,
-            db::existing_only,
+            db::Schema::Existing,
             None,
         )
         .await?;

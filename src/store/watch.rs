@@ -4,10 +4,9 @@
 //! <https://developer.mozilla.org/en-US/docs/Web/API/BroadcastChannel>
 
 use crate::error::set;
-use js_sys::{Array, Function, JsString, Object, Reflect};
-use wasm_bindgen::prelude::Closure;
-use wasm_bindgen::{JsCast, JsValue};
-use web_sys::{BroadcastChannel, MessageEvent};
+use js_sys::{Array, Function, JsString, Object};
+use wasm_bindgen::JsValue;
+use web_sys::BroadcastChannel;
 
 fn channel_name(db: &str) -> String {
     ["agentstore:", db].concat()
@@ -64,14 +63,24 @@ impl Drop for Notifier {
 
 /// A subscription made by `watch({prefix}, callback)`: calls `callback({id,
 /// rev, deleted})` for every committed change whose id starts with `prefix`,
-/// from any tab. Stops on [`Watcher::close`] or when dropped.
+/// from any tab (js/promise.js `watchChannel`: the listener is JS). Stops on
+/// [`Watcher::close`] or when dropped.
 #[must_use = "the subscription stops when the Watcher is dropped"]
 pub struct Watcher {
-    channel: BroadcastChannel,
-    /// Set by `close()`: a callback that closes its own handle gets no
-    /// further change, not even the rest of the message it is handling.
-    closed: std::rc::Rc<std::cell::Cell<bool>>,
-    _listener: Closure<dyn FnMut(MessageEvent)>,
+    /// Stops the listener (also for the rest of a message being handled).
+    stop: Function,
+}
+
+#[wasm_bindgen::prelude::wasm_bindgen(module = "/js/promise.js")]
+extern "C" {
+    /// Listens on BroadcastChannel `name` (throws where there is none);
+    /// returns the function that stops it.
+    #[wasm_bindgen(js_name = watchChannel, catch)]
+    fn watch_channel(
+        name: &str,
+        prefix: &JsString,
+        callback: &Function,
+    ) -> Result<Function, JsValue>;
 }
 
 impl Watcher {
@@ -80,46 +89,15 @@ impl Watcher {
     /// # Errors
     /// The DOMException when BroadcastChannel is unavailable.
     pub fn new(db: &str, prefix: JsString, callback: Function) -> Result<Watcher, JsValue> {
-        let channel = BroadcastChannel::new(&channel_name(db))?;
-        let closed = std::rc::Rc::new(std::cell::Cell::new(false));
-        let stop = closed.clone();
-        let listener = Closure::<dyn FnMut(MessageEvent)>::new(move |ev: MessageEvent| {
-            let data = ev.data();
-            if !Array::is_array(&data) {
-                return;
-            }
-            for change in Array::from(&data).iter() {
-                if stop.get() {
-                    return;
-                }
-                let matches = Reflect::get(&change, &"id".into())
-                    .ok()
-                    .and_then(|id| id.dyn_into::<JsString>().ok())
-                    .is_some_and(|id| starts_with(&id, &prefix));
-                if matches {
-                    let _ = callback.call1(&JsValue::NULL, &change);
-                }
-            }
-        });
-        channel.set_onmessage(Some(listener.as_ref().unchecked_ref()));
         Ok(Watcher {
-            channel,
-            closed,
-            _listener: listener,
+            stop: watch_channel(&channel_name(db), &prefix, &callback)?,
         })
     }
 
     /// Stops the subscription (also for the rest of a message being handled).
     pub fn close(&self) {
-        self.closed.set(true);
-        self.channel.set_onmessage(None);
-        self.channel.close();
+        let _ = self.stop.call0(&JsValue::NULL);
     }
-}
-
-/// `id.startsWith(prefix)` on UTF-16 code units (exact for lone surrogates).
-fn starts_with(id: &JsString, prefix: &JsString) -> bool {
-    id.length() >= prefix.length() && id.slice(0, prefix.length()) == *prefix
 }
 
 impl Drop for Watcher {
