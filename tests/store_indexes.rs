@@ -214,6 +214,75 @@ async fn verify_reports_corruption_exactly_and_rebuild_restores_identical_entrie
     assert_indexes_clean(&store).await;
 }
 
+/// `listBy` reads what `verifyIndexes` checks: the entries' keys. An entry
+/// whose stored value no longer equals its key (a foreign write, a partial
+/// restore) is reported by neither, so listing must not trust the value:
+/// before, `listBy` fetched the record named by the value's last element
+/// and answered another record than the clean index says.
+#[wasm_bindgen_test]
+async fn list_by_answers_from_the_entry_keys_that_verify_checks_not_their_values() {
+    let (store, _) = open("idx-values").await;
+    let recs = json!([
+        {"_id": "a", "recordType": "run", "updatedAt": at(1)},
+        {"_id": "b", "recordType": "note", "updatedAt": at(2)},
+    ]);
+    store.put_many(&js(recs)).await.unwrap();
+    let tag = by_type().tag();
+    let key = js(json!([tag, "run", at(1), "a"]));
+    let wrong_value = js(json!([tag, "note", at(2), "b"]));
+    store.raw_derived(&[(key, wrong_value)], &[]).await.unwrap();
+    let v = store.verify_indexes().await.unwrap();
+    assert!(v.missing.is_empty() && v.orphaned.is_empty() && v.stale.is_empty());
+    assert_eq!(by_all(&store, json!({"eq": "run"})).await, vec!["a"]);
+    assert_eq!(
+        by_all(&store, json!({"eq": "run", "descending": true})).await,
+        vec!["a"]
+    );
+    assert_eq!(
+        by_all(&store, json!({"limit": 1})).await,
+        vec!["b", "a"],
+        "paging (its cursor comes from the entry) still visits each record once"
+    );
+}
+
+/// An index key path reads the record's own fields, as IndexedDB
+/// evaluates key paths: a library that sets `Object.prototype.team` must
+/// not make the record written (a null-prototype copy: no entry) and the
+/// same record read back (an ordinary object) disagree. Before,
+/// `verifyIndexes` reported the record missing and a rebuild added an entry
+/// the next write removed.
+#[wasm_bindgen_test]
+async fn an_index_key_path_reads_own_fields_only_as_indexeddb_does() {
+    let by_team = IndexDef {
+        name: "byTeam".into(),
+        keys: vec!["team".into()],
+    };
+    let store = Store::open(&fresh_name("idx-proto"), 2000, None, vec![by_team])
+        .await
+        .unwrap();
+    let proto = js_sys::Object::get_prototype_of(&js_sys::Object::new());
+    let field = JsValue::from_str("team");
+    js_sys::Reflect::set(&proto, &field, &JsValue::from_str("red")).unwrap();
+    let outcome = async {
+        store
+            .put(&js(json!({"_id": "a", "recordType": "run"})))
+            .await
+            .unwrap();
+        let v = store.verify_indexes().await.unwrap();
+        let clean = v.missing.is_empty() && v.orphaned.is_empty() && v.stale.is_empty();
+        let q = ByQuery::from_js(&js(json!({"eq": "red"}))).unwrap();
+        let listed = store.list_by("byTeam", &q).await.unwrap().records.length();
+        store.rebuild_indexes(7, true, None, None).await.unwrap();
+        (clean, listed, store.dump_entries().await.unwrap())
+    }
+    .await;
+    js_sys::Reflect::delete_property(&proto.into(), &field).unwrap();
+    let (clean, listed, entries) = outcome;
+    assert!(clean, "verifyIndexes reports nothing");
+    assert_eq!(listed, 0, "no own team: no entry");
+    assert_eq!(entries, "[]", "a rebuild adds none either");
+}
+
 /// `rebuildIndexes` treats its signal and its callback as the imports do: a
 /// signal aborted before the call changes nothing (before, the restart
 /// dropped every entry first and the call then failed, leaving the index to

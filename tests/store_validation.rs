@@ -936,6 +936,7 @@ async fn a_string_argument_too_long_to_be_one_is_refused_before_it_is_copied_int
         out.listByEq = await settle(() => s.listBy('byType', {{ eq: big }}));
         out.listByPrefix = await settle(() => s.listBy('byType', {{ prefix: big }}));
         out.listByName = await settle(() => s.listBy(big));
+        out.listByAfter = await settle(() => s.listBy('byType', {{ after: 'i1.' + big }}));
         out.openName = await settle(() => s.constructor.open(big));
         out.indexName = await settle(() => s.constructor.open('never', {{ indexes: [{{ name: big, keys: ['a'] }}] }}));
         out.legacyId = await settle(() => s.importPouchDump('', {{ legacyIndexId: big }}));
@@ -965,6 +966,7 @@ async fn a_string_argument_too_long_to_be_one_is_refused_before_it_is_copied_int
         "listByEq",
         "listByPrefix",
         "listByName",
+        "listByAfter",
         "openName",
         "indexName",
         "legacyId",

@@ -25,8 +25,8 @@ use std::task::{Context, Poll};
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
 use web_sys::{
-    IdbCursorDirection, IdbCursorWithValue, IdbDatabase, IdbFactory, IdbKeyRange, IdbObjectStore,
-    IdbRequest, IdbRequestReadyState, IdbTransaction,
+    IdbCursor, IdbCursorDirection, IdbCursorWithValue, IdbDatabase, IdbFactory, IdbKeyRange,
+    IdbObjectStore, IdbRequest, IdbRequestReadyState, IdbTransaction,
 };
 
 /// Object store of live records, keyed by `_id`.
@@ -413,7 +413,7 @@ fn as_u32(v: JsValue) -> u32 {
     v.as_f64().unwrap_or(0.0) as u32
 }
 
-fn as_cursor(v: JsValue) -> Option<IdbCursorWithValue> {
+fn as_cursor(v: JsValue) -> Option<IdbCursor> {
     v.dyn_into().ok()
 }
 
@@ -528,10 +528,27 @@ impl ObjectStore {
         &self,
         query: Option<Query>,
         dir: Option<CursorDirection>,
-    ) -> Result<Req<Option<IdbCursorWithValue>>> {
+    ) -> Result<Req<Option<IdbCursor>>> {
         issued(
             self.raw
                 .open_cursor_with_range_and_direction(&query_js(query), direction(dir)),
+            as_cursor,
+        )
+    }
+
+    /// `openKeyCursor(query, direction)`: a cursor over keys only (no
+    /// value is read); `None` when the range is empty.
+    ///
+    /// # Errors
+    /// As IndexedDB's request.
+    pub fn open_key_cursor(
+        &self,
+        query: Option<Query>,
+        dir: Option<CursorDirection>,
+    ) -> Result<Req<Option<IdbCursor>>> {
+        issued(
+            self.raw
+                .open_key_cursor_with_range_and_direction(&query_js(query), direction(dir)),
             as_cursor,
         )
     }
@@ -588,7 +605,7 @@ impl Index {
         &self,
         query: Option<Query>,
         dir: Option<CursorDirection>,
-    ) -> Result<Req<Option<IdbCursorWithValue>>> {
+    ) -> Result<Req<Option<IdbCursor>>> {
         issued(
             self.0
                 .open_cursor_with_range_and_direction(&query_js(query), direction(dir)),
@@ -601,14 +618,19 @@ impl Index {
 ///
 /// # Errors
 /// As IndexedDB's request.
-pub async fn collect_cursor(cursor: Option<IdbCursorWithValue>, max: u32) -> Result<Vec<JsValue>> {
+pub async fn collect_cursor(cursor: Option<IdbCursor>, max: u32) -> Result<Vec<JsValue>> {
     let mut out = Vec::new();
     let mut cursor = cursor;
     while let Some(c) = cursor {
         if out.len() as u32 >= max {
             break;
         }
-        out.push(c.value().map_err(|e| StoreError::from_dom(&e))?);
+        // A key cursor's keys, a value cursor's values.
+        let item = match c.dyn_ref::<IdbCursorWithValue>() {
+            Some(c) => c.value(),
+            None => c.key(),
+        };
+        out.push(item.map_err(|e| StoreError::from_dom(&e))?);
         if out.len() as u32 >= max {
             break;
         }

@@ -325,13 +325,21 @@ impl Store {
 
 /// The value at a dotted key path, if it is a valid index component
 /// (a string or a finite number); otherwise the record has no entry.
+///
+/// Each step reads an OWN property, as IndexedDB evaluates a key path
+/// (<https://w3c.github.io/IndexedDB/#evaluate-a-key-path-on-a-value>, "if
+/// hop is false, return failure"): a record written (a null-prototype walk
+/// copy) and the same record read back (an ordinary object) then give the
+/// same key even when a library has set `Object.prototype.<key>`. Records
+/// reach here only as walk copies or structured clones, never Proxies.
 fn component(record: &JsValue, path: &str) -> Option<JsValue> {
     let mut v = record.clone();
     for seg in path.split('.') {
-        if !v.is_object() {
+        let seg = JsValue::from_str(seg);
+        if !v.is_object() || !Object::has_own(v.unchecked_ref::<Object>(), &seg) {
             return None;
         }
-        v = Reflect::get(&v, &JsValue::from_str(seg)).ok()?;
+        v = Reflect::get(&v, &seg).ok()?;
     }
     match v.as_f64() {
         Some(n) if n.is_finite() => Some(v),
@@ -523,11 +531,19 @@ impl ByQuery {
             v if !given(&v) => None,
             v => Some(
                 decode_key_cursor(
-                    // Not bounded: the store's own cursor, as long as the
-                    // indexed values of the entry it names (4 hex digits per
-                    // code unit).
-                    &v.as_string()
-                        .ok_or_else(|| StoreError::validation("after must be a cursor string"))?,
+                    // The store's own cursor, as long as the indexed values
+                    // of the entry it names (4 hex digits per code unit):
+                    // bounded by MAX_KEY_CURSOR_LEN, not the 64 Ki-unit
+                    // bound of other arguments, and read only within it.
+                    &crate::value::short_string(
+                        &v,
+                        agentstore_protocol::index::MAX_KEY_CURSOR_LEN,
+                    )
+                    .ok_or_else(|| {
+                        StoreError::validation(
+                            "after must be a cursor string made by listBy (at most 1,048,576 characters)",
+                        )
+                    })?,
                 )
                 .map_err(StoreError::validation)?,
             ),
@@ -587,16 +603,18 @@ impl Store {
             .tx(&[META, DERIVED, RECORDS], TransactionMode::ReadOnly)?;
         let (_, state) = read_state(&tx).await?;
         let fetch = q.limit + 1;
+        // The entries' keys, never their stored values: the keys are what
+        // `verifyIndexes` checks.
         let keys: Vec<JsValue> = if state.active.contains(&tag) {
             let derived = tx.store(DERIVED)?;
             if q.descending {
                 let cursor = derived
-                    .open_cursor(Some(to_range(&range)?), Some(CursorDirection::Prev))?
+                    .open_key_cursor(Some(to_range(&range)?), Some(CursorDirection::Prev))?
                     .await?;
                 super::list::collect_cursor(cursor, fetch).await?
             } else {
                 derived
-                    .get_all(Some(to_range(&range)?), Some(fetch))?
+                    .get_all_keys(Some(to_range(&range)?), Some(fetch))?
                     .await?
             }
         } else {

@@ -330,6 +330,12 @@ fn push_hex(out: &mut String, v: u64, digits: u32) {
     }
 }
 
+/// The longest `listBy` cursor [`decode_key_cursor`] takes, in ASCII
+/// characters (1 Mi): string parts of 262,143 UTF-16 code units in all (4
+/// hex digits each). A longer cursor is refused before it is read (a
+/// caller's string copied into wasm memory grows it for the page's life).
+pub const MAX_KEY_CURSOR_LEN: u32 = 1 << 20;
+
 /// Encodes an entry key as an opaque cursor: `"i1."` then per part
 /// `n<16 hex f64 bits>` or `s<4 hex per unit>` separated by `.`.
 pub fn encode_key_cursor(key: &[KeyPart]) -> String {
@@ -362,7 +368,12 @@ pub fn decode_key_cursor(s: &str) -> Result<Vec<KeyPart>, String> {
     // Cursors are ASCII by construction; anything else is refused here,
     // before any byte-indexed split (a split inside a multi-byte character
     // would panic, and a panic in wasm kills the module).
-    if !s.is_ascii() {
+    if !s.is_ascii() || s.len() > MAX_KEY_CURSOR_LEN as usize {
+        return Err(bad());
+    }
+    // An entry key has the index's tag, at most MAX_INDEX_KEYS values and
+    // the id: more parts are refused before any is allocated.
+    if s.bytes().filter(|b| *b == b'.').count() > MAX_INDEX_KEYS + 2 {
         return Err(bad());
     }
     let mut parts = s.split('.');
@@ -400,6 +411,21 @@ mod tests {
 
     fn s(x: &str) -> KeyPart {
         KeyPart::Str(x.encode_utf16().collect())
+    }
+
+    #[test]
+    fn a_key_cursor_with_more_parts_than_an_entry_key_or_too_long_is_refused_before_it_is_read() {
+        let most = vec![KeyPart::Max; MAX_INDEX_KEYS + 2];
+        assert_eq!(decode_key_cursor(&encode_key_cursor(&most)).unwrap(), most);
+        let more = vec![KeyPart::Max; MAX_INDEX_KEYS + 3];
+        assert!(decode_key_cursor(&encode_key_cursor(&more)).is_err());
+        assert!(decode_key_cursor(&["i1", &".m".repeat(1 << 20)].concat()).is_err());
+        let longest = "a".repeat((MAX_KEY_CURSOR_LEN as usize - 4) / 4);
+        let c = encode_key_cursor(&[s(&longest)]);
+        assert_eq!(c.len(), MAX_KEY_CURSOR_LEN as usize);
+        assert_eq!(decode_key_cursor(&c).unwrap(), vec![s(&longest)]);
+        let too_long = encode_key_cursor(&[s(&longest), s("bc")]);
+        assert!(decode_key_cursor(&too_long).is_err());
     }
 
     fn inside(r: &EntryRange, k: &[KeyPart]) -> bool {
