@@ -57,8 +57,9 @@ pub enum StoreError {
         /// Every conflicting position.
         failures: Vec<BatchFailure>,
     },
-    /// The record does not exist (or is a tombstone).
-    NotFound(String),
+    /// The record does not exist (or is a tombstone): its id (a JS string,
+    /// exact: may hold lone surrogates) and the id for messages (lossy).
+    NotFound(JsValue, String),
     /// The browser refused the write for lack of quota; the transaction rolled back.
     QuotaExceeded(String),
     /// The transaction failed or aborted for another reason.
@@ -113,7 +114,7 @@ impl StoreError {
             StoreError::BatchConflict { .. } => {
                 "some of the batch's records conflict (see failures); nothing was written".into()
             }
-            StoreError::NotFound(id) => ["record ", id, " not found"].concat(),
+            StoreError::NotFound(_, id) => ["record ", id, " not found"].concat(),
             StoreError::QuotaExceeded(m) => [
                 "storage quota exceeded; the transaction was rolled back: ",
                 m,
@@ -143,7 +144,7 @@ impl StoreError {
         match self {
             StoreError::Validation { .. } => ErrorCode::Validation,
             StoreError::Conflict { .. } | StoreError::BatchConflict { .. } => ErrorCode::Conflict,
-            StoreError::NotFound(_) => ErrorCode::NotFound,
+            StoreError::NotFound(..) => ErrorCode::NotFound,
             StoreError::QuotaExceeded(_) => ErrorCode::QuotaExceeded,
             StoreError::Transaction(_) => ErrorCode::Transaction,
             StoreError::Blocked(..) => ErrorCode::Blocked,
@@ -201,6 +202,7 @@ impl StoreError {
                     set(o, "attempts", &JsValue::from(*n));
                 }
             }
+            StoreError::NotFound(id, _) => set(o, "id", id),
             StoreError::BatchConflict { failures } => set(o, "failures", &failures_to_js(failures)),
             StoreError::Validation { failures, .. } if !failures.is_empty() => {
                 set(o, "failures", &failures_to_js(failures))

@@ -913,12 +913,47 @@ async fn with_js_store(body: &str) -> JsValue {
     out
 }
 
+/// A record at the last revision generation (2^53-1, which an import may
+/// bring) has no next revision: `putMany` and `deleteMany` report it in
+/// `failures` at its position, as any refused member, and write nothing.
+/// Before, the batch failed with a ValidationError without `failures`.
+#[wasm_bindgen_test]
+async fn a_batch_member_at_the_last_revision_generation_is_a_failure_at_its_position() {
+    let body = "return (async () => {
+        const rev = '9007199254740991-' + 'a'.repeat(32);
+        const header = JSON.stringify({ agentstore: 'snapshot', version: 1, records: 1, tombstones: 0 });
+        await s.importSnapshot(header + '\\n' + JSON.stringify({ _id: 'm', _rev: rev, recordType: 't' }) + '\\n');
+        const b = await s.put({ _id: 'b' });
+        const put = await s.putMany([{ _id: 'x' }, { _id: 'm', _rev: rev }]).then(() => null, (e) => e);
+        const del = await s.deleteMany([{ id: 'b', rev: b.rev }, { id: 'm', rev }]).then(() => null, (e) => e);
+        const at = (e) => e && e.failures ? e.failures.map((f) => f.index + ':' + f.id).join(',') : String(e);
+        return [at(put), at(del), String(await s.get('x')), (await s.get('b'))._rev === b.rev, (await s.get('m'))._rev === rev].join(' ');
+    })();";
+    let out = with_js_store(body).await;
+    assert_eq!(out.as_string().as_deref(), Some("1:m 1:m null true true"));
+}
+
+/// A NotFoundError names the id exactly as given, as a ConflictError does
+/// (its message is text: a lone surrogate shows as U+FFFD there). Before,
+/// it had no `id`.
+#[wasm_bindgen_test]
+async fn a_not_found_error_carries_the_exact_id() {
+    let body = "return (async () => {
+        const id = 'a\\uD800';
+        const e = await s.delete(id, '1-ab').then(() => null, (e) => e);
+        return [e.name, e.id === id].join(' ');
+    })();";
+    let out = with_js_store(body).await;
+    assert_eq!(out.as_string().as_deref(), Some("NotFoundError true"));
+}
+
 /// A string argument longer than 64 Ki UTF-16 code units (a prefix longer
 /// than any id, a name, a key part, a `list` cursor) is a ValidationError
 /// before it is copied into wasm memory, which would otherwise grow for the
 /// rest of the page's life; so is a revision, a header value, a constructor
-/// name or a field name read outside the record walk. (`listBy`'s cursor is
-/// exempt: it is as long as the indexed values of the entry it names.)
+/// name or a field name read outside the record walk. (`listBy`'s cursor
+/// has its own, larger bound: it is as long as the indexed values of the
+/// entry it names.)
 #[wasm_bindgen_test]
 async fn a_string_argument_too_long_to_be_one_is_refused_before_it_is_copied_into_wasm_memory() {
     // Longer than the whole linear memory: copying it in would have to grow

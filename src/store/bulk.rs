@@ -202,7 +202,17 @@ impl Store {
         let mut revs = Vec::with_capacity(dels.len());
         for (index, (d, (current, _))) in dels.iter().zip(&currents).enumerate() {
             match decide_delete(current, &d.expected) {
-                Ok(base) => revs.push(tombstone_rev(base, &d.digest)?),
+                Ok(base) => match tombstone_rev(base, &d.digest) {
+                    Ok(rev) => revs.push(rev),
+                    // At the last generation (2^53-1, an imported revision).
+                    Err(e) => failures.push(BatchFailure {
+                        index,
+                        id: d.id.clone().into(),
+                        message: e.message(),
+                        expected_rev: Some(d.expected.text()),
+                        current_rev: Some(base.text()),
+                    }),
+                },
                 Err(e) => failures.push(BatchFailure {
                     index,
                     id: d.id.clone().into(),

@@ -358,7 +358,7 @@ impl Store {
         let ((current, stored), state) = self.with_indexes(&tx, read_current(&tx, &id)).await?;
         let base = match decide_delete(&current, &expected) {
             Ok(base) => base,
-            Err(CasError::NotFound) => return Err(StoreError::NotFound(id_text)),
+            Err(CasError::NotFound) => return Err(StoreError::NotFound(id.into(), id_text)),
             Err(CasError::Conflict) => {
                 return Err(StoreError::Conflict {
                     id: id.into(),
@@ -434,7 +434,18 @@ impl Store {
         let now = now_iso();
         for (index, (p, (current, stored))) in prepared.iter().zip(&currents).enumerate() {
             match decide_put(current, p.expected.as_ref()) {
-                Ok(base) => revs.push(p.stamp(base, stored.as_ref(), &now, state.purges())?),
+                Ok(base) => match p.stamp(base, stored.as_ref(), &now, state.purges()) {
+                    Ok(rev) => revs.push(rev),
+                    // At the last generation (2^53-1, an imported revision):
+                    // no next revision exists.
+                    Err(e) => failures.push(BatchFailure {
+                        index,
+                        id: p.id.clone().into(),
+                        message: e.message(),
+                        expected_rev: p.expected.as_ref().map(Rev::text),
+                        current_rev: current.rev().map(Rev::text),
+                    }),
+                },
                 Err(_) => failures.push(BatchFailure {
                     index,
                     id: p.id.clone().into(),
