@@ -276,7 +276,7 @@ async fn an_index_key_path_reads_own_fields_only_as_indexeddb_does() {
         (clean, listed, store.dump_entries().await.unwrap())
     }
     .await;
-    js_sys::Reflect::delete_property(&proto.into(), &field).unwrap();
+    js_sys::Reflect::delete_property(&proto, &field).unwrap();
     let (clean, listed, entries) = outcome;
     assert!(clean, "verifyIndexes reports nothing");
     assert_eq!(listed, 0, "no own team: no entry");
