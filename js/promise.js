@@ -211,3 +211,31 @@ export function watchChannel(name, prefix, callback) {
     channel.close();
   };
 }
+
+/**
+ * `Promise.race` of `promise` and `signal`'s `abort` event: settles as
+ * `promise` does, or resolves with `marker` once `signal` aborts. The abort
+ * listener is removed when the race settles. (A signal whose listener
+ * methods throw races `promise` alone.)
+ */
+export function raceAbort(promise, signal, marker) {
+  let listener;
+  const aborted = new Promise((resolve) => {
+    listener = () => resolve(marker);
+    try {
+      signal.addEventListener('abort', listener);
+    } catch (e) {
+      // Raced with `promise` alone.
+    }
+  });
+  const out = Promise.race([promise, aborted]);
+  const stop = () => {
+    try {
+      signal.removeEventListener('abort', listener);
+    } catch (e) {
+      // Nothing was added.
+    }
+  };
+  out.then(stop, stop);
+  return out;
+}

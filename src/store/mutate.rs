@@ -207,23 +207,25 @@ pub(crate) async fn race_abort(
     };
     check_abort(signal)?;
     let marker = JsValue::from(js_sys::Object::new());
-    let mut listener = None;
-    let aborted = js_sys::Promise::new(&mut |resolve: Function, _reject: Function| {
-        let f: Function = JsValue::from(resolve.bind1(&JsValue::NULL, &marker)).unchecked_into();
-        let _ = sig.add_event_listener_with_callback("abort", &f);
-        listener = Some(f);
-    });
-    let raced = js_sys::Promise::race(&js_sys::Array::of2(&promise, &aborted));
-    let out = wasm_bindgen_futures::JsFuture::from(raced).await;
-    if let Some(f) = &listener {
-        let _ = sig.remove_event_listener_with_callback("abort", f);
-    }
+    let out = wasm_bindgen_futures::JsFuture::from(race_abort_js(&promise, sig, &marker)).await;
     match out {
         Ok(v) if v == marker => Err(StoreError::Aborted(
             crate::options::abort_reason(sig).unwrap_or(JsValue::UNDEFINED),
         )),
         other => Ok(other),
     }
+}
+
+#[wasm_bindgen::prelude::wasm_bindgen(module = "/js/promise.js")]
+extern "C" {
+    /// `promise` raced with `signal`'s `abort` event, which resolves it with
+    /// `marker` (js/promise.js `raceAbort`).
+    #[wasm_bindgen(js_name = raceAbort)]
+    fn race_abort_js(
+        promise: &js_sys::Promise,
+        signal: &AbortSignal,
+        marker: &JsValue,
+    ) -> js_sys::Promise;
 }
 
 /// `structuredClone(v)`: a deep copy of a stored record (plain data).
