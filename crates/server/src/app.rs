@@ -184,12 +184,14 @@ pub enum StartError {
 }
 
 impl Server {
-    /// Opens the database (migrating it), binds `config.listen`, and starts the
-    /// HTTP server and this instance's reaper.
+    /// Checks `config` ([`Config::validate`]), opens the database (migrating
+    /// it), binds `config.listen`, and starts the HTTP server and this
+    /// instance's reaper.
     ///
     /// # Errors
     /// See [`StartError`].
     pub async fn start(config: &Config) -> Result<Server, StartError> {
+        config.validate().map_err(StartError::Config)?;
         let store = Store::connect(&config.database, config.settings()).await?;
         let metrics = store.metrics().clone();
         let state = state(config, store.clone());

@@ -1,15 +1,46 @@
 //! Command-line configuration (also built by tests with [`Config::for_tests`]).
+//!
+//! Every numeric flag has a documented range, checked when the flag is parsed
+//! (its error names the flag), and [`Config::validate`] checks what one flag
+//! cannot know alone (`--heartbeat-ms` below `--ttl-ms`, two listeners on one
+//! address). [`Server::start`](crate::Server::start) runs [`Config::validate`]
+//! too, so a configuration built in code is held to the same ranges.
 
 use std::net::SocketAddr;
+use std::ops::RangeInclusive;
 use std::path::PathBuf;
 
 use agentstore_protocol::lease::{
     DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_REDELIVERIES, DEFAULT_REAPER_MS, DEFAULT_TTL_MS,
 };
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 
 use crate::ratelimit::Rate;
+use crate::routes::MAX_REDELIVERIES_LIMIT;
 use crate::store::Settings;
+
+/// One day in ms: the longest lease TTL, heartbeat, reaper interval and
+/// access token lifetime accepted (longer would mean a lost worker holds its
+/// item, or a leaked token works, for days).
+const DAY_MS: u64 = 24 * 3600 * 1000;
+
+/// `--ttl-ms`: at least 100 ms (a lease has to outlive a request).
+pub const TTL_MS: RangeInclusive<u64> = 100..=DAY_MS;
+/// `--heartbeat-ms`: at least 10 ms, and below `--ttl-ms` (see [`Config::validate`]).
+pub const HEARTBEAT_MS: RangeInclusive<u64> = 10..=DAY_MS;
+/// `--reaper-ms`: at least 10 ms (0 made the reaper loop every millisecond).
+pub const REAPER_MS: RangeInclusive<u64> = 10..=DAY_MS;
+/// `--max-redeliveries`: as an enqueue body's `max_redeliveries`.
+pub const MAX_REDELIVERIES: RangeInclusive<u32> = 0..=MAX_REDELIVERIES_LIMIT;
+/// `--max-body-bytes`: 1 KiB to 64 MiB.
+pub const MAX_BODY_BYTES: RangeInclusive<u64> = 1024..=64 * 1024 * 1024;
+/// `--access-ttl-ms`: 1 s to one day (the expiry is computed in SQL as the
+/// database clock plus this, which must not overflow 64 bits).
+pub const ACCESS_TTL_MS: RangeInclusive<u64> = 1000..=DAY_MS;
+/// `--db-pool`: 0 (the backend's default) to 1000 connections.
+pub const DB_POOL: RangeInclusive<u32> = 0..=1000;
+/// `--idle-retry-ms`: 1 ms to one hour.
+pub const IDLE_RETRY_MS: RangeInclusive<u64> = 1..=3600 * 1000;
 
 /// `agentstore-server`: the agentstore lease server and demo host.
 #[derive(Debug, Clone, Parser)]
@@ -39,18 +70,19 @@ pub struct Config {
     /// `http://127.0.0.1:*` for a test runner on a random loopback port).
     #[arg(long, value_delimiter = ',')]
     pub allow_origin: Vec<String>,
-    /// Lease TTL from the last heartbeat (ms).
-    #[arg(long, default_value_t = DEFAULT_TTL_MS)]
+    /// Lease TTL from the last heartbeat (ms, 100..=86400000).
+    #[arg(long, default_value_t = DEFAULT_TTL_MS, value_parser = clap::value_parser!(u64).range(TTL_MS))]
     pub ttl_ms: u64,
-    /// Heartbeat interval suggested to workers (ms).
-    #[arg(long, default_value_t = DEFAULT_HEARTBEAT_MS)]
+    /// Heartbeat interval suggested to workers (ms, 10..=86400000, below `--ttl-ms`).
+    #[arg(long, default_value_t = DEFAULT_HEARTBEAT_MS, value_parser = clap::value_parser!(u64).range(HEARTBEAT_MS))]
     pub heartbeat_ms: u64,
-    /// Interval between reaper passes on this instance (ms).
-    #[arg(long, default_value_t = DEFAULT_REAPER_MS)]
+    /// Interval between reaper passes on this instance (ms, 10..=86400000).
+    #[arg(long, default_value_t = DEFAULT_REAPER_MS, value_parser = clap::value_parser!(u64).range(REAPER_MS))]
     pub reaper_ms: u64,
     /// Re-deliveries a new item gets after its first delivery (the retry cap):
-    /// with 5 an item is delivered at most 6 times, then fails with `retry_limit`.
-    #[arg(long, default_value_t = DEFAULT_MAX_REDELIVERIES)]
+    /// with 5 an item is delivered at most 6 times, then fails with `retry_limit`
+    /// (0..=1000).
+    #[arg(long, default_value_t = DEFAULT_MAX_REDELIVERIES, value_parser = clap::value_parser!(u32).range(i64::from(*MAX_REDELIVERIES.start())..=i64::from(*MAX_REDELIVERIES.end())))]
     pub max_redeliveries: u32,
     /// Claim polling limit per worker: `20/s`, `600/min`, `5/100ms`.
     #[arg(long, default_value = "10/s")]
@@ -59,17 +91,19 @@ pub struct Config {
     /// `20/s`, `600/min`, `5/100ms`. Past it: `429` with `Retry-After`.
     #[arg(long, default_value = "20/s")]
     pub auth_rate: Rate,
-    /// Largest accepted request body (bytes).
-    #[arg(long, default_value_t = 64 * 1024)]
+    /// Largest accepted request body (bytes, 1024..=67108864).
+    #[arg(long, default_value_t = 64 * 1024, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(MAX_BODY_BYTES))]
     pub max_body_bytes: usize,
-    /// Access token lifetime (ms).
-    #[arg(long, default_value_t = 15 * 60 * 1000)]
+    /// Access token lifetime (ms, 1000..=86400000).
+    #[arg(long, default_value_t = 15 * 60 * 1000, value_parser = clap::value_parser!(u64).range(ACCESS_TTL_MS))]
     pub access_ttl_ms: u64,
-    /// Database connections per instance (0 = 4 for SQLite, 10 for PostgreSQL).
-    #[arg(long, default_value_t = 0)]
+    /// Database connections per instance (0 = 4 for SQLite, 10 for PostgreSQL;
+    /// at most 1000).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(i64::from(*DB_POOL.start())..=i64::from(*DB_POOL.end())))]
     pub db_pool: u32,
-    /// `Retry-After` of a `204` claim answer (ms, rounded up to seconds).
-    #[arg(long, default_value_t = 5_000)]
+    /// `Retry-After` of a `204` claim answer (ms, rounded up to seconds;
+    /// 1..=3600000).
+    #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(IDLE_RETRY_MS))]
     pub idle_retry_ms: u64,
     /// Also serve `GET /metrics` WITHOUT a token on this address (e.g. a
     /// private interface a Prometheus scraper reaches). Without it, `/metrics`
@@ -88,7 +122,85 @@ fn admin_token_arg(v: &str) -> Result<String, String> {
     }
 }
 
+/// `value` within `range`, or an error naming `flag`.
+fn in_range<T: PartialOrd + std::fmt::Display>(
+    flag: &str,
+    value: T,
+    range: &RangeInclusive<T>,
+) -> Result<(), String> {
+    if range.contains(&value) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{flag} {value} is out of range ({}..={})",
+            range.start(),
+            range.end()
+        ))
+    }
+}
+
 impl Config {
+    /// Parses `args` (the program name first) and runs [`Config::validate`]:
+    /// what `main` does. A value out of its flag's range, or flags that
+    /// contradict each other, are a [`clap::Error`] naming the flags.
+    ///
+    /// # Errors
+    /// The arguments do not parse, or do not validate.
+    pub fn from_args<I, T>(args: I) -> Result<Config, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let config = Config::try_parse_from(args)?;
+        config.validate().map_err(|message| {
+            Config::command().error(clap::error::ErrorKind::ArgumentConflict, message)
+        })?;
+        Ok(config)
+    }
+
+    /// Checks every numeric field against its flag's range (fields set in
+    /// code skip clap's parser) and the rules between flags: `--heartbeat-ms`
+    /// below `--ttl-ms` (a worker told to heartbeat less often than the TTL
+    /// loses every lease between two heartbeats), and `--metrics-listen` not
+    /// the address of `--listen`.
+    ///
+    /// # Errors
+    /// A message naming the flag(s) at fault.
+    pub fn validate(&self) -> Result<(), String> {
+        in_range("--ttl-ms", self.ttl_ms, &TTL_MS)?;
+        in_range("--heartbeat-ms", self.heartbeat_ms, &HEARTBEAT_MS)?;
+        in_range("--reaper-ms", self.reaper_ms, &REAPER_MS)?;
+        in_range(
+            "--max-redeliveries",
+            self.max_redeliveries,
+            &MAX_REDELIVERIES,
+        )?;
+        in_range(
+            "--max-body-bytes",
+            self.max_body_bytes as u64,
+            &MAX_BODY_BYTES,
+        )?;
+        in_range("--access-ttl-ms", self.access_ttl_ms, &ACCESS_TTL_MS)?;
+        in_range("--db-pool", self.db_pool, &DB_POOL)?;
+        in_range("--idle-retry-ms", self.idle_retry_ms, &IDLE_RETRY_MS)?;
+        if self.heartbeat_ms >= self.ttl_ms {
+            return Err(format!(
+                "--heartbeat-ms {} must be below --ttl-ms {}: workers heartbeating that \
+                 rarely would lose every lease between two heartbeats",
+                self.heartbeat_ms, self.ttl_ms
+            ));
+        }
+        if let Some(metrics) = self.metrics_listen {
+            if metrics == self.listen && metrics.port() != 0 {
+                return Err(format!(
+                    "--metrics-listen {metrics} is the --listen address: the tokenless \
+                     /metrics listener needs an address of its own"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Defaults for `database`, listening on `127.0.0.1:0`, with `admin_token`.
     pub fn for_tests(database: &str, admin_token: &str) -> Config {
         let mut c = Config::parse_from(["agentstore-server", "--listen", "127.0.0.1:0"]);

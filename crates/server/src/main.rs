@@ -8,7 +8,6 @@
 //! finish, stops the reaper and closes the database.
 
 use agentstore_server::{Config, Server};
-use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
@@ -20,7 +19,9 @@ async fn main() -> std::process::ExitCode {
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .init();
-    let config = Config::parse();
+    // Out-of-range values and contradicting flags end here, with clap's
+    // usage error (exit 2) naming the flags.
+    let config = Config::from_args(std::env::args_os()).unwrap_or_else(|e| e.exit());
     tracing::info!(pid = std::process::id(), "agentstore-server starting");
     let mut shutdown = match shutdown {
         Ok(s) => s,

@@ -20,10 +20,17 @@ pub struct Rate {
     pub per: Duration,
 }
 
+/// The requests a [`Rate`] may allow per period.
+pub const RATE_COUNT: std::ops::RangeInclusive<u32> = 1..=10_000_000;
+
+/// The longest period of a [`Rate`] (the shortest is 1 ms).
+pub const MAX_RATE_PERIOD: Duration = Duration::from_secs(3600);
+
 impl std::str::FromStr for Rate {
     type Err = String;
 
-    /// `"20/s"`, `"600/min"`, `"5/100ms"` or a bare number (per second).
+    /// `"20/s"`, `"600/min"`, `"5/100ms"` or a bare number (per second); the
+    /// count is 1..=10,000,000 and the period 1 ms to one hour.
     fn from_str(s: &str) -> Result<Rate, String> {
         let (count, unit) = s.split_once('/').unwrap_or((s, "s"));
         let count: u32 = count
@@ -38,8 +45,15 @@ impl std::str::FromStr for Rate {
                 _ => return Err(format!("bad unit in rate {s:?} (use s, min or <n>ms)")),
             },
         };
-        if count == 0 {
-            return Err("rate count must be at least 1".into());
+        if !RATE_COUNT.contains(&count) {
+            return Err(format!(
+                "rate count must be {}..={}",
+                RATE_COUNT.start(),
+                RATE_COUNT.end()
+            ));
+        }
+        if per > MAX_RATE_PERIOD {
+            return Err(format!("rate period {per:?} is longer than one hour"));
         }
         Ok(Rate { count, per })
     }

@@ -30,6 +30,8 @@ impl Proc {
             .args([
                 "--ttl-ms",
                 "1000",
+                "--heartbeat-ms",
+                "300",
                 "--reaper-ms",
                 "100",
                 "--claim-rate",

@@ -684,6 +684,7 @@ async fn pause_elsewhere_then_resume_over_http() {
 async fn the_background_reaper_reopens_an_abandoned_claim() {
     let h = Harness::start(|c| {
         c.ttl_ms = 150;
+        c.heartbeat_ms = 50;
         c.reaper_ms = 50;
     })
     .await;

@@ -1,0 +1,168 @@
+//! Flag ranges and the rules between flags: a value the server cannot run
+//! with is refused at startup with a message naming the flag, never accepted
+//! to fail later (before: `--access-ttl-ms 18446744073709551615` overflowed
+//! `{now} + $4` and every enroll answered 500 on PostgreSQL, `--reaper-ms 0`
+//! looped every millisecond, `--ttl-ms 0` expired every lease at once, and
+//! `--heartbeat-ms` at or above `--ttl-ms` lost every lease between two
+//! heartbeats).
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use agentstore_server::{Config, Server, StartError};
+use clap::Parser;
+
+fn parse(args: &[&str]) -> Result<Config, clap::Error> {
+    Config::from_args(std::iter::once("agentstore-server").chain(args.iter().copied()))
+}
+
+#[test]
+fn every_numeric_flag_refuses_a_value_outside_its_range_naming_the_flag() {
+    let cases: &[(&str, &[&str], &str)] = &[
+        (
+            "--ttl-ms",
+            &["0", "99", "86400001", "18446744073709551615"],
+            "100000",
+        ),
+        ("--heartbeat-ms", &["0", "9", "86400001"], "500"),
+        ("--reaper-ms", &["0", "9", "86400001"], "200"),
+        ("--max-redeliveries", &["1001", "4294967295", "-1"], "0"),
+        ("--max-body-bytes", &["0", "1023", "67108865"], "1024"),
+        (
+            "--access-ttl-ms",
+            &["0", "999", "86400001", "9300000000000000000"],
+            "1000",
+        ),
+        ("--db-pool", &["1001", "-1"], "0"),
+        ("--idle-retry-ms", &["0", "3600001"], "100"),
+        (
+            "--claim-rate",
+            &["0/s", "10000001/s", "1/3600001ms"],
+            "1000/s",
+        ),
+        (
+            "--auth-rate",
+            &["0/s", "10000001/s", "2/7200000ms"],
+            "5/100ms",
+        ),
+    ];
+    for (flag, bad, good) in cases {
+        for value in *bad {
+            // Clap's own parse (the range is part of the flag) and the
+            // startup path agree.
+            let arg = format!("{flag}={value}");
+            for err in [
+                Config::try_parse_from(["agentstore-server", &arg]).map(drop),
+                parse(&[&arg]).map(drop),
+            ] {
+                let err = err.expect_err(&format!("{flag} {value} accepted"));
+                let text = err.to_string();
+                assert!(text.contains(flag), "{flag} {value}: {text}");
+            }
+        }
+        assert!(parse(&[flag, good]).is_ok(), "{flag} {good} refused");
+    }
+    assert!(parse(&[]).is_ok(), "the defaults are valid");
+}
+
+#[test]
+fn a_heartbeat_not_below_the_ttl_is_refused_naming_both_flags() {
+    for args in [
+        &["--ttl-ms", "1000", "--heartbeat-ms", "1000"][..],
+        &["--ttl-ms", "1000", "--heartbeat-ms", "5000"],
+        // The default heartbeat (15 s) with a shorter TTL.
+        &["--ttl-ms", "10000"],
+    ] {
+        let text = parse(args).expect_err("accepted").to_string();
+        assert!(
+            text.contains("--heartbeat-ms") && text.contains("--ttl-ms"),
+            "{args:?}: {text}"
+        );
+    }
+    assert!(parse(&["--ttl-ms", "1000", "--heartbeat-ms", "999"]).is_ok());
+}
+
+#[test]
+fn metrics_listen_on_the_listen_address_is_refused() {
+    let text = parse(&[
+        "--listen",
+        "127.0.0.1:18999",
+        "--metrics-listen",
+        "127.0.0.1:18999",
+    ])
+    .expect_err("accepted")
+    .to_string();
+    assert!(text.contains("--metrics-listen"), "{text}");
+    assert!(parse(&["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"]).is_ok());
+}
+
+/// A configuration built in code skips clap's parser: the server checks it
+/// before it opens the database or binds an address.
+#[tokio::test]
+async fn server_start_refuses_a_configuration_out_of_range_built_in_code() {
+    let dir = std::env::temp_dir().join(format!("agentstore-config-{}", std::process::id()));
+    let database = dir.join("never-created.sqlite");
+    type Tweak = fn(&mut Config);
+    let tweaks: [(&str, Tweak); 4] = [
+        ("--ttl-ms", |c| c.ttl_ms = 0),
+        ("--reaper-ms", |c| c.reaper_ms = 0),
+        ("--access-ttl-ms", |c| c.access_ttl_ms = u64::MAX),
+        ("--heartbeat-ms", |c| c.heartbeat_ms = c.ttl_ms),
+    ];
+    for (flag, tweak) in tweaks {
+        let mut config = Config::for_tests(&database.display().to_string(), "admin");
+        tweak(&mut config);
+        match Server::start(&config).await {
+            Err(StartError::Config(message)) => {
+                assert!(message.contains(flag), "{flag}: {message}");
+            }
+            Err(other) => panic!("{flag}: {other}"),
+            Ok(server) => {
+                server.stop().await.unwrap();
+                panic!("{flag}: started");
+            }
+        }
+    }
+    assert!(!database.exists(), "refused before the database was opened");
+}
+
+/// The binary exits with clap's usage error (status 2) naming the flag.
+#[test]
+fn the_binary_exits_with_a_usage_error_naming_the_flag() {
+    for (args, flag) in [
+        (&["--reaper-ms", "0"][..], "--reaper-ms"),
+        (&["--ttl-ms", "3000"], "--heartbeat-ms"),
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_agentstore-server"))
+            .args(["--listen", "127.0.0.1:0", "--database", "sqlite::memory:"])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Bounded: a binary that accepted the flags would serve forever.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if Instant::now() > deadline {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut stderr = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .unwrap();
+        let status = status.unwrap_or_else(|| panic!("{args:?}: still running after 30 s"));
+        assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(flag), "{args:?}: {stderr}");
+    }
+}
