@@ -206,11 +206,13 @@ const inlineIoLoader = (root) =>
     return out.replace(target, `import('${rel}')`);
   });
 // The write path's walk (js/walk.js) and the Promises made in JS
-// (js/promise.js), snippets of every build (the io module's too), are inlined
-// the same way.
+// (js/promise.js), snippets of every build (the io module's too), and the
+// lease client's (js/lease.js) are inlined the same way.
 for (const [root, glue] of [[dir, js], ...(hasStore ? [[join(dir, sub), js]] : []), ...(hasIo ? [[join(dir, ioSub), ioJs]] : [])]) {
   inlineSnippet(root, glue, 'walk.js');
   inlineSnippet(root, glue, 'promise.js');
+  // The lease client's glue (the full entry point only).
+  inlineSnippet(root, glue, 'lease.js');
 }
 if (hasIo) {
   inlineIoLoader(dir);

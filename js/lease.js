@@ -1,0 +1,75 @@
+// The lease client's browser glue made in JS rather than from Rust
+// closures: the Web Lock request and the release beacon. Only the full
+// entry point (with the lease client) imports it; scripts/package.mjs
+// inlines it into that glue, like js/promise.js.
+
+/** Browsers run a timer longer than 2^31 - 1 ms at once: a longer wait is cut to that (24.8 days). */
+const lockWaitTimer = (ms) => Math.min(Math.ceil(ms), 2147483647);
+
+/**
+ * Requests the exclusive Web Lock `name` (navigator.locks.request), waiting
+ * at most `waitMs` (0 or less: only if free now; Infinity: until granted).
+ * Returns `undefined` where Web Locks do not exist (or the request throws),
+ * else `[granted, unlock]`: `granted` resolves with true once the lock is
+ * held, false when it is busy, the wait ran out or the request failed; the
+ * lock is held until `unlock()` is called (or the page goes away). A lock
+ * granted in the instant the wait ran out (its callback not run yet, which
+ * the abort cannot stop) is let go at once instead of held for the page's
+ * life by a caller told "busy".
+ * <https://developer.mozilla.org/docs/Web/API/LockManager/request>
+ */
+export function requestLock(name, waitMs) {
+  let grant;
+  let unlock;
+  const granted = new Promise((resolve) => {
+    grant = resolve;
+  });
+  const hold = new Promise((resolve) => {
+    unlock = resolve;
+  });
+  let gaveUp = false;
+  const controller = new AbortController();
+  const options = {};
+  if (waitMs <= 0) options.ifAvailable = true;
+  else if (Number.isFinite(waitMs)) options.signal = controller.signal;
+  try {
+    const locks = navigator.locks;
+    if (!locks) return undefined;
+    const p = locks.request(name, options, (lock) => {
+      const held = lock != null && !gaveUp;
+      grant(held);
+      return held ? hold : undefined;
+    });
+    if (p && typeof p.catch === 'function') p.catch(() => grant(false));
+  } catch (e) {
+    return undefined;
+  }
+  if (waitMs > 0 && Number.isFinite(waitMs)) {
+    setTimeout(() => {
+      gaveUp = true;
+      // Aborting a granted request does nothing; a pending one rejects.
+      controller.abort();
+      grant(false);
+    }, lockWaitTimer(waitMs));
+  }
+  return [granted, unlock];
+}
+
+/**
+ * Sends `body` (text/plain, so no CORS preflight) to `url` with
+ * navigator.sendBeacon, falling back to `fetch(url, {method: "POST",
+ * keepalive: true})` (whose outcome nobody waits for).
+ * <https://developer.mozilla.org/docs/Web/API/Navigator/sendBeacon>
+ */
+export function beacon(url, body) {
+  try {
+    if (navigator.sendBeacon(url, body) === true) return;
+  } catch (e) {
+    // No sendBeacon (a worker): fetch below.
+  }
+  try {
+    fetch(url, { method: 'POST', body, keepalive: true }).catch(() => {});
+  } catch (e) {
+    // Nothing more to try while the page goes away.
+  }
+}
