@@ -11,7 +11,7 @@
 //! Credentials are compared in constant time and never logged. Every refusal is
 //! `403 forbidden` decided before anything is written.
 
-use agentstore_protocol::lease::{queue_in_scope, ItemView, Role};
+use agentstore_protocol::lease::{queue_in_scope, Role};
 use agentstore_protocol::ErrorCode;
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
@@ -19,7 +19,7 @@ use axum::http::{header, HeaderMap};
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::store::Principal;
+use crate::store::{Item, Principal};
 use crate::tokens::{self, ct_eq};
 
 /// An authenticated caller.
@@ -88,7 +88,7 @@ impl Caller {
     ///
     /// # Errors
     /// `403 forbidden` otherwise.
-    pub fn read(&self, item: &ItemView) -> Result<(), ApiError> {
+    pub fn read(&self, item: &Item) -> Result<(), ApiError> {
         let allowed = match self {
             Caller::Admin => true,
             Caller::Enrolled(p) => match p.role {

@@ -31,6 +31,7 @@ pub mod routes;
 pub mod state;
 pub mod store;
 pub mod tokens;
+pub mod wire;
 
 pub use app::{Server, StartError};
 pub use config::Config;

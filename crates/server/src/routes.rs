@@ -5,10 +5,9 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use agentstore_protocol::lease::{
-    BatchHeartbeatRequest, BatchHeartbeatResponse, BatchHeartbeatResult, ClaimResponse,
-    CreateEnrollmentRequest, EnqueueRequest, EnrollRequest, EnrollmentToken, Health,
-    HeartbeatResponse, ItemList, ItemState, ItemView, RefreshRequest, SettleRequest, TokenRequest,
-    WorkerCredentials, ANY_QUEUE, MAX_ENROLLMENT_TTL_MS, MAX_SCOPE_QUEUES,
+    BatchHeartbeatRequest, BatchHeartbeatResponse, BatchHeartbeatResult, CreateEnrollmentRequest,
+    EnrollRequest, EnrollmentToken, Health, HeartbeatResponse, ItemState, RefreshRequest,
+    TokenRequest, WorkerCredentials, ANY_QUEUE, MAX_ENROLLMENT_TTL_MS, MAX_SCOPE_QUEUES,
 };
 use agentstore_protocol::{ErrorBody, ErrorCode};
 use axum::extract::{ConnectInfo, FromRequestParts, Path, Query, State};
@@ -23,6 +22,8 @@ use crate::error::ApiError;
 use crate::extract::{item_id, queue_name, JsonBody};
 use crate::ratelimit::retry_after_secs;
 use crate::state::AppState;
+use crate::store::{Claimed, Item, ItemPage};
+use crate::wire::{EnqueueBody, SettleBody};
 
 /// Most re-deliveries an item may be given.
 pub const MAX_REDELIVERIES_LIMIT: u32 = 1_000;
@@ -160,8 +161,8 @@ async fn enqueue(
     State(st): State<AppState>,
     caller: Caller,
     Path(queue): Path<String>,
-    JsonBody(req): JsonBody<EnqueueRequest>,
-) -> Result<(StatusCode, Json<ItemView>), ApiError> {
+    JsonBody(req): JsonBody<EnqueueBody>,
+) -> Result<(StatusCode, Json<Item>), ApiError> {
     let queue = queue_name(&queue)?;
     caller.produce(queue)?;
     if req
@@ -174,17 +175,24 @@ async fn enqueue(
     }
     let item = st
         .store
-        .enqueue(queue, &req.payload, req.max_redeliveries)
+        .enqueue(queue, &*req.payload, req.max_redeliveries)
         .await?;
     Ok((StatusCode::CREATED, Json(item)))
 }
 
+/// Largest `limit` of a listing (the default is 1000); a page also stops at
+/// about [`Settings::list_page_bytes`](crate::Settings::list_page_bytes) of
+/// item text.
+pub const MAX_LIST_LIMIT: u32 = 10_000;
+
+/// `GET /v1/queues/{queue}/items?state=&limit=&after=`: one page in id order,
+/// `{items, next}`; while `next` is set, `after=next` gets the next page.
 async fn list(
     State(st): State<AppState>,
     caller: Caller,
     Path(queue): Path<String>,
     Query(q): Query<HashMap<String, String>>,
-) -> Result<Json<ItemList>, ApiError> {
+) -> Result<Json<ItemPage>, ApiError> {
     let queue = queue_name(&queue)?;
     caller.produce(queue)?;
     let state = match q.get("state").map(String::as_str) {
@@ -203,9 +211,17 @@ async fn list(
             )
         })?,
     }
-    .min(10_000);
-    let items = st.store.list(queue, state, limit).await?;
-    Ok(Json(ItemList { items }))
+    .min(MAX_LIST_LIMIT);
+    let after = match q.get("after") {
+        None => 0,
+        Some(a) => a.parse::<i64>().ok().filter(|a| *a >= 0).ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::Validation,
+                "after must be a non-negative integer (an item id)",
+            )
+        })?,
+    };
+    Ok(Json(st.store.list(queue, state, after, limit).await?))
 }
 
 async fn claim(
@@ -234,7 +250,7 @@ async fn item(
     State(st): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<Json<ItemView>, ApiError> {
+) -> Result<Json<Item>, ApiError> {
     let id = item_id(&id)?;
     match st.store.item(id).await? {
         Some(item) => caller.read(&item).map(|()| Json(item)),
@@ -305,7 +321,7 @@ async fn settle(
     State(st): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-    JsonBody(req): JsonBody<SettleRequest>,
+    JsonBody(req): JsonBody<SettleBody>,
 ) -> Result<Response, ApiError> {
     let id = item_id(&id)?;
     let owner = caller.lease_owner()?;
@@ -316,7 +332,7 @@ async fn settle(
             &req.token,
             owner,
             req.state,
-            req.result.as_ref(),
+            req.result.as_deref(),
             req.error.as_deref(),
         )
         .await?;
@@ -369,7 +385,7 @@ async fn resume(
     State(st): State<AppState>,
     _: Admin,
     Path(id): Path<String>,
-) -> Result<Json<ClaimResponse>, ApiError> {
+) -> Result<Json<Claimed>, ApiError> {
     Ok(Json(st.store.resume(item_id(&id)?, None).await?))
 }
 
@@ -377,6 +393,6 @@ async fn pause(
     State(st): State<AppState>,
     _: Admin,
     Path(id): Path<String>,
-) -> Result<Json<ItemView>, ApiError> {
+) -> Result<Json<Item>, ApiError> {
     Ok(Json(st.store.pause(item_id(&id)?).await?))
 }

@@ -8,38 +8,30 @@
 //! `agentstore_protocol::lease`.
 
 use agentstore_protocol::lease::{
-    end_attempt, fence_error, ClaimResponse, ItemState, ItemView, Lease, LeaseEvent, LeaseItem,
-    SettleState,
+    end_attempt, fence_error, ItemState, Lease, LeaseEvent, LeaseItem, SettleState,
 };
 use agentstore_protocol::ErrorCode;
+use serde_json::value::RawValue;
 use serde_json::Value;
 use sqlx::any::AnyRow;
 
-use super::{coalesce, detached, get, ms, to_u32, to_u64, Backend, Store, StoreError};
+use super::item::{
+    item_from_row, lease_item_from_row, qualified_item_cols, same_json, Claimed, Item, ItemPage,
+    ITEM_COLS,
+};
+use super::{coalesce, detached, get, ms, to_u64, Backend, Store, StoreError};
 use crate::tokens::{self, ct_eq};
 use std::sync::atomic::Ordering;
 use tokio::sync::oneshot;
 
-const ITEM_COLS: &str =
-    "id, queue, state, payload, result, attempts, max_redeliveries, epoch, last_error, worker_id";
-
-/// [`ITEM_COLS`] qualified with the table alias `i` (for statements that join),
-/// derived once.
-fn qualified_item_cols() -> &'static str {
-    static COLS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-        ITEM_COLS
-            .split(", ")
-            .map(|c| format!("i.{c} AS {c}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    });
-    &COLS
-}
+/// Fixed bytes counted per item against a page's budget (its id, state,
+/// counters and field names in the answer), besides its texts.
+const ITEM_OVERHEAD_BYTES: u64 = 256;
 
 /// A batch statement's rows put back in call order: each row names its call
 /// by the 1-based `n` it was bound with; a call with no row gets `None`.
-fn by_call(rows: &[AnyRow], calls: usize) -> Result<Vec<Option<ItemView>>, StoreError> {
-    let mut out: Vec<Option<ItemView>> = (0..calls).map(|_| None).collect();
+fn by_call(rows: &[AnyRow], calls: usize) -> Result<Vec<Option<Item>>, StoreError> {
+    let mut out: Vec<Option<Item>> = (0..calls).map(|_| None).collect();
     for row in rows {
         let n: i64 = get(row, "n")?;
         let slot = usize::try_from(n - 1)
@@ -79,7 +71,7 @@ fn for_each_call(e: &StoreError) -> StoreError {
 pub(super) struct ClaimJob {
     worker_id: Option<i64>,
     token_hash: String,
-    reply: oneshot::Sender<Result<Option<ItemView>, StoreError>>,
+    reply: oneshot::Sender<Result<Option<Item>, StoreError>>,
 }
 
 /// A settle, waiting in the settle lane on PostgreSQL (`reply` set) or run
@@ -91,7 +83,7 @@ pub(super) struct SettleJob {
     state: SettleState,
     result: Option<String>,
     error: Option<String>,
-    reply: Option<oneshot::Sender<Result<(ItemView, bool), StoreError>>>,
+    reply: Option<oneshot::Sender<Result<(Item, bool), StoreError>>>,
 }
 
 impl SettleJob {
@@ -100,7 +92,7 @@ impl SettleJob {
         ItemState::from(self.state).as_str()
     }
 
-    fn answer(self, out: Result<(ItemView, bool), StoreError>) {
+    fn answer(self, out: Result<(Item, bool), StoreError>) {
         if let Some(reply) = self.reply {
             let _ = reply.send(out);
         }
@@ -118,42 +110,6 @@ pub struct ExpiredClaim {
     pub now_ms: i64,
     /// The TTL (ms) the lease was granted with.
     pub ttl_ms: u64,
-}
-
-fn item_from_row(row: &AnyRow) -> Result<ItemView, StoreError> {
-    let state: String = get(row, "state")?;
-    let payload: String = get(row, "payload")?;
-    let result: Option<String> = get(row, "result")?;
-    let json = |s: &str| {
-        serde_json::from_str::<Value>(s).map_err(|e| StoreError::Corrupt(format!("json: {e}")))
-    };
-    Ok(ItemView {
-        id: get(row, "id")?,
-        queue: get(row, "queue")?,
-        state: ItemState::parse(&state)
-            .ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?,
-        payload: json(&payload)?,
-        result: result.as_deref().map(json).transpose()?,
-        attempts: to_u32(get(row, "attempts")?, "attempts")?,
-        max_redeliveries: to_u32(get(row, "max_redeliveries")?, "max_redeliveries")?,
-        epoch: to_u64(get(row, "epoch")?, "epoch")?,
-        last_error: get(row, "last_error")?,
-        worker_id: get(row, "worker_id")?,
-    })
-}
-
-fn lease_item_from_row(row: &AnyRow) -> Result<LeaseItem, StoreError> {
-    let state: String = get(row, "state")?;
-    let token: Option<String> = get(row, "token_hash")?;
-    Ok(LeaseItem {
-        state: ItemState::parse(&state)
-            .ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?,
-        epoch: to_u64(get(row, "epoch")?, "epoch")?,
-        attempts: to_u32(get(row, "attempts")?, "attempts")?,
-        max_redeliveries: to_u32(get(row, "max_redeliveries")?, "max_redeliveries")?,
-        heartbeat_at_ms: get(row, "heartbeat_at")?,
-        has_token: token.is_some(),
-    })
 }
 
 fn not_found(id: i64) -> StoreError {
@@ -177,16 +133,20 @@ fn rejection(code: ErrorCode, id: i64) -> StoreError {
 }
 
 impl Store {
-    /// Adds an item to `queue` in state `open`.
+    /// Adds an item to `queue` in state `open`. `payload` is stored as its
+    /// JSON text: a [`RawValue`] (what the HTTP path passes) exactly as
+    /// written, a `Value` as compact JSON.
     ///
     /// # Errors
-    /// The database failed.
-    pub async fn enqueue(
+    /// `validation` if `payload` does not serialise to JSON; the database failed.
+    pub async fn enqueue<P: serde::Serialize + ?Sized>(
         &self,
         queue: &str,
-        payload: &Value,
+        payload: &P,
         max_redeliveries: Option<u32>,
-    ) -> Result<ItemView, StoreError> {
+    ) -> Result<Item, StoreError> {
+        let payload = serde_json::to_string(payload)
+            .map_err(|e| StoreError::rejected(ErrorCode::Validation, format!("payload: {e}")))?;
         let sql = self.sql(&format!(
             "INSERT INTO items (queue, state, payload, attempts, max_redeliveries, epoch, created_at, updated_at)
              VALUES ($1, 'open', $2, 0, $3, 0, {{now}}, {{now}}) RETURNING {ITEM_COLS}"
@@ -194,7 +154,7 @@ impl Store {
         let max = max_redeliveries.unwrap_or(self.settings.max_redeliveries);
         let row = sqlx::query(&sql)
             .bind(queue)
-            .bind(payload.to_string())
+            .bind(payload)
             .bind(i64::from(max))
             .fetch_one(&self.pool)
             .await?;
@@ -214,7 +174,7 @@ impl Store {
         &self,
         queue: &str,
         worker_id: Option<i64>,
-    ) -> Result<Option<ClaimResponse>, StoreError> {
+    ) -> Result<Option<Claimed>, StoreError> {
         let (token, token_hash) = tokens::new_lease_token();
         if self.backend == Backend::Postgres {
             let (reply, answer) = oneshot::channel();
@@ -245,7 +205,7 @@ impl Store {
         queue: &str,
         token_hash: &str,
         worker_id: Option<i64>,
-    ) -> Result<Option<ItemView>, StoreError> {
+    ) -> Result<Option<Item>, StoreError> {
         let sql = self.sql(&format!(
             "UPDATE items SET state = 'running', epoch = epoch + 1, token_hash = $2,
                  settled_token_hash = NULL, worker_id = $3, claimed_at = {{now}},
@@ -315,7 +275,7 @@ impl Store {
         &self,
         queue: &str,
         batch: &[ClaimJob],
-    ) -> Result<Vec<Option<ItemView>>, StoreError> {
+    ) -> Result<Vec<Option<Item>>, StoreError> {
         let values: Vec<String> = (0..batch.len())
             .map(|k| {
                 let p = 3 * k + 2;
@@ -357,14 +317,14 @@ impl Store {
         by_call(&rows, batch.len())
     }
 
-    fn claim_response(&self, item: ItemView, token: String) -> ClaimResponse {
+    fn claim_response(&self, item: Item, token: String) -> Claimed {
         let lease = Lease {
             token,
             epoch: item.epoch,
             ttl_ms: self.settings.ttl_ms,
             heartbeat_ms: self.settings.heartbeat_ms,
         };
-        ClaimResponse { item, lease }
+        Claimed { item, lease }
     }
 
     /// Renews the lease of `id` held with `token` (even past the TTL, as long as no
@@ -476,7 +436,8 @@ impl Store {
     /// as U+FFFD on both backends, so a failure report is never lost to its content.
     ///
     /// Also says whether this was a replay (see `settled_before`),
-    /// which changed nothing and must not be counted again.
+    /// which changed nothing and must not be counted again. `result` is
+    /// stored as it is written.
     ///
     /// # Errors
     /// As [`Store::heartbeat`].
@@ -486,15 +447,30 @@ impl Store {
         token: &str,
         owner: Option<i64>,
         state: SettleState,
-        result: Option<&Value>,
+        result: Option<&RawValue>,
         error: Option<&str>,
-    ) -> Result<(ItemView, bool), StoreError> {
+    ) -> Result<(Item, bool), StoreError> {
+        let result = result.map(|r| r.get().to_owned());
+        self.settle_text(id, token, owner, state, result, error)
+            .await
+    }
+
+    /// [`Store::settle_reporting`] with the result as JSON text.
+    async fn settle_text(
+        &self,
+        id: i64,
+        token: &str,
+        owner: Option<i64>,
+        state: SettleState,
+        result: Option<String>,
+        error: Option<&str>,
+    ) -> Result<(Item, bool), StoreError> {
         let job = SettleJob {
             id,
             hash: tokens::hash(token),
             owner,
             state,
-            result: result.map(Value::to_string),
+            result,
             error: error.map(|e| e.replace('\0', "\u{FFFD}")),
             reply: None,
         };
@@ -518,7 +494,8 @@ impl Store {
         detached(async move { store.settle_one(&job).await }).await
     }
 
-    /// [`Store::settle_reporting`] without the replay flag.
+    /// [`Store::settle_reporting`] without the replay flag, the result given
+    /// as a `Value` (stored as compact JSON).
     ///
     /// # Errors
     /// As [`Store::heartbeat`].
@@ -530,14 +507,14 @@ impl Store {
         state: SettleState,
         result: Option<&Value>,
         error: Option<&str>,
-    ) -> Result<ItemView, StoreError> {
-        self.settle_reporting(id, token, owner, state, result, error)
+    ) -> Result<Item, StoreError> {
+        self.settle_text(id, token, owner, state, result.map(Value::to_string), error)
             .await
             .map(|(item, _)| item)
     }
 
     /// The single-row settle statement (see [`Store::settle`]).
-    async fn settle_one(&self, job: &SettleJob) -> Result<(ItemView, bool), StoreError> {
+    async fn settle_one(&self, job: &SettleJob) -> Result<(Item, bool), StoreError> {
         let sql = self.sql(&format!(
             "UPDATE items SET state = $3, result = $4, last_error = $5, token_hash = NULL, lease_ttl_ms = NULL,
                  settled_token_hash = $2, settled_by = worker_id, worker_id = NULL,
@@ -572,7 +549,7 @@ impl Store {
     /// retry, as with an idempotency key: the same key with other content is
     /// refused). Otherwise the usual rejection (`claim_lost`,
     /// `state_conflict`, …). Read-only: a replay changes nothing.
-    async fn settled_before(&self, job: &SettleJob) -> Result<ItemView, StoreError> {
+    async fn settled_before(&self, job: &SettleJob) -> Result<Item, StoreError> {
         // The same holder only: a worker's replay must come from the worker
         // that settled (settle_one's owner fence), an operator's from anyone.
         let sql = format!(
@@ -589,8 +566,12 @@ impl Store {
             .await?;
         if let Some(row) = row {
             let item = item_from_row(&row)?;
-            let result = item.result.as_ref().map(Value::to_string);
-            if result == job.result && item.last_error == job.error {
+            let same_result = match (&item.result, &job.result) {
+                (None, None) => true,
+                (Some(stored), Some(sent)) => same_json(stored.get(), sent),
+                _ => false,
+            };
+            if same_result && item.last_error == job.error {
                 return Ok(item);
             }
         }
@@ -641,7 +622,7 @@ impl Store {
         }
     }
 
-    async fn settle_batch(&self, batch: &[SettleJob]) -> Result<Vec<Option<ItemView>>, StoreError> {
+    async fn settle_batch(&self, batch: &[SettleJob]) -> Result<Vec<Option<Item>>, StoreError> {
         let values: Vec<String> = (0..batch.len())
             .map(|k| {
                 let p = 7 * k + 1;
@@ -711,7 +692,7 @@ impl Store {
         id: i64,
         token: &str,
         owner: Option<i64>,
-    ) -> Result<ItemView, StoreError> {
+    ) -> Result<Item, StoreError> {
         self.release_reporting(id, token, owner)
             .await
             .map(|(item, _)| item)
@@ -728,7 +709,7 @@ impl Store {
         id: i64,
         token: &str,
         owner: Option<i64>,
-    ) -> Result<(ItemView, bool), StoreError> {
+    ) -> Result<(Item, bool), StoreError> {
         let (store, hash) = (self.clone(), tokens::hash(token));
         detached(async move { store.release_one(id, &hash, owner).await }).await
     }
@@ -739,7 +720,7 @@ impl Store {
         id: i64,
         hash: &str,
         owner: Option<i64>,
-    ) -> Result<(ItemView, bool), StoreError> {
+    ) -> Result<(Item, bool), StoreError> {
         let Some((item, stored, holder, now, ttl)) = self.read_lease(id).await? else {
             return Err(not_found(id));
         };
@@ -803,7 +784,7 @@ impl Store {
         id: i64,
         hash: &str,
         owner: Option<i64>,
-    ) -> Result<Option<ItemView>, StoreError> {
+    ) -> Result<Option<Item>, StoreError> {
         let sql = format!(
             "SELECT {ITEM_COLS} FROM items
              WHERE id = $1 AND released_token_hash = $2 AND ($3 = 0 OR released_by = $3)"
@@ -822,11 +803,7 @@ impl Store {
     ///
     /// # Errors
     /// `conflict` if the item is not paused, `not_found`.
-    pub async fn resume(
-        &self,
-        id: i64,
-        worker_id: Option<i64>,
-    ) -> Result<ClaimResponse, StoreError> {
+    pub async fn resume(&self, id: i64, worker_id: Option<i64>) -> Result<Claimed, StoreError> {
         let (token, token_hash) = tokens::new_lease_token();
         let sql = self.sql(&format!(
             "UPDATE items SET state = 'running', epoch = epoch + 1, token_hash = $2,
@@ -859,7 +836,7 @@ impl Store {
     ///
     /// # Errors
     /// `conflict` if the item is not running, `not_found`.
-    pub async fn pause(&self, id: i64) -> Result<ItemView, StoreError> {
+    pub async fn pause(&self, id: i64) -> Result<Item, StoreError> {
         let sql = self.sql(&format!(
             "UPDATE items SET state = 'paused', updated_at = {{now}}
              WHERE id = $1 AND state = 'running' RETURNING {ITEM_COLS}"
@@ -884,7 +861,7 @@ impl Store {
     ///
     /// # Errors
     /// The database failed.
-    pub async fn item(&self, id: i64) -> Result<Option<ItemView>, StoreError> {
+    pub async fn item(&self, id: i64) -> Result<Option<Item>, StoreError> {
         let sql = format!("SELECT {ITEM_COLS} FROM items WHERE id = $1");
         let row = sqlx::query(&sql)
             .bind(id)
@@ -893,7 +870,16 @@ impl Store {
         row.as_ref().map(item_from_row).transpose()
     }
 
-    /// Lists the items of `queue` in id order, optionally of one state.
+    /// One page of the items of `queue` (of one `state`, if given) with ids
+    /// above `after`, in id order: at most `limit` items, and no more than
+    /// fit [`Settings::list_page_bytes`](super::Settings::list_page_bytes)
+    /// (payload, result, error and queue texts plus a fixed overhead per
+    /// item; a page always holds at least one item, however large). The
+    /// page's `next` is set when more items may follow: the next page is
+    /// `after = next`.
+    ///
+    /// Two statements: the first reads only ids and text sizes, so the items
+    /// left out are never read; the second reads the items that fit.
     ///
     /// # Errors
     /// The database failed.
@@ -901,19 +887,56 @@ impl Store {
         &self,
         queue: &str,
         state: Option<ItemState>,
+        after: i64,
         limit: u32,
-    ) -> Result<Vec<ItemView>, StoreError> {
+    ) -> Result<ItemPage, StoreError> {
+        let state = state.map_or("", ItemState::as_str);
+        let sql = "SELECT id, CAST(octet_length(payload) + octet_length(queue)
+                        + COALESCE(octet_length(result), 0)
+                        + COALESCE(octet_length(last_error), 0) AS BIGINT) AS bytes
+                   FROM items WHERE queue = $1 AND ($2 = '' OR state = $2) AND id > $3
+                   ORDER BY id LIMIT $4";
+        let sizes: Vec<(i64, i64)> = sqlx::query_as(sql)
+            .bind(queue)
+            .bind(state)
+            .bind(after)
+            .bind(i64::from(limit) + 1)
+            .fetch_all(&self.pool)
+            .await?;
+        let budget = self.settings.list_page_bytes;
+        let (mut take, mut bytes) = (0usize, 0u64);
+        for &(_, size) in sizes.iter().take(limit as usize) {
+            let cost = u64::try_from(size).unwrap_or(0) + ITEM_OVERHEAD_BYTES;
+            if take > 0 && bytes + cost > budget {
+                break;
+            }
+            bytes += cost;
+            take += 1;
+        }
+        let Some(&(last, _)) = take.checked_sub(1).and_then(|k| sizes.get(k)) else {
+            return Ok(ItemPage {
+                items: Vec::new(),
+                next: None,
+            });
+        };
         let sql = format!(
-            "SELECT {ITEM_COLS} FROM items WHERE queue = $1 AND ($2 = '' OR state = $2)
-             ORDER BY id LIMIT $3"
+            "SELECT {ITEM_COLS} FROM items
+             WHERE queue = $1 AND ($2 = '' OR state = $2) AND id > $3 AND id <= $4
+             ORDER BY id LIMIT $5"
         );
         let rows = sqlx::query(&sql)
             .bind(queue)
-            .bind(state.map_or("", ItemState::as_str))
-            .bind(i64::from(limit))
+            .bind(state)
+            .bind(after)
+            .bind(last)
+            .bind(take as i64)
             .fetch_all(&self.pool)
             .await?;
-        rows.iter().map(item_from_row).collect()
+        let items = rows.iter().map(item_from_row).collect::<Result<_, _>>()?;
+        Ok(ItemPage {
+            items,
+            next: (sizes.len() > take).then_some(last),
+        })
     }
 
     /// Running claims that are expired now on the database clock (last

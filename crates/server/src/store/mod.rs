@@ -6,11 +6,13 @@
 //! DATABASE clock inside the statement that uses it, never from this process.
 
 mod coalesce;
+mod item;
 mod items;
 mod migrate;
 mod stats;
 mod workers;
 
+pub use item::{Claimed, Item, ItemPage, RawJson};
 pub use items::ExpiredClaim;
 pub use migrate::{migrate, pending, MIGRATIONS};
 pub use workers::Principal;
@@ -92,7 +94,13 @@ pub struct Settings {
     /// Database connections in this instance's pool; 0 = the backend's default
     /// (4 for SQLite, 10 for PostgreSQL).
     pub pool_size: u32,
+    /// About how many bytes of item text one page of a listing may carry
+    /// (see [`Store::list`]); a page holds at least one item.
+    pub list_page_bytes: u64,
 }
+
+/// The default [`Settings::list_page_bytes`]: 4 MiB.
+pub const LIST_PAGE_BYTES: u64 = 4 * 1024 * 1024;
 
 impl Default for Settings {
     fn default() -> Settings {
@@ -105,6 +113,7 @@ impl Default for Settings {
             enrollment_ttl_ms: 24 * 3600 * 1000,
             replay_grace_ms: 60 * 1000,
             pool_size: 0,
+            list_page_bytes: LIST_PAGE_BYTES,
         }
     }
 }

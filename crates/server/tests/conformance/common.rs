@@ -149,6 +149,11 @@ pub fn ttl(ttl_ms: u64) -> Settings {
     }
 }
 
+/// A stored result (or payload) as a value, to compare with `json!(…)`.
+pub fn value(raw: Option<agentstore_server::store::RawJson>) -> Option<serde_json::Value> {
+    raw.map(|r| r.to_value().expect("stored JSON parses"))
+}
+
 /// Sleeps `ms` milliseconds.
 pub async fn sleep_ms(ms: u64) {
     tokio::time::sleep(std::time::Duration::from_millis(ms)).await;

@@ -133,7 +133,7 @@ pub async fn a_failure_report_containing_nul_is_kept_and_the_item_leaves_running
     assert_eq!(now.state, ItemState::Failed);
     assert_eq!(now.last_error.as_deref(), Some("disk\u{FFFD}full"));
     assert_eq!(
-        now.result,
+        crate::common::value(now.result),
         Some(json!({"log": "a\u{0}b"})),
         "JSON keeps it escaped"
     );

@@ -81,7 +81,7 @@ pub async fn two_instances_with_eight_claimers_settle_every_item_exactly_once(db
         }
     }
     assert_eq!(seen.len(), ITEMS, "every item was delivered");
-    let items = store.list("bulk", None, 10_000).await.unwrap();
+    let items = store.list("bulk", None, 0, 10_000).await.unwrap().items;
     assert_eq!(items.len(), ITEMS);
     for item in &items {
         assert_eq!(item.state, ItemState::Done, "item {}", item.id);
@@ -93,7 +93,7 @@ pub async fn two_instances_with_eight_claimers_settle_every_item_exactly_once(db
         );
         let by = by_claimer[&item.id];
         assert_eq!(
-            item.result,
+            crate::common::value(item.result.clone()),
             Some(json!({"by": by})),
             "settled by its only claimer"
         );

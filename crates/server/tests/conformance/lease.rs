@@ -8,7 +8,7 @@ use agentstore_server::{Settings, Store};
 use serde_json::json;
 use tokio::sync::Barrier;
 
-use crate::common::{at_once, heartbeat_at, sleep_ms, ttl, TestDb};
+use crate::common::{at_once, heartbeat_at, sleep_ms, ttl, value, TestDb};
 
 const LONG: u64 = 60_000;
 
@@ -39,7 +39,7 @@ async fn assert_all_claim_lost(store: &Store, id: i64, token: &str) {
 }
 
 /// The item's full visible state plus its raw heartbeat time.
-async fn snapshot(store: &Store, id: i64) -> (agentstore_protocol::lease::ItemView, Option<i64>) {
+async fn snapshot(store: &Store, id: i64) -> (agentstore_server::store::Item, Option<i64>) {
     (
         store.item(id).await.unwrap().unwrap(),
         heartbeat_at(store, id).await,
@@ -349,7 +349,7 @@ pub async fn stale_heartbeat_settle_and_blocked_settle_are_claim_lost_and_change
         .await
         .unwrap();
     assert_eq!(
-        (done.state, done.result),
+        (done.state, value(done.result)),
         (ItemState::Done, Some(json!({"ok": true})))
     );
     // Settling released t2: heartbeat, release and a settle into another
@@ -650,7 +650,11 @@ pub async fn every_expiry_counts_an_attempt_and_the_cap_fails_the_item_with_retr
         "no claim returns it again"
     );
     assert_eq!(store.reap().await.unwrap(), (0, 0));
-    let failed = store.list("q", Some(ItemState::Failed), 10).await.unwrap();
+    let failed = store
+        .list("q", Some(ItemState::Failed), 0, 10)
+        .await
+        .unwrap()
+        .items;
     assert_eq!(failed.len(), 1);
 }
 
@@ -860,7 +864,7 @@ pub async fn concurrent_claims_and_settles_each_keep_their_own_outcome(db: TestD
             let (id, label, r) = task.await.unwrap();
             match (label, r) {
                 ("a" | "b", Ok(item)) => {
-                    assert_eq!(item.result, Some(json!(label)));
+                    assert_eq!(value(item.result), Some(json!(label)));
                     assert!(
                         winners.insert(id, label).is_none(),
                         "item {id} settled twice"
@@ -885,7 +889,7 @@ pub async fn concurrent_claims_and_settles_each_keep_their_own_outcome(db: TestD
         for (id, label) in winners {
             let item = store.item(id).await.unwrap().unwrap();
             assert_eq!(
-                (item.state, item.result, item.epoch),
+                (item.state, value(item.result), item.epoch),
                 (ItemState::Done, Some(json!(label)), 1),
                 "item {id} holds its winner's result"
             );

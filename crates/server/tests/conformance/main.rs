@@ -7,6 +7,7 @@ mod common;
 mod input;
 mod instances;
 mod lease;
+mod listing;
 mod metrics;
 mod migrate;
 mod roles;
@@ -53,6 +54,7 @@ conformance! {
     lease::an_item_is_redelivered_at_most_five_times_after_its_first_delivery,
     lease::lease_expiry_is_measured_only_on_the_database_clock,
     lease::concurrent_claims_and_settles_each_keep_their_own_outcome,
+    listing::a_listing_page_stops_at_its_byte_budget_and_pages_return_payloads_byte_for_byte,
     auth::an_enrollment_token_used_twice_concurrently_enrolls_exactly_one_worker,
     auth::a_refresh_token_used_twice_leaves_exactly_one_valid_pair,
     auth::a_lost_enrollment_or_refresh_answer_can_be_sent_again,

@@ -1,0 +1,186 @@
+//! A work item as the server stores and answers it.
+//!
+//! The payload and result stay the JSON text they were stored as, from the
+//! request body to the database and back into every answer: never parsed into
+//! a `serde_json::Value`, which costs about 32 bytes per JSON value (a 64 KiB
+//! payload of `[0,0,…]` becomes about 1 MiB), and never re-serialised (what a
+//! producer enqueued is what a worker receives, byte for byte). Serialised, an
+//! [`Item`] is the protocol's [`ItemView`](agentstore_protocol::lease::ItemView)
+//! field for field, and a [`Claimed`] its `ClaimResponse`.
+
+use agentstore_protocol::lease::{ItemState, Lease, LeaseItem};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::value::RawValue;
+use serde_json::Value;
+use sqlx::any::AnyRow;
+
+use super::{get, to_u32, to_u64, StoreError};
+
+/// The columns [`item_from_row`] reads.
+pub(super) const ITEM_COLS: &str =
+    "id, queue, state, payload, result, attempts, max_redeliveries, epoch, last_error, worker_id";
+
+/// [`ITEM_COLS`] qualified with the table alias `i` (for statements that join),
+/// derived once.
+pub(super) fn qualified_item_cols() -> &'static str {
+    static COLS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        ITEM_COLS
+            .split(", ")
+            .map(|c| format!("i.{c} AS {c}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    });
+    &COLS
+}
+
+/// One JSON value as text, checked to be JSON once when it is made and
+/// written into answers as it is.
+#[derive(Debug, Clone)]
+pub struct RawJson(Box<RawValue>);
+
+impl RawJson {
+    /// Takes `text` if it is one JSON value (whitespace around it is dropped).
+    ///
+    /// # Errors
+    /// `text` is not JSON.
+    pub fn from_text(text: String) -> Result<RawJson, serde_json::Error> {
+        RawValue::from_string(text).map(RawJson)
+    }
+
+    /// The JSON text.
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+
+    /// The value parsed (tests and rare comparisons; answers never need it).
+    ///
+    /// # Errors
+    /// The text is JSON a `Value` cannot hold (a number beyond `f64`, nesting
+    /// deeper than 128).
+    pub fn to_value(&self) -> Result<Value, serde_json::Error> {
+        serde_json::from_str(self.get())
+    }
+}
+
+/// Equal texts (what was stored is compared, not what it means).
+impl PartialEq for RawJson {
+    fn eq(&self, other: &RawJson) -> bool {
+        self.get() == other.get()
+    }
+}
+
+/// Equal values, whatever the spelling (for tests: `item.payload == json!(…)`).
+impl PartialEq<Value> for RawJson {
+    fn eq(&self, other: &Value) -> bool {
+        self.to_value().is_ok_and(|v| &v == other)
+    }
+}
+
+impl Serialize for RawJson {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for RawJson {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<RawJson, D::Error> {
+        Box::<RawValue>::deserialize(d).map(RawJson)
+    }
+}
+
+/// A work item (see the module docs; the fields are those of `ItemView`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Item {
+    /// Server-assigned id.
+    pub id: i64,
+    /// Queue name.
+    pub queue: String,
+    /// Current state.
+    pub state: ItemState,
+    /// The enqueued payload, as enqueued.
+    pub payload: RawJson,
+    /// The result given to the last settle, if any, as given.
+    #[serde(default)]
+    pub result: Option<RawJson>,
+    /// Claims that ended without a settle (expiries and releases).
+    pub attempts: u32,
+    /// Re-deliveries allowed after the first delivery.
+    pub max_redeliveries: u32,
+    /// Increases on every claim and resume; 0 before the first claim.
+    pub epoch: u64,
+    /// Why the item failed or was reopened.
+    #[serde(default)]
+    pub last_error: Option<String>,
+    /// The worker holding the current claim, if any.
+    #[serde(default)]
+    pub worker_id: Option<i64>,
+}
+
+/// A claim or resume: the item and its new lease (`ClaimResponse` on the wire).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Claimed {
+    /// The claimed item (state `running`).
+    pub item: Item,
+    /// The lease to heartbeat and settle with.
+    pub lease: Lease,
+}
+
+/// One page of a queue's items (`GET /v1/queues/{queue}/items`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ItemPage {
+    /// Items in id order.
+    pub items: Vec<Item>,
+    /// Set when more items may follow: pass it as `after` for the next page.
+    /// `None` once the queue (or state) has no item after this page.
+    pub next: Option<i64>,
+}
+
+/// Decodes an [`ITEM_COLS`] row.
+pub(super) fn item_from_row(row: &AnyRow) -> Result<Item, StoreError> {
+    let state: String = get(row, "state")?;
+    let json = |col: &str, text: String| {
+        RawJson::from_text(text).map_err(|e| StoreError::Corrupt(format!("{col}: {e}")))
+    };
+    Ok(Item {
+        id: get(row, "id")?,
+        queue: get(row, "queue")?,
+        state: ItemState::parse(&state)
+            .ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?,
+        payload: json("payload", get(row, "payload")?)?,
+        result: get::<Option<String>>(row, "result")?
+            .map(|r| json("result", r))
+            .transpose()?,
+        attempts: to_u32(get(row, "attempts")?, "attempts")?,
+        max_redeliveries: to_u32(get(row, "max_redeliveries")?, "max_redeliveries")?,
+        epoch: to_u64(get(row, "epoch")?, "epoch")?,
+        last_error: get(row, "last_error")?,
+        worker_id: get(row, "worker_id")?,
+    })
+}
+
+/// Decodes the lease columns of a row (state, epoch, attempts,
+/// max_redeliveries, heartbeat_at, token_hash).
+pub(super) fn lease_item_from_row(row: &AnyRow) -> Result<LeaseItem, StoreError> {
+    let state: String = get(row, "state")?;
+    let token: Option<String> = get(row, "token_hash")?;
+    Ok(LeaseItem {
+        state: ItemState::parse(&state)
+            .ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?,
+        epoch: to_u64(get(row, "epoch")?, "epoch")?,
+        attempts: to_u32(get(row, "attempts")?, "attempts")?,
+        max_redeliveries: to_u32(get(row, "max_redeliveries")?, "max_redeliveries")?,
+        heartbeat_at_ms: get(row, "heartbeat_at")?,
+        has_token: token.is_some(),
+    })
+}
+
+/// Whether two stored JSON texts hold the same value: the same text, or
+/// texts that parse to equal values (a settle sent again with its result
+/// serialised another way is the same settle).
+pub(super) fn same_json(a: &str, b: &str) -> bool {
+    a == b
+        || matches!(
+            (serde_json::from_str::<Value>(a), serde_json::from_str::<Value>(b)),
+            (Ok(x), Ok(y)) if x == y
+        )
+}
