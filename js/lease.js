@@ -73,3 +73,76 @@ export function beacon(url, body) {
     // Nothing more to try while the page goes away.
   }
 }
+
+/** A pending Promise and the function that resolves it: `[promise, resolve]`. */
+export function deferred() {
+  let resolve;
+  const promise = new Promise((r) => {
+    resolve = r;
+  });
+  return [promise, resolve];
+}
+
+/**
+ * `signal.reason` once `signal` has aborted, else `undefined`; what a
+ * redefined `aborted` or `reason` getter throws is the reason (as
+ * src/options.rs `abort_reason` reads it).
+ */
+function abortReason(signal) {
+  try {
+    if (!signal.aborted) return undefined;
+  } catch (e) {
+    return e;
+  }
+  try {
+    return signal.reason;
+  } catch (e) {
+    return e;
+  }
+}
+
+/**
+ * Aborts `controller` (with the signal's reason) when `signal` aborts.
+ * Returns the function that stops following it. (A signal whose listener
+ * methods throw is not followed.)
+ */
+export function followSignal(signal, controller) {
+  const follow = () => controller.abort(abortReason(signal));
+  try {
+    signal.addEventListener('abort', follow);
+  } catch (e) {
+    // Not followed.
+  }
+  return () => {
+    try {
+      signal.removeEventListener('abort', follow);
+    } catch (e) {
+      // Nothing was added.
+    }
+  };
+}
+
+/**
+ * A signal aborted when `a` or `b` aborts: one of them when it already
+ * has, else `AbortSignal.any([a, b])`, else (no `any`, or a replaced one
+ * that throws or answers a non-signal) a controller's signal following
+ * both. Throws what a signal's `addEventListener` throws there.
+ */
+export function followBoth(a, b) {
+  for (const s of [a, b]) {
+    try {
+      if (s.aborted) return s;
+    } catch (e) {
+      return s;
+    }
+  }
+  try {
+    const any = AbortSignal.any([a, b]);
+    if (any instanceof AbortSignal) return any;
+  } catch (e) {
+    // The listeners below do the same job.
+  }
+  const c = new AbortController();
+  for (const s of [a, b]) s.addEventListener('abort', () => c.abort(abortReason(s)), { once: true });
+  return c.signal;
+}

@@ -9,7 +9,7 @@ use std::rc::Rc;
 use agentstore_protocol::lease::SettleState;
 use js_sys::{Array, Function, Object, Promise, Reflect};
 use wasm_bindgen::prelude::*;
-use web_sys::{AbortController, AbortSignal, Headers, Request, RequestInit};
+use web_sys::{AbortSignal, Headers, Request, RequestInit};
 
 use crate::error::set;
 use crate::lease::{
@@ -739,40 +739,16 @@ impl Lease {
     }
 }
 
-/// A signal aborted when either input aborts (`AbortSignal.any` when present).
-///
-/// Both signals are read through Reflect and `AbortSignal.any` is called
-/// through `Function.call` (both catch): a page may redefine `aborted` or
-/// `reason` on the lease's signal, or replace `AbortSignal.any`, and a throw
-/// from either is then an error here, never an unwind through the module.
-fn follow_both(a: &AbortSignal, b: &AbortSignal) -> Result<AbortSignal, JsValue> {
-    for s in [a, b] {
-        if crate::options::abort_reason(s).is_some() {
-            return Ok(s.clone());
-        }
-    }
-    let both: Array = [a.clone(), b.clone()].iter().collect();
-    let any = Reflect::get(&js_sys::global(), &"AbortSignal".into())
-        .and_then(|ctor| Ok((Reflect::get(&ctor, &"any".into())?, ctor)));
-    if let Ok((any, ctor)) = any {
-        if let Some(any) = any.dyn_ref::<Function>() {
-            // A replaced `any` that throws or answers a non-signal: the
-            // listeners below do the same job.
-            if let Some(s) = any.call1(&ctor, &both).ok().and_then(|s| s.dyn_into().ok()) {
-                return Ok(s);
-            }
-        }
-    }
-    let c = AbortController::new()?;
-    for s in [a, b] {
-        let c2 = c.clone();
-        let s2 = s.clone();
-        let cb = Closure::once_into_js(move || {
-            c2.abort_with_reason(&crate::options::abort_reason(&s2).unwrap_or(JsValue::UNDEFINED))
-        });
-        s.add_event_listener_with_callback("abort", cb.unchecked_ref())?;
-    }
-    Ok(c.signal())
+#[wasm_bindgen(module = "/js/lease.js")]
+extern "C" {
+    /// A signal aborted when either input aborts: one that already has,
+    /// else `AbortSignal.any`, else a controller following both
+    /// (js/lease.js `followBoth`; signals' getters are read in `try`, so a
+    /// page that redefines `aborted` or `reason` or replaces
+    /// `AbortSignal.any` gets an error here, never an unwind through the
+    /// module).
+    #[wasm_bindgen(js_name = followBoth, catch)]
+    fn follow_both(a: &AbortSignal, b: &AbortSignal) -> Result<AbortSignal, JsValue>;
 }
 
 /// A running `work()` loop. Exported to JS as `LeaseWorker` so it never

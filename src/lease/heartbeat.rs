@@ -192,12 +192,18 @@ impl ClientInner {
     }
 }
 
+#[wasm_bindgen::prelude::wasm_bindgen(module = "/js/lease.js")]
+extern "C" {
+    /// `[promise, resolve]` (js/lease.js `deferred`).
+    #[wasm_bindgen(js_name = deferred)]
+    fn deferred_js() -> js_sys::Array;
+}
+
 /// A pending Promise and the function that resolves it.
 pub(crate) fn deferred() -> (Promise, Function) {
-    let mut slot = None;
-    let p = Promise::new(&mut |resolve, _| slot = Some(resolve));
-    // The executor runs synchronously, so the slot is always filled.
-    (p, slot.unwrap_or_else(|| Function::new_no_args("")))
+    let pair = deferred_js();
+    use wasm_bindgen::JsCast;
+    (pair.get(0).unchecked_into(), pair.get(1).unchecked_into())
 }
 
 /// The loop (see the module docs). Holds the client only during a pass, never

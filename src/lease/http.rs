@@ -95,6 +95,14 @@ pub fn random() -> f64 {
     js_sys::Math::random()
 }
 
+#[wasm_bindgen::prelude::wasm_bindgen(module = "/js/lease.js")]
+extern "C" {
+    /// Aborts `controller` with `signal`'s reason when it aborts; returns
+    /// the function that stops following (js/lease.js `followSignal`).
+    #[wasm_bindgen(js_name = followSignal)]
+    fn follow_signal(signal: &AbortSignal, controller: &AbortController) -> Function;
+}
+
 /// Sleeps `ms` (clamped to `[0, 2^31)`).
 pub async fn sleep_ms(ms: f64) {
     let ms = if ms.is_finite() {
@@ -176,18 +184,10 @@ pub async fn send(call: Call<'_>) -> Result<Answer> {
     }
     let controller = AbortController::new().map_err(|e| LeaseError::Network(describe(&e)))?;
     // Follow the caller's signal for the duration of the request.
-    let follow = call.signal.map(|s| {
-        let c = controller.clone();
-        let s2 = s.clone();
-        let cb = wasm_bindgen::closure::Closure::<dyn FnMut()>::new(move || {
-            c.abort_with_reason(&crate::options::abort_reason(&s2).unwrap_or(JsValue::UNDEFINED));
-        });
-        let _ = s.add_event_listener_with_callback("abort", cb.as_ref().unchecked_ref());
-        (s.clone(), cb)
-    });
+    let stop = call.signal.map(|s| follow_signal(s, &controller));
     let result = send_inner(&call, &controller).await;
-    if let Some((s, cb)) = follow {
-        let _ = s.remove_event_listener_with_callback("abort", cb.as_ref().unchecked_ref());
+    if let Some(stop) = stop {
+        let _ = stop.call0(&JsValue::NULL);
     }
     result
 }

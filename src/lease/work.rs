@@ -105,10 +105,7 @@ impl WorkerInner {
         options: WorkOptions,
         wrap: fn(Rc<LeaseInner>) -> JsValue,
     ) -> Rc<WorkerInner> {
-        let slot: Rc<RefCell<Option<Function>>> = Rc::new(RefCell::new(None));
-        let s2 = slot.clone();
-        let stopped = Promise::new(&mut |resolve, _| *s2.borrow_mut() = Some(resolve));
-        let stop_resolve = slot.borrow_mut().take();
+        let (stopped, stop_resolve) = super::heartbeat::deferred();
         let w = Rc::new(WorkerInner {
             client,
             queue,
@@ -120,7 +117,7 @@ impl WorkerInner {
             options,
             stopping: Cell::new(false),
             stopped,
-            stop_resolve: RefCell::new(stop_resolve),
+            stop_resolve: RefCell::new(Some(stop_resolve)),
             stats: RefCell::new(Stats::default()),
             backoffs: RefCell::new(Vec::new()),
             polls: RefCell::new(Vec::new()),
