@@ -30,6 +30,10 @@ use prometheus::{
 
 use crate::store::{Store, StoreError};
 
+/// The passes that count the rows they cannot decode
+/// (`agentstore_unreadable_rows_total{by}`).
+pub const UNREADABLE_BY: [&str; 3] = ["reaper", "list", "stats"];
+
 /// `Content-Type` of the text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -58,6 +62,10 @@ pub struct Metrics {
     reaper_reopened: IntCounter,
     /// Items failed by the retry cap (reason `retry_limit`), by the path that did it.
     retry_limit: IntCounterVec,
+    /// Rows a pass over many rows could not decode, by the pass: the reaper
+    /// (which failed them), a listing or the queue gauges (which left them
+    /// out).
+    unreadable: IntCounterVec,
     /// `429` answers.
     rate_limited: IntCounter,
     /// `401` and `403` answers, by status.
@@ -183,6 +191,12 @@ impl Metrics {
                 "Items failed by the retry cap (reason retry_limit), by the path that ended the last attempt",
                 &["by"],
             ),
+            unreadable: counter_vec(
+                &r,
+                "agentstore_unreadable_rows_total",
+                "Rows that could not be decoded, by the pass that met them (the reaper fails them; list and stats leave them out)",
+                &["by"],
+            ),
             rate_limited: counter(&r, "agentstore_rate_limited_total", "429 answers"),
             auth_rejected: counter_vec(
                 &r,
@@ -229,6 +243,9 @@ impl Metrics {
         for status in ["401", "403"] {
             m.auth_rejected.with_label_values(&[status]);
         }
+        for by in UNREADABLE_BY {
+            m.unreadable.with_label_values(&[by]);
+        }
         m
     }
 
@@ -258,6 +275,11 @@ impl Metrics {
             ErrorCode::StateConflict => self.state_conflict.inc(),
             _ => {}
         }
+    }
+
+    /// A row that could not be decoded, met by `by` (one of [`UNREADABLE_BY`]).
+    pub fn unreadable_row(&self, by: &'static str) {
+        self.unreadable.with_label_values(&[by]).inc();
     }
 
     /// Items failed by the retry cap; `by` is `"reaper"` or `"release"`.

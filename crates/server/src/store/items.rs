@@ -28,17 +28,25 @@ use tokio::sync::oneshot;
 /// counters and field names in the answer), besides its texts.
 const ITEM_OVERHEAD_BYTES: u64 = 256;
 
+/// A call's row of a batch statement: none (nothing applied for it), or its
+/// item, decoded on its own (a row that does not decode is that call's
+/// error alone).
+type CallRow = Option<Result<Item, StoreError>>;
+
 /// A batch statement's rows put back in call order: each row names its call
 /// by the 1-based `n` it was bound with; a call with no row gets `None`.
-fn by_call(rows: &[AnyRow], calls: usize) -> Result<Vec<Option<Item>>, StoreError> {
-    let mut out: Vec<Option<Item>> = (0..calls).map(|_| None).collect();
+///
+/// # Errors
+/// A row names no call of the batch (then no row can be trusted).
+fn by_call(rows: &[AnyRow], calls: usize) -> Result<Vec<CallRow>, StoreError> {
+    let mut out: Vec<CallRow> = (0..calls).map(|_| None).collect();
     for row in rows {
         let n: i64 = get(row, "n")?;
         let slot = usize::try_from(n - 1)
             .ok()
             .and_then(|k| out.get_mut(k))
             .ok_or_else(|| StoreError::Corrupt(format!("batch row {n}")))?;
-        *slot = Some(item_from_row(row)?);
+        *slot = Some(item_from_row(row));
     }
     Ok(out)
 }
@@ -97,19 +105,6 @@ impl SettleJob {
             let _ = reply.send(out);
         }
     }
-}
-
-/// A running claim the reaper found expired, as it read it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExpiredClaim {
-    /// The item.
-    pub id: i64,
-    /// The lease-relevant state read.
-    pub item: LeaseItem,
-    /// The database clock when it was read (ms).
-    pub now_ms: i64,
-    /// The TTL (ms) the lease was granted with.
-    pub ttl_ms: u64,
 }
 
 fn not_found(id: i64) -> StoreError {
@@ -253,7 +248,7 @@ impl Store {
                     self.coalesced
                         .fetch_add(batch.len() as u64, Ordering::Relaxed);
                     for (job, item) in batch.into_iter().zip(items.drain(..)) {
-                        let _ = job.reply.send(Ok(item));
+                        let _ = job.reply.send(item.transpose());
                     }
                 }
                 Err(e) if never_applied(&e) => {
@@ -275,7 +270,7 @@ impl Store {
         &self,
         queue: &str,
         batch: &[ClaimJob],
-    ) -> Result<Vec<Option<Item>>, StoreError> {
+    ) -> Result<Vec<CallRow>, StoreError> {
         let values: Vec<String> = (0..batch.len())
             .map(|k| {
                 let p = 3 * k + 2;
@@ -601,7 +596,7 @@ impl Store {
                         .fetch_add(batch.len() as u64, Ordering::Relaxed);
                     for (job, item) in batch.into_iter().zip(applied.drain(..)) {
                         let out = match item {
-                            Some(item) => Ok((item, false)),
+                            Some(item) => item.map(|item| (item, false)),
                             None => self.settled_before(&job).await.map(|item| (item, true)),
                         };
                         job.answer(out);
@@ -622,7 +617,7 @@ impl Store {
         }
     }
 
-    async fn settle_batch(&self, batch: &[SettleJob]) -> Result<Vec<Option<Item>>, StoreError> {
+    async fn settle_batch(&self, batch: &[SettleJob]) -> Result<Vec<CallRow>, StoreError> {
         let values: Vec<String> = (0..batch.len())
             .map(|k| {
                 let p = 7 * k + 1;
@@ -932,109 +927,25 @@ impl Store {
             .bind(take as i64)
             .fetch_all(&self.pool)
             .await?;
-        let items = rows.iter().map(item_from_row).collect::<Result<_, _>>()?;
+        let mut items = Vec::with_capacity(rows.len());
+        for row in &rows {
+            match item_from_row(row) {
+                Ok(item) => items.push(item),
+                Err(e) => {
+                    // One bad row does not hide the rest of the queue.
+                    self.metrics.unreadable_row("list");
+                    tracing::warn!(
+                        item_id = get::<i64>(row, "id").ok(),
+                        error = %e,
+                        "list: an item row cannot be read; it is left out of the page"
+                    );
+                }
+            }
+        }
         Ok(ItemPage {
             items,
             next: (sizes.len() > take).then_some(last),
         })
-    }
-
-    /// Running claims that are expired now on the database clock (last
-    /// heartbeat older than the TTL, or never recorded), oldest first.
-    ///
-    /// # Errors
-    /// The database failed.
-    pub async fn expired_claims(&self, limit: u32) -> Result<Vec<ExpiredClaim>, StoreError> {
-        let sql = self.sql(
-            "SELECT * FROM (
-                 SELECT id, state, epoch, attempts, max_redeliveries, heartbeat_at, token_hash,
-                        COALESCE(lease_ttl_ms, $1) AS ttl_ms, {now} AS now_ms
-                 FROM items WHERE state = 'running') AS r
-             WHERE heartbeat_at IS NULL OR heartbeat_at <= now_ms - ttl_ms
-             ORDER BY id LIMIT $2",
-        );
-        let rows = sqlx::query(&sql)
-            .bind(ms(self.settings.ttl_ms))
-            .bind(i64::from(limit))
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(ExpiredClaim {
-                    id: get(row, "id")?,
-                    item: lease_item_from_row(row)?,
-                    now_ms: get(row, "now_ms")?,
-                    ttl_ms: to_u64(get(row, "ttl_ms")?, "lease_ttl_ms")?,
-                })
-            })
-            .collect()
-    }
-
-    /// Takes over one claim found by [`Store::expired_claims`]: reopens it (one
-    /// attempt counted) or fails it with `retry_limit` at the cap. Returns the new
-    /// state, or `None` when the item changed since it was read (settled,
-    /// heartbeated, claimed again): then nothing is written (case C-F1).
-    ///
-    /// # Errors
-    /// The database failed.
-    pub async fn take_over(&self, claim: &ExpiredClaim) -> Result<Option<ItemState>, StoreError> {
-        let Ok(next) = claim
-            .item
-            .apply(LeaseEvent::Expire, false, claim.now_ms, claim.ttl_ms)
-        else {
-            return Ok(None);
-        };
-        let (_, _, reason) = end_attempt(claim.item.attempts, claim.item.max_redeliveries);
-        let sql = self.sql(
-            "UPDATE items SET state = $3, attempts = $4, last_error = $5, token_hash = NULL, lease_ttl_ms = NULL,
-                 worker_id = NULL, heartbeat_at = NULL, updated_at = {now}
-             WHERE id = $1 AND state = 'running' AND epoch = $2
-               AND (heartbeat_at IS NULL
-                    OR heartbeat_at <= {now} - COALESCE(lease_ttl_ms, $6))",
-        );
-        let done = sqlx::query(&sql)
-            .bind(claim.id)
-            .bind(ms(claim.item.epoch))
-            .bind(next.state.as_str())
-            .bind(i64::from(next.attempts))
-            .bind(reason)
-            .bind(ms(self.settings.ttl_ms))
-            .execute(&self.pool)
-            .await?;
-        Ok((done.rows_affected() == 1).then_some(next.state))
-    }
-
-    /// One reaper pass: takes over every expired claim; returns how many were
-    /// reopened and how many failed by the retry cap.
-    ///
-    /// # Errors
-    /// The database failed.
-    pub async fn reap(&self) -> Result<(usize, usize), StoreError> {
-        let mut taken = (0, 0);
-        self.reap_into(&mut taken).await.map(|()| taken)
-    }
-
-    /// [`Store::reap`], adding each takeover to `taken` (`(reopened,
-    /// failed)`) as it commits: a pass that fails partway still reports the
-    /// takeovers it made (the metrics count them).
-    ///
-    /// # Errors
-    /// The database failed.
-    pub async fn reap_into(&self, taken: &mut (usize, usize)) -> Result<(), StoreError> {
-        loop {
-            let batch = self.expired_claims(500).await?;
-            let full = batch.len() == 500;
-            for claim in &batch {
-                match self.take_over(claim).await? {
-                    Some(ItemState::Failed) => taken.1 += 1,
-                    Some(_) => taken.0 += 1,
-                    None => {}
-                }
-            }
-            if !full {
-                return Ok(());
-            }
-        }
     }
 
     /// Reads the lease part of an item, its token hash and the database clock.

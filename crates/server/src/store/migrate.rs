@@ -159,6 +159,17 @@ pub const MIGRATIONS: &[Migration] = &[
         // upgrade); then the looking instance's TTL applies, as before.
         sql: "ALTER TABLE items ADD COLUMN lease_ttl_ms BIGINT",
     },
+    Migration {
+        version: 9,
+        name: "retry_counts_not_negative",
+        // Version 4 made a cap of 0 deliveries (which `--max-attempts 0`
+        // once accepted) into -1 re-deliveries, which no reader holds: such
+        // a row could not be read, and one running stopped every reaper
+        // pass. A negative cap means deliver once (0 re-deliveries); a
+        // negative attempt count, none ended.
+        sql: "UPDATE items SET max_redeliveries = 0 WHERE max_redeliveries < 0;
+            UPDATE items SET attempts = 0 WHERE attempts < 0",
+    },
 ];
 
 /// Advisory lock key for migrations on PostgreSQL ("agst").

@@ -9,12 +9,13 @@ mod coalesce;
 mod item;
 mod items;
 mod migrate;
+mod reap;
 mod stats;
 mod workers;
 
 pub use item::{Claimed, Item, ItemPage, RawJson};
-pub use items::ExpiredClaim;
 pub use migrate::{migrate, pending, MIGRATIONS};
+pub use reap::{ExpiredClaim, UNREADABLE_REASON};
 pub use workers::Principal;
 
 use agentstore_protocol::lease::{DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_REDELIVERIES, DEFAULT_TTL_MS};

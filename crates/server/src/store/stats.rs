@@ -5,8 +5,31 @@
 use std::collections::BTreeMap;
 
 use agentstore_protocol::lease::{ItemState, QueueStats};
+use sqlx::any::AnyRow;
 
 use super::{get, to_u64, Store, StoreError};
+
+/// One `(queue, state)` group of [`Store::queue_stats`]: the queue, the
+/// state, its count, and for `open` the age of the longest-waiting item (ms).
+type Group = (String, ItemState, u64, Option<u64>);
+
+fn group_from_row(row: &AnyRow) -> Result<Group, StoreError> {
+    let name: String = get(row, "queue")?;
+    let state: String = get(row, "state")?;
+    let state =
+        ItemState::parse(&state).ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?;
+    let n = to_u64(get(row, "n")?, "count")?;
+    let age = match state {
+        ItemState::Open => {
+            let since: i64 = get(row, "since")?;
+            let now: i64 = get(row, "now_ms")?;
+            // Clamped: a row written by a clock a few ms ahead is not "negative".
+            Some(u64::try_from(now - since).unwrap_or(0))
+        }
+        _ => None,
+    };
+    Ok((name, state, n, age))
+}
 
 impl Store {
     /// Gauges of `queue`, or of every queue that has items when `None` (sorted
@@ -15,8 +38,11 @@ impl Store {
     /// The age is measured on the database clock from the `updated_at` of the
     /// longest-waiting open item (set when it was enqueued or last reopened).
     ///
+    /// Rows of an unknown state are left out (logged and counted in
+    /// `agentstore_unreadable_rows_total{by="stats"}`).
+    ///
     /// # Errors
-    /// The database failed, or a row holds an unknown state.
+    /// The database failed.
     pub async fn queue_stats(&self, queue: Option<&str>) -> Result<Vec<QueueStats>, StoreError> {
         let sql = self.sql(
             "SELECT queue, state, COUNT(*) AS n, MIN(updated_at) AS since, {now} AS now_ms
@@ -32,17 +58,24 @@ impl Store {
             by_queue.insert(q.to_owned(), QueueStats::default());
         }
         for row in &rows {
-            let name: String = get(row, "queue")?;
-            let state: String = get(row, "state")?;
-            let state = ItemState::parse(&state)
-                .ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?;
-            let stats = by_queue.entry(name).or_default();
-            *stats.count_mut(state) = to_u64(get(row, "n")?, "count")?;
-            if state == ItemState::Open {
-                let since: i64 = get(row, "since")?;
-                let now: i64 = get(row, "now_ms")?;
-                // Clamped: a row written by a clock a few ms ahead is not "negative".
-                stats.oldest_open_age_ms = Some(u64::try_from(now - since).unwrap_or(0));
+            // Each group on its own: one that does not decode (an unknown
+            // state) is left out, not every queue's gauges.
+            match group_from_row(row) {
+                Ok((name, state, n, age)) => {
+                    let stats = by_queue.entry(name).or_default();
+                    *stats.count_mut(state) = n;
+                    if age.is_some() {
+                        stats.oldest_open_age_ms = age;
+                    }
+                }
+                Err(e) => {
+                    self.metrics.unreadable_row("stats");
+                    tracing::warn!(
+                        queue = get::<String>(row, "queue").ok(),
+                        error = %e,
+                        "stats: a group of item rows cannot be read; it is left out"
+                    );
+                }
             }
         }
         Ok(by_queue

@@ -11,6 +11,7 @@ mod listing;
 mod metrics;
 mod migrate;
 mod roles;
+mod unreadable;
 
 macro_rules! conformance {
     ($($module:ident :: $name:ident),* $(,)?) => {
@@ -68,6 +69,9 @@ conformance! {
     migrate::running_migrations_twice_is_a_no_op,
     migrate::concurrent_starts_apply_each_migration_exactly_once,
     migrate::readiness_is_503_while_a_migration_is_not_recorded,
+    unreadable::an_unreadable_running_row_does_not_stop_the_reaper_taking_over_the_others,
+    unreadable::an_unreadable_row_is_left_out_of_listings_and_gauges_and_the_rest_is_answered,
+    unreadable::negative_retry_counts_left_by_older_migrations_are_clamped_to_zero,
     instances::two_instances_with_eight_claimers_settle_every_item_exactly_once,
     roles::every_endpoint_allows_exactly_its_roles_and_a_refusal_changes_nothing,
     roles::a_worker_enrolled_for_one_queue_claims_there_and_nowhere_else,

@@ -1,0 +1,221 @@
+//! The reaper's takeover of expired claims (the loop that runs it is
+//! `crate::reaper`).
+//!
+//! A pass reads the expired running rows page by page in id order and takes
+//! each one over with a conditional update, so a concurrent change (a
+//! heartbeat, a settle, another instance's takeover) wins and nothing is
+//! written. A row the pass cannot decode (a counter out of range, such as the
+//! negative `max_redeliveries` that migration 4 made of items enqueued with a
+//! cap of 0) stops nothing: it is logged with its id, counted, and failed with
+//! reason [`UNREADABLE_REASON`] (its counters clamped into range, so it reads
+//! again), since the reaper cannot tell whether its cap allows another
+//! delivery. It leaves `running` for a terminal state an operator sees, and
+//! every other expired lease, of every queue, is still taken over.
+
+use agentstore_protocol::lease::{end_attempt, ItemState, LeaseEvent, LeaseItem};
+
+use sqlx::any::AnyRow;
+
+use super::item::lease_item_from_row;
+use super::{get, ms, to_u64, Store, StoreError};
+
+/// `last_error` of an item the reaper failed because it could not read its row.
+pub const UNREADABLE_REASON: &str = "unreadable_row";
+
+/// Expired claims read per statement of a pass.
+const PAGE: u32 = 500;
+
+/// A running claim the reaper found expired, as it read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpiredClaim {
+    /// The item.
+    pub id: i64,
+    /// The lease-relevant state read.
+    pub item: LeaseItem,
+    /// The database clock when it was read (ms).
+    pub now_ms: i64,
+    /// The TTL (ms) the lease was granted with.
+    pub ttl_ms: u64,
+}
+
+/// An expired running row the reaper could not decode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Unreadable {
+    id: i64,
+    why: String,
+}
+
+/// Decodes a row of [`Store::expired_after`].
+fn expired_from_row(id: i64, row: &AnyRow) -> Result<ExpiredClaim, StoreError> {
+    Ok(ExpiredClaim {
+        id,
+        item: lease_item_from_row(row)?,
+        now_ms: get(row, "now_ms")?,
+        ttl_ms: to_u64(get(row, "ttl_ms")?, "lease_ttl_ms")?,
+    })
+}
+
+/// Clamps an integer column into `0..=max` (SQL shared by both backends).
+fn clamped(col: &str, max: i64) -> String {
+    format!("{col} = CASE WHEN {col} < 0 THEN 0 WHEN {col} > {max} THEN {max} ELSE {col} END")
+}
+
+impl Store {
+    /// Running claims that are expired now on the database clock (last
+    /// heartbeat older than the TTL, or never recorded), oldest first. Rows
+    /// that cannot be decoded are left out (the reaper fails them, see the
+    /// module docs).
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn expired_claims(&self, limit: u32) -> Result<Vec<ExpiredClaim>, StoreError> {
+        let page = self.expired_after(0, limit).await?;
+        Ok(page.into_iter().filter_map(Result::ok).collect())
+    }
+
+    /// Up to `limit` expired claims with ids above `after`, in id order, each
+    /// decoded on its own.
+    async fn expired_after(
+        &self,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<Result<ExpiredClaim, Unreadable>>, StoreError> {
+        let sql = self.sql(
+            "SELECT * FROM (
+                 SELECT id, state, epoch, attempts, max_redeliveries, heartbeat_at, token_hash,
+                        COALESCE(lease_ttl_ms, $1) AS ttl_ms, {now} AS now_ms
+                 FROM items WHERE state = 'running' AND id > $3) AS r
+             WHERE heartbeat_at IS NULL OR heartbeat_at <= now_ms - ttl_ms
+             ORDER BY id LIMIT $2",
+        );
+        let rows = sqlx::query(&sql)
+            .bind(ms(self.settings.ttl_ms))
+            .bind(i64::from(limit))
+            .bind(after)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let id: i64 = get(row, "id")?;
+                Ok(expired_from_row(id, row).map_err(|e| Unreadable {
+                    id,
+                    why: e.to_string(),
+                }))
+            })
+            .collect()
+    }
+
+    /// Takes over one claim found by [`Store::expired_claims`]: reopens it (one
+    /// attempt counted) or fails it with `retry_limit` at the cap. Returns the new
+    /// state, or `None` when the item changed since it was read (settled,
+    /// heartbeated, claimed again): then nothing is written (case C-F1).
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn take_over(&self, claim: &ExpiredClaim) -> Result<Option<ItemState>, StoreError> {
+        let Ok(next) = claim
+            .item
+            .apply(LeaseEvent::Expire, false, claim.now_ms, claim.ttl_ms)
+        else {
+            return Ok(None);
+        };
+        let (_, _, reason) = end_attempt(claim.item.attempts, claim.item.max_redeliveries);
+        let sql = self.sql(
+            "UPDATE items SET state = $3, attempts = $4, last_error = $5, token_hash = NULL, lease_ttl_ms = NULL,
+                 worker_id = NULL, heartbeat_at = NULL, updated_at = {now}
+             WHERE id = $1 AND state = 'running' AND epoch = $2
+               AND (heartbeat_at IS NULL
+                    OR heartbeat_at <= {now} - COALESCE(lease_ttl_ms, $6))",
+        );
+        let done = sqlx::query(&sql)
+            .bind(claim.id)
+            .bind(ms(claim.item.epoch))
+            .bind(next.state.as_str())
+            .bind(i64::from(next.attempts))
+            .bind(reason)
+            .bind(ms(self.settings.ttl_ms))
+            .execute(&self.pool)
+            .await?;
+        Ok((done.rows_affected() == 1).then_some(next.state))
+    }
+
+    /// Fails an expired running row that could not be decoded, with reason
+    /// [`UNREADABLE_REASON`], clamping its counters into range; fenced like a
+    /// takeover on its state and expiry (its epoch may be what could not be
+    /// read), so a heartbeat or settle that came meanwhile wins. Whether it
+    /// was failed.
+    async fn fail_unreadable(&self, id: i64) -> Result<bool, StoreError> {
+        let sql = self.sql(&format!(
+            "UPDATE items SET state = 'failed', last_error = $2, token_hash = NULL,
+                 lease_ttl_ms = NULL, worker_id = NULL, heartbeat_at = NULL, updated_at = {{now}},
+                 {attempts}, {max}, {epoch}
+             WHERE id = $1 AND state = 'running'
+               AND (heartbeat_at IS NULL
+                    OR heartbeat_at <= {{now}} - COALESCE(lease_ttl_ms, $3))",
+            attempts = clamped("attempts", i64::from(u32::MAX)),
+            max = clamped("max_redeliveries", i64::from(u32::MAX)),
+            epoch = clamped("epoch", i64::MAX),
+        ));
+        let done = sqlx::query(&sql)
+            .bind(id)
+            .bind(UNREADABLE_REASON)
+            .bind(ms(self.settings.ttl_ms))
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// One reaper pass: takes over every expired claim; returns how many were
+    /// reopened and how many failed by the retry cap (rows failed as
+    /// unreadable are counted apart, see [`Store::metrics`]).
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn reap(&self) -> Result<(usize, usize), StoreError> {
+        let mut taken = (0, 0);
+        self.reap_into(&mut taken).await.map(|()| taken)
+    }
+
+    /// [`Store::reap`], adding each takeover to `taken` (`(reopened,
+    /// failed)`) as it commits: a pass that fails partway still reports the
+    /// takeovers it made (the metrics count them). The pass walks the
+    /// expired claims once in id order, so no row is read twice in a pass.
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn reap_into(&self, taken: &mut (usize, usize)) -> Result<(), StoreError> {
+        let mut after = 0;
+        loop {
+            let page = self.expired_after(after, PAGE).await?;
+            for entry in &page {
+                match entry {
+                    Ok(claim) => {
+                        after = claim.id;
+                        match self.take_over(claim).await? {
+                            Some(ItemState::Failed) => taken.1 += 1,
+                            Some(_) => taken.0 += 1,
+                            None => {}
+                        }
+                    }
+                    Err(bad) => {
+                        after = bad.id;
+                        let failed = self.fail_unreadable(bad.id).await?;
+                        if failed {
+                            self.metrics.unreadable_row("reaper");
+                        }
+                        tracing::warn!(
+                            item_id = bad.id,
+                            error = %bad.why,
+                            failed,
+                            "reaper: an expired running row cannot be read; it is failed \
+                             with reason {UNREADABLE_REASON}"
+                        );
+                    }
+                }
+            }
+            if page.len() < PAGE as usize {
+                return Ok(());
+            }
+        }
+    }
+}

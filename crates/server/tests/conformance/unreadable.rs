@@ -1,0 +1,199 @@
+//! Rows that cannot be decoded (a counter out of range, a payload that is not
+//! JSON, an unknown state) never stop a pass over many rows: the reaper fails
+//! such an expired lease and takes over every other; listings and gauges
+//! leave the row out and answer the rest.
+
+use agentstore_protocol::lease::ItemState;
+use agentstore_protocol::ErrorCode;
+use agentstore_server::store::{migrate, UNREADABLE_REASON};
+use agentstore_server::{Settings, Store};
+use serde_json::json;
+
+use crate::common::{ttl, TestDb};
+
+/// Waits (bounded) until `n` running items are expired on the database
+/// clock, read with raw SQL (the store's own read is what is under test).
+async fn until_expired(store: &Store, n: i64) {
+    let sql = store.backend().sql(
+        "SELECT COUNT(*) FROM items
+         WHERE state = 'running' AND heartbeat_at <= {now} - lease_ttl_ms",
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let (expired,): (i64,) = sqlx::query_as(&sql).fetch_one(store.pool()).await.unwrap();
+        if expired >= n {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{expired} of {n} leases expired after 20 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// The counter `agentstore_unreadable_rows_total{by}` of `store`'s metrics.
+async fn unreadable_counted(store: &Store, by: &str) -> String {
+    let text = store.metrics().render(store).await.unwrap();
+    let prefix = format!("agentstore_unreadable_rows_total{{by=\"{by}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .unwrap_or_else(|| panic!("no {prefix} in the metrics"))
+        .to_owned()
+}
+
+async fn set(store: &Store, sql: &str, id: i64) {
+    sqlx::query(sql)
+        .bind(id)
+        .execute(store.pool())
+        .await
+        .unwrap();
+}
+
+/// An expired running row whose `max_redeliveries` is -1 (what migration 4
+/// made of items enqueued with `--max-attempts 0`) sits first in the
+/// reaper's read. Before, the read failed on it and the pass returned that
+/// error before any takeover: no expired lease of any queue was ever taken
+/// over again. Now the pass takes over the others (in another queue too),
+/// and fails the bad row with reason `unreadable_row`, its counters clamped
+/// so that it reads again; a bad row whose lease is live is not touched.
+pub async fn an_unreadable_running_row_does_not_stop_the_reaper_taking_over_the_others(db: TestDb) {
+    let store = db.store(ttl(200)).await;
+    let long = db.store(ttl(60_000)).await;
+    let bad = store.enqueue("first", &json!("bad"), None).await.unwrap();
+    let live_bad = store.enqueue("first", &json!("live"), None).await.unwrap();
+    let good1 = store.enqueue("second", &json!(1), None).await.unwrap();
+    let good2 = store.enqueue("second", &json!(2), None).await.unwrap();
+    let bad_token = store
+        .claim("first", None)
+        .await
+        .unwrap()
+        .expect("bad")
+        .lease
+        .token;
+    // Claimed with a 60 s lease: it does not expire during the test.
+    long.claim("first", None).await.unwrap().expect("live bad");
+    for _ in 0..2 {
+        store.claim("second", None).await.unwrap().expect("good");
+    }
+    for id in [bad.id, live_bad.id] {
+        set(
+            &store,
+            "UPDATE items SET max_redeliveries = -1 WHERE id = $1",
+            id,
+        )
+        .await;
+    }
+    until_expired(&store, 3).await;
+
+    let taken = store.reap().await.expect("a pass over an unreadable row");
+    assert_eq!(taken, (2, 0), "both good leases reopened");
+    for id in [good1.id, good2.id] {
+        let now = store.item(id).await.unwrap().unwrap();
+        assert_eq!(
+            (now.state, now.attempts, now.last_error.as_deref()),
+            (ItemState::Open, 1, Some("expired")),
+            "item {id}"
+        );
+    }
+    let failed = store.item(bad.id).await.unwrap().expect("reads again");
+    assert_eq!(
+        (
+            failed.state,
+            failed.last_error.as_deref(),
+            failed.max_redeliveries,
+            failed.worker_id
+        ),
+        (ItemState::Failed, Some(UNREADABLE_REASON), 0, None)
+    );
+    assert_eq!(
+        store
+            .heartbeat(bad.id, &bad_token, None)
+            .await
+            .unwrap_err()
+            .code(),
+        Some(ErrorCode::ClaimLost),
+        "its old lease is gone"
+    );
+    let (state, max): (String, i64) =
+        sqlx::query_as("SELECT state, max_redeliveries FROM items WHERE id = $1")
+            .bind(live_bad.id)
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(
+        (state.as_str(), max),
+        ("running", -1),
+        "a live lease is kept"
+    );
+    assert_eq!(unreadable_counted(&store, "reaper").await, "1");
+    assert_eq!(store.reap().await.unwrap(), (0, 0), "nothing left to take");
+}
+
+/// A listing and the queue gauges leave out a row they cannot decode and
+/// answer the rest. Before, one such row made every listing of its queue,
+/// and every `/metrics` scrape, fail with 500.
+pub async fn an_unreadable_row_is_left_out_of_listings_and_gauges_and_the_rest_is_answered(
+    db: TestDb,
+) {
+    let store = db.store(Settings::default()).await;
+    let mut ids = Vec::new();
+    for k in 0..4 {
+        ids.push(store.enqueue("q", &json!(k), None).await.unwrap().id);
+    }
+    store.enqueue("other", &json!("x"), None).await.unwrap();
+    set(
+        &store,
+        "UPDATE items SET payload = 'not json' WHERE id = $1",
+        ids[1],
+    )
+    .await;
+    set(
+        &store,
+        "UPDATE items SET state = 'bogus' WHERE id = $1",
+        ids[3],
+    )
+    .await;
+
+    let page = store
+        .list("q", None, 0, 100)
+        .await
+        .expect("the rest is listed");
+    let listed: Vec<i64> = page.items.iter().map(|i| i.id).collect();
+    assert_eq!(listed, vec![ids[0], ids[2]]);
+    assert_eq!(page.next, None);
+    assert_eq!(unreadable_counted(&store, "list").await, "2");
+
+    let stats = store.queue_stats(None).await.expect("the rest is counted");
+    let q = stats.iter().find(|s| s.queue == "q").expect("q");
+    // The bad payload is an open item all the same; the unknown state is not counted.
+    assert_eq!((q.open, q.running, q.failed), (3, 0, 0));
+    let other = stats.iter().find(|s| s.queue == "other").expect("other");
+    assert_eq!(other.open, 1);
+    assert_ne!(unreadable_counted(&store, "stats").await, "0");
+}
+
+/// Migration 9 clamps the negative caps and attempt counts older migrations
+/// left (a database upgraded from before it still holds them); before it,
+/// such rows stayed -1 for good.
+pub async fn negative_retry_counts_left_by_older_migrations_are_clamped_to_zero(db: TestDb) {
+    let store = db.store(Settings::default()).await;
+    let a = store.enqueue("q", &json!("a"), None).await.unwrap();
+    let b = store.enqueue("q", &json!("b"), Some(3)).await.unwrap();
+    set(
+        &store,
+        "UPDATE items SET max_redeliveries = -1, attempts = -2 WHERE id = $1",
+        a.id,
+    )
+    .await;
+    // As a database last migrated before version 9.
+    sqlx::query("DELETE FROM schema_migrations WHERE version = 9")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(migrate(&store).await.unwrap(), 1, "migration 9 applied");
+    let now = store.item(a.id).await.unwrap().expect("reads again");
+    assert_eq!((now.max_redeliveries, now.attempts), (0, 0));
+    let untouched = store.item(b.id).await.unwrap().unwrap();
+    assert_eq!((untouched.max_redeliveries, untouched.attempts), (3, 0));
+}
