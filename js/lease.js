@@ -146,3 +146,17 @@ export function followBoth(a, b) {
   for (const s of [a, b]) s.addEventListener('abort', () => c.abort(abortReason(s)), { once: true });
   return c.signal;
 }
+
+/**
+ * `headers.get(name)` when it is a string of at most 256 UTF-16 units, else
+ * null: whatever a page's own `fetch` wrapper answered with as `headers`,
+ * nothing throws and no long string reaches the module.
+ */
+export function header(headers, name) {
+  try {
+    const v = headers.get(name);
+    return typeof v === 'string' && v.length <= 256 ? v : null;
+  } catch (e) {
+    return null;
+  }
+}

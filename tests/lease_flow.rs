@@ -584,6 +584,59 @@ async fn a_getter_that_calls_the_lease_again_is_bounded() {
     assert_eq!(it.state, ItemState::Done);
 }
 
+/// The answer of a page's own `fetch` wrapper (a mock, an interceptor) is
+/// read without copying a long string into wasm memory: header values
+/// longer than any the server sends are ignored, an error's `code` that is
+/// not one of the protocol's is not read, and its `message` is kept up to
+/// its first 8 KiB. Before, each was copied whole.
+#[wasm_bindgen_test]
+async fn a_fetch_wrappers_huge_headers_or_error_body_are_never_copied_into_wasm_memory() {
+    if server().is_none() {
+        return;
+    }
+    let c = admin_client(config());
+    let units = wasm_memory_bytes() + f64::from(4u32 << 20);
+    let global = js_sys::global();
+    let real = Reflect::get(&global, &"fetch".into()).unwrap();
+    let fake = js_sys::Function::new_with_args(
+        "code",
+        &format!(
+            "const big = 'x'.repeat({units});
+            return () => Promise.resolve({{
+                status: 400,
+                headers: {{ get: () => big }},
+                json: async () => ({{ code: code === 'big' ? big : code, message: big }}),
+            }});"
+        ),
+    );
+    let before = wasm_memory_bytes();
+    let mut errors = Vec::new();
+    for code in ["bad_request", "big"] {
+        let f = fake.call1(&JsValue::NULL, &code.into()).unwrap();
+        Reflect::set(&global, &"fetch".into(), &f).unwrap();
+        let out = c.claim("huge-answers", None).await;
+        Reflect::set(&global, &"fetch".into(), &real).unwrap();
+        errors.push(out.err().expect("a 400 is an error"));
+    }
+    let grew = wasm_memory_bytes() - before;
+    assert!(
+        grew < f64::from(2u32 << 20),
+        "linear memory grew by {grew} bytes"
+    );
+    assert_eq!(errors[0].code(), ErrorCode::BadRequest);
+    assert!(errors[0].message().starts_with("xxx"));
+    assert!(
+        errors[0].message().len() <= 8192,
+        "{} bytes",
+        errors[0].message().len()
+    );
+    assert_eq!(
+        errors[1].message(),
+        "the lease server answered without an error body",
+        "a code that is none of the protocol's is not one"
+    );
+}
+
 /// A settle result, error message, state or URL longer than the module's
 /// whole memory goes through (or is refused) without being copied into it:
 /// wasm memory never shrinks, so a copy would keep the page that large.

@@ -3,7 +3,7 @@
 //! with serde-wasm-bindgen (no JSON text on the Rust side), answers mapped to
 //! [`LeaseError`], `performance.now()` and timers.
 
-use agentstore_protocol::{ErrorBody, ErrorCode};
+use agentstore_protocol::ErrorCode;
 use futures::future::{select, Either};
 use js_sys::{Function, Promise, Reflect};
 use serde::de::DeserializeOwned;
@@ -101,6 +101,13 @@ extern "C" {
     /// the function that stops following (js/lease.js `followSignal`).
     #[wasm_bindgen(js_name = followSignal)]
     fn follow_signal(signal: &AbortSignal, controller: &AbortController) -> Function;
+}
+
+#[wasm_bindgen::prelude::wasm_bindgen(module = "/js/lease.js")]
+extern "C" {
+    /// `headers.get(name)` when it is a string of at most 256 units, else
+    /// `None`; throws nothing (js/lease.js `header`).
+    fn header(headers: &JsValue, name: &str) -> Option<String>;
 }
 
 /// Sleeps `ms` (clamped to `[0, 2^31)`).
@@ -233,7 +240,7 @@ async fn send_inner(call: &Call<'_>, controller: &AbortController) -> Result<Ans
                 .await
                 .unwrap_or(JsValue::NULL)
         };
-        let headers: Headers = Reflect::get(&resp, &"headers".into())?.unchecked_into();
+        let headers = Reflect::get(&resp, &"headers".into())?;
         Ok::<_, JsValue>((status, headers, body))
     };
     let timeout = sleep_ms(call.timeout_ms);
@@ -253,19 +260,12 @@ async fn send_inner(call: &Call<'_>, controller: &AbortController) -> Result<Ans
             ));
         }
     };
-    let retry_after_ms = headers
-        .get("Retry-After")
-        .ok()
-        .flatten()
+    let retry_after_ms = header(&headers, "Retry-After")
         .map(|v| js_sys::Number::from(JsValue::from_str(v.trim())).value_of())
         .filter(|s| s.is_finite() && *s >= 0.0)
         .map(|s| s * 1000.0);
     if (200..300).contains(&status) {
-        let replayed = headers
-            .get("Idempotent-Replayed")
-            .ok()
-            .flatten()
-            .is_some_and(|v| v == "true");
+        let replayed = header(&headers, "Idempotent-Replayed").is_some_and(|v| v == "true");
         return Ok(Answer {
             status,
             body,
@@ -278,9 +278,17 @@ async fn send_inner(call: &Call<'_>, controller: &AbortController) -> Result<Ans
 
 /// Maps a non-2xx answer to an error.
 pub fn error_from(status: u16, body: &JsValue, retry_after_ms: Option<f64>) -> LeaseError {
-    let (code, message) = match parse::<ErrorBody>(body) {
-        Ok(b) => (b.code, b.message),
-        Err(_) => (
+    // `{code, message}` read field by field, each bounded before it is
+    // copied into wasm memory (a page's `fetch` wrapper may answer with
+    // anything): the code is one of ErrorCode's strings, the message is
+    // kept up to its first 8 KiB.
+    let field = |k: &str| Reflect::get(body, &k.into()).unwrap_or(JsValue::UNDEFINED);
+    let code = crate::value::short_string(&field("code"), 32)
+        .and_then(|c| ErrorCode::ALL.into_iter().find(|k| k.as_str() == c));
+    let message = crate::value::text_prefix(&field("message"), 8192);
+    let (code, message) = match code.zip(message) {
+        Some(b) => b,
+        None => (
             ErrorCode::ALL
                 .into_iter()
                 .find(|c| c.status() == status)
