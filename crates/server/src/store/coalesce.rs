@@ -22,6 +22,11 @@ use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::Mutex;
 
+use sqlx::any::AnyRow;
+
+use super::item::{item_from_row, Item};
+use super::{get, StoreError};
+
 /// Most calls one statement carries (7 bind parameters each for a settle:
 /// far below PostgreSQL's 65,535).
 pub const MAX_BATCH: usize = 64;
@@ -75,6 +80,53 @@ impl<K: Eq + Hash + Clone, T> Lanes<K, T> {
         }
         let take = lane.pending.len().min(max);
         Some(lane.pending.drain(..take).collect())
+    }
+}
+
+/// A call's row of a batch statement: none (nothing applied for it), or its
+/// item, decoded on its own (a row that does not decode is that call's
+/// error alone).
+pub(super) type CallRow = Option<Result<Item, StoreError>>;
+
+/// A batch statement's rows put back in call order: each row names its call
+/// by the 1-based `n` it was bound with; a call with no row gets `None`.
+///
+/// # Errors
+/// A row names no call of the batch (then no row can be trusted).
+pub(super) fn by_call(rows: &[AnyRow], calls: usize) -> Result<Vec<CallRow>, StoreError> {
+    let mut out: Vec<CallRow> = (0..calls).map(|_| None).collect();
+    for row in rows {
+        let n: i64 = get(row, "n")?;
+        let slot = usize::try_from(n - 1)
+            .ok()
+            .and_then(|k| out.get_mut(k))
+            .ok_or_else(|| StoreError::Corrupt(format!("batch row {n}")))?;
+        *slot = Some(item_from_row(row));
+    }
+    Ok(out)
+}
+
+/// Whether a coalesced statement failed before it could change anything: the
+/// database refused it (and rolled it back), or no pool connection was had to
+/// send it. Only then is its batch run again call by call; any other failure
+/// (the connection lost while the answer was read, a row that does not
+/// decode) may come after the commit.
+pub(super) fn never_applied(e: &StoreError) -> bool {
+    matches!(
+        e,
+        StoreError::Database(
+            sqlx::Error::Database(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed
+        )
+    )
+}
+
+/// The failure of a coalesced statement, once more for another call of its
+/// batch (sqlx errors do not clone): a database failure stays one, a row that
+/// did not decode stays a corrupt row.
+pub(super) fn for_each_call(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::Database(_) => StoreError::Database(sqlx::Error::Protocol(e.to_string())),
+        _ => StoreError::Corrupt(e.to_string()),
     }
 }
 

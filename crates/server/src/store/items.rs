@@ -1,79 +1,29 @@
-//! Work items and their leases: enqueue, claim, heartbeat, settle, release,
-//! resume, pause, and the reaper's takeover.
+//! Work items and their leases: enqueue, list, claim, heartbeat, release,
+//! resume and pause (settles are in `settle`, the reaper's takeover in
+//! `reap`).
 //!
 //! Every write that a lease fences is ONE conditional statement: it names the
 //! state (and token or epoch) it expects, so a stale caller changes nothing. When
-//! it matches no row, the row is read once to tell `claim_lost` from
-//! `state_conflict` from `not_found` with the pure rules in
-//! `agentstore_protocol::lease`.
+//! it matches no row, the row is read to tell why (`fence`).
 
-use agentstore_protocol::lease::{
-    end_attempt, fence_error, ItemState, Lease, LeaseEvent, LeaseItem, SettleState,
-};
-use agentstore_protocol::ErrorCode;
-use serde_json::value::RawValue;
-use serde_json::Value;
-use sqlx::any::AnyRow;
-
-use super::item::{
-    item_from_row, lease_item_from_row, qualified_item_cols, same_json, Claimed, Item, ItemPage,
-    ITEM_COLS,
-};
-use super::{coalesce, detached, get, ms, to_u64, Backend, Store, StoreError};
-use crate::tokens::{self, ct_eq};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+
+use agentstore_protocol::lease::{end_attempt, ItemState, Lease, LeaseEvent, LeaseItem};
+use agentstore_protocol::ErrorCode;
 use tokio::sync::oneshot;
+
+use super::coalesce::{self, by_call, for_each_call, never_applied, CallRow};
+use super::fence::{forbidden, not_found, rejection};
+use super::item::{
+    item_from_row, lease_item_from_row, qualified_item_cols, Claimed, Item, ItemPage, ITEM_COLS,
+};
+use super::{detached, get, ms, to_u64, Backend, Store, StoreError};
+use crate::tokens::{self, ct_eq};
 
 /// Fixed bytes counted per item against a page's budget (its id, state,
 /// counters and field names in the answer), besides its texts.
 const ITEM_OVERHEAD_BYTES: u64 = 256;
-
-/// A call's row of a batch statement: none (nothing applied for it), or its
-/// item, decoded on its own (a row that does not decode is that call's
-/// error alone).
-type CallRow = Option<Result<Item, StoreError>>;
-
-/// A batch statement's rows put back in call order: each row names its call
-/// by the 1-based `n` it was bound with; a call with no row gets `None`.
-///
-/// # Errors
-/// A row names no call of the batch (then no row can be trusted).
-fn by_call(rows: &[AnyRow], calls: usize) -> Result<Vec<CallRow>, StoreError> {
-    let mut out: Vec<CallRow> = (0..calls).map(|_| None).collect();
-    for row in rows {
-        let n: i64 = get(row, "n")?;
-        let slot = usize::try_from(n - 1)
-            .ok()
-            .and_then(|k| out.get_mut(k))
-            .ok_or_else(|| StoreError::Corrupt(format!("batch row {n}")))?;
-        *slot = Some(item_from_row(row));
-    }
-    Ok(out)
-}
-
-/// Whether a coalesced statement failed before it could change anything: the
-/// database refused it (and rolled it back), or no pool connection was had to
-/// send it. Only then is its batch run again call by call; any other failure
-/// (the connection lost while the answer was read, a row that does not
-/// decode) may come after the commit.
-fn never_applied(e: &StoreError) -> bool {
-    matches!(
-        e,
-        StoreError::Database(
-            sqlx::Error::Database(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed
-        )
-    )
-}
-
-/// The failure of a coalesced statement, once more for another call of its
-/// batch (sqlx errors do not clone): a database failure stays one, a row that
-/// did not decode stays a corrupt row.
-fn for_each_call(e: &StoreError) -> StoreError {
-    match e {
-        StoreError::Database(_) => StoreError::Database(sqlx::Error::Protocol(e.to_string())),
-        _ => StoreError::Corrupt(e.to_string()),
-    }
-}
 
 /// A claim waiting in its queue's lane (PostgreSQL; see `coalesce`).
 pub(super) struct ClaimJob {
@@ -82,54 +32,9 @@ pub(super) struct ClaimJob {
     reply: oneshot::Sender<Result<Option<Item>, StoreError>>,
 }
 
-/// A settle, waiting in the settle lane on PostgreSQL (`reply` set) or run
-/// directly on SQLite.
-pub(super) struct SettleJob {
-    id: i64,
-    hash: String,
-    owner: Option<i64>,
-    state: SettleState,
-    result: Option<String>,
-    error: Option<String>,
-    reply: Option<oneshot::Sender<Result<(Item, bool), StoreError>>>,
-}
-
-impl SettleJob {
-    /// The state settled into, as stored.
-    fn state_name(&self) -> &'static str {
-        ItemState::from(self.state).as_str()
-    }
-
-    fn answer(self, out: Result<(Item, bool), StoreError>) {
-        if let Some(reply) = self.reply {
-            let _ = reply.send(out);
-        }
-    }
-}
-
-fn not_found(id: i64) -> StoreError {
-    StoreError::rejected(ErrorCode::NotFound, format!("item {id} does not exist"))
-}
-
-fn forbidden(id: i64) -> StoreError {
-    StoreError::rejected(
-        ErrorCode::Forbidden,
-        format!("item {id} is leased to another worker"),
-    )
-}
-
-fn rejection(code: ErrorCode, id: i64) -> StoreError {
-    let message = match code {
-        ErrorCode::ClaimLost => format!("the lease token is no longer current for item {id}"),
-        ErrorCode::StateConflict => format!("item {id} is no longer running"),
-        _ => format!("item {id}: {code}"),
-    };
-    StoreError::rejected(code, message)
-}
-
 impl Store {
     /// Adds an item to `queue` in state `open`. `payload` is stored as its
-    /// JSON text: a [`RawValue`] (what the HTTP path passes) exactly as
+    /// JSON text: a [`RawValue`](serde_json::value::RawValue) (what the HTTP path passes) exactly as
     /// written, a `Value` as compact JSON.
     ///
     /// # Errors
@@ -401,275 +306,43 @@ impl Store {
             "UPDATE items SET heartbeat_at = {{now}}, updated_at = {{now}}
              WHERE state = 'running' AND ($1 = 0 OR worker_id = $1)
                AND (id, token_hash) IN (VALUES {})
-             RETURNING id, token_hash, COALESCE(lease_ttl_ms, {ttl})",
+             RETURNING id, token_hash, COALESCE(lease_ttl_ms, {ttl}) AS ttl",
             pairs.join(", "),
             ttl = ms(self.settings.ttl_ms),
         ));
-        let mut q = sqlx::query_as::<_, (i64, String, i64)>(&sql).bind(owner.unwrap_or(0));
+        let mut q = sqlx::query(&sql).bind(owner.unwrap_or(0));
         for (id, hash) in leases {
             q = q.bind(*id).bind(hash);
         }
         let rows = q.fetch_all(&self.pool).await?;
         self.metrics.renewed(rows.len() as u64);
-        // Keyed by (id, token hash): a batch may name one item twice, once stale.
-        let renewed: std::collections::HashMap<(i64, String), i64> = rows
-            .into_iter()
-            .map(|(id, hash, ttl)| ((id, hash), ttl))
+        // Keyed by (id, token hash): a batch may name one item twice, once
+        // stale. A TTL that does not decode is answered with this instance's.
+        let mut renewed = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let ttl = get::<i64>(row, "ttl")
+                .ok()
+                .and_then(|t| u64::try_from(t).ok())
+                .unwrap_or(self.settings.ttl_ms);
+            renewed.insert(
+                (get::<i64>(row, "id")?, get::<String>(row, "token_hash")?),
+                ttl,
+            );
+        }
+        let ttl_of = |id: i64, hash: &String| renewed.get(&(id, hash.clone())).copied();
+        // Every lease not renewed, told in ONE read.
+        let missed: Vec<(i64, &str)> = leases
+            .iter()
+            .filter(|(id, hash)| ttl_of(*id, hash).is_none())
+            .map(|(id, hash)| (*id, hash.as_str()))
             .collect();
-        let mut out = Vec::with_capacity(leases.len());
-        for (id, hash) in leases {
-            out.push(match renewed.get(&(*id, hash.clone())) {
-                Some(ttl) => Ok(u64::try_from(*ttl).unwrap_or(self.settings.ttl_ms)),
-                None => Err(self.classify(*id, hash, owner).await),
-            });
-        }
-        Ok(out)
-    }
-
-    /// Settles `id` into `state`, storing `result` and `error`; releases the token.
-    /// A NUL character in `error` (which PostgreSQL's `TEXT` cannot hold) is stored
-    /// as U+FFFD on both backends, so a failure report is never lost to its content.
-    ///
-    /// Also says whether this was a replay (see `settled_before`),
-    /// which changed nothing and must not be counted again. `result` is
-    /// stored as it is written.
-    ///
-    /// # Errors
-    /// As [`Store::heartbeat`].
-    pub async fn settle_reporting(
-        &self,
-        id: i64,
-        token: &str,
-        owner: Option<i64>,
-        state: SettleState,
-        result: Option<&RawValue>,
-        error: Option<&str>,
-    ) -> Result<(Item, bool), StoreError> {
-        let result = result.map(|r| r.get().to_owned());
-        self.settle_text(id, token, owner, state, result, error)
-            .await
-    }
-
-    /// [`Store::settle_reporting`] with the result as JSON text.
-    async fn settle_text(
-        &self,
-        id: i64,
-        token: &str,
-        owner: Option<i64>,
-        state: SettleState,
-        result: Option<String>,
-        error: Option<&str>,
-    ) -> Result<(Item, bool), StoreError> {
-        let job = SettleJob {
-            id,
-            hash: tokens::hash(token),
-            owner,
-            state,
-            result,
-            error: error.map(|e| e.replace('\0', "\u{FFFD}")),
-            reply: None,
-        };
-        if self.backend == Backend::Postgres {
-            let (reply, answer) = oneshot::channel();
-            if self.settles.push(
-                &(),
-                SettleJob {
-                    reply: Some(reply),
-                    ..job
-                },
-            ) {
-                let store = self.clone();
-                tokio::spawn(async move { store.run_settles().await });
-            }
-            return answer
-                .await
-                .unwrap_or(Err(StoreError::Database(sqlx::Error::WorkerCrashed)));
-        }
-        let store = self.clone();
-        detached(async move { store.settle_one(&job).await }).await
-    }
-
-    /// [`Store::settle_reporting`] without the replay flag, the result given
-    /// as a `Value` (stored as compact JSON).
-    ///
-    /// # Errors
-    /// As [`Store::heartbeat`].
-    pub async fn settle(
-        &self,
-        id: i64,
-        token: &str,
-        owner: Option<i64>,
-        state: SettleState,
-        result: Option<&Value>,
-        error: Option<&str>,
-    ) -> Result<Item, StoreError> {
-        self.settle_text(id, token, owner, state, result.map(Value::to_string), error)
-            .await
-            .map(|(item, _)| item)
-    }
-
-    /// The single-row settle statement (see [`Store::settle`]).
-    async fn settle_one(&self, job: &SettleJob) -> Result<(Item, bool), StoreError> {
-        let sql = self.sql(&format!(
-            "UPDATE items SET state = $3, result = $4, last_error = $5, token_hash = NULL, lease_ttl_ms = NULL,
-                 settled_token_hash = $2, settled_by = worker_id, worker_id = NULL,
-                 heartbeat_at = NULL,
-                 updated_at = {{now}}
-             WHERE id = $1 AND state = 'running' AND token_hash = $2
-               AND ($6 = 0 OR worker_id = $6)
-             RETURNING {ITEM_COLS}"
-        ));
-        let row = sqlx::query(&sql)
-            .bind(job.id)
-            .bind(&job.hash)
-            .bind(job.state_name())
-            .bind(job.result.as_deref())
-            .bind(job.error.as_deref())
-            .bind(job.owner.unwrap_or(0))
-            .fetch_optional(&self.pool)
-            .await?;
-        match row {
-            Some(row) => {
-                self.metrics.settled(job.state);
-                Ok((item_from_row(&row)?, false))
-            }
-            None => self.settled_before(job).await.map(|item| (item, true)),
-        }
-    }
-
-    /// A settle that matched no running lease: when the same lease (token)
-    /// already settled the item with this very settle — same state, result
-    /// and error; the first was applied and its answer lost — it is answered
-    /// with the item, so the holder can retry a settle safely (an idempotent
-    /// retry, as with an idempotency key: the same key with other content is
-    /// refused). Otherwise the usual rejection (`claim_lost`,
-    /// `state_conflict`, …). Read-only: a replay changes nothing.
-    async fn settled_before(&self, job: &SettleJob) -> Result<Item, StoreError> {
-        // The same holder only: a worker's replay must come from the worker
-        // that settled (settle_one's owner fence), an operator's from anyone.
-        let sql = format!(
-            "SELECT {ITEM_COLS} FROM items
-             WHERE id = $1 AND settled_token_hash = $2 AND state = $3
-               AND ($4 = 0 OR settled_by = $4)"
-        );
-        let row = sqlx::query(&sql)
-            .bind(job.id)
-            .bind(&job.hash)
-            .bind(job.state_name())
-            .bind(job.owner.unwrap_or(0))
-            .fetch_optional(&self.pool)
-            .await?;
-        if let Some(row) = row {
-            let item = item_from_row(&row)?;
-            let same_result = match (&item.result, &job.result) {
-                (None, None) => true,
-                (Some(stored), Some(sent)) => same_json(stored.get(), sent),
-                _ => false,
-            };
-            if same_result && item.last_error == job.error {
-                return Ok(item);
-            }
-        }
-        Err(self.classify(job.id, &job.hash, job.owner).await)
-    }
-
-    /// Drains the settle lane (PostgreSQL): each batch is ONE statement whose
-    /// rows each carry the fence of one settle (id, token hash, holder), as
-    /// [`Store::settle_one`] does; a settle it did not apply is read again
-    /// alone to tell why (nothing was written for it). A batch whose statement
-    /// never applied (see `never_applied`) is retried settle by settle; any
-    /// other failure may come after the commit, and is every settle's answer
-    /// (a settle run again would find its own commit and be answered as a
-    /// replay, which it is not).
-    async fn run_settles(self) {
-        while let Some(batch) = self.settles.next(&(), coalesce::MAX_BATCH) {
-            if batch.len() == 1 {
-                for job in batch {
-                    let out = self.settle_one(&job).await;
-                    job.answer(out);
-                }
-                continue;
-            }
-            match self.settle_batch(&batch).await {
-                Ok(mut applied) => {
-                    self.coalesced
-                        .fetch_add(batch.len() as u64, Ordering::Relaxed);
-                    for (job, item) in batch.into_iter().zip(applied.drain(..)) {
-                        let out = match item {
-                            Some(item) => item.map(|item| (item, false)),
-                            None => self.settled_before(&job).await.map(|item| (item, true)),
-                        };
-                        job.answer(out);
-                    }
-                }
-                Err(e) if never_applied(&e) => {
-                    for job in batch {
-                        let out = self.settle_one(&job).await;
-                        job.answer(out);
-                    }
-                }
-                Err(e) => {
-                    for job in batch {
-                        job.answer(Err(for_each_call(&e)));
-                    }
-                }
-            }
-        }
-    }
-
-    async fn settle_batch(&self, batch: &[SettleJob]) -> Result<Vec<CallRow>, StoreError> {
-        let values: Vec<String> = (0..batch.len())
-            .map(|k| {
-                let p = 7 * k + 1;
-                format!(
-                    "(${p}::BIGINT, ${}::BIGINT, ${}::TEXT, ${}::TEXT, ${}::TEXT, ${}::TEXT, ${}::BIGINT)",
-                    p + 1,
-                    p + 2,
-                    p + 3,
-                    p + 4,
-                    p + 5,
-                    p + 6
-                )
+        let mut told = self.classify_many(&missed, owner).await.into_iter();
+        Ok(leases
+            .iter()
+            .map(|(id, hash)| {
+                ttl_of(*id, hash).ok_or_else(|| told.next().unwrap_or_else(|| not_found(*id)))
             })
-            .collect();
-        // One row per settle; a batch naming an item twice updates it once
-        // (PostgreSQL applies the first matching source row), and the other
-        // settle is classified afterwards, as if it had come second.
-        let sql = self.sql(&format!(
-            "UPDATE items AS i SET state = v.state, result = v.result, last_error = v.last_error,
-                 token_hash = NULL, lease_ttl_ms = NULL, settled_token_hash = v.hash,
-                 settled_by = i.worker_id,
-                 worker_id = NULL,
-                 heartbeat_at = NULL, updated_at = {{now}}
-             FROM (VALUES {values}) AS v(n, id, hash, state, result, last_error, owner)
-             WHERE i.id = v.id AND i.state = 'running' AND i.token_hash = v.hash
-               AND (v.owner = 0 OR i.worker_id = v.owner)
-             RETURNING v.n AS n, {cols}",
-            values = values.join(", "),
-            cols = qualified_item_cols(),
-        ));
-        let mut q = sqlx::query(&sql);
-        for (k, job) in batch.iter().enumerate() {
-            q = q
-                .bind(k as i64 + 1)
-                .bind(job.id)
-                .bind(&job.hash)
-                .bind(job.state_name())
-                .bind(job.result.as_deref())
-                .bind(job.error.as_deref())
-                .bind(job.owner.unwrap_or(0));
-        }
-        let rows = q.fetch_all(&self.pool).await?;
-        // Committed: one row per settle applied, counted by the call its `n`
-        // names whether or not the rest of the row decodes.
-        let applied = rows.iter().filter_map(|row| {
-            let n: i64 = get(row, "n").ok()?;
-            batch.get(usize::try_from(n - 1).ok()?)
-        });
-        for job in applied {
-            self.metrics.settled(job.state);
-        }
-        by_call(&rows, batch.len())
+            .collect())
     }
 
     /// Gives `id` back: it reopens (one attempt counted) or, at the cap, fails
@@ -973,29 +646,5 @@ impl Store {
             ))
         })
         .transpose()
-    }
-
-    /// Why a fenced write matched no row: compares the stored token hash in
-    /// constant time and applies [`fence_error`]; a current token of another
-    /// worker's lease (with `owner`) is `forbidden`.
-    async fn classify(&self, id: i64, hash: &str, owner: Option<i64>) -> StoreError {
-        let sql = "SELECT state, token_hash, worker_id FROM items WHERE id = $1";
-        type FenceRow = (String, Option<String>, Option<i64>);
-        let row: Result<Option<FenceRow>, _> = sqlx::query_as(sql)
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await;
-        match row {
-            Err(e) => e.into(),
-            Ok(None) => not_found(id),
-            Ok(Some((state, stored, holder))) => {
-                let current = stored.is_some_and(|s| ct_eq(&s, hash));
-                if current && owner.is_some() && holder != owner {
-                    return forbidden(id);
-                }
-                let state = ItemState::parse(&state).unwrap_or(ItemState::Failed);
-                rejection(fence_error(current, state), id)
-            }
-        }
     }
 }

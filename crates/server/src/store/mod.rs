@@ -6,10 +6,12 @@
 //! DATABASE clock inside the statement that uses it, never from this process.
 
 mod coalesce;
+mod fence;
 mod item;
 mod items;
 mod migrate;
 mod reap;
+mod settle;
 mod stats;
 mod workers;
 
@@ -170,9 +172,11 @@ pub struct Store {
     /// PostgreSQL: claims waiting for their queue's next claim statement.
     claims: Arc<coalesce::Lanes<String, items::ClaimJob>>,
     /// PostgreSQL: settles waiting for the next settle statement.
-    settles: Arc<coalesce::Lanes<(), items::SettleJob>>,
+    settles: Arc<coalesce::Lanes<(), settle::SettleJob>>,
     /// Calls that shared a statement with at least one other call.
     coalesced: Arc<AtomicU64>,
+    /// Connections handed back to the pool (see [`Store::pool_checkouts`]).
+    checkouts: Arc<AtomicU64>,
     /// Credential revocations this instance committed (see [`Store::revocations`]).
     revocations: Arc<Revocations>,
     /// This instance's metrics (see [`Store::metrics`]).
@@ -237,6 +241,8 @@ impl Store {
     pub async fn connect(database: &str, settings: Settings) -> Result<Store, StoreError> {
         sqlx::any::install_default_drivers();
         let (backend, url) = database_url(database);
+        let checkouts = Arc::new(AtomicU64::new(0));
+        let counted = checkouts.clone();
         let pool = AnyPoolOptions::new()
             .max_connections(match (backend, settings.pool_size) {
                 (Backend::Sqlite, 0) => 4,
@@ -249,6 +255,10 @@ impl Store {
             // statement instead, which fails with a database error (503) and
             // is dropped from the pool; clients retry as they do on any 5xx.
             .test_before_acquire(false)
+            .after_release(move |_, _| {
+                counted.fetch_add(1, Ordering::Relaxed);
+                Box::pin(async { Ok(true) })
+            })
             .after_connect(move |conn, _| {
                 Box::pin(async move {
                     if backend == Backend::Sqlite {
@@ -283,6 +293,7 @@ impl Store {
             claims: Arc::default(),
             settles: Arc::default(),
             coalesced: Arc::new(AtomicU64::new(0)),
+            checkouts,
             revocations: Arc::default(),
             metrics: Arc::default(),
         };
@@ -309,6 +320,14 @@ impl Store {
     /// at least one other call (PostgreSQL; see `coalesce`). Always 0 on SQLite.
     pub fn coalesced_calls(&self) -> u64 {
         self.coalesced.load(Ordering::Relaxed)
+    }
+
+    /// How many times a connection of this instance's pool was handed back
+    /// after use: one per statement sent on the pool, one per transaction
+    /// (tests count what a call costs with it; a connection goes back a
+    /// moment after the call returns, so read it once the pool is idle).
+    pub fn pool_checkouts(&self) -> u64 {
+        self.checkouts.load(Ordering::Relaxed)
     }
 
     /// The credential revocations (reuse detected, or a replay that revoked

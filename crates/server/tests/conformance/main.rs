@@ -4,6 +4,7 @@
 
 mod auth;
 mod common;
+mod fence;
 mod input;
 mod instances;
 mod lease;
@@ -55,6 +56,7 @@ conformance! {
     lease::an_item_is_redelivered_at_most_five_times_after_its_first_delivery,
     lease::lease_expiry_is_measured_only_on_the_database_clock,
     lease::concurrent_claims_and_settles_each_keep_their_own_outcome,
+    fence::a_batch_of_failed_heartbeats_is_classified_in_one_statement,
     listing::a_listing_page_stops_at_its_byte_budget_and_pages_return_payloads_byte_for_byte,
     auth::an_enrollment_token_used_twice_concurrently_enrolls_exactly_one_worker,
     auth::a_refresh_token_used_twice_leaves_exactly_one_valid_pair,

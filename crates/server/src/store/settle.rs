@@ -1,0 +1,343 @@
+//! Settling a lease: done, failed, blocked or paused, with the result as the
+//! JSON text the worker sent. On PostgreSQL concurrent settles share one
+//! statement (see `coalesce`); a settle sent again by the lease that settled
+//! the item is answered as a replay and changes nothing.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use agentstore_protocol::lease::{ItemState, SettleState};
+use serde_json::value::RawValue;
+use serde_json::Value;
+use sqlx::any::AnyRow;
+use tokio::sync::oneshot;
+
+use super::coalesce::{self, by_call, for_each_call, never_applied, CallRow};
+use super::fence::{distinct, not_found, placeholders, Fence};
+use super::item::{item_from_row, qualified_item_cols, same_json, Item, ITEM_COLS};
+use super::{detached, get, Backend, Store, StoreError};
+use crate::tokens::{self, ct_eq};
+
+/// A settle, waiting in the settle lane on PostgreSQL (`reply` set) or run
+/// directly on SQLite.
+pub(super) struct SettleJob {
+    id: i64,
+    hash: String,
+    owner: Option<i64>,
+    state: SettleState,
+    result: Option<String>,
+    error: Option<String>,
+    reply: Option<oneshot::Sender<Result<(Item, bool), StoreError>>>,
+}
+
+impl SettleJob {
+    /// The state settled into, as stored.
+    fn state_name(&self) -> &'static str {
+        ItemState::from(self.state).as_str()
+    }
+
+    fn answer(self, out: Result<(Item, bool), StoreError>) {
+        if let Some(reply) = self.reply {
+            let _ = reply.send(out);
+        }
+    }
+}
+
+impl Store {
+    /// Settles `id` into `state`, storing `result` and `error`; releases the token.
+    /// A NUL character in `error` (which PostgreSQL's `TEXT` cannot hold) is stored
+    /// as U+FFFD on both backends, so a failure report is never lost to its content.
+    ///
+    /// Also says whether this was a replay (see `settled_before`),
+    /// which changed nothing and must not be counted again. `result` is
+    /// stored as it is written.
+    ///
+    /// # Errors
+    /// As [`Store::heartbeat`].
+    pub async fn settle_reporting(
+        &self,
+        id: i64,
+        token: &str,
+        owner: Option<i64>,
+        state: SettleState,
+        result: Option<&RawValue>,
+        error: Option<&str>,
+    ) -> Result<(Item, bool), StoreError> {
+        let result = result.map(|r| r.get().to_owned());
+        self.settle_text(id, token, owner, state, result, error)
+            .await
+    }
+
+    /// [`Store::settle_reporting`] with the result as JSON text.
+    async fn settle_text(
+        &self,
+        id: i64,
+        token: &str,
+        owner: Option<i64>,
+        state: SettleState,
+        result: Option<String>,
+        error: Option<&str>,
+    ) -> Result<(Item, bool), StoreError> {
+        let job = SettleJob {
+            id,
+            hash: tokens::hash(token),
+            owner,
+            state,
+            result,
+            error: error.map(|e| e.replace('\0', "\u{FFFD}")),
+            reply: None,
+        };
+        if self.backend == Backend::Postgres {
+            let (reply, answer) = oneshot::channel();
+            if self.settles.push(
+                &(),
+                SettleJob {
+                    reply: Some(reply),
+                    ..job
+                },
+            ) {
+                let store = self.clone();
+                tokio::spawn(async move { store.run_settles().await });
+            }
+            return answer
+                .await
+                .unwrap_or(Err(StoreError::Database(sqlx::Error::WorkerCrashed)));
+        }
+        let store = self.clone();
+        detached(async move { store.settle_one(&job).await }).await
+    }
+
+    /// [`Store::settle_reporting`] without the replay flag, the result given
+    /// as a `Value` (stored as compact JSON).
+    ///
+    /// # Errors
+    /// As [`Store::heartbeat`].
+    pub async fn settle(
+        &self,
+        id: i64,
+        token: &str,
+        owner: Option<i64>,
+        state: SettleState,
+        result: Option<&Value>,
+        error: Option<&str>,
+    ) -> Result<Item, StoreError> {
+        self.settle_text(id, token, owner, state, result.map(Value::to_string), error)
+            .await
+            .map(|(item, _)| item)
+    }
+
+    /// The single-row settle statement (see [`Store::settle`]).
+    async fn settle_one(&self, job: &SettleJob) -> Result<(Item, bool), StoreError> {
+        let sql = self.sql(&format!(
+            "UPDATE items SET state = $3, result = $4, last_error = $5, token_hash = NULL, lease_ttl_ms = NULL,
+                 settled_token_hash = $2, settled_by = worker_id, worker_id = NULL,
+                 heartbeat_at = NULL,
+                 updated_at = {{now}}
+             WHERE id = $1 AND state = 'running' AND token_hash = $2
+               AND ($6 = 0 OR worker_id = $6)
+             RETURNING {ITEM_COLS}"
+        ));
+        let row = sqlx::query(&sql)
+            .bind(job.id)
+            .bind(&job.hash)
+            .bind(job.state_name())
+            .bind(job.result.as_deref())
+            .bind(job.error.as_deref())
+            .bind(job.owner.unwrap_or(0))
+            .fetch_optional(&self.pool)
+            .await?;
+        match row {
+            Some(row) => {
+                self.metrics.settled(job.state);
+                Ok((item_from_row(&row)?, false))
+            }
+            None => self.settled_before(job).await.map(|item| (item, true)),
+        }
+    }
+
+    /// A settle that matched no running lease (see [`replay_or_rejection`]).
+    async fn settled_before(&self, job: &SettleJob) -> Result<Item, StoreError> {
+        self.settled_before_many(&[job])
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(not_found(job.id)))
+    }
+
+    /// Settles that matched no running lease, each answered by
+    /// [`replay_or_rejection`], from ONE read of every item they name.
+    async fn settled_before_many(&self, jobs: &[&SettleJob]) -> Vec<Result<Item, StoreError>> {
+        if jobs.is_empty() {
+            return Vec::new();
+        }
+        let ids = distinct(jobs.iter().map(|job| job.id));
+        let sql = format!(
+            "SELECT {ITEM_COLS}, token_hash, settled_token_hash, settled_by
+             FROM items WHERE id IN ({})",
+            placeholders(1, ids.len())
+        );
+        let mut q = sqlx::query(&sql);
+        for id in &ids {
+            q = q.bind(*id);
+        }
+        let rows = match q.fetch_all(&self.pool).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                let e = StoreError::from(e);
+                return jobs.iter().map(|_| Err(for_each_call(&e))).collect();
+            }
+        };
+        let mut by_id = HashMap::new();
+        for row in &rows {
+            match get::<i64>(row, "id") {
+                Ok(id) => by_id.insert(id, row),
+                Err(e) => return jobs.iter().map(|_| Err(for_each_call(&e))).collect(),
+            };
+        }
+        jobs.iter()
+            .map(|job| match by_id.get(&job.id) {
+                Some(row) => replay_or_rejection(job, row),
+                None => Err(not_found(job.id)),
+            })
+            .collect()
+    }
+
+    /// Drains the settle lane (PostgreSQL): each batch is ONE statement whose
+    /// rows each carry the fence of one settle (id, token hash, holder), as
+    /// [`Store::settle_one`] does; the settles it did not apply are read
+    /// again, together in one statement, to tell why (nothing was written
+    /// for them). A batch whose statement
+    /// never applied (see `never_applied`) is retried settle by settle; any
+    /// other failure may come after the commit, and is every settle's answer
+    /// (a settle run again would find its own commit and be answered as a
+    /// replay, which it is not).
+    async fn run_settles(self) {
+        while let Some(batch) = self.settles.next(&(), coalesce::MAX_BATCH) {
+            if batch.len() == 1 {
+                for job in batch {
+                    let out = self.settle_one(&job).await;
+                    job.answer(out);
+                }
+                continue;
+            }
+            match self.settle_batch(&batch).await {
+                Ok(applied) => {
+                    self.coalesced
+                        .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                    // Every settle not applied, told in one read.
+                    let missed: Vec<&SettleJob> = batch
+                        .iter()
+                        .zip(&applied)
+                        .filter_map(|(job, item)| item.is_none().then_some(job))
+                        .collect();
+                    let mut told = self.settled_before_many(&missed).await.into_iter();
+                    for (job, item) in batch.into_iter().zip(applied) {
+                        let out = match item {
+                            Some(item) => item.map(|item| (item, false)),
+                            None => told
+                                .next()
+                                .unwrap_or_else(|| Err(not_found(job.id)))
+                                .map(|item| (item, true)),
+                        };
+                        job.answer(out);
+                    }
+                }
+                Err(e) if never_applied(&e) => {
+                    for job in batch {
+                        let out = self.settle_one(&job).await;
+                        job.answer(out);
+                    }
+                }
+                Err(e) => {
+                    for job in batch {
+                        job.answer(Err(for_each_call(&e)));
+                    }
+                }
+            }
+        }
+    }
+
+    async fn settle_batch(&self, batch: &[SettleJob]) -> Result<Vec<CallRow>, StoreError> {
+        let values: Vec<String> = (0..batch.len())
+            .map(|k| {
+                let p = 7 * k + 1;
+                format!(
+                    "(${p}::BIGINT, ${}::BIGINT, ${}::TEXT, ${}::TEXT, ${}::TEXT, ${}::TEXT, ${}::BIGINT)",
+                    p + 1,
+                    p + 2,
+                    p + 3,
+                    p + 4,
+                    p + 5,
+                    p + 6
+                )
+            })
+            .collect();
+        // One row per settle; a batch naming an item twice updates it once
+        // (PostgreSQL applies the first matching source row), and the other
+        // settle is classified afterwards, as if it had come second.
+        let sql = self.sql(&format!(
+            "UPDATE items AS i SET state = v.state, result = v.result, last_error = v.last_error,
+                 token_hash = NULL, lease_ttl_ms = NULL, settled_token_hash = v.hash,
+                 settled_by = i.worker_id,
+                 worker_id = NULL,
+                 heartbeat_at = NULL, updated_at = {{now}}
+             FROM (VALUES {values}) AS v(n, id, hash, state, result, last_error, owner)
+             WHERE i.id = v.id AND i.state = 'running' AND i.token_hash = v.hash
+               AND (v.owner = 0 OR i.worker_id = v.owner)
+             RETURNING v.n AS n, {cols}",
+            values = values.join(", "),
+            cols = qualified_item_cols(),
+        ));
+        let mut q = sqlx::query(&sql);
+        for (k, job) in batch.iter().enumerate() {
+            q = q
+                .bind(k as i64 + 1)
+                .bind(job.id)
+                .bind(&job.hash)
+                .bind(job.state_name())
+                .bind(job.result.as_deref())
+                .bind(job.error.as_deref())
+                .bind(job.owner.unwrap_or(0));
+        }
+        let rows = q.fetch_all(&self.pool).await?;
+        // Committed: one row per settle applied, counted by the call its `n`
+        // names whether or not the rest of the row decodes.
+        let applied = rows.iter().filter_map(|row| {
+            let n: i64 = get(row, "n").ok()?;
+            batch.get(usize::try_from(n - 1).ok()?)
+        });
+        for job in applied {
+            self.metrics.settled(job.state);
+        }
+        by_call(&rows, batch.len())
+    }
+}
+
+/// A settle that matched no running lease, judged from its item's row: when
+/// the same lease (token) already settled the item with this very settle —
+/// same state, result and error; the first was applied and its answer lost —
+/// it is answered with the item, so the holder can retry a settle safely (an
+/// idempotent retry, as with an idempotency key: the same key with other
+/// content is refused). Otherwise the usual rejection (`claim_lost`,
+/// `state_conflict`, …). Read-only: a replay changes nothing.
+fn replay_or_rejection(job: &SettleJob, row: &AnyRow) -> Result<Item, StoreError> {
+    let settled: Option<String> = get(row, "settled_token_hash")?;
+    let settled_by: Option<i64> = get(row, "settled_by")?;
+    let state: String = get(row, "state")?;
+    // The same holder only: a worker's replay must come from the worker
+    // that settled (settle_one's owner fence), an operator's from anyone.
+    let same_lease = settled.as_deref().is_some_and(|s| ct_eq(s, &job.hash))
+        && state == job.state_name()
+        && (job.owner.is_none() || settled_by == job.owner);
+    if same_lease {
+        let item = item_from_row(row)?;
+        let same_result = match (&item.result, &job.result) {
+            (None, None) => true,
+            (Some(stored), Some(sent)) => same_json(stored.get(), sent),
+            _ => false,
+        };
+        if same_result && item.last_error == job.error {
+            return Ok(item);
+        }
+    }
+    Err(Fence::from_row(row)?.rejection(job.id, &job.hash, job.owner))
+}
