@@ -45,6 +45,7 @@ pub fn state(config: &Config, store: Store) -> AppState {
         auth_cache: Arc::default(),
         claim_limiter: Arc::new(RateLimiter::new(config.claim_rate)),
         auth_limiter: Arc::new(RateLimiter::new(config.auth_rate)),
+        beacon_limiter: Arc::new(RateLimiter::new(config.auth_rate)),
         idle_retry_ms: config.idle_retry_ms,
     }
 }

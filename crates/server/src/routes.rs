@@ -12,7 +12,7 @@ use agentstore_protocol::lease::{
 use agentstore_protocol::{ErrorBody, ErrorCode};
 use axum::extract::{ConnectInfo, FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -20,9 +20,9 @@ use axum::{Json, Router};
 use crate::auth::{caller_from, Admin, Caller};
 use crate::error::ApiError;
 use crate::extract::{item_id, queue_name, JsonBody};
-use crate::ratelimit::retry_after_secs;
+use crate::ratelimit::{retry_after_secs, RateLimiter};
 use crate::state::AppState;
-use crate::store::{Claimed, Item, ItemPage};
+use crate::store::{claim_lost, Claimed, Item, ItemPage};
 use crate::wire::{EnqueueBody, SettleBody};
 
 /// Most re-deliveries an item may be given.
@@ -109,6 +109,16 @@ fn client_ip(parts: &Parts) -> IpAddr {
         .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0.ip())
 }
 
+/// Takes one request of the client's address from `limiter`, else `429
+/// rate_limited` with `Retry-After`.
+fn admit(limiter: &RateLimiter<IpAddr>, parts: &Parts, what: &str) -> Result<(), ApiError> {
+    limiter.check(&client_ip(parts)).map_err(|wait| {
+        let mut e = ApiError::new(ErrorCode::RateLimited, format!("too many {what}"));
+        e.retry_after_s = Some(retry_after_secs(wait));
+        e
+    })
+}
+
 /// Admission to an unauthenticated endpoint (enroll, refresh): at most
 /// `--auth-rate` per client address, else `429 rate_limited` with `Retry-After`,
 /// decided before the body is read or the database is touched.
@@ -119,14 +129,34 @@ impl FromRequestParts<AppState> for Throttled {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, st: &AppState) -> Result<Throttled, ApiError> {
-        st.auth_limiter
-            .check(&client_ip(parts))
-            .map(|()| Throttled)
-            .map_err(|wait| {
-                let mut e = ApiError::new(ErrorCode::RateLimited, "too many credential requests");
-                e.retry_after_s = Some(retry_after_secs(wait));
-                e
-            })
+        admit(&st.auth_limiter, parts, "credential requests").map(|()| Throttled)
+    }
+}
+
+/// Who releases: a caller with an `Authorization` header (which must be
+/// valid, and then its role rules apply), or a tokenless beacon
+/// (`navigator.sendBeacon` cannot set headers), whose lease token in the
+/// body is the only credential. A beacon is admitted like enroll: at most
+/// `--auth-rate` per client address (a bucket of its own), decided before
+/// the body is read or the database is touched.
+#[derive(Debug, Clone)]
+pub enum Releaser {
+    /// Authenticated.
+    Caller(Caller),
+    /// No `Authorization` header.
+    Beacon,
+}
+
+impl FromRequestParts<AppState> for Releaser {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, st: &AppState) -> Result<Releaser, ApiError> {
+        match caller_from(st, &parts.headers).await? {
+            Some(caller) => Ok(Releaser::Caller(caller)),
+            None => {
+                admit(&st.beacon_limiter, parts, "tokenless releases").map(|()| Releaser::Beacon)
+            }
+        }
     }
 }
 
@@ -356,20 +386,28 @@ fn replay_marked(answer: impl IntoResponse, replayed: bool) -> Response {
 }
 
 /// Release also serves `navigator.sendBeacon`, which cannot set headers: the
-/// lease token in the body is the credential then. A present `Authorization`
-/// header must still be valid, and then its role rules apply.
+/// lease token in the body is the credential then (see [`Releaser`]). Without
+/// credentials, a missing item is answered as a wrong token is (`409
+/// claim_lost`, in one read either way), so a beacon cannot tell which ids
+/// exist.
 async fn release(
     State(st): State<AppState>,
-    headers: HeaderMap,
+    releaser: Releaser,
     Path(id): Path<String>,
     JsonBody(req): JsonBody<TokenRequest>,
 ) -> Result<Response, ApiError> {
     let id = item_id(&id)?;
-    let owner = match caller_from(&st, &headers).await? {
-        Some(caller) => caller.lease_owner()?,
-        None => None,
+    let owner = match &releaser {
+        Releaser::Caller(caller) => caller.lease_owner()?,
+        Releaser::Beacon => None,
     };
-    let (item, replayed) = st.store.release_reporting(id, &req.token, owner).await?;
+    let released = st.store.release_reporting(id, &req.token, owner).await;
+    let (item, replayed) = match (released, releaser) {
+        (Err(e), Releaser::Beacon) if e.code() == Some(ErrorCode::NotFound) => {
+            return Err(claim_lost(id).into());
+        }
+        (outcome, _) => outcome?,
+    };
     if replayed {
         // Only that it was released: the item may have moved on (claimed,
         // settled by another worker), and a released token is no read key.

@@ -22,6 +22,10 @@ pub struct AppState {
     pub claim_limiter: Arc<RateLimiter<i64>>,
     /// Enroll/refresh limit, per client address (per instance).
     pub auth_limiter: Arc<RateLimiter<IpAddr>>,
+    /// Tokenless release (beacon) limit, per client address (per instance):
+    /// `--auth-rate` too, in a bucket of its own, so that the beacons of a
+    /// page being closed never hold back the next page's enroll or refresh.
+    pub beacon_limiter: Arc<RateLimiter<IpAddr>>,
     /// `Retry-After` of an empty claim (ms).
     pub idle_retry_ms: u64,
     /// This instance's metrics (its own registry).

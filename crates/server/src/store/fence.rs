@@ -41,6 +41,13 @@ pub(super) fn rejection(code: ErrorCode, id: i64) -> StoreError {
     StoreError::rejected(code, message)
 }
 
+/// `claim_lost` for item `id`: also the answer to a tokenless release of a
+/// missing item, so that only a holder of the token learns anything (see
+/// `routes::release`).
+pub(crate) fn claim_lost(id: i64) -> StoreError {
+    rejection(ErrorCode::ClaimLost, id)
+}
+
 /// What decides a fence: the stored state, token hash and holder.
 #[derive(Debug, Clone)]
 pub(super) struct Fence {

@@ -25,6 +25,18 @@ use crate::tokens::{self, ct_eq};
 /// counters and field names in the answer), besides its texts.
 const ITEM_OVERHEAD_BYTES: u64 = 256;
 
+/// What a release reads first (see [`Store::read_lease`]).
+struct LeaseRead {
+    item: LeaseItem,
+    token_hash: Option<String>,
+    holder: Option<i64>,
+    /// The token hash of the lease that last released the item, and its holder.
+    released_hash: Option<String>,
+    released_by: Option<i64>,
+    now_ms: i64,
+    ttl_ms: u64,
+}
+
 /// A claim waiting in its queue's lane (PostgreSQL; see `coalesce`).
 pub(super) struct ClaimJob {
     worker_id: Option<i64>,
@@ -389,20 +401,28 @@ impl Store {
         hash: &str,
         owner: Option<i64>,
     ) -> Result<(Item, bool), StoreError> {
-        let Some((item, stored, holder, now, ttl)) = self.read_lease(id).await? else {
+        let Some(read) = self.read_lease(id).await? else {
             return Err(not_found(id));
         };
+        let item = read.item;
         // Decide with the pure rules first; the UPDATE below repeats the fence
         // atomically (token and epoch as read), so a concurrent change wins.
-        let current = stored.is_some_and(|s| ct_eq(&s, hash));
-        if current && owner.is_some() && holder != owner {
+        let current = read.token_hash.is_some_and(|s| ct_eq(&s, hash));
+        if current && owner.is_some() && read.holder != owner {
             return Err(forbidden(id));
         }
-        if let Err(code) = item.apply(LeaseEvent::Release, current, now, ttl) {
-            return match self.released_before(id, hash, owner).await? {
-                Some(item) => Ok((item, true)),
-                None => Err(rejection(code, id)),
-            };
+        if let Err(code) = item.apply(LeaseEvent::Release, current, read.now_ms, read.ttl_ms) {
+            // Read again only for the lease that released the item (a
+            // replay): any other token is refused from the one read, as a
+            // missing item is (a tokenless caller learns nothing from time).
+            let released_by_this = read.released_hash.is_some_and(|s| ct_eq(&s, hash))
+                && (owner.is_none() || read.released_by == owner);
+            if released_by_this {
+                if let Some(item) = self.released_before(id, hash, owner).await? {
+                    return Ok((item, true));
+                }
+            }
+            return Err(rejection(code, id));
         }
         let (state, attempts, reason) = end_attempt(item.attempts, item.max_redeliveries);
         let reason = if state == ItemState::Open {
@@ -621,13 +641,12 @@ impl Store {
         })
     }
 
-    /// Reads the lease part of an item, its token hash and the database clock.
-    async fn read_lease(
-        &self,
-        id: i64,
-    ) -> Result<Option<(LeaseItem, Option<String>, Option<i64>, i64, u64)>, StoreError> {
+    /// Reads the lease part of an item, its token hash and holder, who
+    /// released it last, and the database clock, in one statement.
+    async fn read_lease(&self, id: i64) -> Result<Option<LeaseRead>, StoreError> {
         let sql = self.sql(
             "SELECT state, epoch, attempts, max_redeliveries, heartbeat_at, token_hash, worker_id,
+                    released_token_hash, released_by,
                     COALESCE(lease_ttl_ms, $2) AS ttl_ms, {now} AS now_ms
              FROM items WHERE id = $1",
         );
@@ -637,13 +656,15 @@ impl Store {
             .fetch_optional(&self.pool)
             .await?;
         row.map(|r| {
-            Ok((
-                lease_item_from_row(&r)?,
-                get(&r, "token_hash")?,
-                get(&r, "worker_id")?,
-                get(&r, "now_ms")?,
-                to_u64(get(&r, "ttl_ms")?, "lease_ttl_ms")?,
-            ))
+            Ok(LeaseRead {
+                item: lease_item_from_row(&r)?,
+                token_hash: get(&r, "token_hash")?,
+                holder: get(&r, "worker_id")?,
+                released_hash: get(&r, "released_token_hash")?,
+                released_by: get(&r, "released_by")?,
+                now_ms: get(&r, "now_ms")?,
+                ttl_ms: to_u64(get(&r, "ttl_ms")?, "lease_ttl_ms")?,
+            })
         })
         .transpose()
     }

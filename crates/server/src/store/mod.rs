@@ -15,6 +15,7 @@ mod settle;
 mod stats;
 mod workers;
 
+pub(crate) use fence::claim_lost;
 pub use item::{Claimed, Item, ItemPage, RawJson};
 pub use migrate::{migrate, pending, MIGRATIONS};
 pub use reap::{ExpiredClaim, UNREADABLE_REASON};

@@ -283,3 +283,26 @@ where
     }
     out
 }
+
+/// Statements `call` sent on `store`'s pool: connections handed back, read
+/// once the pool is idle again (a connection goes back a moment after the
+/// call returns). Bounded.
+pub async fn statements<T>(store: &Store, call: impl std::future::Future<Output = T>) -> (T, u64) {
+    until_idle(store).await;
+    let before = store.pool_checkouts();
+    let out = call.await;
+    until_idle(store).await;
+    (out, store.pool_checkouts() - before)
+}
+
+pub async fn until_idle(store: &Store) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let pool = store.pool();
+    while pool.num_idle() != pool.size() as usize {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pool never went idle"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}

@@ -6,32 +6,11 @@ use std::time::{Duration, Instant};
 
 use agentstore_protocol::lease::SettleState;
 use agentstore_protocol::ErrorCode;
-use agentstore_server::Store;
 use serde_json::json;
 
-use crate::common::{ttl, TestDb};
+use crate::common::{statements, ttl, TestDb};
 
 const LONG: u64 = 60_000;
-
-/// Statements `call` sent on `store`'s pool: connections handed back, read
-/// once the pool is idle again (a connection goes back a moment after the
-/// call returns). Bounded.
-async fn statements<T>(store: &Store, call: impl std::future::Future<Output = T>) -> (T, u64) {
-    until_idle(store).await;
-    let before = store.pool_checkouts();
-    let out = call.await;
-    until_idle(store).await;
-    (out, store.pool_checkouts() - before)
-}
-
-async fn until_idle(store: &Store) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let pool = store.pool();
-    while pool.num_idle() != pool.size() as usize {
-        assert!(Instant::now() < deadline, "the pool never went idle");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
 
 fn codes(outcomes: &[Result<u64, agentstore_server::StoreError>]) -> Vec<Option<ErrorCode>> {
     outcomes
