@@ -155,7 +155,7 @@ export AGENTSTORE_TEST_ADMIN_TOKEN="agentstore-lease-test-admin"
 "${CARGO_TARGET_DIR:-target}/debug/agentstore-server" --listen "127.0.0.1:$LEASE_PORT" \
   --database "$LEASE_DIR/leases.sqlite" --admin-token "$AGENTSTORE_TEST_ADMIN_TOKEN" \
   --allow-origin 'http://127.0.0.1:*' --ttl-ms 3000 --heartbeat-ms 500 --reaper-ms 200 \
-  --claim-rate 1000/s --idle-retry-ms 100 --www "$LEASE_DIR" --pkg "$LEASE_DIR" \
+  --claim-rate 1000/s --auth-rate 1000/s --idle-retry-ms 100 --www "$LEASE_DIR" --pkg "$LEASE_DIR" \
   >"$LEASE_DIR/server.log" 2>&1 &
 LEASE_PID=$!
 trap 'kill "$LEASE_PID" 2>/dev/null || true; rm -rf "$LEASE_DIR"' EXIT

@@ -37,7 +37,7 @@ async function startServer() {
   server = spawn(BIN, [
     '--listen', `127.0.0.1:${port}`, '--database', join(dir, 'leases.sqlite'), '--admin-token', ADMIN,
     '--ttl-ms', String(TTL_MS), '--heartbeat-ms', '500', '--reaper-ms', '200',
-    '--claim-rate', '1000/s', '--idle-retry-ms', '100', '--www', join(dir, 'www'), '--pkg', PKG,
+    '--claim-rate', '1000/s', '--auth-rate', '1000/s', '--idle-retry-ms', '100', '--www', join(dir, 'www'), '--pkg', PKG,
   ], { stdio: 'ignore' });
   const until = Date.now() + 20_000;
   while (Date.now() < until) {
