@@ -32,18 +32,16 @@ export function requestLock(name, waitMs) {
   const options = {};
   if (waitMs <= 0) options.ifAvailable = true;
   else if (Number.isFinite(waitMs)) options.signal = controller.signal;
+  let locks;
   try {
-    const locks = navigator.locks;
-    if (!locks) return undefined;
-    const p = locks.request(name, options, (lock) => {
-      const held = lock != null && !gaveUp;
-      grant(held);
-      return held ? hold : undefined;
-    });
-    if (p && typeof p.catch === 'function') p.catch(() => grant(false));
+    locks = navigator.locks;
   } catch (e) {
     return undefined;
   }
+  if (!locks) return undefined;
+  // Armed before the request is issued: once it is, nothing below may throw
+  // (Rust would read "no Web Locks", and a lock granted later would be held
+  // for the page's life).
   if (waitMs > 0 && Number.isFinite(waitMs)) {
     setTimeout(() => {
       gaveUp = true;
@@ -51,6 +49,22 @@ export function requestLock(name, waitMs) {
       controller.abort();
       grant(false);
     }, lockWaitTimer(waitMs));
+  }
+  let p;
+  try {
+    p = locks.request(name, options, (lock) => {
+      const held = lock != null && !gaveUp;
+      grant(held);
+      return held ? hold : undefined;
+    });
+  } catch (e) {
+    // Not issued.
+    return undefined;
+  }
+  try {
+    if (p && typeof p.catch === 'function') p.catch(() => grant(false));
+  } catch (e) {
+    // A polyfill's odd Promise: the wait armed above still ends the request.
   }
   return [granted, unlock];
 }

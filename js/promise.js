@@ -239,3 +239,12 @@ export function raceAbort(promise, signal, marker) {
   out.then(stop, stop);
   return out;
 }
+
+/**
+ * Whether `v` is a string of at most `max` characters, all ASCII (what a
+ * `listBy` cursor is): checked before the string is copied into wasm
+ * memory, where a non-ASCII string would take up to 3 bytes per unit.
+ */
+export function isAsciiUpTo(v, max) {
+  return typeof v === 'string' && v.length <= max && /^[\x00-\x7f]*$/.test(v);
+}

@@ -263,21 +263,22 @@ async fn an_index_key_path_reads_own_fields_only_as_indexeddb_does() {
     let proto = js_sys::Object::get_prototype_of(&js_sys::Object::new());
     let field = JsValue::from_str("team");
     js_sys::Reflect::set(&proto, &field, &JsValue::from_str("red")).unwrap();
+    // Nothing panics before the prototype is restored (a panic would leave
+    // it polluted for the rest of the page's tests).
     let outcome = async {
         store
             .put(&js(json!({"_id": "a", "recordType": "run"})))
-            .await
-            .unwrap();
-        let v = store.verify_indexes().await.unwrap();
+            .await?;
+        let v = store.verify_indexes().await?;
         let clean = v.missing.is_empty() && v.orphaned.is_empty() && v.stale.is_empty();
-        let q = ByQuery::from_js(&js(json!({"eq": "red"}))).unwrap();
-        let listed = store.list_by("byTeam", &q).await.unwrap().records.length();
-        store.rebuild_indexes(7, true, None, None).await.unwrap();
-        (clean, listed, store.dump_entries().await.unwrap())
+        let q = ByQuery::from_js(&js(json!({"eq": "red"})))?;
+        let listed = store.list_by("byTeam", &q).await?.records.length();
+        store.rebuild_indexes(7, true, None, None).await?;
+        Ok::<_, agentstore::error::StoreError>((clean, listed, store.dump_entries().await?))
     }
     .await;
     js_sys::Reflect::delete_property(&proto, &field).unwrap();
-    let (clean, listed, entries) = outcome;
+    let (clean, listed, entries) = outcome.map_err(|e| e.message()).unwrap();
     assert!(clean, "verifyIndexes reports nothing");
     assert_eq!(listed, 0, "no own team: no entry");
     assert_eq!(entries, "[]", "a rebuild adds none either");

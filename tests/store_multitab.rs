@@ -44,9 +44,16 @@ async fn an_upgrade_from_another_connection_closes_this_one_and_notifies() {
         .await
         .unwrap();
     assert_eq!(told.get(), 1, "onVersionChange called once");
-    assert_eq!(
-        old.get(&s("kept")).await.unwrap_err().code(),
-        ErrorCode::Closed
+    let closed = old.get(&s("kept")).await.unwrap_err();
+    assert_eq!(closed.code(), ErrorCode::Closed);
+    // A close() after the upgrade closed it (an onVersionChange that closes
+    // the store) keeps the reason that says why.
+    old.close();
+    let closed = old.get(&s("kept")).await.unwrap_err();
+    assert!(
+        closed.message().contains("another tab"),
+        "{}",
+        closed.message()
     );
     assert!(
         newer.get(&s("kept")).await.unwrap().is_some(),

@@ -915,8 +915,9 @@ async fn with_js_store(body: &str) -> JsValue {
 
 /// A record at the last revision generation (2^53-1, which an import may
 /// bring) has no next revision: `putMany` and `deleteMany` report it in
-/// `failures` at its position, as any refused member, and write nothing.
-/// Before, the batch failed with a ValidationError without `failures`.
+/// `failures` at its position and write nothing, with a ValidationError as
+/// `put` and `delete` of it (no retry can succeed). Before, the batch
+/// failed with a ValidationError without `failures`.
 #[wasm_bindgen_test]
 async fn a_batch_member_at_the_last_revision_generation_is_a_failure_at_its_position() {
     let body = "return (async () => {
@@ -926,11 +927,15 @@ async fn a_batch_member_at_the_last_revision_generation_is_a_failure_at_its_posi
         const b = await s.put({ _id: 'b' });
         const put = await s.putMany([{ _id: 'x' }, { _id: 'm', _rev: rev }]).then(() => null, (e) => e);
         const del = await s.deleteMany([{ id: 'b', rev: b.rev }, { id: 'm', rev }]).then(() => null, (e) => e);
-        const at = (e) => e && e.failures ? e.failures.map((f) => f.index + ':' + f.id).join(',') : String(e);
+        const at = (e) => e && e.failures ? e.name + ' ' + e.failures.map((f) => f.index + ':' + f.id).join(',') : String(e);
         return [at(put), at(del), String(await s.get('x')), (await s.get('b'))._rev === b.rev, (await s.get('m'))._rev === rev].join(' ');
     })();";
     let out = with_js_store(body).await;
-    assert_eq!(out.as_string().as_deref(), Some("1:m 1:m null true true"));
+    assert_eq!(
+        out.as_string().as_deref(),
+        Some("ValidationError 1:m ValidationError 1:m null true true"),
+        "no retry can succeed: not a ConflictError"
+    );
 }
 
 /// A NotFoundError names the id exactly as given, as a ConflictError does
@@ -972,6 +977,8 @@ async fn a_string_argument_too_long_to_be_one_is_refused_before_it_is_copied_int
         out.listByPrefix = await settle(() => s.listBy('byType', {{ prefix: big }}));
         out.listByName = await settle(() => s.listBy(big));
         out.listByAfter = await settle(() => s.listBy('byType', {{ after: 'i1.' + big }}));
+        // Within the cursor's length bound, but not ASCII (up to 3 bytes a unit).
+        out.listByAfterWide = await settle(() => s.listBy('byType', {{ after: String.fromCharCode(233).repeat(1 << 20) }}));
         out.openName = await settle(() => s.constructor.open(big));
         out.indexName = await settle(() => s.constructor.open('never', {{ indexes: [{{ name: big, keys: ['a'] }}] }}));
         out.legacyId = await settle(() => s.importPouchDump('', {{ legacyIndexId: big }}));
@@ -1002,6 +1009,7 @@ async fn a_string_argument_too_long_to_be_one_is_refused_before_it_is_copied_int
         "listByPrefix",
         "listByName",
         "listByAfter",
+        "listByAfterWide",
         "openName",
         "indexName",
         "legacyId",

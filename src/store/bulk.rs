@@ -200,18 +200,22 @@ impl Store {
             .with_indexes(&tx, read_many(&tx, dels.iter().map(|d| &d.id)))
             .await?;
         let mut revs = Vec::with_capacity(dels.len());
+        let mut exhausted = false;
         for (index, (d, (current, _))) in dels.iter().zip(&currents).enumerate() {
             match decide_delete(current, &d.expected) {
                 Ok(base) => match tombstone_rev(base, &d.digest) {
                     Ok(rev) => revs.push(rev),
                     // At the last generation (2^53-1, an imported revision).
-                    Err(e) => failures.push(BatchFailure {
-                        index,
-                        id: d.id.clone().into(),
-                        message: e.message(),
-                        expected_rev: Some(d.expected.text()),
-                        current_rev: Some(base.text()),
-                    }),
+                    Err(e) => {
+                        exhausted = true;
+                        failures.push(BatchFailure {
+                            index,
+                            id: d.id.clone().into(),
+                            message: e.message(),
+                            expected_rev: Some(d.expected.text()),
+                            current_rev: Some(base.text()),
+                        })
+                    }
                 },
                 Err(e) => failures.push(BatchFailure {
                     index,
@@ -232,7 +236,7 @@ impl Store {
         }
         if !failures.is_empty() {
             // Nothing was written; the transaction ends empty.
-            return Err(StoreError::BatchConflict { failures });
+            return Err(super::batch_refused(failures, exhausted));
         }
         let tombs = tx.store(TOMBSTONES)?;
         let records = tx.store(RECORDS)?;

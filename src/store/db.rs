@@ -130,15 +130,16 @@ impl Db {
     /// # Errors
     /// ClosedError after `close()` or a `versionchange`.
     pub fn check_open(&self) -> Result<()> {
-        if let Some(why) = self.closed.borrow().as_ref() {
-            return Err(StoreError::Closed(why.clone()));
-        }
         // js/promise.js's `versionchange` handler closes the connection and
-        // sets the handler back to null.
+        // sets the handler back to null. Looked at first: a `close()` after
+        // it (an `onVersionChange` that closes the store) keeps its reason.
         if self.raw.onversionchange().is_none() {
             return Err(StoreError::Closed(
                 "another tab upgraded or deleted the database".into(),
             ));
+        }
+        if let Some(why) = self.closed.borrow().as_ref() {
+            return Err(StoreError::Closed(why.clone()));
         }
         Ok(())
     }

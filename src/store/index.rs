@@ -323,6 +323,21 @@ impl Store {
     }
 }
 
+#[wasm_bindgen::prelude::wasm_bindgen]
+extern "C" {
+    /// `Object.hasOwn(o, key)`, catching (a page may replace it).
+    #[wasm_bindgen(js_namespace = Object, js_name = hasOwn, catch)]
+    fn has_own(o: &JsValue, key: &JsValue) -> std::result::Result<bool, JsValue>;
+}
+
+#[wasm_bindgen::prelude::wasm_bindgen(module = "/js/promise.js")]
+extern "C" {
+    /// A string of at most `max` ASCII characters (js/promise.js
+    /// `isAsciiUpTo`), checked before it is copied.
+    #[wasm_bindgen(js_name = isAsciiUpTo)]
+    fn is_ascii_up_to(v: &JsValue, max: u32) -> bool;
+}
+
 /// The value at a dotted key path, if it is a valid index component
 /// (a string or a finite number); otherwise the record has no entry.
 ///
@@ -336,7 +351,7 @@ fn component(record: &JsValue, path: &str) -> Option<JsValue> {
     let mut v = record.clone();
     for seg in path.split('.') {
         let seg = JsValue::from_str(seg);
-        if !v.is_object() || !Object::has_own(v.unchecked_ref::<Object>(), &seg) {
+        if !v.is_object() || has_own(&v, &seg) != Ok(true) {
             return None;
         }
         v = Reflect::get(&v, &seg).ok()?;
@@ -534,11 +549,11 @@ impl ByQuery {
                     // The store's own cursor, as long as the indexed values
                     // of the entry it names (4 hex digits per code unit):
                     // bounded by MAX_KEY_CURSOR_LEN, not the 64 Ki-unit
-                    // bound of other arguments, and read only within it.
-                    &crate::value::short_string(
-                        &v,
-                        agentstore_protocol::index::MAX_KEY_CURSOR_LEN,
-                    )
+                    // bound of other arguments, and copied only when it is
+                    // ASCII within it (1 byte per unit).
+                    &is_ascii_up_to(&v, agentstore_protocol::index::MAX_KEY_CURSOR_LEN)
+                        .then(|| v.as_string())
+                        .flatten()
                     .ok_or_else(|| {
                         StoreError::validation(
                             "after must be a cursor string made by listBy (at most 1,048,576 characters)",

@@ -432,19 +432,23 @@ impl Store {
             .await?;
         let mut revs = Vec::with_capacity(prepared.len());
         let now = now_iso();
+        let mut exhausted = false;
         for (index, (p, (current, stored))) in prepared.iter().zip(&currents).enumerate() {
             match decide_put(current, p.expected.as_ref()) {
                 Ok(base) => match p.stamp(base, stored.as_ref(), &now, state.purges()) {
                     Ok(rev) => revs.push(rev),
                     // At the last generation (2^53-1, an imported revision):
                     // no next revision exists.
-                    Err(e) => failures.push(BatchFailure {
-                        index,
-                        id: p.id.clone().into(),
-                        message: e.message(),
-                        expected_rev: p.expected.as_ref().map(Rev::text),
-                        current_rev: current.rev().map(Rev::text),
-                    }),
+                    Err(e) => {
+                        exhausted = true;
+                        failures.push(BatchFailure {
+                            index,
+                            id: p.id.clone().into(),
+                            message: e.message(),
+                            expected_rev: p.expected.as_ref().map(Rev::text),
+                            current_rev: current.rev().map(Rev::text),
+                        })
+                    }
                 },
                 Err(_) => failures.push(BatchFailure {
                     index,
@@ -457,7 +461,7 @@ impl Store {
         }
         if !failures.is_empty() {
             // Nothing was written; dropping `tx` ends it empty.
-            return Err(StoreError::BatchConflict { failures });
+            return Err(batch_refused(failures, exhausted));
         }
         for (p, (current, stored)) in prepared.iter().zip(&currents) {
             // An id with neither a record nor a tombstone is new: `add()`.
@@ -479,6 +483,21 @@ impl Store {
             .zip(revs)
             .map(|(p, rev)| Written { id: p.id, rev })
             .collect())
+    }
+}
+
+/// The error of a batch refused at `failures` (nothing written): a
+/// ValidationError when some member is at the last revision generation
+/// (`exhausted`: no retry can succeed, as `put` and `delete` of it say), else
+/// a ConflictError.
+pub(crate) fn batch_refused(failures: Vec<BatchFailure>, exhausted: bool) -> StoreError {
+    if exhausted {
+        StoreError::Validation {
+            message: "a record is at the last revision generation (2^53-1) and cannot change (see failures); nothing was written".into(),
+            failures,
+        }
+    } else {
+        StoreError::BatchConflict { failures }
     }
 }
 
