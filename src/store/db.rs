@@ -520,7 +520,8 @@ impl ObjectStore {
         issued(self.raw.count_with_key(&query_js(query)), as_u32)
     }
 
-    /// `openCursor(query?, direction?)`: resolves to the first position, or
+    /// `openCursor(query?, direction?)`, or `openKeyCursor` with
+    /// `keys_only` (no value is read): resolves to the first position, or
     /// `None`; walk it with [`collect_cursor`].
     ///
     /// # Errors
@@ -529,27 +530,16 @@ impl ObjectStore {
         &self,
         query: Option<Query>,
         dir: Option<CursorDirection>,
+        keys_only: bool,
     ) -> Result<Req<Option<IdbCursor>>> {
+        let (query, dir) = (query_js(query), direction(dir));
         issued(
-            self.raw
-                .open_cursor_with_range_and_direction(&query_js(query), direction(dir)),
-            as_cursor,
-        )
-    }
-
-    /// `openKeyCursor(query, direction)`: a cursor over keys only (no
-    /// value is read); `None` when the range is empty.
-    ///
-    /// # Errors
-    /// As IndexedDB's request.
-    pub fn open_key_cursor(
-        &self,
-        query: Option<Query>,
-        dir: Option<CursorDirection>,
-    ) -> Result<Req<Option<IdbCursor>>> {
-        issued(
-            self.raw
-                .open_key_cursor_with_range_and_direction(&query_js(query), direction(dir)),
+            if keys_only {
+                self.raw
+                    .open_key_cursor_with_range_and_direction(&query, dir)
+            } else {
+                self.raw.open_cursor_with_range_and_direction(&query, dir)
+            },
             as_cursor,
         )
     }

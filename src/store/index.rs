@@ -624,7 +624,7 @@ impl Store {
             let derived = tx.store(DERIVED)?;
             if q.descending {
                 let cursor = derived
-                    .open_key_cursor(Some(to_range(&range)?), Some(CursorDirection::Prev))?
+                    .open_cursor(Some(to_range(&range)?), Some(CursorDirection::Prev), true)?
                     .await?;
                 super::list::collect_cursor(cursor, fetch).await?
             } else {

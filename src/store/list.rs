@@ -131,7 +131,7 @@ impl Store {
             }
             (None, true) => collect_cursor(
                 store
-                    .open_cursor(query, Some(CursorDirection::Prev))?
+                    .open_cursor(query, Some(CursorDirection::Prev), false)?
                     .await?,
                 fetch,
             )

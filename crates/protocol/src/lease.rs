@@ -116,8 +116,13 @@ pub struct EnqueueRequest {
 }
 
 /// A work item as the server reports it (`201` of enqueue, `GET /v1/items/{id}`).
+///
+/// `P` holds the payload and the result: a parsed [`Value`] by default; the
+/// server keeps each as the JSON text it was given (its `RawJson`), which
+/// serialises to the same answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ItemView {
+#[serde(bound(deserialize = "P: Deserialize<'de>"))]
+pub struct ItemView<P = Value> {
     /// Server-assigned id (below 2^53, so exact in JS).
     pub id: i64,
     /// Queue name.
@@ -125,10 +130,10 @@ pub struct ItemView {
     /// Current state.
     pub state: ItemState,
     /// The enqueued payload.
-    pub payload: Value,
+    pub payload: P,
     /// The result given to the last settle, if any.
     #[serde(default)]
-    pub result: Option<Value>,
+    pub result: Option<P>,
     /// Claims that ended without a settle (expiries and releases).
     pub attempts: u32,
     /// Re-deliveries allowed after the first delivery: the ended attempt that
@@ -159,9 +164,9 @@ pub struct Lease {
 
 /// `201` answer of `POST /v1/queues/{queue}/claims` and `200` of resume.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ClaimResponse {
+pub struct ClaimResponse<P = Value> {
     /// The claimed item (state `running`).
-    pub item: ItemView,
+    pub item: ItemView<P>,
     /// The lease to heartbeat and settle with.
     pub lease: Lease,
 }

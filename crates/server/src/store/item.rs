@@ -4,11 +4,11 @@
 //! request body to the database and back into every answer: never parsed into
 //! a `serde_json::Value`, which costs about 32 bytes per JSON value (a 64 KiB
 //! payload of `[0,0,…]` becomes about 1 MiB), and never re-serialised (what a
-//! producer enqueued is what a worker receives, byte for byte). Serialised, an
-//! [`Item`] is the protocol's [`ItemView`](agentstore_protocol::lease::ItemView)
-//! field for field, and a [`Claimed`] its `ClaimResponse`.
+//! producer enqueued is what a worker receives, byte for byte). An [`Item`] is
+//! the protocol's `ItemView` over that text, and a [`Claimed`] its
+//! `ClaimResponse`.
 
-use agentstore_protocol::lease::{ItemState, Lease, LeaseItem};
+use agentstore_protocol::lease::{ClaimResponse, ItemState, ItemView, LeaseItem};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -88,42 +88,13 @@ impl<'de> Deserialize<'de> for RawJson {
     }
 }
 
-/// A work item (see the module docs; the fields are those of `ItemView`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Item {
-    /// Server-assigned id.
-    pub id: i64,
-    /// Queue name.
-    pub queue: String,
-    /// Current state.
-    pub state: ItemState,
-    /// The enqueued payload, as enqueued.
-    pub payload: RawJson,
-    /// The result given to the last settle, if any, as given.
-    #[serde(default)]
-    pub result: Option<RawJson>,
-    /// Claims that ended without a settle (expiries and releases).
-    pub attempts: u32,
-    /// Re-deliveries allowed after the first delivery.
-    pub max_redeliveries: u32,
-    /// Increases on every claim and resume; 0 before the first claim.
-    pub epoch: u64,
-    /// Why the item failed or was reopened.
-    #[serde(default)]
-    pub last_error: Option<String>,
-    /// The worker holding the current claim, if any.
-    #[serde(default)]
-    pub worker_id: Option<i64>,
-}
+/// A work item: the protocol's [`ItemView`] with the payload and the result
+/// held as their JSON text (see the module docs).
+pub type Item = ItemView<RawJson>;
 
-/// A claim or resume: the item and its new lease (`ClaimResponse` on the wire).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Claimed {
-    /// The claimed item (state `running`).
-    pub item: Item,
-    /// The lease to heartbeat and settle with.
-    pub lease: Lease,
-}
+/// A claim or resume: the item and its new lease (the protocol's
+/// [`ClaimResponse`], the item held as [`Item`]).
+pub type Claimed = ClaimResponse<RawJson>;
 
 /// One page of a queue's items (`GET /v1/queues/{queue}/items`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -7,7 +7,7 @@ use agentstore_protocol::{ErrorBody, ErrorCode};
 use reqwest::{Client, Response};
 use serde_json::json;
 
-use crate::common::{snapshot, statements, TestDb, ADMIN};
+use crate::common::{enqueue_over_http, snapshot, statements, TestDb, ADMIN};
 
 /// A tokenless release of item `id` with `token`.
 async fn beacon(http: &Client, base: &str, id: i64, token: &str) -> Response {
@@ -25,17 +25,7 @@ async fn error(resp: Response) -> (u16, ErrorBody) {
 
 /// An item enqueued and claimed by the admin over HTTP; its id.
 async fn claimed_item(http: &Client, base: &str) -> i64 {
-    let resp = http
-        .post(format!("{base}/v1/queues/q/items"))
-        .bearer_auth(ADMIN)
-        .json(&json!({"payload": 1}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 201);
-    let id = resp.json::<serde_json::Value>().await.unwrap()["id"]
-        .as_i64()
-        .unwrap();
+    let id = enqueue_over_http(http, base, "q").await;
     let claim = http
         .post(format!("{base}/v1/queues/q/claims"))
         .bearer_auth(ADMIN)

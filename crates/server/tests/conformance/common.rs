@@ -306,3 +306,19 @@ pub async fn until_idle(store: &Store) {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
 }
+
+/// Enqueues `{"payload": 1}` into `queue` through the HTTP API (admin
+/// token); the new item's id.
+pub async fn enqueue_over_http(http: &reqwest::Client, base: &str, queue: &str) -> i64 {
+    let resp = http
+        .post(format!("{base}/v1/queues/{queue}/items"))
+        .bearer_auth(ADMIN)
+        .json(&serde_json::json!({"payload": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    resp.json::<serde_json::Value>().await.unwrap()["id"]
+        .as_i64()
+        .unwrap()
+}

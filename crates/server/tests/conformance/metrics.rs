@@ -13,7 +13,7 @@ use agentstore_server::Server;
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
 
-use crate::common::{at_once, enroll, Kind, TestDb, ADMIN};
+use crate::common::{at_once, enqueue_over_http, enroll, Kind, TestDb, ADMIN};
 
 /// One parsed sample: metric name, labels, value.
 type Sample = (String, BTreeMap<String, String>, f64);
@@ -753,16 +753,4 @@ pub async fn a_settle_whose_answer_cannot_be_read_is_counted_and_not_a_replay(db
         (ROUNDS * ITEMS) as f64
     );
     server.stop().await.unwrap();
-}
-
-/// Enqueues one item into `queue` through the HTTP API (admin token).
-async fn enqueue_over_http(http: &Client, base: &str, queue: &str) {
-    let resp = http
-        .post(format!("{base}/v1/queues/{queue}/items"))
-        .bearer_auth(ADMIN)
-        .json(&json!({"payload": 1}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 201);
 }
