@@ -1,7 +1,8 @@
 //! The one IndexedDB layer of the SDK: opening (with a blocked timeout and
-//! `versionchange` handling), transactions, and requests as futures — a thin
-//! wrapper over web-sys (the `idb` crate it replaced cost ~12 kB of wasm for
-//! one monomorphised future type per request kind).
+//! `versionchange` handling, whose event handlers are JS: js/promise.js
+//! `openDatabase`), transactions, and requests as futures — a thin wrapper
+//! over web-sys (the `idb` crate it replaced cost ~12 kB of wasm for one
+//! monomorphised future type per request kind).
 //!
 //! A request is issued synchronously ([`ObjectStore::put`] …) and becomes a
 //! future only when awaited: an unawaited `put` costs no Promise and no
