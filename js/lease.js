@@ -174,3 +174,45 @@ export function header(headers, name) {
     return null;
   }
 }
+
+/**
+ * A plain copy of a lease answer's body (or a journal entry) bounded before
+ * serde-wasm-bindgen copies its strings into wasm memory (which never
+ * shrinks). A string longer than 8,192 UTF-16 units, or past 1 Mi units in
+ * all, is copied as `null` (a field the module reads, such as a lease
+ * `token`, then fails to decode; one it ignores, such as an item's
+ * `last_error`, costs nothing). The `payload` and `result` fields (the
+ * app's data, handed on as the JS values they arrived as and never decoded
+ * by the module) are left out. The whole copy is `null` past 100,000
+ * values or 8 levels of nesting. Every field is read once, so a getter
+ * answering differently on a second read cannot pass the check with one
+ * value and be decoded with another. Throws nothing.
+ */
+export function wireCopy(v) {
+  let nodes = 0;
+  let units = 0;
+  const copy = (x, depth) => {
+    if (++nodes > 100000 || depth > 8) throw 0;
+    if (typeof x === 'string') {
+      if (x.length > 8192 || units + x.length > 1048576) return null;
+      units += x.length;
+      return x;
+    }
+    if (x === null || typeof x !== 'object') return x;
+    if (Array.isArray(x)) {
+      const out = [];
+      for (let i = 0, n = x.length; i < n; i++) out.push(copy(x[i], depth + 1));
+      return out;
+    }
+    const out = {};
+    for (const k of Object.keys(x)) {
+      if (k !== 'payload' && k !== 'result') out[k] = copy(x[k], depth + 1);
+    }
+    return out;
+  };
+  try {
+    return copy(v, 0);
+  } catch (e) {
+    return null;
+  }
+}

@@ -637,6 +637,73 @@ async fn a_fetch_wrappers_huge_headers_or_error_body_are_never_copied_into_wasm_
     );
 }
 
+/// A 2xx answer of a page's own `fetch` wrapper is decoded from a bounded
+/// copy: a claim answer whose lease `token` is longer than the module's
+/// whole memory, or whose `item` holds ten million values or nests a
+/// thousand deep, is refused as the server's `internal` error without
+/// being copied into wasm memory, and one whose item carries a huge
+/// `last_error` and `payload` (fields the module does not decode) still
+/// claims. Before, serde-wasm-bindgen copied the token whole.
+#[wasm_bindgen_test]
+async fn a_fetch_wrappers_huge_success_answer_is_never_copied_into_wasm_memory() {
+    if server().is_none() {
+        return;
+    }
+    let c = admin_client(config());
+    let units = wasm_memory_bytes() + f64::from(4u32 << 20);
+    let global = js_sys::global();
+    let real = Reflect::get(&global, &"fetch".into()).unwrap();
+    // An item id no test's server reaches, so the fake lease's later
+    // heartbeats and release touch nothing.
+    let fake = js_sys::Function::new_with_args(
+        "kind",
+        &format!(
+            "const big = 'x'.repeat({units});
+            const id = 2 ** 52;
+            const lease = {{ token: 't'.repeat(43), epoch: 1, ttl_ms: 30000, heartbeat_ms: 10000 }};
+            let deep = {{ id, epoch: 1 }};
+            for (let i = 0; i < 1000; i++) deep = {{ id, epoch: 1, next: deep }};
+            const body = {{
+                token: {{ item: {{ id, epoch: 1 }}, lease: {{ ...lease, token: big }} }},
+                wide: {{ item: {{ id, epoch: 1, tags: new Array(1e7).fill(0) }}, lease }},
+                deep: {{ item: deep, lease }},
+                ignored: {{ item: {{ id, epoch: 1, last_error: big, payload: {{ big }} }}, lease }},
+            }}[kind];
+            return () => Promise.resolve({{
+                status: 201,
+                headers: {{ get: () => null }},
+                json: async () => body,
+            }});"
+        ),
+    );
+    let before = wasm_memory_bytes();
+    for kind in ["token", "wide", "deep", "ignored"] {
+        let f = fake.call1(&JsValue::NULL, &kind.into()).unwrap();
+        Reflect::set(&global, &"fetch".into(), &f).unwrap();
+        let out = c.claim("huge-success", None).await;
+        Reflect::set(&global, &"fetch".into(), &real).unwrap();
+        match (kind, out) {
+            ("ignored", Ok(agentstore::lease::Claimed::Lease(l))) => {
+                assert_eq!(l.item_id, 1i64 << 52);
+                assert!(Reflect::get(&l.item, &"payload".into())
+                    .unwrap()
+                    .is_object());
+                let _ = l.release().await;
+            }
+            ("ignored", other) => panic!("claims: {:?}", other.err()),
+            (_, out) => {
+                let e = out.err().unwrap_or_else(|| panic!("{kind}: refused"));
+                assert_eq!(e.code(), ErrorCode::Internal, "{kind}");
+            }
+        }
+    }
+    let grew = wasm_memory_bytes() - before;
+    assert!(
+        grew < f64::from(2u32 << 20),
+        "linear memory grew by {grew} bytes"
+    );
+}
+
 /// A settle result, error message, state or URL longer than the module's
 /// whole memory goes through (or is refused) without being copied into it:
 /// wasm memory never shrinks, so a copy would keep the page that large.

@@ -12,6 +12,8 @@ use wasm_bindgen_test::*;
 
 mod lease_common;
 use lease_common::*;
+#[path = "common/values.rs"]
+mod values;
 
 wasm_bindgen_test_configure!(run_in_browser);
 
@@ -384,4 +386,61 @@ async fn a_web_lock_granted_as_its_wait_runs_out_is_let_go() {
         agentstore::lease::lifecycle::LockOutcome::Busy
     ));
     assert!(let_go.is_some(), "the late-granted lock is still held");
+}
+
+/// A journal entry another script of the origin wrote with fields longer
+/// than the module's whole memory is skipped by `list` and compared by
+/// `delete` without being copied into wasm memory (which never shrinks);
+/// the well-formed entry beside it is still listed. Before, its strings
+/// were copied whole.
+#[wasm_bindgen_test]
+async fn a_journal_entry_with_huge_fields_is_never_copied_into_wasm_memory() {
+    let name = fresh_queue("journal-huge");
+    let base = "http://127.0.0.1:9";
+    let j = Journal::new(Some(name.clone()));
+    let good = agentstore::lease::journal::Entry {
+        base: base.into(),
+        item_id: 1,
+        token: "t".repeat(43),
+        epoch: 1,
+        queue: "q".into(),
+        ttl_ms: 30_000,
+        heartbeat_ms: 10_000,
+        locked: true,
+    };
+    j.put(&good).await.unwrap();
+    let units = values::wasm_memory_bytes() + f64::from(4u32 << 20);
+    let write = js_sys::Function::new_with_args(
+        "name, base",
+        &format!(
+            "const big = 'x'.repeat({units});
+            return new Promise((resolve, reject) => {{
+                const open = indexedDB.open(name);
+                open.onerror = () => reject(open.error);
+                open.onsuccess = () => {{
+                    const db = open.result;
+                    const tx = db.transaction('leases', 'readwrite');
+                    tx.objectStore('leases').put({{ base, itemId: 2, token: big, epoch: 1, queue: big,
+                        ttlMs: 1, heartbeatMs: 1, locked: true }}, [base, 2]);
+                    tx.oncomplete = () => {{ db.close(); resolve(); }};
+                    tx.onerror = () => reject(tx.error);
+                }};
+            }});"
+        ),
+    );
+    let p = write
+        .call2(&JsValue::NULL, &name.as_str().into(), &base.into())
+        .unwrap();
+    wasm_bindgen_futures::JsFuture::from(js_sys::Promise::from(p))
+        .await
+        .expect("raw entry written");
+    let before = values::wasm_memory_bytes();
+    let listed = j.list(base).await.unwrap();
+    j.delete(base, 2, "t").await.unwrap();
+    let grew = values::wasm_memory_bytes() - before;
+    assert!(
+        grew < f64::from(2u32 << 20),
+        "linear memory grew by {grew} bytes"
+    );
+    assert!(listed == vec![good], "only the well-formed entry is listed");
 }

@@ -108,6 +108,11 @@ extern "C" {
     /// `headers.get(name)` when it is a string of at most 256 units, else
     /// `None`; throws nothing (js/lease.js `header`).
     fn header(headers: &JsValue, name: &str) -> Option<String>;
+    /// A plain copy of `value` without its `payload` and `result` fields,
+    /// or `null` when its strings, values or nesting exceed the wire's
+    /// bounds (js/lease.js `wireCopy`); throws nothing.
+    #[wasm_bindgen(js_name = wireCopy)]
+    pub(crate) fn wire_copy(value: &JsValue) -> JsValue;
 }
 
 /// Sleeps `ms` (clamped to `[0, 2^31)`).
@@ -158,12 +163,16 @@ pub(crate) fn to_js<T: serde::Serialize>(value: &T) -> JsValue {
         .unwrap_or(JsValue::NULL)
 }
 
-/// A wire type from a `response.json()` value.
+/// A wire type from a `response.json()` value, decoded from its bounded
+/// copy ([`wire_copy`]): a page's own `fetch` wrapper may answer with a
+/// 40 MB `token`, which serde-wasm-bindgen would copy whole into wasm
+/// memory (which never shrinks).
 ///
 /// # Errors
-/// `Server` (`internal`) when the answer does not have the expected shape.
+/// `Server` (`internal`) when the answer does not have the expected shape
+/// or exceeds the bounds.
 pub(crate) fn parse<T: DeserializeOwned>(value: &JsValue) -> Result<T> {
-    serde_wasm_bindgen::from_value(value.clone()).map_err(|_| LeaseError::Server {
+    serde_wasm_bindgen::from_value(wire_copy(value)).map_err(|_| LeaseError::Server {
         code: ErrorCode::Internal,
         status: 200,
         message: "the lease server's answer does not have the expected shape".into(),

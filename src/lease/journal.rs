@@ -143,7 +143,9 @@ impl Journal {
             .await
             .map_err(|e| e.message())?
             .and_then(|v| js_sys::Reflect::get(&v, &"token".into()).ok())
-            .and_then(|t| t.as_string());
+            // Bounded: another script of the origin may have written a
+            // huge one (a real token is 43 characters).
+            .and_then(|t| crate::value::short_string(&t, 8192));
         if held.as_deref() == Some(token) {
             store.delete(k).map_err(|e| e.message())?;
         }
@@ -168,10 +170,14 @@ impl Journal {
             .await
             .map_err(|e| e.message())?;
         tx.end_read();
-        // Entries of other servers, or unreadable ones, are left alone.
+        // Entries of other servers, or unreadable ones, are left alone;
+        // each is decoded from its bounded copy (another script of the
+        // origin may have written anything into the database).
         Ok(all
             .into_iter()
-            .filter_map(|v| serde_wasm_bindgen::from_value::<Entry>(v).ok())
+            .filter_map(|v| {
+                serde_wasm_bindgen::from_value::<Entry>(super::http::wire_copy(&v)).ok()
+            })
             .filter(|e| e.base == base)
             .collect())
     }
