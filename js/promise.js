@@ -71,13 +71,14 @@ const MAX_TIMER_MS = 2147483647;
  * open nothing blocks still succeeds).
  */
 function raceBlocked(request, ms, timedOut) {
+  const timers = [];
   return Promise.race([
     requestPromise(request),
     new Promise((resolve) => {
-      request.onblocked = () => setTimeout(resolve, ms, timedOut);
+      request.onblocked = () => timers.push(setTimeout(resolve, ms, timedOut));
+      timers.push(setTimeout(resolve, Math.min(ms + QUEUED_GRACE_MS, MAX_TIMER_MS), timedOut));
     }),
-    timerPromise(Math.min(ms + QUEUED_GRACE_MS, MAX_TIMER_MS), timedOut),
-  ]);
+  ]).finally(() => timers.forEach(clearTimeout));
 }
 
 /**

@@ -466,9 +466,9 @@ async function refreshQueue() {
   queueBusy = true;
   try {
     const queue = encodeURIComponent(runtime.queue);
-    const [stats, { items }] = await Promise.all([
+    const [stats, items] = await Promise.all([
       panelCall('GET', `/v1/queues/${queue}/stats`),
-      panelCall('GET', `/v1/queues/${queue}/items?limit=10000`),
+      queueItems(queue),
     ]);
     renderGauges(stats);
     renderLatest(items.slice(-LATEST_ITEMS).reverse());
@@ -479,6 +479,22 @@ async function refreshQueue() {
   } finally {
     queueBusy = false;
   }
+}
+
+/**
+ * Every item of `queue` (URI-encoded), in id order: the listing is paged
+ * (at most 10,000 items or about 4 MiB of item text a page), so the pages
+ * are followed while the answer names a `next` one.
+ */
+async function queueItems(queue) {
+  const items = [];
+  let after = null;
+  do {
+    const page = await panelCall('GET', `/v1/queues/${queue}/items?limit=10000${after == null ? '' : `&after=${after}`}`);
+    items.push(...page.items);
+    after = page.next ?? null;
+  } while (after != null);
+  return items;
 }
 
 /**

@@ -112,18 +112,26 @@ pub async fn item(id: i64) -> ItemView {
     serde_json::from_value(body).expect("item view")
 }
 
-/// Every item of a queue.
+/// Every item of a queue, following the listing's `next` pages (a page
+/// holds at most 10,000 items or about 4 MiB of item text).
 pub async fn items(queue: &str) -> Vec<ItemView> {
-    let (status, body) = admin(
-        "GET",
-        &format!("/v1/queues/{queue}/items?limit=10000"),
-        None,
-    )
-    .await;
-    assert_eq!(status, 200);
-    serde_json::from_value::<ItemList>(body)
-        .expect("list")
-        .items
+    let mut all = Vec::new();
+    let mut after = String::new();
+    loop {
+        let (status, body) = admin(
+            "GET",
+            &format!("/v1/queues/{queue}/items?limit=10000{after}"),
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "list: {body}");
+        let page: ItemList = serde_json::from_value(body).expect("list");
+        all.extend(page.items);
+        match page.next {
+            Some(n) => after = format!("&after={n}"),
+            None => return all,
+        }
+    }
 }
 
 /// Polls until `item(id)` satisfies `f`, for at most `ms`.

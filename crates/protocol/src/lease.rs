@@ -262,11 +262,18 @@ pub struct BatchHeartbeatResponse {
     pub results: Vec<BatchHeartbeatResult>,
 }
 
-/// `GET /v1/queues/{queue}/items` answer.
+/// `GET /v1/queues/{queue}/items?state=&limit=&after=` answer: one page of
+/// a queue's items (at most `limit`, 10,000 at most, or about 4 MiB of item
+/// text). `P` as in [`ItemView`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ItemList {
+#[serde(bound(deserialize = "P: Deserialize<'de>"))]
+pub struct ItemList<P = Value> {
     /// Items in id order.
-    pub items: Vec<ItemView>,
+    pub items: Vec<ItemView<P>>,
+    /// Set when more items may follow: pass it as `after` for the next page.
+    /// `None` once the queue (or state) has no item after this page.
+    #[serde(default)]
+    pub next: Option<i64>,
 }
 
 /// What an enrolled credential may do. The admin is not a role one can enroll

@@ -8,7 +8,7 @@
 //! the protocol's `ItemView` over that text, and a [`Claimed`] its
 //! `ClaimResponse`.
 
-use agentstore_protocol::lease::{ClaimResponse, ItemState, ItemView, LeaseItem};
+use agentstore_protocol::lease::{ClaimResponse, ItemList, ItemState, ItemView, LeaseItem};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -96,15 +96,9 @@ pub type Item = ItemView<RawJson>;
 /// [`ClaimResponse`], the item held as [`Item`]).
 pub type Claimed = ClaimResponse<RawJson>;
 
-/// One page of a queue's items (`GET /v1/queues/{queue}/items`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ItemPage {
-    /// Items in id order.
-    pub items: Vec<Item>,
-    /// Set when more items may follow: pass it as `after` for the next page.
-    /// `None` once the queue (or state) has no item after this page.
-    pub next: Option<i64>,
-}
+/// One page of a queue's items (`GET /v1/queues/{queue}/items`): the
+/// protocol's [`ItemList`] over [`Item`].
+pub type ItemPage = ItemList<RawJson>;
 
 /// Decodes an [`ITEM_COLS`] row.
 pub(super) fn item_from_row(row: &AnyRow) -> Result<Item, StoreError> {
