@@ -14,7 +14,7 @@ use agentstore_protocol::ErrorCode;
 use tokio::sync::oneshot;
 
 use super::coalesce::{self, by_call, for_each_call, never_applied, CallRow};
-use super::fence::{forbidden, not_found, rejection};
+use super::fence::{forbidden, not_found, placeholders, rejection};
 use super::item::{
     item_from_row, lease_item_from_row, qualified_item_cols, Claimed, Item, ItemPage, ITEM_COLS,
 };
@@ -559,7 +559,9 @@ impl Store {
     }
 
     /// One page of the items of `queue` (of one `state`, if given) with ids
-    /// above `after`, in id order: at most `limit` items, and no more than
+    /// above `after`, in id order: at most `limit` items (and never more than
+    /// [`MAX_LIST_LIMIT`](crate::routes::MAX_LIST_LIMIT), each a bind
+    /// parameter of the second statement), and no more than
     /// fit [`Settings::list_page_bytes`](super::Settings::list_page_bytes)
     /// (payload, result, error and queue texts plus a fixed overhead per
     /// item; a page always holds at least one item, however large). The
@@ -567,7 +569,9 @@ impl Store {
     /// `after = next`.
     ///
     /// Two statements: the first reads only ids and text sizes, so the items
-    /// left out are never read; the second reads the items that fit.
+    /// left out are never read; the second reads the items that fit, by id
+    /// (those still in `state`), so an item that entered `state` in between
+    /// never displaces one of them.
     ///
     /// # Errors
     /// The database failed.
@@ -579,6 +583,7 @@ impl Store {
         limit: u32,
     ) -> Result<ItemPage, StoreError> {
         let state = state.map_or("", ItemState::as_str);
+        let limit = limit.min(crate::routes::MAX_LIST_LIMIT);
         let sql = "SELECT id, CAST(octet_length(payload) + octet_length(queue)
                         + COALESCE(octet_length(result), 0)
                         + COALESCE(octet_length(last_error), 0) AS BIGINT) AS bytes
@@ -607,19 +612,20 @@ impl Store {
                 next: None,
             });
         };
+        // Exactly the ids the first statement chose (those still in the
+        // state): an item that entered the state meanwhile must not take a
+        // place on the page, pushing a chosen one past `next`.
         let sql = format!(
             "SELECT {ITEM_COLS} FROM items
-             WHERE queue = $1 AND ($2 = '' OR state = $2) AND id > $3 AND id <= $4
-             ORDER BY id LIMIT $5"
+             WHERE ($1 = '' OR state = $1) AND id IN ({})
+             ORDER BY id",
+            placeholders(2, take)
         );
-        let rows = sqlx::query(&sql)
-            .bind(queue)
-            .bind(state)
-            .bind(after)
-            .bind(last)
-            .bind(take as i64)
-            .fetch_all(&self.pool)
-            .await?;
+        let mut q = sqlx::query(&sql).bind(state);
+        for &(id, _) in &sizes[..take] {
+            q = q.bind(id);
+        }
+        let rows = q.fetch_all(&self.pool).await?;
         let mut items = Vec::with_capacity(rows.len());
         for row in &rows {
             match item_from_row(row) {
