@@ -232,13 +232,12 @@ async fn list(
                 .ok_or_else(|| ApiError::new(ErrorCode::Validation, "unknown state"))?,
         ),
     };
+    // 0 is refused: an empty page without `next` is the answer of the last
+    // page, and would tell a client paging by `next` that the queue is empty.
     let limit = match q.get("limit") {
         None => 1000,
-        Some(l) => l.parse::<u32>().map_err(|_| {
-            ApiError::new(
-                ErrorCode::Validation,
-                "limit must be a non-negative integer",
-            )
+        Some(l) => l.parse::<u32>().ok().filter(|l| *l > 0).ok_or_else(|| {
+            ApiError::new(ErrorCode::Validation, "limit must be a positive integer")
         })?,
     }
     .min(MAX_LIST_LIMIT);

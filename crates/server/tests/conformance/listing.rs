@@ -198,3 +198,39 @@ pub async fn a_state_filtered_listing_skips_no_item_that_stays_in_the_state(db: 
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     flapper.await.unwrap();
 }
+
+/// `limit=0` is `400 validation`. Before, it was answered `{items: [],
+/// next: null}` whatever the queue held: the answer of the last page, so a
+/// client paging by `next` concluded the queue was empty.
+pub async fn a_listing_with_limit_zero_is_refused_not_answered_as_an_empty_last_page(db: TestDb) {
+    let server = crate::common::http_server(&db).await;
+    let http = reqwest::Client::new();
+    let base = server.url();
+    crate::common::enqueue_over_http(&http, &base, "q").await;
+    for query in ["limit=0", "limit=0&after=0", "limit=00&state=open"] {
+        let resp = http
+            .get(format!("{base}/v1/queues/q/items?{query}"))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status();
+        let text = resp.text().await.unwrap();
+        assert_eq!(status, 400, "{query}: {text}");
+        let body: agentstore_protocol::ErrorBody = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            body.code,
+            agentstore_protocol::ErrorCode::Validation,
+            "{query}"
+        );
+    }
+    let resp = http
+        .get(format!("{base}/v1/queues/q/items?limit=1"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    let page: Page = serde_json::from_str(&resp.text().await.unwrap()).unwrap();
+    assert_eq!(page.items.len(), 1);
+    server.stop().await.unwrap();
+}
