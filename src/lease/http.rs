@@ -6,12 +6,12 @@
 use agentstore_protocol::ErrorCode;
 use futures::future::{select, Either};
 use js_sys::{Function, Promise, Reflect};
-use serde::de::DeserializeOwned;
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
 use web_sys::{AbortController, AbortSignal, Headers, RequestInit};
 
 use super::error::{LeaseError, Result};
+use super::wire::FromWire;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 /// How far (ms) the wall clock may run ahead of `performance.now()` between
@@ -108,11 +108,6 @@ extern "C" {
     /// `headers.get(name)` when it is a string of at most 256 units, else
     /// `None`; throws nothing (js/lease.js `header`).
     fn header(headers: &JsValue, name: &str) -> Option<String>;
-    /// A plain copy of `value` without its `payload` and `result` fields,
-    /// or `null` when its strings, values or nesting exceed the wire's
-    /// bounds (js/lease.js `wireCopy`); throws nothing.
-    #[wasm_bindgen(js_name = wireCopy)]
-    pub(crate) fn wire_copy(value: &JsValue) -> JsValue;
 }
 
 /// Sleeps `ms` (clamped to `[0, 2^31)`).
@@ -163,16 +158,14 @@ pub(crate) fn to_js<T: serde::Serialize>(value: &T) -> JsValue {
         .unwrap_or(JsValue::NULL)
 }
 
-/// A wire type from a `response.json()` value, decoded from its bounded
-/// copy ([`wire_copy`]): a page's own `fetch` wrapper may answer with a
-/// 40 MB `token`, which serde-wasm-bindgen would copy whole into wasm
-/// memory (which never shrinks).
+/// A wire type from a `response.json()` value, read field by field
+/// ([`super::wire`]: each string bounded before it is copied).
 ///
 /// # Errors
 /// `Server` (`internal`) when the answer does not have the expected shape
-/// or exceeds the bounds.
-pub(crate) fn parse<T: DeserializeOwned>(value: &JsValue) -> Result<T> {
-    serde_wasm_bindgen::from_value(wire_copy(value)).map_err(|_| LeaseError::Server {
+/// or a field exceeds its bound.
+pub(crate) fn parse<T: FromWire>(value: &JsValue) -> Result<T> {
+    T::from_wire(value).ok_or_else(|| LeaseError::Server {
         code: ErrorCode::Internal,
         status: 200,
         message: "the lease server's answer does not have the expected shape".into(),

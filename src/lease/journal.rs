@@ -11,7 +11,9 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use js_sys::Array;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
+
+use super::wire::FromWire;
 use wasm_bindgen::closure::Closure;
 use wasm_bindgen::{JsCast, JsValue};
 
@@ -24,7 +26,7 @@ const STORE: &str = "leases";
 const OPEN_TIMEOUT_MS: u32 = 10_000;
 
 /// One journalled lease.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Entry {
     /// The server's base URL.
@@ -45,12 +47,7 @@ pub struct Entry {
     /// An entry without one (`webLocks: false`, or no `navigator.locks`)
     /// cannot be told apart from a live context's lease, so `recover()` leaves
     /// it alone. Entries written before the field existed count as locked.
-    #[serde(default = "locked_by_default")]
     pub locked: bool,
-}
-
-fn locked_by_default() -> bool {
-    true
 }
 
 fn key(base: &str, item_id: i64) -> JsValue {
@@ -171,13 +168,11 @@ impl Journal {
             .map_err(|e| e.message())?;
         tx.end_read();
         // Entries of other servers, or unreadable ones, are left alone;
-        // each is decoded from its bounded copy (another script of the
+        // each field is bounded before it is copied (another script of the
         // origin may have written anything into the database).
         Ok(all
             .into_iter()
-            .filter_map(|v| {
-                serde_wasm_bindgen::from_value::<Entry>(super::http::wire_copy(&v)).ok()
-            })
+            .filter_map(|v| Entry::from_wire(&v))
             .filter(|e| e.base == base)
             .collect())
     }

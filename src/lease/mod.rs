@@ -30,6 +30,7 @@ pub mod journal;
 pub mod lease;
 pub mod lifecycle;
 pub mod recovery;
+pub mod wire;
 pub mod work;
 
 pub use claims::Claimed;

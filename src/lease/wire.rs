@@ -1,0 +1,169 @@
+//! The wire types the lease client decodes (claim, heartbeat, batched
+//! heartbeat and credential answers from `response.json()`, and journal
+//! entries from IndexedDB), read from their JS values field by field.
+//!
+//! Each field is read once (`Reflect.get`), and a string is copied into wasm
+//! memory only when it is at most [`MAX_TEXT`] UTF-16 units (the length is
+//! read first): a page's own `fetch` wrapper may answer with a 40 MB
+//! `token`, and another script of the origin may write anything into the
+//! journal, and wasm memory never shrinks. Fields the client does not use
+//! (an item's `payload`, `result`, `last_error`) are never read.
+//!
+//! Not serde-wasm-bindgen (which encodes the request bodies): its
+//! deserializer reports a mismatched field through serde's `Unexpected`,
+//! whose `Display` formats floats, and that alone kept 9.5 kB of float
+//! formatting code in the module (`twiggy dominators`, BENCHMARKS.md,
+//! sixteenth round).
+
+use agentstore_protocol::lease::{
+    BatchHeartbeatResponse, BatchHeartbeatResult, ClaimedRef, HeartbeatResponse, ItemRef, Lease,
+    WorkerCredentials,
+};
+use agentstore_protocol::{ErrorBody, ErrorCode};
+use js_sys::{Array, Reflect};
+use wasm_bindgen::JsValue;
+
+use super::journal::Entry;
+
+/// Longest string field decoded (UTF-16 units); a lease token is 43.
+pub const MAX_TEXT: u32 = 8192;
+/// Most entries of a batched heartbeat answer decoded (the client sends at
+/// most 500 a batch).
+const MAX_RESULTS: u32 = 10_000;
+/// `Number.MAX_SAFE_INTEGER` (2^53 − 1): integers above it are not exact.
+const MAX_SAFE: f64 = 9_007_199_254_740_991.0;
+
+/// A wire type read from a JS value.
+pub(crate) trait FromWire: Sized {
+    /// `None` when a field the type needs is missing, of the wrong type, not
+    /// an exact integer in range, or a string over [`MAX_TEXT`] units.
+    fn from_wire(v: &JsValue) -> Option<Self>;
+}
+
+/// `v[k]`, or `undefined` when `v` is not an object or the read throws.
+pub(crate) fn field(v: &JsValue, k: &str) -> JsValue {
+    Reflect::get(v, &k.into()).unwrap_or(JsValue::UNDEFINED)
+}
+
+/// A safe integer (`Number.isSafeInteger`).
+fn int(v: &JsValue, k: &str) -> Option<i64> {
+    let n = field(v, k).as_f64()?;
+    (n.fract() == 0.0 && n.abs() <= MAX_SAFE).then_some(n as i64)
+}
+
+/// A non-negative safe integer.
+fn uint(v: &JsValue, k: &str) -> Option<u64> {
+    int(v, k).and_then(|n| u64::try_from(n).ok())
+}
+
+/// A string of at most [`MAX_TEXT`] units.
+fn text(v: &JsValue, k: &str) -> Option<String> {
+    crate::value::short_string(&field(v, k), MAX_TEXT)
+}
+
+impl FromWire for ItemRef {
+    fn from_wire(v: &JsValue) -> Option<ItemRef> {
+        Some(ItemRef {
+            id: int(v, "id")?,
+            epoch: uint(v, "epoch")?,
+        })
+    }
+}
+
+impl FromWire for Lease {
+    fn from_wire(v: &JsValue) -> Option<Lease> {
+        Some(Lease {
+            token: text(v, "token")?,
+            epoch: uint(v, "epoch")?,
+            ttl_ms: uint(v, "ttl_ms")?,
+            heartbeat_ms: uint(v, "heartbeat_ms")?,
+        })
+    }
+}
+
+impl FromWire for ClaimedRef {
+    fn from_wire(v: &JsValue) -> Option<ClaimedRef> {
+        Some(ClaimedRef {
+            item: ItemRef::from_wire(&field(v, "item"))?,
+            lease: Lease::from_wire(&field(v, "lease"))?,
+        })
+    }
+}
+
+impl FromWire for HeartbeatResponse {
+    fn from_wire(v: &JsValue) -> Option<HeartbeatResponse> {
+        Some(HeartbeatResponse {
+            ttl_ms: uint(v, "ttl_ms")?,
+        })
+    }
+}
+
+impl FromWire for BatchHeartbeatResponse {
+    fn from_wire(v: &JsValue) -> Option<BatchHeartbeatResponse> {
+        let results = field(v, "results");
+        if !Array::is_array(&results) {
+            return None;
+        }
+        let results = Array::from(&results);
+        let n = results.length();
+        if n > MAX_RESULTS {
+            return None;
+        }
+        let results = (0..n)
+            .map(|i| {
+                let r = results.get(i);
+                let error = field(&r, "error");
+                // An error that is there but unreadable (a code this
+                // client does not know) fails the whole answer, which is
+                // then retried: it is never taken for a lost claim.
+                let error = if error.is_undefined() || error.is_null() {
+                    None
+                } else {
+                    Some(ErrorBody {
+                        code: ErrorCode::parse(&text(&error, "code")?)?,
+                        message: crate::value::text_prefix(&field(&error, "message"), MAX_TEXT)?,
+                    })
+                };
+                Some(BatchHeartbeatResult {
+                    item_id: int(&r, "item_id")?,
+                    ok: field(&r, "ok").as_bool()?,
+                    ttl_ms: uint(&r, "ttl_ms"),
+                    error,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(BatchHeartbeatResponse { results })
+    }
+}
+
+impl FromWire for WorkerCredentials {
+    fn from_wire(v: &JsValue) -> Option<WorkerCredentials> {
+        Some(WorkerCredentials {
+            worker_id: int(v, "worker_id")?,
+            access_token: text(v, "access_token")?,
+            access_expires_in_ms: uint(v, "access_expires_in_ms")?,
+            refresh_token: text(v, "refresh_token")?,
+        })
+    }
+}
+
+impl FromWire for Entry {
+    fn from_wire(v: &JsValue) -> Option<Entry> {
+        let locked = field(v, "locked");
+        Some(Entry {
+            base: text(v, "base")?,
+            item_id: int(v, "itemId")?,
+            token: text(v, "token")?,
+            epoch: uint(v, "epoch")?,
+            queue: text(v, "queue")?,
+            ttl_ms: uint(v, "ttlMs")?,
+            heartbeat_ms: uint(v, "heartbeatMs")?,
+            // Entries written before the field existed count as locked.
+            locked: if locked.is_undefined() {
+                true
+            } else {
+                locked.as_bool()?
+            },
+        })
+    }
+}
