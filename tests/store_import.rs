@@ -289,6 +289,54 @@ async fn a_dump_line_with_docs_and_seq_is_imported_whatever_its_size() {
     }
 }
 
+/// One id with more leaves (conflicting or deleted branches) than
+/// `MAX_LEAVES` fails the import with a ValidationError naming the line of
+/// the leaf past the bound, and nothing is written; at the bound it
+/// imports, PouchDB's winner written. Before, every row of the id copied
+/// and decoded the whole leaf set: an import quadratic in that id's rows.
+#[wasm_bindgen_test]
+async fn a_document_with_more_leaves_than_the_bound_is_refused_naming_its_line() {
+    let max = agentstore_protocol::pouch::MAX_LEAVES;
+    let lines = |n: usize| {
+        let docs: Vec<_> = (0..n)
+            .map(|i| pouch_doc("x", &format!("1-{i:032x}"), false, &[]))
+            .collect();
+        dump(
+            &docs
+                .chunks(100)
+                .map(|c| json!({ "docs": c }))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let (store, _) = open("many-leaves").await;
+    let e = store
+        .import_pouch_dump(lines(max + 1).as_str(), "agent-index", None)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Validation, "{e}");
+    // The header is line 1, then 100 docs a line: doc `max` (from 0) is on
+    // line 2 + max / 100.
+    let line = 2 + max / 100;
+    assert!(e.to_string().contains(&format!("line {line}:")), "{e}");
+    assert!(
+        store
+            .export_snapshot()
+            .await
+            .unwrap()
+            .contains("\"records\":0"),
+        "nothing written"
+    );
+    let (store, _) = open("many-leaves-ok").await;
+    let (sum, c, _) = store
+        .import_pouch_dump(lines(max).as_str(), "agent-index", None)
+        .await
+        .unwrap();
+    assert_eq!((sum.documents_read, c.written), (max as u64, 1));
+    let got = store.get(&s("x")).await.unwrap().expect("x");
+    let rev = js_sys::Reflect::get(&got, &"_rev".into()).unwrap();
+    assert_eq!(rev.as_string().unwrap(), format!("1-{:032x}", max - 1));
+}
+
 /// A line that cannot be read fails the whole import with a ValidationError
 /// naming the line, before any batch is written.
 #[wasm_bindgen_test]

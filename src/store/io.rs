@@ -491,6 +491,13 @@ impl Store {
                     deleted: row.deleted,
                 };
                 if add_row(&mut set_, leaf, &anc, is_ancestor) {
+                    if set_.len() > agentstore_protocol::pouch::MAX_LEAVES {
+                        return Err(line_error(
+                            "PouchDB dump",
+                            n,
+                            "a document has more than 1,000 leaves (conflicting or deleted branches)",
+                        ));
+                    }
                     leaves.set(&key, &JsValue::from_str(&encode_leaves(&set_)));
                 }
             }

@@ -29,6 +29,14 @@ pub const BOOKKEEPING_FIELDS: [&str; 8] = [
     "_removed",
 ];
 
+/// Most leaves (live and deleted branches) one document of a dump may have.
+/// Every row of an id is checked against the id's leaf set, so an unbounded
+/// set made an import quadratic in the rows of one id, with memory growing
+/// with the dump. PouchDB sets no such bound (its `revs_limit`, 1,000 by
+/// default, bounds a branch's depth, not the number of branches); a real
+/// document has a handful of conflicts.
+pub const MAX_LEAVES: usize = 1_000;
+
 /// One leaf revision of a document.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Leaf {
