@@ -245,7 +245,7 @@ impl LeaseClient {
             let queue = string_param(&queue, "queue")?;
             let signal = opt_signal(&options)?;
             match inner.claim(&queue, signal.as_ref()).await? {
-                Claimed::Lease(l) => Ok(Lease { inner: l }.into()),
+                Claimed::Lease(l) => Ok(Lease::from_inner(l).into()),
                 Claimed::Empty(_) => Ok(JsValue::NULL),
             }
         })
@@ -374,7 +374,7 @@ impl LeaseClient {
 }
 
 fn wrap_lease(inner: Rc<LeaseInner>) -> JsValue {
-    Lease { inner }.into()
+    Lease::from_inner(inner).into()
 }
 
 /// A claimed work item. `signal` aborts with a `ClaimLostError` when the lease
@@ -386,15 +386,27 @@ fn wrap_lease(inner: Rc<LeaseInner>) -> JsValue {
 /// store it with what you write and refuse writes with a lower epoch than the
 /// stored one; `lease.fetch()` sends it as `X-Lease-Epoch` (and the token as
 /// `X-Lease-Token`) for your server to check.
+///
+/// A `Lease` keeps its `LeaseClient` alive: an app that drops the client and
+/// keeps only the lease (`await new LeaseClient(url, o).claim(q)`) still
+/// holds it, and the client's heartbeats go on until `close()`, or until
+/// the client and all its leases are freed (then what is still held is
+/// released).
 #[wasm_bindgen]
 pub struct Lease {
     inner: Rc<LeaseInner>,
+    /// The client, strongly (the client holds its leases' Rust side, never
+    /// this wrapper: no cycle).
+    _client: Option<Rc<ClientInner>>,
 }
 
 impl Lease {
     /// Wraps a Rust lease (for `work()` handlers and tests).
     pub fn from_inner(inner: Rc<LeaseInner>) -> Lease {
-        Lease { inner }
+        Lease {
+            _client: inner.client().ok(),
+            inner,
+        }
     }
 
     /// The Rust side of this lease.

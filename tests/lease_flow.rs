@@ -763,6 +763,53 @@ async fn a_heartbeat_error_code_the_client_does_not_know_never_loses_the_lease()
     assert_eq!(item(id).await.state, ItemState::Done);
 }
 
+/// A `Lease` keeps its `LeaseClient` alive: with the client freed (as the
+/// garbage collector frees `await new LeaseClient(url, o).claim(q)`'s)
+/// while the app still holds the lease, the lease stays held, is
+/// heartbeated past its TTL and settles. Before, freeing the client
+/// released its leases under the app: the lease ended `released`.
+#[wasm_bindgen_test]
+async fn a_lease_outlives_its_freed_client_and_keeps_heartbeating() {
+    let Some((base, token)) = server() else {
+        return;
+    };
+    let q = fresh_queue("orphan");
+    let id = enqueue(&q, json!({})).await;
+    let options = js_sys::Object::new();
+    for (k, v) in [
+        ("accessToken", JsValue::from(token)),
+        ("journal", JsValue::FALSE),
+        ("releaseOnPagehide", JsValue::FALSE),
+    ] {
+        Reflect::set(&options, &k.into(), &v).unwrap();
+    }
+    let client = agentstore::lease_api::LeaseClient::new(base.into(), options.into()).unwrap();
+    let v =
+        wasm_bindgen_futures::JsFuture::from(client.claim(q.as_str().into(), JsValue::UNDEFINED))
+            .await
+            .expect("claim");
+    let lease =
+        <agentstore::lease_api::Lease as wasm_bindgen::convert::TryFromJsValue>::try_from_js_value(
+            v,
+        )
+        .expect("a Lease");
+    drop(client);
+    // Past one TTL from the claim: held only if heartbeats went on.
+    let start = now();
+    while now() - start < 1.5 * TTL_MS {
+        assert_eq!(lease.status(), "held");
+        sleep(100.0).await;
+    }
+    wasm_bindgen_futures::JsFuture::from(lease.settle(
+        "done".into(),
+        JsValue::UNDEFINED,
+        JsValue::UNDEFINED,
+    ))
+    .await
+    .expect("settles");
+    assert_eq!(item(id).await.state, ItemState::Done);
+}
+
 /// A settle result, error message, state or URL longer than the module's
 /// whole memory goes through (or is refused) without being copied into it:
 /// wasm memory never shrinks, so a copy would keep the page that large.

@@ -173,7 +173,11 @@ impl LeaseInner {
         })
     }
 
-    fn client(&self) -> Result<Rc<ClientInner>> {
+    /// The client, while it lives.
+    ///
+    /// # Errors
+    /// `Closed` once it is freed.
+    pub(crate) fn client(&self) -> Result<Rc<ClientInner>> {
         self.client.upgrade().ok_or(LeaseError::Closed)
     }
 
