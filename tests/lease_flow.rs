@@ -810,6 +810,83 @@ async fn a_lease_outlives_its_freed_client_and_keeps_heartbeating() {
     assert_eq!(item(id).await.state, ItemState::Done);
 }
 
+/// A client holding more leases than one batched heartbeat carries (500)
+/// sends every batch of a pass at once: a batch whose answer hangs never
+/// holds back the heartbeat of the leases in the next one. Before, the
+/// batches went one after another, so lease 501 got no heartbeat until the
+/// first batch's request timed out (30 s) and could expire locally meanwhile.
+#[wasm_bindgen_test]
+async fn a_hanging_heartbeat_batch_never_holds_back_the_next_one() {
+    if server().is_none() {
+        return;
+    }
+    // Claims and heartbeats answered by a fake `fetch` (item ids no test's
+    // server reaches); the batch holding the first lease never answers.
+    let hook = js_sys::Function::new_no_args(
+        "const real = globalThis.fetch;
+        const first = 2 ** 52;
+        const seen = new Set();
+        let next = 0;
+        const answer = (status, body) => ({ status, headers: { get: () => null }, json: async () => body });
+        globalThis.fetch = async (url, init) => {
+            url = String(url);
+            if (url.endsWith('/claims')) {
+                const id = first + next++;
+                return answer(201, { item: { id, epoch: 1 }, lease: { token: 't'.repeat(43),
+                    epoch: 1, ttl_ms: 60000, heartbeat_ms: 1 } });
+            }
+            if (url.endsWith('/v1/heartbeats')) {
+                const { leases } = JSON.parse(init.body);
+                for (const l of leases) seen.add(l.item_id);
+                if (leases.some((l) => l.item_id === first)) return new Promise(() => {});
+                return answer(200, { results: leases.map((l) => ({ item_id: l.item_id, ok: true, ttl_ms: 60000 })) });
+            }
+            return answer(204, null);
+        };
+        return { seen: (id) => seen.has(id), restore: () => { globalThis.fetch = real; } };",
+    )
+    .call0(&JsValue::NULL)
+    .unwrap();
+    let c = admin_client(agentstore::lease::ClientConfig {
+        use_locks: false,
+        ..config()
+    });
+    // Each lease's heartbeats wait until all are claimed (its heartbeat is
+    // due at once: a 1 ms interval), so one pass sends all 501, the first
+    // lease in the first batch.
+    let mut leases = Vec::new();
+    for _ in 0..501 {
+        let l = claim(&c, "many").await;
+        l.set_heartbeats_paused(true);
+        leases.push(l);
+    }
+    for l in &leases {
+        l.set_heartbeats_paused(false);
+    }
+    let last = leases[500].item_id;
+    let seen = |id: i64| {
+        js_sys::Function::from(Reflect::get(&hook, &"seen".into()).unwrap())
+            .call1(&hook, &JsValue::from(id as f64))
+            .unwrap()
+            .is_truthy()
+    };
+    let sent = within(10_000.0, async {
+        while !seen(last) {
+            sleep(10.0).await;
+        }
+    })
+    .await;
+    c.close().await;
+    js_sys::Function::from(Reflect::get(&hook, &"restore".into()).unwrap())
+        .call0(&hook)
+        .unwrap();
+    assert!(seen(1i64 << 52), "the first batch went out");
+    assert!(
+        sent.is_some(),
+        "lease 501's heartbeat waited for the hanging batch"
+    );
+}
+
 /// A settle result, error message, state or URL longer than the module's
 /// whole memory goes through (or is refused) without being copied into it:
 /// wasm memory never shrinks, so a copy would keep the page that large.

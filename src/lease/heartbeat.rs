@@ -102,91 +102,91 @@ impl ClientInner {
             for l in &due {
                 l.plan.borrow_mut().on_sent();
             }
-            let me = self.clone();
             let timeout = pass.timeout_ms.max(1.0);
-            wasm_bindgen_futures::spawn_local(async move {
-                me.heartbeat_batch(&due, now, timeout).await;
-                me.wake();
-            });
+            // One request per chunk, all at once: a chunk never waits for
+            // an earlier one's (slow) answer while its leases, marked sent,
+            // get no other heartbeat.
+            for chunk in due.chunks(MAX_BATCH) {
+                let (me, chunk) = (self.clone(), chunk.to_vec());
+                wasm_bindgen_futures::spawn_local(async move {
+                    me.heartbeat_batch(&chunk, now, timeout).await;
+                    me.wake();
+                });
+            }
         }
         Some(pass.wake_in_ms.unwrap_or(0.0))
     }
 
-    /// One batched heartbeat request for `leases`, sent at `sent_at`. After
-    /// `timeout_ms` (the least time left to a deadline in it) it counts as a
-    /// failure, so a retry can go out in time; the request itself runs on to
-    /// the client's request timeout, and a late answer is still read (a
-    /// success renews a lease still held, and releases one already lost).
+    /// One batched heartbeat request for `chunk` (at most [`MAX_BATCH`]
+    /// leases), sent at `sent_at`. After `timeout_ms` (the least time left
+    /// to a deadline in the pass) it counts as a failure, so a retry can go
+    /// out in time; the request itself runs on to the client's request
+    /// timeout, and a late answer is still read (a success renews a lease
+    /// still held, and releases one already lost).
     async fn heartbeat_batch(
         self: &Rc<Self>,
-        leases: &[Rc<LeaseInner>],
+        chunk: &[Rc<LeaseInner>],
         sent_at: f64,
         timeout_ms: f64,
     ) {
-        for chunk in leases.chunks(MAX_BATCH) {
-            let body = to_js(&BatchHeartbeatRequest {
-                leases: chunk
-                    .iter()
-                    .map(|l| BatchHeartbeatEntry {
-                        item_id: l.item_id,
-                        token: l.token().to_owned(),
-                    })
-                    .collect(),
-            });
-            let request_timeout = self.config.request_timeout_ms;
-            let mut request =
-                Box::pin(self.authed("POST", "/v1/heartbeats", Some(&body), request_timeout, None));
-            let mut late = false;
-            let outcome = match select(request.as_mut(), Box::pin(sleep_ms(timeout_ms))).await {
-                Either::Left((r, _)) => r,
-                Either::Right(((), _)) => {
-                    let now = now_ms();
-                    for lease in chunk {
-                        lease.plan.borrow_mut().on_failure(now, random());
-                    }
-                    self.wake();
-                    late = true;
-                    request.await
+        let body = to_js(&BatchHeartbeatRequest {
+            leases: chunk
+                .iter()
+                .map(|l| BatchHeartbeatEntry {
+                    item_id: l.item_id,
+                    token: l.token().to_owned(),
+                })
+                .collect(),
+        });
+        let request_timeout = self.config.request_timeout_ms;
+        let mut request =
+            Box::pin(self.authed("POST", "/v1/heartbeats", Some(&body), request_timeout, None));
+        let mut late = false;
+        let outcome = match select(request.as_mut(), Box::pin(sleep_ms(timeout_ms))).await {
+            Either::Left((r, _)) => r,
+            Either::Right(((), _)) => {
+                let now = now_ms();
+                for lease in chunk {
+                    lease.plan.borrow_mut().on_failure(now, random());
                 }
-            };
-            let outcome = outcome.and_then(|a| parse::<BatchHeartbeatResponse>(&a.body));
-            let now = now_ms();
-            let Ok(resp) = outcome else {
-                if !late {
-                    for lease in chunk {
-                        lease.plan.borrow_mut().on_failure(now, random());
-                    }
+                self.wake();
+                late = true;
+                request.await
+            }
+        };
+        let outcome = outcome.and_then(|a| parse::<BatchHeartbeatResponse>(&a.body));
+        let now = now_ms();
+        let Ok(resp) = outcome else {
+            if !late {
+                for lease in chunk {
+                    lease.plan.borrow_mut().on_failure(now, random());
                 }
-                continue;
-            };
-            for lease in chunk {
-                match resp.results.iter().find(|r| r.item_id == lease.item_id) {
-                    Some(r) if r.ok => lease.on_heartbeat_ok(sent_at, now, late),
-                    Some(r) => {
-                        let code = r.error.as_ref().map_or(ErrorCode::ClaimLost, |e| e.code);
-                        match code {
-                            // Sent before a settle or release that landed
-                            // first: that call's own answer decides.
-                            ErrorCode::ClaimLost
-                            | ErrorCode::StateConflict
-                            | ErrorCode::NotFound
-                                if lease.ending_pending() => {}
-                            ErrorCode::ClaimLost
-                            | ErrorCode::StateConflict
-                            | ErrorCode::NotFound => {
-                                let message = r
-                                    .error
-                                    .as_ref()
-                                    .map_or("claim lost", |e| e.message.as_str());
-                                lease.lose(LossReason::ClaimLost, message);
-                            }
-                            _ if late => {}
-                            _ => lease.plan.borrow_mut().on_failure(now, random()),
+            }
+            return;
+        };
+        for lease in chunk {
+            match resp.results.iter().find(|r| r.item_id == lease.item_id) {
+                Some(r) if r.ok => lease.on_heartbeat_ok(sent_at, now, late),
+                Some(r) => {
+                    let code = r.error.as_ref().map_or(ErrorCode::ClaimLost, |e| e.code);
+                    match code {
+                        // Sent before a settle or release that landed
+                        // first: that call's own answer decides.
+                        ErrorCode::ClaimLost | ErrorCode::StateConflict | ErrorCode::NotFound
+                            if lease.ending_pending() => {}
+                        ErrorCode::ClaimLost | ErrorCode::StateConflict | ErrorCode::NotFound => {
+                            let message = r
+                                .error
+                                .as_ref()
+                                .map_or("claim lost", |e| e.message.as_str());
+                            lease.lose(LossReason::ClaimLost, message);
                         }
+                        _ if late => {}
+                        _ => lease.plan.borrow_mut().on_failure(now, random()),
                     }
-                    None if late => {}
-                    None => lease.plan.borrow_mut().on_failure(now, random()),
                 }
+                None if late => {}
+                None => lease.plan.borrow_mut().on_failure(now, random()),
             }
         }
     }
