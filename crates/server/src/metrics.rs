@@ -30,9 +30,9 @@ use prometheus::{
 
 use crate::store::{Store, StoreError};
 
-/// The passes that count the rows they cannot decode
+/// The passes and calls that count the rows they cannot decode
 /// (`agentstore_unreadable_rows_total{by}`).
-pub const UNREADABLE_BY: [&str; 3] = ["reaper", "list", "stats"];
+pub const UNREADABLE_BY: [&str; 6] = ["reaper", "list", "stats", "claim", "settle", "release"];
 
 /// `Content-Type` of the text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";

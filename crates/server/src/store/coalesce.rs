@@ -24,7 +24,6 @@ use std::sync::Mutex;
 
 use sqlx::any::AnyRow;
 
-use super::item::{item_from_row, Item};
 use super::{get, StoreError};
 
 /// Most calls one statement carries (7 bind parameters each for a settle:
@@ -83,25 +82,25 @@ impl<K: Eq + Hash + Clone, T> Lanes<K, T> {
     }
 }
 
-/// A call's row of a batch statement: none (nothing applied for it), or its
-/// item, decoded on its own (a row that does not decode is that call's
-/// error alone).
-pub(super) type CallRow = Option<Result<Item, StoreError>>;
-
-/// A batch statement's rows put back in call order: each row names its call
-/// by the 1-based `n` it was bound with; a call with no row gets `None`.
+/// A batch statement's rows put back in call order, each made into a `T` by
+/// `each(k, row)` for the 0-based call `k` it names (by the 1-based `n` it
+/// was bound with); a call with no row gets `None`.
 ///
 /// # Errors
 /// A row names no call of the batch (then no row can be trusted).
-pub(super) fn by_call(rows: &[AnyRow], calls: usize) -> Result<Vec<CallRow>, StoreError> {
-    let mut out: Vec<CallRow> = (0..calls).map(|_| None).collect();
+pub(super) fn by_call<T>(
+    rows: &[AnyRow],
+    calls: usize,
+    mut each: impl FnMut(usize, &AnyRow) -> T,
+) -> Result<Vec<Option<T>>, StoreError> {
+    let mut out: Vec<Option<T>> = (0..calls).map(|_| None).collect();
     for row in rows {
         let n: i64 = get(row, "n")?;
-        let slot = usize::try_from(n - 1)
+        let k = usize::try_from(n - 1)
             .ok()
-            .and_then(|k| out.get_mut(k))
+            .filter(|&k| k < calls)
             .ok_or_else(|| StoreError::Corrupt(format!("batch row {n}")))?;
-        *slot = Some(item_from_row(row));
+        out[k] = Some(each(k, row));
     }
     Ok(out)
 }

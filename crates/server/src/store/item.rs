@@ -100,6 +100,67 @@ pub type Claimed = ClaimResponse<RawJson>;
 /// protocol's [`ItemList`] over [`Item`].
 pub type ItemPage = ItemList<RawJson>;
 
+/// The answer of an ending call (a settle or a release, or the same call
+/// sent again): the item as the call left it, or, when its row does not
+/// decode, only what the call decided (see `unreadable`). Serialised as the
+/// item, or as `{id, state, unreadable_row: true}`.
+#[derive(Debug, Clone)]
+pub enum Ended {
+    /// The item as it is now.
+    Item(Item),
+    /// The item's row does not decode (a payload or result that is not
+    /// JSON, a counter out of range); the call was applied all the same.
+    Unreadable {
+        /// The item.
+        id: i64,
+        /// The state the call left it in (`None`: a replay found a state
+        /// it does not know).
+        state: Option<ItemState>,
+    },
+}
+
+impl Serialize for Ended {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        match self {
+            Ended::Item(item) => item.serialize(s),
+            Ended::Unreadable { id, state } => {
+                let mut m = s.serialize_map(None)?;
+                m.serialize_entry("id", id)?;
+                if let Some(state) = state {
+                    m.serialize_entry("state", state)?;
+                }
+                m.serialize_entry("unreadable_row", &true)?;
+                m.end()
+            }
+        }
+    }
+}
+
+impl Ended {
+    /// The item's id.
+    pub fn id(&self) -> i64 {
+        match self {
+            Ended::Item(item) => item.id,
+            Ended::Unreadable { id, .. } => *id,
+        }
+    }
+
+    /// The item, when its row decoded.
+    ///
+    /// # Errors
+    /// [`StoreError::Corrupt`] for [`Ended::Unreadable`]: the call WAS
+    /// applied; only the item cannot be read.
+    pub fn into_item(self) -> Result<Item, StoreError> {
+        match self {
+            Ended::Item(item) => Ok(item),
+            Ended::Unreadable { id, .. } => Err(StoreError::Corrupt(format!(
+                "item {id}: applied, but its row cannot be read"
+            ))),
+        }
+    }
+}
+
 /// Decodes an [`ITEM_COLS`] row.
 pub(super) fn item_from_row(row: &AnyRow) -> Result<Item, StoreError> {
     let state: String = get(row, "state")?;

@@ -13,10 +13,11 @@ use agentstore_protocol::lease::{end_attempt, ItemState, Lease, LeaseEvent, Leas
 use agentstore_protocol::ErrorCode;
 use tokio::sync::oneshot;
 
-use super::coalesce::{self, by_call, for_each_call, never_applied, CallRow};
+use super::coalesce::{self, by_call, for_each_call, never_applied};
 use super::fence::{forbidden, not_found, placeholders, rejection};
 use super::item::{
-    item_from_row, lease_item_from_row, qualified_item_cols, Claimed, Item, ItemPage, ITEM_COLS,
+    item_from_row, lease_item_from_row, qualified_item_cols, Claimed, Ended, Item, ItemPage,
+    ITEM_COLS,
 };
 use super::{detached, get, ms, to_u64, Backend, Store, StoreError};
 use crate::tokens::{self, ct_eq};
@@ -35,6 +36,15 @@ struct LeaseRead {
     released_by: Option<i64>,
     now_ms: i64,
     ttl_ms: u64,
+}
+
+/// A claim's outcome in a coalesced claim statement.
+enum ClaimSlot {
+    /// Its answer: an item, none, or an error.
+    Answer(Result<Option<Item>, StoreError>),
+    /// Its row did not decode and was failed (see `unreadable`): it claims
+    /// again, alone.
+    Again,
 }
 
 /// A claim waiting in its queue's lane (PostgreSQL; see `coalesce`).
@@ -80,6 +90,12 @@ impl Store {
     /// LOCKED`, so concurrent claimers on any instance never get the same item; on
     /// SQLite the statement runs under the single writer lock.
     ///
+    /// A claimed row that does not decode (a payload that is not JSON, a
+    /// counter out of range) is failed at once with reason
+    /// [`UNREADABLE_REASON`](super::UNREADABLE_REASON), fenced on the new
+    /// token, and the next item is claimed: the answer is a readable item or
+    /// `None`, never an error for work left committed (see `unreadable`).
+    ///
     /// # Errors
     /// The database failed.
     pub async fn claim(
@@ -111,7 +127,9 @@ impl Store {
         Ok(item.map(|item| self.claim_response(item, token.0)))
     }
 
-    /// The single-row claim statement (see [`Store::claim`]).
+    /// The single-row claim statement (see [`Store::claim`]), sent again
+    /// while the row it claimed does not decode: each such row is failed, so
+    /// the loop ends with a readable item or none.
     async fn claim_one(
         &self,
         queue: &str,
@@ -128,15 +146,28 @@ impl Store {
              RETURNING {ITEM_COLS}",
             ttl = ms(self.settings.ttl_ms),
         ));
-        let row = sqlx::query(&sql)
-            .bind(queue)
-            .bind(token_hash)
-            .bind(worker_id)
-            .fetch_optional(&self.pool)
-            .await?;
-        self.metrics
-            .claimed(row.is_some().into(), row.is_none().into());
-        row.as_ref().map(item_from_row).transpose()
+        loop {
+            let row = sqlx::query(&sql)
+                .bind(queue)
+                .bind(token_hash)
+                .bind(worker_id)
+                .fetch_optional(&self.pool)
+                .await?;
+            let Some(row) = row else {
+                self.metrics.claimed(0, 1);
+                return Ok(None);
+            };
+            match item_from_row(&row) {
+                Ok(item) => {
+                    self.metrics.claimed(1, 0);
+                    return Ok(Some(item));
+                }
+                Err(e) => {
+                    self.fail_unreadable_claim(get(&row, "id")?, token_hash, &e)
+                        .await?;
+                }
+            }
+        }
     }
 
     /// Drains `queue`'s claim lane (PostgreSQL): each batch is ONE statement
@@ -145,12 +176,13 @@ impl Store {
     /// hash and worker); claims beyond the items found get `None`. A batch
     /// whose statement never applied (see `never_applied`) is retried claim
     /// by claim, so each caller gets its own answer. Any other failure (the
-    /// connection lost while the answer was read, a row that does not
-    /// decode) may come after the statement committed: its claims are
-    /// answered with the error and NOT claimed again, which would hand out
-    /// further items while the first ones stay running under tokens nobody
-    /// received (they expire after the TTL, an attempt counted, as any lease
-    /// whose answer was lost).
+    /// connection lost while the answer was read) may come after the
+    /// statement committed: its claims are answered with the error and NOT
+    /// claimed again, which would hand out further items while the first
+    /// ones stay running under tokens nobody received (they expire after the
+    /// TTL, an attempt counted, as any lease whose answer was lost). A row
+    /// that does not decode is failed, fenced on its claim's token, and
+    /// only that claim runs again (see [`Store::claim`]).
     async fn run_claims(self, queue: String) {
         while let Some(batch) = self.claims.next(&queue, coalesce::MAX_BATCH) {
             if batch.len() == 1 {
@@ -161,11 +193,17 @@ impl Store {
                 continue;
             }
             match self.claim_batch(&queue, &batch).await {
-                Ok(mut items) => {
+                Ok(slots) => {
                     self.coalesced
                         .fetch_add(batch.len() as u64, Ordering::Relaxed);
-                    for (job, item) in batch.into_iter().zip(items.drain(..)) {
-                        let _ = job.reply.send(item.transpose());
+                    for (job, slot) in batch.into_iter().zip(slots) {
+                        let out = match slot {
+                            ClaimSlot::Answer(out) => out,
+                            ClaimSlot::Again => {
+                                self.claim_one(&queue, &job.token_hash, job.worker_id).await
+                            }
+                        };
+                        let _ = job.reply.send(out);
                     }
                 }
                 Err(e) if never_applied(&e) => {
@@ -187,7 +225,7 @@ impl Store {
         &self,
         queue: &str,
         batch: &[ClaimJob],
-    ) -> Result<Vec<CallRow>, StoreError> {
+    ) -> Result<Vec<ClaimSlot>, StoreError> {
         let values: Vec<String> = (0..batch.len())
             .map(|k| {
                 let p = 3 * k + 2;
@@ -222,11 +260,31 @@ impl Store {
                 .bind(job.worker_id);
         }
         let rows = q.fetch_all(&self.pool).await?;
-        // Committed: one row per claim that got an item, whether or not the
-        // rows decode.
-        let items = rows.len() as u64;
-        self.metrics.claimed(items, batch.len() as u64 - items);
-        by_call(&rows, batch.len())
+        // Committed: one row per claim that got an item. A row that does not
+        // decode is failed below and its claim runs again (counted then).
+        let decoded = by_call(&rows, batch.len(), |_, row| {
+            item_from_row(row).map_err(|e| (get::<i64>(row, "id"), e))
+        })?;
+        let readable = decoded.iter().filter(|d| matches!(d, Some(Ok(_)))).count();
+        self.metrics.claimed(
+            readable as u64,
+            batch.len().saturating_sub(rows.len()) as u64,
+        );
+        let mut slots = Vec::with_capacity(batch.len());
+        for (job, row) in batch.iter().zip(decoded) {
+            slots.push(match row {
+                None => ClaimSlot::Answer(Ok(None)),
+                Some(Ok(item)) => ClaimSlot::Answer(Ok(Some(item))),
+                Some(Err((Ok(id), e))) => {
+                    match self.fail_unreadable_claim(id, &job.token_hash, &e).await {
+                        Ok(_) => ClaimSlot::Again,
+                        Err(e) => ClaimSlot::Answer(Err(e)),
+                    }
+                }
+                Some(Err((Err(e), _))) => ClaimSlot::Answer(Err(e)),
+            });
+        }
+        Ok(slots)
     }
 
     fn claim_response(&self, item: Item, token: String) -> Claimed {
@@ -366,7 +424,9 @@ impl Store {
     /// all safe to retry this way (settle: [`Store::settle_reporting`]).
     ///
     /// # Errors
-    /// As [`Store::heartbeat`].
+    /// As [`Store::heartbeat`]; `Corrupt` when the release WAS applied but
+    /// the item's row does not decode ([`Store::release_reporting`] answers
+    /// [`Ended::Unreadable`] then).
     pub async fn release(
         &self,
         id: i64,
@@ -375,12 +435,14 @@ impl Store {
     ) -> Result<Item, StoreError> {
         self.release_reporting(id, token, owner)
             .await
-            .map(|(item, _)| item)
+            .and_then(|(ended, _)| ended.into_item())
     }
 
     /// [`Store::release`], also saying whether this was a replay (see
     /// `released_before`), which changed nothing and must not be counted
-    /// again.
+    /// again. A release (or its replay) whose row does not decode is
+    /// answered [`Ended::Unreadable`], never an error: it was applied (see
+    /// `unreadable`).
     ///
     /// # Errors
     /// As [`Store::heartbeat`].
@@ -389,7 +451,7 @@ impl Store {
         id: i64,
         token: &str,
         owner: Option<i64>,
-    ) -> Result<(Item, bool), StoreError> {
+    ) -> Result<(Ended, bool), StoreError> {
         let (store, hash) = (self.clone(), tokens::hash(token));
         detached(async move { store.release_one(id, &hash, owner).await }).await
     }
@@ -400,7 +462,7 @@ impl Store {
         id: i64,
         hash: &str,
         owner: Option<i64>,
-    ) -> Result<(Item, bool), StoreError> {
+    ) -> Result<(Ended, bool), StoreError> {
         let Some(read) = self.read_lease(id).await? else {
             return Err(not_found(id));
         };
@@ -453,7 +515,7 @@ impl Store {
                 if state == ItemState::Failed {
                     self.metrics.retry_limit_failed("release", 1);
                 }
-                Ok((item_from_row(&row)?, false))
+                Ok((self.ended(&row, id, Some(state), "release", true), false))
             }
             None => match self.released_before(id, hash, owner).await? {
                 Some(item) => Ok((item, true)),
@@ -472,7 +534,7 @@ impl Store {
         id: i64,
         hash: &str,
         owner: Option<i64>,
-    ) -> Result<Option<Item>, StoreError> {
+    ) -> Result<Option<Ended>, StoreError> {
         let sql = format!(
             "SELECT {ITEM_COLS} FROM items
              WHERE id = $1 AND released_token_hash = $2 AND ($3 = 0 OR released_by = $3)"
@@ -483,7 +545,12 @@ impl Store {
             .bind(owner.unwrap_or(0))
             .fetch_optional(&self.pool)
             .await?;
-        row.map(|r| item_from_row(&r)).transpose()
+        Ok(row.map(|r| {
+            let state = get::<String>(&r, "state")
+                .ok()
+                .and_then(|s| ItemState::parse(&s));
+            self.ended(&r, id, state, "release", false)
+        }))
     }
 
     /// Resumes a paused item: running again with a NEW token and `epoch + 1`;

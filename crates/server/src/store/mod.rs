@@ -13,12 +13,14 @@ mod migrate;
 mod reap;
 mod settle;
 mod stats;
+mod unreadable;
 mod workers;
 
 pub(crate) use fence::claim_lost;
-pub use item::{Claimed, Item, ItemPage, RawJson};
+pub use item::{Claimed, Ended, Item, ItemPage, RawJson};
 pub use migrate::{migrate, pending, MIGRATIONS};
-pub use reap::{ExpiredClaim, UNREADABLE_REASON};
+pub use reap::ExpiredClaim;
+pub use unreadable::UNREADABLE_REASON;
 pub use workers::Principal;
 
 use agentstore_protocol::lease::{DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_REDELIVERIES, DEFAULT_TTL_MS};

@@ -17,10 +17,8 @@ use agentstore_protocol::lease::{end_attempt, ItemState, LeaseEvent, LeaseItem};
 use sqlx::any::AnyRow;
 
 use super::item::lease_item_from_row;
+use super::unreadable::{fail_set, UNREADABLE_REASON};
 use super::{get, ms, to_u64, Store, StoreError};
-
-/// `last_error` of an item the reaper failed because it could not read its row.
-pub const UNREADABLE_REASON: &str = "unreadable_row";
 
 /// Expired claims read per statement of a pass.
 const PAGE: u32 = 500;
@@ -53,11 +51,6 @@ fn expired_from_row(id: i64, row: &AnyRow) -> Result<ExpiredClaim, StoreError> {
         now_ms: get(row, "now_ms")?,
         ttl_ms: to_u64(get(row, "ttl_ms")?, "lease_ttl_ms")?,
     })
-}
-
-/// Clamps an integer column into `0..=max` (SQL shared by both backends).
-fn clamped(col: &str, max: i64) -> String {
-    format!("{col} = CASE WHEN {col} < 0 THEN 0 WHEN {col} > {max} THEN {max} ELSE {col} END")
 }
 
 impl Store {
@@ -146,15 +139,11 @@ impl Store {
     /// was failed.
     async fn fail_unreadable(&self, id: i64) -> Result<bool, StoreError> {
         let sql = self.sql(&format!(
-            "UPDATE items SET state = 'failed', last_error = $2, token_hash = NULL,
-                 lease_ttl_ms = NULL, worker_id = NULL, heartbeat_at = NULL, updated_at = {{now}},
-                 {attempts}, {max}, {epoch}
+            "UPDATE items SET {}
              WHERE id = $1 AND state = 'running'
                AND (heartbeat_at IS NULL
                     OR heartbeat_at <= {{now}} - COALESCE(lease_ttl_ms, $3))",
-            attempts = clamped("attempts", i64::from(u32::MAX)),
-            max = clamped("max_redeliveries", i64::from(u32::MAX)),
-            epoch = clamped("epoch", i64::MAX),
+            fail_set()
         ));
         let done = sqlx::query(&sql)
             .bind(id)

@@ -12,9 +12,9 @@ use serde_json::Value;
 use sqlx::any::AnyRow;
 use tokio::sync::oneshot;
 
-use super::coalesce::{self, by_call, for_each_call, never_applied, CallRow};
+use super::coalesce::{self, by_call, for_each_call, never_applied};
 use super::fence::{distinct, not_found, placeholders, Fence};
-use super::item::{item_from_row, qualified_item_cols, same_json, Item, ITEM_COLS};
+use super::item::{qualified_item_cols, same_json, Ended, Item, ITEM_COLS};
 use super::{detached, get, Backend, Store, StoreError};
 use crate::tokens::{self, ct_eq};
 
@@ -27,7 +27,7 @@ pub(super) struct SettleJob {
     state: SettleState,
     result: Option<String>,
     error: Option<String>,
-    reply: Option<oneshot::Sender<Result<(Item, bool), StoreError>>>,
+    reply: Option<oneshot::Sender<Result<(Ended, bool), StoreError>>>,
 }
 
 impl SettleJob {
@@ -36,7 +36,7 @@ impl SettleJob {
         ItemState::from(self.state).as_str()
     }
 
-    fn answer(self, out: Result<(Item, bool), StoreError>) {
+    fn answer(self, out: Result<(Ended, bool), StoreError>) {
         if let Some(reply) = self.reply {
             let _ = reply.send(out);
         }
@@ -50,7 +50,9 @@ impl Store {
     ///
     /// Also says whether this was a replay (see `settled_before`),
     /// which changed nothing and must not be counted again. `result` is
-    /// stored as it is written.
+    /// stored as it is written. A settle (or its replay) whose row does not
+    /// decode is answered [`Ended::Unreadable`], never an error: it was
+    /// applied (see `unreadable`).
     ///
     /// # Errors
     /// As [`Store::heartbeat`].
@@ -62,7 +64,7 @@ impl Store {
         state: SettleState,
         result: Option<&RawValue>,
         error: Option<&str>,
-    ) -> Result<(Item, bool), StoreError> {
+    ) -> Result<(Ended, bool), StoreError> {
         let result = result.map(|r| r.get().to_owned());
         self.settle_text(id, token, owner, state, result, error)
             .await
@@ -77,7 +79,7 @@ impl Store {
         state: SettleState,
         result: Option<String>,
         error: Option<&str>,
-    ) -> Result<(Item, bool), StoreError> {
+    ) -> Result<(Ended, bool), StoreError> {
         let job = SettleJob {
             id,
             hash: tokens::hash(token),
@@ -111,7 +113,9 @@ impl Store {
     /// as a `Value` (stored as compact JSON).
     ///
     /// # Errors
-    /// As [`Store::heartbeat`].
+    /// As [`Store::heartbeat`]; `Corrupt` when the settle WAS applied but
+    /// the item's row does not decode ([`Store::settle_reporting`] answers
+    /// [`Ended::Unreadable`] then).
     pub async fn settle(
         &self,
         id: i64,
@@ -123,11 +127,11 @@ impl Store {
     ) -> Result<Item, StoreError> {
         self.settle_text(id, token, owner, state, result.map(Value::to_string), error)
             .await
-            .map(|(item, _)| item)
+            .and_then(|(ended, _)| ended.into_item())
     }
 
     /// The single-row settle statement (see [`Store::settle`]).
-    async fn settle_one(&self, job: &SettleJob) -> Result<(Item, bool), StoreError> {
+    async fn settle_one(&self, job: &SettleJob) -> Result<(Ended, bool), StoreError> {
         let sql = self.sql(&format!(
             "UPDATE items SET state = $3, result = $4, last_error = $5, token_hash = NULL, lease_ttl_ms = NULL,
                  settled_token_hash = $2, settled_by = worker_id, worker_id = NULL,
@@ -149,14 +153,15 @@ impl Store {
         match row {
             Some(row) => {
                 self.metrics.settled(job.state);
-                Ok((item_from_row(&row)?, false))
+                let state = Some(job.state.into());
+                Ok((self.ended(&row, job.id, state, "settle", true), false))
             }
             None => self.settled_before(job).await.map(|item| (item, true)),
         }
     }
 
     /// A settle that matched no running lease (see [`replay_or_rejection`]).
-    async fn settled_before(&self, job: &SettleJob) -> Result<Item, StoreError> {
+    async fn settled_before(&self, job: &SettleJob) -> Result<Ended, StoreError> {
         self.settled_before_many(&[job])
             .await
             .pop()
@@ -165,7 +170,7 @@ impl Store {
 
     /// Settles that matched no running lease, each answered by
     /// [`replay_or_rejection`], from ONE read of every item they name.
-    async fn settled_before_many(&self, jobs: &[&SettleJob]) -> Vec<Result<Item, StoreError>> {
+    async fn settled_before_many(&self, jobs: &[&SettleJob]) -> Vec<Result<Ended, StoreError>> {
         if jobs.is_empty() {
             return Vec::new();
         }
@@ -195,7 +200,7 @@ impl Store {
         }
         jobs.iter()
             .map(|job| match by_id.get(&job.id) {
-                Some(row) => replay_or_rejection(job, row),
+                Some(row) => replay_or_rejection(self, job, row),
                 None => Err(not_found(job.id)),
             })
             .collect()
@@ -232,7 +237,7 @@ impl Store {
                     let mut told = self.settled_before_many(&missed).await.into_iter();
                     for (job, item) in batch.into_iter().zip(applied) {
                         let out = match item {
-                            Some(item) => item.map(|item| (item, false)),
+                            Some(ended) => Ok((ended, false)),
                             None => told
                                 .next()
                                 .unwrap_or_else(|| Err(not_found(job.id)))
@@ -256,7 +261,7 @@ impl Store {
         }
     }
 
-    async fn settle_batch(&self, batch: &[SettleJob]) -> Result<Vec<CallRow>, StoreError> {
+    async fn settle_batch(&self, batch: &[SettleJob]) -> Result<Vec<Option<Ended>>, StoreError> {
         let values: Vec<String> = (0..batch.len())
             .map(|k| {
                 let p = 7 * k + 1;
@@ -308,7 +313,10 @@ impl Store {
         for job in applied {
             self.metrics.settled(job.state);
         }
-        by_call(&rows, batch.len())
+        by_call(&rows, batch.len(), |k, row| {
+            let job = &batch[k];
+            self.ended(row, job.id, Some(job.state.into()), "settle", true)
+        })
     }
 }
 
@@ -318,8 +326,10 @@ impl Store {
 /// it is answered with the item, so the holder can retry a settle safely (an
 /// idempotent retry, as with an idempotency key: the same key with other
 /// content is refused). Otherwise the usual rejection (`claim_lost`,
-/// `state_conflict`, …). Read-only: a replay changes nothing.
-fn replay_or_rejection(job: &SettleJob, row: &AnyRow) -> Result<Item, StoreError> {
+/// `state_conflict`, …). Read-only: a replay changes nothing. Told from the
+/// fence columns, the result and the error only, so a row whose payload does
+/// not decode is still answered (as [`Ended::Unreadable`]).
+fn replay_or_rejection(store: &Store, job: &SettleJob, row: &AnyRow) -> Result<Ended, StoreError> {
     let settled: Option<String> = get(row, "settled_token_hash")?;
     let settled_by: Option<i64> = get(row, "settled_by")?;
     let state: String = get(row, "state")?;
@@ -329,14 +339,16 @@ fn replay_or_rejection(job: &SettleJob, row: &AnyRow) -> Result<Item, StoreError
         && state == job.state_name()
         && (job.owner.is_none() || settled_by == job.owner);
     if same_lease {
-        let item = item_from_row(row)?;
-        let same_result = match (&item.result, &job.result) {
+        let result: Option<String> = get(row, "result")?;
+        let last_error: Option<String> = get(row, "last_error")?;
+        let same_result = match (&result, &job.result) {
             (None, None) => true,
-            (Some(stored), Some(sent)) => same_json(stored.get(), sent),
+            (Some(stored), Some(sent)) => same_json(stored, sent),
             _ => false,
         };
-        if same_result && item.last_error == job.error {
-            return Ok(item);
+        if same_result && last_error == job.error {
+            let state = Some(job.state.into());
+            return Ok(store.ended(row, job.id, state, "settle", false));
         }
     }
     Err(Fence::from_row(row)?.rejection(job.id, &job.hash, job.owner))

@@ -79,6 +79,8 @@ conformance! {
     unreadable::an_unreadable_running_row_does_not_stop_the_reaper_taking_over_the_others,
     unreadable::an_unreadable_row_is_left_out_of_listings_and_gauges_and_the_rest_is_answered,
     unreadable::negative_retry_counts_left_by_older_migrations_are_clamped_to_zero,
+    unreadable::a_claim_fails_an_unreadable_row_and_answers_the_next_readable_item,
+    unreadable::a_settle_or_release_of_an_unreadable_row_is_answered_and_so_is_its_retry,
     instances::two_instances_with_eight_claimers_settle_every_item_exactly_once,
     roles::every_endpoint_allows_exactly_its_roles_and_a_refusal_changes_nothing,
     roles::a_worker_enrolled_for_one_queue_claims_there_and_nowhere_else,

@@ -197,3 +197,162 @@ pub async fn negative_retry_counts_left_by_older_migrations_are_clamped_to_zero(
     let untouched = store.item(b.id).await.unwrap().unwrap();
     assert_eq!((untouched.max_redeliveries, untouched.attempts), (3, 0));
 }
+
+/// `(state, last_error)` of item `id`, read with raw SQL (its row does not
+/// decode as an item).
+async fn raw_state(store: &Store, id: i64) -> (String, Option<String>) {
+    sqlx::query_as("SELECT state, last_error FROM items WHERE id = $1")
+        .bind(id)
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
+/// A claim that lands on a row it cannot decode (a payload that is not JSON)
+/// fails that row with reason `unreadable_row` and answers the next readable
+/// item, or nothing. Before, the claim committed the row as `running` under a
+/// token nobody received and answered 500; after the TTL the reaper reopened
+/// it and the next claim answered 500 again, up to the retry cap. Concurrent
+/// claims (one coalesced statement on PostgreSQL) each get a readable item
+/// of their own.
+pub async fn a_claim_fails_an_unreadable_row_and_answers_the_next_readable_item(db: TestDb) {
+    let store = db.store(Settings::default()).await;
+    let bad = store.enqueue("q", &json!("bad"), None).await.unwrap();
+    let good = store.enqueue("q", &json!("good"), None).await.unwrap();
+    let alone = store.enqueue("alone", &json!("bad"), None).await.unwrap();
+    for id in [bad.id, alone.id] {
+        set(
+            &store,
+            "UPDATE items SET payload = 'not json' WHERE id = $1",
+            id,
+        )
+        .await;
+    }
+
+    let claimed = store.claim("q", None).await.expect("no 500").expect("good");
+    assert_eq!(claimed.item.id, good.id);
+    assert!(store.claim("q", None).await.unwrap().is_none());
+    assert!(
+        store.claim("alone", None).await.expect("no 500").is_none(),
+        "a queue holding only an unreadable row is answered as empty"
+    );
+    for id in [bad.id, alone.id] {
+        assert_eq!(
+            raw_state(&store, id).await,
+            ("failed".to_owned(), Some(UNREADABLE_REASON.to_owned())),
+            "item {id}"
+        );
+    }
+    assert_eq!(unreadable_counted(&store, "claim").await, "2");
+    let (running,): (i64,) =
+        sqlx::query_as("SELECT COUNT(*) FROM items WHERE token_hash IS NOT NULL")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(running, 1, "only the claim that was answered holds a token");
+
+    // Many claims at once over bad and good rows interleaved.
+    let mut goods = Vec::new();
+    for k in 0..16 {
+        let item = store.enqueue("many", &json!(k), None).await.unwrap();
+        if k % 2 == 0 {
+            set(
+                &store,
+                "UPDATE items SET payload = 'not json' WHERE id = $1",
+                item.id,
+            )
+            .await;
+        } else {
+            goods.push(item.id);
+        }
+    }
+    let answers = crate::common::at_once(12, |_| {
+        let store = store.clone();
+        async move { store.claim("many", None).await }
+    })
+    .await;
+    let mut got: Vec<i64> = answers
+        .into_iter()
+        .filter_map(|a| a.expect("no claim fails").map(|c| c.item.id))
+        .collect();
+    got.sort_unstable();
+    assert_eq!(got, goods, "each readable item handed out exactly once");
+    let (tokens,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM items WHERE queue = 'many' AND token_hash IS NOT NULL",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(tokens, 8, "no lease is held under a token nobody received");
+}
+
+/// A settle or a release whose row no longer decodes (its payload corrupted
+/// while the lease ran) is answered 200 with the item's id and new state,
+/// and so is the same call sent again (a replay). Before, both were 500
+/// after the commit, and every retry 500 again.
+pub async fn a_settle_or_release_of_an_unreadable_row_is_answered_and_so_is_its_retry(db: TestDb) {
+    let server = crate::common::http_server(&db).await;
+    let store = server.store().clone();
+    let http = reqwest::Client::new();
+    let base = server.url();
+    let mut leases = Vec::new();
+    for _ in 0..2 {
+        let id = crate::common::enqueue_over_http(&http, &base, "q").await;
+        let resp = http
+            .post(format!("{base}/v1/queues/q/claims"))
+            .bearer_auth(crate::common::ADMIN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 201);
+        let claimed: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(claimed["item"]["id"], id);
+        set(
+            &store,
+            "UPDATE items SET payload = 'not json' WHERE id = $1",
+            id,
+        )
+        .await;
+        leases.push((id, claimed["lease"]["token"].as_str().unwrap().to_owned()));
+    }
+    let calls = [
+        (
+            "settle",
+            json!({"token": leases[0].1, "state": "done", "result": {"ok": true}}),
+            leases[0].0,
+            "done",
+        ),
+        (
+            "release",
+            json!({"token": leases[1].1}),
+            leases[1].0,
+            "open",
+        ),
+    ];
+    for (call, body, id, state) in calls {
+        for attempt in ["first", "again"] {
+            let resp = http
+                .post(format!("{base}/v1/items/{id}/{call}"))
+                .bearer_auth(crate::common::ADMIN)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = resp.status();
+            let replayed = resp.headers().contains_key("idempotent-replayed");
+            let text = resp.text().await.unwrap();
+            assert_eq!(status, 200, "{call} ({attempt}): {text}");
+            assert_eq!(replayed, attempt == "again", "{call} ({attempt})");
+            let answer: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(answer["id"], id, "{call} ({attempt}): {text}");
+            if attempt == "first" {
+                assert_eq!(answer["state"], state, "{call}: {text}");
+            }
+        }
+        assert_eq!(raw_state(&store, id).await.0, state, "{call}");
+    }
+    // Counted once each, when committed (a replay counts in no metric).
+    assert_eq!(unreadable_counted(&store, "settle").await, "1");
+    assert_eq!(unreadable_counted(&store, "release").await, "1");
+    server.stop().await.unwrap();
+}

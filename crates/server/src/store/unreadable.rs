@@ -1,0 +1,116 @@
+//! Rows that do not decode (a payload or result that is not JSON, a counter
+//! out of range, an unknown state), met by a call that has just committed a
+//! change to them.
+//!
+//! The rule: a call never answers 500 for a change it committed, and never
+//! leaves work committed for an answer it cannot give.
+//!
+//! - A claim whose claimed row does not decode fails it at once, fenced on
+//!   the new token (which nobody received), with reason
+//!   [`UNREADABLE_REASON`] as the reaper does, and claims the next item:
+//!   its answer is the next readable item or nothing (`204`).
+//! - A settle or release (and the same call sent again, a replay) is
+//!   answered with what the call decided: [`Ended::Unreadable`], the item's
+//!   id and state without its texts. The row keeps the state the call gave
+//!   it: a released row reopens and the next claim fails it; a settled one
+//!   stays settled.
+//!
+//! Each is counted in `agentstore_unreadable_rows_total{by}` and logged
+//! with the item id.
+
+use agentstore_protocol::lease::ItemState;
+use sqlx::any::AnyRow;
+
+use super::item::{item_from_row, Ended};
+use super::{Store, StoreError};
+
+/// `last_error` of an item failed because its row could not be read.
+pub const UNREADABLE_REASON: &str = "unreadable_row";
+
+/// Clamps an integer column into `0..=max` (SQL shared by both backends).
+fn clamped(col: &str, max: i64) -> String {
+    format!("{col} = CASE WHEN {col} < 0 THEN 0 WHEN {col} > {max} THEN {max} ELSE {col} END")
+}
+
+/// The `SET` list that fails a row as unreadable (`last_error` bound as
+/// `$2`): no lease left, counters clamped into range so the lease columns
+/// read again.
+pub(super) fn fail_set() -> String {
+    format!(
+        "state = 'failed', last_error = $2, token_hash = NULL, lease_ttl_ms = NULL,
+         worker_id = NULL, heartbeat_at = NULL, updated_at = {{now}}, {}, {}, {}",
+        clamped("attempts", i64::from(u32::MAX)),
+        clamped("max_redeliveries", i64::from(u32::MAX)),
+        clamped("epoch", i64::MAX),
+    )
+}
+
+impl Store {
+    /// Fails the row a claim just took with the token hash `hash` (see the
+    /// module docs): fenced on that token, so it changes nothing if the
+    /// row left the lease meanwhile (an operator's pause). Counted and
+    /// logged with `why`; whether it was failed.
+    ///
+    /// # Errors
+    /// The database failed (the row then stays running under a token
+    /// nobody holds, until the reaper takes it over).
+    pub(super) async fn fail_unreadable_claim(
+        &self,
+        id: i64,
+        hash: &str,
+        why: &StoreError,
+    ) -> Result<bool, StoreError> {
+        let sql = self.sql(&format!(
+            "UPDATE items SET {}
+             WHERE id = $1 AND state = 'running' AND token_hash = $3",
+            fail_set()
+        ));
+        let done = sqlx::query(&sql)
+            .bind(id)
+            .bind(UNREADABLE_REASON)
+            .bind(hash)
+            .execute(&self.pool)
+            .await?;
+        let failed = done.rows_affected() == 1;
+        if failed {
+            self.metrics.unreadable_row("claim");
+        }
+        tracing::warn!(
+            item_id = id,
+            error = %why,
+            failed,
+            "claim: the claimed row cannot be read; it is failed with reason \
+             {UNREADABLE_REASON} and the next item is claimed"
+        );
+        Ok(failed)
+    }
+
+    /// The answer of an ending call (settle or release, `by`) on item `id`
+    /// that left it in `state`: the item from `row`, or, when the row does
+    /// not decode, [`Ended::Unreadable`]. `committed`: this call made the
+    /// change (counted and logged), not a replay of it.
+    pub(super) fn ended(
+        &self,
+        row: &AnyRow,
+        id: i64,
+        state: Option<ItemState>,
+        by: &'static str,
+        committed: bool,
+    ) -> Ended {
+        match item_from_row(row) {
+            Ok(item) => Ended::Item(item),
+            Err(e) => {
+                if committed {
+                    self.metrics.unreadable_row(by);
+                }
+                tracing::warn!(
+                    item_id = id,
+                    error = %e,
+                    replay = !committed,
+                    "{by}: the item's row cannot be read; answered with its id and state"
+                );
+                Ended::Unreadable { id, state }
+            }
+        }
+    }
+}
