@@ -64,9 +64,25 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 /// `bad_request` unless it is a positive integer.
 pub fn item_id(raw: &str) -> Result<i64, ApiError> {
     raw.parse::<i64>()
-        .ok()
-        .filter(|id| *id > 0)
-        .ok_or_else(|| ApiError::new(ErrorCode::BadRequest, "item id must be a positive integer"))
+        .map_err(|_| not_positive())
+        .and_then(positive_item_id)
+}
+
+/// Checks an item id given as a number (an entry of a batched heartbeat), as
+/// [`item_id`] checks a path segment.
+///
+/// # Errors
+/// `bad_request` unless it is positive.
+pub fn positive_item_id(id: i64) -> Result<i64, ApiError> {
+    if id > 0 {
+        Ok(id)
+    } else {
+        Err(not_positive())
+    }
+}
+
+fn not_positive() -> ApiError {
+    ApiError::new(ErrorCode::BadRequest, "item id must be a positive integer")
 }
 
 /// Checks a queue name: 1–200 characters of `A-Z a-z 0-9 _ - . :`.

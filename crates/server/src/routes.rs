@@ -19,7 +19,7 @@ use axum::{Json, Router};
 
 use crate::auth::{caller_from, Admin, Caller};
 use crate::error::ApiError;
-use crate::extract::{item_id, queue_name, JsonBody};
+use crate::extract::{item_id, positive_item_id, queue_name, JsonBody};
 use crate::ratelimit::{retry_after_secs, RateLimiter};
 use crate::state::AppState;
 use crate::store::{claim_lost, Claimed, Item, ItemPage};
@@ -302,7 +302,9 @@ async fn heartbeat(
     Ok(Json(HeartbeatResponse { ttl_ms }))
 }
 
-/// Renews every listed lease in one statement; a result per lease.
+/// Renews every listed lease in one statement; a result per lease. An entry
+/// whose `item_id` is not positive gets `bad_request` (what the single
+/// heartbeat answers for that id) and is not looked up.
 async fn heartbeats(
     State(st): State<AppState>,
     caller: Caller,
@@ -315,30 +317,43 @@ async fn heartbeats(
     let leases: Vec<(i64, &str)> = req
         .leases
         .iter()
+        .filter(|l| positive_item_id(l.item_id).is_ok())
         .map(|l| (l.item_id, l.token.as_str()))
         .collect();
-    let outcomes = st.store.heartbeat_many(&leases, owner).await?;
-    let results = leases
+    let mut outcomes = st
+        .store
+        .heartbeat_many(&leases, owner)
+        .await?
+        .into_iter()
+        .map(|o| o.map_err(ApiError::from));
+    let results = req
+        .leases
         .iter()
-        .zip(outcomes)
-        .map(|(&(item_id, _), outcome)| match outcome {
-            Ok(ttl_ms) => BatchHeartbeatResult {
-                item_id,
-                ok: true,
-                ttl_ms: Some(ttl_ms),
-                error: None,
-            },
-            Err(e) => {
-                let e = ApiError::from(e);
-                st.metrics.answered(e.code);
-                BatchHeartbeatResult {
-                    item_id,
-                    ok: false,
-                    ttl_ms: None,
-                    error: Some(ErrorBody {
-                        code: e.code,
-                        message: e.message,
-                    }),
+        .map(|l| {
+            let outcome = match positive_item_id(l.item_id) {
+                Ok(_) => outcomes
+                    .next()
+                    .unwrap_or_else(|| Err(ApiError::new(ErrorCode::Internal, "internal error"))),
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Ok(ttl_ms) => BatchHeartbeatResult {
+                    item_id: l.item_id,
+                    ok: true,
+                    ttl_ms: Some(ttl_ms),
+                    error: None,
+                },
+                Err(e) => {
+                    st.metrics.answered(e.code);
+                    BatchHeartbeatResult {
+                        item_id: l.item_id,
+                        ok: false,
+                        ttl_ms: None,
+                        error: Some(ErrorBody {
+                            code: e.code,
+                            message: e.message,
+                        }),
+                    }
                 }
             }
         })

@@ -411,3 +411,52 @@ pub async fn generated_requests_never_get_a_5xx_and_a_refusal_changes_nothing(db
     }
     server.stop().await.unwrap();
 }
+
+/// An entry of a batched heartbeat whose `item_id` is not a positive
+/// integer gets the code the single heartbeat answers for that id
+/// (`bad_request`), and the other entries are renewed. Before, the entry
+/// was looked up and answered `not_found` while the single route answered
+/// `400 bad_request`.
+pub async fn a_batched_heartbeat_entry_with_a_non_positive_id_is_bad_request_as_alone(db: TestDb) {
+    let server = http_server(&db).await;
+    let store = server.store().clone();
+    store.enqueue("q", &json!(1), None).await.unwrap();
+    let held = store.claim("q", None).await.unwrap().expect("claimed");
+    let token = held.lease.token.clone();
+    for id in [0i64, -1] {
+        let (status, text) = send(
+            &server,
+            Method::POST,
+            &format!("/v1/items/{id}/heartbeat"),
+            Some(ADMIN),
+            Some(json!({"token": token}).to_string()),
+        )
+        .await;
+        assert_eq!(status.as_u16(), 400, "single, item {id}: {text}");
+        let alone: ErrorBody = serde_json::from_str(&text).unwrap();
+        assert_eq!(alone.code, ErrorCode::BadRequest);
+    }
+    let body = json!({"leases": [
+        {"item_id": 0, "token": token},
+        {"item_id": held.item.id, "token": token},
+        {"item_id": -1, "token": token},
+    ]});
+    let (status, text) = send(
+        &server,
+        Method::POST,
+        "/v1/heartbeats",
+        Some(ADMIN),
+        Some(body.to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let answer: Value = serde_json::from_str(&text).unwrap();
+    let results = answer["results"].as_array().unwrap();
+    assert_eq!(results.len(), 3);
+    for k in [0, 2] {
+        assert_eq!(results[k]["ok"], false, "{text}");
+        assert_eq!(results[k]["error"]["code"], "bad_request", "{text}");
+    }
+    assert_eq!(results[1]["ok"], true, "{text}");
+    server.stop().await.unwrap();
+}
