@@ -255,8 +255,10 @@ impl Store {
             // sqlx pings every connection it hands out by default: one more
             // round trip to the database per statement (a third of the
             // statement traffic here). A connection that died is found by the
-            // statement instead, which fails with a database error (503) and
-            // is dropped from the pool; clients retry as they do on any 5xx.
+            // statement instead, which fails with a database error (answered
+            // 500 `internal`, as every store failure is: the protocol's codes
+            // have no "unavailable") and is dropped from the pool; clients
+            // retry as they do on any 5xx.
             .test_before_acquire(false)
             .after_release(move |_, _| {
                 counted.fetch_add(1, Ordering::Relaxed);

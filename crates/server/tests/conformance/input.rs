@@ -460,3 +460,71 @@ pub async fn a_batched_heartbeat_entry_with_a_non_positive_id_is_bad_request_as_
     assert_eq!(results[1]["ok"], true, "{text}");
     server.stop().await.unwrap();
 }
+
+/// A pool connection the database closed under the server (PostgreSQL: a
+/// terminated backend, as a restart or a failover does) is found by the
+/// statement that uses it: that request is answered `500 internal` (the
+/// code every store failure gets; the protocol has no "unavailable" code and
+/// clients retry any 5xx), the connection leaves the pool, and the requests
+/// after it are answered. SQLite has no connection to lose: nothing to show.
+pub async fn a_connection_closed_under_the_server_is_a_500_and_then_replaced(db: TestDb) {
+    if db.kind == crate::common::Kind::Sqlite {
+        return;
+    }
+    let server = http_server(&db).await;
+    let store = server.store().clone();
+    let item = store.enqueue("q", &json!(1), None).await.unwrap();
+    crate::common::until_idle(&store).await;
+    let idle = store.pool().num_idle();
+    assert!(idle >= 1, "the pool keeps a connection");
+    // The backends of the server's pool (and no other test's): each idle
+    // connection held at once, so each is asked once.
+    let mut held = Vec::new();
+    let mut pids = Vec::new();
+    for _ in 0..idle {
+        let mut conn = store.pool().acquire().await.unwrap();
+        let (pid,): (i32,) = sqlx::query_as("SELECT pg_backend_pid()")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        pids.push(pid);
+        held.push(conn);
+    }
+    drop(held);
+    let raw = db.raw_pool().await;
+    for pid in pids {
+        sqlx::query("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .fetch_all(&raw)
+            .await
+            .unwrap();
+    }
+    raw.close().await;
+    let mut answers = Vec::new();
+    for _ in 0..idle + 2 {
+        let (status, text) = send(
+            &server,
+            Method::GET,
+            &format!("/v1/items/{}", item.id),
+            Some(ADMIN),
+            None,
+        )
+        .await;
+        if status != StatusCode::OK {
+            let body: ErrorBody = serde_json::from_str(&text).unwrap();
+            assert_eq!(
+                (status.as_u16(), body.code),
+                (500, ErrorCode::Internal),
+                "{text}"
+            );
+        }
+        answers.push(status.as_u16());
+    }
+    assert_eq!(answers[0], 500, "the dead connection is found: {answers:?}");
+    assert_eq!(
+        answers.last(),
+        Some(&200),
+        "dead connections leave the pool: {answers:?}"
+    );
+    server.stop().await.unwrap();
+}

@@ -89,6 +89,7 @@ conformance! {
     input::a_failure_report_containing_nul_is_kept_and_the_item_leaves_running,
     input::framework_answers_are_code_and_message_too,
     input::a_batched_heartbeat_entry_with_a_non_positive_id_is_bad_request_as_alone,
+    input::a_connection_closed_under_the_server_is_a_500_and_then_replaced,
     input::generated_requests_never_get_a_5xx_and_a_refusal_changes_nothing,
     metrics::a_scrape_counts_exactly_what_a_scripted_workload_did,
     metrics::metrics_listen_serves_metrics_without_a_token_only_there,
