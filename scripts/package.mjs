@@ -80,9 +80,20 @@ if (hasStore) completeDts(join(dir, sub, types), NOTE.store);
 
 // A wasm module is an 8-byte header and then sections: an id byte, a LEB128
 // byte size and the payload; a custom section (id 0) starts its payload with
-// its name (LEB128 length + UTF-8). Copies every section but the dropped ones.
+// its name (LEB128 length + UTF-8). Copies every section but the dropped
+// ones, and renames the module's imports from its own glue.
+//
+// The import names wasm-bindgen writes (`__wbg_get_7ce8eee7fd327545`: the
+// binding's name and a 16-digit hash) are spelled twice, in the .wasm's
+// import section and as the keys of the glue's import object, and the hex
+// hashes do not compress: 142 imports cost about 2.7 kB of the store
+// module gzipped and 2.2 kB of its glue. Each import of `glueModule` (the
+// glue's own module name, e.g. "./agentstore_bg.js") becomes `$` and its
+// index in base 36, in the .wasm and in `glue` alike (replaced as whole
+// identifiers; they are unique). Snippet imports (js/*.js) keep their
+// names. Renamed names start with `$`, so a second run renames nothing.
 const DROP = new Set(['name', 'producers']);
-const stripWasm = (file) => {
+const slimWasm = (file, glue, glueModule) => {
   const b = readFileSync(file);
   const leb = (at) => {
     let n = 0;
@@ -94,6 +105,63 @@ const stripWasm = (file) => {
       shift += 7;
     } while (byte & 0x80);
     return n;
+  };
+  const encLeb = (n) => {
+    const out = [];
+    do {
+      let byte = n & 0x7f;
+      n = Math.floor(n / 128);
+      if (n > 0) byte |= 0x80;
+      out.push(byte);
+    } while (n > 0);
+    return Buffer.from(out);
+  };
+  const encName = (text) => {
+    const bytes = Buffer.from(text, 'utf8');
+    return Buffer.concat([encLeb(bytes.length), bytes]);
+  };
+  const renamed = new Map();
+  // The import section: a count, then per import its module and field
+  // names and a description (kind byte and its kind's fields).
+  const importSection = (start, end) => {
+    const at = { p: start };
+    const name = () => {
+      const n = leb(at);
+      const text = b.subarray(at.p, at.p + n).toString('utf8');
+      at.p += n;
+      return text;
+    };
+    const count = leb(at);
+    const parts = [encLeb(count)];
+    for (let i = 0; i < count; i++) {
+      const module = name();
+      const field = name();
+      const descStart = at.p;
+      const kind = b[at.p++];
+      if (kind === 0) leb(at); // function: type index
+      else if (kind === 1) {
+        at.p++; // table: reference type, then limits
+        const flags = b[at.p++];
+        leb(at);
+        if (flags & 1) leb(at);
+      } else if (kind === 2) {
+        const flags = b[at.p++]; // memory: limits
+        leb(at);
+        if (flags & 1) leb(at);
+      } else if (kind === 3) at.p += 2; // global: value type, mutability
+      else if (kind === 4) {
+        at.p++; // tag: attribute, type index
+        leb(at);
+      } else throw new Error(`${file}: import ${module}.${field} of unknown kind ${kind}`);
+      let out = field;
+      if (module === glueModule && !field.startsWith('$')) {
+        out = `$${renamed.size.toString(36)}`;
+        renamed.set(field, out);
+      }
+      parts.push(encName(module), encName(out), b.subarray(descStart, at.p));
+    }
+    if (at.p !== end) throw new Error(`${file}: the import section did not parse to its end`);
+    return Buffer.concat(parts);
   };
   const kept = [b.subarray(0, 8)];
   const at = { p: 8 };
@@ -107,13 +175,25 @@ const stripWasm = (file) => {
       const n = leb(at);
       name = b.subarray(at.p, at.p + n).toString('utf8');
     }
-    if (!DROP.has(name)) kept.push(b.subarray(start, end));
+    if (id === 2) {
+      const payload = importSection(at.p, end);
+      kept.push(Buffer.from([2]), encLeb(payload.length), payload);
+    } else if (!DROP.has(name)) kept.push(b.subarray(start, end));
     at.p = end;
+  }
+  if (renamed.size > 0) {
+    let text = readFileSync(glue, 'utf8');
+    for (const [from, to] of renamed) {
+      const re = new RegExp(`\\b${from.replace(/\$/g, '\\$')}\\b`, 'g');
+      if (!re.test(text)) throw new Error(`${glue} does not name the import ${from}`);
+      text = text.replace(re, to);
+    }
+    writeFileSync(glue, text);
   }
   writeFileSync(file, Buffer.concat(kept));
 };
-stripWasm(join(dir, wasm));
-if (hasStore) stripWasm(join(dir, sub, wasm));
+slimWasm(join(dir, wasm), join(dir, js), `./${wasm.replace(/\.wasm$/, '.js')}`);
+if (hasStore) slimWasm(join(dir, sub, wasm), join(dir, sub, js), `./${wasm.replace(/\.wasm$/, '.js')}`);
 // pkg/io/: the `io` build both entry points load on the first import or
 // export (through io-loader.js); not an entry point of its own.
 const ioSub = 'io';
@@ -122,7 +202,7 @@ const ioTypes = 'agentstore_io.d.ts';
 const ioWasm = 'agentstore_io_bg.wasm';
 const hasIo = existsSync(join(dir, ioSub, ioJs));
 if (hasIo) {
-  stripWasm(join(dir, ioSub, ioWasm));
+  slimWasm(join(dir, ioSub, ioWasm), join(dir, ioSub, ioJs), `./${ioWasm.replace(/\.wasm$/, '.js')}`);
   completeDts(join(dir, ioSub, ioTypes), NOTE.io);
 }
 
@@ -139,8 +219,11 @@ const release = (() => {
 if (hasIo) {
   const ioGlue = join(dir, ioSub, ioJs);
   const line = `export const AGENTSTORE_RELEASE = '${release}';\n`;
-  const text = readFileSync(ioGlue, 'utf8').replace(/^export const AGENTSTORE_RELEASE = .*\n/m, '');
-  writeFileSync(ioGlue, text + line);
+  const text = readFileSync(ioGlue, 'utf8');
+  // Once minified (a second run), the glue already exports it.
+  if (!text.includes(`//# sourceMappingURL=${ioJs}.map`)) {
+    writeFileSync(ioGlue, text.replace(/^export const AGENTSTORE_RELEASE = .*\n/m, '') + line);
+  }
   const types = join(dir, ioSub, ioTypes);
   const decl = '/** The build this module belongs to (compared by the entry points before they load it). */\nexport const AGENTSTORE_RELEASE: string;\n';
   const dts = readFileSync(types, 'utf8');
