@@ -79,6 +79,8 @@ export interface LeaseItem {
   epoch: number;
   last_error?: string | null; worker_id?: number | null;
 }
+/** What `settle` resolves with when the server applied it but cannot read the item's stored row (its payload is not JSON). */
+export interface UnreadableItem { id: number; state: ItemState; unreadable_row: true; }
 export interface ClaimOptions { signal?: AbortSignal; }
 export interface RecoverOptions {
   /** true: journalled leases that are still valid are heartbeated and returned in `resumed` instead of released. */
@@ -495,13 +497,15 @@ impl Lease {
     }
 
     /// Settles into `state` (`"done"`, `"failed"`, `"blocked"`, `"paused"`) with
-    /// an optional JSON `result` and `{error}` message; resolves with the item.
+    /// an optional JSON `result` and `{error}` message; resolves with the item,
+    /// or with `{id, state, unreadable_row: true}` when the server applied the
+    /// settle but cannot read the item's stored row (its payload is not JSON).
     ///
     /// # Errors
     /// `ClaimLostError` (without sending anything if the lease is already lost),
     /// `StateConflictError`, `NetworkError` (the lease is kept; retry),
     /// `ValidationError` for a bad state or a result JSON cannot carry.
-    #[wasm_bindgen(unchecked_return_type = "Promise<LeaseItem>")]
+    #[wasm_bindgen(unchecked_return_type = "Promise<LeaseItem | UnreadableItem>")]
     pub fn settle(
         &self,
         #[wasm_bindgen(unchecked_param_type = "SettleState")] state: JsValue,

@@ -13,6 +13,7 @@ import init, {
   type Lease,
   type LeaseError,
   type LeaseItem,
+  type UnreadableItem,
   type ListPage,
   type OpenOptions,
   type PouchImportSummary,
@@ -120,7 +121,7 @@ export async function leases(save: (refreshToken: string) => void): Promise<void
     });
     const ttl: number = await lease.heartbeat();
     const res: Response = await lease.fetch('/api/run', { method: 'POST', body: JSON.stringify(item.payload) });
-    const settled: LeaseItem = await lease.settle('done', await res.json(), { error: 'none' });
+    const settled: LeaseItem | UnreadableItem = await lease.settle('done', await res.json(), { error: 'none' });
     console.log(ttl, settled.state, lease.status, lease.epoch, lease.msToDeadline);
   }
 
