@@ -32,7 +32,9 @@ use crate::store::{Store, StoreError};
 
 /// The passes and calls that count the rows they cannot decode
 /// (`agentstore_unreadable_rows_total{by}`).
-pub const UNREADABLE_BY: [&str; 6] = ["reaper", "list", "stats", "claim", "settle", "release"];
+pub const UNREADABLE_BY: [&str; 8] = [
+    "reaper", "list", "stats", "claim", "resume", "settle", "release", "pause",
+];
 
 /// `Content-Type` of the text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -194,7 +196,7 @@ impl Metrics {
             unreadable: counter_vec(
                 &r,
                 "agentstore_unreadable_rows_total",
-                "Rows that could not be decoded, by the pass that met them (the reaper fails them; list and stats leave them out)",
+                "Rows that could not be decoded, by the pass or call that met them (the reaper, a claim and a resume fail them; list and stats leave them out; a settle, release or pause is answered without the item)",
                 &["by"],
             ),
             rate_limited: counter(&r, "agentstore_rate_limited_total", "429 answers"),

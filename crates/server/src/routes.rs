@@ -22,7 +22,7 @@ use crate::error::ApiError;
 use crate::extract::{item_id, positive_item_id, queue_name, JsonBody};
 use crate::ratelimit::{retry_after_secs, RateLimiter};
 use crate::state::AppState;
-use crate::store::{claim_lost, Claimed, Item, ItemPage};
+use crate::store::{claim_lost, Ended, Item, ItemPage, Resumed};
 use crate::wire::{EnqueueBody, SettleBody};
 
 /// Most re-deliveries an item may be given.
@@ -433,18 +433,23 @@ async fn release(
     Ok(Json(item).into_response())
 }
 
+/// `200` with `{item, lease}`; when the paused row does not decode, `200`
+/// with `{id, state: "failed", unreadable_row: true}`: it was failed instead
+/// (see `Store::resume_reporting`).
 async fn resume(
     State(st): State<AppState>,
     _: Admin,
     Path(id): Path<String>,
-) -> Result<Json<Claimed>, ApiError> {
-    Ok(Json(st.store.resume(item_id(&id)?, None).await?))
+) -> Result<Json<Resumed>, ApiError> {
+    Ok(Json(st.store.resume_reporting(item_id(&id)?, None).await?))
 }
 
+/// `200` with the item; when its row does not decode, `200` with `{id,
+/// state: "paused", unreadable_row: true}` (the pause was applied).
 async fn pause(
     State(st): State<AppState>,
     _: Admin,
     Path(id): Path<String>,
-) -> Result<Json<Item>, ApiError> {
-    Ok(Json(st.store.pause(item_id(&id)?).await?))
+) -> Result<Json<Ended>, ApiError> {
+    Ok(Json(st.store.pause_reporting(item_id(&id)?).await?))
 }

@@ -100,10 +100,11 @@ pub type Claimed = ClaimResponse<RawJson>;
 /// protocol's [`ItemList`] over [`Item`].
 pub type ItemPage = ItemList<RawJson>;
 
-/// The answer of an ending call (a settle or a release, or the same call
-/// sent again): the item as the call left it, or, when its row does not
-/// decode, only what the call decided (see `unreadable`). Serialised as the
-/// item, or as `{id, state, unreadable_row: true}`.
+/// The answer of a call that ends or stops a lease (a settle or a release,
+/// or the same call sent again; a pause): the item as the call left it, or,
+/// when its row does not decode, only what the call decided (see
+/// `unreadable`). Serialised as the item, or as `{id, state, unreadable_row:
+/// true}`.
 #[derive(Debug, Clone)]
 pub enum Ended {
     /// The item as it is now.
@@ -121,20 +122,27 @@ pub enum Ended {
 
 impl Serialize for Ended {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
         match self {
             Ended::Item(item) => item.serialize(s),
-            Ended::Unreadable { id, state } => {
-                let mut m = s.serialize_map(None)?;
-                m.serialize_entry("id", id)?;
-                if let Some(state) = state {
-                    m.serialize_entry("state", state)?;
-                }
-                m.serialize_entry("unreadable_row", &true)?;
-                m.end()
-            }
+            Ended::Unreadable { id, state } => serialize_unreadable(s, *id, *state),
         }
     }
+}
+
+/// `{id, state, unreadable_row: true}` (`state` left out when `None`).
+fn serialize_unreadable<S: Serializer>(
+    s: S,
+    id: i64,
+    state: Option<ItemState>,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut m = s.serialize_map(None)?;
+    m.serialize_entry("id", &id)?;
+    if let Some(state) = state {
+        m.serialize_entry("state", &state)?;
+    }
+    m.serialize_entry("unreadable_row", &true)?;
+    m.end()
 }
 
 impl Ended {
@@ -156,6 +164,52 @@ impl Ended {
             Ended::Item(item) => Ok(item),
             Ended::Unreadable { id, .. } => Err(StoreError::Corrupt(format!(
                 "item {id}: applied, but its row cannot be read"
+            ))),
+        }
+    }
+}
+
+/// The answer of a resume: the item and its new lease, or, when the row it
+/// resumed does not decode, only that the item was failed instead (see
+/// `unreadable`): no lease is handed out for an item nobody can read.
+/// Serialised as the claim (`{item, lease}`), or as `{id, state,
+/// unreadable_row: true}`.
+#[derive(Debug, Clone)]
+pub enum Resumed {
+    /// The item, running under the new lease.
+    Claimed(Claimed),
+    /// The resumed row does not decode; it was failed with reason
+    /// [`UNREADABLE_REASON`](super::UNREADABLE_REASON) and its new token
+    /// fenced.
+    Unreadable {
+        /// The item.
+        id: i64,
+        /// `failed`, or `None` when the row left the new lease before it
+        /// could be failed (an operator's pause meanwhile).
+        state: Option<ItemState>,
+    },
+}
+
+impl Serialize for Resumed {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Resumed::Claimed(claimed) => claimed.serialize(s),
+            Resumed::Unreadable { id, state } => serialize_unreadable(s, *id, *state),
+        }
+    }
+}
+
+impl Resumed {
+    /// The item and its lease, when its row decoded.
+    ///
+    /// # Errors
+    /// [`StoreError::Corrupt`] for [`Resumed::Unreadable`]: the item WAS
+    /// changed (failed), and no lease was handed out.
+    pub fn into_claimed(self) -> Result<Claimed, StoreError> {
+        match self {
+            Resumed::Claimed(claimed) => Ok(claimed),
+            Resumed::Unreadable { id, .. } => Err(StoreError::Corrupt(format!(
+                "item {id}: its row cannot be read, so it was failed instead of resumed"
             ))),
         }
     }

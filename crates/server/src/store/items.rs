@@ -17,7 +17,7 @@ use super::coalesce::{self, by_call, for_each_call, never_applied};
 use super::fence::{forbidden, not_found, placeholders, rejection};
 use super::item::{
     item_from_row, lease_item_from_row, qualified_item_cols, Claimed, Ended, Item, ItemPage,
-    ITEM_COLS,
+    Resumed, ITEM_COLS,
 };
 use super::{detached, get, ms, to_u64, Backend, Store, StoreError};
 use crate::tokens::{self, ct_eq};
@@ -163,7 +163,7 @@ impl Store {
                     return Ok(Some(item));
                 }
                 Err(e) => {
-                    self.fail_unreadable_claim(get(&row, "id")?, token_hash, &e)
+                    self.fail_unreadable_lease(get(&row, "id")?, token_hash, &e, "claim")
                         .await?;
                 }
             }
@@ -276,7 +276,10 @@ impl Store {
                 None => ClaimSlot::Answer(Ok(None)),
                 Some(Ok(item)) => ClaimSlot::Answer(Ok(Some(item))),
                 Some(Err((Ok(id), e))) => {
-                    match self.fail_unreadable_claim(id, &job.token_hash, &e).await {
+                    match self
+                        .fail_unreadable_lease(id, &job.token_hash, &e, "claim")
+                        .await
+                    {
                         Ok(_) => ClaimSlot::Again,
                         Err(e) => ClaimSlot::Answer(Err(e)),
                     }
@@ -323,9 +326,9 @@ impl Store {
             "UPDATE items SET heartbeat_at = {now}, updated_at = {now}
              WHERE id = $1 AND state = 'running' AND token_hash = $2
                AND ($3 = 0 OR worker_id = $3)
-             RETURNING COALESCE(lease_ttl_ms, $4)",
+             RETURNING COALESCE(lease_ttl_ms, $4) AS ttl",
         );
-        let renewed: Option<(i64,)> = sqlx::query_as(&sql)
+        let renewed = sqlx::query(&sql)
             .bind(id)
             .bind(hash)
             .bind(owner.unwrap_or(0))
@@ -333,9 +336,14 @@ impl Store {
             .fetch_optional(&self.pool)
             .await?;
         match renewed {
-            Some((ttl,)) => {
+            // Renewed (committed): a TTL that does not decode is answered
+            // with this instance's, as in `renew_many` (see `unreadable`).
+            Some(row) => {
                 self.metrics.renewed(1);
-                Ok(u64::try_from(ttl).unwrap_or(self.settings.ttl_ms))
+                Ok(get::<i64>(&row, "ttl")
+                    .ok()
+                    .and_then(|t| u64::try_from(t).ok())
+                    .unwrap_or(self.settings.ttl_ms))
             }
             None => Err(self.classify(id, hash, owner).await),
         }
@@ -557,8 +565,27 @@ impl Store {
     /// the old token is fenced from then on.
     ///
     /// # Errors
-    /// `conflict` if the item is not paused, `not_found`.
+    /// `conflict` if the item is not paused, `not_found`; `Corrupt` when the
+    /// row does not decode, and was failed instead ([`Store::resume_reporting`]
+    /// answers [`Resumed::Unreadable`] then).
     pub async fn resume(&self, id: i64, worker_id: Option<i64>) -> Result<Claimed, StoreError> {
+        self.resume_reporting(id, worker_id)
+            .await
+            .and_then(Resumed::into_claimed)
+    }
+
+    /// [`Store::resume`], answering a row that does not decode with
+    /// [`Resumed::Unreadable`], never an error: such a row is failed at
+    /// once, fenced on the new token, as a claim fails it (see
+    /// `unreadable`), so no lease is left under a token nobody received.
+    ///
+    /// # Errors
+    /// `conflict` if the item is not paused, `not_found`.
+    pub async fn resume_reporting(
+        &self,
+        id: i64,
+        worker_id: Option<i64>,
+    ) -> Result<Resumed, StoreError> {
         let (token, token_hash) = tokens::new_lease_token();
         let sql = self.sql(&format!(
             "UPDATE items SET state = 'running', epoch = epoch + 1, token_hash = $2,
@@ -570,19 +597,16 @@ impl Store {
         ));
         let row = sqlx::query(&sql)
             .bind(id)
-            .bind(token_hash)
+            .bind(&token_hash)
             .bind(worker_id)
             .fetch_optional(&self.pool)
             .await?;
-        match row {
-            Some(row) => Ok(self.claim_response(item_from_row(&row)?, token.0)),
-            None => match self.item(id).await? {
-                None => Err(not_found(id)),
-                Some(item) => Err(StoreError::rejected(
-                    ErrorCode::Conflict,
-                    format!("item {id} is {}, not paused", item.state.as_str()),
-                )),
-            },
+        let Some(row) = row else {
+            return Err(self.not_in_state(id, ItemState::Paused).await);
+        };
+        match item_from_row(&row) {
+            Ok(item) => Ok(Resumed::Claimed(self.claim_response(item, token.0))),
+            Err(e) => self.unreadable_resume(id, &token_hash, &e).await,
         }
     }
 
@@ -590,8 +614,20 @@ impl Store {
     /// holder's next fenced call gets `state_conflict`).
     ///
     /// # Errors
-    /// `conflict` if the item is not running, `not_found`.
+    /// `conflict` if the item is not running, `not_found`; `Corrupt` when
+    /// the pause WAS applied but the row does not decode
+    /// ([`Store::pause_reporting`] answers [`Ended::Unreadable`] then).
     pub async fn pause(&self, id: i64) -> Result<Item, StoreError> {
+        self.pause_reporting(id).await.and_then(Ended::into_item)
+    }
+
+    /// [`Store::pause`], answering a row that does not decode with
+    /// [`Ended::Unreadable`] (state `paused`), never an error: the pause was
+    /// applied (see `unreadable`).
+    ///
+    /// # Errors
+    /// `conflict` if the item is not running, `not_found`.
+    pub async fn pause_reporting(&self, id: i64) -> Result<Ended, StoreError> {
         let sql = self.sql(&format!(
             "UPDATE items SET state = 'paused', updated_at = {{now}}
              WHERE id = $1 AND state = 'running' RETURNING {ITEM_COLS}"
@@ -601,14 +637,29 @@ impl Store {
             .fetch_optional(&self.pool)
             .await?
         {
-            Some(row) => item_from_row(&row),
-            None => match self.item(id).await? {
-                None => Err(not_found(id)),
-                Some(item) => Err(StoreError::rejected(
-                    ErrorCode::Conflict,
-                    format!("item {id} is {}, not running", item.state.as_str()),
-                )),
-            },
+            Some(row) => Ok(self.ended(&row, id, Some(ItemState::Paused), "pause", true)),
+            None => Err(self.not_in_state(id, ItemState::Running).await),
+        }
+    }
+
+    /// Why a call that needs item `id` in state `wanted` changed nothing:
+    /// `conflict` naming the state it is in, or `not_found`. Reads the state
+    /// alone, so an item whose other columns do not decode is answered too
+    /// (a resume or pause sent again after it met such a row, see
+    /// `unreadable`).
+    async fn not_in_state(&self, id: i64, wanted: ItemState) -> StoreError {
+        let state: Result<Option<(String,)>, _> =
+            sqlx::query_as("SELECT state FROM items WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await;
+        match state {
+            Ok(Some((state,))) => StoreError::rejected(
+                ErrorCode::Conflict,
+                format!("item {id} is {state}, not {}", wanted.as_str()),
+            ),
+            Ok(None) => not_found(id),
+            Err(e) => e.into(),
         }
     }
 

@@ -9,19 +9,36 @@
 //!   the new token (which nobody received), with reason
 //!   [`UNREADABLE_REASON`] as the reaper does, and claims the next item:
 //!   its answer is the next readable item or nothing (`204`).
-//! - A settle or release (and the same call sent again, a replay) is
-//!   answered with what the call decided: [`Ended::Unreadable`], the item's
-//!   id and state without its texts. The row keeps the state the call gave
-//!   it: a released row reopens and the next claim fails it; a settled one
-//!   stays settled.
+//! - A resume does the same with the paused row it put back to `running`:
+//!   fails it, fenced on the new token, and answers [`Resumed::Unreadable`]
+//!   (`{id, state: "failed", unreadable_row: true}`, no lease); nothing
+//!   holds the item afterwards.
+//! - A settle, release or pause (and the same settle or release sent again,
+//!   a replay) is answered with what the call decided: [`Ended::Unreadable`],
+//!   the item's id and state without its texts. The row keeps the state the
+//!   call gave it: a released row reopens and the next claim fails it; a
+//!   paused row stays paused and a resume fails it; a settled one stays
+//!   settled.
+//! - A heartbeat answers no item column but the lease's TTL; a TTL that
+//!   does not decode (on SQLite, a text) is answered with this instance's,
+//!   alone as in a batch (not counted: the lease itself is renewed).
+//! - A call refused because the item is not in the state it needs (a
+//!   resume of an item that is not paused, a pause of one not running)
+//!   reads only the state to say so, so a retry of one of the calls above
+//!   is answered `409 conflict` as for any other item.
 //!
-//! Each is counted in `agentstore_unreadable_rows_total{by}` and logged
-//! with the item id.
+//! Each row failed or answered this way is counted in
+//! `agentstore_unreadable_rows_total{by}` and logged with the item id.
+//!
+//! An enqueue decodes the row it has just inserted, which holds the payload
+//! text checked as JSON before the write and constants otherwise, so it
+//! always decodes; enrolment and the credential calls answer only what they
+//! generated.
 
 use agentstore_protocol::lease::ItemState;
 use sqlx::any::AnyRow;
 
-use super::item::{item_from_row, Ended};
+use super::item::{item_from_row, Ended, Resumed};
 use super::{Store, StoreError};
 
 /// `last_error` of an item failed because its row could not be read.
@@ -46,19 +63,21 @@ pub(super) fn fail_set() -> String {
 }
 
 impl Store {
-    /// Fails the row a claim just took with the token hash `hash` (see the
-    /// module docs): fenced on that token, so it changes nothing if the
-    /// row left the lease meanwhile (an operator's pause). Counted and
-    /// logged with `why`; whether it was failed.
+    /// Fails the row that a claim or a resume (`by`) just put under the
+    /// lease whose token hash is `hash`, and which does not decode (see the
+    /// module docs): fenced on that token, so it changes nothing if the row
+    /// left the lease meanwhile (an operator's pause). Counted and logged
+    /// with `why`; whether it was failed.
     ///
     /// # Errors
     /// The database failed (the row then stays running under a token
     /// nobody holds, until the reaper takes it over).
-    pub(super) async fn fail_unreadable_claim(
+    pub(super) async fn fail_unreadable_lease(
         &self,
         id: i64,
         hash: &str,
         why: &StoreError,
+        by: &'static str,
     ) -> Result<bool, StoreError> {
         let sql = self.sql(&format!(
             "UPDATE items SET {}
@@ -73,20 +92,39 @@ impl Store {
             .await?;
         let failed = done.rows_affected() == 1;
         if failed {
-            self.metrics.unreadable_row("claim");
+            self.metrics.unreadable_row(by);
         }
         tracing::warn!(
             item_id = id,
             error = %why,
             failed,
-            "claim: the claimed row cannot be read; it is failed with reason \
-             {UNREADABLE_REASON} and the next item is claimed"
+            "{by}: the row it leased cannot be read; it is failed with reason \
+             {UNREADABLE_REASON} instead of handed out"
         );
         Ok(failed)
     }
 
-    /// The answer of an ending call (settle or release, `by`) on item `id`
-    /// that left it in `state`: the item from `row`, or, when the row does
+    /// The answer of a resume whose row (item `id`, leased with the token
+    /// hash `hash`) does not decode: the row failed (see
+    /// [`Store::fail_unreadable_lease`]).
+    ///
+    /// # Errors
+    /// The database failed.
+    pub(super) async fn unreadable_resume(
+        &self,
+        id: i64,
+        hash: &str,
+        why: &StoreError,
+    ) -> Result<Resumed, StoreError> {
+        let failed = self.fail_unreadable_lease(id, hash, why, "resume").await?;
+        Ok(Resumed::Unreadable {
+            id,
+            state: failed.then_some(ItemState::Failed),
+        })
+    }
+
+    /// The answer of an ending call (settle, release or pause, `by`) on item
+    /// `id` that left it in `state`: the item from `row`, or, when the row does
     /// not decode, [`Ended::Unreadable`]. `committed`: this call made the
     /// change (counted and logged), not a replay of it.
     pub(super) fn ended(

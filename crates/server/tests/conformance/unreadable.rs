@@ -356,3 +356,172 @@ pub async fn a_settle_or_release_of_an_unreadable_row_is_answered_and_so_is_its_
     assert_eq!(unreadable_counted(&store, "release").await, "1");
     server.stop().await.unwrap();
 }
+
+/// Sets item `id`'s payload to text that is not JSON.
+async fn corrupt_payload(store: &Store, id: i64) {
+    set(
+        store,
+        "UPDATE items SET payload = 'not json' WHERE id = $1",
+        id,
+    )
+    .await;
+}
+
+/// POSTs `body` to `{base}{path}` with the admin token: status and JSON answer.
+async fn post_admin(
+    http: &reqwest::Client,
+    base: &str,
+    path: &str,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let resp = http
+        .post(format!("{base}{path}"))
+        .bearer_auth(crate::common::ADMIN)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    let answer = serde_json::from_str(&text).unwrap_or_else(|_| json!(text));
+    (status, answer)
+}
+
+/// A resume of a paused row that does not decode (its payload corrupted
+/// while it was paused) fails it at once, fenced on the token the resume
+/// made, with reason `unreadable_row`, and answers 200 `{id, state:
+/// "failed", unreadable_row: true}` with no lease; the same resume sent
+/// again is 409 conflict. Before, the resume committed the row as running
+/// under a token nobody received and answered 500 (after the TTL the reaper
+/// reopened it for the claims to fail), and its retry answered 500 as well.
+pub async fn a_resume_of_an_unreadable_row_fails_it_and_is_answered_and_so_is_its_retry(
+    db: TestDb,
+) {
+    let server = crate::common::http_server(&db).await;
+    let store = server.store().clone();
+    let (http, base) = (reqwest::Client::new(), server.url());
+    let id = crate::common::enqueue_over_http(&http, &base, "q").await;
+    store.claim("q", None).await.unwrap().expect("claimed");
+    store.pause(id).await.unwrap();
+    corrupt_payload(&store, id).await;
+
+    let (status, answer) =
+        post_admin(&http, &base, &format!("/v1/items/{id}/resume"), json!({})).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer,
+        json!({"id": id, "state": "failed", "unreadable_row": true})
+    );
+    assert_eq!(
+        raw_state(&store, id).await,
+        ("failed".to_owned(), Some(UNREADABLE_REASON.to_owned()))
+    );
+    let (tokens,): (i64,) =
+        sqlx::query_as("SELECT COUNT(*) FROM items WHERE token_hash IS NOT NULL")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(tokens, 0, "no lease is held under a token nobody received");
+
+    let (status, answer) =
+        post_admin(&http, &base, &format!("/v1/items/{id}/resume"), json!({})).await;
+    assert_eq!(
+        (status, &answer["code"]),
+        (409, &json!("conflict")),
+        "{answer}"
+    );
+    assert_eq!(unreadable_counted(&store, "resume").await, "1");
+    server.stop().await.unwrap();
+}
+
+/// A pause of a running row that does not decode is applied and answered
+/// 200 `{id, state: "paused", unreadable_row: true}`; the same pause sent
+/// again is 409 conflict, and the holder's token is fenced as for any
+/// pause. Before, the pause committed and answered 500, and so did its retry.
+pub async fn a_pause_of_an_unreadable_row_is_answered_and_so_is_its_retry(db: TestDb) {
+    let server = crate::common::http_server(&db).await;
+    let store = server.store().clone();
+    let (http, base) = (reqwest::Client::new(), server.url());
+    let id = crate::common::enqueue_over_http(&http, &base, "q").await;
+    let token = store
+        .claim("q", None)
+        .await
+        .unwrap()
+        .expect("claimed")
+        .lease
+        .token;
+    corrupt_payload(&store, id).await;
+
+    let (status, answer) =
+        post_admin(&http, &base, &format!("/v1/items/{id}/pause"), json!({})).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer,
+        json!({"id": id, "state": "paused", "unreadable_row": true})
+    );
+    assert_eq!(raw_state(&store, id).await.0, "paused");
+    let (status, answer) =
+        post_admin(&http, &base, &format!("/v1/items/{id}/pause"), json!({})).await;
+    assert_eq!(
+        (status, &answer["code"]),
+        (409, &json!("conflict")),
+        "{answer}"
+    );
+    let (status, answer) = post_admin(
+        &http,
+        &base,
+        &format!("/v1/items/{id}/heartbeat"),
+        json!({"token": token}),
+    )
+    .await;
+    assert_eq!(
+        (status, &answer["code"]),
+        (409, &json!("state_conflict")),
+        "{answer}"
+    );
+    assert_eq!(unreadable_counted(&store, "pause").await, "1");
+    server.stop().await.unwrap();
+}
+
+/// A heartbeat renews a lease whose stored TTL does not decode (on SQLite a
+/// text; on PostgreSQL, whose column holds only integers, a negative one)
+/// and answers this instance's TTL, alone as in a batch. Before, the single
+/// heartbeat renewed the lease and then answered 500 on SQLite.
+pub async fn a_heartbeat_whose_stored_ttl_does_not_decode_renews_and_answers_the_instance_ttl(
+    db: TestDb,
+) {
+    let store = db.store(ttl(60_000)).await;
+    let item = store.enqueue("q", &json!(1), None).await.unwrap();
+    let token = store
+        .claim("q", None)
+        .await
+        .unwrap()
+        .expect("claimed")
+        .lease
+        .token;
+    let bad = match store.backend() {
+        agentstore_server::store::Backend::Sqlite => "'not a number'",
+        agentstore_server::store::Backend::Postgres => "-1",
+    };
+    set(
+        &store,
+        &format!("UPDATE items SET lease_ttl_ms = {bad}, heartbeat_at = 0 WHERE id = $1"),
+        item.id,
+    )
+    .await;
+
+    let ttl_ms = store
+        .heartbeat(item.id, &token, None)
+        .await
+        .expect("renewed and answered");
+    assert_eq!(ttl_ms, 60_000);
+    assert_ne!(crate::common::heartbeat_at(&store, item.id).await, Some(0));
+    let many = store
+        .heartbeat_many(&[(item.id, token.as_str())], None)
+        .await
+        .unwrap();
+    assert_eq!(
+        many.into_iter().map(Result::ok).collect::<Vec<_>>(),
+        vec![Some(60_000)]
+    );
+}
