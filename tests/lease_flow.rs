@@ -736,11 +736,7 @@ async fn a_heartbeat_error_code_the_client_does_not_know_never_loses_the_lease()
     )
     .call1(&JsValue::NULL, &JsValue::from(id as f64))
     .unwrap();
-    let call = |k: &str| {
-        js_sys::Function::from(Reflect::get(&hook, &k.into()).unwrap())
-            .call0(&hook)
-            .unwrap()
-    };
+    let call = |k: &str| call_method(&hook, k, &[]);
     // Two answers: the first was read before the second pass went out.
     let seen = within(4.0 * TTL_MS, async {
         while call("count").as_f64().unwrap_or(0.0) < 2.0 {
@@ -864,12 +860,7 @@ async fn a_hanging_heartbeat_batch_never_holds_back_the_next_one() {
         l.set_heartbeats_paused(false);
     }
     let last = leases[500].item_id;
-    let seen = |id: i64| {
-        js_sys::Function::from(Reflect::get(&hook, &"seen".into()).unwrap())
-            .call1(&hook, &JsValue::from(id as f64))
-            .unwrap()
-            .is_truthy()
-    };
+    let seen = |id: i64| call_method(&hook, "seen", &[JsValue::from(id as f64)]).is_truthy();
     let sent = within(10_000.0, async {
         while !seen(last) {
             sleep(10.0).await;
@@ -877,9 +868,7 @@ async fn a_hanging_heartbeat_batch_never_holds_back_the_next_one() {
     })
     .await;
     c.close().await;
-    js_sys::Function::from(Reflect::get(&hook, &"restore".into()).unwrap())
-        .call0(&hook)
-        .unwrap();
+    call_method(&hook, "restore", &[]);
     assert!(seen(1i64 << 52), "the first batch went out");
     assert!(
         sent.is_some(),
@@ -943,4 +932,11 @@ async fn a_huge_settle_result_or_argument_is_never_copied_into_wasm_memory() {
     // (Chromium reads the 413; Firefox sees the connection closed: an
     // unknown outcome, which a later settle would resend as it was.)
     assert_ne!(item(id).await.state, ItemState::Done);
+}
+
+/// Calls the method `name` of the JS object `obj` (a test hook) with `args`.
+fn call_method(obj: &JsValue, name: &str, args: &[JsValue]) -> JsValue {
+    js_sys::Function::from(Reflect::get(obj, &name.into()).unwrap())
+        .apply(obj, &args.iter().collect::<js_sys::Array>())
+        .unwrap()
 }

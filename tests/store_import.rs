@@ -313,19 +313,9 @@ async fn a_document_with_more_leaves_than_the_bound_is_refused_naming_its_line()
         .import_pouch_dump(lines(max + 1).as_str(), "agent-index", None)
         .await
         .unwrap_err();
-    assert_eq!(e.code(), ErrorCode::Validation, "{e}");
     // The header is line 1, then 100 docs a line: doc `max` (from 0) is on
     // line 2 + max / 100.
-    let line = 2 + max / 100;
-    assert!(e.to_string().contains(&format!("line {line}:")), "{e}");
-    assert!(
-        store
-            .export_snapshot()
-            .await
-            .unwrap()
-            .contains("\"records\":0"),
-        "nothing written"
-    );
+    assert_refused_at_line(&store, &e, 2 + max / 100).await;
     let (store, _) = open("many-leaves-ok").await;
     let (sum, c, _) = store
         .import_pouch_dump(lines(max).as_str(), "agent-index", None)
@@ -366,16 +356,7 @@ async fn an_unreadable_line_is_a_validation_error_naming_it_and_nothing_is_writt
             .import_pouch_dump_with(&text.as_str().into(), "agent-index", &opts)
             .await
             .unwrap_err();
-        assert_eq!(e.code(), ErrorCode::Validation, "{e}");
-        assert!(e.to_string().contains(&format!("line {line}:")), "{e}");
-        assert!(
-            store
-                .export_snapshot()
-                .await
-                .unwrap()
-                .contains("\"records\":0"),
-            "nothing written"
-        );
+        assert_refused_at_line(&store, &e, line).await;
     }
     let snap = [
         HEADER.to_owned(),
@@ -1062,4 +1043,18 @@ async fn import_with_writes_between_batches(
         .await
         .unwrap();
     (store, c, db)
+}
+
+/// `e` is the ValidationError of dump line `line`, and `store` holds no record.
+async fn assert_refused_at_line(store: &Store, e: &agentstore::StoreError, line: usize) {
+    assert_eq!(e.code(), ErrorCode::Validation, "{e}");
+    assert!(e.to_string().contains(&format!("line {line}:")), "{e}");
+    assert!(
+        store
+            .export_snapshot()
+            .await
+            .unwrap()
+            .contains("\"records\":0"),
+        "nothing written"
+    );
 }

@@ -1,6 +1,7 @@
 //! HTTP and clock glue shared by the lease client: `fetch` from the global scope
-//! (a window or a worker), answers read with `response.json()` and converted
-//! with serde-wasm-bindgen (no JSON text on the Rust side), answers mapped to
+//! (a window or a worker), answers read with `response.json()` and decoded
+//! field by field ([`super::wire`]; request bodies encoded with
+//! serde-wasm-bindgen; no JSON text on the Rust side), answers mapped to
 //! [`LeaseError`], `performance.now()` and timers.
 
 use agentstore_protocol::ErrorCode;
