@@ -761,8 +761,8 @@ async fn a_heartbeat_error_code_the_client_does_not_know_never_loses_the_lease()
 
 /// A `Lease` keeps its `LeaseClient` alive: with the client freed (as the
 /// garbage collector frees `await new LeaseClient(url, o).claim(q)`'s)
-/// while the app still holds the lease, the lease stays held, is
-/// heartbeated past its TTL and settles. Before, freeing the client
+/// while the app still holds the lease, the lease stays held, is renewed
+/// by a heartbeat and settles. Before, freeing the client
 /// released its leases under the app: the lease ended `released`.
 #[wasm_bindgen_test]
 async fn a_lease_outlives_its_freed_client_and_keeps_heartbeating() {
@@ -790,12 +790,20 @@ async fn a_lease_outlives_its_freed_client_and_keeps_heartbeating() {
         )
         .expect("a Lease");
     drop(client);
-    // Past one TTL from the claim: held only if heartbeats went on.
-    let start = now();
-    while now() - start < 1.5 * TTL_MS {
-        assert_eq!(lease.status(), "held");
-        sleep(100.0).await;
-    }
+    // Until a heartbeat's answer renews it (the deadline moves only then),
+    // the lease must stay held; freed, the client released it at once.
+    let first = lease.inner().deadline();
+    let status = within(4.0 * TTL_MS, async {
+        loop {
+            let s = lease.status();
+            if s != "held" || lease.inner().deadline() > first {
+                return s;
+            }
+            sleep(20.0).await;
+        }
+    })
+    .await;
+    assert_eq!(status.as_deref(), Some("held"), "renewed by a heartbeat");
     wasm_bindgen_futures::JsFuture::from(lease.settle(
         "done".into(),
         JsValue::UNDEFINED,
