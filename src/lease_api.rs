@@ -393,7 +393,10 @@ fn wrap_lease(inner: Rc<LeaseInner>) -> JsValue {
 /// keeps only the lease (`await new LeaseClient(url, o).claim(q)`) still
 /// holds it, and the client's heartbeats go on until `close()`, or until
 /// the client and all its leases are freed (then what is still held is
-/// released).
+/// released). A lease dropped without a settle or release may stay held
+/// until the page goes away: a listener on its own `signal` that refers to
+/// it keeps it and its client alive (the signal's controller is held by
+/// the client's Rust side).
 #[wasm_bindgen]
 pub struct Lease {
     inner: Rc<LeaseInner>,

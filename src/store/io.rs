@@ -434,7 +434,8 @@ impl Store {
         let mut summary = DumpSummary::default();
         // id → encoded leaf set (pass 1), then → the winner's encoded leaf.
         let leaves = Map::new();
-        // id → revisions named as ancestors by some row (only ids that have any).
+        // id → Set of the revisions named as ancestors by some row (only
+        // ids that have any).
         let ancestors = Map::new();
         // The legacy index document's live rows: (revision, `records`).
         let mut legacy_rows: Vec<(String, JsValue)> = Vec::new();
@@ -465,18 +466,21 @@ impl Store {
                     }
                 }
                 let key = JsValue::from(row.id.clone());
+                // A Set per id: every row of the id asks it, and a dump that
+                // repeats a history names the same ancestors again and
+                // again (an Array's `includes` made that quadratic).
                 let known = ancestors.get(&key);
                 let is_ancestor = known
-                    .dyn_ref::<Array>()
-                    .is_some_and(|a| a.includes(&JsValue::from_str(&row.rev_text), 0));
+                    .dyn_ref::<js_sys::Set>()
+                    .is_some_and(|a| a.has(&JsValue::from_str(&row.rev_text)));
                 if !anc.is_empty() {
-                    let list = known.dyn_into::<Array>().unwrap_or_else(|_| {
-                        let a = Array::new();
+                    let set = known.dyn_into::<js_sys::Set>().unwrap_or_else(|_| {
+                        let a = js_sys::Set::new(&JsValue::UNDEFINED);
                         ancestors.set(&key, &a);
                         a
                     });
                     for r in &anc {
-                        list.push(&JsValue::from_str(&r.text()));
+                        set.add(&JsValue::from_str(&r.text()));
                     }
                 }
                 let mut set_ = match leaves.get(&key).as_string() {

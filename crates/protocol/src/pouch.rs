@@ -34,7 +34,10 @@ pub const BOOKKEEPING_FIELDS: [&str; 8] = [
 /// set made an import quadratic in the rows of one id, with memory growing
 /// with the dump. PouchDB sets no such bound (its `revs_limit`, 1,000 by
 /// default, bounds a branch's depth, not the number of branches); a real
-/// document has a handful of conflicts.
+/// document has a handful of conflicts. The leaves are counted as the rows
+/// arrive: in a dump without `_revisions` (pouchdb-replication-stream
+/// always writes them), leaves a later row names as its ancestors count
+/// until that row.
 pub const MAX_LEAVES: usize = 1_000;
 
 /// One leaf revision of a document.
