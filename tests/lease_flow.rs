@@ -948,3 +948,98 @@ fn call_method(obj: &JsValue, name: &str, args: &[JsValue]) -> JsValue {
         .apply(obj, &args.iter().collect::<js_sys::Array>())
         .unwrap()
 }
+
+/// The request bodies and journal entries the client builds field by field
+/// (src/lease/wire.rs) carry exactly the protocol's serde names: each
+/// decodes with serde (`deny_unknown_fields`) to the value it was built
+/// from, each answer serde writes reads back as written, and a journal
+/// entry reads back as written.
+#[wasm_bindgen_test]
+fn the_wire_reader_and_writer_match_the_protocols_serde_form() {
+    use agentstore::lease::journal::Entry;
+    use agentstore::lease::wire::{FromWire, ToWire};
+    use agentstore_protocol::lease::*;
+    use agentstore_protocol::ErrorBody;
+    fn sent<T: ToWire + serde::de::DeserializeOwned + PartialEq + std::fmt::Debug>(v: T) {
+        let text = String::from(js_sys::JSON::stringify(&v.to_wire()).unwrap());
+        assert_eq!(serde_json::from_str::<T>(&text).expect(&text), v);
+    }
+    fn answered<T: FromWire + serde::Serialize + PartialEq + std::fmt::Debug>(v: T) {
+        let text = serde_json::to_string(&v).unwrap();
+        let js = js_sys::JSON::parse(&text).unwrap();
+        assert_eq!(T::from_wire(&js), Some(v), "{text}");
+    }
+    sent(TokenRequest {
+        token: "t".repeat(43),
+    });
+    sent(BatchHeartbeatRequest {
+        leases: vec![
+            BatchHeartbeatEntry {
+                item_id: 1,
+                token: "a".into(),
+            },
+            BatchHeartbeatEntry {
+                item_id: (1 << 53) - 1,
+                token: "b".into(),
+            },
+        ],
+    });
+    sent(EnrollRequest {
+        token: "e".into(),
+        name: None,
+    });
+    sent(EnrollRequest {
+        token: "e".into(),
+        name: Some("w".into()),
+    });
+    sent(RefreshRequest {
+        refresh_token: "r".into(),
+    });
+    let lease = Lease {
+        token: "t".into(),
+        epoch: 3,
+        ttl_ms: 30_000,
+        heartbeat_ms: 10_000,
+    };
+    answered(ClaimedRef {
+        item: ItemRef { id: 7, epoch: 3 },
+        lease,
+    });
+    answered(HeartbeatResponse { ttl_ms: 30_000 });
+    answered(BatchHeartbeatResponse {
+        results: vec![
+            BatchHeartbeatResult {
+                item_id: 1,
+                ok: true,
+                ttl_ms: Some(30_000),
+                error: None,
+            },
+            BatchHeartbeatResult {
+                item_id: 2,
+                ok: false,
+                ttl_ms: None,
+                error: Some(ErrorBody {
+                    code: agentstore_protocol::ErrorCode::ClaimLost,
+                    message: "gone".into(),
+                }),
+            },
+        ],
+    });
+    answered(WorkerCredentials {
+        worker_id: 9,
+        access_token: "a".into(),
+        access_expires_in_ms: 900_000,
+        refresh_token: "r".into(),
+    });
+    let entry = Entry {
+        base: "http://127.0.0.1:9".into(),
+        item_id: 5,
+        token: "t".into(),
+        epoch: 2,
+        queue: "q".into(),
+        ttl_ms: 30_000,
+        heartbeat_ms: 10_000,
+        locked: false,
+    };
+    assert!(Entry::from_wire(&entry.to_wire()) == Some(entry));
+}

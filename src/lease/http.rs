@@ -1,7 +1,7 @@
 //! HTTP and clock glue shared by the lease client: `fetch` from the global scope
 //! (a window or a worker), answers read with `response.json()` and decoded
-//! field by field ([`super::wire`]; request bodies encoded with
-//! serde-wasm-bindgen; no JSON text on the Rust side), answers mapped to
+//! field by field and request bodies built the same way ([`super::wire`]; no
+//! JSON text on the Rust side), answers mapped to
 //! [`LeaseError`], `performance.now()` and timers.
 
 use agentstore_protocol::ErrorCode;
@@ -12,7 +12,7 @@ use wasm_bindgen_futures::JsFuture;
 use web_sys::{AbortController, AbortSignal, Headers, RequestInit};
 
 use super::error::{LeaseError, Result};
-use super::wire::FromWire;
+use super::wire::{FromWire, ToWire};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 /// How far (ms) the wall clock may run ahead of `performance.now()` between
@@ -152,11 +152,10 @@ pub struct Call<'a> {
     pub signal: Option<&'a AbortSignal>,
 }
 
-/// `value` as a JS value (for request bodies).
-pub(crate) fn to_js<T: serde::Serialize>(value: &T) -> JsValue {
-    value
-        .serialize(&serde_wasm_bindgen::Serializer::json_compatible())
-        .unwrap_or(JsValue::NULL)
+/// `value` as a JS value (a request body or a journal entry; see
+/// [`super::wire::ToWire`]).
+pub(crate) fn to_js<T: ToWire>(value: &T) -> JsValue {
+    value.to_wire()
 }
 
 /// A wire type from a `response.json()` value, read field by field

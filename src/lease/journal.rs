@@ -10,10 +10,8 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use js_sys::Array;
-use serde::Serialize;
-
 use super::wire::FromWire;
+use js_sys::Array;
 use wasm_bindgen::closure::Closure;
 use wasm_bindgen::{JsCast, JsValue};
 
@@ -25,9 +23,9 @@ const STORE: &str = "leases";
 /// How long opening the journal may wait behind another context's upgrade (ms).
 const OPEN_TIMEOUT_MS: u32 = 10_000;
 
-/// One journalled lease.
-#[derive(Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
+/// One journalled lease, stored as `{base, itemId, token, epoch, queue, ttlMs, heartbeatMs, locked}`
+/// ([`super::wire`]).
+#[derive(Clone, PartialEq, Eq)]
 pub struct Entry {
     /// The server's base URL.
     pub base: String,

@@ -1,6 +1,8 @@
-//! The wire types the lease client decodes (claim, heartbeat, batched
-//! heartbeat and credential answers from `response.json()`, and journal
-//! entries from IndexedDB), read from their JS values field by field.
+//! The wire types the lease client exchanges as JS values: the answers it
+//! decodes (claim, heartbeat, batched heartbeat and credential answers from
+//! `response.json()`, and journal entries from IndexedDB), read field by
+//! field, and the request bodies and journal entries it writes, built field
+//! by field (a body is then sent as `JSON.stringify` of it).
 //!
 //! Each field is read once (`Reflect.get`), and a string is copied into wasm
 //! memory only when it is at most [`MAX_TEXT`] UTF-16 units (the length is
@@ -9,18 +11,21 @@
 //! journal, and wasm memory never shrinks. Fields the client does not use
 //! (an item's `payload`, `result`, `last_error`) are never read.
 //!
-//! Not serde-wasm-bindgen (which encodes the request bodies): its
-//! deserializer reports a mismatched field through serde's `Unexpected`,
-//! whose `Display` formats floats, and that alone kept 9.5 kB of float
-//! formatting code in the module (`twiggy dominators`, BENCHMARKS.md,
-//! sixteenth round).
+//! Not serde-wasm-bindgen: its deserializer reports a mismatched field
+//! through serde's `Unexpected`, whose `Display` formats floats, and that
+//! alone kept 9.5 kB of float formatting code in the module (`twiggy
+//! dominators`, BENCHMARKS.md, sixteenth round); its serializer, for five
+//! small bodies, kept serde's serializer machinery and a field-name cache
+//! (a `HashMap`) in it. The names written and read here are the serde names
+//! of the protocol types (crates/protocol/src/lease.rs), which the server
+//! decodes with serde.
 
 use agentstore_protocol::lease::{
-    BatchHeartbeatResponse, BatchHeartbeatResult, ClaimedRef, HeartbeatResponse, ItemRef, Lease,
-    WorkerCredentials,
+    BatchHeartbeatRequest, BatchHeartbeatResponse, BatchHeartbeatResult, ClaimedRef, EnrollRequest,
+    HeartbeatResponse, ItemRef, Lease, RefreshRequest, TokenRequest, WorkerCredentials,
 };
 use agentstore_protocol::{ErrorBody, ErrorCode};
-use js_sys::{Array, Reflect};
+use js_sys::{Array, Object, Reflect};
 use wasm_bindgen::JsValue;
 
 use super::journal::Entry;
@@ -34,7 +39,7 @@ const MAX_RESULTS: u32 = 10_000;
 const MAX_SAFE: f64 = 9_007_199_254_740_991.0;
 
 /// A wire type read from a JS value.
-pub(crate) trait FromWire: Sized {
+pub trait FromWire: Sized {
     /// `None` when a field the type needs is missing, of the wrong type, not
     /// an exact integer in range, or a string over [`MAX_TEXT`] units.
     fn from_wire(v: &JsValue) -> Option<Self>;
@@ -165,5 +170,80 @@ impl FromWire for Entry {
                 locked.as_bool()?
             },
         })
+    }
+}
+
+/// A wire type written as a JS value: a request body (sent as
+/// `JSON.stringify` of it) or a journal entry (stored as a structured
+/// clone). Integers are written as numbers (ids, epochs and durations are
+/// below 2^53).
+pub trait ToWire {
+    /// The plain object.
+    fn to_wire(&self) -> JsValue;
+}
+
+/// A plain object with `fields`.
+fn object(fields: &[(&str, JsValue)]) -> JsValue {
+    let o = Object::new();
+    for (k, v) in fields {
+        let _ = Reflect::set(&o, &(*k).into(), v);
+    }
+    o.into()
+}
+
+fn number<T: Into<i128> + Copy>(n: T) -> JsValue {
+    JsValue::from(n.into() as f64)
+}
+
+impl ToWire for TokenRequest {
+    fn to_wire(&self) -> JsValue {
+        object(&[("token", self.token.as_str().into())])
+    }
+}
+
+impl ToWire for BatchHeartbeatRequest {
+    fn to_wire(&self) -> JsValue {
+        let leases: Array = self
+            .leases
+            .iter()
+            .map(|l| {
+                object(&[
+                    ("item_id", number(l.item_id)),
+                    ("token", l.token.as_str().into()),
+                ])
+            })
+            .collect();
+        object(&[("leases", leases.into())])
+    }
+}
+
+impl ToWire for EnrollRequest {
+    fn to_wire(&self) -> JsValue {
+        let token = ("token", self.token.as_str().into());
+        match &self.name {
+            Some(name) => object(&[token, ("name", name.as_str().into())]),
+            None => object(&[token]),
+        }
+    }
+}
+
+impl ToWire for RefreshRequest {
+    fn to_wire(&self) -> JsValue {
+        object(&[("refresh_token", self.refresh_token.as_str().into())])
+    }
+}
+
+impl ToWire for Entry {
+    fn to_wire(&self) -> JsValue {
+        object(&[
+            ("base", self.base.as_str().into()),
+            ("itemId", number(self.item_id)),
+            ("token", self.token.as_str().into()),
+            ("epoch", number(self.epoch)),
+            ("queue", self.queue.as_str().into()),
+            ("ttlMs", number(self.ttl_ms)),
+            ("heartbeatMs", number(self.heartbeat_ms)),
+            ("locked", self.locked.into()),
+        ])
     }
 }
