@@ -19,7 +19,7 @@ use axum::http::{header, HeaderMap};
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::store::{Item, Principal};
+use crate::store::Principal;
 use crate::tokens::{self, ct_eq};
 
 /// An authenticated caller.
@@ -83,17 +83,18 @@ impl Caller {
         }
     }
 
-    /// May read `item`: the admin; a producer scoped to its queue; the worker
-    /// holding its current claim.
+    /// May read an item of `queue` whose claim `holder` holds (each `None`
+    /// when not known: the column does not decode, or no claim): the admin;
+    /// a producer scoped to its queue; the worker holding its current claim.
     ///
     /// # Errors
     /// `403 forbidden` otherwise.
-    pub fn read(&self, item: &Item) -> Result<(), ApiError> {
+    pub fn read(&self, queue: Option<&str>, holder: Option<i64>) -> Result<(), ApiError> {
         let allowed = match self {
             Caller::Admin => true,
             Caller::Enrolled(p) => match p.role {
-                Role::Producer => queue_in_scope(&p.queues, &item.queue),
-                Role::Worker => item.worker_id == Some(p.worker_id),
+                Role::Producer => queue.is_some_and(|q| queue_in_scope(&p.queues, q)),
+                Role::Worker => holder == Some(p.worker_id),
             },
         };
         if allowed {

@@ -32,8 +32,8 @@ use crate::store::{Store, StoreError};
 
 /// The passes and calls that count the rows they cannot decode
 /// (`agentstore_unreadable_rows_total{by}`).
-pub const UNREADABLE_BY: [&str; 8] = [
-    "reaper", "list", "stats", "claim", "resume", "settle", "release", "pause",
+pub const UNREADABLE_BY: [&str; 9] = [
+    "reaper", "list", "stats", "claim", "resume", "settle", "release", "pause", "get",
 ];
 
 /// `Content-Type` of the text exposition format.

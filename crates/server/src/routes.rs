@@ -22,7 +22,7 @@ use crate::error::ApiError;
 use crate::extract::{item_id, positive_item_id, queue_name, JsonBody};
 use crate::ratelimit::{retry_after_secs, RateLimiter};
 use crate::state::AppState;
-use crate::store::{claim_lost, Ended, Item, ItemPage, Resumed};
+use crate::store::{claim_lost, Ended, Item, ItemPage, Resumed, Viewed};
 use crate::wire::{EnqueueBody, SettleBody};
 
 /// Most re-deliveries an item may be given.
@@ -279,10 +279,13 @@ async fn item(
     State(st): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<Json<Item>, ApiError> {
+) -> Result<Json<Viewed>, ApiError> {
     let id = item_id(&id)?;
-    match st.store.item(id).await? {
-        Some(item) => caller.read(&item).map(|()| Json(item)),
+    match st.store.view_item(id).await? {
+        Some(item) => {
+            let (queue, holder) = item.owners();
+            caller.read(queue, holder).map(|()| Json(item))
+        }
         None => Err(ApiError::new(
             ErrorCode::NotFound,
             format!("item {id} does not exist"),

@@ -169,6 +169,53 @@ impl Ended {
     }
 }
 
+/// What `GET /v1/items/{id}` reads: the item, or, when its row does not
+/// decode (see `unreadable`), the columns a reader's permission and the
+/// answer need, read one by one so that one bad column does not hide the
+/// rest. Serialised as the item, or as `{id, state, unreadable_row: true}`
+/// (`state` left out when it is not one this server knows).
+#[derive(Debug, Clone)]
+pub enum Viewed {
+    /// The item as it is now.
+    Item(Item),
+    /// The item's row does not decode (a payload or result that is not
+    /// JSON, a counter out of range, an unknown state).
+    Unreadable {
+        /// The item.
+        id: i64,
+        /// Its state, when that column decodes.
+        state: Option<ItemState>,
+        /// Its queue, when that column decodes (a producer may read only
+        /// items of its queues).
+        queue: Option<String>,
+        /// The worker holding its claim, when that column decodes and is
+        /// set (a worker may read only the item it holds).
+        worker_id: Option<i64>,
+    },
+}
+
+impl Serialize for Viewed {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Viewed::Item(item) => item.serialize(s),
+            Viewed::Unreadable { id, state, .. } => serialize_unreadable(s, *id, *state),
+        }
+    }
+}
+
+impl Viewed {
+    /// The item's queue and the worker holding its claim, as far as they
+    /// decode (what `Caller::read` decides on).
+    pub fn owners(&self) -> (Option<&str>, Option<i64>) {
+        match self {
+            Viewed::Item(item) => (Some(item.queue.as_str()), item.worker_id),
+            Viewed::Unreadable {
+                queue, worker_id, ..
+            } => (queue.as_deref(), *worker_id),
+        }
+    }
+}
+
 /// The answer of a resume: the item and its new lease, or, when the row it
 /// resumed does not decode, only that the item was failed instead (see
 /// `unreadable`): no lease is handed out for an item nobody can read.

@@ -17,7 +17,7 @@ use super::coalesce::{self, by_call, for_each_call, never_applied};
 use super::fence::{forbidden, not_found, placeholders, rejection};
 use super::item::{
     item_from_row, lease_item_from_row, qualified_item_cols, Claimed, Ended, Item, ItemPage,
-    Resumed, ITEM_COLS,
+    Resumed, Viewed, ITEM_COLS,
 };
 use super::{detached, get, ms, to_u64, Backend, Store, StoreError};
 use crate::tokens::{self, ct_eq};
@@ -674,6 +674,38 @@ impl Store {
             .fetch_optional(&self.pool)
             .await?;
         row.as_ref().map(item_from_row).transpose()
+    }
+
+    /// Reads one item for an answer (`GET /v1/items/{id}`): the item, or
+    /// [`Viewed::Unreadable`] when its row does not decode, never an error
+    /// for such a row (see `unreadable`; counted `by="get"` and logged).
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn view_item(&self, id: i64) -> Result<Option<Viewed>, StoreError> {
+        let sql = format!("SELECT {ITEM_COLS} FROM items WHERE id = $1");
+        let row = sqlx::query(&sql)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        Ok(Some(match item_from_row(&row) {
+            Ok(item) => Viewed::Item(item),
+            Err(e) => {
+                self.metrics.unreadable_row("get");
+                tracing::warn!(item_id = id, error = %e, "get: an item row cannot be read");
+                Viewed::Unreadable {
+                    id,
+                    state: get::<String>(&row, "state")
+                        .ok()
+                        .and_then(|s| ItemState::parse(&s)),
+                    queue: get(&row, "queue").ok(),
+                    worker_id: get::<Option<i64>>(&row, "worker_id").ok().flatten(),
+                }
+            }
+        }))
     }
 
     /// One page of the items of `queue` (of one `state`, if given) with ids

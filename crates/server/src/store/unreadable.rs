@@ -19,6 +19,10 @@
 //!   call gave it: a released row reopens and the next claim fails it; a
 //!   paused row stays paused and a resume fails it; a settled one stays
 //!   settled.
+//! - A read (`GET /v1/items/{id}`, [`Store::view_item`]) answers
+//!   [`Viewed::Unreadable`](super::Viewed::Unreadable): `{id, state,
+//!   unreadable_row: true}`, to whoever may read the item as judged on the
+//!   columns that decode (its queue, the worker holding it).
 //! - A heartbeat answers no item column but the lease's TTL; a TTL that
 //!   does not decode (on SQLite, a text) is answered with this instance's,
 //!   alone as in a batch (not counted: the lease itself is renewed).

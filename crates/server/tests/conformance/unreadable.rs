@@ -3,7 +3,7 @@
 //! such an expired lease and takes over every other; listings and gauges
 //! leave the row out and answer the rest.
 
-use agentstore_protocol::lease::ItemState;
+use agentstore_protocol::lease::{ItemState, Role};
 use agentstore_protocol::ErrorCode;
 use agentstore_server::store::{migrate, UNREADABLE_REASON};
 use agentstore_server::{Settings, Store};
@@ -524,4 +524,113 @@ pub async fn a_heartbeat_whose_stored_ttl_does_not_decode_renews_and_answers_the
         many.into_iter().map(Result::ok).collect::<Vec<_>>(),
         vec![Some(60_000)]
     );
+}
+
+/// A read of an item whose row does not decode (`GET /v1/items/{id}`) is
+/// answered `200 {id, state, unreadable_row: true}` (`state` left out when
+/// it is not one the server knows) to whoever may read the item, decided on
+/// the columns that do decode: the admin, a producer of its queue, the
+/// worker holding its claim; anyone else is refused as for any item. Before,
+/// every such read answered 500.
+pub async fn a_read_of_an_unreadable_row_is_answered_to_those_who_may_read_it(db: TestDb) {
+    let server = crate::common::http_server(&db).await;
+    let store = server.store().clone();
+    let enrolled = |role: Role, queue: &'static str| {
+        let store = store.clone();
+        async move {
+            let (token, _) = store
+                .create_enrollment_token(None, role, &[queue.to_owned()])
+                .await
+                .unwrap();
+            store.enroll(&token.0, Some("reader")).await.unwrap()
+        }
+    };
+    let producer = enrolled(Role::Producer, "q").await;
+    let elsewhere = enrolled(Role::Producer, "other").await;
+    let holder = enrolled(Role::Worker, "q").await;
+    let other_worker = enrolled(Role::Worker, "q").await;
+
+    let held = store.enqueue("q", &json!("held"), None).await.unwrap();
+    let claimed = store
+        .claim("q", Some(holder.worker_id))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(claimed.item.id, held.id);
+    let bad_payload = store.enqueue("q", &json!("p"), None).await.unwrap();
+    let bad_state = store.enqueue("q", &json!("s"), None).await.unwrap();
+    set(
+        &store,
+        "UPDATE items SET attempts = -5 WHERE id = $1",
+        held.id,
+    )
+    .await;
+    set(
+        &store,
+        "UPDATE items SET payload = 'not json' WHERE id = $1",
+        bad_payload.id,
+    )
+    .await;
+    set(
+        &store,
+        "UPDATE items SET state = 'bogus' WHERE id = $1",
+        bad_state.id,
+    )
+    .await;
+
+    let http = reqwest::Client::new();
+    let get = |id: i64, bearer: String| {
+        let req = http
+            .get(format!("{}/v1/items/{id}", server.url()))
+            .bearer_auth(bearer);
+        async move {
+            let resp = req.send().await.unwrap();
+            let status = resp.status().as_u16();
+            (status, resp.json::<serde_json::Value>().await.unwrap())
+        }
+    };
+    let admin = crate::common::ADMIN.to_owned();
+    for (id, state) in [(held.id, json!("running")), (bad_payload.id, json!("open"))] {
+        for who in [&admin, &producer.access_token] {
+            assert_eq!(
+                get(id, who.clone()).await,
+                (
+                    200,
+                    json!({"id": id, "state": state, "unreadable_row": true})
+                ),
+                "item {id}"
+            );
+        }
+    }
+    assert_eq!(
+        get(bad_state.id, admin.clone()).await,
+        (200, json!({"id": bad_state.id, "unreadable_row": true})),
+        "an unknown state is left out"
+    );
+    assert_eq!(
+        get(held.id, holder.access_token.clone()).await,
+        (
+            200,
+            json!({"id": held.id, "state": "running", "unreadable_row": true})
+        ),
+        "the worker holding its claim"
+    );
+    for (id, who) in [
+        (held.id, &other_worker.access_token),
+        (held.id, &elsewhere.access_token),
+        (bad_payload.id, &holder.access_token),
+        (bad_payload.id, &elsewhere.access_token),
+    ] {
+        let (status, body) = get(id, who.clone()).await;
+        assert_eq!(status, ErrorCode::Forbidden.status(), "item {id}: {body}");
+        assert_eq!(body["code"], json!("forbidden"));
+    }
+    // Every read that met such a row, refused ones included, is counted.
+    assert_eq!(unreadable_counted(&store, "get").await, "10");
+    // The reads changed nothing.
+    assert_eq!(
+        raw_state(&store, held.id).await,
+        ("running".to_owned(), None)
+    );
+    server.stop().await.unwrap();
 }
