@@ -254,7 +254,9 @@ impl Store {
     /// credentials for the worker it enrolled (see `use_once`).
     ///
     /// # Errors
-    /// `unauthorized` when the token is malformed, wrong, expired or used.
+    /// `unauthorized` when the token is malformed, wrong, expired or used;
+    /// [`StoreError::Corrupt`] when the scope stored with it (role, queues)
+    /// does not decode: nothing is written and the token stays unused.
     pub async fn enroll(
         &self,
         token: &str,
@@ -268,6 +270,11 @@ impl Store {
             None => {
                 let role: String = super::get(&row, "role")?;
                 let queues: String = super::get(&row, "queues")?;
+                // The worker is copied from the token's scope: one that does
+                // not decode (written by hand or by another version) would
+                // make a worker whose every request fails, and burn the
+                // token for it. Refused before anything is written.
+                principal(0, &role, &queues)?;
                 let insert = self.sql(
                     "INSERT INTO workers (name, created_at, role, queues) VALUES ($1, {now}, $2, $3)
                      RETURNING id",

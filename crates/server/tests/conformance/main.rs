@@ -85,6 +85,7 @@ conformance! {
     unreadable::a_pause_of_an_unreadable_row_is_answered_and_so_is_its_retry,
     unreadable::a_heartbeat_whose_stored_ttl_does_not_decode_renews_and_answers_the_instance_ttl,
     unreadable::a_read_of_an_unreadable_row_is_answered_to_those_who_may_read_it,
+    unreadable::an_enrolment_whose_stored_scope_does_not_decode_writes_nothing,
     instances::two_instances_with_eight_claimers_settle_every_item_exactly_once,
     roles::every_endpoint_allows_exactly_its_roles_and_a_refusal_changes_nothing,
     roles::a_worker_enrolled_for_one_queue_claims_there_and_nowhere_else,

@@ -634,3 +634,50 @@ pub async fn a_read_of_an_unreadable_row_is_answered_to_those_who_may_read_it(db
     );
     server.stop().await.unwrap();
 }
+
+/// An enrolment whose token's stored scope does not decode (a role this
+/// server does not know, queues that are not a list of names) is refused
+/// and writes nothing: no worker, the token still unused, so once the row
+/// is repaired the same token enrols. Before, the scope was copied as it
+/// was: the token was burned for a worker whose every request failed.
+pub async fn an_enrolment_whose_stored_scope_does_not_decode_writes_nothing(db: TestDb) {
+    let store = db.store(Settings::default()).await;
+    let (token, _) = store
+        .create_enrollment_token(None, Role::Worker, &["q".to_owned()])
+        .await
+        .unwrap();
+    for (bad, good) in [
+        (
+            "UPDATE enrollment_tokens SET role = 'operator'",
+            "UPDATE enrollment_tokens SET role = 'worker'",
+        ),
+        (
+            "UPDATE enrollment_tokens SET queues = '\"q\"'",
+            "UPDATE enrollment_tokens SET queues = '[\"q\"]'",
+        ),
+    ] {
+        sqlx::query(bad).execute(store.pool()).await.unwrap();
+        let before = crate::common::snapshot(&store).await;
+        let refused = store.enroll(&token.0, Some("w")).await;
+        assert!(refused.is_err(), "{bad}: {refused:?}");
+        assert_eq!(
+            crate::common::snapshot(&store).await,
+            before,
+            "{bad}: nothing written"
+        );
+        let (used,): (i64,) =
+            sqlx::query_as("SELECT COUNT(*) FROM enrollment_tokens WHERE worker_id IS NOT NULL")
+                .fetch_one(store.pool())
+                .await
+                .unwrap();
+        assert_eq!(used, 0, "{bad}: the token is not burned");
+        sqlx::query(good).execute(store.pool()).await.unwrap();
+    }
+    let creds = store.enroll(&token.0, Some("w")).await.expect("repaired");
+    let principal = store
+        .authenticate(&creds.access_token)
+        .await
+        .expect("the credential works");
+    assert_eq!(principal.role, Role::Worker);
+    assert_eq!(principal.queues, vec!["q".to_owned()]);
+}
