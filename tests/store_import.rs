@@ -1058,3 +1058,51 @@ async fn assert_refused_at_line(store: &Store, e: &agentstore::StoreError, line:
         "nothing written"
     );
 }
+
+/// A source whose bytes are not UTF-8 (a Latin-1 `é` inside a string) is
+/// refused with a ValidationError and nothing is written, as a Blob, a
+/// Response or a ReadableStream, for a snapshot and a PouchDB dump alike.
+/// Before, the decoder replaced the byte with U+FFFD and the record was
+/// stored under the revision of a body that held other bytes.
+#[wasm_bindgen_test]
+async fn bytes_that_are_not_utf8_are_refused_and_nothing_is_written() {
+    let (store, _) = open("not-utf8").await;
+    let good = json!({"_id": "a", "_rev": "1-aa", "v": 1}).to_string();
+    let snapshot =
+        format!("{HEADER}\n{good}\n{{\"_id\":\"b\",\"_rev\":\"1-bb\",\"v\":\"caf\u{1}\"}}\n");
+    let dump = format!(
+        "{{\"db_name\":\"d\",\"doc_count\":2}}\n{{\"docs\":[{good},{{\"_id\":\"b\",\"_rev\":\"1-bb\",\"v\":\"caf\u{1}\"}}]}}\n"
+    );
+    // The text with its U+0001 marker replaced by the lone byte 0xE9, as
+    // a Blob, a Response and a ReadableStream.
+    let make = Function::new_with_args(
+        "t",
+        "const e = new TextEncoder().encode(t); \
+         const b = e.map(x => x === 1 ? 0xe9 : x); \
+         return [new Blob([b]), new Response(b), new Blob([b]).stream()]",
+    );
+    for (what, text) in [("snapshot", &snapshot), ("dump", &dump)] {
+        let sources: Array = make.call1(&JsValue::NULL, &text.into()).unwrap().into();
+        for (kind, source) in ["Blob", "Response", "ReadableStream"]
+            .iter()
+            .zip(sources.iter())
+        {
+            let e = if what == "snapshot" {
+                store.import_snapshot(source, None).await.map(|_| ())
+            } else {
+                store
+                    .import_pouch_dump(source, "agent-index", None)
+                    .await
+                    .map(|_| ())
+            }
+            .expect_err(&format!("{what} as a {kind}"));
+            assert_eq!(e.code(), ErrorCode::Validation, "{what} as a {kind}: {e:?}");
+            for id in ["a", "b"] {
+                assert!(
+                    store.get(&s(id)).await.unwrap().is_none(),
+                    "{what} as a {kind}: {id} written"
+                );
+            }
+        }
+    }
+}

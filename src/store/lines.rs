@@ -101,7 +101,7 @@ extern "C" {
     #[wasm_bindgen(js_name = TextDecoderStream)]
     type JsTextDecoderStream;
     #[wasm_bindgen(constructor, catch, js_class = "TextDecoderStream")]
-    fn new() -> std::result::Result<JsTextDecoderStream, JsValue>;
+    fn new(label: &str, options: &JsValue) -> std::result::Result<JsTextDecoderStream, JsValue>;
 }
 
 /// An import source that can be read more than once (imports read it twice:
@@ -220,7 +220,13 @@ impl Source {
         Ok(match self {
             Source::Text(s) => Lines::new(s.clone(), None, signal),
             Source::Blob(b) => {
-                let text = JsTextDecoderStream::new().map_err(|e| unreadable(&e))?;
+                // `fatal`: bytes that are not UTF-8 are an error naming
+                // the source, not U+FFFD written under the revision of a
+                // body that held other bytes (the decoder's default).
+                let options = js_sys::Object::new();
+                crate::error::set(&options, "fatal", &JsValue::TRUE);
+                let text =
+                    JsTextDecoderStream::new("utf-8", &options).map_err(|e| unreadable(&e))?;
                 let reader = b
                     .stream()
                     .and_then(|s| s.pipe_through(&text))
