@@ -28,6 +28,9 @@
 //                           settle ANSWERS are held back 3 × <ms>: a heartbeat sent
 //                           just before a settle reaches the server after it, and
 //                           its answer reaches the page before the settle's
+//   /late-heartbeats-refused-settles-<ms>/… heartbeat REQUESTS as late-heartbeats;
+//                           settle requests never reach the server: each is
+//                           answered 400 {code: "validation"} after 3 × <ms>
 //   /_held/<mode>            {"held": n, "raced": r}: how many requests or answers of
 //                           that mode are held back right now (a test waits for a
 //                           count instead of sleeping), and (late-heartbeats) how
@@ -115,6 +118,15 @@ const server = http.createServer((req, res) => {
   }
   if (req.method === 'POST' && /^\/v1\/items\/\d+\/release$/.test(path)) releases.set(mode, (releases.get(mode) ?? 0) + 1);
   if (req.method === 'POST' && isHeartbeat(path)) heartbeats.set(mode, (heartbeats.get(mode) ?? 0) + 1);
+  const lateRefused = /^late-heartbeats-refused-settles-(\d+)$/.exec(mode);
+  if (lateRefused && req.method === 'POST' && /^\/v1\/items\/\d+\/settle$/.test(path)) {
+    req.resume();
+    setTimeout(() => {
+      res.writeHead(400, { 'content-type': 'application/json', 'access-control-allow-origin': '*' });
+      res.end(JSON.stringify({ code: 'validation', message: 'refused by the test proxy' }));
+    }, 3 * Number(lateRefused[1]));
+    return;
+  }
   const refuse = /^refuse-settles-(?:after-(\d+)-)?(.+)$/.exec(mode);
   if (refuse && !stopped.has(refuse[2]) && req.method === 'POST' && /^\/v1\/items\/\d+\/settle$/.test(path)) {
     held.set(mode, (held.get(mode) ?? 0) + 1);
@@ -136,7 +148,7 @@ const server = http.createServer((req, res) => {
     slow &&
     req.method === 'POST' &&
     (slow[1] === 'claims' ? isClaim(path) : slow[1] === 'releases' ? /^\/v1\/items\/\d+\/release$/.test(path) : isHeartbeat(path));
-  const late = /^(slow-settle-requests|late-heartbeats)-(\d+)$/.exec(mode);
+  const late = /^(slow-settle-requests|late-heartbeats)(?:-refused-settles)?-(\d+)$/.exec(mode);
   const isSettle = /^\/v1\/items\/\d+\/settle$/.test(path);
   const lateMs = late ? Number(late[2]) : 0;
   // Held before forwarding (the server has not seen them yet).

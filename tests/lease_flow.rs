@@ -884,6 +884,134 @@ async fn a_hanging_heartbeat_batch_never_holds_back_the_next_one() {
     );
 }
 
+/// A batched heartbeat answer whose `results` throw when read (a revoked
+/// Proxy, an array whose element getter throws: what a page's own `fetch`
+/// wrapper may hand back) is an unreadable answer, retried like any other:
+/// the next heartbeat goes out and renews the lease. Before, the reads were
+/// not catching calls, the exception went through the module's frames and
+/// the heartbeat task stopped half-way, its leases never heartbeated again.
+#[wasm_bindgen_test]
+async fn a_heartbeat_answer_that_throws_when_read_is_retried_not_thrown_through_the_module() {
+    if server().is_none() {
+        return;
+    }
+    for hostile in [
+        "(() => { const r = Proxy.revocable([], {}); r.revoke(); return r.proxy; })()",
+        "(() => { const a = [{}]; Object.defineProperty(a, 0, { get() { throw new Error('no'); } }); return a; })()",
+    ] {
+        let hook = js_sys::Function::new_no_args(&format!(
+            "const real = globalThis.fetch;
+            let beats = 0;
+            const answer = (status, body) => ({{ status, headers: {{ get: () => null }}, json: async () => body }});
+            globalThis.fetch = async (url, init) => {{
+                url = String(url);
+                if (url.endsWith('/claims')) {{
+                    return answer(201, {{ item: {{ id: 2 ** 52, epoch: 1 }}, lease: {{ token: 't'.repeat(43),
+                        epoch: 1, ttl_ms: 60000, heartbeat_ms: 50 }} }});
+                }}
+                if (url.endsWith('/v1/heartbeats')) {{
+                    beats += 1;
+                    if (beats === 1) return answer(200, {{ results: {hostile} }});
+                    const {{ leases }} = JSON.parse(init.body);
+                    return answer(200, {{ results: leases.map((l) => ({{ item_id: l.item_id, ok: true, ttl_ms: 60000 }})) }});
+                }}
+                return answer(204, null);
+            }};
+            return {{ beats: () => beats, restore: () => {{ globalThis.fetch = real; }} }};"
+        ))
+        .call0(&JsValue::NULL)
+        .unwrap();
+        let c = admin_client(agentstore::lease::ClientConfig {
+            use_locks: false,
+            ..config()
+        });
+        let lease = claim(&c, "hostile").await;
+        let beats = || call_method(&hook, "beats", &[]).as_f64().unwrap_or(0.0);
+        let again = within(10_000.0, async {
+            while beats() < 2.0 {
+                sleep(10.0).await;
+            }
+        })
+        .await;
+        let status = lease.status();
+        c.close().await;
+        call_method(&hook, "restore", &[]);
+        assert!(again.is_some(), "{hostile}: no heartbeat after the answer");
+        assert_eq!(status, agentstore::lease::Status::Held, "{hostile}");
+    }
+}
+
+/// A settle answered `401` whose credential refresh outlasts the lease's
+/// local deadline is not sent again: the lease is lost (`expired_locally`)
+/// and the settle rejects with that, one settle on the wire. Before, the
+/// refreshed credential resent it past the deadline, when the server may
+/// already have handed the item to another worker (the same for a
+/// heartbeat).
+#[wasm_bindgen_test]
+async fn a_call_refused_401_is_not_sent_again_past_the_local_deadline() {
+    if server().is_none() {
+        return;
+    }
+    let hook = js_sys::Function::new_no_args(
+        "const real = globalThis.fetch;
+        let settles = 0;
+        const answer = (status, body) => ({ status, headers: { get: () => null }, json: async () => body });
+        globalThis.fetch = async (url, init) => {
+            url = String(url);
+            if (url.endsWith('/claims')) {
+                return answer(201, { item: { id: 2 ** 52, epoch: 1 }, lease: { token: 't'.repeat(43),
+                    epoch: 1, ttl_ms: 1500, heartbeat_ms: 60000 } });
+            }
+            if (url.endsWith('/settle')) {
+                settles += 1;
+                return answer(401, { code: 'unauthorized', message: 'the access token expired' });
+            }
+            if (url.endsWith('/v1/workers/refresh')) {
+                await new Promise((r) => setTimeout(r, 2500));
+                return answer(200, { worker_id: 1, access_token: 'b'.repeat(43),
+                    access_expires_in_ms: 900000, refresh_token: 'r'.repeat(43) });
+            }
+            // Heartbeats never answer: nothing renews the lease.
+            return new Promise(() => {});
+        };
+        return { settles: () => settles, restore: () => { globalThis.fetch = real; } };",
+    )
+    .call0(&JsValue::NULL)
+    .unwrap();
+    let (base, _) = server().unwrap();
+    let c = agentstore::lease::ClientInner::new(
+        base,
+        agentstore::lease::Credentials {
+            access_token: Some("a".repeat(43)),
+            refresh_token: Some("r".repeat(43)),
+            ..Default::default()
+        },
+        agentstore::lease::ClientConfig {
+            use_locks: false,
+            ..config()
+        },
+    )
+    .expect("client");
+    let lease = claim(&c, "refresh").await;
+    let settled = lease
+        .settle(agentstore_protocol::lease::SettleState::Done, None, None)
+        .await;
+    let settles = call_method(&hook, "settles", &[]).as_f64();
+    let status = lease.status();
+    call_method(&hook, "restore", &[]);
+    c.close().await;
+    assert_eq!(
+        settles,
+        Some(1.0),
+        "sent again past the deadline: {settled:?}"
+    );
+    assert!(settled.is_err(), "{settled:?}");
+    assert_eq!(
+        status,
+        agentstore::lease::Status::Lost(agentstore::lease::LossReason::ExpiredLocally)
+    );
+}
+
 /// A settle result, error message, state or URL longer than the module's
 /// whole memory goes through (or is refused) without being copied into it:
 /// wasm memory never shrinks, so a copy would keep the page that large.

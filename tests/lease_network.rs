@@ -611,6 +611,50 @@ async fn a_heartbeat_refused_because_the_settle_landed_first_does_not_lose_the_l
     assert_eq!(forced, 3, "a heartbeat reached the server after the settle");
 }
 
+/// A heartbeat answered `state_conflict` (an operator paused the item) while
+/// the lease's settle was on the wire, and the settle then refused without
+/// being applied (a 400): the heartbeat's verdict was about the lease, not
+/// about the settle, and the lease is lost at once (`claim_lost`, signal
+/// aborted). Before, that verdict was dropped because a settle was out: the
+/// lease read as held with its signal live, no heartbeat went out again, and
+/// `lease.fetch` stamped the refused token until the local deadline. Forced
+/// by the proxy: heartbeat requests reach the server 300 ms late (after the
+/// pause), settles are answered 400 after 900 ms without reaching it.
+#[wasm_bindgen_test]
+async fn a_heartbeat_verdict_that_came_during_a_refused_settle_loses_the_lease() {
+    let Some(proxy) = proxy() else { return };
+    let mode = "late-heartbeats-refused-settles-300";
+    for round in 0..3 {
+        let q = fresh_queue("hb-verdict");
+        let id = enqueue(&q, json!({})).await;
+        let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
+        let until = now() + 10_000.0;
+        while held_back(proxy, mode).await > 0.0 && now() < until {
+            sleep(10.0).await;
+        }
+        let lease = claim(&c, &q).await;
+        // A heartbeat is on its way, not yet at the server.
+        let until = now() + 10_000.0;
+        while held_back(proxy, mode).await < 1.0 && now() < until {
+            sleep(10.0).await;
+        }
+        assert!(now() < until, "round {round}: a heartbeat went out");
+        let (status, body) = admin("POST", &format!("/v1/items/{id}/pause"), None).await;
+        assert_eq!(status, 200, "round {round}: {body}");
+        let done = agentstore_protocol::lease::SettleState::Done;
+        let settled = lease.settle(done, None, None).await;
+        assert!(settled.is_err(), "round {round}: refused by the proxy");
+        assert_eq!(
+            lease.status(),
+            Status::Lost(LossReason::ClaimLost),
+            "round {round}"
+        );
+        assert!(lease.signal().aborted(), "round {round}");
+        assert_eq!(item(id).await.state, ItemState::Paused, "round {round}");
+        c.close().await;
+    }
+}
+
 /// A settle the server applied whose answer comes after the lease's local
 /// deadline (the proxy holds settle answers 3 s; nothing renews a lease while
 /// it is ending, and its deadline is 2.7 s after the last heartbeat) still

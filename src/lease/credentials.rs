@@ -45,6 +45,29 @@ impl ClientInner {
         timeout_ms: f64,
         signal: Option<&AbortSignal>,
     ) -> Result<Answer> {
+        self.authed_while(method, path, body, timeout_ms, signal, &|| None)
+            .await
+    }
+
+    /// [`ClientInner::authed`] for a call that carries lease tokens: `gone`
+    /// is asked again before the call is sent a second time (after a `401`
+    /// and a credential refresh, which may take up to the request timeout),
+    /// and its error is answered instead when a lease the call is for was
+    /// lost meanwhile, by its local deadline too. Never a heartbeat or a
+    /// settle past the deadline (`HeartbeatPlan`): the server may already
+    /// have handed the item to another worker.
+    ///
+    /// # Errors
+    /// As [`ClientInner::authed`], or the error `gone` gives.
+    pub(crate) async fn authed_while(
+        self: &Rc<Self>,
+        method: &str,
+        path: &str,
+        body: Option<&JsValue>,
+        timeout_ms: f64,
+        signal: Option<&AbortSignal>,
+        gone: &dyn Fn() -> Option<LeaseError>,
+    ) -> Result<Answer> {
         if self.creds.borrow().access_token.is_none() {
             self.renew(self.generation.get()).await?;
         }
@@ -70,6 +93,9 @@ impl ClientInner {
                         return Err(LeaseError::Unauthorized(m));
                     }
                     self.renew(generation).await?;
+                    if let Some(e) = gone() {
+                        return Err(e);
+                    }
                     retried = true;
                 }
                 other => return other,

@@ -139,8 +139,17 @@ impl ClientInner {
                 .collect(),
         });
         let request_timeout = self.config.request_timeout_ms;
-        let mut request =
-            Box::pin(self.authed("POST", "/v1/heartbeats", Some(&body), request_timeout, None));
+        // Not sent again after a refresh if a lease of the chunk is gone
+        // meanwhile (the next pass sends the others).
+        let gone = || chunk.iter().find_map(|l| l.gone());
+        let mut request = Box::pin(self.authed_while(
+            "POST",
+            "/v1/heartbeats",
+            Some(&body),
+            request_timeout,
+            None,
+            &gone,
+        ));
         let mut late = false;
         let outcome = match select(request.as_mut(), Box::pin(sleep_ms(timeout_ms))).await {
             Either::Left((r, _)) => r,
@@ -169,16 +178,24 @@ impl ClientInner {
                 Some(r) if r.ok => lease.on_heartbeat_ok(sent_at, now, late),
                 Some(r) => {
                     let code = r.error.as_ref().map_or(ErrorCode::ClaimLost, |e| e.code);
+                    let message = r
+                        .error
+                        .as_ref()
+                        .map_or("claim lost", |e| e.message.as_str());
                     match code {
-                        // Sent before a settle or release that landed
-                        // first: that call's own answer decides.
+                        // Sent before a settle or release that may have
+                        // landed first: that call's own answer decides
+                        // (`LeaseInner::loss_while_ending`). The heartbeat is
+                        // no longer in flight either way.
                         ErrorCode::ClaimLost | ErrorCode::StateConflict | ErrorCode::NotFound
-                            if lease.ending_pending() => {}
+                            if lease.ending_pending() =>
+                        {
+                            *lease.loss_while_ending.borrow_mut() = Some(message.into());
+                            if !late {
+                                lease.plan.borrow_mut().on_failure(now, random());
+                            }
+                        }
                         ErrorCode::ClaimLost | ErrorCode::StateConflict | ErrorCode::NotFound => {
-                            let message = r
-                                .error
-                                .as_ref()
-                                .map_or("claim lost", |e| e.message.as_str());
                             lease.lose(LossReason::ClaimLost, message);
                         }
                         _ if late => {}

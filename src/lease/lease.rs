@@ -100,6 +100,12 @@ pub struct LeaseInner {
     /// (the local deadline still applies); the same call sent again is
     /// answered by the server as a replay when the first one landed.
     pub(crate) ending_unanswered: Cell<bool>,
+    /// The message of a heartbeat answered `claim_lost`, `state_conflict` or
+    /// `not_found` while a settle or release was on the wire: that call may
+    /// have caused it (it landed first), so its own answer decides. Applied
+    /// (the lease lost) when the call is known NOT to have landed (a 4xx
+    /// other than the ones that lose the lease anyway), dropped otherwise.
+    pub(crate) loss_while_ending: RefCell<Option<String>>,
     /// Settles and releases of this lease on the wire now. Unlike the
     /// `Ending` status, which a local expiry replaces while the call is out,
     /// this says whether an answer is still to come.
@@ -160,6 +166,7 @@ impl LeaseInner {
             plan: RefCell::new(plan),
             paused: Cell::new(false),
             ending_unanswered: Cell::new(false),
+            loss_while_ending: RefCell::new(None),
             in_flight: Cell::new(0),
             idle: RefCell::new(Vec::new()),
             landed: RefCell::new(None),
@@ -244,6 +251,19 @@ impl LeaseInner {
                 Some(self.claim_lost(LossReason::Released, "the lease was settled"))
             }
         }
+    }
+
+    /// [`LeaseInner::lost_error`], or `expired_locally` once the local
+    /// deadline has passed though the heartbeat loop has not yet marked it.
+    pub(crate) fn gone(&self) -> Option<LeaseError> {
+        self.lost_error().or_else(|| {
+            (!self.plan.borrow().is_live(now_ms())).then(|| {
+                self.claim_lost(
+                    LossReason::ExpiredLocally,
+                    "the lease's local deadline passed",
+                )
+            })
+        })
     }
 
     fn claim_lost(&self, reason: LossReason, message: &str) -> LeaseError {
@@ -439,7 +459,7 @@ impl LeaseInner {
         let path = item_path(self.item_id, "/heartbeat");
         let timeout = client.config.request_timeout_ms;
         match client
-            .authed("POST", &path, Some(&body), timeout, None)
+            .authed_while("POST", &path, Some(&body), timeout, None, &|| self.gone())
             .await
         {
             Ok(a) => {
@@ -586,7 +606,9 @@ impl LeaseInner {
         let timeout = client.config.request_timeout_ms;
         self.in_flight.set(self.in_flight.get() + 1);
         let on_wire = client.ending_call();
-        let r = client.authed("POST", path, Some(body), timeout, None).await;
+        let r = client
+            .authed_while("POST", path, Some(body), timeout, None, &|| self.gone())
+            .await;
         drop(on_wire);
         self.in_flight.set(self.in_flight.get() - 1);
         self.plan.borrow_mut().ending = false;
@@ -618,6 +640,7 @@ impl LeaseInner {
                 self.let_go_of_lock();
             }
         }
+        let verdict = self.loss_while_ending.take();
         match r {
             Ok(a) => {
                 *self.landed.borrow_mut() = Some((path.to_owned(), text, a.body.clone()));
@@ -627,6 +650,16 @@ impl LeaseInner {
                 let e = self.on_rejection(e);
                 if self.status.get() == Status::Ending {
                     self.status.set(Status::Held);
+                }
+                // Refused without landing (a 413, a 400): the heartbeat's
+                // verdict that came meanwhile was about this lease, not about
+                // the call. Dropped, the lease read as held with its signal
+                // live until the local deadline, and `lease.fetch` stamped a
+                // token the server had already refused.
+                if let (Some(message), false) = (verdict, unknown) {
+                    if self.status.get() == Status::Held {
+                        self.lose(LossReason::ClaimLost, &message);
+                    }
                 }
                 client.wake();
                 Err(e)

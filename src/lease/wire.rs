@@ -26,7 +26,7 @@ use agentstore_protocol::lease::{
 };
 use agentstore_protocol::{ErrorBody, ErrorCode};
 use js_sys::{Array, Object, Reflect};
-use wasm_bindgen::JsValue;
+use wasm_bindgen::{JsCast, JsValue};
 
 use super::journal::Entry;
 
@@ -105,19 +105,19 @@ impl FromWire for HeartbeatResponse {
 
 impl FromWire for BatchHeartbeatResponse {
     fn from_wire(v: &JsValue) -> Option<BatchHeartbeatResponse> {
+        // Read through catching calls: the answer comes from the page's
+        // `fetch` (perhaps a wrapper's), and a revoked Proxy or a throwing
+        // index getter must fail the answer, not throw through the module.
         let results = field(v, "results");
-        if !Array::is_array(&results) {
+        if !crate::value::is_array(&results).ok()? {
             return None;
         }
-        let results = Array::from(&results);
-        let n = results.length();
-        if n > MAX_RESULTS {
-            return None;
-        }
-        let results = (0..n)
-            .map(|i| {
-                let r = results.get(i);
-                let error = field(&r, "error");
+        let results =
+            crate::value::items(results.unchecked_ref(), MAX_RESULTS as usize, "").ok()?;
+        let results = results
+            .iter()
+            .map(|r| {
+                let error = field(r, "error");
                 // An error that is there but unreadable (a code this
                 // client does not know) fails the whole answer, which is
                 // then retried: it is never taken for a lost claim.
@@ -130,9 +130,9 @@ impl FromWire for BatchHeartbeatResponse {
                     })
                 };
                 Some(BatchHeartbeatResult {
-                    item_id: int(&r, "item_id")?,
-                    ok: field(&r, "ok").as_bool()?,
-                    ttl_ms: uint(&r, "ttl_ms"),
+                    item_id: int(r, "item_id")?,
+                    ok: field(r, "ok").as_bool()?,
+                    ttl_ms: uint(r, "ttl_ms"),
                     error,
                 })
             })
