@@ -131,11 +131,18 @@ fn traced(app: Router) -> Router {
 /// random loopback port, e.g. `http://127.0.0.1:*`).
 ///
 /// # Errors
-/// An entry is not a valid header value.
-fn allow_origin(entries: &[String]) -> Result<AllowOrigin, String> {
+/// An entry is `*` (tower-http's list panics on it; every origin is not
+/// offered: name them) or not a valid header value. Checked by
+/// [`Config::validate`], before the database is opened.
+pub(crate) fn allow_origin(entries: &[String]) -> Result<AllowOrigin, String> {
     let mut exact = Vec::new();
     let mut any_port = Vec::new();
     for o in entries.iter().map(|o| o.trim()) {
+        if o == "*" {
+            return Err("--allow-origin \"*\" is not accepted: name each origin \
+                        (scheme://host[:port], or scheme://host:* for every port)"
+                .into());
+        }
         match o.strip_suffix(":*") {
             Some(prefix) if !prefix.is_empty() => any_port.push(format!("{prefix}:")),
             _ => exact.push(HeaderValue::from_str(o).map_err(|_| format!("bad origin {o:?}"))?),

@@ -104,11 +104,17 @@ async fn server_start_refuses_a_configuration_out_of_range_built_in_code() {
     let dir = std::env::temp_dir().join(format!("agentstore-config-{}", std::process::id()));
     let database = dir.join("never-created.sqlite");
     type Tweak = fn(&mut Config);
-    let tweaks: [(&str, Tweak); 4] = [
+    let tweaks: [(&str, Tweak); 6] = [
         ("--ttl-ms", |c| c.ttl_ms = 0),
         ("--reaper-ms", |c| c.reaper_ms = 0),
         ("--access-ttl-ms", |c| c.access_ttl_ms = u64::MAX),
         ("--heartbeat-ms", |c| c.heartbeat_ms = c.ttl_ms),
+        // tower-http's origin list panics on "*": it was met only after the
+        // database had been opened and migrated (exit 101).
+        ("--allow-origin", |c| c.allow_origin = vec!["*".into()]),
+        ("bad origin", |c| {
+            c.allow_origin = vec!["http://a\nb".into()]
+        }),
     ];
     for (flag, tweak) in tweaks {
         let mut config = Config::for_tests(&database.display().to_string(), "admin");
@@ -133,6 +139,10 @@ fn the_binary_exits_with_a_usage_error_naming_the_flag() {
     for (args, flag) in [
         (&["--reaper-ms", "0"][..], "--reaper-ms"),
         (&["--ttl-ms", "3000"], "--heartbeat-ms"),
+        (
+            &["--allow-origin", "http://127.0.0.1:8080,*"],
+            "--allow-origin",
+        ),
     ] {
         let mut child = Command::new(env!("CARGO_BIN_EXE_agentstore-server"))
             .args(["--listen", "127.0.0.1:0", "--database", "sqlite::memory:"])

@@ -304,7 +304,10 @@ impl Store {
     /// Commits a transaction that revoked credentials of `worker_id`, then
     /// counts the revocation (see [`Store::revocations`]) — in a task of its
     /// own, so that a request dropped mid-commit (its client went away)
-    /// still counts it, and only once the commit has landed.
+    /// still counts it, and only once the commit has returned. A commit
+    /// that failed is counted too: its outcome is unknown (it may have
+    /// landed), and a count too many only makes the auth cache drop entries
+    /// it could have kept, never keep a revoked one.
     async fn commit_revoking(
         &self,
         tx: Transaction<'static, Any>,
