@@ -190,7 +190,7 @@ impl Config {
                 self.heartbeat_ms, self.ttl_ms
             ));
         }
-        crate::app::allow_origin(&self.allow_origin)?;
+        crate::app::allow_origin(&self.allow_origin).map(drop)?;
         if let Some(metrics) = self.metrics_listen {
             if metrics == self.listen && metrics.port() != 0 {
                 return Err(format!(
