@@ -1113,3 +1113,61 @@ async fn list_by_pages_through_index_values_longer_than_an_argument_may_be() {
     let out = with_js_store(body).await;
     assert_eq!(out.as_string().as_deref(), Some("r0,r1,r2"));
 }
+
+/// `listBy` pages past an entry whose indexed value is longer than a cursor
+/// may name: a record whose string values exceed MAX_INDEXED_UNITS (250,000
+/// UTF-16 units in all) has no entry, as one whose value is not a string or
+/// number, and `verifyIndexes` expects none. Before, its entry was written,
+/// the page ending on it answered a `next` of over 1 Mi characters, and
+/// `listBy` refused that cursor: no page after it could be reached.
+#[wasm_bindgen_test]
+async fn list_by_pages_past_a_record_whose_indexed_value_is_too_long_to_index() {
+    let body = "return (async () => {
+        const name = 'too-long-' + Math.random();
+        const t = await s.constructor.open(name, { indexes: [{ name: 'byTitle', keys: ['title'] }] });
+        await t.put({ _id: 'a', title: 'a' });
+        await t.put({ _id: 'b', title: 'b'.repeat(300000) });
+        await t.put({ _id: 'c', title: 'c'.repeat(250000) });
+        await t.put({ _id: 'd', title: 'd' });
+        const seen = [];
+        let page = await t.listBy('byTitle', { limit: 1 });
+        for (;;) {
+            seen.push(...page.records.map((r) => r._id));
+            if (!page.next) break;
+            page = await t.listBy('byTitle', { limit: 1, after: page.next });
+        }
+        const v = await t.verifyIndexes();
+        const problems = v.missing.length + v.orphaned.length + v.stale.length;
+        t.close();
+        return seen.join(',') + ' ' + problems;
+    })();";
+    let out = with_js_store(body).await;
+    assert_eq!(out.as_string().as_deref(), Some("a,c,d 0"));
+}
+
+/// A `listBy` cursor is checked with a RegExp; a page that replaced
+/// `RegExp.prototype.exec` with one that throws gets a rejected Promise
+/// (ValidationError), not an exception thrown through the module. Before,
+/// the check was a non-catching import: the call threw synchronously and
+/// left the module's nesting count raised.
+#[wasm_bindgen_test]
+async fn a_replaced_regexp_exec_makes_a_list_by_cursor_a_validation_error() {
+    let body = "return (async () => {
+        const real = RegExp.prototype.exec;
+        let out;
+        RegExp.prototype.exec = () => { throw new Error('replaced'); };
+        try {
+            const p = s.listBy('byTitle', { after: 'i1.s0061' });
+            RegExp.prototype.exec = real;
+            out = await p.then(() => 'resolved', (e) => e.name);
+        } catch (e) {
+            out = 'threw ' + e.message;
+        } finally {
+            RegExp.prototype.exec = real;
+        }
+        await s.put({ _id: 'after', v: 1 });
+        return out + ' ' + (await s.get('after')).v;
+    })();";
+    let out = with_js_store(body).await;
+    assert_eq!(out.as_string().as_deref(), Some("ValidationError 1"));
+}

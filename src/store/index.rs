@@ -21,6 +21,7 @@ use crate::error::{get_str, set, Result, StoreError};
 use crate::value;
 use agentstore_protocol::index::{
     decode_key_cursor, encode_key_cursor, entry_range, Condition, EntryRange, IndexDef, KeyPart,
+    MAX_INDEXED_UNITS,
 };
 use agentstore_protocol::record::check_limit;
 use js_sys::{Array, Function, JsString, Object, Reflect};
@@ -334,8 +335,9 @@ extern "C" {
 extern "C" {
     /// A string of at most `max` ASCII characters (js/promise.js
     /// `isAsciiUpTo`), checked before it is copied.
-    #[wasm_bindgen(js_name = isAsciiUpTo)]
-    fn is_ascii_up_to(v: &JsValue, max: u32) -> bool;
+    /// Catching: the check runs a RegExp, whose `exec` a page may replace.
+    #[wasm_bindgen(js_name = isAsciiUpTo, catch)]
+    fn is_ascii_up_to(v: &JsValue, max: u32) -> std::result::Result<bool, JsValue>;
 }
 
 /// The value at a dotted key path, if it is a valid index component
@@ -367,10 +369,25 @@ fn component(record: &JsValue, path: &str) -> Option<JsValue> {
 /// The entry key `[tag, v1, …, vn, id]` of `record`, or `None` when a
 /// component is missing or not a string/finite number.
 pub(crate) fn entry_key(tag: &str, def: &IndexDef, record: &JsValue) -> Option<Array> {
+    entry_key_within(tag, def, record, MAX_INDEXED_UNITS)
+}
+
+/// [`entry_key`] with string values of at most `max` UTF-16 code units in
+/// all ([`MAX_INDEXED_UNITS`] for an entry to write or expect; unbounded to
+/// find an entry an earlier release wrote, so that it is deleted).
+fn entry_key_within(tag: &str, def: &IndexDef, record: &JsValue, max: u32) -> Option<Array> {
     let key = Array::new();
     key.push(&JsValue::from_str(tag));
+    let mut units = 0u32;
     for path in &def.keys {
-        key.push(&component(record, path)?);
+        let v = component(record, path)?;
+        if let Some(text) = v.dyn_ref::<JsString>() {
+            units = units.saturating_add(text.length());
+            if units > max {
+                return None;
+            }
+        }
+        key.push(&v);
     }
     key.push(&Reflect::get(record, &"_id".into()).ok()?);
     Some(key)
@@ -389,7 +406,8 @@ pub(crate) fn maintain(
     }
     let derived = tx.store(DERIVED)?;
     for (tag, def) in &indexes.tags {
-        let old_key = old.and_then(|o| entry_key(tag, def, o));
+        // An entry written before MAX_INDEXED_UNITS bounded them goes too.
+        let old_key = old.and_then(|o| entry_key_within(tag, def, o, u32::MAX));
         let new_key = new.and_then(|n| entry_key(tag, def, n));
         if let (Some(o), Some(n)) = (&old_key, &new_key) {
             if idb_cmp(o, n)? == 0 {
@@ -552,6 +570,7 @@ impl ByQuery {
                     // bound of other arguments, and copied only when it is
                     // ASCII within it (1 byte per unit).
                     &is_ascii_up_to(&v, agentstore_protocol::index::MAX_KEY_CURSOR_LEN)
+                        .unwrap_or(false)
                         .then(|| v.as_string())
                         .flatten()
                     .ok_or_else(|| {

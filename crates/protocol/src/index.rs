@@ -330,6 +330,18 @@ fn push_hex(out: &mut String, v: u64, digits: u32) {
     }
 }
 
+/// Most UTF-16 code units the string values of one index entry may hold in
+/// all (250,000): a record whose key paths yield longer strings has no entry
+/// in that index, as one whose path yields no string or number. Every entry
+/// key then encodes as a cursor within [`MAX_KEY_CURSOR_LEN`] (4 hex digits
+/// per unit; the tag, the id and the separators add at most 4,442
+/// characters), so `listBy` can always be paged past it. Index keys are
+/// bounded in most databases for the same reason (MongoDB's 1,024-byte
+/// index key limit before 4.2, DynamoDB's 2,048-byte partition key), and
+/// Chromium's IndexedDB team asks for keys of at most kilobytes
+/// (w3c/IndexedDB#344).
+pub const MAX_INDEXED_UNITS: u32 = 250_000;
+
 /// The longest `listBy` cursor [`decode_key_cursor`] takes, in ASCII
 /// characters (1 Mi): string parts of 262,143 UTF-16 code units in all (4
 /// hex digits each). A longer cursor is refused before it is read (a
@@ -411,6 +423,37 @@ mod tests {
 
     fn s(x: &str) -> KeyPart {
         KeyPart::Str(x.encode_utf16().collect())
+    }
+
+    /// The longest entry key an index holds (a tag of the longest name,
+    /// eight string values of [`MAX_INDEXED_UNITS`] units in all, the
+    /// longest id, each unit needing 4 hex digits) encodes as a cursor
+    /// `decode_key_cursor` takes: `listBy` can always page past any entry.
+    #[test]
+    fn the_longest_entry_key_an_index_holds_makes_a_cursor_list_by_takes() {
+        let def = IndexDef {
+            name: "n".repeat(64),
+            keys: vec!["k".into(); MAX_INDEX_KEYS],
+        };
+        let per = MAX_INDEXED_UNITS as usize / MAX_INDEX_KEYS;
+        let mut key = vec![s(&def.tag())];
+        for i in 0..MAX_INDEX_KEYS {
+            // The remainder goes to the last value: MAX_INDEXED_UNITS in all.
+            let extra = if i + 1 == MAX_INDEX_KEYS {
+                MAX_INDEXED_UNITS as usize % MAX_INDEX_KEYS
+            } else {
+                0
+            };
+            key.push(s(&"\u{ffff}".repeat(per + extra)));
+        }
+        key.push(s(&"\u{ffff}".repeat(crate::record::MAX_ID_UNITS)));
+        let cursor = encode_key_cursor(&key);
+        assert!(
+            cursor.len() <= MAX_KEY_CURSOR_LEN as usize,
+            "{}",
+            cursor.len()
+        );
+        assert_eq!(decode_key_cursor(&cursor).unwrap(), key);
     }
 
     #[test]
