@@ -31,22 +31,28 @@ pub struct Credentials {
     pub name: Option<String>,
 }
 
+/// The `gone` of a call that carries no lease token.
+fn no_lease() -> Option<LeaseError> {
+    None
+}
+
 impl ClientInner {
     /// An authenticated request: enrolls first when only an enrollment token is
     /// held, and refreshes once on `401` when a refresh token is held.
     ///
     /// # Errors
     /// As [`http::send`]; `Unauthorized` when no credentials are left.
-    pub(crate) async fn authed(
-        self: &Rc<Self>,
-        method: &str,
-        path: &str,
-        body: Option<&JsValue>,
+    pub(crate) fn authed<'a>(
+        self: &'a Rc<Self>,
+        method: &'a str,
+        path: &'a str,
+        body: Option<&'a JsValue>,
         timeout_ms: f64,
-        signal: Option<&AbortSignal>,
-    ) -> Result<Answer> {
-        self.authed_while(method, path, body, timeout_ms, signal, &|| None)
-            .await
+        signal: Option<&'a AbortSignal>,
+    ) -> impl std::future::Future<Output = Result<Answer>> + 'a {
+        // Not an `async fn` of its own: one state machine (authed_while's)
+        // serves both, instead of a copy inlined into a wrapper's.
+        self.authed_while(method, path, body, timeout_ms, signal, &no_lease)
     }
 
     /// [`ClientInner::authed`] for a call that carries lease tokens: `gone`
