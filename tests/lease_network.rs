@@ -62,6 +62,29 @@ async fn worker_creds(queue: &str, name: &str) -> Credentials {
     }
 }
 
+/// Claims from `q` once nothing of proxy mode `mode` is held back (an
+/// earlier round's), then waits (bounded) until the lease's first heartbeat
+/// is held by the proxy: on its way, not yet at the server.
+async fn claim_with_heartbeat_held(
+    c: &Rc<ClientInner>,
+    q: &str,
+    proxy: &str,
+    mode: &str,
+    round: usize,
+) -> Rc<agentstore::lease::LeaseInner> {
+    let until = now() + 10_000.0;
+    while held_back(proxy, mode).await > 0.0 && now() < until {
+        sleep(10.0).await;
+    }
+    let lease = claim(c, q).await;
+    let until = now() + 10_000.0;
+    while held_back(proxy, mode).await < 1.0 && now() < until {
+        sleep(10.0).await;
+    }
+    assert!(now() < until, "round {round}: a heartbeat went out");
+    lease
+}
+
 /// How many answers of proxy mode `mode` the proxy holds back right now.
 async fn held_back(proxy: &str, mode: &str) -> f64 {
     proxy_count(proxy, mode, "held").await
@@ -581,18 +604,7 @@ async fn a_heartbeat_refused_because_the_settle_landed_first_does_not_lose_the_l
         let q = fresh_queue("hb-race");
         let id = enqueue(&q, json!({})).await;
         let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
-        // Nothing of the previous round is still held.
-        let until = now() + 10_000.0;
-        while held_back(proxy, mode).await > 0.0 && now() < until {
-            sleep(10.0).await;
-        }
-        let lease = claim(&c, &q).await;
-        // A heartbeat is on its way, not yet at the server.
-        let until = now() + 10_000.0;
-        while held_back(proxy, mode).await < 1.0 && now() < until {
-            sleep(10.0).await;
-        }
-        assert!(now() < until, "round {round}: a heartbeat went out");
+        let lease = claim_with_heartbeat_held(&c, &q, proxy, mode, round).await;
         let raced_before = proxy_count(proxy, mode, "raced").await;
         let done = agentstore_protocol::lease::SettleState::Done;
         let settled = lease.settle(done, None, None).await;
@@ -628,17 +640,7 @@ async fn a_heartbeat_verdict_that_came_during_a_refused_settle_loses_the_lease()
         let q = fresh_queue("hb-verdict");
         let id = enqueue(&q, json!({})).await;
         let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
-        let until = now() + 10_000.0;
-        while held_back(proxy, mode).await > 0.0 && now() < until {
-            sleep(10.0).await;
-        }
-        let lease = claim(&c, &q).await;
-        // A heartbeat is on its way, not yet at the server.
-        let until = now() + 10_000.0;
-        while held_back(proxy, mode).await < 1.0 && now() < until {
-            sleep(10.0).await;
-        }
-        assert!(now() < until, "round {round}: a heartbeat went out");
+        let lease = claim_with_heartbeat_held(&c, &q, proxy, mode, round).await;
         let (status, body) = admin("POST", &format!("/v1/items/{id}/pause"), None).await;
         assert_eq!(status, 200, "round {round}: {body}");
         let done = agentstore_protocol::lease::SettleState::Done;

@@ -1090,6 +1090,19 @@ async fn a_large_string_in_a_record_is_hashed_in_pieces_not_copied_whole() {
     assert_eq!(field(&out, "same").as_bool(), Some(true));
 }
 
+/// `idsByTitle(t)`: the ids of store `t` in the order of its index
+/// `byTitle`, paged one record at a time through `next`.
+const BY_TITLE_JS: &str = "const idsByTitle = async (t) => {
+    const seen = [];
+    let page = await t.listBy('byTitle', { limit: 1 });
+    for (;;) {
+        seen.push(...page.records.map((r) => r._id));
+        if (!page.next) return seen;
+        page = await t.listBy('byTitle', { limit: 1, after: page.next });
+    }
+};
+";
+
 /// `listBy` pages through index entries whose string parts are longer than
 /// the 64 Ki-unit bound on caller arguments: the store's own keys and
 /// cursors are not bounded by it.
@@ -1100,17 +1113,11 @@ async fn list_by_pages_through_index_values_longer_than_an_argument_may_be() {
         const t = await s.constructor.open(name, { indexes: [{ name: 'byTitle', keys: ['title'] }] });
         const long = 'x'.repeat(70000);
         for (let i = 0; i < 3; i++) await t.put({ _id: 'r' + i, title: long + i });
-        const seen = [];
-        let page = await t.listBy('byTitle', { limit: 1 });
-        for (;;) {
-            seen.push(...page.records.map((r) => r._id));
-            if (!page.next) break;
-            page = await t.listBy('byTitle', { limit: 1, after: page.next });
-        }
+        const seen = await idsByTitle(t);
         t.close();
         return seen.join(',');
     })();";
-    let out = with_js_store(body).await;
+    let out = with_js_store(&[BY_TITLE_JS, body].concat()).await;
     assert_eq!(out.as_string().as_deref(), Some("r0,r1,r2"));
 }
 
@@ -1129,19 +1136,13 @@ async fn list_by_pages_past_a_record_whose_indexed_value_is_too_long_to_index() 
         await t.put({ _id: 'b', title: 'b'.repeat(300000) });
         await t.put({ _id: 'c', title: 'c'.repeat(250000) });
         await t.put({ _id: 'd', title: 'd' });
-        const seen = [];
-        let page = await t.listBy('byTitle', { limit: 1 });
-        for (;;) {
-            seen.push(...page.records.map((r) => r._id));
-            if (!page.next) break;
-            page = await t.listBy('byTitle', { limit: 1, after: page.next });
-        }
+        const seen = await idsByTitle(t);
         const v = await t.verifyIndexes();
         const problems = v.missing.length + v.orphaned.length + v.stale.length;
         t.close();
         return seen.join(',') + ' ' + problems;
     })();";
-    let out = with_js_store(body).await;
+    let out = with_js_store(&[BY_TITLE_JS, body].concat()).await;
     assert_eq!(out.as_string().as_deref(), Some("a,c,d 0"));
 }
 
