@@ -462,6 +462,48 @@ impl QueueStats {
     }
 }
 
+/// Most queues that get series of their own in the server's per-queue
+/// gauges (`agentstore_queue_items`, `agentstore_queue_oldest_open_seconds`).
+pub const MAX_QUEUE_SERIES: usize = 500;
+
+/// The `queue` label of the series that sums every queue past
+/// [`MAX_QUEUE_SERIES`]: not a valid queue name (parentheses), so it never
+/// names a real queue.
+pub const OTHER_QUEUES: &str = "(other)";
+
+/// The per-queue gauges as a scrape reports them: at most `max` queues keep
+/// their own entry — those with the most items not yet settled (open,
+/// running, paused, then by name) — and every other queue is summed into
+/// one entry named [`OTHER_QUEUES`] (counts added, the oldest open age the
+/// largest). A queue label is a value the callers choose (any producer may
+/// enqueue into a new queue), and a Prometheus series per label value kept
+/// for good would grow the scraper's memory without bound; the totals
+/// stay exact.
+pub fn fold_queue_series(mut queues: Vec<QueueStats>, max: usize) -> Vec<QueueStats> {
+    if queues.len() <= max {
+        return queues;
+    }
+    let pending = |q: &QueueStats| q.open + q.running + q.paused;
+    queues.sort_by(|a, b| {
+        pending(b)
+            .cmp(&pending(a))
+            .then_with(|| a.queue.cmp(&b.queue))
+    });
+    let rest = queues.split_off(max);
+    let mut other = QueueStats {
+        queue: OTHER_QUEUES.to_owned(),
+        ..QueueStats::default()
+    };
+    for q in &rest {
+        for state in ItemState::ALL {
+            *other.count_mut(state) += q.count(state);
+        }
+        other.oldest_open_age_ms = other.oldest_open_age_ms.max(q.oldest_open_age_ms);
+    }
+    queues.push(other);
+    queues
+}
+
 // ---------------------------------------------------------------------------
 // State machine
 // ---------------------------------------------------------------------------
@@ -636,6 +678,44 @@ mod tests {
     use super::*;
 
     const TTL: u64 = 90_000;
+
+    /// Past `max` queues, the ones with the fewest unsettled items are
+    /// summed into one `(other)` entry: at most `max + 1` label values
+    /// whatever the number of queues, and every count still adds up.
+    #[test]
+    fn queues_past_the_series_bound_are_summed_into_one_other_entry() {
+        let q = |name: &str, open: u64, done: u64, age: Option<u64>| QueueStats {
+            queue: name.into(),
+            open,
+            done,
+            oldest_open_age_ms: age,
+            ..QueueStats::default()
+        };
+        let all = vec![
+            q("a", 1, 0, Some(5)),
+            q("b", 9, 0, Some(7)),
+            q("c", 0, 50, None),
+            q("d", 3, 1, Some(40)),
+        ];
+        assert_eq!(
+            fold_queue_series(all.clone(), 4),
+            all,
+            "within the bound: as read"
+        );
+        let folded = fold_queue_series(all.clone(), 2);
+        let names: Vec<&str> = folded.iter().map(|s| s.queue.as_str()).collect();
+        assert_eq!(names, ["b", "d", OTHER_QUEUES]);
+        let other = &folded[2];
+        assert_eq!((other.open, other.done), (1, 50));
+        assert_eq!(other.oldest_open_age_ms, Some(5));
+        for state in ItemState::ALL {
+            let sum = |v: &[QueueStats]| v.iter().map(|s| s.count(state)).sum::<u64>();
+            assert_eq!(sum(&folded), sum(&all), "{state:?}");
+        }
+        // Ties go by name: stable series from scrape to scrape.
+        let tied = fold_queue_series(vec![q("y", 1, 0, None), q("x", 1, 0, None)], 1);
+        assert_eq!(tied[0].queue, "x");
+    }
 
     fn claimed(now: i64) -> LeaseItem {
         LeaseItem::new(DEFAULT_MAX_REDELIVERIES)

@@ -17,7 +17,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use agentstore_protocol::lease::{ItemState, SettleState};
+use agentstore_protocol::lease::{fold_queue_series, ItemState, SettleState, MAX_QUEUE_SERIES};
 use agentstore_protocol::ErrorCode;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::Method;
@@ -312,7 +312,7 @@ impl Metrics {
     /// # Errors
     /// The database failed while reading the queue gauges.
     pub async fn render(&self, store: &Store) -> Result<String, StoreError> {
-        let queues = store.queue_stats(None).await?;
+        let queues = fold_queue_series(store.queue_stats(None).await?, MAX_QUEUE_SERIES);
         let (in_use, _, max) = store.pool_usage();
         // No await from here to the end: the lock is a std one.
         let _scrape = self

@@ -101,4 +101,5 @@ conformance! {
     metrics::concurrent_scrapes_each_report_every_queue_gauge,
     metrics::a_claim_and_a_settle_whose_client_went_away_are_counted_once_committed,
     metrics::a_settle_whose_answer_cannot_be_read_is_counted_and_not_a_replay,
+    metrics::per_queue_series_are_bounded_and_the_rest_summed,
 }

@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use agentstore_protocol::lease::{
-    ClaimResponse, ItemState, QueueStats, SettleState, WorkerCredentials,
+    ClaimResponse, ItemState, QueueStats, SettleState, WorkerCredentials, MAX_QUEUE_SERIES,
 };
 use agentstore_server::store::Ended;
 use agentstore_server::Server;
@@ -575,6 +575,47 @@ pub async fn concurrent_scrapes_each_report_every_queue_gauge(db: TestDb) {
         s.await.unwrap();
     }
     server.stop().await.unwrap();
+}
+
+/// A scrape over more queues than get series of their own
+/// (`MAX_QUEUE_SERIES`, 500) reports 500 queues and one `(other)` series
+/// that sums the rest: the label count stays bounded whatever queues
+/// producers make up, and the totals stay exact. The busiest queue keeps its
+/// own series. Before, every queue ever used got 7 series on every scrape,
+/// for good.
+pub async fn per_queue_series_are_bounded_and_the_rest_summed(db: TestDb) {
+    let store = db.store(agentstore_server::Settings::default()).await;
+    let n = MAX_QUEUE_SERIES + 5;
+    for k in 0..n {
+        store
+            .enqueue(&format!("many{k:04}"), &json!(k), None)
+            .await
+            .unwrap();
+    }
+    for k in 0..3 {
+        store.enqueue("many9999", &json!(k), None).await.unwrap();
+    }
+    let samples = parse(&store.metrics().render(&store).await.unwrap());
+    let open: Vec<(&String, f64)> = samples
+        .iter()
+        .filter(|(name, l, _)| {
+            name == "agentstore_queue_items" && l.get("state").map(String::as_str) == Some("open")
+        })
+        .map(|(_, l, v)| (&l["queue"], *v))
+        .collect();
+    assert_eq!(
+        open.len(),
+        MAX_QUEUE_SERIES + 1,
+        "series of their own and (other)"
+    );
+    let total: f64 = open.iter().map(|(_, v)| v).sum();
+    assert_eq!(total, (n + 3) as f64, "every open item counted once");
+    let other = open.iter().find(|(q, _)| *q == "(other)").expect("(other)");
+    assert_eq!(other.1, 6.0, "the six queues past the bound");
+    assert!(
+        open.iter().any(|(q, v)| *q == "many9999" && *v == 3.0),
+        "the busiest queue keeps its series"
+    );
 }
 
 /// Sends `request` (raw HTTP/1.1) to `server` while `db`'s items are locked,
