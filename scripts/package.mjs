@@ -91,7 +91,9 @@ if (hasStore) completeDts(join(dir, sub, types), NOTE.store);
 // glue's own module name, e.g. "./agentstore_bg.js") becomes `$` and its
 // index in base 36, in the .wasm and in `glue` alike (replaced as whole
 // identifiers; they are unique). Snippet imports (js/*.js) keep their
-// names. Renamed names start with `$`, so a second run renames nothing.
+// field names; their module names (`./snippets/<crate>-<hash>/js/promise.js`,
+// once per import) become `$0`, `$1`, … too, and so do the exports (see
+// `exportSection`). Renamed names start with `$`, so a second run renames nothing.
 const DROP = new Set(['name', 'producers']);
 const slimWasm = (file, glue, glueModule) => {
   const b = readFileSync(file);
@@ -121,6 +123,46 @@ const slimWasm = (file, glue, glueModule) => {
     return Buffer.concat([encLeb(bytes.length), bytes]);
   };
   const renamed = new Map();
+  // Snippet module names (`./snippets/<crate>-<hash>/js/promise.js`) and
+  // their short names.
+  const modules = new Map();
+  // Exports renamed (see `exportSection`), and their short names.
+  const exportsRenamed = new Map();
+  const glueText = readFileSync(glue, 'utf8');
+  // The export section: a count, then per export its name, a kind byte and
+  // an index. `memory` keeps its name (a caller of `init()` may read it);
+  // any other export the glue reads only as `wasm.<name>` (or not at all)
+  // becomes `$` and a number in base 36 (renamed exports start with `$`,
+  // so a second run renames nothing). The names (`agentstore_putMany`,
+  // `__wasm_bindgen_func_elem_1364`) are spelled in the .wasm and again in
+  // the glue.
+  const exportSection = (start, end) => {
+    const at = { p: start };
+    const count = leb(at);
+    const parts = [encLeb(count)];
+    for (let i = 0; i < count; i++) {
+      const n = leb(at);
+      const field = b.subarray(at.p, at.p + n).toString('utf8');
+      at.p += n;
+      const descStart = at.p;
+      at.p++;
+      leb(at);
+      let out = field;
+      const name = field.replace(/\$/g, '\\$');
+      const count = (re) => (glueText.match(new RegExp(re, 'g')) ?? []).length;
+      // Every property read of the name is `wasm.<name>` and no string
+      // spells it (a JS function of the same name that calls the export
+      // is the glue's own identifier, not a read of the export).
+      const safe = count(`\\.${name}\\b`) === count(`\\bwasm\\.${name}\\b`) && count(`["'\`]${name}["'\`]`) === 0;
+      if (field !== 'memory' && !field.startsWith('$') && safe) {
+        out = `$${exportsRenamed.size.toString(36)}`;
+        exportsRenamed.set(field, out);
+      }
+      parts.push(encName(out), b.subarray(descStart, at.p));
+    }
+    if (at.p !== end) throw new Error(`${file}: the export section did not parse to its end`);
+    return Buffer.concat(parts);
+  };
   // The import section: a count, then per import its module and field
   // names and a description (kind byte and its kind's fields).
   const importSection = (start, end) => {
@@ -158,7 +200,12 @@ const slimWasm = (file, glue, glueModule) => {
         out = `$${renamed.size.toString(36)}`;
         renamed.set(field, out);
       }
-      parts.push(encName(module), encName(out), b.subarray(descStart, at.p));
+      let outModule = module;
+      if (module.startsWith('./snippets/')) {
+        if (!modules.has(module)) modules.set(module, `$${modules.size.toString(36)}`);
+        outModule = modules.get(module);
+      }
+      parts.push(encName(outModule), encName(out), b.subarray(descStart, at.p));
     }
     if (at.p !== end) throw new Error(`${file}: the import section did not parse to its end`);
     return Buffer.concat(parts);
@@ -175,18 +222,36 @@ const slimWasm = (file, glue, glueModule) => {
       const n = leb(at);
       name = b.subarray(at.p, at.p + n).toString('utf8');
     }
-    if (id === 2) {
-      const payload = importSection(at.p, end);
-      kept.push(Buffer.from([2]), encLeb(payload.length), payload);
+    if (id === 2 || id === 7) {
+      const payload = (id === 2 ? importSection : exportSection)(at.p, end);
+      kept.push(Buffer.from([id]), encLeb(payload.length), payload);
     } else if (!DROP.has(name)) kept.push(b.subarray(start, end));
     at.p = end;
   }
-  if (renamed.size > 0) {
-    let text = readFileSync(glue, 'utf8');
+  if (renamed.size + modules.size + exportsRenamed.size > 0) {
+    let text = glueText;
     for (const [from, to] of renamed) {
       const re = new RegExp(`\\b${from.replace(/\$/g, '\\$')}\\b`, 'g');
       if (!re.test(text)) throw new Error(`${glue} does not name the import ${from}`);
       text = text.replace(re, to);
+    }
+    for (const [from, to] of exportsRenamed) {
+      text = text.replace(new RegExp(`\\bwasm\\.${from.replace(/\$/g, '\\$')}\\b`, 'g'), `wasm.${to}`);
+    }
+    // The import object names each snippet once per binding that uses it
+    // (`"./snippets/…/promise.js": import3,` four times, the same
+    // namespace): the first entry is kept, under the short name.
+    for (const [from, to] of modules) {
+      const quoted = from.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+      let first = true;
+      const re = new RegExp(`^(\\s*)(["'])${quoted}\\2: ([\\w$]+),?\\n`, 'gm');
+      const before = text;
+      text = text.replace(re, (_, indent, _q, value) => {
+        const line = first ? `${indent}"${to}": ${value},\n` : '';
+        first = false;
+        return line;
+      });
+      if (text === before) throw new Error(`${glue} does not list the snippet module ${from} in its imports`);
     }
     writeFileSync(glue, text);
   }
