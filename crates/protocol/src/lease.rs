@@ -463,7 +463,7 @@ impl QueueStats {
 }
 
 /// Most queues that get series of their own in the server's per-queue
-/// gauges (`agentstore_queue_items`, `agentstore_queue_oldest_open_seconds`).
+/// gauges (`agentstore_queue_items`, `agentstore_queue_oldest_open_age_seconds`).
 pub const MAX_QUEUE_SERIES: usize = 500;
 
 /// The `queue` label of the series that sums every queue past

@@ -145,7 +145,10 @@ pub(crate) fn allow_origin(entries: &[String]) -> Result<AllowOrigin, String> {
         }
         match o.strip_suffix(":*") {
             Some(prefix) if !prefix.is_empty() => any_port.push(format!("{prefix}:")),
-            _ => exact.push(HeaderValue::from_str(o).map_err(|_| format!("bad origin {o:?}"))?),
+            _ => exact.push(
+                HeaderValue::from_str(o)
+                    .map_err(|_| format!("--allow-origin: bad origin {o:?}"))?,
+            ),
         }
     }
     if any_port.is_empty() {

@@ -112,7 +112,7 @@ async fn server_start_refuses_a_configuration_out_of_range_built_in_code() {
         // tower-http's origin list panics on "*": it was met only after the
         // database had been opened and migrated (exit 101).
         ("--allow-origin", |c| c.allow_origin = vec!["*".into()]),
-        ("bad origin", |c| {
+        ("--allow-origin: bad origin", |c| {
             c.allow_origin = vec!["http://a\nb".into()]
         }),
     ];
