@@ -30,7 +30,8 @@
 //                           its answer reaches the page before the settle's
 //   /late-heartbeats-refused-settles-<ms>/… heartbeat REQUESTS as late-heartbeats;
 //                           settle requests never reach the server: each is
-//                           answered 400 {code: "validation"} after 3 × <ms>
+//                           answered 400 {code: "validation"} after 1.5 × <ms>
+//                           (a heartbeat forwarded meanwhile counts as "raced")
 //   /_held/<mode>            {"held": n, "raced": r}: how many requests or answers of
 //                           that mode are held back right now (a test waits for a
 //                           count instead of sleeping), and (late-heartbeats) how
@@ -121,10 +122,14 @@ const server = http.createServer((req, res) => {
   const lateRefused = /^late-heartbeats-refused-settles-(\d+)$/.exec(mode);
   if (lateRefused && req.method === 'POST' && /^\/v1\/items\/\d+\/settle$/.test(path)) {
     req.resume();
+    // Counted as a settle whose answer is held: a heartbeat forwarded
+    // meanwhile counts as `raced`.
+    settling.set(mode, (settling.get(mode) ?? 0) + 1);
     setTimeout(() => {
+      settling.set(mode, settling.get(mode) - 1);
       res.writeHead(400, { 'content-type': 'application/json', 'access-control-allow-origin': '*' });
       res.end(JSON.stringify({ code: 'validation', message: 'refused by the test proxy' }));
-    }, 3 * Number(lateRefused[1]));
+    }, 1.5 * Number(lateRefused[1]));
     return;
   }
   const refuse = /^refuse-settles-(?:after-(\d+)-)?(.+)$/.exec(mode);

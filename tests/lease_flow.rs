@@ -1012,6 +1012,75 @@ async fn a_call_refused_401_is_not_sent_again_past_the_local_deadline() {
     );
 }
 
+/// A heartbeat sent before a settle whose outcome stayed unknown (no answer:
+/// it may have landed), answered `claim_lost` while the settle sent again is
+/// out, is not applied when that retry is refused without landing (a 429):
+/// the first attempt may have caused the answer, so the lease stays held for
+/// a later retry, which the server answers as a replay if the first landed.
+#[wasm_bindgen_test]
+async fn a_loss_verdict_after_a_settle_of_unknown_outcome_is_not_applied_to_its_retry() {
+    if server().is_none() {
+        return;
+    }
+    let hook = js_sys::Function::new_no_args(
+        "const real = globalThis.fetch;
+        let release = null;
+        let settles = 0;
+        const answer = (status, body) => ({ status, headers: { get: () => null }, json: async () => body });
+        const lost = (init) => answer(200, { results: JSON.parse(init.body).leases.map((l) =>
+            ({ item_id: l.item_id, ok: false, error: { code: 'claim_lost', message: 'the settle landed' } })) });
+        globalThis.fetch = async (url, init) => {
+            url = String(url);
+            if (url.endsWith('/claims')) {
+                return answer(201, { item: { id: 2 ** 52, epoch: 1 }, lease: { token: 't'.repeat(43),
+                    epoch: 1, ttl_ms: 60000, heartbeat_ms: 100 } });
+            }
+            if (url.endsWith('/v1/heartbeats')) {
+                if (release) return lost(init);
+                // The first heartbeat's answer waits for the first settle.
+                return new Promise((resolve) => { release = () => resolve(lost(init)); });
+            }
+            if (url.endsWith('/settle')) {
+                settles += 1;
+                if (settles === 1) throw new TypeError('Failed to fetch');
+                // The heartbeat sent before the first settle is answered
+                // while the second is out.
+                release();
+                await new Promise((r) => setTimeout(r, 50));
+                return answer(429, { code: 'rate_limited', message: 'slow down' });
+            }
+            return answer(204, null);
+        };
+        return { held: () => release !== null, settles: () => settles,
+            restore: () => { globalThis.fetch = real; } };",
+    )
+    .call0(&JsValue::NULL)
+    .unwrap();
+    let c = admin_client(agentstore::lease::ClientConfig {
+        use_locks: false,
+        ..config()
+    });
+    let lease = claim(&c, "unknown-then-refused").await;
+    let held = within(10_000.0, async {
+        while !call_method(&hook, "held", &[]).is_truthy() {
+            sleep(10.0).await;
+        }
+    })
+    .await;
+    let done = agentstore_protocol::lease::SettleState::Done;
+    let first = lease.settle(done, None, None).await;
+    let second = lease.settle(done, None, None).await;
+    let status = lease.status();
+    let settles = call_method(&hook, "settles", &[]).as_f64();
+    c.close().await;
+    call_method(&hook, "restore", &[]);
+    assert!(held.is_some(), "a heartbeat went out");
+    assert!(matches!(first, Err(LeaseError::Network(_))), "{first:?}");
+    assert!(second.is_err(), "{second:?}");
+    assert_eq!(settles, Some(2.0));
+    assert_eq!(status, Status::Held, "{second:?}");
+}
+
 /// A settle result, error message, state or URL longer than the module's
 /// whole memory goes through (or is refused) without being copied into it:
 /// wasm memory never shrinks, so a copy would keep the page that large.

@@ -630,12 +630,14 @@ async fn a_heartbeat_refused_because_the_settle_landed_first_does_not_lose_the_l
 /// aborted). Before, that verdict was dropped because a settle was out: the
 /// lease read as held with its signal live, no heartbeat went out again, and
 /// `lease.fetch` stamped the refused token until the local deadline. Forced
-/// by the proxy: heartbeat requests reach the server 300 ms late (after the
-/// pause), settles are answered 400 after 900 ms without reaching it.
+/// by the proxy: heartbeat requests reach the server 800 ms late (after the
+/// pause), settles are answered 400 after 1.2 s without reaching it (before
+/// the 2.7 s local deadline); the proxy counts each heartbeat that reached
+/// the server while a settle was held, and every round must count one.
 #[wasm_bindgen_test]
 async fn a_heartbeat_verdict_that_came_during_a_refused_settle_loses_the_lease() {
     let Some(proxy) = proxy() else { return };
-    let mode = "late-heartbeats-refused-settles-300";
+    let mode = "late-heartbeats-refused-settles-800";
     for round in 0..3 {
         let q = fresh_queue("hb-verdict");
         let id = enqueue(&q, json!({})).await;
@@ -643,9 +645,14 @@ async fn a_heartbeat_verdict_that_came_during_a_refused_settle_loses_the_lease()
         let lease = claim_with_heartbeat_held(&c, &q, proxy, mode, round).await;
         let (status, body) = admin("POST", &format!("/v1/items/{id}/pause"), None).await;
         assert_eq!(status, 200, "round {round}: {body}");
+        let raced_before = proxy_count(proxy, mode, "raced").await;
         let done = agentstore_protocol::lease::SettleState::Done;
         let settled = lease.settle(done, None, None).await;
         assert!(settled.is_err(), "round {round}: refused by the proxy");
+        assert!(
+            proxy_count(proxy, mode, "raced").await > raced_before,
+            "round {round}: the heartbeat reached the server while the settle was out"
+        );
         assert_eq!(
             lease.status(),
             Status::Lost(LossReason::ClaimLost),

@@ -16,6 +16,9 @@ use wasm_bindgen_test::*;
 
 mod lease_common;
 use lease_common::*;
+#[path = "common/values.rs"]
+mod values;
+use values::wasm_memory_bytes;
 
 wasm_bindgen_test_configure!(run_in_browser);
 
@@ -459,4 +462,70 @@ async fn self_ending(lease: JsValue) -> Result<JsValue, JsValue> {
     // Run on after the lease ended: the slot must wait for this handler.
     sleep(100.0).await;
     Ok(JsValue::UNDEFINED)
+}
+
+/// A worker polling an empty queue keeps flat wasm memory: each wait's
+/// Promise is settled when the wait ends. Before, every poll raced one
+/// shared "stopped" Promise that settles only on `stop()`, and the `JsFuture`
+/// of a Promise that never settles keeps its callbacks (and a waker) in
+/// wasm memory for good: memory grew with every poll, for the page's life.
+/// Claims are answered `204` at once by a fake `fetch` (no server round
+/// trip), with a 0 ms poll interval, so the worker polls as fast as its
+/// timers fire; the growth is measured after the first thousand polls.
+#[wasm_bindgen_test]
+async fn an_idle_worker_polling_an_empty_queue_keeps_wasm_memory_flat() {
+    if server().is_none() {
+        return;
+    }
+    let hook = Function::new_no_args(
+        "const real = globalThis.fetch;
+        let claims = 0;
+        globalThis.fetch = async (url, init) => {
+            if (String(url).endsWith('/claims')) {
+                claims += 1;
+                return { status: 204, headers: { get: () => null }, json: async () => null };
+            }
+            return real(url, init);
+        };
+        return { claims: () => claims, restore: () => { globalThis.fetch = real; } };",
+    )
+    .call0(&JsValue::NULL)
+    .unwrap();
+    let claims = || {
+        let f: Function = get(&hook, &["claims"]).unchecked_into();
+        f.call0(&hook).unwrap().as_f64().unwrap_or(0.0)
+    };
+    let idle = handler(|_| async { Ok(JsValue::UNDEFINED) });
+    let w = WorkerInner::start(
+        admin_client(config()),
+        "idle".into(),
+        idle,
+        WorkOptions {
+            concurrency: 4,
+            poll_interval_ms: 0.0,
+            ..options(4)
+        },
+        wrap,
+    );
+    let polls_until = |n: f64| async move {
+        let until = now() + 60_000.0;
+        while claims() < n && now() < until {
+            sleep(20.0).await;
+        }
+        claims()
+    };
+    polls_until(1_000.0).await;
+    let before = wasm_memory_bytes();
+    let at = claims();
+    let reached = polls_until(at + 8_000.0).await;
+    let grown = wasm_memory_bytes() - before;
+    w.stop().await;
+    let restore: Function = get(&hook, &["restore"]).unchecked_into();
+    restore.call0(&hook).unwrap();
+    assert!(reached >= at + 8_000.0, "{} polls in 60 s", reached - at);
+    assert!(
+        grown < f64::from(256u32 << 10),
+        "wasm memory grew {grown} bytes over {} polls",
+        reached - at
+    );
 }

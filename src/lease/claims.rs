@@ -126,6 +126,9 @@ impl ClientInner {
         let _ = signal.add_event_listener_with_callback("abort", &on_abort);
         let _ = select(JsFuture::from(done), JsFuture::from(fired)).await;
         let _ = signal.remove_event_listener_with_callback("abort", &on_abort);
+        // `fired` settled either way, so its JsFuture's callbacks are freed
+        // (a signal that never aborts left them in wasm memory per claim).
+        let _ = on_abort.call0(&JsValue::UNDEFINED);
         let answer = slot.borrow_mut().take();
         match answer {
             Some(r) => r,

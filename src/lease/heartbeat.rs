@@ -139,9 +139,15 @@ impl ClientInner {
                 .collect(),
         });
         let request_timeout = self.config.request_timeout_ms;
-        // Not sent again after a refresh if a lease of the chunk is gone
-        // meanwhile (the next pass sends the others).
-        let gone = || chunk.iter().find_map(|l| l.gone());
+        // Not sent again after a refresh if a lease of the chunk still held
+        // passed its local deadline meanwhile (the next pass sends the
+        // others); one settled or lost meanwhile is only refused again.
+        let gone = || {
+            chunk
+                .iter()
+                .filter(|l| l.is_active())
+                .find_map(|l| l.gone())
+        };
         let mut request = Box::pin(self.authed_while(
             "POST",
             "/v1/heartbeats",
@@ -236,9 +242,12 @@ async fn heartbeat_loop(weak: Weak<ClientInner>) {
                 *client.wake.borrow_mut() = None;
                 return;
             };
-            *client.wake.borrow_mut() = Some(Some(resolve));
+            *client.wake.borrow_mut() = Some(Some(resolve.clone()));
             client.timer_delay(ms)
         };
         let _ = select(Box::pin(sleep_ms(wait)), JsFuture::from(woken)).await;
+        // Settled either way: a JsFuture of a Promise that never settles
+        // keeps its callbacks in wasm memory for good (one per pass).
+        let _ = resolve.call0(&JsValue::UNDEFINED);
     }
 }

@@ -470,8 +470,20 @@ impl LeaseInner {
                     None => Ok(r.ttl_ms),
                 }
             }
-            // A settle or release went out meanwhile: its answer decides.
-            Err(e) if self.ending_pending() => Err(e),
+            // A settle or release went out meanwhile: its answer decides
+            // (`loss_while_ending`: applied if it is refused unlanded).
+            Err(e) if self.ending_pending() => {
+                if let LeaseError::Server {
+                    code: ErrorCode::ClaimLost | ErrorCode::NotFound,
+                    message,
+                    ..
+                }
+                | LeaseError::StateConflict(message) = &e
+                {
+                    *self.loss_while_ending.borrow_mut() = Some(message.clone());
+                }
+                Err(e)
+            }
             Err(e) => Err(self.on_rejection(e)),
         }
     }
@@ -604,10 +616,22 @@ impl LeaseInner {
         self.status.set(Status::Ending);
         self.plan.borrow_mut().ending = true;
         let timeout = client.config.request_timeout_ms;
+        // A heartbeat verdict kept before this call is not about it; and if
+        // an earlier attempt's outcome is unknown, that attempt may have
+        // landed and caused any verdict, whatever this one's answer.
+        if self.in_flight.get() == 0 {
+            self.loss_while_ending.take();
+        }
+        let after_unknown = self.ending_unanswered.get();
         self.in_flight.set(self.in_flight.get() + 1);
         let on_wire = client.ending_call();
+        // A release may still go out past the local deadline (it only gives
+        // the item back sooner); a settle may not.
+        let settle = !path.ends_with("/release");
         let r = client
-            .authed_while("POST", path, Some(body), timeout, None, &|| self.gone())
+            .authed_while("POST", path, Some(body), timeout, None, &|| {
+                settle.then(|| self.gone()).flatten()
+            })
             .await;
         drop(on_wire);
         self.in_flight.set(self.in_flight.get() - 1);
@@ -656,7 +680,7 @@ impl LeaseInner {
                 // the call. Dropped, the lease read as held with its signal
                 // live until the local deadline, and `lease.fetch` stamped a
                 // token the server had already refused.
-                if let (Some(message), false) = (verdict, unknown) {
+                if let (Some(message), false, false) = (verdict, unknown, after_unknown) {
                     if self.status.get() == Status::Held {
                         self.lose(LossReason::ClaimLost, &message);
                     }

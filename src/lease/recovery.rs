@@ -213,6 +213,12 @@ impl ClientInner {
             Ok(a) => {
                 let state = crate::error::get_str(&a.body, "state");
                 let held = matches!(state.as_deref(), Some("running" | "paused"));
+                // A row the server cannot read answers its id and state
+                // only (`unreadable_row`): no epoch to compare, so a held
+                // one may still be this entry's lease.
+                if crate::lease::wire::field(&a.body, "unreadable_row").is_truthy() {
+                    return !held && state.is_some();
+                }
                 let same = parse::<ItemRef>(&a.body).is_ok_and(|v| v.epoch == entry.epoch);
                 !(held && same)
             }

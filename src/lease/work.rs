@@ -82,9 +82,12 @@ pub struct WorkerInner {
     options: WorkOptions,
     backoff: RefCell<Reconnect>,
     stopping: Cell<bool>,
-    /// Resolves when `stop()` is called; every wait races it.
-    stopped: Promise,
-    stop_resolve: RefCell<Option<Function>>,
+    /// The resolvers of the waits now running (`wait`): `stop()` calls
+    /// them. Each wait has a Promise of its own that is always resolved
+    /// when the wait ends: a `JsFuture` of a Promise that never settles
+    /// keeps its callbacks in wasm memory for good, and one shared "stopped"
+    /// Promise raced by every poll leaked that much per poll.
+    waiters: RefCell<Vec<Function>>,
     /// Counters.
     pub stats: RefCell<Stats>,
     /// Backoff delays waited (ms), for tests of the schedule (last 32).
@@ -105,7 +108,6 @@ impl WorkerInner {
         options: WorkOptions,
         wrap: fn(Rc<LeaseInner>) -> JsValue,
     ) -> Rc<WorkerInner> {
-        let (stopped, stop_resolve) = super::heartbeat::deferred();
         let w = Rc::new(WorkerInner {
             client,
             queue,
@@ -116,8 +118,7 @@ impl WorkerInner {
             )),
             options,
             stopping: Cell::new(false),
-            stopped,
-            stop_resolve: RefCell::new(Some(stop_resolve)),
+            waiters: RefCell::new(Vec::new()),
             stats: RefCell::new(Stats::default()),
             backoffs: RefCell::new(Vec::new()),
             polls: RefCell::new(Vec::new()),
@@ -149,8 +150,9 @@ impl WorkerInner {
     /// Stops claiming; resolves when running handlers have finished and settled.
     pub async fn stop(&self) {
         self.stopping.set(true);
-        if let Some(r) = self.stop_resolve.borrow_mut().take() {
-            let _ = r.call0(&JsValue::UNDEFINED);
+        let waiters = std::mem::take(&mut *self.waiters.borrow_mut());
+        for wake in waiters {
+            let _ = wake.call0(&JsValue::UNDEFINED);
         }
         let f = self.finished.borrow().clone();
         if let Some(f) = f {
@@ -173,8 +175,16 @@ impl WorkerInner {
 
     /// Waits `ms`, or less if `stop()` is called.
     async fn wait(&self, ms: f64) {
-        let stop = JsFuture::from(self.stopped.clone());
-        let _ = select(Box::pin(sleep_ms(ms)), Box::pin(stop)).await;
+        if self.stopping.get() {
+            return;
+        }
+        let (woken, wake) = super::heartbeat::deferred();
+        self.waiters.borrow_mut().push(wake.clone());
+        let _ = select(Box::pin(sleep_ms(ms)), JsFuture::from(woken)).await;
+        self.waiters.borrow_mut().retain(|w| *w != wake);
+        // Settles `woken` if the timer won: its JsFuture's callbacks run
+        // once and are freed.
+        let _ = wake.call0(&JsValue::UNDEFINED);
     }
 }
 
