@@ -625,9 +625,9 @@ impl LeaseInner {
         let after_unknown = self.ending_unanswered.get();
         self.in_flight.set(self.in_flight.get() + 1);
         let on_wire = client.ending_call();
-        // A release may still go out past the local deadline (it only gives
-        // the item back sooner); a settle may not.
-        let settle = !path.ends_with("/release");
+        // A release (its body has no `state`) may still go out past the
+        // local deadline (it only gives the item back sooner); a settle may not.
+        let settle = state.is_some();
         let r = client
             .authed_while("POST", path, Some(body), timeout, None, &|| {
                 settle.then(|| self.gone()).flatten()

@@ -22,6 +22,7 @@ use futures::future::{select, Either};
 use js_sys::{Function, Promise};
 use wasm_bindgen::JsValue;
 use wasm_bindgen_futures::JsFuture;
+use web_sys::AbortController;
 
 use super::claims::Claimed;
 use super::client::ClientInner;
@@ -82,12 +83,12 @@ pub struct WorkerInner {
     options: WorkOptions,
     backoff: RefCell<Reconnect>,
     stopping: Cell<bool>,
-    /// The resolvers of the waits now running (`wait`): `stop()` calls
-    /// them. Each wait has a Promise of its own that is always resolved
-    /// when the wait ends: a `JsFuture` of a Promise that never settles
-    /// keeps its callbacks in wasm memory for good, and one shared "stopped"
-    /// Promise raced by every poll leaked that much per poll.
-    waiters: RefCell<Vec<Function>>,
+    /// Aborted by `stop()`; every wait races its signal. Each wait awaits a
+    /// Promise of its own that always settles (a timer raced with the
+    /// signal, js/promise.js `raceAbort`): a `JsFuture` of a Promise that
+    /// never settles keeps its callbacks in wasm memory for good, and one
+    /// shared "stopped" Promise raced by every poll leaked that much per poll.
+    stop: Option<AbortController>,
     /// Counters.
     pub stats: RefCell<Stats>,
     /// Backoff delays waited (ms), for tests of the schedule (last 32).
@@ -118,7 +119,7 @@ impl WorkerInner {
             )),
             options,
             stopping: Cell::new(false),
-            waiters: RefCell::new(Vec::new()),
+            stop: AbortController::new().ok(),
             stats: RefCell::new(Stats::default()),
             backoffs: RefCell::new(Vec::new()),
             polls: RefCell::new(Vec::new()),
@@ -150,9 +151,8 @@ impl WorkerInner {
     /// Stops claiming; resolves when running handlers have finished and settled.
     pub async fn stop(&self) {
         self.stopping.set(true);
-        let waiters = std::mem::take(&mut *self.waiters.borrow_mut());
-        for wake in waiters {
-            let _ = wake.call0(&JsValue::UNDEFINED);
+        if let Some(c) = &self.stop {
+            c.abort();
         }
         let f = self.finished.borrow().clone();
         if let Some(f) = f {
@@ -178,13 +178,12 @@ impl WorkerInner {
         if self.stopping.get() {
             return;
         }
-        let (woken, wake) = super::heartbeat::deferred();
-        self.waiters.borrow_mut().push(wake.clone());
-        let _ = select(Box::pin(sleep_ms(ms)), JsFuture::from(woken)).await;
-        self.waiters.borrow_mut().retain(|w| *w != wake);
-        // Settles `woken` if the timer won: its JsFuture's callbacks run
-        // once and are freed.
-        let _ = wake.call0(&JsValue::UNDEFINED);
+        let timer = crate::store::db::sleep_promise(ms.clamp(0.0, 2_147_483_647.0) as u32);
+        let wait = match &self.stop {
+            Some(c) => crate::store::race_abort_js(&timer, &c.signal(), &JsValue::UNDEFINED),
+            None => timer,
+        };
+        let _ = JsFuture::from(wait).await;
     }
 }
 

@@ -221,7 +221,7 @@ extern "C" {
     /// `promise` raced with `signal`'s `abort` event, which resolves it with
     /// `marker` (js/promise.js `raceAbort`).
     #[wasm_bindgen(js_name = raceAbort)]
-    fn race_abort_js(
+    pub(crate) fn race_abort_js(
         promise: &js_sys::Promise,
         signal: &AbortSignal,
         marker: &JsValue,
