@@ -233,10 +233,10 @@ const slimWasm = (file, glue, glueModule) => {
     for (const [from, to] of renamed) {
       const re = new RegExp(`\\b${from.replace(/\$/g, '\\$')}\\b`, 'g');
       if (!re.test(text)) throw new Error(`${glue} does not name the import ${from}`);
-      text = text.replace(re, to);
+      text = text.replace(re, () => to);
     }
     for (const [from, to] of exportsRenamed) {
-      text = text.replace(new RegExp(`\\bwasm\\.${from.replace(/\$/g, '\\$')}\\b`, 'g'), `wasm.${to}`);
+      text = text.replace(new RegExp(`\\bwasm\\.${from.replace(/\$/g, '\\$')}\\b`, 'g'), () => `wasm.${to}`);
     }
     // The import object names each snippet once per binding that uses it
     // (`"./snippets/…/promise.js": import3,` four times, the same
@@ -254,6 +254,17 @@ const slimWasm = (file, glue, glueModule) => {
       if (text === before) throw new Error(`${glue} does not list the snippet module ${from} in its imports`);
     }
     writeFileSync(glue, text);
+  }
+  // The declarations of the exports (`InitOutput` in the glue's .d.ts, what
+  // `init()` resolves to; the .wasm's own .d.ts) follow the new names.
+  for (const dts of [glue.replace(/\.js$/, '.d.ts'), `${file}.d.ts`]) {
+    if (exportsRenamed.size === 0 || !existsSync(dts)) continue;
+    let text = readFileSync(dts, 'utf8');
+    for (const [from, to] of exportsRenamed) {
+      const name = from.replace(/\$/g, '\\$');
+      text = text.replace(new RegExp(`(readonly |export const )${name}:`, 'g'), (_, pre) => `${pre}${to}:`);
+    }
+    writeFileSync(dts, text);
   }
   writeFileSync(file, Buffer.concat(kept));
 };
@@ -331,7 +342,8 @@ const inlineSnippet = (root, glue, name, edit = (body) => body) => {
   }
   // A glue still naming the snippet (wasm-bindgen changed how it imports
   // snippets) would load it from a path where it is not.
-  // (The wasm's import module names, keys of the imports object, stay.)
+  // (The wasm's import module names, keys of the imports object, were
+  // already shortened by `slimWasm` and are not touched here.)
   if (new RegExp(`from\\s*['"][^'"]*/${quoted}['"]`).test(readFileSync(file, 'utf8'))) {
     throw new Error(`${file}: js/${name} was not inlined`);
   }
