@@ -529,3 +529,74 @@ async fn an_idle_worker_polling_an_empty_queue_keeps_wasm_memory_flat() {
         reached - at
     );
 }
+
+/// `stop()` while a claim is in flight: the lease that claim then brings is
+/// given back at once, and counted as it ended. When that release fails
+/// (here a 400), the lease stops being held locally (`expired_locally`: no
+/// more heartbeats; the server's TTL gives the item back) and is counted
+/// `lost`. Before, the release was tried once and counted `released`
+/// whatever happened, and the lease stayed held with nobody to end it.
+#[wasm_bindgen_test]
+async fn a_lease_claimed_as_the_worker_stops_is_released_or_dropped_and_counted_as_it_ended() {
+    if server().is_none() {
+        return;
+    }
+    let hook = Function::new_no_args(
+        "const real = globalThis.fetch;
+        let answerClaim = null;
+        let releases = 0;
+        const answer = (status, body) => ({ status, headers: { get: () => null }, json: async () => body });
+        globalThis.fetch = async (url, init) => {
+            url = String(url);
+            if (url.endsWith('/claims')) {
+                await new Promise((r) => { answerClaim = r; });
+                return answer(201, { item: { id: 2 ** 52, epoch: 1 }, lease: { token: 't'.repeat(43),
+                    epoch: 1, ttl_ms: 60000, heartbeat_ms: 20000 } });
+            }
+            if (url.endsWith('/release')) {
+                releases += 1;
+                return answer(400, { code: 'validation', message: 'refused by the test' });
+            }
+            return answer(204, null);
+        };
+        return { claimed: () => answerClaim !== null, answer: () => answerClaim(),
+            releases: () => releases, restore: () => { globalThis.fetch = real; } };",
+    )
+    .call0(&JsValue::NULL)
+    .unwrap();
+    let call = |name: &str| {
+        let f: Function = get(&hook, &[name]).unchecked_into();
+        f.call0(&hook).unwrap()
+    };
+    let never = handler(|_| async { Ok(JsValue::UNDEFINED) });
+    let w = WorkerInner::start(
+        admin_client(agentstore::lease::ClientConfig {
+            use_locks: false,
+            ..config()
+        }),
+        "stopping".into(),
+        never,
+        options(1),
+        wrap,
+    );
+    let until = now() + 10_000.0;
+    while !call("claimed").is_truthy() && now() < until {
+        sleep(10.0).await;
+    }
+    let stopping = w.clone();
+    let stopped = future_to_promise(async move {
+        stopping.stop().await;
+        Ok(JsValue::UNDEFINED)
+    });
+    call("answer");
+    let _ = wasm_bindgen_futures::JsFuture::from(stopped).await;
+    let st = *w.stats.borrow();
+    let releases = call("releases").as_f64();
+    call("restore");
+    assert_eq!(releases, Some(1.0), "given back at once, one attempt");
+    assert_eq!(
+        (st.claimed, st.released, st.lost, st.done),
+        (1, 0, 1, 0),
+        "{st:?}"
+    );
+}

@@ -194,8 +194,11 @@ async fn slot_loop(w: Rc<WorkerInner>, wrap: fn(Rc<LeaseInner>) -> JsValue) {
                 w.backoff.borrow_mut().on_success();
                 w.stats.borrow_mut().claimed += 1;
                 if w.stopping.get() {
-                    let _ = lease.release().await;
-                    w.stats.borrow_mut().released += 1;
+                    // Given back at once (one attempt: stop() does not wait
+                    // out retries); a release that fails stops holding it
+                    // locally, and it is counted as it ended.
+                    end_or_drop(&lease, false).await;
+                    count(&w, lease.status());
                     break;
                 }
                 run_one(&w, &lease, wrap).await;
