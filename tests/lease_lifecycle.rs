@@ -293,6 +293,55 @@ async fn recover_skips_an_unlocked_lease_whose_item_the_server_cannot_read() {
     assert_eq!(item(id).await.state, ItemState::Running);
 }
 
+/// `recover()` drops a journal entry only when the server said the lease
+/// is over (`claim_lost`, `state_conflict`, `not_found`). A release refused
+/// for another reason (here a 400, as a proxy or an older server may
+/// answer) proves nothing: the entry is kept (`pending`) for the next
+/// `recover()`, and that one releases it. Before, any non-transient error
+/// deleted the entry as `lost`, and the item waited out its TTL.
+#[wasm_bindgen_test]
+async fn recover_keeps_an_entry_whose_release_was_refused_for_another_reason() {
+    if server().is_none() {
+        return;
+    }
+    let journal = fresh_queue("journal");
+    let q = fresh_queue("refused-release");
+    let id = enqueue(&q, json!({})).await;
+    let old = admin_client(journalled(&journal, false));
+    let lease = claim(&old, &q).await;
+    lease.set_heartbeats_paused(true);
+    gone_with_its_locks(&journal, &old.base).await;
+    let hook = js_sys::Function::new_no_args(
+        r"const real = globalThis.fetch;
+        globalThis.fetch = (input, init) => {
+            const url = String(input instanceof Request ? input.url : input);
+            if (/\/v1\/items\/\d+\/release$/.test(url)) {
+                return Promise.resolve(new Response(JSON.stringify({ code: 'validation',
+                    message: 'refused by a proxy' }),
+                    { status: 400, headers: { 'content-type': 'application/json' } }));
+            }
+            return real(input, init);
+        };
+        return () => { globalThis.fetch = real; };",
+    )
+    .call0(&JsValue::NULL)
+    .unwrap();
+    let new = admin_client(journalled(&journal, true));
+    let refused = new.recover(false).await;
+    js_sys::Function::from(hook).call0(&JsValue::NULL).unwrap();
+    let refused = refused.unwrap();
+    assert_eq!(refused.pending, vec![id], "lost {:?}", refused.lost);
+    assert!(refused.lost.is_empty() && refused.released.is_empty());
+    assert_eq!(item(id).await.state, ItemState::Running);
+    let again = new.recover(false).await.unwrap();
+    assert_eq!(
+        again.released,
+        vec![id],
+        "the kept entry is released next time"
+    );
+    assert_eq!(item(id).await.state, ItemState::Open);
+}
+
 #[wasm_bindgen_test]
 async fn recover_leaves_a_live_pages_locked_lease_alone() {
     if server().is_none() {

@@ -128,6 +128,22 @@ impl LeaseError {
         }
     }
 
+    /// True when the server said the token's lease is over (`claim_lost`,
+    /// `state_conflict`, `not_found`): nothing is left to release, and its
+    /// journal entry may go. Any other refusal (a 400, 405 or 413 from a
+    /// proxy or an older server, an unreadable answer) proves nothing, and
+    /// the entry is kept for a later `recover()`.
+    pub fn proves_lease_over(&self) -> bool {
+        matches!(
+            self,
+            LeaseError::Server {
+                code: ErrorCode::ClaimLost | ErrorCode::NotFound,
+                ..
+            } | LeaseError::StateConflict(_)
+                | LeaseError::ClaimLost { .. }
+        )
+    }
+
     /// The loss reason, for `ClaimLost`.
     pub fn loss_reason(&self) -> Option<LossReason> {
         match self {

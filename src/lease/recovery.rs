@@ -158,7 +158,7 @@ impl ClientInner {
                     code: ErrorCode::Forbidden,
                     ..
                 }) => report.busy.push(entry.item_id),
-                Err(e) if !e.is_transient() && !matches!(e, LeaseError::Unauthorized(_)) => {
+                Err(e) if e.proves_lease_over() => {
                     // claim_lost / state_conflict / not_found: nothing left to release.
                     let _ = self
                         .journal
@@ -266,8 +266,8 @@ impl ClientInner {
                     ..
                 }),
             ) => return Err(e),
-            Err(e) if e.is_transient() => return Err(e),
-            Err(_) => return Ok(None),
+            Err(e) if e.proves_lease_over() => return Ok(None),
+            Err(e) => return Err(e),
         }
         let answer = self
             .authed("GET", &item_path(entry.item_id, ""), None, timeout, None)
