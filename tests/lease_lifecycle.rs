@@ -85,6 +85,40 @@ async fn gone_with_its_locks(journal: &str, base: &str) {
     }
 }
 
+/// Wraps the page's `fetch`: a `method` request whose URL matches the
+/// RegExp source `pattern` is answered `status` with the JSON `body`
+/// (nothing reaches the server); every other request goes through. Returns
+/// the function that restores the page's own `fetch`.
+fn intercept(
+    pattern: &str,
+    method: &str,
+    status: u16,
+    body: serde_json::Value,
+) -> js_sys::Function {
+    let install = js_sys::Function::new_with_args(
+        "pattern, method, status, body",
+        "const real = globalThis.fetch;
+        const re = new RegExp(pattern);
+        globalThis.fetch = (input, init) => {
+            const url = String(input instanceof Request ? input.url : input);
+            const m = (init && init.method) || (input instanceof Request ? input.method : 'GET');
+            if (m === method && re.test(url)) {
+                return Promise.resolve(new Response(body,
+                    { status, headers: { 'content-type': 'application/json' } }));
+            }
+            return real(input, init);
+        };
+        return () => { globalThis.fetch = real; };",
+    );
+    let args = js_sys::Array::of4(
+        &pattern.into(),
+        &method.into(),
+        &JsValue::from(status),
+        &body.to_string().into(),
+    );
+    install.apply(&JsValue::NULL, &args).unwrap().into()
+}
+
 /// A client of a newly enrolled worker (may claim from `queue` only), with
 /// journal `journal`.
 async fn enrolled(
@@ -262,26 +296,15 @@ async fn recover_skips_an_unlocked_lease_whose_item_the_server_cannot_read() {
     let old = admin_client(journalled(&journal, false));
     let _lease = claim(&old, &q).await;
     old.vanish();
-    let hook = js_sys::Function::new_no_args(
-        r"const real = globalThis.fetch;
-        globalThis.fetch = (input, init) => {
-            const url = String(input instanceof Request ? input.url : input);
-            const method = (init && init.method) || (input instanceof Request ? input.method : 'GET');
-            const m = /\/v1\/items\/(\d+)$/.exec(url);
-            if (method === 'GET' && m) {
-                return Promise.resolve(new Response(JSON.stringify({ id: Number(m[1]),
-                    state: 'running', unreadable_row: true }),
-                    { status: 200, headers: { 'content-type': 'application/json' } }));
-            }
-            return real(input, init);
-        };
-        return () => { globalThis.fetch = real; };",
-    )
-    .call0(&JsValue::NULL)
-    .unwrap();
+    let hook = intercept(
+        r"/v1/items/\d+$",
+        "GET",
+        200,
+        json!({"id": id, "state": "running", "unreadable_row": true}),
+    );
     let new = admin_client(journalled(&journal, true));
     let report = new.recover(false).await;
-    js_sys::Function::from(hook).call0(&JsValue::NULL).unwrap();
+    hook.call0(&JsValue::NULL).unwrap();
     let report = report.unwrap();
     assert_eq!(report.skipped, vec![id], "lost {:?}", report.lost);
     assert!(report.lost.is_empty() && report.released.is_empty());
@@ -311,24 +334,15 @@ async fn recover_keeps_an_entry_whose_release_was_refused_for_another_reason() {
     let lease = claim(&old, &q).await;
     lease.set_heartbeats_paused(true);
     gone_with_its_locks(&journal, &old.base).await;
-    let hook = js_sys::Function::new_no_args(
-        r"const real = globalThis.fetch;
-        globalThis.fetch = (input, init) => {
-            const url = String(input instanceof Request ? input.url : input);
-            if (/\/v1\/items\/\d+\/release$/.test(url)) {
-                return Promise.resolve(new Response(JSON.stringify({ code: 'validation',
-                    message: 'refused by a proxy' }),
-                    { status: 400, headers: { 'content-type': 'application/json' } }));
-            }
-            return real(input, init);
-        };
-        return () => { globalThis.fetch = real; };",
-    )
-    .call0(&JsValue::NULL)
-    .unwrap();
+    let hook = intercept(
+        r"/v1/items/\d+/release$",
+        "POST",
+        400,
+        json!({"code": "validation", "message": "refused by a proxy"}),
+    );
     let new = admin_client(journalled(&journal, true));
     let refused = new.recover(false).await;
-    js_sys::Function::from(hook).call0(&JsValue::NULL).unwrap();
+    hook.call0(&JsValue::NULL).unwrap();
     let refused = refused.unwrap();
     assert_eq!(refused.pending, vec![id], "lost {:?}", refused.lost);
     assert!(refused.lost.is_empty() && refused.released.is_empty());
