@@ -86,15 +86,10 @@ async fn gone_with_its_locks(journal: &str, base: &str) {
 }
 
 /// Wraps the page's `fetch`: a `method` request whose URL matches the
-/// RegExp source `pattern` is answered `status` with the JSON `body`
-/// (nothing reaches the server); every other request goes through. Returns
+/// RegExp source `pattern` is answered `status` with the text `body` (JSON,
+/// or none; nothing reaches the server); every other request goes through. Returns
 /// the function that restores the page's own `fetch`.
-fn intercept(
-    pattern: &str,
-    method: &str,
-    status: u16,
-    body: serde_json::Value,
-) -> js_sys::Function {
+fn intercept(pattern: &str, method: &str, status: u16, body: &str) -> js_sys::Function {
     let install = js_sys::Function::new_with_args(
         "pattern, method, status, body",
         "const real = globalThis.fetch;
@@ -114,7 +109,7 @@ fn intercept(
         &pattern.into(),
         &method.into(),
         &JsValue::from(status),
-        &body.to_string().into(),
+        &body.into(),
     );
     install.apply(&JsValue::NULL, &args).unwrap().into()
 }
@@ -300,7 +295,7 @@ async fn recover_skips_an_unlocked_lease_whose_item_the_server_cannot_read() {
         r"/v1/items/\d+$",
         "GET",
         200,
-        json!({"id": id, "state": "running", "unreadable_row": true}),
+        &json!({"id": id, "state": "running", "unreadable_row": true}).to_string(),
     );
     let new = admin_client(journalled(&journal, true));
     let report = new.recover(false).await;
@@ -316,12 +311,16 @@ async fn recover_skips_an_unlocked_lease_whose_item_the_server_cannot_read() {
     assert_eq!(item(id).await.state, ItemState::Running);
 }
 
-/// `recover()` drops a journal entry only when the server said the lease
-/// is over (`claim_lost`, `state_conflict`, `not_found`). A release refused
-/// for another reason (here a 400, as a proxy or an older server may
-/// answer) proves nothing: the entry is kept (`pending`) for the next
-/// `recover()`, and that one releases it. Before, any non-transient error
-/// deleted the entry as `lost`, and the item waited out its TTL.
+/// `recover()` drops a journal entry only when the lease is over: the
+/// server said so in its error body (`claim_lost`, `state_conflict`,
+/// `not_found`), or, when a release is refused for another reason, the item
+/// shows it. A release refused with a 400 (as a proxy or an older server may
+/// answer) or a 404 without the server's error body, while the item still
+/// runs under the entry's claim, keeps the entry (`pending`), and the next
+/// `recover()` releases it. An entry whose item was settled meanwhile goes
+/// (`lost`) even while its releases are refused, so a refusing proxy never
+/// keeps entries for good. Before, any non-transient refusal deleted the
+/// entry as `lost`, and the item waited out its TTL.
 #[wasm_bindgen_test]
 async fn recover_keeps_an_entry_whose_release_was_refused_for_another_reason() {
     if server().is_none() {
@@ -330,23 +329,60 @@ async fn recover_keeps_an_entry_whose_release_was_refused_for_another_reason() {
     let journal = fresh_queue("journal");
     let q = fresh_queue("refused-release");
     let id = enqueue(&q, json!({})).await;
+    let settled = enqueue(&q, json!({})).await;
     let old = admin_client(journalled(&journal, false));
     let lease = claim(&old, &q).await;
+    let done_elsewhere = claim(&old, &q).await;
+    assert_eq!((lease.item_id, done_elsewhere.item_id), (id, settled));
     lease.set_heartbeats_paused(true);
+    done_elsewhere.set_heartbeats_paused(true);
     gone_with_its_locks(&journal, &old.base).await;
-    let hook = intercept(
-        r"/v1/items/\d+/release$",
-        "POST",
-        400,
-        json!({"code": "validation", "message": "refused by a proxy"}),
-    );
+    // The other entry's item is settled by someone else (its own lease
+    // here); the settle's own journal cleanup is then undone, as a page gone
+    // before it could delete the entry would leave it.
+    let entries = Journal::new(Some(journal.clone()));
+    let kept = entries
+        .list(&old.base)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|e| e.item_id == settled)
+        .unwrap();
+    done_elsewhere
+        .settle(SettleState::Done, None, None)
+        .await
+        .unwrap();
+    let until = now() + 30_000.0;
+    while entries
+        .list(&old.base)
+        .await
+        .unwrap()
+        .iter()
+        .any(|e| e.item_id == settled)
+    {
+        assert!(now() < until, "the settle's cleanup");
+        sleep(10.0).await;
+    }
+    entries.put(&kept).await.unwrap();
     let new = admin_client(journalled(&journal, true));
-    let refused = new.recover(false).await;
-    hook.call0(&JsValue::NULL).unwrap();
-    let refused = refused.unwrap();
-    assert_eq!(refused.pending, vec![id], "lost {:?}", refused.lost);
-    assert!(refused.lost.is_empty() && refused.released.is_empty());
-    assert_eq!(item(id).await.state, ItemState::Running);
+    let body = json!({"code": "validation", "message": "refused by a proxy"}).to_string();
+    let mut lost = Vec::new();
+    for (status, body) in [(400, body.as_str()), (404, "")] {
+        let hook = intercept(r"/v1/items/\d+/release$", "POST", status, body);
+        let refused = new.recover(false).await;
+        hook.call0(&JsValue::NULL).unwrap();
+        let refused = refused.unwrap();
+        assert_eq!(
+            refused.pending,
+            vec![id],
+            "{status}: lost {:?}",
+            refused.lost
+        );
+        assert!(refused.released.is_empty(), "{status}");
+        assert_eq!(item(id).await.state, ItemState::Running);
+        lost.extend(refused.lost);
+    }
+    assert_eq!(lost, vec![settled], "the settled item's entry goes");
     let again = new.recover(false).await.unwrap();
     assert_eq!(
         again.released,
@@ -354,6 +390,7 @@ async fn recover_keeps_an_entry_whose_release_was_refused_for_another_reason() {
         "the kept entry is released next time"
     );
     assert_eq!(item(id).await.state, ItemState::Open);
+    assert!(entries.list(&new.base).await.unwrap().is_empty());
 }
 
 #[wasm_bindgen_test]

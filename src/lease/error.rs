@@ -129,19 +129,21 @@ impl LeaseError {
     }
 
     /// True when the server said the token's lease is over (`claim_lost`,
-    /// `state_conflict`, `not_found`): nothing is left to release, and its
-    /// journal entry may go. Any other refusal (a 400, 405 or 413 from a
-    /// proxy or an older server, an unreadable answer) proves nothing, and
-    /// the entry is kept for a later `recover()`.
+    /// `state_conflict`, `not_found` in its error body): nothing is left to
+    /// release, and its journal entry may go. Any other refusal (a 400, 405
+    /// or 413 from a proxy or an older server, a 404 or 409 without the
+    /// server's error body, an unreadable answer) proves nothing by itself.
     pub fn proves_lease_over(&self) -> bool {
-        matches!(
-            self,
+        match self {
             LeaseError::Server {
                 code: ErrorCode::ClaimLost | ErrorCode::NotFound,
+                message,
                 ..
-            } | LeaseError::StateConflict(_)
-                | LeaseError::ClaimLost { .. }
-        )
+            }
+            | LeaseError::StateConflict(message) => message != super::http::NO_ERROR_BODY,
+            LeaseError::ClaimLost { .. } => true,
+            _ => false,
+        }
     }
 
     /// The loss reason, for `ClaimLost`.

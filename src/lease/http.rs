@@ -278,6 +278,10 @@ async fn send_inner(call: &Call<'_>, controller: &AbortController) -> Result<Ans
     Err(error_from(status, &body, retry_after_ms))
 }
 
+/// The message of an error whose answer had no `{code, message}` body (its
+/// code then comes from the HTTP status alone: a proxy's, perhaps).
+pub(crate) const NO_ERROR_BODY: &str = "the lease server answered without an error body";
+
 /// Maps a non-2xx answer to an error.
 pub fn error_from(status: u16, body: &JsValue, retry_after_ms: Option<f64>) -> LeaseError {
     // `{code, message}` read field by field, each bounded before it is
@@ -295,7 +299,7 @@ pub fn error_from(status: u16, body: &JsValue, retry_after_ms: Option<f64>) -> L
                 .into_iter()
                 .find(|c| c.status() == status)
                 .unwrap_or(ErrorCode::Internal),
-            String::from("the lease server answered without an error body"),
+            String::from(NO_ERROR_BODY),
         ),
     };
     from_code(code, status, message, retry_after_ms)

@@ -158,8 +158,17 @@ impl ClientInner {
                     code: ErrorCode::Forbidden,
                     ..
                 }) => report.busy.push(entry.item_id),
-                Err(e) if e.proves_lease_over() => {
-                    // claim_lost / state_conflict / not_found: nothing left to release.
+                // claim_lost / state_conflict / not_found: nothing left to
+                // release. A release refused for another reason that is no
+                // outage (a proxy's 405 or 413) says nothing either way: the
+                // item itself decides, as for an unlocked entry, so an entry
+                // whose lease is over never stays for good.
+                Err(e)
+                    if e.proves_lease_over()
+                        || (!e.is_transient()
+                            && !matches!(e, LeaseError::Unauthorized(_))
+                            && self.lease_over(&entry).await) =>
+                {
                     let _ = self
                         .journal
                         .delete(&self.base, entry.item_id, &entry.token)

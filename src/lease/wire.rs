@@ -157,7 +157,9 @@ impl FromWire for Entry {
         let locked = field(v, "locked");
         Some(Entry {
             base: text(v, "base")?,
-            item_id: int(v, "itemId")?,
+            // Ids are positive: an entry naming another is not one of this
+            // client's (a foreign writer's), and is left alone.
+            item_id: int(v, "itemId").filter(|id| *id > 0)?,
             token: text(v, "token")?,
             epoch: uint(v, "epoch")?,
             queue: text(v, "queue")?,
