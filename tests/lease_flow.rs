@@ -826,12 +826,10 @@ async fn a_hanging_heartbeat_batch_never_holds_back_the_next_one() {
     }
     // Claims and heartbeats answered by a fake `fetch` (item ids no test's
     // server reaches); the batch holding the first lease never answers.
-    let hook = js_sys::Function::new_no_args(
-        "const real = globalThis.fetch;
-        const first = 2 ** 52;
+    let hook = fake_fetch(
+        "const first = 2 ** 52;
         const seen = new Set();
         let next = 0;
-        const answer = (status, body) => ({ status, headers: { get: () => null }, json: async () => body });
         globalThis.fetch = async (url, init) => {
             url = String(url);
             if (url.endsWith('/claims')) {
@@ -848,9 +846,7 @@ async fn a_hanging_heartbeat_batch_never_holds_back_the_next_one() {
             return answer(204, null);
         };
         return { seen: (id) => seen.has(id), restore: () => { globalThis.fetch = real; } };",
-    )
-    .call0(&JsValue::NULL)
-    .unwrap();
+    );
     let c = admin_client(agentstore::lease::ClientConfig {
         use_locks: false,
         ..config()
@@ -899,10 +895,8 @@ async fn a_heartbeat_answer_that_throws_when_read_is_retried_not_thrown_through_
         "(() => { const r = Proxy.revocable([], {}); r.revoke(); return r.proxy; })()",
         "(() => { const a = [{}]; Object.defineProperty(a, 0, { get() { throw new Error('no'); } }); return a; })()",
     ] {
-        let hook = js_sys::Function::new_no_args(&format!(
-            "const real = globalThis.fetch;
-            let beats = 0;
-            const answer = (status, body) => ({{ status, headers: {{ get: () => null }}, json: async () => body }});
+        let hook = fake_fetch(&format!(
+            "let beats = 0;
             globalThis.fetch = async (url, init) => {{
                 url = String(url);
                 if (url.endsWith('/claims')) {{
@@ -918,9 +912,7 @@ async fn a_heartbeat_answer_that_throws_when_read_is_retried_not_thrown_through_
                 return answer(204, null);
             }};
             return {{ beats: () => beats, restore: () => {{ globalThis.fetch = real; }} }};"
-        ))
-        .call0(&JsValue::NULL)
-        .unwrap();
+        ));
         let c = admin_client(agentstore::lease::ClientConfig {
             use_locks: false,
             ..config()
@@ -952,10 +944,8 @@ async fn a_call_refused_401_is_not_sent_again_past_the_local_deadline() {
     if server().is_none() {
         return;
     }
-    let hook = js_sys::Function::new_no_args(
-        "const real = globalThis.fetch;
-        let settles = 0;
-        const answer = (status, body) => ({ status, headers: { get: () => null }, json: async () => body });
+    let hook = fake_fetch(
+        "let settles = 0;
         globalThis.fetch = async (url, init) => {
             url = String(url);
             if (url.endsWith('/claims')) {
@@ -975,9 +965,7 @@ async fn a_call_refused_401_is_not_sent_again_past_the_local_deadline() {
             return new Promise(() => {});
         };
         return { settles: () => settles, restore: () => { globalThis.fetch = real; } };",
-    )
-    .call0(&JsValue::NULL)
-    .unwrap();
+    );
     let (base, _) = server().unwrap();
     let c = agentstore::lease::ClientInner::new(
         base,
@@ -1022,11 +1010,9 @@ async fn a_loss_verdict_after_a_settle_of_unknown_outcome_is_not_applied_to_its_
     if server().is_none() {
         return;
     }
-    let hook = js_sys::Function::new_no_args(
-        "const real = globalThis.fetch;
-        let release = null;
+    let hook = fake_fetch(
+        "let release = null;
         let settles = 0;
-        const answer = (status, body) => ({ status, headers: { get: () => null }, json: async () => body });
         const lost = (init) => answer(200, { results: JSON.parse(init.body).leases.map((l) =>
             ({ item_id: l.item_id, ok: false, error: { code: 'claim_lost', message: 'the settle landed' } })) });
         globalThis.fetch = async (url, init) => {
@@ -1053,9 +1039,7 @@ async fn a_loss_verdict_after_a_settle_of_unknown_outcome_is_not_applied_to_its_
         };
         return { held: () => release !== null, settles: () => settles,
             restore: () => { globalThis.fetch = real; } };",
-    )
-    .call0(&JsValue::NULL)
-    .unwrap();
+    );
     let c = admin_client(agentstore::lease::ClientConfig {
         use_locks: false,
         ..config()

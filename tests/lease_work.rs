@@ -477,9 +477,8 @@ async fn an_idle_worker_polling_an_empty_queue_keeps_wasm_memory_flat() {
     if server().is_none() {
         return;
     }
-    let hook = Function::new_no_args(
-        "const real = globalThis.fetch;
-        let claims = 0;
+    let hook = fake_fetch(
+        "let claims = 0;
         globalThis.fetch = async (url, init) => {
             if (String(url).endsWith('/claims')) {
                 claims += 1;
@@ -488,9 +487,7 @@ async fn an_idle_worker_polling_an_empty_queue_keeps_wasm_memory_flat() {
             return real(url, init);
         };
         return { claims: () => claims, restore: () => { globalThis.fetch = real; } };",
-    )
-    .call0(&JsValue::NULL)
-    .unwrap();
+    );
     let claims = || {
         let f: Function = get(&hook, &["claims"]).unchecked_into();
         f.call0(&hook).unwrap().as_f64().unwrap_or(0.0)
@@ -541,11 +538,9 @@ async fn a_lease_claimed_as_the_worker_stops_is_released_or_dropped_and_counted_
     if server().is_none() {
         return;
     }
-    let hook = Function::new_no_args(
-        "const real = globalThis.fetch;
-        let answerClaim = null;
+    let hook = fake_fetch(
+        "let answerClaim = null;
         let releases = 0;
-        const answer = (status, body) => ({ status, headers: { get: () => null }, json: async () => body });
         globalThis.fetch = async (url, init) => {
             url = String(url);
             if (url.endsWith('/claims')) {
@@ -561,9 +556,7 @@ async fn a_lease_claimed_as_the_worker_stops_is_released_or_dropped_and_counted_
         };
         return { claimed: () => answerClaim !== null, answer: () => answerClaim(),
             releases: () => releases, restore: () => { globalThis.fetch = real; } };",
-    )
-    .call0(&JsValue::NULL)
-    .unwrap();
+    );
     let call = |name: &str| {
         let f: Function = get(&hook, &[name]).unchecked_into();
         f.call0(&hook).unwrap()

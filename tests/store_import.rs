@@ -535,11 +535,7 @@ async fn progress_abort_and_a_failed_batch_leave_only_whole_committed_batches() 
         .unwrap_err();
     assert_eq!(e.code(), ErrorCode::Transaction);
     assert!(
-        store
-            .export_snapshot()
-            .await
-            .unwrap()
-            .contains("\"records\":0"),
+        holds_no_record(&store).await,
         "the failed first batch left nothing"
     );
     assert!(calls.borrow().is_empty());
@@ -1049,14 +1045,16 @@ async fn import_with_writes_between_batches(
 async fn assert_refused_at_line(store: &Store, e: &agentstore::StoreError, line: usize) {
     assert_eq!(e.code(), ErrorCode::Validation, "{e}");
     assert!(e.to_string().contains(&format!("line {line}:")), "{e}");
-    assert!(
-        store
-            .export_snapshot()
-            .await
-            .unwrap()
-            .contains("\"records\":0"),
-        "nothing written"
-    );
+    assert!(holds_no_record(store).await, "nothing written");
+}
+
+/// Whether `store` holds no live record (its snapshot header says 0).
+async fn holds_no_record(store: &Store) -> bool {
+    store
+        .export_snapshot()
+        .await
+        .unwrap()
+        .contains("\"records\":0")
 }
 
 /// A source whose bytes are not UTF-8 (a Latin-1 `é` inside a string) is

@@ -261,3 +261,17 @@ pub fn abort_recorder(lease: &LeaseInner) -> Rc<std::cell::Cell<Option<f64>>> {
 pub fn aborted_at(rec: &Rc<std::cell::Cell<Option<f64>>>) -> Option<f64> {
     rec.get()
 }
+
+/// Replaces the page's `fetch` for a test: runs `body` (JS) after a prelude
+/// that keeps the page's own `fetch` as `real` (for the hook's `restore`)
+/// and defines `answer(status, body)`, a Response-like object the lease
+/// client reads (`status`, `headers.get`, `json()`). Returns what `body`
+/// returns (the hook the test drives).
+pub fn fake_fetch(body: &str) -> JsValue {
+    let prelude = "const real = globalThis.fetch;
+        const answer = (status, body) => ({ status, headers: { get: () => null }, json: async () => body });
+        ";
+    js_sys::Function::new_no_args(&[prelude, body].concat())
+        .call0(&JsValue::NULL)
+        .unwrap()
+}
