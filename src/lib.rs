@@ -17,6 +17,15 @@ mod options;
 pub mod store;
 pub mod value;
 
+/// The module's allocator: talc (<https://github.com/SFBdragon/talc>) in
+/// place of Rust's default dlmalloc on wasm32 — a well-kept crate whose
+/// single-threaded wasm build is smaller and faster than dlmalloc (its own
+/// wasm benchmarks; the size is measured in BENCHMARKS.md). It grows the
+/// module's linear memory with `memory.grow` as dlmalloc does.
+#[cfg(all(target_arch = "wasm32", not(target_feature = "atomics")))]
+#[global_allocator]
+static ALLOCATOR: talc::wasm::WasmDynamicTalc = talc::wasm::new_wasm_dynamic_allocator();
+
 pub use api::AgentStore;
 pub use error::StoreError;
 
