@@ -314,6 +314,60 @@ async fn a_lease_lost_during_the_handler_aborts_it_and_its_result_is_never_settl
     );
 }
 
+/// A slot runs one handler at a time, also after its lease is lost: a
+/// handler that ignores its aborted signal keeps the slot until it returns,
+/// so `concurrency: 1` never has two handlers running. Before, the slot
+/// claimed the next item at once and both handlers ran together.
+#[wasm_bindgen_test]
+async fn a_slot_whose_lease_was_lost_claims_again_only_after_its_handler_returns() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("lost-slot");
+    enqueue(&q, json!({"n": 1})).await;
+    enqueue(&q, json!({"n": 2})).await;
+    let running = Rc::new(Cell::new(0u32));
+    let most = Rc::new(Cell::new(0u32));
+    let calls = Rc::new(Cell::new(0u32));
+    let (r, m, c) = (running.clone(), most.clone(), calls.clone());
+    let h = handler(move |lease: JsValue| {
+        let (running, most, calls) = (r.clone(), m.clone(), c.clone());
+        async move {
+            running.set(running.get() + 1);
+            most.set(most.get().max(running.get()));
+            calls.set(calls.get() + 1);
+            if calls.get() == 1 {
+                // No heartbeat: the lease runs out locally and its signal
+                // aborts; the handler ignores that and works on for a while
+                // (long enough for the slot to claim the second item).
+                let pause: Function = get(&lease, &["setHeartbeatsPaused"]).unchecked_into();
+                pause.call1(&lease, &JsValue::TRUE).unwrap();
+                let signal: web_sys::AbortSignal = get(&lease, &["signal"]).unchecked_into();
+                let until = now() + 4.0 * TTL_MS;
+                while !signal.aborted() && now() < until {
+                    sleep(10.0).await;
+                }
+                assert!(signal.aborted(), "the lease was lost");
+                let until = now() + 1_500.0;
+                while now() < until {
+                    sleep(20.0).await;
+                }
+            }
+            running.set(running.get() - 1);
+            Ok(JsValue::NULL)
+        }
+    });
+    let w = WorkerInner::start(admin_client(config()), q.clone(), h, options(1), wrap);
+    let until = now() + 8.0 * TTL_MS;
+    while w.stats.borrow().done == 0 && now() < until {
+        sleep(20.0).await;
+    }
+    w.stop().await;
+    let s = *w.stats.borrow();
+    assert!(s.lost == 1 && s.done >= 1, "{:?}", (s.lost, s.done));
+    assert_eq!(most.get(), 1, "never two handlers at once in one slot");
+}
+
 #[wasm_bindgen_test]
 async fn connection_failures_back_off_within_base_and_doubling_cap() {
     let client = unreachable_client();
@@ -344,6 +398,39 @@ async fn connection_failures_back_off_within_base_and_doubling_cap() {
         );
     }
     assert_eq!(w.stats.borrow().connection_failures as usize, delays.len());
+}
+
+/// The reconnect schedule is shared by a loop's slots and advances once
+/// per outage round: four slots failing together wait one window, and n
+/// grows by one per round. Before, each slot's failure advanced it, so four
+/// slots climbed four steps per round (here: past 800 ms within a dozen
+/// failures, where one step per round stays at or under 400 ms).
+#[wasm_bindgen_test]
+async fn slots_failing_together_advance_the_reconnect_backoff_once_per_round() {
+    let client = unreachable_client();
+    let h = handler(|_| async { Ok(JsValue::UNDEFINED) });
+    let opts = WorkOptions {
+        concurrency: 4,
+        poll_interval_ms: 100.0,
+        reconnect_base_ms: 50.0,
+        reconnect_cap_ms: 12_800.0,
+    };
+    let w = WorkerInner::start(client, "q".into(), h, opts, wrap);
+    let until = now() + 30_000.0;
+    while w.backoffs.borrow().len() < 12 {
+        assert!(now() < until, "twelve connection failures");
+        sleep(10.0).await;
+    }
+    let delays = w.backoffs.borrow()[..12].to_vec();
+    w.stop().await;
+    // Three rounds of four failures (windows of at most 50, 100 and 200 ms);
+    // one more step is allowed for a slot that fell out of step with the rest.
+    let longest = delays.iter().copied().fold(0.0, f64::max);
+    assert!(longest <= 800.0, "{delays:?}");
+    assert!(
+        delays[..4].iter().all(|d| *d <= 50.0),
+        "the first round's four failures share the base window: {delays:?}"
+    );
 }
 
 /// A handler may end its lease itself. What it did is what `stats` counts:

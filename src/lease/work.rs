@@ -4,10 +4,12 @@
 //! - Empty queue: wait `pollIntervalMs` plus jitter in `[0, min(interval/2, 30 s)]`
 //!   (at least the server's `Retry-After`).
 //! - No connection: back off `random(base, min(cap, base·2^n))`, base 10 s,
-//!   cap 5 min, reset by any answer (one schedule shared by the slots).
+//!   cap 5 min, reset by any answer (one schedule shared by the slots: n
+//!   grows once per outage round, not once per failing slot).
 //! - Handler result → `settle("done", result)`; throw → `settle("failed")` with
-//!   the error's message; lease lost meanwhile → the result is discarded and
-//!   nothing is settled (the slot moves on at once).
+//!   the error's message; lease lost meanwhile → the lease's signal aborts,
+//!   the result is discarded and nothing is settled; the slot claims again
+//!   once the handler has returned (a slot runs one handler at a time).
 //! - Before the first claim, the journal of earlier pages is reconciled
 //!   (`recover()` without resume: their leases are released).
 //! - `stop()` stops claiming, lets running handlers finish and settle, and
@@ -27,7 +29,7 @@ use web_sys::AbortController;
 use super::claims::Claimed;
 use super::client::ClientInner;
 use super::error::LeaseError;
-use super::http::{describe, random, sleep_ms};
+use super::http::{describe, now_ms, random, sleep_ms};
 use super::lease::{Ending, LeaseInner, Status};
 use super::LossReason;
 
@@ -188,10 +190,19 @@ impl WorkerInner {
 }
 
 async fn slot_loop(w: Rc<WorkerInner>, wrap: fn(Rc<LeaseInner>) -> JsValue) {
+    // The backoff round this slot's next try belongs to: read before the
+    // first try and after each answer, and kept across a backoff wait (the
+    // retry belongs to the window it waited out; see `Reconnect`).
+    let mut round = w.backoff.borrow().round();
     while !w.stopping.get() {
-        match w.client.claim(&w.queue, None).await {
+        let claimed = w.client.claim(&w.queue, None).await;
+        if matches!(claimed, Ok(_) | Err(LeaseError::RateLimited { .. })) {
+            // An answer: the schedule starts from the base again.
+            w.backoff.borrow_mut().on_success();
+            round = w.backoff.borrow().round();
+        }
+        match claimed {
             Ok(Claimed::Lease(lease)) => {
-                w.backoff.borrow_mut().on_success();
                 w.stats.borrow_mut().claimed += 1;
                 if w.stopping.get() {
                     // Given back at once (one attempt: stop() does not wait
@@ -204,13 +215,11 @@ async fn slot_loop(w: Rc<WorkerInner>, wrap: fn(Rc<LeaseInner>) -> JsValue) {
                 run_one(&w, &lease, wrap).await;
             }
             Ok(Claimed::Empty(retry_after)) => {
-                w.backoff.borrow_mut().on_success();
                 let d = poll_delay_ms(w.options.poll_interval_ms, retry_after, random());
                 w.record_poll(d);
                 w.wait(d).await;
             }
             Err(LeaseError::RateLimited { retry_after_ms }) => {
-                w.backoff.borrow_mut().on_success();
                 let d = poll_delay_ms(w.options.poll_interval_ms, Some(retry_after_ms), random());
                 w.record_poll(d);
                 w.wait(d).await;
@@ -218,7 +227,12 @@ async fn slot_loop(w: Rc<WorkerInner>, wrap: fn(Rc<LeaseInner>) -> JsValue) {
             Err(LeaseError::Closed) => break,
             Err(e) => {
                 // No answer (or an error that retrying may fix): back off.
-                let d = w.backoff.borrow_mut().on_failure(random(), None);
+                // Slots failing in the same round share its window.
+                let d = w
+                    .backoff
+                    .borrow_mut()
+                    .on_failure(round, now_ms(), random(), None);
+                round = w.backoff.borrow().round();
                 {
                     let mut st = w.stats.borrow_mut();
                     st.connection_failures += 1;
@@ -266,8 +280,18 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
                     {
                         until_closed(w, run).await
                     }
-                    // The lease ended first (lost): discard whatever comes later.
-                    Either::Right(_) => Err(JsValue::UNDEFINED),
+                    // The lease ended first (lost): whatever the handler
+                    // returns is discarded, but the slot stays taken until
+                    // it returns (a handler that ignores its signal still
+                    // runs, and `concurrency` bounds running handlers, as a
+                    // Temporal or River worker's slots do). After
+                    // `client.close()` nothing is waited for.
+                    Either::Right((_, run)) => {
+                        if !w.client.closed.get() {
+                            let _ = until_closed(w, run).await;
+                        }
+                        Err(JsValue::UNDEFINED)
+                    }
                 }
             }
         },

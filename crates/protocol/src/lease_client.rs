@@ -266,14 +266,30 @@ pub fn plan_pass(plans: &[HeartbeatPlan], now: f64) -> Pass {
 
 /// Reconnect backoff of a work loop: `random(base, min(cap, base·2^n))` after
 /// the n-th consecutive connection failure (n from 0), reset by any answer.
+///
+/// One schedule serves all of a loop's slots, and an outage advances it once
+/// per round, not once per slot: the first failure of a round draws the
+/// window and moves to the next round; a slot whose try began in an earlier
+/// round (it was in flight when another slot's failure was recorded, or it
+/// waited out that same window) waits until the end of the window already
+/// drawn, without advancing n. Without this, `concurrency` slots failing
+/// together pushed n up by `concurrency` per round: 8 slots reached the 5 min
+/// cap after the first outage round instead of the fifth.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Reconnect {
     /// Base delay (ms); default 10 s.
     pub base_ms: f64,
     /// Cap (ms); default 5 min.
     pub cap_ms: f64,
-    /// Consecutive failures so far.
+    /// Consecutive failures so far (rounds of the outage that drew a window).
     pub failures: u32,
+    /// Bumped whenever a window is drawn or an answer resets the schedule.
+    round: u32,
+    /// End of the window drawn last (ms, the caller's clock).
+    not_before_ms: f64,
+    /// Length of the window drawn last (ms): what is left of it is never
+    /// more, also when the caller's clock stepped back.
+    last_ms: f64,
 }
 
 impl Default for Reconnect {
@@ -299,26 +315,60 @@ impl Reconnect {
             base_ms,
             cap_ms,
             failures: 0,
+            round: 0,
+            not_before_ms: 0.0,
+            last_ms: 0.0,
         }
     }
 
-    /// A connection failed: the delay before the next try (ms),
-    /// `random(lo, lo + min(cap, base·2^n) − base)` with `lo = max(base, Retry-After)`:
-    /// the server's `Retry-After` (when it sent one) moves the window, it does not
-    /// remove the jitter (otherwise every worker would retry in lockstep).
-    pub fn on_failure(&mut self, r: f64, retry_after_ms: Option<f64>) -> f64 {
-        let d = reconnect_delay_ms(self.failures, self.base_ms, self.cap_ms, r);
-        self.failures = self.failures.saturating_add(1);
-        let shift = match retry_after_ms {
-            Some(ra) if ra.is_finite() => (ra - self.base_ms).max(0.0),
+    /// The round a try starting now belongs to; pass it to [`Reconnect::on_failure`].
+    /// A slot that waited out a window should keep the round it read when
+    /// it began waiting (its retry belongs to that window's round).
+    pub fn round(&self) -> u32 {
+        self.round
+    }
+
+    /// A connection failed for a try that began in round `started_in`; `now_ms`
+    /// is the caller's clock. Returns the delay before the next try (ms):
+    ///
+    /// - the first failure of the current round (or the first since an
+    ///   answer reset the schedule) draws `random(lo, lo + min(cap, base·2^n) − base)`
+    ///   with `lo = max(base, Retry-After)` and advances n and the round: the
+    ///   server's `Retry-After` (when it sent one) moves the window, it does
+    ///   not remove the jitter (otherwise every worker would retry in lockstep);
+    /// - a failure of a try from an earlier round waits until the end of the
+    ///   window drawn last (at least the `Retry-After`), and advances nothing.
+    pub fn on_failure(
+        &mut self,
+        started_in: u32,
+        now_ms: f64,
+        r: f64,
+        retry_after_ms: Option<f64>,
+    ) -> f64 {
+        let retry_after = match retry_after_ms {
+            Some(ra) if ra.is_finite() => ra.max(0.0),
             _ => 0.0,
         };
-        d + shift
+        if started_in != self.round && self.failures > 0 {
+            return (self.not_before_ms - now_ms)
+                .clamp(0.0, self.last_ms)
+                .max(retry_after);
+        }
+        let d = reconnect_delay_ms(self.failures, self.base_ms, self.cap_ms, r)
+            + (retry_after - self.base_ms).max(0.0);
+        self.failures = self.failures.saturating_add(1);
+        self.round = self.round.wrapping_add(1);
+        self.not_before_ms = now_ms + d;
+        self.last_ms = d;
+        d
     }
 
     /// The server answered: the next failure starts from the base again.
     pub fn on_success(&mut self) {
-        self.failures = 0;
+        if self.failures > 0 {
+            self.failures = 0;
+            self.round = self.round.wrapping_add(1);
+        }
     }
 }
 
@@ -501,23 +551,28 @@ mod tests {
         assert_eq!(later.expire, vec![1]);
     }
 
+    /// One slot's failures in a row: each is its own round.
+    fn fail(b: &mut Reconnect, r: f64, retry_after: Option<f64>) -> f64 {
+        b.on_failure(b.round(), 0.0, r, retry_after)
+    }
+
     #[test]
     fn reconnect_backoff_grows_within_base_and_cap_and_resets() {
         let mut b = Reconnect::default();
         assert_eq!(
-            b.on_failure(0.99, None),
+            fail(&mut b, 0.99, None),
             10_000.0,
             "first failure waits the base"
         );
-        assert_eq!(b.on_failure(1.0, None), 20_000.0);
+        assert_eq!(fail(&mut b, 1.0, None), 20_000.0);
         for _ in 0..30 {
-            let d = b.on_failure(0.7, None);
+            let d = fail(&mut b, 0.7, None);
             assert!((10_000.0..=300_000.0).contains(&d));
         }
-        assert_eq!(b.on_failure(1.0, None), 300_000.0);
-        assert_eq!(b.on_failure(0.0, None), 10_000.0, "never below base");
+        assert_eq!(fail(&mut b, 1.0, None), 300_000.0);
+        assert_eq!(fail(&mut b, 0.0, None), 10_000.0, "never below base");
         b.on_success();
-        assert_eq!(b.on_failure(1.0, None), 10_000.0);
+        assert_eq!(fail(&mut b, 1.0, None), 10_000.0);
         let t = Reconnect::new(100.0, 50.0);
         assert_eq!(t.cap_ms, 100.0);
     }
@@ -526,13 +581,48 @@ mod tests {
     fn retry_after_moves_the_reconnect_window_and_keeps_its_jitter() {
         let mut lo = Reconnect::default();
         let mut hi = Reconnect::default();
-        lo.on_failure(0.0, None);
-        hi.on_failure(0.0, None);
+        fail(&mut lo, 0.0, None);
+        fail(&mut hi, 0.0, None);
         // Third failure: window [10 s, 40 s]; Retry-After 60 s moves it to [60 s, 90 s].
-        lo.on_failure(0.0, None);
-        hi.on_failure(0.0, None);
-        assert_eq!(lo.on_failure(0.0, Some(60_000.0)), 60_000.0);
-        assert_eq!(hi.on_failure(1.0, Some(60_000.0)), 90_000.0);
+        fail(&mut lo, 0.0, None);
+        fail(&mut hi, 0.0, None);
+        assert_eq!(fail(&mut lo, 0.0, Some(60_000.0)), 60_000.0);
+        assert_eq!(fail(&mut hi, 1.0, Some(60_000.0)), 90_000.0);
+    }
+
+    /// Slots failing in the same outage share one window per round: n grows
+    /// by one per round whatever the number of slots (before, by one per
+    /// slot: 8 slots were at the cap after one round).
+    #[test]
+    fn slots_failing_together_advance_the_reconnect_schedule_once_per_round() {
+        let mut b = Reconnect::new(100.0, 100_000.0);
+        let mut now = 0.0;
+        for n in 0..5 {
+            // Eight slots begin their tries in the same round...
+            let round = b.round();
+            let first = b.on_failure(round, now, 1.0, None);
+            assert_eq!(
+                first,
+                100.0 * 2f64.powi(n),
+                "round {n}: the first failure draws 2^n"
+            );
+            for slot in 1..8 {
+                // ...and fail a little later, one after another: they wait
+                // for the end of the same window, never longer.
+                let d = b.on_failure(round, now + slot as f64, 1.0, None);
+                assert_eq!(d, first - slot as f64, "round {n}, slot {slot}");
+            }
+            assert_eq!(b.failures, n as u32 + 1, "one step per round");
+            now += first;
+        }
+        // An answer resets it; a try of the round before the answer that
+        // fails after it draws the base window again.
+        let stale = b.round();
+        b.on_success();
+        assert_eq!(b.on_failure(stale, now, 1.0, None), 100.0);
+        assert_eq!(b.on_failure(stale, now + 10.0, 1.0, None), 90.0);
+        // A Retry-After longer than the window's rest is still honoured.
+        assert_eq!(b.on_failure(stale, now + 10.0, 1.0, Some(500.0)), 500.0);
     }
 
     #[test]
