@@ -118,6 +118,21 @@ fn string_param(v: &JsValue, what: &'static str) -> Result<String, LeaseError> {
     })
 }
 
+/// A queue name argument: a string that is a queue name
+/// (`agentstore_protocol::lease::is_queue_name`), else a ValidationError
+/// saying the rule, before anything is sent (`.` and `..` would reach other
+/// routes once the URL is resolved).
+fn queue_param(v: &JsValue) -> Result<String, LeaseError> {
+    let queue = string_param(v, "queue")?;
+    if agentstore_protocol::lease::is_queue_name(&queue) {
+        Ok(queue)
+    } else {
+        Err(LeaseError::Validation(
+            agentstore_protocol::lease::QUEUE_NAME_RULE.into(),
+        ))
+    }
+}
+
 /// Runs `f` as a Promise rejecting with the error's JS `Error`.
 fn run<F>(f: F) -> Promise
 where
@@ -235,7 +250,9 @@ impl LeaseClient {
     ///
     /// # Errors
     /// `NetworkError`, `RateLimitedError` (`retryAfterMs`), `UnauthorizedError`,
-    /// `AbortError`, `ValidationError`, `ClosedError`.
+    /// `AbortError`, `ClosedError`; `ValidationError` for bad options or a
+    /// `queue` that is not a queue name (1–200 of `A-Z a-z 0-9 _ - . :`, not
+    /// `.` or `..`), before anything is sent.
     #[wasm_bindgen(unchecked_return_type = "Promise<Lease | null>")]
     pub fn claim(
         &self,
@@ -244,7 +261,7 @@ impl LeaseClient {
     ) -> Promise {
         let inner = self.inner.clone();
         run(async move {
-            let queue = string_param(&queue, "queue")?;
+            let queue = queue_param(&queue)?;
             let signal = opt_signal(&options)?;
             match inner.claim(&queue, signal.as_ref()).await? {
                 Claimed::Lease(l) => Ok(Lease::from_inner(l).into()),
@@ -261,14 +278,14 @@ impl LeaseClient {
     /// `Retry-After`.
     ///
     /// # Errors
-    /// `ValidationError` for bad options.
+    /// `ValidationError` for bad options or a `queue` that is not a queue name.
     pub fn work(
         &self,
         #[wasm_bindgen(unchecked_param_type = "string")] queue: JsValue,
         #[wasm_bindgen(unchecked_param_type = "WorkHandler")] handler: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "WorkOptions")] options: JsValue,
     ) -> Result<Worker, JsValue> {
-        let queue = string_param(&queue, "queue").map_err(|e| e.to_js())?;
+        let queue = queue_param(&queue).map_err(|e| e.to_js())?;
         let handler: Function = handler
             .dyn_into()
             .map_err(|_| LeaseError::Validation("handler must be a function".into()).to_js())?;

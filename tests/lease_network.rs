@@ -1442,6 +1442,37 @@ async fn lease_exports_reject_arguments_of_the_wrong_type_with_real_errors() {
     JsFuture::from(lease.release()).await.unwrap();
 }
 
+/// A queue name the server would refuse is a ValidationError before
+/// anything is sent: `.` and `..` above all, which the URL parser resolves
+/// away (`claim("..")` went to `POST /v1/claims` and came back a 404 from
+/// another route), and the characters and lengths the server refuses.
+/// A name of three dots is a name.
+#[wasm_bindgen_test]
+async fn queue_names_the_server_refuses_are_validation_errors_before_anything_is_sent() {
+    use agentstore::lease_api::LeaseClient;
+    let client = LeaseClient::new("http://127.0.0.1:9".into(), JsValue::UNDEFINED).expect("client");
+    let long = "q".repeat(201);
+    for bad in [".", "..", "", "a/b", "a?b", "%2E%2E", long.as_str()] {
+        let e = JsFuture::from(client.claim(bad.into(), JsValue::UNDEFINED))
+            .await
+            .expect_err("claim rejects");
+        assert_eq!(
+            js_error_name(&e),
+            ("ValidationError".into(), "validation".into()),
+            "claim({bad:?})"
+        );
+        let e = err_of(client.work(bad.into(), noop_handler().into(), JsValue::UNDEFINED));
+        assert_eq!(js_error_name(&e).0, "ValidationError", "work({bad:?})");
+    }
+    // Valid names get as far as the credentials check.
+    for good in ["...", "jobs:v1.2", &"q".repeat(200)] {
+        let e = JsFuture::from(client.claim(good.into(), JsValue::UNDEFINED))
+            .await
+            .expect_err("no credentials");
+        assert_eq!(js_error_name(&e).0, "UnauthorizedError", "claim({good:?})");
+    }
+}
+
 /// Asks the test proxy to let answers of `nonce`'s mode through again.
 async fn stop_dropping(proxy: &str, nonce: &str) {
     let call: Function = Reflect::get(&js_sys::global(), &"fetch".into())

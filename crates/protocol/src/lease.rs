@@ -310,6 +310,26 @@ impl Role {
     }
 }
 
+/// What a queue name may be, as the server's `validation` answer and the
+/// SDK's ValidationError say it.
+pub const QUEUE_NAME_RULE: &str =
+    "queue names are 1-200 characters of A-Z a-z 0-9 _ - . : and not . or ..";
+
+/// True for a valid queue name: 1–200 characters of `A-Z a-z 0-9 _ - . :`,
+/// other than `.` and `..`. Those two are path segments a URL parser
+/// resolves away (RFC 3986 §5.2.4 "remove dot segments"; the WHATWG URL
+/// parser also decodes `%2E` first), so `/v1/queues/../claims` reaches
+/// another route and no browser client could ever address such a queue.
+pub fn is_queue_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 200
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b))
+}
+
 /// The queue-scope entry that stands for every queue.
 pub const ANY_QUEUE: &str = "*";
 
@@ -678,6 +698,19 @@ mod tests {
     use super::*;
 
     const TTL: u64 = 90_000;
+
+    /// `.` and `..` are refused (a URL parser resolves them away, so the
+    /// queue's routes would be other routes); other names of dots, and the
+    /// documented characters, are names.
+    #[test]
+    fn dot_segments_are_not_queue_names() {
+        for bad in [".", "..", "", "a/b", "a b", "é", &"x".repeat(201)] {
+            assert!(!is_queue_name(bad), "{bad:?}");
+        }
+        for good in ["...", ".a", "a..", "jobs:v1.2", "A-Z_0", &"x".repeat(200)] {
+            assert!(is_queue_name(good), "{good:?}");
+        }
+    }
 
     /// Past `max` queues, the ones with the fewest unsettled items are
     /// summed into one `(other)` entry: at most `max + 1` label values

@@ -85,22 +85,18 @@ fn not_positive() -> ApiError {
     ApiError::new(ErrorCode::BadRequest, "item id must be a positive integer")
 }
 
-/// Checks a queue name: 1–200 characters of `A-Z a-z 0-9 _ - . :`.
+/// Checks a queue name ([`agentstore_protocol::lease::is_queue_name`]:
+/// 1–200 characters of `A-Z a-z 0-9 _ - . :`, not `.` or `..`).
 ///
 /// # Errors
 /// `validation` otherwise.
 pub fn queue_name(raw: &str) -> Result<&str, ApiError> {
-    let ok = !raw.is_empty()
-        && raw.len() <= 200
-        && raw
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b));
-    if ok {
+    if agentstore_protocol::lease::is_queue_name(raw) {
         Ok(raw)
     } else {
         Err(ApiError::new(
             ErrorCode::Validation,
-            "queue names are 1-200 characters of A-Z a-z 0-9 _ - . :",
+            agentstore_protocol::lease::QUEUE_NAME_RULE,
         ))
     }
 }

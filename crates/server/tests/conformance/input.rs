@@ -76,6 +76,71 @@ pub async fn out_of_range_numbers_are_400_before_they_reach_sql(db: TestDb) {
     server.stop().await.unwrap();
 }
 
+/// `.` and `..` are no queue names: a URL parser resolves them away (a
+/// browser's `fetch` of `/v1/queues/../claims` reaches `/v1/claims`), so no
+/// browser client could address such a queue. Refused as a path segment
+/// sent unresolved (as `curl --path-as-is` sends it), plain or
+/// percent-encoded, and in an enrollment token's scope; nothing is written.
+/// Before, each was accepted (`201`, a queue named `..`).
+pub async fn dot_segment_queue_names_are_refused(db: TestDb) {
+    let server = http_server(&db).await;
+    let store = server.store().clone();
+    let before = snapshot(&store).await;
+    for scope in [".", ".."] {
+        let body = json!({"queues": [scope]}).to_string();
+        let path = "/v1/admin/enrollment-tokens";
+        let answer = send(&server, Method::POST, path, Some(ADMIN), Some(body)).await;
+        refused(&store, &before, answer, ErrorCode::Validation, scope).await;
+    }
+    for name in ["..", "%2E%2E", "%2e.", ".", "%2E"] {
+        for (route, body) in [("items", r#"{"payload": 1}"#), ("claims", "")] {
+            let path = format!("/v1/queues/{name}/{route}");
+            let answer = unresolved_post(&server, &path, body).await;
+            refused(&store, &before, answer, ErrorCode::Validation, &path).await;
+        }
+    }
+    // A name of three dots is not a dot segment: still a queue.
+    let (status, text) = send(
+        &server,
+        Method::POST,
+        "/v1/queues/.../items",
+        Some(ADMIN),
+        Some(r#"{"payload": 1}"#.into()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{text}");
+    server.stop().await.unwrap();
+}
+
+/// POSTs `body` to `path` as the admin over a raw connection, the path sent
+/// byte for byte (an HTTP client library resolves dot segments first).
+async fn unresolved_post(server: &Server, path: &str, body: &str) -> (StatusCode, String) {
+    use std::io::{Read, Write};
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {ADMIN}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let addr = server.addr();
+    tokio::task::spawn_blocking(move || {
+        let mut conn = std::net::TcpStream::connect(addr).unwrap();
+        conn.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+            .unwrap();
+        conn.write_all(request.as_bytes()).unwrap();
+        let mut answer = String::new();
+        conn.read_to_string(&mut answer).unwrap();
+        let status = answer
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse::<u16>().ok())
+            .expect("a status line");
+        let body = answer.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
+        (StatusCode::from_u16(status).unwrap(), body)
+    })
+    .await
+    .unwrap()
+}
+
 pub async fn bodies_that_are_not_objects_of_the_documented_fields_are_refused(db: TestDb) {
     let server = http_server(&db).await;
     let store = server.store().clone();
