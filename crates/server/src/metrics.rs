@@ -62,6 +62,10 @@ pub struct Metrics {
     state_conflict: IntCounter,
     /// Expired claims the reaper reopened.
     reaper_reopened: IntCounter,
+    /// Leases their holder released, committed (a replay is none).
+    releases: IntCounter,
+    /// Operator pauses and resumes committed, by action.
+    operator_actions: IntCounterVec,
     /// Items failed by the retry cap (reason `retry_limit`), by the path that did it.
     retry_limit: IntCounterVec,
     /// Rows a pass over many rows could not decode, by the pass: the reaper
@@ -187,6 +191,17 @@ impl Metrics {
                 "agentstore_reaper_reopened_total",
                 "Expired claims the reaper reopened",
             ),
+            releases: counter(
+                &r,
+                "agentstore_releases_total",
+                "Leases released by their holder, committed (a replayed release is not counted again)",
+            ),
+            operator_actions: counter_vec(
+                &r,
+                "agentstore_operator_actions_total",
+                "Operator pauses and resumes committed, by action",
+                &["action"],
+            ),
             retry_limit: counter_vec(
                 &r,
                 "agentstore_retry_limit_failures_total",
@@ -242,6 +257,9 @@ impl Metrics {
         for by in ["reaper", "release"] {
             m.retry_limit.with_label_values(&[by]);
         }
+        for action in ["pause", "resume"] {
+            m.operator_actions.with_label_values(&[action]);
+        }
         for status in ["401", "403"] {
             m.auth_rejected.with_label_values(&[status]);
         }
@@ -277,6 +295,16 @@ impl Metrics {
             ErrorCode::StateConflict => self.state_conflict.inc(),
             _ => {}
         }
+    }
+
+    /// A release committed (not a replay).
+    pub fn released(&self) {
+        self.releases.inc();
+    }
+
+    /// An operator's `action` (`"pause"` or `"resume"`) committed.
+    pub fn operator_action(&self, action: &'static str) {
+        self.operator_actions.with_label_values(&[action]).inc();
     }
 
     /// A row that could not be decoded, met by `by` (one of [`UNREADABLE_BY`]).

@@ -520,6 +520,7 @@ impl Store {
             .await?;
         match row {
             Some(row) => {
+                self.metrics.released();
                 if state == ItemState::Failed {
                     self.metrics.retry_limit_failed("release", 1);
                 }
@@ -604,6 +605,7 @@ impl Store {
         let Some(row) = row else {
             return Err(self.not_in_state(id, ItemState::Paused).await);
         };
+        self.metrics.operator_action("resume");
         match item_from_row(&row) {
             Ok(item) => Ok(Resumed::Claimed(self.claim_response(item, token.0))),
             Err(e) => self.unreadable_resume(id, &token_hash, &e).await,
@@ -637,7 +639,10 @@ impl Store {
             .fetch_optional(&self.pool)
             .await?
         {
-            Some(row) => Ok(self.ended(&row, id, Some(ItemState::Paused), "pause", true)),
+            Some(row) => {
+                self.metrics.operator_action("pause");
+                Ok(self.ended(&row, id, Some(ItemState::Paused), "pause", true))
+            }
             None => Err(self.not_in_state(id, ItemState::Running).await),
         }
     }

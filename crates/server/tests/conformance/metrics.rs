@@ -366,6 +366,23 @@ pub async fn a_scrape_counts_exactly_what_a_scripted_workload_did(db: TestDb) {
     }
     assert_eq!(t.rate_limited, 1, "the second worker was rate limited once");
     assert_eq!(t.claimed, 8);
+    // An operator pauses a lease of another queue and resumes it (the resumed
+    // lease is the operator's: held, so two leases are held in all); a
+    // resume sent again is refused and not counted.
+    let r = api
+        .ok("/v1/queues/mr/items", ADMIN, json!({"payload": 1}))
+        .await["id"]
+        .as_i64()
+        .unwrap();
+    assert_eq!(api.claim("mr", tok, &mut t).await.expect("R").item.id, r);
+    api.ok(&format!("/v1/items/{r}/pause"), ADMIN, json!({}))
+        .await;
+    api.ok(&format!("/v1/items/{r}/resume"), ADMIN, json!({}))
+        .await;
+    let (s, _) = api
+        .status(&format!("/v1/items/{r}/resume"), ADMIN, json!({}))
+        .await;
+    assert_eq!(s, 409);
 
     // The other server saw none of it.
     let quiet = Api {
@@ -382,6 +399,7 @@ pub async fn a_scrape_counts_exactly_what_a_scripted_workload_did(db: TestDb) {
         "agentstore_state_conflict_total",
         "agentstore_reaper_reopened_total",
         "agentstore_rate_limited_total",
+        "agentstore_releases_total",
     ] {
         assert_eq!(value(&quiet, name, &[]), 0.0, "{name} on the other server");
     }
@@ -423,6 +441,16 @@ pub async fn a_scrape_counts_exactly_what_a_scripted_workload_did(db: TestDb) {
     assert_eq!(
         n("agentstore_rate_limited_total", &[]),
         t.rate_limited as f64
+    );
+    // F's release (its replay not again); C and R paused, R resumed.
+    assert_eq!(n("agentstore_releases_total", &[]), 1.0);
+    assert_eq!(
+        n("agentstore_operator_actions_total", &[("action", "pause")]),
+        2.0
+    );
+    assert_eq!(
+        n("agentstore_operator_actions_total", &[("action", "resume")]),
+        1.0
     );
     assert_eq!(
         n("agentstore_auth_rejected_total", &[("status", "401")]),
@@ -471,7 +499,8 @@ pub async fn a_scrape_counts_exactly_what_a_scripted_workload_did(db: TestDb) {
             "{state:?}"
         );
     }
-    assert_eq!(n("agentstore_leases_held", &[]), 1.0);
+    // G, and R under the operator's resumed lease.
+    assert_eq!(n("agentstore_leases_held", &[]), 2.0);
     let age = n(
         "agentstore_queue_oldest_open_age_seconds",
         &[("queue", "mq")],
