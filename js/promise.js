@@ -184,9 +184,14 @@ export function deleteDatabase(factory, name, blockedMs) {
  * Listens on BroadcastChannel `name` (throws where there is none) and calls
  * `callback(change)` for every `{id, rev, deleted}` of a posted change
  * array whose string `id` starts with `prefix` (UTF-16 code units, as
- * `startsWith`); what the callback throws is dropped. Returns the function
- * that stops it, also for the rest of a message being handled (a callback
- * that stops its own subscription gets no further change).
+ * `startsWith`); what the callback throws is dropped. Returns the
+ * subscription's handle `{close(), [Symbol.dispose]()}` (frozen): `close()`
+ * stops it, also for the rest of a message being handled (a callback that
+ * stops its own subscription gets no further change); a second `close()`
+ * does nothing. The handle holds nothing the subscription needs: like an
+ * event listener, the subscription lasts until `close()`, also when the
+ * handle is garbage-collected (an open BroadcastChannel with a message
+ * listener is kept alive: HTML, "Broadcasting to other browsing contexts").
  */
 export function watchChannel(name, prefix, callback) {
   const channel = new BroadcastChannel(name);
@@ -206,11 +211,15 @@ export function watchChannel(name, prefix, callback) {
       }
     }
   };
-  return () => {
+  const close = () => {
+    if (stopped) return;
     stopped = true;
     channel.onmessage = null;
     channel.close();
   };
+  const handle = { close };
+  if (typeof Symbol.dispose === 'symbol') handle[Symbol.dispose] = close;
+  return Object.freeze(handle);
 }
 
 /**

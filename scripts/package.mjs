@@ -396,6 +396,20 @@ const minifyGlue = (file) => {
   for (const [, cls] of text.matchAll(/^export class (\w+)/gm)) {
     text += `Object.defineProperty(${cls}, 'name', { value: '${cls}' });\n`;
   }
+  // A method called on an object after its free() (or `using` disposal)
+  // reaches wasm-bindgen's null-pointer check, whose throw is a bare
+  // `Error("null pointer passed to rust")`: it becomes a ClosedError with
+  // `code` and `status`, as every other error of the package is
+  // (docs/api.md, Errors). The module itself is unharmed: nothing ran.
+  const THROW = 'throw new Error(getStringFromWasm0(arg0, arg1));';
+  if (text.split(THROW).length === 2) {
+    text = text.replace(
+      THROW,
+      "const m = getStringFromWasm0(arg0, arg1); if (m === 'null pointer passed to rust') throw Object.assign(new Error('this object was freed (free() or a using block): it cannot be used any more'), { name: 'ClosedError', code: 'closed', status: 410 }); throw new Error(m);",
+    );
+  } else if (name === js) {
+    throw new Error(`${file}: wasm-bindgen's throw import not found once: update package.mjs`);
+  }
   const r = transformSync(text, {
     minify: true,
     target: 'es2020',

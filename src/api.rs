@@ -80,6 +80,13 @@ export interface WatchOptions {
 }
 /** One committed change, delivered to `watch` callbacks in every tab and worker of the origin. */
 export interface WatchChange { id: string; rev: string; deleted: boolean; }
+/**
+ * A `watch()` subscription's handle. `close()` stops the subscription (a
+ * second call does nothing); `[Symbol.dispose]` is the same, for `using`.
+ * Like an event listener, the subscription lasts until closed: dropping the
+ * handle does not stop it.
+ */
+export interface Watch { close(): void; [Symbol.dispose](): void; }
 export interface SnapshotImportSummary { written: number; keptNewer: number; }
 export interface IndexDefinition { name: string; keys: string[]; }
 export interface CountOptions {
@@ -524,25 +531,28 @@ impl AgentStore {
     }
 
     /// Calls `callback({id, rev, deleted})` for every change committed in any
-    /// tab whose id starts with `prefix`; returns a handle whose `close()`
-    /// stops it.
+    /// tab whose id starts with `prefix`; returns a handle (`Watch`) whose
+    /// `close()` (or `[Symbol.dispose]()`, so `using` works) stops it. Like
+    /// an event listener, the subscription lasts until `close()`: a handle
+    /// the page drops (garbage-collected) does not stop it.
     ///
     /// # Errors
     /// ValidationError for a non-string prefix or a non-function callback;
     /// ClosedError after `close()` or a `versionchange`; TransactionError
     /// where `BroadcastChannel` does not exist.
+    #[wasm_bindgen(unchecked_return_type = "Watch")]
     pub fn watch(
         &self,
         #[wasm_bindgen(unchecked_param_type = "WatchOptions")] options: JsValue,
         #[wasm_bindgen(unchecked_param_type = "(change: WatchChange) => void")] callback: JsValue,
-    ) -> Result<Watch, JsValue> {
+    ) -> Result<JsValue, JsValue> {
         crate::options::nested(|| self.watch_with(options, callback))?
     }
 }
 
 impl AgentStore {
     /// [`AgentStore::watch`] within one level of nesting.
-    fn watch_with(&self, options: JsValue, callback: JsValue) -> Result<Watch, JsValue> {
+    fn watch_with(&self, options: JsValue, callback: JsValue) -> Result<JsValue, JsValue> {
         self.inner.check_open().map_err(|e| e.to_js())?;
         crate::options::check_object(&options, "watch options")
             .map_err(|m| StoreError::validation(m).to_js())?;
@@ -561,7 +571,7 @@ impl AgentStore {
             )
             .to_js()
         })?;
-        Ok(Watch { inner: Some(inner) })
+        Ok(inner.handle().clone())
     }
 }
 
@@ -1070,20 +1080,4 @@ fn import_options(options: &JsValue) -> Result<ImportOptions, StoreError> {
         signal: opt_signal(options)?,
         batch: batch_option(options)?,
     })
-}
-
-/// A `watch` subscription; `close()` stops it (so does `free()`).
-#[wasm_bindgen]
-pub struct Watch {
-    inner: Option<Watcher>,
-}
-
-#[wasm_bindgen]
-impl Watch {
-    /// Stops delivering changes.
-    pub fn close(&mut self) {
-        if let Some(w) = self.inner.take() {
-            w.close();
-        }
-    }
 }

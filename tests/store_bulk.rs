@@ -2,7 +2,7 @@
 //! the JS API, in a real browser's IndexedDB: results, all-or-nothing
 //! failures, bad input (ValidationError, nothing written), watch, indexes.
 use agentstore::AgentStore;
-use js_sys::{Array, Function, Promise};
+use js_sys::{Array, Function, Promise, Reflect};
 use serde_json::json;
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -56,7 +56,7 @@ async fn get_id(store: &AgentStore, id: &str) -> Option<JsValue> {
 }
 
 /// Collects `watch` changes under `prefix` as `"id:deleted"`.
-fn watch(store: &AgentStore, prefix: &str) -> (agentstore::api::Watch, Rc<RefCell<Vec<String>>>) {
+fn watch(store: &AgentStore, prefix: &str) -> (JsValue, Rc<RefCell<Vec<String>>>) {
     let (f, seen) = change_log();
     let w = store
         .watch(js(json!({ "prefix": prefix })), f.into())
@@ -591,6 +591,45 @@ async fn open_and_destroy_that_nothing_blocks_succeed_even_with_a_zero_blocked_t
     }
 }
 
+/// A subscription lasts until `close()`, as an event listener does: a
+/// handle the page drops (freed, or garbage-collected) does not stop it.
+/// Before, the handle was a wasm-bindgen class whose finalizer freed it, and
+/// freeing it closed the channel: `store.watch(opts, cb)` without keeping
+/// the result went silent at the next garbage collection. `close()` and
+/// `[Symbol.dispose]()` stop it, and a second `close()` does nothing.
+#[wasm_bindgen_test]
+async fn a_watch_whose_handle_is_dropped_keeps_delivering_until_closed() {
+    let (store, _) = open_api("watch-dropped").await;
+    let (f, seen) = change_log();
+    // Dropped at once (in the test build, dropping what `watch` returned is
+    // what the finalizer's `free()` did).
+    drop(store.watch(js(json!({"prefix": "d/"})), f.into()).unwrap());
+    put(&store, json!({"_id": "d/1"})).await;
+    until_seen(&seen, 1).await;
+    // close() and dispose stop it; closing twice is fine.
+    let (f2, seen2) = change_log();
+    let w = store.watch(js(json!({"prefix": "c/"})), f2.into()).unwrap();
+    let close: Function = Reflect::get(&w, &"close".into()).unwrap().unchecked_into();
+    close.call0(&w).unwrap();
+    close.call0(&w).unwrap();
+    let (f3, seen3) = change_log();
+    let u = store.watch(js(json!({"prefix": "c/"})), f3.into()).unwrap();
+    let symbol = Reflect::get(&js_sys::global(), &"Symbol".into()).unwrap();
+    let dispose_key = Reflect::get(&symbol, &"dispose".into()).unwrap();
+    if dispose_key.is_symbol() {
+        let dispose: Function = Reflect::get(&u, &dispose_key).unwrap().unchecked_into();
+        dispose.call0(&u).unwrap();
+    } else {
+        // An engine without explicit resource management: close() alone.
+        let close: Function = Reflect::get(&u, &"close".into()).unwrap().unchecked_into();
+        close.call0(&u).unwrap();
+    }
+    let (_control, control) = watch(&store, "c/");
+    put(&store, json!({"_id": "c/1"})).await;
+    until_seen(&control, 1).await;
+    assert!(seen2.borrow().is_empty() && seen3.borrow().is_empty());
+}
+
 /// `watch` on a closed store throws ClosedError (a real Error), like every
 /// other call after `close()`.
 #[wasm_bindgen_test]
@@ -685,7 +724,7 @@ async fn a_watch_closed_from_its_own_callback_gets_no_further_change() {
     let state = js(json!({"calls": 0}));
     Reflect::set(&js_sys::global(), &key.as_str().into(), &state).unwrap();
     let handle = store.watch(js(json!({"prefix": "w/"})), cb.into()).unwrap();
-    Reflect::set(&state, &"handle".into(), &handle.into()).unwrap();
+    Reflect::set(&state, &"handle".into(), &handle).unwrap();
     let (_control, seen) = watch(&store, "w/");
     call(store.put_many(js(json!([{"_id": "w/1"}, {"_id": "w/2"}, {"_id": "w/3"}]))))
         .await

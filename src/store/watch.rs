@@ -5,7 +5,7 @@
 
 use crate::error::set;
 use js_sys::{Array, Function, JsString, Object};
-use wasm_bindgen::JsValue;
+use wasm_bindgen::{JsCast, JsValue};
 use web_sys::BroadcastChannel;
 
 fn channel_name(db: &str) -> String {
@@ -63,24 +63,25 @@ impl Drop for Notifier {
 
 /// A subscription made by `watch({prefix}, callback)`: calls `callback({id,
 /// rev, deleted})` for every committed change whose id starts with `prefix`,
-/// from any tab (js/promise.js `watchChannel`: the listener is JS). Stops on
-/// [`Watcher::close`] or when dropped.
-#[must_use = "the subscription stops when the Watcher is dropped"]
+/// from any tab (js/promise.js `watchChannel`: the listener and its handle
+/// are JS). Stops on [`Watcher::close`] only: dropping a `Watcher` (or the
+/// page dropping the JS handle) leaves it running, as an event listener
+/// stays until it is removed.
 pub struct Watcher {
-    /// Stops the listener (also for the rest of a message being handled).
-    stop: Function,
+    /// The JS handle: `{close(), [Symbol.dispose]()}`, frozen.
+    handle: JsValue,
 }
 
 #[wasm_bindgen::prelude::wasm_bindgen(module = "/js/promise.js")]
 extern "C" {
     /// Listens on BroadcastChannel `name` (throws where there is none);
-    /// returns the function that stops it.
+    /// returns the subscription's handle.
     #[wasm_bindgen(js_name = watchChannel, catch)]
     fn watch_channel(
         name: &str,
         prefix: &JsString,
         callback: &Function,
-    ) -> Result<Function, JsValue>;
+    ) -> Result<JsValue, JsValue>;
 }
 
 impl Watcher {
@@ -90,18 +91,20 @@ impl Watcher {
     /// The DOMException when BroadcastChannel is unavailable.
     pub fn new(db: &str, prefix: JsString, callback: Function) -> Result<Watcher, JsValue> {
         Ok(Watcher {
-            stop: watch_channel(&channel_name(db), &prefix, &callback)?,
+            handle: watch_channel(&channel_name(db), &prefix, &callback)?,
         })
     }
 
-    /// Stops the subscription (also for the rest of a message being handled).
-    pub fn close(&self) {
-        let _ = self.stop.call0(&JsValue::NULL);
+    /// The JS handle `{close(), [Symbol.dispose]()}` that `watch()` returns.
+    pub fn handle(&self) -> &JsValue {
+        &self.handle
     }
-}
 
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        self.close();
+    /// Stops the subscription (also for the rest of a message being
+    /// handled); a second call does nothing.
+    pub fn close(&self) {
+        if let Ok(close) = js_sys::Reflect::get(&self.handle, &"close".into()) {
+            let _ = close.unchecked_into::<Function>().call0(&self.handle);
+        }
     }
 }
