@@ -60,7 +60,11 @@ pub fn router(config: &Config, state: AppState) -> Result<Router, String> {
     let cors = CorsLayer::new()
         .allow_origin(allow_origin(&config.allow_origin)?)
         .allow_methods([Method::GET, Method::POST])
-        .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
+        .allow_headers([
+            header::AUTHORIZATION,
+            header::CONTENT_TYPE,
+            HeaderName::from_static(crate::routes::IDEMPOTENCY_KEY),
+        ])
         .expose_headers([
             header::RETRY_AFTER,
             REQUEST_ID,

@@ -12,7 +12,7 @@ use agentstore_protocol::lease::{
 use agentstore_protocol::{ErrorBody, ErrorCode};
 use axum::extract::{ConnectInfo, FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -22,7 +22,7 @@ use crate::error::ApiError;
 use crate::extract::{item_id, positive_item_id, queue_name, JsonBody};
 use crate::ratelimit::{retry_after_secs, RateLimiter};
 use crate::state::AppState;
-use crate::store::{claim_lost, Ended, Item, ItemPage, Resumed, Viewed};
+use crate::store::{claim_lost, Ended, ItemPage, Resumed, Viewed};
 use crate::wire::{EnqueueBody, SettleBody};
 
 /// Most re-deliveries an item may be given.
@@ -187,14 +187,48 @@ async fn refresh(
     Ok(Json(st.store.refresh(&req.refresh_token).await?))
 }
 
+/// The `Idempotency-Key` request header of an enqueue: 1–255 characters of
+/// visible ASCII (`!`..`~`), or absent.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// The enqueue's idempotency key, if it sent one.
+///
+/// # Errors
+/// `validation` for a key that is empty, longer than 255 characters, not
+/// visible ASCII, or sent twice.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+    let Some(v) = values.next() else {
+        return Ok(None);
+    };
+    let key = v
+        .to_str()
+        .ok()
+        .filter(|k| (1..=255).contains(&k.len()) && k.bytes().all(|b| b.is_ascii_graphic()))
+        .filter(|_| values.next().is_none())
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::Validation,
+                "Idempotency-Key must be one header of 1-255 visible ASCII characters",
+            )
+        })?;
+    Ok(Some(key))
+}
+
+/// `201` with the item. With an `Idempotency-Key`, the same request sent
+/// again adds nothing and is answered `201` with the item as it is now and
+/// `Idempotent-Replayed: true`; the key reused for another request in the
+/// queue is `409 conflict` (see [`crate::Store::enqueue_once`]).
 async fn enqueue(
     State(st): State<AppState>,
     caller: Caller,
     Path(queue): Path<String>,
+    headers: HeaderMap,
     JsonBody(req): JsonBody<EnqueueBody>,
-) -> Result<(StatusCode, Json<Item>), ApiError> {
+) -> Result<Response, ApiError> {
     let queue = queue_name(&queue)?;
     caller.produce(queue)?;
+    let key = idempotency_key(&headers)?;
     if req
         .max_redeliveries
         .is_some_and(|n| n > MAX_REDELIVERIES_LIMIT)
@@ -203,11 +237,11 @@ async fn enqueue(
             "max_redeliveries must be 0..={MAX_REDELIVERIES_LIMIT}"
         )));
     }
-    let item = st
+    let (item, replayed) = st
         .store
-        .enqueue(queue, &*req.payload, req.max_redeliveries)
+        .enqueue_once(queue, &*req.payload, req.max_redeliveries, key)
         .await?;
-    Ok((StatusCode::CREATED, Json(item)))
+    Ok(replay_marked((StatusCode::CREATED, Json(item)), replayed))
 }
 
 /// Largest `limit` of a listing (the default is 1000); a page also stops at

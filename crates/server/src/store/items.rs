@@ -67,20 +67,76 @@ impl Store {
         payload: &P,
         max_redeliveries: Option<u32>,
     ) -> Result<Item, StoreError> {
+        self.enqueue_once(queue, payload, max_redeliveries, None)
+            .await
+            .map(|(item, _)| item)
+    }
+
+    /// [`Store::enqueue`] under a producer's idempotency key (the
+    /// `Idempotency-Key` header, as Stripe and the IETF httpapi draft
+    /// "The Idempotency-Key HTTP Header Field" use it): the first request
+    /// with `key` in `queue` adds the item; the same request sent again
+    /// (same payload text and `max_redeliveries`: its answer was lost)
+    /// adds nothing and answers that item as it is now, with `true`
+    /// (replayed). One statement decides (`INSERT … ON CONFLICT DO
+    /// NOTHING` on the unique `(queue, idempotency_key)`), so concurrent
+    /// requests with one key add one item on either backend. Keys are kept
+    /// as long as their item.
+    ///
+    /// # Errors
+    /// `conflict` when `key` was used in `queue` for another request
+    /// (another payload or `max_redeliveries`); as [`Store::enqueue`].
+    pub async fn enqueue_once<P: serde::Serialize + ?Sized>(
+        &self,
+        queue: &str,
+        payload: &P,
+        max_redeliveries: Option<u32>,
+        key: Option<&str>,
+    ) -> Result<(Item, bool), StoreError> {
         let payload = serde_json::to_string(payload)
             .map_err(|e| StoreError::rejected(ErrorCode::Validation, format!("payload: {e}")))?;
-        let sql = self.sql(&format!(
-            "INSERT INTO items (queue, state, payload, attempts, max_redeliveries, epoch, created_at, updated_at)
-             VALUES ($1, 'open', $2, 0, $3, 0, {{now}}, {{now}}) RETURNING {ITEM_COLS}"
-        ));
         let max = max_redeliveries.unwrap_or(self.settings.max_redeliveries);
+        // What the request asked for: the payload text and the cap as given
+        // (an absent cap is not the server's default, which may change).
+        let request_hash = key.map(|_| {
+            let cap = max_redeliveries.map_or(String::from("-"), |m| m.to_string());
+            tokens::hash(&[cap.as_str(), ":", payload.as_str()].concat())
+        });
+        let sql = self.sql(&format!(
+            "INSERT INTO items (queue, state, payload, attempts, max_redeliveries, epoch, created_at, updated_at,
+                 idempotency_key, request_hash)
+             VALUES ($1, 'open', $2, 0, $3, 0, {{now}}, {{now}}, $4, $5)
+             ON CONFLICT (queue, idempotency_key) DO NOTHING
+             RETURNING {ITEM_COLS}"
+        ));
         let row = sqlx::query(&sql)
             .bind(queue)
-            .bind(payload)
+            .bind(&payload)
             .bind(i64::from(max))
+            .bind(key)
+            .bind(&request_hash)
+            .fetch_optional(&self.pool)
+            .await?;
+        if let Some(row) = row {
+            return Ok((item_from_row(&row)?, false));
+        }
+        // Only a key can conflict: the item that key added before.
+        let sql = format!(
+            "SELECT {ITEM_COLS}, request_hash FROM items WHERE queue = $1 AND idempotency_key = $2"
+        );
+        let row = sqlx::query(&sql)
+            .bind(queue)
+            .bind(key)
             .fetch_one(&self.pool)
             .await?;
-        item_from_row(&row)
+        let stored: Option<String> = get(&row, "request_hash").ok().flatten();
+        if stored.as_deref() != request_hash.as_deref() {
+            return Err(StoreError::rejected(
+                ErrorCode::Conflict,
+                "this Idempotency-Key was used for another request in this queue (another payload or max_redeliveries)",
+            ));
+        }
+        Ok((item_from_row(&row)?, true))
     }
 
     /// Claims the oldest open item of `queue` with a fresh token, `epoch + 1` and

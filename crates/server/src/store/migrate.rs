@@ -170,6 +170,18 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: "UPDATE items SET max_redeliveries = 0 WHERE max_redeliveries < 0;
             UPDATE items SET attempts = 0 WHERE attempts < 0",
     },
+    Migration {
+        version: 10,
+        name: "enqueue_idempotency",
+        // A producer's `Idempotency-Key` per queue (NULL: none; a unique
+        // index admits any number of NULLs on both backends) and the hash of
+        // the request it came with, so an enqueue sent again after a lost
+        // answer finds its item instead of adding a second one, and a key
+        // reused for another request is refused.
+        sql: "ALTER TABLE items ADD COLUMN idempotency_key TEXT;
+            ALTER TABLE items ADD COLUMN request_hash TEXT;
+            CREATE UNIQUE INDEX items_queue_idempotency_key ON items (queue, idempotency_key)",
+    },
 ];
 
 /// Advisory lock key for migrations on PostgreSQL ("agst").

@@ -112,6 +112,114 @@ pub async fn dot_segment_queue_names_are_refused(db: TestDb) {
     server.stop().await.unwrap();
 }
 
+/// An enqueue sent again with its `Idempotency-Key` (its answer was lost)
+/// adds no second item: the retry is answered `201` with the same item and
+/// `Idempotent-Replayed: true`, also when the copies race; the key reused
+/// for another request in the queue is `409 conflict`; keys are per queue;
+/// a malformed key is `400 validation`. Nothing else is written. Before,
+/// every retry added another item (no key was read).
+pub async fn an_enqueue_sent_again_with_its_idempotency_key_adds_one_item(db: TestDb) {
+    let server = http_server(&db).await;
+    let store = server.store().clone();
+    let http = reqwest::Client::new();
+    let url = server.url();
+    let post = |queue: &str, key: Option<String>, body: Value| {
+        let mut req = http
+            .post(format!("{url}/v1/queues/{queue}/items"))
+            .bearer_auth(ADMIN)
+            .json(&body);
+        if let Some(k) = key {
+            // As bytes: a non-ASCII key must reach the server to be refused.
+            let value = reqwest::header::HeaderValue::from_bytes(k.as_bytes()).unwrap();
+            req = req.header("Idempotency-Key", value);
+        }
+        async move {
+            let resp = req.send().await.unwrap();
+            let replayed = resp.headers().get("idempotent-replayed").is_some();
+            let status = resp.status();
+            (status, replayed, resp.json::<Value>().await.unwrap())
+        }
+    };
+    let count = |queue: &'static str| {
+        let pool = store.pool().clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM items WHERE queue = $1")
+                .bind(queue)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let key = || Some(String::from("order-7/attempt:1"));
+    let (s, replayed, first) = post("iq", key(), json!({"payload": {"n": 7}})).await;
+    assert_eq!((s, replayed), (StatusCode::CREATED, false), "{first}");
+    let (s, replayed, again) = post("iq", key(), json!({"payload": {"n": 7}})).await;
+    assert_eq!((s, replayed), (StatusCode::CREATED, true), "{again}");
+    assert_eq!(again["id"], first["id"]);
+    assert_eq!(count("iq").await, 1);
+    // Racing copies of one request: one item, one of them not a replay.
+    let copies: Vec<_> = (0..8)
+        .map(|_| {
+            post(
+                "iq",
+                Some("race".into()),
+                json!({"payload": 1, "max_redeliveries": 2}),
+            )
+        })
+        .collect();
+    let answers = futures_util::future::join_all(copies).await;
+    assert!(answers.iter().all(|(s, _, _)| *s == StatusCode::CREATED));
+    assert_eq!(
+        answers.iter().filter(|(_, r, _)| !r).count(),
+        1,
+        "one was not a replay"
+    );
+    assert!(answers
+        .iter()
+        .all(|(_, _, b)| b["id"] == answers[0].2["id"]));
+    assert_eq!(count("iq").await, 2);
+    let before = snapshot(&store).await;
+    // The key reused for another request: refused, nothing written.
+    for body in [
+        json!({"payload": {"n": 8}}),
+        json!({"payload": {"n": 7}, "max_redeliveries": 1}),
+        json!({"payload": {"n":7}, "max_redeliveries": 5}),
+    ] {
+        let (s, _, b) = post("iq", key(), body.clone()).await;
+        assert_eq!(
+            (s, b["code"].as_str()),
+            (StatusCode::CONFLICT, Some("conflict")),
+            "{body}"
+        );
+    }
+    for bad in [
+        String::new(),
+        "k".repeat(256),
+        "a b".into(),
+        "\u{e9}t\u{e9}".into(),
+    ] {
+        let (s, _, b) = post("iq", Some(bad.clone()), json!({"payload": 1})).await;
+        assert_eq!(
+            (s, b["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("validation")),
+            "{bad:?}"
+        );
+    }
+    assert_eq!(snapshot(&store).await, before, "refusals wrote nothing");
+    // Keys are per queue, and requests without a key are never deduplicated.
+    let (s, replayed, other) = post("iq2", key(), json!({"payload": {"n": 7}})).await;
+    assert_eq!((s, replayed), (StatusCode::CREATED, false));
+    assert_ne!(other["id"], first["id"]);
+    for _ in 0..2 {
+        assert_eq!(
+            post("iq3", None, json!({"payload": 1})).await.0,
+            StatusCode::CREATED
+        );
+    }
+    assert_eq!(count("iq3").await, 2);
+    server.stop().await.unwrap();
+}
+
 /// POSTs `body` to `path` as the admin over a raw connection, the path sent
 /// byte for byte (an HTTP client library resolves dot segments first).
 async fn unresolved_post(server: &Server, path: &str, body: &str) -> (StatusCode, String) {

@@ -92,6 +92,7 @@ conformance! {
     input::out_of_range_numbers_are_400_before_they_reach_sql,
     input::bodies_that_are_not_objects_of_the_documented_fields_are_refused,
     input::dot_segment_queue_names_are_refused,
+    input::an_enqueue_sent_again_with_its_idempotency_key_adds_one_item,
     input::a_failure_report_containing_nul_is_kept_and_the_item_leaves_running,
     input::framework_answers_are_code_and_message_too,
     input::a_batched_heartbeat_entry_with_a_non_positive_id_is_bad_request_as_alone,
