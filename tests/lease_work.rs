@@ -250,8 +250,9 @@ async fn a_lease_lost_during_the_handler_aborts_it_and_its_result_is_never_settl
     let id = enqueue(&q, json!({})).await;
     let saw_abort = Rc::new(Cell::new(false));
     let saw = saw_abort.clone();
-    // The work loop stops waiting for a handler whose lease is lost (its
-    // result is discarded); the test waits for the handler to finish itself.
+    // The work loop waits for a handler whose lease is lost before its slot
+    // claims again (the result is discarded); the test waits for the handler
+    // to finish itself.
     let finished = Rc::new(Cell::new(false));
     let fin = finished.clone();
     let calls = Rc::new(Cell::new(0u32));
@@ -366,6 +367,60 @@ async fn a_slot_whose_lease_was_lost_claims_again_only_after_its_handler_returns
     let s = *w.stats.borrow();
     assert!(s.lost == 1 && s.done >= 1, "{:?}", (s.lost, s.done));
     assert_eq!(most.get(), 1, "never two handlers at once in one slot");
+}
+
+/// `stop()` does not wait for a lost lease's handler that never returns:
+/// the slot claims nothing more after `stop()`, so nothing is bounded by
+/// waiting, and shutdown (`await worker.stop(); client.close()`) must not
+/// hang on it. (A handler whose lease is still held is waited for.)
+#[wasm_bindgen_test]
+async fn stop_does_not_wait_for_a_lost_leases_handler_that_never_returns() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("lost-stuck");
+    enqueue(&q, json!({})).await;
+    let aborted = Rc::new(Cell::new(false));
+    let seen = aborted.clone();
+    let h = handler(move |lease: JsValue| {
+        let seen = seen.clone();
+        async move {
+            let pause: Function = get(&lease, &["setHeartbeatsPaused"]).unchecked_into();
+            pause.call1(&lease, &JsValue::TRUE).unwrap();
+            let signal: web_sys::AbortSignal = get(&lease, &["signal"]).unchecked_into();
+            let until = now() + 4.0 * TTL_MS;
+            while !signal.aborted() && now() < until {
+                sleep(10.0).await;
+            }
+            seen.set(signal.aborted());
+            // Never returns.
+            let never = Promise::new(&mut |_, _| {});
+            let _ = wasm_bindgen_futures::JsFuture::from(never).await;
+            Ok(JsValue::NULL)
+        }
+    });
+    let w = WorkerInner::start(admin_client(config()), q, h, options(1), wrap);
+    let until = now() + 5.0 * TTL_MS;
+    while !aborted.get() {
+        assert!(now() < until, "the lease was lost");
+        sleep(20.0).await;
+    }
+    let stopped = Rc::new(Cell::new(false));
+    let done = stopped.clone();
+    let w2 = w.clone();
+    wasm_bindgen_futures::spawn_local(async move {
+        w2.stop().await;
+        done.set(true);
+    });
+    let until = now() + 10_000.0;
+    while !stopped.get() {
+        assert!(
+            now() < until,
+            "stop() resolves while the lost lease's handler still runs"
+        );
+        sleep(20.0).await;
+    }
+    assert_eq!(w.stats.borrow().lost, 1);
 }
 
 #[wasm_bindgen_test]

@@ -278,18 +278,18 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
                                 Status::Settled(_) | Status::Lost(LossReason::Released)
                             ) =>
                     {
-                        until_closed(w, run).await
+                        until_closed(w, run, false).await
                     }
                     // The lease ended first (lost): whatever the handler
                     // returns is discarded, but the slot stays taken until
                     // it returns (a handler that ignores its signal still
                     // runs, and `concurrency` bounds running handlers, as a
-                    // Temporal or River worker's slots do). After
-                    // `client.close()` nothing is waited for.
+                    // Temporal or River worker's slots do). After `stop()`
+                    // (no claim follows) or `client.close()` nothing is
+                    // waited for: a handler that never returns must not
+                    // hold up shutdown.
                     Either::Right((_, run)) => {
-                        if !w.client.closed.get() {
-                            let _ = until_closed(w, run).await;
-                        }
+                        let _ = until_closed(w, run, true).await;
                         Err(JsValue::UNDEFINED)
                     }
                 }
@@ -402,16 +402,20 @@ async fn end_or_drop(lease: &LeaseInner, handed_back: bool) {
 }
 
 /// The handler's outcome, or an error once `client.close()` was called (the
-/// slot then stops waiting for a handler whose lease already ended).
+/// slot then stops waiting for a handler whose lease already ended), or,
+/// with `or_stop`, once `stop()` was called.
 async fn until_closed(
     w: &WorkerInner,
     mut run: std::pin::Pin<Box<JsFuture>>,
+    or_stop: bool,
 ) -> Result<JsValue, JsValue> {
     loop {
+        if w.client.closed.get() || (or_stop && w.stopping.get()) {
+            return Err(JsValue::UNDEFINED);
+        }
         match select(run, Box::pin(sleep_ms(100.0))).await {
             Either::Left((r, _)) => return r,
-            Either::Right((_, pending)) if !w.client.closed.get() => run = pending,
-            Either::Right(_) => return Err(JsValue::UNDEFINED),
+            Either::Right((_, pending)) => run = pending,
         }
     }
 }

@@ -336,8 +336,11 @@ impl Reconnect {
     ///   with `lo = max(base, Retry-After)` and advances n and the round: the
     ///   server's `Retry-After` (when it sent one) moves the window, it does
     ///   not remove the jitter (otherwise every worker would retry in lockstep);
-    /// - a failure of a try from an earlier round waits until the end of the
-    ///   window drawn last (at least the `Retry-After`), and advances nothing.
+    /// - a failure of a try from an earlier round, while the window drawn
+    ///   last is still running, waits until its end (at least the
+    ///   `Retry-After`) and advances nothing; after that window's end it
+    ///   counts as the first failure of a new round (a try that hung past
+    ///   the whole window gets a window of its own, not a 0 ms retry).
     pub fn on_failure(
         &mut self,
         started_in: u32,
@@ -349,7 +352,9 @@ impl Reconnect {
             Some(ra) if ra.is_finite() => ra.max(0.0),
             _ => 0.0,
         };
-        if started_in != self.round && self.failures > 0 {
+        // Another slot's window, still running: wait for its end. Once it
+        // has ended, this failure is a round of its own (never a 0 ms retry).
+        if started_in != self.round && self.failures > 0 && now_ms < self.not_before_ms {
             return (self.not_before_ms - now_ms)
                 .clamp(0.0, self.last_ms)
                 .max(retry_after);
@@ -623,6 +628,11 @@ mod tests {
         assert_eq!(b.on_failure(stale, now + 10.0, 1.0, None), 90.0);
         // A Retry-After longer than the window's rest is still honoured.
         assert_eq!(b.on_failure(stale, now + 10.0, 1.0, Some(500.0)), 500.0);
+        // A try of an old round that fails after the window has ended (it
+        // hung past it) draws a new window: never a 0 ms retry.
+        let (failures, old_round) = (b.failures, b.round() - 1);
+        let d = b.on_failure(old_round, now + 1_000.0, 0.0, None);
+        assert_eq!((d, b.failures), (100.0, failures + 1));
     }
 
     #[test]
