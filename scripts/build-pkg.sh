@@ -21,9 +21,9 @@ export RUSTUP_TOOLCHAIN="$PKG_TOOLCHAIN" RUSTFLAGS="$PKG_RUSTFLAGS"
 # Its own target directory: the flags differ from the stable test builds'.
 export CARGO_TARGET_DIR="$PWD/target/pkg"
 rm -rf pkg
-wasm-pack "${quiet[@]}" build --target web --release --out-dir pkg . -- --no-default-features --features lease "${PKG_CARGO_ARGS[@]}"
-wasm-pack "${quiet[@]}" build --target web --release --out-dir pkg/store . -- --no-default-features "${PKG_CARGO_ARGS[@]}"
-wasm-pack "${quiet[@]}" build --target web --release --out-dir pkg/io --out-name agentstore_io . -- --no-default-features --features io "${PKG_CARGO_ARGS[@]}"
+wasm-pack "${quiet[@]}" build --target web --release --out-dir pkg . -- --no-default-features --features lease,talc "${PKG_CARGO_ARGS[@]}"
+wasm-pack "${quiet[@]}" build --target web --release --out-dir pkg/store . -- --no-default-features --features talc "${PKG_CARGO_ARGS[@]}"
+wasm-pack "${quiet[@]}" build --target web --release --out-dir pkg/io --out-name agentstore_io . -- --no-default-features --features io,talc "${PKG_CARGO_ARGS[@]}"
 # pkg/store and pkg/io are sub-paths of the one package, not packages of their own.
 rm -f pkg/{store,io}/package.json pkg/{store,io}/README.md pkg/{store,io}/.gitignore
 node scripts/package.mjs

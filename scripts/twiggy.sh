@@ -13,8 +13,8 @@ cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 . scripts/pkg-toolchain.sh
 pkg_toolchain_install
-which=store features=(--no-default-features)
-[ "${1:-}" = "--full" ] && which=full features=(--no-default-features --features lease)
+which=store features=(--no-default-features --features talc)
+[ "${1:-}" = "--full" ] && which=full features=(--no-default-features --features lease,talc)
 export CARGO_TARGET_DIR="$PWD/target/pkg" RUSTFLAGS="$PKG_RUSTFLAGS" CARGO_PROFILE_RELEASE_STRIP=false
 cargo "+$PKG_TOOLCHAIN" build -q --release --target wasm32-unknown-unknown "${PKG_CARGO_ARGS[@]}" "${features[@]}"
 out="target/twiggy/$which"

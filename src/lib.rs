@@ -21,8 +21,10 @@ pub mod value;
 /// place of Rust's default dlmalloc on wasm32 — a well-kept crate whose
 /// single-threaded wasm build is smaller and faster than dlmalloc (its own
 /// wasm benchmarks; the size is measured in BENCHMARKS.md). It grows the
-/// module's linear memory with `memory.grow` as dlmalloc does.
-#[cfg(all(target_arch = "wasm32", not(target_feature = "atomics")))]
+/// module's linear memory with `memory.grow` as dlmalloc does. Behind the
+/// default-on `talc` feature, so a crate embedding this one can declare its
+/// own allocator.
+#[cfg(all(feature = "talc", target_arch = "wasm32", not(target_feature = "atomics")))]
 #[global_allocator]
 static ALLOCATOR: talc::wasm::WasmDynamicTalc = talc::wasm::new_wasm_dynamic_allocator();
 
