@@ -55,6 +55,39 @@ fn options(concurrency: u32) -> WorkOptions {
     }
 }
 
+/// Inside a handler: pauses its lease's heartbeats and waits (bounded) until
+/// the lease's signal aborts (the lease runs out locally); whether it did.
+async fn lose_in_handler(lease: &JsValue) -> bool {
+    let pause: Function = get(lease, &["setHeartbeatsPaused"]).unchecked_into();
+    pause.call1(lease, &JsValue::TRUE).unwrap();
+    let signal: web_sys::AbortSignal = get(lease, &["signal"]).unchecked_into();
+    let until = now() + 4.0 * TTL_MS;
+    while !signal.aborted() && now() < until {
+        sleep(10.0).await;
+    }
+    signal.aborted()
+}
+
+/// A work loop of `concurrency` slots on an unreachable server (reconnect
+/// base 50 ms, cap `cap_ms`), once it has recorded `failures` connection
+/// failures (bounded wait).
+async fn failing_worker(concurrency: u32, cap_ms: f64, failures: usize) -> Rc<WorkerInner> {
+    let h = handler(|_| async { Ok(JsValue::UNDEFINED) });
+    let opts = WorkOptions {
+        concurrency,
+        poll_interval_ms: 100.0,
+        reconnect_base_ms: 50.0,
+        reconnect_cap_ms: cap_ms,
+    };
+    let w = WorkerInner::start(unreachable_client(), "q".into(), h, opts, wrap);
+    let until = now() + 30_000.0;
+    while w.backoffs.borrow().len() < failures {
+        assert!(now() < until, "{failures} connection failures");
+        sleep(10.0).await;
+    }
+    w
+}
+
 #[wasm_bindgen_test]
 async fn three_clients_by_four_slots_settle_each_of_300_items_done_exactly_once() {
     if server().is_none() {
@@ -276,14 +309,7 @@ async fn a_lease_lost_during_the_handler_aborts_it_and_its_result_is_never_settl
                 return Ok(JsValue::UNDEFINED);
             }
             // No heartbeat from now on: the lease runs out locally.
-            let pause: Function = get(&lease, &["setHeartbeatsPaused"]).unchecked_into();
-            pause.call1(&lease, &JsValue::TRUE).unwrap();
-            let signal: web_sys::AbortSignal = get(&lease, &["signal"]).unchecked_into();
-            let until = now() + 4.0 * TTL_MS;
-            while !signal.aborted() && now() < until {
-                sleep(10.0).await;
-            }
-            saw.set(signal.aborted());
+            saw.set(lose_in_handler(&lease).await);
             fin.set(true);
             Ok(JsValue::from_str("late result"))
         }
@@ -341,14 +367,7 @@ async fn a_slot_whose_lease_was_lost_claims_again_only_after_its_handler_returns
                 // No heartbeat: the lease runs out locally and its signal
                 // aborts; the handler ignores that and works on for a while
                 // (long enough for the slot to claim the second item).
-                let pause: Function = get(&lease, &["setHeartbeatsPaused"]).unchecked_into();
-                pause.call1(&lease, &JsValue::TRUE).unwrap();
-                let signal: web_sys::AbortSignal = get(&lease, &["signal"]).unchecked_into();
-                let until = now() + 4.0 * TTL_MS;
-                while !signal.aborted() && now() < until {
-                    sleep(10.0).await;
-                }
-                assert!(signal.aborted(), "the lease was lost");
+                assert!(lose_in_handler(&lease).await, "the lease was lost");
                 let until = now() + 1_500.0;
                 while now() < until {
                     sleep(20.0).await;
@@ -385,14 +404,7 @@ async fn stop_does_not_wait_for_a_lost_leases_handler_that_never_returns() {
     let h = handler(move |lease: JsValue| {
         let seen = seen.clone();
         async move {
-            let pause: Function = get(&lease, &["setHeartbeatsPaused"]).unchecked_into();
-            pause.call1(&lease, &JsValue::TRUE).unwrap();
-            let signal: web_sys::AbortSignal = get(&lease, &["signal"]).unchecked_into();
-            let until = now() + 4.0 * TTL_MS;
-            while !signal.aborted() && now() < until {
-                sleep(10.0).await;
-            }
-            seen.set(signal.aborted());
+            seen.set(lose_in_handler(&lease).await);
             // Never returns.
             let never = Promise::new(&mut |_, _| {});
             let _ = wasm_bindgen_futures::JsFuture::from(never).await;
@@ -425,20 +437,7 @@ async fn stop_does_not_wait_for_a_lost_leases_handler_that_never_returns() {
 
 #[wasm_bindgen_test]
 async fn connection_failures_back_off_within_base_and_doubling_cap() {
-    let client = unreachable_client();
-    let h = handler(|_| async { Ok(JsValue::UNDEFINED) });
-    let opts = WorkOptions {
-        concurrency: 1,
-        poll_interval_ms: 100.0,
-        reconnect_base_ms: 50.0,
-        reconnect_cap_ms: 400.0,
-    };
-    let w = WorkerInner::start(client, "q".into(), h, opts, wrap);
-    let until = now() + 30_000.0;
-    while w.backoffs.borrow().len() < 5 {
-        assert!(now() < until, "five connection failures");
-        sleep(10.0).await;
-    }
+    let w = failing_worker(1, 400.0, 5).await;
     let t0 = now();
     w.stop().await;
     assert!(now() - t0 < 200.0, "stop() interrupts the backoff wait");
@@ -462,20 +461,7 @@ async fn connection_failures_back_off_within_base_and_doubling_cap() {
 /// failures, where one step per round stays at or under 400 ms).
 #[wasm_bindgen_test]
 async fn slots_failing_together_advance_the_reconnect_backoff_once_per_round() {
-    let client = unreachable_client();
-    let h = handler(|_| async { Ok(JsValue::UNDEFINED) });
-    let opts = WorkOptions {
-        concurrency: 4,
-        poll_interval_ms: 100.0,
-        reconnect_base_ms: 50.0,
-        reconnect_cap_ms: 12_800.0,
-    };
-    let w = WorkerInner::start(client, "q".into(), h, opts, wrap);
-    let until = now() + 30_000.0;
-    while w.backoffs.borrow().len() < 12 {
-        assert!(now() < until, "twelve connection failures");
-        sleep(10.0).await;
-    }
+    let w = failing_worker(4, 12_800.0, 12).await;
     let delays = w.backoffs.borrow()[..12].to_vec();
     w.stop().await;
     // Three rounds of four failures (windows of at most 50, 100 and 200 ms);
