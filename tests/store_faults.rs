@@ -86,7 +86,7 @@ async fn a_batch_failing_at_any_request_leaves_nothing_visible() {
         for n in [0, BATCH_REQUESTS / 2, BATCH_REQUESTS - 1] {
             let (store, old, gone) = seeded("fault-batch").await;
             let before = visible(&store).await;
-            let (_w, seen) = watch_ids(&store);
+            let (watcher, seen) = watch_ids(&store);
             store.inject_request_fault(n, kind);
             let e = store
                 .put_many(&batch(&old, &gone))
@@ -110,6 +110,8 @@ async fn a_batch_failing_at_any_request_leaves_nothing_visible() {
             assert_indexes_clean(&store).await;
             // The batch itself still succeeds once nothing is injected.
             store.put_many(&batch(&old, &gone)).await.unwrap();
+            // (A subscription lasts until closed.)
+            watcher.close();
         }
     }
 }
