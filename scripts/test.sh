@@ -129,9 +129,9 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -q -- -D warnings
 cargo clippy -p agentstore --target wasm32-unknown-unknown --all-targets -q -- -D warnings
 # The three shipped builds (scripts/build-pkg.sh): "agentstore", "agentstore/store", io/.
-cargo clippy -p agentstore --target wasm32-unknown-unknown --no-default-features --features lease --lib -q -- -D warnings
-cargo clippy -p agentstore --target wasm32-unknown-unknown --no-default-features --lib -q -- -D warnings
-cargo clippy -p agentstore --target wasm32-unknown-unknown --no-default-features --features io --lib -q -- -D warnings
+cargo clippy -p agentstore --target wasm32-unknown-unknown --no-default-features --features lease,talc --lib -q -- -D warnings
+cargo clippy -p agentstore --target wasm32-unknown-unknown --no-default-features --features talc --lib -q -- -D warnings
+cargo clippy -p agentstore --target wasm32-unknown-unknown --no-default-features --features io,talc --lib -q -- -D warnings
 
 step "PostgreSQL on loopback"
 if [ -f scripts/pg.sh ]; then

@@ -237,11 +237,11 @@ async fn enqueue(
             "max_redeliveries must be 0..={MAX_REDELIVERIES_LIMIT}"
         )));
     }
-    let (item, replayed) = st
+    let (ended, replayed) = st
         .store
         .enqueue_once(queue, &*req.payload, req.max_redeliveries, key)
         .await?;
-    Ok(replay_marked((StatusCode::CREATED, Json(item)), replayed))
+    Ok(replay_marked((StatusCode::CREATED, Json(ended)), replayed))
 }
 
 /// Largest `limit` of a listing (the default is 1000); a page also stops at

@@ -69,7 +69,7 @@ impl Store {
     ) -> Result<Item, StoreError> {
         self.enqueue_once(queue, payload, max_redeliveries, None)
             .await
-            .map(|(item, _)| item)
+            .and_then(|(ended, _)| ended.into_item())
     }
 
     /// [`Store::enqueue`] under a producer's idempotency key (the
@@ -78,21 +78,22 @@ impl Store {
     /// with `key` in `queue` adds the item; the same request sent again
     /// (same payload text and `max_redeliveries`: its answer was lost)
     /// adds nothing and answers that item as it is now, with `true`
-    /// (replayed). One statement decides (`INSERT … ON CONFLICT DO
-    /// NOTHING` on the unique `(queue, idempotency_key)`), so concurrent
-    /// requests with one key add one item on either backend. Keys are kept
-    /// as long as their item.
+    /// (replayed). The unique `(queue, idempotency_key)` index decides, so
+    /// concurrent requests with one key add one item on either backend. Keys are kept
+    /// as long as their item (for good: items are never deleted). A replay
+    /// whose item's row no longer decodes is answered [`Ended::Unreadable`]
+    /// (logged), never an error: the enqueue it repeats was applied.
     ///
     /// # Errors
     /// `conflict` when `key` was used in `queue` for another request
-    /// (another payload or `max_redeliveries`); as [`Store::enqueue`].
+    /// (another payload text or `max_redeliveries`); as [`Store::enqueue`].
     pub async fn enqueue_once<P: serde::Serialize + ?Sized>(
         &self,
         queue: &str,
         payload: &P,
         max_redeliveries: Option<u32>,
         key: Option<&str>,
-    ) -> Result<(Item, bool), StoreError> {
+    ) -> Result<(Ended, bool), StoreError> {
         let payload = serde_json::to_string(payload)
             .map_err(|e| StoreError::rejected(ErrorCode::Validation, format!("payload: {e}")))?;
         let max = max_redeliveries.unwrap_or(self.settings.max_redeliveries);
@@ -102,23 +103,33 @@ impl Store {
             let cap = max_redeliveries.map_or(String::from("-"), |m| m.to_string());
             tokens::hash(&[cap.as_str(), ":", payload.as_str()].concat())
         });
+        // A plain INSERT, also with a key: the unique partial index on
+        // `(queue, idempotency_key)` refuses a second row for a key (on
+        // PostgreSQL a racing copy waits for the first to commit, then
+        // fails), and that refusal is the replay. (`ON CONFLICT … DO
+        // NOTHING` names the index when the statement is prepared: a pooled
+        // SQLite connection that had read the schema before the index
+        // existed refused to prepare it.)
         let sql = self.sql(&format!(
             "INSERT INTO items (queue, state, payload, attempts, max_redeliveries, epoch, created_at, updated_at,
                  idempotency_key, request_hash)
              VALUES ($1, 'open', $2, 0, $3, 0, {{now}}, {{now}}, $4, $5)
-             ON CONFLICT (queue, idempotency_key) DO NOTHING
              RETURNING {ITEM_COLS}"
         ));
-        let row = sqlx::query(&sql)
+        let inserted = sqlx::query(&sql)
             .bind(queue)
             .bind(&payload)
             .bind(i64::from(max))
             .bind(key)
             .bind(&request_hash)
-            .fetch_optional(&self.pool)
-            .await?;
-        if let Some(row) = row {
-            return Ok((item_from_row(&row)?, false));
+            .fetch_one(&self.pool)
+            .await;
+        match inserted {
+            // The row just inserted: the payload was checked as JSON, the
+            // rest are constants, so it decodes.
+            Ok(row) => return Ok((Ended::Item(item_from_row(&row)?), false)),
+            Err(sqlx::Error::Database(e)) if key.is_some() && e.is_unique_violation() => {}
+            Err(e) => return Err(e.into()),
         }
         // Only a key can conflict: the item that key added before.
         let sql = format!(
@@ -136,7 +147,11 @@ impl Store {
                 "this Idempotency-Key was used for another request in this queue (another payload or max_redeliveries)",
             ));
         }
-        Ok((item_from_row(&row)?, true))
+        let id: i64 = get(&row, "id")?;
+        let state = get::<String>(&row, "state")
+            .ok()
+            .and_then(|s| ItemState::parse(&s));
+        Ok((self.ended(&row, id, state, "enqueue", false), true))
     }
 
     /// Claims the oldest open item of `queue` with a fresh token, `epoch + 1` and

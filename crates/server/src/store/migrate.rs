@@ -173,14 +173,27 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 10,
         name: "enqueue_idempotency",
-        // A producer's `Idempotency-Key` per queue (NULL: none; a unique
-        // index admits any number of NULLs on both backends) and the hash of
-        // the request it came with, so an enqueue sent again after a lost
+        // A producer's `Idempotency-Key` per queue (NULL: none) and the hash
+        // of the request it came with, so an enqueue sent again after a lost
         // answer finds its item instead of adding a second one, and a key
-        // reused for another request is refused.
+        // reused for another request is refused. Nullable columns: adding
+        // them rewrites nothing on either backend. (A development build of
+        // this version also created a unique index over every row; version
+        // 11 drops it.)
         sql: "ALTER TABLE items ADD COLUMN idempotency_key TEXT;
-            ALTER TABLE items ADD COLUMN request_hash TEXT;
-            CREATE UNIQUE INDEX items_queue_idempotency_key ON items (queue, idempotency_key)",
+            ALTER TABLE items ADD COLUMN request_hash TEXT",
+    },
+    Migration {
+        version: 11,
+        name: "enqueue_idempotency_index",
+        // Unique over the rows that have a key only (a partial index: the
+        // keyless items, nearly all of them, add no entry, and an update of
+        // a leased row's heartbeat adds none to it either), in a migration
+        // of its own so that PostgreSQL's exclusive lock of the ALTERs above
+        // is not held while it is built.
+        sql: "DROP INDEX IF EXISTS items_queue_idempotency_key;
+            CREATE UNIQUE INDEX items_idempotency_key ON items (queue, idempotency_key)
+                WHERE idempotency_key IS NOT NULL",
     },
 ];
 

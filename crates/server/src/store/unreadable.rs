@@ -36,8 +36,10 @@
 //!
 //! An enqueue decodes the row it has just inserted, which holds the payload
 //! text checked as JSON before the write and constants otherwise, so it
-//! always decodes; enrolment and the credential calls answer only what they
-//! generated.
+//! always decodes; the replay of a keyed enqueue (`Idempotency-Key`) reads
+//! the item as it is now and answers `{id, state, unreadable_row: true}`
+//! when that row does not decode (a replay: logged, not counted).
+//! Enrolment and the credential calls answer only what they generated.
 
 use agentstore_protocol::lease::ItemState;
 use sqlx::any::AnyRow;

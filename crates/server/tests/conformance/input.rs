@@ -217,6 +217,19 @@ pub async fn an_enqueue_sent_again_with_its_idempotency_key_adds_one_item(db: Te
         );
     }
     assert_eq!(count("iq3").await, 2);
+    // A replay whose item's row no longer decodes is still answered (it was
+    // applied): `{id, state, unreadable_row: true}`, never a 500.
+    sqlx::query("UPDATE items SET payload = 'not json' WHERE id = $1")
+        .bind(first["id"].as_i64().unwrap())
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let (s, replayed, b) = post("iq", key(), json!({"payload": {"n": 7}})).await;
+    assert_eq!((s, replayed), (StatusCode::CREATED, true), "{b}");
+    assert_eq!(
+        (&b["id"], b["state"].as_str(), b["unreadable_row"].as_bool()),
+        (&first["id"], Some("open"), Some(true))
+    );
     server.stop().await.unwrap();
 }
 
