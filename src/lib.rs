@@ -24,7 +24,11 @@ pub mod value;
 /// module's linear memory with `memory.grow` as dlmalloc does. Behind the
 /// default-on `talc` feature, so a crate embedding this one can declare its
 /// own allocator.
-#[cfg(all(feature = "talc", target_arch = "wasm32", not(target_feature = "atomics")))]
+#[cfg(all(
+    feature = "talc",
+    target_arch = "wasm32",
+    not(target_feature = "atomics")
+))]
 #[global_allocator]
 static ALLOCATOR: talc::wasm::WasmDynamicTalc = talc::wasm::new_wasm_dynamic_allocator();
 
