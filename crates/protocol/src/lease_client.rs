@@ -287,9 +287,6 @@ pub struct Reconnect {
     round: u32,
     /// End of the window drawn last (ms, the caller's clock).
     not_before_ms: f64,
-    /// Length of the window drawn last (ms): what is left of it is never
-    /// more, also when the caller's clock stepped back.
-    last_ms: f64,
 }
 
 impl Default for Reconnect {
@@ -317,7 +314,6 @@ impl Reconnect {
             failures: 0,
             round: 0,
             not_before_ms: 0.0,
-            last_ms: 0.0,
         }
     }
 
@@ -329,7 +325,9 @@ impl Reconnect {
     }
 
     /// A connection failed for a try that began in round `started_in`; `now_ms`
-    /// is the caller's clock. Returns the delay before the next try (ms):
+    /// is the caller's monotonic clock (it must never decrease: the SDK
+    /// passes `now_ms()`, which does not). Returns the delay before the next
+    /// try (ms):
     ///
     /// - the first failure of the current round (or the first since an
     ///   answer reset the schedule) draws `random(lo, lo + min(cap, base·2^n) − base)`
@@ -355,16 +353,13 @@ impl Reconnect {
         // Another slot's window, still running: wait for its end. Once it
         // has ended, this failure is a round of its own (never a 0 ms retry).
         if started_in != self.round && self.failures > 0 && now_ms < self.not_before_ms {
-            return (self.not_before_ms - now_ms)
-                .clamp(0.0, self.last_ms)
-                .max(retry_after);
+            return (self.not_before_ms - now_ms).max(retry_after);
         }
         let d = reconnect_delay_ms(self.failures, self.base_ms, self.cap_ms, r)
             + (retry_after - self.base_ms).max(0.0);
         self.failures = self.failures.saturating_add(1);
         self.round = self.round.wrapping_add(1);
         self.not_before_ms = now_ms + d;
-        self.last_ms = d;
         d
     }
 
