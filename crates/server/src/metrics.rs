@@ -64,6 +64,9 @@ pub struct Metrics {
     reaper_reopened: IntCounter,
     /// Leases their holder released, committed (a replay is none).
     releases: IntCounter,
+    /// Claims answered again under their idempotency key (the lease a
+    /// claim whose answer was lost had taken).
+    claim_replays: IntCounter,
     /// Operator pauses and resumes committed, by action.
     operator_actions: IntCounterVec,
     /// Items failed by the retry cap (reason `retry_limit`), by the path that did it.
@@ -196,6 +199,11 @@ impl Metrics {
                 "agentstore_releases_total",
                 "Leases released by their holder, committed (a replayed release is not counted again)",
             ),
+            claim_replays: counter(
+                &r,
+                "agentstore_claim_replays_total",
+                "Claims sent again with their Idempotency-Key that got back the running lease the first one took (its answer lost)",
+            ),
             operator_actions: counter_vec(
                 &r,
                 "agentstore_operator_actions_total",
@@ -300,6 +308,11 @@ impl Metrics {
     /// A release committed (not a replay).
     pub fn released(&self) {
         self.releases.inc();
+    }
+
+    /// A claim answered again under its idempotency key.
+    pub fn claim_replayed(&self) {
+        self.claim_replays.inc();
     }
 
     /// An operator's `action` (`"pause"` or `"resume"`) committed.

@@ -187,11 +187,11 @@ async fn refresh(
     Ok(Json(st.store.refresh(&req.refresh_token).await?))
 }
 
-/// The `Idempotency-Key` request header of an enqueue: 1–255 characters of
-/// visible ASCII (`!`..`~`), or absent.
+/// The `Idempotency-Key` request header of an enqueue or a claim: 1–255
+/// characters of visible ASCII (`!`..`~`), or absent.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
-/// The enqueue's idempotency key, if it sent one.
+/// The request's idempotency key, if it sent one.
 ///
 /// # Errors
 /// `validation` for a key that is empty, longer than 255 characters, not
@@ -287,20 +287,30 @@ async fn list(
     Ok(Json(st.store.list(queue, state, after, limit).await?))
 }
 
+/// `201` with the item and its lease, or `204` with `Retry-After` when
+/// nothing is open. With an `Idempotency-Key` (a new one per claim, sent
+/// again only when the claim's answer was lost), a lease that claim took
+/// and still holds is answered again: `201`, `Idempotent-Replayed: true`, a
+/// new token (see [`crate::Store::claim_once`]).
 async fn claim(
     State(st): State<AppState>,
     caller: Caller,
     Path(queue): Path<String>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let queue = queue_name(&queue)?;
     let worker = caller.claim(queue)?;
+    let key = idempotency_key(&headers)?;
     if let Err(wait) = st.claim_limiter.check(&worker.unwrap_or(-1)) {
         let mut e = ApiError::new(ErrorCode::RateLimited, "claim polling too fast");
         e.retry_after_s = Some(retry_after_secs(wait));
         return Err(e);
     }
-    match st.store.claim(queue, worker).await? {
-        Some(claimed) => Ok((StatusCode::CREATED, Json(claimed)).into_response()),
+    match st.store.claim_once(queue, worker, key).await? {
+        Some((claimed, replayed)) => Ok(replay_marked(
+            (StatusCode::CREATED, Json(claimed)),
+            replayed,
+        )),
         None => {
             let secs = st.idle_retry_ms.div_ceil(1000).max(1);
             let retry = [(header::RETRY_AFTER, HeaderValue::from(secs))];

@@ -51,6 +51,8 @@ enum ClaimSlot {
 pub(super) struct ClaimJob {
     worker_id: Option<i64>,
     token_hash: String,
+    /// The claim's idempotency key, stored on the item it gets.
+    key: Option<String>,
     reply: oneshot::Sender<Result<Option<Item>, StoreError>>,
 }
 
@@ -174,12 +176,55 @@ impl Store {
         queue: &str,
         worker_id: Option<i64>,
     ) -> Result<Option<Claimed>, StoreError> {
+        Ok(self
+            .claim_once(queue, worker_id, None)
+            .await?
+            .map(|(c, _)| c))
+    }
+
+    /// [`Store::claim`] under the claimer's idempotency key (the
+    /// `Idempotency-Key` header of the claim; each claim sends a new one,
+    /// and sends it again only when its answer was lost). When a lease
+    /// claimed with `key` in `queue` by the same worker (`worker_id`; `None`
+    /// is the admin token) is still running, that lease is answered again,
+    /// with `true` (replayed): a new token (the server keeps only token
+    /// hashes, so the first one cannot be sent again; it no longer fences
+    /// anything), the same epoch, the lease renewed from now. Without this,
+    /// a claim whose answer was lost left its item running under a token
+    /// nobody held until the TTL ran out, an attempt spent. A lease that
+    /// ended meanwhile is not handed back (a new item is claimed, as for an
+    /// unknown key): its TTL ran out or another holder took it. Like a
+    /// heartbeat, the replay renews a lease past its TTL that no takeover
+    /// has ended yet.
+    ///
+    /// # Errors
+    /// As [`Store::claim`].
+    pub async fn claim_once(
+        &self,
+        queue: &str,
+        worker_id: Option<i64>,
+        key: Option<&str>,
+    ) -> Result<Option<(Claimed, bool)>, StoreError> {
         let (token, token_hash) = tokens::new_lease_token();
+        if let Some(key) = key {
+            let (store, q, k, h) = (
+                self.clone(),
+                queue.to_owned(),
+                key.to_owned(),
+                token_hash.clone(),
+            );
+            let again = detached(async move { store.claim_again(&q, &k, &h, worker_id).await });
+            if let Some(item) = again.await? {
+                return Ok(Some((self.claim_response(item, token.0), true)));
+            }
+        }
+        let key = key.map(str::to_owned);
         if self.backend == Backend::Postgres {
             let (reply, answer) = oneshot::channel();
             let job = ClaimJob {
                 worker_id,
                 token_hash,
+                key,
                 reply,
             };
             if self.claims.push(&queue.to_owned(), job) {
@@ -190,12 +235,59 @@ impl Store {
             let item = answer
                 .await
                 .unwrap_or(Err(StoreError::Database(sqlx::Error::WorkerCrashed)))?;
-            return Ok(item.map(|item| self.claim_response(item, token.0)));
+            return Ok(item.map(|item| (self.claim_response(item, token.0), false)));
         }
         let (store, queue) = (self.clone(), queue.to_owned());
-        let item =
-            detached(async move { store.claim_one(&queue, &token_hash, worker_id).await }).await?;
-        Ok(item.map(|item| self.claim_response(item, token.0)))
+        let item = detached(async move {
+            store
+                .claim_one(&queue, &token_hash, worker_id, key.as_deref())
+                .await
+        })
+        .await?;
+        Ok(item.map(|item| (self.claim_response(item, token.0), false)))
+    }
+
+    /// The replay of [`Store::claim_once`]: the running lease claimed with
+    /// `key` in `queue` by `worker_id`, its token hash rotated to
+    /// `token_hash` and its lease renewed, in one statement; `None` when
+    /// there is none. A row that no longer decodes is failed, fenced on the
+    /// new token (see `unreadable`), and `None` answered: a new item is
+    /// claimed instead.
+    async fn claim_again(
+        &self,
+        queue: &str,
+        key: &str,
+        token_hash: &str,
+        worker_id: Option<i64>,
+    ) -> Result<Option<Item>, StoreError> {
+        let sql = self.sql(&format!(
+            "UPDATE items SET token_hash = $3, settled_token_hash = NULL,
+                 heartbeat_at = {{now}}, updated_at = {{now}}
+             WHERE id = (SELECT id FROM items WHERE queue = $1 AND claim_key = $2
+                           AND state = 'running' AND COALESCE(worker_id, 0) = $4
+                         ORDER BY id LIMIT 1)
+               AND state = 'running' AND claim_key = $2 AND COALESCE(worker_id, 0) = $4
+             RETURNING {ITEM_COLS}"
+        ));
+        let row = sqlx::query(&sql)
+            .bind(queue)
+            .bind(key)
+            .bind(token_hash)
+            .bind(worker_id.unwrap_or(0))
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        self.metrics.claim_replayed();
+        match item_from_row(&row) {
+            Ok(item) => Ok(Some(item)),
+            Err(e) => {
+                self.fail_unreadable_lease(get(&row, "id")?, token_hash, &e, "claim")
+                    .await?;
+                Ok(None)
+            }
+        }
     }
 
     /// The single-row claim statement (see [`Store::claim`]), sent again
@@ -206,10 +298,11 @@ impl Store {
         queue: &str,
         token_hash: &str,
         worker_id: Option<i64>,
+        key: Option<&str>,
     ) -> Result<Option<Item>, StoreError> {
         let sql = self.sql(&format!(
             "UPDATE items SET state = 'running', epoch = epoch + 1, token_hash = $2,
-                 settled_token_hash = NULL, worker_id = $3, claimed_at = {{now}},
+                 settled_token_hash = NULL, worker_id = $3, claim_key = $4, claimed_at = {{now}},
                  heartbeat_at = {{now}}, updated_at = {{now}}, lease_ttl_ms = {ttl}
              WHERE id = (SELECT id FROM items WHERE queue = $1 AND state = 'open'
                          ORDER BY id LIMIT 1 {{skip_locked}})
@@ -222,6 +315,7 @@ impl Store {
                 .bind(queue)
                 .bind(token_hash)
                 .bind(worker_id)
+                .bind(key)
                 .fetch_optional(&self.pool)
                 .await?;
             let Some(row) = row else {
@@ -258,7 +352,9 @@ impl Store {
         while let Some(batch) = self.claims.next(&queue, coalesce::MAX_BATCH) {
             if batch.len() == 1 {
                 for job in batch {
-                    let out = self.claim_one(&queue, &job.token_hash, job.worker_id).await;
+                    let out = self
+                        .claim_one(&queue, &job.token_hash, job.worker_id, job.key.as_deref())
+                        .await;
                     let _ = job.reply.send(out);
                 }
                 continue;
@@ -271,7 +367,13 @@ impl Store {
                         let out = match slot {
                             ClaimSlot::Answer(out) => out,
                             ClaimSlot::Again => {
-                                self.claim_one(&queue, &job.token_hash, job.worker_id).await
+                                self.claim_one(
+                                    &queue,
+                                    &job.token_hash,
+                                    job.worker_id,
+                                    job.key.as_deref(),
+                                )
+                                .await
                             }
                         };
                         let _ = job.reply.send(out);
@@ -279,7 +381,9 @@ impl Store {
                 }
                 Err(e) if never_applied(&e) => {
                     for job in batch {
-                        let out = self.claim_one(&queue, &job.token_hash, job.worker_id).await;
+                        let out = self
+                            .claim_one(&queue, &job.token_hash, job.worker_id, job.key.as_deref())
+                            .await;
                         let _ = job.reply.send(out);
                     }
                 }
@@ -299,8 +403,13 @@ impl Store {
     ) -> Result<Vec<ClaimSlot>, StoreError> {
         let values: Vec<String> = (0..batch.len())
             .map(|k| {
-                let p = 3 * k + 2;
-                format!("(${p}::BIGINT, ${}::TEXT, ${}::BIGINT)", p + 1, p + 2)
+                let p = 4 * k + 2;
+                format!(
+                    "(${p}::BIGINT, ${}::TEXT, ${}::BIGINT, ${}::TEXT)",
+                    p + 1,
+                    p + 2,
+                    p + 3
+                )
             })
             .collect();
         let sql = self.sql(&format!(
@@ -312,10 +421,10 @@ impl Store {
              )
              UPDATE items AS i SET state = 'running', epoch = i.epoch + 1,
                  token_hash = r.token_hash, settled_token_hash = NULL, worker_id = r.worker_id,
-                 claimed_at = {{now}}, heartbeat_at = {{now}}, updated_at = {{now}},
+                 claim_key = r.claim_key, claimed_at = {{now}}, heartbeat_at = {{now}}, updated_at = {{now}},
                  lease_ttl_ms = {ttl}
              FROM numbered
-             JOIN (VALUES {values}) AS r(n, token_hash, worker_id) ON r.n = numbered.n
+             JOIN (VALUES {values}) AS r(n, token_hash, worker_id, claim_key) ON r.n = numbered.n
              WHERE i.id = numbered.id AND i.state = 'open'
              RETURNING r.n AS n, {cols}",
             n = batch.len(),
@@ -328,7 +437,8 @@ impl Store {
             q = q
                 .bind(k as i64 + 1)
                 .bind(&job.token_hash)
-                .bind(job.worker_id);
+                .bind(job.worker_id)
+                .bind(&job.key);
         }
         let rows = q.fetch_all(&self.pool).await?;
         // Committed: one row per claim that got an item. A row that does not
@@ -661,8 +771,9 @@ impl Store {
         let (token, token_hash) = tokens::new_lease_token();
         let sql = self.sql(&format!(
             "UPDATE items SET state = 'running', epoch = epoch + 1, token_hash = $2,
-                 settled_token_hash = NULL, worker_id = $3, claimed_at = {{now}},
-                 heartbeat_at = {{now}}, updated_at = {{now}}, lease_ttl_ms = {ttl}
+                 settled_token_hash = NULL, worker_id = $3, claim_key = NULL,
+                 claimed_at = {{now}}, heartbeat_at = {{now}}, updated_at = {{now}},
+                 lease_ttl_ms = {ttl}
              WHERE id = $1 AND state = 'paused'
              RETURNING {ITEM_COLS}",
             ttl = ms(self.settings.ttl_ms),

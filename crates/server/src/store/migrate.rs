@@ -195,6 +195,26 @@ pub const MIGRATIONS: &[Migration] = &[
             CREATE UNIQUE INDEX items_idempotency_key ON items (queue, idempotency_key)
                 WHERE idempotency_key IS NOT NULL",
     },
+    Migration {
+        version: 12,
+        name: "claim_idempotency",
+        // The `Idempotency-Key` of the claim that holds a running item
+        // (NULL: none), so a claim sent again after its answer was lost gets
+        // that lease back instead of a second item (see `Store::claim`).
+        // Every claim and resume writes it, so it only ever names the
+        // current lease's claim. Nullable: adding it rewrites nothing.
+        sql: "ALTER TABLE items ADD COLUMN claim_key TEXT",
+    },
+    Migration {
+        version: 13,
+        name: "claim_idempotency_index",
+        // Not unique: two copies of one claim racing (the first still
+        // running when its retry arrives) may each take an item, and the
+        // replay then picks the oldest. Partial, so keyless leases add no
+        // entry; its own migration, as version 11 (PostgreSQL's lock).
+        sql: "CREATE INDEX items_claim_key ON items (queue, claim_key)
+                WHERE claim_key IS NOT NULL",
+    },
 ];
 
 /// Advisory lock key for migrations on PostgreSQL ("agst").

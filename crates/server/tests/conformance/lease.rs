@@ -1189,3 +1189,187 @@ pub async fn a_settle_sent_again_by_its_lease_is_answered_and_changes_nothing(db
         "failed by the reaper, not by t3"
     );
 }
+
+/// A claim sent again with its `Idempotency-Key` (its answer was lost) gets
+/// back the lease the first copy took: the same item and epoch, a new token
+/// (the first one, which nobody received, is fenced), no attempt spent, the
+/// lease renewed. Before, the retry took a second item and the first stayed
+/// running under a token nobody held until its TTL ran out. Only the same
+/// claimer's running lease is replayed: another worker's key, the admin
+/// token's, a lease that ended (settled, or expired and reaped) and a
+/// resumed item all claim afresh. Concurrent keyed claims (coalesced into
+/// one statement on PostgreSQL) each keep their own key. Over HTTP the
+/// replay is `201` with `Idempotent-Replayed: true`; a malformed key `400`.
+pub async fn a_claim_sent_again_with_its_idempotency_key_gets_its_lease_back(db: TestDb) {
+    const TTL: u64 = 300;
+    let store = db.store(ttl(LONG)).await;
+    for n in 0..4 {
+        store.enqueue("q", &json!(n), None).await.unwrap();
+    }
+    let (first, replayed) = store
+        .claim_once("q", Some(7), Some("k1"))
+        .await
+        .unwrap()
+        .expect("claimed");
+    assert!(!replayed);
+    sleep_ms(5).await;
+    let (again, replayed) = store
+        .claim_once("q", Some(7), Some("k1"))
+        .await
+        .unwrap()
+        .expect("replayed");
+    assert!(replayed, "the same claim, sent again");
+    assert_eq!(
+        (again.item.id, again.item.epoch, again.item.attempts),
+        (first.item.id, first.item.epoch, 0)
+    );
+    assert_eq!(again.lease.epoch, first.lease.epoch);
+    assert_ne!(again.lease.token, first.lease.token, "a new token");
+    assert_eq!(
+        code(
+            store
+                .heartbeat(first.item.id, &first.lease.token, None)
+                .await
+        ),
+        ErrorCode::ClaimLost,
+        "the first token fences nothing"
+    );
+    store
+        .heartbeat(again.item.id, &again.lease.token, None)
+        .await
+        .expect("the replayed lease is held");
+    // Another worker's key, and the admin token's, claim afresh.
+    let (other, replayed) = store
+        .claim_once("q", Some(8), Some("k1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!replayed);
+    assert_ne!(other.item.id, first.item.id);
+    let (admin, replayed) = store
+        .claim_once("q", None, Some("k1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!replayed);
+    assert!(![first.item.id, other.item.id].contains(&admin.item.id));
+    // Worker 8's key names its own lease only.
+    let (back, replayed) = store
+        .claim_once("q", Some(8), Some("k1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(replayed);
+    assert_eq!(back.item.id, other.item.id);
+    // A settled lease is not handed back: the key claims the next item.
+    store
+        .settle(
+            again.item.id,
+            &again.lease.token,
+            None,
+            SettleState::Done,
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+    let (next, replayed) = store
+        .claim_once("q", Some(7), Some("k1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!replayed);
+    assert!(![first.item.id, other.item.id, admin.item.id].contains(&next.item.id));
+    assert!(store
+        .claim_once("q", Some(7), Some("k2"))
+        .await
+        .unwrap()
+        .is_none());
+
+    // Concurrent keyed claims each keep their key (PostgreSQL coalesces
+    // them into one statement).
+    for n in 0..8 {
+        store.enqueue("many", &json!(n), None).await.unwrap();
+    }
+    let shared = Arc::new(store);
+    let claims = at_once(8, |k| {
+        let store = shared.clone();
+        async move {
+            let key = format!("c{k}");
+            store.claim_once("many", Some(7), Some(&key)).await
+        }
+    })
+    .await;
+    for (k, c) in claims.into_iter().enumerate() {
+        let (c, replayed) = c.unwrap().expect("one item each");
+        assert!(!replayed);
+        let key = format!("c{k}");
+        let (r, replayed) = shared
+            .claim_once("many", Some(7), Some(&key))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(replayed, "{key}");
+        assert_eq!(r.item.id, c.item.id, "{key}");
+    }
+
+    // An expired, reaped lease is not handed back, nor a resumed item.
+    let short = db.store(ttl(TTL)).await;
+    let item = short.enqueue("ttl", &json!(1), None).await.unwrap();
+    let (c, _) = short
+        .claim_once("ttl", Some(7), Some("k3"))
+        .await
+        .unwrap()
+        .unwrap();
+    sleep_ms(TTL + 100).await;
+    assert_eq!(short.reap().await.unwrap(), (1, 0));
+    let (r, replayed) = short
+        .claim_once("ttl", Some(7), Some("k3"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!replayed, "the reaped lease is over");
+    assert_eq!((r.item.id, r.item.epoch), (item.id, c.item.epoch + 1));
+    short.pause(item.id).await.unwrap();
+    short.resume(item.id, Some(7)).await.unwrap();
+    assert!(
+        short
+            .claim_once("ttl", Some(7), Some("k3"))
+            .await
+            .unwrap()
+            .is_none(),
+        "the resumed lease is the operator's, not the key's"
+    );
+
+    // Over HTTP.
+    let server = crate::common::http_server(&db).await;
+    let http = reqwest::Client::new();
+    let id = crate::common::enqueue_over_http(&http, &server.url(), "hq").await;
+    let claim = |key: &str| {
+        let req = http
+            .post(format!("{}/v1/queues/hq/claims", server.url()))
+            .bearer_auth(crate::common::ADMIN)
+            .header("Idempotency-Key", key);
+        async move {
+            let resp = req.send().await.unwrap();
+            let replayed = resp.headers().get("idempotent-replayed").is_some();
+            let status = resp.status();
+            let body: serde_json::Value = resp.json().await.unwrap_or_default();
+            (status.as_u16(), replayed, body)
+        }
+    };
+    let (s, replayed, a) = claim("h1").await;
+    assert_eq!(
+        (s, replayed, a["item"]["id"].as_i64()),
+        (201, false, Some(id))
+    );
+    let (s, replayed, b) = claim("h1").await;
+    assert_eq!(
+        (s, replayed, b["item"]["id"].as_i64()),
+        (201, true, Some(id))
+    );
+    assert_ne!(a["lease"]["token"], b["lease"]["token"]);
+    let (s, _, e) = claim("a b").await;
+    assert_eq!((s, e["code"].as_str()), (400, Some("validation")));
+    server.stop().await.unwrap();
+}

@@ -38,6 +38,7 @@ macro_rules! conformance {
 
 conformance! {
     lease::a_claim_is_atomic_and_raises_the_epoch,
+    lease::a_claim_sent_again_with_its_idempotency_key_gets_its_lease_back,
     lease::a_live_claim_is_not_reclaimed_by_any_instance_reaper_or_fresh_claim,
     lease::an_expired_claim_is_reclaimed_and_the_new_token_differs,
     lease::a_lease_expires_after_the_ttl_it_was_granted_whichever_instance_looks,
