@@ -174,3 +174,27 @@ export function header(headers, name) {
     return null;
   }
 }
+
+/**
+ * The `Idempotency-Key` for the next claim of `queue` by the client whose
+ * unanswered claims `kept` holds: the key of one of them (its answer lost:
+ * the server may hold its lease, and answers the same key with it again),
+ * else a new one of about 100 random bits (`Math.random()`: keys need only
+ * differ among one worker's claims of one queue).
+ */
+export function claimKey(kept, queue) {
+  return keysOf(kept, queue).shift() ?? Math.random().toString(36).slice(2) + Math.random().toString(36).slice(2);
+}
+
+/** Keeps `key`, a claim of `queue` that got no answer, for the queue's next claim (the newest 64 per queue). */
+export function keepClaimKey(kept, queue, key) {
+  const keys = keysOf(kept, queue);
+  if (keys.push(key) > 64) keys.shift();
+}
+
+function keysOf(kept, queue) {
+  const byQueue = (kept.m ??= new Map());
+  let keys = byQueue.get(queue);
+  if (!keys) byQueue.set(queue, (keys = []));
+  return keys;
+}

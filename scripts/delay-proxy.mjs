@@ -16,6 +16,8 @@
 //                           but their answers are cut off (socket destroyed) until
 //                           /_stop/<n> is requested; later ones pass
 //   /drop-release-answers-<n>/… the same for release requests
+//   /drop-claim-answers-<n>/… the same for claim requests (the server grants the
+//                           claim, nobody receives its token)
 //   /drop-credential-answers-<n>/… the same for enrollment and refresh requests: the
 //                           server issues credentials, the answers are cut off
 //   /refuse-settles-<n>/…    settle requests are answered 503 {code: "network"} without
@@ -142,11 +144,13 @@ const server = http.createServer((req, res) => {
     }, Number(refuse[1] ?? 0));
     return;
   }
-  const dropAnswers = /^drop-(settle|release|credential)-answers-(.+)$/.exec(mode);
+  const dropAnswers = /^drop-(settle|release|credential|claim)-answers-(.+)$/.exec(mode);
   const cuts =
     dropAnswers?.[1] === 'credential'
       ? /^\/v1\/workers\/(enroll|refresh)$/
-      : new RegExp(`^/v1/items/\\d+/${dropAnswers?.[1]}$`);
+      : dropAnswers?.[1] === 'claim'
+        ? { test: isClaim }
+        : new RegExp(`^/v1/items/\\d+/${dropAnswers?.[1]}$`);
   const cut = dropAnswers && !stopped.has(dropAnswers[2]) && req.method === 'POST' && cuts.test(path);
   const slow = /^slow-(heartbeats|claims|releases)(?:-(\d+))?$/.exec(mode);
   const slowed =

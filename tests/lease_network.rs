@@ -1486,6 +1486,58 @@ async fn stop_dropping(proxy: &str, nonce: &str) {
         .unwrap();
 }
 
+/// A claim whose answer was lost (the server granted it, then the test
+/// proxy cut the connection) is sent again by the queue's next claim with
+/// its `Idempotency-Key`: the client gets back the lease the lost answer
+/// carried (the same item and epoch, no attempt spent), and the queue's
+/// next item stays open. As an admin and as a worker. Before, the next
+/// claim took the second item while the first stayed running under a token
+/// nobody held until its TTL ran out.
+#[wasm_bindgen_test]
+async fn a_claim_whose_answer_was_lost_gets_its_lease_back_on_the_next_claim() {
+    let Some(proxy) = proxy() else { return };
+    for as_worker in [false, true] {
+        let q = fresh_queue("lost-claim");
+        let first = enqueue(&q, json!({"n": 1})).await;
+        let second = enqueue(&q, json!({"n": 2})).await;
+        let nonce = fresh_queue("n");
+        let creds = if as_worker {
+            worker_creds(&q, "claimer").await
+        } else {
+            admin_creds()
+        };
+        let c = client_at(
+            &format!("{proxy}/drop-claim-answers-{nonce}"),
+            creds,
+            config(),
+        );
+        let lost = c.claim(&q, None).await;
+        assert!(
+            matches!(&lost, Err(e) if e.is_transient()),
+            "the answer is cut off: {:?}",
+            lost.as_ref().err()
+        );
+        let held = wait_item(first, 2.0 * TTL_MS, |it| it.state == ItemState::Running).await;
+        assert_eq!(held.state, ItemState::Running, "the server granted it");
+        stop_dropping(proxy, &nonce).await;
+        let lease = claim(&c, &q).await;
+        assert_eq!(
+            (lease.item_id, lease.epoch),
+            (first, held.epoch),
+            "worker {as_worker}: the lost claim's lease, not a second item"
+        );
+        assert_eq!(item(second).await.state, ItemState::Open);
+        let done = agentstore_protocol::lease::SettleState::Done;
+        lease
+            .settle(done, None, None)
+            .await
+            .expect("the lease is held");
+        let it = item(first).await;
+        assert_eq!((it.state, it.attempts), (ItemState::Done, 0));
+        c.close().await;
+    }
+}
+
 /// The server enrolls the worker (or refreshes its credentials) and the
 /// answer is lost on the way back. The client kept its single-use token, sends
 /// it again, and the server answers it as a replay: the worker carries on

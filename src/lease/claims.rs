@@ -33,6 +33,14 @@ impl ClientInner {
     /// The lease's local deadline counts from when THIS request was sent. The
     /// lease is locked, then journalled, before it is returned.
     ///
+    /// Each claim carries an `Idempotency-Key`. A claim that got no answer
+    /// (a network error, a timeout, a 5xx, a 429: the server may have
+    /// granted it) leaves its key to the queue's next claim from this
+    /// client, which then gets back the lease the lost answer carried (a
+    /// new token, same epoch) if the server still holds it for this worker
+    /// (see the server's `Store::claim_once`), instead of a second item
+    /// while the first waits out its TTL with an attempt spent.
+    ///
     /// # Errors
     /// `NetworkError`, `RateLimitedError` (with `retryAfterMs`),
     /// `UnauthorizedError`, `AbortError` (the signal fired; a claim the server
@@ -48,10 +56,18 @@ impl ClientInner {
         path.push_str("/claims");
         let sent_at = now_ms();
         let timeout = self.config.request_timeout_ms;
+        let key = claim_key(&self.unanswered_claims, queue);
         let answer = match signal {
-            None => self.authed("POST", &path, None, timeout, None).await?,
-            Some(s) => self.claim_request(path, timeout, s).await?,
+            None => {
+                self.authed_while("POST", &path, None, timeout, None, &|| None, Some(&key))
+                    .await
+            }
+            Some(s) => self.claim_request(path, timeout, s, key.clone()).await,
         };
+        if answer.as_ref().is_err_and(LeaseError::is_transient) {
+            keep_claim_key(&self.unanswered_claims, queue, &key);
+        }
+        let answer = answer?;
         if answer.status == 204 {
             return Ok(Claimed::Empty(answer.retry_after_ms));
         }
@@ -96,6 +112,7 @@ impl ClientInner {
         path: String,
         timeout: f64,
         signal: &AbortSignal,
+        key: String,
     ) -> Result<super::http::Answer> {
         if let Some(reason) = crate::options::abort_reason(signal) {
             return Err(LeaseError::Aborted(reason));
@@ -106,7 +123,9 @@ impl ClientInner {
         {
             let (me, slot, abandoned) = (self.clone(), slot.clone(), abandoned.clone());
             wasm_bindgen_futures::spawn_local(async move {
-                let r = me.authed("POST", &path, None, timeout, None).await;
+                let r = me
+                    .authed_while("POST", &path, None, timeout, None, &|| None, Some(&key))
+                    .await;
                 match r {
                     Ok(a) if abandoned.get() && a.status == 201 => {
                         if let Ok(c) = parse::<ClaimedRef>(&a.body) {
@@ -218,6 +237,19 @@ impl ClientInner {
             self.forget_journal(lease.item_id, lease.token());
         }
     }
+}
+
+#[wasm_bindgen::prelude::wasm_bindgen(module = "/js/lease.js")]
+extern "C" {
+    /// The `Idempotency-Key` for the next claim of `queue`: one a claim of
+    /// it left unanswered (kept in `kept`), else a new one (js/lease.js
+    /// `claimKey`).
+    #[wasm_bindgen(js_name = claimKey)]
+    fn claim_key(kept: &js_sys::Object, queue: &str) -> String;
+    /// Keeps `key` of an unanswered claim of `queue` in `kept` for the
+    /// queue's next claim (js/lease.js `keepClaimKey`).
+    #[wasm_bindgen(js_name = keepClaimKey)]
+    fn keep_claim_key(kept: &js_sys::Object, queue: &str, key: &str);
 }
 
 /// Keeps `unlock` (the item's Web Lock) with `lease` while it is active, or

@@ -96,6 +96,10 @@ pub struct ClientInner {
     /// close): it wakes the heartbeat loop, whose pass expires leases the
     /// time away (a suspend) has lost.
     resume: RefCell<Option<Closure<dyn FnMut()>>>,
+    /// The `Idempotency-Key`s of claims that got no answer (the server may
+    /// have granted them), by queue, sent again by the queue's next claims
+    /// (see [`ClientInner::claim`]; kept by js/lease.js `keepClaimKey`).
+    pub(crate) unanswered_claims: js_sys::Object,
     weak: Weak<ClientInner>,
 }
 
@@ -129,6 +133,7 @@ impl ClientInner {
             journal,
             pagehide: RefCell::new(None),
             resume: RefCell::new(None),
+            unanswered_claims: js_sys::Object::new(),
             weak: weak.clone(),
         });
         if pagehide_wanted {

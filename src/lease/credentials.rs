@@ -52,7 +52,7 @@ impl ClientInner {
     ) -> impl std::future::Future<Output = Result<Answer>> + 'a {
         // Not an `async fn` of its own: one state machine (authed_while's)
         // serves both, instead of a copy inlined into a wrapper's.
-        self.authed_while(method, path, body, timeout_ms, signal, &no_lease)
+        self.authed_while(method, path, body, timeout_ms, signal, &no_lease, None)
     }
 
     /// [`ClientInner::authed`] for a call that carries lease tokens: `gone`
@@ -63,8 +63,11 @@ impl ClientInner {
     /// settle past the deadline (`HeartbeatPlan`): the server may already
     /// have handed the item to another worker.
     ///
+    /// `key` is sent as `Idempotency-Key` (a claim's).
+    ///
     /// # Errors
     /// As [`ClientInner::authed`], or the error `gone` gives.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn authed_while(
         self: &Rc<Self>,
         method: &str,
@@ -73,6 +76,7 @@ impl ClientInner {
         timeout_ms: f64,
         signal: Option<&AbortSignal>,
         gone: &dyn Fn() -> Option<LeaseError>,
+        key: Option<&str>,
     ) -> Result<Answer> {
         if self.creds.borrow().access_token.is_none() {
             self.renew(self.generation.get()).await?;
@@ -89,6 +93,7 @@ impl ClientInner {
                 body,
                 timeout_ms,
                 signal,
+                key,
             })
             .await;
             match r {
@@ -172,6 +177,7 @@ impl ClientInner {
             body: Some(&body),
             timeout_ms: self.config.request_timeout_ms,
             signal: None,
+            key: None,
         })
         .await;
         let answer = match answer {

@@ -155,6 +155,7 @@ impl ClientInner {
             request_timeout,
             None,
             &gone,
+            None,
         ));
         let mut late = false;
         let outcome = match select(request.as_mut(), Box::pin(sleep_ms(timeout_ms))).await {

@@ -150,6 +150,8 @@ pub struct Call<'a> {
     pub timeout_ms: f64,
     /// The caller's signal: aborting it aborts the request with its reason.
     pub signal: Option<&'a AbortSignal>,
+    /// `Idempotency-Key`, when set (a claim's; see `ClientInner::claim`).
+    pub key: Option<&'a str>,
 }
 
 /// `value` as a JS value (a request body or a journal entry; see
@@ -208,6 +210,9 @@ async fn send_inner(call: &Call<'_>, controller: &AbortController) -> Result<Ans
         v.push_str("Bearer ");
         v.push_str(t);
         let _ = headers.set("Authorization", &v);
+    }
+    if let Some(k) = call.key {
+        let _ = headers.set("Idempotency-Key", k);
     }
     let init = RequestInit::new();
     init.set_method(call.method);

@@ -460,7 +460,15 @@ impl LeaseInner {
         let path = item_path(self.item_id, "/heartbeat");
         let timeout = client.config.request_timeout_ms;
         match client
-            .authed_while("POST", &path, Some(&body), timeout, None, &|| self.gone())
+            .authed_while(
+                "POST",
+                &path,
+                Some(&body),
+                timeout,
+                None,
+                &|| self.gone(),
+                None,
+            )
             .await
         {
             Ok(a) => {
@@ -630,9 +638,15 @@ impl LeaseInner {
         // local deadline (it only gives the item back sooner); a settle may not.
         let settle = state.is_some();
         let r = client
-            .authed_while("POST", path, Some(body), timeout, None, &|| {
-                settle.then(|| self.gone()).flatten()
-            })
+            .authed_while(
+                "POST",
+                path,
+                Some(body),
+                timeout,
+                None,
+                &|| settle.then(|| self.gone()).flatten(),
+                None,
+            )
             .await;
         drop(on_wire);
         self.in_flight.set(self.in_flight.get() - 1);
