@@ -261,7 +261,7 @@ impl Store {
         worker_id: Option<i64>,
     ) -> Result<Option<Item>, StoreError> {
         let sql = self.sql(&format!(
-            "UPDATE items SET token_hash = $3, settled_token_hash = NULL,
+            "UPDATE items SET token_hash = $3,
                  heartbeat_at = {{now}}, updated_at = {{now}}
              WHERE id = (SELECT id FROM items WHERE queue = $1 AND claim_key = $2
                            AND state = 'running' AND COALESCE(worker_id, 0) = $4
@@ -302,7 +302,7 @@ impl Store {
     ) -> Result<Option<Item>, StoreError> {
         let sql = self.sql(&format!(
             "UPDATE items SET state = 'running', epoch = epoch + 1, token_hash = $2,
-                 settled_token_hash = NULL, worker_id = $3, claim_key = $4, claimed_at = {{now}},
+                 worker_id = $3, claim_key = $4, claimed_at = {{now}},
                  heartbeat_at = {{now}}, updated_at = {{now}}, lease_ttl_ms = {ttl}
              WHERE id = (SELECT id FROM items WHERE queue = $1 AND state = 'open'
                          ORDER BY id LIMIT 1 {{skip_locked}})
@@ -420,7 +420,7 @@ impl Store {
                  SELECT id, row_number() OVER (ORDER BY id) AS n FROM picked
              )
              UPDATE items AS i SET state = 'running', epoch = i.epoch + 1,
-                 token_hash = r.token_hash, settled_token_hash = NULL, worker_id = r.worker_id,
+                 token_hash = r.token_hash, worker_id = r.worker_id,
                  claim_key = r.claim_key, claimed_at = {{now}}, heartbeat_at = {{now}}, updated_at = {{now}},
                  lease_ttl_ms = {ttl}
              FROM numbered
@@ -771,7 +771,7 @@ impl Store {
         let (token, token_hash) = tokens::new_lease_token();
         let sql = self.sql(&format!(
             "UPDATE items SET state = 'running', epoch = epoch + 1, token_hash = $2,
-                 settled_token_hash = NULL, worker_id = $3, claim_key = NULL,
+                 worker_id = $3, claim_key = NULL,
                  claimed_at = {{now}}, heartbeat_at = {{now}}, updated_at = {{now}},
                  lease_ttl_ms = {ttl}
              WHERE id = $1 AND state = 'paused'

@@ -117,7 +117,8 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "settle_replay",
         // The token hash of the lease that settled the item and its holder, so
         // a settle sent again by that lease (its first answer lost) is
-        // answered, not refused. Cleared when the item gets a new token.
+        // answered, not refused. (Cleared when the item got a new token
+        // until version 14.)
         sql: "ALTER TABLE items ADD COLUMN settled_token_hash TEXT;
             ALTER TABLE items ADD COLUMN settled_by BIGINT",
     },
@@ -214,6 +215,18 @@ pub const MIGRATIONS: &[Migration] = &[
         // entry; its own migration, as version 11 (PostgreSQL's lock).
         sql: "CREATE INDEX items_claim_key ON items (queue, claim_key)
                 WHERE claim_key IS NOT NULL",
+    },
+    Migration {
+        version: 14,
+        name: "settle_replay_kept",
+        // What the last settle asked for (a hash of its state, error and
+        // result text), so that settle sent again by its lease is answered
+        // as a replay also after the item moved on (a `paused` settle whose
+        // item an operator resumed): `settled_token_hash` is from now on
+        // kept when the item gets a new token, as `released_token_hash` is,
+        // and the next settle overwrites both. NULL for settles made
+        // before: those replay only while the item is as they left it.
+        sql: "ALTER TABLE items ADD COLUMN settled_request_hash TEXT",
     },
 ];
 

@@ -27,7 +27,22 @@ pub(super) struct SettleJob {
     state: SettleState,
     result: Option<String>,
     error: Option<String>,
+    /// What the settle asks for, as stored in `settled_request_hash`
+    /// (see [`request_hash`]).
+    request_hash: String,
     reply: Option<oneshot::Sender<Result<(Ended, bool), StoreError>>>,
+}
+
+/// A hash of what a settle asks for (its state, error and result text), so
+/// a settle sent again is told apart from another one by the same lease
+/// after the row moved on. Lengths first: no two requests give one text.
+fn request_hash(state: &str, result: Option<&str>, error: Option<&str>) -> String {
+    let part = |v: Option<&str>| {
+        v.map_or(String::from("-"), |v| {
+            [&v.len().to_string(), ":", v].concat()
+        })
+    };
+    tokens::hash(&[state, "|", &part(error), "|", &part(result)].concat())
 }
 
 impl SettleJob {
@@ -80,13 +95,20 @@ impl Store {
         result: Option<String>,
         error: Option<&str>,
     ) -> Result<(Ended, bool), StoreError> {
+        let error = error.map(|e| e.replace('\0', "\u{FFFD}"));
+        let request_hash = request_hash(
+            ItemState::from(state).as_str(),
+            result.as_deref(),
+            error.as_deref(),
+        );
         let job = SettleJob {
             id,
             hash: tokens::hash(token),
             owner,
             state,
             result,
-            error: error.map(|e| e.replace('\0', "\u{FFFD}")),
+            error,
+            request_hash,
             reply: None,
         };
         if self.backend == Backend::Postgres {
@@ -134,8 +156,8 @@ impl Store {
     async fn settle_one(&self, job: &SettleJob) -> Result<(Ended, bool), StoreError> {
         let sql = self.sql(&format!(
             "UPDATE items SET state = $3, result = $4, last_error = $5, token_hash = NULL, lease_ttl_ms = NULL,
-                 settled_token_hash = $2, settled_by = worker_id, worker_id = NULL,
-                 heartbeat_at = NULL,
+                 settled_token_hash = $2, settled_request_hash = $7, settled_by = worker_id,
+                 worker_id = NULL, heartbeat_at = NULL,
                  updated_at = {{now}}
              WHERE id = $1 AND state = 'running' AND token_hash = $2
                AND ($6 = 0 OR worker_id = $6)
@@ -148,6 +170,7 @@ impl Store {
             .bind(job.result.as_deref())
             .bind(job.error.as_deref())
             .bind(job.owner.unwrap_or(0))
+            .bind(&job.request_hash)
             .fetch_optional(&self.pool)
             .await?;
         match row {
@@ -176,7 +199,7 @@ impl Store {
         }
         let ids = distinct(jobs.iter().map(|job| job.id));
         let sql = format!(
-            "SELECT {ITEM_COLS}, token_hash, settled_token_hash, settled_by
+            "SELECT {ITEM_COLS}, token_hash, settled_token_hash, settled_by, settled_request_hash
              FROM items WHERE id IN ({})",
             placeholders(1, ids.len())
         );
@@ -264,15 +287,16 @@ impl Store {
     async fn settle_batch(&self, batch: &[SettleJob]) -> Result<Vec<Option<Ended>>, StoreError> {
         let values: Vec<String> = (0..batch.len())
             .map(|k| {
-                let p = 7 * k + 1;
+                let p = 8 * k + 1;
                 format!(
-                    "(${p}::BIGINT, ${}::BIGINT, ${}::TEXT, ${}::TEXT, ${}::TEXT, ${}::TEXT, ${}::BIGINT)",
+                    "(${p}::BIGINT, ${}::BIGINT, ${}::TEXT, ${}::TEXT, ${}::TEXT, ${}::TEXT, ${}::BIGINT, ${}::TEXT)",
                     p + 1,
                     p + 2,
                     p + 3,
                     p + 4,
                     p + 5,
-                    p + 6
+                    p + 6,
+                    p + 7
                 )
             })
             .collect();
@@ -282,10 +306,10 @@ impl Store {
         let sql = self.sql(&format!(
             "UPDATE items AS i SET state = v.state, result = v.result, last_error = v.last_error,
                  token_hash = NULL, lease_ttl_ms = NULL, settled_token_hash = v.hash,
-                 settled_by = i.worker_id,
+                 settled_request_hash = v.request_hash, settled_by = i.worker_id,
                  worker_id = NULL,
                  heartbeat_at = NULL, updated_at = {{now}}
-             FROM (VALUES {values}) AS v(n, id, hash, state, result, last_error, owner)
+             FROM (VALUES {values}) AS v(n, id, hash, state, result, last_error, owner, request_hash)
              WHERE i.id = v.id AND i.state = 'running' AND i.token_hash = v.hash
                AND (v.owner = 0 OR i.worker_id = v.owner)
              RETURNING v.n AS n, {cols}",
@@ -301,7 +325,8 @@ impl Store {
                 .bind(job.state_name())
                 .bind(job.result.as_deref())
                 .bind(job.error.as_deref())
-                .bind(job.owner.unwrap_or(0));
+                .bind(job.owner.unwrap_or(0))
+                .bind(&job.request_hash);
         }
         let rows = q.fetch_all(&self.pool).await?;
         // Committed: one row per settle applied, counted by the call its `n`
@@ -321,9 +346,10 @@ impl Store {
 }
 
 /// A settle that matched no running lease, judged from its item's row: when
-/// the same lease (token) already settled the item with this very settle —
-/// same state, result and error; the first was applied and its answer lost —
-/// it is answered with the item, so the holder can retry a settle safely (an
+/// the same lease (token) made the item's last settle with this very
+/// settle — same state, result and error; the first was applied and its
+/// answer lost — it is answered with the item (as it is now: an operator
+/// may have resumed a `paused` item since), so the holder can retry a settle safely (an
 /// idempotent retry, as with an idempotency key: the same key with other
 /// content is refused). Otherwise the usual rejection (`claim_lost`,
 /// `state_conflict`, …). Read-only: a replay changes nothing. Told from the
@@ -332,13 +358,22 @@ impl Store {
 fn replay_or_rejection(store: &Store, job: &SettleJob, row: &AnyRow) -> Result<Ended, StoreError> {
     let settled: Option<String> = get(row, "settled_token_hash")?;
     let settled_by: Option<i64> = get(row, "settled_by")?;
+    let asked: Option<String> = get(row, "settled_request_hash")?;
     let state: String = get(row, "state")?;
     // The same holder only: a worker's replay must come from the worker
     // that settled (settle_one's owner fence), an operator's from anyone.
     let same_lease = settled.as_deref().is_some_and(|s| ct_eq(s, &job.hash))
-        && state == job.state_name()
         && (job.owner.is_none() || settled_by == job.owner);
-    if same_lease {
+    // The same request, byte for byte: a replay even after the item moved
+    // on (resumed, claimed, settled by no one else since).
+    if same_lease && asked.as_deref() == Some(job.request_hash.as_str()) {
+        let state = Some(job.state.into());
+        return Ok(store.ended(row, job.id, state, "settle", false));
+    }
+    // The same request in substance while the item is as it left it (a
+    // result re-serialised with other spacing; a settle made before the
+    // request hash was kept).
+    if same_lease && state == job.state_name() {
         let result: Option<String> = get(row, "result")?;
         let last_error: Option<String> = get(row, "last_error")?;
         let same_result = match (&result, &job.result) {

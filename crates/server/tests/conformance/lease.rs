@@ -5,7 +5,7 @@ use std::sync::Arc;
 use agentstore_protocol::lease::{ItemState, SettleState, RETRY_LIMIT_REASON};
 use agentstore_protocol::ErrorCode;
 use agentstore_server::{Settings, Store};
-use serde_json::json;
+use serde_json::{json, Value};
 use tokio::sync::Barrier;
 
 use crate::common::{at_once, heartbeat_at, sleep_ms, ttl, value, TestDb};
@@ -1137,7 +1137,9 @@ pub async fn a_settle_sent_again_by_its_lease_is_answered_and_changes_nothing(db
         "another worker with the token gets no answer"
     );
 
-    // A new token (resume of a paused item) ends the old token's replays.
+    // A new token (resume of a paused item) does not end the old token's
+    // replay of its own settle (the last one made): answered, nothing
+    // written (see a_settle_sent_again_after_its_item_moved_on_is_still_a_replay).
     let item5 = store.enqueue("q5", &json!(5), None).await.unwrap();
     let t5 = store
         .claim("q5", None)
@@ -1152,13 +1154,19 @@ pub async fn a_settle_sent_again_by_its_lease_is_answered_and_changes_nothing(db
         .unwrap();
     store.resume(item5.id, None).await.unwrap();
     store.pause(item5.id).await.unwrap();
+    let before = snapshot(&store, item5.id).await;
     let r = store
         .settle(item5.id, &t5, None, SettleState::Paused, None, None)
+        .await;
+    assert_eq!(r.expect("its own settle's replay").id, item5.id);
+    assert_eq!(snapshot(&store, item5.id).await, before, "nothing written");
+    let r = store
+        .settle(item5.id, &t5, None, SettleState::Blocked, None, None)
         .await;
     assert_eq!(
         code(r),
         ErrorCode::ClaimLost,
-        "the token of an earlier claim"
+        "another settle of that token"
     );
 
     // The reaper's retry-cap failure is not a settle of the lease it ended.
@@ -1372,4 +1380,75 @@ pub async fn a_claim_sent_again_with_its_idempotency_key_gets_its_lease_back(db:
     let (s, _, e) = claim("a b").await;
     assert_eq!((s, e["code"].as_str()), (400, Some("validation")));
     server.stop().await.unwrap();
+}
+
+/// A `paused` settle whose answer was lost is answered as a replay when
+/// its lease sends it again, also after an operator resumed the item (and
+/// after the item was released and claimed by another worker): the item
+/// as it is now, nothing written. Before, the resume's new token cleared
+/// the settle's record and the retry was `claim_lost`, so the SDK reported
+/// a lease lost with "nothing written" for a pause that was written. The
+/// same token with another request, or after a later settle by another
+/// lease, is still refused.
+pub async fn a_settle_sent_again_after_its_item_moved_on_is_still_a_replay(db: TestDb) {
+    let store = db.store(ttl(LONG)).await;
+    let item = store.enqueue("q", &json!(1), None).await.unwrap();
+    let t1 = store
+        .claim("q", Some(7))
+        .await
+        .unwrap()
+        .unwrap()
+        .lease
+        .token;
+    let r1 = json!({"r": 1});
+    let pause = |token: String, result: Value| {
+        let store = store.clone();
+        async move {
+            store
+                .settle(
+                    item.id,
+                    &token,
+                    Some(7),
+                    SettleState::Paused,
+                    Some(&result),
+                    None,
+                )
+                .await
+        }
+    };
+    pause(t1.clone(), r1.clone()).await.unwrap();
+    let t2 = store.resume(item.id, None).await.unwrap().lease.token;
+    let before = snapshot(&store, item.id).await;
+    let again = pause(t1.clone(), r1.clone())
+        .await
+        .expect("a replay after the resume");
+    assert_eq!((again.id, again.state), (item.id, ItemState::Running));
+    assert_eq!(snapshot(&store, item.id).await, before, "nothing written");
+    // Another request with that token is refused, and changes nothing.
+    assert_eq!(
+        code(pause(t1.clone(), json!({"r": 2})).await),
+        ErrorCode::ClaimLost
+    );
+    let r = store
+        .settle(item.id, &t1, Some(7), SettleState::Done, Some(&r1), None)
+        .await;
+    assert_eq!(code(r), ErrorCode::ClaimLost);
+    // Released and claimed by another worker: still the last settle's replay.
+    store.release(item.id, &t2, None).await.unwrap();
+    let t3 = store
+        .claim("q", Some(8))
+        .await
+        .unwrap()
+        .unwrap()
+        .lease
+        .token;
+    pause(t1.clone(), r1.clone())
+        .await
+        .expect("a replay after a claim");
+    // Once another lease settles, t1's settle is no longer the last one.
+    store
+        .settle(item.id, &t3, Some(8), SettleState::Done, None, None)
+        .await
+        .unwrap();
+    assert_eq!(code(pause(t1, r1).await), ErrorCode::ClaimLost);
 }

@@ -47,6 +47,7 @@ conformance! {
     lease::a_heartbeat_past_the_ttl_but_before_takeover_renews_the_lease,
     lease::stale_heartbeat_settle_and_blocked_settle_are_claim_lost_and_change_nothing,
     lease::a_settle_sent_again_by_its_lease_is_answered_and_changes_nothing,
+    lease::a_settle_sent_again_after_its_item_moved_on_is_still_a_replay,
     lease::settle_with_current_token_on_an_item_paused_elsewhere_is_state_conflict,
     lease::resume_of_a_paused_item_issues_a_new_token_and_fences_the_old_one,
     lease::a_heartbeat_racing_a_takeover_has_exactly_one_winner,
