@@ -18,7 +18,15 @@ pub struct ApiError {
     pub message: String,
     /// Seconds for `Retry-After` (rate limiting).
     pub retry_after_s: Option<u64>,
+    /// A refusal of the store's lease fence (a token, state or holder the
+    /// item does not have), not of the caller's credentials or role: the
+    /// metrics count its `403` apart from `agentstore_auth_rejected_total`.
+    pub fenced: bool,
 }
+
+/// Response extension marking an [`ApiError`] with `fenced` set.
+#[derive(Debug, Clone, Copy)]
+pub struct Fenced;
 
 impl ApiError {
     /// An error with `code` and a client-safe `message`.
@@ -27,6 +35,7 @@ impl ApiError {
             code,
             message: message.into(),
             retry_after_s: None,
+            fenced: false,
         }
     }
 
@@ -39,7 +48,10 @@ impl ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> ApiError {
         match e {
-            StoreError::Rejected { code, message } => ApiError::new(code, message),
+            StoreError::Rejected { code, message } => ApiError {
+                fenced: true,
+                ..ApiError::new(code, message)
+            },
             other => {
                 // Details stay in the log; the client learns only that it failed.
                 tracing::error!(error = %other, "store failure");
@@ -60,6 +72,9 @@ impl IntoResponse for ApiError {
         let mut resp = (status, Json(body)).into_response();
         // For the metrics middleware, which counts answers by code.
         resp.extensions_mut().insert(self.code);
+        if self.fenced {
+            resp.extensions_mut().insert(Fenced);
+        }
         if let Some(secs) = self.retry_after_s {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));

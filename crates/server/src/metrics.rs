@@ -32,8 +32,8 @@ use crate::store::{Store, StoreError};
 
 /// The passes and calls that count the rows they cannot decode
 /// (`agentstore_unreadable_rows_total{by}`).
-pub const UNREADABLE_BY: [&str; 9] = [
-    "reaper", "list", "stats", "claim", "resume", "settle", "release", "pause", "get",
+pub const UNREADABLE_BY: [&str; 8] = [
+    "reaper", "list", "claim", "resume", "settle", "release", "pause", "get",
 ];
 
 /// `Content-Type` of the text exposition format.
@@ -60,6 +60,9 @@ pub struct Metrics {
     claim_lost: IntCounter,
     /// `state_conflict` answers, batched heartbeat entries included.
     state_conflict: IntCounter,
+    /// `forbidden` answers of the lease fence (a current token of another
+    /// worker's lease), batched heartbeat entries included.
+    lease_forbidden: IntCounter,
     /// Expired claims the reaper reopened.
     reaper_reopened: IntCounter,
     /// Leases their holder released, committed (a replay is none).
@@ -89,6 +92,9 @@ pub struct Metrics {
     queue_oldest_open: prometheus::GaugeVec,
     /// Running items across all queues (read at scrape time).
     leases_held: IntGauge,
+    /// Item rows the queue gauges left out, an unknown state (read at
+    /// scrape time).
+    unreadable_items: IntGauge,
     /// Pool connections checked out by this instance.
     pool_in_use: IntGauge,
     /// Pool size limit of this instance.
@@ -189,6 +195,11 @@ impl Metrics {
                 "agentstore_state_conflict_total",
                 "state_conflict answers (batched heartbeat entries included)",
             ),
+            lease_forbidden: counter(
+                &r,
+                "agentstore_lease_forbidden_total",
+                "forbidden answers of the lease fence: a worker sent the current token of another worker's lease (batched heartbeat entries included)",
+            ),
             reaper_reopened: counter(
                 &r,
                 "agentstore_reaper_reopened_total",
@@ -219,20 +230,25 @@ impl Metrics {
             unreadable: counter_vec(
                 &r,
                 "agentstore_unreadable_rows_total",
-                "Rows that could not be decoded, by the pass or call that met them (the reaper, a claim and a resume fail them; list and stats leave them out; a settle, release or pause is answered without the item)",
+                "Rows that could not be decoded, by the pass or call that met them (the reaper, a claim and a resume fail them; a listing leaves them out; a settle, release, pause or get is answered without the item)",
                 &["by"],
             ),
             rate_limited: counter(&r, "agentstore_rate_limited_total", "429 answers"),
             auth_rejected: counter_vec(
                 &r,
                 "agentstore_auth_rejected_total",
-                "401 and 403 answers by status",
+                "401 and 403 answers of the credential and role checks, by status (the lease fence's 403 is agentstore_lease_forbidden_total)",
                 &["status"],
             ),
             leases_held: gauge(
                 &r,
                 "agentstore_leases_held",
                 "Running items (leases held) across all queues",
+            ),
+            unreadable_items: gauge(
+                &r,
+                "agentstore_unreadable_item_rows",
+                "Item rows of an unknown state, left out of the queue gauges (read at scrape time)",
             ),
             pool_in_use: gauge(
                 &r,
@@ -296,11 +312,14 @@ impl Metrics {
             .inc();
     }
 
-    /// An error `code` answered to a client (whole response or batch entry).
+    /// An error `code` answered to a client (whole response or batch
+    /// entry); `forbidden` only when the lease fence answered it (the
+    /// middleware counts a role's in `agentstore_auth_rejected_total`).
     pub fn answered(&self, code: ErrorCode) {
         match code {
             ErrorCode::ClaimLost => self.claim_lost.inc(),
             ErrorCode::StateConflict => self.state_conflict.inc(),
+            ErrorCode::Forbidden => self.lease_forbidden.inc(),
             _ => {}
         }
     }
@@ -353,7 +372,8 @@ impl Metrics {
     /// # Errors
     /// The database failed while reading the queue gauges.
     pub async fn render(&self, store: &Store) -> Result<String, StoreError> {
-        let queues = fold_queue_series(store.queue_stats(None).await?, MAX_QUEUE_SERIES);
+        let (queues, unreadable) = store.queue_stats_and_unreadable(None).await?;
+        let queues = fold_queue_series(queues, MAX_QUEUE_SERIES);
         let (in_use, _, max) = store.pool_usage();
         // No await from here to the end: the lock is a std one.
         let _scrape = self
@@ -378,6 +398,8 @@ impl Metrics {
         }
         self.leases_held
             .set(i64::try_from(running).unwrap_or(i64::MAX));
+        self.unreadable_items
+            .set(i64::try_from(unreadable).unwrap_or(i64::MAX));
         self.pool_in_use.set(i64::from(in_use));
         self.pool_max.set(i64::from(max));
         TextEncoder::new()
@@ -412,14 +434,18 @@ pub async fn track(State(metrics): State<Arc<Metrics>>, req: Request, next: Next
         .request_duration
         .with_label_values(&[method, route.as_str()])
         .observe(started.elapsed().as_secs_f64());
+    // A store refusal (the lease fence) is no credential or role refusal.
+    let fenced = resp.extensions().get::<crate::error::Fenced>().is_some();
     match resp.status().as_u16() {
         401 => metrics.auth_rejected.with_label_values(&["401"]).inc(),
-        403 => metrics.auth_rejected.with_label_values(&["403"]).inc(),
+        403 if !fenced => metrics.auth_rejected.with_label_values(&["403"]).inc(),
         429 => metrics.rate_limited.inc(),
         _ => {}
     }
     if let Some(code) = resp.extensions().get::<ErrorCode>() {
-        metrics.answered(*code);
+        if fenced || *code != ErrorCode::Forbidden {
+            metrics.answered(*code);
+        }
     }
     resp
 }

@@ -270,11 +270,20 @@ async fn list(
     // page, and would tell a client paging by `next` that the queue is empty.
     let limit = match q.get("limit") {
         None => 1000,
-        Some(l) => l.parse::<u32>().ok().filter(|l| *l > 0).ok_or_else(|| {
-            ApiError::new(ErrorCode::Validation, "limit must be a positive integer")
-        })?,
+        // Any size: a limit past the largest (even past u64) is taken as
+        // the largest.
+        Some(l) => l
+            .parse::<u64>()
+            .ok()
+            .or_else(|| {
+                (!l.is_empty() && l.bytes().all(|b| b.is_ascii_digit())).then_some(u64::MAX)
+            })
+            .filter(|l| *l > 0)
+            .ok_or_else(|| {
+                ApiError::new(ErrorCode::Validation, "limit must be a positive integer")
+            })?,
     }
-    .min(MAX_LIST_LIMIT);
+    .min(u64::from(MAX_LIST_LIMIT)) as u32;
     let after = match q.get("after") {
         None => 0,
         Some(a) => a.parse::<i64>().ok().filter(|a| *a >= 0).ok_or_else(|| {

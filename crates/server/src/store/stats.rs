@@ -38,12 +38,26 @@ impl Store {
     /// The age is measured on the database clock from the `updated_at` of the
     /// longest-waiting open item (set when it was enqueued or last reopened).
     ///
-    /// Rows of an unknown state are left out (logged and counted in
-    /// `agentstore_unreadable_rows_total{by="stats"}`).
+    /// Rows of an unknown state are left out (logged; counted by
+    /// [`Store::queue_stats_and_unreadable`]).
     ///
     /// # Errors
     /// The database failed.
     pub async fn queue_stats(&self, queue: Option<&str>) -> Result<Vec<QueueStats>, StoreError> {
+        Ok(self.queue_stats_and_unreadable(queue).await?.0)
+    }
+
+    /// [`Store::queue_stats`] and how many rows it left out (an unknown
+    /// state): what the `agentstore_unreadable_item_rows` gauge shows at
+    /// each scrape. A gauge, not a counter: the same rows are met again by
+    /// every scrape, which is no new event.
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn queue_stats_and_unreadable(
+        &self,
+        queue: Option<&str>,
+    ) -> Result<(Vec<QueueStats>, u64), StoreError> {
         let sql = self.sql(
             "SELECT queue, state, COUNT(*) AS n, MIN(updated_at) AS since, {now} AS now_ms
              FROM items WHERE ($1 = '' OR queue = $1)
@@ -54,6 +68,7 @@ impl Store {
             .fetch_all(&self.pool)
             .await?;
         let mut by_queue: BTreeMap<String, QueueStats> = BTreeMap::new();
+        let mut unreadable = 0;
         if let Some(q) = queue {
             by_queue.insert(q.to_owned(), QueueStats::default());
         }
@@ -69,7 +84,11 @@ impl Store {
                     }
                 }
                 Err(e) => {
-                    self.metrics.unreadable_row("stats");
+                    // A count that does not decode either counts as one row.
+                    let n = get::<i64>(row, "n")
+                        .ok()
+                        .and_then(|n| u64::try_from(n).ok());
+                    unreadable += n.unwrap_or(1);
                     tracing::warn!(
                         queue = get::<String>(row, "queue").ok(),
                         error = %e,
@@ -78,13 +97,14 @@ impl Store {
                 }
             }
         }
-        Ok(by_queue
+        let stats = by_queue
             .into_iter()
             .map(|(name, mut stats)| {
                 stats.queue = name;
                 stats
             })
-            .collect())
+            .collect();
+        Ok((stats, unreadable))
     }
 
     /// Connections of this instance's pool: `(in use, open, maximum)`.

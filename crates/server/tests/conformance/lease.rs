@@ -1320,6 +1320,12 @@ pub async fn a_claim_sent_again_with_its_idempotency_key_gets_its_lease_back(db:
         assert!(replayed, "{key}");
         assert_eq!(r.item.id, c.item.id, "{key}");
     }
+    let text = shared.metrics().render(&shared).await.unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l == "agentstore_claim_replays_total 10"),
+        "k1 of two workers, and the eight keys"
+    );
 
     // An expired, reaped lease is not handed back, nor a resumed item.
     let short = db.store(ttl(TTL)).await;

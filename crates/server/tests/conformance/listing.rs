@@ -232,5 +232,18 @@ pub async fn a_listing_with_limit_zero_is_refused_not_answered_as_an_empty_last_
         .unwrap();
     let page: Page = serde_json::from_str(&resp.text().await.unwrap()).unwrap();
     assert_eq!(page.items.len(), 1);
+    // A limit past the largest is taken as the largest, whatever its size
+    // (README); before, one past u32 was 400.
+    for limit in ["10001", "4294967296", "99999999999999999999999"] {
+        let resp = http
+            .get(format!("{base}/v1/queues/q/items?limit={limit}"))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "limit={limit}");
+        let page: Page = serde_json::from_str(&resp.text().await.unwrap()).unwrap();
+        assert_eq!(page.items.len(), 1, "limit={limit}");
+    }
     server.stop().await.unwrap();
 }

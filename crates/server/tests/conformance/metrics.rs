@@ -351,7 +351,8 @@ pub async fn a_scrape_counts_exactly_what_a_scripted_workload_did(db: TestDb) {
     // G stays running (one lease held), H stays open.
     let g = api.enqueue(None).await;
     api.enqueue(None).await;
-    assert_eq!(api.claim("mq", tok, &mut t).await.expect("G").item.id, g);
+    let cg = api.claim("mq", tok, &mut t).await.expect("G");
+    assert_eq!(cg.item.id, g);
 
     // Empty claims, then a second worker polls until it is rate limited.
     for _ in 0..2 {
@@ -365,6 +366,27 @@ pub async fn a_scrape_counts_exactly_what_a_scripted_workload_did(db: TestDb) {
         }
     }
     assert_eq!(t.rate_limited, 1, "the second worker was rate limited once");
+    // The second worker sends G's current token: the lease fence's 403,
+    // alone and in a batch; not a credential or role refusal.
+    let (s, body) = api
+        .status(
+            &format!("/v1/items/{g}/heartbeat"),
+            &w2.access_token,
+            json!({"token": cg.lease.token}),
+        )
+        .await;
+    assert_eq!((s, body["code"].as_str()), (403, Some("forbidden")));
+    let (s, body) = api
+        .status(
+            "/v1/heartbeats",
+            &w2.access_token,
+            json!({"leases": [{"item_id": g, "token": cg.lease.token}]}),
+        )
+        .await;
+    assert_eq!(
+        (s, body["results"][0]["error"]["code"].as_str()),
+        (200, Some("forbidden"))
+    );
     assert_eq!(t.claimed, 8);
     // An operator pauses a lease of another queue and resumes it (the resumed
     // lease is the operator's: held, so two leases are held in all); a
@@ -458,8 +480,10 @@ pub async fn a_scrape_counts_exactly_what_a_scripted_workload_did(db: TestDb) {
     );
     assert_eq!(
         n("agentstore_auth_rejected_total", &[("status", "403")]),
-        2.0
+        2.0,
+        "the lease fence's 403s are not credential refusals"
     );
+    assert_eq!(n("agentstore_lease_forbidden_total", &[]), 2.0);
     let claims_route = [("method", "POST"), ("route", "/v1/queues/{queue}/claims")];
     assert_eq!(
         n(
