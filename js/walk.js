@@ -37,6 +37,7 @@ const BAD_UPDATED_AT = 13;
 const RECORD_TYPE_NOT_STRING = 14;
 const RESERVED = 15;
 const NOT_A_RECORD = 16;
+const TO_JSON = 17;
 
 // Limits (crates/protocol/src/record.rs): 64 MiB of JSON, 64 levels. The
 // running length counts UTF-16 units, each at least one byte of UTF-8: a
@@ -159,6 +160,7 @@ function object(v, w, top) {
   if (w.stack.length >= MAX_DEPTH) fail(w, TOO_DEEP);
   if (w.stack.includes(v)) fail(w, CYCLE);
   const arr = isArray(v, w);
+  if (arr) noToJSON(v, w); // a plain object's: in fieldsOf, after its prototype's check
   w.stack.push(v);
   const out = arr ? array(v, w) : plain(v, w, top);
   w.stack.pop();
@@ -197,7 +199,27 @@ function array(a, w) {
   return copy;
 }
 
-function plain(o, w, top) {
+/**
+ * JSON.stringify stores what a `toJSON` returns, own (enumerable or not) or
+ * inherited (a polluted Object.prototype or Array.prototype): a copy built
+ * from the fields would not be that, so such a value is refused.
+ */
+function noToJSON(v, w) {
+  let toJSON;
+  try {
+    toJSON = v.toJSON;
+  } catch {
+    fail(w, GETTER_THREW);
+  }
+  if (typeof toJSON === 'function') fail(w, TO_JSON);
+}
+
+/**
+ * The plain object `o`'s fields as `[key, value, …]`: its enumerable own
+ * string keys in the caller's order, each value read once, `undefined`
+ * left out (as JSON.stringify does).
+ */
+function fieldsOf(o, w) {
   let proto;
   try {
     proto = Object.getPrototypeOf(o);
@@ -207,14 +229,13 @@ function plain(o, w, top) {
   // Date, Map, Set, typed arrays, boxed primitives and class instances would
   // be silently changed by JSON.
   if (proto !== null && proto !== OBJECT_PROTO) fail(w, NOT_PLAIN, ctorName(o));
+  noToJSON(o, w);
   let keys;
   try {
     keys = Object.keys(o);
   } catch {
     fail(w, GETTER_THREW);
   }
-  // Each value read once, in the caller's order; `undefined` is absent, as
-  // in JSON.stringify.
   const fields = [];
   for (let j = 0; j < keys.length; j++) {
     const k = keys[j];
@@ -228,6 +249,30 @@ function plain(o, w, top) {
     }
     if (item !== undefined) fields.push(k, item);
   }
+  return fields;
+}
+
+/**
+ * A copy of the plain object `o`'s fields (one level, each read once) with
+ * no prototype, for a value the store walks after setting fields of its
+ * own (`mutate`'s result, given its `_id` and `_rev`): the copy, or
+ * `[code, path, detail]` as `walkRecord` fails.
+ */
+export function shallowCopy(o) {
+  const w = { path: [] };
+  try {
+    const fields = fieldsOf(o, w);
+    const copy = Object.create(null);
+    for (let i = 0; i < fields.length; i += 2) copy[fields[i]] = fields[i + 1];
+    return copy;
+  } catch (e) {
+    if (e instanceof Fail) return [e.code, e.path, e.detail];
+    throw e;
+  }
+}
+
+function plain(o, w, top) {
+  const fields = fieldsOf(o, w);
   const n = fields.length / 2;
   const order = [];
   for (let i = 0; i < n; i++) order.push(i);

@@ -107,7 +107,7 @@ impl Fail {
 type Walk<T> = std::result::Result<T, Fail>;
 
 /// The reasons of `js/walk.js`'s failure codes, by code.
-const WHY: [&str; 17] = [
+const WHY: [&str; 18] = [
     GETTER_THREW,
     "a property getter threw",
     TOO_LARGE,
@@ -125,6 +125,7 @@ const WHY: [&str; 17] = [
     RECORD_TYPE_NOT_STRING,
     RESERVED_FIELD,
     "a record must be a plain object",
+    "has a toJSON method: store what it returns",
 ];
 
 #[wasm_bindgen::prelude::wasm_bindgen(module = "/js/walk.js")]
@@ -133,6 +134,9 @@ extern "C" {
     /// `[code, path, detail]` (see js/walk.js).
     #[wasm_bindgen(js_name = walkRecord, catch)]
     fn walk_record_js(record: &JsValue) -> Result<Array, JsValue>;
+    /// `shallowCopy(o)`: the copy or `[code, path, detail]` (see js/walk.js).
+    #[wasm_bindgen(js_name = shallowCopy, catch)]
+    fn shallow_copy_js(o: &JsValue) -> Result<JsValue, JsValue>;
 }
 
 /// Walks a record for `put`: see the module docs. The walk itself runs in
@@ -147,20 +151,7 @@ pub fn walk_record(record: &JsValue) -> crate::error::Result<Walked> {
     let out = walk_record_js(record).map_err(|_| StoreError::validation(GETTER_THREW))?;
     let first = out.get(0);
     if let Some(code) = first.as_f64() {
-        let mut fail = Fail::new(WHY.get(code as usize).copied().unwrap_or(GETTER_THREW));
-        fail.detail = Some(name(&out.get(2))).filter(|d| !d.is_empty());
-        // js/walk.js lists the path outermost first; `Fail` keeps it
-        // innermost first.
-        for seg in Array::from(&out.get(1)).iter() {
-            fail.path.insert(
-                0,
-                match seg.as_f64() {
-                    Some(i) => Seg::Index(i as u32),
-                    None => Seg::Key(name(&seg)),
-                },
-            );
-        }
-        return Err(fail.into_error());
+        return Err(walk_failure(code, &out));
     }
     let top = |key: &str, why: &'static str| Fail::new(why).at(Seg::Key(key.into())).into_error();
     let rev = match out.get(3) {
@@ -198,26 +189,22 @@ pub fn walk_record(record: &JsValue) -> crate::error::Result<Walked> {
     })
 }
 
-/// Only plain objects (prototype `Object.prototype`, given as `object_proto`,
-/// or `null`) are JSON objects; `Date`, `Map`, `Set`, typed arrays, boxed
-/// primitives and class instances would be silently changed by JSON, so
-/// they are refused.
-fn check_plain(obj: &Object, object_proto: &JsValue) -> Walk<()> {
-    let proto = prototype_js(obj).map_err(|_| Fail::new(GETTER_THREW))?;
-    if proto.is_null() || Object::is(&proto, object_proto) {
-        return Ok(());
+/// The ValidationError of js/walk.js's failure `[code, path, detail]`.
+fn walk_failure(code: f64, out: &Array) -> StoreError {
+    let mut fail = Fail::new(WHY.get(code as usize).copied().unwrap_or(GETTER_THREW));
+    fail.detail = Some(name(&out.get(2))).filter(|d| !d.is_empty());
+    // js/walk.js lists the path outermost first; `Fail` keeps it
+    // innermost first.
+    for seg in Array::from(&out.get(1)).iter() {
+        fail.path.insert(
+            0,
+            match seg.as_f64() {
+                Some(i) => Seg::Index(i as u32),
+                None => Seg::Key(name(&seg)),
+            },
+        );
     }
-    let ctor = Reflect::get(obj, &"constructor".into())
-        .ok()
-        .and_then(|c| Reflect::get(&c, &"name".into()).ok())
-        .map(|n| name(&n))
-        .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| "object".into());
-    Err(Fail {
-        why: "not a plain JSON object (convert it first, e.g. a Date with toISOString()): ",
-        detail: Some(ctor),
-        path: Vec::new(),
-    })
+    fail.into_error()
 }
 
 /// Whether `text`, the JS string `js` read into Rust, may have lost a lone
@@ -250,16 +237,12 @@ const GETTER_THREW: &str = "reading this value threw (a getter or a Proxy trap)"
 // Reads of caller-supplied values that can run caller code (getters, Proxy
 // traps) go through bindings with `catch`: an exception thrown through a
 // binding without it unwinds the wasm stack and leaves the module's async
-// task half-run. js_sys's `Array::is_array`, `Object::keys`,
-// `Object::get_prototype_of` and `Array::get`/`length` have no `catch`.
+// task half-run. js_sys's `Array::is_array` and `Array::get`/`length` have
+// no `catch`.
 #[wasm_bindgen::prelude::wasm_bindgen]
 extern "C" {
     #[wasm_bindgen(js_namespace = Array, js_name = isArray, catch)]
     fn is_array_js(v: &JsValue) -> Result<bool, JsValue>;
-    #[wasm_bindgen(js_namespace = Object, js_name = keys, catch)]
-    fn keys_js(v: &JsValue) -> Result<Array, JsValue>;
-    #[wasm_bindgen(js_namespace = Object, js_name = getPrototypeOf, catch)]
-    fn prototype_js(v: &JsValue) -> Result<JsValue, JsValue>;
     /// `String.prototype.isWellFormed.call(s)` (throws where it is missing).
     #[wasm_bindgen(js_namespace = ["String", "prototype", "isWellFormed"], js_name = call, catch)]
     fn is_well_formed_js(s: &JsValue) -> Result<bool, JsValue>;
@@ -308,33 +291,6 @@ fn length(v: &Array) -> Walk<u32> {
         .ok_or_else(|| Fail::new(GETTER_THREW))
 }
 
-/// The enumerable own string-keyed fields of `obj` whose value is not
-/// `undefined` (what `JSON.stringify` writes), as `(key, value)`, each value
-/// read once. The keys stay JS strings (their units together count toward
-/// the record's size limit), so none is copied into wasm memory.
-fn own_fields(obj: &Object) -> Walk<Vec<(JsValue, JsValue)>> {
-    let keys = keys_js(obj).map_err(|_| Fail::new(GETTER_THREW))?;
-    let mut fields = Vec::with_capacity(keys.length() as usize);
-    let mut units = 0usize;
-    for key in keys.iter() {
-        let Some(k) = key.dyn_ref::<JsString>() else {
-            continue;
-        };
-        units += k.length() as usize;
-        if units > MAX_RECORD_BYTES {
-            return Err(Fail::new(TOO_LARGE));
-        }
-        let item = match Reflect::get(obj, &key) {
-            Ok(item) => item,
-            Err(_) => return Err(Fail::new("a property getter threw").at(Seg::Key(name(&key)))),
-        };
-        if !item.is_undefined() {
-            fields.push((key, item));
-        }
-    }
-    Ok(fields)
-}
-
 /// A field name or constructor name for an error message: its first 256
 /// UTF-16 units (a name may be any length; only that much is copied).
 fn name(v: &JsValue) -> String {
@@ -353,30 +309,20 @@ pub(crate) fn short_string(v: &JsValue, max_units: u32) -> Option<String> {
     bounded(v, max_units).map(String::from)
 }
 
-/// A plain copy of `obj`'s own fields (one level, each read once), for a
-/// value that is walked afterwards and must not be read twice.
+/// A plain copy of `obj`'s own fields (one level, each read once, no
+/// prototype), for a value that is walked afterwards and must not be read
+/// twice (js/walk.js `shallowCopy`).
 ///
 /// # Errors
-/// ValidationError when `obj` is not a plain object or reading it threw.
-pub(crate) fn shallow_copy(obj: &Object) -> crate::error::Result<Object> {
-    // The copy's prototype is null: `walk_record` would find it plain, so
-    // the original's prototype is checked here.
-    check_plain(obj, &Object::get_prototype_of(&Object::new()).into()).map_err(Fail::into_error)?;
-    let out = bare_object();
-    for (key, item) in own_fields(obj).map_err(Fail::into_error)? {
-        let _ = Reflect::set(&out, &key, &item);
+/// ValidationError when `obj` is not a plain object, has a `toJSON`, or
+/// reading it threw.
+pub(crate) fn shallow_copy(obj: &JsValue) -> crate::error::Result<Object> {
+    let out = shallow_copy_js(obj).map_err(|_| StoreError::validation(GETTER_THREW))?;
+    if is_array(&out)? {
+        let out: &Array = out.unchecked_ref();
+        return Err(walk_failure(out.get(0).as_f64().unwrap_or(0.0), out));
     }
-    Ok(out)
-}
-
-/// A new object without a prototype, for the copies the store writes: every
-/// key, `"__proto__"` included, is then an own data field when set (on an
-/// ordinary object, assigning `__proto__` calls `Object.prototype`'s setter
-/// and makes the value the prototype: its data dropped, yet readable through
-/// the prototype chain). IndexedDB's structured clone stores own fields only,
-/// so a stored record reads back as an ordinary object with the same fields.
-fn bare_object() -> Object {
-    Object::create(JsValue::NULL.unchecked_ref())
+    Ok(out.unchecked_into())
 }
 
 /// Longest string argument copied into the module's memory, in UTF-16

@@ -1172,3 +1172,44 @@ async fn a_replaced_regexp_exec_makes_a_list_by_cursor_a_validation_error() {
     let out = with_js_store(body).await;
     assert_eq!(out.as_string().as_deref(), Some("ValidationError 1"));
 }
+
+/// A value with a `toJSON` method that `Object.keys` does not list (own and
+/// non-enumerable, on an object or an array, at the top or nested) is
+/// refused: `JSON.stringify` would store what `toJSON` returns, and the copy
+/// of its fields is not that. Before, the fields were stored silently, so
+/// the record read back was not the one written. The same for what
+/// `mutate`'s function returns, and for each record of a `putMany`
+/// (nothing written).
+#[wasm_bindgen_test]
+async fn a_value_whose_to_json_is_hidden_is_refused_not_stored_as_its_fields() {
+    let (store, _) = open("tojson").await;
+    let hide =
+        "Object.defineProperty(o, 'toJSON', {value() { return {b: 2}; }, enumerable: false})";
+    let cases = [
+        format!("(() => {{ const o = {{_id: 't1', a: 1}}; {hide}; return o; }})()"),
+        format!("(() => {{ const o = {{a: 1}}; {hide}; return {{_id: 't2', n: o}}; }})()"),
+        format!("(() => {{ const o = [1, 2]; {hide}; return {{_id: 't3', n: [o]}}; }})()"),
+    ];
+    for src in &cases {
+        let e = store.put(&eval(src)).await.expect_err(src);
+        assert_eq!(e.code(), ErrorCode::Validation, "{src}");
+        assert!(e.to_string().contains("toJSON"), "{src}: {e}");
+    }
+    let batch: js_sys::Array = cases.iter().map(|c| eval(c)).collect();
+    batch.push(&js(json!({"_id": "fine"})));
+    assert!(store.put_many(&batch.into()).await.is_err());
+    store.put(&js(json!({"_id": "m", "v": 1}))).await.unwrap();
+    let f = js_sys::Function::new_with_args(
+        "cur",
+        &format!("const o = {{_id: 'm', v: 2}}; {hide}; return o;"),
+    );
+    let e = store.mutate(&s("m"), &f, 0, None).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Validation);
+    assert_eq!(
+        store.export_snapshot().await.unwrap().lines().count(),
+        2,
+        "the header and m: nothing else written"
+    );
+    let got = store.get(&s("m")).await.unwrap().unwrap();
+    assert_eq!(field(&got, "v").as_f64(), Some(1.0));
+}

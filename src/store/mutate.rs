@@ -160,7 +160,7 @@ fn mutate_result(id: &JsString, out: JsValue, read_rev: Option<&str>) -> Result<
         ));
     }
     // One read of each top-level field; the walk reads the nested ones once.
-    let next = crate::value::shallow_copy(out.unchecked_ref())?;
+    let next = crate::value::shallow_copy(&out)?;
     set(&next, "_id", id);
     match read_rev {
         Some(r) => set(&next, "_rev", &r.into()),
