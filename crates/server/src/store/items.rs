@@ -249,8 +249,9 @@ impl Store {
 
     /// The replay of [`Store::claim_once`]: the running lease claimed with
     /// `key` in `queue` by `worker_id`, its token hash rotated to
-    /// `token_hash` and its lease renewed, in one statement; `None` when
-    /// there is none. A row that no longer decodes is failed, fenced on the
+    /// `token_hash` and its lease renewed (with this instance's TTL, the
+    /// one answered), in one conditional statement after a read; `None`
+    /// when there is none. A row that no longer decodes is failed, fenced on the
     /// new token (see `unreadable`), and `None` answered: a new item is
     /// claimed instead.
     async fn claim_again(
@@ -260,28 +261,45 @@ impl Store {
         token_hash: &str,
         worker_id: Option<i64>,
     ) -> Result<Option<Item>, StoreError> {
+        // A read first: nearly every key is a first try, which matches
+        // nothing and must not take SQLite's writer lock or a PostgreSQL
+        // statement outside the claim lane for that.
+        let found = sqlx::query(&self.sql(
+            "SELECT id FROM items WHERE queue = $1 AND claim_key = $2 AND state = 'running'
+               AND COALESCE(worker_id, 0) = $3
+             ORDER BY id LIMIT 1",
+        ))
+        .bind(queue)
+        .bind(key)
+        .bind(worker_id.unwrap_or(0))
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(found) = found else {
+            return Ok(None);
+        };
         let sql = self.sql(&format!(
-            "UPDATE items SET token_hash = $3,
-                 heartbeat_at = {{now}}, updated_at = {{now}}
-             WHERE id = (SELECT id FROM items WHERE queue = $1 AND claim_key = $2
-                           AND state = 'running' AND COALESCE(worker_id, 0) = $4
-                         ORDER BY id LIMIT 1)
-               AND state = 'running' AND claim_key = $2 AND COALESCE(worker_id, 0) = $4
-             RETURNING {ITEM_COLS}"
+            "UPDATE items SET token_hash = $3, heartbeat_at = {{now}}, updated_at = {{now}},
+                 lease_ttl_ms = {ttl}
+             WHERE id = $1 AND state = 'running' AND claim_key = $2 AND COALESCE(worker_id, 0) = $4
+             RETURNING {ITEM_COLS}",
+            ttl = ms(self.settings.ttl_ms),
         ));
         let row = sqlx::query(&sql)
-            .bind(queue)
+            .bind(get::<i64>(&found, "id")?)
             .bind(key)
             .bind(token_hash)
             .bind(worker_id.unwrap_or(0))
             .fetch_optional(&self.pool)
             .await?;
+        // Ended between the read and the write: a new claim, as for no match.
         let Some(row) = row else {
             return Ok(None);
         };
-        self.metrics.claim_replayed();
         match item_from_row(&row) {
-            Ok(item) => Ok(Some(item)),
+            Ok(item) => {
+                self.metrics.claim_replayed();
+                Ok(Some(item))
+            }
             Err(e) => {
                 self.fail_unreadable_lease(get(&row, "id")?, token_hash, &e, "claim")
                     .await?;
@@ -682,7 +700,7 @@ impl Store {
             reason
         };
         let sql = self.sql(&format!(
-            "UPDATE items SET state = $4, attempts = $5, last_error = $6, token_hash = NULL, lease_ttl_ms = NULL,
+            "UPDATE items SET state = $4, attempts = $5, last_error = $6, token_hash = NULL, lease_ttl_ms = NULL, claim_key = NULL,
                  released_token_hash = $2, released_by = worker_id,
                  worker_id = NULL, heartbeat_at = NULL, updated_at = {{now}}
              WHERE id = $1 AND state = 'running' AND token_hash = $2 AND epoch = $3

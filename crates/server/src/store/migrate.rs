@@ -202,8 +202,9 @@ pub const MIGRATIONS: &[Migration] = &[
         // The `Idempotency-Key` of the claim that holds a running item
         // (NULL: none), so a claim sent again after its answer was lost gets
         // that lease back instead of a second item (see `Store::claim`).
-        // Every claim and resume writes it, so it only ever names the
-        // current lease's claim. Nullable: adding it rewrites nothing.
+        // Every claim and resume writes it and every end of a lease clears
+        // it, so it only ever names the current lease's claim. Nullable:
+        // adding it rewrites nothing.
         sql: "ALTER TABLE items ADD COLUMN claim_key TEXT",
     },
     Migration {

@@ -114,7 +114,7 @@ impl Store {
         };
         let (_, _, reason) = end_attempt(claim.item.attempts, claim.item.max_redeliveries);
         let sql = self.sql(
-            "UPDATE items SET state = $3, attempts = $4, last_error = $5, token_hash = NULL, lease_ttl_ms = NULL,
+            "UPDATE items SET state = $3, attempts = $4, last_error = $5, token_hash = NULL, lease_ttl_ms = NULL, claim_key = NULL,
                  worker_id = NULL, heartbeat_at = NULL, updated_at = {now}
              WHERE id = $1 AND state = 'running' AND epoch = $2
                AND (heartbeat_at IS NULL

@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 
 use super::coalesce::{self, by_call, for_each_call, never_applied};
 use super::fence::{distinct, not_found, placeholders, Fence};
-use super::item::{qualified_item_cols, same_json, Ended, Item, ITEM_COLS};
+use super::item::{qualified_item_cols, same_json, Ended, Item, RawJson, ITEM_COLS};
 use super::{detached, get, Backend, Store, StoreError};
 use crate::tokens::{self, ct_eq};
 
@@ -155,7 +155,7 @@ impl Store {
     /// The single-row settle statement (see [`Store::settle`]).
     async fn settle_one(&self, job: &SettleJob) -> Result<(Ended, bool), StoreError> {
         let sql = self.sql(&format!(
-            "UPDATE items SET state = $3, result = $4, last_error = $5, token_hash = NULL, lease_ttl_ms = NULL,
+            "UPDATE items SET state = $3, result = $4, last_error = $5, token_hash = NULL, lease_ttl_ms = NULL, claim_key = NULL,
                  settled_token_hash = $2, settled_request_hash = $7, settled_by = worker_id,
                  worker_id = NULL, heartbeat_at = NULL,
                  updated_at = {{now}}
@@ -305,7 +305,7 @@ impl Store {
         // settle is classified afterwards, as if it had come second.
         let sql = self.sql(&format!(
             "UPDATE items AS i SET state = v.state, result = v.result, last_error = v.last_error,
-                 token_hash = NULL, lease_ttl_ms = NULL, settled_token_hash = v.hash,
+                 token_hash = NULL, lease_ttl_ms = NULL, claim_key = NULL, settled_token_hash = v.hash,
                  settled_request_hash = v.request_hash, settled_by = i.worker_id,
                  worker_id = NULL,
                  heartbeat_at = NULL, updated_at = {{now}}
@@ -367,8 +367,21 @@ fn replay_or_rejection(store: &Store, job: &SettleJob, row: &AnyRow) -> Result<E
     // The same request, byte for byte: a replay even after the item moved
     // on (resumed, claimed, settled by no one else since).
     if same_lease && asked.as_deref() == Some(job.request_hash.as_str()) {
-        let state = Some(job.state.into());
-        return Ok(store.ended(row, job.id, state, "settle", false));
+        let settled = Some(job.state.into());
+        let moved_on =
+            state != job.state_name() || get::<Option<String>>(row, "token_hash")?.is_some();
+        return Ok(match store.ended(row, job.id, settled, "settle", false) {
+            // The item as this settle left it: what another holder wrote
+            // since (its result, its error) is not this caller's to read.
+            Ended::Item(mut item) if moved_on => {
+                item.state = job.state.into();
+                item.result = job.result.clone().and_then(|r| RawJson::from_text(r).ok());
+                item.last_error.clone_from(&job.error);
+                item.worker_id = None;
+                Ended::Item(item)
+            }
+            ended => ended,
+        });
     }
     // The same request in substance while the item is as it left it (a
     // result re-serialised with other spacing; a settle made before the

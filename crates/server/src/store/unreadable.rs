@@ -60,7 +60,7 @@ fn clamped(col: &str, max: i64) -> String {
 /// read again.
 pub(super) fn fail_set() -> String {
     format!(
-        "state = 'failed', last_error = $2, token_hash = NULL, lease_ttl_ms = NULL,
+        "state = 'failed', last_error = $2, token_hash = NULL, lease_ttl_ms = NULL, claim_key = NULL,
          worker_id = NULL, heartbeat_at = NULL, updated_at = {{now}}, {}, {}, {}",
         clamped("attempts", i64::from(u32::MAX)),
         clamped("max_redeliveries", i64::from(u32::MAX)),

@@ -1327,6 +1327,15 @@ pub async fn a_claim_sent_again_with_its_idempotency_key_gets_its_lease_back(db:
         "k1 of two workers, and the eight keys"
     );
 
+    // A key names a running lease only: each end of a lease clears it.
+    let (kept,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM items WHERE claim_key IS NOT NULL AND state <> 'running'",
+    )
+    .fetch_one(shared.pool())
+    .await
+    .unwrap();
+    assert_eq!(kept, 0);
+
     // An expired, reaped lease is not handed back, nor a resumed item.
     let short = db.store(ttl(TTL)).await;
     let item = short.enqueue("ttl", &json!(1), None).await.unwrap();
@@ -1344,6 +1353,22 @@ pub async fn a_claim_sent_again_with_its_idempotency_key_gets_its_lease_back(db:
         .unwrap();
     assert!(!replayed, "the reaped lease is over");
     assert_eq!((r.item.id, r.item.epoch), (item.id, c.item.epoch + 1));
+    // Replayed by an instance of another TTL: the lease it answers is the
+    // one the row holds.
+    let long = db.store(ttl(LONG)).await;
+    let (again, replayed) = long
+        .claim_once("ttl", Some(7), Some("k3"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(replayed);
+    assert_eq!(again.lease.ttl_ms, LONG);
+    let (row_ttl,): (Option<i64>,) = sqlx::query_as("SELECT lease_ttl_ms FROM items WHERE id = $1")
+        .bind(item.id)
+        .fetch_one(long.pool())
+        .await
+        .unwrap();
+    assert_eq!(row_ttl, Some(LONG as i64));
     short.pause(item.id).await.unwrap();
     short.resume(item.id, Some(7)).await.unwrap();
     assert!(
@@ -1428,7 +1453,7 @@ pub async fn a_settle_sent_again_after_its_item_moved_on_is_still_a_replay(db: T
     let again = pause(t1.clone(), r1.clone())
         .await
         .expect("a replay after the resume");
-    assert_eq!((again.id, again.state), (item.id, ItemState::Running));
+    assert_eq!((again.id, again.state), (item.id, ItemState::Paused));
     assert_eq!(snapshot(&store, item.id).await, before, "nothing written");
     // Another request with that token is refused, and changes nothing.
     assert_eq!(
@@ -1448,9 +1473,14 @@ pub async fn a_settle_sent_again_after_its_item_moved_on_is_still_a_replay(db: T
         .unwrap()
         .lease
         .token;
-    pause(t1.clone(), r1.clone())
+    let again = pause(t1.clone(), r1.clone())
         .await
         .expect("a replay after a claim");
+    // Answered as the settle left it, not as worker 8 holds it now.
+    assert_eq!(
+        (again.state, value(again.result), again.worker_id),
+        (ItemState::Paused, Some(r1.clone()), None)
+    );
     // Once another lease settles, t1's settle is no longer the last one.
     store
         .settle(item.id, &t3, Some(8), SettleState::Done, None, None)
