@@ -212,6 +212,7 @@ function noToJSON(v, w) {
     fail(w, GETTER_THREW);
   }
   if (typeof toJSON === 'function') fail(w, TO_JSON);
+  return toJSON;
 }
 
 /**
@@ -229,7 +230,8 @@ function fieldsOf(o, w) {
   // Date, Map, Set, typed arrays, boxed primitives and class instances would
   // be silently changed by JSON.
   if (proto !== null && proto !== OBJECT_PROTO) fail(w, NOT_PLAIN, ctorName(o));
-  noToJSON(o, w);
+  // Read once: an own enumerable `toJSON` (not a function) is this value.
+  const toJSON = noToJSON(o, w);
   let keys;
   try {
     keys = Object.keys(o);
@@ -240,12 +242,14 @@ function fieldsOf(o, w) {
   for (let j = 0; j < keys.length; j++) {
     const k = keys[j];
     if (k.length > MAX_BYTES) fail(w, TOO_LARGE);
-    let item;
-    try {
-      item = o[k];
-    } catch {
-      w.path.push(k);
-      fail(w, PROPERTY_GETTER_THREW);
+    let item = toJSON;
+    if (k !== 'toJSON') {
+      try {
+        item = o[k];
+      } catch {
+        w.path.push(k);
+        fail(w, PROPERTY_GETTER_THREW);
+      }
     }
     if (item !== undefined) fields.push(k, item);
   }

@@ -125,7 +125,7 @@ const WHY: [&str; 18] = [
     RECORD_TYPE_NOT_STRING,
     RESERVED_FIELD,
     "a record must be a plain object",
-    "has a toJSON method: store what it returns",
+    "a value with a toJSON method cannot be stored; store what toJSON returns",
 ];
 
 #[wasm_bindgen::prelude::wasm_bindgen(module = "/js/walk.js")]

@@ -1490,7 +1490,8 @@ async fn stop_dropping(proxy: &str, nonce: &str) {
 /// proxy cut the connection) is sent again by the queue's next claim with
 /// its `Idempotency-Key`: the client gets back the lease the lost answer
 /// carried (the same item and epoch, no attempt spent), and the queue's
-/// next item stays open. As an admin and as a worker. Before, the next
+/// next item stays open, also when a claim aborted before it was sent came
+/// between. As an admin and as a worker. Before, the next
 /// claim took the second item while the first stayed running under a token
 /// nobody held until its TTL ran out.
 #[wasm_bindgen_test]
@@ -1519,6 +1520,13 @@ async fn a_claim_whose_answer_was_lost_gets_its_lease_back_on_the_next_claim() {
         );
         let held = wait_item(first, 2.0 * TTL_MS, |it| it.state == ItemState::Running).await;
         assert_eq!(held.state, ItemState::Running, "the server granted it");
+        // A claim aborted before it is sent does not spend the kept key.
+        let aborted = web_sys::AbortController::new().unwrap();
+        aborted.abort();
+        assert!(matches!(
+            c.claim(&q, Some(&aborted.signal())).await,
+            Err(agentstore::lease::LeaseError::Aborted(_))
+        ));
         stop_dropping(proxy, &nonce).await;
         let lease = claim(&c, &q).await;
         assert_eq!(

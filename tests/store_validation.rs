@@ -1212,4 +1212,18 @@ async fn a_value_whose_to_json_is_hidden_is_refused_not_stored_as_its_fields() {
     );
     let got = store.get(&s("m")).await.unwrap().unwrap();
     assert_eq!(field(&got, "v").as_f64(), Some(1.0));
+    // A `toJSON` field that is no function is data, read once like any field.
+    let rec = eval(
+        "(() => { globalThis.tojsonReads = 0; const o = {_id: 'g'}; \
+         Object.defineProperty(o, 'toJSON', {get() { globalThis.tojsonReads++; return 5; }, enumerable: true}); \
+         return o; })()",
+    );
+    store.put(&rec).await.unwrap();
+    assert_eq!(
+        eval("globalThis.tojsonReads").as_f64(),
+        Some(1.0),
+        "read once"
+    );
+    let got = store.get(&s("g")).await.unwrap().unwrap();
+    assert_eq!(field(&got, "toJSON").as_f64(), Some(5.0));
 }

@@ -34,9 +34,10 @@ impl ClientInner {
     /// lease is locked, then journalled, before it is returned.
     ///
     /// Each claim carries an `Idempotency-Key`. A claim that got no answer
-    /// (a network error, a timeout, a 5xx, a 429: the server may have
-    /// granted it) leaves its key to the queue's next claim from this
-    /// client, which then gets back the lease the lost answer carried (a
+    /// (a network error, a timeout, a 5xx: the server may have granted it;
+    /// or a grant whose body cannot be read) leaves its key to the queue's
+    /// next claim from this client, also when its caller stopped waiting
+    /// (aborted), which then gets back the lease the lost answer carried (a
     /// new token, same epoch) if the server still holds it for this worker
     /// (see the server's `Store::claim_once`), instead of a second item
     /// while the first waits out its TTL with an attempt spent.
@@ -56,18 +57,17 @@ impl ClientInner {
         path.push_str("/claims");
         let sent_at = now_ms();
         let timeout = self.config.request_timeout_ms;
-        let key = claim_key(&self.unanswered_claims, queue);
         let answer = match signal {
             None => {
-                self.authed_while("POST", &path, None, timeout, None, &|| None, Some(&key))
-                    .await
+                let key = claim_key(&self.unanswered_claims, queue);
+                let r = self
+                    .authed_while("POST", &path, None, timeout, None, &|| None, Some(&key))
+                    .await;
+                self.keep_if_unanswered(queue, &key, &r);
+                r?
             }
-            Some(s) => self.claim_request(path, timeout, s, key.clone()).await,
+            Some(s) => self.claim_request(queue, path, timeout, s).await?,
         };
-        if answer.as_ref().is_err_and(LeaseError::is_transient) {
-            keep_claim_key(&self.unanswered_claims, queue, &key);
-        }
-        let answer = answer?;
         if answer.status == 204 {
             return Ok(Claimed::Empty(answer.retry_after_ms));
         }
@@ -109,14 +109,17 @@ impl ClientInner {
     /// `AbortError` when the signal fired first; as [`ClientInner::authed`].
     async fn claim_request(
         self: &Rc<Self>,
+        queue: &str,
         path: String,
         timeout: f64,
         signal: &AbortSignal,
-        key: String,
     ) -> Result<super::http::Answer> {
         if let Some(reason) = crate::options::abort_reason(signal) {
             return Err(LeaseError::Aborted(reason));
         }
+        // Taken once the claim is sure to be sent.
+        let key = claim_key(&self.unanswered_claims, queue);
+        let queue = queue.to_owned();
         let slot: Rc<RefCell<Option<Result<super::http::Answer>>>> = Rc::default();
         let abandoned = Rc::new(Cell::new(false));
         let (done, resolve) = deferred();
@@ -126,6 +129,8 @@ impl ClientInner {
                 let r = me
                     .authed_while("POST", &path, None, timeout, None, &|| None, Some(&key))
                     .await;
+                // Also when the caller no longer waits (abandoned).
+                me.keep_if_unanswered(&queue, &key, &r);
                 match r {
                     Ok(a) if abandoned.get() && a.status == 201 => {
                         if let Ok(c) = parse::<ClaimedRef>(&a.body) {
@@ -157,6 +162,20 @@ impl ClientInner {
                     crate::options::abort_reason(signal).unwrap_or(JsValue::UNDEFINED),
                 ))
             }
+        }
+    }
+
+    /// Keeps `key` for the next claim of `queue` when its claim got no
+    /// answer that settles it: a transient error (no answer, a timeout, a
+    /// 5xx: the server may have granted it) or a grant whose body cannot be
+    /// read. A refusal or a `204` spends it.
+    fn keep_if_unanswered(&self, queue: &str, key: &str, r: &Result<super::http::Answer>) {
+        let unanswered = match r {
+            Err(e) => e.is_transient(),
+            Ok(a) => a.status != 204 && parse::<ClaimedRef>(&a.body).is_err(),
+        };
+        if unanswered {
+            keep_claim_key(&self.unanswered_claims, queue, key);
         }
     }
 
