@@ -9,6 +9,10 @@
 // --browser firefox drives firefox-esr through geckodriver (bench/webdriver.mjs).
 // --before DIR adds the contender "agentstore (before)": the same workloads on
 // another build of pkg/ (e.g. main's), served from DIR, in the same run.
+// --profile (Chromium) CPU-profiles the last run of agentstore's page (of the
+// contender named by BENCH_PROFILE_NAME, e.g. "raw, agentstore pattern") and
+// prints self time by category; BENCH_PROFILE_TOP=n also prints the n
+// functions with the most self time (anonymous ones as file:line:column).
 import { createServer } from 'node:http';
 import { readFile, mkdtemp, rm, writeFile, mkdir } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -199,7 +203,9 @@ try {
     const cat = {};
     const glue = {};
     profile.samples.forEach((id, i) => {
-      const { url, functionName } = byId.get(id).callFrame;
+      const { url, functionName: fn, lineNumber, columnNumber } = byId.get(id).callFrame;
+      // An anonymous function is named by where it is (file:line:column).
+      const functionName = fn || `${url.split('/').pop()}:${lineNumber + 1}:${columnNumber + 1}`;
       const dt = (profile.timeDeltas[i] || 0) / 1000;
       let c;
       if (url.endsWith('.wasm') || url.startsWith('wasm:')) c = 'wasm code';
@@ -212,6 +218,16 @@ try {
       cat[c] = (cat[c] || 0) + dt;
     });
     const topGlue = Object.entries(glue).sort((a, b) => b[1] - a[1]).slice(0, 6);
+    if (process.env.BENCH_PROFILE_TOP) {
+      const all = {};
+      profile.samples.forEach((id, i) => {
+        const { url, functionName: fn, lineNumber, columnNumber } = byId.get(id).callFrame;
+        const k = `${fn || '(anon)'} ${url.split('/').pop()}:${lineNumber + 1}:${columnNumber + 1}`;
+        all[k] = (all[k] || 0) + (profile.timeDeltas[i] || 0) / 1000;
+      });
+      const top = Object.entries(all).sort((a, b) => b[1] - a[1]).slice(0, Number(process.env.BENCH_PROFILE_TOP));
+      console.error(top.map(([k, t]) => `${t.toFixed(0).padStart(6)} ${k}`).join('\n'));
+    }
     return { cat, topGlue };
   }
 
@@ -231,7 +247,7 @@ try {
         if (!has[name].includes(w)) continue;
         const page = pages[name];
         await page.bringToFront();
-        const profiling = PROFILE && BROWSER === 'chromium' && name === 'agentstore' && run === RUNS - 1;
+        const profiling = PROFILE && BROWSER === 'chromium' && name === (process.env.BENCH_PROFILE_NAME || 'agentstore') && run === RUNS - 1;
         if (profiling) await startProfile(page);
         const r = await Promise.race([
           page.evaluate(([w, run]) => window.bench.run(w, run), [w, run]),
