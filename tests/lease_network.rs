@@ -366,6 +366,62 @@ async fn recover_racing_claims_never_releases_a_live_lease() {
     );
 }
 
+/// `recover()` over journal entries whose leases another live context
+/// holds (their Web Locks taken) waits `lockWaitMs` once in all, not once
+/// per entry in turn; and `work()`'s `stop()` does not wait for the
+/// `recover()` the worker starts with. Before, 6 such leases made
+/// `recover()` take 6 × `lockWaitMs`, and `stop()` waited for all of it.
+#[wasm_bindgen_test]
+async fn recover_waits_for_held_locks_once_in_all_and_stop_does_not_wait_for_it() {
+    if server().is_none() {
+        return;
+    }
+    const N: usize = 6;
+    const WAIT_MS: f64 = 1_000.0;
+    let q = fresh_queue("held");
+    let journal = fresh_queue("held-journal");
+    let cfg = |wait: f64| ClientConfig {
+        journal_name: Some(journal.clone()),
+        lock_wait_ms: wait,
+        ..config()
+    };
+    let holder = admin_client(cfg(0.0));
+    let mut held = Vec::new();
+    for _ in 0..N {
+        enqueue(&q, json!({})).await;
+        held.push(claim(&holder, &q).await);
+    }
+    let other = admin_client(cfg(WAIT_MS));
+    let started = now();
+    let report = other.recover(false).await.expect("recover");
+    let took = now() - started;
+    assert_eq!(report.busy.len(), N, "every entry is held elsewhere");
+    // One wait is WAIT_MS; the bound leaves the machine 3 s of slack and
+    // is still under the N waits in turn (6 s) the code before took.
+    assert!(took < 4.0 * WAIT_MS, "{N} held locks took {took} ms");
+
+    // A worker whose first recover() waits 60 s for the held locks.
+    let slow = admin_client(cfg(60_000.0));
+    let w = WorkerInner::start(
+        slow.clone(),
+        fresh_queue("held-empty"),
+        noop_handler(),
+        WorkOptions::default(),
+        wrap,
+    );
+    sleep(50.0).await;
+    let started = now();
+    w.stop().await;
+    let took = now() - started;
+    assert!(took < 10_000.0, "stop() waited {took} ms for recover()");
+    for l in held {
+        l.release().await.unwrap();
+    }
+    other.close().await;
+    slow.close().await;
+    holder.close().await;
+}
+
 /// Holds the exclusive Web Lock `name` as another page would: resolves (once
 /// granted) to `(release, done)`, where calling `release` lets it go and
 /// `done` resolves once the lock manager has released it.

@@ -96,21 +96,23 @@ pub enum LockOutcome {
 /// a caller can take its place in the queue before it does anything that
 /// another context might react to.
 pub fn lock(name: &str, wait_ms: f64) -> impl std::future::Future<Output = LockOutcome> {
-    let issued = request_lock(name, wait_ms);
-    async move {
-        let Some((granted, unlock)) = issued else {
-            return LockOutcome::Unsupported;
-        };
-        match JsFuture::from(granted).await.ok().and_then(|v| v.as_bool()) {
-            Some(true) => LockOutcome::Acquired(unlock),
-            _ => LockOutcome::Busy,
-        }
+    outcome(request_lock(name, wait_ms))
+}
+
+/// The outcome of a request issued by [`request_lock`].
+pub(crate) async fn outcome(issued: Option<(Promise, Function)>) -> LockOutcome {
+    let Some((granted, unlock)) = issued else {
+        return LockOutcome::Unsupported;
+    };
+    match JsFuture::from(granted).await.ok().and_then(|v| v.as_bool()) {
+        Some(true) => LockOutcome::Acquired(unlock),
+        _ => LockOutcome::Busy,
     }
 }
 
 /// Issues the request of [`lock`]: `(granted, unlock)`, where `granted`
 /// resolves with whether the lock is held; `None` without Web Locks.
-fn request_lock(name: &str, wait_ms: f64) -> Option<(Promise, Function)> {
+pub(crate) fn request_lock(name: &str, wait_ms: f64) -> Option<(Promise, Function)> {
     let pair = request_lock_js(name, wait_ms).ok()?;
     if pair.is_undefined() {
         return None;

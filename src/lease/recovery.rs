@@ -36,6 +36,19 @@ pub struct Recovery {
     pub pending: Vec<i64>,
 }
 
+/// Lock requests of `recover()` not taken yet, by entry: let go when
+/// dropped (a lock granted later is released at once; see js/lease.js
+/// `requestLock`).
+struct PendingLocks(Vec<Option<(js_sys::Promise, Function)>>);
+
+impl Drop for PendingLocks {
+    fn drop(&mut self) {
+        for (_, unlock) in self.0.iter_mut().filter_map(Option::take) {
+            let _ = unlock.call0(&JsValue::UNDEFINED);
+        }
+    }
+}
+
 fn unlock_now(f: &Option<Function>) {
     if let Some(f) = f {
         let _ = f.call0(&JsValue::UNDEFINED);
@@ -62,8 +75,30 @@ impl ClientInner {
                 status: ErrorCode::Transaction.status(),
                 message: e,
             })?;
-        for entry in entries {
+        // Every entry's lock is requested now, so the entries held by live
+        // contexts cost one `lockWaitMs` in all, not one each in turn (5
+        // such leases made `recover()`, and `work()`'s start, wait 5 s).
+        // A request still pending when this returns early is let go.
+        let mut locks = PendingLocks(
+            entries
+                .iter()
+                .map(|e| {
+                    let wanted = e.locked && !self.leases.borrow().contains_key(&e.item_id);
+                    wanted
+                        .then(|| {
+                            lifecycle::request_lock(
+                                &self.lock_name(e.item_id),
+                                self.config.lock_wait_ms,
+                            )
+                        })
+                        .flatten()
+                })
+                .collect(),
+        );
+        for (k, entry) in entries.into_iter().enumerate() {
+            let issued = locks.0[k].take();
             if self.leases.borrow().contains_key(&entry.item_id) {
+                unlock_now(&issued.map(|(_, unlock)| unlock));
                 continue;
             }
             // Claimed without a Web Lock: a free lock says nothing about
@@ -82,20 +117,17 @@ impl ClientInner {
                 }
                 continue;
             }
-            let unlock =
-                match lifecycle::lock(&self.lock_name(entry.item_id), self.config.lock_wait_ms)
-                    .await
-                {
-                    lifecycle::LockOutcome::Acquired(f) => Some(f),
-                    lifecycle::LockOutcome::Busy => {
-                        report.busy.push(entry.item_id);
-                        continue;
-                    }
-                    lifecycle::LockOutcome::Unsupported => {
-                        report.skipped.push(entry.item_id);
-                        continue;
-                    }
-                };
+            let unlock = match lifecycle::outcome(issued).await {
+                lifecycle::LockOutcome::Acquired(f) => Some(f),
+                lifecycle::LockOutcome::Busy => {
+                    report.busy.push(entry.item_id);
+                    continue;
+                }
+                lifecycle::LockOutcome::Unsupported => {
+                    report.skipped.push(entry.item_id);
+                    continue;
+                }
+            };
             if resume {
                 match self.resume_entry(&entry).await {
                     Ok(Some(lease)) => {
