@@ -8,11 +8,14 @@ pub fn full_jitter_ms(attempt: u32, base_ms: f64, cap_ms: f64, r: f64) -> f64 {
     r.clamp(0.0, 1.0) * ceiling_ms(attempt, base_ms, cap_ms)
 }
 
-/// Reconnect backoff for the lease client after a connection failure:
-/// `random(base, min(cap, base · 2^failures))` ms. Defaults: base 10 s, cap 5 min
-/// (DESIGN.md "Lease client").
+/// Reconnect backoff for the lease client after the n-th consecutive
+/// connection failure (n from 1; `failures` = n − 1 came before it):
+/// `random(base, min(cap, base · 2^n))` ms. Defaults: base 10 s, cap 5 min
+/// (DESIGN.md "Lease client"). The first window is `[base, 2·base]`, never
+/// zero-wide: workers whose claims failed together (a server restart) do
+/// not all retry at exactly `base`.
 pub fn reconnect_delay_ms(failures: u32, base_ms: f64, cap_ms: f64, r: f64) -> f64 {
-    let hi = ceiling_ms(failures, base_ms, cap_ms).max(base_ms);
+    let hi = ceiling_ms(failures.saturating_add(1), base_ms, cap_ms).max(base_ms);
     base_ms + r.clamp(0.0, 1.0) * (hi - base_ms)
 }
 
@@ -53,9 +56,14 @@ mod tests {
 
     #[test]
     fn reconnect_delay_is_between_base_and_capped_exponential() {
+        // The first failure's window is [base, 2·base], not one point.
+        assert_eq!(
+            reconnect_delay_ms(0, RECONNECT_BASE_MS, RECONNECT_CAP_MS, 0.0),
+            10_000.0
+        );
         assert_eq!(
             reconnect_delay_ms(0, RECONNECT_BASE_MS, RECONNECT_CAP_MS, 0.9),
-            10_000.0
+            19_000.0
         );
         assert_eq!(
             reconnect_delay_ms(2, RECONNECT_BASE_MS, RECONNECT_CAP_MS, 0.0),
@@ -63,7 +71,7 @@ mod tests {
         );
         assert_eq!(
             reconnect_delay_ms(2, RECONNECT_BASE_MS, RECONNECT_CAP_MS, 1.0),
-            40_000.0
+            80_000.0
         );
         assert_eq!(
             reconnect_delay_ms(20, RECONNECT_BASE_MS, RECONNECT_CAP_MS, 1.0),

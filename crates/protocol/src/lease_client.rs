@@ -265,7 +265,7 @@ pub fn plan_pass(plans: &[HeartbeatPlan], now: f64) -> Pass {
 }
 
 /// Reconnect backoff of a work loop: `random(base, min(cap, base·2^n))` after
-/// the n-th consecutive connection failure (n from 0), reset by any answer.
+/// the n-th consecutive connection failure (n from 1), reset by any answer.
 ///
 /// One schedule serves all of a loop's slots, and an outage advances it once
 /// per round, not once per slot: the first failure of a round draws the
@@ -560,11 +560,11 @@ mod tests {
     fn reconnect_backoff_grows_within_base_and_cap_and_resets() {
         let mut b = Reconnect::default();
         assert_eq!(
-            fail(&mut b, 0.99, None),
-            10_000.0,
-            "first failure waits the base"
+            fail(&mut b, 0.9, None),
+            19_000.0,
+            "first failure: [base, 2·base], jittered"
         );
-        assert_eq!(fail(&mut b, 1.0, None), 20_000.0);
+        assert_eq!(fail(&mut b, 1.0, None), 40_000.0);
         for _ in 0..30 {
             let d = fail(&mut b, 0.7, None);
             assert!((10_000.0..=300_000.0).contains(&d));
@@ -572,7 +572,11 @@ mod tests {
         assert_eq!(fail(&mut b, 1.0, None), 300_000.0);
         assert_eq!(fail(&mut b, 0.0, None), 10_000.0, "never below base");
         b.on_success();
-        assert_eq!(fail(&mut b, 1.0, None), 10_000.0);
+        assert_eq!(
+            fail(&mut b, 1.0, None),
+            20_000.0,
+            "reset to the first window"
+        );
         let t = Reconnect::new(100.0, 50.0);
         assert_eq!(t.cap_ms, 100.0);
     }
@@ -583,11 +587,11 @@ mod tests {
         let mut hi = Reconnect::default();
         fail(&mut lo, 0.0, None);
         fail(&mut hi, 0.0, None);
-        // Third failure: window [10 s, 40 s]; Retry-After 60 s moves it to [60 s, 90 s].
+        // Third failure: window [10 s, 80 s]; Retry-After 60 s moves it to [60 s, 130 s].
         fail(&mut lo, 0.0, None);
         fail(&mut hi, 0.0, None);
         assert_eq!(fail(&mut lo, 0.0, Some(60_000.0)), 60_000.0);
-        assert_eq!(fail(&mut hi, 1.0, Some(60_000.0)), 90_000.0);
+        assert_eq!(fail(&mut hi, 1.0, Some(60_000.0)), 130_000.0);
     }
 
     /// Slots failing in the same outage share one window per round: n grows
@@ -603,8 +607,8 @@ mod tests {
             let first = b.on_failure(round, now, 1.0, None);
             assert_eq!(
                 first,
-                100.0 * 2f64.powi(n),
-                "round {n}: the first failure draws 2^n"
+                100.0 * 2f64.powi(n + 1),
+                "round {n}: the first failure draws 2^(n+1)"
             );
             for slot in 1..8 {
                 // ...and fail a little later, one after another: they wait
@@ -619,8 +623,8 @@ mod tests {
         // fails after it draws the base window again.
         let stale = b.round();
         b.on_success();
-        assert_eq!(b.on_failure(stale, now, 1.0, None), 100.0);
-        assert_eq!(b.on_failure(stale, now + 10.0, 1.0, None), 90.0);
+        assert_eq!(b.on_failure(stale, now, 1.0, None), 200.0);
+        assert_eq!(b.on_failure(stale, now + 10.0, 1.0, None), 190.0);
         // A Retry-After longer than the window's rest is still honoured.
         assert_eq!(b.on_failure(stale, now + 10.0, 1.0, Some(500.0)), 500.0);
         // A try of an old round that fails after the window has ended (it
