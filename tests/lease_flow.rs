@@ -1224,3 +1224,54 @@ fn the_wire_reader_and_writer_match_the_protocols_serde_form() {
     };
     assert!(Entry::from_wire(&entry.to_wire()) == Some(entry));
 }
+
+/// A 2xx answer to a settle or a release that is not the lease server's
+/// confirmation (a service worker queueing POSTs while offline, a captive
+/// portal) is an unknown outcome, not a settle: the lease stays held, and
+/// the identical settle sent again once the server answers settles it. The
+/// same for a release (`{id}` of another item). Before, any 2xx marked the
+/// lease settled and dropped its journal entry while the server still held
+/// the item running, to be reaped at the TTL with an attempt spent.
+#[wasm_bindgen_test]
+async fn a_2xx_answer_that_is_not_the_servers_confirmation_settles_nothing() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("not-confirmed");
+    let id = enqueue(&q, json!({})).await;
+    let other = enqueue(&q, json!({})).await;
+    let c = admin_client(config());
+    let lease = claim(&c, &q).await;
+    assert_eq!(lease.item_id, id);
+    let hook = js_sys::Function::new_with_args(
+        "other",
+        "const real = globalThis.fetch;
+        globalThis.fetch = (url, init) => {
+            const u = String(url);
+            if (u.endsWith('/settle')) return Promise.resolve(new Response('queued offline', { status: 202 }));
+            if (u.endsWith('/release')) return Promise.resolve(Response.json({ id: other }));
+            return real(url, init);
+        };
+        return { restore: () => { globalThis.fetch = real; } };",
+    )
+    .call1(&JsValue::NULL, &JsValue::from(other as f64))
+    .unwrap();
+    let r = lease.settle(SettleState::Done, None, None).await;
+    let r2 = lease.release().await;
+    call_method(&hook, "restore", &[]);
+    assert!(
+        matches!(&r, Err(e) if e.is_transient()),
+        "an unknown outcome: {r:?}"
+    );
+    assert!(
+        matches!(&r2, Err(e) if e.is_transient()),
+        "an unknown outcome: {r2:?}"
+    );
+    assert_eq!(item(id).await.state, ItemState::Running);
+    lease
+        .settle(SettleState::Done, None, None)
+        .await
+        .expect("the same settle, answered by the server");
+    assert_eq!(lease.status(), Status::Settled(SettleState::Done));
+    assert_eq!(item(id).await.state, ItemState::Done);
+}

@@ -736,3 +736,56 @@ async fn a_lease_claimed_as_the_worker_stops_is_released_or_dropped_and_counted_
         "{st:?}"
     );
 }
+
+/// A work() settle that keeps failing with a transient error (here `429`
+/// while heartbeats go through and keep the lease) is sent again for as
+/// long as the lease is held, never given up for a release that would hand
+/// the finished work back. Before, the 9th failure released the item
+/// (reopened, an attempt counted) although its settle might have landed.
+#[wasm_bindgen_test]
+async fn a_work_settle_failing_transiently_is_retried_while_held_never_released() {
+    if server().is_none() {
+        return;
+    }
+    const REFUSED: f64 = 9.0;
+    let q = fresh_queue("settle-retry");
+    let id = enqueue(&q, json!({})).await;
+    let hook = Function::new_with_args(
+        "refused",
+        "const real = globalThis.fetch;
+        let settles = 0, releases = 0;
+        globalThis.fetch = (url, init) => {
+            const u = String(url);
+            if (u.endsWith('/release')) releases++;
+            if (u.endsWith('/settle') && ++settles <= refused) {
+                return Promise.resolve(Response.json({ code: 'rate_limited', message: 'slow down' },
+                    { status: 429, headers: { 'Retry-After': '0' } }));
+            }
+            return real(url, init);
+        };
+        return { settles: () => settles, releases: () => releases,
+                 restore: () => { globalThis.fetch = real; } };",
+    )
+    .call1(&JsValue::NULL, &JsValue::from(REFUSED))
+    .unwrap();
+    let call = |k: &str| {
+        let f: Function = get(&hook, &[k]).unchecked_into();
+        f.call0(&hook).unwrap()
+    };
+    let h = handler(|_| async { Ok(JsValue::from("finished")) });
+    let w = WorkerInner::start(admin_client(config()), q.clone(), h, options(1), wrap);
+    let it = wait_item(id, 60_000.0, |it| {
+        it.state != ItemState::Running && it.state != ItemState::Open
+    })
+    .await;
+    let (settles, releases) = (call("settles"), call("releases"));
+    call("restore");
+    w.stop().await;
+    assert_eq!(it.state, ItemState::Done, "settled after {settles:?} tries");
+    assert_eq!(
+        (it.attempts, releases.as_f64()),
+        (0, Some(0.0)),
+        "never released"
+    );
+    assert!(settles.as_f64() > Some(REFUSED));
+}

@@ -41,7 +41,7 @@ use agentstore_protocol::lease::{
 };
 use agentstore_protocol::lease_client::HeartbeatPlan;
 use agentstore_protocol::ErrorCode;
-use js_sys::{Function, JsString, Object, Promise};
+use js_sys::{Function, JsString, Object, Promise, Reflect};
 use wasm_bindgen::JsValue;
 use web_sys::{AbortController, AbortSignal};
 
@@ -647,7 +647,8 @@ impl LeaseInner {
                 &|| settle.then(|| self.gone()).flatten(),
                 None,
             )
-            .await;
+            .await
+            .and_then(|a| confirmed(a, self.item_id, state.as_deref()));
         drop(on_wire);
         self.in_flight.set(self.in_flight.get() - 1);
         self.plan.borrow_mut().ending = false;
@@ -750,4 +751,36 @@ impl LeaseInner {
 /// refuses one larger than its `--max-body-bytes`.
 pub(crate) fn json_copy(v: &JsValue) -> Option<JsValue> {
     json_parse(&js_sys::JSON::stringify(v).ok()?).ok()
+}
+
+/// `answer` when it is the lease server's confirmation of the ending call
+/// on item `item_id` (a settle into `state`, or a release): `{id, …}` naming
+/// the item, for a settle also its `state` (or `unreadable_row: true`).
+/// Any other 2xx (a service worker queueing POSTs offline, a captive
+/// portal) says nothing about the lease: an unknown outcome, as a 5xx is,
+/// so the identical call is sent again instead of the lease being taken
+/// for settled while the server still holds it running.
+///
+/// # Errors
+/// `Server` (`internal`, status 502) for an answer that does not confirm.
+pub(crate) fn confirmed(
+    answer: super::http::Answer,
+    item_id: i64,
+    state: Option<&str>,
+) -> Result<super::http::Answer> {
+    let field = |k: &str| Reflect::get(&answer.body, &k.into()).unwrap_or(JsValue::UNDEFINED);
+    let same_item = field("id").as_f64() == Some(item_id as f64);
+    let same_state = state.is_none_or(|s| {
+        field("state").as_string().as_deref() == Some(s)
+            || field("unreadable_row").as_bool() == Some(true)
+    });
+    if same_item && same_state {
+        Ok(answer)
+    } else {
+        Err(LeaseError::Server {
+            code: ErrorCode::Internal,
+            status: 502,
+            message: "a 2xx answer that is not the lease server's confirmation (a service worker or proxy?): the outcome is unknown".into(),
+        })
+    }
 }

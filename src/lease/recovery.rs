@@ -232,6 +232,7 @@ impl ClientInner {
             None,
         )
         .await
+        .and_then(|a| super::lease::confirmed(a, item_id, None))
         .map(|a| a.replayed)
     }
 

@@ -344,15 +344,16 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
     let mut attempt = 0u32;
     // Whether `client.close()` took this lease over: it ends it (the settle
     // recorded as asked, sent again; else a release), and nothing more is
-    // sent from here.
+    // sent from here. A transient failure is retried for as long as the
+    // lease is held (its local deadline ends that: no heartbeat goes out
+    // while a settle's outcome is unknown), never given up for a release:
+    // the settle may have landed, or may still (a 504 whose upstream
+    // commits later), and a release would hand the finished work back.
     let closed = loop {
         match lease.settle(state, result.clone(), error.clone()).await {
             Ok(_) => break false,
             Err(e)
-                if e.is_transient()
-                    && lease.status() == Status::Held
-                    && attempt < 8
-                    && !w.client.closed.get() =>
+                if e.is_transient() && lease.status() == Status::Held && !w.client.closed.get() =>
             {
                 pause(&mut attempt).await;
                 // close() came during the pause: it sends the settle.
@@ -437,7 +438,7 @@ async fn until_closed(
 /// Waits before retrying an ending call: full jitter over 100 ms doubling
 /// up to 5 s (`attempt` counts the retries).
 async fn pause(attempt: &mut u32) {
-    *attempt += 1;
+    *attempt = attempt.saturating_add(1);
     sleep_ms(agentstore_protocol::backoff::full_jitter_ms(
         *attempt,
         100.0,
