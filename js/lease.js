@@ -70,6 +70,19 @@ export function requestLock(name, waitMs) {
 }
 
 /**
+ * The names of the Web Locks held now in this origin, from
+ * `navigator.locks.query()`; `undefined` where that does not exist or fails.
+ * <https://developer.mozilla.org/docs/Web/API/LockManager/query>
+ */
+export async function heldLocks() {
+  try {
+    return (await navigator.locks.query()).held.map((l) => l.name);
+  } catch (e) {
+    return undefined;
+  }
+}
+
+/**
  * Sends `body` (text/plain, so no CORS preflight) to `url` with
  * navigator.sendBeacon, falling back to `fetch(url, {method: "POST",
  * keepalive: true})` (whose outcome nobody waits for).

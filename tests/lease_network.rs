@@ -367,10 +367,11 @@ async fn recover_racing_claims_never_releases_a_live_lease() {
 }
 
 /// `recover()` over journal entries whose leases another live context
-/// holds (their Web Locks taken) waits `lockWaitMs` once in all, not once
-/// per entry in turn; and `work()`'s `stop()` does not wait for the
-/// `recover()` the worker starts with. Before, 6 such leases made
-/// `recover()` take 6 × `lockWaitMs`, and `stop()` waited for all of it.
+/// holds (their Web Locks taken) finds them busy without waiting
+/// `lockWaitMs` for each in turn (it asks `navigator.locks.query()`), and
+/// a worker started with such a journal stops at once. Before, 6 such
+/// leases made `recover()` take 6 × `lockWaitMs`, and `work()`'s `stop()`
+/// waited for all of it.
 #[wasm_bindgen_test]
 async fn recover_waits_for_held_locks_once_in_all_and_stop_does_not_wait_for_it() {
     if server().is_none() {
@@ -396,11 +397,11 @@ async fn recover_waits_for_held_locks_once_in_all_and_stop_does_not_wait_for_it(
     let report = other.recover(false).await.expect("recover");
     let took = now() - started;
     assert_eq!(report.busy.len(), N, "every entry is held elsewhere");
-    // One wait is WAIT_MS; the bound leaves the machine 3 s of slack and
-    // is still under the N waits in turn (6 s) the code before took.
+    // The bound leaves the machine 4 s of slack and is still under the N
+    // waits in turn (6 s) the code before took.
     assert!(took < 4.0 * WAIT_MS, "{N} held locks took {took} ms");
 
-    // A worker whose first recover() waits 60 s for the held locks.
+    // A worker whose lock wait is 60 s, over the same journal.
     let slow = admin_client(cfg(60_000.0));
     let w = WorkerInner::start(
         slow.clone(),

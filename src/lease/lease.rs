@@ -780,7 +780,7 @@ pub(crate) fn confirmed(
         Err(LeaseError::Server {
             code: ErrorCode::Internal,
             status: 502,
-            message: "a 2xx answer that is not the lease server's confirmation (a service worker or proxy?): the outcome is unknown".into(),
+            message: "a 2xx that is not the lease server's answer: outcome unknown".into(),
         })
     }
 }

@@ -29,6 +29,10 @@ extern "C" {
     /// `undefined` without Web Locks, else `[granted, unlock]`.
     #[wasm_bindgen(js_name = requestLock, catch)]
     fn request_lock_js(name: &str, wait_ms: f64) -> Result<JsValue, JsValue>;
+    /// A Promise of the held locks' names, or of `undefined` (js/lease.js
+    /// `heldLocks`; it never rejects).
+    #[wasm_bindgen(js_name = heldLocks)]
+    fn held_locks_js() -> Promise;
 }
 
 /// The events on which the heartbeat loop looks at its leases at once: a
@@ -86,6 +90,17 @@ pub enum LockOutcome {
     Unsupported,
 }
 
+/// The names of the Web Locks held now in this origin
+/// (`navigator.locks.query()`), or `None` where that cannot be asked
+/// (js/lease.js `heldLocks`).
+pub async fn held_locks() -> Option<js_sys::Array> {
+    JsFuture::from(held_locks_js())
+        .await
+        .ok()
+        .filter(js_sys::Array::is_array)
+        .map(JsCast::unchecked_into)
+}
+
 /// Requests the exclusive [Web Lock](https://developer.mozilla.org/docs/Web/API/LockManager/request)
 /// `name`, waiting at most `wait_ms` (0 = only if free now; `f64::INFINITY` =
 /// until it is granted). The lock is held until the returned function is
@@ -96,23 +111,21 @@ pub enum LockOutcome {
 /// a caller can take its place in the queue before it does anything that
 /// another context might react to.
 pub fn lock(name: &str, wait_ms: f64) -> impl std::future::Future<Output = LockOutcome> {
-    outcome(request_lock(name, wait_ms))
-}
-
-/// The outcome of a request issued by [`request_lock`].
-pub(crate) async fn outcome(issued: Option<(Promise, Function)>) -> LockOutcome {
-    let Some((granted, unlock)) = issued else {
-        return LockOutcome::Unsupported;
-    };
-    match JsFuture::from(granted).await.ok().and_then(|v| v.as_bool()) {
-        Some(true) => LockOutcome::Acquired(unlock),
-        _ => LockOutcome::Busy,
+    let issued = request_lock(name, wait_ms);
+    async move {
+        let Some((granted, unlock)) = issued else {
+            return LockOutcome::Unsupported;
+        };
+        match JsFuture::from(granted).await.ok().and_then(|v| v.as_bool()) {
+            Some(true) => LockOutcome::Acquired(unlock),
+            _ => LockOutcome::Busy,
+        }
     }
 }
 
 /// Issues the request of [`lock`]: `(granted, unlock)`, where `granted`
 /// resolves with whether the lock is held; `None` without Web Locks.
-pub(crate) fn request_lock(name: &str, wait_ms: f64) -> Option<(Promise, Function)> {
+fn request_lock(name: &str, wait_ms: f64) -> Option<(Promise, Function)> {
     let pair = request_lock_js(name, wait_ms).ok()?;
     if pair.is_undefined() {
         return None;

@@ -36,19 +36,6 @@ pub struct Recovery {
     pub pending: Vec<i64>,
 }
 
-/// Lock requests of `recover()` not taken yet, by entry: let go when
-/// dropped (a lock granted later is released at once; see js/lease.js
-/// `requestLock`).
-struct PendingLocks(Vec<Option<(js_sys::Promise, Function)>>);
-
-impl Drop for PendingLocks {
-    fn drop(&mut self) {
-        for (_, unlock) in self.0.iter_mut().filter_map(Option::take) {
-            let _ = unlock.call0(&JsValue::UNDEFINED);
-        }
-    }
-}
-
 fn unlock_now(f: &Option<Function>) {
     if let Some(f) = f {
         let _ = f.call0(&JsValue::UNDEFINED);
@@ -64,6 +51,20 @@ impl ClientInner {
     /// # Errors
     /// `ClosedError`; `TransactionError` when the journal cannot be read at all.
     pub async fn recover(self: &Rc<Self>, resume: bool) -> Result<Recovery> {
+        self.recover_until(resume, &|| false).await
+    }
+
+    /// [`ClientInner::recover`], leaving the entries not reached yet for a
+    /// later one once `stop()` is true (`work()`'s `stop()`, which must not
+    /// wait for a whole journal's releases).
+    ///
+    /// # Errors
+    /// As [`ClientInner::recover`].
+    pub(crate) async fn recover_until(
+        self: &Rc<Self>,
+        resume: bool,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Recovery> {
         self.check_open()?;
         let mut report = Recovery::default();
         let entries = self
@@ -75,30 +76,13 @@ impl ClientInner {
                 status: ErrorCode::Transaction.status(),
                 message: e,
             })?;
-        // Every entry's lock is requested now, so the entries held by live
-        // contexts cost one `lockWaitMs` in all, not one each in turn (5
-        // such leases made `recover()`, and `work()`'s start, wait 5 s).
-        // A request still pending when this returns early is let go.
-        let mut locks = PendingLocks(
-            entries
-                .iter()
-                .map(|e| {
-                    let wanted = e.locked && !self.leases.borrow().contains_key(&e.item_id);
-                    wanted
-                        .then(|| {
-                            lifecycle::request_lock(
-                                &self.lock_name(e.item_id),
-                                self.config.lock_wait_ms,
-                            )
-                        })
-                        .flatten()
-                })
-                .collect(),
-        );
-        for (k, entry) in entries.into_iter().enumerate() {
-            let issued = locks.0[k].take();
-            if self.leases.borrow().contains_key(&entry.item_id) {
-                unlock_now(&issued.map(|(_, unlock)| unlock));
+        // The Web Locks held now: an entry whose lock another live context
+        // holds is busy at once, instead of each waiting `lockWaitMs` in
+        // turn (6 such leases made `recover()`, and `work()`'s start, wait
+        // 6 s). Where Web Locks cannot be queried, each waits as before.
+        let held = lifecycle::held_locks().await;
+        for entry in entries {
+            if self.leases.borrow().contains_key(&entry.item_id) || stop() {
                 continue;
             }
             // Claimed without a Web Lock: a free lock says nothing about
@@ -117,7 +101,15 @@ impl ClientInner {
                 }
                 continue;
             }
-            let unlock = match lifecycle::outcome(issued).await {
+            let name = self.lock_name(entry.item_id);
+            if held
+                .as_ref()
+                .is_some_and(|h| h.includes(&name.as_str().into(), 0))
+            {
+                report.busy.push(entry.item_id);
+                continue;
+            }
+            let unlock = match lifecycle::lock(&name, self.config.lock_wait_ms).await {
                 lifecycle::LockOutcome::Acquired(f) => Some(f),
                 lifecycle::LockOutcome::Busy => {
                     report.busy.push(entry.item_id);

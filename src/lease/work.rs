@@ -131,23 +131,15 @@ impl WorkerInner {
         let me = w.clone();
         let all = wasm_bindgen_futures::future_to_promise(async move {
             // Reconcile what earlier pages left in the journal before
-            // claiming; `stop()` does not wait for it (it runs on).
-            let client = me.client.clone();
-            let recover = wasm_bindgen_futures::future_to_promise(async move {
-                client
-                    .recover(false)
-                    .await
-                    .map(|_| JsValue::TRUE)
-                    .map_err(|_| {
-                        super::lifecycle::warn("agentstore work(): journal reconcile failed");
-                        JsValue::FALSE
-                    })
-            });
-            let _ = JsFuture::from(match &me.stop {
-                Some(c) => crate::store::race_abort_js(&recover, &c.signal(), &JsValue::UNDEFINED),
-                None => recover,
-            })
-            .await;
+            // claiming; `stop()` leaves the entries not reached yet.
+            if me
+                .client
+                .recover_until(false, &|| me.stopping.get())
+                .await
+                .is_err()
+            {
+                super::lifecycle::warn("agentstore work(): journal reconcile failed");
+            }
             let slots: js_sys::Array = (0..n)
                 .map(|_| {
                     let w = me.clone();
