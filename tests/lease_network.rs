@@ -401,8 +401,10 @@ async fn recover_waits_for_held_locks_once_in_all_and_stop_does_not_wait_for_it(
     // waits in turn (6 s) the code before took.
     assert!(took < 4.0 * WAIT_MS, "{N} held locks took {took} ms");
 
-    // A worker whose lock wait is 60 s, over the same journal.
-    let slow = admin_client(cfg(60_000.0));
+    // A worker over the same journal: its first recover() waits
+    // `lockWaitMs` once (not once per entry), and `stop()` waits at most
+    // that long for it.
+    let slow = admin_client(cfg(WAIT_MS));
     let w = WorkerInner::start(
         slow.clone(),
         fresh_queue("held-empty"),

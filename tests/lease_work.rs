@@ -789,3 +789,51 @@ async fn a_work_settle_failing_transiently_is_retried_while_held_never_released(
     );
     assert!(settles.as_f64() > Some(REFUSED));
 }
+
+/// A settle refused again and again (a gateway's 429s while heartbeats
+/// renew the lease) does not hold `stop()`: it ends the retries and gives
+/// the lease back (the settle never landed), and `stop()` resolves.
+#[wasm_bindgen_test]
+async fn stop_ends_the_retries_of_a_settle_that_is_always_refused() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("settle-refused");
+    let id = enqueue(&q, json!({})).await;
+    let hook = Function::new_with_args(
+        "",
+        "const real = globalThis.fetch;
+        let settles = 0;
+        globalThis.fetch = (url, init) => {
+            if (String(url).endsWith('/settle')) {
+                settles++;
+                return Promise.resolve(Response.json({ code: 'rate_limited', message: 'slow down' },
+                    { status: 429, headers: { 'Retry-After': '30' } }));
+            }
+            return real(url, init);
+        };
+        return { settles: () => settles, restore: () => { globalThis.fetch = real; } };",
+    )
+    .call0(&JsValue::NULL)
+    .unwrap();
+    let call = |k: &str| {
+        let f: Function = get(&hook, &[k]).unchecked_into();
+        f.call0(&hook).unwrap()
+    };
+    let h = handler(|_| async { Ok(JsValue::from("finished")) });
+    let w = WorkerInner::start(admin_client(config()), q.clone(), h, options(1), wrap);
+    let until = now() + 30_000.0;
+    while call("settles").as_f64() < Some(1.0) {
+        assert!(now() < until, "no settle was sent");
+        sleep(20.0).await;
+    }
+    // The retry now waits out a 30 s Retry-After; stop() ends that wait.
+    let started = now();
+    w.stop().await;
+    let took = now() - started;
+    call("restore");
+    assert!(took < 10_000.0, "stop() waited {took} ms");
+    let it = wait_item(id, 3.0 * TTL_MS, |it| it.state == ItemState::Open).await;
+    assert_eq!(it.state, ItemState::Open, "given back, not left leased");
+    assert_eq!(w.stats.borrow().lost, 1);
+}

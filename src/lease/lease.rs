@@ -653,11 +653,15 @@ impl LeaseInner {
         self.in_flight.set(self.in_flight.get() - 1);
         self.plan.borrow_mut().ending = false;
         // Whether the server may have applied the call: no answer, or a 5xx
-        // (a 429 or any 4xx says it was not applied).
+        // (a 429 or any 4xx says it was not applied). A 429 or 401 refusing
+        // the resend of an attempt whose outcome was unknown says nothing
+        // about that attempt, which may have landed: still unknown (else
+        // heartbeats resumed and took a landed settle for a lost claim).
         let unknown = match &r {
             Ok(_) => false,
             Err(LeaseError::Network(_)) => true,
             Err(LeaseError::Server { status, .. }) => *status >= 500,
+            Err(LeaseError::RateLimited { .. } | LeaseError::Unauthorized(_)) => after_unknown,
             Err(_) => false,
         };
         self.ending_unanswered.set(unknown);

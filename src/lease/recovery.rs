@@ -76,13 +76,27 @@ impl ClientInner {
                 status: ErrorCode::Transaction.status(),
                 message: e,
             })?;
-        // The Web Locks held now: an entry whose lock another live context
-        // holds is busy at once, instead of each waiting `lockWaitMs` in
-        // turn (6 such leases made `recover()`, and `work()`'s start, wait
-        // 6 s). Where Web Locks cannot be queried, each waits as before.
-        let held = lifecycle::held_locks().await;
+        // The Web Locks held now: an entry whose lock another context holds
+        // waits `lockWaitMs` once for all such entries (a context going
+        // away lets go of its locks within it), then is busy if its lock is
+        // still held; before, each waited `lockWaitMs` in turn (6 such
+        // leases made `recover()`, and `work()`'s start, wait 6 s). Where
+        // Web Locks cannot be queried, each waits in turn as before.
+        let held_by = |held: &Option<js_sys::Array>, id: i64| {
+            held.as_ref()
+                .is_some_and(|h| h.includes(&self.lock_name(id).as_str().into(), 0))
+        };
+        let mut held = lifecycle::held_locks().await;
+        let mine = |id: i64| self.leases.borrow().contains_key(&id);
+        if entries
+            .iter()
+            .any(|e| e.locked && !mine(e.item_id) && held_by(&held, e.item_id))
+        {
+            super::http::sleep_ms(self.config.lock_wait_ms).await;
+            held = lifecycle::held_locks().await;
+        }
         for entry in entries {
-            if self.leases.borrow().contains_key(&entry.item_id) || stop() {
+            if mine(entry.item_id) || stop() {
                 continue;
             }
             // Claimed without a Web Lock: a free lock says nothing about
@@ -101,14 +115,11 @@ impl ClientInner {
                 }
                 continue;
             }
-            let name = self.lock_name(entry.item_id);
-            if held
-                .as_ref()
-                .is_some_and(|h| h.includes(&name.as_str().into(), 0))
-            {
+            if held_by(&held, entry.item_id) {
                 report.busy.push(entry.item_id);
                 continue;
             }
+            let name = self.lock_name(entry.item_id);
             let unlock = match lifecycle::lock(&name, self.config.lock_wait_ms).await {
                 lifecycle::LockOutcome::Acquired(f) => Some(f),
                 lifecycle::LockOutcome::Busy => {

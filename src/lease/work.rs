@@ -337,17 +337,34 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
     // Whether `client.close()` took this lease over: it ends it (the settle
     // recorded as asked, sent again; else a release), and nothing more is
     // sent from here. A transient failure is retried for as long as the
-    // lease is held (its local deadline ends that: no heartbeat goes out
-    // while a settle's outcome is unknown), never given up for a release:
-    // the settle may have landed, or may still (a 504 whose upstream
-    // commits later), and a release would hand the finished work back.
+    // lease is held, never given up for a release while the settle's
+    // outcome is unknown: it may have landed, or may still (a 504 whose
+    // upstream commits later), and a release would hand the finished work
+    // back; the local deadline ends that wait (no heartbeat goes out while
+    // the outcome is unknown). Refusals that say it did not land (429s
+    // from a gateway, while heartbeats renew the lease) are retried until
+    // `stop()`, which then releases the lease.
     let closed = loop {
         match lease.settle(state, result.clone(), error.clone()).await {
             Ok(_) => break false,
             Err(e)
-                if e.is_transient() && lease.status() == Status::Held && !w.client.closed.get() =>
+                if e.is_transient()
+                    && lease.status() == Status::Held
+                    && !w.client.closed.get()
+                    && (lease.ending_unanswered.get() || !w.stopping.get()) =>
             {
-                pause(&mut attempt).await;
+                let retry_after = match e {
+                    LeaseError::RateLimited { retry_after_ms } => retry_after_ms,
+                    _ => 0.0,
+                };
+                // `stop()` ends a wait for a refused settle at once (it is
+                // then released); one whose outcome is unknown waits on.
+                let d = pause_ms(&mut attempt, retry_after);
+                if lease.ending_unanswered.get() {
+                    sleep_ms(d).await;
+                } else {
+                    w.wait(d).await;
+                }
                 // close() came during the pause: it sends the settle.
                 if w.client.closed.get() {
                     break true;
@@ -396,7 +413,9 @@ async fn end_or_drop(lease: &LeaseInner, handed_back: bool) {
     let mut attempt = 0u32;
     while lease.status() == Status::Held {
         match lease.release().await {
-            Err(e) if handed_back && e.is_transient() && attempt < 8 => pause(&mut attempt).await,
+            Err(e) if handed_back && e.is_transient() && attempt < 8 => {
+                pause(&mut attempt, 0.0).await
+            }
             Err(_) if lease.status() == Status::Held => {
                 lease.lose(
                     LossReason::ExpiredLocally,
@@ -429,15 +448,15 @@ async fn until_closed(
 
 /// Waits before retrying an ending call: full jitter over 100 ms doubling
 /// up to 5 s (`attempt` counts the retries).
-async fn pause(attempt: &mut u32) {
+async fn pause(attempt: &mut u32, retry_after_ms: f64) {
+    sleep_ms(pause_ms(attempt, retry_after_ms)).await;
+}
+
+/// The next wait of [`pause`], at least the server's `Retry-After`.
+fn pause_ms(attempt: &mut u32, retry_after_ms: f64) -> f64 {
     *attempt = attempt.saturating_add(1);
-    sleep_ms(agentstore_protocol::backoff::full_jitter_ms(
-        *attempt,
-        100.0,
-        5_000.0,
-        random(),
-    ))
-    .await;
+    agentstore_protocol::backoff::full_jitter_ms(*attempt, 100.0, 5_000.0, random())
+        .max(retry_after_ms)
 }
 
 /// Counts how a lease of this loop ended.
