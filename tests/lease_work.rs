@@ -750,28 +750,8 @@ async fn a_work_settle_failing_transiently_is_retried_while_held_never_released(
     const REFUSED: f64 = 9.0;
     let q = fresh_queue("settle-retry");
     let id = enqueue(&q, json!({})).await;
-    let hook = Function::new_with_args(
-        "refused",
-        "const real = globalThis.fetch;
-        let settles = 0, releases = 0;
-        globalThis.fetch = (url, init) => {
-            const u = String(url);
-            if (u.endsWith('/release')) releases++;
-            if (u.endsWith('/settle') && ++settles <= refused) {
-                return Promise.resolve(Response.json({ code: 'rate_limited', message: 'slow down' },
-                    { status: 429, headers: { 'Retry-After': '0' } }));
-            }
-            return real(url, init);
-        };
-        return { settles: () => settles, releases: () => releases,
-                 restore: () => { globalThis.fetch = real; } };",
-    )
-    .call1(&JsValue::NULL, &JsValue::from(REFUSED))
-    .unwrap();
-    let call = |k: &str| {
-        let f: Function = get(&hook, &[k]).unchecked_into();
-        f.call0(&hook).unwrap()
-    };
+    let hook = settle_refuser(REFUSED, 0);
+    let call = |k: &str| hook_call(&hook, k);
     let h = handler(|_| async { Ok(JsValue::from("finished")) });
     let w = WorkerInner::start(admin_client(config()), q.clone(), h, options(1), wrap);
     let it = wait_item(id, 60_000.0, |it| {
@@ -800,26 +780,8 @@ async fn stop_ends_the_retries_of_a_settle_that_is_always_refused() {
     }
     let q = fresh_queue("settle-refused");
     let id = enqueue(&q, json!({})).await;
-    let hook = Function::new_with_args(
-        "",
-        "const real = globalThis.fetch;
-        let settles = 0;
-        globalThis.fetch = (url, init) => {
-            if (String(url).endsWith('/settle')) {
-                settles++;
-                return Promise.resolve(Response.json({ code: 'rate_limited', message: 'slow down' },
-                    { status: 429, headers: { 'Retry-After': '30' } }));
-            }
-            return real(url, init);
-        };
-        return { settles: () => settles, restore: () => { globalThis.fetch = real; } };",
-    )
-    .call0(&JsValue::NULL)
-    .unwrap();
-    let call = |k: &str| {
-        let f: Function = get(&hook, &[k]).unchecked_into();
-        f.call0(&hook).unwrap()
-    };
+    let hook = settle_refuser(f64::INFINITY, 30);
+    let call = |k: &str| hook_call(&hook, k);
     let h = handler(|_| async { Ok(JsValue::from("finished")) });
     let w = WorkerInner::start(admin_client(config()), q.clone(), h, options(1), wrap);
     let until = now() + 30_000.0;
@@ -836,4 +798,39 @@ async fn stop_ends_the_retries_of_a_settle_that_is_always_refused() {
     let it = wait_item(id, 3.0 * TTL_MS, |it| it.state == ItemState::Open).await;
     assert_eq!(it.state, ItemState::Open, "given back, not left leased");
     assert_eq!(w.stats.borrow().lost, 1);
+}
+
+/// Replaces `fetch` so that the first `refused` settles are answered `429`
+/// with `Retry-After: retry_after_s` (as a gateway would) and everything
+/// else goes through; the hook's `settles()`, `releases()` and `restore()`
+/// count the settles and releases sent and put `fetch` back.
+fn settle_refuser(refused: f64, retry_after_s: u32) -> JsValue {
+    Function::new_with_args(
+        "refused, retryAfter",
+        "const real = globalThis.fetch;
+        let settles = 0, releases = 0;
+        globalThis.fetch = (url, init) => {
+            const u = String(url);
+            if (u.endsWith('/release')) releases++;
+            if (u.endsWith('/settle') && ++settles <= refused) {
+                return Promise.resolve(Response.json({ code: 'rate_limited', message: 'slow down' },
+                    { status: 429, headers: { 'Retry-After': String(retryAfter) } }));
+            }
+            return real(url, init);
+        };
+        return { settles: () => settles, releases: () => releases,
+                 restore: () => { globalThis.fetch = real; } };",
+    )
+    .call2(
+        &JsValue::NULL,
+        &JsValue::from(refused),
+        &JsValue::from(retry_after_s),
+    )
+    .unwrap()
+}
+
+/// Calls the hook's method `k`.
+fn hook_call(hook: &JsValue, k: &str) -> JsValue {
+    let f: Function = get(hook, &[k]).unchecked_into();
+    f.call0(hook).unwrap()
 }
