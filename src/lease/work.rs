@@ -4,8 +4,9 @@
 //! - Empty queue: wait `pollIntervalMs` plus jitter in `[0, min(interval/2, 30 s)]`
 //!   (at least the server's `Retry-After`).
 //! - No connection: back off `random(base, min(cap, base·2^n))` after the
-//!   n-th failure in a row (n from 1), base 10 s, cap 5 min, reset by any answer (one schedule shared by the slots: n
-//!   grows once per outage round, not once per failing slot).
+//!   n-th failure in a row (n from 1), base 10 s, cap 5 min, reset by any
+//!   answer (one schedule shared by the slots: n grows once per outage
+//!   round, not once per failing slot).
 //! - Handler result → `settle("done", result)`; throw → `settle("failed")` with
 //!   the error's message; lease lost meanwhile → the lease's signal aborts,
 //!   the result is discarded and nothing is settled; the slot claims again
