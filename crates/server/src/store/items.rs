@@ -6,7 +6,7 @@
 //! state (and token or epoch) it expects, so a stale caller changes nothing. When
 //! it matches no row, the row is read to tell why (`fence`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
 use agentstore_protocol::lease::{end_attempt, ItemState, Lease, LeaseEvent, LeaseItem};
@@ -25,6 +25,15 @@ use crate::tokens::{self, ct_eq};
 /// Fixed bytes counted per item against a page's budget (its id, state,
 /// counters and field names in the answer), besides its texts.
 const ITEM_OVERHEAD_BYTES: u64 = 256;
+
+/// How many times a keyed claim whose key another copy of it holds looks
+/// for that copy's lease (see [`Store::claim_once`]). Each look that finds
+/// none means the lease ended between the claim statement and the look.
+const KEY_TAKEN_TRIES: usize = 8;
+
+/// A claim's answer: the item, and whether it is a replay (the lease another
+/// copy of the claim took).
+type ClaimAnswer = Result<Option<(Item, bool)>, StoreError>;
 
 /// What a release reads first (see [`Store::read_lease`]).
 struct LeaseRead {
@@ -53,7 +62,17 @@ pub(super) struct ClaimJob {
     token_hash: String,
     /// The claim's idempotency key, stored on the item it gets.
     key: Option<String>,
-    reply: oneshot::Sender<Result<Option<Item>, StoreError>>,
+    reply: oneshot::Sender<ClaimAnswer>,
+}
+
+/// Splits a lane's batch into the claims to run together and the copies of
+/// one of them (the same key and caller, later in the batch), in order.
+fn split_copies(batch: Vec<ClaimJob>) -> (Vec<ClaimJob>, Vec<ClaimJob>) {
+    let mut seen = HashSet::new();
+    batch.into_iter().partition(|job| match &job.key {
+        Some(key) => seen.insert((key.clone(), job.worker_id)),
+        None => true,
+    })
 }
 
 impl Store {
@@ -197,6 +216,15 @@ impl Store {
     /// heartbeat, the replay renews a lease past its TTL that no takeover
     /// has ended yet.
     ///
+    /// Copies of one claim that race (a retry sent while the first copy is
+    /// still being answered, on this instance or another) take ONE item
+    /// between them: a unique index allows one running lease per key, queue
+    /// and caller, so the claim statement of every copy but one fails on it
+    /// and that copy answers the replay instead (each copy rotating the
+    /// token, as a replay sent later does: the last one answered holds the
+    /// lease). Another caller's claim with the same key is not affected by
+    /// it: it claims afresh.
+    ///
     /// # Errors
     /// As [`Store::claim`].
     pub async fn claim_once(
@@ -235,7 +263,7 @@ impl Store {
             let item = answer
                 .await
                 .unwrap_or(Err(StoreError::Database(sqlx::Error::WorkerCrashed)))?;
-            return Ok(item.map(|item| (self.claim_response(item, token.0), false)));
+            return Ok(item.map(|(item, replayed)| (self.claim_response(item, token.0), replayed)));
         }
         let (store, queue) = (self.clone(), queue.to_owned());
         let item = detached(async move {
@@ -244,7 +272,7 @@ impl Store {
                 .await
         })
         .await?;
-        Ok(item.map(|item| (self.claim_response(item, token.0), false)))
+        Ok(item.map(|(item, replayed)| (self.claim_response(item, token.0), replayed)))
     }
 
     /// The replay of [`Store::claim_once`]: the running lease claimed with
@@ -310,14 +338,17 @@ impl Store {
 
     /// The single-row claim statement (see [`Store::claim`]), sent again
     /// while the row it claimed does not decode: each such row is failed, so
-    /// the loop ends with a readable item or none.
+    /// the loop ends with a readable item or none. With a key that another
+    /// copy of this claim holds, the statement fails on the unique index
+    /// and changes nothing, and that copy's lease is answered (`true`,
+    /// replayed); when that lease ended in between, the statement runs again.
     async fn claim_one(
         &self,
         queue: &str,
         token_hash: &str,
         worker_id: Option<i64>,
         key: Option<&str>,
-    ) -> Result<Option<Item>, StoreError> {
+    ) -> ClaimAnswer {
         let sql = self.sql(&format!(
             "UPDATE items SET state = 'running', epoch = epoch + 1, token_hash = $2,
                  worker_id = $3, claim_key = $4, claimed_at = {{now}},
@@ -328,6 +359,7 @@ impl Store {
              RETURNING {ITEM_COLS}",
             ttl = ms(self.settings.ttl_ms),
         ));
+        let mut taken = 0;
         loop {
             let row = sqlx::query(&sql)
                 .bind(queue)
@@ -335,7 +367,23 @@ impl Store {
                 .bind(worker_id)
                 .bind(key)
                 .fetch_optional(&self.pool)
-                .await?;
+                .await;
+            let row = match (row, key) {
+                (Ok(row), _) => row,
+                // The only unique index the statement writes is the claim
+                // key's: a committed running lease of this caller holds it
+                // (PostgreSQL waits for a copy in flight to commit first).
+                (Err(sqlx::Error::Database(e)), Some(key))
+                    if e.is_unique_violation() && taken < KEY_TAKEN_TRIES =>
+                {
+                    taken += 1;
+                    match self.claim_again(queue, key, token_hash, worker_id).await? {
+                        Some(item) => return Ok(Some((item, true))),
+                        None => continue,
+                    }
+                }
+                (Err(e), _) => return Err(e.into()),
+            };
             let Some(row) = row else {
                 self.metrics.claimed(0, 1);
                 return Ok(None);
@@ -343,7 +391,7 @@ impl Store {
             match item_from_row(&row) {
                 Ok(item) => {
                     self.metrics.claimed(1, 0);
-                    return Ok(Some(item));
+                    return Ok(Some((item, false)));
                 }
                 Err(e) => {
                     self.fail_unreadable_lease(get(&row, "id")?, token_hash, &e, "claim")
@@ -366,52 +414,84 @@ impl Store {
     /// TTL, an attempt counted, as any lease whose answer was lost). A row
     /// that does not decode is failed, fenced on its claim's token, and
     /// only that claim runs again (see [`Store::claim`]).
+    ///
+    /// Copies of one keyed claim (same key and caller) in one batch: only
+    /// the first goes in the statement, the others are answered after it,
+    /// with its lease. A member whose key a lease committed before holds
+    /// fails the statement on the unique index; nothing was applied, so the
+    /// batch runs claim by claim, and only that member replays that lease.
     async fn run_claims(self, queue: String) {
         while let Some(batch) = self.claims.next(&queue, coalesce::MAX_BATCH) {
-            if batch.len() == 1 {
+            let (batch, copies) = split_copies(batch);
+            self.claim_together(&queue, batch).await;
+            for job in copies {
+                let out = self.replay_or_claim(&queue, &job).await;
+                let _ = job.reply.send(out);
+            }
+        }
+    }
+
+    /// One batch of [`Store::run_claims`], no two of them copies of one claim.
+    async fn claim_together(&self, queue: &str, batch: Vec<ClaimJob>) {
+        if batch.len() == 1 {
+            for job in batch {
+                let out = self
+                    .claim_one(queue, &job.token_hash, job.worker_id, job.key.as_deref())
+                    .await;
+                let _ = job.reply.send(out);
+            }
+            return;
+        }
+        match self.claim_batch(queue, &batch).await {
+            Ok(slots) => {
+                self.coalesced
+                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                for (job, slot) in batch.into_iter().zip(slots) {
+                    let out = match slot {
+                        ClaimSlot::Answer(out) => out.map(|item| item.map(|i| (i, false))),
+                        ClaimSlot::Again => {
+                            self.claim_one(
+                                queue,
+                                &job.token_hash,
+                                job.worker_id,
+                                job.key.as_deref(),
+                            )
+                            .await
+                        }
+                    };
+                    let _ = job.reply.send(out);
+                }
+            }
+            Err(e) if never_applied(&e) => {
                 for job in batch {
                     let out = self
-                        .claim_one(&queue, &job.token_hash, job.worker_id, job.key.as_deref())
+                        .claim_one(queue, &job.token_hash, job.worker_id, job.key.as_deref())
                         .await;
                     let _ = job.reply.send(out);
                 }
-                continue;
             }
-            match self.claim_batch(&queue, &batch).await {
-                Ok(slots) => {
-                    self.coalesced
-                        .fetch_add(batch.len() as u64, Ordering::Relaxed);
-                    for (job, slot) in batch.into_iter().zip(slots) {
-                        let out = match slot {
-                            ClaimSlot::Answer(out) => out,
-                            ClaimSlot::Again => {
-                                self.claim_one(
-                                    &queue,
-                                    &job.token_hash,
-                                    job.worker_id,
-                                    job.key.as_deref(),
-                                )
-                                .await
-                            }
-                        };
-                        let _ = job.reply.send(out);
-                    }
-                }
-                Err(e) if never_applied(&e) => {
-                    for job in batch {
-                        let out = self
-                            .claim_one(&queue, &job.token_hash, job.worker_id, job.key.as_deref())
-                            .await;
-                        let _ = job.reply.send(out);
-                    }
-                }
-                Err(e) => {
-                    for job in batch {
-                        let _ = job.reply.send(Err(for_each_call(&e)));
-                    }
+            Err(e) => {
+                for job in batch {
+                    let _ = job.reply.send(Err(for_each_call(&e)));
                 }
             }
         }
+    }
+
+    /// A copy of a claim that ran just before it in its lane: the lease that
+    /// claim took, replayed, or (it got none, or its lease already ended) a
+    /// claim of its own.
+    async fn replay_or_claim(&self, queue: &str, job: &ClaimJob) -> ClaimAnswer {
+        if let Some(key) = job.key.as_deref() {
+            if let Some(item) = self
+                .claim_again(queue, key, &job.token_hash, job.worker_id)
+                .await?
+            {
+                return Ok(Some((item, true)));
+            }
+        }
+        self.claim_one(queue, &job.token_hash, job.worker_id, job.key.as_deref())
+            .await
     }
 
     async fn claim_batch(

@@ -211,8 +211,9 @@ pub const MIGRATIONS: &[Migration] = &[
         version: 13,
         name: "claim_idempotency_index",
         // Not unique: two copies of one claim racing (the first still
-        // running when its retry arrives) may each take an item, and the
-        // replay then picks the oldest. Partial, so keyless leases add no
+        // running when its retry arrives) could each take an item, and the
+        // replay then picked the oldest. Version 15 replaces it by a unique
+        // index, which closes that race. Partial, so keyless leases add no
         // entry; its own migration, as version 11 (PostgreSQL's lock).
         sql: "CREATE INDEX items_claim_key ON items (queue, claim_key)
                 WHERE claim_key IS NOT NULL",
@@ -228,6 +229,35 @@ pub const MIGRATIONS: &[Migration] = &[
         // and the next settle overwrites both. NULL for settles made
         // before: those replay only while the item is as they left it.
         sql: "ALTER TABLE items ADD COLUMN settled_request_hash TEXT",
+    },
+    Migration {
+        version: 15,
+        name: "claim_idempotency_unique",
+        // At most one running lease per claim key, queue and caller
+        // (`COALESCE(worker_id, 0)`: the admin token is a caller too, and
+        // NULLs are distinct in a unique index), so copies of one claim
+        // racing take one item between them: the copy whose claim statement
+        // meets the index replays the lease that took the key (see
+        // `Store::claim_once`). Another caller's use of a key is its own
+        // (keys are random per claim). Only running rows: a paused lease
+        // keeps its key until it is resumed (which clears it) or settled,
+        // and no claim replays it meanwhile, so it must not hold the key.
+        // Rows that racing copies left under one key before are cut first
+        // to the oldest (the one a replay picked): the others keep running
+        // under their tokens until settled or reaped, keyless. (On
+        // PostgreSQL a binary without this index claiming between the two
+        // statements can still add such a row; the index build then fails,
+        // this migration is rolled back whole, and the next start applies it.)
+        sql: "UPDATE items SET claim_key = NULL
+            WHERE claim_key IS NOT NULL AND state = 'running' AND EXISTS (
+                SELECT 1 FROM items AS older
+                WHERE older.queue = items.queue AND older.claim_key = items.claim_key
+                  AND COALESCE(older.worker_id, 0) = COALESCE(items.worker_id, 0)
+                  AND older.state = 'running' AND older.id < items.id);
+            DROP INDEX IF EXISTS items_claim_key;
+            CREATE UNIQUE INDEX items_claim_key_once
+                ON items (queue, claim_key, COALESCE(worker_id, 0))
+                WHERE claim_key IS NOT NULL AND state = 'running'",
     },
 ];
 
