@@ -4,6 +4,7 @@
 
 mod auth;
 mod beacon;
+mod claim_race;
 mod common;
 mod fence;
 mod input;
@@ -39,6 +40,9 @@ macro_rules! conformance {
 conformance! {
     lease::a_claim_is_atomic_and_raises_the_epoch,
     lease::a_claim_sent_again_with_its_idempotency_key_gets_its_lease_back,
+    claim_race::copies_of_one_claim_racing_take_one_item,
+    claim_race::a_claim_key_racing_from_other_callers_takes_one_item_per_caller,
+    claim_race::keyed_leases_left_doubled_by_older_code_upgrade_to_one_per_key,
     lease::a_live_claim_is_not_reclaimed_by_any_instance_reaper_or_fresh_claim,
     lease::an_expired_claim_is_reclaimed_and_the_new_token_differs,
     lease::a_lease_expires_after_the_ttl_it_was_granted_whichever_instance_looks,

@@ -1,0 +1,358 @@
+//! Copies of one keyed claim racing each other (a client's retry arriving
+//! while the first copy is still being answered, a browser sending the POST
+//! again), on one instance or several.
+
+use agentstore_server::store::{Backend, Claimed, MIGRATIONS};
+use agentstore_server::Store;
+use serde_json::{json, Value};
+
+use crate::common::{at_once, http_server, ttl, Kind, TestDb, ADMIN};
+
+const LONG: u64 = 60_000;
+
+/// The ids of `queue`'s items in `state`, oldest first.
+async fn ids_in(store: &Store, queue: &str, state: &str) -> Vec<i64> {
+    sqlx::query_as::<_, (i64,)>("SELECT id FROM items WHERE queue = $1 AND state = $2 ORDER BY id")
+        .bind(queue)
+        .bind(state)
+        .fetch_all(store.pool())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(id,)| id)
+        .collect()
+}
+
+/// The ids of the running items of `queue` that hold claim key `key`.
+async fn keyed(store: &Store, queue: &str, key: &str) -> Vec<i64> {
+    sqlx::query_as::<_, (i64,)>(
+        "SELECT id FROM items WHERE queue = $1 AND claim_key = $2 AND state = 'running'
+         ORDER BY id",
+    )
+    .bind(queue)
+    .bind(key)
+    .fetch_all(store.pool())
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|(id,)| id)
+    .collect()
+}
+
+/// Checks the answers of copies of one claim: all name one item, claimed
+/// once (epoch 1, no attempt ended), exactly one copy not a replay, and
+/// exactly one of the tokens answered still holds the lease (each replay
+/// rotates it, as a replay sent after the first answer does). Returns the item.
+async fn one_lease(
+    store: &Store,
+    copies: &[(Claimed, bool)],
+    worker: Option<i64>,
+    what: &str,
+) -> i64 {
+    let id = copies[0].0.item.id;
+    for (c, _) in copies {
+        assert_eq!(
+            (c.item.id, c.item.epoch, c.lease.epoch, c.item.attempts),
+            (id, 1, 1, 0),
+            "{what}: every copy is answered with the one lease"
+        );
+    }
+    assert_eq!(
+        copies.iter().filter(|(_, replayed)| !replayed).count(),
+        1,
+        "{what}: the copies after the first are replays"
+    );
+    let mut held = 0;
+    for (c, _) in copies {
+        if store.heartbeat(id, &c.lease.token, worker).await.is_ok() {
+            held += 1;
+        }
+    }
+    assert_eq!(held, 1, "{what}: the last token answered holds the lease");
+    id
+}
+
+/// Copies of one claim (same `Idempotency-Key`, queue and caller) fired at
+/// once, split over two instances and mixed with claims under other keys
+/// and none, many rounds: the copies take ONE item between them and each is
+/// answered with its lease (`201`, the copies after the first with
+/// `Idempotent-Replayed: true`, the same item and epoch); the other claims
+/// get an item each, and the rest stay open. Over HTTP too (the admin
+/// token). Before, the key's index was not unique and each copy could take
+/// an item, the extra ones running under tokens nobody held until their TTL
+/// ran out, an attempt spent.
+pub async fn copies_of_one_claim_racing_take_one_item(db: TestDb) {
+    const ROUNDS: usize = 24;
+    const COPIES: usize = 8;
+    const OTHERS: usize = 8;
+    const SPARE: usize = 2;
+    let stores = [db.store(ttl(LONG)).await, db.store(ttl(LONG)).await];
+    for round in 0..ROUNDS {
+        let queue = format!("race{round}");
+        for n in 0..COPIES + OTHERS + SPARE {
+            stores[0].enqueue(&queue, &json!(n), None).await.unwrap();
+        }
+        let key = format!("copy-{round}");
+        let answers = at_once(COPIES + OTHERS, |k| {
+            let store = stores[k % 2].clone();
+            let (queue, copy) = (queue.clone(), key.clone());
+            async move {
+                // The copies, then claims without a key and with keys of their own.
+                let key = match k {
+                    k if k < COPIES => Some(copy),
+                    k if k % 2 == 0 => None,
+                    k => Some(format!("other-{k}")),
+                };
+                store.claim_once(&queue, Some(7), key.as_deref()).await
+            }
+        })
+        .await;
+        let answers: Vec<(Claimed, bool)> = answers
+            .into_iter()
+            .map(|a| a.unwrap().expect("an item for every claim"))
+            .collect();
+        let (copies, others) = answers.split_at(COPIES);
+        let what = format!("round {round}");
+        let id = one_lease(&stores[0], copies, Some(7), &what).await;
+        assert!(others.iter().all(|(_, replayed)| !replayed), "{what}");
+        let mut taken: Vec<i64> = others.iter().map(|(c, _)| c.item.id).collect();
+        taken.push(id);
+        taken.sort_unstable();
+        taken.dedup();
+        assert_eq!(taken.len(), OTHERS + 1, "{what}: an item per claim");
+        assert_eq!(ids_in(&stores[0], &queue, "running").await, taken, "{what}");
+        assert_eq!(
+            ids_in(&stores[0], &queue, "open").await.len(),
+            COPIES + SPARE - 1,
+            "{what}: the other items stay open"
+        );
+        assert_eq!(keyed(&stores[0], &queue, &key).await, vec![id], "{what}");
+    }
+
+    // Over HTTP: a browser sending its POST again.
+    let server = http_server(&db).await;
+    let http = reqwest::Client::new();
+    for round in 0..5 {
+        let queue = format!("hrace{round}");
+        for _ in 0..COPIES + SPARE {
+            crate::common::enqueue_over_http(&http, &server.url(), &queue).await;
+        }
+        let key = format!("http-{round}");
+        let answers = at_once(COPIES, |_| {
+            let req = http
+                .post(format!("{}/v1/queues/{queue}/claims", server.url()))
+                .bearer_auth(ADMIN)
+                .header("Idempotency-Key", key.as_str());
+            async move {
+                let resp = req.send().await.unwrap();
+                let replayed = resp
+                    .headers()
+                    .get("idempotent-replayed")
+                    .is_some_and(|v| v == "true");
+                (
+                    resp.status().as_u16(),
+                    replayed,
+                    resp.json::<Value>().await.unwrap(),
+                )
+            }
+        })
+        .await;
+        let what = format!("http round {round}");
+        assert!(answers.iter().all(|(s, _, _)| *s == 201), "{what}");
+        assert_eq!(answers.iter().filter(|(_, r, _)| !r).count(), 1, "{what}");
+        let item = &answers[0].2["item"];
+        for (_, _, b) in &answers {
+            assert_eq!(
+                (&b["item"]["id"], &b["lease"]["epoch"]),
+                (&item["id"], &json!(1)),
+                "{what}"
+            );
+        }
+        let store = server.store();
+        assert_eq!(
+            keyed(store, &queue, &key).await,
+            vec![item["id"].as_i64().unwrap()],
+            "{what}"
+        );
+        assert_eq!(
+            ids_in(store, &queue, "open").await.len(),
+            COPIES + SPARE - 1,
+            "{what}"
+        );
+    }
+    server.stop().await.unwrap();
+}
+
+/// One `Idempotency-Key` sent at once by three callers (two workers and the
+/// admin token), three copies each, over two instances, many rounds: each
+/// caller's copies take one item of their own and are answered with it; no
+/// caller is blocked by another's use of the key or handed its lease (keys
+/// are random per claim, so another caller's is a collision on purpose).
+pub async fn a_claim_key_racing_from_other_callers_takes_one_item_per_caller(db: TestDb) {
+    const ROUNDS: usize = 20;
+    const CALLERS: [Option<i64>; 3] = [Some(7), Some(8), None];
+    const EACH: usize = 3;
+    let stores = [db.store(ttl(LONG)).await, db.store(ttl(LONG)).await];
+    for round in 0..ROUNDS {
+        let queue = format!("shared{round}");
+        for n in 0..CALLERS.len() * EACH {
+            stores[0].enqueue(&queue, &json!(n), None).await.unwrap();
+        }
+        let answers = at_once(CALLERS.len() * EACH, |k| {
+            let store = stores[k % 2].clone();
+            let queue = queue.clone();
+            async move {
+                let worker = CALLERS[k % CALLERS.len()];
+                (
+                    worker,
+                    store.claim_once(&queue, worker, Some("shared")).await,
+                )
+            }
+        })
+        .await;
+        let mut answers: Vec<(Option<i64>, (Claimed, bool))> = answers
+            .into_iter()
+            .map(|(w, a)| (w, a.expect("not blocked").expect("an item")))
+            .collect();
+        let mut ids = Vec::new();
+        for caller in CALLERS {
+            let copies: Vec<(Claimed, bool)>;
+            (copies, answers) = {
+                let (mine, rest): (Vec<_>, Vec<_>) =
+                    answers.into_iter().partition(|(w, _)| *w == caller);
+                (mine.into_iter().map(|(_, c)| c).collect(), rest)
+            };
+            assert_eq!(copies.len(), EACH);
+            let what = format!("round {round}, caller {caller:?}");
+            ids.push(one_lease(&stores[0], &copies, caller, &what).await);
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(
+            ids.len(),
+            CALLERS.len(),
+            "round {round}: an item per caller"
+        );
+        assert_eq!(
+            keyed(&stores[0], &queue, "shared").await,
+            ids,
+            "round {round}"
+        );
+        assert_eq!(
+            ids_in(&stores[0], &queue, "open").await.len(),
+            CALLERS.len() * (EACH - 1),
+            "round {round}"
+        );
+    }
+}
+
+/// A database upgraded from a schema whose claim-key index was not unique
+/// (version 14), holding running leases that racing copies of one claim
+/// took under one key: the upgrade keeps the key on the oldest lease of
+/// each (queue, key, caller), which the next copy gets back, clears it on
+/// the others (they run until settled or reaped, as before), and claims
+/// work on.
+pub async fn keyed_leases_left_doubled_by_older_code_upgrade_to_one_per_key(db: TestDb) {
+    let b = match db.kind {
+        Kind::Sqlite => Backend::Sqlite,
+        Kind::Postgres => Backend::Postgres,
+    };
+    let raw = db.raw_pool().await;
+    sqlx::query(
+        "CREATE TABLE schema_migrations (version BIGINT PRIMARY KEY, name TEXT NOT NULL,
+             applied_at BIGINT NOT NULL)",
+    )
+    .execute(&raw)
+    .await
+    .unwrap();
+    for m in MIGRATIONS.iter().filter(|m| m.version <= 14) {
+        for stmt in b.sql(m.sql).split(';').filter(|s| !s.trim().is_empty()) {
+            sqlx::query(stmt).execute(&raw).await.unwrap();
+        }
+        sqlx::query("INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, 0)")
+            .bind(m.version)
+            .bind(m.name)
+            .execute(&raw)
+            .await
+            .unwrap();
+    }
+    // (worker, key) of each running row, in id order; then one open item.
+    let rows: [(Option<i64>, &str); 7] = [
+        (Some(7), "k"),
+        (Some(7), "k"),
+        (Some(8), "k"),
+        (Some(7), "k"),
+        (None, "k"),
+        (None, "k"),
+        (Some(7), "j"),
+    ];
+    for (worker, key) in rows {
+        sqlx::query(&b.sql(
+            "INSERT INTO items (queue, state, payload, attempts, max_redeliveries, epoch,
+                 token_hash, worker_id, claim_key, claimed_at, heartbeat_at, lease_ttl_ms,
+                 created_at, updated_at)
+             VALUES ('q', 'running', '1', 0, 5, 1, 'h', $1, $2, {now}, {now}, 60000, 0, 0)",
+        ))
+        .bind(worker)
+        .bind(key)
+        .execute(&raw)
+        .await
+        .unwrap();
+    }
+    sqlx::query(
+        "INSERT INTO items (queue, state, payload, attempts, max_redeliveries, epoch,
+             created_at, updated_at) VALUES ('q', 'open', '2', 0, 5, 0, 0, 0)",
+    )
+    .execute(&raw)
+    .await
+    .unwrap();
+    let ids: Vec<i64> = sqlx::query_as::<_, (i64,)>("SELECT id FROM items ORDER BY id")
+        .fetch_all(&raw)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(id,)| id)
+        .collect();
+
+    let store = db.store(ttl(LONG)).await; // migrates on connect
+    let kept: Vec<(i64, Option<String>)> =
+        sqlx::query_as("SELECT id, claim_key FROM items ORDER BY id")
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    let key = |k: &str| Some(String::from(k));
+    assert_eq!(
+        kept,
+        vec![
+            (ids[0], key("k")),
+            (ids[1], None),
+            (ids[2], key("k")),
+            (ids[3], None),
+            (ids[4], key("k")),
+            (ids[5], None),
+            (ids[6], key("j")),
+            (ids[7], None),
+        ],
+        "the oldest lease of each (queue, key, caller) keeps the key"
+    );
+    for (worker, id) in [(Some(7), ids[0]), (Some(8), ids[2]), (None, ids[4])] {
+        let (c, replayed) = store
+            .claim_once("q", worker, Some("k"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((c.item.id, replayed), (id, true), "{worker:?}");
+    }
+    let (c, replayed) = store
+        .claim_once("q", Some(9), Some("k"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((c.item.id, replayed), (ids[7], false));
+    assert_eq!(
+        agentstore_server::store::pending(&store).await.unwrap(),
+        0,
+        "every migration recorded"
+    );
+    raw.close().await;
+}
