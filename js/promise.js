@@ -23,6 +23,71 @@ export function requestPromise(request) {
 }
 
 /**
+ * A read's answer, for the reads answered without the module's executor
+ * (`get`, `getMany`, `count`): a Promise resolved with `request.result`
+ * (`null` for `undefined`, a key with no record), or rejected with
+ * `toError(e)`, `e` being the request's DOMException or, when the request
+ * only failed because its transaction aborted (AbortError), the
+ * transaction's own `error` (the cause), as src/store/db.rs's
+ * `request_error` names it. `toError` is the module's one conversion to a
+ * typed agentstore Error.
+ */
+export function answer(request, toError) {
+  return new Promise((resolve, reject) => {
+    request.onsuccess = () => resolve(request.result ?? null);
+    request.onerror = () => reject(toError(failure(request)));
+  });
+}
+
+/** What a failed request failed of: its error, or its aborted transaction's. */
+function failure(request) {
+  const e = request.error;
+  return (e && e.name === 'AbortError' && request.transaction && request.transaction.error) || e;
+}
+
+/**
+ * Up to `max` rows of the cursor `request` opened (a value cursor's values,
+ * a key cursor's keys), walked in JS; rejects as `answer` does.
+ */
+export function cursorRows(request, max, toError) {
+  const rows = [];
+  return new Promise((resolve, reject) => {
+    request.onsuccess = () => {
+      const c = request.result;
+      if (c && rows.length < max) rows.push('value' in c ? c.value : c.key);
+      if (!c || rows.length >= max) resolve(rows);
+      else c.continue();
+    };
+    request.onerror = () => reject(toError(failure(request)));
+  });
+}
+
+/**
+ * One listing page `{records, next}` from the rows a read answered (it asks
+ * for `limit + 1`): `records` the first `limit`, `next` the cursor after
+ * the last of them (`cursorOf(row)`, the module's encoding) when there were
+ * more, else `null`.
+ */
+export function listPage(rows, limit, cursorOf) {
+  return rows.then((all) =>
+    all.length > limit
+      ? { records: all.slice(0, limit), next: cursorOf(all[limit - 1]) }
+      : { records: all, next: null },
+  );
+}
+
+/**
+ * The results of `requests` (one transaction's, in order: IndexedDB fires
+ * their `success` events in the order they were placed, so the last one's
+ * is the end of all), `null` for `undefined`; rejects as `answer` does.
+ */
+export function answers(requests, toError) {
+  return answer(requests[requests.length - 1], toError).then(() =>
+    requests.map((r) => r.result ?? null),
+  );
+}
+
+/**
  * A Promise settled by `tx`'s `complete` (resolves) or `abort` event
  * (rejects; the cause is on `tx.error`).
  */

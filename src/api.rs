@@ -3,7 +3,7 @@
 //! into JS `Error`s. Every method returns a Promise and never panics.
 
 use crate::error::{set, StoreError};
-use crate::options::{opt_bool, opt_fn, opt_num, opt_signal, read, string_arg};
+use crate::options::{issue, opt_bool, opt_fn, opt_num, opt_signal, read, string_arg};
 #[cfg(feature = "io")]
 use crate::store::index::verification_js;
 use crate::store::{
@@ -334,8 +334,7 @@ impl AgentStore {
     /// The record stored under `id`, or `null` (never stored, or deleted).
     #[wasm_bindgen(unchecked_return_type = "Promise<AgentRecord | null>")]
     pub fn get(&self, #[wasm_bindgen(unchecked_param_type = "string")] id: JsValue) -> Promise {
-        let s = self.inner.clone();
-        run(async move { Ok(s.get(&id).await?.unwrap_or(JsValue::NULL)) })
+        issue(|| self.inner.get_promise(&id))
     }
 
     /// The records stored under `ids`, in the order of `ids`: a record, or
@@ -349,8 +348,7 @@ impl AgentStore {
         &self,
         #[wasm_bindgen(unchecked_param_type = "string[]")] ids: JsValue,
     ) -> Promise {
-        let s = self.inner.clone();
-        run(async move { Ok(s.get_many(&ids).await?.into()) })
+        issue(|| self.inner.get_many_promise(&ids))
     }
 
     /// How many live records match `{prefix, type}` (both optional),
@@ -364,8 +362,7 @@ impl AgentStore {
         &self,
         #[wasm_bindgen(unchecked_optional_param_type = "CountOptions")] options: JsValue,
     ) -> Promise {
-        let s = self.inner.clone();
-        run(async move {
+        issue(|| {
             // Listing options mean nothing to a count: refused, not ignored
             // (`count({prefix, after})` would count the whole prefix).
             for k in ["after", "limit", "descending"] {
@@ -377,7 +374,7 @@ impl AgentStore {
                 }
             }
             let q = ListQuery::from_js(&options)?;
-            Ok(s.count(&q.prefix, q.record_type.as_ref()).await?.into())
+            self.inner.count_promise(&q.prefix, q.record_type.as_ref())
         })
     }
 
@@ -507,11 +504,7 @@ impl AgentStore {
         &self,
         #[wasm_bindgen(unchecked_optional_param_type = "ListOptions")] options: JsValue,
     ) -> Promise {
-        let s = self.inner.clone();
-        run(async move {
-            let q = ListQuery::from_js(&options)?;
-            Ok(page_js(s.list(&q).await?))
-        })
+        issue(|| self.inner.list_promise(&ListQuery::from_js(&options)?))
     }
 
     /// One page of records in the order of derived index `name`:

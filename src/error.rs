@@ -243,6 +243,20 @@ fn failures_to_js(failures: &[BatchFailure]) -> JsValue {
     arr.into()
 }
 
+/// The JS function `(DOMException) => Error` that turns a failed read's
+/// exception into its typed Error (`StoreError::from_dom(e).to_js()`), for
+/// the reads whose Promise is made in JS (src/store/db.rs `Req::answer`).
+/// Made once per module instance and kept for its life.
+pub(crate) fn dom_error_fn() -> JsValue {
+    thread_local! {
+        static TO_ERROR: JsValue = wasm_bindgen::closure::Closure::<dyn Fn(JsValue) -> JsValue>::new(
+            |e: JsValue| StoreError::from_dom(&e).to_js(),
+        )
+        .into_js_value();
+    }
+    TO_ERROR.with(JsValue::clone)
+}
+
 fn opt_str(s: &Option<String>) -> JsValue {
     s.as_deref().map_or(JsValue::NULL, JsValue::from)
 }

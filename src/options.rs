@@ -106,6 +106,20 @@ fn promise(
     }
 }
 
+/// Runs a method whose work after its checks is requests issued during the
+/// call and answered by a Promise made in JS (the reads: `get`, `getMany`,
+/// `count`): `f` runs as one level of [`nested`] calls (it reads the
+/// caller's input), and its error becomes a rejected Promise, as [`run`]'s
+/// do. No executor and no future: the answer costs no call back into the
+/// module.
+pub(crate) fn issue(f: impl FnOnce() -> Result<Promise, crate::error::StoreError>) -> Promise {
+    match nested(f) {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => Promise::reject(&e.to_js()),
+        Err(e) => Promise::reject(&e),
+    }
+}
+
 /// `options[key]`, or `undefined` when `options` is not an object.
 ///
 /// # Errors

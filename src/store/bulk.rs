@@ -8,7 +8,7 @@
 //! instead of one future per id.
 
 use super::db::TransactionMode;
-use super::db::{request_promise, BY_TYPE, META, RECORDS, TOMBSTONES};
+use super::db::{answer_of, answers_of, request_promise, BY_TYPE, META, RECORDS, TOMBSTONES};
 use super::{check_id_value, read_many, tombstone, tombstone_digest, tombstone_rev, Store};
 use crate::error::{BatchFailure, Result, StoreError};
 use agentstore_protocol::keys::page_range;
@@ -79,6 +79,16 @@ impl Store {
     /// ValidationError (with `failures` naming every bad position) when `ids`
     /// is not an array of ids or holds more than 100,000; ClosedError.
     pub async fn get_many(&self, ids: &JsValue) -> Result<Array> {
+        Ok(super::answered(self.get_many_promise(ids)?).await?.into())
+    }
+
+    /// `getMany` as the JS method answers it: every request issued during
+    /// the call, the records (or `null`s) answered by a Promise made in JS.
+    ///
+    /// # Errors
+    /// As [`Store::get_many`], thrown; the Promise rejects with
+    /// TransactionError and the like.
+    pub(crate) fn get_many_promise(&self, ids: &JsValue) -> Result<js_sys::Promise> {
         let arr = batch_array(ids, "getMany", "ids", "getMany takes at most 100000 items")?;
         let mut failures = Vec::new();
         for (index, id) in arr.iter().enumerate() {
@@ -89,25 +99,17 @@ impl Store {
         if !failures.is_empty() {
             return Err(invalid(failures));
         }
-        let out = Array::new_with_length(arr.len() as u32);
         if arr.is_empty() {
-            return Ok(out);
+            return Ok(js_sys::Promise::resolve(&JsValue::from(Array::new())));
         }
         let tx = self.db.tx(&[RECORDS], TransactionMode::ReadOnly)?;
         let store: web_sys::IdbObjectStore = tx.store(RECORDS)?.into();
-        let requests = arr
-            .iter()
-            .map(|id| dom(store.get(id)))
-            .collect::<Result<Vec<_>>>()?;
-        if let Some(last) = requests.last() {
-            settle(last).await?;
+        let requests = Array::new();
+        for id in &arr {
+            requests.push(dom(store.get(id))?.as_ref());
         }
         tx.end_read();
-        for (i, r) in requests.iter().enumerate() {
-            let v = dom(r.result())?;
-            out.set(i as u32, if v.is_undefined() { JsValue::NULL } else { v });
-        }
-        Ok(out)
+        Ok(answers_of(&requests))
     }
 
     /// How many live records match `{prefix, type}`, counted by IndexedDB on
@@ -119,8 +121,23 @@ impl Store {
     /// # Errors
     /// ClosedError / TransactionError.
     pub async fn count(&self, prefix: &[u16], record_type: Option<&JsString>) -> Result<u32> {
+        let n = super::answered(self.count_promise(prefix, record_type)?).await?;
+        Ok(n.as_f64().unwrap_or(0.0) as u32)
+    }
+
+    /// `count` as the JS method answers it: the request issued during the
+    /// call, the number answered by a Promise made in JS.
+    ///
+    /// # Errors
+    /// As [`Store::count`], thrown; the Promise rejects with
+    /// TransactionError and the like.
+    pub(crate) fn count_promise(
+        &self,
+        prefix: &[u16],
+        record_type: Option<&JsString>,
+    ) -> Result<js_sys::Promise> {
         let Some(range) = page_range(prefix, None, false) else {
-            return Ok(0);
+            return Ok(js_sys::Promise::resolve(&JsValue::from(0)));
         };
         let query = super::list::key_range(&range, record_type)?;
         let query: JsValue = query.map_or(JsValue::UNDEFINED, JsValue::from);
@@ -133,9 +150,8 @@ impl Store {
             let raw: web_sys::IdbObjectStore = store.into();
             dom(raw.count_with_key(&query))?
         };
-        let n = settle(&request).await?;
         tx.end_read();
-        Ok(n.as_f64().unwrap_or(0.0) as u32)
+        Ok(answer_of(&request))
     }
 
     /// Deletes every `{id, rev}` with compare-and-swap, in one transaction,

@@ -667,6 +667,28 @@ pub struct Req<T> {
     map: fn(JsValue) -> T,
 }
 
+impl<T> Req<T> {
+    /// The request's answer as a Promise made in JS, for a read answered
+    /// without the executor (js/promise.js `answer`): its result (`null`
+    /// for `undefined`), or the typed Error of its failure, named as
+    /// [`request_error`] names it.
+    pub(crate) fn answer(&self) -> js_sys::Promise {
+        answer_of(&self.req)
+    }
+}
+
+/// [`Req::answer`] of a request issued through web-sys directly.
+pub(crate) fn answer_of(request: &IdbRequest) -> js_sys::Promise {
+    answer(request, &crate::error::dom_error_fn())
+}
+
+/// The results of one transaction's `requests` (IDBRequests), in order,
+/// `null` for `undefined`, as a Promise made in JS (js/promise.js
+/// `answers`); rejects as [`Req::answer`] does.
+pub(crate) fn answers_of(requests: &js_sys::Array) -> js_sys::Promise {
+    answers(requests, &crate::error::dom_error_fn())
+}
+
 impl<T> IntoFuture for Req<T> {
     type Output = Result<T>;
     type IntoFuture = ReqFuture<T>;
@@ -754,6 +776,14 @@ extern "C" {
     /// js/promise.js).
     #[wasm_bindgen(js_name = requestPromise)]
     pub(crate) fn request_promise(request: &web_sys::IdbRequest) -> js_sys::Promise;
+    /// A read's answer (js/promise.js `answer`): resolves with the
+    /// request's `result` (`null` for `undefined`), rejects with
+    /// `to_error(DOMException)`.
+    fn answer(request: &IdbRequest, to_error: &JsValue) -> js_sys::Promise;
+    /// The results of one transaction's `requests`, in order (`null` for
+    /// `undefined`), once the last succeeded (js/promise.js `answers`);
+    /// rejects as [`answer`] does.
+    fn answers(requests: &js_sys::Array, to_error: &JsValue) -> js_sys::Promise;
     /// A Promise resolved with `value` after `ms` milliseconds (this global
     /// scope's `setTimeout`, window or worker; js/promise.js).
     #[wasm_bindgen(js_name = timerPromise)]

@@ -6,7 +6,7 @@
 //! after the last key seen (`next`), so concurrent writes never make a page
 //! skip or repeat a record that existed before the listing began.
 
-use super::db::{CursorDirection, KeyRange, Query, TransactionMode};
+use super::db::{answer_of, KeyRange, Query, TransactionMode};
 use super::db::{BY_TYPE, RECORDS};
 use super::Store;
 use crate::error::{Result, StoreError};
@@ -108,71 +108,95 @@ impl Store {
     /// # Errors
     /// ClosedError / TransactionError from IndexedDB.
     pub async fn list(&self, q: &ListQuery) -> Result<Page> {
+        let page = super::answered(self.list_promise(q)?).await?;
+        let field = |k: &str| js_sys::Reflect::get(&page, &k.into()).unwrap_or_default();
+        Ok(Page {
+            records: field("records").unchecked_into(),
+            next: field("next").as_string(),
+        })
+    }
+
+    /// `list` as the JS method answers it: the read issued during the call
+    /// (one `getAll`, or a descending cursor walked in JS) and the page
+    /// `{records, next}` made in JS (js/promise.js `listPage`), with no trip
+    /// through wasm per row nor an executor.
+    ///
+    /// # Errors
+    /// As [`Store::list`], thrown; the Promise rejects with TransactionError
+    /// and the like.
+    pub(crate) fn list_promise(&self, q: &ListQuery) -> Result<js_sys::Promise> {
         let Some(range) = page_range(&q.prefix, q.after.as_deref(), q.descending) else {
-            return Ok(Page {
-                records: Array::new(),
-                next: None,
-            });
+            let none = js_sys::Promise::resolve(&JsValue::from(Array::new()));
+            return Ok(list_page(&none, 0, &JsValue::NULL));
         };
         let tx = self.db.tx(&[RECORDS], TransactionMode::ReadOnly)?;
         let store = tx.store(RECORDS)?;
         let fetch = q.limit + 1;
-        let query = key_range(&range, q.record_type.as_ref())?;
-        let rows: Array = match (&q.record_type, q.descending) {
+        let query = query_js(key_range(&range, q.record_type.as_ref())?);
+        let dom = |r: std::result::Result<web_sys::IdbRequest, JsValue>| {
+            r.map_err(|e| StoreError::from_dom(&e))
+        };
+        let prev = web_sys::IdbCursorDirection::Prev;
+        let to_error = crate::error::dom_error_fn();
+        let rows = match (&q.record_type, q.descending) {
             // Ascending pages come from one getAll whose JS array is handed
-            // on as is: no per-row trip through wasm.
+            // on as is.
             (None, false) => {
                 let raw: web_sys::IdbObjectStore = store.into();
-                get_all_js(raw.get_all_with_key_and_limit(&query_js(query), fetch)).await?
+                answer_of(&dom(raw.get_all_with_key_and_limit(&query, fetch))?)
             }
             (Some(_), false) => {
                 let raw: web_sys::IdbIndex = store.index(BY_TYPE)?.into();
-                get_all_js(raw.get_all_with_key_and_limit(&query_js(query), fetch)).await?
+                answer_of(&dom(raw.get_all_with_key_and_limit(&query, fetch))?)
             }
-            (None, true) => collect_cursor(
-                store
-                    .open_cursor(query, Some(CursorDirection::Prev), false)?
-                    .await?,
-                fetch,
-            )
-            .await?
-            .into_iter()
-            .collect(),
-            (Some(_), true) => collect_cursor(
-                store
-                    .index(BY_TYPE)?
-                    .open_cursor(query, Some(CursorDirection::Prev))?
-                    .await?,
-                fetch,
-            )
-            .await?
-            .into_iter()
-            .collect(),
+            (None, true) => {
+                let raw: web_sys::IdbObjectStore = store.into();
+                let c = dom(raw.open_cursor_with_range_and_direction(&query, prev))?;
+                cursor_rows(&c, fetch, &to_error)
+            }
+            (Some(_), true) => {
+                let raw: web_sys::IdbIndex = store.index(BY_TYPE)?.into();
+                let c = dom(raw.open_cursor_with_range_and_direction(&query, prev))?;
+                cursor_rows(&c, fetch, &to_error)
+            }
         };
         tx.end_read();
-        let (records, next) = if rows.length() > q.limit {
-            let last = rows.get(q.limit - 1);
-            let id: JsString = js_sys::Reflect::get(&last, &"_id".into())
-                .unwrap_or_default()
-                .into();
-            (
-                rows.slice(0, q.limit),
-                Some(encode_cursor(&value::units(&id))),
-            )
-        } else {
-            (rows, None)
-        };
-        Ok(Page { records, next })
+        Ok(list_page(&rows, q.limit, &cursor_fn()))
     }
 }
 
-/// `getAll(range, count)` on a raw store or index, as the JS array it returns.
-async fn get_all_js(request: std::result::Result<web_sys::IdbRequest, JsValue>) -> Result<Array> {
-    let request = request.map_err(|e| StoreError::from_dom(&e))?;
-    let rows = wasm_bindgen_futures::JsFuture::from(super::db::request_promise(&request))
-        .await
-        .map_err(|e| StoreError::from_dom(&e))?;
-    Ok(rows.unchecked_into())
+/// The JS function `(record) => cursor` that encodes the cursor after a
+/// page's last record (its `_id`, [`encode_cursor`]), for js/promise.js
+/// `listPage`. Made once per module instance.
+fn cursor_fn() -> JsValue {
+    thread_local! {
+        static CURSOR_OF: JsValue = wasm_bindgen::closure::Closure::<dyn Fn(JsValue) -> JsValue>::new(
+            |row: JsValue| {
+                let id: JsString = js_sys::Reflect::get(&row, &"_id".into())
+                    .unwrap_or_default()
+                    .unchecked_into();
+                JsValue::from(encode_cursor(&value::units(&id)))
+            },
+        )
+        .into_js_value();
+    }
+    CURSOR_OF.with(JsValue::clone)
+}
+
+#[wasm_bindgen::prelude::wasm_bindgen(module = "/js/promise.js")]
+extern "C" {
+    /// Up to `max` rows of the cursor `request` opened, walked in JS
+    /// (js/promise.js `cursorRows`); rejects with `to_error(DOMException)`.
+    #[wasm_bindgen(js_name = cursorRows)]
+    pub(crate) fn cursor_rows(
+        request: &web_sys::IdbRequest,
+        max: u32,
+        to_error: &JsValue,
+    ) -> js_sys::Promise;
+    /// The page `{records, next}` of the rows `rows` resolves with
+    /// (js/promise.js `listPage`).
+    #[wasm_bindgen(js_name = listPage)]
+    fn list_page(rows: &js_sys::Promise, limit: u32, cursor_of: &JsValue) -> js_sys::Promise;
 }
 
 /// The JS value of an optional idb query (`undefined` = the whole store).

@@ -299,13 +299,26 @@ impl Store {
     /// The stored record for `id`, or `None` (missing or deleted).
     ///
     /// # Errors
-    /// ValidationError for an id that is not a non-empty string.
+    /// ValidationError for an id that is not a non-empty string; as
+    /// [`Store::get_promise`].
     pub async fn get(&self, id: &JsValue) -> Result<Option<JsValue>> {
+        let got = answered(self.get_promise(id)?).await?;
+        Ok((!got.is_null()).then_some(got))
+    }
+
+    /// `get` as the JS method answers it: the request is issued during the
+    /// call and answered by a Promise made in JS (the record, or `null`), no
+    /// executor in between.
+    ///
+    /// # Errors
+    /// ValidationError for an id that is not a non-empty string, ClosedError
+    /// (thrown); the Promise rejects with TransactionError and the like.
+    pub(crate) fn get_promise(&self, id: &JsValue) -> Result<js_sys::Promise> {
         let id = check_id_value(id)?;
         let tx = self.db.tx(&[RECORDS], TransactionMode::ReadOnly)?;
-        let got = tx.store(RECORDS)?.get(JsValue::from(id))?.await?;
+        let got = tx.store(RECORDS)?.get(JsValue::from(id))?;
         tx.end_read();
-        Ok(got)
+        Ok(got.answer())
     }
 
     /// Validates a record for `put` without touching the database: one walk
@@ -486,6 +499,14 @@ impl Store {
             .map(|(p, rev)| Written { id: p.id, rev })
             .collect())
     }
+}
+
+/// Awaits a Promise made by a read answered in JS ([`db::Req::answer`]):
+/// its rejection is already the typed Error.
+pub(crate) async fn answered(p: js_sys::Promise) -> Result<JsValue> {
+    wasm_bindgen_futures::JsFuture::from(p)
+        .await
+        .map_err(StoreError::Thrown)
 }
 
 /// The error of a batch refused at `failures` (nothing written): a
