@@ -46,6 +46,7 @@ const TO_JSON = 17;
 const MAX_BYTES = 64 * 1024 * 1024;
 const MAX_DEPTH = 64;
 const OBJECT_PROTO = Object.prototype;
+const OBJECT_TO_STRING = OBJECT_PROTO.toString;
 // The body is handed over in pieces of about this many UTF-16 units: a
 // string built by `+=` token by token keeps one rope node per token alive
 // (hundreds of MB for a large record), and wasm copies and hashes one piece
@@ -228,8 +229,12 @@ function fieldsOf(o, w) {
     fail(w, GETTER_THREW);
   }
   // Date, Map, Set, typed arrays, boxed primitives and class instances would
-  // be silently changed by JSON.
-  if (proto !== null && proto !== OBJECT_PROTO) fail(w, NOT_PLAIN, ctorName(o));
+  // be silently changed by JSON; a plain object of another realm (an
+  // iframe's) is plain. A `JSON.rawJSON` value (null-prototype, frozen) is
+  // written by JSON.stringify as its raw text, which its fields are not.
+  if (proto === null ? isRawJSON(o) : proto !== OBJECT_PROTO && !isObjectProto(proto)) {
+    fail(w, NOT_PLAIN, proto === null ? 'JSON.rawJSON' : ctorName(o));
+  }
   // Read once: an own enumerable `toJSON` (not a function) is this value.
   const toJSON = noToJSON(o, w);
   let keys;
@@ -306,6 +311,32 @@ function plain(o, w, top) {
   const copy = Object.create(null);
   for (let i = 0; i < n; i++) copy[fields[2 * i]] = stored[i];
   return copy;
+}
+
+/** Whether `o` is a `JSON.rawJSON` value (where the engine has them). */
+function isRawJSON(o) {
+  return typeof JSON.isRawJSON === 'function' && JSON.isRawJSON(o);
+}
+
+/**
+ * Whether `p` is a realm's `Object.prototype`: its own prototype is null and
+ * its `constructor` is a function named `Object` whose `prototype` is `p`
+ * (`Object.prototype.toString` of it is then `[object Object]`, no exotic
+ * object). Read through a caught access: `p` may be anything.
+ */
+function isObjectProto(p) {
+  try {
+    const c = p.constructor;
+    return (
+      Object.getPrototypeOf(p) === null &&
+      typeof c === 'function' &&
+      c.name === 'Object' &&
+      c.prototype === p &&
+      OBJECT_TO_STRING.call(p) === '[object Object]'
+    );
+  } catch {
+    return false;
+  }
 }
 
 function ctorName(o) {

@@ -1227,3 +1227,75 @@ async fn a_value_whose_to_json_is_hidden_is_refused_not_stored_as_its_fields() {
     let got = store.get(&s("g")).await.unwrap().unwrap();
     assert_eq!(field(&got, "toJSON").as_f64(), Some(5.0));
 }
+
+/// A `JSON.rawJSON` value (a frozen null-prototype object whose one field
+/// is `rawJSON`) is written by `JSON.stringify` as its raw text: stored as
+/// its fields, the record read back held `{rawJSON: "…"}` where the caller
+/// wrote a number. Refused (a review finding), at any depth, in a batch
+/// (nothing written) and from `mutate`.
+#[wasm_bindgen_test]
+async fn a_json_raw_json_value_is_refused_not_stored_as_its_fields() {
+    assert!(
+        eval("typeof JSON.rawJSON === 'function'").is_truthy(),
+        "both engines of the suite have JSON.rawJSON"
+    );
+    let (store, _) = open("rawjson").await;
+    let cases = [
+        "({_id: 'r1', n: JSON.rawJSON('12345678901234567890')})",
+        "({_id: 'r2', deep: {list: [1, JSON.rawJSON('2')]}})",
+    ];
+    for src in cases {
+        let e = store.put(&eval(src)).await.expect_err(src);
+        assert_eq!(e.code(), ErrorCode::Validation, "{src}");
+        assert!(e.to_string().contains("JSON.rawJSON"), "{src}: {e}");
+    }
+    let batch: js_sys::Array = cases.iter().map(|c| eval(c)).collect();
+    batch.push(&js(json!({"_id": "fine"})));
+    assert!(store.put_many(&batch.into()).await.is_err());
+    store.put(&js(json!({"_id": "m", "v": 1}))).await.unwrap();
+    let f = js_sys::Function::new_with_args("cur", "return {...cur, v: JSON.rawJSON('2')};");
+    let e = store.mutate(&s("m"), &f, 0, None).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Validation);
+    assert_eq!(
+        store.export_snapshot().await.unwrap().lines().count(),
+        2,
+        "the header and m: nothing else written"
+    );
+}
+
+/// A plain object made in another realm (a same-origin iframe's) is a plain
+/// object, as `JSON.stringify`, structured clone and Dexie take it: it was
+/// refused as "not a plain JSON object" (its prototype is that realm's
+/// `Object.prototype`). Stored as this realm's would be, at any depth; that
+/// realm's Date, Map and class instances are still refused.
+#[wasm_bindgen_test]
+async fn a_plain_object_of_another_realm_is_stored_as_a_plain_object() {
+    let (store, _) = open("realm").await;
+    eval(
+        "globalThis.otherRealm = document.body.appendChild(document.createElement('iframe')).contentWindow",
+    );
+    let rec = eval("otherRealm.eval(\"({_id: 'x', a: {b: 1, c: [{d: 'e'}]}, n: -0})\")");
+    assert!(
+        eval("Object.getPrototypeOf(otherRealm.eval('({})')) !== Object.prototype").is_truthy(),
+        "the iframe is another realm"
+    );
+    store.put(&rec).await.unwrap();
+    let got = store.get(&s("x")).await.unwrap().unwrap();
+    js_sys::Reflect::set(&js_sys::global(), &"gotX".into(), &got).unwrap();
+    assert_eq!(
+        eval("JSON.stringify({...gotX, _rev: undefined, updatedAt: undefined}) + Object.is(gotX.n, 0)")
+            .as_string()
+            .as_deref(),
+        Some(r#"{"_id":"x","a":{"b":1,"c":[{"d":"e"}]},"n":0}true"#),
+        "stored as a plain object of this realm's would be"
+    );
+    for src in [
+        "otherRealm.eval(\"({_id: 'd', at: new Date(0)})\")",
+        "otherRealm.eval(\"({_id: 'm', map: new Map()})\")",
+        "otherRealm.eval(\"({_id: 'c', v: new (class Point { constructor() { this.x = 1; } })()})\")",
+    ] {
+        let e = store.put(&eval(src)).await.expect_err(src);
+        assert_eq!(e.code(), ErrorCode::Validation, "{src}");
+    }
+    eval("(document.body.removeChild(otherRealm.frameElement), delete globalThis.otherRealm)");
+}
