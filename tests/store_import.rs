@@ -1104,3 +1104,53 @@ async fn bytes_that_are_not_utf8_are_refused_and_nothing_is_written() {
         }
     }
 }
+
+/// A negative zero in an imported line (`-0`, `-0.0`, `-1e-400`, which
+/// underflows to it) is stored as `0`, as `put` stores it (JSON has no
+/// negative zero). Before, imports stored `JSON.parse`'s value as parsed:
+/// `get` answered `-0` where a `put` of the same record answers `0` (a
+/// review finding). Snapshots and PouchDB dumps, at any depth.
+#[wasm_bindgen_test]
+async fn an_imported_negative_zero_is_stored_as_zero_as_put_stores_it() {
+    let body = r#""a":-0,"b":[1,-0.0,{"c":-1e-400}],"d":-0.5,"e":"x:-0,","#;
+    let is_zero = |v: &JsValue, at: &str| {
+        js_sys::Reflect::set(&js_sys::global(), &"importedZero".into(), v).unwrap();
+        let f = js_sys::Function::new_no_args(&format!(
+            "const r = globalThis.importedZero; return [Object.is(r.a, 0), Object.is(r.b[1], 0), Object.is(r.b[2].c, 0), r.d, r.e].join();"
+        ));
+        assert_eq!(
+            f.call0(&JsValue::NULL).unwrap().as_string().as_deref(),
+            Some("true,true,true,-0.5,x:-0,"),
+            "{at}"
+        );
+    };
+    let (store, _) = open("negzero-snap").await;
+    let text = [
+        HEADER.to_owned(),
+        [
+            "{\"_id\":\"z\",\"_rev\":\"1-aa\",",
+            body,
+            "\"updatedAt\":\"2026-01-01T00:00:00.000Z\"}",
+        ]
+        .concat(),
+    ]
+    .join("\n");
+    store.import_snapshot(text.as_str(), None).await.unwrap();
+    is_zero(&store.get(&s("z")).await.unwrap().unwrap(), "snapshot");
+    let (store, _) = open("negzero-pouch").await;
+    let text = [
+        "{\"version\":\"1.2.9\",\"db_type\":\"idb\"}".to_owned(),
+        [
+            "{\"docs\":[{\"_id\":\"p\",\"_rev\":\"1-aa\",\"_revisions\":{\"start\":1,\"ids\":[\"aa\"]},",
+            body,
+            "\"updatedAt\":\"2026-01-01T00:00:00.000Z\"}]}",
+        ]
+        .concat(),
+    ]
+    .join("\n");
+    store
+        .import_pouch_dump(text.as_str(), "agent-index", None)
+        .await
+        .unwrap();
+    is_zero(&store.get(&s("p")).await.unwrap().unwrap(), "PouchDB dump");
+}

@@ -12,7 +12,7 @@
 
 use super::db::{KeyRange, Query, TransactionMode, RECORDS, TOMBSTONES};
 use super::index;
-use super::lines::{json_parse, ImportOptions, JsBlob, Lines, Source, DEFAULT_BATCH};
+use super::lines::{ImportOptions, JsBlob, Lines, Source, DEFAULT_BATCH};
 use super::mutate::check_abort;
 use super::{read_many, tombstone, Store};
 use crate::error::{set, Result, StoreError};
@@ -23,6 +23,15 @@ use agentstore_protocol::pouch::{
 use agentstore_protocol::rev::{Current, Rev};
 use js_sys::{Array, Function, JsString, Map, Object, Reflect};
 use wasm_bindgen::{JsCast, JsValue};
+
+#[wasm_bindgen::prelude::wasm_bindgen(module = "/js/walk.js")]
+extern "C" {
+    /// `JSON.parse` of an import's line (a JS string: no copy into linear
+    /// memory) with every `-0` made `0`, as `put` stores numbers
+    /// (js/walk.js `parseLine`).
+    #[wasm_bindgen(js_name = parseLine, catch)]
+    fn parse_line(text: &JsString) -> std::result::Result<JsValue, JsValue>;
+}
 
 /// What an import wrote.
 #[derive(Debug, Default, Clone, Copy)]
@@ -306,7 +315,7 @@ fn dump_docs(
     last_seq: &mut Option<u64>,
 ) -> Result<Option<Array>> {
     const WHAT: &str = "PouchDB dump";
-    let v = json_parse(line).map_err(|_| line_error(WHAT, n, "not JSON"))?;
+    let v = parse_line(line).map_err(|_| line_error(WHAT, n, "not JSON"))?;
     if !v.is_object() || Array::is_array(&v) {
         return Err(line_error(WHAT, n, "expected a JSON object"));
     }
@@ -347,7 +356,7 @@ fn strip_bookkeeping(doc: &JsValue) {
 /// One snapshot line after the header: `(id, rev, deleted, value)`.
 fn snapshot_row(line: &JsString, n: usize) -> Result<Option<(JsString, Rev, bool, JsValue)>> {
     const WHAT: &str = "snapshot";
-    let v = json_parse(line).map_err(|_| line_error(WHAT, n, "not JSON"))?;
+    let v = parse_line(line).map_err(|_| line_error(WHAT, n, "not JSON"))?;
     if !v.is_object() || Array::is_array(&v) {
         return Err(line_error(WHAT, n, "expected a JSON object"));
     }
@@ -703,7 +712,7 @@ impl Store {
         let mut header = false;
         while let Some((n, line)) = next_line(&mut lines).await? {
             if !header {
-                let v = json_parse(&line).map_err(|_| line_error("snapshot", n, "not JSON"))?;
+                let v = parse_line(&line).map_err(|_| line_error("snapshot", n, "not JSON"))?;
                 if !is_snapshot_header(&v) {
                     return Err(line_error(
                         "snapshot",
@@ -735,7 +744,7 @@ impl Store {
                 continue;
             }
             // Pass 1 checked every line; only each id's winning line goes on.
-            let v = json_parse(&line).unwrap_or_default();
+            let v = parse_line(&line).unwrap_or_default();
             let id = get(&v, "_id");
             let win = winners.get(&id);
             if win.is_undefined() || get(&v, "_rev") != win {
