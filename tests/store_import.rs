@@ -1115,9 +1115,9 @@ async fn an_imported_negative_zero_is_stored_as_zero_as_put_stores_it() {
     let body = r#""a":-0,"b":[1,-0.0,{"c":-1e-400}],"d":-0.5,"e":"x:-0,","#;
     let is_zero = |v: &JsValue, at: &str| {
         js_sys::Reflect::set(&js_sys::global(), &"importedZero".into(), v).unwrap();
-        let f = js_sys::Function::new_no_args(&format!(
-            "const r = globalThis.importedZero; return [Object.is(r.a, 0), Object.is(r.b[1], 0), Object.is(r.b[2].c, 0), r.d, r.e].join();"
-        ));
+        let f = js_sys::Function::new_no_args(
+            "const r = globalThis.importedZero; return [Object.is(r.a, 0), Object.is(r.b[1], 0), Object.is(r.b[2].c, 0), r.d, r.e].join();",
+        );
         assert_eq!(
             f.call0(&JsValue::NULL).unwrap().as_string().as_deref(),
             Some("true,true,true,-0.5,x:-0,"),
