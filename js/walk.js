@@ -313,35 +313,6 @@ function plain(o, w, top) {
   return copy;
 }
 
-// Where a value starts, a negative number that may parse to negative zero:
-// one whose integer part is 0 (`-0`, `-0.0`, `-0e5`, `-0.000…01` past the
-// smallest double) or with a negative exponent (`-1e-400` underflows). A
-// superset (`-0.5`, and such text inside a string): `parseLine` then only
-// looks in vain.
-const NEG_ZERO = /[:,[]\s*-(?:0|[\d.]+[eE]-)/;
-
-/**
- * `JSON.parse(text)` of an import's line, with every `-0` made `0`, as the
- * walk stores a record (JSON has no negative zero: `put`, `get` and an
- * export agree). Throws what `JSON.parse` throws. The values are only
- * visited when the text holds a `-0` number.
- */
-export function parseLine(text) {
-  const v = JSON.parse(text);
-  return NEG_ZERO.test(text) ? positiveZeros(v) : v;
-}
-
-function positiveZeros(v) {
-  if (typeof v === 'object' && v !== null) {
-    for (const k of Object.keys(v)) {
-      const x = v[k];
-      if (Object.is(x, -0)) v[k] = 0;
-      else positiveZeros(x);
-    }
-  }
-  return v;
-}
-
 /** Whether `o` is a `JSON.rawJSON` value (where the engine has them). */
 function isRawJSON(o) {
   return typeof JSON.isRawJSON === 'function' && JSON.isRawJSON(o);

@@ -373,6 +373,8 @@ for (const [root, glue] of [[dir, js], ...(hasStore ? [[join(dir, sub), js]] : [
   inlineSnippet(root, glue, 'promise.js');
   // The lease client's glue (the full entry point only).
   inlineSnippet(root, glue, 'lease.js');
+  // The imports' line parser (the io module only).
+  inlineSnippet(root, glue, 'parse.js');
 }
 if (hasIo) {
   inlineIoLoader(dir);
@@ -402,18 +404,22 @@ const minifyGlue = (file) => {
   // setters check the pointer in JS first and throw a ClosedError with
   // `code` and `status`, as every other error of the package is
   // (docs/api.md, Errors), before the module is entered; a second free()
-  // (or dispose) does nothing.
+  // (or dispose) does nothing. A method called on something that is not an
+  // instance (`const { get } = store; get(id)`) throws a ValidationError
+  // naming the method, not a TypeError from reading `__wbg_ptr` of
+  // `undefined`, nor "freed" for an object that never was one.
   const classes = [...text.matchAll(/^export class (\w+)/gm)].map((m) => m[1]);
   if (classes.length) {
     text += `function __agentstoreGuard(C) {
   const freed = () => Object.assign(new Error('this object was freed (free() or a using block): it cannot be used any more'), { name: 'ClosedError', code: 'closed', status: 410 });
-  const wrap = (f) => function (...args) { if (!this.__wbg_ptr) throw freed(); return f.apply(this, args); };
+  const detached = (k) => Object.assign(new Error(\`\${C.name}.\${k} was called on something that is not a \${C.name} (a method taken off its object: call it on the object, or bind it)\`), { name: 'ValidationError', code: 'validation', status: 400 });
+  const wrap = (f, k) => function (...args) { if (!(this instanceof C)) throw detached(k); if (!this.__wbg_ptr) throw freed(); return f.apply(this, args); };
   for (const k of Object.getOwnPropertyNames(C.prototype)) {
     if (k === 'constructor' || k === 'free' || k.startsWith('__')) continue;
     const d = Object.getOwnPropertyDescriptor(C.prototype, k);
-    if (typeof d.value === 'function') d.value = wrap(d.value);
-    if (d.get) d.get = wrap(d.get);
-    if (d.set) d.set = wrap(d.set);
+    if (typeof d.value === 'function') d.value = wrap(d.value, k);
+    if (d.get) d.get = wrap(d.get, k);
+    if (d.set) d.set = wrap(d.set, k);
     Object.defineProperty(C.prototype, k, d);
   }
   const free = C.prototype.free;
@@ -438,6 +444,7 @@ const minifyGlue = (file) => {
   }
   const r = transformSync(text, {
     minify: true,
+    treeShaking: true,
     target: 'es2020',
     format: 'esm',
     sourcemap: 'external',

@@ -24,11 +24,11 @@ use agentstore_protocol::rev::{Current, Rev};
 use js_sys::{Array, Function, JsString, Map, Object, Reflect};
 use wasm_bindgen::{JsCast, JsValue};
 
-#[wasm_bindgen::prelude::wasm_bindgen(module = "/js/walk.js")]
+#[wasm_bindgen::prelude::wasm_bindgen(module = "/js/parse.js")]
 extern "C" {
     /// `JSON.parse` of an import's line (a JS string: no copy into linear
     /// memory) with every `-0` made `0`, as `put` stores numbers
-    /// (js/walk.js `parseLine`).
+    /// (js/parse.js `parseLine`).
     #[wasm_bindgen(js_name = parseLine, catch)]
     fn parse_line(text: &JsString) -> std::result::Result<JsValue, JsValue>;
 }
