@@ -342,7 +342,7 @@ for (const [entry, expected] of ENTRIES) {
 // keeps working; a `watch()` handle is a plain object whose close() may be
 // called twice.
 for (const entry of ENTRIES.map(([e]) => e)) {
-  test(`${entry}: a freed object's methods throw ClosedError, and a watch handle closes twice`, { timeout: 120_000 }, async () => {
+  test(`${entry}: a freed object's methods throw ClosedError, a detached one ValidationError, and a watch handle closes twice`, { timeout: 120_000 }, async () => {
     const context = await browser.newContext();
     const page = await context.newPage();
     try {
@@ -380,11 +380,25 @@ for (const entry of ENTRIES.map(([e]) => e)) {
         }
         const again = await mod.AgentStore.open(db);
         const { rev } = await again.put({ _id: 'after' });
+        // A method taken off its object, or called on another object: a
+        // typed ValidationError naming it (before: a TypeError reading
+        // `__wbg_ptr` of undefined, or "freed" for a never-made object).
+        const detached = [];
+        const { get } = again;
+        for (const call of [() => get('after'), () => mod.AgentStore.prototype.put.call({}, { _id: 'y' })]) {
+          try {
+            await call();
+            detached.push('no error');
+          } catch (e) {
+            detached.push(`${e instanceof Error}:${e.name}:${e.code}:${e.status}:${/AgentStore\.(get|put) /.test(e.message)}`);
+          }
+        }
         again.close();
-        return { isPlainHandle, caught, rev };
+        return { isPlainHandle, caught, rev, detached };
       }, { entry, origin: base });
       assert.ok(r.isPlainHandle, 'watch() returns a frozen handle');
       for (const c of r.caught) assert.equal(c, 'true:ClosedError:closed:410');
+      assert.deepEqual(r.detached, ['true:ValidationError:validation:400:true', 'true:ValidationError:validation:400:true']);
       assert.match(r.rev, /^1-/, 'the module still works');
     } finally {
       await context.close();
