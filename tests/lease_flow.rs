@@ -1275,3 +1275,55 @@ async fn a_2xx_answer_that_is_not_the_servers_confirmation_settles_nothing() {
     assert_eq!(lease.status(), Status::Settled(SettleState::Done));
     assert_eq!(item(id).await.state, ItemState::Done);
 }
+
+/// A settle, release or heartbeat answered `404` or `409` without the
+/// server's error body (a proxy or CDN during a deploy) proves nothing about
+/// the lease: the call fails with that error, the lease stays held (its
+/// signal not aborted, its heartbeats going on) and the same settle, sent
+/// again, lands. Before, it ended the lease as `claim_lost` (signal
+/// aborted, journal entry and lock let go) while the server held the item
+/// running until its TTL, then redelivered it with an attempt counted.
+#[wasm_bindgen_test]
+async fn a_404_or_409_without_the_servers_error_body_does_not_end_the_lease() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("bodiless-404");
+    let c = admin_client(config());
+    for status in [404, 409] {
+        let id = enqueue(&q, json!({})).await;
+        let lease = claim(&c, &q).await;
+        assert_eq!(lease.item_id, id);
+        let hook = js_sys::Function::new_with_args(
+            "status",
+            "const real = globalThis.fetch;
+            globalThis.fetch = (url, init) => {
+                const u = String(url);
+                if (/\\/(settle|release|heartbeat)$/.test(u)) return Promise.resolve(new Response('<html>Not here</html>', { status }));
+                return real(url, init);
+            };
+            return { restore: () => { globalThis.fetch = real; } };",
+        )
+        .call1(&JsValue::NULL, &JsValue::from(status))
+        .unwrap();
+        let settled = lease.settle(SettleState::Done, None, None).await;
+        let released = lease.release().await;
+        let beat = lease.heartbeat().await;
+        call_method(&hook, "restore", &[]);
+        for (what, r) in [
+            ("settle", settled.map(drop)),
+            ("release", released.map(drop)),
+            ("heartbeat", beat.map(drop)),
+        ] {
+            let e = r.expect_err(what);
+            assert!(e.loss_reason().is_none(), "{status} {what}: {e:?}");
+        }
+        assert_eq!(lease.status(), Status::Held, "{status}: still held");
+        assert!(!lease.signal().aborted(), "{status}: signal not aborted");
+        lease
+            .settle(SettleState::Done, None, None)
+            .await
+            .expect("the same settle, answered by the server");
+        assert_eq!(item(id).await.state, ItemState::Done, "{status}");
+    }
+}

@@ -800,31 +800,97 @@ async fn stop_ends_the_retries_of_a_settle_that_is_always_refused() {
     assert_eq!(w.stats.borrow().lost, 1);
 }
 
+/// A claim answered `503` with `Retry-After` (a gateway or a server
+/// shedding load) is tried again no sooner than that: the reconnect window
+/// starts at the `Retry-After` (its jitter kept). Before, only a 429's
+/// `Retry-After` was read: the slot retried within the reconnect window
+/// (here at most 400 ms) against an answer asking for 1 s.
+#[wasm_bindgen_test]
+async fn a_claim_answered_503_with_retry_after_is_tried_again_no_sooner() {
+    let hook = refuser("/claims", f64::INFINITY, 1, 503);
+    let w = failing_worker(1, 400.0, 2).await;
+    let delays = w.backoffs.borrow().clone();
+    w.stop().await;
+    hook_call(&hook, "restore");
+    for d in &delays[..2] {
+        assert!(
+            (1000.0..=1400.0).contains(d),
+            "waited {d} ms after a 503 asking for 1,000: {delays:?}"
+        );
+    }
+}
+
+/// A work() settle answered `503` with `Retry-After` is sent again no
+/// sooner than the answer asks (RFC 9110 §10.2.3), and then lands. Before,
+/// only a 429's `Retry-After` was read: the retry went out after the settle
+/// loop's own pause (100 ms and up).
+#[wasm_bindgen_test]
+async fn a_settle_answered_503_with_retry_after_is_sent_again_no_sooner() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("settle-503");
+    let id = enqueue(&q, json!({})).await;
+    let hook = refuser("/settle", 1.0, 1, 503);
+    let h = handler(|_| async { Ok(JsValue::from("finished")) });
+    let w = WorkerInner::start(admin_client(config()), q.clone(), h, options(1), wrap);
+    let it = wait_item(id, 60_000.0, |it| it.state == ItemState::Done).await;
+    let times = js_sys::Array::from(&hook_call(&hook, "times"));
+    hook_call(&hook, "restore");
+    w.stop().await;
+    assert_eq!(it.state, ItemState::Done);
+    assert_eq!(times.length(), 2, "one refused settle, one that landed");
+    let waited = times.get(1).as_f64().unwrap() - times.get(0).as_f64().unwrap();
+    assert!(waited >= 990.0, "sent again after {waited} ms");
+}
+
 /// Replaces `fetch` so that the first `refused` settles are answered `429`
 /// with `Retry-After: retry_after_s` (as a gateway would) and everything
 /// else goes through; the hook's `settles()`, `releases()` and `restore()`
 /// count the settles and releases sent and put `fetch` back.
 fn settle_refuser(refused: f64, retry_after_s: u32) -> JsValue {
+    refuser("/settle", refused, retry_after_s, 429)
+}
+
+/// Replaces `fetch` so that the first `refused` requests whose URL ends
+/// with `path` are answered `status` with `Retry-After: retry_after_s` (a
+/// `429 {code: rate_limited}`; any other status with a gateway's plain-text
+/// body) and everything else goes through. The hook's `settles()` and
+/// `releases()` count the settles and releases sent, `times()` gives when
+/// (`performance.now()`) each refused-path request was sent, `restore()`
+/// puts `fetch` back.
+fn refuser(path: &str, refused: f64, retry_after_s: u32, status: u16) -> JsValue {
     Function::new_with_args(
-        "refused, retryAfter",
+        "path, refused, retryAfter, status",
         "const real = globalThis.fetch;
-        let settles = 0, releases = 0;
+        let settles = 0, releases = 0, seen = 0;
+        const times = [];
         globalThis.fetch = (url, init) => {
             const u = String(url);
             if (u.endsWith('/release')) releases++;
-            if (u.endsWith('/settle') && ++settles <= refused) {
-                return Promise.resolve(Response.json({ code: 'rate_limited', message: 'slow down' },
-                    { status: 429, headers: { 'Retry-After': String(retryAfter) } }));
+            if (u.endsWith('/settle')) settles++;
+            if (u.endsWith(path)) {
+                times.push(performance.now());
+                if (++seen <= refused) {
+                    const headers = { 'Retry-After': String(retryAfter) };
+                    return Promise.resolve(status === 429
+                        ? Response.json({ code: 'rate_limited', message: 'slow down' }, { status, headers })
+                        : new Response('Service Unavailable', { status, headers }));
+                }
             }
             return real(url, init);
         };
-        return { settles: () => settles, releases: () => releases,
+        return { settles: () => settles, releases: () => releases, times: () => times.slice(),
                  restore: () => { globalThis.fetch = real; } };",
     )
-    .call2(
+    .apply(
         &JsValue::NULL,
-        &JsValue::from(refused),
-        &JsValue::from(retry_after_s),
+        &js_sys::Array::of4(
+            &JsValue::from_str(path),
+            &JsValue::from(refused),
+            &JsValue::from(retry_after_s),
+            &JsValue::from(status),
+        ),
     )
     .unwrap()
 }
@@ -833,4 +899,62 @@ fn settle_refuser(refused: f64, retry_after_s: u32) -> JsValue {
 fn hook_call(hook: &JsValue, k: &str) -> JsValue {
     let f: Function = get(hook, &[k]).unchecked_into();
     f.call0(hook).unwrap()
+}
+
+/// A lease released by the `pagehide` beacon while its handler runs (the
+/// page went into the back/forward cache and came back) was not ended by
+/// the handler: it is counted `lost` (the handler's result is discarded),
+/// and `stop()` does not wait for that handler (one that ignores its
+/// signal never returns here). Before, it was taken for the handler's own
+/// release: counted `released`, and `stop()` waited for the handler
+/// without end.
+#[wasm_bindgen_test]
+async fn a_lease_released_on_pagehide_is_lost_and_stop_does_not_wait_for_its_handler() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("pagehide-work");
+    let id = enqueue(&q, json!({})).await;
+    let started = Rc::new(Cell::new(false));
+    let h = {
+        let started = started.clone();
+        handler(move |_| {
+            started.set(true);
+            // Ignores its signal and never returns.
+            async { wasm_bindgen_futures::JsFuture::from(Promise::new(&mut |_, _| {})).await }
+        })
+    };
+    let c = admin_client(agentstore::lease::ClientConfig {
+        release_on_pagehide: true,
+        ..config()
+    });
+    let w = WorkerInner::start(c, q.clone(), h, options(1), wrap);
+    let until = now() + 30_000.0;
+    while !started.get() {
+        assert!(now() < until, "the handler started");
+        sleep(20.0).await;
+    }
+    js_sys::Function::new_no_args("globalThis.dispatchEvent(new Event('pagehide'))")
+        .call0(&JsValue::NULL)
+        .unwrap();
+    let it = wait_item(id, 30_000.0, |it| it.state == ItemState::Open).await;
+    assert_eq!(it.state, ItemState::Open, "released by the beacon");
+    let stopped = Rc::new(Cell::new(false));
+    {
+        let (w, stopped) = (w.clone(), stopped.clone());
+        wasm_bindgen_futures::spawn_local(async move {
+            w.stop().await;
+            stopped.set(true);
+        });
+    }
+    let until = now() + 10_000.0;
+    while !stopped.get() {
+        assert!(
+            now() < until,
+            "stop() waits for the beaconed lease's handler"
+        );
+        sleep(20.0).await;
+    }
+    let st = w.stats.borrow();
+    assert_eq!((st.claimed, st.released, st.lost), (1, 0, 1), "{st:?}");
 }

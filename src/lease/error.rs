@@ -73,6 +73,10 @@ pub enum LeaseError {
         status: u16,
         /// The server's message.
         message: String,
+        /// The answer's `Retry-After` (ms), when it had one (a 503 from a
+        /// gateway or a server shedding load): `work()` waits at least that
+        /// long before it tries again (RFC 9110 §10.2.3).
+        retry_after_ms: Option<f64>,
     },
     /// Cancelled through an AbortSignal; carries its reason.
     Aborted(JsValue),
@@ -146,6 +150,16 @@ impl LeaseError {
         }
     }
 
+    /// How long the answer asked to wait before trying again (ms): a 429's
+    /// `Retry-After`, or another answer's when it had one.
+    pub fn retry_after_ms(&self) -> Option<f64> {
+        match self {
+            LeaseError::RateLimited { retry_after_ms } => Some(*retry_after_ms),
+            LeaseError::Server { retry_after_ms, .. } => *retry_after_ms,
+            _ => None,
+        }
+    }
+
     /// The loss reason, for `ClaimLost`.
     pub fn loss_reason(&self) -> Option<LossReason> {
         match self {
@@ -173,9 +187,11 @@ impl LeaseError {
                 set(o, "reason", &reason.as_str().into());
                 set(o, "itemId", &JsValue::from(*item_id as f64));
             }
-            LeaseError::RateLimited { retry_after_ms } => {
-                set(o, "retryAfterMs", &JsValue::from(*retry_after_ms))
-            }
+            LeaseError::RateLimited { retry_after_ms }
+            | LeaseError::Server {
+                retry_after_ms: Some(retry_after_ms),
+                ..
+            } => set(o, "retryAfterMs", &JsValue::from(*retry_after_ms)),
             LeaseError::Aborted(reason) => set(o, "cause", reason),
             _ => {}
         }

@@ -171,6 +171,7 @@ pub(crate) fn parse<T: FromWire>(value: &JsValue) -> Result<T> {
         code: ErrorCode::Internal,
         status: 200,
         message: "the lease server's answer does not have the expected shape".into(),
+        retry_after_ms: None,
     })
 }
 
@@ -328,6 +329,7 @@ pub fn from_code(
             code,
             status,
             message,
+            retry_after_ms,
         },
     }
 }

@@ -100,6 +100,9 @@ pub struct LeaseInner {
     /// (the local deadline still applies); the same call sent again is
     /// answered by the server as a replay when the first one landed.
     pub(crate) ending_unanswered: Cell<bool>,
+    /// Released by the `pagehide` beacon, not by a call of the app's: a
+    /// `work()` handler running then did not end its lease itself.
+    pub(crate) beaconed: Cell<bool>,
     /// The message of a heartbeat answered `claim_lost`, `state_conflict` or
     /// `not_found` while a settle or release was on the wire: that call may
     /// have caused it (it landed first), so its own answer decides. Applied
@@ -166,6 +169,7 @@ impl LeaseInner {
             plan: RefCell::new(plan),
             paused: Cell::new(false),
             ending_unanswered: Cell::new(false),
+            beaconed: Cell::new(false),
             loss_while_ending: RefCell::new(None),
             in_flight: Cell::new(0),
             idle: RefCell::new(Vec::new()),
@@ -409,8 +413,14 @@ impl LeaseInner {
         }
     }
 
-    /// Maps a server rejection of a fenced call and ends the lease for it.
+    /// Maps a server rejection of a fenced call and ends the lease for it
+    /// when it proves the lease over ([`LeaseError::proves_lease_over`]): a
+    /// 404 or 409 without the server's error body (a proxy's, during a
+    /// deploy) proves nothing, and the lease stays held.
     fn on_rejection(&self, e: LeaseError) -> LeaseError {
+        if !e.proves_lease_over() {
+            return e;
+        }
         match &e {
             LeaseError::Server {
                 code: ErrorCode::ClaimLost | ErrorCode::NotFound,
@@ -450,6 +460,7 @@ impl LeaseInner {
                 message:
                     "a settle or release of this lease is out or unanswered: no heartbeat is sent"
                         .into(),
+                retry_after_ms: None,
             });
         }
         let client = self.client()?;
@@ -482,6 +493,9 @@ impl LeaseInner {
             // A settle or release went out meanwhile: its answer decides
             // (`loss_while_ending`: applied if it is refused unlanded).
             Err(e) if self.ending_pending() => {
+                if !e.proves_lease_over() {
+                    return Err(e);
+                }
                 if let LeaseError::Server {
                     code: ErrorCode::ClaimLost | ErrorCode::NotFound,
                     message,
@@ -737,6 +751,7 @@ impl LeaseInner {
         }
         // A beacon is never answered: the journal keeps the entry until a
         // later recover() sees the lease over.
+        self.beaconed.set(true);
         self.lose_unconfirmed(LossReason::Released, "released on pagehide");
     }
 }
@@ -785,6 +800,7 @@ pub(crate) fn confirmed(
             code: ErrorCode::Internal,
             status: 502,
             message: "a 2xx that is not the lease server's answer: outcome unknown".into(),
+            retry_after_ms: None,
         })
     }
 }

@@ -75,6 +75,7 @@ impl ClientInner {
                 code: ErrorCode::Transaction,
                 status: ErrorCode::Transaction.status(),
                 message: e,
+                retry_after_ms: None,
             })?;
         // The Web Locks held now: an entry whose lock another context holds
         // waits `lockWaitMs` once for all such entries (a context going

@@ -216,7 +216,7 @@ async fn slot_loop(w: Rc<WorkerInner>, wrap: fn(Rc<LeaseInner>) -> JsValue) {
                     // out retries); a release that fails stops holding it
                     // locally, and it is counted as it ended.
                     end_or_drop(&lease, false).await;
-                    count(&w, lease.status());
+                    count(&w, &lease);
                     break;
                 }
                 run_one(&w, &lease, wrap).await;
@@ -235,10 +235,12 @@ async fn slot_loop(w: Rc<WorkerInner>, wrap: fn(Rc<LeaseInner>) -> JsValue) {
             Err(e) => {
                 // No answer (or an error that retrying may fix): back off.
                 // Slots failing in the same round share its window.
-                let d = w
-                    .backoff
-                    .borrow_mut()
-                    .on_failure(round, now_ms(), random(), None);
+                let d = w.backoff.borrow_mut().on_failure(
+                    round,
+                    now_ms(),
+                    random(),
+                    e.retry_after_ms(),
+                );
                 round = w.backoff.borrow().round();
                 {
                     let mut st = w.stats.borrow_mut();
@@ -277,13 +279,10 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
                     // The handler settled or released its lease itself and
                     // runs on: wait for it, so that a slot runs one handler
                     // at a time and `stop()` waits for it. (After
-                    // `client.close()` nothing is waited for.)
+                    // `client.close()` nothing is waited for; a release by
+                    // the `pagehide` beacon is a loss, below.)
                     Either::Right((_, run))
-                        if !w.client.closed.get()
-                            && matches!(
-                                lease.status(),
-                                Status::Settled(_) | Status::Lost(LossReason::Released)
-                            ) =>
+                        if !w.client.closed.get() && ended_by_handler(lease) =>
                     {
                         until_closed(w, run, false).await
                     }
@@ -313,7 +312,7 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
     lease.until_not_ending().await;
     if lease.status() != Status::Held {
         // The handler ended the lease itself, or it was lost.
-        count(w, lease.status());
+        count(w, lease);
         return;
     }
     // Held: repeat what the handler asked for if its call failed (the very
@@ -323,7 +322,7 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
     let (state, result, error) = match (asked, outcome) {
         (Some(Ending::Release), _) => {
             end_or_drop(lease, true).await;
-            count(w, lease.status());
+            count(w, lease);
             return;
         }
         (Some(Ending::Settle(state, result, error)), _) => (state, result, error),
@@ -354,10 +353,8 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
                     && !w.client.closed.get()
                     && (lease.ending_unanswered.get() || !w.stopping.get()) =>
             {
-                let retry_after = match e {
-                    LeaseError::RateLimited { retry_after_ms } => retry_after_ms,
-                    _ => 0.0,
-                };
+                // A 429's or 503's `Retry-After` (RFC 9110 §10.2.3).
+                let retry_after = e.retry_after_ms().unwrap_or(0.0);
                 // `stop()` ends a wait for a refused settle at once (it is
                 // then released); one whose outcome is unknown waits on.
                 let d = pause_ms(&mut attempt, retry_after);
@@ -402,7 +399,7 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
         // Counted as close() ended it.
         let _ = JsFuture::from(lease.ended.clone()).await;
     }
-    count(w, lease.status());
+    count(w, lease);
 }
 
 /// Releases a lease that is still held (`handed_back`: the handler asked
@@ -460,16 +457,29 @@ fn pause_ms(attempt: &mut u32, retry_after_ms: f64) -> f64 {
         .max(retry_after_ms)
 }
 
+/// Whether the lease ended by a settle or release of the app's (or of this
+/// loop at its request), not by a loss or the `pagehide` beacon.
+fn ended_by_handler(lease: &LeaseInner) -> bool {
+    match lease.status() {
+        Status::Settled(_) => true,
+        Status::Lost(LossReason::Released) => !lease.beaconed.get(),
+        _ => false,
+    }
+}
+
 /// Counts how a lease of this loop ended.
-fn count(w: &WorkerInner, status: Status) {
+fn count(w: &WorkerInner, lease: &LeaseInner) {
     let mut st = w.stats.borrow_mut();
-    match status {
+    match lease.status() {
         Status::Settled(SettleState::Done) => st.done += 1,
         Status::Settled(SettleState::Failed) => st.failed += 1,
         Status::Settled(_) => st.released += 1,
         // Released by the handler (or by this loop at its request), not by
-        // `client.close()`.
-        Status::Lost(LossReason::Released) if !w.client.closed.get() => st.released += 1,
+        // `client.close()` or the `pagehide` beacon (the handler's result
+        // was discarded).
+        Status::Lost(LossReason::Released) if !w.client.closed.get() && ended_by_handler(lease) => {
+            st.released += 1
+        }
         _ => st.lost += 1,
     }
 }
