@@ -958,3 +958,77 @@ async fn a_lease_released_on_pagehide_is_lost_and_stop_does_not_wait_for_its_han
     let st = w.stats.borrow();
     assert_eq!((st.claimed, st.released, st.lost), (1, 0, 1), "{st:?}");
 }
+
+/// A work() settle answered `404` without the server's error body (a
+/// proxy's page during a deploy: the call never reached the server) is
+/// sent again until it lands: the item ends `done` with its result. Before
+/// a review of this round's lease fixes, such an answer (no longer taken for
+/// a lost lease) was read as a refusal for good, and the loop settled the
+/// item `failed` with the proxy's message: finished work lost for good.
+#[wasm_bindgen_test]
+async fn a_work_settle_answered_by_a_proxys_404_is_sent_again_until_it_lands() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("settle-proxy-404");
+    let id = enqueue(&q, json!({})).await;
+    let hook = refuser("/settle", 2.0, 0, 404);
+    let h = handler(|_| async { Ok(JsValue::from("finished")) });
+    let w = WorkerInner::start(admin_client(config()), q.clone(), h, options(1), wrap);
+    let it = wait_item(id, 60_000.0, |it| {
+        it.state != ItemState::Running && it.state != ItemState::Open
+    })
+    .await;
+    let settles = hook_call(&hook, "settles");
+    hook_call(&hook, "restore");
+    w.stop().await;
+    assert_eq!(
+        (it.state, it.result, it.attempts),
+        (ItemState::Done, Some(json!("finished")), 0),
+        "after {settles:?} settles"
+    );
+    assert_eq!(
+        settles.as_f64(),
+        Some(3.0),
+        "two answered by the proxy, one landed"
+    );
+}
+
+/// A work() settle answered `503` with a `Retry-After` far past the lease's
+/// TTL: its outcome is unknown (no heartbeat renews the lease meanwhile), so
+/// the retry waits at most until the lease's local deadline, and `stop()`
+/// is not held for the hour the answer asked for. Before (a review of this
+/// round's Retry-After change), the slot slept the whole hour and `stop()`
+/// with it.
+#[wasm_bindgen_test]
+async fn a_settle_retry_after_past_the_lease_deadline_does_not_hold_stop() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("settle-503-hour");
+    enqueue(&q, json!({})).await;
+    let hook = refuser("/settle", f64::INFINITY, 3600, 503);
+    let h = handler(|_| async { Ok(JsValue::from("finished")) });
+    let w = WorkerInner::start(admin_client(config()), q.clone(), h, options(1), wrap);
+    let until = now() + 30_000.0;
+    while hook_call(&hook, "settles").as_f64() < Some(1.0) {
+        assert!(now() < until, "no settle was sent");
+        sleep(20.0).await;
+    }
+    let stopped = Rc::new(Cell::new(false));
+    {
+        let (w, stopped) = (w.clone(), stopped.clone());
+        wasm_bindgen_futures::spawn_local(async move {
+            w.stop().await;
+            stopped.set(true);
+        });
+    }
+    // The lease's TTL is 3 s here: its deadline comes well within this.
+    let until = now() + 4.0 * TTL_MS;
+    while !stopped.get() {
+        assert!(now() < until, "stop() waits out the settle's Retry-After");
+        sleep(20.0).await;
+    }
+    hook_call(&hook, "restore");
+    assert_eq!(w.stats.borrow().lost, 1);
+}

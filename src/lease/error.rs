@@ -123,11 +123,20 @@ impl LeaseError {
         }
     }
 
-    /// True for failures worth retrying later: no answer, a 5xx, or rate limiting.
+    /// True for failures worth retrying later: no answer, a 5xx, rate
+    /// limiting, or a 404/409 without the lease server's error body (a
+    /// proxy's or CDN's page during a deploy: the call never reached the
+    /// server, so it neither landed nor says anything about the lease).
     pub fn is_transient(&self) -> bool {
         match self {
             LeaseError::Network(_) | LeaseError::RateLimited { .. } => true,
-            LeaseError::Server { status, .. } => *status >= 500,
+            LeaseError::Server { status, .. } if *status >= 500 => true,
+            LeaseError::Server {
+                code: ErrorCode::ClaimLost | ErrorCode::NotFound,
+                message,
+                ..
+            }
+            | LeaseError::StateConflict(message) => message == super::http::NO_ERROR_BODY,
             _ => false,
         }
     }

@@ -359,7 +359,10 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
                 // then released); one whose outcome is unknown waits on.
                 let d = pause_ms(&mut attempt, retry_after);
                 if lease.ending_unanswered.get() {
-                    sleep_ms(d).await;
+                    // Never past the local deadline, which ends the wait
+                    // (a `Retry-After: 3600` must not hold the slot and
+                    // `stop()` for an hour after the lease is gone).
+                    sleep_ms(d.min((lease.deadline() - now_ms()).max(0.0))).await;
                 } else {
                     w.wait(d).await;
                 }
