@@ -23,15 +23,20 @@ const NEG_ZERO = /[:,[]\s*-(?:0|[\d.]+[eE]-)/;
  */
 export function parseLine(text) {
   const v = JSON.parse(text);
-  return NEG_ZERO.test(text) ? positiveZeros(v) : v;
+  return NEG_ZERO.test(text) ? positiveZeros(v, 0) : v;
 }
 
-function positiveZeros(v) {
-  if (typeof v === 'object' && v !== null) {
+// Deeper than a record may be (crates/protocol/src/record.rs, 64 levels;
+// the line's own wrapper and `docs` array are two more): the walk refuses
+// such a line as too deep, so it is not visited (no stack overflow).
+const MAX_VISIT = 70;
+
+function positiveZeros(v, depth) {
+  if (typeof v === 'object' && v !== null && depth < MAX_VISIT) {
     for (const k of Object.keys(v)) {
       const x = v[k];
       if (Object.is(x, -0)) v[k] = 0;
-      else positiveZeros(x);
+      else positiveZeros(x, depth + 1);
     }
   }
   return v;

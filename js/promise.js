@@ -30,14 +30,18 @@ export function requestPromise(request) {
  * only failed because its transaction aborted (AbortError), the
  * transaction's own `error` (the cause), as src/store/db.rs's
  * `request_error` names it. `toError` is the module's one conversion to a
- * typed agentstore Error.
+ * typed agentstore Error (for the JS methods); without it the exception is
+ * rejected as it is (for Rust callers, which type it themselves).
  */
 export function answer(request, toError) {
   return new Promise((resolve, reject) => {
     request.onsuccess = () => resolve(request.result ?? null);
-    request.onerror = () => reject(toError(failure(request)));
+    request.onerror = () => reject(typed(toError, failure(request)));
   });
 }
+
+/** `e` as the module's typed Error (`toError` given), else as it is. */
+const typed = (toError, e) => (toError ? toError(e) : e);
 
 /** What a failed request failed of: its error, or its aborted transaction's. */
 function failure(request) {
@@ -58,7 +62,7 @@ export function cursorRows(request, max, toError) {
       if (!c || rows.length >= max) resolve(rows);
       else c.continue();
     };
-    request.onerror = () => reject(toError(failure(request)));
+    request.onerror = () => reject(typed(toError, failure(request)));
   });
 }
 

@@ -334,7 +334,7 @@ impl AgentStore {
     /// The record stored under `id`, or `null` (never stored, or deleted).
     #[wasm_bindgen(unchecked_return_type = "Promise<AgentRecord | null>")]
     pub fn get(&self, #[wasm_bindgen(unchecked_param_type = "string")] id: JsValue) -> Promise {
-        issue(|| self.inner.get_promise(&id))
+        issue(|to_error| self.inner.get_promise(&id, to_error))
     }
 
     /// The records stored under `ids`, in the order of `ids`: a record, or
@@ -348,7 +348,7 @@ impl AgentStore {
         &self,
         #[wasm_bindgen(unchecked_param_type = "string[]")] ids: JsValue,
     ) -> Promise {
-        issue(|| self.inner.get_many_promise(&ids))
+        issue(|to_error| self.inner.get_many_promise(&ids, to_error))
     }
 
     /// How many live records match `{prefix, type}` (both optional),
@@ -362,7 +362,7 @@ impl AgentStore {
         &self,
         #[wasm_bindgen(unchecked_optional_param_type = "CountOptions")] options: JsValue,
     ) -> Promise {
-        issue(|| {
+        issue(|to_error| {
             // Listing options mean nothing to a count: refused, not ignored
             // (`count({prefix, after})` would count the whole prefix).
             for k in ["after", "limit", "descending"] {
@@ -374,7 +374,8 @@ impl AgentStore {
                 }
             }
             let q = ListQuery::from_js(&options)?;
-            self.inner.count_promise(&q.prefix, q.record_type.as_ref())
+            self.inner
+                .count_promise(&q.prefix, q.record_type.as_ref(), to_error)
         })
     }
 
@@ -504,7 +505,10 @@ impl AgentStore {
         &self,
         #[wasm_bindgen(unchecked_optional_param_type = "ListOptions")] options: JsValue,
     ) -> Promise {
-        issue(|| self.inner.list_promise(&ListQuery::from_js(&options)?))
+        issue(|to_error| {
+            self.inner
+                .list_promise(&ListQuery::from_js(&options)?, to_error)
+        })
     }
 
     /// One page of records in the order of derived index `name`:

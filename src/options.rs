@@ -108,12 +108,16 @@ fn promise(
 
 /// Runs a method whose work after its checks is requests issued during the
 /// call and answered by a Promise made in JS (the reads: `get`, `getMany`,
-/// `count`): `f` runs as one level of [`nested`] calls (it reads the
+/// `count`, `list`): `f` runs as one level of [`nested`] calls (it reads the
 /// caller's input), and its error becomes a rejected Promise, as [`run`]'s
-/// do. No executor and no future: the answer costs no call back into the
-/// module.
-pub(crate) fn issue(f: impl FnOnce() -> Result<Promise, crate::error::StoreError>) -> Promise {
-    match nested(f) {
+/// do; `f` gets the function that types the reads' failures
+/// ([`crate::error::dom_error_fn`]). No executor and no future: the answer
+/// costs no call back into the module.
+pub(crate) fn issue(
+    f: impl FnOnce(&JsValue) -> Result<Promise, crate::error::StoreError>,
+) -> Promise {
+    let to_error = crate::error::dom_error_fn();
+    match nested(|| f(&to_error)) {
         Ok(Ok(p)) => p,
         Ok(Err(e)) => Promise::reject(&e.to_js()),
         Err(e) => Promise::reject(&e),

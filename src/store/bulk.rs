@@ -79,7 +79,10 @@ impl Store {
     /// ValidationError (with `failures` naming every bad position) when `ids`
     /// is not an array of ids or holds more than 100,000; ClosedError.
     pub async fn get_many(&self, ids: &JsValue) -> Result<Array> {
-        Ok(super::answered(self.get_many_promise(ids)?).await?.into())
+        let none = JsValue::UNDEFINED;
+        Ok(super::answered(self.get_many_promise(ids, &none)?)
+            .await?
+            .into())
     }
 
     /// `getMany` as the JS method answers it: every request issued during
@@ -88,7 +91,11 @@ impl Store {
     /// # Errors
     /// As [`Store::get_many`], thrown; the Promise rejects with
     /// TransactionError and the like.
-    pub(crate) fn get_many_promise(&self, ids: &JsValue) -> Result<js_sys::Promise> {
+    pub(crate) fn get_many_promise(
+        &self,
+        ids: &JsValue,
+        to_error: &JsValue,
+    ) -> Result<js_sys::Promise> {
         let arr = batch_array(ids, "getMany", "ids", "getMany takes at most 100000 items")?;
         let mut failures = Vec::new();
         for (index, id) in arr.iter().enumerate() {
@@ -109,7 +116,7 @@ impl Store {
             requests.push(dom(store.get(id))?.as_ref());
         }
         tx.end_read();
-        Ok(answers_of(&requests))
+        Ok(answers_of(&requests, to_error))
     }
 
     /// How many live records match `{prefix, type}`, counted by IndexedDB on
@@ -121,7 +128,8 @@ impl Store {
     /// # Errors
     /// ClosedError / TransactionError.
     pub async fn count(&self, prefix: &[u16], record_type: Option<&JsString>) -> Result<u32> {
-        let n = super::answered(self.count_promise(prefix, record_type)?).await?;
+        let none = JsValue::UNDEFINED;
+        let n = super::answered(self.count_promise(prefix, record_type, &none)?).await?;
         Ok(n.as_f64().unwrap_or(0.0) as u32)
     }
 
@@ -135,6 +143,7 @@ impl Store {
         &self,
         prefix: &[u16],
         record_type: Option<&JsString>,
+        to_error: &JsValue,
     ) -> Result<js_sys::Promise> {
         let Some(range) = page_range(prefix, None, false) else {
             return Ok(js_sys::Promise::resolve(&JsValue::from(0)));
@@ -151,7 +160,7 @@ impl Store {
             dom(raw.count_with_key(&query))?
         };
         tx.end_read();
-        Ok(answer_of(&request))
+        Ok(answer_of(&request, to_error))
     }
 
     /// Deletes every `{id, rev}` with compare-and-swap, in one transaction,

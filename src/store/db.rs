@@ -670,23 +670,25 @@ pub struct Req<T> {
 impl<T> Req<T> {
     /// The request's answer as a Promise made in JS, for a read answered
     /// without the executor (js/promise.js `answer`): its result (`null`
-    /// for `undefined`), or the typed Error of its failure, named as
-    /// [`request_error`] names it.
-    pub(crate) fn answer(&self) -> js_sys::Promise {
-        answer_of(&self.req)
+    /// for `undefined`), or its failure, named as [`request_error`] names
+    /// it: `to_error(DOMException)` ([`crate::error::dom_error_fn`], for the
+    /// JS methods), or the DOMException itself when `to_error` is
+    /// `undefined` (Rust callers, [`super::answered`]).
+    pub(crate) fn answer(&self, to_error: &JsValue) -> js_sys::Promise {
+        answer(&self.req, to_error)
     }
 }
 
 /// [`Req::answer`] of a request issued through web-sys directly.
-pub(crate) fn answer_of(request: &IdbRequest) -> js_sys::Promise {
-    answer(request, &crate::error::dom_error_fn())
+pub(crate) fn answer_of(request: &IdbRequest, to_error: &JsValue) -> js_sys::Promise {
+    answer(request, to_error)
 }
 
 /// The results of one transaction's `requests` (IDBRequests), in order,
 /// `null` for `undefined`, as a Promise made in JS (js/promise.js
 /// `answers`); rejects as [`Req::answer`] does.
-pub(crate) fn answers_of(requests: &js_sys::Array) -> js_sys::Promise {
-    answers(requests, &crate::error::dom_error_fn())
+pub(crate) fn answers_of(requests: &js_sys::Array, to_error: &JsValue) -> js_sys::Promise {
+    answers(requests, to_error)
 }
 
 impl<T> IntoFuture for Req<T> {

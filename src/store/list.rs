@@ -108,7 +108,7 @@ impl Store {
     /// # Errors
     /// ClosedError / TransactionError from IndexedDB.
     pub async fn list(&self, q: &ListQuery) -> Result<Page> {
-        let page = super::answered(self.list_promise(q)?).await?;
+        let page = super::answered(self.list_promise(q, &JsValue::UNDEFINED)?).await?;
         let field = |k: &str| js_sys::Reflect::get(&page, &k.into()).unwrap_or_default();
         Ok(Page {
             records: field("records").unchecked_into(),
@@ -124,7 +124,11 @@ impl Store {
     /// # Errors
     /// As [`Store::list`], thrown; the Promise rejects with TransactionError
     /// and the like.
-    pub(crate) fn list_promise(&self, q: &ListQuery) -> Result<js_sys::Promise> {
+    pub(crate) fn list_promise(
+        &self,
+        q: &ListQuery,
+        to_error: &JsValue,
+    ) -> Result<js_sys::Promise> {
         let Some(range) = page_range(&q.prefix, q.after.as_deref(), q.descending) else {
             let none = js_sys::Promise::resolve(&JsValue::from(Array::new()));
             return Ok(list_page(&none, 0, &JsValue::NULL));
@@ -137,27 +141,32 @@ impl Store {
             r.map_err(|e| StoreError::from_dom(&e))
         };
         let prev = web_sys::IdbCursorDirection::Prev;
-        let to_error = crate::error::dom_error_fn();
         let rows = match (&q.record_type, q.descending) {
             // Ascending pages come from one getAll whose JS array is handed
             // on as is.
             (None, false) => {
                 let raw: web_sys::IdbObjectStore = store.into();
-                answer_of(&dom(raw.get_all_with_key_and_limit(&query, fetch))?)
+                answer_of(
+                    &dom(raw.get_all_with_key_and_limit(&query, fetch))?,
+                    to_error,
+                )
             }
             (Some(_), false) => {
                 let raw: web_sys::IdbIndex = store.index(BY_TYPE)?.into();
-                answer_of(&dom(raw.get_all_with_key_and_limit(&query, fetch))?)
+                answer_of(
+                    &dom(raw.get_all_with_key_and_limit(&query, fetch))?,
+                    to_error,
+                )
             }
             (None, true) => {
                 let raw: web_sys::IdbObjectStore = store.into();
                 let c = dom(raw.open_cursor_with_range_and_direction(&query, prev))?;
-                cursor_rows(&c, fetch, &to_error)
+                cursor_rows(&c, fetch, to_error)
             }
             (Some(_), true) => {
                 let raw: web_sys::IdbIndex = store.index(BY_TYPE)?.into();
                 let c = dom(raw.open_cursor_with_range_and_direction(&query, prev))?;
-                cursor_rows(&c, fetch, &to_error)
+                cursor_rows(&c, fetch, to_error)
             }
         };
         tx.end_read();

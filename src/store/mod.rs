@@ -302,23 +302,24 @@ impl Store {
     /// ValidationError for an id that is not a non-empty string; as
     /// [`Store::get_promise`].
     pub async fn get(&self, id: &JsValue) -> Result<Option<JsValue>> {
-        let got = answered(self.get_promise(id)?).await?;
+        let got = answered(self.get_promise(id, &JsValue::UNDEFINED)?).await?;
         Ok((!got.is_null()).then_some(got))
     }
 
     /// `get` as the JS method answers it: the request is issued during the
     /// call and answered by a Promise made in JS (the record, or `null`), no
-    /// executor in between.
+    /// executor in between; a failure is rejected as [`db::Req::answer`]
+    /// says for `to_error`.
     ///
     /// # Errors
     /// ValidationError for an id that is not a non-empty string, ClosedError
     /// (thrown); the Promise rejects with TransactionError and the like.
-    pub(crate) fn get_promise(&self, id: &JsValue) -> Result<js_sys::Promise> {
+    pub(crate) fn get_promise(&self, id: &JsValue, to_error: &JsValue) -> Result<js_sys::Promise> {
         let id = check_id_value(id)?;
         let tx = self.db.tx(&[RECORDS], TransactionMode::ReadOnly)?;
         let got = tx.store(RECORDS)?.get(JsValue::from(id))?;
         tx.end_read();
-        Ok(got.answer())
+        Ok(got.answer(to_error))
     }
 
     /// Validates a record for `put` without touching the database: one walk
@@ -501,12 +502,13 @@ impl Store {
     }
 }
 
-/// Awaits a Promise made by a read answered in JS ([`db::Req::answer`]):
-/// its rejection is already the typed Error.
+/// Awaits a Promise made by a read answered in JS with no `to_error`
+/// ([`db::Req::answer`]): its rejection, the DOMException, is typed here as
+/// every other IndexedDB failure is.
 pub(crate) async fn answered(p: js_sys::Promise) -> Result<JsValue> {
     wasm_bindgen_futures::JsFuture::from(p)
         .await
-        .map_err(StoreError::Thrown)
+        .map_err(|e| StoreError::from_dom(&e))
 }
 
 /// The error of a batch refused at `failures` (nothing written): a
