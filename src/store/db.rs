@@ -26,8 +26,8 @@ use std::task::{Context, Poll};
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
 use web_sys::{
-    IdbCursor, IdbCursorDirection, IdbCursorWithValue, IdbDatabase, IdbFactory, IdbKeyRange,
-    IdbObjectStore, IdbRequest, IdbRequestReadyState, IdbTransaction,
+    IdbDatabase, IdbFactory, IdbKeyRange, IdbObjectStore, IdbRequest, IdbRequestReadyState,
+    IdbTransaction,
 };
 
 /// Object store of live records, keyed by `_id`.
@@ -195,15 +195,6 @@ pub enum TransactionMode {
     ReadOnly,
     /// `"readwrite"`.
     ReadWrite,
-}
-
-/// Cursor direction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CursorDirection {
-    /// Ascending keys.
-    Next,
-    /// Descending keys.
-    Prev,
 }
 
 /// An `IDBKeyRange`.
@@ -415,17 +406,6 @@ fn as_u32(v: JsValue) -> u32 {
     v.as_f64().unwrap_or(0.0) as u32
 }
 
-fn as_cursor(v: JsValue) -> Option<IdbCursor> {
-    v.dyn_into().ok()
-}
-
-fn direction(d: Option<CursorDirection>) -> IdbCursorDirection {
-    match d {
-        Some(CursorDirection::Prev) => IdbCursorDirection::Prev,
-        _ => IdbCursorDirection::Next,
-    }
-}
-
 impl ObjectStore {
     /// `get(key)`: the stored value, or `None`.
     ///
@@ -521,30 +501,6 @@ impl ObjectStore {
         issued(self.raw.count_with_key(&query_js(query)), as_u32)
     }
 
-    /// `openCursor(query?, direction?)`, or `openKeyCursor` with
-    /// `keys_only` (no value is read): resolves to the first position, or
-    /// `None`; walk it with [`collect_cursor`].
-    ///
-    /// # Errors
-    /// As IndexedDB's request.
-    pub fn open_cursor(
-        &self,
-        query: Option<Query>,
-        dir: Option<CursorDirection>,
-        keys_only: bool,
-    ) -> Result<Req<Option<IdbCursor>>> {
-        let (query, dir) = (query_js(query), direction(dir));
-        issued(
-            if keys_only {
-                self.raw
-                    .open_key_cursor_with_range_and_direction(&query, dir)
-            } else {
-                self.raw.open_cursor_with_range_and_direction(&query, dir)
-            },
-            as_cursor,
-        )
-    }
-
     /// The store's index `name`.
     ///
     /// # Errors
@@ -586,58 +542,6 @@ impl ObjectStore {
             }
         })
     }
-}
-
-impl Index {
-    /// `openCursor(query?, direction?)` on the index.
-    ///
-    /// # Errors
-    /// As IndexedDB's request.
-    pub fn open_cursor(
-        &self,
-        query: Option<Query>,
-        dir: Option<CursorDirection>,
-    ) -> Result<Req<Option<IdbCursor>>> {
-        issued(
-            self.0
-                .open_cursor_with_range_and_direction(&query_js(query), direction(dir)),
-            as_cursor,
-        )
-    }
-}
-
-/// Up to `max` values from a cursor, in its direction.
-///
-/// # Errors
-/// As IndexedDB's request.
-pub async fn collect_cursor(cursor: Option<IdbCursor>, max: u32) -> Result<Vec<JsValue>> {
-    let mut out = Vec::new();
-    let mut cursor = cursor;
-    while let Some(c) = cursor {
-        if out.len() as u32 >= max {
-            break;
-        }
-        // A key cursor's keys, a value cursor's values.
-        let item = match c.dyn_ref::<IdbCursorWithValue>() {
-            Some(c) => c.value(),
-            None => c.key(),
-        };
-        out.push(item.map_err(|e| StoreError::from_dom(&e))?);
-        if out.len() as u32 >= max {
-            break;
-        }
-        // `IDBCursor.request` is standard; web-sys marks it deprecated only
-        // because its WebIDL source does.
-        #[allow(deprecated)]
-        let req = c.request();
-        c.continue_().map_err(|e| StoreError::from_dom(&e))?;
-        cursor = Req {
-            req,
-            map: as_cursor,
-        }
-        .await?;
-    }
-    Ok(out)
 }
 
 /// The results of requests issued in order in one transaction, read after

@@ -14,7 +14,7 @@
 //! Every write maintains every active or building tag, so a tab that
 //! declares other indexes still keeps this tab's indexes in step.
 
-use super::db::{CursorDirection, KeyRange, Query, TransactionMode};
+use super::db::{KeyRange, Query, TransactionMode};
 use super::db::{Req, Tx, DERIVED, META, RECORDS};
 use super::Store;
 use crate::error::{get_str, set, Result, StoreError};
@@ -642,10 +642,16 @@ impl Store {
         let keys: Vec<JsValue> = if state.active.contains(&tag) {
             let derived = tx.store(DERIVED)?;
             if q.descending {
-                let cursor = derived
-                    .open_cursor(Some(to_range(&range)?), Some(CursorDirection::Prev), true)?
-                    .await?;
-                super::list::collect_cursor(cursor, fetch).await?
+                // A key cursor walked in JS (js/promise.js `cursorRows`).
+                let raw: web_sys::IdbObjectStore = derived.into();
+                let cursor = raw
+                    .open_key_cursor_with_range_and_direction(
+                        &to_range(&range)?.into(),
+                        web_sys::IdbCursorDirection::Prev,
+                    )
+                    .map_err(|e| StoreError::from_dom(&e))?;
+                let keys = super::list::cursor_rows(&cursor, fetch, &JsValue::UNDEFINED);
+                Array::from(&super::answered(keys).await?).to_vec()
             } else {
                 derived
                     .get_all_keys(Some(to_range(&range)?), Some(fetch))?

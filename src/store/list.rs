@@ -213,8 +213,6 @@ fn query_js(q: Option<Query>) -> JsValue {
     q.map_or(JsValue::UNDEFINED, JsValue::from)
 }
 
-pub(crate) use super::db::collect_cursor;
-
 /// The IndexedDB key range for a page; with a type, keys are `[type, id]`.
 pub(super) fn key_range(r: &PageRange, record_type: Option<&JsString>) -> Result<Option<Query>> {
     let key = |b: &Bound| -> JsValue {
