@@ -250,6 +250,23 @@ export function deleteDatabase(factory, name, blockedMs) {
 }
 
 /**
+ * `destroy`'s answer (a read answered without the executor, as `answer`):
+ * resolves with `undefined` once the database is gone, rejects with
+ * `blocked` (the module's BlockedError, made for this call) when the
+ * deletion stayed blocked for `blockedMs`, or with `toError(DOMException)`.
+ */
+export function deletion(factory, name, blockedMs, blocked, toError) {
+  return deleteDatabase(factory, name, blockedMs).then(
+    (gone) => {
+      if (!gone) throw blocked;
+    },
+    (e) => {
+      throw typed(toError, e);
+    },
+  );
+}
+
+/**
  * Listens on BroadcastChannel `name` (throws where there is none) and calls
  * `callback(change)` for every `{id, rev, deleted}` of a posted change
  * array whose string `id` starts with `prefix` (UTF-16 code units, as

@@ -315,10 +315,9 @@ impl AgentStore {
         #[wasm_bindgen(unchecked_param_type = "string")] name: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "DestroyOptions")] options: JsValue,
     ) -> Promise {
-        run(async move {
+        issue(|to_error| {
             let (name, timeout) = name_and_timeout(&name, &options)?;
-            crate::store::destroy(&name, timeout).await?;
-            Ok(JsValue::UNDEFINED)
+            crate::store::destroy_promise(&name, timeout, to_error)
         })
     }
 

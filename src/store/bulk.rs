@@ -334,14 +334,36 @@ impl Store {
 /// queued and completes once that connection closes. TransactionError when
 /// IndexedDB is unavailable or refuses.
 pub async fn destroy(name: &str, blocked_timeout_ms: u32) -> Result<()> {
-    let deleting = dom(super::db::delete_database(
+    let deleting = destroy_promise(name, blocked_timeout_ms, &JsValue::UNDEFINED)?;
+    match JsFuture::from(deleting).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_undefined() => Err(StoreError::Blocked(name.to_owned(), blocked_timeout_ms)),
+        Err(e) => Err(StoreError::from_dom(&e)),
+    }
+}
+
+/// `destroy` as the JS method answers it: the deletion requested during
+/// the call, its outcome a Promise made in JS (js/promise.js `deletion`):
+/// `undefined` once gone, a BlockedError, or the failure as `to_error`
+/// types it (`undefined`: bare, and blocked rejects with `undefined`).
+///
+/// # Errors
+/// TransactionError when IndexedDB is unavailable or refuses at once.
+pub(crate) fn destroy_promise(
+    name: &str,
+    blocked_timeout_ms: u32,
+    to_error: &JsValue,
+) -> Result<js_sys::Promise> {
+    let blocked = if to_error.is_undefined() {
+        JsValue::UNDEFINED
+    } else {
+        StoreError::Blocked(name.to_owned(), blocked_timeout_ms).to_js()
+    };
+    dom(super::db::deletion(
         &super::db::factory()?,
         name,
         blocked_timeout_ms,
-    ))?;
-    match JsFuture::from(deleting).await {
-        Ok(gone) if gone.is_truthy() => Ok(()),
-        Ok(_) => Err(StoreError::Blocked(name.to_owned(), blocked_timeout_ms)),
-        Err(e) => Err(StoreError::from_dom(&e)),
-    }
+        &blocked,
+        to_error,
+    ))
 }

@@ -707,14 +707,16 @@ extern "C" {
         schema: u8,
         on_close: Option<&Function>,
     ) -> std::result::Result<js_sys::Promise, JsValue>;
-    /// Deletes a database (js/promise.js `deleteDatabase`): resolves with
-    /// `true` once it is gone, `false` when it stayed blocked for
-    /// `blocked_ms`; rejects with the DOMException.
-    #[wasm_bindgen(js_name = deleteDatabase, catch)]
-    pub(crate) fn delete_database(
+    /// `destroy`'s answer (js/promise.js `deletion`): resolves once the
+    /// database is gone; rejects with `blocked` when the deletion stayed
+    /// blocked for `blocked_ms`, else with `to_error(DOMException)`.
+    #[wasm_bindgen(catch)]
+    pub(crate) fn deletion(
         factory: &IdbFactory,
         name: &str,
         blocked_ms: u32,
+        blocked: &JsValue,
+        to_error: &JsValue,
     ) -> std::result::Result<js_sys::Promise, JsValue>;
 }
 

@@ -20,6 +20,7 @@ pub(crate) use mutate::race_abort_js;
 pub mod watch;
 
 pub use bulk::destroy;
+pub(crate) use bulk::destroy_promise;
 pub use index::{ByQuery, Verification};
 #[cfg(feature = "io")]
 pub use io::ImportCounts;
