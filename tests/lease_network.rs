@@ -926,6 +926,46 @@ async fn a_retried_settle_resends_the_first_attempts_body_even_if_the_result_cha
     assert_eq!(item(id).await.result, Some(json!({"n": 1})));
 }
 
+/// A settle whose answer was lost (the proxy cuts it off: NetworkError, the
+/// outcome unknown), then `release()` (the common `try { settle } catch {
+/// release }`): the server says the lease ended by its own settle, so
+/// `release()` resolves with the lease settled `done`, its signal not
+/// aborted, and the item stays done with its result. Before, the release
+/// was refused `claim_lost` and reported ClaimLostError ("nothing was
+/// written under it") for a settle that was written (a review finding).
+#[wasm_bindgen_test]
+async fn a_release_after_a_settle_whose_answer_was_lost_reports_the_settle_that_landed() {
+    let Some(proxy) = proxy() else { return };
+    let q = fresh_queue("release-after-settle");
+    let id = enqueue(&q, json!({})).await;
+    let nonce = fresh_queue("n");
+    let c = client_at(
+        &format!("{proxy}/drop-settle-answers-{nonce}"),
+        admin_creds(),
+        config(),
+    );
+    let lease = claim(&c, &q).await;
+    assert_eq!(lease.item_id, id);
+    let done = agentstore_protocol::lease::SettleState::Done;
+    let first = lease.settle(done, Some(js(json!({"n": 1}))), None).await;
+    assert!(
+        matches!(&first, Err(e) if e.is_transient()),
+        "the answer is cut off: {first:?}"
+    );
+    let it = wait_item(id, 2.0 * TTL_MS, |it| it.state == ItemState::Done).await;
+    assert_eq!(it.state, ItemState::Done, "the server applied the settle");
+    let released = lease.release().await;
+    assert!(released.is_ok(), "{released:?}");
+    assert_eq!(lease.status(), Status::Settled(done));
+    assert!(!lease.signal().aborted(), "not lost");
+    let it = item(id).await;
+    assert_eq!(
+        (it.state, it.result, it.attempts),
+        (ItemState::Done, Some(json!({"n": 1})), 0)
+    );
+    stop_dropping(proxy, &nonce).await;
+}
+
 /// `close()` whose release gets no answer (the test proxy cuts it off)
 /// keeps the lease's journal entry: the client cannot know whether the
 /// server released the item, so a later `recover()` must still find it.

@@ -577,7 +577,18 @@ impl LeaseInner {
             token: self.token.clone(),
         });
         let path = item_path(self.item_id, "/release");
-        self.ending_call(&path, &body).await?;
+        let answer = self.ending_call(&path, &body).await?;
+        // This lease's own settle landed before (its answer was lost, so
+        // its outcome was unknown here): the server says the lease ended by
+        // it, to the state `settled`, and released nothing.
+        if let Some(state) = crate::error::get_str(&answer, "settled")
+            .as_deref()
+            .and_then(SettleState::parse)
+        {
+            self.status.set(Status::Settled(state));
+            self.finish(true);
+            return Ok(());
+        }
         self.lose(LossReason::Released, "released by this client");
         // Lost locally (the deadline) while the release was in flight: the
         // server released it, which is what the status says.

@@ -88,6 +88,21 @@ pub enum SettleState {
     Paused,
 }
 
+impl SettleState {
+    /// Parses a settle state's wire name (`done`, `failed`, `blocked`,
+    /// `paused`); `None` for any other string.
+    pub fn parse(s: &str) -> Option<SettleState> {
+        [
+            SettleState::Done,
+            SettleState::Failed,
+            SettleState::Blocked,
+            SettleState::Paused,
+        ]
+        .into_iter()
+        .find(|st| ItemState::from(*st).as_str() == s)
+    }
+}
+
 impl From<SettleState> for ItemState {
     fn from(s: SettleState) -> ItemState {
         match s {
@@ -696,6 +711,21 @@ impl LeaseItem {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_settle_state_parses_from_its_wire_name_and_nothing_else() {
+        for st in [
+            SettleState::Done,
+            SettleState::Failed,
+            SettleState::Blocked,
+            SettleState::Paused,
+        ] {
+            assert_eq!(SettleState::parse(ItemState::from(st).as_str()), Some(st));
+        }
+        for other in ["open", "running", "Done", "", "done "] {
+            assert_eq!(SettleState::parse(other), None, "{other:?}");
+        }
+    }
 
     const TTL: u64 = 90_000;
 

@@ -22,7 +22,7 @@ use crate::error::ApiError;
 use crate::extract::{item_id, positive_item_id, queue_name, JsonBody};
 use crate::ratelimit::{retry_after_secs, RateLimiter};
 use crate::state::AppState;
-use crate::store::{claim_lost, Ended, ItemPage, Resumed, Viewed};
+use crate::store::{claim_lost, Ended, ItemPage, Released, Resumed, Viewed};
 use crate::wire::{EnqueueBody, SettleBody};
 
 /// Most re-deliveries an item may be given.
@@ -472,21 +472,27 @@ async fn release(
         Releaser::Beacon => None,
     };
     let released = st.store.release_reporting(id, &req.token, owner).await;
-    let (item, replayed) = match (released, releaser) {
+    let (item, done) = match (released, releaser) {
         (Err(e), Releaser::Beacon) if e.code() == Some(ErrorCode::NotFound) => {
             return Err(claim_lost(id).into());
         }
         (outcome, _) => outcome?,
     };
-    if replayed {
+    match done {
+        Released::Now => Ok(Json(item).into_response()),
         // Only that it was released: the item may have moved on (claimed,
         // settled by another worker), and a released token is no read key.
-        return Ok(replay_marked(
+        Released::Again => Ok(replay_marked(
             Json(serde_json::json!({"id": id, "replayed": true})),
             true,
-        ));
+        )),
+        // This lease's own settle landed before (its answer was lost):
+        // nothing released; `settled` is the state that settle set.
+        Released::BySettle(state) => Ok(replay_marked(
+            Json(serde_json::json!({"id": id, "replayed": true, "settled": state.as_str()})),
+            true,
+        )),
     }
-    Ok(Json(item).into_response())
 }
 
 /// `200` with `{item, lease}`; when the paused row does not decode, `200`

@@ -129,6 +129,19 @@ impl Serialize for Ended {
     }
 }
 
+/// What a release did (see `Store::release_reporting`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    /// The lease was released now.
+    Now,
+    /// The same lease released it before (a release sent again): nothing
+    /// changed.
+    Again,
+    /// The same lease SETTLED it before, to this state (its settle landed
+    /// and the answer was lost): nothing was released, nothing changed.
+    BySettle(ItemState),
+}
+
 /// `{id, state, unreadable_row: true}` (`state` left out when `None`).
 fn serialize_unreadable<S: Serializer>(
     s: S,

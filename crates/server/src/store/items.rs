@@ -17,7 +17,7 @@ use super::coalesce::{self, by_call, for_each_call, never_applied};
 use super::fence::{forbidden, not_found, placeholders, rejection};
 use super::item::{
     item_from_row, lease_item_from_row, qualified_item_cols, Claimed, Ended, Item, ItemPage,
-    Resumed, Viewed, ITEM_COLS,
+    Released, Resumed, Viewed, ITEM_COLS,
 };
 use super::{detached, get, ms, to_u64, Backend, Store, StoreError};
 use crate::tokens::{self, ct_eq};
@@ -43,6 +43,9 @@ struct LeaseRead {
     /// The token hash of the lease that last released the item, and its holder.
     released_hash: Option<String>,
     released_by: Option<i64>,
+    /// The token hash of the lease that last settled the item, and its holder.
+    settled_hash: Option<String>,
+    settled_by: Option<i64>,
     now_ms: i64,
     ttl_ms: u64,
 }
@@ -725,11 +728,14 @@ impl Store {
             .and_then(|(ended, _)| ended.into_item())
     }
 
-    /// [`Store::release`], also saying whether this was a replay (see
-    /// `released_before`), which changed nothing and must not be counted
-    /// again. A release (or its replay) whose row does not decode is
-    /// answered [`Ended::Unreadable`], never an error: it was applied (see
-    /// `unreadable`).
+    /// [`Store::release`], also saying what it did ([`Released`]): a replay
+    /// (see `released_before`) changed nothing and must not be counted
+    /// again; a release by a lease whose own settle landed before (its
+    /// answer lost, so the client could not know) changed nothing either,
+    /// and says to what state that settle took the item, where any other
+    /// stale token is refused `claim_lost`. A release (or its replay) whose
+    /// row does not decode is answered [`Ended::Unreadable`], never an
+    /// error: it was applied (see `unreadable`).
     ///
     /// # Errors
     /// As [`Store::heartbeat`].
@@ -738,7 +744,7 @@ impl Store {
         id: i64,
         token: &str,
         owner: Option<i64>,
-    ) -> Result<(Ended, bool), StoreError> {
+    ) -> Result<(Ended, Released), StoreError> {
         let (store, hash) = (self.clone(), tokens::hash(token));
         detached(async move { store.release_one(id, &hash, owner).await }).await
     }
@@ -749,7 +755,7 @@ impl Store {
         id: i64,
         hash: &str,
         owner: Option<i64>,
-    ) -> Result<(Ended, bool), StoreError> {
+    ) -> Result<(Ended, Released), StoreError> {
         let Some(read) = self.read_lease(id).await? else {
             return Err(not_found(id));
         };
@@ -768,8 +774,29 @@ impl Store {
                 && (owner.is_none() || read.released_by == owner);
             if released_by_this {
                 if let Some(item) = self.released_before(id, hash, owner).await? {
-                    return Ok((item, true));
+                    return Ok((item, Released::Again));
                 }
+            }
+            // This lease's own settle landed (its answer was lost): the
+            // lease ended by it. Its state: the item's while it is as the
+            // settle left it (done, failed and blocked are final), else
+            // `paused` (only a pause moves on: an operator resumed it since).
+            let settled_by_this = read.settled_hash.is_some_and(|s| ct_eq(&s, hash))
+                && (owner.is_none() || read.settled_by == owner);
+            if settled_by_this {
+                let state = match item.state {
+                    s @ (ItemState::Done
+                    | ItemState::Failed
+                    | ItemState::Blocked
+                    | ItemState::Paused) => s,
+                    _ => ItemState::Paused,
+                };
+                let row = sqlx::query(&format!("SELECT {ITEM_COLS} FROM items WHERE id = $1"))
+                    .bind(id)
+                    .fetch_one(&self.pool)
+                    .await?;
+                let now = self.ended(&row, id, Some(state), "release", false);
+                return Ok((now, Released::BySettle(state)));
             }
             return Err(rejection(code, id));
         }
@@ -803,10 +830,13 @@ impl Store {
                 if state == ItemState::Failed {
                     self.metrics.retry_limit_failed("release", 1);
                 }
-                Ok((self.ended(&row, id, Some(state), "release", true), false))
+                Ok((
+                    self.ended(&row, id, Some(state), "release", true),
+                    Released::Now,
+                ))
             }
             None => match self.released_before(id, hash, owner).await? {
-                Some(item) => Ok((item, true)),
+                Some(item) => Ok((item, Released::Again)),
                 None => Err(self.classify(id, hash, owner).await),
             },
         }
@@ -1087,7 +1117,7 @@ impl Store {
     async fn read_lease(&self, id: i64) -> Result<Option<LeaseRead>, StoreError> {
         let sql = self.sql(
             "SELECT state, epoch, attempts, max_redeliveries, heartbeat_at, token_hash, worker_id,
-                    released_token_hash, released_by,
+                    released_token_hash, released_by, settled_token_hash, settled_by,
                     COALESCE(lease_ttl_ms, $2) AS ttl_ms, {now} AS now_ms
              FROM items WHERE id = $1",
         );
@@ -1103,6 +1133,8 @@ impl Store {
                 holder: get(&r, "worker_id")?,
                 released_hash: get(&r, "released_token_hash")?,
                 released_by: get(&r, "released_by")?,
+                settled_hash: get(&r, "settled_token_hash")?,
+                settled_by: get(&r, "settled_by")?,
                 now_ms: get(&r, "now_ms")?,
                 ttl_ms: to_u64(get(&r, "ttl_ms")?, "lease_ttl_ms")?,
             })

@@ -17,7 +17,7 @@ mod unreadable;
 mod workers;
 
 pub(crate) use fence::claim_lost;
-pub use item::{Claimed, Ended, Item, ItemPage, RawJson, Resumed, Viewed};
+pub use item::{Claimed, Ended, Item, ItemPage, RawJson, Released, Resumed, Viewed};
 pub use migrate::{migrate, pending, MIGRATIONS};
 pub use reap::ExpiredClaim;
 pub use unreadable::UNREADABLE_REASON;

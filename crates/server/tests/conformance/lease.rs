@@ -20,6 +20,17 @@ fn code<T: std::fmt::Debug>(r: Result<T, agentstore_server::StoreError>) -> Erro
 
 /// Every fenced call a stale holder might make; each must be `claim_lost`.
 async fn assert_all_claim_lost(store: &Store, id: i64, token: &str) {
+    assert_fenced(store, id, token).await;
+    assert_eq!(
+        code(store.release(id, token, None).await),
+        ErrorCode::ClaimLost,
+        "release"
+    );
+}
+
+/// Heartbeats and settles with `token` are `claim_lost` (its release is
+/// checked by the caller: a lease whose own settle ended it is answered).
+async fn assert_fenced(store: &Store, id: i64, token: &str) {
     assert_eq!(
         code(store.heartbeat(id, token, None).await),
         ErrorCode::ClaimLost,
@@ -31,11 +42,6 @@ async fn assert_all_claim_lost(store: &Store, id: i64, token: &str) {
             .await;
         assert_eq!(code(r), ErrorCode::ClaimLost, "settle {state:?}");
     }
-    assert_eq!(
-        code(store.release(id, token, None).await),
-        ErrorCode::ClaimLost,
-        "release"
-    );
 }
 
 /// The item's full visible state plus its raw heartbeat time.
@@ -362,16 +368,18 @@ pub async fn stale_heartbeat_settle_and_blocked_settle_are_claim_lost_and_change
         (done.state, value(done.result)),
         (ItemState::Done, Some(json!({"ok": true})))
     );
-    // Settling released t2: heartbeat, release and a settle into another
-    // state are claim_lost. (The same settle sent again is answered: see
+    // Settling released t2: a heartbeat and a settle into another state are
+    // claim_lost; a release is answered with the settle that ended it. (The
+    // same settle sent again is answered: see
     // a_settle_sent_again_by_its_lease_is_answered_and_changes_nothing.)
     assert_eq!(
         code(store.heartbeat(item.id, &t2, None).await),
         ErrorCode::ClaimLost
     );
+    let (_, ended) = store.release_reporting(item.id, &t2, None).await.unwrap();
     assert_eq!(
-        code(store.release(item.id, &t2, None).await),
-        ErrorCode::ClaimLost
+        ended,
+        agentstore_server::store::Released::BySettle(ItemState::Done)
     );
     for state in [SettleState::Blocked, SettleState::Failed] {
         let r = store.settle(item.id, &t2, None, state, None, None).await;
@@ -450,7 +458,14 @@ pub async fn resume_of_a_paused_item_issues_a_new_token_and_fences_the_old_one(d
         (resumed.item.state, resumed.lease.epoch),
         (ItemState::Running, 2)
     );
-    assert_all_claim_lost(&store, item.id, &t1).await;
+    // t1 ended by its own settle (`paused`): its release is answered so,
+    // and changes nothing.
+    assert_fenced(&store, item.id, &t1).await;
+    let (_, done) = store.release_reporting(item.id, &t1, None).await.unwrap();
+    assert_eq!(
+        done,
+        agentstore_server::store::Released::BySettle(ItemState::Paused)
+    );
     let t2 = resumed.lease.token;
     store.heartbeat(item.id, &t2, None).await.unwrap();
 
@@ -1003,6 +1018,74 @@ pub async fn a_release_sent_again_by_its_lease_is_answered_and_changes_nothing(d
         code(short.release(item3.id, &t3, None).await),
         ErrorCode::ClaimLost
     );
+}
+
+/// A lease whose settle landed but whose answer was lost (so its client
+/// saw no outcome) then sends a release: the server answers that the lease
+/// ended by its own settle, and to what state (`done`, `failed`, `blocked`, or
+/// `paused` also after an operator resumed the item since), and changes
+/// nothing. Before, the release was refused `claim_lost`, which the SDK
+/// reports as "nothing was written under it" for a settle that was written
+/// (a review finding). Another worker with the token, or another token,
+/// is still refused.
+pub async fn a_release_after_its_leases_own_settle_landed_says_so_and_changes_nothing(db: TestDb) {
+    use agentstore_server::store::Released;
+    let store = db.store(ttl(LONG)).await;
+    let (w1, w2) = (Some(21), Some(22));
+    for state in [SettleState::Done, SettleState::Failed, SettleState::Blocked] {
+        let item = store.enqueue("q", &json!(1), None).await.unwrap();
+        let t1 = store
+            .claim("q", w1)
+            .await
+            .unwrap()
+            .expect("claimed")
+            .lease
+            .token;
+        store
+            .settle(item.id, &t1, w1, state, None, None)
+            .await
+            .unwrap();
+        let before = snapshot(&store, item.id).await;
+        let (now, done) = store.release_reporting(item.id, &t1, w1).await.unwrap();
+        let settled = ItemState::from(state);
+        assert_eq!(done, Released::BySettle(settled), "{state:?}");
+        assert_eq!(now.into_item().unwrap().state, settled);
+        assert_eq!(snapshot(&store, item.id).await, before, "nothing changed");
+        assert_eq!(
+            code(store.release(item.id, &t1, w2).await),
+            ErrorCode::ClaimLost,
+            "another worker with the token"
+        );
+        assert_eq!(
+            code(store.release(item.id, &"0".repeat(48), w1).await),
+            ErrorCode::ClaimLost,
+            "another token"
+        );
+    }
+    // Paused by its own settle, then resumed by an operator: the new lease
+    // is untouched, and the old token's release still says `paused`.
+    let item = store.enqueue("p", &json!(2), None).await.unwrap();
+    let t1 = store
+        .claim("p", None)
+        .await
+        .unwrap()
+        .expect("claimed")
+        .lease
+        .token;
+    store
+        .settle(item.id, &t1, None, SettleState::Paused, None, None)
+        .await
+        .unwrap();
+    let t2 = store.resume(item.id, None).await.unwrap().lease.token;
+    let before = snapshot(&store, item.id).await;
+    let (_, done) = store.release_reporting(item.id, &t1, None).await.unwrap();
+    assert_eq!(done, Released::BySettle(ItemState::Paused));
+    assert_eq!(
+        snapshot(&store, item.id).await,
+        before,
+        "the resumed lease untouched"
+    );
+    store.heartbeat(item.id, &t2, None).await.unwrap();
 }
 
 /// A settle whose answer was lost is sent again by its lease: the server

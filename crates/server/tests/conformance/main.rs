@@ -60,6 +60,7 @@ conformance! {
     lease::every_expiry_counts_an_attempt_and_the_cap_fails_the_item_with_retry_limit,
     lease::release_reopens_the_item_and_counts_an_attempt,
     lease::a_release_sent_again_by_its_lease_is_answered_and_changes_nothing,
+    lease::a_release_after_its_leases_own_settle_landed_says_so_and_changes_nothing,
     lease::an_item_is_redelivered_at_most_five_times_after_its_first_delivery,
     lease::lease_expiry_is_measured_only_on_the_database_clock,
     lease::concurrent_claims_and_settles_each_keep_their_own_outcome,
