@@ -894,7 +894,33 @@ async fn a_settle_whose_answer_was_lost_is_reported_settled_when_sent_again() {
 #[wasm_bindgen_test]
 async fn a_retried_settle_resends_the_first_attempts_body_even_if_the_result_changed() {
     let Some(proxy) = proxy() else { return };
-    let q = fresh_queue("resend");
+    let done = agentstore_protocol::lease::SettleState::Done;
+    let result = js(json!({"n": 1}));
+    let (id, nonce, _c, lease) = settled_with_answer_cut_off(proxy, "resend", &result).await;
+    // The handler changes the object it handed over, then the settle is retried.
+    Reflect::set(&result, &"n".into(), &JsValue::from(2)).unwrap();
+    stop_dropping(proxy, &nonce).await;
+    let again = lease.settle(done, Some(result), None).await;
+    assert!(again.is_ok(), "reported settled: {again:?}");
+    assert_eq!(lease.status(), Status::Settled(done));
+    assert_eq!(item(id).await.result, Some(json!({"n": 1})));
+}
+
+/// A lease claimed behind the proxy's `drop-settle-answers` mode whose
+/// settle `done` with `result` the server applied but whose answer the
+/// proxy cut off (the client saw a transient error: outcome unknown):
+/// `(item id, nonce, client, lease)`.
+async fn settled_with_answer_cut_off(
+    proxy: &str,
+    tag: &str,
+    result: &JsValue,
+) -> (
+    i64,
+    String,
+    Rc<agentstore::lease::ClientInner>,
+    Rc<agentstore::lease::LeaseInner>,
+) {
+    let q = fresh_queue(tag);
     let id = enqueue(&q, json!({})).await;
     let nonce = fresh_queue("n");
     let c = client_at(
@@ -905,25 +931,14 @@ async fn a_retried_settle_resends_the_first_attempts_body_even_if_the_result_cha
     let lease = claim(&c, &q).await;
     assert_eq!(lease.item_id, id);
     let done = agentstore_protocol::lease::SettleState::Done;
-    let result = js(json!({"n": 1}));
     let first = lease.settle(done, Some(result.clone()), None).await;
     assert!(
         matches!(&first, Err(e) if e.is_transient()),
         "the first answer is cut off: {first:?}"
     );
     let it = wait_item(id, 2.0 * TTL_MS, |it| it.state == ItemState::Done).await;
-    assert_eq!(
-        it.state,
-        ItemState::Done,
-        "the server applied the first settle"
-    );
-    // The handler changes the object it handed over, then the settle is retried.
-    Reflect::set(&result, &"n".into(), &JsValue::from(2)).unwrap();
-    stop_dropping(proxy, &nonce).await;
-    let again = lease.settle(done, Some(result), None).await;
-    assert!(again.is_ok(), "reported settled: {again:?}");
-    assert_eq!(lease.status(), Status::Settled(done));
-    assert_eq!(item(id).await.result, Some(json!({"n": 1})));
+    assert_eq!(it.state, ItemState::Done, "the server applied the settle");
+    (id, nonce, c, lease)
 }
 
 /// A settle whose answer was lost (the proxy cuts it off: NetworkError, the
@@ -936,24 +951,10 @@ async fn a_retried_settle_resends_the_first_attempts_body_even_if_the_result_cha
 #[wasm_bindgen_test]
 async fn a_release_after_a_settle_whose_answer_was_lost_reports_the_settle_that_landed() {
     let Some(proxy) = proxy() else { return };
-    let q = fresh_queue("release-after-settle");
-    let id = enqueue(&q, json!({})).await;
-    let nonce = fresh_queue("n");
-    let c = client_at(
-        &format!("{proxy}/drop-settle-answers-{nonce}"),
-        admin_creds(),
-        config(),
-    );
-    let lease = claim(&c, &q).await;
-    assert_eq!(lease.item_id, id);
     let done = agentstore_protocol::lease::SettleState::Done;
-    let first = lease.settle(done, Some(js(json!({"n": 1}))), None).await;
-    assert!(
-        matches!(&first, Err(e) if e.is_transient()),
-        "the answer is cut off: {first:?}"
-    );
-    let it = wait_item(id, 2.0 * TTL_MS, |it| it.state == ItemState::Done).await;
-    assert_eq!(it.state, ItemState::Done, "the server applied the settle");
+    let result = js(json!({"n": 1}));
+    let (id, nonce, _c, lease) =
+        settled_with_answer_cut_off(proxy, "release-after-settle", &result).await;
     let released = lease.release().await;
     assert!(released.is_ok(), "{released:?}");
     assert_eq!(lease.status(), Status::Settled(done));
