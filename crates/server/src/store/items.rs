@@ -777,26 +777,15 @@ impl Store {
                     return Ok((item, Released::Again));
                 }
             }
-            // This lease's own settle landed (its answer was lost): the
-            // lease ended by it. Its state: the item's while it is as the
-            // settle left it (done, failed and blocked are final), else
-            // `paused` (only a pause moves on: an operator resumed it since).
+            // This lease's own settle landed (its answer was lost). Looked
+            // at in the row read, as the release above: any other token
+            // costs no statement more (a tokenless caller learns nothing).
             let settled_by_this = read.settled_hash.is_some_and(|s| ct_eq(&s, hash))
                 && (owner.is_none() || read.settled_by == owner);
             if settled_by_this {
-                let state = match item.state {
-                    s @ (ItemState::Done
-                    | ItemState::Failed
-                    | ItemState::Blocked
-                    | ItemState::Paused) => s,
-                    _ => ItemState::Paused,
-                };
-                let row = sqlx::query(&format!("SELECT {ITEM_COLS} FROM items WHERE id = $1"))
-                    .bind(id)
-                    .fetch_one(&self.pool)
-                    .await?;
-                let now = self.ended(&row, id, Some(state), "release", false);
-                return Ok((now, Released::BySettle(state)));
+                if let Some(by_settle) = self.ended_by_own_settle(id, hash, owner).await? {
+                    return Ok(by_settle);
+                }
             }
             return Err(rejection(code, id));
         }
@@ -835,9 +824,15 @@ impl Store {
                     Released::Now,
                 ))
             }
+            // The lease ended between the read and the write: by its own
+            // release or settle racing this one (a settle whose answer came
+            // too late for its client), or by another path.
             None => match self.released_before(id, hash, owner).await? {
                 Some(item) => Ok((item, Released::Again)),
-                None => Err(self.classify(id, hash, owner).await),
+                None => match self.ended_by_own_settle(id, hash, owner).await? {
+                    Some(by_settle) => Ok(by_settle),
+                    None => Err(self.classify(id, hash, owner).await),
+                },
             },
         }
     }
@@ -869,6 +864,53 @@ impl Store {
                 .and_then(|s| ItemState::parse(&s));
             self.ended(&r, id, state, "release", false)
         }))
+    }
+
+    /// A release by the lease whose own settle was the item's last (the same
+    /// holder, as for `released_before`; its answer lost, so its client
+    /// could not know): the item as it is now and the state that settle
+    /// set, which the release changes nothing of. `None`: the caller's
+    /// usual rejection stands. A settle made before migration 16 did not
+    /// record its state: the item's stands in while it is one only a settle
+    /// sets or a final one, else `paused` (only a pause moves on).
+    async fn ended_by_own_settle(
+        &self,
+        id: i64,
+        hash: &str,
+        owner: Option<i64>,
+    ) -> Result<Option<(Ended, Released)>, StoreError> {
+        let sql = format!(
+            "SELECT {ITEM_COLS}, settled_state FROM items
+             WHERE id = $1 AND settled_token_hash = $2 AND ($3 = 0 OR settled_by = $3)"
+        );
+        let row = sqlx::query(&sql)
+            .bind(id)
+            .bind(hash)
+            .bind(owner.unwrap_or(0))
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let recorded: Option<String> = get(&row, "settled_state")?;
+        let now = get::<String>(&row, "state")
+            .ok()
+            .and_then(|s| ItemState::parse(&s));
+        let state = match (recorded.as_deref().and_then(ItemState::parse), now) {
+            (Some(s), _) => s,
+            (
+                None,
+                Some(
+                    s @ (ItemState::Done
+                    | ItemState::Failed
+                    | ItemState::Blocked
+                    | ItemState::Paused),
+                ),
+            ) => s,
+            _ => ItemState::Paused,
+        };
+        let item = self.ended(&row, id, now, "release", false);
+        Ok(Some((item, Released::BySettle(state))))
     }
 
     /// Resumes a paused item: running again with a NEW token and `epoch + 1`;

@@ -259,6 +259,16 @@ pub const MIGRATIONS: &[Migration] = &[
                 ON items (queue, claim_key, COALESCE(worker_id, 0))
                 WHERE claim_key IS NOT NULL AND state = 'running'",
     },
+    Migration {
+        version: 16,
+        name: "settled_state",
+        // The state the last settle set, beside `settled_token_hash`: a
+        // release by that settle's lease (its answer lost) is answered with
+        // it, also once the item moved on (a `paused` settle resumed and then
+        // failed by a later lease's retry limit, which no settle wrote).
+        // NULL for settles made before: the item's state stands in for it.
+        sql: "ALTER TABLE items ADD COLUMN settled_state TEXT",
+    },
 ];
 
 /// Advisory lock key for migrations on PostgreSQL ("agst").

@@ -157,6 +157,7 @@ impl Store {
         let sql = self.sql(&format!(
             "UPDATE items SET state = $3, result = $4, last_error = $5, token_hash = NULL, lease_ttl_ms = NULL, claim_key = NULL,
                  settled_token_hash = $2, settled_request_hash = $7, settled_by = worker_id,
+                 settled_state = $3,
                  worker_id = NULL, heartbeat_at = NULL,
                  updated_at = {{now}}
              WHERE id = $1 AND state = 'running' AND token_hash = $2
@@ -307,6 +308,7 @@ impl Store {
             "UPDATE items AS i SET state = v.state, result = v.result, last_error = v.last_error,
                  token_hash = NULL, lease_ttl_ms = NULL, claim_key = NULL, settled_token_hash = v.hash,
                  settled_request_hash = v.request_hash, settled_by = i.worker_id,
+                 settled_state = v.state,
                  worker_id = NULL,
                  heartbeat_at = NULL, updated_at = {{now}}
              FROM (VALUES {values}) AS v(n, id, hash, state, result, last_error, owner, request_hash)

@@ -1086,6 +1086,27 @@ pub async fn a_release_after_its_leases_own_settle_landed_says_so_and_changes_no
         "the resumed lease untouched"
     );
     store.heartbeat(item.id, &t2, None).await.unwrap();
+    // The resumed lease then ends by a path that writes no settle (a
+    // release at the redelivery cap fails the item): the old token's
+    // release still says `paused`, the state its own settle set, not the
+    // item's `failed` (a review finding).
+    let item = store.enqueue("p0", &json!(3), Some(0)).await.unwrap();
+    let t1 = store
+        .claim("p0", None)
+        .await
+        .unwrap()
+        .expect("claimed")
+        .lease
+        .token;
+    store
+        .settle(item.id, &t1, None, SettleState::Paused, None, None)
+        .await
+        .unwrap();
+    let t2 = store.resume(item.id, None).await.unwrap().lease.token;
+    let failed = store.release(item.id, &t2, None).await.unwrap();
+    assert_eq!(failed.state, ItemState::Failed, "at the redelivery cap");
+    let (_, done) = store.release_reporting(item.id, &t1, None).await.unwrap();
+    assert_eq!(done, Released::BySettle(ItemState::Paused));
 }
 
 /// A settle whose answer was lost is sent again by its lease: the server
