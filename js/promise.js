@@ -24,12 +24,12 @@ export function requestPromise(request) {
 
 /**
  * A read's answer, for the reads answered without the module's executor
- * (`get`, `getMany`, `count`): a Promise resolved with `request.result`
- * (`null` for `undefined`, a key with no record), or rejected with
- * `toError(e)`, `e` being the request's DOMException or, when the request
- * only failed because its transaction aborted (AbortError), the
- * transaction's own `error` (the cause), as src/store/db.rs's
- * `request_error` names it. `toError` is the module's one conversion to a
+ * (`get`, `getMany`, `count`, `list`): a Promise resolved with
+ * `request.result` (`null` for `undefined`, a key with no record), or
+ * rejected with `toError(e)`, `e` being the request's DOMException or,
+ * when the request only failed because its transaction aborted
+ * (AbortError), the transaction's own `error` (the cause), as
+ * src/store/db.rs's `request_error` names it. `toError` is the module's one conversion to a
  * typed agentstore Error (for the JS methods); without it the exception is
  * rejected as it is (for Rust callers, which type it themselves).
  */
