@@ -1109,6 +1109,86 @@ pub async fn a_release_after_its_leases_own_settle_landed_says_so_and_changes_no
     assert_eq!(done, Released::BySettle(ItemState::Paused));
 }
 
+/// A release racing its lease's own settle: the release reads the lease
+/// current, then the settle commits before the release's conditional write,
+/// which then matches nothing. Forced on PostgreSQL with a row lock held by
+/// a third connection: the settle's write and then the release's queue
+/// behind it (observed in `pg_stat_activity`), and the lock goes. The
+/// release is answered with the settle that ended the lease (before: a
+/// review found it `claim_lost` in this window), over 10 rounds. SQLite's
+/// writers wait by polling, with no queue to observe or order: the race is
+/// not forced there.
+pub async fn a_release_racing_its_leases_own_settle_is_answered_with_that_settle(db: TestDb) {
+    use agentstore_server::store::Released;
+    if db.kind != crate::common::Kind::Postgres {
+        return;
+    }
+    let store = db.store(ttl(LONG)).await;
+    for round in 0..10 {
+        let item = store.enqueue("race", &json!(round), None).await.unwrap();
+        let t1 = store
+            .claim("race", None)
+            .await
+            .unwrap()
+            .expect("claimed")
+            .lease
+            .token;
+        let mut lock = store.pool().begin().await.unwrap();
+        sqlx::query("SELECT id FROM items WHERE id = $1 FOR UPDATE")
+            .bind(item.id)
+            .fetch_one(&mut *lock)
+            .await
+            .unwrap();
+        let waiting = || async {
+            sqlx::query_as::<_, (i64,)>(
+                "SELECT COUNT(*) FROM pg_stat_activity
+                 WHERE wait_event_type = 'Lock' AND datname = current_database()",
+            )
+            .fetch_one(store.pool())
+            .await
+            .unwrap()
+            .0
+        };
+        let settle = {
+            let (store, t1) = (store.clone(), t1.clone());
+            tokio::spawn(async move {
+                store
+                    .settle(item.id, &t1, None, SettleState::Done, None, None)
+                    .await
+            })
+        };
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while waiting().await < 1 {
+            assert!(
+                std::time::Instant::now() < until,
+                "round {round}: the settle waits"
+            );
+            sleep_ms(5).await;
+        }
+        let release = {
+            let (store, t1) = (store.clone(), t1.clone());
+            tokio::spawn(async move { store.release_reporting(item.id, &t1, None).await })
+        };
+        while waiting().await < 2 {
+            assert!(
+                std::time::Instant::now() < until,
+                "round {round}: the release waits"
+            );
+            sleep_ms(5).await;
+        }
+        lock.commit().await.unwrap();
+        let settled = settle.await.unwrap().expect("the settle landed");
+        assert_eq!(settled.state, ItemState::Done);
+        let (_, done) = release.await.unwrap().expect("the release is answered");
+        assert_eq!(done, Released::BySettle(ItemState::Done), "round {round}");
+        assert_eq!(
+            snapshot(&store, item.id).await.0.state,
+            ItemState::Done,
+            "round {round}: nothing released"
+        );
+    }
+}
+
 /// A settle whose answer was lost is sent again by its lease: the server
 /// answers it with the item as the first settle left it (result, error) and
 /// writes nothing. Only the same token settling into the same state is a

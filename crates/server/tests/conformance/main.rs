@@ -61,6 +61,7 @@ conformance! {
     lease::release_reopens_the_item_and_counts_an_attempt,
     lease::a_release_sent_again_by_its_lease_is_answered_and_changes_nothing,
     lease::a_release_after_its_leases_own_settle_landed_says_so_and_changes_nothing,
+    lease::a_release_racing_its_leases_own_settle_is_answered_with_that_settle,
     lease::an_item_is_redelivered_at_most_five_times_after_its_first_delivery,
     lease::lease_expiry_is_measured_only_on_the_database_clock,
     lease::concurrent_claims_and_settles_each_keep_their_own_outcome,
