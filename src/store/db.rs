@@ -152,17 +152,22 @@ impl Db {
     pub fn tx(&self, stores: &[&str], mode: TransactionMode) -> Result<Tx> {
         self.check_open()?;
         self.seq.set(self.seq.get().wrapping_add(1));
-        let names: Array = stores.iter().map(|s| JsValue::from_str(s)).collect();
         let write = mode == TransactionMode::ReadWrite;
         let mode = if write {
             web_sys::IdbTransactionMode::Readwrite
         } else {
             web_sys::IdbTransactionMode::Readonly
         };
-        let raw = self
-            .raw
-            .transaction_with_str_sequence_and_mode(&names, mode)
-            .map_err(|e| StoreError::from_dom(&e))?;
+        // One store by its name, several as a sequence.
+        let raw = match stores {
+            [one] => self.raw.transaction_with_str_and_mode(one, mode),
+            _ => {
+                let names: Array = stores.iter().map(|s| JsValue::from_str(s)).collect();
+                self.raw
+                    .transaction_with_str_sequence_and_mode(&names, mode)
+            }
+        }
+        .map_err(|e| StoreError::from_dom(&e))?;
         Ok(Tx {
             raw,
             open_write: Cell::new(write),
