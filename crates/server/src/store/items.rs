@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering;
 
 use agentstore_protocol::lease::{end_attempt, ItemState, Lease, LeaseEvent, LeaseItem};
 use agentstore_protocol::ErrorCode;
+use sqlx::any::AnyRow;
 use tokio::sync::oneshot;
 
 use super::coalesce::{self, by_call, for_each_call, never_applied};
@@ -848,22 +849,32 @@ impl Store {
         hash: &str,
         owner: Option<i64>,
     ) -> Result<Option<Ended>, StoreError> {
+        let row = self.row_ended_by(id, hash, owner, "released").await?;
+        Ok(row.map(|r| self.ended(&r, id, state_of(&r), "release", false)))
+    }
+
+    /// The item's row (with `settled_state`) when `hash` is the token of
+    /// the lease whose `ending` (`released` or `settled`: the columns
+    /// `{ending}_token_hash` and `{ending}_by`) was the item's last of that
+    /// kind, sent by the same holder (a worker's must come from that
+    /// worker; an operator's or a beacon's from anyone holding the token).
+    async fn row_ended_by(
+        &self,
+        id: i64,
+        hash: &str,
+        owner: Option<i64>,
+        ending: &str,
+    ) -> Result<Option<AnyRow>, StoreError> {
         let sql = format!(
-            "SELECT {ITEM_COLS} FROM items
-             WHERE id = $1 AND released_token_hash = $2 AND ($3 = 0 OR released_by = $3)"
+            "SELECT {ITEM_COLS}, settled_state FROM items
+             WHERE id = $1 AND {ending}_token_hash = $2 AND ($3 = 0 OR {ending}_by = $3)"
         );
-        let row = sqlx::query(&sql)
+        Ok(sqlx::query(&sql)
             .bind(id)
             .bind(hash)
             .bind(owner.unwrap_or(0))
             .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.map(|r| {
-            let state = get::<String>(&r, "state")
-                .ok()
-                .and_then(|s| ItemState::parse(&s));
-            self.ended(&r, id, state, "release", false)
-        }))
+            .await?)
     }
 
     /// A release by the lease whose own settle was the item's last (the same
@@ -879,23 +890,11 @@ impl Store {
         hash: &str,
         owner: Option<i64>,
     ) -> Result<Option<(Ended, Released)>, StoreError> {
-        let sql = format!(
-            "SELECT {ITEM_COLS}, settled_state FROM items
-             WHERE id = $1 AND settled_token_hash = $2 AND ($3 = 0 OR settled_by = $3)"
-        );
-        let row = sqlx::query(&sql)
-            .bind(id)
-            .bind(hash)
-            .bind(owner.unwrap_or(0))
-            .fetch_optional(&self.pool)
-            .await?;
-        let Some(row) = row else {
+        let Some(row) = self.row_ended_by(id, hash, owner, "settled").await? else {
             return Ok(None);
         };
         let recorded: Option<String> = get(&row, "settled_state")?;
-        let now = get::<String>(&row, "state")
-            .ok()
-            .and_then(|s| ItemState::parse(&s));
+        let now = state_of(&row);
         let state = match (recorded.as_deref().and_then(ItemState::parse), now) {
             (Some(s), _) => s,
             (
@@ -1183,4 +1182,11 @@ impl Store {
         })
         .transpose()
     }
+}
+
+/// The `state` column of an item row, when it is a state this build knows.
+fn state_of(row: &AnyRow) -> Option<ItemState> {
+    get::<String>(row, "state")
+        .ok()
+        .and_then(|s| ItemState::parse(&s))
 }

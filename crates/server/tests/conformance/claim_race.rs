@@ -12,31 +12,26 @@ const LONG: u64 = 60_000;
 
 /// The ids of `queue`'s items in `state`, oldest first.
 async fn ids_in(store: &Store, queue: &str, state: &str) -> Vec<i64> {
-    sqlx::query_as::<_, (i64,)>("SELECT id FROM items WHERE queue = $1 AND state = $2 ORDER BY id")
+    ids_where(store, "state = $2", queue, state).await
+}
+
+/// The ids of the running items of `queue` that hold claim key `key`.
+async fn keyed(store: &Store, queue: &str, key: &str) -> Vec<i64> {
+    ids_where(store, "claim_key = $2 AND state = 'running'", queue, key).await
+}
+
+/// The ids of `queue`'s items matching `cond` (whose `$2` is `arg`), oldest first.
+async fn ids_where(store: &Store, cond: &str, queue: &str, arg: &str) -> Vec<i64> {
+    let sql = format!("SELECT id FROM items WHERE queue = $1 AND {cond} ORDER BY id");
+    sqlx::query_as::<_, (i64,)>(&sql)
         .bind(queue)
-        .bind(state)
+        .bind(arg)
         .fetch_all(store.pool())
         .await
         .unwrap()
         .into_iter()
         .map(|(id,)| id)
         .collect()
-}
-
-/// The ids of the running items of `queue` that hold claim key `key`.
-async fn keyed(store: &Store, queue: &str, key: &str) -> Vec<i64> {
-    sqlx::query_as::<_, (i64,)>(
-        "SELECT id FROM items WHERE queue = $1 AND claim_key = $2 AND state = 'running'
-         ORDER BY id",
-    )
-    .bind(queue)
-    .bind(key)
-    .fetch_all(store.pool())
-    .await
-    .unwrap()
-    .into_iter()
-    .map(|(id,)| id)
-    .collect()
 }
 
 /// Checks the answers of copies of one claim: all name one item, claimed

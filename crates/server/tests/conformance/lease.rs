@@ -19,6 +19,17 @@ fn code<T: std::fmt::Debug>(r: Result<T, agentstore_server::StoreError>) -> Erro
 }
 
 /// Every fenced call a stale holder might make; each must be `claim_lost`.
+/// The token of a claim of `queue` by `worker` (there must be an item).
+async fn token(store: &Store, queue: &str, worker: Option<i64>) -> String {
+    store
+        .claim(queue, worker)
+        .await
+        .unwrap()
+        .expect("claimed")
+        .lease
+        .token
+}
+
 async fn assert_all_claim_lost(store: &Store, id: i64, token: &str) {
     assert_fenced(store, id, token).await;
     assert_eq!(
@@ -1034,13 +1045,7 @@ pub async fn a_release_after_its_leases_own_settle_landed_says_so_and_changes_no
     let (w1, w2) = (Some(21), Some(22));
     for state in [SettleState::Done, SettleState::Failed, SettleState::Blocked] {
         let item = store.enqueue("q", &json!(1), None).await.unwrap();
-        let t1 = store
-            .claim("q", w1)
-            .await
-            .unwrap()
-            .expect("claimed")
-            .lease
-            .token;
+        let t1 = token(&store, "q", w1).await;
         store
             .settle(item.id, &t1, w1, state, None, None)
             .await
@@ -1065,13 +1070,7 @@ pub async fn a_release_after_its_leases_own_settle_landed_says_so_and_changes_no
     // Paused by its own settle, then resumed by an operator: the new lease
     // is untouched, and the old token's release still says `paused`.
     let item = store.enqueue("p", &json!(2), None).await.unwrap();
-    let t1 = store
-        .claim("p", None)
-        .await
-        .unwrap()
-        .expect("claimed")
-        .lease
-        .token;
+    let t1 = token(&store, "p", None).await;
     store
         .settle(item.id, &t1, None, SettleState::Paused, None, None)
         .await
@@ -1091,13 +1090,7 @@ pub async fn a_release_after_its_leases_own_settle_landed_says_so_and_changes_no
     // release still says `paused`, the state its own settle set, not the
     // item's `failed` (a review finding).
     let item = store.enqueue("p0", &json!(3), Some(0)).await.unwrap();
-    let t1 = store
-        .claim("p0", None)
-        .await
-        .unwrap()
-        .expect("claimed")
-        .lease
-        .token;
+    let t1 = token(&store, "p0", None).await;
     store
         .settle(item.id, &t1, None, SettleState::Paused, None, None)
         .await
@@ -1126,13 +1119,7 @@ pub async fn a_release_racing_its_leases_own_settle_is_answered_with_that_settle
     let store = db.store(ttl(LONG)).await;
     for round in 0..10 {
         let item = store.enqueue("race", &json!(round), None).await.unwrap();
-        let t1 = store
-            .claim("race", None)
-            .await
-            .unwrap()
-            .expect("claimed")
-            .lease
-            .token;
+        let t1 = token(&store, "race", None).await;
         let mut lock = store.pool().begin().await.unwrap();
         sqlx::query("SELECT id FROM items WHERE id = $1 FOR UPDATE")
             .bind(item.id)
