@@ -542,6 +542,59 @@ async fn a_failed_shared_transaction_retries_each_write_alone() {
     assert_indexes_clean(&a).await;
 }
 
+/// `delete` joins a group of single-record writes like `put`: issued
+/// together with puts, a deletion of a missing id and a put racing it on
+/// the same revision, in a shared transaction the test hook aborts after
+/// its writes, each is run again alone and keeps its own outcome (20
+/// rounds): the other put is written, exactly one of the deletion and the
+/// racing put wins and the loser's ConflictError names the winner's
+/// revision (what `get` then answers: the put's record, or none), and the
+/// missing id gets NotFoundError.
+#[wasm_bindgen_test]
+async fn a_delete_issued_with_other_writes_shares_their_transaction_and_keeps_its_outcome() {
+    let (a, _) = open("group-delete").await;
+    let unknown = s(&format!("1-{}", "0".repeat(32)));
+    for round in 0..20 {
+        let rev = a
+            .put(&js(json!({"_id": "k", "n": round})))
+            .await
+            .unwrap()
+            .rev;
+        let (p, missing, k, kr) = (
+            js(json!({"_id": format!("p-{round}")})),
+            s(&format!("missing-{round}")),
+            s("k"),
+            s(&rev),
+        );
+        let racer = js(json!({"_id": "k", "n": -1, "_rev": rev}));
+        a.inject_abort_next_write();
+        let (x, d, m, r) = futures::join!(
+            a.put(&p),
+            a.delete(&k, &kr),
+            a.delete(&missing, &unknown),
+            a.put(&racer)
+        );
+        assert!(x.unwrap().rev.starts_with("1-"), "round {round}");
+        assert_eq!(code(&m.unwrap_err()), ErrorCode::NotFound, "round {round}");
+        let (won, lost, deleted) = match (d, r) {
+            (Ok(t), Err(e)) => (t, e, true),
+            (Err(e), Ok(w)) => (w.rev, e, false),
+            (d, r) => panic!("round {round}: exactly one must win: {d:?} {r:?}"),
+        };
+        match &lost {
+            agentstore::error::StoreError::Conflict { current_rev, .. } => {
+                assert_eq!(current_rev.as_deref(), Some(won.as_str()), "round {round}")
+            }
+            other => panic!("round {round}: the loser must conflict: {other:?}"),
+        }
+        let stored = a.get(&s("k")).await.unwrap();
+        let stored_rev = stored.as_ref().and_then(|r| field_str(r, "_rev"));
+        let expected = (!deleted).then_some(won.as_str());
+        assert_eq!(stored_rev.as_deref(), expected, "round {round}");
+    }
+    assert_indexes_clean(&a).await;
+}
+
 /// A write never joins a group started before another transaction the
 /// caller issued in between: `put(y)`, `delete(x)`, `put(x)` issued in that
 /// order without awaiting run in that order (the create of `x` follows its

@@ -9,21 +9,35 @@
 
 use super::db::TransactionMode;
 use super::db::{answer_of, answers_of, request_promise, BY_TYPE, META, RECORDS, TOMBSTONES};
-use super::{check_id_value, read_many, tombstone, tombstone_digest, tombstone_rev, Store};
+use super::{check_id_value, tombstone, tombstone_digest, tombstone_rev, Store};
 use crate::error::{BatchFailure, Result, StoreError};
 use agentstore_protocol::keys::page_range;
 use agentstore_protocol::record::MAX_BATCH;
-use agentstore_protocol::rev::{decide_delete, CasError, Current, Rev};
+use agentstore_protocol::rev::{decide_delete, decide_put, CasError, Current, Rev};
 use js_sys::{Array, JsString, Reflect};
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
 
-/// One validated `deleteMany` position.
-struct Deletion {
-    id: JsString,
-    /// The tombstone's body digest (computed before the transaction).
-    digest: String,
-    expected: Rev,
+/// One validated position of a batch write (`putMany`, `deleteMany`).
+pub(super) enum Op {
+    /// A record to write.
+    Put(super::Prepared),
+    /// A deletion of `id` at `expected`, whose tombstone's body digest is
+    /// `digest` (computed before the transaction).
+    Delete {
+        id: JsString,
+        digest: String,
+        expected: Rev,
+    },
+}
+
+impl Op {
+    pub(super) fn id(&self) -> &JsString {
+        match self {
+            Op::Put(p) => &p.id,
+            Op::Delete { id, .. } => id,
+        }
+    }
 }
 
 /// Awaits an IndexedDB request (resolving with its `result`); its handlers
@@ -204,7 +218,7 @@ impl Store {
                         ));
                     } else {
                         let digest = tombstone_digest(&String::from(&id));
-                        dels.push(Deletion {
+                        dels.push(Op::Delete {
                             id,
                             digest,
                             expected,
@@ -220,61 +234,115 @@ impl Store {
         if dels.is_empty() {
             return Ok(Vec::new());
         }
+        self.write_ops(&dels).await
+    }
+
+    /// Writes every op of a validated batch in one transaction, all or
+    /// none, and returns their revisions in order: what is stored for every
+    /// id is read first ([`super::read_batch`]), every op is decided with
+    /// compare-and-swap, and only when all win are the writes issued.
+    ///
+    /// # Errors
+    /// ConflictError whose `failures` list every losing position (a put's
+    /// `currentRev` is any stored revision, a tombstone's included; a
+    /// deletion's only a live one: `null` when nothing live is stored);
+    /// ValidationError when a position is at the last revision generation;
+    /// QuotaExceededError / TransactionError / ClosedError. Nothing is
+    /// written on any error.
+    pub(super) async fn write_ops(&self, ops: &[Op]) -> Result<Vec<String>> {
         let tx = self.write_tx()?;
-        let (currents, indexes) = self
-            .with_indexes(&tx, read_many(&tx, dels.iter().map(|d| &d.id)))
+        let ids: Vec<&JsString> = ops.iter().map(Op::id).collect();
+        let creates = ops
+            .iter()
+            .all(|op| matches!(op, Op::Put(p) if p.expected.is_none()));
+        let (currents, state) = self
+            .with_indexes(&tx, super::read_batch(&tx, &ids, creates))
             .await?;
-        let mut revs = Vec::with_capacity(dels.len());
+        let mut revs = Vec::with_capacity(ops.len());
+        let mut failures = Vec::new();
+        let now = super::now_iso();
         let mut exhausted = false;
-        for (index, (d, (current, _))) in dels.iter().zip(&currents).enumerate() {
-            match decide_delete(current, &d.expected) {
-                Ok(base) => match tombstone_rev(base, &d.digest) {
-                    Ok(rev) => revs.push(rev),
-                    // At the last generation (2^53-1, an imported revision).
-                    Err(e) => {
-                        exhausted = true;
-                        failures.push(BatchFailure {
-                            index,
-                            id: d.id.clone().into(),
-                            message: e.message(),
-                            expected_rev: Some(d.expected.text()),
-                            current_rev: Some(base.text()),
+        for (index, (op, (current, stored))) in ops.iter().zip(&currents).enumerate() {
+            let (decided, expected, current_rev) = match op {
+                Op::Put(p) => (
+                    decide_put(current, p.expected.as_ref())
+                        .map_err(|_| "revision conflict")
+                        .map(|base| p.stamp(base, stored.as_ref(), &now, state.purges())),
+                    p.expected.as_ref().map(Rev::text),
+                    current.rev().map(Rev::text),
+                ),
+                Op::Delete {
+                    digest, expected, ..
+                } => (
+                    decide_delete(current, expected)
+                        .map_err(|e| match e {
+                            CasError::NotFound => "nothing live to delete",
+                            CasError::Conflict => "revision conflict",
                         })
-                    }
-                },
-                Err(e) => failures.push(BatchFailure {
-                    index,
-                    id: d.id.clone().into(),
-                    message: match e {
-                        CasError::NotFound => "nothing live to delete".into(),
-                        CasError::Conflict => "revision conflict".into(),
-                    },
-                    expected_rev: Some(d.expected.text()),
+                        .map(|base| tombstone_rev(base, digest)),
+                    Some(expected.text()),
                     // Only a live revision: a tombstone's is not one to
                     // delete at (docs: `currentRev: null`, as `delete`).
-                    current_rev: match current {
-                        Current::Live(r) => Some(r.to_string()),
+                    match current {
+                        Current::Live(r) => Some(r.text()),
                         _ => None,
                     },
-                }),
-            }
+                ),
+            };
+            let message = match decided {
+                Ok(Ok(rev)) => {
+                    revs.push(rev);
+                    continue;
+                }
+                // At the last generation (2^53-1, an imported revision): no
+                // next revision exists.
+                Ok(Err(e)) => {
+                    exhausted = true;
+                    e.message()
+                }
+                Err(why) => why.into(),
+            };
+            failures.push(BatchFailure {
+                index,
+                id: op.id().clone().into(),
+                message,
+                expected_rev: expected,
+                current_rev,
+            });
         }
         if !failures.is_empty() {
-            // Nothing was written; the transaction ends empty.
+            // Nothing was written; dropping `tx` ends it empty.
             return Err(super::batch_refused(failures, exhausted));
         }
-        let tombs = tx.store(TOMBSTONES)?;
-        let records = tx.store(RECORDS)?;
-        for ((d, (_, stored)), rev) in dels.iter().zip(&currents).zip(&revs) {
-            tombs.put(&tombstone(&d.id, rev), None)?;
-            records.delete(JsValue::from(d.id.clone()))?;
-            super::index::maintain(&tx, &indexes, stored.as_ref(), None)?;
+        for ((op, (current, stored)), rev) in ops.iter().zip(&currents).zip(&revs) {
+            let added = match op {
+                Op::Put(p) => {
+                    // An id with neither a record nor a tombstone is new: `add()`.
+                    super::write_record(&tx, p, current, matches!(current, Current::Missing))?;
+                    Some(&p.object)
+                }
+                Op::Delete { id, .. } => {
+                    tx.store(TOMBSTONES)?.put(&tombstone(id, rev), None)?;
+                    tx.store(RECORDS)?.delete(JsValue::from(id.clone()))?;
+                    None
+                }
+            };
+            super::index::maintain(&tx, &state, stored.as_ref(), added.map(|o| o.as_ref()))?;
         }
+        // A request failing asynchronously (a ConstraintError from `add`)
+        // aborts the transaction; the commit reports the transaction's
+        // `error`, which names it.
         self.finish(tx).await?;
-        let changes: Vec<_> = dels
+        let changes: Vec<_> = ops
             .iter()
             .zip(&revs)
-            .map(|(d, r)| (d.id.clone().into(), r.clone(), true))
+            .map(|(op, r)| {
+                (
+                    op.id().clone().into(),
+                    r.clone(),
+                    matches!(op, Op::Delete { .. }),
+                )
+            })
             .collect();
         self.changes.post(&changes);
         Ok(revs)

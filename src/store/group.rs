@@ -1,4 +1,4 @@
-//! Group commit: single-record writes (`put`, `mutate`) issued while another
+//! Group commit: single-record writes (`put`, `delete`, `mutate`) issued while another
 //! one of this connection is still open for joining share its readwrite
 //! transaction, and each keeps its own compare-and-swap outcome and error.
 //!
@@ -32,9 +32,10 @@
 //! transaction per write.
 
 use super::db::Tx;
+use super::db::{RECORDS, TOMBSTONES};
 use super::{index, read_current, Prepared, Store, Written};
 use crate::error::{Result, StoreError};
-use agentstore_protocol::rev::{decide_put, Current};
+use agentstore_protocol::rev::{decide_delete, decide_put, CasError, Current, Rev};
 use js_sys::{Function, JsString};
 use std::cell::{Cell, RefCell};
 use std::future::Future;
@@ -51,6 +52,13 @@ pub(crate) const MAX_GROUP: usize = 64;
 pub(crate) enum Job {
     /// `put` of a validated record.
     Put(Prepared),
+    /// `delete(id, rev)`: a tombstone whose body digest is `digest`
+    /// replaces the live record at `expected`.
+    Delete {
+        id: JsString,
+        expected: Rev,
+        digest: String,
+    },
     /// `mutate(id, f)`: `f` is called inside the transaction.
     Mutate {
         id: JsString,
@@ -71,6 +79,19 @@ pub(crate) enum Done {
         promise: js_sys::Promise,
         rev: Option<String>,
     },
+}
+
+impl Done {
+    /// What a `put` or `delete` wrote (those end in nothing else).
+    ///
+    /// # Errors
+    /// TransactionError for any other outcome.
+    pub(crate) fn written(self) -> Result<Written> {
+        match self {
+            Done::Written(w) => Ok(w),
+            _ => Err(StoreError::Transaction("the write wrote nothing".into())),
+        }
+    }
 }
 
 /// What the leader hands a member.
@@ -157,9 +178,13 @@ impl Drop for Unanswered<'_> {
     }
 }
 
+/// A committed change for `watch`: what was written, and whether it is a
+/// tombstone.
+type Change = (Written, bool);
+
 /// Whether a member's outcome is final after its own decision, or the
 /// shared transaction failed.
-type Step = std::result::Result<(Result<Done>, Option<Written>), StoreError>;
+type Step = std::result::Result<(Result<Done>, Option<Change>), StoreError>;
 
 impl Store {
     /// Runs one single-record write, in a shared transaction when a group
@@ -236,7 +261,7 @@ impl Store {
                 let changes: Vec<_> = results
                     .iter()
                     .filter_map(|(_, w)| w.as_ref())
-                    .map(|w| (JsValue::from(w.id.clone()), w.rev.clone(), false))
+                    .map(|(w, deleted)| (JsValue::from(w.id.clone()), w.rev.clone(), *deleted))
                     .collect();
                 self.changes.post(&changes);
                 for (m, (r, _)) in members.iter().zip(results) {
@@ -268,7 +293,7 @@ impl Store {
         &self,
         tx: Tx,
         g: &Group,
-    ) -> std::result::Result<Vec<(Result<Done>, Option<Written>)>, StoreError> {
+    ) -> std::result::Result<Vec<(Result<Done>, Option<Change>)>, StoreError> {
         let mut gen = Some(index::issue_gen(&tx)?);
         let mut state = None;
         let mut results = Vec::new();
@@ -277,7 +302,7 @@ impl Store {
             let Some(m) = next else { break };
             let id = match &m.job {
                 Job::Put(p) => p.id.clone(),
-                Job::Mutate { id, .. } => id.clone(),
+                Job::Delete { id, .. } | Job::Mutate { id, .. } => id.clone(),
             };
             let (current, stored) = read_current(&tx, &id).await?;
             let st = match (&state, gen.take()) {
@@ -309,6 +334,11 @@ impl Store {
     ) -> Step {
         let p = match job {
             Job::Put(p) => p,
+            Job::Delete {
+                id,
+                expected,
+                digest,
+            } => return Self::tombstone(tx, state, id, expected, digest, &current, stored),
             Job::Mutate { id, f, signal } => {
                 match super::mutate::call(id, f, signal.as_ref(), &current, stored.as_ref()) {
                     Ok(super::mutate::Called::Write(p)) => {
@@ -340,10 +370,57 @@ impl Store {
         };
         super::write_record(tx, p, current, false)?;
         index::maintain(tx, state, stored.as_ref(), Some(&p.object))?;
-        let w = Written {
-            id: p.id.clone(),
-            rev,
-        };
-        Ok((Ok(Done::Written(w.clone())), Some(w)))
+        Ok(written(&p.id, rev, false))
     }
+
+    /// Decides a deletion of `id` at `expected` against `current` and, when
+    /// it wins, issues its writes: the tombstone (revision from its body
+    /// `digest`), the record's removal, its index entries' removal.
+    fn tombstone(
+        tx: &Tx,
+        state: &index::Maintained,
+        id: &JsString,
+        expected: &Rev,
+        digest: &str,
+        current: &Current,
+        stored: Option<JsValue>,
+    ) -> Step {
+        let base = match decide_delete(current, expected) {
+            Ok(base) => base,
+            Err(CasError::NotFound) => {
+                return Ok((Err(StoreError::NotFound(id.into(), id.into())), None))
+            }
+            Err(CasError::Conflict) => {
+                return Ok((
+                    Err(StoreError::Conflict {
+                        id: id.into(),
+                        id_text: id.into(),
+                        expected_rev: Some(expected.text()),
+                        current_rev: current.rev().map(Rev::text),
+                        current: stored.unwrap_or(JsValue::NULL),
+                        attempts: None,
+                    }),
+                    None,
+                ))
+            }
+        };
+        let rev = match super::tombstone_rev(base, digest) {
+            Ok(rev) => rev,
+            Err(e) => return Ok((Err(e), None)),
+        };
+        tx.store(TOMBSTONES)?
+            .put(&super::tombstone(id, &rev), None)?;
+        tx.store(RECORDS)?.delete(JsValue::from(id.clone()))?;
+        index::maintain(tx, state, stored.as_ref(), None)?;
+        Ok(written(id, rev, true))
+    }
+}
+
+/// A member's outcome when it wrote `rev` for `id` (`deleted`: a tombstone).
+fn written(id: &JsString, rev: String, deleted: bool) -> (Result<Done>, Option<Change>) {
+    let w = Written {
+        id: id.clone(),
+        rev,
+    };
+    (Ok(Done::Written(w.clone())), Some((w, deleted)))
 }

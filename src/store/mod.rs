@@ -33,7 +33,7 @@ use crate::value;
 use agentstore_protocol::canonical::BodyDigest;
 use agentstore_protocol::index::IndexDef;
 use agentstore_protocol::record::check_id;
-use agentstore_protocol::rev::{decide_delete, decide_put, CasError, Current, Rev};
+use agentstore_protocol::rev::{Current, Rev};
 use db::{Db, TransactionMode, Tx, DERIVED, META, RECORDS, TOMBSTONES};
 use js_sys::{JsString, Object};
 use wasm_bindgen::{JsCast, JsValue};
@@ -354,13 +354,12 @@ impl Store {
     /// with other single-record writes issued at the same time (group
     /// commit, see `group.rs`); commits and notifies watchers.
     pub(crate) async fn put_prepared(&self, p: Prepared) -> Result<Written> {
-        match self.write_one(group::Job::Put(p)).await? {
-            group::Done::Written(w) => Ok(w),
-            _ => Err(StoreError::Transaction("put wrote nothing".into())),
-        }
+        self.write_one(group::Job::Put(p)).await?.written()
     }
 
-    /// Deletes with CAS, leaving a tombstone; returns the tombstone's revision.
+    /// Deletes with CAS, leaving a tombstone; returns the tombstone's
+    /// revision. Shares a transaction with other single-record writes
+    /// issued at the same time (group commit, see `group.rs`).
     ///
     /// # Errors
     /// NotFoundError (nothing live), ConflictError (stale `rev`), ValidationError.
@@ -369,32 +368,13 @@ impl Store {
         let expected = value::short_string(rev, value::MAX_REV_TEXT)
             .ok_or_else(|| StoreError::validation("delete(id, rev): rev must be a revision string"))
             .and_then(|s| Rev::parse(&s).map_err(|e| StoreError::validation(e.0)))?;
-        let id_text = String::from(&id);
-        let digest = tombstone_digest(&id_text);
-        let tx = self.write_tx()?;
-        let ((current, stored), state) = self.with_indexes(&tx, read_current(&tx, &id)).await?;
-        let base = match decide_delete(&current, &expected) {
-            Ok(base) => base,
-            Err(CasError::NotFound) => return Err(StoreError::NotFound(id.into(), id_text)),
-            Err(CasError::Conflict) => {
-                return Err(StoreError::Conflict {
-                    id: id.into(),
-                    id_text,
-                    expected_rev: Some(expected.text()),
-                    current_rev: current.rev().map(Rev::text),
-                    current: stored.unwrap_or(JsValue::NULL),
-                    attempts: None,
-                })
-            }
+        let digest = tombstone_digest(&String::from(&id));
+        let job = group::Job::Delete {
+            id,
+            expected,
+            digest,
         };
-        let rev = tombstone_rev(base, &digest)?;
-        let tomb = tombstone(&id, &rev);
-        tx.store(TOMBSTONES)?.put(&tomb, None)?;
-        tx.store(RECORDS)?.delete(JsValue::from(id.clone()))?;
-        index::maintain(&tx, &state, stored.as_ref(), None)?;
-        self.finish(tx).await?;
-        self.changes.post(&[(id.into(), rev.clone(), true)]);
-        Ok(rev)
+        Ok(self.write_one(job).await?.written()?.rev)
     }
 
     /// Writes every record or none, in one transaction.
@@ -441,64 +421,15 @@ impl Store {
                 failures,
             });
         }
-        let tx = self.write_tx()?;
-        let ids: Vec<&JsString> = prepared.iter().map(|p| &p.id).collect();
-        let creates = prepared.iter().all(|p| p.expected.is_none());
-        let (currents, state) = self
-            .with_indexes(&tx, read_batch(&tx, &ids, creates))
-            .await?;
-        let mut revs = Vec::with_capacity(prepared.len());
-        let now = now_iso();
-        let mut exhausted = false;
-        for (index, (p, (current, stored))) in prepared.iter().zip(&currents).enumerate() {
-            match decide_put(current, p.expected.as_ref()) {
-                Ok(base) => match p.stamp(base, stored.as_ref(), &now, state.purges()) {
-                    Ok(rev) => revs.push(rev),
-                    // At the last generation (2^53-1, an imported revision):
-                    // no next revision exists.
-                    Err(e) => {
-                        exhausted = true;
-                        failures.push(BatchFailure {
-                            index,
-                            id: p.id.clone().into(),
-                            message: e.message(),
-                            expected_rev: p.expected.as_ref().map(Rev::text),
-                            current_rev: current.rev().map(Rev::text),
-                        })
-                    }
-                },
-                Err(_) => failures.push(BatchFailure {
-                    index,
-                    id: p.id.clone().into(),
-                    message: "revision conflict".into(),
-                    expected_rev: p.expected.as_ref().map(Rev::text),
-                    current_rev: current.rev().map(Rev::text),
-                }),
-            }
-        }
-        if !failures.is_empty() {
-            // Nothing was written; dropping `tx` ends it empty.
-            return Err(batch_refused(failures, exhausted));
-        }
-        for (p, (current, stored)) in prepared.iter().zip(&currents) {
-            // An id with neither a record nor a tombstone is new: `add()`.
-            write_record(&tx, p, current, matches!(current, Current::Missing))?;
-            index::maintain(&tx, &state, stored.as_ref(), Some(&p.object))?;
-        }
-        // A request failing asynchronously (a ConstraintError from `add`)
-        // aborts the transaction; the commit reports the transaction's
-        // `error`, which names it.
-        self.finish(tx).await?;
-        let changes: Vec<_> = prepared
-            .iter()
-            .zip(&revs)
-            .map(|(p, r)| (p.id.clone().into(), r.clone(), false))
-            .collect();
-        self.changes.post(&changes);
-        Ok(prepared
+        let ops: Vec<bulk::Op> = prepared.into_iter().map(bulk::Op::Put).collect();
+        let revs = self.write_ops(&ops).await?;
+        Ok(ops
             .into_iter()
             .zip(revs)
-            .map(|(p, rev)| Written { id: p.id, rev })
+            .map(|(op, rev)| Written {
+                id: op.id().clone(),
+                rev,
+            })
             .collect())
     }
 }
