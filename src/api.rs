@@ -288,11 +288,7 @@ impl AgentStore {
             let indexes = parse_index_defs(&read(&options, "indexes")?)?;
             let store = Rc::new(Store::open(&name, timeout, on_vc, indexes).await?);
             let agent = AgentStore::wrap(store.clone());
-            // An adoption that fails (e.g. for quota) leaves the rebuild to do it.
-            if !store.indexes().is_empty()
-                && !store.indexes_ready().await?
-                && !store.adopt_indexes_if_empty().await.unwrap_or(false)
-            {
+            if !store.indexes().is_empty() && !store.prepare_indexes().await? {
                 // Build in the background; listBy answers from the records meanwhile.
                 agent.rebuild_in_background();
             }

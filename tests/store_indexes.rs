@@ -672,7 +672,7 @@ async fn an_empty_store_adopts_its_declared_indexes_without_a_rebuild() {
         store.indexes_ready().await.unwrap(),
         "active as soon as open() resolved"
     );
-    assert!(store.adopt_indexes_if_empty().await.unwrap(), "still empty");
+    assert!(store.prepare_indexes().await.unwrap(), "still ready");
     store
         .put(&js(json!({"_id": "a", "recordType": "run"})))
         .await
@@ -692,7 +692,7 @@ async fn an_empty_store_adopts_its_declared_indexes_without_a_rebuild() {
     )
     .await
     .unwrap();
-    assert!(!other.adopt_indexes_if_empty().await.unwrap());
+    assert!(!other.prepare_indexes().await.unwrap());
     assert!(!other.indexes_ready().await.unwrap());
     other.rebuild_indexes(500, false, None, None).await.unwrap();
     assert!(other.indexes_ready().await.unwrap());

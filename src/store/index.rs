@@ -916,38 +916,41 @@ impl Store {
         Ok(self.indexes.iter().all(|d| state.active.contains(&d.tag())))
     }
 
-    /// When the store holds no record, makes this connection's declared
-    /// indexes active at once (there is nothing to build) and returns
-    /// `true`; otherwise changes nothing and returns `false` (a rebuild is
-    /// needed). One readwrite transaction over META, DERIVED and RECORDS, so
-    /// a record written by another connection is either counted or written
-    /// after the indexes are active (and then kept in step by its write).
-    /// This spares a new app's first `open()` the rebuild and the module
-    /// that carries it.
+    /// What `open()` does about the declared indexes, in one readwrite
+    /// transaction over META, DERIVED and RECORDS: `true` when every one is
+    /// active (complete), or when the store holds no record, in which case
+    /// those not active are made active at once (there is nothing to
+    /// build); `false` when a rebuild is needed, also when that adoption
+    /// fails to commit (e.g. for quota: the rebuild then does it). A record
+    /// written by another connection is either counted or written after the
+    /// indexes are active (and then kept in step by its write). This spares
+    /// a new app's first `open()` the rebuild and the module that carries
+    /// it.
     ///
     /// # Errors
-    /// TransactionError / ClosedError from IndexedDB.
-    pub async fn adopt_indexes_if_empty(&self) -> Result<bool> {
+    /// TransactionError / ClosedError from the reads.
+    pub async fn prepare_indexes(&self) -> Result<bool> {
         let tx = self
             .db
             .tx(&[META, DERIVED, RECORDS], TransactionMode::ReadWrite)?;
         let records = tx.store(RECORDS)?.count(None)?;
         let (gen, mut state) = read_state(&tx).await?;
-        if records.await? > 0 {
-            tx.end_read();
-            return Ok(false);
-        }
         let fresh: Vec<&IndexDef> = self
             .indexes
             .iter()
             .filter(|d| !state.active.contains(&d.tag()))
             .collect();
-        if !fresh.is_empty() {
-            start_tags(&tx, &mut state, &fresh, true)?;
-            write_state(&tx, &state, gen)?;
+        if fresh.is_empty() {
+            tx.end_read();
+            return Ok(true);
         }
-        tx.commit().await?;
-        Ok(true)
+        if records.await? > 0 {
+            tx.end_read();
+            return Ok(false);
+        }
+        start_tags(&tx, &mut state, &fresh, true)?;
+        write_state(&tx, &state, gen)?;
+        Ok(tx.commit().await.is_ok())
     }
 
     /// All entries of the DERIVED store as `[key, value]` JSON text, for tests
