@@ -596,9 +596,10 @@ async fn a_delete_issued_with_other_writes_shares_their_transaction_and_keeps_it
 }
 
 /// A write never joins a group started before another transaction the
-/// caller issued in between: `put(y)`, `delete(x)`, `put(x)` issued in that
-/// order without awaiting run in that order (the create of `x` follows its
-/// tombstone), every round.
+/// caller issued in between: `put(y)`, `deleteMany([x])` (a transaction of
+/// its own), `put(x)` issued in that order without awaiting run in that
+/// order (the create of `x` follows its tombstone), every round; and so do
+/// `put(y)`, `delete(x)`, `put(x)`, which share one group in that order.
 #[wasm_bindgen_test]
 async fn a_write_issued_after_a_delete_never_runs_before_it() {
     let (a, _) = open("group-order").await;
@@ -611,7 +612,13 @@ async fn a_write_issued_after_a_delete_never_runs_before_it() {
             s(&x),
             s(&rev),
         );
-        let (py, dx, px) = futures::join!(a.put(&ry), a.delete(&kx, &kr), a.put(&rx));
+        let batch = js(json!([{"id": x, "rev": rev}]));
+        let (py, dx, px) = if round % 2 == 0 {
+            let (py, dx, px) = futures::join!(a.put(&ry), a.delete_many(&batch), a.put(&rx));
+            (py, dx.map(|mut revs| revs.remove(0)), px)
+        } else {
+            futures::join!(a.put(&ry), a.delete(&kx, &kr), a.put(&rx))
+        };
         py.unwrap();
         let tomb = dx.unwrap();
         let again = px.unwrap();

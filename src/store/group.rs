@@ -7,7 +7,7 @@
 //! run out of members (in practice: the same tick, or while the group's
 //! requests are in flight) join it, as long as no other transaction was
 //! started on this connection since the group's (so a write never runs ahead
-//! of a read, delete or batch the caller issued before it), and while the
+//! of a read or batch the caller issued before it), and while the
 //! group has fewer than [`MAX_GROUP`] members (bounding a member's wait).
 //!
 //! The leader applies the members strictly one after another: a member's
@@ -269,7 +269,7 @@ impl Store {
                 }
             }
             // Alone, or another transaction of this connection started
-            // after the group's (a read, delete or batch issued after these
+            // after the group's (a read or batch issued after these
             // writes): running them again would put them after it, out of
             // the order they were issued in. Each gets the error.
             Err(e) if members.len() == 1 || self.db.seq() != g.seq => {
