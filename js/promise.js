@@ -315,16 +315,29 @@ export function watchChannel(name, prefix, callback) {
  * methods throw races `promise` alone.)
  */
 export function raceAbort(promise, signal, marker) {
+  const [aborted, stop] = abortWatch(signal);
+  const out = Promise.race([promise, aborted.then(() => marker)]);
+  out.then(stop, stop);
+  return out;
+}
+
+/**
+ * `[aborted, stop]`: `aborted` a Promise resolved once `signal` fires
+ * `abort` (never rejected), `stop()` removes the listener (call it when the
+ * wait it bounds ended, so a long-lived signal does not collect one
+ * listener per call). A signal whose listener methods throw is never seen
+ * to abort here.
+ */
+export function abortWatch(signal) {
   let listener;
   const aborted = new Promise((resolve) => {
-    listener = () => resolve(marker);
+    listener = () => resolve();
     try {
       signal.addEventListener('abort', listener);
     } catch (e) {
-      // Raced with `promise` alone.
+      // Never seen to abort.
     }
   });
-  const out = Promise.race([promise, aborted]);
   const stop = () => {
     try {
       signal.removeEventListener('abort', listener);
@@ -332,8 +345,7 @@ export function raceAbort(promise, signal, marker) {
       // Nothing was added.
     }
   };
-  out.then(stop, stop);
-  return out;
+  return [aborted, stop];
 }
 
 /**

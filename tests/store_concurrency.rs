@@ -723,3 +723,95 @@ async fn a_read_issued_after_grouped_writes_never_misses_a_write_that_succeeded(
     }
     assert_indexes_clean(&a).await;
 }
+
+/// Holds a readwrite transaction over `records` of database `name`, from a
+/// connection of its own, until the returned function is called (it keeps
+/// the transaction active by chaining requests): every write transaction
+/// of the store waits behind it.
+async fn hold_records(name: &str) -> js_sys::Function {
+    let hold = js_sys::Function::new_with_args(
+        "name",
+        "return new Promise((resolve, reject) => {
+           const open = indexedDB.open(name);
+           open.onerror = () => reject(open.error);
+           open.onsuccess = () => {
+             const db = open.result;
+             const tx = db.transaction(['records'], 'readwrite');
+             let held = true;
+             tx.oncomplete = () => db.close();
+             const spin = () => { if (held) tx.objectStore('records').get('').onsuccess = spin; };
+             tx.objectStore('records').get('').onsuccess = () => {
+               resolve(() => { held = false; });
+               spin();
+             };
+           };
+         });",
+    );
+    let p = hold.call1(&JsValue::NULL, &s(name)).unwrap();
+    wasm_bindgen_futures::JsFuture::from(js_sys::Promise::from(p))
+        .await
+        .unwrap()
+        .unchecked_into()
+}
+
+/// An abort while a `mutate` waits for its transaction (here queued behind
+/// another connection's readwrite transaction) rejects the call at once
+/// with AbortError, before that transaction ends, and the function is never
+/// called and nothing of it is written; a `put` issued with it still
+/// succeeds once the transaction can run. 10 rounds each, the mutate
+/// leading the group (the put joins it) and joining it (the put leads).
+#[wasm_bindgen_test]
+async fn a_mutate_aborted_while_its_transaction_waits_rejects_at_once_and_writes_nothing() {
+    let (a, name) = open("abort-queued").await;
+    a.put(&js(json!({"_id": "k", "n": 0}))).await.unwrap();
+    let calls = Rc::new(std::cell::Cell::new(0u32));
+    let counted = calls.clone();
+    let f: js_sys::Function = Closure::<dyn FnMut(JsValue) -> JsValue>::new(move |cur: JsValue| {
+        counted.set(counted.get() + 1);
+        let next = js_sys::Object::assign(&js_sys::Object::new(), cur.unchecked_ref());
+        js_sys::Reflect::set(&next, &"n".into(), &JsValue::from(99)).unwrap();
+        next.into()
+    })
+    .into_js_value()
+    .unchecked_into();
+    for round in 0..20 {
+        let release = hold_records(&name).await;
+        let ctl = web_sys::AbortController::new().unwrap();
+        let signal = ctl.signal();
+        let settled = Rc::new(RefCell::new(None));
+        let (key, other) = (s("k"), js(json!({"_id": format!("p-{round}")})));
+        let mutate = async {
+            let r = a.mutate(&key, &f, 0, Some(&signal)).await;
+            *settled.borrow_mut() = Some(r);
+        };
+        let put = a.put(&other);
+        let driver = async {
+            // Both calls were issued (polled) before this: abort, and the
+            // mutate must settle while the other transaction still holds.
+            ctl.abort_with_reason(&JsValue::from_str("stop"));
+            wait_for("the aborted mutate to settle", || {
+                settled.borrow().is_some()
+            })
+            .await;
+            release.call0(&JsValue::NULL).unwrap();
+        };
+        let put = if round % 2 == 0 {
+            futures::join!(mutate, put, driver).1
+        } else {
+            let (p, (), ()) = futures::join!(put, mutate, driver);
+            p
+        };
+        assert!(put.unwrap().rev.starts_with("1-"), "round {round}");
+        let got = settled.borrow_mut().take();
+        match got {
+            Some(Err(agentstore::error::StoreError::Aborted(reason))) => {
+                assert_eq!(reason.as_string().as_deref(), Some("stop"), "round {round}")
+            }
+            other => panic!("round {round}: {other:?}"),
+        }
+    }
+    assert_eq!(calls.get(), 0, "the function was never called");
+    let k = a.get(&s("k")).await.unwrap().unwrap();
+    assert_eq!(field(&k, "n").as_f64(), Some(0.0));
+    assert_indexes_clean(&a).await;
+}

@@ -42,7 +42,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
-use wasm_bindgen::JsValue;
+use wasm_bindgen::{JsCast, JsValue};
 use web_sys::AbortSignal;
 
 /// Members one group takes at most; later writes start the next group.
@@ -60,11 +60,7 @@ pub(crate) enum Job {
         digest: String,
     },
     /// `mutate(id, f)`: `f` is called inside the transaction.
-    Mutate {
-        id: JsString,
-        f: Function,
-        signal: Option<AbortSignal>,
-    },
+    Mutate { id: JsString, f: Function },
 }
 
 /// What a member's write came to.
@@ -103,15 +99,23 @@ enum Delivered {
 
 struct Member {
     job: Job,
+    /// The caller's signal: aborted before the member is [`Member::started`],
+    /// the member writes nothing and its call rejects at once.
+    signal: Option<AbortSignal>,
+    /// The leader has reached it (its abort is checked there for the last
+    /// time before its writes; a wait no longer ends on abort).
+    started: Cell<bool>,
     answered: Cell<bool>,
     out: RefCell<Option<Delivered>>,
     waker: RefCell<Option<Waker>>,
 }
 
 impl Member {
-    fn new(job: Job) -> Rc<Member> {
+    fn new(job: Job, signal: Option<&AbortSignal>) -> Rc<Member> {
         Rc::new(Member {
             job,
+            signal: signal.cloned(),
+            started: Cell::new(false),
             answered: Cell::new(false),
             out: RefCell::new(None),
             waker: RefCell::new(None),
@@ -190,11 +194,16 @@ impl Store {
     /// Runs one single-record write, in a shared transaction when a group
     /// is open for joining (see the module docs).
     ///
+    /// `signal` aborting while the write waits for its turn (its
+    /// transaction queued behind another tab's, members ahead of it) ends
+    /// the call at once with AbortError; the write is then skipped when its
+    /// turn comes. Once its turn came, the outcome is the write's.
+    ///
     /// # Errors
     /// The member's own error (ConflictError, ValidationError, the value
     /// `f` threw, AbortError) or the transaction's (TransactionError,
     /// QuotaExceededError, ClosedError).
-    pub(crate) async fn write_one(&self, job: Job) -> Result<Done> {
+    pub(crate) async fn write_one(&self, job: Job, signal: Option<&AbortSignal>) -> Result<Done> {
         // A group still running on a closed connection would take it.
         self.db.check_open()?;
         let joinable = self
@@ -205,23 +214,20 @@ impl Store {
                 g.open.get() && g.seq == self.db.seq() && g.members.borrow().len() < MAX_GROUP
             })
             .cloned();
-        let member = Member::new(job);
-        let delivered = match joinable {
+        let member = Member::new(job, signal);
+        let lead = match joinable {
             Some(g) => {
                 g.members.borrow_mut().push(member.clone());
-                Wait(member.clone()).await
+                None
             }
-            None => {
-                self.lead(member.clone(), true).await;
-                Wait(member.clone()).await
-            }
+            None => Some(true),
         };
-        match delivered {
+        match until_started(self.turn(&member, lead), &member).await? {
             Delivered::Done(r) => r,
             Delivered::Rerun => {
                 member.answered.set(false);
-                self.lead(member.clone(), false).await;
-                match Wait(member).await {
+                member.started.set(false);
+                match until_started(self.turn(&member, Some(false)), &member).await? {
                     Delivered::Done(r) => r,
                     Delivered::Rerun => Err(StoreError::Transaction(
                         "the write's transaction was interrupted".into(),
@@ -229,6 +235,15 @@ impl Store {
                 }
             }
         }
+    }
+
+    /// A member's turn: it leads a group first when `lead` says so
+    /// (`Some(shared)`, see [`Store::lead`]), then waits for its answer.
+    async fn turn(&self, m: &Rc<Member>, lead: Option<bool>) -> Delivered {
+        if let Some(shared) = lead {
+            self.lead(m.clone(), shared).await;
+        }
+        Wait(m.clone()).await
     }
 
     /// Starts a group with `first` (registered for joining when `shared`),
@@ -305,6 +320,13 @@ impl Store {
                 Job::Delete { id, .. } | Job::Mutate { id, .. } => id.clone(),
             };
             let (current, stored) = read_current(&tx, &id).await?;
+            m.started.set(true);
+            // The last check of its signal before its writes (a `mutate`
+            // function checks it again after it ran).
+            if let Err(e) = super::check_abort(m.signal.as_ref()) {
+                results.push((Err(e), None));
+                continue;
+            }
             let st = match (&state, gen.take()) {
                 (Some(s), _) => Rc::clone(s),
                 (None, Some(gen)) => state
@@ -314,7 +336,7 @@ impl Store {
                     return Err(StoreError::Transaction("index state was not read".into()))
                 }
             };
-            results.push(self.apply(&tx, &st, &m.job, current, stored)?);
+            results.push(self.apply(&tx, &st, &m, current, stored)?);
         }
         g.open.set(false);
         g.committing.set(true);
@@ -328,19 +350,19 @@ impl Store {
         &self,
         tx: &Tx,
         state: &index::Maintained,
-        job: &Job,
+        m: &Member,
         current: Current,
         stored: Option<JsValue>,
     ) -> Step {
-        let p = match job {
+        let p = match &m.job {
             Job::Put(p) => p,
             Job::Delete {
                 id,
                 expected,
                 digest,
             } => return Self::tombstone(tx, state, id, expected, digest, &current, stored),
-            Job::Mutate { id, f, signal } => {
-                match super::mutate::call(id, f, signal.as_ref(), &current, stored.as_ref()) {
+            Job::Mutate { id, f } => {
+                match super::mutate::call(id, f, m.signal.as_ref(), &current, stored.as_ref()) {
                     Ok(super::mutate::Called::Write(p)) => {
                         return self.write(tx, state, &current, stored, &p)
                     }
@@ -423,4 +445,36 @@ fn written(id: &JsString, rev: String, deleted: bool) -> (Result<Done>, Option<C
         rev,
     };
     (Ok(Done::Written(w.clone())), Some((w, deleted)))
+}
+
+/// Runs `fut` (the member's wait, or the group it leads) to its end; while
+/// `m` has not [`Member::started`], its signal's abort ends it early with
+/// AbortError, dropping `fut` (a group that was led is then aborted, and
+/// its other members run again alone, as when its transaction fails).
+///
+/// # Errors
+/// AbortError.
+async fn until_started<F: Future>(fut: F, m: &Member) -> Result<F::Output> {
+    let Some(sig) = m.signal.as_ref() else {
+        return Ok(fut.await);
+    };
+    // An abort before the wait began fired its event already.
+    super::check_abort(Some(sig))?;
+    let watch = super::mutate::abort_watch(sig);
+    let stop: Function = watch.get(1).unchecked_into();
+    let mut aborted = wasm_bindgen_futures::JsFuture::from(js_sys::Promise::from(watch.get(0)));
+    let mut fut = std::pin::pin!(fut);
+    let out = std::future::poll_fn(|cx| {
+        if let Poll::Ready(v) = fut.as_mut().poll(cx) {
+            return Poll::Ready(Ok(v));
+        }
+        if !m.started.get() && Pin::new(&mut aborted).poll(cx).is_ready() {
+            let reason = crate::options::abort_reason(sig).unwrap_or(JsValue::UNDEFINED);
+            return Poll::Ready(Err(StoreError::Aborted(reason)));
+        }
+        Poll::Pending
+    })
+    .await;
+    let _ = stop.call0(&JsValue::NULL);
+    out
 }

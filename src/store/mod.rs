@@ -354,7 +354,7 @@ impl Store {
     /// with other single-record writes issued at the same time (group
     /// commit, see `group.rs`); commits and notifies watchers.
     pub(crate) async fn put_prepared(&self, p: Prepared) -> Result<Written> {
-        self.write_one(group::Job::Put(p)).await?.written()
+        self.write_one(group::Job::Put(p), None).await?.written()
     }
 
     /// Deletes with CAS, leaving a tombstone; returns the tombstone's
@@ -374,7 +374,7 @@ impl Store {
             expected,
             digest,
         };
-        Ok(self.write_one(job).await?.written()?.rev)
+        Ok(self.write_one(job, None).await?.written()?.rev)
     }
 
     /// Writes every record or none, in one transaction.

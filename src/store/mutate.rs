@@ -39,9 +39,8 @@ impl Store {
             let job = Job::Mutate {
                 id: id.clone(),
                 f: f.clone(),
-                signal: signal.cloned(),
             };
-            let (promise, rev) = match self.write_one(job).await? {
+            let (promise, rev) = match self.write_one(job, signal).await? {
                 Done::Written(w) => return Ok(Some(w)),
                 Done::Unchanged => return Ok(None),
                 Done::Async { promise, rev } => (promise, rev),
@@ -54,7 +53,12 @@ impl Store {
             let Some(prepared) = mutate_result(&id, out, rev.as_deref())? else {
                 return Ok(None);
             };
-            match self.put_prepared(prepared).await {
+            // Its put is skipped, too, when `signal` aborts while it waits.
+            match self
+                .write_one(Job::Put(prepared), signal)
+                .await
+                .and_then(Done::written)
+            {
                 Ok(w) => return Ok(Some(w)),
                 Err(StoreError::Conflict {
                     id,
@@ -226,6 +230,12 @@ extern "C" {
         signal: &AbortSignal,
         marker: &JsValue,
     ) -> js_sys::Promise;
+
+    /// `[aborted, stop]`: a Promise resolved on `signal`'s `abort` event,
+    /// and the function that removes its listener (js/promise.js
+    /// `abortWatch`).
+    #[wasm_bindgen(js_name = abortWatch)]
+    pub(super) fn abort_watch(signal: &AbortSignal) -> js_sys::Array;
 }
 
 /// `structuredClone(v)`: a deep copy of a stored record (plain data).
