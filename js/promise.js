@@ -81,6 +81,49 @@ export function listPage(rows, limit, cursorOf) {
 }
 
 /**
+ * One `listBy` page `{records, next}`, read in the transaction of
+ * `stateRequest` (the `get` of the shared index state, in a read-only
+ * transaction over META, DERIVED and RECORDS). The entry keys of index
+ * `tag` in `range` (an IDBKeyRange), at most `limit + 1`, descending when
+ * asked, come from the DERIVED store when the state lists `tag` as active;
+ * otherwise (the index is being built) from every record, by
+ * `entryKeys(records, tag, paths)` (the module's entry keys of the index
+ * over key paths `paths`), kept when in `range` and sorted by
+ * `indexedDB.cmp`. The page's records are then read by each entry's last
+ * component (the id); `next` is `cursorOf(key)` of the page's last entry
+ * when there were more, else `null`. Rejects as `answer` does.
+ */
+export function byPage(stateRequest, tag, paths, range, descending, limit, entryKeys, cursorOf, toError) {
+  const tx = stateRequest.transaction;
+  const fetch = limit + 1;
+  const keys = answer(stateRequest, toError).then((state) => {
+    const active = state !== null && typeof state === 'object' ? state.active : undefined;
+    if (Array.isArray(active) && active.every((t) => typeof t === 'string') && active.includes(tag)) {
+      const derived = tx.objectStore('derived');
+      return descending
+        ? cursorRows(derived.openKeyCursor(range, 'prev'), fetch, toError)
+        : answer(derived.getAllKeys(range, fetch), toError);
+    }
+    return answer(tx.objectStore('records').getAll(), toError).then((rows) => {
+      const sign = descending ? -1 : 1;
+      return entryKeys(rows, tag, paths)
+        .filter((k) => range.includes(k))
+        .sort((a, b) => sign * indexedDB.cmp(a, b))
+        .slice(0, fetch);
+    });
+  });
+  return listPage(keys, limit, cursorOf).then((page) => {
+    if (page.records.length === 0) return page;
+    const records = tx.objectStore('records');
+    const gets = page.records.map((k) => records.get(k[k.length - 1]));
+    return answers(gets, toError).then((found) => ({
+      records: found.filter((r) => r !== null),
+      next: page.next,
+    }));
+  });
+}
+
+/**
  * The results of `requests` (one transaction's, in order: IndexedDB fires
  * their `success` events in the order they were placed, so the last one's
  * is the end of all), `null` for `undefined`; rejects as `answer` does.

@@ -239,13 +239,6 @@ fn name_and_timeout(name: &JsValue, options: &JsValue) -> Result<(String, u32), 
     Ok((name, timeout))
 }
 
-fn page_js(page: crate::store::Page) -> JsValue {
-    let o = Object::new();
-    set(&o, "records", &page.records);
-    set(&o, "next", &page.next.map_or(JsValue::NULL, JsValue::from));
-    o.into()
-}
-
 fn written_js(w: &Written) -> JsValue {
     let o = Object::new();
     set(&o, "id", &w.id);
@@ -514,11 +507,10 @@ impl AgentStore {
         #[wasm_bindgen(unchecked_param_type = "string")] name: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "ListByOptions")] options: JsValue,
     ) -> Promise {
-        let s = self.inner.clone();
-        run(async move {
+        issue(|to_error| {
             let name = string_arg(&name, "the index name").map_err(StoreError::Thrown)?;
             let q = ByQuery::from_js(&options)?;
-            Ok(page_js(s.list_by(&name, &q).await?))
+            self.inner.list_by_promise(&name, &q, to_error)
         })
     }
 

@@ -338,6 +338,21 @@ extern "C" {
     /// Catching: the check runs a RegExp, whose `exec` a page may replace.
     #[wasm_bindgen(js_name = isAsciiUpTo, catch)]
     fn is_ascii_up_to(v: &JsValue, max: u32) -> std::result::Result<bool, JsValue>;
+    /// One `listBy` page read in the transaction of `state` (js/promise.js
+    /// `byPage`).
+    #[wasm_bindgen(js_name = byPage)]
+    #[allow(clippy::too_many_arguments)]
+    fn by_page(
+        state: &web_sys::IdbRequest,
+        tag: &str,
+        paths: &JsValue,
+        range: &JsValue,
+        descending: bool,
+        limit: u32,
+        entry_keys: &JsValue,
+        cursor_of: &JsValue,
+        to_error: &JsValue,
+    ) -> js_sys::Promise;
 }
 
 /// The value at a dotted key path, if it is a valid index component
@@ -622,65 +637,70 @@ impl Store {
     /// # Errors
     /// ValidationError for an undeclared index or bad query.
     pub async fn list_by(&self, name: &str, q: &ByQuery) -> Result<super::Page> {
-        let def = self.def(name)?.clone();
+        let page = super::answered(self.list_by_promise(name, q, &JsValue::UNDEFINED)?).await?;
+        Ok(super::list::page_from_js(&page))
+    }
+
+    /// `listBy` as the JS method answers it: the state read issued during
+    /// the call, the rest of the page read in JS (js/promise.js `byPage`),
+    /// entering the module again only to encode `next` and, while the index
+    /// is being built, to compute the records' entry keys.
+    ///
+    /// # Errors
+    /// As [`Store::list_by`], thrown; the Promise rejects with
+    /// TransactionError and the like.
+    pub(crate) fn list_by_promise(
+        &self,
+        name: &str,
+        q: &ByQuery,
+        to_error: &JsValue,
+    ) -> Result<js_sys::Promise> {
+        let def = self.def(name)?;
         let tag = def.tag();
         agentstore_protocol::index::check_query(&tag, def.keys.len(), &q.cond, q.after.as_deref())
             .map_err(StoreError::validation)?;
         let Some(range) = entry_range(&tag, &q.cond, q.after.as_deref(), q.descending) else {
-            return Ok(super::Page {
-                records: Array::new(),
-                next: None,
-            });
+            return Ok(super::list::empty_page());
         };
+        let range: JsValue = to_range(&range)?.into();
         let tx = self
             .db
             .tx(&[META, DERIVED, RECORDS], TransactionMode::ReadOnly)?;
-        let (_, state) = read_state(&tx).await?;
-        let fetch = q.limit + 1;
-        // The entries' keys, never their stored values: the keys are what
-        // `verifyIndexes` checks.
-        let keys: Vec<JsValue> = if state.active.contains(&tag) {
-            let derived = tx.store(DERIVED)?;
-            if q.descending {
-                // A key cursor walked in JS (js/promise.js `cursorRows`).
-                let raw: web_sys::IdbObjectStore = derived.into();
-                let cursor = raw
-                    .open_key_cursor_with_range_and_direction(
-                        &to_range(&range)?.into(),
-                        web_sys::IdbCursorDirection::Prev,
-                    )
-                    .map_err(|e| StoreError::from_dom(&e))?;
-                let keys = super::list::cursor_rows(&cursor, fetch, &JsValue::UNDEFINED);
-                Array::from(&super::answered(keys).await?).to_vec()
-            } else {
-                derived
-                    .get_all_keys(Some(to_range(&range)?), Some(fetch))?
-                    .await?
-            }
-        } else {
-            scan_entries(&tx, &tag, &def, &range, q.descending, fetch).await?
-        };
-        let records_store = tx.store(RECORDS)?;
-        let page_keys: Vec<&JsValue> = keys.iter().take(q.limit as usize).collect();
-        let gets: Vec<_> = page_keys
-            .iter()
-            .map(|k| records_store.get(Array::from(k).at(-1)))
-            .collect::<Result<_>>()?;
-        let got = super::db::all(gets).await?;
+        let meta: web_sys::IdbObjectStore = tx.store(META)?.into();
+        let state = meta
+            .get(&JsValue::from_str(STATE_KEY))
+            .map_err(|e| StoreError::from_dom(&e))?;
         tx.end_read();
-        let records = Array::new();
-        for r in got.into_iter().flatten() {
-            records.push(&r);
+        thread_local! {
+            /// `(records, tag, paths) => keys`: the entry keys of the
+            /// records that have one, for an index being built.
+            static ENTRY_KEYS: JsValue =
+                wasm_bindgen::closure::Closure::<dyn Fn(Array, String, JsValue) -> Array>::new(
+                    |rows: Array, tag: String, paths: JsValue| {
+                        let keys = strings_from_js(&paths).unwrap_or_default();
+                        let def = IndexDef { name: String::new(), keys };
+                        rows.iter().filter_map(|r| entry_key(&tag, &def, &r)).collect()
+                    },
+                )
+                .into_js_value();
+            /// `(entry key) => cursor`: the `next` of a page.
+            static CURSOR_OF: JsValue =
+                wasm_bindgen::closure::Closure::<dyn Fn(JsValue) -> JsValue>::new(|k: JsValue| {
+                    key_from_js(&k).map_or(JsValue::NULL, |k| encode_key_cursor(&k).into())
+                })
+                .into_js_value();
         }
-        let next = if keys.len() as u32 > q.limit {
-            page_keys
-                .last()
-                .and_then(|k| key_from_js(k))
-                .map(|k| encode_key_cursor(&k))
-        } else {
-            None
-        };
-        Ok(super::Page { records, next })
+        Ok(by_page(
+            &state,
+            &tag,
+            &strings_js(&def.keys),
+            &range,
+            q.descending,
+            q.limit,
+            &ENTRY_KEYS.with(JsValue::clone),
+            &CURSOR_OF.with(JsValue::clone),
+            to_error,
+        ))
     }
 
     /// Compares every active index with what the records say it should hold.
@@ -1027,44 +1047,4 @@ fn json_text(v: &JsValue) -> JsValue {
     js_sys::JSON::stringify(v)
         .map(JsValue::from)
         .unwrap_or_default()
-}
-
-/// The page computed from the records (used while an index is not active):
-/// every record's entry key, filtered by the range, sorted by `indexedDB.cmp`.
-async fn scan_entries(
-    tx: &Tx,
-    tag: &str,
-    def: &IndexDef,
-    range: &EntryRange,
-    descending: bool,
-    fetch: u32,
-) -> Result<Vec<JsValue>> {
-    let rows = tx.store(RECORDS)?.get_all(None, None)?.await?;
-    let bounds = web_sys::IdbKeyRange::bound_with_lower_open_and_upper_open(
-        &key_to_js(&range.lower),
-        &key_to_js(&range.upper),
-        range.lower_open,
-        range.upper_open,
-    )
-    .map_err(|e| StoreError::from_dom(&e))?;
-    let keys = Array::new();
-    for r in &rows {
-        if let Some(k) = entry_key(tag, def, r) {
-            if bounds.includes(&k).unwrap_or(false) {
-                keys.push(&k);
-            }
-        }
-    }
-    let f = factory()?;
-    // Both are keys IndexedDB produced, so `cmp` cannot throw on them.
-    let mut cmp = |a: JsValue, b: JsValue| -> i32 {
-        let c = f.cmp(&a, &b).map(i32::from).unwrap_or(0);
-        if descending {
-            -c
-        } else {
-            c
-        }
-    };
-    keys.sort_by(&mut cmp);
-    Ok(keys.iter().take(fetch as usize).collect())
 }

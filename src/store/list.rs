@@ -109,11 +109,7 @@ impl Store {
     /// ClosedError / TransactionError from IndexedDB.
     pub async fn list(&self, q: &ListQuery) -> Result<Page> {
         let page = super::answered(self.list_promise(q, &JsValue::UNDEFINED)?).await?;
-        let field = |k: &str| js_sys::Reflect::get(&page, &k.into()).unwrap_or_default();
-        Ok(Page {
-            records: field("records").unchecked_into(),
-            next: field("next").as_string(),
-        })
+        Ok(page_from_js(&page))
     }
 
     /// `list` as the JS method answers it: the read issued during the call
@@ -130,8 +126,7 @@ impl Store {
         to_error: &JsValue,
     ) -> Result<js_sys::Promise> {
         let Some(range) = page_range(&q.prefix, q.after.as_deref(), q.descending) else {
-            let none = js_sys::Promise::resolve(&JsValue::from(Array::new()));
-            return Ok(list_page(&none, 0, &JsValue::NULL));
+            return Ok(empty_page());
         };
         let tx = self.db.tx(&[RECORDS], TransactionMode::ReadOnly)?;
         let store = tx.store(RECORDS)?;
@@ -172,6 +167,21 @@ impl Store {
         tx.end_read();
         Ok(list_page(&rows, q.limit, &cursor_fn()))
     }
+}
+
+/// A page `{records, next}` made in JS as [`Page`].
+pub(super) fn page_from_js(page: &JsValue) -> Page {
+    let field = |k: &str| js_sys::Reflect::get(page, &k.into()).unwrap_or_default();
+    Page {
+        records: field("records").unchecked_into(),
+        next: field("next").as_string(),
+    }
+}
+
+/// The answer of a page whose key range is empty: `{records: [], next: null}`.
+pub(super) fn empty_page() -> js_sys::Promise {
+    let none = js_sys::Promise::resolve(&JsValue::from(Array::new()));
+    list_page(&none, 0, &JsValue::NULL)
 }
 
 /// The JS function `(record) => cursor` that encodes the cursor after a
