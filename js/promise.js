@@ -277,6 +277,18 @@ export function openDatabase(factory, name, version, blockedMs, schema, onClose)
 }
 
 /**
+ * `promise` settled into `f(value, true)` when it resolves or `f(reason,
+ * false)` when it rejects: what `f` returns (a value or a thenable to
+ * adopt) or throws settles the result. `f` is called exactly once.
+ */
+export function settleWith(promise, f) {
+  return promise.then(
+    (v) => f(v, true),
+    (e) => f(e, false),
+  );
+}
+
+/**
  * Deletes database `name` through `factory`. Resolves with `true` when it
  * is gone, `false` when a connection that does not close on `versionchange`
  * kept the deletion blocked for `blockedMs` (the request stays queued and

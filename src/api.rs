@@ -4,6 +4,7 @@
 
 use crate::error::{set, StoreError};
 use crate::options::{issue, opt_bool, opt_fn, opt_num, opt_signal, read, string_arg};
+use crate::store::db::{Db, Schema};
 #[cfg(feature = "io")]
 use crate::store::index::verification_js;
 use crate::store::{
@@ -275,17 +276,38 @@ impl AgentStore {
         #[wasm_bindgen(unchecked_param_type = "string")] name: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "OpenOptions")] options: JsValue,
     ) -> Promise {
-        run(async move {
+        issue(|_| {
             let (name, timeout) = name_and_timeout(&name, &options)?;
             let on_vc = opt_fn(&options, "onVersionChange")?;
             let indexes = parse_index_defs(&read(&options, "indexes")?)?;
-            let store = Rc::new(Store::open(&name, timeout, on_vc, indexes).await?);
-            let agent = AgentStore::wrap(store.clone());
-            if !store.indexes().is_empty() && !store.prepare_indexes().await? {
-                // Build in the background; listBy answers from the records meanwhile.
-                agent.rebuild_in_background();
-            }
-            Ok(agent.into())
+            agentstore_protocol::index::check_defs(&indexes).map_err(StoreError::validation)?;
+            let opening = Db::start_open(
+                &name,
+                crate::store::db::SCHEMA_VERSION,
+                timeout,
+                Schema::Records,
+                on_vc.as_ref(),
+            )?;
+            // Entered again once the open settles (always, exactly once).
+            let opened = Closure::once_into_js(move |out: JsValue, ok: bool| {
+                let db = Db::opened(if ok { Ok(out) } else { Err(out) }, &name, timeout)
+                    .map_err(|e| e.to_js())?;
+                let store = Rc::new(Store::with_db(db, &name, timeout, indexes));
+                let agent = AgentStore::wrap(store.clone());
+                if store.indexes().is_empty() {
+                    return Ok::<JsValue, JsValue>(agent.into());
+                }
+                Ok(run(async move {
+                    // Built in the background when needed; listBy answers
+                    // from the records meanwhile.
+                    if !store.prepare_indexes().await? {
+                        agent.rebuild_in_background();
+                    }
+                    Ok(agent.into())
+                })
+                .into())
+            });
+            Ok(settle_with(&opening, &opened))
         })
     }
 
@@ -570,6 +592,14 @@ impl AgentStore {
 // BroadcastChannel. An app that never imports or exports downloads none of
 // it. scripts/package.mjs inlines the loader into each entry's glue (a
 // snippet file would be two more module requests before `init` can start).
+
+#[wasm_bindgen(module = "/js/promise.js")]
+extern "C" {
+    /// `promise` settled into `f(value, true)` or `f(reason, false)`
+    /// (js/promise.js `settleWith`).
+    #[wasm_bindgen(js_name = settleWith)]
+    fn settle_with(promise: &Promise, f: &JsValue) -> Promise;
+}
 
 #[cfg(not(feature = "io"))]
 #[wasm_bindgen(module = "/js/io-loader.js")]

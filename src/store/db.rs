@@ -95,16 +95,50 @@ impl Db {
         schema: Schema,
         on_version_change: Option<Function>,
     ) -> Result<Db> {
-        let opening = open_database(
+        let opening = Self::start_open(
+            name,
+            version,
+            blocked_timeout_ms,
+            schema,
+            on_version_change.as_ref(),
+        )?;
+        Self::opened(JsFuture::from(opening).await, name, blocked_timeout_ms)
+    }
+
+    /// Requests the open of [`Db::open_with`]: its outcome is the Promise's,
+    /// for [`Db::opened`].
+    ///
+    /// # Errors
+    /// TransactionError when IndexedDB is unavailable or refuses at once.
+    pub(crate) fn start_open(
+        name: &str,
+        version: u32,
+        blocked_timeout_ms: u32,
+        schema: Schema,
+        on_version_change: Option<&Function>,
+    ) -> Result<js_sys::Promise> {
+        open_database(
             &factory()?,
             name,
             version,
             blocked_timeout_ms,
             schema as u8,
-            on_version_change.as_ref(),
+            on_version_change,
         )
-        .map_err(|e| StoreError::from_dom(&e))?;
-        match JsFuture::from(opening).await {
+        .map_err(|e| StoreError::from_dom(&e))
+    }
+
+    /// The connection a [`Db::start_open`] Promise settled with (`Ok`:
+    /// resolved, `Err`: rejected).
+    ///
+    /// # Errors
+    /// As [`Db::open_with`].
+    pub(crate) fn opened(
+        out: std::result::Result<JsValue, JsValue>,
+        name: &str,
+        blocked_timeout_ms: u32,
+    ) -> Result<Db> {
+        match out {
             Ok(db) if db.is_null() => Err(StoreError::Blocked(name.to_owned(), blocked_timeout_ms)),
             Ok(db) => Ok(Db {
                 raw: db.unchecked_into(),

@@ -207,7 +207,15 @@ impl Store {
         Ok(Self::with_db(db, name, blocked_timeout_ms, indexes))
     }
 
-    fn with_db(db: Db, name: &str, blocked_timeout_ms: u32, indexes: Vec<IndexDef>) -> Store {
+    /// The store over connection `db` to database `name` (opened with
+    /// `blocked_timeout_ms`), keeping `indexes` (checked by
+    /// [`agentstore_protocol::index::check_defs`]).
+    pub(crate) fn with_db(
+        db: Db,
+        name: &str,
+        blocked_timeout_ms: u32,
+        indexes: Vec<IndexDef>,
+    ) -> Store {
         Store {
             db,
             blocked_timeout_ms,
