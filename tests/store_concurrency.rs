@@ -815,3 +815,52 @@ async fn a_mutate_aborted_while_its_transaction_waits_rejects_at_once_and_writes
     assert_eq!(field(&k, "n").as_f64(), Some(0.0));
     assert_indexes_clean(&a).await;
 }
+
+/// A `mutate` with a signal never leads a group others join: aborted while
+/// its transaction waits, it takes no other write with it. Issued in this
+/// order without awaiting — the mutate (aborted at once), `put(p)`,
+/// `get(p)`, `putMany([p])` — the calls still take effect in issue order
+/// (20 rounds): the put is written, the get reads it, the batch create of
+/// the same id conflicts.
+#[wasm_bindgen_test]
+async fn an_aborted_mutate_never_moves_other_writes_after_later_calls() {
+    let (a, name) = open("abort-order").await;
+    let f = js_sys::Function::new_with_args("cur", "return {...cur, n: 1};");
+    for round in 0..20 {
+        let release = hold_records(&name).await;
+        let ctl = web_sys::AbortController::new().unwrap();
+        let signal = ctl.signal();
+        let id = format!("p-{round}");
+        let (key, p, pid, batch) = (
+            s("k"),
+            js(json!({"_id": id})),
+            s(&id),
+            js(json!([{"_id": id, "v": 2}])),
+        );
+        let driver = async {
+            ctl.abort();
+            release.call0(&JsValue::NULL).unwrap();
+        };
+        let (m, put, got, many, ()) = futures::join!(
+            a.mutate(&key, &f, 0, Some(&signal)),
+            a.put(&p),
+            a.get(&pid),
+            a.put_many(&batch),
+            driver
+        );
+        assert_eq!(code(&m.unwrap_err()), ErrorCode::Aborted, "round {round}");
+        let rev = put.unwrap().rev;
+        let got = got.unwrap().expect("the get issued after the put reads it");
+        assert_eq!(field_str(&got, "_rev").as_deref(), Some(rev.as_str()));
+        assert_eq!(
+            code(&many.unwrap_err()),
+            ErrorCode::Conflict,
+            "round {round}"
+        );
+    }
+    assert!(
+        a.get(&s("k")).await.unwrap().is_none(),
+        "the mutate wrote nothing"
+    );
+    assert_indexes_clean(&a).await;
+}

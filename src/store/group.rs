@@ -220,7 +220,10 @@ impl Store {
                 g.members.borrow_mut().push(member.clone());
                 None
             }
-            None => Some(true),
+            // A write with a signal leads a group of its own: its abort
+            // drops the group it leads, and members that joined it would
+            // run again after calls issued since (out of issue order).
+            None => Some(signal.is_none()),
         };
         match until_started(self.turn(&member, lead), &member).await? {
             Delivered::Done(r) => r,
@@ -449,8 +452,8 @@ fn written(id: &JsString, rev: String, deleted: bool) -> (Result<Done>, Option<C
 
 /// Runs `fut` (the member's wait, or the group it leads) to its end; while
 /// `m` has not [`Member::started`], its signal's abort ends it early with
-/// AbortError, dropping `fut` (a group that was led is then aborted, and
-/// its other members run again alone, as when its transaction fails).
+/// AbortError, dropping `fut` (a group it leads, whose transaction then
+/// aborts, has no other member: see [`Store::write_one`]).
 ///
 /// # Errors
 /// AbortError.
