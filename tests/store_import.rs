@@ -1154,3 +1154,43 @@ async fn an_imported_negative_zero_is_stored_as_zero_as_put_stores_it() {
         .unwrap();
     is_zero(&store.get(&s("p")).await.unwrap().unwrap(), "PouchDB dump");
 }
+
+/// A throwing `onProgress` ends an import only while more is to be
+/// written: thrown after a batch with records still to come, the import
+/// rejects with what it threw and keeps the batches committed so far;
+/// thrown after the last batch (also one that ends exactly at a batch
+/// boundary), the import is complete and resolves, as `rebuildIndexes`
+/// does.
+#[wasm_bindgen_test]
+async fn a_throwing_on_progress_ends_an_import_only_while_more_is_to_be_written() {
+    let text = snapshot_of_runs(5);
+    // (batch size, throw when `done` reaches, expected outcome)
+    for (batch, at, completes) in [(2, 2, false), (2, 4, false), (2, 5, true), (5, 5, true)] {
+        let (store, _) = open("progress-throw").await;
+        let cb = Function::new_with_args(
+            "done",
+            &format!("if (done >= {at}) throw new RangeError('ui gone');"),
+        );
+        let opts = ImportOptions {
+            on_progress: Some(cb),
+            batch,
+            ..ImportOptions::default()
+        };
+        let out = store
+            .import_snapshot_with(&text.as_str().into(), &opts)
+            .await;
+        let stored = store.count(&[], None).await.unwrap();
+        if completes {
+            assert_eq!(out.unwrap().written, 5, "batch {batch}, thrown at {at}");
+            assert_eq!(stored, 5);
+        } else {
+            match out {
+                Err(agentstore::StoreError::Thrown(v)) => {
+                    assert!(v.is_instance_of::<js_sys::RangeError>())
+                }
+                other => panic!("batch {batch}, thrown at {at}: {other:?}"),
+            }
+            assert_eq!(stored, at, "the batches committed before the throw stay");
+        }
+    }
+}

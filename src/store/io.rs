@@ -86,6 +86,10 @@ struct Writer<'a> {
     staged: Vec<Staged>,
     counts: ImportCounts,
     mode: WriteMode,
+    /// What `onProgress` threw after a batch: it ends the import when more
+    /// is to be written, and is dropped after the last batch (the import is
+    /// then complete, and says so, as `rebuildIndexes` does).
+    thrown: Option<JsValue>,
 }
 
 impl<'a> Writer<'a> {
@@ -97,10 +101,14 @@ impl<'a> Writer<'a> {
             staged: Vec::new(),
             counts: ImportCounts::default(),
             mode: WriteMode::Unknown,
+            thrown: None,
         }
     }
 
     async fn push(&mut self, item: Staged) -> Result<()> {
+        if let Some(e) = self.thrown.take() {
+            return Err(StoreError::Thrown(e));
+        }
         self.staged.push(item);
         if self.staged.len() >= self.opts.batch as usize {
             self.flush().await?;
@@ -138,8 +146,9 @@ impl<'a> Writer<'a> {
         let done = self.counts.written + self.counts.kept_newer;
         self.staged.clear();
         if let Some(cb) = &self.opts.on_progress {
-            cb.call2(&JsValue::NULL, &done.into(), &self.total.into())
-                .map_err(StoreError::Thrown)?;
+            self.thrown = cb
+                .call2(&JsValue::NULL, &done.into(), &self.total.into())
+                .err();
         }
         Ok(())
     }
