@@ -1202,6 +1202,7 @@ fn the_wire_reader_and_writer_match_the_protocols_serde_form() {
                 error: Some(ErrorBody {
                     code: agentstore_protocol::ErrorCode::ClaimLost,
                     message: "gone".into(),
+                    settled: None,
                 }),
             },
         ],

@@ -127,6 +127,7 @@ impl FromWire for BatchHeartbeatResponse {
                     Some(ErrorBody {
                         code: ErrorCode::parse(&text(&error, "code")?)?,
                         message: crate::value::text_prefix(&field(&error, "message"), MAX_TEXT)?,
+                        settled: None,
                     })
                 };
                 Some(BatchHeartbeatResult {

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::lease::SettleState;
+
 /// Every error code agentstore reports, in the SDK (as the JS `Error`'s `code`)
 /// and on the wire (as the `code` of a `{code, message}` body).
 ///
@@ -32,6 +34,10 @@ pub enum ErrorCode {
     ClaimLost,
     /// The token is current but the item left `running` by another path.
     StateConflict,
+    /// This lease's own settle landed before (its answer was lost) and a
+    /// settle with other content came after it: nothing was written; the
+    /// error names the state that first settle set.
+    AlreadySettled,
     /// Missing, malformed, expired or wrong credentials.
     Unauthorized,
     /// Credentials are valid but not allowed to do this.
@@ -52,7 +58,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// All codes, for tables and exhaustive tests.
-    pub const ALL: [ErrorCode; 18] = [
+    pub const ALL: [ErrorCode; 19] = [
         ErrorCode::Conflict,
         ErrorCode::Validation,
         ErrorCode::NotFound,
@@ -63,6 +69,7 @@ impl ErrorCode {
         ErrorCode::Aborted,
         ErrorCode::ClaimLost,
         ErrorCode::StateConflict,
+        ErrorCode::AlreadySettled,
         ErrorCode::Unauthorized,
         ErrorCode::Forbidden,
         ErrorCode::RateLimited,
@@ -86,6 +93,7 @@ impl ErrorCode {
             ErrorCode::Aborted => "aborted",
             ErrorCode::ClaimLost => "claim_lost",
             ErrorCode::StateConflict => "state_conflict",
+            ErrorCode::AlreadySettled => "already_settled",
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::Forbidden => "forbidden",
             ErrorCode::RateLimited => "rate_limited",
@@ -111,6 +119,7 @@ impl ErrorCode {
             ErrorCode::Aborted => "AbortError",
             ErrorCode::ClaimLost => "ClaimLostError",
             ErrorCode::StateConflict => "StateConflictError",
+            ErrorCode::AlreadySettled => "AlreadySettledError",
             ErrorCode::Unauthorized => "UnauthorizedError",
             ErrorCode::Forbidden => "ForbiddenError",
             ErrorCode::RateLimited => "RateLimitedError",
@@ -125,7 +134,10 @@ impl ErrorCode {
     /// The HTTP status the server answers with, and the `status` field of the JS error.
     pub const fn status(self) -> u16 {
         match self {
-            ErrorCode::Conflict | ErrorCode::ClaimLost | ErrorCode::StateConflict => 409,
+            ErrorCode::Conflict
+            | ErrorCode::ClaimLost
+            | ErrorCode::StateConflict
+            | ErrorCode::AlreadySettled => 409,
             ErrorCode::Validation | ErrorCode::BadRequest => 400,
             ErrorCode::NotFound => 404,
             ErrorCode::QuotaExceeded => 507,
@@ -154,13 +166,17 @@ impl std::fmt::Display for ErrorCode {
     }
 }
 
-/// The JSON error body the server sends and the SDK parses: `{code, message}`.
+/// The JSON error body the server sends and the SDK parses: `{code,
+/// message}`, and for `already_settled` also `settled`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {
     /// One of [`ErrorCode`]'s strings.
     pub code: ErrorCode,
     /// Human-readable; never contains tokens or internal details.
     pub message: String,
+    /// `already_settled`: the state this lease's settle that landed set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settled: Option<SettleState>,
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! The one error type every handler returns, and its `{code, message}` response.
 
+use agentstore_protocol::lease::{ItemState, SettleState};
 use agentstore_protocol::{ErrorBody, ErrorCode};
 use axum::extract::Request;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -22,6 +23,9 @@ pub struct ApiError {
     /// item does not have), not of the caller's credentials or role: the
     /// metrics count its `403` apart from `agentstore_auth_rejected_total`.
     pub fenced: bool,
+    /// `already_settled`: the state the lease's own settle that landed set
+    /// (the body's `settled`).
+    pub settled: Option<SettleState>,
 }
 
 /// Response extension marking an [`ApiError`] with `fenced` set.
@@ -36,6 +40,7 @@ impl ApiError {
             message: message.into(),
             retry_after_s: None,
             fenced: false,
+            settled: None,
         }
     }
 
@@ -51,6 +56,17 @@ impl From<StoreError> for ApiError {
             StoreError::Rejected { code, message } => ApiError {
                 fenced: true,
                 ..ApiError::new(code, message)
+            },
+            StoreError::AlreadySettled { id, state } => ApiError {
+                fenced: true,
+                settled: Some(state),
+                ..ApiError::new(
+                    ErrorCode::AlreadySettled,
+                    format!(
+                        "item {id}: this lease's settle into {} landed before; nothing was written",
+                        ItemState::from(state).as_str()
+                    ),
+                )
             },
             other => {
                 // Details stay in the log; the client learns only that it failed.
@@ -68,6 +84,7 @@ impl IntoResponse for ApiError {
         let body = ErrorBody {
             code: self.code,
             message: self.message,
+            settled: self.settled,
         };
         let mut resp = (status, Json(body)).into_response();
         // For the metrics middleware, which counts answers by code.

@@ -408,6 +408,7 @@ async fn heartbeats(
                         error: Some(ErrorBody {
                             code: e.code,
                             message: e.message,
+                            settled: e.settled,
                         }),
                     }
                 }

@@ -521,7 +521,8 @@ async fn the_lease_flow_works_over_http_and_stale_tokens_get_claim_lost() {
     let done: ItemView = settle(c.lease.token.clone()).await.json().await.unwrap();
     assert_eq!(done.result, Some(json!([1, 2])));
     // The same settle again (its answer lost) is a replay: the same item;
-    // other content with the spent token is claim_lost.
+    // other content with the spent token is already_settled, naming the
+    // state the settle set.
     let replay = settle(c.lease.token.clone()).await;
     assert_eq!(replay.status(), StatusCode::OK);
     assert_eq!(replay.json::<ItemView>().await.unwrap(), done);
@@ -532,7 +533,11 @@ async fn the_lease_flow_works_over_http_and_stale_tokens_get_claim_lost() {
             json!({"token": c.lease.token, "state": "done", "result": [3]}),
         )
         .await;
-    expect_error(other, ErrorCode::ClaimLost).await;
+    let other = expect_error(other, ErrorCode::AlreadySettled).await;
+    assert_eq!(
+        other.settled,
+        Some(agentstore_protocol::lease::SettleState::Done)
+    );
     let empty = h
         .call(Method::POST, "/v1/queues/jobs/claims", Some(t), None)
         .await;

@@ -8,7 +8,9 @@
 //! the protocol's `ItemView` over that text, and a [`Claimed`] its
 //! `ClaimResponse`.
 
-use agentstore_protocol::lease::{ClaimResponse, ItemList, ItemState, ItemView, LeaseItem};
+use agentstore_protocol::lease::{
+    ClaimResponse, ItemList, ItemState, ItemView, LeaseItem, SettleState,
+};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -323,4 +325,19 @@ pub(super) fn same_json(a: &str, b: &str) -> bool {
             (serde_json::from_str::<Value>(a), serde_json::from_str::<Value>(b)),
             (Ok(x), Ok(y)) if x == y
         )
+}
+
+/// The state the item's last settle set, from a row with its `state` and
+/// `settled_state` columns (for a lease whose own settle landed and whose
+/// answer was lost). A settle made before migration 16 did not record its
+/// state: the item's stands in while it is one only a settle sets, else
+/// `paused` (only a pause moves on: resumed, then claimed or failed).
+pub(super) fn landed_state(row: &AnyRow) -> Result<SettleState, StoreError> {
+    let recorded: Option<String> = get(row, "settled_state")?;
+    let now: String = get(row, "state")?;
+    Ok(recorded
+        .as_deref()
+        .and_then(SettleState::parse)
+        .or_else(|| SettleState::parse(&now))
+        .unwrap_or(SettleState::Paused))
 }

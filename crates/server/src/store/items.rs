@@ -17,8 +17,8 @@ use tokio::sync::oneshot;
 use super::coalesce::{self, by_call, for_each_call, never_applied};
 use super::fence::{forbidden, not_found, placeholders, rejection};
 use super::item::{
-    item_from_row, lease_item_from_row, qualified_item_cols, Claimed, Ended, Item, ItemPage,
-    Released, Resumed, Viewed, ITEM_COLS,
+    item_from_row, landed_state, lease_item_from_row, qualified_item_cols, Claimed, Ended, Item,
+    ItemPage, Released, Resumed, Viewed, ITEM_COLS,
 };
 use super::{detached, get, ms, to_u64, Backend, Store, StoreError};
 use crate::tokens::{self, ct_eq};
@@ -880,10 +880,8 @@ impl Store {
     /// A release by the lease whose own settle was the item's last (the same
     /// holder, as for `released_before`; its answer lost, so its client
     /// could not know): the item as it is now and the state that settle
-    /// set, which the release changes nothing of. `None`: the caller's
-    /// usual rejection stands. A settle made before migration 16 did not
-    /// record its state: the item's stands in while it is one only a settle
-    /// sets or a final one, else `paused` (only a pause moves on).
+    /// set ([`landed_state`]), which the release changes nothing of.
+    /// `None`: the caller's usual rejection stands.
     async fn ended_by_own_settle(
         &self,
         id: i64,
@@ -893,23 +891,9 @@ impl Store {
         let Some(row) = self.row_ended_by(id, hash, owner, "settled").await? else {
             return Ok(None);
         };
-        let recorded: Option<String> = get(&row, "settled_state")?;
-        let now = state_of(&row);
-        let state = match (recorded.as_deref().and_then(ItemState::parse), now) {
-            (Some(s), _) => s,
-            (
-                None,
-                Some(
-                    s @ (ItemState::Done
-                    | ItemState::Failed
-                    | ItemState::Blocked
-                    | ItemState::Paused),
-                ),
-            ) => s,
-            _ => ItemState::Paused,
-        };
-        let item = self.ended(&row, id, now, "release", false);
-        Ok(Some((item, Released::BySettle(state))))
+        let state = landed_state(&row)?;
+        let item = self.ended(&row, id, state_of(&row), "release", false);
+        Ok(Some((item, Released::BySettle(state.into()))))
     }
 
     /// Resumes a paused item: running again with a NEW token and `epoch + 1`;

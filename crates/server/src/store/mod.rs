@@ -23,7 +23,9 @@ pub use reap::ExpiredClaim;
 pub use unreadable::UNREADABLE_REASON;
 pub use workers::Principal;
 
-use agentstore_protocol::lease::{DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_REDELIVERIES, DEFAULT_TTL_MS};
+use agentstore_protocol::lease::{
+    ItemState, SettleState, DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_REDELIVERIES, DEFAULT_TTL_MS,
+};
 use agentstore_protocol::ErrorCode;
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{Any, AnyPool, Transaction};
@@ -136,6 +138,17 @@ pub enum StoreError {
         /// Safe to show to clients.
         message: String,
     },
+    /// `already_settled`: a settle by the lease whose own settle of item
+    /// `id` landed before (its answer lost), asking for something else
+    /// (another state, result or error). Nothing was written; `state` is
+    /// what the settle that landed set.
+    #[error("already_settled: item {id}: this lease's settle into {} landed before", ItemState::from(*.state).as_str())]
+    AlreadySettled {
+        /// The item.
+        id: i64,
+        /// The state the lease's settle that landed set.
+        state: SettleState,
+    },
     /// The database failed.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
@@ -157,6 +170,7 @@ impl StoreError {
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
             StoreError::Rejected { code, .. } => Some(*code),
+            StoreError::AlreadySettled { .. } => Some(ErrorCode::AlreadySettled),
             _ => None,
         }
     }

@@ -1,7 +1,8 @@
 //! Settling a lease: done, failed, blocked or paused, with the result as the
 //! JSON text the worker sent. On PostgreSQL concurrent settles share one
 //! statement (see `coalesce`); a settle sent again by the lease that settled
-//! the item is answered as a replay and changes nothing.
+//! the item is answered as a replay and changes nothing, and another settle
+//! by that lease is refused `already_settled` (see [`replay_or_rejection`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -14,7 +15,7 @@ use tokio::sync::oneshot;
 
 use super::coalesce::{self, by_call, for_each_call, never_applied};
 use super::fence::{distinct, not_found, placeholders, Fence};
-use super::item::{qualified_item_cols, same_json, Ended, Item, RawJson, ITEM_COLS};
+use super::item::{landed_state, qualified_item_cols, same_json, Ended, Item, RawJson, ITEM_COLS};
 use super::{detached, get, Backend, Store, StoreError};
 use crate::tokens::{self, ct_eq};
 
@@ -200,7 +201,8 @@ impl Store {
         }
         let ids = distinct(jobs.iter().map(|job| job.id));
         let sql = format!(
-            "SELECT {ITEM_COLS}, token_hash, settled_token_hash, settled_by, settled_request_hash
+            "SELECT {ITEM_COLS}, token_hash, settled_token_hash, settled_by, settled_request_hash,
+                 settled_state
              FROM items WHERE id IN ({})",
             placeholders(1, ids.len())
         );
@@ -353,7 +355,10 @@ impl Store {
 /// answer lost — it is answered with the item (as it is now: an operator
 /// may have resumed a `paused` item since), so the holder can retry a settle safely (an
 /// idempotent retry, as with an idempotency key: the same key with other
-/// content is refused). Otherwise the usual rejection (`claim_lost`,
+/// content is refused). Another settle by that same lease (another state,
+/// result or error) is refused `already_settled`, naming the state the
+/// first one set, also after the item moved on, as long as no later holder
+/// has settled it. Otherwise the usual rejection (`claim_lost`,
 /// `state_conflict`, …). Read-only: a replay changes nothing. Told from the
 /// fence columns, the result and the error only, so a row whose payload does
 /// not decode is still answered (as [`Ended::Unreadable`]).
@@ -400,6 +405,16 @@ fn replay_or_rejection(store: &Store, job: &SettleJob, row: &AnyRow) -> Result<E
             let state = Some(job.state.into());
             return Ok(store.ended(row, job.id, state, "settle", false));
         }
+    }
+    // Another settle by the lease whose own settle landed (its answer
+    // lost: `try { settle('done') } catch { settle('failed') }`): not
+    // `claim_lost` ("nothing was written under it"), which this lease's
+    // first settle was; nothing is written now either.
+    if same_lease {
+        return Err(StoreError::AlreadySettled {
+            id: job.id,
+            state: landed_state(row)?,
+        });
     }
     Err(Fence::from_row(row)?.rejection(job.id, &job.hash, job.owner))
 }

@@ -12,15 +12,14 @@ use crate::common::{at_once, heartbeat_at, sleep_ms, ttl, value, TestDb};
 
 const LONG: u64 = 60_000;
 
-fn code<T: std::fmt::Debug>(r: Result<T, agentstore_server::StoreError>) -> ErrorCode {
+pub(crate) fn code<T: std::fmt::Debug>(r: Result<T, agentstore_server::StoreError>) -> ErrorCode {
     r.expect_err("expected a rejection")
         .code()
         .expect("a protocol code, not a database error")
 }
 
-/// Every fenced call a stale holder might make; each must be `claim_lost`.
 /// The token of a claim of `queue` by `worker` (there must be an item).
-async fn token(store: &Store, queue: &str, worker: Option<i64>) -> String {
+pub(crate) async fn token(store: &Store, queue: &str, worker: Option<i64>) -> String {
     store
         .claim(queue, worker)
         .await
@@ -30,18 +29,8 @@ async fn token(store: &Store, queue: &str, worker: Option<i64>) -> String {
         .token
 }
 
+/// Every fenced call a stale holder might make; each must be `claim_lost`.
 async fn assert_all_claim_lost(store: &Store, id: i64, token: &str) {
-    assert_fenced(store, id, token).await;
-    assert_eq!(
-        code(store.release(id, token, None).await),
-        ErrorCode::ClaimLost,
-        "release"
-    );
-}
-
-/// Heartbeats and settles with `token` are `claim_lost` (its release is
-/// checked by the caller: a lease whose own settle ended it is answered).
-async fn assert_fenced(store: &Store, id: i64, token: &str) {
     assert_eq!(
         code(store.heartbeat(id, token, None).await),
         ErrorCode::ClaimLost,
@@ -53,10 +42,18 @@ async fn assert_fenced(store: &Store, id: i64, token: &str) {
             .await;
         assert_eq!(code(r), ErrorCode::ClaimLost, "settle {state:?}");
     }
+    assert_eq!(
+        code(store.release(id, token, None).await),
+        ErrorCode::ClaimLost,
+        "release"
+    );
 }
 
 /// The item's full visible state plus its raw heartbeat time.
-async fn snapshot(store: &Store, id: i64) -> (agentstore_server::store::Item, Option<i64>) {
+pub(crate) async fn snapshot(
+    store: &Store,
+    id: i64,
+) -> (agentstore_server::store::Item, Option<i64>) {
     (
         store.item(id).await.unwrap().unwrap(),
         heartbeat_at(store, id).await,
@@ -379,9 +376,9 @@ pub async fn stale_heartbeat_settle_and_blocked_settle_are_claim_lost_and_change
         (done.state, value(done.result)),
         (ItemState::Done, Some(json!({"ok": true})))
     );
-    // Settling released t2: a heartbeat and a settle into another state are
-    // claim_lost; a release is answered with the settle that ended it. (The
-    // same settle sent again is answered: see
+    // Settling released t2: a heartbeat is claim_lost, a settle into
+    // another state already_settled; a release is answered with the settle
+    // that ended it. (The same settle sent again is answered: see
     // a_settle_sent_again_by_its_lease_is_answered_and_changes_nothing.)
     assert_eq!(
         code(store.heartbeat(item.id, &t2, None).await),
@@ -394,7 +391,7 @@ pub async fn stale_heartbeat_settle_and_blocked_settle_are_claim_lost_and_change
     );
     for state in [SettleState::Blocked, SettleState::Failed] {
         let r = store.settle(item.id, &t2, None, state, None, None).await;
-        assert_eq!(code(r), ErrorCode::ClaimLost, "settle {state:?}");
+        assert_eq!(code(r), ErrorCode::AlreadySettled, "settle {state:?}");
     }
     let unknown = store.heartbeat(item.id + 1000, &t2, None).await;
     assert_eq!(code(unknown), ErrorCode::NotFound);
@@ -469,9 +466,17 @@ pub async fn resume_of_a_paused_item_issues_a_new_token_and_fences_the_old_one(d
         (resumed.item.state, resumed.lease.epoch),
         (ItemState::Running, 2)
     );
-    // t1 ended by its own settle (`paused`): its release is answered so,
-    // and changes nothing.
-    assert_fenced(&store, item.id, &t1).await;
+    // t1 ended by its own settle (`paused`): its heartbeat is claim_lost,
+    // another settle already_settled and its release answered so; none
+    // changes anything.
+    assert_eq!(
+        code(store.heartbeat(item.id, &t1, None).await),
+        ErrorCode::ClaimLost
+    );
+    for state in [SettleState::Done, SettleState::Blocked, SettleState::Failed] {
+        let r = store.settle(item.id, &t1, None, state, None, None).await;
+        assert_eq!(code(r), ErrorCode::AlreadySettled, "settle {state:?}");
+    }
     let (_, done) = store.release_reporting(item.id, &t1, None).await.unwrap();
     assert_eq!(
         done,
@@ -906,7 +911,10 @@ pub async fn concurrent_claims_and_settles_each_keep_their_own_outcome(db: TestD
                         "item {id} settled twice"
                     );
                 }
-                ("a" | "b", Err(e)) => assert_eq!(e.code(), Some(ErrorCode::ClaimLost), "{label}"),
+                // The other of the pair: its lease's own settle landed.
+                ("a" | "b", Err(e)) => {
+                    assert_eq!(e.code(), Some(ErrorCode::AlreadySettled), "{label}");
+                }
                 ("wrong", r) => assert_eq!(code(r), ErrorCode::ClaimLost, "wrong token"),
                 (_, r) => {
                     let c = code(r);
@@ -1179,8 +1187,9 @@ pub async fn a_release_racing_its_leases_own_settle_is_answered_with_that_settle
 /// A settle whose answer was lost is sent again by its lease: the server
 /// answers it with the item as the first settle left it (result, error) and
 /// writes nothing. Only the same token settling into the same state is a
-/// replay; anything else stays `claim_lost`, including the same token after
-/// the reaper failed the item at its retry cap (not this lease's settle) and
+/// replay; the same token asking for something else is `already_settled`;
+/// anything else stays `claim_lost`, including the same token after the
+/// reaper failed the item at its retry cap (not this lease's settle) and
 /// after the item was claimed and settled again by another lease.
 pub async fn a_settle_sent_again_by_its_lease_is_answered_and_changes_nothing(db: TestDb) {
     let store = db.store(ttl(LONG)).await;
@@ -1210,11 +1219,12 @@ pub async fn a_settle_sent_again_by_its_lease_is_answered_and_changes_nothing(db
         before,
         "a replay writes nothing"
     );
-    // The same token with other content is not a replay.
+    // The same token with other content is not a replay: already_settled
+    // (see settled.rs).
     let r = store
         .settle(item.id, &t1, None, SettleState::Failed, None, Some("other"))
         .await;
-    assert_eq!(code(r), ErrorCode::ClaimLost, "another message");
+    assert_eq!(code(r), ErrorCode::AlreadySettled, "another message");
     let one = json!(1);
     let r = store
         .settle(
@@ -1226,10 +1236,14 @@ pub async fn a_settle_sent_again_by_its_lease_is_answered_and_changes_nothing(db
             Some("boom"),
         )
         .await;
-    assert_eq!(code(r), ErrorCode::ClaimLost, "another result");
+    assert_eq!(code(r), ErrorCode::AlreadySettled, "another result");
     for state in [SettleState::Done, SettleState::Blocked] {
         let r = store.settle(item.id, &t1, None, state, None, None).await;
-        assert_eq!(code(r), ErrorCode::ClaimLost, "another state {state:?}");
+        assert_eq!(
+            code(r),
+            ErrorCode::AlreadySettled,
+            "another state {state:?}"
+        );
     }
     let r = store
         .settle(
@@ -1336,7 +1350,7 @@ pub async fn a_settle_sent_again_by_its_lease_is_answered_and_changes_nothing(db
         .await;
     assert_eq!(
         code(r),
-        ErrorCode::ClaimLost,
+        ErrorCode::AlreadySettled,
         "another settle of that token"
     );
 
@@ -1626,15 +1640,16 @@ pub async fn a_settle_sent_again_after_its_item_moved_on_is_still_a_replay(db: T
         .expect("a replay after the resume");
     assert_eq!((again.id, again.state), (item.id, ItemState::Paused));
     assert_eq!(snapshot(&store, item.id).await, before, "nothing written");
-    // Another request with that token is refused, and changes nothing.
+    // Another request with that token is refused (already_settled), and
+    // changes nothing.
     assert_eq!(
         code(pause(t1.clone(), json!({"r": 2})).await),
-        ErrorCode::ClaimLost
+        ErrorCode::AlreadySettled
     );
     let r = store
         .settle(item.id, &t1, Some(7), SettleState::Done, Some(&r1), None)
         .await;
-    assert_eq!(code(r), ErrorCode::ClaimLost);
+    assert_eq!(code(r), ErrorCode::AlreadySettled);
     // Released and claimed by another worker: still the last settle's replay.
     store.release(item.id, &t2, None).await.unwrap();
     let t3 = store

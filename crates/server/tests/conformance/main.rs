@@ -14,6 +14,7 @@ mod listing;
 mod metrics;
 mod migrate;
 mod roles;
+mod settled;
 mod unreadable;
 
 macro_rules! conformance {
@@ -62,6 +63,10 @@ conformance! {
     lease::a_release_sent_again_by_its_lease_is_answered_and_changes_nothing,
     lease::a_release_after_its_leases_own_settle_landed_says_so_and_changes_nothing,
     lease::a_release_racing_its_leases_own_settle_is_answered_with_that_settle,
+    settled::a_settle_after_its_leases_own_settle_landed_is_already_settled_and_changes_nothing,
+    settled::a_settle_after_its_leases_own_settle_landed_and_the_item_moved_on_is_already_settled,
+    settled::an_already_settled_answer_is_409_and_names_the_landed_state,
+    settled::settles_after_their_leases_own_settle_landed_are_already_settled_in_one_batch,
     lease::an_item_is_redelivered_at_most_five_times_after_its_first_delivery,
     lease::lease_expiry_is_measured_only_on_the_database_clock,
     lease::concurrent_claims_and_settles_each_keep_their_own_outcome,

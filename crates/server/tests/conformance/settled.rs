@@ -1,0 +1,352 @@
+//! A settle by a lease whose own settle already landed (its answer lost)
+//! asking for something else: `try { settle('done', r) } catch {
+//! settle('failed', e) }`. Before, it was `409 claim_lost` ("nothing was
+//! written under it"), which this lease's first settle was: now it is `409
+//! already_settled` naming the state that settle set, and writes nothing.
+
+use agentstore_protocol::lease::{ItemState, SettleState};
+use agentstore_protocol::{ErrorBody, ErrorCode};
+use agentstore_server::{Store, StoreError};
+use reqwest::Client;
+use serde_json::{json, Value};
+
+use crate::common::{enqueue_over_http, sleep_ms, ttl, TestDb, ADMIN};
+use crate::lease::{code, snapshot, token};
+
+const LONG: u64 = 60_000;
+
+/// The state an `already_settled` refusal names; panics on any other outcome.
+fn already_settled<T: std::fmt::Debug>(r: Result<T, StoreError>, what: &str) -> SettleState {
+    match r {
+        Err(StoreError::AlreadySettled { state, .. }) => state,
+        other => panic!("{what}: expected already_settled, got {other:?}"),
+    }
+}
+
+/// Settles `id` with `token` as `owner`.
+async fn settle(
+    store: &Store,
+    id: i64,
+    token: &str,
+    owner: Option<i64>,
+    state: SettleState,
+    result: Option<Value>,
+    error: Option<&str>,
+) -> Result<agentstore_server::store::Item, StoreError> {
+    store
+        .settle(id, token, owner, state, result.as_ref(), error)
+        .await
+}
+
+/// Every settle state.
+const STATES: [SettleState; 4] = [
+    SettleState::Done,
+    SettleState::Failed,
+    SettleState::Blocked,
+    SettleState::Paused,
+];
+
+/// For each state a lease settled into: a settle by that lease into every
+/// other state, with another result, or with another error is
+/// `already_settled` naming that state, and changes nothing; the same
+/// settle is still a replay; the token sent by another worker, and another
+/// token, are still `claim_lost`.
+pub async fn a_settle_after_its_leases_own_settle_landed_is_already_settled_and_changes_nothing(
+    db: TestDb,
+) {
+    let store = db.store(ttl(LONG)).await;
+    let (w1, w2) = (Some(31), Some(32));
+    for landed in STATES {
+        let item = store.enqueue("q", &json!(1), None).await.unwrap();
+        let t1 = token(&store, "q", w1).await;
+        let r = Some(json!({"ok": 1}));
+        let first = settle(&store, item.id, &t1, w1, landed, r.clone(), Some("e"))
+            .await
+            .unwrap();
+        let before = snapshot(&store, item.id).await;
+        for other in STATES.into_iter().filter(|s| *s != landed) {
+            let again = settle(&store, item.id, &t1, w1, other, r.clone(), Some("e")).await;
+            assert_eq!(
+                already_settled(again, "another state"),
+                landed,
+                "{landed:?} then {other:?}"
+            );
+        }
+        let again = settle(&store, item.id, &t1, w1, landed, Some(json!(2)), Some("e")).await;
+        assert_eq!(already_settled(again, "another result"), landed);
+        let again = settle(&store, item.id, &t1, w1, landed, None, Some("e")).await;
+        assert_eq!(already_settled(again, "no result"), landed);
+        let again = settle(&store, item.id, &t1, w1, landed, r.clone(), Some("x")).await;
+        assert_eq!(already_settled(again, "another error"), landed);
+        assert_eq!(snapshot(&store, item.id).await, before, "nothing written");
+        let same = settle(&store, item.id, &t1, w1, landed, r.clone(), Some("e")).await;
+        assert_eq!(same.expect("the same settle is a replay"), first);
+        let other_worker = settle(&store, item.id, &t1, w2, SettleState::Failed, None, None).await;
+        assert_eq!(code(other_worker), ErrorCode::ClaimLost, "another worker");
+        let wrong = "0".repeat(48);
+        let other_token = settle(&store, item.id, &wrong, w1, SettleState::Failed, None, None);
+        assert_eq!(
+            code(other_token.await),
+            ErrorCode::ClaimLost,
+            "another token"
+        );
+        assert_eq!(snapshot(&store, item.id).await, before, "nothing written");
+    }
+}
+
+/// The item moved on after the lease's own `paused` settle landed: resumed
+/// by an operator, then released and claimed by another worker. A settle by
+/// the first lease is still `already_settled` (`paused`), and the leases
+/// that hold the item since are untouched. Once another lease settles the
+/// item, the first lease's token is `claim_lost` (the server keeps the last
+/// settle only), as is the intermediate lease's.
+pub async fn a_settle_after_its_leases_own_settle_landed_and_the_item_moved_on_is_already_settled(
+    db: TestDb,
+) {
+    let store = db.store(ttl(LONG)).await;
+    let (w1, w2) = (Some(41), Some(42));
+    let item = store.enqueue("m", &json!(1), None).await.unwrap();
+    let t1 = token(&store, "m", w1).await;
+    settle(&store, item.id, &t1, w1, SettleState::Paused, None, None)
+        .await
+        .unwrap();
+    // Resumed by an operator: a new lease.
+    let t2 = store.resume(item.id, None).await.unwrap().lease.token;
+    let before = snapshot(&store, item.id).await;
+    let r = settle(
+        &store,
+        item.id,
+        &t1,
+        w1,
+        SettleState::Done,
+        Some(json!(1)),
+        None,
+    )
+    .await;
+    assert_eq!(already_settled(r, "after the resume"), SettleState::Paused);
+    assert_eq!(snapshot(&store, item.id).await, before, "nothing written");
+    store.heartbeat(item.id, &t2, None).await.unwrap();
+    // Given back and claimed by another worker.
+    store.release(item.id, &t2, None).await.unwrap();
+    let t3 = token(&store, "m", w2).await;
+    let before = snapshot(&store, item.id).await;
+    for state in [SettleState::Failed, SettleState::Done] {
+        let r = settle(&store, item.id, &t1, w1, state, None, Some("boom")).await;
+        assert_eq!(
+            already_settled(r, "after another worker's claim"),
+            SettleState::Paused
+        );
+    }
+    assert_eq!(snapshot(&store, item.id).await, before, "nothing written");
+    store.heartbeat(item.id, &t3, w2).await.unwrap();
+    let r = settle(&store, item.id, &t2, None, SettleState::Done, None, None).await;
+    assert_eq!(
+        code(r),
+        ErrorCode::ClaimLost,
+        "the released lease settled nothing"
+    );
+    settle(&store, item.id, &t3, w2, SettleState::Done, None, None)
+        .await
+        .unwrap();
+    let r = settle(&store, item.id, &t1, w1, SettleState::Failed, None, None).await;
+    assert_eq!(code(r), ErrorCode::ClaimLost, "another lease settled since");
+}
+
+/// Over HTTP: `409` with `{code: "already_settled", message, settled}`.
+pub async fn an_already_settled_answer_is_409_and_names_the_landed_state(db: TestDb) {
+    let server = crate::common::http_server(&db).await;
+    let (http, base) = (Client::new(), server.url());
+    let id = enqueue_over_http(&http, &base, "h").await;
+    let claim: Value = http
+        .post(format!("{base}/v1/queues/h/claims"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let t = claim["lease"]["token"].as_str().unwrap().to_owned();
+    let send = |body: Value| {
+        http.post(format!("{base}/v1/items/{id}/settle"))
+            .bearer_auth(ADMIN)
+            .json(&body)
+            .send()
+    };
+    let done = send(json!({"token": t, "state": "done", "result": {"n": 1}}))
+        .await
+        .unwrap();
+    assert_eq!(done.status(), 200);
+    let failed = send(json!({"token": t, "state": "failed", "error": "timeout"}))
+        .await
+        .unwrap();
+    assert_eq!(failed.status(), 409);
+    let text = failed.text().await.unwrap();
+    let body: ErrorBody = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        (body.code, body.settled),
+        (ErrorCode::AlreadySettled, Some(SettleState::Done)),
+        "{text}"
+    );
+    let raw: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(raw["settled"], "done", "{text}");
+    // Another token: claim_lost, with no `settled`.
+    let wrong = send(json!({"token": "0".repeat(48), "state": "failed"}))
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), 409);
+    let text = wrong.text().await.unwrap();
+    let raw: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        (raw["code"].as_str(), raw.get("settled")),
+        (Some("claim_lost"), None)
+    );
+    // The item is as the first settle left it.
+    let item: Value = http
+        .get(format!("{base}/v1/items/{id}"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (item["state"].as_str(), &item["result"]),
+        (Some("done"), &json!({"n": 1}))
+    );
+}
+
+/// PostgreSQL's coalesced settle statement (`settled_before_many` tells
+/// the settles it did not apply in one read): forced by holding a row lock
+/// on a decoy item, so that the lane's runner waits in the decoy's settle
+/// while the settles below queue behind it and then go out as ONE batch.
+/// In it: settles by leases whose own settle landed (another state, another
+/// result, after a resume), the same settle again (a replay), another
+/// token, and a first settle. Each keeps its own answer. Not forced on
+/// SQLite (no settle lane): the same calls run one by one there.
+pub async fn settles_after_their_leases_own_settle_landed_are_already_settled_in_one_batch(
+    db: TestDb,
+) {
+    let store = db.store(ttl(LONG)).await;
+    let postgres = db.kind == crate::common::Kind::Postgres;
+    let mut landed = Vec::new();
+    for (k, state) in STATES.into_iter().enumerate() {
+        let item = store.enqueue("b", &json!(k), None).await.unwrap();
+        let t = token(&store, "b", None).await;
+        let first = settle(&store, item.id, &t, None, state, Some(json!(k)), None)
+            .await
+            .unwrap();
+        landed.push((item.id, t, state, first));
+    }
+    // The paused one is resumed: its item has moved on.
+    let paused = landed[3].0;
+    let resumed = store.resume(paused, None).await.unwrap().lease.token;
+    let fresh = store.enqueue("b", &json!("fresh"), None).await.unwrap();
+    let t_fresh = token(&store, "b", None).await;
+    let decoy = store.enqueue("b", &json!("decoy"), None).await.unwrap();
+    let t_decoy = token(&store, "b", None).await;
+    let before: Vec<_> = {
+        let mut v = Vec::new();
+        for (id, ..) in &landed {
+            v.push(snapshot(&store, *id).await);
+        }
+        v
+    };
+    let coalesced = store.coalesced_calls();
+
+    let lock = if postgres {
+        let mut lock = store.pool().begin().await.unwrap();
+        sqlx::query("SELECT id FROM items WHERE id = $1 FOR UPDATE")
+            .bind(decoy.id)
+            .fetch_one(&mut *lock)
+            .await
+            .unwrap();
+        Some(lock)
+    } else {
+        None
+    };
+    let spawn = |id: i64, t: String, state: SettleState, result: Option<Value>| {
+        let store = store.clone();
+        tokio::spawn(async move { settle(&store, id, &t, None, state, result, None).await })
+    };
+    let decoy_settle = spawn(decoy.id, t_decoy, SettleState::Done, None);
+    if postgres {
+        // The decoy's statement waits on the lock (the lane's runner with it).
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let (waiting,): (i64,) = sqlx::query_as(
+                "SELECT COUNT(*) FROM pg_stat_activity
+                 WHERE wait_event_type = 'Lock' AND datname = current_database()",
+            )
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+            if waiting >= 1 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "the decoy's settle waits"
+            );
+            sleep_ms(5).await;
+        }
+    }
+    let (d, f, b, p) = (&landed[0], &landed[1], &landed[2], &landed[3]);
+    let calls = vec![
+        // done, then failed
+        spawn(d.0, d.1.clone(), SettleState::Failed, None),
+        // failed, then failed with another result
+        spawn(f.0, f.1.clone(), SettleState::Failed, Some(json!("other"))),
+        // blocked, the same settle again: a replay
+        spawn(b.0, b.1.clone(), SettleState::Blocked, Some(json!(2))),
+        // paused and resumed since, then done
+        spawn(p.0, p.1.clone(), SettleState::Done, Some(json!(3))),
+        // another token
+        spawn(d.0, "0".repeat(48), SettleState::Failed, None),
+        // a first settle
+        spawn(fresh.id, t_fresh, SettleState::Done, Some(json!("fresh"))),
+    ];
+    if let Some(lock) = lock {
+        // Every call above has joined the lane before the lock goes.
+        sleep_ms(300).await;
+        lock.commit().await.unwrap();
+    }
+    let mut out = Vec::new();
+    for c in calls {
+        out.push(c.await.unwrap());
+    }
+    decoy_settle.await.unwrap().expect("the decoy settled");
+    let mut out = out.into_iter();
+    let mut next = || out.next().unwrap();
+    assert_eq!(
+        already_settled(next(), "done, then failed"),
+        SettleState::Done
+    );
+    assert_eq!(
+        already_settled(next(), "another result"),
+        SettleState::Failed
+    );
+    assert_eq!(next().expect("a replay"), b.3);
+    assert_eq!(
+        already_settled(next(), "after a resume"),
+        SettleState::Paused
+    );
+    assert_eq!(code(next()), ErrorCode::ClaimLost, "another token");
+    assert_eq!(next().expect("a first settle").state, ItemState::Done);
+    for ((id, ..), before) in landed.iter().zip(before) {
+        assert_eq!(
+            snapshot(&store, *id).await,
+            before,
+            "item {id}: nothing written"
+        );
+    }
+    store.heartbeat(paused, &resumed, None).await.unwrap();
+    if postgres {
+        assert!(
+            store.coalesced_calls() >= coalesced + 6,
+            "the six settles shared one statement ({} coalesced)",
+            store.coalesced_calls() - coalesced
+        );
+    }
+}
