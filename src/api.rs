@@ -126,14 +126,14 @@ export interface RebuildOptions {
 /** Every `code` an agentstore error (store or lease client) can carry. */
 export type ErrorCode =
   | "conflict" | "validation" | "not_found" | "quota_exceeded" | "transaction" | "blocked" | "closed" | "aborted"
-  | "claim_lost" | "state_conflict" | "unauthorized" | "forbidden" | "rate_limited" | "payload_too_large"
-  | "bad_request" | "network" | "internal";
+  | "claim_lost" | "state_conflict" | "already_settled" | "unauthorized" | "forbidden" | "rate_limited"
+  | "payload_too_large" | "bad_request" | "method_not_allowed" | "network" | "internal";
 /** The `name` of each error, one per code. */
 export type ErrorName =
   | "ConflictError" | "ValidationError" | "NotFoundError" | "QuotaExceededError" | "TransactionError"
   | "BlockedError" | "ClosedError" | "AbortError" | "ClaimLostError" | "StateConflictError"
-  | "UnauthorizedError" | "ForbiddenError" | "RateLimitedError" | "PayloadTooLargeError"
-  | "BadRequestError" | "NetworkError" | "InternalError";
+  | "AlreadySettledError" | "UnauthorizedError" | "ForbiddenError" | "RateLimitedError"
+  | "PayloadTooLargeError" | "BadRequestError" | "MethodNotAllowedError" | "NetworkError" | "InternalError";
 /** One failing position of a `putMany` / import batch. */
 export interface BatchFailure { index: number; id: unknown; message: string; expectedRev?: string | null; currentRev?: string | null; }
 /** `ConflictError` (409): the compare-and-swap failed; nothing was written. */

@@ -104,6 +104,8 @@ export interface WorkStats { claimed: number; done: number; failed: number; lost
 export interface Recovery { released: number[]; lost: number[]; busy: number[]; skipped: number[]; pending: number[]; resumed: Lease[]; }
 /** `ClaimLostError`: the lease is gone; nothing was written under it. */
 export interface ClaimLostError extends Error { code: "claim_lost"; status: 409; reason: "claim_lost" | "expired_locally" | "released"; itemId: number; }
+/** `AlreadySettledError`: a settle of this lease landed before (its answer was lost) and this one asked for something else; nothing was written by it, and the lease is settled into `settledState`. */
+export interface AlreadySettledError extends Error { name: "AlreadySettledError"; code: "already_settled"; status: 409; settledState: SettleState; itemId: number; }
 "#;
 
 /// A string argument: `ValidationError` naming `what` for any other JS type
@@ -524,7 +526,10 @@ impl Lease {
     /// # Errors
     /// `ClaimLostError` (without sending anything if the lease is already lost),
     /// `StateConflictError`, `NetworkError` (the lease is kept; retry),
-    /// `ValidationError` for a bad state or a result JSON cannot carry.
+    /// `ValidationError` for a bad state or a result JSON cannot carry;
+    /// `AlreadySettledError` (`settledState`) when an earlier settle of this
+    /// lease landed and this one asks for something else: the lease is
+    /// settled by that one, nothing was written by this one.
     #[wasm_bindgen(unchecked_return_type = "Promise<LeaseItem | UnreadableItem>")]
     pub fn settle(
         &self,

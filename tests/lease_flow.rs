@@ -201,7 +201,9 @@ async fn heartbeats_of_many_leases_share_one_request_and_settle_stores_the_resul
         .settle(SettleState::Done, None, None)
         .await
         .unwrap_err();
-    assert_eq!(e.code(), ErrorCode::ClaimLost, "settled twice");
+    // Another settle of a settled lease: refused as the server would
+    // refuse it (already_settled, naming the state), nothing sent.
+    assert_eq!(e.code(), ErrorCode::AlreadySettled, "settled twice");
 }
 
 #[wasm_bindgen_test]

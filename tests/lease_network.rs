@@ -967,6 +967,126 @@ async fn a_release_after_a_settle_whose_answer_was_lost_reports_the_settle_that_
     stop_dropping(proxy, &nonce).await;
 }
 
+/// A settle whose answer was lost (the proxy cuts it off: NetworkError, the
+/// outcome unknown), then a settle into another state (the common `try {
+/// settle('done', r) } catch { settle('failed', {error}) }`): the server
+/// says this lease's own settle landed (`409 already_settled`, `settled:
+/// "done"`), so the second settle rejects with an AlreadySettledError
+/// naming `done` (a real Error: `name`, `code`, `status`, `settledState`,
+/// `itemId`), the lease is settled `done`, its signal not aborted, and the
+/// item stays done with the first result. A later settle with other content
+/// is refused the same way without being sent. Before, the second settle was
+/// refused `claim_lost` and reported ClaimLostError ("nothing was written
+/// under it") for a lease whose settle was written.
+#[wasm_bindgen_test]
+async fn a_settle_into_another_state_after_a_settle_whose_answer_was_lost_reports_the_settle_that_landed(
+) {
+    use agentstore::lease::LeaseError;
+    use agentstore_protocol::ErrorCode;
+    let Some(proxy) = proxy() else { return };
+    let done = SettleState::Done;
+    let result = js(json!({"n": 1}));
+    let (id, nonce, _c, lease) =
+        settled_with_answer_cut_off(proxy, "settle-after-settle", &result).await;
+    stop_dropping(proxy, &nonce).await;
+    let handle = agentstore::lease_api::Lease::from_inner(lease.clone());
+    let failed = JsFuture::from(handle.settle(
+        "failed".into(),
+        JsValue::UNDEFINED,
+        js(json!({"error": "timed out"})),
+    ))
+    .await;
+    let e = failed.expect_err("the second settle is refused");
+    assert!(e.is_instance_of::<js_sys::Error>(), "a real Error: {e:?}");
+    let get = |k: &str| Reflect::get(&e, &k.into()).unwrap();
+    assert_eq!(
+        get("name").as_string().as_deref(),
+        Some("AlreadySettledError")
+    );
+    assert_eq!(get("code").as_string().as_deref(), Some("already_settled"));
+    assert_eq!(get("status").as_f64(), Some(409.0));
+    assert_eq!(get("settledState").as_string().as_deref(), Some("done"));
+    assert_eq!(get("itemId").as_f64(), Some(id as f64));
+    assert_eq!(lease.status(), Status::Settled(done));
+    assert!(!lease.signal().aborted(), "not lost");
+    let it = item(id).await;
+    assert_eq!(
+        (it.state, it.result, it.last_error),
+        (ItemState::Done, Some(json!({"n": 1})), None)
+    );
+    // Once more, with another result: refused the same way, nothing sent.
+    let again = lease
+        .settle(SettleState::Blocked, Some(js(json!({"n": 2}))), None)
+        .await;
+    match again {
+        Err(LeaseError::AlreadySettled { item_id, state, .. }) => {
+            assert_eq!((item_id, state), (id, done));
+        }
+        other => panic!("expected AlreadySettled, got {other:?}"),
+    }
+    assert_eq!(
+        lease
+            .settle(SettleState::Failed, None, None)
+            .await
+            .unwrap_err()
+            .code(),
+        ErrorCode::AlreadySettled
+    );
+    assert_eq!(item(id).await.state, ItemState::Done);
+}
+
+/// `work()` with a handler that settles `done` itself and, when that settle
+/// fails, settles `failed` (`try { … } catch { … }`): the first settle's
+/// answer is cut off after it landed, so the handler's `failed` settle is
+/// answered `already_settled` and the item is counted `done`, not lost or
+/// failed; the item keeps its result. Before, the `failed` settle was
+/// refused `claim_lost`, the lease was lost, and `work()` counted it lost.
+#[wasm_bindgen_test]
+async fn work_counts_done_when_the_handlers_fallback_settle_follows_its_own_settle_that_landed() {
+    let Some(proxy) = proxy() else { return };
+    let q = fresh_queue("work-settle-after-settle");
+    let id = enqueue(&q, json!({})).await;
+    let nonce = fresh_queue("n");
+    let handler = Function::new_with_args(
+        "lease",
+        &format!(
+            "return (async () => {{ \
+               try {{ await lease.settle('done', {{n: 1}}); }} \
+               catch (e) {{ \
+                 if (e.code !== 'network') throw new Error('unexpected ' + e.code); \
+                 await fetch('{proxy}/_stop/{nonce}'); \
+                 await lease.settle('failed', undefined, {{error: String(e)}}); \
+               }} }})();"
+        ),
+    );
+    let c = client_at(
+        &format!("{proxy}/drop-settle-answers-{nonce}"),
+        admin_creds(),
+        config(),
+    );
+    let w = WorkerInner::start(c, q.clone(), handler, WorkOptions::default(), wrap);
+    let until = now() + 20_000.0;
+    loop {
+        let st = *w.stats.borrow();
+        if st.done + st.failed + st.lost > 0 || now() > until {
+            break;
+        }
+        sleep(50.0).await;
+    }
+    w.stop().await;
+    let st = *w.stats.borrow();
+    assert_eq!(
+        (st.claimed, st.done, st.failed, st.lost),
+        (1, 1, 0, 0),
+        "{st:?}"
+    );
+    let it = item(id).await;
+    assert_eq!(
+        (it.state, it.result, it.last_error),
+        (ItemState::Done, Some(json!({"n": 1})), None)
+    );
+}
+
 /// `close()` whose release gets no answer (the test proxy cuts it off)
 /// keeps the lease's journal entry: the client cannot know whether the
 /// server released the item, so a later `recover()` must still find it.

@@ -3,8 +3,11 @@
 //! Like [`crate::StoreError`], every error crossing into JS is a real `Error`
 //! whose `name`, `code` and `status` come from [`ErrorCode`]. A lost lease is a
 //! `ClaimLostError` (`code "claim_lost"`, `status 409`) with `reason`
-//! (`"claim_lost"`, `"expired_locally"` or `"released"`) and `itemId`.
+//! (`"claim_lost"`, `"expired_locally"` or `"released"`) and `itemId`. A
+//! settle after the lease's own settle landed is an `AlreadySettledError`
+//! (`code "already_settled"`, `status 409`) with `settledState` and `itemId`.
 
+use agentstore_protocol::lease::{ItemState, SettleState};
 use agentstore_protocol::ErrorCode;
 use wasm_bindgen::JsValue;
 
@@ -54,6 +57,17 @@ pub enum LeaseError {
     /// The token is current but the item left `running` by another path
     /// (an operator paused it).
     StateConflict(String),
+    /// A settle of a lease whose own earlier settle landed (its answer was
+    /// lost) asked for something else: nothing was written by it; the lease
+    /// is settled into `state`, by that first settle.
+    AlreadySettled {
+        /// The work item.
+        item_id: i64,
+        /// The state the settle that landed set.
+        state: SettleState,
+        /// The server's message.
+        message: String,
+    },
     /// The server refused the credentials (after one refresh attempt).
     Unauthorized(String),
     /// Claim polling too fast; retry after `retry_after_ms`.
@@ -98,6 +112,7 @@ impl LeaseError {
         match self {
             LeaseError::ClaimLost { .. } => ErrorCode::ClaimLost,
             LeaseError::StateConflict(_) => ErrorCode::StateConflict,
+            LeaseError::AlreadySettled { .. } => ErrorCode::AlreadySettled,
             LeaseError::Unauthorized(_) => ErrorCode::Unauthorized,
             LeaseError::RateLimited { .. } => ErrorCode::RateLimited,
             LeaseError::Network(_) => ErrorCode::Network,
@@ -112,6 +127,7 @@ impl LeaseError {
     pub fn message(&self) -> &str {
         match self {
             LeaseError::ClaimLost { message, .. }
+            | LeaseError::AlreadySettled { message, .. }
             | LeaseError::StateConflict(message)
             | LeaseError::Unauthorized(message)
             | LeaseError::Network(message)
@@ -154,7 +170,7 @@ impl LeaseError {
                 ..
             }
             | LeaseError::StateConflict(message) => message != super::http::NO_ERROR_BODY,
-            LeaseError::ClaimLost { .. } => true,
+            LeaseError::ClaimLost { .. } | LeaseError::AlreadySettled { .. } => true,
             _ => false,
         }
     }
@@ -194,6 +210,10 @@ impl LeaseError {
                 item_id, reason, ..
             } => {
                 set(o, "reason", &reason.as_str().into());
+                set(o, "itemId", &JsValue::from(*item_id as f64));
+            }
+            LeaseError::AlreadySettled { item_id, state, .. } => {
+                set(o, "settledState", &ItemState::from(*state).as_str().into());
                 set(o, "itemId", &JsValue::from(*item_id as f64));
             }
             LeaseError::RateLimited { retry_after_ms }

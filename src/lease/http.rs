@@ -4,6 +4,7 @@
 //! JSON text on the Rust side), answers mapped to
 //! [`LeaseError`], `performance.now()` and timers.
 
+use agentstore_protocol::lease::SettleState;
 use agentstore_protocol::ErrorCode;
 use futures::future::{select, Either};
 use js_sys::{Function, Promise, Reflect};
@@ -299,6 +300,21 @@ pub fn error_from(status: u16, body: &JsValue, retry_after_ms: Option<f64>) -> L
         .and_then(|c| ErrorCode::ALL.into_iter().find(|k| k.as_str() == c));
     let message = crate::value::text_prefix(&field("message"), 8192);
     let (code, message) = match code.zip(message) {
+        // The lease's own settle landed before: `settled` names its state
+        // (the item id is the lease's; see `LeaseInner::on_rejection`).
+        Some((ErrorCode::AlreadySettled, message)) => {
+            if let Some(state) = crate::value::short_string(&field("settled"), 16)
+                .as_deref()
+                .and_then(SettleState::parse)
+            {
+                return LeaseError::AlreadySettled {
+                    item_id: 0,
+                    state,
+                    message,
+                };
+            }
+            (ErrorCode::AlreadySettled, message)
+        }
         Some(b) => b,
         None => (
             ErrorCode::ALL

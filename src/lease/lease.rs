@@ -422,6 +422,17 @@ impl LeaseInner {
             return e;
         }
         match &e {
+            // A settle of ours landed before (its answer was lost): the
+            // lease ended settled by it, as a release told so does (see
+            // `release`); this call wrote nothing.
+            LeaseError::AlreadySettled { state, message, .. } => {
+                self.settled_by_own(*state);
+                LeaseError::AlreadySettled {
+                    item_id: self.item_id,
+                    state: *state,
+                    message: message.clone(),
+                }
+            }
             LeaseError::Server {
                 code: ErrorCode::ClaimLost | ErrorCode::NotFound,
                 message,
@@ -542,7 +553,11 @@ impl LeaseInner {
     /// # Errors
     /// `ClaimLostError` without sending anything when the lease is already lost;
     /// `ClaimLostError` / `StateConflictError` from the server (the signal
-    /// aborts, nothing was written); `NetworkError` (the lease is kept; retry).
+    /// aborts, nothing was written); `NetworkError` (the lease is kept; retry);
+    /// `AlreadySettledError` when an earlier settle of this lease landed (its
+    /// answer lost, or this one asks for something else after it): nothing
+    /// was written by this one, and the lease is settled into the state that
+    /// settle set (the error's `settledState`; the signal is not aborted).
     pub async fn settle(
         &self,
         state: SettleState,
@@ -585,8 +600,7 @@ impl LeaseInner {
             .as_deref()
             .and_then(SettleState::parse)
         {
-            self.status.set(Status::Settled(state));
-            self.finish(true);
+            self.settled_by_own(state);
             return Ok(());
         }
         self.lose(LossReason::Released, "released by this client");
@@ -598,6 +612,13 @@ impl LeaseInner {
             c.forget_journal(self.item_id, &self.token);
         }
         Ok(())
+    }
+
+    /// The server says a settle of this lease into `state` landed (its
+    /// answer lost): the lease is settled, its signal not aborted by it.
+    fn settled_by_own(&self, state: SettleState) {
+        self.status.set(Status::Settled(state));
+        self.finish(true);
     }
 
     /// A fenced call that ends the lease (settle or release): no heartbeat of
@@ -642,6 +663,15 @@ impl LeaseInner {
             if p == path && *b == text {
                 return Ok(answer.clone());
             }
+        }
+        // Another settle of a lease settled already: refused here as the
+        // server would refuse it (nothing is sent).
+        if let (Status::Settled(landed), true) = (self.status.get(), state.is_some()) {
+            return Err(LeaseError::AlreadySettled {
+                item_id: self.item_id,
+                state: landed,
+                message: "this lease was settled already; nothing was written".into(),
+            });
         }
         if let Some(e) = self.lost_error() {
             return Err(e);
