@@ -404,6 +404,29 @@ export function abortWatch(signal) {
 }
 
 /**
+ * `purgeTombstones`' scan, in the readwrite transaction of `request` (a
+ * `getAll` of the tombstone store): deletes every tombstone whose
+ * `deletedAt` (ms) is at most `cutoff`, or is not a number (written by an
+ * earlier release: older than any bound), or every one when `olderThanMs`
+ * is 0 (also those dated ahead of this clock). Resolves with how many;
+ * rejects with the DOMException of the read or of a delete.
+ */
+export function purgeOlder(request, olderThanMs, cutoff) {
+  return requestPromise(request).then((all) => {
+    const store = request.source;
+    let purged = 0;
+    for (const t of all) {
+      const at = t.deletedAt;
+      if (olderThanMs === 0 || typeof at !== 'number' || at <= cutoff) {
+        store.delete(t._id);
+        purged += 1;
+      }
+    }
+    return purged;
+  });
+}
+
+/**
  * Whether `v` is a string of at most `max` characters, all ASCII (what a
  * `listBy` cursor is): checked before the string is copied into wasm
  * memory, where a non-ASCII string would take up to 3 bytes per unit.

@@ -8,13 +8,13 @@
 //! instead of one future per id.
 
 use super::db::TransactionMode;
-use super::db::{answer_of, answers_of, request_promise, BY_TYPE, META, RECORDS, TOMBSTONES};
+use super::db::{answer_of, answers_of, BY_TYPE, META, RECORDS, TOMBSTONES};
 use super::{check_id_value, tombstone, tombstone_digest, tombstone_rev, Store};
 use crate::error::{BatchFailure, Result, StoreError};
 use agentstore_protocol::keys::page_range;
 use agentstore_protocol::record::MAX_BATCH;
 use agentstore_protocol::rev::{decide_delete, decide_put, CasError, Current, Rev};
-use js_sys::{Array, JsString, Reflect};
+use js_sys::{Array, JsString};
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
 
@@ -38,13 +38,6 @@ impl Op {
             Op::Delete { id, .. } => id,
         }
     }
-}
-
-/// Awaits an IndexedDB request (resolving with its `result`); its handlers
-/// are attached at once, not at the first poll.
-fn settle(request: &web_sys::IdbRequest) -> impl std::future::Future<Output = Result<JsValue>> {
-    let done = JsFuture::from(request_promise(request));
-    async move { done.await.map_err(|e| StoreError::from_dom(&e)) }
 }
 
 fn dom<T>(r: std::result::Result<T, JsValue>) -> Result<T> {
@@ -366,20 +359,12 @@ impl Store {
         let cutoff = js_sys::Date::now() - older_than_ms;
         let tx = self.write_tx_in(&[TOMBSTONES, META])?;
         let store: web_sys::IdbObjectStore = tx.store(TOMBSTONES)?.into();
-        let all: Array = settle(&dom(store.get_all())?).await?.unchecked_into();
-        let mut purged = 0;
-        for t in all.iter() {
-            let at = Reflect::get(&t, &"deletedAt".into())
-                .ok()
-                .and_then(|v| v.as_f64());
-            // `0` is every tombstone, also one dated ahead of this clock
-            // (imported from a device whose clock runs ahead).
-            if older_than_ms == 0.0 || at.is_none_or(|at| at <= cutoff) {
-                let id = Reflect::get(&t, &"_id".into()).unwrap_or(JsValue::UNDEFINED);
-                dom(store.delete(&id))?;
-                purged += 1;
-            }
-        }
+        let scan = purge_older(&dom(store.get_all())?, older_than_ms, cutoff);
+        let purged = JsFuture::from(scan)
+            .await
+            .map_err(|e| StoreError::from_dom(&e))?
+            .as_f64()
+            .unwrap_or(0.0) as u32;
         if purged > 0 {
             // A purged id can be created afresh at generation 1: the count
             // keeps that revision apart from the purged one's first.
@@ -434,4 +419,16 @@ pub(crate) fn destroy_promise(
         &blocked,
         to_error,
     ))
+}
+
+#[wasm_bindgen::prelude::wasm_bindgen(module = "/js/promise.js")]
+extern "C" {
+    /// `purgeTombstones`' scan and deletes in the transaction of `request`,
+    /// resolving with how many (js/promise.js `purgeOlder`).
+    #[wasm_bindgen(js_name = purgeOlder)]
+    fn purge_older(
+        request: &web_sys::IdbRequest,
+        older_than_ms: f64,
+        cutoff: f64,
+    ) -> js_sys::Promise;
 }
