@@ -885,25 +885,96 @@ async fn a_settle_whose_answer_was_lost_is_reported_settled_when_sent_again() {
     }
 }
 
-/// A settle retried after a lost answer resends the first attempt's body,
-/// even when the caller's `result` changed meanwhile (a handler that kept a
-/// reference to its result object and mutated it): the server applied the
-/// first one and answers only an identical body as its replay. Before, the
-/// retry carried the new result, the server answered `claim_lost`, and the
-/// client reported a lease lost whose item was done.
+/// A settle sent again with another result after a lost answer sends what
+/// it asks for, never the first attempt's body in its place: when the first
+/// one landed, the server answers `already_settled` and the call rejects
+/// with AlreadySettledError naming `done` (the lease settled by it, the item
+/// keeping the first result); when it did not land (the proxy answered 503
+/// without forwarding it), the second result is the one written. Before,
+/// the first attempt's body was resent and the call reported success for a
+/// result it had not asked for (a review finding).
 #[wasm_bindgen_test]
-async fn a_retried_settle_resends_the_first_attempts_body_even_if_the_result_changed() {
+async fn a_settle_sent_again_with_another_result_sends_that_result() {
+    use agentstore::lease::LeaseError;
     let Some(proxy) = proxy() else { return };
     let done = agentstore_protocol::lease::SettleState::Done;
     let result = js(json!({"n": 1}));
     let (id, nonce, _c, lease) = settled_with_answer_cut_off(proxy, "resend", &result).await;
-    // The handler changes the object it handed over, then the settle is retried.
-    Reflect::set(&result, &"n".into(), &JsValue::from(2)).unwrap();
     stop_dropping(proxy, &nonce).await;
-    let again = lease.settle(done, Some(result), None).await;
-    assert!(again.is_ok(), "reported settled: {again:?}");
+    let again = lease.settle(done, Some(js(json!({"n": 2}))), None).await;
+    match again {
+        Err(LeaseError::AlreadySettled { item_id, state, .. }) => {
+            assert_eq!((item_id, state), (id, done))
+        }
+        other => panic!("expected AlreadySettled, got {other:?}"),
+    }
     assert_eq!(lease.status(), Status::Settled(done));
     assert_eq!(item(id).await.result, Some(json!({"n": 1})));
+    // The first attempt never reached the server: the second result lands.
+    let (id, nonce, _mode, _c, lease) =
+        claimed_behind_refused_settles(proxy, "resend-unapplied").await;
+    let failed = SettleState::Failed;
+    let first = lease.settle(failed, None, Some("A".into())).await;
+    assert!(matches!(&first, Err(e) if e.is_transient()), "{first:?}");
+    stop_dropping(proxy, &nonce).await;
+    lease
+        .settle(failed, None, Some("B".into()))
+        .await
+        .expect("the second settle lands");
+    let it = item(id).await;
+    assert_eq!(
+        (it.state, it.last_error.as_deref()),
+        (ItemState::Failed, Some("B"))
+    );
+}
+
+/// A settle whose answer was lost (it landed), sent again and refused by
+/// something other than the lease server (a proxy's bodiless 404, a 400 or
+/// 413 page): the outcome of the first attempt stays unknown. No heartbeat
+/// goes out (one would be told `claim_lost` and take the landed settle for
+/// a lost lease), the lease is not lost, and the same settle sent once the
+/// server answers again is reported settled. Before, any such refusal
+/// marked the outcome known: heartbeats resumed and the lease was lost
+/// with its item done (a review finding).
+#[wasm_bindgen_test]
+async fn a_settle_resend_refused_by_a_proxy_keeps_the_first_attempts_outcome_unknown() {
+    let Some(proxy) = proxy() else { return };
+    let done = SettleState::Done;
+    let result = js(json!({"n": 1}));
+    for status in [404, 400, 413] {
+        let (id, nonce, _c, lease) =
+            settled_with_answer_cut_off(proxy, &format!("resend-refused-{status}"), &result).await;
+        stop_dropping(proxy, &nonce).await;
+        let hook = Function::new_with_args(
+            "status",
+            "const real = globalThis.fetch;
+            globalThis.fetch = (url, init) => {
+                if (/\\/settle$/.test(String(url))) return Promise.resolve(new Response('<html>not here</html>', { status }));
+                return real(url, init);
+            };
+            return { restore: () => { globalThis.fetch = real; } };",
+        )
+        .call1(&JsValue::NULL, &JsValue::from(status))
+        .unwrap();
+        let refused = lease.settle(done, Some(result.clone()), None).await;
+        let restore: Function = Reflect::get(&hook, &"restore".into())
+            .unwrap()
+            .unchecked_into();
+        restore.call0(&hook).unwrap();
+        assert!(refused.is_err(), "{status}: refused by the page");
+        let beat = lease.heartbeat().await;
+        assert!(
+            matches!(&beat, Err(e) if e.loss_reason().is_none()),
+            "{status}: no heartbeat is sent while the outcome is unknown: {beat:?}"
+        );
+        assert!(!lease.signal().aborted(), "{status}: not lost");
+        lease
+            .settle(done, Some(result.clone()), None)
+            .await
+            .expect("the same settle, answered as a replay");
+        assert_eq!(lease.status(), Status::Settled(done), "{status}");
+        assert_eq!(item(id).await.state, ItemState::Done);
+    }
 }
 
 /// A lease claimed behind the proxy's `drop-settle-answers` mode whose

@@ -163,6 +163,14 @@ impl LeaseError {
     /// or 413 from a proxy or an older server, a 404 or 409 without the
     /// server's error body, an unreadable answer) proves nothing by itself.
     pub fn proves_lease_over(&self) -> bool {
+        self.is_servers_verdict() || matches!(self, LeaseError::ClaimLost { .. })
+    }
+
+    /// True when the lease server itself said what became of the lease:
+    /// `claim_lost`, `state_conflict` or `not_found` in its error body, or
+    /// `already_settled`. A loss seen locally (`expired_locally`,
+    /// `released`) or any other refusal is not.
+    pub fn is_servers_verdict(&self) -> bool {
         match self {
             LeaseError::Server {
                 code: ErrorCode::ClaimLost | ErrorCode::NotFound,
@@ -170,7 +178,7 @@ impl LeaseError {
                 ..
             }
             | LeaseError::StateConflict(message) => message != super::http::NO_ERROR_BODY,
-            LeaseError::ClaimLost { .. } | LeaseError::AlreadySettled { .. } => true,
+            LeaseError::AlreadySettled { .. } => true,
             _ => false,
         }
     }

@@ -121,10 +121,6 @@ pub struct LeaseInner {
     /// server's answer. The same call made again (an app's double settle)
     /// gets that answer, as the server would answer a replay.
     landed: RefCell<Option<(String, JsString, JsValue)>>,
-    /// The last ending call whose outcome is unknown (no answer, or a 5xx):
-    /// its path, `state` and body as JSON text, resent as it was when the
-    /// same call is retried.
-    unanswered: RefCell<Option<(String, Option<String>, JsString)>>,
     /// A release was owed when the lease was lost locally while an ending
     /// call was out (see `release_after_loss`): sent if that call turns out
     /// not to have been applied.
@@ -174,7 +170,6 @@ impl LeaseInner {
             in_flight: Cell::new(0),
             idle: RefCell::new(Vec::new()),
             landed: RefCell::new(None),
-            unanswered: RefCell::new(None),
             release_owed: Cell::new(false),
             asked: RefCell::new(None),
             unlock: RefCell::new(None),
@@ -636,23 +631,13 @@ impl LeaseInner {
         // and is then refused if that one ended the lease.
         self.until_not_ending().await;
         // Kept as a JS string: a large result is never copied into wasm
-        // memory (which never shrinks).
-        let mut text = js_sys::JSON::stringify(body).unwrap_or_else(|_| JsString::from(""));
-        // The same call again after an unknown outcome (no answer, or a
-        // 5xx): the first attempt may have been applied, and the server
-        // answers a replay only for an identical body. Resend the first
-        // attempt's text, even if the caller's `result` object changed
-        // since (a handler that kept a reference and mutated it).
+        // memory (which never shrinks). Sent as asked: after an unknown
+        // outcome, the server answers the same body as a replay when the
+        // first attempt landed, and another one `already_settled` (never
+        // the first attempt's body in its place, which would report a
+        // result written that was not asked for).
+        let text = js_sys::JSON::stringify(body).unwrap_or_else(|_| JsString::from(""));
         let state = crate::error::get_str(body, "state");
-        let retry_of = self
-            .unanswered
-            .borrow()
-            .as_ref()
-            .filter(|(p, s, _)| p == path && *s == state)
-            .map(|(_, _, t)| t.clone());
-        if let Some(first) = retry_of {
-            text = first;
-        }
         // What goes on the wire is `text` itself (parsed back), never the
         // caller's object: one changed while the request waits for a
         // credential refresh would otherwise differ from the `text` a retry
@@ -708,19 +693,20 @@ impl LeaseInner {
         self.in_flight.set(self.in_flight.get() - 1);
         self.plan.borrow_mut().ending = false;
         // Whether the server may have applied the call: no answer, or a 5xx
-        // (a 429 or any 4xx says it was not applied). A 429 or 401 refusing
-        // the resend of an attempt whose outcome was unknown says nothing
-        // about that attempt, which may have landed: still unknown (else
-        // heartbeats resumed and took a landed settle for a lost claim).
+        // (a 429 or any 4xx says this one was not applied). After an
+        // attempt whose outcome was unknown, only the server's verdict on
+        // the lease says what became of that attempt (it may have landed);
+        // any other refusal of this one (a 429, a 401, a proxy's 4xx, the
+        // local deadline passing) leaves it unknown: heartbeats stay off
+        // (else they took a landed settle for a lost claim) and no owed
+        // release goes out (it could reopen finished work).
         let unknown = match &r {
             Ok(_) => false,
             Err(LeaseError::Network(_)) => true,
-            Err(LeaseError::Server { status, .. }) => *status >= 500,
-            Err(LeaseError::RateLimited { .. } | LeaseError::Unauthorized(_)) => after_unknown,
-            Err(_) => false,
+            Err(LeaseError::Server { status, .. }) if *status >= 500 => true,
+            Err(e) => after_unknown && !e.is_servers_verdict(),
         };
         self.ending_unanswered.set(unknown);
-        *self.unanswered.borrow_mut() = unknown.then(|| (path.to_owned(), state, text.clone()));
         // A release owed since a local loss: due once this call is known not
         // to have ended the lease (after an unknown outcome the journal
         // keeps it for recover()). Sent before the lock below is let go, so
