@@ -309,9 +309,10 @@ impl LeaseClient {
             if let Some(b) = opt_num(
                 &options,
                 "reconnectBaseMs",
-                0,
+                // 0 would retry an unreachable server in a tight loop.
+                1,
                 3_600_000,
-                "an integer in [0, 3600000]",
+                "an integer in [1, 3600000]",
             )? {
                 w.reconnect_base_ms = b;
             }
@@ -844,7 +845,12 @@ impl Worker {
 /// `AbortError` or `TimeoutError` DOMException) becomes the AbortError whose
 /// `cause` it is.
 fn coded(e: JsValue, make: fn(String) -> LeaseError) -> JsValue {
-    if Reflect::get(&e, &"code".into()).is_ok_and(|c| c.is_string()) {
+    // One of this SDK's errors: a real Error whose `code` is one of ours (a
+    // plain `{code: "ECONNRESET"}` from a page's fetch wrapper is not).
+    let ours = e.is_instance_of::<js_sys::Error>()
+        && crate::error::get_str(&e, "code")
+            .is_some_and(|c| agentstore_protocol::ErrorCode::parse(&c).is_some());
+    if ours {
         return e;
     }
     // Through `get_str`: a thrown message of any length is read only up to

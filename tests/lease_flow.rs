@@ -509,6 +509,24 @@ async fn lease_fetch_errors_have_a_name_code_and_status() {
             assert_eq!(Reflect::get(&e, &"cause".into()).unwrap(), reason);
         }
     }
+    // A page's fetch wrapper rejecting with a plain object that has a
+    // `code` (not one of the SDK's errors) is still a NetworkError, the
+    // object its cause (a review finding: it came through as it was).
+    let hook = js_sys::Function::new_no_args(
+        "const real = globalThis.fetch;
+        const plain = { code: 'ECONNRESET' };
+        globalThis.fetch = () => Promise.reject(plain);
+        return { plain, restore: () => { globalThis.fetch = real; } };",
+    )
+    .call0(&JsValue::NULL)
+    .unwrap();
+    let e = fetch("/z", JsValue::UNDEFINED).await.unwrap_err();
+    call_method(&hook, "restore", &[]);
+    assert_eq!(named(&e), ("NetworkError".into(), "network".into(), 503.0));
+    assert_eq!(
+        Reflect::get(&e, &"cause".into()).unwrap(),
+        Reflect::get(&hook, &"plain".into()).unwrap()
+    );
     assert!(
         !lease.signal().aborted(),
         "the caller's abort leaves the lease held"

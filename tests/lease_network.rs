@@ -1698,6 +1698,14 @@ async fn lease_exports_reject_arguments_of_the_wrong_type_with_real_errors() {
         );
         let e = err_of(client.work(v.clone(), noop_handler().into(), JsValue::UNDEFINED));
         assert_eq!(js_error_name(&e).0, "ValidationError");
+        // A reconnect base of 0 ms would retry an unreachable server in a
+        // tight loop (a review finding): refused.
+        let e = err_of(client.work(
+            "q".into(),
+            noop_handler().into(),
+            js(json!({"reconnectBaseMs": 0})),
+        ));
+        assert_eq!(js_error_name(&e).0, "ValidationError");
         if !v.is_function() {
             let e = err_of(client.work("q".into(), v.clone(), JsValue::UNDEFINED));
             assert_eq!(

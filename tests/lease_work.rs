@@ -1032,3 +1032,51 @@ async fn a_settle_retry_after_past_the_lease_deadline_does_not_hold_stop() {
     hook_call(&hook, "restore");
     assert_eq!(w.stats.borrow().lost, 1);
 }
+
+/// `client.close()` ends at once the waits of `work()` slots between
+/// claims: a slot idling on an empty queue (poll interval one hour) and a
+/// slot backing off from an unreachable server (base one hour), so the
+/// worker's `finished` resolves promptly instead of an hour later. Before,
+/// only `stop()` woke them (a review finding).
+#[wasm_bindgen_test]
+async fn close_wakes_work_slots_waiting_between_claims() {
+    let hour = 3_600_000.0;
+    let h = handler(|_| async { Ok(JsValue::UNDEFINED) });
+    let idle = || WorkOptions {
+        concurrency: 1,
+        poll_interval_ms: hour,
+        reconnect_base_ms: hour,
+        reconnect_cap_ms: hour,
+    };
+    let uc = unreachable_client();
+    let mut workers = vec![(
+        "backing off",
+        uc.clone(),
+        WorkerInner::start(uc, "q".into(), h.clone(), idle(), wrap),
+    )];
+    if server().is_some() {
+        let c = admin_client(config());
+        let w = WorkerInner::start(c.clone(), fresh_queue("close-idle"), h, idle(), wrap);
+        workers.push(("idle", c, w));
+    }
+    for (what, _, w) in &workers {
+        let until = now() + 30_000.0;
+        while w.polls.borrow().is_empty() && w.backoffs.borrow().is_empty() {
+            assert!(now() < until, "{what}: the slot waits");
+            sleep(10.0).await;
+        }
+    }
+    for (what, c, w) in workers {
+        c.close().await;
+        let finished = w.finished.borrow().clone().expect("started");
+        let ended = futures::future::select(
+            Box::pin(wasm_bindgen_futures::JsFuture::from(finished)),
+            Box::pin(sleep(20_000.0)),
+        )
+        .await;
+        assert!(
+            matches!(ended, futures::future::Either::Left(_)),
+            "{what}: finished after close()"
+        );
+    }
+}

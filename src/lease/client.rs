@@ -84,6 +84,10 @@ pub struct ClientInner {
     /// waiting (calling `f` wakes it to re-plan).
     pub(crate) wake: RefCell<Option<Option<Function>>>,
     pub(crate) closed: Cell<bool>,
+    /// Aborted by `close()`: ends the waits of `work()` slots between
+    /// claims at once (they would otherwise notice only when their timer
+    /// fires, up to `pollIntervalMs` or a backoff window later).
+    pub(crate) closing: Option<web_sys::AbortController>,
     /// Settles and releases of this client's leases on the wire now
     /// (`close()` waits for them).
     pub(crate) ending_calls: Cell<u32>,
@@ -128,6 +132,7 @@ impl ClientInner {
             leases: RefCell::default(),
             wake: RefCell::new(None),
             closed: Cell::new(false),
+            closing: web_sys::AbortController::new().ok(),
             ending_calls: Cell::new(0),
             ending_idle: RefCell::new(Vec::new()),
             journal,
@@ -283,6 +288,9 @@ impl ClientInner {
     /// work back to the queue.
     pub async fn close(self: &Rc<Self>) {
         self.closed.set(true);
+        if let Some(c) = &self.closing {
+            c.abort();
+        }
         self.unlisten();
         let held = self.held();
         let releases: js_sys::Array = held

@@ -182,16 +182,15 @@ impl WorkerInner {
         self.stopping.get()
     }
 
-    /// Waits `ms`, or less if `stop()` is called.
+    /// Waits `ms`, or less if `stop()` is called or the client is closed.
     async fn wait(&self, ms: f64) {
-        if self.stopping.get() {
+        if self.stopping.get() || self.client.closed.get() {
             return;
         }
-        let timer = crate::store::db::sleep_promise(ms.clamp(0.0, 2_147_483_647.0) as u32);
-        let wait = match &self.stop {
-            Some(c) => crate::store::race_abort_js(&timer, &c.signal(), &JsValue::UNDEFINED),
-            None => timer,
-        };
+        let mut wait = crate::store::db::sleep_promise(ms.clamp(0.0, 2_147_483_647.0) as u32);
+        for c in [&self.stop, &self.client.closing].into_iter().flatten() {
+            wait = crate::store::race_abort_js(&wait, &c.signal(), &JsValue::UNDEFINED);
+        }
         let _ = JsFuture::from(wait).await;
     }
 }
