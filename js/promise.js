@@ -96,9 +96,20 @@ export function listPage(rows, limit, cursorOf) {
 export function byPage(stateRequest, tag, paths, range, descending, limit, entryKeys, cursorOf, toError) {
   const tx = stateRequest.transaction;
   const fetch = limit + 1;
-  const keys = answer(stateRequest, toError).then((state) => {
+  // A request that throws as it is made (the transaction no longer active)
+  // is typed as a failed one is.
+  const guard = (f) => (v) => {
+    try {
+      return f(v);
+    } catch (e) {
+      throw typed(toError, e);
+    }
+  };
+  const keys = answer(stateRequest, toError).then(guard((state) => {
     const active = state !== null && typeof state === 'object' ? state.active : undefined;
-    if (Array.isArray(active) && active.every((t) => typeof t === 'string') && active.includes(tag)) {
+    // As the module reads the state: an array of strings only (a hole or
+    // another value makes the whole list unreadable, nothing active).
+    if (Array.isArray(active) && Array.from(active).every((t) => typeof t === 'string') && active.includes(tag)) {
       const derived = tx.objectStore('derived');
       return descending
         ? cursorRows(derived.openKeyCursor(range, 'prev'), fetch, toError)
@@ -111,8 +122,8 @@ export function byPage(stateRequest, tag, paths, range, descending, limit, entry
         .sort((a, b) => sign * indexedDB.cmp(a, b))
         .slice(0, fetch);
     });
-  });
-  return listPage(keys, limit, cursorOf).then((page) => {
+  }));
+  return listPage(keys, limit, cursorOf).then(guard((page) => {
     if (page.records.length === 0) return page;
     const records = tx.objectStore('records');
     const gets = page.records.map((k) => records.get(k[k.length - 1]));
@@ -120,7 +131,7 @@ export function byPage(stateRequest, tag, paths, range, descending, limit, entry
       records: found.filter((r) => r !== null),
       next: page.next,
     }));
-  });
+  }));
 }
 
 /**

@@ -86,10 +86,6 @@ struct Writer<'a> {
     staged: Vec<Staged>,
     counts: ImportCounts,
     mode: WriteMode,
-    /// What `onProgress` threw after a batch: it ends the import when more
-    /// is to be written, and is dropped after the last batch (the import is
-    /// then complete, and says so, as `rebuildIndexes` does).
-    thrown: Option<JsValue>,
 }
 
 impl<'a> Writer<'a> {
@@ -101,29 +97,28 @@ impl<'a> Writer<'a> {
             staged: Vec::new(),
             counts: ImportCounts::default(),
             mode: WriteMode::Unknown,
-            thrown: None,
         }
     }
 
     async fn push(&mut self, item: Staged) -> Result<()> {
-        if let Some(e) = self.thrown.take() {
-            return Err(StoreError::Thrown(e));
-        }
         self.staged.push(item);
         if self.staged.len() >= self.opts.batch as usize {
-            self.flush().await?;
+            self.flush(false).await?;
         }
         Ok(())
     }
 
     async fn finish(mut self) -> Result<ImportCounts> {
-        self.flush().await?;
+        self.flush(true).await?;
         Ok(self.counts)
     }
 
     /// Writes the staged winners in one transaction (each only over a lower
-    /// stored revision), then reports progress.
-    async fn flush(&mut self) -> Result<()> {
+    /// stored revision), then reports progress. What `onProgress` throws
+    /// ends the import with it, unless this was the last batch (`last`, or
+    /// every winner is written): the import is then complete, and says so,
+    /// as `rebuildIndexes` does.
+    async fn flush(&mut self, last: bool) -> Result<()> {
         if self.staged.is_empty() {
             return Ok(());
         }
@@ -146,9 +141,12 @@ impl<'a> Writer<'a> {
         let done = self.counts.written + self.counts.kept_newer;
         self.staged.clear();
         if let Some(cb) = &self.opts.on_progress {
-            self.thrown = cb
-                .call2(&JsValue::NULL, &done.into(), &self.total.into())
-                .err();
+            let called = cb.call2(&JsValue::NULL, &done.into(), &self.total.into());
+            if let Err(e) = called {
+                if !last && done < self.total {
+                    return Err(StoreError::Thrown(e));
+                }
+            }
         }
         Ok(())
     }
