@@ -236,19 +236,27 @@ pub async fn snapshot(store: &Store) -> Vec<String> {
     rows
 }
 
-/// Enrolls a worker (every queue) on the server at `base` over HTTP, with an
-/// enrollment token the admin creates.
-pub async fn enroll(client: &reqwest::Client, base: &str) -> WorkerCredentials {
-    let token: serde_json::Value = client
-        .post(format!("{base}/v1/admin/enrollment-tokens"))
+/// The JSON answer of `request` sent with the admin token.
+pub async fn admin_json(request: reqwest::RequestBuilder) -> serde_json::Value {
+    request
         .bearer_auth(ADMIN)
-        .json(&serde_json::json!({}))
         .send()
         .await
         .unwrap()
         .json()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// Enrolls a worker (every queue) on the server at `base` over HTTP, with an
+/// enrollment token the admin creates.
+pub async fn enroll(client: &reqwest::Client, base: &str) -> WorkerCredentials {
+    let token = admin_json(
+        client
+            .post(format!("{base}/v1/admin/enrollment-tokens"))
+            .json(&serde_json::json!({})),
+    )
+    .await;
     let resp = client
         .post(format!("{base}/v1/workers/enroll"))
         .json(&serde_json::json!({"token": token["token"]}))

@@ -157,15 +157,7 @@ pub async fn an_already_settled_answer_is_409_and_names_the_landed_state(db: Tes
     let server = crate::common::http_server(&db).await;
     let (http, base) = (Client::new(), server.url());
     let id = enqueue_over_http(&http, &base, "h").await;
-    let claim: Value = http
-        .post(format!("{base}/v1/queues/h/claims"))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let claim = crate::common::admin_json(http.post(format!("{base}/v1/queues/h/claims"))).await;
     let t = claim["lease"]["token"].as_str().unwrap().to_owned();
     let send = |body: Value| {
         http.post(format!("{base}/v1/items/{id}/settle"))
@@ -202,15 +194,7 @@ pub async fn an_already_settled_answer_is_409_and_names_the_landed_state(db: Tes
         (Some("claim_lost"), None)
     );
     // The item is as the first settle left it.
-    let item: Value = http
-        .get(format!("{base}/v1/items/{id}"))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let item = crate::common::admin_json(http.get(format!("{base}/v1/items/{id}"))).await;
     assert_eq!(
         (item["state"].as_str(), &item["result"]),
         (Some("done"), &json!({"n": 1}))
