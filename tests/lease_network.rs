@@ -1158,6 +1158,76 @@ async fn work_counts_done_when_the_handlers_fallback_settle_follows_its_own_sett
     );
 }
 
+/// `work()`'s settle times out while the proxy still holds it (it reaches
+/// the server 1.5 s later: a "504 whose upstream commits later"), and its
+/// next two retries are refused by a page that is not the lease server's
+/// (400): the outcome stays unknown, so `work()` retries the same settle
+/// instead of settling `failed` and releasing (a release reaching the
+/// server first reopened the finished item, and the late settle was then
+/// refused). The item ends done with its result, counted done (a review
+/// finding).
+#[wasm_bindgen_test]
+async fn work_retries_a_settle_of_unknown_outcome_refused_by_a_proxy_page() {
+    let Some(proxy) = proxy() else { return };
+    let (direct, _) = server().expect("server");
+    let q = fresh_queue("work-unknown-refused");
+    let id = enqueue(&q, json!({})).await;
+    let mode = "slow-settle-requests-1500";
+    let base = format!("{proxy}/{mode}");
+    // Settles: the first through the slow proxy, the next two refused by a
+    // page, the rest straight to the server.
+    let hook = Function::new_with_args(
+        "base, direct",
+        "const real = globalThis.fetch;
+        let settles = 0;
+        globalThis.fetch = (url, init) => {
+            const u = String(url);
+            if (!/\\/settle$/.test(u)) return real(url, init);
+            settles += 1;
+            if (settles === 1) return real(url, init);
+            if (settles <= 3) return Promise.resolve(new Response('<html>bad gateway page</html>', { status: 400 }));
+            return real(u.replace(base, direct), init);
+        };
+        return { restore: () => { globalThis.fetch = real; }, count: () => settles };",
+    )
+    .call2(&JsValue::NULL, &base.as_str().into(), &direct.into())
+    .unwrap();
+    let c = client_at(
+        &base,
+        admin_creds(),
+        ClientConfig {
+            request_timeout_ms: 500.0,
+            ..config()
+        },
+    );
+    let handler = Function::new_with_args("lease", "return {n: 1};");
+    let w = WorkerInner::start(c, q.clone(), handler, WorkOptions::default(), wrap);
+    let until = now() + 20_000.0;
+    loop {
+        let st = *w.stats.borrow();
+        if st.done + st.failed + st.lost > 0 || now() > until {
+            break;
+        }
+        sleep(50.0).await;
+    }
+    w.stop().await;
+    let restore: Function = Reflect::get(&hook, &"restore".into())
+        .unwrap()
+        .unchecked_into();
+    restore.call0(&hook).unwrap();
+    let st = *w.stats.borrow();
+    assert_eq!(
+        (st.claimed, st.done, st.failed, st.lost),
+        (1, 1, 0, 0),
+        "{st:?}"
+    );
+    let it = wait_item(id, 10_000.0, |it| it.state == ItemState::Done).await;
+    assert_eq!(
+        (it.state, it.result, it.attempts),
+        (ItemState::Done, Some(json!({"n": 1})), 0)
+    );
+}
+
 /// `close()` whose release gets no answer (the test proxy cuts it off)
 /// keeps the lease's journal entry: the client cannot know whether the
 /// server released the item, so a later `recover()` must still find it.

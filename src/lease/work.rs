@@ -346,8 +346,15 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
     let closed = loop {
         match lease.settle(state, result.clone(), error.clone()).await {
             Ok(_) => break false,
+            // After an attempt whose outcome is unknown, any refusal but
+            // the server's verdict on the lease (a proxy's 400 or 413 page)
+            // says nothing about that attempt either: retried the same way,
+            // never answered with a `failed` settle or a release, which
+            // could reach the server before it (a 504 whose upstream
+            // commits later) and undo the finished work.
             Err(e)
-                if e.is_transient()
+                if (e.is_transient()
+                    || (lease.ending_unanswered.get() && !e.is_servers_verdict()))
                     && lease.status() == Status::Held
                     && !w.client.closed.get()
                     && (lease.ending_unanswered.get() || !w.stopping.get()) =>
