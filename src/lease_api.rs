@@ -845,11 +845,13 @@ impl Worker {
 /// `AbortError` or `TimeoutError` DOMException) becomes the AbortError whose
 /// `cause` it is.
 fn coded(e: JsValue, make: fn(String) -> LeaseError) -> JsValue {
-    // One of this SDK's errors: a real Error whose `code` is one of ours (a
-    // plain `{code: "ECONNRESET"}` from a page's fetch wrapper is not).
+    // One of this SDK's errors: a real Error whose `code` is one of ours and
+    // whose `name` is that code's (a plain `{code: "ECONNRESET"}`, or the
+    // page's own Error that happens to carry `code: "network"`, is not).
     let ours = e.is_instance_of::<js_sys::Error>()
         && crate::error::get_str(&e, "code")
-            .is_some_and(|c| agentstore_protocol::ErrorCode::parse(&c).is_some());
+            .and_then(|c| agentstore_protocol::ErrorCode::parse(&c))
+            .is_some_and(|c| crate::error::get_str(&e, "name").as_deref() == Some(c.js_name()));
     if ours {
         return e;
     }

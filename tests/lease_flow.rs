@@ -515,18 +515,26 @@ async fn lease_fetch_errors_have_a_name_code_and_status() {
     let hook = js_sys::Function::new_no_args(
         "const real = globalThis.fetch;
         const plain = { code: 'ECONNRESET' };
-        globalThis.fetch = () => Promise.reject(plain);
-        return { plain, restore: () => { globalThis.fetch = real; } };",
+        const own = Object.assign(new Error('mine'), { code: 'network' });
+        let next = plain;
+        globalThis.fetch = () => Promise.reject(next);
+        return { plain, own, useOwn: () => { next = own; }, restore: () => { globalThis.fetch = real; } };",
     )
     .call0(&JsValue::NULL)
     .unwrap();
     let e = fetch("/z", JsValue::UNDEFINED).await.unwrap_err();
+    // The page's own Error that carries one of the SDK's codes, without its
+    // name, is not one of the SDK's errors either.
+    call_method(&hook, "useOwn", &[]);
+    let e2 = fetch("/z", JsValue::UNDEFINED).await.unwrap_err();
     call_method(&hook, "restore", &[]);
-    assert_eq!(named(&e), ("NetworkError".into(), "network".into(), 503.0));
-    assert_eq!(
-        Reflect::get(&e, &"cause".into()).unwrap(),
-        Reflect::get(&hook, &"plain".into()).unwrap()
-    );
+    for (e, cause) in [(e, "plain"), (e2, "own")] {
+        assert_eq!(named(&e), ("NetworkError".into(), "network".into(), 503.0));
+        assert_eq!(
+            Reflect::get(&e, &"cause".into()).unwrap(),
+            Reflect::get(&hook, &cause.into()).unwrap()
+        );
+    }
     assert!(
         !lease.signal().aborted(),
         "the caller's abort leaves the lease held"
