@@ -1135,17 +1135,7 @@ async fn work_counts_done_when_the_handlers_fallback_settle_follows_its_own_sett
         admin_creds(),
         config(),
     );
-    let w = WorkerInner::start(c, q.clone(), handler, WorkOptions::default(), wrap);
-    let until = now() + 20_000.0;
-    loop {
-        let st = *w.stats.borrow();
-        if st.done + st.failed + st.lost > 0 || now() > until {
-            break;
-        }
-        sleep(50.0).await;
-    }
-    w.stop().await;
-    let st = *w.stats.borrow();
+    let st = work_one_item(c, &q, handler).await;
     assert_eq!(
         (st.claimed, st.done, st.failed, st.lost),
         (1, 1, 0, 0),
@@ -1201,21 +1191,11 @@ async fn work_retries_a_settle_of_unknown_outcome_refused_by_a_proxy_page() {
         },
     );
     let handler = Function::new_with_args("lease", "return {n: 1};");
-    let w = WorkerInner::start(c, q.clone(), handler, WorkOptions::default(), wrap);
-    let until = now() + 20_000.0;
-    loop {
-        let st = *w.stats.borrow();
-        if st.done + st.failed + st.lost > 0 || now() > until {
-            break;
-        }
-        sleep(50.0).await;
-    }
-    w.stop().await;
+    let st = work_one_item(c, &q, handler).await;
     let restore: Function = Reflect::get(&hook, &"restore".into())
         .unwrap()
         .unchecked_into();
     restore.call0(&hook).unwrap();
-    let st = *w.stats.borrow();
     assert_eq!(
         (st.claimed, st.done, st.failed, st.lost),
         (1, 1, 0, 0),
@@ -1226,6 +1206,28 @@ async fn work_retries_a_settle_of_unknown_outcome_refused_by_a_proxy_page() {
         (it.state, it.result, it.attempts),
         (ItemState::Done, Some(json!({"n": 1})), 0)
     );
+}
+
+/// Runs `work()` on queue `q` with `handler` and client `c` until its first
+/// item is counted (done, failed or lost; bounded), stops it, and returns
+/// its stats.
+async fn work_one_item(
+    c: Rc<ClientInner>,
+    q: &str,
+    handler: Function,
+) -> agentstore::lease::work::Stats {
+    let w = WorkerInner::start(c, q.to_owned(), handler, WorkOptions::default(), wrap);
+    let until = now() + 20_000.0;
+    loop {
+        let st = *w.stats.borrow();
+        if st.done + st.failed + st.lost > 0 || now() > until {
+            break;
+        }
+        sleep(50.0).await;
+    }
+    w.stop().await;
+    let st = *w.stats.borrow();
+    st
 }
 
 /// `close()` whose release gets no answer (the test proxy cuts it off)
