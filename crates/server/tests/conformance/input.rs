@@ -557,7 +557,16 @@ pub async fn generated_requests_never_get_a_5xx_and_a_refusal_changes_nothing(db
         tokio::task::block_in_place(|| {
             handle.block_on(async {
                 let before = snapshot(&store).await;
-                let mut req = http.request(g.method.clone(), format!("{base}{}", g.path));
+                let url = format!("{base}{}", g.path);
+                // A dot segment (`/v1/..`, `/v1/%2e%2e`) is resolved by the
+                // URL parser before the request is sent: it leaves the API
+                // (a static file's 404 has no JSON body), so only requests
+                // whose resolved path is under `/v1` must answer one.
+                let path = reqwest::Url::parse(&url)
+                    .map(|u| u.path().to_owned())
+                    .unwrap_or_default();
+                let api = path == "/v1" || path.starts_with("/v1/");
+                let mut req = http.request(g.method.clone(), url);
                 if let Some(a) = &g.auth {
                     req = req.header("authorization", format!("Bearer {a}"));
                 }
@@ -577,7 +586,7 @@ pub async fn generated_requests_never_get_a_5xx_and_a_refusal_changes_nothing(db
                 if status.is_client_error() {
                     let body: Result<ErrorBody, _> = serde_json::from_str(&text);
                     prop_assert!(
-                        body.is_ok(),
+                        body.is_ok() || !api,
                         "{g:?} -> {status} not {{code, message}}: {text}"
                     );
                     prop_assert_eq!(
