@@ -9,7 +9,7 @@
 
 use super::db::TransactionMode;
 use super::db::{answer_of, answers_of, BY_TYPE, META, RECORDS, TOMBSTONES};
-use super::{check_id_value, tombstone, tombstone_digest, tombstone_rev, Store};
+use super::{check_id_value, tombstone_digest, tombstone_rev, Store};
 use crate::error::{BatchFailure, Result, StoreError};
 use agentstore_protocol::keys::page_range;
 use agentstore_protocol::record::MAX_BATCH;
@@ -315,8 +315,7 @@ impl Store {
                     Some(&p.object)
                 }
                 Op::Delete { id, .. } => {
-                    tx.store(TOMBSTONES)?.put(&tombstone(id, rev), None)?;
-                    tx.store(RECORDS)?.delete(JsValue::from(id.clone()))?;
+                    super::write_tombstone(&tx, id, rev)?;
                     None
                 }
             };

@@ -32,7 +32,6 @@
 //! transaction per write.
 
 use super::db::Tx;
-use super::db::{RECORDS, TOMBSTONES};
 use super::{index, read_current, Prepared, Store, Written};
 use crate::error::{Result, StoreError};
 use agentstore_protocol::rev::{decide_delete, decide_put, CasError, Current, Rev};
@@ -433,9 +432,7 @@ impl Store {
             Ok(rev) => rev,
             Err(e) => return Ok((Err(e), None)),
         };
-        tx.store(TOMBSTONES)?
-            .put(&super::tombstone(id, &rev), None)?;
-        tx.store(RECORDS)?.delete(JsValue::from(id.clone()))?;
+        super::write_tombstone(tx, id, &rev)?;
         index::maintain(tx, state, stored.as_ref(), None)?;
         Ok(written(id, rev, true))
     }

@@ -565,6 +565,14 @@ pub(crate) fn write_record(tx: &Tx, p: &Prepared, current: &Current, add: bool) 
     Ok(())
 }
 
+/// Issues the writes of one deletion whose tombstone revision is `rev` (no
+/// await: the caller commits): the tombstone replaces the live record.
+pub(crate) fn write_tombstone(tx: &Tx, id: &JsString, rev: &str) -> Result<()> {
+    tx.store(TOMBSTONES)?.put(&tombstone(id, rev), None)?;
+    tx.store(RECORDS)?.delete(JsValue::from(id.clone()))?;
+    Ok(())
+}
+
 /// The body digest of the tombstone of `id_text`: canonical
 /// `{"_deleted":true,"_id":…}`. Computed before the write transaction.
 pub(crate) fn tombstone_digest(id_text: &str) -> String {
