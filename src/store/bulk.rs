@@ -19,7 +19,7 @@ use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
 
 /// One validated position of a batch write (`putMany`, `deleteMany`).
-pub(super) enum Op {
+pub(crate) enum Op {
     /// A record to write.
     Put(super::Prepared),
     /// A deletion of `id` at `expected`, whose tombstone's body digest is
@@ -32,7 +32,7 @@ pub(super) enum Op {
 }
 
 impl Op {
-    pub(super) fn id(&self) -> &JsString {
+    pub(crate) fn id(&self) -> &JsString {
         match self {
             Op::Put(p) => &p.id,
             Op::Delete { id, .. } => id,
@@ -180,6 +180,14 @@ impl Store {
     /// to delete (`currentRev: null`) — nothing is written then;
     /// QuotaExceededError / TransactionError / ClosedError.
     pub async fn delete_many(&self, items: &JsValue) -> Result<Vec<String>> {
+        self.write_ops(&Self::delete_ops(items)?).await
+    }
+
+    /// `deleteMany(items)`'s deletions, validated (no IndexedDB request yet).
+    ///
+    /// # Errors
+    /// ValidationError listing every malformed position or repeated id.
+    pub(crate) fn delete_ops(items: &JsValue) -> Result<Vec<Op>> {
         let arr = batch_array(
             items,
             "deleteMany",
@@ -224,10 +232,7 @@ impl Store {
         if !failures.is_empty() {
             return Err(invalid(failures));
         }
-        if dels.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.write_ops(&dels).await
+        Ok(dels)
     }
 
     /// Writes every op of a validated batch in one transaction, all or
@@ -242,7 +247,10 @@ impl Store {
     /// ValidationError when a position is at the last revision generation;
     /// QuotaExceededError / TransactionError / ClosedError. Nothing is
     /// written on any error.
-    pub(super) async fn write_ops(&self, ops: &[Op]) -> Result<Vec<String>> {
+    pub(crate) async fn write_ops(&self, ops: &[Op]) -> Result<Vec<String>> {
+        if ops.is_empty() {
+            return Ok(Vec::new());
+        }
         let tx = self.write_tx()?;
         let ids: Vec<&JsString> = ops.iter().map(Op::id).collect();
         let creates = ops

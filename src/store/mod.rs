@@ -354,15 +354,17 @@ impl Store {
     /// ValidationError, ConflictError (with the stored record), QuotaExceededError,
     /// TransactionError, ClosedError.
     pub async fn put(&self, record: &JsValue) -> Result<Written> {
-        let p = Self::prepare(record)?;
-        self.put_prepared(p).await
+        self.write_one(Self::put_job(record)?, None)
+            .await?
+            .written()
     }
 
-    /// Writes `p` with compare-and-swap, in a transaction it may share
-    /// with other single-record writes issued at the same time (group
-    /// commit, see `group.rs`); commits and notifies watchers.
-    pub(crate) async fn put_prepared(&self, p: Prepared) -> Result<Written> {
-        self.write_one(group::Job::Put(p), None).await?.written()
+    /// `put(record)`'s write, validated (no IndexedDB request yet).
+    ///
+    /// # Errors
+    /// ValidationError.
+    pub(crate) fn put_job(record: &JsValue) -> Result<group::Job> {
+        Ok(group::Job::Put(Self::prepare(record)?))
     }
 
     /// Deletes with CAS, leaving a tombstone; returns the tombstone's
@@ -372,17 +374,28 @@ impl Store {
     /// # Errors
     /// NotFoundError (nothing live), ConflictError (stale `rev`), ValidationError.
     pub async fn delete(&self, id: &JsValue, rev: &JsValue) -> Result<String> {
+        Ok(self
+            .write_one(Self::delete_job(id, rev)?, None)
+            .await?
+            .written()?
+            .rev)
+    }
+
+    /// `delete(id, rev)`'s write, validated (no IndexedDB request yet).
+    ///
+    /// # Errors
+    /// ValidationError.
+    pub(crate) fn delete_job(id: &JsValue, rev: &JsValue) -> Result<group::Job> {
         let id = check_id_value(id)?;
         let expected = value::short_string(rev, value::MAX_REV_TEXT)
             .ok_or_else(|| StoreError::validation("delete(id, rev): rev must be a revision string"))
             .and_then(|s| Rev::parse(&s).map_err(|e| StoreError::validation(e.0)))?;
         let digest = tombstone_digest(&String::from(&id));
-        let job = group::Job::Delete {
+        Ok(group::Job::Delete {
             id,
             expected,
             digest,
-        };
-        Ok(self.write_one(job, None).await?.written()?.rev)
+        })
     }
 
     /// Writes every record or none, in one transaction.
@@ -393,6 +406,23 @@ impl Store {
     /// position (nothing written); QuotaExceededError/TransactionError
     /// (nothing written: the transaction is aborted).
     pub async fn put_many(&self, records: &JsValue) -> Result<Vec<Written>> {
+        let ops = Self::put_ops(records)?;
+        let revs = self.write_ops(&ops).await?;
+        Ok(ops
+            .into_iter()
+            .zip(revs)
+            .map(|(op, rev)| Written {
+                id: op.id().clone(),
+                rev,
+            })
+            .collect())
+    }
+
+    /// `putMany(records)`'s writes, validated (no IndexedDB request yet).
+    ///
+    /// # Errors
+    /// ValidationError listing every invalid position or repeated id.
+    pub(crate) fn put_ops(records: &JsValue) -> Result<Vec<bulk::Op>> {
         let arr = bulk::batch_array(
             records,
             "putMany",
@@ -429,16 +459,7 @@ impl Store {
                 failures,
             });
         }
-        let ops: Vec<bulk::Op> = prepared.into_iter().map(bulk::Op::Put).collect();
-        let revs = self.write_ops(&ops).await?;
-        Ok(ops
-            .into_iter()
-            .zip(revs)
-            .map(|(op, rev)| Written {
-                id: op.id().clone(),
-                rev,
-            })
-            .collect())
+        Ok(prepared.into_iter().map(bulk::Op::Put).collect())
     }
 }
 
