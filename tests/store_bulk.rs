@@ -644,6 +644,80 @@ async fn watch_on_a_closed_store_throws_closed_error() {
     assert_eq!(err_kind(&e), ("ClosedError".into(), "closed".into()));
 }
 
+/// After `close()` every call rejects with ClosedError, whatever its
+/// arguments: also those that need no request (an empty batch, a page
+/// whose key range is empty). Before, they answered "nothing" (`[]`,
+/// `{records: [], next: null}`), and a paging loop still running after
+/// `onVersionChange` read the end of the listing instead of the closure.
+#[wasm_bindgen_test]
+async fn every_call_after_close_rejects_with_closed_error_even_with_nothing_to_read() {
+    let (store, _) = open_api("closed-empty").await;
+    let a = put(&store, json!({"_id": "c1"})).await;
+    call(store.put(js(json!({"_id": "c2"})))).await.unwrap();
+    let page = call(store.list(js(json!({"limit": 1})))).await.unwrap();
+    let next = Reflect::get(&page, &"next".into()).unwrap();
+    assert!(next.is_string(), "a first page of one leaves a cursor");
+    store.close();
+    // A cursor past the end of prefix "b": an empty key range.
+    let past = js(json!({"prefix": "b"}));
+    Reflect::set(&past, &"after".into(), &next).unwrap();
+    let calls: Vec<(&str, Promise)> = vec![
+        ("get", store.get(s("c1"))),
+        ("getMany([])", store.get_many(Array::new().into())),
+        ("getMany", store.get_many(js(json!(["c1"])))),
+        ("count", store.count(js(json!({"prefix": "c"})))),
+        ("list", store.list(js(json!({})))),
+        ("list(empty range)", store.list(past)),
+        ("listBy", store.list_by(s("byType"), js(json!({})))),
+        (
+            "listBy(empty range)",
+            store.list_by(
+                s("byType"),
+                js(json!({"range": {"lower": "b", "upper": "a"}})),
+            ),
+        ),
+        ("put", store.put(js(json!({"_id": "c3"})))),
+        ("putMany([])", store.put_many(Array::new().into())),
+        ("putMany", store.put_many(js(json!([{"_id": "c4"}])))),
+        ("delete", store.delete(s("c1"), s(&a))),
+        ("deleteMany([])", store.delete_many(Array::new().into())),
+        (
+            "deleteMany",
+            store.delete_many(js(json!([{"id": "c1", "rev": a}]))),
+        ),
+        (
+            "mutate",
+            store.mutate(
+                s("c1"),
+                Function::new_with_args("r", "return r").into(),
+                JsValue::UNDEFINED,
+            ),
+        ),
+        (
+            "purgeTombstones",
+            store.purge_tombstones(js(json!({"olderThanMs": 0}))),
+        ),
+        ("verifyIndexes", store.verify_indexes()),
+    ];
+    let mut wrong = Vec::new();
+    for (what, p) in calls {
+        match call(p).await {
+            Ok(v) => wrong.push(format!(
+                "{what}: resolved {:?}",
+                js_sys::JSON::stringify(&v)
+            )),
+            Err(e) if err_kind(&e) != ("ClosedError".into(), "closed".into()) => {
+                wrong.push(format!("{what}: {:?}", err_kind(&e)))
+            }
+            Err(_) => {}
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "calls after close() that did not reject with ClosedError: {wrong:#?}"
+    );
+}
+
 /// Arguments are read during the call, as IndexedDB's `put` clones its value
 /// then: a record changed, or an array emptied, right after the call returned
 /// is stored (or read) as it was at the call. Before, the methods read their

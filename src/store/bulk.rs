@@ -114,6 +114,8 @@ impl Store {
             return Err(invalid(failures));
         }
         if arr.is_empty() {
+            // A closed store answers ClosedError, even with nothing to read.
+            self.db.check_open()?;
             return Ok(js_sys::Promise::resolve(&JsValue::from(Array::new())));
         }
         let tx = self.db.tx(&[RECORDS], TransactionMode::ReadOnly)?;
@@ -153,6 +155,7 @@ impl Store {
         to_error: &JsValue,
     ) -> Result<js_sys::Promise> {
         let Some(range) = page_range(prefix, None, false) else {
+            self.db.check_open()?;
             return Ok(js_sys::Promise::resolve(&JsValue::from(0)));
         };
         let query = super::list::key_range(&range, record_type)?;
@@ -249,6 +252,7 @@ impl Store {
     /// written on any error.
     pub(crate) async fn write_ops(&self, ops: &[Op]) -> Result<Vec<String>> {
         if ops.is_empty() {
+            self.db.check_open()?;
             return Ok(Vec::new());
         }
         let tx = self.write_tx()?;

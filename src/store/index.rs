@@ -660,7 +660,7 @@ impl Store {
         agentstore_protocol::index::check_query(&tag, def.keys.len(), &q.cond, q.after.as_deref())
             .map_err(StoreError::validation)?;
         let Some(range) = entry_range(&tag, &q.cond, q.after.as_deref(), q.descending) else {
-            return Ok(super::list::empty_page());
+            return super::list::empty_page(&self.db);
         };
         let range: JsValue = to_range(&range)?.into();
         let tx = self

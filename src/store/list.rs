@@ -126,7 +126,7 @@ impl Store {
         to_error: &JsValue,
     ) -> Result<js_sys::Promise> {
         let Some(range) = page_range(&q.prefix, q.after.as_deref(), q.descending) else {
-            return Ok(empty_page());
+            return empty_page(&self.db);
         };
         let tx = self.db.tx(&[RECORDS], TransactionMode::ReadOnly)?;
         let store = tx.store(RECORDS)?;
@@ -179,9 +179,14 @@ pub(super) fn page_from_js(page: &JsValue) -> Page {
 }
 
 /// The answer of a page whose key range is empty: `{records: [], next: null}`.
-pub(super) fn empty_page() -> js_sys::Promise {
+///
+/// # Errors
+/// ClosedError when `db` is closed: a closed store answers that, even with
+/// nothing to read (a paging loop must not read it as the end).
+pub(super) fn empty_page(db: &super::db::Db) -> Result<js_sys::Promise> {
+    db.check_open()?;
     let none = js_sys::Promise::resolve(&JsValue::from(Array::new()));
-    list_page(&none, 0, &JsValue::NULL)
+    Ok(list_page(&none, 0, &JsValue::NULL))
 }
 
 /// The JS function `(record) => cursor` that encodes the cursor after a
