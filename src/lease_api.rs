@@ -143,6 +143,89 @@ where
     crate::options::run(f)
 }
 
+/// The Promise-returning lease methods' calls, which share one exported
+/// async body ([`call`]): one state machine in the module instead of one
+/// per method.
+enum Call {
+    /// `client.claim(queue, options)`.
+    Claim(Rc<ClientInner>, JsValue, JsValue),
+    /// `client.recover(options)`.
+    Recover(Rc<ClientInner>, JsValue),
+    /// `client.close()`.
+    Close(Rc<ClientInner>),
+    /// `lease.heartbeat()`.
+    Heartbeat(Rc<LeaseInner>),
+    /// `lease.settle(…)`, its arguments read during the call.
+    Settle(Rc<LeaseInner>, SettleArgs),
+    /// `lease.release()`.
+    Release(Rc<LeaseInner>),
+    /// `worker.stop()`.
+    Stop(Rc<WorkerInner>),
+}
+
+/// `settle`'s state, result and error message, or why they were refused.
+type SettleArgs = Result<(SettleState, Option<JsValue>, Option<String>), LeaseError>;
+
+/// Runs one lease method as a Promise (its first poll, during the call,
+/// reads its arguments).
+fn call(c: Call) -> Promise {
+    run(async move {
+        match c {
+            Call::Claim(inner, queue, options) => {
+                let queue = queue_param(&queue)?;
+                let signal = opt_signal(&options)?;
+                match inner.claim(&queue, signal.as_ref()).await? {
+                    Claimed::Lease(l) => Ok(Lease::from_inner(l).into()),
+                    Claimed::Empty(_) => Ok(JsValue::NULL),
+                }
+            }
+            Call::Recover(inner, options) => recovery_js(&inner, &options).await,
+            Call::Close(inner) => {
+                inner.close().await;
+                Ok(JsValue::UNDEFINED)
+            }
+            Call::Heartbeat(inner) => Ok(JsValue::from(inner.heartbeat().await? as f64)),
+            Call::Settle(inner, asked) => {
+                let (state, result, error) = asked?;
+                inner.settle(state, result, error).await
+            }
+            Call::Release(inner) => {
+                // Recorded in the first poll (synchronously, during the
+                // call), and only when the call is not refused for nesting.
+                *inner.asked.borrow_mut() = Some(crate::lease::lease::Ending::Release);
+                inner.release().await?;
+                Ok(JsValue::UNDEFINED)
+            }
+            Call::Stop(inner) => {
+                inner.stop().await;
+                Ok(JsValue::UNDEFINED)
+            }
+        }
+    })
+}
+
+/// `recover(options)`'s answer: `{released, lost, busy, skipped, pending,
+/// resumed}`.
+async fn recovery_js(inner: &Rc<ClientInner>, options: &JsValue) -> Result<JsValue, LeaseError> {
+    let resume = opt_bool(options, "resume")?.unwrap_or(false);
+    let r = inner.recover(resume).await?;
+    let o = Object::new();
+    let ids = |v: &[i64]| -> JsValue {
+        v.iter()
+            .map(|&i| JsValue::from(i as f64))
+            .collect::<Array>()
+            .into()
+    };
+    set(&o, "released", &ids(&r.released));
+    set(&o, "lost", &ids(&r.lost));
+    set(&o, "busy", &ids(&r.busy));
+    set(&o, "skipped", &ids(&r.skipped));
+    set(&o, "pending", &ids(&r.pending));
+    let resumed: Array = r.resumed.into_iter().map(wrap_lease).collect();
+    set(&o, "resumed", &resumed);
+    Ok(o.into())
+}
+
 /// A client of the agentstore lease server.
 ///
 /// ```js
@@ -261,15 +344,7 @@ impl LeaseClient {
         #[wasm_bindgen(unchecked_param_type = "string")] queue: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "ClaimOptions")] options: JsValue,
     ) -> Promise {
-        let inner = self.inner.clone();
-        run(async move {
-            let queue = queue_param(&queue)?;
-            let signal = opt_signal(&options)?;
-            match inner.claim(&queue, signal.as_ref()).await? {
-                Claimed::Lease(l) => Ok(Lease::from_inner(l).into()),
-                Claimed::Empty(_) => Ok(JsValue::NULL),
-            }
-        })
+        call(Call::Claim(self.inner.clone(), queue, options))
     }
 
     /// Starts a work loop: `handler(lease)` (may be async) runs for each claimed
@@ -341,26 +416,7 @@ impl LeaseClient {
         &self,
         #[wasm_bindgen(unchecked_optional_param_type = "RecoverOptions")] options: JsValue,
     ) -> Promise {
-        let inner = self.inner.clone();
-        run(async move {
-            let resume = opt_bool(&options, "resume")?.unwrap_or(false);
-            let r = inner.recover(resume).await?;
-            let o = Object::new();
-            let ids = |v: &[i64]| -> JsValue {
-                v.iter()
-                    .map(|&i| JsValue::from(i as f64))
-                    .collect::<Array>()
-                    .into()
-            };
-            set(&o, "released", &ids(&r.released));
-            set(&o, "lost", &ids(&r.lost));
-            set(&o, "busy", &ids(&r.busy));
-            set(&o, "skipped", &ids(&r.skipped));
-            set(&o, "pending", &ids(&r.pending));
-            let resumed: Array = r.resumed.into_iter().map(wrap_lease).collect();
-            set(&o, "resumed", &resumed);
-            Ok(o.into())
-        })
+        call(Call::Recover(self.inner.clone(), options))
     }
 
     /// The leases this client holds now.
@@ -387,11 +443,7 @@ impl LeaseClient {
     /// failed; its journal entry then stays for `recover()`).
     #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
     pub fn close(&self) -> Promise {
-        let inner = self.inner.clone();
-        run(async move {
-            inner.close().await;
-            Ok(JsValue::UNDEFINED)
-        })
+        call(Call::Close(self.inner.clone()))
     }
 }
 
@@ -515,8 +567,7 @@ impl Lease {
     /// release of this lease is out or unanswered.
     #[wasm_bindgen(unchecked_return_type = "Promise<number>")]
     pub fn heartbeat(&self) -> Promise {
-        let inner = self.inner.clone();
-        run(async move { Ok(JsValue::from(inner.heartbeat().await? as f64)) })
+        call(Call::Heartbeat(self.inner.clone()))
     }
 
     /// Settles into `state` (`"done"`, `"failed"`, `"blocked"`, `"paused"`) with
@@ -577,24 +628,13 @@ impl Lease {
             Ok(asked) => asked,
             Err(e) => return Promise::reject(&e),
         };
-        let inner = self.inner.clone();
-        run(async move {
-            let (state, result, error) = asked?;
-            inner.settle(state, result, error).await
-        })
+        call(Call::Settle(self.inner.clone(), asked))
     }
 
     /// Gives the item back now (one attempt counted); `signal` aborts with `released`.
     #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
     pub fn release(&self) -> Promise {
-        let inner = self.inner.clone();
-        run(async move {
-            // Recorded in the first poll (synchronously, during the call),
-            // and only when the call is not refused for nesting.
-            *inner.asked.borrow_mut() = Some(crate::lease::lease::Ending::Release);
-            inner.release().await?;
-            Ok(JsValue::UNDEFINED)
-        })
+        call(Call::Release(self.inner.clone()))
     }
 
     /// `fetch(input, init)` aborted when the lease is lost (and by
@@ -805,11 +845,7 @@ impl Worker {
     /// Stops claiming; resolves when running handlers have finished and settled.
     #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
     pub fn stop(&self) -> Promise {
-        let inner = self.inner.clone();
-        run(async move {
-            inner.stop().await;
-            Ok(JsValue::UNDEFINED)
-        })
+        call(Call::Stop(self.inner.clone()))
     }
 
     /// Counters: `{claimed, done, failed, lost, released, connectionFailures, backoffsMs, pollDelaysMs}`.
