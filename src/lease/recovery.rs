@@ -36,6 +36,15 @@ pub struct Recovery {
     pub pending: Vec<i64>,
 }
 
+/// Which list of a [`Recovery`] an entry goes to.
+enum Became {
+    Released,
+    Lost,
+    Busy,
+    Skipped,
+    Pending,
+}
+
 fn unlock_now(f: &Option<Function>) {
     if let Some(f) = f {
         let _ = f.call0(&JsValue::UNDEFINED);
@@ -96,123 +105,97 @@ impl ClientInner {
             super::http::sleep_ms(self.config.lock_wait_ms).await;
             held = lifecycle::held_locks().await;
         }
-        for entry in entries {
-            if mine(entry.item_id) || stop() {
+        'entries: for entry in entries {
+            let id = entry.item_id;
+            if mine(id) || stop() {
                 continue;
             }
-            // Claimed without a Web Lock: a free lock says nothing about
-            // whether its context is alive. Left alone while its lease may
-            // still be current; its entry goes once the server shows the
-            // lease over (a crashed page's entries do not pile up).
-            if !entry.locked {
-                if self.lease_over(&entry).await {
-                    let _ = self
-                        .journal
-                        .delete(&self.base, entry.item_id, &entry.token)
-                        .await;
-                    report.lost.push(entry.item_id);
-                } else {
-                    report.skipped.push(entry.item_id);
+            let mut unlock = None;
+            // What became of the entry, and whether it leaves the journal
+            // (its lease is over on the server). One journal delete for
+            // every way there: one copy of its future in this loop's.
+            let (became, forget) = 'entry: {
+                // Claimed without a Web Lock: a free lock says nothing about
+                // whether its context is alive. Left alone while its lease may
+                // still be current; its entry goes once the server shows the
+                // lease over (a crashed page's entries do not pile up).
+                if !entry.locked {
+                    break 'entry if self.lease_over(&entry).await {
+                        (Became::Lost, true)
+                    } else {
+                        (Became::Skipped, false)
+                    };
                 }
-                continue;
-            }
-            if held_by(&held, entry.item_id) {
-                report.busy.push(entry.item_id);
-                continue;
-            }
-            let name = self.lock_name(entry.item_id);
-            let unlock = match lifecycle::lock(&name, self.config.lock_wait_ms).await {
-                lifecycle::LockOutcome::Acquired(f) => Some(f),
-                lifecycle::LockOutcome::Busy => {
-                    report.busy.push(entry.item_id);
-                    continue;
+                if held_by(&held, id) {
+                    break 'entry (Became::Busy, false);
                 }
-                lifecycle::LockOutcome::Unsupported => {
-                    report.skipped.push(entry.item_id);
-                    continue;
+                match lifecycle::lock(&self.lock_name(id), self.config.lock_wait_ms).await {
+                    lifecycle::LockOutcome::Acquired(f) => unlock = Some(f),
+                    lifecycle::LockOutcome::Busy => break 'entry (Became::Busy, false),
+                    lifecycle::LockOutcome::Unsupported => break 'entry (Became::Skipped, false),
                 }
-            };
-            if resume {
-                match self.resume_entry(&entry).await {
-                    Ok(Some(lease)) => {
-                        lease.locking.set(true);
-                        *lease.unlock.borrow_mut() = unlock;
-                        // close() ran while this entry was being checked:
-                        // it could not see the lease, so nothing would
-                        // heartbeat or end it. It is released, as claim()
-                        // releases a lease granted after close().
-                        if self.closed.get() {
-                            let _ = lease.release().await;
-                            return Err(LeaseError::Closed);
-                        }
-                        report.resumed.push(lease);
-                        continue;
-                    }
-                    Ok(None) => {
-                        let _ = self
-                            .journal
-                            .delete(&self.base, entry.item_id, &entry.token)
-                            .await;
-                        report.lost.push(entry.item_id);
-                        unlock_now(&unlock);
-                        continue;
-                    }
-                    Err(e) => {
-                        if matches!(
-                            e,
-                            LeaseError::Server {
-                                code: ErrorCode::Forbidden,
-                                ..
+                if resume {
+                    match self.resume_entry(&entry).await {
+                        Ok(Some(lease)) => {
+                            lease.locking.set(true);
+                            *lease.unlock.borrow_mut() = unlock.take();
+                            // close() ran while this entry was being checked:
+                            // it could not see the lease, so nothing would
+                            // heartbeat or end it. It is released, as claim()
+                            // releases a lease granted after close().
+                            if self.closed.get() {
+                                let _ = lease.release().await;
+                                return Err(LeaseError::Closed);
                             }
-                        ) {
-                            report.busy.push(entry.item_id);
-                        } else {
-                            report.pending.push(entry.item_id);
+                            report.resumed.push(lease);
+                            continue 'entries;
                         }
-                        unlock_now(&unlock);
-                        continue;
+                        Ok(None) => break 'entry (Became::Lost, true),
+                        Err(LeaseError::Server {
+                            code: ErrorCode::Forbidden,
+                            ..
+                        }) => break 'entry (Became::Busy, false),
+                        Err(_) => break 'entry (Became::Pending, false),
                     }
                 }
-            }
-            match self.release_token(entry.item_id, &entry.token).await {
-                Ok(replayed) => {
-                    let _ = self
-                        .journal
-                        .delete(&self.base, entry.item_id, &entry.token)
-                        .await;
+                match self.release_token(id, &entry.token).await {
                     // A replay: this token had been released already (a
                     // pagehide beacon, or a release whose answer was lost).
-                    if replayed {
-                        report.lost.push(entry.item_id);
-                    } else {
-                        report.released.push(entry.item_id);
+                    Ok(true) => (Became::Lost, true),
+                    Ok(false) => (Became::Released, true),
+                    // Current on the server and held by another worker: its
+                    // context lives elsewhere (or its lease runs out by the TTL).
+                    Err(LeaseError::Server {
+                        code: ErrorCode::Forbidden,
+                        ..
+                    }) => (Became::Busy, false),
+                    // claim_lost / state_conflict / not_found: nothing left to
+                    // release. A release refused for another reason that is no
+                    // outage (a proxy's 405 or 413) says nothing either way: the
+                    // item itself decides, as for an unlocked entry, so an entry
+                    // whose lease is over never stays for good.
+                    Err(e)
+                        if e.proves_lease_over()
+                            || (!e.is_transient()
+                                && !matches!(e, LeaseError::Unauthorized(_))
+                                && self.lease_over(&entry).await) =>
+                    {
+                        (Became::Lost, true)
                     }
+                    Err(_) => (Became::Pending, false), // kept for the next recover
                 }
-                // Current on the server and held by another worker: its
-                // context lives elsewhere (or its lease runs out by the TTL).
-                Err(LeaseError::Server {
-                    code: ErrorCode::Forbidden,
-                    ..
-                }) => report.busy.push(entry.item_id),
-                // claim_lost / state_conflict / not_found: nothing left to
-                // release. A release refused for another reason that is no
-                // outage (a proxy's 405 or 413) says nothing either way: the
-                // item itself decides, as for an unlocked entry, so an entry
-                // whose lease is over never stays for good.
-                Err(e)
-                    if e.proves_lease_over()
-                        || (!e.is_transient()
-                            && !matches!(e, LeaseError::Unauthorized(_))
-                            && self.lease_over(&entry).await) =>
-                {
-                    let _ = self
-                        .journal
-                        .delete(&self.base, entry.item_id, &entry.token)
-                        .await;
-                    report.lost.push(entry.item_id);
-                }
-                Err(_) => report.pending.push(entry.item_id), // kept for the next recover
+            };
+            if forget {
+                let _ = self.journal.delete(&self.base, id, &entry.token).await;
             }
+            match became {
+                Became::Released => &mut report.released,
+                Became::Lost => &mut report.lost,
+                Became::Busy => &mut report.busy,
+                Became::Skipped => &mut report.skipped,
+                Became::Pending => &mut report.pending,
+            }
+            .push(id);
             unlock_now(&unlock);
         }
         Ok(report)
