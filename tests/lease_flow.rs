@@ -1305,13 +1305,16 @@ async fn a_2xx_answer_that_is_not_the_servers_confirmation_settles_nothing() {
     assert_eq!(item(id).await.state, ItemState::Done);
 }
 
-/// A settle, release or heartbeat answered `404` or `409` without the
-/// server's error body (a proxy or CDN during a deploy) proves nothing about
-/// the lease: the call fails with that error, the lease stays held (its
-/// signal not aborted, its heartbeats going on) and the same settle, sent
-/// again, lands. Before, it ended the lease as `claim_lost` (signal
-/// aborted, journal entry and lock let go) while the server held the item
-/// running until its TTL, then redelivered it with an attempt counted.
+/// A settle, release or heartbeat answered `404` or `409` (or `400`, `413`)
+/// without the server's error body (a proxy or CDN during a deploy) proves
+/// nothing about the lease: the call fails with a transient NetworkError
+/// carrying that status, the lease stays held (its signal not aborted, its
+/// heartbeats going on) and the same settle, sent again, lands. Before, it
+/// ended the lease as `claim_lost` (signal aborted, journal entry and lock
+/// let go) while the server held the item running until its TTL, then
+/// redelivered it with an attempt counted; and until a later review, the
+/// status alone still named the error (a 409 page was a `conflict`, a 400
+/// page a `validation` error: refusals for good).
 #[wasm_bindgen_test]
 async fn a_404_or_409_without_the_servers_error_body_does_not_end_the_lease() {
     if server().is_none() {
@@ -1319,7 +1322,7 @@ async fn a_404_or_409_without_the_servers_error_body_does_not_end_the_lease() {
     }
     let q = fresh_queue("bodiless-404");
     let c = admin_client(config());
-    for status in [404, 409] {
+    for status in [404, 409, 400, 413] {
         let id = enqueue(&q, json!({})).await;
         let lease = claim(&c, &q).await;
         assert_eq!(lease.item_id, id);
@@ -1346,6 +1349,19 @@ async fn a_404_or_409_without_the_servers_error_body_does_not_end_the_lease() {
         ] {
             let e = r.expect_err(what);
             assert!(e.loss_reason().is_none(), "{status} {what}: {e:?}");
+            assert!(
+                e.code() == ErrorCode::Network && e.is_transient(),
+                "{status} {what}: {e:?}"
+            );
+            let js = e.to_js();
+            assert_eq!(
+                (
+                    Reflect::get(&js, &"name".into()).unwrap().as_string(),
+                    Reflect::get(&js, &"status".into()).unwrap().as_f64()
+                ),
+                (Some("NetworkError".into()), Some(f64::from(status))),
+                "{status} {what}"
+            );
         }
         assert_eq!(lease.status(), Status::Held, "{status}: still held");
         assert!(!lease.signal().aborted(), "{status}: signal not aborted");

@@ -994,6 +994,75 @@ async fn a_work_settle_answered_by_a_proxys_404_is_sent_again_until_it_lands() {
     );
 }
 
+/// A work() settle answered `409` without the server's error body (a
+/// proxy's page: the call never reached the server), once or twice, is
+/// sent again until it lands: the item ends `done` with the handler's
+/// result, no attempt counted, the handler run once. Before (a review
+/// finding), the status alone made it a `conflict`, a refusal for good:
+/// the loop settled the item `failed` with the proxy's message, and when
+/// that was refused too, released it and ran the handler again.
+#[wasm_bindgen_test]
+async fn a_work_settle_answered_by_a_proxys_409_is_sent_again_until_it_lands() {
+    for refused in [1, 2] {
+        settle_refused_by_a_proxy_lands(409, refused).await;
+    }
+}
+
+/// The same for any other status of a page that is not the lease server's
+/// (a 400 or 413 page: before, a `validation` / `payload_too_large` refusal
+/// for good, with the same outcome).
+#[wasm_bindgen_test]
+async fn a_work_settle_answered_by_a_proxys_400_or_413_page_is_sent_again_until_it_lands() {
+    for status in [400, 413] {
+        for refused in [1, 2] {
+            settle_refused_by_a_proxy_lands(status, refused).await;
+        }
+    }
+}
+
+/// Runs one item through `work()` whose first `refused` settles are
+/// answered `status` with a plain-text page, and checks that it ends
+/// `done` with the handler's result, by one handler run.
+async fn settle_refused_by_a_proxy_lands(status: u16, refused: u32) {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue(&format!("settle-proxy-{status}"));
+    let id = enqueue(&q, json!({})).await;
+    let hook = refuser("/settle", f64::from(refused), 0, status);
+    let runs = Rc::new(Cell::new(0u32));
+    let r2 = runs.clone();
+    let h = handler(move |_| {
+        r2.set(r2.get() + 1);
+        async { Ok(JsValue::from("finished")) }
+    });
+    let w = WorkerInner::start(admin_client(config()), q.clone(), h, options(1), wrap);
+    let it = wait_item(id, 60_000.0, |it| {
+        it.state != ItemState::Running && it.state != ItemState::Open
+    })
+    .await;
+    let settles = hook_call(&hook, "settles");
+    let releases = hook_call(&hook, "releases");
+    hook_call(&hook, "restore");
+    w.stop().await;
+    let st = *w.stats.borrow();
+    assert_eq!(
+        (it.state, it.result, it.attempts, it.last_error, runs.get()),
+        (ItemState::Done, Some(json!("finished")), 0, None, 1),
+        "{status} x{refused}: after {settles:?} settles, {releases:?} releases, {st:?}"
+    );
+    assert_eq!(
+        (settles.as_f64(), releases.as_f64()),
+        (Some(f64::from(refused + 1)), Some(0.0)),
+        "{status} x{refused}: refused by the page, then the same settle landed"
+    );
+    assert_eq!(
+        (st.done, st.failed, st.lost),
+        (1, 0, 0),
+        "{status} x{refused}"
+    );
+}
+
 /// A work() settle answered `503` with a `Retry-After` far past the lease's
 /// TTL: its outcome is unknown (no heartbeat renews the lease meanwhile), so
 /// the retry waits at most until the lease's local deadline, and `stop()`

@@ -140,27 +140,45 @@ impl LeaseError {
     }
 
     /// True for failures worth retrying later: no answer, a 5xx, rate
-    /// limiting, or a 404/409 without the lease server's error body (a
-    /// proxy's or CDN's page during a deploy: the call never reached the
-    /// server, so it neither landed nor says anything about the lease).
+    /// limiting, or an answer without the lease server's error body at any
+    /// status (a proxy's or CDN's page during a deploy: the call never
+    /// reached the server, so it neither landed nor says anything about the
+    /// lease; see [`LeaseError::is_foreign_refusal`]).
     pub fn is_transient(&self) -> bool {
         match self {
             LeaseError::Network(_) | LeaseError::RateLimited { .. } => true,
             LeaseError::Server { status, .. } if *status >= 500 => true,
             LeaseError::Server {
-                code: ErrorCode::ClaimLost | ErrorCode::NotFound,
-                message,
+                code: ErrorCode::Network,
                 ..
-            }
-            | LeaseError::StateConflict(message) => message == super::http::NO_ERROR_BODY,
+            } => true,
             _ => false,
         }
+    }
+
+    /// True for a refusal (a 4xx, not a 429) whose answer did not carry the
+    /// lease server's `{code, message}` body: something between this client
+    /// and the server (a proxy's, a CDN's page) refused the call, which
+    /// therefore did not land. It says nothing about the lease, whatever its
+    /// status (a 404 is no `not_found`, a 409 no `claim_lost`, a 400 or 413
+    /// no refusal of the call's content by the server). A `network` error
+    /// with the answer's status (see `http::error_from`).
+    pub fn is_foreign_refusal(&self) -> bool {
+        matches!(
+            self,
+            LeaseError::Server {
+                code: ErrorCode::Network,
+                status: 400..=499,
+                message,
+                ..
+            } if message == super::http::NO_ERROR_BODY
+        )
     }
 
     /// True when the server said the token's lease is over (`claim_lost`,
     /// `state_conflict`, `not_found` in its error body): nothing is left to
     /// release, and its journal entry may go. Any other refusal (a 400, 405
-    /// or 413 from a proxy or an older server, a 404 or 409 without the
+    /// or 413 from a proxy or an older server, any answer without the
     /// server's error body, an unreadable answer) proves nothing by itself.
     pub fn proves_lease_over(&self) -> bool {
         self.is_servers_verdict() || matches!(self, LeaseError::ClaimLost { .. })
@@ -169,18 +187,18 @@ impl LeaseError {
     /// True when the lease server itself said what became of the lease:
     /// `claim_lost`, `state_conflict` or `not_found` in its error body, or
     /// `already_settled`. A loss seen locally (`expired_locally`,
-    /// `released`) or any other refusal is not.
+    /// `released`), an answer without the server's error body (a `network`
+    /// error whatever its status: such a code is never read from a status
+    /// alone) or any other refusal is not.
     pub fn is_servers_verdict(&self) -> bool {
-        match self {
+        matches!(
+            self,
             LeaseError::Server {
                 code: ErrorCode::ClaimLost | ErrorCode::NotFound,
-                message,
                 ..
-            }
-            | LeaseError::StateConflict(message) => message != super::http::NO_ERROR_BODY,
-            LeaseError::AlreadySettled { .. } => true,
-            _ => false,
-        }
+            } | LeaseError::StateConflict(_)
+                | LeaseError::AlreadySettled { .. }
+        )
     }
 
     /// How long the answer asked to wait before trying again (ms): a 429's

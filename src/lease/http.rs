@@ -285,8 +285,12 @@ async fn send_inner(call: &Call<'_>, controller: &AbortController) -> Result<Ans
     Err(error_from(status, &body, retry_after_ms))
 }
 
-/// The message of an error whose answer had no `{code, message}` body (its
-/// code then comes from the HTTP status alone: a proxy's, perhaps).
+/// The message of an error whose answer had no `{code, message}` body: not
+/// the lease server's (it answers every `/v1` error with one), but a
+/// proxy's, a CDN's or a gateway's page. Such an answer is a `network`
+/// error carrying its HTTP status (a 429 stays a rate limit), never the
+/// code the status alone would suggest (a 409 is no `claim_lost`, a 404 no
+/// `not_found`, a 400 no `validation`): it says nothing about the lease.
 pub(crate) const NO_ERROR_BODY: &str = "the lease server answered without an error body";
 
 /// Maps a non-2xx answer to an error.
@@ -316,13 +320,14 @@ pub fn error_from(status: u16, body: &JsValue, retry_after_ms: Option<f64>) -> L
             (ErrorCode::AlreadySettled, message)
         }
         Some(b) => b,
-        None => (
-            ErrorCode::ALL
-                .into_iter()
-                .find(|c| c.status() == status)
-                .unwrap_or(ErrorCode::Internal),
-            String::from(NO_ERROR_BODY),
-        ),
+        // Not the lease server's answer: the call did not reach it (as far
+        // as this answer tells). Its status is kept, but no code is read
+        // into it: taking a proxy's 409 page for a conflict, or its 400 for
+        // a validation error, read it as the server's verdict.
+        None if status == ErrorCode::RateLimited.status() => {
+            (ErrorCode::RateLimited, String::from(NO_ERROR_BODY))
+        }
+        None => (ErrorCode::Network, String::from(NO_ERROR_BODY)),
     };
     from_code(code, status, message, retry_after_ms)
 }

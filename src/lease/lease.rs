@@ -409,9 +409,9 @@ impl LeaseInner {
     }
 
     /// Maps a server rejection of a fenced call and ends the lease for it
-    /// when it proves the lease over ([`LeaseError::proves_lease_over`]): a
-    /// 404 or 409 without the server's error body (a proxy's, during a
-    /// deploy) proves nothing, and the lease stays held.
+    /// when it proves the lease over ([`LeaseError::proves_lease_over`]): an
+    /// answer without the server's error body (a proxy's 404 or 409 page,
+    /// during a deploy) proves nothing, and the lease stays held.
     fn on_rejection(&self, e: LeaseError) -> LeaseError {
         if !e.proves_lease_over() {
             return e;

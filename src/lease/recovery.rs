@@ -171,12 +171,13 @@ impl ClientInner {
                     }) => (Became::Busy, false),
                     // claim_lost / state_conflict / not_found: nothing left to
                     // release. A release refused for another reason that is no
-                    // outage (a proxy's 405 or 413) says nothing either way: the
-                    // item itself decides, as for an unlocked entry, so an entry
+                    // outage (a 405 or 413, the server's or a proxy's page
+                    // without its error body) says nothing either way: the item
+                    // itself decides, as for an unlocked entry, so an entry
                     // whose lease is over never stays for good.
                     Err(e)
                         if e.proves_lease_over()
-                            || (!e.is_transient()
+                            || ((!e.is_transient() || e.is_foreign_refusal())
                                 && !matches!(e, LeaseError::Unauthorized(_))
                                 && self.lease_over(&entry).await) =>
                     {

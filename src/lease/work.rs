@@ -253,7 +253,9 @@ async fn slot_loop(w: Rc<WorkerInner>, wrap: fn(Rc<LeaseInner>) -> JsValue) {
                     }
                     b.push(d);
                 }
-                if !e.is_transient() {
+                // (A refusal by a proxy's page too: no outage, and no
+                // retry fixes a misconfigured one.)
+                if !e.is_transient() || e.is_foreign_refusal() {
                     web_sys::console::warn_2(&"agentstore work(): claim failed".into(), &e.to_js());
                 }
                 w.wait(d).await;
@@ -341,8 +343,9 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
     // upstream commits later), and a release would hand the finished work
     // back; the local deadline ends that wait (no heartbeat goes out while
     // the outcome is unknown). Refusals that say it did not land (429s
-    // from a gateway, while heartbeats renew the lease) are retried until
-    // `stop()`, which then releases the lease.
+    // from a gateway, a proxy's page without the server's error body at any
+    // status, while heartbeats renew the lease) are retried until `stop()`,
+    // which then releases the lease.
     let closed = loop {
         match lease.settle(state, result.clone(), error.clone()).await {
             Ok(_) => break false,
@@ -388,9 +391,11 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
                     && result.is_none()
                     && error.as_ref().is_none_or(|m| m.len() <= 8192);
                 if lease.status() == Status::Held && !e.is_transient() && !bare {
-                    // Refused for good (a 4xx such as 413: the result is too
-                    // large): settle `failed` with the reason, so that the
-                    // item neither stays leased nor loops through redeliveries.
+                    // Refused for good by the server itself (a 4xx with its
+                    // error body, such as 413: the result is too large; a
+                    // proxy's page without one is transient, above): settle
+                    // `failed` with the reason, so that the item neither
+                    // stays leased nor loops through redeliveries.
                     let why = Some(e.message().to_owned());
                     let _ = lease.settle(SettleState::Failed, None, why).await;
                 }
