@@ -1149,3 +1149,41 @@ async fn close_wakes_work_slots_waiting_between_claims() {
         );
     }
 }
+
+/// `client.close()` ends at once a `work()` slot's wait to retry a settle
+/// whose outcome is unknown (a 503 with `Retry-After`): close() sends the
+/// settle itself and resolves, and the worker's `finished` resolves right
+/// after it. Before (a review finding), that wait was a bare timer, and
+/// `finished` stayed pending until it fired, up to the lease's local
+/// deadline.
+#[wasm_bindgen_test]
+async fn close_wakes_a_slot_waiting_to_retry_a_settle_of_unknown_outcome() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("close-settle-retry");
+    let id = enqueue(&q, json!({})).await;
+    let hook = refuser("/settle", 1.0, 3600, 503);
+    let h = handler(|_| async { Ok(JsValue::from("finished")) });
+    let c = admin_client(config());
+    let w = WorkerInner::start(c.clone(), q.clone(), h, options(1), wrap);
+    let until = now() + 30_000.0;
+    while hook_call(&hook, "settles").as_f64() < Some(1.0) {
+        assert!(now() < until, "no settle was sent");
+        sleep(10.0).await;
+    }
+    sleep(50.0).await;
+    c.close().await;
+    let closed_at = now();
+    let finished = w.finished.borrow().clone().expect("started");
+    let _ = wasm_bindgen_futures::JsFuture::from(finished).await;
+    let waited = now() - closed_at;
+    hook_call(&hook, "restore");
+    let it = item(id).await;
+    assert_eq!(it.state, ItemState::Done, "close() settled it");
+    assert!(
+        waited < 300.0,
+        "finished {waited} ms after close() resolved"
+    );
+    assert_eq!(w.stats.borrow().done, 1, "counted as close() ended it");
+}

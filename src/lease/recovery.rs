@@ -102,7 +102,14 @@ impl ClientInner {
             .iter()
             .any(|e| e.locked && !mine(e.item_id) && held_by(&held, e.item_id))
         {
-            super::http::sleep_ms(self.config.lock_wait_ms).await;
+            // Not past `close()`: a closed client waits for no other
+            // context (nor does `work()`'s `finished`, which waits for this).
+            let ms = self.config.lock_wait_ms.clamp(0.0, 2_147_483_647.0) as u32;
+            let mut wait = crate::store::db::sleep_promise(ms);
+            if let Some(c) = &self.closing {
+                wait = crate::store::race_abort_js(&wait, &c.signal(), &JsValue::UNDEFINED);
+            }
+            let _ = wasm_bindgen_futures::JsFuture::from(wait).await;
             held = lifecycle::held_locks().await;
         }
         'entries: for entry in entries {

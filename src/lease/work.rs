@@ -30,7 +30,7 @@ use web_sys::AbortController;
 use super::claims::Claimed;
 use super::client::ClientInner;
 use super::error::LeaseError;
-use super::http::{describe, now_ms, random, sleep_ms};
+use super::http::{describe, now_ms, random};
 use super::lease::{Ending, LeaseInner, Status};
 use super::LossReason;
 
@@ -132,10 +132,11 @@ impl WorkerInner {
         let me = w.clone();
         let all = wasm_bindgen_futures::future_to_promise(async move {
             // Reconcile what earlier pages left in the journal before
-            // claiming; `stop()` leaves the entries not reached yet.
+            // claiming; `stop()` or `client.close()` leaves the entries not
+            // reached yet.
             if me
                 .client
-                .recover_until(false, &|| me.stopping.get())
+                .recover_until(false, &|| me.stopping.get() || me.client.closed.get())
                 .await
                 .is_err()
             {
@@ -184,11 +185,22 @@ impl WorkerInner {
 
     /// Waits `ms`, or less if `stop()` is called or the client is closed.
     async fn wait(&self, ms: f64) {
-        if self.stopping.get() || self.client.closed.get() {
+        self.sleep(ms, true).await;
+    }
+
+    /// Waits `ms`, or less once the client is closed (or, with `or_stop`,
+    /// once `stop()` is called). Every wait of a slot is one of these: a
+    /// bare timer kept the worker's `finished` pending after `close()` had
+    /// resolved, up to the timer's end (a settle retry's, until the lease's
+    /// local deadline).
+    async fn sleep(&self, ms: f64, or_stop: bool) {
+        if self.client.closed.get() || (or_stop && self.stopping.get()) {
             return;
         }
+        let ms = if ms.is_finite() { ms } else { 0.0 };
         let mut wait = crate::store::db::sleep_promise(ms.clamp(0.0, 2_147_483_647.0) as u32);
-        for c in [&self.stop, &self.client.closing].into_iter().flatten() {
+        let stop = if or_stop { self.stop.as_ref() } else { None };
+        for c in [stop, self.client.closing.as_ref()].into_iter().flatten() {
             wait = crate::store::race_abort_js(&wait, &c.signal(), &JsValue::UNDEFINED);
         }
         let _ = JsFuture::from(wait).await;
@@ -214,7 +226,7 @@ async fn slot_loop(w: Rc<WorkerInner>, wrap: fn(Rc<LeaseInner>) -> JsValue) {
                     // Given back at once (one attempt: stop() does not wait
                     // out retries); a release that fails stops holding it
                     // locally, and it is counted as it ended.
-                    end_or_drop(&lease, false).await;
+                    end_or_drop(&w, &lease, false).await;
                     count(&w, &lease);
                     break;
                 }
@@ -322,7 +334,7 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
     let asked = lease.asked.borrow().clone();
     let (state, result, error) = match (asked, outcome) {
         (Some(Ending::Release), _) => {
-            end_or_drop(lease, true).await;
+            end_or_drop(w, lease, true).await;
             count(w, lease);
             return;
         }
@@ -370,8 +382,10 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
                 if lease.ending_unanswered.get() {
                     // Never past the local deadline, which ends the wait
                     // (a `Retry-After: 3600` must not hold the slot and
-                    // `stop()` for an hour after the lease is gone).
-                    sleep_ms(d.min((lease.deadline() - now_ms()).max(0.0))).await;
+                    // `stop()` for an hour after the lease is gone); nor
+                    // past `client.close()`, which sends the settle itself.
+                    let until_deadline = (lease.deadline() - now_ms()).max(0.0);
+                    w.sleep(d.min(until_deadline), false).await;
                 } else {
                     w.wait(d).await;
                 }
@@ -399,7 +413,7 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
                     let why = Some(e.message().to_owned());
                     let _ = lease.settle(SettleState::Failed, None, why).await;
                 }
-                end_or_drop(lease, false).await;
+                end_or_drop(w, lease, false).await;
                 if !matches!(lease.status(), Status::Settled(_)) {
                     // Given back or dropped: the outcome was discarded.
                     w.stats.borrow_mut().lost += 1;
@@ -420,13 +434,20 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
 /// for it, so transient failures are retried like a settle's); if that
 /// fails, stops holding it locally (`expired_locally`: no more heartbeats,
 /// the journal keeps it for `recover()`), so that its server lease runs out
-/// and the item is delivered again.
-async fn end_or_drop(lease: &LeaseInner, handed_back: bool) {
+/// and the item is delivered again. A `client.close()` during a pause
+/// between retries ends it: `close()` releases the lease itself.
+async fn end_or_drop(w: &WorkerInner, lease: &LeaseInner, handed_back: bool) {
     let mut attempt = 0u32;
     while lease.status() == Status::Held {
         match lease.release().await {
+            // close() came meanwhile: it releases the lease (it was held
+            // when close() began, so close() ends it either way).
+            Err(e) if handed_back && e.is_transient() && w.client.closed.get() => return,
             Err(e) if handed_back && e.is_transient() && attempt < 8 => {
-                pause(&mut attempt, 0.0).await
+                w.sleep(pause_ms(&mut attempt, 0.0), false).await;
+                if w.client.closed.get() {
+                    return;
+                }
             }
             Err(_) if lease.status() == Status::Held => {
                 lease.lose(
@@ -451,20 +472,16 @@ async fn until_closed(
         if w.client.closed.get() || (or_stop && w.stopping.get()) {
             return Err(JsValue::UNDEFINED);
         }
-        match select(run, Box::pin(sleep_ms(100.0))).await {
+        match select(run, Box::pin(w.sleep(100.0, or_stop))).await {
             Either::Left((r, _)) => return r,
             Either::Right((_, pending)) => run = pending,
         }
     }
 }
 
-/// Waits before retrying an ending call: full jitter over 100 ms doubling
-/// up to 5 s (`attempt` counts the retries).
-async fn pause(attempt: &mut u32, retry_after_ms: f64) {
-    sleep_ms(pause_ms(attempt, retry_after_ms)).await;
-}
-
-/// The next wait of [`pause`], at least the server's `Retry-After`.
+/// The wait before retrying an ending call, at least the server's
+/// `Retry-After`: full jitter over 100 ms doubling up to 5 s (`attempt`
+/// counts the retries).
 fn pause_ms(attempt: &mut u32, retry_after_ms: f64) -> f64 {
     *attempt = attempt.saturating_add(1);
     agentstore_protocol::backoff::full_jitter_ms(*attempt, 100.0, 5_000.0, random())
