@@ -1020,6 +1020,61 @@ async fn a_work_settle_answered_by_a_proxys_400_or_413_page_is_sent_again_until_
     }
 }
 
+/// A page that is not the lease server's refusing every settle that
+/// carries the handler's result (a proxy's 413 for a body it never passes),
+/// while heartbeats go through: the settle is sent a bounded number of
+/// times, then the item is settled `failed` with the reason (a bare settle
+/// the page passes). Before, it was sent again for as long as heartbeats
+/// renewed the lease: the slot and the item stayed busy for good.
+#[wasm_bindgen_test]
+async fn a_work_settle_a_proxy_always_refuses_ends_the_item_failed_with_the_reason() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("settle-proxy-always");
+    let id = enqueue(&q, json!({})).await;
+    let hook = Function::new_no_args(
+        "const real = globalThis.fetch;
+        let refused = 0;
+        globalThis.fetch = (url, init) => {
+            if (String(url).endsWith('/settle') && String(init && init.body).includes('finished')) {
+                refused++;
+                return Promise.resolve(new Response('Request Entity Too Large', { status: 413 }));
+            }
+            return real(url, init);
+        };
+        return { refused: () => refused, restore: () => { globalThis.fetch = real; } };",
+    )
+    .call0(&JsValue::NULL)
+    .unwrap();
+    let runs = Rc::new(Cell::new(0u32));
+    let r2 = runs.clone();
+    let h = handler(move |_| {
+        r2.set(r2.get() + 1);
+        async { Ok(JsValue::from("finished")) }
+    });
+    let w = WorkerInner::start(admin_client(config()), q.clone(), h, options(1), wrap);
+    let it = wait_item(id, 60_000.0, |it| {
+        it.state != ItemState::Running && it.state != ItemState::Open
+    })
+    .await;
+    let refused = hook_call(&hook, "refused").as_f64().unwrap_or(0.0);
+    hook_call(&hook, "restore");
+    w.stop().await;
+    let st = *w.stats.borrow();
+    assert_eq!(
+        (it.state, it.attempts, runs.get(), st.failed, st.lost),
+        (ItemState::Failed, 0, 1, 1, 0),
+        "after {refused} refused settles: {it:?}, {st:?}"
+    );
+    let why = it.last_error.unwrap_or_default();
+    assert!(why.contains("without an error body"), "the reason: {why}");
+    assert!(
+        (8.0..=9.0).contains(&refused),
+        "sent a bounded number of times, then settled failed: {refused}"
+    );
+}
+
 /// Runs one item through `work()` whose first `refused` settles are
 /// answered `status` with a plain-text page, and checks that it ends
 /// `done` with the handler's result, by one handler run.

@@ -357,10 +357,17 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
     // the outcome is unknown). Refusals that say it did not land (429s
     // from a gateway, a proxy's page without the server's error body at any
     // status, while heartbeats renew the lease) are retried until `stop()`,
-    // which then releases the lease.
+    // which then releases the lease; a 4xx page, until it refused the
+    // settle for good (`refused_for_good`): the item is then settled
+    // `failed` with the reason.
+    //
+    // The local deadline when a page that is not the server's first
+    // refused this settle (see `refused_for_good`).
+    let mut refused_at: Option<f64> = None;
     let closed = loop {
         match lease.settle(state, result.clone(), error.clone()).await {
             Ok(_) => break false,
+
             // After an attempt whose outcome is unknown, any refusal but
             // the server's verdict on the lease (a proxy's 400 or 413 page)
             // says nothing about that attempt either: retried the same way,
@@ -372,7 +379,8 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
                     || (lease.ending_unanswered.get() && !e.is_servers_verdict()))
                     && lease.status() == Status::Held
                     && !w.client.closed.get()
-                    && (lease.ending_unanswered.get() || !w.stopping.get()) =>
+                    && (lease.ending_unanswered.get() || !w.stopping.get())
+                    && !refused_for_good(lease, &e, attempt, &mut refused_at) =>
             {
                 // A 429's or 503's `Retry-After` (RFC 9110 §10.2.3).
                 let retry_after = e.retry_after_ms().unwrap_or(0.0);
@@ -400,20 +408,8 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
             // back to the queue.
             Err(e) if e.is_transient() && w.client.closed.get() => break true,
             Err(e) => {
-                // (A `failed` settle is retried bare, once, unless it was.)
-                let bare = state == SettleState::Failed
-                    && result.is_none()
-                    && error.as_ref().is_none_or(|m| m.len() <= 8192);
-                if lease.status() == Status::Held && !e.is_transient() && !bare {
-                    // Refused for good by the server itself (a 4xx with its
-                    // error body, such as 413: the result is too large; a
-                    // proxy's page without one is transient, above): settle
-                    // `failed` with the reason, so that the item neither
-                    // stays leased nor loops through redeliveries.
-                    let why = Some(e.message().to_owned());
-                    let _ = lease.settle(SettleState::Failed, None, why).await;
-                }
-                end_or_drop(w, lease, false).await;
+                settle_failed_or_drop(w, lease, &e, state, result.is_some(), error.as_deref())
+                    .await;
                 if !matches!(lease.status(), Status::Settled(_)) {
                     // Given back or dropped: the outcome was discarded.
                     w.stats.borrow_mut().lost += 1;
@@ -428,6 +424,60 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
         let _ = JsFuture::from(lease.ended.clone()).await;
     }
     count(w, lease);
+}
+
+/// How many times a settle refused by a page that is not the server's (a
+/// 4xx without its error body) is sent before it counts as refused for
+/// good, once heartbeats renewed the lease meanwhile.
+const FOREIGN_REFUSALS: u32 = 8;
+
+/// Whether a settle refused with `e` is refused for good although `e` is
+/// transient: a page that is not the server's (a proxy's 413 for a body it
+/// never passes, a WAF's 403) refused it [`FOREIGN_REFUSALS`] times, and a
+/// heartbeat renewed the lease since the first refusal (the lease's local
+/// deadline moved), so the server is reachable and the page refuses this
+/// request, not everything. Retried for as long as the lease was held, it
+/// held the slot and kept the item running for good. An outage refusing
+/// every request (heartbeats too) is not bounded here: the lease's local
+/// deadline ends it. Never after an attempt of unknown outcome (it may
+/// have landed). `refused_at` keeps the deadline at the first refusal.
+fn refused_for_good(
+    lease: &LeaseInner,
+    e: &LeaseError,
+    attempt: u32,
+    refused_at: &mut Option<f64>,
+) -> bool {
+    if !e.is_foreign_refusal() || lease.ending_unanswered.get() {
+        return false;
+    }
+    let first = *refused_at.get_or_insert(lease.deadline());
+    attempt + 1 >= FOREIGN_REFUSALS && lease.deadline() > first
+}
+
+/// Ends a lease whose settle into `state` was refused with `e` (not to be
+/// sent again): unless that settle was already a bare `failed` one (no
+/// result, a short message), the item is settled `failed` with the reason,
+/// so that it neither stays leased nor loops through redeliveries; if that
+/// fails too, the lease is released or dropped ([`end_or_drop`]).
+async fn settle_failed_or_drop(
+    w: &WorkerInner,
+    lease: &LeaseInner,
+    e: &LeaseError,
+    state: SettleState,
+    with_result: bool,
+    error: Option<&str>,
+) {
+    // (A `failed` settle is retried bare, once, unless it was.)
+    let bare =
+        state == SettleState::Failed && !with_result && error.is_none_or(|m| m.len() <= 8192);
+    // Refused for good: by the server itself (a 4xx with its error body,
+    // such as 413: the result is too large), or by a page that is not the
+    // server's, again and again while the lease was renewed.
+    if lease.status() == Status::Held && (!e.is_transient() || e.is_foreign_refusal()) && !bare {
+        let why = Some(e.message().to_owned());
+        let _ = lease.settle(SettleState::Failed, None, why).await;
+    }
+    end_or_drop(w, lease, false).await;
 }
 
 /// Releases a lease that is still held (`handed_back`: the handler asked
