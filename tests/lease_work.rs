@@ -6,7 +6,7 @@ use std::rc::Rc;
 
 use agentstore::lease::{WorkOptions, WorkerInner};
 use agentstore::lease_api::Lease;
-use agentstore_protocol::lease::ItemState;
+use agentstore_protocol::lease::{ItemState, ItemView};
 use js_sys::{Function, Promise, Reflect};
 use serde_json::json;
 use wasm_bindgen::closure::Closure;
@@ -1047,23 +1047,13 @@ async fn a_work_settle_a_proxy_always_refuses_ends_the_item_failed_with_the_reas
     )
     .call0(&JsValue::NULL)
     .unwrap();
-    let runs = Rc::new(Cell::new(0u32));
-    let r2 = runs.clone();
-    let h = handler(move |_| {
-        r2.set(r2.get() + 1);
-        async { Ok(JsValue::from("finished")) }
-    });
-    let w = WorkerInner::start(admin_client(config()), q.clone(), h, options(1), wrap);
-    let it = wait_item(id, 60_000.0, |it| {
-        it.state != ItemState::Running && it.state != ItemState::Open
-    })
-    .await;
+    let (it, runs, w) = work_until_ended(&q, id).await;
     let refused = hook_call(&hook, "refused").as_f64().unwrap_or(0.0);
     hook_call(&hook, "restore");
     w.stop().await;
     let st = *w.stats.borrow();
     assert_eq!(
-        (it.state, it.attempts, runs.get(), st.failed, st.lost),
+        (it.state, it.attempts, runs, st.failed, st.lost),
         (ItemState::Failed, 0, 1, 1, 0),
         "after {refused} refused settles: {it:?}, {st:?}"
     );
@@ -1073,6 +1063,24 @@ async fn a_work_settle_a_proxy_always_refuses_ends_the_item_failed_with_the_reas
         (8.0..=9.0).contains(&refused),
         "sent a bounded number of times, then settled failed: {refused}"
     );
+}
+
+/// Starts a one-slot `work()` on `q` whose handler returns `"finished"`,
+/// and waits (up to 60 s) until item `id` is neither open nor running:
+/// the item then, how many times the handler ran, and the worker.
+async fn work_until_ended(q: &str, id: i64) -> (ItemView, u32, Rc<WorkerInner>) {
+    let runs = Rc::new(Cell::new(0u32));
+    let r2 = runs.clone();
+    let h = handler(move |_| {
+        r2.set(r2.get() + 1);
+        async { Ok(JsValue::from("finished")) }
+    });
+    let w = WorkerInner::start(admin_client(config()), q.to_owned(), h, options(1), wrap);
+    let it = wait_item(id, 60_000.0, |it| {
+        it.state != ItemState::Running && it.state != ItemState::Open
+    })
+    .await;
+    (it, runs.get(), w)
 }
 
 /// Runs one item through `work()` whose first `refused` settles are
@@ -1085,24 +1093,14 @@ async fn settle_refused_by_a_proxy_lands(status: u16, refused: u32) {
     let q = fresh_queue(&format!("settle-proxy-{status}"));
     let id = enqueue(&q, json!({})).await;
     let hook = refuser("/settle", f64::from(refused), 0, status);
-    let runs = Rc::new(Cell::new(0u32));
-    let r2 = runs.clone();
-    let h = handler(move |_| {
-        r2.set(r2.get() + 1);
-        async { Ok(JsValue::from("finished")) }
-    });
-    let w = WorkerInner::start(admin_client(config()), q.clone(), h, options(1), wrap);
-    let it = wait_item(id, 60_000.0, |it| {
-        it.state != ItemState::Running && it.state != ItemState::Open
-    })
-    .await;
+    let (it, runs, w) = work_until_ended(&q, id).await;
     let settles = hook_call(&hook, "settles");
     let releases = hook_call(&hook, "releases");
     hook_call(&hook, "restore");
     w.stop().await;
     let st = *w.stats.borrow();
     assert_eq!(
-        (it.state, it.result, it.attempts, it.last_error, runs.get()),
+        (it.state, it.result, it.attempts, it.last_error, runs),
         (ItemState::Done, Some(json!("finished")), 0, None, 1),
         "{status} x{refused}: after {settles:?} settles, {releases:?} releases, {st:?}"
     );
