@@ -233,8 +233,11 @@ function createSchema(db, schema) {
  * for `blockedMs` (the request cannot be cancelled: if it completes later,
  * its connection is closed at once so it never blocks anyone in turn).
  * Rejects with a string when the upgrade refused (the database was
- * deleted), else with the request's DOMException (an upgrade that throws
- * aborts: AbortError). Throws what `factory.open` throws.
+ * deleted), with a NotFoundError when the database exists at `version`
+ * without the object stores `schema` needs (another library made it), else
+ * with the request's DOMException (an upgrade that throws aborts:
+ * AbortError; a VersionError names the database as another's). Throws
+ * what `factory.open` throws.
  *
  * On `versionchange` (another tab upgrades or deletes the database) the
  * connection closes itself, sets its `onversionchange` back to null (how
@@ -270,6 +273,19 @@ export function openDatabase(factory, name, version, blockedMs, schema, onClose)
           return null;
         }
         request.onupgradeneeded = null;
+        // A database of this name that another library created at this
+        // version (any `indexedDB.open(name)` makes one with no store)
+        // opens without an upgrade: refused here, or every later call
+        // would fail with a missing object store.
+        const needed = schema === 2 ? ['leases'] : ['records', 'tombstones', 'meta', 'derived'];
+        const missing = needed.filter((n) => !db.objectStoreNames.contains(n));
+        if (missing.length) {
+          db.close();
+          throw new DOMException(
+            `database "${name}" is not an agentstore database (it has no ${missing.join(', ')} store: another library made it); open another name, or destroy it first`,
+            'NotFoundError',
+          );
+        }
         db.onversionchange = () => {
           db.onversionchange = null;
           db.close();
@@ -282,7 +298,15 @@ export function openDatabase(factory, name, version, blockedMs, schema, onClose)
         return db;
       },
       (e) => {
-        throw refused !== undefined ? refused : e;
+        if (refused !== undefined) throw refused;
+        // Above this release's schema version: not a database it made.
+        if (e && e.name === 'VersionError') {
+          throw new DOMException(
+            `${e.message} (database "${name}" was made by another library or by a newer release of agentstore)`,
+            'VersionError',
+          );
+        }
+        throw e;
       },
     );
 }

@@ -591,6 +591,58 @@ async fn open_and_destroy_that_nothing_blocks_succeed_even_with_a_zero_blocked_t
     }
 }
 
+/// `open` of a name another library already uses is refused with a
+/// TransactionError that says so, and leaves that database as it was: at
+/// this release's schema version with none of agentstore's object stores
+/// (what any `indexedDB.open(name)` makes; before, `open` resolved and
+/// every later call failed with "object store not found"), or at a higher
+/// version (Dexie's databases are at 10 × theirs).
+#[wasm_bindgen_test]
+async fn open_of_a_database_another_library_made_is_refused_and_leaves_it_alone() {
+    let make = Function::new_with_args(
+        "name, version",
+        "return new Promise((ok, fail) => { const r = indexedDB.open(name, version); \
+         r.onupgradeneeded = () => r.result.createObjectStore('friends'); \
+         r.onsuccess = () => { r.result.close(); ok(); }; r.onerror = () => fail(r.error); });",
+    );
+    let stores = Function::new_with_args(
+        "name",
+        "return new Promise((ok, fail) => { const r = indexedDB.open(name); \
+         r.onsuccess = () => { const d = r.result; const out = [d.version, [...d.objectStoreNames]]; d.close(); ok(out); }; \
+         r.onerror = () => fail(r.error); });",
+    );
+    for version in [1, 10] {
+        let name = fresh_name(&format!("foreign-v{version}"));
+        let made: Promise = make
+            .call2(&JsValue::NULL, &s(&name), &JsValue::from(version))
+            .unwrap()
+            .unchecked_into();
+        call(made).await.unwrap();
+        let e = call(AgentStore::open(s(&name), JsValue::UNDEFINED))
+            .await
+            .expect_err("a database another library made is not opened");
+        assert_eq!(
+            err_kind(&e),
+            ("TransactionError".into(), "transaction".into())
+        );
+        let message = field_str(&e, "message").unwrap_or_default();
+        assert!(
+            message.contains("another library"),
+            "v{version}: the message says whose it is: {message}"
+        );
+        let after: Promise = stores
+            .call1(&JsValue::NULL, &s(&name))
+            .unwrap()
+            .unchecked_into();
+        let after = js_sys::JSON::stringify(&call(after).await.unwrap()).unwrap();
+        assert_eq!(
+            String::from(after),
+            format!("[{version},[\"friends\"]]"),
+            "v{version}: left as it was"
+        );
+    }
+}
+
 /// A subscription lasts until `close()`, as an event listener does: a
 /// handle the page drops (freed, or garbage-collected) does not stop it.
 /// Before, the handle was a wasm-bindgen class whose finalizer freed it, and
