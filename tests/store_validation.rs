@@ -711,6 +711,37 @@ async fn mutate_refuses_a_result_that_is_not_a_plain_object() {
     );
 }
 
+/// A `mutate` function whose result names another `_id` is refused
+/// (ValidationError, nothing written to either id), sync or async; its own
+/// `_id`, or none, writes the record mutated. Before, `_id` was overwritten
+/// with the id mutated: a copy meant for another record silently replaced
+/// this one.
+#[wasm_bindgen_test]
+async fn mutate_refuses_a_result_with_another_id_and_writes_nothing() {
+    let (store, _) = open("mutate-other-id").await;
+    let w = store.put(&js(json!({"_id": "x", "v": 1}))).await.unwrap();
+    for src in [
+        "return {_id: 'other', v: 2};",
+        "return Promise.resolve({_id: 'other', v: 2});",
+        "return {_id: 7, v: 2};",
+        "return {...cur, _id: 'x ', v: 2};",
+    ] {
+        let f = js_sys::Function::new_with_args("cur", src);
+        let e = store.mutate(&s("x"), &f, 0, None).await.unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Validation, "{src}");
+        assert!(e.to_string().contains("another _id"), "{src}: {e}");
+    }
+    assert!(store.get(&s("other")).await.unwrap().is_none());
+    let got = store.get(&s("x")).await.unwrap().unwrap();
+    assert_eq!(field_str(&got, "_rev"), Some(w.rev), "x untouched");
+    for src in ["return {...cur, v: 3};", "return {v: 4};"] {
+        let f = js_sys::Function::new_with_args("cur", src);
+        store.mutate(&s("x"), &f, 0, None).await.unwrap();
+    }
+    let got = store.get(&s("x")).await.unwrap().unwrap();
+    assert_eq!(field(&got, "v").as_f64(), Some(4.0));
+}
+
 /// Names are taken exactly or refused: a store name, index name or key path
 /// with a lone surrogate is a ValidationError. Before, each lone surrogate
 /// became U+FFFD, so `open("t\uD800")` and `open("t\uDC00")` opened one

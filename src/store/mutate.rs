@@ -153,7 +153,12 @@ pub(super) fn call(
 }
 
 /// The record `mutate` writes for the function's result `out`: `None` for
-/// `undefined`; `_id` forced to `id`, `_rev` set to the revision read.
+/// `undefined`; `_id` set to `id` (another `_id` is refused), `_rev` set
+/// to the revision read.
+///
+/// # Errors
+/// ValidationError for a result that is not a record object, has another
+/// `_id`, or is not a valid record.
 fn mutate_result(id: &JsString, out: JsValue, read_rev: Option<&str>) -> Result<Option<Prepared>> {
     if out.is_undefined() {
         return Ok(None);
@@ -165,6 +170,14 @@ fn mutate_result(id: &JsString, out: JsValue, read_rev: Option<&str>) -> Result<
     }
     // One read of each top-level field; the walk reads the nested ones once.
     let next = crate::value::shallow_copy(&out)?;
+    // Omitted, `_id` is the id mutated; another one is a mistake (a copy
+    // meant for another record would overwrite this one), not renamed.
+    let given = js_sys::Reflect::get(&next, &"_id".into()).unwrap_or(JsValue::UNDEFINED);
+    if !given.is_undefined() && given != JsValue::from(id) {
+        return Err(StoreError::validation(
+            "the mutate function returned a record with another _id (omit it, or keep the id mutated)",
+        ));
+    }
     set(&next, "_id", id);
     match read_rev {
         Some(r) => set(&next, "_rev", &r.into()),
