@@ -20,54 +20,54 @@ const TS_TYPES: &str = r#"
 /** A stored record: a JSON object with a string `_id` and a store-assigned `_rev`. */
 export interface AgentRecord {
   _id: string;
-  /** `"<generation>-<hex>"`; give it back to update (compare-and-swap). */
-  _rev?: string;
-  recordType?: string;
-  /** ISO-8601 UTC with milliseconds; set to now when absent. */
-  updatedAt?: string;
+  /** `"<generation>-<hex>"`; give it back to update (compare-and-swap). `undefined` = absent (create). */
+  _rev?: string | undefined;
+  recordType?: string | undefined;
+  /** ISO-8601 UTC with milliseconds; set to now when absent (or `undefined`). */
+  updatedAt?: string | undefined;
   [field: string]: unknown;
 }
 export interface OpenOptions {
   /** Reject with BlockedError when another tab blocks the open this long (ms, 0..=2147483647). Default 5000. */
-  blockedTimeoutMs?: number;
+  blockedTimeoutMs?: number | null | undefined;
   /** Called after another tab's upgrade closed this connection. */
-  onVersionChange?: () => void;
+  onVersionChange?: (() => void) | null | undefined;
   /** Derived indexes, e.g. [{name: "byType", keys: ["recordType", "updatedAt"]}]. */
-  indexes?: IndexDefinition[];
+  indexes?: IndexDefinition[] | null | undefined;
 }
 export interface PutResult { id: string; rev: string; }
 export interface ListOptions {
   /** Exact prefix on `_id` (UTF-16 code-unit order, as IndexedDB compares). */
-  prefix?: string;
+  prefix?: string | null | undefined;
   /** Only records whose `recordType` equals this. */
-  type?: string;
+  type?: string | null | undefined;
   /** Page size, 1..=10000; default 100. */
-  limit?: number;
-  /** The `next` cursor of the previous page. */
-  after?: string;
-  descending?: boolean;
+  limit?: number | null | undefined;
+  /** The `next` cursor of the previous page (`null`, as the last page's `next` is: from the start). */
+  after?: string | null | undefined;
+  descending?: boolean | null | undefined;
 }
 export interface ListPage { records: AgentRecord[]; next: string | null; }
 export interface MutateOptions {
   /** Extra attempts after a conflict; default 8. */
-  retries?: number;
-  signal?: AbortSignal;
+  retries?: number | null | undefined;
+  signal?: AbortSignal | null | undefined;
 }
 /** What `importPouchDump` / `importSnapshot` read: NDJSON text as a string, or streamed from a Blob (File), Response or ReadableStream of bytes. */
 export type ImportSource = string | Blob | Response | ReadableStream<Uint8Array>;
 export interface ImportOptions {
   /** Called with (done, total) ids after each committed batch. */
-  onProgress?: (done: number, total: number) => void;
+  onProgress?: ((done: number, total: number) => void) | null | undefined;
   /** Stops the import between batches (AbortError); committed batches stay. */
-  signal?: AbortSignal;
+  signal?: AbortSignal | null | undefined;
   /** Records per transaction, 1..=10000; default 1000. */
-  batchSize?: number;
+  batchSize?: number | null | undefined;
   /** importPouchDump: id of a legacy index document to audit (default "agent-index"). */
-  legacyIndexId?: string;
+  legacyIndexId?: string | null | undefined;
 }
 export interface ExportOptions {
   /** Stored objects read per request (and per `exportSnapshotChunks` chunk), 1..=10000; default 1000. */
-  batchSize?: number;
+  batchSize?: number | null | undefined;
 }
 export interface PouchImportSummary {
   documentsRead: number; live: number; tombstones: number; localSkipped: number;
@@ -77,7 +77,7 @@ export interface PouchImportSummary {
 }
 export interface WatchOptions {
   /** Only changes whose `_id` starts with this (default: every change). */
-  prefix?: string;
+  prefix?: string | null | undefined;
 }
 /** One committed change, delivered to `watch` callbacks in every tab and worker of the origin. */
 export interface WatchChange { id: string; rev: string; deleted: boolean; }
@@ -92,15 +92,15 @@ export interface SnapshotImportSummary { written: number; keptNewer: number; }
 export interface IndexDefinition { name: string; keys: string[]; }
 export interface CountOptions {
   /** Exact prefix on `_id` (UTF-16 code-unit order). */
-  prefix?: string;
+  prefix?: string | null | undefined;
   /** Only records whose `recordType` equals this. */
-  type?: string;
+  type?: string | null | undefined;
 }
 /** One `deleteMany` position: the id and the live revision it deletes (compare-and-swap). */
 export interface DeleteItem { id: string; rev: string; }
 export interface DestroyOptions {
   /** Reject with BlockedError when a connection that ignores `versionchange` still blocks after this long (ms, 0..=2147483647). Default 5000. */
-  blockedTimeoutMs?: number;
+  blockedTimeoutMs?: number | null | undefined;
 }
 export interface PurgeOptions {
   /** Remove tombstones written more than this long ago (ms, ≥ 0; 0 = every tombstone). Required. */
@@ -108,20 +108,27 @@ export interface PurgeOptions {
 }
 export interface ListByOptions {
   /** Leading components equal these values exactly (one value or an array). */
-  eq?: string | number | (string | number)[];
+  eq?: string | number | (string | number)[] | null | undefined;
   /** The first component is a string starting with this. */
-  prefix?: string;
-  range?: { lower?: string | number; upper?: string | number; lowerOpen?: boolean; upperOpen?: boolean };
-  limit?: number; after?: string; descending?: boolean;
+  prefix?: string | null | undefined;
+  range?: {
+    lower?: string | number | null | undefined; upper?: string | number | null | undefined;
+    lowerOpen?: boolean | null | undefined; upperOpen?: boolean | null | undefined;
+  } | null | undefined;
+  /** Page size, 1..=10000; default 100. */
+  limit?: number | null | undefined;
+  /** The `next` cursor of the previous page (`null`, as the last page's `next` is: from the start). */
+  after?: string | null | undefined;
+  descending?: boolean | null | undefined;
 }
 export interface IndexVerification { checked: number; missing: string[]; orphaned: string[]; stale: string[]; building: string[]; }
 export interface RebuildOptions {
-  /** Records per transaction (default 500). */
-  batchSize?: number;
-  onProgress?: (done: number, total: number) => void;
-  signal?: AbortSignal;
+  /** Records per transaction, 1..=10000; default 500. */
+  batchSize?: number | null | undefined;
+  onProgress?: ((done: number, total: number) => void) | null | undefined;
+  signal?: AbortSignal | null | undefined;
   /** false = resume an interrupted rebuild from its checkpoint (default true = start over). */
-  restart?: boolean;
+  restart?: boolean | null | undefined;
 }
 /** Every `code` an agentstore error (store or lease client) can carry. */
 export type ErrorCode =
@@ -147,6 +154,9 @@ export interface ConflictError extends Error {
 }
 /** Errors thrown by agentstore: `name` is e.g. "ConflictError", `code` e.g. "conflict". */
 export interface AgentStoreError extends Error {
+  name:
+    | "ConflictError" | "ValidationError" | "NotFoundError" | "QuotaExceededError" | "TransactionError"
+    | "BlockedError" | "ClosedError" | "AbortError" | "NetworkError";
   /** "network": an import or export could not fetch the import/export module. */
   code: "conflict" | "validation" | "not_found" | "quota_exceeded" | "transaction" | "blocked" | "closed" | "aborted" | "network";
   status: number;
@@ -381,7 +391,7 @@ impl AgentStore {
     #[wasm_bindgen(unchecked_return_type = "Promise<AgentStore>")]
     pub fn open(
         #[wasm_bindgen(unchecked_param_type = "string")] name: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "OpenOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "OpenOptions | null")] options: JsValue,
     ) -> Promise {
         issue(|_| {
             let (name, timeout) = name_and_timeout(&name, &options)?;
@@ -431,7 +441,7 @@ impl AgentStore {
     #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
     pub fn destroy(
         #[wasm_bindgen(unchecked_param_type = "string")] name: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "DestroyOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "DestroyOptions | null")] options: JsValue,
     ) -> Promise {
         issue(|to_error| {
             let (name, timeout) = name_and_timeout(&name, &options)?;
@@ -477,7 +487,7 @@ impl AgentStore {
     #[wasm_bindgen(unchecked_return_type = "Promise<number>")]
     pub fn count(
         &self,
-        #[wasm_bindgen(unchecked_optional_param_type = "CountOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "CountOptions | null")] options: JsValue,
     ) -> Promise {
         issue(|to_error| {
             // Listing options mean nothing to a count: refused, not ignored
@@ -561,7 +571,7 @@ impl AgentStore {
             unchecked_param_type = "(current: AgentRecord | null) => AgentRecord | undefined | Promise<AgentRecord | undefined>"
         )]
         f: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "MutateOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "MutateOptions | null")] options: JsValue,
     ) -> Promise {
         self.write(Write::Mutate(id, f, options))
     }
@@ -581,7 +591,7 @@ impl AgentStore {
     #[wasm_bindgen(unchecked_return_type = "Promise<ListPage>")]
     pub fn list(
         &self,
-        #[wasm_bindgen(unchecked_optional_param_type = "ListOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "ListOptions | null")] options: JsValue,
     ) -> Promise {
         issue(|to_error| {
             self.inner
@@ -595,7 +605,7 @@ impl AgentStore {
     pub fn list_by(
         &self,
         #[wasm_bindgen(unchecked_param_type = "string")] name: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "ListByOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "ListByOptions | null")] options: JsValue,
     ) -> Promise {
         issue(|to_error| {
             let name = string_arg(&name, "the index name").map_err(StoreError::Thrown)?;
@@ -617,7 +627,7 @@ impl AgentStore {
     #[wasm_bindgen(unchecked_return_type = "Watch")]
     pub fn watch(
         &self,
-        #[wasm_bindgen(unchecked_param_type = "WatchOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "WatchOptions | null | undefined")] options: JsValue,
         #[wasm_bindgen(unchecked_param_type = "(change: WatchChange) => void")] callback: JsValue,
     ) -> Result<JsValue, JsValue> {
         crate::options::nested(|| self.watch_with(options, callback))?
@@ -805,7 +815,7 @@ impl AgentStore {
     pub fn import_pouch_dump(
         &self,
         #[wasm_bindgen(unchecked_param_type = "ImportSource")] source: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "ImportOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "ImportOptions | null")] options: JsValue,
     ) -> Promise {
         self.io("importPouchDump", source, options, |s, o| {
             import_checks(s, o, true).map(|_| ())
@@ -817,7 +827,7 @@ impl AgentStore {
     #[wasm_bindgen(js_name = exportSnapshot, unchecked_return_type = "Promise<string>")]
     pub fn export_snapshot(
         &self,
-        #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions | null")] options: JsValue,
     ) -> Promise {
         self.io("exportSnapshot", options, JsValue::UNDEFINED, |o, _| {
             batch_option(o).map(|_| ())
@@ -828,7 +838,7 @@ impl AgentStore {
     #[wasm_bindgen(js_name = exportSnapshotBlob, unchecked_return_type = "Promise<Blob>")]
     pub fn export_snapshot_blob(
         &self,
-        #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions | null")] options: JsValue,
     ) -> Promise {
         self.io("exportSnapshotBlob", options, JsValue::UNDEFINED, |o, _| {
             batch_option(o).map(|_| ())
@@ -840,8 +850,9 @@ impl AgentStore {
     #[wasm_bindgen(js_name = exportSnapshotChunks, unchecked_return_type = "Promise<void>")]
     pub fn export_snapshot_chunks(
         &self,
-        #[wasm_bindgen(unchecked_param_type = "(chunk: string) => void")] on_chunk: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions")] options: JsValue,
+        #[wasm_bindgen(js_name = onChunk, unchecked_param_type = "(chunk: string) => void")]
+        on_chunk: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions | null")] options: JsValue,
     ) -> Promise {
         self.io("exportSnapshotChunks", on_chunk, options, |f, o| {
             chunk_fn(f).and_then(|_| batch_option(o).map(|_| ()))
@@ -854,7 +865,7 @@ impl AgentStore {
     pub fn import_snapshot(
         &self,
         #[wasm_bindgen(unchecked_param_type = "ImportSource")] source: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "ImportOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "ImportOptions | null")] options: JsValue,
     ) -> Promise {
         self.io("importSnapshot", source, options, |s, o| {
             import_checks(s, o, false).map(|_| ())
@@ -883,7 +894,7 @@ impl AgentStore {
     #[wasm_bindgen(js_name = rebuildIndexes, unchecked_return_type = "Promise<number>")]
     pub fn rebuild_indexes(
         &self,
-        #[wasm_bindgen(unchecked_optional_param_type = "RebuildOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "RebuildOptions | null")] options: JsValue,
     ) -> Promise {
         self.io("rebuildIndexes", options, JsValue::UNDEFINED, |o, _| {
             rebuild_options(o).map(|_| ())
@@ -996,7 +1007,7 @@ impl AgentStore {
     #[wasm_bindgen(js_name = rebuildIndexes, unchecked_return_type = "Promise<number>")]
     pub fn rebuild_indexes(
         &self,
-        #[wasm_bindgen(unchecked_optional_param_type = "RebuildOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "RebuildOptions | null")] options: JsValue,
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
@@ -1015,7 +1026,7 @@ impl AgentStore {
     pub fn import_pouch_dump(
         &self,
         #[wasm_bindgen(unchecked_param_type = "ImportSource")] source: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "ImportOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "ImportOptions | null")] options: JsValue,
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
@@ -1064,7 +1075,7 @@ impl AgentStore {
     #[wasm_bindgen(js_name = exportSnapshot, unchecked_return_type = "Promise<string>")]
     pub fn export_snapshot(
         &self,
-        #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions | null")] options: JsValue,
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
@@ -1077,7 +1088,7 @@ impl AgentStore {
     #[wasm_bindgen(js_name = exportSnapshotBlob, unchecked_return_type = "Promise<Blob>")]
     pub fn export_snapshot_blob(
         &self,
-        #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions | null")] options: JsValue,
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
@@ -1091,8 +1102,9 @@ impl AgentStore {
     #[wasm_bindgen(js_name = exportSnapshotChunks, unchecked_return_type = "Promise<void>")]
     pub fn export_snapshot_chunks(
         &self,
-        #[wasm_bindgen(unchecked_param_type = "(chunk: string) => void")] on_chunk: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions")] options: JsValue,
+        #[wasm_bindgen(js_name = onChunk, unchecked_param_type = "(chunk: string) => void")]
+        on_chunk: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions | null")] options: JsValue,
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
@@ -1109,7 +1121,7 @@ impl AgentStore {
     pub fn import_snapshot(
         &self,
         #[wasm_bindgen(unchecked_param_type = "ImportSource")] source: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "ImportOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "ImportOptions | null")] options: JsValue,
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {

@@ -23,42 +23,42 @@ use agentstore_protocol::lease::ItemState;
 const TS_LEASE_TYPES: &str = r#"
 export interface LeaseClientOptions {
   /** Bearer token (a worker's access token, or the admin token). */
-  accessToken?: string;
+  accessToken?: string | null | undefined;
   /** Refresh token: used once on a 401, then rotated (see onCredentials). */
-  refreshToken?: string;
+  refreshToken?: string | null | undefined;
   /** Single-use enrollment token: enrolls on the first request when no accessToken is given. */
-  enrollmentToken?: string;
+  enrollmentToken?: string | null | undefined;
   /** Worker name sent with the enrollment. */
-  name?: string;
+  name?: string | null | undefined;
   /** Called after each enrollment/refresh with the NEW tokens; persist refreshToken. */
-  onCredentials?: (c: IssuedCredentials) => void;
+  onCredentials?: ((c: IssuedCredentials) => void) | null | undefined;
   /** Bound of one request (ms). Default 30000. */
-  requestTimeoutMs?: number;
+  requestTimeoutMs?: number | null | undefined;
   /** Lease journal: false disables it, a string names its IndexedDB database. Default "agentstore-leases". */
-  journal?: boolean | string;
+  journal?: boolean | string | null | undefined;
   /** Hold a Web Lock per lease (navigator.locks; skipped where absent). Default true. */
-  webLocks?: boolean;
+  webLocks?: boolean | null | undefined;
   /** Release held leases with a beacon on pagehide (windows only). Default true. */
-  releaseOnPagehide?: boolean;
+  releaseOnPagehide?: boolean | null | undefined;
   /** recover(): how long to wait for another page's lease lock (ms). Default 1000. */
-  lockWaitMs?: number;
+  lockWaitMs?: number | null | undefined;
   /**
    * Origins (`"https://api.example"`) besides the lease server's own that `lease.fetch` sends
    * `X-Lease-Token`/`X-Lease-Epoch` to. Default none: the token alone can release the lease,
    * so it never goes to a third party unless you name it here.
    */
-  leaseHeaderOrigins?: string[];
+  leaseHeaderOrigins?: string[] | null | undefined;
   /** TEST HOOK: maps each heartbeat timer delay (ms) to the delay used (simulates throttled tabs). */
-  testTimerDelay?: (ms: number) => number;
+  testTimerDelay?: ((ms: number) => number) | null | undefined;
 }
 export interface WorkOptions {
   /** Parallel slots, 1..64. Default 1. */
-  concurrency?: number;
+  concurrency?: number | null | undefined;
   /** Wait after an empty claim (ms), plus jitter in [0, min(interval/2, 30 s)]. Default 5000. */
-  pollIntervalMs?: number;
+  pollIntervalMs?: number | null | undefined;
   /** Reconnect backoff random(base, min(cap, base*2^n)); defaults 10000 and 300000 ms. */
-  reconnectBaseMs?: number;
-  reconnectCapMs?: number;
+  reconnectBaseMs?: number | null | undefined;
+  reconnectCapMs?: number | null | undefined;
 }
 /** The credentials handed to `onCredentials` after an enrollment or refresh. */
 export interface IssuedCredentials { workerId: number; accessToken: string; refreshToken: string; accessExpiresInMs: number; }
@@ -81,14 +81,14 @@ export interface LeaseItem {
 }
 /** What `settle` resolves with when the server applied it but cannot read the item's stored row (its payload is not JSON). */
 export interface UnreadableItem { id: number; state: ItemState; unreadable_row: true; }
-export interface ClaimOptions { signal?: AbortSignal; }
+export interface ClaimOptions { signal?: AbortSignal | null | undefined; }
 export interface RecoverOptions {
   /** true: journalled leases that are still valid are heartbeated and returned in `resumed` instead of released. */
-  resume?: boolean;
+  resume?: boolean | null | undefined;
 }
 export interface SettleOptions {
   /** A message stored as the item's `last_error` (for failed / blocked). */
-  error?: string;
+  error?: string | null | undefined;
 }
 /** `work()` handler: its resolved value settles the item `done` (with it as the result), a throw settles `failed`. */
 export type WorkHandler = (lease: Lease) => unknown | Promise<unknown>;
@@ -103,7 +103,7 @@ export interface LeaseError extends Error {
 export interface WorkStats { claimed: number; done: number; failed: number; lost: number; released: number; connectionFailures: number; backoffsMs: number[]; pollDelaysMs: number[]; }
 export interface Recovery { released: number[]; lost: number[]; busy: number[]; skipped: number[]; pending: number[]; resumed: Lease[]; }
 /** `ClaimLostError`: the lease is gone; nothing was written under it. */
-export interface ClaimLostError extends Error { code: "claim_lost"; status: 409; reason: "claim_lost" | "expired_locally" | "released"; itemId: number; }
+export interface ClaimLostError extends Error { name: "ClaimLostError"; code: "claim_lost"; status: 409; reason: "claim_lost" | "expired_locally" | "released"; itemId: number; }
 /** `AlreadySettledError`: a settle of this lease landed before (its answer was lost) and this one asked for something else; nothing was written by it, and the lease is settled into `settledState`. */
 export interface AlreadySettledError extends Error { name: "AlreadySettledError"; code: "already_settled"; status: 409; settledState: SettleState; itemId: number; }
 "#;
@@ -256,7 +256,8 @@ impl LeaseClient {
     #[wasm_bindgen(constructor)]
     pub fn new(
         #[wasm_bindgen(js_name = baseUrl, unchecked_param_type = "string")] base_url: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "LeaseClientOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "LeaseClientOptions | null")]
+        options: JsValue,
     ) -> Result<LeaseClient, JsValue> {
         crate::options::nested(|| Self::build(&base_url, &options))?.map_err(|e| e.to_js())
     }
@@ -342,7 +343,7 @@ impl LeaseClient {
     pub fn claim(
         &self,
         #[wasm_bindgen(unchecked_param_type = "string")] queue: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "ClaimOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "ClaimOptions | null")] options: JsValue,
     ) -> Promise {
         call(Call::Claim(self.inner.clone(), queue, options))
     }
@@ -360,7 +361,7 @@ impl LeaseClient {
         &self,
         #[wasm_bindgen(unchecked_param_type = "string")] queue: JsValue,
         #[wasm_bindgen(unchecked_param_type = "WorkHandler")] handler: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "WorkOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "WorkOptions | null")] options: JsValue,
     ) -> Result<Worker, JsValue> {
         let queue = queue_param(&queue).map_err(|e| e.to_js())?;
         let handler: Function = handler
@@ -414,7 +415,7 @@ impl LeaseClient {
     #[wasm_bindgen(unchecked_return_type = "Promise<Recovery>")]
     pub fn recover(
         &self,
-        #[wasm_bindgen(unchecked_optional_param_type = "RecoverOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "RecoverOptions | null")] options: JsValue,
     ) -> Promise {
         call(Call::Recover(self.inner.clone(), options))
     }
@@ -587,7 +588,7 @@ impl Lease {
         &self,
         #[wasm_bindgen(unchecked_param_type = "SettleState")] state: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "unknown")] result: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "SettleOptions")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "SettleOptions | null")] options: JsValue,
     ) -> Promise {
         let inner = self.inner.clone();
         // Read and recorded synchronously: a handler that calls settle()
@@ -652,7 +653,7 @@ impl Lease {
     pub fn fetch(
         &self,
         #[wasm_bindgen(unchecked_param_type = "string | Request")] input: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "RequestInit")] init: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "RequestInit | null")] init: JsValue,
     ) -> Promise {
         // Everything that may run the caller's code (`init`'s getters, the
         // getters of what they throw, a page's own `fetch` wrapper) runs
@@ -715,7 +716,7 @@ impl Lease {
     pub fn prepare_request(
         &self,
         #[wasm_bindgen(unchecked_param_type = "string | Request")] input: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "RequestInit")] init: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "RequestInit | null")] init: JsValue,
     ) -> Result<Request, JsValue> {
         // The Request constructor reads `init`'s getters.
         crate::options::nested(|| self.prepare(input, init))

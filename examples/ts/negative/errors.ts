@@ -17,5 +17,12 @@ export async function wrong(): Promise<void> {
   await lease?.settle('finished'); // error TS2345
   const epoch: string | undefined = lease?.epoch; // error TS2322
   client.work('jobs', async (l) => l.itemID); // error TS2551
+  // "Not given" is undefined or null, nothing else; `_rev: null` and a required option are refused at runtime.
+  await store.put({ _id: 'a', _rev: null }); // error TS2322
+  await store.purgeTombstones(null); // error TS2345
+  await store.purgeTombstones({ olderThanMs: undefined }); // error TS2322
+  await store.mutate('a', () => null); // error TS2322
+  await store.list({ after: 0 }); // error TS2322
+  await client.claim('jobs', 'now'); // error TS2559
   console.log(n, epoch);
 }

@@ -144,3 +144,89 @@ export async function leases(save: (refreshToken: string) => void): Promise<void
     console.log(err.name, err.code, err.status, err.retryAfterMs, stats.done);
   }
 }
+
+// What the docs and the runtime accept as "not given" (docs/api.md: `undefined`
+// or `null`, for the options object or for one option), under
+// exactOptionalPropertyTypes: a value that may be absent passes straight
+// through, as the README Quickstart writes it.
+export async function notGiven(maybe: { prefix?: string; limit?: number; signal?: AbortSignal }): Promise<void> {
+  await init();
+  const store = await AgentStore.open('quickstart');
+  const cur = await store.get('agent:1');
+  await store.put({ _id: 'agent:1', _rev: cur?._rev, recordType: 'agent', name: 'Triage bot' }); // README Quickstart line
+  const page = await store.list({ prefix: 'run:', limit: 10 });
+  await store.list({ prefix: 'run:', limit: 10, after: page.next }); // next is string | null
+  await store.listBy('byType', { after: page.next });
+  store.watch(null, () => {}).close();
+  store.watch(undefined, () => {}).close();
+  for (let after: string | null = null; ; ) {
+    const p = await store.list({ after });
+    console.log(p.records.length);
+    if (!p.next) break;
+    after = p.next;
+  }
+  for (let after: string | null = null; ; ) {
+    const p: ListPage = await store.listBy('byType', { eq: ['agent'], after, limit: maybe.limit });
+    if (!p.next) break;
+    after = p.next;
+  }
+
+  // Every options object may be null, and every option undefined or null.
+  await AgentStore.open('quickstart', null);
+  await AgentStore.open('quickstart', { blockedTimeoutMs: undefined, onVersionChange: null, indexes: null });
+  await AgentStore.destroy('scratch', null);
+  await AgentStore.destroy('scratch', { blockedTimeoutMs: undefined });
+  await store.list(null);
+  await store.list({ prefix: maybe.prefix, type: null, limit: maybe.limit, descending: undefined });
+  await store.listBy('byType', null);
+  await store.listBy('byType', { eq: null, prefix: maybe.prefix, range: undefined, descending: null });
+  await store.listBy('byType', { range: { lower: undefined, upper: null, lowerOpen: undefined, upperOpen: null } });
+  await store.count(null);
+  await store.count({ prefix: maybe.prefix, type: null });
+  store.watch({ prefix: maybe.prefix }, () => {}).close();
+  store.watch({ prefix: null }, () => {}).close();
+  await store.mutate('agent:1', (c) => c ?? undefined, null);
+  await store.mutate('agent:1', (c) => c ?? undefined, { retries: maybe.limit, signal: maybe.signal });
+  await store.rebuildIndexes(null);
+  await store.rebuildIndexes({ batchSize: undefined, onProgress: null, signal: maybe.signal, restart: null });
+  await store.importSnapshot('', null);
+  await store.importPouchDump('', { onProgress: undefined, signal: null, batchSize: maybe.limit, legacyIndexId: null });
+  await store.exportSnapshot(null);
+  await store.exportSnapshotBlob({ batchSize: maybe.limit });
+  await store.exportSnapshotChunks((chunk) => console.log(chunk.length), { batchSize: null });
+  // A record's own optional fields may be given as undefined (dropped, as JSON.stringify does).
+  const draft: AgentRecord = { _id: 'agent:3', _rev: cur?._rev, recordType: maybe.prefix, updatedAt: undefined };
+  await store.putMany([draft, { _id: 'agent:4', _rev: undefined }]);
+  await store.mutate('agent:3', (c) => (c ? { ...c, _rev: c._rev, updatedAt: undefined } : undefined));
+  store.close();
+
+  const client = new LeaseClient('http://127.0.0.1:8787', null);
+  new LeaseClient('http://127.0.0.1:8787', {
+    accessToken: undefined,
+    refreshToken: null,
+    enrollmentToken: maybe.prefix,
+    name: null,
+    onCredentials: undefined,
+    requestTimeoutMs: maybe.limit,
+    journal: null,
+    webLocks: undefined,
+    releaseOnPagehide: null,
+    lockWaitMs: undefined,
+    leaseHeaderOrigins: null,
+    testTimerDelay: undefined,
+  });
+  await client.recover(null);
+  await client.recover({ resume: undefined });
+  const lease = await client.claim('jobs', { signal: maybe.signal }); // the lease option case
+  await client.claim('jobs', null);
+  if (lease) {
+    await lease.fetch('/api/run', null);
+    lease.prepareRequest('/api/run', null);
+    await lease.settle('failed', undefined, { error: maybe.prefix });
+    await lease.settle('done', null, null);
+  }
+  const worker = client.work('jobs', async () => null, null);
+  client.work('jobs', async () => null, { concurrency: maybe.limit, pollIntervalMs: null, reconnectBaseMs: undefined, reconnectCapMs: null });
+  await worker.stop();
+  await client.close();
+}
