@@ -410,9 +410,9 @@ const minifyGlue = (file) => {
   // `undefined`, nor "freed" for an object that never was one.
   const classes = [...text.matchAll(/^export class (\w+)/gm)].map((m) => m[1]);
   if (classes.length) {
-    text += `function __agentstoreGuard(C) {
+    text += `function __agentstoreGuard(C, an) {
   const freed = () => Object.assign(new Error('this object was freed (free() or a using block): it cannot be used any more'), { name: 'ClosedError', code: 'closed', status: 410 });
-  const detached = (k) => Object.assign(new Error(\`\${C.name}.\${k} was called on something that is not a \${C.name} (a method taken off its object: call it on the object, or bind it)\`), { name: 'ValidationError', code: 'validation', status: 400 });
+  const detached = (k) => Object.assign(new Error(\`\${C.name}.\${k} was called on something that is not \${an} \${C.name} (a method taken off its object: call it on the object, or bind it)\`), { name: 'ValidationError', code: 'validation', status: 400 });
   const wrap = (f, k) => function (...args) { if (!(this instanceof C)) throw detached(k); if (!this.__wbg_ptr) throw freed(); return f.apply(this, args); };
   for (const k of Object.getOwnPropertyNames(C.prototype)) {
     if (k === 'constructor' || k === 'free' || k.startsWith('__')) continue;
@@ -429,7 +429,9 @@ const minifyGlue = (file) => {
 `;
   }
   for (const cls of classes) {
-    text += `Object.defineProperty(${cls}, 'name', { value: '${cls}' });\n__agentstoreGuard(${cls});\n`;
+    // The article of the class's name in its messages ("not an AgentStore", "not a Lease").
+    const an = /^[AEIOU]/.test(cls) ? 'an' : 'a';
+    text += `Object.defineProperty(${cls}, 'name', { value: '${cls}' });\n__agentstoreGuard(${cls}, '${an}');\n`;
   }
   // The module's own null-pointer throw (reached only by a call the guard
   // above does not cover) is a ClosedError too.

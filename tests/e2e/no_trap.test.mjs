@@ -390,7 +390,7 @@ for (const entry of ENTRIES.map(([e]) => e)) {
             await call();
             detached.push('no error');
           } catch (e) {
-            detached.push(`${e instanceof Error}:${e.name}:${e.code}:${e.status}:${/AgentStore\.(get|put) /.test(e.message)}`);
+            detached.push(`${e instanceof Error}:${e.name}:${e.code}:${e.status}:${/^AgentStore\.(get|put) was called on something that is not an AgentStore /.test(e.message)}`);
           }
         }
         again.close();
