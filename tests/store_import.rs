@@ -1194,3 +1194,56 @@ async fn a_throwing_on_progress_ends_an_import_only_while_more_is_to_be_written(
         }
     }
 }
+
+/// A `Response` whose `ok` is false (what `fetch` resolves with for a wrong
+/// URL: agentstore-server's own 404 has an empty body) is refused with a
+/// ValidationError naming its status before anything is read or written,
+/// by both imports, also when its body holds a valid snapshot. Before, an
+/// empty 404 imported as an empty source (`{written: 0}`).
+#[wasm_bindgen_test]
+async fn an_import_refuses_a_response_that_is_not_ok_naming_its_status() {
+    let (store, _) = open("http-error").await;
+    let make = Function::new_with_args(
+        "body",
+        "return [[404, new Response('', { status: 404, statusText: 'Not Found' })], \
+                 [500, new Response(null, { status: 500 })], \
+                 [503, new Response(body, { status: 503 })]]",
+    );
+    let cases: Array = make
+        .call1(&JsValue::NULL, &snapshot_of_runs(3).into())
+        .unwrap()
+        .into();
+    for case in cases.iter() {
+        let case: Array = case.into();
+        let (status, response) = (case.get(0).as_f64().unwrap(), case.get(1));
+        let want = format!("the import source is an HTTP {status} response");
+        let e = store
+            .import_snapshot_with(&response, &ImportOptions::default())
+            .await
+            .expect_err("a failed response is refused");
+        assert_eq!(e.code(), ErrorCode::Validation, "{status}: {e}");
+        assert!(e.message().contains(&want), "{status}: {e}");
+        let e = store
+            .import_pouch_dump_with(&response, "agent-index", &ImportOptions::default())
+            .await
+            .expect_err("a failed response is refused");
+        assert_eq!(e.code(), ErrorCode::Validation, "{status}: {e}");
+        assert!(e.message().contains(&want), "{status}: {e}");
+        // Refused without reading it.
+        assert_eq!(field(&response, "bodyUsed").as_bool(), Some(false));
+    }
+    assert!(holds_no_record(&store).await, "nothing written");
+    // The JS methods refuse it the same way (the entry points before they
+    // load the io module).
+    let api = agentstore::AgentStore::from_store(store);
+    let response = make
+        .call1(&JsValue::NULL, &s(""))
+        .map(|a| Array::from(&a).get(0))
+        .map(|c| Array::from(&c).get(1))
+        .unwrap();
+    let e = JsFuture::from(api.import_snapshot(response, JsValue::UNDEFINED))
+        .await
+        .expect_err("refused");
+    assert_eq!(field_str(&e, "name").as_deref(), Some("ValidationError"));
+    assert!(field_str(&e, "message").unwrap().contains("HTTP 404"));
+}

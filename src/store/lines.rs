@@ -140,6 +140,22 @@ fn kind(v: &JsValue) -> Result<Kind<'_>> {
         return Ok(Kind::Blob(b));
     }
     if let Some(r) = v.dyn_ref::<JsResponse>() {
+        // `fetch` resolves for an HTTP error too: its body (an error page,
+        // or nothing) is not the data asked for, and an empty one would
+        // import as an empty source.
+        if !prop(r, "ok")?.is_truthy() {
+            let status = prop(r, "status")?.as_f64().unwrap_or(0.0);
+            let mut buf = [0u8; 20];
+            let n = agentstore_protocol::canonical::itoa(status as u64, &mut buf);
+            return Err(StoreError::validation(
+                [
+                    "the import source is an HTTP ",
+                    std::str::from_utf8(n).unwrap_or("?"),
+                    " response (its ok is false)",
+                ]
+                .concat(),
+            ));
+        }
         if prop(r, "bodyUsed")?.is_truthy() {
             return Err(StoreError::validation("the Response body was already read"));
         }
@@ -175,8 +191,8 @@ impl Source {
     /// Accepts a string, `Blob` (or `File`), `Response` or `ReadableStream`.
     ///
     /// # Errors
-    /// ValidationError for any other value or a used-up `Response` body;
-    /// the stream's own error while it is collected.
+    /// ValidationError for any other value, a used-up `Response` body or
+    /// one of an HTTP error; the stream's own error while it is collected.
     pub(crate) async fn from_js(v: &JsValue, signal: Option<&AbortSignal>) -> Result<Source> {
         let response = match kind(v)? {
             Kind::Text(s) => return Ok(Source::Text(s.clone())),

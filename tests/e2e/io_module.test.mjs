@@ -83,6 +83,8 @@ window.phases = {
         return fail(s.importSnapshot(locked));
       })(),
       await fail(s.rebuildIndexes({ batchSize: 0 })),
+      // What fetch() resolves with for a wrong URL: refused, not an empty source.
+      await fail(s.importSnapshot(new Response('', { status: 404 }))),
       await fail(s.importSnapshot('x', { signal: ac.signal })),
     ];
   },
@@ -293,7 +295,7 @@ async function scenario(page, engine, entry) {
   assert.deepEqual(local, { count: 3, got: 2, listed: 3 });
   const checks = await page.evaluate(() => window.phases.checks());
   assert.deepEqual(checks, [
-    VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION,
+    VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION,
     { isError: true, name: 'AbortError', code: 'aborted' },
   ]);
   assert.deepEqual(
