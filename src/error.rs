@@ -37,6 +37,14 @@ pub enum StoreError {
         /// Per-position failures for batch calls (empty otherwise).
         failures: Vec<BatchFailure>,
     },
+    /// An import source that failed while it was read (a ValidationError
+    /// whose message names the platform's error, kept as its `cause`).
+    Unreadable {
+        /// What failed, naming the platform's error.
+        message: String,
+        /// The platform's error (or whatever the stream errored with).
+        cause: JsValue,
+    },
     /// Compare-and-swap failed.
     Conflict {
         /// The record id (a JS string; may hold lone surrogates).
@@ -96,7 +104,9 @@ impl StoreError {
     pub fn message(&self) -> String {
         let or_none = |r: &Option<String>| r.clone().unwrap_or_else(|| "none".into());
         match self {
-            StoreError::Validation { message, .. } => message.clone(),
+            StoreError::Validation { message, .. } | StoreError::Unreadable { message, .. } => {
+                message.clone()
+            }
             StoreError::Conflict {
                 id_text,
                 expected_rev,
@@ -142,7 +152,7 @@ impl StoreError {
     /// The protocol code of this error.
     pub fn code(&self) -> ErrorCode {
         match self {
-            StoreError::Validation { .. } => ErrorCode::Validation,
+            StoreError::Validation { .. } | StoreError::Unreadable { .. } => ErrorCode::Validation,
             StoreError::Conflict { .. } | StoreError::BatchConflict { .. } => ErrorCode::Conflict,
             StoreError::NotFound(..) => ErrorCode::NotFound,
             StoreError::QuotaExceeded(_) => ErrorCode::QuotaExceeded,
@@ -207,7 +217,9 @@ impl StoreError {
             StoreError::Validation { failures, .. } if !failures.is_empty() => {
                 set(o, "failures", &failures_to_js(failures))
             }
-            StoreError::Aborted(reason) => set(o, "cause", reason),
+            StoreError::Aborted(reason) | StoreError::Unreadable { cause: reason, .. } => {
+                set(o, "cause", reason)
+            }
             _ => {}
         }
         err.into()

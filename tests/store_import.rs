@@ -1247,3 +1247,66 @@ async fn an_import_refuses_a_response_that_is_not_ok_naming_its_status() {
     assert_eq!(field_str(&e, "name").as_deref(), Some("ValidationError"));
     assert!(field_str(&e, "message").unwrap().contains("HTTP 404"));
 }
+
+/// A source that errors while it is read rejects with a ValidationError
+/// whose message names the source's own error, kept as its `cause`: a
+/// ReadableStream (read directly, or through the pipe a `signal` adds), a
+/// Response over one, a Blob whose stream errors; for both imports. Before,
+/// a stream or Response was collected by `Response.blob()`, whose own
+/// TypeError ("Failed to fetch" in Chromium) was named instead and the
+/// stream's error dropped, and no source kept a `cause`.
+#[wasm_bindgen_test]
+async fn a_source_that_errors_names_its_own_error_and_keeps_it_as_cause() {
+    let (store, _) = open("source-error").await;
+    let make = Function::new_with_args(
+        "kind, err, head",
+        "const bytes = new TextEncoder().encode(head + '\\n'); \
+         const failing = () => new ReadableStream({ start(c) { c.error(err); } }); \
+         const midway = () => new ReadableStream({ start(c) { c.enqueue(bytes); c.error(err); } }); \
+         if (kind === 'stream') return failing(); \
+         if (kind === 'stream midway') return midway(); \
+         if (kind === 'Response') return new Response(midway()); \
+         const b = new Blob([head]); b.stream = failing; return b;",
+    );
+    let kinds = ["stream", "stream midway", "Response", "Blob"];
+    for (kind, pouch, signal) in kinds
+        .iter()
+        .flat_map(|k| [(*k, false, false), (*k, true, false), (*k, false, true)])
+    {
+        let what = format!("{kind}, pouch {pouch}, signal {signal}");
+        let err = js_sys::Error::new("stream boom");
+        let source = make
+            .call3(&JsValue::NULL, &kind.into(), &err, &s(HEADER))
+            .unwrap();
+        let ctl = web_sys::AbortController::new().unwrap();
+        let opts = ImportOptions {
+            signal: signal.then(|| ctl.signal()),
+            ..ImportOptions::default()
+        };
+        let e = if pouch {
+            store
+                .import_pouch_dump_with(&source, "agent-index", &opts)
+                .await
+                .map(|_| ())
+        } else {
+            store.import_snapshot_with(&source, &opts).await.map(|_| ())
+        }
+        .expect_err(&what);
+        assert_eq!(e.code(), ErrorCode::Validation, "{what}: {e}");
+        assert!(
+            e.message().contains("(Error: stream boom)"),
+            "{what}: {}",
+            e.message()
+        );
+        let thrown = e.to_js();
+        assert_eq!(
+            field_str(&thrown, "name").as_deref(),
+            Some("ValidationError")
+        );
+        assert!(
+            js_sys::Object::is(&field(&thrown, "cause"), &err),
+            "{what}: the stream's error is the cause"
+        );
+    }
+    assert!(holds_no_record(&store).await, "nothing written");
+}

@@ -1056,10 +1056,12 @@ async fn a_string_argument_too_long_to_be_one_is_refused_before_it_is_copied_int
     assert_eq!(got("after"), "k", "the store goes on working");
 }
 
-/// A Blob or Response whose own `stream`, `blob`, `pipeThrough`, `getReader`
-/// or `read` is replaced (throws, or answers a non-stream, a non-Promise or a
-/// throwing thenable) fails the import with a ValidationError; before, a
-/// throw there unwound through the module.
+/// A Blob or Response whose own `stream`, `pipeThrough`, `getReader` or
+/// `read` is replaced (throws, or answers a non-stream, a non-reader, a
+/// non-Promise or a throwing thenable) fails the import with a
+/// ValidationError; before, a throw there unwound through the module. (A
+/// Response body is read with its stream's `getReader`; its own `blob`,
+/// replaced here before, is no longer called.)
 #[wasm_bindgen_test]
 async fn an_import_source_whose_own_stream_methods_are_replaced_is_an_error_and_the_store_goes_on()
 {
@@ -1072,8 +1074,9 @@ async fn an_import_source_whose_own_stream_methods_are_replaced_is_an_error_and_
         out.readThrows = await settle(() => s.importPouchDump(reading(() => { throw new Error('read'); })));
         out.readNotAPromise = await settle(() => s.importPouchDump(reading(() => 7)));
         out.readBadThen = await settle(() => s.importSnapshot(reading(() => ({ then() { throw new Error('then'); } }))));
-        const response = Object.assign(new Response('{}'), { blob: () => 7 });
-        out.responseBlob = await settle(() => s.importPouchDump(response));
+        const response = new Response('{}');
+        response.body.getReader = () => 7;
+        out.responseReader = await settle(() => s.importPouchDump(response));
         await s.put({ _id: 'after' });
         out.after = (await s.get('after'))._id;
         return out;
@@ -1086,7 +1089,7 @@ async fn an_import_source_whose_own_stream_methods_are_replaced_is_an_error_and_
         "readThrows",
         "readNotAPromise",
         "readBadThen",
-        "responseBlob",
+        "responseReader",
     ] {
         assert_eq!(got(k), "validation", "{k}");
     }

@@ -68,10 +68,6 @@ extern "C" {
     #[wasm_bindgen(js_name = Response)]
     #[derive(Clone)]
     type JsResponse;
-    #[wasm_bindgen(constructor, js_class = "Response", catch)]
-    fn new(body: &JsValue) -> std::result::Result<JsResponse, JsValue>;
-    #[wasm_bindgen(method, catch, js_class = "Response")]
-    fn blob(this: &JsResponse) -> std::result::Result<JsValue, JsValue>;
 
     #[wasm_bindgen(js_name = ReadableStream)]
     type JsReadableStream;
@@ -109,8 +105,8 @@ extern "C" {
 pub(crate) enum Source {
     /// A JS string.
     Text(JsString),
-    /// A `Blob` (a `Response` or `ReadableStream` is first collected into one
-    /// by the browser, outside wasm memory).
+    /// A `Blob` (a `Response` or `ReadableStream` is first collected into
+    /// one, outside wasm memory).
     Blob(JsBlob),
 }
 
@@ -194,36 +190,49 @@ impl Source {
     /// ValidationError for any other value, a used-up `Response` body or
     /// one of an HTTP error; the stream's own error while it is collected.
     pub(crate) async fn from_js(v: &JsValue, signal: Option<&AbortSignal>) -> Result<Source> {
-        let response = match kind(v)? {
+        let body = match kind(v)? {
             Kind::Text(s) => return Ok(Source::Text(s.clone())),
             Kind::Blob(b) => return Ok(Source::Blob(b.clone())),
-            Kind::Response(r) => r.clone(),
-            Kind::Stream => JsResponse::new(v).map_err(|_| StoreError::validation(SOURCE_TYPES))?,
+            Kind::Response(r) => prop(r, "body")?,
+            Kind::Stream => v.clone(),
         };
+        // No body (`new Response(null)`, a 204): an empty source.
+        if body.is_null() {
+            return Ok(Source::Text(JsString::from("")));
+        }
+        let body: JsReadableStream = body
+            .dyn_into()
+            .map_err(|_| StoreError::validation(SOURCE_TYPES))?;
         // With a signal, the body is collected through a pipe the signal
         // aborts: an aborted import cancels its source instead of reading on
         // (a body that never ends would grow memory after the rejection).
-        let body = js_sys::Reflect::get(&response, &"body".into()).map_err(|e| unreadable(&e))?;
-        let response = match (signal, body.dyn_into::<JsReadableStream>()) {
-            (Some(sig), Ok(body)) => {
+        // The pipe errors its output with the source's own error.
+        let body = match signal {
+            Some(sig) => {
                 let opts = js_sys::Object::new();
                 crate::error::set(&opts, "signal", sig);
                 let pipe = JsTransformStream::new().map_err(|e| unreadable(&e))?;
-                let piped = body
-                    .pipe_through_with(&pipe, &opts)
-                    .map_err(|e| unreadable(&e))?;
-                JsResponse::new(&piped.into()).map_err(|e| unreadable(&e))?
+                body.pipe_through_with(&pipe, &opts)
+                    .map_err(|e| unreadable(&e))?
             }
-            _ => response,
+            None => body,
         };
-        // Raced with the signal too: the abort answers at once, whatever the
-        // pipe's own error is.
-        // Adopted: a Response whose own `blob` answers a non-Promise.
-        let promise = crate::value::adopt(&response.blob().map_err(|e| unreadable(&e))?);
-        let blob = race_abort(promise, signal)
-            .await?
-            .map_err(|e| unreadable(&e))?;
-        Ok(Source::Blob(blob.unchecked_into()))
+        // Collected chunk by chunk into a Blob (by the browser, outside wasm
+        // memory) rather than by `Response.blob()`, which rejects with a
+        // TypeError of its own ("Failed to fetch") and drops the stream's.
+        let reader = body.get_reader().map_err(|e| unreadable(&e))?;
+        let parts = Array::new();
+        while let Some(chunk) = read_step(&reader, signal).await? {
+            if !chunk.is_instance_of::<js_sys::Uint8Array>() {
+                return Err(StoreError::validation(
+                    "the import source's stream must give Uint8Array chunks (UTF-8 bytes)",
+                ));
+            }
+            parts.push(&chunk);
+        }
+        JsBlob::new(&parts)
+            .map(Source::Blob)
+            .map_err(|e| unreadable(&e))
     }
 
     /// A fresh reader from the first line; each chunk read is raced with
@@ -303,27 +312,12 @@ impl Lines {
                 }
                 return Ok(Some(self.take(JsString::from(""))));
             };
-            // Adopted by a new Promise: a `read` that answers a non-Promise
-            // (or a thenable that throws) is a rejection here.
-            let read = reader.read().map_err(|e| unreadable(&e))?;
-            let step = race_abort(crate::value::adopt(&read), self.signal.as_ref())
-                .await?
-                .map_err(|e| unreadable(&e))?;
-            if !step.is_object() {
-                // Not a reader's `{done, value}` (a replaced `read`): an
-                // error, not a loop reading nothing forever.
-                return Err(unreadable(&JsValue::from_str(
-                    "a read answered a non-object",
-                )));
-            }
-            if Reflect::get(&step, &"done".into()).is_ok_and(|d| d.is_truthy()) {
-                self.reader = None;
-            } else {
-                self.buf = Reflect::get(&step, &"value".into())
-                    .ok()
-                    .and_then(|v| v.dyn_into().ok())
-                    .unwrap_or_else(|| JsString::from(""));
-                self.pos = 0;
+            match read_step(reader, self.signal.as_ref()).await? {
+                None => self.reader = None,
+                Some(v) => {
+                    self.buf = v.dyn_into().unwrap_or_else(|_| JsString::from(""));
+                    self.pos = 0;
+                }
             }
         }
     }
@@ -340,10 +334,37 @@ impl Lines {
     }
 }
 
+/// The next chunk `reader` gives (`None` at the end), raced with `signal`.
+///
+/// # Errors
+/// As [`unreadable`] for a read that fails; AbortError from `signal`.
+async fn read_step(reader: &JsReader, signal: Option<&AbortSignal>) -> Result<Option<JsValue>> {
+    // Adopted by a new Promise: a `read` that answers a non-Promise (or a
+    // thenable that throws) is a rejection here.
+    let read = reader.read().map_err(|e| unreadable(&e))?;
+    let step = race_abort(crate::value::adopt(&read), signal)
+        .await?
+        .map_err(|e| unreadable(&e))?;
+    if !step.is_object() {
+        // Not a reader's `{done, value}` (a replaced `read`): an error, not a
+        // loop reading nothing forever.
+        return Err(unreadable(&JsValue::from_str(
+            "a read answered a non-object",
+        )));
+    }
+    if Reflect::get(&step, &"done".into()).is_ok_and(|d| d.is_truthy()) {
+        return Ok(None);
+    }
+    Ok(Some(
+        Reflect::get(&step, &"value".into()).unwrap_or_default(),
+    ))
+}
+
 /// The import source failed while it was read (a fetch aborted or cut off
 /// mid-body, a `File` that became unreadable, a stream that errored): an
 /// AbortError when it was aborted, else a ValidationError naming what the
-/// platform said. Either way a real `Error` with the SDK's `code`.
+/// platform said, with that error as its `cause`. Either way a real `Error`
+/// with the SDK's `code`.
 fn unreadable(e: &JsValue) -> StoreError {
     let name = crate::error::get_str(e, "name").unwrap_or_default();
     if name == "AbortError" {
@@ -353,14 +374,16 @@ fn unreadable(e: &JsValue) -> StoreError {
     let message = crate::error::get_str(e, "message")
         .or_else(|| crate::value::text_prefix(e, crate::value::MAX_ARG_UNITS))
         .unwrap_or_default();
-    StoreError::validation(
-        [
+    let sep = if name.is_empty() { "" } else { ": " };
+    StoreError::Unreadable {
+        message: [
             "the import source could not be read (",
             &name,
-            ": ",
+            sep,
             &message,
             ")",
         ]
         .concat(),
-    )
+        cause: e.clone(),
+    }
 }
