@@ -210,7 +210,7 @@ async fn negative_zero_is_stored_as_zero_so_get_and_a_snapshot_round_trip_agree(
 #[wasm_bindgen_test]
 async fn generation_near_max_safe_integer_is_never_rounded() {
     let (store, _) = open("gen").await;
-    let snap = "{\"agentstore\":\"snapshot\",\"version\":1}\n{\"_id\":\"g\",\"_rev\":\"9007199254740990-ab\",\"updatedAt\":\"2026-03-01T08:27:12.804Z\"}\n";
+    let snap = "{\"agentstore\":\"snapshot\",\"version\":1,\"records\":1,\"tombstones\":0}\n{\"_id\":\"g\",\"_rev\":\"9007199254740990-ab\",\"updatedAt\":\"2026-03-01T08:27:12.804Z\"}\n";
     store.import_snapshot(snap, None).await.unwrap();
     let w = store
         .put(&js(json!({"_id": "g", "_rev": "9007199254740990-ab"})))

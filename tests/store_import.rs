@@ -17,7 +17,23 @@ use common::*;
 
 wasm_bindgen_test_configure!(run_in_browser);
 
+/// The header of an empty snapshot (no line may follow it).
 const HEADER: &str = "{\"agentstore\":\"snapshot\",\"records\":0,\"tombstones\":0,\"version\":1}";
+
+/// A snapshot of `lines` under the header an export writes for them
+/// (tombstones counted by their `"_deleted":true`).
+fn snapshot<S: AsRef<str>>(lines: &[S]) -> String {
+    let dead = lines
+        .iter()
+        .filter(|l| l.as_ref().contains("\"_deleted\":true"))
+        .count();
+    let header = json!({"agentstore": "snapshot", "records": lines.len() - dead,
+                        "tombstones": dead, "version": 1});
+    std::iter::once(header.to_string())
+        .chain(lines.iter().map(|l| l.as_ref().to_owned()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
 
 /// `[text, Blob, Response, ReadableStream]` of the same text.
 fn sources(text: &str) -> Vec<(&'static str, JsValue)> {
@@ -101,10 +117,10 @@ fn rec(id: &str, rev: &str, updated: &str) -> String {
 
 /// A snapshot of `n` records `p0`… at revision 1-aa.
 fn snapshot_of_runs(n: usize) -> String {
-    std::iter::once(HEADER.to_owned())
-        .chain((0..n).map(|i| rec(&format!("p{i}"), "1-aa", "2026-01-01T00:00:00.000Z")))
-        .collect::<Vec<_>>()
-        .join("\n")
+    let lines: Vec<String> = (0..n)
+        .map(|i| rec(&format!("p{i}"), "1-aa", "2026-01-01T00:00:00.000Z"))
+        .collect();
+    snapshot(&lines)
 }
 
 fn tomb(id: &str, rev: &str) -> String {
@@ -144,10 +160,7 @@ async fn duplicate_ids_in_one_snapshot_resolve_to_the_highest_revision_and_only_
     ];
     for order in [[&newer[..], &older[..]], [&older[..], &newer[..]]] {
         let (store, _) = open("snap-dup").await;
-        let text = std::iter::once(HEADER.to_owned())
-            .chain(order.concat())
-            .collect::<Vec<_>>()
-            .join("\n");
+        let text = snapshot(&order.concat());
         let seen = watch_all(&store);
         let c = store.import_snapshot(text.as_str(), None).await.unwrap();
         assert_eq!((c.written, c.kept_newer), (3, 0));
@@ -358,18 +371,11 @@ async fn an_unreadable_line_is_a_validation_error_naming_it_and_nothing_is_writt
             .unwrap_err();
         assert_refused_at_line(&store, &e, line).await;
     }
-    let snap = [
-        HEADER.to_owned(),
-        rec("a", "1-aa", "2026-01-01T00:00:00.000Z"),
-        "[1]".into(),
-    ]
-    .join("\n");
-    let snap_no_rev = [
-        HEADER.to_owned(),
+    let snap = snapshot(&[rec("a", "1-aa", "2026-01-01T00:00:00.000Z"), "[1]".into()]);
+    let snap_no_rev = snapshot(&[
         rec("a", "1-aa", "2026-01-01T00:00:00.000Z"),
         "{\"_id\":\"b\"}".into(),
-    ]
-    .join("\n");
+    ]);
     for text in [snap, snap_no_rev] {
         let (store, _) = open("bad-snap").await;
         let e = store
@@ -387,12 +393,10 @@ async fn an_unreadable_line_is_a_validation_error_naming_it_and_nothing_is_writt
 #[wasm_bindgen_test]
 async fn imports_keep_their_updated_at() {
     let (store, _) = open("keep-updated").await;
-    let text = [
-        HEADER.to_owned(),
+    let text = snapshot(&[
         rec("old", "3-aa", "2001-02-03T04:05:06.007Z"),
         json!({"_id": "bare", "_rev": "1-aa"}).to_string(),
-    ]
-    .join("\n");
+    ]);
     store.import_snapshot(text.as_str(), None).await.unwrap();
     let old = store.get(&s("old")).await.unwrap().unwrap();
     assert_eq!(
@@ -598,11 +602,10 @@ async fn a_write_from_elsewhere_during_an_import_into_an_empty_store_is_not_over
 /// tombstone were both stored: the delete was undone). Review finding.
 #[wasm_bindgen_test]
 async fn a_tombstone_written_elsewhere_during_an_import_is_kept_when_the_count_is_unchanged() {
-    let text = std::iter::once(HEADER.to_owned())
-        .chain(std::iter::once(tomb("p0", "1-aa")))
+    let lines: Vec<String> = std::iter::once(tomb("p0", "1-aa"))
         .chain((1..6).map(|i| rec(&format!("p{i}"), "1-aa", "2026-01-01T00:00:00.000Z")))
-        .collect::<Vec<_>>()
-        .join("\n");
+        .collect();
+    let text = snapshot(&lines);
     let (store, c, db) = import_with_writes_between_batches(
         "foreign-swap",
         &text,
@@ -673,7 +676,7 @@ async fn an_imported_record_must_pass_the_checks_put_makes() {
         let e = store.put(&js(put_body)).await.unwrap_err();
         assert_eq!(e.code(), ErrorCode::Validation, "put {key}: {e}");
 
-        let snap = [HEADER.to_owned(), good.to_string(), bad.to_string()].join("\n");
+        let snap = snapshot(&[good.to_string(), bad.to_string()]);
         let (store, _) = open("import-rules-snap").await;
         let e = store
             .import_snapshot(snap.as_str(), None)
@@ -799,7 +802,7 @@ async fn a_source_that_fails_while_read_is_a_typed_error_and_writes_nothing() {
                c.enqueue(new TextEncoder().encode(head + '\\n')); \
                c.error(new DOMException('the source went away', name)); } })",
         );
-        let text = format!("{HEADER}\n{line}");
+        let text = snapshot(&[line.as_str()]);
         let stream = make
             .call2(&JsValue::NULL, &text.into(), &name.into())
             .unwrap();
@@ -1066,8 +1069,10 @@ async fn holds_no_record(store: &Store) -> bool {
 async fn bytes_that_are_not_utf8_are_refused_and_nothing_is_written() {
     let (store, _) = open("not-utf8").await;
     let good = json!({"_id": "a", "_rev": "1-aa", "v": 1}).to_string();
-    let snapshot =
-        format!("{HEADER}\n{good}\n{{\"_id\":\"b\",\"_rev\":\"1-bb\",\"v\":\"caf\u{1}\"}}\n");
+    let snapshot = snapshot(&[
+        good.clone(),
+        "{\"_id\":\"b\",\"_rev\":\"1-bb\",\"v\":\"caf\u{1}\"}\n".to_owned(),
+    ]);
     let dump = format!(
         "{{\"db_name\":\"d\",\"doc_count\":2}}\n{{\"docs\":[{good},{{\"_id\":\"b\",\"_rev\":\"1-bb\",\"v\":\"caf\u{1}\"}}]}}\n"
     );
@@ -1125,16 +1130,12 @@ async fn an_imported_negative_zero_is_stored_as_zero_as_put_stores_it() {
         );
     };
     let (store, _) = open("negzero-snap").await;
-    let text = [
-        HEADER.to_owned(),
-        [
-            "{\"_id\":\"z\",\"_rev\":\"1-aa\",",
-            body,
-            "\"updatedAt\":\"2026-01-01T00:00:00.000Z\"}",
-        ]
-        .concat(),
+    let text = snapshot(&[[
+        "{\"_id\":\"z\",\"_rev\":\"1-aa\",",
+        body,
+        "\"updatedAt\":\"2026-01-01T00:00:00.000Z\"}",
     ]
-    .join("\n");
+    .concat()]);
     store.import_snapshot(text.as_str(), None).await.unwrap();
     is_zero(&store.get(&s("z")).await.unwrap().unwrap(), "snapshot");
     let (store, _) = open("negzero-pouch").await;
@@ -1309,4 +1310,102 @@ async fn a_source_that_errors_names_its_own_error_and_keeps_it_as_cause() {
         );
     }
     assert!(holds_no_record(&store).await, "nothing written");
+}
+
+/// A snapshot's header is checked: a `version` other than 1 (a format this
+/// release does not know) is refused up front, and the lines that follow
+/// each header must number its `records` + `tombstones`, so a file cut
+/// short (at a line boundary, down to nothing) or with lines added is
+/// refused, naming both counts, with nothing written (pass 1 reads the
+/// whole source first). Headers as every release wrote them still import:
+/// version 1 with both counts, in either key order. Before, the header was
+/// only looked for, and a truncated file resolved as complete.
+#[wasm_bindgen_test]
+async fn a_snapshot_header_of_an_unknown_version_or_another_line_count_is_refused() {
+    let line = |id: &str| rec(id, "1-aa", "2026-01-01T00:00:00.000Z");
+    let header = |version: u32, records: u32| {
+        json!({"agentstore": "snapshot", "records": records, "tombstones": 0, "version": version})
+            .to_string()
+    };
+    let refused = [
+        (
+            format!("{}\n{}\n", header(99, 1), line("a")),
+            "line 1: an unknown snapshot version",
+        ),
+        (
+            format!("{}\n", header(1, 5)),
+            "line 1: the header declares 5 records and tombstones but 0 lines follow it",
+        ),
+        (
+            format!("{}\n{}\n{}\n", header(1, 1), line("a"), line("b")),
+            "line 1: the header declares 1 records and tombstones but 2 lines follow it",
+        ),
+        // The first of two joined exports cut short; the second whole.
+        (
+            format!(
+                "{}\n{}\n{}\n{}\n",
+                header(1, 2),
+                line("a"),
+                header(1, 1),
+                line("b")
+            ),
+            "line 1: the header declares 2 records and tombstones but 1 lines follow it",
+        ),
+        (
+            format!(
+                "{}\n{}\n{}\n{}\n",
+                header(1, 1),
+                line("a"),
+                header(1, 1),
+                ""
+            ),
+            "line 3: the header declares 1 records and tombstones but 0 lines follow it",
+        ),
+        (
+            format!(
+                "{}\n{}\n{}\n{}\n",
+                header(1, 1),
+                line("a"),
+                header(2, 1),
+                line("b")
+            ),
+            "line 3: an unknown snapshot version",
+        ),
+        (
+            format!(
+                "{}\n{}\n",
+                json!({"agentstore": "snapshot", "version": 1}),
+                line("a")
+            ),
+            "line 1: the header's records and tombstones must be counts",
+        ),
+        (String::new(), "the source is empty"),
+        ("\n\n".into(), "the source is empty"),
+    ];
+    let (store, _) = open("header-checks").await;
+    for (text, want) in refused {
+        for (kind, source) in sources(&text) {
+            let e = store
+                .import_snapshot_with(&source, &ImportOptions::default())
+                .await
+                .expect_err(want);
+            assert_eq!(e.code(), ErrorCode::Validation, "{kind}: {e}");
+            assert!(e.message().contains(want), "{kind}: {}", e.message());
+        }
+        assert!(holds_no_record(&store).await, "{want}: nothing written");
+    }
+    // The first release's key order, and a header followed by its lines.
+    let first_release = format!(
+        "{}\n{}\n",
+        json!({"agentstore": "snapshot", "version": 1, "records": 1, "tombstones": 0}),
+        line("a")
+    );
+    let c = store
+        .import_snapshot(first_release.as_str(), None)
+        .await
+        .unwrap();
+    assert_eq!(c.written, 1);
+    let (empty, _) = open("header-empty").await;
+    let c = empty.import_snapshot(HEADER, None).await.unwrap();
+    assert_eq!((c.written, c.kept_newer), (0, 0), "an empty store's export");
 }

@@ -360,28 +360,87 @@ fn strip_bookkeeping(doc: &JsValue) {
     }
 }
 
-/// One snapshot line after the header: `(id, rev, deleted, value)`.
-fn snapshot_row(line: &JsString, n: usize) -> Result<Option<(JsString, Rev, bool, JsValue)>> {
+/// One snapshot line after the first header.
+enum SnapshotLine {
+    /// The header of an export appended to the first (`cat a b`), with the
+    /// number of lines it declares: skipped, so joined exports import as one.
+    Header(u64),
+    /// A record or tombstone: its id and revision.
+    Row(JsString, Rev),
+}
+
+/// Reads one snapshot line after the first header.
+fn snapshot_row(line: &JsString, n: usize) -> Result<SnapshotLine> {
     const WHAT: &str = "snapshot";
     let v = parse_line(line).map_err(|_| line_error(WHAT, n, "not JSON"))?;
     if !v.is_object() || Array::is_array(&v) {
         return Err(line_error(WHAT, n, "expected a JSON object"));
     }
-    // The header of a second export appended to the first (`cat a b`):
-    // skipped, so joined exports import as one.
     if is_appended_header(&v) {
-        return Ok(None);
+        return Ok(SnapshotLine::Header(header_lines(&v, n)?));
     }
     let id =
         super::check_id_value(&get(&v, "_id")).map_err(|e| line_error(WHAT, n, &e.message()))?;
     let rev = crate::value::short_string(&get(&v, "_rev"), crate::value::MAX_REV_TEXT)
         .ok_or_else(|| line_error(WHAT, n, "a line without _rev (a revision)"))?;
     let rev = Rev::parse(&rev).map_err(|e| line_error(WHAT, n, &e.0))?;
-    let deleted = get(&v, "_deleted").as_bool() == Some(true);
-    if !deleted {
+    if get(&v, "_deleted").as_bool() != Some(true) {
         check_body(&v, WHAT, n)?;
     }
-    Ok(Some((id, rev, deleted, v)))
+    Ok(SnapshotLine::Row(id, rev))
+}
+
+/// The number of lines (records, then tombstones) that header `v` (line
+/// `n`) declares. Every release has written version 1 with both counts
+/// (`{"agentstore":"snapshot","records":N,"tombstones":M,"version":1}`; the
+/// first, with the keys in another order).
+///
+/// # Errors
+/// ValidationError for another version (a format this release does not
+/// know) or a count that is not a non-negative integer.
+fn header_lines(v: &JsValue, n: usize) -> Result<u64> {
+    if get(v, "version").as_f64() != Some(1.0) {
+        return Err(line_error(
+            "snapshot",
+            n,
+            "an unknown snapshot version (this release reads version 1)",
+        ));
+    }
+    let count = |key| {
+        get(v, key)
+            .as_f64()
+            .filter(|c| c.fract() == 0.0 && *c >= 0.0 && *c <= 9_007_199_254_740_991.0)
+            .map(|c| c as u64)
+    };
+    match (count("records"), count("tombstones")) {
+        (Some(r), Some(t)) => Ok(r + t),
+        _ => Err(line_error(
+            "snapshot",
+            n,
+            "the header's records and tombstones must be counts",
+        )),
+    }
+}
+
+/// `Ok` when header line `at`, which declares `declared` lines, is followed
+/// by as many: a file cut short (a download that stopped at a line
+/// boundary) or with lines added is refused.
+fn check_count(at: usize, declared: u64, read: u64) -> Result<()> {
+    if declared == read {
+        return Ok(());
+    }
+    let (mut a, mut b) = ([0u8; 20], [0u8; 20]);
+    let num =
+        |n, buf| std::str::from_utf8(agentstore_protocol::canonical::itoa(n, buf)).unwrap_or("?");
+    let why = [
+        "the header declares ",
+        num(declared, &mut a),
+        " records and tombstones but ",
+        num(read, &mut b),
+        " lines follow it (a cut-off or altered file); nothing was written",
+    ]
+    .concat();
+    Err(line_error("snapshot", at, &why))
 }
 
 /// `{"agentstore": "snapshot", …}`: a snapshot's header line.
@@ -704,9 +763,14 @@ impl Store {
     /// (generation, then hash; a tombstone is a revision like any other) and
     /// only it is written; it replaces a stored record only when higher.
     ///
+    /// The header's `version` must be 1 and its `records` + `tombstones`
+    /// the number of lines after it (each header of joined exports counts
+    /// its own), so that a file cut short is refused, not imported in part.
+    ///
     /// # Errors
-    /// ValidationError naming the first bad line (nothing written);
-    /// otherwise as [`Store::import_pouch_dump_with`].
+    /// ValidationError naming the first bad line, an unknown header version
+    /// or a line count other than the header's, or for an empty source
+    /// (nothing written); otherwise as [`Store::import_pouch_dump_with`].
     pub async fn import_snapshot_with(
         &self,
         source: &JsValue,
@@ -716,9 +780,12 @@ impl Store {
         // id → the highest revision seen (pass 1); deleted once written (pass 2).
         let winners = Map::new();
         let mut lines = source.lines(opts.signal.clone())?;
-        let mut header = false;
+        // The header in force (its line and the lines it declares), and the
+        // lines read after it.
+        let mut header: Option<(usize, u64)> = None;
+        let mut read = 0;
         while let Some((n, line)) = next_line(&mut lines).await? {
-            if !header {
+            let Some((at, declared)) = header else {
                 let v = parse_line(&line).map_err(|_| line_error("snapshot", n, "not JSON"))?;
                 if !is_snapshot_header(&v) {
                     return Err(line_error(
@@ -727,12 +794,18 @@ impl Store {
                         "missing the agentstore snapshot header",
                     ));
                 }
-                header = true;
-                continue;
-            }
-            let Some((id, rev, _, _)) = snapshot_row(&line, n)? else {
+                header = Some((n, header_lines(&v, n)?));
                 continue;
             };
+            let (id, rev) = match snapshot_row(&line, n)? {
+                SnapshotLine::Header(next) => {
+                    check_count(at, declared, read)?;
+                    (header, read) = (Some((n, next)), 0);
+                    continue;
+                }
+                SnapshotLine::Row(id, rev) => (id, rev),
+            };
+            read += 1;
             let key = JsValue::from(id);
             let held = match winners.get(&key).as_string() {
                 Some(s) => Some(Rev::parse(&s).map_err(|e| StoreError::Transaction(e.0))?),
@@ -741,6 +814,16 @@ impl Store {
             if import_replaces(held.as_ref(), &rev) {
                 winners.set(&key, &JsValue::from_str(&rev.text()));
             }
+        }
+        match header {
+            // An empty source (or only blank lines): not even the header
+            // every export starts with.
+            None => {
+                return Err(StoreError::validation(
+                    "snapshot: the source is empty (missing the agentstore snapshot header)",
+                ))
+            }
+            Some((at, declared)) => check_count(at, declared, read)?,
         }
         let mut writer = Writer::new(self, opts, winners.size());
         let mut lines = source.lines(opts.signal.clone())?;
