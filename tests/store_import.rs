@@ -1409,3 +1409,87 @@ async fn a_snapshot_header_of_an_unknown_version_or_another_line_count_is_refuse
     let c = empty.import_snapshot(HEADER, None).await.unwrap();
     assert_eq!((c.written, c.kept_newer), (0, 0), "an empty store's export");
 }
+
+/// `(result, chunks or progress calls, calls after close())` of `body` run
+/// as `(s) => Promise` on an AgentStore over a new store of `n` records.
+async fn closed_during(tag: &str, n: usize, body: &str) -> (String, u32, u32) {
+    let (store, _) = open(tag).await;
+    let records: Vec<serde_json::Value> =
+        (0..n).map(|i| json!({"_id": format!("r{i:03}")})).collect();
+    store.put_many(&js(json!(records))).await.unwrap();
+    let api = JsValue::from(agentstore::AgentStore::from_store(store));
+    let run = Function::new_with_args(
+        "s",
+        &format!(
+            "let calls = 0, after = 0, closed = false; \
+             const close = () => {{ s.close(); closed = true; }}; \
+             const seen = () => {{ calls++; if (closed) after++; }}; \
+             return ({body}).then(() => 'resolved', (e) => e.name).then((r) => [r, calls, after]);"
+        ),
+    );
+    let p: Promise = run.call1(&JsValue::NULL, &api).unwrap().unchecked_into();
+    let out: Array = JsFuture::from(p).await.unwrap().into();
+    (
+        out.get(0).as_string().unwrap(),
+        out.get(1).as_f64().unwrap() as u32,
+        out.get(2).as_f64().unwrap() as u32,
+    )
+}
+
+/// `close()` stops an export or import in progress: no callback runs after
+/// it and the call rejects with ClosedError, for every export form and for
+/// an import, also when it comes with the last chunk or the last batch's
+/// progress. Before, an export read on in its transaction (which IndexedDB
+/// lets finish) and handed over every chunk, and an import closed in its
+/// last `onProgress` (or whose source was still being read) resolved.
+#[wasm_bindgen_test]
+async fn close_stops_an_export_or_import_in_progress_with_closed_error() {
+    let closed = |n| ("ClosedError".to_owned(), n, 0);
+    // 50 records in chunks of 5: the header, then 10 chunks.
+    let chunks = |at: u32| {
+        format!(
+            "s.exportSnapshotChunks(() => {{ seen(); if (calls === {at}) close(); }}, {{ batchSize: 5 }})"
+        )
+    };
+    assert_eq!(
+        closed_during("close-chunks-1", 50, &chunks(1)).await,
+        closed(1)
+    );
+    assert_eq!(
+        closed_during("close-chunks-4", 50, &chunks(4)).await,
+        closed(4)
+    );
+    assert_eq!(
+        closed_during("close-chunks-last", 50, &chunks(11)).await,
+        closed(11)
+    );
+    // No callback: closed from a timer while 300 one-record reads run.
+    for method in ["exportSnapshot", "exportSnapshotBlob"] {
+        let body = format!(
+            "(() => {{ const p = s.{method}({{ batchSize: 1 }}); setTimeout(close, 0); return p; }})()"
+        );
+        assert_eq!(
+            closed_during(method, 300, &body).await,
+            closed(0),
+            "{method}"
+        );
+    }
+    // Imports of a 50-record snapshot in batches of 5, closed in the first,
+    // then in the last, progress call.
+    let text = serde_json::to_string(&snapshot_of_runs(50)).unwrap();
+    for (at, tag) in [(1, "close-import-1"), (10, "close-import-last")] {
+        let body = format!(
+            "s.importSnapshot({text}, {{ batchSize: 5, onProgress: () => {{ seen(); if (calls === {at}) close(); }} }})"
+        );
+        assert_eq!(closed_during(tag, 0, &body).await, closed(at), "{tag}");
+    }
+    // Closed while the source is read, before any batch: no progress call.
+    let body = format!(
+        "(() => {{ const p = s.importSnapshot(new Blob([{text}]), {{ onProgress: seen }}); \
+         setTimeout(close, 0); return p; }})()"
+    );
+    assert_eq!(
+        closed_during("close-import-read", 0, &body).await,
+        closed(0)
+    );
+}

@@ -110,6 +110,10 @@ impl<'a> Writer<'a> {
 
     async fn finish(mut self) -> Result<ImportCounts> {
         self.flush(true).await?;
+        // A `close()` during the import (in the last `onProgress`, or while
+        // the source was read and nothing was left to write) ends it as it
+        // ends one with batches left: with ClosedError.
+        self.store.check_open()?;
         Ok(self.counts)
     }
 
@@ -496,9 +500,11 @@ impl Store {
     /// # Errors
     /// ValidationError naming the first bad line, or for a source of another
     /// type (nothing written); AbortError from `opts.signal` and
-    /// QuotaExceededError / TransactionError from a batch: the batches
-    /// committed before stay (each holds final winners only), the failing
-    /// batch leaves nothing, and running the same import again completes it.
+    /// QuotaExceededError / TransactionError from a batch, and ClosedError
+    /// when the store is closed during the import (also in the last
+    /// `onProgress`): the batches committed before stay (each holds final
+    /// winners only), the failing batch leaves nothing, and running the same
+    /// import again completes it.
     pub async fn import_pouch_dump_with(
         &self,
         source: &JsValue,
@@ -665,7 +671,9 @@ impl Store {
     /// then empty), else into the returned array of JS strings.
     ///
     /// # Errors
-    /// TransactionError / ClosedError; whatever `on_chunk` throws.
+    /// TransactionError; ClosedError, also when the store is closed during
+    /// the export (no chunk goes to `on_chunk` after it); whatever
+    /// `on_chunk` throws.
     pub async fn export_snapshot_chunks(
         &self,
         on_chunk: Option<&Function>,
@@ -684,6 +692,9 @@ impl Store {
         set(&header, "version", &JsValue::from(1));
         let parts = Array::new();
         let emit = |chunk: JsString| -> Result<()> {
+            // `close()` stops the export: IndexedDB lets its transaction
+            // finish, so it is looked at before each chunk (and at the end).
+            self.check_open()?;
             match on_chunk {
                 Some(f) => f
                     .call1(&JsValue::NULL, &chunk)
@@ -723,6 +734,7 @@ impl Store {
                 }
             }
         }
+        self.check_open()?;
         tx.end_read();
         Ok(parts)
     }

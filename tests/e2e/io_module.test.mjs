@@ -170,7 +170,8 @@ window.phases = {
     const names = (await indexedDB.databases()).map((d) => d.name);
     return { r, recreated: names.includes(window.storeName) };
   },
-  // close() while an import runs: it stops at the next batch.
+  // close() while an import runs: it stops at the next batch; while an
+  // export runs: no chunk after it.
   async closeDuring(name) {
     await AgentStore.destroy(name);
     const s = await AgentStore.open(name);
@@ -179,8 +180,10 @@ window.phases = {
     const r = await fail(s.importPouchDump(dump, { batchSize: 100, onProgress: () => { if (++batches === 1) s.close(); } }));
     const again = await AgentStore.open(name);
     const count = await again.count();
-    again.close();
-    return { r, batches, partial: count > 0 && count < 2894 };
+    await again.putMany(Array.from({ length: 50 }, (_, i) => ({ _id: 'x' + i })));
+    let chunks = 0;
+    const exp = await fail(again.exportSnapshotChunks(() => { if (++chunks === 1) again.close(); }, { batchSize: 5 }));
+    return { r, batches, partial: count > 0 && count < 2894, exp, chunks };
   },
   async custom(name) {
     const bad = (() => { try { AgentStore.setIoModule(42); return null; } catch (e) { return { isError: e instanceof Error, name: e.name, code: e.code }; } })();
@@ -333,6 +336,8 @@ async function scenario(page, engine, entry) {
   const c = await page.evaluate((n) => window.phases.closeDuring(n), `${name}-close`);
   assert.deepEqual(c.r, { isError: true, name: 'ClosedError', code: 'closed' }, 'close() stops an import in progress');
   assert.ok(c.partial, `batches before the close stay, the rest is not written (${c.batches} batches)`);
+  assert.deepEqual(c.exp, { isError: true, name: 'ClosedError', code: 'closed' }, 'close() stops an export in progress');
+  assert.equal(c.chunks, 1, 'no chunk after close()');
 
   const w = await page.evaluate((n) => window.phases.worker(n), `${name}-worker`);
   assert.deepEqual(w, { written: 2, lines: 3, seenByPage: 2 }, `${engine} ${entry}: import and export in a worker`);
