@@ -1463,13 +1463,16 @@ async fn close_stops_an_export_or_import_in_progress_with_closed_error() {
         closed_during("close-chunks-last", 50, &chunks(11)).await,
         closed(11)
     );
-    // No callback: closed from a timer while 300 one-record reads run.
+    // No callback: closed as the export issues its third one-record read
+    // (IndexedDB's getAll wrapped for the call; no timer races the export).
     for method in ["exportSnapshot", "exportSnapshotBlob"] {
         let body = format!(
-            "(() => {{ const p = s.{method}({{ batchSize: 1 }}); setTimeout(close, 0); return p; }})()"
+            "(() => {{ const real = IDBObjectStore.prototype.getAll; let reads = 0; \
+             IDBObjectStore.prototype.getAll = function (...a) {{ if (++reads === 3) close(); return real.apply(this, a); }}; \
+             return s.{method}({{ batchSize: 1 }}).finally(() => {{ IDBObjectStore.prototype.getAll = real; }}); }})()"
         );
         assert_eq!(
-            closed_during(method, 300, &body).await,
+            closed_during(method, 20, &body).await,
             closed(0),
             "{method}"
         );
@@ -1483,10 +1486,11 @@ async fn close_stops_an_export_or_import_in_progress_with_closed_error() {
         );
         assert_eq!(closed_during(tag, 0, &body).await, closed(at), "{tag}");
     }
-    // Closed while the source is read, before any batch: no progress call.
+    // Closed while the source is read (by the stream's own pull), before
+    // any batch: no progress call.
     let body = format!(
-        "(() => {{ const p = s.importSnapshot(new Blob([{text}]), {{ onProgress: seen }}); \
-         setTimeout(close, 0); return p; }})()"
+        "s.importSnapshot(new ReadableStream({{ pull(c) {{ close(); \
+         c.enqueue(new TextEncoder().encode({text})); c.close(); }} }}), {{ onProgress: seen }})"
     );
     assert_eq!(
         closed_during("close-import-read", 0, &body).await,
