@@ -1496,4 +1496,16 @@ async fn close_stops_an_export_or_import_in_progress_with_closed_error() {
         closed_during("close-import-read", 0, &body).await,
         closed(0)
     );
+    // A long stream: not read on after close() (before, all 10,000 chunks
+    // were pulled, then the import rejected).
+    let body = "s.importSnapshot(new ReadableStream({ pull(c) { seen(); if (calls === 3) close(); \
+         if (calls > 10000) { c.close(); return; } \
+         c.enqueue(new TextEncoder().encode(calls === 1 \
+           ? '{\"agentstore\":\"snapshot\",\"version\":1,\"records\":0,\"tombstones\":0}\\n' : '\\n')); } }))";
+    let (result, calls, after) = closed_during("close-import-long", 0, body).await;
+    assert_eq!(result, "ClosedError");
+    assert!(
+        after <= 2,
+        "the stream is not read on after close(): {calls} pulls, {after} after it"
+    );
 }

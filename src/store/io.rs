@@ -511,7 +511,7 @@ impl Store {
         legacy_index_id: &str,
         opts: &ImportOptions,
     ) -> Result<(DumpSummary, ImportCounts, Option<LegacyIndexReport>)> {
-        let source = Source::from_js(source, opts.signal.as_ref()).await?;
+        let source = Source::from_js(source, opts.signal.as_ref(), &|| self.check_open()).await?;
         let mut summary = DumpSummary::default();
         // id → encoded leaf set (pass 1), then → the winner's encoded leaf.
         let leaves = Map::new();
@@ -788,7 +788,7 @@ impl Store {
         source: &JsValue,
         opts: &ImportOptions,
     ) -> Result<ImportCounts> {
-        let source = Source::from_js(source, opts.signal.as_ref()).await?;
+        let source = Source::from_js(source, opts.signal.as_ref(), &|| self.check_open()).await?;
         // id → the highest revision seen (pass 1); deleted once written (pass 2).
         let winners = Map::new();
         let mut lines = source.lines(opts.signal.clone())?;

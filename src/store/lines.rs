@@ -186,10 +186,19 @@ pub(crate) fn check_source(v: &JsValue) -> Result<()> {
 impl Source {
     /// Accepts a string, `Blob` (or `File`), `Response` or `ReadableStream`.
     ///
+    /// `open` is asked before each chunk of a stream is read: its error
+    /// (the store's ClosedError after `close()`) ends the collection there
+    /// (the stream, no longer read, is held back by its backpressure).
+    ///
     /// # Errors
     /// ValidationError for any other value, a used-up `Response` body or
-    /// one of an HTTP error; the stream's own error while it is collected.
-    pub(crate) async fn from_js(v: &JsValue, signal: Option<&AbortSignal>) -> Result<Source> {
+    /// one of an HTTP error; the stream's own error while it is collected;
+    /// `open`'s error.
+    pub(crate) async fn from_js(
+        v: &JsValue,
+        signal: Option<&AbortSignal>,
+        open: &dyn Fn() -> Result<()>,
+    ) -> Result<Source> {
         let body = match kind(v)? {
             Kind::Text(s) => return Ok(Source::Text(s.clone())),
             Kind::Blob(b) => return Ok(Source::Blob(b.clone())),
@@ -222,7 +231,12 @@ impl Source {
         // TypeError of its own ("Failed to fetch") and drops the stream's.
         let reader = body.get_reader().map_err(|e| unreadable(&e))?;
         let parts = Array::new();
-        while let Some(chunk) = read_step(&reader, signal).await? {
+        loop {
+            // Not read on after `close()` (nothing would be written).
+            open()?;
+            let Some(chunk) = read_step(&reader, signal).await? else {
+                break;
+            };
             if !chunk.is_instance_of::<js_sys::Uint8Array>() {
                 return Err(StoreError::validation(
                     "the import source's stream must give Uint8Array chunks (UTF-8 bytes)",
