@@ -358,16 +358,19 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
     // from a gateway, a proxy's page without the server's error body at any
     // status, while heartbeats renew the lease) are retried until `stop()`,
     // which then releases the lease; a 4xx page, until it refused the
-    // settle for good (`refused_for_good`): the item is then settled
+    // settle for good (`Refusals::for_good`): the item is then settled
     // `failed` with the reason.
-    //
-    // The local deadline when a page that is not the server's first
-    // refused this settle (see `refused_for_good`).
-    let mut refused_at: Option<f64> = None;
+    let mut refusals = Refusals::default();
     let closed = loop {
-        match lease.settle(state, result.clone(), error.clone()).await {
+        let outcome = lease.settle(state, result.clone(), error.clone()).await;
+        // A page that is not the server's refused it: counted (see
+        // `Refusals::for_good`).
+        let for_good = outcome
+            .as_ref()
+            .err()
+            .is_some_and(|e| refusals.for_good(lease, e));
+        match outcome {
             Ok(_) => break false,
-
             // After an attempt whose outcome is unknown, any refusal but
             // the server's verdict on the lease (a proxy's 400 or 413 page)
             // says nothing about that attempt either: retried the same way,
@@ -380,7 +383,7 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
                     && lease.status() == Status::Held
                     && !w.client.closed.get()
                     && (lease.ending_unanswered.get() || !w.stopping.get())
-                    && !refused_for_good(lease, &e, attempt, &mut refused_at) =>
+                    && !for_good =>
             {
                 // A 429's or 503's `Retry-After` (RFC 9110 §10.2.3).
                 let retry_after = e.retry_after_ms().unwrap_or(0.0);
@@ -407,9 +410,12 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
             // here would reach the wire first and hand the finished work
             // back to the queue.
             Err(e) if e.is_transient() && w.client.closed.get() => break true,
+            // Refused for good (by the server, or by a page that is not
+            // its own, again and again), or by a page once more after
+            // `stop()` (given back, as before such pages were counted).
             Err(e) => {
-                settle_failed_or_drop(w, lease, &e, state, result.is_some(), error.as_deref())
-                    .await;
+                let ask = (state, result.is_some(), error.as_deref());
+                settle_failed_or_drop(w, lease, &e, for_good, ask).await;
                 if !matches!(lease.status(), Status::Settled(_)) {
                     // Given back or dropped: the outcome was discarded.
                     w.stats.borrow_mut().lost += 1;
@@ -431,50 +437,71 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
 /// good, once heartbeats renewed the lease meanwhile.
 const FOREIGN_REFUSALS: u32 = 8;
 
-/// Whether a settle refused with `e` is refused for good although `e` is
-/// transient: a page that is not the server's (a proxy's 413 for a body it
-/// never passes, a WAF's 403) refused it [`FOREIGN_REFUSALS`] times, and a
-/// heartbeat renewed the lease since the first refusal (the lease's local
-/// deadline moved), so the server is reachable and the page refuses this
-/// request, not everything. Retried for as long as the lease was held, it
-/// held the slot and kept the item running for good. An outage refusing
-/// every request (heartbeats too) is not bounded here: the lease's local
-/// deadline ends it. Never after an attempt of unknown outcome (it may
-/// have landed). `refused_at` keeps the deadline at the first refusal.
-fn refused_for_good(
-    lease: &LeaseInner,
-    e: &LeaseError,
-    attempt: u32,
-    refused_at: &mut Option<f64>,
-) -> bool {
-    if !e.is_foreign_refusal() || lease.ending_unanswered.get() {
-        return false;
-    }
-    let first = *refused_at.get_or_insert(lease.deadline());
-    attempt + 1 >= FOREIGN_REFUSALS && lease.deadline() > first
+/// The refusals of one settle by a page that is not the server's (a 4xx
+/// without its error body).
+#[derive(Default)]
+struct Refusals {
+    /// How many so far.
+    count: u32,
+    /// The lease's local deadline at the first.
+    deadline: f64,
 }
 
-/// Ends a lease whose settle into `state` was refused with `e` (not to be
-/// sent again): unless that settle was already a bare `failed` one (no
-/// result, a short message), the item is settled `failed` with the reason,
-/// so that it neither stays leased nor loops through redeliveries; if that
-/// fails too, the lease is released or dropped ([`end_or_drop`]).
+impl Refusals {
+    /// Counts `e` when it is such a refusal, and says whether the settle
+    /// is refused for good although `e` is transient: refused
+    /// [`FOREIGN_REFUSALS`] times, and a heartbeat renewed the lease since
+    /// the first (its local deadline moved), so the server is reachable
+    /// and the page refuses this request (a proxy's 413 for a body it never
+    /// passes, a WAF's 403), not everything. Retried for as long as the
+    /// lease was held, it held the slot and kept the item running for good.
+    /// An outage refusing every request (heartbeats too) is not bounded
+    /// here: the lease's local deadline ends it. Never after an attempt of
+    /// unknown outcome (it may have landed).
+    fn for_good(&mut self, lease: &LeaseInner, e: &LeaseError) -> bool {
+        if !e.is_foreign_refusal() || lease.ending_unanswered.get() {
+            return false;
+        }
+        if self.count == 0 {
+            self.deadline = lease.deadline();
+        }
+        self.count += 1;
+        self.count >= FOREIGN_REFUSALS && lease.deadline() > self.deadline
+    }
+}
+
+/// Ends a lease whose settle `ask` (state, with a result, error message)
+/// was refused with `e` (not to be sent again). When it was refused for
+/// good (by the server itself: a 4xx with its error body, such as 413 for a
+/// result above its limit; or `for_good`: by a page that is not the
+/// server's, see [`Refusals::for_good`]) and was not already a bare
+/// `failed` settle (no result, a short message), the item is settled
+/// `failed` with the reason, so that it neither stays leased nor loops
+/// through redeliveries. Otherwise, or if that fails too, the lease is
+/// released or dropped ([`end_or_drop`]): a refusal by such a page after
+/// `stop()` gives the item back (the same settle may pass later).
 async fn settle_failed_or_drop(
     w: &WorkerInner,
     lease: &LeaseInner,
     e: &LeaseError,
-    state: SettleState,
-    with_result: bool,
-    error: Option<&str>,
+    for_good: bool,
+    (state, with_result, error): (SettleState, bool, Option<&str>),
 ) {
     // (A `failed` settle is retried bare, once, unless it was.)
     let bare =
         state == SettleState::Failed && !with_result && error.is_none_or(|m| m.len() <= 8192);
-    // Refused for good: by the server itself (a 4xx with its error body,
-    // such as 413: the result is too large), or by a page that is not the
-    // server's, again and again while the lease was renewed.
-    if lease.status() == Status::Held && (!e.is_transient() || e.is_foreign_refusal()) && !bare {
-        let why = Some(e.message().to_owned());
+    if lease.status() == Status::Held && (!e.is_transient() || for_good) && !bare {
+        // A page's refusal names its status (the message alone does not).
+        let mut buf = [0u8; 20];
+        let why = match e {
+            LeaseError::Server { status, .. } if for_good => {
+                let n = agentstore_protocol::canonical::itoa(u64::from(*status), &mut buf);
+                let n = std::str::from_utf8(n).unwrap_or("?");
+                [e.message(), " (HTTP ", n, ")"].concat()
+            }
+            _ => e.message().to_owned(),
+        };
+        let why = Some(why);
         let _ = lease.settle(SettleState::Failed, None, why).await;
     }
     end_or_drop(w, lease, false).await;
