@@ -733,6 +733,39 @@ async fn a_losing_pouch_revision_is_not_held_against_the_dump() {
     assert!(field(&y, "_removed").is_undefined());
 }
 
+/// A stream source larger than the 4 MiB at which its chunks are folded
+/// into a Blob, cut into chunks at odd byte offsets (inside lines and
+/// inside a 2-byte UTF-8 character), imports every record exactly.
+#[wasm_bindgen_test]
+async fn a_stream_source_larger_than_the_fold_imports_every_record_exactly() {
+    let pad = "é".repeat(1500);
+    let lines: Vec<String> = (0..3000)
+        .map(|i| json!({"_id": format!("big{i:04}"), "_rev": "1-aa", "pad": pad}).to_string())
+        .collect();
+    let text = snapshot(&lines);
+    assert!(text.len() > 8 << 20, "two folds and a rest: {}", text.len());
+    let stream = Function::new_with_args(
+        "text",
+        "const bytes = new TextEncoder().encode(text); let at = 0; \
+         return new ReadableStream({ pull(c) { \
+           if (at >= bytes.length) { c.close(); return; } \
+           const n = 65537; c.enqueue(bytes.slice(at, at + n)); at += n; } });",
+    )
+    .call1(&JsValue::NULL, &JsValue::from_str(&text))
+    .unwrap();
+    let (store, _) = open("big-stream").await;
+    let c = store.import_snapshot(stream, None).await.unwrap();
+    assert_eq!(c.written, 3000);
+    for id in ["big0000", "big1234", "big2999"] {
+        let got = store.get(&s(id)).await.unwrap().unwrap();
+        assert_eq!(
+            field_str(&got, "pad").as_deref(),
+            Some(pad.as_str()),
+            "{id}"
+        );
+    }
+}
+
 /// Two exports joined into one source (`cat a.ndjson b.ndjson`, or an older
 /// export appended to a newer one) import as one: the second header line is
 /// skipped, and per id the highest revision wins whichever export holds it.

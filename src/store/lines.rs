@@ -183,6 +183,10 @@ pub(crate) fn check_source(v: &JsValue) -> Result<()> {
     kind(v).map(|_| ())
 }
 
+/// How many bytes of a stream source are collected as chunks before they
+/// are folded into one Blob (see [`Source::from_js`]).
+const FOLD_BYTES: u32 = 4 << 20;
+
 impl Source {
     /// Accepts a string, `Blob` (or `File`), `Response` or `ReadableStream`.
     ///
@@ -231,18 +235,29 @@ impl Source {
         // TypeError of its own ("Failed to fetch") and drops the stream's.
         let reader = body.get_reader().map_err(|e| unreadable(&e))?;
         let parts = Array::new();
+        let mut pending = 0u32;
         loop {
             // Not read on after `close()` (nothing would be written).
             open()?;
             let Some(chunk) = read_step(&reader, signal).await? else {
                 break;
             };
-            if !chunk.is_instance_of::<js_sys::Uint8Array>() {
+            let Some(bytes) = chunk.dyn_ref::<js_sys::Uint8Array>() else {
                 return Err(StoreError::validation(
                     "the import source's stream must give Uint8Array chunks (UTF-8 bytes)",
                 ));
-            }
+            };
+            pending = pending.saturating_add(bytes.length());
             parts.push(&chunk);
+            // Folded into a Blob every 4 MiB (a Blob of Blobs copies no
+            // bytes): the chunks do not pile up in the JS heap until the
+            // end, and the browser's blob storage may page them to disk.
+            if pending >= FOLD_BYTES {
+                let blob = JsBlob::new(&parts).map_err(|e| unreadable(&e))?;
+                parts.set_length(0);
+                parts.push(&blob);
+                pending = 0;
+            }
         }
         JsBlob::new(&parts)
             .map(Source::Blob)
