@@ -1033,20 +1033,7 @@ async fn a_work_settle_a_proxy_always_refuses_ends_the_item_failed_with_the_reas
     }
     let q = fresh_queue("settle-proxy-always");
     let id = enqueue(&q, json!({})).await;
-    let hook = Function::new_no_args(
-        "const real = globalThis.fetch;
-        let refused = 0;
-        globalThis.fetch = (url, init) => {
-            if (String(url).endsWith('/settle') && String(init && init.body).includes('finished')) {
-                refused++;
-                return Promise.resolve(new Response('Request Entity Too Large', { status: 413 }));
-            }
-            return real(url, init);
-        };
-        return { refused: () => refused, restore: () => { globalThis.fetch = real; } };",
-    )
-    .call0(&JsValue::NULL)
-    .unwrap();
+    let hook = refuse_finished_settles(413);
     let (it, runs, w) = work_until_ended(&q, id).await;
     let refused = hook_call(&hook, "refused").as_f64().unwrap_or(0.0);
     hook_call(&hook, "restore");
@@ -1082,20 +1069,7 @@ async fn stop_while_a_proxy_page_refuses_a_settle_gives_the_item_back() {
     }
     let q = fresh_queue("settle-proxy-stop");
     let id = enqueue(&q, json!({})).await;
-    let hook = Function::new_no_args(
-        "const real = globalThis.fetch;
-        let refused = 0;
-        globalThis.fetch = (url, init) => {
-            if (String(url).endsWith('/settle') && String(init && init.body).includes('finished')) {
-                refused++;
-                return Promise.resolve(new Response('Not Found', { status: 404 }));
-            }
-            return real(url, init);
-        };
-        return { refused: () => refused, restore: () => { globalThis.fetch = real; } };",
-    )
-    .call0(&JsValue::NULL)
-    .unwrap();
+    let hook = refuse_finished_settles(404);
     let h = handler(|_| async { Ok(JsValue::from("finished")) });
     let w = WorkerInner::start(admin_client(config()), q.clone(), h, options(1), wrap);
     let until = now() + 30_000.0;
@@ -1112,6 +1086,27 @@ async fn stop_while_a_proxy_page_refuses_a_settle_gives_the_item_back() {
         (ItemState::Open, 1, Some("released")),
         "given back, not failed, after {refused:?} refused settles: {it:?}"
     );
+}
+
+/// Makes the page's `fetch` answer every settle that carries the result
+/// `"finished"` with a plain-text page of `status` (a proxy's, not the
+/// server's); returns `{refused(), restore()}`.
+fn refuse_finished_settles(status: u16) -> JsValue {
+    Function::new_with_args(
+        "status",
+        "const real = globalThis.fetch;
+        let refused = 0;
+        globalThis.fetch = (url, init) => {
+            if (String(url).endsWith('/settle') && String(init && init.body).includes('finished')) {
+                refused++;
+                return Promise.resolve(new Response('Refused by a proxy', { status }));
+            }
+            return real(url, init);
+        };
+        return { refused: () => refused, restore: () => { globalThis.fetch = real; } };",
+    )
+    .call1(&JsValue::NULL, &JsValue::from(status))
+    .unwrap()
 }
 
 /// Starts a one-slot `work()` on `q` whose handler returns `"finished"`,
