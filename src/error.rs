@@ -133,12 +133,12 @@ impl StoreError {
             StoreError::Transaction(m) => ["IndexedDB transaction failed: ", m].concat(),
             StoreError::Blocked(name, ms) => {
                 let mut buf = [0u8; 20];
-                let ms = agentstore_protocol::canonical::itoa(u64::from(*ms), &mut buf);
+                let ms = agentstore_protocol::canonical::decimal(u64::from(*ms), &mut buf);
                 [
                     "\"",
                     name,
                     "\": the open or deletion did not complete within ",
-                    std::str::from_utf8(ms).unwrap_or("?"),
+                    ms,
                     " ms: another tab's connection blocks (or is queued ahead of) it",
                 ]
                 .concat()

@@ -17,7 +17,7 @@
 //! crate's rules; no float formatting is compiled into the module.
 
 use crate::error::StoreError;
-use agentstore_protocol::canonical::{itoa, BodyDigest};
+use agentstore_protocol::canonical::{decimal, BodyDigest};
 use agentstore_protocol::record::{
     is_iso_millis_utc, BAD_UPDATED_AT, MAX_RECORD_BYTES, RECORD_TYPE_NOT_STRING, RESERVED_FIELD,
     REV_NOT_STRING, TOO_LARGE,
@@ -89,7 +89,7 @@ impl Fail {
                     Seg::Index(n) => {
                         let mut buf = [0u8; 20];
                         msg.push('[');
-                        msg.extend(itoa(u64::from(*n), &mut buf).iter().map(|&b| char::from(b)));
+                        msg.push_str(decimal(u64::from(*n), &mut buf));
                         msg.push(']');
                     }
                 }

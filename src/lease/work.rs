@@ -495,8 +495,7 @@ async fn settle_failed_or_drop(
         let mut buf = [0u8; 20];
         let why = match e {
             LeaseError::Server { status, .. } if for_good => {
-                let n = agentstore_protocol::canonical::itoa(u64::from(*status), &mut buf);
-                let n = std::str::from_utf8(n).unwrap_or("?");
+                let n = agentstore_protocol::canonical::decimal(u64::from(*status), &mut buf);
                 [e.message(), " (HTTP ", n, ")"].concat()
             }
             _ => e.message().to_owned(),

@@ -213,8 +213,7 @@ const FRESH_MAX_TOMBSTONES: u32 = 20_000;
 /// "`what` line `n`: `why`" — a ValidationError naming the line.
 fn line_error(what: &str, n: usize, why: &str) -> StoreError {
     let mut buf = [0u8; 20];
-    let n = agentstore_protocol::canonical::itoa(n as u64, &mut buf);
-    let n = std::str::from_utf8(n).unwrap_or("?");
+    let n = agentstore_protocol::canonical::decimal(n as u64, &mut buf);
     StoreError::validation([what, " line ", n, ": ", why].concat())
 }
 
@@ -434,8 +433,7 @@ fn check_count(at: usize, declared: u64, read: u64) -> Result<()> {
         return Ok(());
     }
     let (mut a, mut b) = ([0u8; 20], [0u8; 20]);
-    let num =
-        |n, buf| std::str::from_utf8(agentstore_protocol::canonical::itoa(n, buf)).unwrap_or("?");
+    let num = agentstore_protocol::canonical::decimal;
     let why = [
         "the header declares ",
         num(declared, &mut a),

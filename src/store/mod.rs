@@ -83,8 +83,7 @@ impl Prepared {
             _ => now,
         };
         let mut buf = [0u8; 20];
-        let epoch = agentstore_protocol::canonical::itoa(purges as u64, &mut buf);
-        let epoch = std::str::from_utf8(epoch).unwrap_or_default();
+        let epoch = agentstore_protocol::canonical::decimal(purges as u64, &mut buf);
         let parts: &[&str] = if base.is_none() && purges > 0.0 {
             &[&self.digest, updated_at, epoch]
         } else {
