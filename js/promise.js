@@ -469,3 +469,18 @@ export function purgeOlder(request, olderThanMs, cutoff) {
 export function isAsciiUpTo(v, max) {
   return typeof v === 'string' && v.length <= max && /^[\x00-\x7f]*$/.test(v);
 }
+
+/**
+ * The first own enumerable string key of `options` that is not a word of
+ * `known` (space-separated) and holds a value (`null` and `undefined` mean
+ * "not given" in every option), or `undefined` when there is none or
+ * `options` is not an object. Throws what listing the keys throws (a
+ * Proxy's `ownKeys` trap); the module's binding catches it
+ * (src/options.rs `known`).
+ */
+export function unknownOption(options, known) {
+  if (options !== null && typeof options === "object") {
+    const words = known.split(" ");
+    return Object.keys(options).find((k) => !words.includes(k) && options[k] != null);
+  }
+}

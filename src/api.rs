@@ -3,12 +3,13 @@
 //! into JS `Error`s. Every method returns a Promise and never panics.
 
 use crate::error::{set, StoreError};
-use crate::options::{issue, opt_bool, opt_fn, opt_num, opt_signal, read, string_arg};
+use crate::options::{issue, known, opt_bool, opt_fn, opt_num, opt_signal, read, string_arg};
 use crate::store::db::{Db, Schema};
 #[cfg(feature = "io")]
 use crate::store::index::verification_js;
 use crate::store::{
-    ByQuery, ImportOptions, ListQuery, Store, Watcher, Written, DEFAULT_BATCH, MAX_IMPORT_BATCH,
+    ByQuery, ImportOptions, ListQuery, Store, Watcher, Written, DEFAULT_BATCH, LIST_KEYS,
+    MAX_IMPORT_BATCH,
 };
 use agentstore_protocol::index::IndexDef;
 use js_sys::{Array, Function, Object, Promise, Reflect};
@@ -235,6 +236,7 @@ fn mutate_args(
     let f: Function = f
         .dyn_into()
         .map_err(|_| StoreError::validation("mutate(id, fn): fn must be a function"))?;
+    known(options, "retries signal")?;
     let retries =
         opt_num(options, "retries", 0, 1000, "an integer in [0, 1000]")?.map_or(8, |n| n as u32);
     Ok((f, retries, opt_signal(options)?))
@@ -247,6 +249,7 @@ fn mutate_args(
 /// # Errors
 /// ValidationError otherwise.
 fn purge_age(options: &JsValue) -> Result<f64, StoreError> {
+    known(options, "olderThanMs")?;
     read(options, "olderThanMs")?
         .as_f64()
         .filter(|n| (0.0..=9_007_199_254_740_991.0).contains(n) && n.fract() == 0.0)
@@ -259,7 +262,11 @@ fn purge_age(options: &JsValue) -> Result<f64, StoreError> {
 
 /// The database name (a non-empty string) and `options.blockedTimeoutMs`
 /// (default 5000 ms) of `open` / `destroy`.
-fn name_and_timeout(name: &JsValue, options: &JsValue) -> Result<(String, u32), StoreError> {
+fn name_and_timeout(
+    name: &JsValue,
+    options: &JsValue,
+    keys: &'static str,
+) -> Result<(String, u32), StoreError> {
     let name = string_arg(name, "the store name").map_err(StoreError::Thrown)?;
     if name.is_empty() {
         return Err(StoreError::validation(
@@ -269,6 +276,7 @@ fn name_and_timeout(name: &JsValue, options: &JsValue) -> Result<(String, u32), 
     if !options.is_undefined() && !options.is_null() && !options.is_object() {
         return Err(StoreError::validation("options must be an object"));
     }
+    known(options, keys)?;
     // Browsers run a timer longer than 2^31 - 1 ms (HTML's timer limit,
     // ~24.8 days) at once, so the open would fail at once.
     let timeout = opt_num(
@@ -394,7 +402,8 @@ impl AgentStore {
         #[wasm_bindgen(unchecked_optional_param_type = "OpenOptions | null")] options: JsValue,
     ) -> Promise {
         issue(|_| {
-            let (name, timeout) = name_and_timeout(&name, &options)?;
+            let (name, timeout) =
+                name_and_timeout(&name, &options, "blockedTimeoutMs onVersionChange indexes")?;
             let on_vc = opt_fn(&options, "onVersionChange")?;
             let indexes = parse_index_defs(&read(&options, "indexes")?)?;
             agentstore_protocol::index::check_defs(&indexes).map_err(StoreError::validation)?;
@@ -444,7 +453,7 @@ impl AgentStore {
         #[wasm_bindgen(unchecked_optional_param_type = "DestroyOptions | null")] options: JsValue,
     ) -> Promise {
         issue(|to_error| {
-            let (name, timeout) = name_and_timeout(&name, &options)?;
+            let (name, timeout) = name_and_timeout(&name, &options, "blockedTimeoutMs")?;
             crate::store::destroy_promise(&name, timeout, to_error)
         })
     }
@@ -492,15 +501,7 @@ impl AgentStore {
         issue(|to_error| {
             // Listing options mean nothing to a count: refused, not ignored
             // (`count({prefix, after})` would count the whole prefix).
-            for k in ["after", "limit", "descending"] {
-                let v = read(&options, k)?;
-                if !v.is_undefined() && !v.is_null() {
-                    return Err(StoreError::validation(
-                        ["count takes only prefix and type: ", k, " is a list option"].concat(),
-                    ));
-                }
-            }
-            let q = ListQuery::from_js(&options)?;
+            let q = ListQuery::from_js(&options, "prefix type")?;
             self.inner
                 .count_promise(&q.prefix, q.record_type.as_ref(), to_error)
         })
@@ -595,7 +596,7 @@ impl AgentStore {
     ) -> Promise {
         issue(|to_error| {
             self.inner
-                .list_promise(&ListQuery::from_js(&options)?, to_error)
+                .list_promise(&ListQuery::from_js(&options, LIST_KEYS)?, to_error)
         })
     }
 
@@ -640,6 +641,7 @@ impl AgentStore {
         self.inner.check_open().map_err(|e| e.to_js())?;
         crate::options::check_object(&options, "watch options")
             .map_err(|m| StoreError::validation(m).to_js())?;
+        known(&options, "prefix").map_err(|m| StoreError::validation(m).to_js())?;
         let prefix = match read(&options, "prefix").map_err(|e| e.to_js())? {
             v if v.is_undefined() || v.is_null() => js_sys::JsString::from(""),
             v => v
@@ -763,6 +765,14 @@ fn import_checks(
     options: &JsValue,
     pouch: bool,
 ) -> Result<(ImportOptions, String), StoreError> {
+    known(
+        options,
+        if pouch {
+            "onProgress signal batchSize legacyIndexId"
+        } else {
+            "onProgress signal batchSize"
+        },
+    )?;
     let opts = import_options(options)?;
     let legacy = if pouch {
         legacy_id(options)?
@@ -830,7 +840,7 @@ impl AgentStore {
         #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions | null")] options: JsValue,
     ) -> Promise {
         self.io("exportSnapshot", options, JsValue::UNDEFINED, |o, _| {
-            batch_option(o).map(|_| ())
+            export_batch(o).map(|_| ())
         })
     }
 
@@ -841,7 +851,7 @@ impl AgentStore {
         #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions | null")] options: JsValue,
     ) -> Promise {
         self.io("exportSnapshotBlob", options, JsValue::UNDEFINED, |o, _| {
-            batch_option(o).map(|_| ())
+            export_batch(o).map(|_| ())
         })
     }
 
@@ -855,7 +865,7 @@ impl AgentStore {
         #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions | null")] options: JsValue,
     ) -> Promise {
         self.io("exportSnapshotChunks", on_chunk, options, |f, o| {
-            chunk_fn(f).and_then(|_| batch_option(o).map(|_| ()))
+            chunk_fn(f).and_then(|_| export_batch(o).map(|_| ()))
         })
     }
 
@@ -954,6 +964,7 @@ fn background_rebuild_failed(e: &JsValue) {
 fn rebuild_options(
     options: &JsValue,
 ) -> Result<(u32, Option<Function>, Option<web_sys::AbortSignal>, bool), StoreError> {
+    known(options, "batchSize onProgress signal restart")?;
     let batch = opt_num(options, "batchSize", 1, 10_000, "an integer in [1, 10000]")?
         .map_or(500, |n| n as u32);
     let cb = opt_fn(options, "onProgress")?;
@@ -1079,7 +1090,7 @@ impl AgentStore {
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
-            let batch = batch_option(&options)?;
+            let batch = export_batch(&options)?;
             Ok(s.export_snapshot_chunks(None, batch).await?.join("").into())
         })
     }
@@ -1092,7 +1103,7 @@ impl AgentStore {
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
-            let batch = batch_option(&options)?;
+            let batch = export_batch(&options)?;
             s.export_snapshot_blob(batch).await
         })
     }
@@ -1109,7 +1120,7 @@ impl AgentStore {
         let s = self.inner.clone();
         run(async move {
             let on_chunk = chunk_fn(&on_chunk)?;
-            let batch = batch_option(&options)?;
+            let batch = export_batch(&options)?;
             s.export_snapshot_chunks(Some(&on_chunk), batch).await?;
             Ok(JsValue::UNDEFINED)
         })
@@ -1165,6 +1176,12 @@ fn batch_option(options: &JsValue) -> Result<u32, StoreError> {
         "an integer in [1, 10000]",
     )?
     .map_or(DEFAULT_BATCH, |n| n as u32))
+}
+
+/// The `batchSize` option of an export, the only option it takes.
+fn export_batch(options: &JsValue) -> Result<u32, StoreError> {
+    known(options, "batchSize")?;
+    batch_option(options)
 }
 
 /// `onProgress`, `signal` and `batchSize` of an import.

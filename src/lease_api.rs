@@ -16,7 +16,7 @@ use crate::lease::{
     Claimed, ClientConfig, ClientInner, Credentials, LeaseError, LeaseInner, Status, WorkOptions,
     WorkerInner,
 };
-use crate::options::{opt, opt_bool, opt_fn, opt_num, opt_signal, opt_str};
+use crate::options::{known, opt, opt_bool, opt_fn, opt_num, opt_signal, opt_str};
 use agentstore_protocol::lease::ItemState;
 
 #[wasm_bindgen(typescript_custom_section)]
@@ -173,6 +173,7 @@ fn call(c: Call) -> Promise {
         match c {
             Call::Claim(inner, queue, options) => {
                 let queue = queue_param(&queue)?;
+                known(&options, "signal")?;
                 let signal = opt_signal(&options)?;
                 match inner.claim(&queue, signal.as_ref()).await? {
                     Claimed::Lease(l) => Ok(Lease::from_inner(l).into()),
@@ -207,6 +208,7 @@ fn call(c: Call) -> Promise {
 /// `recover(options)`'s answer: `{released, lost, busy, skipped, pending,
 /// resumed}`.
 async fn recovery_js(inner: &Rc<ClientInner>, options: &JsValue) -> Result<JsValue, LeaseError> {
+    known(options, "resume")?;
     let resume = opt_bool(options, "resume")?.unwrap_or(false);
     let r = inner.recover(resume).await?;
     let o = Object::new();
@@ -267,6 +269,11 @@ impl LeaseClient {
         if !(o.is_undefined() || o.is_null() || o.is_object()) || o.is_function() {
             return Err(LeaseError::Validation("options must be an object".into()));
         }
+        known(
+            o,
+            "accessToken refreshToken enrollmentToken name onCredentials requestTimeoutMs \
+             journal webLocks releaseOnPagehide lockWaitMs leaseHeaderOrigins testTimerDelay",
+        )?;
         let creds = Credentials {
             access_token: opt_str(o, "accessToken")?,
             refresh_token: opt_str(o, "refreshToken")?,
@@ -369,6 +376,10 @@ impl LeaseClient {
             .map_err(|_| LeaseError::Validation("handler must be a function".into()).to_js())?;
         self.inner.check_open().map_err(|e| e.to_js())?;
         let parse = || -> Result<WorkOptions, LeaseError> {
+            known(
+                &options,
+                "concurrency pollIntervalMs reconnectBaseMs reconnectCapMs",
+            )?;
             let mut w = WorkOptions::default();
             if let Some(c) = opt_num(&options, "concurrency", 1, 64, "an integer in [1, 64]")? {
                 w.concurrency = c as u32;
@@ -617,6 +628,7 @@ impl Lease {
                         LeaseError::Validation("result must be JSON-serialisable".into())
                     })?)
                 };
+                known(&options, "error")?;
                 let error = opt_str(&options, "error")?;
                 *inner.asked.borrow_mut() = Some(crate::lease::lease::Ending::Settle(
                     state,

@@ -179,6 +179,36 @@ fn given<T>(
         .ok_or_else(|| [key, " must be ", what].concat())
 }
 
+/// `Ok` when every own enumerable key of `options` that holds a value (not
+/// `undefined` or `null`, which mean "not given") is one of `known`
+/// (space-separated names). An option the call does not take is refused,
+/// not ignored: a misspelt `prefx` would otherwise list every record, and
+/// `retry` instead of `retries` would keep the default. Dexie and PouchDB
+/// ignore unknown keys; TypeScript's excess-property check refuses them in
+/// object literals, and this is that check at run time for every caller.
+/// Options that are not an object are left to [`check_object`].
+///
+/// # Errors
+/// A message naming the first unknown key and the known ones, or saying
+/// the keys could not be listed (a Proxy whose `ownKeys` trap throws).
+#[inline(never)]
+pub(crate) fn known(options: &JsValue, known: &'static str) -> Result<(), String> {
+    match unknown_option(options, known) {
+        Ok(k) => match k.as_string() {
+            None => Ok(()),
+            Some(k) => Err(["unknown option \"", &k, "\" (this call takes: ", known, ")"].concat()),
+        },
+        Err(_) => Err("the options' keys could not be listed (ownKeys threw)".into()),
+    }
+}
+
+#[wasm_bindgen::prelude::wasm_bindgen(module = "/js/promise.js")]
+extern "C" {
+    /// The first key of `options` not in `known` (js/promise.js `unknownOption`).
+    #[wasm_bindgen(js_name = unknownOption, catch)]
+    fn unknown_option(options: &JsValue, known: &str) -> Result<JsValue, JsValue>;
+}
+
 /// An optional string option.
 #[cfg_attr(not(feature = "lease"), allow(dead_code))]
 pub(crate) fn opt_str(options: &JsValue, key: &str) -> Result<Option<String>, String> {

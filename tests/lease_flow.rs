@@ -1372,3 +1372,103 @@ async fn a_404_or_409_without_the_servers_error_body_does_not_end_the_lease() {
         assert_eq!(item(id).await.state, ItemState::Done, "{status}");
     }
 }
+
+/// An option a lease call does not take (a misspelt key holding a value) is
+/// a ValidationError naming it, raised before anything is sent: a claim
+/// with `signl` claims nothing, a settle with `err` leaves the lease held
+/// and the item running, `work` with `concurency` starts no loop, and the
+/// constructor with `acessToken` makes no client. Before, each was ignored
+/// (the settle stored no message, the claim could not be aborted).
+#[wasm_bindgen_test]
+async fn an_option_a_lease_call_does_not_take_is_refused_before_anything_is_sent() {
+    let Some((base, token)) = server() else {
+        return;
+    };
+    let is_unknown_option = |e: &JsValue, what: &str| {
+        let name = Reflect::get(e, &"name".into())
+            .ok()
+            .and_then(|v| v.as_string());
+        let msg = Reflect::get(e, &"message".into())
+            .ok()
+            .and_then(|v| v.as_string());
+        assert_eq!(name.as_deref(), Some("ValidationError"), "{what}");
+        assert!(
+            msg.as_deref()
+                .unwrap_or_default()
+                .contains("unknown option"),
+            "{what}: {msg:?}"
+        );
+    };
+    let e = agentstore::lease_api::LeaseClient::new(
+        base.into(),
+        js(json!({"acessToken": token, "journal": false})),
+    )
+    .err()
+    .expect("acessToken is refused");
+    is_unknown_option(&e, "constructor");
+    let client = agentstore::lease_api::LeaseClient::new(
+        base.into(),
+        js(json!({"accessToken": token, "journal": false, "releaseOnPagehide": false})),
+    )
+    .expect("client");
+    let q = fresh_queue("unknown-option");
+    let id = enqueue(&q, json!({})).await;
+    let e = wasm_bindgen_futures::JsFuture::from(
+        client.claim(q.as_str().into(), js(json!({"signl": true}))),
+    )
+    .await
+    .expect_err("signl is refused");
+    is_unknown_option(&e, "claim");
+    assert_eq!(item(id).await.state, ItemState::Open, "nothing was claimed");
+    let handler = js_sys::Function::new_no_args("return null");
+    let e = client
+        .work(
+            q.as_str().into(),
+            handler.into(),
+            js(json!({"concurency": 2})),
+        )
+        .err()
+        .expect("concurency is refused");
+    is_unknown_option(&e, "work");
+    let e = wasm_bindgen_futures::JsFuture::from(client.recover(js(json!({"resum": true}))))
+        .await
+        .expect_err("resum is refused");
+    is_unknown_option(&e, "recover");
+    let v = wasm_bindgen_futures::JsFuture::from(client.claim(q.as_str().into(), JsValue::NULL))
+        .await
+        .expect("claim");
+    let lease =
+        <agentstore::lease_api::Lease as wasm_bindgen::convert::TryFromJsValue>::try_from_js_value(
+            v,
+        )
+        .expect("a Lease");
+    let e = wasm_bindgen_futures::JsFuture::from(lease.settle(
+        "failed".into(),
+        JsValue::UNDEFINED,
+        js(json!({"err": "boom"})),
+    ))
+    .await
+    .expect_err("err is refused");
+    is_unknown_option(&e, "settle");
+    let seen = item(id).await;
+    assert_eq!(
+        seen.state,
+        ItemState::Running,
+        "the refused settle wrote nothing"
+    );
+    wasm_bindgen_futures::JsFuture::from(lease.settle(
+        "failed".into(),
+        JsValue::UNDEFINED,
+        js(json!({"error": "boom"})),
+    ))
+    .await
+    .expect("the same settle with its real option");
+    let seen = item(id).await;
+    assert_eq!(
+        (seen.state, seen.last_error.as_deref()),
+        (ItemState::Failed, Some("boom"))
+    );
+    wasm_bindgen_futures::JsFuture::from(client.close())
+        .await
+        .unwrap();
+}

@@ -1,5 +1,5 @@
 //! Exact prefix listing, keyset paging, and the PouchDB dump import.
-use agentstore::store::ListQuery;
+use agentstore::store::{ListQuery, LIST_KEYS};
 use serde_json::{json, Value};
 use std::collections::HashSet;
 use wasm_bindgen::JsValue;
@@ -186,10 +186,10 @@ async fn paging_while_another_writer_inserts_visits_each_record_once() {
 async fn a_cursor_not_made_by_list_is_a_validation_error() {
     let (store, _) = open("cursor").await;
     let bad = js(json!({"after": "xyz"}));
-    assert!(ListQuery::from_js(&bad).is_err());
+    assert!(ListQuery::from_js(&bad, LIST_KEYS).is_err());
     let bad = js(json!({"limit": 0}));
-    assert!(ListQuery::from_js(&bad).is_err());
-    let ok = ListQuery::from_js(&JsValue::UNDEFINED).unwrap();
+    assert!(ListQuery::from_js(&bad, LIST_KEYS).is_err());
+    let ok = ListQuery::from_js(&JsValue::UNDEFINED, LIST_KEYS).unwrap();
     assert_eq!(store.list(&ok).await.unwrap().records.length(), 0);
 }
 

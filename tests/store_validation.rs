@@ -1,5 +1,5 @@
 //! Bad input gets a ValidationError and writes nothing — never a panic.
-use agentstore::store::ListQuery;
+use agentstore::store::{ListQuery, LIST_KEYS};
 use agentstore_protocol::ErrorCode;
 use serde_json::json;
 use wasm_bindgen::{JsCast, JsValue};
@@ -159,7 +159,10 @@ async fn malformed_arguments_are_validation_errors() {
         json!({"after": 5}),
         json!({"after": "c1.zz"}),
     ] {
-        assert!(ListQuery::from_js(&js(opts.clone())).is_err(), "{opts}");
+        assert!(
+            ListQuery::from_js(&js(opts.clone()), LIST_KEYS).is_err(),
+            "{opts}"
+        );
     }
     assert_eq!(
         store
@@ -574,6 +577,124 @@ async fn options_are_checked_one_way_never_coerced_or_ignored() {
     let e = watch
         .call2(&opened, &s("agent:"), &eval("() => {}"))
         .expect_err("a string is not watch options");
+    assert_eq!(field_str(&e, "code").as_deref(), Some("validation"));
+    let close: js_sys::Function = field(&opened, "close").unchecked_into();
+    close.call0(&opened).unwrap();
+}
+
+/// An option the call does not take (a misspelt key holding a value) is a
+/// ValidationError naming it, and the call does nothing: before, `list`
+/// with `prefx` listed every record, `mutate` with `retry: 0` retried 8
+/// times, `importPouchDump` with `batch` wrote with the default. A key
+/// holding `undefined` or `null` is "not given", as everywhere.
+#[wasm_bindgen_test]
+async fn an_option_the_call_does_not_take_is_refused_and_nothing_is_done() {
+    let name = fresh_name("unknown-option");
+    let opts = js(json!({"indexes": [{"name": "byType", "keys": ["recordType"]}]}));
+    let opened = wasm_bindgen_futures::JsFuture::from(agentstore::AgentStore::open(s(&name), opts))
+        .await
+        .unwrap();
+    let call = |method: &str, args: Vec<JsValue>| {
+        let f: js_sys::Function = field(&opened, method).unchecked_into();
+        let args: js_sys::Array = args.iter().collect();
+        let p: js_sys::Promise = f.apply(&opened, &args).unwrap().unchecked_into();
+        wasm_bindgen_futures::JsFuture::from(p)
+    };
+    call(
+        "put",
+        vec![js(json!({"_id": "a", "recordType": "run", "v": 1}))],
+    )
+    .await
+    .unwrap();
+    let d = call("put", vec![js(json!({"_id": "d"}))]).await.unwrap();
+    call("delete", vec![s("d"), field(&d, "rev")])
+        .await
+        .unwrap();
+    let bump = eval("(r) => ({...r, v: 2})");
+    let dump = "{\"docs\":[{\"_id\":\"imp\",\"_rev\":\"1-a\"}]}\n{\"seq\":1}\n";
+    let snapshot = call("exportSnapshot", vec![]).await.unwrap();
+    let refused: Vec<(&str, Vec<JsValue>)> = vec![
+        ("list", vec![js(json!({"prefx": "zz"}))]),
+        ("count", vec![js(json!({"prefx": "zz"}))]),
+        ("listBy", vec![s("byType"), js(json!({"eqq": "run"}))]),
+        (
+            "listBy",
+            vec![s("byType"), js(json!({"range": {"lowr": "a"}}))],
+        ),
+        (
+            "mutate",
+            vec![s("a"), bump.clone(), js(json!({"retry": 0}))],
+        ),
+        (
+            "purgeTombstones",
+            vec![js(json!({"olderThanMs": 0, "dryRun": true}))],
+        ),
+        ("exportSnapshot", vec![js(json!({"batch": 1}))]),
+        ("exportSnapshotBlob", vec![js(json!({"batch": 1}))]),
+        (
+            "exportSnapshotChunks",
+            vec![eval("() => {}"), js(json!({"batch": 1}))],
+        ),
+        ("importPouchDump", vec![s(dump), js(json!({"batch": 5}))]),
+        (
+            "importSnapshot",
+            vec![snapshot.clone(), js(json!({"legacyIndexId": "x"}))],
+        ),
+        ("rebuildIndexes", vec![js(json!({"batchsize": 5}))]),
+    ];
+    for (method, args) in refused {
+        let e = call(method, args).await.expect_err(method);
+        assert_eq!(
+            field_str(&e, "name").as_deref(),
+            Some("ValidationError"),
+            "{method}"
+        );
+        let msg = field_str(&e, "message").unwrap_or_default();
+        assert!(msg.contains("unknown option"), "{method}: {msg}");
+    }
+    // Nothing was done: `a` is unchanged, the tombstone stays, nothing imported.
+    let a = call("get", vec![s("a")]).await.unwrap();
+    assert_eq!(field(&a, "v").as_f64(), Some(1.0));
+    assert!(call("get", vec![s("imp")]).await.unwrap().is_null());
+    let purged = call("purgeTombstones", vec![js(json!({"olderThanMs": 0}))])
+        .await
+        .unwrap();
+    assert_eq!(
+        purged.as_f64(),
+        Some(1.0),
+        "the refused purge purged nothing"
+    );
+    // `undefined` and `null` are "not given".
+    let page = call(
+        "list",
+        vec![eval("({prefx: undefined, limit: null, x: null})")],
+    )
+    .await
+    .unwrap();
+    assert_eq!(js_sys::Array::from(&field(&page, "records")).length(), 1);
+    // open, destroy and watch too.
+    let e = wasm_bindgen_futures::JsFuture::from(agentstore::AgentStore::open(
+        s(&name),
+        js(json!({"indexs": [{"name": "byType", "keys": ["recordType"]}]})),
+    ))
+    .await
+    .expect_err("indexs");
+    assert_eq!(field_str(&e, "code").as_deref(), Some("validation"));
+    let e = wasm_bindgen_futures::JsFuture::from(agentstore::AgentStore::destroy(
+        s(&name),
+        js(json!({"blockedTimeout": 1})),
+    ))
+    .await
+    .expect_err("blockedTimeout");
+    assert_eq!(field_str(&e, "code").as_deref(), Some("validation"));
+    assert!(
+        !call("get", vec![s("a")]).await.unwrap().is_null(),
+        "the refused destroy left the store open and whole"
+    );
+    let watch: js_sys::Function = field(&opened, "watch").unchecked_into();
+    let e = watch
+        .call2(&opened, &js(json!({"prefx": "a"})), &eval("() => {}"))
+        .expect_err("prefx");
     assert_eq!(field_str(&e, "code").as_deref(), Some("validation"));
     let close: js_sys::Function = field(&opened, "close").unchecked_into();
     close.call0(&opened).unwrap();

@@ -503,6 +503,7 @@ impl ByQuery {
     /// ValidationError for more than one condition, wrong types, bad limit or cursor.
     pub fn from_js(o: &JsValue) -> Result<ByQuery> {
         crate::options::check_object(o, "listBy options").map_err(StoreError::validation)?;
+        crate::options::known(o, "eq prefix range limit after descending")?;
         let get = |k: &str| crate::options::read(o, k);
         let given = |v: &JsValue| !v.is_undefined() && !v.is_null();
         // A caller's key part: a string is copied into wasm memory only up
@@ -550,6 +551,7 @@ impl ByQuery {
                     "range must be an object {lower?, upper?, lowerOpen?, upperOpen?}",
                 ));
             }
+            crate::options::known(&range, "lower upper lowerOpen upperOpen")?;
             let opt = |k: &str| -> Result<Option<KeyPart>> {
                 let v = crate::options::read(&range, k)?;
                 if given(&v) {

@@ -31,16 +31,23 @@ pub struct ListQuery {
     pub descending: bool,
 }
 
+/// The options `list` takes.
+pub const LIST_KEYS: &str = "prefix type limit after descending";
+
 impl ListQuery {
-    /// Reads `{prefix, type, limit, after, descending}` from a JS object (or undefined).
+    /// Reads `{prefix, type, limit, after, descending}` from a JS object (or
+    /// undefined); `keys` names the options the call takes ([`LIST_KEYS`],
+    /// or only `prefix type` for `count`).
     ///
     /// # Errors
-    /// ValidationError for wrong types, a bad limit or a cursor not made by `list`.
-    pub fn from_js(options: &JsValue) -> Result<ListQuery> {
+    /// ValidationError for wrong types, a key not in `keys`, a bad limit or
+    /// a cursor not made by `list`.
+    pub fn from_js(options: &JsValue, keys: &'static str) -> Result<ListQuery> {
         let get = |k: &str| crate::options::read(options, k);
         if !options.is_undefined() && !options.is_null() && !options.is_object() {
             return Err(StoreError::validation("list options must be an object"));
         }
+        crate::options::known(options, keys)?;
         let prefix = match get("prefix")? {
             v if v.is_undefined() || v.is_null() => Vec::new(),
             v => match v.dyn_into::<JsString>() {

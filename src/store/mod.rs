@@ -25,7 +25,7 @@ pub use index::{ByQuery, Verification};
 #[cfg(feature = "io")]
 pub use io::ImportCounts;
 pub use lines::{ImportOptions, DEFAULT_BATCH, MAX_IMPORT_BATCH};
-pub use list::{ListQuery, Page};
+pub use list::{ListQuery, Page, LIST_KEYS};
 pub use watch::Watcher;
 
 use crate::error::{get_str, set, BatchFailure, Result, StoreError};
