@@ -128,8 +128,12 @@ pub fn check_record(record: &Map<String, Value>) -> Result<RecordMeta, String> {
     })
 }
 
-/// `YYYY-MM-DDTHH:MM:SS.sssZ` with plausible field ranges (what
-/// `Date.prototype.toISOString` produces for years 0000–9999).
+/// `YYYY-MM-DDTHH:MM:SS.sssZ` naming a real instant: what
+/// `Date.prototype.toISOString` produces for years 0000–9999. The day must
+/// exist in its month (30 April, 29 February only in a Gregorian leap
+/// year): ECMA-262's Date Time String Format (§21.4.1.32) makes an
+/// out-of-range field an invalid string, so `Date.parse` of `2026-02-30…`
+/// is NaN in a conforming engine, and no `toISOString` ever produced it.
 pub fn is_iso_millis_utc(s: &str) -> bool {
     let b = s.as_bytes();
     if b.len() != 24 {
@@ -152,9 +156,19 @@ pub fn is_iso_millis_utc(s: &str) -> bool {
         && b[19] == b'.'
         && digits(20..23)
         && b[23] == b'Z';
-    shape
-        && (1..=12).contains(&num(5..7))
-        && (1..=31).contains(&num(8..10))
+    if !shape {
+        return false;
+    }
+    let (year, month) = (num(0..4), num(5..7));
+    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let days = match month {
+        2 if leap => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    };
+    (1..=12).contains(&month)
+        && (1..=days).contains(&num(8..10))
         && num(11..13) < 24
         && num(14..16) < 60
         && num(17..19) < 60
@@ -222,6 +236,36 @@ mod tests {
         assert!(check_record(&obj(json!({"_id": "a", "_rev": "x"}))).is_err());
         let m = check_record(&obj(json!({"_id": "a", "_rev": "2-ab", "n": {"_x": 1}}))).unwrap();
         assert_eq!(m.rev.unwrap().generation, 2);
+    }
+
+    /// A day its month does not have is refused, as ECMA-262's date format
+    /// refuses it; the last day of each month, and 29 February of a leap
+    /// year (2000 and 2024, not 1900 or 2026), are kept.
+    #[test]
+    fn updated_at_names_a_day_its_month_has() {
+        for bad in [
+            "2026-02-29T00:00:00.000Z",
+            "2026-02-30T00:00:00.000Z",
+            "1900-02-29T00:00:00.000Z",
+            "2026-04-31T00:00:00.000Z",
+            "2026-06-31T00:00:00.000Z",
+            "2026-09-31T00:00:00.000Z",
+            "2026-11-31T00:00:00.000Z",
+            "2026-01-32T00:00:00.000Z",
+            "2026-01-00T00:00:00.000Z",
+        ] {
+            assert!(!is_iso_millis_utc(bad), "{bad}");
+        }
+        for good in [
+            "2024-02-29T23:59:59.999Z",
+            "2000-02-29T00:00:00.000Z",
+            "2026-02-28T00:00:00.000Z",
+            "2026-04-30T00:00:00.000Z",
+            "2026-12-31T00:00:00.000Z",
+            "0000-02-29T00:00:00.000Z",
+        ] {
+            assert!(is_iso_millis_utc(good), "{good}");
+        }
     }
 
     #[test]
