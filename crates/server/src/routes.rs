@@ -215,6 +215,38 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     Ok(Some(key))
 }
 
+/// The `Claim-Attempt` request header of a keyed claim: a decimal number
+/// (0–2^53−1) its client raises with every claim request it sends, so that
+/// of two copies of one `Idempotency-Key` the later one carries the higher
+/// number (see [`crate::Store::claim_attempt`]).
+pub const CLAIM_ATTEMPT: &str = "claim-attempt";
+
+/// The request's claim attempt, if it sent one.
+///
+/// # Errors
+/// `validation` for a value that is not one header of 1–16 decimal digits
+/// at most 2^53−1 (a JavaScript client's safe integers).
+fn claim_attempt(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
+    let mut values = headers.get_all(CLAIM_ATTEMPT).iter();
+    let Some(v) = values.next() else {
+        return Ok(None);
+    };
+    let n = v
+        .to_str()
+        .ok()
+        .filter(|t| (1..=16).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|t| t.parse::<i64>().ok())
+        .filter(|n| *n < (1 << 53))
+        .filter(|_| values.next().is_none())
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::Validation,
+                "Claim-Attempt must be one header holding a whole number 0-9007199254740991",
+            )
+        })?;
+    Ok(Some(n))
+}
+
 /// `201` with the item. With an `Idempotency-Key`, the same request sent
 /// again adds nothing and is answered `201` with the item as it is now and
 /// `Idempotent-Replayed: true`; the key reused for another request in the
@@ -300,7 +332,10 @@ async fn list(
 /// nothing is open. With an `Idempotency-Key` (a new one per claim, sent
 /// again only when the claim's answer was lost), a lease that claim took
 /// and still holds is answered again: `201`, `Idempotent-Replayed: true`, a
-/// new token (see [`crate::Store::claim_once`]).
+/// new token (see [`crate::Store::claim_once`]). With a `Claim-Attempt`
+/// too, only to a copy whose attempt is at least that of the copy answered last;
+/// an earlier copy arriving late is `409 conflict` and changes nothing (see
+/// [`crate::Store::claim_attempt`]).
 async fn claim(
     State(st): State<AppState>,
     caller: Caller,
@@ -310,12 +345,13 @@ async fn claim(
     let queue = queue_name(&queue)?;
     let worker = caller.claim(queue)?;
     let key = idempotency_key(&headers)?;
+    let attempt = claim_attempt(&headers)?;
     if let Err(wait) = st.claim_limiter.check(&worker.unwrap_or(-1)) {
         let mut e = ApiError::new(ErrorCode::RateLimited, "claim polling too fast");
         e.retry_after_s = Some(retry_after_secs(wait));
         return Err(e);
     }
-    match st.store.claim_once(queue, worker, key).await? {
+    match st.store.claim_attempt(queue, worker, key, attempt).await? {
         Some((claimed, replayed)) => Ok(replay_marked(
             (StatusCode::CREATED, Json(claimed)),
             replayed,

@@ -66,6 +66,8 @@ pub(super) struct ClaimJob {
     token_hash: String,
     /// The claim's idempotency key, stored on the item it gets.
     key: Option<String>,
+    /// The copy's `Claim-Attempt`, stored with the key.
+    attempt: Option<i64>,
     reply: oneshot::Sender<ClaimAnswer>,
 }
 
@@ -237,6 +239,34 @@ impl Store {
         worker_id: Option<i64>,
         key: Option<&str>,
     ) -> Result<Option<(Claimed, bool)>, StoreError> {
+        self.claim_attempt(queue, worker_id, key, None).await
+    }
+
+    /// [`Store::claim_once`] for one copy of a keyed claim that numbers its
+    /// copies: `attempt` is the request's `Claim-Attempt`, a number its
+    /// client raises with every claim request it sends, so a later copy of
+    /// a key always carries a higher one. The running lease of `key` is
+    /// answered again (its token rotated) only to a copy whose attempt is at
+    /// least that of the copy answered last: the same attempt is the same
+    /// request sent again (a browser resends a POST once on a reset
+    /// keep-alive socket, and the page gets that answer). A copy that
+    /// arrives after a later one was answered (held up in the network while
+    /// its client gave up on it and sent the key again) changes nothing and
+    /// is refused, so it cannot take the lease from the copy its client is
+    /// waiting for.
+    /// Without `attempt` (`None`), or for a lease whose claim sent none,
+    /// every copy replays, as in [`Store::claim_once`].
+    ///
+    /// # Errors
+    /// As [`Store::claim`]; `conflict` for a copy older than the one
+    /// answered (nothing written).
+    pub async fn claim_attempt(
+        &self,
+        queue: &str,
+        worker_id: Option<i64>,
+        key: Option<&str>,
+        attempt: Option<i64>,
+    ) -> Result<Option<(Claimed, bool)>, StoreError> {
         let (token, token_hash) = tokens::new_lease_token();
         if let Some(key) = key {
             let (store, q, k, h) = (
@@ -245,7 +275,8 @@ impl Store {
                 key.to_owned(),
                 token_hash.clone(),
             );
-            let again = detached(async move { store.claim_again(&q, &k, &h, worker_id).await });
+            let again =
+                detached(async move { store.claim_again(&q, &k, attempt, &h, worker_id).await });
             if let Some(item) = again.await? {
                 return Ok(Some((self.claim_response(item, token.0), true)));
             }
@@ -257,6 +288,7 @@ impl Store {
                 worker_id,
                 token_hash,
                 key,
+                attempt,
                 reply,
             };
             if self.claims.push(&queue.to_owned(), job) {
@@ -272,57 +304,81 @@ impl Store {
         let (store, queue) = (self.clone(), queue.to_owned());
         let item = detached(async move {
             store
-                .claim_one(&queue, &token_hash, worker_id, key.as_deref())
+                .claim_one(&queue, &token_hash, worker_id, key.as_deref(), attempt)
                 .await
         })
         .await?;
         Ok(item.map(|(item, replayed)| (self.claim_response(item, token.0), replayed)))
     }
 
-    /// The replay of [`Store::claim_once`]: the running lease claimed with
-    /// `key` in `queue` by `worker_id`, its token hash rotated to
-    /// `token_hash` and its lease renewed (with this instance's TTL, the
-    /// one answered), in one conditional statement after a read; `None`
-    /// when there is none. A row that no longer decodes is failed, fenced on the
-    /// new token (see `unreadable`), and `None` answered: a new item is
-    /// claimed instead.
+    /// The replay of [`Store::claim_attempt`]: the running lease claimed
+    /// with `key` in `queue` by `worker_id`, its token hash rotated to
+    /// `token_hash`, its attempt raised to `attempt` and its lease renewed
+    /// (with this instance's TTL, the one answered), in one conditional
+    /// statement after a read; `None` when there is none. A row that no
+    /// longer decodes is failed, fenced on the new token (see
+    /// `unreadable`), and `None` answered: a new item is claimed instead.
+    ///
+    /// # Errors
+    /// `conflict` when a copy with a higher attempt than `attempt` was
+    /// answered (nothing written); the database failed.
     async fn claim_again(
         &self,
         queue: &str,
         key: &str,
+        attempt: Option<i64>,
         token_hash: &str,
         worker_id: Option<i64>,
     ) -> Result<Option<Item>, StoreError> {
-        // A read first: nearly every key is a first try, which matches
-        // nothing and must not take SQLite's writer lock or a PostgreSQL
-        // statement outside the claim lane for that.
-        let found = sqlx::query(&self.sql(
-            "SELECT id FROM items WHERE queue = $1 AND claim_key = $2 AND state = 'running'
-               AND COALESCE(worker_id, 0) = $3
-             ORDER BY id LIMIT 1",
-        ))
-        .bind(queue)
-        .bind(key)
-        .bind(worker_id.unwrap_or(0))
-        .fetch_optional(&self.pool)
-        .await?;
-        let Some(found) = found else {
-            return Ok(None);
-        };
         let sql = self.sql(&format!(
             "UPDATE items SET token_hash = $3, heartbeat_at = {{now}}, updated_at = {{now}},
-                 lease_ttl_ms = {ttl}
+                 lease_ttl_ms = {ttl}, claim_attempt = COALESCE(CAST($5 AS BIGINT), claim_attempt)
              WHERE id = $1 AND state = 'running' AND claim_key = $2 AND COALESCE(worker_id, 0) = $4
+               AND (CAST($5 AS BIGINT) IS NULL OR claim_attempt IS NULL
+                    OR claim_attempt <= CAST($5 AS BIGINT))
              RETURNING {ITEM_COLS}",
             ttl = ms(self.settings.ttl_ms),
         ));
-        let row = sqlx::query(&sql)
-            .bind(get::<i64>(&found, "id")?)
+        // A copy of a higher attempt may rotate the token between the read
+        // and the write: read again (bounded; each round is another copy
+        // answered).
+        let mut row = None;
+        for _ in 0..KEY_TAKEN_TRIES {
+            // A read first: nearly every key is a first try, which matches
+            // nothing and must not take SQLite's writer lock or a PostgreSQL
+            // statement outside the claim lane for that.
+            let found = sqlx::query(&self.sql(
+                "SELECT id, claim_attempt FROM items
+                 WHERE queue = $1 AND claim_key = $2 AND state = 'running'
+                   AND COALESCE(worker_id, 0) = $3
+                 ORDER BY id LIMIT 1",
+            ))
+            .bind(queue)
             .bind(key)
-            .bind(token_hash)
             .bind(worker_id.unwrap_or(0))
             .fetch_optional(&self.pool)
             .await?;
+            let Some(found) = found else {
+                return Ok(None);
+            };
+            let answered: Option<i64> = get(&found, "claim_attempt")?;
+            if let (Some(answered), Some(attempt)) = (answered, attempt) {
+                if answered > attempt {
+                    return Err(superseded(attempt, answered));
+                }
+            }
+            row = sqlx::query(&sql)
+                .bind(get::<i64>(&found, "id")?)
+                .bind(key)
+                .bind(token_hash)
+                .bind(worker_id.unwrap_or(0))
+                .bind(attempt)
+                .fetch_optional(&self.pool)
+                .await?;
+            if row.is_some() || attempt.is_none() {
+                break;
+            }
+        }
         // Ended between the read and the write: a new claim, as for no match.
         let Some(row) = row else {
             return Ok(None);
@@ -352,10 +408,11 @@ impl Store {
         token_hash: &str,
         worker_id: Option<i64>,
         key: Option<&str>,
+        attempt: Option<i64>,
     ) -> ClaimAnswer {
         let sql = self.sql(&format!(
             "UPDATE items SET state = 'running', epoch = epoch + 1, token_hash = $2,
-                 worker_id = $3, claim_key = $4, claimed_at = {{now}},
+                 worker_id = $3, claim_key = $4, claim_attempt = CAST($5 AS BIGINT), claimed_at = {{now}},
                  heartbeat_at = {{now}}, updated_at = {{now}}, lease_ttl_ms = {ttl}
              WHERE id = (SELECT id FROM items WHERE queue = $1 AND state = 'open'
                          ORDER BY id LIMIT 1 {{skip_locked}})
@@ -370,6 +427,7 @@ impl Store {
                 .bind(token_hash)
                 .bind(worker_id)
                 .bind(key)
+                .bind(attempt)
                 .fetch_optional(&self.pool)
                 .await;
             let row = match (row, key) {
@@ -381,7 +439,10 @@ impl Store {
                     if e.is_unique_violation() && taken < KEY_TAKEN_TRIES =>
                 {
                     taken += 1;
-                    match self.claim_again(queue, key, token_hash, worker_id).await? {
+                    match self
+                        .claim_again(queue, key, attempt, token_hash, worker_id)
+                        .await?
+                    {
                         Some(item) => return Ok(Some((item, true))),
                         None => continue,
                     }
@@ -440,7 +501,13 @@ impl Store {
         if batch.len() == 1 {
             for job in batch {
                 let out = self
-                    .claim_one(queue, &job.token_hash, job.worker_id, job.key.as_deref())
+                    .claim_one(
+                        queue,
+                        &job.token_hash,
+                        job.worker_id,
+                        job.key.as_deref(),
+                        job.attempt,
+                    )
                     .await;
                 let _ = job.reply.send(out);
             }
@@ -459,6 +526,7 @@ impl Store {
                                 &job.token_hash,
                                 job.worker_id,
                                 job.key.as_deref(),
+                                job.attempt,
                             )
                             .await
                         }
@@ -469,7 +537,13 @@ impl Store {
             Err(e) if never_applied(&e) => {
                 for job in batch {
                     let out = self
-                        .claim_one(queue, &job.token_hash, job.worker_id, job.key.as_deref())
+                        .claim_one(
+                            queue,
+                            &job.token_hash,
+                            job.worker_id,
+                            job.key.as_deref(),
+                            job.attempt,
+                        )
                         .await;
                     let _ = job.reply.send(out);
                 }
@@ -488,14 +562,20 @@ impl Store {
     async fn replay_or_claim(&self, queue: &str, job: &ClaimJob) -> ClaimAnswer {
         if let Some(key) = job.key.as_deref() {
             if let Some(item) = self
-                .claim_again(queue, key, &job.token_hash, job.worker_id)
+                .claim_again(queue, key, job.attempt, &job.token_hash, job.worker_id)
                 .await?
             {
                 return Ok(Some((item, true)));
             }
         }
-        self.claim_one(queue, &job.token_hash, job.worker_id, job.key.as_deref())
-            .await
+        self.claim_one(
+            queue,
+            &job.token_hash,
+            job.worker_id,
+            job.key.as_deref(),
+            job.attempt,
+        )
+        .await
     }
 
     async fn claim_batch(
@@ -505,12 +585,13 @@ impl Store {
     ) -> Result<Vec<ClaimSlot>, StoreError> {
         let values: Vec<String> = (0..batch.len())
             .map(|k| {
-                let p = 4 * k + 2;
+                let p = 5 * k + 2;
                 format!(
-                    "(${p}::BIGINT, ${}::TEXT, ${}::BIGINT, ${}::TEXT)",
+                    "(${p}::BIGINT, ${}::TEXT, ${}::BIGINT, ${}::TEXT, ${}::BIGINT)",
                     p + 1,
                     p + 2,
-                    p + 3
+                    p + 3,
+                    p + 4
                 )
             })
             .collect();
@@ -523,10 +604,10 @@ impl Store {
              )
              UPDATE items AS i SET state = 'running', epoch = i.epoch + 1,
                  token_hash = r.token_hash, worker_id = r.worker_id,
-                 claim_key = r.claim_key, claimed_at = {{now}}, heartbeat_at = {{now}}, updated_at = {{now}},
+                 claim_key = r.claim_key, claim_attempt = r.claim_attempt, claimed_at = {{now}}, heartbeat_at = {{now}}, updated_at = {{now}},
                  lease_ttl_ms = {ttl}
              FROM numbered
-             JOIN (VALUES {values}) AS r(n, token_hash, worker_id, claim_key) ON r.n = numbered.n
+             JOIN (VALUES {values}) AS r(n, token_hash, worker_id, claim_key, claim_attempt) ON r.n = numbered.n
              WHERE i.id = numbered.id AND i.state = 'open'
              RETURNING r.n AS n, {cols}",
             n = batch.len(),
@@ -540,7 +621,8 @@ impl Store {
                 .bind(k as i64 + 1)
                 .bind(&job.token_hash)
                 .bind(job.worker_id)
-                .bind(&job.key);
+                .bind(&job.key)
+                .bind(job.attempt);
         }
         let rows = q.fetch_all(&self.pool).await?;
         // Committed: one row per claim that got an item. A row that does not
@@ -1173,4 +1255,16 @@ fn state_of(row: &AnyRow) -> Option<ItemState> {
     get::<String>(row, "state")
         .ok()
         .and_then(|s| ItemState::parse(&s))
+}
+
+/// `conflict`: a copy of a keyed claim (Claim-Attempt `attempt`) that came
+/// after a later copy (`answered`) was answered.
+fn superseded(attempt: i64, answered: i64) -> StoreError {
+    StoreError::rejected(
+        ErrorCode::Conflict,
+        format!(
+            "this copy of the claim (Claim-Attempt {attempt}) came after copy {answered} \
+             was answered: nothing was changed"
+        ),
+    )
 }

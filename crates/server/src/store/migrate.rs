@@ -269,6 +269,17 @@ pub const MIGRATIONS: &[Migration] = &[
         // NULL for settles made before: the item's state stands in for it.
         sql: "ALTER TABLE items ADD COLUMN settled_state TEXT",
     },
+    Migration {
+        version: 17,
+        name: "claim_attempt",
+        // The `Claim-Attempt` of the copy of a keyed claim answered last
+        // (`Store::claim_once`): a copy that reaches the server after a
+        // later one was answered (a request held up in the network while
+        // its client gave up and sent the key again) must not rotate the
+        // token that later copy handed out. NULL for a claim sent without
+        // the header: any copy of it replays, as before.
+        sql: "ALTER TABLE items ADD COLUMN claim_attempt BIGINT",
+    },
 ];
 
 /// Advisory lock key for migrations on PostgreSQL ("agst").

@@ -2,6 +2,7 @@
 //! while the first copy is still being answered, a browser sending the POST
 //! again), on one instance or several.
 
+use agentstore_protocol::ErrorCode;
 use agentstore_server::store::{Backend, Claimed, MIGRATIONS};
 use agentstore_server::Store;
 use serde_json::{json, Value};
@@ -350,4 +351,153 @@ pub async fn keyed_leases_left_doubled_by_older_code_upgrade_to_one_per_key(db: 
         "every migration recorded"
     );
     raw.close().await;
+}
+
+/// A copy of a keyed claim that reaches the server after a later copy of
+/// it was answered (its request held up in the network while the client
+/// gave up on it and sent the key again, with a higher `Claim-Attempt`)
+/// changes nothing: `409 conflict`, and the token the later copy handed
+/// out still holds the lease. Before, the late copy was answered as a
+/// replay and rotated the token: the client's lease was lost at its next
+/// heartbeat and the item ran on under a token nobody held until its TTL
+/// ran out. A copy with the same attempt (the same request resent, as a
+/// browser resends a POST on a reset socket) or a higher one still
+/// replays, and so does any copy of a claim sent without the header.
+/// Raced too: copies 1..=8 of one key fired at once over two instances,
+/// many rounds: one item is taken and copy 8's token holds it. Over HTTP,
+/// a malformed header is `400 validation`.
+pub async fn a_late_copy_of_a_claim_never_takes_the_lease_from_a_later_copy(db: TestDb) {
+    let store = db.store(ttl(LONG)).await;
+    for n in 0..3 {
+        store.enqueue("late", &json!(n), None).await.unwrap();
+    }
+    let copy = |attempt: Option<i64>| {
+        let store = store.clone();
+        async move {
+            store
+                .claim_attempt("late", Some(7), Some("k"), attempt)
+                .await
+        }
+    };
+    // Copy 2 gets there first and claims; copy 1 arrives after it.
+    let (second, replayed) = copy(Some(2)).await.unwrap().expect("claimed");
+    assert!(!replayed);
+    let late = copy(Some(1)).await;
+    assert_eq!(
+        late.err().and_then(|e| e.code()),
+        Some(ErrorCode::Conflict),
+        "the late copy is refused"
+    );
+    store
+        .heartbeat(second.item.id, &second.lease.token, Some(7))
+        .await
+        .expect("copy 2's token still holds the lease");
+    assert_eq!(
+        ids_in(&store, "late", "running").await,
+        vec![second.item.id]
+    );
+    // The same attempt again (a resent request) and a later one replay.
+    let (same, replayed) = copy(Some(2)).await.unwrap().unwrap();
+    assert!(replayed);
+    assert_eq!(same.item.id, second.item.id);
+    let (third, replayed) = copy(Some(3)).await.unwrap().unwrap();
+    assert!(replayed);
+    assert_eq!((third.item.id, third.item.epoch), (second.item.id, 1));
+    assert_eq!(
+        store
+            .heartbeat(second.item.id, &same.lease.token, Some(7))
+            .await
+            .err()
+            .and_then(|e| e.code()),
+        Some(ErrorCode::ClaimLost),
+        "copy 3 rotated the token"
+    );
+    assert!(copy(Some(2)).await.is_err(), "copy 2 is now older than 3");
+    store
+        .heartbeat(third.item.id, &third.lease.token, Some(7))
+        .await
+        .expect("copy 3's token holds the lease");
+    // Without the header every copy replays, as before.
+    let (bare, replayed) = copy(None).await.unwrap().unwrap();
+    assert!(replayed);
+    assert_eq!(bare.item.id, second.item.id);
+    assert_eq!(ids_in(&store, "late", "open").await.len(), 2);
+
+    // Raced: copies 1..=8 at once over two instances.
+    const ROUNDS: usize = 16;
+    const COPIES: usize = 8;
+    let stores = [db.store(ttl(LONG)).await, db.store(ttl(LONG)).await];
+    for round in 0..ROUNDS {
+        let queue = format!("laterace{round}");
+        for n in 0..COPIES {
+            stores[0].enqueue(&queue, &json!(n), None).await.unwrap();
+        }
+        let answers = at_once(COPIES, |k| {
+            let store = stores[k % 2].clone();
+            let queue = queue.clone();
+            async move {
+                store
+                    .claim_attempt(&queue, Some(7), Some("race"), Some(k as i64 + 1))
+                    .await
+            }
+        })
+        .await;
+        let what = format!("round {round}");
+        let mut ids = Vec::new();
+        for a in &answers {
+            match a {
+                Ok(Some((c, _))) => ids.push(c.item.id),
+                Ok(None) => panic!("{what}: an item was open"),
+                Err(e) => assert_eq!(e.code(), Some(ErrorCode::Conflict), "{what}"),
+            }
+        }
+        ids.dedup();
+        assert_eq!(ids.len(), 1, "{what}: one item between the copies");
+        assert_eq!(ids_in(&stores[0], &queue, "running").await, ids, "{what}");
+        let (last, _) = answers[COPIES - 1]
+            .as_ref()
+            .ok()
+            .and_then(|a| a.as_ref())
+            .expect("the last copy is never refused");
+        stores[0]
+            .heartbeat(last.item.id, &last.lease.token, Some(7))
+            .await
+            .unwrap_or_else(|e| panic!("{what}: the last copy's token holds the lease: {e}"));
+    }
+
+    // Over HTTP.
+    let server = http_server(&db).await;
+    let http = reqwest::Client::new();
+    crate::common::enqueue_over_http(&http, &server.url(), "hlate").await;
+    let claim = |attempt: &'static str| {
+        let req = http
+            .post(format!("{}/v1/queues/hlate/claims", server.url()))
+            .bearer_auth(ADMIN)
+            .header("Idempotency-Key", "h")
+            .header("Claim-Attempt", attempt);
+        async move {
+            let resp = req.send().await.unwrap();
+            let status = resp.status().as_u16();
+            let body: Value = resp.json().await.unwrap_or_default();
+            (status, body["code"].as_str().map(str::to_owned))
+        }
+    };
+    assert_eq!(claim("5").await.0, 201);
+    assert_eq!(claim("4").await, (409, Some("conflict".to_owned())));
+    assert_eq!(claim("5").await.0, 201);
+    for bad in [
+        "",
+        "x",
+        "-1",
+        "1.5",
+        "9007199254740992",
+        "00000000000000001",
+    ] {
+        assert_eq!(
+            claim(bad).await,
+            (400, Some("validation".to_owned())),
+            "Claim-Attempt {bad:?}"
+        );
+    }
+    server.stop().await.unwrap();
 }

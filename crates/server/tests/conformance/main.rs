@@ -44,6 +44,7 @@ conformance! {
     claim_race::copies_of_one_claim_racing_take_one_item,
     claim_race::a_claim_key_racing_from_other_callers_takes_one_item_per_caller,
     claim_race::keyed_leases_left_doubled_by_older_code_upgrade_to_one_per_key,
+    claim_race::a_late_copy_of_a_claim_never_takes_the_lease_from_a_later_copy,
     lease::a_live_claim_is_not_reclaimed_by_any_instance_reaper_or_fresh_claim,
     lease::an_expired_claim_is_reclaimed_and_the_new_token_differs,
     lease::a_lease_expires_after_the_ttl_it_was_granted_whichever_instance_looks,
