@@ -188,6 +188,24 @@ export function header(headers, name) {
   }
 }
 
+let claimsSent = 0;
+
+/**
+ * Sets a claim request's `Idempotency-Key` to `key` on `headers`, and its
+ * `Claim-Attempt`: a number raised with every claim request this realm
+ * sends, so that of two copies of one key the later one carries the higher
+ * number. The server then refuses (409) a copy that arrives after a later
+ * one was answered (held up in the network while the claim was sent
+ * again), instead of rotating the token that later copy handed out.
+ * Throws nothing.
+ */
+export function claimHeaders(headers, key) {
+  try {
+    headers.set('Idempotency-Key', key);
+    headers.set('Claim-Attempt', String(++claimsSent));
+  } catch (e) {}
+}
+
 /**
  * The `Idempotency-Key` for the next claim of `queue` by the client whose
  * unanswered claims `kept` holds: the key of one of them (its answer lost:

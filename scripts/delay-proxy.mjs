@@ -24,6 +24,13 @@
 //                           reaching the server (nothing applied) until /_stop/<n>
 //                           is requested; /_held/refuse-settles-<n> counts them
 //   /refuse-settles-after-<ms>-<n>/… the same, the 503 sent only after <ms>
+//   /late-first-claim-<n>/…  the first claim REQUEST of nonce <n> is held (the
+//                           server has not seen it; its client may give up on
+//                           it) until a later claim of <n> has been answered by
+//                           the server and that answer sent on; then it is
+//                           forwarded. "late" in /_held/late-first-claim-<n> is
+//                           the held request's answer status once the server
+//                           answered it (0 before)
 //   /slow-settle-requests-<ms>/… settle REQUESTS are forwarded to the server only
 //                           after <ms> (anything sent meanwhile gets there first)
 //   /late-heartbeats-<ms>/…  heartbeat REQUESTS are forwarded only after <ms>, and
@@ -66,6 +73,7 @@ const settling = new Map(); // mode -> settle answers held back now (late-heartb
 const raced = new Map(); // mode -> heartbeats forwarded while a settle answer was held
 const releases = new Map(); // mode -> release requests seen
 const heartbeats = new Map(); // mode -> heartbeat requests seen
+const lateClaims = new Map(); // mode -> { forward: the held claim's sender, or null once sent; status }
 
 const isClaim = (path) => /^\/v1\/queues\/[^/]+\/claims$/.test(path);
 const isHeartbeat = (path) => path === '/v1/heartbeats' || /^\/v1\/items\/\d+\/heartbeat$/.test(path);
@@ -99,7 +107,7 @@ const server = http.createServer((req, res) => {
   if ((req.url ?? '').startsWith('/_held/')) {
     const mode = decodeURIComponent(req.url.slice('/_held/'.length));
     res.writeHead(200, { 'content-type': 'application/json', 'access-control-allow-origin': '*' });
-    res.end(JSON.stringify({ held: held.get(mode) ?? 0, raced: raced.get(mode) ?? 0, releases: releases.get(mode) ?? 0, heartbeats: heartbeats.get(mode) ?? 0, tokens: tokens.get(mode) ?? 0 }));
+    res.end(JSON.stringify({ held: held.get(mode) ?? 0, raced: raced.get(mode) ?? 0, releases: releases.get(mode) ?? 0, heartbeats: heartbeats.get(mode) ?? 0, tokens: tokens.get(mode) ?? 0, late: lateClaims.get(mode)?.status ?? 0 }));
     return;
   }
   if ((req.url ?? '').startsWith('/_stop/')) {
@@ -132,6 +140,50 @@ const server = http.createServer((req, res) => {
       res.writeHead(400, { 'content-type': 'application/json', 'access-control-allow-origin': '*' });
       res.end(JSON.stringify({ code: 'validation', message: 'refused by the test proxy' }));
     }, 1.5 * Number(lateRefused[1]));
+    return;
+  }
+  if (/^late-first-claim-.+$/.test(mode) && req.method === 'POST' && isClaim(path)) {
+    // Forwards this request (a claim has no body: none is sent, so it can
+    // go after the page gave up on it) and calls `then(status)` once the
+    // server's answer has been passed on (or could not be).
+    req.resume();
+    const send = (then) => {
+      const up = http.request(
+        { host: target.hostname, port: target.port, method: req.method, path, headers: req.headers },
+        (answer) => {
+          const chunks = [];
+          answer.on('data', (c) => chunks.push(c));
+          answer.on('end', () => {
+            try {
+              res.writeHead(answer.statusCode ?? 502, answer.headers);
+              res.end(Buffer.concat(chunks));
+            } catch (e) {}
+            then(answer.statusCode ?? 502);
+          });
+        },
+      );
+      up.on('error', () => {
+        res.destroy();
+        then(502);
+      });
+      up.end();
+    };
+    const late = lateClaims.get(mode);
+    if (!late) {
+      held.set(mode, 1);
+      const entry = { forward: null, status: 0 };
+      lateClaims.set(mode, entry);
+      entry.forward = () => {
+        held.set(mode, 0);
+        send((status) => (entry.status = status));
+      };
+      return;
+    }
+    send(() => {
+      const forward = late.forward;
+      late.forward = null;
+      if (forward) forward();
+    });
     return;
   }
   const refuse = /^refuse-settles-(?:after-(\d+)-)?(.+)$/.exec(mode);

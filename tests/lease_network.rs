@@ -1917,6 +1917,63 @@ async fn a_claim_whose_answer_was_lost_gets_its_lease_back_on_the_next_claim() {
     }
 }
 
+/// A claim whose REQUEST is held up in the network past the client's
+/// request timeout reaches the server only after the queue's next claim
+/// (sent with the same `Idempotency-Key`, the first one unanswered) was
+/// granted the lease: the late copy is refused (409, it carries a lower
+/// `Claim-Attempt`) and the client's lease stays held; it settles, no
+/// attempt spent, and the next item stays open. As an admin and as a
+/// worker. Before, the late copy was answered as a replay and rotated the
+/// token: the client's lease was lost at its next heartbeat or settle, and
+/// the item ran on under a token nobody held until its TTL ran out.
+#[wasm_bindgen_test]
+async fn a_claim_request_reaching_the_server_late_never_takes_the_lease_from_the_next_claim() {
+    let Some(proxy) = proxy() else { return };
+    for as_worker in [false, true] {
+        let q = fresh_queue("late-claim");
+        let first = enqueue(&q, json!({"n": 1})).await;
+        let second = enqueue(&q, json!({"n": 2})).await;
+        let mode = format!("late-first-claim-{}", fresh_queue("l"));
+        let creds = if as_worker {
+            worker_creds(&q, "late-claimer").await
+        } else {
+            admin_creds()
+        };
+        let c = client_at(
+            &format!("{proxy}/{mode}"),
+            creds,
+            ClientConfig {
+                request_timeout_ms: 1_000.0,
+                ..config()
+            },
+        );
+        let lost = c.claim(&q, None).await;
+        assert!(
+            matches!(&lost, Err(e) if e.is_transient()),
+            "the request timed out: {:?}",
+            lost.as_ref().err()
+        );
+        assert_eq!(held_back(proxy, &mode).await, 1.0, "held, not yet sent on");
+        let lease = claim(&c, &q).await;
+        assert_eq!(lease.item_id, first);
+        let until = now() + 10_000.0;
+        let mut late = proxy_count(proxy, &mode, "late").await;
+        while late == 0.0 && now() < until {
+            sleep(10.0).await;
+            late = proxy_count(proxy, &mode, "late").await;
+        }
+        assert_eq!(late, 409.0, "worker {as_worker}: the late copy is refused");
+        lease
+            .settle(SettleState::Done, None, None)
+            .await
+            .expect("the next claim's lease is still held");
+        let it = item(first).await;
+        assert_eq!((it.state, it.attempts), (ItemState::Done, 0));
+        assert_eq!(item(second).await.state, ItemState::Open);
+        c.close().await;
+    }
+}
+
 /// The server enrolls the worker (or refreshes its credentials) and the
 /// answer is lost on the way back. The client kept its single-use token, sends
 /// it again, and the server answers it as a replay: the worker carries on

@@ -110,6 +110,11 @@ extern "C" {
     /// `headers.get(name)` when it is a string of at most 256 units, else
     /// `None`; throws nothing (js/lease.js `header`).
     fn header(headers: &JsValue, name: &str) -> Option<String>;
+    /// Sets a claim's `Idempotency-Key` and its `Claim-Attempt` (a number
+    /// raised with every claim request sent; see the server's
+    /// `Store::claim_attempt`); throws nothing (js/lease.js `claimHeaders`).
+    #[wasm_bindgen(js_name = claimHeaders)]
+    fn claim_headers(headers: &Headers, key: &str);
 }
 
 /// Sleeps `ms` (clamped to `[0, 2^31)`).
@@ -151,7 +156,8 @@ pub struct Call<'a> {
     pub timeout_ms: f64,
     /// The caller's signal: aborting it aborts the request with its reason.
     pub signal: Option<&'a AbortSignal>,
-    /// `Idempotency-Key`, when set (a claim's; see `ClientInner::claim`).
+    /// `Idempotency-Key`, when set (a claim's; see `ClientInner::claim`),
+    /// sent with a `Claim-Attempt`.
     pub key: Option<&'a str>,
 }
 
@@ -214,7 +220,7 @@ async fn send_inner(call: &Call<'_>, controller: &AbortController) -> Result<Ans
         let _ = headers.set("Authorization", &v);
     }
     if let Some(k) = call.key {
-        let _ = headers.set("Idempotency-Key", k);
+        claim_headers(&headers, k);
     }
     let init = RequestInit::new();
     init.set_method(call.method);
