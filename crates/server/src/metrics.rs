@@ -70,6 +70,9 @@ pub struct Metrics {
     /// Claims answered again under their idempotency key (the lease a
     /// claim whose answer was lost had taken).
     claim_replays: IntCounter,
+    /// Copies of a keyed claim refused because a later copy (a higher
+    /// `Claim-Attempt`) was answered first: requests held up in the network.
+    claim_late_copies: IntCounter,
     /// Operator pauses and resumes committed, by action.
     operator_actions: IntCounterVec,
     /// Items failed by the retry cap (reason `retry_limit`), by the path that did it.
@@ -215,6 +218,11 @@ impl Metrics {
                 "agentstore_claim_replays_total",
                 "Claims sent again with their Idempotency-Key that got back the running lease the first one took (its answer lost)",
             ),
+            claim_late_copies: counter(
+                &r,
+                "agentstore_claim_late_copies_total",
+                "Copies of a keyed claim refused (409) because a later copy of it, with a higher Claim-Attempt, was answered first (a request held up in the network)",
+            ),
             operator_actions: counter_vec(
                 &r,
                 "agentstore_operator_actions_total",
@@ -332,6 +340,11 @@ impl Metrics {
     /// A claim answered again under its idempotency key.
     pub fn claim_replayed(&self) {
         self.claim_replays.inc();
+    }
+
+    /// A late copy of a keyed claim refused.
+    pub fn claim_late_copy(&self) {
+        self.claim_late_copies.inc();
     }
 
     /// An operator's `action` (`"pause"` or `"resume"`) committed.

@@ -364,6 +364,7 @@ impl Store {
             let answered: Option<i64> = get(&found, "claim_attempt")?;
             if let (Some(answered), Some(attempt)) = (answered, attempt) {
                 if answered > attempt {
+                    self.metrics.claim_late_copy();
                     return Err(superseded(attempt, answered));
                 }
             }

@@ -417,6 +417,16 @@ pub async fn a_late_copy_of_a_claim_never_takes_the_lease_from_a_later_copy(db: 
         .heartbeat(third.item.id, &third.lease.token, Some(7))
         .await
         .expect("copy 3's token holds the lease");
+    assert!(
+        store
+            .metrics()
+            .render(&store)
+            .await
+            .unwrap()
+            .lines()
+            .any(|l| l == "agentstore_claim_late_copies_total 2"),
+        "the refused copies are counted"
+    );
     // Without the header every copy replays, as before.
     let (bare, replayed) = copy(None).await.unwrap().unwrap();
     assert!(replayed);
