@@ -188,21 +188,23 @@ export function header(headers, name) {
   }
 }
 
-let claimsSent = 0;
+let requestsSent = 0;
 
 /**
- * Sets a claim request's `Idempotency-Key` to `key` on `headers`, and its
- * `Claim-Attempt`: a number raised with every claim request this realm
- * sends, so that of two copies of one key the later one carries the higher
- * number. The server then refuses (409) a copy that arrives after a later
- * one was answered (held up in the network while the claim was sent
- * again), instead of rotating the token that later copy handed out.
- * Throws nothing.
+ * Sets a claim's, enrollment's or refresh's `Request-Attempt` on `headers`:
+ * a number raised with every such request this realm sends, so that of two
+ * copies of one request (the same `Idempotency-Key`, or the same
+ * single-use token) the later one carries the higher number. The server
+ * then refuses (409) a copy that arrives after a later one was answered
+ * (held up in the network while the request was sent again), instead of
+ * answering it as a replay: rotating the lease token, or revoking the
+ * credentials, that the later copy handed out. Also sets the claim's
+ * `Idempotency-Key` to `key` unless it is empty. Throws nothing.
  */
-export function claimHeaders(headers, key) {
+export function numberRequest(headers, key) {
   try {
-    headers.set('Idempotency-Key', key);
-    headers.set('Claim-Attempt', String(++claimsSent));
+    if (key) headers.set('Idempotency-Key', key);
+    headers.set('Request-Attempt', String(++requestsSent));
   } catch (e) {}
 }
 

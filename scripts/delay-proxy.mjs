@@ -31,6 +31,7 @@
 //                           forwarded. "late" in /_held/late-first-claim-<n> is
 //                           the held request's answer status once the server
 //                           answered it (0 before)
+//   /late-first-enroll-<n>/… the same for enrollment requests
 //   /slow-settle-requests-<ms>/… settle REQUESTS are forwarded to the server only
 //                           after <ms> (anything sent meanwhile gets there first)
 //   /late-heartbeats-<ms>/…  heartbeat REQUESTS are forwarded only after <ms>, and
@@ -142,12 +143,20 @@ const server = http.createServer((req, res) => {
     }, 1.5 * Number(lateRefused[1]));
     return;
   }
-  if (/^late-first-claim-.+$/.test(mode) && req.method === 'POST' && isClaim(path)) {
-    // Forwards this request (a claim has no body: none is sent, so it can
-    // go after the page gave up on it) and calls `then(status)` once the
-    // server's answer has been passed on (or could not be).
-    req.resume();
+  const lateFirst = /^late-first-(claim|enroll)-.+$/.exec(mode);
+  if (lateFirst && req.method === 'POST' && (lateFirst[1] === 'claim' ? isClaim(path) : path === '/v1/workers/enroll')) {
+    // Forwards this request (its body read first: it can go after the page
+    // gave up on it) and calls `then(status)` once the server's answer has
+    // been passed on (or could not be).
+    const body = [];
+    let ended = false;
+    req.on('data', (c) => body.push(c));
+    req.on('end', () => (ended = true));
     const send = (then) => {
+      if (!ended) {
+        req.on('end', () => send(then));
+        return;
+      }
       const up = http.request(
         { host: target.hostname, port: target.port, method: req.method, path, headers: req.headers },
         (answer) => {
@@ -166,7 +175,7 @@ const server = http.createServer((req, res) => {
         res.destroy();
         then(502);
       });
-      up.end();
+      up.end(Buffer.concat(body));
     };
     const late = lateClaims.get(mode);
     if (!late) {

@@ -1921,7 +1921,7 @@ async fn a_claim_whose_answer_was_lost_gets_its_lease_back_on_the_next_claim() {
 /// request timeout reaches the server only after the queue's next claim
 /// (sent with the same `Idempotency-Key`, the first one unanswered) was
 /// granted the lease: the late copy is refused (409, it carries a lower
-/// `Claim-Attempt`) and the client's lease stays held; it settles, no
+/// `Request-Attempt`) and the client's lease stays held; it settles, no
 /// attempt spent, and the next item stays open. As an admin and as a
 /// worker. Before, the late copy was answered as a replay and rotated the
 /// token: the client's lease was lost at its next heartbeat or settle, and
@@ -1972,6 +1972,47 @@ async fn a_claim_request_reaching_the_server_late_never_takes_the_lease_from_the
         assert_eq!(item(second).await.state, ItemState::Open);
         c.close().await;
     }
+}
+
+/// An enrollment REQUEST held up in the network past the client's request
+/// timeout reaches the server only after the client's next enrollment (the
+/// same single-use token, sent again) was answered: the late copy is
+/// refused (409, it carries a lower `Request-Attempt`) and the credentials
+/// the client holds stay valid: its lease settles. Before, the late copy
+/// was taken for a replay and revoked them: the client's next call was
+/// unauthorized, and its refresh, of a revoked token, revoked the worker.
+#[wasm_bindgen_test]
+async fn an_enrollment_reaching_the_server_late_never_revokes_the_credentials_in_use() {
+    let Some(proxy) = proxy() else { return };
+    let q = fresh_queue("late-enroll");
+    let id = enqueue(&q, json!({})).await;
+    let mode = format!("late-first-enroll-{}", fresh_queue("e"));
+    let c = client_at(
+        &format!("{proxy}/{mode}"),
+        worker_creds(&q, "late-enroller").await,
+        ClientConfig {
+            request_timeout_ms: 1_000.0,
+            ..config()
+        },
+    );
+    let e = err_of(c.claim(&q, None).await);
+    assert!(e.is_transient(), "the enrollment timed out: {e}");
+    assert_eq!(held_back(proxy, &mode).await, 1.0, "held, not yet sent on");
+    let lease = claim(&c, &q).await;
+    assert_eq!(lease.item_id, id);
+    let until = now() + 10_000.0;
+    let mut late = proxy_count(proxy, &mode, "late").await;
+    while late == 0.0 && now() < until {
+        sleep(10.0).await;
+        late = proxy_count(proxy, &mode, "late").await;
+    }
+    assert_eq!(late, 409.0, "the late copy is refused");
+    lease
+        .settle(SettleState::Done, None, None)
+        .await
+        .expect("the credentials in use were not revoked");
+    assert_eq!(item(id).await.state, ItemState::Done);
+    c.close().await;
 }
 
 /// The server enrolls the worker (or refreshes its credentials) and the

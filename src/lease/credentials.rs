@@ -94,6 +94,7 @@ impl ClientInner {
                 timeout_ms,
                 signal,
                 key,
+                numbered: key.is_some(),
             })
             .await;
             match r {
@@ -178,6 +179,7 @@ impl ClientInner {
             timeout_ms: self.config.request_timeout_ms,
             signal: None,
             key: None,
+            numbered: true,
         })
         .await;
         let answer = match answer {

@@ -110,11 +110,12 @@ extern "C" {
     /// `headers.get(name)` when it is a string of at most 256 units, else
     /// `None`; throws nothing (js/lease.js `header`).
     fn header(headers: &JsValue, name: &str) -> Option<String>;
-    /// Sets a claim's `Idempotency-Key` and its `Claim-Attempt` (a number
-    /// raised with every claim request sent; see the server's
-    /// `Store::claim_attempt`); throws nothing (js/lease.js `claimHeaders`).
-    #[wasm_bindgen(js_name = claimHeaders)]
-    fn claim_headers(headers: &Headers, key: &str);
+    /// Sets a request's `Request-Attempt` (a number raised with every
+    /// such request sent; see the server's `Store::claim_attempt` and
+    /// `Store::refresh_attempt`) and, unless `key` is empty, its
+    /// `Idempotency-Key`; throws nothing (js/lease.js `numberRequest`).
+    #[wasm_bindgen(js_name = numberRequest)]
+    fn number_request(headers: &Headers, key: &str);
 }
 
 /// Sleeps `ms` (clamped to `[0, 2^31)`).
@@ -156,9 +157,11 @@ pub struct Call<'a> {
     pub timeout_ms: f64,
     /// The caller's signal: aborting it aborts the request with its reason.
     pub signal: Option<&'a AbortSignal>,
-    /// `Idempotency-Key`, when set (a claim's; see `ClientInner::claim`),
-    /// sent with a `Claim-Attempt`.
+    /// `Idempotency-Key`, when set (a claim's; see `ClientInner::claim`).
     pub key: Option<&'a str>,
+    /// Send a `Request-Attempt` (claims, enrollments and refreshes: requests
+    /// that are sent again when their answer is lost).
+    pub numbered: bool,
 }
 
 /// `value` as a JS value (a request body or a journal entry; see
@@ -219,8 +222,8 @@ async fn send_inner(call: &Call<'_>, controller: &AbortController) -> Result<Ans
         v.push_str(t);
         let _ = headers.set("Authorization", &v);
     }
-    if let Some(k) = call.key {
-        claim_headers(&headers, k);
+    if call.numbered {
+        number_request(&headers, call.key.unwrap_or_default());
     }
     let init = RequestInit::new();
     init.set_method(call.method);

@@ -64,7 +64,7 @@ pub fn router(config: &Config, state: AppState) -> Result<Router, String> {
             header::AUTHORIZATION,
             header::CONTENT_TYPE,
             HeaderName::from_static(crate::routes::IDEMPOTENCY_KEY),
-            HeaderName::from_static(crate::routes::CLAIM_ATTEMPT),
+            HeaderName::from_static(crate::routes::REQUEST_ATTEMPT),
         ])
         .expose_headers([
             header::RETRY_AFTER,

@@ -71,7 +71,7 @@ pub struct Metrics {
     /// claim whose answer was lost had taken).
     claim_replays: IntCounter,
     /// Copies of a keyed claim refused because a later copy (a higher
-    /// `Claim-Attempt`) was answered first: requests held up in the network.
+    /// `Request-Attempt`) was answered first: requests held up in the network.
     claim_late_copies: IntCounter,
     /// Operator pauses and resumes committed, by action.
     operator_actions: IntCounterVec,
@@ -221,7 +221,7 @@ impl Metrics {
             claim_late_copies: counter(
                 &r,
                 "agentstore_claim_late_copies_total",
-                "Copies of a keyed claim refused (409) because a later copy of it, with a higher Claim-Attempt, was answered first (a request held up in the network)",
+                "Copies of a keyed claim refused (409) because a later copy of it, with a higher Request-Attempt, was answered first (a request held up in the network)",
             ),
             operator_actions: counter_vec(
                 &r,

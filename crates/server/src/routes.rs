@@ -163,11 +163,18 @@ impl FromRequestParts<AppState> for Releaser {
 /// Longest worker name (characters).
 const MAX_NAME_CHARS: usize = 200;
 
+/// `201` with new credentials. The same token sent again because the
+/// answer was lost (within the replay grace) is answered with new
+/// credentials for the worker it enrolled; with a `Request-Attempt` lower
+/// than the copy answered last it is a late copy: `409 conflict`, nothing
+/// changed (see [`crate::Store::enroll_attempt`]).
 async fn enroll(
     State(st): State<AppState>,
     _: Throttled,
+    headers: HeaderMap,
     JsonBody(req): JsonBody<EnrollRequest>,
 ) -> Result<(StatusCode, Json<WorkerCredentials>), ApiError> {
+    let attempt = request_attempt(&headers)?;
     if let Some(name) = &req.name {
         if name.chars().count() > MAX_NAME_CHARS || name.chars().any(char::is_control) {
             return Err(invalid(format!(
@@ -175,16 +182,27 @@ async fn enroll(
             )));
         }
     }
-    let creds = st.store.enroll(&req.token, req.name.as_deref()).await?;
+    let creds = st
+        .store
+        .enroll_attempt(&req.token, req.name.as_deref(), attempt)
+        .await?;
     Ok((StatusCode::CREATED, Json(creds)))
 }
 
+/// New credentials for a refresh token, as [`enroll`] for a replay and a
+/// late copy (see [`crate::Store::refresh_attempt`]).
 async fn refresh(
     State(st): State<AppState>,
     _: Throttled,
+    headers: HeaderMap,
     JsonBody(req): JsonBody<RefreshRequest>,
 ) -> Result<Json<WorkerCredentials>, ApiError> {
-    Ok(Json(st.store.refresh(&req.refresh_token).await?))
+    let attempt = request_attempt(&headers)?;
+    Ok(Json(
+        st.store
+            .refresh_attempt(&req.refresh_token, attempt)
+            .await?,
+    ))
 }
 
 /// The `Idempotency-Key` request header of an enqueue or a claim: 1–255
@@ -215,19 +233,22 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     Ok(Some(key))
 }
 
-/// The `Claim-Attempt` request header of a keyed claim: a decimal number
-/// (0–2^53−1) its client raises with every claim request it sends, so that
-/// of two copies of one `Idempotency-Key` the later one carries the higher
-/// number (see [`crate::Store::claim_attempt`]).
-pub const CLAIM_ATTEMPT: &str = "claim-attempt";
+/// The `Request-Attempt` request header of a claim, an enrollment or a
+/// refresh: a decimal number (0–2^53−1) its client raises with every such
+/// request it sends, so that of two copies of one request (the same
+/// `Idempotency-Key`, or the same single-use token) the later one carries
+/// the higher number. A copy that arrives after a later one was answered
+/// is refused instead of being answered as a replay (see
+/// [`crate::Store::claim_attempt`], [`crate::Store::refresh_attempt`]).
+pub const REQUEST_ATTEMPT: &str = "request-attempt";
 
-/// The request's claim attempt, if it sent one.
+/// The request's attempt number, if it sent one.
 ///
 /// # Errors
 /// `validation` for a value that is not one header of 1–16 decimal digits
 /// at most 2^53−1 (a JavaScript client's safe integers).
-fn claim_attempt(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
-    let mut values = headers.get_all(CLAIM_ATTEMPT).iter();
+fn request_attempt(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
+    let mut values = headers.get_all(REQUEST_ATTEMPT).iter();
     let Some(v) = values.next() else {
         return Ok(None);
     };
@@ -241,7 +262,7 @@ fn claim_attempt(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
         .ok_or_else(|| {
             ApiError::new(
                 ErrorCode::Validation,
-                "Claim-Attempt must be one header holding a whole number 0-9007199254740991",
+                "Request-Attempt must be one header holding a whole number 0-9007199254740991",
             )
         })?;
     Ok(Some(n))
@@ -332,7 +353,7 @@ async fn list(
 /// nothing is open. With an `Idempotency-Key` (a new one per claim, sent
 /// again only when the claim's answer was lost), a lease that claim took
 /// and still holds is answered again: `201`, `Idempotent-Replayed: true`, a
-/// new token (see [`crate::Store::claim_once`]). With a `Claim-Attempt`
+/// new token (see [`crate::Store::claim_once`]). With a `Request-Attempt`
 /// too, only to a copy whose attempt is at least that of the copy answered last;
 /// an earlier copy arriving late is `409 conflict` and changes nothing (see
 /// [`crate::Store::claim_attempt`]).
@@ -345,7 +366,7 @@ async fn claim(
     let queue = queue_name(&queue)?;
     let worker = caller.claim(queue)?;
     let key = idempotency_key(&headers)?;
-    let attempt = claim_attempt(&headers)?;
+    let attempt = request_attempt(&headers)?;
     if let Err(wait) = st.claim_limiter.check(&worker.unwrap_or(-1)) {
         let mut e = ApiError::new(ErrorCode::RateLimited, "claim polling too fast");
         e.retry_after_s = Some(retry_after_secs(wait));

@@ -66,7 +66,7 @@ pub(super) struct ClaimJob {
     token_hash: String,
     /// The claim's idempotency key, stored on the item it gets.
     key: Option<String>,
-    /// The copy's `Claim-Attempt`, stored with the key.
+    /// The copy's `Request-Attempt`, stored with the key.
     attempt: Option<i64>,
     reply: oneshot::Sender<ClaimAnswer>,
 }
@@ -243,7 +243,7 @@ impl Store {
     }
 
     /// [`Store::claim_once`] for one copy of a keyed claim that numbers its
-    /// copies: `attempt` is the request's `Claim-Attempt`, a number its
+    /// copies: `attempt` is the request's `Request-Attempt`, a number its
     /// client raises with every claim request it sends, so a later copy of
     /// a key always carries a higher one. The running lease of `key` is
     /// answered again (its token rotated) only to a copy whose attempt is at
@@ -1258,13 +1258,13 @@ fn state_of(row: &AnyRow) -> Option<ItemState> {
         .and_then(|s| ItemState::parse(&s))
 }
 
-/// `conflict`: a copy of a keyed claim (Claim-Attempt `attempt`) that came
+/// `conflict`: a copy of a keyed claim (Request-Attempt `attempt`) that came
 /// after a later copy (`answered`) was answered.
 fn superseded(attempt: i64, answered: i64) -> StoreError {
     StoreError::rejected(
         ErrorCode::Conflict,
         format!(
-            "this copy of the claim (Claim-Attempt {attempt}) came after copy {answered} \
+            "this copy of the claim (Request-Attempt {attempt}) came after copy {answered} \
              was answered: nothing was changed"
         ),
     )

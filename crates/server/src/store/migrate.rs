@@ -272,13 +272,24 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 17,
         name: "claim_attempt",
-        // The `Claim-Attempt` of the copy of a keyed claim answered last
+        // The `Request-Attempt` of the copy of a keyed claim answered last
         // (`Store::claim_once`): a copy that reaches the server after a
         // later one was answered (a request held up in the network while
         // its client gave up and sent the key again) must not rotate the
         // token that later copy handed out. NULL for a claim sent without
         // the header: any copy of it replays, as before.
         sql: "ALTER TABLE items ADD COLUMN claim_attempt BIGINT",
+    },
+    Migration {
+        version: 18,
+        name: "credential_use_attempt",
+        // The `Request-Attempt` of the request that used a single-use token
+        // last (`Store::use_once`): a copy of an enrollment or refresh that
+        // reaches the server after a later copy was answered must not be
+        // taken for a replay, which would revoke the credentials that later
+        // copy issued (the ones its client holds). NULL: sent without it.
+        sql: "ALTER TABLE enrollment_tokens ADD COLUMN used_attempt BIGINT;
+            ALTER TABLE refresh_tokens ADD COLUMN used_attempt BIGINT",
     },
 ];
 

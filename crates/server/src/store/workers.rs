@@ -115,14 +115,23 @@ impl Store {
     /// (an access token issued before a refresh lives out its lifetime, as
     /// with any rotation, unless the worker is revoked).
     ///
+    /// `attempt` is the request's `Request-Attempt` (raised by its client
+    /// with every such request it sends), stored with the use. A copy that
+    /// would be a replay but carries a lower attempt than the use stored is
+    /// an earlier copy that reached the server late (its client gave up on
+    /// it and sent the token again, and that later copy was answered): it
+    /// is refused and changes nothing, so it cannot revoke the credentials
+    /// the later copy issued, which its client now holds.
+    ///
     /// # Errors
     /// `unauthorized` when the token is malformed, wrong, expired, revoked or
-    /// reused outside a replay.
+    /// reused outside a replay; `conflict` for a late copy.
     async fn use_once(
         &self,
         kind: Kind,
         token: &str,
         extra: &str,
+        attempt: Option<i64>,
     ) -> Result<(AnyRow, Option<i64>, Presented, Transaction<'static, Any>), StoreError> {
         let (table, what) = match kind {
             Kind::Enrollment => ("enrollment_tokens", "enrollment token"),
@@ -139,13 +148,14 @@ impl Store {
             lock_worker(&mut tx, worker_id).await?;
         }
         let burn = self.sql(&format!(
-            "UPDATE {table} SET used_at = {{now}}
+            "UPDATE {table} SET used_at = {{now}}, used_attempt = CAST($3 AS BIGINT)
              WHERE selector = $1 AND verifier_hash = $2 AND used_at IS NULL AND revoked = 0
                AND expires_at > {{now}}"
         ));
         let done = sqlx::query(&burn)
             .bind(&presented.selector)
             .bind(&presented.verifier_hash)
+            .bind(attempt)
             .execute(&mut *tx)
             .await?;
         if done.rows_affected() == 1 {
@@ -154,7 +164,7 @@ impl Store {
         // Used or revoked before (maybe by a use that committed while this
         // one waited): read it again, with the worker it enrolled.
         let mut used = self.read_used(&mut tx, table, &presented).await?;
-        if let Some((Some(worker_id), _, _)) = used {
+        if let Some((Some(worker_id), ..)) = used {
             if known != Some(worker_id) {
                 // The worker was not known when this transaction began (an
                 // enrollment token's first use committed meanwhile). Start
@@ -167,7 +177,7 @@ impl Store {
                 used = self.read_used(&mut tx, table, &presented).await?;
             }
         }
-        let Some((Some(worker_id), revoked, recent)) = used else {
+        let Some((Some(worker_id), revoked, recent, used_attempt)) = used else {
             tx.rollback().await?;
             return Err(unauthorized(what));
         };
@@ -179,6 +189,25 @@ impl Store {
         .fetch_one(&mut *tx)
         .await?;
         if revoked == 0 && recent == 1 && moved_on.0 == 0 {
+            if let (Some(used), Some(attempt)) = (used_attempt, attempt) {
+                if attempt < used {
+                    tx.rollback().await?;
+                    return Err(StoreError::rejected(
+                        ErrorCode::Conflict,
+                        "a later copy of this request (a higher Request-Attempt) was answered \
+                         first: nothing was changed",
+                    ));
+                }
+            }
+            let raise = self.sql(&format!(
+                "UPDATE {table} SET used_attempt = COALESCE(CAST($2 AS BIGINT), used_attempt)
+                 WHERE selector = $1"
+            ));
+            sqlx::query(&raise)
+                .bind(&presented.selector)
+                .bind(attempt)
+                .execute(&mut *tx)
+                .await?;
             let revoke = self.sql(
                 "UPDATE refresh_tokens SET revoked = 1, used_at = COALESCE(used_at, {now})
                  WHERE parent = $1",
@@ -199,16 +228,18 @@ impl Store {
     }
 
     /// The worker a used token of `table` belongs to, whether it is revoked,
-    /// and whether it was used within the replay grace (1) or not (0).
+    /// whether it was used within the replay grace (1) or not (0), and the
+    /// `Request-Attempt` of its last use.
     async fn read_used(
         &self,
         tx: &mut Transaction<'static, Any>,
         table: &str,
         presented: &Presented,
-    ) -> Result<Option<(Option<i64>, i64, i64)>, StoreError> {
+    ) -> Result<Option<(Option<i64>, i64, i64, Option<i64>)>, StoreError> {
         let sql = self.sql(&format!(
             "SELECT worker_id, revoked,
-                 CAST(CASE WHEN used_at > {{now}} - $3 THEN 1 ELSE 0 END AS BIGINT) AS recent
+                 CAST(CASE WHEN used_at > {{now}} - $3 THEN 1 ELSE 0 END AS BIGINT) AS recent,
+                 used_attempt
              FROM {table}
              WHERE selector = $1 AND verifier_hash = $2 AND expires_at > {{now}}"
         ));
@@ -262,8 +293,23 @@ impl Store {
         token: &str,
         name: Option<&str>,
     ) -> Result<WorkerCredentials, StoreError> {
+        self.enroll_attempt(token, name, None).await
+    }
+
+    /// [`Store::enroll`] for a request that carried `Request-Attempt`
+    /// `attempt`: a late copy (a lower attempt than the use that was
+    /// answered) is refused and changes nothing (see `use_once`).
+    ///
+    /// # Errors
+    /// As [`Store::enroll`]; `conflict` for a late copy.
+    pub async fn enroll_attempt(
+        &self,
+        token: &str,
+        name: Option<&str>,
+        attempt: Option<i64>,
+    ) -> Result<WorkerCredentials, StoreError> {
         let (row, replay, presented, mut tx) = self
-            .use_once(Kind::Enrollment, token, "role, queues, worker_id")
+            .use_once(Kind::Enrollment, token, "role, queues, worker_id", attempt)
             .await?;
         let worker_id = match replay {
             Some(worker_id) => worker_id,
@@ -331,8 +377,22 @@ impl Store {
     /// # Errors
     /// `unauthorized` when the token is malformed, wrong, expired or used.
     pub async fn refresh(&self, refresh_token: &str) -> Result<WorkerCredentials, StoreError> {
+        self.refresh_attempt(refresh_token, None).await
+    }
+
+    /// [`Store::refresh`] for a request that carried `Request-Attempt`
+    /// `attempt`: a late copy (a lower attempt than the use that was
+    /// answered) is refused and changes nothing (see `use_once`).
+    ///
+    /// # Errors
+    /// As [`Store::refresh`]; `conflict` for a late copy.
+    pub async fn refresh_attempt(
+        &self,
+        refresh_token: &str,
+        attempt: Option<i64>,
+    ) -> Result<WorkerCredentials, StoreError> {
         let (row, replay, presented, mut tx) = self
-            .use_once(Kind::Refresh, refresh_token, "worker_id")
+            .use_once(Kind::Refresh, refresh_token, "worker_id", attempt)
             .await?;
         let worker_id: i64 = super::get(&row, "worker_id")?;
         let creds = self.issue(&mut tx, worker_id, &presented.selector).await?;

@@ -190,6 +190,79 @@ pub async fn a_lost_enrollment_or_refresh_answer_can_be_sent_again(db: TestDb) {
     );
 }
 
+/// A copy of an enrollment or a refresh that reaches the server after a
+/// later copy of it was answered (its request held up in the network while
+/// the client gave up on it and sent the token again, with a higher
+/// `Request-Attempt`) is refused, `409 conflict`, and changes nothing: the
+/// credentials the later copy issued, which the client holds, stay valid
+/// and refresh on. Before, the late copy was taken for a replay and revoked
+/// them, and the worker was locked out (its refresh token revoked, and
+/// presenting it again was reuse). The same attempt sent again (a browser's
+/// resend of the POST) is still a replay. Over HTTP too.
+pub async fn a_late_copy_of_an_enrollment_or_refresh_never_revokes_what_a_later_copy_issued(
+    db: TestDb,
+) {
+    let store = db.store(Settings::default()).await;
+    let (token, _) = store
+        .create_enrollment_token(None, Role::Worker, &[ANY_QUEUE.into()])
+        .await
+        .unwrap();
+    let got = store
+        .enroll_attempt(&token.0, Some("w"), Some(2))
+        .await
+        .unwrap();
+    let late = store.enroll_attempt(&token.0, Some("w"), Some(1)).await;
+    assert_eq!(late.unwrap_err().code(), Some(ErrorCode::Conflict));
+    assert!(valid(&store, &got).await, "copy 2's credentials stand");
+    assert_eq!(workers(&store).await, 1);
+    assert_eq!(live_refresh_tokens(&store, got.worker_id).await, 1);
+    let resent = store
+        .enroll_attempt(&token.0, Some("w"), Some(2))
+        .await
+        .expect("the same attempt again is a replay");
+    assert_eq!(resent.worker_id, got.worker_id);
+    assert!(!valid(&store, &got).await && valid(&store, &resent).await);
+
+    let r = store
+        .refresh_attempt(&resent.refresh_token, Some(5))
+        .await
+        .unwrap();
+    let late = store.refresh_attempt(&resent.refresh_token, Some(4)).await;
+    assert_eq!(late.unwrap_err().code(), Some(ErrorCode::Conflict));
+    assert!(valid(&store, &r).await, "copy 5's credentials stand");
+    let next = store
+        .refresh_attempt(&r.refresh_token, Some(6))
+        .await
+        .expect("and refresh on");
+    assert!(valid(&store, &next).await);
+    assert_eq!(live_refresh_tokens(&store, got.worker_id).await, 1);
+
+    // Over HTTP.
+    let server = http_server(&db).await;
+    let http = reqwest::Client::new();
+    let refresh = |token: String, attempt: &'static str| {
+        let req = http
+            .post(format!("{}/v1/workers/refresh", server.url()))
+            .header("Request-Attempt", attempt)
+            .json(&json!({ "refresh_token": token }));
+        async move {
+            let resp = req.send().await.unwrap();
+            let status = resp.status().as_u16();
+            let body: serde_json::Value = resp.json().await.unwrap_or_default();
+            (status, body)
+        }
+    };
+    let (s, fresh) = refresh(next.refresh_token.clone(), "8").await;
+    assert_eq!(s, 200, "{fresh}");
+    let (s, e) = refresh(next.refresh_token.clone(), "7").await;
+    assert_eq!((s, e["code"].as_str()), (409, Some("conflict")));
+    let (s, e) = refresh(next.refresh_token.clone(), "x").await;
+    assert_eq!((s, e["code"].as_str()), (400, Some("validation")));
+    let access = fresh["access_token"].as_str().unwrap();
+    assert!(store.authenticate(access).await.is_ok());
+    server.stop().await.unwrap();
+}
+
 /// Someone else sends a used token within the replay grace (it was copied
 /// or intercepted): the replay hands them credentials and revokes the
 /// holder's. When the holder comes back with its now-revoked refresh token,

@@ -355,7 +355,7 @@ pub async fn keyed_leases_left_doubled_by_older_code_upgrade_to_one_per_key(db: 
 
 /// A copy of a keyed claim that reaches the server after a later copy of
 /// it was answered (its request held up in the network while the client
-/// gave up on it and sent the key again, with a higher `Claim-Attempt`)
+/// gave up on it and sent the key again, with a higher `Request-Attempt`)
 /// changes nothing: `409 conflict`, and the token the later copy handed
 /// out still holds the lease. Before, the late copy was answered as a
 /// replay and rotated the token: the client's lease was lost at its next
@@ -484,7 +484,7 @@ pub async fn a_late_copy_of_a_claim_never_takes_the_lease_from_a_later_copy(db: 
             .post(format!("{}/v1/queues/hlate/claims", server.url()))
             .bearer_auth(ADMIN)
             .header("Idempotency-Key", "h")
-            .header("Claim-Attempt", attempt);
+            .header("Request-Attempt", attempt);
         async move {
             let resp = req.send().await.unwrap();
             let status = resp.status().as_u16();
@@ -506,7 +506,7 @@ pub async fn a_late_copy_of_a_claim_never_takes_the_lease_from_a_later_copy(db: 
         assert_eq!(
             claim(bad).await,
             (400, Some("validation".to_owned())),
-            "Claim-Attempt {bad:?}"
+            "Request-Attempt {bad:?}"
         );
     }
     server.stop().await.unwrap();
