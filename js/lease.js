@@ -189,22 +189,26 @@ export function header(headers, name) {
 }
 
 let requestsSent = 0;
+/** This realm's sender id for `Request-Attempt` (about 100 random bits). */
+const sender = 's' + Math.random().toString(36).slice(2, 12) + Math.random().toString(36).slice(2, 12);
 
 /**
  * Sets a claim's, enrollment's or refresh's `Request-Attempt` on `headers`:
- * a number raised with every such request this realm sends, so that of two
- * copies of one request (the same `Idempotency-Key`, or the same
- * single-use token) the later one carries the higher number. The server
- * then refuses (409) a copy that arrives after a later one was answered
- * (held up in the network while the request was sent again), instead of
- * answering it as a replay: rotating the lease token, or revoking the
- * credentials, that the later copy handed out. Also sets the claim's
+ * `<sender>.<n>`, this realm's sender id and a number raised with every
+ * such request it sends, so that of two copies of one request (the same
+ * `Idempotency-Key`, or the same single-use token) the later one carries
+ * the higher number. The server then refuses (409) a copy that arrives
+ * after a later one by its sender was answered (held up in the network
+ * while the request was sent again), instead of answering it as a replay:
+ * rotating the lease token, or revoking the credentials, that the later
+ * copy handed out. A reloaded page is another sender: its copy of a saved
+ * token is a replay, as without the header. Also sets the claim's
  * `Idempotency-Key` to `key` unless it is empty. Throws nothing.
  */
 export function numberRequest(headers, key) {
   try {
     if (key) headers.set('Idempotency-Key', key);
-    headers.set('Request-Attempt', String(++requestsSent));
+    headers.set('Request-Attempt', sender + '.' + ++requestsSent);
   } catch (e) {}
 }
 

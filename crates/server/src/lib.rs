@@ -36,4 +36,4 @@ pub mod wire;
 pub use app::{Server, StartError};
 pub use config::Config;
 pub use error::ApiError;
-pub use store::{Settings, Store, StoreError};
+pub use store::{Attempt, Settings, Store, StoreError};

@@ -22,7 +22,7 @@ use crate::error::ApiError;
 use crate::extract::{item_id, positive_item_id, queue_name, JsonBody};
 use crate::ratelimit::{retry_after_secs, RateLimiter};
 use crate::state::AppState;
-use crate::store::{claim_lost, Ended, ItemPage, Released, Resumed, Viewed};
+use crate::store::{claim_lost, Attempt, Ended, ItemPage, Released, Resumed, Viewed};
 use crate::wire::{EnqueueBody, SettleBody};
 
 /// Most re-deliveries an item may be given.
@@ -165,9 +165,9 @@ const MAX_NAME_CHARS: usize = 200;
 
 /// `201` with new credentials. The same token sent again because the
 /// answer was lost (within the replay grace) is answered with new
-/// credentials for the worker it enrolled; with a `Request-Attempt` lower
-/// than the copy answered last it is a late copy: `409 conflict`, nothing
-/// changed (see [`crate::Store::enroll_attempt`]).
+/// credentials for the worker it enrolled; a copy whose `Request-Attempt`
+/// is lower than that of its sender's copy answered last is a late copy:
+/// `409 conflict`, nothing changed (see [`crate::Store::enroll_attempt`]).
 async fn enroll(
     State(st): State<AppState>,
     _: Throttled,
@@ -184,7 +184,7 @@ async fn enroll(
     }
     let creds = st
         .store
-        .enroll_attempt(&req.token, req.name.as_deref(), attempt)
+        .enroll_attempt(&req.token, req.name.as_deref(), attempt.as_ref())
         .await?;
     Ok((StatusCode::CREATED, Json(creds)))
 }
@@ -200,7 +200,7 @@ async fn refresh(
     let attempt = request_attempt(&headers)?;
     Ok(Json(
         st.store
-            .refresh_attempt(&req.refresh_token, attempt)
+            .refresh_attempt(&req.refresh_token, attempt.as_ref())
             .await?,
     ))
 }
@@ -234,38 +234,54 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
 }
 
 /// The `Request-Attempt` request header of a claim, an enrollment or a
-/// refresh: a decimal number (0–2^53−1) its client raises with every such
-/// request it sends, so that of two copies of one request (the same
-/// `Idempotency-Key`, or the same single-use token) the later one carries
-/// the higher number. A copy that arrives after a later one was answered
-/// is refused instead of being answered as a replay (see
-/// [`crate::Store::claim_attempt`], [`crate::Store::refresh_attempt`]).
+/// refresh: `<sender>.<n>`, where `sender` (1–64 characters of
+/// `A-Z a-z 0-9 _ -`) names the client's JavaScript realm (a page load, a
+/// worker) and `n` (0–2^53−1, decimal) is a number that sender raises with
+/// every such request it sends: of two copies of one request (the same
+/// `Idempotency-Key`, or the same single-use token) by one sender, the
+/// later one carries the higher number. A copy that arrives after a later
+/// one by its sender was answered is refused instead of being answered as
+/// a replay (see [`crate::Attempt`], [`crate::Store::claim_attempt`],
+/// [`crate::Store::refresh_attempt`]).
 pub const REQUEST_ATTEMPT: &str = "request-attempt";
 
 /// The request's attempt number, if it sent one.
 ///
 /// # Errors
-/// `validation` for a value that is not one header of 1–16 decimal digits
-/// at most 2^53−1 (a JavaScript client's safe integers).
-fn request_attempt(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
+/// `validation` for a value that is not one header of that form (`n` of
+/// 1–16 decimal digits, at most 2^53−1: a JavaScript client's safe
+/// integers).
+fn request_attempt(headers: &HeaderMap) -> Result<Option<Attempt>, ApiError> {
     let mut values = headers.get_all(REQUEST_ATTEMPT).iter();
     let Some(v) = values.next() else {
         return Ok(None);
     };
-    let n = v
+    let parsed = v
         .to_str()
         .ok()
-        .filter(|t| (1..=16).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|t| t.parse::<i64>().ok())
-        .filter(|n| *n < (1 << 53))
-        .filter(|_| values.next().is_none())
-        .ok_or_else(|| {
-            ApiError::new(
-                ErrorCode::Validation,
-                "Request-Attempt must be one header holding a whole number 0-9007199254740991",
-            )
-        })?;
-    Ok(Some(n))
+        .and_then(|t| t.rsplit_once('.'))
+        .filter(|(sender, n)| {
+            (1..=64).contains(&sender.len())
+                && sender
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+                && (1..=16).contains(&n.len())
+                && n.bytes().all(|b| b.is_ascii_digit())
+        })
+        .and_then(|(sender, n)| Some((sender, n.parse::<i64>().ok()?)))
+        .filter(|(_, n)| *n < (1 << 53))
+        .filter(|_| values.next().is_none());
+    let Some((sender, n)) = parsed else {
+        return Err(ApiError::new(
+            ErrorCode::Validation,
+            "Request-Attempt must be one header <sender>.<n>: a sender of 1-64 characters \
+             A-Z a-z 0-9 _ - and a whole number 0-9007199254740991",
+        ));
+    };
+    Ok(Some(Attempt {
+        sender: sender.to_owned(),
+        n,
+    }))
 }
 
 /// `201` with the item. With an `Idempotency-Key`, the same request sent
@@ -354,8 +370,8 @@ async fn list(
 /// again only when the claim's answer was lost), a lease that claim took
 /// and still holds is answered again: `201`, `Idempotent-Replayed: true`, a
 /// new token (see [`crate::Store::claim_once`]). With a `Request-Attempt`
-/// too, only to a copy whose attempt is at least that of the copy answered last;
-/// an earlier copy arriving late is `409 conflict` and changes nothing (see
+/// too, not to a copy that arrives after a later copy by its sender was answered:
+/// that late copy is `409 conflict` and changes nothing (see
 /// [`crate::Store::claim_attempt`]).
 async fn claim(
     State(st): State<AppState>,
@@ -372,7 +388,11 @@ async fn claim(
         e.retry_after_s = Some(retry_after_secs(wait));
         return Err(e);
     }
-    match st.store.claim_attempt(queue, worker, key, attempt).await? {
+    match st
+        .store
+        .claim_attempt(queue, worker, key, attempt.as_ref())
+        .await?
+    {
         Some((claimed, replayed)) => Ok(replay_marked(
             (StatusCode::CREATED, Json(claimed)),
             replayed,

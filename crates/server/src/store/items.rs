@@ -20,7 +20,7 @@ use super::item::{
     item_from_row, landed_state, lease_item_from_row, qualified_item_cols, Claimed, Ended, Item,
     ItemPage, Released, Resumed, Viewed, ITEM_COLS,
 };
-use super::{detached, get, ms, to_u64, Backend, Store, StoreError};
+use super::{detached, get, ms, to_u64, Attempt, Backend, Store, StoreError};
 use crate::tokens::{self, ct_eq};
 
 /// Fixed bytes counted per item against a page's budget (its id, state,
@@ -67,7 +67,7 @@ pub(super) struct ClaimJob {
     /// The claim's idempotency key, stored on the item it gets.
     key: Option<String>,
     /// The copy's `Request-Attempt`, stored with the key.
-    attempt: Option<i64>,
+    attempt: Option<Attempt>,
     reply: oneshot::Sender<ClaimAnswer>,
 }
 
@@ -243,19 +243,17 @@ impl Store {
     }
 
     /// [`Store::claim_once`] for one copy of a keyed claim that numbers its
-    /// copies: `attempt` is the request's `Request-Attempt`, a number its
-    /// client raises with every claim request it sends, so a later copy of
-    /// a key always carries a higher one. The running lease of `key` is
-    /// answered again (its token rotated) only to a copy whose attempt is at
-    /// least that of the copy answered last: the same attempt is the same
-    /// request sent again (a browser resends a POST once on a reset
-    /// keep-alive socket, and the page gets that answer). A copy that
-    /// arrives after a later one was answered (held up in the network while
-    /// its client gave up on it and sent the key again) changes nothing and
-    /// is refused, so it cannot take the lease from the copy its client is
-    /// waiting for.
-    /// Without `attempt` (`None`), or for a lease whose claim sent none,
-    /// every copy replays, as in [`Store::claim_once`].
+    /// copies: `attempt` is the request's `Request-Attempt` (see
+    /// [`Attempt`]): a later copy of a key by the same sender carries a
+    /// higher number. The running lease of `key` is not answered again to
+    /// a copy that arrives after a later copy by its sender was answered
+    /// (held up in the network while its client gave up on it and sent the
+    /// key again): it changes nothing and is refused, so it cannot rotate
+    /// the token the copy its client is waiting for handed out. Any other
+    /// copy replays as in [`Store::claim_once`]: the same number again is
+    /// the same request resent (a browser resends a POST once on a reset
+    /// keep-alive socket, and the page gets that answer), and copies
+    /// without the header or of another sender are not ordered.
     ///
     /// # Errors
     /// As [`Store::claim`]; `conflict` for a copy older than the one
@@ -265,18 +263,20 @@ impl Store {
         queue: &str,
         worker_id: Option<i64>,
         key: Option<&str>,
-        attempt: Option<i64>,
+        attempt: Option<&Attempt>,
     ) -> Result<Option<(Claimed, bool)>, StoreError> {
         let (token, token_hash) = tokens::new_lease_token();
+        let attempt = attempt.cloned();
         if let Some(key) = key {
-            let (store, q, k, h) = (
+            let (store, q, k, h, a) = (
                 self.clone(),
                 queue.to_owned(),
                 key.to_owned(),
                 token_hash.clone(),
+                attempt.clone(),
             );
             let again =
-                detached(async move { store.claim_again(&q, &k, attempt, &h, worker_id).await });
+                detached(async move { store.claim_again(&q, &k, a.as_ref(), &h, worker_id).await });
             if let Some(item) = again.await? {
                 return Ok(Some((self.claim_response(item, token.0), true)));
             }
@@ -304,7 +304,13 @@ impl Store {
         let (store, queue) = (self.clone(), queue.to_owned());
         let item = detached(async move {
             store
-                .claim_one(&queue, &token_hash, worker_id, key.as_deref(), attempt)
+                .claim_one(
+                    &queue,
+                    &token_hash,
+                    worker_id,
+                    key.as_deref(),
+                    attempt.as_ref(),
+                )
                 .await
         })
         .await?;
@@ -313,33 +319,34 @@ impl Store {
 
     /// The replay of [`Store::claim_attempt`]: the running lease claimed
     /// with `key` in `queue` by `worker_id`, its token hash rotated to
-    /// `token_hash`, its attempt raised to `attempt` and its lease renewed
+    /// `token_hash`, `attempt` stored with it and its lease renewed
     /// (with this instance's TTL, the one answered), in one conditional
     /// statement after a read; `None` when there is none. A row that no
     /// longer decodes is failed, fenced on the new token (see
     /// `unreadable`), and `None` answered: a new item is claimed instead.
     ///
     /// # Errors
-    /// `conflict` when a copy with a higher attempt than `attempt` was
-    /// answered (nothing written); the database failed.
+    /// `conflict` when a later copy by the sender of `attempt` was answered
+    /// (nothing written); the database failed.
     async fn claim_again(
         &self,
         queue: &str,
         key: &str,
-        attempt: Option<i64>,
+        attempt: Option<&Attempt>,
         token_hash: &str,
         worker_id: Option<i64>,
     ) -> Result<Option<Item>, StoreError> {
         let sql = self.sql(&format!(
             "UPDATE items SET token_hash = $3, heartbeat_at = {{now}}, updated_at = {{now}},
-                 lease_ttl_ms = {ttl}, claim_attempt = COALESCE(CAST($5 AS BIGINT), claim_attempt)
+                 lease_ttl_ms = {ttl}, claim_attempt = COALESCE(CAST($5 AS BIGINT), claim_attempt),
+                 claim_sender = COALESCE(CAST($6 AS TEXT), claim_sender)
              WHERE id = $1 AND state = 'running' AND claim_key = $2 AND COALESCE(worker_id, 0) = $4
-               AND (CAST($5 AS BIGINT) IS NULL OR claim_attempt IS NULL
-                    OR claim_attempt <= CAST($5 AS BIGINT))
+               AND (CAST($6 AS TEXT) IS NULL OR claim_sender IS NULL
+                    OR claim_sender <> CAST($6 AS TEXT) OR claim_attempt <= CAST($5 AS BIGINT))
              RETURNING {ITEM_COLS}",
             ttl = ms(self.settings.ttl_ms),
         ));
-        // A copy of a higher attempt may rotate the token between the read
+        // A later copy by this sender may rotate the token between the read
         // and the write: read again (bounded; each round is another copy
         // answered).
         let mut row = None;
@@ -348,7 +355,7 @@ impl Store {
             // nothing and must not take SQLite's writer lock or a PostgreSQL
             // statement outside the claim lane for that.
             let found = sqlx::query(&self.sql(
-                "SELECT id, claim_attempt FROM items
+                "SELECT id, claim_attempt, claim_sender FROM items
                  WHERE queue = $1 AND claim_key = $2 AND state = 'running'
                    AND COALESCE(worker_id, 0) = $3
                  ORDER BY id LIMIT 1",
@@ -362,18 +369,18 @@ impl Store {
                 return Ok(None);
             };
             let answered: Option<i64> = get(&found, "claim_attempt")?;
-            if let (Some(answered), Some(attempt)) = (answered, attempt) {
-                if answered > attempt {
-                    self.metrics.claim_late_copy();
-                    return Err(superseded(attempt, answered));
-                }
+            let sender: Option<String> = get(&found, "claim_sender")?;
+            if let Some(a) = attempt.filter(|a| a.is_late(sender.as_deref(), answered)) {
+                self.metrics.claim_late_copy();
+                return Err(superseded(a.n, answered.unwrap_or_default()));
             }
             row = sqlx::query(&sql)
                 .bind(get::<i64>(&found, "id")?)
                 .bind(key)
                 .bind(token_hash)
                 .bind(worker_id.unwrap_or(0))
-                .bind(attempt)
+                .bind(attempt.map(|a| a.n))
+                .bind(attempt.map(|a| a.sender.as_str()))
                 .fetch_optional(&self.pool)
                 .await?;
             if row.is_some() || attempt.is_none() {
@@ -409,11 +416,12 @@ impl Store {
         token_hash: &str,
         worker_id: Option<i64>,
         key: Option<&str>,
-        attempt: Option<i64>,
+        attempt: Option<&Attempt>,
     ) -> ClaimAnswer {
         let sql = self.sql(&format!(
             "UPDATE items SET state = 'running', epoch = epoch + 1, token_hash = $2,
-                 worker_id = $3, claim_key = $4, claim_attempt = CAST($5 AS BIGINT), claimed_at = {{now}},
+                 worker_id = $3, claim_key = $4, claim_attempt = CAST($5 AS BIGINT),
+                 claim_sender = CAST($6 AS TEXT), claimed_at = {{now}},
                  heartbeat_at = {{now}}, updated_at = {{now}}, lease_ttl_ms = {ttl}
              WHERE id = (SELECT id FROM items WHERE queue = $1 AND state = 'open'
                          ORDER BY id LIMIT 1 {{skip_locked}})
@@ -428,7 +436,8 @@ impl Store {
                 .bind(token_hash)
                 .bind(worker_id)
                 .bind(key)
-                .bind(attempt)
+                .bind(attempt.map(|a| a.n))
+                .bind(attempt.map(|a| a.sender.as_str()))
                 .fetch_optional(&self.pool)
                 .await;
             let row = match (row, key) {
@@ -507,7 +516,7 @@ impl Store {
                         &job.token_hash,
                         job.worker_id,
                         job.key.as_deref(),
-                        job.attempt,
+                        job.attempt.as_ref(),
                     )
                     .await;
                 let _ = job.reply.send(out);
@@ -527,7 +536,7 @@ impl Store {
                                 &job.token_hash,
                                 job.worker_id,
                                 job.key.as_deref(),
-                                job.attempt,
+                                job.attempt.as_ref(),
                             )
                             .await
                         }
@@ -543,7 +552,7 @@ impl Store {
                             &job.token_hash,
                             job.worker_id,
                             job.key.as_deref(),
-                            job.attempt,
+                            job.attempt.as_ref(),
                         )
                         .await;
                     let _ = job.reply.send(out);
@@ -563,7 +572,13 @@ impl Store {
     async fn replay_or_claim(&self, queue: &str, job: &ClaimJob) -> ClaimAnswer {
         if let Some(key) = job.key.as_deref() {
             if let Some(item) = self
-                .claim_again(queue, key, job.attempt, &job.token_hash, job.worker_id)
+                .claim_again(
+                    queue,
+                    key,
+                    job.attempt.as_ref(),
+                    &job.token_hash,
+                    job.worker_id,
+                )
                 .await?
             {
                 return Ok(Some((item, true)));
@@ -574,7 +589,7 @@ impl Store {
             &job.token_hash,
             job.worker_id,
             job.key.as_deref(),
-            job.attempt,
+            job.attempt.as_ref(),
         )
         .await
     }
@@ -586,13 +601,14 @@ impl Store {
     ) -> Result<Vec<ClaimSlot>, StoreError> {
         let values: Vec<String> = (0..batch.len())
             .map(|k| {
-                let p = 5 * k + 2;
+                let p = 6 * k + 2;
                 format!(
-                    "(${p}::BIGINT, ${}::TEXT, ${}::BIGINT, ${}::TEXT, ${}::BIGINT)",
+                    "(${p}::BIGINT, ${}::TEXT, ${}::BIGINT, ${}::TEXT, ${}::BIGINT, ${}::TEXT)",
                     p + 1,
                     p + 2,
                     p + 3,
-                    p + 4
+                    p + 4,
+                    p + 5
                 )
             })
             .collect();
@@ -605,10 +621,11 @@ impl Store {
              )
              UPDATE items AS i SET state = 'running', epoch = i.epoch + 1,
                  token_hash = r.token_hash, worker_id = r.worker_id,
-                 claim_key = r.claim_key, claim_attempt = r.claim_attempt, claimed_at = {{now}}, heartbeat_at = {{now}}, updated_at = {{now}},
+                 claim_key = r.claim_key, claim_attempt = r.claim_attempt,
+                 claim_sender = r.claim_sender, claimed_at = {{now}}, heartbeat_at = {{now}}, updated_at = {{now}},
                  lease_ttl_ms = {ttl}
              FROM numbered
-             JOIN (VALUES {values}) AS r(n, token_hash, worker_id, claim_key, claim_attempt) ON r.n = numbered.n
+             JOIN (VALUES {values}) AS r(n, token_hash, worker_id, claim_key, claim_attempt, claim_sender) ON r.n = numbered.n
              WHERE i.id = numbered.id AND i.state = 'open'
              RETURNING r.n AS n, {cols}",
             n = batch.len(),
@@ -623,7 +640,8 @@ impl Store {
                 .bind(&job.token_hash)
                 .bind(job.worker_id)
                 .bind(&job.key)
-                .bind(job.attempt);
+                .bind(job.attempt.as_ref().map(|a| a.n))
+                .bind(job.attempt.as_ref().map(|a| a.sender.clone()));
         }
         let rows = q.fetch_all(&self.pool).await?;
         // Committed: one row per claim that got an item. A row that does not
@@ -1258,8 +1276,9 @@ fn state_of(row: &AnyRow) -> Option<ItemState> {
         .and_then(|s| ItemState::parse(&s))
 }
 
-/// `conflict`: a copy of a keyed claim (Request-Attempt `attempt`) that came
-/// after a later copy (`answered`) was answered.
+/// `conflict`: a copy of a keyed claim (Request-Attempt number `attempt`)
+/// that came after a later copy by its sender (number `answered`) was
+/// answered.
 fn superseded(attempt: i64, answered: i64) -> StoreError {
     StoreError::rejected(
         ErrorCode::Conflict,

@@ -272,13 +272,14 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 17,
         name: "claim_attempt",
-        // The `Request-Attempt` of the copy of a keyed claim answered last
-        // (`Store::claim_once`): a copy that reaches the server after a
-        // later one was answered (a request held up in the network while
-        // its client gave up and sent the key again) must not rotate the
-        // token that later copy handed out. NULL for a claim sent without
-        // the header: any copy of it replays, as before.
-        sql: "ALTER TABLE items ADD COLUMN claim_attempt BIGINT",
+        // The `Request-Attempt` (number, sender) of the copy of a keyed
+        // claim answered last (`Store::claim_attempt`): a copy by that
+        // sender that reaches the server after it (a request held up in the
+        // network while its client gave up and sent the key again) must
+        // not rotate the token that later copy handed out. NULL for a claim
+        // sent without the header: any copy of it replays, as before.
+        sql: "ALTER TABLE items ADD COLUMN claim_attempt BIGINT;
+            ALTER TABLE items ADD COLUMN claim_sender TEXT",
     },
     Migration {
         version: 18,
@@ -289,7 +290,9 @@ pub const MIGRATIONS: &[Migration] = &[
         // taken for a replay, which would revoke the credentials that later
         // copy issued (the ones its client holds). NULL: sent without it.
         sql: "ALTER TABLE enrollment_tokens ADD COLUMN used_attempt BIGINT;
-            ALTER TABLE refresh_tokens ADD COLUMN used_attempt BIGINT",
+            ALTER TABLE enrollment_tokens ADD COLUMN used_sender TEXT;
+            ALTER TABLE refresh_tokens ADD COLUMN used_attempt BIGINT;
+            ALTER TABLE refresh_tokens ADD COLUMN used_sender TEXT",
     },
 ];
 

@@ -76,6 +76,31 @@ impl Backend {
     }
 }
 
+/// A request's `Request-Attempt`: who sent it (`sender`, an id its client
+/// picks once per JavaScript realm: a page load, a worker) and `n`, a
+/// number that sender raises with every claim, enrollment and refresh it
+/// sends. Of two copies of one request (the same claim key, or the same
+/// single-use token), the later one carries the higher number only when
+/// one sender sent both: copies of different senders (the page reloaded
+/// and sent the token it had saved) are not ordered by it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    /// 1–64 characters of `A-Z a-z 0-9 _ -`.
+    pub sender: String,
+    /// 0..=2^53−1.
+    pub n: i64,
+}
+
+impl Attempt {
+    /// Whether this copy reached the server after a later copy by its own
+    /// sender was answered: the copy answered last (`answered_sender`,
+    /// `answered_n`, as stored with it) came from this sender with a higher
+    /// number.
+    pub fn is_late(&self, answered_sender: Option<&str>, answered_n: Option<i64>) -> bool {
+        answered_sender == Some(self.sender.as_str()) && answered_n.is_some_and(|n| n > self.n)
+    }
+}
+
 /// Lease and credential timings the store applies (all ms).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settings {

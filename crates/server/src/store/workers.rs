@@ -12,7 +12,7 @@ use agentstore_protocol::ErrorCode;
 use sqlx::any::AnyRow;
 use sqlx::{Any, Transaction};
 
-use super::{ms, Store, StoreError};
+use super::{ms, Attempt, Store, StoreError};
 use crate::tokens::{self, ct_eq, Kind, Presented, Secret};
 
 fn unauthorized(what: &str) -> StoreError {
@@ -115,13 +115,14 @@ impl Store {
     /// (an access token issued before a refresh lives out its lifetime, as
     /// with any rotation, unless the worker is revoked).
     ///
-    /// `attempt` is the request's `Request-Attempt` (raised by its client
-    /// with every such request it sends), stored with the use. A copy that
-    /// would be a replay but carries a lower attempt than the use stored is
-    /// an earlier copy that reached the server late (its client gave up on
-    /// it and sent the token again, and that later copy was answered): it
-    /// is refused and changes nothing, so it cannot revoke the credentials
-    /// the later copy issued, which its client now holds.
+    /// `attempt` is the request's `Request-Attempt` (see [`Attempt`]),
+    /// stored with the use. A copy that would be a replay but comes from
+    /// the sender of the use stored, with a lower number, is an earlier copy
+    /// that reached the server late (its client gave up on it and sent the
+    /// token again, and that later copy was answered): it is refused and
+    /// changes nothing, so it cannot revoke the credentials the later copy
+    /// issued, which its client now holds. A copy of another sender (the
+    /// page reloaded and sent the token it had saved) replays as before.
     ///
     /// # Errors
     /// `unauthorized` when the token is malformed, wrong, expired, revoked or
@@ -131,7 +132,7 @@ impl Store {
         kind: Kind,
         token: &str,
         extra: &str,
-        attempt: Option<i64>,
+        attempt: Option<&Attempt>,
     ) -> Result<(AnyRow, Option<i64>, Presented, Transaction<'static, Any>), StoreError> {
         let (table, what) = match kind {
             Kind::Enrollment => ("enrollment_tokens", "enrollment token"),
@@ -148,14 +149,16 @@ impl Store {
             lock_worker(&mut tx, worker_id).await?;
         }
         let burn = self.sql(&format!(
-            "UPDATE {table} SET used_at = {{now}}, used_attempt = CAST($3 AS BIGINT)
+            "UPDATE {table} SET used_at = {{now}}, used_attempt = CAST($3 AS BIGINT),
+                 used_sender = CAST($4 AS TEXT)
              WHERE selector = $1 AND verifier_hash = $2 AND used_at IS NULL AND revoked = 0
                AND expires_at > {{now}}"
         ));
         let done = sqlx::query(&burn)
             .bind(&presented.selector)
             .bind(&presented.verifier_hash)
-            .bind(attempt)
+            .bind(attempt.map(|a| a.n))
+            .bind(attempt.map(|a| a.sender.as_str()))
             .execute(&mut *tx)
             .await?;
         if done.rows_affected() == 1 {
@@ -177,7 +180,7 @@ impl Store {
                 used = self.read_used(&mut tx, table, &presented).await?;
             }
         }
-        let Some((Some(worker_id), revoked, recent, used_attempt)) = used else {
+        let Some((Some(worker_id), revoked, recent, used_attempt, used_sender)) = used else {
             tx.rollback().await?;
             return Err(unauthorized(what));
         };
@@ -189,25 +192,25 @@ impl Store {
         .fetch_one(&mut *tx)
         .await?;
         if revoked == 0 && recent == 1 && moved_on.0 == 0 {
-            if let (Some(used), Some(attempt)) = (used_attempt, attempt) {
-                if attempt < used {
-                    tx.rollback().await?;
-                    return Err(StoreError::rejected(
-                        ErrorCode::Conflict,
-                        "a later copy of this request (a higher Request-Attempt) was answered \
-                         first: nothing was changed",
-                    ));
-                }
+            if attempt.is_some_and(|a| a.is_late(used_sender.as_deref(), used_attempt)) {
+                tx.rollback().await?;
+                return Err(StoreError::rejected(
+                    ErrorCode::Conflict,
+                    "a later copy of this request by its sender (a higher Request-Attempt) was \
+                     answered first: nothing was changed",
+                ));
             }
-            let raise = self.sql(&format!(
-                "UPDATE {table} SET used_attempt = COALESCE(CAST($2 AS BIGINT), used_attempt)
-                 WHERE selector = $1"
-            ));
-            sqlx::query(&raise)
-                .bind(&presented.selector)
-                .bind(attempt)
-                .execute(&mut *tx)
-                .await?;
+            if let Some(a) = attempt {
+                let raise = self.sql(&format!(
+                    "UPDATE {table} SET used_attempt = $2, used_sender = $3 WHERE selector = $1"
+                ));
+                sqlx::query(&raise)
+                    .bind(&presented.selector)
+                    .bind(a.n)
+                    .bind(a.sender.as_str())
+                    .execute(&mut *tx)
+                    .await?;
+            }
             let revoke = self.sql(
                 "UPDATE refresh_tokens SET revoked = 1, used_at = COALESCE(used_at, {now})
                  WHERE parent = $1",
@@ -229,17 +232,17 @@ impl Store {
 
     /// The worker a used token of `table` belongs to, whether it is revoked,
     /// whether it was used within the replay grace (1) or not (0), and the
-    /// `Request-Attempt` of its last use.
+    /// `Request-Attempt` of its last use (number, sender).
     async fn read_used(
         &self,
         tx: &mut Transaction<'static, Any>,
         table: &str,
         presented: &Presented,
-    ) -> Result<Option<(Option<i64>, i64, i64, Option<i64>)>, StoreError> {
+    ) -> Result<Option<(Option<i64>, i64, i64, Option<i64>, Option<String>)>, StoreError> {
         let sql = self.sql(&format!(
             "SELECT worker_id, revoked,
                  CAST(CASE WHEN used_at > {{now}} - $3 THEN 1 ELSE 0 END AS BIGINT) AS recent,
-                 used_attempt
+                 used_attempt, used_sender
              FROM {table}
              WHERE selector = $1 AND verifier_hash = $2 AND expires_at > {{now}}"
         ));
@@ -297,7 +300,7 @@ impl Store {
     }
 
     /// [`Store::enroll`] for a request that carried `Request-Attempt`
-    /// `attempt`: a late copy (a lower attempt than the use that was
+    /// `attempt`: a late copy (its sender's copy with a higher number was
     /// answered) is refused and changes nothing (see `use_once`).
     ///
     /// # Errors
@@ -306,7 +309,7 @@ impl Store {
         &self,
         token: &str,
         name: Option<&str>,
-        attempt: Option<i64>,
+        attempt: Option<&Attempt>,
     ) -> Result<WorkerCredentials, StoreError> {
         let (row, replay, presented, mut tx) = self
             .use_once(Kind::Enrollment, token, "role, queues, worker_id", attempt)
@@ -381,7 +384,7 @@ impl Store {
     }
 
     /// [`Store::refresh`] for a request that carried `Request-Attempt`
-    /// `attempt`: a late copy (a lower attempt than the use that was
+    /// `attempt`: a late copy (its sender's copy with a higher number was
     /// answered) is refused and changes nothing (see `use_once`).
     ///
     /// # Errors
@@ -389,7 +392,7 @@ impl Store {
     pub async fn refresh_attempt(
         &self,
         refresh_token: &str,
-        attempt: Option<i64>,
+        attempt: Option<&Attempt>,
     ) -> Result<WorkerCredentials, StoreError> {
         let (row, replay, presented, mut tx) = self
             .use_once(Kind::Refresh, refresh_token, "worker_id", attempt)

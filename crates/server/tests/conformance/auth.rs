@@ -4,12 +4,20 @@ use std::sync::Arc;
 
 use agentstore_protocol::lease::{Role, ANY_QUEUE};
 use agentstore_protocol::ErrorCode;
-use agentstore_server::{Settings, Store, StoreError};
+use agentstore_server::{Attempt, Settings, Store, StoreError};
 use tokio::sync::Barrier;
 
 use serde_json::json;
 
 use crate::common::{http_server, sleep_ms, TestDb};
+
+/// Request-Attempt number `n` of `sender`.
+fn at(sender: &str, n: i64) -> Attempt {
+    Attempt {
+        sender: sender.to_owned(),
+        n,
+    }
+}
 
 async fn workers(store: &Store) -> i64 {
     let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM workers")
@@ -208,34 +216,66 @@ pub async fn a_late_copy_of_an_enrollment_or_refresh_never_revokes_what_a_later_
         .await
         .unwrap();
     let got = store
-        .enroll_attempt(&token.0, Some("w"), Some(2))
+        .enroll_attempt(&token.0, Some("w"), Some(&at("page", 2)))
         .await
         .unwrap();
-    let late = store.enroll_attempt(&token.0, Some("w"), Some(1)).await;
+    let late = store
+        .enroll_attempt(&token.0, Some("w"), Some(&at("page", 1)))
+        .await;
     assert_eq!(late.unwrap_err().code(), Some(ErrorCode::Conflict));
     assert!(valid(&store, &got).await, "copy 2's credentials stand");
     assert_eq!(workers(&store).await, 1);
     assert_eq!(live_refresh_tokens(&store, got.worker_id).await, 1);
     let resent = store
-        .enroll_attempt(&token.0, Some("w"), Some(2))
+        .enroll_attempt(&token.0, Some("w"), Some(&at("page", 2)))
         .await
         .expect("the same attempt again is a replay");
     assert_eq!(resent.worker_id, got.worker_id);
     assert!(!valid(&store, &got).await && valid(&store, &resent).await);
 
     let r = store
-        .refresh_attempt(&resent.refresh_token, Some(5))
+        .refresh_attempt(&resent.refresh_token, Some(&at("page", 5)))
         .await
         .unwrap();
-    let late = store.refresh_attempt(&resent.refresh_token, Some(4)).await;
+    let late = store
+        .refresh_attempt(&resent.refresh_token, Some(&at("page", 4)))
+        .await;
     assert_eq!(late.unwrap_err().code(), Some(ErrorCode::Conflict));
     assert!(valid(&store, &r).await, "copy 5's credentials stand");
     let next = store
-        .refresh_attempt(&r.refresh_token, Some(6))
+        .refresh_attempt(&r.refresh_token, Some(&at("page", 6)))
         .await
         .expect("and refresh on");
     assert!(valid(&store, &next).await);
     assert_eq!(live_refresh_tokens(&store, got.worker_id).await, 1);
+
+    // The page had sent many requests when its refresh answer was lost;
+    // reloaded, it sends the refresh token it had saved again, numbered
+    // from 1 by its new sender id: a replay, as before the header.
+    let lost = store
+        .refresh_attempt(&next.refresh_token, Some(&at("page", 51)))
+        .await
+        .unwrap();
+    let reloaded = store
+        .refresh_attempt(&next.refresh_token, Some(&at("reloaded", 1)))
+        .await
+        .expect("another sender's copy is a replay");
+    assert_eq!(reloaded.worker_id, got.worker_id);
+    assert!(!valid(&store, &lost).await && valid(&store, &reloaded).await);
+    let (token2, _) = store
+        .create_enrollment_token(None, Role::Worker, &[ANY_QUEUE.into()])
+        .await
+        .unwrap();
+    store
+        .enroll_attempt(&token2.0, None, Some(&at("page", 51)))
+        .await
+        .unwrap();
+    let again = store
+        .enroll_attempt(&token2.0, None, Some(&at("reloaded", 1)))
+        .await
+        .expect("another sender's enrollment copy is a replay");
+    assert!(valid(&store, &again).await);
+    let next = reloaded;
 
     // Over HTTP.
     let server = http_server(&db).await;
@@ -252,11 +292,11 @@ pub async fn a_late_copy_of_an_enrollment_or_refresh_never_revokes_what_a_later_
             (status, body)
         }
     };
-    let (s, fresh) = refresh(next.refresh_token.clone(), "8").await;
+    let (s, fresh) = refresh(next.refresh_token.clone(), "h.8").await;
     assert_eq!(s, 200, "{fresh}");
-    let (s, e) = refresh(next.refresh_token.clone(), "7").await;
+    let (s, e) = refresh(next.refresh_token.clone(), "h.7").await;
     assert_eq!((s, e["code"].as_str()), (409, Some("conflict")));
-    let (s, e) = refresh(next.refresh_token.clone(), "x").await;
+    let (s, e) = refresh(next.refresh_token.clone(), "7").await;
     assert_eq!((s, e["code"].as_str()), (400, Some("validation")));
     let access = fresh["access_token"].as_str().unwrap();
     assert!(store.authenticate(access).await.is_ok());

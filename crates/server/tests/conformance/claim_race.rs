@@ -4,12 +4,20 @@
 
 use agentstore_protocol::ErrorCode;
 use agentstore_server::store::{Backend, Claimed, MIGRATIONS};
-use agentstore_server::Store;
+use agentstore_server::{Attempt, Store};
 use serde_json::{json, Value};
 
 use crate::common::{at_once, http_server, ttl, Kind, TestDb, ADMIN};
 
 const LONG: u64 = 60_000;
+
+/// Request-Attempt number `n` of `sender`.
+fn at(sender: &str, n: i64) -> Attempt {
+    Attempt {
+        sender: sender.to_owned(),
+        n,
+    }
+}
 
 /// The ids of `queue`'s items in `state`, oldest first.
 async fn ids_in(store: &Store, queue: &str, state: &str) -> Vec<i64> {
@@ -362,7 +370,8 @@ pub async fn keyed_leases_left_doubled_by_older_code_upgrade_to_one_per_key(db: 
 /// heartbeat and the item ran on under a token nobody held until its TTL
 /// ran out. A copy with the same attempt (the same request resent, as a
 /// browser resends a POST on a reset socket) or a higher one still
-/// replays, and so does any copy of a claim sent without the header.
+/// replays, and so does any copy of a claim sent without the header or by
+/// another sender (a reloaded page numbers its requests from 1 again).
 /// Raced too: copies 1..=8 of one key fired at once over two instances,
 /// many rounds: one item is taken and copy 8's token holds it. Over HTTP,
 /// a malformed header is `400 validation`.
@@ -371,11 +380,13 @@ pub async fn a_late_copy_of_a_claim_never_takes_the_lease_from_a_later_copy(db: 
     for n in 0..3 {
         store.enqueue("late", &json!(n), None).await.unwrap();
     }
-    let copy = |attempt: Option<i64>| {
+    // Copies numbered n by sender "page" (or sent without the header).
+    let copy = |n: Option<i64>| {
         let store = store.clone();
         async move {
+            let attempt = n.map(|n| at("page", n));
             store
-                .claim_attempt("late", Some(7), Some("k"), attempt)
+                .claim_attempt("late", Some(7), Some("k"), attempt.as_ref())
                 .await
         }
     };
@@ -427,10 +438,20 @@ pub async fn a_late_copy_of_a_claim_never_takes_the_lease_from_a_later_copy(db: 
             .any(|l| l == "agentstore_claim_late_copies_total 2"),
         "the refused copies are counted"
     );
-    // Without the header every copy replays, as before.
+    // Without the header every copy replays, as before; so does a copy of
+    // another sender (numbers of two senders are not ordered), and after
+    // it the first sender's numbers are compared with nothing.
     let (bare, replayed) = copy(None).await.unwrap().unwrap();
     assert!(replayed);
     assert_eq!(bare.item.id, second.item.id);
+    let (other, replayed) = store
+        .claim_attempt("late", Some(7), Some("k"), Some(&at("reloaded", 1)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(replayed);
+    assert_eq!(other.item.id, second.item.id);
+    assert!(copy(Some(1)).await.unwrap().unwrap().1);
     assert_eq!(ids_in(&store, "late", "open").await.len(), 2);
 
     // Raced: copies 1..=8 at once over two instances.
@@ -447,7 +468,7 @@ pub async fn a_late_copy_of_a_claim_never_takes_the_lease_from_a_later_copy(db: 
             let queue = queue.clone();
             async move {
                 store
-                    .claim_attempt(&queue, Some(7), Some("race"), Some(k as i64 + 1))
+                    .claim_attempt(&queue, Some(7), Some("race"), Some(&at("s", k as i64 + 1)))
                     .await
             }
         })
@@ -492,16 +513,22 @@ pub async fn a_late_copy_of_a_claim_never_takes_the_lease_from_a_later_copy(db: 
             (status, body["code"].as_str().map(str::to_owned))
         }
     };
-    assert_eq!(claim("5").await.0, 201);
-    assert_eq!(claim("4").await, (409, Some("conflict".to_owned())));
-    assert_eq!(claim("5").await.0, 201);
+    assert_eq!(claim("p1.5").await.0, 201);
+    assert_eq!(claim("p1.4").await, (409, Some("conflict".to_owned())));
+    assert_eq!(claim("p1.5").await.0, 201);
+    assert_eq!(claim("p2.1").await.0, 201, "another sender");
+    assert_eq!(claim("a-Z_9.p.0").await.0, 400);
     for bad in [
         "",
+        "5",
         "x",
-        "-1",
-        "1.5",
-        "9007199254740992",
-        "00000000000000001",
+        ".5",
+        "p.",
+        "p.-1",
+        "p.1.5",
+        "p q.1",
+        "p.9007199254740992",
+        "p.00000000000000001",
     ] {
         assert_eq!(
             claim(bad).await,
