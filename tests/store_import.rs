@@ -1542,3 +1542,125 @@ async fn close_stops_an_export_or_import_in_progress_with_closed_error() {
         "the stream is not read on after close(): {calls} pulls, {after} after it"
     );
 }
+
+/// The shared dump made by real PouchDB: its header says `update_seq` 6582
+/// and its last line is `{"seq":6582}`.
+const SHARED_DUMP: &str = include_str!("../www/data/agent-records.pouchdump.ndjson");
+
+/// `store` holds nothing at all: no record, no tombstone.
+async fn holds_nothing(store: &Store) -> bool {
+    store.export_snapshot().await.unwrap().trim_end() == HEADER
+}
+
+/// A dump whose source ends before its last seq reaches the header's
+/// `db_info.update_seq` (a download or copy that stopped, even at a line
+/// boundary) is refused with a ValidationError naming both seqs, from every
+/// kind of source, and nothing is written; CouchDB's string seqs count by
+/// their leading integer. Before, the part that arrived was imported as if
+/// it were the whole database.
+#[wasm_bindgen_test]
+async fn a_dump_cut_off_before_its_update_seq_is_refused_and_nothing_is_written() {
+    let lines: Vec<&str> = SHARED_DUMP.lines().collect();
+    let last = lines.iter().rposition(|l| *l == "{\"seq\":6582}").unwrap();
+    let cases = [
+        // Cut just before the last seq line: the seq line before it is 6579.
+        (lines[..last].join("\n") + "\n", "but its last seq is 6579"),
+        // Cut after the first docs line, before any seq line.
+        (lines[..2].join("\n"), "but it has no seq line"),
+    ];
+    for (text, said) in cases {
+        for (kind, src) in sources(&text) {
+            let (store, _) = open("pouch-cut").await;
+            let opts = ImportOptions {
+                batch: 1,
+                ..ImportOptions::default()
+            };
+            let e = store
+                .import_pouch_dump_with(&src, "agent-index", &opts)
+                .await
+                .expect_err("a cut-off dump is refused");
+            assert_eq!(e.code(), ErrorCode::Validation, "{kind}: {e}");
+            let message = e.to_string();
+            assert!(
+                message.contains("db_info.update_seq is 6582") && message.contains(said),
+                "{kind}: {message}"
+            );
+            assert!(holds_nothing(&store).await, "{kind}: nothing written");
+        }
+    }
+    // CouchDB: `update_seq` and `seq` are strings whose leading integer counts.
+    let couch = |last: u32| {
+        format!(
+            "{{\"version\":\"1.2.9\",\"db_info\":{{\"update_seq\":\"3-g1AAAAQ\"}}}}\n{}\n{}\n",
+            json!({"docs": [pouch_doc("a", "1-aa", false, &[])]}),
+            json!({ "seq": format!("{last}-g1AAAAR") })
+        )
+    };
+    let (store, _) = open("pouch-cut-couch").await;
+    let e = store
+        .import_pouch_dump(couch(2).as_str(), "agent-index", None)
+        .await
+        .expect_err("a cut-off CouchDB dump is refused");
+    assert!(
+        e.to_string()
+            .contains("update_seq is 3 but its last seq is 2"),
+        "{e}"
+    );
+    assert!(holds_nothing(&store).await, "nothing written");
+    let (sum, c, _) = store
+        .import_pouch_dump(couch(3).as_str(), "agent-index", None)
+        .await
+        .unwrap();
+    assert_eq!((sum.last_seq, c.written), (Some(3), 1));
+    // The whole shared dump still imports (its last seq is its update_seq).
+    let (sum, c, _) = store
+        .import_pouch_dump(SHARED_DUMP, "agent-index", None)
+        .await
+        .unwrap();
+    assert_eq!(sum.last_seq, Some(6582));
+    assert!(c.written > 0);
+}
+
+/// An empty source (no line, or blank lines only: not even the header every
+/// dump starts with) is refused with a ValidationError and nothing is
+/// written, from every kind of source. A header without `update_seq`
+/// (nothing to check against), or with `update_seq` 0 (a database never
+/// written), and no documents still imports, writing nothing. Before, an
+/// empty source imported as an empty dump.
+#[wasm_bindgen_test]
+async fn an_empty_pouch_dump_is_refused_and_nothing_is_written() {
+    let (store, _) = open("pouch-empty").await;
+    for text in ["", "\n", " \r\n\n"] {
+        for (kind, src) in sources(text) {
+            let e = store
+                .import_pouch_dump_with(&src, "agent-index", &ImportOptions::default())
+                .await
+                .expect_err("an empty source is refused");
+            assert_eq!(e.code(), ErrorCode::Validation, "{kind} {text:?}: {e}");
+            assert!(e.to_string().contains("empty"), "{kind} {text:?}: {e}");
+        }
+    }
+    assert!(holds_nothing(&store).await, "nothing written");
+    for header in [
+        "{\"version\":\"1.2.9\",\"db_type\":\"idb\"}",
+        "{\"version\":\"1.2.9\",\"db_info\":{\"update_seq\":0}}",
+        "{\"version\":\"1.2.9\",\"db_info\":{\"update_seq\":null}}",
+    ] {
+        let (sum, c, _) = store
+            .import_pouch_dump(header, "agent-index", None)
+            .await
+            .unwrap();
+        assert_eq!((sum.documents_read, c.written), (0, 0), "{header}");
+    }
+    // An update_seq that names no seq is a bad header, not "unknown".
+    let e = store
+        .import_pouch_dump(
+            "{\"db_info\":{\"update_seq\":\"later\"}}\n",
+            "agent-index",
+            None,
+        )
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("line 1:"), "{e}");
+    assert!(holds_nothing(&store).await, "nothing written");
+}

@@ -17,8 +17,9 @@ use super::mutate::check_abort;
 use super::{read_many, tombstone, Store};
 use crate::error::{set, Result, StoreError};
 use agentstore_protocol::pouch::{
-    add_row, classify_line, decode_leaves, encode_leaves, import_replaces, revisions_ancestors,
-    winning_leaf, DumpSummary, Leaf, LegacyIndexReport, LineKind, BOOKKEEPING_FIELDS,
+    add_row, check_dump_end, classify_line, decode_leaves, encode_leaves, import_replaces,
+    revisions_ancestors, seq_from_number, seq_from_text, winning_leaf, DumpSummary, Incomplete,
+    Leaf, LegacyIndexReport, LineKind, BOOKKEEPING_FIELDS,
 };
 use agentstore_protocol::rev::{Current, Rev};
 use js_sys::{Array, Function, JsString, Map, Object, Reflect};
@@ -317,13 +318,32 @@ fn pouch_ancestors(doc: &JsValue, n: usize) -> Result<Vec<Rev>> {
     revisions_ancestors(start, &ids).map_err(|e| line_error("PouchDB dump", n, &e.0))
 }
 
-/// The docs of a dump line (`None` for a header or `seq` line); records `seq`.
-fn dump_docs(
-    line: &JsString,
-    n: usize,
-    first: bool,
-    last_seq: &mut Option<u64>,
-) -> Result<Option<Array>> {
+/// Where a dump's sequence numbers stand while it is read: the header's
+/// `db_info.update_seq` and the last `seq` a line carried.
+#[derive(Default)]
+struct Seqs {
+    update_seq: Option<u64>,
+    last_seq: Option<u64>,
+}
+
+/// The sequence number a `seq` or `update_seq` value names (see
+/// [`seq_from_number`], [`seq_from_text`]). A string is read by its first 24
+/// UTF-16 units (CouchDB's run to hundreds): enough for any seq up to
+/// 2^53 − 1 followed by `-`, and a longer run of digits is too large anyway.
+fn seq_value(v: &JsValue) -> Option<u64> {
+    match v.as_f64() {
+        Some(n) => seq_from_number(n),
+        None => seq_from_text(&crate::value::text_prefix(v, 24)?),
+    }
+}
+
+/// The docs of a dump line (`None` for a header or `seq` line); records the
+/// header's `db_info.update_seq` and each line's `seq` in `seqs`.
+///
+/// # Errors
+/// ValidationError naming line `n` when it is not a dump line, or when a
+/// header's `update_seq` is neither absent nor a sequence number.
+fn dump_docs(line: &JsString, n: usize, first: bool, seqs: &mut Seqs) -> Result<Option<Array>> {
     const WHAT: &str = "PouchDB dump";
     let v = parse_line(line).map_err(|_| line_error(WHAT, n, "not JSON"))?;
     if !v.is_object() || Array::is_array(&v) {
@@ -333,8 +353,20 @@ fn dump_docs(
     let seq = get(&v, "seq");
     let kind = classify_line(first, !docs.is_undefined(), !seq.is_undefined())
         .map_err(|why| line_error(WHAT, n, why))?;
-    if let Some(s) = seq.as_f64().filter(|s| s.fract() == 0.0 && *s >= 0.0) {
-        *last_seq = Some(s as u64);
+    if let Some(s) = seq_value(&seq) {
+        seqs.last_seq = Some(s);
+    }
+    if kind == LineKind::Header {
+        let update_seq = get(&get(&v, "db_info"), "update_seq");
+        if !update_seq.is_undefined() && !update_seq.is_null() {
+            seqs.update_seq = Some(seq_value(&update_seq).ok_or_else(|| {
+                line_error(
+                    WHAT,
+                    n,
+                    "the header's db_info.update_seq must be a sequence number (an integer, or a CouchDB \"6582-g1…\" string)",
+                )
+            })?);
+        }
     }
     if kind != LineKind::Docs {
         return Ok(None);
@@ -342,6 +374,33 @@ fn dump_docs(
     docs.dyn_into::<Array>()
         .map(Some)
         .map_err(|_| line_error(WHAT, n, "\"docs\" must be an array"))
+}
+
+/// The ValidationError of a dump that [`check_dump_end`] refuses.
+fn incomplete(why: Incomplete) -> StoreError {
+    let (update_seq, last_seq) =
+        match why {
+            Incomplete::Empty => return StoreError::validation(
+                "PouchDB dump: the source is empty (not even a header line); nothing was written",
+            ),
+            Incomplete::CutOff {
+                update_seq,
+                last_seq,
+            } => (update_seq, last_seq),
+        };
+    let (mut a, mut b) = ([0u8; 20], [0u8; 20]);
+    let num = agentstore_protocol::canonical::decimal;
+    let reached: &[&str] = match last_seq {
+        Some(s) => &[" but its last seq is ", num(s, &mut b)],
+        None => &[" but it has no seq line"],
+    };
+    let mut why = vec![
+        "PouchDB dump: the header's db_info.update_seq is ",
+        num(update_seq, &mut a),
+    ];
+    why.extend_from_slice(reached);
+    why.push(" (the dump was cut off); nothing was written");
+    StoreError::validation(why.concat())
 }
 
 /// Checks an imported live record exactly as `put` checks a record (the
@@ -495,9 +554,17 @@ impl Store {
     /// (in a JS `Map`); pass 2 writes the winners in transactions of
     /// `opts.batch` records.
     ///
+    /// Between the passes the dump must prove it is whole
+    /// ([`agentstore_protocol::pouch::check_dump_end`]): an empty source is
+    /// refused, and when the header carries `db_info.update_seq` (a number,
+    /// or CouchDB's `"6582-g1…"`, counted by its leading integer) the last
+    /// `seq` read must reach it. A header without `update_seq` cannot be
+    /// checked and is taken as whole; `update_seq` 0 needs no `seq` line.
+    ///
     /// # Errors
-    /// ValidationError naming the first bad line, or for a source of another
-    /// type (nothing written); AbortError from `opts.signal` and
+    /// ValidationError naming the first bad line, for a source of another
+    /// type, an empty source or one cut off before the header's
+    /// `update_seq` (naming both seqs; nothing written); AbortError from `opts.signal` and
     /// QuotaExceededError / TransactionError from a batch, and ClosedError
     /// when the store is closed during the import (also in the last
     /// `onProgress`): the batches committed before stay (each holds final
@@ -524,8 +591,9 @@ impl Store {
         let legacy_key = JsValue::from_str(legacy_index_id);
         let mut lines = source.lines(opts.signal.clone())?;
         let mut first = true;
+        let mut seqs = Seqs::default();
         while let Some((n, line)) = next_line(&mut lines).await? {
-            let docs = dump_docs(&line, n, first, &mut summary.last_seq)?;
+            let docs = dump_docs(&line, n, first, &mut seqs)?;
             first = false;
             let Some(docs) = docs else { continue };
             for doc in docs.iter() {
@@ -586,6 +654,10 @@ impl Store {
             }
         }
         drop(ancestors);
+        // A source that ended before the seq its header promised (or held
+        // nothing) is not the dump: refused before pass 2 writes anything.
+        check_dump_end(!first, seqs.update_seq, seqs.last_seq).map_err(incomplete)?;
+        summary.last_seq = seqs.last_seq;
 
         // Every id's winner (its revision string; deleted winners also in
         // `dead`), the counts, and the live ids for the legacy report.
@@ -624,9 +696,9 @@ impl Store {
         let mut writer = Writer::new(self, opts, leaves.size());
         let mut lines = source.lines(opts.signal.clone())?;
         let mut first = true;
-        let mut ignore_seq = None;
+        let mut ignore = Seqs::default();
         while let Some((n, line)) = next_line(&mut lines).await? {
-            let docs = dump_docs(&line, n, first, &mut ignore_seq)?;
+            let docs = dump_docs(&line, n, first, &mut ignore)?;
             first = false;
             let Some(docs) = docs else { continue };
             for doc in docs.iter() {

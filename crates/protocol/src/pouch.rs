@@ -182,6 +182,87 @@ pub fn classify_line(first: bool, has_docs: bool, has_seq: bool) -> Result<LineK
     }
 }
 
+/// Largest sequence number taken (2^53 − 1: a JS number holds it exactly).
+const MAX_SEQ: u64 = 9_007_199_254_740_991;
+
+/// The sequence number a `seq` or `update_seq` given as a JSON number
+/// names: a non-negative integer up to 2^53 − 1; `None` for any other
+/// number.
+pub fn seq_from_number(n: f64) -> Option<u64> {
+    (n.fract() == 0.0 && (0.0..=MAX_SEQ as f64).contains(&n)).then_some(n as u64)
+}
+
+/// The sequence number a `seq` or `update_seq` given as a string names:
+/// CouchDB's `"6582-g1AAAA…"` (the leading integer is the sequence number)
+/// or plain digits (`"6582"`). `None` for anything else: no leading digits,
+/// digits followed by something other than `-`, or a number above
+/// 2^53 − 1.
+pub fn seq_from_text(s: &str) -> Option<u64> {
+    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
+    let (number, rest) = s.split_at(digits);
+    if number.is_empty() || !(rest.is_empty() || rest.starts_with('-')) {
+        return None;
+    }
+    number.parse::<u64>().ok().filter(|n| *n <= MAX_SEQ)
+}
+
+/// Why a dump read to its end is not a whole dump.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Incomplete {
+    /// The source holds no line at all (empty, or blank lines only): not
+    /// even the header every dump starts with.
+    Empty,
+    /// The header's `db_info.update_seq` says the database had reached
+    /// `update_seq` when the dump began, but the last `seq` the dump's
+    /// lines reached is `last_seq` (lower, or none at all): the source was
+    /// cut off (a download or copy that stopped, even at a line boundary).
+    CutOff {
+        /// The header's `db_info.update_seq`.
+        update_seq: u64,
+        /// The last `seq` read (a `{"seq": N}` line or a `docs` line's `seq`).
+        last_seq: Option<u64>,
+    },
+}
+
+/// Whether a dump read to its end is whole. `any_line`: the source held at
+/// least one (non-blank) line; `update_seq`: the header's
+/// `db_info.update_seq`, when it has one; `last_seq`: the last `seq` the
+/// lines reached.
+///
+/// pouchdb-replication-stream writes the header (with `db.info()`, taken
+/// before the changes are read) and then a `{"seq": N}` line after every
+/// batch of changes, the last one at the end of the changes feed, so a
+/// whole dump's last seq is at least the header's `update_seq` (more when
+/// the database was written while it was dumped). Hence:
+/// - no line at all is [`Incomplete::Empty`];
+/// - a header without `update_seq` (or a dump without a header) cannot be
+///   checked and is taken as whole;
+/// - `update_seq` 0 (the database had never been written) is whole with or
+///   without any `seq` line;
+/// - otherwise the last seq must reach `update_seq`, else
+///   [`Incomplete::CutOff`].
+///
+/// # Errors
+/// [`Incomplete`] as above.
+pub fn check_dump_end(
+    any_line: bool,
+    update_seq: Option<u64>,
+    last_seq: Option<u64>,
+) -> Result<(), Incomplete> {
+    if !any_line {
+        return Err(Incomplete::Empty);
+    }
+    match update_seq {
+        Some(update_seq) if update_seq > 0 && last_seq.is_none_or(|l| l < update_seq) => {
+            Err(Incomplete::CutOff {
+                update_seq,
+                last_seq,
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Counts from reading a dump; the JS summary of `importPouchDump`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -287,7 +368,7 @@ mod tests {
             let kind = classify_line(first, v.get("docs").is_some(), v.get("seq").is_some())
                 .map_err(err)?;
             first = false;
-            if let Some(seq) = v.get("seq").and_then(Value::as_u64) {
+            if let Some(seq) = v.get("seq").and_then(seq_value) {
                 summary.last_seq = Some(seq);
             }
             if kind != LineKind::Docs {
@@ -333,6 +414,136 @@ mod tests {
             summary.count_id(&r.leaves);
         }
         Ok((summary, ids))
+    }
+
+    /// A `seq` / `update_seq` JSON value as the SDK reads one.
+    fn seq_value(v: &Value) -> Option<u64> {
+        match v {
+            Value::Number(n) => seq_from_number(n.as_f64()?),
+            Value::String(s) => seq_from_text(s),
+            _ => None,
+        }
+    }
+
+    /// [`check_dump_end`] over a dump text, as the SDK applies it after its
+    /// first pass.
+    fn dump_end(text: &str) -> Result<(), Incomplete> {
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        let update_seq = lines
+            .first()
+            .and_then(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v.get("docs").is_none())
+            .and_then(|v| v.pointer("/db_info/update_seq").and_then(seq_value));
+        let (summary, _) = resolve(text).unwrap();
+        check_dump_end(!lines.is_empty(), update_seq, summary.last_seq)
+    }
+
+    /// The shared dump (header `update_seq` 6582, last `{"seq": 6582}`) is
+    /// whole; cut off at any line boundary before its last seq line, it is
+    /// not, and the error names both seqs.
+    #[test]
+    fn the_shared_dump_is_whole_and_any_cut_before_its_last_seq_is_not() {
+        assert_eq!(dump_end(DUMP), Ok(()));
+        let lines: Vec<&str> = DUMP.lines().collect();
+        let last_seq_line = lines
+            .iter()
+            .rposition(|l| l.starts_with("{\"seq\":"))
+            .unwrap();
+        assert_eq!(lines[last_seq_line], "{\"seq\":6582}");
+        for keep in [1, 2, lines.len() / 2, last_seq_line] {
+            let cut = lines[..keep].join("\n");
+            match dump_end(&cut) {
+                Err(Incomplete::CutOff {
+                    update_seq: 6582,
+                    last_seq,
+                }) => assert!(last_seq.is_none_or(|s| s < 6582), "{keep} lines"),
+                other => panic!("{keep} lines: {other:?}"),
+            }
+        }
+        assert_eq!(
+            dump_end(&lines[..last_seq_line].join("\n")),
+            Err(Incomplete::CutOff {
+                update_seq: 6582,
+                last_seq: Some(6579)
+            })
+        );
+    }
+
+    #[test]
+    fn an_empty_source_is_refused_and_a_dump_without_update_seq_or_at_zero_is_whole() {
+        assert_eq!(check_dump_end(false, None, None), Err(Incomplete::Empty));
+        assert_eq!(dump_end(""), Err(Incomplete::Empty));
+        assert_eq!(dump_end("\n  \n"), Err(Incomplete::Empty));
+        // No update_seq to compare with: taken as whole.
+        assert_eq!(
+            dump_end("{\"version\":\"1.2.9\",\"db_type\":\"idb\"}\n"),
+            Ok(())
+        );
+        assert_eq!(
+            dump_end("{\"docs\":[{\"_id\":\"a\",\"_rev\":\"1-a\"}]}\n"),
+            Ok(())
+        );
+        // A database never written: nothing to wait for.
+        assert_eq!(
+            dump_end("{\"version\":\"1.2.9\",\"db_info\":{\"update_seq\":0}}\n"),
+            Ok(())
+        );
+        assert_eq!(check_dump_end(true, Some(0), None), Ok(()));
+        // Writes during the dump: the last seq passes update_seq.
+        assert_eq!(check_dump_end(true, Some(5), Some(9)), Ok(()));
+        assert_eq!(check_dump_end(true, Some(5), Some(5)), Ok(()));
+        assert_eq!(
+            check_dump_end(true, Some(5), None),
+            Err(Incomplete::CutOff {
+                update_seq: 5,
+                last_seq: None
+            })
+        );
+    }
+
+    /// CouchDB's string sequences: the leading integer is the seq, in the
+    /// header and in `seq` lines alike.
+    #[test]
+    fn couchdb_string_seqs_count_by_their_leading_integer() {
+        assert_eq!(
+            seq_from_text("6582-g1AAAAFTeJzLYWBg4MhgTmHgzcvPy09JdcjLz8gvLskBCeexAEmGA0Dqfx"),
+            Some(6582)
+        );
+        assert_eq!(seq_from_text("6582"), Some(6582));
+        assert_eq!(seq_from_text("0-g1"), Some(0));
+        assert_eq!(
+            seq_from_text("9007199254740991"),
+            Some(9_007_199_254_740_991)
+        );
+        for bad in [
+            "",
+            "-5",
+            "g1-6582",
+            "12abc",
+            " 12",
+            "12 ",
+            "9007199254740992",
+            "99999999999999999999999-x",
+        ] {
+            assert_eq!(seq_from_text(bad), None, "{bad:?}");
+        }
+        assert_eq!(seq_from_number(6582.0), Some(6582));
+        assert_eq!(seq_from_number(0.0), Some(0));
+        assert_eq!(seq_from_number(-0.0), Some(0));
+        for bad in [-1.0, 1.5, f64::NAN, f64::INFINITY, 9_007_199_254_740_992.0] {
+            assert_eq!(seq_from_number(bad), None, "{bad}");
+        }
+        let header = |seq: &str| format!("{{\"db_info\":{{\"update_seq\":{seq}}}}}");
+        let whole = format!("{}\n{{\"seq\":\"12-g1AAB\"}}\n", header("\"12-g1AAA\""));
+        assert_eq!(dump_end(&whole), Ok(()));
+        let cut = format!("{}\n{{\"seq\":\"9-g1AAB\"}}\n", header("\"12-g1AAA\""));
+        assert_eq!(
+            dump_end(&cut),
+            Err(Incomplete::CutOff {
+                update_seq: 12,
+                last_seq: Some(9)
+            })
+        );
     }
 
     /// Every id's winner equals PouchDB's own answer in the shared expected file.
