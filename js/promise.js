@@ -462,6 +462,26 @@ export function purgeOlder(request, olderThanMs, cutoff) {
 }
 
 /**
+ * Whether `v` is a `name` (a class of this global scope with internal
+ * slots: Blob, Response, ReadableStream, AbortSignal) of any realm: this
+ * page's, an iframe's, another same-origin window's. `instanceof` follows
+ * the prototype chain, and every realm has prototypes of its own, so it
+ * refuses another realm's objects; the getter `key` of this realm's
+ * `name.prototype` checks the object's internal slots instead (a brand
+ * check, the same in every realm) and throws for anything else: a plain
+ * object, one that only claims the prototype (`Object.create(Blob.prototype)`)
+ * or a Proxy of a real one.
+ */
+export function isA(v, name, key) {
+  try {
+    Object.getOwnPropertyDescriptor(globalThis[name].prototype, key).get.call(v);
+    return true;
+  } catch (e) {
+    return false;
+  }
+}
+
+/**
  * Whether `v` is a string of at most `max` characters, all ASCII (what a
  * `listBy` cursor is): checked before the string is copied into wasm
  * memory, where a non-ASCII string would take up to 3 bytes per unit.

@@ -273,13 +273,14 @@ pub(crate) fn abort_reason(signal: &AbortSignal) -> Option<JsValue> {
     }
 }
 
-/// The optional `signal` option. An object that only claims
-/// `AbortSignal.prototype` (whose `aborted` getter throws on it, and would
-/// throw past the module where it is read) is refused like any non-signal.
+/// The optional `signal` option: an AbortSignal of any realm (an iframe's
+/// too, told by its internal slots, [`crate::value::is_a`]). An object that
+/// only claims `AbortSignal.prototype` (whose `aborted` getter throws on
+/// it, and would throw past the module where it is read) is refused like
+/// any non-signal.
 pub(crate) fn opt_signal(options: &JsValue) -> Result<Option<AbortSignal>, String> {
     given(options, "signal", "an AbortSignal", |v| {
-        Reflect::get(&v, &"aborted".into()).ok()?;
-        v.dyn_into::<AbortSignal>().ok()
+        crate::value::is_a(&v, "AbortSignal", "aborted").then(|| v.unchecked_into())
     })
 }
 

@@ -392,4 +392,18 @@ pub(crate) fn adopt(v: &JsValue) -> js_sys::Promise {
 extern "C" {
     #[wasm_bindgen(js_name = adopt)]
     fn adopt_js(v: &JsValue) -> js_sys::Promise;
+    /// Whether `v` is a `class` of any realm: `class.prototype`'s getter
+    /// `getter` accepts it (js/promise.js `isA`).
+    #[wasm_bindgen(js_name = isA)]
+    fn is_a_js(v: &JsValue, class: &str, getter: &str) -> bool;
+}
+
+/// Whether `v` is a `class` object (`"Blob"`, `"Response"`,
+/// `"ReadableStream"`, `"AbortSignal"`) of any realm, told by its internal
+/// slots as `class.prototype`'s getter `getter` checks them (a brand check),
+/// where `dyn_ref`/`instanceof` would refuse one made by an iframe or
+/// another same-origin window (its prototypes are its own) and accept an
+/// object that only claims the prototype. Never throws.
+pub(crate) fn is_a(v: &JsValue, class: &str, getter: &str) -> bool {
+    v.is_object() && is_a_js(v, class, getter)
 }

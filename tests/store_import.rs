@@ -1664,3 +1664,149 @@ async fn an_empty_pouch_dump_is_refused_and_nothing_is_written() {
     assert!(e.to_string().contains("line 1:"), "{e}");
     assert!(holds_nothing(&store).await, "nothing written");
 }
+
+/// `[label, source]` pairs made by an iframe (another realm: its own
+/// `Uint8Array`, `Blob`, `ReadableStream`, … whose `instanceof` this
+/// realm's classes refuse) from `text`, the iframe itself, and chunks a
+/// stream must refuse; `js` (a function of `(w, text)`, `w` the iframe's
+/// window) makes the sources.
+fn from_iframe(text: &str, js: &str) -> (JsValue, Vec<(String, JsValue)>) {
+    let f = Function::new_with_args(
+        "text",
+        &format!(
+            "const frame = document.createElement('iframe'); document.body.appendChild(frame); \
+             const w = frame.contentWindow; return [frame, ({js})(w, text)];"
+        ),
+    );
+    let out: Array = f.call1(&JsValue::NULL, &text.into()).unwrap().into();
+    let pairs: Array = out.get(1).into();
+    let pairs = pairs
+        .iter()
+        .map(|p| {
+            let p: Array = p.into();
+            (p.get(0).as_string().unwrap(), p.get(1))
+        })
+        .collect();
+    (out.get(0), pairs)
+}
+
+/// A stream of the iframe's `Uint8Array` chunks of `text` (two of them),
+/// made with `RS` (`ReadableStream` of this realm or the iframe's).
+const IFRAME_STREAM: &str = "const chunks = () => { const h = text.length >> 1; \
+     return [new w.TextEncoder().encode(text.slice(0, h)), new w.TextEncoder().encode(text.slice(h))]; }; \
+     const streamOf = (RS) => new RS({ start(c) { for (const u of chunks()) c.enqueue(u); c.close(); } });";
+
+/// Sources from another realm (an iframe's Blob, File, Response and
+/// ReadableStream, and this realm's stream of the iframe's Uint8Arrays)
+/// import as this realm's do, with an iframe's AbortSignal as `signal`;
+/// what is not a Uint8Array (a string, an array, another typed array, a
+/// DataView, an object that only claims the tag, a Proxy) is still refused
+/// chunk by chunk, and an object that only claims Blob is no source.
+/// Before, `instanceof` refused every one of the iframe's objects: a stream
+/// of its Uint8Arrays with "must give Uint8Array chunks", its Blob,
+/// Response and stream as no source at all, its signal as no AbortSignal.
+#[wasm_bindgen_test]
+async fn sources_chunks_and_signals_from_another_realm_import_as_this_realms_do() {
+    let text = snapshot_of_runs(5);
+    let mut frames = Vec::new();
+    let (frame, sources) = from_iframe(
+        &text,
+        &format!(
+            "(w, text) => {{ {IFRAME_STREAM} return [\
+               ['this realm\\'s stream of its Uint8Arrays', streamOf(ReadableStream)], \
+               ['its stream', streamOf(w.ReadableStream)], \
+               ['its Blob', new w.Blob([text])], \
+               ['its File', new w.File([text], 'snapshot.ndjson')], \
+               ['its Response', new w.Response(text)], \
+               ['its Response of its stream', new w.Response(streamOf(w.ReadableStream))], \
+             ]; }}"
+        ),
+    );
+    frames.push(frame);
+    for (label, src) in sources {
+        let (store, _) = open("realm").await;
+        let c = store
+            .import_snapshot_with(&src, &ImportOptions::default())
+            .await
+            .unwrap_or_else(|e| panic!("{label}: {e}"));
+        assert_eq!(c.written, 5, "{label}");
+    }
+    // A PouchDB dump from the iframe's stream too.
+    let docs: Vec<_> = (0..3)
+        .map(|i| pouch_doc(&format!("d{i}"), "1-aa", false, &[]))
+        .collect();
+    let text = dump(&[json!({ "docs": docs }), json!({"seq": 3})]);
+    let (frame, sources) = from_iframe(
+        &text,
+        &format!("(w, text) => {{ {IFRAME_STREAM} return [['its stream', streamOf(w.ReadableStream)]]; }}"),
+    );
+    frames.push(frame);
+    let (store, _) = open("realm-pouch").await;
+    let (sum, c, _) = store
+        .import_pouch_dump_with(&sources[0].1, "agent-index", &ImportOptions::default())
+        .await
+        .unwrap();
+    assert_eq!((sum.live, c.written), (3, 3));
+
+    // Chunks that are not a Uint8Array of any realm are refused.
+    let (frame, bad) = from_iframe(
+        HEADER,
+        "(w) => [\
+           ['a string', 'x'], ['an array', [1, 2]], ['its Uint16Array', new w.Uint16Array(2)], \
+           ['its DataView', new w.DataView(new w.ArrayBuffer(2))], \
+           ['an object claiming the tag', { [Symbol.toStringTag]: 'Uint8Array', length: 1, 0: 65 }], \
+           ['a Proxy of a Uint8Array', new Proxy(new Uint8Array([65]), {})], \
+         ].map(([l, chunk]) => [l, new ReadableStream({ start(c) { c.enqueue(chunk); c.close(); } })])",
+    );
+    frames.push(frame);
+    let (store, _) = open("realm-bad").await;
+    for (label, src) in bad {
+        let e = store
+            .import_snapshot_with(&src, &ImportOptions::default())
+            .await
+            .expect_err(&label);
+        assert!(
+            e.to_string().contains("must give Uint8Array chunks"),
+            "{label}: {e}"
+        );
+    }
+    // Objects that only claim to be a Blob are no source.
+    let (frame, fakes) = from_iframe(
+        "",
+        "(w) => [['a tag', { [Symbol.toStringTag]: 'Blob', size: 0 }], \
+                 ['its Blob prototype', w.Object.create(w.Blob.prototype)], \
+                 ['a Proxy of a Blob', new Proxy(new Blob([]), {})]]",
+    );
+    frames.push(frame);
+    for (label, src) in fakes {
+        let e = store
+            .import_snapshot_with(&src, &ImportOptions::default())
+            .await
+            .expect_err(&label);
+        assert_eq!(e.code(), ErrorCode::Validation, "{label}: {e}");
+        assert!(e.to_string().contains("an import takes"), "{label}: {e}");
+    }
+
+    // The iframe's AbortSignal is a signal: one not aborted lets the import
+    // run, an aborted one stops it.
+    let api = agentstore::AgentStore::from_store(store);
+    let (frame, signals) = from_iframe(
+        "",
+        "(w) => { const live = new w.AbortController(), dead = new w.AbortController(); dead.abort(); \
+                  return [['live', { signal: live.signal }], ['aborted', { signal: dead.signal }]]; }",
+    );
+    frames.push(frame);
+    let text = snapshot_of_runs(2);
+    let done = JsFuture::from(api.import_snapshot(s(&text), signals[0].1.clone()))
+        .await
+        .expect("a live signal of another realm");
+    assert_eq!(field(&done, "written").as_f64(), Some(2.0));
+    assert_eq!(
+        rejection(api.import_snapshot(s(&text), signals[1].1.clone())).await,
+        ("AbortError".into(), "aborted".into())
+    );
+    let remove = Function::new_with_args("f", "f.remove()");
+    for f in frames {
+        remove.call1(&JsValue::NULL, &f).unwrap();
+    }
+}

@@ -1012,13 +1012,17 @@ async fn an_object_that_only_claims_a_platform_prototype_is_refused_and_the_stor
         out.fakePromise = await settle(() => s.mutate('m', () => Object.create(Promise.prototype)));
         out.fakeBlob = await settle(() => s.importSnapshot(Object.create(Blob.prototype)));
         out.fakeResponse = await settle(() => s.importPouchDump(Object.create(Response.prototype)));
-        // A real-looking signal whose `aborted` throws once the write group
+        // A real signal whose own `aborted` throws once the write group
         // reads it, and a Promise whose own `then` throws: each call settles,
         // and the group they were in does not hang the writes after it.
         let n = 0;
-        const late = Object.create(AbortSignal.prototype, {
-            aborted: { get() { if (n++ >= 2) throw new Error('late'); return false; } },
+        const late = Object.defineProperty(new AbortController().signal, 'aborted', {
+            get() { if (n++ >= 2) throw new Error('late'); return false; },
         });
+        // One that only claims the prototype, with the same getter, is no
+        // signal (told by its internal slots, not its prototype chain).
+        const fakeLate = Object.create(AbortSignal.prototype, { aborted: { get() { return false; } } });
+        out.fakeLateSignal = await settle(() => s.mutate('m', (r) => r, { signal: fakeLate }));
         const grouped = [s.put({ _id: 'g' }), s.mutate('m', (r) => ({ ...r, n: 1 }), { signal: late })];
         out.lateSignal = await settle(() => grouped[1]);
         await grouped[0];
@@ -1038,6 +1042,7 @@ async fn an_object_that_only_claims_a_platform_prototype_is_refused_and_the_stor
     assert_eq!(got("fakeBlob"), "validation");
     assert_eq!(got("fakeResponse"), "validation");
     assert_eq!(got("lateSignal"), "aborted");
+    assert_eq!(got("fakeLateSignal"), "validation");
     assert_ne!(got("badThen"), "not an Error");
     assert_eq!(got("after"), "ab1", "the store goes on working");
 }

@@ -11,6 +11,7 @@
 
 use super::mutate::race_abort;
 use crate::error::{Result, StoreError};
+use crate::value::is_a;
 use js_sys::{Array, Function, JsString, Reflect};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
@@ -64,6 +65,12 @@ extern "C" {
     // import error instead of an unwind through the module.
     #[wasm_bindgen(method, catch, js_class = "Blob")]
     fn stream(this: &JsBlob) -> std::result::Result<JsReadableStream, JsValue>;
+
+    /// `Object.prototype.toString.call(v)`: `"[object Uint8Array]"` for a
+    /// Uint8Array of any realm (throws what a `Symbol.toStringTag` getter of
+    /// `v`'s throws).
+    #[wasm_bindgen(js_namespace = ["Object", "prototype", "toString"], js_name = call, catch)]
+    fn object_tag(v: &JsValue) -> std::result::Result<JsValue, JsValue>;
 
     #[wasm_bindgen(js_name = Response)]
     #[derive(Clone)]
@@ -127,15 +134,18 @@ fn kind(v: &JsValue) -> Result<Kind<'_>> {
     if let Some(s) = v.dyn_ref::<JsString>() {
         return Ok(Kind::Text(s));
     }
-    // `size`, `bodyUsed`, `body` and `locked` are read with Reflect (which
-    // catches): on an object that only claims the prototype they throw
-    // ("Illegal invocation"), which must not unwind through the module's
-    // frames.
-    if let Some(b) = v.dyn_ref::<JsBlob>() {
-        prop(b, "size")?;
-        return Ok(Kind::Blob(b));
+    // Told by their internal slots, not `instanceof` (`dyn_ref`): a Blob,
+    // Response or stream made by an iframe or another same-origin window
+    // has that realm's prototypes and is as good as this realm's, while an
+    // object that only claims the prototype is none of them.
+    if is_a(v, "Blob", "size") {
+        return Ok(Kind::Blob(v.unchecked_ref()));
     }
-    if let Some(r) = v.dyn_ref::<JsResponse>() {
+    // `ok`, `bodyUsed`, `body` and `locked` are read with Reflect (which
+    // catches): an own getter the caller put on the object may throw, which
+    // must not unwind through the module's frames.
+    if is_a(v, "Response", "ok") {
+        let r: &JsResponse = v.unchecked_ref();
         // `fetch` resolves for an HTTP error too: its body (an error page,
         // or nothing) is not the data asked for, and an empty one would
         // import as an empty source.
@@ -163,8 +173,8 @@ fn kind(v: &JsValue) -> Result<Kind<'_>> {
         }
         return Ok(Kind::Response(r));
     }
-    if let Some(r) = v.dyn_ref::<JsReadableStream>() {
-        if prop(r, "locked")?.is_truthy() {
+    if is_a(v, "ReadableStream", "locked") {
+        if prop(v, "locked")?.is_truthy() {
             return Err(StoreError::validation(
                 "the ReadableStream is locked (it is already being read)",
             ));
@@ -181,6 +191,16 @@ fn kind(v: &JsValue) -> Result<Kind<'_>> {
 /// ValidationError as [`Source::from_js`] gives it.
 pub(crate) fn check_source(v: &JsValue) -> Result<()> {
     kind(v).map(|_| ())
+}
+
+/// Whether `v` is a Uint8Array of any realm (an iframe's too, where
+/// `instanceof Uint8Array` is false). `ArrayBuffer.isView` looks at the
+/// internal slots (the Blob it goes into takes its bytes, never its text),
+/// and `Object.prototype.toString` names the view's type, refusing the
+/// other typed arrays and DataViews.
+fn is_uint8_array(v: &JsValue) -> bool {
+    js_sys::ArrayBuffer::is_view(v)
+        && object_tag(v).is_ok_and(|t| t == JsValue::from_str("[object Uint8Array]"))
 }
 
 /// How many bytes of a stream source are collected as chunks before they
@@ -213,9 +233,11 @@ impl Source {
         if body.is_null() {
             return Ok(Source::Text(JsString::from("")));
         }
-        let body: JsReadableStream = body
-            .dyn_into()
-            .map_err(|_| StoreError::validation(SOURCE_TYPES))?;
+        // (Of the Response's realm, which may be another's.)
+        if !is_a(&body, "ReadableStream", "locked") {
+            return Err(StoreError::validation(SOURCE_TYPES));
+        }
+        let body: JsReadableStream = body.unchecked_into();
         // With a signal, the body is collected through a pipe the signal
         // aborts: an aborted import cancels its source instead of reading on
         // (a body that never ends would grow memory after the rejection).
@@ -242,11 +264,12 @@ impl Source {
             let Some(chunk) = read_step(&reader, signal).await? else {
                 break;
             };
-            let Some(bytes) = chunk.dyn_ref::<js_sys::Uint8Array>() else {
+            if !is_uint8_array(&chunk) {
                 return Err(StoreError::validation(
                     "the import source's stream must give Uint8Array chunks (UTF-8 bytes)",
                 ));
-            };
+            }
+            let bytes: &js_sys::Uint8Array = chunk.unchecked_ref();
             pending = pending.saturating_add(bytes.length());
             parts.push(&chunk);
             // Folded into a Blob every 4 MiB (a Blob of Blobs copies no
