@@ -1810,3 +1810,103 @@ async fn sources_chunks_and_signals_from_another_realm_import_as_this_realms_do(
         remove.call1(&JsValue::NULL, &f).unwrap();
     }
 }
+
+/// Starts an import (`pouch`: `importPouchDump`, else `importSnapshot`,
+/// with a live `signal` when `signal`) through the JS API of `store` from a
+/// source that gives its first line `head` and then stalls (never enqueues
+/// again, never closes): a ReadableStream, a Response of one, or a Blob
+/// whose own `stream` is one (`shape`). Returns the state the JS keeps:
+/// `pulls` and `cancelled` of the stream, the import's `result` (its
+/// error's `name`, or "resolved") and `message` once it settles, and
+/// `close()` (the store's).
+fn stalled_import(store: Store, head: &str, shape: &str, pouch: bool, signal: bool) -> JsValue {
+    let api = JsValue::from(agentstore::AgentStore::from_store(store));
+    let start = Function::new_with_args(
+        "api, head, shape, pouch, signal",
+        "const state = { pulls: 0, cancelled: 0, result: null, message: null, close: () => api.close() }; \
+         const s = new ReadableStream({ start(c) { c.enqueue(new TextEncoder().encode(head + '\\n')); }, \
+           pull() { state.pulls++; }, cancel() { state.cancelled++; } }); \
+         let source = s; \
+         if (shape === 'Response') source = new Response(s); \
+         if (shape === 'Blob') { source = new Blob([head + '\\n']); source.stream = () => s; } \
+         const options = signal ? { signal: (state.ctl = new AbortController()).signal } : undefined; \
+         const p = pouch ? api.importPouchDump(source, options) : api.importSnapshot(source, options); \
+         p.then(() => { state.result = 'resolved'; }, (e) => { state.result = e.name; state.message = e.message; }); \
+         return state;",
+    );
+    let args = Array::of5(
+        &api,
+        &head.into(),
+        &shape.into(),
+        &pouch.into(),
+        &signal.into(),
+    );
+    start.apply(&JsValue::NULL, &args).unwrap()
+}
+
+/// `close()` ends an import whose source stalls (a stream that never
+/// enqueues again and never closes) at once, with ClosedError, and cancels
+/// the source so that it stops: for a ReadableStream and a Response being
+/// collected, and a Blob whose own `stream` stalls while pass 1 reads its
+/// lines; with and without a signal; for both imports. Another tab's
+/// upgrade (`versionchange`) ends it the same way. Before, `close()` was
+/// looked at only before each read, so the import waited on the stalled
+/// read for ever (here: until `wait_for` gave up) and the stream stayed open.
+#[wasm_bindgen_test]
+async fn close_ends_an_import_whose_source_stalls_with_closed_error_and_cancels_it() {
+    let num = |state: &JsValue, k: &str| field(state, k).as_f64().unwrap_or(0.0);
+    for pouch in [false, true] {
+        let head = if pouch {
+            "{\"version\":\"1.2.9\",\"db_type\":\"idb\"}"
+        } else {
+            HEADER
+        };
+        for shape in ["ReadableStream", "Response", "Blob"] {
+            for signal in [false, true] {
+                let case = format!("pouch {pouch}, {shape}, signal {signal}");
+                let (store, _) = open("close-stalled").await;
+                let state = stalled_import(store, head, shape, pouch, signal);
+                // The first line is read; the next read waits on the stream.
+                wait_for(&format!("{case}: the stream to be pulled"), || {
+                    num(&state, "pulls") >= 1.0
+                })
+                .await;
+                assert!(field(&state, "result").is_null(), "{case}: still waiting");
+                let close: Function = field(&state, "close").into();
+                close.call0(&JsValue::NULL).unwrap();
+                wait_for(&format!("{case}: the import to end after close()"), || {
+                    !field(&state, "result").is_null()
+                })
+                .await;
+                assert_eq!(
+                    field_str(&state, "result").as_deref(),
+                    Some("ClosedError"),
+                    "{case}"
+                );
+                wait_for(&format!("{case}: the stream to be cancelled"), || {
+                    num(&state, "cancelled") >= 1.0
+                })
+                .await;
+            }
+        }
+    }
+    // Another tab upgrades the database: this connection closes itself.
+    let (store, name) = open("close-stalled-upgrade").await;
+    let state = stalled_import(store, HEADER, "ReadableStream", false, false);
+    wait_for("the stream to be pulled", || num(&state, "pulls") >= 1.0).await;
+    let newer = Store::open_versioned(&name, 2, 5000, None, vec![])
+        .await
+        .unwrap();
+    wait_for("the import to end after versionchange", || {
+        !field(&state, "result").is_null()
+    })
+    .await;
+    assert_eq!(field_str(&state, "result").as_deref(), Some("ClosedError"));
+    let message = field_str(&state, "message").unwrap_or_default();
+    assert!(message.contains("another tab"), "{message}");
+    wait_for("the stream to be cancelled", || {
+        num(&state, "cancelled") >= 1.0
+    })
+    .await;
+    newer.close();
+}

@@ -51,6 +51,12 @@ pub struct Db {
     /// ClosedError instead of an opaque InvalidStateError (a connection
     /// closed by `versionchange` has no `onversionchange` handler left).
     closed: RefCell<Option<String>>,
+    /// Aborted when the connection closes ([`Db::closing`], made on first
+    /// use): waits on something other than IndexedDB (an import's source)
+    /// race it, since `close()` ends only IndexedDB's own requests. (The
+    /// io module's only: the entry points never wait on a source.)
+    #[cfg(feature = "io")]
+    closing: RefCell<Option<web_sys::AbortController>>,
     /// Transactions started on this connection so far (group commit joins
     /// a group only while no other transaction started after it).
     seq: Cell<u32>,
@@ -143,6 +149,8 @@ impl Db {
             Ok(db) => Ok(Db {
                 raw: db.unchecked_into(),
                 closed: RefCell::new(None),
+                #[cfg(feature = "io")]
+                closing: RefCell::new(None),
                 seq: Cell::new(0),
             }),
             Err(e) => Err(match e.as_string() {
@@ -152,12 +160,53 @@ impl Db {
         }
     }
 
-    /// Closes the connection (after running transactions finish).
+    /// Closes the connection (after running transactions finish) and
+    /// aborts [`Db::closing`]'s signal.
     pub fn close(&self) {
         self.raw.close();
         self.closed
             .borrow_mut()
             .get_or_insert_with(|| "close() was called".to_owned());
+        // After `closed` is set: what the abort wakes finds check_open failing.
+        #[cfg(feature = "io")]
+        if let Some(c) = self.closing.borrow().as_ref() {
+            c.abort();
+        }
+    }
+
+    /// A signal aborted when this connection closes: by `close()`, or by
+    /// another tab's upgrade or deletion (`versionchange`); already aborted
+    /// when it is closed. A wait that is not an IndexedDB request races it
+    /// (`mutate::race_abort_or_close`), so that a closed store stops
+    /// waiting.
+    ///
+    /// # Errors
+    /// TransactionError when no AbortController can be made.
+    #[cfg(feature = "io")]
+    pub(crate) fn closing(&self) -> Result<web_sys::AbortSignal> {
+        if let Some(c) = self.closing.borrow().as_ref() {
+            return Ok(c.signal());
+        }
+        let c = web_sys::AbortController::new().map_err(|e| StoreError::from_dom(&e))?;
+        // `abort()` as the `versionchange` listener. js/promise.js's own
+        // handler was added at open, so it runs first: the connection is
+        // closed and check_open says why before anything the abort wakes.
+        let abort = Reflect::get(&c, &"abort".into())
+            .ok()
+            .and_then(|f| f.dyn_into::<Function<fn(JsValue) -> JsValue>>().ok());
+        if let Some(abort) = abort {
+            // `abort(undefined)`: the event is not the reason.
+            let listener: Function = abort.bind1(&c, &JsValue::UNDEFINED).unchecked_into();
+            let _ = self
+                .raw
+                .add_event_listener_with_callback("versionchange", &listener);
+        }
+        if self.check_open().is_err() {
+            c.abort();
+        }
+        let signal = c.signal();
+        *self.closing.borrow_mut() = Some(c);
+        Ok(signal)
     }
 
     /// `Ok` while the connection is open.

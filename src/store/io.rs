@@ -240,7 +240,7 @@ fn get(v: &JsValue, key: &'static str) -> JsValue {
 }
 
 /// The next non-empty line (trimmed) with its number.
-async fn next_line(lines: &mut Lines) -> Result<Option<(usize, JsString)>> {
+async fn next_line(lines: &mut Lines<'_>) -> Result<Option<(usize, JsString)>> {
     while let Some(line) = lines.next().await? {
         let line = line.trim();
         if line.length() > 0 {
@@ -567,7 +567,8 @@ impl Store {
     /// `update_seq` (naming both seqs; nothing written); AbortError from `opts.signal` and
     /// QuotaExceededError / TransactionError from a batch, and ClosedError
     /// when the store is closed during the import (also in the last
-    /// `onProgress`): the batches committed before stay (each holds final
+    /// `onProgress`, and at once while the source is read, however long it
+    /// stalls: the source is cancelled): the batches committed before stay (each holds final
     /// winners only), the failing batch leaves nothing, and running the same
     /// import again completes it.
     pub async fn import_pouch_dump_with(
@@ -576,7 +577,7 @@ impl Store {
         legacy_index_id: &str,
         opts: &ImportOptions,
     ) -> Result<(DumpSummary, ImportCounts, Option<LegacyIndexReport>)> {
-        let source = Source::from_js(source, opts.signal.as_ref(), &|| self.check_open()).await?;
+        let source = Source::from_js(source, opts.signal.as_ref(), self).await?;
         let mut summary = DumpSummary::default();
         // id → encoded leaf set (pass 1), then → the winner's encoded leaf.
         let leaves = Map::new();
@@ -589,7 +590,7 @@ impl Store {
         let mut bad_bodies: Vec<(JsValue, String, StoreError)> = Vec::new();
 
         let legacy_key = JsValue::from_str(legacy_index_id);
-        let mut lines = source.lines(opts.signal.clone())?;
+        let mut lines = source.lines(opts.signal.clone(), self)?;
         let mut first = true;
         let mut seqs = Seqs::default();
         while let Some((n, line)) = next_line(&mut lines).await? {
@@ -694,7 +695,7 @@ impl Store {
         drop(legacy_rows);
 
         let mut writer = Writer::new(self, opts, leaves.size());
-        let mut lines = source.lines(opts.signal.clone())?;
+        let mut lines = source.lines(opts.signal.clone(), self)?;
         let mut first = true;
         let mut ignore = Seqs::default();
         while let Some((n, line)) = next_line(&mut lines).await? {
@@ -858,10 +859,10 @@ impl Store {
         source: &JsValue,
         opts: &ImportOptions,
     ) -> Result<ImportCounts> {
-        let source = Source::from_js(source, opts.signal.as_ref(), &|| self.check_open()).await?;
+        let source = Source::from_js(source, opts.signal.as_ref(), self).await?;
         // id → the highest revision seen (pass 1); deleted once written (pass 2).
         let winners = Map::new();
-        let mut lines = source.lines(opts.signal.clone())?;
+        let mut lines = source.lines(opts.signal.clone(), self)?;
         // The header in force (its line and the lines it declares), and the
         // lines read after it.
         let mut header: Option<(usize, u64)> = None;
@@ -908,7 +909,7 @@ impl Store {
             Some((at, declared)) => check_count(at, declared, read)?,
         }
         let mut writer = Writer::new(self, opts, winners.size());
-        let mut lines = source.lines(opts.signal.clone())?;
+        let mut lines = source.lines(opts.signal.clone(), self)?;
         let mut header = false;
         while let Some((_, line)) = next_line(&mut lines).await? {
             if !header {

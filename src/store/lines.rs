@@ -9,10 +9,13 @@
 //! (`crate::api`), which holds the rest.
 #![cfg_attr(not(feature = "io"), allow(dead_code))]
 
-use super::mutate::race_abort;
+#[cfg(feature = "io")]
+use super::mutate::race_abort_or_close;
+#[cfg(feature = "io")]
+use super::Store;
 use crate::error::{Result, StoreError};
 use crate::value::is_a;
-use js_sys::{Array, Function, JsString, Reflect};
+use js_sys::{Array, Function, JsString};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 use web_sys::AbortSignal;
@@ -95,6 +98,8 @@ extern "C" {
     type JsReader;
     #[wasm_bindgen(method, catch)]
     fn read(this: &JsReader) -> std::result::Result<JsValue, JsValue>;
+    #[wasm_bindgen(method, catch)]
+    fn cancel(this: &JsReader) -> std::result::Result<JsValue, JsValue>;
 
     #[wasm_bindgen(js_name = TransformStream)]
     type JsTransformStream;
@@ -109,6 +114,7 @@ extern "C" {
 
 /// An import source that can be read more than once (imports read it twice:
 /// once to validate and choose winners, once to write them).
+#[cfg(feature = "io")]
 pub(crate) enum Source {
     /// A JS string.
     Text(JsString),
@@ -198,6 +204,7 @@ pub(crate) fn check_source(v: &JsValue) -> Result<()> {
 /// internal slots (the Blob it goes into takes its bytes, never its text),
 /// and `Object.prototype.toString` names the view's type, refusing the
 /// other typed arrays and DataViews.
+#[cfg(feature = "io")]
 fn is_uint8_array(v: &JsValue) -> bool {
     js_sys::ArrayBuffer::is_view(v)
         && object_tag(v).is_ok_and(|t| t == JsValue::from_str("[object Uint8Array]"))
@@ -205,23 +212,26 @@ fn is_uint8_array(v: &JsValue) -> bool {
 
 /// How many bytes of a stream source are collected as chunks before they
 /// are folded into one Blob (see [`Source::from_js`]).
+#[cfg(feature = "io")]
 const FOLD_BYTES: u32 = 4 << 20;
 
+#[cfg(feature = "io")]
 impl Source {
     /// Accepts a string, `Blob` (or `File`), `Response` or `ReadableStream`.
     ///
-    /// `open` is asked before each chunk of a stream is read: its error
-    /// (the store's ClosedError after `close()`) ends the collection there
-    /// (the stream, no longer read, is held back by its backpressure).
+    /// A stream is collected for an import into `store`: each read is raced
+    /// with `signal` and with the store's closing, so `close()` (or an
+    /// abort) ends the collection at once, also while the stream stalls,
+    /// and cancels the stream, which then stops.
     ///
     /// # Errors
     /// ValidationError for any other value, a used-up `Response` body or
     /// one of an HTTP error; the stream's own error while it is collected;
-    /// `open`'s error.
+    /// AbortError; the store's ClosedError.
     pub(crate) async fn from_js(
         v: &JsValue,
         signal: Option<&AbortSignal>,
-        open: &dyn Fn() -> Result<()>,
+        store: &Store,
     ) -> Result<Source> {
         let body = match kind(v)? {
             Kind::Text(s) => return Ok(Source::Text(s.clone())),
@@ -259,9 +269,7 @@ impl Source {
         let parts = Array::new();
         let mut pending = 0u32;
         loop {
-            // Not read on after `close()` (nothing would be written).
-            open()?;
-            let Some(chunk) = read_step(&reader, signal).await? else {
+            let Some(chunk) = read_step(&reader, signal, store).await? else {
                 break;
             };
             if !is_uint8_array(&chunk) {
@@ -287,15 +295,19 @@ impl Source {
             .map_err(|e| unreadable(&e))
     }
 
-    /// A fresh reader from the first line; each chunk read is raced with
-    /// `signal`.
+    /// A fresh reader from the first line, for an import into `store`;
+    /// each chunk read is raced with `signal` and with the store's closing.
     ///
     /// # Errors
     /// ValidationError when the Blob cannot be read as a stream (its own
     /// `stream` replaced by one that throws or answers a non-stream).
-    pub(crate) fn lines(&self, signal: Option<AbortSignal>) -> Result<Lines> {
+    pub(crate) fn lines<'a>(
+        &self,
+        signal: Option<AbortSignal>,
+        store: &'a Store,
+    ) -> Result<Lines<'a>> {
         Ok(match self {
-            Source::Text(s) => Lines::new(s.clone(), None, signal),
+            Source::Text(s) => Lines::new(s.clone(), None, signal, store),
             Source::Blob(b) => {
                 // `fatal`: bytes that are not UTF-8 are an error naming
                 // the source, not U+FFFD written under the revision of a
@@ -309,7 +321,7 @@ impl Source {
                     .and_then(|s| s.pipe_through(&text))
                     .and_then(|s| s.get_reader())
                     .map_err(|e| unreadable(&e))?;
-                Lines::new(JsString::from(""), Some(reader), signal)
+                Lines::new(JsString::from(""), Some(reader), signal, store)
             }
         })
     }
@@ -317,7 +329,8 @@ impl Source {
 
 /// Lines of a source, `\n`-separated (a trailing `\r` is trimmed by the
 /// caller's `trim`), each a JS string.
-pub(crate) struct Lines {
+#[cfg(feature = "io")]
+pub(crate) struct Lines<'a> {
     reader: Option<JsReader>,
     buf: JsString,
     pos: u32,
@@ -327,10 +340,19 @@ pub(crate) struct Lines {
     /// 1-based number of the line last returned.
     pub(crate) number: usize,
     signal: Option<AbortSignal>,
+    /// The store imported into: its closing ends a read (a Blob's reader
+    /// waits on the browser, or on the caller's own `stream`).
+    store: &'a Store,
 }
 
-impl Lines {
-    fn new(buf: JsString, reader: Option<JsReader>, signal: Option<AbortSignal>) -> Lines {
+#[cfg(feature = "io")]
+impl<'a> Lines<'a> {
+    fn new(
+        buf: JsString,
+        reader: Option<JsReader>,
+        signal: Option<AbortSignal>,
+        store: &'a Store,
+    ) -> Lines<'a> {
         Lines {
             reader,
             buf,
@@ -338,13 +360,15 @@ impl Lines {
             carry: Array::new(),
             number: 0,
             signal,
+            store,
         }
     }
 
     /// The next line, or `None` at the end.
     ///
     /// # Errors
-    /// The stream's error (as thrown), for a Blob that cannot be read.
+    /// The stream's error (as thrown), for a Blob that cannot be read;
+    /// AbortError; the store's ClosedError.
     pub(crate) async fn next(&mut self) -> Result<Option<JsString>> {
         loop {
             let len = self.buf.length();
@@ -364,7 +388,7 @@ impl Lines {
                 }
                 return Ok(Some(self.take(JsString::from(""))));
             };
-            match read_step(reader, self.signal.as_ref()).await? {
+            match read_step(reader, self.signal.as_ref(), self.store).await? {
                 None => self.reader = None,
                 Some(v) => {
                     self.buf = v.dyn_into().unwrap_or_else(|_| JsString::from(""));
@@ -386,17 +410,35 @@ impl Lines {
     }
 }
 
-/// The next chunk `reader` gives (`None` at the end), raced with `signal`.
+/// The next chunk `reader` gives (`None` at the end), raced with `signal`
+/// and with the closing of `store`. When the store is closed, or either
+/// ends the wait, the reader is cancelled: a source no longer read (a
+/// stream that stalls, or one that would go on for ever) stops.
 ///
 /// # Errors
-/// As [`unreadable`] for a read that fails; AbortError from `signal`.
-async fn read_step(reader: &JsReader, signal: Option<&AbortSignal>) -> Result<Option<JsValue>> {
-    // Adopted by a new Promise: a `read` that answers a non-Promise (or a
-    // thenable that throws) is a rejection here.
-    let read = reader.read().map_err(|e| unreadable(&e))?;
-    let step = race_abort(crate::value::adopt(&read), signal)
-        .await?
-        .map_err(|e| unreadable(&e))?;
+/// As [`unreadable`] for a read that fails; AbortError from `signal`; the
+/// store's ClosedError.
+#[cfg(feature = "io")]
+async fn read_step(
+    reader: &JsReader,
+    signal: Option<&AbortSignal>,
+    store: &Store,
+) -> Result<Option<JsValue>> {
+    let raced = async {
+        // Not read on after `close()` (nothing would be written).
+        store.check_open()?;
+        // Adopted by a new Promise: a `read` that answers a non-Promise (or
+        // a thenable that throws) is a rejection here.
+        let read = reader.read().map_err(|e| unreadable(&e))?;
+        race_abort_or_close(crate::value::adopt(&read), signal, store).await
+    };
+    let step = match raced.await {
+        Ok(step) => step.map_err(|e| unreadable(&e))?,
+        Err(e) => {
+            cancel(reader);
+            return Err(e);
+        }
+    };
     if !step.is_object() {
         // Not a reader's `{done, value}` (a replaced `read`): an error, not a
         // loop reading nothing forever.
@@ -404,12 +446,26 @@ async fn read_step(reader: &JsReader, signal: Option<&AbortSignal>) -> Result<Op
             "a read answered a non-object",
         )));
     }
-    if Reflect::get(&step, &"done".into()).is_ok_and(|d| d.is_truthy()) {
+    if js_sys::Reflect::get(&step, &"done".into()).is_ok_and(|d| d.is_truthy()) {
         return Ok(None);
     }
     Ok(Some(
-        Reflect::get(&step, &"value".into()).unwrap_or_default(),
+        js_sys::Reflect::get(&step, &"value".into()).unwrap_or_default(),
     ))
+}
+
+/// Cancels `reader`'s stream (the caller's, or a pipe from it, which passes
+/// the cancellation on to the caller's), so that it stops; what `cancel`
+/// throws or rejects with (a replaced `cancel`, a source whose own `cancel`
+/// fails) is dropped, not left as an unhandled rejection.
+#[cfg(feature = "io")]
+fn cancel(reader: &JsReader) {
+    if let Ok(done) = reader.cancel() {
+        let done = wasm_bindgen_futures::JsFuture::from(crate::value::adopt(&done));
+        wasm_bindgen_futures::spawn_local(async move {
+            let _ = done.await;
+        });
+    }
 }
 
 /// The import source failed while it was read (a fetch aborted or cut off
@@ -417,6 +473,7 @@ async fn read_step(reader: &JsReader, signal: Option<&AbortSignal>) -> Result<Op
 /// AbortError when it was aborted, else a ValidationError naming what the
 /// platform said, with that error as its `cause`. Either way a real `Error`
 /// with the SDK's `code`.
+#[cfg(feature = "io")]
 fn unreadable(e: &JsValue) -> StoreError {
     let name = crate::error::get_str(e, "name").unwrap_or_default();
     if name == "AbortError" {

@@ -233,6 +233,34 @@ pub(crate) async fn race_abort(
     }
 }
 
+/// `promise` raced with `signal` as [`race_abort`] races it, and in the
+/// same way with the closing of `store`'s connection (`close()`, another
+/// tab's `versionchange`; [`super::db::Db::closing`]): for waits on
+/// something other than IndexedDB (an import's source), which a closed
+/// connection would not end.
+///
+/// # Errors
+/// AbortError; the store's ClosedError once it closes (also when it was
+/// closed already).
+#[cfg(feature = "io")]
+pub(crate) async fn race_abort_or_close(
+    promise: js_sys::Promise,
+    signal: Option<&AbortSignal>,
+    store: &Store,
+) -> Result<std::result::Result<JsValue, JsValue>> {
+    // An already aborted signal fires no `abort` event: looked at first.
+    store.check_open()?;
+    let closed = JsValue::from(js_sys::Object::new());
+    let raced = race_abort_js(&promise, &store.db.closing()?, &closed);
+    match race_abort(raced, signal).await? {
+        Ok(v) if v == closed => Err(store
+            .check_open()
+            .err()
+            .unwrap_or_else(|| StoreError::Closed("the connection closed".into()))),
+        other => Ok(other),
+    }
+}
+
 #[wasm_bindgen::prelude::wasm_bindgen(module = "/js/promise.js")]
 extern "C" {
     /// `promise` raced with `signal`'s `abort` event, which resolves it with
