@@ -193,8 +193,11 @@ async fn the_lease_clock_counts_a_jump_of_the_wall_clock_but_not_small_steps() {
         "2.4 s of small steps counted as {} ms",
         after_steps - start
     );
+    // The jump is counted as `Date.now()`'s advance, reached as a sum of
+    // `performance.now()` differences: exact up to float rounding (Firefox
+    // gave 4999.999999999999), hence the microsecond of slack.
     assert!(
-        after_jump - after_steps >= 5_000.0,
+        after_jump - after_steps >= 5_000.0 - 1e-3,
         "a 5 s jump counted as {} ms",
         after_jump - after_steps
     );
