@@ -19,8 +19,8 @@
 use crate::error::StoreError;
 use agentstore_protocol::canonical::{decimal, BodyDigest};
 use agentstore_protocol::record::{
-    is_iso_millis_utc, BAD_UPDATED_AT, MAX_RECORD_BYTES, RECORD_TYPE_NOT_STRING, RESERVED_FIELD,
-    REV_NOT_STRING, TOO_LARGE,
+    is_iso_millis_shape, is_iso_millis_utc, BAD_UPDATED_AT, MAX_RECORD_BYTES,
+    RECORD_TYPE_NOT_STRING, RESERVED_FIELD, REV_NOT_STRING, TOO_LARGE,
 };
 use agentstore_protocol::rev::Rev;
 use js_sys::{Array, JsString, Object, Reflect};
@@ -41,6 +41,11 @@ pub struct Walked {
     pub rev: Option<Rev>,
     /// The caller's `updatedAt`, when given.
     pub updated_at: Option<String>,
+    /// `updated_at` names a day its month does not have (`2026-02-30…`),
+    /// which releases before the day check accepted and may have stored:
+    /// such a value may only be the stored record's, copied back, which
+    /// `put` replaces by now ([`bad_updated_at`] otherwise).
+    pub updated_at_unreal: bool,
     /// md5 hex of the canonical body without `_rev` and `updatedAt`.
     pub digest: String,
 }
@@ -166,10 +171,11 @@ pub fn walk_record(record: &JsValue) -> crate::error::Result<Walked> {
         v if v.is_undefined() => None,
         v => Some(
             v.as_string()
-                .filter(|s| is_iso_millis_utc(s))
-                .ok_or_else(|| top("updatedAt", BAD_UPDATED_AT))?,
+                .filter(|s| is_iso_millis_shape(s))
+                .ok_or_else(bad_updated_at)?,
         ),
     };
+    let updated_at_unreal = updated_at.as_deref().is_some_and(|s| !is_iso_millis_utc(s));
     // The body arrives in pieces: each is copied into wasm memory (which
     // never shrinks), hashed and dropped before the next.
     let mut digest = BodyDigest::new();
@@ -185,8 +191,17 @@ pub fn walk_record(record: &JsValue) -> crate::error::Result<Walked> {
         id,
         rev,
         updated_at,
+        updated_at_unreal,
         digest: digest.finish(),
     })
+}
+
+/// The ValidationError of an `updatedAt` that is not an ISO-8601 UTC
+/// instant with milliseconds naming a day its month has (field `updatedAt`).
+pub fn bad_updated_at() -> StoreError {
+    Fail::new(BAD_UPDATED_AT)
+        .at(Seg::Key("updatedAt".into()))
+        .into_error()
 }
 
 /// The ValidationError of js/walk.js's failure `[code, path, detail]`.

@@ -861,3 +861,82 @@ async fn a_watch_closed_from_its_own_callback_gets_no_further_change() {
     until_seen(&seen, 4).await;
     assert_eq!(field(&state, "calls").as_f64(), Some(1.0));
 }
+
+/// A record an earlier release stored with an `updatedAt` naming a day its
+/// month does not have (`2026-02-30…`, accepted before the day check) stays
+/// writable: `put({...stored, n})`, `putMany` and `mutate` copy it back and
+/// get now, as any copied `updatedAt` does. Before, each was a
+/// ValidationError: the record could no longer change without the caller
+/// deleting the field by hand. Such a value given anew (for a new record, or
+/// other than the stored one) is still a ValidationError, single and
+/// batch, with nothing written.
+#[wasm_bindgen_test]
+async fn a_stored_updated_at_of_an_impossible_day_is_replaced_when_copied_back_never_refused() {
+    const UNREAL: &str = "2026-02-30T10:00:00.000Z";
+    let (store, name) = open_api("unreal-day").await;
+    for id in ["a", "b", "c", "d"] {
+        put(&store, json!({"_id": id, "n": 1})).await;
+    }
+    // Stored as an earlier release could have stored them.
+    let raw = raw_connection(&name).await;
+    let age = Function::new_with_args(
+        "db, at",
+        "return new Promise((ok, fail) => { \
+           const tx = db.transaction('records', 'readwrite'); const s = tx.objectStore('records'); \
+           for (const id of ['a', 'b', 'c', 'd']) { \
+             const r = s.get(id); r.onsuccess = () => s.put({ ...r.result, updatedAt: at }); } \
+           tx.oncomplete = () => { db.close(); ok(); }; tx.onerror = () => fail(tx.error); })",
+    );
+    call(
+        age.call2(&JsValue::NULL, &raw, &s(UNREAL))
+            .unwrap()
+            .unchecked_into(),
+    )
+    .await
+    .unwrap();
+    async fn again(store: &AgentStore, id: &str) -> JsValue {
+        let stored = get_id(store, id).await.expect("stored");
+        assert_eq!(field_str(&stored, "updatedAt").as_deref(), Some(UNREAL));
+        Reflect::set(&stored, &s("n"), &JsValue::from(2)).unwrap();
+        stored
+    }
+    let real = |v: &JsValue| {
+        let at = field_str(v, "updatedAt").unwrap();
+        assert_ne!(at, UNREAL);
+        assert!(agentstore_protocol::record::is_iso_millis_utc(&at), "{at}");
+        assert_eq!(field(v, "n").as_f64(), Some(2.0));
+    };
+    call(store.put(again(&store, "a").await))
+        .await
+        .expect("put");
+    real(&get_id(&store, "a").await.unwrap());
+    let many = Array::of2(&again(&store, "b").await, &again(&store, "c").await);
+    call(store.put_many(many.into())).await.expect("putMany");
+    real(&get_id(&store, "b").await.unwrap());
+    real(&get_id(&store, "c").await.unwrap());
+    let inc = Function::new_with_args("r", "return { ...r, n: 2 }");
+    call(store.mutate(s("d"), inc.into(), JsValue::UNDEFINED))
+        .await
+        .expect("mutate");
+    real(&get_id(&store, "d").await.unwrap());
+
+    // Given anew, it is refused and nothing is written.
+    let e = call(store.put(js(json!({"_id": "new", "updatedAt": UNREAL}))))
+        .await
+        .unwrap_err();
+    assert_eq!(err_kind(&e), validation());
+    assert!(get_id(&store, "new").await.is_none());
+    let before = get_id(&store, "a").await.unwrap();
+    Reflect::set(&before, &s("updatedAt"), &s(UNREAL)).unwrap();
+    let e = call(store.put(before)).await.unwrap_err();
+    assert_eq!(err_kind(&e), validation(), "not the stored value");
+    let e = call(store.put_many(js(json!([
+        {"_id": "x"},
+        {"_id": "y", "updatedAt": UNREAL}
+    ]))))
+    .await
+    .unwrap_err();
+    assert_eq!(err_kind(&e), validation());
+    assert_eq!(failure_indexes(&e), vec![1]);
+    assert!(get_id(&store, "x").await.is_none() && get_id(&store, "y").await.is_none());
+}

@@ -266,7 +266,9 @@ impl Store {
         let mut revs = Vec::with_capacity(ops.len());
         let mut failures = Vec::new();
         let now = super::now_iso();
-        let mut exhausted = false;
+        // Why the batch is a ValidationError, when a member cannot be
+        // written as given.
+        let mut invalid = None;
         for (index, (op, (current, stored))) in ops.iter().zip(&currents).enumerate() {
             let (decided, expected, current_rev) = match op {
                 Op::Put(p) => (
@@ -300,9 +302,14 @@ impl Store {
                     continue;
                 }
                 // At the last generation (2^53-1, an imported revision): no
-                // next revision exists.
+                // next revision exists; or an `updatedAt` naming no real day.
                 Ok(Err(e)) => {
-                    exhausted = true;
+                    let unreal = matches!(op, Op::Put(p) if p.updated_at_unreal)
+                        && e.message() == crate::value::bad_updated_at().message();
+                    invalid = Some(match unreal {
+                        true => "a record's updatedAt names a day its month does not have (see failures); nothing was written",
+                        false => "a record is at the last revision generation (2^53-1) and cannot change (see failures); nothing was written",
+                    });
                     e.message()
                 }
                 Err(why) => why.into(),
@@ -317,7 +324,7 @@ impl Store {
         }
         if !failures.is_empty() {
             // Nothing was written; dropping `tx` ends it empty.
-            return Err(super::batch_refused(failures, exhausted));
+            return Err(super::batch_refused(failures, invalid));
         }
         for ((op, (current, stored)), rev) in ops.iter().zip(&currents).zip(&revs) {
             let added = match op {

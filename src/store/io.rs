@@ -410,7 +410,11 @@ fn incomplete(why: Incomplete) -> StoreError {
 /// imported again.
 fn check_body(v: &JsValue, what: &str, n: usize) -> Result<()> {
     crate::value::walk_record(v)
-        .map(drop)
+        .and_then(|w| match w.updated_at_unreal {
+            // An import keeps `updatedAt`: it must be a real date.
+            true => Err(crate::value::bad_updated_at()),
+            false => Ok(()),
+        })
         .map_err(|e| line_error(what, n, &e.message()))
 }
 

@@ -52,6 +52,9 @@ pub(crate) struct Prepared {
     pub digest: String,
     /// The caller's `updatedAt`, when given.
     pub updated_at: Option<String>,
+    /// `updated_at` names no real day (see `value::Walked`): refused unless
+    /// it is the stored record's.
+    pub updated_at_unreal: bool,
     /// The object to store (a plain copy; `_rev` and `updatedAt` are set at
     /// write time).
     pub object: Object,
@@ -63,7 +66,9 @@ impl Prepared {
     ///
     /// Rule (README "Records"): a write whose `updatedAt` is absent or equal
     /// to the stored record's gets `now`; a different value given by the
-    /// caller is kept. The revision is `Rev::next(base, [digest, updatedAt])`;
+    /// caller is kept, and must name a real day (ValidationError: a stored
+    /// `2026-02-30…` written by an earlier release is replaced when copied
+    /// back, never refused). The revision is `Rev::next(base, [digest, updatedAt])`;
     /// a first revision (no `base`) also takes the store's count of
     /// tombstone `purges` when there were any, so an id purged and created
     /// again with the same body and `updatedAt` never gets back the revision
@@ -79,7 +84,12 @@ impl Prepared {
     ) -> Result<String> {
         let stored_at = stored.and_then(|s| get_str(s, "updatedAt"));
         let updated_at = match &self.updated_at {
-            Some(given) if stored_at.as_ref() != Some(given) => given.as_str(),
+            Some(given) if stored_at.as_ref() != Some(given) => {
+                if self.updated_at_unreal {
+                    return Err(crate::value::bad_updated_at());
+                }
+                given.as_str()
+            }
             _ => now,
         };
         let mut buf = [0u8; 20];
@@ -343,6 +353,7 @@ impl Store {
             expected: w.rev,
             digest: w.digest,
             updated_at: w.updated_at,
+            updated_at_unreal: w.updated_at_unreal,
             object: w.object,
         })
     }
@@ -472,17 +483,16 @@ pub(crate) async fn answered(p: js_sys::Promise) -> Result<JsValue> {
 }
 
 /// The error of a batch refused at `failures` (nothing written): a
-/// ValidationError when some member is at the last revision generation
-/// (`exhausted`: no retry can succeed, as `put` and `delete` of it say), else
-/// a ConflictError.
-pub(crate) fn batch_refused(failures: Vec<BatchFailure>, exhausted: bool) -> StoreError {
-    if exhausted {
-        StoreError::Validation {
-            message: "a record is at the last revision generation (2^53-1) and cannot change (see failures); nothing was written".into(),
+/// ValidationError with `invalid` as its message when some member cannot be
+/// written as given (no retry can succeed: a record at the last revision
+/// generation, an `updatedAt` naming no real day), else a ConflictError.
+pub(crate) fn batch_refused(failures: Vec<BatchFailure>, invalid: Option<&str>) -> StoreError {
+    match invalid {
+        Some(message) => StoreError::Validation {
+            message: message.into(),
             failures,
-        }
-    } else {
-        StoreError::BatchConflict { failures }
+        },
+        None => StoreError::BatchConflict { failures },
     }
 }
 

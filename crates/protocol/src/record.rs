@@ -135,9 +135,33 @@ pub fn check_record(record: &Map<String, Value>) -> Result<RecordMeta, String> {
 /// out-of-range field an invalid string, so `Date.parse` of `2026-02-30…`
 /// is NaN in a conforming engine, and no `toISOString` ever produced it.
 pub fn is_iso_millis_utc(s: &str) -> bool {
+    iso_millis_fields(s).is_some_and(|(year, month, day)| {
+        let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+        let days = match month {
+            2 if leap => 29,
+            2 => 28,
+            4 | 6 | 9 | 11 => 30,
+            _ => 31,
+        };
+        day <= days
+    })
+}
+
+/// `YYYY-MM-DDTHH:MM:SS.sssZ` with every field in range except that the day
+/// need only be 01–31 (so `2026-02-30…` passes): the rule `updatedAt`
+/// followed before releases checked the day against its month. A record
+/// stored then may hold such a value; `put` accepts it back only as a copy
+/// of the stored record's, which it replaces by now (see
+/// [`is_iso_millis_utc`] for a value that is kept).
+pub fn is_iso_millis_shape(s: &str) -> bool {
+    iso_millis_fields(s).is_some()
+}
+
+/// Year, month and day of a [`is_iso_millis_shape`] string.
+fn iso_millis_fields(s: &str) -> Option<(u32, u32, u32)> {
     let b = s.as_bytes();
     if b.len() != 24 {
-        return false;
+        return None;
     }
     let digits = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_digit);
     let num =
@@ -156,22 +180,14 @@ pub fn is_iso_millis_utc(s: &str) -> bool {
         && b[19] == b'.'
         && digits(20..23)
         && b[23] == b'Z';
-    if !shape {
-        return false;
-    }
-    let (year, month) = (num(0..4), num(5..7));
-    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
-    let days = match month {
-        2 if leap => 29,
-        2 => 28,
-        4 | 6 | 9 | 11 => 30,
-        _ => 31,
-    };
-    (1..=12).contains(&month)
-        && (1..=days).contains(&num(8..10))
+    let (year, month, day) = (num(0..4), num(5..7), num(8..10));
+    (shape
+        && (1..=12).contains(&month)
+        && (1..=31).contains(&day)
         && num(11..13) < 24
         && num(14..16) < 60
-        && num(17..19) < 60
+        && num(17..19) < 60)
+        .then_some((year, month, day))
 }
 
 /// The canonical JSON of a record body for hashing: every field but `_rev`,
@@ -255,6 +271,10 @@ mod tests {
             "2026-01-00T00:00:00.000Z",
         ] {
             assert!(!is_iso_millis_utc(bad), "{bad}");
+            // Out of its month but within 01-31: the shape earlier
+            // releases accepted (and may have stored).
+            let legacy = !bad.contains("-32T") && !bad.contains("-00T");
+            assert_eq!(is_iso_millis_shape(bad), legacy, "{bad}");
         }
         for good in [
             "2024-02-29T23:59:59.999Z",
@@ -264,7 +284,10 @@ mod tests {
             "2026-12-31T00:00:00.000Z",
             "0000-02-29T00:00:00.000Z",
         ] {
-            assert!(is_iso_millis_utc(good), "{good}");
+            assert!(
+                is_iso_millis_utc(good) && is_iso_millis_shape(good),
+                "{good}"
+            );
         }
     }
 
