@@ -266,9 +266,8 @@ impl Store {
         let mut revs = Vec::with_capacity(ops.len());
         let mut failures = Vec::new();
         let now = super::now_iso();
-        // Why the batch is a ValidationError, when a member cannot be
-        // written as given.
-        let mut invalid = None;
+        // A member cannot be written as given: a ValidationError.
+        let mut invalid = false;
         for (index, (op, (current, stored))) in ops.iter().zip(&currents).enumerate() {
             let (decided, expected, current_rev) = match op {
                 Op::Put(p) => (
@@ -304,12 +303,7 @@ impl Store {
                 // At the last generation (2^53-1, an imported revision): no
                 // next revision exists; or an `updatedAt` naming no real day.
                 Ok(Err(e)) => {
-                    let unreal = matches!(op, Op::Put(p) if p.updated_at_unreal)
-                        && e.message() == crate::value::bad_updated_at().message();
-                    invalid = Some(match unreal {
-                        true => "a record's updatedAt names a day its month does not have (see failures); nothing was written",
-                        false => "a record is at the last revision generation (2^53-1) and cannot change (see failures); nothing was written",
-                    });
+                    invalid = true;
                     e.message()
                 }
                 Err(why) => why.into(),

@@ -483,16 +483,18 @@ pub(crate) async fn answered(p: js_sys::Promise) -> Result<JsValue> {
 }
 
 /// The error of a batch refused at `failures` (nothing written): a
-/// ValidationError with `invalid` as its message when some member cannot be
-/// written as given (no retry can succeed: a record at the last revision
-/// generation, an `updatedAt` naming no real day), else a ConflictError.
-pub(crate) fn batch_refused(failures: Vec<BatchFailure>, invalid: Option<&str>) -> StoreError {
-    match invalid {
-        Some(message) => StoreError::Validation {
-            message: message.into(),
+/// ValidationError when some member cannot be written as given (`invalid`:
+/// no retry can succeed; its failure says why: a record at the last
+/// revision generation, an `updatedAt` naming no real day), else a
+/// ConflictError.
+pub(crate) fn batch_refused(failures: Vec<BatchFailure>, invalid: bool) -> StoreError {
+    if invalid {
+        StoreError::Validation {
+            message: "a record cannot be written as given (see failures: at the last revision generation, 2^53-1, or an updatedAt naming no real day); nothing was written".into(),
             failures,
-        },
-        None => StoreError::BatchConflict { failures },
+        }
+    } else {
+        StoreError::BatchConflict { failures }
     }
 }
 
