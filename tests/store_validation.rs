@@ -471,6 +471,21 @@ async fn a_fractional_count_option_is_refused_not_truncated() {
     close.call0(&opened).unwrap();
 }
 
+/// The store `AgentStore.open(name, opts)` resolves to, as JavaScript sees it.
+async fn open_js(name: &str, opts: JsValue) -> JsValue {
+    wasm_bindgen_futures::JsFuture::from(agentstore::AgentStore::open(s(name), opts))
+        .await
+        .unwrap()
+}
+
+/// `opened[method](...args)` awaited as a Promise.
+fn call_js(opened: &JsValue, method: &str, args: Vec<JsValue>) -> wasm_bindgen_futures::JsFuture {
+    let f: js_sys::Function = field(opened, method).unchecked_into();
+    let args: js_sys::Array = args.iter().collect();
+    let p: js_sys::Promise = f.apply(opened, &args).unwrap().unchecked_into();
+    wasm_bindgen_futures::JsFuture::from(p)
+}
+
 /// Every options argument of the store is read one way: options that are
 /// not an object, a boolean given as a string or a number, a fraction where
 /// a count goes, and listing options given to `count` are ValidationErrors,
@@ -483,15 +498,8 @@ async fn a_fractional_count_option_is_refused_not_truncated() {
 async fn options_are_checked_one_way_never_coerced_or_ignored() {
     let name = fresh_name("options");
     let opts = js(json!({"indexes": [{"name": "byType", "keys": ["recordType", "updatedAt"]}]}));
-    let opened = wasm_bindgen_futures::JsFuture::from(agentstore::AgentStore::open(s(&name), opts))
-        .await
-        .unwrap();
-    let call = |method: &str, args: Vec<JsValue>| {
-        let f: js_sys::Function = field(&opened, method).unchecked_into();
-        let args: js_sys::Array = args.iter().collect();
-        let p: js_sys::Promise = f.apply(&opened, &args).unwrap().unchecked_into();
-        wasm_bindgen_futures::JsFuture::from(p)
-    };
+    let opened = open_js(&name, opts).await;
+    let call = |method: &str, args: Vec<JsValue>| call_js(&opened, method, args);
     call("put", vec![js(json!({"_id": "a", "recordType": "run"}))])
         .await
         .unwrap();
@@ -591,15 +599,8 @@ async fn options_are_checked_one_way_never_coerced_or_ignored() {
 async fn an_option_the_call_does_not_take_is_refused_and_nothing_is_done() {
     let name = fresh_name("unknown-option");
     let opts = js(json!({"indexes": [{"name": "byType", "keys": ["recordType"]}]}));
-    let opened = wasm_bindgen_futures::JsFuture::from(agentstore::AgentStore::open(s(&name), opts))
-        .await
-        .unwrap();
-    let call = |method: &str, args: Vec<JsValue>| {
-        let f: js_sys::Function = field(&opened, method).unchecked_into();
-        let args: js_sys::Array = args.iter().collect();
-        let p: js_sys::Promise = f.apply(&opened, &args).unwrap().unchecked_into();
-        wasm_bindgen_futures::JsFuture::from(p)
-    };
+    let opened = open_js(&name, opts).await;
+    let call = |method: &str, args: Vec<JsValue>| call_js(&opened, method, args);
     call(
         "put",
         vec![js(json!({"_id": "a", "recordType": "run", "v": 1}))],

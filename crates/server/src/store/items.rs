@@ -510,15 +510,7 @@ impl Store {
     async fn claim_together(&self, queue: &str, batch: Vec<ClaimJob>) {
         if batch.len() == 1 {
             for job in batch {
-                let out = self
-                    .claim_one(
-                        queue,
-                        &job.token_hash,
-                        job.worker_id,
-                        job.key.as_deref(),
-                        job.attempt.as_ref(),
-                    )
-                    .await;
+                let out = self.claim_job(queue, &job).await;
                 let _ = job.reply.send(out);
             }
             return;
@@ -530,31 +522,14 @@ impl Store {
                 for (job, slot) in batch.into_iter().zip(slots) {
                     let out = match slot {
                         ClaimSlot::Answer(out) => out.map(|item| item.map(|i| (i, false))),
-                        ClaimSlot::Again => {
-                            self.claim_one(
-                                queue,
-                                &job.token_hash,
-                                job.worker_id,
-                                job.key.as_deref(),
-                                job.attempt.as_ref(),
-                            )
-                            .await
-                        }
+                        ClaimSlot::Again => self.claim_job(queue, &job).await,
                     };
                     let _ = job.reply.send(out);
                 }
             }
             Err(e) if never_applied(&e) => {
                 for job in batch {
-                    let out = self
-                        .claim_one(
-                            queue,
-                            &job.token_hash,
-                            job.worker_id,
-                            job.key.as_deref(),
-                            job.attempt.as_ref(),
-                        )
-                        .await;
+                    let out = self.claim_job(queue, &job).await;
                     let _ = job.reply.send(out);
                 }
             }
@@ -564,6 +539,18 @@ impl Store {
                 }
             }
         }
+    }
+
+    /// [`Store::claim_one`] for a claim of the lane.
+    async fn claim_job(&self, queue: &str, job: &ClaimJob) -> ClaimAnswer {
+        self.claim_one(
+            queue,
+            &job.token_hash,
+            job.worker_id,
+            job.key.as_deref(),
+            job.attempt.as_ref(),
+        )
+        .await
     }
 
     /// A copy of a claim that ran just before it in its lane: the lease that
@@ -584,14 +571,7 @@ impl Store {
                 return Ok(Some((item, true)));
             }
         }
-        self.claim_one(
-            queue,
-            &job.token_hash,
-            job.worker_id,
-            job.key.as_deref(),
-            job.attempt.as_ref(),
-        )
-        .await
+        self.claim_job(queue, job).await
     }
 
     async fn claim_batch(
