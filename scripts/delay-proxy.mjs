@@ -81,6 +81,22 @@ const isHeartbeat = (path) => path === '/v1/heartbeats' || /^\/v1\/items\/\d+\/h
 
 const tokens = new Map(); // n -> requests to /_sink/<n> that carried X-Lease-Token
 
+// Sends `req`'s method and headers to the server at `path` and calls
+// `answered(answer, body)` once its whole answer is read, or `failed()`;
+// the caller writes the request's body to the returned request and ends it.
+const upstream = (req, path, answered, failed) => {
+  const up = http.request(
+    { host: target.hostname, port: target.port, method: req.method, path, headers: req.headers },
+    (answer) => {
+      const chunks = [];
+      answer.on('data', (c) => chunks.push(c));
+      answer.on('end', () => answered(answer, Buffer.concat(chunks)));
+    },
+  );
+  up.on('error', failed);
+  return up;
+};
+
 // CORS open to any origin and any header (a redirect target the page does
 // not trust, but which would accept the lease headers).
 const openCors = (req) => ({
@@ -157,25 +173,18 @@ const server = http.createServer((req, res) => {
         req.on('end', () => send(then));
         return;
       }
-      const up = http.request(
-        { host: target.hostname, port: target.port, method: req.method, path, headers: req.headers },
-        (answer) => {
-          const chunks = [];
-          answer.on('data', (c) => chunks.push(c));
-          answer.on('end', () => {
-            try {
-              res.writeHead(answer.statusCode ?? 502, answer.headers);
-              res.end(Buffer.concat(chunks));
-            } catch (e) {}
-            then(answer.statusCode ?? 502);
-          });
-        },
-      );
-      up.on('error', () => {
+      const answered = (answer, bytes) => {
+        try {
+          res.writeHead(answer.statusCode ?? 502, answer.headers);
+          res.end(bytes);
+        } catch (e) {}
+        then(answer.statusCode ?? 502);
+      };
+      const failed = () => {
         res.destroy();
         then(502);
-      });
-      up.end(Buffer.concat(body));
+      };
+      upstream(req, path, answered, failed).end(Buffer.concat(body));
     };
     const late = lateClaims.get(mode);
     if (!late) {
@@ -242,30 +251,23 @@ const server = http.createServer((req, res) => {
       held.set(mode, held.get(mode) - 1);
       if ((settling.get(mode) ?? 0) > 0) raced.set(mode, (raced.get(mode) ?? 0) + 1);
     }
-    const up = http.request(
-      { host: target.hostname, port: target.port, method: req.method, path, headers: req.headers },
-      (answer) => {
-        const chunks = [];
-        answer.on('data', (c) => chunks.push(c));
-        answer.on('end', () => {
-          if (cut) {
-            req.socket.destroy();
-            return;
-          }
-          // The server has applied the settle; its answer is held from now.
-          if (settleHold) {
-            settling.set(mode, (settling.get(mode) ?? 0) + 1);
-            settleCounted = true;
-          }
-          setTimeout(() => {
-            res.writeHead(answer.statusCode ?? 502, answer.headers);
-            res.end(Buffer.concat(chunks));
-            done();
-          }, hold);
-        });
-      },
-    );
-    up.on('error', () => {
+    const answered = (answer, bytes) => {
+      if (cut) {
+        req.socket.destroy();
+        return;
+      }
+      // The server has applied the settle; its answer is held from now.
+      if (settleHold) {
+        settling.set(mode, (settling.get(mode) ?? 0) + 1);
+        settleCounted = true;
+      }
+      setTimeout(() => {
+        res.writeHead(answer.statusCode ?? 502, answer.headers);
+        res.end(bytes);
+        done();
+      }, hold);
+    };
+    const up = upstream(req, path, answered, () => {
       done();
       res.destroy();
     });

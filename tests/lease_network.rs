@@ -1917,6 +1917,28 @@ async fn a_claim_whose_answer_was_lost_gets_its_lease_back_on_the_next_claim() {
     }
 }
 
+/// A client config whose requests time out after 1 s (a request the proxy
+/// holds is given up on).
+fn quick_timeout() -> ClientConfig {
+    ClientConfig {
+        request_timeout_ms: 1_000.0,
+        ..config()
+    }
+}
+
+/// The status the server answered the request proxy mode `mode`
+/// (`late-first-…`) held back, once it was sent on and answered (bounded
+/// wait: 0 when it never was).
+async fn late_answer(proxy: &str, mode: &str) -> f64 {
+    let until = now() + 10_000.0;
+    let mut late = proxy_count(proxy, mode, "late").await;
+    while late == 0.0 && now() < until {
+        sleep(10.0).await;
+        late = proxy_count(proxy, mode, "late").await;
+    }
+    late
+}
+
 /// A claim whose REQUEST is held up in the network past the client's
 /// request timeout reaches the server only after the queue's next claim
 /// (sent with the same `Idempotency-Key`, the first one unanswered) was
@@ -1939,14 +1961,7 @@ async fn a_claim_request_reaching_the_server_late_never_takes_the_lease_from_the
         } else {
             admin_creds()
         };
-        let c = client_at(
-            &format!("{proxy}/{mode}"),
-            creds,
-            ClientConfig {
-                request_timeout_ms: 1_000.0,
-                ..config()
-            },
-        );
+        let c = client_at(&format!("{proxy}/{mode}"), creds, quick_timeout());
         let lost = c.claim(&q, None).await;
         assert!(
             matches!(&lost, Err(e) if e.is_transient()),
@@ -1956,12 +1971,7 @@ async fn a_claim_request_reaching_the_server_late_never_takes_the_lease_from_the
         assert_eq!(held_back(proxy, &mode).await, 1.0, "held, not yet sent on");
         let lease = claim(&c, &q).await;
         assert_eq!(lease.item_id, first);
-        let until = now() + 10_000.0;
-        let mut late = proxy_count(proxy, &mode, "late").await;
-        while late == 0.0 && now() < until {
-            sleep(10.0).await;
-            late = proxy_count(proxy, &mode, "late").await;
-        }
+        let late = late_answer(proxy, &mode).await;
         assert_eq!(late, 409.0, "worker {as_worker}: the late copy is refused");
         lease
             .settle(SettleState::Done, None, None)
@@ -1990,22 +2000,14 @@ async fn an_enrollment_reaching_the_server_late_never_revokes_the_credentials_in
     let c = client_at(
         &format!("{proxy}/{mode}"),
         worker_creds(&q, "late-enroller").await,
-        ClientConfig {
-            request_timeout_ms: 1_000.0,
-            ..config()
-        },
+        quick_timeout(),
     );
     let e = err_of(c.claim(&q, None).await);
     assert!(e.is_transient(), "the enrollment timed out: {e}");
     assert_eq!(held_back(proxy, &mode).await, 1.0, "held, not yet sent on");
     let lease = claim(&c, &q).await;
     assert_eq!(lease.item_id, id);
-    let until = now() + 10_000.0;
-    let mut late = proxy_count(proxy, &mode, "late").await;
-    while late == 0.0 && now() < until {
-        sleep(10.0).await;
-        late = proxy_count(proxy, &mode, "late").await;
-    }
+    let late = late_answer(proxy, &mode).await;
     assert_eq!(late, 409.0, "the late copy is refused");
     lease
         .settle(SettleState::Done, None, None)
