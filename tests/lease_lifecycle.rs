@@ -591,3 +591,35 @@ async fn a_journal_entry_with_huge_fields_is_never_copied_into_wasm_memory() {
     );
     assert!(listed == vec![good], "only the well-formed entry is listed");
 }
+
+/// Journal calls made before the journal's database is open run in the
+/// order they were made: a `delete` called right after its `put`, both
+/// before the first open finished, removes the entry. (A review asked
+/// whether the two connections such calls open could reorder them; they do
+/// not: IndexedDB serves the opens of one name in request order, so the
+/// put's transaction is created first. This guards that.)
+#[wasm_bindgen_test]
+async fn journal_calls_made_while_it_opens_keep_call_order() {
+    let base = "http://127.0.0.1:9";
+    for round in 0..12 {
+        let name = fresh_queue("journal-order");
+        let j = Journal::new(Some(name.clone()));
+        let e = agentstore::lease::journal::Entry {
+            base: base.into(),
+            item_id: round,
+            token: "t".repeat(43),
+            epoch: 1,
+            queue: "q".into(),
+            ttl_ms: 30_000,
+            heartbeat_ms: 10_000,
+            locked: true,
+        };
+        let (put, deleted) = futures::join!(j.put(&e), j.delete(base, e.item_id, &e.token));
+        put.unwrap();
+        deleted.unwrap();
+        assert!(
+            j.list(base).await.unwrap().is_empty(),
+            "round {round}: the entry deleted after its put is still listed"
+        );
+    }
+}
