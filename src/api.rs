@@ -910,6 +910,22 @@ impl AgentStore {
             rebuild_options(o).map(|_| ())
         })
     }
+
+    /// Drops the derived index `name` (one this store was not opened
+    /// declaring): its definitions and entries, so no tab's writes maintain
+    /// it any more. Resolves to whether it existed. Loads the io module as
+    /// `verifyIndexes` does.
+    #[wasm_bindgen(js_name = dropIndex, unchecked_return_type = "Promise<boolean>")]
+    pub fn drop_index(
+        &self,
+        #[wasm_bindgen(unchecked_param_type = "string")] name: JsValue,
+    ) -> Promise {
+        self.io("dropIndex", name, JsValue::UNDEFINED, |n, _| {
+            string_arg(n, "the index name")
+                .map(|_| ())
+                .map_err(StoreError::Thrown)
+        })
+    }
 }
 
 #[cfg(not(feature = "io"))]
@@ -1028,6 +1044,21 @@ impl AgentStore {
                     .await?
                     .into(),
             )
+        })
+    }
+
+    /// Drops the derived index `name` (one this store was not opened
+    /// declaring): its definitions and entries. Resolves to whether it
+    /// existed.
+    #[wasm_bindgen(js_name = dropIndex, unchecked_return_type = "Promise<boolean>")]
+    pub fn drop_index(
+        &self,
+        #[wasm_bindgen(unchecked_param_type = "string")] name: JsValue,
+    ) -> Promise {
+        let s = self.inner.clone();
+        run(async move {
+            let name = string_arg(&name, "the index name").map_err(StoreError::Thrown)?;
+            Ok(s.drop_index(&name).await?.into())
         })
     }
 

@@ -757,3 +757,110 @@ async fn list_by_refuses_eq_longer_than_the_index_and_a_cursor_of_another_index(
     }
     assert_eq!(seen, ["r0", "r1", "r2", "r3", "r4", "r5"]);
 }
+
+/// `dropIndex(name)` removes an index the calling connection does not
+/// declare: its entries go in one transaction, and no connection's writes
+/// maintain it afterwards, not even one that still declares it and cached
+/// the definitions before the drop. That connection answers `listBy` from
+/// the records (exact), reports the index as `building`, and a later open
+/// declaring it builds it again. A connection declaring the name is refused
+/// and nothing changes. Before, an index nobody declared any more was kept
+/// in step by every write forever.
+#[wasm_bindgen_test]
+async fn a_dropped_index_loses_its_entries_and_no_write_maintains_it_again() {
+    let name = fresh_name("idx-drop");
+    let by_owner = IndexDef {
+        name: "byOwner".into(),
+        keys: vec!["owner".into()],
+    };
+    let tag = by_owner.tag();
+    let old = Store::open(&name, 2000, None, vec![by_type(), by_owner.clone()])
+        .await
+        .unwrap();
+    assert!(
+        old.prepare_indexes().await.unwrap(),
+        "an empty store adopts them"
+    );
+    let recs: Vec<Value> = (0..40u32)
+        .map(|i| json!({"_id": format!("r{i:02}"), "recordType": "run", "owner": format!("o{}", i % 4), "updatedAt": at(i)}))
+        .collect();
+    old.put_many(&js(Value::Array(recs))).await.unwrap();
+    // An entry is `[tag, …]`, stored as its own value: each shows twice.
+    let key_start = format!("[\"{tag}\"");
+    let entries = |d: &str| d.matches(key_start.as_str()).count() / 2;
+    assert_eq!(entries(&old.dump_entries().await.unwrap()), 40);
+
+    let refused = old.drop_index("byOwner").await.unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::Validation);
+    assert_eq!(
+        entries(&old.dump_entries().await.unwrap()),
+        40,
+        "a refused drop changes nothing"
+    );
+
+    let new = Store::open(&name, 2000, None, vec![by_type()])
+        .await
+        .unwrap();
+    assert!(new.drop_index("byOwner").await.unwrap(), "it existed");
+    assert_eq!(entries(&new.dump_entries().await.unwrap()), 0);
+    assert!(!new.drop_index("byOwner").await.unwrap(), "dropped already");
+
+    // Writes of both connections, the old one with its cached definitions.
+    let w1 = old
+        .put(&js(
+            json!({"_id": "w1", "recordType": "run", "owner": "o1", "updatedAt": at(100)}),
+        ))
+        .await
+        .unwrap();
+    new.put(&js(
+        json!({"_id": "w2", "recordType": "run", "owner": "o1", "updatedAt": at(101)}),
+    ))
+    .await
+    .unwrap();
+    old.put(&js(
+        json!({"_id": "w3", "recordType": "run", "owner": "o1", "updatedAt": at(102)}),
+    ))
+    .await
+    .unwrap();
+    old.delete(&s("w1"), &s(&w1.rev)).await.unwrap();
+    assert_eq!(
+        entries(&new.dump_entries().await.unwrap()),
+        0,
+        "no write maintains a dropped index"
+    );
+    assert_indexes_clean(&new).await;
+
+    // The old connection still answers exactly, from the records.
+    let q = ByQuery::from_js(&js(json!({"eq": "o1"}))).unwrap();
+    let page = old.list_by("byOwner", &q).await.unwrap();
+    let mut ids: Vec<String> = page
+        .records
+        .iter()
+        .map(|r| field_str(&r, "_id").unwrap())
+        .collect();
+    ids.sort();
+    let mut want: Vec<String> = (0..40u32)
+        .filter(|i| i % 4 == 1)
+        .map(|i| format!("r{i:02}"))
+        .chain(["w2".into(), "w3".into()])
+        .collect();
+    want.sort();
+    assert_eq!(ids, want);
+    assert_eq!(
+        old.verify_indexes().await.unwrap().building,
+        vec!["byOwner".to_string()]
+    );
+
+    // Declared again: built again, exactly.
+    old.close();
+    let again = Store::open(&name, 2000, None, vec![by_type(), by_owner])
+        .await
+        .unwrap();
+    again.rebuild_indexes(500, false, None, None).await.unwrap();
+    assert_indexes_clean(&again).await;
+    assert_eq!(entries(&again.dump_entries().await.unwrap()), 42);
+    assert_eq!(
+        again.list_by("byOwner", &q).await.unwrap().records.length(),
+        12
+    );
+}

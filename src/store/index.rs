@@ -184,8 +184,6 @@ async fn read_state(tx: &Tx) -> Result<(f64, IndexState)> {
 /// without records: nothing to build), as active. The caller writes the
 /// state.
 fn start_tags(tx: &Tx, state: &mut IndexState, fresh: &[&IndexDef], active: bool) -> Result<()> {
-    let derived = tx.store(DERIVED)?;
-    let meta = tx.store(META)?;
     for d in fresh {
         let tag = d.tag();
         // Entries of this tag, and of older definitions of the same name.
@@ -196,15 +194,7 @@ fn start_tags(tx: &Tx, state: &mut IndexState, fresh: &[&IndexDef], active: bool
             .map(|(t, _)| t.clone())
             .chain([tag.clone()])
             .collect();
-        for t in &dropped {
-            if let Some(all) = entry_range(t, &Condition::All, None, false) {
-                derived.delete(to_range(&all)?)?;
-            }
-            meta.delete(checkpoint_key(t))?;
-            state.defs.remove(t);
-        }
-        state.active.retain(|t| !dropped.contains(t));
-        state.building.retain(|t| !dropped.contains(t));
+        drop_tags(tx, state, &dropped)?;
         state.defs.insert(tag.clone(), (*d).clone());
         if active {
             state.active.push(tag);
@@ -213,6 +203,24 @@ fn start_tags(tx: &Tx, state: &mut IndexState, fresh: &[&IndexDef], active: bool
             write_checkpoint(tx, &tag, &Checkpoint::default())?;
         }
     }
+    Ok(())
+}
+
+/// Drops `tags` in `state` (inside `tx`, which must include META and
+/// DERIVED): their entries (one key-range delete per tag), checkpoints and
+/// definitions. The caller writes the state.
+fn drop_tags(tx: &Tx, state: &mut IndexState, tags: &[String]) -> Result<()> {
+    let derived = tx.store(DERIVED)?;
+    let meta = tx.store(META)?;
+    for t in tags {
+        if let Some(all) = entry_range(t, &Condition::All, None, false) {
+            derived.delete(to_range(&all)?)?;
+        }
+        meta.delete(checkpoint_key(t))?;
+        state.defs.remove(t);
+    }
+    state.active.retain(|t| !tags.contains(t));
+    state.building.retain(|t| !tags.contains(t));
     Ok(())
 }
 
@@ -767,6 +775,43 @@ impl Store {
         }
         tx.end_read();
         Ok(v)
+    }
+
+    /// Drops the derived index `name`, which this connection does not
+    /// declare: every definition of that name (an older one too), all its
+    /// entries and its rebuild checkpoint, in one readwrite transaction.
+    /// Every tab's writes stop maintaining it at once (they read the shared
+    /// state's generation in their own transaction). A tab that still
+    /// declares it answers `listBy` for it from the records, lists it under
+    /// `building` in `verifyIndexes`, and rebuilds it at its next `open`
+    /// (as after a redefinition by another tab). Resolves to whether an
+    /// index of that name existed. Dexie drops an index when a new schema
+    /// version leaves it out; here definitions need no version, so the drop
+    /// is explicit.
+    ///
+    /// # Errors
+    /// ValidationError when this connection declares `name` (its next open
+    /// would build it again); TransactionError / ClosedError from IndexedDB.
+    pub async fn drop_index(&self, name: &str) -> Result<bool> {
+        if self.indexes.iter().any(|d| d.name == name) {
+            return Err(StoreError::validation(
+                "dropIndex: this store was opened declaring that index; open it without the index to drop it",
+            ));
+        }
+        let tx = self.db.tx(&[META, DERIVED], TransactionMode::ReadWrite)?;
+        let (gen, mut state) = read_state(&tx).await?;
+        let tags: Vec<String> = state
+            .defs
+            .iter()
+            .filter(|(_, d)| d.name == name)
+            .map(|(t, _)| t.clone())
+            .collect();
+        if !tags.is_empty() {
+            drop_tags(&tx, &mut state, &tags)?;
+            write_state(&tx, &state, gen)?;
+        }
+        tx.commit().await?;
+        Ok(!tags.is_empty())
     }
 
     /// Rebuilds every declared index from the records, in batches of

@@ -83,6 +83,7 @@ window.phases = {
         return fail(s.importSnapshot(locked));
       })(),
       await fail(s.rebuildIndexes({ batchSize: 0 })),
+      await fail(s.dropIndex(42)),
       // What fetch() resolves with for a wrong URL: refused, not an empty source.
       await fail(s.importSnapshot(new Response('', { status: 404 }))),
       await fail(s.importSnapshot('x', { signal: ac.signal })),
@@ -111,6 +112,11 @@ window.phases = {
     const verify = await s.verifyIndexes();
     const rebuilt = await s.rebuildIndexes({ batchSize: 500 });
     const byType = await s.listBy('byType', { eq: 'note' });
+    // dropIndex runs in the io module; this connection declares byType.
+    const dropDeclared = await fail(s.dropIndex('byType'));
+    const plain = await AgentStore.open(name + '-copy');
+    const dropped = [await plain.dropIndex('byType'), await plain.dropIndex('byType')];
+    plain.close();
     const before = await copy.count();
     const dumpText = await (await fetch('/data/agent-records.pouchdump.ndjson')).text();
     const bad = await fail(copy.importPouchDump('{"not": "a dump"\\n'));
@@ -132,6 +138,7 @@ window.phases = {
       verify: { missing: verify.missing.length, orphaned: verify.orphaned.length, stale: verify.stale.length },
       rebuilt,
       byType: byType.records.map((r) => r._id),
+      dropDeclared, dropped,
       bad, aborted, unchanged: before === afterAbort, closed,
     };
   },
@@ -298,7 +305,7 @@ async function scenario(page, engine, entry) {
   assert.deepEqual(local, { count: 3, got: 2, listed: 3 });
   const checks = await page.evaluate(() => window.phases.checks());
   assert.deepEqual(checks, [
-    VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION,
+    VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION,
     { isError: true, name: 'AbortError', code: 'aborted' },
   ]);
   assert.deepEqual(
@@ -328,6 +335,8 @@ async function scenario(page, engine, entry) {
   assert.deepEqual(r.verify, { missing: 0, orphaned: 0, stale: 0 }, 'indexes kept in step by the io connection');
   assert.equal(r.rebuilt, 3 + 2894, 'rebuildIndexes runs in the io module over every record');
   assert.deepEqual(r.byType, ['local:1', 'local:2', 'local:3']);
+  assert.deepEqual(r.dropDeclared, VALIDATION, 'dropIndex refuses an index this connection declares');
+  assert.deepEqual(r.dropped, [true, false], 'dropIndex drops an index another connection declared, once');
   assert.deepEqual(r.bad, VALIDATION);
   assert.deepEqual(r.aborted, { isError: true, name: 'AbortError', code: 'aborted' });
   assert.ok(r.unchanged, 'an aborted import writes nothing');
