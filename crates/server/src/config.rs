@@ -41,6 +41,11 @@ pub const ACCESS_TTL_MS: RangeInclusive<u64> = 1000..=DAY_MS;
 pub const DB_POOL: RangeInclusive<u32> = 0..=1000;
 /// `--idle-retry-ms`: 1 ms to one hour.
 pub const IDLE_RETRY_MS: RangeInclusive<u64> = 1..=3600 * 1000;
+/// `--retention-ms`: 0 (keep settled items for good) or one minute to ten
+/// years, and not below `--ttl-ms` (see [`Config::validate`]).
+pub const RETENTION_MS: RangeInclusive<u64> = 0..=3650 * DAY_MS;
+/// The shortest `--retention-ms` other than 0.
+pub const MIN_RETENTION_MS: u64 = 60 * 1000;
 
 /// `agentstore-server`: the agentstore lease server and demo host.
 #[derive(Debug, Clone, Parser)]
@@ -105,6 +110,14 @@ pub struct Config {
     /// 1..=3600000).
     #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(IDLE_RETRY_MS))]
     pub idle_retry_ms: u64,
+    /// How long a `done` or `failed` item is kept after it settled, with its
+    /// result and enqueue `Idempotency-Key` (ms; 0 = for good, the default;
+    /// else 60000..=315360000000 and at least `--ttl-ms`). The reaper deletes
+    /// older ones (River's `CompletedJobRetentionPeriod`, pg-boss's
+    /// `deleteAfter`); open, running, paused and blocked items are never
+    /// deleted.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(RETENTION_MS))]
+    pub retention_ms: u64,
     /// Also serve `GET /metrics` WITHOUT a token on this address (e.g. a
     /// private interface a Prometheus scraper reaches). Without it, `/metrics`
     /// exists only on `--listen`, behind the admin token.
@@ -161,8 +174,9 @@ impl Config {
     /// Checks every numeric field against its flag's range (fields set in
     /// code skip clap's parser) and the rules between flags: `--heartbeat-ms`
     /// below `--ttl-ms` (a worker told to heartbeat less often than the TTL
-    /// loses every lease between two heartbeats), and `--metrics-listen` not
-    /// the address of `--listen`.
+    /// loses every lease between two heartbeats), `--retention-ms` 0 or at
+    /// least one minute and `--ttl-ms`, and `--metrics-listen` not the
+    /// address of `--listen`.
     ///
     /// # Errors
     /// A message naming the flag(s) at fault.
@@ -183,6 +197,16 @@ impl Config {
         in_range("--access-ttl-ms", self.access_ttl_ms, &ACCESS_TTL_MS)?;
         in_range("--db-pool", self.db_pool, &DB_POOL)?;
         in_range("--idle-retry-ms", self.idle_retry_ms, &IDLE_RETRY_MS)?;
+        in_range("--retention-ms", self.retention_ms, &RETENTION_MS)?;
+        if self.retention_ms != 0 && self.retention_ms < MIN_RETENTION_MS.max(self.ttl_ms) {
+            // A settle or release sent again after a lost answer must still
+            // find its item (the SDK retries one while its lease could live).
+            return Err(format!(
+                "--retention-ms {} is too short: 0 (keep for good), or at least 60000 and \
+                 --ttl-ms {}, so that a settle sent again after a lost answer finds its item",
+                self.retention_ms, self.ttl_ms
+            ));
+        }
         if self.heartbeat_ms >= self.ttl_ms {
             return Err(format!(
                 "--heartbeat-ms {} must be below --ttl-ms {}: workers heartbeating that \
@@ -218,6 +242,7 @@ impl Config {
             max_redeliveries: self.max_redeliveries,
             access_ttl_ms: self.access_ttl_ms,
             pool_size: self.db_pool,
+            retention_ms: self.retention_ms,
             ..Settings::default()
         }
     }

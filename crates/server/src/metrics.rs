@@ -73,6 +73,8 @@ pub struct Metrics {
     /// Copies of a keyed claim refused because a later copy (a higher
     /// `Request-Attempt`) was answered first: requests held up in the network.
     claim_late_copies: IntCounter,
+    /// Settled items deleted past `--retention-ms`.
+    settled_deleted: IntCounter,
     /// Operator pauses and resumes committed, by action.
     operator_actions: IntCounterVec,
     /// Items failed by the retry cap (reason `retry_limit`), by the path that did it.
@@ -222,6 +224,11 @@ impl Metrics {
                 &r,
                 "agentstore_claim_late_copies_total",
                 "Copies of a keyed claim refused (409) because a later copy of it, with a higher Request-Attempt, was answered first (a request held up in the network)",
+            ),
+            settled_deleted: counter(
+                &r,
+                "agentstore_settled_items_deleted_total",
+                "Done and failed items deleted by the reaper once older than --retention-ms",
             ),
             operator_actions: counter_vec(
                 &r,
@@ -378,6 +385,17 @@ impl Metrics {
         self.reaper_reopened.inc_by(taken.0 as u64);
         self.retry_limit_failed("reaper", taken.1 as u64);
         outcome.map(|()| taken)
+    }
+
+    /// Deletes the settled items past the retention ([`Store::delete_settled`])
+    /// and counts them; returns how many went.
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn delete_settled(&self, store: &Store) -> Result<u64, StoreError> {
+        let n = store.delete_settled().await?;
+        self.settled_deleted.inc_by(n);
+        Ok(n)
     }
 
     /// Reads the gauges from `store` and renders every metric as text.

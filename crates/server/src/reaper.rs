@@ -1,4 +1,5 @@
-//! The reaper: every `--reaper-ms` on every instance, take over expired claims.
+//! The reaper: every `--reaper-ms` on every instance, take over expired claims;
+//! every tenth pass, delete settled items past `--retention-ms`.
 //!
 //! Instances need no coordination: each takeover is a conditional update on the
 //! state, epoch and expiry it read, so two reapers (or a reaper and a settling
@@ -25,6 +26,8 @@ pub fn spawn(
         let mut tick = tokio::time::interval(every.max(Duration::from_millis(1)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut passes: u64 = 0;
+        // The last retention sweep deleted as many as one sweep may: more wait.
+        let mut backlog = false;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -38,6 +41,23 @@ pub fn spawn(
                 Err(e) => tracing::warn!(error = %e, "reaper pass failed"),
             }
             passes += 1;
+            // Settled items past `--retention-ms`: every 10th pass, or the
+            // next one while a backlog lasts (one sweep deletes a bounded
+            // number, so takeovers never wait long behind it).
+            if passes % 10 == 0 || backlog {
+                backlog = match metrics.delete_settled(&store).await {
+                    Ok(n) => {
+                        if n > 0 {
+                            tracing::info!(deleted = n, "retention: settled items deleted");
+                        }
+                        n >= crate::store::DELETE_MAX
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "retention sweep failed");
+                        false
+                    }
+                };
+            }
             // Expired credentials are swept far less often than leases.
             if passes % 100 == 0 {
                 if let Err(e) = store.purge_credentials().await {

@@ -36,6 +36,7 @@ fn every_numeric_flag_refuses_a_value_outside_its_range_naming_the_flag() {
         ),
         ("--db-pool", &["1001", "-1"], "0"),
         ("--idle-retry-ms", &["0", "3600001"], "100"),
+        ("--retention-ms", &["-1", "315360000001"], "0"),
         (
             "--claim-rate",
             &["0/s", "10000001/s", "1/3600001ms"],
@@ -81,6 +82,38 @@ fn a_heartbeat_not_below_the_ttl_is_refused_naming_both_flags() {
         );
     }
     assert!(parse(&["--ttl-ms", "1000", "--heartbeat-ms", "999"]).is_ok());
+}
+
+/// A retention shorter than a minute, or than the lease TTL, would delete an
+/// item whose settle or release a client may still send again after a lost
+/// answer: refused at startup, naming the flags. 0 keeps items for good.
+#[test]
+fn a_retention_shorter_than_a_minute_or_the_ttl_is_refused_naming_the_flags() {
+    for args in [
+        &["--retention-ms", "1"][..],
+        &["--retention-ms", "59999"],
+        &["--retention-ms", "60000", "--ttl-ms", "120000"],
+    ] {
+        let text = parse(args).expect_err("accepted").to_string();
+        assert!(
+            text.contains("--retention-ms") && text.contains("--ttl-ms"),
+            "{args:?}: {text}"
+        );
+    }
+    for good in [
+        &["--retention-ms", "0"][..],
+        &["--retention-ms", "90000"],
+        &["--retention-ms", "60000", "--ttl-ms", "60000"],
+        &["--retention-ms", "120000", "--ttl-ms", "120000"],
+    ] {
+        let c = parse(good).expect("accepted");
+        assert_eq!(c.settings().retention_ms, c.retention_ms, "{good:?}");
+    }
+    assert_eq!(
+        parse(&[]).unwrap().retention_ms,
+        0,
+        "kept for good by default"
+    );
 }
 
 #[test]

@@ -19,7 +19,7 @@ mod workers;
 pub(crate) use fence::claim_lost;
 pub use item::{Claimed, Ended, Item, ItemPage, RawJson, Released, Resumed, Viewed};
 pub use migrate::{migrate, pending, MIGRATIONS};
-pub use reap::ExpiredClaim;
+pub use reap::{ExpiredClaim, DELETE_MAX};
 pub use unreadable::UNREADABLE_REASON;
 pub use workers::Principal;
 
@@ -130,6 +130,10 @@ pub struct Settings {
     /// About how many bytes of item text one page of a listing may carry
     /// (see [`Store::list`]); a page holds at least one item.
     pub list_page_bytes: u64,
+    /// How long a `done` or `failed` item is kept after it settled (ms,
+    /// database clock); the reaper then deletes it with its result and its
+    /// enqueue key ([`Store::delete_settled`]). 0 = kept for good.
+    pub retention_ms: u64,
 }
 
 /// The default [`Settings::list_page_bytes`]: 4 MiB.
@@ -147,6 +151,7 @@ impl Default for Settings {
             replay_grace_ms: 60 * 1000,
             pool_size: 0,
             list_page_bytes: LIST_PAGE_BYTES,
+            retention_ms: 0,
         }
     }
 }

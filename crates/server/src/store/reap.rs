@@ -23,6 +23,15 @@ use super::{get, ms, to_u64, Store, StoreError};
 /// Expired claims read per statement of a pass.
 const PAGE: u32 = 500;
 
+/// Settled items deleted per statement of [`Store::delete_settled`].
+const DELETE_PAGE: u32 = 1000;
+/// Statements per [`Store::delete_settled`] call: a backlog (the retention
+/// just switched on) goes over several passes, never in one long one.
+const DELETE_PAGES: u32 = 20;
+/// The most one [`Store::delete_settled`] call deletes: a call that
+/// deleted this many may have left more.
+pub const DELETE_MAX: u64 = DELETE_PAGE as u64 * DELETE_PAGES as u64;
+
 /// A running claim the reaper found expired, as it read it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExpiredClaim {
@@ -206,5 +215,48 @@ impl Store {
                 return Ok(());
             }
         }
+    }
+}
+
+impl Store {
+    /// Deletes the `done` and `failed` items whose settle (`updated_at`, the
+    /// database clock) is older than [`super::Settings::retention_ms`], at
+    /// most [`DELETE_MAX`] (20,000) per call in statements of 1,000, oldest first; returns
+    /// how many went. A no-op with retention 0. Items in any other state
+    /// (open, running, paused, blocked) are never deleted. Each statement
+    /// checks state and age again on the row it deletes, so a row that
+    /// changed after it was selected stays. With the item go its result and
+    /// its enqueue `Idempotency-Key` (an enqueue with that key adds a new
+    /// item afterwards), as River's `CompletedJobRetentionPeriod` and
+    /// pg-boss's `deleteAfter` do.
+    ///
+    /// # Errors
+    /// The database failed (what was deleted before stays deleted).
+    pub async fn delete_settled(&self) -> Result<u64, StoreError> {
+        let retention = self.settings.retention_ms;
+        if retention == 0 {
+            return Ok(0);
+        }
+        let sql = self.sql(
+            "DELETE FROM items
+             WHERE state IN ('done', 'failed') AND updated_at <= {now} - $1
+               AND id IN (SELECT id FROM items
+                          WHERE state IN ('done', 'failed') AND updated_at <= {now} - $1
+                          ORDER BY updated_at LIMIT $2)",
+        );
+        let mut deleted = 0;
+        for _ in 0..DELETE_PAGES {
+            let n = sqlx::query(&sql)
+                .bind(ms(retention))
+                .bind(i64::from(DELETE_PAGE))
+                .execute(&self.pool)
+                .await?
+                .rows_affected();
+            deleted += n;
+            if n < u64::from(DELETE_PAGE) {
+                break;
+            }
+        }
+        Ok(deleted)
     }
 }

@@ -13,6 +13,7 @@ mod lease;
 mod listing;
 mod metrics;
 mod migrate;
+mod retention;
 mod roles;
 mod settled;
 mod unreadable;
@@ -39,6 +40,8 @@ macro_rules! conformance {
 }
 
 conformance! {
+    retention::settled_items_past_the_retention_are_deleted_and_nothing_else,
+    retention::a_server_with_a_retention_deletes_old_settled_items_by_itself,
     lease::a_claim_is_atomic_and_raises_the_epoch,
     lease::a_claim_sent_again_with_its_idempotency_key_gets_its_lease_back,
     claim_race::copies_of_one_claim_racing_take_one_item,

@@ -1,0 +1,199 @@
+//! `--retention-ms`: settled items (`done`, `failed`) older than the
+//! retention are deleted by the reaper's sweep, and nothing else is.
+//! Before it, items were never deleted: the table, every listing of done
+//! items and every `/metrics` scrape (which groups all items) grew without
+//! bound on a busy server.
+
+use agentstore_protocol::lease::{ItemState, SettleState};
+use agentstore_server::{Settings, Store};
+use serde_json::json;
+
+use crate::common::TestDb;
+use crate::lease::token;
+
+const HOUR: u64 = 3600 * 1000;
+
+/// Enqueues one item in `queue`, claims it and settles it as `state`.
+async fn settled(store: &Store, queue: &str, state: SettleState, key: Option<&str>) -> i64 {
+    let (ended, _) = store
+        .enqueue_once(queue, &json!({"q": queue}), None, key)
+        .await
+        .unwrap();
+    let t = token(store, queue, None).await;
+    store
+        .settle(ended.id(), &t, None, state, None, Some("e"))
+        .await
+        .unwrap();
+    ended.id()
+}
+
+/// Items in every state, half of them made to look settled two hours ago
+/// (their `updated_at` moved back in SQL, so no test waits on the clock):
+/// one sweep deletes exactly the old `done` and `failed` ones; the young
+/// settled ones, and items of every other state however old, stay. The key
+/// of a deleted keyed item enqueues a new item; the sweep is counted in
+/// `/metrics`; with retention 0 nothing is ever deleted.
+pub async fn settled_items_past_the_retention_are_deleted_and_nothing_else(db: TestDb) {
+    let store = db
+        .store(Settings {
+            retention_ms: HOUR,
+            ..Settings::default()
+        })
+        .await;
+    let pool = db.raw_pool().await;
+    let mut old = Vec::new();
+    let mut kept = Vec::new();
+    for age in ["old", "young"] {
+        let done = settled(&store, &format!("{age}-done"), SettleState::Done, None).await;
+        let failed = settled(&store, &format!("{age}-failed"), SettleState::Failed, None).await;
+        let keyed = settled(
+            &store,
+            &format!("{age}-keyed"),
+            SettleState::Done,
+            Some("k"),
+        )
+        .await;
+        let blocked = settled(
+            &store,
+            &format!("{age}-blocked"),
+            SettleState::Blocked,
+            None,
+        )
+        .await;
+        let paused = settled(&store, &format!("{age}-paused"), SettleState::Paused, None).await;
+        let open = store
+            .enqueue(&format!("{age}-open"), &json!(1), None)
+            .await
+            .unwrap()
+            .id;
+        store
+            .enqueue(&format!("{age}-running"), &json!(1), None)
+            .await
+            .unwrap();
+        let running = store
+            .claim(&format!("{age}-running"), None)
+            .await
+            .unwrap()
+            .unwrap()
+            .item
+            .id;
+        let all = [done, failed, keyed, blocked, paused, open, running];
+        if age == "old" {
+            for id in all {
+                sqlx::query("UPDATE items SET updated_at = updated_at - $1 WHERE id = $2")
+                    .bind(2 * HOUR as i64)
+                    .bind(id)
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+            }
+            old.extend([done, failed, keyed]);
+            kept.extend([blocked, paused, open, running]);
+        } else {
+            kept.extend(all);
+        }
+    }
+    let off = db.store(Settings::default()).await;
+    assert_eq!(
+        off.delete_settled().await.unwrap(),
+        0,
+        "retention 0 keeps all"
+    );
+
+    assert_eq!(store.metrics().delete_settled(&store).await.unwrap(), 3);
+    for id in &old {
+        assert!(
+            store.item(*id).await.unwrap().is_none(),
+            "item {id} deleted"
+        );
+    }
+    for id in &kept {
+        assert!(store.item(*id).await.unwrap().is_some(), "item {id} kept");
+    }
+    assert_eq!(
+        store.item(kept[2]).await.unwrap().unwrap().state,
+        ItemState::Open
+    );
+    assert_eq!(
+        store.delete_settled().await.unwrap(),
+        0,
+        "nothing more to delete"
+    );
+
+    // The deleted keyed item's key adds a new item; the young one's replays.
+    let (again, replayed) = store
+        .enqueue_once("old-keyed", &json!({"q": "old-keyed"}), None, Some("k"))
+        .await
+        .unwrap();
+    assert!(!replayed && !old.contains(&again.id()), "a new item");
+    let (_, replayed) = store
+        .enqueue_once("young-keyed", &json!({"q": "young-keyed"}), None, Some("k"))
+        .await
+        .unwrap();
+    assert!(replayed, "a kept item's key still replays");
+
+    let text = store.metrics().render(&store).await.unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l == "agentstore_settled_items_deleted_total 3"),
+        "counted in /metrics"
+    );
+}
+
+/// A server started with `--retention-ms` deletes an item settled longer
+/// ago than that by itself (the reaper's sweep, every tenth pass), and keeps
+/// one settled since; `--retention-ms 0` (the default) keeps both.
+pub async fn a_server_with_a_retention_deletes_old_settled_items_by_itself(db: TestDb) {
+    let pool = db.raw_pool().await;
+    for retention_ms in [120_000, 0] {
+        let mut config = db.config();
+        config.reaper_ms = 10;
+        config.retention_ms = retention_ms;
+        let server = agentstore_server::Server::start(&config)
+            .await
+            .expect("start server");
+        let store = server.store().clone();
+        let old = settled(&store, "sweep-old", SettleState::Failed, None).await;
+        sqlx::query("UPDATE items SET updated_at = updated_at - $1 WHERE id = $2")
+            .bind(600_000_i64)
+            .bind(old)
+            .execute(&pool)
+            .await
+            .unwrap();
+        let young = settled(&store, "sweep-young", SettleState::Done, None).await;
+        if retention_ms == 0 {
+            // Dozens of sweeps' worth of reaper passes: a pass that deletes
+            // nothing leaves no trace to wait for, so the wait is on passes.
+            let passes = |text: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix("agentstore_reaper_pass_duration_seconds_count "))
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            let start = passes(&store.metrics().render(&store).await.unwrap());
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while passes(&store.metrics().render(&store).await.unwrap()) < start + 40 {
+                assert!(std::time::Instant::now() < deadline, "the reaper never ran");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            assert!(
+                store.item(old).await.unwrap().is_some(),
+                "retention 0 keeps it"
+            );
+        } else {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while store.item(old).await.unwrap().is_some() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the sweep never deleted the old item"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        }
+        assert!(
+            store.item(young).await.unwrap().is_some(),
+            "a young one stays"
+        );
+        server.stop().await.unwrap();
+    }
+}
