@@ -408,12 +408,39 @@ const minifyGlue = (file) => {
   // instance (`const { get } = store; get(id)`) throws a ValidationError
   // naming the method, not a TypeError from reading `__wbg_ptr` of
   // `undefined`, nor "freed" for an object that never was one.
+  // A method or static given more arguments than it declares (`putMany(docs,
+  // {signal})`, PouchDB's `get(id, {revs: true})`) is refused with a
+  // ValidationError naming it, as an option a call does not take is
+  // (docs/api.md, Options): the generated glue would drop them, so the call
+  // ran, wrote, and ignored what the caller asked for. Trailing `undefined`s
+  // count as absent (forwarded `...args`). The error is a rejection for a
+  // method whose .d.ts type returns a Promise, thrown by the others.
   const classes = [...text.matchAll(/^export class (\w+)/gm)].map((m) => m[1]);
+  const dtsFile = file.replace(/\.js$/, '.d.ts');
+  const dts = existsSync(dtsFile) ? readFileSync(dtsFile, 'utf8') : '';
+  // The names of `cls`'s methods (and statics) that do not return a Promise.
+  const syncMethods = (cls) => {
+    const body = dts.split(`export class ${cls} {`)[1]?.split('\n}')[0] ?? '';
+    return [...body.matchAll(/^ {4}(?:static )?(\w+)\(.*\): (.+);$/gm)]
+      .filter((m) => !m[2].startsWith('Promise<'))
+      .map((m) => m[1])
+      .join(' ');
+  };
   if (classes.length) {
-    text += `function __agentstoreGuard(C, an) {
-  const freed = () => Object.assign(new Error('this object was freed (free() or a using block): it cannot be used any more'), { name: 'ClosedError', code: 'closed', status: 410 });
-  const detached = (k) => Object.assign(new Error(\`\${C.name}.\${k} was called on something that is not \${an} \${C.name} (a method taken off its object: call it on the object, or bind it)\`), { name: 'ValidationError', code: 'validation', status: 400 });
-  const wrap = (f, k) => function (...args) { if (!(this instanceof C)) throw detached(k); if (!this.__wbg_ptr) throw freed(); return f.apply(this, args); };
+    text += `function __agentstoreGuard(C, an, sync) {
+  const err = (name, code, status, m) => Object.assign(new Error(m), { name, code, status });
+  const freed = () => err('ClosedError', 'closed', 410, 'this object was freed (free() or a using block): it cannot be used any more');
+  const invalid = (m) => err('ValidationError', 'validation', 400, m);
+  // More arguments than \`f\` declares, trailing undefineds aside: refused.
+  const checked = (f, k, self, args) => {
+    let n = args.length;
+    while (n > f.length && args[n - 1] === undefined) n--;
+    if (n <= f.length) return f.apply(self, args);
+    const e = invalid(\`\${C.name}.\${k} takes \${f.length} arguments, not \${n}: one it does not take is refused, not ignored\`);
+    if (sync.includes(\` \${k} \`)) throw e;
+    return Promise.reject(e);
+  };
+  const wrap = (f, k) => function (...args) { if (!(this instanceof C)) throw invalid(\`\${C.name}.\${k} was called on something that is not \${an} \${C.name} (a method taken off its object: call it on the object, or bind it)\`); if (!this.__wbg_ptr) throw freed(); return checked(f, k, this, args); };
   for (const k of Object.getOwnPropertyNames(C.prototype)) {
     if (k === 'constructor' || k === 'free' || k.startsWith('__')) continue;
     const d = Object.getOwnPropertyDescriptor(C.prototype, k);
@@ -421,6 +448,10 @@ const minifyGlue = (file) => {
     if (d.get) d.get = wrap(d.get, k);
     if (d.set) d.set = wrap(d.set, k);
     Object.defineProperty(C.prototype, k, d);
+  }
+  for (const k of Object.getOwnPropertyNames(C)) {
+    const f = C[k];
+    if (typeof f === 'function' && !k.startsWith('__')) C[k] = function (...args) { return checked(f, k, this, args); };
   }
   const free = C.prototype.free;
   C.prototype.free = function () { if (this.__wbg_ptr) free.call(this); };
@@ -431,7 +462,7 @@ const minifyGlue = (file) => {
   for (const cls of classes) {
     // The article of the class's name in its messages ("not an AgentStore", "not a Lease").
     const an = /^[AEIOU]/.test(cls) ? 'an' : 'a';
-    text += `Object.defineProperty(${cls}, 'name', { value: '${cls}' });\n__agentstoreGuard(${cls}, '${an}');\n`;
+    text += `Object.defineProperty(${cls}, 'name', { value: '${cls}' });\n__agentstoreGuard(${cls}, '${an}', ' ${syncMethods(cls)} ');\n`;
   }
   // The module's own null-pointer throw (reached only by a call the guard
   // above does not cover) is a ClosedError too.

@@ -405,3 +405,69 @@ for (const entry of ENTRIES.map(([e]) => e)) {
     }
   });
 }
+
+// A method or static given more arguments than it takes is refused with a
+// ValidationError naming it, and nothing is done: before, the glue dropped
+// them, so `putMany(docs, {signal})` with an aborted signal wrote the
+// records, and PouchDB habits (`put(doc, {force: true})`, `get(id, {revs:
+// true})`) passed silently. A Promise method rejects; a synchronous one
+// throws. Trailing `undefined`s count as absent.
+for (const entry of ENTRIES.map(([e]) => e)) {
+  test(`${entry}: an argument a method does not take is refused and nothing is done`, { timeout: 120_000 }, async () => {
+    const context = await browser.newContext();
+    const page = await context.newPage();
+    try {
+      await page.goto(`${base}/index.html`);
+      const r = await page.evaluate(async ({ entry, origin }) => {
+        const mod = await import(entry);
+        await mod.default();
+        const db = `arity-${Math.random().toString(36).slice(2)}`;
+        const s = await mod.AgentStore.open(db);
+        const { rev } = await s.put({ _id: 'kept', n: 1 });
+        const ac = new AbortController();
+        ac.abort();
+        const outcome = async (call) => {
+          let p;
+          try {
+            p = call();
+          } catch (e) {
+            return `threw ${e.name}:${e.code}:${/takes \d arguments?, not \d/.test(e.message)}`;
+          }
+          if (!(p instanceof Promise)) return 'not a Promise';
+          return p.then(() => 'resolved', (e) => `rejected ${e.name}:${e.code}:${/takes \d arguments?, not \d/.test(e.message)}`);
+        };
+        const calls = {
+          putMany: () => s.putMany([{ _id: 'a' }, { _id: 'b' }], { signal: ac.signal }),
+          put: () => s.put({ _id: 'c' }, { force: true }),
+          delete: () => s.delete('kept', rev, { signal: ac.signal }),
+          deleteMany: () => s.deleteMany([{ id: 'kept', rev }], {}),
+          get: () => s.get('kept', { revs: true }),
+          getMany: () => s.getMany(['kept'], { signal: ac.signal }),
+          list: () => s.list({}, { x: 1 }),
+          dropIndex: () => s.dropIndex('byType', { force: true }),
+          open: () => mod.AgentStore.open(db, {}, 'extra'),
+          watch: () => s.watch({}, () => {}, { x: 1 }),
+        };
+        if (mod.LeaseClient) {
+          const client = new mod.LeaseClient(origin, { journal: false });
+          calls.claim = () => client.claim('q', undefined, { x: 1 });
+          calls.work = () => client.work('q', async () => {}, {}, 'extra');
+        }
+        const out = {};
+        for (const [k, call] of Object.entries(calls)) out[k] = await outcome(call);
+        const ids = (await s.list()).records.map((x) => x._id);
+        const trailing = (await s.get('kept', undefined, undefined))?.n;
+        s.close();
+        return { out, ids, trailing };
+      }, { entry, origin: base });
+      for (const [k, v] of Object.entries(r.out)) {
+        const sync = k === 'watch' || k === 'work';
+        assert.equal(v, `${sync ? 'threw' : 'rejected'} ValidationError:validation:true`, k);
+      }
+      assert.deepEqual(r.ids, ['kept'], 'nothing written or deleted');
+      assert.equal(r.trailing, 1, 'trailing undefineds are no arguments');
+    } finally {
+      await context.close();
+    }
+  });
+}
