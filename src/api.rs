@@ -202,6 +202,9 @@ fn parse_index_defs(v: &JsValue) -> Result<Vec<IndexDef>, StoreError> {
     use agentstore_protocol::index::{MAX_INDEXES, MAX_INDEX_KEYS};
     let mut defs = Vec::new();
     for d in crate::value::items(v.unchecked_ref(), MAX_INDEXES, "at most 16 indexes")? {
+        // A key a definition does not take (Dexie's `unique`, `multiEntry`)
+        // is refused: ignored, it would promise what no index does.
+        known(&d, "name keys").map_err(StoreError::validation)?;
         let name = Reflect::get(&d, &"name".into())
             .ok()
             .and_then(|n| crate::value::exact_string(&n));

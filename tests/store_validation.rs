@@ -601,7 +601,7 @@ async fn an_option_the_call_does_not_take_is_refused_and_nothing_is_done() {
     let opts = js(json!({"indexes": [{"name": "byType", "keys": ["recordType"]}]}));
     let opened = open_js(&name, opts).await;
     let call = |method: &str, args: Vec<JsValue>| call_js(&opened, method, args);
-    call(
+    let a = call(
         "put",
         vec![js(json!({"_id": "a", "recordType": "run", "v": 1}))],
     )
@@ -653,6 +653,21 @@ async fn an_option_the_call_does_not_take_is_refused_and_nothing_is_done() {
         let msg = field_str(&e, "message").unwrap_or_default();
         assert!(msg.contains("unknown option"), "{method}: {msg}");
     }
+    // A deletion's key it does not take (PouchDB's `_deleted`) is refused
+    // at its position, and the batch deletes nothing.
+    let rev_a = field_str(&a, "rev").unwrap();
+    let e = call(
+        "deleteMany",
+        vec![js(json!([{"id": "a", "rev": rev_a, "_deleted": true}]))],
+    )
+    .await
+    .expect_err("deleteMany");
+    let failures = js_sys::Array::from(&field(&e, "failures"));
+    let msg = field_str(&failures.get(0), "message").unwrap_or_default();
+    assert!(
+        msg.contains("unknown option \"_deleted\""),
+        "deleteMany: {msg}"
+    );
     // Nothing was done: `a` is unchanged, the tombstone stays, nothing imported.
     let a = call("get", vec![s("a")]).await.unwrap();
     assert_eq!(field(&a, "v").as_f64(), Some(1.0));
@@ -681,6 +696,19 @@ async fn an_option_the_call_does_not_take_is_refused_and_nothing_is_done() {
     .await
     .expect_err("indexs");
     assert_eq!(field_str(&e, "code").as_deref(), Some("validation"));
+    // An index definition's key it does not take (Dexie's `unique`): no
+    // index would keep that promise.
+    let e = wasm_bindgen_futures::JsFuture::from(agentstore::AgentStore::open(
+        s(&name),
+        js(json!({"indexes": [{"name": "byType", "keys": ["recordType"], "unique": true}]})),
+    ))
+    .await
+    .expect_err("unique");
+    let msg = field_str(&e, "message").unwrap_or_default();
+    assert!(
+        msg.contains("unknown option \"unique\""),
+        "index definition: {msg}"
+    );
     let e = wasm_bindgen_futures::JsFuture::from(agentstore::AgentStore::destroy(
         s(&name),
         js(json!({"blockedTimeout": 1})),

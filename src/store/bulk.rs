@@ -206,12 +206,17 @@ impl Store {
             // string it did not give.
             let field = |k: &str| crate::options::opt(item, k).unwrap_or(JsValue::UNDEFINED);
             let id = field("id");
-            let checked = check_id_value(&id).and_then(|id| {
-                let rev = crate::value::short_string(&field("rev"), crate::value::MAX_REV_TEXT)
-                    .ok_or_else(|| StoreError::validation("rev must be a revision string"))?;
-                let expected = Rev::parse(&rev).map_err(|e| StoreError::validation(e.0))?;
-                Ok((id, expected))
-            });
+            // A key a deletion does not take (PouchDB's `_deleted`, a
+            // `force`) is refused, never ignored.
+            let checked = crate::options::known(item, "id rev")
+                .map_err(StoreError::validation)
+                .and_then(|()| check_id_value(&id))
+                .and_then(|id| {
+                    let rev = crate::value::short_string(&field("rev"), crate::value::MAX_REV_TEXT)
+                        .ok_or_else(|| StoreError::validation("rev must be a revision string"))?;
+                    let expected = Rev::parse(&rev).map_err(|e| StoreError::validation(e.0))?;
+                    Ok((id, expected))
+                });
             match checked {
                 Ok((id, expected)) => {
                     if !seen.first(&id) {
