@@ -418,25 +418,30 @@ const minifyGlue = (file) => {
   const classes = [...text.matchAll(/^export class (\w+)/gm)].map((m) => m[1]);
   const dtsFile = file.replace(/\.js$/, '.d.ts');
   const dts = existsSync(dtsFile) ? readFileSync(dtsFile, 'utf8') : '';
+  const classBody = (cls) => dts.split(`export class ${cls} {`)[1]?.split('\n}')[0] ?? '';
   // The names of `cls`'s methods (and statics) that do not return a Promise.
   const syncMethods = (cls) => {
-    const body = dts.split(`export class ${cls} {`)[1]?.split('\n}')[0] ?? '';
+    const body = classBody(cls);
     return [...body.matchAll(/^ {4}(?:static )?(\w+)\(.*\): (.+);$/gm)]
       .filter((m) => !m[2].startsWith('Promise<'))
       .map((m) => m[1])
       .join(' ');
   };
+  const constructible = classes.filter((cls) => /^ {4}constructor\(/m.test(classBody(cls)));
   if (classes.length) {
     text += `function __agentstoreGuard(C, an, sync) {
   const err = (name, code, status, m) => Object.assign(new Error(m), { name, code, status });
   const freed = () => err('ClosedError', 'closed', 410, 'this object was freed (free() or a using block): it cannot be used any more');
   const invalid = (m) => err('ValidationError', 'validation', 400, m);
   // More arguments than \`f\` declares, trailing undefineds aside: refused.
-  const checked = (f, k, self, args) => {
+  const tooMany = (f, k, args) => {
     let n = args.length;
     while (n > f.length && args[n - 1] === undefined) n--;
-    if (n <= f.length) return f.apply(self, args);
-    const e = invalid(\`\${C.name}.\${k} takes \${f.length} arguments, not \${n}: one it does not take is refused, not ignored\`);
+    return n > f.length && invalid(\`\${C.name}.\${k} takes \${f.length} arguments, not \${n}: one it does not take is refused, not ignored\`);
+  };
+  const checked = (f, k, self, args) => {
+    const e = tooMany(f, k, args);
+    if (!e) return f.apply(self, args);
     if (sync.includes(\` \${k} \`)) throw e;
     return Promise.reject(e);
   };
@@ -456,13 +461,24 @@ const minifyGlue = (file) => {
   const free = C.prototype.free;
   C.prototype.free = function () { if (this.__wbg_ptr) free.call(this); };
   if (typeof Symbol.dispose === 'symbol') C.prototype[Symbol.dispose] = C.prototype.free;
-}
+${constructible.length ? `  // What a public constructor is exported as: \\\`new\\\` checked the same way.
+  return new Proxy(C, { construct(t, args, nt) { const e = tooMany(t, 'constructor', args); if (e) throw e; return Reflect.construct(t, args, nt); } });
+` : ''}}
 `;
   }
   for (const cls of classes) {
     // The article of the class's name in its messages ("not an AgentStore", "not a Lease").
     const an = /^[AEIOU]/.test(cls) ? 'an' : 'a';
-    text += `Object.defineProperty(${cls}, 'name', { value: '${cls}' });\n__agentstoreGuard(${cls}, '${an}', ' ${syncMethods(cls)} ');\n`;
+    const guard = `__agentstoreGuard(${cls}, '${an}', ' ${syncMethods(cls)} ')`;
+    text += `Object.defineProperty(${cls}, 'name', { value: '${cls}' });\n`;
+    // A class users construct (its .d.ts constructor is public) is
+    // exported as the guard's Proxy; the glue itself keeps the class.
+    if (constructible.includes(cls)) {
+      text = text.replace(`export class ${cls} `, `class ${cls} `);
+      text += `const __${cls} = ${guard};\nexport { __${cls} as ${cls} };\n`;
+    } else {
+      text += `${guard};\n`;
+    }
   }
   // The module's own null-pointer throw (reached only by a call the guard
   // above does not cover) is a ClosedError too.

@@ -411,7 +411,8 @@ for (const entry of ENTRIES.map(([e]) => e)) {
 // them, so `putMany(docs, {signal})` with an aborted signal wrote the
 // records, and PouchDB habits (`put(doc, {force: true})`, `get(id, {revs:
 // true})`) passed silently. A Promise method rejects; a synchronous one
-// throws. Trailing `undefined`s count as absent.
+// throws, as does `new LeaseClient(...)`. Trailing `undefined`s count as
+// absent.
 for (const entry of ENTRIES.map(([e]) => e)) {
   test(`${entry}: an argument a method does not take is refused and nothing is done`, { timeout: 120_000 }, async () => {
     const context = await browser.newContext();
@@ -434,7 +435,7 @@ for (const entry of ENTRIES.map(([e]) => e)) {
             return `threw ${e.name}:${e.code}:${/takes \d arguments?, not \d/.test(e.message)}`;
           }
           if (!(p instanceof Promise)) return 'not a Promise';
-          return p.then(() => 'resolved', (e) => `rejected ${e.name}:${e.code}:${/takes \d arguments?, not \d/.test(e.message)}`);
+          return p.then((v) => (v === true ? 'true' : 'resolved'), (e) => `rejected ${e.name}:${e.code}:${/takes \d arguments?, not \d/.test(e.message)}`);
         };
         const calls = {
           putMany: () => s.putMany([{ _id: 'a' }, { _id: 'b' }], { signal: ac.signal }),
@@ -452,6 +453,10 @@ for (const entry of ENTRIES.map(([e]) => e)) {
           const client = new mod.LeaseClient(origin, { journal: false });
           calls.claim = () => client.claim('q', undefined, { x: 1 });
           calls.work = () => client.work('q', async () => {}, {}, 'extra');
+          calls.constructor = () => new mod.LeaseClient(origin, { journal: false }, 'extra');
+          // What \`new\` makes is still the exported class's instance.
+          const made = new mod.LeaseClient(origin, { journal: false }, undefined);
+          calls.instance = () => Promise.resolve(made instanceof mod.LeaseClient && mod.LeaseClient.name === 'LeaseClient' && typeof made.claim === 'function');
         }
         const out = {};
         for (const [k, call] of Object.entries(calls)) out[k] = await outcome(call);
@@ -460,8 +465,10 @@ for (const entry of ENTRIES.map(([e]) => e)) {
         s.close();
         return { out, ids, trailing };
       }, { entry, origin: base });
+      if (r.out.instance !== undefined) assert.equal(r.out.instance, 'true', 'new LeaseClient makes a LeaseClient');
+      delete r.out.instance;
       for (const [k, v] of Object.entries(r.out)) {
-        const sync = k === 'watch' || k === 'work';
+        const sync = k === 'watch' || k === 'work' || k === 'constructor';
         assert.equal(v, `${sync ? 'threw' : 'rejected'} ValidationError:validation:true`, k);
       }
       assert.deepEqual(r.ids, ['kept'], 'nothing written or deleted');
