@@ -324,10 +324,28 @@ async fn list(
     State(st): State<AppState>,
     caller: Caller,
     Path(queue): Path<String>,
-    Query(q): Query<HashMap<String, String>>,
+    Query(pairs): Query<Vec<(String, String)>>,
 ) -> Result<Json<ItemPage>, ApiError> {
     let queue = queue_name(&queue)?;
     caller.produce(queue)?;
+    // A parameter the listing does not take (`status=done` for `state`) or
+    // one given twice is refused: ignored, it would list what was not
+    // asked for (every state), as an unknown SDK option would.
+    let mut q: HashMap<String, String> = HashMap::new();
+    for (k, v) in pairs {
+        if !["state", "limit", "after"].contains(&k.as_str()) {
+            return Err(ApiError::new(
+                ErrorCode::Validation,
+                format!("unknown query parameter {k:?} (this listing takes: state, limit, after)"),
+            ));
+        }
+        if q.insert(k, v).is_some() {
+            return Err(ApiError::new(
+                ErrorCode::Validation,
+                "a query parameter is given twice",
+            ));
+        }
+    }
     let state = match q.get("state").map(String::as_str) {
         None => None,
         Some(s) => Some(

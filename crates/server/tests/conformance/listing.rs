@@ -201,13 +201,24 @@ pub async fn a_state_filtered_listing_skips_no_item_that_stays_in_the_state(db: 
 
 /// `limit=0` is `400 validation`. Before, it was answered `{items: [],
 /// next: null}` whatever the queue held: the answer of the last page, so a
-/// client paging by `next` concluded the queue was empty.
+/// client paging by `next` concluded the queue was empty. A parameter the
+/// listing does not take (`status=done`) or one given twice is `400` too;
+/// before, it was ignored and every state listed.
 pub async fn a_listing_with_limit_zero_is_refused_not_answered_as_an_empty_last_page(db: TestDb) {
     let server = crate::common::http_server(&db).await;
     let http = reqwest::Client::new();
     let base = server.url();
     crate::common::enqueue_over_http(&http, &base, "q").await;
-    for query in ["limit=0", "limit=0&after=0", "limit=00&state=open"] {
+    for query in [
+        "limit=0",
+        "limit=0&after=0",
+        "limit=00&state=open",
+        // A parameter it does not take, or one twice: not ignored.
+        "status=done",
+        "limit=1&limt=5",
+        "state=open&state=done",
+        "limit=1&limit=2",
+    ] {
         let resp = http
             .get(format!("{base}/v1/queues/q/items?{query}"))
             .bearer_auth(ADMIN)
