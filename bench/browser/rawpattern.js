@@ -1,6 +1,8 @@
 // Analysis contender (not in the default run): plain JS issuing exactly the
 // IndexedDB requests agentstore issues (src/store/mod.rs, list.rs, io.rs) —
-// 4-store write transactions, live + tombstone + index-state reads before every
+// the same schema (the records store's native `byType` index included),
+// 4-store write transactions, the index state's generation and the live
+// record (its tombstone only when it is missing) read before every
 // write, readonly transactions awaited to `complete`, a BroadcastChannel post
 // after each write, mutate as a read transaction then a CAS write transaction.
 // agentstore minus this = time spent in wasm, glue and crossings.
@@ -18,7 +20,8 @@ function open(name) {
   return new Promise((res, rej) => {
     const r = indexedDB.open(name, 1);
     r.onupgradeneeded = () => {
-      r.result.createObjectStore('records', { keyPath: '_id' });
+      // The native index agentstore's records store has (`count`/`list` by type).
+      r.result.createObjectStore('records', { keyPath: '_id' }).createIndex('byType', ['recordType', '_id']);
       r.result.createObjectStore('tombstones', { keyPath: '_id' });
       r.result.createObjectStore('meta');
       r.result.createObjectStore('derived');
@@ -37,11 +40,12 @@ const post = (name, changes) => {
 
 async function casPut(db, name, record) {
   const tx = db.transaction(SCOPE, 'readwrite');
-  const [live, tomb] = await Promise.all([
+  const [, live] = await Promise.all([
+    req(tx.objectStore('meta').get('indexes-gen')),
     req(tx.objectStore('records').get(record._id)),
-    req(tx.objectStore('tombstones').get(record._id)),
-    req(tx.objectStore('meta').get('index-state')),
   ]);
+  // The tombstone is read only when nothing live is stored.
+  const tomb = live ? undefined : await req(tx.objectStore('tombstones').get(record._id));
   const cur = live || tomb;
   if ((live ? live._rev : undefined) !== record._rev) {
     tx.abort();
@@ -103,12 +107,15 @@ register({
       const tx = db.transaction(SCOPE, 'readwrite');
       const rs = tx.objectStore('records');
       const ts = tx.objectStore('tombstones');
-      const reads = [req(tx.objectStore('meta').get('index-state'))];
-      for (const r of recs) reads.push(req(rs.get(r._id)), req(ts.get(r._id)));
-      const got = await Promise.all(reads);
-      if (got.some((x, i) => i > 0 && x !== undefined)) throw new Error('conflict');
+      // As putMany of new ids (src/store/mod.rs read_batch): the index
+      // state's generation, then one count per store over the ids' span,
+      // then an add per record.
+      const ids = recs.map((r) => r._id).sort();
+      const span = IDBKeyRange.bound(ids[0], ids[ids.length - 1]);
+      const got = await Promise.all([req(tx.objectStore('meta').get('indexes-gen')), req(rs.count(span)), req(ts.count(span))]);
+      if (got[1] !== 0 || got[2] !== 0) throw new Error('conflict');
       const r1 = rev(1);
-      for (const r of recs) rs.put({ ...r, _rev: r1 });
+      for (const r of recs) rs.add({ ...r, _rev: r1 });
       await done(tx);
       post(name, recs.map((r) => ({ id: r._id, rev: r1, deleted: false })));
     });
