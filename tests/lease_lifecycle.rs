@@ -535,6 +535,20 @@ async fn a_web_lock_granted_as_its_wait_runs_out_is_let_go() {
     assert!(let_go.is_some(), "the late-granted lock is still held");
 }
 
+/// A well-formed journal entry of item `item_id` at `base`.
+fn journal_entry(base: &str, item_id: i64) -> agentstore::lease::journal::Entry {
+    agentstore::lease::journal::Entry {
+        base: base.into(),
+        item_id,
+        token: "t".repeat(43),
+        epoch: 1,
+        queue: "q".into(),
+        ttl_ms: 30_000,
+        heartbeat_ms: 10_000,
+        locked: true,
+    }
+}
+
 /// A journal entry another script of the origin wrote with fields longer
 /// than the module's whole memory is skipped by `list` and compared by
 /// `delete` without being copied into wasm memory (which never shrinks);
@@ -545,16 +559,7 @@ async fn a_journal_entry_with_huge_fields_is_never_copied_into_wasm_memory() {
     let name = fresh_queue("journal-huge");
     let base = "http://127.0.0.1:9";
     let j = Journal::new(Some(name.clone()));
-    let good = agentstore::lease::journal::Entry {
-        base: base.into(),
-        item_id: 1,
-        token: "t".repeat(43),
-        epoch: 1,
-        queue: "q".into(),
-        ttl_ms: 30_000,
-        heartbeat_ms: 10_000,
-        locked: true,
-    };
+    let good = journal_entry(base, 1);
     j.put(&good).await.unwrap();
     let units = values::wasm_memory_bytes() + f64::from(4u32 << 20);
     let write = js_sys::Function::new_with_args(
@@ -604,16 +609,7 @@ async fn journal_calls_made_while_it_opens_keep_call_order() {
     for round in 0..12 {
         let name = fresh_queue("journal-order");
         let j = Journal::new(Some(name.clone()));
-        let e = agentstore::lease::journal::Entry {
-            base: base.into(),
-            item_id: round,
-            token: "t".repeat(43),
-            epoch: 1,
-            queue: "q".into(),
-            ttl_ms: 30_000,
-            heartbeat_ms: 10_000,
-            locked: true,
-        };
+        let e = journal_entry(base, round);
         let (put, deleted) = futures::join!(j.put(&e), j.delete(base, e.item_id, &e.token));
         put.unwrap();
         deleted.unwrap();

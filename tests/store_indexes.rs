@@ -33,6 +33,14 @@ async fn by_all(store: &Store, q: Value) -> Vec<String> {
     }
 }
 
+/// An index over `owner`, beside `byType`.
+fn by_owner() -> IndexDef {
+    IndexDef {
+        name: "byOwner".into(),
+        keys: vec!["owner".into()],
+    }
+}
+
 fn at(n: u32) -> String {
     format!(
         "2026-03-01T08:{:02}:{:02}.{:03}Z",
@@ -419,10 +427,7 @@ async fn rebuild_is_cancellable_resumable_and_reads_stay_correct_meanwhile() {
 async fn a_changed_definition_rebuilds_without_a_version_upgrade() {
     let (old, name) = open("idx-change").await;
     old.put_many(&js(json!([{"_id": "a", "recordType": "run", "owner": "x"}, {"_id": "b", "recordType": "run", "owner": "y"}]))).await.unwrap();
-    let def = IndexDef {
-        name: "byOwner".into(),
-        keys: vec!["owner".into()],
-    };
+    let def = by_owner();
     // `old` stays open: an upgrade would block and fail after 300 ms.
     let new = Store::open(&name, 300, None, vec![by_type(), def])
         .await
@@ -552,10 +557,7 @@ async fn dump_import_builds_indexes_from_records_and_reports_the_legacy_drift() 
 #[wasm_bindgen_test]
 async fn rebuilds_of_different_index_sets_in_two_connections_both_finish() {
     let name = fresh_name("idx-two-sets");
-    let by_owner = IndexDef {
-        name: "byOwner".into(),
-        keys: vec!["owner".into()],
-    };
+    let by_owner = by_owner();
     let a = Store::open(&name, 2000, None, vec![by_type()])
         .await
         .unwrap();
@@ -681,17 +683,9 @@ async fn an_empty_store_adopts_its_declared_indexes_without_a_rebuild() {
     assert_indexes_clean(&store).await;
     close.call0(&opened).unwrap();
     // With a record stored and a new definition, nothing is adopted.
-    let other = Store::open(
-        &name,
-        2000,
-        None,
-        vec![IndexDef {
-            name: "byOwner".into(),
-            keys: vec!["owner".into()],
-        }],
-    )
-    .await
-    .unwrap();
+    let other = Store::open(&name, 2000, None, vec![by_owner()])
+        .await
+        .unwrap();
     assert!(!other.prepare_indexes().await.unwrap());
     assert!(!other.indexes_ready().await.unwrap());
     other.rebuild_indexes(500, false, None, None).await.unwrap();
@@ -706,10 +700,7 @@ async fn an_empty_store_adopts_its_declared_indexes_without_a_rebuild() {
 #[wasm_bindgen_test]
 async fn list_by_refuses_eq_longer_than_the_index_and_a_cursor_of_another_index() {
     let name = fresh_name("idx-query-shape");
-    let by_owner = IndexDef {
-        name: "byOwner".into(),
-        keys: vec!["owner".into()],
-    };
+    let by_owner = by_owner();
     let store = Store::open(&name, 2000, None, vec![by_type(), by_owner])
         .await
         .unwrap();
@@ -769,10 +760,7 @@ async fn list_by_refuses_eq_longer_than_the_index_and_a_cursor_of_another_index(
 #[wasm_bindgen_test]
 async fn a_dropped_index_loses_its_entries_and_no_write_maintains_it_again() {
     let name = fresh_name("idx-drop");
-    let by_owner = IndexDef {
-        name: "byOwner".into(),
-        keys: vec!["owner".into()],
-    };
+    let by_owner = by_owner();
     let tag = by_owner.tag();
     let old = Store::open(&name, 2000, None, vec![by_type(), by_owner.clone()])
         .await

@@ -336,6 +336,19 @@ for (const [entry, expected] of ENTRIES) {
   });
 }
 
+// Runs \`fn(arg)\` in a fresh page of the demo origin (its own context),
+// closed afterwards.
+async function inFreshPage(fn, arg) {
+  const context = await browser.newContext();
+  try {
+    const page = await context.newPage();
+    await page.goto(`${base}/index.html`);
+    return await page.evaluate(fn, arg);
+  } finally {
+    await context.close();
+  }
+}
+
 // A method called on an object after its free() (or a `using` block's end)
 // throws a typed ClosedError (before: wasm-bindgen's bare
 // `Error("null pointer passed to rust")`, no name or code), and the module
@@ -343,66 +356,59 @@ for (const [entry, expected] of ENTRIES) {
 // called twice.
 for (const entry of ENTRIES.map(([e]) => e)) {
   test(`${entry}: a freed object's methods throw ClosedError, a detached one ValidationError, and a watch handle closes twice`, { timeout: 120_000 }, async () => {
-    const context = await browser.newContext();
-    const page = await context.newPage();
-    try {
-      await page.goto(`${base}/index.html`);
-      const r = await page.evaluate(async ({ entry, origin }) => {
-        const mod = await import(entry);
-        await mod.default();
-        const db = `freed-${Math.random().toString(36).slice(2)}`;
-        const store = await mod.AgentStore.open(db);
-        const watch = store.watch({}, () => {});
-        watch.close();
-        watch.close();
-        const isPlainHandle = Object.isFrozen(watch) && typeof watch.close === 'function';
-        store.free();
-        store.free(); // a second free() is harmless
-        const caught = [];
-        const calls = [() => store.get('x'), () => store.put({ _id: 'x' }), () => store.close()];
-        if (mod.LeaseClient) {
-          const client = new mod.LeaseClient(origin, { journal: false });
-          client.free();
-          calls.push(() => client.claim('q'), () => client.credentials);
+    const r = await inFreshPage(async ({ entry, origin }) => {
+      const mod = await import(entry);
+      await mod.default();
+      const db = `freed-${Math.random().toString(36).slice(2)}`;
+      const store = await mod.AgentStore.open(db);
+      const watch = store.watch({}, () => {});
+      watch.close();
+      watch.close();
+      const isPlainHandle = Object.isFrozen(watch) && typeof watch.close === 'function';
+      store.free();
+      store.free(); // a second free() is harmless
+      const caught = [];
+      const calls = [() => store.get('x'), () => store.put({ _id: 'x' }), () => store.close()];
+      if (mod.LeaseClient) {
+        const client = new mod.LeaseClient(origin, { journal: false });
+        client.free();
+        calls.push(() => client.claim('q'), () => client.credentials);
+      }
+      for (const call of calls) {
+        try {
+          await call();
+          caught.push('no error');
+        } catch (e) {
+          caught.push(`${e instanceof Error}:${e.name}:${e.code}:${e.status}`);
         }
-        for (const call of calls) {
-          try {
-            await call();
-            caught.push('no error');
-          } catch (e) {
-            caught.push(`${e instanceof Error}:${e.name}:${e.code}:${e.status}`);
-          }
+      }
+      // Many more: each used to leave part of the module's stack behind,
+      // and about 8,000 of them broke every later call.
+      for (let i = 0; i < 20_000; i++) {
+        try { calls[i % calls.length](); } catch {}
+      }
+      const again = await mod.AgentStore.open(db);
+      const { rev } = await again.put({ _id: 'after' });
+      // A method taken off its object, or called on another object: a
+      // typed ValidationError naming it (before: a TypeError reading
+      // `__wbg_ptr` of undefined, or "freed" for a never-made object).
+      const detached = [];
+      const { get } = again;
+      for (const call of [() => get('after'), () => mod.AgentStore.prototype.put.call({}, { _id: 'y' })]) {
+        try {
+          await call();
+          detached.push('no error');
+        } catch (e) {
+          detached.push(`${e instanceof Error}:${e.name}:${e.code}:${e.status}:${/^AgentStore\.(get|put) was called on something that is not an AgentStore /.test(e.message)}`);
         }
-        // Many more: each used to leave part of the module's stack behind,
-        // and about 8,000 of them broke every later call.
-        for (let i = 0; i < 20_000; i++) {
-          try { calls[i % calls.length](); } catch {}
-        }
-        const again = await mod.AgentStore.open(db);
-        const { rev } = await again.put({ _id: 'after' });
-        // A method taken off its object, or called on another object: a
-        // typed ValidationError naming it (before: a TypeError reading
-        // `__wbg_ptr` of undefined, or "freed" for a never-made object).
-        const detached = [];
-        const { get } = again;
-        for (const call of [() => get('after'), () => mod.AgentStore.prototype.put.call({}, { _id: 'y' })]) {
-          try {
-            await call();
-            detached.push('no error');
-          } catch (e) {
-            detached.push(`${e instanceof Error}:${e.name}:${e.code}:${e.status}:${/^AgentStore\.(get|put) was called on something that is not an AgentStore /.test(e.message)}`);
-          }
-        }
-        again.close();
-        return { isPlainHandle, caught, rev, detached };
-      }, { entry, origin: base });
-      assert.ok(r.isPlainHandle, 'watch() returns a frozen handle');
-      for (const c of r.caught) assert.equal(c, 'true:ClosedError:closed:410');
-      assert.deepEqual(r.detached, ['true:ValidationError:validation:400:true', 'true:ValidationError:validation:400:true']);
-      assert.match(r.rev, /^1-/, 'the module still works');
-    } finally {
-      await context.close();
-    }
+      }
+      again.close();
+      return { isPlainHandle, caught, rev, detached };
+    }, { entry, origin: base });
+    assert.ok(r.isPlainHandle, 'watch() returns a frozen handle');
+    for (const c of r.caught) assert.equal(c, 'true:ClosedError:closed:410');
+    assert.deepEqual(r.detached, ['true:ValidationError:validation:400:true', 'true:ValidationError:validation:400:true']);
+    assert.match(r.rev, /^1-/, 'the module still works');
   });
 }
 
@@ -415,66 +421,59 @@ for (const entry of ENTRIES.map(([e]) => e)) {
 // absent.
 for (const entry of ENTRIES.map(([e]) => e)) {
   test(`${entry}: an argument a method does not take is refused and nothing is done`, { timeout: 120_000 }, async () => {
-    const context = await browser.newContext();
-    const page = await context.newPage();
-    try {
-      await page.goto(`${base}/index.html`);
-      const r = await page.evaluate(async ({ entry, origin }) => {
-        const mod = await import(entry);
-        await mod.default();
-        const db = `arity-${Math.random().toString(36).slice(2)}`;
-        const s = await mod.AgentStore.open(db);
-        const { rev } = await s.put({ _id: 'kept', n: 1 });
-        const ac = new AbortController();
-        ac.abort();
-        const outcome = async (call) => {
-          let p;
-          try {
-            p = call();
-          } catch (e) {
-            return `threw ${e.name}:${e.code}:${/takes \d arguments?, not \d/.test(e.message)}`;
-          }
-          if (!(p instanceof Promise)) return 'not a Promise';
-          return p.then((v) => (v === true ? 'true' : 'resolved'), (e) => `rejected ${e.name}:${e.code}:${/takes \d arguments?, not \d/.test(e.message)}`);
-        };
-        const calls = {
-          putMany: () => s.putMany([{ _id: 'a' }, { _id: 'b' }], { signal: ac.signal }),
-          put: () => s.put({ _id: 'c' }, { force: true }),
-          delete: () => s.delete('kept', rev, { signal: ac.signal }),
-          deleteMany: () => s.deleteMany([{ id: 'kept', rev }], {}),
-          get: () => s.get('kept', { revs: true }),
-          getMany: () => s.getMany(['kept'], { signal: ac.signal }),
-          list: () => s.list({}, { x: 1 }),
-          dropIndex: () => s.dropIndex('byType', { force: true }),
-          open: () => mod.AgentStore.open(db, {}, 'extra'),
-          watch: () => s.watch({}, () => {}, { x: 1 }),
-        };
-        if (mod.LeaseClient) {
-          const client = new mod.LeaseClient(origin, { journal: false });
-          calls.claim = () => client.claim('q', undefined, { x: 1 });
-          calls.work = () => client.work('q', async () => {}, {}, 'extra');
-          calls.constructor = () => new mod.LeaseClient(origin, { journal: false }, 'extra');
-          // What \`new\` makes is still the exported class's instance.
-          const made = new mod.LeaseClient(origin, { journal: false }, undefined);
-          calls.instance = () => Promise.resolve(made instanceof mod.LeaseClient && mod.LeaseClient.name === 'LeaseClient' && typeof made.claim === 'function');
+    const r = await inFreshPage(async ({ entry, origin }) => {
+      const mod = await import(entry);
+      await mod.default();
+      const db = `arity-${Math.random().toString(36).slice(2)}`;
+      const s = await mod.AgentStore.open(db);
+      const { rev } = await s.put({ _id: 'kept', n: 1 });
+      const ac = new AbortController();
+      ac.abort();
+      const outcome = async (call) => {
+        let p;
+        try {
+          p = call();
+        } catch (e) {
+          return `threw ${e.name}:${e.code}:${/takes \d arguments?, not \d/.test(e.message)}`;
         }
-        const out = {};
-        for (const [k, call] of Object.entries(calls)) out[k] = await outcome(call);
-        const ids = (await s.list()).records.map((x) => x._id);
-        const trailing = (await s.get('kept', undefined, undefined))?.n;
-        s.close();
-        return { out, ids, trailing };
-      }, { entry, origin: base });
-      if (r.out.instance !== undefined) assert.equal(r.out.instance, 'true', 'new LeaseClient makes a LeaseClient');
-      delete r.out.instance;
-      for (const [k, v] of Object.entries(r.out)) {
-        const sync = k === 'watch' || k === 'work' || k === 'constructor';
-        assert.equal(v, `${sync ? 'threw' : 'rejected'} ValidationError:validation:true`, k);
+        if (!(p instanceof Promise)) return 'not a Promise';
+        return p.then((v) => (v === true ? 'true' : 'resolved'), (e) => `rejected ${e.name}:${e.code}:${/takes \d arguments?, not \d/.test(e.message)}`);
+      };
+      const calls = {
+        putMany: () => s.putMany([{ _id: 'a' }, { _id: 'b' }], { signal: ac.signal }),
+        put: () => s.put({ _id: 'c' }, { force: true }),
+        delete: () => s.delete('kept', rev, { signal: ac.signal }),
+        deleteMany: () => s.deleteMany([{ id: 'kept', rev }], {}),
+        get: () => s.get('kept', { revs: true }),
+        getMany: () => s.getMany(['kept'], { signal: ac.signal }),
+        list: () => s.list({}, { x: 1 }),
+        dropIndex: () => s.dropIndex('byType', { force: true }),
+        open: () => mod.AgentStore.open(db, {}, 'extra'),
+        watch: () => s.watch({}, () => {}, { x: 1 }),
+      };
+      if (mod.LeaseClient) {
+        const client = new mod.LeaseClient(origin, { journal: false });
+        calls.claim = () => client.claim('q', undefined, { x: 1 });
+        calls.work = () => client.work('q', async () => {}, {}, 'extra');
+        calls.constructor = () => new mod.LeaseClient(origin, { journal: false }, 'extra');
+        // What \`new\` makes is still the exported class's instance.
+        const made = new mod.LeaseClient(origin, { journal: false }, undefined);
+        calls.instance = () => Promise.resolve(made instanceof mod.LeaseClient && mod.LeaseClient.name === 'LeaseClient' && typeof made.claim === 'function');
       }
-      assert.deepEqual(r.ids, ['kept'], 'nothing written or deleted');
-      assert.equal(r.trailing, 1, 'trailing undefineds are no arguments');
-    } finally {
-      await context.close();
+      const out = {};
+      for (const [k, call] of Object.entries(calls)) out[k] = await outcome(call);
+      const ids = (await s.list()).records.map((x) => x._id);
+      const trailing = (await s.get('kept', undefined, undefined))?.n;
+      s.close();
+      return { out, ids, trailing };
+    }, { entry, origin: base });
+    if (r.out.instance !== undefined) assert.equal(r.out.instance, 'true', 'new LeaseClient makes a LeaseClient');
+    delete r.out.instance;
+    for (const [k, v] of Object.entries(r.out)) {
+      const sync = k === 'watch' || k === 'work' || k === 'constructor';
+      assert.equal(v, `${sync ? 'threw' : 'rejected'} ValidationError:validation:true`, k);
     }
+    assert.deepEqual(r.ids, ['kept'], 'nothing written or deleted');
+    assert.equal(r.trailing, 1, 'trailing undefineds are no arguments');
   });
 }
