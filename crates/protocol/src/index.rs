@@ -10,7 +10,7 @@
 //! arrays; strings by UTF-16 code units; arrays element by element, a proper
 //! prefix first.
 
-use crate::keys::{is_lower_hex, prefix_successor};
+use crate::keys::{hex_units, hex_value, prefix_successor, push_hex, push_units};
 use md5::{Digest, Md5};
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
@@ -51,15 +51,10 @@ impl IndexDef {
         let mut tag = self.name.clone();
         tag.push('@');
         for b in digest.iter().take(8) {
-            tag.push(hex_digit(b >> 4));
-            tag.push(hex_digit(b & 0xF));
+            push_hex(&mut tag, u64::from(*b), 2);
         }
         tag
     }
-}
-
-fn hex_digit(n: u8) -> char {
-    char::from_digit(u32::from(n), 16).unwrap_or('0')
 }
 
 /// Appends `s` as a JSON string literal, escaped exactly as serde_json does:
@@ -77,8 +72,7 @@ fn json_string(out: &mut String, s: &str) {
             '\t' => out.push_str("\\t"),
             c if u32::from(c) < 0x20 => {
                 out.push_str("\\u00");
-                out.push(hex_digit((c as u8) >> 4));
-                out.push(hex_digit(c as u8 & 0xF));
+                push_hex(out, u64::from(c), 2);
             }
             c => out.push(c),
         }
@@ -323,13 +317,6 @@ pub fn entry_range(
     }
 }
 
-/// Appends the low `digits` hex digits of `v` (lower case, zero-padded).
-fn push_hex(out: &mut String, v: u64, digits: u32) {
-    for i in (0..digits).rev() {
-        out.push(hex_digit(((v >> (i * 4)) & 0xf) as u8));
-    }
-}
-
 /// Most UTF-16 code units the string values of one index entry may hold in
 /// all (250,000): a record whose key paths yield longer strings has no entry
 /// in that index, as one whose path yields no string or number. Every entry
@@ -361,9 +348,7 @@ pub fn encode_key_cursor(key: &[KeyPart]) -> String {
             }
             KeyPart::Str(u) => {
                 out.push('s');
-                for unit in u {
-                    push_hex(&mut out, u64::from(*unit), 4);
-                }
+                push_units(&mut out, u);
             }
             KeyPart::Max => out.push('m'),
         }
@@ -396,20 +381,10 @@ pub fn decode_key_cursor(s: &str) -> Result<Vec<KeyPart>, String> {
         .map(|p| {
             let (kind, body) = p.split_at(p.len().min(1));
             match kind {
-                "n" if body.len() == 16 && is_lower_hex(body) => u64::from_str_radix(body, 16)
+                "n" if body.len() == 16 => hex_value(body.as_bytes())
                     .map(|b| KeyPart::Num(f64::from_bits(b)))
-                    .map_err(|_| bad()),
-                "s" if body.len() % 4 == 0 && is_lower_hex(body) => body
-                    .as_bytes()
-                    .chunks(4)
-                    .map(|c| {
-                        std::str::from_utf8(c)
-                            .ok()
-                            .and_then(|h| u16::from_str_radix(h, 16).ok())
-                            .ok_or_else(bad)
-                    })
-                    .collect::<Result<Vec<u16>, String>>()
-                    .map(KeyPart::Str),
+                    .ok_or_else(bad),
+                "s" => hex_units(body).map(KeyPart::Str).ok_or_else(bad),
                 "m" if body.is_empty() => Ok(KeyPart::Max),
                 _ => Err(bad()),
             }

@@ -37,20 +37,49 @@ const CURSOR_TAG: &str = "c1.";
 pub fn encode_cursor(key: &[u16]) -> String {
     let mut s = String::with_capacity(CURSOR_TAG.len() + key.len() * 4);
     s.push_str(CURSOR_TAG);
-    for unit in key {
-        for shift in [12u16, 8, 4, 0] {
-            let d = u32::from((unit >> shift) & 0xF);
-            s.push(char::from_digit(d, 16).unwrap_or('0'));
-        }
-    }
+    push_units(&mut s, key);
     s
 }
 
-/// Whether `s` is made only of the digits cursors are written with
-/// (`0-9a-f`): `from_str_radix` alone also takes a `+` sign and upper-case
-/// digits, so one position would have several cursor texts.
-pub(crate) fn is_lower_hex(s: &str) -> bool {
-    s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+/// Appends the low `digits` hex digits of `v` (lower case, zero-padded).
+pub(crate) fn push_hex(out: &mut String, v: u64, digits: u32) {
+    for i in (0..digits).rev() {
+        let d = ((v >> (i * 4)) & 0xF) as u8;
+        out.push(char::from(if d < 10 { b'0' + d } else { b'a' - 10 + d }));
+    }
+}
+
+/// Appends four lower-case hex digits per UTF-16 unit of `units`.
+pub(crate) fn push_units(out: &mut String, units: &[u16]) {
+    for unit in units {
+        push_hex(out, u64::from(*unit), 4);
+    }
+}
+
+/// The value of `digits` read as lower-case hex (`0-9a-f` only: no sign,
+/// no upper case, so one value has exactly one text of a given length), or
+/// `None` for any other byte. At most 16 digits are meaningful.
+pub(crate) fn hex_value(digits: &[u8]) -> Option<u64> {
+    digits.iter().try_fold(0u64, |v, &d| {
+        let n = match d {
+            b'0'..=b'9' => d - b'0',
+            b'a'..=b'f' => d - b'a' + 10,
+            _ => return None,
+        };
+        Some(v << 4 | u64::from(n))
+    })
+}
+
+/// The UTF-16 units written by [`push_units`] (four hex digits each), or
+/// `None` when `hex` is not such a text.
+pub(crate) fn hex_units(hex: &str) -> Option<Vec<u16>> {
+    if hex.len() % 4 != 0 {
+        return None;
+    }
+    hex.as_bytes()
+        .chunks(4)
+        .map(|c| hex_value(c).map(|v| v as u16))
+        .collect()
 }
 
 /// Decodes a cursor made by [`encode_cursor`].
@@ -61,18 +90,7 @@ pub fn decode_cursor(cursor: &str) -> Result<Vec<u16>, String> {
     let body = cursor
         .strip_prefix(CURSOR_TAG)
         .ok_or_else(|| "invalid cursor: not made by this store".to_string())?;
-    if body.len() % 4 != 0 || !is_lower_hex(body) {
-        return Err("invalid cursor: malformed".into());
-    }
-    body.as_bytes()
-        .chunks(4)
-        .map(|c| {
-            std::str::from_utf8(c)
-                .ok()
-                .and_then(|h| u16::from_str_radix(h, 16).ok())
-                .ok_or_else(|| "invalid cursor: malformed".to_string())
-        })
-        .collect()
+    hex_units(body).ok_or_else(|| "invalid cursor: malformed".into())
 }
 
 #[cfg(test)]
