@@ -374,7 +374,7 @@ extern "C" {
 /// reach here only as walk copies or structured clones, never Proxies.
 fn component(record: &JsValue, path: &str) -> Option<JsValue> {
     let mut v = record.clone();
-    for seg in path.split('.') {
+    for seg in agentstore_protocol::keys::dot_parts(path) {
         let seg = JsValue::from_str(seg);
         if !v.is_object() || has_own(&v, &seg) != Ok(true) {
             return None;

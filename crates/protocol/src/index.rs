@@ -10,7 +10,7 @@
 //! arrays; strings by UTF-16 code units; arrays element by element, a proper
 //! prefix first.
 
-use crate::keys::{hex_units, hex_value, prefix_successor, push_hex, push_units};
+use crate::keys::{dot_parts, hex_units, hex_value, prefix_successor, push_hex, push_units};
 use md5::{Digest, Md5};
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
@@ -120,7 +120,7 @@ pub fn check_defs(defs: &[IndexDef]) -> Result<(), String> {
         if d.keys.is_empty() || d.keys.len() > MAX_INDEX_KEYS {
             return Err(quoted("index ", &d.name, " needs 1..=8 keys"));
         }
-        if d.keys.iter().any(|k| k.split('.').any(str::is_empty)) {
+        if d.keys.iter().any(|k| dot_parts(k).any(str::is_empty)) {
             return Err(quoted("index ", &d.name, " has an empty key path segment"));
         }
     }
@@ -373,7 +373,7 @@ pub fn decode_key_cursor(s: &str) -> Result<Vec<KeyPart>, String> {
     if s.bytes().filter(|b| *b == b'.').count() > MAX_INDEX_KEYS + 2 {
         return Err(bad());
     }
-    let mut parts = s.split('.');
+    let mut parts = dot_parts(s);
     if parts.next() != Some("i1") {
         return Err(bad());
     }

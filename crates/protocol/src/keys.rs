@@ -82,6 +82,27 @@ pub(crate) fn hex_units(hex: &str) -> Option<Vec<u16>> {
         .collect()
 }
 
+/// The parts of `s` between `.`s, as `s.split('.')` gives them (an empty
+/// part where two dots meet or at either end). Written over bytes: `'.'`
+/// is ASCII, so every part is on a character boundary, and the module keeps
+/// one splitter instead of `str::split`'s searcher and `memchr`.
+pub fn dot_parts(s: &str) -> impl Iterator<Item = &str> {
+    let mut rest = Some(s);
+    std::iter::from_fn(move || {
+        let r = rest?;
+        match r.bytes().position(|b| b == b'.') {
+            Some(i) => {
+                rest = Some(&r[i + 1..]);
+                Some(&r[..i])
+            }
+            None => {
+                rest = None;
+                Some(r)
+            }
+        }
+    })
+}
+
 /// Decodes a cursor made by [`encode_cursor`].
 ///
 /// # Errors
@@ -99,6 +120,27 @@ mod tests {
 
     fn u(s: &str) -> Vec<u16> {
         s.encode_utf16().collect()
+    }
+
+    #[test]
+    fn dot_parts_splits_as_str_split_does() {
+        for s in [
+            "",
+            ".",
+            "a",
+            "a.b",
+            ".a",
+            "a.",
+            "a..b",
+            "é.ü.",
+            "i1.s0061.n00",
+        ] {
+            assert_eq!(
+                dot_parts(s).collect::<Vec<_>>(),
+                s.split('.').collect::<Vec<_>>(),
+                "{s:?}"
+            );
+        }
     }
 
     #[test]

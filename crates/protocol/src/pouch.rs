@@ -183,7 +183,7 @@ pub fn classify_line(first: bool, has_docs: bool, has_seq: bool) -> Result<LineK
 }
 
 /// Largest sequence number taken (2^53 − 1: a JS number holds it exactly).
-const MAX_SEQ: u64 = 9_007_199_254_740_991;
+const MAX_SEQ: u64 = crate::rev::MAX_GENERATION;
 
 /// The sequence number a `seq` or `update_seq` given as a JSON number
 /// names: a non-negative integer up to 2^53 − 1; `None` for any other
@@ -203,7 +203,7 @@ pub fn seq_from_text(s: &str) -> Option<u64> {
     if number.is_empty() || !(rest.is_empty() || rest.starts_with('-')) {
         return None;
     }
-    number.parse::<u64>().ok().filter(|n| *n <= MAX_SEQ)
+    crate::rev::decimal(number)
 }
 
 /// Why a dump read to its end is not a whole dump.

@@ -42,6 +42,23 @@ impl fmt::Display for RevParseError {
 
 impl std::error::Error for RevParseError {}
 
+/// `digits` (ASCII `0-9` only, at least one; leading zeros allowed) as a
+/// number of at most 2^53 − 1 ([`MAX_GENERATION`], the largest integer a JS
+/// Number holds exactly), or `None`. (`str::parse` also takes a `+` sign,
+/// and its code is a second decimal reader in the module.)
+pub fn decimal(digits: &str) -> Option<u64> {
+    if digits.is_empty() {
+        return None;
+    }
+    // n <= 2^53 - 1 before each step, so n * 10 + 9 cannot overflow.
+    digits.bytes().try_fold(0u64, |n, b| {
+        let d = b.wrapping_sub(b'0');
+        (d < 10)
+            .then(|| n * 10 + u64::from(d))
+            .filter(|n| *n <= MAX_GENERATION)
+    })
+}
+
 impl Rev {
     /// Parses `"<generation>-<hex>"`.
     ///
@@ -51,15 +68,15 @@ impl Rev {
     /// empty, too long or not lower-case hex.
     pub fn parse(s: &str) -> Result<Rev, RevParseError> {
         let err = |why: &str| Err(RevParseError(["invalid _rev \"", s, "\": ", why].concat()));
-        let Some((gen, hash)) = s.split_once('-') else {
+        let Some(dash) = s.bytes().position(|b| b == b'-') else {
             return err("expected \"<generation>-<hex>\"");
         };
+        let (gen, hash) = (&s[..dash], &s[dash + 1..]);
         if gen.is_empty() || !gen.bytes().all(|b| b.is_ascii_digit()) || gen.starts_with('0') {
             return err("generation must be a positive decimal integer");
         }
-        let generation = match gen.parse::<u64>() {
-            Ok(g) if g <= MAX_GENERATION => g,
-            _ => return err("generation exceeds 2^53-1"),
+        let Some(generation) = decimal(gen) else {
+            return err("generation exceeds 2^53-1");
         };
         if hash.is_empty() || hash.len() > MAX_REV_HEX {
             return err("hex part must be 1..=64 characters");
@@ -208,6 +225,25 @@ mod tests {
 
     fn rev(s: &str) -> Rev {
         Rev::parse(s).unwrap()
+    }
+
+    #[test]
+    fn decimal_reads_digits_up_to_2_pow_53_minus_1_and_nothing_else() {
+        assert_eq!(decimal("0"), Some(0));
+        assert_eq!(decimal("007"), Some(7));
+        assert_eq!(decimal("9007199254740991"), Some(MAX_GENERATION));
+        for bad in [
+            "",
+            "9007199254740992",
+            "99999999999999999999999",
+            "+1",
+            "-1",
+            "1a",
+            " 1",
+            "١",
+        ] {
+            assert_eq!(decimal(bad), None, "{bad:?}");
+        }
     }
 
     #[test]
