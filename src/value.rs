@@ -241,8 +241,8 @@ fn may_be_lossy(text: &str, js: &JsValue) -> bool {
 /// copied: see [`MAX_ARG_UNITS`].
 pub(crate) fn exact_string(v: &JsValue) -> Option<String> {
     let text = short_string(v, MAX_ARG_UNITS)?;
-    let exact =
-        !may_be_lossy(&text, v) || char::decode_utf16(units(v.unchecked_ref())).all(|c| c.is_ok());
+    let exact = !may_be_lossy(&text, v)
+        || !agentstore_protocol::keys::has_lone_surrogate(&units(v.unchecked_ref()));
     exact.then_some(text)
 }
 

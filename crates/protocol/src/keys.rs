@@ -82,6 +82,22 @@ pub(crate) fn hex_units(hex: &str) -> Option<Vec<u16>> {
         .collect()
 }
 
+/// Whether `units` (UTF-16 code units) hold a lone surrogate: a high one
+/// (0xD800–0xDBFF) not followed by a low one (0xDC00–0xDFFF), or a low one
+/// not preceded by a high one. Such a string is a valid JS string but has
+/// no UTF-8 form (a conversion turns it into U+FFFD).
+pub fn has_lone_surrogate(units: &[u16]) -> bool {
+    let mut i = 0;
+    while let Some(&u) = units.get(i) {
+        match u {
+            0xD800..=0xDBFF if matches!(units.get(i + 1), Some(0xDC00..=0xDFFF)) => i += 2,
+            0xD800..=0xDFFF => return true,
+            _ => i += 1,
+        }
+    }
+    false
+}
+
 /// The parts of `s` between `.`s, as `s.split('.')` gives them (an empty
 /// part where two dots meet or at either end). Written over bytes: `'.'`
 /// is ASCII, so every part is on a character boundary, and the module keeps
@@ -120,6 +136,28 @@ mod tests {
 
     fn u(s: &str) -> Vec<u16> {
         s.encode_utf16().collect()
+    }
+
+    #[test]
+    fn a_lone_surrogate_is_found_wherever_it_is() {
+        let cases: [(&[u16], bool); 9] = [
+            (&[], false),
+            (&[0x61], false),
+            (&[0xD83D, 0xDE00], false),
+            (&[0x61, 0xD83D, 0xDE00, 0x62], false),
+            (&[0xD83D], true),
+            (&[0xDE00], true),
+            (&[0xDE00, 0xD83D], true),
+            (&[0xD83D, 0xD83D, 0xDE00], true),
+            (&[0xD83D, 0xDE00, 0xDE00], true),
+        ];
+        for (u, lone) in cases {
+            assert_eq!(has_lone_surrogate(u), lone, "{u:x?}");
+            assert_eq!(
+                lone,
+                char::decode_utf16(u.iter().copied()).any(|c| c.is_err())
+            );
+        }
     }
 
     #[test]
