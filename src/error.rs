@@ -132,13 +132,12 @@ impl StoreError {
             .concat(),
             StoreError::Transaction(m) => ["IndexedDB transaction failed: ", m].concat(),
             StoreError::Blocked(name, ms) => {
-                let mut buf = [0u8; 20];
-                let ms = agentstore_protocol::canonical::decimal(u64::from(*ms), &mut buf);
+                let ms = agentstore_protocol::canonical::decimal(u64::from(*ms));
                 [
                     "\"",
                     name,
                     "\": the open or deletion did not complete within ",
-                    ms,
+                    &ms,
                     " ms: another tab's connection blocks (or is queued ahead of) it",
                 ]
                 .concat()

@@ -92,9 +92,8 @@ impl Fail {
                         msg.push_str(k);
                     }
                     Seg::Index(n) => {
-                        let mut buf = [0u8; 20];
                         msg.push('[');
-                        msg.push_str(decimal(u64::from(*n), &mut buf));
+                        msg.push_str(&decimal(u64::from(*n)));
                         msg.push(']');
                     }
                 }

@@ -492,11 +492,10 @@ async fn settle_failed_or_drop(
         state == SettleState::Failed && !with_result && error.is_none_or(|m| m.len() <= 8192);
     if lease.status() == Status::Held && (!e.is_transient() || for_good) && !bare {
         // A page's refusal names its status (the message alone does not).
-        let mut buf = [0u8; 20];
         let why = match e {
             LeaseError::Server { status, .. } if for_good => {
-                let n = agentstore_protocol::canonical::decimal(u64::from(*status), &mut buf);
-                [e.message(), " (HTTP ", n, ")"].concat()
+                let n = agentstore_protocol::canonical::decimal(u64::from(*status));
+                [e.message(), " (HTTP ", &n, ")"].concat()
             }
             _ => e.message().to_owned(),
         };

@@ -213,9 +213,8 @@ const FRESH_MAX_TOMBSTONES: u32 = 20_000;
 
 /// "`what` line `n`: `why`" — a ValidationError naming the line.
 fn line_error(what: &str, n: usize, why: &str) -> StoreError {
-    let mut buf = [0u8; 20];
-    let n = agentstore_protocol::canonical::decimal(n as u64, &mut buf);
-    StoreError::validation([what, " line ", n, ": ", why].concat())
+    let n = agentstore_protocol::canonical::decimal(n as u64);
+    StoreError::validation([what, " line ", &n, ": ", why].concat())
 }
 
 thread_local! {
@@ -388,16 +387,13 @@ fn incomplete(why: Incomplete) -> StoreError {
                 last_seq,
             } => (update_seq, last_seq),
         };
-    let (mut a, mut b) = ([0u8; 20], [0u8; 20]);
     let num = agentstore_protocol::canonical::decimal;
+    let (a, b) = (num(update_seq), last_seq.map(num).unwrap_or_default());
     let reached: &[&str] = match last_seq {
-        Some(s) => &[" but its last seq is ", num(s, &mut b)],
+        Some(_) => &[" but its last seq is ", &b],
         None => &[" but it has no seq line"],
     };
-    let mut why = vec![
-        "PouchDB dump: the header's db_info.update_seq is ",
-        num(update_seq, &mut a),
-    ];
+    let mut why = vec!["PouchDB dump: the header's db_info.update_seq is ", &a];
     why.extend_from_slice(reached);
     why.push(" (the dump was cut off); nothing was written");
     StoreError::validation(why.concat())
@@ -495,13 +491,12 @@ fn check_count(at: usize, declared: u64, read: u64) -> Result<()> {
     if declared == read {
         return Ok(());
     }
-    let (mut a, mut b) = ([0u8; 20], [0u8; 20]);
     let num = agentstore_protocol::canonical::decimal;
     let why = [
         "the header declares ",
-        num(declared, &mut a),
+        &num(declared),
         " records and tombstones but ",
-        num(read, &mut b),
+        &num(read),
         " lines follow it (a cut-off or altered file); nothing was written",
     ]
     .concat();

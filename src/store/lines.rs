@@ -157,12 +157,11 @@ fn kind(v: &JsValue) -> Result<Kind<'_>> {
         // import as an empty source.
         if !prop(r, "ok")?.is_truthy() {
             let status = prop(r, "status")?.as_f64().unwrap_or(0.0);
-            let mut buf = [0u8; 20];
-            let n = agentstore_protocol::canonical::decimal(status as u64, &mut buf);
+            let n = agentstore_protocol::canonical::decimal(status as u64);
             return Err(StoreError::validation(
                 [
                     "the import source is an HTTP ",
-                    n,
+                    &n,
                     " response (its ok is false)",
                 ]
                 .concat(),

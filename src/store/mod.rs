@@ -92,10 +92,9 @@ impl Prepared {
             }
             _ => now,
         };
-        let mut buf = [0u8; 20];
-        let epoch = agentstore_protocol::canonical::decimal(purges as u64, &mut buf);
+        let epoch = agentstore_protocol::canonical::decimal(purges as u64);
         let parts: &[&str] = if base.is_none() && purges > 0.0 {
-            &[&self.digest, updated_at, epoch]
+            &[&self.digest, updated_at, &epoch]
         } else {
             &[&self.digest, updated_at]
         };

@@ -173,10 +173,13 @@ pub fn itoa(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
 }
 
 /// [`itoa`] as text, for messages and revision parts built by
-/// concatenation (no `format!`).
-pub fn decimal(n: u64, buf: &mut [u8; 20]) -> &str {
-    // Only ASCII digits: never the fallback.
-    core::str::from_utf8(itoa(n, buf)).unwrap_or("0")
+/// concatenation (no `format!`; the digits are ASCII, so each byte is its
+/// own `char` and no UTF-8 check is needed).
+pub fn decimal(n: u64) -> String {
+    itoa(n, &mut [0; 20])
+        .iter()
+        .map(|&d| char::from(d))
+        .collect()
 }
 
 #[cfg(test)]
@@ -275,9 +278,9 @@ mod tests {
         let mut buf = [0u8; 20];
         assert_eq!(itoa(0, &mut buf), b"0");
         assert_eq!(itoa(u64::MAX, &mut buf), b"18446744073709551615");
-        assert_eq!(decimal(0, &mut buf), "0");
-        assert_eq!(decimal(413, &mut buf), "413");
-        assert_eq!(decimal(u64::MAX, &mut buf), "18446744073709551615");
+        assert_eq!(decimal(0), "0");
+        assert_eq!(decimal(413), "413");
+        assert_eq!(decimal(u64::MAX), "18446744073709551615");
         assert_eq!(hex(&[0x0a, 0xff]), "0aff");
     }
 }
