@@ -342,7 +342,7 @@ pub fn is_queue_name(name: &str) -> bool {
         && name != ".."
         && name
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b))
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'))
 }
 
 /// The queue-scope entry that stands for every queue.
