@@ -18,6 +18,10 @@ quiet=()
 . scripts/pkg-toolchain.sh
 pkg_toolchain_install
 export RUSTUP_TOOLCHAIN="$PKG_TOOLCHAIN" RUSTFLAGS="$PKG_RUSTFLAGS"
+# Built with the name section (and the target_features section wasm-bindgen
+# reads): package.mjs uses the names to find the closure shims nothing can
+# call, then drops both sections.
+export CARGO_PROFILE_RELEASE_STRIP=false
 # Its own target directory: the flags differ from the stable test builds'.
 export CARGO_TARGET_DIR="$PWD/target/pkg"
 rm -rf pkg

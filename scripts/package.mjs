@@ -94,7 +94,123 @@ if (hasStore) completeDts(join(dir, sub, types), NOTE.store);
 // field names; their module names (`./snippets/<crate>-<hash>/js/promise.js`,
 // once per import) become `$0`, `$1`, … too, and so do the exports (see
 // `exportSection`). Renamed names start with `$`, so a second run renames nothing.
-const DROP = new Set(['name', 'producers']);
+const DROP = new Set(['name', 'producers', 'target_features']);
+
+// wasm-bindgen's closure invocation shims that nothing can call.
+//
+// Every `#[wasm_bindgen]` import taking a closure (`&mut dyn FnMut(…)`) has
+// a descriptor function that takes the address of its shim
+// (`wasm_bindgen::convert::closures::_::invoke::<…>`), which puts the shim
+// in the function table. js-sys declares dozens of such imports (the typed
+// arrays' `forEach`/`find`/…, `Array.prototype.flatMap`, `Map.forEach`): the
+// CLI runs the descriptors and removes them and the unused imports, but keeps
+// the table whole, so each of those shims stays in the module with nothing
+// left to call it (42 shims, 4.4 kB of code in the store module; the same
+// retention is wasm-bindgen/wasm-bindgen#2535). The glue calls the shims it
+// uses by export name, never through the table, and Rust code reaches the
+// table only through vtables and function pointers it took itself.
+//
+// A function is dead here when the name section (present: build-pkg.sh
+// builds with `strip = false`; the section is dropped below) names it as
+// such a shim, it is not exported, and no `call`, `return_call` or
+// `ref.func` of its index appears anywhere in the code section (a scan of
+// every byte for the opcode and the index's LEB128: it may find references
+// that are not there, never miss one). Its body becomes `unreachable`; its
+// index, table slot and type stay, so nothing else in the module moves.
+// Returns the set of dead function indices, with `firstBody` (the index of
+// the code section's first body: the imported functions come first).
+const deadClosureShims = (b, leb, file) => {
+  const sections = new Map();
+  let names = null;
+  const at = { p: 8 };
+  while (at.p < b.length) {
+    const id = b[at.p++];
+    const size = leb(at);
+    const start = at.p;
+    at.p += size;
+    if (id !== 0) {
+      sections.set(id, [start, at.p]);
+      continue;
+    }
+    const q = { p: start };
+    const n = leb(q);
+    if (b.subarray(q.p, q.p + n).toString('utf8') === 'name') names = [q.p + n, at.p];
+  }
+  const dead = new Set();
+  let firstBody = 0;
+  if (sections.has(2)) {
+    const q = { p: sections.get(2)[0] };
+    // (`skip` reads the length before it moves: `q.p += leb(q)` would add
+    // the length to the position before the LEB128.)
+    const skip = (r) => {
+      const n = leb(r);
+      r.p += n;
+    };
+    for (let i = leb(q); i > 0; i--) {
+      skip(q);
+      skip(q);
+      const kind = b[q.p++];
+      if (kind === 0) {
+        leb(q);
+        firstBody++;
+      } else if (kind === 1) {
+        q.p++;
+        const flags = b[q.p++];
+        leb(q);
+        if (flags & 1) leb(q);
+      } else if (kind === 2) {
+        const flags = b[q.p++];
+        leb(q);
+        if (flags & 1) leb(q);
+      } else if (kind === 3) q.p += 2;
+      else if (kind === 4) {
+        q.p++;
+        leb(q);
+      } else throw new Error(`${file}: an import of unknown kind ${kind}`);
+    }
+  }
+  dead.firstBody = firstBody;
+  if (!names || !sections.has(10)) return dead;
+  const shim = /^wasm_bindgen\[[0-9a-f]+\]::convert::closures::_::invoke::<.*>$/;
+  const q = { p: names[0] };
+  while (q.p < names[1]) {
+    const sub = b[q.p++];
+    const size = leb(q);
+    const end = q.p + size;
+    if (sub === 1) {
+      for (let i = leb(q); i > 0; i--) {
+        const idx = leb(q);
+        const n = leb(q);
+        if (shim.test(b.subarray(q.p, q.p + n).toString('utf8'))) dead.add(idx);
+        q.p += n;
+      }
+    }
+    q.p = end;
+  }
+  if (sections.has(7)) {
+    const e = { p: sections.get(7)[0] };
+    for (let i = leb(e); i > 0; i--) {
+      const n = leb(e);
+      e.p += n;
+      const kind = b[e.p++];
+      const idx = leb(e);
+      if (kind === 0) dead.delete(idx);
+    }
+  }
+  const [codeStart, codeEnd] = sections.get(10);
+  for (let p = codeStart; p < codeEnd && dead.size > 0; p++) {
+    const op = b[p];
+    if (op !== 0x10 && op !== 0x12 && op !== 0xd2) continue;
+    let idx = 0;
+    let shift = 0;
+    for (let r = p + 1; r < codeEnd && shift < 35; r++, shift += 7) {
+      idx += (b[r] & 0x7f) * 2 ** shift;
+      if (!(b[r] & 0x80)) break;
+    }
+    dead.delete(idx);
+  }
+  return dead;
+};
 const slimWasm = (file, glue, glueModule) => {
   const b = readFileSync(file);
   const leb = (at) => {
@@ -210,6 +326,22 @@ const slimWasm = (file, glue, glueModule) => {
     if (at.p !== end) throw new Error(`${file}: the import section did not parse to its end`);
     return Buffer.concat(parts);
   };
+  const dead = deadClosureShims(b, leb, file);
+  // The code section: a count, then per function a LEB128 size and its
+  // body; the bodies of `dead` functions become `unreachable`.
+  const codeSection = (start, end) => {
+    const at = { p: start };
+    const count = leb(at);
+    const parts = [encLeb(count)];
+    for (let i = 0; i < count; i++) {
+      const size = leb(at);
+      if (dead.has(dead.firstBody + i)) parts.push(Buffer.from([3, 0, 0x00, 0x0b]));
+      else parts.push(encLeb(size), b.subarray(at.p, at.p + size));
+      at.p += size;
+    }
+    if (at.p !== end) throw new Error(`${file}: the code section did not parse to its end`);
+    return Buffer.concat(parts);
+  };
   const kept = [b.subarray(0, 8)];
   const at = { p: 8 };
   while (at.p < b.length) {
@@ -222,8 +354,8 @@ const slimWasm = (file, glue, glueModule) => {
       const n = leb(at);
       name = b.subarray(at.p, at.p + n).toString('utf8');
     }
-    if (id === 2 || id === 7) {
-      const payload = (id === 2 ? importSection : exportSection)(at.p, end);
+    if (id === 2 || id === 7 || (id === 10 && dead.size > 0)) {
+      const payload = (id === 2 ? importSection : id === 7 ? exportSection : codeSection)(at.p, end);
       kept.push(Buffer.from([id]), encLeb(payload.length), payload);
     } else if (!DROP.has(name)) kept.push(b.subarray(start, end));
     at.p = end;
@@ -266,8 +398,14 @@ const slimWasm = (file, glue, glueModule) => {
     }
     writeFileSync(dts, text);
   }
-  writeFileSync(file, Buffer.concat(kept));
+  const out = Buffer.concat(kept);
+  // Every rewrite above must leave a module the engine takes.
+  if (!WebAssembly.validate(out)) throw new Error(`${file}: the slimmed module does not validate`);
+  writeFileSync(file, out);
+  stubbed.push(`${file.slice(dir.length + 1)} ${dead.size}`);
 };
+// Per module, how many unreachable closure shims lost their code.
+const stubbed = [];
 slimWasm(join(dir, wasm), join(dir, js), `./${wasm.replace(/\.wasm$/, '.js')}`);
 if (hasStore) slimWasm(join(dir, sub, wasm), join(dir, sub, js), `./${wasm.replace(/\.wasm$/, '.js')}`);
 // pkg/io/: the `io` build both entry points load on the first import or
@@ -575,4 +713,4 @@ const out = {
       : false,
 };
 writeFileSync(path, JSON.stringify(out, null, 2) + '\n');
-console.log(`completed ${path}: exports ${Object.keys(out.exports).join(', ')}`);
+console.log(`completed ${path}: exports ${Object.keys(out.exports).join(', ')}; closure shims nothing calls, emptied: ${stubbed.join(', ')}`);
