@@ -1188,7 +1188,10 @@ fn legacy_id(options: &JsValue) -> Result<String, StoreError> {
     match read(options, "legacyIndexId")? {
         v if v.is_undefined() || v.is_null() => Ok("agent-index".to_owned()),
         v => crate::value::exact_string(&v).ok_or_else(|| {
-            StoreError::validation(["legacyIndexId", crate::value::STRING_ARG].concat())
+            StoreError::validation(agentstore_protocol::cat(&[
+                "legacyIndexId",
+                crate::value::STRING_ARG,
+            ]))
         }),
     }
 }

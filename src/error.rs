@@ -112,37 +112,36 @@ impl StoreError {
                 expected_rev,
                 current_rev,
                 ..
-            } => [
+            } => agentstore_protocol::cat(&[
                 "conflict on ",
                 id_text,
                 ": expected revision ",
                 &or_none(expected_rev),
                 ", stored revision is ",
                 &or_none(current_rev),
-            ]
-            .concat(),
+            ]),
             StoreError::BatchConflict { .. } => {
                 "some of the batch's records conflict (see failures); nothing was written".into()
             }
-            StoreError::NotFound(_, id) => ["record ", id, " not found"].concat(),
-            StoreError::QuotaExceeded(m) => [
+            StoreError::NotFound(_, id) => agentstore_protocol::cat(&["record ", id, " not found"]),
+            StoreError::QuotaExceeded(m) => agentstore_protocol::cat(&[
                 "storage quota exceeded; the transaction was rolled back: ",
                 m,
-            ]
-            .concat(),
-            StoreError::Transaction(m) => ["IndexedDB transaction failed: ", m].concat(),
+            ]),
+            StoreError::Transaction(m) => {
+                agentstore_protocol::cat(&["IndexedDB transaction failed: ", m])
+            }
             StoreError::Blocked(name, ms) => {
                 let ms = agentstore_protocol::canonical::decimal(u64::from(*ms));
-                [
+                agentstore_protocol::cat(&[
                     "\"",
                     name,
                     "\": the open or deletion did not complete within ",
                     &ms,
                     " ms: another tab's connection blocks (or is queued ahead of) it",
-                ]
-                .concat()
+                ])
             }
-            StoreError::Closed(why) => ["the store is closed: ", why].concat(),
+            StoreError::Closed(why) => agentstore_protocol::cat(&["the store is closed: ", why]),
             StoreError::Aborted(_) => "the operation was aborted".into(),
             StoreError::Thrown(_) => "the callback threw".into(),
         }
@@ -177,9 +176,9 @@ impl StoreError {
             "QuotaExceededError" => StoreError::QuotaExceeded(message),
             "InvalidStateError" => StoreError::Closed(message),
             "DataError" | "DataCloneError" => {
-                StoreError::validation([&name, ": ", &message].concat())
+                StoreError::validation(agentstore_protocol::cat(&[&name, ": ", &message]))
             }
-            _ => StoreError::Transaction([&name, ": ", &message].concat()),
+            _ => StoreError::Transaction(agentstore_protocol::cat(&[&name, ": ", &message])),
         }
     }
 

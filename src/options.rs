@@ -133,7 +133,7 @@ pub(crate) fn issue(
 pub(crate) fn opt(options: &JsValue, key: &str) -> Result<JsValue, String> {
     if options.is_object() {
         Reflect::get(options, &key.into())
-            .map_err(|_| [key, " could not be read (its getter threw)"].concat())
+            .map_err(|_| agentstore_protocol::cat(&[key, " could not be read (its getter threw)"]))
     } else {
         Ok(JsValue::UNDEFINED)
     }
@@ -157,7 +157,7 @@ pub(crate) fn check_object(options: &JsValue, what: &str) -> Result<(), String> 
     if options.is_undefined() || options.is_null() || options.is_object() {
         Ok(())
     } else {
-        Err([what, " must be an object"].concat())
+        Err(agentstore_protocol::cat(&[what, " must be an object"]))
     }
 }
 
@@ -176,7 +176,7 @@ fn given<T>(
         return Ok(None);
     }
     f(v).map(Some)
-        .ok_or_else(|| [key, " must be ", what].concat())
+        .ok_or_else(|| agentstore_protocol::cat(&[key, " must be ", what]))
 }
 
 /// `Ok` when every own enumerable key of `options` that holds a value (not
@@ -196,7 +196,13 @@ pub(crate) fn known(options: &JsValue, known: &'static str) -> Result<(), String
     match unknown_option(options, known) {
         Ok(k) => match k.as_string() {
             None => Ok(()),
-            Some(k) => Err(["unknown option \"", &k, "\" (this call takes: ", known, ")"].concat()),
+            Some(k) => Err(agentstore_protocol::cat(&[
+                "unknown option \"",
+                &k,
+                "\" (this call takes: ",
+                known,
+                ")",
+            ])),
         },
         Err(_) => Err("the options' keys could not be listed (ownKeys threw)".into()),
     }
@@ -294,6 +300,10 @@ pub(crate) fn opt_signal(options: &JsValue) -> Result<Option<AbortSignal>, Strin
 /// (which the conversion would change: [`crate::value::exact_string`]).
 pub(crate) fn string_arg(v: &JsValue, what: &'static str) -> Result<String, JsValue> {
     crate::value::exact_string(v).ok_or_else(|| {
-        crate::error::StoreError::validation([what, crate::value::STRING_ARG].concat()).to_js()
+        crate::error::StoreError::validation(agentstore_protocol::cat(&[
+            what,
+            crate::value::STRING_ARG,
+        ]))
+        .to_js()
     })
 }

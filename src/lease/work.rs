@@ -495,7 +495,7 @@ async fn settle_failed_or_drop(
         let why = match e {
             LeaseError::Server { status, .. } if for_good => {
                 let n = agentstore_protocol::canonical::decimal(u64::from(*status));
-                [e.message(), " (HTTP ", &n, ")"].concat()
+                agentstore_protocol::cat(&[e.message(), " (HTTP ", &n, ")"])
             }
             _ => e.message().to_owned(),
         };

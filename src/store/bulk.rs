@@ -53,9 +53,11 @@ pub(super) fn batch_array(
     too_many: &'static str,
 ) -> Result<Vec<JsValue>> {
     if !crate::value::is_array(v)? {
-        return Err(StoreError::validation(
-            [call, " expects an array of ", of].concat(),
-        ));
+        return Err(StoreError::validation(agentstore_protocol::cat(&[
+            call,
+            " expects an array of ",
+            of,
+        ])));
     }
     crate::value::items(v.unchecked_ref(), MAX_BATCH, too_many)
 }

@@ -246,7 +246,7 @@ fn write_state(tx: &Tx, state: &IndexState, gen: f64) -> Result<()> {
 }
 
 fn checkpoint_key(tag: &str) -> JsValue {
-    JsValue::from([CHECKPOINT_PREFIX, tag].concat())
+    JsValue::from(agentstore_protocol::cat(&[CHECKPOINT_PREFIX, tag]))
 }
 
 async fn read_checkpoint(tx: &Tx, tag: &str) -> Result<Option<Checkpoint>> {
@@ -523,7 +523,10 @@ impl ByQuery {
                 .flatten()
                 .filter(|p| *p != KeyPart::Max)
                 .ok_or_else(|| {
-                    StoreError::validation([what, " must be a finite number or a string of at most 65,536 UTF-16 code units"].concat())
+                    StoreError::validation(agentstore_protocol::cat(&[
+                        what,
+                        " must be a finite number or a string of at most 65,536 UTF-16 code units",
+                    ]))
                 })
         };
         let (eq, prefix, range) = (get("eq")?, get("prefix")?, get("range")?);
@@ -635,7 +638,11 @@ impl Store {
     /// The declared definition named `name`.
     fn def(&self, name: &str) -> Result<&IndexDef> {
         self.indexes.iter().find(|d| d.name == name).ok_or_else(|| {
-            StoreError::validation(["no index named \"", name, "\" was declared at open"].concat())
+            StoreError::validation(agentstore_protocol::cat(&[
+                "no index named \"",
+                name,
+                "\" was declared at open",
+            ]))
         })
     }
 
@@ -877,14 +884,11 @@ impl Store {
                 .find(|(_, t)| !state.defs.contains_key(*t))
             {
                 tx.commit().await?;
-                return Err(StoreError::Transaction(
-                    [
-                        "index ",
-                        &d.0.name,
-                        " was redefined by another connection during the rebuild",
-                    ]
-                    .concat(),
-                ));
+                return Err(StoreError::Transaction(agentstore_protocol::cat(&[
+                    "index ",
+                    &d.0.name,
+                    " was redefined by another connection during the rebuild",
+                ])));
             }
             // This connection's tags still building, each at its checkpoint.
             let mut mine = Vec::new();

@@ -214,7 +214,7 @@ const FRESH_MAX_TOMBSTONES: u32 = 20_000;
 /// "`what` line `n`: `why`" — a ValidationError naming the line.
 fn line_error(what: &str, n: usize, why: &str) -> StoreError {
     let n = agentstore_protocol::canonical::decimal(n as u64);
-    StoreError::validation([what, " line ", &n, ": ", why].concat())
+    StoreError::validation(agentstore_protocol::cat(&[what, " line ", &n, ": ", why]))
 }
 
 thread_local! {
@@ -396,7 +396,7 @@ fn incomplete(why: Incomplete) -> StoreError {
     let mut why = vec!["PouchDB dump: the header's db_info.update_seq is ", &a];
     why.extend_from_slice(reached);
     why.push(" (the dump was cut off); nothing was written");
-    StoreError::validation(why.concat())
+    StoreError::validation(agentstore_protocol::cat(&why))
 }
 
 /// Checks an imported live record exactly as `put` checks a record (the
@@ -492,14 +492,13 @@ fn check_count(at: usize, declared: u64, read: u64) -> Result<()> {
         return Ok(());
     }
     let num = agentstore_protocol::canonical::decimal;
-    let why = [
+    let why = agentstore_protocol::cat(&[
         "the header declares ",
         &num(declared),
         " records and tombstones but ",
         &num(read),
         " lines follow it (a cut-off or altered file); nothing was written",
-    ]
-    .concat();
+    ]);
     Err(line_error("snapshot", at, &why))
 }
 

@@ -158,14 +158,11 @@ fn kind(v: &JsValue) -> Result<Kind<'_>> {
         if !prop(r, "ok")?.is_truthy() {
             let status = prop(r, "status")?.as_f64().unwrap_or(0.0);
             let n = agentstore_protocol::canonical::decimal(status as u64);
-            return Err(StoreError::validation(
-                [
-                    "the import source is an HTTP ",
-                    &n,
-                    " response (its ok is false)",
-                ]
-                .concat(),
-            ));
+            return Err(StoreError::validation(agentstore_protocol::cat(&[
+                "the import source is an HTTP ",
+                &n,
+                " response (its ok is false)",
+            ])));
         }
         if prop(r, "bodyUsed")?.is_truthy() {
             return Err(StoreError::validation("the Response body was already read"));
@@ -484,14 +481,13 @@ fn unreadable(e: &JsValue) -> StoreError {
         .unwrap_or_default();
     let sep = if name.is_empty() { "" } else { ": " };
     StoreError::Unreadable {
-        message: [
+        message: agentstore_protocol::cat(&[
             "the import source could not be read (",
             &name,
             sep,
             &message,
             ")",
-        ]
-        .concat(),
+        ]),
         cause: e.clone(),
     }
 }

@@ -9,7 +9,7 @@ use wasm_bindgen::{JsCast, JsValue};
 use web_sys::BroadcastChannel;
 
 fn channel_name(db: &str) -> String {
-    ["agentstore:", db].concat()
+    agentstore_protocol::cat(&["agentstore:", db])
 }
 
 /// Posts committed changes (`[{id, rev, deleted}]`) for one database.

@@ -99,37 +99,7 @@ impl BodyDigest {
 
     /// The escaped content of a JSON string literal, without the quotes.
     fn string_body(&mut self, s: &str) {
-        let bytes = s.as_bytes();
-        let mut start = 0;
-        for (i, &b) in bytes.iter().enumerate() {
-            let esc: &[u8] = match b {
-                b'"' => b"\\\"",
-                b'\\' => b"\\\\",
-                b'\n' => b"\\n",
-                b'\r' => b"\\r",
-                b'\t' => b"\\t",
-                0x08 => b"\\b",
-                0x0c => b"\\f",
-                0..=0x1f => &[],
-                _ => continue,
-            };
-            self.raw(&bytes[start..i]);
-            if esc.is_empty() {
-                const HEX: &[u8; 16] = b"0123456789abcdef";
-                self.raw(&[
-                    b'\\',
-                    b'u',
-                    b'0',
-                    b'0',
-                    HEX[usize::from(b >> 4)],
-                    HEX[usize::from(b & 15)],
-                ]);
-            } else {
-                self.raw(esc);
-            }
-            start = i + 1;
-        }
-        self.raw(&bytes[start..]);
+        escape_json(s, &mut |p| self.raw(p.as_bytes()));
     }
 
     /// Bytes fed so far.
@@ -146,6 +116,38 @@ impl BodyDigest {
     pub fn finish(self) -> String {
         hex(&self.md5.finalize())
     }
+}
+
+/// Feeds `emit` the content of `s` as a JSON string literal (without the
+/// quotes), escaped as serde_json escapes it: `\"`, `\\`, `\b \f \n \r \t`,
+/// other control characters (below U+0020) as `\u00xx` in lower-case hex,
+/// everything else as it is. The pieces, in order, are runs of `s` and
+/// escapes; the digest and the index tag's text both write through this.
+pub fn escape_json(s: &str, emit: &mut dyn FnMut(&str)) {
+    const HEX: &str = "0123456789abcdef";
+    let mut start = 0;
+    for (i, b) in s.bytes().enumerate() {
+        let esc = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x08 => "\\b",
+            0x0c => "\\f",
+            0..=0x1f => "\\u00",
+            _ => continue,
+        };
+        emit(&s[start..i]);
+        emit(esc);
+        if esc.len() == 4 {
+            let (hi, lo) = (usize::from(b >> 4), usize::from(b & 15));
+            emit(&HEX[hi..=hi]);
+            emit(&HEX[lo..=lo]);
+        }
+        start = i + 1;
+    }
+    emit(&s[start..]);
 }
 
 /// Lower-case hex of `bytes`.
@@ -187,6 +189,18 @@ mod tests {
     use super::*;
     use crate::record::canonical_body;
     use serde_json::{json, Value};
+
+    #[test]
+    fn every_character_is_escaped_as_serde_json_escapes_it() {
+        let mut s: String = (0u8..0x80).map(char::from).collect();
+        s.push_str("\u{e9}\u{7ff}\u{ffff}\u{1f600}\"x\\");
+        for text in [s.as_str(), "", "plain", "\u{1f}", "a\"", "\\b"] {
+            let mut out = String::from("\"");
+            escape_json(text, &mut |p| out.push_str(p));
+            out.push('"');
+            assert_eq!(out, serde_json::to_string(text).unwrap(), "{text:?}");
+        }
+    }
 
     /// Streams a serde_json value the way the SDK streams a JS value.
     fn feed(d: &mut BodyDigest, v: &Value) {

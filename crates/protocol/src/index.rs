@@ -61,22 +61,7 @@ impl IndexDef {
 /// `"` and `\` backslashed, `\b \f \n \r \t` short, other controls as `\u00XX`.
 fn json_string(out: &mut String, s: &str) {
     out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if u32::from(c) < 0x20 => {
-                out.push_str("\\u00");
-                push_hex(out, u64::from(c), 2);
-            }
-            c => out.push(c),
-        }
-    }
+    crate::canonical::escape_json(s, &mut |p| out.push_str(p));
     out.push('"');
 }
 

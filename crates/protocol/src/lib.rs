@@ -16,3 +16,16 @@ pub mod rev;
 pub mod vecmap;
 
 pub use error::{ErrorBody, ErrorCode};
+
+/// `parts` joined with nothing between them, as `parts.concat()` gives them.
+///
+/// Messages are built with this instead of `[..].concat()`: std's
+/// `join_generic_copy` behind `concat` is 877 bytes of wasm with its
+/// specialised separator copies, this loop a tenth of that.
+pub fn cat(parts: &[&str]) -> String {
+    let mut s = String::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for p in parts {
+        s.push_str(p);
+    }
+    s
+}

@@ -200,7 +200,7 @@ pub fn seq_from_number(n: f64) -> Option<u64> {
 pub fn seq_from_text(s: &str) -> Option<u64> {
     let digits = s.bytes().take_while(u8::is_ascii_digit).count();
     let (number, rest) = s.split_at(digits);
-    if number.is_empty() || !(rest.is_empty() || rest.starts_with('-')) {
+    if number.is_empty() || !(rest.is_empty() || rest.starts_with("-")) {
         return None;
     }
     crate::rev::decimal(number)

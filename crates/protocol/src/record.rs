@@ -80,7 +80,7 @@ pub fn top_field(key: &str) -> TopField {
         "_rev" => TopField::Rev,
         "recordType" => TopField::RecordType,
         "updatedAt" => TopField::UpdatedAt,
-        k if k.starts_with('_') => TopField::Reserved,
+        k if k.starts_with("_") => TopField::Reserved,
         _ => TopField::Data,
     }
 }
@@ -105,7 +105,7 @@ pub struct RecordMeta {
 pub fn check_record(record: &Map<String, Value>) -> Result<RecordMeta, String> {
     for key in record.keys() {
         if top_field(key) == TopField::Reserved {
-            return Err(["field ", key, " ", RESERVED_FIELD].concat());
+            return Err(crate::cat(&["field ", key, " ", RESERVED_FIELD]));
         }
     }
     let rev = match record.get("_rev") {

@@ -67,12 +67,19 @@ impl Rev {
     /// decimal in 1..=2^53−1 (no sign, no leading zero), or a hex part that is
     /// empty, too long or not lower-case hex.
     pub fn parse(s: &str) -> Result<Rev, RevParseError> {
-        let err = |why: &str| Err(RevParseError(["invalid _rev \"", s, "\": ", why].concat()));
+        let err = |why: &str| {
+            Err(RevParseError(crate::cat(&[
+                "invalid _rev \"",
+                s,
+                "\": ",
+                why,
+            ])))
+        };
         let Some(dash) = s.bytes().position(|b| b == b'-') else {
             return err("expected \"<generation>-<hex>\"");
         };
         let (gen, hash) = (&s[..dash], &s[dash + 1..]);
-        if gen.is_empty() || !gen.bytes().all(|b| b.is_ascii_digit()) || gen.starts_with('0') {
+        if gen.is_empty() || !gen.bytes().all(|b| b.is_ascii_digit()) || gen.as_bytes()[0] == b'0' {
             return err("generation must be a positive decimal integer");
         }
         let Some(generation) = decimal(gen) else {
