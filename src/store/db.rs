@@ -648,9 +648,11 @@ pub async fn all<T>(reqs: Vec<Req<T>>) -> Result<Vec<T>> {
         // A failure of the last request is reported in order below.
         let _ = last.await;
     }
-    reqs.into_iter()
-        .map(|r| settled(&r.req).map(r.map))
-        .collect()
+    let mut out = Vec::with_capacity(reqs.len());
+    for r in reqs {
+        out.push((r.map)(settled(&r.req)?));
+    }
+    Ok(out)
 }
 
 /// An issued request; `.await` it for the result.

@@ -153,7 +153,11 @@ fn strings_from_js(v: &JsValue) -> Option<Vec<String>> {
     if !Array::is_array(v) {
         return None;
     }
-    Array::from(v).iter().map(|x| x.as_string()).collect()
+    let mut out = Vec::new();
+    for x in Array::from(v).iter() {
+        out.push(x.as_string()?);
+    }
+    Some(out)
 }
 
 /// Issues the read of the state generation stored in `tx` (which must
@@ -484,7 +488,13 @@ fn part_from_js(v: &JsValue) -> Option<KeyPart> {
 }
 
 fn key_from_js(v: &JsValue) -> Option<Vec<KeyPart>> {
-    Array::from(v).iter().map(|p| part_from_js(&p)).collect()
+    // Loops, here and in `strings_from_js`, rather than `collect` into an
+    // `Option`: one body each instead of the iterator adapters' monomorphs.
+    let mut out = Vec::new();
+    for p in Array::from(v).iter() {
+        out.push(part_from_js(&p)?);
+    }
+    Some(out)
 }
 
 fn to_range(r: &EntryRange) -> Result<Query> {
@@ -548,7 +558,11 @@ impl ByQuery {
             if vals.is_empty() {
                 return Err(StoreError::validation("eq must not be empty"));
             }
-            Condition::Eq(vals.iter().map(|v| part(v, "eq")).collect::<Result<_>>()?)
+            let mut key = Vec::new();
+            for v in &vals {
+                key.push(part(v, "eq")?);
+            }
+            Condition::Eq(key)
         } else if given(&prefix) {
             let s = value::bounded(&prefix, value::MAX_ARG_UNITS).ok_or_else(|| {
                 StoreError::validation(

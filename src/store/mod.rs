@@ -518,10 +518,12 @@ pub(crate) async fn read_many<'a>(
 ) -> Result<Vec<(Current, Option<JsValue>)>> {
     let records = tx.store(RECORDS)?;
     let keys: Vec<JsValue> = ids.map(|id| JsValue::from(id.clone())).collect();
-    let live = keys
-        .iter()
-        .map(|k| records.get(k.clone()))
-        .collect::<Result<Vec<_>>>()?;
+    // Loops rather than `collect::<Result<_>>`: one body each instead of
+    // the iterator adapters' monomorphs.
+    let mut live = Vec::with_capacity(keys.len());
+    for k in &keys {
+        live.push(records.get(k.clone())?);
+    }
     let mut out = Vec::with_capacity(keys.len());
     let mut missing = Vec::new();
     for (i, got) in db::all(live).await?.into_iter().enumerate() {
@@ -537,10 +539,10 @@ pub(crate) async fn read_many<'a>(
         return Ok(out);
     }
     let tombs = tx.store(TOMBSTONES)?;
-    let dead = missing
-        .iter()
-        .map(|&i| tombs.get(keys[i].clone()))
-        .collect::<Result<Vec<_>>>()?;
+    let mut dead = Vec::with_capacity(missing.len());
+    for &i in &missing {
+        dead.push(tombs.get(keys[i].clone())?);
+    }
     for (i, got) in missing.into_iter().zip(db::all(dead).await?) {
         if let Some(t) = got {
             out[i].0 = Current::Deleted(stored_rev(&t)?);
