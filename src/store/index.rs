@@ -191,13 +191,12 @@ fn start_tags(tx: &Tx, state: &mut IndexState, fresh: &[&IndexDef], active: bool
     for d in fresh {
         let tag = d.tag();
         // Entries of this tag, and of older definitions of the same name.
-        let dropped: Vec<String> = state
-            .defs
-            .iter()
-            .filter(|(t, o)| o.name == d.name && **t != tag)
-            .map(|(t, _)| t.clone())
-            .chain([tag.clone()])
-            .collect();
+        let mut dropped = vec![tag.clone()];
+        for (t, o) in state.defs.iter() {
+            if o.name == d.name && *t != tag {
+                dropped.push(t.clone());
+            }
+        }
         drop_tags(tx, state, &dropped)?;
         state.defs.insert(tag.clone(), (*d).clone());
         if active {
@@ -325,10 +324,13 @@ impl Store {
         let (gen, state) = read_state(tx).await?;
         let m = Rc::new(Maintained {
             gen,
-            tags: state
-                .maintained()
-                .map(|(t, d)| (t.clone(), d.clone()))
-                .collect(),
+            tags: {
+                let mut tags = Vec::new();
+                for (t, d) in state.maintained() {
+                    tags.push((t.clone(), d.clone()));
+                }
+                tags
+            },
             purges: state.purges,
         });
         *self.index_cache.0.borrow_mut() = Some(m.clone());
@@ -1020,11 +1022,12 @@ impl Store {
             .tx(&[META, DERIVED, RECORDS], TransactionMode::ReadWrite)?;
         let records = tx.store(RECORDS)?.count(None)?;
         let (gen, mut state) = read_state(&tx).await?;
-        let fresh: Vec<&IndexDef> = self
-            .indexes
-            .iter()
-            .filter(|d| !state.active.contains(&d.tag()))
-            .collect();
+        let mut fresh = Vec::new();
+        for d in &self.indexes {
+            if !state.active.contains(&d.tag()) {
+                fresh.push(d);
+            }
+        }
         if fresh.is_empty() {
             tx.end_read();
             return Ok(true);
