@@ -178,10 +178,11 @@ pub fn itoa(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
 /// concatenation (no `format!`; the digits are ASCII, so each byte is its
 /// own `char` and no UTF-8 check is needed).
 pub fn decimal(n: u64) -> String {
-    itoa(n, &mut [0; 20])
-        .iter()
-        .map(|&d| char::from(d))
-        .collect()
+    let mut s = String::new();
+    for &d in itoa(n, &mut [0; 20]) {
+        s.push(char::from(d));
+    }
+    s
 }
 
 #[cfg(test)]

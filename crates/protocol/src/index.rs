@@ -89,9 +89,9 @@ pub fn check_defs(defs: &[IndexDef]) -> Result<(), String> {
     for (i, d) in defs.iter().enumerate() {
         let name_ok = !d.name.is_empty()
             && d.name.len() <= 64
-            && d.name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+            && crate::only(&d.name, |b| {
+                b.is_ascii_alphanumeric() || b == b'_' || b == b'-'
+            });
         if !name_ok {
             return Err(quoted(
                 "index name ",
@@ -207,7 +207,7 @@ pub fn check_query(
         return Err("eq has more values than the index has keys");
     }
     if let Some(a) = after {
-        let tag = KeyPart::Str(tag.encode_utf16().collect());
+        let tag = KeyPart::Str(crate::utf16(tag));
         let ours = a.first() == Some(&tag);
         if !ours || a.len() != keys + 2 || a.iter().any(|p| matches!(p, KeyPart::Max)) {
             return Err("after is a cursor of another index: pass the next of this index's listBy");
@@ -225,7 +225,7 @@ pub fn entry_range(
     after: Option<&[KeyPart]>,
     descending: bool,
 ) -> Option<EntryRange> {
-    let t = KeyPart::Str(tag.encode_utf16().collect());
+    let t = KeyPart::Str(crate::utf16(tag));
     let with = |parts: &[KeyPart]| -> Vec<KeyPart> {
         let mut v = vec![t.clone()];
         v.extend_from_slice(parts);
@@ -355,7 +355,11 @@ pub fn decode_key_cursor(s: &str) -> Result<Vec<KeyPart>, String> {
     }
     // An entry key has the index's tag, at most MAX_INDEX_KEYS values and
     // the id: more parts are refused before any is allocated.
-    if s.bytes().filter(|b| *b == b'.').count() > MAX_INDEX_KEYS + 2 {
+    let mut dots = 0;
+    for b in s.bytes() {
+        dots += usize::from(b == b'.');
+    }
+    if dots > MAX_INDEX_KEYS + 2 {
         return Err(bad());
     }
     let mut parts = dot_parts(s);

@@ -60,26 +60,34 @@ pub(crate) fn push_units(out: &mut String, units: &[u16]) {
 /// no upper case, so one value has exactly one text of a given length), or
 /// `None` for any other byte. At most 16 digits are meaningful.
 pub(crate) fn hex_value(digits: &[u8]) -> Option<u64> {
-    digits.iter().try_fold(0u64, |v, &d| {
+    let mut v = 0u64;
+    for &d in digits {
         let n = match d {
             b'0'..=b'9' => d - b'0',
             b'a'..=b'f' => d - b'a' + 10,
             _ => return None,
         };
-        Some(v << 4 | u64::from(n))
-    })
+        v = v << 4 | u64::from(n);
+    }
+    Some(v)
 }
 
 /// The UTF-16 units written by [`push_units`] (four hex digits each), or
 /// `None` when `hex` is not such a text.
 pub(crate) fn hex_units(hex: &str) -> Option<Vec<u16>> {
-    if hex.len() % 4 != 0 {
+    // A loop, not `chunks(4).map(..).collect()`: that compiled a
+    // `GenericShunt`, its `try_fold` and a `from_iter` (about 700 B).
+    let b = hex.as_bytes();
+    if b.len() % 4 != 0 {
         return None;
     }
-    hex.as_bytes()
-        .chunks(4)
-        .map(|c| hex_value(c).map(|v| v as u16))
-        .collect()
+    let mut units = Vec::with_capacity(b.len() / 4);
+    let mut i = 0;
+    while i < b.len() {
+        units.push(hex_value(&b[i..i + 4])? as u16);
+        i += 4;
+    }
+    Some(units)
 }
 
 /// Whether `units` (UTF-16 code units) hold a lone surrogate: a high one
@@ -103,20 +111,27 @@ pub fn has_lone_surrogate(units: &[u16]) -> bool {
 /// is ASCII, so every part is on a character boundary, and the module keeps
 /// one splitter instead of `str::split`'s searcher and `memchr`.
 pub fn dot_parts(s: &str) -> impl Iterator<Item = &str> {
-    let mut rest = Some(s);
-    std::iter::from_fn(move || {
-        let r = rest?;
-        match r.bytes().position(|b| b == b'.') {
-            Some(i) => {
-                rest = Some(&r[i + 1..]);
-                Some(&r[..i])
-            }
-            None => {
-                rest = None;
-                Some(r)
-            }
+    DotParts(Some(s))
+}
+
+/// The iterator of [`dot_parts`]: what is left to split, `None` once the
+/// last part was given.
+struct DotParts<'a>(Option<&'a str>);
+
+impl<'a> Iterator for DotParts<'a> {
+    type Item = &'a str;
+
+    fn next(&mut self) -> Option<&'a str> {
+        let r = self.0?;
+        // A loop, not `bytes().position(..)`: one body, no `try_fold`.
+        let b = r.as_bytes();
+        let mut i = 0;
+        while i < b.len() && b[i] != b'.' {
+            i += 1;
         }
-    })
+        self.0 = if i < b.len() { Some(&r[i + 1..]) } else { None };
+        Some(&r[..i])
+    }
 }
 
 /// Decodes a cursor made by [`encode_cursor`].

@@ -340,9 +340,9 @@ pub fn is_queue_name(name: &str) -> bool {
         && name.len() <= 200
         && name != "."
         && name != ".."
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'))
+        && crate::only(name, |b| {
+            b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':')
+        })
 }
 
 /// The queue-scope entry that stands for every queue.

@@ -51,12 +51,18 @@ pub fn decimal(digits: &str) -> Option<u64> {
         return None;
     }
     // n <= 2^53 - 1 before each step, so n * 10 + 9 cannot overflow.
-    digits.bytes().try_fold(0u64, |n, b| {
+    let mut n = 0u64;
+    for b in digits.bytes() {
         let d = b.wrapping_sub(b'0');
-        (d < 10)
-            .then(|| n * 10 + u64::from(d))
-            .filter(|n| *n <= MAX_GENERATION)
-    })
+        if d >= 10 {
+            return None;
+        }
+        n = n * 10 + u64::from(d);
+        if n > MAX_GENERATION {
+            return None;
+        }
+    }
+    Some(n)
 }
 
 impl Rev {
@@ -75,11 +81,16 @@ impl Rev {
                 why,
             ])))
         };
-        let Some(dash) = s.bytes().position(|b| b == b'-') else {
+        let b = s.as_bytes();
+        let mut dash = 0;
+        while dash < b.len() && b[dash] != b'-' {
+            dash += 1;
+        }
+        if dash == b.len() {
             return err("expected \"<generation>-<hex>\"");
-        };
+        }
         let (gen, hash) = (&s[..dash], &s[dash + 1..]);
-        if gen.is_empty() || !gen.bytes().all(|b| b.is_ascii_digit()) || gen.as_bytes()[0] == b'0' {
+        if gen.is_empty() || !crate::only(gen, |b| b.is_ascii_digit()) || b[0] == b'0' {
             return err("generation must be a positive decimal integer");
         }
         let Some(generation) = decimal(gen) else {
@@ -88,7 +99,7 @@ impl Rev {
         if hash.is_empty() || hash.len() > MAX_REV_HEX {
             return err("hex part must be 1..=64 characters");
         }
-        if !hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        if !crate::only(hash, |b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
             return err("hex part must be lower-case hexadecimal");
         }
         Ok(Rev {
@@ -132,7 +143,9 @@ impl Rev {
         let mut buf = [0u8; 20];
         let gen = crate::canonical::itoa(self.generation, &mut buf);
         let mut out = String::with_capacity(gen.len() + 1 + self.hash.len());
-        out.extend(gen.iter().map(|&b| char::from(b)));
+        for &d in gen {
+            out.push(char::from(d));
+        }
         out.push('-');
         out.push_str(&self.hash);
         out
