@@ -358,21 +358,18 @@ impl AgentStore {
                 Err(ops) => ops,
             };
             let revs = s.write_ops(&ops).await?;
-            Ok(ops
-                .iter()
-                .zip(revs)
-                .map(|(op, rev)| {
-                    if deleted {
-                        rev.into()
-                    } else {
-                        written_js(&Written {
-                            id: op.id().clone(),
-                            rev,
-                        })
-                    }
-                })
-                .collect::<Array>()
-                .into())
+            let out = Array::new();
+            for (op, rev) in ops.iter().zip(revs) {
+                out.push(&if deleted {
+                    rev.into()
+                } else {
+                    written_js(&Written {
+                        id: op.id().clone(),
+                        rev,
+                    })
+                });
+            }
+            Ok(out.into())
         })
     }
 
@@ -734,11 +731,10 @@ impl AgentStore {
                 .await
                 .map_err(StoreError::Thrown)?;
             s.check_open()?;
-            let defs: Array = s
-                .indexes()
-                .iter()
-                .map(crate::store::index::def_js)
-                .collect();
+            let defs = Array::new();
+            for d in s.indexes() {
+                defs.push(&crate::store::index::def_js(d));
+            }
             let p = io_run(
                 &module,
                 token,

@@ -263,7 +263,10 @@ impl Store {
             return Ok(Vec::new());
         }
         let tx = self.write_tx()?;
-        let ids: Vec<&JsString> = ops.iter().map(Op::id).collect();
+        let mut ids: Vec<&JsString> = Vec::with_capacity(ops.len());
+        for op in ops {
+            ids.push(op.id());
+        }
         let creates = ops
             .iter()
             .all(|op| matches!(op, Op::Put(p) if p.expected.is_none()));
@@ -345,17 +348,10 @@ impl Store {
         // aborts the transaction; the commit reports the transaction's
         // `error`, which names it.
         self.finish(tx).await?;
-        let changes: Vec<_> = ops
-            .iter()
-            .zip(&revs)
-            .map(|(op, r)| {
-                (
-                    op.id().clone().into(),
-                    r.clone(),
-                    matches!(op, Op::Delete { .. }),
-                )
-            })
-            .collect();
+        let changes = Array::new();
+        for (op, r) in ops.iter().zip(&revs) {
+            super::watch::change(&changes, op.id(), r, matches!(op, Op::Delete { .. }));
+        }
         self.changes.post(&changes);
         Ok(revs)
     }

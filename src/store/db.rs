@@ -245,7 +245,10 @@ impl Db {
         let raw = match stores {
             [one] => self.raw.transaction_with_str_and_mode(one, mode),
             _ => {
-                let names: Array = stores.iter().map(|s| JsValue::from_str(s)).collect();
+                let names = Array::new();
+                for s in stores {
+                    names.push(&(*s).into());
+                }
                 self.raw
                     .transaction_with_str_sequence_and_mode(&names, mode)
             }

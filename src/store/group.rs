@@ -35,7 +35,7 @@ use super::db::Tx;
 use super::{index, read_current, Prepared, Store, Written};
 use crate::error::{Result, StoreError};
 use agentstore_protocol::rev::{decide_delete, decide_put, CasError, Current, Rev};
-use js_sys::{Function, JsString};
+use js_sys::{Array, Function, JsString};
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::Pin;
@@ -275,11 +275,12 @@ impl Store {
         let members = g.members.borrow().clone();
         match outcome {
             Ok(results) => {
-                let changes: Vec<_> = results
-                    .iter()
-                    .filter_map(|(_, w)| w.as_ref())
-                    .map(|(w, deleted)| (JsValue::from(w.id.clone()), w.rev.clone(), *deleted))
-                    .collect();
+                let changes = Array::new();
+                for (_, w) in &results {
+                    if let Some((w, deleted)) = w {
+                        super::watch::change(&changes, &w.id, &w.rev, *deleted);
+                    }
+                }
                 self.changes.post(&changes);
                 for (m, (r, _)) in members.iter().zip(results) {
                     m.deliver(Delivered::Done(r));

@@ -143,10 +143,11 @@ pub(crate) fn def_js(d: &IndexDef) -> JsValue {
 }
 
 fn strings_js(xs: &[String]) -> JsValue {
-    xs.iter()
-        .map(|x| JsValue::from_str(x))
-        .collect::<Array>()
-        .into()
+    let a = Array::new();
+    for x in xs {
+        a.push(&x.as_str().into());
+    }
+    a.into()
 }
 
 fn strings_from_js(v: &JsValue) -> Option<Vec<String>> {
@@ -474,7 +475,11 @@ fn part_to_js(p: &KeyPart) -> JsValue {
 }
 
 fn key_to_js(parts: &[KeyPart]) -> JsValue {
-    parts.iter().map(part_to_js).collect::<Array>().into()
+    let a = Array::new();
+    for p in parts {
+        a.push(&part_to_js(p));
+    }
+    a.into()
 }
 
 fn part_from_js(v: &JsValue) -> Option<KeyPart> {
@@ -712,7 +717,13 @@ impl Store {
                     |rows: Array, tag: String, paths: JsValue| {
                         let keys = strings_from_js(&paths).unwrap_or_default();
                         let def = IndexDef { name: String::new(), keys };
-                        rows.iter().filter_map(|r| entry_key(&tag, &def, &r)).collect()
+                        let keys = Array::new();
+                        for r in rows.iter() {
+                            if let Some(k) = entry_key(&tag, &def, &r) {
+                                keys.push(&k);
+                            }
+                        }
+                        keys
                     },
                 )
                 .into_js_value();
@@ -1094,18 +1105,17 @@ fn cursor_order(a: &Checkpoint, b: &Checkpoint) -> std::cmp::Ordering {
 pub fn verification_js(v: &Verification) -> JsValue {
     let o = Object::new();
     set(&o, "checked", &v.checked.into());
-    let arr = |xs: &[JsValue]| -> JsValue { xs.iter().collect::<Array>().into() };
+    let arr = |xs: &[JsValue]| -> JsValue {
+        let a = Array::new();
+        for x in xs {
+            a.push(x);
+        }
+        a.into()
+    };
     set(&o, "missing", &arr(&v.missing));
     set(&o, "orphaned", &arr(&v.orphaned));
     set(&o, "stale", &arr(&v.stale));
-    set(
-        &o,
-        "building",
-        &v.building
-            .iter()
-            .map(|s| JsValue::from_str(s))
-            .collect::<Array>(),
-    );
+    set(&o, "building", &strings_js(&v.building));
     o.into()
 }
 

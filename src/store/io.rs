@@ -933,7 +933,7 @@ impl Store {
     async fn write_batch(&self, staged: &[Staged], mode: &mut WriteMode) -> Result<ImportCounts> {
         let tx = self.write_tx()?;
         let mut batch = ImportCounts::default();
-        let mut changes = Vec::new();
+        let changes = Array::new();
         let mut dead_added = 0u32;
         let mut fresh = false;
         // Tombstones stored when the batch began (read in the fresh modes).
@@ -975,9 +975,9 @@ impl Store {
                 } else {
                     Map::new()
                 };
-                let mut found = read_many(&tx, staged.iter().filter(|i| i.deleted).map(|i| &i.id))
-                    .await?
-                    .into_iter();
+                let deleted: Vec<&JsString> =
+                    staged.iter().filter(|i| i.deleted).map(|i| &i.id).collect();
+                let mut found = read_many(&tx, &deleted).await?.into_iter();
                 staged
                     .iter()
                     .map(|i| match i.deleted {
@@ -989,7 +989,8 @@ impl Store {
                     })
                     .collect::<Result<Vec<_>>>()?
             } else {
-                read_many(&tx, staged.iter().map(|i| &i.id)).await?
+                let ids: Vec<&JsString> = staged.iter().map(|i| &i.id).collect();
+                read_many(&tx, &ids).await?
             };
             for (item, (current, stored)) in staged.iter().zip(&currents) {
                 if !import_replaces(current.rev(), &item.rev) {
@@ -1021,11 +1022,7 @@ impl Store {
                     stored.as_ref(),
                     (!item.deleted).then_some(&item.object),
                 )?;
-                changes.push((
-                    JsValue::from(item.id.clone()),
-                    item.rev.text(),
-                    item.deleted,
-                ));
+                super::watch::change(&changes, &item.id, &item.rev.text(), item.deleted);
                 batch.written += 1;
             }
             Ok(())

@@ -468,7 +468,11 @@ impl Store {
                 failures,
             });
         }
-        Ok(prepared.into_iter().map(bulk::Op::Put).collect())
+        let mut ops = Vec::with_capacity(prepared.len());
+        for p in prepared {
+            ops.push(bulk::Op::Put(p));
+        }
+        Ok(ops)
     }
 }
 
@@ -512,19 +516,18 @@ pub(crate) async fn read_current(tx: &Tx, id: &JsString) -> Result<(Current, Opt
 
 /// Reads many ids at once: every live-record request is issued before the
 /// first is awaited; tombstones are read only for the ids with no record.
-pub(crate) async fn read_many<'a>(
+pub(crate) async fn read_many(
     tx: &Tx,
-    ids: impl Iterator<Item = &'a JsString>,
+    ids: &[&JsString],
 ) -> Result<Vec<(Current, Option<JsValue>)>> {
     let records = tx.store(RECORDS)?;
-    let keys: Vec<JsValue> = ids.map(|id| JsValue::from(id.clone())).collect();
-    // Loops rather than `collect::<Result<_>>`: one body each instead of
-    // the iterator adapters' monomorphs.
-    let mut live = Vec::with_capacity(keys.len());
-    for k in &keys {
-        live.push(records.get(k.clone())?);
+    // Loops rather than iterator chains (`collect::<Result<_>>`, a generic
+    // id iterator): one body each instead of the adapters' monomorphs.
+    let mut live = Vec::with_capacity(ids.len());
+    for &id in ids {
+        live.push(records.get(JsValue::from(id))?);
     }
-    let mut out = Vec::with_capacity(keys.len());
+    let mut out = Vec::with_capacity(ids.len());
     let mut missing = Vec::new();
     for (i, got) in db::all(live).await?.into_iter().enumerate() {
         match got {
@@ -541,7 +544,7 @@ pub(crate) async fn read_many<'a>(
     let tombs = tx.store(TOMBSTONES)?;
     let mut dead = Vec::with_capacity(missing.len());
     for &i in &missing {
-        dead.push(tombs.get(keys[i].clone())?);
+        dead.push(tombs.get(JsValue::from(ids[i]))?);
     }
     for (i, got) in missing.into_iter().zip(db::all(dead).await?) {
         if let Some(t) = got {
@@ -565,16 +568,23 @@ pub(crate) async fn read_batch(
     if creates && ids.len() > 1 {
         // JS's default sort compares strings by UTF-16 code units, as
         // IndexedDB compares string keys.
-        let sorted: js_sys::Array = ids.iter().map(|id| JsValue::from(*id)).collect();
+        let sorted = js_sys::Array::new();
+        for id in ids {
+            sorted.push(id);
+        }
         sorted.sort();
         let span = db::KeyRange::bound(&sorted.get(0), &sorted.at(-1), None, None)?;
         let live = tx.store(RECORDS)?.count(Some(span.clone().into()))?;
         let dead = tx.store(TOMBSTONES)?.count(Some(span.into()))?;
         if (live.await?, dead.await?) == (0, 0) {
-            return Ok(ids.iter().map(|_| (Current::Missing, None)).collect());
+            let mut out = Vec::with_capacity(ids.len());
+            for _ in ids {
+                out.push((Current::Missing, None));
+            }
+            return Ok(out);
         }
     }
-    read_many(tx, ids.iter().copied()).await
+    read_many(tx, ids).await
 }
 
 fn stored_rev(v: &JsValue) -> Result<Rev> {

@@ -33,24 +33,27 @@ impl Notifier {
         &self.name
     }
 
-    /// Posts one message with every change of a committed transaction.
-    pub fn post(&self, changes: &[(JsValue, String, bool)]) {
+    /// Posts one message with every change of a committed transaction
+    /// (`changes`: `[{id, rev, deleted}]`, built with [`change`]).
+    pub fn post(&self, changes: &Array) {
         let Some(ch) = &self.channel else { return };
-        if changes.is_empty() {
+        if changes.length() == 0 {
             return;
         }
-        let arr: Array = changes
-            .iter()
-            .map(|(id, rev, deleted)| {
-                let o = Object::new();
-                set(&o, "id", id);
-                set(&o, "rev", &rev.as_str().into());
-                set(&o, "deleted", &JsValue::from_bool(*deleted));
-                JsValue::from(o)
-            })
-            .collect();
-        let _ = ch.post_message(&arr);
+        let _ = ch.post_message(changes);
     }
+}
+
+/// Appends the change `{id, rev, deleted}` to `changes` (a message for
+/// [`Notifier::post`]). The writes build the message as they go: a slice
+/// of tuples turned into an `Array` afterwards compiled one iterator chain
+/// per caller.
+pub fn change(changes: &Array, id: &JsValue, rev: &str, deleted: bool) {
+    let o = Object::new();
+    set(&o, "id", id);
+    set(&o, "rev", &rev.into());
+    set(&o, "deleted", &JsValue::from_bool(deleted));
+    changes.push(&o);
 }
 
 impl Drop for Notifier {
