@@ -83,12 +83,18 @@ impl Maintained {
 }
 
 impl IndexState {
-    /// Tags every write must keep in step: active plus building.
-    pub fn maintained(&self) -> impl Iterator<Item = (&String, &IndexDef)> {
-        self.active
-            .iter()
-            .chain(&self.building)
-            .filter_map(|t| self.defs.get_key_value(t))
+    /// Tags every write must keep in step (active plus building, each
+    /// with its definition), as owned copies for the write path's cache.
+    fn maintained(&self) -> Vec<(String, IndexDef)> {
+        let mut tags = Vec::new();
+        for list in [&self.active, &self.building] {
+            for t in list {
+                if let Some(d) = self.defs.get(t) {
+                    tags.push((t.clone(), d.clone()));
+                }
+            }
+        }
+        tags
     }
 
     fn to_js(&self) -> JsValue {
@@ -325,13 +331,7 @@ impl Store {
         let (gen, state) = read_state(tx).await?;
         let m = Rc::new(Maintained {
             gen,
-            tags: {
-                let mut tags = Vec::new();
-                for (t, d) in state.maintained() {
-                    tags.push((t.clone(), d.clone()));
-                }
-                tags
-            },
+            tags: state.maintained(),
             purges: state.purges,
         });
         *self.index_cache.0.borrow_mut() = Some(m.clone());
@@ -547,7 +547,7 @@ impl ByQuery {
                 })
         };
         let (eq, prefix, range) = (get("eq")?, get("prefix")?, get("range")?);
-        if [&eq, &prefix, &range].iter().filter(|v| given(v)).count() > 1 {
+        if u8::from(given(&eq)) + u8::from(given(&prefix)) + u8::from(given(&range)) > 1 {
             return Err(StoreError::validation(
                 "give at most one of eq, prefix, range",
             ));
