@@ -213,18 +213,18 @@ async fn recovery_js(inner: &Rc<ClientInner>, options: &JsValue) -> Result<JsVal
     let r = inner.recover(resume).await?;
     let o = Object::new();
     let ids = |v: &[i64]| -> JsValue {
-        v.iter()
-            .map(|&i| JsValue::from(i as f64))
-            .collect::<Array>()
-            .into()
+        let a = Array::new();
+        for &i in v {
+            a.push(&JsValue::from(i as f64));
+        }
+        a.into()
     };
     set(&o, "released", &ids(&r.released));
     set(&o, "lost", &ids(&r.lost));
     set(&o, "busy", &ids(&r.busy));
     set(&o, "skipped", &ids(&r.skipped));
     set(&o, "pending", &ids(&r.pending));
-    let resumed: Array = r.resumed.into_iter().map(wrap_lease).collect();
-    set(&o, "resumed", &resumed);
+    set(&o, "resumed", &leases_js(r.resumed));
     Ok(o.into())
 }
 
@@ -434,7 +434,7 @@ impl LeaseClient {
     /// The leases this client holds now.
     #[wasm_bindgen(getter, unchecked_return_type = "Lease[]")]
     pub fn held(&self) -> Array {
-        self.inner.held().into_iter().map(wrap_lease).collect()
+        leases_js(self.inner.held())
     }
 
     /// The current tokens `{accessToken, refreshToken}` (null when absent).
@@ -461,6 +461,15 @@ impl LeaseClient {
 
 fn wrap_lease(inner: Rc<LeaseInner>) -> JsValue {
     Lease::from_inner(inner).into()
+}
+
+/// `Lease[]` for `held` and `recover`'s `resumed`.
+fn leases_js(leases: Vec<Rc<LeaseInner>>) -> Array {
+    let a = Array::new();
+    for l in leases {
+        a.push(&wrap_lease(l));
+    }
+    a
 }
 
 /// A claimed work item. `signal` aborts with a `ClaimLostError` when the lease
@@ -873,7 +882,11 @@ impl Worker {
         set(&o, "released", &s.released.into());
         set(&o, "connectionFailures", &s.connection_failures.into());
         let ms = |v: &std::cell::RefCell<Vec<f64>>| -> Array {
-            v.borrow().iter().map(|&d| JsValue::from(d)).collect()
+            let a = Array::new();
+            for &d in v.borrow().iter() {
+                a.push(&JsValue::from(d));
+            }
+            a
         };
         set(&o, "backoffsMs", &ms(&self.inner.backoffs));
         set(&o, "pollDelaysMs", &ms(&self.inner.polls));

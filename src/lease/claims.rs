@@ -125,7 +125,7 @@ impl ClientInner {
         let (done, resolve) = deferred();
         {
             let (me, slot, abandoned) = (self.clone(), slot.clone(), abandoned.clone());
-            wasm_bindgen_futures::spawn_local(async move {
+            crate::options::spawn(async move {
                 let r = me
                     .authed_while("POST", &path, None, timeout, None, &|| None, Some(&key))
                     .await;
@@ -219,7 +219,7 @@ impl ClientInner {
                 lifecycle::LockOutcome::Busy => {
                     let queued = lifecycle::lock(&name, f64::INFINITY); // issued now
                     let lease = lease.clone();
-                    wasm_bindgen_futures::spawn_local(async move {
+                    crate::options::spawn(async move {
                         if let lifecycle::LockOutcome::Acquired(unlock) = queued.await {
                             hold_lock(&lease, unlock);
                         }

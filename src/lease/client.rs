@@ -189,10 +189,20 @@ impl ClientInner {
     /// Held leases, by item id. Leases past their local deadline are lost
     /// (`expired_locally`) here first, so the list never shows one.
     pub fn held(&self) -> Vec<Rc<LeaseInner>> {
-        let all: Vec<Rc<LeaseInner>> = self.leases.borrow().values().cloned().collect();
-        all.into_iter()
-            .filter(|l| l.lost_error().is_none())
-            .collect()
+        let mut held = self.all();
+        held.retain(|l| l.lost_error().is_none());
+        held
+    }
+
+    /// Every lease in the map (held or not), copied out so that no borrow
+    /// of the map is kept across what is done with them.
+    pub(super) fn all(&self) -> Vec<Rc<LeaseInner>> {
+        let leases = self.leases.borrow();
+        let mut all = Vec::with_capacity(leases.len());
+        for l in leases.values() {
+            all.push(l.clone());
+        }
+        all
     }
 
     /// Whether `url`'s origin may receive the lease headers: the lease
@@ -249,15 +259,14 @@ impl ClientInner {
         let j = self.journal.clone();
         let base = self.base.clone();
         let token = token.to_owned();
-        wasm_bindgen_futures::spawn_local(async move {
+        crate::options::spawn(async move {
             let _ = j.delete(&base, item_id, &token).await;
         });
     }
 
     /// On `pagehide`: every held lease is released with a beacon.
     fn release_all_beacon(&self) {
-        let all: Vec<Rc<LeaseInner>> = self.leases.borrow().values().cloned().collect();
-        for lease in all {
+        for lease in self.all() {
             lease.release_beacon(&self.base);
         }
     }
@@ -271,8 +280,7 @@ impl ClientInner {
         self.closed.set(true);
         self.unlisten();
         // Not `held()`: its deadline check would release an expired lease.
-        let all: Vec<Rc<LeaseInner>> = self.leases.borrow().values().cloned().collect();
-        for l in all {
+        for l in self.all() {
             l.lose_unconfirmed(LossReason::Released, "the page is gone (test hook)");
         }
         self.wake();
@@ -293,29 +301,27 @@ impl ClientInner {
         }
         self.unlisten();
         let held = self.held();
-        let releases: js_sys::Array = held
-            .iter()
-            .map(|l| {
-                let l = l.clone();
-                wasm_bindgen_futures::future_to_promise(async move {
-                    l.until_not_ending().await;
-                    // A settle asked for (by the app, or by `work()` with a
-                    // handler's outcome) that failed: sent once more (the
-                    // same body) instead of releasing, which would hand
-                    // finished work back to the queue.
-                    let asked = l.asked.borrow().clone();
-                    if let Some(super::lease::Ending::Settle(state, result, error)) = asked {
-                        if l.status() == super::lease::Status::Held {
-                            let _ = l.settle(state, result, error).await;
-                        }
-                    }
+        let releases = js_sys::Array::new();
+        for l in &held {
+            let l = l.clone();
+            releases.push(&crate::options::spawn_promise(async move {
+                l.until_not_ending().await;
+                // A settle asked for (by the app, or by `work()` with a
+                // handler's outcome) that failed: sent once more (the
+                // same body) instead of releasing, which would hand
+                // finished work back to the queue.
+                let asked = l.asked.borrow().clone();
+                if let Some(super::lease::Ending::Settle(state, result, error)) = asked {
                     if l.status() == super::lease::Status::Held {
-                        let _ = l.release().await;
+                        let _ = l.settle(state, result, error).await;
                     }
-                    Ok(JsValue::UNDEFINED)
-                })
-            })
-            .collect();
+                }
+                if l.status() == super::lease::Status::Held {
+                    let _ = l.release().await;
+                }
+                Ok(JsValue::UNDEFINED)
+            }));
+        }
         let _ = wasm_bindgen_futures::JsFuture::from(Promise::all(&releases)).await;
         // Also the settles of leases that expired locally while on the wire
         // (no longer held, but their answer decides how they ended).

@@ -6,7 +6,7 @@ use std::rc::Rc;
 use agentstore_protocol::lease::{EnrollRequest, RefreshRequest, WorkerCredentials};
 use js_sys::Promise;
 use wasm_bindgen::JsValue;
-use wasm_bindgen_futures::{future_to_promise, JsFuture};
+use wasm_bindgen_futures::JsFuture;
 use web_sys::AbortSignal;
 
 use super::client::ClientInner;
@@ -127,7 +127,7 @@ impl ClientInner {
             Some(p) => p,
             None => {
                 let me = self.clone();
-                let p: Promise = future_to_promise(async move {
+                let p: Promise = crate::options::spawn_promise(async move {
                     let r = me.renew_now().await;
                     *me.auth_flight.borrow_mut() = None;
                     let ok = r.is_ok();

@@ -50,7 +50,7 @@ impl ClientInner {
             return;
         }
         *self.wake.borrow_mut() = Some(None);
-        wasm_bindgen_futures::spawn_local(heartbeat_loop(self.weak()));
+        crate::options::spawn(heartbeat_loop(self.weak()));
     }
 
     fn timer_delay(&self, ms: f64) -> f64 {
@@ -70,35 +70,30 @@ impl ClientInner {
         if self.closed.get() {
             return None;
         }
-        let active: Vec<Rc<LeaseInner>> = self
-            .leases
-            .borrow()
-            .values()
-            .filter(|l| l.is_active())
-            .cloned()
-            .collect();
+        let mut active = self.all();
+        active.retain(|l| l.is_active());
         if active.is_empty() {
             return None;
         }
         let now = now_ms();
-        let plans: Vec<HeartbeatPlan> = active
-            .iter()
-            .map(|l| {
-                let mut p = l.plan.borrow().clone();
-                // No heartbeat while a settle's or release's answer is missing
-                // (it may have landed: see `LeaseInner::ending_unanswered`), nor while the
-                // test hook suspends them; the deadline still applies.
-                p.ending |= l.paused.get() || l.ending_unanswered.get();
-                p
-            })
-            .collect();
+        let mut plans: Vec<HeartbeatPlan> = Vec::with_capacity(active.len());
+        for l in &active {
+            let mut p = l.plan.borrow().clone();
+            // No heartbeat while a settle's or release's answer is missing
+            // (it may have landed: see `LeaseInner::ending_unanswered`), nor while the
+            // test hook suspends them; the deadline still applies.
+            p.ending |= l.paused.get() || l.ending_unanswered.get();
+            plans.push(p);
+        }
         let pass = plan_pass(&plans, now);
         for &i in &pass.expire {
             active[i].expire_locally();
         }
         if !pass.heartbeat.is_empty() {
-            let due: Vec<Rc<LeaseInner>> =
-                pass.heartbeat.iter().map(|&i| active[i].clone()).collect();
+            let mut due: Vec<Rc<LeaseInner>> = Vec::with_capacity(pass.heartbeat.len());
+            for &i in &pass.heartbeat {
+                due.push(active[i].clone());
+            }
             for l in &due {
                 l.plan.borrow_mut().on_sent();
             }
@@ -108,7 +103,7 @@ impl ClientInner {
             // get no other heartbeat.
             for chunk in due.chunks(MAX_BATCH) {
                 let (me, chunk) = (self.clone(), chunk.to_vec());
-                wasm_bindgen_futures::spawn_local(async move {
+                crate::options::spawn(async move {
                     me.heartbeat_batch(&chunk, now, timeout).await;
                     me.wake();
                 });
@@ -130,13 +125,16 @@ impl ClientInner {
         timeout_ms: f64,
     ) {
         let body = to_js(&BatchHeartbeatRequest {
-            leases: chunk
-                .iter()
-                .map(|l| BatchHeartbeatEntry {
-                    item_id: l.item_id,
-                    token: l.token().to_owned(),
-                })
-                .collect(),
+            leases: {
+                let mut leases = Vec::with_capacity(chunk.len());
+                for l in chunk {
+                    leases.push(BatchHeartbeatEntry {
+                        item_id: l.item_id,
+                        token: l.token().to_owned(),
+                    });
+                }
+                leases
+            },
         });
         let request_timeout = self.config.request_timeout_ms;
         // Not sent again after a refresh if a lease of the chunk still held

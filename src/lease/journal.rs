@@ -168,10 +168,14 @@ impl Journal {
         // Entries of other servers, or unreadable ones, are left alone;
         // each field is bounded before it is copied (another script of the
         // origin may have written anything into the database).
-        Ok(all
-            .into_iter()
-            .filter_map(|v| Entry::from_wire(&v))
-            .filter(|e| e.base == base)
-            .collect())
+        let mut out = Vec::new();
+        for v in &all {
+            if let Some(e) = Entry::from_wire(v) {
+                if e.base == base {
+                    out.push(e);
+                }
+            }
+        }
+        Ok(out)
     }
 }

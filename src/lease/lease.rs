@@ -336,7 +336,7 @@ impl LeaseInner {
         let token = self.token.clone();
         // Counted as on the wire from now: `close()` waits for it.
         let on_wire = client.ending_call();
-        wasm_bindgen_futures::spawn_local(async move {
+        crate::options::spawn(async move {
             let _on_wire = on_wire;
             match client.release_token(item_id, &token).await {
                 // Kept for a later recover(): the release may not have landed.

@@ -114,9 +114,11 @@ impl FromWire for BatchHeartbeatResponse {
         }
         let results =
             crate::value::items(results.unchecked_ref(), MAX_RESULTS as usize, "").ok()?;
-        let results = results
-            .iter()
-            .map(|r| {
+        // A loop, not `map(..).collect::<Option<_>>()` (its adapters were
+        // about 1 kB of wasm).
+        let mut out = Vec::with_capacity(results.len());
+        for r in &results {
+            out.push({
                 let error = field(r, "error");
                 // An error that is there but unreadable (a code this
                 // client does not know) fails the whole answer, which is
@@ -130,15 +132,15 @@ impl FromWire for BatchHeartbeatResponse {
                         settled: None,
                     })
                 };
-                Some(BatchHeartbeatResult {
+                BatchHeartbeatResult {
                     item_id: int(r, "item_id")?,
                     ok: field(r, "ok").as_bool()?,
                     ttl_ms: uint(r, "ttl_ms"),
                     error,
-                })
-            })
-            .collect::<Option<Vec<_>>>()?;
-        Some(BatchHeartbeatResponse { results })
+                }
+            });
+        }
+        Some(BatchHeartbeatResponse { results: out })
     }
 }
 
@@ -206,16 +208,13 @@ impl ToWire for TokenRequest {
 
 impl ToWire for BatchHeartbeatRequest {
     fn to_wire(&self) -> JsValue {
-        let leases: Array = self
-            .leases
-            .iter()
-            .map(|l| {
-                object(&[
-                    ("item_id", number(l.item_id)),
-                    ("token", l.token.as_str().into()),
-                ])
-            })
-            .collect();
+        let leases = Array::new();
+        for l in &self.leases {
+            leases.push(&object(&[
+                ("item_id", number(l.item_id)),
+                ("token", l.token.as_str().into()),
+            ]));
+        }
         object(&[("leases", leases.into())])
     }
 }

@@ -130,7 +130,7 @@ impl WorkerInner {
         });
         let n = w.options.concurrency.clamp(1, 64);
         let me = w.clone();
-        let all = wasm_bindgen_futures::future_to_promise(async move {
+        let all = crate::options::spawn_promise(async move {
             // Reconcile what earlier pages left in the journal before
             // claiming; `stop()` or `client.close()` leaves the entries not
             // reached yet.
@@ -142,15 +142,14 @@ impl WorkerInner {
             {
                 super::lifecycle::warn("agentstore work(): journal reconcile failed");
             }
-            let slots: js_sys::Array = (0..n)
-                .map(|_| {
-                    let w = me.clone();
-                    wasm_bindgen_futures::future_to_promise(async move {
-                        slot_loop(w, wrap).await;
-                        Ok(JsValue::UNDEFINED)
-                    })
-                })
-                .collect();
+            let slots = js_sys::Array::new();
+            for _ in 0..n {
+                let w = me.clone();
+                slots.push(&crate::options::spawn_promise(async move {
+                    slot_loop(w, wrap).await;
+                    Ok(JsValue::UNDEFINED)
+                }));
+            }
             let _ = JsFuture::from(Promise::all(&slots)).await;
             Ok(JsValue::UNDEFINED)
         });

@@ -224,7 +224,10 @@ pub fn plan_pass(plans: &[HeartbeatPlan], now: f64) -> Pass {
         timeout_ms: f64::INFINITY,
         ..Pass::default()
     };
-    let steps: Vec<Step> = plans.iter().map(|p| p.step(now)).collect();
+    let mut steps = Vec::with_capacity(plans.len());
+    for p in plans {
+        steps.push(p.step(now));
+    }
     for (i, step) in steps.iter().enumerate() {
         match *step {
             Step::Expire => pass.expire.push(i),
