@@ -168,7 +168,7 @@ try {
     await page.bringToFront();
     // Workloads 1, 3 and 6 use their own fresh databases: no 100,000-record set.
     seedMs[name] = NEED_SEED ? await page.evaluate(() => window.bench.seed()) : NaN;
-    log(`${name}: seeded 100,000 records in ${(seedMs[name] / 1000).toFixed(1)} s`);
+    if (NEED_SEED) log(`${name}: seeded 100,000 records in ${(seedMs[name] / 1000).toFixed(1)} s`);
   }
 
   // ---- let the disk settle: seeding leaves the backing stores compacting, which
@@ -293,7 +293,7 @@ try {
     });
     md += `| ${w}. ${label} | ${cells.join(' | ')} |\n`;
   }
-  md += `\n✗ = a run's correctness check failed. Seeding 100,000 records (untimed setup): ${names.map((n) => `${n} ${(seedMs[n] / 1000).toFixed(1)} s`).join(', ')}.\n`;
+  md += `\n✗ = a run's correctness check failed.${NEED_SEED ? ` Seeding 100,000 records (untimed setup): ${names.map((n) => `${n} ${(seedMs[n] / 1000).toFixed(1)} s`).join(', ')}.` : ''}\n`;
   const notes = names.flatMap((n) => Object.entries(med[n]).flatMap(([w, m]) => m.notes.map((x) => `${n} w${w}: ${x}`)));
   if (notes.length) md += `\nNotes: ${notes.join('; ')}.\n`;
   md += `\n| contender | shipped files | bytes | gzipped |\n|---|---|---:|---:|\n`;
