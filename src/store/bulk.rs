@@ -165,11 +165,9 @@ impl Store {
         let tx = self.db.tx(&[RECORDS], TransactionMode::ReadOnly)?;
         let store = tx.store(RECORDS)?;
         let request = if record_type.is_some() {
-            let index: web_sys::IdbIndex = store.index(BY_TYPE)?.into();
-            dom(index.count_with_key(&query))?
+            dom(store.index(BY_TYPE)?.source().count_req(&query))?
         } else {
-            let raw: web_sys::IdbObjectStore = store.into();
-            dom(raw.count_with_key(&query))?
+            dom(store.source().count_req(&query))?
         };
         tx.end_read();
         Ok(answer_of(&request, to_error))
@@ -373,8 +371,11 @@ impl Store {
     pub async fn purge_tombstones(&self, older_than_ms: f64) -> Result<u32> {
         let cutoff = js_sys::Date::now() - older_than_ms;
         let tx = self.write_tx_in(&[TOMBSTONES, META])?;
-        let store: web_sys::IdbObjectStore = tx.store(TOMBSTONES)?.into();
-        let scan = purge_older(&dom(store.get_all())?, older_than_ms, cutoff);
+        let all = tx
+            .store(TOMBSTONES)?
+            .source()
+            .get_all_req(&JsValue::UNDEFINED, &JsValue::UNDEFINED);
+        let scan = purge_older(&dom(all)?, older_than_ms, cutoff);
         let purged = JsFuture::from(scan)
             .await
             .map_err(|e| StoreError::from_dom(&e))?

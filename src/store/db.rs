@@ -455,12 +455,66 @@ impl Drop for Tx {
     }
 }
 
+#[wasm_bindgen::prelude::wasm_bindgen]
+extern "C" {
+    /// An `IDBObjectStore` or an `IDBIndex`, for the requests the store
+    /// issues (by method name, on either). web-sys binds each method once
+    /// per receiver type and per argument count (`put`, `put_with_key`,
+    /// `getAll`, `getAll` with a key, with a key and a limit, on a store and
+    /// on an index...), each binding with its own wasm wrapper, import and
+    /// glue; these take every argument, `undefined` for one not given,
+    /// which IndexedDB takes as absent (an optional WebIDL argument that is
+    /// `undefined` is "missing": <https://webidl.spec.whatwg.org/#es-overloads>).
+    #[wasm_bindgen(extends = js_sys::Object)]
+    pub type Source;
+    #[wasm_bindgen(method, catch, js_name = put)]
+    fn put_req(
+        this: &Source,
+        value: &JsValue,
+        key: &JsValue,
+    ) -> std::result::Result<IdbRequest, JsValue>;
+    #[wasm_bindgen(method, catch, js_name = add)]
+    fn add_req(
+        this: &Source,
+        value: &JsValue,
+        key: &JsValue,
+    ) -> std::result::Result<IdbRequest, JsValue>;
+    /// `getAll(query, count)`.
+    #[wasm_bindgen(method, catch, js_name = getAll)]
+    pub fn get_all_req(
+        this: &Source,
+        query: &JsValue,
+        count: &JsValue,
+    ) -> std::result::Result<IdbRequest, JsValue>;
+    #[wasm_bindgen(method, catch, js_name = getAllKeys)]
+    fn get_all_keys_req(
+        this: &Source,
+        query: &JsValue,
+        count: &JsValue,
+    ) -> std::result::Result<IdbRequest, JsValue>;
+    /// `count(query)`.
+    #[wasm_bindgen(method, catch, js_name = count)]
+    pub fn count_req(this: &Source, query: &JsValue) -> std::result::Result<IdbRequest, JsValue>;
+}
+
+/// `n` as the `count` argument of `getAll`/`getAllKeys` (`undefined`: all).
+fn limit_js(count: Option<u32>) -> JsValue {
+    count.map_or(JsValue::UNDEFINED, JsValue::from)
+}
+
 /// An object store inside a [`Tx`]. Requests are issued at once; await the
 /// returned [`Req`] for the result.
 pub struct ObjectStore {
     raw: IdbObjectStore,
     #[cfg(feature = "test-hooks")]
     fault: std::rc::Rc<Cell<Option<(u32, Fault)>>>,
+}
+
+impl ObjectStore {
+    /// The store as a [`Source`] of requests.
+    pub fn source(&self) -> &Source {
+        self.raw.unchecked_ref()
+    }
 }
 
 impl From<ObjectStore> for IdbObjectStore {
@@ -471,6 +525,13 @@ impl From<ObjectStore> for IdbObjectStore {
 
 /// An index of an object store inside a [`Tx`].
 pub struct Index(web_sys::IdbIndex);
+
+impl Index {
+    /// The index as a [`Source`] of requests.
+    pub fn source(&self) -> &Source {
+        self.0.unchecked_ref()
+    }
+}
 
 impl From<Index> for web_sys::IdbIndex {
     fn from(i: Index) -> web_sys::IdbIndex {
@@ -531,12 +592,13 @@ impl ObjectStore {
         if let Some(r) = self.faulty(value, key) {
             return r;
         }
+        let absent = JsValue::UNDEFINED;
+        let (s, key) = (self.source(), key.unwrap_or(&absent));
         issued(
-            match (key, add) {
-                (Some(k), true) => self.raw.add_with_key(value, k),
-                (None, true) => self.raw.add(value),
-                (Some(k), false) => self.raw.put_with_key(value, k),
-                (None, false) => self.raw.put(value),
+            if add {
+                s.add_req(value, key)
+            } else {
+                s.put_req(value, key)
             },
             |v| v,
         )
@@ -555,12 +617,9 @@ impl ObjectStore {
     /// # Errors
     /// As IndexedDB's request.
     pub fn get_all(&self, query: Option<Query>, count: Option<u32>) -> Result<Req<Vec<JsValue>>> {
-        let q = query_js(query);
         issued(
-            match count {
-                Some(n) => self.raw.get_all_with_key_and_limit(&q, n),
-                None => self.raw.get_all_with_key(&q),
-            },
+            self.source()
+                .get_all_req(&query_js(query), &limit_js(count)),
             as_vec,
         )
     }
@@ -574,12 +633,9 @@ impl ObjectStore {
         query: Option<Query>,
         count: Option<u32>,
     ) -> Result<Req<Vec<JsValue>>> {
-        let q = query_js(query);
         issued(
-            match count {
-                Some(n) => self.raw.get_all_keys_with_key_and_limit(&q, n),
-                None => self.raw.get_all_keys_with_key(&q),
-            },
+            self.source()
+                .get_all_keys_req(&query_js(query), &limit_js(count)),
             as_vec,
         )
     }
@@ -589,7 +645,7 @@ impl ObjectStore {
     /// # Errors
     /// As IndexedDB's request.
     pub fn count(&self, query: Option<Query>) -> Result<Req<u32>> {
-        issued(self.raw.count_with_key(&query_js(query)), as_u32)
+        issued(self.source().count_req(&query_js(query)), as_u32)
     }
 
     /// The store's index `name`.
@@ -611,10 +667,9 @@ impl ObjectStore {
             return None;
         }
         self.fault.set(None);
-        let put = |v: &JsValue| match key {
-            Some(k) => self.raw.put_with_key(v, k),
-            None => self.raw.put(v),
-        };
+        let absent = JsValue::UNDEFINED;
+        let k = key.unwrap_or(&absent);
+        let put = |v: &JsValue| self.source().put_req(v, k);
         Some(match kind {
             Fault::Clone => {
                 let bad = js_sys::Object::new();
@@ -623,13 +678,7 @@ impl ObjectStore {
             }
             Fault::Constraint => {
                 let _ = put(value);
-                issued(
-                    match key {
-                        Some(k) => self.raw.add_with_key(value, k),
-                        None => self.raw.add(value),
-                    },
-                    |v| v,
-                )
+                issued(self.source().add_req(value, k), |v| v)
             }
         })
     }

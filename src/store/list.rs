@@ -146,20 +146,17 @@ impl Store {
         let rows = match (&q.record_type, q.descending) {
             // Ascending pages come from one getAll whose JS array is handed
             // on as is.
-            (None, false) => {
-                let raw: web_sys::IdbObjectStore = store.into();
-                answer_of(
-                    &dom(raw.get_all_with_key_and_limit(&query, fetch))?,
-                    to_error,
-                )
-            }
-            (Some(_), false) => {
-                let raw: web_sys::IdbIndex = store.index(BY_TYPE)?.into();
-                answer_of(
-                    &dom(raw.get_all_with_key_and_limit(&query, fetch))?,
-                    to_error,
-                )
-            }
+            (None, false) => answer_of(
+                &dom(store.source().get_all_req(&query, &fetch.into()))?,
+                to_error,
+            ),
+            (Some(_), false) => answer_of(
+                &dom(store
+                    .index(BY_TYPE)?
+                    .source()
+                    .get_all_req(&query, &fetch.into()))?,
+                to_error,
+            ),
             (None, true) => {
                 let raw: web_sys::IdbObjectStore = store.into();
                 let c = dom(raw.open_cursor_with_range_and_direction(&query, prev))?;
