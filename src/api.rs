@@ -816,7 +816,7 @@ impl AgentStore {
     /// string, `Blob`, `Response` or `ReadableStream`, streamed in batches.
     ///
     /// The first import or export loads `io/agentstore_io.js` and its wasm
-    /// (about 113 kB gzipped) from beside the package's entry point (see
+    /// (about 97 kB gzipped) from beside the package's entry point (see
     /// `setIoModule`); a load that fails for want of the network rejects
     /// with NetworkError (code "network") and the next call tries again.
     /// Arguments are checked before: bad ones are refused without a download.
