@@ -58,8 +58,12 @@ pub(crate) fn push_units(out: &mut String, units: &[u16]) {
 
 /// The value of `digits` read as lower-case hex (`0-9a-f` only: no sign,
 /// no upper case, so one value has exactly one text of a given length), or
-/// `None` for any other byte. At most 16 digits are meaningful.
+/// `None` for any other byte, or for more than 16 digits (more than a
+/// `u64` holds: `from_str_radix` refused them too).
 pub(crate) fn hex_value(digits: &[u8]) -> Option<u64> {
+    if digits.len() > 16 {
+        return None;
+    }
     let mut v = 0u64;
     for &d in digits {
         let n = match d {
@@ -172,6 +176,39 @@ mod tests {
                 lone,
                 char::decode_utf16(u.iter().copied()).any(|c| c.is_err())
             );
+        }
+    }
+
+    #[test]
+    fn hex_value_reads_at_most_16_lower_case_digits() {
+        for s in [
+            "",
+            "0",
+            "f",
+            "ff",
+            "00ff",
+            "ffffffffffffffff",
+            "0000000000000000",
+            "1ffffffffffffffff",
+            "00000000000000000",
+            "F",
+            "+1",
+            "-1",
+            "g",
+            " 1",
+            "é",
+        ] {
+            // from_str_radix also takes upper case, a sign and leading
+            // zeros past 16 digits, and refuses "" (which the fixed-width
+            // fields never hold: an empty digit run is 0).
+            let lower_hex = s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+            let std = match s {
+                "" => Some(0),
+                _ if s.len() > 16 => None,
+                _ if lower_hex => u64::from_str_radix(s, 16).ok(),
+                _ => None,
+            };
+            assert_eq!(hex_value(s.as_bytes()), std, "{s:?}");
         }
     }
 
