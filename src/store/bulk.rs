@@ -348,7 +348,8 @@ impl Store {
         self.finish(tx).await?;
         let changes = Array::new();
         for (op, r) in ops.iter().zip(&revs) {
-            super::watch::change(&changes, op.id(), r, matches!(op, Op::Delete { .. }));
+            self.changes
+                .change(&changes, op.id(), r, matches!(op, Op::Delete { .. }));
         }
         self.changes.post(&changes);
         Ok(revs)

@@ -278,7 +278,7 @@ impl Store {
                 let changes = Array::new();
                 for (_, w) in &results {
                     if let Some((w, deleted)) = w {
-                        super::watch::change(&changes, &w.id, &w.rev, *deleted);
+                        self.changes.change(&changes, &w.id, &w.rev, *deleted);
                     }
                 }
                 self.changes.post(&changes);

@@ -1022,7 +1022,8 @@ impl Store {
                     stored.as_ref(),
                     (!item.deleted).then_some(&item.object),
                 )?;
-                super::watch::change(&changes, &item.id, &item.rev.text(), item.deleted);
+                self.changes
+                    .change(&changes, &item.id, &item.rev.text(), item.deleted);
                 batch.written += 1;
             }
             Ok(())

@@ -34,7 +34,7 @@ impl Notifier {
     }
 
     /// Posts one message with every change of a committed transaction
-    /// (`changes`: `[{id, rev, deleted}]`, built with [`change`]).
+    /// (`changes`: `[{id, rev, deleted}]`, built with [`Notifier::change`]).
     pub fn post(&self, changes: &Array) {
         let Some(ch) = &self.channel else { return };
         if changes.length() == 0 {
@@ -42,18 +42,22 @@ impl Notifier {
         }
         let _ = ch.post_message(changes);
     }
-}
 
-/// Appends the change `{id, rev, deleted}` to `changes` (a message for
-/// [`Notifier::post`]). The writes build the message as they go: a slice
-/// of tuples turned into an `Array` afterwards compiled one iterator chain
-/// per caller.
-pub fn change(changes: &Array, id: &JsValue, rev: &str, deleted: bool) {
-    let o = Object::new();
-    set(&o, "id", id);
-    set(&o, "rev", &rev.into());
-    set(&o, "deleted", &JsValue::from_bool(deleted));
-    changes.push(&o);
+    /// Appends the change `{id, rev, deleted}` to `changes` (a message for
+    /// [`Notifier::post`]); nothing is built where there is no channel to
+    /// post it on. The writes build the message as they go: a slice of
+    /// tuples turned into an `Array` afterwards compiled one iterator chain
+    /// per caller.
+    pub fn change(&self, changes: &Array, id: &JsValue, rev: &str, deleted: bool) {
+        if self.channel.is_none() {
+            return;
+        }
+        let o = Object::new();
+        set(&o, "id", id);
+        set(&o, "rev", &rev.into());
+        set(&o, "deleted", &JsValue::from_bool(deleted));
+        changes.push(&o);
+    }
 }
 
 impl Drop for Notifier {
