@@ -278,8 +278,10 @@ async fn send_inner(call: &Call<'_>, controller: &AbortController) -> Result<Ans
             ));
         }
     };
+    // `Number()` skips surrounding white space itself (and fetch has already
+    // stripped HTTP white space from the value).
     let retry_after_ms = header(&headers, "Retry-After")
-        .map(|v| js_sys::Number::from(JsValue::from_str(v.trim())).value_of())
+        .map(|v| js_sys::Number::from(JsValue::from_str(&v)).value_of())
         .filter(|s| s.is_finite() && *s >= 0.0)
         .map(|s| s * 1000.0);
     if (200..300).contains(&status) {
