@@ -111,6 +111,25 @@ export function deferred() {
 }
 
 /**
+ * A Promise resolved after `ms` milliseconds (`setTimeout` of this global
+ * scope: window or worker) and the function that ends the wait at once
+ * (clears the timer and resolves the Promise): `[promise, end]`.
+ * src/lease/http.rs `sleep_ms` calls `end` when its future is dropped, so no
+ * timer outlives its wait and no Promise stays pending.
+ */
+export function timer(ms) {
+  let end;
+  const promise = new Promise((resolve) => {
+    const id = setTimeout(resolve, ms);
+    end = () => {
+      clearTimeout(id);
+      resolve();
+    };
+  });
+  return [promise, end];
+}
+
+/**
  * `signal.reason` once `signal` has aborted, else `undefined`; what a
  * redefined `aborted` or `reason` getter throws is the reason (as
  * src/options.rs `abort_reason` reads it).

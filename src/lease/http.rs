@@ -118,14 +118,37 @@ extern "C" {
     fn number_request(headers: &Headers, key: &str);
 }
 
-/// Sleeps `ms` (clamped to `[0, 2^31)`).
+#[wasm_bindgen::prelude::wasm_bindgen(module = "/js/lease.js")]
+extern "C" {
+    /// `[promise, end]`: resolved after `ms`, or at once by `end()`
+    /// (js/lease.js `timer`).
+    #[wasm_bindgen(js_name = timer)]
+    fn timer_js(ms: f64) -> js_sys::Array;
+}
+
+/// Ends a [`sleep_ms`] wait whose future is dropped before its time (lost a
+/// `select`): the timer is cleared and its Promise resolved, so the
+/// `JsFuture`'s callbacks are freed (a Promise that never settles would keep
+/// them in wasm memory for good).
+struct EndTimer(Function);
+
+impl Drop for EndTimer {
+    fn drop(&mut self) {
+        let _ = self.0.call0(&JsValue::UNDEFINED);
+    }
+}
+
+/// Sleeps `ms` (clamped to `[0, 2^31)`), on a JS timer (gloo-timers'
+/// `TimeoutFuture` cost ~1.5 kB of wasm with the oneshot channel it uses).
 pub async fn sleep_ms(ms: f64) {
     let ms = if ms.is_finite() {
         ms.clamp(0.0, 2_147_483_000.0)
     } else {
         0.0
     };
-    gloo_timers::future::TimeoutFuture::new(ms.ceil() as u32).await;
+    let pair = timer_js(ms.ceil());
+    let _end = EndTimer(pair.get(1).unchecked_into());
+    let _ = JsFuture::from(Promise::from(pair.get(0))).await;
 }
 
 /// A successful answer: status and body.
