@@ -774,11 +774,14 @@ impl Lease {
         // A URL is copied into wasm memory only up to 64 Ki units (a longer
         // one is refused below as not a string).
         let url = crate::value::short_string(&input, crate::value::MAX_ARG_UNITS);
+        // `init` only when it is an object (`undefined` is an absent init).
+        let init = if init.is_object() {
+            init
+        } else {
+            JsValue::UNDEFINED
+        };
         let base = match url {
-            Some(url) if init.is_object() => {
-                Request::new_with_str_and_init(&url, init.unchecked_ref())?
-            }
-            Some(url) => Request::new_with_str(&url)?,
+            Some(url) => new_request(&url.into(), &init)?,
             None => {
                 let req: Request = input.dyn_into().map_err(|_| {
                     LeaseError::Validation(
@@ -790,11 +793,7 @@ impl Lease {
                 // A new Request either way: an object that only claims
                 // Request's prototype is refused here (a TypeError), not
                 // read through getters that throw past the module.
-                if init.is_object() {
-                    Request::new_with_request_and_init(&req, init.unchecked_ref())?
-                } else {
-                    Request::new_with_request(&req)?
-                }
+                new_request(&req, &init)?
             }
         };
         let signal = follow_both(&self.inner.signal(), &base.signal())?;
@@ -825,7 +824,7 @@ impl Lease {
             next.set_headers(&headers);
         }
         next.set_signal(Some(&signal));
-        Ok((Request::new_with_request_and_init(&base, &next)?, manual))
+        Ok((new_request(&base, &next)?, manual))
     }
 
     /// TEST HOOK: suspends (true) or resumes (false) this lease's automatic
@@ -841,6 +840,25 @@ impl Lease {
         self.inner.set_heartbeats_paused(paused);
         Ok(())
     }
+}
+
+#[wasm_bindgen]
+extern "C" {
+    /// The `Request` constructor (see [`new_request`]).
+    #[wasm_bindgen(js_name = Request)]
+    type RequestCtor;
+    #[wasm_bindgen(constructor, js_class = "Request", catch)]
+    fn new(input: &JsValue, init: &JsValue) -> Result<RequestCtor, JsValue>;
+}
+
+/// `new Request(input, init)`: one binding for a URL or a Request, with or
+/// without an init (`undefined` is an absent one: WebIDL's `optional
+/// RequestInit init = {}`), instead of web-sys's four constructors.
+///
+/// # Errors
+/// What the constructor throws (a TypeError).
+fn new_request(input: &JsValue, init: &JsValue) -> Result<Request, JsValue> {
+    RequestCtor::new(input, init).map(JsCast::unchecked_into)
 }
 
 #[wasm_bindgen(module = "/js/lease.js")]
