@@ -228,6 +228,12 @@ pub fn plan_pass(plans: &[HeartbeatPlan], now: f64) -> Pass {
     for p in plans {
         steps.push(p.step(now));
     }
+    // Whether a request goes out at all: only then do idle leases join it.
+    let mut sending = false;
+    for step in &steps {
+        sending |= matches!(step, Step::Heartbeat { .. });
+    }
+    // One pass in index order: `heartbeat` comes out sorted without a sort.
     for (i, step) in steps.iter().enumerate() {
         match *step {
             Step::Expire => pass.expire.push(i),
@@ -235,19 +241,16 @@ pub fn plan_pass(plans: &[HeartbeatPlan], now: f64) -> Pass {
                 pass.heartbeat.push(i);
                 pass.timeout_ms = pass.timeout_ms.min(timeout_ms);
             }
+            Step::Sleep(_) if sending => {
+                let plan = &plans[i];
+                let idle = plan.failures == 0 && !plan.in_flight && !plan.ending;
+                if idle && plan.next_due() - now <= plan.interval_ms / 2.0 {
+                    pass.heartbeat.push(i);
+                    pass.timeout_ms = pass.timeout_ms.min(plan.deadline() - now);
+                }
+            }
             Step::Sleep(_) => {}
         }
-    }
-    if !pass.heartbeat.is_empty() {
-        for (i, plan) in plans.iter().enumerate() {
-            let idle = plan.failures == 0 && !plan.in_flight && !plan.ending;
-            let early = idle && plan.next_due() - now <= plan.interval_ms / 2.0;
-            if early && matches!(steps[i], Step::Sleep(_)) {
-                pass.heartbeat.push(i);
-                pass.timeout_ms = pass.timeout_ms.min(plan.deadline() - now);
-            }
-        }
-        pass.heartbeat.sort_unstable();
     }
     if pass.timeout_ms.is_infinite() {
         pass.timeout_ms = 0.0;
@@ -536,6 +539,19 @@ mod tests {
         assert!(idle.heartbeat.is_empty());
         assert_eq!(idle.wake_in_ms, Some(14_000.0));
         assert_eq!(plan_pass(&[], 0.0).wake_in_ms, None);
+    }
+
+    #[test]
+    fn heartbeat_indexes_come_in_lease_order_with_the_nearly_due_first() {
+        // The nearly due lease (b) before the due one (a) in the list.
+        let a = HeartbeatPlan::new(0.0, TTL, HB);
+        let b = HeartbeatPlan::new(4_000.0, TTL, HB);
+        let pass = plan_pass(&[b.clone(), a.clone()], 15_000.0);
+        assert_eq!(pass.heartbeat, vec![0, 1]);
+        let due = plan_pass(&[a.clone()], 15_000.0).timeout_ms;
+        assert_eq!(pass.timeout_ms, due.min(b.deadline() - 15_000.0));
+        // No request goes out: the nearly due lease is not sent alone.
+        assert!(plan_pass(&[b], 15_000.0).heartbeat.is_empty());
     }
 
     #[test]
