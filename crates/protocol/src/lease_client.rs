@@ -548,7 +548,7 @@ mod tests {
         let b = HeartbeatPlan::new(4_000.0, TTL, HB);
         let pass = plan_pass(&[b.clone(), a.clone()], 15_000.0);
         assert_eq!(pass.heartbeat, vec![0, 1]);
-        let due = plan_pass(&[a.clone()], 15_000.0).timeout_ms;
+        let due = plan_pass(std::slice::from_ref(&a), 15_000.0).timeout_ms;
         assert_eq!(pass.timeout_ms, due.min(b.deadline() - 15_000.0));
         // No request goes out: the nearly due lease is not sent alone.
         assert!(plan_pass(&[b], 15_000.0).heartbeat.is_empty());
