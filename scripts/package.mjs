@@ -646,6 +646,9 @@ ${constructible.length ? `  // What a public constructor is exported as: \\\`new
     );
     if (text.includes('handleError(function')) throw new Error(`${file}: a handleError wrapper was not rewritten: update package.mjs`);
   }
+  // A wrapper of that shape under another name (a wasm-bindgen that renamed
+  // handleError) fails the build instead of shipping unrewritten.
+  if (text.includes('}, arguments); }')) throw new Error(`${file}: an import wrapper applied to \`arguments\` was not rewritten: update package.mjs`);
   const r = transformSync(text, {
     minify: true,
     treeShaking: true,

@@ -1472,3 +1472,34 @@ async fn an_option_a_lease_call_does_not_take_is_refused_before_anything_is_sent
         .await
         .unwrap();
 }
+
+/// A base URL pasted with white space around it (ASCII, the vertical tab the
+/// URL parser would strip itself, Unicode spaces) and a trailing slash still
+/// sends every request to the server's own paths.
+#[wasm_bindgen_test]
+async fn a_base_url_with_white_space_around_it_reaches_the_server() {
+    let Some((base, token)) = server() else {
+        return;
+    };
+    let q = fresh_queue("trimmed-base");
+    let id = enqueue(&q, json!({"n": 1})).await;
+    for padded in [
+        format!(" \t{base}/\n"),
+        format!("{base}/\u{0B}"),
+        format!("\u{A0}\u{3000}{base}\u{2028}\u{FEFF}"),
+    ] {
+        let client = agentstore::lease::ClientInner::new(
+            &padded,
+            agentstore::lease::Credentials {
+                access_token: Some(token.to_owned()),
+                ..Default::default()
+            },
+            config(),
+        )
+        .expect("accepted");
+        let lease = claim(&client, &q).await;
+        assert_eq!(lease.item_id, id, "{padded:?}");
+        lease.release().await.expect("release");
+        client.close().await;
+    }
+}

@@ -113,9 +113,11 @@ impl ClientInner {
     /// # Errors
     /// `ValidationError` for a base URL that is not an absolute `http(s)://` URL.
     pub fn new(base: &str, creds: Credentials, config: ClientConfig) -> Result<Rc<ClientInner>> {
-        // ASCII whitespace only, as the WHATWG URL parser strips (C0 controls
-        // and space): `str::trim`'s Unicode table cost ~500 bytes of wasm.
-        let base = base.trim_ascii().trim_end_matches('/').to_owned();
+        // Trimmed by JS `String.prototype.trim` (ECMAScript white space and
+        // line terminators: what `str::trim` strips but U+0085, plus U+FEFF),
+        // whose table is the engine's, not ~500 bytes of wasm.
+        let base = String::from(js_sys::JsString::from(base).trim());
+        let base = base.trim_end_matches('/').to_owned();
         let origin = origin_of(&base)
             .filter(|_| base.starts_with("http://") || base.starts_with("https://"))
             .ok_or_else(|| {
