@@ -1,10 +1,12 @@
-//! Keyed rate limits (per worker for claim polling, per client address for the
-//! unauthenticated endpoints), on `governor`'s GCRA limiter.
+//! Keyed rate limits (per worker for claim polling, per client address, an
+//! IPv6 one by its /64 ([`client_key`]), for the unauthenticated endpoints),
+//! on `governor`'s GCRA limiter.
 //!
 //! Limits are per server instance and measured with this process's monotonic
 //! clock: that is a duration, never compared with lease times.
 
 use std::hash::Hash;
+use std::net::{IpAddr, Ipv6Addr};
 use std::num::NonZeroU32;
 use std::time::Duration;
 
@@ -94,6 +96,19 @@ impl<K: Hash + Eq + Clone> RateLimiter<K> {
     }
 }
 
+/// The key a client address is limited under: an IPv4 address (an
+/// IPv4-mapped IPv6 one included) as it is; an IPv6 address by its /64
+/// prefix, the interface identifier zeroed. One /64 is what a single
+/// subscriber or host is assigned (RFC 6177), and it can send from any of
+/// its 2^64 addresses (privacy addresses, RFC 8981): keyed by the full
+/// address, each request could take a fresh bucket and no limit would hold.
+pub fn client_key(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !u128::from(u64::MAX))),
+        v4 => v4,
+    }
+}
+
 /// Whole seconds for a `Retry-After` header: `wait` rounded up, at least 1.
 pub fn retry_after_secs(wait: Duration) -> u64 {
     wait.as_millis().div_ceil(1000).max(1) as u64
@@ -122,5 +137,21 @@ mod tests {
         assert!(wait > Duration::ZERO && wait <= Duration::from_millis(500));
         assert!(l.check(&2).is_ok(), "other keys have their own allowance");
         assert_eq!(retry_after_secs(wait), 1);
+    }
+
+    #[test]
+    fn ipv6_clients_of_one_64_prefix_share_one_auth_and_beacon_bucket() {
+        let ip = |s: &str| client_key(s.parse().unwrap());
+        let l = RateLimiter::new("1/min".parse().unwrap());
+        assert!(l.check(&ip("2001:db8:1:2:aaaa::1")).is_ok());
+        // Another address of the same /64: the same bucket, now empty.
+        assert!(l.check(&ip("2001:db8:1:2:ffff:1:2:3")).is_err());
+        assert!(l.check(&ip("2001:db8:1:2::")).is_err());
+        // The next /64 is another client.
+        assert!(l.check(&ip("2001:db8:1:3::1")).is_ok());
+        // IPv4 keeps one bucket per address, mapped into IPv6 or not.
+        assert!(l.check(&ip("192.0.2.1")).is_ok());
+        assert!(l.check(&ip("::ffff:192.0.2.1")).is_err());
+        assert!(l.check(&ip("192.0.2.2")).is_ok());
     }
 }

@@ -20,7 +20,7 @@ use axum::{Json, Router};
 use crate::auth::{caller_from, Admin, Caller};
 use crate::error::ApiError;
 use crate::extract::{item_id, positive_item_id, queue_name, JsonBody};
-use crate::ratelimit::{retry_after_secs, RateLimiter};
+use crate::ratelimit::{client_key, retry_after_secs, RateLimiter};
 use crate::state::AppState;
 use crate::store::{claim_lost, Attempt, Ended, ItemPage, Released, Resumed, Viewed};
 use crate::wire::{EnqueueBody, SettleBody};
@@ -100,17 +100,18 @@ async fn create_enrollment(
     Ok((StatusCode::CREATED, Json(body)))
 }
 
-/// The peer address of the connection (the server is started with connect
-/// info); behind a reverse proxy that is the proxy's address.
+/// The rate-limit key of the connection's peer address (the server is
+/// started with connect info; behind a reverse proxy that is the proxy's
+/// address): an IPv6 peer is keyed by its /64 ([`client_key`]).
 fn client_ip(parts: &Parts) -> IpAddr {
     parts
         .extensions
         .get::<ConnectInfo<SocketAddr>>()
-        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0.ip())
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| client_key(c.0.ip()))
 }
 
-/// Takes one request of the client's address from `limiter`, else `429
-/// rate_limited` with `Retry-After`.
+/// Takes one request of the client's address (an IPv6 one by its /64) from
+/// `limiter`, else `429 rate_limited` with `Retry-After`.
 fn admit(limiter: &RateLimiter<IpAddr>, parts: &Parts, what: &str) -> Result<(), ApiError> {
     limiter.check(&client_ip(parts)).map_err(|wait| {
         let mut e = ApiError::new(ErrorCode::RateLimited, format!("too many {what}"));
@@ -434,10 +435,32 @@ async fn item(
             let (queue, holder) = item.owners();
             caller.read(queue, holder).map(|()| Json(item))
         }
-        None => Err(ApiError::new(
-            ErrorCode::NotFound,
-            format!("item {id} does not exist"),
-        )),
+        // Only the admin may read every item, so only the admin is told
+        // that one does not exist; anyone else gets the refusal it gets for
+        // an item it may not read (of no queue, held by nobody), so that ids
+        // outside its scope cannot be probed (see [`unseen`]).
+        None => {
+            caller.read(None, None)?;
+            Err(ApiError::new(
+                ErrorCode::NotFound,
+                format!("item {id} does not exist"),
+            ))
+        }
+    }
+}
+
+/// What a fenced write (heartbeat, settle, release) of item `id` by
+/// `caller` answers when it failed with `e`: for a worker, an item that does
+/// not exist is answered as one whose lease token is wrong (`409
+/// claim_lost`, the same message but for the id, after the same one read),
+/// so that a worker cannot tell which ids exist outside its leases, as a
+/// tokenless release cannot (see [`release`]). The admin is told
+/// `not_found`.
+fn unseen(caller: &Caller, id: i64, e: ApiError) -> ApiError {
+    if e.code == ErrorCode::NotFound && !matches!(caller, Caller::Admin) {
+        claim_lost(id).into()
+    } else {
+        e
     }
 }
 
@@ -449,7 +472,11 @@ async fn heartbeat(
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
     let id = item_id(&id)?;
     let owner = caller.lease_owner()?;
-    let ttl_ms = st.store.heartbeat(id, &req.token, owner).await?;
+    let ttl_ms = st
+        .store
+        .heartbeat(id, &req.token, owner)
+        .await
+        .map_err(|e| unseen(&caller, id, e.into()))?;
     Ok(Json(HeartbeatResponse { ttl_ms }))
 }
 
@@ -495,6 +522,7 @@ async fn heartbeats(
                     error: None,
                 },
                 Err(e) => {
+                    let e = unseen(&caller, l.item_id, e);
                     st.metrics.answered(e.code);
                     BatchHeartbeatResult {
                         item_id: l.item_id,
@@ -531,7 +559,8 @@ async fn settle(
             req.result.as_deref(),
             req.error.as_deref(),
         )
-        .await?;
+        .await
+        .map_err(|e| unseen(&caller, id, e.into()))?;
     Ok(replay_marked(Json(item), replayed))
 }
 
@@ -572,6 +601,7 @@ async fn release(
         (Err(e), Releaser::Beacon) if e.code() == Some(ErrorCode::NotFound) => {
             return Err(claim_lost(id).into());
         }
+        (Err(e), Releaser::Caller(caller)) => return Err(unseen(&caller, id, e.into())),
         (outcome, _) => outcome?,
     };
     match done {

@@ -20,7 +20,7 @@ use super::item::{
     item_from_row, landed_state, lease_item_from_row, qualified_item_cols, Claimed, Ended, Item,
     ItemPage, Released, Resumed, Viewed, ITEM_COLS,
 };
-use super::{detached, get, ms, to_u64, Attempt, Backend, Store, StoreError};
+use super::{detached, get, lease_ttl_sql, ms, to_u64, Attempt, Backend, Store, StoreError};
 use crate::tokens::{self, ct_eq};
 
 /// Fixed bytes counted per item against a page's budget (its id, state,
@@ -143,30 +143,42 @@ impl Store {
              VALUES ($1, 'open', $2, 0, $3, 0, {{now}}, {{now}}, $4, $5)
              RETURNING {ITEM_COLS}"
         ));
-        let inserted = sqlx::query(&sql)
-            .bind(queue)
-            .bind(&payload)
-            .bind(i64::from(max))
-            .bind(key)
-            .bind(&request_hash)
-            .fetch_one(&self.pool)
-            .await;
-        match inserted {
-            // The row just inserted: the payload was checked as JSON, the
-            // rest are constants, so it decodes.
-            Ok(row) => return Ok((Ended::Item(item_from_row(&row)?), false)),
-            Err(sqlx::Error::Database(e)) if key.is_some() && e.is_unique_violation() => {}
-            Err(e) => return Err(e.into()),
-        }
-        // Only a key can conflict: the item that key added before.
-        let sql = format!(
+        // Only a key can conflict: the item that key added before. That item
+        // can be deleted between the INSERT's refusal and this read (the
+        // reaper's retention deletes settled items with their keys): the key
+        // is free again, and the INSERT is sent again (a few times: each
+        // round needs another item with this key added and deleted).
+        let select = format!(
             "SELECT {ITEM_COLS}, request_hash FROM items WHERE queue = $1 AND idempotency_key = $2"
         );
-        let row = sqlx::query(&sql)
-            .bind(queue)
-            .bind(key)
-            .fetch_one(&self.pool)
-            .await?;
+        let mut rounds = 0;
+        let row = loop {
+            let inserted = sqlx::query(&sql)
+                .bind(queue)
+                .bind(&payload)
+                .bind(i64::from(max))
+                .bind(key)
+                .bind(&request_hash)
+                .fetch_one(&self.pool)
+                .await;
+            match inserted {
+                // The row just inserted: the payload was checked as JSON, the
+                // rest are constants, so it decodes.
+                Ok(row) => return Ok((Ended::Item(item_from_row(&row)?), false)),
+                Err(sqlx::Error::Database(e)) if key.is_some() && e.is_unique_violation() => {}
+                Err(e) => return Err(e.into()),
+            }
+            let found = sqlx::query(&select)
+                .bind(queue)
+                .bind(key)
+                .fetch_optional(&self.pool)
+                .await?;
+            match found {
+                Some(row) => break row,
+                None if rounds < 3 => rounds += 1,
+                None => return Err(sqlx::Error::RowNotFound.into()),
+            }
+        };
         let stored: Option<String> = get(&row, "request_hash").ok().flatten();
         if stored.as_deref() != request_hash.as_deref() {
             return Err(StoreError::rejected(
@@ -686,12 +698,13 @@ impl Store {
     async fn renew(&self, id: i64, hash: &str, owner: Option<i64>) -> Result<u64, StoreError> {
         // The answer is the TTL the lease was granted with (a heartbeat
         // renews it; it does not change it).
-        let sql = self.sql(
-            "UPDATE items SET heartbeat_at = {now}, updated_at = {now}
+        let sql = self.sql(&format!(
+            "UPDATE items SET heartbeat_at = {{now}}, updated_at = {{now}}
              WHERE id = $1 AND state = 'running' AND token_hash = $2
                AND ($3 = 0 OR worker_id = $3)
-             RETURNING COALESCE(lease_ttl_ms, $4) AS ttl",
-        );
+             RETURNING {} AS ttl",
+            lease_ttl_sql("$4")
+        ));
         let renewed = sqlx::query(&sql)
             .bind(id)
             .bind(hash)
@@ -748,9 +761,9 @@ impl Store {
             "UPDATE items SET heartbeat_at = {{now}}, updated_at = {{now}}
              WHERE state = 'running' AND ($1 = 0 OR worker_id = $1)
                AND (id, token_hash) IN (VALUES {})
-             RETURNING id, token_hash, COALESCE(lease_ttl_ms, {ttl}) AS ttl",
+             RETURNING id, token_hash, {ttl} AS ttl",
             pairs.join(", "),
-            ttl = ms(self.settings.ttl_ms),
+            ttl = lease_ttl_sql(&ms(self.settings.ttl_ms).to_string()),
         ));
         let mut q = sqlx::query(&sql).bind(owner.unwrap_or(0));
         for (id, hash) in leases {
@@ -1221,12 +1234,13 @@ impl Store {
     /// Reads the lease part of an item, its token hash and holder, who
     /// released it last, and the database clock, in one statement.
     async fn read_lease(&self, id: i64) -> Result<Option<LeaseRead>, StoreError> {
-        let sql = self.sql(
+        let sql = self.sql(&format!(
             "SELECT state, epoch, attempts, max_redeliveries, heartbeat_at, token_hash, worker_id,
                     released_token_hash, released_by, settled_token_hash, settled_by,
-                    COALESCE(lease_ttl_ms, $2) AS ttl_ms, {now} AS now_ms
+                    {} AS ttl_ms, {{now}} AS now_ms
              FROM items WHERE id = $1",
-        );
+            lease_ttl_sql("$2")
+        ));
         let row = sqlx::query(&sql)
             .bind(id)
             .bind(ms(self.settings.ttl_ms))

@@ -136,6 +136,24 @@ pub struct Settings {
     pub retention_ms: u64,
 }
 
+/// The TTL of a running row's lease, as SQL: the stored `lease_ttl_ms` when
+/// it is one this server grants ([`crate::config::TTL_MS`], ms), else
+/// `fallback` (an SQL expression: this instance's `--ttl-ms`). NULL (a lease
+/// from before the column), a value out of that range and, on SQLite, a text
+/// that is no number (SQLite orders text above every number, so it is never
+/// BETWEEN two) all read as the fallback. Every reader of the TTL (heartbeat,
+/// batched heartbeat, reaper, release) uses this one expression, so a row
+/// whose TTL does not decode is one lease to all of them: kept alive by its
+/// heartbeats, taken over once it misses them, releasable.
+pub(crate) fn lease_ttl_sql(fallback: &str) -> String {
+    let (lo, hi) = (crate::config::TTL_MS.start(), crate::config::TTL_MS.end());
+    format!("(CASE WHEN lease_ttl_ms BETWEEN {lo} AND {hi} THEN lease_ttl_ms ELSE {fallback} END)")
+}
+
+/// The durability every SQLite connection is opened with: `FULL`, each commit
+/// synced before it is answered (see [`Store::connect`]'s pool setup).
+pub const SQLITE_SYNCHRONOUS: &str = "PRAGMA synchronous = FULL";
+
 /// The default [`Settings::list_page_bytes`]: 4 MiB.
 pub const LIST_PAGE_BYTES: u64 = 4 * 1024 * 1024;
 
@@ -311,12 +329,15 @@ impl Store {
             .after_connect(move |conn, _| {
                 Box::pin(async move {
                     if backend == Backend::Sqlite {
-                        // With WAL, NORMAL syncs at checkpoints instead of every
-                        // commit; a power cut can lose the last commits, never
-                        // corrupt. At worst a claim is delivered again.
-                        sqlx::query("PRAGMA synchronous = NORMAL")
-                            .execute(&mut *conn)
-                            .await?;
+                        // FULL: every commit is synced to the WAL before it is
+                        // answered. NORMAL (synced at checkpoints) can roll the
+                        // last commits back after a power cut or an OS crash
+                        // (<https://sqlite.org/pragma.html#pragma_synchronous>):
+                        // an answered claim would be undone and its epoch
+                        // handed out again to the next claimant, so two
+                        // holders would fence with one epoch. PostgreSQL's
+                        // default (`synchronous_commit = on`) gives the same.
+                        sqlx::query(SQLITE_SYNCHRONOUS).execute(&mut *conn).await?;
                     }
                     Ok(())
                 })

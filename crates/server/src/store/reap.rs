@@ -18,7 +18,7 @@ use sqlx::any::AnyRow;
 
 use super::item::lease_item_from_row;
 use super::unreadable::{fail_set, UNREADABLE_REASON};
-use super::{get, ms, to_u64, Store, StoreError};
+use super::{get, lease_ttl_sql, ms, to_u64, Store, StoreError};
 
 /// Expired claims read per statement of a pass.
 const PAGE: u32 = 500;
@@ -82,14 +82,15 @@ impl Store {
         after: i64,
         limit: u32,
     ) -> Result<Vec<Result<ExpiredClaim, Unreadable>>, StoreError> {
-        let sql = self.sql(
+        let sql = self.sql(&format!(
             "SELECT * FROM (
                  SELECT id, state, epoch, attempts, max_redeliveries, heartbeat_at, token_hash,
-                        COALESCE(lease_ttl_ms, $1) AS ttl_ms, {now} AS now_ms
+                        {} AS ttl_ms, {{now}} AS now_ms
                  FROM items WHERE state = 'running' AND id > $3) AS r
              WHERE heartbeat_at IS NULL OR heartbeat_at <= now_ms - ttl_ms
              ORDER BY id LIMIT $2",
-        );
+            lease_ttl_sql("$1")
+        ));
         let rows = sqlx::query(&sql)
             .bind(ms(self.settings.ttl_ms))
             .bind(i64::from(limit))
@@ -122,13 +123,14 @@ impl Store {
             return Ok(None);
         };
         let (_, _, reason) = end_attempt(claim.item.attempts, claim.item.max_redeliveries);
-        let sql = self.sql(
+        let sql = self.sql(&format!(
             "UPDATE items SET state = $3, attempts = $4, last_error = $5, token_hash = NULL, lease_ttl_ms = NULL, claim_key = NULL,
-                 worker_id = NULL, heartbeat_at = NULL, updated_at = {now}
+                 worker_id = NULL, heartbeat_at = NULL, updated_at = {{now}}
              WHERE id = $1 AND state = 'running' AND epoch = $2
                AND (heartbeat_at IS NULL
-                    OR heartbeat_at <= {now} - COALESCE(lease_ttl_ms, $6))",
-        );
+                    OR heartbeat_at <= {{now}} - {})",
+            lease_ttl_sql("$6")
+        ));
         let done = sqlx::query(&sql)
             .bind(claim.id)
             .bind(ms(claim.item.epoch))
@@ -151,8 +153,9 @@ impl Store {
             "UPDATE items SET {}
              WHERE id = $1 AND state = 'running'
                AND (heartbeat_at IS NULL
-                    OR heartbeat_at <= {{now}} - COALESCE(lease_ttl_ms, $3))",
-            fail_set()
+                    OR heartbeat_at <= {{now}} - {})",
+            fail_set(),
+            lease_ttl_sql("$3")
         ));
         let done = sqlx::query(&sql)
             .bind(id)

@@ -60,6 +60,46 @@ pub(crate) async fn snapshot(
     )
 }
 
+/// A claim raises the item's epoch; were its commit lost after it was
+/// answered (SQLite's `synchronous = NORMAL` under WAL rolls the last
+/// commits back after a power cut), the next claimant would get the same
+/// epoch and two holders would fence with one number. Every connection the
+/// server's pool hands out must commit durably: SQLite `synchronous = FULL`
+/// (2), PostgreSQL `synchronous_commit` not `off`. The pool is drained so
+/// that each of its connections answers, not only the first.
+pub async fn every_pooled_connection_commits_durably_so_no_answered_epoch_is_reissued(db: TestDb) {
+    use sqlx::Row;
+    let settings = Settings {
+        pool_size: 3,
+        ..Settings::default()
+    };
+    let store = db.store(settings).await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(store.pool().acquire().await.expect("a pooled connection"));
+    }
+    for conn in &mut held {
+        match db.kind {
+            crate::common::Kind::Sqlite => {
+                let row = sqlx::query("PRAGMA synchronous")
+                    .fetch_one(&mut **conn)
+                    .await
+                    .unwrap();
+                assert_eq!(row.get::<i64, _>(0), 2, "SQLite synchronous = FULL");
+            }
+            crate::common::Kind::Postgres => {
+                let row = sqlx::query("SHOW synchronous_commit")
+                    .fetch_one(&mut **conn)
+                    .await
+                    .unwrap();
+                assert_ne!(row.get::<String, _>(0), "off", "synchronous_commit");
+            }
+        }
+    }
+    drop(held);
+    store.close().await;
+}
+
 pub async fn a_claim_is_atomic_and_raises_the_epoch(db: TestDb) {
     let store = db.store(ttl(LONG)).await;
     let a = store.enqueue("q", &json!({"n": 1}), None).await.unwrap();

@@ -197,3 +197,51 @@ pub async fn a_server_with_a_retention_deletes_old_settled_items_by_itself(db: T
         server.stop().await.unwrap();
     }
 }
+
+/// A keyed enqueue sent again while the retention sweep deletes the item
+/// that key added: the INSERT is refused by the key, and the item can be
+/// gone by the time it is read. Before, that read failed and the enqueue
+/// answered 500; now the key is free again and the enqueue adds a new item
+/// (or, when the sweep came after the read, replays the old one). Each round
+/// starts the enqueue and the sweep together (the enqueue's INSERT is sent
+/// first, then the sweep's DELETE), 150 rounds.
+pub async fn a_keyed_enqueue_replayed_while_retention_deletes_its_item_is_answered(db: TestDb) {
+    let store = db
+        .store(Settings {
+            retention_ms: HOUR,
+            ..Settings::default()
+        })
+        .await;
+    let pool = db.raw_pool().await;
+    let (mut replayed_n, mut added_n) = (0, 0);
+    for round in 0..150 {
+        let queue = format!("race-{round}");
+        let old = settled(&store, &queue, SettleState::Done, Some("k")).await;
+        sqlx::query("UPDATE items SET updated_at = updated_at - $1 WHERE id = $2")
+            .bind(2 * HOUR as i64)
+            .bind(old)
+            .execute(&pool)
+            .await
+            .unwrap();
+        let payload = json!({"q": queue});
+        let (enqueued, swept) = tokio::join!(
+            store.enqueue_once(&queue, &payload, None, Some("k")),
+            store.delete_settled(),
+        );
+        let (ended, replayed) = enqueued.unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert_eq!(swept.unwrap(), 1, "round {round}: the old item is swept");
+        if replayed {
+            assert_eq!(
+                ended.id(),
+                old,
+                "round {round}: a replay names the old item"
+            );
+            replayed_n += 1;
+        } else {
+            assert_ne!(ended.id(), old, "round {round}: a new item");
+            assert!(store.item(ended.id()).await.unwrap().is_some());
+            added_n += 1;
+        }
+    }
+    eprintln!("keyed enqueue vs sweep: {replayed_n} replays, {added_n} new items");
+}

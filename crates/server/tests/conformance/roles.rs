@@ -289,3 +289,117 @@ pub async fn a_worker_enrolled_for_one_queue_claims_there_and_nowhere_else(db: T
     assert_eq!((p.role, p.queues), (Role::Worker, vec![Q.to_owned()]));
     server.stop().await.unwrap();
 }
+
+/// Before, `GET /v1/items/{id}` answered `404` for an id that does not
+/// exist and `403` for one outside the caller's scope, and a worker's
+/// heartbeat, settle or release with a wrong token answered `404` or `409`
+/// the same way: any enrolled caller could list the ids in use in every
+/// queue. Now a caller other than the admin gets, for a missing item, the
+/// answer it gets for an existing item it may not touch (the same status,
+/// code and message but for the id), in one call and in a batched
+/// heartbeat; nothing is written. The admin is still told `not_found`.
+pub async fn an_enrolled_caller_cannot_tell_a_missing_item_from_one_it_may_not_touch(db: TestDb) {
+    let server = http_server(&db).await;
+    let store = server.store().clone();
+    let p = Principals::new(&store).await;
+    let elsewhere = store
+        .enqueue("elsewhere", &json!({"n": 1}), None)
+        .await
+        .unwrap();
+    store
+        .claim("elsewhere", Some(p.worker_elsewhere.worker_id))
+        .await
+        .unwrap()
+        .expect("claimed");
+    let (existing, missing) = (elsewhere.id, elsewhere.id + 1_000);
+    let wrong = "0".repeat(48);
+    let http = reqwest::Client::new();
+    let call = |method: Method, path: String, bearer: &str, body: Option<Value>| {
+        let mut req = http
+            .request(method, format!("{}{path}", server.url()))
+            .bearer_auth(bearer);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        async move {
+            let resp = req.send().await.unwrap();
+            (resp.status().as_u16(), resp.text().await.unwrap())
+        }
+    };
+    // The answer for item `id` with the id written as `#`.
+    let seen = |answer: (u16, String), id: i64| {
+        let err: ErrorBody = serde_json::from_str(&answer.1).expect(&answer.1);
+        (
+            answer.0,
+            err.code,
+            err.message.replace(&id.to_string(), "#"),
+        )
+    };
+    let before = snapshot(&store).await;
+    for who in [
+        &p.producer,
+        &p.producer_elsewhere,
+        &p.holder,
+        &p.other_worker,
+    ] {
+        let bearer = who.access_token.as_str();
+        let get = |id: i64| call(Method::GET, format!("/v1/items/{id}"), bearer, None);
+        let (a, b) = (get(existing).await, get(missing).await);
+        // A producer of "elsewhere" may read the existing item.
+        if a.0 != 200 {
+            assert_eq!(seen(a, existing), seen(b, missing), "GET");
+        } else {
+            assert_eq!(b.0, 403, "GET of a missing item: {}", b.1);
+        }
+    }
+    for who in [&p.holder, &p.other_worker, &p.worker_elsewhere] {
+        let bearer = who.access_token.as_str();
+        for (rest, body) in [
+            ("heartbeat", json!({"token": wrong})),
+            ("settle", json!({"token": wrong, "state": "done"})),
+            ("release", json!({"token": wrong})),
+        ] {
+            let post = |id: i64| {
+                call(
+                    Method::POST,
+                    format!("/v1/items/{id}/{rest}"),
+                    bearer,
+                    Some(body.clone()),
+                )
+            };
+            let (a, b) = (post(existing).await, post(missing).await);
+            assert_eq!(a.0, 409, "{rest}: {}", a.1);
+            assert_eq!(seen(a, existing), seen(b, missing), "{rest}");
+        }
+        let batch = call(
+            Method::POST,
+            "/v1/heartbeats".into(),
+            bearer,
+            Some(json!({"leases": [
+                {"item_id": existing, "token": wrong},
+                {"item_id": missing, "token": wrong}]})),
+        )
+        .await;
+        assert_eq!(batch.0, 200, "{}", batch.1);
+        let results: Value = serde_json::from_str(&batch.1).unwrap();
+        let entry = |i: usize, id: i64| {
+            let e = &results["results"][i]["error"];
+            (
+                e["code"].clone(),
+                e["message"].as_str().unwrap().replace(&id.to_string(), "#"),
+            )
+        };
+        assert_eq!(entry(0, existing), entry(1, missing), "batched heartbeat");
+        assert_eq!(entry(0, existing).0, json!("claim_lost"));
+    }
+    assert_eq!(snapshot(&store).await, before, "nothing written");
+    // The admin may read every item, so it is told which do not exist.
+    for (method, rest, body) in [
+        (Method::GET, "", None),
+        (Method::POST, "/heartbeat", Some(json!({"token": wrong}))),
+    ] {
+        let answer = call(method, format!("/v1/items/{missing}{rest}"), ADMIN, body).await;
+        assert_eq!(seen(answer, missing).1, ErrorCode::NotFound, "admin{rest}");
+    }
+    server.stop().await.unwrap();
+}

@@ -501,9 +501,11 @@ pub async fn a_pause_of_an_unreadable_row_is_answered_and_so_is_its_retry(db: Te
 
 /// A heartbeat renews a lease whose stored TTL does not decode (on SQLite a
 /// text; on PostgreSQL, whose column holds only integers, a negative one)
-/// and answers this instance's TTL, alone as in a batch. Before, the single
-/// heartbeat renewed the lease and then answered 500 on SQLite.
-pub async fn a_heartbeat_whose_stored_ttl_does_not_decode_renews_and_answers_the_instance_ttl(
+/// and answers this instance's TTL, alone as in a batch; the reaper and a
+/// release read that same TTL (one SQL expression, `lease_ttl_sql`). Before,
+/// the single heartbeat renewed the lease and then answered 500 on SQLite,
+/// the reaper failed the renewed lease at once, and a release answered 500.
+pub async fn a_lease_whose_stored_ttl_does_not_decode_is_renewed_kept_by_the_reaper_and_releasable(
     db: TestDb,
 ) {
     let store = db.store(ttl(60_000)).await;
@@ -540,6 +542,18 @@ pub async fn a_heartbeat_whose_stored_ttl_does_not_decode_renews_and_answers_the
         many.into_iter().map(Result::ok).collect::<Vec<_>>(),
         vec![Some(60_000)]
     );
+    // The reaper reads the same TTL: the lease just renewed is live. Before,
+    // it read the bad TTL as 0 (SQLite) or as -1 ms (PostgreSQL), took the
+    // lease for expired and failed the item at its next pass.
+    assert_eq!(store.reap().await.unwrap(), (0, 0), "nothing expired");
+    let still = store.item(item.id).await.unwrap().expect("kept");
+    assert_eq!((still.state, still.epoch), (ItemState::Running, 1));
+    // And so does the release, which answered 500 on it before.
+    let released = store
+        .release(item.id, &token, None)
+        .await
+        .expect("released");
+    assert_eq!(released.state, ItemState::Open);
 }
 
 /// A read of an item whose row does not decode (`GET /v1/items/{id}`) is
