@@ -851,8 +851,15 @@ impl Store {
         hash: &str,
         owner: Option<i64>,
     ) -> Result<(Ended, Released), StoreError> {
-        let Some(read) = self.read_lease(id).await? else {
-            return Err(not_found(id));
+        let read = match self.read_lease(id).await {
+            Ok(Some(read)) => read,
+            Ok(None) => return Err(not_found(id)),
+            // A lease column does not decode (an epoch or counter out of
+            // range, an unknown state): no next attempt can be computed.
+            Err(why @ StoreError::Corrupt(_)) => {
+                return self.release_unreadable(id, hash, owner, &why).await
+            }
+            Err(e) => return Err(e),
         };
         let item = read.item;
         // Decide with the pure rules first; the UPDATE below repeats the fence
@@ -928,6 +935,58 @@ impl Store {
                     Some(by_settle) => Ok(by_settle),
                     None => Err(self.classify(id, hash, owner).await),
                 },
+            },
+        }
+    }
+
+    /// The release of a running row whose lease columns do not decode (see
+    /// `unreadable`): the current lease's release fails the row with reason
+    /// [`super::UNREADABLE_REASON`], its counters clamped into range (a
+    /// reopened row would be failed by the next claim anyway), fenced on the
+    /// token and holder, and records the release, so that the same release
+    /// sent again is a replay. Answered with the row as it is then (or
+    /// [`Ended::Unreadable`]); counted and logged. Any other token goes the
+    /// usual way: a replay of this release, the lease's own settle, or the
+    /// fence's rejection.
+    async fn release_unreadable(
+        &self,
+        id: i64,
+        hash: &str,
+        owner: Option<i64>,
+        why: &StoreError,
+    ) -> Result<(Ended, Released), StoreError> {
+        let sql = self.sql(&format!(
+            "UPDATE items SET {}, released_token_hash = $3, released_by = worker_id
+             WHERE id = $1 AND state = 'running' AND token_hash = $3
+               AND ($4 = 0 OR worker_id = $4)
+             RETURNING {ITEM_COLS}",
+            super::unreadable::fail_set()
+        ));
+        let row = sqlx::query(&sql)
+            .bind(id)
+            .bind(super::UNREADABLE_REASON)
+            .bind(hash)
+            .bind(owner.unwrap_or(0))
+            .fetch_optional(&self.pool)
+            .await?;
+        if let Some(row) = row {
+            self.metrics.unreadable_row("release");
+            tracing::warn!(
+                item_id = id,
+                error = %why,
+                "release: the lease's row cannot be read; it is failed with reason {}",
+                super::UNREADABLE_REASON
+            );
+            return Ok((
+                self.ended(&row, id, Some(ItemState::Failed), "release", false),
+                Released::Now,
+            ));
+        }
+        match self.released_before(id, hash, owner).await? {
+            Some(item) => Ok((item, Released::Again)),
+            None => match self.ended_by_own_settle(id, hash, owner).await? {
+                Some(by_settle) => Ok(by_settle),
+                None => Err(self.classify(id, hash, owner).await),
             },
         }
     }

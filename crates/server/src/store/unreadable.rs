@@ -18,7 +18,11 @@
 //!   the item's id and state without its texts. The row keeps the state the
 //!   call gave it: a released row reopens and the next claim fails it; a
 //!   paused row stays paused and a resume fails it; a settled one stays
-//!   settled.
+//!   settled. A release whose row's lease columns do not decode (an epoch
+//!   or counter out of range: no next attempt can be computed) fails the
+//!   row instead, with reason [`UNREADABLE_REASON`] and its counters
+//!   clamped, fenced on the lease's token and holder; sent again, it is a
+//!   replay.
 //! - A read (`GET /v1/items/{id}`, [`Store::view_item`]) answers
 //!   [`Viewed::Unreadable`](super::Viewed::Unreadable): `{id, state,
 //!   unreadable_row: true}`, to whoever may read the item as judged on the

@@ -104,6 +104,7 @@ conformance! {
     unreadable::a_resume_of_an_unreadable_row_fails_it_and_is_answered_and_so_is_its_retry,
     unreadable::a_pause_of_an_unreadable_row_is_answered_and_so_is_its_retry,
     unreadable::a_lease_whose_stored_ttl_does_not_decode_is_renewed_kept_by_the_reaper_and_releasable,
+    unreadable::a_release_of_a_lease_whose_epoch_does_not_decode_fails_the_item_once,
     unreadable::a_read_of_an_unreadable_row_is_answered_to_those_who_may_read_it,
     unreadable::an_enrolment_whose_stored_scope_does_not_decode_writes_nothing,
     instances::two_instances_with_eight_claimers_settle_every_item_exactly_once,

@@ -711,3 +711,67 @@ pub async fn an_enrolment_whose_stored_scope_does_not_decode_writes_nothing(db: 
     assert_eq!(principal.role, Role::Worker);
     assert_eq!(principal.queues, vec!["q".to_owned()]);
 }
+
+/// A release by the current lease of a running row whose epoch does not
+/// decode (-1: out of range on both backends). Before, it answered 500 and
+/// changed nothing, and so did every retry, while the holder kept the lease
+/// alive. Now it fails the item with reason `unreadable_row` (its counters
+/// clamped into range), as a claim of such a row does, counts it and answers
+/// the item; the same release sent again is a replay of it. A wrong token
+/// changes nothing and is `claim_lost`.
+pub async fn a_release_of_a_lease_whose_epoch_does_not_decode_fails_the_item_once(db: TestDb) {
+    use agentstore_server::store::Released;
+    let store = db.store(ttl(60_000)).await;
+    let item = store.enqueue("q", &json!(1), None).await.unwrap();
+    let token = store
+        .claim("q", None)
+        .await
+        .unwrap()
+        .expect("claimed")
+        .lease
+        .token;
+    set(&store, "UPDATE items SET epoch = -1 WHERE id = $1", item.id).await;
+
+    let wrong = store
+        .release_reporting(item.id, "not the token", None)
+        .await;
+    assert_eq!(
+        wrong.expect_err("a wrong token").code(),
+        Some(ErrorCode::ClaimLost)
+    );
+    use sqlx::Row;
+    let state = sqlx::query("SELECT state, epoch FROM items WHERE id = $1")
+        .bind(item.id)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        (state.get::<String, _>(0), state.get::<i64, _>(1)),
+        ("running".to_owned(), -1),
+        "a wrong token changed nothing"
+    );
+
+    let (ended, done) = store
+        .release_reporting(item.id, &token, None)
+        .await
+        .expect("answered, not 500");
+    assert!(matches!(done, Released::Now));
+    let failed = ended.into_item().expect("the clamped row reads again");
+    assert_eq!(
+        (failed.state, failed.last_error.as_deref()),
+        (ItemState::Failed, Some(UNREADABLE_REASON))
+    );
+    assert_eq!(unreadable_counted(&store, "release").await, "1");
+
+    let (again, replayed) = store
+        .release_reporting(item.id, &token, None)
+        .await
+        .expect("the retry is answered");
+    assert!(matches!(replayed, Released::Again), "a replay");
+    assert_eq!(again.into_item().unwrap().state, ItemState::Failed);
+    assert_eq!(
+        unreadable_counted(&store, "release").await,
+        "1",
+        "counted once"
+    );
+}
