@@ -98,7 +98,8 @@ async fn run_any(path: &str, items: usize) -> f64 {
         .max_connections(4)
         .after_connect(|c, _| {
             Box::pin(async move {
-                c.execute("PRAGMA synchronous = NORMAL").await?;
+                c.execute(agentstore_server::store::SQLITE_SYNCHRONOUS)
+                    .await?;
                 Ok(())
             })
         })
@@ -119,7 +120,7 @@ async fn run_typed(path: &str, items: usize) -> f64 {
         .filename(path)
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(SqliteSynchronous::Normal);
+        .synchronous(SqliteSynchronous::Full);
     let pool: SqlitePool = SqlitePoolOptions::new()
         .max_connections(4)
         .connect_with(options)

@@ -11,7 +11,7 @@
 //! Credentials are compared in constant time and never logged. Every refusal is
 //! `403 forbidden` decided before anything is written.
 
-use agentstore_protocol::lease::{queue_in_scope, Role};
+use agentstore_protocol::lease::{queue_in_scope, Role, ANY_QUEUE};
 use agentstore_protocol::ErrorCode;
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
@@ -80,6 +80,18 @@ impl Caller {
             Caller::Admin => Ok(None),
             Caller::Enrolled(p) if p.role == Role::Worker => Ok(Some(p.worker_id)),
             Caller::Enrolled(_) => Err(forbidden("producers do not hold leases")),
+        }
+    }
+
+    /// May read every item, of any queue, held or not: the admin, and a
+    /// producer scoped to every queue (`"*"`). Only such a caller is told
+    /// that an item does not exist (`routes::item`).
+    pub fn reads_every_item(&self) -> bool {
+        match self {
+            Caller::Admin => true,
+            Caller::Enrolled(p) => {
+                p.role == Role::Producer && p.queues.iter().any(|q| q == ANY_QUEUE)
+            }
         }
     }
 

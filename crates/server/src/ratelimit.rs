@@ -98,10 +98,14 @@ impl<K: Hash + Eq + Clone> RateLimiter<K> {
 
 /// The key a client address is limited under: an IPv4 address (an
 /// IPv4-mapped IPv6 one included) as it is; an IPv6 address by its /64
-/// prefix, the interface identifier zeroed. One /64 is what a single
-/// subscriber or host is assigned (RFC 6177), and it can send from any of
-/// its 2^64 addresses (privacy addresses, RFC 8981): keyed by the full
+/// prefix, the interface identifier zeroed. A /64 is one network (one LAN,
+/// RFC 4291's interface identifiers), and a host on it may send from any of
+/// its 2^64 addresses (temporary addresses, RFC 8981): keyed by the full
 /// address, each request could take a fresh bucket and no limit would hold.
+/// The trade, both ways: the hosts of one LAN share a bucket (as hosts
+/// behind one IPv4 NAT do), and a site given a shorter prefix (a /56 or /48,
+/// as RFC 6177 recommends for end sites) has that many /64s, each with its
+/// own bucket.
 pub fn client_key(ip: IpAddr) -> IpAddr {
     match ip.to_canonical() {
         IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !u128::from(u64::MAX))),

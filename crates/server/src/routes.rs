@@ -435,12 +435,15 @@ async fn item(
             let (queue, holder) = item.owners();
             caller.read(queue, holder).map(|()| Json(item))
         }
-        // Only the admin may read every item, so only the admin is told
-        // that one does not exist; anyone else gets the refusal it gets for
-        // an item it may not read (of no queue, held by nobody), so that ids
-        // outside its scope cannot be probed (see [`unseen`]).
+        // Only a caller that may read every item (the admin, a producer of
+        // every queue) is told that one does not exist; anyone else gets
+        // the refusal it gets for an item it may not read (of no queue, held
+        // by nobody), so that ids outside its scope cannot be probed (see
+        // [`unseen`]).
         None => {
-            caller.read(None, None)?;
+            if !caller.reads_every_item() {
+                caller.read(None, None)?;
+            }
             Err(ApiError::new(
                 ErrorCode::NotFound,
                 format!("item {id} does not exist"),

@@ -107,13 +107,16 @@ impl Store {
     /// adds nothing and answers that item as it is now, with `true`
     /// (replayed). The unique `(queue, idempotency_key)` index decides, so
     /// concurrent requests with one key add one item on either backend. Keys are kept
-    /// as long as their item (for good: items are never deleted). A replay
+    /// as long as their item (the retention sweep deletes settled items with
+    /// their keys, `--retention-ms`; the key then adds a new item). A replay
     /// whose item's row no longer decodes is answered [`Ended::Unreadable`]
     /// (logged), never an error: the enqueue it repeats was applied.
     ///
     /// # Errors
     /// `conflict` when `key` was used in `queue` for another request
-    /// (another payload text or `max_redeliveries`); as [`Store::enqueue`].
+    /// (another payload text or `max_redeliveries`); as [`Store::enqueue`];
+    /// `Corrupt` (500) when the key's item was deleted again and again (by the
+    /// retention sweep) while this enqueue tried to add or read it.
     pub async fn enqueue_once<P: serde::Serialize + ?Sized>(
         &self,
         queue: &str,
@@ -176,7 +179,11 @@ impl Store {
             match found {
                 Some(row) => break row,
                 None if rounds < 3 => rounds += 1,
-                None => return Err(sqlx::Error::RowNotFound.into()),
+                None => {
+                    return Err(StoreError::Corrupt(format!(
+                        "the item of an Idempotency-Key in queue {queue:?} was deleted {} times while this enqueue ran", rounds + 1
+                    )))
+                }
             }
         };
         let stored: Option<String> = get(&row, "request_hash").ok().flatten();

@@ -147,7 +147,11 @@ pub struct Settings {
 /// heartbeats, taken over once it misses them, releasable.
 pub(crate) fn lease_ttl_sql(fallback: &str) -> String {
     let (lo, hi) = (crate::config::TTL_MS.start(), crate::config::TTL_MS.end());
-    format!("(CASE WHEN lease_ttl_ms BETWEEN {lo} AND {hi} THEN lease_ttl_ms ELSE {fallback} END)")
+    // CAST: on SQLite a REAL within the range (60000.5) would come back a
+    // REAL, which no integer reader decodes; on PostgreSQL it is a no-op.
+    format!(
+        "(CASE WHEN lease_ttl_ms BETWEEN {lo} AND {hi} THEN CAST(lease_ttl_ms AS BIGINT) ELSE {fallback} END)"
+    )
 }
 
 /// The durability every SQLite connection is opened with: `FULL`, each commit

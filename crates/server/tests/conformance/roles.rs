@@ -393,7 +393,17 @@ pub async fn an_enrolled_caller_cannot_tell_a_missing_item_from_one_it_may_not_t
         assert_eq!(entry(0, existing).0, json!("claim_lost"));
     }
     assert_eq!(snapshot(&store).await, before, "nothing written");
-    // The admin may read every item, so it is told which do not exist.
+    // A producer of every queue may read every item: it is told which do
+    // not exist (by a read); so is the admin, by a read and a fenced write.
+    let everywhere = enrolled(&store, Role::Producer, "*").await;
+    let answer = call(
+        Method::GET,
+        format!("/v1/items/{missing}"),
+        &everywhere.access_token,
+        None,
+    )
+    .await;
+    assert_eq!(seen(answer, missing).1, ErrorCode::NotFound, "'*' producer");
     for (method, rest, body) in [
         (Method::GET, "", None),
         (Method::POST, "/heartbeat", Some(json!({"token": wrong}))),
