@@ -13,6 +13,17 @@ use crate::lease::token;
 
 const HOUR: u64 = 3600 * 1000;
 
+/// A store with a one-hour retention on `db`, and a raw pool to age rows.
+async fn retained(db: &TestDb) -> (Store, sqlx::AnyPool) {
+    let store = db
+        .store(Settings {
+            retention_ms: HOUR,
+            ..Settings::default()
+        })
+        .await;
+    (store, db.raw_pool().await)
+}
+
 /// Enqueues one item in `queue`, claims it and settles it as `state`.
 async fn settled(store: &Store, queue: &str, state: SettleState, key: Option<&str>) -> i64 {
     let (ended, _) = store
@@ -34,13 +45,7 @@ async fn settled(store: &Store, queue: &str, state: SettleState, key: Option<&st
 /// of a deleted keyed item enqueues a new item; the sweep is counted in
 /// `/metrics`; with retention 0 nothing is ever deleted.
 pub async fn settled_items_past_the_retention_are_deleted_and_nothing_else(db: TestDb) {
-    let store = db
-        .store(Settings {
-            retention_ms: HOUR,
-            ..Settings::default()
-        })
-        .await;
-    let pool = db.raw_pool().await;
+    let (store, pool) = retained(&db).await;
     let mut old = Vec::new();
     let mut kept = Vec::new();
     for age in ["old", "young"] {
@@ -206,13 +211,7 @@ pub async fn a_server_with_a_retention_deletes_old_settled_items_by_itself(db: T
 /// starts the enqueue and the sweep together (the enqueue's INSERT is sent
 /// first, then the sweep's DELETE), 150 rounds.
 pub async fn a_keyed_enqueue_replayed_while_retention_deletes_its_item_is_answered(db: TestDb) {
-    let store = db
-        .store(Settings {
-            retention_ms: HOUR,
-            ..Settings::default()
-        })
-        .await;
-    let pool = db.raw_pool().await;
+    let (store, pool) = retained(&db).await;
     let (mut replayed_n, mut added_n) = (0, 0);
     for round in 0..150 {
         let queue = format!("race-{round}");

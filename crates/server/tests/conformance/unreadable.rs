@@ -723,13 +723,7 @@ pub async fn a_release_of_a_lease_whose_epoch_does_not_decode_fails_the_item_onc
     use agentstore_server::store::Released;
     let store = db.store(ttl(60_000)).await;
     let item = store.enqueue("q", &json!(1), None).await.unwrap();
-    let token = store
-        .claim("q", None)
-        .await
-        .unwrap()
-        .expect("claimed")
-        .lease
-        .token;
+    let token = crate::lease::token(&store, "q", None).await;
     set(&store, "UPDATE items SET epoch = -1 WHERE id = $1", item.id).await;
 
     let wrong = store
