@@ -509,51 +509,58 @@ pub async fn a_lease_whose_stored_ttl_does_not_decode_is_renewed_kept_by_the_rea
     db: TestDb,
 ) {
     let store = db.store(ttl(60_000)).await;
-    let item = store.enqueue("q", &json!(1), None).await.unwrap();
-    let token = store
-        .claim("q", None)
-        .await
-        .unwrap()
-        .expect("claimed")
-        .lease
-        .token;
-    let bad = match store.backend() {
-        agentstore_server::store::Backend::Sqlite => "'not a number'",
-        agentstore_server::store::Backend::Postgres => "-1",
+    // (stored value, the TTL it counts as). On SQLite also a REAL within
+    // the range, which reads as its integer part (it used to reach the
+    // reaper's integer decode as a REAL and fail the lease).
+    let cases: &[(&str, u64)] = match store.backend() {
+        agentstore_server::store::Backend::Sqlite => {
+            &[("'not a number'", 60_000), ("5000.5", 5_000)]
+        }
+        agentstore_server::store::Backend::Postgres => &[("-1", 60_000)],
     };
-    set(
-        &store,
-        &format!("UPDATE items SET lease_ttl_ms = {bad}, heartbeat_at = 0 WHERE id = $1"),
-        item.id,
-    )
-    .await;
+    for (n, &(bad, counted)) in cases.iter().enumerate() {
+        let queue = format!("q{n}");
+        let item = store.enqueue(&queue, &json!(1), None).await.unwrap();
+        let token = crate::lease::token(&store, &queue, None).await;
+        set(
+            &store,
+            &format!("UPDATE items SET lease_ttl_ms = {bad}, heartbeat_at = 0 WHERE id = $1"),
+            item.id,
+        )
+        .await;
 
-    let ttl_ms = store
-        .heartbeat(item.id, &token, None)
-        .await
-        .expect("renewed and answered");
-    assert_eq!(ttl_ms, 60_000);
-    assert_ne!(crate::common::heartbeat_at(&store, item.id).await, Some(0));
-    let many = store
-        .heartbeat_many(&[(item.id, token.as_str())], None)
-        .await
-        .unwrap();
-    assert_eq!(
-        many.into_iter().map(Result::ok).collect::<Vec<_>>(),
-        vec![Some(60_000)]
-    );
-    // The reaper reads the same TTL: the lease just renewed is live. Before,
-    // it read the bad TTL as 0 (SQLite) or as -1 ms (PostgreSQL), took the
-    // lease for expired and failed the item at its next pass.
-    assert_eq!(store.reap().await.unwrap(), (0, 0), "nothing expired");
-    let still = store.item(item.id).await.unwrap().expect("kept");
-    assert_eq!((still.state, still.epoch), (ItemState::Running, 1));
-    // And so does the release, which answered 500 on it before.
-    let released = store
-        .release(item.id, &token, None)
-        .await
-        .expect("released");
-    assert_eq!(released.state, ItemState::Open);
+        let ttl_ms = store
+            .heartbeat(item.id, &token, None)
+            .await
+            .expect("renewed and answered");
+        assert_eq!(ttl_ms, counted, "{bad}");
+        assert_ne!(crate::common::heartbeat_at(&store, item.id).await, Some(0));
+        let many = store
+            .heartbeat_many(&[(item.id, token.as_str())], None)
+            .await
+            .unwrap();
+        assert_eq!(
+            many.into_iter().map(Result::ok).collect::<Vec<_>>(),
+            vec![Some(counted)],
+            "{bad}"
+        );
+        // The reaper reads the same TTL: the lease just renewed is live.
+        // Before, it read the bad TTL as 0 (SQLite) or as -1 ms (PostgreSQL),
+        // took the lease for expired and failed the item at its next pass.
+        assert_eq!(
+            store.reap().await.unwrap(),
+            (0, 0),
+            "{bad}: nothing expired"
+        );
+        let still = store.item(item.id).await.unwrap().expect("kept");
+        assert_eq!((still.state, still.epoch), (ItemState::Running, 1), "{bad}");
+        // And so does the release, which answered 500 on it before.
+        let released = store
+            .release(item.id, &token, None)
+            .await
+            .expect("released");
+        assert_eq!(released.state, ItemState::Open, "{bad}");
+    }
 }
 
 /// A read of an item whose row does not decode (`GET /v1/items/{id}`) is
