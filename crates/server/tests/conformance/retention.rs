@@ -24,6 +24,17 @@ async fn retained(db: &TestDb) -> (Store, sqlx::AnyPool) {
     (store, db.raw_pool().await)
 }
 
+/// Moves item `id`'s `updated_at` two hours back, so that it looks settled
+/// then (no test waits on the clock).
+async fn settled_two_hours_earlier(pool: &sqlx::AnyPool, id: i64) {
+    sqlx::query("UPDATE items SET updated_at = updated_at - $1 WHERE id = $2")
+        .bind(2 * HOUR as i64)
+        .bind(id)
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
 /// Enqueues one item in `queue`, claims it and settles it as `state`.
 async fn settled(store: &Store, queue: &str, state: SettleState, key: Option<&str>) -> i64 {
     let (ended, _) = store
@@ -85,12 +96,7 @@ pub async fn settled_items_past_the_retention_are_deleted_and_nothing_else(db: T
         let all = [done, failed, keyed, blocked, paused, open, running];
         if age == "old" {
             for id in all {
-                sqlx::query("UPDATE items SET updated_at = updated_at - $1 WHERE id = $2")
-                    .bind(2 * HOUR as i64)
-                    .bind(id)
-                    .execute(&pool)
-                    .await
-                    .unwrap();
+                settled_two_hours_earlier(&pool, id).await;
             }
             old.extend([done, failed, keyed]);
             kept.extend([blocked, paused, open, running]);
@@ -216,12 +222,7 @@ pub async fn a_keyed_enqueue_replayed_while_retention_deletes_its_item_is_answer
     for round in 0..150 {
         let queue = format!("race-{round}");
         let old = settled(&store, &queue, SettleState::Done, Some("k")).await;
-        sqlx::query("UPDATE items SET updated_at = updated_at - $1 WHERE id = $2")
-            .bind(2 * HOUR as i64)
-            .bind(old)
-            .execute(&pool)
-            .await
-            .unwrap();
+        settled_two_hours_earlier(&pool, old).await;
         let payload = json!({"q": queue});
         let (enqueued, swept) = tokio::join!(
             store.enqueue_once(&queue, &payload, None, Some("k")),
