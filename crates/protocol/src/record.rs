@@ -180,9 +180,13 @@ fn iso_millis_fields(s: &str) -> Option<(u32, u32, u32)> {
         && b[19] == b'.'
         && digits(20..23)
         && b[23] == b'Z';
+    // Only digits are read as numbers: a byte below b'0' (a `+` or a space
+    // where a digit goes) would underflow `d - b'0'`.
+    if !shape {
+        return None;
+    }
     let (year, month, day) = (num(0..4), num(5..7), num(8..10));
-    (shape
-        && (1..=12).contains(&month)
+    ((1..=12).contains(&month)
         && (1..=31).contains(&day)
         && num(11..13) < 24
         && num(14..16) < 60
@@ -214,6 +218,25 @@ pub fn check_limit(limit: Option<f64>) -> Result<u32, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_timestamp_with_a_sign_or_spaces_where_digits_go_is_refused_without_underflow() {
+        // Each has the right length and separators but a byte below b'0'
+        // in a digit position (before, `d - b'0'` underflowed: a panic in
+        // debug builds and tests, a trap in a debug wasm).
+        for s in [
+            "+026-01-01T00:00:00.000Z",
+            "2026-+1-01T00:00:00.000Z",
+            "2026-01- 1T00:00:00.000Z",
+            "2026-01-01T 0:00:00.000Z",
+            "                        ",
+            "!!!!!!!!!!!!!!!!!!!!!!!!",
+        ] {
+            assert!(!is_iso_millis_shape(s), "{s:?}");
+            assert!(!is_iso_millis_utc(s), "{s:?}");
+        }
+        assert!(is_iso_millis_utc("2026-01-01T00:00:00.000Z"));
+    }
     use serde_json::json;
 
     fn obj(v: Value) -> Map<String, Value> {
