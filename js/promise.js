@@ -147,13 +147,27 @@ export function answers(requests, toError) {
 
 /**
  * A Promise settled by `tx`'s `complete` (resolves) or `abort` event
- * (rejects; the cause is on `tx.error`).
+ * (rejects; the cause is on `tx.error`), once the caller has issued the
+ * transaction's last request: `tx.commit()` asks for the commit now
+ * (IndexedDB 3.0, `IDBTransaction.commit()`) instead of after the last
+ * request's `success` event has been dispatched and the task has ended (the
+ * auto-commit), which saves a round trip to the database per transaction. A
+ * request still pending fails and aborts the transaction as before. Where
+ * `commit` is missing (Chrome < 76, Firefox < 74, Safari < 15) or throws (the
+ * transaction already aborted or finished), the events come all the same.
  */
 export function transactionPromise(tx) {
-  return new Promise((resolve, reject) => {
+  const done = new Promise((resolve, reject) => {
     tx.oncomplete = () => resolve();
     tx.onabort = () => reject();
   });
+  try {
+    tx.commit();
+  } catch (e) {
+    // No `commit` (an older engine) or not active: auto-commit or the
+    // abort already under way settles `done`.
+  }
+  return done;
 }
 
 /**
@@ -189,9 +203,10 @@ const MAX_TIMER_MS = 2147483647;
  * `Promise.race` of an open or delete `request` and its blocked timeout:
  * resolves with the request's result, or with `timedOut` once the request
  * has been `blocked` for `ms`, or has had no answer for `ms` +
- * QUEUED_GRACE_MS since it was made. The time an open or delete takes when
- * nothing blocks it never counts as blocked (with `blockedTimeoutMs: 0`, an
- * open nothing blocks still succeeds).
+ * QUEUED_GRACE_MS since it was made. Until then, the time an open or delete
+ * takes when nothing blocks it does not count (with `blockedTimeoutMs: 0`,
+ * an open nothing blocks has 3 s); one slower than that is taken as queued
+ * behind another connection, which no event tells apart.
  */
 function raceBlocked(request, ms, timedOut) {
   const timers = [];
