@@ -414,7 +414,10 @@ impl Tx {
         self.fault.set(Some((n, kind)));
     }
 
-    /// Waits for the transaction to commit.
+    /// Asks IndexedDB to commit now (`IDBTransaction.commit()`, js/promise.js
+    /// `transactionPromise`) and waits for the commit: call it only once
+    /// every request of the transaction has been issued (a request issued
+    /// after it throws `TransactionInactiveError`).
     ///
     /// # Errors
     /// QuotaExceededError when the browser aborted it for quota (reported on

@@ -322,8 +322,17 @@ impl Store {
                 Job::Put(p) => p.id.clone(),
                 Job::Delete { id, .. } | Job::Mutate { id, .. } => id.clone(),
             };
-            let (current, stored) = read_current(&tx, &id).await?;
+            // A request that fails ends the transaction (`?`); a stored
+            // revision that does not parse is this member's error alone.
+            let read = read_current(&tx, &id).await?;
             m.started.set(true);
+            let (current, stored) = match read {
+                Ok(r) => r,
+                Err(e) => {
+                    results.push((Err(e), None));
+                    continue;
+                }
+            };
             // The last check of its signal before its writes (a `mutate`
             // function checks it again after it ran).
             if let Err(e) = super::check_abort(m.signal.as_ref()) {

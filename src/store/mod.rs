@@ -502,16 +502,20 @@ pub(crate) fn batch_refused(failures: Vec<BatchFailure>, invalid: bool) -> Store
 }
 
 /// Reads what is stored for `id`: the live record, else (only then) its
-/// tombstone.
-pub(crate) async fn read_current(tx: &Tx, id: &JsString) -> Result<(Current, Option<JsValue>)> {
+/// tombstone. Outer `Err`: a request failed (the transaction is over);
+/// inner `Err`: the stored `_rev` does not parse (this id's error alone).
+pub(crate) async fn read_current(
+    tx: &Tx,
+    id: &JsString,
+) -> Result<Result<(Current, Option<JsValue>)>> {
     let key = JsValue::from(id.clone());
     if let Some(v) = tx.store(RECORDS)?.get(key.clone())?.await? {
-        return Ok((Current::Live(stored_rev(&v)?), Some(v)));
+        return Ok(stored_rev(&v).map(|r| (Current::Live(r), Some(v))));
     }
-    match tx.store(TOMBSTONES)?.get(key)?.await? {
-        Some(t) => Ok((Current::Deleted(stored_rev(&t)?), None)),
+    Ok(match tx.store(TOMBSTONES)?.get(key)?.await? {
+        Some(t) => stored_rev(&t).map(|r| (Current::Deleted(r), None)),
         None => Ok((Current::Missing, None)),
-    }
+    })
 }
 
 /// Reads many ids at once: every live-record request is issued before the
