@@ -95,7 +95,7 @@ export type WorkHandler = (lease: Lease) => unknown | Promise<unknown>;
 /** Errors of the lease client: `name`/`code`/`status` as in the README table. */
 export interface LeaseError extends Error {
   name: ErrorName; code: ErrorCode; status: number;
-  /** RateLimitedError: from `Retry-After` (ms). */
+  /** From `Retry-After` (ms, at most 300,000: a longer or unbounded one is read as 5 min). */
   retryAfterMs?: number;
   /** AbortError: the signal's reason. */
   cause?: unknown;
@@ -339,7 +339,11 @@ impl LeaseClient {
     }
 
     /// Claims the oldest open item of `queue`: a `Lease`, or `null` when none is open.
-    /// Options: `{signal}`.
+    /// Options: `{signal}`. A claim answered after its local deadline (the
+    /// answer took longer than the TTL less the safety margin) resolves to a
+    /// lease already lost (`expired_locally`, its signal aborted, given
+    /// back): call `throwIfLost()` before acting on any lease. `work()`
+    /// never starts its handler on one.
     ///
     /// # Errors
     /// `NetworkError`, `RateLimitedError` (`retryAfterMs`), `UnauthorizedError`,

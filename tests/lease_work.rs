@@ -807,7 +807,7 @@ async fn stop_ends_the_retries_of_a_settle_that_is_always_refused() {
 /// (here at most 400 ms) against an answer asking for 1 s.
 #[wasm_bindgen_test]
 async fn a_claim_answered_503_with_retry_after_is_tried_again_no_sooner() {
-    let hook = refuser("/claims", f64::INFINITY, 1, 503);
+    let hook = refuser("/claims", f64::INFINITY, 1.0, 503);
     let w = failing_worker(1, 400.0, 2).await;
     let delays = w.backoffs.borrow().clone();
     w.stop().await;
@@ -817,6 +817,83 @@ async fn a_claim_answered_503_with_retry_after_is_tried_again_no_sooner() {
             (1000.0..=1400.0).contains(d),
             "waited {d} ms after a 503 asking for 1,000: {delays:?}"
         );
+    }
+}
+
+/// A claim answered after its lease's local deadline (here its answer is
+/// held back longer than the whole TTL) never starts the handler: the lease
+/// is lost (`expired_locally`) and given back, and the slot claims again.
+/// Before, the handler ran on a lease already lost: whatever it did before
+/// its first look at the signal was done without a lease.
+#[wasm_bindgen_test]
+async fn a_claim_answered_past_its_local_deadline_never_starts_the_handler() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("late-claim");
+    let id = enqueue(&q, json!({})).await;
+    // Holds back the first granted claim's answer by TTL + 500 ms.
+    let hook = Function::new_with_args(
+        "ms",
+        "const real = globalThis.fetch;
+        let late = 1;
+        globalThis.fetch = async (url, init) => {
+            const r = await real(url, init);
+            if (String(url).endsWith('/claims') && r.status === 201 && late > 0) {
+                late--;
+                await new Promise((res) => setTimeout(res, ms));
+            }
+            return r;
+        };
+        return { late: () => late, restore: () => { globalThis.fetch = real; } };",
+    )
+    .call1(&JsValue::NULL, &JsValue::from(TTL_MS + 500.0))
+    .unwrap();
+    let started_lost = Rc::new(Cell::new(0u32));
+    let started = Rc::new(Cell::new(0u32));
+    let (sl, st) = (started_lost.clone(), started.clone());
+    let h = handler(move |lease| {
+        st.set(st.get() + 1);
+        if get(&lease, &["signal", "aborted"]).as_bool() != Some(false) {
+            sl.set(sl.get() + 1);
+        }
+        async { Ok(JsValue::from("finished")) }
+    });
+    let w = WorkerInner::start(admin_client(config()), q.clone(), h, options(1), wrap);
+    let it = wait_item(id, 60_000.0, |it| it.state == ItemState::Done).await;
+    let late_left = hook_call(&hook, "late");
+    hook_call(&hook, "restore");
+    w.stop().await;
+    assert_eq!(late_left.as_f64(), Some(0.0), "the late answer was given");
+    assert_eq!(it.state, ItemState::Done, "done by the claim after it");
+    assert_eq!(started_lost.get(), 0, "no handler started on a lost lease");
+    assert_eq!(started.get(), 1, "one handler, on the lease that was held");
+    assert_eq!(w.stats.borrow().lost, 1, "the late lease counted as lost");
+}
+
+/// A `Retry-After` too long to wait is read as 5 minutes, in the error
+/// the app sees (`retryAfterMs`) and in the waits the SDK takes from it.
+/// `Retry-After: 1e306` is a finite number of seconds but `Infinity` in ms:
+/// before, `work()` took that wait as 0 ms and sent a refused settle again
+/// at once, again and again; and an app passing `retryAfterMs` to
+/// `setTimeout` retried at once too (browsers run a delay above 2^31 − 1 ms
+/// at once).
+#[wasm_bindgen_test]
+async fn a_retry_after_too_long_to_wait_is_read_as_five_minutes_not_as_no_wait() {
+    for status in [429, 503] {
+        for seconds in [1e306, 1e9] {
+            let hook = refuser("/claims", 1.0, seconds, status);
+            let e = unreachable_client().claim("q", None).await.err();
+            hook_call(&hook, "restore");
+            let e = e.expect("the claim was refused");
+            assert_eq!(
+                e.retry_after_ms(),
+                Some(agentstore_protocol::backoff::RETRY_AFTER_CAP_MS),
+                "{status} with Retry-After: {seconds}"
+            );
+            let js = Reflect::get(&e.to_js(), &"retryAfterMs".into()).unwrap();
+            assert_eq!(js.as_f64(), Some(300_000.0));
+        }
     }
 }
 
@@ -831,7 +908,7 @@ async fn a_settle_answered_503_with_retry_after_is_sent_again_no_sooner() {
     }
     let q = fresh_queue("settle-503");
     let id = enqueue(&q, json!({})).await;
-    let hook = refuser("/settle", 1.0, 1, 503);
+    let hook = refuser("/settle", 1.0, 1.0, 503);
     let h = handler(|_| async { Ok(JsValue::from("finished")) });
     let w = WorkerInner::start(admin_client(config()), q.clone(), h, options(1), wrap);
     let it = wait_item(id, 60_000.0, |it| it.state == ItemState::Done).await;
@@ -849,7 +926,7 @@ async fn a_settle_answered_503_with_retry_after_is_sent_again_no_sooner() {
 /// else goes through; the hook's `settles()`, `releases()` and `restore()`
 /// count the settles and releases sent and put `fetch` back.
 fn settle_refuser(refused: f64, retry_after_s: u32) -> JsValue {
-    refuser("/settle", refused, retry_after_s, 429)
+    refuser("/settle", refused, f64::from(retry_after_s), 429)
 }
 
 /// Replaces `fetch` so that the first `refused` requests whose URL ends
@@ -859,7 +936,7 @@ fn settle_refuser(refused: f64, retry_after_s: u32) -> JsValue {
 /// `releases()` count the settles and releases sent, `times()` gives when
 /// (`performance.now()`) each refused-path request was sent, `restore()`
 /// puts `fetch` back.
-fn refuser(path: &str, refused: f64, retry_after_s: u32, status: u16) -> JsValue {
+fn refuser(path: &str, refused: f64, retry_after_s: f64, status: u16) -> JsValue {
     Function::new_with_args(
         "path, refused, retryAfter, status",
         "const real = globalThis.fetch;
@@ -972,7 +1049,7 @@ async fn a_work_settle_answered_by_a_proxys_404_is_sent_again_until_it_lands() {
     }
     let q = fresh_queue("settle-proxy-404");
     let id = enqueue(&q, json!({})).await;
-    let hook = refuser("/settle", 2.0, 0, 404);
+    let hook = refuser("/settle", 2.0, 0.0, 404);
     let h = handler(|_| async { Ok(JsValue::from("finished")) });
     let w = WorkerInner::start(admin_client(config()), q.clone(), h, options(1), wrap);
     let it = wait_item(id, 60_000.0, |it| {
@@ -1136,7 +1213,7 @@ async fn settle_refused_by_a_proxy_lands(status: u16, refused: u32) {
     }
     let q = fresh_queue(&format!("settle-proxy-{status}"));
     let id = enqueue(&q, json!({})).await;
-    let hook = refuser("/settle", f64::from(refused), 0, status);
+    let hook = refuser("/settle", f64::from(refused), 0.0, status);
     let (it, runs, w) = work_until_ended(&q, id).await;
     let settles = hook_call(&hook, "settles");
     let releases = hook_call(&hook, "releases");
@@ -1173,7 +1250,7 @@ async fn a_settle_retry_after_past_the_lease_deadline_does_not_hold_stop() {
     }
     let q = fresh_queue("settle-503-hour");
     enqueue(&q, json!({})).await;
-    let hook = refuser("/settle", f64::INFINITY, 3600, 503);
+    let hook = refuser("/settle", f64::INFINITY, 3600.0, 503);
     let h = handler(|_| async { Ok(JsValue::from("finished")) });
     let w = WorkerInner::start(admin_client(config()), q.clone(), h, options(1), wrap);
     let until = now() + 30_000.0;
@@ -1260,7 +1337,7 @@ async fn close_wakes_a_slot_waiting_to_retry_a_settle_of_unknown_outcome() {
     }
     let q = fresh_queue("close-settle-retry");
     let id = enqueue(&q, json!({})).await;
-    let hook = refuser("/settle", 1.0, 3600, 503);
+    let hook = refuser("/settle", 1.0, 3600.0, 503);
     let h = handler(|_| async { Ok(JsValue::from("finished")) });
     let c = admin_client(config());
     let w = WorkerInner::start(c.clone(), q.clone(), h, options(1), wrap);

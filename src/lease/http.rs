@@ -158,7 +158,8 @@ pub struct Answer {
     pub status: u16,
     /// The body from `response.json()` (`null` for 204 or an empty body).
     pub body: JsValue,
-    /// `Retry-After` in ms, when present.
+    /// `Retry-After` in ms, when present, at most 5 min
+    /// (`agentstore_protocol::backoff::retry_after_ms`).
     pub retry_after_ms: Option<f64>,
     /// `Idempotent-Replayed: true`: the server answered a settle or release
     /// this lease token had already made (its first answer lost) and changed
@@ -303,10 +304,11 @@ async fn send_inner(call: &Call<'_>, controller: &AbortController) -> Result<Ans
     };
     // `Number()` skips surrounding white space itself (and fetch has already
     // stripped HTTP white space from the value).
-    let retry_after_ms = header(&headers, "Retry-After")
-        .map(|v| js_sys::Number::from(JsValue::from_str(&v)).value_of())
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .map(|s| s * 1000.0);
+    let retry_after_ms = header(&headers, "Retry-After").and_then(|v| {
+        agentstore_protocol::backoff::retry_after_ms(
+            js_sys::Number::from(JsValue::from_str(&v)).value_of(),
+        )
+    });
     if (200..300).contains(&status) {
         let replayed = header(&headers, "Idempotent-Replayed").is_some_and(|v| v == "true");
         return Ok(Answer {

@@ -196,7 +196,9 @@ impl WorkerInner {
         if self.client.closed.get() || (or_stop && self.stopping.get()) {
             return;
         }
-        let ms = if ms.is_finite() { ms } else { 0.0 };
+        // NaN waits nothing; Infinity waits as long as a timer can (never
+        // the 0 ms a non-finite delay would be to `setTimeout`).
+        let ms = if ms.is_nan() { 0.0 } else { ms };
         let mut wait = crate::store::db::sleep_promise(ms.clamp(0.0, 2_147_483_647.0) as u32);
         let stop = if or_stop { self.stop.as_ref() } else { None };
         for c in [stop, self.client.closing.as_ref()].into_iter().flatten() {
@@ -228,6 +230,14 @@ async fn slot_loop(w: Rc<WorkerInner>, wrap: fn(Rc<LeaseInner>) -> JsValue) {
                     end_or_drop(&w, &lease, false).await;
                     count(&w, &lease);
                     break;
+                }
+                // A claim answered past its local deadline (the answer took
+                // longer than the TTL less the safety margin): the lease is
+                // lost before the handler could run, so it never starts
+                // (`status()` marks it `expired_locally` and gives it back).
+                if lease.status() != Status::Held {
+                    count(&w, &lease);
+                    continue;
                 }
                 run_one(&w, &lease, wrap).await;
             }

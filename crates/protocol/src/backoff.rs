@@ -33,6 +33,23 @@ pub const MUTATE_BASE_MS: f64 = 5.0;
 /// Default cap of `mutate`'s full-jitter backoff: 1 s.
 pub const MUTATE_CAP_MS: f64 = 1_000.0;
 
+/// The longest `Retry-After` a client honours: 5 min, the reconnect cap.
+pub const RETRY_AFTER_CAP_MS: f64 = RECONNECT_CAP_MS;
+
+/// A `Retry-After` header's delay-seconds (RFC 9110 §10.2.3), as the
+/// number the header parsed to (`Number(value)` in the SDK), in ms:
+/// `None` for anything that is not a non-negative number (an HTTP-date,
+/// garbage, NaN), and at most [`RETRY_AFTER_CAP_MS`]. The cap is what keeps
+/// a gateway's `Retry-After: 1e306` (finite, but infinite once in ms) or
+/// `999999999` from becoming a wait of `Infinity` (which a timer takes as
+/// 0 ms: a retry storm) or of weeks (a worker parked for good).
+pub fn retry_after_ms(seconds: f64) -> Option<f64> {
+    if seconds.is_nan() || seconds < 0.0 {
+        return None;
+    }
+    Some((seconds * 1000.0).min(RETRY_AFTER_CAP_MS))
+}
+
 fn ceiling_ms(attempt: u32, base_ms: f64, cap_ms: f64) -> f64 {
     // 2^attempt overflows f64 only far past any cap; clamp the exponent anyway.
     (base_ms * 2f64.powi(attempt.min(1000) as i32)).min(cap_ms)
@@ -41,6 +58,20 @@ fn ceiling_ms(attempt: u32, base_ms: f64, cap_ms: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_retry_after_is_read_in_ms_and_capped_never_infinite() {
+        assert_eq!(retry_after_ms(0.0), Some(0.0));
+        assert_eq!(retry_after_ms(1.5), Some(1500.0));
+        assert_eq!(retry_after_ms(300.0), Some(RETRY_AFTER_CAP_MS));
+        // Finite as seconds, infinite once multiplied: the cap, not Infinity.
+        assert_eq!(retry_after_ms(1e306), Some(RETRY_AFTER_CAP_MS));
+        assert_eq!(retry_after_ms(f64::INFINITY), Some(RETRY_AFTER_CAP_MS));
+        assert_eq!(retry_after_ms(999_999_999.0), Some(RETRY_AFTER_CAP_MS));
+        for bad in [-1.0, -0.001, f64::NAN, f64::NEG_INFINITY] {
+            assert_eq!(retry_after_ms(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn full_jitter_stays_within_zero_and_the_capped_ceiling() {
