@@ -461,6 +461,50 @@ async fn recover_with_resume_keeps_heartbeating_a_still_valid_lease() {
     assert_eq!(item(id).await.state, ItemState::Done);
 }
 
+/// `recover({resume: true})` resumes a lease only on the lease server's
+/// heartbeat answer, and for no longer than the TTL that answer gives: a
+/// 2xx without `{ttl_ms}` (a service worker's, a captive portal's) leaves
+/// the entry for a later recover, and a TTL shorter than the journal's
+/// (which any script of the origin can write) is the one the local deadline
+/// follows. Before, any 2xx renewed the lease for the journal's TTL.
+#[wasm_bindgen_test]
+async fn recover_resumes_only_on_the_servers_heartbeat_answer_and_for_its_ttl() {
+    if server().is_none() {
+        return;
+    }
+    let journal = fresh_queue("journal");
+    let q = fresh_queue("resume-answer");
+    let id = enqueue(&q, json!({})).await;
+    let old = admin_client(journalled(&journal, false));
+    let _stale = claim(&old, &q).await;
+    old.vanish();
+    gone_with_its_locks(&journal, &old.base).await;
+    let new = admin_client(journalled(&journal, true));
+
+    let restore = intercept("/heartbeat$", "POST", 200, r#"{"ok":true}"#);
+    let report = new.recover(true).await;
+    restore.call0(&JsValue::NULL).unwrap();
+    let report = report.unwrap();
+    assert!(
+        report.resumed.is_empty() && report.lost.is_empty() && report.released.is_empty(),
+        "a 2xx that is not the server's answer renews nothing"
+    );
+    assert_eq!(item(id).await.state, ItemState::Running);
+
+    let restore = intercept("/heartbeat$", "POST", 200, r#"{"ttl_ms":1}"#);
+    let report = new.recover(true).await;
+    restore.call0(&JsValue::NULL).unwrap();
+    let report = report.unwrap();
+    assert_eq!(report.resumed.len(), 1, "the server's answer resumes it");
+    let lease = report.resumed[0].clone();
+    assert_eq!(lease.item_id, id);
+    assert!(
+        lease.deadline() <= now(),
+        "the local deadline follows the answered 1 ms TTL, not the journal's {TTL_MS} ms"
+    );
+    assert_ne!(lease.status(), Status::Held);
+}
+
 #[wasm_bindgen_test]
 async fn without_web_locks_recover_touches_nothing() {
     if server().is_none() {

@@ -3,7 +3,7 @@
 
 use std::rc::Rc;
 
-use agentstore_protocol::lease::{ItemRef, TokenRequest};
+use agentstore_protocol::lease::{HeartbeatResponse, ItemRef, TokenRequest};
 use agentstore_protocol::lease_client::HeartbeatPlan;
 use agentstore_protocol::ErrorCode;
 use js_sys::Function;
@@ -284,6 +284,11 @@ impl ClientInner {
     }
 
     /// Heartbeats a journalled lease; `Some` (heartbeated from now on) if valid.
+    /// Only the lease server's heartbeat answer (`{ttl_ms}`) counts as a
+    /// renewal (a service worker's or a portal's 2xx is an unknown outcome:
+    /// the entry stays for a later recover), and the local deadline runs for
+    /// the shorter of the TTL it answered and the journal's (which any
+    /// script of the origin can write).
     async fn resume_entry(self: &Rc<Self>, entry: &Entry) -> Result<Option<Rc<LeaseInner>>> {
         let body = to_js(&TokenRequest {
             token: entry.token.clone(),
@@ -291,21 +296,22 @@ impl ClientInner {
         let sent_at = now_ms();
         let timeout = self.config.request_timeout_ms;
         let path = item_path(entry.item_id, "/heartbeat");
-        match self.authed("POST", &path, Some(&body), timeout, None).await {
-            Ok(_) => {}
-            // Kept for a later recover: no answer, refused credentials, or
-            // (403) a lease another worker holds.
-            Err(
-                e @ (LeaseError::Network(_)
-                | LeaseError::Unauthorized(_)
-                | LeaseError::Server {
-                    code: ErrorCode::Forbidden,
-                    ..
-                }),
-            ) => return Err(e),
-            Err(e) if e.proves_lease_over() => return Ok(None),
-            Err(e) => return Err(e),
-        }
+        let renewed: HeartbeatResponse =
+            match self.authed("POST", &path, Some(&body), timeout, None).await {
+                Ok(a) => parse(&a.body)?,
+                // Kept for a later recover: no answer, refused credentials, or
+                // (403) a lease another worker holds.
+                Err(
+                    e @ (LeaseError::Network(_)
+                    | LeaseError::Unauthorized(_)
+                    | LeaseError::Server {
+                        code: ErrorCode::Forbidden,
+                        ..
+                    }),
+                ) => return Err(e),
+                Err(e) if e.proves_lease_over() => return Ok(None),
+                Err(e) => return Err(e),
+            };
         let answer = self
             .authed("GET", &item_path(entry.item_id, ""), None, timeout, None)
             .await?;
@@ -316,7 +322,8 @@ impl ClientInner {
         if view.epoch != entry.epoch {
             return Ok(None);
         }
-        let plan = HeartbeatPlan::new(sent_at, entry.ttl_ms as f64, entry.heartbeat_ms as f64);
+        let ttl_ms = entry.ttl_ms.min(renewed.ttl_ms);
+        let plan = HeartbeatPlan::new(sent_at, ttl_ms as f64, entry.heartbeat_ms as f64);
         let lease = Rc::new(LeaseInner::new(
             self,
             entry.queue.clone(),
