@@ -29,7 +29,7 @@ export interface AgentRecord {
   [field: string]: unknown;
 }
 export interface OpenOptions {
-  /** Reject with BlockedError when another tab blocks the open this long (ms, 0..=2147483647). Default 5000. */
+  /** Reject with BlockedError when another tab blocks the open this long (ms, 0..=2147483647), or when the open has no answer this long + 3000 ms after it was made (one queued behind another tab's upgrade gets no `blocked` event; a very slow open counts too). Default 5000. */
   blockedTimeoutMs?: number | null | undefined;
   /** Called after another tab's upgrade closed this connection. */
   onVersionChange?: (() => void) | null | undefined;
@@ -63,7 +63,10 @@ export interface ImportOptions {
   signal?: AbortSignal | null | undefined;
   /** Records per transaction, 1..=10000; default 1000. */
   batchSize?: number | null | undefined;
-  /** importPouchDump: id of a legacy index document to audit (default "agent-index"). */
+}
+/** `importPouchDump`'s options: `ImportOptions` and the legacy index document to audit. */
+export interface PouchImportOptions extends ImportOptions {
+  /** Id of a legacy index document to audit (default "agent-index"); `importSnapshot` refuses it. */
   legacyIndexId?: string | null | undefined;
 }
 export interface ExportOptions {
@@ -104,7 +107,7 @@ export interface DestroyOptions {
   blockedTimeoutMs?: number | null | undefined;
 }
 export interface PurgeOptions {
-  /** Remove tombstones written more than this long ago (ms, ≥ 0; 0 = every tombstone). Required. */
+  /** Remove tombstones written more than this long ago (ms, an integer in [0, 2^53 - 1]; 0 = every tombstone). Required. */
   olderThanMs: number;
 }
 export interface ListByOptions {
@@ -395,7 +398,9 @@ impl AgentStore {
     ///
     /// # Errors
     /// BlockedError after `blockedTimeoutMs` (default 5000 ms) when another
-    /// tab keeps the upgrade blocked; ValidationError for bad options.
+    /// tab keeps the upgrade blocked, or when the open has no answer
+    /// `blockedTimeoutMs` + 3000 ms after it was made; ValidationError for
+    /// bad options.
     #[wasm_bindgen(unchecked_return_type = "Promise<AgentStore>")]
     pub fn open(
         #[wasm_bindgen(unchecked_param_type = "string")] name: JsValue,
@@ -526,12 +531,14 @@ impl AgentStore {
 
     /// Removes tombstones written more than `olderThanMs` ago; resolves to
     /// how many were removed. Afterwards a writer holding a revision of a
-    /// purged id gets ConflictError (nothing stored has that revision), so a
-    /// stale writer still never overwrites a newer record; a `put` without
-    /// `_rev` creates the id anew at generation 1.
+    /// purged id gets ConflictError from `put` and NotFoundError from
+    /// `delete` (nothing stored has that revision), so a stale writer still
+    /// never overwrites a newer record; a `put` without `_rev` creates the
+    /// id anew at generation 1.
     ///
     /// # Errors
-    /// ValidationError unless `olderThanMs` is a finite number ≥ 0.
+    /// ValidationError unless `olderThanMs` is an integer number of ms in
+    /// [0, 2^53 − 1].
     #[wasm_bindgen(js_name = purgeTombstones, unchecked_return_type = "Promise<number>")]
     pub fn purge_tombstones(
         &self,
@@ -824,7 +831,8 @@ impl AgentStore {
     pub fn import_pouch_dump(
         &self,
         #[wasm_bindgen(unchecked_param_type = "ImportSource")] source: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "ImportOptions | null")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "PouchImportOptions | null")]
+        options: JsValue,
     ) -> Promise {
         self.io("importPouchDump", source, options, |s, o| {
             import_checks(s, o, true).map(|_| ())
@@ -1067,7 +1075,8 @@ impl AgentStore {
     pub fn import_pouch_dump(
         &self,
         #[wasm_bindgen(unchecked_param_type = "ImportSource")] source: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "ImportOptions | null")] options: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "PouchImportOptions | null")]
+        options: JsValue,
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
