@@ -326,7 +326,7 @@ impl Store {
             // revision that does not parse is this member's error alone.
             let read = read_current(&tx, &id).await?;
             m.started.set(true);
-            let (current, stored) = match read {
+            let (current, stored) = match super::current_of(read) {
                 Ok(r) => r,
                 Err(e) => {
                     results.push((Err(e), None));

@@ -502,19 +502,39 @@ pub(crate) fn batch_refused(failures: Vec<BatchFailure>, invalid: bool) -> Store
 }
 
 /// Reads what is stored for `id`: the live record, else (only then) its
-/// tombstone. Outer `Err`: a request failed (the transaction is over);
-/// inner `Err`: the stored `_rev` does not parse (this id's error alone).
-pub(crate) async fn read_current(
-    tx: &Tx,
-    id: &JsString,
-) -> Result<Result<(Current, Option<JsValue>)>> {
+/// tombstone (`Err`: a request failed, the transaction is over). What they
+/// hold is read by [`current_of`].
+pub(crate) async fn read_current(tx: &Tx, id: &JsString) -> Result<Stored> {
     let key = JsValue::from(id.clone());
     if let Some(v) = tx.store(RECORDS)?.get(key.clone())?.await? {
-        return Ok(stored_rev(&v).map(|r| (Current::Live(r), Some(v))));
+        return Ok(Stored::Live(v));
     }
     Ok(match tx.store(TOMBSTONES)?.get(key)?.await? {
-        Some(t) => stored_rev(&t).map(|r| (Current::Deleted(r), None)),
-        None => Ok((Current::Missing, None)),
+        Some(t) => Stored::Tombstone(t),
+        None => Stored::Missing,
+    })
+}
+
+/// What [`read_current`] found for an id.
+pub(crate) enum Stored {
+    /// The live record.
+    Live(JsValue),
+    /// No live record; this tombstone.
+    Tombstone(JsValue),
+    /// Neither.
+    Missing,
+}
+
+/// The revision state of what was read, and the live record.
+///
+/// # Errors
+/// TransactionError when the stored `_rev` does not parse (this id's error
+/// alone: the transaction goes on).
+pub(crate) fn current_of(s: Stored) -> Result<(Current, Option<JsValue>)> {
+    Ok(match s {
+        Stored::Live(v) => (Current::Live(stored_rev(&v)?), Some(v)),
+        Stored::Tombstone(t) => (Current::Deleted(stored_rev(&t)?), None),
+        Stored::Missing => (Current::Missing, None),
     })
 }
 
