@@ -147,27 +147,17 @@ export function answers(requests, toError) {
 
 /**
  * A Promise settled by `tx`'s `complete` (resolves) or `abort` event
- * (rejects; the cause is on `tx.error`), once the caller has issued the
- * transaction's last request: `tx.commit()` asks for the commit now
- * (IndexedDB 3.0, `IDBTransaction.commit()`) instead of after the last
- * request's `success` event has been dispatched and the task has ended (the
- * auto-commit), which saves a round trip to the database per transaction. A
- * request still pending fails and aborts the transaction as before. Where
- * `commit` is missing (Chrome < 76, Firefox < 74, Safari < 15) or throws (the
- * transaction already aborted or finished), the events come all the same.
+ * (rejects; the cause is on `tx.error`). The transaction commits by itself
+ * once its last request has succeeded (auto-commit): it is not asked to
+ * commit early with `tx.commit()`, because Firefox then commits the
+ * requests that succeeded even when a later one fails (a ConstraintError of
+ * an `add`), where Chromium aborts (BENCHMARKS.md, thirty-first round).
  */
 export function transactionPromise(tx) {
-  const done = new Promise((resolve, reject) => {
+  return new Promise((resolve, reject) => {
     tx.oncomplete = () => resolve();
     tx.onabort = () => reject();
   });
-  try {
-    tx.commit();
-  } catch (e) {
-    // No `commit` (an older engine) or not active: auto-commit or the
-    // abort already under way settles `done`.
-  }
-  return done;
 }
 
 /**

@@ -414,10 +414,9 @@ impl Tx {
         self.fault.set(Some((n, kind)));
     }
 
-    /// Asks IndexedDB to commit now (`IDBTransaction.commit()`, js/promise.js
-    /// `transactionPromise`) and waits for the commit: call it only once
-    /// every request of the transaction has been issued (a request issued
-    /// after it throws `TransactionInactiveError`).
+    /// Waits for the transaction to commit (IndexedDB's auto-commit, never
+    /// an early `IDBTransaction.commit()`: js/promise.js `transactionPromise`
+    /// says why).
     ///
     /// # Errors
     /// QuotaExceededError when the browser aborted it for quota (reported on
