@@ -42,8 +42,9 @@ export function requestLock(name, waitMs) {
   // Armed before the request is issued: once it is, nothing below may throw
   // (Rust would read "no Web Locks", and a lock granted later would be held
   // for the page's life).
+  let timer;
   if (waitMs > 0 && Number.isFinite(waitMs)) {
-    setTimeout(() => {
+    timer = setTimeout(() => {
       gaveUp = true;
       // Aborting a granted request does nothing; a pending one rejects.
       controller.abort();
@@ -53,6 +54,8 @@ export function requestLock(name, waitMs) {
   let p;
   try {
     p = locks.request(name, options, (lock) => {
+      // Granted (or refused at once): the wait's timer is not needed now.
+      clearTimeout(timer);
       const held = lock != null && !gaveUp;
       grant(held);
       return held ? hold : undefined;

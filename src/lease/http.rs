@@ -126,11 +126,11 @@ extern "C" {
     fn timer_js(ms: f64) -> js_sys::Array;
 }
 
-/// Ends a [`sleep_ms`] wait whose future is dropped before its time (lost a
-/// `select`): the timer is cleared and its Promise resolved, so the
-/// `JsFuture`'s callbacks are freed (a Promise that never settles would keep
-/// them in wasm memory for good).
-struct EndTimer(Function);
+/// Ends a [`timer`]'s wait when dropped (its future lost a `select`, or a
+/// race ended it early): the timer is cleared and its Promise resolved, so
+/// neither a pending timer nor the `JsFuture`'s callbacks outlive the wait
+/// (a Promise that never settles would keep them in wasm memory for good).
+pub(crate) struct EndTimer(Function);
 
 impl Drop for EndTimer {
     fn drop(&mut self) {
@@ -138,17 +138,23 @@ impl Drop for EndTimer {
     }
 }
 
-/// Sleeps `ms` (clamped to `[0, 2^31)`), on a JS timer (gloo-timers'
-/// `TimeoutFuture` cost ~1.5 kB of wasm with the oneshot channel it uses).
+/// A Promise resolved after `ms` (NaN: 0; clamped to `[0, 2^31)`, so
+/// `Infinity` is the longest timer, never the 0 ms `setTimeout` would make
+/// of it), and the guard that clears it when dropped.
+pub(crate) fn timer(ms: f64) -> (Promise, EndTimer) {
+    let ms = if ms.is_nan() { 0.0 } else { ms };
+    let pair = timer_js(ms.clamp(0.0, 2_147_483_000.0).ceil());
+    (
+        Promise::from(pair.get(0)),
+        EndTimer(pair.get(1).unchecked_into()),
+    )
+}
+
+/// Sleeps `ms` on a JS [`timer`] (gloo-timers' `TimeoutFuture` cost
+/// ~1.5 kB of wasm with the oneshot channel it uses).
 pub async fn sleep_ms(ms: f64) {
-    let ms = if ms.is_finite() {
-        ms.clamp(0.0, 2_147_483_000.0)
-    } else {
-        0.0
-    };
-    let pair = timer_js(ms.ceil());
-    let _end = EndTimer(pair.get(1).unchecked_into());
-    let _ = JsFuture::from(Promise::from(pair.get(0))).await;
+    let (wait, _end) = timer(ms);
+    let _ = JsFuture::from(wait).await;
 }
 
 /// A successful answer: status and body.

@@ -104,8 +104,8 @@ impl ClientInner {
         {
             // Not past `close()`: a closed client waits for no other
             // context (nor does `work()`'s `finished`, which waits for this).
-            let ms = self.config.lock_wait_ms.clamp(0.0, 2_147_483_647.0) as u32;
-            let mut wait = crate::store::db::sleep_promise(ms);
+            // Cleared when `close()` ends the wait early.
+            let (mut wait, _end) = super::http::timer(self.config.lock_wait_ms);
             if let Some(c) = &self.closing {
                 wait = crate::store::race_abort_js(&wait, &c.signal(), &JsValue::UNDEFINED);
             }

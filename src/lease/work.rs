@@ -196,10 +196,10 @@ impl WorkerInner {
         if self.client.closed.get() || (or_stop && self.stopping.get()) {
             return;
         }
-        // NaN waits nothing; Infinity waits as long as a timer can (never
-        // the 0 ms a non-finite delay would be to `setTimeout`).
-        let ms = if ms.is_nan() { 0.0 } else { ms };
-        let mut wait = crate::store::db::sleep_promise(ms.clamp(0.0, 2_147_483_647.0) as u32);
+        // Cleared when the wait ends early (`stop()`, `close()`): no timer
+        // of up to 5 min runs on after it. Infinity waits as long as a timer
+        // can, never the 0 ms a non-finite delay is to `setTimeout`.
+        let (mut wait, _end) = super::http::timer(ms);
         let stop = if or_stop { self.stop.as_ref() } else { None };
         for c in [stop, self.client.closing.as_ref()].into_iter().flatten() {
             wait = crate::store::race_abort_js(&wait, &c.signal(), &JsValue::UNDEFINED);
