@@ -30,8 +30,12 @@
 //! `status`, `throwIfLost()`, `lease.fetch`, and each fenced call — checks this
 //! first and, past it, loses the lease (`expired_locally`) synchronously, so
 //! they agree at every instant, including the first one after a frozen page
-//! resumes. A heartbeat that the server accepts after that does not revive
-//! the lease: it is released instead.
+//! resumes. A signal kept from earlier (`const { signal } = lease`, or the
+//! one a `fetch` holds) is aborted by the heartbeat loop's timer, which a
+//! browser throttles in a background tab (Chrome: once a minute), so it can
+//! read "not aborted" past the deadline: read `lease.signal` again or call
+//! `throwIfLost()` right before each write. A heartbeat that the server
+//! accepts after that does not revive the lease: it is released instead.
 
 use std::cell::{Cell, RefCell};
 use std::rc::{Rc, Weak};
