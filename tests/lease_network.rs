@@ -682,6 +682,50 @@ async fn a_heartbeat_refused_because_the_settle_landed_first_does_not_lose_the_l
     assert_eq!(forced, 3, "a heartbeat reached the server after the settle");
 }
 
+/// A manual `heartbeat()` sent just before the lease's own settle, which
+/// reaches the server after the settle landed (the proxy holds heartbeat
+/// requests 300 ms and settle answers 900 ms), rejects with a ClaimLostError
+/// carrying the lease's `itemId` and a `reason`, like every other
+/// ClaimLostError; the lease still ends settled. Before, the server's bare
+/// error came through: no `itemId`, no `reason`, against the `.d.ts`.
+#[wasm_bindgen_test]
+async fn a_manual_heartbeat_refused_because_its_settle_landed_first_names_item_and_reason() {
+    let Some(proxy) = proxy() else { return };
+    let mode = "late-heartbeats-300";
+    let q = fresh_queue("hb-manual-race");
+    let id = enqueue(&q, json!({})).await;
+    let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
+    let lease = claim(&c, &q).await;
+    lease.set_heartbeats_paused(true);
+    let done = agentstore_protocol::lease::SettleState::Done;
+    let (beat, settled) = join(lease.heartbeat(), async {
+        // Once the heartbeat is held at the proxy.
+        let until = now() + 4.0 * TTL_MS;
+        while held_back(proxy, mode).await < 1.0 && now() < until {
+            sleep(10.0).await;
+        }
+        lease.settle(done, None, None).await
+    })
+    .await;
+    assert!(settled.is_ok(), "{settled:?}");
+    match beat {
+        Err(agentstore::lease::LeaseError::ClaimLost {
+            item_id, reason, ..
+        }) => {
+            assert_eq!(item_id, id);
+            assert_eq!(reason, LossReason::ClaimLost);
+        }
+        other => panic!("expected a ClaimLostError naming the item: {other:?}"),
+    }
+    assert_eq!(lease.status(), Status::Settled(done));
+    assert!(
+        !lease.signal().aborted(),
+        "a settled lease's signal never aborts"
+    );
+    assert_eq!(item(id).await.state, ItemState::Done);
+    c.close().await;
+}
+
 /// A heartbeat answered `state_conflict` (an operator paused the item) while
 /// the lease's settle was on the wire, and the settle then refused without
 /// being applied (a 400): the heartbeat's verdict was about the lease, not
@@ -2113,6 +2157,66 @@ async fn a_claim_aborted_while_the_server_grants_it_releases_the_grant() {
         "released by the client, not expired"
     );
     assert!(c.held().is_empty());
+}
+
+/// As above, and the first release of the granted claim gets no answer (a
+/// network error): it is sent again, so the item still reopens released,
+/// not expired. Before, the release was sent once: a lost one left the item
+/// running under a token no one held until the TTL, spending an attempt.
+#[wasm_bindgen_test]
+async fn the_release_of_an_aborted_claims_grant_is_sent_again_when_it_gets_no_answer() {
+    let Some(proxy) = proxy() else { return };
+    let q = fresh_queue("abort-claim-retry");
+    let id = enqueue(&q, json!({})).await;
+    let c = client_at(
+        &format!("{proxy}/slow-claims-1500"),
+        admin_creds(),
+        config(),
+    );
+    // The first release fails as a network error does; later ones go through.
+    let hook = js_sys::Function::new_no_args(
+        "const real = globalThis.fetch;
+        let releases = 0;
+        globalThis.fetch = (input, init) => {
+            const url = String(input instanceof Request ? input.url : input);
+            if (url.endsWith('/release') && ++releases === 1) {
+                return Promise.reject(new TypeError('Failed to fetch'));
+            }
+            return real(input, init);
+        };
+        return { releases: () => releases, restore: () => { globalThis.fetch = real; } };",
+    )
+    .call0(&JsValue::NULL)
+    .unwrap();
+    let call = |k: &str| {
+        js_sys::Function::from(js_sys::Reflect::get(&hook, &k.into()).unwrap())
+            .call0(&JsValue::NULL)
+            .unwrap()
+    };
+    let controller = web_sys::AbortController::new().unwrap();
+    let signal = controller.signal();
+    let (claimed, ()) = join(c.claim(&q, Some(&signal)), async {
+        wait_item(id, 10_000.0, |it| it.state == ItemState::Running).await;
+        controller.abort();
+    })
+    .await;
+    assert!(
+        claimed.is_err(),
+        "the claim rejected after its signal fired"
+    );
+    let it = wait_item(id, 10_000.0, |it| it.state == ItemState::Open).await;
+    let releases = call("releases");
+    call("restore");
+    assert_eq!(
+        (it.state, it.last_error.as_deref()),
+        (ItemState::Open, Some("released")),
+        "released by the client's second try, not expired"
+    );
+    assert_eq!(
+        releases.as_f64(),
+        Some(2.0),
+        "one lost release, one answered"
+    );
 }
 
 /// `close()` while `recover({resume: true})` is heartbeating a journalled

@@ -138,7 +138,28 @@ impl ClientInner {
                                 token: c.lease.token,
                             });
                             let path = item_path(c.item.id, "/release");
-                            let _ = me.authed("POST", &path, Some(&body), timeout, None).await;
+                            // Sent again while it gets no answer (a release
+                            // is replayed by its token): one lost release
+                            // would leave the item running under a token no
+                            // one holds until the TTL, spending an attempt.
+                            let mut attempt = 0u32;
+                            while let Err(e) =
+                                me.authed("POST", &path, Some(&body), timeout, None).await
+                            {
+                                if !e.is_transient() || attempt >= 4 || me.closed.get() {
+                                    break;
+                                }
+                                attempt += 1;
+                                super::http::sleep_ms(
+                                    agentstore_protocol::backoff::full_jitter_ms(
+                                        attempt,
+                                        100.0,
+                                        2_000.0,
+                                        super::http::random(),
+                                    ),
+                                )
+                                .await;
+                            }
                         }
                     }
                     r => *slot.borrow_mut() = Some(r),

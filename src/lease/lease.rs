@@ -515,7 +515,17 @@ impl LeaseInner {
                 {
                     *self.loss_while_ending.borrow_mut() = Some(message.clone());
                 }
-                Err(e)
+                // A ClaimLostError with this lease's `itemId` and `reason`,
+                // as every other one (the lease itself is not marked lost:
+                // the settle's or release's answer decides that).
+                Err(match &e {
+                    LeaseError::Server {
+                        code: ErrorCode::ClaimLost | ErrorCode::NotFound,
+                        message,
+                        ..
+                    } => self.claim_lost(LossReason::ClaimLost, message),
+                    _ => e,
+                })
             }
             Err(e) => Err(self.on_rejection(e)),
         }
