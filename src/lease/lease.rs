@@ -506,26 +506,26 @@ impl LeaseInner {
                 if !e.proves_lease_over() {
                     return Err(e);
                 }
-                if let LeaseError::Server {
-                    code: ErrorCode::ClaimLost | ErrorCode::NotFound,
-                    message,
-                    ..
-                }
-                | LeaseError::StateConflict(message) = &e
-                {
-                    *self.loss_while_ending.borrow_mut() = Some(message.clone());
-                }
-                // A ClaimLostError with this lease's `itemId` and `reason`,
-                // as every other one (the lease itself is not marked lost:
-                // the settle's or release's answer decides that).
-                Err(match &e {
+                // Kept for the ending call's answer to apply. A claim_lost
+                // comes back as this lease's ClaimLostError (`itemId`,
+                // `reason`), as every other one; the lease itself is not
+                // marked lost: the settle's or release's answer decides.
+                match e {
                     LeaseError::Server {
                         code: ErrorCode::ClaimLost | ErrorCode::NotFound,
                         message,
                         ..
-                    } => self.claim_lost(LossReason::ClaimLost, message),
-                    _ => e,
-                })
+                    } => {
+                        let lost = self.claim_lost(LossReason::ClaimLost, &message);
+                        *self.loss_while_ending.borrow_mut() = Some(message);
+                        Err(lost)
+                    }
+                    LeaseError::StateConflict(message) => {
+                        *self.loss_while_ending.borrow_mut() = Some(message.clone());
+                        Err(LeaseError::StateConflict(message))
+                    }
+                    e => Err(e),
+                }
             }
             Err(e) => Err(self.on_rejection(e)),
         }
