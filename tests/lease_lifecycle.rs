@@ -434,19 +434,26 @@ async fn recover_leaves_a_live_pages_locked_lease_alone() {
     );
 }
 
-#[wasm_bindgen_test]
-async fn recover_with_resume_keeps_heartbeating_a_still_valid_lease() {
-    if server().is_none() {
-        return;
-    }
+/// A lease of a fresh queue (tag `tag`) claimed by a page that then went
+/// away with its Web Locks, left in a fresh journal; its item id, and the
+/// client of a new page on that journal (Web Locks on).
+async fn left_by_a_gone_page(tag: &str) -> (i64, std::rc::Rc<agentstore::lease::ClientInner>) {
     let journal = fresh_queue("journal");
-    let q = fresh_queue("resume");
+    let q = fresh_queue(tag);
     let id = enqueue(&q, json!({})).await;
     let old = admin_client(journalled(&journal, false));
     let _stale = claim(&old, &q).await;
     old.vanish();
     gone_with_its_locks(&journal, &old.base).await;
-    let new = admin_client(journalled(&journal, true));
+    (id, admin_client(journalled(&journal, true)))
+}
+
+#[wasm_bindgen_test]
+async fn recover_with_resume_keeps_heartbeating_a_still_valid_lease() {
+    if server().is_none() {
+        return;
+    }
+    let (id, new) = left_by_a_gone_page("resume").await;
     let report = new.recover(true).await.unwrap();
     assert_eq!(report.resumed.len(), 1);
     let lease = report.resumed[0].clone();
@@ -472,14 +479,7 @@ async fn recover_resumes_only_on_the_servers_heartbeat_answer_and_for_its_ttl() 
     if server().is_none() {
         return;
     }
-    let journal = fresh_queue("journal");
-    let q = fresh_queue("resume-answer");
-    let id = enqueue(&q, json!({})).await;
-    let old = admin_client(journalled(&journal, false));
-    let _stale = claim(&old, &q).await;
-    old.vanish();
-    gone_with_its_locks(&journal, &old.base).await;
-    let new = admin_client(journalled(&journal, true));
+    let (id, new) = left_by_a_gone_page("resume-answer").await;
 
     let restore = intercept("/heartbeat$", "POST", 200, r#"{"ok":true}"#);
     let report = new.recover(true).await;

@@ -2116,18 +2116,20 @@ async fn a_lost_enrollment_or_refresh_answer_does_not_lock_the_worker_out() {
         .unwrap();
 }
 
-/// A claim whose signal fires while the request is at the server: the
-/// server grants it, the answer arrives after the abort. The claim rejects
-/// with AbortError at once, and the granted claim is released (the item
-/// reopens with `last_error` "released"), not left running under a token no
-/// one holds until it expires ("expired"). (Before, the signal aborted the
-/// fetch itself and the grant was thrown away.)
-#[wasm_bindgen_test]
-async fn a_claim_aborted_while_the_server_grants_it_releases_the_grant() {
-    let Some(proxy) = proxy() else { return };
-    let q = fresh_queue("abort-claim");
+/// A claim of a fresh queue's one item whose signal fires while the
+/// request is at the server (claim answers held back 1.5 s by the proxy: the
+/// abort lands between grant and answer); the item id, the client, and what
+/// the claim resolved to.
+async fn claim_aborted_while_granted(
+    proxy: &str,
+    tag: &str,
+) -> (
+    i64,
+    Rc<ClientInner>,
+    agentstore::lease::error::Result<agentstore::lease::Claimed>,
+) {
+    let q = fresh_queue(tag);
     let id = enqueue(&q, json!({})).await;
-    // Claim answers held back 1.5 s: the abort lands between grant and answer.
     let c = client_at(
         &format!("{proxy}/slow-claims-1500"),
         admin_creds(),
@@ -2140,6 +2142,19 @@ async fn a_claim_aborted_while_the_server_grants_it_releases_the_grant() {
         controller.abort();
     })
     .await;
+    (id, c, claimed)
+}
+
+/// A claim whose signal fires while the request is at the server: the
+/// server grants it, the answer arrives after the abort. The claim rejects
+/// with AbortError at once, and the granted claim is released (the item
+/// reopens with `last_error` "released"), not left running under a token no
+/// one holds until it expires ("expired"). (Before, the signal aborted the
+/// fetch itself and the grant was thrown away.)
+#[wasm_bindgen_test]
+async fn a_claim_aborted_while_the_server_grants_it_releases_the_grant() {
+    let Some(proxy) = proxy() else { return };
+    let (id, c, claimed) = claim_aborted_while_granted(proxy, "abort-claim").await;
     let e = match claimed {
         Err(e) => e,
         Ok(_) => panic!("the claim resolved after its signal fired"),
@@ -2166,13 +2181,6 @@ async fn a_claim_aborted_while_the_server_grants_it_releases_the_grant() {
 #[wasm_bindgen_test]
 async fn the_release_of_an_aborted_claims_grant_is_sent_again_when_it_gets_no_answer() {
     let Some(proxy) = proxy() else { return };
-    let q = fresh_queue("abort-claim-retry");
-    let id = enqueue(&q, json!({})).await;
-    let c = client_at(
-        &format!("{proxy}/slow-claims-1500"),
-        admin_creds(),
-        config(),
-    );
     // The first release fails as a network error does; later ones go through.
     let hook = js_sys::Function::new_no_args(
         "const real = globalThis.fetch;
@@ -2193,13 +2201,7 @@ async fn the_release_of_an_aborted_claims_grant_is_sent_again_when_it_gets_no_an
             .call0(&JsValue::NULL)
             .unwrap()
     };
-    let controller = web_sys::AbortController::new().unwrap();
-    let signal = controller.signal();
-    let (claimed, ()) = join(c.claim(&q, Some(&signal)), async {
-        wait_item(id, 10_000.0, |it| it.state == ItemState::Running).await;
-        controller.abort();
-    })
-    .await;
+    let (id, _c, claimed) = claim_aborted_while_granted(proxy, "abort-claim-retry").await;
     assert!(
         claimed.is_err(),
         "the claim rejected after its signal fired"
