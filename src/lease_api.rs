@@ -95,7 +95,7 @@ export type WorkHandler = (lease: Lease) => unknown | Promise<unknown>;
 /** Errors of the lease client: `name`/`code`/`status` as in the README table. */
 export interface LeaseError extends Error {
   name: ErrorName; code: ErrorCode; status: number;
-  /** From `Retry-After` (ms, at most 300,000: a longer or unbounded one is read as 5 min). */
+  /** From `Retry-After` (ms, at most 3,600,000: a longer or unbounded one is read as 1 hour, the longest the reference server asks for). */
   retryAfterMs?: number;
   /** AbortError: the signal's reason. */
   cause?: unknown;

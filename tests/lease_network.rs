@@ -2174,51 +2174,104 @@ async fn a_claim_aborted_while_the_server_grants_it_releases_the_grant() {
     assert!(c.held().is_empty());
 }
 
-/// As above, and the first release of the granted claim gets no answer (a
-/// network error): it is sent again, so the item still reopens released,
-/// not expired. Before, the release was sent once: a lost one left the item
-/// running under a token no one held until the TTL, spending an attempt.
-#[wasm_bindgen_test]
-async fn the_release_of_an_aborted_claims_grant_is_sent_again_when_it_gets_no_answer() {
-    let Some(proxy) = proxy() else { return };
-    // The first release fails as a network error does; later ones go through.
-    let hook = js_sys::Function::new_no_args(
+/// Fails the first `/release` of item `id` as `how`: `"network"` (no
+/// answer: a rejected fetch) or `"foreign-2xx"` (a `200 {}` that is not the
+/// lease server's answer, as a captive portal's or a misrouted proxy's);
+/// later ones go through. `releases()` counts them, `restore()` undoes it.
+fn fail_first_release(id: i64, how: &str) -> JsValue {
+    Function::new_with_args(
+        "id, how",
         "const real = globalThis.fetch;
         let releases = 0;
         globalThis.fetch = (input, init) => {
             const url = String(input instanceof Request ? input.url : input);
-            if (url.endsWith('/release') && ++releases === 1) {
-                return Promise.reject(new TypeError('Failed to fetch'));
+            if (url.endsWith('/items/' + id + '/release') && ++releases === 1) {
+                return how === 'network'
+                    ? Promise.reject(new TypeError('Failed to fetch'))
+                    : Promise.resolve(new Response('{}', {
+                        status: 200, headers: { 'content-type': 'application/json' } }));
             }
             return real(input, init);
         };
         return { releases: () => releases, restore: () => { globalThis.fetch = real; } };",
     )
-    .call0(&JsValue::NULL)
-    .unwrap();
-    let call = |k: &str| {
-        js_sys::Function::from(js_sys::Reflect::get(&hook, &k.into()).unwrap())
-            .call0(&JsValue::NULL)
-            .unwrap()
-    };
-    let (id, _c, claimed) = claim_aborted_while_granted(proxy, "abort-claim-retry").await;
-    assert!(
-        claimed.is_err(),
-        "the claim rejected after its signal fired"
-    );
-    let it = wait_item(id, 10_000.0, |it| it.state == ItemState::Open).await;
-    let releases = call("releases");
-    call("restore");
-    assert_eq!(
-        (it.state, it.last_error.as_deref()),
-        (ItemState::Open, Some("released")),
-        "released by the client's second try, not expired"
-    );
-    assert_eq!(
-        releases.as_f64(),
-        Some(2.0),
-        "one lost release, one answered"
-    );
+    .call2(&JsValue::NULL, &JsValue::from(id as f64), &how.into())
+    .unwrap()
+}
+
+/// The release of a granted claim whose caller no longer takes it (its
+/// signal fired) is sent again while it gets no answer that is the lease
+/// server's own, so the item reopens released, not expired: whether the
+/// signal fired while the server granted it (the proxy holds the answer
+/// 1.5 s) or once the answer was read, while the client took the lease in
+/// (at its Web Lock request), and whether the first release got no answer
+/// or a `200` from something else. Before, the release was sent once on
+/// the second path, and any 2xx ended the retries on the first: either
+/// left the item running under a token no one held until the TTL,
+/// spending an attempt.
+#[wasm_bindgen_test]
+async fn the_release_of_an_aborted_claims_grant_is_sent_until_the_server_answers_it() {
+    let Some(proxy) = proxy() else { return };
+    for when in ["at-server", "taking-in"] {
+        for how in ["network", "foreign-2xx"] {
+            let q = fresh_queue("abort-claim-retry");
+            let id = enqueue(&q, json!({})).await;
+            let hook = fail_first_release(id, how);
+            let controller = web_sys::AbortController::new().unwrap();
+            let signal = controller.signal();
+            let claimed = if when == "at-server" {
+                let c = client_at(
+                    &format!("{proxy}/slow-claims-1500"),
+                    admin_creds(),
+                    config(),
+                );
+                let (claimed, ()) = join(c.claim(&q, Some(&signal)), async {
+                    wait_item(id, 10_000.0, |it| it.state == ItemState::Running).await;
+                    controller.abort();
+                })
+                .await;
+                claimed
+            } else {
+                // Fires the signal from the client's first Web Lock request
+                // (the granted lease's), then lets the request through.
+                let abort: Function = Function::new_with_args(
+                    "abort",
+                    "const locks = navigator.locks;
+                    locks.request = function (...a) {
+                        delete locks.request;
+                        abort();
+                        return locks.request(...a);
+                    };",
+                );
+                let fire = wasm_bindgen::closure::Closure::once_into_js({
+                    let controller = controller.clone();
+                    move || controller.abort()
+                });
+                abort.call1(&JsValue::NULL, &fire).unwrap();
+                let c = client_at(server().unwrap().0, admin_creds(), config());
+                c.claim(&q, Some(&signal)).await
+            };
+            let what = format!("{when}, first release: {how}");
+            assert!(
+                claimed.is_err(),
+                "{what}: the claim rejected after its signal fired"
+            );
+            assert!(signal.aborted(), "{what}: the signal fired");
+            let it = wait_item(id, 10_000.0, |it| it.state == ItemState::Open).await;
+            let releases = hook_call(&hook, "releases");
+            hook_call(&hook, "restore");
+            assert_eq!(
+                (it.state, it.last_error.as_deref()),
+                (ItemState::Open, Some("released")),
+                "{what}: released by the client's second try, not expired"
+            );
+            assert_eq!(
+                releases.as_f64(),
+                Some(2.0),
+                "{what}: one release unanswered, one answered"
+            );
+        }
+    }
 }
 
 /// `close()` while `recover({resume: true})` is heartbeating a journalled

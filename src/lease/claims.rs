@@ -4,17 +4,17 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use agentstore_protocol::lease::{ClaimedRef, TokenRequest};
+use agentstore_protocol::lease::ClaimedRef;
 use agentstore_protocol::lease_client::HeartbeatPlan;
 use futures::future::select;
 use wasm_bindgen::JsValue;
 use wasm_bindgen_futures::JsFuture;
 use web_sys::AbortSignal;
 
-use super::client::{item_path, ClientInner};
+use super::client::ClientInner;
 use super::error::{LeaseError, LossReason, Result};
 use super::heartbeat::deferred;
-use super::http::{now_ms, parse, to_js};
+use super::http::{now_ms, parse};
 use super::journal::Entry;
 use super::lease::{LeaseInner, Status};
 use super::lifecycle;
@@ -89,11 +89,11 @@ impl ClientInner {
         self.adopt(&lease, resp.lease.ttl_ms, resp.lease.heartbeat_ms)
             .await;
         if let Some(reason) = signal.and_then(crate::options::abort_reason) {
-            let _ = lease.release().await;
+            self.give_back(&lease).await;
             return Err(LeaseError::Aborted(reason));
         }
         if self.closed.get() {
-            let _ = lease.release().await;
+            self.give_back(&lease).await;
             return Err(LeaseError::Closed);
         }
         Ok(Claimed::Lease(lease))
@@ -134,32 +134,7 @@ impl ClientInner {
                 match r {
                     Ok(a) if abandoned.get() && a.status == 201 => {
                         if let Ok(c) = parse::<ClaimedRef>(&a.body) {
-                            let body = to_js(&TokenRequest {
-                                token: c.lease.token,
-                            });
-                            let path = item_path(c.item.id, "/release");
-                            // Sent again while it gets no answer (a release
-                            // is replayed by its token): one lost release
-                            // would leave the item running under a token no
-                            // one holds until the TTL, spending an attempt.
-                            let mut attempt = 0u32;
-                            while let Err(e) =
-                                me.authed("POST", &path, Some(&body), timeout, None).await
-                            {
-                                if !e.is_transient() || attempt >= 4 || me.closed.get() {
-                                    break;
-                                }
-                                attempt += 1;
-                                super::http::sleep_ms(
-                                    agentstore_protocol::backoff::full_jitter_ms(
-                                        attempt,
-                                        100.0,
-                                        2_000.0,
-                                        super::http::random(),
-                                    ),
-                                )
-                                .await;
-                            }
+                            me.release_until_answered(c.item.id, &c.lease.token).await;
                         }
                     }
                     r => *slot.borrow_mut() = Some(r),
@@ -183,6 +158,43 @@ impl ClientInner {
                     crate::options::abort_reason(signal).unwrap_or(JsValue::UNDEFINED),
                 ))
             }
+        }
+    }
+
+    /// Gives back `lease`, granted to a caller that no longer takes it (its
+    /// signal fired, or `close()` ran, while the answer was read). Its
+    /// release goes on as [`ClientInner::release_until_answered`] when the
+    /// first attempt gets no answer.
+    pub(crate) async fn give_back(self: &Rc<Self>, lease: &LeaseInner) {
+        if matches!(lease.release().await, Err(e) if e.is_transient()) {
+            self.release_until_answered(lease.item_id, &lease.token)
+                .await;
+        }
+    }
+
+    /// Releases `token`'s lease of `item_id`, which no one holds, and sends
+    /// the release again (up to 4 more times, full jitter from 100 ms to 2 s,
+    /// not once `close()` ran) while it gets no answer that is the lease
+    /// server's own (a release is replayed by its token). One lost release
+    /// would leave the item running under a token no one holds until its
+    /// TTL, spending an attempt. The journal entry goes once the release is
+    /// answered.
+    pub(crate) async fn release_until_answered(self: &Rc<Self>, item_id: i64, token: &str) {
+        let mut attempt = 0u32;
+        loop {
+            match self.release_token(item_id, token).await {
+                Err(e) if e.is_transient() && attempt < 4 && !self.closed.get() => {}
+                Err(e) if !e.proves_lease_over() => return,
+                _ => return self.forget_journal(item_id, token),
+            }
+            attempt += 1;
+            super::http::sleep_ms(agentstore_protocol::backoff::full_jitter_ms(
+                attempt,
+                100.0,
+                2_000.0,
+                super::http::random(),
+            ))
+            .await;
         }
     }
 

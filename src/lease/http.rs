@@ -164,7 +164,7 @@ pub struct Answer {
     pub status: u16,
     /// The body from `response.json()` (`null` for 204 or an empty body).
     pub body: JsValue,
-    /// `Retry-After` in ms, when present, at most 5 min
+    /// `Retry-After` in ms, when present, at most 1 hour
     /// (`agentstore_protocol::backoff::retry_after_ms`).
     pub retry_after_ms: Option<f64>,
     /// `Idempotent-Replayed: true`: the server answered a settle or release

@@ -13,7 +13,7 @@ use super::client::{item_path, ClientInner};
 use super::error::{LeaseError, Result};
 use super::http::{now_ms, parse, to_js};
 use super::journal::Entry;
-use super::lease::LeaseInner;
+use super::lease::{LeaseInner, Status};
 use super::lifecycle;
 
 /// What `recover()` did with the journal of an earlier page.
@@ -151,8 +151,14 @@ impl ClientInner {
                             // heartbeat or end it. It is released, as claim()
                             // releases a lease granted after close().
                             if self.closed.get() {
-                                let _ = lease.release().await;
+                                self.give_back(&lease).await;
                                 return Err(LeaseError::Closed);
+                            }
+                            // Its deadline passed while it was checked (a slow
+                            // answer): lost locally, which released it and
+                            // let its lock go; never handed out as resumed.
+                            if lease.status() != Status::Held {
+                                break 'entry (Became::Lost, false);
                             }
                             report.resumed.push(lease);
                             continue 'entries;

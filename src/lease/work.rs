@@ -197,7 +197,7 @@ impl WorkerInner {
             return;
         }
         // Cleared when the wait ends early (`stop()`, `close()`): no timer
-        // of up to 5 min runs on after it. Infinity waits as long as a timer
+        // of up to an hour runs on after it. Infinity waits as long as a timer
         // can, never the 0 ms a non-finite delay is to `setTimeout`.
         let (mut wait, _end) = super::http::timer(ms);
         let stop = if or_stop { self.stop.as_ref() } else { None };

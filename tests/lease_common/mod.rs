@@ -275,3 +275,10 @@ pub fn fake_fetch(body: &str) -> JsValue {
         .call0(&JsValue::NULL)
         .unwrap()
 }
+
+/// Calls the test hook object's method `k` (a fetch or timer hook that
+/// returns `{counter: () => n, restore: () => …}`).
+pub fn hook_call(hook: &JsValue, k: &str) -> JsValue {
+    let f: Function = Reflect::get(hook, &k.into()).unwrap().unchecked_into();
+    f.call0(hook).unwrap()
+}

@@ -33,8 +33,10 @@ pub const MUTATE_BASE_MS: f64 = 5.0;
 /// Default cap of `mutate`'s full-jitter backoff: 1 s.
 pub const MUTATE_CAP_MS: f64 = 1_000.0;
 
-/// The longest `Retry-After` a client honours: 5 min, the reconnect cap.
-pub const RETRY_AFTER_CAP_MS: f64 = RECONNECT_CAP_MS;
+/// The longest `Retry-After` a client honours: 1 hour, the longest the
+/// reference server's `--idle-retry-ms` can ask of an empty claim (a lower
+/// cap would poll a server told to let idle workers sleep an hour).
+pub const RETRY_AFTER_CAP_MS: f64 = 3_600_000.0;
 
 /// A `Retry-After` header's delay-seconds (RFC 9110 §10.2.3), as the
 /// number the header parsed to (`Number(value)` in the SDK), in ms:
@@ -63,7 +65,9 @@ mod tests {
     fn a_retry_after_is_read_in_ms_and_capped_never_infinite() {
         assert_eq!(retry_after_ms(0.0), Some(0.0));
         assert_eq!(retry_after_ms(1.5), Some(1500.0));
-        assert_eq!(retry_after_ms(300.0), Some(RETRY_AFTER_CAP_MS));
+        assert_eq!(retry_after_ms(300.0), Some(300_000.0));
+        assert_eq!(retry_after_ms(3600.0), Some(RETRY_AFTER_CAP_MS));
+        assert_eq!(retry_after_ms(3601.0), Some(RETRY_AFTER_CAP_MS));
         // Finite as seconds, infinite once multiplied: the cap, not Infinity.
         assert_eq!(retry_after_ms(1e306), Some(RETRY_AFTER_CAP_MS));
         assert_eq!(retry_after_ms(f64::INFINITY), Some(RETRY_AFTER_CAP_MS));
