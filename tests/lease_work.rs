@@ -822,9 +822,11 @@ async fn a_claim_answered_503_with_retry_after_is_tried_again_no_sooner() {
 
 /// A claim answered after its lease's local deadline (here its answer is
 /// held back longer than the whole TTL) never starts the handler: the lease
-/// is lost (`expired_locally`) and given back, and the slot claims again.
-/// Before, the handler ran on a lease already lost: whatever it did before
-/// its first look at the signal was done without a lease.
+/// is lost (`expired_locally`) and given back, and the slot claims again
+/// after its poll interval, as after an empty claim. Before, the handler ran
+/// on a lease already lost: whatever it did before its first look at the
+/// signal was done without a lease; and then the slot claimed again at
+/// once (a TTL shorter than the round trip: claim and give back, unpaused).
 #[wasm_bindgen_test]
 async fn a_claim_answered_past_its_local_deadline_never_starts_the_handler() {
     if server().is_none() {
@@ -836,16 +838,20 @@ async fn a_claim_answered_past_its_local_deadline_never_starts_the_handler() {
     let hook = Function::new_with_args(
         "ms",
         "const real = globalThis.fetch;
-        let late = 1;
+        let late = 1, lateAt = null, nextAt = null;
         globalThis.fetch = async (url, init) => {
+            const claim = String(url).endsWith('/claims');
+            if (claim && lateAt !== null && nextAt === null) nextAt = performance.now();
             const r = await real(url, init);
-            if (String(url).endsWith('/claims') && r.status === 201 && late > 0) {
+            if (claim && r.status === 201 && late > 0) {
                 late--;
                 await new Promise((res) => setTimeout(res, ms));
+                lateAt = performance.now();
             }
             return r;
         };
-        return { late: () => late, restore: () => { globalThis.fetch = real; } };",
+        return { late: () => late, gap: () => nextAt - lateAt,
+                 restore: () => { globalThis.fetch = real; } };",
     )
     .call1(&JsValue::NULL, &JsValue::from(TTL_MS + 500.0))
     .unwrap();
@@ -859,9 +865,15 @@ async fn a_claim_answered_past_its_local_deadline_never_starts_the_handler() {
         }
         async { Ok(JsValue::from("finished")) }
     });
-    let w = WorkerInner::start(admin_client(config()), q.clone(), h, options(1), wrap);
+    let poll_interval_ms = 1_000.0;
+    let opts = WorkOptions {
+        poll_interval_ms,
+        ..options(1)
+    };
+    let w = WorkerInner::start(admin_client(config()), q.clone(), h, opts, wrap);
     let it = wait_item(id, 60_000.0, |it| it.state == ItemState::Done).await;
     let late_left = hook_call(&hook, "late");
+    let gap = hook_call(&hook, "gap").as_f64().unwrap();
     hook_call(&hook, "restore");
     w.stop().await;
     assert_eq!(late_left.as_f64(), Some(0.0), "the late answer was given");
@@ -869,6 +881,10 @@ async fn a_claim_answered_past_its_local_deadline_never_starts_the_handler() {
     assert_eq!(started_lost.get(), 0, "no handler started on a lost lease");
     assert_eq!(started.get(), 1, "one handler, on the lease that was held");
     assert_eq!(w.stats.borrow().lost, 1, "the late lease counted as lost");
+    assert!(
+        gap >= poll_interval_ms,
+        "the next claim went out {gap} ms after the late answer, before the {poll_interval_ms} ms poll interval"
+    );
 }
 
 /// A `Retry-After` too long to wait is read as 1 hour, in the error

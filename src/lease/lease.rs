@@ -458,7 +458,10 @@ impl LeaseInner {
     /// `StateConflictError`, without sending anything, while a settle or
     /// release of the lease is on the wire or went unanswered (its own answer,
     /// or its retry, decides how the lease ends; a heartbeat's `claim_lost`
-    /// could only be a race with it).
+    /// could only be a race with it). A heartbeat sent just before this
+    /// lease's own settle or release and refused because that call landed
+    /// first rejects with `ClaimLostError` (item and reason) while the lease
+    /// ends as that call says, its signal not aborted for it.
     pub async fn heartbeat(&self) -> Result<u64> {
         if let Some(e) = self.lost_error() {
             return Err(e);

@@ -220,7 +220,8 @@ async fn slot_loop(w: Rc<WorkerInner>, wrap: fn(Rc<LeaseInner>) -> JsValue) {
             w.backoff.borrow_mut().on_success();
             round = w.backoff.borrow().round();
         }
-        match claimed {
+        // The `Retry-After` of what waits as an empty claim does.
+        let retry_after = match claimed {
             Ok(Claimed::Lease(lease)) => {
                 w.stats.borrow_mut().claimed += 1;
                 if w.stopping.get() {
@@ -231,26 +232,22 @@ async fn slot_loop(w: Rc<WorkerInner>, wrap: fn(Rc<LeaseInner>) -> JsValue) {
                     count(&w, &lease);
                     break;
                 }
+                if lease.status() == Status::Held {
+                    run_one(&w, &lease, wrap).await;
+                    continue;
+                }
                 // A claim answered past its local deadline (the answer took
                 // longer than the TTL less the safety margin): the lease is
                 // lost before the handler could run, so it never starts
                 // (`status()` marks it `expired_locally` and gives it back).
-                if lease.status() != Status::Held {
-                    count(&w, &lease);
-                    continue;
-                }
-                run_one(&w, &lease, wrap).await;
+                // The next claim waits as after an empty one: a TTL shorter
+                // than the round trip would otherwise claim and give back
+                // without pause.
+                count(&w, &lease);
+                None
             }
-            Ok(Claimed::Empty(retry_after)) => {
-                let d = poll_delay_ms(w.options.poll_interval_ms, retry_after, random());
-                w.record_poll(d);
-                w.wait(d).await;
-            }
-            Err(LeaseError::RateLimited { retry_after_ms }) => {
-                let d = poll_delay_ms(w.options.poll_interval_ms, Some(retry_after_ms), random());
-                w.record_poll(d);
-                w.wait(d).await;
-            }
+            Ok(Claimed::Empty(retry_after)) => retry_after,
+            Err(LeaseError::RateLimited { retry_after_ms }) => Some(retry_after_ms),
             Err(LeaseError::Closed) => break,
             Err(e) => {
                 // No answer (or an error that retrying may fix): back off.
@@ -280,8 +277,12 @@ async fn slot_loop(w: Rc<WorkerInner>, wrap: fn(Rc<LeaseInner>) -> JsValue) {
                     web_sys::console::warn_2(&"agentstore work(): claim failed".into(), &e.to_js());
                 }
                 w.wait(d).await;
+                continue;
             }
-        }
+        };
+        let d = poll_delay_ms(w.options.poll_interval_ms, retry_after, random());
+        w.record_poll(d);
+        w.wait(d).await;
     }
 }
 
