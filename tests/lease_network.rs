@@ -687,42 +687,156 @@ async fn a_heartbeat_refused_because_the_settle_landed_first_does_not_lose_the_l
 /// requests 300 ms and settle answers 900 ms), rejects with a ClaimLostError
 /// carrying the lease's `itemId` and a `reason`, like every other
 /// ClaimLostError; the lease still ends settled. Before, the server's bare
-/// error came through: no `itemId`, no `reason`, against the `.d.ts`.
+/// error came through: no `itemId`, no `reason`, against the `.d.ts`. The
+/// proxy counts each heartbeat that reached the server while a settle's
+/// answer was held: rounds run until two forced the race (a round the
+/// scheduler delayed past the heartbeat's hold does not, and must still end
+/// settled); bounded.
 #[wasm_bindgen_test]
 async fn a_manual_heartbeat_refused_because_its_settle_landed_first_names_item_and_reason() {
     let Some(proxy) = proxy() else { return };
     let mode = "late-heartbeats-300";
-    let q = fresh_queue("hb-manual-race");
-    let id = enqueue(&q, json!({})).await;
-    let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
-    let lease = claim(&c, &q).await;
-    lease.set_heartbeats_paused(true);
-    let done = agentstore_protocol::lease::SettleState::Done;
-    let (beat, settled) = join(lease.heartbeat(), async {
-        // Once the heartbeat is held at the proxy.
-        let until = now() + 4.0 * TTL_MS;
-        while held_back(proxy, mode).await < 1.0 && now() < until {
-            sleep(10.0).await;
+    let mut forced = 0;
+    for round in 0..12 {
+        if forced == 2 {
+            break;
         }
-        lease.settle(done, None, None).await
-    })
-    .await;
-    assert!(settled.is_ok(), "{settled:?}");
-    match beat {
-        Err(agentstore::lease::LeaseError::ClaimLost {
-            item_id, reason, ..
-        }) => {
-            assert_eq!(item_id, id);
-            assert_eq!(reason, LossReason::ClaimLost);
+        let q = fresh_queue("hb-manual-race");
+        let id = enqueue(&q, json!({})).await;
+        let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
+        let lease = claim(&c, &q).await;
+        lease.set_heartbeats_paused(true);
+        let held_before = held_back(proxy, mode).await;
+        let raced_before = proxy_count(proxy, mode, "raced").await;
+        let done = agentstore_protocol::lease::SettleState::Done;
+        let (beat, settled) = join(lease.heartbeat(), async {
+            // Once the heartbeat is held at the proxy.
+            let until = now() + 4.0 * TTL_MS;
+            while held_back(proxy, mode).await <= held_before && now() < until {
+                sleep(10.0).await;
+            }
+            lease.settle(done, None, None).await
+        })
+        .await;
+        assert!(settled.is_ok(), "round {round}: {settled:?}");
+        if proxy_count(proxy, mode, "raced").await > raced_before {
+            forced += 1;
+            match beat {
+                Err(agentstore::lease::LeaseError::ClaimLost {
+                    item_id, reason, ..
+                }) => {
+                    assert_eq!(item_id, id);
+                    assert_eq!(reason, LossReason::ClaimLost);
+                }
+                other => {
+                    panic!("round {round}: expected a ClaimLostError naming the item: {other:?}")
+                }
+            }
         }
-        other => panic!("expected a ClaimLostError naming the item: {other:?}"),
+        assert_eq!(lease.status(), Status::Settled(done), "round {round}");
+        assert!(
+            !lease.signal().aborted(),
+            "round {round}: a settled lease's signal never aborts"
+        );
+        assert_eq!(item(id).await.state, ItemState::Done);
+        c.close().await;
     }
-    assert_eq!(lease.status(), Status::Settled(done));
-    assert!(
-        !lease.signal().aborted(),
-        "a settled lease's signal never aborts"
+    assert_eq!(forced, 2, "a heartbeat reached the server after the settle");
+}
+
+/// A manual `heartbeat()` answered while the heartbeat loop's own request
+/// for that lease is still out leaves that request counted as out: the loop
+/// sends no second heartbeat of the lease until the first is answered (or
+/// given up at its timeout), even when it wakes for another lease. Before,
+/// the manual answer cleared the loop's in-flight mark, and the loop's next
+/// pass (here for a second lease claimed meanwhile) sent the lease again
+/// while its first heartbeat was still unanswered. The loop's first
+/// heartbeat of the lease is held by a fetch hook until the loop's next due
+/// time for both leases has passed.
+#[wasm_bindgen_test]
+async fn a_manual_heartbeat_never_makes_the_loop_send_a_second_while_its_first_is_out() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("hb-manual-loop");
+    let id = enqueue(&q, json!({})).await;
+    let hook = Function::new_with_args(
+        "id",
+        "const real = globalThis.fetch;
+        let sent = 0, heldSignal = null, sentWhileHeld = 0, let_go = null;
+        const mine = (init) => String(init && init.body).includes('\"item_id\":' + id + ',');
+        globalThis.fetch = async (input, init) => {
+            const url = String(input instanceof Request ? input.url : input);
+            if (!url.endsWith('/v1/heartbeats') || !mine(init)) return real(input, init);
+            // Counted while the held one is neither answered nor timed out.
+            if (heldSignal && !heldSignal.aborted) sentWhileHeld++;
+            const first = ++sent === 1;
+            const r = await real(input, init);
+            if (first) {
+                heldSignal = init.signal;
+                await new Promise((res) => { let_go = res; });
+                heldSignal = null;
+            }
+            return r;
+        };
+        return { held: () => (heldSignal ? 1 : 0), sent: () => sent,
+                 sentWhileHeld: () => sentWhileHeld,
+                 letGo: () => let_go && let_go(), restore: () => { globalThis.fetch = real; } };",
+    )
+    .call1(&JsValue::NULL, &JsValue::from(id as f64))
+    .unwrap();
+    let c = client_at(server().unwrap().0, admin_creds(), config());
+    let lease = claim(&c, &q).await;
+    assert_eq!(lease.item_id, id);
+    let until = now() + 4.0 * TTL_MS;
+    while hook_call(&hook, "held").as_f64() != Some(1.0) && now() < until {
+        sleep(10.0).await;
+    }
+    assert_eq!(
+        hook_call(&hook, "held").as_f64(),
+        Some(1.0),
+        "the loop's heartbeat is held"
     );
-    assert_eq!(item(id).await.state, ItemState::Done);
+    lease
+        .heartbeat()
+        .await
+        .expect("the manual heartbeat is answered");
+    // A second lease: the loop wakes for it at its interval.
+    enqueue(&q, json!({})).await;
+    let other = claim(&c, &q).await;
+    let claimed_at = now();
+    let interval = agentstore_protocol::lease_client::HeartbeatPlan::new(0.0, TTL_MS, HEARTBEAT_MS)
+        .interval_ms;
+    while now() < claimed_at + interval + 300.0 {
+        sleep(20.0).await;
+    }
+    let while_held = hook_call(&hook, "sentWhileHeld").as_f64();
+    let still_held = hook_call(&hook, "held").as_f64();
+    hook_call(&hook, "letGo");
+    let until = now() + 4.0 * TTL_MS;
+    while hook_call(&hook, "sent").as_f64() < Some(2.0) && now() < until {
+        sleep(20.0).await;
+    }
+    let sent = hook_call(&hook, "sent").as_f64();
+    hook_call(&hook, "restore");
+    assert_eq!(
+        still_held,
+        Some(1.0),
+        "the loop's heartbeat was out the whole time"
+    );
+    assert_eq!(
+        while_held,
+        Some(0.0),
+        "no second heartbeat of the lease while its first was out"
+    );
+    assert!(
+        sent >= Some(2.0),
+        "the loop heartbeats it again once answered"
+    );
+    assert_eq!(
+        (lease.status(), other.status()),
+        (Status::Held, Status::Held)
+    );
     c.close().await;
 }
 

@@ -354,7 +354,8 @@ impl LeaseInner {
     }
 
     /// A heartbeat sent at `sent_at` succeeded; its answer arrived at `now`
-    /// (`late`: after its request had already been counted as failed).
+    /// (`late`: not the loop's outstanding heartbeat, whose `in_flight` mark
+    /// stays: one already counted as failed, or a manual `heartbeat()`).
     pub(crate) fn on_heartbeat_ok(&self, sent_at: f64, now: f64, late: bool) {
         let renewed = |p: &mut HeartbeatPlan| {
             if late {
@@ -497,7 +498,9 @@ impl LeaseInner {
         {
             Ok(a) => {
                 let r: HeartbeatResponse = parse(&a.body)?;
-                self.on_heartbeat_ok(sent_at, now_ms(), false);
+                // Not the loop's request: a loop heartbeat still out stays
+                // counted as out (else the loop sent a second one meanwhile).
+                self.on_heartbeat_ok(sent_at, now_ms(), true);
                 match self.lost_error() {
                     Some(e) => Err(e),
                     None => Ok(r.ttl_ms),
