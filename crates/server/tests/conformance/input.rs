@@ -287,6 +287,55 @@ pub async fn bodies_that_are_not_objects_of_the_documented_fields_are_refused(db
     server.stop().await.unwrap();
 }
 
+/// A payload or result that is JSON no client can read back as written is
+/// refused with `400 validation` and nothing changes: nesting deeper than
+/// 128, a number beyond `f64` (a browser reads `1e400` as `Infinity`), a lone
+/// surrogate escape. A refused settle leaves the lease held: the same
+/// settle with a readable result then lands. Before, each was stored, and a
+/// resend of such a result could not be recognised as a replay.
+pub async fn json_no_client_can_read_back_is_refused_in_payloads_and_results(db: TestDb) {
+    let server = http_server(&db).await;
+    let store = server.store().clone();
+    let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+    let unreadable = [
+        deep.as_str(),
+        "1e400",
+        "-1e400",
+        r#""\ud800""#,
+        r#"{"a": "x\udc00"}"#,
+    ];
+    let before = snapshot(&store).await;
+    for value in unreadable {
+        let body = format!(r#"{{"payload": {value}}}"#);
+        enqueue_refused(&server, &store, &before, &body, ErrorCode::Validation).await;
+    }
+    let item = store.enqueue("q", &json!(1), None).await.unwrap();
+    let lease = store.claim("q", None).await.unwrap().unwrap().lease;
+    let path = format!("/v1/items/{}/settle", item.id);
+    let before = snapshot(&store).await;
+    for value in unreadable {
+        let body = format!(
+            r#"{{"token": {}, "state": "done", "result": {value}}}"#,
+            serde_json::to_string(&lease.token).unwrap()
+        );
+        let answer = send(&server, Method::POST, &path, Some(ADMIN), Some(body)).await;
+        refused(&store, &before, answer, ErrorCode::Validation, value).await;
+    }
+    let body = json!({"token": lease.token, "state": "done", "result": [1e300, "\u{e000}"]});
+    let (status, text) = send(
+        &server,
+        Method::POST,
+        &path,
+        Some(ADMIN),
+        Some(body.to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let now = store.item(item.id).await.unwrap().unwrap();
+    assert_eq!(now.state, ItemState::Done);
+    server.stop().await.unwrap();
+}
+
 async fn enqueue_refused(
     server: &Server,
     store: &Store,

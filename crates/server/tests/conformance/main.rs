@@ -113,6 +113,7 @@ conformance! {
     roles::an_enrolled_caller_cannot_tell_a_missing_item_from_one_it_may_not_touch,
     input::out_of_range_numbers_are_400_before_they_reach_sql,
     input::bodies_that_are_not_objects_of_the_documented_fields_are_refused,
+    input::json_no_client_can_read_back_is_refused_in_payloads_and_results,
     input::dot_segment_queue_names_are_refused,
     input::an_enqueue_sent_again_with_its_idempotency_key_adds_one_item,
     input::a_failure_report_containing_nul_is_kept_and_the_item_leaves_running,
