@@ -640,6 +640,24 @@ async fn a_lease_expiring_while_its_settle_is_out_is_not_released_by_recover() {
     c.close().await;
 }
 
+/// Round `round`'s lease ended settled `done` (its signal never aborted, the
+/// item done); closes its client.
+async fn ended_settled(
+    lease: &agentstore::lease::LeaseInner,
+    c: &Rc<ClientInner>,
+    id: i64,
+    round: usize,
+) {
+    let done = agentstore_protocol::lease::SettleState::Done;
+    assert_eq!(lease.status(), Status::Settled(done), "round {round}");
+    assert!(
+        !lease.signal().aborted(),
+        "round {round}: a settled lease's signal never aborts"
+    );
+    assert_eq!(item(id).await.state, ItemState::Done);
+    c.close().await;
+}
+
 /// A heartbeat sent just before a settle, which reaches the server after the
 /// settle landed, is answered `claim_lost`; that answer, arriving while the
 /// settle is in flight, does not end the lease: the settle's own answer
@@ -671,13 +689,7 @@ async fn a_heartbeat_refused_because_the_settle_landed_first_does_not_lose_the_l
         if proxy_count(proxy, mode, "raced").await > raced_before {
             forced += 1;
         }
-        assert_eq!(lease.status(), Status::Settled(done), "round {round}");
-        assert!(
-            !lease.signal().aborted(),
-            "round {round}: a settled lease's signal never aborts"
-        );
-        assert_eq!(item(id).await.state, ItemState::Done);
-        c.close().await;
+        ended_settled(&lease, &c, id, round).await;
     }
     assert_eq!(forced, 3, "a heartbeat reached the server after the settle");
 }
@@ -733,13 +745,7 @@ async fn a_manual_heartbeat_refused_because_its_settle_landed_first_names_item_a
                 }
             }
         }
-        assert_eq!(lease.status(), Status::Settled(done), "round {round}");
-        assert!(
-            !lease.signal().aborted(),
-            "round {round}: a settled lease's signal never aborts"
-        );
-        assert_eq!(item(id).await.state, ItemState::Done);
-        c.close().await;
+        ended_settled(&lease, &c, id, round).await;
     }
     assert_eq!(forced, 2, "a heartbeat reached the server after the settle");
 }
