@@ -67,6 +67,18 @@ impl<K: Eq + Hash + Clone, T> Lanes<K, T> {
         !std::mem::replace(&mut lane.running, true)
     }
 
+    /// Held by a lane's runner for its whole run: if the runner panics, the
+    /// lane is dropped with the calls still waiting in it (each caller's
+    /// reply channel closes, an error for it), so the next call starts a
+    /// new runner. Otherwise the lane would stay marked running with no
+    /// runner, and every later call on it would wait for good.
+    pub fn runner<'a>(&'a self, key: &K) -> Runner<'a, K, T> {
+        Runner {
+            lanes: self,
+            key: key.clone(),
+        }
+    }
+
     /// The runner's next batch: up to `max` jobs in arrival order. `None` when
     /// the lane is empty, which also marks it idle (the next push starts a new
     /// runner), so no job is ever left without one.
@@ -79,6 +91,24 @@ impl<K: Eq + Hash + Clone, T> Lanes<K, T> {
         }
         let take = lane.pending.len().min(max);
         Some(lane.pending.drain(..take).collect())
+    }
+}
+
+/// See [`Lanes::runner`].
+pub struct Runner<'a, K: Eq + Hash + Clone, T> {
+    lanes: &'a Lanes<K, T>,
+    key: K,
+}
+
+impl<K: Eq + Hash + Clone, T> Drop for Runner<'_, K, T> {
+    fn drop(&mut self) {
+        // Only while unwinding: a runner that ended normally saw its lane
+        // emptied and removed (by `next`), and a new lane of the same key
+        // may belong to a new runner by now.
+        if std::thread::panicking() {
+            let mut lanes = self.lanes.lanes.lock().unwrap_or_else(|p| p.into_inner());
+            lanes.remove(&self.key);
+        }
     }
 }
 
@@ -144,6 +174,31 @@ mod tests {
         assert_eq!(lanes.next(&"q", 64), Some(vec![4]));
         assert_eq!(lanes.next(&"q", 64), None);
         assert!(lanes.push(&"q", 5), "an emptied lane is idle again");
+    }
+
+    #[test]
+    fn a_runner_that_panics_leaves_its_lane_idle_so_the_next_call_starts_one() {
+        let lanes: Lanes<&str, u32> = Lanes::default();
+        assert!(lanes.push(&"q", 1));
+        assert!(!lanes.push(&"q", 2));
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _runner = lanes.runner(&"q");
+            let _ = lanes.next(&"q", 1);
+            panic!("a statement's code panicked");
+        }));
+        assert!(run.is_err());
+        assert!(lanes.push(&"q", 3), "a new runner starts");
+        assert_eq!(
+            lanes.next(&"q", 64),
+            Some(vec![3]),
+            "the dead runner's calls were dropped"
+        );
+        // A runner that ends normally leaves a newer lane of its key alone.
+        let newer = lanes.runner(&"q");
+        assert_eq!(lanes.next(&"q", 64), None);
+        assert!(lanes.push(&"q", 4));
+        drop(newer);
+        assert!(!lanes.push(&"q", 5), "the new lane is still running");
     }
 
     #[test]

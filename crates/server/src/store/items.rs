@@ -515,6 +515,7 @@ impl Store {
     /// fails the statement on the unique index; nothing was applied, so the
     /// batch runs claim by claim, and only that member replays that lease.
     async fn run_claims(self, queue: String) {
+        let _runner = self.claims.runner(&queue);
         while let Some(batch) = self.claims.next(&queue, coalesce::MAX_BATCH) {
             let (batch, copies) = split_copies(batch);
             self.claim_together(&queue, batch).await;

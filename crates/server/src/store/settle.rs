@@ -242,6 +242,7 @@ impl Store {
     /// (a settle run again would find its own commit and be answered as a
     /// replay, which it is not).
     async fn run_settles(self) {
+        let _runner = self.settles.runner(&());
         while let Some(batch) = self.settles.next(&(), coalesce::MAX_BATCH) {
             if batch.len() == 1 {
                 for job in batch {
