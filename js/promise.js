@@ -385,7 +385,9 @@ const POST_WINDOW_MS = 32;
 export function postChanges(channel, changes) {
   const waiting = gathered.get(channel);
   if (waiting) {
-    waiting.push(...changes);
+    // One by one: a spread of a large batch's changes would pass more
+    // arguments than an engine takes (a RangeError through the module).
+    for (const c of changes) waiting.push(c);
     return;
   }
   post(channel, changes);
