@@ -397,15 +397,19 @@ export function postChanges(channel, changes) {
     addEventListener('visibilitychange', flushAll);
     addEventListener('pagehide', flushAll);
   }
-  gathered.set(channel, []);
+  // The window's own array: a timer whose window was closed early (by
+  // `flushAll`) finds another array, or none, and leaves it alone.
+  let mine = [];
+  gathered.set(channel, mine);
   setTimeout(function end() {
-    const next = gathered.get(channel);
-    if (!next) return;
-    if (next.length === 0) {
+    if (gathered.get(channel) !== mine) return;
+    if (mine.length === 0) {
       gathered.delete(channel);
       return;
     }
-    gathered.set(channel, []);
+    const next = mine;
+    mine = [];
+    gathered.set(channel, mine);
     post(channel, next);
     setTimeout(end, POST_WINDOW_MS);
   }, POST_WINDOW_MS);

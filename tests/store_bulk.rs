@@ -917,6 +917,72 @@ async fn changes_of_a_burst_of_writes_reach_watchers_in_order_gathered_in_a_visi
     }
 }
 
+/// A post window closed early (the page hidden, left, or a new `watch()`)
+/// is not ended by its own timer: that timer, when it fires, leaves the
+/// NEXT window's gathered changes alone, so they still go out together at
+/// that window's end. Before, the old timer posted them early, one more
+/// message per early close.
+#[wasm_bindgen_test]
+async fn a_post_window_closed_early_is_not_ended_by_its_old_timer() {
+    let (store, name) = open_api("window-closed-early").await;
+    let hook = Function::new_with_args(
+        "name",
+        "Object.defineProperty(document, 'visibilityState', { value: 'visible', configurable: true });
+        const realTimeout = globalThis.setTimeout;
+        const realPost = BroadcastChannel.prototype.postMessage;
+        const timers = [];
+        let posts = 0;
+        globalThis.setTimeout = (f, ms, ...a) =>
+            ms === 32 ? (timers.push(f), 0) : realTimeout(f, ms, ...a);
+        BroadcastChannel.prototype.postMessage = function (m) {
+            if (this.name === 'agentstore:' + name) posts++;
+            return realPost.call(this, m);
+        };
+        return {
+            posts: () => posts,
+            timers: () => timers.length,
+            fire: () => timers.shift()(),
+            closeEarly: () => dispatchEvent(new Event('visibilitychange')),
+            restore: () => {
+                globalThis.setTimeout = realTimeout;
+                BroadcastChannel.prototype.postMessage = realPost;
+                delete document.visibilityState;
+            },
+        };",
+    )
+    .call1(&JsValue::NULL, &name.as_str().into())
+    .unwrap();
+    let call = |k: &str| {
+        Reflect::get(&hook, &k.into())
+            .unwrap()
+            .unchecked_into::<Function>()
+            .call0(&hook)
+            .unwrap()
+            .as_f64()
+    };
+    let mut steps = Vec::new();
+    put(&store, json!({ "_id": "w/1" })).await; // posted; window 1 opens
+    put(&store, json!({ "_id": "w/2" })).await; // gathered
+    call("closeEarly"); // posts w/2, closes window 1
+    steps.push(("window 1 closed early", call("posts"), call("timers")));
+    put(&store, json!({ "_id": "w/3" })).await; // posted; window 2 opens
+    put(&store, json!({ "_id": "w/4" })).await; // gathered in window 2
+    call("fire"); // window 1's timer
+    steps.push(("window 1's old timer fired", call("posts"), call("timers")));
+    call("fire"); // window 2's timer: w/4 now
+    steps.push(("window 2 ended", call("posts"), call("timers")));
+    call("restore");
+    assert_eq!(
+        steps,
+        vec![
+            ("window 1 closed early", Some(2.0), Some(1.0)),
+            ("window 1's old timer fired", Some(3.0), Some(1.0)),
+            ("window 2 ended", Some(4.0), Some(1.0)),
+        ],
+        "(step, posts, held timers)"
+    );
+}
+
 /// A `watch` callback that closes its own handle on the first change of a
 /// message gets no more changes, not even the rest of that message (a
 /// `putMany` of three records is one message). Before, it was called for all
