@@ -43,13 +43,16 @@ impl Caller {
         }
     }
 
-    /// May enqueue into and list `queue`: the admin, or a producer scoped to it.
+    /// May enqueue into and list `queue`: the admin (`Ok(None)`), or a
+    /// producer scoped to it (`Ok(Some(producer id))`, its `workers.id`:
+    /// whose an enqueue's `Idempotency-Key` is, see
+    /// [`crate::Store::enqueue_once`]).
     ///
     /// # Errors
     /// `403 forbidden` otherwise.
-    pub fn produce(&self, queue: &str) -> Result<(), ApiError> {
+    pub fn produce(&self, queue: &str) -> Result<Option<i64>, ApiError> {
         if self.scoped(Role::Producer, queue) {
-            Ok(())
+            Ok(self.worker_id())
         } else {
             Err(forbidden(
                 "this credential may not enqueue into or list this queue",

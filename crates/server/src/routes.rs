@@ -286,9 +286,11 @@ fn request_attempt(headers: &HeaderMap) -> Result<Option<Attempt>, ApiError> {
 }
 
 /// `201` with the item. With an `Idempotency-Key`, the same request sent
-/// again adds nothing and is answered `201` with the item as it is now and
-/// `Idempotent-Replayed: true`; the key reused for another request in the
-/// queue is `409 conflict` (see [`crate::Store::enqueue_once`]).
+/// again by the same caller (producer, or the admin token) adds nothing and
+/// is answered `201` with the item as it is now and `Idempotent-Replayed:
+/// true`; the key reused by that caller for another request in the queue is
+/// `409 conflict`; another caller's key is its own, whatever its text (see
+/// [`crate::Store::enqueue_once`]).
 async fn enqueue(
     State(st): State<AppState>,
     caller: Caller,
@@ -297,7 +299,7 @@ async fn enqueue(
     JsonBody(req): JsonBody<EnqueueBody>,
 ) -> Result<Response, ApiError> {
     let queue = queue_name(&queue)?;
-    caller.produce(queue)?;
+    let producer = caller.produce(queue)?;
     let key = idempotency_key(&headers)?;
     if req
         .max_redeliveries
@@ -309,7 +311,7 @@ async fn enqueue(
     }
     let (ended, replayed) = st
         .store
-        .enqueue_once(queue, &*req.payload, req.max_redeliveries, key)
+        .enqueue_once(queue, &*req.payload, req.max_redeliveries, producer, key)
         .await?;
     Ok(replay_marked((StatusCode::CREATED, Json(ended)), replayed))
 }

@@ -94,7 +94,7 @@ impl Store {
         payload: &P,
         max_redeliveries: Option<u32>,
     ) -> Result<Item, StoreError> {
-        self.enqueue_once(queue, payload, max_redeliveries, None)
+        self.enqueue_once(queue, payload, max_redeliveries, None, None)
             .await
             .and_then(|(ended, _)| ended.into_item())
     }
@@ -102,57 +102,96 @@ impl Store {
     /// [`Store::enqueue`] under a producer's idempotency key (the
     /// `Idempotency-Key` header, as Stripe and the IETF httpapi draft
     /// "The Idempotency-Key HTTP Header Field" use it): the first request
-    /// with `key` in `queue` adds the item; the same request sent again
-    /// (same payload text and `max_redeliveries`: its answer was lost)
-    /// adds nothing and answers that item as it is now, with `true`
-    /// (replayed). The unique `(queue, idempotency_key)` index decides, so
-    /// concurrent requests with one key add one item on either backend. Keys are kept
+    /// with `key` in `queue` by `producer` adds the item; the same request
+    /// sent again by that producer (same payload text and
+    /// `max_redeliveries`: its answer was lost) adds nothing and answers
+    /// that item as it is now, with `true` (replayed).
+    ///
+    /// A key is its producer's own, as Stripe scopes keys per API key:
+    /// `producer` is the enqueuing caller's id (`Some(workers.id)`, which
+    /// the credentials a refresh issues keep; `None` for the admin token,
+    /// stored as 0), and another producer's use of the same key in the same
+    /// queue is a request of its own (its own item, its own replays), never
+    /// the first one's replay or a `conflict`. A key stored before keys
+    /// were scoped (migration 20, `idempotency_scope` NULL) still answers
+    /// every producer of its queue, as it did then, so a retry across the
+    /// upgrade finds its item. The unique `(queue, idempotency_scope,
+    /// idempotency_key)` index decides, so concurrent requests with one
+    /// key add one item on either backend. Keys are kept
     /// as long as their item (the retention sweep deletes settled items with
     /// their keys, `--retention-ms`; the key then adds a new item). A replay
     /// whose item's row no longer decodes is answered [`Ended::Unreadable`]
     /// (logged), never an error: the enqueue it repeats was applied.
     ///
     /// # Errors
-    /// `conflict` when `key` was used in `queue` for another request
-    /// (another payload text or `max_redeliveries`); as [`Store::enqueue`];
-    /// `Corrupt` (500) when the key's item was deleted again and again (by the
-    /// retention sweep) while this enqueue tried to add or read it.
+    /// `conflict` when `key` was used in `queue` by `producer` (or before
+    /// keys were scoped, by anyone) for another request (another payload
+    /// text or `max_redeliveries`); as [`Store::enqueue`]; `Corrupt` (500)
+    /// when the key's item was deleted again and again (by the retention
+    /// sweep) while this enqueue tried to add or read it.
     pub async fn enqueue_once<P: serde::Serialize + ?Sized>(
         &self,
         queue: &str,
         payload: &P,
         max_redeliveries: Option<u32>,
+        producer: Option<i64>,
         key: Option<&str>,
     ) -> Result<(Ended, bool), StoreError> {
         let payload = serde_json::to_string(payload)
             .map_err(|e| StoreError::rejected(ErrorCode::Validation, format!("payload: {e}")))?;
         let max = max_redeliveries.unwrap_or(self.settings.max_redeliveries);
+        let Some(key) = key else {
+            let sql = self.sql(&format!(
+                "INSERT INTO items (queue, state, payload, attempts, max_redeliveries, epoch, created_at, updated_at)
+                 VALUES ($1, 'open', $2, 0, $3, 0, {{now}}, {{now}})
+                 RETURNING {ITEM_COLS}"
+            ));
+            let row = sqlx::query(&sql)
+                .bind(queue)
+                .bind(&payload)
+                .bind(i64::from(max))
+                .fetch_one(&self.pool)
+                .await?;
+            // The payload was checked as JSON, the rest are constants: it decodes.
+            return Ok((Ended::Item(item_from_row(&row)?), false));
+        };
+        let scope = producer.unwrap_or(0);
         // What the request asked for: the payload text and the cap as given
         // (an absent cap is not the server's default, which may change).
-        let request_hash = key.map(|_| {
+        let request_hash = {
             let cap = max_redeliveries.map_or(String::from("-"), |m| m.to_string());
             tokens::hash(&[cap.as_str(), ":", payload.as_str()].concat())
-        });
-        // A plain INSERT, also with a key: the unique partial index on
-        // `(queue, idempotency_key)` refuses a second row for a key (on
-        // PostgreSQL a racing copy waits for the first to commit, then
-        // fails), and that refusal is the replay. (`ON CONFLICT … DO
-        // NOTHING` names the index when the statement is prepared: a pooled
-        // SQLite connection that had read the schema before the index
-        // existed refused to prepare it.)
+        };
+        // A plain INSERT: the unique partial index on `(queue,
+        // idempotency_scope, idempotency_key)` refuses a second row for a
+        // producer's key (on PostgreSQL a racing copy waits for the first to
+        // commit, then fails), and that refusal is the replay. It adds
+        // nothing either (no row back) when the key was stored unscoped,
+        // before keys were scoped: that item is the key's in this queue.
+        // (`ON CONFLICT … DO NOTHING` names the index when the statement is
+        // prepared: a pooled SQLite connection that had read the schema
+        // before the index existed refused to prepare it.)
         let sql = self.sql(&format!(
             "INSERT INTO items (queue, state, payload, attempts, max_redeliveries, epoch, created_at, updated_at,
-                 idempotency_key, request_hash)
-             VALUES ($1, 'open', $2, 0, $3, 0, {{now}}, {{now}}, $4, $5)
+                 idempotency_key, request_hash, idempotency_scope)
+             SELECT $1, 'open', $2, 0, $3, 0, {{now}}, {{now}}, $4, $5, $6
+             WHERE NOT EXISTS (SELECT 1 FROM items
+                 WHERE queue = $1 AND idempotency_key = $4 AND idempotency_scope IS NULL)
              RETURNING {ITEM_COLS}"
         ));
         // Only a key can conflict: the item that key added before. That item
         // can be deleted between the INSERT's refusal and this read (the
         // reaper's retention deletes settled items with their keys): the key
         // is free again, and the INSERT is sent again (a few times: each
-        // round needs another item with this key added and deleted).
+        // round needs another item with this key added and deleted). An
+        // unscoped item of the key comes first: while it is there, the
+        // INSERT adds nothing for anyone.
         let select = format!(
-            "SELECT {ITEM_COLS}, request_hash FROM items WHERE queue = $1 AND idempotency_key = $2"
+            "SELECT {ITEM_COLS}, request_hash FROM items
+             WHERE queue = $1 AND idempotency_key = $2
+               AND (idempotency_scope = $3 OR idempotency_scope IS NULL)
+             ORDER BY CASE WHEN idempotency_scope IS NULL THEN 0 ELSE 1 END
+             LIMIT 1"
         );
         let mut rounds = 0;
         let row = loop {
@@ -162,18 +201,21 @@ impl Store {
                 .bind(i64::from(max))
                 .bind(key)
                 .bind(&request_hash)
-                .fetch_one(&self.pool)
+                .bind(scope)
+                .fetch_optional(&self.pool)
                 .await;
             match inserted {
                 // The row just inserted: the payload was checked as JSON, the
                 // rest are constants, so it decodes.
-                Ok(row) => return Ok((Ended::Item(item_from_row(&row)?), false)),
-                Err(sqlx::Error::Database(e)) if key.is_some() && e.is_unique_violation() => {}
+                Ok(Some(row)) => return Ok((Ended::Item(item_from_row(&row)?), false)),
+                Ok(None) => {}
+                Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {}
                 Err(e) => return Err(e.into()),
             }
             let found = sqlx::query(&select)
                 .bind(queue)
                 .bind(key)
+                .bind(scope)
                 .fetch_optional(&self.pool)
                 .await?;
             match found {
@@ -187,7 +229,7 @@ impl Store {
             }
         };
         let stored: Option<String> = get(&row, "request_hash").ok().flatten();
-        if stored.as_deref() != request_hash.as_deref() {
+        if stored.as_deref() != Some(request_hash.as_str()) {
             return Err(StoreError::rejected(
                 ErrorCode::Conflict,
                 "this Idempotency-Key was used for another request in this queue (another payload or max_redeliveries)",

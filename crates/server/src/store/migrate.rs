@@ -302,6 +302,36 @@ pub const MIGRATIONS: &[Migration] = &[
         // (which moves `updated_at` of a running row) never touches it.
         sql: "CREATE INDEX items_settled ON items (updated_at) WHERE state IN ('done', 'failed')",
     },
+    Migration {
+        version: 20,
+        name: "enqueue_idempotency_scope",
+        // Whose `Idempotency-Key` an enqueue's key is: the producer that sent
+        // it (its `workers.id`, which its refreshed credentials keep; 0 for
+        // the admin token), so two producers of a queue that happen to pick
+        // one key no longer get each other's item (a replay) or a `409`:
+        // a key is its sender's own, as Stripe scopes keys per API key (see
+        // `Store::enqueue_once`). NULL: keyless, or keyed before this
+        // version; such a key still answers every producer of its queue,
+        // as it did. Nullable: adding it rewrites nothing.
+        sql: "ALTER TABLE items ADD COLUMN idempotency_scope BIGINT",
+    },
+    Migration {
+        version: 21,
+        name: "enqueue_idempotency_scope_index",
+        // Replaces version 11's `(queue, idempotency_key)` index: one key per
+        // queue AND producer for the keys scoped by version 20, and one per
+        // queue, as before, for the keys left unscoped (keyed before it, or
+        // by a binary without it during a rolling upgrade, which still reads
+        // a key as the queue's). Both partial (keyless rows add no entry);
+        // in a migration of their own, as version 11 (PostgreSQL's lock).
+        sql: "DROP INDEX IF EXISTS items_idempotency_key;
+            CREATE UNIQUE INDEX items_idempotency_key_scoped
+                ON items (queue, idempotency_scope, idempotency_key)
+                WHERE idempotency_key IS NOT NULL AND idempotency_scope IS NOT NULL;
+            CREATE UNIQUE INDEX items_idempotency_key_unscoped
+                ON items (queue, idempotency_key)
+                WHERE idempotency_key IS NOT NULL AND idempotency_scope IS NULL",
+    },
 ];
 
 /// Advisory lock key for migrations on PostgreSQL ("agst").

@@ -233,6 +233,100 @@ pub async fn an_enqueue_sent_again_with_its_idempotency_key_adds_one_item(db: Te
     server.stop().await.unwrap();
 }
 
+/// An enqueue's `Idempotency-Key` is its producer's own: two producers of
+/// one queue (and the admin token) that send the same key get an item each,
+/// with the same payload or another one, and each one's retry replays its
+/// own item; a producer reusing its key for another request is still `409
+/// conflict`. A key stored before keys were scoped (`idempotency_scope`
+/// NULL) still answers every producer of its queue, as it did. Before,
+/// keys were shared per queue: the second producer got the first one's
+/// item as a replay (same payload) or a `409` (another payload).
+pub async fn an_idempotency_key_is_scoped_to_the_producer_that_sent_it(db: TestDb) {
+    let server = http_server(&db).await;
+    let store = server.store().clone();
+    let http = reqwest::Client::new();
+    let url = server.url();
+    let producer = |store: Store| async move {
+        let (t, _) = store
+            .create_enrollment_token(None, Role::Producer, &["sq".into()])
+            .await
+            .unwrap();
+        store.enroll(&t.0, None).await.unwrap().access_token
+    };
+    let (a, b) = (producer(store.clone()).await, producer(store.clone()).await);
+    let post = |bearer: &str, key: &str, body: Value| {
+        let req = http
+            .post(format!("{url}/v1/queues/sq/items"))
+            .bearer_auth(bearer)
+            .header("Idempotency-Key", key)
+            .json(&body);
+        async move {
+            let resp = req.send().await.unwrap();
+            let replayed = resp.headers().get("idempotent-replayed").is_some();
+            let status = resp.status();
+            (status, replayed, resp.json::<Value>().await.unwrap())
+        }
+    };
+    let same = || json!({"payload": {"order": 1}});
+    let (s, replayed, of_a) = post(&a, "k1", same()).await;
+    assert_eq!((s, replayed), (StatusCode::CREATED, false), "{of_a}");
+    // The same key and request by another producer, then by the admin:
+    // items of their own, not a's item replayed.
+    let (s, replayed, of_b) = post(&b, "k1", same()).await;
+    assert_eq!((s, replayed), (StatusCode::CREATED, false), "{of_b}");
+    let (s, replayed, of_admin) = post(ADMIN, "k1", same()).await;
+    assert_eq!((s, replayed), (StatusCode::CREATED, false), "{of_admin}");
+    let ids = [&of_a["id"], &of_b["id"], &of_admin["id"]];
+    assert!(
+        ids[0] != ids[1] && ids[1] != ids[2] && ids[0] != ids[2],
+        "{ids:?}"
+    );
+    // Each one's retry replays its own item.
+    for (who, first) in [(&a, &of_a), (&b, &of_b), (&ADMIN.to_owned(), &of_admin)] {
+        let (s, replayed, again) = post(who, "k1", same()).await;
+        assert_eq!((s, replayed), (StatusCode::CREATED, true), "{again}");
+        assert_eq!(again["id"], first["id"]);
+    }
+    // Another payload under a key another producer used: a new item.
+    let (s, replayed, other) = post(&a, "k2", json!({"payload": "a's"})).await;
+    assert_eq!((s, replayed), (StatusCode::CREATED, false), "{other}");
+    let (s, replayed, b_other) = post(&b, "k2", json!({"payload": "b's"})).await;
+    assert_eq!((s, replayed), (StatusCode::CREATED, false), "{b_other}");
+    assert_ne!(other["id"], b_other["id"]);
+    // A producer reusing its own key for another request: still refused,
+    // nothing written.
+    let before = snapshot(&store).await;
+    let (s, _, refused) = post(&a, "k1", json!({"payload": {"order": 2}})).await;
+    assert_eq!(
+        (s, refused["code"].as_str()),
+        (StatusCode::CONFLICT, Some("conflict")),
+        "{refused}"
+    );
+    assert_eq!(snapshot(&store).await, before, "the refusal wrote nothing");
+    // A key stored before keys were scoped is the queue's, as it was: any
+    // producer's retry of that request replays it, another request is 409.
+    let (s, _, legacy) = post(&a, "old", same()).await;
+    assert_eq!(s, StatusCode::CREATED);
+    sqlx::query("UPDATE items SET idempotency_scope = NULL WHERE id = $1")
+        .bind(legacy["id"].as_i64().unwrap())
+        .execute(store.pool())
+        .await
+        .unwrap();
+    for who in [&a, &b, &ADMIN.to_owned()] {
+        let (s, replayed, again) = post(who, "old", same()).await;
+        assert_eq!((s, replayed), (StatusCode::CREATED, true), "{again}");
+        assert_eq!(again["id"], legacy["id"]);
+        let (s, _, refused) = post(who, "old", json!({"payload": 0})).await;
+        assert_eq!(s, StatusCode::CONFLICT, "{refused}");
+    }
+    let (count,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM items WHERE queue = 'sq'")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(count, 6, "k1 three times, k2 twice, old once");
+    server.stop().await.unwrap();
+}
+
 /// POSTs `body` to `path` as the admin over a raw connection, the path sent
 /// byte for byte (an HTTP client library resolves dot segments first).
 async fn unresolved_post(server: &Server, path: &str, body: &str) -> (StatusCode, String) {

@@ -116,6 +116,7 @@ conformance! {
     input::json_no_client_can_read_back_is_refused_in_payloads_and_results,
     input::dot_segment_queue_names_are_refused,
     input::an_enqueue_sent_again_with_its_idempotency_key_adds_one_item,
+    input::an_idempotency_key_is_scoped_to_the_producer_that_sent_it,
     input::a_failure_report_containing_nul_is_kept_and_the_item_leaves_running,
     input::framework_answers_are_code_and_message_too,
     input::a_batched_heartbeat_entry_with_a_non_positive_id_is_bad_request_as_alone,

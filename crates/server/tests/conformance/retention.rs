@@ -38,7 +38,7 @@ async fn settled_two_hours_earlier(pool: &sqlx::AnyPool, id: i64) {
 /// Enqueues one item in `queue`, claims it and settles it as `state`.
 async fn settled(store: &Store, queue: &str, state: SettleState, key: Option<&str>) -> i64 {
     let (ended, _) = store
-        .enqueue_once(queue, &json!({"q": queue}), None, key)
+        .enqueue_once(queue, &json!({"q": queue}), None, None, key)
         .await
         .unwrap();
     let t = token(store, queue, None).await;
@@ -133,12 +133,24 @@ pub async fn settled_items_past_the_retention_are_deleted_and_nothing_else(db: T
 
     // The deleted keyed item's key adds a new item; the young one's replays.
     let (again, replayed) = store
-        .enqueue_once("old-keyed", &json!({"q": "old-keyed"}), None, Some("k"))
+        .enqueue_once(
+            "old-keyed",
+            &json!({"q": "old-keyed"}),
+            None,
+            None,
+            Some("k"),
+        )
         .await
         .unwrap();
     assert!(!replayed && !old.contains(&again.id()), "a new item");
     let (_, replayed) = store
-        .enqueue_once("young-keyed", &json!({"q": "young-keyed"}), None, Some("k"))
+        .enqueue_once(
+            "young-keyed",
+            &json!({"q": "young-keyed"}),
+            None,
+            None,
+            Some("k"),
+        )
         .await
         .unwrap();
     assert!(replayed, "a kept item's key still replays");
@@ -225,7 +237,7 @@ pub async fn a_keyed_enqueue_replayed_while_retention_deletes_its_item_is_answer
         settled_two_hours_earlier(&pool, old).await;
         let payload = json!({"q": queue});
         let (enqueued, swept) = tokio::join!(
-            store.enqueue_once(&queue, &payload, None, Some("k")),
+            store.enqueue_once(&queue, &payload, None, None, Some("k")),
             store.delete_settled(),
         );
         let (ended, replayed) = enqueued.unwrap_or_else(|e| panic!("round {round}: {e}"));
