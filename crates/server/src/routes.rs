@@ -546,6 +546,13 @@ async fn heartbeats(
     Ok(Json(BatchHeartbeatResponse { results }))
 }
 
+/// `200` with the item as the settle left it (`ItemView`; `{id, state,
+/// unreadable_row: true}` when its row does not decode). The same settle
+/// sent again by its lease (its answer lost) changes nothing and is
+/// answered `200` with `Idempotent-Replayed: true` and that same item as
+/// the settle left it, also after the item moved on: its state, result and
+/// error, its lease's epoch and the attempts then, no holder, nothing of a
+/// later lease (see `store::settle::as_settled`).
 async fn settle(
     State(st): State<AppState>,
     caller: Caller,

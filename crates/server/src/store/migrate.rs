@@ -332,6 +332,21 @@ pub const MIGRATIONS: &[Migration] = &[
                 ON items (queue, idempotency_key)
                 WHERE idempotency_key IS NOT NULL AND idempotency_scope IS NULL",
     },
+    Migration {
+        version: 22,
+        name: "settled_lease_counters",
+        // The epoch and attempt count the item had when the last settle
+        // landed (the settling lease's epoch; a settle changes neither),
+        // beside `settled_token_hash`: that settle sent again after its
+        // item moved on (resumed, released, claimed again) is answered
+        // with the item as that settle left it, and the epoch and attempts
+        // of a later lease are not its to read (see `replay_or_rejection`).
+        // NULL for settles made before: their replays answer the item's
+        // counters as they are now, as before. Nullable: adding them
+        // rewrites nothing.
+        sql: "ALTER TABLE items ADD COLUMN settled_epoch BIGINT;
+            ALTER TABLE items ADD COLUMN settled_attempts BIGINT",
+    },
 ];
 
 /// Advisory lock key for migrations on PostgreSQL ("agst").

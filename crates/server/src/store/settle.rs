@@ -16,7 +16,7 @@ use tokio::sync::oneshot;
 use super::coalesce::{self, by_call, for_each_call, never_applied};
 use super::fence::{distinct, not_found, placeholders, Fence};
 use super::item::{landed_state, qualified_item_cols, same_json, Ended, Item, RawJson, ITEM_COLS};
-use super::{detached, get, Backend, Store, StoreError};
+use super::{detached, get, to_u32, to_u64, Backend, Store, StoreError};
 use crate::tokens::{self, ct_eq};
 
 /// A settle, waiting in the settle lane on PostgreSQL (`reply` set) or run
@@ -158,7 +158,7 @@ impl Store {
         let sql = self.sql(&format!(
             "UPDATE items SET state = $3, result = $4, last_error = $5, token_hash = NULL, lease_ttl_ms = NULL, claim_key = NULL,
                  settled_token_hash = $2, settled_request_hash = $7, settled_by = worker_id,
-                 settled_state = $3,
+                 settled_state = $3, settled_epoch = epoch, settled_attempts = attempts,
                  worker_id = NULL, heartbeat_at = NULL,
                  updated_at = {{now}}
              WHERE id = $1 AND state = 'running' AND token_hash = $2
@@ -202,7 +202,7 @@ impl Store {
         let ids = distinct(jobs.iter().map(|job| job.id));
         let sql = format!(
             "SELECT {ITEM_COLS}, token_hash, settled_token_hash, settled_by, settled_request_hash,
-                 settled_state
+                 settled_state, settled_epoch, settled_attempts
              FROM items WHERE id IN ({})",
             placeholders(1, ids.len())
         );
@@ -311,7 +311,7 @@ impl Store {
             "UPDATE items AS i SET state = v.state, result = v.result, last_error = v.last_error,
                  token_hash = NULL, lease_ttl_ms = NULL, claim_key = NULL, settled_token_hash = v.hash,
                  settled_request_hash = v.request_hash, settled_by = i.worker_id,
-                 settled_state = v.state,
+                 settled_state = v.state, settled_epoch = i.epoch, settled_attempts = i.attempts,
                  worker_id = NULL,
                  heartbeat_at = NULL, updated_at = {{now}}
              FROM (VALUES {values}) AS v(n, id, hash, state, result, last_error, owner, request_hash)
@@ -353,8 +353,9 @@ impl Store {
 /// A settle that matched no running lease, judged from its item's row: when
 /// the same lease (token) made the item's last settle with this very
 /// settle — same state, result and error; the first was applied and its
-/// answer lost — it is answered with the item (as it is now: an operator
-/// may have resumed a `paused` item since), so the holder can retry a settle safely (an
+/// answer lost — it is answered with the item as that settle left it (see
+/// [`as_settled`]: an operator may have resumed a `paused` item since, and
+/// another lease may hold it now), so the holder can retry a settle safely (an
 /// idempotent retry, as with an idempotency key: the same key with other
 /// content is refused). Another settle by that same lease (another state,
 /// result or error) is refused `already_settled`, naming the state the
@@ -375,21 +376,17 @@ fn replay_or_rejection(store: &Store, job: &SettleJob, row: &AnyRow) -> Result<E
     // The same request, byte for byte: a replay even after the item moved
     // on (resumed, claimed, settled by no one else since).
     if same_lease && asked.as_deref() == Some(job.request_hash.as_str()) {
-        let settled = Some(job.state.into());
         let moved_on =
             state != job.state_name() || get::<Option<String>>(row, "token_hash")?.is_some();
-        return Ok(match store.ended(row, job.id, settled, "settle", false) {
-            // The item as this settle left it: what another holder wrote
-            // since (its result, its error) is not this caller's to read.
-            Ended::Item(mut item) if moved_on => {
-                item.state = job.state.into();
-                item.result = job.result.clone().and_then(|r| RawJson::from_text(r).ok());
-                item.last_error.clone_from(&job.error);
-                item.worker_id = None;
-                Ended::Item(item)
-            }
-            ended => ended,
+        // What another holder wrote since (its result, its error) is not
+        // this caller's to read: the settle's own, which this very request
+        // wrote (the stored text is the same while the item has not moved
+        // on).
+        let written = moved_on.then(|| {
+            let result = job.result.clone().and_then(|r| RawJson::from_text(r).ok());
+            (result, job.error.clone())
         });
+        return Ok(as_settled(store, job, row, written));
     }
     // The same request in substance while the item is as it left it (a
     // result re-serialised with other spacing; a settle made before the
@@ -403,8 +400,7 @@ fn replay_or_rejection(store: &Store, job: &SettleJob, row: &AnyRow) -> Result<E
             _ => false,
         };
         if same_result && last_error == job.error {
-            let state = Some(job.state.into());
-            return Ok(store.ended(row, job.id, state, "settle", false));
+            return Ok(as_settled(store, job, row, None));
         }
     }
     // Another settle by the lease whose own settle landed (its answer
@@ -418,4 +414,64 @@ fn replay_or_rejection(store: &Store, job: &SettleJob, row: &AnyRow) -> Result<E
         });
     }
     Err(Fence::from_row(row)?.rejection(job.id, &job.hash, job.owner))
+}
+
+/// The answer to a settle replayed by its lease (see [`replay_or_rejection`]):
+/// the item as that settle left it, nothing of a lease that holds or held
+/// it since. The item's shape (`ItemView`, as a first settle's answer, so a
+/// client reads both alike), with:
+/// - `id`, `queue`, `payload`, `max_redeliveries`: the row's (a lease
+///   changes none of them);
+/// - `state`: the state this settle set; `worker_id`: none (a settle ends
+///   its lease);
+/// - `result`, `last_error`: `written` (this settle's, when the item moved
+///   on), else the row's (the same text: nothing wrote them since);
+/// - `epoch`, `attempts`: as they were when this settle landed
+///   (`settled_epoch`, `settled_attempts`, migration 22: the settling
+///   lease's epoch, and the attempts ended before it), not a later lease's
+///   higher ones. A settle made before migration 22 recorded them has
+///   none: the row's stand in (right while the item has not moved on).
+///
+/// [`Ended::Unreadable`] when the row or a recorded counter does not decode.
+fn as_settled(
+    store: &Store,
+    job: &SettleJob,
+    row: &AnyRow,
+    written: Option<(Option<RawJson>, Option<String>)>,
+) -> Ended {
+    let settled = Some(job.state.into());
+    let mut item = match store.ended(row, job.id, settled, "settle", false) {
+        Ended::Item(item) => item,
+        unreadable => return unreadable,
+    };
+    let counters = || -> Result<_, StoreError> {
+        let epoch: Option<i64> = get(row, "settled_epoch")?;
+        let attempts: Option<i64> = get(row, "settled_attempts")?;
+        Ok((
+            epoch.map(|e| to_u64(e, "settled_epoch")).transpose()?,
+            attempts
+                .map(|a| to_u32(a, "settled_attempts"))
+                .transpose()?,
+        ))
+    };
+    match counters() {
+        Ok((epoch, attempts)) => {
+            item.epoch = epoch.unwrap_or(item.epoch);
+            item.attempts = attempts.unwrap_or(item.attempts);
+        }
+        Err(e) => {
+            tracing::warn!(item = job.id, error = %e, "a settle's recorded counters do not decode");
+            return Ended::Unreadable {
+                id: job.id,
+                state: settled,
+            };
+        }
+    }
+    item.state = job.state.into();
+    item.worker_id = None;
+    if let Some((result, last_error)) = written {
+        item.result = result;
+        item.last_error = last_error;
+    }
+    Ended::Item(item)
 }

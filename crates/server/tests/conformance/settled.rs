@@ -334,3 +334,106 @@ pub async fn settles_after_their_leases_own_settle_landed_are_already_settled_in
         );
     }
 }
+
+/// A settle sent again byte for byte by its lease after its item moved on
+/// (resumed by an operator, released, claimed again by a later lease with a
+/// higher epoch and one attempt more) is answered with exactly the answer
+/// the first settle got: that settle's state and result, its lease's epoch
+/// and the attempts then, no holder. Before, the replay took the epoch and
+/// attempts of the item as it is now: the later lease's. The replay writes
+/// nothing, and the later lease runs on.
+pub async fn a_settle_replayed_after_its_item_moved_on_answers_that_settle_not_the_later_lease(
+    db: TestDb,
+) {
+    let server = crate::common::http_server(&db).await;
+    let store = server.store().clone();
+    let http = Client::new();
+    let base = server.url();
+    let worker = crate::common::enroll(&http, &base).await;
+    let id = enqueue_over_http(&http, &base, "rq").await;
+    let claim = |bearer: String| {
+        let req = http
+            .post(format!("{base}/v1/queues/rq/claims"))
+            .bearer_auth(bearer);
+        async move {
+            let resp = req.send().await.unwrap();
+            assert_eq!(resp.status(), 201);
+            resp.json::<Value>().await.unwrap()
+        }
+    };
+    let first = claim(worker.access_token.clone()).await;
+    assert_eq!(
+        (&first["item"]["id"], &first["lease"]["epoch"]),
+        (&json!(id), &json!(1))
+    );
+    let body = format!(
+        r#"{{"token": {}, "state": "paused", "result": {{"step": 1, "note": "halfway"}}}}"#,
+        first["lease"]["token"]
+    );
+    let settle = || {
+        http.post(format!("{base}/v1/items/{id}/settle"))
+            .bearer_auth(&worker.access_token)
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+    };
+    let resp = settle().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let answered: Value = resp.json().await.unwrap();
+    assert_eq!(
+        (
+            &answered["state"],
+            &answered["epoch"],
+            &answered["attempts"]
+        ),
+        (&json!("paused"), &json!(1), &json!(0)),
+        "{answered}"
+    );
+    // The item moves on: resumed (epoch 2), that lease released (one
+    // attempt), claimed again by the same worker (epoch 3).
+    let resumed = http
+        .post(format!("{base}/v1/items/{id}/resume"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resumed.status(), 200);
+    let resumed: Value = resumed.json().await.unwrap();
+    let released = http
+        .post(format!("{base}/v1/items/{id}/release"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"token": resumed["lease"]["token"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(released.status(), 200);
+    let later = claim(worker.access_token.clone()).await;
+    assert_eq!(
+        (&later["item"]["epoch"], &later["item"]["attempts"]),
+        (&json!(3), &json!(1)),
+        "{later}"
+    );
+    let before = snapshot(&store, id).await;
+    // The first settle, byte for byte: a replay, answered as it was then.
+    let resp = settle().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()
+            .get("idempotent-replayed")
+            .map(|v| v.to_str().unwrap()),
+        Some("true")
+    );
+    let replayed: Value = resp.json().await.unwrap();
+    assert_eq!(
+        replayed, answered,
+        "the first settle's answer, nothing of the later lease"
+    );
+    assert_eq!(snapshot(&store, id).await, before, "nothing written");
+    let now = store.item(id).await.unwrap().unwrap();
+    assert_eq!(
+        (now.state, now.epoch, now.attempts, now.worker_id),
+        (ItemState::Running, 3, 1, Some(worker.worker_id)),
+        "the later lease runs on"
+    );
+    server.stop().await.unwrap();
+}
