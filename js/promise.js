@@ -403,14 +403,9 @@ export function postChanges(channel, changes) {
   gathered.set(channel, mine);
   setTimeout(function end() {
     if (gathered.get(channel) !== mine) return;
-    if (mine.length === 0) {
-      gathered.delete(channel);
-      return;
-    }
-    const next = mine;
-    mine = [];
-    gathered.set(channel, mine);
-    post(channel, next);
+    if (!mine.length) return gathered.delete(channel);
+    post(channel, mine); // cloned now: the next window gets a new array
+    gathered.set(channel, (mine = []));
     setTimeout(end, POST_WINDOW_MS);
   }, POST_WINDOW_MS);
 }
