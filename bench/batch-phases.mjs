@@ -20,8 +20,7 @@ import { createServer } from 'node:http';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, normalize } from 'node:path';
-import { chromium } from 'playwright-core';
-import { launchFirefox } from './webdriver.mjs';
+import { launchBrowser } from './webdriver.mjs';
 
 const arg = (k, d) => {
   const i = process.argv.indexOf(`--${k}`);
@@ -96,14 +95,7 @@ const srv = createServer(async (q, r) => {
 }).listen(0, '127.0.0.1');
 await new Promise((r) => srv.once('listening', r));
 const profile = await mkdtemp(join(tmpdir(), 'agentstore-batch-phases-'));
-const ctx =
-  BROWSER === 'firefox'
-    ? await launchFirefox({ binary: process.env.FIREFOX })
-    : await chromium.launchPersistentContext(profile, {
-        executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
-        headless: true,
-        args: ['--no-sandbox', '--disable-gpu'],
-      });
+const ctx = await launchBrowser(BROWSER, profile, ['--disable-gpu']);
 try {
   const page = await ctx.newPage();
   page.on?.('pageerror', (e) => console.error('page error:', e.message));

@@ -118,3 +118,18 @@ export async function launchFirefox({ geckodriver = process.env.GECKODRIVER || '
     },
   };
 }
+
+/**
+ * The analysis pages' browser: Firefox through geckodriver (`$FIREFOX`), or
+ * headless Chromium (`$CHROMIUM`, default /usr/bin/chromium) on the on-disk
+ * profile `profile`, with `extraArgs` after `--no-sandbox`.
+ */
+export async function launchBrowser(browser, profile, extraArgs = []) {
+  if (browser === 'firefox') return launchFirefox({ binary: process.env.FIREFOX });
+  const { chromium } = await import('playwright-core');
+  return chromium.launchPersistentContext(profile, {
+    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+    headless: true,
+    args: ['--no-sandbox', ...extraArgs],
+  });
+}

@@ -11,8 +11,7 @@ import { createServer } from 'node:http';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { chromium } from 'playwright-core';
-import { launchFirefox } from './webdriver.mjs';
+import { launchBrowser } from './webdriver.mjs';
 
 const arg = (k, d) => {
   const i = process.argv.indexOf(`--${k}`);
@@ -27,14 +26,7 @@ const srv = createServer((q, r) => {
 }).listen(0, '127.0.0.1');
 await new Promise((r) => srv.once('listening', r));
 const profile = await mkdtemp(join(tmpdir(), 'agentstore-write-steps-'));
-const ctx =
-  BROWSER === 'firefox'
-    ? await launchFirefox({ binary: process.env.FIREFOX })
-    : await chromium.launchPersistentContext(profile, {
-        executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
-        headless: true,
-        args: ['--no-sandbox', '--disable-gpu', '--disable-background-timer-throttling'],
-      });
+const ctx = await launchBrowser(BROWSER, profile, ['--disable-gpu', '--disable-background-timer-throttling']);
 try {
   const page = await ctx.newPage();
   await page.goto(`http://127.0.0.1:${srv.address().port}/?w=${WORKLOAD}`);
