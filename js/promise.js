@@ -361,79 +361,6 @@ export function deletion(factory, name, blockedMs, blocked, toError) {
   );
 }
 
-/** Changes gathered per channel while its post window is open. */
-const gathered = new Map();
-/** How long changes are gathered after a post (ms). */
-const POST_WINDOW_MS = 32;
-
-/**
- * Posts `changes` (`[{id, rev, deleted}]`) on BroadcastChannel `channel`.
- * The first post after a quiet window goes out at once; the changes of
- * writes committed within the next 32 ms are gathered and posted together
- * when the window ends (in order, and then the next window opens). One
- * `postMessage` costs about 0.2 ms of a write in Chromium (the message
- * crosses to the browser process), as much as the rest of a small write's
- * own work: a page writing in a loop posted once per write. Only a visible
- * document gathers: a hidden one's timers are throttled (to 1 s, or 1 min in
- * Chrome's intensive throttling), and a worker cannot tell whether its page
- * is hidden, so they post each write at once; the page becoming hidden or
- * being left (`visibilitychange`, `pagehide`), or a new `watch()` in it,
- * posts what is gathered at once (a new watcher hears of no earlier write).
- * Watchers see every change, in commit order, up to 32 ms later. A failed
- * post (a closed channel) drops its changes, as it did per write.
- */
-export function postChanges(channel, changes) {
-  const waiting = gathered.get(channel);
-  if (waiting) {
-    // One by one: a spread of a large batch's changes would pass more
-    // arguments than an engine takes (a RangeError through the module).
-    for (const c of changes) waiting.push(c);
-    return;
-  }
-  post(channel, changes);
-  if (typeof document !== 'object' || document.visibilityState !== 'visible') return;
-  if (!flushAll.armed) {
-    flushAll.armed = true;
-    addEventListener('visibilitychange', flushAll);
-    addEventListener('pagehide', flushAll);
-  }
-  // The window's own array: a timer whose window was closed early (by
-  // `flushAll`) finds another array, or none, and leaves it alone.
-  let mine = [];
-  gathered.set(channel, mine);
-  setTimeout(function end() {
-    if (gathered.get(channel) !== mine) return;
-    if (!mine.length) return gathered.delete(channel);
-    post(channel, mine); // cloned now: the next window gets a new array
-    gathered.set(channel, (mine = []));
-    setTimeout(end, POST_WINDOW_MS);
-  }, POST_WINDOW_MS);
-}
-
-function post(channel, changes) {
-  try {
-    channel.postMessage(changes);
-  } catch (e) {
-    // Closed: no one is told, as before.
-  }
-}
-
-/** Posts every channel's gathered changes now and closes the windows. */
-function flushAll() {
-  for (const [channel, changes] of gathered) {
-    gathered.delete(channel);
-    if (changes.length) post(channel, changes);
-  }
-}
-
-/** Posts `channel`'s gathered changes, then closes it (the store is gone). */
-export function closeChanges(channel) {
-  const changes = gathered.get(channel);
-  gathered.delete(channel);
-  if (changes && changes.length) post(channel, changes);
-  channel.close();
-}
-
 /**
  * Listens on BroadcastChannel `name` (throws where there is none) and calls
  * `callback(change)` for every `{id, rev, deleted}` of a posted change
@@ -448,10 +375,6 @@ export function closeChanges(channel) {
  * listener is kept alive: HTML, "Broadcasting to other browsing contexts").
  */
 export function watchChannel(name, prefix, callback) {
-  // What this page committed before the call goes out first, so that a new
-  // watcher never hears of it (a channel gets only what is posted after it
-  // exists).
-  flushAll();
   const channel = new BroadcastChannel(name);
   let stopped = false;
   channel.onmessage = (event) => {

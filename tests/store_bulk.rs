@@ -834,153 +834,26 @@ async fn arguments_are_read_during_the_call_not_after_it_returns() {
     );
 }
 
-/// Changes of writes committed in a burst reach watchers complete and in
-/// commit order. In a visible page the first write's change is posted at
-/// once and those committed while its 32 ms window is open go out together
-/// when it ends (one `postMessage` crosses to the browser process: about
-/// 0.2 ms of a small write in Chromium, a write loop posted once per
-/// write); a hidden page, whose timers are throttled, posts each write's
-/// change at once. The window's timer is held by a hook until the writes
-/// are done (the count of messages then does not depend on the machine's
-/// speed), and the page's visibility is set by the test; messages are
-/// counted on a raw BroadcastChannel of the store's name.
+/// Changes made through two stores open on one database reach a watcher in
+/// commit order (rounds of two writes through one store, then one through
+/// the other). A build that held one store's posts back for 32 ms delivered
+/// the other store's later write first: a watcher keeping the last change
+/// of an id then showed a stale revision.
 #[wasm_bindgen_test]
-async fn changes_of_a_burst_of_writes_reach_watchers_in_order_gathered_in_a_visible_page() {
-    const N: usize = 12;
-    for visibility in ["visible", "hidden"] {
-        let (store, name) = open_api(&format!("burst-{visibility}")).await;
-        let hook = Function::new_with_args(
-            "name, visibility",
-            "Object.defineProperty(document, 'visibilityState', { value: visibility, configurable: true });
-            const realTimeout = globalThis.setTimeout;
-            const windows = [];
-            globalThis.setTimeout = (f, ms, ...a) =>
-                ms === 32 ? (windows.push(f), 0) : realTimeout(f, ms, ...a);
-            const ch = new BroadcastChannel('agentstore:' + name);
-            const s = { messages: 0, ids: [] };
-            ch.onmessage = (e) => { s.messages++; for (const c of e.data) s.ids.push(c.id); };
-            return {
-                messages: () => s.messages,
-                ids: () => s.ids.join(','),
-                endWindows: () => { globalThis.setTimeout = realTimeout; for (const f of windows.splice(0)) f(); },
-                restore: () => { ch.close(); delete document.visibilityState; globalThis.setTimeout = realTimeout; },
-            };",
-        )
-        .call2(&JsValue::NULL, &name.as_str().into(), &visibility.into())
-        .unwrap();
-        let hook_call = |k: &str| {
-            Reflect::get(&hook, &k.into())
-                .unwrap()
-                .unchecked_into::<Function>()
-                .call0(&hook)
-                .unwrap()
-        };
-        let (_w, seen) = watch(&store, "b/");
-        let ids: Vec<String> = (0..N).map(|i| format!("b/{i:02}")).collect();
-        for id in &ids {
-            put(&store, json!({ "_id": id })).await;
+async fn changes_through_two_stores_on_one_database_reach_a_watcher_in_commit_order() {
+    let (s1, name) = open_api("two-stores-order").await;
+    let s2 = AgentStore::from_store(open_named(&name).await);
+    let (_w, seen) = watch(&s1, "o/");
+    let mut want = Vec::new();
+    for round in 0..10 {
+        for (k, store) in [&s1, &s1, &s2].into_iter().enumerate() {
+            let id = format!("o/{round}/{k}");
+            put(store, json!({ "_id": id })).await;
+            want.push(format!("{id}:false"));
         }
-        // The window's end (a later timer call of its own runs unheld).
-        hook_call("endWindows");
-        until_seen(&seen, N).await;
-        let all = ids.join(",");
-        wait_for("the raw channel's changes", || {
-            hook_call("ids")
-                .as_string()
-                .is_some_and(|s| s.len() >= all.len())
-        })
-        .await;
-        let messages = hook_call("messages").as_f64();
-        let raw = hook_call("ids").as_string();
-        hook_call("restore");
-        let expected: Vec<String> = ids.iter().map(|id| format!("{id}:false")).collect();
-        assert_eq!(
-            *seen.borrow(),
-            expected,
-            "{visibility}: every change, in order"
-        );
-        assert_eq!(
-            raw.as_deref(),
-            Some(all.as_str()),
-            "{visibility}: posted in order"
-        );
-        let want = if visibility == "visible" {
-            2.0
-        } else {
-            N as f64
-        };
-        assert_eq!(
-            messages,
-            Some(want),
-            "{visibility}: the first write's change at once, then (visible) the rest together"
-        );
     }
-}
-
-/// A post window closed early (the page hidden, left, or a new `watch()`)
-/// is not ended by its own timer: that timer, when it fires, leaves the
-/// NEXT window's gathered changes alone, so they still go out together at
-/// that window's end. Before, the old timer posted them early, one more
-/// message per early close.
-#[wasm_bindgen_test]
-async fn a_post_window_closed_early_is_not_ended_by_its_old_timer() {
-    let (store, name) = open_api("window-closed-early").await;
-    let hook = Function::new_with_args(
-        "name",
-        "Object.defineProperty(document, 'visibilityState', { value: 'visible', configurable: true });
-        const realTimeout = globalThis.setTimeout;
-        const realPost = BroadcastChannel.prototype.postMessage;
-        const timers = [];
-        let posts = 0;
-        globalThis.setTimeout = (f, ms, ...a) =>
-            ms === 32 ? (timers.push(f), 0) : realTimeout(f, ms, ...a);
-        BroadcastChannel.prototype.postMessage = function (m) {
-            if (this.name === 'agentstore:' + name) posts++;
-            return realPost.call(this, m);
-        };
-        return {
-            posts: () => posts,
-            timers: () => timers.length,
-            fire: () => timers.shift()(),
-            closeEarly: () => dispatchEvent(new Event('visibilitychange')),
-            restore: () => {
-                globalThis.setTimeout = realTimeout;
-                BroadcastChannel.prototype.postMessage = realPost;
-                delete document.visibilityState;
-            },
-        };",
-    )
-    .call1(&JsValue::NULL, &name.as_str().into())
-    .unwrap();
-    let call = |k: &str| {
-        Reflect::get(&hook, &k.into())
-            .unwrap()
-            .unchecked_into::<Function>()
-            .call0(&hook)
-            .unwrap()
-            .as_f64()
-    };
-    let mut steps = Vec::new();
-    put(&store, json!({ "_id": "w/1" })).await; // posted; window 1 opens
-    put(&store, json!({ "_id": "w/2" })).await; // gathered
-    call("closeEarly"); // posts w/2, closes window 1
-    steps.push(("window 1 closed early", call("posts"), call("timers")));
-    put(&store, json!({ "_id": "w/3" })).await; // posted; window 2 opens
-    put(&store, json!({ "_id": "w/4" })).await; // gathered in window 2
-    call("fire"); // window 1's timer
-    steps.push(("window 1's old timer fired", call("posts"), call("timers")));
-    call("fire"); // window 2's timer: w/4 now
-    steps.push(("window 2 ended", call("posts"), call("timers")));
-    call("restore");
-    assert_eq!(
-        steps,
-        vec![
-            ("window 1 closed early", Some(2.0), Some(1.0)),
-            ("window 1's old timer fired", Some(3.0), Some(1.0)),
-            ("window 2 ended", Some(4.0), Some(1.0)),
-        ],
-        "(step, posts, held timers)"
-    );
+    until_seen(&seen, want.len()).await;
+    assert_eq!(*seen.borrow(), want, "every change, in commit order");
 }
 
 /// A `watch` callback that closes its own handle on the first change of a

@@ -33,15 +33,14 @@ impl Notifier {
         &self.name
     }
 
-    /// Posts every change of a committed transaction (`changes`: `[{id,
-    /// rev, deleted}]`, built with [`Notifier::change`]): at once, or with
-    /// the changes of other writes committed within 32 ms, in one message.
+    /// Posts one message with every change of a committed transaction
+    /// (`changes`: `[{id, rev, deleted}]`, built with [`Notifier::change`]).
     pub fn post(&self, changes: &Array) {
         let Some(ch) = &self.channel else { return };
         if changes.length() == 0 {
             return;
         }
-        post_changes(ch, changes);
+        let _ = ch.post_message(changes);
     }
 
     /// Appends the change `{id, rev, deleted}` to `changes` (a message for
@@ -64,7 +63,7 @@ impl Notifier {
 impl Drop for Notifier {
     fn drop(&mut self) {
         if let Some(ch) = &self.channel {
-            close_changes(ch);
+            ch.close();
         }
     }
 }
@@ -82,15 +81,6 @@ pub struct Watcher {
 
 #[wasm_bindgen::prelude::wasm_bindgen(module = "/js/promise.js")]
 extern "C" {
-    /// Posts `changes` on `channel`, gathering those of writes committed
-    /// within 32 ms of a post into one message (js/promise.js: only in a
-    /// visible document; never throws).
-    #[wasm_bindgen(js_name = postChanges)]
-    fn post_changes(channel: &BroadcastChannel, changes: &Array);
-    /// Posts what `channel` has gathered, then closes it.
-    #[wasm_bindgen(js_name = closeChanges)]
-    fn close_changes(channel: &BroadcastChannel);
-
     /// Listens on BroadcastChannel `name` (throws where there is none);
     /// returns the subscription's handle.
     #[wasm_bindgen(js_name = watchChannel, catch)]
