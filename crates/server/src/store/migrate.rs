@@ -322,7 +322,10 @@ pub const MIGRATIONS: &[Migration] = &[
         // queue AND producer for the keys scoped by version 20, and one per
         // queue, as before, for the keys left unscoped (keyed before it, or
         // by a binary without it during a rolling upgrade, which still reads
-        // a key as the queue's). Both partial (keyless rows add no entry);
+        // a key as the queue's; such a binary's keyed enqueue also shadows a
+        // producer's scoped key of the same name, whose retry then finds the
+        // unscoped item: upgrade every instance before producers rely on
+        // keys being their own). Both partial (keyless rows add no entry);
         // in a migration of their own, as version 11 (PostgreSQL's lock).
         sql: "DROP INDEX IF EXISTS items_idempotency_key;
             CREATE UNIQUE INDEX items_idempotency_key_scoped
