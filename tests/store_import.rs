@@ -1910,3 +1910,46 @@ async fn close_ends_an_import_whose_source_stalls_with_closed_error_and_cancels_
     .await;
     newer.close();
 }
+
+/// A snapshot's tombstone line is kept as given or refused: a `deletedAt`
+/// that is not an integer number of ms in [0, 2^53 - 1], or a field a
+/// tombstone does not store, is a ValidationError naming the line, and
+/// nothing is written. Before, `"deletedAt": "yesterday"` was replaced by
+/// the import's own clock, `1e300` was kept (a tombstone no
+/// `purgeTombstones({olderThanMs: n > 0})` would ever remove) and other
+/// fields were dropped. A tombstone line with a good `deletedAt`, or with
+/// none (releases before it), still imports, and keeps its time.
+#[wasm_bindgen_test]
+async fn a_snapshot_tombstone_line_with_a_bad_deleted_at_or_a_body_is_refused_and_nothing_is_written(
+) {
+    let live = rec("a", "1-aa", "2026-01-01T00:00:00.000Z");
+    let bad = [
+        json!({"_id": "x", "_rev": "2-bb", "_deleted": true, "deletedAt": "yesterday"}),
+        json!({"_id": "x", "_rev": "2-bb", "_deleted": true, "deletedAt": 1e300}),
+        json!({"_id": "x", "_rev": "2-bb", "_deleted": true, "deletedAt": -1}),
+        json!({"_id": "x", "_rev": "2-bb", "_deleted": true, "deletedAt": 1.5}),
+        json!({"_id": "x", "_rev": "2-bb", "_deleted": true, "deletedAt": null}),
+        json!({"_id": "x", "_rev": "2-bb", "_deleted": true, "extra": 1}),
+    ];
+    for line in bad {
+        let (store, _) = open("bad-tomb").await;
+        let text = snapshot(&[live.clone(), line.to_string()]);
+        let e = store
+            .import_snapshot(text.as_str(), None)
+            .await
+            .unwrap_err();
+        assert_refused_at_line(&store, &e, 3).await;
+        assert!(e.to_string().contains("tombstone"), "{line}: {e}");
+    }
+    // Kept as given: an old deletion, purged by any bound past it; one
+    // without a time (releases before it) is counted from the import.
+    let (store, _) = open("good-tomb").await;
+    let old = json!({"_id": "x", "_rev": "2-bb", "_deleted": true, "deletedAt": 1000}).to_string();
+    let text = snapshot(&[live, old, tomb("y", "3-cc")]);
+    store.import_snapshot(text.as_str(), None).await.unwrap();
+    let out = store.export_snapshot().await.unwrap();
+    assert!(out.contains("\"deletedAt\":1000"), "{out}");
+    assert_eq!(store.purge_tombstones(60_000.0).await.unwrap(), 1);
+    let out = store.export_snapshot().await.unwrap();
+    assert!(!out.contains("\"x\"") && out.contains("\"y\""), "{out}");
+}

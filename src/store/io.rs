@@ -60,7 +60,8 @@ impl Staged {
         let id: JsString = id.unchecked_into();
         let object = if deleted {
             let t = tombstone(&id, &rev_text);
-            // A snapshot keeps when the record was deleted (purgeTombstones' clock).
+            // A snapshot keeps when the record was deleted (purgeTombstones'
+            // clock; `check_tombstone_line` checked it in pass 1).
             if let Some(at) = get(&doc, "deletedAt").as_f64().filter(|at| at.is_finite()) {
                 set(&t, "deletedAt", &at.into());
             }
@@ -448,8 +449,45 @@ fn snapshot_row(line: &JsString, n: usize) -> Result<SnapshotLine> {
     let rev = Rev::parse(&rev).map_err(|e| line_error(WHAT, n, &e.0))?;
     if get(&v, "_deleted").as_bool() != Some(true) {
         check_body(&v, WHAT, n)?;
+    } else {
+        check_tombstone_line(&v, n)?;
     }
     Ok(SnapshotLine::Row(id, rev))
+}
+
+/// A snapshot's tombstone line holds what an export writes for one and
+/// nothing else: `_id`, `_rev`, `_deleted: true` and, from releases that
+/// record it, `deletedAt` (ms since the epoch, an integer in [0, 2^53 - 1]:
+/// `purgeTombstones`' clock). An import keeps the value a line carries, so
+/// one it could not keep as given (a `deletedAt` that is no such number, a
+/// body a tombstone does not store) is refused rather than changed.
+///
+/// # Errors
+/// ValidationError naming line `n`.
+fn check_tombstone_line(v: &JsValue, n: usize) -> Result<()> {
+    for key in Object::keys(v.unchecked_ref::<Object>()).iter() {
+        let key = key.as_string().unwrap_or_default();
+        if !matches!(key.as_str(), "_id" | "_rev" | "_deleted" | "deletedAt") {
+            return Err(line_error(
+                "snapshot",
+                n,
+                "a tombstone line holds only _id, _rev, _deleted and deletedAt",
+            ));
+        }
+    }
+    let at = get(v, "deletedAt");
+    if !at.is_undefined()
+        && !at
+            .as_f64()
+            .is_some_and(|t| t.fract() == 0.0 && (0.0..=9_007_199_254_740_991.0).contains(&t))
+    {
+        return Err(line_error(
+            "snapshot",
+            n,
+            "a tombstone's deletedAt must be an integer number of ms since the epoch in [0, 2^53 - 1]",
+        ));
+    }
+    Ok(())
 }
 
 /// The number of lines (records, then tombstones) that header `v` (line
