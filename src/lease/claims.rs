@@ -38,7 +38,7 @@ impl ClientInner {
     /// or a grant whose body cannot be read) leaves its key to the queue's
     /// next claim from this client, also when its caller stopped waiting
     /// (aborted), which then gets back the lease the lost answer carried (a
-    /// new token, same epoch) if the server still holds it for this worker
+    /// new token and the next epoch) if the server still holds it for this worker
     /// (see the server's `Store::claim_once`), instead of a second item
     /// while the first waits out its TTL with an attempt spent.
     ///

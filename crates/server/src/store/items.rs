@@ -280,7 +280,7 @@ impl Store {
     /// is the admin token) is still running, that lease is answered again,
     /// with `true` (replayed): a new token (the server keeps only token
     /// hashes, so the first one cannot be sent again; it no longer fences
-    /// anything), the same epoch, the lease renewed from now. Without this,
+    /// anything) under the next epoch, the lease renewed from now. Without this,
     /// a claim whose answer was lost left its item running under a token
     /// nobody held until the TTL ran out, an attempt spent. A lease that
     /// ended meanwhile is not handed back (a new item is claimed, as for an
@@ -385,7 +385,10 @@ impl Store {
 
     /// The replay of [`Store::claim_attempt`]: the running lease claimed
     /// with `key` in `queue` by `worker_id`, its token hash rotated to
-    /// `token_hash`, `attempt` stored with it and its lease renewed
+    /// `token_hash` under the next epoch (each token answered is a fencing
+    /// token of its own: a service that fences on `X-Lease-Epoch` alone
+    /// tells two answered copies of one claim apart), `attempt` stored with
+    /// it and its lease renewed
     /// (with this instance's TTL, the one answered), in one conditional
     /// statement after a read; `None` when there is none. A row that no
     /// longer decodes is failed, fenced on the new token (see
@@ -403,7 +406,7 @@ impl Store {
         worker_id: Option<i64>,
     ) -> Result<Option<Item>, StoreError> {
         let sql = self.sql(&format!(
-            "UPDATE items SET token_hash = $3, heartbeat_at = {{now}}, updated_at = {{now}},
+            "UPDATE items SET token_hash = $3, epoch = epoch + 1, heartbeat_at = {{now}}, updated_at = {{now}},
                  lease_ttl_ms = {ttl}, claim_attempt = COALESCE(CAST($5 AS BIGINT), claim_attempt),
                  claim_sender = COALESCE(CAST($6 AS TEXT), claim_sender)
              WHERE id = $1 AND state = 'running' AND claim_key = $2 AND COALESCE(worker_id, 0) = $4

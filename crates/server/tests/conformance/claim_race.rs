@@ -44,9 +44,12 @@ async fn ids_where(store: &Store, cond: &str, queue: &str, arg: &str) -> Vec<i64
 }
 
 /// Checks the answers of copies of one claim: all name one item, claimed
-/// once (epoch 1, no attempt ended), exactly one copy not a replay, and
-/// exactly one of the tokens answered still holds the lease (each replay
-/// rotates it, as a replay sent after the first answer does). Returns the item.
+/// once (no attempt ended), exactly one copy not a replay, each answered
+/// under an epoch of its own (1 for the claim, the next for each replay:
+/// every token answered is a fencing token of its own), and exactly one
+/// of the tokens answered, the one of the highest epoch, still holds the
+/// lease (each replay rotates it, as a replay sent after the first answer
+/// does). Returns the item.
 async fn one_lease(
     store: &Store,
     copies: &[(Claimed, bool)],
@@ -56,23 +59,34 @@ async fn one_lease(
     let id = copies[0].0.item.id;
     for (c, _) in copies {
         assert_eq!(
-            (c.item.id, c.item.epoch, c.lease.epoch, c.item.attempts),
-            (id, 1, 1, 0),
+            (c.item.id, c.item.epoch, c.item.attempts),
+            (id, c.lease.epoch, 0),
             "{what}: every copy is answered with the one lease"
         );
     }
+    let mut epochs: Vec<u64> = copies.iter().map(|(c, _)| c.lease.epoch).collect();
+    epochs.sort_unstable();
+    assert_eq!(
+        epochs,
+        (1..=copies.len() as u64).collect::<Vec<_>>(),
+        "{what}: one epoch per token answered"
+    );
     assert_eq!(
         copies.iter().filter(|(_, replayed)| !replayed).count(),
         1,
         "{what}: the copies after the first are replays"
     );
-    let mut held = 0;
+    let mut held = Vec::new();
     for (c, _) in copies {
         if store.heartbeat(id, &c.lease.token, worker).await.is_ok() {
-            held += 1;
+            held.push(c.lease.epoch);
         }
     }
-    assert_eq!(held, 1, "{what}: the last token answered holds the lease");
+    assert_eq!(
+        held,
+        vec![copies.len() as u64],
+        "{what}: the last token answered, of the highest epoch, holds the lease"
+    );
     id
 }
 
@@ -80,7 +94,7 @@ async fn one_lease(
 /// once, split over two instances and mixed with claims under other keys
 /// and none, many rounds: the copies take ONE item between them and each is
 /// answered with its lease (`201`, the copies after the first with
-/// `Idempotent-Replayed: true`, the same item and epoch); the other claims
+/// `Idempotent-Replayed: true`, the same item under the next epoch); the other claims
 /// get an item each, and the rest stay open. Over HTTP too (the admin
 /// token). Before, the key's index was not unique and each copy could take
 /// an item, the extra ones running under tokens nobody held until their TTL
@@ -165,13 +179,17 @@ pub async fn copies_of_one_claim_racing_take_one_item(db: TestDb) {
         assert!(answers.iter().all(|(s, _, _)| *s == 201), "{what}");
         assert_eq!(answers.iter().filter(|(_, r, _)| !r).count(), 1, "{what}");
         let item = &answers[0].2["item"];
+        let mut epochs = Vec::new();
         for (_, _, b) in &answers {
-            assert_eq!(
-                (&b["item"]["id"], &b["lease"]["epoch"]),
-                (&item["id"], &json!(1)),
-                "{what}"
-            );
+            assert_eq!(&b["item"]["id"], &item["id"], "{what}");
+            epochs.push(b["lease"]["epoch"].as_u64().unwrap());
         }
+        epochs.sort_unstable();
+        assert_eq!(
+            epochs,
+            (1..=answers.len() as u64).collect::<Vec<_>>(),
+            "{what}: one epoch per token answered"
+        );
         let store = server.store();
         assert_eq!(
             keyed(store, &queue, &key).await,
@@ -413,7 +431,11 @@ pub async fn a_late_copy_of_a_claim_never_takes_the_lease_from_a_later_copy(db: 
     assert_eq!(same.item.id, second.item.id);
     let (third, replayed) = copy(Some(3)).await.unwrap().unwrap();
     assert!(replayed);
-    assert_eq!((third.item.id, third.item.epoch), (second.item.id, 1));
+    assert_eq!(
+        (third.item.id, third.item.epoch),
+        (second.item.id, 3),
+        "claimed at 1, replayed at 2 and 3; the refused copy took none"
+    );
     assert_eq!(
         store
             .heartbeat(second.item.id, &same.lease.token, Some(7))

@@ -1424,8 +1424,9 @@ pub async fn a_settle_sent_again_by_its_lease_is_answered_and_changes_nothing(db
 }
 
 /// A claim sent again with its `Idempotency-Key` (its answer was lost) gets
-/// back the lease the first copy took: the same item and epoch, a new token
-/// (the first one, which nobody received, is fenced), no attempt spent, the
+/// back the lease the first copy took: the same item, a new token under the
+/// next epoch (the first one, which nobody received, is fenced, also by a
+/// service that fences on the epoch alone), no attempt spent, the
 /// lease renewed. Before, the retry took a second item and the first stayed
 /// running under a token nobody held until its TTL ran out. Only the same
 /// claimer's running lease is replayed: another worker's key, the admin
@@ -1454,9 +1455,9 @@ pub async fn a_claim_sent_again_with_its_idempotency_key_gets_its_lease_back(db:
     assert!(replayed, "the same claim, sent again");
     assert_eq!(
         (again.item.id, again.item.epoch, again.item.attempts),
-        (first.item.id, first.item.epoch, 0)
+        (first.item.id, first.item.epoch + 1, 0)
     );
-    assert_eq!(again.lease.epoch, first.lease.epoch);
+    assert_eq!(again.lease.epoch, first.lease.epoch + 1, "the next epoch");
     assert_ne!(again.lease.token, first.lease.token, "a new token");
     assert_eq!(
         code(
