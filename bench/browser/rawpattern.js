@@ -6,6 +6,10 @@
 // write, readonly transactions awaited to `complete`, a BroadcastChannel post
 // after each write, mutate as a read transaction then a CAS write transaction.
 // agentstore minus this = time spent in wasm, glue and crossings.
+//
+// `run-browser.mjs --pattern-drop gen,post,scope,bytype` adds one copy of this
+// contender per listed part with that part of the pattern left out (DROP
+// below), to show what each part of the pattern costs against raw.
 import { register, timed, deleteDb } from './harness.js';
 import * as D from './data.js';
 
@@ -15,13 +19,23 @@ const done = (tx) => new Promise((res, rej) => {
   tx.onerror = () => rej(tx.error);
   tx.onabort = () => rej(tx.error || new DOMException('aborted', 'AbortError'));
 });
-const SCOPE = ['records', 'tombstones', 'meta', 'derived'];
+// Parts of the pattern left out (set in the generated copies only): `gen`
+// the generation read, `post` the BroadcastChannel post, `scope` META and
+// DERIVED in the write scope (records and tombstones only; the generation
+// read, which needs META, goes with them), `derived` DERIVED only in the write
+// scope, `bytype` the native `byType` index.
+const DROP = new Set([]);
+if (DROP.has('scope')) DROP.add('gen');
+const SCOPE = ['records', 'tombstones', 'meta', 'derived'].filter(
+  (s) => !(DROP.has('scope') && (s === 'meta' || s === 'derived')) && !(DROP.has('derived') && s === 'derived'),
+);
 function open(name) {
   return new Promise((res, rej) => {
     const r = indexedDB.open(name, 1);
     r.onupgradeneeded = () => {
       // The native index agentstore's records store has (`count`/`list` by type).
-      r.result.createObjectStore('records', { keyPath: '_id' }).createIndex('byType', ['recordType', '_id']);
+      const records = r.result.createObjectStore('records', { keyPath: '_id' });
+      if (!DROP.has('bytype')) records.createIndex('byType', ['recordType', '_id']);
       r.result.createObjectStore('tombstones', { keyPath: '_id' });
       r.result.createObjectStore('meta');
       r.result.createObjectStore('derived');
@@ -34,6 +48,7 @@ const rev = (g) => `${g}-${((g * 2654435761) >>> 0).toString(16).padStart(8, '0'
 const gen = (r) => parseInt(r, 10);
 const channels = new Map();
 const post = (name, changes) => {
+  if (DROP.has('post')) return;
   if (!channels.has(name)) channels.set(name, new BroadcastChannel(`agentstore:${name}`));
   channels.get(name).postMessage(changes);
 };
@@ -41,7 +56,7 @@ const post = (name, changes) => {
 async function casPut(db, name, record) {
   const tx = db.transaction(SCOPE, 'readwrite');
   const [, live] = await Promise.all([
-    req(tx.objectStore('meta').get('indexes-gen')),
+    DROP.has('gen') ? undefined : req(tx.objectStore('meta').get('indexes-gen')),
     req(tx.objectStore('records').get(record._id)),
   ]);
   // The tombstone is read only when nothing live is stored.
@@ -112,7 +127,7 @@ register({
       // then an add per record.
       const ids = recs.map((r) => r._id).sort();
       const span = IDBKeyRange.bound(ids[0], ids[ids.length - 1]);
-      const got = await Promise.all([req(tx.objectStore('meta').get('indexes-gen')), req(rs.count(span)), req(ts.count(span))]);
+      const got = await Promise.all([DROP.has('gen') ? undefined : req(tx.objectStore('meta').get('indexes-gen')), req(rs.count(span)), req(ts.count(span))]);
       if (got[1] !== 0 || got[2] !== 0) throw new Error('conflict');
       const r1 = rev(1);
       for (const r of recs) rs.add({ ...r, _rev: r1 });
