@@ -79,6 +79,13 @@ impl<K: Eq + Hash + Clone, T> Lanes<K, T> {
         }
     }
 
+    /// How many jobs wait on `key`'s lane for its runner (a batch the runner
+    /// took is no longer counted).
+    pub fn waiting(&self, key: &K) -> usize {
+        let lanes = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
+        lanes.get(key).map_or(0, |lane| lane.pending.len())
+    }
+
     /// The runner's next batch: up to `max` jobs in arrival order. `None` when
     /// the lane is empty, which also marks it idle (the next push starts a new
     /// runner), so no job is ever left without one.

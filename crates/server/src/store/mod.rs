@@ -396,6 +396,13 @@ impl Store {
         self.coalesced.load(Ordering::Relaxed)
     }
 
+    /// How many settles wait in this instance's settle lane for its runner
+    /// (PostgreSQL; always 0 on SQLite): a test that forces one coalesced
+    /// statement waits until all of its settles have joined the lane.
+    pub fn settles_waiting(&self) -> usize {
+        self.settles.waiting(&())
+    }
+
     /// How many times a connection of this instance's pool was handed back
     /// after use: one per statement sent on the pool, one per transaction
     /// (tests count what a call costs with it; a connection goes back a

@@ -74,6 +74,7 @@ conformance! {
     settled::an_already_settled_answer_is_409_and_names_the_landed_state,
     settled::settles_after_their_leases_own_settle_landed_are_already_settled_in_one_batch,
     settled::a_settle_replayed_after_its_item_moved_on_answers_that_settle_not_the_later_lease,
+    settled::settles_made_in_one_statement_are_replayed_with_their_own_epoch_and_attempts,
     lease::an_item_is_redelivered_at_most_five_times_after_its_first_delivery,
     lease::lease_expiry_is_measured_only_on_the_database_clock,
     lease::concurrent_claims_and_settles_each_keep_their_own_outcome,

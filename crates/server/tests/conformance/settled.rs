@@ -293,7 +293,7 @@ pub async fn settles_after_their_leases_own_settle_landed_are_already_settled_in
     ];
     if let Some(lock) = lock {
         // Every call above has joined the lane before the lock goes.
-        sleep_ms(300).await;
+        wait_settles_waiting(&store, calls.len()).await;
         lock.commit().await.unwrap();
     }
     let mut out = Vec::new();
@@ -332,6 +332,169 @@ pub async fn settles_after_their_leases_own_settle_landed_are_already_settled_in
             "the six settles shared one statement ({} coalesced)",
             store.coalesced_calls() - coalesced
         );
+    }
+}
+
+/// Holds a row lock on `decoy` (PostgreSQL) and starts its settle, which
+/// then waits on the lock with the settle lane's runner: settles started
+/// after it queue in the lane until the lock goes. Bounded wait.
+async fn stall_settle_lane(
+    store: &Store,
+    decoy: i64,
+    t_decoy: String,
+) -> (
+    sqlx::Transaction<'static, sqlx::Any>,
+    tokio::task::JoinHandle<Result<agentstore_server::store::Item, StoreError>>,
+) {
+    let mut lock = store.pool().begin().await.unwrap();
+    sqlx::query("SELECT id FROM items WHERE id = $1 FOR UPDATE")
+        .bind(decoy)
+        .fetch_one(&mut *lock)
+        .await
+        .unwrap();
+    let decoy_settle = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            settle(&store, decoy, &t_decoy, None, SettleState::Done, None, None).await
+        })
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let (waiting,): (i64,) = sqlx::query_as(
+            "SELECT COUNT(*) FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND datname = current_database()",
+        )
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        if waiting >= 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "the decoy's settle waits"
+        );
+        sleep_ms(5).await;
+    }
+    (lock, decoy_settle)
+}
+
+/// Waits (bounded) until `n` settles wait in `store`'s settle lane.
+async fn wait_settles_waiting(store: &Store, n: usize) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while store.settles_waiting() < n {
+        assert!(
+            std::time::Instant::now() < until,
+            "{} of {n} settles joined the lane",
+            store.settles_waiting()
+        );
+        sleep_ms(5).await;
+    }
+}
+
+/// PostgreSQL's coalesced settle statement records what each settle's
+/// replay answers (migration 22: its lease's epoch and the attempts then),
+/// as the single-row statement does: paused settles made in ONE statement
+/// (forced as above, by a row lock on a decoy), their items then moved on
+/// (resumed, released: one attempt, claimed again: epoch 3), are each
+/// replayed with the answer it got then (epoch 1, no attempt, no holder),
+/// write nothing, and the later leases run on. Before, only a script
+/// checked the batched statement's columns. On SQLite (no settle lane)
+/// the same settles run one by one.
+pub async fn settles_made_in_one_statement_are_replayed_with_their_own_epoch_and_attempts(
+    db: TestDb,
+) {
+    const N: usize = 6;
+    let store = db.store(ttl(LONG)).await;
+    let postgres = db.kind == crate::common::Kind::Postgres;
+    let mut held = Vec::new();
+    for k in 0..N {
+        let item = store.enqueue("rb", &json!(k), None).await.unwrap();
+        held.push((item.id, token(&store, "rb", None).await));
+    }
+    let decoy = store.enqueue("rb", &json!("decoy"), None).await.unwrap();
+    let t_decoy = token(&store, "rb", None).await;
+    let coalesced = store.coalesced_calls();
+    let stalled = if postgres {
+        Some(stall_settle_lane(&store, decoy.id, t_decoy).await)
+    } else {
+        None
+    };
+    let calls: Vec<_> = held
+        .iter()
+        .enumerate()
+        .map(|(k, (id, t))| {
+            let (store, id, t) = (store.clone(), *id, t.clone());
+            tokio::spawn(async move {
+                let result = json!({"step": k});
+                settle(
+                    &store,
+                    id,
+                    &t,
+                    None,
+                    SettleState::Paused,
+                    Some(result),
+                    None,
+                )
+                .await
+            })
+        })
+        .collect();
+    if let Some((lock, decoy_settle)) = stalled {
+        wait_settles_waiting(&store, N).await;
+        lock.commit().await.unwrap();
+        decoy_settle.await.unwrap().expect("the decoy settled");
+    }
+    let mut answered = Vec::new();
+    for c in calls {
+        let item = c.await.unwrap().expect("paused");
+        assert_eq!(
+            (item.state, item.epoch, item.attempts),
+            (ItemState::Paused, 1, 0)
+        );
+        answered.push(item);
+    }
+    if postgres {
+        assert!(
+            store.coalesced_calls() >= coalesced + N as u64,
+            "the {N} settles shared one statement ({} coalesced)",
+            store.coalesced_calls() - coalesced
+        );
+    }
+    // Each item moves on: resumed (epoch 2), that lease released (one
+    // attempt), claimed again (epoch 3).
+    let mut later = Vec::new();
+    for (id, _) in &held {
+        let resumed = store.resume(*id, None).await.unwrap().lease.token;
+        store.release(*id, &resumed, None).await.unwrap();
+        later.push(token(&store, "rb", None).await);
+    }
+    for (k, (((id, t), first), now_token)) in held.iter().zip(&answered).zip(&later).enumerate() {
+        let before = snapshot(&store, *id).await;
+        let replay = settle(
+            &store,
+            *id,
+            t,
+            None,
+            SettleState::Paused,
+            Some(json!({"step": k})),
+            None,
+        )
+        .await
+        .expect("a replay");
+        assert_eq!(&replay, first, "item {id}: the answer its settle got");
+        assert_eq!(
+            snapshot(&store, *id).await,
+            before,
+            "item {id}: nothing written"
+        );
+        let now = store.item(*id).await.unwrap().unwrap();
+        assert_eq!(
+            (now.state, now.epoch, now.attempts),
+            (ItemState::Running, 3, 1),
+            "item {id}: the later lease runs on"
+        );
+        store.heartbeat(*id, now_token, None).await.unwrap();
     }
 }
 
