@@ -239,43 +239,16 @@ pub async fn settles_after_their_leases_own_settle_landed_are_already_settled_in
     };
     let coalesced = store.coalesced_calls();
 
-    let lock = if postgres {
-        let mut lock = store.pool().begin().await.unwrap();
-        sqlx::query("SELECT id FROM items WHERE id = $1 FOR UPDATE")
-            .bind(decoy.id)
-            .fetch_one(&mut *lock)
-            .await
-            .unwrap();
-        Some(lock)
-    } else {
-        None
-    };
     let spawn = |id: i64, t: String, state: SettleState, result: Option<Value>| {
         let store = store.clone();
         tokio::spawn(async move { settle(&store, id, &t, None, state, result, None).await })
     };
-    let decoy_settle = spawn(decoy.id, t_decoy, SettleState::Done, None);
-    if postgres {
-        // The decoy's statement waits on the lock (the lane's runner with it).
-        let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        loop {
-            let (waiting,): (i64,) = sqlx::query_as(
-                "SELECT COUNT(*) FROM pg_stat_activity
-                 WHERE wait_event_type = 'Lock' AND datname = current_database()",
-            )
-            .fetch_one(store.pool())
-            .await
-            .unwrap();
-            if waiting >= 1 {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < until,
-                "the decoy's settle waits"
-            );
-            sleep_ms(5).await;
-        }
-    }
+    let (lock, decoy_settle) = if postgres {
+        let (lock, settle) = stall_settle_lane(&store, decoy.id, t_decoy).await;
+        (Some(lock), settle)
+    } else {
+        (None, spawn(decoy.id, t_decoy, SettleState::Done, None))
+    };
     let (d, f, b, p) = (&landed[0], &landed[1], &landed[2], &landed[3]);
     let calls = vec![
         // done, then failed
