@@ -1912,28 +1912,27 @@ async fn close_ends_an_import_whose_source_stalls_with_closed_error_and_cancels_
 }
 
 /// A snapshot's tombstone line is kept as given or refused: a `deletedAt`
-/// that is not an integer number of ms in [0, 2^53 - 1], or a field a
-/// tombstone does not store, is a ValidationError naming the line, and
-/// nothing is written. Before, `"deletedAt": "yesterday"` was replaced by
-/// the import's own clock, `1e300` was kept (a tombstone no
-/// `purgeTombstones({olderThanMs: n > 0})` would ever remove) and other
-/// fields were dropped. A tombstone line with a good `deletedAt`, or with
-/// none (releases before it), still imports, and keeps its time.
+/// that is not a finite number, or a field a tombstone does not store, is
+/// a ValidationError naming the line, and nothing is written. Before,
+/// `"deletedAt": "yesterday"` was replaced by the import's own clock and
+/// other fields were dropped. A tombstone line with a number `deletedAt`
+/// (any: every stored one is one, also one taken from a PouchDB dump), or
+/// with none (releases before it), still imports, and keeps its time; a
+/// store's export, such a time included, imports again.
 #[wasm_bindgen_test]
 async fn a_snapshot_tombstone_line_with_a_bad_deleted_at_or_a_body_is_refused_and_nothing_is_written(
 ) {
     let live = rec("a", "1-aa", "2026-01-01T00:00:00.000Z");
     let bad = [
-        json!({"_id": "x", "_rev": "2-bb", "_deleted": true, "deletedAt": "yesterday"}),
-        json!({"_id": "x", "_rev": "2-bb", "_deleted": true, "deletedAt": 1e300}),
-        json!({"_id": "x", "_rev": "2-bb", "_deleted": true, "deletedAt": -1}),
-        json!({"_id": "x", "_rev": "2-bb", "_deleted": true, "deletedAt": 1.5}),
-        json!({"_id": "x", "_rev": "2-bb", "_deleted": true, "deletedAt": null}),
-        json!({"_id": "x", "_rev": "2-bb", "_deleted": true, "extra": 1}),
+        json!({"_id": "x", "_rev": "2-bb", "_deleted": true, "deletedAt": "yesterday"}).to_string(),
+        json!({"_id": "x", "_rev": "2-bb", "_deleted": true, "deletedAt": null}).to_string(),
+        json!({"_id": "x", "_rev": "2-bb", "_deleted": true, "extra": 1}).to_string(),
+        // JSON.parse reads it as Infinity.
+        r#"{"_id":"x","_rev":"2-bb","_deleted":true,"deletedAt":1e400}"#.to_owned(),
     ];
     for line in bad {
         let (store, _) = open("bad-tomb").await;
-        let text = snapshot(&[live.clone(), line.to_string()]);
+        let text = snapshot(&[live.clone(), line.clone()]);
         let e = store
             .import_snapshot(text.as_str(), None)
             .await
@@ -1952,4 +1951,22 @@ async fn a_snapshot_tombstone_line_with_a_bad_deleted_at_or_a_body_is_refused_an
     assert_eq!(store.purge_tombstones(60_000.0).await.unwrap(), 1);
     let out = store.export_snapshot().await.unwrap();
     assert!(!out.contains("\"x\"") && out.contains("\"y\""), "{out}");
+    // A PouchDB dump's deleted document whose body has a `deletedAt` (here
+    // a fraction) stores it; the store's export imports again, keeping it.
+    let (pouch, _) = open("pouch-tomb").await;
+    let mut doc = pouch_doc("z", "2-dd", true, &["cc"]);
+    doc["deletedAt"] = json!(1.5);
+    pouch
+        .import_pouch_dump_with(
+            &dump(&[json!({ "docs": [doc] })]).as_str().into(),
+            "agent-index",
+            &ImportOptions::default(),
+        )
+        .await
+        .unwrap();
+    let out = pouch.export_snapshot().await.unwrap();
+    assert!(out.contains("\"deletedAt\":1.5"), "{out}");
+    let (again, _) = open("pouch-tomb-again").await;
+    again.import_snapshot(out.as_str(), None).await.unwrap();
+    assert_eq!(again.export_snapshot().await.unwrap(), out);
 }

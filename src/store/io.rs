@@ -61,7 +61,8 @@ impl Staged {
         let object = if deleted {
             let t = tombstone(&id, &rev_text);
             // A snapshot keeps when the record was deleted (purgeTombstones'
-            // clock; `check_tombstone_line` checked it in pass 1).
+            // clock; `check_tombstone_line` checked it in pass 1), and so
+            // does a PouchDB dump's deleted document that carries one.
             if let Some(at) = get(&doc, "deletedAt").as_f64().filter(|at| at.is_finite()) {
                 set(&t, "deletedAt", &at.into());
             }
@@ -457,10 +458,12 @@ fn snapshot_row(line: &JsString, n: usize) -> Result<SnapshotLine> {
 
 /// A snapshot's tombstone line holds what an export writes for one and
 /// nothing else: `_id`, `_rev`, `_deleted: true` and, from releases that
-/// record it, `deletedAt` (ms since the epoch, an integer in [0, 2^53 - 1]:
-/// `purgeTombstones`' clock). An import keeps the value a line carries, so
-/// one it could not keep as given (a `deletedAt` that is no such number, a
-/// body a tombstone does not store) is refused rather than changed.
+/// record it, `deletedAt` (ms since the epoch, `purgeTombstones`' clock: a
+/// finite number, as every stored one is; any, so that every export imports
+/// again, also one whose time came from a PouchDB dump's deleted document).
+/// An import keeps the value a line carries, so one it could not keep as
+/// given (a `deletedAt` that is not a finite number, a body a tombstone
+/// does not store) is refused rather than changed.
 ///
 /// # Errors
 /// ValidationError naming line `n`.
@@ -476,15 +479,11 @@ fn check_tombstone_line(v: &JsValue, n: usize) -> Result<()> {
         }
     }
     let at = get(v, "deletedAt");
-    if !at.is_undefined()
-        && !at
-            .as_f64()
-            .is_some_and(|t| t.fract() == 0.0 && (0.0..=9_007_199_254_740_991.0).contains(&t))
-    {
+    if !at.is_undefined() && !at.as_f64().is_some_and(f64::is_finite) {
         return Err(line_error(
             "snapshot",
             n,
-            "a tombstone's deletedAt must be an integer number of ms since the epoch in [0, 2^53 - 1]",
+            "a tombstone's deletedAt must be a finite number of ms since the epoch",
         ));
     }
     Ok(())
