@@ -161,6 +161,31 @@ export function transactionPromise(tx) {
 }
 
 /**
+ * Marks a database as watched (Rust src/store/index.rs
+ * `Store::mark_watched`) in `tx`, a readwrite transaction over `meta`: when
+ * the index state carries `watched: false`, stores it with `watched: true`
+ * and bumps the generation, as the Rust `write_state` does for every state
+ * change, so every connection reads the state again at its next write.
+ * Resolves once `tx` committed; rejects with `toError(tx.error)` when it
+ * aborted.
+ */
+export function markWatched(tx, toError) {
+  const meta = tx.objectStore('meta');
+  const state = meta.get('indexes');
+  const gen = meta.get('indexes-gen');
+  gen.onsuccess = () => {
+    const s = state.result;
+    if (s?.watched !== false) return;
+    meta.put({ ...s, watched: true }, 'indexes');
+    meta.put((+gen.result || 0) + 1, 'indexes-gen');
+  };
+  return new Promise((resolve, reject) => {
+    tx.oncomplete = () => resolve();
+    tx.onabort = () => reject(toError(tx.error));
+  });
+}
+
+/**
  * A Promise resolved with `value` after `ms` milliseconds (this global
  * scope's `setTimeout`, window or worker, which passes its extra argument to
  * the callback per the HTML timers spec).
@@ -222,11 +247,19 @@ function createSchema(db, schema) {
     return undefined;
   }
   if (schema === 1 && names.length === 0) return 'the store was deleted';
+  // A database this release creates starts unwatched (Rust index.rs
+  // `IndexState::quiet`): its writes post no change until a `watch()`.
+  // One an earlier release made has no such mark, and keeps posting.
+  const fresh = names.length === 0;
   if (!names.contains('records')) {
     db.createObjectStore('records', { keyPath: '_id' }).createIndex('byType', ['recordType', '_id']);
   }
   if (!names.contains('tombstones')) db.createObjectStore('tombstones', { keyPath: '_id' });
-  for (const name of ['meta', 'derived']) if (!names.contains(name)) db.createObjectStore(name);
+  if (!names.contains('meta')) {
+    const meta = db.createObjectStore('meta');
+    if (fresh) meta.put({ watched: false }, 'indexes');
+  }
+  if (!names.contains('derived')) db.createObjectStore('derived');
   return undefined;
 }
 
@@ -374,7 +407,7 @@ export function deletion(factory, name, blockedMs, blocked, toError) {
  * handle is garbage-collected (an open BroadcastChannel with a message
  * listener is kept alive: HTML, "Broadcasting to other browsing contexts").
  */
-export function watchChannel(name, prefix, callback) {
+export function watchChannel(name, prefix, callback, ready) {
   const channel = new BroadcastChannel(name);
   let stopped = false;
   channel.onmessage = (event) => {
@@ -398,7 +431,10 @@ export function watchChannel(name, prefix, callback) {
     channel.onmessage = null;
     channel.close();
   };
-  const handle = { close };
+  // `ready` is the caller's to await; a rejection nobody awaits is not an
+  // unhandled one (the subscription itself keeps running).
+  ready.catch(() => {});
+  const handle = { close, ready };
   if (typeof Symbol.dispose === 'symbol') handle[Symbol.dispose] = close;
   return Object.freeze(handle);
 }

@@ -91,7 +91,20 @@ export interface WatchChange { id: string; rev: string; deleted: boolean; }
  * Like an event listener, the subscription lasts until closed: dropping the
  * handle does not stop it.
  */
-export interface Watch { close(): void; [Symbol.dispose](): void; }
+export interface Watch {
+  close(): void;
+  [Symbol.dispose](): void;
+  /**
+   * Resolves once the database is marked as watched: from then on every
+   * write committed in any tab or worker is announced. Writes to a database
+   * that was never watched post no change message (each post costs a write
+   * in Chromium about a tenth of its time), so another context's write that
+   * commits before `ready` may go unheard; this store's own calls made after
+   * `watch()` returned are always heard. Rejects (ClosedError, or the
+   * IndexedDB error) when the mark could not be written.
+   */
+  readonly ready: Promise<void>;
+}
 export interface SnapshotImportSummary { written: number; keptNewer: number; }
 export interface IndexDefinition { name: string; keys: string[]; }
 export interface CountOptions {
@@ -658,12 +671,13 @@ impl AgentStore {
         let callback: Function = callback.dyn_into().map_err(|_| {
             StoreError::validation("watch(options, callback): callback must be a function").to_js()
         })?;
-        let inner = Watcher::new(self.inner.name(), prefix, callback).map_err(|_| {
-            StoreError::Transaction(
+        if !self.inner.can_post() {
+            return Err(StoreError::Transaction(
                 "watch() needs BroadcastChannel, which this context does not have".into(),
             )
-            .to_js()
-        })?;
+            .to_js());
+        }
+        let inner = Watcher::new(&self.inner, prefix, callback)?;
         Ok(inner.handle().clone())
     }
 }

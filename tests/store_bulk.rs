@@ -962,3 +962,105 @@ async fn a_stored_updated_at_of_an_impossible_day_is_replaced_when_copied_back_n
     assert_eq!(failure_indexes(&e), vec![1]);
     assert!(get_id(&store, "x").await.is_none() && get_id(&store, "y").await.is_none());
 }
+
+/// Listens on the store's change channel itself (not through `watch`, so it
+/// marks nothing): every message posted lands in the returned array, in the
+/// order posted. Returns the channel (to close) and the array.
+fn raw_listener(name: &str) -> (JsValue, Array) {
+    let heard = Array::new();
+    let make = Function::new_with_args(
+        "name, out",
+        "const c = new BroadcastChannel('agentstore:' + name); c.onmessage = (e) => out.push(e.data); return c;",
+    );
+    let ch = make
+        .call2(&JsValue::NULL, &name.into(), &heard)
+        .expect("BroadcastChannel");
+    (ch, heard)
+}
+
+fn close_channel(ch: &JsValue) {
+    let close: Function = Reflect::get(ch, &"close".into()).unwrap().unchecked_into();
+    close.call0(ch).unwrap();
+}
+
+/// The ids of one posted message (`[{id, rev, deleted}]`).
+fn message_ids(m: &JsValue) -> Vec<String> {
+    Array::from(m)
+        .iter()
+        .map(|c| field_str(&c, "id").unwrap())
+        .collect()
+}
+
+/// A database no context has watched gets no change message from its
+/// writes (a post costs a Chromium write about a tenth of its time). The
+/// first `watch()` marks the database in a transaction of its own: once
+/// its `ready` resolved, every write posts, from this connection and from
+/// another one that cached the unwatched state before the mark (it sees the
+/// index-state generation change). The raw listener hears every post in
+/// the order posted, so the first message it gets must be the first write
+/// after the mark.
+#[wasm_bindgen_test]
+async fn writes_post_changes_only_once_the_database_was_watched_from_any_connection() {
+    for round in 0..3 {
+        let (a, name) = open_api(&format!("watch-mark-{round}")).await;
+        let b = AgentStore::from_store(open_named(&name).await);
+        let (ch, heard) = raw_listener(&name);
+        // Unwatched: puts, a batch and a delete, from both connections.
+        let r1 = put(&a, json!({"_id": "q/1"})).await;
+        put(&b, json!({"_id": "q/2"})).await;
+        call(b.put_many(js(json!([{"_id": "q/3"}, {"_id": "q/4"}]))))
+            .await
+            .unwrap();
+        call(a.delete(s("q/1"), s(&r1))).await.unwrap();
+        let (w, seen) = watch(&a, "q/");
+        call(field(&w, "ready").unchecked_into()).await.unwrap();
+        // `b` cached the unwatched state at its writes above.
+        put(&b, json!({"_id": "q/5"})).await;
+        until_seen(&seen, 1).await;
+        wait_for("the raw listener", || heard.length() >= 1).await;
+        assert_eq!(message_ids(&heard.get(0)), vec!["q/5"], "round {round}");
+        assert_eq!(*seen.borrow(), vec!["q/5:false"]);
+        // Every kind of write posts from now on, from both connections.
+        call(a.put_many(js(json!([{"_id": "q/6"}])))).await.unwrap();
+        let r2 = field_str(&get_id(&b, "q/2").await.unwrap(), "_rev").unwrap();
+        call(b.delete(s("q/2"), s(&r2))).await.unwrap();
+        until_seen(&seen, 3).await;
+        assert_eq!(*seen.borrow(), vec!["q/5:false", "q/6:false", "q/2:true"]);
+        // A second watch finds the mark there and resolves too.
+        let (w2, _) = watch(&b, "q/");
+        call(field(&w2, "ready").unchecked_into()).await.unwrap();
+        close_channel(&ch);
+        for h in [&w, &w2] {
+            let close: Function = Reflect::get(h, &"close".into()).unwrap().unchecked_into();
+            close.call0(h).unwrap();
+        }
+    }
+}
+
+/// A database an earlier release made has no "unwatched" mark in its index
+/// state (nor does state an earlier release wrote back): its writes post as
+/// they always did, with no `watch()` in this context.
+#[wasm_bindgen_test]
+async fn a_database_without_the_unwatched_mark_posts_every_write() {
+    let (a, name) = open_api("watch-legacy").await;
+    put(&a, json!({"_id": "l/1"})).await;
+    // What an earlier release's state looks like: no `watched` field, and
+    // a new generation so every connection reads it again.
+    let legacy = Function::new_with_args(
+        "name",
+        "return new Promise((res, rej) => { const r = indexedDB.open(name); r.onerror = () => rej(r.error); r.onsuccess = () => { const db = r.result; const tx = db.transaction('meta', 'readwrite'); const m = tx.objectStore('meta'); const s = m.get('indexes'); const g = m.get('indexes-gen'); g.onsuccess = () => { const st = Object.assign({}, s.result); delete st.watched; m.put(st, 'indexes'); m.put((g.result || 0) + 1, 'indexes-gen'); }; tx.oncomplete = () => { db.close(); res(); }; tx.onabort = () => rej(tx.error); }; })",
+    );
+    call(
+        legacy
+            .call1(&JsValue::NULL, &name.as_str().into())
+            .unwrap()
+            .unchecked_into(),
+    )
+    .await
+    .unwrap();
+    let (ch, heard) = raw_listener(&name);
+    put(&a, json!({"_id": "l/2"})).await;
+    wait_for("the raw listener", || heard.length() >= 1).await;
+    assert_eq!(message_ids(&heard.get(0)), vec!["l/2"]);
+    close_channel(&ch);
+}

@@ -33,7 +33,7 @@ async fn visible(store: &Store) -> (String, String) {
 fn watch_ids(store: &Store) -> (Watcher, Array) {
     let seen = Array::new();
     let push = Function::new_with_args("change", "this.push(change.id)").bind0(&seen);
-    let w = Watcher::new(store.name(), "".into(), push).expect("watch");
+    let w = Watcher::new(store, "".into(), push).expect("watch");
     (w, seen)
 }
 

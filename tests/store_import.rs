@@ -71,7 +71,7 @@ fn watch_all(store: &Store) -> Seen {
         ));
     });
     let watcher = agentstore::store::Watcher::new(
-        store.name(),
+        store,
         "".into(),
         cb.as_ref().unchecked_ref::<Function>().clone(),
     )

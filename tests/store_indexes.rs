@@ -455,7 +455,7 @@ async fn a_changed_definition_rebuilds_without_a_version_upgrade() {
 async fn watch_delivers_committed_changes_under_its_prefix_only() {
     let (store, _) = open("watch").await;
     let (cb, seen) = change_log();
-    let w = agentstore::store::Watcher::new(store.name(), "w/".into(), cb).unwrap();
+    let w = agentstore::store::Watcher::new(&store, "w/".into(), cb).unwrap();
     let r = store.put(&js(json!({"_id": "w/1"}))).await.unwrap().rev;
     store.put(&js(json!({"_id": "other"}))).await.unwrap();
     store.delete(&s("w/1"), &s(&r)).await.unwrap();
@@ -481,7 +481,7 @@ async fn watch_delivers_committed_changes_under_its_prefix_only() {
     let control_cb =
         wasm_bindgen::closure::Closure::<dyn FnMut(JsValue)>::new(move |_| c2.set(true));
     let control_watch = agentstore::store::Watcher::new(
-        store.name(),
+        &store,
         "w/".into(),
         wasm_bindgen::JsCast::unchecked_ref::<js_sys::Function>(control_cb.as_ref()).clone(),
     )

@@ -189,7 +189,7 @@ async fn store_watch_and_leases_work_in_a_worker_while_the_page_writes_the_same_
             .push(field_str(&c, "id").unwrap_or_default());
     });
     let watcher = agentstore::store::Watcher::new(
-        &db,
+        &page,
         "worker:".into(),
         cb.as_ref().unchecked_ref::<Function>().clone(),
     )

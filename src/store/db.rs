@@ -432,6 +432,11 @@ impl Tx {
             .map_err(|_| abort_error(&raw))
     }
 
+    /// The `IDBTransaction` (for requests issued and answered in JS).
+    pub fn raw(&self) -> &IdbTransaction {
+        &self.raw
+    }
+
     /// Ends a transaction without waiting for its `complete` event (a
     /// read-only one, or a readwrite one that wrote nothing): its reads are
     /// final once their requests succeeded, and waiting for the commit of a

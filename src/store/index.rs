@@ -47,6 +47,12 @@ pub struct IndexState {
     pub building: Vec<String>,
     /// Tombstone purges so far (`purgeTombstones` calls that removed any).
     pub purges: f64,
+    /// No `watch()` was ever made on this database (stored as `watched:
+    /// false`, written when this release creates the database; cleared by
+    /// the first `watch()`). Writes then post no change message. A state
+    /// without the field (a database an earlier release made, or state an
+    /// earlier release wrote back) counts as watched.
+    pub quiet: bool,
 }
 
 /// Index definitions by tag, in tag order (a sorted `Vec`: see
@@ -109,6 +115,9 @@ impl IndexState {
         if self.purges > 0.0 {
             set(&o, "purges", &JsValue::from_f64(self.purges));
         }
+        if self.quiet {
+            set(&o, "watched", &JsValue::FALSE);
+        }
         o.into()
     }
 
@@ -136,6 +145,7 @@ impl IndexState {
         state.active = strings_from_js(&field("active")).unwrap_or_default();
         state.building = strings_from_js(&field("building")).unwrap_or_default();
         state.purges = field("purges").as_f64().unwrap_or(0.0);
+        state.quiet = field("watched").as_bool() == Some(false);
         state
     }
 }
@@ -244,7 +254,17 @@ pub(crate) async fn note_purge(tx: &Tx) -> Result<()> {
     write_state(tx, &state, gen)
 }
 
-/// Stores `state` as generation `gen + 1`.
+#[wasm_bindgen::prelude::wasm_bindgen(module = "/js/promise.js")]
+extern "C" {
+    /// Turns `watched: false` in the state in `tx` into `true`, with the next
+    /// generation, as [`write_state`] would (js/promise.js `markWatched`);
+    /// settles with the transaction, rejecting with `to_error(tx.error)`.
+    #[wasm_bindgen(js_name = markWatched)]
+    fn mark_watched(tx: &web_sys::IdbTransaction, to_error: &JsValue) -> js_sys::Promise;
+}
+
+/// Stores `state` as generation `gen + 1` (also done in JS by
+/// js/promise.js `markWatched`, for the one change a `watch()` makes).
 fn write_state(tx: &Tx, state: &IndexState, gen: f64) -> Result<()> {
     let meta = tx.store(META)?;
     meta.put(&state.to_js(), Some(&JsValue::from_str(STATE_KEY)))?;
@@ -312,6 +332,28 @@ impl Store {
         Ok((t, self.write_indexes_from(tx, gen).await?))
     }
 
+    /// Marks the database as watched (clears [`IndexState::quiet`], which
+    /// bumps the generation) in a readwrite transaction created during this
+    /// call (js/promise.js `markWatched`: the read, the conditional write
+    /// and the Promise are JS, no Rust future); the Promise resolves with
+    /// `undefined` once it committed (or found the mark already gone).
+    /// From then on every write transaction, in any tab or worker, posts
+    /// its changes. `watch()` attaches its listener in the same call: a
+    /// write ordered before the mark committed before the listener could
+    /// hear anything of it.
+    ///
+    /// # Errors
+    /// ClosedError when the store is closed (returned); the Promise rejects
+    /// with QuotaExceededError / TransactionError when the transaction
+    /// aborts.
+    pub(crate) fn mark_watched(&self) -> Result<js_sys::Promise> {
+        let tx = self.db.tx(&[META], TransactionMode::ReadWrite)?;
+        let done = mark_watched(tx.raw(), &crate::error::dom_error_fn());
+        // The transaction is JS's now: no abort when `tx` drops.
+        tx.end_read();
+        Ok(done)
+    }
+
     /// [`Store::write_indexes`] given the issued generation read.
     pub(crate) async fn write_indexes_from(
         &self,
@@ -334,6 +376,7 @@ impl Store {
             tags: state.maintained(),
             purges: state.purges,
         });
+        self.changes.set_watched(!state.quiet);
         *self.index_cache.0.borrow_mut() = Some(m.clone());
         Ok(m)
     }

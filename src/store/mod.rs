@@ -253,6 +253,12 @@ impl Store {
         &self.indexes
     }
 
+    /// Whether this context can post and hear changes (it has
+    /// `BroadcastChannel`): `watch()` needs it.
+    pub fn can_post(&self) -> bool {
+        self.changes.can_post()
+    }
+
     /// `Ok` while the connection is open.
     ///
     /// # Errors

@@ -5,6 +5,7 @@
 
 use crate::error::set;
 use js_sys::{Array, Function, JsString, Object};
+use std::cell::Cell;
 use wasm_bindgen::{JsCast, JsValue};
 use web_sys::BroadcastChannel;
 
@@ -17,6 +18,13 @@ pub struct Notifier {
     name: String,
     /// `None` where BroadcastChannel does not exist; watching is then local-free.
     channel: Option<BroadcastChannel>,
+    /// False while the index state this connection last read says no
+    /// context ever watched the database (`IndexState::quiet`): changes are
+    /// then not posted. Only ever goes from false to true on one database
+    /// (a watch clears the mark for good), so a transaction that read the
+    /// state before a later one of this connection re-read it posts at
+    /// worst once more than needed.
+    watched: Cell<bool>,
 }
 
 impl Notifier {
@@ -25,12 +33,24 @@ impl Notifier {
         Notifier {
             name: name.to_owned(),
             channel: BroadcastChannel::new(&channel_name(name)).ok(),
+            watched: Cell::new(true),
         }
     }
 
     /// The database name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Records whether the index state just read says the database is
+    /// watched (see the field).
+    pub fn set_watched(&self, watched: bool) {
+        self.watched.set(watched);
+    }
+
+    /// Whether this context has `BroadcastChannel`.
+    pub fn can_post(&self) -> bool {
+        self.channel.is_some()
     }
 
     /// Posts one message with every change of a committed transaction
@@ -45,11 +65,11 @@ impl Notifier {
 
     /// Appends the change `{id, rev, deleted}` to `changes` (a message for
     /// [`Notifier::post`]); nothing is built where there is no channel to
-    /// post it on. The writes build the message as they go: a slice of
-    /// tuples turned into an `Array` afterwards compiled one iterator chain
-    /// per caller.
+    /// post it on, or on a database no context has watched. The writes
+    /// build the message as they go: a slice of tuples turned into an
+    /// `Array` afterwards compiled one iterator chain per caller.
     pub fn change(&self, changes: &Array, id: &JsValue, rev: &str, deleted: bool) {
-        if self.channel.is_none() {
+        if self.channel.is_none() || !self.watched.get() {
             return;
         }
         let o = Object::new();
@@ -74,35 +94,53 @@ impl Drop for Notifier {
 /// are JS). Stops on [`Watcher::close`] only: dropping a `Watcher` (or the
 /// page dropping the JS handle) leaves it running, as an event listener
 /// stays until it is removed.
+///
+/// Writes to a database that no context has watched post nothing (a
+/// `BroadcastChannel` post costs a write in Chromium about a tenth of its
+/// time: BENCHMARKS, thirty-fourth round); the first watch marks the
+/// database in IndexedDB (`Store::mark_watched`), and the handle's `ready`
+/// resolves once that mark committed.
 pub struct Watcher {
-    /// The JS handle: `{close(), [Symbol.dispose]()}`, frozen.
+    /// The JS handle: `{close(), ready, [Symbol.dispose]()}`, frozen.
     handle: JsValue,
 }
 
 #[wasm_bindgen::prelude::wasm_bindgen(module = "/js/promise.js")]
 extern "C" {
     /// Listens on BroadcastChannel `name` (throws where there is none);
-    /// returns the subscription's handle.
+    /// returns the subscription's handle, with `ready` on it.
     #[wasm_bindgen(js_name = watchChannel, catch)]
     fn watch_channel(
         name: &str,
         prefix: &JsString,
         callback: &Function,
+        ready: &js_sys::Promise,
     ) -> Result<JsValue, JsValue>;
 }
 
 impl Watcher {
-    /// Subscribes to changes of database `db` under `prefix`.
+    /// Subscribes to changes of `store`'s database under `prefix`, and
+    /// marks the database as watched (see [`Watcher`]).
     ///
     /// # Errors
-    /// The DOMException when BroadcastChannel is unavailable.
-    pub fn new(db: &str, prefix: JsString, callback: Function) -> Result<Watcher, JsValue> {
-        Ok(Watcher {
-            handle: watch_channel(&channel_name(db), &prefix, &callback)?,
-        })
+    /// ClosedError when `store` is closed; the DOMException when
+    /// BroadcastChannel is unavailable (the database is marked all the
+    /// same: its writes then post, which no one loses by).
+    pub fn new(
+        store: &super::Store,
+        prefix: JsString,
+        callback: Function,
+    ) -> Result<Watcher, JsValue> {
+        // The mark's transaction is created during this call, so it commits
+        // after the listener below is attached. A failed mark rejects
+        // `ready` (the listener then hears only writers that post anyway).
+        let ready = store.mark_watched().map_err(|e| e.to_js())?;
+        let handle = watch_channel(&channel_name(store.name()), &prefix, &callback, &ready)?;
+        Ok(Watcher { handle })
     }
 
-    /// The JS handle `{close(), [Symbol.dispose]()}` that `watch()` returns.
+    /// The JS handle `{close(), ready, [Symbol.dispose]()}` that `watch()`
+    /// returns.
     pub fn handle(&self) -> &JsValue {
         &self.handle
     }
