@@ -399,7 +399,8 @@ export function deletion(factory, name, blockedMs, blocked, toError) {
  * `callback(change)` for every `{id, rev, deleted}` of a posted change
  * array whose string `id` starts with `prefix` (UTF-16 code units, as
  * `startsWith`); what the callback throws is dropped. Returns the
- * subscription's handle `{close(), [Symbol.dispose]()}` (frozen): `close()`
+ * subscription's handle `{close(), ready, [Symbol.dispose]()}` (frozen;
+ * `ready` is the Promise given, the database's watched mark): `close()`
  * stops it, also for the rest of a message being handled (a callback that
  * stops its own subscription gets no further change); a second `close()`
  * does nothing. The handle holds nothing the subscription needs: like an

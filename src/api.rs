@@ -100,8 +100,8 @@ export interface Watch {
    * that was never watched post no change message (each post costs a write
    * in Chromium about a tenth of its time), so another context's write that
    * commits before `ready` may go unheard; this store's own calls made after
-   * `watch()` returned are always heard. Rejects (ClosedError, or the
-   * IndexedDB error) when the mark could not be written.
+   * `watch()` returned are always heard. Rejects (QuotaExceededError,
+   * TransactionError) when the mark could not be written.
    */
   readonly ready: Promise<void>;
 }

@@ -337,16 +337,23 @@ impl Store {
     /// call (js/promise.js `markWatched`: the read, the conditional write
     /// and the Promise are JS, no Rust future); the Promise resolves with
     /// `undefined` once it committed (or found the mark already gone).
-    /// From then on every write transaction, in any tab or worker, posts
-    /// its changes. `watch()` attaches its listener in the same call: a
-    /// write ordered before the mark committed before the listener could
-    /// hear anything of it.
+    /// Every write transaction created after it, in any tab or worker,
+    /// posts its changes. One created before it (this connection's queued
+    /// writes, another context's) reads the state first and may post
+    /// nothing, even if it commits after `watch()` attached its listener:
+    /// it was concurrent with the subscription. A connection whose last
+    /// read of the state found the mark creates no transaction (the mark
+    /// is never taken back while a connection to the database is open).
     ///
     /// # Errors
     /// ClosedError when the store is closed (returned); the Promise rejects
     /// with QuotaExceededError / TransactionError when the transaction
     /// aborts.
     pub(crate) fn mark_watched(&self) -> Result<js_sys::Promise> {
+        if self.index_cache.0.borrow().is_some() && self.changes.watched() {
+            self.db.check_open()?;
+            return Ok(js_sys::Promise::resolve(&JsValue::UNDEFINED));
+        }
         let tx = self.db.tx(&[META], TransactionMode::ReadWrite)?;
         let done = mark_watched(tx.raw(), &crate::error::dom_error_fn());
         // The transaction is JS's now: no abort when `tx` drops.

@@ -48,6 +48,11 @@ impl Notifier {
         self.watched.set(watched);
     }
 
+    /// Whether writes post (see the field; true until the state is read).
+    pub fn watched(&self) -> bool {
+        self.watched.get()
+    }
+
     /// Whether this context has `BroadcastChannel`.
     pub fn can_post(&self) -> bool {
         self.channel.is_some()
@@ -125,7 +130,8 @@ impl Watcher {
     /// # Errors
     /// ClosedError when `store` is closed; the DOMException when
     /// BroadcastChannel is unavailable (the database is marked all the
-    /// same: its writes then post, which no one loses by).
+    /// same: its writes then post, which no one loses by; `watch()` checks
+    /// for BroadcastChannel first and marks nothing then).
     pub fn new(
         store: &super::Store,
         prefix: JsString,
