@@ -130,6 +130,43 @@ test('a watch in page B sees page A\'s committed writes, and only those under it
   await context.close();
 });
 
+// A database this release creates posts no change message until something
+// watches it. Page A writes first (its connection reads and caches the
+// unwatched state), then page B watches and awaits `ready`: A's next write
+// must be posted, and A's earlier ones never were. B's raw listener on the
+// store's channel (not a watch: it marks nothing), made before A's first
+// write, hears every post from A's connection in the order posted, so its
+// first message is A's first post.
+test('page A\'s writes are posted once page B watched, not before', { timeout: 60_000 }, async () => {
+  for (let round = 0; round < 3; round++) {
+    const { context, pages } = await twoPages(`watch-mark-two-pages-${round}`);
+    const [a, b] = pages;
+    await b.evaluate((name) => {
+      window.raw = [];
+      window.rawChannel = new BroadcastChannel(`agentstore:${name}`);
+      window.rawChannel.onmessage = (e) => window.raw.push(e.data.map((c) => c.id));
+    }, `watch-mark-two-pages-${round}`);
+    await a.evaluate(async () => {
+      await window.store.put({ _id: 'job:0' });
+      await window.store.putMany([{ _id: 'job:00' }]);
+    });
+    await b.evaluate(async () => {
+      window.seen = [];
+      window.w = window.store.watch({ prefix: 'job:' }, (c) => window.seen.push(c.id));
+      await window.w.ready;
+    });
+    await a.evaluate(() => window.store.put({ _id: 'job:1' }));
+    await b.waitForFunction(() => window.seen.length >= 1 && window.raw.length >= 1, null, { timeout: 10_000 });
+    assert.deepEqual(await b.evaluate(() => window.raw[0]), ['job:1'], `round ${round}`);
+    assert.deepEqual(await b.evaluate(() => window.seen), ['job:1'], `round ${round}`);
+    await b.evaluate(() => {
+      window.w.close();
+      window.rawChannel.close();
+    });
+    await context.close();
+  }
+});
+
 test('an upgrade in page B closes page A\'s connection and tells it (C-E1)', { timeout: 60_000 }, async () => {
   const { context, pages } = await twoPages('upgrade-two-pages');
   const [a, b] = pages;
