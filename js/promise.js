@@ -179,9 +179,8 @@ export function markWatched(tx, toError) {
     meta.put({ ...s, watched: true }, 'indexes');
     meta.put((+gen.result || 0) + 1, 'indexes-gen');
   };
-  return new Promise((resolve, reject) => {
-    tx.oncomplete = () => resolve();
-    tx.onabort = () => reject(toError(tx.error));
+  return transactionPromise(tx).catch(() => {
+    throw toError(tx.error);
   });
 }
 
