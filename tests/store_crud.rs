@@ -344,3 +344,73 @@ async fn the_body_digest_is_the_native_canonical_digest() {
         assert_eq!(written.rev, expected, "{source}");
     }
 }
+
+/// The walk keeps the order of the key list it last sorted at each depth,
+/// and the JSON text of the keys it wrote (js/walk.js `orderOf`, `keyJSON`):
+/// a record must still get the native canonical digest whatever shapes came
+/// before it — the same keys in another order, one key more or less, one key
+/// renamed, a nested object of another shape at the same depth in between,
+/// objects inside arrays, keys that need escapes — in one batch and in
+/// single puts one after another.
+#[wasm_bindgen_test]
+async fn the_body_digest_is_the_native_one_whatever_shapes_came_before() {
+    use agentstore_protocol::canonical::BodyDigest;
+    use agentstore_protocol::record::canonical_body;
+    use agentstore_protocol::rev::Rev;
+    const AT: &str = "2026-03-01T08:27:12.804Z";
+    let (store, _) = open("shapes").await;
+    let sources = [
+        r#"{"_id":"s0","b":1,"a":2,"o":{"y":1,"x":2}}"#,
+        r#"{"_id":"s1","a":2,"b":1,"o":{"x":2,"y":1}}"#,
+        r#"{"_id":"s2","b":1,"a":2,"o":{"y":1,"x":2}}"#,
+        r#"{"_id":"s3","b":1,"a":2,"c":0,"o":{"y":1,"x":2,"w":3}}"#,
+        r#"{"_id":"s4","b":1,"a":2}"#,
+        r#"{"_id":"s5","b":1,"A":2,"o":{"y":1,"X":2}}"#,
+        r#"{"_id":"s6","b":1,"a":2,"o":{"p":{"z":1,"m":2}},"q":{"y":1,"x":2}}"#,
+        r#"{"_id":"s7","l":[{"y":1,"x":2},{"x":2,"y":1},{"y":1,"x":2,"v":0}],"b":1,"a":2}"#,
+        r#"{"_id":"s8","q\"k":1,"\\":2,"😀":3,"":4,"b":1}"#,
+        r#"{"_id":"s9","":4,"😀":3,"\\":2,"q\"k":1,"b":1}"#,
+    ];
+    let expected = |source: &str| {
+        let native: serde_json::Value = serde_json::from_str(source).unwrap();
+        let mut body = BodyDigest::new();
+        body.raw(canonical_body(native.as_object().unwrap()).as_bytes());
+        Rev::next(None, &[&body.finish(), AT]).unwrap().text()
+    };
+    let record = |source: &str| {
+        let r = js_sys::JSON::parse(source).unwrap();
+        js_sys::Reflect::set(&r, &"updatedAt".into(), &AT.into()).unwrap();
+        r
+    };
+    // Twice over, so every record also follows every other shape.
+    let batch = js_sys::Array::new();
+    for round in 0..2 {
+        for s in sources {
+            let s = s.replace("\"_id\":\"s", &format!("\"_id\":\"b{round}s"));
+            batch.push(&record(&s));
+        }
+    }
+    let written = store.put_many(&batch).await.unwrap();
+    let mut n = 0;
+    for round in 0..2 {
+        for s in sources {
+            let s = s.replace("\"_id\":\"s", &format!("\"_id\":\"b{round}s"));
+            assert_eq!(written[n].rev, expected(&s), "in a batch: {s}");
+            n += 1;
+        }
+    }
+    // Single puts, in order and then in reverse (each its own id).
+    for (pass, list) in [
+        (0, sources.to_vec()),
+        (1, sources.iter().rev().copied().collect()),
+    ] {
+        for s in list {
+            let s = s.replace("\"_id\":\"s", &format!("\"_id\":\"p{pass}s"));
+            let w = store.put(&record(&s)).await.unwrap();
+            assert_eq!(w.rev, expected(&s), "one put: {s}");
+            let got = store.get(&w.id.into()).await.unwrap().unwrap();
+            let rev = js_sys::Reflect::get(&got, &"_rev".into()).unwrap();
+            assert_eq!(rev.as_string().unwrap(), expected(&s), "stored: {s}");
+        }
+    }
+}
