@@ -766,6 +766,54 @@ async fn a_stream_source_larger_than_the_fold_imports_every_record_exactly() {
     }
 }
 
+/// A stream chunk is the caller's object: a real Uint8Array with an own
+/// accessor that throws. Before, its `length` was read through a binding
+/// that does not catch; the throw unwound through the module and the import
+/// never settled. Now a throwing `length`, `buffer` or `byteOffset` does not
+/// matter (the bytes are taken from the view's internal slots) and every
+/// record imports; a throwing `byteLength` (what the collector counts) is a
+/// ValidationError that writes nothing; and the store imports normally
+/// afterwards.
+#[wasm_bindgen_test]
+async fn import_stream_chunk_with_throwing_getters_imports_or_rejects_instead_of_hanging() {
+    let text = snapshot_of_runs(3);
+    let make = Function::new_with_args(
+        "text, key",
+        "const bytes = new TextEncoder().encode(text); \
+         Object.defineProperty(bytes, key, { get() { throw new Error('getter ' + key); } }); \
+         return new ReadableStream({ start(c) { c.enqueue(bytes); c.close(); } });",
+    );
+    let stream = |key: &str| {
+        make.call2(&JsValue::NULL, &s(&text), &s(key))
+            .expect("the stream is made")
+    };
+    for key in ["length", "buffer", "byteOffset"] {
+        let (store, _) = open(&format!("chunk-getter-{key}")).await;
+        let c = store
+            .import_snapshot(stream(key), None)
+            .await
+            .unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert_eq!(c.written, 3, "{key}");
+        assert_eq!(
+            runs(&store).await,
+            ["p0@1-aa", "p1@1-aa", "p2@1-aa"],
+            "{key}"
+        );
+    }
+    let (store, _) = open("chunk-getter-byteLength").await;
+    let e = store
+        .import_snapshot(stream("byteLength"), None)
+        .await
+        .expect_err("a chunk whose byteLength throws");
+    assert_eq!(e.code(), ErrorCode::Validation, "{e}");
+    assert!(e.to_string().contains("byteLength"), "{e}");
+    assert!(runs(&store).await.is_empty(), "nothing is written");
+    // The module is whole: the same store imports the next source.
+    let c = store.import_snapshot(s(&text), None).await.unwrap();
+    assert_eq!(c.written, 3);
+    assert_eq!(runs(&store).await, ["p0@1-aa", "p1@1-aa", "p2@1-aa"]);
+}
+
 /// Two exports joined into one source (`cat a.ndjson b.ndjson`, or an older
 /// export appended to a newer one) import as one: the second header line is
 /// skipped, and per id the highest revision wins whichever export holds it.

@@ -206,6 +206,12 @@ fn is_uint8_array(v: &JsValue) -> bool {
         && object_tag(v).is_ok_and(|t| t == JsValue::from_str("[object Uint8Array]"))
 }
 
+/// The ValidationError message for a stream chunk whose `byteLength` could
+/// not be read as a number (an own getter that throws or lies).
+#[cfg(feature = "io")]
+const CHUNK_UNREADABLE: &str =
+    "reading a chunk of the import source's stream threw (its byteLength getter)";
+
 /// How many bytes of a stream source are collected as chunks before they
 /// are folded into one Blob (see [`Source::from_js`]).
 #[cfg(feature = "io")]
@@ -273,8 +279,15 @@ impl Source {
                     "the import source's stream must give Uint8Array chunks (UTF-8 bytes)",
                 ));
             }
-            let bytes: &js_sys::Uint8Array = chunk.unchecked_ref();
-            pending = pending.saturating_add(bytes.length());
+            // Counted by `byteLength` read with Reflect (which catches): the
+            // chunk is the caller's, and an own getter on it may throw,
+            // which must not unwind through the module's frames (the Blob
+            // below takes the bytes from the view's internal slots).
+            let size = js_sys::Reflect::get(&chunk, &"byteLength".into())
+                .ok()
+                .and_then(|n| n.as_f64())
+                .ok_or_else(|| StoreError::validation(CHUNK_UNREADABLE))?;
+            pending = pending.saturating_add(size as u32);
             parts.push(&chunk);
             // Folded into a Blob every 4 MiB (a Blob of Blobs copies no
             // bytes): the chunks do not pile up in the JS heap until the
