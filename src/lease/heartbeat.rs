@@ -1,6 +1,7 @@
 //! The heartbeat loop: one per client, owned by its own task, holding only a
-//! `Weak` reference to the client (it ends when the client is dropped or
-//! closed, or holds no lease).
+//! `Weak` reference to the client (it ends when the client is dropped, or
+//! holds no active lease; once the client is closed it sends nothing and
+//! only loses leases at their local deadline).
 //!
 //! Each pass asks [`plan_pass`] (the pure model in
 //! `agentstore_protocol::lease_client`, property-tested natively against a
@@ -66,10 +67,14 @@ impl ClientInner {
     }
 
     /// One pass: expire, send, and say how long to wait (ms); `None` = stop.
+    ///
+    /// Once `close()` ran nothing is sent, but the pass goes on while a lease
+    /// is still active (its settle or release on the wire, which may hang up
+    /// to the request timeout): a lease past its local deadline is lost then
+    /// as at any other time, and its signal aborts at the deadline, not when
+    /// the call gives up.
     fn heartbeat_pass(self: &Rc<Self>) -> Option<f64> {
-        if self.closed.get() {
-            return None;
-        }
+        let closed = self.closed.get();
         let mut active = self.all();
         active.retain(|l| l.is_active());
         if active.is_empty() {
@@ -82,7 +87,7 @@ impl ClientInner {
             // No heartbeat while a settle's or release's answer is missing
             // (it may have landed: see `LeaseInner::ending_unanswered`), nor while the
             // test hook suspends them; the deadline still applies.
-            p.ending |= l.paused.get() || l.ending_unanswered.get();
+            p.ending |= closed || l.paused.get() || l.ending_unanswered.get();
             plans.push(p);
         }
         let pass = plan_pass(&plans, now);
