@@ -1721,6 +1721,50 @@ async fn close_waits_for_the_release_a_local_expiry_started() {
     );
 }
 
+/// `close()` while the release it sent is held by the proxy (15 s, within
+/// the 30 s request timeout): the lease's signal, kept by the app, still
+/// aborts at the local deadline (`expired_locally`) while the release is on
+/// the wire. Before, the heartbeat loop stopped when `close()` began, so the
+/// signal stayed live until the release was answered, long past the
+/// deadline, while the app's work could go on writing.
+#[wasm_bindgen_test]
+async fn close_with_a_hanging_release_still_aborts_the_kept_signal_at_the_local_deadline() {
+    let Some(proxy) = proxy() else { return };
+    const MODE: &str = "slow-releases-15000";
+    let q = fresh_queue("close-hanging-release");
+    let id = enqueue(&q, json!({})).await;
+    let c = client_at(&format!("{proxy}/{MODE}"), admin_creds(), config());
+    let lease = claim(&c, &q).await;
+    let signal = lease.signal();
+    let watch = async {
+        let until = now() + 4.0 * TTL_MS;
+        while held_back(proxy, MODE).await < 1.0 && now() < until {
+            sleep(20.0).await;
+        }
+        assert!(held_back(proxy, MODE).await >= 1.0, "the release is held");
+        assert!(!signal.aborted(), "live while the deadline is ahead");
+        // Bounded by the deadline and one TTL more, well before the held
+        // release is answered.
+        let until = lease.deadline() + TTL_MS;
+        while !signal.aborted() && now() < until {
+            sleep(20.0).await;
+        }
+        let aborted = signal.aborted();
+        let still_held = held_back(proxy, MODE).await >= 1.0;
+        (aborted, still_held, lease.status())
+    };
+    let ((), (aborted, still_held, status)) = join(c.close(), watch).await;
+    assert!(aborted, "the signal aborted at the local deadline");
+    assert!(still_held, "while the release was still on the wire");
+    assert_eq!(status, Status::Lost(LossReason::ExpiredLocally));
+    // close() waited for the release, which the server applied.
+    let it = item(id).await;
+    assert_eq!(
+        (it.state, it.last_error.as_deref()),
+        (ItemState::Open, Some("released"))
+    );
+}
+
 fn noop_handler() -> Function {
     Function::new_no_args("return undefined")
 }
@@ -2339,12 +2383,15 @@ async fn the_release_of_an_aborted_claims_grant_is_sent_until_the_server_answers
             let hook = fail_first_release(id, how);
             let controller = web_sys::AbortController::new().unwrap();
             let signal = controller.signal();
-            let claimed = if when == "at-server" {
-                let c = client_at(
+            let c = match when {
+                "at-server" => client_at(
                     &format!("{proxy}/slow-claims-1500"),
                     admin_creds(),
                     config(),
-                );
+                ),
+                _ => client_at(server().unwrap().0, admin_creds(), config()),
+            };
+            let claimed = if when == "at-server" {
                 let (claimed, ()) = join(c.claim(&q, Some(&signal)), async {
                     wait_item(id, 10_000.0, |it| it.state == ItemState::Running).await;
                     controller.abort();
@@ -2368,13 +2415,20 @@ async fn the_release_of_an_aborted_claims_grant_is_sent_until_the_server_answers
                     move || controller.abort()
                 });
                 abort.call1(&JsValue::NULL, &fire).unwrap();
-                let c = client_at(server().unwrap().0, admin_creds(), config());
                 c.claim(&q, Some(&signal)).await
             };
             let what = format!("{when}, first release: {how}");
             assert!(
                 claimed.is_err(),
                 "{what}: the claim rejected after its signal fired"
+            );
+            // The claim rejects once the grant was given back: the client
+            // no longer lists it as held (before, a lease whose first release
+            // got no answer stayed `Held`, its signal live, until its
+            // deadline, although the retried release had ended it).
+            assert!(
+                c.held().is_empty(),
+                "{what}: the given-back lease is not held"
             );
             assert!(signal.aborted(), "{what}: the signal fired");
             let it = wait_item(id, 10_000.0, |it| it.state == ItemState::Open).await;

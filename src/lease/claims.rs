@@ -164,11 +164,22 @@ impl ClientInner {
     /// Gives back `lease`, granted to a caller that no longer takes it (its
     /// signal fired, or `close()` ran, while the answer was read). Its
     /// release goes on as [`ClientInner::release_until_answered`] when the
-    /// first attempt gets no answer.
+    /// first attempt gets no answer. However the release ends, the lease is
+    /// no longer held here (not listed by `held()`, its signal aborted with
+    /// `released`); its journal entry goes only once the server answered.
     pub(crate) async fn give_back(self: &Rc<Self>, lease: &LeaseInner) {
-        if matches!(lease.release().await, Err(e) if e.is_transient()) {
-            self.release_until_answered(lease.item_id, &lease.token)
-                .await;
+        let confirmed = match lease.release().await {
+            Ok(()) => true,
+            Err(e) if e.is_transient() => {
+                self.release_until_answered(lease.item_id, &lease.token)
+                    .await
+            }
+            Err(e) => e.proves_lease_over(),
+        };
+        const WHY: &str = "given back: the claim's caller no longer took it";
+        match confirmed {
+            true => lease.lose(LossReason::Released, WHY),
+            false => lease.lose_unconfirmed(LossReason::Released, WHY),
         }
     }
 
@@ -178,14 +189,17 @@ impl ClientInner {
     /// server's own (a release is replayed by its token). One lost release
     /// would leave the item running under a token no one holds until its
     /// TTL, spending an attempt. The journal entry goes once the release is
-    /// answered.
-    pub(crate) async fn release_until_answered(self: &Rc<Self>, item_id: i64, token: &str) {
+    /// answered. Returns whether it was (the lease is over on the server).
+    pub(crate) async fn release_until_answered(self: &Rc<Self>, item_id: i64, token: &str) -> bool {
         let mut attempt = 0u32;
         loop {
             match self.release_token(item_id, token).await {
                 Err(e) if e.is_transient() && attempt < 4 && !self.closed.get() => {}
-                Err(e) if !e.proves_lease_over() => return,
-                _ => return self.forget_journal(item_id, token),
+                Err(e) if !e.proves_lease_over() => return false,
+                _ => {
+                    self.forget_journal(item_id, token);
+                    return true;
+                }
             }
             attempt += 1;
             super::http::sleep_ms(agentstore_protocol::backoff::full_jitter_ms(
