@@ -176,7 +176,8 @@ impl ClientInner {
             }
             Err(e) => e.proves_lease_over(),
         };
-        const WHY: &str = "given back: the claim's caller no longer took it";
+        // The message of the lease's own `release()` (one copy of it).
+        const WHY: &str = "released by this client";
         match confirmed {
             true => lease.lose(LossReason::Released, WHY),
             false => lease.lose_unconfirmed(LossReason::Released, WHY),
