@@ -910,7 +910,8 @@ impl Store {
     ///
     /// # Errors
     /// AbortError when `signal` aborts (the checkpoints stay, so a later call
-    /// resumes; one aborted before the call changes nothing); what
+    /// with `restart` false resumes, while one with `restart` starts over;
+    /// one aborted before the call changes nothing); what
     /// `on_progress` threw, unchanged, when it throws before the last batch
     /// (the committed batches stay); TransactionError when another
     /// connection redefined one of these index names meanwhile, or from
