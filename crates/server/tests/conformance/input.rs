@@ -858,7 +858,15 @@ pub async fn a_connection_closed_under_the_server_is_a_500_and_then_replaced(db:
         }
         answers.push(status.as_u16());
     }
-    assert_eq!(answers[0], 500, "the dead connection is found: {answers:?}");
+    // Not necessarily the first request: a connection the pool opened after
+    // the count (a background task's) is live and may be handed out first.
+    // Each dead connection costs at most one request, and a statement that
+    // uses one finds it.
+    let failed = answers.iter().filter(|&&a| a == 500).count();
+    assert!(
+        (1..=idle).contains(&failed),
+        "the dead connections are found, each once: {answers:?} ({idle} terminated)"
+    );
     assert_eq!(
         answers.last(),
         Some(&200),
