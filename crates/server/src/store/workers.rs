@@ -33,13 +33,38 @@ pub struct Principal {
     pub queues: Vec<String>,
 }
 
+/// The principal of an access-token row.
+///
+/// # Errors
+/// [`StoreError::Corrupt`] when the role or queues do not decode, or when
+/// `worker_id` is not positive: the lease fences and idempotency scopes
+/// write the admin (who has no worker id) as `0`, so a worker or producer
+/// row with id `0` would act as the admin there. Ids come from the
+/// `workers` table's auto-increment key and start at 1; a row with another
+/// id was written by hand, and its token is refused rather than trusted.
 fn principal(worker_id: i64, role: &str, queues: &str) -> Result<Principal, StoreError> {
+    if worker_id <= 0 {
+        return Err(StoreError::Corrupt(format!(
+            "worker id {worker_id}: ids start at 1 (0 stands for the admin)"
+        )));
+    }
+    let (role, queues) = scope(role, queues)?;
     Ok(Principal {
         worker_id,
-        role: Role::parse(role).ok_or_else(|| StoreError::Corrupt(format!("role {role:?}")))?,
-        queues: serde_json::from_str(queues)
-            .map_err(|e| StoreError::Corrupt(format!("queues: {e}")))?,
+        role,
+        queues,
     })
+}
+
+/// A stored scope: its role and queues (a JSON array of names).
+///
+/// # Errors
+/// [`StoreError::Corrupt`] when either does not decode.
+fn scope(role: &str, queues: &str) -> Result<(Role, Vec<String>), StoreError> {
+    Ok((
+        Role::parse(role).ok_or_else(|| StoreError::Corrupt(format!("role {role:?}")))?,
+        serde_json::from_str(queues).map_err(|e| StoreError::Corrupt(format!("queues: {e}")))?,
+    ))
 }
 
 impl Store {
@@ -323,7 +348,7 @@ impl Store {
                 // not decode (written by hand or by another version) would
                 // make a worker whose every request fails, and burn the
                 // token for it. Refused before anything is written.
-                principal(0, &role, &queues)?;
+                scope(&role, &queues)?;
                 let insert = self.sql(
                     "INSERT INTO workers (name, created_at, role, queues) VALUES ($1, {now}, $2, $3)
                      RETURNING id",
@@ -501,4 +526,28 @@ async fn lock_worker(tx: &mut Transaction<'static, Any>, worker_id: i64) -> Resu
         .execute(&mut **tx)
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fences read owner `0` as the admin: no token may authenticate as
+    /// a worker or producer with that id (or a negative one).
+    #[test]
+    fn a_worker_id_the_fences_read_as_the_admin_never_authenticates() {
+        for id in [0, -1, i64::MIN] {
+            for role in ["worker", "producer"] {
+                assert!(
+                    matches!(principal(id, role, r#"["*"]"#), Err(StoreError::Corrupt(_))),
+                    "{role} {id}"
+                );
+            }
+        }
+        let p = principal(1, "worker", r#"["q"]"#).expect("id 1 is a worker");
+        assert_eq!(
+            (p.worker_id, p.role, p.queues),
+            (1, Role::Worker, vec!["q".to_string()])
+        );
+    }
 }
