@@ -596,7 +596,11 @@ fn replay_marked(answer: impl IntoResponse, replayed: bool) -> Response {
 /// lease token in the body is the credential then (see [`Releaser`]). Without
 /// credentials, a missing item is answered as a wrong token is (`409
 /// claim_lost`, in one read either way), so a beacon cannot tell which ids
-/// exist.
+/// exist. A beacon is honoured for a revoked worker's lease too: such a
+/// lease can no longer be heartbeaten or settled (those need the worker's
+/// access token), so it ends at its expiry anyway, counting the same attempt
+/// an expiry counts (`end_attempt`); the release only ends it sooner and
+/// frees the item for another worker.
 async fn release(
     State(st): State<AppState>,
     releaser: Releaser,
