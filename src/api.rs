@@ -495,8 +495,9 @@ impl AgentStore {
     /// `null` for an id never stored or deleted. One read-only transaction.
     ///
     /// # Errors
-    /// ValidationError (with `failures` naming every bad position) for a
-    /// non-array, a non-id element or more than 100,000 ids.
+    /// ValidationError for a non-array, an array whose elements cannot be
+    /// read, or more than 100,000 ids; for non-id elements, with `failures`
+    /// naming every bad position.
     #[wasm_bindgen(js_name = getMany, unchecked_return_type = "Promise<(AgentRecord | null)[]>")]
     pub fn get_many(
         &self,

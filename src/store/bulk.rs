@@ -85,8 +85,9 @@ impl Store {
     /// or `null` (never stored, or deleted). One read-only transaction.
     ///
     /// # Errors
-    /// ValidationError (with `failures` naming every bad position) when `ids`
-    /// is not an array of ids or holds more than 100,000; ClosedError.
+    /// ValidationError when `ids` is not an array, cannot be read or holds
+    /// more than 100,000 ids, and with `failures` naming every bad position
+    /// when elements are not ids; ClosedError.
     pub async fn get_many(&self, ids: &JsValue) -> Result<Array> {
         let none = JsValue::UNDEFINED;
         Ok(super::answered(self.get_many_promise(ids, &none)?)
