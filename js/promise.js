@@ -282,7 +282,12 @@ function createSchema(db, schema) {
  * it throws is dropped).
  */
 export function openDatabase(factory, name, version, blockedMs, schema, onClose) {
-  const request = factory.open(name, version);
+  let request;
+  try {
+    request = factory.open(name, version);
+  } catch (e) {
+    throw refusal(e);
+  }
   let upgrading = false;
   let refused;
   request.onupgradeneeded = () => {
@@ -343,9 +348,20 @@ export function openDatabase(factory, name, version, blockedMs, schema, onClose)
             'VersionError',
           );
         }
-        throw e;
+        throw refusal(e);
       },
     );
+}
+
+/**
+ * A failure of `indexedDB.open` / `deleteDatabase` itself, thrown or as the
+ * request's error. No connection exists there, so an InvalidStateError is
+ * IndexedDB refusing in this context (Firefox before 115 in a private
+ * window): renamed, it is typed a TransactionError (Rust error.rs
+ * `from_dom`), not the ClosedError of a closed connection.
+ */
+function refusal(e) {
+  return e && e.name === 'InvalidStateError' ? { name: 'InvalidStateError (indexedDB refused)', message: e.message } : e;
 }
 
 /**
@@ -365,10 +381,16 @@ export function settleWith(promise, f) {
  * is gone, `false` when a connection that does not close on `versionchange`
  * kept the deletion blocked for `blockedMs` (the request stays queued and
  * completes once that connection closes); rejects with the request's
- * DOMException; throws what `factory.deleteDatabase` throws.
+ * DOMException; throws what `factory.deleteDatabase` throws (an
+ * InvalidStateError renamed by `refusal`).
  */
 export function deleteDatabase(factory, name, blockedMs) {
-  const request = factory.deleteDatabase(name);
+  let request;
+  try {
+    request = factory.deleteDatabase(name);
+  } catch (e) {
+    throw refusal(e);
+  }
   const timedOut = {};
   return raceBlocked(request, blockedMs, timedOut).then((out) => {
     request.onblocked = null;
@@ -388,7 +410,7 @@ export function deletion(factory, name, blockedMs, blocked, toError) {
       if (!gone) throw blocked;
     },
     (e) => {
-      throw typed(toError, e);
+      throw typed(toError, refusal(e));
     },
   );
 }

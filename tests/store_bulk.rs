@@ -1064,3 +1064,56 @@ async fn a_database_without_the_unwatched_mark_posts_every_write() {
     assert_eq!(message_ids(&heard.get(0)), vec!["l/2"]);
     close_channel(&ch);
 }
+
+/// Where IndexedDB refuses `open` / `deleteDatabase` in the context (Firefox
+/// before 115 in a private window: an InvalidStateError, thrown or as the
+/// request's error), `AgentStore.open` and `destroy` reject with a
+/// TransactionError: no connection exists there to be "closed".
+#[wasm_bindgen_test]
+async fn indexeddb_refusing_open_or_delete_in_this_context_is_a_transaction_error_not_closed() {
+    let name = fresh_name("refused");
+    // Replaces `open` and `deleteDatabase` with ones that refuse `how`:
+    // thrown, or as the request's error; returns the function that restores them.
+    let patch = Function::new_with_args(
+        "how",
+        "const p = IDBFactory.prototype, saved = [p.open, p.deleteDatabase];
+         const refuse = function () {
+           const e = new DOMException('A mutation operation was attempted on a database that did not allow mutations.', 'InvalidStateError');
+           if (how === 'throw') throw e;
+           const r = { error: e, onsuccess: null, onerror: null, onblocked: null, onupgradeneeded: null };
+           setTimeout(() => r.onerror && r.onerror({ target: r }), 0);
+           return r;
+         };
+         p.open = refuse; p.deleteDatabase = refuse;
+         return () => { p.open = saved[0]; p.deleteDatabase = saved[1]; };",
+    );
+    for how in ["throw", "request"] {
+        let restore: Function = patch
+            .call1(&JsValue::NULL, &s(how))
+            .unwrap()
+            .unchecked_into();
+        let opened = call(AgentStore::open(s(&name), JsValue::UNDEFINED)).await;
+        let destroyed = call(AgentStore::destroy(s(&name), JsValue::UNDEFINED)).await;
+        restore.call0(&JsValue::NULL).unwrap();
+        for (what, out) in [("open", opened), ("destroy", destroyed)] {
+            let e = out.expect_err(what);
+            assert_eq!(
+                err_kind(&e),
+                ("TransactionError".into(), "transaction".into()),
+                "{what} refused by {how}"
+            );
+            let message = field_str(&e, "message").unwrap_or_default();
+            assert!(message.contains("InvalidStateError"), "{what}: {message}");
+        }
+    }
+    // Restored: the same calls work.
+    call(AgentStore::open(s(&name), JsValue::UNDEFINED))
+        .await
+        .expect("open after the restore");
+    let store = AgentStore::from_store(open_named(&name).await);
+    put(&store, json!({"_id": "k"})).await;
+    store.close();
+    call(AgentStore::destroy(s(&name), JsValue::UNDEFINED))
+        .await
+        .unwrap();
+}
