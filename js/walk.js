@@ -89,6 +89,22 @@ export function walkRecord(record) {
   }
 }
 
+/**
+ * Walks `v`, any JSON value (a lease's settle result), with the record
+ * walk's rules but no top-level field checks. Returns `[copy]` (the plain
+ * copy) or `[code, path, detail]` on failure, as `walkRecord`.
+ */
+export function walkValue(v) {
+  const w = { out: '', pieces: [], len: 0, path: [], stack: [] };
+  try {
+    return [value(v, w)];
+  } catch (e) {
+    if (e instanceof Fail) return [e.code, e.path, e.detail];
+    if (e instanceof RangeError) return [TOO_LARGE, [], undefined];
+    throw e;
+  }
+}
+
 function fail(w, code, detail) {
   throw new Fail(code, w.path.slice(), detail);
 }

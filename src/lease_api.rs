@@ -90,7 +90,7 @@ export interface SettleOptions {
   /** A message stored as the item's `last_error` (for failed / blocked). */
   error?: string | null | undefined;
 }
-/** `work()` handler: its resolved value settles the item `done` (with it as the result), a throw settles `failed`. */
+/** `work()` handler: its resolved value settles the item `done` (with it as the result; one JSON cannot carry, such as NaN or a Date, settles `failed` with the reason), a throw settles `failed`. */
 export type WorkHandler = (lease: Lease) => unknown | Promise<unknown>;
 /** Errors of the lease client: `name`/`code`/`status` as in the README table. */
 export interface LeaseError extends Error {
@@ -603,7 +603,9 @@ impl Lease {
     /// # Errors
     /// `ClaimLostError` (without sending anything if the lease is already lost),
     /// `StateConflictError`, `NetworkError` (the lease is kept; retry),
-    /// `ValidationError` for a bad state or a result JSON cannot carry;
+    /// `ValidationError` for a bad state or a result JSON cannot carry
+    /// (the records' rules: NaN, `undefined` in an array, a `Date`, a
+    /// `Map`… are refused, never changed as `JSON.stringify` would);
     /// `AlreadySettledError` (`settledState`) when an earlier settle of this
     /// lease landed and this one asks for something else: the lease is
     /// settled by that one, nothing was written by this one.
@@ -637,9 +639,10 @@ impl Lease {
                 let result = if result.is_undefined() {
                     None
                 } else {
-                    Some(crate::lease::lease::json_copy(&result).ok_or_else(|| {
-                        LeaseError::Validation("result must be JSON-serialisable".into())
-                    })?)
+                    Some(
+                        crate::value::json_value(&result)
+                            .map_err(|e| LeaseError::Validation(e.message()))?,
+                    )
                 };
                 known(&options, "error")?;
                 let error = opt_str(&options, "error")?;

@@ -141,6 +141,29 @@ extern "C" {
     /// `shallowCopy(o)`: the copy or `[code, path, detail]` (see js/walk.js).
     #[wasm_bindgen(js_name = shallowCopy, catch)]
     fn shallow_copy_js(o: &JsValue) -> Result<JsValue, JsValue>;
+    /// `walkValue(v)`: `[copy]` or `[code, path, detail]` (see js/walk.js).
+    #[cfg(feature = "lease")]
+    #[wasm_bindgen(js_name = walkValue, catch)]
+    fn walk_value_js(v: &JsValue) -> Result<Array, JsValue>;
+}
+
+/// A plain copy of `v`, any JSON value (a lease's settle result), read once
+/// with the record walk's rules (DESIGN.md, Records: what JSON cannot carry
+/// — NaN/±Infinity, `undefined` in an array, a function, a Symbol, a BigInt,
+/// a cycle, a `Date` or `Map`, a `toJSON` method, a getter that throws, over
+/// 64 levels or 64 MiB — is refused, never silently changed, where
+/// `JSON.stringify` would write `null` or `{}` or drop it). Object fields
+/// holding `undefined` are absent, as in records.
+///
+/// # Errors
+/// ValidationError naming the field, as [`walk_record`]'s.
+#[cfg(feature = "lease")]
+pub(crate) fn json_value(v: &JsValue) -> crate::error::Result<JsValue> {
+    let out = walk_value_js(v).map_err(|_| StoreError::validation(GETTER_THREW))?;
+    match out.get(0).as_f64() {
+        Some(code) if out.length() > 1 => Err(walk_failure(code, &out)),
+        _ => Ok(out.get(0)),
+    }
 }
 
 /// Walks a record for `put`: see the module docs. The walk itself runs in

@@ -545,7 +545,7 @@ async fn lease_fetch_errors_have_a_name_code_and_status() {
 /// The lease side of the bounded nesting (see the store's
 /// `a_getter_that_calls_the_store_again_is_bounded_and_every_call_settles`):
 /// a `RequestInit` getter that calls `lease.prepareRequest` with itself
-/// again, and a settle `result` whose `toJSON` settles again, are cut off
+/// again, and a settle `result` whose getter settles again, are cut off
 /// with a ValidationError; the lease still settles once.
 #[wasm_bindgen_test]
 async fn a_getter_that_calls_the_lease_again_is_bounded() {
@@ -572,7 +572,7 @@ async fn a_getter_that_calls_the_lease_again_is_bounded() {
         }
         l.prepareRequest('/x');
         const settles = [];
-        const result = { toJSON() { settles.push(l.settle('done', result)); return { n: 1 }; } };
+        const result = { get n() { settles.push(l.settle('done', result)); return 1; } };
         settles.push(l.settle('done', result));
         const outcomes = [];
         for (let i = 0; i < settles.length; i++) {
@@ -1502,4 +1502,67 @@ async fn a_base_url_with_white_space_around_it_reaches_the_server() {
         lease.release().await.expect("release");
         client.close().await;
     }
+}
+
+/// `settle(state, result)` refuses a result JSON cannot carry with a
+/// ValidationError naming the field, sends nothing and keeps the lease
+/// (DESIGN.md, Records: "never silently changed"), where `JSON.stringify`
+/// would have stored `null` for NaN, `{}` for a Map, or dropped a function
+/// field. A result JSON carries is stored exactly.
+#[wasm_bindgen_test]
+async fn a_settle_result_json_cannot_carry_is_refused_and_never_stored_changed() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("settle-values");
+    let id = enqueue(&q, json!({})).await;
+    let c = admin_client(config());
+    let lease = claim(&c, &q).await;
+    let api = agentstore::lease_api::Lease::from_inner(lease.clone());
+    for (text, field) in [
+        ("NaN", ""),
+        ("Infinity", ""),
+        ("({a: NaN, b: 1})", "field a"),
+        ("[1, undefined]", "field [1]"),
+        ("({f() {}, x: 1})", "field f"),
+        ("[Symbol()]", "field [0]"),
+        ("new Map([[1, 2]])", ""),
+        ("({at: new Date(0)})", "field at"),
+        ("({n: 1n})", "field n"),
+        ("(() => { const o = {}; o.o = o; return o; })()", "field o"),
+    ] {
+        let v = js_sys::eval(text).unwrap();
+        let e =
+            wasm_bindgen_futures::JsFuture::from(api.settle("done".into(), v, JsValue::UNDEFINED))
+                .await
+                .expect_err(text);
+        let name = Reflect::get(&e, &"name".into()).unwrap().as_string();
+        let message = Reflect::get(&e, &"message".into())
+            .unwrap()
+            .as_string()
+            .unwrap_or_default();
+        assert_eq!(
+            name.as_deref(),
+            Some("ValidationError"),
+            "{text}: {message}"
+        );
+        assert!(message.starts_with(field), "{text}: {message}");
+        assert_eq!(api.status(), "held", "{text}: the lease is kept");
+    }
+    let it = item(id).await;
+    assert_eq!(
+        (it.state, it.result),
+        (ItemState::Running, None),
+        "nothing sent"
+    );
+    let good = json!({"a": {"b": [1, null, "x", -2.5e-7]}, "_k": true, "s": "\u{fffd}"});
+    wasm_bindgen_futures::JsFuture::from(api.settle(
+        "done".into(),
+        js(good.clone()),
+        JsValue::UNDEFINED,
+    ))
+    .await
+    .expect("a JSON result settles");
+    let it = item(id).await;
+    assert_eq!((it.state, it.result), (ItemState::Done, Some(good)));
 }

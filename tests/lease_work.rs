@@ -1371,3 +1371,43 @@ async fn close_wakes_a_slot_waiting_to_retry_a_settle_of_unknown_outcome() {
     );
     assert_eq!(w.stats.borrow().done, 1, "counted as close() ended it");
 }
+
+/// A handler's result JSON cannot carry (DESIGN.md, Records: NaN, a Date,
+/// `undefined` in an array…) is never stored changed: the item settles
+/// `failed` with the reason, as a Temporal activity whose result cannot be
+/// serialised fails. Before, `JSON.stringify` stored `{"a": null}` for
+/// `{a: NaN}` as a `done` result.
+#[wasm_bindgen_test]
+async fn a_handler_result_json_cannot_carry_fails_the_item_instead_of_being_stored_changed() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("badresult");
+    let bad = enqueue(&q, json!({"bad": true})).await;
+    let good = enqueue(&q, json!({"bad": false})).await;
+    let h = handler(|lease: JsValue| async move {
+        let bad = get(&lease, &["item", "payload", "bad"]).as_bool() == Some(true);
+        let text = if bad {
+            "({a: [1, NaN]})"
+        } else {
+            "({a: [1, null], _k: 'x'})"
+        };
+        Ok(js_sys::eval(text).unwrap())
+    });
+    let w = WorkerInner::start(admin_client(config()), q.clone(), h, options(1), wrap);
+    wait_item(good, 10_000.0, |i| i.state == ItemState::Done).await;
+    wait_item(bad, 10_000.0, |i| i.state == ItemState::Failed).await;
+    w.stop().await;
+    let b = item(bad).await;
+    assert_eq!((b.state, b.result), (ItemState::Failed, None));
+    let why = b.last_error.unwrap_or_default();
+    assert!(
+        why.contains("cannot be stored as JSON") && why.contains("a[1]"),
+        "{why}"
+    );
+    let g = item(good).await;
+    assert_eq!(
+        (g.state, g.result),
+        (ItemState::Done, Some(json!({"a": [1, null], "_k": "x"})))
+    );
+}

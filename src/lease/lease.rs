@@ -803,22 +803,6 @@ impl LeaseInner {
     }
 }
 
-/// The JSON copy of a settle result: `JSON.parse(JSON.stringify(v))`, or
-/// `None` when JSON cannot carry it (`undefined`, a function, a BigInt, a
-/// cycle, a throwing getter or `toJSON`).
-///
-/// The caller's object is read this once, during the call that hands it
-/// over: a `toJSON` or getter then never runs again when the settle goes
-/// on the wire or is sent again (it could call `settle()` itself each time,
-/// and every retry started new ones), and a retry sends what was read.
-///
-/// The text stays a JS string (never copied into wasm memory, which never
-/// shrinks): a result of any size costs the module nothing, and the server
-/// refuses one larger than its `--max-body-bytes`.
-pub(crate) fn json_copy(v: &JsValue) -> Option<JsValue> {
-    json_parse(&js_sys::JSON::stringify(v).ok()?).ok()
-}
-
 /// `answer` when it is the lease server's confirmation of the ending call
 /// on item `item_id` (a settle into `state`, or a release): `{id, …}` naming
 /// the item, for a settle also its `state` (or `unreadable_row: true`).

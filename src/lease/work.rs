@@ -349,8 +349,21 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
             return;
         }
         (Some(Ending::Settle(state, result, error)), _) => (state, result, error),
-        // A result JSON cannot carry (a BigInt, a cycle) settles without one.
-        (None, Ok(v)) => (SettleState::Done, super::lease::json_copy(&v), None),
+        (None, Ok(v)) if v.is_undefined() => (SettleState::Done, None, None),
+        // A result JSON cannot carry (NaN, a BigInt, a cycle, a Date) is
+        // never stored changed: the work failed, with the reason, as a
+        // Temporal activity whose result cannot be serialised does.
+        (None, Ok(v)) => match crate::value::json_value(&v) {
+            Ok(copy) => (SettleState::Done, Some(copy), None),
+            Err(e) => (
+                SettleState::Failed,
+                None,
+                Some(agentstore_protocol::cat(&[
+                    "the handler's result cannot be stored as JSON: ",
+                    &e.message(),
+                ])),
+            ),
+        },
         (None, Err(e)) => (SettleState::Failed, None, Some(describe(&e))),
     };
     // Recorded as asked: a `client.close()` during the retries below sends
