@@ -340,6 +340,51 @@ async fn an_aborted_signal_or_a_throwing_callback_stops_a_rebuild_like_an_import
     assert!(store.indexes_ready().await.unwrap());
 }
 
+/// A rebuild whose record count is a multiple of its batch size finishes in
+/// its last, exactly full batch, and reports each batch once. Before, an
+/// empty batch ran after it: `onProgress` saw `(100, 100)` twice, and a
+/// callback throwing at `done == total` ended the call with the index still
+/// building (served by full scans).
+#[wasm_bindgen_test]
+async fn a_rebuild_whose_last_batch_is_exactly_full_finishes_there_and_reports_each_batch_once() {
+    let (store, _) = open("idx-full-batch").await;
+    let recs: Vec<Value> = (0..100u32)
+        .map(|i| json!({"_id": format!("f{i:03}"), "recordType": "run", "updatedAt": at(i)}))
+        .collect();
+    store.put_many(&js(Value::Array(recs))).await.unwrap();
+    let before = store.dump_entries().await.unwrap();
+    let record = js_sys::Function::new_with_args("done, total", "this.push(done + '/' + total)");
+    for batch in [10u32, 25, 100] {
+        let seen = js_sys::Array::new();
+        let n = store
+            .rebuild_indexes(batch, true, Some(&record.bind0(&seen)), None)
+            .await
+            .unwrap();
+        assert_eq!(n, 100);
+        let seen: Vec<String> = seen.iter().map(|v| v.as_string().unwrap()).collect();
+        let want: Vec<String> = (1..=100 / batch)
+            .map(|i| format!("{}/100", i * batch))
+            .collect();
+        assert_eq!(seen, want, "batch {batch}");
+        // A callback throwing at the last batch: the rebuild is complete.
+        let throws = js_sys::Function::new_with_args(
+            "done, total",
+            "if (done === total) throw new Error('last')",
+        );
+        let n = store
+            .rebuild_indexes(batch, true, Some(&throws), None)
+            .await
+            .expect("complete at the last batch");
+        assert_eq!(n, 100, "batch {batch}");
+        assert!(
+            store.indexes_ready().await.unwrap(),
+            "batch {batch}: active"
+        );
+        assert_eq!(store.dump_entries().await.unwrap(), before);
+    }
+    assert_indexes_clean(&store).await;
+}
+
 /// A rebuild cancelled half-way keeps its checkpoint; reads stay right while
 /// it is incomplete; a resumed rebuild finishes clean.
 #[wasm_bindgen_test]

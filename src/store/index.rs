@@ -999,7 +999,16 @@ impl Store {
                 )?)),
                 None => None,
             };
-            let rows = tx.store(RECORDS)?.get_all(query, Some(batch))?.await?;
+            // One row past the batch says whether any is left: a last batch
+            // that is exactly full finishes here, not in an empty batch after
+            // it (which reported its progress twice, and a callback throwing
+            // at `done == total` then left the rebuild unfinished).
+            let mut rows = tx
+                .store(RECORDS)?
+                .get_all(query, Some(batch.saturating_add(1)))?
+                .await?;
+            let finished = rows.len() as u32 <= batch;
+            rows.truncate(batch as usize);
             let derived = tx.store(DERIVED)?;
             for r in &rows {
                 for (t, _) in &mine {
@@ -1008,7 +1017,6 @@ impl Store {
                     }
                 }
             }
-            let finished = (rows.len() as u32) < batch;
             let mut next = Checkpoint {
                 after: from.after,
                 done: from.done + rows.len() as u32,
