@@ -928,8 +928,12 @@ impl AgentStore {
         &self,
         #[wasm_bindgen(unchecked_optional_param_type = "RebuildOptions | null")] options: JsValue,
     ) -> Promise {
+        // An aborted signal is refused here too, as the imports' is: an
+        // AbortError without a download (docs/api.md, "Arguments are
+        // checked first").
         self.io("rebuildIndexes", options, JsValue::UNDEFINED, |o, _| {
-            rebuild_options(o).map(|_| ())
+            rebuild_options(o)
+                .and_then(|(_, _, signal, _)| crate::store::check_abort(signal.as_ref()))
         })
     }
 

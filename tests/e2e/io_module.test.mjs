@@ -87,6 +87,8 @@ window.phases = {
       // What fetch() resolves with for a wrong URL: refused, not an empty source.
       await fail(s.importSnapshot(new Response('', { status: 404 }))),
       await fail(s.importSnapshot('x', { signal: ac.signal })),
+      await fail(s.importPouchDump('x', { signal: ac.signal })),
+      await fail(s.rebuildIndexes({ signal: ac.signal })),
     ];
   },
   async io(name) {
@@ -307,11 +309,13 @@ async function scenario(page, engine, entry) {
   assert.deepEqual(checks, [
     VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION, VALIDATION,
     { isError: true, name: 'AbortError', code: 'aborted' },
+    { isError: true, name: 'AbortError', code: 'aborted' },
+    { isError: true, name: 'AbortError', code: 'aborted' },
   ]);
   assert.deepEqual(
     ioRequests(),
     [],
-    `${engine} ${entry}: nothing under /pkg/io/ is fetched for an open with indexes on a new store, reads, writes or calls with bad arguments`,
+    `${engine} ${entry}: nothing under /pkg/io/ is fetched for an open with indexes on a new store, reads, writes or calls with bad arguments or an aborted signal`,
   );
 
   const r = await page.evaluate((n) => window.phases.io(n), name);
