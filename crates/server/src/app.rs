@@ -16,6 +16,7 @@ use tower_http::request_id::{
     MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
 };
 use tower_http::services::ServeDir;
+use tower_http::timeout::RequestBodyTimeoutLayer;
 use tower_http::trace::TraceLayer;
 
 use crate::config::Config;
@@ -89,7 +90,12 @@ pub fn router(config: &Config, state: AppState) -> Result<Router, String> {
             metrics::track,
         ))
         .layer(axum::middleware::from_fn(json_errors))
-        .layer(cors);
+        .layer(cors)
+        // A body that does not arrive in time fails its read: the request
+        // is answered 400 and the connection closed (see `serve`).
+        .layer(RequestBodyTimeoutLayer::new(Duration::from_millis(
+            config.read_timeout_ms,
+        )));
     Ok(traced(app))
 }
 
@@ -219,6 +225,7 @@ impl Server {
             None => None,
         };
         let (shutdown, rx) = watch::channel(false);
+        let read_timeout = Duration::from_millis(config.read_timeout_ms);
         let reaper = reaper::spawn(
             store.clone(),
             Duration::from_millis(config.reaper_ms),
@@ -234,11 +241,12 @@ impl Server {
                     l,
                     traced(ops::open_metrics_router().with_state(state)),
                     rx.clone(),
+                    read_timeout,
                 ))
             }
             None => None,
         };
-        let http = serve(listener, app, rx);
+        let http = serve(listener, app, rx, read_timeout);
         tracing::info!(%addr, database = store.backend().name(), "agentstore-server listening");
         Ok(Server {
             addr,
@@ -288,19 +296,68 @@ impl Server {
     }
 }
 
-/// Serves `app` on `listener` until `shutdown` changes, then drains.
+/// Serves `app` (HTTP/1.1) on `listener` until `shutdown` changes, then
+/// stops accepting and lets open connections finish their requests.
+///
+/// This is `axum::serve` plus what it does not configure: a client gets
+/// `read_timeout` to send each request's headers (hyper's
+/// `header_read_timeout`, which also ends a keep-alive connection idle that
+/// long) and `read_timeout` again for its body ([`router`]'s
+/// `RequestBodyTimeoutLayer`). Without them a client with no credentials
+/// held a connection, and a file descriptor, open for ever by sending a
+/// request slowly; a few hundred such connections stopped the server
+/// answering (`accept: Too many open files`).
 fn serve(
     listener: TcpListener,
     app: Router,
     mut shutdown: watch::Receiver<bool>,
+    read_timeout: Duration,
 ) -> JoinHandle<std::io::Result<()>> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use tower::ServiceExt;
     tokio::spawn(async move {
-        // Connect info: the unauthenticated endpoints are limited per client address.
-        let app = app.into_make_service_with_connect_info::<SocketAddr>();
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = shutdown.changed().await;
-            })
-            .await
+        let mut http = hyper::server::conn::http1::Builder::new();
+        http.timer(TokioTimer::new())
+            .header_read_timeout(read_timeout);
+        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        loop {
+            let (stream, peer) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        // Out of file descriptors, a connection reset before
+                        // it was accepted: as axum::serve, wait and go on.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                        continue;
+                    }
+                },
+                _ = shutdown.changed() => break,
+            };
+            // Connect info: the unauthenticated endpoints are limited per
+            // client address (`ConnectInfo<SocketAddr>`, as axum's
+            // `into_make_service_with_connect_info` sets it).
+            let service = app
+                .clone()
+                .map_request(move |req: Request<hyper::body::Incoming>| {
+                    let mut req = req.map(axum::body::Body::new);
+                    req.extensions_mut()
+                        .insert(axum::extract::ConnectInfo(peer));
+                    req
+                });
+            let conn = http.serve_connection(
+                TokioIo::new(stream),
+                hyper_util::service::TowerToHyperService::new(service),
+            );
+            let conn = graceful.watch(conn);
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+            });
+        }
+        drop(listener);
+        graceful.shutdown().await;
+        Ok(())
     })
 }

@@ -41,6 +41,8 @@ pub const ACCESS_TTL_MS: RangeInclusive<u64> = 1000..=DAY_MS;
 pub const DB_POOL: RangeInclusive<u32> = 0..=1000;
 /// `--idle-retry-ms`: 1 ms to one hour.
 pub const IDLE_RETRY_MS: RangeInclusive<u64> = 1..=3600 * 1000;
+/// `--read-timeout-ms`: 100 ms to one hour.
+pub const READ_TIMEOUT_MS: RangeInclusive<u64> = 100..=3600 * 1000;
 /// `--retention-ms`: 0 (keep settled items for good) or one minute to ten
 /// years, and not below `--ttl-ms` (see [`Config::validate`]).
 pub const RETENTION_MS: RangeInclusive<u64> = 0..=3650 * DAY_MS;
@@ -118,6 +120,15 @@ pub struct Config {
     /// deleted.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(RETENTION_MS))]
     pub retention_ms: u64,
+    /// How long a client may take to send a request's headers, and then its
+    /// body (ms, 100..=3600000). Past it the connection is closed (headers;
+    /// this also ends a keep-alive connection left idle that long) or the
+    /// request is answered `408 request_timeout` (body). It bounds how long
+    /// a client without credentials can hold a connection, and with it a
+    /// file descriptor, open (the "slowloris" attack; nginx's
+    /// `client_header_timeout` and `client_body_timeout`, 60 s each).
+    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(READ_TIMEOUT_MS))]
+    pub read_timeout_ms: u64,
     /// Also serve `GET /metrics` WITHOUT a token on this address (e.g. a
     /// private interface a Prometheus scraper reaches). Without it, `/metrics`
     /// exists only on `--listen`, behind the admin token.
@@ -198,6 +209,7 @@ impl Config {
         in_range("--db-pool", self.db_pool, &DB_POOL)?;
         in_range("--idle-retry-ms", self.idle_retry_ms, &IDLE_RETRY_MS)?;
         in_range("--retention-ms", self.retention_ms, &RETENTION_MS)?;
+        in_range("--read-timeout-ms", self.read_timeout_ms, &READ_TIMEOUT_MS)?;
         if self.retention_ms != 0 && self.retention_ms < MIN_RETENTION_MS.max(self.ttl_ms) {
             // A settle or release sent again after a lost answer must still
             // find its item (the SDK retries one while its lease could live).

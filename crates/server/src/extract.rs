@@ -27,7 +27,10 @@ where
             if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::new(ErrorCode::PayloadTooLarge, "request body too large")
             } else {
-                ApiError::new(ErrorCode::BadRequest, "could not read the request body")
+                ApiError::new(
+                    ErrorCode::BadRequest,
+                    "could not read the request body (cut off, or not sent within --read-timeout-ms)",
+                )
             }
         })?;
         parse(&bytes).map(JsonBody)

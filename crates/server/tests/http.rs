@@ -765,3 +765,91 @@ async fn stopping_the_server_is_graceful_and_closes_the_port() {
         "port closed after stop"
     );
 }
+
+/// Reads from `stream` until the server answers something and closes the
+/// connection, or `within` passes; returns what it sent and whether it
+/// closed.
+async fn answer_then_close(stream: &mut tokio::net::TcpStream, within: Duration) -> (String, bool) {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let closed = tokio::time::timeout(within, async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .is_ok();
+    (String::from_utf8_lossy(&got).into_owned(), closed)
+}
+
+/// A client with no credentials cannot hold a connection open by sending a
+/// request slowly ("slowloris"): headers not complete within
+/// `--read-timeout-ms` close the connection, a body not complete within it
+/// is answered 400 with the JSON error body and the connection closed, and
+/// the server answers others meanwhile. Before, such connections stayed
+/// open for good, and a few hundred of them (each a file descriptor) stopped
+/// the server accepting (`accept: Too many open files`).
+#[tokio::test]
+async fn a_request_sent_too_slowly_is_cut_off_after_the_read_timeout() {
+    use tokio::io::AsyncWriteExt;
+    const READ_TIMEOUT_MS: u64 = 300;
+    let h = Harness::start(|c| c.read_timeout_ms = READ_TIMEOUT_MS).await;
+    let addr = h.server.addr();
+    // Generous bound: a busy machine may be slow to fire the timer, but an
+    // uncut connection would hang the whole bound.
+    let bound = Duration::from_millis(READ_TIMEOUT_MS * 40);
+    // Headers cut off part-way, and a connection that never sends a byte.
+    let mut partial = tokio::net::TcpStream::connect(addr).await.unwrap();
+    partial
+        .write_all(b"POST /v1/workers/enroll HTTP/1.1\r\nHost: x\r\nContent-")
+        .await
+        .unwrap();
+    let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+    // A body shorter than its Content-Length, and a chunked body never ended,
+    // each to a route that needs no credentials.
+    let mut short = tokio::net::TcpStream::connect(addr).await.unwrap();
+    short
+        .write_all(
+            b"POST /v1/workers/enroll HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"tok",
+        )
+        .await
+        .unwrap();
+    let mut chunked = tokio::net::TcpStream::connect(addr).await.unwrap();
+    chunked
+        .write_all(
+            b"POST /v1/items/1/release HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"tok\r\n",
+        )
+        .await
+        .unwrap();
+    // Meanwhile the server answers.
+    let health = h.http.get(h.url("/v1/health")).send().await.unwrap();
+    assert_eq!(health.status(), StatusCode::OK);
+    for (what, stream) in [("partial headers", &mut partial), ("no bytes", &mut silent)] {
+        let (text, closed) = answer_then_close(stream, bound).await;
+        assert!(closed, "{what}: the connection is closed");
+        assert!(!text.contains("200 OK"), "{what}: {text}");
+    }
+    for (what, stream) in [("short body", &mut short), ("unended chunks", &mut chunked)] {
+        let (text, closed) = answer_then_close(stream, bound).await;
+        assert!(closed, "{what}: the connection is closed");
+        assert!(text.starts_with("HTTP/1.1 400"), "{what}: {text}");
+        assert!(
+            text.contains("\"code\":\"bad_request\"") && text.contains("read-timeout-ms"),
+            "{what}: {text}"
+        );
+    }
+    // A keep-alive connection between requests: served, then closed once
+    // idle for the timeout (a browser opens a new one for its next request).
+    let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
+    idle.write_all(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (text, closed) = answer_then_close(&mut idle, bound).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(closed, "an idle keep-alive connection is closed");
+    h.server.stop().await.unwrap();
+}
