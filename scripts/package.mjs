@@ -583,7 +583,21 @@ const minifyGlue = (file) => {
     if (sync.includes(\` \${k} \`)) throw e;
     return Promise.reject(e);
   };
-  const wrap = (f, k) => function (...args) { if (!(this instanceof C)) throw invalid(\`\${C.name}.\${k} was called on something that is not \${an} \${C.name} (a method taken off its object: call it on the object, or bind it)\`); if (!this.__wbg_ptr) throw freed(); return checked(f, k, this, args); };
+  // The objects whose methods are running now (how deep), and those whose
+  // free() came meanwhile (a getter of an argument, a callback): freed once
+  // the outermost call returns, since the module holds the object during
+  // it (wasm-bindgen's free threw a plain Error there, and the object was
+  // left neither usable nor dropped).
+  const busy = new Map(), later = new Set();
+  const wrap = (f, k) => function (...args) {
+    if (!(this instanceof C)) throw invalid(\`\${C.name}.\${k} was called on something that is not \${an} \${C.name} (a method taken off its object: call it on the object, or bind it)\`);
+    if (!this.__wbg_ptr || later.has(this)) throw freed();
+    busy.set(this, (busy.get(this) || 0) + 1);
+    try { return checked(f, k, this, args); } finally {
+      const n = busy.get(this) - 1;
+      if (n) busy.set(this, n); else { busy.delete(this); if (later.delete(this)) this.free(); }
+    }
+  };
   for (const k of Object.getOwnPropertyNames(C.prototype)) {
     if (k === 'constructor' || k === 'free' || k.startsWith('__')) continue;
     const d = Object.getOwnPropertyDescriptor(C.prototype, k);
@@ -597,7 +611,7 @@ const minifyGlue = (file) => {
     if (typeof f === 'function' && !k.startsWith('__')) C[k] = function (...args) { return checked(f, k, this, args); };
   }
   const free = C.prototype.free;
-  C.prototype.free = function () { if (this.__wbg_ptr) free.call(this); };
+  C.prototype.free = function () { if (busy.has(this)) later.add(this); else if (this.__wbg_ptr) free.call(this); };
   if (typeof Symbol.dispose === 'symbol') C.prototype[Symbol.dispose] = C.prototype.free;
 ${constructible.length ? `  // What a public constructor is exported as: \\\`new\\\` checked the same way.
   return new Proxy(C, { construct(t, args, nt) { const e = tooMany(t, 'constructor', args); if (e) throw e; return Reflect.construct(t, args, nt); } });

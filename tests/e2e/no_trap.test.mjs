@@ -412,6 +412,64 @@ for (const entry of ENTRIES.map(([e]) => e)) {
   });
 }
 
+// free() (or dispose) called while one of the object's own calls is reading
+// its argument (a getter, a Proxy trap: docs allow such code to call the
+// SDK) takes effect when that call returns: no error from free(), the call
+// completes, later calls throw ClosedError, and then it is freed. Before, free() threw
+// a plain Error ("attempted to take ownership of Rust value while it was
+// borrowed", no name or code) and left the object neither usable nor
+// dropped, its connection open for good.
+for (const entry of ENTRIES.map(([e]) => e)) {
+  test(`${entry}: free() during the object's own call takes effect when the call returns`, { timeout: 120_000 }, async () => {
+    const r = await inFreshPage(async ({ entry }) => {
+      const mod = await import(entry);
+      await mod.default();
+      const out = [];
+      const db = `free-in-call-${Math.random().toString(36).slice(2)}`;
+      for (const how of ['free', 'dispose']) {
+        const store = await mod.AgentStore.open(db);
+        let freeError = 'none';
+        let inner = 'none';
+        const record = {
+          _id: 'k-' + how,
+          get n() {
+            try {
+              how === 'free' ? store.free() : store[Symbol.dispose]();
+            } catch (e) {
+              freeError = `${e.name}:${e.code}`;
+            }
+            try {
+              store.get('x');
+            } catch (e) {
+              inner = `${e.name}:${e.code}`;
+            }
+            return 1;
+          },
+        };
+        let put;
+        try {
+          put = await store.put(record).then((w) => `written ${w.id}`, (e) => `rejected ${e.name}:${e.code}`);
+        } catch (e) {
+          put = `threw ${e.name}:${e.code}`;
+        }
+        let after;
+        try {
+          await store.get('x');
+          after = 'no error';
+        } catch (e) {
+          after = `${e.name}:${e.code}`;
+        }
+        out.push({ how, freeError, inner, put, after });
+      }
+      await mod.AgentStore.destroy(db);
+      return { out };
+    }, { entry });
+    for (const o of r.out) {
+      assert.deepEqual(o, { how: o.how, freeError: 'none', inner: 'ClosedError:closed', put: `written k-${o.how}`, after: 'ClosedError:closed' });
+    }
+  });
+}
+
 // A method or static given more arguments than it takes is refused with a
 // ValidationError naming it, and nothing is done: before, the glue dropped
 // them, so `putMany(docs, {signal})` with an aborted signal wrote the
