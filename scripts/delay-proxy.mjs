@@ -24,6 +24,9 @@
 //                           reaching the server (nothing applied) until /_stop/<n>
 //                           is requested; /_held/refuse-settles-<n> counts them
 //   /refuse-settles-after-<ms>-<n>/… the same, the 503 sent only after <ms>
+//   /throttle-settles-<n>/…  settle requests are answered 429 {code: "rate_limited"}
+//                           with Retry-After: 1 (not applied: the outcome is known)
+//                           until /_stop/<n>; counted as refuse-settles
 //   /late-first-claim-<n>/…  the first claim REQUEST of nonce <n> is held (the
 //                           server has not seen it; its client may give up on
 //                           it) until a later claim of <n> has been answered by
@@ -204,14 +207,20 @@ const server = http.createServer((req, res) => {
     });
     return;
   }
-  const refuse = /^refuse-settles-(?:after-(\d+)-)?(.+)$/.exec(mode);
-  if (refuse && !stopped.has(refuse[2]) && req.method === 'POST' && /^\/v1\/items\/\d+\/settle$/.test(path)) {
+  const refuse = /^(refuse|throttle)-settles-(?:after-(\d+)-)?(.+)$/.exec(mode);
+  if (refuse && !stopped.has(refuse[3]) && req.method === 'POST' && /^\/v1\/items\/\d+\/settle$/.test(path)) {
     held.set(mode, (held.get(mode) ?? 0) + 1);
     req.resume();
     setTimeout(() => {
-      res.writeHead(503, { 'content-type': 'application/json', 'access-control-allow-origin': '*' });
-      res.end(JSON.stringify({ code: 'network', message: 'refused by the test proxy' }));
-    }, Number(refuse[1] ?? 0));
+      const cors = { 'content-type': 'application/json', 'access-control-allow-origin': '*', 'access-control-expose-headers': 'retry-after' };
+      if (refuse[1] === 'throttle') {
+        res.writeHead(429, { ...cors, 'retry-after': '1' });
+        res.end(JSON.stringify({ code: 'rate_limited', message: 'throttled by the test proxy' }));
+      } else {
+        res.writeHead(503, cors);
+        res.end(JSON.stringify({ code: 'network', message: 'refused by the test proxy' }));
+      }
+    }, Number(refuse[2] ?? 0));
     return;
   }
   const dropAnswers = /^drop-(settle|release|credential|claim)-answers-(.+)$/.exec(mode);

@@ -1524,6 +1524,47 @@ async fn pagehide_after_an_unanswered_settle_sends_no_release() {
     );
 }
 
+/// `pagehide` after a settle refused without landing (a 429: known not
+/// applied), while the lease waits for that settle's retry, sends no
+/// release beacon either: the page may come back from the back/forward
+/// cache and retry it (`close()` here sends it again), and the item ends
+/// `done` with its result, under the same epoch. Before, the beacon
+/// released the lease, and the finished work was claimed and done again.
+#[wasm_bindgen_test]
+async fn pagehide_while_a_refused_settle_waits_for_its_retry_sends_no_release() {
+    let Some(proxy) = proxy() else { return };
+    let q = fresh_queue("pagehide-throttled");
+    let id = enqueue(&q, json!({})).await;
+    let nonce = fresh_queue("n");
+    let mode = format!("throttle-settles-{nonce}");
+    let pagehide = ClientConfig {
+        release_on_pagehide: true,
+        ..config()
+    };
+    let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), pagehide);
+    let lease = claim(&c, &q).await;
+    let handle = agentstore::lease_api::Lease::from_inner(lease.clone());
+    let first =
+        JsFuture::from(handle.settle("done".into(), js(json!({"out": 9})), JsValue::UNDEFINED))
+            .await;
+    assert!(first.is_err(), "the proxy refused the settle: {first:?}");
+    assert_eq!(proxy_count(proxy, &mode, "held").await, 1.0);
+    assert_eq!(lease.status(), Status::Held);
+    js_sys::Function::new_no_args("globalThis.dispatchEvent(new Event('pagehide'))")
+        .call0(&JsValue::NULL)
+        .expect("pagehide dispatched");
+    assert_eq!(lease.status(), Status::Held, "not released by the beacon");
+    assert_eq!(proxy_count(proxy, &mode, "releases").await, 0.0);
+    stop_dropping(proxy, &nonce).await;
+    c.close().await;
+    assert_eq!(lease.status(), Status::Settled(SettleState::Done));
+    let it = item(id).await;
+    assert_eq!(
+        (it.state, it.result, it.epoch, it.attempts),
+        (ItemState::Done, Some(json!({"out": 9})), 1, 0)
+    );
+}
+
 /// While a settle's outcome is unknown (the proxy answered 503), a manual
 /// `heartbeat()` sends nothing and rejects with StateConflictError: the
 /// settle's retry decides how the lease ends. Before, it went out (the

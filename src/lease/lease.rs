@@ -780,9 +780,16 @@ impl LeaseInner {
         // A settle in flight, or one that got no answer (its outcome is
         // unknown, and close() would send it again), may land: a release
         // racing it could undo finished work (the item reopened, the settle
-        // refused). If it does not land, the lease runs out and the journal
-        // keeps it for recover().
-        if self.status.get() != Status::Held || self.ending_unanswered.get() {
+        // refused). A settle refused without landing (a 429) and waiting for
+        // its retry is finished work too: a page restored from the
+        // back/forward cache retries it, where a release handed the item to
+        // another worker to do again. If none lands, the lease runs out at
+        // its TTL (as a closed page's does) and the journal keeps it for
+        // recover().
+        if self.status.get() != Status::Held
+            || self.ending_unanswered.get()
+            || matches!(*self.asked.borrow(), Some(Ending::Settle(..)))
+        {
             return;
         }
         let mut url = String::from(base);
