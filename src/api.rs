@@ -742,12 +742,12 @@ impl AgentStore {
         method: &'static str,
         a: JsValue,
         b: JsValue,
-        check: fn(&JsValue, &JsValue) -> Result<(), StoreError>,
+        check: fn(&Store, &JsValue, &JsValue) -> Result<(), StoreError>,
     ) -> Promise {
         let s = self.inner.clone();
         let token = self.io_token;
         run(async move {
-            check(&a, &b)?;
+            check(&s, &a, &b)?;
             s.check_open()?;
             let module = wasm_bindgen_futures::JsFuture::from(io_load())
                 .await
@@ -849,7 +849,7 @@ impl AgentStore {
         #[wasm_bindgen(unchecked_optional_param_type = "PouchImportOptions | null")]
         options: JsValue,
     ) -> Promise {
-        self.io("importPouchDump", source, options, |s, o| {
+        self.io("importPouchDump", source, options, |_, s, o| {
             import_checks(s, o, true).map(|_| ())
         })
     }
@@ -861,7 +861,7 @@ impl AgentStore {
         &self,
         #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions | null")] options: JsValue,
     ) -> Promise {
-        self.io("exportSnapshot", options, JsValue::UNDEFINED, |o, _| {
+        self.io("exportSnapshot", options, JsValue::UNDEFINED, |_, o, _| {
             export_batch(o).map(|_| ())
         })
     }
@@ -872,9 +872,12 @@ impl AgentStore {
         &self,
         #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions | null")] options: JsValue,
     ) -> Promise {
-        self.io("exportSnapshotBlob", options, JsValue::UNDEFINED, |o, _| {
-            export_batch(o).map(|_| ())
-        })
+        self.io(
+            "exportSnapshotBlob",
+            options,
+            JsValue::UNDEFINED,
+            |_, o, _| export_batch(o).map(|_| ()),
+        )
     }
 
     /// The same NDJSON as `exportSnapshot`, handed to `onChunk` in chunks of
@@ -886,7 +889,7 @@ impl AgentStore {
         on_chunk: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions | null")] options: JsValue,
     ) -> Promise {
-        self.io("exportSnapshotChunks", on_chunk, options, |f, o| {
+        self.io("exportSnapshotChunks", on_chunk, options, |_, f, o| {
             chunk_fn(f).and_then(|_| export_batch(o).map(|_| ()))
         })
     }
@@ -899,7 +902,7 @@ impl AgentStore {
         #[wasm_bindgen(unchecked_param_type = "ImportSource")] source: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "ImportOptions | null")] options: JsValue,
     ) -> Promise {
-        self.io("importSnapshot", source, options, |s, o| {
+        self.io("importSnapshot", source, options, |_, s, o| {
             import_checks(s, o, false).map(|_| ())
         })
     }
@@ -914,7 +917,7 @@ impl AgentStore {
             "verifyIndexes",
             JsValue::UNDEFINED,
             JsValue::UNDEFINED,
-            |_, _| Ok(()),
+            |_, _, _| Ok(()),
         )
     }
 
@@ -931,7 +934,7 @@ impl AgentStore {
         // An aborted signal is refused here too, as the imports' is: an
         // AbortError without a download (docs/api.md, "Arguments are
         // checked first").
-        self.io("rebuildIndexes", options, JsValue::UNDEFINED, |o, _| {
+        self.io("rebuildIndexes", options, JsValue::UNDEFINED, |_, o, _| {
             rebuild_options(o)
                 .and_then(|(_, _, signal, _)| crate::store::check_abort(signal.as_ref()))
         })
@@ -946,10 +949,14 @@ impl AgentStore {
         &self,
         #[wasm_bindgen(unchecked_param_type = "string")] name: JsValue,
     ) -> Promise {
-        self.io("dropIndex", name, JsValue::UNDEFINED, |n, _| {
-            string_arg(n, "the index name")
-                .map(|_| ())
-                .map_err(StoreError::Thrown)
+        // An index this store declares is refused before the download too
+        // (docs/api.md, "Arguments are checked first").
+        self.io("dropIndex", name, JsValue::UNDEFINED, |s, n, _| {
+            let name = string_arg(n, "the index name").map_err(StoreError::Thrown)?;
+            if s.indexes().iter().any(|d| d.name == name) {
+                return Err(StoreError::validation(crate::store::index::DECLARED));
+            }
+            Ok(())
         })
     }
 }
@@ -961,12 +968,9 @@ impl AgentStore {
     fn rebuild_in_background(&self) {
         let o = Object::new();
         set(&o, "restart", &JsValue::FALSE);
-        let p = self.io(
-            "rebuildIndexes",
-            o.into(),
-            JsValue::UNDEFINED,
-            |_, _| Ok(()),
-        );
+        let p = self.io("rebuildIndexes", o.into(), JsValue::UNDEFINED, |_, _, _| {
+            Ok(())
+        });
         wasm_bindgen_futures::spawn_local(async move {
             if let Err(e) = wasm_bindgen_futures::JsFuture::from(p).await {
                 background_rebuild_failed(&e);

@@ -878,9 +878,7 @@ impl Store {
     /// would build it again); TransactionError / ClosedError from IndexedDB.
     pub async fn drop_index(&self, name: &str) -> Result<bool> {
         if self.indexes.iter().any(|d| d.name == name) {
-            return Err(StoreError::validation(
-                "dropIndex: this store was opened declaring that index; open it without the index to drop it",
-            ));
+            return Err(StoreError::validation(DECLARED));
         }
         let tx = self.db.tx(&[META, DERIVED], TransactionMode::ReadWrite)?;
         let (gen, mut state) = read_state(&tx).await?;
@@ -1185,3 +1183,9 @@ fn json_text(v: &JsValue) -> JsValue {
         .map(JsValue::from)
         .unwrap_or_default()
 }
+
+/// The ValidationError message of `dropIndex` of a declared index (the
+/// connection's next open would build it again), checked by the entry
+/// point too, before the io module is loaded.
+pub(crate) const DECLARED: &str =
+    "dropIndex: this store was opened declaring that index; open it without the index to drop it";

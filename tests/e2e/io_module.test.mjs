@@ -89,6 +89,8 @@ window.phases = {
       await fail(s.importSnapshot('x', { signal: ac.signal })),
       await fail(s.importPouchDump('x', { signal: ac.signal })),
       await fail(s.rebuildIndexes({ signal: ac.signal })),
+      // An index this connection declares: refused before a download too.
+      await fail(s.dropIndex('byType')),
     ];
   },
   async io(name) {
@@ -311,11 +313,12 @@ async function scenario(page, engine, entry) {
     { isError: true, name: 'AbortError', code: 'aborted' },
     { isError: true, name: 'AbortError', code: 'aborted' },
     { isError: true, name: 'AbortError', code: 'aborted' },
+    VALIDATION,
   ]);
   assert.deepEqual(
     ioRequests(),
     [],
-    `${engine} ${entry}: nothing under /pkg/io/ is fetched for an open with indexes on a new store, reads, writes or calls with bad arguments or an aborted signal`,
+    `${engine} ${entry}: nothing under /pkg/io/ is fetched for an open with indexes on a new store, reads, writes or calls with bad arguments, an aborted signal or a declared index to drop`,
   );
 
   const r = await page.evaluate((n) => window.phases.io(n), name);
