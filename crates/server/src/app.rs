@@ -16,7 +16,6 @@ use tower_http::request_id::{
     MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
 };
 use tower_http::services::ServeDir;
-use tower_http::timeout::RequestBodyTimeoutLayer;
 use tower_http::trace::TraceLayer;
 
 use crate::config::Config;
@@ -77,6 +76,11 @@ pub fn router(config: &Config, state: AppState) -> Result<Router, String> {
     let api = routes::router()
         .merge(ops::v1_router())
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
+        // A body that does not arrive in time fails its read: the request
+        // is answered 400 and the connection closed (see `serve`).
+        .layer(axum::Extension(crate::extract::BodyDeadline(
+            Duration::from_millis(config.read_timeout_ms),
+        )))
         .with_state(state.clone());
     // ServeDir maps `.wasm` to `application/wasm` (mime_guess), which
     // `WebAssembly.instantiateStreaming` requires.
@@ -90,12 +94,7 @@ pub fn router(config: &Config, state: AppState) -> Result<Router, String> {
             metrics::track,
         ))
         .layer(axum::middleware::from_fn(json_errors))
-        .layer(cors)
-        // A body that does not arrive in time fails its read: the request
-        // is answered 400 and the connection closed (see `serve`).
-        .layer(RequestBodyTimeoutLayer::new(Duration::from_millis(
-            config.read_timeout_ms,
-        )));
+        .layer(cors);
     Ok(traced(app))
 }
 
@@ -302,8 +301,8 @@ impl Server {
 /// This is `axum::serve` plus what it does not configure: a client gets
 /// `read_timeout` to send each request's headers (hyper's
 /// `header_read_timeout`, which also ends a keep-alive connection idle that
-/// long) and `read_timeout` again for its body ([`router`]'s
-/// `RequestBodyTimeoutLayer`). Without them a client with no credentials
+/// long) and `read_timeout` again for its whole body (the API's
+/// [`crate::extract::BodyDeadline`]). Without them a client with no credentials
 /// held a connection, and a file descriptor, open for ever by sending a
 /// request slowly; a few hundred such connections stopped the server
 /// answering (`accept: Too many open files`).
@@ -357,7 +356,15 @@ fn serve(
             });
         }
         drop(listener);
-        graceful.shutdown().await;
+        // In-flight requests finish; a client cannot hold the drain open
+        // longer than its read timeout, and a handler gets 30 s more.
+        let drain = read_timeout + Duration::from_secs(30);
+        if tokio::time::timeout(drain, graceful.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!("connections still open after the drain deadline: closed");
+        }
         Ok(())
     })
 }

@@ -121,9 +121,10 @@ pub struct Config {
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(RETENTION_MS))]
     pub retention_ms: u64,
     /// How long a client may take to send a request's headers, and then its
-    /// body (ms, 100..=3600000). Past it the connection is closed (headers;
-    /// this also ends a keep-alive connection left idle that long) or the
-    /// request is answered `408 request_timeout` (body). It bounds how long
+    /// whole body (ms, 100..=3600000). Past it the connection is closed
+    /// (headers; this also ends a keep-alive connection left idle that long)
+    /// or the request is answered `400 bad_request` and the connection
+    /// closed (body). It bounds how long
     /// a client without credentials can hold a connection, and with it a
     /// file descriptor, open (the "slowloris" attack; nginx's
     /// `client_header_timeout` and `client_body_timeout`, 60 s each).

@@ -23,19 +23,36 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|r| {
+        let deadline = req.extensions().get::<BodyDeadline>().map(|d| d.0);
+        let read = Bytes::from_request(req, state);
+        let read = match deadline {
+            // One deadline for the whole body: a client trickling a byte
+            // now and then never holds the connection past it.
+            Some(d) => tokio::time::timeout(d, read).await.map_err(|_| {
+                ApiError::new(
+                    ErrorCode::BadRequest,
+                    "the request body did not arrive within --read-timeout-ms",
+                )
+            })?,
+            None => read.await,
+        };
+        let bytes = read.map_err(|r| {
             if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::new(ErrorCode::PayloadTooLarge, "request body too large")
             } else {
-                ApiError::new(
-                    ErrorCode::BadRequest,
-                    "could not read the request body (cut off, or not sent within --read-timeout-ms)",
-                )
+                ApiError::new(ErrorCode::BadRequest, "could not read the request body")
             }
         })?;
         parse(&bytes).map(JsonBody)
     }
 }
+
+/// How long a request's whole body may take to arrive once its handler
+/// reads it (`--read-timeout-ms`), set on the API's requests by the router:
+/// past it [`JsonBody`] answers `400 bad_request` and the connection is
+/// closed (the rest of the body is never read).
+#[derive(Debug, Clone, Copy)]
+pub struct BodyDeadline(pub std::time::Duration);
 
 /// Parses a JSON body with the error mapping of [`JsonBody`]. Every body is a
 /// JSON object: serde would also fill a struct from an array of its fields in

@@ -789,7 +789,8 @@ async fn answer_then_close(stream: &mut tokio::net::TcpStream, within: Duration)
 /// A client with no credentials cannot hold a connection open by sending a
 /// request slowly ("slowloris"): headers not complete within
 /// `--read-timeout-ms` close the connection, a body not complete within it
-/// is answered 400 with the JSON error body and the connection closed, and
+/// (cut off, or trickled a byte at a time) is answered 400 with the JSON
+/// error body and the connection closed, and
 /// the server answers others meanwhile. Before, such connections stayed
 /// open for good, and a few hundred of them (each a file descriptor) stopped
 /// the server accepting (`accept: Too many open files`).
@@ -825,6 +826,21 @@ async fn a_request_sent_too_slowly_is_cut_off_after_the_read_timeout() {
         )
         .await
         .unwrap();
+    // A body trickled a byte at a time, each well within the timeout: the
+    // deadline is for the whole body, not for the gap between two reads.
+    let mut trickled = tokio::net::TcpStream::connect(addr).await.unwrap();
+    trickled
+        .write_all(
+            b"POST /v1/workers/enroll HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let (mut trickle_read, mut trickle_write) = trickled.into_split();
+    let trickler = tokio::spawn(async move {
+        while trickle_write.write_all(b" ").await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(READ_TIMEOUT_MS / 4)).await;
+        }
+    });
     // Meanwhile the server answers.
     let health = h.http.get(h.url("/v1/health")).send().await.unwrap();
     assert_eq!(health.status(), StatusCode::OK);
@@ -842,6 +858,25 @@ async fn a_request_sent_too_slowly_is_cut_off_after_the_read_timeout() {
             "{what}: {text}"
         );
     }
+    let trickled_answer = tokio::time::timeout(bound, async {
+        use tokio::io::AsyncReadExt;
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = trickle_read.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&got).into_owned()
+    })
+    .await
+    .expect("a trickled body is cut off, not read for ever");
+    assert!(
+        trickled_answer.starts_with("HTTP/1.1 400") && trickled_answer.contains("read-timeout-ms"),
+        "{trickled_answer}"
+    );
+    trickler.abort();
     // A keep-alive connection between requests: served, then closed once
     // idle for the timeout (a browser opens a new one for its next request).
     let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
