@@ -1524,45 +1524,72 @@ async fn pagehide_after_an_unanswered_settle_sends_no_release() {
     );
 }
 
-/// `pagehide` after a settle refused without landing (a 429: known not
-/// applied), while the lease waits for that settle's retry, sends no
-/// release beacon either: the page may come back from the back/forward
-/// cache and retry it (`close()` here sends it again), and the item ends
-/// `done` with its result, under the same epoch. Before, the beacon
-/// released the lease, and the finished work was claimed and done again.
+/// `pagehide` while `work()` waits to send its handler's settle again (the
+/// last one was refused without landing: a 429) sends no release beacon:
+/// the page may come back from the back/forward cache, and the loop's retry
+/// then settles the item `done` with its result, under the same epoch.
+/// Before, the beacon released the lease, and the finished work was claimed
+/// and done again (epoch 2). An app's own settle refused the same way is
+/// not retried by the SDK: that lease is released by the beacon, as any
+/// held one (the first fix skipped it too, leaving it to its TTL).
 #[wasm_bindgen_test]
-async fn pagehide_while_a_refused_settle_waits_for_its_retry_sends_no_release() {
+async fn pagehide_while_work_waits_to_retry_a_refused_settle_sends_no_release() {
     let Some(proxy) = proxy() else { return };
     let q = fresh_queue("pagehide-throttled");
     let id = enqueue(&q, json!({})).await;
     let nonce = fresh_queue("n");
     let mode = format!("throttle-settles-{nonce}");
-    let pagehide = ClientConfig {
+    let pagehide = || ClientConfig {
         release_on_pagehide: true,
         ..config()
     };
-    let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), pagehide);
-    let lease = claim(&c, &q).await;
-    let handle = agentstore::lease_api::Lease::from_inner(lease.clone());
-    let first =
-        JsFuture::from(handle.settle("done".into(), js(json!({"out": 9})), JsValue::UNDEFINED))
-            .await;
-    assert!(first.is_err(), "the proxy refused the settle: {first:?}");
-    assert_eq!(proxy_count(proxy, &mode, "held").await, 1.0);
-    assert_eq!(lease.status(), Status::Held);
+    let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), pagehide());
+    let handler = Function::new_no_args("return { out: 9 }");
+    let w = WorkerInner::start(c.clone(), q.clone(), handler, WorkOptions::default(), wrap);
+    // The first settle was refused: the loop now waits (Retry-After: 1 s).
+    let until = now() + 20_000.0;
+    while proxy_count(proxy, &mode, "held").await < 1.0 && now() < until {
+        sleep(20.0).await;
+    }
+    assert!(
+        proxy_count(proxy, &mode, "held").await >= 1.0,
+        "a settle was refused"
+    );
+    let held = c.held();
+    assert_eq!(held.len(), 1, "the lease is held while its settle waits");
     js_sys::Function::new_no_args("globalThis.dispatchEvent(new Event('pagehide'))")
         .call0(&JsValue::NULL)
         .expect("pagehide dispatched");
-    assert_eq!(lease.status(), Status::Held, "not released by the beacon");
-    assert_eq!(proxy_count(proxy, &mode, "releases").await, 0.0);
+    assert_eq!(held[0].status(), Status::Held, "not released by the beacon");
     stop_dropping(proxy, &nonce).await;
-    c.close().await;
-    assert_eq!(lease.status(), Status::Settled(SettleState::Done));
-    let it = item(id).await;
+    let it = wait_item(id, 20_000.0, |it| it.state == ItemState::Done).await;
+    w.stop().await;
     assert_eq!(
         (it.state, it.result, it.epoch, it.attempts),
         (ItemState::Done, Some(json!({"out": 9})), 1, 0)
     );
+    let st = *w.stats.borrow();
+    assert_eq!((st.done, st.lost), (1, 0), "{st:?}");
+    c.close().await;
+
+    // An app's own settle refused the same way: released by the beacon.
+    let id = enqueue(&q, json!({})).await;
+    let nonce = fresh_queue("n");
+    let mode = format!("throttle-settles-{nonce}");
+    let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), pagehide());
+    let lease = claim(&c, &q).await;
+    let handle = agentstore::lease_api::Lease::from_inner(lease.clone());
+    let first =
+        JsFuture::from(handle.settle("done".into(), js(json!({"out": 1})), JsValue::UNDEFINED))
+            .await;
+    assert!(first.is_err(), "the proxy refused the settle: {first:?}");
+    js_sys::Function::new_no_args("globalThis.dispatchEvent(new Event('pagehide'))")
+        .call0(&JsValue::NULL)
+        .expect("pagehide dispatched");
+    assert_eq!(lease.status(), Status::Lost(LossReason::Released));
+    let it = wait_item(id, 10_000.0, |it| it.state == ItemState::Open).await;
+    assert_eq!(it.state, ItemState::Open, "the beacon released it");
+    c.close().await;
 }
 
 /// While a settle's outcome is unknown (the proxy answered 503), a manual

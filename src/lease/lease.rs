@@ -104,6 +104,10 @@ pub struct LeaseInner {
     /// (the local deadline still applies); the same call sent again is
     /// answered by the server as a replay when the first one landed.
     pub(crate) ending_unanswered: Cell<bool>,
+    /// `work()` is waiting to send this lease's settle again (the last one
+    /// was refused without landing, e.g. a 429): the `pagehide` beacon
+    /// leaves the lease alone (see [`LeaseInner::release_beacon`]).
+    pub(crate) settle_retry_due: Cell<bool>,
     /// Released by the `pagehide` beacon, not by a call of the app's: a
     /// `work()` handler running then did not end its lease itself.
     pub(crate) beaconed: Cell<bool>,
@@ -169,6 +173,7 @@ impl LeaseInner {
             plan: RefCell::new(plan),
             paused: Cell::new(false),
             ending_unanswered: Cell::new(false),
+            settle_retry_due: Cell::new(false),
             beaconed: Cell::new(false),
             loss_while_ending: RefCell::new(None),
             in_flight: Cell::new(0),
@@ -780,15 +785,16 @@ impl LeaseInner {
         // A settle in flight, or one that got no answer (its outcome is
         // unknown, and close() would send it again), may land: a release
         // racing it could undo finished work (the item reopened, the settle
-        // refused). A settle refused without landing (a 429) and waiting for
-        // its retry is finished work too: a page restored from the
-        // back/forward cache retries it, where a release handed the item to
-        // another worker to do again. If none lands, the lease runs out at
-        // its TTL (as a closed page's does) and the journal keeps it for
-        // recover().
+        // refused). A `work()` settle refused without landing (a 429) and
+        // waiting for its retry is finished work too: a page restored from
+        // the back/forward cache retries it, where a release handed the item
+        // to another worker to do again. (An app's own refused settle is not
+        // retried by the SDK: its lease is released.) If none lands, the
+        // lease runs out at its TTL (as a closed page's does) and the
+        // journal keeps it for recover().
         if self.status.get() != Status::Held
             || self.ending_unanswered.get()
-            || matches!(*self.asked.borrow(), Some(Ending::Settle(..)))
+            || self.settle_retry_due.get()
         {
             return;
         }

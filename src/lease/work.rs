@@ -413,6 +413,9 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
                 // `stop()` ends a wait for a refused settle at once (it is
                 // then released); one whose outcome is unknown waits on.
                 let d = pause_ms(&mut attempt, retry_after);
+                // Finished work waiting for its settle: no pagehide beacon
+                // releases it meanwhile.
+                lease.settle_retry_due.set(true);
                 if lease.ending_unanswered.get() {
                     // Never past the local deadline, which ends the wait
                     // (a `Retry-After: 3600` must not hold the slot and
@@ -423,6 +426,7 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
                 } else {
                     w.wait(d).await;
                 }
+                lease.settle_retry_due.set(false);
                 // close() came during the pause: it sends the settle.
                 if w.client.closed.get() {
                     break true;
