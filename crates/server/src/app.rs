@@ -319,7 +319,10 @@ fn serve(
         http.timer(TokioTimer::new())
             .header_read_timeout(read_timeout);
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        let mut connections = tokio::task::JoinSet::new();
         loop {
+            // Finished connections' tasks are let go as the loop goes.
+            while connections.try_join_next().is_some() {}
             let (stream, peer) = tokio::select! {
                 accepted = listener.accept() => match accepted {
                     Ok(conn) => conn,
@@ -345,11 +348,11 @@ fn serve(
                     req
                 });
             let conn = http.serve_connection(
-                TokioIo::new(stream),
+                TokioIo::new(SendTimeout::new(stream, read_timeout)),
                 hyper_util::service::TowerToHyperService::new(service),
             );
             let conn = graceful.watch(conn);
-            tokio::spawn(async move {
+            connections.spawn(async move {
                 if let Err(e) = conn.await {
                     tracing::debug!(error = %e, "connection ended with an error");
                 }
@@ -357,7 +360,8 @@ fn serve(
         }
         drop(listener);
         // In-flight requests finish; a client cannot hold the drain open
-        // longer than its read timeout, and a handler gets 30 s more.
+        // longer than its read timeout, and a handler gets 30 s more. Then
+        // what is left is closed.
         let drain = read_timeout + Duration::from_secs(30);
         if tokio::time::timeout(drain, graceful.shutdown())
             .await
@@ -365,6 +369,111 @@ fn serve(
         {
             tracing::warn!("connections still open after the drain deadline: closed");
         }
+        connections.shutdown().await;
         Ok(())
     })
+}
+
+/// A connection whose writes fail (`TimedOut`) once one makes no progress
+/// for `limit`: the client stopped reading. nginx's `send_timeout` (between
+/// two successive writes, not for the whole response). Without it a client
+/// that never read a response larger than the socket buffers (a big static
+/// file) held the connection, and its file descriptor, for good.
+struct SendTimeout<T> {
+    io: T,
+    limit: Duration,
+    /// Armed while a write waits; reset by any progress.
+    stalled: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<T> SendTimeout<T> {
+    fn new(io: T, limit: Duration) -> Self {
+        SendTimeout {
+            io,
+            limit,
+            stalled: None,
+        }
+    }
+
+    /// `poll`'s outcome, or `TimedOut` once it has been pending for `limit`.
+    fn bounded<R>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        poll: impl FnOnce(
+            std::pin::Pin<&mut T>,
+            &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<R>>,
+    ) -> std::task::Poll<std::io::Result<R>>
+    where
+        T: Unpin,
+    {
+        use std::future::Future;
+        use std::task::Poll;
+        match poll(std::pin::Pin::new(&mut self.io), cx) {
+            Poll::Pending => {
+                let limit = self.limit;
+                let timer = self
+                    .stalled
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+                if timer.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the client read nothing of the response within --read-timeout-ms",
+                    )));
+                }
+                Poll::Pending
+            }
+            ready => {
+                self.stalled = None;
+                ready
+            }
+        }
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for SendTimeout<T> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for SendTimeout<T> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.get_mut().bounded(cx, |io, cx| io.poll_write(cx, buf))
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.get_mut()
+            .bounded(cx, |io, cx| io.poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.get_mut().bounded(cx, |io, cx| io.poll_flush(cx))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.get_mut().bounded(cx, |io, cx| io.poll_shutdown(cx))
+    }
 }

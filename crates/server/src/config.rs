@@ -124,7 +124,9 @@ pub struct Config {
     /// whole body (ms, 100..=3600000). Past it the connection is closed
     /// (headers; this also ends a keep-alive connection left idle that long)
     /// or the request is answered `400 bad_request` and the connection
-    /// closed (body). It bounds how long
+    /// closed (body). A response the client stops reading is cut off once
+    /// a write has made no progress for as long (nginx's `send_timeout`).
+    /// It bounds how long
     /// a client without credentials can hold a connection, and with it a
     /// file descriptor, open (the "slowloris" attack; nginx's
     /// `client_header_timeout` and `client_body_timeout`, 60 s each).

@@ -879,3 +879,38 @@ async fn a_request_sent_too_slowly_is_cut_off_after_the_read_timeout() {
     assert!(closed, "an idle keep-alive connection is closed");
     h.server.stop().await.unwrap();
 }
+
+/// A client that stops reading a response larger than the socket buffers
+/// (a big static file) is cut off once a write has made no progress for
+/// `--read-timeout-ms` (nginx's `send_timeout`), so a stop drains at once.
+/// Before, the connection and its file descriptor were held for as long as
+/// the client liked (250 such clients exhausted a 256-descriptor limit),
+/// and a stop waited out its whole drain deadline (read timeout + 30 s).
+#[tokio::test]
+async fn a_client_that_stops_reading_a_response_is_cut_off_after_the_read_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const READ_TIMEOUT_MS: u64 = 300;
+    let h = Harness::start(|c| c.read_timeout_ms = READ_TIMEOUT_MS).await;
+    std::fs::write(h.dir.join("www/big.bin"), vec![7u8; 32 << 20]).unwrap();
+    let mut reader = tokio::net::TcpStream::connect(h.server.addr())
+        .await
+        .unwrap();
+    reader
+        .write_all(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    // The response has started (and then the client reads no more).
+    let mut first = [0u8; 16];
+    reader.read_exact(&mut first).await.unwrap();
+    assert!(first.starts_with(b"HTTP/1.1 200"));
+    // Far under the drain deadline (read timeout + 30 s), which a stop
+    // waiting on the stalled response would take.
+    let bound = Duration::from_millis(READ_TIMEOUT_MS * 40);
+    let started = std::time::Instant::now();
+    tokio::time::timeout(bound, h.server.stop())
+        .await
+        .expect("the stalled response is cut off: the stop drains")
+        .unwrap();
+    assert!(started.elapsed() < bound);
+    drop(reader);
+}
