@@ -963,7 +963,7 @@ impl Store {
                 return Err(StoreError::Transaction(agentstore_protocol::cat(&[
                     "index ",
                     &d.0.name,
-                    " was redefined by another connection during the rebuild",
+                    " was redefined or dropped by another connection during the rebuild",
                 ])));
             }
             // This connection's tags still building, each at its checkpoint.
