@@ -1510,9 +1510,7 @@ async fn pagehide_after_an_unanswered_settle_sends_no_release() {
         JsFuture::from(handle.settle("done".into(), js(json!({"out": 8})), JsValue::UNDEFINED))
             .await;
     assert!(first.is_err(), "the proxy refused the settle");
-    js_sys::Function::new_no_args("globalThis.dispatchEvent(new Event('pagehide'))")
-        .call0(&JsValue::NULL)
-        .expect("pagehide dispatched");
+    dispatch_pagehide();
     assert_eq!(lease.status(), Status::Held, "not released by the beacon");
     stop_dropping(proxy, &nonce).await;
     c.close().await;
@@ -1557,9 +1555,7 @@ async fn pagehide_while_work_waits_to_retry_a_refused_settle_sends_no_release() 
     );
     let held = c.held();
     assert_eq!(held.len(), 1, "the lease is held while its settle waits");
-    js_sys::Function::new_no_args("globalThis.dispatchEvent(new Event('pagehide'))")
-        .call0(&JsValue::NULL)
-        .expect("pagehide dispatched");
+    dispatch_pagehide();
     assert_eq!(held[0].status(), Status::Held, "not released by the beacon");
     stop_dropping(proxy, &nonce).await;
     let it = wait_item(id, 20_000.0, |it| it.state == ItemState::Done).await;
@@ -1583,9 +1579,7 @@ async fn pagehide_while_work_waits_to_retry_a_refused_settle_sends_no_release() 
         JsFuture::from(handle.settle("done".into(), js(json!({"out": 1})), JsValue::UNDEFINED))
             .await;
     assert!(first.is_err(), "the proxy refused the settle: {first:?}");
-    js_sys::Function::new_no_args("globalThis.dispatchEvent(new Event('pagehide'))")
-        .call0(&JsValue::NULL)
-        .expect("pagehide dispatched");
+    dispatch_pagehide();
     assert_eq!(lease.status(), Status::Lost(LossReason::Released));
     let it = wait_item(id, 10_000.0, |it| it.state == ItemState::Open).await;
     assert_eq!(it.state, ItemState::Open, "the beacon released it");
@@ -1831,6 +1825,13 @@ async fn close_with_a_hanging_release_still_aborts_the_kept_signal_at_the_local_
         (it.state, it.last_error.as_deref()),
         (ItemState::Open, Some("released"))
     );
+}
+
+/// Fires the page's `pagehide` event, as leaving the page does.
+fn dispatch_pagehide() {
+    js_sys::Function::new_no_args("globalThis.dispatchEvent(new Event('pagehide'))")
+        .call0(&JsValue::NULL)
+        .expect("pagehide dispatched");
 }
 
 fn noop_handler() -> Function {

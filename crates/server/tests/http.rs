@@ -766,6 +766,14 @@ async fn stopping_the_server_is_graceful_and_closes_the_port() {
     );
 }
 
+/// A connection to `addr` that has sent `bytes` (and then sends nothing).
+async fn sent(addr: std::net::SocketAddr, bytes: &[u8]) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(bytes).await.unwrap();
+    stream
+}
+
 /// Reads from `stream` until the server answers something and closes the
 /// connection, or `within` passes; returns what it sent and whether it
 /// closed.
@@ -807,37 +815,19 @@ async fn a_request_sent_too_slowly_is_cut_off_after_the_read_timeout() {
     // uncut connection would hang the whole bound.
     let bound = Duration::from_millis(READ_TIMEOUT_MS * 40);
     // Headers cut off part-way, and a connection that never sends a byte.
-    let mut partial = tokio::net::TcpStream::connect(addr).await.unwrap();
-    partial
-        .write_all(b"POST /v1/workers/enroll HTTP/1.1\r\nHost: x\r\nContent-")
-        .await
-        .unwrap();
+    let mut partial = sent(
+        addr,
+        b"POST /v1/workers/enroll HTTP/1.1\r\nHost: x\r\nContent-",
+    )
+    .await;
     let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
     // A body shorter than its Content-Length, and a chunked body never ended,
     // each to a route that needs no credentials.
-    let mut short = tokio::net::TcpStream::connect(addr).await.unwrap();
-    short
-        .write_all(
-            b"POST /v1/workers/enroll HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"tok",
-        )
-        .await
-        .unwrap();
-    let mut chunked = tokio::net::TcpStream::connect(addr).await.unwrap();
-    chunked
-        .write_all(
-            b"POST /v1/items/1/release HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"tok\r\n",
-        )
-        .await
-        .unwrap();
+    let mut short = sent(addr, b"POST /v1/workers/enroll HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"tok").await;
+    let mut chunked = sent(addr, b"POST /v1/items/1/release HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"tok\r\n").await;
     // A body trickled a byte at a time, each well within the timeout: the
     // deadline is for the whole body, not for the gap between two reads.
-    let mut trickled = tokio::net::TcpStream::connect(addr).await.unwrap();
-    trickled
-        .write_all(
-            b"POST /v1/workers/enroll HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n",
-        )
-        .await
-        .unwrap();
+    let trickled = sent(addr, b"POST /v1/workers/enroll HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n").await;
     let (mut trickle_read, mut trickle_write) = trickled.into_split();
     let trickler = tokio::spawn(async move {
         while trickle_write.write_all(b" ").await.is_ok() {
@@ -870,10 +860,7 @@ async fn a_request_sent_too_slowly_is_cut_off_after_the_read_timeout() {
     trickler.abort();
     // A keep-alive connection between requests: served, then closed once
     // idle for the timeout (a browser opens a new one for its next request).
-    let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
-    idle.write_all(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
+    let mut idle = sent(addr, b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n").await;
     let (text, closed) = answer_then_close(&mut idle, bound).await;
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     assert!(closed, "an idle keep-alive connection is closed");
@@ -888,17 +875,11 @@ async fn a_request_sent_too_slowly_is_cut_off_after_the_read_timeout() {
 /// and a stop waited out its whole drain deadline (read timeout + 30 s).
 #[tokio::test]
 async fn a_client_that_stops_reading_a_response_is_cut_off_after_the_read_timeout() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncReadExt;
     const READ_TIMEOUT_MS: u64 = 300;
     let h = Harness::start(|c| c.read_timeout_ms = READ_TIMEOUT_MS).await;
     std::fs::write(h.dir.join("www/big.bin"), vec![7u8; 32 << 20]).unwrap();
-    let mut reader = tokio::net::TcpStream::connect(h.server.addr())
-        .await
-        .unwrap();
-    reader
-        .write_all(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
+    let mut reader = sent(h.server.addr(), b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n").await;
     // The response has started (and then the client reads no more).
     let mut first = [0u8; 16];
     reader.read_exact(&mut first).await.unwrap();
