@@ -55,8 +55,9 @@ struct LeaseRead {
 enum ClaimSlot {
     /// Its answer: an item, none, or an error.
     Answer(Result<Option<Item>, StoreError>),
-    /// Its row did not decode and was failed (see `unreadable`): it claims
-    /// again, alone.
+    /// It claims again, alone: its row did not decode and was failed (see
+    /// `unreadable`), or it is a keyed claim that got no item (see
+    /// `claim_one`).
     Again,
 }
 
@@ -479,6 +480,17 @@ impl Store {
     /// copy of this claim holds, the statement fails on the unique index
     /// and changes nothing, and that copy's lease is answered (`true`,
     /// replayed); when that lease ended in between, the statement runs again.
+    ///
+    /// A keyed claim that finds no open item is not answered `None` before
+    /// it looked for its key's lease again: a copy of it may have taken the
+    /// last open item after this copy first looked (see [`Store::claim_attempt`]).
+    /// On PostgreSQL it first sends the statement once more WITHOUT `SKIP
+    /// LOCKED`: that one waits for every claim holding an item open when it
+    /// started (a copy on another instance, or one whose statement waits on
+    /// the key's unique index), so a copy still in flight has committed
+    /// before the key is looked up. (SQLite runs one writer at a time: a
+    /// copy that took the item has committed when this statement finds
+    /// none.)
     async fn claim_one(
         &self,
         queue: &str,
@@ -487,17 +499,21 @@ impl Store {
         key: Option<&str>,
         attempt: Option<&Attempt>,
     ) -> ClaimAnswer {
-        let sql = self.sql(&format!(
-            "UPDATE items SET state = 'running', epoch = epoch + 1, token_hash = $2,
-                 worker_id = $3, claim_key = $4, claim_attempt = CAST($5 AS BIGINT),
-                 claim_sender = CAST($6 AS TEXT), claimed_at = {{now}},
-                 heartbeat_at = {{now}}, updated_at = {{now}}, lease_ttl_ms = {ttl}
-             WHERE id = (SELECT id FROM items WHERE queue = $1 AND state = 'open'
-                         ORDER BY id LIMIT 1 {{skip_locked}})
-               AND state = 'open'
-             RETURNING {ITEM_COLS}",
-            ttl = ms(self.settings.ttl_ms),
-        ));
+        let statement = |lock: &str| {
+            self.sql(&format!(
+                "UPDATE items SET state = 'running', epoch = epoch + 1, token_hash = $2,
+                     worker_id = $3, claim_key = $4, claim_attempt = CAST($5 AS BIGINT),
+                     claim_sender = CAST($6 AS TEXT), claimed_at = {{now}},
+                     heartbeat_at = {{now}}, updated_at = {{now}}, lease_ttl_ms = {ttl}
+                 WHERE id = (SELECT id FROM items WHERE queue = $1 AND state = 'open'
+                             ORDER BY id LIMIT 1 {lock})
+                   AND state = 'open'
+                 RETURNING {ITEM_COLS}",
+                ttl = ms(self.settings.ttl_ms),
+            ))
+        };
+        let mut sql = statement("{skip_locked}");
+        let mut waited = self.backend != Backend::Postgres;
         let mut taken = 0;
         loop {
             let row = sqlx::query(&sql)
@@ -529,6 +545,19 @@ impl Store {
                 (Err(e), _) => return Err(e.into()),
             };
             let Some(row) = row else {
+                if let Some(key) = key {
+                    if !waited {
+                        waited = true;
+                        sql = statement("FOR UPDATE");
+                        continue;
+                    }
+                    if let Some(item) = self
+                        .claim_again(queue, key, attempt, token_hash, worker_id)
+                        .await?
+                    {
+                        return Ok(Some((item, true)));
+                    }
+                }
                 self.metrics.claimed(0, 1);
                 return Ok(None);
             };
@@ -700,13 +729,17 @@ impl Store {
             item_from_row(row).map_err(|e| (get::<i64>(row, "id"), e))
         })?;
         let readable = decoded.iter().filter(|d| matches!(d, Some(Ok(_)))).count();
-        self.metrics.claimed(
-            readable as u64,
-            batch.len().saturating_sub(rows.len()) as u64,
-        );
+        // A keyed claim that got no item runs again alone (counted then):
+        // a copy of it may hold the item it missed (see `claim_one`).
+        let mut empty = 0;
+        for (job, row) in batch.iter().zip(&decoded) {
+            empty += u64::from(row.is_none() && job.key.is_none());
+        }
+        self.metrics.claimed(readable as u64, empty);
         let mut slots = Vec::with_capacity(batch.len());
         for (job, row) in batch.iter().zip(decoded) {
             slots.push(match row {
+                None if job.key.is_some() => ClaimSlot::Again,
                 None => ClaimSlot::Answer(Ok(None)),
                 Some(Ok(item)) => ClaimSlot::Answer(Ok(Some(item))),
                 Some(Err((Ok(id), e))) => {

@@ -205,6 +205,51 @@ pub async fn copies_of_one_claim_racing_take_one_item(db: TestDb) {
     server.stop().await.unwrap();
 }
 
+/// Copies of one claim fired at once, split over two instances, for the
+/// ONLY open item (and, in other rounds, with one spare item and no other
+/// claimant): every copy is answered with the one lease the first took,
+/// never `None` ("nothing open", `204`). Before, a copy that looked for
+/// the key's lease before the first copy committed, then found every open
+/// item taken (by that copy, or locked by a sibling on another PostgreSQL
+/// instance that was waiting on the key's unique index), was told nothing
+/// was open, and the lease ran under a token nobody held until its TTL.
+pub async fn copies_of_one_claim_racing_for_the_last_open_items_are_never_told_none_is_open(
+    db: TestDb,
+) {
+    const ROUNDS: usize = 30;
+    const COPIES: usize = 8;
+    let stores = [db.store(ttl(LONG)).await, db.store(ttl(LONG)).await];
+    for round in 0..ROUNDS {
+        let items = 1 + round % 2;
+        let queue = format!("last{round}");
+        for n in 0..items {
+            stores[0].enqueue(&queue, &json!(n), None).await.unwrap();
+        }
+        let key = format!("only-{round}");
+        let answers = at_once(COPIES, |k| {
+            let store = stores[k % 2].clone();
+            let (queue, key) = (queue.clone(), key.clone());
+            async move { store.claim_once(&queue, Some(7), Some(&key)).await }
+        })
+        .await;
+        let what = format!("round {round} ({items} open)");
+        let answers: Vec<(Claimed, bool)> = answers
+            .into_iter()
+            .map(|a| {
+                a.unwrap()
+                    .unwrap_or_else(|| panic!("{what}: a copy was told nothing is open"))
+            })
+            .collect();
+        let id = one_lease(&stores[0], &answers, Some(7), &what).await;
+        assert_eq!(keyed(&stores[0], &queue, &key).await, vec![id], "{what}");
+        assert_eq!(
+            ids_in(&stores[0], &queue, "open").await.len(),
+            items - 1,
+            "{what}: the spare item stays open"
+        );
+    }
+}
+
 /// One `Idempotency-Key` sent at once by three callers (two workers and the
 /// admin token), three copies each, over two instances, many rounds: each
 /// caller's copies take one item of their own and are answered with it; no

@@ -47,6 +47,7 @@ conformance! {
     lease::every_pooled_connection_commits_durably_so_no_answered_epoch_is_reissued,
     lease::a_claim_sent_again_with_its_idempotency_key_gets_its_lease_back,
     claim_race::copies_of_one_claim_racing_take_one_item,
+    claim_race::copies_of_one_claim_racing_for_the_last_open_items_are_never_told_none_is_open,
     claim_race::a_claim_key_racing_from_other_callers_takes_one_item_per_caller,
     claim_race::keyed_leases_left_doubled_by_older_code_upgrade_to_one_per_key,
     claim_race::a_late_copy_of_a_claim_never_takes_the_lease_from_a_later_copy,
