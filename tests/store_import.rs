@@ -14,6 +14,9 @@ use wasm_bindgen_test::*;
 
 mod common;
 use common::*;
+#[path = "common/values.rs"]
+mod values;
+use values::wasm_memory_bytes;
 
 wasm_bindgen_test_configure!(run_in_browser);
 
@@ -731,6 +734,65 @@ async fn a_losing_pouch_revision_is_not_held_against_the_dump() {
     assert_eq!(field_str(&y, "_rev").as_deref(), Some("2-c"));
     assert!(field(&y, "_local_seq").is_undefined());
     assert!(field(&y, "_removed").is_undefined());
+}
+
+/// A dump of `n` ids built in JS (nothing of it in wasm memory), each with
+/// a winning revision 1-b and a body `put` refuses (`updatedAt` a number,
+/// the epoch milliseconds PouchDB apps often stored) on revision 1-a: the
+/// losing leaf when `bad_winner` is false, else on the winner 1-b (its
+/// good body then on the loser 1-a).
+fn refused_rows_dump(n: u32, bad_winner: bool) -> JsValue {
+    let make = Function::new_with_args(
+        "n, badWinner",
+        "const doc = (id, rev, bad) => JSON.stringify({_id: id, _rev: rev, recordType: 'run', \
+           updatedAt: bad ? 1767225600000 + n : '2026-01-01T00:00:00.000Z', \
+           _revisions: {start: 1, ids: [rev.slice(2)]}}); \
+         const lines = ['{\"version\":\"1.2.9\",\"db_type\":\"idb\"}']; \
+         for (let i = 0; i < n; i++) { \
+           const id = 'r' + String(i).padStart(6, '0'); \
+           lines.push('{\"docs\":[' + doc(id, '1-a', !badWinner) + ',' + doc(id, '1-b', badWinner) + ']}'); \
+         } \
+         return lines.join('\\n');",
+    );
+    make.call2(&JsValue::NULL, &n.into(), &bad_winner.into())
+        .unwrap()
+}
+
+/// Rows whose bodies an import refuses are kept, until the winners are
+/// known, as JS values: wasm memory, which never shrinks, stays as it was
+/// however many losing rows a dump refuses (it grew by about 280 bytes per
+/// refused row, for the page's life), and a dump whose winners are refused
+/// is refused naming the first such line, nothing written.
+#[wasm_bindgen_test]
+async fn refused_losing_rows_of_a_dump_leave_wasm_memory_as_it_was() {
+    const N: u32 = 30_000;
+    let (store, _) = open("pouch-refused-memory").await;
+    // Warm-up: the first import's own buffers.
+    store
+        .import_pouch_dump(refused_rows_dump(200, false), "agent-index", None)
+        .await
+        .unwrap();
+    let before = wasm_memory_bytes();
+    let (summary, counts, _) = store
+        .import_pouch_dump(refused_rows_dump(N, false), "agent-index", None)
+        .await
+        .expect("only the winners are checked");
+    assert_eq!(summary.documents_read, 2 * u64::from(N));
+    assert_eq!((counts.written, counts.kept_newer), (N - 200, 200));
+    let r = store.get(&s("r029999")).await.unwrap().unwrap();
+    assert_eq!(field_str(&r, "_rev").as_deref(), Some("1-b"));
+    let e = store
+        .import_pouch_dump(refused_rows_dump(N, true), "agent-index", None)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Validation, "{e}");
+    assert!(e.to_string().contains("line 2:"), "{e}");
+    let grown = wasm_memory_bytes() - before;
+    assert!(
+        grown < f64::from(2 << 20),
+        "wasm memory grew by {grown} bytes over {} refused rows",
+        2 * N
+    );
 }
 
 /// A stream source larger than the 4 MiB at which its chunks are folded

@@ -166,15 +166,15 @@ fn legacy_report(
     leaves: &Map,
     dead: &js_sys::Set,
     legacy_index_id: &str,
-    rows: &[(String, JsValue)],
+    rows: &Map,
     live_others: u64,
 ) -> Option<LegacyIndexReport> {
     let key = JsValue::from_str(legacy_index_id);
-    let win = leaves.get(&key).as_string()?;
-    if dead.has(&key) {
+    let win = leaves.get(&key);
+    if win.is_undefined() || dead.has(&key) {
         return None;
     }
-    let (_, records) = rows.iter().find(|(rev, _)| *rev == win)?;
+    let records = &rows.get(&win);
     if !records.is_object() || Array::is_array(records) {
         return None;
     }
@@ -619,10 +619,14 @@ impl Store {
         // id → Set of the revisions named as ancestors by some row (only
         // ids that have any).
         let ancestors = Map::new();
-        // The legacy index document's live rows: (revision, `records`).
-        let mut legacy_rows: Vec<(String, JsValue)> = Vec::new();
-        // Live rows `put` would refuse, in line order: (id, revision, error).
-        let mut bad_bodies: Vec<(JsValue, String, StoreError)> = Vec::new();
+        // Everything kept per row is a JS value (the JS heap gives it back
+        // after the import; wasm memory never shrinks): the legacy index
+        // document's live rows (revision → `records`, the first row of
+        // each), and the live rows `put` would refuse (id → Map of revision
+        // → `[line, message]`, the first row of each), however many losing
+        // rows a dump refuses.
+        let legacy_rows = Map::new();
+        let refused = Map::new();
 
         let legacy_key = JsValue::from_str(legacy_index_id);
         let mut lines = source.lines(opts.signal.clone(), self)?;
@@ -639,16 +643,25 @@ impl Store {
                     continue;
                 };
                 let anc = pouch_ancestors(&doc, n)?;
+                let key = JsValue::from(row.id.clone());
                 if !row.deleted {
                     strip_bookkeeping(&doc);
                     if let Err(e) = check_body(&doc, "PouchDB dump", n) {
                         // Refused only if this revision wins (decided before
                         // pass 2, so nothing is written): a losing leaf or
                         // superseded revision is never stored.
-                        bad_bodies.push((row.id.clone().into(), row.rev_text.clone(), e));
+                        let revs = refused.get(&key).dyn_into::<Map>().unwrap_or_else(|_| {
+                            let m = Map::new();
+                            refused.set(&key, &m);
+                            m
+                        });
+                        let rev = JsValue::from_str(&row.rev_text);
+                        if !revs.has(&rev) {
+                            let at = JsValue::from(n as f64);
+                            revs.set(&rev, &Array::of2(&at, &e.message().into()));
+                        }
                     }
                 }
-                let key = JsValue::from(row.id.clone());
                 // A Set per id: every row of the id asks it, and a dump that
                 // repeats a history names the same ancestors again and
                 // again (an Array's `includes` made that quadratic).
@@ -670,8 +683,11 @@ impl Store {
                     Some(s) => decode_leaves(&s).map_err(|e| StoreError::Transaction(e.0))?,
                     None => Vec::new(),
                 };
-                if !row.deleted && JsValue::from(row.id.clone()) == legacy_key {
-                    legacy_rows.push((row.rev_text.clone(), get(&doc, "records")));
+                if !row.deleted && key == legacy_key {
+                    let rev = JsValue::from_str(&row.rev_text);
+                    if !legacy_rows.has(&rev) {
+                        legacy_rows.set(&rev, &get(&doc, "records"));
+                    }
                 }
                 let leaf = Leaf {
                     rev: row.rev,
@@ -721,11 +737,26 @@ impl Store {
         if let Some(e) = bad {
             return Err(StoreError::Transaction(e.0));
         }
-        for (id, rev, e) in bad_bodies {
-            if !dead.has(&id) && leaves.get(&id).as_string().as_deref() == Some(rev.as_str()) {
-                return Err(e);
+        // The first line (in line order) whose refused body won.
+        let mut first_bad: Option<(f64, JsValue)> = None;
+        refused.for_each(&mut |revs, id| {
+            if dead.has(&id) {
+                return;
             }
+            let hit = revs.unchecked_ref::<Map>().get(&leaves.get(&id));
+            if let Some(hit) = hit.dyn_ref::<Array>() {
+                let at = hit.get(0).as_f64().unwrap_or(f64::INFINITY);
+                if first_bad.as_ref().is_none_or(|(first, _)| at < *first) {
+                    first_bad = Some((at, hit.get(1)));
+                }
+            }
+        });
+        if let Some((_, message)) = first_bad {
+            return Err(StoreError::validation(
+                message.as_string().unwrap_or_default(),
+            ));
         }
+        drop(refused);
         let legacy = legacy_report(&leaves, &dead, legacy_index_id, &legacy_rows, live_others);
         drop(legacy_rows);
 
