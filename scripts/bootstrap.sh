@@ -7,6 +7,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 WASM_BINDGEN_VERSION=0.2.130   # must equal the wasm-bindgen version in Cargo.lock
+# Tools installed from crates.io at the versions this project was tested with,
+# built from their published Cargo.lock (--locked), so a new release or a
+# dependency raising its minimum Rust cannot break a fresh machine.
+# (wasm-bindgen-cli 0.2.130's published lock names a yanked webpki-roots,
+# so it is installed unlocked.)
+WASM_PACK_VERSION=0.15.1
+GECKODRIVER_VERSION=0.37.1
 export PATH="$HOME/.cargo/bin:$PATH"
 
 log() { printf '[bootstrap] %s\n' "$*"; }
@@ -34,7 +41,8 @@ npm_ci() {
 
 if [ "$MODE" = demo ]; then
   npm_ci
-  command -v wasm-pack >/dev/null || cargo install -q wasm-pack
+  command -v wasm-pack >/dev/null ||
+    cargo install -q --locked wasm-pack --version "$WASM_PACK_VERSION"
   wasm-bindgen --version 2>/dev/null | grep -q " $WASM_BINDGEN_VERSION" ||
     cargo install -q wasm-bindgen-cli --version "$WASM_BINDGEN_VERSION"
   log "demo toolchain ready"
@@ -59,12 +67,12 @@ if ! wasm-bindgen --version 2>/dev/null | grep -q " $WASM_BINDGEN_VERSION"; then
   cargo install -q wasm-bindgen-cli --version "$WASM_BINDGEN_VERSION"
 fi
 if ! command -v wasm-pack >/dev/null; then
-  log "cargo install wasm-pack"
-  cargo install -q wasm-pack
+  log "cargo install wasm-pack $WASM_PACK_VERSION"
+  cargo install -q --locked wasm-pack --version "$WASM_PACK_VERSION"
 fi
 if ! command -v geckodriver >/dev/null; then
-  log "cargo install geckodriver"
-  cargo install -q geckodriver
+  log "cargo install geckodriver $GECKODRIVER_VERSION"
+  cargo install -q --locked geckodriver --version "$GECKODRIVER_VERSION"
 fi
 
 npm_ci

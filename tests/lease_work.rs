@@ -1365,8 +1365,10 @@ async fn close_wakes_a_slot_waiting_to_retry_a_settle_of_unknown_outcome() {
     hook_call(&hook, "restore");
     let it = item(id).await;
     assert_eq!(it.state, ItemState::Done, "close() settled it");
+    // The wait it replaced ran to the lease's local deadline (2.7 s here);
+    // the bound leaves a loaded page room.
     assert!(
-        waited < 300.0,
+        waited < 1_500.0,
         "finished {waited} ms after close() resolved"
     );
     assert_eq!(w.stats.borrow().done, 1, "counted as close() ended it");
