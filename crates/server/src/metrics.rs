@@ -10,6 +10,11 @@
 //! handlers and the request middleware [`track`]; takeovers in the reaper.
 //! Queue and pool gauges are read at scrape time: queue gauges from
 //! [`Store::queue_stats`], the same call behind `GET /v1/queues/{queue}/stats`.
+//! A scrape never waits on the database longer than [`QUEUE_STATS_TIMEOUT`]
+//! and never fails for it: when that read fails or times out (the database
+//! is down or stalled), the scrape still answers every counter, histogram
+//! and pool gauge, the database-read gauges keep their last values, and
+//! `agentstore_queue_stats_up` is 0 (node_exporter's `*_up` convention).
 //! Names follow the Prometheus conventions
 //! (<https://prometheus.io/docs/practices/naming/>): `_total` for counters,
 //! base units (`_seconds`) for durations.
@@ -35,6 +40,10 @@ use crate::store::{Store, StoreError};
 pub const UNREADABLE_BY: [&str; 8] = [
     "reaper", "list", "claim", "resume", "settle", "release", "pause", "get",
 ];
+
+/// How long a scrape waits for the queue gauges' database read (2 s, as
+/// `GET /v1/ready`; Prometheus gives up on a scrape after 10 s by default).
+pub const QUEUE_STATS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// `Content-Type` of the text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -100,6 +109,9 @@ pub struct Metrics {
     /// Item rows the queue gauges left out, an unknown state (read at
     /// scrape time).
     unreadable_items: IntGauge,
+    /// 1 when this scrape read the queue gauges from the database, 0 when
+    /// that read failed or took longer than [`QUEUE_STATS_TIMEOUT`].
+    queue_stats_up: IntGauge,
     /// Pool connections checked out by this instance.
     pool_in_use: IntGauge,
     /// Pool size limit of this instance.
@@ -265,6 +277,11 @@ impl Metrics {
                 "agentstore_unreadable_item_rows",
                 "Item rows of an unknown state, left out of the queue gauges (read at scrape time)",
             ),
+            queue_stats_up: gauge(
+                &r,
+                "agentstore_queue_stats_up",
+                "1 when this scrape read the queue gauges from the database; 0 when that read failed or took over 2 s (those gauges then keep their last values)",
+            ),
             pool_in_use: gauge(
                 &r,
                 "agentstore_db_pool_connections_in_use",
@@ -398,19 +415,53 @@ impl Metrics {
         Ok(n)
     }
 
-    /// Reads the gauges from `store` and renders every metric as text.
+    /// Reads the gauges from `store` and renders every metric as text. The
+    /// queue gauges' database read is bounded by [`QUEUE_STATS_TIMEOUT`]; when
+    /// it fails or times out, those gauges keep their last values and
+    /// `agentstore_queue_stats_up` is 0 (see the module docs).
     ///
     /// # Errors
-    /// The database failed while reading the queue gauges.
+    /// Only the text encoding (not the database).
     pub async fn render(&self, store: &Store) -> Result<String, StoreError> {
-        let (queues, unreadable) = store.queue_stats_and_unreadable(None).await?;
-        let queues = fold_queue_series(queues, MAX_QUEUE_SERIES);
+        let read =
+            tokio::time::timeout(QUEUE_STATS_TIMEOUT, store.queue_stats_and_unreadable(None)).await;
         let (in_use, _, max) = store.pool_usage();
+        let stats = match read {
+            Ok(Ok(stats)) => Some(stats),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "metrics: the queue gauges could not be read");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(
+                    timeout_ms = QUEUE_STATS_TIMEOUT.as_millis() as u64,
+                    "metrics: the queue gauges' read timed out"
+                );
+                None
+            }
+        };
         // No await from here to the end: the lock is a std one.
         let _scrape = self
             .scrape
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.pool_in_use.set(i64::from(in_use));
+        self.pool_max.set(i64::from(max));
+        self.queue_stats_up.set(i64::from(stats.is_some()));
+        if let Some((queues, unreadable)) = stats {
+            self.set_queue_gauges(fold_queue_series(queues, MAX_QUEUE_SERIES), unreadable);
+        }
+        TextEncoder::new()
+            .encode_to_string(&self.registry.gather())
+            .map_err(|e| StoreError::Corrupt(format!("metrics encoding: {e}")))
+    }
+
+    /// Sets the gauges read from the database (the caller holds `scrape`).
+    fn set_queue_gauges(
+        &self,
+        queues: Vec<agentstore_protocol::lease::QueueStats>,
+        unreadable: u64,
+    ) {
         self.queue_items.reset();
         self.queue_oldest_open.reset();
         let mut running = 0;
@@ -431,11 +482,6 @@ impl Metrics {
             .set(i64::try_from(running).unwrap_or(i64::MAX));
         self.unreadable_items
             .set(i64::try_from(unreadable).unwrap_or(i64::MAX));
-        self.pool_in_use.set(i64::from(in_use));
-        self.pool_max.set(i64::from(max));
-        TextEncoder::new()
-            .encode_to_string(&self.registry.gather())
-            .map_err(|e| StoreError::Corrupt(format!("metrics encoding: {e}")))
     }
 }
 

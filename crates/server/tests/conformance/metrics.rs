@@ -630,6 +630,77 @@ pub async fn concurrent_scrapes_each_report_every_queue_gauge(db: TestDb) {
     server.stop().await.unwrap();
 }
 
+/// A scrape whose queue gauges cannot be read from the database (the items
+/// table gone; on PostgreSQL also a lock that stalls the read) still answers
+/// `200` with every counter, histogram and pool gauge, the queue gauges at
+/// their last values and `agentstore_queue_stats_up` 0, within the 2 s the
+/// read may take; once the read works again, `up` is 1. Before, such a
+/// scrape answered `500` (after 30 s when the database stalled): monitoring
+/// went dark exactly during a database outage.
+pub async fn a_scrape_answers_when_the_queue_gauges_cannot_be_read(db: TestDb) {
+    let mut config = db.config();
+    config.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+    let server = Server::start(&config).await.unwrap();
+    let http = Client::new();
+    enqueue_over_http(&http, &server.url(), "gauged").await;
+    let url = format!("http://{}/metrics", server.metrics_addr().unwrap());
+    let scrape = || async {
+        let started = Instant::now();
+        let resp = http.get(&url).send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        let samples = parse(&resp.text().await.unwrap());
+        (samples, started.elapsed())
+    };
+    let open = [("queue", "gauged"), ("state", "open")];
+    let (samples, _) = scrape().await;
+    assert_eq!(value(&samples, "agentstore_queue_stats_up", &[]), 1.0);
+    assert_eq!(value(&samples, "agentstore_queue_items", &open), 1.0);
+
+    let pool = server.store().pool().clone();
+    let exec = |sql: &'static str| {
+        let pool = pool.clone();
+        async move { sqlx::query(sql).execute(&pool).await.unwrap() }
+    };
+    exec("ALTER TABLE items RENAME TO items_away").await;
+    let (samples, _) = scrape().await;
+    exec("ALTER TABLE items_away RENAME TO items").await;
+    assert_eq!(value(&samples, "agentstore_queue_stats_up", &[]), 0.0);
+    assert_eq!(
+        value(&samples, "agentstore_queue_items", &open),
+        1.0,
+        "the last value read"
+    );
+    assert!(
+        samples
+            .iter()
+            .any(|(n, _, _)| n == "agentstore_http_request_duration_seconds_count"),
+        "the counters and histograms are there"
+    );
+    assert!(
+        samples
+            .iter()
+            .any(|(n, _, _)| n == "agentstore_db_pool_connections_max"),
+        "the pool gauges are there"
+    );
+
+    if db.kind == Kind::Postgres {
+        // A lock held by another connection stalls the read: the scrape
+        // answers after the read's 2 s, not the pool's 30 s.
+        let mut holder = pool.begin().await.unwrap();
+        sqlx::query("LOCK TABLE items IN ACCESS EXCLUSIVE MODE")
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+        let (samples, took) = scrape().await;
+        holder.rollback().await.unwrap();
+        assert_eq!(value(&samples, "agentstore_queue_stats_up", &[]), 0.0);
+        assert!(took < Duration::from_secs(15), "the scrape took {took:?}");
+    }
+    let (samples, _) = scrape().await;
+    assert_eq!(value(&samples, "agentstore_queue_stats_up", &[]), 1.0);
+    server.stop().await.unwrap();
+}
+
 /// A scrape over more queues than get series of their own
 /// (`MAX_QUEUE_SERIES`, 500) reports 500 queues and one `(other)` series
 /// that sums the rest: the label count stays bounded whatever queues
