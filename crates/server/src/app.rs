@@ -153,12 +153,24 @@ pub(crate) fn allow_origin(entries: &[String]) -> Result<AllowOrigin, String> {
                         (scheme://host[:port], or scheme://host:* for every port)"
                 .into());
         }
-        match o.strip_suffix(":*") {
-            Some(prefix) if !prefix.is_empty() => any_port.push(format!("{prefix}:")),
-            _ => exact.push(
+        let (origin, every_port) = match o.strip_suffix(":*") {
+            Some(prefix) => (prefix, true),
+            None => (o, false),
+        };
+        not_an_origin(origin, every_port).map_or(Ok(()), |why| {
+            Err(format!(
+                "--allow-origin: {o:?} can never match: {why} (an entry is an origin as a \
+                 browser sends it, scheme://host[:port] in lower case with no path, or \
+                 scheme://host:* for every port)"
+            ))
+        })?;
+        if every_port {
+            any_port.push(format!("{origin}:"));
+        } else {
+            exact.push(
                 HeaderValue::from_str(o)
                     .map_err(|_| format!("--allow-origin: bad origin {o:?}"))?,
-            ),
+            );
         }
     }
     if any_port.is_empty() {
@@ -174,6 +186,86 @@ pub(crate) fn allow_origin(entries: &[String]) -> Result<AllowOrigin, String> {
                 })
             })
     }))
+}
+
+/// Why `origin` (an `--allow-origin` entry, its `:*` taken off when
+/// `every_port`) is not an origin a browser could send, or `None`. A browser
+/// serializes the `Origin` header as `scheme://host[:port]` (RFC 6454 §6.2,
+/// the WHATWG URL standard's origin serialization): the scheme and host in
+/// lower case (a host beyond ASCII in its punycode form), no path, no
+/// user info, and no port when it is the scheme's default. An entry of any
+/// other shape is compared byte for byte and never matches: refused at
+/// startup instead of leaving every browser call failing CORS unexplained.
+fn not_an_origin(origin: &str, every_port: bool) -> Option<&'static str> {
+    let Some((scheme, rest)) = origin.split_once("://") else {
+        return Some("it has no scheme:// (http:// or https://)");
+    };
+    let default_port = match scheme {
+        "http" => "80",
+        "https" => "443",
+        "HTTP" | "HTTPS" | "Http" | "Https" => return Some("the scheme must be lower case"),
+        _ => return Some("the scheme must be http or https"),
+    };
+    if rest.contains(['/', '?', '#']) {
+        return Some("an origin has no path, query or fragment (no trailing /)");
+    }
+    if rest.contains('@') {
+        return Some("an origin has no user info");
+    }
+    let (host, port) = match rest.strip_prefix('[') {
+        // An IPv6 literal: `[…]`, then the port if any.
+        Some(v6) => match v6.split_once(']') {
+            Some((addr, after)) if !addr.is_empty() => {
+                if !addr
+                    .bytes()
+                    .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
+                {
+                    return Some("the IPv6 address holds other characters");
+                }
+                if addr.bytes().any(|b| b.is_ascii_uppercase()) {
+                    return Some("the host must be lower case");
+                }
+                match after {
+                    "" => (addr, None),
+                    p => match p.strip_prefix(':') {
+                        Some(p) => (addr, Some(p)),
+                        None => return Some("something follows the IPv6 address"),
+                    },
+                }
+            }
+            _ => return Some("the IPv6 address is not closed by ]"),
+        },
+        None => match rest.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (rest, None),
+        },
+    };
+    if host.is_empty() {
+        return Some("it has no host");
+    }
+    if host.contains('*') {
+        return Some("a host cannot hold a wildcard (only a trailing :* for every port)");
+    }
+    if host.bytes().any(|b| b.is_ascii_uppercase()) {
+        return Some("the host must be lower case");
+    }
+    if !host
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b':' | b'_'))
+    {
+        return Some("the host holds a character a browser never sends (a host beyond ASCII goes in its punycode form)");
+    }
+    match port {
+        Some(_) if every_port => Some("a port and :* both"),
+        Some(p) if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) => {
+            Some("the port is not a number")
+        }
+        Some(p) if p.parse::<u32>().map_or(true, |n| n > 65_535) => Some("the port is above 65535"),
+        Some(p) if p == default_port => {
+            Some("a browser leaves the scheme's default port out of an origin (80 for http, 443 for https)")
+        }
+        _ => None,
+    }
 }
 
 /// A running server: its address, and a way to stop it gracefully.

@@ -145,7 +145,7 @@ async fn server_start_refuses_a_configuration_out_of_range_built_in_code() {
         // tower-http's origin list panics on "*": it was met only after the
         // database had been opened and migrated (exit 101).
         ("--allow-origin", |c| c.allow_origin = vec!["*".into()]),
-        ("--allow-origin: bad origin", |c| {
+        ("--allow-origin: \"http://a\\nb\" can never match", |c| {
             c.allow_origin = vec!["http://a\nb".into()]
         }),
     ];
@@ -207,5 +207,53 @@ fn the_binary_exits_with_a_usage_error_naming_the_flag() {
         let status = status.unwrap_or_else(|| panic!("{args:?}: still running after 30 s"));
         assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(flag), "{args:?}: {stderr}");
+    }
+}
+
+/// An `--allow-origin` entry no browser's `Origin` header could ever equal
+/// is refused at startup naming it: before, such entries were accepted and
+/// every browser call from that page failed CORS with nothing saying why.
+/// Origins as browsers send them (RFC 6454 §6.2) are accepted.
+#[test]
+fn an_allow_origin_entry_that_can_never_match_is_refused_naming_it() {
+    for bad in [
+        "https://app.example.com/",
+        "https://app.example.com/path",
+        "https://*.example.com",
+        "HTTP://LOCALHOST:3000",
+        "http://LOCALHOST:3000",
+        "Https://app.example.com",
+        "not an origin",
+        "app.example.com",
+        "ftp://files.example.com",
+        "https://user@app.example.com",
+        "http://127.0.0.1:80",
+        "https://app.example.com:443",
+        "http://127.0.0.1:99999",
+        "http://127.0.0.1:x",
+        "http://[::1",
+        "http://",
+        "http://127.0.0.1:8080:*",
+        "https://bücher.example",
+    ] {
+        let err = parse(&["--allow-origin", bad])
+            .map(drop)
+            .expect_err(&format!("{bad:?} accepted"));
+        let text = err.to_string();
+        assert!(
+            text.contains("--allow-origin") && text.contains(bad),
+            "{bad}: {text}"
+        );
+    }
+    for good in [
+        "http://127.0.0.1:*",
+        "https://app.example.com",
+        "http://localhost:3000",
+        "http://[::1]:8080",
+        "http://[::1]:*",
+        "https://xn--bcher-kva.example",
+        "http://127.0.0.1:8080,https://app.example.com",
+    ] {
+        parse(&["--allow-origin", good]).unwrap_or_else(|e| panic!("{good}: {e}"));
     }
 }
