@@ -142,16 +142,63 @@ function panelCredentials(staleToken) {
   return mine;
 }
 
-/** A panel call as the producer; one renewal after a 401 (its access token expired). */
-async function panelCall(method, path, body) {
-  const creds = await panelCredentials();
+/**
+ * A panel call as the producer; one renewal after a 401 (its access token
+ * expired). A 401 that renewal cannot cure may mean the demo server was
+ * restarted (every credential of its last run is unknown to the new one):
+ * then the panel and the workers start again on its new run, and the call is
+ * made once more.
+ */
+async function panelCall(method, path, body, again = true) {
   try {
-    return await request(method, path, { body, token: creds.access_token });
+    const creds = await panelCredentials();
+    try {
+      return await request(method, path, { body, token: creds.access_token });
+    } catch (err) {
+      if (err.status !== 401) throw err;
+      const renewed = await panelCredentials(creds.access_token);
+      return await request(method, path, { body, token: renewed.access_token });
+    }
   } catch (err) {
-    if (err.status !== 401) throw err;
-    const renewed = await panelCredentials(creds.access_token);
-    return request(method, path, { body, token: renewed.access_token });
+    if (err.status === 401 && again && await adoptRestartedServer()) return panelCall(method, path, body, false);
+    throw err;
   }
+}
+
+/**
+ * Whether the demo server was restarted (`runId` in demo.json changed) and
+ * the panel moved to its new run: the new runtime adopted, the producer and
+ * every worker enrolled again with its fresh tokens (each worker's loop and
+ * client of the old run stopped first). One check at a time.
+ */
+let adopting = null;
+function adoptRestartedServer() {
+  adopting ??= (async () => {
+    let fresh;
+    try {
+      fresh = await request('GET', RUNTIME_URL);
+    } catch {
+      return false;
+    }
+    if (!fresh?.runId || fresh.runId === runtime?.runId || !fresh.enrollmentTokens?.length) return false;
+    runtime = fresh;
+    producer = null;
+    showStatus('The demo server was restarted: the panel and the workers enrolled again with its new tokens.');
+    await Promise.all(workers.map(async (w) => {
+      const { worker, client } = w;
+      Object.assign(w, { worker: null, client: null, job: null, pending: [], error: null, failing: false });
+      await worker?.stop().catch(() => {});
+      await client?.close().catch(() => {});
+      try {
+        await startWorker(w);
+      } catch (err) {
+        w.error = err;
+        showError(err, `${label(w)} could not start again`);
+      }
+    }));
+    return true;
+  })().finally(() => { adopting = null; });
+  return adopting;
 }
 
 /**
@@ -214,6 +261,9 @@ function newWorker(slot) {
     job: null,
     pending: [],
     error: null,
+    /** Claims failing now (see `failingNow`), and the counts last seen. */
+    failing: false,
+    seen: { claimed: 0, polls: '', failures: 0 },
     ui: null,
   };
 }
@@ -294,10 +344,16 @@ function onLeaseEnded(w, job) {
   const reason = job.lease.signal.reason?.reason ?? 'claim_lost';
   if (job.outcome === 'released' || reason === 'released') {
     job.outcome = 'released';
-  } else if (job.delivered) {
+  } else if (job.delivered && reason === 'claim_lost') {
     job.outcome = 'rejected';
     addEvent(w, 'rejected', job, 'late result REJECTED by the server (claim_lost): the lease had expired and the item was handed out again; nothing was written');
     showStatus(`${label(w)}: its late result for item #${job.itemId} (epoch ${job.epoch}) was rejected by the server (claim_lost).`);
+  } else if (reason === 'expired_locally' && job.delivered) {
+    // The server never answered the settle: nothing was rejected, nothing
+    // got through (a server outage, the worker cut off).
+    job.outcome = 'expired';
+    addEvent(w, 'expired', job, 'result NOT saved: its settle did not reach the server before the local deadline (expired_locally); the item will be handed out again');
+    showStatus(`${label(w)}: its result for item #${job.itemId} (epoch ${job.epoch}) could not reach the server before the local deadline (expired_locally).`);
   } else if (reason === 'expired_locally') {
     job.outcome = 'expired';
     addEvent(w, 'expired', job, 'cancelled: no heartbeat got through before the local deadline (expired_locally); work stopped');
@@ -405,6 +461,23 @@ function addEvent(w, kind, job, text) {
   while (w.ui.events.children.length > EVENTS_KEPT) w.ui.events.lastChild.remove();
 }
 
+/**
+ * Whether the worker's claims are failing now: a connection failure counted
+ * since the last claim or poll that got through (`stats` counts failures
+ * and claims since the worker started; `pollDelaysMs`, its last 32 empty
+ * polls, changes at each one).
+ */
+function failingNow(w, stats) {
+  if (!stats) return false;
+  const polls = stats.pollDelaysMs.join(',');
+  const through = stats.claimed !== w.seen.claimed || polls !== w.seen.polls;
+  const failed = stats.connectionFailures !== w.seen.failures;
+  if (through) w.failing = false;
+  else if (failed) w.failing = true;
+  w.seen = { claimed: stats.claimed, polls, failures: stats.connectionFailures };
+  return w.failing;
+}
+
 /** Redraws one card from the worker's state (every tick). */
 function render(w) {
   const ui = w.ui;
@@ -417,7 +490,7 @@ function render(w) {
   else if (w.cutOff) state = 'cut off';
   else if (job?.stalled) state = 'heartbeats paused';
   else if (job) state = 'working';
-  else if (stats && stats.connectionFailures && !stats.claimed && !job) state = 'reconnecting';
+  else if (failingNow(w, stats) && !job) state = 'reconnecting';
   else state = 'polling';
   ui.badge.textContent = state;
   ui.badge.dataset.state = state;
