@@ -284,10 +284,26 @@ impl Revocations {
 
 /// Turns a `--database` value into a URL: `postgres://` / `postgresql://` and
 /// `sqlite:` URLs pass through (SQLite gets `mode=rwc` so the file is created);
-/// anything else is an SQLite file path.
+/// anything else is an SQLite file path, named exactly: sqlx reads an SQLite
+/// URL's path percent-decoded and up to its first `?`, so a path's `%`, `?`
+/// and `#` are percent-encoded (before, `a%41.db` opened `aA.db`, and a
+/// directory named `mode=x` left the file uncreated).
 pub fn database_url(database: &str) -> (Backend, String) {
     if database.starts_with("postgres://") || database.starts_with("postgresql://") {
         return (Backend::Postgres, database.to_owned());
+    }
+    if !database.starts_with("sqlite:") && database != ":memory:" {
+        let mut url = String::from("sqlite://");
+        for c in database.chars() {
+            match c {
+                '%' => url.push_str("%25"),
+                '?' => url.push_str("%3F"),
+                '#' => url.push_str("%23"),
+                c => url.push(c),
+            }
+        }
+        url.push_str("?mode=rwc");
+        return (Backend::Sqlite, url);
     }
     let url = if database.starts_with("sqlite:") {
         database.to_owned()
@@ -556,5 +572,34 @@ mod tests {
             database_url("sqlite://x.db?mode=ro"),
             (Backend::Sqlite, "sqlite://x.db?mode=ro".into())
         );
+    }
+
+    /// A file path is opened under exactly its name, whatever characters
+    /// a URL would read otherwise (`%`, `?`, `#`, a `mode=` directory), and
+    /// created when missing.
+    #[tokio::test]
+    async fn an_sqlite_path_opens_the_file_of_exactly_that_name() {
+        let dir = std::env::temp_dir().join(format!(
+            "agentstore-path-{}-{}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        for name in ["a%41.db", "b?mode=ro.db", "c#d.db", "mode=x/e.db"] {
+            let path = dir.join(name);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            let store = Store::connect(path.to_str().unwrap(), Settings::default())
+                .await
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            store.pool().close().await;
+            assert!(path.is_file(), "{name}: the file of that name was created");
+        }
+        let mut made: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.ends_with(".db"))
+            .collect();
+        made.sort();
+        assert_eq!(made, ["a%41.db", "b?mode=ro.db", "c#d.db"], "no other file");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
