@@ -623,7 +623,7 @@ impl Store {
         // after the import; wasm memory never shrinks): the legacy index
         // document's live rows (revision → `records`, the first row of
         // each), and the live rows `put` would refuse (id → Map of revision
-        // → `[line, message]`, the first row of each), however many losing
+        // → `[row number, message]`, the first row of each), however many losing
         // rows a dump refuses.
         let legacy_rows = Map::new();
         let refused = Map::new();
@@ -657,7 +657,10 @@ impl Store {
                         });
                         let rev = JsValue::from_str(&row.rev_text);
                         if !revs.has(&rev) {
-                            let at = JsValue::from(n as f64);
+                            // The row's place in the dump (documents read so
+                            // far): the first refused winner is the first
+                            // row, also between the docs of one line.
+                            let at = JsValue::from(summary.documents_read as f64);
                             revs.set(&rev, &Array::of2(&at, &e.message().into()));
                         }
                     }
@@ -737,7 +740,7 @@ impl Store {
         if let Some(e) = bad {
             return Err(StoreError::Transaction(e.0));
         }
-        // The first line (in line order) whose refused body won.
+        // The first row (in dump order) whose refused body won.
         let mut first_bad: Option<(f64, JsValue)> = None;
         refused.for_each(&mut |revs, id| {
             if dead.has(&id) {

@@ -197,14 +197,28 @@ pub(crate) fn allow_origin(entries: &[String]) -> Result<AllowOrigin, String> {
 /// other shape is compared byte for byte and never matches: refused at
 /// startup instead of leaving every browser call failing CORS unexplained.
 fn not_an_origin(origin: &str, every_port: bool) -> Option<&'static str> {
+    // A sandboxed iframe's or a `file:` page's opaque origin.
+    if origin == "null" && !every_port {
+        return None;
+    }
     let Some((scheme, rest)) = origin.split_once("://") else {
-        return Some("it has no scheme:// (http:// or https://)");
+        return Some("it has no scheme:// (e.g. https://)");
     };
+    // Any scheme (an extension's `chrome-extension://…`, an app shell's
+    // `capacitor://localhost`), as RFC 3986 spells one, in lower case.
+    let mut letters = scheme.bytes();
+    if !letters.next().is_some_and(|b| b.is_ascii_alphabetic())
+        || !letters.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'))
+    {
+        return Some("the scheme is not one (letters, digits, + - .)");
+    }
+    if scheme.bytes().any(|b| b.is_ascii_uppercase()) {
+        return Some("the scheme must be lower case");
+    }
     let default_port = match scheme {
         "http" => "80",
         "https" => "443",
-        "HTTP" | "HTTPS" | "Http" | "Https" => return Some("the scheme must be lower case"),
-        _ => return Some("the scheme must be http or https"),
+        _ => "",
     };
     if rest.contains(['/', '?', '#']) {
         return Some("an origin has no path, query or fragment (no trailing /)");
@@ -249,9 +263,13 @@ fn not_an_origin(origin: &str, every_port: bool) -> Option<&'static str> {
     if host.bytes().any(|b| b.is_ascii_uppercase()) {
         return Some("the host must be lower case");
     }
-    if !host
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b':' | b'_'))
+    if !rest.starts_with('[') && host.contains(':') {
+        return Some("an IPv6 address goes in brackets: [::1]");
+    }
+    if !rest.starts_with('[')
+        && !host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
     {
         return Some("the host holds a character a browser never sends (a host beyond ASCII goes in its punycode form)");
     }
@@ -259,6 +277,9 @@ fn not_an_origin(origin: &str, every_port: bool) -> Option<&'static str> {
         Some(_) if every_port => Some("a port and :* both"),
         Some(p) if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) => {
             Some("the port is not a number")
+        }
+        Some(p) if p.len() > 1 && p.starts_with('0') => {
+            Some("a browser writes a port without leading zeros")
         }
         Some(p) if p.parse::<u32>().map_or(true, |n| n > 65_535) => Some("the port is above 65535"),
         Some(p) if p == default_port => {

@@ -75,9 +75,9 @@ pub struct Config {
     /// Origins allowed by CORS (repeat or comma-separate); none → no CORS headers.
     /// `scheme://host:*` allows that scheme and host on any port (e.g.
     /// `http://127.0.0.1:*` for a test runner on a random loopback port).
-    /// Each entry must be an origin as a browser sends it (`http`/`https`,
-    /// lower case, no path, no default port): one no `Origin` header could
-    /// equal is refused at startup.
+    /// Each entry must be an origin as a browser sends it (lower case, no
+    /// path, no default port; any scheme; or `null`): one no `Origin` header
+    /// could equal is refused at startup.
     #[arg(long, value_delimiter = ',')]
     pub allow_origin: Vec<String>,
     /// Lease TTL from the last heartbeat (ms, 100..=86400000).

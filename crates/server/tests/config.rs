@@ -213,7 +213,9 @@ fn the_binary_exits_with_a_usage_error_naming_the_flag() {
 /// An `--allow-origin` entry no browser's `Origin` header could ever equal
 /// is refused at startup naming it: before, such entries were accepted and
 /// every browser call from that page failed CORS with nothing saying why.
-/// Origins as browsers send them (RFC 6454 §6.2) are accepted.
+/// Origins as browsers send them (RFC 6454 §6.2) are accepted, of any
+/// scheme (an extension's, an app shell's), and `null` (a sandboxed
+/// iframe's or a `file:` page's opaque origin).
 #[test]
 fn an_allow_origin_entry_that_can_never_match_is_refused_naming_it() {
     for bad in [
@@ -225,7 +227,9 @@ fn an_allow_origin_entry_that_can_never_match_is_refused_naming_it() {
         "Https://app.example.com",
         "not an origin",
         "app.example.com",
-        "ftp://files.example.com",
+        "1http://files.example.com",
+        "http://::1",
+        "http://h:080",
         "https://user@app.example.com",
         "http://127.0.0.1:80",
         "https://app.example.com:443",
@@ -252,6 +256,9 @@ fn an_allow_origin_entry_that_can_never_match_is_refused_naming_it() {
         "http://[::1]:8080",
         "http://[::1]:*",
         "https://xn--bcher-kva.example",
+        "chrome-extension://abcdefghijklmnopabcdefghijklmnop",
+        "capacitor://localhost",
+        "null",
         "http://127.0.0.1:8080,https://app.example.com",
     ] {
         parse(&["--allow-origin", good]).unwrap_or_else(|e| panic!("{good}: {e}"));
