@@ -185,10 +185,13 @@ function adoptRestartedServer() {
     producer = null;
     showStatus('The demo server was restarted: the panel and the workers enrolled again with its new tokens.');
     await Promise.all(workers.map(async (w) => {
+      // The old run's loop and client are stopped without waiting for them
+      // (a handler of theirs may run on, and its lease's calls fail, until
+      // its local deadline); what they still do is left off the card.
       const { worker, client } = w;
-      Object.assign(w, { worker: null, client: null, job: null, pending: [], error: null, failing: false });
-      await worker?.stop().catch(() => {});
-      await client?.close().catch(() => {});
+      Object.assign(w, { gen: w.gen + 1, worker: null, client: null, job: null, pending: [], error: null, failing: false, stall: false });
+      client?.close().catch(() => {});
+      worker?.stop().catch(() => {});
       try {
         await startWorker(w);
       } catch (err) {
@@ -261,6 +264,8 @@ function newWorker(slot) {
     job: null,
     pending: [],
     error: null,
+    /** The server run its client and jobs belong to (see adoptRestartedServer). */
+    gen: 0,
     /** Claims failing now (see `failingNow`), and the counts last seen. */
     failing: false,
     seen: { claimed: 0, polls: '', failures: 0 },
@@ -272,6 +277,7 @@ function newWorker(slot) {
 async function handle(w, lease) {
   const payload = lease.item?.payload ?? {};
   const job = {
+    gen: w.gen,
     lease,
     itemId: lease.itemId,
     epoch: lease.epoch,
@@ -341,6 +347,7 @@ function unstallJob(w, job) {
 
 /** The lease's signal aborted: say why, in words. */
 function onLeaseEnded(w, job) {
+  if (job.gen !== w.gen) return; // a job of the server's last run (see adoptRestartedServer)
   const reason = job.lease.signal.reason?.reason ?? 'claim_lost';
   if (job.outcome === 'released' || reason === 'released') {
     job.outcome = 'released';
@@ -446,6 +453,7 @@ function buildCard(w) {
 }
 
 function addEvent(w, kind, job, text) {
+  if (job && job.gen !== w.gen) return; // a job of the server's last run
   if (!w.ui) return;
   const li = el('li', { className: `event event-${kind}` });
   const time = new Date().toLocaleTimeString();
