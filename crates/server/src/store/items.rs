@@ -56,9 +56,12 @@ enum ClaimSlot {
     /// Its answer: an item, none, or an error.
     Answer(Result<Option<Item>, StoreError>),
     /// It claims again, alone: its row did not decode and was failed (see
-    /// `unreadable`), or it is a keyed claim that got no item (see
-    /// `claim_one`).
+    /// `unreadable`), or it is a keyed claim that got no item and a copy
+    /// may hold its item (see `Store::settle_empty_keyed`).
     Again,
+    /// A keyed claim that got no item, before `Store::settle_empty_keyed`
+    /// decides it.
+    Empty,
 }
 
 /// A claim waiting in its queue's lane (PostgreSQL; see `coalesce`).
@@ -484,13 +487,15 @@ impl Store {
     /// A keyed claim that finds no open item is not answered `None` before
     /// it looked for its key's lease again: a copy of it may have taken the
     /// last open item after this copy first looked (see [`Store::claim_attempt`]).
-    /// On PostgreSQL it first sends the statement once more WITHOUT `SKIP
-    /// LOCKED`: that one waits for every claim holding an item open when it
-    /// started (a copy on another instance, or one whose statement waits on
-    /// the key's unique index), so a copy still in flight has committed
-    /// before the key is looked up. (SQLite runs one writer at a time: a
-    /// copy that took the item has committed when this statement finds
-    /// none.)
+    /// On PostgreSQL, when some item is still open (a claim in flight holds
+    /// it locked, so the statement skipped it), it first sends the statement
+    /// once more WITHOUT `SKIP LOCKED`: that one waits for every claim
+    /// holding an item open when it started (a copy on another instance, or
+    /// one whose statement waits on the key's unique index), so a copy still
+    /// in flight has committed before the key is looked up. With no item
+    /// open (an idle poll), no claim is in flight and the lookup alone
+    /// decides. (SQLite runs one writer at a time: a copy that took the item
+    /// has committed when this statement finds none.)
     async fn claim_one(
         &self,
         queue: &str,
@@ -548,8 +553,13 @@ impl Store {
                 if let Some(key) = key {
                     if !waited {
                         waited = true;
-                        sql = statement("FOR UPDATE");
-                        continue;
+                        // Only an open item another claim holds locked can
+                        // be a copy's in flight: with none open, a copy
+                        // that took one has committed.
+                        if self.any_open(queue).await? {
+                            sql = statement("FOR UPDATE");
+                            continue;
+                        }
                     }
                     if let Some(item) = self
                         .claim_again(queue, key, attempt, token_hash, worker_id)
@@ -621,7 +631,7 @@ impl Store {
                 for (job, slot) in batch.into_iter().zip(slots) {
                     let out = match slot {
                         ClaimSlot::Answer(out) => out.map(|item| item.map(|i| (i, false))),
-                        ClaimSlot::Again => self.claim_job(queue, &job).await,
+                        ClaimSlot::Again | ClaimSlot::Empty => self.claim_job(queue, &job).await,
                     };
                     let _ = job.reply.send(out);
                 }
@@ -671,6 +681,74 @@ impl Store {
             }
         }
         self.claim_job(queue, job).await
+    }
+
+    /// Whether `queue` has an open item (committed; one a claim in flight
+    /// holds locked reads as open).
+    async fn any_open(&self, queue: &str) -> Result<bool, StoreError> {
+        let row = sqlx::query("SELECT id FROM items WHERE queue = $1 AND state = 'open' LIMIT 1")
+            .bind(queue)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.is_some())
+    }
+
+    /// Of the claims `jobs` (keyed, of `queue`), those whose key a running
+    /// lease of their caller holds, in one read: `true` per job.
+    async fn keys_running(&self, queue: &str, jobs: &[&ClaimJob]) -> Result<Vec<bool>, StoreError> {
+        let list: Vec<String> = (0..jobs.len()).map(|k| format!("${}", k + 2)).collect();
+        let sql = format!(
+            "SELECT claim_key, COALESCE(worker_id, 0) AS caller FROM items
+             WHERE queue = $1 AND state = 'running' AND claim_key IN ({})",
+            list.join(", ")
+        );
+        let mut q = sqlx::query(&sql).bind(queue);
+        for job in jobs {
+            q = q.bind(job.key.as_deref());
+        }
+        let rows = q.fetch_all(&self.pool).await?;
+        let mut held = Vec::with_capacity(rows.len());
+        for row in &rows {
+            held.push((get::<String>(row, "claim_key")?, get::<i64>(row, "caller")?));
+        }
+        Ok(jobs
+            .iter()
+            .map(|j| {
+                held.iter().any(|(k, c)| {
+                    Some(k.as_str()) == j.key.as_deref() && *c == j.worker_id.unwrap_or(0)
+                })
+            })
+            .collect())
+    }
+
+    /// Decides the batch's keyed claims that got no item (see `claim_one`):
+    /// with no item open and no running lease under their key, `None` at
+    /// once (an idle poll costs the batch two reads, not three statements
+    /// per claim); the others run again alone (a copy may hold their item).
+    /// A read that fails sends them all to run again alone.
+    async fn settle_empty_keyed(&self, queue: &str, batch: &[ClaimJob], slots: &mut [ClaimSlot]) {
+        let empty: Vec<usize> = (0..batch.len())
+            .filter(|&k| matches!(slots[k], ClaimSlot::Empty))
+            .collect();
+        if empty.is_empty() {
+            return;
+        }
+        let jobs: Vec<&ClaimJob> = empty.iter().map(|&k| &batch[k]).collect();
+        let running = match self.any_open(queue).await {
+            Ok(false) => self.keys_running(queue, &jobs).await.ok(),
+            _ => None,
+        };
+        let mut none = 0;
+        for (i, &k) in empty.iter().enumerate() {
+            slots[k] = match running.as_ref().map(|r| r[i]) {
+                Some(false) => {
+                    none += 1;
+                    ClaimSlot::Answer(Ok(None))
+                }
+                _ => ClaimSlot::Again,
+            };
+        }
+        self.metrics.claimed(0, none);
     }
 
     async fn claim_batch(
@@ -739,7 +817,7 @@ impl Store {
         let mut slots = Vec::with_capacity(batch.len());
         for (job, row) in batch.iter().zip(decoded) {
             slots.push(match row {
-                None if job.key.is_some() => ClaimSlot::Again,
+                None if job.key.is_some() => ClaimSlot::Empty,
                 None => ClaimSlot::Answer(Ok(None)),
                 Some(Ok(item)) => ClaimSlot::Answer(Ok(Some(item))),
                 Some(Err((Ok(id), e))) => {
@@ -754,6 +832,7 @@ impl Store {
                 Some(Err((Err(e), _))) => ClaimSlot::Answer(Err(e)),
             });
         }
+        self.settle_empty_keyed(queue, batch, &mut slots).await;
         Ok(slots)
     }
 
