@@ -56,6 +56,11 @@ pub struct Metrics {
     /// them, so that concurrent scrapes (an HA Prometheus pair, or both
     /// listeners scraped) never gather a half-filled family.
     scrape: std::sync::Mutex<()>,
+    /// The queue gauges' database read is running (in a task of its own,
+    /// which outlives a scrape that stopped waiting for it): a scrape meanwhile
+    /// starts no other, so a stalled database ties up one pool connection,
+    /// not one per scrape.
+    reading: Arc<std::sync::atomic::AtomicBool>,
     /// Claims committed that handed out an item (answered `201`, unless the
     /// client went away).
     claims: IntCounter,
@@ -298,6 +303,7 @@ impl Metrics {
             queue_oldest_open,
             registry: r,
             scrape: std::sync::Mutex::new(()),
+            reading: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         };
         // Every labelled counter series exists from the start at 0, so that
         // `increase()` in an alert sees its first increment.
@@ -423,23 +429,38 @@ impl Metrics {
     /// # Errors
     /// Only the text encoding (not the database).
     pub async fn render(&self, store: &Store) -> Result<String, StoreError> {
-        let read =
-            tokio::time::timeout(QUEUE_STATS_TIMEOUT, store.queue_stats_and_unreadable(None)).await;
-        let (in_use, _, max) = store.pool_usage();
-        let stats = match read {
-            Ok(Ok(stats)) => Some(stats),
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "metrics: the queue gauges could not be read");
-                None
-            }
-            Err(_) => {
-                tracing::warn!(
-                    timeout_ms = QUEUE_STATS_TIMEOUT.as_millis() as u64,
-                    "metrics: the queue gauges' read timed out"
-                );
-                None
+        use std::sync::atomic::Ordering::SeqCst;
+        let stats = if self.reading.swap(true, SeqCst) {
+            tracing::warn!("metrics: the queue gauges' last read has not ended; not read again");
+            None
+        } else {
+            let (store, reading) = (store.clone(), self.reading.clone());
+            let task = tokio::spawn(async move {
+                let read = store.queue_stats_and_unreadable(None).await;
+                reading.store(false, SeqCst);
+                read
+            });
+            match tokio::time::timeout(QUEUE_STATS_TIMEOUT, task).await {
+                Ok(Ok(Ok(stats))) => Some(stats),
+                Ok(Ok(Err(e))) => {
+                    tracing::warn!(error = %e, "metrics: the queue gauges could not be read");
+                    None
+                }
+                Ok(Err(e)) => {
+                    self.reading.store(false, SeqCst);
+                    tracing::warn!(error = %e, "metrics: the queue gauges' read failed");
+                    None
+                }
+                Err(_) => {
+                    tracing::warn!(
+                        timeout_ms = QUEUE_STATS_TIMEOUT.as_millis() as u64,
+                        "metrics: the queue gauges' read timed out"
+                    );
+                    None
+                }
             }
         };
+        let (in_use, _, max) = store.pool_usage();
         // No await from here to the end: the lock is a std one.
         let _scrape = self
             .scrape
