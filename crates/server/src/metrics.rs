@@ -56,11 +56,12 @@ pub struct Metrics {
     /// them, so that concurrent scrapes (an HA Prometheus pair, or both
     /// listeners scraped) never gather a half-filled family.
     scrape: std::sync::Mutex<()>,
-    /// The queue gauges' database read is running (in a task of its own,
-    /// which outlives a scrape that stopped waiting for it): a scrape meanwhile
-    /// starts no other, so a stalled database ties up one pool connection,
-    /// not one per scrape.
-    reading: Arc<std::sync::atomic::AtomicBool>,
+    /// Held by the queue gauges' database read while it runs (in a task of
+    /// its own, which outlives a scrape that stopped waiting for it): a
+    /// scrape waits for it (within [`QUEUE_STATS_TIMEOUT`]) before reading
+    /// again, so concurrent scrapes read one after the other and a stalled
+    /// database ties up one pool connection, not one per scrape.
+    reading: Arc<tokio::sync::Mutex<()>>,
     /// Claims committed that handed out an item (answered `201`, unless the
     /// client went away).
     claims: IntCounter,
@@ -303,7 +304,7 @@ impl Metrics {
             queue_oldest_open,
             registry: r,
             scrape: std::sync::Mutex::new(()),
-            reading: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            reading: Arc::new(tokio::sync::Mutex::new(())),
         };
         // Every labelled counter series exists from the start at 0, so that
         // `increase()` in an alert sees its first increment.
@@ -429,35 +430,33 @@ impl Metrics {
     /// # Errors
     /// Only the text encoding (not the database).
     pub async fn render(&self, store: &Store) -> Result<String, StoreError> {
-        use std::sync::atomic::Ordering::SeqCst;
-        let stats = if self.reading.swap(true, SeqCst) {
-            tracing::warn!("metrics: the queue gauges' last read has not ended; not read again");
-            None
-        } else {
-            let (store, reading) = (store.clone(), self.reading.clone());
-            let task = tokio::spawn(async move {
-                let read = store.queue_stats_and_unreadable(None).await;
-                reading.store(false, SeqCst);
+        let (store2, reading) = (store.clone(), self.reading.clone());
+        let read = tokio::time::timeout(QUEUE_STATS_TIMEOUT, async move {
+            let held = reading.lock_owned().await;
+            tokio::spawn(async move {
+                let read = store2.queue_stats_and_unreadable(None).await;
+                drop(held);
                 read
-            });
-            match tokio::time::timeout(QUEUE_STATS_TIMEOUT, task).await {
-                Ok(Ok(Ok(stats))) => Some(stats),
-                Ok(Ok(Err(e))) => {
-                    tracing::warn!(error = %e, "metrics: the queue gauges could not be read");
-                    None
-                }
-                Ok(Err(e)) => {
-                    self.reading.store(false, SeqCst);
-                    tracing::warn!(error = %e, "metrics: the queue gauges' read failed");
-                    None
-                }
-                Err(_) => {
-                    tracing::warn!(
-                        timeout_ms = QUEUE_STATS_TIMEOUT.as_millis() as u64,
-                        "metrics: the queue gauges' read timed out"
-                    );
-                    None
-                }
+            })
+            .await
+        })
+        .await;
+        let stats = match read {
+            Ok(Ok(Ok(stats))) => Some(stats),
+            Ok(Ok(Err(e))) => {
+                tracing::warn!(error = %e, "metrics: the queue gauges could not be read");
+                None
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "metrics: the queue gauges' read failed");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(
+                    timeout_ms = QUEUE_STATS_TIMEOUT.as_millis() as u64,
+                    "metrics: the queue gauges' read (or the one before it) did not end in time"
+                );
+                None
             }
         };
         let (in_use, _, max) = store.pool_usage();
