@@ -77,17 +77,30 @@ async fn claim_with_heartbeat_held(
         sleep(10.0).await;
     }
     let lease = claim(c, q).await;
-    let until = now() + 10_000.0;
-    while held_back(proxy, mode).await < 1.0 && now() < until {
-        sleep(10.0).await;
-    }
-    assert!(now() < until, "round {round}: a heartbeat went out");
+    assert!(
+        proxy_count_reaching(proxy, mode, "held", 1.0, 10_000.0).await >= 1.0,
+        "round {round}: a heartbeat went out"
+    );
     lease
 }
 
 /// How many answers of proxy mode `mode` the proxy holds back right now.
 async fn held_back(proxy: &str, mode: &str) -> f64 {
     proxy_count(proxy, mode, "held").await
+}
+
+/// Waits (bounded by `ms`) until the count `which` the proxy keeps for
+/// `mode` reaches `at_least`; returns the count last read (below `at_least`
+/// when the time ran out).
+async fn proxy_count_reaching(proxy: &str, mode: &str, which: &str, at_least: f64, ms: f64) -> f64 {
+    let until = now() + ms;
+    loop {
+        let n = proxy_count(proxy, mode, which).await;
+        if n >= at_least || now() >= until {
+            return n;
+        }
+        sleep(10.0).await;
+    }
 }
 
 /// A count the proxy keeps for `mode` (`held` or `raced`, see
@@ -247,10 +260,7 @@ async fn a_heartbeat_answered_after_the_deadline_is_released_not_renewed() {
     );
     let lease = claim(&c, &q).await;
     let fired = abort_recorder(&lease);
-    let until = now() + 3.0 * TTL_MS;
-    while proxy_count(proxy, mode, "releases").await <= releases && now() < until {
-        sleep(20.0).await;
-    }
+    proxy_count_reaching(proxy, mode, "releases", releases + 1.0, 3.0 * TTL_MS).await;
     assert_eq!(
         proxy_count(proxy, mode, "releases").await - releases,
         1.0,
@@ -299,12 +309,8 @@ async fn a_lease_expired_locally_with_no_heartbeat_out_is_released_at_once() {
             Status::Lost(LossReason::ExpiredLocally),
             "round {round}"
         );
-        let until = now() + 4.0 * TTL_MS;
-        while proxy_count(proxy, &mode, "releases").await < 1.0 && now() < until {
-            sleep(20.0).await;
-        }
         assert_eq!(
-            proxy_count(proxy, &mode, "releases").await,
+            proxy_count_reaching(proxy, &mode, "releases", 1.0, 4.0 * TTL_MS).await,
             1.0,
             "round {round}: one release request"
         );
@@ -546,10 +552,7 @@ async fn close_during_a_settle_in_flight_lets_the_settle_land() {
         };
         let close = async {
             // The settle is out, held by the proxy before the server has it.
-            let until = now() + 10_000.0;
-            while held_back(proxy, mode).await < 1.0 && now() < until {
-                sleep(10.0).await;
-            }
+            proxy_count_reaching(proxy, mode, "held", 1.0, 10_000.0).await;
             assert_eq!(lease.status(), Status::Ending);
             c.close().await;
             // close() returned after the settle's answer.
@@ -743,10 +746,7 @@ async fn a_manual_heartbeat_refused_because_its_settle_landed_first_names_item_a
         let done = agentstore_protocol::lease::SettleState::Done;
         let (beat, settled) = join(lease.heartbeat(), async {
             // Once the heartbeat is held at the proxy.
-            let until = now() + 4.0 * TTL_MS;
-            while held_back(proxy, mode).await <= held_before && now() < until {
-                sleep(10.0).await;
-            }
+            proxy_count_reaching(proxy, mode, "held", held_before + 1.0, 4.0 * TTL_MS).await;
             lease.settle(done, None, None).await
         })
         .await;
@@ -1583,16 +1583,19 @@ async fn pagehide_while_work_waits_to_retry_a_refused_settle_sends_no_release() 
     let handler = Function::new_no_args("return { out: 9 }");
     let w = WorkerInner::start(c.clone(), q.clone(), handler, WorkOptions::default(), wrap);
     // The first settle was refused: the loop now waits (Retry-After: 1 s).
-    let until = now() + 20_000.0;
-    while proxy_count(proxy, &mode, "held").await < 1.0 && now() < until {
-        sleep(20.0).await;
-    }
     assert!(
-        proxy_count(proxy, &mode, "held").await >= 1.0,
+        proxy_count_reaching(proxy, &mode, "held", 1.0, 20_000.0).await >= 1.0,
         "a settle was refused"
     );
     let held = c.held();
     assert_eq!(held.len(), 1, "the lease is held while its settle waits");
+    // The proxy counts the refusal when it answers; the loop reads it a
+    // moment later (the lease is `Ending` until then): wait for that.
+    let until = now() + 10_000.0;
+    while held[0].status() == Status::Ending && now() < until {
+        sleep(10.0).await;
+    }
+    assert_eq!(held[0].status(), Status::Held, "the refusal was read");
     dispatch_pagehide();
     assert_eq!(held[0].status(), Status::Held, "not released by the beacon");
     stop_dropping(proxy, &nonce).await;
@@ -1683,12 +1686,8 @@ async fn close_during_a_refused_work_settle(proxy: &str, tag: &str, mode: &str, 
             WorkOptions::default(),
             wrap,
         );
-        let until = now() + 20_000.0;
-        while proxy_count(proxy, &mode, "held").await < 1.0 && now() < until {
-            sleep(5.0).await;
-        }
         assert!(
-            proxy_count(proxy, &mode, "held").await >= 1.0,
+            proxy_count_reaching(proxy, &mode, "held", 1.0, 20_000.0).await >= 1.0,
             "round {round}: a settle was refused"
         );
         stop_dropping(proxy, &nonce).await;
@@ -1789,12 +1788,8 @@ async fn expired_behind_a_held_release(
     let c = client_at(&format!("{proxy}/{SLOW_RELEASES}"), admin_creds(), config());
     let lease = claim(&c, &q).await;
     lease.set_heartbeats_paused(true);
-    let until = now() + 4.0 * TTL_MS;
-    while held_back(proxy, SLOW_RELEASES).await < 1.0 && now() < until {
-        sleep(20.0).await;
-    }
     assert!(
-        held_back(proxy, SLOW_RELEASES).await >= 1.0,
+        proxy_count_reaching(proxy, SLOW_RELEASES, "held", 1.0, 4.0 * TTL_MS).await >= 1.0,
         "a release answer is held"
     );
     (c, lease, id)
@@ -1837,11 +1832,10 @@ async fn close_with_a_hanging_release_still_aborts_the_kept_signal_at_the_local_
     let lease = claim(&c, &q).await;
     let signal = lease.signal();
     let watch = async {
-        let until = now() + 4.0 * TTL_MS;
-        while held_back(proxy, MODE).await < 1.0 && now() < until {
-            sleep(20.0).await;
-        }
-        assert!(held_back(proxy, MODE).await >= 1.0, "the release is held");
+        assert!(
+            proxy_count_reaching(proxy, MODE, "held", 1.0, 4.0 * TTL_MS).await >= 1.0,
+            "the release is held"
+        );
         assert!(!signal.aborted(), "live while the deadline is ahead");
         // Bounded by the deadline and one TTL more, well before the held
         // release is answered.
@@ -2569,12 +2563,8 @@ async fn close_during_recover_with_resume_releases_the_lease_instead_of_resuming
         let (id, journal, later) = left_in_the_journal(proxy, mode, "recover-close").await;
         let close = async {
             // Close once recover's heartbeat of the entry is on the wire.
-            let until = now() + 4.0 * TTL_MS;
-            while held_back(proxy, mode).await < 1.0 && now() < until {
-                sleep(20.0).await;
-            }
             assert!(
-                held_back(proxy, mode).await >= 1.0,
+                proxy_count_reaching(proxy, mode, "held", 1.0, 4.0 * TTL_MS).await >= 1.0,
                 "round {round}: a heartbeat is held"
             );
             later.close().await;
