@@ -557,10 +557,11 @@ const minifyGlue = (file) => {
   const dtsFile = file.replace(/\.js$/, '.d.ts');
   const dts = existsSync(dtsFile) ? readFileSync(dtsFile, 'utf8') : '';
   const classBody = (cls) => dts.split(`export class ${cls} {`)[1]?.split('\n}')[0] ?? '';
-  // The names of `cls`'s methods (and statics) that do not return a Promise.
+  // The names of `cls`'s methods (and statics) that do not return a
+  // Promise, and of its properties (getters and setters).
   const syncMethods = (cls) => {
     const body = classBody(cls);
-    return [...body.matchAll(/^ {4}(?:static )?(\w+)\(.*\): (.+);$/gm)]
+    return [...body.matchAll(/^ {4}(?:static |readonly )?(\w+)(?:\(.*\))?: (.+);$/gm)]
       .filter((m) => !m[2].startsWith('Promise<'))
       .map((m) => m[1])
       .join(' ');
@@ -577,11 +578,15 @@ const minifyGlue = (file) => {
     while (n > f.length && args[n - 1] === undefined) n--;
     return n > f.length && invalid(\`\${C.name}.\${k} takes \${f.length} arguments, not \${n}: one it does not take is refused, not ignored\`);
   };
-  const checked = (f, k, self, args) => {
-    const e = tooMany(f, k, args);
-    if (!e) return f.apply(self, args);
+  // A refusal is thrown by a synchronous method, a getter or a setter, and
+  // is the rejection of the Promise a method typed \`Promise<…>\` returns.
+  const refuse = (e, k) => {
     if (sync.includes(\` \${k} \`)) throw e;
     return Promise.reject(e);
+  };
+  const checked = (f, k, self, args) => {
+    const e = tooMany(f, k, args);
+    return e ? refuse(e, k) : f.apply(self, args);
   };
   // The objects whose methods are running now (how deep), and those whose
   // free() came meanwhile (a getter of an argument, a callback): freed once
@@ -590,8 +595,8 @@ const minifyGlue = (file) => {
   // left neither usable nor dropped).
   const busy = new Map(), later = new Set();
   const wrap = (f, k) => function (...args) {
-    if (!(this instanceof C)) throw invalid(\`\${C.name}.\${k} was called on something that is not \${an} \${C.name} (a method taken off its object: call it on the object, or bind it)\`);
-    if (!this.__wbg_ptr || later.has(this)) throw freed();
+    if (!(this instanceof C)) return refuse(invalid(\`\${C.name}.\${k} was called on something that is not \${an} \${C.name} (a method taken off its object: call it on the object, or bind it)\`), k);
+    if (!this.__wbg_ptr || later.has(this)) return refuse(freed(), k);
     busy.set(this, (busy.get(this) || 0) + 1);
     try { return checked(f, k, this, args); } finally {
       const n = busy.get(this) - 1;

@@ -350,12 +350,14 @@ async function inFreshPage(fn, arg) {
 }
 
 // A method called on an object after its free() (or a `using` block's end)
-// throws a typed ClosedError (before: wasm-bindgen's bare
-// `Error("null pointer passed to rust")`, no name or code), and the module
-// keeps working; a `watch()` handle is a plain object whose close() may be
-// called twice.
+// fails with a typed ClosedError (before: wasm-bindgen's bare
+// `Error("null pointer passed to rust")`, no name or code): a method typed
+// `Promise<…>` returns a rejected Promise, as it does for every other error
+// (before: it threw, so `store.get(id).catch(f)` never reached `f`), a
+// synchronous one and a getter throw. The module keeps working; a `watch()`
+// handle is a plain object whose close() may be called twice.
 for (const entry of ENTRIES.map(([e]) => e)) {
-  test(`${entry}: a freed object's methods throw ClosedError, a detached one ValidationError, and a watch handle closes twice`, { timeout: 120_000 }, async () => {
+  test(`${entry}: a freed object's async methods reject with ClosedError and its sync ones throw it, a detached one ValidationError, and a watch handle closes twice`, { timeout: 120_000 }, async () => {
     const r = await inFreshPage(async ({ entry, origin }) => {
       const mod = await import(entry);
       await mod.default();
@@ -367,6 +369,18 @@ for (const entry of ENTRIES.map(([e]) => e)) {
       const isPlainHandle = Object.isFrozen(watch) && typeof watch.close === 'function';
       store.free();
       store.free(); // a second free() is harmless
+      // How a call failed: a method typed `Promise<…>` rejects (it does
+      // not throw), a synchronous one and a getter throw.
+      const failure = async (call) => {
+        let p;
+        try {
+          p = call();
+        } catch (e) {
+          return `threw:${e instanceof Error}:${e.name}:${e.code}:${e.status}`;
+        }
+        if (!(p instanceof Promise)) return 'no error';
+        return p.then(() => 'no error', (e) => `rejected:${e instanceof Error}:${e.name}:${e.code}:${e.status}`);
+      };
       const caught = [];
       const calls = [() => store.get('x'), () => store.put({ _id: 'x' }), () => store.close()];
       if (mod.LeaseClient) {
@@ -374,18 +388,11 @@ for (const entry of ENTRIES.map(([e]) => e)) {
         client.free();
         calls.push(() => client.claim('q'), () => client.credentials);
       }
-      for (const call of calls) {
-        try {
-          await call();
-          caught.push('no error');
-        } catch (e) {
-          caught.push(`${e instanceof Error}:${e.name}:${e.code}:${e.status}`);
-        }
-      }
+      for (const call of calls) caught.push(await failure(call));
       // Many more: each used to leave part of the module's stack behind,
       // and about 8,000 of them broke every later call.
       for (let i = 0; i < 20_000; i++) {
-        try { calls[i % calls.length](); } catch {}
+        try { calls[i % calls.length]()?.catch?.(() => {}); } catch {}
       }
       const again = await mod.AgentStore.open(db);
       const { rev } = await again.put({ _id: 'after' });
@@ -396,18 +403,21 @@ for (const entry of ENTRIES.map(([e]) => e)) {
       const { get } = again;
       for (const call of [() => get('after'), () => mod.AgentStore.prototype.put.call({}, { _id: 'y' })]) {
         try {
-          await call();
-          detached.push('no error');
+          const p = call();
+          detached.push(p instanceof Promise ? await p.then(() => 'no error', (e) => `rejected:${e instanceof Error}:${e.name}:${e.code}:${e.status}:${/^AgentStore\.(get|put) was called on something that is not an AgentStore /.test(e.message)}`) : 'no error');
         } catch (e) {
-          detached.push(`${e instanceof Error}:${e.name}:${e.code}:${e.status}:${/^AgentStore\.(get|put) was called on something that is not an AgentStore /.test(e.message)}`);
+          detached.push(`threw:${e.name}`);
         }
       }
       again.close();
       return { isPlainHandle, caught, rev, detached };
     }, { entry, origin: base });
     assert.ok(r.isPlainHandle, 'watch() returns a frozen handle');
-    for (const c of r.caught) assert.equal(c, 'true:ClosedError:closed:410');
-    assert.deepEqual(r.detached, ['true:ValidationError:validation:400:true', 'true:ValidationError:validation:400:true']);
+    const closed = 'true:ClosedError:closed:410';
+    // get, put: Promises; close(): void; then claim: a Promise, credentials: a getter.
+    const how = ['rejected', 'rejected', 'threw', 'rejected', 'threw'].slice(0, r.caught.length);
+    assert.deepEqual(r.caught, how.map((h) => `${h}:${closed}`));
+    assert.deepEqual(r.detached, ['rejected:true:ValidationError:validation:400:true', 'rejected:true:ValidationError:validation:400:true']);
     assert.match(r.rev, /^1-/, 'the module still works');
   });
 }
@@ -438,10 +448,11 @@ for (const entry of ENTRIES.map(([e]) => e)) {
             } catch (e) {
               freeError = `${e.name}:${e.code}`;
             }
+            // A Promise method: rejects (a throw is recorded as such).
             try {
-              store.get('x');
+              inner = store.get('x').then(() => 'no error', (e) => `${e.name}:${e.code}`);
             } catch (e) {
-              inner = `${e.name}:${e.code}`;
+              inner = `threw ${e.name}:${e.code}`;
             }
             return 1;
           },
@@ -459,7 +470,7 @@ for (const entry of ENTRIES.map(([e]) => e)) {
         } catch (e) {
           after = `${e.name}:${e.code}`;
         }
-        out.push({ how, freeError, inner, put, after });
+        out.push({ how, freeError, inner: await inner, put, after });
       }
       await mod.AgentStore.destroy(db);
       return { out };
