@@ -8,7 +8,7 @@
 import { before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { ROOT } from './helpers.mjs';
 
@@ -59,4 +59,31 @@ test('tsc --noEmit fails on examples/ts/negative with exactly the marked errors'
   assert.deepEqual(stray, [], 'errors outside the marked lines (a broken setup, not the deliberate ones)');
   assert.deepEqual([...got.keys()].sort((a, b) => a - b), [...expected.keys()], out);
   for (const [line, codes] of expected) assert.ok(codes.includes(got.get(line)), `line ${line}: ${got.get(line)} not ${codes}`);
+});
+
+// The README quickstart, as written (it is JavaScript a user pastes or puts in
+// a module), type-checks against pkg/agentstore.d.ts with `checkJs` and the
+// strict options of examples/ts: before, `lease.item.payload.task` failed
+// (TS18046: `payload` is `unknown`) for anyone checking their JS.
+test('the README quickstart type-checks as written (checkJs, strict)', () => {
+  const readme = readFileSync(join(ROOT, 'README.md'), 'utf8');
+  const block = readme.split('## Quickstart (JavaScript)')[1]?.split('```js\n')[1]?.split('```')[0];
+  assert.ok(block && block.includes('AgentStore.open'), 'the quickstart block');
+  const dir = mkdtempSync(join(EXAMPLE, '.quickstart-'));
+  try {
+    writeFileSync(join(dir, 'quickstart.js'), `export {};\n${block}`);
+    writeFileSync(join(dir, 'tsconfig.json'), JSON.stringify({
+      extends: '../tsconfig.json',
+      compilerOptions: {
+        allowJs: true,
+        checkJs: true,
+        paths: { '/pkg/agentstore.js': [join(ROOT, 'pkg', 'agentstore.d.ts')] },
+      },
+      include: ['quickstart.js'],
+    }));
+    const { status, out } = tsc(join(dir, 'tsconfig.json'));
+    assert.equal(status, 0, out);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });
