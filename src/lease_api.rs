@@ -589,7 +589,10 @@ impl Lease {
     /// # Errors
     /// `ClaimLostError` when the claim is gone; `NetworkError`;
     /// `StateConflictError`, without sending anything, while a settle or
-    /// release of this lease is out or unanswered.
+    /// release of this lease is out or unanswered; `StateConflictError` from
+    /// the server when the item left `running` by another path (an operator
+    /// paused it): the lease is lost then too (`status`
+    /// `"claim_lost"`, `signal` aborted with a `ClaimLostError`).
     #[wasm_bindgen(unchecked_return_type = "Promise<number>")]
     pub fn heartbeat(&self) -> Promise {
         call(Call::Heartbeat(self.inner.clone()))
@@ -602,7 +605,10 @@ impl Lease {
     ///
     /// # Errors
     /// `ClaimLostError` (without sending anything if the lease is already lost),
-    /// `StateConflictError`, `NetworkError` (the lease is kept; retry),
+    /// `StateConflictError` when the item left `running` by another path (an
+    /// operator paused it; nothing written, the lease is lost:
+    /// `status` `"claim_lost"`, `signal` aborted with a `ClaimLostError`),
+    /// `NetworkError` (the lease is kept; retry),
     /// `ValidationError` for a bad state or a result JSON cannot carry
     /// (the records' rules: NaN, `undefined` in an array, a `Date`, a
     /// `Map`… are refused, never changed as `JSON.stringify` would);
