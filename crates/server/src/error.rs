@@ -8,7 +8,10 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use crate::store::StoreError;
+use crate::store::{StoreError, Unavailable};
+
+/// `Retry-After` (s) of a `503` for a database that is unavailable.
+pub const UNAVAILABLE_RETRY_AFTER_S: u64 = 1;
 
 /// An error answered as `{code, message}` with the code's HTTP status.
 #[derive(Debug)]
@@ -26,6 +29,10 @@ pub struct ApiError {
     /// `already_settled`: the state the lease's own settle that landed set
     /// (the body's `settled`).
     pub settled: Option<SettleState>,
+    /// The database could not serve the request for the moment (see
+    /// [`StoreError::unavailable`]): answered `503` (code `internal`) with
+    /// `Retry-After`, not `500`.
+    pub unavailable: bool,
 }
 
 /// Response extension marking an [`ApiError`] with `fenced` set.
@@ -41,6 +48,7 @@ impl ApiError {
             retry_after_s: None,
             fenced: false,
             settled: None,
+            unavailable: false,
         }
     }
 
@@ -68,6 +76,22 @@ impl From<StoreError> for ApiError {
                     ),
                 )
             },
+            other if other.unavailable().is_some() => {
+                let not_applied = other.unavailable() == Some(Unavailable::NotApplied);
+                tracing::warn!(error = %other, not_applied, "database unavailable");
+                ApiError {
+                    unavailable: true,
+                    retry_after_s: Some(UNAVAILABLE_RETRY_AFTER_S),
+                    ..ApiError::new(
+                        ErrorCode::Internal,
+                        if not_applied {
+                            "the database is unavailable or busy; nothing was written: retry"
+                        } else {
+                            "the connection to the database was lost: the request may or may not have been applied; retry it"
+                        },
+                    )
+                }
+            }
             other => {
                 // Details stay in the log; the client learns only that it failed.
                 tracing::error!(error = %other, "store failure");
@@ -79,8 +103,11 @@ impl From<StoreError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status =
-            StatusCode::from_u16(self.code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let status = if self.unavailable {
+            StatusCode::SERVICE_UNAVAILABLE
+        } else {
+            StatusCode::from_u16(self.code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+        };
         let body = ErrorBody {
             code: self.code,
             message: self.message,

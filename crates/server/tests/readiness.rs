@@ -99,7 +99,7 @@ async fn health(http: &reqwest::Client, base: &str) -> u16 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn readiness_is_503_while_postgres_is_stopped_and_recovers_when_it_returns() {
+async fn readiness_and_the_api_are_503_while_postgres_is_stopped_and_recover_when_it_returns() {
     let has_pg = std::fs::read_dir("/usr/lib/postgresql").is_ok_and(|mut d| d.next().is_some());
     if !has_pg {
         assert!(
@@ -135,6 +135,15 @@ async fn readiness_is_503_while_postgres_is_stopped_and_recovers_when_it_returns
         200,
         "liveness ignores the database"
     );
+    // The API answers the outage as one too: 503 to retry, not a 500.
+    let resp = http
+        .post(format!("{base}/v1/queues/during/claims"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 503, "a claim while the database is down");
+    assert!(resp.headers().contains_key("retry-after"));
 
     cluster.run("start").expect("cluster restarts");
     let up = until_ready_is(&http, &base, 200).await;

@@ -160,6 +160,10 @@ pub(super) fn never_applied(e: &StoreError) -> bool {
 /// batch (sqlx errors do not clone): a database failure stays one, a row that
 /// did not decode stays a corrupt row.
 pub(super) fn for_each_call(e: &StoreError) -> StoreError {
+    if let Some(u) = e.unavailable() {
+        // Still answered 503 to each call, as it is to one alone.
+        return StoreError::Unavailable(u, e.to_string());
+    }
     match e {
         StoreError::Database(_) => StoreError::Database(sqlx::Error::Protocol(e.to_string())),
         _ => StoreError::Corrupt(e.to_string()),

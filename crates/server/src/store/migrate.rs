@@ -365,6 +365,11 @@ pub async fn migrate(store: &Store) -> Result<usize, StoreError> {
     for m in MIGRATIONS {
         let mut tx = store.begin_write().await?;
         if store.backend == Backend::Postgres {
+            // Wait for another instance's migration however long it takes
+            // (not the pool's `lock_timeout`, see `PG_LOCK_TIMEOUT_MS`).
+            sqlx::query("SET LOCAL lock_timeout = 0")
+                .execute(&mut *tx)
+                .await?;
             sqlx::query("SELECT pg_advisory_xact_lock($1)")
                 .bind(PG_MIGRATION_LOCK)
                 .execute(&mut *tx)

@@ -158,6 +158,25 @@ pub(crate) fn lease_ttl_sql(fallback: &str) -> String {
 /// synced before it is answered (see [`Store::connect`]'s pool setup).
 pub const SQLITE_SYNCHRONOUS: &str = "PRAGMA synchronous = FULL";
 
+/// How long a PostgreSQL statement of this server waits for a lock (a row
+/// another transaction holds) before it fails with `lock_not_available`,
+/// answered `503` with `Retry-After` (nothing was written): PostgreSQL's
+/// `lock_timeout`, set on each connection unless the database, the role or
+/// the URL's `options` set one already. Every statement here holds its row
+/// locks for milliseconds; a wait this long is a session left holding one.
+/// Migrations wait without a bound (`SET LOCAL lock_timeout = 0`): an
+/// instance starting while another migrates waits for it.
+pub const PG_LOCK_TIMEOUT_MS: u64 = 5_000;
+
+/// Sets [`PG_LOCK_TIMEOUT_MS`] for the session when `lock_timeout` is 0
+/// (PostgreSQL's default: wait for ever).
+fn pg_lock_timeout_sql() -> String {
+    format!(
+        "SELECT set_config('lock_timeout', '{PG_LOCK_TIMEOUT_MS}ms', false)
+         WHERE current_setting('lock_timeout') = '0'"
+    )
+}
+
 /// The default [`Settings::list_page_bytes`]: 4 MiB.
 pub const LIST_PAGE_BYTES: u64 = 4 * 1024 * 1024;
 
@@ -207,6 +226,26 @@ pub enum StoreError {
     /// A stored value could not be decoded (corrupt row).
     #[error("corrupt row: {0}")]
     Corrupt(String),
+    /// The failure `1` of a statement several calls shared, answered to
+    /// each of them: the database was unavailable (see
+    /// [`StoreError::unavailable`]).
+    #[error("database unavailable: {1}")]
+    Unavailable(Unavailable, String),
+}
+
+/// A database failure that says nothing of the request, only that the
+/// database could not serve it now: answered `503` with `Retry-After`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unavailable {
+    /// Refused before anything was written: a lock wait past
+    /// `lock_timeout` ([`PG_LOCK_TIMEOUT_MS`]), a deadlock or serialization
+    /// failure, SQLite busy past its busy timeout, no pool connection
+    /// within the pool's timeout (the database unreachable), the pool
+    /// closed (the server stopping), the server refusing connections.
+    NotApplied,
+    /// The connection was lost (the database restarted, the backend
+    /// terminated) while the statement ran: it may have been applied.
+    Unknown,
 }
 
 impl StoreError {
@@ -215,6 +254,16 @@ impl StoreError {
         StoreError::Rejected {
             code,
             message: message.into(),
+        }
+    }
+
+    /// Whether this is the database being unavailable for the moment (see
+    /// [`Unavailable`]), not a fault of the request or of a stored row.
+    pub fn unavailable(&self) -> Option<Unavailable> {
+        match self {
+            StoreError::Unavailable(u, _) => Some(*u),
+            StoreError::Database(e) => unavailable(e),
+            _ => None,
         }
     }
 
@@ -337,10 +386,9 @@ impl Store {
             // sqlx pings every connection it hands out by default: one more
             // round trip to the database per statement (a third of the
             // statement traffic here). A connection that died is found by the
-            // statement instead, which fails with a database error (answered
-            // 500 `internal`, as every store failure is: the protocol's codes
-            // have no "unavailable") and is dropped from the pool; clients
-            // retry as they do on any 5xx.
+            // statement instead, which fails (answered `503` with
+            // `Retry-After`, see `StoreError::unavailable`) and is dropped
+            // from the pool; clients retry as they do on any 5xx.
             .test_before_acquire(false)
             .after_release(move |_, _| {
                 counted.fetch_add(1, Ordering::Relaxed);
@@ -358,6 +406,18 @@ impl Store {
                         // holders would fence with one epoch. PostgreSQL's
                         // default (`synchronous_commit = on`) gives the same.
                         sqlx::query(SQLITE_SYNCHRONOUS).execute(&mut *conn).await?;
+                    }
+                    if backend == Backend::Postgres {
+                        // A bound on every lock wait, unless the operator
+                        // set one (role, database or the URL's `options`):
+                        // without it a session that kept a row locked (an
+                        // admin's `psql` left in a transaction) held each
+                        // statement waiting for that row for good, each
+                        // holding a pool connection, until the pool ran
+                        // out and the instance answered nothing at all.
+                        sqlx::query(&pg_lock_timeout_sql())
+                            .execute(&mut *conn)
+                            .await?;
                     }
                     Ok(())
                 })
@@ -512,6 +572,34 @@ fn to_u64(v: i64, col: &str) -> Result<u64, StoreError> {
 
 fn ms(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// See [`StoreError::unavailable`].
+fn unavailable(e: &sqlx::Error) -> Option<Unavailable> {
+    match e {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => Some(Unavailable::NotApplied),
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) => Some(Unavailable::Unknown),
+        sqlx::Error::Database(d) => {
+            let code = d.code()?;
+            if sqlite_busy(e) || code.parse::<i32>().is_ok_and(|c| c & 0xff == 6) {
+                // SQLITE_BUSY past the busy timeout, SQLITE_LOCKED.
+                return Some(Unavailable::NotApplied);
+            }
+            match &*code {
+                // lock_not_available (lock_timeout), serialization_failure,
+                // deadlock_detected, too_many_connections, cannot_connect_now
+                // (starting up or shutting down): the statement was refused.
+                "55P03" | "40001" | "40P01" | "53300" | "57P03" => Some(Unavailable::NotApplied),
+                // admin_shutdown (pg_terminate_backend, a fast shutdown),
+                // crash_shutdown, connection_exception: the session ended
+                // under the statement.
+                "57P01" | "57P02" => Some(Unavailable::Unknown),
+                c if c.starts_with("08") => Some(Unavailable::Unknown),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
 }
 
 /// Whether `e` is SQLite's `SQLITE_BUSY` ("database is locked", primary code

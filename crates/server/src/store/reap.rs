@@ -192,15 +192,18 @@ impl Store {
                 match entry {
                     Ok(claim) => {
                         after = claim.id;
-                        match self.take_over(claim).await? {
-                            Some(ItemState::Failed) => taken.1 += 1,
-                            Some(_) => taken.0 += 1,
-                            None => {}
+                        match skip_locked(claim.id, self.take_over(claim).await)? {
+                            Some(Some(ItemState::Failed)) => taken.1 += 1,
+                            Some(Some(_)) => taken.0 += 1,
+                            Some(None) | None => {}
                         }
                     }
                     Err(bad) => {
                         after = bad.id;
-                        let failed = self.fail_unreadable(bad.id).await?;
+                        let Some(failed) = skip_locked(bad.id, self.fail_unreadable(bad.id).await)?
+                        else {
+                            continue;
+                        };
                         if failed {
                             self.metrics.unreadable_row("reaper");
                         }
@@ -218,6 +221,22 @@ impl Store {
                 return Ok(());
             }
         }
+    }
+}
+
+/// A takeover's outcome, or `None` when the row stayed locked by another
+/// session past `lock_timeout` (nothing written): the pass goes on with the
+/// next row and a later pass tries this one again. Before, the first such
+/// row ended every pass, so no expired lease after it was ever taken over
+/// while a session (an admin's `psql` left in a transaction) held it.
+fn skip_locked<T>(id: i64, outcome: Result<T, StoreError>) -> Result<Option<T>, StoreError> {
+    match outcome {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if e.unavailable() == Some(super::Unavailable::NotApplied) => {
+            tracing::warn!(item_id = id, error = %e, "reaper: row locked by another session; skipped this pass");
+            Ok(None)
+        }
+        Err(e) => Err(e),
     }
 }
 

@@ -801,11 +801,11 @@ pub async fn a_batched_heartbeat_entry_with_a_non_positive_id_is_bad_request_as_
 
 /// A pool connection the database closed under the server (PostgreSQL: a
 /// terminated backend, as a restart or a failover does) is found by the
-/// statement that uses it: that request is answered `500 internal` (the
-/// code every store failure gets; the protocol has no "unavailable" code and
-/// clients retry any 5xx), the connection leaves the pool, and the requests
+/// statement that uses it: that request is answered `503` with
+/// `Retry-After` (code `internal`: the database was unavailable, not the
+/// request at fault; clients retry any 5xx), the connection leaves the pool, and the requests
 /// after it are answered. SQLite has no connection to lose: nothing to show.
-pub async fn a_connection_closed_under_the_server_is_a_500_and_then_replaced(db: TestDb) {
+pub async fn a_connection_closed_under_the_server_is_a_503_and_then_replaced(db: TestDb) {
     if db.kind == crate::common::Kind::Sqlite {
         return;
     }
@@ -850,9 +850,10 @@ pub async fn a_connection_closed_under_the_server_is_a_500_and_then_replaced(db:
         .await;
         if status != StatusCode::OK {
             let body: ErrorBody = serde_json::from_str(&text).unwrap();
+            // Unavailable, to be retried: not a 500 (the request was fine).
             assert_eq!(
                 (status.as_u16(), body.code),
-                (500, ErrorCode::Internal),
+                (503, ErrorCode::Internal),
                 "{text}"
             );
         }
@@ -862,7 +863,7 @@ pub async fn a_connection_closed_under_the_server_is_a_500_and_then_replaced(db:
     // the count (a background task's) is live and may be handed out first.
     // Each dead connection costs at most one request, and a statement that
     // uses one finds it.
-    let failed = answers.iter().filter(|&&a| a == 500).count();
+    let failed = answers.iter().filter(|&&a| a == 503).count();
     assert!(
         (1..=idle).contains(&failed),
         "the dead connections are found, each once: {answers:?} ({idle} terminated)"

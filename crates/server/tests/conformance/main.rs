@@ -13,6 +13,7 @@ mod lease;
 mod listing;
 mod metrics;
 mod migrate;
+mod outage;
 mod retention;
 mod roles;
 mod settled;
@@ -123,7 +124,7 @@ conformance! {
     input::a_failure_report_containing_nul_is_kept_and_the_item_leaves_running,
     input::framework_answers_are_code_and_message_too,
     input::a_batched_heartbeat_entry_with_a_non_positive_id_is_bad_request_as_alone,
-    input::a_connection_closed_under_the_server_is_a_500_and_then_replaced,
+    input::a_connection_closed_under_the_server_is_a_503_and_then_replaced,
     input::generated_requests_never_get_a_5xx_and_a_refusal_changes_nothing,
     metrics::a_scrape_counts_exactly_what_a_scripted_workload_did,
     metrics::metrics_listen_serves_metrics_without_a_token_only_there,
@@ -132,4 +133,7 @@ conformance! {
     metrics::a_claim_and_a_settle_whose_client_went_away_are_counted_once_committed,
     metrics::a_settle_whose_answer_cannot_be_read_is_counted_and_not_a_replay,
     metrics::per_queue_series_are_bounded_and_the_rest_summed,
+    outage::a_row_locked_by_a_stuck_session_is_a_bounded_503_and_stalls_nothing_else,
+    outage::an_expired_lease_locked_by_another_session_does_not_stop_the_reaper,
+    outage::a_backend_terminated_mid_request_is_a_503_and_the_next_request_is_served,
 }

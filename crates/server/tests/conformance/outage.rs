@@ -1,0 +1,319 @@
+//! The database unavailable under the server (PostgreSQL): a row another
+//! session keeps locked, a backend terminated mid-statement. Each request is
+//! answered within a bound, `503` with `Retry-After`, and the rest of the
+//! instance keeps serving.
+
+use std::time::{Duration, Instant};
+
+use agentstore_protocol::{ErrorBody, ErrorCode};
+use agentstore_server::store::PG_LOCK_TIMEOUT_MS;
+use agentstore_server::{Server, Settings, Store};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use sqlx::Connection;
+
+use crate::common::{enqueue_over_http, snapshot, TestDb, ADMIN};
+
+/// What a request may take at most here: well past the lock timeout these
+/// tests set, far below "for good".
+const BOUND: Duration = Duration::from_secs(15);
+
+/// The lock timeout these tests give their server (the URL's `options`, as
+/// an operator would), so they need not wait [`PG_LOCK_TIMEOUT_MS`].
+const LOCK_TIMEOUT_MS: u64 = 300;
+
+/// `db`'s URL with `lock_timeout` set in its `options` (the last parameter).
+fn with_lock_timeout(db: &TestDb) -> String {
+    assert!(db.database.contains("options=-c%20"), "{}", db.database);
+    format!("{}%20-c%20lock_timeout%3D{LOCK_TIMEOUT_MS}", db.database)
+}
+
+async fn lock_timeout_of(store: &Store) -> String {
+    let (v,): (String,) = sqlx::query_as("SELECT current_setting('lock_timeout') AS v")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    v
+}
+
+/// A session of its own (not the server's pool) that locks `ids` and keeps
+/// them locked until it is dropped or rolled back: an admin's `psql` left
+/// in a transaction.
+async fn lock_rows(db: &TestDb, ids: &[i64]) -> sqlx::AnyConnection {
+    let (_, url) = agentstore_server::store::database_url(&db.database);
+    let mut conn = sqlx::AnyConnection::connect(&url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut conn).await.unwrap();
+    for id in ids {
+        sqlx::query("SELECT id FROM items WHERE id = $1 FOR UPDATE")
+            .bind(*id)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    }
+    conn
+}
+
+async fn post(
+    http: &reqwest::Client,
+    url: String,
+    key: Option<&str>,
+    body: Value,
+) -> reqwest::Response {
+    let mut req = http.post(url).bearer_auth(ADMIN).json(&body);
+    if let Some(k) = key {
+        req = req.header("Idempotency-Key", k);
+    }
+    req.send().await.expect("answered within the bound")
+}
+
+/// Asserts `503 {code: internal}` with `Retry-After`.
+async fn unavailable(resp: reqwest::Response, what: &str) {
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE, "{what}");
+    assert_eq!(
+        resp.headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_owned()),
+        Some("1".to_owned()),
+        "{what}"
+    );
+    let body: ErrorBody = resp.json().await.unwrap();
+    assert_eq!(body.code, ErrorCode::Internal, "{what}: {}", body.message);
+}
+
+/// An admin session holding an item's row lock: before, a keyed claim that
+/// found only that item open waited for it without end, and with it every
+/// claim of the queue on that instance (one claim lane per queue); ten
+/// heartbeats of the locked lease took every pool connection, so the whole
+/// instance stopped answering. Now each statement waits at most
+/// `lock_timeout` (set on every connection unless the operator set one) and
+/// is answered `503` with `Retry-After`, nothing written; the pool is free
+/// for everything else, and the calls succeed once the lock goes.
+pub async fn a_row_locked_by_a_stuck_session_is_a_bounded_503_and_stalls_nothing_else(db: TestDb) {
+    if db.kind == crate::common::Kind::Sqlite {
+        return;
+    }
+    // Every connection gets the server's bound by default…
+    let plain = db.store(Settings::default()).await;
+    assert_eq!(
+        lock_timeout_of(&plain).await,
+        format!("{}s", PG_LOCK_TIMEOUT_MS / 1000)
+    );
+    plain.close().await;
+    // …and keeps the operator's own.
+    let mut config = db.config();
+    config.database = with_lock_timeout(&db);
+    config.claim_rate = "1000000/s".parse().unwrap();
+    let server = Server::start(&config).await.unwrap();
+    let store = server.store().clone();
+    assert_eq!(
+        lock_timeout_of(&store).await,
+        format!("{LOCK_TIMEOUT_MS}ms")
+    );
+    let http = reqwest::Client::builder().timeout(BOUND).build().unwrap();
+    let base = server.url();
+    let running = enqueue_over_http(&http, &base, "q").await;
+    let open = enqueue_over_http(&http, &base, "q").await;
+    let claimed: Value = post(&http, format!("{base}/v1/queues/q/claims"), None, json!({}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(claimed["item"]["id"], running);
+    let token = claimed["lease"]["token"].as_str().unwrap().to_owned();
+    let before = snapshot(&store).await;
+
+    let admin = lock_rows(&db, &[running, open]).await;
+    let started = Instant::now();
+    // A keyed claim finds the open item locked and waits for it (a copy of
+    // the claim in flight could hold it).
+    unavailable(
+        post(
+            &http,
+            format!("{base}/v1/queues/q/claims"),
+            Some("k1"),
+            json!({}),
+        )
+        .await,
+        "keyed claim of a locked item",
+    )
+    .await;
+    // More heartbeats of the locked lease than the pool has connections.
+    let pool = store.pool().options().get_max_connections() as usize;
+    let beats: Vec<_> = (0..pool + 2)
+        .map(|_| {
+            let (http, url, token) = (
+                http.clone(),
+                format!("{base}/v1/items/{running}/heartbeat"),
+                token.clone(),
+            );
+            tokio::spawn(async move { post(&http, url, None, json!({"token": token})).await })
+        })
+        .collect();
+    // Meanwhile the rest of the instance answers.
+    let other = post(
+        &http,
+        format!("{base}/v1/queues/other/claims"),
+        None,
+        json!({}),
+    )
+    .await;
+    assert_eq!(other.status(), StatusCode::NO_CONTENT);
+    for b in beats {
+        unavailable(b.await.unwrap(), "heartbeat of a locked lease").await;
+    }
+    unavailable(
+        post(
+            &http,
+            format!("{base}/v1/items/{running}/settle"),
+            None,
+            json!({"token": token, "state": "done"}),
+        )
+        .await,
+        "settle of a locked lease",
+    )
+    .await;
+    assert!(started.elapsed() < BOUND, "{:?}", started.elapsed());
+    assert_eq!(snapshot(&store).await, before, "nothing was written");
+
+    admin.close().await.unwrap();
+    let again = post(
+        &http,
+        format!("{base}/v1/queues/q/claims"),
+        Some("k1"),
+        json!({}),
+    )
+    .await;
+    assert_eq!(again.status(), StatusCode::CREATED);
+    let again: Value = again.json().await.unwrap();
+    assert_eq!(again["item"]["id"], open);
+    let beat = post(
+        &http,
+        format!("{base}/v1/items/{running}/heartbeat"),
+        None,
+        json!({"token": token}),
+    )
+    .await;
+    assert_eq!(beat.status(), StatusCode::OK);
+    tokio::time::timeout(BOUND, server.stop())
+        .await
+        .expect("the server stops")
+        .unwrap();
+}
+
+/// An expired lease whose row another session keeps locked: before, the
+/// reaper's pass waited on it for good (and then, with a lock timeout,
+/// ended at it every pass), so no expired lease after it was taken over.
+/// Now that row is skipped for this pass and the others are taken over.
+pub async fn an_expired_lease_locked_by_another_session_does_not_stop_the_reaper(db: TestDb) {
+    if db.kind == crate::common::Kind::Sqlite {
+        return;
+    }
+    let store = Store::connect(&with_lock_timeout(&db), crate::common::ttl(300))
+        .await
+        .unwrap();
+    let first = store.enqueue("q", &json!(1), None).await.unwrap();
+    let second = store.enqueue("q", &json!(2), None).await.unwrap();
+    store.claim("q", None).await.unwrap().unwrap();
+    store.claim("q", None).await.unwrap().unwrap();
+    let deadline = Instant::now() + BOUND;
+    while store.expired_claims(10).await.unwrap().len() < 2 {
+        assert!(Instant::now() < deadline, "the leases never expired");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let admin = lock_rows(&db, &[first.id]).await;
+    let taken = tokio::time::timeout(BOUND, store.reap())
+        .await
+        .expect("the pass ends")
+        .expect("the pass goes past the locked row");
+    assert_eq!(taken, (1, 0), "the unlocked lease was taken over");
+    assert_eq!(
+        store.item(second.id).await.unwrap().unwrap().state.as_str(),
+        "open"
+    );
+    assert_eq!(
+        store.item(first.id).await.unwrap().unwrap().state.as_str(),
+        "running"
+    );
+    admin.close().await.unwrap();
+    assert_eq!(
+        store.reap().await.unwrap(),
+        (1, 0),
+        "a later pass takes it over"
+    );
+    store.close().await;
+}
+
+/// A backend terminated while it runs a request's statement (PostgreSQL
+/// restarted, `pg_terminate_backend`): before, `500 internal`, as for a
+/// fault of the server; now `503` with `Retry-After`, saying the request may
+/// or may not have been applied, and the next request is served on another
+/// connection.
+pub async fn a_backend_terminated_mid_request_is_a_503_and_the_next_request_is_served(db: TestDb) {
+    if db.kind == crate::common::Kind::Sqlite {
+        return;
+    }
+    let mut config = db.config();
+    // No lock timeout: the statement waits until its backend is ended.
+    config.database = format!("{}%20-c%20lock_timeout%3D0", db.database);
+    let server = Server::start(&config).await.unwrap();
+    let http = reqwest::Client::builder().timeout(BOUND).build().unwrap();
+    let base = server.url();
+    let id = enqueue_over_http(&http, &base, "q").await;
+    let claimed: Value = post(&http, format!("{base}/v1/queues/q/claims"), None, json!({}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let token = claimed["lease"]["token"].as_str().unwrap().to_owned();
+    let mut admin = lock_rows(&db, &[id]).await;
+    let beat = {
+        let (http, url, token) = (
+            http.clone(),
+            format!("{base}/v1/items/{id}/heartbeat"),
+            token.clone(),
+        );
+        tokio::spawn(async move { post(&http, url, None, json!({"token": token})).await })
+    };
+    // The heartbeat's backend, once it waits for the row.
+    let deadline = Instant::now() + BOUND;
+    let pid = loop {
+        let found: Option<(i32,)> = sqlx::query_as(
+            "SELECT pid FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE items SET heartbeat_at%'
+               AND pid <> pg_backend_pid()",
+        )
+        .fetch_optional(&mut admin)
+        .await
+        .unwrap();
+        if let Some((pid,)) = found {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "the heartbeat never waited");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    sqlx::query("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    let resp = beat.await.unwrap();
+    let text = resp.headers().get("retry-after").cloned();
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(text.is_some(), "Retry-After");
+    let body: ErrorBody = resp.json().await.unwrap();
+    assert!(body.message.contains("may or may not"), "{}", body.message);
+    admin.close().await.unwrap();
+    let beat = post(
+        &http,
+        format!("{base}/v1/items/{id}/heartbeat"),
+        None,
+        json!({"token": token}),
+    )
+    .await;
+    assert_eq!(
+        beat.status(),
+        StatusCode::OK,
+        "served on another connection"
+    );
+    server.stop().await.unwrap();
+}
