@@ -265,7 +265,7 @@ pub async fn a_backend_terminated_mid_request_is_a_503_and_the_next_request_is_s
         .await
         .unwrap();
     let token = claimed["lease"]["token"].as_str().unwrap().to_owned();
-    let mut admin = lock_rows(&db, &[id]).await;
+    let admin = lock_rows(&db, &[id]).await;
     let beat = {
         let (http, url, token) = (
             http.clone(),
@@ -274,7 +274,11 @@ pub async fn a_backend_terminated_mid_request_is_a_503_and_the_next_request_is_s
         );
         tokio::spawn(async move { post(&http, url, None, json!({"token": token})).await })
     };
-    // The heartbeat's backend, once it waits for the row.
+    // The heartbeat's backend, once it waits for the row: seen from a
+    // session outside a transaction (inside one, `pg_stat_activity` is read
+    // once and kept for the transaction's length).
+    let (_, url) = agentstore_server::store::database_url(&db.database);
+    let mut observer = sqlx::AnyConnection::connect(&url).await.unwrap();
     let deadline = Instant::now() + BOUND;
     let pid = loop {
         let found: Option<(i32,)> = sqlx::query_as(
@@ -282,7 +286,7 @@ pub async fn a_backend_terminated_mid_request_is_a_503_and_the_next_request_is_s
              WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE items SET heartbeat_at%'
                AND pid <> pg_backend_pid()",
         )
-        .fetch_optional(&mut admin)
+        .fetch_optional(&mut observer)
         .await
         .unwrap();
         if let Some((pid,)) = found {
@@ -293,9 +297,10 @@ pub async fn a_backend_terminated_mid_request_is_a_503_and_the_next_request_is_s
     };
     sqlx::query("SELECT pg_terminate_backend($1)")
         .bind(pid)
-        .fetch_one(&mut admin)
+        .fetch_one(&mut observer)
         .await
         .unwrap();
+    observer.close().await.unwrap();
     let resp = beat.await.unwrap();
     let text = resp.headers().get("retry-after").cloned();
     assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
