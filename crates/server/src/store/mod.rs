@@ -168,12 +168,13 @@ pub const SQLITE_SYNCHRONOUS: &str = "PRAGMA synchronous = FULL";
 /// instance starting while another migrates waits for it.
 pub const PG_LOCK_TIMEOUT_MS: u64 = 5_000;
 
-/// Sets [`PG_LOCK_TIMEOUT_MS`] for the session when `lock_timeout` is 0
-/// (PostgreSQL's default: wait for ever).
+/// Sets [`PG_LOCK_TIMEOUT_MS`] for the session when nothing set
+/// `lock_timeout` (its source is PostgreSQL's built-in default, 0: wait for
+/// ever); a value set anywhere else, 0 included, is the operator's.
 fn pg_lock_timeout_sql() -> String {
     format!(
         "SELECT set_config('lock_timeout', '{PG_LOCK_TIMEOUT_MS}ms', false)
-         WHERE current_setting('lock_timeout') = '0'"
+         FROM pg_settings WHERE name = 'lock_timeout' AND source = 'default'"
     )
 }
 
@@ -581,7 +582,7 @@ fn unavailable(e: &sqlx::Error) -> Option<Unavailable> {
         sqlx::Error::Io(_) | sqlx::Error::Tls(_) => Some(Unavailable::Unknown),
         sqlx::Error::Database(d) => {
             let code = d.code()?;
-            if sqlite_busy(e) || code.parse::<i32>().is_ok_and(|c| c & 0xff == 6) {
+            if sqlite_busy(e) || sqlite_code(e).is_some_and(|c| c & 0xff == 6) {
                 // SQLITE_BUSY past the busy timeout, SQLITE_LOCKED.
                 return Some(Unavailable::NotApplied);
             }
@@ -605,12 +606,19 @@ fn unavailable(e: &sqlx::Error) -> Option<Unavailable> {
 /// Whether `e` is SQLite's `SQLITE_BUSY` ("database is locked", primary code
 /// 5, extended codes included).
 fn sqlite_busy(e: &sqlx::Error) -> bool {
+    sqlite_code(e).is_some_and(|c| c & 0xff == 5)
+}
+
+/// The (extended) result code of an error SQLite raised; `None` for any
+/// other. PostgreSQL's SQLSTATEs are digits too, and some end in the same
+/// low byte: `42501` (insufficient_privilege) `& 0xff` is 5, SQLITE_BUSY's
+/// primary code, and `22021`/`22022` that of SQLITE_LOCKED.
+fn sqlite_code(e: &sqlx::Error) -> Option<i32> {
     match e {
-        sqlx::Error::Database(d) => d
-            .code()
-            .and_then(|c| c.parse::<i32>().ok())
-            .is_some_and(|c| c & 0xff == 5),
-        _ => false,
+        sqlx::Error::Database(d) if d.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() => {
+            d.code()?.parse().ok()
+        }
+        _ => None,
     }
 }
 
@@ -660,6 +668,84 @@ mod tests {
             database_url("sqlite://x.db?mode=ro"),
             (Backend::Sqlite, "sqlite://x.db?mode=ro".into())
         );
+    }
+
+    /// A PostgreSQL error whose SQLSTATE, read as a number, ends in the low
+    /// byte of SQLITE_BUSY or SQLITE_LOCKED (`42501` insufficient_privilege:
+    /// a role without a grant; `22021`, `22022`) is a fault, not the
+    /// database busy: before, it was answered `503` "nothing was written:
+    /// retry", so a client retried a call that can never succeed, and a
+    /// start-up step (migrations) was tried 40 times over ~20 s before the
+    /// server said why it could not start. SQLite's own busy error still is.
+    #[tokio::test]
+    async fn a_postgres_error_is_never_taken_for_sqlite_busy() {
+        if let Ok(url) = std::env::var("AGENTSTORE_TEST_PG_URL") {
+            let store = Store::connect(&url, Settings::default()).await.unwrap();
+            for code in ["42501", "22021", "22022"] {
+                let e = sqlx::query(&format!(
+                    "DO $$ BEGIN RAISE EXCEPTION 'x' USING ERRCODE = '{code}'; END $$"
+                ))
+                .execute(store.pool())
+                .await
+                .unwrap_err();
+                assert_eq!(
+                    e.as_database_error().and_then(|d| d.code()).as_deref(),
+                    Some(code)
+                );
+                assert!(!sqlite_busy(&e), "{code}");
+                assert_eq!(StoreError::Database(e).unavailable(), None, "{code}");
+            }
+            let mut attempts = 0;
+            let r: Result<(), _> = retry_busy(|| {
+                attempts += 1;
+                let pool = store.pool().clone();
+                async move {
+                    sqlx::query("DO $$ BEGIN RAISE EXCEPTION 'x' USING ERRCODE = '42501'; END $$")
+                        .execute(&pool)
+                        .await
+                        .map(drop)
+                        .map_err(StoreError::from)
+                }
+            })
+            .await;
+            assert!(r.is_err());
+            assert_eq!(attempts, 1, "a permission error is not tried again");
+            store.close().await;
+        }
+        // SQLite's busy error, for contrast: a write while another
+        // connection holds the write lock, with no busy timeout.
+        let path = std::env::temp_dir().join(format!(
+            "agentstore-busy-{}-{}.db",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        let url = format!("sqlite://{}?mode=rwc", path.display());
+        use sqlx::Connection;
+        let mut a = sqlx::SqliteConnection::connect(&url).await.unwrap();
+        let mut b = sqlx::SqliteConnection::connect(&url).await.unwrap();
+        sqlx::query("PRAGMA busy_timeout = 0")
+            .execute(&mut b)
+            .await
+            .unwrap();
+        sqlx::query("CREATE TABLE t (x)")
+            .execute(&mut a)
+            .await
+            .unwrap();
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut a)
+            .await
+            .unwrap();
+        let e = sqlx::query("INSERT INTO t VALUES (1)")
+            .execute(&mut b)
+            .await
+            .unwrap_err();
+        assert!(sqlite_busy(&e), "{e}");
+        assert_eq!(
+            StoreError::Database(e).unavailable(),
+            Some(Unavailable::NotApplied)
+        );
+        drop((a, b));
+        let _ = std::fs::remove_file(&path);
     }
 
     /// A file path is opened under exactly its name, whatever characters
