@@ -289,6 +289,10 @@ fn not_an_origin(origin: &str, every_port: bool) -> Option<&'static str> {
     }
 }
 
+/// How long [`Server::stop`] waits, after the HTTP drain, for the database
+/// statements still running to finish before it abandons them.
+pub const CLOSE_WAIT: Duration = Duration::from_secs(10);
+
 /// A running server: its address, and a way to stop it gracefully.
 #[derive(Debug)]
 pub struct Server {
@@ -392,7 +396,9 @@ impl Server {
     }
 
     /// Stops accepting, lets in-flight requests finish, stops the reaper and
-    /// closes the database pool.
+    /// closes the database pool, waiting at most [`CLOSE_WAIT`] for the
+    /// statements still running (those of requests whose client went away,
+    /// or cut off at the drain deadline) to hand their connections back.
     ///
     /// # Errors
     /// The HTTP server task failed.
@@ -403,7 +409,21 @@ impl Server {
             m.await.map_err(std::io::Error::other)??;
         }
         let _ = self.reaper.await;
-        self.store.close().await;
+        // `close` waits for every checked-out connection: a statement
+        // blocked without a bound (a lock wait with `lock_timeout` 0, a
+        // database that stopped answering) held the stop, and the process,
+        // for good. What is still running is abandoned: PostgreSQL rolls
+        // back an open transaction when its connection goes, and an SQLite
+        // commit is atomic whenever the process ends.
+        if tokio::time::timeout(CLOSE_WAIT, self.store.close())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "database statements still running after {} s: abandoned",
+                CLOSE_WAIT.as_secs()
+            );
+        }
         served
     }
 }

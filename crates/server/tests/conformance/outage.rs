@@ -322,3 +322,52 @@ pub async fn a_backend_terminated_mid_request_is_a_503_and_the_next_request_is_s
     );
     server.stop().await.unwrap();
 }
+
+/// A stop while a statement of a request whose client went away stays
+/// blocked (a row lock held with `lock_timeout` 0): before, the stop waited
+/// in the pool's close for that connection for as long as the lock was held
+/// (for good); now it ends within `CLOSE_WAIT` of the drain.
+pub async fn a_stop_ends_though_a_statement_of_a_request_gone_stays_blocked(db: TestDb) {
+    if db.kind == crate::common::Kind::Sqlite {
+        return;
+    }
+    let mut config = db.config();
+    config.database = format!("{}%20-c%20lock_timeout%3D0", db.database);
+    let server = Server::start(&config).await.unwrap();
+    let store = server.store().clone();
+    let http = reqwest::Client::builder().timeout(BOUND).build().unwrap();
+    let base = server.url();
+    let id = enqueue_over_http(&http, &base, "q").await;
+    let claimed: Value = post(&http, format!("{base}/v1/queues/q/claims"), None, json!({}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let token = claimed["lease"]["token"].as_str().unwrap().to_owned();
+    let admin = lock_rows(&db, &[id]).await;
+    // The clients give up on their heartbeats (more than the pool has
+    // connections); the statements go on waiting, and the calls queued
+    // for a connection behind them.
+    let gone = reqwest::Client::builder()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let pool = store.pool().options().get_max_connections() as usize;
+    let calls: Vec<_> = (0..pool + 2)
+        .map(|_| {
+            gone.post(format!("{base}/v1/items/{id}/heartbeat"))
+                .bearer_auth(ADMIN)
+                .json(&json!({"token": token}))
+                .send()
+        })
+        .collect();
+    for call in futures_util::future::join_all(calls).await {
+        assert!(call.is_err(), "the heartbeat waits for the row");
+    }
+    tokio::time::timeout(agentstore_server::app::CLOSE_WAIT + BOUND, server.stop())
+        .await
+        .expect("the stop ends while the statement stays blocked")
+        .unwrap();
+    assert!(store.pool().is_closed());
+    admin.close().await.unwrap();
+}
