@@ -85,7 +85,7 @@ impl From<StoreError> for ApiError {
                     ..ApiError::new(
                         ErrorCode::Internal,
                         if not_applied {
-                            "the database is unavailable or busy; nothing was written: retry"
+                            "the database is busy or unavailable: retry"
                         } else {
                             "the connection to the database was lost: the request may or may not have been applied; retry it"
                         },

@@ -238,7 +238,8 @@ pub enum StoreError {
 /// database could not serve it now: answered `503` with `Retry-After`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unavailable {
-    /// Refused before anything was written: a lock wait past
+    /// The statement was refused, nothing of it written (an earlier
+    /// statement of a call of several may have committed): a lock wait past
     /// `lock_timeout` ([`PG_LOCK_TIMEOUT_MS`]), a deadlock or serialization
     /// failure, SQLite busy past its busy timeout, no pool connection
     /// within the pool's timeout (the database unreachable), the pool
