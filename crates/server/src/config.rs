@@ -51,7 +51,13 @@ pub const MIN_RETENTION_MS: u64 = 60 * 1000;
 
 /// `agentstore-server`: the agentstore lease server and demo host.
 #[derive(Debug, Clone, Parser)]
-#[command(version, about)]
+#[command(
+    version,
+    about,
+    after_help = "SIGTERM or SIGINT stops the server gracefully: new connections are refused \
+at once, requests in flight are answered (for at most --read-timeout-ms plus 30 s), database \
+statements still running get 10 s more, and the process exits 0."
+)]
 pub struct Config {
     /// Address to listen on (`127.0.0.1:0` picks a free port).
     #[arg(long, default_value = "127.0.0.1:8787")]
@@ -132,7 +138,8 @@ pub struct Config {
     /// It bounds how long
     /// a client without credentials can hold a connection, and with it a
     /// file descriptor, open (the "slowloris" attack; nginx's
-    /// `client_header_timeout` and `client_body_timeout`, 60 s each).
+    /// `client_header_timeout` and `client_body_timeout`, 60 s each). A
+    /// stop waits for requests in flight at most this long plus 30 s.
     #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(READ_TIMEOUT_MS))]
     pub read_timeout_ms: u64,
     /// Also serve `GET /metrics` WITHOUT a token on this address (e.g. a
