@@ -5,7 +5,8 @@
 //! after `main` starts ends in a graceful exit 0. During start-up the start is
 //! abandoned (nothing is served yet; an unfinished migration's transaction is not
 //! committed); once serving, the server stops accepting, lets in-flight requests
-//! finish, stops the reaper and closes the database.
+//! finish, stops the reaper and closes the database. A second signal during
+//! that stop exits at once (status 130).
 
 use agentstore_server::{Config, Server};
 use tracing_subscriber::EnvFilter;
@@ -45,7 +46,18 @@ async fn main() -> std::process::ExitCode {
     };
     let signal = shutdown.recv().await;
     tracing::info!(signal, "shutting down");
-    match server.stop().await {
+    // A second signal while the stop waits (for requests in flight, up to
+    // --read-timeout-ms plus 30 s) exits at once, as an operator pressing
+    // Ctrl-C again expects: what is still running is abandoned (PostgreSQL
+    // rolls back what did not commit; an SQLite commit is atomic).
+    let stopped = tokio::select! {
+        stopped = server.stop() => stopped,
+        again = shutdown.recv() => {
+            tracing::warn!(signal = again, "second signal: exiting without waiting for requests in flight");
+            return std::process::ExitCode::from(130);
+        }
+    };
+    match stopped {
         Ok(()) => {
             tracing::info!("stopped");
             std::process::ExitCode::SUCCESS

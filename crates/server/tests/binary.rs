@@ -244,6 +244,61 @@ fn a_sigterm_at_any_point_of_start_up_exits_zero_and_leaves_a_usable_database() 
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A second SIGTERM while the stop waits for a request in flight (here a
+/// body the client stopped sending, which the stop would wait for up to
+/// --read-timeout-ms, 30 s) exits at once, status 130: before, the second
+/// signal was ignored and the operator had to wait the drain out or kill -9.
+#[test]
+fn a_second_sigterm_during_the_stop_exits_at_once() {
+    use std::io::{Read, Write};
+    let dir = temp_dir("second-signal");
+    let db = dir.join("db.sqlite");
+    let mut p = Proc::spawn(&dir, db.to_str().unwrap());
+    let port = p.wait_port();
+    let mut stalled = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stalled
+        .write_all(
+            b"POST /v1/workers/enroll HTTP/1.1\r\nHost: localhost\r\n\
+              Content-Type: application/json\r\nContent-Length: 100\r\n\
+              Expect: 100-continue\r\n\r\n",
+        )
+        .unwrap();
+    // The handler reads the body (hyper answers `100 Continue` then): the
+    // request is in flight.
+    stalled.set_read_timeout(Some(WAIT)).unwrap();
+    let mut got = [0u8; 25];
+    stalled.read_exact(&mut got).unwrap();
+    assert!(
+        got.starts_with(b"HTTP/1.1 100 Continue"),
+        "{:?}",
+        String::from_utf8_lossy(&got)
+    );
+    stalled.write_all(b"{\"token\":").unwrap();
+    p.signal("TERM");
+    // The stop has begun (new connections refused) and waits for the body.
+    let deadline = Instant::now() + WAIT;
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        assert!(Instant::now() < deadline, "the listener stayed open");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        p.child.try_wait().unwrap().is_none(),
+        "the stop waits for the request"
+    );
+    let second = Instant::now();
+    p.signal("TERM");
+    let status = p.wait_exit();
+    assert!(
+        second.elapsed() < Duration::from_secs(10),
+        "exited {:?} after the second signal",
+        second.elapsed()
+    );
+    assert_eq!(status.code(), Some(130), "saw {:#?}", p.seen);
+    assert!(p.saw("second signal"), "saw {:#?}", p.seen);
+    drop(stalled);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 mod raw_http {
     /// A minimal HTTP/1.1 GET of /v1/health over a plain socket (no runtime needed).
     pub fn get_health(port: u16) -> String {
