@@ -628,10 +628,31 @@ impl Store {
             Ok(slots) => {
                 self.coalesced
                     .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                // A keyed claim run again alone may wait for an open item's
+                // row lock (see `claim_one`); when that wait is refused
+                // (`lock_timeout`: a session keeps the row locked, not a
+                // claim in flight), the batch's other keyed claims would
+                // wait for the same lock one after another, a lock timeout
+                // each, while the whole queue's lane waits behind them:
+                // they are answered with that refusal (503) at once.
+                let mut refused: Option<StoreError> = None;
                 for (job, slot) in batch.into_iter().zip(slots) {
                     let out = match slot {
                         ClaimSlot::Answer(out) => out.map(|item| item.map(|i| (i, false))),
-                        ClaimSlot::Again | ClaimSlot::Empty => self.claim_job(queue, &job).await,
+                        ClaimSlot::Again | ClaimSlot::Empty => match &refused {
+                            Some(e) if job.key.is_some() => Err(for_each_call(e)),
+                            _ => {
+                                let out = self.claim_job(queue, &job).await;
+                                if let Err(e) = &out {
+                                    if job.key.is_some()
+                                        && e.unavailable() == Some(super::Unavailable::NotApplied)
+                                    {
+                                        refused = Some(for_each_call(e));
+                                    }
+                                }
+                                out
+                            }
+                        },
                     };
                     let _ = job.reply.send(out);
                 }

@@ -137,4 +137,5 @@ conformance! {
     outage::an_expired_lease_locked_by_another_session_does_not_stop_the_reaper,
     outage::a_backend_terminated_mid_request_is_a_503_and_the_next_request_is_served,
     outage::a_stop_ends_though_a_statement_of_a_request_gone_stays_blocked,
+    outage::keyed_claims_behind_a_locked_open_item_wait_out_one_lock_timeout_not_one_each,
 }

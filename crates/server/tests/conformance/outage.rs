@@ -371,3 +371,51 @@ pub async fn a_stop_ends_though_a_statement_of_a_request_gone_stays_blocked(db: 
     assert!(store.pool().is_closed());
     admin.close().await.unwrap();
 }
+
+/// Keyed claims (every SDK claim carries a key) of a queue whose only open
+/// item a session keeps locked: each waits for that row (a copy of it in
+/// flight could hold it). Before, the claims of one coalesced batch waited
+/// one after another, a lock timeout each, and the queue's whole lane
+/// behind them; now the batch waits out one lock timeout and its other
+/// keyed claims get the same 503 at once.
+pub async fn keyed_claims_behind_a_locked_open_item_wait_out_one_lock_timeout_not_one_each(
+    db: TestDb,
+) {
+    if db.kind == crate::common::Kind::Sqlite {
+        return;
+    }
+    const CLAIMS: usize = 8;
+    const TIMEOUT_MS: u64 = 1000;
+    let mut config = db.config();
+    config.database = format!("{}%20-c%20lock_timeout%3D{TIMEOUT_MS}", db.database);
+    config.claim_rate = "1000000/s".parse().unwrap();
+    let server = Server::start(&config).await.unwrap();
+    let http = reqwest::Client::builder()
+        .timeout(BOUND * 2)
+        .build()
+        .unwrap();
+    let base = server.url();
+    let open = enqueue_over_http(&http, &base, "q").await;
+    let admin = lock_rows(&db, &[open]).await;
+    let started = Instant::now();
+    let answers = crate::common::at_once(CLAIMS, |k| {
+        let (http, url) = (http.clone(), format!("{base}/v1/queues/q/claims"));
+        async move {
+            let key = format!("key-{k}");
+            post(&http, url, Some(&key), json!({})).await
+        }
+    })
+    .await;
+    let took = started.elapsed();
+    for a in answers {
+        unavailable(a, "keyed claim of a locked item").await;
+    }
+    // One wait for the first claim's batch, one for the batch the others
+    // joined meanwhile: far from one per claim.
+    assert!(
+        took < Duration::from_millis(TIMEOUT_MS * (CLAIMS as u64 - 3)),
+        "{CLAIMS} keyed claims took {took:?} with a {TIMEOUT_MS} ms lock timeout"
+    );
+    admin.close().await.unwrap();
+    server.stop().await.unwrap();
+}
