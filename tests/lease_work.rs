@@ -72,11 +72,21 @@ async fn lose_in_handler(lease: &JsValue) -> bool {
 /// base 50 ms, cap `cap_ms`), once it has recorded `failures` connection
 /// failures (bounded wait).
 async fn failing_worker(concurrency: u32, cap_ms: f64, failures: usize) -> Rc<WorkerInner> {
+    failing_worker_from(concurrency, 50.0, cap_ms, failures).await
+}
+
+/// [`failing_worker`] with reconnect base `base_ms`.
+async fn failing_worker_from(
+    concurrency: u32,
+    base_ms: f64,
+    cap_ms: f64,
+    failures: usize,
+) -> Rc<WorkerInner> {
     let h = handler(|_| async { Ok(JsValue::UNDEFINED) });
     let opts = WorkOptions {
         concurrency,
         poll_interval_ms: 100.0,
-        reconnect_base_ms: 50.0,
+        reconnect_base_ms: base_ms,
         reconnect_cap_ms: cap_ms,
     };
     let w = WorkerInner::start(unreachable_client(), "q".into(), h, opts, wrap);
@@ -443,9 +453,7 @@ async fn stop_does_not_wait_for_a_lost_leases_handler_that_never_returns() {
 #[wasm_bindgen_test]
 async fn connection_failures_back_off_within_base_and_doubling_cap() {
     let w = failing_worker(1, 400.0, 5).await;
-    let t0 = now();
     w.stop().await;
-    assert!(now() - t0 < 200.0, "stop() interrupts the backoff wait");
     let delays = w.backoffs.borrow().clone();
     assert!(delays.len() >= 5, "{delays:?}");
     for (n, d) in delays.iter().enumerate() {
@@ -467,6 +475,20 @@ async fn connection_failures_back_off_within_base_and_doubling_cap() {
         firsts.iter().any(|d| *d != firsts[0]),
         "first retries jittered: {firsts:?}"
     );
+    // stop() interrupts the backoff wait: with a 60 s base, the wait that
+    // follows the first failure ends no earlier than 60 s after the worker
+    // started, and stop() returns long before. (Before, this was "stop()
+    // returns within 200 ms" of a wait of 50..400 ms: a busy page's timers
+    // and fetch failures took longer than that with stop() interrupting.)
+    let started = now();
+    let w = failing_worker_from(1, 60_000.0, 60_000.0, 1).await;
+    let wait = w.backoffs.borrow()[0];
+    w.stop().await;
+    assert!(
+        now() < started + wait,
+        "stop() interrupts the backoff wait of {wait} ms: returned {} ms after the start",
+        now() - started
+    );
 }
 
 /// The reconnect schedule is shared by a loop's slots and advances once
@@ -474,11 +496,46 @@ async fn connection_failures_back_off_within_base_and_doubling_cap() {
 /// grows by one per round. Before, each slot's failure advanced it, so four
 /// slots climbed four steps per round (here: past 1,600 ms within a dozen
 /// failures, where one step per round stays at or under 800 ms).
+/// "Together" is forced: a fake `fetch` holds the claims until all four
+/// slots have one out, then fails them at once (before, the claims went to
+/// a closed port, and on a busy page four refusals could come further apart
+/// than the 50..100 ms window they were to share).
 #[wasm_bindgen_test]
 async fn slots_failing_together_advance_the_reconnect_backoff_once_per_round() {
-    let w = failing_worker(4, 12_800.0, 12).await;
+    let hook = fake_fetch(
+        "let held = [];
+        globalThis.fetch = (url, init) => {
+            if (!String(url).startsWith('http://127.0.0.1:9/')) return real(url, init);
+            return new Promise((_, reject) => held.push(reject));
+        };
+        return { held: () => held.length,
+            fail: () => { const h = held; held = [];
+                for (const r of h) r(new TypeError('Failed to fetch (refused by the test)')); },
+            restore: () => { globalThis.fetch = real; } };",
+    );
+    let h = handler(|_| async { Ok(JsValue::UNDEFINED) });
+    let opts = WorkOptions {
+        concurrency: 4,
+        poll_interval_ms: 100.0,
+        reconnect_base_ms: 50.0,
+        reconnect_cap_ms: 12_800.0,
+    };
+    let w = WorkerInner::start(unreachable_client(), "q".into(), h, opts, wrap);
+    for round in 1..=3 {
+        let until = now() + 20_000.0;
+        while hook_call(&hook, "held").as_f64() < Some(4.0) {
+            assert!(now() < until, "round {round}: four claims out");
+            sleep(10.0).await;
+        }
+        hook_call(&hook, "fail");
+        while w.backoffs.borrow().len() < 4 * round {
+            assert!(now() < until, "round {round}: four failures");
+            sleep(10.0).await;
+        }
+    }
     let delays = w.backoffs.borrow()[..12].to_vec();
     w.stop().await;
+    hook_call(&hook, "restore");
     // Three rounds of four failures (windows of at most 100, 200 and 400
     // ms); one more step is allowed for a slot that fell out of step.
     let longest = delays.iter().copied().fold(0.0, f64::max);
