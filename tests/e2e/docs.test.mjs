@@ -22,7 +22,7 @@ import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { ROOT, freePort, launchBrowser, sleep } from './helpers.mjs';
+import { ROOT, launchBrowser, sleep } from './helpers.mjs';
 
 const DOCS = join(ROOT, 'docs');
 const PKG = process.env.AGENTSTORE_PKG_DIR ?? join(ROOT, 'pkg');
@@ -111,28 +111,47 @@ async function runInPage({ prelude, code, worker }) {
 let dir;
 let browser;
 
+let servers = 0;
+
+// Starts agentstore-server on a port it picks itself (--listen :0) and reads
+// the port from its "listening" log line. Before, the test picked a free port,
+// closed it and passed it on: on a busy machine another process could bind
+// it first (the server then exited, or the test talked to the other process).
 async function withServer(fn) {
-  const port = await freePort();
-  const base = `http://127.0.0.1:${port}`;
-  const db = join(dir, `leases-${port}.sqlite`);
+  servers += 1;
+  const db = join(dir, `leases-${servers}.sqlite`);
   const server = spawn(BIN, [
-    '--listen', `127.0.0.1:${port}`, '--database', db, '--admin-token', ADMIN,
+    '--listen', '127.0.0.1:0', '--database', db, '--admin-token', ADMIN,
     '--www', join(dir, 'www'), '--pkg', PKG,
-  ], { stdio: 'ignore' });
+  ], { stdio: ['ignore', 'pipe', 'ignore'] });
   try {
-    const until = Date.now() + 20_000;
-    for (;;) {
-      try {
-        if ((await fetch(`${base}/v1/health`)).ok) break;
-      } catch {}
-      if (Date.now() > until || server.exitCode !== null) throw new Error('agentstore-server did not start');
-      await sleep(50);
-    }
+    const port = await new Promise((resolve, reject) => {
+      let out = '';
+      const timer = setTimeout(() => reject(new Error('agentstore-server did not start')), 20_000);
+      const onExit = () => { clearTimeout(timer); reject(new Error('agentstore-server exited before listening')); };
+      server.once('exit', onExit);
+      // Read on for the server's life: a full pipe would block its logging.
+      server.stdout.on('data', (chunk) => {
+        if (out === null) return;
+        out += chunk.toString().replace(/\x1b\[[0-9;]*m/g, '');
+        const m = /agentstore-server listening addr=127\.0\.0\.1:(\d+)/.exec(out);
+        if (m) {
+          out = null;
+          clearTimeout(timer);
+          server.off('exit', onExit);
+          resolve(Number(m[1]));
+        }
+      });
+    });
+    const base = `http://127.0.0.1:${port}`;
+    assert.ok((await fetch(`${base}/v1/health`)).ok, 'agentstore-server answers its health check');
     return await fn(base);
   } finally {
-    const exited = new Promise((r) => server.once('exit', r));
-    if (server.exitCode === null) server.kill('SIGTERM');
-    await exited;
+    if (server.exitCode === null && server.signalCode === null) {
+      const exited = new Promise((r) => server.once('exit', r));
+      server.kill('SIGTERM');
+      await exited;
+    }
   }
 }
 
