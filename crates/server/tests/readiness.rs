@@ -56,15 +56,21 @@ impl Drop for Cluster {
 }
 
 /// A free loopback port outside 55400..55600, where the engineers' and CI's
-/// own clusters live.
+/// own clusters live, and below the kernel's ephemeral range (32768..60999
+/// on Linux): the cluster is started on it after this check and started
+/// again on it after a stop, and a port taken from the ephemeral range
+/// (bind to :0) could be handed to any other process's socket meanwhile on
+/// a busy machine. Below that range only a process asking for that very
+/// port could take it.
 fn free_port() -> u16 {
-    loop {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = l.local_addr().unwrap().port();
-        if !(55_400..55_600).contains(&port) {
-            return port;
-        }
-    }
+    let start = 20_000 + (std::process::id() % 12_000) as u16;
+    (start..32_000)
+        .chain(20_000..start)
+        .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        .unwrap_or_else(|| {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        })
 }
 
 async fn ready(http: &reqwest::Client, base: &str) -> (u16, Readiness) {
