@@ -1786,13 +1786,36 @@ async fn expired_behind_a_held_release(
     let q = fresh_queue(tag);
     let id = enqueue(&q, json!({})).await;
     let c = client_at(&format!("{proxy}/{SLOW_RELEASES}"), admin_creds(), config());
+    let releases = proxy_count(proxy, SLOW_RELEASES, "releases").await;
     let lease = claim(&c, &q).await;
     lease.set_heartbeats_paused(true);
     assert!(
         proxy_count_reaching(proxy, SLOW_RELEASES, "held", 1.0, 4.0 * TTL_MS).await >= 1.0,
         "a release answer is held"
     );
+    assert_eq!(
+        proxy_count(proxy, SLOW_RELEASES, "releases").await - releases,
+        1.0,
+        "the client sent one release at the local deadline"
+    );
     (c, lease, id)
+}
+
+/// The item of a lease that expired locally and was released by the client
+/// (its release request counted by the proxy): back in the queue, released.
+/// The local deadline is only TTL/10 (300 ms) ahead of the server's expiry:
+/// on a page or machine slowed that much around the deadline the release
+/// reaches the server after the TTL, and the reaper's `expired` comes first
+/// with the client having done its part; that is accepted here (as in
+/// `a_heartbeat_answered_after_the_deadline_is_released_not_renewed`).
+async fn given_back_after_a_local_expiry(id: i64) {
+    let it = item(id).await;
+    assert_eq!(it.state, ItemState::Open);
+    assert!(
+        matches!(it.last_error.as_deref(), Some("released" | "expired")),
+        "{:?}",
+        it.last_error
+    );
 }
 
 /// A lease that expired locally is released by the client; `close()` waits
@@ -1809,11 +1832,7 @@ async fn close_waits_for_the_release_a_local_expiry_started() {
         0.0,
         "close() waited for the release's answer"
     );
-    let it = item(id).await;
-    assert_eq!(
-        (it.state, it.last_error.as_deref()),
-        (ItemState::Open, Some("released"))
-    );
+    given_back_after_a_local_expiry(id).await;
 }
 
 /// `close()` while the release it sent is held by the proxy (15 s, within
@@ -2629,11 +2648,7 @@ async fn a_lease_expired_locally_keeps_its_web_lock_until_its_release_is_answere
             _ => panic!("the lock stayed held after the release was answered"),
         }
     }
-    let it = item(id).await;
-    assert_eq!(
-        (it.state, it.last_error.as_deref()),
-        (ItemState::Open, Some("released"))
-    );
+    given_back_after_a_local_expiry(id).await;
     c.close().await;
 }
 
