@@ -187,6 +187,18 @@ test('server stopped: the lease aborts with expired_locally by its deadline; wor
     const lease = await window.client.claim(qa);
     window.lease = lease;
     window.aborted = null;
+    // A watchdog on the page's event loop: the longest time (ms) a 20 ms
+    // interval ran late since `watchFromNow()`, up to now (a page starved or frozen that long ran
+    // no timer meanwhile, the abort's included).
+    let tick = performance.now();
+    let stalled = 0;
+    window.watchdog = setInterval(() => {
+      const n = performance.now();
+      stalled = Math.max(stalled, n - tick - 20);
+      tick = n;
+    }, 20);
+    window.stalledMs = () => Math.max(stalled, performance.now() - tick - 20);
+    window.watchFromNow = () => { stalled = 0; tick = performance.now(); };
     // Counts deadline renewals (each successful heartbeat moves it forward).
     window.renewals = 0;
     let last = lease.msToDeadline;
@@ -197,20 +209,24 @@ test('server stopped: the lease aborts with expired_locally by its deadline; wor
     }, 20);
     lease.signal.addEventListener('abort', () => {
       const r = lease.signal.reason;
-      window.aborted = { name: r.name, code: r.code, reason: r.reason, msToDeadline: lease.msToDeadline };
+      window.aborted = { name: r.name, code: r.code, reason: r.reason, msToDeadline: lease.msToDeadline, stalledMs: window.stalledMs() };
     });
   }, qa);
   await page.waitForFunction(() => window.renewals >= 2, null, { timeout: 30_000 }); // heartbeats succeed
-  await page.evaluate(() => clearInterval(window.sampler));
+  await page.evaluate(() => { clearInterval(window.sampler); window.watchFromNow(); });
   assert.equal(await page.evaluate(() => window.lease.status), 'held');
   await stopServer();
   await page.waitForFunction(() => window.aborted !== null, null, { timeout: TTL_MS + 5000 });
   const aborted = await page.evaluate(() => window.aborted);
   assert.deepEqual([aborted.name, aborted.code, aborted.reason], ['ClaimLostError', 'claim_lost', 'expired_locally']);
+  await page.evaluate(() => clearInterval(window.watchdog));
   // The deadline keeps a margin of TTL/10 before the server's TTL; the abort
-  // lands at the deadline (a timer's lateness at most, which a busy machine
-  // stretches), never past the TTL.
-  assert.ok(aborted.msToDeadline <= 0 && aborted.msToDeadline > -(TTL_MS / 10), JSON.stringify(aborted));
+  // lands at the deadline (a timer's lateness at most), never past the TTL
+  // unless the page itself was starved or frozen: the bound is widened by the
+  // longest stall of the page's event loop, which on a busy machine can
+  // exceed the 600 ms margin with the abort armed at the deadline (before,
+  // the bound was the margin alone).
+  assert.ok(aborted.msToDeadline <= 0 && aborted.msToDeadline > -(TTL_MS / 10 + aborted.stalledMs), JSON.stringify(aborted));
 
   await page.evaluate((qb) => {
     window.worker = window.client.work(qb, async (lease) => ({ got: lease.item.payload.n }), {
