@@ -60,8 +60,9 @@ function openDemo(viewport = VIEWPORTS.desktop, context = null) {
   return openDemoAt(browser, baseUrl, viewport, context);
 }
 
-async function importDump(page) {
+async function importDump(page, { afterClick } = {}) {
   await page.click('[data-testid=import-button]');
+  afterClick?.();
   await page.waitForSelector('[data-testid=summary-documentsRead]');
   await page.waitForFunction(() => !document.querySelector('[data-testid=import-button]').disabled);
   await page.waitForFunction((n) => document.querySelector('[data-testid=count-total]').textContent === String(n), EXPECTED.total);
@@ -138,10 +139,14 @@ test('import shows the expected live count per recordType and in total', { timeo
 });
 
 test('an import clicked while the SDK still loads waits for it instead of failing', { timeout: 180_000 }, async () => {
-  // A slow link: the SDK arrives 2 s after the page, and the user clicks at once.
+  // A slow link: the SDK arrives only after the user clicked. Held until the
+  // click instead of for a fixed 2 s (on a busy machine loading the page and
+  // reading data-ready took longer than that, and the SDK was there first).
   const ctx = await browser.newContext({ viewport: VIEWPORTS.desktop });
+  let sdkArrives;
+  const clicked = new Promise((r) => { sdkArrives = r; });
   await ctx.route('**/pkg/**', async (route) => {
-    await new Promise((r) => setTimeout(r, 2000));
+    await clicked;
     await route.continue();
   });
   const page = await ctx.newPage();
@@ -150,7 +155,7 @@ test('an import clicked while the SDK still loads waits for it instead of failin
   page.on('pageerror', (e) => page.errors.push(e));
   await page.goto(baseUrl, { waitUntil: 'domcontentloaded' });
   assert.notEqual(await page.getAttribute('body', 'data-ready'), 'true', 'the SDK was not late');
-  await importDump(page);
+  await importDump(page, { afterClick: sdkArrives });
   await assertNoError(page);
   await ctx.close();
 });
