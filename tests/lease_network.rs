@@ -1393,16 +1393,29 @@ async fn work_retries_a_settle_of_unknown_outcome_refused_by_a_proxy_page() {
         },
     );
     let handler = Function::new_with_args("lease", "return {n: 1};");
+    let dog = watchdog();
     let st = work_one_item(c, &q, handler).await;
+    let stalled = hook_call(&dog, "max").as_f64().unwrap_or(f64::INFINITY);
+    hook_call(&dog, "stop");
     let restore: Function = Reflect::get(&hook, &"restore".into())
         .unwrap()
         .unchecked_into();
     restore.call0(&hook).unwrap();
-    assert_eq!(
-        (st.claimed, st.done, st.failed, st.lost),
-        (1, 1, 0, 0),
-        "{st:?}"
-    );
+    // The settle's answer must come within the lease's local deadline (2.7 s
+    // after the claim; nothing renews an ending lease), after a 500 ms
+    // timeout and retries paused up to 200, 400 and 800 ms: a page starved
+    // or frozen for 400 ms meanwhile may rightly find the lease expired
+    // first and count it lost (before, that failed the test with the code
+    // right). Never failed or given back: the item checks below hold either way.
+    if stalled >= 400.0 && st.lost == 1 {
+        assert_eq!((st.claimed, st.done, st.failed), (1, 0, 0), "{st:?}");
+    } else {
+        assert_eq!(
+            (st.claimed, st.done, st.failed, st.lost),
+            (1, 1, 0, 0),
+            "{st:?} (page stalled at most {stalled} ms)"
+        );
+    }
     let it = wait_item(id, 10_000.0, |it| it.state == ItemState::Done).await;
     assert_eq!(
         (it.state, it.result, it.attempts),

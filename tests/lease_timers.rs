@@ -19,19 +19,6 @@ fn delayed(extra_ms: f64) -> agentstore::lease::ClientConfig {
     c
 }
 
-/// A watchdog on the page's event loop: `max()` is the longest gap (ms)
-/// between two ticks of a 50 ms interval since it started (a page starved
-/// or frozen that long ran no timer and handled no answer meanwhile).
-fn watchdog() -> wasm_bindgen::JsValue {
-    js_sys::Function::new_no_args(
-        "let last = performance.now(), max = 0;
-         const t = setInterval(() => { const n = performance.now(); max = Math.max(max, n - last); last = n; }, 50);
-         return { max: () => Math.max(max, performance.now() - last), stop: () => clearInterval(t) };",
-    )
-    .call0(&wasm_bindgen::JsValue::NULL)
-    .unwrap()
-}
-
 /// Every heartbeat timer fires 1.5 s late (half the TTL), like a throttled
 /// tab: a heartbeat leaves every 2 s, and each answer renews the local
 /// deadline to 2.7 s after its request, so the lease lives as long as the

@@ -282,3 +282,16 @@ pub fn hook_call(hook: &JsValue, k: &str) -> JsValue {
     let f: Function = Reflect::get(hook, &k.into()).unwrap().unchecked_into();
     f.call0(hook).unwrap()
 }
+
+/// A watchdog on the page's event loop: `max()` is the longest gap (ms)
+/// between two ticks of a 50 ms interval since it started (a page starved
+/// or frozen that long ran no timer and handled no answer meanwhile).
+pub fn watchdog() -> wasm_bindgen::JsValue {
+    js_sys::Function::new_no_args(
+        "let last = performance.now(), max = 0;
+         const t = setInterval(() => { const n = performance.now(); max = Math.max(max, n - last); last = n; }, 50);
+         return { max: () => Math.max(max, performance.now() - last), stop: () => clearInterval(t) };",
+    )
+    .call0(&wasm_bindgen::JsValue::NULL)
+    .unwrap()
+}
