@@ -16,6 +16,11 @@
 //                           but their answers are cut off (socket destroyed) until
 //                           /_stop/<n> is requested; later ones pass
 //   /drop-release-answers-<n>/… the same for release requests
+//   /hold-settle-answers-<n>/… settle requests reach the server (it applies them),
+//                           but their answers are held until /_stop/<n> is
+//                           requested (then sent on, and later ones pass): a test
+//                           ends the hold when it has seen what it waits for,
+//                           not after a fixed time; counted in /_held/<mode>
 //   /drop-claim-answers-<n>/… the same for claim requests (the server grants the
 //                           claim, nobody receives its token)
 //   /drop-credential-answers-<n>/… the same for enrollment and refresh requests: the
@@ -78,6 +83,7 @@ const raced = new Map(); // mode -> heartbeats forwarded while a settle answer w
 const releases = new Map(); // mode -> release requests seen
 const heartbeats = new Map(); // mode -> heartbeat requests seen
 const lateClaims = new Map(); // mode -> { forward: the held claim's sender, or null once sent; status }
+const holding = new Map(); // nonce of hold-*-answers-<n> -> senders of the answers held until /_stop/<n>
 
 const isClaim = (path) => /^\/v1\/queues\/[^/]+\/claims$/.test(path);
 const isHeartbeat = (path) => path === '/v1/heartbeats' || /^\/v1\/items\/\d+\/heartbeat$/.test(path);
@@ -131,7 +137,10 @@ const server = http.createServer((req, res) => {
     return;
   }
   if ((req.url ?? '').startsWith('/_stop/')) {
-    stopped.add(decodeURIComponent(req.url.slice('/_stop/'.length)));
+    const nonce = decodeURIComponent(req.url.slice('/_stop/'.length));
+    stopped.add(nonce);
+    for (const send of holding.get(nonce) ?? []) send();
+    holding.delete(nonce);
     res.writeHead(200, { 'content-type': 'application/json', 'access-control-allow-origin': '*' });
     res.end('{}');
     return;
@@ -221,6 +230,25 @@ const server = http.createServer((req, res) => {
         res.end(JSON.stringify({ code: 'network', message: 'refused by the test proxy' }));
       }
     }, Number(refuse[2] ?? 0));
+    return;
+  }
+  const holdAnswers = /^hold-(settle)-answers-(.+)$/.exec(mode);
+  if (holdAnswers && !stopped.has(holdAnswers[2]) && req.method === 'POST' && /^\/v1\/items\/\d+\/settle$/.test(path)) {
+    const nonce = holdAnswers[2];
+    held.set(mode, (held.get(mode) ?? 0) + 1);
+    const up = upstream(req, path, (answer, bytes) => {
+      const send = () => {
+        held.set(mode, held.get(mode) - 1);
+        res.writeHead(answer.statusCode ?? 502, answer.headers);
+        res.end(bytes);
+      };
+      if (stopped.has(nonce)) send();
+      else holding.set(nonce, [...(holding.get(nonce) ?? []), send]);
+    }, () => {
+      held.set(mode, held.get(mode) - 1);
+      res.destroy();
+    });
+    req.pipe(up);
     return;
   }
   const dropAnswers = /^drop-(settle|release|credential|claim)-answers-(.+)$/.exec(mode);

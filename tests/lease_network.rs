@@ -610,8 +610,11 @@ async fn close_during_a_settle_in_flight_lets_the_settle_land() {
 /// A lease whose settle is on the wire when its local deadline passes keeps
 /// its Web Lock until the settle's answer comes: another page's recover()
 /// (same journal) finds it busy instead of releasing it under the settle,
-/// and the settle lands. Forced by the proxy: settle answers are held 3 s,
-/// past the 2.7 s local deadline (nothing renews an ending lease).
+/// and the settle lands. Forced by the proxy: the settle's answer is held
+/// until the other page's recover() has returned, past the 2.7 s local
+/// deadline (nothing renews an ending lease). (Before, it was held 3 s: a
+/// page slowed 300 ms between its deadline and the recover got the answer
+/// first, and recover rightly found the lease over.)
 #[wasm_bindgen_test]
 async fn a_lease_expiring_while_its_settle_is_out_is_not_released_by_recover() {
     let Some(proxy) = proxy() else { return };
@@ -623,11 +626,9 @@ async fn a_lease_expiring_while_its_settle_is_out_is_not_released_by_recover() {
         lock_wait_ms: 200.0,
         ..config()
     };
-    let c = client_at(
-        &format!("{proxy}/late-heartbeats-1000"),
-        admin_creds(),
-        journalled(),
-    );
+    let nonce = fresh_queue("hold");
+    let mode = format!("hold-settle-answers-{nonce}");
+    let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), journalled());
     let lease = claim(&c, &q).await;
     let done = agentstore_protocol::lease::SettleState::Done;
     let settling = lease.clone();
@@ -638,13 +639,15 @@ async fn a_lease_expiring_while_its_settle_is_out_is_not_released_by_recover() {
             sleep(25.0).await;
         }
         assert_eq!(lease.status(), Status::Lost(LossReason::ExpiredLocally));
-        // Another page of the same app: same server URL, same journal.
-        let other = client_at(
-            &format!("{proxy}/late-heartbeats-1000"),
-            admin_creds(),
-            journalled(),
+        assert_eq!(
+            held_back(proxy, &mode).await,
+            1.0,
+            "the settle's answer is held"
         );
+        // Another page of the same app: same server URL, same journal.
+        let other = client_at(&format!("{proxy}/{mode}"), admin_creds(), journalled());
         let report = other.recover(false).await.unwrap();
+        stop_dropping(proxy, &nonce).await;
         assert_eq!(
             report.busy,
             vec![id],
