@@ -187,8 +187,10 @@ export interface AgentStoreError extends Error {
 
 /// An agent-record store over one IndexedDB database.
 ///
-/// Open with `await AgentStore.open(name, options)`. Every method returns a
-/// Promise; errors are `Error`s with `name`, `code` and `status`.
+/// Open with `await AgentStore.open(name, options)`. Every method but
+/// `close()`, `watch()` and `setIoModule()` returns a Promise, and fails by
+/// rejecting it (also after `free()`), never by throwing; errors are
+/// `Error`s with `name`, `code` and `status`.
 #[wasm_bindgen]
 pub struct AgentStore {
     inner: Rc<Store>,

@@ -666,7 +666,17 @@ impl Lease {
         call(Call::Settle(self.inner.clone(), asked))
     }
 
-    /// Gives the item back now (one attempt counted); `signal` aborts with `released`.
+    /// Gives the item back now (one attempt counted); `signal` aborts with
+    /// `released` when this call ends the lease.
+    ///
+    /// # Errors
+    /// `ClaimLostError` when the lease is already lost (its `reason`) or
+    /// settled (`reason` `"released"`, message "the lease was settled");
+    /// `StateConflictError` when the item left `running` by another path (an
+    /// operator paused it): the lease is lost then (`status` `"claim_lost"`,
+    /// `signal` aborted with a `ClaimLostError` `claim_lost`); `NetworkError`
+    /// (the lease is kept; retry). A second call after one that succeeded
+    /// resolves.
     #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
     pub fn release(&self) -> Promise {
         call(Call::Release(self.inner.clone()))
@@ -681,8 +691,9 @@ impl Lease {
     /// cross-origin targets must allow these headers in CORS. A request
     /// sent with these headers does not follow redirects (see
     /// [`Lease::prepare_request`]): a redirect answer rejects with a
-    /// NetworkError, unless `init.redirect` is `"manual"` (the
-    /// opaque-redirect `Response` is returned) or `"error"`.
+    /// NetworkError (with `init.redirect` `"error"` too, then with the
+    /// browser's own message), unless `init.redirect` is `"manual"` (the
+    /// opaque-redirect `Response` is returned).
     #[wasm_bindgen(unchecked_return_type = "Promise<Response>")]
     pub fn fetch(
         &self,
