@@ -53,6 +53,29 @@ async fn lock_rows(db: &TestDb, ids: &[i64]) -> sqlx::AnyConnection {
     conn
 }
 
+/// A server on `db` whose sessions wait for locks without a bound
+/// (`lock_timeout = 0` in the URL), one item of queue `q` claimed over HTTP,
+/// and its row locked by another session: `(server, http, item id, lease
+/// token, the locking session)`.
+async fn claimed_and_locked_without_lock_timeout(
+    db: &TestDb,
+) -> (Server, reqwest::Client, i64, String, sqlx::AnyConnection) {
+    let mut config = db.config();
+    config.database = format!("{}%20-c%20lock_timeout%3D0", db.database);
+    let server = Server::start(&config).await.unwrap();
+    let http = reqwest::Client::builder().timeout(BOUND).build().unwrap();
+    let base = server.url();
+    let id = enqueue_over_http(&http, &base, "q").await;
+    let claimed: Value = post(&http, format!("{base}/v1/queues/q/claims"), None, json!({}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let token = claimed["lease"]["token"].as_str().unwrap().to_owned();
+    let admin = lock_rows(db, &[id]).await;
+    (server, http, id, token, admin)
+}
+
 async fn post(
     http: &reqwest::Client,
     url: String,
@@ -252,20 +275,9 @@ pub async fn a_backend_terminated_mid_request_is_a_503_and_the_next_request_is_s
     if db.kind == crate::common::Kind::Sqlite {
         return;
     }
-    let mut config = db.config();
     // No lock timeout: the statement waits until its backend is ended.
-    config.database = format!("{}%20-c%20lock_timeout%3D0", db.database);
-    let server = Server::start(&config).await.unwrap();
-    let http = reqwest::Client::builder().timeout(BOUND).build().unwrap();
+    let (server, http, id, token, admin) = claimed_and_locked_without_lock_timeout(&db).await;
     let base = server.url();
-    let id = enqueue_over_http(&http, &base, "q").await;
-    let claimed: Value = post(&http, format!("{base}/v1/queues/q/claims"), None, json!({}))
-        .await
-        .json()
-        .await
-        .unwrap();
-    let token = claimed["lease"]["token"].as_str().unwrap().to_owned();
-    let admin = lock_rows(&db, &[id]).await;
     let beat = {
         let (http, url, token) = (
             http.clone(),
@@ -331,20 +343,9 @@ pub async fn a_stop_ends_though_a_statement_of_a_request_gone_stays_blocked(db: 
     if db.kind == crate::common::Kind::Sqlite {
         return;
     }
-    let mut config = db.config();
-    config.database = format!("{}%20-c%20lock_timeout%3D0", db.database);
-    let server = Server::start(&config).await.unwrap();
+    let (server, _, id, token, admin) = claimed_and_locked_without_lock_timeout(&db).await;
     let store = server.store().clone();
-    let http = reqwest::Client::builder().timeout(BOUND).build().unwrap();
     let base = server.url();
-    let id = enqueue_over_http(&http, &base, "q").await;
-    let claimed: Value = post(&http, format!("{base}/v1/queues/q/claims"), None, json!({}))
-        .await
-        .json()
-        .await
-        .unwrap();
-    let token = claimed["lease"]["token"].as_str().unwrap().to_owned();
-    let admin = lock_rows(&db, &[id]).await;
     // The clients give up on their heartbeats (more than the pool has
     // connections); the statements go on waiting, and the calls queued
     // for a connection behind them.
