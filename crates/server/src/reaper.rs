@@ -33,36 +33,47 @@ pub fn spawn(
                 _ = tick.tick() => {}
                 _ = shutdown.changed() => return,
             }
-            match metrics.reaper_pass(&store).await {
-                Ok((0, 0)) => {}
-                Ok((reopened, failed)) => {
-                    tracing::info!(reopened, failed, "reaper took over expired claims");
+            // A stop ends a pass in progress: a takeover waiting on a row
+            // another session keeps locked (`lock_timeout` 0), or on a pool
+            // whose database went away, held the stop (README, Stopping)
+            // for as long as that lasted. Each takeover is a transaction of
+            // its own, so one cut off is rolled back whole.
+            let work = async {
+                match metrics.reaper_pass(&store).await {
+                    Ok((0, 0)) => {}
+                    Ok((reopened, failed)) => {
+                        tracing::info!(reopened, failed, "reaper took over expired claims");
+                    }
+                    Err(e) => tracing::warn!(error = %e, "reaper pass failed"),
                 }
-                Err(e) => tracing::warn!(error = %e, "reaper pass failed"),
-            }
-            passes += 1;
-            // Settled items past `--retention-ms`: every 10th pass, or the
-            // next one while a backlog lasts (one sweep deletes a bounded
-            // number, so takeovers never wait long behind it).
-            if passes % 10 == 0 || backlog {
-                backlog = match metrics.delete_settled(&store).await {
-                    Ok(n) => {
-                        if n > 0 {
-                            tracing::info!(deleted = n, "retention: settled items deleted");
+                passes += 1;
+                // Settled items past `--retention-ms`: every 10th pass, or the
+                // next one while a backlog lasts (one sweep deletes a bounded
+                // number, so takeovers never wait long behind it).
+                if passes % 10 == 0 || backlog {
+                    backlog = match metrics.delete_settled(&store).await {
+                        Ok(n) => {
+                            if n > 0 {
+                                tracing::info!(deleted = n, "retention: settled items deleted");
+                            }
+                            n >= crate::store::DELETE_MAX
                         }
-                        n >= crate::store::DELETE_MAX
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "retention sweep failed");
-                        false
-                    }
-                };
-            }
-            // Expired credentials are swept far less often than leases.
-            if passes % 100 == 0 {
-                if let Err(e) = store.purge_credentials().await {
-                    tracing::warn!(error = %e, "credential purge failed");
+                        Err(e) => {
+                            tracing::warn!(error = %e, "retention sweep failed");
+                            false
+                        }
+                    };
                 }
+                // Expired credentials are swept far less often than leases.
+                if passes % 100 == 0 {
+                    if let Err(e) = store.purge_credentials().await {
+                        tracing::warn!(error = %e, "credential purge failed");
+                    }
+                }
+            };
+            tokio::select! {
+                () = work => {}
+                _ = shutdown.changed() => return,
             }
         }
     })

@@ -160,7 +160,7 @@ pub const SQLITE_SYNCHRONOUS: &str = "PRAGMA synchronous = FULL";
 
 /// How long a PostgreSQL statement of this server waits for a lock (a row
 /// another transaction holds) before it fails with `lock_not_available`,
-/// answered `503` with `Retry-After` (nothing was written): PostgreSQL's
+/// answered `503` with `Retry-After` (that statement wrote nothing): PostgreSQL's
 /// `lock_timeout`, set on each connection unless the database, the role or
 /// the URL's `options` set one already. Every statement here holds its row
 /// locks for milliseconds; a wait this long is a session left holding one.
@@ -256,6 +256,24 @@ impl StoreError {
         StoreError::Rejected {
             code,
             message: message.into(),
+        }
+    }
+
+    /// Whether a statement was refused because a row it needed stayed locked
+    /// by another session: a lock wait past `lock_timeout`, a deadlock or a
+    /// serialization failure (PostgreSQL), or SQLite busy or locked. The
+    /// reaper skips such a row for the pass; any other failure (the pool out
+    /// of connections or closed, the connection lost) ends the pass.
+    pub fn row_locked(&self) -> bool {
+        match self {
+            StoreError::Database(e) => match sqlite_code(e) {
+                Some(c) => matches!(c & 0xff, 5 | 6),
+                None => matches!(
+                    e.as_database_error().and_then(|d| d.code()).as_deref(),
+                    Some("55P03" | "40P01" | "40001")
+                ),
+            },
+            _ => false,
         }
     }
 

@@ -225,14 +225,16 @@ impl Store {
 }
 
 /// A takeover's outcome, or `None` when the row stayed locked by another
-/// session past `lock_timeout` (nothing written): the pass goes on with the
-/// next row and a later pass tries this one again. Before, the first such
-/// row ended every pass, so no expired lease after it was ever taken over
-/// while a session (an admin's `psql` left in a transaction) held it.
+/// session past `lock_timeout` (nothing written; [`StoreError::row_locked`]):
+/// the pass goes on with the next row and a later pass tries this one again.
+/// Before, the first such row ended every pass, so no expired lease after it
+/// was ever taken over while a session (an admin's `psql` left in a
+/// transaction) held it. Any other failure ends the pass: with the database
+/// gone, each further row would wait out the pool's timeout.
 fn skip_locked<T>(id: i64, outcome: Result<T, StoreError>) -> Result<Option<T>, StoreError> {
     match outcome {
         Ok(v) => Ok(Some(v)),
-        Err(e) if e.unavailable() == Some(super::Unavailable::NotApplied) => {
+        Err(e) if e.row_locked() => {
             tracing::warn!(item_id = id, error = %e, "reaper: row locked by another session; skipped this pass");
             Ok(None)
         }

@@ -135,6 +135,7 @@ conformance! {
     metrics::per_queue_series_are_bounded_and_the_rest_summed,
     outage::a_row_locked_by_a_stuck_session_is_a_bounded_503_and_stalls_nothing_else,
     outage::an_expired_lease_locked_by_another_session_does_not_stop_the_reaper,
+    outage::a_stop_ends_though_the_reaper_waits_on_a_locked_row,
     outage::a_backend_terminated_mid_request_is_a_503_and_the_next_request_is_served,
     outage::a_stop_ends_though_a_statement_of_a_request_gone_stays_blocked,
     outage::keyed_claims_behind_a_locked_open_item_wait_out_one_lock_timeout_not_one_each,

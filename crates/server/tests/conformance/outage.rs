@@ -266,6 +266,59 @@ pub async fn an_expired_lease_locked_by_another_session_does_not_stop_the_reaper
     store.close().await;
 }
 
+/// A stop while the reaper's takeover waits on a row another session keeps
+/// locked, without a lock timeout (an operator's `lock_timeout = 0`): the
+/// stop ends the pass and returns (README, Stopping). Before, `stop()`
+/// awaited the reaper's pass, which waited for the lock for as long as the
+/// session held it.
+pub async fn a_stop_ends_though_the_reaper_waits_on_a_locked_row(db: TestDb) {
+    if db.kind == crate::common::Kind::Sqlite {
+        return;
+    }
+    let mut config = db.config();
+    config.database = format!("{}%20-c%20lock_timeout%3D0", db.database);
+    config.ttl_ms = 300;
+    config.heartbeat_ms = 100;
+    config.reaper_ms = 50;
+    let server = Server::start(&config).await.unwrap();
+    let http = reqwest::Client::builder().timeout(BOUND).build().unwrap();
+    let base = server.url();
+    let id = enqueue_over_http(&http, &base, "q").await;
+    let claimed = post(&http, format!("{base}/v1/queues/q/claims"), None, json!({})).await;
+    assert_eq!(claimed.status(), StatusCode::CREATED);
+    let admin = lock_rows(&db, &[id]).await;
+    // The reaper's takeover of the expired lease, waiting for the row: seen
+    // from a session outside a transaction.
+    let (_, url) = agentstore_server::store::database_url(&db.database);
+    let mut observer = sqlx::AnyConnection::connect(&url).await.unwrap();
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let waiting: Option<(i32,)> = sqlx::query_as(
+            "SELECT pid FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()",
+        )
+        .fetch_optional(&mut observer)
+        .await
+        .unwrap();
+        if waiting.is_some() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the reaper never waited for the row"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let started = Instant::now();
+    tokio::time::timeout(BOUND, server.stop())
+        .await
+        .expect("the stop returns while the row stays locked")
+        .unwrap();
+    assert!(started.elapsed() < BOUND);
+    admin.close().await.unwrap();
+    observer.close().await.unwrap();
+}
+
 /// A backend terminated while it runs a request's statement (PostgreSQL
 /// restarted, `pg_terminate_backend`): before, `500 internal`, as for a
 /// fault of the server; now `503` with `Retry-After`, saying the request may
