@@ -145,15 +145,17 @@ pub(super) fn by_call<T>(
 /// Whether a coalesced statement failed before it could change anything: the
 /// database refused it (and rolled it back), or no pool connection was had to
 /// send it. Only then is its batch run again call by call; any other failure
-/// (the connection lost while the answer was read, a row that does not
-/// decode) may come after the commit.
+/// (the connection lost while the answer was read, the backend terminated
+/// under it — `57P01`, `57P02`, `08…`, which [`StoreError::unavailable`] calls
+/// `Unknown` —, a row that does not decode) may come after the commit: a
+/// claim batch run again would hand out more items.
 pub(super) fn never_applied(e: &StoreError) -> bool {
     matches!(
         e,
         StoreError::Database(
             sqlx::Error::Database(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed
         )
-    )
+    ) && e.unavailable() != Some(super::Unavailable::Unknown)
 }
 
 /// The failure of a coalesced statement, once more for another call of its
