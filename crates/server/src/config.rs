@@ -57,7 +57,7 @@ pub const MIN_RETENTION_MS: u64 = 60 * 1000;
     after_help = "SIGTERM or SIGINT stops the server gracefully: new connections are refused \
 at once, requests in flight are answered (for at most --read-timeout-ms plus 30 s), database \
 statements still running get 10 s more, and the process exits 0. A second signal during \
-that wait exits at once (status 130)."
+that wait, more than 1 s after the first, exits at once (status 130)."
 )]
 pub struct Config {
     /// Address to listen on (`127.0.0.1:0` picks a free port).

@@ -6,7 +6,7 @@
 //! abandoned (nothing is served yet; an unfinished migration's transaction is not
 //! committed); once serving, the server stops accepting, lets in-flight requests
 //! finish, stops the reaper and closes the database. A second signal during
-//! that stop exits at once (status 130).
+//! that stop, more than 1 s after the first, exits at once (status 130).
 
 use agentstore_server::{Config, Server};
 use tracing_subscriber::EnvFilter;
@@ -50,11 +50,24 @@ async fn main() -> std::process::ExitCode {
     // --read-timeout-ms plus 30 s) exits at once, as an operator pressing
     // Ctrl-C again expects: what is still running is abandoned (PostgreSQL
     // rolls back what did not commit; an SQLite commit is atomic).
-    let stopped = tokio::select! {
-        stopped = server.stop() => stopped,
-        again = shutdown.recv() => {
-            tracing::warn!(signal = again, "second signal: exiting without waiting for requests in flight");
-            return std::process::ExitCode::from(130);
+    // A second signal within `SECOND_SIGNAL_AFTER` of the first is the same
+    // request sent twice (a terminal's Ctrl-C to the process group and a
+    // wrapper such as scripts/demo.sh or npm forwarding its own SIGTERM),
+    // not an operator insisting: it is ignored.
+    let first = tokio::time::Instant::now();
+    let stop = server.stop();
+    tokio::pin!(stop);
+    let stopped = loop {
+        tokio::select! {
+            stopped = &mut stop => break stopped,
+            again = shutdown.recv() => {
+                if first.elapsed() < SECOND_SIGNAL_AFTER {
+                    tracing::info!(signal = again, "second signal within 1 s of the first: ignored");
+                    continue;
+                }
+                tracing::warn!(signal = again, "second signal: exiting without waiting for requests in flight");
+                return std::process::ExitCode::from(130);
+            }
         }
     };
     match stopped {
@@ -68,6 +81,10 @@ async fn main() -> std::process::ExitCode {
         }
     }
 }
+
+/// How long after the first SIGINT/SIGTERM a second one is taken for the
+/// same request delivered twice and ignored (see `main`).
+const SECOND_SIGNAL_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// SIGINT and SIGTERM streams, registered when created: a signal that arrives
 /// before [`Shutdown::recv`] is awaited is still seen by it.
