@@ -559,12 +559,17 @@ const minifyGlue = (file) => {
   const classBody = (cls) => dts.split(`export class ${cls} {`)[1]?.split('\n}')[0] ?? '';
   // The names of `cls`'s methods (and statics) that do not return a
   // Promise, and of its properties (getters and setters).
+  // Accessors count as sync in every form a .d.ts writes them (`readonly x:
+  // T`, `x: T`, `get x(): T`, `set x(v: T)`): a getter of a freed object
+  // must throw, never hand back a rejected Promise.
   const syncMethods = (cls) => {
     const body = classBody(cls);
-    return [...body.matchAll(/^ {4}(?:static |readonly )?(\w+)(?:\(.*\))?: (.+);$/gm)]
-      .filter((m) => !m[2].startsWith('Promise<'))
-      .map((m) => m[1])
-      .join(' ');
+    return [
+      ...[...body.matchAll(/^ {4}(?:static |readonly |get )?(\w+)(?:\(.*\))?: (.+);$/gm)]
+        .filter((m) => !m[2].startsWith('Promise<'))
+        .map((m) => m[1]),
+      ...[...body.matchAll(/^ {4}set (\w+)\(/gm)].map((m) => m[1]),
+    ].join(' ');
   };
   const constructible = classes.filter((cls) => /^ {4}constructor\(/m.test(classBody(cls)));
   if (classes.length) {

@@ -123,7 +123,7 @@ async function withServer(fn) {
   const server = spawn(BIN, [
     '--listen', '127.0.0.1:0', '--database', db, '--admin-token', ADMIN,
     '--www', join(dir, 'www'), '--pkg', PKG,
-  ], { stdio: ['ignore', 'pipe', 'ignore'] });
+  ], { stdio: ['ignore', 'pipe', 'ignore'], env: { ...process.env, RUST_LOG: 'info' } }); // the "listening" line is info
   try {
     const port = await new Promise((resolve, reject) => {
       let out = '';
