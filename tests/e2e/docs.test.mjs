@@ -18,11 +18,11 @@
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, spawnSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { ROOT, launchBrowser, sleep } from './helpers.mjs';
+import { ROOT, launchBrowser, startLeaseServer } from './helpers.mjs';
 
 const DOCS = join(ROOT, 'docs');
 const PKG = process.env.AGENTSTORE_PKG_DIR ?? join(ROOT, 'pkg');
@@ -113,45 +113,18 @@ let browser;
 
 let servers = 0;
 
-// Starts agentstore-server on a port it picks itself (--listen :0) and reads
-// the port from its "listening" log line. Before, the test picked a free port,
-// closed it and passed it on: on a busy machine another process could bind
-// it first (the server then exited, or the test talked to the other process).
+// Each sample's server picks its own port (--listen :0, helpers.mjs
+// startLeaseServer): a port picked free, closed and passed on could be bound
+// by another process first on a busy machine.
 async function withServer(fn) {
   servers += 1;
   const db = join(dir, `leases-${servers}.sqlite`);
-  const server = spawn(BIN, [
-    '--listen', '127.0.0.1:0', '--database', db, '--admin-token', ADMIN,
-    '--www', join(dir, 'www'), '--pkg', PKG,
-  ], { stdio: ['ignore', 'pipe', 'ignore'], env: { ...process.env, RUST_LOG: 'info' } }); // the "listening" line is info
+  const server = await startLeaseServer(BIN, ['--database', db, '--admin-token', ADMIN, '--www', join(dir, 'www'), '--pkg', PKG]);
   try {
-    const port = await new Promise((resolve, reject) => {
-      let out = '';
-      const timer = setTimeout(() => reject(new Error('agentstore-server did not start')), 20_000);
-      const onExit = () => { clearTimeout(timer); reject(new Error('agentstore-server exited before listening')); };
-      server.once('exit', onExit);
-      // Read on for the server's life: a full pipe would block its logging.
-      server.stdout.on('data', (chunk) => {
-        if (out === null) return;
-        out += chunk.toString().replace(/\x1b\[[0-9;]*m/g, '');
-        const m = /agentstore-server listening addr=127\.0\.0\.1:(\d+)/.exec(out);
-        if (m) {
-          out = null;
-          clearTimeout(timer);
-          server.off('exit', onExit);
-          resolve(Number(m[1]));
-        }
-      });
-    });
-    const base = `http://127.0.0.1:${port}`;
-    assert.ok((await fetch(`${base}/v1/health`)).ok, 'agentstore-server answers its health check');
-    return await fn(base);
+    assert.ok((await fetch(`${server.base}/v1/health`)).ok, 'agentstore-server answers its health check');
+    return await fn(server.base);
   } finally {
-    if (server.exitCode === null && server.signalCode === null) {
-      const exited = new Promise((r) => server.once('exit', r));
-      server.kill('SIGTERM');
-      await exited;
-    }
+    await server.stop();
   }
 }
 

@@ -33,6 +33,60 @@ export function freePort() {
   });
 }
 
+/**
+ * Spawns `cmd args` (a server told to listen on port 0, or on a port it must
+ * keep, such as a restart's) and resolves once a line of its stdout matches
+ * `listening` (whose group 1 is the port): `{child, port, base, stop()}`.
+ * The server binds the port itself, so no other process can take it between
+ * a "free port" probe and the bind (what `freePort()` callers risk on a busy
+ * machine). Rejects when the child exits first or nothing matches within
+ * `timeoutMs`. stdout is read for the child's whole life (a full pipe would
+ * block it). `stop()` sends SIGTERM (to the child's process group when
+ * `detached`) and resolves when the child has exited.
+ */
+export function spawnListening(cmd, args, { listening, env = {}, cwd = ROOT, timeoutMs = 30_000, detached = false }) {
+  const child = spawn(cmd, args, { cwd, detached, env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'ignore'] });
+  const stop = async () => {
+    if (child.exitCode !== null || child.signalCode !== null) return;
+    const exited = new Promise((r) => child.once('exit', r));
+    try {
+      if (detached) process.kill(-child.pid, 'SIGTERM'); // its whole process group
+      else child.kill('SIGTERM');
+    } catch { /* already gone */ }
+    await exited;
+  };
+  return new Promise((resolve, reject) => {
+    let out = '';
+    const fail = (why) => { clearTimeout(timer); stop(); reject(new Error(`${cmd} ${why}:\n${out ?? ''}`)); };
+    const timer = setTimeout(() => fail(`printed no listening line within ${timeoutMs} ms`), timeoutMs);
+    const onExit = () => fail('exited before listening');
+    child.once('exit', onExit);
+    child.stdout.on('data', (chunk) => {
+      if (out === null) return;
+      out += chunk.toString().replace(/\x1b\[[0-9;]*m/g, '');
+      const m = listening.exec(out);
+      if (!m) return;
+      out = null;
+      clearTimeout(timer);
+      child.off('exit', onExit);
+      const port = Number(m[1]);
+      resolve({ child, port, base: `http://127.0.0.1:${port}`, stop });
+    });
+  });
+}
+
+/**
+ * agentstore-server (`bin`) with `args` added, listening on 127.0.0.1:`port`
+ * (0: a port it picks itself), as [`spawnListening`] resolves it. Its
+ * "listening" log line is at info level, so RUST_LOG is info.
+ */
+export function startLeaseServer(bin, args, port = 0) {
+  return spawnListening(bin, ['--listen', `127.0.0.1:${port}`, ...args], {
+    listening: /agentstore-server listening addr=127\.0\.0\.1:(\d+)/,
+    env: { RUST_LOG: 'info' },
+  });
+}
+
 export function buildPkgIfMissing() {
   if (existsSync(join(ROOT, 'pkg/agentstore.js'))) return;
   const r = spawnSync('bash', ['scripts/build-pkg.sh', '--quiet'], {

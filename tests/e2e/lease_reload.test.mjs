@@ -13,11 +13,11 @@
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, spawnSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { ROOT, freePort, launchBrowser, sleep } from './helpers.mjs';
+import { ROOT, launchBrowser, sleep, startLeaseServer } from './helpers.mjs';
 
 const PKG = process.env.AGENTSTORE_PKG_DIR ?? join(ROOT, 'pkg');
 const TARGET = process.env.CARGO_TARGET_DIR ?? join(ROOT, 'target');
@@ -33,29 +33,22 @@ let browser;
 
 
 
+// The first start picks its own port (--listen :0); a restart listens on the
+// same port again, since the open pages' origin is that server.
 async function startServer() {
-  server = spawn(BIN, [
-    '--listen', `127.0.0.1:${port}`, '--database', join(dir, 'leases.sqlite'), '--admin-token', ADMIN,
+  server = await startLeaseServer(BIN, [
+    '--database', join(dir, 'leases.sqlite'), '--admin-token', ADMIN,
     '--ttl-ms', String(TTL_MS), '--heartbeat-ms', '500', '--reaper-ms', '200',
     '--claim-rate', '1000/s', '--auth-rate', '1000/s', '--idle-retry-ms', '100', '--www', join(dir, 'www'), '--pkg', PKG,
-  ], { stdio: 'ignore' });
-  const until = Date.now() + 20_000;
-  while (Date.now() < until) {
-    try {
-      if ((await fetch(`${base}/v1/health`)).ok) return;
-    } catch {}
-    await sleep(100);
-  }
-  throw new Error('agentstore-server did not start');
+  ], port ?? 0);
+  port = server.port;
+  base = server.base;
 }
 
 async function stopServer() {
   const s = server;
   server = undefined;
-  if (!s || s.exitCode !== null) return;
-  const exited = new Promise((r) => s.once('exit', r));
-  s.kill('SIGTERM');
-  await exited;
+  await s?.stop();
 }
 
 async function admin(method, path, body) {
@@ -100,8 +93,6 @@ before(async () => {
   dir = mkdtempSync(join(tmpdir(), 'agentstore-lease-e2e-'));
   spawnSync('mkdir', ['-p', join(dir, 'www')]);
   writeFileSync(join(dir, 'www', 'index.html'), '<!doctype html><title>lease e2e</title><p>lease e2e</p>');
-  port = await freePort();
-  base = `http://127.0.0.1:${port}`;
   await startServer();
   browser = await launchBrowser();
 });

@@ -6,26 +6,13 @@
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
-import { ROOT, freePort, launchBrowser } from './helpers.mjs';
+import { ROOT, launchBrowser, spawnListening } from './helpers.mjs';
 
 let server;
 let browser;
 let base;
-
-
-async function waitFor(url, ms) {
-  const until = Date.now() + ms;
-  while (Date.now() < until) {
-    try {
-      if ((await fetch(url)).ok) return;
-    } catch {}
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  throw new Error(`${url} did not answer within ${ms} ms`);
-}
 
 /** Two pages of one origin, each with the SDK loaded and a store open. */
 async function twoPages(dbName) {
@@ -44,19 +31,18 @@ async function twoPages(dbName) {
 
 before(async () => {
   assert.ok(existsSync(join(ROOT, 'pkg/agentstore.js')), 'pkg/ must be built first (scripts/test.sh does)');
-  const port = await freePort();
-  server = spawn(process.execPath, ['tests/e2e/static-server.mjs', '--listen', `127.0.0.1:${port}`, '--www', 'www', '--pkg', 'pkg'], {
-    cwd: ROOT,
-    stdio: 'ignore',
+  // The static server binds a port of its own choosing and prints it.
+  server = await spawnListening(process.execPath, ['tests/e2e/static-server.mjs', '--listen', '127.0.0.1:0', '--www', 'www', '--pkg', 'pkg'], {
+    listening: /static server: http:\/\/127\.0\.0\.1:(\d+)\//,
   });
-  base = `http://127.0.0.1:${port}`;
-  await waitFor(`${base}/pkg/agentstore.js`, 20_000);
+  base = server.base;
+  assert.ok((await fetch(`${base}/pkg/agentstore.js`)).ok, 'the static server serves pkg/');
   browser = await launchBrowser();
 });
 
 after(async () => {
   await browser?.close();
-  server?.kill();
+  await server?.stop();
 });
 
 test('two creates of one id from two pages in the same tick: exactly one wins, over 40 rounds', { timeout: 120_000 }, async () => {

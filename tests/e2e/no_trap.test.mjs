@@ -22,15 +22,15 @@
 //   node --test tests/e2e/no_trap.test.mjs     (needs pkg/ and the server built)
 //
 // Environment: AGENTSTORE_PKG_DIR (default pkg/), AGENTSTORE_SERVER_BIN
-// (default target/debug/agentstore-server), NO_TRAP_PORT (default: a free port).
+// (default target/debug/agentstore-server), NO_TRAP_PORT (default: a port the server picks itself).
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, spawnSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync, writeFileSync, mkdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { ROOT, freePort, launchBrowser, sleep } from './helpers.mjs';
+import { ROOT, launchBrowser, startLeaseServer } from './helpers.mjs';
 
 const PKG = process.env.AGENTSTORE_PKG_DIR ?? join(ROOT, 'pkg');
 const TARGET = process.env.CARGO_TARGET_DIR ?? join(ROOT, 'target');
@@ -58,30 +58,17 @@ before(async () => {
   dir = mkdtempSync(join(tmpdir(), 'agentstore-no-trap-'));
   mkdirSync(join(dir, 'www'));
   writeFileSync(join(dir, 'www', 'index.html'), '<!doctype html><title>no trap</title><p>no trap</p>');
-  const port = Number(process.env.NO_TRAP_PORT ?? await freePort());
-  base = `http://127.0.0.1:${port}`;
-  server = spawn(BIN, [
-    '--listen', `127.0.0.1:${port}`, '--database', join(dir, 'leases.sqlite'), '--admin-token', ADMIN,
+  server = await startLeaseServer(BIN, [
+    '--database', join(dir, 'leases.sqlite'), '--admin-token', ADMIN,
     '--www', join(dir, 'www'), '--pkg', PKG, '--claim-rate', '1000/s',
-  ], { stdio: 'ignore' });
-  const until = Date.now() + 30_000;
-  for (;;) {
-    try {
-      if ((await fetch(`${base}/v1/health`)).ok) break;
-    } catch {}
-    assert.ok(Date.now() < until && server.exitCode === null, 'agentstore-server did not start');
-    await sleep(50);
-  }
+  ], Number(process.env.NO_TRAP_PORT ?? 0));
+  base = server.base;
   browser = await launchBrowser();
 });
 
 after(async () => {
   await browser?.close();
-  if (server && server.exitCode === null) {
-    const exited = new Promise((r) => server.once('exit', r));
-    server.kill('SIGTERM');
-    await exited;
-  }
+  await server?.stop();
   if (dir) rmSync(dir, { recursive: true, force: true });
 });
 

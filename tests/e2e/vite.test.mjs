@@ -11,11 +11,11 @@
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, spawnSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { ROOT, freePort, launchBrowser, sleep } from './helpers.mjs';
+import { ROOT, launchBrowser, spawnListening, startLeaseServer } from './helpers.mjs';
 
 const EXAMPLE = join(ROOT, 'examples', 'vite');
 const PKG = join(ROOT, 'pkg');
@@ -29,20 +29,6 @@ let preview;
 let base;
 let site;
 let browser;
-
-
-
-async function waitFor(url, proc, what) {
-  const until = Date.now() + 30_000;
-  while (Date.now() < until) {
-    if (proc.exitCode !== null) throw new Error(`${what} exited with ${proc.exitCode}`);
-    try {
-      if ((await fetch(url)).ok) return;
-    } catch {}
-    await sleep(100);
-  }
-  throw new Error(`${what} did not answer at ${url}`);
-}
 
 function run(cmd, args, cwd) {
   const r = spawnSync(cmd, args, { cwd, stdio: 'inherit', timeout: 300_000 });
@@ -64,16 +50,6 @@ async function enrollmentToken() {
   return body.token;
 }
 
-function stop(proc) {
-  if (!proc || proc.exitCode !== null) return Promise.resolve();
-  const exited = new Promise((r) => proc.once('exit', r));
-  try {
-    process.kill(-proc.pid, 'SIGTERM'); // its own process group
-  } catch {
-    proc.kill('SIGTERM');
-  }
-  return exited;
-}
 
 before(async () => {
   assert.ok(existsSync(join(PKG, 'agentstore.js')), 'pkg/ must hold the built SDK (scripts/test.sh builds it)');
@@ -82,28 +58,26 @@ before(async () => {
   if (!existsSync(BIN)) run('cargo', ['build', '-q', '-p', 'agentstore-server'], ROOT);
 
   dir = mkdtempSync(join(tmpdir(), 'agentstore-vite-e2e-'));
-  const serverPort = await freePort();
-  base = `http://127.0.0.1:${serverPort}`;
-  server = spawn(BIN, [
-    '--listen', `127.0.0.1:${serverPort}`, '--database', join(dir, 'leases.sqlite'), '--admin-token', ADMIN,
+  // Both servers bind a port of their own choosing and print it: a port
+  // picked free and closed first could be taken by another process.
+  server = await startLeaseServer(BIN, [
+    '--database', join(dir, 'leases.sqlite'), '--admin-token', ADMIN,
     '--allow-origin', 'http://127.0.0.1:*', '--www', dir, '--pkg', dir,
-  ], { stdio: 'ignore', detached: true });
-  await waitFor(`${base}/v1/health`, server, 'agentstore-server');
-
-  const sitePort = await freePort();
-  site = `http://127.0.0.1:${sitePort}`;
-  preview = spawn(process.execPath, [
-    join(EXAMPLE, 'node_modules', 'vite', 'bin', 'vite.js'), 'preview', '--host', '127.0.0.1', '--port', String(sitePort), '--strictPort',
-  ], { cwd: EXAMPLE, stdio: 'ignore', detached: true });
-  await waitFor(`${site}/`, preview, 'vite preview');
+  ]);
+  base = server.base;
+  preview = await spawnListening(process.execPath, [
+    join(EXAMPLE, 'node_modules', 'vite', 'bin', 'vite.js'), 'preview', '--host', '127.0.0.1', '--port', '0', '--strictPort',
+  ], { cwd: EXAMPLE, detached: true, listening: /Local:\s+http:\/\/127\.0\.0\.1:(\d+)\// });
+  site = preview.base;
+  assert.ok((await fetch(`${site}/`)).ok, 'vite preview serves the built page');
 
   browser = await launchBrowser();
 });
 
 after(async () => {
   await browser?.close();
-  await stop(preview);
-  await stop(server);
+  await preview?.stop();
+  await server?.stop();
   if (dir) rmSync(dir, { recursive: true, force: true });
 });
 
