@@ -15,7 +15,8 @@
 #
 # Environment: AGENTSTORE_PG_DIR / AGENTSTORE_PG_PORT (see scripts/pg.sh; by
 # default a fresh cluster in the run directory on a free port),
-# AGENTSTORE_TEST_PORT (lease server for the browser suites, default 18787),
+# AGENTSTORE_TEST_PORT (lease server for the browser suites, default 18787, or
+# a port the server picks itself when 18787 is taken),
 # WASM_BINDGEN_TEST_TIMEOUT (seconds per browser test binary, default 400: lease_network
 # takes about 95 s on an idle machine of this kind and 120 s at a load of 6-9).
 set -euo pipefail
@@ -150,25 +151,37 @@ step "lease server for the browser suites (loopback, short TTLs)"
 cargo build -q -p agentstore-server
 LEASE_DIR="$AGENTSTORE_TEST_RUN_DIR/lease"
 mkdir -p "$LEASE_DIR"
-LEASE_PORT="${AGENTSTORE_TEST_PORT:-18787}"
-export AGENTSTORE_TEST_SERVER="http://127.0.0.1:$LEASE_PORT"
 export AGENTSTORE_TEST_ADMIN_TOKEN="agentstore-lease-test-admin"
-"${CARGO_TARGET_DIR:-target}/debug/agentstore-server" --listen "127.0.0.1:$LEASE_PORT" \
-  --database "$LEASE_DIR/leases.sqlite" --admin-token "$AGENTSTORE_TEST_ADMIN_TOKEN" \
-  --allow-origin 'http://127.0.0.1:*' --ttl-ms 3000 --heartbeat-ms 500 --reaper-ms 200 \
-  --claim-rate 1000/s --auth-rate 1000/s --idle-retry-ms 100 --www "$LEASE_DIR" --pkg "$LEASE_DIR" \
-  >"$LEASE_DIR/server.log" 2>&1 &
-LEASE_PID=$!
+# The port of the line "agentstore-server listening addr=127.0.0.1:<port>" in
+# the server's log, once it is there.
+listening() { sed 's/\x1b\[[0-9;]*m//g' "$LEASE_DIR/server.log" | sed -n 's/.*agentstore-server listening addr=127\.0\.0\.1:\([0-9]*\).*/\1/p' | head -n 1; }
+# Starts the server on 127.0.0.1:$1 and waits (bounded) until THIS server says
+# it listens (another run's server on the same port would answer /v1/health
+# too). Fails when it exits first (the port taken).
+start_lease_server() {
+  RUST_LOG=info "${CARGO_TARGET_DIR:-target}/debug/agentstore-server" --listen "127.0.0.1:$1" \
+    --database "$LEASE_DIR/leases.sqlite" --admin-token "$AGENTSTORE_TEST_ADMIN_TOKEN" \
+    --allow-origin 'http://127.0.0.1:*' --ttl-ms 3000 --heartbeat-ms 500 --reaper-ms 200 \
+    --claim-rate 1000/s --auth-rate 1000/s --idle-retry-ms 100 --www "$LEASE_DIR" --pkg "$LEASE_DIR" \
+    >"$LEASE_DIR/server.log" 2>&1 &
+  LEASE_PID=$!
+  for _ in $(seq 1 300); do
+    [ -n "$(listening)" ] && return 0
+    kill -0 "$LEASE_PID" 2>/dev/null || return 1
+    sleep 0.2
+  done
+  return 1
+}
 trap 'kill "$LEASE_PID" 2>/dev/null || true; rm -rf "$LEASE_DIR"' EXIT
-# Ready once THIS server says it listens (another run's server on the same
-# port would answer /v1/health too); bounded.
-for _ in $(seq 1 300); do
-  grep -q "listening" "$LEASE_DIR/server.log" && break
-  kill -0 "$LEASE_PID" 2>/dev/null ||
-    { cat "$LEASE_DIR/server.log"; echo "lease server exited (port $LEASE_PORT taken? set AGENTSTORE_TEST_PORT)"; exit 1; }
-  sleep 0.2
-done
-grep -q "listening" "$LEASE_DIR/server.log" || { cat "$LEASE_DIR/server.log"; exit 1; }
+# 18787 by default, since the suites are compiled with the URL (the same URL
+# run after run keeps them built); when that port is taken, a port the server
+# binds itself (port 0) instead of a failed run.
+if ! start_lease_server "${AGENTSTORE_TEST_PORT:-18787}"; then
+  kill "$LEASE_PID" 2>/dev/null || true
+  [ -z "${AGENTSTORE_TEST_PORT:-}" ] && { echo "port 18787 taken: the lease server picks a port"; start_lease_server 0; } ||
+    { cat "$LEASE_DIR/server.log"; echo "lease server did not start (port ${AGENTSTORE_TEST_PORT:-} taken?)"; exit 1; }
+fi
+export AGENTSTORE_TEST_SERVER="http://127.0.0.1:$(listening)"
 curl -fsS "$AGENTSTORE_TEST_SERVER/v1/health" >/dev/null
 echo "AGENTSTORE_TEST_SERVER=$AGENTSTORE_TEST_SERVER"
 # A loopback proxy in front of it that holds heartbeat answers back or cuts off
