@@ -187,15 +187,26 @@ impl Store {
 
     /// A settle that matched no running lease (see [`replay_or_rejection`]).
     async fn settled_before(&self, job: &SettleJob) -> Result<Ended, StoreError> {
-        self.settled_before_many(&[job])
+        self.told_or_skipped(&[job], false)
             .await
             .pop()
+            .flatten()
             .unwrap_or_else(|| Err(not_found(job.id)))
     }
 
     /// Settles that matched no running lease, each answered by
-    /// [`replay_or_rejection`], from ONE read of every item they name.
-    async fn settled_before_many(&self, jobs: &[&SettleJob]) -> Vec<Result<Ended, StoreError>> {
+    /// [`replay_or_rejection`], from ONE read of every item they name, in
+    /// call order. With `skipped` (the settles a coalesced statement did not
+    /// apply), a settle whose item the read finds
+    /// still running under its lease (what the statement's fence asks for)
+    /// gets `None`: the statement passed over its row because another
+    /// session held it locked (`FOR UPDATE SKIP LOCKED`, see
+    /// [`Store::settle_batch`]), and it must be run alone.
+    async fn told_or_skipped(
+        &self,
+        jobs: &[&SettleJob],
+        skipped: bool,
+    ) -> Vec<Option<Result<Ended, StoreError>>> {
         if jobs.is_empty() {
             return Vec::new();
         }
@@ -214,20 +225,21 @@ impl Store {
             Ok(rows) => rows,
             Err(e) => {
                 let e = StoreError::from(e);
-                return jobs.iter().map(|_| Err(for_each_call(&e))).collect();
+                return jobs.iter().map(|_| Some(Err(for_each_call(&e)))).collect();
             }
         };
         let mut by_id = HashMap::new();
         for row in &rows {
             match get::<i64>(row, "id") {
                 Ok(id) => by_id.insert(id, row),
-                Err(e) => return jobs.iter().map(|_| Err(for_each_call(&e))).collect(),
+                Err(e) => return jobs.iter().map(|_| Some(Err(for_each_call(&e)))).collect(),
             };
         }
         jobs.iter()
             .map(|job| match by_id.get(&job.id) {
-                Some(row) => replay_or_rejection(self, job, row),
-                None => Err(not_found(job.id)),
+                Some(row) if skipped && holds(job, row) => None,
+                Some(row) => Some(replay_or_rejection(self, job, row)),
+                None => Some(Err(not_found(job.id))),
             })
             .collect()
     }
@@ -236,47 +248,52 @@ impl Store {
     /// rows each carry the fence of one settle (id, token hash, holder), as
     /// [`Store::settle_one`] does; the settles it did not apply are read
     /// again, together in one statement, to tell why (nothing was written
-    /// for them). A batch whose statement
-    /// never applied (see `never_applied`) is retried settle by settle; any
+    /// for them). The statement passes over a row another session holds
+    /// locked (see [`Store::settle_batch`]): such a settle is run alone in a
+    /// task of its own, waiting for that row as an uncoalesced settle would
+    /// (at most `lock_timeout`, then `503`), while the rest of its batch is
+    /// answered at once and the lane goes on. A batch whose statement
+    /// never applied (see `never_applied`) is retried settle by settle, each
+    /// in a task of its own; any
     /// other failure may come after the commit, and is every settle's answer
     /// (a settle run again would find its own commit and be answered as a
     /// replay, which it is not).
     async fn run_settles(self) {
         let _runner = self.settles.runner(&());
         while let Some(batch) = self.settles.next(&(), coalesce::MAX_BATCH) {
-            if batch.len() == 1 {
-                for job in batch {
-                    let out = self.settle_one(&job).await;
-                    job.answer(out);
-                }
-                continue;
-            }
+            // A lone settle too: run as `settle_one`, its wait for a locked
+            // row would hold every settle that joins the lane meanwhile.
             match self.settle_batch(&batch).await {
                 Ok(applied) => {
-                    self.coalesced
-                        .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                    if batch.len() > 1 {
+                        self.coalesced
+                            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                    }
                     // Every settle not applied, told in one read.
                     let missed: Vec<&SettleJob> = batch
                         .iter()
                         .zip(&applied)
                         .filter_map(|(job, item)| item.is_none().then_some(job))
                         .collect();
-                    let mut told = self.settled_before_many(&missed).await.into_iter();
+                    let mut told = self.told_or_skipped(&missed, true).await.into_iter();
                     for (job, item) in batch.into_iter().zip(applied) {
                         let out = match item {
                             Some(ended) => Ok((ended, false)),
-                            None => told
-                                .next()
-                                .unwrap_or_else(|| Err(not_found(job.id)))
-                                .map(|item| (item, true)),
+                            None => match told.next() {
+                                Some(Some(told)) => told.map(|item| (item, true)),
+                                Some(None) => {
+                                    self.settle_alone(job);
+                                    continue;
+                                }
+                                None => Err(not_found(job.id)),
+                            },
                         };
                         job.answer(out);
                     }
                 }
                 Err(e) if never_applied(&e) => {
                     for job in batch {
-                        let out = self.settle_one(&job).await;
-                        job.answer(out);
+                        self.settle_alone(job);
                     }
                 }
                 Err(e) => {
@@ -288,6 +305,22 @@ impl Store {
         }
     }
 
+    /// Runs `job` by itself ([`Store::settle_one`]) in a task of its own and
+    /// answers it, so that its wait for a locked row holds up no other call.
+    fn settle_alone(&self, job: SettleJob) {
+        let store = self.clone();
+        tokio::spawn(async move {
+            let out = store.settle_one(&job).await;
+            job.answer(out);
+        });
+    }
+
+    /// The coalesced settle statement of [`Store::run_settles`]: the settles
+    /// it applied, in call order (`None` for the others). It first locks the
+    /// batch's rows with `FOR UPDATE SKIP LOCKED` and writes only those: a
+    /// row another session holds (an admin's `psql` left in a transaction)
+    /// would otherwise hold the whole statement, every settle of the batch,
+    /// for `lock_timeout` and then fail them all `503`.
     async fn settle_batch(&self, batch: &[SettleJob]) -> Result<Vec<Option<Ended>>, StoreError> {
         let values: Vec<String> = (0..batch.len())
             .map(|k| {
@@ -308,14 +341,19 @@ impl Store {
         // (PostgreSQL applies the first matching source row), and the other
         // settle is classified afterwards, as if it had come second.
         let sql = self.sql(&format!(
-            "UPDATE items AS i SET state = v.state, result = v.result, last_error = v.last_error,
+            "WITH v(n, id, hash, state, result, last_error, owner, request_hash) AS (VALUES {values}),
+             locked AS MATERIALIZED (
+                 SELECT id FROM items WHERE id IN (SELECT id FROM v) FOR UPDATE SKIP LOCKED
+             )
+             UPDATE items AS i SET state = v.state, result = v.result, last_error = v.last_error,
                  token_hash = NULL, lease_ttl_ms = NULL, claim_key = NULL, settled_token_hash = v.hash,
                  settled_request_hash = v.request_hash, settled_by = i.worker_id,
                  settled_state = v.state, settled_epoch = i.epoch, settled_attempts = i.attempts,
                  worker_id = NULL,
                  heartbeat_at = NULL, updated_at = {{now}}
-             FROM (VALUES {values}) AS v(n, id, hash, state, result, last_error, owner, request_hash)
-             WHERE i.id = v.id AND i.state = 'running' AND i.token_hash = v.hash
+             FROM v
+             WHERE i.id = v.id AND i.id IN (SELECT id FROM locked)
+               AND i.state = 'running' AND i.token_hash = v.hash
                AND (v.owner = 0 OR i.worker_id = v.owner)
              RETURNING v.n AS n, {cols}",
             values = values.join(", "),
@@ -348,6 +386,18 @@ impl Store {
             self.ended(row, job.id, Some(job.state.into()), "settle", true)
         })
     }
+}
+
+/// Whether `row` is still held by `job`'s lease: running under its token,
+/// by its worker if it names one (the fence of [`Store::settle_one`]).
+fn holds(job: &SettleJob, row: &AnyRow) -> bool {
+    let running = get::<String>(row, "state").is_ok_and(|s| s == "running");
+    let token = get::<Option<String>>(row, "token_hash")
+        .ok()
+        .flatten()
+        .is_some_and(|t| ct_eq(&t, &job.hash));
+    let worker = get::<Option<i64>>(row, "worker_id").ok().flatten();
+    running && token && (job.owner.is_none() || worker == job.owner)
 }
 
 /// A settle that matched no running lease, judged from its item's row: when

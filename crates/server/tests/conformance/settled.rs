@@ -201,9 +201,9 @@ pub async fn an_already_settled_answer_is_409_and_names_the_landed_state(db: Tes
     );
 }
 
-/// PostgreSQL's coalesced settle statement (`settled_before_many` tells
-/// the settles it did not apply in one read): forced by holding a row lock
-/// on a decoy item, so that the lane's runner waits in the decoy's settle
+/// PostgreSQL's coalesced settle statement (`told_or_skipped` tells
+/// the settles it did not apply in one read): forced by holding a lock
+/// on the items table while a decoy item settles, so that the lane's runner waits in the decoy's settle
 /// while the settles below queue behind it and then go out as ONE batch.
 /// In it: settles by leases whose own settle landed (another state, another
 /// result, after a resume), the same settle again (a replay), another
@@ -308,7 +308,7 @@ pub async fn settles_after_their_leases_own_settle_landed_are_already_settled_in
     }
 }
 
-/// Holds a row lock on `decoy` (PostgreSQL) and starts its settle, which
+/// Holds a lock on the items table (PostgreSQL) and starts `decoy`'s settle, which
 /// then waits on the lock with the settle lane's runner: settles started
 /// after it queue in the lane until the lock goes. Bounded wait.
 async fn stall_settle_lane(
@@ -319,10 +319,12 @@ async fn stall_settle_lane(
     sqlx::Transaction<'static, sqlx::Any>,
     tokio::task::JoinHandle<Result<agentstore_server::store::Item, StoreError>>,
 ) {
+    // The table, not the decoy's row: a settle statement skips a row
+    // another session locks (`FOR UPDATE SKIP LOCKED`) and waits for it
+    // apart, off the lane; it cannot skip the table.
     let mut lock = store.pool().begin().await.unwrap();
-    sqlx::query("SELECT id FROM items WHERE id = $1 FOR UPDATE")
-        .bind(decoy)
-        .fetch_one(&mut *lock)
+    sqlx::query("LOCK TABLE items IN SHARE MODE")
+        .execute(&mut *lock)
         .await
         .unwrap();
     let decoy_settle = {
@@ -368,7 +370,7 @@ async fn wait_settles_waiting(store: &Store, n: usize) {
 /// PostgreSQL's coalesced settle statement records what each settle's
 /// replay answers (migration 22: its lease's epoch and the attempts then),
 /// as the single-row statement does: paused settles made in ONE statement
-/// (forced as above, by a row lock on a decoy), their items then moved on
+/// (forced as above, by a table lock and a decoy), their items then moved on
 /// (resumed, released: one attempt, claimed again: epoch 3), are each
 /// replayed with the answer it got then (epoch 1, no attempt, no holder),
 /// write nothing, and the later leases run on. Before, only a script
