@@ -66,6 +66,16 @@ impl Fence {
         })
     }
 
+    /// Whether the holder of `hash` (as `owner`, if a worker) holds this
+    /// lease: running under that token, by that worker. A fenced write
+    /// that matched no row while its row reads so was passed over, not
+    /// refused (a coalesced statement skips a row another session locks).
+    pub(super) fn held_by(&self, hash: &str, owner: Option<i64>) -> bool {
+        self.state == ItemState::Running.as_str()
+            && self.token_hash.as_deref().is_some_and(|s| ct_eq(s, hash))
+            && (owner.is_none() || self.worker_id == owner)
+    }
+
     /// Why a write by the holder of `hash` (as `owner`, if a worker) did not
     /// apply to item `id` in this state: compares the token hash in constant
     /// time and applies [`fence_error`]; a current token of another worker's
@@ -115,20 +125,39 @@ impl Store {
         calls: &[(i64, &str)],
         owner: Option<i64>,
     ) -> Vec<StoreError> {
+        self.classify_or_skipped(calls, owner, false)
+            .await
+            .into_iter()
+            .zip(calls)
+            .map(|(e, &(id, _))| e.unwrap_or_else(|| not_found(id)))
+            .collect()
+    }
+
+    /// [`Store::classify_many`]; with `skipped` (the calls a statement that
+    /// skips locked rows did not apply), a call whose lease the read finds
+    /// still held by it ([`Fence::held_by`]) gets `None`: its row was
+    /// locked by another session, and the call must be run alone.
+    pub(super) async fn classify_or_skipped(
+        &self,
+        calls: &[(i64, &str)],
+        owner: Option<i64>,
+        skipped: bool,
+    ) -> Vec<Option<StoreError>> {
         if calls.is_empty() {
             return Vec::new();
         }
         let ids = distinct(calls.iter().map(|&(id, _)| id));
         let fences = match self.fences(&ids).await {
             Ok(fences) => fences,
-            Err(e) => return calls.iter().map(|_| for_each_call(&e)).collect(),
+            Err(e) => return calls.iter().map(|_| Some(for_each_call(&e))).collect(),
         };
         calls
             .iter()
             .map(|&(id, hash)| match fences.get(&id) {
-                None => not_found(id),
-                Some(Ok(fence)) => fence.rejection(id, hash, owner),
-                Some(Err(e)) => StoreError::Corrupt(e.clone()),
+                None => Some(not_found(id)),
+                Some(Ok(fence)) if skipped && fence.held_by(hash, owner) => None,
+                Some(Ok(fence)) => Some(fence.rejection(id, hash, owner)),
+                Some(Err(e)) => Some(StoreError::Corrupt(e.clone())),
             })
             .collect()
     }

@@ -940,22 +940,52 @@ impl Store {
     }
 
     /// The one statement of [`Store::heartbeat_many`], by (id, token hash).
+    ///
+    /// On PostgreSQL it first locks the leases' rows with `FOR UPDATE SKIP
+    /// LOCKED` and renews only those: a row another session holds (an
+    /// admin's `psql` left in a transaction) would otherwise hold the whole
+    /// statement for `lock_timeout` and fail every lease of the batch. A
+    /// lease passed over so (its row still reads as held by it) is renewed
+    /// alone ([`Store::renew`]: it waits for its row as a single heartbeat
+    /// does, at most `lock_timeout`, then `503` for it alone), all such
+    /// leases at once, after the others are committed.
     async fn renew_many(
         &self,
         leases: &[(i64, String)],
         owner: Option<i64>,
     ) -> Result<Vec<Result<u64, StoreError>>, StoreError> {
-        let pairs: Vec<String> = (0..leases.len())
-            .map(|i| format!("(${}, ${})", 2 * i + 2, 2 * i + 3))
-            .collect();
-        let sql = self.sql(&format!(
-            "UPDATE items SET heartbeat_at = {{now}}, updated_at = {{now}}
-             WHERE state = 'running' AND ($1 = 0 OR worker_id = $1)
-               AND (id, token_hash) IN (VALUES {})
-             RETURNING id, token_hash, {ttl} AS ttl",
-            pairs.join(", "),
-            ttl = lease_ttl_sql(&ms(self.settings.ttl_ms).to_string()),
-        ));
+        let ttl = lease_ttl_sql(&ms(self.settings.ttl_ms).to_string());
+        let sql = match self.backend {
+            Backend::Sqlite => {
+                let pairs: Vec<String> = (0..leases.len())
+                    .map(|i| format!("(${}, ${})", 2 * i + 2, 2 * i + 3))
+                    .collect();
+                self.sql(&format!(
+                    "UPDATE items SET heartbeat_at = {{now}}, updated_at = {{now}}
+                     WHERE state = 'running' AND ($1 = 0 OR worker_id = $1)
+                       AND (id, token_hash) IN (VALUES {})
+                     RETURNING id, token_hash, {ttl} AS ttl",
+                    pairs.join(", "),
+                ))
+            }
+            Backend::Postgres => {
+                let pairs: Vec<String> = (0..leases.len())
+                    .map(|i| format!("(${}::BIGINT, ${}::TEXT)", 2 * i + 2, 2 * i + 3))
+                    .collect();
+                self.sql(&format!(
+                    "WITH v(id, token_hash) AS (VALUES {}),
+                     locked AS MATERIALIZED (
+                         SELECT id FROM items WHERE id IN (SELECT id FROM v) FOR UPDATE SKIP LOCKED
+                     )
+                     UPDATE items SET heartbeat_at = {{now}}, updated_at = {{now}}
+                     WHERE state = 'running' AND ($1 = 0 OR worker_id = $1)
+                       AND (id, token_hash) IN (SELECT id, token_hash FROM v)
+                       AND id IN (SELECT id FROM locked)
+                     RETURNING id, token_hash, {ttl} AS ttl",
+                    pairs.join(", "),
+                ))
+            }
+        };
         let mut q = sqlx::query(&sql).bind(owner.unwrap_or(0));
         for (id, hash) in leases {
             q = q.bind(*id).bind(hash);
@@ -982,11 +1012,35 @@ impl Store {
             .filter(|(id, hash)| ttl_of(*id, hash).is_none())
             .map(|(id, hash)| (*id, hash.as_str()))
             .collect();
-        let mut told = self.classify_many(&missed, owner).await.into_iter();
+        let told = self.classify_or_skipped(&missed, owner, true).await;
+        // The leases passed over for a locked row, each renewed alone, all
+        // at once (one wait for the lock between them, not one each).
+        let tasks: Vec<_> = missed
+            .iter()
+            .zip(&told)
+            .filter(|(_, e)| e.is_none())
+            .map(|(&(id, hash), _)| {
+                let (store, hash) = (self.clone(), hash.to_owned());
+                tokio::spawn(async move { store.renew(id, &hash, owner).await })
+            })
+            .collect();
+        let mut alone = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            alone.push(
+                task.await
+                    .unwrap_or(Err(StoreError::Database(sqlx::Error::WorkerCrashed))),
+            );
+        }
+        let (mut told, mut alone) = (told.into_iter(), alone.into_iter());
         Ok(leases
             .iter()
-            .map(|(id, hash)| {
-                ttl_of(*id, hash).ok_or_else(|| told.next().unwrap_or_else(|| not_found(*id)))
+            .map(|(id, hash)| match ttl_of(*id, hash) {
+                Some(ttl) => Ok(ttl),
+                None => match told.next() {
+                    Some(Some(e)) => Err(e),
+                    Some(None) => alone.next().unwrap_or_else(|| Err(not_found(*id))),
+                    None => Err(not_found(*id)),
+                },
             })
             .collect())
     }
