@@ -249,7 +249,10 @@ impl Store {
     /// how many went. A no-op with retention 0. Items in any other state
     /// (open, running, paused, blocked) are never deleted. Each statement
     /// checks state and age again on the row it deletes, so a row that
-    /// changed after it was selected stays. With the item go its result and
+    /// changed after it was selected stays. On PostgreSQL a row another
+    /// session holds locked is left for a later sweep (`FOR UPDATE SKIP
+    /// LOCKED`): it would otherwise hold each sweep for `lock_timeout` and
+    /// fail it, so that nothing was deleted while the lock lasted. With the item go its result and
     /// its enqueue `Idempotency-Key` (an enqueue with that key adds a new
     /// item afterwards), as River's `CompletedJobRetentionPeriod` and
     /// pg-boss's `deleteAfter` do.
@@ -266,7 +269,7 @@ impl Store {
              WHERE state IN ('done', 'failed') AND updated_at <= {now} - $1
                AND id IN (SELECT id FROM items
                           WHERE state IN ('done', 'failed') AND updated_at <= {now} - $1
-                          ORDER BY updated_at LIMIT $2)",
+                          ORDER BY updated_at LIMIT $2 {skip_locked})",
         );
         let mut deleted = 0;
         for _ in 0..DELETE_PAGES {

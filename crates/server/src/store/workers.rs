@@ -469,13 +469,21 @@ impl Store {
     }
 
     /// Deletes expired and used credentials; returns how many rows went.
+    /// On PostgreSQL a row another session holds locked (a refresh or an
+    /// enrollment in flight, an admin's `psql` left in a transaction) is
+    /// left for a later purge (`FOR UPDATE SKIP LOCKED`), so it never holds
+    /// the purge for `lock_timeout` and fails it.
     ///
     /// # Errors
     /// The database failed.
     pub async fn purge_credentials(&self) -> Result<u64, StoreError> {
         let mut n = 0;
         for table in ["access_tokens", "refresh_tokens", "enrollment_tokens"] {
-            let sql = self.sql(&format!("DELETE FROM {table} WHERE expires_at <= {{now}}"));
+            let sql = self.sql(&format!(
+                "DELETE FROM {table} WHERE expires_at <= {{now}}
+                   AND selector IN (SELECT selector FROM {table}
+                                    WHERE expires_at <= {{now}} {{skip_locked}})"
+            ));
             n += sqlx::query(&sql).execute(&self.pool).await?.rows_affected();
         }
         Ok(n)
