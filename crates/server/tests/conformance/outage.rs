@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use agentstore_protocol::lease::{ItemState, SettleState};
 use agentstore_protocol::{ErrorBody, ErrorCode};
 use agentstore_server::store::PG_LOCK_TIMEOUT_MS;
 use agentstore_server::{Server, Settings, Store};
@@ -472,4 +473,301 @@ pub async fn keyed_claims_behind_a_locked_open_item_wait_out_one_lock_timeout_no
     );
     admin.close().await.unwrap();
     server.stop().await.unwrap();
+}
+
+/// A store on `db` whose sessions wait for locks `lock_timeout_ms` at most
+/// (0: without a bound), set in the URL's `options` as an operator would.
+async fn store_with_lock_timeout(db: &TestDb, lock_timeout_ms: u64, settings: Settings) -> Store {
+    let url = format!("{}%20-c%20lock_timeout%3D{lock_timeout_ms}", db.database);
+    Store::connect(&url, settings).await.unwrap()
+}
+
+/// `n` items of `queue`, each claimed: `(id, lease token)`.
+async fn claimed(store: &Store, queue: &str, n: usize) -> Vec<(i64, String)> {
+    let mut out = Vec::new();
+    for k in 0..n {
+        store.enqueue(queue, &json!(k), None).await.unwrap();
+        let c = store.claim(queue, None).await.unwrap().expect("claimed");
+        out.push((c.item.id, c.lease.token));
+    }
+    out
+}
+
+/// Waits (bounded) until `n` sessions of `store`'s database wait for a lock.
+async fn lock_waiters(store: &Store, n: i64) {
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let (waiting,): (i64,) = sqlx::query_as(
+            "SELECT COUNT(*) FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND datname = current_database()",
+        )
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        if waiting >= n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{waiting} of {n} sessions wait");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Settles that share ONE coalesced statement with the settle of an item
+/// whose row another session keeps locked (an admin's `psql` left in a
+/// transaction; here with no lock timeout, so "waits" means for good):
+/// before, the statement waited for that row, and every settle in it with
+/// it (for `lock_timeout`, then all `503`). Now the statement passes over
+/// the locked row: the other settles are applied and answered while the
+/// lock stays, and the locked item's settle waits alone, then lands once
+/// the lock goes.
+pub async fn settles_sharing_a_statement_with_a_locked_row_are_answered_while_it_stays_locked(
+    db: TestDb,
+) {
+    if db.kind == crate::common::Kind::Sqlite {
+        return;
+    }
+    const N: usize = 6;
+    let store = store_with_lock_timeout(&db, 0, Settings::default()).await;
+    let leases = claimed(&store, "sl", N + 1).await;
+    let (decoy, leases) = (leases[N].clone(), &leases[..N]);
+    let admin = lock_rows(&db, &[leases[0].0]).await;
+    // All N settles go out as one statement: the lane's runner waits in a
+    // decoy's settle behind a table lock while they join the lane.
+    let mut table = store.pool().begin().await.unwrap();
+    sqlx::query("LOCK TABLE items IN SHARE MODE")
+        .execute(&mut *table)
+        .await
+        .unwrap();
+    let settle = |(id, token): (i64, String)| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .settle_reporting(id, &token, None, SettleState::Done, None, None)
+                .await
+        })
+    };
+    let decoy = settle(decoy);
+    lock_waiters(&store, 1).await;
+    let coalesced = store.coalesced_calls();
+    let calls: Vec<_> = leases.iter().cloned().map(settle).collect();
+    let deadline = Instant::now() + BOUND;
+    while store.settles_waiting() < N {
+        assert!(Instant::now() < deadline, "the settles joined the lane");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    table.commit().await.unwrap();
+    decoy.await.unwrap().expect("the decoy settled");
+    let mut calls = calls.into_iter();
+    let locked = calls.next().unwrap();
+    for (call, (id, _)) in calls.zip(&leases[1..]) {
+        let (ended, replay) = tokio::time::timeout(BOUND, call)
+            .await
+            .expect("answered while the lock stays")
+            .unwrap()
+            .unwrap();
+        assert!(!replay);
+        assert_eq!(ended.into_item().unwrap().state, ItemState::Done, "{id}");
+    }
+    assert_eq!(
+        store.coalesced_calls() - coalesced,
+        N as u64,
+        "one statement"
+    );
+    assert!(!locked.is_finished(), "the locked item's settle waits");
+    admin.close().await.unwrap();
+    let (ended, replay) = tokio::time::timeout(BOUND, locked)
+        .await
+        .expect("settled once the lock went")
+        .unwrap()
+        .unwrap();
+    assert!(!replay);
+    assert_eq!(ended.into_item().unwrap().state, ItemState::Done);
+    store.close().await;
+}
+
+/// A batched heartbeat (`POST /v1/heartbeats`) naming a lease whose row
+/// another session keeps locked: before, its one statement waited for that
+/// row, renewing none of the batch's leases meanwhile, and after
+/// `lock_timeout` the whole request was `503`. Now the other leases are
+/// renewed (committed) at once, while the lock stays; the locked lease
+/// alone waits, and gets `lock_timeout`'s refusal as its own result (the
+/// `503` body a single heartbeat gets), or its renewal once the lock goes.
+pub async fn a_batched_heartbeat_renews_the_leases_not_locked_at_once(db: TestDb) {
+    if db.kind == crate::common::Kind::Sqlite {
+        return;
+    }
+    // No lock timeout: the locked lease waits until the lock goes.
+    let mut config = db.config();
+    config.database = format!("{}%20-c%20lock_timeout%3D0", db.database);
+    let server = Server::start(&config).await.unwrap();
+    let store = server.store().clone();
+    let base = server.url();
+    let http = reqwest::Client::builder().timeout(BOUND).build().unwrap();
+    let leases = claimed(&store, "hb", 3).await;
+    // A second back, so that a renewal reads as one in the same millisecond.
+    sqlx::query("UPDATE items SET heartbeat_at = heartbeat_at - 1000 WHERE queue = 'hb'")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let before: Vec<Option<i64>> = {
+        let mut v = Vec::new();
+        for (id, _) in &leases {
+            v.push(crate::common::heartbeat_at(&store, *id).await);
+        }
+        v
+    };
+    let admin = lock_rows(&db, &[leases[0].0]).await;
+    let body = json!({"leases": leases.iter().map(|(id, t)| json!({"item_id": id, "token": t})).collect::<Vec<_>>()});
+    let batch = {
+        let (http, url) = (http.clone(), format!("{base}/v1/heartbeats"));
+        tokio::spawn(async move { post(&http, url, None, body).await })
+    };
+    // The two leases not locked are renewed while the lock stays.
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let mut renewed = true;
+        for ((id, _), was) in leases.iter().zip(&before).skip(1) {
+            renewed &= crate::common::heartbeat_at(&store, *id).await > *was;
+        }
+        if renewed {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the leases not locked were renewed while the lock stays"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        crate::common::heartbeat_at(&store, leases[0].0).await,
+        before[0]
+    );
+    assert!(!batch.is_finished(), "the locked lease waits");
+    admin.close().await.unwrap();
+    let resp = batch.await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body: Value = resp.json().await.unwrap();
+    for r in body["results"].as_array().unwrap() {
+        assert_eq!(r["ok"], true, "{r}");
+    }
+    server.stop().await.unwrap();
+
+    // With a lock timeout: the locked lease's own result is the refusal.
+    let store = store_with_lock_timeout(&db, LOCK_TIMEOUT_MS, Settings::default()).await;
+    let leases = claimed(&store, "hb2", 3).await;
+    let admin = lock_rows(&db, &[leases[1].0]).await;
+    let refs: Vec<(i64, &str)> = leases.iter().map(|(id, t)| (*id, t.as_str())).collect();
+    let out = tokio::time::timeout(BOUND, store.heartbeat_many(&refs, None))
+        .await
+        .expect("answered within the bound")
+        .expect("the batch is answered");
+    assert!(out[0].is_ok() && out[2].is_ok(), "{out:?}");
+    let e = out[1].as_ref().unwrap_err();
+    assert_eq!(
+        e.unavailable(),
+        Some(agentstore_server::store::Unavailable::NotApplied),
+        "{e}"
+    );
+    admin.close().await.unwrap();
+    store.close().await;
+}
+
+/// The retention sweep and the credential purge delete many rows per
+/// statement: a row of them another session keeps locked held the
+/// statement (for good with no lock timeout; for `lock_timeout`, then the
+/// sweep failed, every pass while the lock lasted, deleting nothing). Now
+/// the locked row is left for a later sweep and the others go.
+pub async fn sweeps_leave_a_locked_row_for_later_and_delete_the_rest(db: TestDb) {
+    if db.kind == crate::common::Kind::Sqlite {
+        return;
+    }
+    let settings = Settings {
+        retention_ms: 60_000,
+        ..Settings::default()
+    };
+    let store = store_with_lock_timeout(&db, 0, settings).await;
+    let leases = claimed(&store, "ret", 3).await;
+    for (id, token) in &leases {
+        store
+            .settle(*id, token, None, SettleState::Done, None, None)
+            .await
+            .unwrap();
+    }
+    sqlx::query("UPDATE items SET updated_at = updated_at - 3600000 WHERE queue = 'ret'")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let admin = lock_rows(&db, &[leases[0].0]).await;
+    let deleted = tokio::time::timeout(BOUND, store.delete_settled())
+        .await
+        .expect("the sweep ends while the lock stays")
+        .unwrap();
+    assert_eq!(deleted, 2);
+    admin.close().await.unwrap();
+    assert_eq!(store.delete_settled().await.unwrap(), 1, "later");
+
+    for selector in ["purge-a", "purge-b"] {
+        sqlx::query(
+            "INSERT INTO access_tokens (selector, verifier_hash, worker_id, created_at, expires_at)
+             VALUES ($1, 'x', 1, 0, 0)",
+        )
+        .bind(selector)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    }
+    let (_, url) = agentstore_server::store::database_url(&db.database);
+    let mut admin = sqlx::AnyConnection::connect(&url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut admin).await.unwrap();
+    sqlx::query("SELECT selector FROM access_tokens WHERE selector = 'purge-a' FOR UPDATE")
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    let purged = tokio::time::timeout(BOUND, store.purge_credentials())
+        .await
+        .expect("the purge ends while the lock stays")
+        .unwrap();
+    assert_eq!(purged, 1);
+    admin.close().await.unwrap();
+    assert_eq!(store.purge_credentials().await.unwrap(), 1, "later");
+    store.close().await;
+}
+
+/// A settle alone in the settle lane whose item's row another session
+/// keeps locked: before, the lane's runner waited in it (for good with no
+/// lock timeout; `lock_timeout` with one), and every settle of the
+/// instance that came meanwhile waited behind it. Now it waits apart, and
+/// a settle of another item is answered while the lock stays.
+pub async fn a_settle_waiting_for_a_locked_row_holds_up_no_other_settle(db: TestDb) {
+    if db.kind == crate::common::Kind::Sqlite {
+        return;
+    }
+    let store = store_with_lock_timeout(&db, 0, Settings::default()).await;
+    let leases = claimed(&store, "lone", 2).await;
+    let admin = lock_rows(&db, &[leases[0].0]).await;
+    let settle = |(id, token): (i64, String)| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .settle_reporting(id, &token, None, SettleState::Done, None, None)
+                .await
+        })
+    };
+    let locked = settle(leases[0].clone());
+    lock_waiters(&store, 1).await;
+    let (ended, _) = tokio::time::timeout(BOUND, settle(leases[1].clone()))
+        .await
+        .expect("answered while the lock stays")
+        .unwrap()
+        .unwrap();
+    assert_eq!(ended.into_item().unwrap().state, ItemState::Done);
+    assert!(!locked.is_finished(), "the locked item's settle waits");
+    admin.close().await.unwrap();
+    let (ended, _) = tokio::time::timeout(BOUND, locked)
+        .await
+        .expect("settled once the lock went")
+        .unwrap()
+        .unwrap();
+    assert_eq!(ended.into_item().unwrap().state, ItemState::Done);
+    store.close().await;
 }
