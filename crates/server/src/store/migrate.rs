@@ -366,10 +366,15 @@ pub async fn migrate(store: &Store) -> Result<usize, StoreError> {
         let mut tx = store.begin_write().await?;
         if store.backend == Backend::Postgres {
             // Wait for another instance's migration however long it takes
-            // (not the pool's `lock_timeout`, see `PG_LOCK_TIMEOUT_MS`).
-            sqlx::query("SET LOCAL lock_timeout = 0")
-                .execute(&mut *tx)
-                .await?;
+            // (not the pool's `lock_timeout`, see `PG_LOCK_TIMEOUT_MS`), and
+            // let a migration run as long as it takes (not the pool's
+            // `statement_timeout`, see `PG_STATEMENT_TIMEOUT_MS`).
+            sqlx::query(
+                "SELECT set_config('lock_timeout', '0', true),
+                        set_config('statement_timeout', '0', true)",
+            )
+            .execute(&mut *tx)
+            .await?;
             sqlx::query("SELECT pg_advisory_xact_lock($1)")
                 .bind(PG_MIGRATION_LOCK)
                 .execute(&mut *tx)

@@ -168,13 +168,30 @@ pub const SQLITE_SYNCHRONOUS: &str = "PRAGMA synchronous = FULL";
 /// instance starting while another migrates waits for it.
 pub const PG_LOCK_TIMEOUT_MS: u64 = 5_000;
 
-/// Sets [`PG_LOCK_TIMEOUT_MS`] for the session when nothing set
-/// `lock_timeout` (its source is PostgreSQL's built-in default, 0: wait for
-/// ever); a value set anywhere else, 0 included, is the operator's.
-fn pg_lock_timeout_sql() -> String {
+/// How long a PostgreSQL statement of this server may run before the
+/// database cancels it (`query_canceled`, answered `503` with
+/// `Retry-After`: the statement was rolled back): PostgreSQL's
+/// `statement_timeout`, set on each connection unless the server
+/// configuration, the database, the role or the URL's `options` set one
+/// (an explicit 0 is kept: no bound). Every statement here takes
+/// milliseconds, at most [`PG_LOCK_TIMEOUT_MS`] more while it waits for a
+/// row lock; one that runs a minute is stuck (a plan gone wrong, a table
+/// locked whole by another session past `lock_timeout`'s reach), and
+/// holds a pool connection while it runs. Migrations run without a bound
+/// (`SET LOCAL statement_timeout = 0`): building an index on a large table
+/// may take longer.
+pub const PG_STATEMENT_TIMEOUT_MS: u64 = 60_000;
+
+/// Sets [`PG_LOCK_TIMEOUT_MS`] and [`PG_STATEMENT_TIMEOUT_MS`] for the
+/// session, each when nothing set it (its source is PostgreSQL's built-in
+/// default, 0: no bound); a value set anywhere else, 0 included, is the
+/// operator's. One statement for both.
+fn pg_timeouts_sql() -> String {
     format!(
-        "SELECT set_config('lock_timeout', '{PG_LOCK_TIMEOUT_MS}ms', false)
-         FROM pg_settings WHERE name = 'lock_timeout' AND source = 'default'"
+        "SELECT set_config(name, CASE name WHEN 'lock_timeout' THEN '{PG_LOCK_TIMEOUT_MS}ms'
+                                          ELSE '{PG_STATEMENT_TIMEOUT_MS}ms' END, false)
+         FROM pg_settings
+         WHERE name IN ('lock_timeout', 'statement_timeout') AND source = 'default'"
     )
 }
 
@@ -241,12 +258,19 @@ pub enum Unavailable {
     /// The statement was refused, nothing of it written (an earlier
     /// statement of a call of several may have committed): a lock wait past
     /// `lock_timeout` ([`PG_LOCK_TIMEOUT_MS`]), a deadlock or serialization
-    /// failure, SQLite busy past its busy timeout, no pool connection
-    /// within the pool's timeout (the database unreachable), the pool
-    /// closed (the server stopping), the server refusing connections.
+    /// failure, the statement canceled (`statement_timeout`,
+    /// [`PG_STATEMENT_TIMEOUT_MS`], or `pg_cancel_backend`), a write refused
+    /// by a read-only server or transaction (a standby after a failover,
+    /// `default_transaction_read_only`), the server out of disk, memory or
+    /// other resources, SQLite busy past its busy timeout, no pool
+    /// connection within the pool's timeout (the database unreachable),
+    /// the pool closed (the server stopping), the server refusing
+    /// connections, a session ended by an idle timeout before the
+    /// statement ran.
     NotApplied,
     /// The connection was lost (the database restarted, the backend
-    /// terminated) while the statement ran: it may have been applied.
+    /// terminated) while the statement ran, or the database said it cannot
+    /// tell whether it completed: it may have been applied.
     Unknown,
 }
 
@@ -428,16 +452,15 @@ impl Store {
                         sqlx::query(SQLITE_SYNCHRONOUS).execute(&mut *conn).await?;
                     }
                     if backend == Backend::Postgres {
-                        // A bound on every lock wait, unless the operator
-                        // set one (role, database or the URL's `options`):
-                        // without it a session that kept a row locked (an
-                        // admin's `psql` left in a transaction) held each
-                        // statement waiting for that row for good, each
-                        // holding a pool connection, until the pool ran
-                        // out and the instance answered nothing at all.
-                        sqlx::query(&pg_lock_timeout_sql())
-                            .execute(&mut *conn)
-                            .await?;
+                        // A bound on every lock wait and on every
+                        // statement, unless the operator set one (server,
+                        // role, database or the URL's `options`): without
+                        // it a session that kept a row locked (an admin's
+                        // `psql` left in a transaction) held each statement
+                        // waiting for that row for good, each holding a
+                        // pool connection, until the pool ran out and the
+                        // instance answered nothing at all.
+                        sqlx::query(&pg_timeouts_sql()).execute(&mut *conn).await?;
                     }
                     Ok(())
                 })
@@ -608,12 +631,31 @@ fn unavailable(e: &sqlx::Error) -> Option<Unavailable> {
             match &*code {
                 // lock_not_available (lock_timeout), serialization_failure,
                 // deadlock_detected, too_many_connections, cannot_connect_now
-                // (starting up or shutting down): the statement was refused.
-                "55P03" | "40001" | "40P01" | "53300" | "57P03" => Some(Unavailable::NotApplied),
+                // (starting up or shutting down), query_canceled
+                // (statement_timeout, pg_cancel_backend),
+                // read_only_sql_transaction (a standby, a read-only
+                // default), transaction_timeout (PostgreSQL 17),
+                // insufficient_resources, disk_full, out_of_memory,
+                // idle_in_transaction_session_timeout and
+                // idle_session_timeout (the session ended while idle, the
+                // statement not begun): the statement was refused and
+                // rolled back.
+                "55P03" | "40001" | "40P01" | "53300" | "57P03" | "57014" | "25006" | "25P04"
+                | "53000" | "53100" | "53200" | "25P03" | "57P05" => Some(Unavailable::NotApplied),
                 // admin_shutdown (pg_terminate_backend, a fast shutdown),
-                // crash_shutdown, connection_exception: the session ended
-                // under the statement.
-                "57P01" | "57P02" => Some(Unavailable::Unknown),
+                // crash_shutdown, statement_completion_unknown: the session
+                // ended under the statement, or the server cannot tell.
+                "57P01" | "57P02" | "40003" => Some(Unavailable::Unknown),
+                // protocol_violation: a message this server sent was
+                // malformed (PostgreSQL's docs file it under class 08,
+                // "Connection Exception", but it is a fault of the client:
+                // the same statement sent again fails again). A `500`, not
+                // a `503` that invites a retry for good; if the server
+                // also closed the session, the calls after it see the
+                // connection lost.
+                "08P01" => None,
+                // connection_exception and the rest of its class: the
+                // session ended under the statement.
                 c if c.starts_with("08") => Some(Unavailable::Unknown),
                 _ => None,
             }
@@ -765,6 +807,41 @@ mod tests {
         );
         drop((a, b));
         let _ = std::fs::remove_file(&path);
+    }
+
+    /// Each SQLSTATE is answered by what PostgreSQL's documentation says of
+    /// it: a statement canceled (`57014`: `statement_timeout`,
+    /// `pg_cancel_backend`) or a write refused as read-only (`25006`: a
+    /// standby, `default_transaction_read_only`) was rolled back, `503`
+    /// "nothing was written" (before: `500`); `08P01` protocol_violation
+    /// is a fault of this server's messages, `500` (before: `503`, "may
+    /// have been applied", which invited retries that fail the same way);
+    /// the rest of class 08 and `40003` say the outcome is unknown.
+    #[tokio::test]
+    async fn sqlstates_are_classified_as_postgresql_documents_them() {
+        let Ok(url) = std::env::var("AGENTSTORE_TEST_PG_URL") else {
+            return;
+        };
+        let store = Store::connect(&url, Settings::default()).await.unwrap();
+        let cases = [
+            ("57014", Some(Unavailable::NotApplied)),
+            ("25006", Some(Unavailable::NotApplied)),
+            ("55P03", Some(Unavailable::NotApplied)),
+            ("08P01", None),
+            ("08006", Some(Unavailable::Unknown)),
+            ("40003", Some(Unavailable::Unknown)),
+            ("XX000", None),
+        ];
+        for (code, want) in cases {
+            let e = sqlx::query(&format!(
+                "DO $$ BEGIN RAISE EXCEPTION 'x' USING ERRCODE = '{code}'; END $$"
+            ))
+            .execute(store.pool())
+            .await
+            .unwrap_err();
+            assert_eq!(StoreError::Database(e).unavailable(), want, "{code}");
+        }
+        store.close().await;
     }
 
     /// A file path is opened under exactly its name, whatever characters

@@ -143,4 +143,6 @@ conformance! {
     outage::a_batched_heartbeat_renews_the_leases_not_locked_at_once,
     outage::sweeps_leave_a_locked_row_for_later_and_delete_the_rest,
     outage::a_settle_waiting_for_a_locked_row_holds_up_no_other_settle,
+    outage::a_write_refused_by_a_read_only_database_is_a_503_and_then_served,
+    outage::a_canceled_statement_is_a_503_and_the_next_request_is_served,
 }

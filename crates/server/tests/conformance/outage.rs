@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use agentstore_protocol::lease::{ItemState, SettleState};
 use agentstore_protocol::{ErrorBody, ErrorCode};
-use agentstore_server::store::PG_LOCK_TIMEOUT_MS;
+use agentstore_server::store::{PG_LOCK_TIMEOUT_MS, PG_STATEMENT_TIMEOUT_MS};
 use agentstore_server::{Server, Settings, Store};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -770,4 +770,159 @@ pub async fn a_settle_waiting_for_a_locked_row_holds_up_no_other_settle(db: Test
         .unwrap();
     assert_eq!(ended.into_item().unwrap().state, ItemState::Done);
     store.close().await;
+}
+
+/// Runs `sql` on every connection of `store`'s pool (all checked out at
+/// once, so each is a different session).
+async fn on_every_connection(store: &Store, sql: &str) {
+    let n = store.pool().options().get_max_connections();
+    let mut conns = Vec::new();
+    for _ in 0..n {
+        let mut c = store.pool().acquire().await.unwrap();
+        sqlx::query(sql).execute(&mut *c).await.unwrap();
+        conns.push(c);
+    }
+}
+
+/// A database that refuses writes (a standby the URL reaches after a
+/// failover; `default_transaction_read_only` set): each write was answered
+/// `500`, a fault of the server, so clients did not retry it. Now `503`
+/// with `Retry-After` (the statement wrote nothing), and the next request
+/// is served once the database takes writes again.
+pub async fn a_write_refused_by_a_read_only_database_is_a_503_and_then_served(db: TestDb) {
+    if db.kind == crate::common::Kind::Sqlite {
+        return;
+    }
+    let server = Server::start(&db.config()).await.unwrap();
+    let store = server.store().clone();
+    let base = server.url();
+    let http = reqwest::Client::builder().timeout(BOUND).build().unwrap();
+    on_every_connection(&store, "SET default_transaction_read_only = on").await;
+    let url = format!("{base}/v1/queues/ro/items");
+    unavailable(
+        post(&http, url.clone(), None, json!({"payload": 1})).await,
+        "enqueue on a read-only database",
+    )
+    .await;
+    on_every_connection(&store, "RESET default_transaction_read_only").await;
+    let resp = post(&http, url, None, json!({"payload": 1})).await;
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    server.stop().await.unwrap();
+}
+
+/// A statement canceled (`pg_cancel_backend`, or `statement_timeout`):
+/// before, `500`; now `503` with `Retry-After` saying nothing was written
+/// (the statement was rolled back), and the next request is served. Each
+/// connection gets `statement_timeout` = `PG_STATEMENT_TIMEOUT_MS` unless
+/// the operator set one (an explicit 0 kept).
+pub async fn a_canceled_statement_is_a_503_and_the_next_request_is_served(db: TestDb) {
+    if db.kind == crate::common::Kind::Sqlite {
+        return;
+    }
+    let statement_timeout = |store: Store| async move {
+        // In ms, as a number.
+        let (v,): (String,) =
+            sqlx::query_as("SELECT setting AS v FROM pg_settings WHERE name = 'statement_timeout'")
+                .fetch_one(store.pool())
+                .await
+                .unwrap();
+        store.close().await;
+        v
+    };
+    let plain = db.store(Settings::default()).await;
+    assert_eq!(
+        statement_timeout(plain).await,
+        PG_STATEMENT_TIMEOUT_MS.to_string()
+    );
+    let url = format!("{}%20-c%20statement_timeout%3D0", db.database);
+    let zero = Store::connect(&url, Settings::default()).await.unwrap();
+    assert_eq!(
+        statement_timeout(zero).await,
+        "0",
+        "the operator's 0 is kept"
+    );
+
+    // Canceled by hand while it waits for a row (no lock timeout).
+    let (server, http, id, token, admin) = claimed_and_locked_without_lock_timeout(&db).await;
+    let base = server.url();
+    let beat = {
+        let (http, url, token) = (
+            http.clone(),
+            format!("{base}/v1/items/{id}/heartbeat"),
+            token.clone(),
+        );
+        tokio::spawn(async move { post(&http, url, None, json!({"token": token})).await })
+    };
+    let (_, url) = agentstore_server::store::database_url(&db.database);
+    let mut observer = sqlx::AnyConnection::connect(&url).await.unwrap();
+    let deadline = Instant::now() + BOUND;
+    let pid = loop {
+        let found: Option<(i32,)> = sqlx::query_as(
+            "SELECT pid FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE items SET heartbeat_at%'
+               AND pid <> pg_backend_pid()",
+        )
+        .fetch_optional(&mut observer)
+        .await
+        .unwrap();
+        if let Some((pid,)) = found {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "the heartbeat never waited");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    sqlx::query("SELECT pg_cancel_backend($1)")
+        .bind(pid)
+        .fetch_one(&mut observer)
+        .await
+        .unwrap();
+    observer.close().await.unwrap();
+    let resp = beat.await.unwrap();
+    let retry = resp.headers().get("retry-after").cloned();
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(retry.unwrap(), "1");
+    let body: ErrorBody = resp.json().await.unwrap();
+    assert!(!body.message.contains("may or may not"), "{}", body.message);
+    admin.close().await.unwrap();
+    let ok = post(
+        &http,
+        format!("{base}/v1/items/{id}/heartbeat"),
+        None,
+        json!({"token": token}),
+    )
+    .await;
+    assert_eq!(ok.status(), StatusCode::OK, "the next request is served");
+    server.stop().await.unwrap();
+
+    // Canceled by the operator's statement_timeout.
+    let mut config = db.config();
+    config.database = format!(
+        "{}%20-c%20lock_timeout%3D0%20-c%20statement_timeout%3D{LOCK_TIMEOUT_MS}",
+        db.database
+    );
+    let server = Server::start(&config).await.unwrap();
+    let base = server.url();
+    let id = enqueue_over_http(&http, &base, "st").await;
+    let claimed: Value = post(
+        &http,
+        format!("{base}/v1/queues/st/claims"),
+        None,
+        json!({}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let token = claimed["lease"]["token"].as_str().unwrap().to_owned();
+    let admin = lock_rows(&db, &[id]).await;
+    let url = format!("{base}/v1/items/{id}/heartbeat");
+    unavailable(
+        post(&http, url.clone(), None, json!({"token": token})).await,
+        "a heartbeat past statement_timeout",
+    )
+    .await;
+    admin.close().await.unwrap();
+    let ok = post(&http, url, None, json!({"token": token})).await;
+    assert_eq!(ok.status(), StatusCode::OK, "the next request is served");
+    server.stop().await.unwrap();
 }
