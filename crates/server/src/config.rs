@@ -64,7 +64,10 @@ pub struct Config {
     #[arg(long, default_value = "127.0.0.1:8787")]
     pub listen: SocketAddr,
     /// `postgres://…` for PostgreSQL; an SQLite file path or `sqlite://` URL otherwise
-    /// (the file is created if missing).
+    /// (the file is created if missing). On PostgreSQL each connection gets
+    /// `lock_timeout` 5 s and `statement_timeout` 60 s unless set already (server
+    /// configuration, role, database, or the URL's `options`, e.g.
+    /// `?options=-c%20statement_timeout%3D0`; an explicit 0 is kept).
     #[arg(long, default_value = "agentstore.sqlite")]
     pub database: String,
     /// Directory served at `/` (the demo page).
