@@ -54,6 +54,45 @@ async fn lock_rows(db: &TestDb, ids: &[i64]) -> sqlx::AnyConnection {
     conn
 }
 
+/// Ends `admin`'s transaction, its locks gone when this returns (a
+/// closed connection's backend rolls back a moment later).
+async fn release(mut admin: sqlx::AnyConnection) {
+    sqlx::query("ROLLBACK").execute(&mut admin).await.unwrap();
+    admin.close().await.unwrap();
+}
+
+/// The backend of another session that waits for a lock `admin` holds
+/// (bounded wait): other tests' sessions wait for their own locks in the
+/// same cluster at the same time.
+async fn waiting_on(db: &TestDb, admin: &mut sqlx::AnyConnection) -> i32 {
+    let (holder,): (i32,) = sqlx::query_as("SELECT pg_backend_pid()")
+        .fetch_one(&mut *admin)
+        .await
+        .unwrap();
+    let (_, url) = agentstore_server::store::database_url(&db.database);
+    let mut observer = sqlx::AnyConnection::connect(&url).await.unwrap();
+    let deadline = Instant::now() + BOUND;
+    // Outside a transaction: inside one, `pg_stat_activity` is read once
+    // and kept for the transaction's length.
+    let pid = loop {
+        let found: Option<(i32,)> = sqlx::query_as(
+            "SELECT pid FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND $1 = ANY(pg_blocking_pids(pid))",
+        )
+        .bind(holder)
+        .fetch_optional(&mut observer)
+        .await
+        .unwrap();
+        if let Some((pid,)) = found {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "no session waited");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    observer.close().await.unwrap();
+    pid
+}
+
 /// A server on `db` whose sessions wait for locks without a bound
 /// (`lock_timeout = 0` in the URL), one item of queue `q` claimed over HTTP,
 /// and its row locked by another session: `(server, http, item id, lease
@@ -330,7 +369,7 @@ pub async fn a_backend_terminated_mid_request_is_a_503_and_the_next_request_is_s
         return;
     }
     // No lock timeout: the statement waits until its backend is ended.
-    let (server, http, id, token, admin) = claimed_and_locked_without_lock_timeout(&db).await;
+    let (server, http, id, token, mut admin) = claimed_and_locked_without_lock_timeout(&db).await;
     let base = server.url();
     let beat = {
         let (http, url, token) = (
@@ -340,27 +379,11 @@ pub async fn a_backend_terminated_mid_request_is_a_503_and_the_next_request_is_s
         );
         tokio::spawn(async move { post(&http, url, None, json!({"token": token})).await })
     };
-    // The heartbeat's backend, once it waits for the row: seen from a
-    // session outside a transaction (inside one, `pg_stat_activity` is read
-    // once and kept for the transaction's length).
+    // The heartbeat's backend, once it waits for the row: the one waiting
+    // for this test's lock (other tests' heartbeats wait in the cluster too).
+    let pid = waiting_on(&db, &mut admin).await;
     let (_, url) = agentstore_server::store::database_url(&db.database);
     let mut observer = sqlx::AnyConnection::connect(&url).await.unwrap();
-    let deadline = Instant::now() + BOUND;
-    let pid = loop {
-        let found: Option<(i32,)> = sqlx::query_as(
-            "SELECT pid FROM pg_stat_activity
-             WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE items SET heartbeat_at%'
-               AND pid <> pg_backend_pid()",
-        )
-        .fetch_optional(&mut observer)
-        .await
-        .unwrap();
-        if let Some((pid,)) = found {
-            break pid;
-        }
-        assert!(Instant::now() < deadline, "the heartbeat never waited");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
     sqlx::query("SELECT pg_terminate_backend($1)")
         .bind(pid)
         .fetch_one(&mut observer)
@@ -493,25 +516,6 @@ async fn claimed(store: &Store, queue: &str, n: usize) -> Vec<(i64, String)> {
     out
 }
 
-/// Waits (bounded) until `n` sessions of `store`'s database wait for a lock.
-async fn lock_waiters(store: &Store, n: i64) {
-    let deadline = Instant::now() + BOUND;
-    loop {
-        let (waiting,): (i64,) = sqlx::query_as(
-            "SELECT COUNT(*) FROM pg_stat_activity
-             WHERE wait_event_type = 'Lock' AND datname = current_database()",
-        )
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-        if waiting >= n {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{waiting} of {n} sessions wait");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 /// Settles that share ONE coalesced statement with the settle of an item
 /// whose row another session keeps locked (an admin's `psql` left in a
 /// transaction; here with no lock timeout, so "waits" means for good):
@@ -547,7 +551,7 @@ pub async fn settles_sharing_a_statement_with_a_locked_row_are_answered_while_it
         })
     };
     let decoy = settle(decoy);
-    lock_waiters(&store, 1).await;
+    waiting_on(&db, &mut table).await;
     let coalesced = store.coalesced_calls();
     let calls: Vec<_> = leases.iter().cloned().map(settle).collect();
     let deadline = Instant::now() + BOUND;
@@ -703,7 +707,7 @@ pub async fn sweeps_leave_a_locked_row_for_later_and_delete_the_rest(db: TestDb)
         .expect("the sweep ends while the lock stays")
         .unwrap();
     assert_eq!(deleted, 2);
-    admin.close().await.unwrap();
+    release(admin).await;
     assert_eq!(store.delete_settled().await.unwrap(), 1, "later");
 
     for selector in ["purge-a", "purge-b"] {
@@ -728,7 +732,7 @@ pub async fn sweeps_leave_a_locked_row_for_later_and_delete_the_rest(db: TestDb)
         .expect("the purge ends while the lock stays")
         .unwrap();
     assert_eq!(purged, 1);
-    admin.close().await.unwrap();
+    release(admin).await;
     assert_eq!(store.purge_credentials().await.unwrap(), 1, "later");
     store.close().await;
 }
@@ -744,7 +748,7 @@ pub async fn a_settle_waiting_for_a_locked_row_holds_up_no_other_settle(db: Test
     }
     let store = store_with_lock_timeout(&db, 0, Settings::default()).await;
     let leases = claimed(&store, "lone", 2).await;
-    let admin = lock_rows(&db, &[leases[0].0]).await;
+    let mut admin = lock_rows(&db, &[leases[0].0]).await;
     let settle = |(id, token): (i64, String)| {
         let store = store.clone();
         tokio::spawn(async move {
@@ -754,7 +758,7 @@ pub async fn a_settle_waiting_for_a_locked_row_holds_up_no_other_settle(db: Test
         })
     };
     let locked = settle(leases[0].clone());
-    lock_waiters(&store, 1).await;
+    waiting_on(&db, &mut admin).await;
     let (ended, _) = tokio::time::timeout(BOUND, settle(leases[1].clone()))
         .await
         .expect("answered while the lock stays")
@@ -843,7 +847,7 @@ pub async fn a_canceled_statement_is_a_503_and_the_next_request_is_served(db: Te
     );
 
     // Canceled by hand while it waits for a row (no lock timeout).
-    let (server, http, id, token, admin) = claimed_and_locked_without_lock_timeout(&db).await;
+    let (server, http, id, token, mut admin) = claimed_and_locked_without_lock_timeout(&db).await;
     let base = server.url();
     let beat = {
         let (http, url, token) = (
@@ -853,24 +857,9 @@ pub async fn a_canceled_statement_is_a_503_and_the_next_request_is_served(db: Te
         );
         tokio::spawn(async move { post(&http, url, None, json!({"token": token})).await })
     };
+    let pid = waiting_on(&db, &mut admin).await;
     let (_, url) = agentstore_server::store::database_url(&db.database);
     let mut observer = sqlx::AnyConnection::connect(&url).await.unwrap();
-    let deadline = Instant::now() + BOUND;
-    let pid = loop {
-        let found: Option<(i32,)> = sqlx::query_as(
-            "SELECT pid FROM pg_stat_activity
-             WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE items SET heartbeat_at%'
-               AND pid <> pg_backend_pid()",
-        )
-        .fetch_optional(&mut observer)
-        .await
-        .unwrap();
-        if let Some((pid,)) = found {
-            break pid;
-        }
-        assert!(Instant::now() < deadline, "the heartbeat never waited");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
     sqlx::query("SELECT pg_cancel_backend($1)")
         .bind(pid)
         .fetch_one(&mut observer)

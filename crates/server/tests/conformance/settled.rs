@@ -327,6 +327,10 @@ async fn stall_settle_lane(
         .execute(&mut *lock)
         .await
         .unwrap();
+    let (holder,): (i32,) = sqlx::query_as("SELECT pg_backend_pid()")
+        .fetch_one(&mut *lock)
+        .await
+        .unwrap();
     let decoy_settle = {
         let store = store.clone();
         tokio::spawn(async move {
@@ -335,10 +339,13 @@ async fn stall_settle_lane(
     };
     let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
+        // Waiting for this lock: other tests' sessions wait for their own
+        // locks in the same cluster meanwhile.
         let (waiting,): (i64,) = sqlx::query_as(
             "SELECT COUNT(*) FROM pg_stat_activity
-             WHERE wait_event_type = 'Lock' AND datname = current_database()",
+             WHERE wait_event_type = 'Lock' AND $1 = ANY(pg_blocking_pids(pid))",
         )
+        .bind(holder)
         .fetch_one(store.pool())
         .await
         .unwrap();
