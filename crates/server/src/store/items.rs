@@ -603,71 +603,99 @@ impl Store {
     /// with its lease. A member whose key a lease committed before holds
     /// fails the statement on the unique index; nothing was applied, so the
     /// batch runs claim by claim, and only that member replays that lease.
+    ///
+    /// The claims that run alone (and the copies after them) run in a task
+    /// of their own while the lane goes on: a keyed claim run alone may
+    /// wait for a row another session keeps locked (see `claim_one`), and
+    /// the queue's other claims must not wait with it. They then race the
+    /// lane's later statements as another instance's claims do.
     async fn run_claims(self, queue: String) {
         let _runner = self.claims.runner(&queue);
         while let Some(batch) = self.claims.next(&queue, coalesce::MAX_BATCH) {
             let (batch, copies) = split_copies(batch);
-            self.claim_together(&queue, batch).await;
-            for job in copies {
-                let out = self.replay_or_claim(&queue, &job).await;
-                let _ = job.reply.send(out);
+            let alone = self.claim_together(&queue, batch).await;
+            if alone.is_empty() {
+                for job in copies {
+                    let out = self.replay_or_claim(&queue, &job).await;
+                    let _ = job.reply.send(out);
+                }
+                continue;
             }
+            // The claims that run alone may wait for an open item's row
+            // lock (see `claim_one`), which a session may keep for as long
+            // as `lock_timeout` allows: they and the copies after them run
+            // apart, so the claims that join the lane meanwhile go on.
+            let (store, queue) = (self.clone(), queue.clone());
+            tokio::spawn(async move {
+                store.claim_alone(&queue, alone).await;
+                for job in copies {
+                    let out = store.replay_or_claim(&queue, &job).await;
+                    let _ = job.reply.send(out);
+                }
+            });
         }
     }
 
-    /// One batch of [`Store::run_claims`], no two of them copies of one claim.
-    async fn claim_together(&self, queue: &str, batch: Vec<ClaimJob>) {
-        if batch.len() == 1 {
-            for job in batch {
-                let out = self.claim_job(queue, &job).await;
-                let _ = job.reply.send(out);
-            }
-            return;
-        }
+    /// One batch of [`Store::run_claims`], no two of them copies of one
+    /// claim, a lone claim included (one statement, as for several: a
+    /// keyed claim run by itself here would wait in the lane for an open
+    /// item another session keeps locked). Answers each claim it decided;
+    /// returns those that must claim again alone, each with whether the
+    /// batch's keyed claims share one refusal (see [`Store::claim_alone`]).
+    async fn claim_together(&self, queue: &str, batch: Vec<ClaimJob>) -> Vec<(ClaimJob, bool)> {
         match self.claim_batch(queue, &batch).await {
             Ok(slots) => {
-                self.coalesced
-                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
-                // A keyed claim run again alone may wait for an open item's
-                // row lock (see `claim_one`); when that wait is refused
-                // (`lock_timeout`: a session keeps the row locked, not a
-                // claim in flight), the batch's other keyed claims would
-                // wait for the same lock one after another, a lock timeout
-                // each, while the whole queue's lane waits behind them:
-                // they are answered with that refusal (503) at once.
-                let mut refused: Option<StoreError> = None;
+                if batch.len() > 1 {
+                    self.coalesced
+                        .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                }
+                let mut alone = Vec::new();
                 for (job, slot) in batch.into_iter().zip(slots) {
-                    let out = match slot {
-                        ClaimSlot::Answer(out) => out.map(|item| item.map(|i| (i, false))),
-                        ClaimSlot::Again | ClaimSlot::Empty => match &refused {
-                            Some(e) if job.key.is_some() => Err(for_each_call(e)),
-                            _ => {
-                                let out = self.claim_job(queue, &job).await;
-                                if let Err(e) = &out {
-                                    if job.key.is_some()
-                                        && e.unavailable() == Some(super::Unavailable::NotApplied)
-                                    {
-                                        refused = Some(for_each_call(e));
-                                    }
-                                }
-                                out
-                            }
-                        },
-                    };
-                    let _ = job.reply.send(out);
+                    match slot {
+                        ClaimSlot::Answer(out) => {
+                            let _ = job.reply.send(out.map(|item| item.map(|i| (i, false))));
+                        }
+                        ClaimSlot::Again | ClaimSlot::Empty => alone.push((job, true)),
+                    }
                 }
+                alone
             }
-            Err(e) if never_applied(&e) => {
-                for job in batch {
-                    let out = self.claim_job(queue, &job).await;
-                    let _ = job.reply.send(out);
-                }
-            }
+            Err(e) if never_applied(&e) => batch.into_iter().map(|job| (job, false)).collect(),
             Err(e) => {
                 for job in batch {
                     let _ = job.reply.send(Err(for_each_call(&e)));
                 }
+                Vec::new()
             }
+        }
+    }
+
+    /// Runs `jobs` one by one ([`Store::claim_one`]), answering each. A
+    /// keyed claim run again alone may wait for an open item's row lock
+    /// (see `claim_one`); when that wait is refused (`lock_timeout`: a
+    /// session keeps the row locked, not a claim in flight), the other
+    /// keyed claims of its batch marked `true` would wait for the same lock
+    /// one after another, a lock timeout each: they are answered with that
+    /// refusal (503) at once.
+    async fn claim_alone(&self, queue: &str, jobs: Vec<(ClaimJob, bool)>) {
+        let mut refused: Option<StoreError> = None;
+        for (job, shared) in jobs {
+            let out = match &refused {
+                Some(e) if shared && job.key.is_some() => Err(for_each_call(e)),
+                _ => {
+                    let out = self.claim_job(queue, &job).await;
+                    if let Err(e) = &out {
+                        if shared
+                            && job.key.is_some()
+                            && e.unavailable() == Some(super::Unavailable::NotApplied)
+                        {
+                            refused = Some(for_each_call(e));
+                        }
+                    }
+                    out
+                }
+            };
+            let _ = job.reply.send(out);
         }
     }
 

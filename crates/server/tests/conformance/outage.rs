@@ -915,3 +915,43 @@ pub async fn a_canceled_statement_is_a_503_and_the_next_request_is_served(db: Te
     assert_eq!(ok.status(), StatusCode::OK, "the next request is served");
     server.stop().await.unwrap();
 }
+
+/// A keyed claim (every SDK claim carries a key) whose queue's only open
+/// item another session keeps locked waits for that row (a copy of it in
+/// flight could hold it). Before, it waited in the queue's claim lane, and
+/// every claim of that queue on the instance waited behind it (for good
+/// with no lock timeout; `lock_timeout` per batch with one), though other
+/// items were open by then. Now it waits apart: a claim sent meanwhile
+/// gets the other item at once, and the keyed claim gets the locked one
+/// once the lock goes.
+pub async fn a_keyed_claim_waiting_for_a_locked_item_holds_up_no_other_claim(db: TestDb) {
+    if db.kind == crate::common::Kind::Sqlite {
+        return;
+    }
+    let store = store_with_lock_timeout(&db, 0, Settings::default()).await;
+    let locked = store.enqueue("kw", &json!("a"), None).await.unwrap().id;
+    let mut admin = lock_rows(&db, &[locked]).await;
+    let keyed = {
+        let store = store.clone();
+        tokio::spawn(async move { store.claim_once("kw", None, Some("k1")).await })
+    };
+    waiting_on(&db, &mut admin).await;
+    let other = store.enqueue("kw", &json!("b"), None).await.unwrap().id;
+    let claimed = tokio::time::timeout(BOUND, store.claim("kw", None))
+        .await
+        .expect("answered while the lock stays")
+        .unwrap()
+        .expect("the other item");
+    assert_eq!(claimed.item.id, other);
+    assert!(!keyed.is_finished(), "the keyed claim waits");
+    release(admin).await;
+    let (got, replayed) = tokio::time::timeout(BOUND, keyed)
+        .await
+        .expect("claimed once the lock went")
+        .unwrap()
+        .unwrap()
+        .expect("the locked item");
+    assert_eq!(got.item.id, locked);
+    assert!(!replayed);
+    store.close().await;
+}
