@@ -347,7 +347,9 @@ impl LeaseClient {
     ///
     /// # Errors
     /// `NetworkError`, `RateLimitedError` (`retryAfterMs`), `UnauthorizedError`,
-    /// `AbortError`, `ClosedError`; `ValidationError` for bad options or a
+    /// `AbortError`, `ClosedError` (also when `close()` runs while the claim
+    /// waits for its answer: it rejects at once, and a lease the server
+    /// grants it is released); `ValidationError` for bad options or a
     /// `queue` that is not a queue name (1–200 of `A-Z a-z 0-9 _ - . :`, not
     /// `.` or `..`), before anything is sent.
     #[wasm_bindgen(unchecked_return_type = "Promise<Lease | null>")]
@@ -427,6 +429,12 @@ impl LeaseClient {
     /// no live page holds are released now (`{resume: true}`: heartbeated and
     /// returned in `resumed` when still valid). Leases another page holds (its
     /// Web Lock is taken) are left alone; without Web Locks nothing is touched.
+    ///
+    /// # Errors
+    /// `ClosedError` after `close()`, and at once when `close()` runs
+    /// meanwhile (the entry being reconciled is finished, a lease being
+    /// resumed released; the others stay journalled); `TransactionError`
+    /// when the journal cannot be read; `ValidationError` for bad options.
     #[wasm_bindgen(unchecked_return_type = "Promise<Recovery>")]
     pub fn recover(
         &self,
@@ -455,8 +463,14 @@ impl LeaseClient {
     /// Releases every held lease (their signals abort with `released`) and
     /// stops; later calls reject with `ClosedError`. A lease whose settle
     /// failed is settled once more with the same body instead.
+    /// A `claim()` or `recover()` still waiting for its answer (and a
+    /// `work()` slot's claim) rejects with `ClosedError` at once; its request
+    /// runs on, and a lease it brings is released.
     /// Resolves once every lease has been settled or released (or its call
-    /// failed; its journal entry then stays for `recover()`).
+    /// failed; its journal entry then stays for `recover()`), including
+    /// those late grants: it waits for their answers and releases, each
+    /// bounded by `requestTimeoutMs`. A second call, or one after `free()`,
+    /// does nothing and resolves.
     #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
     pub fn close(&self) -> Promise {
         call(Call::Close(self.inner.clone()))

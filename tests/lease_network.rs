@@ -2751,3 +2751,118 @@ async fn lease_fetch_never_follows_a_redirect_with_the_lease_token() {
     );
     lease.release().await.unwrap();
 }
+
+/// How a claim waited for its answer when `close()` came (see
+/// [`close_ends_a_claim_waiting_for_its_answer_and_releases_the_late_grant`]).
+#[derive(Clone, Copy, Debug)]
+enum Waiting {
+    Claim,
+    ClaimWithSignal,
+    WorkSlot,
+}
+
+/// `close()` ends a claim waiting for its answer (the proxy holds the
+/// server's grant back 2 s): the claim rejects with ClosedError (a
+/// `work()` slot's ends its loop) while the answer is still held, and the
+/// lease the server granted is released before `close()` resolves, never
+/// left `running` under a token no one holds. Before, the claim (and
+/// `work()`'s `finished`) waited for the answer after `close()`, and the
+/// lease was given back only then.
+#[wasm_bindgen_test]
+async fn close_ends_a_claim_waiting_for_its_answer_and_releases_the_late_grant() {
+    let Some(proxy) = proxy() else { return };
+    let mode = "slow-claims-2000";
+    for how in [Waiting::Claim, Waiting::ClaimWithSignal, Waiting::WorkSlot] {
+        let q = fresh_queue("close-claim");
+        let id = enqueue(&q, json!({})).await;
+        let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
+        let controller = web_sys::AbortController::new().unwrap();
+        let signal = controller.signal();
+        let waited = async {
+            let ended = match how {
+                Waiting::Claim => c.claim(&q, None).await.err(),
+                Waiting::ClaimWithSignal => c.claim(&q, Some(&signal)).await.err(),
+                Waiting::WorkSlot => {
+                    let w = WorkerInner::start(
+                        c.clone(),
+                        q.clone(),
+                        noop_handler(),
+                        WorkOptions::default(),
+                        wrap,
+                    );
+                    let finished = w.finished.borrow().clone().unwrap();
+                    within(10_000.0, JsFuture::from(finished))
+                        .await
+                        .expect("work() ends (bounded)")
+                        .unwrap();
+                    assert_eq!(w.stats.borrow().claimed, 0, "{how:?}");
+                    Some(agentstore::lease::LeaseError::Closed)
+                }
+            };
+            // The grant's answer is still on its way: the call did not
+            // wait for it.
+            (ended, held_back(proxy, mode).await)
+        };
+        let closing = async {
+            let it = wait_item(id, 10_000.0, |it| it.state == ItemState::Running).await;
+            assert_eq!(
+                it.state,
+                ItemState::Running,
+                "{how:?}: the server granted it"
+            );
+            within(10_000.0, c.close())
+                .await
+                .expect("close() resolves (bounded)");
+        };
+        let ((ended, held), ()) = join(waited, closing).await;
+        assert!(
+            matches!(ended, Some(agentstore::lease::LeaseError::Closed)),
+            "{how:?}: {ended:?}"
+        );
+        assert!(
+            held >= 1.0,
+            "{how:?}: ended by close(), before the answer came"
+        );
+        // close() resolved after the late grant was released.
+        let it = item(id).await;
+        assert_eq!(
+            (it.state, it.last_error.as_deref()),
+            (ItemState::Open, Some("released")),
+            "{how:?}: released by close(), not left running"
+        );
+        assert!(c.held().is_empty());
+    }
+}
+
+/// `close()` ends a `recover()` waiting for an answer (the release of an
+/// entry an earlier page left, whose answer the proxy holds 2 s): it rejects
+/// with ClosedError while the answer is held, and `close()` resolves once
+/// that release was answered. Before, `recover()` waited for the answer
+/// after `close()` and resolved with its report.
+#[wasm_bindgen_test]
+async fn close_ends_a_recover_waiting_for_an_answer() {
+    let Some(proxy) = proxy() else { return };
+    let mode = "slow-releases-2000";
+    let (id, _journal, later) = left_in_the_journal(proxy, mode, "close-recover").await;
+    let recovering = async {
+        let r = later.recover(false).await;
+        (r.err(), held_back(proxy, mode).await)
+    };
+    let closing = async {
+        assert!(
+            proxy_count_reaching(proxy, mode, "held", 1.0, 10_000.0).await >= 1.0,
+            "the release is on its way"
+        );
+        within(10_000.0, later.close())
+            .await
+            .expect("close() resolves (bounded)");
+    };
+    let ((ended, held), ()) = join(recovering, closing).await;
+    assert!(
+        matches!(ended, Some(agentstore::lease::LeaseError::Closed)),
+        "{ended:?}"
+    );
+    assert!(held >= 1.0, "ended by close(), before the answer came");
+    assert_eq!(held_back(proxy, mode).await, 0.0, "close() waited for it");
+    assert_eq!(item(id).await.state, ItemState::Open, "released");
+}

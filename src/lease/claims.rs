@@ -42,32 +42,33 @@ impl ClientInner {
     /// (see the server's `Store::claim_once`), instead of a second item
     /// while the first waits out its TTL with an attempt spent.
     ///
+    /// `close()` ends a claim awaiting its answer at once (`ClosedError`);
+    /// the request runs on, and a lease it brings is released (see
+    /// `claim_request`). `close()` waits for that, and for a claim between
+    /// its answer and its return (whose lease it gives back), so no lease of
+    /// this client is left running on the server once `close()` resolved
+    /// (but one whose release got no answer).
+    ///
     /// # Errors
     /// `NetworkError`, `RateLimitedError` (with `retryAfterMs`),
     /// `UnauthorizedError`, `AbortError` (the signal fired; a claim the server
-    /// granted anyway is released, see `claim_request`), `ValidationError`.
+    /// granted anyway is released, see `claim_request`), `ClosedError`
+    /// (`close()` ran before or during the claim), `ValidationError`.
     pub async fn claim(
         self: &Rc<Self>,
         queue: &str,
         signal: Option<&AbortSignal>,
     ) -> Result<Claimed> {
         self.check_open()?;
+        // `close()` waits for this call to return: a lease it brings after
+        // `close()` began is given back below, before `close()` resolves.
+        let _claiming = self.ending_call();
         let mut path = String::from("/v1/queues/");
         path.push_str(&String::from(js_sys::encode_uri_component(queue)));
         path.push_str("/claims");
         let sent_at = now_ms();
         let timeout = self.config.request_timeout_ms;
-        let answer = match signal {
-            None => {
-                let key = claim_key(&self.unanswered_claims, queue);
-                let r = self
-                    .authed_while("POST", &path, None, timeout, None, &|| None, Some(&key))
-                    .await;
-                self.keep_if_unanswered(queue, &key, &r);
-                r?
-            }
-            Some(s) => self.claim_request(queue, path, timeout, s).await?,
-        };
+        let answer = self.claim_request(queue, path, timeout, signal).await?;
         if answer.status == 204 {
             return Ok(Claimed::Empty(answer.retry_after_ms));
         }
@@ -99,22 +100,25 @@ impl ClientInner {
         Ok(Claimed::Lease(lease))
     }
 
-    /// The claim request under `signal`. The signal abandons the request
-    /// rather than aborting it: aborting the fetch would only drop the answer,
-    /// and a claim the server granted would stay `running` under a token no
-    /// one holds until it expired (an attempt lost). The request runs on, and
-    /// a claim granted after the signal fired is released at once.
+    /// The claim request under `signal` and `close()`. Either abandons the
+    /// request rather than aborting it: aborting the fetch would only drop
+    /// the answer, and a claim the server granted would stay `running` under
+    /// a token no one holds until it expired (an attempt lost). The request
+    /// runs on, and a claim granted after the caller stopped waiting is
+    /// released at once; `close()` waits for that (the request and the
+    /// release are each bounded by the request timeout).
     ///
     /// # Errors
-    /// `AbortError` when the signal fired first; as [`ClientInner::authed`].
+    /// `AbortError` when the signal fired first; `ClosedError` when
+    /// `close()` ran first; as [`ClientInner::authed`].
     async fn claim_request(
         self: &Rc<Self>,
         queue: &str,
         path: String,
         timeout: f64,
-        signal: &AbortSignal,
+        signal: Option<&AbortSignal>,
     ) -> Result<super::http::Answer> {
-        if let Some(reason) = crate::options::abort_reason(signal) {
+        if let Some(reason) = signal.and_then(crate::options::abort_reason) {
             return Err(LeaseError::Aborted(reason));
         }
         // Taken once the claim is sure to be sent.
@@ -125,7 +129,10 @@ impl ClientInner {
         let (done, resolve) = deferred();
         {
             let (me, slot, abandoned) = (self.clone(), slot.clone(), abandoned.clone());
+            // Counted until answered (and a grant no one waits for released).
+            let on_wire = self.ending_call();
             crate::options::spawn(async move {
+                let _on_wire = on_wire;
                 let r = me
                     .authed_while("POST", &path, None, timeout, None, &|| None, Some(&key))
                     .await;
@@ -143,9 +150,17 @@ impl ClientInner {
             });
         }
         let (fired, on_abort) = deferred();
-        let _ = signal.add_event_listener_with_callback("abort", &on_abort);
+        let closing = self.closing.as_ref().map(|c| c.signal());
+        let signals = [signal, closing.as_ref()];
+        for s in signals.iter().flatten() {
+            let _ = s.add_event_listener_with_callback("abort", &on_abort);
+        }
+        // (Nothing was awaited since `check_open()`: `close()` cannot have
+        // fired its abort before the listener was added.)
         let _ = select(JsFuture::from(done), JsFuture::from(fired)).await;
-        let _ = signal.remove_event_listener_with_callback("abort", &on_abort);
+        for s in signals.iter().flatten() {
+            let _ = s.remove_event_listener_with_callback("abort", &on_abort);
+        }
         // `fired` settled either way, so its JsFuture's callbacks are freed
         // (a signal that never aborts left them in wasm memory per claim).
         let _ = on_abort.call0(&JsValue::UNDEFINED);
@@ -154,9 +169,10 @@ impl ClientInner {
             Some(r) => r,
             None => {
                 abandoned.set(true);
-                Err(LeaseError::Aborted(
-                    crate::options::abort_reason(signal).unwrap_or(JsValue::UNDEFINED),
-                ))
+                match signal.and_then(crate::options::abort_reason) {
+                    Some(reason) if !self.closed.get() => Err(LeaseError::Aborted(reason)),
+                    _ => Err(LeaseError::Closed),
+                }
             }
         }
     }

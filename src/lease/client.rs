@@ -88,8 +88,8 @@ pub struct ClientInner {
     /// claims at once (they would otherwise notice only when their timer
     /// fires, up to `pollIntervalMs` or a backoff window later).
     pub(crate) closing: Option<web_sys::AbortController>,
-    /// Settles and releases of this client's leases on the wire now
-    /// (`close()` waits for them).
+    /// Calls `close()` waits for, in progress now (see
+    /// [`ClientInner::ending_call`]).
     pub(crate) ending_calls: Cell<u32>,
     /// Resolved (and emptied) when `ending_calls` drops to 0.
     ending_idle: RefCell<Vec<Function>>,
@@ -291,7 +291,11 @@ impl ClientInner {
     }
 
     /// Stops heartbeating and releases every held lease (signals abort with
-    /// `released`); later calls fail with `ClosedError`. A lease whose settle
+    /// `released`); later calls fail with `ClosedError`, and so do, at once,
+    /// the `claim()`s and `recover()`s waiting for an answer: their requests
+    /// run on, and a lease they bring is released (see
+    /// [`ClientInner::claim`]) before `close()` resolves (each request, and
+    /// each release, bounded by the request timeout). A lease whose settle
     /// (or release) is in flight is not raced by a release: its call finishes
     /// first (bounded by the request timeout), and only a lease it left held
     /// is released. A held lease whose settle failed (asked by the app, or by
@@ -328,7 +332,9 @@ impl ClientInner {
         }
         let _ = wasm_bindgen_futures::JsFuture::from(Promise::all(&releases)).await;
         // Also the settles of leases that expired locally while on the wire
-        // (no longer held, but their answer decides how they ended).
+        // (no longer held, but their answer decides how they ended), and the
+        // claims and recoveries that were in progress (a lease they bring is
+        // given back).
         while self.ending_calls.get() > 0 {
             let (idle, resolve) = super::heartbeat::deferred();
             self.ending_idle.borrow_mut().push(resolve);
@@ -344,9 +350,12 @@ impl ClientInner {
 }
 
 impl ClientInner {
-    /// Counts a settle or release of one of this client's leases as on the
-    /// wire until the guard is dropped (answered, failed or abandoned);
-    /// `close()` wakes when the last one ends.
+    /// Counts a call `close()` waits for until the guard is dropped: a
+    /// settle or release of one of this client's leases on the wire
+    /// (answered, failed or abandoned), a `claim()` or `recover()` in
+    /// progress, and the request of a claim or the reconciling of a
+    /// `recover()` their caller no longer waits for (a lease either brings
+    /// after `close()` is released); `close()` wakes when the last one ends.
     pub(crate) fn ending_call(self: &Rc<Self>) -> EndingCall {
         self.ending_calls.set(self.ending_calls.get() + 1);
         EndingCall(self.clone())
