@@ -542,7 +542,11 @@ const minifyGlue = (file) => {
   // setters check the pointer in JS first and throw a ClosedError with
   // `code` and `status`, as every other error of the package is
   // (docs/api.md, Errors), before the module is entered; a second free()
-  // (or dispose) does nothing. A method called on something that is not an
+  // (or dispose) does nothing, and so does a teardown call (`close()`,
+  // `stop()`) on a freed object (or one whose free() waits for its call to
+  // return): teardown runs in any order, any number of times, without
+  // throwing (one typed `Promise<…>` resolves). A
+  // method called on something that is not an
   // instance (`const { get } = store; get(id)`) throws a ValidationError
   // naming the method, not a TypeError from reading `__wbg_ptr` of
   // `undefined`, nor "freed" for an object that never was one.
@@ -601,7 +605,7 @@ const minifyGlue = (file) => {
   const busy = new Map(), later = new Set();
   const wrap = (f, k) => function (...args) {
     if (!(this instanceof C)) return refuse(invalid(\`\${C.name}.\${k} was called on something that is not \${an} \${C.name} (a method taken off its object: call it on the object, or bind it)\`), k);
-    if (!this.__wbg_ptr || later.has(this)) return refuse(freed(), k);
+    if (!this.__wbg_ptr || later.has(this)) return k !== 'close' && k !== 'stop' ? refuse(freed(), k) : sync.includes(\` \${k} \`) ? undefined : Promise.resolve();
     busy.set(this, (busy.get(this) || 0) + 1);
     try { return checked(f, k, this, args); } finally {
       const n = busy.get(this) - 1;

@@ -480,7 +480,8 @@ impl AgentStore {
 
     /// Closes the connection; later calls reject with ClosedError. An import
     /// or export in progress stops as it would on this connection: its
-    /// connection (the io module's) is closed too.
+    /// connection (the io module's) is closed too. A second call, or one
+    /// after `free()` (or a `using` block's end), does nothing.
     pub fn close(&self) {
         self.inner.close();
         #[cfg(not(feature = "io"))]

@@ -920,7 +920,8 @@ pub struct Worker {
 
 #[wasm_bindgen(js_class = LeaseWorker)]
 impl Worker {
-    /// Stops claiming; resolves when running handlers have finished and settled.
+    /// Stops claiming; resolves when running handlers have finished and
+    /// settled. A second call, or one after `free()`, resolves too.
     #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
     pub fn stop(&self) -> Promise {
         call(Call::Stop(self.inner.clone()))
