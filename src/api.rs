@@ -128,6 +128,7 @@ export interface ListByOptions {
   eq?: string | number | (string | number)[] | null | undefined;
   /** The first component is a string starting with this. */
   prefix?: string | null | undefined;
+  /** Bounds of the first component (numbers sort before strings); a `lower` above `upper` is a ValidationError. */
   range?: {
     lower?: string | number | null | undefined; upper?: string | number | null | undefined;
     lowerOpen?: boolean | null | undefined; upperOpen?: boolean | null | undefined;

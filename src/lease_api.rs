@@ -56,8 +56,9 @@ export interface WorkOptions {
   concurrency?: number | null | undefined;
   /** Wait after an empty claim (ms), plus jitter in [0, min(interval/2, 30 s)]. Default 5000. */
   pollIntervalMs?: number | null | undefined;
-  /** Reconnect backoff random(base, min(cap, base*2^n)); defaults 10000 and 300000 ms. */
+  /** Reconnect backoff random(base, min(cap, base*2^n)) (ms), 1..3600000; default 10000. */
   reconnectBaseMs?: number | null | undefined;
+  /** Cap of the reconnect backoff (ms), reconnectBaseMs..3600000 (a cap below the base, given or default, is a ValidationError); default 300000. */
   reconnectCapMs?: number | null | undefined;
 }
 /** The credentials handed to `onCredentials` after an enrollment or refresh. */
@@ -369,7 +370,10 @@ impl LeaseClient {
     /// `Retry-After`.
     ///
     /// # Errors
-    /// `ValidationError` for bad options or a `queue` that is not a queue name.
+    /// `ValidationError` for bad options (among them a `reconnectCapMs`
+    /// below `reconnectBaseMs`, either of them given or default) or a
+    /// `queue` that is not a queue name; `ClosedError` after `close()`.
+    /// Nothing starts then.
     pub fn work(
         &self,
         #[wasm_bindgen(unchecked_param_type = "string")] queue: JsValue,
@@ -412,11 +416,19 @@ impl LeaseClient {
             if let Some(c) = opt_num(
                 &options,
                 "reconnectCapMs",
-                0,
+                1,
                 3_600_000,
-                "an integer in [0, 3600000]",
+                "an integer in [1, 3600000]",
             )? {
                 w.reconnect_cap_ms = c;
+            }
+            // A cap below the base (either given, or the other's default)
+            // has no window to draw from: refused, never clamped.
+            if w.reconnect_cap_ms < w.reconnect_base_ms {
+                return Err(LeaseError::Validation(
+                    "reconnectCapMs must be at least reconnectBaseMs (defaults 300000 and 10000)"
+                        .into(),
+                ));
             }
             Ok(w)
         };

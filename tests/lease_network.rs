@@ -2866,3 +2866,43 @@ async fn close_ends_a_recover_waiting_for_an_answer() {
     assert_eq!(held_back(proxy, mode).await, 0.0, "close() waited for it");
     assert_eq!(item(id).await.state, ItemState::Open, "released");
 }
+
+/// `work()` refuses a `reconnectCapMs` below its `reconnectBaseMs` (both
+/// given, or one of them the default: 10000 / 300000) with a
+/// ValidationError naming the option, before anything starts; a cap equal
+/// to its base works. Before, any such cap was taken and silently raised
+/// to the base.
+#[wasm_bindgen_test]
+async fn work_refuses_a_reconnect_cap_below_its_base() {
+    use agentstore::lease_api::LeaseClient;
+    let opts = js(json!({"journal": false}));
+    let client = LeaseClient::new("http://127.0.0.1:9".into(), opts).expect("client");
+    for bad in [
+        json!({"reconnectBaseMs": 2000, "reconnectCapMs": 1000}),
+        json!({"reconnectCapMs": 5000}),
+        json!({"reconnectBaseMs": 400000}),
+        json!({"reconnectCapMs": 0}),
+    ] {
+        let e = err_of(client.work("q".into(), noop_handler().into(), js(bad.clone())));
+        assert!(e.is_instance_of::<js_sys::Error>(), "{bad}");
+        assert_eq!(
+            js_error_name(&e),
+            ("ValidationError".into(), "validation".into()),
+            "{bad}"
+        );
+        let m = Reflect::get(&e, &"message".into())
+            .unwrap()
+            .as_string()
+            .unwrap_or_default();
+        assert!(m.contains("reconnectCapMs"), "{bad}: {m}");
+    }
+    let w = client
+        .work(
+            "q".into(),
+            noop_handler().into(),
+            js(json!({"reconnectBaseMs": 1000, "reconnectCapMs": 1000})),
+        )
+        .expect("a cap equal to its base");
+    JsFuture::from(w.stop()).await.unwrap();
+    JsFuture::from(client.close()).await.unwrap();
+}

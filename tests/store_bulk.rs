@@ -725,7 +725,7 @@ async fn every_call_after_close_rejects_with_closed_error_even_with_nothing_to_r
             "listBy(empty range)",
             store.list_by(
                 s("byType"),
-                js(json!({"range": {"lower": "b", "upper": "a"}})),
+                js(json!({"range": {"lower": "a", "upper": "a", "lowerOpen": true}})),
             ),
         ),
         ("put", store.put(js(json!({"_id": "c3"})))),

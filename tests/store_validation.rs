@@ -590,6 +590,68 @@ async fn options_are_checked_one_way_never_coerced_or_ignored() {
     close.call0(&opened).unwrap();
 }
 
+/// A `listBy` range whose `lower` is above its `upper` (strings, numbers,
+/// or a string above a number: numbers sort first) is a ValidationError
+/// naming both, as IndexedDB's own `IDBKeyRange.bound` refuses it; an equal
+/// pair (closed: that key; with an open end: empty) is a range. Before, an
+/// inverted range answered an empty page, hiding the caller's mistake.
+#[wasm_bindgen_test]
+async fn an_inverted_list_by_range_is_a_validation_error_not_an_empty_page() {
+    let name = fresh_name("inverted-range");
+    let opts = js(json!({"indexes": [{"name": "byType", "keys": ["recordType"]}]}));
+    let opened = open_js(&name, opts).await;
+    let call = |method: &str, args: Vec<JsValue>| call_js(&opened, method, args);
+    call("put", vec![js(json!({"_id": "a", "recordType": "run"}))])
+        .await
+        .unwrap();
+    for range in [
+        json!({"lower": "b", "upper": "a"}),
+        json!({"lower": 2, "upper": 1}),
+        json!({"lower": "a", "upper": 5, "upperOpen": true}),
+    ] {
+        let e = call("listBy", vec![s("byType"), js(json!({ "range": range }))])
+            .await
+            .expect_err("an inverted range is refused");
+        assert_eq!(
+            (
+                field_str(&e, "name").as_deref(),
+                field_str(&e, "code").as_deref()
+            ),
+            (Some("ValidationError"), Some("validation")),
+            "{range}"
+        );
+        assert!(e.is_instance_of::<js_sys::Error>(), "{range}");
+        let m = field_str(&e, "message").unwrap_or_default();
+        assert!(
+            m.contains("range.lower") && m.contains("range.upper"),
+            "{m}"
+        );
+    }
+    let records = |page: &JsValue| js_sys::Array::from(&field(page, "records")).length();
+    let page = call(
+        "listBy",
+        vec![
+            s("byType"),
+            js(json!({"range": {"lower": "run", "upper": "run"}})),
+        ],
+    )
+    .await
+    .expect("an equal pair is that key");
+    assert_eq!(records(&page), 1);
+    let page = call(
+        "listBy",
+        vec![
+            s("byType"),
+            js(json!({"range": {"lower": "run", "upper": "run", "lowerOpen": true}})),
+        ],
+    )
+    .await
+    .expect("an equal pair with an open end is an empty range");
+    assert_eq!(records(&page), 0);
+    let close: js_sys::Function = field(&opened, "close").unchecked_into();
+    close.call0(&opened).unwrap();
+}
+
 /// An option the call does not take (a misspelt key holding a value) is a
 /// ValidationError naming it, and the call does nothing: before, `list`
 /// with `prefx` listed every record, `mutate` with `retry: 0` retried 8

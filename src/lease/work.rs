@@ -43,7 +43,9 @@ pub struct WorkOptions {
     pub poll_interval_ms: f64,
     /// Reconnect backoff base (ms). Default 10 s.
     pub reconnect_base_ms: f64,
-    /// Reconnect backoff cap (ms). Default 5 min.
+    /// Reconnect backoff cap (ms), at least `reconnect_base_ms` (`work()`
+    /// refuses a smaller one; [`Reconnect`] would raise it to the base).
+    /// Default 5 min.
     pub reconnect_cap_ms: f64,
 }
 

@@ -575,7 +575,8 @@ impl ByQuery {
     /// Reads `{eq | prefix | range, limit, after, descending}`.
     ///
     /// # Errors
-    /// ValidationError for more than one condition, wrong types, bad limit or cursor.
+    /// ValidationError for more than one condition, wrong types, a range
+    /// whose `lower` is above its `upper`, bad limit or cursor.
     pub fn from_js(o: &JsValue) -> Result<ByQuery> {
         crate::options::check_object(o, "listBy options").map_err(StoreError::validation)?;
         crate::options::known(o, "eq prefix range limit after descending")?;
@@ -642,9 +643,19 @@ impl ByQuery {
                     Ok(None)
                 }
             };
+            let (lower, upper) = (opt("lower")?, opt("upper")?);
+            // An inverted range is a caller's mistake (IndexedDB's own
+            // `IDBKeyRange.bound` refuses it too), not an empty listing.
+            if let (Some(l), Some(u)) = (&lower, &upper) {
+                if agentstore_protocol::index::cmp_part(l, u) == std::cmp::Ordering::Greater {
+                    return Err(StoreError::validation(
+                        "range.lower must not be above range.upper",
+                    ));
+                }
+            }
             Condition::Range {
-                lower: opt("lower")?,
-                upper: opt("upper")?,
+                lower,
+                upper,
                 lower_open: crate::options::flag(&range, "lowerOpen")?,
                 upper_open: crate::options::flag(&range, "upperOpen")?,
             }
