@@ -452,7 +452,20 @@ impl LeaseClient {
         &self,
         #[wasm_bindgen(unchecked_optional_param_type = "RecoverOptions | null")] options: JsValue,
     ) -> Promise {
-        call(Call::Recover(self.inner.clone(), options))
+        let recovering = call(Call::Recover(self.inner.clone(), options));
+        let Some(closing) = &self.inner.closing else {
+            return recovering;
+        };
+        // Raced with `close()`: at its abort the race adopts `closed`, a
+        // Promise rejected with ClosedError (marked handled, so only the
+        // race reports it). The reconciling runs on in the call's task
+        // and stops after its entry (`ClientInner::recover`).
+        let closed = Promise::reject(&LeaseError::Closed.to_js());
+        let handled = crate::lease::heartbeat::deferred().1;
+        if let Ok(catch) = Reflect::get(&closed, &"catch".into()) {
+            let _ = catch.unchecked_ref::<Function>().call1(&closed, &handled);
+        }
+        crate::store::race_abort_js(&recovering, &closing.signal(), &closed)
     }
 
     /// The leases this client holds now.

@@ -2835,17 +2835,24 @@ async fn close_ends_a_claim_waiting_for_its_answer_and_releases_the_late_grant()
 }
 
 /// `close()` ends a `recover()` waiting for an answer (the release of an
-/// entry an earlier page left, whose answer the proxy holds 2 s): it rejects
-/// with ClosedError while the answer is held, and `close()` resolves once
-/// that release was answered. Before, `recover()` waited for the answer
-/// after `close()` and resolved with its report.
+/// entry an earlier page left, whose answer the proxy holds 2 s): its
+/// Promise rejects with ClosedError while the answer is held, and `close()`
+/// resolves once that release was answered. Before, `recover()` waited for
+/// the answer after `close()` and resolved with its report.
 #[wasm_bindgen_test]
 async fn close_ends_a_recover_waiting_for_an_answer() {
+    use agentstore::lease_api::LeaseClient;
     let Some(proxy) = proxy() else { return };
     let mode = "slow-releases-2000";
-    let (id, _journal, later) = left_in_the_journal(proxy, mode, "close-recover").await;
+    let (id, journal, _) = left_in_the_journal(proxy, mode, "close-recover").await;
+    let options = js(json!({
+        "accessToken": server().unwrap().1,
+        "journal": journal,
+        "releaseOnPagehide": false,
+    }));
+    let later = LeaseClient::new(format!("{proxy}/{mode}").into(), options).expect("client");
     let recovering = async {
-        let r = later.recover(false).await;
+        let r = JsFuture::from(later.recover(JsValue::UNDEFINED)).await;
         (r.err(), held_back(proxy, mode).await)
     };
     let closing = async {
@@ -2853,14 +2860,17 @@ async fn close_ends_a_recover_waiting_for_an_answer() {
             proxy_count_reaching(proxy, mode, "held", 1.0, 10_000.0).await >= 1.0,
             "the release is on its way"
         );
-        within(10_000.0, later.close())
+        within(10_000.0, JsFuture::from(later.close()))
             .await
-            .expect("close() resolves (bounded)");
+            .expect("close() resolves (bounded)")
+            .unwrap();
     };
     let ((ended, held), ()) = join(recovering, closing).await;
-    assert!(
-        matches!(ended, Some(agentstore::lease::LeaseError::Closed)),
-        "{ended:?}"
+    let ended = ended.expect("recover() rejects");
+    assert!(ended.is_instance_of::<js_sys::Error>());
+    assert_eq!(
+        js_error_name(&ended),
+        ("ClosedError".into(), "closed".into())
     );
     assert!(held >= 1.0, "ended by close(), before the answer came");
     assert_eq!(held_back(proxy, mode).await, 0.0, "close() waited for it");

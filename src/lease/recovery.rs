@@ -57,42 +57,16 @@ impl ClientInner {
     /// `resume`, heartbeated and handed back if still valid. An entry leaves the
     /// journal only once its lease has ended on the server.
     ///
-    /// `close()` ends a `recover()` in progress at once (`ClosedError`): the
-    /// entry being reconciled then is finished in the background (a lease
-    /// it was resuming is released), the entries not reached yet stay
-    /// journalled for a later `recover()`, and `close()` waits for that
-    /// entry (its requests bounded by the request timeout, a lock wait by
-    /// `lockWaitMs`).
+    /// Once `close()` ran, the entries not reached yet stay journalled for a
+    /// later `recover()` (the one being reconciled is finished; a lease it
+    /// was resuming is released). The JS `recover()` rejects with
+    /// `ClosedError` at `close()` without waiting for that entry, and
+    /// `close()` waits for it.
     ///
     /// # Errors
     /// `ClosedError`; `TransactionError` when the journal cannot be read at all.
     pub async fn recover(self: &Rc<Self>, resume: bool) -> Result<Recovery> {
-        self.check_open()?;
-        let slot: Rc<std::cell::RefCell<Option<Result<Recovery>>>> = Rc::default();
-        let (done, resolve) = super::heartbeat::deferred();
-        {
-            let (me, slot) = (self.clone(), slot.clone());
-            // `close()` waits for what this started (see `ending_call`).
-            let on_wire = self.ending_call();
-            crate::options::spawn(async move {
-                let _on_wire = on_wire;
-                let r = me.recover_until(resume, &|| me.closed.get()).await;
-                *slot.borrow_mut() = Some(r);
-                let _ = resolve.call0(&JsValue::UNDEFINED);
-            });
-        }
-        let done = match &self.closing {
-            Some(c) => crate::store::race_abort_js(&done, &c.signal(), &JsValue::UNDEFINED),
-            None => done,
-        };
-        let _ = wasm_bindgen_futures::JsFuture::from(done).await;
-        // Closed meanwhile: a lease it resumed was released by `close()` (or
-        // by `recover_until`, when it came later); none is handed out.
-        let r = slot.borrow_mut().take();
-        match r {
-            Some(r) if !self.closed.get() => r,
-            _ => Err(LeaseError::Closed),
-        }
+        self.recover_until(resume, &|| self.closed.get()).await
     }
 
     /// [`ClientInner::recover`], leaving the entries not reached yet for a
@@ -107,6 +81,8 @@ impl ClientInner {
         stop: &dyn Fn() -> bool,
     ) -> Result<Recovery> {
         self.check_open()?;
+        // `close()` waits for it (see `ClientInner::ending_call`).
+        let _recovering = self.ending_call();
         let mut report = Recovery::default();
         let entries = self
             .journal
