@@ -648,9 +648,7 @@ impl ByQuery {
             // `IDBKeyRange.bound` refuses it too), not an empty listing.
             if let (Some(l), Some(u)) = (&lower, &upper) {
                 if agentstore_protocol::index::cmp_part(l, u) == std::cmp::Ordering::Greater {
-                    return Err(StoreError::validation(
-                        "range.lower must not be above range.upper",
-                    ));
+                    return Err(StoreError::validation("range: lower is above upper"));
                 }
             }
             Condition::Range {
