@@ -82,14 +82,15 @@ async function scenario({ entry }) {
     ['dispose', 'free', a, 'dispose'], [a, 'free', a, 'dispose', 'free', a],
   ];
   const db = `teardown-${Math.random().toString(36).slice(2)}`;
+  let n = 0;
   for (const order of teardowns('close')) {
     const store = await mod.AgentStore.open(db);
-    await store.put({ _id: 'x' });
+    await store.put({ _id: `x${n++}` });
     await run('AgentStore', store, order, {});
   }
   // The store still opens and works afterwards.
   const again = await mod.AgentStore.open(db);
-  const still = (await again.get('x'))?._id === 'x';
+  const still = (await again.get('x0'))?._id === 'x0';
   again.close();
   if (mod.LeaseClient) {
     // Nothing listens on port 9: no lease is ever held, every request fails fast.
