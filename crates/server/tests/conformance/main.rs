@@ -146,4 +146,5 @@ conformance! {
     outage::a_write_refused_by_a_read_only_database_is_a_503_and_then_served,
     outage::a_canceled_statement_is_a_503_and_the_next_request_is_served,
     outage::a_keyed_claim_waiting_for_a_locked_item_holds_up_no_other_claim,
+    outage::calls_passed_over_for_locked_rows_never_hold_the_pool_past_one_lock_timeout,
 }

@@ -955,3 +955,84 @@ pub async fn a_keyed_claim_waiting_for_a_locked_item_holds_up_no_other_claim(db:
     assert!(!replayed);
     store.close().await;
 }
+
+/// A batched heartbeat and concurrent settles naming more leases than the
+/// pool has connections, every one of their rows locked by a session that
+/// keeps them: each call is refused within about one lock timeout, and a
+/// call on another row (an enqueue) is served meanwhile. Before, each lease
+/// passed over for its locked row waited for it alone on a pool connection
+/// of its own, all at once: they took the pool in waves of a lock timeout
+/// each, the batched heartbeat answered after all its waves, and every
+/// other call of the instance queued behind them for a connection.
+pub async fn calls_passed_over_for_locked_rows_never_hold_the_pool_past_one_lock_timeout(
+    db: TestDb,
+) {
+    if db.kind == crate::common::Kind::Sqlite {
+        return;
+    }
+    const POOL: u32 = 2;
+    const LEASES: usize = 16;
+    let settings = Settings {
+        pool_size: POOL,
+        ..Settings::default()
+    };
+    let store = store_with_lock_timeout(&db, LOCK_TIMEOUT_MS, settings).await;
+    let leases = claimed(&store, "locked", LEASES).await;
+    let ids: Vec<i64> = leases.iter().map(|(id, _)| *id).collect();
+    let before = snapshot(&store).await;
+    let admin = lock_rows(&db, &ids).await;
+    // A lock timeout, the time to run the calls' statements on the small
+    // pool, and a margin: far below one lock timeout per wave of the pool.
+    let bound = Duration::from_millis(LOCK_TIMEOUT_MS * 3 + 1000);
+    let started = Instant::now();
+    let beat = {
+        let (store, leases) = (store.clone(), leases.clone());
+        tokio::spawn(async move {
+            let refs: Vec<(i64, &str)> = leases.iter().map(|(i, t)| (*i, t.as_str())).collect();
+            let out = store.heartbeat_many(&refs, None).await;
+            (out, started.elapsed())
+        })
+    };
+    let settles: Vec<_> = leases
+        .iter()
+        .map(|(id, token)| {
+            let (store, id, token) = (store.clone(), *id, token.clone());
+            tokio::spawn(async move {
+                let out = store
+                    .settle(id, &token, None, SettleState::Done, None, None)
+                    .await;
+                (out, started.elapsed())
+            })
+        })
+        .collect();
+    // Meanwhile a call on another row.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let t0 = Instant::now();
+    store.enqueue("elsewhere", &json!(1), None).await.unwrap();
+    let other = t0.elapsed();
+    let (out, took) = beat.await.unwrap();
+    let results = out.expect("the batch is answered");
+    assert!(
+        results
+            .iter()
+            .all(|r| r.as_ref().is_err_and(|e| e.unavailable().is_some())),
+        "{results:?}"
+    );
+    assert!(took < bound, "the batched heartbeat took {took:?}");
+    for s in settles {
+        let (out, took) = s.await.unwrap();
+        assert!(
+            out.as_ref().is_err_and(|e| e.unavailable().is_some()),
+            "{out:?}"
+        );
+        assert!(took < bound, "a settle took {took:?}");
+    }
+    assert!(other < bound, "a call on another row took {other:?}");
+    admin.close().await.unwrap();
+    let mut after = snapshot(&store).await;
+    let mut before = before;
+    after.retain(|r| !r.contains("elsewhere"));
+    before.retain(|r| !r.contains("elsewhere"));
+    assert_eq!(after, before, "nothing was written");
+    store.close().await;
+}
