@@ -1174,11 +1174,26 @@ pub async fn a_release_racing_its_leases_own_settle_is_answered_with_that_settle
             .fetch_one(&mut *lock)
             .await
             .unwrap();
+        let (holder,): (i32,) = sqlx::query_as("SELECT pg_backend_pid()")
+            .fetch_one(&mut *lock)
+            .await
+            .unwrap();
+        // The sessions waiting behind this round's lock, directly or behind
+        // a session that waits for it (a second writer of a row queues on
+        // the first's tuple lock): other tests' lock waits, run in parallel
+        // on the same database, are not counted.
         let waiting = || async {
             sqlx::query_as::<_, (i64,)>(
-                "SELECT COUNT(*) FROM pg_stat_activity
-                 WHERE wait_event_type = 'Lock' AND datname = current_database()",
+                "WITH RECURSIVE w(pid) AS (
+                     SELECT pid FROM pg_stat_activity
+                     WHERE wait_event_type = 'Lock' AND $1 = ANY(pg_blocking_pids(pid))
+                     UNION
+                     SELECT a.pid FROM pg_stat_activity a JOIN w ON w.pid = ANY(pg_blocking_pids(a.pid))
+                     WHERE a.wait_event_type = 'Lock'
+                 )
+                 SELECT COUNT(*) FROM w",
             )
+            .bind(holder)
             .fetch_one(store.pool())
             .await
             .unwrap()
