@@ -629,7 +629,8 @@ impl Store {
             tokio::spawn(async move {
                 store.claim_alone(&queue, alone).await;
                 for job in copies {
-                    let out = store.replay_or_claim(&queue, &job).await;
+                    // Keyed (a copy): it may wait for a locked row too.
+                    let out = store.alone(store.replay_or_claim(&queue, &job)).await;
                     let _ = job.reply.send(out);
                 }
             });
@@ -676,14 +677,20 @@ impl Store {
     /// session keeps the row locked, not a claim in flight), the other
     /// keyed claims of its batch marked `true` would wait for the same lock
     /// one after another, a lock timeout each: they are answered with that
-    /// refusal (503) at once.
+    /// refusal (503) at once. A keyed claim (the only kind that waits for
+    /// a row lock) holds one of the few permits for such waits while it
+    /// runs ([`Store::alone`]); one that gets none within the effective
+    /// `lock_timeout` is refused so too.
     async fn claim_alone(&self, queue: &str, jobs: Vec<(ClaimJob, bool)>) {
         let mut refused: Option<StoreError> = None;
         for (job, shared) in jobs {
             let out = match &refused {
                 Some(e) if shared && job.key.is_some() => Err(for_each_call(e)),
                 _ => {
-                    let out = self.claim_job(queue, &job).await;
+                    let out = match job.key {
+                        Some(_) => self.alone(self.claim_job(queue, &job)).await,
+                        None => self.claim_job(queue, &job).await,
+                    };
                     if let Err(e) = &out {
                         if shared
                             && job.key.is_some()
@@ -976,7 +983,12 @@ impl Store {
     /// lease passed over so (its row still reads as held by it) is renewed
     /// alone ([`Store::renew`]: it waits for its row as a single heartbeat
     /// does, at most `lock_timeout`, then `503` for it alone), all such
-    /// leases at once, after the others are committed.
+    /// leases at once, after the others are committed, each holding one of
+    /// the few permits for such waits ([`Store::alone`]): at most a quarter
+    /// of the pool waits for locked rows, and a lease that gets no permit
+    /// within the effective `lock_timeout` is answered `503` for it alone,
+    /// so the batch is answered within about one `lock_timeout` (two at
+    /// most) however many of its rows are locked.
     async fn renew_many(
         &self,
         leases: &[(i64, String)],
@@ -1049,7 +1061,7 @@ impl Store {
             .filter(|(_, e)| e.is_none())
             .map(|(&(id, hash), _)| {
                 let (store, hash) = (self.clone(), hash.to_owned());
-                tokio::spawn(async move { store.renew(id, &hash, owner).await })
+                tokio::spawn(async move { store.alone(store.renew(id, &hash, owner)).await })
             })
             .collect();
         let mut alone = Vec::with_capacity(tasks.len());

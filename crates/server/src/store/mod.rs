@@ -9,6 +9,7 @@ mod coalesce;
 mod fence;
 mod item;
 mod items;
+mod lone;
 mod migrate;
 mod reap;
 mod settle;
@@ -343,6 +344,10 @@ pub struct Store {
     revocations: Arc<Revocations>,
     /// This instance's metrics (see [`Store::metrics`]).
     metrics: Arc<Metrics>,
+    /// PostgreSQL: the bound on calls run alone that may wait for a row
+    /// lock, each on a pool connection of its own (see `lone`); `None` on
+    /// SQLite.
+    lone: Option<Arc<lone::LoneWaits>>,
 }
 
 /// Credential revocations committed by this instance (see
@@ -478,6 +483,13 @@ impl Store {
             })
             .await?;
         }
+        let lone = match backend {
+            Backend::Sqlite => None,
+            Backend::Postgres => Some(Arc::new(lone::LoneWaits::new(
+                pool.options().get_max_connections(),
+                pg_lock_timeout_ms(&pool).await?,
+            ))),
+        };
         let store = Store {
             pool,
             backend,
@@ -489,6 +501,7 @@ impl Store {
             checkouts,
             revocations: Arc::default(),
             metrics: Arc::default(),
+            lone,
         };
         retry_busy(|| migrate(&store)).await?;
         Ok(store)
@@ -583,6 +596,36 @@ impl Store {
     fn sql(&self, sql: &str) -> String {
         self.backend.sql(sql)
     }
+
+    /// Runs `call`, a call run alone that may wait for a row another
+    /// session keeps locked (a settle or lease renewal a coalesced statement
+    /// passed over, a keyed claim claimed again), holding one of the few
+    /// permits for such waits (see `lone`): a session keeping many rows
+    /// locked never holds more than a quarter of the pool, and a call that
+    /// gets no permit within the effective `lock_timeout` is answered `503`
+    /// (nothing run). On SQLite, `call` as is.
+    async fn alone<T>(
+        &self,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match &self.lone {
+            Some(lone) => lone.run(call).await,
+            None => call.await,
+        }
+    }
+}
+
+/// The `lock_timeout` in force on the pool's PostgreSQL sessions, in ms (0:
+/// no bound): [`PG_LOCK_TIMEOUT_MS`] unless the operator set one (server,
+/// database, role or the URL's `options`; see `pg_timeouts_sql`). Read once
+/// at start.
+async fn pg_lock_timeout_ms(pool: &AnyPool) -> Result<u64, StoreError> {
+    let (ms,): (i64,) = sqlx::query_as(
+        "SELECT CAST(setting AS BIGINT) AS ms FROM pg_settings WHERE name = 'lock_timeout'",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(u64::try_from(ms).unwrap_or(0))
 }
 
 /// Runs `call` in a task of its own and waits for its outcome: dropping the

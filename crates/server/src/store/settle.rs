@@ -251,7 +251,8 @@ impl Store {
     /// for them). The statement passes over a row another session holds
     /// locked (see [`Store::settle_batch`]): such a settle is run alone in a
     /// task of its own, waiting for that row as an uncoalesced settle would
-    /// (at most `lock_timeout`, then `503`), while the rest of its batch is
+    /// (at most `lock_timeout`, then `503`; see [`Store::settle_alone`] for
+    /// the bound on such waits), while the rest of its batch is
     /// answered at once and the lane goes on. A batch whose statement
     /// never applied (see `never_applied`) is retried settle by settle, each
     /// in a task of its own; any
@@ -307,10 +308,14 @@ impl Store {
 
     /// Runs `job` by itself ([`Store::settle_one`]) in a task of its own and
     /// answers it, so that its wait for a locked row holds up no other call.
+    /// It holds one of the few permits for such waits while it runs
+    /// ([`Store::alone`]): settles passed over for many locked rows take at
+    /// most a quarter of the pool, and one that gets no permit within the
+    /// effective `lock_timeout` is answered `503`, nothing written.
     fn settle_alone(&self, job: SettleJob) {
         let store = self.clone();
         tokio::spawn(async move {
-            let out = store.settle_one(&job).await;
+            let out = store.alone(store.settle_one(&job)).await;
             job.answer(out);
         });
     }
