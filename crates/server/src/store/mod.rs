@@ -689,16 +689,14 @@ fn unavailable(e: &sqlx::Error) -> Option<Unavailable> {
                 // crash_shutdown, statement_completion_unknown: the session
                 // ended under the statement, or the server cannot tell.
                 "57P01" | "57P02" | "40003" => Some(Unavailable::Unknown),
-                // protocol_violation: a message this server sent was
-                // malformed (PostgreSQL's docs file it under class 08,
-                // "Connection Exception", but it is a fault of the client:
-                // the same statement sent again fails again). A `500`, not
-                // a `503` that invites a retry for good; if the server
-                // also closed the session, the calls after it see the
-                // connection lost.
-                "08P01" => None,
                 // connection_exception and the rest of its class: the
-                // session ended under the statement.
+                // session ended under the statement. protocol_violation
+                // (`08P01`) included: a connection pooler in front of
+                // PostgreSQL (PgBouncer, Neon's proxy) reports its own
+                // outages with it (`query_wait_timeout`, "server conn
+                // crashed?"), which may come after a commit; taken for a
+                // fault of this server's messages (a `500`), a coalesced
+                // batch that did commit would be run again call by call.
                 c if c.starts_with("08") => Some(Unavailable::Unknown),
                 _ => None,
             }
@@ -856,10 +854,8 @@ mod tests {
     /// it: a statement canceled (`57014`: `statement_timeout`,
     /// `pg_cancel_backend`) or a write refused as read-only (`25006`: a
     /// standby, `default_transaction_read_only`) was rolled back, `503`
-    /// "nothing was written" (before: `500`); `08P01` protocol_violation
-    /// is a fault of this server's messages, `500` (before: `503`, "may
-    /// have been applied", which invited retries that fail the same way);
-    /// the rest of class 08 and `40003` say the outcome is unknown.
+    /// "nothing was written" (before: `500`); class 08 (`08P01` too: a
+    /// pooler's own outages) and `40003` say the outcome is unknown.
     #[tokio::test]
     async fn sqlstates_are_classified_as_postgresql_documents_them() {
         let Ok(url) = std::env::var("AGENTSTORE_TEST_PG_URL") else {
@@ -870,7 +866,7 @@ mod tests {
             ("57014", Some(Unavailable::NotApplied)),
             ("25006", Some(Unavailable::NotApplied)),
             ("55P03", Some(Unavailable::NotApplied)),
-            ("08P01", None),
+            ("08P01", Some(Unavailable::Unknown)),
             ("08006", Some(Unavailable::Unknown)),
             ("40003", Some(Unavailable::Unknown)),
             ("XX000", None),
