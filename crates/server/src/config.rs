@@ -67,7 +67,8 @@ pub struct Config {
     /// (the file is created if missing). On PostgreSQL each connection gets
     /// `lock_timeout` 5 s and `statement_timeout` 60 s unless set already (server
     /// configuration, role, database, or the URL's `options`, e.g.
-    /// `?options=-c%20statement_timeout%3D0`; an explicit 0 is kept).
+    /// `?options=-c%20statement_timeout%3D0`; an explicit 0 is kept; a lock wait
+    /// is part of a statement, so `statement_timeout` bounds it too).
     #[arg(long, default_value = "agentstore.sqlite")]
     pub database: String,
     /// Directory served at `/` (the demo page).

@@ -614,17 +614,14 @@ impl Store {
         while let Some(batch) = self.claims.next(&queue, coalesce::MAX_BATCH) {
             let (batch, copies) = split_copies(batch);
             let alone = self.claim_together(&queue, batch).await;
-            if alone.is_empty() {
-                for job in copies {
-                    let out = self.replay_or_claim(&queue, &job).await;
-                    let _ = job.reply.send(out);
-                }
+            if alone.is_empty() && copies.is_empty() {
                 continue;
             }
             // The claims that run alone may wait for an open item's row
             // lock (see `claim_one`), which a session may keep for as long
-            // as `lock_timeout` allows: they and the copies after them run
-            // apart, so the claims that join the lane meanwhile go on.
+            // as `lock_timeout` allows, and so may a copy (keyed) that
+            // claims again: they run apart, so the claims that join the
+            // lane meanwhile go on.
             let (store, queue) = (self.clone(), queue.clone());
             tokio::spawn(async move {
                 store.claim_alone(&queue, alone).await;

@@ -16,9 +16,12 @@
 //! none by then is answered `503` ([`Unavailable::NotApplied`], nothing
 //! written), as an uncoalesced call refused by `lock_timeout` is. A call
 //! that gets a permit waits for its row as before: it holds the permit
-//! from before it takes a connection until its statements are done, so the
-//! order in which calls queue on one row lock (a settle before a later
-//! release of the same lease) is kept. Where the operator set no bound
+//! from before it takes a connection until its statements are done. Calls
+//! queue on one row lock in the order they reach it: a settle that waits
+//! for its permit (all of them taken by waits on other rows) can be passed
+//! by a later release of the same lease from another client, which waits
+//! on the row at once (the SDK never sends a release while a settle of the
+//! lease is on the wire). Where the operator set no bound
 //! (`lock_timeout` 0), the permit wait is still bounded, by
 //! [`PG_LOCK_TIMEOUT_MS`]: a call whose row is free must not wait for good
 //! behind calls waiting for good on other rows; refused, it is retried by
