@@ -42,18 +42,29 @@ export function freePort() {
  * machine). Rejects when the child exits first or nothing matches within
  * `timeoutMs`. stdout is read for the child's whole life (a full pipe would
  * block it). `stop()` sends SIGTERM (to the child's process group when
- * `detached`) and resolves when the child has exited.
+ * `detached`), SIGKILL 10 s later if it is still there, and resolves when
+ * the child has exited.
  */
 export function spawnListening(cmd, args, { listening, env = {}, cwd = ROOT, timeoutMs = 30_000, detached = false }) {
   const child = spawn(cmd, args, { cwd, detached, env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'ignore'] });
-  const stop = async () => {
-    if (child.exitCode !== null || child.signalCode !== null) return;
-    const exited = new Promise((r) => child.once('exit', r));
+  const signal = (sig) => {
     try {
-      if (detached) process.kill(-child.pid, 'SIGTERM'); // its whole process group
-      else child.kill('SIGTERM');
+      if (detached) process.kill(-child.pid, sig); // its whole process group
+      else child.kill(sig);
     } catch { /* already gone */ }
-    await exited;
+  };
+  const stop = async () => {
+    if (child.pid === undefined || child.exitCode !== null || child.signalCode !== null) return;
+    const exited = new Promise((r) => child.once('exit', r));
+    signal('SIGTERM');
+    // Bounded: a child that ignores SIGTERM is killed after 10 s.
+    let timer;
+    const late = new Promise((r) => { timer = setTimeout(r, 10_000); });
+    if (await Promise.race([exited.then(() => true), late.then(() => false)]) === false) {
+      signal('SIGKILL');
+      await exited;
+    }
+    clearTimeout(timer);
   };
   return new Promise((resolve, reject) => {
     let out = '';
@@ -61,6 +72,8 @@ export function spawnListening(cmd, args, { listening, env = {}, cwd = ROOT, tim
     const timer = setTimeout(() => fail(`printed no listening line within ${timeoutMs} ms`), timeoutMs);
     const onExit = () => fail('exited before listening');
     child.once('exit', onExit);
+    // Not started at all (no such file, not executable): no 'exit' follows.
+    child.once('error', (e) => fail(`could not be started (${e.message})`));
     child.stdout.on('data', (chunk) => {
       if (out === null) return;
       out += chunk.toString().replace(/\x1b\[[0-9;]*m/g, '');

@@ -11,11 +11,10 @@
 // tests/e2e/static-server.mjs. Environment: CHROMIUM, GECKODRIVER.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, writeFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { ROOT, freePort, launchBrowser, sleep } from './helpers.mjs';
+import { ROOT, launchBrowser, spawnListening } from './helpers.mjs';
 import { launchFirefox } from '../../bench/webdriver.mjs';
 
 const PKG = process.env.AGENTSTORE_PKG_DIR ?? join(ROOT, 'pkg');
@@ -29,21 +28,15 @@ before(async () => {
   assert.ok(existsSync(join(PKG, 'agentstore.js')), `${PKG} must hold the built SDK (scripts/build-pkg.sh)`);
   dir = mkdtempSync(join(tmpdir(), 'agentstore-teardown-'));
   writeFileSync(join(dir, 'index.html'), '<!doctype html><title>teardown</title>');
-  const port = await freePort();
-  base = `http://127.0.0.1:${port}`;
-  server = spawn(process.execPath, [join(ROOT, 'tests', 'e2e', 'static-server.mjs'), '--listen', `127.0.0.1:${port}`, '--www', dir, '--pkg', PKG], { stdio: 'ignore' });
-  const until = Date.now() + 30_000;
-  for (;;) {
-    try {
-      if ((await fetch(`${base}/index.html`)).ok) break;
-    } catch {}
-    assert.ok(Date.now() < until && server.exitCode === null, 'static server did not start');
-    await sleep(50);
-  }
+  // The static server binds a port of its own choosing and prints it.
+  server = await spawnListening(process.execPath, [join(ROOT, 'tests', 'e2e', 'static-server.mjs'), '--listen', '127.0.0.1:0', '--www', dir, '--pkg', PKG], {
+    listening: /static server: http:\/\/127\.0\.0\.1:(\d+)\//,
+  });
+  base = server.base;
 });
 
-after(() => {
-  server?.kill();
+after(async () => {
+  await server?.stop();
   if (dir) rmSync(dir, { recursive: true, force: true });
 });
 
