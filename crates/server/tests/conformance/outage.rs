@@ -116,6 +116,40 @@ async fn claimed_and_locked_without_lock_timeout(
     (server, http, id, token, admin)
 }
 
+/// A heartbeat of a lease whose row another session keeps locked (see
+/// [`claimed_and_locked_without_lock_timeout`]), ended while it waits for
+/// the row by `pg_function(pid)` on its backend (`pg_terminate_backend`,
+/// `pg_cancel_backend`); the lock is released afterwards. `(server, http,
+/// item id, lease token, the heartbeat's answer)`.
+async fn heartbeat_ended_by(
+    db: &TestDb,
+    pg_function: &str,
+) -> (Server, reqwest::Client, i64, String, reqwest::Response) {
+    let (server, http, id, token, mut admin) = claimed_and_locked_without_lock_timeout(db).await;
+    let beat = {
+        let (http, url, token) = (
+            http.clone(),
+            format!("{}/v1/items/{id}/heartbeat", server.url()),
+            token.clone(),
+        );
+        tokio::spawn(async move { post(&http, url, None, json!({"token": token})).await })
+    };
+    // The heartbeat's backend, once it waits for the row: the one waiting
+    // for this test's lock (other tests' heartbeats wait in the cluster too).
+    let pid = waiting_on(db, &mut admin).await;
+    let (_, url) = agentstore_server::store::database_url(&db.database);
+    let mut observer = sqlx::AnyConnection::connect(&url).await.unwrap();
+    sqlx::query(&format!("SELECT {pg_function}($1)"))
+        .bind(pid)
+        .fetch_one(&mut observer)
+        .await
+        .unwrap();
+    observer.close().await.unwrap();
+    let resp = beat.await.unwrap();
+    admin.close().await.unwrap();
+    (server, http, id, token, resp)
+}
+
 async fn post(
     http: &reqwest::Client,
     url: String,
@@ -369,34 +403,13 @@ pub async fn a_backend_terminated_mid_request_is_a_503_and_the_next_request_is_s
         return;
     }
     // No lock timeout: the statement waits until its backend is ended.
-    let (server, http, id, token, mut admin) = claimed_and_locked_without_lock_timeout(&db).await;
+    let (server, http, id, token, resp) = heartbeat_ended_by(&db, "pg_terminate_backend").await;
     let base = server.url();
-    let beat = {
-        let (http, url, token) = (
-            http.clone(),
-            format!("{base}/v1/items/{id}/heartbeat"),
-            token.clone(),
-        );
-        tokio::spawn(async move { post(&http, url, None, json!({"token": token})).await })
-    };
-    // The heartbeat's backend, once it waits for the row: the one waiting
-    // for this test's lock (other tests' heartbeats wait in the cluster too).
-    let pid = waiting_on(&db, &mut admin).await;
-    let (_, url) = agentstore_server::store::database_url(&db.database);
-    let mut observer = sqlx::AnyConnection::connect(&url).await.unwrap();
-    sqlx::query("SELECT pg_terminate_backend($1)")
-        .bind(pid)
-        .fetch_one(&mut observer)
-        .await
-        .unwrap();
-    observer.close().await.unwrap();
-    let resp = beat.await.unwrap();
     let text = resp.headers().get("retry-after").cloned();
     assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(text.is_some(), "Retry-After");
     let body: ErrorBody = resp.json().await.unwrap();
     assert!(body.message.contains("may or may not"), "{}", body.message);
-    admin.close().await.unwrap();
     let beat = post(
         &http,
         format!("{base}/v1/items/{id}/heartbeat"),
@@ -847,32 +860,13 @@ pub async fn a_canceled_statement_is_a_503_and_the_next_request_is_served(db: Te
     );
 
     // Canceled by hand while it waits for a row (no lock timeout).
-    let (server, http, id, token, mut admin) = claimed_and_locked_without_lock_timeout(&db).await;
+    let (server, http, id, token, resp) = heartbeat_ended_by(&db, "pg_cancel_backend").await;
     let base = server.url();
-    let beat = {
-        let (http, url, token) = (
-            http.clone(),
-            format!("{base}/v1/items/{id}/heartbeat"),
-            token.clone(),
-        );
-        tokio::spawn(async move { post(&http, url, None, json!({"token": token})).await })
-    };
-    let pid = waiting_on(&db, &mut admin).await;
-    let (_, url) = agentstore_server::store::database_url(&db.database);
-    let mut observer = sqlx::AnyConnection::connect(&url).await.unwrap();
-    sqlx::query("SELECT pg_cancel_backend($1)")
-        .bind(pid)
-        .fetch_one(&mut observer)
-        .await
-        .unwrap();
-    observer.close().await.unwrap();
-    let resp = beat.await.unwrap();
     let retry = resp.headers().get("retry-after").cloned();
     assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(retry.unwrap(), "1");
     let body: ErrorBody = resp.json().await.unwrap();
     assert!(!body.message.contains("may or may not"), "{}", body.message);
-    admin.close().await.unwrap();
     let ok = post(
         &http,
         format!("{base}/v1/items/{id}/heartbeat"),
