@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use agentstore_protocol::lease::{ItemState, SettleState};
 use agentstore_protocol::{ErrorBody, ErrorCode};
 use agentstore_server::store::{PG_LOCK_TIMEOUT_MS, PG_STATEMENT_TIMEOUT_MS};
-use agentstore_server::{Server, Settings, Store};
+use agentstore_server::{Config, Server, Settings, Store};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use sqlx::Connection;
@@ -23,10 +23,19 @@ const BOUND: Duration = Duration::from_secs(15);
 /// an operator would), so they need not wait [`PG_LOCK_TIMEOUT_MS`].
 const LOCK_TIMEOUT_MS: u64 = 300;
 
-/// `db`'s URL with `lock_timeout` set in its `options` (the last parameter).
-fn with_lock_timeout(db: &TestDb) -> String {
+/// `db`'s URL with `lock_timeout` set to `ms` (0: no bound) in its
+/// `options` (the last parameter), as an operator would set it.
+fn with_lock_timeout(db: &TestDb, ms: u64) -> String {
     assert!(db.database.contains("options=-c%20"), "{}", db.database);
-    format!("{}%20-c%20lock_timeout%3D{LOCK_TIMEOUT_MS}", db.database)
+    format!("{}%20-c%20lock_timeout%3D{ms}", db.database)
+}
+
+/// `db`'s server configuration with `lock_timeout` set to `ms` (see
+/// [`with_lock_timeout`]).
+fn config_with_lock_timeout(db: &TestDb, ms: u64) -> Config {
+    let mut config = db.config();
+    config.database = with_lock_timeout(db, ms);
+    config
 }
 
 async fn lock_timeout_of(store: &Store) -> String {
@@ -100,9 +109,9 @@ async fn waiting_on(db: &TestDb, admin: &mut sqlx::AnyConnection) -> i32 {
 async fn claimed_and_locked_without_lock_timeout(
     db: &TestDb,
 ) -> (Server, reqwest::Client, i64, String, sqlx::AnyConnection) {
-    let mut config = db.config();
-    config.database = format!("{}%20-c%20lock_timeout%3D0", db.database);
-    let server = Server::start(&config).await.unwrap();
+    let server = Server::start(&config_with_lock_timeout(db, 0))
+        .await
+        .unwrap();
     let http = reqwest::Client::builder().timeout(BOUND).build().unwrap();
     let base = server.url();
     let id = enqueue_over_http(&http, &base, "q").await;
@@ -197,8 +206,7 @@ pub async fn a_row_locked_by_a_stuck_session_is_a_bounded_503_and_stalls_nothing
     );
     plain.close().await;
     // …and keeps the operator's own.
-    let mut config = db.config();
-    config.database = with_lock_timeout(&db);
+    let mut config = config_with_lock_timeout(&db, LOCK_TIMEOUT_MS);
     config.claim_rate = "1000000/s".parse().unwrap();
     let server = Server::start(&config).await.unwrap();
     let store = server.store().clone();
@@ -305,9 +313,12 @@ pub async fn an_expired_lease_locked_by_another_session_does_not_stop_the_reaper
     if db.kind == crate::common::Kind::Sqlite {
         return;
     }
-    let store = Store::connect(&with_lock_timeout(&db), crate::common::ttl(300))
-        .await
-        .unwrap();
+    let store = Store::connect(
+        &with_lock_timeout(&db, LOCK_TIMEOUT_MS),
+        crate::common::ttl(300),
+    )
+    .await
+    .unwrap();
     let first = store.enqueue("q", &json!(1), None).await.unwrap();
     let second = store.enqueue("q", &json!(2), None).await.unwrap();
     store.claim("q", None).await.unwrap().unwrap();
@@ -349,8 +360,7 @@ pub async fn a_stop_ends_though_the_reaper_waits_on_a_locked_row(db: TestDb) {
     if db.kind == crate::common::Kind::Sqlite {
         return;
     }
-    let mut config = db.config();
-    config.database = format!("{}%20-c%20lock_timeout%3D0", db.database);
+    let mut config = config_with_lock_timeout(&db, 0);
     config.ttl_ms = 300;
     config.heartbeat_ms = 100;
     config.reaper_ms = 50;
@@ -477,8 +487,7 @@ pub async fn keyed_claims_behind_a_locked_open_item_wait_out_one_lock_timeout_no
     }
     const CLAIMS: usize = 8;
     const TIMEOUT_MS: u64 = 1000;
-    let mut config = db.config();
-    config.database = format!("{}%20-c%20lock_timeout%3D{TIMEOUT_MS}", db.database);
+    let mut config = config_with_lock_timeout(&db, TIMEOUT_MS);
     config.claim_rate = "1000000/s".parse().unwrap();
     let server = Server::start(&config).await.unwrap();
     let http = reqwest::Client::builder()
@@ -514,7 +523,7 @@ pub async fn keyed_claims_behind_a_locked_open_item_wait_out_one_lock_timeout_no
 /// A store on `db` whose sessions wait for locks `lock_timeout_ms` at most
 /// (0: without a bound), set in the URL's `options` as an operator would.
 async fn store_with_lock_timeout(db: &TestDb, lock_timeout_ms: u64, settings: Settings) -> Store {
-    let url = format!("{}%20-c%20lock_timeout%3D{lock_timeout_ms}", db.database);
+    let url = with_lock_timeout(db, lock_timeout_ms);
     Store::connect(&url, settings).await.unwrap()
 }
 
@@ -614,9 +623,9 @@ pub async fn a_batched_heartbeat_renews_the_leases_not_locked_at_once(db: TestDb
         return;
     }
     // No lock timeout: the locked lease waits until the lock goes.
-    let mut config = db.config();
-    config.database = format!("{}%20-c%20lock_timeout%3D0", db.database);
-    let server = Server::start(&config).await.unwrap();
+    let server = Server::start(&config_with_lock_timeout(&db, 0))
+        .await
+        .unwrap();
     let store = server.store().clone();
     let base = server.url();
     let http = reqwest::Client::builder().timeout(BOUND).build().unwrap();
@@ -878,10 +887,10 @@ pub async fn a_canceled_statement_is_a_503_and_the_next_request_is_served(db: Te
     server.stop().await.unwrap();
 
     // Canceled by the operator's statement_timeout.
-    let mut config = db.config();
+    let mut config = config_with_lock_timeout(&db, 0);
     config.database = format!(
-        "{}%20-c%20lock_timeout%3D0%20-c%20statement_timeout%3D{LOCK_TIMEOUT_MS}",
-        db.database
+        "{}%20-c%20statement_timeout%3D{LOCK_TIMEOUT_MS}",
+        config.database
     );
     let server = Server::start(&config).await.unwrap();
     let base = server.url();
