@@ -3,23 +3,14 @@
 // evaluate(fn, arg), waitForFunction, bringToFront, close. Playwright cannot
 // download its own Firefox here, and the system firefox-esr speaks WebDriver
 // through geckodriver (installed by scripts/bootstrap.sh).
-import { spawn } from 'node:child_process';
-import { createServer } from 'node:net';
-
-const freePort = () =>
-  new Promise((res, rej) => {
-    const s = createServer();
-    s.listen(0, '127.0.0.1', () => {
-      const { port } = s.address();
-      s.close(() => res(port));
-    });
-    s.on('error', rej);
-  });
+import { spawnListening } from '../scripts/listening.mjs';
 
 export async function launchFirefox({ geckodriver = process.env.GECKODRIVER || 'geckodriver', binary } = {}) {
-  const port = await freePort();
-  const proc = spawn(geckodriver, ['--port', String(port), '--host', '127.0.0.1'], { stdio: 'ignore' });
-  const base = `http://127.0.0.1:${port}`;
+  // geckodriver binds port 0 itself and prints "Listening on 127.0.0.1:<port>":
+  // no probed port another process could take before it binds.
+  const { base, stop } = await spawnListening(geckodriver, ['--port', '0', '--host', '127.0.0.1'], {
+    listening: /Listening on 127\.0\.0\.1:(\d+)/,
+  });
   const call = async (method, path, body) => {
     const r = await fetch(base + path, {
       method,
@@ -30,15 +21,6 @@ export async function launchFirefox({ geckodriver = process.env.GECKODRIVER || '
     if (j.value && j.value.error) throw new Error(`webdriver ${path}: ${j.value.error}: ${j.value.message}`);
     return j.value;
   };
-  for (let i = 0; ; i++) {
-    try {
-      await call('GET', '/status');
-      break;
-    } catch (e) {
-      if (i > 100) throw e;
-      await new Promise((r) => setTimeout(r, 100));
-    }
-  }
   const session = await call('POST', '/session', {
     capabilities: {
       alwaysMatch: {
@@ -113,7 +95,7 @@ export async function launchFirefox({ geckodriver = process.env.GECKODRIVER || '
       try {
         await call('DELETE', s(''));
       } finally {
-        proc.kill();
+        await stop();
       }
     },
   };
