@@ -203,11 +203,14 @@ test('the worker panel settles 100 enqueued items with two pages open, none sett
   }
 });
 
-test('pausing a worker\'s heartbeats: its lease is lost at the local deadline, its work stops, the item is finished under the next claim', { timeout: 120_000 }, async () => {
+test('pausing a worker\'s heartbeats: its lease is lost at the local deadline, its work stops, the item is finished under the next claim', { timeout: 180_000 }, async () => {
   const ctx = await browser.newContext({ viewport: VIEWPORTS.desktop });
   try {
     const pages = [await openWorkers(ctx), await openWorkers(ctx)];
-    const { id } = await api('POST', `/v1/queues/${QUEUE}/items`, { payload: { task: 'long', ms: 4000 } });
+    // Work long enough (15 s) that the pause lands while it runs, however
+    // slowly this process gets to the click on a busy machine (with 4 s, a
+    // ~3 s stall let the work settle at epoch 1 before the click).
+    const { id } = await api('POST', `/v1/queues/${QUEUE}/items`, { payload: { task: 'long', ms: 15_000 } });
     const { page, card, name: stalled } = await holderOf(pages, id);
     assert.equal(await card.getAttribute('data-epoch'), '1');
 
@@ -225,7 +228,8 @@ test('pausing a worker\'s heartbeats: its lease is lost at the local deadline, i
     await card.locator('button[data-testid$=-pause][aria-pressed="false"]').waitFor({ timeout: 10_000 });
 
     // Another worker finished it under the next epoch.
-    const done = await until(`item #${id} done`, 30_000, async () => {
+    // (The next claim's work takes its 15 s again.)
+    const done = await until(`item #${id} done`, 60_000, async () => {
       const it = await item(id);
       return it.state === 'done' ? it : null;
     });
