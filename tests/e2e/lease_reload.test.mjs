@@ -31,16 +31,30 @@ let base;
 let server;
 let browser;
 
-
-
-// The first start picks its own port (--listen :0); a restart listens on the
-// same port again, since the open pages' origin is that server.
+// A restart listens on the same port again, since the open pages' origin is
+// that server. So the first start takes a port below Linux's ephemeral range
+// (32768-60999): a port the kernel picked (--listen :0) could meanwhile be
+// given to an outgoing connection as its local port (the page's own retries
+// included) and the restart would find it taken. Ports in use are skipped: a
+// start on a taken port exits before listening, and the next one is tried.
 async function startServer() {
-  server = await startLeaseServer(BIN, [
+  const args = [
     '--database', join(dir, 'leases.sqlite'), '--admin-token', ADMIN,
     '--ttl-ms', String(TTL_MS), '--heartbeat-ms', '500', '--reaper-ms', '200',
     '--claim-rate', '1000/s', '--auth-rate', '1000/s', '--idle-retry-ms', '100', '--www', join(dir, 'www'), '--pkg', PKG,
-  ], port ?? 0);
+  ];
+  if (port === undefined) {
+    const first = 20_000 + (process.pid % 12_000);
+    for (let i = 0; server === undefined; i++) {
+      try {
+        server = await startLeaseServer(BIN, args, 20_000 + ((first - 20_000 + i) % 12_000));
+      } catch (e) {
+        if (i >= 50) throw e;
+      }
+    }
+  } else {
+    server = await startLeaseServer(BIN, args, port);
+  }
   port = server.port;
   base = server.base;
 }
