@@ -1474,3 +1474,86 @@ async fn a_handler_result_json_cannot_carry_fails_the_item_instead_of_being_stor
         (ItemState::Done, Some(json!({"a": [1, null], "_k": "x"})))
     );
 }
+
+/// An app's abort listener that reads `worker.stats` when the work loop's
+/// own bookkeeping is what finds its lease past the local deadline: the
+/// handler's release failed (503), the loop's retry of it was in flight
+/// when `client.close()` came, and that retry failed too, after the
+/// deadline, in a tab whose timers run late (heartbeat and deadline timers
+/// delayed 10 s here, as in a throttled background tab or after a laptop
+/// wakes). Before, the loop held `stats` borrowed while it read the
+/// status, whose expiry ran the listener synchronously: a panic, which
+/// trapped the module.
+#[wasm_bindgen_test]
+async fn an_abort_listener_reading_stats_as_the_loop_counts_an_expired_lease_does_not_trap() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("count-expired");
+    enqueue(&q, json!({})).await;
+    let hook = fake_fetch(
+        "let releases = 0, held = [];
+        const refused = () => answer(503, { code: 'unavailable', message: 'refused by the test' });
+        globalThis.fetch = (url, init) => {
+            if (!String(url).endsWith('/release')) return real(url, init);
+            releases += 1;
+            if (releases === 1) return Promise.resolve(refused());
+            return new Promise((r) => held.push(() => r(refused())));
+        };
+        return { held: () => held.length, fail: () => { const h = held; held = []; h.forEach((f) => f()); },
+            restore: () => { globalThis.fetch = real; } };",
+    );
+    let worker: Rc<std::cell::RefCell<Option<Rc<WorkerInner>>>> = Rc::default();
+    // The `claimed` count the listener read, once it ran.
+    let read = Rc::new(Cell::new(None::<u32>));
+    let h = {
+        let (worker, read) = (worker.clone(), read.clone());
+        handler(move |lease| {
+            let (worker, read) = (worker.clone(), read.clone());
+            async move {
+                let on_abort = Closure::<dyn FnMut()>::new(move || {
+                    let w = worker.borrow().clone().expect("the worker started");
+                    // What the JS `worker.stats` getter does.
+                    let claimed = w.stats.borrow().claimed;
+                    read.set(Some(claimed));
+                });
+                let signal: web_sys::EventTarget = get(&lease, &["signal"]).unchecked_into();
+                signal
+                    .add_event_listener_with_callback("abort", on_abort.as_ref().unchecked_ref())
+                    .unwrap();
+                on_abort.forget();
+                let release: Function = get(&lease, &["release"]).unchecked_into();
+                let p: Promise = release.call0(&lease).unwrap().unchecked_into();
+                let refused = wasm_bindgen_futures::JsFuture::from(p).await;
+                assert!(refused.is_err(), "the first release is refused (503)");
+                Ok(JsValue::UNDEFINED)
+            }
+        })
+    };
+    let c = admin_client(agentstore::lease::ClientConfig {
+        timer_delay: Some(Function::new_with_args("ms", "return ms + 10000")),
+        ..config()
+    });
+    let w = WorkerInner::start(c.clone(), q, h, options(1), wrap);
+    *worker.borrow_mut() = Some(w.clone());
+    // The loop's retry of the release is in flight: no heartbeat renews the
+    // lease from here, so its deadline is at most 2.7 s away.
+    let until = now() + 20_000.0;
+    while hook_call(&hook, "held").as_f64() != Some(1.0) {
+        assert!(now() < until, "the loop retries the release");
+        sleep(10.0).await;
+    }
+    let closing = c.clone();
+    let closed = future_to_promise(async move {
+        closing.close().await;
+        Ok(JsValue::UNDEFINED)
+    });
+    sleep(TTL_MS + 200.0).await;
+    assert_eq!(read.get(), None, "not expired yet: its timers run late");
+    hook_call(&hook, "fail");
+    let _ = wasm_bindgen_futures::JsFuture::from(closed).await;
+    hook_call(&hook, "restore");
+    assert_eq!(read.get(), Some(1), "the listener ran and read the stats");
+    let st = *w.stats.borrow();
+    assert_eq!((st.claimed, st.lost), (1, 1), "{st:?}");
+}
