@@ -3,7 +3,9 @@
 //! the store loads on the first import or export; see `crate::api`).
 //!
 //! Imports read their source twice, streaming, with the lines kept as JS
-//! strings: pass 1 parses and validates every line and chooses each id's
+//! strings (a Blob through one the SDK made over it, whose `stream` is the
+//! platform's: both passes read the same bytes; see `Source::from_js`):
+//! pass 1 parses and validates every line and chooses each id's
 //! winner (only revision metadata is kept, per id, in a JS `Map`); pass 2
 //! reads again and writes each id's winner once, in batches of `batch`
 //! records per transaction. A bad line therefore fails the import before

@@ -62,10 +62,11 @@ extern "C" {
     pub(crate) type JsBlob;
     #[wasm_bindgen(constructor, js_class = "Blob", catch)]
     pub(crate) fn new(parts: &Array) -> std::result::Result<JsBlob, JsValue>;
-    // `stream`, `pipeThrough`, `getReader` and `read` are called on the
-    // caller's objects (a Blob's own `stream` may be replaced, and then what
-    // it answers is anything): each binding catches, so a throw is an
-    // import error instead of an unwind through the module.
+    // `pipeThrough`, `getReader` and `read` are called on the caller's
+    // objects (a stream's own methods may be replaced, and then what they
+    // answer is anything), and `stream` on a Blob the SDK made: each
+    // binding catches, so a throw is an import error instead of an unwind
+    // through the module.
     #[wasm_bindgen(method, catch, js_class = "Blob")]
     fn stream(this: &JsBlob) -> std::result::Result<JsReadableStream, JsValue>;
 
@@ -118,8 +119,9 @@ extern "C" {
 pub(crate) enum Source {
     /// A JS string.
     Text(JsString),
-    /// A `Blob` (a `Response` or `ReadableStream` is first collected into
-    /// one, outside wasm memory).
+    /// A `Blob` the SDK made (over the caller's Blob, or a `Response` or
+    /// `ReadableStream` first collected into one, outside wasm memory), so
+    /// that every read of it gives the same bytes.
     Blob(JsBlob),
 }
 
@@ -127,7 +129,8 @@ pub(crate) enum Source {
 enum Kind<'a> {
     Text(&'a JsString),
     Blob(&'a JsBlob),
-    Response(&'a JsResponse),
+    /// A Response's `body`, as read (once) for its checks.
+    Response(JsValue),
     Stream,
 }
 
@@ -173,7 +176,7 @@ fn kind(v: &JsValue) -> Result<Kind<'_>> {
                 "the Response body is locked (it is already being read)",
             ));
         }
-        return Ok(Kind::Response(r));
+        return Ok(Kind::Response(body));
     }
     if is_a(v, "ReadableStream", "locked") {
         if prop(v, "locked")?.is_truthy() {
@@ -220,6 +223,9 @@ const FOLD_BYTES: u32 = 4 << 20;
 #[cfg(feature = "io")]
 impl Source {
     /// Accepts a string, `Blob` (or `File`), `Response` or `ReadableStream`.
+    /// Each is read from what was checked: a Blob through a Blob made over
+    /// it (the caller's own `stream`, `text` or `slice` are never called),
+    /// a Response's `body` as its getter answered the checks (read once).
     ///
     /// A stream is collected for an import into `store`: each read is raced
     /// with `signal` and with the store's closing, so `close()` (or an
@@ -237,8 +243,18 @@ impl Source {
     ) -> Result<Source> {
         let body = match kind(v)? {
             Kind::Text(s) => return Ok(Source::Text(s.clone())),
-            Kind::Blob(b) => return Ok(Source::Blob(b.clone())),
-            Kind::Response(r) => prop(r, "body")?,
+            // Read through a Blob of the SDK's own: its bytes are the
+            // caller's (a Blob of a Blob copies none), but its `stream` is
+            // `Blob.prototype.stream`, so both passes read the same bytes.
+            // The caller's own object may have had its `stream` (or `text`,
+            // `slice`…) replaced by one that answers other bytes on the
+            // second call, which pass 2 would then write unchecked.
+            Kind::Blob(b) => {
+                return JsBlob::new(&Array::of1(b))
+                    .map(Source::Blob)
+                    .map_err(|e| unreadable(&e))
+            }
+            Kind::Response(body) => body,
             Kind::Stream => v.clone(),
         };
         // No body (`new Response(null)`, a 204): an empty source.
@@ -308,8 +324,7 @@ impl Source {
     /// each chunk read is raced with `signal` and with the store's closing.
     ///
     /// # Errors
-    /// ValidationError when the Blob cannot be read as a stream (its own
-    /// `stream` replaced by one that throws or answers a non-stream).
+    /// ValidationError when the Blob cannot be read as a stream.
     pub(crate) fn lines<'a>(
         &self,
         signal: Option<AbortSignal>,
@@ -350,7 +365,7 @@ pub(crate) struct Lines<'a> {
     pub(crate) number: usize,
     signal: Option<AbortSignal>,
     /// The store imported into: its closing ends a read (a Blob's reader
-    /// waits on the browser, or on the caller's own `stream`).
+    /// waits on the browser).
     store: &'a Store,
 }
 
