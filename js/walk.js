@@ -86,7 +86,21 @@ export function walkRecord(record) {
     // the record limit once escaped) is the size limit too.
     if (e instanceof RangeError) return [TOO_LARGE, [], undefined];
     throw e;
+  } finally {
+    lastId = w.id;
   }
+}
+
+// The `_id` value the last `walkRecord` read, as it read it (`undefined`
+// when it failed before): a batch's report of a refused record names it by
+// this, never by reading `_id` again, whose getter may answer another id or
+// throw the second time. (Set when the walk returns: a nested walk, run by
+// a getter that calls the store, ends before the walk that ran it.)
+let lastId;
+
+/** `walkedId()`: the `_id` value the last `walkRecord` read. */
+export function walkedId() {
+  return lastId;
 }
 
 /**
@@ -235,9 +249,10 @@ function noToJSON(v, w) {
 /**
  * The plain object `o`'s fields as `[key, value, …]`: its enumerable own
  * string keys in the caller's order, each value read once, `undefined`
- * left out (as JSON.stringify does).
+ * left out (as JSON.stringify does). A record's (`top`) `_id` is kept in
+ * `w.id` as soon as it is read, also when a later field fails.
  */
-function fieldsOf(o, w) {
+function fieldsOf(o, w, top) {
   let proto;
   try {
     proto = Object.getPrototypeOf(o);
@@ -267,6 +282,7 @@ function fieldsOf(o, w) {
     if (k !== 'toJSON') {
       try {
         item = o[k];
+        if (top && k === '_id') w.id = item;
       } catch {
         w.path.push(k);
         fail(w, PROPERTY_GETTER_THREW);
@@ -297,7 +313,7 @@ export function shallowCopy(o) {
 }
 
 function plain(o, w, top) {
-  const fields = fieldsOf(o, w);
+  const fields = fieldsOf(o, w, top);
   const n = fields.length / 2;
   const order = orderOf(fields, n, w.stack.length);
   // What to store for each field: its copy; `_rev` and `updatedAt` as given.
@@ -409,7 +425,6 @@ function ctorName(o) {
 function topField(k, item, w) {
   switch (k) {
     case '_id':
-      w.id = item;
       return true;
     case '_rev':
       if (typeof item !== 'string') fail(w, REV_NOT_STRING);

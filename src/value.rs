@@ -138,6 +138,9 @@ extern "C" {
     /// `[code, path, detail]` (see js/walk.js).
     #[wasm_bindgen(js_name = walkRecord, catch)]
     fn walk_record_js(record: &JsValue) -> Result<Array, JsValue>;
+    /// `walkedId()`: the `_id` value the last `walkRecord` read.
+    #[wasm_bindgen(js_name = walkedId)]
+    pub(crate) fn walked_id() -> JsValue;
     /// `shallowCopy(o)`: the copy or `[code, path, detail]` (see js/walk.js).
     #[wasm_bindgen(js_name = shallowCopy, catch)]
     fn shallow_copy_js(o: &JsValue) -> Result<JsValue, JsValue>;

@@ -1117,3 +1117,53 @@ async fn indexeddb_refusing_open_or_delete_in_this_context_is_a_transaction_erro
         .await
         .unwrap();
 }
+
+/// A refused `putMany` names each refused record by the `_id` its check
+/// read, once: an `_id` getter that answers another id when read again, or
+/// throws, is reported with what it answered first, whether the record
+/// failed in the walk (a NaN field, also one walked before `_id`) or in the
+/// checks after it (a `_rev` that is no revision, an `_id` that is no
+/// string), and no getter runs twice. Nothing is written. Before, the
+/// report read `_id` again: it named the second answer, or nothing when
+/// that read threw.
+#[wasm_bindgen_test]
+async fn a_refused_put_many_reports_the_id_its_check_read_never_reading_it_again() {
+    let (store, _) = open_api("put-many-id-once").await;
+    let made: Array = Function::new_no_args(
+        "const reads = [];
+         const once = (first, rest) => {
+           const i = reads.push(0) - 1;
+           return { get _id() { if (++reads[i] === 1) return first; if (rest === undefined) throw new Error('read again'); return rest; } };
+         };
+         const records = [
+           { _id: 'ok' },
+           Object.assign(once('a1', 'a2'), { n: NaN }),
+           Object.assign(once('b1'), { A: NaN }),
+           Object.assign(once('c1', 'c2'), { _rev: 'not-a-revision' }),
+           once(42, 'e2'),
+         ];
+         return [records, reads];",
+    )
+    .call0(&JsValue::NULL)
+    .unwrap()
+    .into();
+    let e = call(store.put_many(made.get(0))).await.unwrap_err();
+    assert_eq!(err_kind(&e), validation());
+    assert_eq!(failure_indexes(&e), vec![1, 2, 3, 4]);
+    let ids: Vec<JsValue> = Array::from(&field(&e, "failures"))
+        .iter()
+        .map(|f| field(&f, "id"))
+        .collect();
+    assert_eq!(
+        ids,
+        vec![s("a1"), s("b1"), s("c1"), JsValue::from(42)],
+        "the ids read by the checks"
+    );
+    let reads: Vec<f64> = Array::from(&made.get(1))
+        .iter()
+        .map(|n| n.as_f64().unwrap())
+        .collect();
+    assert_eq!(reads, vec![1.0; 4], "each _id getter ran once");
+    assert!(get_id(&store, "ok").await.is_none(), "nothing written");
+    store.close();
+}

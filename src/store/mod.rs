@@ -457,9 +457,11 @@ impl Store {
                     current_rev: None,
                 }),
                 Ok(p) => prepared.push(p),
+                // Named by the `_id` the walk read: read again, a getter
+                // could name another record, or throw.
                 Err(e) => failures.push(BatchFailure {
                     index,
-                    id: js_sys::Reflect::get(r, &"_id".into()).unwrap_or(JsValue::UNDEFINED),
+                    id: value::walked_id(),
                     message: e.message(),
                     expected_rev: None,
                     current_rev: None,
