@@ -193,8 +193,14 @@ fn call(c: Call) -> Promise {
             }
             Call::Release(inner) => {
                 // Recorded in the first poll (synchronously, during the
-                // call), and only when the call is not refused for nesting.
-                *inner.asked.borrow_mut() = Some(crate::lease::lease::Ending::Release);
+                // call), and only when the call is not refused for nesting;
+                // never in place of an ending call that may land (on the
+                // wire, or unanswered: a settle, whose work `work()` and
+                // `close()` then send again if this release fails too,
+                // rather than a release handing that work back).
+                if !inner.ending_pending() {
+                    *inner.asked.borrow_mut() = Some(crate::lease::lease::Ending::Release);
+                }
                 inner.release().await?;
                 Ok(JsValue::UNDEFINED)
             }
@@ -715,7 +721,11 @@ impl Lease {
     /// operator paused it): the lease is lost then (`status` `"claim_lost"`,
     /// `signal` aborted with a `ClaimLostError` `claim_lost`); `NetworkError`
     /// (the lease is kept; retry). A second call after one that succeeded
-    /// resolves.
+    /// resolves. A release made while a settle of this lease is on the wire
+    /// or went unanswered is sent (after that settle's answer, if one
+    /// comes) but does not replace the settle: when the release fails too,
+    /// `work()` and `close()` send that settle again, not a release (the
+    /// settle may have landed; a release could hand its work back).
     #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
     pub fn release(&self) -> Promise {
         call(Call::Release(self.inner.clone()))

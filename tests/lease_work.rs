@@ -998,6 +998,118 @@ async fn a_settle_answered_503_with_retry_after_is_sent_again_no_sooner() {
     assert!(waited >= 990.0, "sent again after {waited} ms");
 }
 
+/// Replaces `fetch` so that the first settle and the first release of item
+/// `id` fail as an answer lost on the way does (a rejected `fetch`: the
+/// outcome unknown), without reaching the server; every other request goes
+/// through. The hook's `settles()` and `releases()` count those of `id`
+/// sent, `restore()` puts `fetch` back.
+fn first_settle_and_release_unanswered(id: i64) -> JsValue {
+    Function::new_with_args(
+        "id",
+        "const real = globalThis.fetch;
+        let settles = 0, releases = 0;
+        const lost = () => Promise.reject(new TypeError('Failed to fetch (test: answer lost)'));
+        globalThis.fetch = (url, init) => {
+            const u = String(url);
+            if (u.endsWith('/items/' + id + '/settle') && ++settles === 1) return lost();
+            if (u.endsWith('/items/' + id + '/release') && ++releases === 1) return lost();
+            return real(url, init);
+        };
+        return { settles: () => settles, releases: () => releases,
+                 restore: () => { globalThis.fetch = real; } };",
+    )
+    .call1(&JsValue::NULL, &JsValue::from(id as f64))
+    .unwrap()
+}
+
+/// A settle whose answer was lost (its outcome unknown), then `release()`
+/// (`try { settle } catch { release }`) that fails the same way: the
+/// release does not replace the settle, so `work()`, once the handler has
+/// returned, sends the settle again, and so does `client.close()` for a
+/// lease claimed by hand. The item ends done with the settle's result,
+/// never released (no attempt counted, no second claim). Before, the
+/// release replaced the settle as what the handler asked for, and `work()`
+/// and `close()` released the item: finished work handed back to the queue
+/// (the settle, had it landed late, refused).
+#[wasm_bindgen_test]
+async fn a_release_after_a_settle_of_unknown_outcome_never_replaces_that_settle() {
+    if server().is_none() {
+        return;
+    }
+    // work(): the handler settles, then releases; both calls fail.
+    let q = fresh_queue("release-after-unknown-settle");
+    let id = enqueue(&q, json!({})).await;
+    let hook = first_settle_and_release_unanswered(id);
+    let h = Function::new_with_args(
+        "lease",
+        "return (async () => {
+            try { await lease.settle('done', { n: 1 }); return; }
+            catch (e) { if (e.code !== 'network') throw new Error('settle: ' + e.code); }
+            try { await lease.release(); }
+            catch (e) { if (e.code !== 'network') throw new Error('release: ' + e.code); }
+        })();",
+    );
+    let w = WorkerInner::start(admin_client(config()), q.clone(), h, options(1), wrap);
+    let until = now() + 20_000.0;
+    loop {
+        let st = *w.stats.borrow();
+        if st.done + st.failed + st.lost + st.released > 0 || now() > until {
+            break;
+        }
+        sleep(20.0).await;
+    }
+    w.stop().await;
+    let (settles, releases) = (hook_call(&hook, "settles"), hook_call(&hook, "releases"));
+    hook_call(&hook, "restore");
+    let st = *w.stats.borrow();
+    assert_eq!(
+        (st.claimed, st.done, st.released, st.lost, st.failed),
+        (1, 1, 0, 0, 0),
+        "{st:?}"
+    );
+    let it = item(id).await;
+    assert_eq!(
+        (it.state, it.result, it.attempts),
+        (ItemState::Done, Some(json!({"n": 1})), 0)
+    );
+    assert_eq!(
+        (settles.as_f64(), releases.as_f64()),
+        (Some(2.0), Some(1.0)),
+        "the settle sent again, no release after the handler's"
+    );
+
+    // close(): the same calls made on a lease claimed by hand.
+    let q = fresh_queue("close-after-unknown-settle");
+    let id = enqueue(&q, json!({})).await;
+    let c = admin_client(config());
+    let lease = claim(&c, &q).await;
+    let hook = first_settle_and_release_unanswered(id);
+    let handle = Lease::from_inner(lease.clone());
+    let settled = wasm_bindgen_futures::JsFuture::from(handle.settle(
+        "done".into(),
+        js(json!({"n": 2})),
+        JsValue::UNDEFINED,
+    ))
+    .await;
+    assert!(settled.is_err(), "the settle's answer is lost");
+    let released = wasm_bindgen_futures::JsFuture::from(handle.release()).await;
+    assert!(released.is_err(), "the release's answer is lost");
+    c.close().await;
+    let (settles, releases) = (hook_call(&hook, "settles"), hook_call(&hook, "releases"));
+    hook_call(&hook, "restore");
+    let it = item(id).await;
+    assert_eq!(
+        (it.state, it.result, it.attempts),
+        (ItemState::Done, Some(json!({"n": 2})), 0),
+        "close() sent the settle again"
+    );
+    assert_eq!(
+        (settles.as_f64(), releases.as_f64()),
+        (Some(2.0), Some(1.0)),
+        "close() sent no release"
+    );
+}
+
 /// Replaces `fetch` so that the first `refused` settles are answered `429`
 /// with `Retry-After: retry_after_s` (as a gateway would) and everything
 /// else goes through; the hook's `settles()`, `releases()` and `restore()`

@@ -135,7 +135,8 @@ pub struct LeaseInner {
     release_owed: Cell<bool>,
     /// The last ending call the app made on this lease (the JS `settle` /
     /// `release`), so that `work()` can repeat exactly what a handler asked
-    /// for when its call failed.
+    /// for when its call failed; a release does not replace a settle that
+    /// may land (on the wire or unanswered), which is sent again instead.
     pub(crate) asked: RefCell<Option<Ending>>,
     /// Resolves the Web Lock held for this lease, when one is held.
     pub(crate) unlock: RefCell<Option<Function>>,
