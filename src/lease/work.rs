@@ -608,19 +608,20 @@ fn count(w: &WorkerInner, lease: &LeaseInner) {
     // `status()`, whose abort event runs the app's listeners synchronously,
     // and one that reads `worker.stats` would find it borrowed (a panic,
     // which traps the module).
+    // (`ended_by_handler` reads it again: a lease already lost or settled
+    // by then, which no read changes.)
     let status = lease.status();
-    // Released by the handler (or by this loop at its request), not by
-    // `client.close()` or the `pagehide` beacon (the handler's result was
-    // discarded).
-    let by_handler = status == Status::Lost(LossReason::Released)
-        && !w.client.closed.get()
-        && ended_by_handler(lease);
     let mut st = w.stats.borrow_mut();
     match status {
         Status::Settled(SettleState::Done) => st.done += 1,
         Status::Settled(SettleState::Failed) => st.failed += 1,
         Status::Settled(_) => st.released += 1,
-        Status::Lost(LossReason::Released) if by_handler => st.released += 1,
+        // Released by the handler (or by this loop at its request), not by
+        // `client.close()` or the `pagehide` beacon (the handler's result
+        // was discarded).
+        Status::Lost(LossReason::Released) if !w.client.closed.get() && ended_by_handler(lease) => {
+            st.released += 1
+        }
         _ => st.lost += 1,
     }
 }
