@@ -197,8 +197,11 @@ fn call(c: Call) -> Promise {
                 // never in place of an ending call that may land (on the
                 // wire, or unanswered: a settle, whose work `work()` and
                 // `close()` then send again if this release fails too,
-                // rather than a release handing that work back).
-                if !inner.ending_pending() {
+                // rather than a release handing that work back). Behind one
+                // on the wire, its answer decides (`release_behind`).
+                if inner.ending_pending() {
+                    inner.release_behind.set(true);
+                } else {
                     *inner.asked.borrow_mut() = Some(crate::lease::lease::Ending::Release);
                 }
                 inner.release().await?;
@@ -723,9 +726,11 @@ impl Lease {
     /// (the lease is kept; retry). A second call after one that succeeded
     /// resolves. A release made while a settle of this lease is on the wire
     /// or went unanswered is sent (after that settle's answer, if one
-    /// comes) but does not replace the settle: when the release fails too,
-    /// `work()` and `close()` send that settle again, not a release (the
-    /// settle may have landed; a release could hand its work back).
+    /// comes) but does not replace the settle, unless that answer refuses
+    /// it for good (it cannot land): when the release fails too, `work()`
+    /// sends that settle again, not a release (the settle may have landed;
+    /// a release could hand its work back), and `close()` sends it again
+    /// first, releasing only if the lease is still held after it.
     #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
     pub fn release(&self) -> Promise {
         call(Call::Release(self.inner.clone()))

@@ -136,8 +136,14 @@ pub struct LeaseInner {
     /// The last ending call the app made on this lease (the JS `settle` /
     /// `release`), so that `work()` can repeat exactly what a handler asked
     /// for when its call failed; a release does not replace a settle that
-    /// may land (on the wire or unanswered), which is sent again instead.
+    /// may land (unanswered, or on the wire and then not refused for good),
+    /// which is sent again instead.
     pub(crate) asked: RefCell<Option<Ending>>,
+    /// The app's release was made while a settle was on the wire: once that
+    /// settle is answered, the release becomes what the app asked for
+    /// ([`LeaseInner::asked`]) if the settle was refused for good (it
+    /// cannot land: a 413, a 400), not if its outcome is unknown.
+    pub(crate) release_behind: Cell<bool>,
     /// Resolves the Web Lock held for this lease, when one is held.
     pub(crate) unlock: RefCell<Option<Function>>,
     /// Whether this lease took (or queued for) its item's Web Lock. Its
@@ -181,6 +187,7 @@ impl LeaseInner {
             idle: RefCell::new(Vec::new()),
             landed: RefCell::new(None),
             release_owed: Cell::new(false),
+            release_behind: Cell::new(false),
             asked: RefCell::new(None),
             unlock: RefCell::new(None),
             locking: Cell::new(false),
@@ -656,6 +663,14 @@ impl LeaseInner {
         // while a settle is out, from close() or the app) waits for the first
         // and is then refused if that one ended the lease.
         self.until_not_ending().await;
+        let state = crate::error::get_str(body, "state");
+        if state.is_none()
+            && self.release_behind.replace(false)
+            && !self.ending_unanswered.get()
+            && self.status.get() == Status::Held
+        {
+            *self.asked.borrow_mut() = Some(Ending::Release);
+        }
         // Kept as a JS string: a large result is never copied into wasm
         // memory (which never shrinks). Sent as asked: after an unknown
         // outcome, the server answers the same body as a replay when the
@@ -663,7 +678,6 @@ impl LeaseInner {
         // the first attempt's body in its place, which would report a
         // result written that was not asked for).
         let text = js_sys::JSON::stringify(body).unwrap_or_else(|_| JsString::from(""));
-        let state = crate::error::get_str(body, "state");
         // What goes on the wire is `text` itself (parsed back), never the
         // caller's object: one changed while the request waits for a
         // credential refresh would otherwise differ from the `text` a retry
