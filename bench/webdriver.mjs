@@ -21,23 +21,30 @@ export async function launchFirefox({ geckodriver = process.env.GECKODRIVER || '
     if (j.value && j.value.error) throw new Error(`webdriver ${path}: ${j.value.error}: ${j.value.message}`);
     return j.value;
   };
-  const session = await call('POST', '/session', {
-    capabilities: {
-      alwaysMatch: {
-        browserName: 'firefox',
-        'moz:firefoxOptions': {
-          ...(binary ? { binary } : {}),
-          args: ['-headless'],
-          // Background windows must not be throttled (each contender has one).
-          prefs: {
-            'dom.min_background_timeout_value': 0,
-            'dom.timeout.enable_budget_timer_throttling': false,
-            'browser.tabs.remote.separatedMozillaDomains': '',
+  let session;
+  try {
+    session = await call('POST', '/session', {
+      capabilities: {
+        alwaysMatch: {
+          browserName: 'firefox',
+          'moz:firefoxOptions': {
+            ...(binary ? { binary } : {}),
+            args: ['-headless'],
+            // Background windows must not be throttled (each contender has one).
+            prefs: {
+              'dom.min_background_timeout_value': 0,
+              'dom.timeout.enable_budget_timer_throttling': false,
+              'browser.tabs.remote.separatedMozillaDomains': '',
+            },
           },
         },
       },
-    },
-  });
+    });
+  } catch (e) {
+    // No session, no close(): geckodriver would keep Node alive.
+    await stop();
+    throw e;
+  }
   const sid = session.sessionId;
   const version = `Firefox ${session.capabilities.browserVersion}`;
   const s = (p) => `/session/${sid}${p}`;
