@@ -423,7 +423,9 @@ async fn recover_waits_for_held_locks_once_in_all_and_stop_does_not_wait_for_it(
     let started = now();
     let report = other.recover(false).await.expect("recover");
     let took = now() - started;
-    let stalled = hook_call(&dog, "max").as_f64().unwrap_or(f64::INFINITY);
+    let stalled = hook_call(&dog, "max")
+        .as_f64()
+        .expect("the watchdog's longest stall");
     hook_call(&dog, "stop");
     assert_eq!(report.busy.len(), N, "every entry is held elsewhere");
     // The bound leaves the machine 3 s of slack beyond the one wait, plus

@@ -225,7 +225,9 @@ impl Source {
     /// Accepts a string, `Blob` (or `File`), `Response` or `ReadableStream`.
     /// Each is read from what was checked: a Blob through a Blob made over
     /// it (the caller's own `stream`, `text` or `slice` are never called),
-    /// a Response's `body` as its getter answered the checks (read once).
+    /// a Response's `body` as its getter answered this module's checks
+    /// (read once here; the JS entry point's own checks read it once
+    /// before, and what is imported is what this read answered, checked).
     ///
     /// A stream is collected for an import into `store`: each read is raced
     /// with `signal` and with the store's closing, so `close()` (or an
