@@ -198,7 +198,8 @@ fn call(c: Call) -> Promise {
                 // wire, or unanswered: a settle, whose work `work()` and
                 // `close()` then send again if this release fails too,
                 // rather than a release handing that work back). Behind one
-                // on the wire, its answer decides (`release_behind`).
+                // on the wire, that call's answer decides, later
+                // (`release_behind`).
                 if inner.ending_pending() {
                     inner.release_behind.set(true);
                 } else {
@@ -700,6 +701,9 @@ impl Lease {
                 };
                 known(&options, "error")?;
                 let error = opt_str(&options, "error")?;
+                // The app's last call: a release made before it, still
+                // waiting behind an earlier settle, no longer decides.
+                inner.release_behind.set(false);
                 *inner.asked.borrow_mut() = Some(crate::lease::lease::Ending::Settle(
                     state,
                     result.clone(),
@@ -726,8 +730,9 @@ impl Lease {
     /// (the lease is kept; retry). A second call after one that succeeded
     /// resolves. A release made while a settle of this lease is on the wire
     /// or went unanswered is sent (after that settle's answer, if one
-    /// comes) but does not replace the settle, unless that answer refuses
-    /// it for good (it cannot land): when the release fails too, `work()`
+    /// comes) but does not replace the settle, unless that answer says it
+    /// did not land (any refusal but no answer or a 5xx: a 400, a 413, a
+    /// 429, a proxy's page): when the release fails too, `work()`
     /// sends that settle again, not a release (the settle may have landed;
     /// a release could hand its work back), and `close()` sends it again
     /// first, releasing only if the lease is still held after it.

@@ -1761,3 +1761,70 @@ async fn a_release_behind_a_settle_refused_for_good_is_what_work_retries() {
         "the refused settle never sent again; the lost release sent again"
     );
 }
+
+/// The app's last call decides: a settle made after a release that waits
+/// behind an earlier settle stays what `work()` sends again. Here the first
+/// settle is refused (413), the release that waited behind it is refused
+/// (429: not applied), and the second settle's answer is lost (its outcome
+/// unknown): `work()` sends that second settle again, and the item ends
+/// done with its result. Before (a review finding), the release took the
+/// first settle's refusal as its cue and replaced the later settle, and the
+/// loop released the item while that settle might still land.
+#[wasm_bindgen_test]
+async fn a_settle_after_a_waiting_release_stays_what_work_sends_again() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("settle-after-waiting-release");
+    let id = enqueue(&q, json!({})).await;
+    let hook = Function::new_with_args(
+        "id",
+        "const real = globalThis.fetch;
+        let settles = 0, releases = 0;
+        const answer = (status, body) => Promise.resolve({ status, headers: { get: () => null },
+            json: async () => body });
+        globalThis.fetch = (url, init) => {
+            const u = String(url);
+            if (u.endsWith('/items/' + id + '/settle')) {
+                settles += 1;
+                if (settles === 1) return answer(413, { code: 'payload_too_large', message: 'refused by the test' });
+                if (settles === 2) return Promise.reject(new TypeError('Failed to fetch (test: answer lost)'));
+            }
+            if (u.endsWith('/items/' + id + '/release')) {
+                releases += 1;
+                return answer(429, { code: 'rate_limited', message: 'refused by the test' });
+            }
+            return real(url, init);
+        };
+        return { settles: () => settles, releases: () => releases,
+                 restore: () => { globalThis.fetch = real; } };",
+    )
+    .call1(&JsValue::NULL, &JsValue::from(id as f64))
+    .unwrap();
+    let h = Function::new_with_args(
+        "lease",
+        "return Promise.allSettled([
+            lease.settle('done', { n: 1 }),
+            lease.release(),
+            lease.settle('done', { n: 2 }),
+        ]).then(() => undefined);",
+    );
+    let w = WorkerInner::start(admin_client(config()), q.clone(), h, options(1), wrap);
+    let it = wait_item(id, 20_000.0, |it| {
+        it.state == ItemState::Done || it.last_error.is_some()
+    })
+    .await;
+    w.stop().await;
+    let (settles, releases) = (hook_call(&hook, "settles"), hook_call(&hook, "releases"));
+    hook_call(&hook, "restore");
+    assert_eq!(
+        (it.state, it.result, it.attempts),
+        (ItemState::Done, Some(json!({"n": 2})), 0),
+        "the second settle sent again"
+    );
+    assert_eq!(
+        (settles.as_f64(), releases.as_f64()),
+        (Some(3.0), Some(1.0)),
+        "no release after the app's last settle"
+    );
+}

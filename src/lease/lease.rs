@@ -136,13 +136,15 @@ pub struct LeaseInner {
     /// The last ending call the app made on this lease (the JS `settle` /
     /// `release`), so that `work()` can repeat exactly what a handler asked
     /// for when its call failed; a release does not replace a settle that
-    /// may land (unanswered, or on the wire and then not refused for good),
-    /// which is sent again instead.
+    /// may land (unanswered, or on the wire and then answered without
+    /// saying it did not land), which is sent again instead.
     pub(crate) asked: RefCell<Option<Ending>>,
     /// The app's release was made while a settle was on the wire: once that
     /// settle is answered, the release becomes what the app asked for
-    /// ([`LeaseInner::asked`]) if the settle was refused for good (it
-    /// cannot land: a 413, a 400), not if its outcome is unknown.
+    /// ([`LeaseInner::asked`]) if the answer says the settle did not land
+    /// (any refusal but no answer or a 5xx: a 400, a 413, a 429, a proxy's
+    /// page), not if its outcome is unknown. Cleared by a later settle of
+    /// the app's (the app's last call decides).
     pub(crate) release_behind: Cell<bool>,
     /// Resolves the Web Lock held for this lease, when one is held.
     pub(crate) unlock: RefCell<Option<Function>>,
