@@ -998,6 +998,27 @@ async fn a_settle_answered_503_with_retry_after_is_sent_again_no_sooner() {
     assert!(waited >= 990.0, "sent again after {waited} ms");
 }
 
+/// Waits (bounded: 20 s) until the worker `w` counted the end of a lease,
+/// stops it, and returns the settles and releases the `fetch` hook `hook`
+/// counted (`settles()`, `releases()`), after putting `fetch` back.
+async fn first_end_counted(w: &Rc<WorkerInner>, hook: &JsValue) -> (Option<f64>, Option<f64>) {
+    let until = now() + 20_000.0;
+    loop {
+        let st = *w.stats.borrow();
+        if st.done + st.failed + st.lost + st.released > 0 || now() > until {
+            break;
+        }
+        sleep(20.0).await;
+    }
+    w.stop().await;
+    let counts = (
+        hook_call(hook, "settles").as_f64(),
+        hook_call(hook, "releases").as_f64(),
+    );
+    hook_call(hook, "restore");
+    counts
+}
+
 /// Replaces `fetch` so that the first settle and the first release of item
 /// `id` fail as an answer lost on the way does (a rejected `fetch`: the
 /// outcome unknown), without reaching the server; every other request goes
@@ -1050,17 +1071,7 @@ async fn a_release_after_a_settle_of_unknown_outcome_never_replaces_that_settle(
         })();",
     );
     let w = WorkerInner::start(admin_client(config()), q.clone(), h, options(1), wrap);
-    let until = now() + 20_000.0;
-    loop {
-        let st = *w.stats.borrow();
-        if st.done + st.failed + st.lost + st.released > 0 || now() > until {
-            break;
-        }
-        sleep(20.0).await;
-    }
-    w.stop().await;
-    let (settles, releases) = (hook_call(&hook, "settles"), hook_call(&hook, "releases"));
-    hook_call(&hook, "restore");
+    let (settles, releases) = first_end_counted(&w, &hook).await;
     let st = *w.stats.borrow();
     assert_eq!(
         (st.claimed, st.done, st.released, st.lost, st.failed),
@@ -1073,7 +1084,7 @@ async fn a_release_after_a_settle_of_unknown_outcome_never_replaces_that_settle(
         (ItemState::Done, Some(json!({"n": 1})), 0)
     );
     assert_eq!(
-        (settles.as_f64(), releases.as_f64()),
+        (settles, releases),
         (Some(2.0), Some(1.0)),
         "the settle sent again, no release after the handler's"
     );
@@ -1733,17 +1744,7 @@ async fn a_release_behind_a_settle_refused_for_good_is_what_work_retries() {
         return lease.release();",
     );
     let w = WorkerInner::start(admin_client(config()), q.clone(), h, options(1), wrap);
-    let until = now() + 20_000.0;
-    loop {
-        let st = *w.stats.borrow();
-        if st.done + st.failed + st.lost + st.released > 0 || now() > until {
-            break;
-        }
-        sleep(20.0).await;
-    }
-    w.stop().await;
-    let (settles, releases) = (hook_call(&hook, "settles"), hook_call(&hook, "releases"));
-    hook_call(&hook, "restore");
+    let (settles, releases) = first_end_counted(&w, &hook).await;
     let st = *w.stats.borrow();
     assert_eq!(
         (st.claimed, st.released, st.done, st.failed, st.lost),
@@ -1756,7 +1757,7 @@ async fn a_release_behind_a_settle_refused_for_good_is_what_work_retries() {
         (ItemState::Open, None, Some("released"))
     );
     assert_eq!(
-        (settles.as_f64(), releases.as_f64()),
+        (settles, releases),
         (Some(1.0), Some(2.0)),
         "the refused settle never sent again; the lost release sent again"
     );
