@@ -18,11 +18,16 @@
 # AGENTSTORE_TEST_PORT (lease server for the browser suites, default 18787, or
 # a port the server picks itself when 18787 is taken),
 # WASM_BINDGEN_TEST_TIMEOUT (seconds per browser test binary, default 400: lease_network
-# takes about 95 s on an idle machine of this kind and 120 s at a load of 6-9).
+# takes about 95 s on an idle machine of this kind and 120 s at a load of 6-9),
+# WASM_BINDGEN_TEST_DRIVER_TIMEOUT (seconds the runner waits for chromedriver or
+# geckodriver to take its port, default 60: the runner's own default of 5 s is
+# overrun when the machine is busy, and a driver that has not bound by then fails
+# the whole test binary).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 export WASM_BINDGEN_TEST_TIMEOUT="${WASM_BINDGEN_TEST_TIMEOUT:-400}"
+export WASM_BINDGEN_TEST_DRIVER_TIMEOUT="${WASM_BINDGEN_TEST_DRIVER_TIMEOUT:-60}"
 
 # Seconds (one decimal) between two timestamps in microseconds.
 seconds() { local us=$(($2 - $1)); printf '%d.%d' $((us / 1000000)) $((us / 100000 % 10)); }
