@@ -17,7 +17,8 @@
 #   token file is ever written inside the repository.
 #
 # Environment:
-#   PORT=8787              port on 127.0.0.1
+#   PORT=8787              port on 127.0.0.1 (0: one the server picks; the printed URL
+#                          says which)
 #   DATABASE=path          keep the SQLite database there (default: a fresh file
 #                          in the run directory, deleted on exit)
 #   AGENTSTORE_ADMIN_TOKEN use this admin token instead of a random one (tests)
@@ -79,7 +80,9 @@ server=("${CARGO_TARGET_DIR:-target}/release/agentstore-server" --listen "$HOST:
   --max-redeliveries "$MAX_REDELIVERIES" --idle-retry-ms 1000 --claim-rate 20/s)
 
 log "starting: ${server[*]}"
-AGENTSTORE_ADMIN_TOKEN=$ADMIN_TOKEN "${server[@]}" >&2 &
+# The server's log goes to stderr and to server.log, whose "listening" line
+# (written once the server holds its port) is what readiness waits for.
+AGENTSTORE_ADMIN_TOKEN=$ADMIN_TOKEN "${server[@]}" > >(tee "$RUN_DIR/server.log" >&2) &
 pid=$!
 
 # Background jobs of a script ignore SIGINT, so Ctrl-C reaches only this shell:
@@ -98,24 +101,27 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# Ready when this server says it listens (not when something on the port
+# answers: another process may hold it) and then answers its health check.
+# The port is read from that line, so PORT=0 works too.
+listening_port() {
+  sed 's/\x1b\[[0-9;]*m//g' "$RUN_DIR/server.log" 2>/dev/null |
+    sed -n 's/.*agentstore-server listening addr=[0-9.]*:\([0-9]*\).*/\1/p' | head -n 1
+}
 deadline=$((SECONDS + ${DEMO_READY_TIMEOUT:-60}))
-until curl -fsS -o /dev/null --max-time 2 "${URL}v1/health" 2>/dev/null; do
+until [ -n "$(listening_port)" ] && curl -fsS -o /dev/null --max-time 2 "http://$HOST:$(listening_port)/v1/health" 2>/dev/null; do
   if ! kill -0 "$pid" 2>/dev/null; then
-    log "the server exited before it answered"
+    log "the server exited before it answered (is port $PORT taken?)"
     exit 1
   fi
   if [ $SECONDS -ge $deadline ]; then
-    log "the server did not answer at $URL within ${DEMO_READY_TIMEOUT:-60} s"
+    log "the server did not answer on port $PORT within ${DEMO_READY_TIMEOUT:-60} s"
     exit 1
   fi
   sleep 0.2
 done
-# Another process on the port may have answered: ours must still be running.
-sleep 0.3
-if ! kill -0 "$pid" 2>/dev/null; then
-  log "the server exited (is port $PORT taken?)"
-  exit 1
-fi
+PORT=$(listening_port)
+URL="http://$HOST:$PORT/"
 
 # Admin calls: one curl process per batch, its config (with the admin token)
 # on stdin so that the token never appears in a process list.

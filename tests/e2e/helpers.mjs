@@ -7,7 +7,6 @@
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { homedir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -22,19 +21,6 @@ export const VIEWPORTS = { desktop: { width: 1280, height: 800 }, phone: { width
 export { spawnListening };
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-
-/** A port that was free on 127.0.0.1 a moment ago. */
-export function freePort() {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.unref();
-    srv.on('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address();
-      srv.close(() => resolve(port));
-    });
-  });
-}
 
 /**
  * agentstore-server (`bin`) with `args` added, listening on 127.0.0.1:`port`
@@ -58,34 +44,21 @@ export function buildPkgIfMissing() {
 }
 
 /**
- * Starts `bash scripts/demo.sh` (its own process group) on a free port, with
- * `env` added, and resolves once it prints its URL:
- * `{url, log(), stop()}`. demo.sh is retried on another port if the port was
- * taken meanwhile.
+ * Starts `bash scripts/demo.sh` (its own process group) with `env` added, and
+ * resolves once it prints its URL: `{url, port, log(), stop()}`. The server
+ * binds a port itself (PORT=0) and demo.sh waits for its own "listening" line,
+ * so no other process can take the port between a probe and the bind.
  */
-export async function startDemo(env = {}) {
+export function startDemo(env = {}) {
   mkdirSync(ARTIFACTS, { recursive: true });
   buildPkgIfMissing();
-  let lastError;
-  for (let attempt = 0; attempt < 3; attempt++) {
-    const port = await freePort();
-    try {
-      return await startDemoOn(port, env);
-    } catch (err) {
-      lastError = err;
-      if (!/port .* taken|Address already in use/.test(err.message)) throw err;
-    }
-  }
-  throw lastError;
-}
-
-function startDemoOn(port, env) {
   return new Promise((resolve, reject) => {
     let log = '';
     const child = spawn('bash', ['scripts/demo.sh'], {
       cwd: ROOT,
       detached: true, // own process group: stopped as a whole
-      env: { ...process.env, PORT: String(port), DEMO_SKIP_BUILD: '1', ...env },
+      // PORT 0: the server binds a port itself and demo.sh prints the URL it got.
+      env: { ...process.env, PORT: '0', DEMO_SKIP_BUILD: '1', ...env },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     const stop = async () => {
@@ -100,7 +73,7 @@ function startDemoOn(port, env) {
     child.stdout.on('data', (d) => {
       log += d;
       const m = /agentstore demo: (http:\/\/\S+)/.exec(log);
-      if (m) { clearTimeout(timer); resolve({ url: m[1].replace(/\/$/, ''), port, log: () => log, stop, child }); }
+      if (m) { clearTimeout(timer); const url = m[1].replace(/\/$/, ''); resolve({ url, port: Number(new URL(url).port), log: () => log, stop, child }); }
     });
     child.on('exit', (code) => { clearTimeout(timer); reject(new Error(`demo.sh exited (${code}):\n${log}`)); });
   });
