@@ -519,6 +519,71 @@ async fn recover_resumes_only_on_the_servers_heartbeat_answer_and_within_its_ttl
     );
 }
 
+/// `recover({resume: true})` never hands out as resumed a lease whose item
+/// left `running` between its heartbeat and its read of the item: here the
+/// gone page's release (a late beacon) lands right after the new page's
+/// heartbeat renewed the token. The epoch is unchanged (a release does not
+/// grow it), so the epoch check alone let the lease through as held while
+/// the item was open for any worker to claim. Review finding.
+#[wasm_bindgen_test]
+async fn recover_never_resumes_a_lease_whose_item_left_running_after_its_heartbeat() {
+    let Some((base, admin)) = server() else {
+        return;
+    };
+    let journal = fresh_queue("journal");
+    let q = fresh_queue("resume-left");
+    let id = enqueue(&q, json!({})).await;
+    let old = admin_client(journalled(&journal, false));
+    let stale = claim(&old, &q).await;
+    let token = stale.token().to_owned();
+    old.vanish();
+    gone_with_its_locks(&journal, &old.base).await;
+    let new = admin_client(journalled(&journal, true));
+
+    // Before the page's first read of the item (which follows its
+    // heartbeat), the old page's release lands.
+    let install = js_sys::Function::new_with_args(
+        "pattern, release, auth, body",
+        "const real = globalThis.fetch;
+        const re = new RegExp(pattern);
+        let done = false;
+        globalThis.fetch = async (input, init) => {
+            const url = String(input instanceof Request ? input.url : input);
+            const m = (init && init.method) || (input instanceof Request ? input.method : 'GET');
+            if (!done && m === 'GET' && re.test(url)) {
+                done = true;
+                const r = await real(release, { method: 'POST', body,
+                    headers: { authorization: auth, 'content-type': 'application/json' } });
+                if (!r.ok) throw new Error('the late release failed: ' + r.status);
+            }
+            return real(input, init);
+        };
+        return () => { globalThis.fetch = real; };",
+    );
+    let args = js_sys::Array::of4(
+        &format!("/v1/items/{id}$").into(),
+        &format!("{base}/v1/items/{id}/release").into(),
+        &format!("Bearer {admin}").into(),
+        &json!({ "token": token }).to_string().into(),
+    );
+    let restore: js_sys::Function = install.apply(&JsValue::NULL, &args).unwrap().into();
+    let report = new.recover(true).await;
+    restore.call0(&JsValue::NULL).unwrap();
+    let report = report.unwrap();
+    assert!(
+        report.resumed.is_empty(),
+        "not resumed: the item is no longer running"
+    );
+    assert_eq!(report.lost, vec![id], "reported lost");
+    assert!(new.held().is_empty());
+    let it = item(id).await;
+    assert_eq!(
+        (it.state, it.last_error.as_deref(), it.epoch),
+        (ItemState::Open, Some("released"), 1),
+        "released by the late beacon, the epoch unchanged"
+    );
+}
+
 #[wasm_bindgen_test]
 async fn without_web_locks_recover_touches_nothing() {
     if server().is_none() {

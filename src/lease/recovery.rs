@@ -336,6 +336,14 @@ impl ClientInner {
         if view.epoch != entry.epoch {
             return Ok(None);
         }
+        // Released, settled, taken over or paused between the heartbeat and
+        // this read (a gone page's beacon or settle landing late): the epoch
+        // is unchanged but the token is over, so the lease is not resumed.
+        // Every way to a new token grows the epoch, so a `running` item of
+        // the same epoch is still this token's.
+        if crate::error::get_str(&answer.body, "state").as_deref() != Some("running") {
+            return Ok(None);
+        }
         let ttl_ms = entry.ttl_ms.min(renewed.ttl_ms);
         let plan = HeartbeatPlan::new(sent_at, ttl_ms as f64, entry.heartbeat_ms as f64);
         let lease = Rc::new(LeaseInner::new(
