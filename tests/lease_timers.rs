@@ -231,3 +231,99 @@ async fn the_lease_clock_counts_a_jump_of_the_wall_clock_but_not_small_steps() {
     );
     assert!(now_ms() >= after_jump, "the clock never goes back");
 }
+
+/// A heartbeat is never sent for a lease past its local deadline, even when
+/// the pass that planned it ran app code first: here one pass finds lease A
+/// expired (its heartbeats paused) and lease B due, and A's abort listener
+/// (which that pass runs) keeps the page busy until B's deadline has passed.
+/// B is then lost at its deadline and left out of the batch. Before, the
+/// batch planned before the listener ran was sent with B's token after B's
+/// deadline, and the server renewed a lease the page had already given up.
+/// Review finding.
+#[wasm_bindgen_test]
+async fn a_heartbeat_batch_delayed_past_a_leases_deadline_leaves_that_lease_out() {
+    use std::cell::{Cell, RefCell};
+    use std::rc::Rc;
+    use wasm_bindgen::closure::Closure;
+    use wasm_bindgen::{JsCast, JsValue};
+    if server().is_none() {
+        return;
+    }
+    for round in 0..2 {
+        let q = fresh_queue("late-batch");
+        enqueue(&q, json!({})).await;
+        enqueue(&q, json!({})).await;
+        // The heartbeat loop sleeps until `target` (the lease clock, ms)
+        // once it is set, so that one pass finds A expired and B due.
+        let target = Rc::new(Cell::new(0.0f64));
+        let t = target.clone();
+        let delay = Closure::<dyn FnMut(f64) -> f64>::new(move |ms: f64| ms.max(t.get() - now()));
+        let mut cfg = config();
+        cfg.timer_delay = Some(delay.as_ref().unchecked_ref::<js_sys::Function>().clone());
+        delay.forget();
+        let c = admin_client(cfg);
+        let a = claim(&c, &q).await;
+        a.set_heartbeats_paused(true);
+        sleep(1_200.0).await;
+        let b = claim(&c, &q).await;
+        // Heartbeats sent from now on: (lease clock at the call, body).
+        let sent = Rc::new(RefCell::new(Vec::<(f64, String)>::new()));
+        let s = sent.clone();
+        let record = Closure::<dyn FnMut(String)>::new(move |body: String| {
+            s.borrow_mut().push((now(), body));
+        });
+        let install = js_sys::Function::new_with_args(
+            "record",
+            "const real = globalThis.fetch;
+            globalThis.fetch = (input, init) => {
+                const url = String(input instanceof Request ? input.url : input);
+                if (url.endsWith('/v1/heartbeats')) record(String(init && init.body));
+                return real(input, init);
+            };
+            return () => { globalThis.fetch = real; };",
+        );
+        let restore: js_sys::Function = install
+            .call1(&JsValue::NULL, record.as_ref())
+            .unwrap()
+            .into();
+        // A's abort listener keeps the page busy until B's deadline is past.
+        let busy_until = Rc::new(Cell::new(0.0f64));
+        let (b2, busy) = (b.clone(), busy_until.clone());
+        let on_abort = Closure::<dyn FnMut()>::new(move || {
+            let until = b2.deadline() + 20.0;
+            while now() <= until {}
+            busy.set(now());
+        });
+        a.signal()
+            .add_event_listener_with_callback("abort", on_abort.as_ref().unchecked_ref())
+            .unwrap();
+        target.set(a.deadline() + 30.0);
+        let lost = within(4.0 * TTL_MS, async {
+            while b.status() == Status::Held {
+                sleep(20.0).await;
+            }
+        })
+        .await;
+        // Let any batch planned before the busy listener go out.
+        sleep(300.0).await;
+        restore.call0(&JsValue::NULL).unwrap();
+        drop(record);
+        drop(on_abort);
+        assert!(lost.is_some(), "round {round}: B still held");
+        assert_eq!(a.status(), Status::Lost(LossReason::ExpiredLocally));
+        assert_eq!(b.status(), Status::Lost(LossReason::ExpiredLocally));
+        let past = busy_until.get();
+        assert!(past > 0.0, "round {round}: A's abort listener ran");
+        let late: Vec<_> = sent
+            .borrow()
+            .iter()
+            .filter(|(at, body)| *at >= past && body.contains(b.token()))
+            .cloned()
+            .collect();
+        assert!(
+            late.is_empty(),
+            "round {round}: B heartbeated after its deadline: {late:?}"
+        );
+        c.close().await;
+    }
+}

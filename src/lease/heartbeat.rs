@@ -109,7 +109,7 @@ impl ClientInner {
             for chunk in due.chunks(MAX_BATCH) {
                 let (me, chunk) = (self.clone(), chunk.to_vec());
                 crate::options::spawn(async move {
-                    me.heartbeat_batch(&chunk, now, timeout).await;
+                    me.heartbeat_batch(chunk, now, timeout).await;
                     me.wake();
                 });
             }
@@ -125,10 +125,22 @@ impl ClientInner {
     /// still held, and releases one already lost).
     async fn heartbeat_batch(
         self: &Rc<Self>,
-        chunk: &[Rc<LeaseInner>],
+        mut chunk: Vec<Rc<LeaseInner>>,
         sent_at: f64,
         timeout_ms: f64,
     ) {
+        // Planned at `sent_at` but sent after the microtasks queued
+        // meanwhile (the abort listeners of leases the pass expired among
+        // them): a lease past its deadline by now is lost here and left out,
+        // never heartbeated after its local deadline.
+        chunk.retain(|l| {
+            l.check_deadline();
+            l.is_active()
+        });
+        if chunk.is_empty() {
+            return;
+        }
+        let chunk = &chunk[..];
         let body = to_js(&BatchHeartbeatRequest {
             leases: {
                 let mut leases = Vec::with_capacity(chunk.len());

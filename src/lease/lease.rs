@@ -243,7 +243,7 @@ impl LeaseInner {
     }
 
     /// Past the local deadline: lose the lease now, synchronously.
-    fn check_deadline(&self) {
+    pub(crate) fn check_deadline(&self) {
         if self.is_active() && !self.plan.borrow().is_live(now_ms()) {
             self.expire_locally();
         }
