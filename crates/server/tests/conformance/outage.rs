@@ -23,6 +23,12 @@ const BOUND: Duration = Duration::from_secs(15);
 /// an operator would), so they need not wait [`PG_LOCK_TIMEOUT_MS`].
 const LOCK_TIMEOUT_MS: u64 = 300;
 
+/// The lock timeout of the tests that tell a fixed behaviour from an old
+/// one by wall time (one lock timeout per call or wave vs about one in
+/// all): long enough that a stall of a few seconds on a busy machine is
+/// small beside the gap between the two.
+const SLOW_LOCK_TIMEOUT_MS: u64 = 2_000;
+
 /// `db`'s URL with `lock_timeout` set to `ms` (0: no bound) in its
 /// `options` (the last parameter), as an operator would set it.
 fn with_lock_timeout(db: &TestDb, ms: u64) -> String {
@@ -479,6 +485,12 @@ pub async fn a_stop_ends_though_a_statement_of_a_request_gone_stays_blocked(db: 
 /// one after another, a lock timeout each, and the queue's whole lane
 /// behind them; now the batch waits out one lock timeout and its other
 /// keyed claims get the same 503 at once.
+///
+/// Timed on the wall clock, so the two behaviours are set far apart: with
+/// [`SLOW_LOCK_TIMEOUT_MS`] (2 s) the fixed one takes about two lock
+/// timeouts (4 s), the old one `CLAIMS` of them (16 s), and the bound
+/// is half of that (8 s): a stall of the test process or of PostgreSQL
+/// of up to 4 s cannot fail it, and the old behaviour still does.
 pub async fn keyed_claims_behind_a_locked_open_item_wait_out_one_lock_timeout_not_one_each(
     db: TestDb,
 ) {
@@ -486,7 +498,7 @@ pub async fn keyed_claims_behind_a_locked_open_item_wait_out_one_lock_timeout_no
         return;
     }
     const CLAIMS: usize = 8;
-    const TIMEOUT_MS: u64 = 1000;
+    const TIMEOUT_MS: u64 = SLOW_LOCK_TIMEOUT_MS;
     let mut config = config_with_lock_timeout(&db, TIMEOUT_MS);
     config.claim_rate = "1000000/s".parse().unwrap();
     let server = Server::start(&config).await.unwrap();
@@ -511,9 +523,9 @@ pub async fn keyed_claims_behind_a_locked_open_item_wait_out_one_lock_timeout_no
         unavailable(a, "keyed claim of a locked item").await;
     }
     // One wait for the first claim's batch, one for the batch the others
-    // joined meanwhile: far from one per claim.
+    // joined meanwhile: far from one per claim (half of those waits).
     assert!(
-        took < Duration::from_millis(TIMEOUT_MS * (CLAIMS as u64 - 3)),
+        took < Duration::from_millis(TIMEOUT_MS * CLAIMS as u64 / 2),
         "{CLAIMS} keyed claims took {took:?} with a {TIMEOUT_MS} ms lock timeout"
     );
     admin.close().await.unwrap();
@@ -967,6 +979,14 @@ pub async fn a_keyed_claim_waiting_for_a_locked_item_holds_up_no_other_claim(db:
 /// of its own, all at once: they took the pool in waves of a lock timeout
 /// each, the batched heartbeat answered after all its waves, and every
 /// other call of the instance queued behind them for a connection.
+///
+/// Timed on the wall clock, so the two behaviours are set far apart: with
+/// [`SLOW_LOCK_TIMEOUT_MS`] (2 s) and one lone wait permit (a pool of 2),
+/// the fixed code answers every call within about two lock timeouts (one
+/// waiting for the permit, one for the row: 4 s), the old one after
+/// `LEASES / POOL` waves of one (16 s); the bound is half of that (8 s),
+/// so a stall of the test process or of PostgreSQL of up to 4 s cannot
+/// fail it, and the old behaviour still does.
 pub async fn calls_passed_over_for_locked_rows_never_hold_the_pool_past_one_lock_timeout(
     db: TestDb,
 ) {
@@ -979,14 +999,17 @@ pub async fn calls_passed_over_for_locked_rows_never_hold_the_pool_past_one_lock
         pool_size: POOL,
         ..Settings::default()
     };
-    let store = store_with_lock_timeout(&db, LOCK_TIMEOUT_MS, settings).await;
+    const TIMEOUT_MS: u64 = SLOW_LOCK_TIMEOUT_MS;
+    let store = store_with_lock_timeout(&db, TIMEOUT_MS, settings).await;
     let leases = claimed(&store, "locked", LEASES).await;
     let ids: Vec<i64> = leases.iter().map(|(id, _)| *id).collect();
     let before = snapshot(&store).await;
     let admin = lock_rows(&db, &ids).await;
-    // A lock timeout, the time to run the calls' statements on the small
-    // pool, and a margin: far below one lock timeout per wave of the pool.
-    let bound = Duration::from_millis(LOCK_TIMEOUT_MS * 3 + 1000);
+    // Two lock timeouts (a permit's wait, then the row's) and as much again
+    // for the statements on the small pool and a stall: half of one lock
+    // timeout per wave of the pool.
+    let waves = (LEASES / POOL as usize) as u64;
+    let bound = Duration::from_millis(TIMEOUT_MS * waves / 2);
     let started = Instant::now();
     let beat = {
         let (store, leases) = (store.clone(), leases.clone());
