@@ -539,22 +539,33 @@ pub async fn resume_of_a_paused_item_issues_a_new_token_and_fences_the_old_one(d
     );
 }
 
+/// A heartbeat and a takeover of the same expired lease, released together:
+/// exactly one of them changes the item. The lease TTL is long ([`LONG`])
+/// so that a lease the heartbeat renewed cannot expire again before the
+/// racing takeover's conditional update runs, however far apart a loaded
+/// machine runs the two; the leases are put past their deadline by moving
+/// their last heartbeat back in SQL (before, a 1 s TTL and a sleep: two
+/// statements run more than 1 s apart both won).
 pub async fn a_heartbeat_racing_a_takeover_has_exactly_one_winner(db: TestDb) {
     const ROUNDS: usize = 40;
-    // Long enough that a renewed lease cannot expire again before the racing
-    // takeover's conditional update runs, even on a loaded machine.
-    const TTL: u64 = 1_000;
     // Two instances: the worker's heartbeat goes through one, the reaper runs on
     // the other, each on its own connection.
-    let worker = Arc::new(db.store(ttl(TTL)).await);
-    let reaper = Arc::new(db.store(ttl(TTL)).await);
+    let worker = Arc::new(db.store(ttl(LONG)).await);
+    let reaper = Arc::new(db.store(ttl(LONG)).await);
     let mut leases = Vec::new();
     for i in 0..ROUNDS {
         worker.enqueue("race", &json!(i), None).await.unwrap();
         let c = worker.claim("race", None).await.unwrap().expect("claimed");
         leases.push((c.item.id, c.lease.token));
     }
-    sleep_ms(TTL + 100).await;
+    // Past the deadline by a second, on the database clock.
+    sqlx::query(&format!(
+        "UPDATE items SET heartbeat_at = heartbeat_at - {} WHERE queue = 'race'",
+        LONG + 1_000
+    ))
+    .execute(worker.pool())
+    .await
+    .unwrap();
     let expired = reaper.expired_claims(1000).await.unwrap();
     assert_eq!(
         expired.len(),
