@@ -47,6 +47,7 @@ pub fn state(config: &Config, store: Store) -> AppState {
         auth_limiter: Arc::new(RateLimiter::new(config.auth_rate)),
         beacon_limiter: Arc::new(RateLimiter::new(config.auth_rate)),
         idle_retry_ms: config.idle_retry_ms,
+        metrics_read_timeout: std::time::Duration::from_millis(config.metrics_read_timeout_ms),
     }
 }
 

@@ -15,6 +15,7 @@ use agentstore_protocol::lease::{
 };
 use clap::{CommandFactory, Parser};
 
+use crate::metrics::QUEUE_STATS_TIMEOUT_MS;
 use crate::ratelimit::Rate;
 use crate::routes::MAX_REDELIVERIES_LIMIT;
 use crate::store::Settings;
@@ -48,6 +49,8 @@ pub const READ_TIMEOUT_MS: RangeInclusive<u64> = 100..=3600 * 1000;
 pub const RETENTION_MS: RangeInclusive<u64> = 0..=3650 * DAY_MS;
 /// The shortest `--retention-ms` other than 0.
 pub const MIN_RETENTION_MS: u64 = 60 * 1000;
+/// `--metrics-read-timeout-ms`: 100 ms to 10 minutes.
+pub const METRICS_READ_TIMEOUT_MS: RangeInclusive<u64> = 100..=600 * 1000;
 
 /// `agentstore-server`: the agentstore lease server and demo host.
 #[derive(Debug, Clone, Parser)]
@@ -152,6 +155,12 @@ pub struct Config {
     /// exists only on `--listen`, behind the admin token.
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
+    /// How long a `/metrics` scrape waits for the queue gauges' database
+    /// read (ms, 100..=600000). Past it the scrape still answers, the queue
+    /// gauges keep their last values and `agentstore_queue_stats_up` is 0.
+    /// Keep it below the scraper's own timeout (Prometheus: 10 s).
+    #[arg(long, default_value_t = QUEUE_STATS_TIMEOUT_MS, value_parser = clap::value_parser!(u64).range(METRICS_READ_TIMEOUT_MS))]
+    pub metrics_read_timeout_ms: u64,
 }
 
 /// `--admin-token`: any non-empty text without whitespace (a bearer token is
@@ -228,6 +237,11 @@ impl Config {
         in_range("--idle-retry-ms", self.idle_retry_ms, &IDLE_RETRY_MS)?;
         in_range("--retention-ms", self.retention_ms, &RETENTION_MS)?;
         in_range("--read-timeout-ms", self.read_timeout_ms, &READ_TIMEOUT_MS)?;
+        in_range(
+            "--metrics-read-timeout-ms",
+            self.metrics_read_timeout_ms,
+            &METRICS_READ_TIMEOUT_MS,
+        )?;
         if self.retention_ms != 0 && self.retention_ms < MIN_RETENTION_MS.max(self.ttl_ms) {
             // A settle or release sent again after a lost answer must still
             // find its item (the SDK retries one while its lease could live).

@@ -10,8 +10,8 @@
 //! handlers and the request middleware [`track`]; takeovers in the reaper.
 //! Queue and pool gauges are read at scrape time: queue gauges from
 //! [`Store::queue_stats`], the same call behind `GET /v1/queues/{queue}/stats`.
-//! A scrape never waits on the database longer than [`QUEUE_STATS_TIMEOUT`]
-//! and never fails for it: when that read fails or times out (the database
+//! A scrape never waits on the database longer than `--metrics-read-timeout-ms`
+//! ([`QUEUE_STATS_TIMEOUT_MS`] by default) and never fails for it: when that read fails or times out (the database
 //! is down or stalled), the scrape still answers every counter, histogram
 //! and pool gauge, the database-read gauges keep their last values, and
 //! `agentstore_queue_stats_up` is 0 (node_exporter's `*_up` convention).
@@ -41,9 +41,10 @@ pub const UNREADABLE_BY: [&str; 8] = [
     "reaper", "list", "claim", "resume", "settle", "release", "pause", "get",
 ];
 
-/// How long a scrape waits for the queue gauges' database read (2 s, as
-/// `GET /v1/ready`; Prometheus gives up on a scrape after 10 s by default).
-pub const QUEUE_STATS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long a scrape waits for the queue gauges' database read by default
+/// (`--metrics-read-timeout-ms`; 2 s, as `GET /v1/ready`; Prometheus gives up
+/// on a scrape after 10 s by default).
+pub const QUEUE_STATS_TIMEOUT_MS: u64 = 2_000;
 
 /// `Content-Type` of the text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -58,7 +59,7 @@ pub struct Metrics {
     scrape: std::sync::Mutex<()>,
     /// Held by the queue gauges' database read while it runs (in a task of
     /// its own, which outlives a scrape that stopped waiting for it): a
-    /// scrape waits for it (within [`QUEUE_STATS_TIMEOUT`]) before reading
+    /// scrape waits for it (within its read timeout) before reading
     /// again, so concurrent scrapes read one after the other and a stalled
     /// database ties up one pool connection, not one per scrape.
     reading: Arc<tokio::sync::Mutex<()>>,
@@ -116,7 +117,7 @@ pub struct Metrics {
     /// scrape time).
     unreadable_items: IntGauge,
     /// 1 when this scrape read the queue gauges from the database, 0 when
-    /// that read failed or took longer than [`QUEUE_STATS_TIMEOUT`].
+    /// that read failed or took longer than the scrape's read timeout.
     queue_stats_up: IntGauge,
     /// Pool connections checked out by this instance.
     pool_in_use: IntGauge,
@@ -423,15 +424,19 @@ impl Metrics {
     }
 
     /// Reads the gauges from `store` and renders every metric as text. The
-    /// queue gauges' database read is bounded by [`QUEUE_STATS_TIMEOUT`]; when
-    /// it fails or times out, those gauges keep their last values and
+    /// queue gauges' database read is bounded by `read_timeout`
+    /// (`--metrics-read-timeout-ms`); when it fails or times out, those gauges keep their last values and
     /// `agentstore_queue_stats_up` is 0 (see the module docs).
     ///
     /// # Errors
     /// Only the text encoding (not the database).
-    pub async fn render(&self, store: &Store) -> Result<String, StoreError> {
+    pub async fn render(
+        &self,
+        store: &Store,
+        read_timeout: std::time::Duration,
+    ) -> Result<String, StoreError> {
         let (store2, reading) = (store.clone(), self.reading.clone());
-        let read = tokio::time::timeout(QUEUE_STATS_TIMEOUT, async move {
+        let read = tokio::time::timeout(read_timeout, async move {
             let held = reading.lock_owned().await;
             tokio::spawn(async move {
                 let read = store2.queue_stats_and_unreadable(None).await;
@@ -453,7 +458,7 @@ impl Metrics {
             }
             Err(_) => {
                 tracing::warn!(
-                    timeout_ms = QUEUE_STATS_TIMEOUT.as_millis() as u64,
+                    timeout_ms = read_timeout.as_millis() as u64,
                     "metrics: the queue gauges' read (or the one before it) did not end in time"
                 );
                 None

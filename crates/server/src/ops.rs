@@ -95,6 +95,9 @@ async fn admin_metrics(st: State<AppState>, _: Admin) -> Result<Response, ApiErr
 }
 
 async fn metrics(State(st): State<AppState>) -> Result<Response, ApiError> {
-    let text = st.metrics.render(&st.store).await?;
+    let text = st
+        .metrics
+        .render(&st.store, st.metrics_read_timeout)
+        .await?;
     Ok(([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response())
 }

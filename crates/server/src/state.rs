@@ -30,4 +30,7 @@ pub struct AppState {
     pub idle_retry_ms: u64,
     /// This instance's metrics (its own registry).
     pub metrics: Arc<Metrics>,
+    /// How long a scrape waits for the queue gauges' database read
+    /// (`--metrics-read-timeout-ms`).
+    pub metrics_read_timeout: std::time::Duration,
 }

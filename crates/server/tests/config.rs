@@ -37,6 +37,7 @@ fn every_numeric_flag_refuses_a_value_outside_its_range_naming_the_flag() {
         ("--db-pool", &["1001", "-1"], "0"),
         ("--idle-retry-ms", &["0", "3600001"], "100"),
         ("--retention-ms", &["-1", "315360000001"], "0"),
+        ("--metrics-read-timeout-ms", &["0", "99", "600001"], "100"),
         (
             "--claim-rate",
             &["0/s", "10000001/s", "1/3600001ms"],

@@ -498,7 +498,7 @@ pub async fn a_late_copy_of_a_claim_never_takes_the_lease_from_a_later_copy(db: 
     assert!(
         store
             .metrics()
-            .render(&store)
+            .render(&store, crate::common::METRICS_READ)
             .await
             .unwrap()
             .lines()

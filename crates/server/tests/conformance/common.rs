@@ -97,9 +97,15 @@ impl TestDb {
             .expect("connect store")
     }
 
-    /// A server config on this database with a test admin token.
+    /// A server config on this database with a test admin token, and a
+    /// metrics read timeout of a minute: a test that reads the queue gauges
+    /// must not see them stale (`agentstore_queue_stats_up` 0) because the
+    /// database stalled for 2 s on a busy machine. The test of that timeout
+    /// sets its own.
     pub fn config(&self) -> Config {
-        Config::for_tests(&self.database, ADMIN)
+        let mut config = Config::for_tests(&self.database, ADMIN);
+        config.metrics_read_timeout_ms = METRICS_READ.as_millis() as u64;
+        config
     }
 
     /// A raw pool on this database (no migrations), for hand-built schemas.
@@ -168,6 +174,10 @@ pub async fn heartbeat_at(store: &Store, id: i64) -> Option<i64> {
         .expect("read heartbeat_at");
     v
 }
+
+/// How long the tests let a scrape wait for the queue gauges' read (see
+/// [`TestDb::config`]).
+pub const METRICS_READ: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// A server on `db` for HTTP-level tests: no limits in the way (the limits
 /// have their own tests), the test admin token.

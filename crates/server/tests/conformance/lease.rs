@@ -1572,7 +1572,11 @@ pub async fn a_claim_sent_again_with_its_idempotency_key_gets_its_lease_back(db:
         assert!(replayed, "{key}");
         assert_eq!(r.item.id, c.item.id, "{key}");
     }
-    let text = shared.metrics().render(&shared).await.unwrap();
+    let text = shared
+        .metrics()
+        .render(&shared, crate::common::METRICS_READ)
+        .await
+        .unwrap();
     assert!(
         text.lines()
             .any(|l| l == "agentstore_claim_replays_total 10"),
