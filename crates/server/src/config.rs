@@ -150,11 +150,18 @@ pub struct Config {
     /// stop waits for requests in flight at most this long plus 30 s.
     #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(READ_TIMEOUT_MS))]
     pub read_timeout_ms: u64,
-    /// Also serve `GET /metrics` WITHOUT a token on this address (e.g. a
-    /// private interface a Prometheus scraper reaches). Without it, `/metrics`
-    /// exists only on `--listen`, behind the admin token.
+    /// Also serve `GET /metrics` WITHOUT a token on this address. Without
+    /// it, `/metrics` exists only on `--listen`, behind the admin token. A
+    /// loopback address (`127.0.0.1`, `::1`) is accepted as is; any other
+    /// (a private interface a Prometheus scraper reaches, `0.0.0.0`) only
+    /// with `--metrics-public`, since whoever reaches it reads queue names
+    /// and gauges.
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
+    /// Allow `--metrics-listen` on a non-loopback address: the operator
+    /// states that everyone who can reach it may read the metrics.
+    #[arg(long)]
+    pub metrics_public: bool,
     /// How long a `/metrics` scrape waits for the queue gauges' database
     /// read (ms, 100..=600000). Past it the scrape still answers, the queue
     /// gauges keep their last values and `agentstore_queue_stats_up` is 0.
@@ -214,7 +221,7 @@ impl Config {
     /// below `--ttl-ms` (a worker told to heartbeat less often than the TTL
     /// loses every lease between two heartbeats), `--retention-ms` 0 or at
     /// least one minute and `--ttl-ms`, and `--metrics-listen` not the
-    /// address of `--listen`.
+    /// address of `--listen`, and loopback unless `--metrics-public`.
     ///
     /// # Errors
     /// A message naming the flag(s) at fault.
@@ -264,6 +271,13 @@ impl Config {
                 return Err(format!(
                     "--metrics-listen {metrics} is the --listen address: the tokenless \
                      /metrics listener needs an address of its own"
+                ));
+            }
+            if !metrics.ip().to_canonical().is_loopback() && !self.metrics_public {
+                return Err(format!(
+                    "--metrics-listen {metrics} is not a loopback address: the tokenless \
+                     /metrics listener shows queue names and gauges to whoever reaches \
+                     it; add --metrics-public if that is meant"
                 ));
             }
         }

@@ -131,6 +131,31 @@ fn metrics_listen_on_the_listen_address_is_refused() {
     assert!(parse(&["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"]).is_ok());
 }
 
+/// The tokenless metrics listener shows queue names and gauges: on a
+/// non-loopback address it needs `--metrics-public`, named in the refusal.
+#[test]
+fn metrics_listen_off_loopback_needs_metrics_public() {
+    for addr in ["0.0.0.0:0", "192.0.2.1:9100", "[::]:0"] {
+        let text = parse(&["--metrics-listen", addr])
+            .expect_err(addr)
+            .to_string();
+        assert!(
+            text.contains("--metrics-listen") && text.contains("--metrics-public"),
+            "{addr}: {text}"
+        );
+        let config = parse(&["--metrics-listen", addr, "--metrics-public"]).expect(addr);
+        assert!(config.metrics_public);
+    }
+    for addr in [
+        "127.0.0.1:0",
+        "127.0.0.2:9100",
+        "[::1]:0",
+        "[::ffff:127.0.0.1]:0",
+    ] {
+        assert!(parse(&["--metrics-listen", addr]).is_ok(), "{addr}");
+    }
+}
+
 /// A configuration built in code skips clap's parser: the server checks it
 /// before it opens the database or binds an address.
 #[tokio::test]
