@@ -105,6 +105,20 @@ fn not_positive() -> ApiError {
     ApiError::new(ErrorCode::BadRequest, "item id must be a positive integer")
 }
 
+/// Parses a worker (or producer) id path segment.
+///
+/// # Errors
+/// `bad_request` unless it is a positive integer.
+pub fn worker_id(raw: &str) -> Result<i64, ApiError> {
+    match raw.parse::<i64>() {
+        Ok(id) if id > 0 => Ok(id),
+        _ => Err(ApiError::new(
+            ErrorCode::BadRequest,
+            "worker id must be a positive integer",
+        )),
+    }
+}
+
 /// Checks a queue name ([`agentstore_protocol::lease::is_queue_name`]:
 /// 1–200 characters of `A-Z a-z 0-9 _ - . :`, not `.` or `..`).
 ///

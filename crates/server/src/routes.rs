@@ -19,7 +19,7 @@ use axum::{Json, Router};
 
 use crate::auth::{caller_from, Admin, Caller};
 use crate::error::ApiError;
-use crate::extract::{item_id, positive_item_id, queue_name, JsonBody};
+use crate::extract::{item_id, positive_item_id, queue_name, worker_id, JsonBody};
 use crate::ratelimit::{client_key, retry_after_secs, RateLimiter};
 use crate::state::AppState;
 use crate::store::{claim_lost, Attempt, Ended, ItemPage, Released, Resumed, Viewed};
@@ -36,6 +36,7 @@ pub fn router() -> Router<AppState> {
     Router::new()
         .route("/health", get(health))
         .route("/admin/enrollment-tokens", post(create_enrollment))
+        .route("/admin/workers/{id}/revoke", post(revoke_worker))
         .route("/workers/enroll", post(enroll))
         .route("/workers/refresh", post(refresh))
         .route("/queues/{queue}/items", post(enqueue).get(list))
@@ -98,6 +99,21 @@ async fn create_enrollment(
         queues,
     };
     Ok((StatusCode::CREATED, Json(body)))
+}
+
+/// `POST /v1/admin/workers/{id}/revoke` (admin only): revokes every access
+/// and refresh token of that worker or producer at once; `204`, again `204`
+/// when already revoked; `404 not_found` for an unknown id (see
+/// [`crate::Store::revoke_credentials`]). This instance's cache of verified
+/// tokens forgets the worker at once (the revocation is counted before the
+/// answer).
+async fn revoke_worker(
+    State(st): State<AppState>,
+    _: Admin,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    st.store.revoke_credentials(worker_id(&id)?).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// The rate-limit key of the connection's peer address (the server is

@@ -306,6 +306,34 @@ impl Store {
         Ok(())
     }
 
+    /// Revokes every credential of worker (or producer) `worker_id` at
+    /// once, for an operator (`POST /v1/admin/workers/{id}/revoke`): its
+    /// access tokens are deleted, its refresh and enrollment tokens kept as
+    /// revoked, so a later use of one is refused as reuse, and it cannot
+    /// enroll or refresh again (a new enrollment makes a new worker). Its
+    /// leases are left as they are: unable to heartbeat, they expire after
+    /// their TTL and the reaper takes them over. Under the worker's lock,
+    /// as every credential change: a refresh racing it either commits first
+    /// (and what it issued is revoked here) or is refused. Counted as a
+    /// revocation ([`Store::revocations`]), so this instance's cache of
+    /// verified tokens drops the worker's entries at once; other instances
+    /// within that cache's `MAX_AGE`. Calling it again changes nothing.
+    ///
+    /// # Errors
+    /// `not_found` when no worker has that id.
+    pub async fn revoke_credentials(&self, worker_id: i64) -> Result<(), StoreError> {
+        let mut tx = self.begin_write().await?;
+        if !lock_worker(&mut tx, worker_id).await? {
+            tx.rollback().await?;
+            return Err(StoreError::rejected(
+                ErrorCode::NotFound,
+                format!("worker {worker_id} does not exist"),
+            ));
+        }
+        self.revoke_worker(&mut tx, worker_id).await?;
+        self.commit_revoking(tx, worker_id).await
+    }
+
     /// Enrolls a worker (or producer: the token's role) with a single-use
     /// enrollment token: creates it, burns the token and issues credentials in
     /// ONE transaction, opened only after the token was found and matched. The
@@ -527,13 +555,16 @@ impl Store {
 
 /// Locks the `workers` row of `worker_id` for the rest of `tx` (a no-op
 /// update: a row lock on PostgreSQL; SQLite's write transaction already holds
-/// the database's single writer lock).
-async fn lock_worker(tx: &mut Transaction<'static, Any>, worker_id: i64) -> Result<(), StoreError> {
-    sqlx::query("UPDATE workers SET id = id WHERE id = $1")
+/// the database's single writer lock). Whether the row exists.
+async fn lock_worker(
+    tx: &mut Transaction<'static, Any>,
+    worker_id: i64,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query("UPDATE workers SET id = id WHERE id = $1")
         .bind(worker_id)
         .execute(&mut **tx)
         .await?;
-    Ok(())
+    Ok(done.rows_affected() == 1)
 }
 
 #[cfg(test)]

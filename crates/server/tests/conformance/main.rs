@@ -15,6 +15,7 @@ mod metrics;
 mod migrate;
 mod outage;
 mod retention;
+mod revoke;
 mod roles;
 mod settled;
 mod unreadable;
@@ -112,6 +113,8 @@ conformance! {
     unreadable::a_read_of_an_unreadable_row_is_answered_to_those_who_may_read_it,
     unreadable::an_enrolment_whose_stored_scope_does_not_decode_writes_nothing,
     instances::two_instances_with_eight_claimers_settle_every_item_exactly_once,
+    revoke::an_admin_revoke_refuses_every_credential_of_the_worker_at_once,
+    revoke::revoking_needs_the_admin_and_a_known_id,
     roles::every_endpoint_allows_exactly_its_roles_and_a_refusal_changes_nothing,
     roles::a_worker_enrolled_for_one_queue_claims_there_and_nowhere_else,
     roles::an_enrolled_caller_cannot_tell_a_missing_item_from_one_it_may_not_touch,

@@ -58,9 +58,10 @@ enum Endpoint {
     Ready,
     Stats,
     Metrics,
+    RevokeWorker,
 }
 
-const ENDPOINTS: [Endpoint; 17] = [
+const ENDPOINTS: [Endpoint; 18] = [
     Endpoint::Health,
     Endpoint::CreateEnrollment,
     Endpoint::Enroll,
@@ -78,6 +79,7 @@ const ENDPOINTS: [Endpoint; 17] = [
     Endpoint::Ready,
     Endpoint::Stats,
     Endpoint::Metrics,
+    Endpoint::RevokeWorker,
 ];
 
 /// The rule under test (README "Roles and scopes"): `true` = allowed.
@@ -87,7 +89,9 @@ fn allowed(e: Endpoint, who: Who) -> bool {
     match e {
         // Public: the body is the credential.
         E::Health | E::Ready | E::Enroll | E::Refresh => true,
-        E::CreateEnrollment | E::Pause | E::Resume | E::Metrics => who == W::Admin,
+        E::CreateEnrollment | E::Pause | E::Resume | E::Metrics | E::RevokeWorker => {
+            who == W::Admin
+        }
         E::Enqueue | E::List | E::Stats => matches!(who, W::Admin | W::Producer),
         E::Claim => matches!(who, W::Admin | W::Holder | W::OtherWorker),
         E::Item => matches!(who, W::Admin | W::Producer | W::Holder),
@@ -207,6 +211,12 @@ async fn request(store: &Store, p: &Principals, e: Endpoint) -> (Method, String,
         Endpoint::Resume => {
             store.pause(id).await.unwrap();
             (Method::POST, format!("/v1/items/{id}/resume"), None)
+        }
+        // A worker of its own: revoking one of the callers would refuse
+        // the cells after it.
+        Endpoint::RevokeWorker => {
+            let w = enrolled(store, Role::Worker, Q).await.worker_id;
+            (Method::POST, format!("/v1/admin/workers/{w}/revoke"), None)
         }
     }
 }
