@@ -109,7 +109,7 @@ impl ClientInner {
             for chunk in due.chunks(MAX_BATCH) {
                 let (me, chunk) = (self.clone(), chunk.to_vec());
                 crate::options::spawn(async move {
-                    me.heartbeat_batch(chunk, now, timeout).await;
+                    me.heartbeat_batch(&chunk, now, timeout).await;
                     me.wake();
                 });
             }
@@ -125,7 +125,7 @@ impl ClientInner {
     /// still held, and releases one already lost).
     async fn heartbeat_batch(
         self: &Rc<Self>,
-        mut chunk: Vec<Rc<LeaseInner>>,
+        chunk: &[Rc<LeaseInner>],
         sent_at: f64,
         timeout_ms: f64,
     ) {
@@ -133,26 +133,20 @@ impl ClientInner {
         // meanwhile (the abort listeners of leases the pass expired among
         // them): a lease past its deadline by now is lost here and left out,
         // never heartbeated after its local deadline.
-        chunk.retain(|l| {
+        let mut leases = Vec::with_capacity(chunk.len());
+        for l in chunk {
             l.check_deadline();
-            l.is_active()
-        });
-        if chunk.is_empty() {
+            if l.is_active() {
+                leases.push(BatchHeartbeatEntry {
+                    item_id: l.item_id,
+                    token: l.token().to_owned(),
+                });
+            }
+        }
+        if leases.is_empty() {
             return;
         }
-        let chunk = &chunk[..];
-        let body = to_js(&BatchHeartbeatRequest {
-            leases: {
-                let mut leases = Vec::with_capacity(chunk.len());
-                for l in chunk {
-                    leases.push(BatchHeartbeatEntry {
-                        item_id: l.item_id,
-                        token: l.token().to_owned(),
-                    });
-                }
-                leases
-            },
-        });
+        let body = to_js(&BatchHeartbeatRequest { leases });
         let request_timeout = self.config.request_timeout_ms;
         // Not sent again after a refresh if a lease of the chunk still held
         // passed its local deadline meanwhile (the next pass sends the
