@@ -172,6 +172,18 @@ export function followSignal(signal, controller) {
 }
 
 /**
+ * The `href` of a `URL` object, read through `URL.prototype`'s getter (so
+ * an own `href` or `toString` of the object never runs), else `undefined`.
+ */
+export function urlHref(v) {
+  try {
+    return Object.getOwnPropertyDescriptor(URL.prototype, 'href').get.call(v);
+  } catch {
+    return undefined;
+  }
+}
+
+/**
  * A signal aborted when `a` or `b` aborts: one of them when it already
  * has, else `AbortSignal.any([a, b])`, else (no `any`, or a replaced one
  * that throws or answers a non-signal) a controller's signal following

@@ -741,7 +741,8 @@ impl Lease {
         call(Call::Release(self.inner.clone()))
     }
 
-    /// `fetch(input, init)` aborted when the lease is lost (and by
+    /// `fetch(input, init)` (`input`: a URL string, a `URL` or a `Request`)
+    /// aborted when the lease is lost (and by
     /// `init.signal`), with `X-Lease-Token` and `X-Lease-Epoch` headers when the
     /// target's origin is the lease server's or listed in `leaseHeaderOrigins`
     /// (other origins get the request without them: the token alone can
@@ -756,7 +757,7 @@ impl Lease {
     #[wasm_bindgen(unchecked_return_type = "Promise<Response>")]
     pub fn fetch(
         &self,
-        #[wasm_bindgen(unchecked_param_type = "string | Request")] input: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "string | URL | Request")] input: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "RequestInit | null")] init: JsValue,
     ) -> Promise {
         // Everything that may run the caller's code (`init`'s getters, the
@@ -819,7 +820,7 @@ impl Lease {
     #[wasm_bindgen(js_name = prepareRequest)]
     pub fn prepare_request(
         &self,
-        #[wasm_bindgen(unchecked_param_type = "string | Request")] input: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "string | URL | Request")] input: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "RequestInit | null")] init: JsValue,
     ) -> Result<Request, JsValue> {
         // The Request constructor reads `init`'s getters.
@@ -854,6 +855,9 @@ impl Lease {
 
     /// [`Lease::prepare`] once the lease is known to be held.
     fn stamp(&self, input: JsValue, init: JsValue) -> Result<(Request, bool), JsValue> {
+        // A URL object stands for its `href`, as for the platform's `fetch`.
+        let href = url_href(&input);
+        let input = if href.is_string() { href } else { input };
         // A URL is copied into wasm memory only up to 64 Ki units (a longer
         // one is refused below as not a string).
         let url = crate::value::short_string(&input, crate::value::MAX_ARG_UNITS);
@@ -868,7 +872,7 @@ impl Lease {
             None => {
                 let req: Request = input.dyn_into().map_err(|_| {
                     LeaseError::Validation(
-                        "input must be a URL string (at most 65,536 UTF-16 code units) or a Request"
+                        "input must be a URL string (at most 65,536 UTF-16 code units), a URL or a Request"
                             .into(),
                     )
                     .to_js()
@@ -952,6 +956,11 @@ extern "C" {
     /// page that redefines `aborted` or `reason` or replaces
     /// `AbortSignal.any` gets an error here, never an unwind through the
     /// module).
+    /// The `href` of a `URL` object, read through `URL.prototype`'s getter
+    /// (never the object's own `href` or `toString`), else `undefined`
+    /// (js/lease.js `urlHref`).
+    #[wasm_bindgen(js_name = urlHref)]
+    fn url_href(v: &JsValue) -> JsValue;
     #[wasm_bindgen(js_name = followBoth, catch)]
     fn follow_both(a: &AbortSignal, b: &AbortSignal) -> Result<AbortSignal, JsValue>;
 }

@@ -383,6 +383,64 @@ async fn lease_fetch_stamps_token_and_epoch_and_aborts_with_the_lease() {
     l2.release().await.unwrap();
 }
 
+/// `lease.fetch` and `prepareRequest` take a `URL` object, as the platform's
+/// `fetch` and `Request` do, and read its `href` through `URL.prototype`:
+/// an own `href` or `toString` on the object is never run. Before, a `URL`
+/// was refused as "not a string or a Request". Review finding.
+#[wasm_bindgen_test]
+async fn lease_fetch_takes_a_url_object_as_the_platforms_fetch_does() {
+    let Some((base, _)) = server() else {
+        return;
+    };
+    let q = fresh_queue("fetch-url");
+    enqueue(&q, json!({})).await;
+    let c = admin_client(config());
+    let lease = claim(&c, &q).await;
+    let api = agentstore::lease_api::Lease::from_inner(lease.clone());
+    let url = web_sys::Url::new(&format!("{base}/v1/health")).unwrap();
+    // Own properties that would answer something else, or throw.
+    let thrower = js_sys::Function::new_no_args("throw new Error('own toString ran')");
+    Reflect::set(&url, &"toString".into(), &thrower).unwrap();
+    let desc = js_sys::Object::new();
+    Reflect::set(&desc, &"get".into(), &thrower).unwrap();
+    Reflect::define_property(&url, &"href".into(), &desc).unwrap();
+    let req = api
+        .prepare_request(url.clone().into(), JsValue::UNDEFINED)
+        .unwrap();
+    assert_eq!(req.url(), format!("{base}/v1/health"));
+    assert_eq!(
+        req.headers().get("x-lease-token").unwrap().as_deref(),
+        Some(lease.token()),
+        "the lease server's origin gets the token"
+    );
+    let other = web_sys::Url::new("http://127.0.0.1:1/collect").unwrap();
+    let req = api
+        .prepare_request(other.into(), JsValue::UNDEFINED)
+        .unwrap();
+    assert!(req.headers().get("x-lease-token").unwrap().is_none());
+    // Sent: the test page's own URL (same origin, so no CORS preflight for
+    // headers; not the lease server's, so no token).
+    let location = Reflect::get(&js_sys::global(), &"location".into()).unwrap();
+    let page = Reflect::get(&location, &"href".into())
+        .unwrap()
+        .as_string()
+        .unwrap();
+    let own = web_sys::Url::new(&page).unwrap();
+    Reflect::set(&own, &"toString".into(), &thrower).unwrap();
+    let answer: web_sys::Response =
+        wasm_bindgen_futures::JsFuture::from(api.fetch(own.into(), JsValue::UNDEFINED))
+            .await
+            .expect("fetched")
+            .into();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(
+        answer.url(),
+        page.split('#').next().unwrap(),
+        "the URL's href"
+    );
+    lease.release().await.unwrap();
+}
+
 #[wasm_bindgen_test]
 async fn lease_headers_go_only_to_the_lease_servers_origin_and_origins_the_app_lists() {
     if server().is_none() {
