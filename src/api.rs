@@ -736,25 +736,28 @@ impl AgentStore {
     /// Runs `method(a, b)` of the io module on a second connection to this
     /// store, once `check(a, b)` (the arguments' checks, made first so that
     /// bad input is refused without a download; in the call's first poll,
-    /// so as one level of [`crate::options::nested`] calls) is `Ok`.
+    /// so as one level of [`crate::options::nested`] calls) is `Ok` with the
+    /// call's `signal`, if it has one.
     ///
-    /// Rejects with ClosedError once this store is closed (also while the
-    /// module loads), NetworkError when the module cannot be fetched, and
-    /// with the io method's own errors unchanged.
+    /// Rejects with AbortError once `signal` aborts (also while the module
+    /// loads, which a slow network can make long), ClosedError when this
+    /// store is closed (looked at before and after the load), NetworkError
+    /// when the module cannot be fetched, and with the io method's own
+    /// errors unchanged.
     fn io(
         &self,
         method: &'static str,
         a: JsValue,
         b: JsValue,
-        check: fn(&Store, &JsValue, &JsValue) -> Result<(), StoreError>,
+        check: fn(&Store, &JsValue, &JsValue) -> Result<Option<web_sys::AbortSignal>, StoreError>,
     ) -> Promise {
         let s = self.inner.clone();
         let token = self.io_token;
         run(async move {
-            check(&s, &a, &b)?;
+            let signal = check(&s, &a, &b)?;
             s.check_open()?;
-            let module = wasm_bindgen_futures::JsFuture::from(io_load())
-                .await
+            let module = crate::store::race_abort(io_load(), signal.as_ref())
+                .await?
                 .map_err(StoreError::Thrown)?;
             s.check_open()?;
             let defs = Array::new();
@@ -854,7 +857,7 @@ impl AgentStore {
         options: JsValue,
     ) -> Promise {
         self.io("importPouchDump", source, options, |_, s, o| {
-            import_checks(s, o, true).map(|_| ())
+            import_checks(s, o, true).map(|(o, _)| o.signal)
         })
     }
 
@@ -866,7 +869,7 @@ impl AgentStore {
         #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions | null")] options: JsValue,
     ) -> Promise {
         self.io("exportSnapshot", options, JsValue::UNDEFINED, |_, o, _| {
-            export_batch(o).map(|_| ())
+            export_batch(o).map(|_| None)
         })
     }
 
@@ -880,7 +883,7 @@ impl AgentStore {
             "exportSnapshotBlob",
             options,
             JsValue::UNDEFINED,
-            |_, o, _| export_batch(o).map(|_| ()),
+            |_, o, _| export_batch(o).map(|_| None),
         )
     }
 
@@ -894,7 +897,7 @@ impl AgentStore {
         #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions | null")] options: JsValue,
     ) -> Promise {
         self.io("exportSnapshotChunks", on_chunk, options, |_, f, o| {
-            chunk_fn(f).and_then(|_| export_batch(o).map(|_| ()))
+            chunk_fn(f).and_then(|_| export_batch(o).map(|_| None))
         })
     }
 
@@ -907,7 +910,7 @@ impl AgentStore {
         #[wasm_bindgen(unchecked_optional_param_type = "ImportOptions | null")] options: JsValue,
     ) -> Promise {
         self.io("importSnapshot", source, options, |_, s, o| {
-            import_checks(s, o, false).map(|_| ())
+            import_checks(s, o, false).map(|(o, _)| o.signal)
         })
     }
 
@@ -921,7 +924,7 @@ impl AgentStore {
             "verifyIndexes",
             JsValue::UNDEFINED,
             JsValue::UNDEFINED,
-            |_, _, _| Ok(()),
+            |_, _, _| Ok(None),
         )
     }
 
@@ -939,8 +942,9 @@ impl AgentStore {
         // AbortError without a download (docs/api.md, "Arguments are
         // checked first").
         self.io("rebuildIndexes", options, JsValue::UNDEFINED, |_, o, _| {
-            rebuild_options(o)
-                .and_then(|(_, _, signal, _)| crate::store::check_abort(signal.as_ref()))
+            let (_, _, signal, _) = rebuild_options(o)?;
+            crate::store::check_abort(signal.as_ref())?;
+            Ok(signal)
         })
     }
 
@@ -960,7 +964,7 @@ impl AgentStore {
             if s.indexes().iter().any(|d| d.name == name) {
                 return Err(StoreError::validation(crate::store::index::DECLARED));
             }
-            Ok(())
+            Ok(None)
         })
     }
 }
@@ -973,7 +977,7 @@ impl AgentStore {
         let o = Object::new();
         set(&o, "restart", &JsValue::FALSE);
         let p = self.io("rebuildIndexes", o.into(), JsValue::UNDEFINED, |_, _, _| {
-            Ok(())
+            Ok(None)
         });
         wasm_bindgen_futures::spawn_local(async move {
             if let Err(e) = wasm_bindgen_futures::JsFuture::from(p).await {

@@ -15,6 +15,8 @@ pub(crate) mod lines;
 mod list;
 mod mutate;
 pub(crate) use mutate::check_abort;
+#[cfg(not(feature = "io"))]
+pub(crate) use mutate::race_abort;
 #[cfg(feature = "lease")]
 pub(crate) use mutate::race_abort_js;
 pub mod watch;

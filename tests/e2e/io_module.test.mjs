@@ -18,7 +18,8 @@
 // - stop an import when the store is closed during it, and reject with
 //   ClosedError, without re-creating the database, when the store is closed
 //   or destroyed while the module is still downloading (the test holds the
-//   module's wasm back until then);
+//   module's wasm back until then), and with AbortError at once when the
+//   call's signal aborts meanwhile;
 // - load the module from where AgentStore.setIoModule says;
 // - reject with NetworkError (code "network") while pkg/io/'s wasm cannot be
 //   fetched, and succeed on the next call once it can. (A failed fetch of the
@@ -175,6 +176,30 @@ window.phases = {
     if (how === 'close') window.store.close();
     else await AgentStore.destroy(window.storeName);
     return true;
+  },
+  // An import with a signal, started while the test holds the module's
+  // wasm back; abortHeld() aborts it and reports how the call ended (or
+  // 'pending' after 30 s), before the test lets the wasm through.
+  async heldWithSignal(name) {
+    await AgentStore.destroy(name);
+    const s = await AgentStore.open(name);
+    window.store = s;
+    window.ctl = new AbortController();
+    window.reason = new Error('stop');
+    const dump = await (await fetch('/data/agent-records.pouchdump.ndjson')).text();
+    window.heldCall = s.importPouchDump(dump, { signal: window.ctl.signal }).then(
+      () => ({ ok: true }),
+      (e) => ({ isError: e instanceof Error, name: e.name, code: e.code, cause: e.cause === window.reason }),
+    );
+  },
+  async abortHeld() {
+    window.ctl.abort(window.reason);
+    return Promise.race([window.heldCall, new Promise((r) => setTimeout(() => r('pending'), 30000))]);
+  },
+  async heldCount() {
+    const n = await window.store.count();
+    window.store.close();
+    return n;
   },
   async heldResult() {
     const r = await window.heldCall;
@@ -378,6 +403,25 @@ async function endedWhileLoading(page, engine, how) {
   assert.equal(out.recreated, how === 'close', `${how}: the database is ${how === 'close' ? 'kept' : 'not re-created'}`);
 }
 
+/** An import's signal aborted while the module's wasm is still on its way. */
+async function abortedWhileLoading(page, engine) {
+  const name = `io-e2e-${engine}-held-abort`;
+  await open(page, 'store');
+  let release;
+  hold = { promise: new Promise((r) => (release = r)) };
+  let r;
+  try {
+    await page.evaluate((n) => window.phases.heldWithSignal(n), name);
+    await until(() => requests.includes(IO_WASM), 'the io wasm request');
+    r = await page.evaluate(() => window.phases.abortHeld());
+  } finally {
+    hold = null;
+    release();
+  }
+  assert.deepEqual(r, { isError: true, name: 'AbortError', code: 'aborted', cause: true }, `${engine}: the abort ends the call while the module loads`);
+  assert.equal(await page.evaluate(() => window.phases.heldCount()), 0, 'nothing imported');
+}
+
 async function custom(page, engine) {
   await open(page, 'store');
   const out = await page.evaluate((n) => window.phases.custom(n), `io-e2e-${engine}-custom`);
@@ -409,6 +453,7 @@ async function all(newPage, engine) {
   for (const entry of ['store', 'full']) await scenario(await newPage(), engine, entry);
   await endedWhileLoading(await newPage(), engine, 'close');
   await endedWhileLoading(await newPage(), engine, 'destroy');
+  await abortedWhileLoading(await newPage(), engine);
   await custom(await newPage(), engine);
   await unreachable(await newPage(), engine);
 }
