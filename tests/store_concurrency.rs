@@ -816,6 +816,70 @@ async fn a_mutate_aborted_while_its_transaction_waits_rejects_at_once_and_writes
     assert_indexes_clean(&a).await;
 }
 
+/// A write whose call already rejected with AbortError never lands, also
+/// when its signal's `abort` event fired while `signal.aborted` stays false
+/// (a synthetic event on a real signal; a real abort of a signal whose
+/// `aborted` getter was redefined): the mutate joins a group a `put` leads,
+/// queued behind another connection's transaction, and is aborted so. The
+/// put is written; the function is never called and `k` keeps its value.
+/// Before, the group skipped only a member whose `signal.aborted` was true,
+/// and wrote the rejected mutate's result. 10 rounds.
+#[wasm_bindgen_test]
+async fn a_write_whose_call_rejected_as_aborted_never_lands_even_for_a_synthetic_abort_event() {
+    let (a, name) = open("abort-synthetic").await;
+    a.put(&js(json!({"_id": "k", "n": 0}))).await.unwrap();
+    let calls = Rc::new(std::cell::Cell::new(0u32));
+    let counted = calls.clone();
+    let f: js_sys::Function = Closure::<dyn FnMut(JsValue) -> JsValue>::new(move |_: JsValue| {
+        counted.set(counted.get() + 1);
+        js(json!({"n": 99}))
+    })
+    .into_js_value()
+    .unchecked_into();
+    let never_aborted = js_sys::Function::new_with_args(
+        "s",
+        "Object.defineProperty(s, 'aborted', { get: () => false });",
+    );
+    for round in 0..10 {
+        let release = hold_records(&name).await;
+        let ctl = web_sys::AbortController::new().unwrap();
+        let signal = ctl.signal();
+        let settled = Rc::new(RefCell::new(None));
+        let (key, other) = (s("k"), js(json!({"_id": format!("p-{round}")})));
+        let put = a.put(&other);
+        let mutate = async {
+            let r = a.mutate(&key, &f, 0, Some(&signal)).await;
+            *settled.borrow_mut() = Some(r);
+        };
+        let driver = async {
+            if round % 2 == 0 {
+                let ev = web_sys::Event::new("abort").unwrap();
+                signal.dispatch_event(&ev).unwrap();
+            } else {
+                never_aborted.call1(&JsValue::NULL, &signal).unwrap();
+                ctl.abort();
+            }
+            wait_for("the aborted mutate to settle", || {
+                settled.borrow().is_some()
+            })
+            .await;
+            release.call0(&JsValue::NULL).unwrap();
+        };
+        let (put, (), ()) = futures::join!(put, mutate, driver);
+        assert!(put.unwrap().rev.starts_with("1-"), "round {round}");
+        let got = settled.borrow_mut().take();
+        match got {
+            Some(Err(e)) => assert_eq!(code(&e), ErrorCode::Aborted, "round {round}"),
+            other => panic!("round {round}: {other:?}"),
+        }
+        // Anything the group still wrote for the mutate is committed now.
+        let k = a.get(&s("k")).await.unwrap().unwrap();
+        assert_eq!(field(&k, "n").as_f64(), Some(0.0), "round {round}");
+    }
+    assert_eq!(calls.get(), 0, "the function was never called");
+    assert_indexes_clean(&a).await;
+}
+
 /// A `mutate` with a signal never leads a group others join: aborted while
 /// its transaction waits, it takes no other write with it. Issued in this
 /// order without awaiting — the mutate (aborted at once), `put(p)`,

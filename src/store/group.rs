@@ -104,6 +104,9 @@ struct Member {
     /// The leader has reached it (its abort is checked there for the last
     /// time before its writes; a wait no longer ends on abort).
     started: Cell<bool>,
+    /// Its call already rejected with AbortError (the signal fired `abort`,
+    /// whatever `signal.aborted` says since): skipped when reached.
+    cancelled: Cell<bool>,
     answered: Cell<bool>,
     out: RefCell<Option<Delivered>>,
     waker: RefCell<Option<Waker>>,
@@ -115,6 +118,7 @@ impl Member {
             job,
             signal: signal.cloned(),
             started: Cell::new(false),
+            cancelled: Cell::new(false),
             answered: Cell::new(false),
             out: RefCell::new(None),
             waker: RefCell::new(None),
@@ -196,7 +200,9 @@ impl Store {
     /// `signal` aborting while the write waits for its turn (its
     /// transaction queued behind another tab's, members ahead of it) ends
     /// the call at once with AbortError; the write is then skipped when its
-    /// turn comes. Once its turn came, the outcome is the write's.
+    /// turn comes (also when only its `abort` event fired and
+    /// `signal.aborted` reads false). Once its turn came, the outcome is the
+    /// write's.
     ///
     /// # Errors
     /// The member's own error (ConflictError, ValidationError, the value
@@ -334,9 +340,14 @@ impl Store {
                 }
             };
             // The last check of its signal before its writes (a `mutate`
-            // function checks it again after it ran).
+            // function checks it again after it ran); a member whose call
+            // rejected already is skipped whatever the signal says now.
             if let Err(e) = super::check_abort(m.signal.as_ref()) {
                 results.push((Err(e), None));
+                continue;
+            }
+            if m.cancelled.get() {
+                results.push((Err(StoreError::Aborted(JsValue::UNDEFINED)), None));
                 continue;
             }
             let st = match (&state, gen.take()) {
@@ -460,7 +471,10 @@ fn written(id: &JsString, rev: String, deleted: bool) -> (Result<Done>, Option<C
 /// Runs `fut` (the member's wait, or the group it leads) to its end; while
 /// `m` has not [`Member::started`], its signal's abort ends it early with
 /// AbortError, dropping `fut` (a group it leads, whose transaction then
-/// aborts, has no other member: see [`Store::write_one`]).
+/// aborts, has no other member: see [`Store::write_one`]) and marking `m`
+/// [`Member::cancelled`]: the `abort` event alone ends the wait (a
+/// synthetic one leaves `signal.aborted` false), so the leader must not
+/// rely on the signal to skip it.
 ///
 /// # Errors
 /// AbortError.
@@ -469,7 +483,10 @@ async fn until_started<F: Future>(fut: F, m: &Member) -> Result<F::Output> {
         return Ok(fut.await);
     };
     // An abort before the wait began fired its event already.
-    super::check_abort(Some(sig))?;
+    if let Err(e) = super::check_abort(Some(sig)) {
+        m.cancelled.set(true);
+        return Err(e);
+    }
     let watch = super::mutate::abort_watch(sig);
     let stop: Function = watch.get(1).unchecked_into();
     let mut aborted = wasm_bindgen_futures::JsFuture::from(js_sys::Promise::from(watch.get(0)));
@@ -479,6 +496,7 @@ async fn until_started<F: Future>(fut: F, m: &Member) -> Result<F::Output> {
             return Poll::Ready(Ok(v));
         }
         if !m.started.get() && Pin::new(&mut aborted).poll(cx).is_ready() {
+            m.cancelled.set(true);
             let reason = crate::options::abort_reason(sig).unwrap_or(JsValue::UNDEFINED);
             return Poll::Ready(Err(StoreError::Aborted(reason)));
         }
