@@ -162,6 +162,40 @@ async fn count_counts_live_records_by_prefix_and_type() {
     }
 }
 
+/// A batch reports a repeated id also when its first occurrence is
+/// malformed (as docs/api.md promises: every malformed position or repeated
+/// id): `deleteMany` with a bad `rev` first, `putMany` with a BigInt field
+/// first. Both fail at [0, 1], the second as a repeat; nothing is written.
+/// Before, an id counted as seen only once its whole position was valid,
+/// and the repeat went unreported.
+#[wasm_bindgen_test]
+async fn a_batch_reports_a_repeated_id_even_when_its_first_occurrence_is_malformed() {
+    let (store, _) = open_api("dup-malformed").await;
+    let rev = put(&store, json!({"_id": "x", "n": 0})).await;
+    let twice = |e: &JsValue| {
+        let failures = Array::from(&field(e, "failures"));
+        field_str(&failures.get(1), "message").unwrap_or_default()
+    };
+    let e = call(store.delete_many(js(
+        json!([{"id": "x", "rev": "bad"}, {"id": "x", "rev": rev}]),
+    )))
+    .await
+    .unwrap_err();
+    assert_eq!(err_kind(&e), validation());
+    assert_eq!(failure_indexes(&e), vec![0, 1]);
+    assert!(twice(&e).contains("twice"), "{}", twice(&e));
+    let batch = Function::new_no_args("return [{ _id: 'x', n: 1n }, { _id: 'x', n: 2 }];");
+    let e = call(store.put_many(batch.call0(&JsValue::NULL).unwrap()))
+        .await
+        .unwrap_err();
+    assert_eq!(err_kind(&e), validation());
+    assert_eq!(failure_indexes(&e), vec![0, 1]);
+    assert!(twice(&e).contains("twice"), "{}", twice(&e));
+    let x = get_id(&store, "x").await.expect("x is still live");
+    assert_eq!(field_str(&x, "_rev"), Some(rev));
+    assert_eq!(field(&x, "n").as_f64(), Some(0.0));
+}
+
 #[wasm_bindgen_test]
 async fn delete_many_is_all_or_nothing_and_reports_every_failing_position() {
     let (store, _) = open_api("delmany").await;

@@ -213,27 +213,27 @@ impl Store {
                 .map_err(StoreError::validation)
                 .and_then(|()| check_id_value(&id))
                 .and_then(|id| {
+                    // Seen once its id is valid, whatever its rev: a later
+                    // position repeating it is reported too.
+                    let first = seen.first(&id);
                     let rev = crate::value::short_string(&field("rev"), crate::value::MAX_REV_TEXT)
                         .ok_or_else(|| StoreError::validation("rev must be a revision string"))?;
                     let expected = Rev::parse(&rev).map_err(|e| StoreError::validation(e.0))?;
+                    if !first {
+                        return Err(StoreError::validation(
+                            "the same id appears twice in one batch",
+                        ));
+                    }
                     Ok((id, expected))
                 });
             match checked {
                 Ok((id, expected)) => {
-                    if !seen.first(&id) {
-                        failures.push(failure(
-                            index,
-                            id.into(),
-                            "the same id appears twice in one batch".into(),
-                        ));
-                    } else {
-                        let digest = tombstone_digest(&String::from(&id));
-                        dels.push(Op::Delete {
-                            id,
-                            digest,
-                            expected,
-                        });
-                    }
+                    let digest = tombstone_digest(&String::from(&id));
+                    dels.push(Op::Delete {
+                        id,
+                        digest,
+                        expected,
+                    });
                 }
                 Err(e) => failures.push(failure(index, id, e.message())),
             }

@@ -460,14 +460,22 @@ impl Store {
                 }),
                 Ok(p) => prepared.push(p),
                 // Named by the `_id` the walk read: read again, a getter
-                // could name another record, or throw.
-                Err(e) => failures.push(BatchFailure {
-                    index,
-                    id: value::walked_id(),
-                    message: e.message(),
-                    expected_rev: None,
-                    current_rev: None,
-                }),
+                // could name another record, or throw. A string one counts
+                // as seen: a later valid position repeating it is reported
+                // too (one of an invalid length matches no valid one).
+                Err(e) => {
+                    let id = value::walked_id();
+                    if let Some(s) = id.dyn_ref::<JsString>() {
+                        seen.first(s);
+                    }
+                    failures.push(BatchFailure {
+                        index,
+                        id,
+                        message: e.message(),
+                        expected_rev: None,
+                        current_rev: None,
+                    })
+                }
             }
         }
         if !failures.is_empty() {
