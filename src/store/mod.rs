@@ -460,14 +460,12 @@ impl Store {
                 }),
                 Ok(p) => prepared.push(p),
                 // Named by the `_id` the walk read: read again, a getter
-                // could name another record, or throw. A string one counts
-                // as seen: a later valid position repeating it is reported
-                // too (one of an invalid length matches no valid one).
+                // could name another record, or throw. It counts as seen
+                // (whatever it is): a later position repeating it is
+                // reported too; one that is no valid id matches none.
                 Err(e) => {
                     let id = value::walked_id();
-                    if let Some(s) = id.dyn_ref::<JsString>() {
-                        seen.first(s);
-                    }
+                    seen.first(&id);
                     failures.push(BatchFailure {
                         index,
                         id,
@@ -721,7 +719,7 @@ impl SeenIds {
     }
 
     /// Whether `id` is new to the batch (and remembers it).
-    pub(crate) fn first(&self, id: &JsString) -> bool {
+    pub(crate) fn first(&self, id: &JsValue) -> bool {
         !self.0.has(id) && {
             self.0.add(id);
             true
