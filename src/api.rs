@@ -50,16 +50,25 @@ export interface ListOptions {
 }
 export interface ListPage { records: AgentRecord[]; next: string | null; }
 export interface MutateOptions {
-  /** Extra attempts after a conflict; default 8. */
+  /** Extra attempts after a conflict (an integer in 0..=1000); default 8. */
   retries?: number | null | undefined;
+  /** Rejects with AbortError (`cause`: the signal's reason) before an attempt, while the attempt waits for its transaction, while `fn` runs, or during the backoff sleep; nothing is written (an attempt whose write was already issued keeps its outcome). */
   signal?: AbortSignal | null | undefined;
+}
+/** What a `mutate` function returns: the new record. Its `_id` may be left out (it is the id mutated); another `_id` is a ValidationError. */
+export interface MutateResult {
+  _id?: string | undefined;
+  _rev?: string | undefined;
+  recordType?: string | undefined;
+  updatedAt?: string | undefined;
+  [field: string]: unknown;
 }
 /** What `importPouchDump` / `importSnapshot` read: NDJSON text as a string, or streamed from a Blob (File), Response or ReadableStream of bytes. */
 export type ImportSource = string | Blob | Response | ReadableStream<Uint8Array>;
 export interface ImportOptions {
   /** Called with (done, total) ids after each committed batch. */
   onProgress?: ((done: number, total: number) => void) | null | undefined;
-  /** Stops the import between batches (AbortError); committed batches stay. */
+  /** Stops the import with AbortError (`cause`: the signal's reason) between batches, while the source is read, and while the io module loads; committed batches stay. */
   signal?: AbortSignal | null | undefined;
   /** Records per transaction, 1..=10000; default 1000. */
   batchSize?: number | null | undefined;
@@ -143,7 +152,9 @@ export interface IndexVerification { checked: number; missing: string[]; orphane
 export interface RebuildOptions {
   /** Records per transaction, 1..=10000; default 500. */
   batchSize?: number | null | undefined;
+  /** Called with (done, total) records after each committed batch; a throw before the last batch rejects the call with what it threw (committed batches stay). */
   onProgress?: ((done: number, total: number) => void) | null | undefined;
+  /** Stops the rebuild with AbortError (`cause`: the signal's reason) between batches and while the io module loads; committed batches stay (`restart: false` resumes). */
   signal?: AbortSignal | null | undefined;
   /** false = resume an interrupted rebuild from its checkpoint (default true = start over). */
   restart?: boolean | null | undefined;
@@ -594,7 +605,7 @@ impl AgentStore {
         &self,
         #[wasm_bindgen(unchecked_param_type = "string")] id: JsValue,
         #[wasm_bindgen(
-            unchecked_param_type = "(current: AgentRecord | null) => AgentRecord | undefined | Promise<AgentRecord | undefined>"
+            unchecked_param_type = "(current: AgentRecord | null) => MutateResult | undefined | Promise<MutateResult | undefined>"
         )]
         f: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "MutateOptions | null")] options: JsValue,
@@ -845,7 +856,7 @@ impl AgentStore {
     /// string, `Blob`, `Response` or `ReadableStream`, streamed in batches.
     ///
     /// The first import or export loads `io/agentstore_io.js` and its wasm
-    /// (about 97 kB gzipped) from beside the package's entry point (see
+    /// (about 99 kB gzipped) from beside the package's entry point (see
     /// `setIoModule`); a load that fails for want of the network rejects
     /// with NetworkError (code "network") and the next call tries again.
     /// Arguments are checked before: bad ones are refused without a download.

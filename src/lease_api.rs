@@ -32,7 +32,7 @@ export interface LeaseClientOptions {
   name?: string | null | undefined;
   /** Called after each enrollment/refresh with the NEW tokens; persist refreshToken. */
   onCredentials?: ((c: IssuedCredentials) => void) | null | undefined;
-  /** Bound of one request (ms). Default 30000. */
+  /** Bound of one request (ms, an integer in 1..=600000). Default 30000. */
   requestTimeoutMs?: number | null | undefined;
   /** Lease journal: false disables it, a string names its IndexedDB database. Default "agentstore-leases". */
   journal?: boolean | string | null | undefined;
@@ -40,7 +40,7 @@ export interface LeaseClientOptions {
   webLocks?: boolean | null | undefined;
   /** Release held leases with a beacon on pagehide (windows only). Default true. */
   releaseOnPagehide?: boolean | null | undefined;
-  /** recover(): how long to wait for another page's lease lock (ms). Default 1000. */
+  /** recover(): how long to wait for another page's lease lock (ms, an integer in 0..=600000). Default 1000. */
   lockWaitMs?: number | null | undefined;
   /**
    * Origins (`"https://api.example"`) besides the lease server's own that `lease.fetch` sends
@@ -54,7 +54,7 @@ export interface LeaseClientOptions {
 export interface WorkOptions {
   /** Parallel slots, 1..64. Default 1. */
   concurrency?: number | null | undefined;
-  /** Wait after an empty claim (ms), plus jitter in [0, min(interval/2, 30 s)]. Default 5000. */
+  /** Wait after an empty claim (ms, an integer in 0..=3600000), plus jitter in [0, min(interval/2, 30 s)]. Default 5000. */
   pollIntervalMs?: number | null | undefined;
   /** Reconnect backoff random(base, min(cap, base*2^n)) (ms), 1..3600000; default 10000. */
   reconnectBaseMs?: number | null | undefined;

@@ -70,6 +70,8 @@ export async function records(): Promise<void> {
   });
   same<typeof bumped, PutResult | null>(true);
   await store.mutate('agent:2', async (cur) => cur ?? { _id: 'agent:2', recordType: 'agent' });
+  // The result's `_id` may be left out: it is the id mutated.
+  await store.mutate('agent:2', () => ({ recordType: 'agent', runs: 1 }));
 
   const many = await store.putMany([{ _id: 'a' }, { _id: 'b', recordType: 'note' }]);
   same<typeof many, PutResult[]>(true);
