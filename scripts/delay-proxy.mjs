@@ -9,9 +9,11 @@
 //   /slow-claims[-<ms>]/…    the same for claim requests (the server grants the claim)
 //   /slow-releases[-<ms>]/…  the same for release requests (the server releases)
 //   /drop-first-enroll-<n>/… enrollment requests with nonce <n> are cut off
-//                           (socket destroyed, nothing forwarded) for 1 s from
-//                           the first one (browsers silently retry a POST once on
-//                           a reset keep-alive socket); later ones pass
+//                           (socket destroyed, nothing forwarded) until
+//                           /_stop/<n> is requested; later ones pass. "enrolls"
+//                           in /_held/drop-first-enroll-<n> counts the ones cut
+//                           off (browsers silently retry a POST once on a reset
+//                           keep-alive socket: one call may count two)
 //   /drop-settle-answers-<n>/… settle requests reach the server (it applies them),
 //                           but their answers are cut off (socket destroyed) until
 //                           /_stop/<n> is requested; later ones pass
@@ -75,9 +77,9 @@ const args = Object.fromEntries(
 const target = new URL(args.target ?? 'http://127.0.0.1:18787');
 const [host, port] = (args.listen ?? '127.0.0.1:0').split(':');
 const delayMs = Number(args['delay-ms'] ?? 4500);
-const dropping = new Map(); // nonce -> when the first request came (ms)
+const enrolls = new Map(); // mode -> enrollment requests cut off (drop-first-enroll)
 const held = new Map(); // mode -> answers held back now (counted from the request's arrival)
-const stopped = new Set(); // nonces of drop-*-answers-<n> that pass again
+const stopped = new Set(); // nonces <n> whose mode passes again (/_stop/<n>)
 const settling = new Map(); // mode -> settle answers held back now (late-heartbeats)
 const raced = new Map(); // mode -> heartbeats forwarded while a settle answer was held
 const releases = new Map(); // mode -> release requests seen
@@ -133,7 +135,7 @@ const server = http.createServer((req, res) => {
   if ((req.url ?? '').startsWith('/_held/')) {
     const mode = decodeURIComponent(req.url.slice('/_held/'.length));
     res.writeHead(200, { 'content-type': 'application/json', 'access-control-allow-origin': '*' });
-    res.end(JSON.stringify({ held: held.get(mode) ?? 0, raced: raced.get(mode) ?? 0, releases: releases.get(mode) ?? 0, heartbeats: heartbeats.get(mode) ?? 0, tokens: tokens.get(mode) ?? 0, late: lateClaims.get(mode)?.status ?? 0 }));
+    res.end(JSON.stringify({ held: held.get(mode) ?? 0, raced: raced.get(mode) ?? 0, releases: releases.get(mode) ?? 0, heartbeats: heartbeats.get(mode) ?? 0, tokens: tokens.get(mode) ?? 0, enrolls: enrolls.get(mode) ?? 0, late: lateClaims.get(mode)?.status ?? 0 }));
     return;
   }
   if ((req.url ?? '').startsWith('/_stop/')) {
@@ -149,12 +151,10 @@ const server = http.createServer((req, res) => {
   const mode = m ? m[1] : '';
   const path = m && m[2] ? m[2] : '/';
   const drop = /^drop-first-enroll-(.+)$/.exec(mode);
-  if (drop && req.method === 'POST' && path === '/v1/workers/enroll') {
-    if (!dropping.has(drop[1])) dropping.set(drop[1], Date.now());
-    if (Date.now() - dropping.get(drop[1]) < 1000) {
-      req.socket.destroy();
-      return;
-    }
+  if (drop && !stopped.has(drop[1]) && req.method === 'POST' && path === '/v1/workers/enroll') {
+    enrolls.set(mode, (enrolls.get(mode) ?? 0) + 1);
+    req.socket.destroy();
+    return;
   }
   if (req.method === 'POST' && /^\/v1\/items\/\d+\/release$/.test(path)) releases.set(mode, (releases.get(mode) ?? 0) + 1);
   if (req.method === 'POST' && isHeartbeat(path)) heartbeats.set(mode, (heartbeats.get(mode) ?? 0) + 1);

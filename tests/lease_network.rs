@@ -1970,7 +1970,9 @@ async fn workers_told_the_same_retry_after_still_poll_at_jittered_times() {
 
 /// Case 5: the first enrollment request is cut off by the network. The token
 /// is kept, the work loop retries it with the reconnect backoff, the retry
-/// enrolls, and `onCredentials` fires once.
+/// enrolls, and `onCredentials` fires once. The proxy cuts off every
+/// enrollment until the test has seen the work loop's cut off too (not for
+/// a fixed time, which a stalled page or server could outlast or miss).
 #[wasm_bindgen_test]
 async fn an_enrollment_cut_off_by_the_network_is_retried_and_reported_once() {
     let Some(proxy) = proxy() else { return };
@@ -2011,13 +2013,20 @@ async fn an_enrollment_cut_off_by_the_network_is_retried_and_reported_once() {
         ..WorkOptions::default()
     };
     let w = WorkerInner::start(client.clone(), q.clone(), noop_handler(), opts, wrap);
+    let until = now() + 10_000.0;
+    while w.stats.borrow().connection_failures < 1 && now() < until {
+        sleep(10.0).await;
+    }
+    let failures = w.stats.borrow().connection_failures;
+    let dropped = proxy_count(proxy, &format!("drop-first-enroll-{nonce}"), "enrolls").await;
+    stop_dropping(proxy, &nonce.to_string()).await;
     let it = wait_item(id, 10_000.0, |it| it.state == ItemState::Done).await;
     w.stop().await;
-    assert_eq!(it.state, ItemState::Done);
     assert!(
-        w.stats.borrow().connection_failures >= 1,
-        "retried with the reconnect backoff"
+        failures >= 1,
+        "retried with the reconnect backoff ({dropped} enrollments cut off)"
     );
+    assert_eq!(it.state, ItemState::Done);
     assert_eq!(seen.borrow().len(), 1, "onCredentials fired once");
     let creds = client.credentials();
     assert!(creds.enrollment_token.is_none() && creds.access_token.is_some());
