@@ -23,27 +23,32 @@ fn delayed(extra_ms: f64) -> agentstore::lease::ClientConfig {
 /// tab: a heartbeat leaves every 2 s, and each answer renews the local
 /// deadline to 2.7 s after its request, so the lease lives as long as the
 /// page is never starved for the 0.7 s between the two (a page that is
-/// loses it, rightly, at its deadline). A round counts when the page's
-/// event loop never stalled for 400 ms; rounds run until one does (at most
-/// eight), and in that round the lease is still held after three TTLs and
-/// settles. In any round, a lease that is not held was lost at its deadline.
+/// loses it, rightly, at its deadline), and as long as each heartbeat (and
+/// the claim) is answered within those 0.7 s (one answered later, by a lease
+/// server or proxy stalled on a busy machine, loses it as rightly). A round
+/// counts when the page's event loop never stalled for 400 ms and no lease
+/// request took 500 ms; rounds run until one does (at most eight), and in
+/// that round the lease is still held after three TTLs and settles. In any
+/// round, a lease that is not held was lost at its deadline.
 #[wasm_bindgen_test]
 async fn timers_late_by_less_than_the_ttl_keep_the_lease_alive() {
     if server().is_none() {
         return;
     }
-    let mut clean = false;
-    for round in 0..8 {
-        let q = fresh_queue("late-short");
-        let id = enqueue(&q, json!({})).await;
-        let c = admin_client(delayed(1_500.0));
-        let dog = watchdog();
-        let lease = claim(&c, &q).await;
-        sleep(3.0 * TTL_MS).await;
-        let status = lease.status();
-        let stalled = hook_call(&dog, "max").as_f64().unwrap_or(f64::INFINITY);
-        hook_call(&dog, "stop");
-        if stalled >= 400.0 {
+    let limits = Rounds {
+        rounds: 8,
+        page_stall_ms: 400.0,
+        trip_ms: 500.0,
+    };
+    let (c, lease, id, status) = unstalled_rounds(
+        limits,
+        |round| async move {
+            let q = fresh_queue("late-short");
+            let id = enqueue(&q, json!({})).await;
+            let c = admin_client(delayed(1_500.0));
+            let lease = claim(&c, &q).await;
+            sleep(3.0 * TTL_MS).await;
+            let status = lease.status();
             assert!(
                 matches!(
                     status,
@@ -51,24 +56,23 @@ async fn timers_late_by_less_than_the_ttl_keep_the_lease_alive() {
                 ),
                 "round {round}: {status:?}"
             );
-            c.close().await;
-            continue;
-        }
-        assert_eq!(status, Status::Held, "round {round}");
-        assert!(!lease.signal().aborted());
-        let seen = item(id).await;
-        assert_eq!(
-            (seen.state, seen.epoch, seen.attempts),
-            (ItemState::Running, 1, 0)
-        );
-        lease
-            .settle(SettleState::Done, None, None)
-            .await
-            .expect("still ours");
-        clean = true;
-        break;
-    }
-    assert!(clean, "no round ran without the page stalling for 400 ms");
+            (c, lease, id, status)
+        },
+        |(c, ..)| async move { c.close().await },
+    )
+    .await;
+    assert_eq!(status, Status::Held);
+    assert!(!lease.signal().aborted());
+    let seen = item(id).await;
+    assert_eq!(
+        (seen.state, seen.epoch, seen.attempts),
+        (ItemState::Running, 1, 0)
+    );
+    lease
+        .settle(SettleState::Done, None, None)
+        .await
+        .expect("still ours");
+    c.close().await;
 }
 
 #[wasm_bindgen_test]
