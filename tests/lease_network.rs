@@ -1379,20 +1379,35 @@ async fn work_retries_a_settle_of_unknown_outcome_refused_by_a_proxy_page() {
     let mode = "slow-settle-requests-1500";
     let base = format!("{proxy}/{mode}");
     // Settles: the first through the slow proxy, the next two refused by a
-    // page, the rest straight to the server.
+    // page, the rest straight to the server. `later()` is how long the
+    // settles after the first were out in all (from each request to its
+    // answer or failure); the handler (the hook's) records in `left()` how
+    // long its lease had to its local deadline when it ran.
     let hook = Function::new_with_args(
         "base, direct",
         "const real = globalThis.fetch;
-        let settles = 0;
+        let settles = 0, later = 0, left = null;
+        const timed = (answer) => {
+            const at = performance.now();
+            const end = () => { later += performance.now() - at; };
+            answer.then(end, end);
+            return answer;
+        };
         globalThis.fetch = (url, init) => {
             const u = String(url);
             if (!/\\/settle$/.test(u)) return real(url, init);
             settles += 1;
             if (settles === 1) return real(url, init);
-            if (settles <= 3) return Promise.resolve(new Response('<html>bad gateway page</html>', { status: 400 }));
-            return real(u.replace(base, direct), init);
+            if (settles <= 3) return timed(Promise.resolve(new Response('<html>bad gateway page</html>', { status: 400 })));
+            return timed(real(u.replace(base, direct), init));
         };
-        return { restore: () => { globalThis.fetch = real; }, count: () => settles };",
+        return {
+            restore: () => { globalThis.fetch = real; },
+            count: () => settles,
+            later: () => later,
+            left: () => left,
+            handler: (lease) => { left = lease.msToDeadline; return { n: 1 }; },
+        };",
     )
     .call2(&JsValue::NULL, &base.as_str().into(), &direct.into())
     .unwrap();
@@ -1404,7 +1419,9 @@ async fn work_retries_a_settle_of_unknown_outcome_refused_by_a_proxy_page() {
             ..config()
         },
     );
-    let handler = Function::new_with_args("lease", "return {n: 1};");
+    let handler: Function = Reflect::get(&hook, &"handler".into())
+        .unwrap()
+        .unchecked_into();
     let dog = watchdog();
     let st = work_one_item(c, &q, handler).await;
     let stalled = hook_call(&dog, "max").as_f64().unwrap_or(f64::INFINITY);
@@ -1413,19 +1430,27 @@ async fn work_retries_a_settle_of_unknown_outcome_refused_by_a_proxy_page() {
         .unwrap()
         .unchecked_into();
     restore.call0(&hook).unwrap();
+    let later = hook_call(&hook, "later").as_f64().unwrap_or(f64::INFINITY);
+    let left = hook_call(&hook, "left").as_f64().unwrap_or(0.0);
     // The settle's answer must come within the lease's local deadline (2.7 s
     // after the claim; nothing renews an ending lease), after a 500 ms
-    // timeout and retries paused up to 200, 400 and 800 ms: a page starved
-    // or frozen for 400 ms meanwhile may rightly find the lease expired
-    // first and count it lost (before, that failed the test with the code
-    // right). Never failed or given back: the item checks below hold either way.
-    if stalled >= 400.0 && st.lost == 1 {
+    // timeout and retries paused up to 200, 400 and 800 ms: about 0.8 s to
+    // spare. A page starved or frozen for 400 ms meanwhile may rightly find
+    // the lease expired first and count it lost (before, that failed the
+    // test with the code right); so may one whose settles after the first
+    // (two answered by the page at once, then the server's) were out for
+    // 300 ms or more, or that came to the handler with under 2.2 s left: a
+    // server, proxy or machine stalled on a settle (then timed out and
+    // retried after another pause) or on the claim. Never failed or given
+    // back: the item checks below hold either way.
+    let excused = stalled >= 400.0 || later >= 300.0 || left < 2_200.0;
+    if excused && st.lost == 1 {
         assert_eq!((st.claimed, st.done, st.failed), (1, 0, 0), "{st:?}");
     } else {
         assert_eq!(
             (st.claimed, st.done, st.failed, st.lost),
             (1, 1, 0, 0),
-            "{st:?} (page stalled at most {stalled} ms)"
+            "{st:?} (page stalled at most {stalled} ms; later settles out {later} ms; {left} ms to the deadline when the handler ran)"
         );
     }
     let it = wait_item(id, 10_000.0, |it| it.state == ItemState::Done).await;
