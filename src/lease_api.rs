@@ -950,17 +950,17 @@ fn new_request(input: &JsValue, init: &JsValue) -> Result<Request, JsValue> {
 
 #[wasm_bindgen(module = "/js/lease.js")]
 extern "C" {
+    /// The `href` of a `URL` object, read through `URL.prototype`'s getter
+    /// (never the object's own `href` or `toString`), else `undefined`
+    /// (js/lease.js `urlHref`).
+    #[wasm_bindgen(js_name = urlHref)]
+    fn url_href(v: &JsValue) -> JsValue;
     /// A signal aborted when either input aborts: one that already has,
     /// else `AbortSignal.any`, else a controller following both
     /// (js/lease.js `followBoth`; signals' getters are read in `try`, so a
     /// page that redefines `aborted` or `reason` or replaces
     /// `AbortSignal.any` gets an error here, never an unwind through the
     /// module).
-    /// The `href` of a `URL` object, read through `URL.prototype`'s getter
-    /// (never the object's own `href` or `toString`), else `undefined`
-    /// (js/lease.js `urlHref`).
-    #[wasm_bindgen(js_name = urlHref)]
-    fn url_href(v: &JsValue) -> JsValue;
     #[wasm_bindgen(js_name = followBoth, catch)]
     fn follow_both(a: &AbortSignal, b: &AbortSignal) -> Result<AbortSignal, JsValue>;
 }
