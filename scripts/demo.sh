@@ -111,11 +111,12 @@ listening_port() {
 deadline=$((SECONDS + ${DEMO_READY_TIMEOUT:-60}))
 until [ -n "$(listening_port)" ] && curl -fsS -o /dev/null --max-time 2 "http://$HOST:$(listening_port)/v1/health" 2>/dev/null; do
   if ! kill -0 "$pid" 2>/dev/null; then
-    log "the server exited before it answered (is port $PORT taken?)"
+    [ "$PORT" = 0 ] && log "the server exited before it answered" ||
+      log "the server exited before it answered (is port $PORT taken?)"
     exit 1
   fi
   if [ $SECONDS -ge $deadline ]; then
-    log "the server did not answer on port $PORT within ${DEMO_READY_TIMEOUT:-60} s"
+    log "the server did not answer within ${DEMO_READY_TIMEOUT:-60} s"
     exit 1
   fi
   sleep 0.2
