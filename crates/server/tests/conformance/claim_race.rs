@@ -496,9 +496,7 @@ pub async fn a_late_copy_of_a_claim_never_takes_the_lease_from_a_later_copy(db: 
         .await
         .expect("copy 3's token holds the lease");
     assert!(
-        store
-            .metrics()
-            .render(&store, crate::common::METRICS_READ)
+        crate::common::render(&store)
             .await
             .unwrap()
             .lines()

@@ -179,6 +179,14 @@ pub async fn heartbeat_at(store: &Store, id: i64) -> Option<i64> {
 /// [`TestDb::config`]).
 pub const METRICS_READ: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// `store`'s metrics exposition as a scrape renders it, with the tests'
+/// [`METRICS_READ`] bound.
+pub async fn render(
+    store: &agentstore_server::Store,
+) -> Result<String, agentstore_server::StoreError> {
+    store.metrics().render(store, METRICS_READ).await
+}
+
 /// A server on `db` for HTTP-level tests: no limits in the way (the limits
 /// have their own tests), the test admin token.
 pub async fn http_server(db: &TestDb) -> agentstore_server::Server {

@@ -734,13 +734,7 @@ pub async fn per_queue_series_are_bounded_and_the_rest_summed(db: TestDb) {
     for k in 0..3 {
         store.enqueue("many9999", &json!(k), None).await.unwrap();
     }
-    let samples = parse(
-        &store
-            .metrics()
-            .render(&store, crate::common::METRICS_READ)
-            .await
-            .unwrap(),
-    );
+    let samples = parse(&crate::common::render(&store).await.unwrap());
     let open: Vec<(&String, f64)> = samples
         .iter()
         .filter(|(name, l, _)| {

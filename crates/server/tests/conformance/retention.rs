@@ -155,11 +155,7 @@ pub async fn settled_items_past_the_retention_are_deleted_and_nothing_else(db: T
         .unwrap();
     assert!(replayed, "a kept item's key still replays");
 
-    let text = store
-        .metrics()
-        .render(&store, crate::common::METRICS_READ)
-        .await
-        .unwrap();
+    let text = crate::common::render(&store).await.unwrap();
     assert!(
         text.lines()
             .any(|l| l == "agentstore_settled_items_deleted_total 3"),
@@ -197,22 +193,9 @@ pub async fn a_server_with_a_retention_deletes_old_settled_items_by_itself(db: T
                     .and_then(|n| n.parse::<u64>().ok())
                     .unwrap_or(0)
             };
-            let start = passes(
-                &store
-                    .metrics()
-                    .render(&store, crate::common::METRICS_READ)
-                    .await
-                    .unwrap(),
-            );
+            let start = passes(&crate::common::render(&store).await.unwrap());
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-            while passes(
-                &store
-                    .metrics()
-                    .render(&store, crate::common::METRICS_READ)
-                    .await
-                    .unwrap(),
-            ) < start + 40
-            {
+            while passes(&crate::common::render(&store).await.unwrap()) < start + 40 {
                 assert!(std::time::Instant::now() < deadline, "the reaper never ran");
                 tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             }

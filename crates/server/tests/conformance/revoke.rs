@@ -50,7 +50,21 @@ pub async fn an_admin_revoke_refuses_every_credential_of_the_worker_at_once(db: 
     let store = server.store().clone();
     let http = Client::new();
     let base = server.url().to_owned();
-    let first = enroll(&http, &base).await;
+    // Enrolled with a token kept here, to be sent again after the revoke.
+    let enrollment = admin_json(
+        http.post(format!("{base}/v1/admin/enrollment-tokens"))
+            .json(&json!({})),
+    )
+    .await["token"]
+        .clone();
+    let enroll_with = |token: Value| {
+        http.post(format!("{base}/v1/workers/enroll"))
+            .json(&json!({ "token": token }))
+            .send()
+    };
+    let resp = enroll_with(enrollment.clone()).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let first: WorkerCredentials = resp.json().await.unwrap();
     let other = enroll(&http, &base).await;
     let resp = refresh(&http, &base, &first.refresh_token).await;
     assert_eq!(resp.status(), StatusCode::OK);
@@ -92,6 +106,14 @@ pub async fn an_admin_revoke_refuses_every_credential_of_the_worker_at_once(db: 
         let resp = refresh(&http, &base, refresh_token).await;
         assert_eq!(resp.status(), StatusCode::UNAUTHORIZED, "refresh after it");
     }
+    // Its enrollment token, sent again (as after a lost answer), enrolls
+    // nothing back.
+    let resp = enroll_with(enrollment).await.unwrap();
+    assert_eq!(
+        resp.status(),
+        StatusCode::UNAUTHORIZED,
+        "the enrollment token sent again after the revoke"
+    );
     // Idempotent.
     let resp = revoke(&http, &base, &worker.worker_id.to_string(), ADMIN).await;
     assert_eq!(resp.status(), StatusCode::NO_CONTENT, "revoked again");

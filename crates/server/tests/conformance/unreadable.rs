@@ -34,11 +34,7 @@ async fn until_expired(store: &Store, n: i64) {
 
 /// The counter `agentstore_unreadable_rows_total{by}` of `store`'s metrics.
 async fn unreadable_counted(store: &Store, by: &str) -> String {
-    let text = store
-        .metrics()
-        .render(store, crate::common::METRICS_READ)
-        .await
-        .unwrap();
+    let text = crate::common::render(store).await.unwrap();
     let prefix = format!("agentstore_unreadable_rows_total{{by=\"{by}\"}} ");
     text.lines()
         .find_map(|l| l.strip_prefix(prefix.as_str()))
@@ -183,11 +179,7 @@ pub async fn an_unreadable_row_is_left_out_of_listings_and_gauges_and_the_rest_i
     )
     .await;
     for _ in 0..3 {
-        let text = store
-            .metrics()
-            .render(&store, crate::common::METRICS_READ)
-            .await
-            .unwrap();
+        let text = crate::common::render(&store).await.unwrap();
         assert!(
             text.lines()
                 .any(|l| l == "agentstore_unreadable_item_rows 2"),
