@@ -69,6 +69,11 @@ pub fn spawn(
                     if let Err(e) = store.purge_credentials().await {
                         tracing::warn!(error = %e, "credential purge failed");
                     }
+                    // And so are the claim attempts remembered past their
+                    // leases (`Store::claim_attempt`), past their hour.
+                    if let Err(e) = store.forget_claim_keys().await {
+                        tracing::warn!(error = %e, "claim key purge failed");
+                    }
                 }
             };
             tokio::select! {

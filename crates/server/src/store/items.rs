@@ -32,6 +32,13 @@ const ITEM_OVERHEAD_BYTES: u64 = 256;
 /// none means the lease ended between the claim statement and the look.
 const KEY_TAKEN_TRIES: usize = 8;
 
+/// How long the copy of a keyed claim answered last is remembered after it
+/// was answered (see [`Store::claim_attempt`]): an older copy of it held up
+/// in the network for longer than this, arriving after its lease ended,
+/// is not recognised and claims afresh. An hour: far beyond any proxy's or
+/// browser's timeout for a request in flight.
+pub const CLAIM_KEY_MEMORY_MS: u64 = 3_600_000;
+
 /// A claim's answer: the item, and whether it is a replay (the lease another
 /// copy of the claim took).
 type ClaimAnswer = Result<Option<(Item, bool)>, StoreError>;
@@ -325,6 +332,20 @@ impl Store {
     /// keep-alive socket, and the page gets that answer), and copies
     /// without the header or of another sender are not ordered.
     ///
+    /// The lease's end does not make such a copy a new claim: the attempt
+    /// answered last with an item is remembered per queue, caller and key
+    /// after its lease ended (settled, released, reaped, paused), for
+    /// [`CLAIM_KEY_MEMORY_MS`], and a copy older than it is refused too,
+    /// instead of claiming another item under a token nobody receives
+    /// (which then ran for the TTL and spent an attempt). It is looked up
+    /// before claiming, and written after each claim or replay that took an
+    /// item, before it is answered, by a conditional upsert: a fresh claim
+    /// whose upsert finds a later copy of its sender already remembered
+    /// (two copies racing, on any instance, the later one answered and its
+    /// lease ended meanwhile) is undone (the item reopened, no attempt
+    /// counted) and refused. Copies of one key race on the remembered
+    /// row's lock, so exactly one order holds.
+    ///
     /// # Errors
     /// As [`Store::claim`]; `conflict` for a copy older than the one
     /// answered (nothing written).
@@ -335,8 +356,51 @@ impl Store {
         key: Option<&str>,
         attempt: Option<&Attempt>,
     ) -> Result<Option<(Claimed, bool)>, StoreError> {
-        let (token, token_hash) = tokens::new_lease_token();
-        let attempt = attempt.cloned();
+        let (store, queue, key, attempt) = (
+            self.clone(),
+            queue.to_owned(),
+            key.map(str::to_owned),
+            attempt.cloned(),
+        );
+        // One task: a client that goes away between the claim and the
+        // upsert must not leave the claim unremembered.
+        detached(async move {
+            let (token, token_hash) = tokens::new_lease_token();
+            let claimed = store
+                .claim_hashed(
+                    &queue,
+                    worker_id,
+                    key.as_deref(),
+                    attempt.clone(),
+                    &token_hash,
+                )
+                .await?;
+            let (Some((item, replayed)), Some(key), Some(a)) = (&claimed, &key, &attempt) else {
+                return Ok(claimed.map(|(item, r)| (store.claim_response(item, token.0), r)));
+            };
+            if let Some(answered) = store.remember_key(&queue, worker_id, key, a).await? {
+                if !replayed {
+                    store.unclaim(item.id, &token_hash).await?;
+                    store.metrics.claim_late_copy();
+                    return Err(superseded(a.n, answered));
+                }
+            }
+            Ok(claimed.map(|(item, r)| (store.claim_response(item, token.0), r)))
+        })
+        .await
+    }
+
+    /// [`Store::claim_attempt`] under the token hash `token_hash`, not
+    /// remembered.
+    async fn claim_hashed(
+        &self,
+        queue: &str,
+        worker_id: Option<i64>,
+        key: Option<&str>,
+        attempt: Option<Attempt>,
+        token_hash: &str,
+    ) -> Result<Option<(Item, bool)>, StoreError> {
+        let token_hash = token_hash.to_owned();
         if let Some(key) = key {
             let (store, q, k, h, a) = (
                 self.clone(),
@@ -348,7 +412,7 @@ impl Store {
             let again =
                 detached(async move { store.claim_again(&q, &k, a.as_ref(), &h, worker_id).await });
             if let Some(item) = again.await? {
-                return Ok(Some((self.claim_response(item, token.0), true)));
+                return Ok(Some((item, true)));
             }
         }
         let key = key.map(str::to_owned);
@@ -366,13 +430,12 @@ impl Store {
                 let queue = queue.to_owned();
                 tokio::spawn(async move { store.run_claims(queue).await });
             }
-            let item = answer
+            return answer
                 .await
-                .unwrap_or(Err(StoreError::Database(sqlx::Error::WorkerCrashed)))?;
-            return Ok(item.map(|(item, replayed)| (self.claim_response(item, token.0), replayed)));
+                .unwrap_or(Err(StoreError::Database(sqlx::Error::WorkerCrashed)));
         }
         let (store, queue) = (self.clone(), queue.to_owned());
-        let item = detached(async move {
+        detached(async move {
             store
                 .claim_one(
                     &queue,
@@ -383,8 +446,104 @@ impl Store {
                 )
                 .await
         })
+        .await
+    }
+
+    /// Remembers `attempt` as the copy of `key` (in `queue`, by
+    /// `worker_id`) answered last with an item (see
+    /// [`Store::claim_attempt`]), unless a later copy by its sender is
+    /// remembered: then nothing is written and that copy's number is
+    /// answered. One upsert: copies racing wait on the row's lock, and each
+    /// compares with the one committed before it.
+    async fn remember_key(
+        &self,
+        queue: &str,
+        worker_id: Option<i64>,
+        key: &str,
+        attempt: &Attempt,
+    ) -> Result<Option<i64>, StoreError> {
+        let sql = self.sql(
+            "INSERT INTO claim_keys (queue, caller, claim_key, sender, attempt, answered_at)
+             VALUES ($1, $2, $3, $4, $5, {now})
+             ON CONFLICT (queue, caller, claim_key) DO UPDATE
+                 SET sender = excluded.sender, attempt = excluded.attempt,
+                     answered_at = excluded.answered_at
+                 WHERE claim_keys.sender <> excluded.sender
+                    OR claim_keys.attempt <= excluded.attempt
+             RETURNING attempt",
+        );
+        let written = sqlx::query(&sql)
+            .bind(queue)
+            .bind(worker_id.unwrap_or(0))
+            .bind(key)
+            .bind(attempt.sender.as_str())
+            .bind(attempt.n)
+            .fetch_optional(&self.pool)
+            .await?;
+        if written.is_some() {
+            return Ok(None);
+        }
+        // Refused: a later copy is remembered (it cannot be forgotten in
+        // between: rows go only long after they were written).
+        Ok(Some(
+            self.remembered(queue, key, worker_id)
+                .await?
+                .map_or(attempt.n + 1, |(_, n)| n),
+        ))
+    }
+
+    /// The attempt remembered for `key` (see [`Store::remember_key`]):
+    /// `(sender, n)`.
+    async fn remembered(
+        &self,
+        queue: &str,
+        key: &str,
+        worker_id: Option<i64>,
+    ) -> Result<Option<(String, i64)>, StoreError> {
+        let row = sqlx::query(
+            "SELECT sender, attempt FROM claim_keys
+             WHERE queue = $1 AND caller = $2 AND claim_key = $3",
+        )
+        .bind(queue)
+        .bind(worker_id.unwrap_or(0))
+        .bind(key)
+        .fetch_optional(&self.pool)
         .await?;
-        Ok(item.map(|(item, replayed)| (self.claim_response(item, token.0), replayed)))
+        row.map(|r| Ok((get(&r, "sender")?, get(&r, "attempt")?)))
+            .transpose()
+    }
+
+    /// Undoes a claim that turned out to be a late copy (see
+    /// [`Store::claim_attempt`]): its item open again, no attempt counted
+    /// (nobody received its token), fenced on that token; the epoch stays
+    /// spent.
+    async fn unclaim(&self, id: i64, token_hash: &str) -> Result<(), StoreError> {
+        let sql = self.sql(
+            "UPDATE items SET state = 'open', token_hash = NULL, lease_ttl_ms = NULL,
+                 claim_key = NULL, claim_attempt = NULL, claim_sender = NULL,
+                 worker_id = NULL, heartbeat_at = NULL, updated_at = {now}
+             WHERE id = $1 AND state = 'running' AND token_hash = $2",
+        );
+        sqlx::query(&sql)
+            .bind(id)
+            .bind(token_hash)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Deletes the remembered claim attempts (see [`Store::claim_attempt`])
+    /// older than [`CLAIM_KEY_MEMORY_MS`]; returns how many went.
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn forget_claim_keys(&self) -> Result<u64, StoreError> {
+        let sql = self.sql("DELETE FROM claim_keys WHERE answered_at <= {now} - $1");
+        Ok(sqlx::query(&sql)
+            .bind(ms(CLAIM_KEY_MEMORY_MS))
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
     }
 
     /// The replay of [`Store::claim_attempt`]: the running lease claimed
@@ -439,6 +598,16 @@ impl Store {
             .fetch_optional(&self.pool)
             .await?;
             let Some(found) = found else {
+                // No lease under the key: one that ended may have answered
+                // a later copy (see `Store::claim_attempt`).
+                if let Some(a) = attempt {
+                    if let Some((sender, n)) = self.remembered(queue, key, worker_id).await? {
+                        if a.is_late(Some(&sender), Some(n)) {
+                            self.metrics.claim_late_copy();
+                            return Err(superseded(a.n, n));
+                        }
+                    }
+                }
                 return Ok(None);
             };
             let answered: Option<i64> = get(&found, "claim_attempt")?;

@@ -2,6 +2,7 @@
 //! while the first copy is still being answered, a browser sending the POST
 //! again), on one instance or several.
 
+use agentstore_protocol::lease::SettleState;
 use agentstore_protocol::ErrorCode;
 use agentstore_server::store::{Backend, Claimed, MIGRATIONS};
 use agentstore_server::{Attempt, Store};
@@ -602,4 +603,162 @@ pub async fn a_late_copy_of_a_claim_never_takes_the_lease_from_a_later_copy(db: 
         );
     }
     server.stop().await.unwrap();
+}
+
+/// A copy of a keyed claim held up in the network that arrives after a
+/// later copy was answered AND that copy's lease ended (settled, released,
+/// reaped, paused) claims nothing: `409 conflict`, as while the lease ran.
+/// Before, every end of a lease cleared the key, so the copy found no lease
+/// under it and claimed a second item under a token nobody received: the
+/// item ran for the TTL and then spent an attempt (with no redeliveries
+/// left, it failed `retry_limit` unseen). The late copy arrives at another
+/// instance. A later copy of the key (a higher number) still claims as a
+/// new claim, and so does one of another sender.
+pub async fn a_late_copy_of_a_claim_after_its_lease_ended_claims_nothing(db: TestDb) {
+    let short = db.store(ttl(50)).await;
+    let other = db.store(ttl(LONG)).await;
+    for ending in ["done", "released", "reaped", "paused"] {
+        let queue = format!("ended-{ending}");
+        let x = short.enqueue(&queue, &json!("x"), None).await.unwrap().id;
+        let y = short.enqueue(&queue, &json!("y"), None).await.unwrap().id;
+        short.enqueue(&queue, &json!("z"), None).await.unwrap();
+        let (c, replayed) = short
+            .claim_attempt(&queue, Some(7), Some("k"), Some(&at("s", 2)))
+            .await
+            .unwrap()
+            .expect("claimed");
+        assert_eq!((c.item.id, replayed), (x, false), "{ending}");
+        match ending {
+            "done" => {
+                short
+                    .settle(x, &c.lease.token, Some(7), SettleState::Done, None, None)
+                    .await
+                    .unwrap();
+            }
+            "released" => {
+                short.release(x, &c.lease.token, Some(7)).await.unwrap();
+            }
+            "reaped" => {
+                crate::common::sleep_ms(150).await;
+                assert_eq!(short.reap().await.unwrap(), (1, 0), "{ending}");
+            }
+            _ => {
+                short.pause(x).await.unwrap();
+            }
+        }
+        let before = (
+            ids_in(&short, &queue, "open").await,
+            ids_in(&short, &queue, "running").await,
+        );
+        let late = other
+            .claim_attempt(&queue, Some(7), Some("k"), Some(&at("s", 1)))
+            .await;
+        assert_eq!(
+            late.err().and_then(|e| e.code()),
+            Some(ErrorCode::Conflict),
+            "{ending}: the late copy is refused"
+        );
+        assert_eq!(
+            (
+                ids_in(&short, &queue, "open").await,
+                ids_in(&short, &queue, "running").await
+            ),
+            before,
+            "{ending}: the late copy changed nothing"
+        );
+        assert!(before.0.contains(&y), "{ending}: y is still open");
+        // A later copy is a new claim.
+        let (next, replayed) = other
+            .claim_attempt(&queue, Some(7), Some("k"), Some(&at("s", 3)))
+            .await
+            .unwrap()
+            .expect("a later copy claims");
+        assert!(!replayed, "{ending}");
+        assert_eq!(next.item.id, before.0[0], "{ending}: the oldest open item");
+        other
+            .settle(
+                next.item.id,
+                &next.lease.token,
+                Some(7),
+                SettleState::Done,
+                None,
+                None,
+            )
+            .await
+            .unwrap();
+        // Now copy 2 is late as well, and another sender's copy is not.
+        assert!(other
+            .claim_attempt(&queue, Some(7), Some("k"), Some(&at("s", 2)))
+            .await
+            .is_err());
+        let (fresh, _) = other
+            .claim_attempt(&queue, Some(7), Some("k"), Some(&at("reloaded", 1)))
+            .await
+            .unwrap()
+            .expect("another sender's copy claims");
+        other
+            .settle(
+                fresh.item.id,
+                &fresh.lease.token,
+                Some(7),
+                SettleState::Done,
+                None,
+                None,
+            )
+            .await
+            .unwrap();
+    }
+}
+
+/// Two copies of one keyed claim racing over two instances, the later one
+/// (copy 2) settled as soon as it is answered: whatever the order, no
+/// lease is left running under a token nobody holds, and one item is done.
+/// Copy 1 either came first (copy 2 replayed its lease), or is refused: by
+/// the lookup before it claims, by the key's running lease, or, when it
+/// claimed after copy 2's lease had ended, by the upsert that remembers it
+/// (its claim undone, the item open again with no attempt counted).
+pub async fn racing_copies_of_a_claim_leave_no_lease_behind(db: TestDb) {
+    const ROUNDS: usize = 40;
+    let stores = [db.store(ttl(LONG)).await, db.store(ttl(LONG)).await];
+    for round in 0..ROUNDS {
+        let queue = format!("endrace{round}");
+        for n in 0..2 {
+            stores[0].enqueue(&queue, &json!(n), None).await.unwrap();
+        }
+        let answers = at_once(2, |k| {
+            let store = stores[k].clone();
+            let queue = queue.clone();
+            async move {
+                let claimed = store
+                    .claim_attempt(&queue, Some(7), Some("k"), Some(&at("s", k as i64 + 1)))
+                    .await;
+                if k == 1 {
+                    let (c, _) = claimed.as_ref().unwrap().as_ref().expect("copy 2 claims");
+                    store
+                        .settle(
+                            c.item.id,
+                            &c.lease.token,
+                            Some(7),
+                            SettleState::Done,
+                            None,
+                            None,
+                        )
+                        .await
+                        .unwrap();
+                }
+                claimed.map(|c| c.map(|(c, replayed)| (c.item.id, replayed)))
+            }
+        })
+        .await;
+        let what = format!("round {round}");
+        assert!(
+            ids_in(&stores[0], &queue, "running").await.is_empty(),
+            "{what}: no lease left behind ({answers:?})"
+        );
+        assert_eq!(ids_in(&stores[0], &queue, "done").await.len(), 1, "{what}");
+        assert_eq!(ids_in(&stores[0], &queue, "open").await.len(), 1, "{what}");
+        if let Err(e) = &answers[0] {
+            assert_eq!(e.code(), Some(ErrorCode::Conflict), "{what}");
+        }
+    }
 }

@@ -53,6 +53,8 @@ conformance! {
     claim_race::a_claim_key_racing_from_other_callers_takes_one_item_per_caller,
     claim_race::keyed_leases_left_doubled_by_older_code_upgrade_to_one_per_key,
     claim_race::a_late_copy_of_a_claim_never_takes_the_lease_from_a_later_copy,
+    claim_race::a_late_copy_of_a_claim_after_its_lease_ended_claims_nothing,
+    claim_race::racing_copies_of_a_claim_leave_no_lease_behind,
     lease::a_live_claim_is_not_reclaimed_by_any_instance_reaper_or_fresh_claim,
     lease::an_expired_claim_is_reclaimed_and_the_new_token_differs,
     lease::a_lease_expires_after_the_ttl_it_was_granted_whichever_instance_looks,
