@@ -108,7 +108,10 @@ pub struct Config {
     /// (0..=1000).
     #[arg(long, default_value_t = DEFAULT_MAX_REDELIVERIES, value_parser = clap::value_parser!(u32).range(i64::from(*MAX_REDELIVERIES.start())..=i64::from(*MAX_REDELIVERIES.end())))]
     pub max_redeliveries: u32,
-    /// Claim polling limit per worker: `20/s`, `600/min`, `5/100ms`.
+    /// Claim polling limit per worker per server instance: `20/s`, `600/min`,
+    /// `5/100ms`. Each instance counts in its own memory (no shared state, no
+    /// database round trip), so a worker spread over n instances may claim up
+    /// to n times this rate in all.
     #[arg(long, default_value = "10/s")]
     pub claim_rate: Rate,
     /// Enroll/refresh limit per client address (these need no credentials):
