@@ -586,26 +586,41 @@ impl Store {
             // A read first: nearly every key is a first try, which matches
             // nothing and must not take SQLite's writer lock or a PostgreSQL
             // statement outside the claim lane for that.
-            let found = sqlx::query(&self.sql(
+            // One read for both: the key's running lease, and the copy
+            // remembered after an ended one (see `Store::claim_attempt`).
+            let rows = sqlx::query(
                 "SELECT id, claim_attempt, claim_sender FROM items
                  WHERE queue = $1 AND claim_key = $2 AND state = 'running'
                    AND COALESCE(worker_id, 0) = $3
-                 ORDER BY id LIMIT 1",
-            ))
+                 UNION ALL
+                 SELECT NULL, attempt, sender FROM claim_keys
+                 WHERE queue = $1 AND claim_key = $2 AND caller = $3",
+            )
             .bind(queue)
             .bind(key)
             .bind(worker_id.unwrap_or(0))
-            .fetch_optional(&self.pool)
+            .fetch_all(&self.pool)
             .await?;
-            let Some(found) = found else {
+            let mut found = None;
+            let mut remembered = None;
+            for r in rows {
+                match get::<Option<i64>>(&r, "id")? {
+                    Some(id) if found.as_ref().is_none_or(|(f, _)| id < *f) => {
+                        found = Some((id, r));
+                    }
+                    Some(_) => {}
+                    None => remembered = Some(r),
+                }
+            }
+            let Some((id, found)) = found else {
                 // No lease under the key: one that ended may have answered
-                // a later copy (see `Store::claim_attempt`).
-                if let Some(a) = attempt {
-                    if let Some((sender, n)) = self.remembered(queue, key, worker_id).await? {
-                        if a.is_late(Some(&sender), Some(n)) {
-                            self.metrics.claim_late_copy();
-                            return Err(superseded(a.n, n));
-                        }
+                // a later copy.
+                if let (Some(a), Some(r)) = (attempt, remembered) {
+                    let (sender, n): (Option<String>, Option<i64>) =
+                        (get(&r, "claim_sender")?, get(&r, "claim_attempt")?);
+                    if a.is_late(sender.as_deref(), n) {
+                        self.metrics.claim_late_copy();
+                        return Err(superseded(a.n, n.unwrap_or_default()));
                     }
                 }
                 return Ok(None);
@@ -617,7 +632,7 @@ impl Store {
                 return Err(superseded(a.n, answered.unwrap_or_default()));
             }
             row = sqlx::query(&sql)
-                .bind(get::<i64>(&found, "id")?)
+                .bind(id)
                 .bind(key)
                 .bind(token_hash)
                 .bind(worker_id.unwrap_or(0))
