@@ -242,7 +242,7 @@ impl Metrics {
             claim_late_copies: counter(
                 &r,
                 "agentstore_claim_late_copies_total",
-                "Copies of a keyed claim refused (409) because a later copy of it, with a higher Request-Attempt, was answered first (a request held up in the network)",
+                "Copies of a keyed claim refused (409) because a later copy of it, with a higher Request-Attempt, was seen first, including those whose claim was undone (a request held up in the network)",
             ),
             settled_deleted: counter(
                 &r,

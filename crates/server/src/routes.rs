@@ -408,7 +408,7 @@ async fn list(
 /// and still holds is answered again: `201`, `Idempotent-Replayed: true`, a
 /// new token (see [`crate::Store::claim_once`]). With a `Request-Attempt`
 /// too, not to a copy that arrives after a later copy by its sender was answered:
-/// that late copy is `409 conflict` and changes nothing, also once the
+/// that late copy is `409 conflict` and holds no lease, also once the
 /// later copy's lease ended (see [`crate::Store::claim_attempt`]).
 async fn claim(
     State(st): State<AppState>,

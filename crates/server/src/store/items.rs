@@ -32,10 +32,10 @@ const ITEM_OVERHEAD_BYTES: u64 = 256;
 /// none means the lease ended between the claim statement and the look.
 const KEY_TAKEN_TRIES: usize = 8;
 
-/// How long the copy of a keyed claim answered last is remembered after it
-/// was answered (see [`Store::claim_attempt`]): an older copy of it held up
-/// in the network for longer than this, arriving after its lease ended,
-/// is not recognised and claims afresh. An hour: far beyond any proxy's or
+/// How long the highest `Request-Attempt` number seen for a claim key and
+/// sender is remembered after it was written (see [`Store::claim_attempt`]):
+/// an older copy held up in the network for longer than this, arriving
+/// after its lease ended, is not recognised and claims afresh. An hour: far beyond any proxy's or
 /// browser's timeout for a request in flight.
 pub const CLAIM_KEY_MEMORY_MS: u64 = 3_600_000;
 
@@ -332,23 +332,48 @@ impl Store {
     /// keep-alive socket, and the page gets that answer), and copies
     /// without the header or of another sender are not ordered.
     ///
-    /// The lease's end does not make such a copy a new claim: the attempt
-    /// answered last with an item is remembered per queue, caller and key
-    /// after its lease ended (settled, released, reaped, paused), for
-    /// [`CLAIM_KEY_MEMORY_MS`], and a copy older than it is refused too,
-    /// instead of claiming another item under a token nobody receives
-    /// (which then ran for the TTL and spent an attempt). It is looked up
-    /// before claiming, and written after each claim or replay that took an
-    /// item, before it is answered, by a conditional upsert: a fresh claim
-    /// whose upsert finds a later copy of its sender already remembered
-    /// (two copies racing, on any instance, the later one answered and its
-    /// lease ended meanwhile) is undone (the item reopened, no attempt
-    /// counted) and refused. Copies of one key race on the remembered
-    /// row's lock, so exactly one order holds.
+    /// The lease's end does not make such a copy a new claim: the highest
+    /// number seen per queue, caller, key AND sender is remembered (table
+    /// `claim_keys`) for [`CLAIM_KEY_MEMORY_MS`], and a copy older than it
+    /// is refused too, after the lease ended (settled, released, reaped,
+    /// paused), instead of claiming another item under a token nobody
+    /// receives (which then ran for the TTL and spent an attempt). Each
+    /// keyed copy with a `Request-Attempt` runs three steps, in one detached
+    /// task (a client that goes away cannot cut them short):
+    ///
+    /// 1. WRITE before claiming: one conditional upsert raises the sender's
+    ///    row to `n` unless a higher number is stored; refused, the copy is
+    ///    late and is refused (`409`) having claimed nothing.
+    /// 2. CLAIM as [`Store::claim_once`]: replay the running lease under the
+    ///    key, or claim afresh.
+    /// 3. RE-READ after the claim committed: a higher number stored now
+    ///    means a later copy wrote in between; this copy's claim (fresh or
+    ///    replay) is undone, fenced on its own token and `running` (the item
+    ///    open again, no attempt counted, the epoch spent) and refused. A
+    ///    replay undone this way reopens a lease an earlier copy's answer
+    ///    may have handed out; that answer is superseded anyway: the later
+    ///    copy replays the item, or claims afresh once it is open.
+    ///
+    /// Why two copies `a` < `b` of one sender, on any instances, leave at
+    /// most `b`'s claim standing: the row only grows, and its writes are
+    /// serialised (the row lock on PostgreSQL, one writer on SQLite). If
+    /// `b` wrote first, `a`'s write is refused and `a` claims nothing. If
+    /// `a` wrote first, either `b`'s write committed before `a`'s re-read
+    /// started, and `a` sees it and undoes its own claim (a no-op when `b`
+    /// already replayed it: the token is `b`'s), or it committed after
+    /// that re-read, so after `a`'s claim committed, and `b`'s claim, which
+    /// starts after its write, finds `a`'s lease under the key and replays
+    /// it (`a`'s token is fenced out) or finds it ended (`a`'s client
+    /// settled it) and claims afresh. Either way the one lease standing was
+    /// answered to `b`, or to `a` before `b` existed.
+    ///
+    /// A refused copy counts in `agentstore_claim_late_copies_total`; one
+    /// undone in step 3 also counted in `agentstore_claims_total` when its
+    /// claim committed.
     ///
     /// # Errors
-    /// As [`Store::claim`]; `conflict` for a copy older than the one
-    /// answered (nothing written).
+    /// As [`Store::claim`]; `conflict` for a copy older than one seen (no
+    /// lease held; an undone claim spent the item's epoch).
     pub async fn claim_attempt(
         &self,
         queue: &str,
@@ -363,9 +388,17 @@ impl Store {
             attempt.cloned(),
         );
         // One task: a client that goes away between the claim and the
-        // upsert must not leave the claim unremembered.
+        // re-read must not leave a late copy's claim standing.
         detached(async move {
             let (token, token_hash) = tokens::new_lease_token();
+            let ordered = key.as_deref().zip(attempt.as_ref());
+            if let Some((key, a)) = ordered {
+                let stored = store.see_attempt(&queue, worker_id, key, a).await?;
+                if stored > a.n {
+                    store.metrics.claim_late_copy();
+                    return Err(superseded(a.n, stored));
+                }
+            }
             let claimed = store
                 .claim_hashed(
                     &queue,
@@ -375,14 +408,13 @@ impl Store {
                     &token_hash,
                 )
                 .await?;
-            let (Some((item, replayed)), Some(key), Some(a)) = (&claimed, &key, &attempt) else {
-                return Ok(claimed.map(|(item, r)| (store.claim_response(item, token.0), r)));
-            };
-            if let Some(answered) = store.remember_key(&queue, worker_id, key, a).await? {
-                if !replayed {
-                    store.unclaim(item.id, &token_hash).await?;
+            if let (Some((item, _)), Some((key, a))) = (&claimed, ordered) {
+                if let Some(seen) = store
+                    .newer_attempt(&queue, worker_id, key, a, item.id, &token_hash)
+                    .await?
+                {
                     store.metrics.claim_late_copy();
-                    return Err(superseded(a.n, answered));
+                    return Err(superseded(a.n, seen));
                 }
             }
             Ok(claimed.map(|(item, r)| (store.claim_response(item, token.0), r)))
@@ -390,8 +422,8 @@ impl Store {
         .await
     }
 
-    /// [`Store::claim_attempt`] under the token hash `token_hash`, not
-    /// remembered.
+    /// Step 2 of [`Store::claim_attempt`] (the claim or replay) under the
+    /// token hash `token_hash`.
     async fn claim_hashed(
         &self,
         queue: &str,
@@ -449,74 +481,102 @@ impl Store {
         .await
     }
 
-    /// Remembers `attempt` as the copy of `key` (in `queue`, by
-    /// `worker_id`) answered last with an item (see
-    /// [`Store::claim_attempt`]), unless a later copy by its sender is
-    /// remembered: then nothing is written and that copy's number is
-    /// answered. One upsert: copies racing wait on the row's lock, and each
-    /// compares with the one committed before it.
-    async fn remember_key(
+    /// Step 1 of [`Store::claim_attempt`]: raises the number stored for
+    /// `key` (in `queue`, by `worker_id`) and the sender of `attempt` to its
+    /// number unless a higher one is stored, in one upsert (copies racing
+    /// wait on the row's lock, each compares with the one committed before
+    /// it), and answers the number stored after it: higher than
+    /// `attempt`'s when the copy is late (nothing written).
+    async fn see_attempt(
         &self,
         queue: &str,
         worker_id: Option<i64>,
         key: &str,
         attempt: &Attempt,
-    ) -> Result<Option<i64>, StoreError> {
+    ) -> Result<i64, StoreError> {
         let sql = self.sql(
             "INSERT INTO claim_keys (queue, caller, claim_key, sender, attempt, answered_at)
              VALUES ($1, $2, $3, $4, $5, {now})
-             ON CONFLICT (queue, caller, claim_key) DO UPDATE
-                 SET sender = excluded.sender, attempt = excluded.attempt,
-                     answered_at = excluded.answered_at
-                 WHERE claim_keys.sender <> excluded.sender
-                    OR claim_keys.attempt <= excluded.attempt
+             ON CONFLICT (queue, caller, claim_key, sender) DO UPDATE
+                 SET attempt = CASE WHEN claim_keys.attempt <= excluded.attempt
+                                    THEN excluded.attempt ELSE claim_keys.attempt END,
+                     answered_at = CASE WHEN claim_keys.attempt <= excluded.attempt
+                                        THEN excluded.answered_at ELSE claim_keys.answered_at END
              RETURNING attempt",
         );
-        let written = sqlx::query(&sql)
+        let row = sqlx::query(&sql)
             .bind(queue)
             .bind(worker_id.unwrap_or(0))
             .bind(key)
             .bind(attempt.sender.as_str())
             .bind(attempt.n)
-            .fetch_optional(&self.pool)
+            .fetch_one(&self.pool)
             .await?;
-        if written.is_some() {
-            return Ok(None);
-        }
-        // Refused: a later copy is remembered (it cannot be forgotten in
-        // between: rows go only long after they were written).
-        Ok(Some(
-            self.remembered(queue, key, worker_id)
-                .await?
-                .map_or(attempt.n + 1, |(_, n)| n),
-        ))
+        get(&row, "attempt")
     }
 
-    /// The attempt remembered for `key` (see [`Store::remember_key`]):
-    /// `(sender, n)`.
-    async fn remembered(
+    /// Step 3 of [`Store::claim_attempt`]: after this copy's claim of item
+    /// `id` under `token_hash` committed, reads the number stored for its
+    /// key and sender; when a later copy raised it meanwhile, undoes the
+    /// claim (see [`Store::unclaim`]) and answers that number. The undo
+    /// runs before anything else that can fail; a read or an undo that
+    /// fails is tried once more, and a read that fails twice undoes the
+    /// claim too (its answer would be a 5xx: nobody would hold the token).
+    async fn newer_attempt(
         &self,
         queue: &str,
-        key: &str,
         worker_id: Option<i64>,
-    ) -> Result<Option<(String, i64)>, StoreError> {
-        let row = sqlx::query(
-            "SELECT sender, attempt FROM claim_keys
-             WHERE queue = $1 AND caller = $2 AND claim_key = $3",
-        )
-        .bind(queue)
-        .bind(worker_id.unwrap_or(0))
-        .bind(key)
-        .fetch_optional(&self.pool)
-        .await?;
-        row.map(|r| Ok((get(&r, "sender")?, get(&r, "attempt")?)))
-            .transpose()
+        key: &str,
+        attempt: &Attempt,
+        id: i64,
+        token_hash: &str,
+    ) -> Result<Option<i64>, StoreError> {
+        let read = || async {
+            let row = sqlx::query(
+                "SELECT attempt FROM claim_keys
+                 WHERE queue = $1 AND caller = $2 AND claim_key = $3 AND sender = $4",
+            )
+            .bind(queue)
+            .bind(worker_id.unwrap_or(0))
+            .bind(key)
+            .bind(attempt.sender.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+            row.map(|r| get::<i64>(&r, "attempt")).transpose()
+        };
+        let stored = match read().await {
+            Ok(s) => s,
+            Err(_) => match read().await {
+                Ok(s) => s,
+                Err(e) => {
+                    self.unclaim_retried(id, token_hash).await?;
+                    return Err(e);
+                }
+            },
+        };
+        // No row: it went with the purge (written more than an hour ago):
+        // nothing later is known.
+        match stored.filter(|&n| n > attempt.n) {
+            Some(n) => {
+                self.unclaim_retried(id, token_hash).await?;
+                Ok(Some(n))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// [`Store::unclaim`], tried once more when the database fails.
+    async fn unclaim_retried(&self, id: i64, token_hash: &str) -> Result<(), StoreError> {
+        match self.unclaim(id, token_hash).await {
+            Ok(()) => Ok(()),
+            Err(_) => self.unclaim(id, token_hash).await,
+        }
     }
 
     /// Undoes a claim that turned out to be a late copy (see
     /// [`Store::claim_attempt`]): its item open again, no attempt counted
-    /// (nobody received its token), fenced on that token; the epoch stays
-    /// spent.
+    /// (nobody received its token), fenced on that token and `running`; the
+    /// epoch stays spent.
     async fn unclaim(&self, id: i64, token_hash: &str) -> Result<(), StoreError> {
         let sql = self.sql(
             "UPDATE items SET state = 'open', token_hash = NULL, lease_ttl_ms = NULL,
@@ -586,45 +646,23 @@ impl Store {
             // A read first: nearly every key is a first try, which matches
             // nothing and must not take SQLite's writer lock or a PostgreSQL
             // statement outside the claim lane for that.
-            // One read for both: the key's running lease, and the copy
-            // remembered after an ended one (see `Store::claim_attempt`).
-            let rows = sqlx::query(
+            // (A copy older than one remembered after the lease ended was
+            // refused before: `Store::see_attempt`.)
+            let found = sqlx::query(
                 "SELECT id, claim_attempt, claim_sender FROM items
                  WHERE queue = $1 AND claim_key = $2 AND state = 'running'
                    AND COALESCE(worker_id, 0) = $3
-                 UNION ALL
-                 SELECT NULL, attempt, sender FROM claim_keys
-                 WHERE queue = $1 AND claim_key = $2 AND caller = $3",
+                 ORDER BY id LIMIT 1",
             )
             .bind(queue)
             .bind(key)
             .bind(worker_id.unwrap_or(0))
-            .fetch_all(&self.pool)
+            .fetch_optional(&self.pool)
             .await?;
-            let mut found = None;
-            let mut remembered = None;
-            for r in rows {
-                match get::<Option<i64>>(&r, "id")? {
-                    Some(id) if found.as_ref().is_none_or(|(f, _)| id < *f) => {
-                        found = Some((id, r));
-                    }
-                    Some(_) => {}
-                    None => remembered = Some(r),
-                }
-            }
-            let Some((id, found)) = found else {
-                // No lease under the key: one that ended may have answered
-                // a later copy.
-                if let (Some(a), Some(r)) = (attempt, remembered) {
-                    let (sender, n): (Option<String>, Option<i64>) =
-                        (get(&r, "claim_sender")?, get(&r, "claim_attempt")?);
-                    if a.is_late(sender.as_deref(), n) {
-                        self.metrics.claim_late_copy();
-                        return Err(superseded(a.n, n.unwrap_or_default()));
-                    }
-                }
+            let Some(found) = found else {
                 return Ok(None);
             };
+            let id: i64 = get(&found, "id")?;
             let answered: Option<i64> = get(&found, "claim_attempt")?;
             let sender: Option<String> = get(&found, "claim_sender")?;
             if let Some(a) = attempt.filter(|a| a.is_late(sender.as_deref(), answered)) {
@@ -1802,8 +1840,8 @@ fn superseded(attempt: i64, answered: i64) -> StoreError {
     StoreError::rejected(
         ErrorCode::Conflict,
         format!(
-            "this copy of the claim (Request-Attempt {attempt}) came after copy {answered} \
-             was answered: nothing was changed"
+            "this copy of the claim (Request-Attempt {attempt}) came after copy {answered}: \
+             it was refused and holds no lease"
         ),
     )
 }

@@ -353,14 +353,16 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 23,
         name: "claim_keys",
-        // The `Request-Attempt` (sender, number) of the copy of each keyed
-        // claim answered last with an item, per queue, caller
-        // (`COALESCE(worker_id, 0)`) and key, kept after its lease ended:
-        // every end of a lease clears `items.claim_key`, so a copy held up
-        // in the network that arrived after the lease ended found no lease
-        // under its key and claimed a second item under a token nobody
-        // received (see `Store::claim_attempt`). Rows older than
+        // The highest `Request-Attempt` number seen per queue, caller
+        // (`COALESCE(worker_id, 0)`), key and sender for a keyed claim,
+        // written before the claim and kept after its lease ended: every
+        // end of a lease clears `items.claim_key`, so a copy held up in the
+        // network that arrived after the lease ended found no lease under
+        // its key and claimed a second item under a token nobody received
+        // (see `Store::claim_attempt`). Rows older than
         // `CLAIM_KEY_MEMORY_MS` are deleted (`Store::forget_claim_keys`).
+        // Edited in place (the sender joined the primary key) before any
+        // release shipped it.
         sql: "CREATE TABLE claim_keys (
                 queue TEXT NOT NULL,
                 caller BIGINT NOT NULL,
@@ -368,7 +370,7 @@ pub const MIGRATIONS: &[Migration] = &[
                 sender TEXT NOT NULL,
                 attempt BIGINT NOT NULL,
                 answered_at BIGINT NOT NULL,
-                PRIMARY KEY (queue, caller, claim_key)
+                PRIMARY KEY (queue, caller, claim_key, sender)
             );
             CREATE INDEX claim_keys_answered ON claim_keys (answered_at)",
     },

@@ -505,8 +505,9 @@ pub async fn a_late_copy_of_a_claim_never_takes_the_lease_from_a_later_copy(db: 
         "the refused copies are counted"
     );
     // Without the header every copy replays, as before; so does a copy of
-    // another sender (numbers of two senders are not ordered), and after
-    // it the first sender's numbers are compared with nothing.
+    // another sender (numbers of two senders are not ordered). The first
+    // sender's numbers are still remembered after it: its copy 1 stays
+    // late.
     let (bare, replayed) = copy(None).await.unwrap().unwrap();
     assert!(replayed);
     assert_eq!(bare.item.id, second.item.id);
@@ -517,8 +518,15 @@ pub async fn a_late_copy_of_a_claim_never_takes_the_lease_from_a_later_copy(db: 
         .unwrap();
     assert!(replayed);
     assert_eq!(other.item.id, second.item.id);
-    assert!(copy(Some(1)).await.unwrap().unwrap().1);
+    assert_eq!(
+        copy(Some(1)).await.err().and_then(|e| e.code()),
+        Some(ErrorCode::Conflict)
+    );
     assert_eq!(ids_in(&store, "late", "open").await.len(), 2);
+    assert_eq!(
+        ids_in(&store, "late", "running").await,
+        vec![second.item.id]
+    );
 
     // Raced: copies 1..=8 at once over two instances.
     const ROUNDS: usize = 16;
@@ -762,3 +770,94 @@ pub async fn racing_copies_of_a_claim_leave_no_lease_behind(db: TestDb) {
         }
     }
 }
+
+/// The interleaving that left a lease running under a token nobody held:
+/// copy 1 of a key claimed X, then copy 3 (on another instance) was seen
+/// (stood in for here by raising the remembered number to 3 with SQL, as
+/// copy 3's write does before it claims), then copy 2 arrived. Copy 2 used
+/// to find X running with attempt 1, ignore the remembered 3 and replay X
+/// (its remembering write refused, but a replay was answered anyway: `201`
+/// to nobody, X's token rotated so copy 1's undo fenced nothing). Copy 2 is
+/// refused before it claims and X's token is untouched (copy 1's undo,
+/// fenced on it, still takes effect).
+pub async fn a_copy_older_than_one_seen_does_not_replay_the_running_lease(db: TestDb) {
+    let a = db.store(ttl(LONG)).await;
+    let b = db.store(ttl(LONG)).await;
+    let queue = "late-replay";
+    let x = a.enqueue(queue, &json!("x"), None).await.unwrap().id;
+    a.enqueue(queue, &json!("y"), None).await.unwrap();
+    let (c1, replayed) = a
+        .claim_attempt(queue, Some(7), Some("k"), Some(&at("s", 1)))
+        .await
+        .unwrap()
+        .expect("copy 1 claims");
+    assert_eq!((c1.item.id, replayed), (x, false));
+    let raised = sqlx::query(
+        "UPDATE claim_keys SET attempt = 3
+         WHERE queue = $1 AND caller = 7 AND claim_key = 'k' AND sender = 's'",
+    )
+    .bind(queue)
+    .execute(a.pool())
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(raised, 1, "copy 1's number is remembered");
+    let late = b
+        .claim_attempt(queue, Some(7), Some("k"), Some(&at("s", 2)))
+        .await;
+    assert_eq!(
+        late.err().and_then(|e| e.code()),
+        Some(ErrorCode::Conflict),
+        "copy 2 came after copy 3 was seen"
+    );
+    assert_eq!(ids_in(&a, queue, "running").await, vec![x]);
+    // X still runs under copy 1's token: copy 2 rotated nothing.
+    a.heartbeat(x, &c1.lease.token, Some(7))
+        .await
+        .expect("copy 1's token still holds X");
+}
+
+/// Another sender's copy of a key does not erase what a sender's copies
+/// remembered: copy `s.2` claims and settles, a copy of sender `r` claims
+/// and settles, and a late `s.1` is still refused. (The remembered row was
+/// one per key; `r`'s write overwrote `s`'s number, and `s.1` claimed a
+/// second item under a token nobody received.)
+pub async fn another_senders_copy_does_not_erase_a_remembered_copy(db: TestDb) {
+    let a = db.store(ttl(LONG)).await;
+    let b = db.store(ttl(LONG)).await;
+    let queue = "two-senders";
+    for n in 0..3 {
+        a.enqueue(queue, &json!(n), None).await.unwrap();
+    }
+    for (sender, n) in [("s", 2), ("r", 1)] {
+        let (c, replayed) = a
+            .claim_attempt(queue, Some(7), Some("k"), Some(&at(sender, n)))
+            .await
+            .unwrap()
+            .expect("claims");
+        assert!(!replayed, "{sender}.{n}");
+        a.settle(
+            c.item.id,
+            &c.lease.token,
+            Some(7),
+            SettleState::Done,
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+    }
+    let before = ids_in(&a, queue, "open").await;
+    assert_eq!(before.len(), 1);
+    let late = b
+        .claim_attempt(queue, Some(7), Some("k"), Some(&at("s", 1)))
+        .await;
+    assert_eq!(
+        late.err().and_then(|e| e.code()),
+        Some(ErrorCode::Conflict),
+        "s.1 came after s.2 was answered"
+    );
+    assert_eq!(ids_in(&a, queue, "open").await, before);
+    assert!(ids_in(&a, queue, "running").await.is_empty());
+}
+

@@ -55,6 +55,8 @@ conformance! {
     claim_race::a_late_copy_of_a_claim_never_takes_the_lease_from_a_later_copy,
     claim_race::a_late_copy_of_a_claim_after_its_lease_ended_claims_nothing,
     claim_race::racing_copies_of_a_claim_leave_no_lease_behind,
+    claim_race::a_copy_older_than_one_seen_does_not_replay_the_running_lease,
+    claim_race::another_senders_copy_does_not_erase_a_remembered_copy,
     lease::a_live_claim_is_not_reclaimed_by_any_instance_reaper_or_fresh_claim,
     lease::an_expired_claim_is_reclaimed_and_the_new_token_differs,
     lease::a_lease_expires_after_the_ttl_it_was_granted_whichever_instance_looks,
