@@ -593,17 +593,36 @@ impl Store {
     }
 
     /// Deletes the remembered claim attempts (see [`Store::claim_attempt`])
-    /// older than [`CLAIM_KEY_MEMORY_MS`]; returns how many went.
+    /// older than [`CLAIM_KEY_MEMORY_MS`], in pages as
+    /// [`Store::delete_settled`] (skipping rows another instance's purge
+    /// holds on PostgreSQL), at most [`super::reap::DELETE_MAX`] a run;
+    /// returns how many went.
     ///
     /// # Errors
     /// The database failed.
     pub async fn forget_claim_keys(&self) -> Result<u64, StoreError> {
-        let sql = self.sql("DELETE FROM claim_keys WHERE answered_at <= {now} - $1");
-        Ok(sqlx::query(&sql)
-            .bind(ms(CLAIM_KEY_MEMORY_MS))
-            .execute(&self.pool)
-            .await?
-            .rows_affected())
+        let sql = self.sql(
+            "DELETE FROM claim_keys
+             WHERE answered_at <= {now} - $1
+               AND (queue, caller, claim_key, sender) IN (
+                   SELECT queue, caller, claim_key, sender FROM claim_keys
+                   WHERE answered_at <= {now} - $1
+                   ORDER BY answered_at LIMIT $2 {skip_locked})",
+        );
+        let mut deleted = 0;
+        for _ in 0..super::reap::DELETE_PAGES {
+            let n = sqlx::query(&sql)
+                .bind(ms(CLAIM_KEY_MEMORY_MS))
+                .bind(i64::from(super::reap::DELETE_PAGE))
+                .execute(&self.pool)
+                .await?
+                .rows_affected();
+            deleted += n;
+            if n < u64::from(super::reap::DELETE_PAGE) {
+                break;
+            }
+        }
+        Ok(deleted)
     }
 
     /// The replay of [`Store::claim_attempt`]: the running lease claimed

@@ -19,6 +19,7 @@ mod workers;
 
 pub(crate) use fence::claim_lost;
 pub use item::{Claimed, Ended, Item, ItemPage, RawJson, Released, Resumed, Viewed};
+pub use items::CLAIM_KEY_MEMORY_MS;
 pub use migrate::{migrate, pending, MIGRATIONS};
 pub use reap::{ExpiredClaim, DELETE_MAX};
 pub use unreadable::UNREADABLE_REASON;

@@ -24,10 +24,10 @@ use super::{get, lease_ttl_sql, ms, to_u64, Store, StoreError};
 const PAGE: u32 = 500;
 
 /// Settled items deleted per statement of [`Store::delete_settled`].
-const DELETE_PAGE: u32 = 1000;
+pub(crate) const DELETE_PAGE: u32 = 1000;
 /// Statements per [`Store::delete_settled`] call: a backlog (the retention
 /// just switched on) goes over several passes, never in one long one.
-const DELETE_PAGES: u32 = 20;
+pub(crate) const DELETE_PAGES: u32 = 20;
 /// The most one [`Store::delete_settled`] call deletes: a call that
 /// deleted this many may have left more.
 pub const DELETE_MAX: u64 = DELETE_PAGE as u64 * DELETE_PAGES as u64;

@@ -861,3 +861,33 @@ pub async fn another_senders_copy_does_not_erase_a_remembered_copy(db: TestDb) {
     assert!(ids_in(&a, queue, "running").await.is_empty());
 }
 
+/// The claim attempts remembered past [`CLAIM_KEY_MEMORY_MS`] are purged,
+/// the others kept.
+///
+/// [`CLAIM_KEY_MEMORY_MS`]: agentstore_server::store::CLAIM_KEY_MEMORY_MS
+pub async fn remembered_claim_attempts_are_purged_after_their_hour(db: TestDb) {
+    let store = db.store(ttl(LONG)).await;
+    for (sender, at_ms) in [("old1", 0_i64), ("old2", 1), ("old3", 2)] {
+        sqlx::query(
+            "INSERT INTO claim_keys (queue, caller, claim_key, sender, attempt, answered_at)
+             VALUES ('purge', 7, 'k', $1, 1, $2)",
+        )
+        .bind(sender)
+        .bind(at_ms)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    }
+    store.enqueue("purge", &json!(1), None).await.unwrap();
+    store
+        .claim_attempt("purge", Some(7), Some("k"), Some(&at("fresh", 1)))
+        .await
+        .unwrap()
+        .expect("claims");
+    assert_eq!(store.forget_claim_keys().await.unwrap(), 3);
+    let left: Vec<(String,)> = sqlx::query_as("SELECT sender FROM claim_keys")
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(left, vec![("fresh".to_owned(),)]);
+}

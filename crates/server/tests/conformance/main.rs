@@ -57,6 +57,7 @@ conformance! {
     claim_race::racing_copies_of_a_claim_leave_no_lease_behind,
     claim_race::a_copy_older_than_one_seen_does_not_replay_the_running_lease,
     claim_race::another_senders_copy_does_not_erase_a_remembered_copy,
+    claim_race::remembered_claim_attempts_are_purged_after_their_hour,
     lease::a_live_claim_is_not_reclaimed_by_any_instance_reaper_or_fresh_claim,
     lease::an_expired_claim_is_reclaimed_and_the_new_token_differs,
     lease::a_lease_expires_after_the_ttl_it_was_granted_whichever_instance_looks,
