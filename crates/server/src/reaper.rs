@@ -28,6 +28,10 @@ pub fn spawn(
         let mut passes: u64 = 0;
         // The last retention sweep deleted as many as one sweep may: more wait.
         let mut backlog = false;
+        // The same for the remembered claim attempts (one row per keyed
+        // claim: idle polling workers add them faster than one bounded purge
+        // per 100 passes deletes).
+        let mut keys_backlog = false;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -69,11 +73,18 @@ pub fn spawn(
                     if let Err(e) = store.purge_credentials().await {
                         tracing::warn!(error = %e, "credential purge failed");
                     }
-                    // And so are the claim attempts remembered past their
-                    // leases (`Store::claim_attempt`), past their hour.
-                    if let Err(e) = store.forget_claim_keys().await {
-                        tracing::warn!(error = %e, "claim key purge failed");
-                    }
+                }
+                // And so are the claim attempts remembered past their
+                // leases (`Store::claim_attempt`), past their hour, or on the
+                // next pass while a backlog lasts.
+                if passes % 100 == 0 || keys_backlog {
+                    keys_backlog = match store.forget_claim_keys().await {
+                        Ok(n) => n >= crate::store::DELETE_MAX,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "claim key purge failed");
+                            false
+                        }
+                    };
                 }
             };
             tokio::select! {
