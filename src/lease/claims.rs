@@ -169,9 +169,16 @@ impl ClientInner {
             Some(r) => r,
             None => {
                 abandoned.set(true);
-                match signal.and_then(crate::options::abort_reason) {
-                    Some(reason) if !self.closed.get() => Err(LeaseError::Aborted(reason)),
-                    _ => Err(LeaseError::Closed),
+                // Not closed: the caller's signal fired (a synthetic `abort`
+                // event counts too, as for the store's writes).
+                if self.closed.get() {
+                    Err(LeaseError::Closed)
+                } else {
+                    Err(LeaseError::Aborted(
+                        signal
+                            .and_then(crate::options::abort_reason)
+                            .unwrap_or(JsValue::UNDEFINED),
+                    ))
                 }
             }
         }
