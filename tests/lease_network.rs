@@ -1431,7 +1431,7 @@ async fn work_retries_a_settle_of_unknown_outcome_refused_by_a_proxy_page() {
         .unchecked_into();
     restore.call0(&hook).unwrap();
     let later = hook_call(&hook, "later").as_f64().unwrap_or(f64::INFINITY);
-    let left = hook_call(&hook, "left").as_f64().unwrap_or(0.0);
+    let left = hook_call(&hook, "left").as_f64().unwrap_or(f64::INFINITY);
     // The settle's answer must come within the lease's local deadline (2.7 s
     // after the claim; nothing renews an ending lease), after a 500 ms
     // timeout and retries paused up to 200, 400 and 800 ms: about 0.8 s to

@@ -353,6 +353,23 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 23,
         name: "claim_keys",
+        // The first form of the table below (one row per queue, caller and
+        // key), as a database made with that day's main has it; replaced by
+        // migration 24.
+        sql: "CREATE TABLE claim_keys (
+                queue TEXT NOT NULL,
+                caller BIGINT NOT NULL,
+                claim_key TEXT NOT NULL,
+                sender TEXT NOT NULL,
+                attempt BIGINT NOT NULL,
+                answered_at BIGINT NOT NULL,
+                PRIMARY KEY (queue, caller, claim_key)
+            );
+            CREATE INDEX claim_keys_answered ON claim_keys (answered_at)",
+    },
+    Migration {
+        version: 24,
+        name: "claim_keys_per_sender",
         // The highest `Request-Attempt` number seen per queue, caller
         // (`COALESCE(worker_id, 0)`), key and sender for a keyed claim,
         // written before the claim and kept after its lease ended: every
@@ -361,9 +378,11 @@ pub const MIGRATIONS: &[Migration] = &[
         // its key and claimed a second item under a token nobody received
         // (see `Store::claim_attempt`). Rows older than
         // `CLAIM_KEY_MEMORY_MS` are deleted (`Store::forget_claim_keys`).
-        // Edited in place (the sender joined the primary key) before any
-        // release shipped it.
-        sql: "CREATE TABLE claim_keys (
+        // The sender joined the primary key (another sender's copy no
+        // longer overwrites the row); the rows are an hour's memory at
+        // most, so the table is made again rather than copied.
+        sql: "DROP TABLE claim_keys;
+            CREATE TABLE claim_keys (
                 queue TEXT NOT NULL,
                 caller BIGINT NOT NULL,
                 claim_key TEXT NOT NULL,
