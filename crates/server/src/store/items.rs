@@ -341,31 +341,35 @@ impl Store {
     /// keyed copy with a `Request-Attempt` runs three steps, in one detached
     /// task (a client that goes away cannot cut them short):
     ///
-    /// 1. WRITE before claiming: one conditional upsert raises the sender's
-    ///    row to `n` unless a higher number is stored; refused, the copy is
-    ///    late and is refused (`409`) having claimed nothing.
+    /// 1. READ before claiming: a number above `n` stored for the sender
+    ///    makes the copy late: refused (`409`) having claimed nothing. (A
+    ///    read: an empty poll writes nothing.)
     /// 2. CLAIM as [`Store::claim_once`]: replay the running lease under the
-    ///    key, or claim afresh.
-    /// 3. RE-READ after the claim committed: a higher number stored now
-    ///    means a later copy wrote in between; this copy's claim (fresh or
-    ///    replay) is undone, fenced on its own token and `running` (the item
-    ///    open again, no attempt counted, the epoch spent) and refused. A
-    ///    replay undone this way reopens a lease an earlier copy's answer
-    ///    may have handed out; that answer is superseded anyway: the later
-    ///    copy replays the item, or claims afresh once it is open.
+    ///    key (refused when that lease's copy is later), or claim afresh.
+    /// 3. WRITE once the claim (fresh or replay) committed: one conditional
+    ///    upsert raises the sender's row to `n` unless a higher number is
+    ///    stored. When one is (a later copy wrote in between), this copy's
+    ///    claim is undone, fenced on its own token and `running` (the item
+    ///    open again, no attempt counted, the epoch spent) and refused.
     ///
     /// Why two copies `a` < `b` of one sender, on any instances, leave at
-    /// most `b`'s claim standing: the row only grows, and its writes are
-    /// serialised (the row lock on PostgreSQL, one writer on SQLite). If
-    /// `b` wrote first, `a`'s write is refused and `a` claims nothing. If
-    /// `a` wrote first, either `b`'s write committed before `a`'s re-read
-    /// started, and `a` sees it and undoes its own claim (a no-op when `b`
-    /// already replayed it: the token is `b`'s), or it committed after
-    /// that re-read, so after `a`'s claim committed, and `b`'s claim, which
-    /// starts after its write, finds `a`'s lease under the key and replays
-    /// it (`a`'s token is fenced out) or finds it ended (`a`'s client
-    /// settled it) and claims afresh. Either way the one lease standing was
-    /// answered to `b`, or to `a` before `b` existed.
+    /// most one lease standing, `b`'s (or `a`'s, replayed by `b`): the
+    /// unique index `items_claim_key_once` keeps one running lease per key,
+    /// so while one runs the other copy replays it or is refused in step 2
+    /// (a fresh claim racing it fails on the index and runs again alone).
+    /// The row only grows and its writes are serialised (the row lock on
+    /// PostgreSQL, one writer on SQLite). If `b` took an item and wrote
+    /// before `a`'s step 1, `a` is refused there. Otherwise, if `a`'s lease
+    /// was still running at `b`'s step 2, `b` replayed it (`a`'s token is
+    /// fenced out; `a`'s step 3 then undoes nothing, or, before `b`'s write,
+    /// lets `a` answer a lease its client gave up on, which `b` holds now).
+    /// If it had ended by then, it ended after `a`'s step 3 (nobody could
+    /// end it before its answer but the reaper or an operator, within the
+    /// milliseconds between `a`'s claim and its write: the one interleaving
+    /// not covered), and `b` claims afresh as a new claim would. If `b`
+    /// took an item first and `a` claimed afresh after `b`'s lease ended,
+    /// `b` wrote before answering, so `a`'s step 3 finds `b`'s number and
+    /// undoes `a`'s claim.
     ///
     /// A refused copy counts in `agentstore_claim_late_copies_total`; one
     /// undone in step 3 also counted in `agentstore_claims_total` when its
@@ -393,8 +397,8 @@ impl Store {
             let (token, token_hash) = tokens::new_lease_token();
             let ordered = key.as_deref().zip(attempt.as_ref());
             if let Some((key, a)) = ordered {
-                let stored = store.see_attempt(&queue, worker_id, key, a).await?;
-                if stored > a.n {
+                let stored = store.stored_attempt(&queue, worker_id, key, a).await?;
+                if let Some(stored) = stored.filter(|&n| n > a.n) {
                     store.metrics.claim_late_copy();
                     return Err(superseded(a.n, stored));
                 }
@@ -481,7 +485,31 @@ impl Store {
         .await
     }
 
-    /// Step 1 of [`Store::claim_attempt`]: raises the number stored for
+    /// Step 1 of [`Store::claim_attempt`]: the number stored for `key` (in
+    /// `queue`, by `worker_id`) and the sender of `attempt`, if any (a read:
+    /// an empty poll writes nothing).
+    async fn stored_attempt(
+        &self,
+        queue: &str,
+        worker_id: Option<i64>,
+        key: &str,
+        attempt: &Attempt,
+    ) -> Result<Option<i64>, StoreError> {
+        let row = sqlx::query(
+            "SELECT attempt FROM claim_keys
+             WHERE queue = $1 AND caller = $2 AND claim_key = $3 AND sender = $4",
+        )
+        .bind(queue)
+        .bind(worker_id.unwrap_or(0))
+        .bind(key)
+        .bind(attempt.sender.as_str())
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| get::<i64>(&r, "attempt")).transpose()
+    }
+
+    /// Step 3 of [`Store::claim_attempt`] (see [`Store::newer_attempt`]):
+    /// raises the number stored for
     /// `key` (in `queue`, by `worker_id`) and the sender of `attempt` to its
     /// number unless a higher one is stored, in one upsert (copies racing
     /// wait on the row's lock, each compares with the one committed before
@@ -516,12 +544,13 @@ impl Store {
     }
 
     /// Step 3 of [`Store::claim_attempt`]: after this copy's claim of item
-    /// `id` under `token_hash` committed, reads the number stored for its
-    /// key and sender; when a later copy raised it meanwhile, undoes the
-    /// claim (see [`Store::unclaim`]) and answers that number. The undo
-    /// runs before anything else that can fail; a read or an undo that
-    /// fails is tried once more, and a read that fails twice undoes the
-    /// claim too (its answer would be a 5xx: nobody would hold the token).
+    /// `id` under `token_hash` committed, writes its number for its key and
+    /// sender ([`Store::see_attempt`]); when a later copy's higher number is
+    /// stored, undoes the claim (see [`Store::unclaim`]) and answers that
+    /// number. The undo runs before anything else that can fail; a write or
+    /// an undo that fails is tried once more, and a write that fails twice
+    /// undoes the claim too (its answer would be a 5xx: nobody would hold
+    /// the token).
     async fn newer_attempt(
         &self,
         queue: &str,
@@ -531,22 +560,10 @@ impl Store {
         id: i64,
         token_hash: &str,
     ) -> Result<Option<i64>, StoreError> {
-        let read = || async {
-            let row = sqlx::query(
-                "SELECT attempt FROM claim_keys
-                 WHERE queue = $1 AND caller = $2 AND claim_key = $3 AND sender = $4",
-            )
-            .bind(queue)
-            .bind(worker_id.unwrap_or(0))
-            .bind(key)
-            .bind(attempt.sender.as_str())
-            .fetch_optional(&self.pool)
-            .await?;
-            row.map(|r| get::<i64>(&r, "attempt")).transpose()
-        };
-        let stored = match read().await {
+        let write = || self.see_attempt(queue, worker_id, key, attempt);
+        let stored = match write().await {
             Ok(s) => s,
-            Err(_) => match read().await {
+            Err(_) => match write().await {
                 Ok(s) => s,
                 Err(e) => {
                     self.unclaim_retried(id, token_hash).await?;
@@ -554,9 +571,7 @@ impl Store {
                 }
             },
         };
-        // No row: it went with the purge (written more than an hour ago):
-        // nothing later is known.
-        match stored.filter(|&n| n > attempt.n) {
+        match Some(stored).filter(|&n| n > attempt.n) {
             Some(n) => {
                 self.unclaim_retried(id, token_hash).await?;
                 Ok(Some(n))
