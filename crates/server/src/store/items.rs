@@ -363,13 +363,14 @@ impl Store {
     /// was still running at `b`'s step 2, `b` replayed it (`a`'s token is
     /// fenced out; `a`'s step 3 then undoes nothing, or, before `b`'s write,
     /// lets `a` answer a lease its client gave up on, which `b` holds now).
-    /// If it had ended by then, it ended after `a`'s step 3 (nobody could
-    /// end it before its answer but the reaper or an operator, within the
-    /// milliseconds between `a`'s claim and its write: the one interleaving
-    /// not covered), and `b` claims afresh as a new claim would. If `b`
-    /// took an item first and `a` claimed afresh after `b`'s lease ended,
-    /// `b` wrote before answering, so `a`'s step 3 finds `b`'s number and
-    /// undoes `a`'s claim.
+    /// If it had ended by then, `b` claims afresh as a new claim would, and
+    /// `a`'s answer carries an ended lease's token. If `b` took an item first
+    /// and `a` claimed afresh after `b`'s lease ended, `b`'s client can only
+    /// have ended it after `b`'s answer, so after `b` wrote: `a`'s step 3
+    /// finds `b`'s number and undoes `a`'s claim. Not covered: the reaper
+    /// or an operator ending `b`'s lease in the milliseconds between `b`'s
+    /// claim and its write, while `a` reads, claims afresh and writes first
+    /// (then `a`'s claim stands under a token nobody holds until its TTL).
     ///
     /// A refused copy counts in `agentstore_claim_late_copies_total`; one
     /// undone in step 3 also counted in `agentstore_claims_total` when its
@@ -392,7 +393,7 @@ impl Store {
             attempt.cloned(),
         );
         // One task: a client that goes away between the claim and the
-        // re-read must not leave a late copy's claim standing.
+        // write must not leave a late copy's claim standing.
         detached(async move {
             let (token, token_hash) = tokens::new_lease_token();
             let ordered = key.as_deref().zip(attempt.as_ref());
@@ -681,7 +682,7 @@ impl Store {
             // nothing and must not take SQLite's writer lock or a PostgreSQL
             // statement outside the claim lane for that.
             // (A copy older than one remembered after the lease ended was
-            // refused before: `Store::see_attempt`.)
+            // refused before: `Store::stored_attempt`.)
             let found = sqlx::query(
                 "SELECT id, claim_attempt, claim_sender FROM items
                  WHERE queue = $1 AND claim_key = $2 AND state = 'running'

@@ -372,7 +372,8 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "claim_keys_per_sender",
         // The highest `Request-Attempt` number seen per queue, caller
         // (`COALESCE(worker_id, 0)`), key and sender for a keyed claim,
-        // written before the claim and kept after its lease ended: every
+        // written once the claim took an item and kept after its lease
+        // ended: every
         // end of a lease clears `items.claim_key`, so a copy held up in the
         // network that arrived after the lease ended found no lease under
         // its key and claimed a second item under a token nobody received

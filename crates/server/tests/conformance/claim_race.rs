@@ -774,7 +774,7 @@ pub async fn racing_copies_of_a_claim_leave_no_lease_behind(db: TestDb) {
 /// The interleaving that left a lease running under a token nobody held:
 /// copy 1 of a key claimed X, then copy 3 (on another instance) was seen
 /// (stood in for here by raising the remembered number to 3 with SQL, as
-/// copy 3's write does before it claims), then copy 2 arrived. Copy 2 used
+/// copy 3's write does once it claimed), then copy 2 arrived. Copy 2 used
 /// to find X running with attempt 1, ignore the remembered 3 and replay X
 /// (its remembering write refused, but a replay was answered anyway: `201`
 /// to nobody, X's token rotated so copy 1's undo fenced nothing). Copy 2 is
