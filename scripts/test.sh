@@ -223,6 +223,12 @@ for example in examples/vite examples/ts; do
 done
 (cd examples/vite && timeout 300 node node_modules/vite/bin/vite.js build)
 
+step "lease server, release build (what scripts/demo.sh runs in the e2e tests)"
+# Built here, untimed: the e2e tests start scripts/demo.sh under a bounded wait
+# for its "listening" line, and a cold release build (LTO, one codegen unit)
+# on a busy 2-core machine must not count against that bound.
+cargo build --release -q -p agentstore-server
+
 step "end-to-end tests (Playwright + Chromium against the demo server)"
 node --test --test-concurrency=1 tests/e2e/
 
