@@ -122,10 +122,10 @@ after(async () => {
 // may have left up to a heartbeat interval (500 ms) before the reload, and the
 // reaper runs every 200 ms: a round that took longer than TTL_MS - 2000 (a busy
 // machine) proves nothing either way (the reaper may have taken the leases
-// first) and is run again, up to three rounds.
+// first) and, when its outcome is wrong, is run again, up to five rounds.
 const RELOAD_SLACK_MS = TTL_MS - 2000;
 
-test('after a reload, recover() releases the leases the old page journalled', { timeout: 120_000 }, async () => {
+test('after a reload, recover() releases the leases the old page journalled', { timeout: 240_000 }, async () => {
   for (let round = 1; ; round++) {
     const context = await browser.newContext();
     const queue = `reload-${Date.now()}`;
@@ -157,7 +157,11 @@ test('after a reload, recover() releases the leases the old page journalled', { 
     } finally {
       await context.close();
     }
-    if (elapsed > RELOAD_SLACK_MS && round < 3) {
+    // A right outcome counts however long the round took; a slow round only
+    // excuses a wrong one (run again, at most five rounds).
+    const right = JSON.stringify(report.released.slice().sort()) === JSON.stringify(ids.slice().sort())
+      && items.every((it) => it.state === 'open' && it.last_error === 'released' && it.attempts === 1);
+    if (!right && elapsed > RELOAD_SLACK_MS && round < 5) {
       console.log(`round ${round}: reload to recover() took ${elapsed} ms (TTL ${TTL_MS} ms); run again`);
       continue;
     }
