@@ -67,8 +67,34 @@ const NOTE = {
     ' * first import or export. Import it only to hand it to\n' +
     ' * AgentStore.setIoModule (e.g. in a service worker, where import() is not allowed).\n */\n',
 };
+// The record methods take and give the app's own record type, as PouchDB's
+// `db.get<T>()` does: `store.get<Agent>(id)`, or inferred from where the
+// result goes (`const a: Agent | null = await store.get(id)`), and
+// `put(agent)` for an `interface Agent { _id: string; ... }`, which
+// `AgentRecord`'s index signature refused (TS2345). wasm-bindgen cannot
+// declare a method's type parameters, so they are written in here; a
+// signature not found (the Rust side changed) fails the build. `list` and
+// `listBy` stay as they are: a generic call has no return type until its
+// arguments are checked, so the usual paging loop (`const p = await
+// store.list({after}); ... after = p.next;`) would stop compiling (TS7022).
+const T = 'T extends RecordInput = AgentRecord';
+const TYPED = [
+  ['getMany(ids: string[]): Promise<(AgentRecord | null)[]>;', `getMany<${T}>(ids: string[]): Promise<(T | null)[]>;`],
+  ['get(id: string): Promise<AgentRecord | null>;', `get<${T}>(id: string): Promise<T | null>;`],
+  ['putMany(records: AgentRecord[]): Promise<PutResult[]>;', `putMany<${T}>(records: T[]): Promise<PutResult[]>;`],
+  ['put(record: AgentRecord): Promise<PutResult>;', `put<${T}>(record: T): Promise<PutResult>;`],
+];
+const typedRecords = (text, file) => {
+  if (!text.includes('export class AgentStore {') || !text.includes('    getMany(')) return text;
+  for (const [from, to] of TYPED) {
+    if (text.includes(to)) continue;
+    if (!text.includes(`    ${from}`)) throw new Error(`${file}: no \`${from}\` to give its type parameter`);
+    text = text.replace(`    ${from}`, `    ${to}`);
+  }
+  return text;
+};
 const completeDts = (file, note) => {
-  let text = readFileSync(file, 'utf8');
+  let text = typedRecords(readFileSync(file, 'utf8'), file);
   if (!text.includes(note)) text = note + text;
   if (text.includes('Symbol.dispose') && !text.startsWith(REF)) text = REF + text;
   writeFileSync(file, text);

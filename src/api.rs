@@ -18,14 +18,17 @@ use wasm_bindgen::prelude::*;
 
 #[wasm_bindgen(typescript_custom_section)]
 const TS_TYPES: &str = r#"
-/** A stored record: a JSON object with a string `_id` and a store-assigned `_rev`. */
-export interface AgentRecord {
+/** The fields the store reads of a record: what an app's own record type (`interface Agent { _id: string; name: string }`) must have for `put`, `putMany`, `get<Agent>` and `getMany<Agent>` (the type parameter, as PouchDB's `db.get<T>()`; given, or inferred from where the result goes; not checked at runtime: a read gives what is stored). A page of `list` is `ListPage` (of AgentRecord); `ListPage<Agent>` names the same page for a cast through `unknown`. */
+export interface RecordInput {
   _id: string;
   /** `"<generation>-<hex>"`; give it back to update (compare-and-swap). `undefined` = absent (create). */
   _rev?: string | undefined;
   recordType?: string | undefined;
   /** ISO-8601 UTC with milliseconds; set to now when absent (or `undefined`). */
   updatedAt?: string | undefined;
+}
+/** A stored record: a JSON object with a string `_id` and a store-assigned `_rev` (the record methods' type when none is given). */
+export interface AgentRecord extends RecordInput {
   [field: string]: unknown;
 }
 export interface OpenOptions {
@@ -48,7 +51,7 @@ export interface ListOptions {
   after?: string | null | undefined;
   descending?: boolean | null | undefined;
 }
-export interface ListPage { records: AgentRecord[]; next: string | null; }
+export interface ListPage<T extends RecordInput = AgentRecord> { records: T[]; next: string | null; }
 export interface MutateOptions {
   /** Extra attempts after a conflict (an integer in 0..=1000); default 8. */
   retries?: number | null | undefined;

@@ -6,7 +6,7 @@ import { AgentStore, LeaseClient } from 'agentstore';
 
 export async function wrong(): Promise<void> {
   const store = await AgentStore.open('agents', { blockedTimeoutMs: '5s' }); // error TS2322
-  await store.put({ name: 'no id' }); // error TS2741 (TypeScript 5: TS2345)
+  await store.put({ name: 'no id' }); // error TS2353 (TypeScript 5: TS2345)
   await store.list({ limit: '50' }); // error TS2322
   await store.get(42); // error TS2345
   const page = await store.list();
@@ -24,5 +24,9 @@ export async function wrong(): Promise<void> {
   await store.mutate('a', () => null); // error TS2322
   await store.list({ after: 0 }); // error TS2322
   await client.claim('jobs', 'now'); // error TS2559
+  const task = await store.get<{ _id: string; title: string }>('t');
+  const done: boolean | undefined = task?.title; // error TS2322
+  await store.put({ _id: 7, title: 'id not a string' }); // error TS2322
+  console.log(done);
   console.log(n, epoch);
 }

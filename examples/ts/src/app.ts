@@ -73,6 +73,22 @@ export async function records(): Promise<void> {
   // The result's `_id` may be left out: it is the id mutated.
   await store.mutate('agent:2', () => ({ recordType: 'agent', runs: 1 }));
 
+  // An app's own record type, declared without AgentRecord's index
+  // signature: put, putMany, get and getMany take it as PouchDB's
+  // `db.get<T>()` does (given, or inferred from where the result goes).
+  interface Task { _id: string; _rev?: string; title: string; done: boolean }
+  const task: Task = { _id: 'task:1', title: 'triage', done: false };
+  await store.put(task);
+  await store.putMany([task, { ...task, _id: 'task:2' }]);
+  const t: Task | null = await store.get('task:1');
+  const t2 = await store.get<Task>('task:2');
+  same<typeof t2, Task | null>(true);
+  const tasks = await store.getMany<Task>(['task:1', 'task:2']);
+  same<typeof tasks, (Task | null)[]>(true);
+  const open = (await store.list({ prefix: 'task:' })) as unknown as ListPage<Task>;
+  const titles: string[] = open.records.map((r) => r.title);
+  console.log(t?.done, t2?.title, titles);
+
   const many = await store.putMany([{ _id: 'a' }, { _id: 'b', recordType: 'note' }]);
   same<typeof many, PutResult[]>(true);
 
