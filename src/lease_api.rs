@@ -478,7 +478,9 @@ impl LeaseClient {
         crate::store::race_abort_js(&recovering, &closing.signal(), &closed)
     }
 
-    /// The leases this client holds now.
+    /// The leases this client holds now, as new `Lease` objects on each
+    /// read (each acts on the same lease as the one `claim` gave; compare
+    /// them by `itemId` and `epoch`, not with `===` or `includes`).
     #[wasm_bindgen(getter, unchecked_return_type = "Lease[]")]
     pub fn held(&self) -> Array {
         leases_js(self.inner.held())
