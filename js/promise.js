@@ -501,26 +501,45 @@ export function abortWatch(signal) {
   return [aborted, stop];
 }
 
+/** Tombstones `purgeOlder` reads at a time. */
+const PURGE_BATCH = 1000;
+
 /**
- * `purgeTombstones`' scan, in the readwrite transaction of `request` (a
- * `getAll` of the tombstone store): deletes every tombstone whose
- * `deletedAt` (ms) is at most `cutoff`, or is not a number (written by an
- * earlier release: older than any bound), or every one when `olderThanMs`
- * is 0 (also those dated ahead of this clock). Resolves with how many;
- * rejects with the DOMException of the read or of a delete.
+ * `purgeTombstones`' scan, in the readwrite transaction of `store` (the
+ * tombstone store): deletes every tombstone whose `deletedAt` (ms) is at
+ * most `cutoff`, or is not a number (written by an earlier release: older
+ * than any bound), or every one when `olderThanMs` is 0 (also those dated
+ * ahead of this clock). Reads PURGE_BATCH tombstones at a time in `_id`
+ * order, each batch's read issued from the last one's answer (so the
+ * transaction stays active and memory stays bounded however many there
+ * are; one `getAll` of the whole store held them all at once). Resolves
+ * with how many; rejects with the DOMException of a read, or what a
+ * request threw.
  */
-export function purgeOlder(request, olderThanMs, cutoff) {
-  return requestPromise(request).then((all) => {
-    const store = request.source;
+export function purgeOlder(store, olderThanMs, cutoff) {
+  return new Promise((resolve, reject) => {
     let purged = 0;
-    for (const t of all) {
-      const at = t.deletedAt;
-      if (olderThanMs === 0 || typeof at !== 'number' || at <= cutoff) {
-        store.delete(t._id);
-        purged += 1;
-      }
-    }
-    return purged;
+    const batch = (range) => {
+      const read = store.getAll(range, PURGE_BATCH);
+      read.onerror = () => reject(read.error);
+      read.onsuccess = () => {
+        try {
+          const rows = read.result;
+          for (const t of rows) {
+            const at = t.deletedAt;
+            if (olderThanMs === 0 || typeof at !== 'number' || at <= cutoff) {
+              store.delete(t._id);
+              purged += 1;
+            }
+          }
+          if (rows.length < PURGE_BATCH) resolve(purged);
+          else batch(IDBKeyRange.lowerBound(rows[rows.length - 1]._id, true));
+        } catch (e) {
+          reject(e);
+        }
+      };
+    };
+    batch(undefined);
   });
 }
 

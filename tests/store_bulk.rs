@@ -422,6 +422,46 @@ async fn purge_removes_old_tombstones_and_a_stale_writer_still_never_overwrites(
     assert_indexes_clean(&again).await;
 }
 
+/// A purge reads the tombstones a batch (1,000) at a time: across batch
+/// boundaries, with deletes issued between a batch's read and the next, it
+/// removes exactly the old ones, once each. (Before, one `getAll` held every
+/// tombstone of the store in memory at once.)
+#[wasm_bindgen_test]
+async fn a_purge_removes_exactly_the_old_tombstones_across_many_batches() {
+    let (raw, _) = open("purge-batches").await;
+    let store = AgentStore::from_store(raw);
+    let now = js_sys::Date::now();
+    let n = 2_501;
+    let mut lines = vec![
+        json!({"agentstore": "snapshot", "records": 0, "tombstones": n, "version": 1}).to_string(),
+    ];
+    for i in 0..n {
+        // Every third is two hours old; the others a minute old.
+        let at = if i % 3 == 0 {
+            now - 7_200_000.0
+        } else {
+            now - 60_000.0
+        };
+        lines.push(
+            json!({"_id": format!("t/{i:05}"), "_rev": format!("2-{}", "b".repeat(32)), "_deleted": true, "deletedAt": at})
+                .to_string(),
+        );
+    }
+    call(store.import_snapshot(s(&lines.join("\n")), JsValue::UNDEFINED))
+        .await
+        .unwrap();
+    let purge = |ms: f64| {
+        let p = store.purge_tombstones(js(json!({ "olderThanMs": ms })));
+        async move { call(p).await.unwrap().as_f64().unwrap() as u32 }
+    };
+    let old = (0..n).filter(|i| i % 3 == 0).count() as u32;
+    assert_eq!(purge(3_600_000.0).await, old);
+    assert_eq!(purge(3_600_000.0).await, 0, "each old one removed once");
+    // What is left is exactly the young ones.
+    assert_eq!(purge(0.0).await, n as u32 - old);
+    assert_eq!(purge(0.0).await, 0);
+}
+
 /// The ABA case: an id created, deleted, purged and created again with the
 /// same body and the same caller-given `updatedAt` gets a revision other
 /// than its first one, so a writer still holding that first revision

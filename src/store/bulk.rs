@@ -373,11 +373,7 @@ impl Store {
     pub async fn purge_tombstones(&self, older_than_ms: f64) -> Result<u32> {
         let cutoff = js_sys::Date::now() - older_than_ms;
         let tx = self.write_tx_in(&[TOMBSTONES, META])?;
-        let all = tx
-            .store(TOMBSTONES)?
-            .source()
-            .get_all_req(&JsValue::UNDEFINED, &JsValue::UNDEFINED);
-        let scan = purge_older(&dom(all)?, older_than_ms, cutoff);
+        let scan = purge_older(tx.store(TOMBSTONES)?.source(), older_than_ms, cutoff);
         let purged = JsFuture::from(scan)
             .await
             .map_err(|e| StoreError::from_dom(&e))?
@@ -441,12 +437,9 @@ pub(crate) fn destroy_promise(
 
 #[wasm_bindgen::prelude::wasm_bindgen(module = "/js/promise.js")]
 extern "C" {
-    /// `purgeTombstones`' scan and deletes in the transaction of `request`,
-    /// resolving with how many (js/promise.js `purgeOlder`).
+    /// `purgeTombstones`' scan (a batch of tombstones at a time) and
+    /// deletes in the transaction of `store`, resolving with how many
+    /// (js/promise.js `purgeOlder`).
     #[wasm_bindgen(js_name = purgeOlder)]
-    fn purge_older(
-        request: &web_sys::IdbRequest,
-        older_than_ms: f64,
-        cutoff: f64,
-    ) -> js_sys::Promise;
+    fn purge_older(store: &super::db::Source, older_than_ms: f64, cutoff: f64) -> js_sys::Promise;
 }
