@@ -394,6 +394,29 @@ pub const MIGRATIONS: &[Migration] = &[
             );
             CREATE INDEX claim_keys_answered ON claim_keys (answered_at)",
     },
+    Migration {
+        version: 25,
+        name: "token_attempts",
+        // The highest `Request-Attempt` number seen per single-use token
+        // (`kind`: `enrollment` or `refresh`, and its selector) AND sender,
+        // as `claim_keys` keeps per claim key: version 18's
+        // `used_attempt`/`used_sender` hold only the copy answered last, so
+        // once another sender's copy replayed the token, a copy held up in
+        // the network from the first sender (which had sent a higher number
+        // since, answered) was no longer seen as late, was taken for a
+        // replay and revoked the credentials the other sender's copy got
+        // (see `Store::use_once`). `expires_at` is the token's: the row is
+        // purged with it (`Store::purge_credentials`).
+        sql: "CREATE TABLE token_attempts (
+                kind TEXT NOT NULL,
+                selector TEXT NOT NULL,
+                sender TEXT NOT NULL,
+                attempt BIGINT NOT NULL,
+                expires_at BIGINT NOT NULL,
+                PRIMARY KEY (kind, selector, sender)
+            );
+            CREATE INDEX token_attempts_expires ON token_attempts (expires_at)",
+    },
 ];
 
 /// Advisory lock key for migrations on PostgreSQL ("agst").

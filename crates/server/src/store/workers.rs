@@ -140,14 +140,23 @@ impl Store {
     /// (an access token issued before a refresh lives out its lifetime, as
     /// with any rotation, unless the worker is revoked).
     ///
-    /// `attempt` is the request's `Request-Attempt` (see [`Attempt`]),
-    /// stored with the use. A copy that would be a replay but comes from
-    /// the sender of the use stored, with a lower number, is an earlier copy
+    /// `attempt` is the request's `Request-Attempt` (see [`Attempt`]): the
+    /// highest number answered per token AND sender is remembered (table
+    /// `token_attempts`, purged with the token). A copy of a used token
+    /// whose own sender had a higher number answered is an earlier copy
     /// that reached the server late (its client gave up on it and sent the
     /// token again, and that later copy was answered): it is refused and
-    /// changes nothing, so it cannot revoke the credentials the later copy
-    /// issued, which its client now holds. A copy of another sender (the
-    /// page reloaded and sent the token it had saved) replays as before.
+    /// changes nothing, whatever other senders did with the token since, so
+    /// it can revoke neither the credentials its own later copy issued nor
+    /// those another sender's replay got (a reloaded page that sent the
+    /// token it had saved), and it trips no reuse detection once those
+    /// credentials refreshed. (Judged against the last use alone, as
+    /// before, a late copy arriving after another sender's replay was taken
+    /// for a replay: it revoked that sender's credentials, whose next
+    /// refresh then revoked the whole worker.) A copy of a sender with no
+    /// higher number answered replays, or is reuse, as before. The last
+    /// use's pair (`used_attempt`, `used_sender`) is still written and
+    /// read, for a use made by a binary without the table.
     ///
     /// # Errors
     /// `unauthorized` when the token is malformed, wrong, expired, revoked or
@@ -159,11 +168,7 @@ impl Store {
         extra: &str,
         attempt: Option<&Attempt>,
     ) -> Result<(AnyRow, Option<i64>, Presented, Transaction<'static, Any>), StoreError> {
-        let (table, what) = match kind {
-            Kind::Enrollment => ("enrollment_tokens", "enrollment token"),
-            Kind::Refresh => ("refresh_tokens", "refresh token"),
-            Kind::Access => ("access_tokens", "access token"),
-        };
+        let (table, what) = token_table(kind);
         let presented = tokens::parse_credential(kind, token).ok_or_else(|| unauthorized(what))?;
         let Some(row) = self.valid_token_row(table, extra, &presented).await? else {
             return Err(unauthorized(what));
@@ -187,6 +192,10 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         if done.rows_affected() == 1 {
+            if let Some(a) = attempt {
+                self.see_token_attempt(&mut tx, kind, &presented.selector, a)
+                    .await?;
+            }
             return Ok((row, None, presented, tx));
         }
         // Used or revoked before (maybe by a use that committed while this
@@ -209,6 +218,23 @@ impl Store {
             tx.rollback().await?;
             return Err(unauthorized(what));
         };
+        if revoked == 0 {
+            if let Some(a) = attempt {
+                let stored = self
+                    .stored_token_attempt(&mut tx, kind, &presented.selector, a)
+                    .await?;
+                if stored.is_some_and(|n| n > a.n)
+                    || a.is_late(used_sender.as_deref(), used_attempt)
+                {
+                    tx.rollback().await?;
+                    return Err(StoreError::rejected(
+                        ErrorCode::Conflict,
+                        "a later copy of this request by its sender (a higher Request-Attempt) \
+                         was answered first: nothing was changed",
+                    ));
+                }
+            }
+        }
         let moved_on: (i64,) = sqlx::query_as(
             "SELECT COUNT(*) FROM refresh_tokens
              WHERE parent = $1 AND used_at IS NOT NULL AND revoked = 0",
@@ -217,15 +243,9 @@ impl Store {
         .fetch_one(&mut *tx)
         .await?;
         if revoked == 0 && recent == 1 && moved_on.0 == 0 {
-            if attempt.is_some_and(|a| a.is_late(used_sender.as_deref(), used_attempt)) {
-                tx.rollback().await?;
-                return Err(StoreError::rejected(
-                    ErrorCode::Conflict,
-                    "a later copy of this request by its sender (a higher Request-Attempt) was \
-                     answered first: nothing was changed",
-                ));
-            }
             if let Some(a) = attempt {
+                self.see_token_attempt(&mut tx, kind, &presented.selector, a)
+                    .await?;
                 let raise = self.sql(&format!(
                     "UPDATE {table} SET used_attempt = $2, used_sender = $3 WHERE selector = $1"
                 ));
@@ -253,6 +273,57 @@ impl Store {
         self.revoke_worker(&mut tx, worker_id).await?;
         self.commit_revoking(tx, worker_id).await?;
         Err(unauthorized(what))
+    }
+
+    /// The highest `Request-Attempt` number answered for the single-use
+    /// token of `kind` with `selector` to the sender of `attempt` (see
+    /// `use_once`), if any.
+    async fn stored_token_attempt(
+        &self,
+        tx: &mut Transaction<'static, Any>,
+        kind: Kind,
+        selector: &str,
+        attempt: &Attempt,
+    ) -> Result<Option<i64>, StoreError> {
+        let row: Option<(i64,)> = sqlx::query_as(
+            "SELECT attempt FROM token_attempts
+             WHERE kind = $1 AND selector = $2 AND sender = $3",
+        )
+        .bind(kind_name(kind))
+        .bind(selector)
+        .bind(attempt.sender.as_str())
+        .fetch_optional(&mut **tx)
+        .await?;
+        Ok(row.map(|(n,)| n))
+    }
+
+    /// Raises the number remembered for the token of `kind` with `selector`
+    /// and the sender of `attempt` to its number (never lowers it), kept
+    /// until the token expires (see `use_once`). The caller's transaction
+    /// answers the use.
+    async fn see_token_attempt(
+        &self,
+        tx: &mut Transaction<'static, Any>,
+        kind: Kind,
+        selector: &str,
+        attempt: &Attempt,
+    ) -> Result<(), StoreError> {
+        let (table, _) = token_table(kind);
+        let sql = format!(
+            "INSERT INTO token_attempts (kind, selector, sender, attempt, expires_at)
+             SELECT $1, $2, $3, $4, expires_at FROM {table} WHERE selector = $2
+             ON CONFLICT (kind, selector, sender) DO UPDATE
+                 SET attempt = CASE WHEN token_attempts.attempt < excluded.attempt
+                                    THEN excluded.attempt ELSE token_attempts.attempt END"
+        );
+        sqlx::query(&sql)
+            .bind(kind_name(kind))
+            .bind(selector)
+            .bind(attempt.sender.as_str())
+            .bind(attempt.n)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
     }
 
     /// The worker a used token of `table` belongs to, whether it is revoked,
@@ -514,6 +585,14 @@ impl Store {
             ));
             n += sqlx::query(&sql).execute(&self.pool).await?.rows_affected();
         }
+        // The numbers remembered for single-use tokens (see `use_once`)
+        // expire with their token.
+        let sql = self.sql(
+            "DELETE FROM token_attempts WHERE expires_at <= {now}
+               AND (kind, selector, sender) IN (SELECT kind, selector, sender FROM token_attempts
+                                                WHERE expires_at <= {now} {skip_locked})",
+        );
+        n += sqlx::query(&sql).execute(&self.pool).await?.rows_affected();
         Ok(n)
     }
 
@@ -550,6 +629,24 @@ impl Store {
             access_expires_in_ms: self.settings.access_ttl_ms,
             refresh_token: refresh.secret.0,
         })
+    }
+}
+
+/// The table of single-use tokens of `kind`, and what the token is called.
+fn token_table(kind: Kind) -> (&'static str, &'static str) {
+    match kind {
+        Kind::Enrollment => ("enrollment_tokens", "enrollment token"),
+        Kind::Refresh => ("refresh_tokens", "refresh token"),
+        Kind::Access => ("access_tokens", "access token"),
+    }
+}
+
+/// `token_attempts.kind` of a token of `kind`.
+fn kind_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Enrollment => "enrollment",
+        Kind::Refresh => "refresh",
+        Kind::Access => "access",
     }
 }
 

@@ -96,6 +96,7 @@ conformance! {
     auth::a_refresh_token_used_twice_leaves_exactly_one_valid_pair,
     auth::a_lost_enrollment_or_refresh_answer_can_be_sent_again,
     auth::a_late_copy_of_an_enrollment_or_refresh_never_revokes_what_a_later_copy_issued,
+    auth::remembered_token_attempts_are_purged_with_their_token,
     auth::a_replayed_token_is_detected_when_its_holder_comes_back,
     auth::a_revoked_access_token_is_refused_at_once_though_it_was_just_verified,
     auth::a_wrong_verifier_neither_enrolls_nor_burns_the_token,
