@@ -1231,7 +1231,11 @@ impl Store {
     /// The one statement of [`Store::heartbeat_many`], by (id, token hash).
     ///
     /// On PostgreSQL it first locks the leases' rows with `FOR UPDATE SKIP
-    /// LOCKED` and renews only those: a row another session holds (an
+    /// LOCKED`, fenced as the renewal is (id, token hash, `running`,
+    /// holder): a row the caller does not hold is never locked, so a batch
+    /// naming other workers' items (any ids, junk tokens) holds up no claim
+    /// of an open item (claims skip locked rows) and pushes no holder's
+    /// settle or heartbeat aside. It renews only those: a row another session holds (an
     /// admin's `psql` left in a transaction) would otherwise hold the whole
     /// statement for `lock_timeout` and fail every lease of the batch. A
     /// lease passed over so (its row still reads as held by it) is renewed
@@ -1269,7 +1273,10 @@ impl Store {
                 self.sql(&format!(
                     "WITH v(id, token_hash) AS (VALUES {}),
                      locked AS MATERIALIZED (
-                         SELECT id FROM items WHERE id IN (SELECT id FROM v) FOR UPDATE SKIP LOCKED
+                         SELECT id FROM items
+                         WHERE state = 'running' AND ($1 = 0 OR worker_id = $1)
+                           AND (id, token_hash) IN (SELECT id, token_hash FROM v)
+                         FOR UPDATE SKIP LOCKED
                      )
                      UPDATE items SET heartbeat_at = {{now}}, updated_at = {{now}}
                      WHERE state = 'running' AND ($1 = 0 OR worker_id = $1)

@@ -322,7 +322,10 @@ impl Store {
 
     /// The coalesced settle statement of [`Store::run_settles`]: the settles
     /// it applied, in call order (`None` for the others). It first locks the
-    /// batch's rows with `FOR UPDATE SKIP LOCKED` and writes only those: a
+    /// batch's rows with `FOR UPDATE SKIP LOCKED`, each fenced as its settle
+    /// (id, token hash, `running`, holder), so a settle naming a row its
+    /// caller does not hold locks nothing (a claim of that row, or its
+    /// holder's settle, is never passed over for it), and writes only those: a
     /// row another session holds (an admin's `psql` left in a transaction)
     /// would otherwise hold the whole statement, every settle of the batch,
     /// for `lock_timeout` and then fail them all `503`.
@@ -348,7 +351,12 @@ impl Store {
         let sql = self.sql(&format!(
             "WITH v(n, id, hash, state, result, last_error, owner, request_hash) AS (VALUES {values}),
              locked AS MATERIALIZED (
-                 SELECT id FROM items WHERE id IN (SELECT id FROM v) FOR UPDATE SKIP LOCKED
+                 SELECT i.id FROM items AS i
+                 WHERE i.state = 'running'
+                   AND EXISTS (SELECT 1 FROM v
+                               WHERE v.id = i.id AND v.hash = i.token_hash
+                                 AND (v.owner = 0 OR i.worker_id = v.owner))
+                 FOR UPDATE SKIP LOCKED
              )
              UPDATE items AS i SET state = v.state, result = v.result, last_error = v.last_error,
                  token_hash = NULL, lease_ttl_ms = NULL, claim_key = NULL, settled_token_hash = v.hash,

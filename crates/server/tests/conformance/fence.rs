@@ -130,3 +130,182 @@ pub async fn a_batch_of_failed_heartbeats_is_classified_in_one_statement(db: Tes
     assert_eq!(settled.unwrap_err().code(), Some(ErrorCode::ClaimLost));
     assert_eq!(n, 2, "a stale settle");
 }
+
+/// A batch of heartbeats or settles naming rows its caller does not hold
+/// (an open item of another queue, another worker's lease; junk tokens)
+/// takes no row lock on them (PostgreSQL): while the batch statement runs,
+/// another session can lock both rows (`FOR UPDATE SKIP LOCKED` returns
+/// them) and a claim of that queue takes the open item. Before, the batch
+/// statement's lock step locked every id named, whatever its token, holder
+/// or state: any worker could make concurrent claims skip open items
+/// (`204` while items were open) and push holders' settles to the alone
+/// path. The statement is held open deterministically: a trigger on the
+/// caller's own lease (renewed or settled in the same statement) waits
+/// for an advisory lock this test holds, until the checks are done. Ids
+/// are ordered so that the rows named come before the caller's lease. On
+/// SQLite (no row locks) there is nothing to check.
+pub async fn a_batch_naming_rows_its_caller_does_not_hold_locks_none_of_them(db: TestDb) {
+    if db.kind != crate::common::Kind::Postgres {
+        return;
+    }
+    let store = db.store(ttl(LONG)).await;
+    let (intruder, holder, claimer) = (Some(1), Some(2), Some(3));
+    let junk = "0".repeat(48);
+    let key: i64 = rand::random::<i64>() & 0x7fff_ffff_ffff;
+    sqlx::query(&format!(
+        "CREATE FUNCTION stall_update() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN PERFORM pg_advisory_xact_lock({key}); RETURN NEW; END $$"
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    sqlx::query(
+        "CREATE TRIGGER stall BEFORE UPDATE ON items FOR EACH ROW
+         WHEN (OLD.queue = 'stall') EXECUTE FUNCTION stall_update()",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+
+    // Holds the advisory lock; returns the session and its pid.
+    let hold = || async {
+        let mut tx = store.pool().begin().await.unwrap();
+        sqlx::query(&format!("SELECT pg_advisory_xact_lock({key})"))
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let (pid,): (i32,) = sqlx::query_as("SELECT pg_backend_pid()")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        (tx, pid)
+    };
+    // Waits (bounded) until a session waits for `pid`'s lock.
+    let blocked_by = |pid: i32| {
+        let pool = store.pool().clone();
+        async move {
+            let until = Instant::now() + Duration::from_secs(20);
+            loop {
+                let (n,): (i64,) = sqlx::query_as(
+                    "SELECT COUNT(*) FROM pg_stat_activity
+                     WHERE wait_event_type = 'Lock' AND $1 = ANY(pg_blocking_pids(pid))",
+                )
+                .bind(pid)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+                if n >= 1 {
+                    return;
+                }
+                assert!(Instant::now() < until, "the batch statement waits");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    // The rows of `ids` another session can lock now.
+    let lockable = |ids: [i64; 2]| {
+        let pool = store.pool().clone();
+        async move {
+            let mut tx = pool.begin().await.unwrap();
+            let rows: Vec<(i64,)> = sqlx::query_as(
+                "SELECT id FROM items WHERE id IN ($1, $2) ORDER BY id FOR UPDATE SKIP LOCKED",
+            )
+            .bind(ids[0])
+            .bind(ids[1])
+            .fetch_all(&mut *tx)
+            .await
+            .unwrap();
+            tx.rollback().await.unwrap();
+            rows.into_iter().map(|(id,)| id).collect::<Vec<_>>()
+        }
+    };
+
+    // Heartbeats. Another worker's lease, an open item, then the intruder's own lease.
+    let held = store.enqueue("other", &json!("held"), None).await.unwrap();
+    let held_lease = store.claim("other", holder).await.unwrap().unwrap();
+    assert_eq!(held_lease.item.id, held.id);
+    let open = store.enqueue("other", &json!("open"), None).await.unwrap();
+    store.enqueue("stall", &json!("own"), None).await.unwrap();
+    let own = store.claim("stall", intruder).await.unwrap().unwrap();
+    assert!(held.id < open.id && open.id < own.item.id);
+    let (tx, pid) = hold().await;
+    let batch = {
+        let (store, junk, t) = (store.clone(), junk.clone(), own.lease.token.clone());
+        let own = own.item.id;
+        tokio::spawn(async move {
+            store
+                .heartbeat_many(&[(held.id, &junk), (open.id, &junk), (own, &t)], intruder)
+                .await
+        })
+    };
+    blocked_by(pid).await;
+    assert_eq!(
+        lockable([held.id, open.id]).await,
+        vec![held.id, open.id],
+        "the heartbeat batch locked rows its caller does not hold"
+    );
+    let got = store.claim("other", claimer).await.unwrap();
+    assert_eq!(
+        got.map(|c| c.item.id),
+        Some(open.id),
+        "a claim takes the open item"
+    );
+    tx.commit().await.unwrap();
+    let out = batch.await.unwrap().unwrap();
+    assert!(
+        out[0].is_err() && out[1].is_err() && out[2].is_ok(),
+        "{out:?}"
+    );
+
+    // Settles, in one coalesced statement (the lane stalled behind a
+    // decoy until all three joined it).
+    let open = store
+        .enqueue("other", &json!("open 2"), None)
+        .await
+        .unwrap();
+    store.enqueue("stall", &json!("own 2"), None).await.unwrap();
+    let own = store.claim("stall", intruder).await.unwrap().unwrap();
+    let decoy = store.enqueue("decoy", &json!("decoy"), None).await.unwrap();
+    let t_decoy = store.claim("decoy", None).await.unwrap().unwrap();
+    assert_eq!(t_decoy.item.id, decoy.id);
+    let (tx, pid) = hold().await;
+    let (lane, decoy_settle) =
+        crate::settled::stall_settle_lane(&store, decoy.id, t_decoy.lease.token).await;
+    let settle = |id: i64, token: String| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .settle(id, &token, intruder, SettleState::Done, None, None)
+                .await
+        })
+    };
+    let calls = [
+        settle(held.id, junk.clone()),
+        settle(open.id, junk.clone()),
+        settle(own.item.id, own.lease.token.clone()),
+    ];
+    crate::settled::wait_settles_waiting(&store, calls.len()).await;
+    lane.commit().await.unwrap();
+    decoy_settle.await.unwrap().expect("the decoy settled");
+    blocked_by(pid).await;
+    assert_eq!(
+        lockable([held.id, open.id]).await,
+        vec![held.id, open.id],
+        "the settle batch locked rows its caller does not hold"
+    );
+    let got = store.claim("other", claimer).await.unwrap();
+    assert_eq!(
+        got.map(|c| c.item.id),
+        Some(open.id),
+        "a claim takes the open item"
+    );
+    tx.commit().await.unwrap();
+    let [a, b, c] = calls;
+    assert!(a.await.unwrap().is_err() && b.await.unwrap().is_err());
+    assert!(c.await.unwrap().is_ok(), "the intruder's own lease settled");
+    // The other worker's lease was never touched.
+    store
+        .heartbeat(held.id, &held_lease.lease.token, holder)
+        .await
+        .expect("the holder still holds its lease");
+}

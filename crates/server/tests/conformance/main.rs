@@ -87,6 +87,7 @@ conformance! {
     lease::lease_expiry_is_measured_only_on_the_database_clock,
     lease::concurrent_claims_and_settles_each_keep_their_own_outcome,
     fence::a_batch_of_failed_heartbeats_is_classified_in_one_statement,
+    fence::a_batch_naming_rows_its_caller_does_not_hold_locks_none_of_them,
     listing::a_listing_page_stops_at_its_byte_budget_and_pages_return_payloads_byte_for_byte,
     listing::a_state_filtered_listing_skips_no_item_that_stays_in_the_state,
     listing::a_listing_with_limit_zero_is_refused_not_answered_as_an_empty_last_page,

@@ -311,7 +311,7 @@ pub async fn settles_after_their_leases_own_settle_landed_are_already_settled_in
 /// Holds a lock on the items table (PostgreSQL) and starts `decoy`'s settle, which
 /// then waits on the lock with the settle lane's runner: settles started
 /// after it queue in the lane until the lock goes. Bounded wait.
-async fn stall_settle_lane(
+pub(crate) async fn stall_settle_lane(
     store: &Store,
     decoy: i64,
     t_decoy: String,
@@ -362,7 +362,7 @@ async fn stall_settle_lane(
 }
 
 /// Waits (bounded) until `n` settles wait in `store`'s settle lane.
-async fn wait_settles_waiting(store: &Store, n: usize) {
+pub(crate) async fn wait_settles_waiting(store: &Store, n: usize) {
     let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while store.settles_waiting() < n {
         assert!(
