@@ -22,7 +22,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use agentstore_protocol::lease::{fold_queue_series, ItemState, SettleState, MAX_QUEUE_SERIES};
+use agentstore_protocol::lease::{
+    fold_queue_series, ItemState, SettleState, MAX_QUEUE_SERIES, OTHER_QUEUES,
+};
 use agentstore_protocol::ErrorCode;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::Method;
@@ -105,6 +107,15 @@ pub struct Metrics {
     auth_rejected: IntCounterVec,
     /// Request latency by method and route template.
     request_duration: HistogramVec,
+    /// Answers by method, route template and status code (see
+    /// [`code_label`]): the error rate, 5xx included.
+    responses: IntCounterVec,
+    /// Items added, by queue (see [`Metrics::queue_label`]); an enqueue
+    /// answered as a replay of its `Idempotency-Key` is not counted again.
+    enqueued: IntCounterVec,
+    /// The queues that got a `queue` label value of their own in this
+    /// instance's counters, at most [`MAX_QUEUE_SERIES`].
+    queue_labels: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Duration of one reaper pass.
     reaper_pass: Histogram,
     /// Items by queue and state (read at scrape time).
@@ -167,6 +178,18 @@ impl Metrics {
         .expect("valid metric name");
         r.register(Box::new(request_duration.clone()))
             .expect("unique name");
+        let responses = counter_vec(
+            &r,
+            "agentstore_http_responses_total",
+            "HTTP answers by method, route template and status code",
+            &["method", "route", "code"],
+        );
+        let enqueued = counter_vec(
+            &r,
+            "agentstore_items_enqueued_total",
+            "Items enqueued by queue (a replayed enqueue is not counted again)",
+            &["queue"],
+        );
         let reaper_pass = Histogram::with_opts(HistogramOpts::new(
             "agentstore_reaper_pass_duration_seconds",
             "Duration of one reaper pass over expired claims (s)",
@@ -300,6 +323,9 @@ impl Metrics {
                 "Database pool size limit of this instance",
             ),
             request_duration,
+            responses,
+            enqueued,
+            queue_labels: std::sync::Mutex::new(std::collections::HashSet::new()),
             reaper_pass,
             queue_items,
             queue_oldest_open,
@@ -338,6 +364,36 @@ impl Metrics {
     pub fn claimed(&self, items: u64, empty: u64) {
         self.claims.inc_by(items);
         self.claims_empty.inc_by(empty);
+    }
+
+    /// An item added to `queue` (committed; not a replay).
+    pub fn enqueued(&self, queue: &str) {
+        self.enqueued
+            .with_label_values(&[self.queue_label(queue).as_str()])
+            .inc();
+    }
+
+    /// The `queue` label value of `queue` in this instance's counters: the
+    /// queue's name for the first [`MAX_QUEUE_SERIES`] queues it counts,
+    /// then [`OTHER_QUEUES`] (not a valid queue name) for every other one,
+    /// so the series stay bounded whatever names producers use (a counter
+    /// series, once created, is kept by the registry for good); the totals
+    /// stay exact. Which queues get a name of their own is first come,
+    /// first served, per instance (unlike the gauges, which fold the
+    /// smallest queues at each scrape).
+    pub fn queue_label(&self, queue: &str) -> String {
+        let mut seen = self
+            .queue_labels
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if seen.contains(queue) {
+            return queue.to_owned();
+        }
+        if seen.len() < MAX_QUEUE_SERIES {
+            seen.insert(queue.to_owned());
+            return queue.to_owned();
+        }
+        OTHER_QUEUES.to_owned()
     }
 
     /// `n` leases renewed.
@@ -510,6 +566,28 @@ impl Metrics {
     }
 }
 
+/// The `code` label of an answer's status: the code itself for the
+/// statuses this server answers (and a few a proxy or client might make
+/// it see), else its class (`2xx` … `5xx`, `other`), so the label set stays
+/// small and fixed.
+fn code_label(status: axum::http::StatusCode) -> &'static str {
+    const EXACT: [&str; 22] = [
+        "200", "201", "204", "206", "304", "400", "401", "403", "404", "405", "408", "409", "411",
+        "413", "415", "416", "422", "429", "500", "502", "503", "504",
+    ];
+    let code = status.as_str();
+    if let Some(known) = EXACT.iter().find(|c| **c == code) {
+        return known;
+    }
+    match status.as_u16() / 100 {
+        2 => "2xx",
+        3 => "3xx",
+        4 => "4xx",
+        5 => "5xx",
+        _ => "other",
+    }
+}
+
 /// Middleware: request latency by route template and the status-derived
 /// counters (`429`, `401`/`403`, and the error code an [`ApiError`](crate::ApiError)
 /// left in the response's extensions).
@@ -536,6 +614,10 @@ pub async fn track(State(metrics): State<Arc<Metrics>>, req: Request, next: Next
         .request_duration
         .with_label_values(&[method, route.as_str()])
         .observe(started.elapsed().as_secs_f64());
+    metrics
+        .responses
+        .with_label_values(&[method, route.as_str(), code_label(resp.status())])
+        .inc();
     // A store refusal (the lease fence) is no credential or role refusal.
     let fenced = resp.extensions().get::<crate::error::Fenced>().is_some();
     match resp.status().as_u16() {
@@ -550,4 +632,44 @@ pub async fn track(State(metrics): State<Arc<Metrics>>, req: Request, next: Next
         }
     }
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Enqueues into more queues than get series of their own: the first
+    /// [`MAX_QUEUE_SERIES`] keep their name, the rest are counted under
+    /// [`OTHER_QUEUES`], and the total stays exact.
+    #[test]
+    fn the_enqueue_counters_queue_label_is_bounded() {
+        let m = Metrics::new();
+        let extra = 7;
+        for k in 0..MAX_QUEUE_SERIES + extra {
+            m.enqueued(&format!("q{k}"));
+        }
+        m.enqueued("q0");
+        let families = m.registry.gather();
+        let family = families
+            .iter()
+            .find(|f| f.name() == "agentstore_items_enqueued_total")
+            .expect("the family");
+        let series: Vec<(String, f64)> = family
+            .get_metric()
+            .iter()
+            .map(|s| {
+                (
+                    s.get_label()[0].value().to_owned(),
+                    s.get_counter().get_value(),
+                )
+            })
+            .collect();
+        assert_eq!(series.len(), MAX_QUEUE_SERIES + 1);
+        let of = |q: &str| series.iter().find(|(l, _)| l == q).map(|(_, v)| *v);
+        assert_eq!(of("q0"), Some(2.0));
+        assert_eq!(of(OTHER_QUEUES), Some(extra as f64));
+        assert_eq!(of(&format!("q{MAX_QUEUE_SERIES}")), None);
+        let total: f64 = series.iter().map(|(_, v)| v).sum();
+        assert_eq!(total, (MAX_QUEUE_SERIES + extra + 1) as f64);
+    }
 }

@@ -163,6 +163,7 @@ impl Store {
                 .bind(i64::from(max))
                 .fetch_one(&self.pool)
                 .await?;
+            self.metrics.enqueued(queue);
             // The payload was checked as JSON, the rest are constants: it decodes.
             return Ok((Ended::Item(item_from_row(&row)?), false));
         };
@@ -223,7 +224,10 @@ impl Store {
             match inserted {
                 // The row just inserted: the payload was checked as JSON, the
                 // rest are constants, so it decodes.
-                Ok(Some(row)) => return Ok((Ended::Item(item_from_row(&row)?), false)),
+                Ok(Some(row)) => {
+                    self.metrics.enqueued(queue);
+                    return Ok((Ended::Item(item_from_row(&row)?), false));
+                }
                 Ok(None) => {}
                 Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {}
                 Err(e) => return Err(e.into()),

@@ -64,6 +64,20 @@ fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
     found.first().copied().unwrap_or(0.0)
 }
 
+/// The sum of `name` over the series whose labels include `labels`.
+fn sum(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples
+        .iter()
+        .filter(|(n, l, _)| {
+            n == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+        })
+        .map(|(_, _, v)| *v)
+        .sum()
+}
+
 /// What the workload saw, counted from the answers.
 #[derive(Debug, Default)]
 struct Tally {
@@ -429,6 +443,7 @@ pub async fn a_scrape_counts_exactly_what_a_scripted_workload_did(db: TestDb) {
         value(&quiet, "agentstore_settles_total", &[("state", "done")]),
         0.0
     );
+    assert_eq!(sum(&quiet, "agentstore_items_enqueued_total", &[]), 0.0);
     assert_eq!(
         value(
             &quiet,
@@ -493,6 +508,28 @@ pub async fn a_scrape_counts_exactly_what_a_scripted_workload_did(db: TestDb) {
         t.claim_requests as f64
     );
     assert!(n("agentstore_reaper_pass_duration_seconds_count", &[]) >= 1.0);
+    // Every claim answer by its status code.
+    for (code, seen) in [
+        ("201", t.claimed),
+        ("204", t.empty),
+        ("429", t.rate_limited),
+    ] {
+        let labels = [claims_route[0], claims_route[1], ("code", code)];
+        assert_eq!(
+            n("agentstore_http_responses_total", &labels),
+            seen as f64,
+            "claims answered {code}"
+        );
+    }
+    assert_eq!(
+        sum(&m, "agentstore_http_responses_total", &[("code", "401")]),
+        3.0
+    );
+    assert_eq!(
+        sum(&m, "agentstore_http_responses_total", &[("code", "403")]),
+        3.0,
+        "2 credential or role refusals, 1 of the lease fence (the other in a batch answered 200)"
+    );
 
     // Gauges, read from the database at scrape time: the same numbers as the
     // JSON view.
@@ -523,6 +560,12 @@ pub async fn a_scrape_counts_exactly_what_a_scripted_workload_did(db: TestDb) {
             "{state:?}"
         );
     }
+    // Every item of the queue was enqueued through this server (none deleted).
+    let items: u64 = ItemState::ALL.iter().map(|s| stats.count(*s)).sum();
+    assert_eq!(
+        n("agentstore_items_enqueued_total", &[("queue", "mq")]),
+        items as f64
+    );
     // G, and R under the operator's resumed lease.
     assert_eq!(n("agentstore_leases_held", &[]), 2.0);
     let age = n(
@@ -855,7 +898,7 @@ pub async fn a_claim_and_a_settle_whose_client_went_away_are_counted_once_commit
     };
     // Counted as the store learns of each commit, which may come a moment
     // after the row shows it.
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(20);
     while counts().await != (2.0, 1.0) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -946,6 +989,95 @@ pub async fn a_settle_whose_answer_cannot_be_read_is_counted_and_not_a_replay(db
     assert_eq!(
         value(&m, "agentstore_settles_total", &[("state", "done")]),
         (ROUNDS * ITEMS) as f64
+    );
+    server.stop().await.unwrap();
+}
+
+/// Every answer is counted by method, route template and status code
+/// (`agentstore_http_responses_total`), 5xx included: a database outage's
+/// `503` (forced: the server's pool closed) is counted under its route, so
+/// an error rate can be computed (before, no series saw a 5xx). Every
+/// enqueue committed counts once in `agentstore_items_enqueued_total{queue}`
+/// (a keyed enqueue sent again is a replay, not counted again), and routes
+/// are templates, never raw paths.
+pub async fn every_answer_is_counted_by_route_and_code_and_every_enqueue_by_queue(db: TestDb) {
+    let server = Server::start(&db.config()).await.unwrap();
+    let api = Api {
+        http: Client::new(),
+        base: server.url(),
+    };
+    let keyed = |queue: &str| {
+        api.http
+            .post(format!("{}/v1/queues/{queue}/items", api.base))
+            .bearer_auth(ADMIN)
+            .header("Idempotency-Key", "k-1")
+            .json(&json!({"payload": 1}))
+    };
+    for queue in ["ea", "ea", "eb"] {
+        api.ok(
+            &format!("/v1/queues/{queue}/items"),
+            ADMIN,
+            json!({"payload": 0}),
+        )
+        .await;
+    }
+    assert_eq!(keyed("ea").send().await.unwrap().status(), 201);
+    let again = keyed("ea").send().await.unwrap();
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let resp = api
+        .send(reqwest::Method::GET, "/v1/queues/ea/items", None, None)
+        .await;
+    assert_eq!(resp.status(), 401);
+
+    // The database goes away: the enqueue is a 503.
+    server.store().close().await;
+    let resp = api
+        .post("/v1/queues/ea/items", ADMIN, json!({"payload": 2}))
+        .await;
+    assert_eq!(resp.status(), 503);
+
+    let m = api.scrape().await;
+    assert_eq!(value(&m, "agentstore_queue_stats_up", &[]), 0.0);
+    let items = [("method", "POST"), ("route", "/v1/queues/{queue}/items")];
+    let answered = |code: &str| {
+        value(
+            &m,
+            "agentstore_http_responses_total",
+            &[items[0], items[1], ("code", code)],
+        )
+    };
+    assert_eq!(answered("201"), 5.0, "4 enqueues and a replay");
+    assert_eq!(answered("503"), 1.0, "the outage's answer");
+    assert_eq!(
+        value(
+            &m,
+            "agentstore_http_responses_total",
+            &[
+                ("method", "GET"),
+                ("route", "/v1/queues/{queue}/items"),
+                ("code", "401")
+            ],
+        ),
+        1.0
+    );
+    assert_eq!(
+        sum(&m, "agentstore_http_responses_total", &[("code", "503")]),
+        1.0
+    );
+    assert!(
+        m.iter()
+            .filter(|(n, ..)| n == "agentstore_http_responses_total")
+            .all(|(_, l, _)| !l["route"].contains("/ea/")),
+        "routes are templates"
+    );
+    assert_eq!(
+        value(&m, "agentstore_items_enqueued_total", &[("queue", "ea")]),
+        3.0,
+        "the replay not counted again"
+    );
+    assert_eq!(
+        value(&m, "agentstore_items_enqueued_total", &[("queue", "eb")]),
+        1.0
     );
     server.stop().await.unwrap();
 }
