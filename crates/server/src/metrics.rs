@@ -66,13 +66,14 @@ pub struct Metrics {
     /// database ties up one pool connection, not one per scrape.
     reading: Arc<tokio::sync::Mutex<()>>,
     /// Claims committed that handed out an item (answered `201`, unless the
-    /// client went away).
-    claims: IntCounter,
-    /// Claims that found nothing open in the queue (answered `204`).
-    claims_empty: IntCounter,
+    /// client went away), by queue (see [`Metrics::queue_label`]).
+    claims: IntCounterVec,
+    /// Claims that found nothing open in the queue (answered `204`), by queue.
+    claims_empty: IntCounterVec,
     /// Leases renewed, by single or batched heartbeat.
     heartbeats: IntCounter,
-    /// Settles committed (a replay is none), by the state settled into.
+    /// Settles committed (a replay is none), by queue and the state settled
+    /// into.
     settles: IntCounterVec,
     /// `claim_lost` answers, batched heartbeat entries included.
     claim_lost: IntCounter,
@@ -83,8 +84,8 @@ pub struct Metrics {
     lease_forbidden: IntCounter,
     /// Expired claims the reaper reopened.
     reaper_reopened: IntCounter,
-    /// Leases their holder released, committed (a replay is none).
-    releases: IntCounter,
+    /// Leases their holder released, committed (a replay is none), by queue.
+    releases: IntCounterVec,
     /// Claims answered again under their idempotency key (the lease a
     /// claim whose answer was lost had taken).
     claim_replays: IntCounter,
@@ -215,11 +216,17 @@ impl Metrics {
         r.register(Box::new(queue_oldest_open.clone()))
             .expect("unique name");
         let m = Metrics {
-            claims: counter(&r, "agentstore_claims_total", "Claims committed that handed out an item"),
-            claims_empty: counter(
+            claims: counter_vec(
+                &r,
+                "agentstore_claims_total",
+                "Claims committed that handed out an item, by queue",
+                &["queue"],
+            ),
+            claims_empty: counter_vec(
                 &r,
                 "agentstore_claims_empty_total",
-                "Claims that found nothing open (204)",
+                "Claims that found nothing open (204), by queue",
+                &["queue"],
             ),
             heartbeats: counter(
                 &r,
@@ -229,8 +236,8 @@ impl Metrics {
             settles: counter_vec(
                 &r,
                 "agentstore_settles_total",
-                "Committed settles by the state settled into",
-                &["state"],
+                "Committed settles by queue and the state settled into",
+                &["queue", "state"],
             ),
             claim_lost: counter(
                 &r,
@@ -252,10 +259,11 @@ impl Metrics {
                 "agentstore_reaper_reopened_total",
                 "Expired claims the reaper reopened",
             ),
-            releases: counter(
+            releases: counter_vec(
                 &r,
                 "agentstore_releases_total",
-                "Leases released by their holder, committed (a replayed release is not counted again)",
+                "Leases released by their holder, committed, by queue (a replayed release is not counted again)",
+                &["queue"],
             ),
             claim_replays: counter(
                 &r,
@@ -333,17 +341,9 @@ impl Metrics {
             scrape: std::sync::Mutex::new(()),
             reading: Arc::new(tokio::sync::Mutex::new(())),
         };
-        // Every labelled counter series exists from the start at 0, so that
-        // `increase()` in an alert sees its first increment.
-        for state in [
-            SettleState::Done,
-            SettleState::Failed,
-            SettleState::Blocked,
-            SettleState::Paused,
-        ] {
-            m.settles
-                .with_label_values(&[ItemState::from(state).as_str()]);
-        }
+        // Every labelled counter series of a fixed label set exists from the
+        // start at 0, so that `increase()` in an alert sees its first
+        // increment. (The series by queue appear at a queue's first count.)
         for by in ["reaper", "release"] {
             m.retry_limit.with_label_values(&[by]);
         }
@@ -359,11 +359,19 @@ impl Metrics {
         m
     }
 
-    /// Claims committed: `items` that handed out an item, `empty` that found
-    /// nothing open.
-    pub fn claimed(&self, items: u64, empty: u64) {
-        self.claims.inc_by(items);
-        self.claims_empty.inc_by(empty);
+    /// Claims in `queue` committed: `items` that handed out an item,
+    /// `empty` that found nothing open.
+    pub fn claimed(&self, queue: &str, items: u64, empty: u64) {
+        if items == 0 && empty == 0 {
+            return;
+        }
+        let label = self.queue_label(queue);
+        self.claims
+            .with_label_values(&[label.as_str()])
+            .inc_by(items);
+        self.claims_empty
+            .with_label_values(&[label.as_str()])
+            .inc_by(empty);
     }
 
     /// An item added to `queue` (committed; not a replay).
@@ -373,7 +381,8 @@ impl Metrics {
             .inc();
     }
 
-    /// The `queue` label value of `queue` in this instance's counters: the
+    /// The `queue` label value of `queue` in this instance's counters (items
+    /// enqueued, claims, settles, releases): the
     /// queue's name for the first [`MAX_QUEUE_SERIES`] queues it counts,
     /// then [`OTHER_QUEUES`] (not a valid queue name) for every other one,
     /// so the series stay bounded whatever names producers use (a counter
@@ -401,10 +410,11 @@ impl Metrics {
         self.heartbeats.inc_by(n);
     }
 
-    /// A settle into `state` committed.
-    pub fn settled(&self, state: SettleState) {
+    /// A settle of an item of `queue` into `state` committed.
+    pub fn settled(&self, queue: &str, state: SettleState) {
+        let label = self.queue_label(queue);
         self.settles
-            .with_label_values(&[ItemState::from(state).as_str()])
+            .with_label_values(&[label.as_str(), ItemState::from(state).as_str()])
             .inc();
     }
 
@@ -420,9 +430,11 @@ impl Metrics {
         }
     }
 
-    /// A release committed (not a replay).
-    pub fn released(&self) {
-        self.releases.inc();
+    /// A release of an item of `queue` committed (not a replay).
+    pub fn released(&self, queue: &str) {
+        self.releases
+            .with_label_values(&[self.queue_label(queue).as_str()])
+            .inc();
     }
 
     /// A claim answered again under its idempotency key.

@@ -829,12 +829,12 @@ impl Store {
                         return Ok(Some((item, true)));
                     }
                 }
-                self.metrics.claimed(0, 1);
+                self.metrics.claimed(queue, 0, 1);
                 return Ok(None);
             };
             match item_from_row(&row) {
                 Ok(item) => {
-                    self.metrics.claimed(1, 0);
+                    self.metrics.claimed(queue, 1, 0);
                     return Ok(Some((item, false)));
                 }
                 Err(e) => {
@@ -1062,7 +1062,7 @@ impl Store {
                 _ => ClaimSlot::Again,
             };
         }
-        self.metrics.claimed(0, none);
+        self.metrics.claimed(queue, 0, none);
     }
 
     async fn claim_batch(
@@ -1127,7 +1127,7 @@ impl Store {
         for (job, row) in batch.iter().zip(&decoded) {
             empty += u64::from(row.is_none() && job.key.is_none());
         }
-        self.metrics.claimed(readable as u64, empty);
+        self.metrics.claimed(queue, readable as u64, empty);
         let mut slots = Vec::with_capacity(batch.len());
         for (job, row) in batch.iter().zip(decoded) {
             slots.push(match row {
@@ -1467,7 +1467,7 @@ impl Store {
             .await?;
         match row {
             Some(row) => {
-                self.metrics.released();
+                self.metrics.released(&super::settle::queue_of(&row));
                 if state == ItemState::Failed {
                     self.metrics.retry_limit_failed("release", 1);
                 }

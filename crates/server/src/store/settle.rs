@@ -177,7 +177,7 @@ impl Store {
             .await?;
         match row {
             Some(row) => {
-                self.metrics.settled(job.state);
+                self.metrics.settled(&queue_of(&row), job.state);
                 let state = Some(job.state.into());
                 Ok((self.ended(&row, job.id, state, "settle", true), false))
             }
@@ -389,16 +389,24 @@ impl Store {
         // names whether or not the rest of the row decodes.
         let applied = rows.iter().filter_map(|row| {
             let n: i64 = get(row, "n").ok()?;
-            batch.get(usize::try_from(n - 1).ok()?)
+            Some((row, batch.get(usize::try_from(n - 1).ok()?)?))
         });
-        for job in applied {
-            self.metrics.settled(job.state);
+        for (row, job) in applied {
+            self.metrics.settled(&queue_of(row), job.state);
         }
         by_call(&rows, batch.len(), |k, row| {
             let job = &batch[k];
             self.ended(row, job.id, Some(job.state.into()), "settle", true)
         })
     }
+}
+
+/// The queue of an item's `row` a settle or release returned, for the
+/// metrics' `queue` label; one that does not decode counts under the
+/// queues without a label of their own.
+pub(super) fn queue_of(row: &AnyRow) -> String {
+    get::<String>(row, "queue")
+        .unwrap_or_else(|_| agentstore_protocol::lease::OTHER_QUEUES.to_owned())
 }
 
 /// Whether `row` is still held by `job`'s lease: running under its token,

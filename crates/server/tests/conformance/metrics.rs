@@ -437,12 +437,9 @@ pub async fn a_scrape_counts_exactly_what_a_scripted_workload_did(db: TestDb) {
         "agentstore_rate_limited_total",
         "agentstore_releases_total",
     ] {
-        assert_eq!(value(&quiet, name, &[]), 0.0, "{name} on the other server");
+        assert_eq!(sum(&quiet, name, &[]), 0.0, "{name} on the other server");
     }
-    assert_eq!(
-        value(&quiet, "agentstore_settles_total", &[("state", "done")]),
-        0.0
-    );
+    assert_eq!(sum(&quiet, "agentstore_settles_total", &[]), 0.0);
     assert_eq!(sum(&quiet, "agentstore_items_enqueued_total", &[]), 0.0);
     assert_eq!(
         value(
@@ -455,12 +452,26 @@ pub async fn a_scrape_counts_exactly_what_a_scripted_workload_did(db: TestDb) {
 
     let m = api.scrape().await;
     let n = |name: &str, labels: &[(&str, &str)]| value(&m, name, labels);
-    assert_eq!(n("agentstore_claims_total", &[]), t.claimed as f64);
-    assert_eq!(n("agentstore_claims_empty_total", &[]), t.empty as f64);
+    // By queue: every claim that took an item was in `mq` but R's (`mr`);
+    // every empty one in `empty`.
+    let mq = [("queue", "mq")];
+    assert_eq!(sum(&m, "agentstore_claims_total", &[]), t.claimed as f64);
+    assert_eq!(n("agentstore_claims_total", &[("queue", "mr")]), 1.0);
+    assert_eq!(n("agentstore_claims_total", &mq), t.claimed as f64 - 1.0);
+    assert_eq!(
+        n("agentstore_claims_empty_total", &[("queue", "empty")]),
+        t.empty as f64
+    );
+    assert_eq!(
+        sum(&m, "agentstore_claims_empty_total", &[]),
+        t.empty as f64
+    );
     assert_eq!(n("agentstore_heartbeats_total", &[]), 2.0);
-    assert_eq!(n("agentstore_settles_total", &[("state", "done")]), 2.0);
-    assert_eq!(n("agentstore_settles_total", &[("state", "failed")]), 1.0);
-    assert_eq!(n("agentstore_settles_total", &[("state", "paused")]), 0.0);
+    let settles = |state: &str| n("agentstore_settles_total", &[mq[0], ("state", state)]);
+    assert_eq!(settles("done"), 2.0);
+    assert_eq!(settles("failed"), 1.0);
+    assert_eq!(settles("paused"), 0.0);
+    assert_eq!(sum(&m, "agentstore_settles_total", &[]), 3.0);
     assert_eq!(n("agentstore_claim_lost_total", &[]), 2.0);
     assert_eq!(n("agentstore_state_conflict_total", &[]), 3.0);
     assert_eq!(n("agentstore_reaper_reopened_total", &[]), 1.0);
@@ -480,7 +491,8 @@ pub async fn a_scrape_counts_exactly_what_a_scripted_workload_did(db: TestDb) {
         t.rate_limited as f64
     );
     // F's release (its replay not again); C and R paused, R resumed.
-    assert_eq!(n("agentstore_releases_total", &[]), 1.0);
+    assert_eq!(n("agentstore_releases_total", &mq), 1.0);
+    assert_eq!(sum(&m, "agentstore_releases_total", &[]), 1.0);
     assert_eq!(
         n("agentstore_operator_actions_total", &[("action", "pause")]),
         2.0
@@ -588,8 +600,33 @@ pub async fn metrics_listen_serves_metrics_without_a_token_only_there(db: TestDb
     let server = Server::start(&config).await.unwrap();
     let http = Client::new();
     let open = format!("http://{}/metrics", server.metrics_addr().unwrap());
-    // One request and one queue, so that the labelled families have a series.
+    // One request and one queue, so that the labelled families have a
+    // series (those by queue appear at the queue's first count): a claim
+    // settled, one released, one that found nothing.
     enqueue_over_http(&http, &server.url(), "q").await;
+    let store = server.store();
+    let c = store.claim("q", None).await.unwrap().expect("the item");
+    store
+        .release(c.item.id, &c.lease.token, None)
+        .await
+        .unwrap();
+    let c = store
+        .claim("q", None)
+        .await
+        .unwrap()
+        .expect("the item again");
+    store
+        .settle(
+            c.item.id,
+            &c.lease.token,
+            None,
+            SettleState::Done,
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(store.claim("q", None).await.unwrap().is_none());
     let resp = http.get(&open).send().await.unwrap();
     assert_eq!(resp.status(), 200);
     let text = resp.text().await.unwrap();
@@ -892,8 +929,8 @@ pub async fn a_claim_and_a_settle_whose_client_went_away_are_counted_once_commit
     let counts = || async {
         let m = api.scrape().await;
         (
-            value(&m, "agentstore_claims_total", &[]),
-            value(&m, "agentstore_settles_total", &[("state", "done")]),
+            sum(&m, "agentstore_claims_total", &[]),
+            sum(&m, "agentstore_settles_total", &[("state", "done")]),
         )
     };
     // Counted as the store learns of each commit, which may come a moment
@@ -987,7 +1024,7 @@ pub async fn a_settle_whose_answer_cannot_be_read_is_counted_and_not_a_replay(db
     };
     let m = api.scrape().await;
     assert_eq!(
-        value(&m, "agentstore_settles_total", &[("state", "done")]),
+        sum(&m, "agentstore_settles_total", &[("state", "done")]),
         (ROUNDS * ITEMS) as f64
     );
     server.stop().await.unwrap();
