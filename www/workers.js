@@ -135,7 +135,7 @@ function panelCredentials(staleToken) {
         if (err.status !== 401) throw err;
       }
     }
-    return enrollWith(runtime.producerTokens ?? [], 'demo panel');
+    return enrollWith(runtime.producerTokens ?? [], 'producer', 'demo panel');
   })();
   const mine = producer;
   mine.catch(() => { if (producer === mine) producer = null; });
@@ -205,12 +205,49 @@ function adoptRestartedServer() {
 }
 
 /**
- * Enrolls with a random token of `pool` (worker or producer tokens). A token
- * another page (or script) already used answers 401: take another one.
+ * Takes a token of `pool` (`kind`: "worker" or "producer") that no page of
+ * this browser profile took before in this demo run: each pool is walked in
+ * order from a random start kept in localStorage, under a Web Lock so two
+ * tabs never take the same one. A token used twice is not merely refused:
+ * within a minute the server takes the second use for a retry of the first
+ * and revokes the credentials the first holder got, and later for a stolen
+ * token, revoking the worker it enrolled (a live worker of another tab).
+ * `null` when the pool is spent. (Pages of another browser or profile start
+ * elsewhere in the pool; they may still meet, which is why demo.sh makes far
+ * more tokens than a page uses.)
  */
-async function enrollWith(pool, name) {
-  for (let attempt = 0; attempt < 12 && pool.length; attempt++) {
-    const token = pool[Math.floor(Math.random() * pool.length)];
+async function takeToken(pool, kind) {
+  const key = `agentstore-demo-tokens-${kind}`;
+  const take = () => {
+    let taken = null;
+    try { taken = JSON.parse(localStorage.getItem(key) ?? 'null'); } catch { /* none kept */ }
+    if (taken?.run !== runtime?.runId || !Array.isArray(taken.used)) {
+      taken = { run: runtime?.runId, start: Math.floor(Math.random() * pool.length), used: [] };
+    }
+    const used = new Set(taken.used);
+    for (let i = 0; i < pool.length; i++) {
+      const token = pool[(taken.start + i) % pool.length];
+      if (used.has(token)) continue;
+      taken.used.push(token);
+      try { localStorage.setItem(key, JSON.stringify(taken)); } catch { /* this page alone, then */ }
+      return token;
+    }
+    return null;
+  };
+  try {
+    if (navigator.locks) return await navigator.locks.request(key, take);
+  } catch { /* no Web Locks here (an opaque origin): this tab alone */ }
+  return take();
+}
+
+/**
+ * Enrolls with a token of `pool` (`kind`: see `takeToken`). A token a page of
+ * another browser used already answers 401: take the next one.
+ */
+async function enrollWith(pool, kind, name) {
+  for (let attempt = 0; attempt < 12; attempt++) {
+    const token = await takeToken(pool, kind);
+    if (token === null) break;
     try {
       return await request('POST', '/v1/workers/enroll', { body: { token, name } });
     } catch (err) {
@@ -385,7 +422,7 @@ function reap(w) {
 }
 
 async function startWorker(w) {
-  const creds = await enrollWith(runtime.enrollmentTokens, w.name);
+  const creds = await enrollWith(runtime.enrollmentTokens, 'worker', w.name);
   w.workerId = creds.worker_id;
   w.client = new sdk.LeaseClient(location.origin, {
     accessToken: creds.access_token,
