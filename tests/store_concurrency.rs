@@ -724,6 +724,38 @@ async fn a_read_issued_after_grouped_writes_never_misses_a_write_that_succeeded(
     assert_indexes_clean(&a).await;
 }
 
+/// Group commit keeps issue order across connections too: a write issued
+/// on connection A after a read on connection B (same tick, no awaits) never
+/// joins a group A started before that read, so the read does not see it.
+/// Before, A's second put joined A's first put's transaction, which B's read
+/// (created after it) waited for: the read saw a write issued after it.
+/// Review finding (helper-175).
+#[wasm_bindgen_test]
+async fn a_read_on_another_connection_never_sees_a_write_issued_after_it() {
+    let (a, name) = open("group-cross-order").await;
+    let b = open_named(&name).await;
+    for round in 0..10 {
+        let (first, later) = (format!("a-{round}"), format!("x-{round}"));
+        let (ra, rx, kx) = (
+            js(json!({"_id": first})),
+            js(json!({"_id": later})),
+            s(&later),
+        );
+        let (w1, got, w2) = futures::join!(a.put(&ra), b.get(&kx), a.put(&rx));
+        w1.unwrap();
+        w2.unwrap();
+        assert!(
+            got.unwrap().is_none(),
+            "round {round}: the read saw a write issued after it"
+        );
+        assert!(
+            b.get(&kx).await.unwrap().is_some(),
+            "round {round}: written"
+        );
+    }
+    assert_indexes_clean(&a).await;
+}
+
 /// Holds a readwrite transaction over `records` of database `name`, from a
 /// connection of its own, until the returned function is called (it keeps
 /// the transaction active by chaining requests): every write transaction

@@ -57,10 +57,14 @@ pub struct Db {
     /// io module's only: the entry points never wait on a source.)
     #[cfg(feature = "io")]
     closing: RefCell<Option<web_sys::AbortController>>,
-    /// Transactions started on this connection so far (group commit joins
-    /// a group only while no other transaction started after it).
-    seq: Cell<u32>,
 }
+
+/// Transactions started so far by every connection of this module
+/// (wrapping): group commit joins a group only while no other transaction
+/// started after its own, on this connection or on another one to the
+/// same or any database (a `get` issued on a second `AgentStore` after a
+/// write must not see a later write that joined that write's group).
+static TX_SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 impl Db {
     /// Opens (creating or upgrading) the record store's database `name`.
@@ -151,7 +155,6 @@ impl Db {
                 closed: RefCell::new(None),
                 #[cfg(feature = "io")]
                 closing: RefCell::new(None),
-                seq: Cell::new(0),
             }),
             Err(e) => Err(match e.as_string() {
                 Some(why) => StoreError::Closed(why),
@@ -234,7 +237,7 @@ impl Db {
     /// ClosedError after `close()` or a `versionchange`.
     pub fn tx(&self, stores: &[&str], mode: TransactionMode) -> Result<Tx> {
         self.check_open()?;
-        self.seq.set(self.seq.get().wrapping_add(1));
+        TX_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let write = mode == TransactionMode::ReadWrite;
         let mode = if write {
             web_sys::IdbTransactionMode::Readwrite
@@ -264,9 +267,10 @@ impl Db {
 }
 
 impl Db {
-    /// How many transactions were started on this connection (wrapping).
+    /// How many transactions were started by every connection of this
+    /// module (wrapping; see [`TX_SEQ`]).
     pub fn seq(&self) -> u32 {
-        self.seq.get()
+        TX_SEQ.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 

@@ -292,7 +292,7 @@ impl Store {
                     m.deliver(Delivered::Done(r));
                 }
             }
-            // Alone, or another transaction of this connection started
+            // Alone, or another transaction (of any connection) started
             // after the group's (a read or batch issued after these
             // writes): running them again would put them after it, out of
             // the order they were issued in. Each gets the error.
