@@ -391,6 +391,66 @@ async fn an_unreadable_line_is_a_validation_error_naming_it_and_nothing_is_writt
     }
 }
 
+/// A row's `_revisions` must describe its own `_rev`: the reviewers' dump
+/// (`_rev` 1-aa with `_revisions` 3-cc, 2-bb, then a row 2-bb) used to
+/// resolve to 1-aa "old", its ancestors burying the newer 2-bb. Refused
+/// naming the bad row's line in either line order, nothing written; the
+/// same rows with a `_revisions` of their own import 2-bb.
+#[wasm_bindgen_test]
+async fn a_row_whose_revisions_disagree_with_its_rev_is_refused_naming_its_line() {
+    let head = "{\"version\":\"1.2.4\",\"db_type\":\"leveldb\",\"start_time\":\"2026-01-01T00:00:00.000Z\",\"db_info\":{\"doc_count\":1,\"update_seq\":2}}";
+    let bad = json!({"docs": [{"_id": "x", "_rev": "1-aa", "v": "old", "recordType": "run",
+                               "_revisions": {"start": 3, "ids": ["cc", "bb"]}}]})
+    .to_string();
+    let new = json!({"docs": [{"_id": "x", "_rev": "2-bb", "v": "new", "recordType": "run"}]})
+        .to_string();
+    let end = "{\"seq\":2}";
+    let cases = [
+        ([head, bad.as_str(), new.as_str(), end], 2),
+        ([head, new.as_str(), bad.as_str(), end], 3),
+    ];
+    for (lines, line) in cases {
+        let (store, _) = open("pouch-revs-disagree").await;
+        let text = lines.join("\n");
+        let e = store
+            .import_pouch_dump(text.as_str(), "agent-index", None)
+            .await
+            .unwrap_err();
+        assert_refused_at_line(&store, &e, line).await;
+        assert!(e.to_string().contains("_revisions"), "{e}");
+        assert!(store.get(&s("x")).await.unwrap().is_none());
+    }
+    // The start right but ids[0] another hash, and the other way round.
+    for revisions in [
+        json!({"start": 1, "ids": ["bb"]}),
+        json!({"start": 2, "ids": ["aa", "bb"]}),
+        json!({"start": 1, "ids": []}),
+    ] {
+        let row = json!({"docs": [{"_id": "x", "_rev": "1-aa", "recordType": "run",
+                                   "_revisions": revisions}]});
+        let (store, _) = open("pouch-revs-disagree").await;
+        let e = store
+            .import_pouch_dump(dump(&[row]).as_str(), "agent-index", None)
+            .await
+            .unwrap_err();
+        assert_refused_at_line(&store, &e, 2).await;
+    }
+    // Rows whose `_revisions` are their own import as PouchDB says.
+    let old = pouch_doc("x", "1-aa", false, &[]);
+    let newer = pouch_doc("x", "2-bb", false, &["aa"]);
+    let (store, _) = open("pouch-revs-agree").await;
+    store
+        .import_pouch_dump(
+            dump(&[json!({"docs": [newer]}), json!({"docs": [old]})]).as_str(),
+            "agent-index",
+            None,
+        )
+        .await
+        .unwrap();
+    let x = store.get(&s("x")).await.unwrap().expect("x");
+    assert_eq!(field_str(&x, "_rev").as_deref(), Some("2-bb"));
+}
+
 /// Issue 15: imports keep the `updatedAt` they carry (and add none), so
 /// "newest first" listings keep their order.
 #[wasm_bindgen_test]

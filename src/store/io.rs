@@ -288,8 +288,10 @@ fn pouch_row(doc: &JsValue, n: usize) -> Result<Option<Row>> {
 /// its `revs_limit`); a longer list is refused rather than copied in.
 const MAX_REVISION_IDS: u32 = 100_000;
 
-/// The ancestors a doc's `_revisions` names (empty when it has none).
-fn pouch_ancestors(doc: &JsValue, n: usize) -> Result<Vec<Rev>> {
+/// The ancestors a doc's `_revisions` names (empty when it has none). A
+/// `_revisions` must describe the row's own `rev` (see
+/// [`revisions_ancestors`]): one that names another revision is refused.
+fn pouch_ancestors(doc: &JsValue, rev: &Rev, n: usize) -> Result<Vec<Rev>> {
     let revs = get(doc, "_revisions");
     if revs.is_undefined() || revs.is_null() {
         return Ok(Vec::new());
@@ -306,11 +308,9 @@ fn pouch_ancestors(doc: &JsValue, n: usize) -> Result<Vec<Rev>> {
         .filter(|s| s.fract() == 0.0 && *s >= 1.0 && *s <= 9_007_199_254_740_991.0)
         .ok_or_else(bad)? as u64;
     let ids = get(&revs, "ids").dyn_into::<Array>().map_err(|_| bad())?;
-    if ids.length() <= 1 {
-        return Ok(Vec::new());
-    }
     // Each id is a revision hash (copied only when short), and there are
-    // at most as many as generations a dump can hold in one line.
+    // at most as many as generations a dump can hold in one line. `ids[0]`
+    // is read too: it must be the row's own hash.
     if ids.length() > MAX_REVISION_IDS {
         return Err(bad());
     }
@@ -318,7 +318,7 @@ fn pouch_ancestors(doc: &JsValue, n: usize) -> Result<Vec<Rev>> {
         .iter()
         .map(|h| crate::value::short_string(&h, crate::value::MAX_REV_TEXT).ok_or_else(bad))
         .collect::<Result<_>>()?;
-    revisions_ancestors(start, &ids).map_err(|e| line_error("PouchDB dump", n, &e.0))
+    revisions_ancestors(rev, start, &ids).map_err(|e| line_error("PouchDB dump", n, &e.0))
 }
 
 /// Where a dump's sequence numbers stand while it is read: the header's
@@ -644,7 +644,7 @@ impl Store {
                     summary.local_skipped += 1;
                     continue;
                 };
-                let anc = pouch_ancestors(&doc, n)?;
+                let anc = pouch_ancestors(&doc, &row.rev, n)?;
                 let key = JsValue::from(row.id.clone());
                 if !row.deleted {
                     strip_bookkeeping(&doc);

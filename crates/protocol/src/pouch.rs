@@ -93,9 +93,31 @@ pub fn add_row(
 /// The ancestors named by a row's `_revisions` (`{start, ids}`, newest
 /// first; `ids[0]` is the row's own revision): `(start-1)-ids[1]`, ….
 ///
+/// `_revisions` must describe the row it is on: `start` is `rev`'s
+/// generation and `ids[0]` its hash. PouchDB takes a doc's revision from
+/// `_revisions` when it has one, so a row whose `_revisions` names another
+/// revision (`_rev` 1-aa, `_revisions` 3-cc, 2-bb) is not one revision: taken
+/// as `_rev` says, its ancestors could bury a newer leaf (2-bb) under an
+/// older one. Such a row is refused, as is an empty `ids`.
+///
 /// # Errors
-/// When `start` is below the number of ids or a hash is not a revision hash.
-pub fn revisions_ancestors(start: u64, ids: &[String]) -> Result<Vec<Rev>, RevParseError> {
+/// When `ids` is empty, `start` or `ids[0]` is not `rev`'s, `start` is below
+/// the number of ids or a hash is not a revision hash.
+pub fn revisions_ancestors(
+    rev: &Rev,
+    start: u64,
+    ids: &[String],
+) -> Result<Vec<Rev>, RevParseError> {
+    match ids.first() {
+        Some(own) if start == rev.generation && *own == rev.hash => {}
+        _ => {
+            return Err(RevParseError(crate::cat(&[
+                "_revisions must start at the row's own _rev \"",
+                &rev.text(),
+                "\" (start its generation, ids[0] its hash)",
+            ])))
+        }
+    }
     if ids.len() as u64 > start {
         return Err(RevParseError(
             "_revisions names more ancestors than its start generation allows".into(),
@@ -392,7 +414,7 @@ mod tests {
                             .iter()
                             .map(|h| h.as_str().unwrap().to_owned())
                             .collect();
-                        revisions_ancestors(r["start"].as_u64().unwrap(), &hashes)
+                        revisions_ancestors(&rev, r["start"].as_u64().unwrap(), &hashes)
                             .map_err(|e| err(&e.0))?
                     }
                     None => Vec::new(),
@@ -414,6 +436,11 @@ mod tests {
             summary.count_id(&r.leaves);
         }
         Ok((summary, ids))
+    }
+
+    /// A revision from its text.
+    fn r(s: &str) -> Rev {
+        Rev::parse(s).unwrap()
     }
 
     /// A `seq` / `update_seq` JSON value as the SDK reads one.
@@ -673,13 +700,55 @@ mod tests {
 
     #[test]
     fn revisions_name_ancestors_newest_first() {
-        let a = revisions_ancestors(3, &["c".into(), "b".into(), "a".into()]).unwrap();
+        let a = revisions_ancestors(&r("3-c"), 3, &["c".into(), "b".into(), "a".into()]).unwrap();
         assert_eq!(
             a.iter().map(Rev::to_string).collect::<Vec<_>>(),
             ["2-b", "1-a"]
         );
-        assert!(revisions_ancestors(1, &["b".into(), "a".into()]).is_err());
-        assert!(revisions_ancestors(2, &["b".into(), "XYZ".into()]).is_err());
+        assert!(revisions_ancestors(&r("1-b"), 1, &["b".into(), "a".into()]).is_err());
+        assert!(revisions_ancestors(&r("2-b"), 2, &["b".into(), "XYZ".into()]).is_err());
+    }
+
+    /// `_revisions` must describe the row's own `_rev`: a `start` or
+    /// `ids[0]` of another revision, or no ids at all, is refused (the
+    /// reviewers' row `_rev` 1-aa with `_revisions` 3-cc, 2-bb would
+    /// otherwise bury the newer leaf 2-bb under 1-aa).
+    #[test]
+    fn revisions_that_disagree_with_the_rows_rev_are_refused() {
+        let ids = |h: &[&str]| h.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let e = revisions_ancestors(&r("1-aa"), 3, &ids(&["cc", "bb"])).unwrap_err();
+        assert!(e.0.contains("\"1-aa\""), "{e:?}");
+        // The right start, another hash; the right hash, another start.
+        assert!(revisions_ancestors(&r("2-aa"), 2, &ids(&["bb", "cc"])).is_err());
+        assert!(revisions_ancestors(&r("2-aa"), 3, &ids(&["aa", "cc"])).is_err());
+        assert!(revisions_ancestors(&r("2-aa"), 1, &ids(&["aa"])).is_err());
+        assert!(revisions_ancestors(&r("1-aa"), 1, &[]).is_err());
+        // Hashes compare exactly (a revision hash is lower-case hex).
+        assert!(revisions_ancestors(&r("1-aa"), 1, &ids(&["AA"])).is_err());
+        // A row's own revision alone, or with its ancestors, is accepted.
+        assert_eq!(
+            revisions_ancestors(&r("1-aa"), 1, &ids(&["aa"])),
+            Ok(vec![])
+        );
+        assert_eq!(
+            revisions_ancestors(&r("3-cc"), 3, &ids(&["cc", "bb"])),
+            Ok(vec![r("2-bb")])
+        );
+    }
+
+    /// The reviewers' dump: a row 1-aa whose `_revisions` says 3-cc, 2-bb,
+    /// then a row 2-bb, in either order, is refused naming the bad row's line.
+    #[test]
+    fn a_dump_row_whose_revisions_disagree_with_its_rev_is_refused_naming_its_line() {
+        let head = "{\"version\":\"1.2.4\",\"db_type\":\"leveldb\",\"db_info\":{\"doc_count\":1,\"update_seq\":2}}";
+        let bad = "{\"docs\":[{\"_id\":\"x\",\"_rev\":\"1-aa\",\"v\":\"old\",\"_revisions\":{\"start\":3,\"ids\":[\"cc\",\"bb\"]}}]}";
+        let new = "{\"docs\":[{\"_id\":\"x\",\"_rev\":\"2-bb\",\"v\":\"new\"}]}";
+        let end = "{\"seq\":2}";
+        for (lines, at) in [([head, bad, new, end], 2), ([head, new, bad, end], 3)] {
+            let err = resolve(&lines.join("\n")).err().expect("refused");
+            assert_eq!(err.0, at, "{err:?}");
+            assert!(err.1.contains("_revisions"), "{err:?}");
+        }
     }
 
     /// A line holding both `docs` and `seq` is documents (issue 15: such a
