@@ -69,8 +69,8 @@ export interface MutateResult {
 /** What `importPouchDump` / `importSnapshot` read: NDJSON text as a string, or streamed from a Blob (File), Response or ReadableStream of bytes. */
 export type ImportSource = string | Blob | Response | ReadableStream<Uint8Array>;
 export interface ImportOptions {
-  /** Called with (done, total) ids after each committed batch. */
-  onProgress?: ((done: number, total: number) => void) | null | undefined;
+  /** Called with (done, total) ids after each committed batch; a returned Promise is awaited before the next batch, and its rejection is taken as a throw. */
+  onProgress?: ((done: number, total: number) => void | Promise<void>) | null | undefined;
   /** Stops the import with AbortError (`cause`: the signal's reason) between batches, while the source is read, and while the io module loads; committed batches stay. */
   signal?: AbortSignal | null | undefined;
   /** Records per transaction, 1..=10000; default 1000. */
@@ -155,8 +155,8 @@ export interface IndexVerification { checked: number; missing: string[]; orphane
 export interface RebuildOptions {
   /** Records per transaction, 1..=10000; default 500. */
   batchSize?: number | null | undefined;
-  /** Called with (done, total) records after each committed batch; a throw before the last batch rejects the call with what it threw (committed batches stay). */
-  onProgress?: ((done: number, total: number) => void) | null | undefined;
+  /** Called with (done, total) records after each committed batch; a returned Promise is awaited before the next batch; a throw or rejection before the last batch rejects the call with that error (committed batches stay). */
+  onProgress?: ((done: number, total: number) => void | Promise<void>) | null | undefined;
   /** Stops the rebuild with AbortError (`cause`: the signal's reason) between batches and while the io module loads; committed batches stay (`restart: false` resumes). */
   signal?: AbortSignal | null | undefined;
   /** false = resume an interrupted rebuild from its checkpoint (default true = start over). */
@@ -902,11 +902,15 @@ impl AgentStore {
     }
 
     /// The same NDJSON as `exportSnapshot`, handed to `onChunk` in chunks of
-    /// whole lines, in order, synchronously, from one read-only transaction.
+    /// whole lines, in order, from one read-only transaction. An async
+    /// `onChunk` (one returning a Promise or thenable) is awaited before the
+    /// next chunk, and the export resolves after the last one settled; its
+    /// rejection (or a throw) rejects the export with that error and no
+    /// chunk follows. Chunks not taken yet wait in memory meanwhile.
     #[wasm_bindgen(js_name = exportSnapshotChunks, unchecked_return_type = "Promise<void>")]
     pub fn export_snapshot_chunks(
         &self,
-        #[wasm_bindgen(js_name = onChunk, unchecked_param_type = "(chunk: string) => void")]
+        #[wasm_bindgen(js_name = onChunk, unchecked_param_type = "(chunk: string) => void | Promise<void>")]
         on_chunk: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions | null")] options: JsValue,
     ) -> Promise {
@@ -1193,11 +1197,15 @@ impl AgentStore {
     }
 
     /// The same NDJSON as `exportSnapshot`, handed to `onChunk` in chunks of
-    /// whole lines, in order, synchronously, from one read-only transaction.
+    /// whole lines, in order, from one read-only transaction. An async
+    /// `onChunk` (one returning a Promise or thenable) is awaited before the
+    /// next chunk, and the export resolves after the last one settled; its
+    /// rejection (or a throw) rejects the export with that error and no
+    /// chunk follows. Chunks not taken yet wait in memory meanwhile.
     #[wasm_bindgen(js_name = exportSnapshotChunks, unchecked_return_type = "Promise<void>")]
     pub fn export_snapshot_chunks(
         &self,
-        #[wasm_bindgen(js_name = onChunk, unchecked_param_type = "(chunk: string) => void")]
+        #[wasm_bindgen(js_name = onChunk, unchecked_param_type = "(chunk: string) => void | Promise<void>")]
         on_chunk: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions | null")] options: JsValue,
     ) -> Promise {

@@ -481,6 +481,201 @@ async fn imports_keep_their_updated_at() {
     );
 }
 
+/// Calls `f(arg)`, a JS function made from `body` (test set-up only).
+fn js_call(args: &str, body: &str, arg: &JsValue) -> JsValue {
+    Function::new_with_args(args, body)
+        .call1(&JsValue::NULL, arg)
+        .unwrap()
+}
+
+/// Awaits a JS Promise (a test's own timer, or what a test records).
+async fn settled(p: JsValue) -> JsValue {
+    JsFuture::from(p.unchecked_into::<Promise>()).await.unwrap()
+}
+
+/// A store of 7 records and 1 tombstone, and its export.
+async fn export_fixture(tag: &str) -> (Store, String) {
+    let (store, _) = open(tag).await;
+    for i in 0..7 {
+        store
+            .put(&js(json!({"_id": format!("k{i}"), "recordType": "run"})))
+            .await
+            .unwrap();
+    }
+    let w = store.put(&js(json!({"_id": "gone"}))).await.unwrap();
+    store.delete(&s("gone"), &s(&w.rev)).await.unwrap();
+    let text = store.export_snapshot().await.unwrap();
+    (store, text)
+}
+
+/// An async `onChunk` (`exportSnapshotChunks(async c => { await
+/// writable.write(c) })`) is awaited: each chunk goes to it only after the
+/// Promise of the previous call resolved, in order, and the export resolves
+/// after the last. With `batchSize` 2 the reads span several of its timers,
+/// and the export is still the one consistent snapshot. Before, every chunk
+/// was handed over at once, the Promises ignored.
+#[wasm_bindgen_test]
+async fn an_async_on_chunk_gets_each_chunk_only_after_the_previous_one_resolved() {
+    let (store, text) = export_fixture("export-async").await;
+    let st = js(json!({"log": [], "got": [], "busy": false}));
+    let f = js_call(
+        "st",
+        "return (c) => { const i = st.got.length; st.log.push('call ' + i); \
+           if (st.busy) st.log.push('overlap'); st.busy = true; st.got.push(c); \
+           return new Promise((r) => setTimeout(() => { st.busy = false; \
+             st.log.push('done ' + i); r(); }, 2)); };",
+        &st,
+    );
+    store
+        .export_snapshot_chunks(Some(f.unchecked_ref()), 2)
+        .await
+        .expect("export");
+    let got: Vec<String> = Array::from(&field(&st, "got"))
+        .iter()
+        .map(|c| c.as_string().unwrap())
+        .collect();
+    assert_eq!(got.len(), 6, "header, 4 record chunks, 1 tombstone chunk");
+    assert_eq!(got.concat(), text);
+    let log: Vec<String> = Array::from(&field(&st, "log"))
+        .iter()
+        .map(|c| c.as_string().unwrap())
+        .collect();
+    let want: Vec<String> = (0..6)
+        .flat_map(|i| [format!("call {i}"), format!("done {i}")])
+        .collect();
+    assert_eq!(
+        log, want,
+        "one at a time, the export resolved after the last"
+    );
+}
+
+/// An async `onChunk` whose Promise rejects (a failed `writable.write`)
+/// stops the export, which rejects with that same error; no chunk follows,
+/// and the rejection is handled (no `unhandledrejection`), for a Promise and
+/// for another library's thenable. Before, the export resolved as a success
+/// and the rejection went unhandled.
+#[wasm_bindgen_test]
+async fn an_async_on_chunk_that_rejects_rejects_the_export_and_gets_no_more_chunks() {
+    let (store, _) = export_fixture("export-reject").await;
+    let unhandled = js(json!({"n": 0}));
+    let listen = js_call(
+        "u",
+        "const h = (e) => { if (String(e.reason && e.reason.message).startsWith('disk full')) u.n++; }; \
+         globalThis.addEventListener('unhandledrejection', h); \
+         return () => globalThis.removeEventListener('unhandledrejection', h);",
+        &unhandled,
+    );
+    let makers = [
+        // A Promise that rejects on the 2nd chunk.
+        "return (c) => { st.calls++; return st.calls === 2 ? \
+           Promise.reject(new Error('disk full ' + st.calls)) : Promise.resolve(); };",
+        // A thenable that is not a Promise, rejecting later.
+        "return (c) => { st.calls++; const n = st.calls; return { then(ok, no) { \
+           setTimeout(() => n === 2 ? no(new Error('disk full ' + n)) : ok(), 1); } }; };",
+    ];
+    for body in makers {
+        let st = js(json!({"calls": 0}));
+        let f = js_call("st", body, &st);
+        let e = store
+            .export_snapshot_chunks(Some(f.unchecked_ref()), 2)
+            .await
+            .unwrap_err();
+        let thrown = e.to_js();
+        assert_eq!(
+            field_str(&thrown, "message").as_deref(),
+            Some("disk full 2"),
+            "the export rejects with onChunk's own error: {e}"
+        );
+        assert_eq!(field(&st, "calls").as_f64(), Some(2.0), "no chunk after it");
+        store
+            .get(&s("k0"))
+            .await
+            .unwrap()
+            .expect("the store goes on");
+    }
+    // Whatever an unhandled rejection would fire is queued by now.
+    settled(js_call(
+        "",
+        "return new Promise((r) => setTimeout(r, 0));",
+        &JsValue::UNDEFINED,
+    ))
+    .await;
+    listen
+        .unchecked_ref::<Function>()
+        .call0(&JsValue::NULL)
+        .unwrap();
+    assert_eq!(
+        field(&unhandled, "n").as_f64(),
+        Some(0.0),
+        "no unhandled rejection"
+    );
+}
+
+/// An import's async `onProgress` is awaited before the next batch (each
+/// call only after the previous one resolved), and one that rejects before
+/// the last batch ends the import with that error as a throw does, the
+/// committed batches kept. Before, the Promise was ignored: the batches ran
+/// on and a rejection went unhandled while the import resolved.
+#[wasm_bindgen_test]
+async fn an_async_on_progress_is_awaited_and_its_rejection_ends_the_import() {
+    let (_, text) = export_fixture("progress-src").await;
+    let st = js(json!({"log": [], "busy": false}));
+    let f = js_call(
+        "st",
+        "return (d, t) => { st.log.push('call ' + d); if (st.busy) st.log.push('overlap'); \
+           st.busy = true; return new Promise((r) => setTimeout(() => { st.busy = false; \
+             st.log.push('done ' + d); r(); }, 2)); };",
+        &st,
+    );
+    let (store, _) = open("progress-async").await;
+    let opts = ImportOptions {
+        batch: 3,
+        on_progress: Some(f.unchecked_into()),
+        ..ImportOptions::default()
+    };
+    store
+        .import_snapshot_with(&text.as_str().into(), &opts)
+        .await
+        .unwrap();
+    let log: Vec<String> = Array::from(&field(&st, "log"))
+        .iter()
+        .map(|c| c.as_string().unwrap())
+        .collect();
+    assert_eq!(
+        log,
+        ["call 3", "done 3", "call 6", "done 6", "call 8", "done 8"]
+    );
+
+    let st = js(json!({"calls": 0}));
+    let f = js_call(
+        "st",
+        "return () => { st.calls++; return st.calls === 1 ? \
+           Promise.reject(new Error('progress failed')) : undefined; };",
+        &st,
+    );
+    let (store, _) = open("progress-reject").await;
+    let opts = ImportOptions {
+        batch: 3,
+        on_progress: Some(f.unchecked_into()),
+        ..ImportOptions::default()
+    };
+    let e = store
+        .import_snapshot_with(&text.as_str().into(), &opts)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        field_str(&e.to_js(), "message").as_deref(),
+        Some("progress failed"),
+        "{e}"
+    );
+    assert_eq!(field(&st, "calls").as_f64(), Some(1.0), "no batch after it");
+    let kept = store.export_snapshot().await.unwrap();
+    assert!(
+        kept.starts_with("{\"agentstore\":\"snapshot\",\"records\":3,"),
+        "{kept}"
+    );
+}
+
 /// Issue 17: a string, Blob, Response and ReadableStream import the same;
 /// anything else is a ValidationError and the store keeps working.
 #[wasm_bindgen_test]
@@ -1824,6 +2019,32 @@ async fn close_stops_an_export_or_import_in_progress_with_closed_error() {
         after <= 2,
         "the stream is not read on after close(): {calls} pulls, {after} after it"
     );
+}
+
+/// `close()` while the export waits on an async `onChunk` whose Promise
+/// never settles ends the export with ClosedError at once (the wait is
+/// raced with the closing), and no chunk follows: in the middle of the
+/// export, and after its last chunk, where the close comes only once the
+/// export took up the thenable (its `then` was called). Before, the
+/// thenable was never taken up and that export resolved.
+#[wasm_bindgen_test]
+async fn close_ends_an_export_waiting_on_an_async_on_chunk_with_closed_error() {
+    // 50 records in chunks of 5: the header, then 10 chunks (11 in all).
+    let never = [
+        (2, "queueMicrotask(close); return new Promise(() => {});"),
+        (11, "return { then() { close(); } };"),
+    ];
+    for (at, wait) in never {
+        let body = format!(
+            "s.exportSnapshotChunks(() => {{ seen(); if (calls === {at}) {{ {wait} }} \
+             return Promise.resolve(); }}, {{ batchSize: 5 }})"
+        );
+        assert_eq!(
+            closed_during("close-async-chunk", 50, &body).await,
+            ("ClosedError".to_owned(), at, 0),
+            "closed at chunk {at}"
+        );
+    }
 }
 
 /// The shared dump made by real PouchDB: its header says `update_seq` 6582

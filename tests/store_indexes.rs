@@ -340,6 +340,57 @@ async fn an_aborted_signal_or_a_throwing_callback_stops_a_rebuild_like_an_import
     assert!(store.indexes_ready().await.unwrap());
 }
 
+/// An async `onProgress` of `rebuildIndexes` is awaited before the next
+/// batch (each call only after the previous one's Promise resolved), and a
+/// rejection before the last batch ends the call with that error, as a
+/// throw does; the committed batches stay and a later call resumes.
+/// Before, the Promise was ignored: the batches ran on and the rejection
+/// went unhandled while the call resolved.
+#[wasm_bindgen_test]
+async fn an_async_on_progress_is_awaited_and_its_rejection_stops_a_rebuild() {
+    let (store, _) = open("idx-async-progress").await;
+    let recs: Vec<Value> = (0..30u32)
+        .map(|i| json!({"_id": format!("p{i:03}"), "recordType": "run", "updatedAt": at(i)}))
+        .collect();
+    store.put_many(&js(Value::Array(recs))).await.unwrap();
+    let before = store.dump_entries().await.unwrap();
+    let log = js_sys::Array::new();
+    let slow = js_sys::Function::new_with_args(
+        "done, total",
+        "const log = this; log.push('call ' + done); \
+         return new Promise((r) => setTimeout(() => { log.push('done ' + done); r(); }, 2));",
+    );
+    let n = store
+        .rebuild_indexes(10, true, Some(&slow.bind0(&log)), None)
+        .await
+        .unwrap();
+    assert_eq!(n, 30);
+    let log: Vec<String> = log.iter().map(|v| v.as_string().unwrap()).collect();
+    assert_eq!(
+        log,
+        ["call 10", "done 10", "call 20", "done 20", "call 30", "done 30"]
+    );
+    let rejects = js_sys::Function::new_with_args(
+        "done, total",
+        "return Promise.reject(new Error('stop at ' + done))",
+    );
+    let e = store
+        .rebuild_indexes(10, true, Some(&rejects), None)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        field_str(&e.to_js(), "message").as_deref(),
+        Some("stop at 10")
+    );
+    assert!(!store.indexes_ready().await.unwrap(), "stopped mid-way");
+    assert_eq!(
+        store.rebuild_indexes(10, false, None, None).await.unwrap(),
+        30
+    );
+    assert_eq!(store.dump_entries().await.unwrap(), before);
+    assert_indexes_clean(&store).await;
+}
+
 /// A rebuild whose record count is a multiple of its batch size finishes in
 /// its last, exactly full batch, and reports each batch once. Before, an
 /// empty batch ran after it: `onProgress` saw `(100, 100)` twice, and a

@@ -1057,6 +1057,11 @@ impl Store {
                     &JsValue::from(next.done),
                     &JsValue::from(total.max(next.done)),
                 );
+                // An async `onProgress` (only the io build's rebuildIndexes
+                // takes one) is awaited before the next batch, outside any
+                // transaction (this batch committed).
+                #[cfg(feature = "io")]
+                let called = super::mutate::settle_callback(called, signal, self).await?;
                 if !finished {
                     called.map_err(StoreError::Thrown)?;
                 }

@@ -15,7 +15,7 @@
 use super::db::{KeyRange, Query, TransactionMode, RECORDS, TOMBSTONES};
 use super::index;
 use super::lines::{ImportOptions, JsBlob, Lines, Source, DEFAULT_BATCH};
-use super::mutate::check_abort;
+use super::mutate::{check_abort, settle_callback};
 use super::{read_many, tombstone, Store};
 use crate::error::{set, Result, StoreError};
 use agentstore_protocol::pouch::{
@@ -25,6 +25,10 @@ use agentstore_protocol::pouch::{
 };
 use agentstore_protocol::rev::{Current, Rev};
 use js_sys::{Array, Function, JsString, Map, Object, Reflect};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
 use wasm_bindgen::{JsCast, JsValue};
 
 #[wasm_bindgen::prelude::wasm_bindgen(module = "/js/parse.js")]
@@ -151,6 +155,9 @@ impl<'a> Writer<'a> {
         self.staged.clear();
         if let Some(cb) = &self.opts.on_progress {
             let called = cb.call2(&JsValue::NULL, &done.into(), &self.total.into());
+            // An async `onProgress` is awaited before the next batch (no
+            // transaction is open here: the batch committed).
+            let called = settle_callback(called, self.opts.signal.as_ref(), self.store).await?;
             if let Err(e) = called {
                 if !last && done < self.total {
                     return Err(StoreError::Thrown(e));
@@ -809,13 +816,22 @@ impl Store {
     /// one stored object per line in key order (records, then tombstones),
     /// read in one read-only transaction (a consistent snapshot) `batch`
     /// objects at a time. Each chunk (whole lines, each ending in `\n`) goes
-    /// to `on_chunk` when given (called synchronously; the returned array is
-    /// then empty), else into the returned array of JS strings.
+    /// to `on_chunk` when given (the returned array is then empty), else into
+    /// the returned array of JS strings.
+    ///
+    /// `on_chunk` is called with one chunk at a time, in order. When it
+    /// returns a thenable (an async `on_chunk`), the next chunk waits until
+    /// that settles, and the export resolves only after the last one did.
+    /// The transaction is never held by that wait (it would commit under a
+    /// foreign await, CASES.md C-E3): the reads go on while `on_chunk`'s
+    /// promise is pending, and the chunks it has not taken yet wait in JS
+    /// memory (at most the whole export, as `exportSnapshot`'s string).
     ///
     /// # Errors
     /// TransactionError; ClosedError, also when the store is closed during
-    /// the export (no chunk goes to `on_chunk` after it); whatever
-    /// `on_chunk` throws.
+    /// the export (no chunk goes to `on_chunk` after it; a pending
+    /// `on_chunk` promise is no longer waited for); whatever `on_chunk`
+    /// throws or its thenable rejects with (no chunk goes to it after that).
     pub async fn export_snapshot_chunks(
         &self,
         on_chunk: Option<&Function>,
@@ -832,26 +848,17 @@ impl Store {
         set(&header, "records", &JsValue::from(n_records?));
         set(&header, "tombstones", &JsValue::from(n_tombs?));
         set(&header, "version", &JsValue::from(1));
-        let parts = Array::new();
-        let emit = |chunk: JsString| -> Result<()> {
-            // `close()` stops the export: IndexedDB lets its transaction
-            // finish, so it is looked at before each chunk (and at the end).
-            self.check_open()?;
-            match on_chunk {
-                Some(f) => f
-                    .call1(&JsValue::NULL, &chunk)
-                    .map(|_| ())
-                    .map_err(StoreError::Thrown),
-                None => {
-                    parts.push(&chunk);
-                    Ok(())
-                }
-            }
+        let mut out = Chunks {
+            store: self,
+            on_chunk,
+            parts: Array::new(),
+            queue: VecDeque::new(),
+            pending: None,
         };
         let nl = JsString::from("\n");
         let header = js_sys::JSON::stringify(&header)
             .map_err(|_| StoreError::Transaction("the snapshot header is not JSON".into()))?;
-        emit(header.concat(&nl))?;
+        out.push(header.concat(&nl))?;
         for store in [records, tombs] {
             let mut after: Option<JsValue> = None;
             loop {
@@ -870,7 +877,7 @@ impl Store {
                     lines.push(&line);
                 }
                 lines.push(&JsString::from(""));
-                emit(lines.join("\n"))?;
+                out.push(lines.join("\n"))?;
                 if rows.len() < batch as usize {
                     break;
                 }
@@ -878,7 +885,7 @@ impl Store {
         }
         self.check_open()?;
         tx.end_read();
-        Ok(parts)
+        out.finish().await
     }
 
     /// The chunks of [`Store::export_snapshot_chunks`] as one `Blob`
@@ -1159,4 +1166,82 @@ async fn live_tombstones(tombs: &super::db::ObjectStore, staged: &[Staged]) -> R
         found.set(&Reflect::get(&t, &"_id".into()).unwrap_or_default(), &t);
     }
     Ok(found)
+}
+
+/// What an `on_chunk` thenable settles into, raced with `close()`.
+type Settling<'a> =
+    Pin<Box<dyn Future<Output = Result<std::result::Result<JsValue, JsValue>>> + 'a>>;
+
+/// The chunks of an export on their way out: into `parts`, or to `on_chunk`
+/// one at a time, each only once the thenable the previous call returned has
+/// settled (queued meanwhile, in JS memory).
+struct Chunks<'a> {
+    store: &'a Store,
+    on_chunk: Option<&'a Function>,
+    parts: Array,
+    queue: VecDeque<JsString>,
+    pending: Option<Settling<'a>>,
+}
+
+impl<'a> Chunks<'a> {
+    /// Adds `chunk` and hands over what may go now.
+    fn push(&mut self, chunk: JsString) -> Result<()> {
+        // `close()` stops the export: IndexedDB lets its transaction
+        // finish, so it is looked at before each chunk (and at the end).
+        self.store.check_open()?;
+        if self.on_chunk.is_none() {
+            self.parts.push(&chunk);
+            return Ok(());
+        }
+        self.queue.push_back(chunk);
+        self.pump()
+    }
+
+    /// Calls `on_chunk` with the queued chunks while no thenable of it is
+    /// pending (looked at without waiting: the caller goes on reading).
+    fn pump(&mut self) -> Result<()> {
+        let Some(f) = self.on_chunk else {
+            return Ok(());
+        };
+        loop {
+            if let Some(p) = self.pending.as_mut() {
+                // A poll with a no-op waker: only whether it has settled.
+                let cx = &mut Context::from_waker(Waker::noop());
+                match p.as_mut().poll(cx) {
+                    Poll::Pending => return Ok(()),
+                    Poll::Ready(r) => {
+                        self.pending = None;
+                        r?.map_err(StoreError::Thrown)?;
+                    }
+                }
+            }
+            let Some(chunk) = self.queue.pop_front() else {
+                return Ok(());
+            };
+            self.store.check_open()?;
+            let out = f
+                .call1(&JsValue::NULL, &chunk)
+                .map_err(StoreError::Thrown)?;
+            if let Some(p) = crate::value::as_promise(&out) {
+                // Polled at once (the loop): its rejection has a handler
+                // before this returns, never an unhandled rejection.
+                let settling = super::mutate::race_abort_or_close(p, None, self.store);
+                self.pending = Some(Box::pin(settling));
+            }
+        }
+    }
+
+    /// Hands over the rest, waiting for each thenable `on_chunk` returns;
+    /// the array of chunks when there is no `on_chunk` (else empty).
+    async fn finish(mut self) -> Result<Array> {
+        loop {
+            self.pump()?;
+            match self.pending.take() {
+                Some(p) => p.await?.map_err(StoreError::Thrown)?,
+                None => break,
+            };
+        }
+        self.store.check_open()?;
+        Ok(self.parts)
+    }
 }

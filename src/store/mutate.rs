@@ -261,6 +261,25 @@ pub(crate) async fn race_abort_or_close(
     }
 }
 
+/// What a user callback (`onProgress`) returned or threw, settled: a
+/// thenable it returned is awaited (raced as [`race_abort_or_close`] races
+/// it, so an abort or `close()` ends the wait at once); its rejection is
+/// handled here, never an unhandled rejection, and comes back as a throw.
+///
+/// # Errors
+/// AbortError; ClosedError.
+#[cfg(feature = "io")]
+pub(crate) async fn settle_callback(
+    called: std::result::Result<JsValue, JsValue>,
+    signal: Option<&AbortSignal>,
+    store: &Store,
+) -> Result<std::result::Result<JsValue, JsValue>> {
+    match called.as_ref().ok().and_then(crate::value::as_promise) {
+        Some(p) => race_abort_or_close(p, signal, store).await,
+        None => Ok(called),
+    }
+}
+
 #[wasm_bindgen::prelude::wasm_bindgen(module = "/js/promise.js")]
 extern "C" {
     /// `promise` raced with `signal`'s `abort` event, which resolves it with
