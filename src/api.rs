@@ -173,15 +173,15 @@ export type ErrorName =
   | "BlockedError" | "ClosedError" | "AbortError" | "ClaimLostError" | "StateConflictError"
   | "AlreadySettledError" | "UnauthorizedError" | "ForbiddenError" | "RateLimitedError"
   | "PayloadTooLargeError" | "BadRequestError" | "MethodNotAllowedError" | "NetworkError" | "InternalError";
-/** One failing position of a `putMany` / import batch. */
-export interface BatchFailure { index: number; id: unknown; message: string; expectedRev?: string | null; currentRev?: string | null; }
+/** One failing position of a `putMany` / `deleteMany` batch; `code` is what `put` / `delete` of that position alone would reject with ("not_found": a deletion with nothing live to delete). */
+export interface BatchFailure { index: number; id: unknown; message: string; code: "validation" | "conflict" | "not_found"; expectedRev?: string | null; currentRev?: string | null; }
 /** `ConflictError` (409): the compare-and-swap failed; nothing was written. */
 export interface ConflictError extends Error {
   name: "ConflictError"; code: "conflict"; status: 409;
   id?: string; expectedRev?: string | null; currentRev?: string | null; current?: AgentRecord | null;
   /** From `mutate`: attempts made before giving up. */
   attempts?: number;
-  /** From `putMany`: every failing position. */
+  /** From `putMany` / `deleteMany`: every failing position. */
   failures?: BatchFailure[];
 }
 /** Errors thrown by agentstore: `name` is e.g. "ConflictError", `code` e.g. "conflict". */
@@ -550,9 +550,11 @@ impl AgentStore {
     ///
     /// # Errors
     /// ValidationError listing every malformed position or repeated id;
-    /// ConflictError (409) whose `failures` list every position whose `rev`
-    /// is stale or that has nothing live to delete (`currentRev: null`).
-    /// Nothing is written on any error.
+    /// else, `failures` listing every position whose `rev` is stale (`code`
+    /// "conflict") or that has nothing live to delete (`code` "not_found",
+    /// `currentRev: null`, what `delete` rejects with): NotFoundError (404)
+    /// when every failing position is not_found, as `delete` of each would
+    /// be, else ConflictError (409). Nothing is written on any error.
     #[wasm_bindgen(js_name = deleteMany, unchecked_return_type = "Promise<string[]>")]
     pub fn delete_many(
         &self,

@@ -21,6 +21,10 @@ pub struct BatchFailure {
     pub expected_rev: Option<String>,
     /// The stored revision (`None` when nothing is stored).
     pub current_rev: Option<String>,
+    /// The error the single-record call would give for this position
+    /// (`put`/`delete`): validation, conflict, or not_found (a deletion with
+    /// nothing live to delete, as `delete`'s NotFoundError).
+    pub code: ErrorCode,
 }
 
 /// Everything an agentstore operation can fail with.
@@ -121,7 +125,7 @@ impl StoreError {
                 &or_none(current_rev),
             ]),
             StoreError::BatchConflict { .. } => {
-                "some of the batch's records conflict (see failures); nothing was written".into()
+                "some of the batch's records conflict or are not there to delete (see failures); nothing was written".into()
             }
             StoreError::NotFound(_, id) => agentstore_protocol::cat(&["record ", id, " not found"]),
             StoreError::QuotaExceeded(m) => agentstore_protocol::cat(&[
@@ -151,6 +155,13 @@ impl StoreError {
     pub fn code(&self) -> ErrorCode {
         match self {
             StoreError::Validation { .. } | StoreError::Unreadable { .. } => ErrorCode::Validation,
+            // A batch refused only for deletions with nothing live to
+            // delete is what `delete` says of each: NotFoundError.
+            StoreError::BatchConflict { failures }
+                if failures.iter().all(|f| f.code == ErrorCode::NotFound) =>
+            {
+                ErrorCode::NotFound
+            }
             StoreError::Conflict { .. } | StoreError::BatchConflict { .. } => ErrorCode::Conflict,
             StoreError::NotFound(..) => ErrorCode::NotFound,
             StoreError::QuotaExceeded(_) => ErrorCode::QuotaExceeded,
@@ -244,6 +255,7 @@ fn failures_to_js(failures: &[BatchFailure]) -> JsValue {
         set(&o, "index", &JsValue::from(f.index as u32));
         set(&o, "id", &f.id);
         set(&o, "message", &f.message.as_str().into());
+        set(&o, "code", &f.code.as_str().into());
         if f.expected_rev.is_some() || f.current_rev.is_some() {
             set(&o, "expectedRev", &opt_str(&f.expected_rev));
             set(&o, "currentRev", &opt_str(&f.current_rev));

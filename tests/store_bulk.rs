@@ -292,13 +292,14 @@ async fn delete_many_is_all_or_nothing_and_reports_every_failing_position() {
         0
     );
     // deleting an already deleted record again: nothing live, `currentRev:
-    // null` as the docs say (it was the tombstone's revision)
+    // null` as the docs say (it was the tombstone's revision); NotFoundError,
+    // as `delete` says of each
     let e = call(store.delete_many(js(
         json!([{"id": "d/a", "rev": out[0]}, {"id": "d/c", "rev": revs[2]}]),
     )))
     .await
     .unwrap_err();
-    assert_eq!(err_kind(&e).1, "conflict");
+    assert_eq!(err_kind(&e).1, "not_found");
     assert_eq!(failure_indexes(&e), vec![0, 1]);
     let failures = Array::from(&field(&e, "failures"));
     for f in failures.iter() {
@@ -320,6 +321,118 @@ async fn delete_many_is_all_or_nothing_and_reports_every_failing_position() {
         0,
         "the derived index lost the deleted records"
     );
+}
+
+/// `(name, code, status)` of a rejection, and each failure's `code`.
+fn refusal(e: &JsValue) -> (String, String, f64, Vec<String>) {
+    let (name, code) = err_kind(e);
+    let codes = Array::from(&field(e, "failures"))
+        .iter()
+        .map(|f| field_str(&f, "code").unwrap_or_default())
+        .collect();
+    (name, code, field(e, "status").as_f64().unwrap(), codes)
+}
+
+/// `delete` and `deleteMany` say the same of a record with nothing live to
+/// delete (never written, already deleted, or its tombstone purged): a
+/// NotFoundError (404), and in `deleteMany` a failure whose `code` is
+/// "not_found" (`currentRev: null`). A batch that also holds a stale
+/// revision is a ConflictError (409) whose failures carry each its own code,
+/// as `putMany`'s do ("conflict", "validation"). Before, `deleteMany` of a
+/// deleted record was a ConflictError while `delete` of it was a
+/// NotFoundError, and failures carried no code.
+#[wasm_bindgen_test]
+async fn delete_and_delete_many_of_a_record_with_nothing_live_both_reject_with_not_found() {
+    let (store, _) = open_api("del-notfound").await;
+    let gone = put(&store, json!({"_id": "gone"})).await;
+    let tomb = call(store.delete(s("gone"), s(&gone))).await.unwrap();
+    let purged = put(&store, json!({"_id": "purged"})).await;
+    call(store.delete(s("purged"), s(&purged))).await.unwrap();
+    let gone_tomb = tomb.as_string().unwrap();
+    let live = put(&store, json!({"_id": "live"})).await;
+    let before_purge = [("gone", gone_tomb.clone()), ("gone", gone.clone())];
+    for (id, rev) in before_purge.into_iter().chain([("never", gone.clone())]) {
+        let one = call(store.delete(s(id), s(&rev))).await.unwrap_err();
+        assert_eq!(
+            err_kind(&one),
+            ("NotFoundError".into(), "not_found".into()),
+            "delete {id}@{rev}"
+        );
+        assert_eq!(field(&one, "status").as_f64(), Some(404.0));
+        let many = call(store.delete_many(js(json!([{"id": id, "rev": rev}]))))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refusal(&many),
+            (
+                "NotFoundError".into(),
+                "not_found".into(),
+                404.0,
+                vec!["not_found".into()]
+            ),
+            "deleteMany {id}@{rev}"
+        );
+        let f = Array::from(&field(&many, "failures")).get(0);
+        assert!(field(&f, "currentRev").is_null());
+    }
+    // A purged tombstone: the id is unknown to the store, as one never written.
+    let purge = call(store.purge_tombstones(js(json!({"olderThanMs": 0})))).await;
+    assert_eq!(purge.unwrap().as_f64(), Some(2.0));
+    let one = call(store.delete(s("purged"), s(&purged)))
+        .await
+        .unwrap_err();
+    assert_eq!(err_kind(&one), ("NotFoundError".into(), "not_found".into()));
+    let many = call(store.delete_many(js(json!([{"id": "purged", "rev": purged}]))))
+        .await
+        .unwrap_err();
+    assert_eq!(refusal(&many).3, ["not_found"]);
+    assert_eq!(
+        err_kind(&many),
+        ("NotFoundError".into(), "not_found".into())
+    );
+    // Mixed with a stale revision: ConflictError, each failure its own code.
+    let stale = "1-00000000000000000000000000000000";
+    let many = call(store.delete_many(js(json!([
+        {"id": "live", "rev": stale},
+        {"id": "never", "rev": stale},
+        {"id": "gone", "rev": gone},
+    ]))))
+    .await
+    .unwrap_err();
+    assert_eq!(
+        refusal(&many),
+        (
+            "ConflictError".into(),
+            "conflict".into(),
+            409.0,
+            vec!["conflict".into(), "not_found".into(), "not_found".into()]
+        )
+    );
+    let one = call(store.delete(s("live"), s(stale))).await.unwrap_err();
+    assert_eq!(err_kind(&one), ("ConflictError".into(), "conflict".into()));
+    assert!(
+        get_id(&store, "live").await.is_some(),
+        "nothing was deleted"
+    );
+    // putMany's failures carry theirs too.
+    let e = call(store.put_many(js(json!([{"_id": "live"}, {"_id": "x", "_y": 1}]))))
+        .await
+        .unwrap_err();
+    assert_eq!(refusal(&e).3, ["validation"]);
+    let e = call(store.put_many(js(json!([{"_id": "live"}, {"_id": "y"}]))))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refusal(&e),
+        (
+            "ConflictError".into(),
+            "conflict".into(),
+            409.0,
+            vec!["conflict".into()]
+        )
+    );
+    let kept = get_id(&store, "live").await.expect("live");
+    assert_eq!(field_str(&kept, "_rev"), Some(live));
 }
 
 #[wasm_bindgen_test]

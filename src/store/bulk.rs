@@ -14,6 +14,7 @@ use crate::error::{BatchFailure, Result, StoreError};
 use agentstore_protocol::keys::page_range;
 use agentstore_protocol::record::MAX_BATCH;
 use agentstore_protocol::rev::{decide_delete, decide_put, CasError, Current, Rev};
+use agentstore_protocol::ErrorCode;
 use js_sys::{Array, JsString};
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
@@ -69,6 +70,7 @@ fn failure(index: usize, id: JsValue, message: String) -> BatchFailure {
         message,
         expected_rev: None,
         current_rev: None,
+        code: ErrorCode::Validation,
     }
 }
 
@@ -281,7 +283,7 @@ impl Store {
             let (decided, expected, current_rev) = match op {
                 Op::Put(p) => (
                     decide_put(current, p.expected.as_ref())
-                        .map_err(|_| "revision conflict")
+                        .map_err(|_| ("revision conflict", ErrorCode::Conflict))
                         .map(|base| p.stamp(base, stored.as_ref(), &now, state.purges())),
                     p.expected.as_ref().map(Rev::text),
                     current.rev().map(Rev::text),
@@ -290,9 +292,10 @@ impl Store {
                     digest, expected, ..
                 } => (
                     decide_delete(current, expected)
+                        // Each with the code `delete` gives the same case.
                         .map_err(|e| match e {
-                            CasError::NotFound => "nothing live to delete",
-                            CasError::Conflict => "revision conflict",
+                            CasError::NotFound => ("nothing live to delete", ErrorCode::NotFound),
+                            CasError::Conflict => ("revision conflict", ErrorCode::Conflict),
                         })
                         .map(|base| tombstone_rev(base, digest)),
                     Some(expected.text()),
@@ -304,7 +307,7 @@ impl Store {
                     },
                 ),
             };
-            let message = match decided {
+            let (message, code) = match decided {
                 Ok(Ok(rev)) => {
                     revs.push(rev);
                     continue;
@@ -313,9 +316,9 @@ impl Store {
                 // next revision exists; or an `updatedAt` naming no real day.
                 Ok(Err(e)) => {
                     invalid = true;
-                    e.message()
+                    (e.message(), ErrorCode::Validation)
                 }
-                Err(why) => why.into(),
+                Err((why, code)) => (why.into(), code),
             };
             failures.push(BatchFailure {
                 index,
@@ -323,6 +326,7 @@ impl Store {
                 message,
                 expected_rev: expected,
                 current_rev,
+                code,
             });
         }
         if !failures.is_empty() {

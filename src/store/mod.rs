@@ -457,6 +457,7 @@ impl Store {
                     message: "the same _id appears twice in one batch".into(),
                     expected_rev: None,
                     current_rev: None,
+                    code: agentstore_protocol::ErrorCode::Validation,
                 }),
                 Ok(p) => prepared.push(p),
                 // Named by the `_id` the walk read: read again, a getter
@@ -472,6 +473,7 @@ impl Store {
                         message: e.message(),
                         expected_rev: None,
                         current_rev: None,
+                        code: agentstore_protocol::ErrorCode::Validation,
                     })
                 }
             }
