@@ -69,6 +69,13 @@ pub enum StoreError {
         /// Every conflicting position.
         failures: Vec<BatchFailure>,
     },
+    /// A `deleteMany` refused only for positions with nothing live to
+    /// delete: NotFoundError, as `delete` of each (each failure's `code`
+    /// is `not_found`).
+    BatchNotFound {
+        /// Every such position.
+        failures: Vec<BatchFailure>,
+    },
     /// The record does not exist (or is a tombstone): its id (a JS string,
     /// exact: may hold lone surrogates) and the id for messages (lossy).
     NotFound(JsValue, String),
@@ -124,7 +131,7 @@ impl StoreError {
                 ", stored revision is ",
                 &or_none(current_rev),
             ]),
-            StoreError::BatchConflict { .. } => {
+            StoreError::BatchConflict { .. } | StoreError::BatchNotFound { .. } => {
                 "some of the batch's records conflict or are not there to delete (see failures); nothing was written".into()
             }
             StoreError::NotFound(_, id) => agentstore_protocol::cat(&["record ", id, " not found"]),
@@ -155,15 +162,8 @@ impl StoreError {
     pub fn code(&self) -> ErrorCode {
         match self {
             StoreError::Validation { .. } | StoreError::Unreadable { .. } => ErrorCode::Validation,
-            // A batch refused only for deletions with nothing live to
-            // delete is what `delete` says of each: NotFoundError.
-            StoreError::BatchConflict { failures }
-                if failures.iter().all(|f| f.code == ErrorCode::NotFound) =>
-            {
-                ErrorCode::NotFound
-            }
             StoreError::Conflict { .. } | StoreError::BatchConflict { .. } => ErrorCode::Conflict,
-            StoreError::NotFound(..) => ErrorCode::NotFound,
+            StoreError::NotFound(..) | StoreError::BatchNotFound { .. } => ErrorCode::NotFound,
             StoreError::QuotaExceeded(_) => ErrorCode::QuotaExceeded,
             StoreError::Transaction(_) => ErrorCode::Transaction,
             StoreError::Blocked(..) => ErrorCode::Blocked,
@@ -222,7 +222,9 @@ impl StoreError {
                 }
             }
             StoreError::NotFound(id, _) => set(o, "id", id),
-            StoreError::BatchConflict { failures } => set(o, "failures", &failures_to_js(failures)),
+            StoreError::BatchConflict { failures } | StoreError::BatchNotFound { failures } => {
+                set(o, "failures", &failures_to_js(failures))
+            }
             StoreError::Validation { failures, .. } if !failures.is_empty() => {
                 set(o, "failures", &failures_to_js(failures))
             }
@@ -255,7 +257,14 @@ fn failures_to_js(failures: &[BatchFailure]) -> JsValue {
         set(&o, "index", &JsValue::from(f.index as u32));
         set(&o, "id", &f.id);
         set(&o, "message", &f.message.as_str().into());
-        set(&o, "code", &f.code.as_str().into());
+        // The three codes a failure can have (`as_str` would keep every
+        // code's text in the store-only build).
+        let code = match f.code {
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::Conflict => "conflict",
+            _ => "validation",
+        };
+        set(&o, "code", &code.into());
         if f.expected_rev.is_some() || f.current_rev.is_some() {
             set(&o, "expectedRev", &opt_str(&f.expected_rev));
             set(&o, "currentRev", &opt_str(&f.current_rev));

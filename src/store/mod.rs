@@ -36,6 +36,7 @@ use agentstore_protocol::canonical::BodyDigest;
 use agentstore_protocol::index::IndexDef;
 use agentstore_protocol::record::check_id;
 use agentstore_protocol::rev::{Current, Rev};
+use agentstore_protocol::ErrorCode;
 use db::{Db, TransactionMode, Tx, DERIVED, META, RECORDS, TOMBSTONES};
 use js_sys::{JsString, Object};
 use wasm_bindgen::{JsCast, JsValue};
@@ -457,7 +458,7 @@ impl Store {
                     message: "the same _id appears twice in one batch".into(),
                     expected_rev: None,
                     current_rev: None,
-                    code: agentstore_protocol::ErrorCode::Validation,
+                    code: ErrorCode::Validation,
                 }),
                 Ok(p) => prepared.push(p),
                 // Named by the `_id` the walk read: read again, a getter
@@ -473,7 +474,7 @@ impl Store {
                         message: e.message(),
                         expected_rev: None,
                         current_rev: None,
-                        code: agentstore_protocol::ErrorCode::Validation,
+                        code: ErrorCode::Validation,
                     })
                 }
             }
@@ -507,13 +508,17 @@ pub(crate) async fn answered(p: js_sys::Promise) -> Result<JsValue> {
 /// ValidationError when some member cannot be written as given (`invalid`:
 /// no retry can succeed; its failure says why: a record at the last
 /// revision generation, an `updatedAt` naming no real day), else a
-/// ConflictError.
+/// NotFoundError when every failure is a deletion with nothing live to
+/// delete (as `delete` of each), else a ConflictError.
 pub(crate) fn batch_refused(failures: Vec<BatchFailure>, invalid: bool) -> StoreError {
     if invalid {
         StoreError::Validation {
             message: "a record cannot be written as given (see failures: at the last revision generation, 2^53-1, or an updatedAt naming no real day); nothing was written".into(),
             failures,
         }
+    } else if failures.iter().all(|f| f.code == ErrorCode::NotFound) {
+        // What `delete` says of each: NotFoundError.
+        StoreError::BatchNotFound { failures }
     } else {
         StoreError::BatchConflict { failures }
     }
