@@ -1947,6 +1947,72 @@ async fn closed_during(tag: &str, n: usize, body: &str) -> (String, u32, u32) {
     )
 }
 
+/// `close()` while a batch's reads are out (its transaction made, its
+/// writes not yet issued): an import or a rebuild writes no batch after it
+/// and calls no `onProgress` after it, and rejects with ClosedError, also
+/// when that batch is the last. Before, the batch's writes were issued once
+/// its reads answered, it committed after `close()` returned, `onProgress`
+/// ran, and a rebuild whose last batch it was resolved. Review finding
+/// (helper-175).
+#[wasm_bindgen_test]
+async fn close_while_a_batchs_reads_are_out_writes_no_batch_after_it() {
+    // `s.close()` right after the read that follows the `at`-th progress
+    // call is issued (IndexedDB's read methods wrapped for the call).
+    let run = |tag: &'static str, n: usize, body: String| async move {
+        let (store, name) = open(tag).await;
+        let records: Vec<serde_json::Value> = (0..n)
+            .map(|i| json!({"_id": format!("r{i:03}"), "recordType": "run"}))
+            .collect();
+        if n > 0 {
+            store.put_many(&js(json!(records))).await.unwrap();
+        }
+        let api = JsValue::from(agentstore::AgentStore::from_store(store));
+        let f = Function::new_with_args(
+            "s",
+            &format!(
+                "let calls = 0, after = 0, closed = false, armed = false; \
+                 const P = IDBObjectStore.prototype, reals = {{}}; \
+                 for (const m of ['get', 'getAll', 'getAllKeys', 'count']) {{ reals[m] = P[m]; \
+                   P[m] = function (...a) {{ const r = reals[m].apply(this, a); \
+                     if (armed && !closed) {{ closed = true; s.close(); }} return r; }}; }} \
+                 const seen = (at) => {{ calls++; if (closed) after++; if (calls === at) armed = true; }}; \
+                 return ({body}).then(() => 'resolved', (e) => e.name) \
+                   .finally(() => {{ for (const m in reals) P[m] = reals[m]; }}) \
+                   .then((r) => [r, calls, after]);"
+            ),
+        );
+        let p: Promise = f.call1(&JsValue::NULL, &api).unwrap().unchecked_into();
+        let out: Array = JsFuture::from(p).await.unwrap().into();
+        let again = open_named(&name).await;
+        (
+            out.get(0).as_string().unwrap(),
+            out.get(1).as_f64().unwrap() as u32,
+            out.get(2).as_f64().unwrap() as u32,
+            again,
+        )
+    };
+    // A 50-record import in batches of 5, closed while the 2nd, then the
+    // last, batch reads: only the batches before it are stored.
+    let text = serde_json::to_string(&snapshot_of_runs(50)).unwrap();
+    for (at, tag) in [(1, "close-reads-import-2"), (9, "close-reads-import-last")] {
+        let body =
+            format!("s.importSnapshot({text}, {{ batchSize: 5, onProgress: () => seen({at}) }})");
+        let (r, calls, after, again) = run(tag, 0, body).await;
+        assert_eq!((r.as_str(), calls, after), ("ClosedError", at, 0), "{tag}");
+        assert_eq!(
+            again.count(&[], None).await.unwrap(),
+            5 * at,
+            "{tag}: no batch after close()"
+        );
+    }
+    // A rebuild of 20 records in batches of 5, closed while its last batch
+    // reads: it rejects, and the index is not complete.
+    let body = "s.rebuildIndexes({ batchSize: 5, onProgress: () => seen(3) })".to_owned();
+    let (r, calls, after, again) = run("close-reads-rebuild", 20, body).await;
+    assert_eq!((r.as_str(), calls, after), ("ClosedError", 3, 0));
+    drop(again);
+}
+
 /// `close()` stops an export or import in progress: no callback runs after
 /// it and the call rejects with ClosedError, for every export form and for
 /// an import, also when it comes with the last chunk or the last batch's

@@ -1014,6 +1014,9 @@ impl Store {
                 .store(RECORDS)?
                 .get_all(query, Some(batch.saturating_add(1)))?
                 .await?;
+            // close() (or a versionchange) while the read was out: no batch
+            // is written after it (the dropped transaction aborts).
+            self.check_open()?;
             let finished = rows.len() as u32 <= batch;
             rows.truncate(batch as usize);
             let derived = tx.store(DERIVED)?;
@@ -1048,6 +1051,9 @@ impl Store {
                 }
             }
             tx.commit().await?;
+            // Committed; closed meanwhile: no progress call, and the call
+            // rejects (ClosedError) even after its last batch.
+            self.check_open()?;
             // A throwing callback ends the call with what it threw, as in
             // the imports; the batch is committed, so a later call resumes.
             // After the last batch the rebuild is complete, and it says so.

@@ -153,6 +153,9 @@ impl<'a> Writer<'a> {
         self.counts.kept_newer += batch.kept_newer;
         let done = self.counts.written + self.counts.kept_newer;
         self.staged.clear();
+        // Committed; closed meanwhile: no progress call after close(), and
+        // the call rejects with ClosedError.
+        self.store.check_open()?;
         if let Some(cb) = &self.opts.on_progress {
             let called = cb.call2(&JsValue::NULL, &done.into(), &self.total.into());
             // An async `onProgress` is awaited before the next batch (no
@@ -1072,6 +1075,9 @@ impl Store {
                 let ids: Vec<&JsString> = staged.iter().map(|i| &i.id).collect();
                 read_many(&tx, &ids).await?
             };
+            // close() (or a versionchange) while the reads were out: no
+            // batch is written after it (the dropped transaction aborts).
+            self.check_open()?;
             for (item, (current, stored)) in staged.iter().zip(&currents) {
                 if !import_replaces(current.rev(), &item.rev) {
                     batch.kept_newer += 1;
