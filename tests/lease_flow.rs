@@ -1142,6 +1142,102 @@ async fn a_call_refused_401_is_not_sent_again_past_the_local_deadline() {
     );
 }
 
+/// A batched heartbeat refused `401` whose credential refresh outlasts one
+/// of its leases' local deadline is sent again without that lease's token:
+/// the lease is lost (`expired_locally`, released), and only the leases
+/// still held before their deadline go out with the refreshed credential.
+/// Before, the body built for the first attempt was sent again as it was:
+/// `gone` skipped the lease already marked lost, and the server renewed a
+/// lease the page had given up (racing its release).
+#[wasm_bindgen_test]
+async fn a_heartbeat_resent_after_a_refresh_leaves_out_a_lease_past_its_deadline() {
+    if server().is_none() {
+        return;
+    }
+    let hook = fake_fetch(
+        "let refreshed = false;
+        const after = [];
+        let claims = 0;
+        globalThis.fetch = async (url, init) => {
+            url = String(url);
+            if (url.endsWith('/claims')) {
+                claims += 1;
+                // The first lease runs out 1.35 s after its claim; the second
+                // one lives a minute.
+                const ttl = claims === 1 ? 1500 : 60000;
+                return answer(201, { item: { id: 2 ** 52 + claims, epoch: 1 }, lease: {
+                    token: (claims === 1 ? 't' : 'u').repeat(43), epoch: 1, ttl_ms: ttl, heartbeat_ms: 100 } });
+            }
+            if (url.endsWith('/v1/workers/refresh')) {
+                await new Promise((r) => setTimeout(r, 2500));
+                refreshed = true;
+                return answer(200, { worker_id: 1, access_token: 'b'.repeat(43),
+                    access_expires_in_ms: 900000, refresh_token: 's'.repeat(43) });
+            }
+            const auth = new Headers(init.headers).get('Authorization');
+            if (auth !== 'Bearer ' + 'b'.repeat(43)) {
+                return answer(401, { code: 'unauthorized', message: 'the access token expired' });
+            }
+            if (url.endsWith('/v1/heartbeats')) {
+                const { leases } = JSON.parse(init.body);
+                after.push(init.body);
+                return answer(200, { results: leases.map((l) => ({ item_id: l.item_id, ok: true, ttl_ms: 60000 })) });
+            }
+            if (url.endsWith('/release')) {
+                const id = Number(url.split('/').at(-2));
+                return answer(200, { id, state: 'open' });
+            }
+            return answer(204, null);
+        };
+        return { bodies: () => after.join('\\n'), count: () => after.length, refreshed: () => refreshed,
+            restore: () => { globalThis.fetch = real; } };",
+    );
+    let (base, _) = server().unwrap();
+    let c = agentstore::lease::ClientInner::new(
+        base,
+        agentstore::lease::Credentials {
+            access_token: Some("a".repeat(43)),
+            refresh_token: Some("r".repeat(43)),
+            ..Default::default()
+        },
+        agentstore::lease::ClientConfig {
+            use_locks: false,
+            ..config()
+        },
+    )
+    .expect("client");
+    let short = claim(&c, "resent").await;
+    let long = claim(&c, "resent").await;
+    // Heartbeats after the refresh: the live lease's renewed (bounded).
+    let renewed = within(15_000.0, async {
+        while !(call_method(&hook, "refreshed", &[]).is_truthy()
+            && call_method(&hook, "bodies", &[])
+                .as_string()
+                .is_some_and(|b| b.contains(&"u".repeat(43))))
+        {
+            sleep(10.0).await;
+        }
+    })
+    .await;
+    let bodies = call_method(&hook, "bodies", &[]).as_string().unwrap();
+    let (short_status, long_status) = (short.status(), long.status());
+    call_method(&hook, "restore", &[]);
+    c.close().await;
+    assert!(
+        renewed.is_some(),
+        "the held lease was heartbeated after the refresh"
+    );
+    assert!(
+        !bodies.contains(&"t".repeat(43)),
+        "the lease past its deadline was heartbeated after the refresh: {bodies}"
+    );
+    assert_eq!(
+        short_status,
+        agentstore::lease::Status::Lost(agentstore::lease::LossReason::ExpiredLocally)
+    );
+    assert_eq!(long_status, agentstore::lease::Status::Held);
+}
+
 /// A heartbeat sent before a settle whose outcome stayed unknown (no answer:
 /// it may have landed), answered `claim_lost` while the settle sent again is
 /// out, is not applied when that retry is refused without landing (a 429):

@@ -134,7 +134,7 @@ impl ClientInner {
             crate::options::spawn(async move {
                 let _on_wire = on_wire;
                 let r = me
-                    .authed_while("POST", &path, None, timeout, None, &|| None, Some(&key))
+                    .authed_while("POST", &path, None, timeout, None, &|| Ok(None), Some(&key))
                     .await;
                 // Also when the caller no longer waits (abandoned).
                 me.keep_if_unanswered(&queue, &key, &r);

@@ -31,9 +31,9 @@ pub struct Credentials {
     pub name: Option<String>,
 }
 
-/// The `gone` of a call that carries no lease token.
-fn no_lease() -> Option<LeaseError> {
-    None
+/// The `again` of a call that carries no lease token: sent again as it was.
+fn no_lease() -> Result<Option<JsValue>> {
+    Ok(None)
 }
 
 impl ClientInner {
@@ -55,18 +55,20 @@ impl ClientInner {
         self.authed_while(method, path, body, timeout_ms, signal, &no_lease, None)
     }
 
-    /// [`ClientInner::authed`] for a call that carries lease tokens: `gone`
-    /// is asked again before the call is sent a second time (after a `401`
-    /// and a credential refresh, which may take up to the request timeout),
-    /// and its error is answered instead when a lease the call is for was
-    /// lost meanwhile, by its local deadline too. Never a heartbeat or a
-    /// settle past the deadline (`HeartbeatPlan`): the server may already
-    /// have handed the item to another worker.
+    /// [`ClientInner::authed`] for a call that carries lease tokens: `again`
+    /// is asked before the call is sent a second time (after a `401` and a
+    /// credential refresh, which may take up to the request timeout), when
+    /// the leases it carries may have ended or passed their local deadline
+    /// meanwhile. It answers the error to give instead (the call is not sent
+    /// again), or the body to send in place of `body` (built again from the
+    /// leases still held), or `None` (sent again as it was). Never a
+    /// heartbeat or a settle past the deadline (`HeartbeatPlan`): the server
+    /// may already have handed the item to another worker.
     ///
     /// `key` is sent as `Idempotency-Key` (a claim's).
     ///
     /// # Errors
-    /// As [`ClientInner::authed`], or the error `gone` gives.
+    /// As [`ClientInner::authed`], or the error `again` gives.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn authed_while(
         self: &Rc<Self>,
@@ -75,13 +77,15 @@ impl ClientInner {
         body: Option<&JsValue>,
         timeout_ms: f64,
         signal: Option<&AbortSignal>,
-        gone: &dyn Fn() -> Option<LeaseError>,
+        again: &dyn Fn() -> Result<Option<JsValue>>,
         key: Option<&str>,
     ) -> Result<Answer> {
         if self.creds.borrow().access_token.is_none() {
             self.renew(self.generation.get()).await?;
         }
         let mut retried = false;
+        // The body built again for the second attempt, when `again` did.
+        let mut rebuilt = None;
         let url = self.url(path);
         loop {
             let generation = self.generation.get();
@@ -90,7 +94,7 @@ impl ClientInner {
                 method,
                 url: &url,
                 bearer: token.as_deref(),
-                body,
+                body: rebuilt.as_ref().or(body),
                 timeout_ms,
                 signal,
                 key,
@@ -105,9 +109,7 @@ impl ClientInner {
                         return Err(LeaseError::Unauthorized(m));
                     }
                     self.renew(generation).await?;
-                    if let Some(e) = gone() {
-                        return Err(e);
-                    }
+                    rebuilt = again()?;
                     retried = true;
                 }
                 other => return other,

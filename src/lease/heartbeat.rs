@@ -24,7 +24,7 @@ use wasm_bindgen::JsValue;
 use wasm_bindgen_futures::JsFuture;
 
 use super::client::ClientInner;
-use super::error::LossReason;
+use super::error::{LeaseError, LossReason};
 use super::http::{now_ms, parse, random, sleep_ms, to_js};
 use super::lease::LeaseInner;
 
@@ -132,38 +132,39 @@ impl ClientInner {
         // Planned at `sent_at` but sent after the microtasks queued
         // meanwhile (the abort listeners of leases the pass expired among
         // them): a lease past its deadline by now is lost here and left out,
-        // never heartbeated after its local deadline.
-        let mut leases = Vec::with_capacity(chunk.len());
-        for l in chunk {
-            l.check_deadline();
-            if l.is_active() {
-                leases.push(BatchHeartbeatEntry {
-                    item_id: l.item_id,
-                    token: l.token().to_owned(),
-                });
+        // never heartbeated after its local deadline. The same again before
+        // the request is sent a second time, after a `401` and a credential
+        // refresh that may have outlasted a deadline: the body is built
+        // again from the leases still held (sent as it was, it renewed on
+        // the server a lease lost here, given up and being released).
+        let body = || {
+            let mut leases = Vec::with_capacity(chunk.len());
+            for l in chunk {
+                l.check_deadline();
+                if l.is_active() {
+                    leases.push(BatchHeartbeatEntry {
+                        item_id: l.item_id,
+                        token: l.token().to_owned(),
+                    });
+                }
             }
-        }
-        if leases.is_empty() {
-            return;
-        }
-        let body = to_js(&BatchHeartbeatRequest { leases });
-        let request_timeout = self.config.request_timeout_ms;
-        // Not sent again after a refresh if a lease of the chunk still held
-        // passed its local deadline meanwhile (the next pass sends the
-        // others); one settled or lost meanwhile is only refused again.
-        let gone = || {
-            chunk
-                .iter()
-                .filter(|l| l.is_active())
-                .find_map(|l| l.gone())
+            // None left: not sent (the error is only counted as a failure).
+            match leases.is_empty() {
+                true => Err(LeaseError::Closed),
+                false => Ok(Some(to_js(&BatchHeartbeatRequest { leases }))),
+            }
         };
+        let Ok(Some(first)) = body() else {
+            return;
+        };
+        let request_timeout = self.config.request_timeout_ms;
         let mut request = Box::pin(self.authed_while(
             "POST",
             "/v1/heartbeats",
-            Some(&body),
+            Some(&first),
             request_timeout,
             None,
-            &gone,
+            &body,
             None,
         ));
         let mut late = false;

@@ -506,7 +506,7 @@ impl LeaseInner {
                 Some(&body),
                 timeout,
                 None,
-                &|| self.gone(),
+                &|| self.gone().map_or(Ok(None), Err),
                 None,
             )
             .await
@@ -726,7 +726,7 @@ impl LeaseInner {
                 Some(body),
                 timeout,
                 None,
-                &|| settle.then(|| self.gone()).flatten(),
+                &|| settle.then(|| self.gone()).flatten().map_or(Ok(None), Err),
                 None,
             )
             .await
