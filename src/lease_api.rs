@@ -471,10 +471,7 @@ impl LeaseClient {
         // race reports it). The reconciling runs on in the call's task
         // and stops after its entry (`ClientInner::recover`).
         let closed = Promise::reject(&LeaseError::Closed.to_js());
-        let handled = crate::lease::heartbeat::deferred().1;
-        if let Ok(catch) = Reflect::get(&closed, &"catch".into()) {
-            let _ = catch.unchecked_ref::<Function>().call1(&closed, &handled);
-        }
+        crate::lease::heartbeat::mark_handled(&closed);
         crate::store::race_abort_js(&recovering, &closing.signal(), &closed)
     }
 
@@ -1006,10 +1003,28 @@ impl Worker {
         o.into()
     }
 
-    /// True once `stop()` was called.
+    /// True once `stop()` was called, or an error retrying cannot fix
+    /// stopped the worker (see `finished`).
     #[wasm_bindgen(getter)]
     pub fn stopping(&self) -> bool {
         self.inner.is_stopping()
+    }
+
+    /// Settles once the worker has stopped (every slot idle: after `stop()`,
+    /// `client.close()`, or an error): resolves after `stop()` or
+    /// `close()`, and rejects with the error when a claim was refused for a
+    /// reason retrying cannot fix, which stops the worker as `stop()` does
+    /// (running handlers finish and settle; nothing more is claimed):
+    /// `UnauthorizedError` (credentials refused after a refresh, revoked, or
+    /// a spent enrollment token), `ForbiddenError` (a queue out of the
+    /// worker's scope) or `ValidationError`. Such errors are not retried and
+    /// not counted in `connectionFailures`. The same Promise on every read;
+    /// not reading it reports no unhandled rejection (the error is also
+    /// logged with `console.warn`).
+    #[wasm_bindgen(getter, unchecked_return_type = "Promise<void>")]
+    pub fn finished(&self) -> Promise {
+        let f = self.inner.finished.borrow().clone();
+        f.unwrap_or_else(|| Promise::resolve(&JsValue::UNDEFINED))
     }
 }
 

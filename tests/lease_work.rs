@@ -1910,3 +1910,103 @@ async fn a_settle_after_a_waiting_release_stays_what_work_sends_again() {
         "no release after the app's last settle"
     );
 }
+
+/// A worker whose claims the server refuses for a reason retrying cannot
+/// fix stops, and its `finished` rejects with that error within a bound:
+/// its credentials revoked by an operator (`POST
+/// /v1/admin/workers/{id}/revoke`: the claim's `401`, then the refresh's)
+/// or a queue out of the scope its enrollment token gave (`403`). No claim
+/// goes out after that, and none counts as a connection failure. Before,
+/// both were retried forever on the reconnect backoff (10 s to 5 min),
+/// counted in `connectionFailures`, with only a console warning.
+#[wasm_bindgen_test]
+async fn a_worker_refused_for_good_stops_and_finished_rejects_with_the_error() {
+    if server().is_none() {
+        return;
+    }
+    for (case, code) in [("revoked", "unauthorized"), ("out-of-scope", "forbidden")] {
+        let q = fresh_queue(case);
+        let scope = if case == "revoked" {
+            q.clone()
+        } else {
+            fresh_queue("other")
+        };
+        let worker_id = Rc::new(Cell::new(None));
+        let on_credentials = {
+            let worker_id = worker_id.clone();
+            let cb = Closure::<dyn Fn(JsValue)>::new(move |c: JsValue| {
+                worker_id.set(get(&c, &["workerId"]).as_f64());
+            });
+            let f: Function = cb.as_ref().unchecked_ref::<Function>().clone();
+            cb.forget();
+            f
+        };
+        let (base, _) = server().unwrap();
+        let client = agentstore::lease::ClientInner::new(
+            base,
+            agentstore::lease::Credentials {
+                enrollment_token: Some(enrollment_token(&scope).await),
+                ..Default::default()
+            },
+            agentstore::lease::ClientConfig {
+                on_credentials: Some(on_credentials),
+                ..config()
+            },
+        )
+        .expect("client");
+        let hook = fake_fetch(&format!(
+            "let claims = 0;
+            globalThis.fetch = (url, init) => {{
+                if (String(url).endsWith('/queues/{q}/claims')) claims += 1;
+                return real(url, init);
+            }};
+            return {{ claims: () => claims, restore: () => {{ globalThis.fetch = real; }} }};"
+        ));
+        let claims = || hook_call(&hook, "claims").as_f64().unwrap_or(0.0);
+        let h = handler(|_| async { Ok(JsValue::UNDEFINED) });
+        let w = WorkerInner::start(client.clone(), q.clone(), h, options(1), wrap);
+        if case == "revoked" {
+            // Enrolled, and one claim answered (the queue is empty).
+            let until = now() + 10_000.0;
+            while worker_id.get().is_none() || w.polls.borrow().is_empty() {
+                assert!(now() < until, "{case}: enrolled and polling");
+                sleep(10.0).await;
+            }
+            let id = worker_id.get().unwrap();
+            let (status, _) = admin("POST", &format!("/v1/admin/workers/{id}/revoke"), None).await;
+            assert_eq!(status, 204, "{case}: revoked");
+        }
+        let finished = w.finished.borrow().clone().expect("started");
+        let settled = within(10_000.0, wasm_bindgen_futures::JsFuture::from(finished)).await;
+        let after = claims();
+        // Work the worker would claim, if it still claimed: it stays open
+        // over ten poll intervals.
+        let id = enqueue(&q, json!({ "n": 1 })).await;
+        let window = now() + 10.0 * 100.0;
+        while now() < window && claims() == after {
+            sleep(10.0).await;
+        }
+        let (last, it, stats) = (claims(), item(id).await, *w.stats.borrow());
+        let (stopping, backoffs) = (w.is_stopping(), w.backoffs.borrow().len());
+        hook_call(&hook, "restore");
+        w.stop().await;
+        client.close().await;
+        let err = match settled {
+            Some(Err(e)) => e,
+            other => panic!("{case}: finished did not reject within 10 s: {other:?}"),
+        };
+        assert_eq!(
+            get(&err, &["code"]).as_string().as_deref(),
+            Some(code),
+            "{case}"
+        );
+        assert_eq!(last, after, "{case}: no claim after the worker stopped");
+        assert_eq!((it.state, it.attempts), (ItemState::Open, 0), "{case}");
+        assert!(stopping, "{case}: stopping");
+        assert_eq!(
+            (stats.connection_failures, backoffs, stats.claimed),
+            (0, 0, 0),
+            "{case}: not a connection failure"
+        );
+    }
+}

@@ -156,6 +156,25 @@ impl LeaseError {
         }
     }
 
+    /// True for a refusal that sending the same request again cannot turn
+    /// into an answer, so `work()` stops instead of retrying it: the
+    /// credentials refused after a refresh, or none left (revoked, a spent
+    /// enrollment token), a queue the worker may not claim from (the
+    /// server's `forbidden`), a request the server finds invalid. Never an
+    /// answer without the server's error body (a proxy's 401 or 403 page is
+    /// a `network` error, retried).
+    pub fn stops_work(&self) -> bool {
+        matches!(
+            self,
+            LeaseError::Unauthorized(_)
+                | LeaseError::Validation(_)
+                | LeaseError::Server {
+                    code: ErrorCode::Forbidden,
+                    ..
+                }
+        )
+    }
+
     /// True for a refusal (a 4xx, not a 429) whose answer did not carry the
     /// lease server's `{code, message}` body: something between this client
     /// and the server (a proxy's, a CDN's page) refused the call, which

@@ -15,6 +15,11 @@
 //!   (`recover()` without resume: their leases are released).
 //! - `stop()` stops claiming, lets running handlers finish and settle, and
 //!   resolves when every slot is idle.
+//! - A claim refused for a reason retrying cannot fix (credentials refused
+//!   after a refresh, or revoked; a queue out of the worker's scope; a
+//!   request the server finds invalid: [`LeaseError::stops_work`]) stops the
+//!   loop as `stop()` does, and `finished` rejects with that error. It is not
+//!   a connection failure and is not retried.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -100,8 +105,13 @@ pub struct WorkerInner {
     pub backoffs: RefCell<Vec<f64>>,
     /// Delays waited after an empty or rate-limited claim (ms, last 32).
     pub polls: RefCell<Vec<f64>>,
-    /// Resolves when every slot has ended.
+    /// Resolves when every slot has ended; rejects with the error that
+    /// stopped the loop (see [`LeaseError::stops_work`]), if one did.
+    /// Marked handled: an app that does not read it gets the console
+    /// warning, not an unhandled rejection.
     pub finished: RefCell<Option<Promise>>,
+    /// The error that stopped the loop, until `finished` rejects with it.
+    fatal: RefCell<Option<LeaseError>>,
 }
 
 impl WorkerInner {
@@ -129,6 +139,7 @@ impl WorkerInner {
             backoffs: RefCell::new(Vec::new()),
             polls: RefCell::new(Vec::new()),
             finished: RefCell::new(None),
+            fatal: RefCell::new(None),
         });
         let n = w.options.concurrency.clamp(1, 64);
         let me = w.clone();
@@ -153,18 +164,27 @@ impl WorkerInner {
                 }));
             }
             let _ = JsFuture::from(Promise::all(&slots)).await;
-            Ok(JsValue::UNDEFINED)
+            match me.fatal.take() {
+                Some(e) => Err(e.to_js()),
+                None => Ok(JsValue::UNDEFINED),
+            }
         });
+        super::heartbeat::mark_handled(&all);
         *w.finished.borrow_mut() = Some(all);
         w
     }
 
-    /// Stops claiming; resolves when running handlers have finished and settled.
-    pub async fn stop(&self) {
+    /// Stops claiming and ends the slots' waits.
+    fn halt(&self) {
         self.stopping.set(true);
         if let Some(c) = &self.stop {
             c.abort();
         }
+    }
+
+    /// Stops claiming; resolves when running handlers have finished and settled.
+    pub async fn stop(&self) {
+        self.halt();
         let f = self.finished.borrow().clone();
         if let Some(f) = f {
             let _ = JsFuture::from(f).await;
@@ -179,7 +199,7 @@ impl WorkerInner {
         p.push(d);
     }
 
-    /// Whether `stop()` was called.
+    /// Whether `stop()` was called, or an error stopped the loop.
     pub fn is_stopping(&self) -> bool {
         self.stopping.get()
     }
@@ -251,6 +271,15 @@ async fn slot_loop(w: Rc<WorkerInner>, wrap: fn(Rc<LeaseInner>) -> JsValue) {
             Ok(Claimed::Empty(retry_after)) => retry_after,
             Err(LeaseError::RateLimited { retry_after_ms }) => Some(retry_after_ms),
             Err(LeaseError::Closed) => break,
+            // Retrying cannot fix it: the loop stops (the running handlers
+            // finish and settle, as after `stop()`) and `finished` rejects
+            // with it. Not a connection failure, and no backoff.
+            Err(e) if e.stops_work() => {
+                web_sys::console::warn_2(&"agentstore work(): stopped".into(), &e.to_js());
+                w.fatal.borrow_mut().get_or_insert(e);
+                w.halt();
+                break;
+            }
             Err(e) => {
                 // No answer (or an error that retrying may fix): back off.
                 // Slots failing in the same round share its window.
