@@ -93,9 +93,47 @@ const typedRecords = (text, file) => {
   }
   return text;
 };
+// The classes whose free() and [Symbol.dispose]() start a teardown method
+// (see __agentstoreGuard in minifyGlue), and the doc comments their .d.ts
+// gets for it, with [Symbol.asyncDispose]().
+const TEARDOWN = { LeaseClient: 'close', LeaseWorker: 'stop' };
+const TEARDOWN_DOCS = {
+  LeaseClient:
+    'Closes the client: starts `close()` (its leases settled or released, its `work()` loops\n' +
+    '     * ended), then frees the object. `using client = new LeaseClient(…)` closes it at the end\n' +
+    '     * of the block, `await using` also waits for `close()`. The garbage collector frees an\n' +
+    '     * unreachable client without closing it.',
+  LeaseWorker:
+    'Stops the worker: starts `stop()` (nothing more is claimed; running handlers finish and\n' +
+    '     * settle), then frees the object. `using worker = client.work(…)` stops it at the end of\n' +
+    '     * the block, `await using` also waits for `stop()`. The garbage collector frees an\n' +
+    '     * unreachable worker without stopping it: it runs until `stop()`, `client.close()` or an\n' +
+    '     * error ends it.',
+};
+const documentTeardown = (text) => {
+  for (const [cls, method] of Object.entries(TEARDOWN)) {
+    const head = `export class ${cls} {`;
+    const at = text.indexOf(head);
+    if (at < 0) continue;
+    const end = text.indexOf('\n}', at);
+    const body = text.slice(at, end);
+    if (body.includes('[Symbol.asyncDispose]')) continue;
+    const plain = '    free(): void;\n    [Symbol.dispose](): void;\n';
+    if (!body.includes(plain)) throw new Error(`${cls}: free() and [Symbol.dispose]() not found in the .d.ts: update package.mjs`);
+    const doc = `    /**\n     * ${TEARDOWN_DOCS[cls]}\n     */\n`;
+    const typed =
+      `${doc}    free(): void;\n` +
+      `${doc}    [Symbol.dispose](): void;\n` +
+      `    /**\n     * As \`[Symbol.dispose]()\`, and resolves when \`${method}()\` does (\`await using\`).\n     */\n` +
+      '    [Symbol.asyncDispose](): Promise<void>;\n';
+    text = text.slice(0, at) + body.replace(plain, typed) + text.slice(end);
+  }
+  return text;
+};
 const completeDts = (file, note) => {
   let text = typedRecords(readFileSync(file, 'utf8'), file);
   if (!text.includes(note)) text = note + text;
+  text = documentTeardown(text);
   if (text.includes('Symbol.dispose') && !text.startsWith(REF)) text = REF + text;
   writeFileSync(file, text);
 };
@@ -603,7 +641,7 @@ const minifyGlue = (file) => {
   };
   const constructible = classes.filter((cls) => /^ {4}constructor\(/m.test(classBody(cls)));
   if (classes.length) {
-    text += `function __agentstoreGuard(C, an, sync) {
+    text += `function __agentstoreGuard(C, an, sync, teardown) {
   const err = (name, code, status, m) => Object.assign(new Error(m), { name, code, status });
   const freed = () => err('ClosedError', 'closed', 410, 'this object was freed (free() or a using block): it cannot be used any more');
   const invalid = (m) => err('ValidationError', 'validation', 400, m);
@@ -635,7 +673,7 @@ const minifyGlue = (file) => {
     busy.set(this, (busy.get(this) || 0) + 1);
     try { return checked(f, k, this, args); } finally {
       const n = busy.get(this) - 1;
-      if (n) busy.set(this, n); else { busy.delete(this); if (later.delete(this)) this.free(); }
+      if (n) busy.set(this, n); else { busy.delete(this); if (later.delete(this)) drop(this); }
     }
   };
   for (const k of Object.getOwnPropertyNames(C.prototype)) {
@@ -651,8 +689,19 @@ const minifyGlue = (file) => {
     if (typeof f === 'function' && !k.startsWith('__')) C[k] = function (...args) { return checked(f, k, this, args); };
   }
   const free = C.prototype.free;
-  C.prototype.free = function () { if (busy.has(this)) later.add(this); else if (this.__wbg_ptr) free.call(this); };
+  // Frees \`o\` now, or once its outermost running call returns.
+  function drop(o) { if (busy.has(o)) later.add(o); else if (o.__wbg_ptr) free.call(o); }
+  // A class with a teardown (LeaseClient's close(), LeaseWorker's stop()):
+  // free() and [Symbol.dispose]() start it, then free the object (its
+  // Promise holds what it needs), and [Symbol.asyncDispose]() returns its
+  // Promise, for \`await using\`. Only an explicit call does: the garbage
+  // collector's finalizer frees the object without it, so a worker the
+  // page keeps no reference to runs on.
+  const end = teardown && C.prototype[teardown];
+  const ending = (o) => (o.__wbg_ptr && !later.has(o) ? end.call(o) : Promise.resolve());
+  C.prototype.free = function () { if (end) ending(this); drop(this); };
   if (typeof Symbol.dispose === 'symbol') C.prototype[Symbol.dispose] = C.prototype.free;
+  if (end && typeof Symbol.asyncDispose === 'symbol') C.prototype[Symbol.asyncDispose] = function () { const p = ending(this); drop(this); return p; };
 ${constructible.length ? `  // What a public constructor is exported as: \\\`new\\\` checked the same way.
   return new Proxy(C, { construct(t, args, nt) { const e = tooMany(t, 'constructor', args); if (e) throw e; return Reflect.construct(t, args, nt); } });
 ` : ''}}
@@ -661,7 +710,8 @@ ${constructible.length ? `  // What a public constructor is exported as: \\\`new
   for (const cls of classes) {
     // The article of the class's name in its messages ("not an AgentStore", "not a Lease").
     const an = /^[AEIOU]/.test(cls) ? 'an' : 'a';
-    const guard = `__agentstoreGuard(${cls}, '${an}', ' ${syncMethods(cls)} ')`;
+    const teardown = TEARDOWN[cls] ? `'${TEARDOWN[cls]}'` : 'undefined';
+    const guard = `__agentstoreGuard(${cls}, '${an}', ' ${syncMethods(cls)} ', ${teardown})`;
     text += `Object.defineProperty(${cls}, 'name', { value: '${cls}' });\n`;
     // A class users construct (its .d.ts constructor is public) is
     // exported as the guard's Proxy; the glue itself keeps the class.

@@ -503,8 +503,10 @@ impl LeaseClient {
     /// Resolves once every lease has been settled or released (or its call
     /// failed; its journal entry then stays for `recover()`), including
     /// those late grants: it waits for their answers and releases, each
-    /// bounded by `requestTimeoutMs`. A second call, or one after `free()`,
-    /// does nothing and resolves.
+    /// bounded by `requestTimeoutMs`. `free()` and `[Symbol.dispose]()`
+    /// start it too (`using client = new LeaseClient(…)` closes the client
+    /// at the end of the block; `await using` waits for it). A second call,
+    /// or one after `free()`, does nothing and resolves.
     #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
     pub fn close(&self) -> Promise {
         call(Call::Close(self.inner.clone()))
@@ -974,7 +976,10 @@ pub struct Worker {
 #[wasm_bindgen(js_class = LeaseWorker)]
 impl Worker {
     /// Stops claiming; resolves when running handlers have finished and
-    /// settled. A second call, or one after `free()`, resolves too.
+    /// settled. `free()` and `[Symbol.dispose]()` start it too (`using
+    /// worker = client.work(…)` stops the worker at the end of the block;
+    /// `await using` waits for it). A second call, or one after `free()`,
+    /// resolves too.
     #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
     pub fn stop(&self) -> Promise {
         call(Call::Stop(self.inner.clone()))
