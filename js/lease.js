@@ -104,6 +104,14 @@ export function beacon(url, body) {
   }
 }
 
+/**
+ * Marks the Promise `p` handled: its rejection, if no one reads it, is not
+ * reported as unhandled; whoever awaits `p` still gets it.
+ */
+export function markHandled(p) {
+  p.catch(() => {});
+}
+
 /** A pending Promise and the function that resolves it: `[promise, resolve]`. */
 export function deferred() {
   let resolve;

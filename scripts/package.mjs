@@ -640,8 +640,11 @@ const minifyGlue = (file) => {
     ].join(' ');
   };
   const constructible = classes.filter((cls) => /^ {4}constructor\(/m.test(classBody(cls)));
+  // Whether a class of this glue has a teardown that free() starts (see
+  // TEARDOWN): the store-only glue carries none of that code.
+  const teardowns = classes.some((cls) => TEARDOWN[cls]);
   if (classes.length) {
-    text += `function __agentstoreGuard(C, an, sync, teardown) {
+    text += `function __agentstoreGuard(C, an, sync${teardowns ? ', teardown' : ''}) {
   const err = (name, code, status, m) => Object.assign(new Error(m), { name, code, status });
   const freed = () => err('ClosedError', 'closed', 410, 'this object was freed (free() or a using block): it cannot be used any more');
   const invalid = (m) => err('ValidationError', 'validation', 400, m);
@@ -673,7 +676,7 @@ const minifyGlue = (file) => {
     busy.set(this, (busy.get(this) || 0) + 1);
     try { return checked(f, k, this, args); } finally {
       const n = busy.get(this) - 1;
-      if (n) busy.set(this, n); else { busy.delete(this); if (later.delete(this)) drop(this); }
+      if (n) busy.set(this, n); else { busy.delete(this); if (later.delete(this)) ${teardowns ? 'drop(this)' : 'this.free()'}; }
     }
   };
   for (const k of Object.getOwnPropertyNames(C.prototype)) {
@@ -689,19 +692,20 @@ const minifyGlue = (file) => {
     if (typeof f === 'function' && !k.startsWith('__')) C[k] = function (...args) { return checked(f, k, this, args); };
   }
   const free = C.prototype.free;
-  // Frees \`o\` now, or once its outermost running call returns.
+${teardowns ? `  // Frees \\\`o\\\` now, or once its outermost running call returns.
   function drop(o) { if (busy.has(o)) later.add(o); else if (o.__wbg_ptr) free.call(o); }
   // A class with a teardown (LeaseClient's close(), LeaseWorker's stop()):
   // free() and [Symbol.dispose]() start it, then free the object (its
   // Promise holds what it needs), and [Symbol.asyncDispose]() returns its
-  // Promise, for \`await using\`. Only an explicit call does: the garbage
+  // Promise, for \\\`await using\\\`. Only an explicit call does: the garbage
   // collector's finalizer frees the object without it, so a worker the
   // page keeps no reference to runs on.
   const end = teardown && C.prototype[teardown];
   const ending = (o) => (o.__wbg_ptr && !later.has(o) ? end.call(o) : Promise.resolve());
   C.prototype.free = function () { if (end) ending(this); drop(this); };
-  if (typeof Symbol.dispose === 'symbol') C.prototype[Symbol.dispose] = C.prototype.free;
   if (end && typeof Symbol.asyncDispose === 'symbol') C.prototype[Symbol.asyncDispose] = function () { const p = ending(this); drop(this); return p; };
+` : `  C.prototype.free = function () { if (busy.has(this)) later.add(this); else if (this.__wbg_ptr) free.call(this); };
+`}  if (typeof Symbol.dispose === 'symbol') C.prototype[Symbol.dispose] = C.prototype.free;
 ${constructible.length ? `  // What a public constructor is exported as: \\\`new\\\` checked the same way.
   return new Proxy(C, { construct(t, args, nt) { const e = tooMany(t, 'constructor', args); if (e) throw e; return Reflect.construct(t, args, nt); } });
 ` : ''}}
@@ -710,8 +714,8 @@ ${constructible.length ? `  // What a public constructor is exported as: \\\`new
   for (const cls of classes) {
     // The article of the class's name in its messages ("not an AgentStore", "not a Lease").
     const an = /^[AEIOU]/.test(cls) ? 'an' : 'a';
-    const teardown = TEARDOWN[cls] ? `'${TEARDOWN[cls]}'` : 'undefined';
-    const guard = `__agentstoreGuard(${cls}, '${an}', ' ${syncMethods(cls)} ', ${teardown})`;
+    const teardown = TEARDOWN[cls] ? `, '${TEARDOWN[cls]}'` : '';
+    const guard = `__agentstoreGuard(${cls}, '${an}', ' ${syncMethods(cls)} '${teardown})`;
     text += `Object.defineProperty(${cls}, 'name', { value: '${cls}' });\n`;
     // A class users construct (its .d.ts constructor is public) is
     // exported as the guard's Proxy; the glue itself keeps the class.

@@ -1027,9 +1027,8 @@ impl Worker {
     /// not reading it reports no unhandled rejection (the error is also
     /// logged with `console.warn`).
     #[wasm_bindgen(getter, unchecked_return_type = "Promise<void>")]
-    pub fn finished(&self) -> Promise {
-        let f = self.inner.finished.borrow().clone();
-        f.unwrap_or_else(|| Promise::resolve(&JsValue::UNDEFINED))
+    pub fn finished(&self) -> Option<Promise> {
+        self.inner.finished.borrow().clone()
     }
 }
 

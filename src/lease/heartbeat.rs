@@ -240,14 +240,14 @@ pub(crate) fn deferred() -> (Promise, Function) {
     (pair.get(0).unchecked_into(), pair.get(1).unchecked_into())
 }
 
-/// Marks `p` handled (a no-op handler of its rejection): a Promise the
-/// app may never read rejects without an unhandled-rejection report, and
-/// whoever awaits it still gets the rejection.
-pub(crate) fn mark_handled(p: &Promise) {
-    if let Ok(catch) = js_sys::Reflect::get(p, &"catch".into()) {
-        use wasm_bindgen::JsCast;
-        let _ = catch.unchecked_ref::<Function>().call1(p, &deferred().1);
-    }
+#[wasm_bindgen::prelude::wasm_bindgen(module = "/js/lease.js")]
+extern "C" {
+    /// Marks `p` handled (a no-op handler of its rejection): a Promise the
+    /// app may never read rejects without an unhandled-rejection report,
+    /// and whoever awaits it still gets the rejection (js/lease.js
+    /// `markHandled`).
+    #[wasm_bindgen(js_name = markHandled)]
+    pub(crate) fn mark_handled(p: &Promise);
 }
 
 /// The loop (see the module docs). Holds the client only during a pass, never

@@ -110,8 +110,9 @@ pub struct WorkerInner {
     /// Marked handled: an app that does not read it gets the console
     /// warning, not an unhandled rejection.
     pub finished: RefCell<Option<Promise>>,
-    /// The error that stopped the loop, until `finished` rejects with it.
-    fatal: RefCell<Option<LeaseError>>,
+    /// The error that stopped the loop (its JS `Error`), until `finished`
+    /// rejects with it.
+    fatal: Cell<Option<JsValue>>,
 }
 
 impl WorkerInner {
@@ -139,7 +140,7 @@ impl WorkerInner {
             backoffs: RefCell::new(Vec::new()),
             polls: RefCell::new(Vec::new()),
             finished: RefCell::new(None),
-            fatal: RefCell::new(None),
+            fatal: Cell::new(None),
         });
         let n = w.options.concurrency.clamp(1, 64);
         let me = w.clone();
@@ -164,10 +165,7 @@ impl WorkerInner {
                 }));
             }
             let _ = JsFuture::from(Promise::all(&slots)).await;
-            match me.fatal.take() {
-                Some(e) => Err(e.to_js()),
-                None => Ok(JsValue::UNDEFINED),
-            }
+            me.fatal.take().map_or(Ok(JsValue::UNDEFINED), Err)
         });
         super::heartbeat::mark_handled(&all);
         *w.finished.borrow_mut() = Some(all);
@@ -271,16 +269,22 @@ async fn slot_loop(w: Rc<WorkerInner>, wrap: fn(Rc<LeaseInner>) -> JsValue) {
             Ok(Claimed::Empty(retry_after)) => retry_after,
             Err(LeaseError::RateLimited { retry_after_ms }) => Some(retry_after_ms),
             Err(LeaseError::Closed) => break,
-            // Retrying cannot fix it: the loop stops (the running handlers
-            // finish and settle, as after `stop()`) and `finished` rejects
-            // with it. Not a connection failure, and no backoff.
-            Err(e) if e.stops_work() => {
-                web_sys::console::warn_2(&"agentstore work(): stopped".into(), &e.to_js());
-                w.fatal.borrow_mut().get_or_insert(e);
-                w.halt();
-                break;
-            }
             Err(e) => {
+                // (A refusal by a proxy's page too: no outage, and no
+                // retry fixes a misconfigured one.)
+                if !e.is_transient() || e.is_foreign_refusal() {
+                    let js = e.to_js();
+                    web_sys::console::warn_2(&"agentstore work(): claim failed".into(), &js);
+                    // Retrying cannot fix it: the loop stops (the running
+                    // handlers finish and settle, as after `stop()`) and
+                    // `finished` rejects with it. Not a connection
+                    // failure, and no backoff.
+                    if e.stops_work() {
+                        w.fatal.set(Some(js));
+                        w.halt();
+                        break;
+                    }
+                }
                 // No answer (or an error that retrying may fix): back off.
                 // Slots failing in the same round share its window.
                 let d = w.backoff.borrow_mut().on_failure(
@@ -301,11 +305,6 @@ async fn slot_loop(w: Rc<WorkerInner>, wrap: fn(Rc<LeaseInner>) -> JsValue) {
                         b.remove(0);
                     }
                     b.push(d);
-                }
-                // (A refusal by a proxy's page too: no outage, and no
-                // retry fixes a misconfigured one.)
-                if !e.is_transient() || e.is_foreign_refusal() {
-                    web_sys::console::warn_2(&"agentstore work(): claim failed".into(), &e.to_js());
                 }
                 w.wait(d).await;
                 continue;
