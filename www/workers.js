@@ -436,6 +436,13 @@ async function startWorker(w) {
     reconnectBaseMs: 2000,
     reconnectCapMs: 8000,
   });
+  // A refusal retrying cannot cure (the worker's credentials revoked, its
+  // token out of scope) stops the worker: its card says why, instead of
+  // "reconnecting" for ever. (A stop of an old run's worker is not shown.)
+  const { gen, worker } = w;
+  worker.finished?.catch((err) => {
+    if (w.gen === gen && w.worker === worker) w.error = err;
+  });
 }
 
 // -------------------------------------------------------------------- cards
