@@ -13,7 +13,7 @@ import { randomBytes } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { SERVER_TIMEOUT_MS, VIEWPORTS, assertNoError, launchBrowser, openDemo, sleep, startDemo } from './helpers.mjs';
+import { SERVER_TIMEOUT_MS, VIEWPORTS, adminCall, assertNoError, launchBrowser, openDemo, startDemo, until } from './helpers.mjs';
 
 const ADMIN = randomBytes(24).toString('hex');
 const QUEUE = 'demo';
@@ -37,27 +37,7 @@ after(async () => {
   if (tmp) rmSync(tmp, { recursive: true, force: true });
 }, { timeout: 30_000 });
 
-async function api(method, path, body) {
-  const res = await fetch(`${demo.url}${path}`, {
-    method,
-    headers: { Authorization: `Bearer ${ADMIN}`, ...(body ? { 'Content-Type': 'application/json' } : {}) },
-    body: body ? JSON.stringify(body) : undefined,
-  });
-  const text = await res.text();
-  assert.ok(res.ok, `${method} ${path}: ${res.status} ${text}`);
-  return text ? JSON.parse(text) : null;
-}
-
-/** Polls `check()` until it returns a truthy value; fails with `what` after `ms`. */
-async function until(what, ms, check) {
-  const end = Date.now() + ms;
-  while (Date.now() < end) {
-    const v = await check();
-    if (v) return v;
-    await sleep(250);
-  }
-  assert.fail(`timed out after ${ms} ms waiting for ${what}`);
-}
+const api = (method, path, body) => adminCall(demo.url, ADMIN, method, path, body);
 
 /** `agentstore_auth_rejected_total` (every credential the server refused), summed. */
 async function refusedCredentials() {

@@ -23,6 +23,36 @@ export { spawnListening };
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 /**
+ * Polls `check()` until it returns a truthy value (that value), every
+ * `everyMs`; fails naming `what` after `ms`.
+ */
+export async function until(what, ms, check, everyMs = 500) {
+  const end = Date.now() + ms;
+  while (Date.now() < end) {
+    const last = await check();
+    if (last) return last;
+    await sleep(everyMs);
+  }
+  assert.fail(`timed out after ${ms} ms waiting for ${what}`);
+}
+
+/**
+ * A call to the lease server at `url` with the bearer token `admin` (a
+ * test's ground truth): the answer's JSON (null for an empty body); fails on
+ * an answer that is not 2xx.
+ */
+export async function adminCall(url, admin, method, path, body) {
+  const res = await fetch(`${url}${path}`, {
+    method,
+    headers: { Authorization: `Bearer ${admin}`, ...(body ? { 'Content-Type': 'application/json' } : {}) },
+    body: body ? JSON.stringify(body) : undefined,
+  });
+  const text = await res.text();
+  assert.ok(res.ok, `${method} ${path}: ${res.status} ${text}`);
+  return text ? JSON.parse(text) : null;
+}
+
+/**
  * agentstore-server (`bin`) with `args` added, listening on 127.0.0.1:`port`
  * (0: a port it picks itself), as [`spawnListening`] resolves it. Its
  * "listening" log line is at info level, so RUST_LOG is info.

@@ -14,8 +14,8 @@ import { copyFileSync, mkdirSync, mkdtempSync, rmSync, statSync } from 'node:fs'
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import {
-  ROOT, SERVER_TIMEOUT_MS, VIEWPORTS, assertNoError, assertNothingOverflows, launchBrowser,
-  openDemo, shot, sleep, startDemo, text,
+  ROOT, SERVER_TIMEOUT_MS, VIEWPORTS, adminCall, assertNoError, assertNothingOverflows, launchBrowser,
+  openDemo, shot, startDemo, text, until,
 } from './helpers.mjs';
 
 const ADMIN = randomBytes(24).toString('hex');
@@ -43,31 +43,10 @@ after(async () => {
 // ------------------------------------------------------------------ helpers
 
 /** The lease server's API with the admin token (the test's ground truth). */
-async function api(method, path, body) {
-  const res = await fetch(`${demo.url}${path}`, {
-    method,
-    headers: { Authorization: `Bearer ${ADMIN}`, ...(body ? { 'Content-Type': 'application/json' } : {}) },
-    body: body ? JSON.stringify(body) : undefined,
-  });
-  const data = await res.json();
-  assert.ok(res.ok, `${method} ${path}: ${res.status} ${JSON.stringify(data)}`);
-  return data;
-}
+const api = (method, path, body) => adminCall(demo.url, ADMIN, method, path, body);
 
 const items = async () => (await api('GET', `/v1/queues/${QUEUE}/items?limit=10000`)).items;
 const item = (id) => api('GET', `/v1/items/${id}`);
-
-/** Polls `check()` until it returns a truthy value; fails with `what` after `ms`. */
-async function until(what, ms, check) {
-  const end = Date.now() + ms;
-  let last;
-  while (Date.now() < end) {
-    last = await check();
-    if (last) return last;
-    await sleep(500);
-  }
-  assert.fail(`timed out after ${ms} ms waiting for ${what}`);
-}
 
 /** `GET /metrics` with the admin token, parsed: `[{name, labels, value}]`. */
 async function scrape() {
