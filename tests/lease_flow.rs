@@ -1075,6 +1075,25 @@ async fn a_heartbeat_answer_that_throws_when_read_is_retried_not_thrown_through_
     }
 }
 
+/// A client of the test server with made-up access and refresh tokens and
+/// no Web Locks, for tests whose `fake_fetch` answers every request.
+fn client_with_made_up_tokens() -> std::rc::Rc<agentstore::lease::ClientInner> {
+    let (base, _) = server().unwrap();
+    agentstore::lease::ClientInner::new(
+        base,
+        agentstore::lease::Credentials {
+            access_token: Some("a".repeat(43)),
+            refresh_token: Some("r".repeat(43)),
+            ..Default::default()
+        },
+        agentstore::lease::ClientConfig {
+            use_locks: false,
+            ..config()
+        },
+    )
+    .expect("client")
+}
+
 /// A settle answered `401` whose credential refresh outlasts the lease's
 /// local deadline is not sent again: the lease is lost (`expired_locally`)
 /// and the settle rejects with that, one settle on the wire. Before, the
@@ -1108,20 +1127,7 @@ async fn a_call_refused_401_is_not_sent_again_past_the_local_deadline() {
         };
         return { settles: () => settles, restore: () => { globalThis.fetch = real; } };",
     );
-    let (base, _) = server().unwrap();
-    let c = agentstore::lease::ClientInner::new(
-        base,
-        agentstore::lease::Credentials {
-            access_token: Some("a".repeat(43)),
-            refresh_token: Some("r".repeat(43)),
-            ..Default::default()
-        },
-        agentstore::lease::ClientConfig {
-            use_locks: false,
-            ..config()
-        },
-    )
-    .expect("client");
+    let c = client_with_made_up_tokens();
     let lease = claim(&c, "refresh").await;
     let settled = lease
         .settle(agentstore_protocol::lease::SettleState::Done, None, None)
@@ -1192,20 +1198,7 @@ async fn a_heartbeat_resent_after_a_refresh_leaves_out_a_lease_past_its_deadline
         return { bodies: () => after.join('\\n'), count: () => after.length, refreshed: () => refreshed,
             restore: () => { globalThis.fetch = real; } };",
     );
-    let (base, _) = server().unwrap();
-    let c = agentstore::lease::ClientInner::new(
-        base,
-        agentstore::lease::Credentials {
-            access_token: Some("a".repeat(43)),
-            refresh_token: Some("r".repeat(43)),
-            ..Default::default()
-        },
-        agentstore::lease::ClientConfig {
-            use_locks: false,
-            ..config()
-        },
-    )
-    .expect("client");
+    let c = client_with_made_up_tokens();
     let short = claim(&c, "resent").await;
     let long = claim(&c, "resent").await;
     // Heartbeats after the refresh: the live lease's renewed (bounded).

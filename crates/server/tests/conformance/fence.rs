@@ -228,6 +228,26 @@ pub async fn a_batch_naming_rows_its_caller_does_not_hold_locks_none_of_them(db:
     store.enqueue("stall", &json!("own"), None).await.unwrap();
     let own = store.claim("stall", intruder).await.unwrap().unwrap();
     assert!(held.id < open.id && open.id < own.item.id);
+    // Once a batch statement waits on the held lock: it locked neither `held`
+    // nor `open` (another session can lock both), and a claim takes `open`.
+    let held_id = held.id;
+    let neither_locked = |pid: i32, open: i64, what: &'static str| {
+        let (store, blocked, rows) = (store.clone(), blocked_by(pid), lockable([held_id, open]));
+        async move {
+            blocked.await;
+            assert_eq!(
+                rows.await,
+                vec![held_id, open],
+                "the {what} batch locked rows its caller does not hold"
+            );
+            let got = store.claim("other", claimer).await.unwrap();
+            assert_eq!(
+                got.map(|c| c.item.id),
+                Some(open),
+                "a claim takes the open item"
+            );
+        }
+    };
     let (tx, pid) = hold().await;
     let batch = {
         let (store, junk, t) = (store.clone(), junk.clone(), own.lease.token.clone());
@@ -238,18 +258,7 @@ pub async fn a_batch_naming_rows_its_caller_does_not_hold_locks_none_of_them(db:
                 .await
         })
     };
-    blocked_by(pid).await;
-    assert_eq!(
-        lockable([held.id, open.id]).await,
-        vec![held.id, open.id],
-        "the heartbeat batch locked rows its caller does not hold"
-    );
-    let got = store.claim("other", claimer).await.unwrap();
-    assert_eq!(
-        got.map(|c| c.item.id),
-        Some(open.id),
-        "a claim takes the open item"
-    );
+    neither_locked(pid, open.id, "heartbeat").await;
     tx.commit().await.unwrap();
     let out = batch.await.unwrap().unwrap();
     assert!(
@@ -287,18 +296,7 @@ pub async fn a_batch_naming_rows_its_caller_does_not_hold_locks_none_of_them(db:
     crate::settled::wait_settles_waiting(&store, calls.len()).await;
     lane.commit().await.unwrap();
     decoy_settle.await.unwrap().expect("the decoy settled");
-    blocked_by(pid).await;
-    assert_eq!(
-        lockable([held.id, open.id]).await,
-        vec![held.id, open.id],
-        "the settle batch locked rows its caller does not hold"
-    );
-    let got = store.claim("other", claimer).await.unwrap();
-    assert_eq!(
-        got.map(|c| c.item.id),
-        Some(open.id),
-        "a claim takes the open item"
-    );
+    neither_locked(pid, open.id, "settle").await;
     tx.commit().await.unwrap();
     let [a, b, c] = calls;
     assert!(a.await.unwrap().is_err() && b.await.unwrap().is_err());
