@@ -611,6 +611,59 @@ async fn an_async_on_chunk_that_rejects_rejects_the_export_and_gets_no_more_chun
     );
 }
 
+/// A callback that closes the store and then returns a Promise that
+/// rejects: the call rejects with ClosedError and the callback's rejection
+/// is handled, not an `unhandledrejection` (for `onChunk` and an import's
+/// `onProgress`). Before, the store was found closed before the Promise
+/// was raced, and its rejection was left unhandled. Review finding
+/// (helper-178).
+#[wasm_bindgen_test]
+async fn a_callback_that_closes_the_store_then_rejects_leaves_no_unhandled_rejection() {
+    let text = serde_json::to_string(&snapshot_of_runs(20)).unwrap();
+    let calls = [
+        "s.exportSnapshotChunks(cb, { batchSize: 2 })".to_owned(),
+        format!("s.importSnapshot({text}, {{ batchSize: 5, onProgress: cb }})"),
+    ];
+    for (i, call) in calls.iter().enumerate() {
+        let (store, _) = export_fixture(&format!("close-then-reject-{i}")).await;
+        let api = JsValue::from(agentstore::AgentStore::from_store(store));
+        let f = Function::new_with_args(
+            "s",
+            &format!(
+                "const st = {{ unhandled: 0, rejected: false }}; \
+                 const h = (e) => {{ if (String(e.reason && e.reason.message) === 'close then fail') {{ \
+                   st.unhandled++; e.preventDefault(); }} }}; \
+                 globalThis.addEventListener('unhandledrejection', h); \
+                 const cb = () => {{ s.close(); return new Promise((_, no) => setTimeout(() => {{ \
+                   st.rejected = true; no(new Error('close then fail')); }}, 5)); }}; \
+                 const turn = () => new Promise((r) => setTimeout(r, 0)); \
+                 return ({call}).then(() => 'resolved', (e) => e.name).then(async (r) => {{ \
+                   for (let n = 0; !st.rejected && n < 2000; n++) await turn(); \
+                   await turn(); await turn(); \
+                   globalThis.removeEventListener('unhandledrejection', h); \
+                   return [r, st.rejected, st.unhandled]; }});"
+            ),
+        );
+        let p: Promise = f.call1(&JsValue::NULL, &api).unwrap().unchecked_into();
+        let out: Array = JsFuture::from(p).await.unwrap().into();
+        assert_eq!(
+            out.get(0).as_string().as_deref(),
+            Some("ClosedError"),
+            "{call}"
+        );
+        assert_eq!(
+            out.get(1).as_bool(),
+            Some(true),
+            "the callback's Promise rejected"
+        );
+        assert_eq!(
+            out.get(2).as_f64(),
+            Some(0.0),
+            "no unhandled rejection: {call}"
+        );
+    }
+}
+
 /// An import's async `onProgress` is awaited before the next batch (each
 /// call only after the previous one resolved), and one that rejects before
 /// the last batch ends the import with that error as a throw does, the

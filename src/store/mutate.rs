@@ -248,10 +248,13 @@ pub(crate) async fn race_abort_or_close(
     signal: Option<&AbortSignal>,
     store: &Store,
 ) -> Result<std::result::Result<JsValue, JsValue>> {
-    // An already aborted signal fires no `abort` event: looked at first.
-    store.check_open()?;
     let closed = JsValue::from(js_sys::Object::new());
+    // Raced (which handles `promise`'s rejection) before anything returns
+    // early, so a callback that closed the store and then rejects leaves no
+    // unhandled rejection.
     let raced = race_abort_js(&promise, &store.db.closing()?, &closed);
+    // An already aborted signal fires no `abort` event: looked at here.
+    store.check_open()?;
     match race_abort(raced, signal).await? {
         Ok(v) if v == closed => Err(store
             .check_open()
