@@ -724,6 +724,32 @@ async fn a_read_issued_after_grouped_writes_never_misses_a_write_that_succeeded(
     assert_indexes_clean(&a).await;
 }
 
+/// Only transactions on the same database close a group or stop its
+/// writes being run again: with a read on another database issued after
+/// two grouped writes, a shared transaction that fails still runs each
+/// write again alone, and both succeed (10 rounds). Before, one counter for
+/// every database (also the lease journal's) made both writes fail with
+/// the transaction's error. Review finding (helper-178).
+#[wasm_bindgen_test]
+async fn a_read_on_another_database_does_not_stop_a_failed_groups_writes_being_run_again() {
+    let (a, _) = open("group-other-db-a").await;
+    let (b, _) = open("group-other-db-b").await;
+    for round in 0..10 {
+        let (p, q) = (format!("p-{round}"), format!("q-{round}"));
+        let (rp, rq, kp) = (js(json!({"_id": p})), js(json!({"_id": q})), s(&p));
+        a.inject_abort_next_write();
+        let (x, y, got) = futures::join!(a.put(&rp), a.put(&rq), b.get(&kp));
+        assert!(
+            got.unwrap().is_none(),
+            "round {round}: b is another database"
+        );
+        assert!(x.unwrap().rev.starts_with("1-"), "round {round}");
+        assert!(y.unwrap().rev.starts_with("1-"), "round {round}");
+        assert!(a.get(&kp).await.unwrap().is_some(), "round {round}");
+    }
+    assert_indexes_clean(&a).await;
+}
+
 /// Group commit keeps issue order across connections too: a write issued
 /// on connection A after a read on connection B (same tick, no awaits) never
 /// joins a group A started before that read, so the read does not see it.

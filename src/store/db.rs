@@ -22,6 +22,7 @@ use js_sys::{Array, Function, Reflect};
 use std::cell::{Cell, RefCell};
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
+use std::rc::Rc;
 use std::task::{Context, Poll};
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
@@ -57,14 +58,36 @@ pub struct Db {
     /// io module's only: the entry points never wait on a source.)
     #[cfg(feature = "io")]
     closing: RefCell<Option<web_sys::AbortController>>,
+    /// Transactions started so far on the database by every connection of
+    /// this module to it ([`tx_seq`]).
+    seq: Rc<Cell<u32>>,
 }
 
-/// Transactions started so far by every connection of this module
-/// (wrapping): group commit joins a group only while no other transaction
-/// started after its own, on this connection or on another one to the
-/// same or any database (a `get` issued on a second `AgentStore` after a
-/// write must not see a later write that joined that write's group).
-static TX_SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+std::thread_local! {
+    /// One counter per database name, shared by this module's connections
+    /// to it ([`tx_seq`]).
+    static TX_SEQS: RefCell<Vec<(String, Rc<Cell<u32>>)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The count of transactions started on database `name` by every
+/// connection of this module (wrapping): group commit joins a group only
+/// while no other transaction on that database started after its own, on
+/// this connection or on another one (a `get` issued on a second
+/// `AgentStore` after a write must not see a later write that joined that
+/// write's group). Per database, so another database's transactions (the
+/// lease journal's, another store's) neither close a group nor stop a
+/// failed group's members being run again.
+fn tx_seq(name: &str) -> Rc<Cell<u32>> {
+    TX_SEQS.with(|all| {
+        let mut all = all.borrow_mut();
+        if let Some((_, c)) = all.iter().find(|(n, _)| n == name) {
+            return c.clone();
+        }
+        let c = Rc::new(Cell::new(0));
+        all.push((name.to_owned(), c.clone()));
+        c
+    })
+}
 
 impl Db {
     /// Opens (creating or upgrading) the record store's database `name`.
@@ -155,6 +178,7 @@ impl Db {
                 closed: RefCell::new(None),
                 #[cfg(feature = "io")]
                 closing: RefCell::new(None),
+                seq: tx_seq(name),
             }),
             Err(e) => Err(match e.as_string() {
                 Some(why) => StoreError::Closed(why),
@@ -237,7 +261,7 @@ impl Db {
     /// ClosedError after `close()` or a `versionchange`.
     pub fn tx(&self, stores: &[&str], mode: TransactionMode) -> Result<Tx> {
         self.check_open()?;
-        TX_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.seq.set(self.seq.get().wrapping_add(1));
         let write = mode == TransactionMode::ReadWrite;
         let mode = if write {
             web_sys::IdbTransactionMode::Readwrite
@@ -267,10 +291,10 @@ impl Db {
 }
 
 impl Db {
-    /// How many transactions were started by every connection of this
-    /// module (wrapping; see [`TX_SEQ`]).
+    /// How many transactions were started on this database by every
+    /// connection of this module (wrapping; see [`tx_seq`]).
     pub fn seq(&self) -> u32 {
-        TX_SEQ.load(std::sync::atomic::Ordering::Relaxed)
+        self.seq.get()
     }
 }
 
