@@ -22,7 +22,7 @@ use js_sys::{Array, Function, Reflect};
 use std::cell::{Cell, RefCell};
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
-use std::rc::Rc;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::task::{Context, Poll};
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
@@ -60,33 +60,28 @@ pub struct Db {
     closing: RefCell<Option<web_sys::AbortController>>,
     /// Transactions started so far on the database by every connection of
     /// this module to it ([`tx_seq`]).
-    seq: Rc<Cell<u32>>,
+    seq: &'static AtomicU32,
 }
 
-std::thread_local! {
-    /// One counter per database name, shared by this module's connections
-    /// to it ([`tx_seq`]).
-    static TX_SEQS: RefCell<Vec<(String, Rc<Cell<u32>>)>> = const { RefCell::new(Vec::new()) };
-}
+/// Transaction counters by database name ([`tx_seq`]); zeroed data, so they
+/// cost no bytes in the module.
+static TX_SEQS: [AtomicU32; 64] = [const { AtomicU32::new(0) }; 64];
 
 /// The count of transactions started on database `name` by every
 /// connection of this module (wrapping): group commit joins a group only
 /// while no other transaction on that database started after its own, on
 /// this connection or on another one (a `get` issued on a second
 /// `AgentStore` after a write must not see a later write that joined that
-/// write's group). Per database, so another database's transactions (the
+/// write's group). By database, so another database's transactions (the
 /// lease journal's, another store's) neither close a group nor stop a
-/// failed group's members being run again.
-fn tx_seq(name: &str) -> Rc<Cell<u32>> {
-    TX_SEQS.with(|all| {
-        let mut all = all.borrow_mut();
-        if let Some((_, c)) = all.iter().find(|(n, _)| n == name) {
-            return c.clone();
-        }
-        let c = Rc::new(Cell::new(0));
-        all.push((name.to_owned(), c.clone()));
-        c
-    })
+/// failed group's members being run again. Two names may share a counter
+/// (1 in 64, by a hash of the name), which only closes groups sooner, as
+/// one counter for every database did.
+fn tx_seq(name: &str) -> &'static AtomicU32 {
+    let h = name
+        .bytes()
+        .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
+    &TX_SEQS[h as usize % TX_SEQS.len()]
 }
 
 impl Db {
@@ -261,7 +256,7 @@ impl Db {
     /// ClosedError after `close()` or a `versionchange`.
     pub fn tx(&self, stores: &[&str], mode: TransactionMode) -> Result<Tx> {
         self.check_open()?;
-        self.seq.set(self.seq.get().wrapping_add(1));
+        self.seq.fetch_add(1, Relaxed);
         let write = mode == TransactionMode::ReadWrite;
         let mode = if write {
             web_sys::IdbTransactionMode::Readwrite
@@ -294,7 +289,7 @@ impl Db {
     /// How many transactions were started on this database by every
     /// connection of this module (wrapping; see [`tx_seq`]).
     pub fn seq(&self) -> u32 {
-        self.seq.get()
+        self.seq.load(Relaxed)
     }
 }
 
