@@ -609,7 +609,8 @@ const minifyGlue = (file) => {
   // (or dispose) does nothing, and so does a teardown call (`close()`,
   // `stop()`) on a freed object (or one whose free() waits for its call to
   // return): teardown runs in any order, any number of times, without
-  // throwing (one typed `Promise<…>` resolves). A
+  // throwing (one typed `Promise<…>` resolves, or returns the Promise of
+  // the teardown free() started, see below). A
   // method called on something that is not an
   // instance (`const { get } = store; get(id)`) throws a ValidationError
   // naming the method, not a TypeError from reading `__wbg_ptr` of
@@ -672,7 +673,7 @@ const minifyGlue = (file) => {
   const busy = new Map(), later = new Set();
   const wrap = (f, k) => function (...args) {
     if (!(this instanceof C)) return refuse(invalid(\`\${C.name}.\${k} was called on something that is not \${an} \${C.name} (a method taken off its object: call it on the object, or bind it)\`), k);
-    if (!this.__wbg_ptr || later.has(this)) return k !== 'close' && k !== 'stop' ? refuse(freed(), k) : sync.includes(\` \${k} \`) ? undefined : Promise.resolve();
+    if (!this.__wbg_ptr || later.has(this)) return k !== 'close' && k !== 'stop' ? refuse(freed(), k) : sync.includes(\` \${k} \`) ? undefined : ${teardowns ? '(ended.get(this) || Promise.resolve())' : 'Promise.resolve()'};
     busy.set(this, (busy.get(this) || 0) + 1);
     try { return checked(f, k, this, args); } finally {
       const n = busy.get(this) - 1;
@@ -699,9 +700,16 @@ ${teardowns ? `  // Frees \\\`o\\\` now, or once its outermost running call retu
   // Promise holds what it needs), and [Symbol.asyncDispose]() returns its
   // Promise, for \\\`await using\\\`. Only an explicit call does: the garbage
   // collector's finalizer frees the object without it, so a worker the
-  // page keeps no reference to runs on.
-  const end = teardown && C.prototype[teardown];
-  const ending = (o) => (o.__wbg_ptr && !later.has(o) ? end.call(o) : Promise.resolve());
+  // page keeps no reference to runs on. The teardown's Promise is kept:
+  // close(), stop() or [Symbol.asyncDispose]() on the freed object return
+  // it, so \\\`worker.free(); await worker.stop()\\\` waits for the stop.
+  const end = teardown && C.prototype[teardown], ended = new WeakMap();
+  const ending = (o) => {
+    if (!o.__wbg_ptr || later.has(o)) return ended.get(o) || Promise.resolve();
+    const p = end.call(o);
+    ended.set(o, p);
+    return p;
+  };
   C.prototype.free = function () { if (end) ending(this); drop(this); };
   if (end && typeof Symbol.asyncDispose === 'symbol') C.prototype[Symbol.asyncDispose] = function () { const p = ending(this); drop(this); return p; };
 ` : `  C.prototype.free = function () { if (busy.has(this)) later.add(this); else if (this.__wbg_ptr) free.call(this); };

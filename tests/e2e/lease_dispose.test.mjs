@@ -189,3 +189,68 @@ for (const engine of ['chromium', 'firefox']) {
     }
   });
 }
+
+// Runs in the page: a worker whose handler holds its lease until released
+// is ended `how` while the handler runs; the handler is released 300 ms
+// later (an order, not a wait for a condition: a teardown Promise that did
+// not wait settles within microtasks). Returns the order in which the
+// handler finished and the teardown's Promise settled, and the item's
+// state on the server when it settled. A worker's stop() waits for the
+// handler and its settle; a client's close() releases the lease under it
+// (its handler's signal aborts) and resolves once released.
+async function holding({ admin, queue, how, id }) {
+  const mod = await import('/pkg/agentstore.js');
+  await mod.default();
+  const order = [];
+  let release;
+  const running = new Promise((started) => {
+    globalThis.__handler = async () => {
+      started();
+      await new Promise((r) => { release = r; });
+      order.push('handler done');
+    };
+  });
+  const client = new mod.LeaseClient(location.origin, { accessToken: admin, journal: false, releaseOnPagehide: false });
+  const worker = client.work(queue, (...a) => globalThis.__handler(...a), { pollIntervalMs: 50 });
+  const bound = (p, what) => Promise.race([p, new Promise((_, no) => setTimeout(() => no(new Error(`${what} within 20 s`)), 20_000))]);
+  await bound(running, 'no handler ran');
+  let ended;
+  if (how === 'worker free, then stop()') { worker.free(); ended = worker.stop(); }
+  else if (how === 'worker dispose, then stop()') { worker[Symbol.dispose](); ended = worker.stop(); }
+  else if (how === 'worker free, then asyncDispose()') { worker.free(); ended = worker[Symbol.asyncDispose](); }
+  else if (how === 'worker asyncDispose') ended = worker[Symbol.asyncDispose]();
+  else if (how === 'client free, then close()') { client.free(); ended = client.close(); }
+  else if (how === 'client asyncDispose') ended = client[Symbol.asyncDispose]();
+  let state;
+  const itemState = async () => (await (await fetch(`/v1/items/${id}`, { headers: { authorization: `Bearer ${admin}` } })).json()).state;
+  const settled = ended.then(async () => { order.push('teardown settled'); state = await itemState(); },
+    (e) => order.push(`teardown rejected ${e && e.name}`));
+  setTimeout(() => release(), 300);
+  await bound(settled, 'the teardown did not settle');
+  await client.close();
+  return { order, state };
+}
+
+for (const engine of ['chromium', 'firefox']) {
+  test(`${engine}: the teardown a free() or dispose started is what a later stop() or close() waits for`, { timeout: 300_000 }, async () => {
+    const browser = engine === 'chromium' ? await launchBrowser() : await launchFirefox();
+    try {
+      const page = engine === 'chromium' ? await (await browser.newContext()).newPage() : await browser.newPage();
+      await page.goto(`${server.base}/index.html`);
+      const bad = [];
+      for (const how of ['worker free, then stop()', 'worker dispose, then stop()', 'worker free, then asyncDispose()',
+        'worker asyncDispose', 'client free, then close()', 'client asyncDispose']) {
+        const queue = `dispose-wait-${engine}-${how.replace(/[^a-z]+/g, '-')}-${Date.now()}`;
+        const { status, body } = await admin('POST', `/v1/queues/${queue}/items`, { payload: {} });
+        assert.equal(status, 201);
+        const { order, state } = await page.evaluate(holding, { admin: ADMIN, queue, how, id: body.id });
+        const [want, wantState] = how.startsWith('worker') ? ['handler done,teardown settled', 'done'] : [null, 'open'];
+        if (want ? order.join() !== want : !order.includes('teardown settled')) bad.push(`${how}: ${order.join(' → ')}`);
+        if (state !== wantState) bad.push(`${how}: the item was ${state} when the teardown settled, not ${wantState}`);
+      }
+      assert.deepEqual(bad, [], `${engine}:\n  ${bad.join('\n  ')}`);
+    } finally {
+      await browser.close();
+    }
+  });
+}
