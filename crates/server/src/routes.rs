@@ -655,13 +655,18 @@ async fn release(
 
 /// `200` with `{item, lease}`; when the paused row does not decode, `200`
 /// with `{id, state: "failed", unreadable_row: true}`: it was failed instead
-/// (see `Store::resume_reporting`).
+/// (see `Store::resume_reporting`). Sent again after a resume landed (its
+/// answer lost, or another operator's resume first), `200` with `{id,
+/// state, epoch, replayed: true}` and `Idempotent-Replayed: true`: nothing
+/// changed, no lease handed out.
 async fn resume(
     State(st): State<AppState>,
     _: Admin,
     Path(id): Path<String>,
-) -> Result<Json<Resumed>, ApiError> {
-    Ok(Json(st.store.resume_reporting(item_id(&id)?, None).await?))
+) -> Result<Response, ApiError> {
+    let resumed = st.store.resume_reporting(item_id(&id)?, None).await?;
+    let again = matches!(resumed, Resumed::Again { .. });
+    Ok(replay_marked(Json(resumed), again))
 }
 
 /// `200` with the item; when its row does not decode, `200` with `{id,

@@ -688,6 +688,45 @@ async fn pause_elsewhere_then_resume_over_http() {
 }
 
 #[tokio::test]
+async fn a_resume_sent_again_over_http_is_answered_as_a_replay() {
+    let h = Harness::start(|_| {}).await;
+    let item = h.enqueue("q").await;
+    h.call(Method::POST, "/v1/queues/q/claims", Some(ADMIN), None)
+        .await;
+    let url = format!("/v1/items/{}/", item.id);
+    let paused = h
+        .call(Method::POST, &format!("{url}pause"), Some(ADMIN), None)
+        .await;
+    assert_eq!(paused.status(), StatusCode::OK);
+    let first = h
+        .call(Method::POST, &format!("{url}resume"), Some(ADMIN), None)
+        .await;
+    assert_eq!(first.status(), StatusCode::OK);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let first: ClaimResponse = first.json().await.unwrap();
+    // The first answer lost: the operator sends it again.
+    let again = h
+        .call(Method::POST, &format!("{url}resume"), Some(ADMIN), None)
+        .await;
+    assert_eq!(again.status(), StatusCode::OK, "not 409 conflict");
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let body: serde_json::Value = again.json().await.unwrap();
+    assert_eq!(
+        body,
+        json!({"id": item.id, "state": "running", "epoch": 2, "replayed": true})
+    );
+    let hb = h
+        .post(
+            &format!("{url}heartbeat"),
+            ADMIN,
+            json!({"token": first.lease.token}),
+        )
+        .await;
+    assert_eq!(hb.status(), StatusCode::OK, "the first lease stays current");
+    h.stop().await;
+}
+
+#[tokio::test]
 async fn the_background_reaper_reopens_an_abandoned_claim() {
     let h = Harness::start(|c| {
         c.ttl_ms = 150;

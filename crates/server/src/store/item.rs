@@ -11,6 +11,7 @@
 use agentstore_protocol::lease::{
     ClaimResponse, ItemList, ItemState, ItemView, LeaseItem, SettleState,
 };
+use agentstore_protocol::ErrorCode;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -234,8 +235,9 @@ impl Viewed {
 /// The answer of a resume: the item and its new lease, or, when the row it
 /// resumed does not decode, only that the item was failed instead (see
 /// `unreadable`): no lease is handed out for an item nobody can read.
-/// Serialised as the claim (`{item, lease}`), or as `{id, state,
-/// unreadable_row: true}`.
+/// Serialised as the claim (`{item, lease}`), as `{id, state,
+/// unreadable_row: true}`, or, for a resume sent again, as `{id, state,
+/// epoch, replayed: true}`.
 #[derive(Debug, Clone)]
 pub enum Resumed {
     /// The item, running under the new lease.
@@ -250,6 +252,20 @@ pub enum Resumed {
         /// could be failed (an operator's pause meanwhile).
         state: Option<ItemState>,
     },
+    /// The item was no longer paused because a resume had already
+    /// resumed it (a resume sent again after its answer was lost, or two
+    /// operators resuming at once) and no claim has taken it since: nothing
+    /// was changed and no lease is handed out (its token is stored hashed
+    /// only; the first answer carried it).
+    Again {
+        /// The item.
+        id: i64,
+        /// Its state now (`running` under that resume's lease, or where
+        /// that lease went since: settled, released, taken over).
+        state: ItemState,
+        /// The epoch that resume gave it.
+        epoch: i64,
+    },
 }
 
 impl Serialize for Resumed {
@@ -257,6 +273,15 @@ impl Serialize for Resumed {
         match self {
             Resumed::Claimed(claimed) => claimed.serialize(s),
             Resumed::Unreadable { id, state } => serialize_unreadable(s, *id, *state),
+            Resumed::Again { id, state, epoch } => {
+                use serde::ser::SerializeMap;
+                let mut m = s.serialize_map(Some(4))?;
+                m.serialize_entry("id", id)?;
+                m.serialize_entry("state", state)?;
+                m.serialize_entry("epoch", epoch)?;
+                m.serialize_entry("replayed", &true)?;
+                m.end()
+            }
         }
     }
 }
@@ -273,6 +298,13 @@ impl Resumed {
             Resumed::Unreadable { id, .. } => Err(StoreError::Corrupt(format!(
                 "item {id}: its row cannot be read, so it was failed instead of resumed"
             ))),
+            Resumed::Again { id, state, epoch } => Err(StoreError::rejected(
+                ErrorCode::Conflict,
+                format!(
+                    "item {id} was resumed already (epoch {epoch}), it is {}",
+                    state.as_str()
+                ),
+            )),
         }
     }
 }

@@ -1617,8 +1617,17 @@ impl Store {
     /// once, fenced on the new token, as a claim fails it (see
     /// `unreadable`), so no lease is left under a token nobody received.
     ///
+    /// Idempotent: a resume of an item that a resume already took out of
+    /// `paused`, with no claim since (its epoch is still the one that
+    /// resume gave it), changes nothing and is answered
+    /// [`Resumed::Again`] (an operator's resume sent again after its answer
+    /// was lost, or two operators resuming at once: exactly one of them
+    /// gets the lease). The conditional update is the only writer, so a
+    /// resume racing a claim, the reaper or another resume has one winner.
+    ///
     /// # Errors
-    /// `conflict` if the item is not paused, `not_found`.
+    /// `conflict` if the item is not paused (and was not resumed last),
+    /// `not_found`.
     pub async fn resume_reporting(
         &self,
         id: i64,
@@ -1627,26 +1636,68 @@ impl Store {
         let (token, token_hash) = tokens::new_lease_token();
         let sql = self.sql(&format!(
             "UPDATE items SET state = 'running', epoch = epoch + 1, token_hash = $2,
-                 worker_id = $3, claim_key = NULL,
+                 worker_id = $3, claim_key = NULL, resumed_epoch = epoch + 1,
                  claimed_at = {{now}}, heartbeat_at = {{now}}, updated_at = {{now}},
                  lease_ttl_ms = {ttl}
              WHERE id = $1 AND state = 'paused'
              RETURNING {ITEM_COLS}",
             ttl = ms(self.settings.ttl_ms),
         ));
-        let row = sqlx::query(&sql)
-            .bind(id)
-            .bind(&token_hash)
-            .bind(worker_id)
-            .fetch_optional(&self.pool)
-            .await?;
-        let Some(row) = row else {
-            return Err(self.not_in_state(id, ItemState::Paused).await);
+        // A pause landing between a refused update and the read that
+        // explains it makes the item resumable again: try once more.
+        let mut tries = 0;
+        let row = loop {
+            tries += 1;
+            let row = sqlx::query(&sql)
+                .bind(id)
+                .bind(&token_hash)
+                .bind(worker_id)
+                .fetch_optional(&self.pool)
+                .await?;
+            if let Some(row) = row {
+                break row;
+            }
+            match self.resumed_before(id).await? {
+                Some(again) => return Ok(again),
+                None if tries < 3 => continue,
+                None => {
+                    return Err(StoreError::rejected(
+                        ErrorCode::Conflict,
+                        format!("item {id} was paused and resumed again meanwhile; send it again"),
+                    ))
+                }
+            }
         };
         self.metrics.operator_action("resume");
         match item_from_row(&row) {
             Ok(item) => Ok(Resumed::Claimed(self.claim_response(item, token.0))),
             Err(e) => self.unreadable_resume(id, &token_hash, &e).await,
+        }
+    }
+
+    /// Why a resume of item `id` found it not paused, when that is because a
+    /// resume already took it out of `paused` and no claim has taken it
+    /// since: [`Resumed::Again`]. `None` when the item is paused again (the
+    /// caller tries again) or when it is answered as a refusal.
+    async fn resumed_before(&self, id: i64) -> Result<Option<Resumed>, StoreError> {
+        // Only these columns: an item whose other columns do not decode
+        // (failed by the resume that met it, see `unreadable`) is answered
+        // the same way.
+        let row: Option<(String, i64, Option<i64>)> =
+            sqlx::query_as("SELECT state, epoch, resumed_epoch FROM items WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?;
+        let Some((state, epoch, resumed)) = row else {
+            return Err(not_found(id));
+        };
+        match ItemState::parse(&state) {
+            Some(ItemState::Paused) => Ok(None),
+            Some(state) if resumed == Some(epoch) => Ok(Some(Resumed::Again { id, state, epoch })),
+            _ => Err(StoreError::rejected(
+                ErrorCode::Conflict,
+                format!("item {id} is {state}, not paused"),
+            )),
         }
     }
 

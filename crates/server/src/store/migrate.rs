@@ -417,6 +417,19 @@ pub const MIGRATIONS: &[Migration] = &[
             );
             CREATE INDEX token_attempts_expires ON token_attempts (expires_at)",
     },
+    Migration {
+        version: 26,
+        name: "resumed_epoch",
+        // The epoch a resume gave the item (its lease's): a resume sent
+        // again after its answer was lost, or a second operator's resume
+        // racing the first, finds the item no longer paused and, while the
+        // item's epoch is still the one that resume set, is answered that
+        // the resume landed (`Resumed::Again`) instead of `409 conflict`
+        // (see `Store::resume_reporting`). Any later claim raises the epoch
+        // past it. NULL for items never resumed. Nullable: adding it
+        // rewrites nothing.
+        sql: "ALTER TABLE items ADD COLUMN resumed_epoch BIGINT",
+    },
 ];
 
 /// Advisory lock key for migrations on PostgreSQL ("agst").

@@ -14,6 +14,7 @@ mod listing;
 mod metrics;
 mod migrate;
 mod outage;
+mod resume;
 mod retention;
 mod revoke;
 mod roles;
@@ -69,6 +70,9 @@ conformance! {
     lease::a_settle_sent_again_after_its_item_moved_on_is_still_a_replay,
     lease::settle_with_current_token_on_an_item_paused_elsewhere_is_state_conflict,
     lease::resume_of_a_paused_item_issues_a_new_token_and_fences_the_old_one,
+    resume::a_resume_sent_again_after_it_landed_is_answered_and_changes_nothing,
+    resume::two_operators_resuming_at_once_get_one_lease_and_one_replay,
+    resume::a_resume_racing_a_claim_and_the_reaper_keeps_its_lease,
     lease::a_heartbeat_racing_a_takeover_has_exactly_one_winner,
     lease::a_takeover_of_an_item_settled_after_it_was_read_changes_nothing,
     lease::a_stalled_worker_that_comes_back_is_fenced_and_the_new_attempt_is_untouched,

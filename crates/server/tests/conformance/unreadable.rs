@@ -407,7 +407,8 @@ async fn post_admin(
 /// while it was paused) fails it at once, fenced on the token the resume
 /// made, with reason `unreadable_row`, and answers 200 `{id, state:
 /// "failed", unreadable_row: true}` with no lease; the same resume sent
-/// again is 409 conflict. Before, the resume committed the row as running
+/// again is answered as a replay (`{id, state: "failed", epoch, replayed:
+/// true}`). Before, the resume committed the row as running
 /// under a token nobody received and answered 500 (after the TTL the reaper
 /// reopened it for the claims to fail), and its retry answered 500 as well.
 pub async fn a_resume_of_an_unreadable_row_fails_it_and_is_answered_and_so_is_its_retry(
@@ -439,12 +440,14 @@ pub async fn a_resume_of_an_unreadable_row_fails_it_and_is_answered_and_so_is_it
             .unwrap();
     assert_eq!(tokens, 0, "no lease is held under a token nobody received");
 
+    // Sent again: that resume landed (and failed the row), so the retry is
+    // answered as a replay, with the state it left, and changes nothing.
     let (status, answer) =
         post_admin(&http, &base, &format!("/v1/items/{id}/resume"), json!({})).await;
+    assert_eq!(status, 200, "{answer}");
     assert_eq!(
-        (status, &answer["code"]),
-        (409, &json!("conflict")),
-        "{answer}"
+        answer,
+        json!({"id": id, "state": "failed", "epoch": 2, "replayed": true})
     );
     assert_eq!(unreadable_counted(&store, "resume").await, "1");
     server.stop().await.unwrap();
