@@ -96,7 +96,20 @@ pub fn router(config: &Config, state: AppState) -> Result<Router, String> {
         ))
         .layer(axum::middleware::from_fn(json_errors))
         .layer(cors);
-    Ok(traced(app))
+    Ok(traced(host_checked(app, config, config.listen)))
+}
+
+/// `app` behind the `Host` check when `listen` is a loopback address (see
+/// [`crate::host`]); as it is otherwise.
+fn host_checked(app: Router, config: &Config, listen: SocketAddr) -> Router {
+    if !listen.ip().to_canonical().is_loopback() {
+        return app;
+    }
+    let check = Arc::new(crate::host::HostCheck::new(&config.allowed_host));
+    app.layer(axum::middleware::from_fn_with_state(
+        check,
+        crate::host::check_host,
+    ))
 }
 
 /// Random (version 4) UUIDs for request ids, drawn from the thread-local
@@ -352,11 +365,16 @@ impl Server {
         let mut metrics_addr = None;
         let metrics_http = match metrics_listener {
             Some(l) => {
-                metrics_addr = Some(l.local_addr()?);
+                let at = l.local_addr()?;
+                metrics_addr = Some(at);
                 tracing::info!(addr = %l.local_addr()?, "metrics listening (no token)");
                 Some(serve(
                     l,
-                    traced(ops::open_metrics_router().with_state(state)),
+                    traced(host_checked(
+                        ops::open_metrics_router().with_state(state),
+                        config,
+                        at,
+                    )),
                     rx.clone(),
                     read_timeout,
                 ))

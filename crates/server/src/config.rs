@@ -171,6 +171,16 @@ pub struct Config {
     /// Keep it below the scraper's own timeout (Prometheus: 10 s).
     #[arg(long, default_value_t = QUEUE_STATS_TIMEOUT_MS, value_parser = clap::value_parser!(u64).range(METRICS_READ_TIMEOUT_MS))]
     pub metrics_read_timeout_ms: u64,
+    /// Host names a loopback listener (`--listen`, `--metrics-listen` on
+    /// `127.0.0.1` or `::1`) answers besides loopback addresses (repeat or
+    /// comma-separate; `*`: any). A request whose `Host` is anything else
+    /// is refused with `403 forbidden`: a web page on another host that
+    /// rebinds its DNS name to 127.0.0.1 could otherwise drive this server
+    /// and read its answers (DNS rebinding). Giving the flag replaces the
+    /// default, so list `localhost` too if it is still wanted. A listener
+    /// on any other address (`0.0.0.0`, a LAN address) checks no `Host`.
+    #[arg(long, value_delimiter = ',', default_value = "localhost", value_parser = crate::host::allowed_host_arg)]
+    pub allowed_host: Vec<String>,
 }
 
 /// `--admin-token`: any non-empty text without whitespace (a bearer token is

@@ -23,6 +23,7 @@ pub mod authcache;
 pub mod config;
 pub mod error;
 pub mod extract;
+pub mod host;
 pub mod metrics;
 pub mod ops;
 pub mod ratelimit;

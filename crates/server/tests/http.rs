@@ -856,17 +856,17 @@ async fn a_request_sent_too_slowly_is_cut_off_after_the_read_timeout() {
     // Headers cut off part-way, and a connection that never sends a byte.
     let mut partial = sent(
         addr,
-        b"POST /v1/workers/enroll HTTP/1.1\r\nHost: x\r\nContent-",
+        b"POST /v1/workers/enroll HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-",
     )
     .await;
     let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
     // A body shorter than its Content-Length, and a chunked body never ended,
     // each to a route that needs no credentials.
-    let mut short = sent(addr, b"POST /v1/workers/enroll HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"tok").await;
-    let mut chunked = sent(addr, b"POST /v1/items/1/release HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"tok\r\n").await;
+    let mut short = sent(addr, b"POST /v1/workers/enroll HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"tok").await;
+    let mut chunked = sent(addr, b"POST /v1/items/1/release HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"tok\r\n").await;
     // A body trickled a byte at a time, each well within the timeout: the
     // deadline is for the whole body, not for the gap between two reads.
-    let trickled = sent(addr, b"POST /v1/workers/enroll HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n").await;
+    let trickled = sent(addr, b"POST /v1/workers/enroll HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n").await;
     let (mut trickle_read, mut trickle_write) = trickled.into_split();
     let trickler = tokio::spawn(async move {
         while trickle_write.write_all(b" ").await.is_ok() {
@@ -899,7 +899,7 @@ async fn a_request_sent_too_slowly_is_cut_off_after_the_read_timeout() {
     trickler.abort();
     // A keep-alive connection between requests: served, then closed once
     // idle for the timeout (a browser opens a new one for its next request).
-    let mut idle = sent(addr, b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    let mut idle = sent(addr, b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await;
     let (text, closed) = answer_then_close(&mut idle, bound).await;
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     assert!(closed, "an idle keep-alive connection is closed");
@@ -918,7 +918,11 @@ async fn a_client_that_stops_reading_a_response_is_cut_off_after_the_read_timeou
     const READ_TIMEOUT_MS: u64 = 300;
     let h = Harness::start(|c| c.read_timeout_ms = READ_TIMEOUT_MS).await;
     std::fs::write(h.dir.join("www/big.bin"), vec![7u8; 32 << 20]).unwrap();
-    let mut reader = sent(h.server.addr(), b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    let mut reader = sent(
+        h.server.addr(),
+        b"GET /big.bin HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+    )
+    .await;
     // The response has started (and then the client reads no more).
     let mut first = [0u8; 16];
     reader.read_exact(&mut first).await.unwrap();
@@ -933,4 +937,74 @@ async fn a_client_that_stops_reading_a_response_is_cut_off_after_the_read_timeou
         .unwrap();
     assert!(started.elapsed() < bound);
     drop(reader);
+}
+
+/// `GET path` on `h` with `Host: host`.
+async fn with_host(h: &Harness, url: &str, host: &str) -> Response {
+    h.http
+        .get(url)
+        .header(reqwest::header::HOST, host)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_loopback_server_refuses_a_host_that_is_not_loopback_or_allowed() {
+    let h = Harness::start(|c| c.metrics_listen = Some("127.0.0.1:0".parse().unwrap())).await;
+    let port = h.server.addr().port();
+    let metrics = format!("http://{}/metrics", h.server.metrics_addr().unwrap());
+    // A DNS-rebinding page names its own host: nothing is served to it, not
+    // the API, not a static file, not the token-less metrics.
+    for url in [h.url("/v1/health"), h.url("/index.html"), metrics.clone()] {
+        let refused = with_host(&h, &url, &format!("evil.example:{port}")).await;
+        assert_eq!(refused.status(), StatusCode::FORBIDDEN, "{url}");
+        let body: ErrorBody = refused.json().await.unwrap();
+        assert_eq!(body.code, ErrorCode::Forbidden);
+        assert!(
+            body.message.contains("--allowed-host evil.example"),
+            "{}",
+            body.message
+        );
+    }
+    for host in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        format!("[::1]:{port}"),
+        "127.0.0.1".to_owned(),
+    ] {
+        let ok = with_host(&h, &h.url("/v1/health"), &host).await;
+        assert_eq!(ok.status(), StatusCode::OK, "{host}");
+    }
+    assert_eq!(
+        with_host(&h, &metrics, "localhost").await.status(),
+        StatusCode::OK
+    );
+    h.stop().await;
+
+    // Hosts named by --allowed-host pass (and replace `localhost`);
+    // loopback addresses always do.
+    let h = Harness::start(|c| c.allowed_host = vec!["demo.example".into()]).await;
+    let url = h.url("/v1/health");
+    assert_eq!(
+        with_host(&h, &url, "Demo.Example:80").await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        with_host(&h, &url, "127.0.0.1").await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        with_host(&h, &url, "localhost").await.status(),
+        StatusCode::FORBIDDEN
+    );
+    h.stop().await;
+    let h = Harness::start(|c| c.allowed_host = vec!["*".into()]).await;
+    assert_eq!(
+        with_host(&h, &h.url("/v1/health"), "evil.example")
+            .await
+            .status(),
+        StatusCode::OK
+    );
+    h.stop().await;
 }

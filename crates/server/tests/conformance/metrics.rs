@@ -910,7 +910,7 @@ pub async fn a_claim_and_a_settle_whose_client_went_away_are_counted_once_commit
     let b = api.enqueue(None).await;
 
     let claim = format!(
-        "POST /v1/queues/mq/claims HTTP/1.1\r\nHost: test\r\n\
+        "POST /v1/queues/mq/claims HTTP/1.1\r\nHost: 127.0.0.1\r\n\
          Authorization: Bearer {ADMIN}\r\nContent-Length: 0\r\n\r\n"
     );
     send_and_go_away(&db, &server, claim).await;
@@ -918,7 +918,7 @@ pub async fn a_claim_and_a_settle_whose_client_went_away_are_counted_once_commit
 
     let body = json!({"token": ca.lease.token, "state": "done"}).to_string();
     let settle = format!(
-        "POST /v1/items/{a}/settle HTTP/1.1\r\nHost: test\r\n\
+        "POST /v1/items/{a}/settle HTTP/1.1\r\nHost: 127.0.0.1\r\n\
          Authorization: Bearer {ADMIN}\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\n\r\n{body}",
         body.len()
