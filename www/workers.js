@@ -111,7 +111,12 @@ async function request(method, path, { body, token } = {}) {
   const text = await res.text();
   let data = null;
   try { data = text ? JSON.parse(text) : null; } catch { /* not JSON: reported below */ }
-  if (!res.ok) throw errorFromAnswer(res.status, data);
+  if (!res.ok) {
+    const err = errorFromAnswer(res.status, data);
+    const retryAfter = Number(res.headers.get('retry-after'));
+    if (retryAfter > 0) err.retryAfterS = retryAfter;
+    throw err;
+  }
   return data;
 }
 
@@ -128,18 +133,59 @@ function panelCredentials(staleToken) {
   producer = (async () => {
     const old = previous && await previous.catch(() => null);
     if (old && old.access_token !== staleToken) return old; // renewed by another call
-    if (old) {
-      try {
-        return await request('POST', '/v1/workers/refresh', { body: { refresh_token: old.refresh_token } });
-      } catch (err) {
-        if (err.status !== 401) throw err;
+    return renewed(async () => {
+      if (old) {
+        try {
+          return await request('POST', '/v1/workers/refresh', { body: { refresh_token: old.refresh_token } });
+        } catch (err) {
+          if (err.status !== 401) throw err;
+        }
       }
-    }
-    return enrollWith(runtime.producerTokens ?? [], 'producer', 'demo panel');
+      return enrollWith(runtime.producerTokens ?? [], 'producer', 'demo panel', RENEWAL_ENROLLS);
+    });
   })();
   const mine = producer;
   mine.catch(() => { if (producer === mine) producer = null; });
   return mine;
+}
+
+/** Enrollment tokens one renewal tries (each refused one is a credential request spent). */
+const RENEWAL_ENROLLS = 2;
+/** Backoff of renewals that failed: random(base, min(cap, base·2^n)) ms after the n-th failure in a row. */
+const RENEWAL_BASE_MS = 2000;
+const RENEWAL_CAP_MS = 60_000;
+/** Renewals that failed in a row, and when (performance.now()) the next may be tried. */
+const renewal = { failures: 0, notBefore: 0 };
+
+/**
+ * Runs `renew` (a refresh, or an enrollment: credential requests, which the
+ * server limits per client address with `--auth-rate`) unless a failed
+ * renewal's backoff is still running: then the panel call fails at once
+ * with nothing sent. A failure backs off with jitter, as the SDK's
+ * reconnects do (random(base, min(cap, base·2^n)), and at least the
+ * `Retry-After` of a 429); a success resets it. Before, after a server
+ * restart every poll (1.5 s) spent a refresh and up to 12 enrollments,
+ * every one refused: the page drained the address's auth rate, and the
+ * enrollments of the new run's workers got 429.
+ */
+async function renewed(renew) {
+  const wait = renewal.notBefore - performance.now();
+  if (wait > 0) {
+    throw demoError('UnauthorizedError', 'unauthorized',
+      `the server refused the panel's credentials; renewing them again in ${seconds(wait)}`, 401);
+  }
+  try {
+    const creds = await renew();
+    renewal.failures = 0;
+    return creds;
+  } catch (err) {
+    renewal.failures += 1;
+    const ceiling = Math.min(RENEWAL_CAP_MS, RENEWAL_BASE_MS * 2 ** renewal.failures);
+    const delay = RENEWAL_BASE_MS + Math.random() * (ceiling - RENEWAL_BASE_MS);
+    const retryAfterMs = err.status === 429 ? (err.retryAfterS ?? 1) * 1000 : 0;
+    renewal.notBefore = performance.now() + Math.max(delay, retryAfterMs);
+    throw err;
+  }
 }
 
 /**
@@ -183,6 +229,7 @@ function adoptRestartedServer() {
     if (!fresh?.runId || fresh.runId === runtime?.runId || !fresh.enrollmentTokens?.length) return false;
     runtime = fresh;
     producer = null;
+    Object.assign(renewal, { failures: 0, notBefore: 0 }); // fresh tokens: try them at once
     showStatus('The demo server was restarted: the panel and the workers enrolled again with its new tokens.');
     await Promise.all(workers.map(async (w) => {
       // The old run's loop and client are stopped without waiting for them
@@ -244,8 +291,8 @@ async function takeToken(pool, kind) {
  * Enrolls with a token of `pool` (`kind`: see `takeToken`). A token a page of
  * another browser used already answers 401: take the next one.
  */
-async function enrollWith(pool, kind, name) {
-  for (let attempt = 0; attempt < 12; attempt++) {
+async function enrollWith(pool, kind, name, attempts = 12) {
+  for (let attempt = 0; attempt < attempts; attempt++) {
     const token = await takeToken(pool, kind);
     if (token === null) break;
     try {
