@@ -5,7 +5,7 @@
 // that a missing or broken `/pkg/` build shows a message instead of a blank
 // page. `www/` is served at `/` and the wasm-pack output at `/pkg/`.
 
-import { clearError, showError, showStatus } from './messages.js';
+import { clearError, demoError, showError, showStatus } from './messages.js';
 import { startWorkersPanel } from './workers.js';
 
 const SDK_URL = '/pkg/agentstore.js';
@@ -18,6 +18,12 @@ const $ = (id) => document.getElementById(id);
 
 /** @type {import('../pkg/agentstore.js').AgentStore | null} */
 let store = null;
+/**
+ * Why `store` is null, as an Error with the SDK's shape, for any action that
+ * needs the store: the SDK did not load, the store could not be opened, or
+ * it was open and has been closed (see `closedError`).
+ */
+let unavailable = new Error('the SDK is not loaded (see the message above)');
 // Settles once main() has opened the store (or failed to): a click that
 // comes while the SDK still loads waits for it instead of failing.
 let opened;
@@ -34,7 +40,7 @@ function action(button, context, fn) {
     event?.preventDefault?.();
     if (!store) await opening;
     if (!store) {
-      showError(new Error('the SDK is not loaded (see the message above)'), context);
+      showError(unavailable, context);
       return;
     }
     clearError();
@@ -43,7 +49,9 @@ function action(button, context, fn) {
     try {
       await fn(event);
     } catch (err) {
-      showError(err, context);
+      // The store closed under the action (another tab's upgrade landed
+      // while it ran): say so, and what to do, as a later click would.
+      showError(err?.code === 'closed' ? storeClosed(err.message) : err, context);
     } finally {
       for (const b of buttons) b.disabled = false;
       updatePager();
@@ -53,6 +61,20 @@ function action(button, context, fn) {
 
 window.addEventListener('error', (e) => showError(e.error ?? e.message, 'Unexpected error'));
 window.addEventListener('unhandledrejection', (e) => showError(e.reason, 'Unexpected error'));
+
+/**
+ * The store was closed under this page (`why`: the SDK's reason): nothing can
+ * be read or written through it any more, and reloading opens it again.
+ * Marks the page's store state `closed` and drops the store.
+ */
+function storeClosed(why) {
+  store = null;
+  $('sdk-state').textContent = 'closed';
+  const name = $('store-name').textContent;
+  unavailable = demoError('ClosedError', 'closed',
+    `the store “${name}” is closed in this tab (${why}), so nothing was read or written; reload the page to open it again`, 410);
+  return unavailable;
+}
 
 // ------------------------------------------------------------------ import
 
@@ -451,13 +473,12 @@ async function start() {
     store = await sdk.AgentStore.open(name, {
       blockedTimeoutMs: 5000,
       onVersionChange() {
-        store = null;
-        $('sdk-state').textContent = 'closed';
-        showError(new Error('another tab upgraded the database, so this connection was closed; reload the page'), 'Store closed');
+        showError(storeClosed('another tab upgraded or deleted its database'), 'Store closed');
       },
     });
   } catch (err) {
     $('sdk-state').textContent = 'could not open the store';
+    unavailable = new Error(`the store “${name}” could not be opened (see the message above); reload the page to try again`);
     showError(err, `Could not open the store “${name}”`);
     return;
   }
