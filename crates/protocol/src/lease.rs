@@ -26,6 +26,11 @@ pub const DEFAULT_REAPER_MS: u64 = 15_000;
 pub const DEFAULT_MAX_REDELIVERIES: u32 = 5;
 /// `last_error` of an item failed by the retry cap.
 pub const RETRY_LIMIT_REASON: &str = "retry_limit";
+/// Largest `max_redeliveries` an enqueue may ask for.
+pub const MAX_REDELIVERIES_LIMIT: u32 = 1_000;
+/// Largest `max_attempts` an enqueue may ask for: [`MAX_REDELIVERIES_LIMIT`]
+/// re-deliveries plus the first delivery.
+pub const MAX_ATTEMPTS_LIMIT: u32 = MAX_REDELIVERIES_LIMIT + 1;
 
 /// The state of a work item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -130,6 +135,78 @@ pub struct EnqueueRequest {
     /// server default (`--max-redeliveries`, 5) when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_redeliveries: Option<u32>,
+    /// The same cap counted as total deliveries, first included (River's and
+    /// Temporal's `max_attempts`): `n` is `max_redeliveries` `n - 1`, so
+    /// 1..=1001. Input only: the item stores and reports `max_redeliveries`.
+    /// Giving both fields is refused (see [`retry_cap`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+}
+
+impl EnqueueRequest {
+    /// The `max_redeliveries` this body asks for (see [`retry_cap`]).
+    ///
+    /// # Errors
+    /// As [`retry_cap`].
+    pub fn retry_cap(&self) -> Result<Option<u32>, RetryCapError> {
+        retry_cap(self.max_redeliveries, self.max_attempts)
+    }
+}
+
+/// Why an enqueue body's retry cap is refused (a `400 validation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryCapError {
+    /// Both `max_redeliveries` and `max_attempts` were given.
+    Both,
+    /// `max_redeliveries` is above [`MAX_REDELIVERIES_LIMIT`].
+    RedeliveriesOutOfRange,
+    /// `max_attempts` is 0 or above [`MAX_ATTEMPTS_LIMIT`].
+    AttemptsOutOfRange,
+}
+
+impl std::fmt::Display for RetryCapError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RetryCapError::Both => write!(
+                f,
+                "give max_redeliveries or max_attempts, not both \
+                 (max_attempts n is max_redeliveries n - 1)"
+            ),
+            RetryCapError::RedeliveriesOutOfRange => {
+                write!(f, "max_redeliveries must be 0..={MAX_REDELIVERIES_LIMIT}")
+            }
+            RetryCapError::AttemptsOutOfRange => write!(
+                f,
+                "max_attempts must be 1..={MAX_ATTEMPTS_LIMIT} \
+                 (total deliveries, the first included)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RetryCapError {}
+
+/// The `max_redeliveries` an enqueue body asks for, from its
+/// `max_redeliveries` (re-deliveries after the first, 0..=1000) or its
+/// `max_attempts` (total deliveries, 1..=1001: `n` is `n - 1`
+/// re-deliveries); `None` (the server's default) when neither is given.
+///
+/// # Errors
+/// [`RetryCapError::Both`] when both are given, else the given one's range.
+pub fn retry_cap(
+    max_redeliveries: Option<u32>,
+    max_attempts: Option<u32>,
+) -> Result<Option<u32>, RetryCapError> {
+    match (max_redeliveries, max_attempts) {
+        (Some(_), Some(_)) => Err(RetryCapError::Both),
+        (Some(n), None) if n > MAX_REDELIVERIES_LIMIT => Err(RetryCapError::RedeliveriesOutOfRange),
+        (Some(n), None) => Ok(Some(n)),
+        (None, Some(n)) if n == 0 || n > MAX_ATTEMPTS_LIMIT => {
+            Err(RetryCapError::AttemptsOutOfRange)
+        }
+        (None, Some(n)) => Ok(Some(n - 1)),
+        (None, None) => Ok(None),
+    }
 }
 
 /// A work item as the server reports it (`201` of enqueue, `GET /v1/items/{id}`).
@@ -713,6 +790,89 @@ impl LeaseItem {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn max_attempts_counts_the_first_delivery_so_it_is_one_more_than_max_redeliveries() {
+        assert_eq!(retry_cap(None, Some(1)), Ok(Some(0)));
+        assert_eq!(retry_cap(None, Some(3)), Ok(Some(2)));
+        assert_eq!(
+            retry_cap(None, Some(MAX_ATTEMPTS_LIMIT)),
+            Ok(Some(MAX_REDELIVERIES_LIMIT))
+        );
+        assert_eq!(retry_cap(Some(0), None), Ok(Some(0)));
+        assert_eq!(
+            retry_cap(Some(MAX_REDELIVERIES_LIMIT), None),
+            Ok(Some(MAX_REDELIVERIES_LIMIT))
+        );
+        assert_eq!(retry_cap(None, None), Ok(None));
+        // max_attempts 3: the third ended delivery fails the item.
+        let cap = retry_cap(None, Some(3)).unwrap().unwrap();
+        assert_eq!(end_attempt(1, cap).0, ItemState::Open);
+        assert_eq!(
+            end_attempt(2, cap),
+            (ItemState::Failed, 3, RETRY_LIMIT_REASON)
+        );
+    }
+
+    #[test]
+    fn a_retry_cap_given_both_ways_or_out_of_range_is_refused_naming_the_rule() {
+        for (r, a) in [
+            (Some(2), Some(3)),
+            (Some(0), Some(1)),
+            (Some(5000), Some(0)),
+        ] {
+            let e = retry_cap(r, a).unwrap_err();
+            assert_eq!(e, RetryCapError::Both);
+            let m = e.to_string();
+            assert!(
+                m.contains("max_redeliveries")
+                    && m.contains("max_attempts")
+                    && m.contains("not both"),
+                "{m}"
+            );
+        }
+        for a in [0, MAX_ATTEMPTS_LIMIT + 1, u32::MAX] {
+            let e = retry_cap(None, Some(a)).unwrap_err();
+            assert_eq!(e, RetryCapError::AttemptsOutOfRange);
+            assert!(
+                e.to_string().contains("max_attempts must be 1..=1001"),
+                "{e}"
+            );
+        }
+        for r in [MAX_REDELIVERIES_LIMIT + 1, u32::MAX] {
+            let e = retry_cap(Some(r), None).unwrap_err();
+            assert_eq!(e, RetryCapError::RedeliveriesOutOfRange);
+            assert!(
+                e.to_string().contains("max_redeliveries must be 0..=1000"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_enqueue_request_reads_max_attempts_and_still_refuses_unknown_fields() {
+        let req: EnqueueRequest =
+            serde_json::from_str(r#"{"payload": {"job": 1}, "max_attempts": 3}"#).unwrap();
+        assert_eq!((req.max_redeliveries, req.max_attempts), (None, Some(3)));
+        assert_eq!(req.retry_cap(), Ok(Some(2)));
+        let both: EnqueueRequest =
+            serde_json::from_str(r#"{"payload": 1, "max_redeliveries": 2, "max_attempts": 3}"#)
+                .unwrap();
+        assert_eq!(both.retry_cap(), Err(RetryCapError::Both));
+        assert!(
+            serde_json::from_str::<EnqueueRequest>(r#"{"payload": 1, "max_tries": 3}"#).is_err()
+        );
+        // Absent fields stay off the wire.
+        let plain = EnqueueRequest {
+            payload: serde_json::json!(1),
+            max_redeliveries: Some(2),
+            max_attempts: None,
+        };
+        assert_eq!(
+            serde_json::to_string(&plain).unwrap(),
+            r#"{"payload":1,"max_redeliveries":2}"#
+        );
+    }
 
     #[test]
     fn a_settle_state_parses_from_its_wire_name_and_nothing_else() {

@@ -25,8 +25,8 @@ use crate::state::AppState;
 use crate::store::{claim_lost, Attempt, Ended, ItemPage, Released, Resumed, Viewed};
 use crate::wire::{EnqueueBody, SettleBody};
 
-/// Most re-deliveries an item may be given.
-pub const MAX_REDELIVERIES_LIMIT: u32 = 1_000;
+/// Most re-deliveries an item may be given (`max_attempts` at most one more).
+pub const MAX_REDELIVERIES_LIMIT: u32 = agentstore_protocol::lease::MAX_REDELIVERIES_LIMIT;
 
 /// Most leases one batched heartbeat may carry.
 pub const MAX_BATCH: usize = 500;
@@ -317,17 +317,12 @@ async fn enqueue(
     let queue = queue_name(&queue)?;
     let producer = caller.produce(queue)?;
     let key = idempotency_key(&headers)?;
-    if req
-        .max_redeliveries
-        .is_some_and(|n| n > MAX_REDELIVERIES_LIMIT)
-    {
-        return Err(invalid(format!(
-            "max_redeliveries must be 0..={MAX_REDELIVERIES_LIMIT}"
-        )));
-    }
+    // `max_attempts` n is `max_redeliveries` n - 1; the item keeps only the latter.
+    let cap = agentstore_protocol::lease::retry_cap(req.max_redeliveries, req.max_attempts)
+        .map_err(|e| invalid(e.to_string()))?;
     let (ended, replayed) = st
         .store
-        .enqueue_once(queue, &*req.payload, req.max_redeliveries, producer, key)
+        .enqueue_once(queue, &*req.payload, cap, producer, key)
         .await?;
     Ok(replay_marked((StatusCode::CREATED, Json(ended)), replayed))
 }

@@ -40,6 +40,10 @@ pub struct EnqueueBody {
     /// Re-deliveries allowed after the first delivery.
     #[serde(default)]
     pub max_redeliveries: Option<u32>,
+    /// The same cap as total deliveries (`max_redeliveries` + 1); not with
+    /// `max_redeliveries` (see `agentstore_protocol::lease::retry_cap`).
+    #[serde(default)]
+    pub max_attempts: Option<u32>,
 }
 
 /// `POST /v1/items/{id}/settle` body (`SettleRequest`).

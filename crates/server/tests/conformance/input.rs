@@ -76,6 +76,81 @@ pub async fn out_of_range_numbers_are_400_before_they_reach_sql(db: TestDb) {
     server.stop().await.unwrap();
 }
 
+/// An enqueue body gives its retry cap as `max_redeliveries` or as
+/// `max_attempts` (one more), never both: both is `400 validation` naming
+/// both fields, even when they agree, and nothing is written.
+pub async fn an_enqueue_giving_both_max_redeliveries_and_max_attempts_is_refused(db: TestDb) {
+    let server = http_server(&db).await;
+    let store = server.store().clone();
+    let before = snapshot(&store).await;
+    for body in [
+        r#"{"payload": 1, "max_redeliveries": 2, "max_attempts": 3}"#,
+        r#"{"payload": 1, "max_attempts": 1, "max_redeliveries": 0}"#,
+        r#"{"payload": 1, "max_redeliveries": 5000, "max_attempts": 0}"#,
+    ] {
+        let answer = send(
+            &server,
+            Method::POST,
+            "/v1/queues/q/items",
+            Some(ADMIN),
+            Some(body.into()),
+        )
+        .await;
+        let message = serde_json::from_str::<ErrorBody>(&answer.1).map(|b| b.message);
+        let message = message.unwrap_or_default();
+        refused(&store, &before, answer, ErrorCode::Validation, body).await;
+        assert!(
+            message.contains("max_redeliveries")
+                && message.contains("max_attempts")
+                && message.contains("not both"),
+            "{body}: {message}"
+        );
+    }
+    server.stop().await.unwrap();
+}
+
+/// `max_attempts` is 1..=1001 (`max_redeliveries` 0..=1000 plus the first
+/// delivery): 0 or above 1001 is `400 validation` naming the range, nothing
+/// written; the bounds themselves are accepted.
+pub async fn an_enqueue_max_attempts_out_of_1_to_1001_is_refused_naming_the_range(db: TestDb) {
+    let server = http_server(&db).await;
+    let store = server.store().clone();
+    let before = snapshot(&store).await;
+    for n in ["0", "1002", "4294967295"] {
+        let body = format!(r#"{{"payload": 1, "max_attempts": {n}}}"#);
+        let answer = send(
+            &server,
+            Method::POST,
+            "/v1/queues/q/items",
+            Some(ADMIN),
+            Some(body.clone()),
+        )
+        .await;
+        let message = serde_json::from_str::<ErrorBody>(&answer.1).map(|b| b.message);
+        let message = message.unwrap_or_default();
+        refused(&store, &before, answer, ErrorCode::Validation, &body).await;
+        assert!(
+            message.contains("max_attempts must be 1..=1001"),
+            "{body}: {message}"
+        );
+    }
+    for (n, cap) in [(1, 0), (1001, 1000)] {
+        let body = format!(r#"{{"payload": 1, "max_attempts": {n}}}"#);
+        let (status, text) = send(
+            &server,
+            Method::POST,
+            "/v1/queues/q/items",
+            Some(ADMIN),
+            Some(body),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED, "{text}");
+        let item: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(item["max_redeliveries"], json!(cap), "{text}");
+    }
+    server.stop().await.unwrap();
+}
+
 /// `.` and `..` are no queue names: a URL parser resolves them away (a
 /// browser's `fetch` of `/v1/queues/../claims` reaches `/v1/claims`), so no
 /// browser client could address such a queue. Refused as a path segment
@@ -575,6 +650,7 @@ fn json_value() -> impl Strategy<Value = Value> {
                     Just("leases".to_owned()),
                     Just("item_id".to_owned()),
                     Just("max_redeliveries".to_owned()),
+                    Just("max_attempts".to_owned()),
                     Just("expires_in_ms".to_owned()),
                     Just("role".to_owned()),
                     Just("queues".to_owned()),

@@ -8,7 +8,7 @@ use agentstore_server::{Settings, Store};
 use serde_json::{json, Value};
 use tokio::sync::Barrier;
 
-use crate::common::{at_once, heartbeat_at, sleep_ms, ttl, value, TestDb};
+use crate::common::{at_once, heartbeat_at, sleep_ms, ttl, value, TestDb, ADMIN};
 
 const LONG: u64 = 60_000;
 
@@ -748,6 +748,58 @@ pub async fn every_expiry_counts_an_attempt_and_the_cap_fails_the_item_with_retr
         .unwrap()
         .items;
     assert_eq!(failed.len(), 1);
+}
+
+/// The classic retry cap as River and Temporal count it: an enqueue body's
+/// `max_attempts: 3` is three deliveries in all (`max_redeliveries` 2, what
+/// the item reports), so the third expiry fails the item with `retry_limit`
+/// and no claim returns it again.
+pub async fn with_max_attempts_3_the_third_expiry_fails_the_item_with_retry_limit(db: TestDb) {
+    let mut config = db.config();
+    config.ttl_ms = 100;
+    config.heartbeat_ms = 33;
+    config.reaper_ms = 3_600_000; // this test reaps, so the counts are its own
+    let server = agentstore_server::Server::start(&config)
+        .await
+        .expect("start server");
+    let store = server.store().clone();
+    let answer = reqwest::Client::new()
+        .post(format!("{}/v1/queues/q/items", server.url()))
+        .bearer_auth(ADMIN)
+        .json(&json!({"payload": {"job": 1}, "max_attempts": 3}))
+        .send()
+        .await
+        .unwrap();
+    let status = answer.status();
+    let item: Value = answer.json().await.unwrap();
+    assert_eq!(status.as_u16(), 201, "{item}");
+    assert_eq!(item["max_redeliveries"], json!(2), "{item}");
+    assert!(item.get("max_attempts").is_none(), "input only: {item}");
+    let id = item["id"].as_i64().expect("an id");
+    for expiry in 1..=3u32 {
+        let c = store
+            .claim("q", None)
+            .await
+            .unwrap()
+            .expect("claimable again");
+        assert_eq!(c.item.id, id);
+        sleep_ms(180).await; // the worker dies: nothing heartbeats or settles
+        let (reopened, failed) = store.reap().await.unwrap();
+        let now = store.item(id).await.unwrap().unwrap();
+        assert_eq!(now.attempts, expiry);
+        if expiry < 3 {
+            assert_eq!((reopened, failed, now.state), (1, 0, ItemState::Open));
+        } else {
+            assert_eq!((reopened, failed, now.state), (0, 1, ItemState::Failed));
+            assert_eq!(now.last_error.as_deref(), Some(RETRY_LIMIT_REASON));
+        }
+    }
+    assert!(
+        store.claim("q", None).await.unwrap().is_none(),
+        "no claim returns it again"
+    );
+    assert_eq!(store.reap().await.unwrap(), (0, 0));
+    server.stop().await.unwrap();
 }
 
 pub async fn release_reopens_the_item_and_counts_an_attempt(db: TestDb) {
