@@ -505,23 +505,63 @@ export function abortWatch(signal) {
 const PURGE_BATCH = 1000;
 
 /**
- * `purgeTombstones`' scan, in the readwrite transaction of `store` (the
- * tombstone store): deletes every tombstone whose `deletedAt` (ms) is at
- * most `cutoff`, or is not a number (written by an earlier release: older
- * than any bound), or every one when `olderThanMs` is 0 (also those dated
- * ahead of this clock). Reads PURGE_BATCH tombstones at a time in `_id`
- * order, each batch's read issued from the last one's answer (so the
- * transaction stays active and memory stays bounded however many there
- * are; one `getAll` of the whole store held them all at once). Resolves
- * with how many; rejects with the DOMException of a read, or what a
- * request threw.
+ * `purgeTombstones`, in the readwrite transaction of `store` (the tombstone
+ * store; the transaction also holds `meta`): deletes every tombstone whose
+ * `deletedAt` (ms) is at most `cutoff`, or is not a number (written by an
+ * earlier release: older than any bound), or every one when `olderThanMs`
+ * is 0 (also those dated ahead of this clock). Reads PURGE_BATCH
+ * tombstones at a time in `_id` order, each batch's read issued from the
+ * last one's answer (so the transaction stays active and memory stays
+ * bounded however many there are; one `getAll` of the whole store held
+ * them all at once). When any was deleted, counts the purge in the shared
+ * index state as Rust src/store/index.rs `write_state` would (its
+ * `purges`, read as `IndexState::from_js` reads it, plus one, and the next
+ * generation): a record created afresh after a purge takes the count into
+ * its first revision, so it never gets back a revision the purged history
+ * issued.
+ *
+ * After each batch, `onProgress(done, total)` (when given) is called:
+ * tombstones looked at, of those stored when the scan began; then `signal`
+ * (when given) is looked at. A throw there, or an abort, aborts the
+ * transaction (nothing is purged) and rejects with what was thrown, or
+ * `undefined` for the abort. What `onProgress` returns is not waited for
+ * there (the transaction cannot wait for a foreign Promise): once the
+ * transaction has committed, resolves with how many were purged after
+ * every such Promise fulfilled; rejects with the first rejection, or with
+ * `undefined` when `signal` aborts first. Rejects with `toError(e)` (the
+ * module's typed Error) for a failed read or request, or the transaction's
+ * abort (`tx.error`: quota).
  */
-export function purgeOlder(store, olderThanMs, cutoff) {
+export function purgeOlder(store, olderThanMs, cutoff, onProgress, signal, toError) {
+  const tx = store.transaction;
+  const total = onProgress && store.count();
+  const returned = [];
+  let purged = 0;
+  let done = 0;
   return new Promise((resolve, reject) => {
-    let purged = 0;
+    const fail = (e) => {
+      reject(e);
+      try {
+        tx.abort();
+      } catch (x) {
+        // Ended already.
+      }
+    };
+    // The module has no handler on this transaction (it left it to this).
+    tx.onabort = () => reject(toError(tx.error));
+    tx.oncomplete = () => {
+      const stopped = {};
+      // (Without a signal, raceAbort races nothing.)
+      resolve(
+        raceAbort(Promise.all(returned), signal, stopped).then((v) => {
+          if (v === stopped) throw undefined;
+          return purged;
+        }),
+      );
+    };
     const batch = (range) => {
       const read = store.getAll(range, PURGE_BATCH);
-      read.onerror = () => reject(read.error);
+      read.onerror = () => fail(toError(read.error));
       read.onsuccess = () => {
         try {
           const rows = read.result;
@@ -532,10 +572,28 @@ export function purgeOlder(store, olderThanMs, cutoff) {
               purged += 1;
             }
           }
-          if (rows.length < PURGE_BATCH) resolve(purged);
-          else batch(IDBKeyRange.lowerBound(rows[rows.length - 1]._id, true));
+          done += rows.length;
+          try {
+            if (onProgress && rows.length) returned.push(onProgress(done, total.result));
+            if (signal?.aborted) return fail();
+          } catch (e) {
+            return fail(e);
+          }
+          if (rows.length === PURGE_BATCH) return batch(IDBKeyRange.lowerBound(rows[rows.length - 1]._id, true));
+          if (purged) {
+            const meta = tx.objectStore('meta');
+            const state = meta.get('indexes');
+            const gen = meta.get('indexes-gen');
+            const num = (v) => (typeof v === 'number' ? v : 0);
+            gen.onsuccess = () => {
+              const s = state.result;
+              const o = s !== null && typeof s === 'object' ? s : {};
+              meta.put({ ...o, purges: num(o.purges) + 1 }, 'indexes');
+              meta.put(num(gen.result) + 1, 'indexes-gen');
+            };
+          }
         } catch (e) {
-          reject(e);
+          fail(toError(e));
         }
       };
     };

@@ -134,6 +134,10 @@ export interface DestroyOptions {
 export interface PurgeOptions {
   /** Remove tombstones written more than this long ago (ms, an integer in [0, 2^53 - 1]; 0 = every tombstone). Required. */
   olderThanMs: number;
+  /** Called with (done, total) tombstones looked at, of those stored when the purge began, after each 1000, inside the purge's one transaction: a throw aborts the purge (nothing purged) and rejects with it. A returned Promise cannot hold the transaction: it is awaited after the commit, before the call resolves, and its rejection rejects the call (the purge stays committed). */
+  onProgress?: ((done: number, total: number) => void | Promise<void>) | null | undefined;
+  /** Looked at before the purge and after each batch of 1000: aborted there, the purge's one transaction is aborted (nothing purged) and the call rejects with AbortError (`cause`: the signal's reason). Once the last batch is read the purge commits; an abort after that ends only the wait for `onProgress`'s Promises (AbortError). */
+  signal?: AbortSignal | null | undefined;
 }
 export interface ListByOptions {
   /** Leading components equal these values exactly (one value or an array). */
@@ -278,23 +282,27 @@ fn mutate_args(
     Ok((f, retries, opt_signal(options)?))
 }
 
-/// `purgeTombstones`' `olderThanMs`: an integer number of ms, as every ms
-/// option is (never coerced), up to 2^53 - 1 (past which an f64 no longer
-/// counts each ms).
+/// `purgeTombstones`' options: `olderThanMs`, an integer number of ms, as
+/// every ms option is (never coerced), up to 2^53 - 1 (past which an f64 no
+/// longer counts each ms); `onProgress` and `signal`.
 ///
 /// # Errors
 /// ValidationError otherwise.
-fn purge_age(options: &JsValue) -> Result<f64, StoreError> {
-    known(options, "olderThanMs")?;
-    read(options, "olderThanMs")?
+fn purge_options(options: &JsValue) -> Result<Purge, StoreError> {
+    known(options, "olderThanMs onProgress signal")?;
+    let age = read(options, "olderThanMs")?
         .as_f64()
         .filter(|n| (0.0..=9_007_199_254_740_991.0).contains(n) && n.fract() == 0.0)
         .ok_or_else(|| {
             StoreError::validation(
                 "purgeTombstones({olderThanMs}): olderThanMs must be an integer number of ms in [0, 2^53 - 1]",
             )
-        })
+        })?;
+    Ok((age, opt_fn(options, "onProgress")?, opt_signal(options)?))
 }
+
+/// `purgeTombstones`' `(olderThanMs, onProgress, signal)`.
+type Purge = (f64, Option<Function>, Option<web_sys::AbortSignal>);
 
 /// The database name (a non-empty string) and `options.blockedTimeoutMs`
 /// (default 5000 ms) of `open` / `destroy`.
@@ -376,7 +384,11 @@ impl AgentStore {
                     });
                 }
                 Write::Purge(options) => {
-                    return Ok(s.purge_tombstones(purge_age(&options)?).await?.into())
+                    let (age, cb, signal) = purge_options(&options)?;
+                    return Ok(s
+                        .purge_tombstones(age, cb.as_ref(), signal.as_ref())
+                        .await?
+                        .into());
                 }
             };
             let ops = match plan {
@@ -570,9 +582,21 @@ impl AgentStore {
     /// never overwrites a newer record; a `put` without `_rev` creates the
     /// id anew at generation 1.
     ///
+    /// The purge is one readwrite transaction reading 1,000 tombstones at a
+    /// time, all or nothing: after each batch `onProgress(done, total)`
+    /// (tombstones looked at, of those stored when it began) runs inside
+    /// it, then `signal` is looked at; a throw there or an abort aborts the
+    /// transaction (nothing is purged). A Promise `onProgress` returns is
+    /// awaited after the commit, before the call resolves (the transaction
+    /// cannot wait for it); its rejection rejects the call, the purge
+    /// staying committed.
+    ///
     /// # Errors
     /// ValidationError unless `olderThanMs` is an integer number of ms in
-    /// [0, 2^53 − 1].
+    /// [0, 2^53 − 1], `onProgress` a function and `signal` an AbortSignal
+    /// (when given); AbortError (`cause`: the signal's reason); what
+    /// `onProgress` threw or rejected with; TransactionError /
+    /// QuotaExceededError / ClosedError.
     #[wasm_bindgen(js_name = purgeTombstones, unchecked_return_type = "Promise<number>")]
     pub fn purge_tombstones(
         &self,

@@ -1354,3 +1354,102 @@ async fn a_refused_put_many_reports_the_id_its_check_read_never_reading_it_again
     assert!(get_id(&store, "ok").await.is_none(), "nothing written");
     store.close();
 }
+
+/// `n` tombstones `t0000`… written at once.
+async fn tombstones(store: &AgentStore, n: u32) {
+    let recs: Vec<serde_json::Value> = (0..n).map(|i| json!({"_id": format!("t{i:04}")})).collect();
+    let written = call(store.put_many(js(serde_json::Value::Array(recs))))
+        .await
+        .unwrap();
+    let items: Vec<serde_json::Value> = Array::from(&written)
+        .iter()
+        .map(|w| json!({"id": field_str(&w, "id"), "rev": field_str(&w, "rev")}))
+        .collect();
+    call(store.delete_many(js(serde_json::Value::Array(items))))
+        .await
+        .unwrap();
+}
+
+/// `purgeTombstones({olderThanMs, onProgress})` calls `onProgress(done,
+/// total)` after each batch of 1,000 tombstones looked at, up to the number
+/// stored; the purge is one transaction, so a throw there purges nothing
+/// and rejects with it. A Promise it returns is awaited after the commit:
+/// the call resolves once every one settled, and a rejection rejects it
+/// (the purge stays committed). Before, `onProgress` was an option the
+/// purge did not take (ValidationError).
+#[wasm_bindgen_test]
+async fn purge_progress_counts_every_tombstone_and_a_throwing_callback_purges_nothing() {
+    let (store, _) = open_api("purge-progress").await;
+    tombstones(&store, 2500).await;
+    let purge = |on: JsValue| {
+        let o = js(json!({"olderThanMs": 0}));
+        Reflect::set(&o, &"onProgress".into(), &on).unwrap();
+        call(store.purge_tombstones(o))
+    };
+    let throws = Function::new_with_args("d", "if (d === 2000) throw new Error('stop at ' + d);");
+    let e = purge(throws.into()).await.unwrap_err();
+    assert_eq!(field_str(&e, "message").as_deref(), Some("stop at 2000"));
+
+    let log = Array::new();
+    let slow = Function::new_with_args(
+        "d, t",
+        "const log = this; log.push('call ' + d + '/' + t); \
+         return new Promise((r) => setTimeout(() => { log.push('done ' + d); r(); }, 2));",
+    )
+    .bind0(&log);
+    let n = purge(slow.into()).await.unwrap();
+    assert_eq!(n.as_f64(), Some(2500.0), "nothing was purged by the throw");
+    let log: Vec<String> = log.iter().map(|v| v.as_string().unwrap()).collect();
+    let calls: Vec<&String> = log.iter().filter(|l| l.starts_with("call")).collect();
+    assert_eq!(
+        calls,
+        ["call 1000/2500", "call 2000/2500", "call 2500/2500"]
+    );
+    assert_eq!(
+        (log.len(), log.last().map(String::as_str)),
+        (6, Some("done 2500")),
+        "every Promise settled before the call resolved: {log:?}"
+    );
+
+    tombstones(&store, 3).await;
+    let rejects = Function::new_with_args("d", "return Promise.reject(new Error('late ' + d));");
+    let e = purge(rejects.into()).await.unwrap_err();
+    assert_eq!(field_str(&e, "message").as_deref(), Some("late 3"));
+    let n = call(store.purge_tombstones(js(json!({"olderThanMs": 0}))))
+        .await
+        .unwrap();
+    assert_eq!(n.as_f64(), Some(0.0), "the purge had committed");
+}
+
+/// `purgeTombstones({signal})`: the purge is one transaction, read 1,000
+/// tombstones at a time, and the signal is looked at before it and after
+/// each batch. An aborted signal, or one that aborts between batches, ends
+/// it with AbortError (`cause`: the reason) and purges nothing: never a
+/// part of the tombstones. Before, `signal` was an option the purge did not
+/// take (ValidationError).
+#[wasm_bindgen_test]
+async fn an_aborted_purge_rejects_with_abort_error_and_purges_nothing() {
+    let (store, _) = open_api("purge-abort").await;
+    tombstones(&store, 2500).await;
+    let ctl = web_sys::AbortController::new().unwrap();
+    ctl.abort_with_reason(&"stop".into());
+    let o = js(json!({"olderThanMs": 0}));
+    Reflect::set(&o, &"signal".into(), &ctl.signal()).unwrap();
+    let e = call(store.purge_tombstones(o)).await.unwrap_err();
+    assert_eq!(err_kind(&e), ("AbortError".into(), "aborted".into()));
+    assert_eq!(field_str(&e, "cause").as_deref(), Some("stop"));
+
+    let ctl = web_sys::AbortController::new().unwrap();
+    let o = js(json!({"olderThanMs": 0}));
+    Reflect::set(&o, &"signal".into(), &ctl.signal()).unwrap();
+    let on = Function::new_with_args("d", "if (d === 1000) this.abort('mid');").bind0(&ctl);
+    Reflect::set(&o, &"onProgress".into(), &on).unwrap();
+    let e = call(store.purge_tombstones(o)).await.unwrap_err();
+    assert_eq!(err_kind(&e), ("AbortError".into(), "aborted".into()));
+    assert_eq!(field_str(&e, "cause").as_deref(), Some("mid"));
+
+    let n = call(store.purge_tombstones(js(json!({"olderThanMs": 0}))))
+        .await
+        .unwrap();
+    assert_eq!(n.as_f64(), Some(2500.0), "the aborted purges removed none");
+}

@@ -2570,7 +2570,10 @@ async fn a_snapshot_tombstone_line_with_a_bad_deleted_at_or_a_body_is_refused_an
     store.import_snapshot(text.as_str(), None).await.unwrap();
     let out = store.export_snapshot().await.unwrap();
     assert!(out.contains("\"deletedAt\":1000"), "{out}");
-    assert_eq!(store.purge_tombstones(60_000.0).await.unwrap(), 1);
+    assert_eq!(
+        store.purge_tombstones(60_000.0, None, None).await.unwrap(),
+        1
+    );
     let out = store.export_snapshot().await.unwrap();
     assert!(!out.contains("\"x\"") && out.contains("\"y\""), "{out}");
     // A PouchDB dump's deleted document whose body has a `deletedAt` (here

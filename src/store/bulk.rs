@@ -15,9 +15,10 @@ use agentstore_protocol::keys::page_range;
 use agentstore_protocol::record::MAX_BATCH;
 use agentstore_protocol::rev::{decide_delete, decide_put, CasError, Current, Rev};
 use agentstore_protocol::ErrorCode;
-use js_sys::{Array, JsString};
+use js_sys::{Array, Function, JsString};
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
+use web_sys::AbortSignal;
 
 /// One validated position of a batch write (`putMany`, `deleteMany`).
 pub(crate) enum Op {
@@ -372,24 +373,52 @@ impl Store {
     /// `watch` are untouched (a tombstone has no entries and purging is not
     /// a change of any record).
     ///
+    /// The purge is ONE readwrite transaction that reads 1,000 tombstones
+    /// at a time, so it is all or nothing. After each batch, inside the
+    /// transaction, `on_progress(done, total)` is called (tombstones looked
+    /// at, of those stored when the purge began; none stored: no call),
+    /// then `signal` is looked at: a throw there, or an abort (also one
+    /// before the call), aborts the transaction (nothing is purged) and
+    /// rejects with what was thrown or AbortError. Once the last batch has
+    /// been read the transaction commits. It cannot wait for a Promise
+    /// `on_progress` returns: those are awaited after the commit, before
+    /// the call resolves; a rejection then rejects the call with that error
+    /// (the purge stays committed, as the committed batches of a rebuild
+    /// do), and an abort ends that wait with AbortError.
+    ///
     /// # Errors
-    /// TransactionError / QuotaExceededError / ClosedError.
-    pub async fn purge_tombstones(&self, older_than_ms: f64) -> Result<u32> {
+    /// AbortError (`cause`: the signal's reason); what `on_progress` threw
+    /// or its Promise rejected with; TransactionError / QuotaExceededError
+    /// / ClosedError (from the scan: as typed Errors, passed through).
+    pub async fn purge_tombstones(
+        &self,
+        older_than_ms: f64,
+        on_progress: Option<&Function>,
+        signal: Option<&AbortSignal>,
+    ) -> Result<u32> {
+        super::check_abort(signal)?;
         let cutoff = js_sys::Date::now() - older_than_ms;
         let tx = self.write_tx_in(&[TOMBSTONES, META])?;
-        let scan = purge_older(tx.store(TOMBSTONES)?.source(), older_than_ms, cutoff);
-        let purged = JsFuture::from(scan)
-            .await
-            .map_err(|e| StoreError::from_dom(&e))?
-            .as_f64()
-            .unwrap_or(0.0) as u32;
-        if purged > 0 {
-            // A purged id can be created afresh at generation 1: the count
-            // keeps that revision apart from the purged one's first.
-            super::index::note_purge(&tx).await?;
-        }
-        self.finish(tx).await?;
-        Ok(purged)
+        let purge = purge_older(
+            tx.store(TOMBSTONES)?.source(),
+            older_than_ms,
+            cutoff,
+            on_progress,
+            signal,
+            &crate::error::dom_error_fn(),
+        );
+        // The scan, the purge's count in the index state and the wait for
+        // the commit run in JS, which aborts the transaction itself when
+        // the purge fails.
+        tx.end_read();
+        // Rejected with `undefined` once `signal` aborted, with what
+        // `on_progress` threw or rejected with, or with a typed Error.
+        let purged = JsFuture::from(purge).await.map_err(|e| {
+            super::check_abort(signal)
+                .err()
+                .unwrap_or(StoreError::Thrown(e))
+        })?;
+        Ok(purged.as_f64().unwrap_or(0.0) as u32)
     }
 }
 
@@ -441,9 +470,19 @@ pub(crate) fn destroy_promise(
 
 #[wasm_bindgen::prelude::wasm_bindgen(module = "/js/promise.js")]
 extern "C" {
-    /// `purgeTombstones`' scan (a batch of tombstones at a time) and
-    /// deletes in the transaction of `store`, resolving with how many
-    /// (js/promise.js `purgeOlder`).
+    /// `purgeTombstones` in the transaction of `store`: the scan (a batch of
+    /// tombstones at a time) and deletes, with `on_progress` and `signal`
+    /// looked at after each batch, and the purge's count in the index
+    /// state; resolves with how many once committed and what `on_progress`
+    /// returned fulfilled; failures typed by `to_error` (js/promise.js
+    /// `purgeOlder`).
     #[wasm_bindgen(js_name = purgeOlder)]
-    fn purge_older(store: &super::db::Source, older_than_ms: f64, cutoff: f64) -> js_sys::Promise;
+    fn purge_older(
+        store: &super::db::Source,
+        older_than_ms: f64,
+        cutoff: f64,
+        on_progress: Option<&Function>,
+        signal: Option<&AbortSignal>,
+        to_error: &JsValue,
+    ) -> js_sys::Promise;
 }

@@ -244,16 +244,6 @@ fn drop_tags(tx: &Tx, state: &mut IndexState, tags: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// Counts a tombstone purge in the shared state, inside `tx` (which must
-/// include META): a record created afresh after a purge takes the count
-/// into its first revision (see `Prepared::stamp`), so it never gets back a
-/// revision the purged history issued. Connections re-read the state once.
-pub(crate) async fn note_purge(tx: &Tx) -> Result<()> {
-    let (gen, mut state) = read_state(tx).await?;
-    state.purges += 1.0;
-    write_state(tx, &state, gen)
-}
-
 #[wasm_bindgen::prelude::wasm_bindgen(module = "/js/promise.js")]
 extern "C" {
     /// Turns `watched: false` in the state in `tx` into `true`, with the next

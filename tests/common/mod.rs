@@ -153,3 +153,47 @@ pub async fn wait_for(what: &str, cond: impl Fn() -> bool) {
         gloo_timers::future::TimeoutFuture::new(10).await;
     }
 }
+
+/// `target[method](...args)` called through JS, as an app calls it, and
+/// awaited: the exported methods' JS signatures, whatever the Rust ones.
+pub async fn invoke(target: &JsValue, method: &str, args: &[JsValue]) -> Result<JsValue, JsValue> {
+    let f: js_sys::Function = Reflect::get(target, &method.into()).expect("method").into();
+    let args: js_sys::Array = args.iter().collect();
+    let p = f.apply(target, &args)?;
+    wasm_bindgen_futures::JsFuture::from(js_sys::Promise::resolve(&p)).await
+}
+
+/// A JS function made from `params` and `body`, called with `arg`: returns
+/// what the body returns (a callback closing over `arg`).
+pub fn js_fn(params: &str, body: &str, arg: &JsValue) -> JsValue {
+    js_sys::Function::new_with_args(params, body)
+        .call1(&JsValue::NULL, arg)
+        .expect("js_fn")
+}
+
+/// `(name, code)` of a rejection, which must be a real `Error`.
+pub fn error_kind(e: &JsValue) -> (String, String) {
+    assert!(
+        wasm_bindgen::JsCast::is_instance_of::<js_sys::Error>(e),
+        "not an Error: {e:?}"
+    );
+    (
+        field_str(e, "name").unwrap_or_default(),
+        field_str(e, "code").unwrap_or_default(),
+    )
+}
+
+/// An AbortController already aborted with `reason`.
+pub fn aborted(reason: &str) -> web_sys::AbortController {
+    let c = web_sys::AbortController::new().expect("AbortController");
+    c.abort_with_reason(&reason.into());
+    c
+}
+
+/// Strings of a JS array.
+pub fn strings(v: &JsValue) -> Vec<String> {
+    js_sys::Array::from(v)
+        .iter()
+        .map(|x| x.as_string().unwrap_or_default())
+        .collect()
+}
