@@ -84,6 +84,20 @@ export interface PouchImportOptions extends ImportOptions {
 export interface ExportOptions {
   /** Stored objects read per request (and per `exportSnapshotChunks` chunk), 1..=10000; default 1000. */
   batchSize?: number | null | undefined;
+  /** Called with (done, total) records and tombstones after each batch read (after its chunk went to `onChunk`); takes its turn with the chunks: a returned Promise is awaited before the next chunk or call (the reads go on meanwhile), and the export resolves after it; a throw or rejection before the last call (done === total) rejects the export with it. No call for an empty store. */
+  onProgress?: ((done: number, total: number) => void | Promise<void>) | null | undefined;
+  /** Stops the export with AbortError (`cause`: the signal's reason) before each read and each chunk or progress call, while one's Promise is awaited, and while the io module loads: no chunk follows the abort and the read transaction is dropped. */
+  signal?: AbortSignal | null | undefined;
+}
+export interface VerifyOptions {
+  /** Called with (done, total) records read, after each 1000; a returned Promise is awaited before the next call and the result (the reads go on meanwhile: one read-only transaction cannot wait); a throw or rejection before the last call (done === total) rejects with it. No call for an empty store. */
+  onProgress?: ((done: number, total: number) => void | Promise<void>) | null | undefined;
+  /** Stops the verification with AbortError (`cause`: the signal's reason) before each read and each progress call, while one's Promise is awaited, and while the io module loads. */
+  signal?: AbortSignal | null | undefined;
+}
+export interface DropIndexOptions {
+  /** AbortError (`cause`: the signal's reason; nothing dropped) when aborted before the drop's one transaction starts (also while the io module loads); once it has started the drop completes. */
+  signal?: AbortSignal | null | undefined;
 }
 export interface PouchImportSummary {
   documentsRead: number; live: number; tombstones: number; localSkipped: number;
@@ -779,8 +793,8 @@ impl AgentStore {
     /// so as one level of [`crate::options::nested`] calls) is `Ok` with the
     /// call's `signal`, if it has one.
     ///
-    /// Rejects with AbortError once `signal` aborts (also while the module
-    /// loads, which a slow network can make long), ClosedError when this
+    /// Rejects with AbortError when `signal` has aborted (before the
+    /// download) or aborts (also while the module loads, which a slow network can make long), ClosedError when this
     /// store is closed (looked at before and after the load), NetworkError
     /// when the module cannot be fetched, and with the io method's own
     /// errors unchanged.
@@ -795,6 +809,9 @@ impl AgentStore {
         let token = self.io_token;
         run(async move {
             let signal = check(&s, &a, &b)?;
+            // An aborted signal is refused before the download, also on a
+            // closed store (docs/api.md, "Arguments are checked first").
+            crate::store::check_abort(signal.as_ref())?;
             s.check_open()?;
             let module = crate::store::race_abort(io_load(), signal.as_ref())
                 .await?
@@ -833,7 +850,7 @@ fn import_checks(
     options: &JsValue,
     pouch: bool,
 ) -> Result<(ImportOptions, String), StoreError> {
-    known(
+    let opts = steered(
         options,
         if pouch {
             "onProgress signal batchSize legacyIndexId"
@@ -841,7 +858,6 @@ fn import_checks(
             "onProgress signal batchSize"
         },
     )?;
-    let opts = import_options(options)?;
     let legacy = if pouch {
         legacy_id(options)?
     } else {
@@ -902,14 +918,23 @@ impl AgentStore {
     }
 
     /// Every record and tombstone as NDJSON (header line first), as a string
-    /// assembled in JavaScript. Loads the io module as `importPouchDump` does.
+    /// assembled in JavaScript. Loads the io module as `importPouchDump` does
+    /// (options are checked before: an aborted `signal` is an AbortError
+    /// without a download). Options (`ExportOptions`): `batchSize`,
+    /// `onProgress(done, total)` (objects exported of the records and
+    /// tombstones stored), `signal`.
+    ///
+    /// # Errors
+    /// ValidationError for a bad option; AbortError (`cause`: the signal's
+    /// reason); ClosedError; NetworkError when the io module cannot load;
+    /// what `onProgress` throws or rejects with before its last call.
     #[wasm_bindgen(js_name = exportSnapshot, unchecked_return_type = "Promise<string>")]
     pub fn export_snapshot(
         &self,
         #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions | null")] options: JsValue,
     ) -> Promise {
         self.io("exportSnapshot", options, JsValue::UNDEFINED, |_, o, _| {
-            export_batch(o).map(|_| None)
+            entry_signal(o, EXPORT_KEYS)
         })
     }
 
@@ -923,7 +948,7 @@ impl AgentStore {
             "exportSnapshotBlob",
             options,
             JsValue::UNDEFINED,
-            |_, o, _| export_batch(o).map(|_| None),
+            |_, o, _| entry_signal(o, EXPORT_KEYS),
         )
     }
 
@@ -941,7 +966,8 @@ impl AgentStore {
         #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions | null")] options: JsValue,
     ) -> Promise {
         self.io("exportSnapshotChunks", on_chunk, options, |_, f, o| {
-            chunk_fn(f).and_then(|_| export_batch(o).map(|_| None))
+            chunk_fn(f)?;
+            entry_signal(o, EXPORT_KEYS)
         })
     }
 
@@ -961,15 +987,22 @@ impl AgentStore {
     /// Compares every derived index with the records:
     /// `{checked, missing, orphaned, stale, building}` (ids). Index
     /// maintenance ships in the io module with import and export: the
-    /// first call loads it as `importPouchDump` does.
+    /// first call loads it as `importPouchDump` does (options are checked
+    /// before). Options (`VerifyOptions`): `onProgress(done, total)` after
+    /// each 1,000 records read, `signal`.
+    ///
+    /// # Errors
+    /// ValidationError for a bad option; AbortError (`cause`: the signal's
+    /// reason); ClosedError; NetworkError when the io module cannot load;
+    /// what `onProgress` throws or rejects with before its last call.
     #[wasm_bindgen(js_name = verifyIndexes, unchecked_return_type = "Promise<IndexVerification>")]
-    pub fn verify_indexes(&self) -> Promise {
-        self.io(
-            "verifyIndexes",
-            JsValue::UNDEFINED,
-            JsValue::UNDEFINED,
-            |_, _, _| Ok(None),
-        )
+    pub fn verify_indexes(
+        &self,
+        #[wasm_bindgen(unchecked_optional_param_type = "VerifyOptions | null")] options: JsValue,
+    ) -> Promise {
+        self.io("verifyIndexes", options, JsValue::UNDEFINED, |_, o, _| {
+            entry_signal(o, VERIFY_KEYS)
+        })
     }
 
     /// Rebuilds the derived indexes from the records, `batchSize` records per
@@ -982,33 +1015,39 @@ impl AgentStore {
         &self,
         #[wasm_bindgen(unchecked_optional_param_type = "RebuildOptions | null")] options: JsValue,
     ) -> Promise {
-        // An aborted signal is refused here too, as the imports' is: an
-        // AbortError without a download (docs/api.md, "Arguments are
+        // An aborted signal is refused too, as the imports' is: an
+        // AbortError without a download (`io`; docs/api.md, "Arguments are
         // checked first").
         self.io("rebuildIndexes", options, JsValue::UNDEFINED, |_, o, _| {
-            let (_, _, signal, _) = rebuild_options(o)?;
-            crate::store::check_abort(signal.as_ref())?;
-            Ok(signal)
+            rebuild_options(o).map(|(_, _, signal, _)| signal)
         })
     }
 
     /// Drops the derived index `name` (one this store was not opened
     /// declaring): its definitions and entries, so no tab's writes maintain
     /// it any more. Resolves to whether it existed. Loads the io module as
-    /// `verifyIndexes` does.
+    /// `verifyIndexes` does. Options (`DropIndexOptions`): `signal`, looked
+    /// at until the drop's one transaction starts (an abort after that
+    /// leaves the drop to complete).
+    ///
+    /// # Errors
+    /// ValidationError for a non-string or declared `name` or a bad
+    /// option; AbortError (`cause`: the signal's reason; nothing dropped);
+    /// ClosedError; NetworkError when the io module cannot load.
     #[wasm_bindgen(js_name = dropIndex, unchecked_return_type = "Promise<boolean>")]
     pub fn drop_index(
         &self,
         #[wasm_bindgen(unchecked_param_type = "string")] name: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "DropIndexOptions | null")] options: JsValue,
     ) -> Promise {
         // An index this store declares is refused before the download too
         // (docs/api.md, "Arguments are checked first").
-        self.io("dropIndex", name, JsValue::UNDEFINED, |s, n, _| {
+        self.io("dropIndex", name, options, |s, n, o| {
             let name = string_arg(n, "the index name").map_err(StoreError::Thrown)?;
             if s.indexes().iter().any(|d| d.name == name) {
                 return Err(StoreError::validation(crate::store::index::DECLARED));
             }
-            Ok(None)
+            entry_signal(o, "signal")
         })
     }
 }
@@ -1102,11 +1141,21 @@ impl AgentStore {
     }
 
     /// Compares every derived index with the records:
-    /// `{checked, missing, orphaned, stale, building}` (ids).
+    /// `{checked, missing, orphaned, stale, building}` (ids); options
+    /// `onProgress`, `signal` ([`Store::verify_indexes_with`]).
     #[wasm_bindgen(js_name = verifyIndexes, unchecked_return_type = "Promise<IndexVerification>")]
-    pub fn verify_indexes(&self) -> Promise {
+    pub fn verify_indexes(
+        &self,
+        #[wasm_bindgen(unchecked_optional_param_type = "VerifyOptions | null")] options: JsValue,
+    ) -> Promise {
         let s = self.inner.clone();
-        run(async move { Ok(verification_js(&s.verify_indexes().await?)) })
+        run(async move {
+            let o = steered(&options, VERIFY_KEYS)?;
+            let v = s
+                .verify_indexes_with(o.on_progress.as_ref(), o.signal.as_ref())
+                .await?;
+            Ok(verification_js(&v))
+        })
     }
 
     /// Rebuilds the derived indexes from the records, `batchSize` records per
@@ -1131,16 +1180,18 @@ impl AgentStore {
 
     /// Drops the derived index `name` (one this store was not opened
     /// declaring): its definitions and entries. Resolves to whether it
-    /// existed.
+    /// existed. Option `signal` ([`Store::drop_index`]).
     #[wasm_bindgen(js_name = dropIndex, unchecked_return_type = "Promise<boolean>")]
     pub fn drop_index(
         &self,
         #[wasm_bindgen(unchecked_param_type = "string")] name: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "DropIndexOptions | null")] options: JsValue,
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
             let name = string_arg(&name, "the index name").map_err(StoreError::Thrown)?;
-            Ok(s.drop_index(&name).await?.into())
+            let o = steered(&options, "signal")?;
+            Ok(s.drop_index(&name, o.signal.as_ref()).await?.into())
         })
     }
 
@@ -1204,8 +1255,8 @@ impl AgentStore {
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
-            let batch = export_batch(&options)?;
-            Ok(s.export_snapshot_chunks(None, batch).await?.join("").into())
+            let o = steered(&options, EXPORT_KEYS)?;
+            Ok(s.export_snapshot_with(None, &o).await?.join("").into())
         })
     }
 
@@ -1217,8 +1268,8 @@ impl AgentStore {
     ) -> Promise {
         let s = self.inner.clone();
         run(async move {
-            let batch = export_batch(&options)?;
-            s.export_snapshot_blob(batch).await
+            let o = steered(&options, EXPORT_KEYS)?;
+            s.export_snapshot_blob_with(&o).await
         })
     }
 
@@ -1238,8 +1289,8 @@ impl AgentStore {
         let s = self.inner.clone();
         run(async move {
             let on_chunk = chunk_fn(&on_chunk)?;
-            let batch = export_batch(&options)?;
-            s.export_snapshot_chunks(Some(&on_chunk), batch).await?;
+            let o = steered(&options, EXPORT_KEYS)?;
+            s.export_snapshot_with(Some(&on_chunk), &o).await?;
             Ok(JsValue::UNDEFINED)
         })
     }
@@ -1299,17 +1350,39 @@ fn batch_option(options: &JsValue) -> Result<u32, StoreError> {
     .map_or(DEFAULT_BATCH, |n| n as u32))
 }
 
-/// The `batchSize` option of an export, the only option it takes.
-fn export_batch(options: &JsValue) -> Result<u32, StoreError> {
-    known(options, "batchSize")?;
-    batch_option(options)
-}
+/// The options an export takes (`ExportOptions`).
+const EXPORT_KEYS: &str = "batchSize onProgress signal";
 
-/// `onProgress`, `signal` and `batchSize` of an import.
-fn import_options(options: &JsValue) -> Result<ImportOptions, StoreError> {
+/// The options `verifyIndexes` takes (`VerifyOptions`).
+const VERIFY_KEYS: &str = "onProgress signal";
+
+/// The options of a call that takes some of `batchSize` (1..=10000,
+/// default 1000), `onProgress` and `signal`: `keys` (space-separated) are
+/// those it takes, and any other is refused. An option not in `keys` reads
+/// as not given.
+///
+/// # Errors
+/// ValidationError for an option not in `keys` or of the wrong type.
+fn steered(options: &JsValue, keys: &'static str) -> Result<ImportOptions, StoreError> {
+    known(options, keys)?;
     Ok(ImportOptions {
         on_progress: opt_fn(options, "onProgress")?,
         signal: opt_signal(options)?,
         batch: batch_option(options)?,
     })
+}
+
+/// What an entry point checks of the options of a call it runs in the io
+/// module ([`steered`]) before the download; the call's signal, which
+/// [`AgentStore::io`] refuses when aborted and which ends the wait for the
+/// download.
+///
+/// # Errors
+/// As [`steered`].
+#[cfg(not(feature = "io"))]
+fn entry_signal(
+    options: &JsValue,
+    keys: &'static str,
+) -> Result<Option<web_sys::AbortSignal>, StoreError> {
+    steered(options, keys).map(|o| o.signal)
 }

@@ -936,7 +936,7 @@ async fn every_call_after_close_rejects_with_closed_error_even_with_nothing_to_r
             "purgeTombstones",
             store.purge_tombstones(js(json!({"olderThanMs": 0}))),
         ),
-        ("verifyIndexes", store.verify_indexes()),
+        ("verifyIndexes", store.verify_indexes(JsValue::UNDEFINED)),
     ];
     let mut wrong = Vec::new();
     for (what, p) in calls {

@@ -549,6 +549,179 @@ async fn an_async_on_chunk_gets_each_chunk_only_after_the_previous_one_resolved(
     );
 }
 
+/// `{batchSize: 2, …}` plus `extra` (JSON) and `signal`, when given.
+fn export_opts(extra: serde_json::Value, signal: Option<&web_sys::AbortSignal>) -> JsValue {
+    let mut o = json!({"batchSize": 2});
+    if let (Some(o), Some(e)) = (o.as_object_mut(), extra.as_object()) {
+        o.extend(e.clone());
+    }
+    let o = js(o);
+    if let Some(sig) = signal {
+        js_sys::Reflect::set(&o, &"signal".into(), sig).unwrap();
+    }
+    o
+}
+
+/// `exportSnapshot`, `exportSnapshotBlob` and `exportSnapshotChunks` take a
+/// `signal`. An aborted one is refused with AbortError (`cause`: its
+/// reason). One that aborts mid-way ends the export: no chunk goes to
+/// `onChunk` after the abort, whether it came from a synchronous `onChunk`
+/// or while an async one's Promise was pending, the call rejects with
+/// AbortError and the read transaction is dropped (the store goes on, and
+/// exports whole again). Before, `signal` was an option no export took
+/// (ValidationError).
+#[wasm_bindgen_test]
+async fn an_aborted_export_rejects_with_abort_error_and_hands_no_chunk_after_the_abort() {
+    let (store, text) = export_fixture("export-abort").await;
+    let api: JsValue = agentstore::AgentStore::from_store(store).into();
+    let ctl = aborted("stop");
+    let sig = ctl.signal();
+    let noop = js_fn("", "return () => {};", &JsValue::UNDEFINED);
+    for (method, args) in [
+        ("exportSnapshot", vec![export_opts(json!({}), Some(&sig))]),
+        (
+            "exportSnapshotBlob",
+            vec![export_opts(json!({}), Some(&sig))],
+        ),
+        (
+            "exportSnapshotChunks",
+            vec![noop, export_opts(json!({}), Some(&sig))],
+        ),
+    ] {
+        let e = invoke(&api, method, &args).await.unwrap_err();
+        assert_eq!(
+            error_kind(&e),
+            ("AbortError".into(), "aborted".into()),
+            "{method}"
+        );
+        assert_eq!(field_str(&e, "cause").as_deref(), Some("stop"), "{method}");
+    }
+    for (how, body) in [
+        (
+            "a synchronous onChunk aborts as it takes the 2nd chunk",
+            "return (c) => { st.got.push(c); if (st.got.length === 2) st.ctl.abort('mid'); };",
+        ),
+        (
+            "the signal aborts while the 2nd chunk's Promise is pending",
+            "return (c) => { st.got.push(c); if (st.got.length === 2) { \
+               setTimeout(() => st.ctl.abort('mid'), 5); return new Promise(() => {}); } };",
+        ),
+    ] {
+        let ctl = web_sys::AbortController::new().unwrap();
+        let st = js(json!({"got": []}));
+        js_sys::Reflect::set(&st, &"ctl".into(), &ctl).unwrap();
+        let f = js_fn("st", body, &st);
+        let opts = export_opts(json!({}), Some(&ctl.signal()));
+        let e = invoke(&api, "exportSnapshotChunks", &[f, opts])
+            .await
+            .unwrap_err();
+        assert_eq!(
+            error_kind(&e),
+            ("AbortError".into(), "aborted".into()),
+            "{how}"
+        );
+        assert_eq!(field_str(&e, "cause").as_deref(), Some("mid"), "{how}");
+        assert_eq!(
+            strings(&field(&st, "got")).len(),
+            2,
+            "{how}: no chunk after the abort"
+        );
+    }
+    // An abort from `onProgress` ends the string and Blob exports too.
+    for method in ["exportSnapshot", "exportSnapshotBlob"] {
+        let ctl = web_sys::AbortController::new().unwrap();
+        let on = js_fn("c", "return () => c.abort('from progress');", &ctl);
+        let opts = export_opts(json!({}), Some(&ctl.signal()));
+        js_sys::Reflect::set(&opts, &"onProgress".into(), &on).unwrap();
+        let e = invoke(&api, method, &[opts]).await.unwrap_err();
+        assert_eq!(
+            error_kind(&e),
+            ("AbortError".into(), "aborted".into()),
+            "{method}"
+        );
+        assert_eq!(
+            field_str(&e, "cause").as_deref(),
+            Some("from progress"),
+            "{method}"
+        );
+    }
+    let again = invoke(&api, "exportSnapshot", &[]).await.unwrap();
+    assert_eq!(again.as_string().as_deref(), Some(text.as_str()));
+}
+
+/// An export's `onProgress(done, total)` counts the records and tombstones
+/// exported, after each batch and after that batch's chunk went to
+/// `onChunk`, up to the header's total. An async one is awaited before the
+/// next chunk or call, and the export resolves after the last; a throw or
+/// rejection before the last call rejects the export with it, one in the
+/// last call (the export is complete) does not. Before, `onProgress` was an
+/// option no export took (ValidationError).
+#[wasm_bindgen_test]
+async fn export_progress_counts_records_and_tombstones_up_to_the_total_in_turn_with_the_chunks() {
+    let (store, text) = export_fixture("export-progress").await;
+    let api: JsValue = agentstore::AgentStore::from_store(store).into();
+    let st = js(json!({"log": []}));
+    let chunk = js_fn("st", "return (c) => { st.log.push('chunk'); };", &st);
+    let progress = js_fn(
+        "st",
+        "return (d, t) => { st.log.push('call ' + d + '/' + t); \
+           return new Promise((r) => setTimeout(() => { st.log.push('done ' + d); r(); }, 2)); };",
+        &st,
+    );
+    let opts = export_opts(json!({}), None);
+    js_sys::Reflect::set(&opts, &"onProgress".into(), &progress).unwrap();
+    invoke(&api, "exportSnapshotChunks", &[chunk, opts.clone()])
+        .await
+        .expect("export");
+    // 7 records in 4 batches of 2, then 1 tombstone; the header first.
+    let mut want = vec!["chunk".to_owned()];
+    for d in [2, 4, 6, 7, 8] {
+        want.extend(["chunk".into(), format!("call {d}/8"), format!("done {d}")]);
+    }
+    assert_eq!(strings(&field(&st, "log")), want);
+
+    let st = js(json!({"log": []}));
+    let record = js_fn("st", "return (d, t) => { st.log.push(d + '/' + t); };", &st);
+    js_sys::Reflect::set(&opts, &"onProgress".into(), &record).unwrap();
+    let out = invoke(&api, "exportSnapshot", std::slice::from_ref(&opts))
+        .await
+        .unwrap();
+    assert_eq!(out.as_string().as_deref(), Some(text.as_str()));
+    assert_eq!(
+        strings(&field(&st, "log")),
+        ["2/8", "4/8", "6/8", "7/8", "8/8"]
+    );
+
+    for (body, rejects) in [
+        (
+            "return (d) => { if (d === 4) throw new Error('stop at ' + d); };",
+            true,
+        ),
+        (
+            "return (d) => d === 4 ? Promise.reject(new Error('stop at ' + d)) : undefined;",
+            true,
+        ),
+        (
+            "return (d, t) => { if (d === t) throw new Error('stop at ' + d); };",
+            false,
+        ),
+    ] {
+        let on = js_fn("", body, &JsValue::UNDEFINED);
+        js_sys::Reflect::set(&opts, &"onProgress".into(), &on).unwrap();
+        for method in ["exportSnapshot", "exportSnapshotBlob"] {
+            let out = invoke(&api, method, std::slice::from_ref(&opts)).await;
+            match rejects {
+                true => assert_eq!(
+                    field_str(&out.unwrap_err(), "message").as_deref(),
+                    Some("stop at 4"),
+                    "{method} {body}"
+                ),
+                false => assert!(out.is_ok(), "{method}: complete at the last call"),
+            }
+        }
+    }
+}
+
 /// An async `onChunk` whose Promise rejects (a failed `writable.write`)
 /// stops the export, which rejects with that same error; no chunk follows,
 /// and the rejection is handled (no `unhandledrejection`), for a Promise and

@@ -874,7 +874,7 @@ async fn a_dropped_index_loses_its_entries_and_no_write_maintains_it_again() {
     let entries = |d: &str| d.matches(key_start.as_str()).count() / 2;
     assert_eq!(entries(&old.dump_entries().await.unwrap()), 40);
 
-    let refused = old.drop_index("byOwner").await.unwrap_err();
+    let refused = old.drop_index("byOwner", None).await.unwrap_err();
     assert_eq!(refused.code(), ErrorCode::Validation);
     assert_eq!(
         entries(&old.dump_entries().await.unwrap()),
@@ -885,9 +885,12 @@ async fn a_dropped_index_loses_its_entries_and_no_write_maintains_it_again() {
     let new = Store::open(&name, 2000, None, vec![by_type()])
         .await
         .unwrap();
-    assert!(new.drop_index("byOwner").await.unwrap(), "it existed");
+    assert!(new.drop_index("byOwner", None).await.unwrap(), "it existed");
     assert_eq!(entries(&new.dump_entries().await.unwrap()), 0);
-    assert!(!new.drop_index("byOwner").await.unwrap(), "dropped already");
+    assert!(
+        !new.drop_index("byOwner", None).await.unwrap(),
+        "dropped already"
+    );
 
     // Writes of both connections, the old one with its cached definitions.
     let w1 = old
@@ -947,4 +950,142 @@ async fn a_dropped_index_loses_its_entries_and_no_write_maintains_it_again() {
         again.list_by("byOwner", &q).await.unwrap().records.length(),
         12
     );
+}
+
+/// `verifyIndexes({onProgress, signal})`: `onProgress(done, total)` after
+/// each 1,000 records read, up to the number stored, an async one awaited
+/// before the next call and before the report, which is the same as
+/// without options; a throw before the last call rejects with it, one in
+/// the last does not. An aborted signal, or one aborted from the first
+/// progress call, rejects with AbortError and its reason. Before, the
+/// options were ignored: no progress call, and an aborted signal verified.
+#[wasm_bindgen_test]
+async fn verify_indexes_reports_progress_up_to_the_total_and_stops_on_abort() {
+    let (store, _) = open("idx-verify-progress").await;
+    let recs: Vec<Value> = (0..2500u32)
+        .map(|i| json!({"_id": format!("v{i:04}"), "recordType": "run", "updatedAt": at(i)}))
+        .collect();
+    store.put_many(&js(Value::Array(recs))).await.unwrap();
+    let api: JsValue = agentstore::AgentStore::from_store(store).into();
+    let text = |v: &JsValue| js_sys::JSON::stringify(v).unwrap().as_string().unwrap();
+    let plain = invoke(&api, "verifyIndexes", &[]).await.unwrap();
+    assert_eq!(field(&plain, "checked").as_f64(), Some(2500.0));
+
+    let st = js(json!({"log": []}));
+    let slow = js_fn(
+        "st",
+        "return (d, t) => { st.log.push('call ' + d + '/' + t); \
+           return new Promise((r) => setTimeout(() => { st.log.push('done ' + d); r(); }, 2)); };",
+        &st,
+    );
+    let opts = js(json!({}));
+    js_sys::Reflect::set(&opts, &"onProgress".into(), &slow).unwrap();
+    let v = invoke(&api, "verifyIndexes", std::slice::from_ref(&opts))
+        .await
+        .unwrap();
+    assert_eq!(text(&v), text(&plain));
+    let want: Vec<String> = [1000, 2000, 2500]
+        .iter()
+        .flat_map(|d| [format!("call {d}/2500"), format!("done {d}")])
+        .collect();
+    assert_eq!(strings(&field(&st, "log")), want);
+
+    for (body, rejects) in [
+        (
+            "return (d) => { if (d === 1000) throw new Error('stop'); };",
+            true,
+        ),
+        (
+            "return (d) => d === 2000 ? Promise.reject(new Error('stop')) : undefined;",
+            true,
+        ),
+        (
+            "return (d, t) => { if (d === t) throw new Error('stop'); };",
+            false,
+        ),
+    ] {
+        let on = js_fn("", body, &JsValue::UNDEFINED);
+        js_sys::Reflect::set(&opts, &"onProgress".into(), &on).unwrap();
+        let out = invoke(&api, "verifyIndexes", std::slice::from_ref(&opts)).await;
+        match rejects {
+            true => assert_eq!(
+                field_str(&out.unwrap_err(), "message").as_deref(),
+                Some("stop")
+            ),
+            false => assert_eq!(
+                text(&out.unwrap()),
+                text(&plain),
+                "complete at the last call"
+            ),
+        }
+    }
+
+    let ctl = aborted("stop");
+    let opts = js(json!({}));
+    js_sys::Reflect::set(&opts, &"signal".into(), &ctl.signal()).unwrap();
+    let e = invoke(&api, "verifyIndexes", &[opts]).await.unwrap_err();
+    assert_eq!(error_kind(&e), ("AbortError".into(), "aborted".into()));
+    assert_eq!(field_str(&e, "cause").as_deref(), Some("stop"));
+
+    let ctl = web_sys::AbortController::new().unwrap();
+    let opts = js(json!({}));
+    js_sys::Reflect::set(&opts, &"signal".into(), &ctl.signal()).unwrap();
+    let st = js(json!({"calls": 0}));
+    js_sys::Reflect::set(&st, &"ctl".into(), &ctl).unwrap();
+    let on = js_fn(
+        "st",
+        "return () => { st.calls++; st.ctl.abort('mid'); };",
+        &st,
+    );
+    js_sys::Reflect::set(&opts, &"onProgress".into(), &on).unwrap();
+    let e = invoke(&api, "verifyIndexes", &[opts]).await.unwrap_err();
+    assert_eq!(error_kind(&e), ("AbortError".into(), "aborted".into()));
+    assert_eq!(field_str(&e, "cause").as_deref(), Some("mid"));
+    assert_eq!(
+        field(&st, "calls").as_f64(),
+        Some(1.0),
+        "no call after the abort"
+    );
+}
+
+/// `dropIndex(name, {signal})`: an aborted signal rejects with AbortError
+/// (its reason as `cause`) and drops nothing, and `onProgress` is refused
+/// (the drop is one transaction: there is no progress to report). Before,
+/// the options were ignored and the index was dropped.
+#[wasm_bindgen_test]
+async fn drop_index_with_an_aborted_signal_drops_nothing() {
+    let name = fresh_name("idx-drop-abort");
+    let old = Store::open(&name, 2000, None, vec![by_type(), by_owner()])
+        .await
+        .unwrap();
+    assert!(old.prepare_indexes().await.unwrap());
+    old.put(&js(json!({"_id": "a", "owner": "o1"})))
+        .await
+        .unwrap();
+    let api: JsValue = agentstore::AgentStore::from_store(
+        Store::open(&name, 2000, None, vec![by_type()])
+            .await
+            .unwrap(),
+    )
+    .into();
+    let ctl = aborted("stop");
+    let opts = js(json!({}));
+    js_sys::Reflect::set(&opts, &"signal".into(), &ctl.signal()).unwrap();
+    let e = invoke(&api, "dropIndex", &[s("byOwner"), opts])
+        .await
+        .unwrap_err();
+    assert_eq!(error_kind(&e), ("AbortError".into(), "aborted".into()));
+    assert_eq!(field_str(&e, "cause").as_deref(), Some("stop"));
+    let f = js_fn("", "return () => {};", &JsValue::UNDEFINED);
+    let opts = js(json!({}));
+    js_sys::Reflect::set(&opts, &"onProgress".into(), &f).unwrap();
+    let e = invoke(&api, "dropIndex", &[s("byOwner"), opts])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error_kind(&e),
+        ("ValidationError".into(), "validation".into())
+    );
+    let dropped = invoke(&api, "dropIndex", &[s("byOwner")]).await.unwrap();
+    assert_eq!(dropped.as_bool(), Some(true), "it was still there");
 }

@@ -796,44 +796,97 @@ impl Store {
         ))
     }
 
-    /// Compares every active index with what the records say it should hold.
+    /// [`Store::verify_indexes_with`] without progress or signal.
     ///
     /// # Errors
-    /// TransactionError / ClosedError.
+    /// As [`Store::verify_indexes_with`].
+    #[cfg(feature = "io")]
     pub async fn verify_indexes(&self) -> Result<Verification> {
+        self.verify_indexes_with(None, None).await
+    }
+
+    /// Compares every active index with what the records say it should
+    /// hold, in one read-only transaction (a consistent view): each index's
+    /// entry keys are read whole, the records [`super::DEFAULT_BATCH`] (1,000) at a time.
+    ///
+    /// `on_progress(done, total)` is called after each batch of records:
+    /// `done` records read of the `total` stored (an empty store makes no
+    /// call). A thenable it returns is awaited before the next call and
+    /// before the result, while the reads go on (the transaction cannot
+    /// wait for it; see `store/calls.rs`). `signal` is looked at before
+    /// each read and each call, and ends a wait for such a thenable.
+    ///
+    /// # Errors
+    /// AbortError (`cause`: the signal's reason); what `on_progress` throws
+    /// or rejects with, unless in its last call (`done == total`: the
+    /// verification is complete then, and resolves); TransactionError /
+    /// ClosedError.
+    #[cfg(feature = "io")]
+    pub async fn verify_indexes_with(
+        &self,
+        on_progress: Option<&Function>,
+        signal: Option<&web_sys::AbortSignal>,
+    ) -> Result<Verification> {
+        let mut calls = super::calls::Calls::new(self, None, on_progress, signal);
+        calls.check()?;
         let tx = self
             .db
             .tx(&[META, DERIVED, RECORDS], TransactionMode::ReadOnly)?;
         let (_, state) = read_state(&tx).await?;
-        let records = tx.store(RECORDS)?.get_all(None, None)?.await?;
-        let mut v = Verification {
-            checked: records.len() as u32,
-            ..Default::default()
+        let records = tx.store(RECORDS)?;
+        // Counted only for `on_progress` (a count walks the whole store).
+        let total = match on_progress {
+            Some(_) => records.count(None)?.await?,
+            None => 0,
         };
+        let mut v = Verification::default();
+        // Per active index: its definition, tag, and id -> the expected
+        // entry key as JSON text, in record order (a JS Map keyed by the id
+        // itself: exact, lone surrogates included, and no Rust map code in
+        // the wasm).
+        let mut active = Vec::new();
         for def in &self.indexes {
             let tag = def.tag();
-            if !state.active.contains(&tag) {
+            if state.active.contains(&tag) {
+                active.push((def, tag, js_sys::Map::new()));
+            } else {
                 v.building.push(def.name.clone());
-                continue;
             }
-            let all = entry_range(&tag, &Condition::All, None, false)
+        }
+        let live = js_sys::Set::new(&JsValue::UNDEFINED);
+        let mut after: Option<JsValue> = None;
+        loop {
+            calls.check()?;
+            let rows =
+                super::calls::read_after(&records, after.as_ref(), super::DEFAULT_BATCH).await?;
+            for r in &rows {
+                let id = Reflect::get(r, &"_id".into()).unwrap_or_default();
+                live.add(&id);
+                for (def, tag, expected) in &active {
+                    if let Some(k) = entry_key(tag, def, r) {
+                        expected.set(&id, &json_text(&k));
+                    }
+                }
+            }
+            v.checked += rows.len() as u32;
+            if !rows.is_empty() {
+                calls.progress(v.checked, total.max(v.checked))?;
+            }
+            match rows.last() {
+                Some(last) if rows.len() == super::DEFAULT_BATCH as usize => {
+                    after = Some(Reflect::get(last, &"_id".into()).unwrap_or_default());
+                }
+                _ => break,
+            }
+        }
+        for (_, tag, expected) in &active {
+            calls.check()?;
+            let all = entry_range(tag, &Condition::All, None, false)
                 .ok_or_else(|| StoreError::Transaction("empty index range".into()))?;
             let actual = tx
                 .store(DERIVED)?
                 .get_all_keys(Some(to_range(&all)?), None)?
                 .await?;
-            // JS Map/Set keyed by the id itself: exact (code units, lone
-            // surrogates included) and no Rust map code in the wasm.
-            // id -> the expected entry key as JSON text
-            let expected = js_sys::Map::new();
-            let live = js_sys::Set::new(&JsValue::UNDEFINED);
-            for r in &records {
-                let id = Reflect::get(r, &"_id".into()).unwrap_or_default();
-                live.add(&id);
-                if let Some(k) = entry_key(&tag, def, r) {
-                    expected.set(&id, &json_text(&k));
-                }
-            }
             let (seen, stale) = (
                 js_sys::Set::new(&JsValue::UNDEFINED),
                 js_sys::Set::new(&JsValue::UNDEFINED),
@@ -849,14 +902,14 @@ impl Store {
                     seen.add(&id);
                 }
             }
-            for r in &records {
-                let id = Reflect::get(r, &"_id".into()).unwrap_or_default();
-                if expected.has(&id) && !seen.has(&id) && !stale.has(&id) {
+            expected.for_each(&mut |_, id| {
+                if !seen.has(&id) && !stale.has(&id) {
                     v.missing.push(id);
                 }
-            }
+            });
         }
         tx.end_read();
+        calls.finish().await?;
         Ok(v)
     }
 
@@ -872,13 +925,24 @@ impl Store {
     /// version leaves it out; here definitions need no version, so the drop
     /// is explicit.
     ///
+    /// `signal` is looked at once, before the transaction: an abort after
+    /// that leaves the drop to complete (it is all or nothing).
+    ///
     /// # Errors
     /// ValidationError when this connection declares `name` (its next open
-    /// would build it again); TransactionError / ClosedError from IndexedDB.
-    pub async fn drop_index(&self, name: &str) -> Result<bool> {
+    /// would build it again); AbortError (`cause`: the signal's reason,
+    /// nothing dropped); TransactionError / ClosedError from IndexedDB.
+    pub async fn drop_index(
+        &self,
+        name: &str,
+        signal: Option<&web_sys::AbortSignal>,
+    ) -> Result<bool> {
         if self.indexes.iter().any(|d| d.name == name) {
             return Err(StoreError::validation(DECLARED));
         }
+        // Aborted before its transaction: nothing is dropped. Once that is
+        // issued the drop is one transaction, and it completes.
+        super::mutate::check_abort(signal)?;
         let tx = self.db.tx(&[META, DERIVED], TransactionMode::ReadWrite)?;
         let (gen, mut state) = read_state(&tx).await?;
         let tags: Vec<String> = state

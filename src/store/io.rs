@@ -12,9 +12,10 @@
 //! anything is written, and no record other than an id's winner is ever
 //! written (the derived indexes and `watch` see only winners).
 
+use super::calls::{read_after, Calls};
 use super::db::{KeyRange, Query, TransactionMode, RECORDS, TOMBSTONES};
 use super::index;
-use super::lines::{ImportOptions, JsBlob, Lines, Source, DEFAULT_BATCH};
+use super::lines::{ExportOptions, ImportOptions, JsBlob, Lines, Source, DEFAULT_BATCH};
 use super::mutate::{check_abort, settle_callback};
 use super::{read_many, tombstone, Store};
 use crate::error::{set, Result, StoreError};
@@ -25,10 +26,6 @@ use agentstore_protocol::pouch::{
 };
 use agentstore_protocol::rev::{Current, Rev};
 use js_sys::{Array, Function, JsString, Map, Object, Reflect};
-use std::collections::VecDeque;
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
 use wasm_bindgen::{JsCast, JsValue};
 
 #[wasm_bindgen::prelude::wasm_bindgen(module = "/js/parse.js")]
@@ -814,13 +811,29 @@ impl Store {
         Ok(String::from(parts.join("")))
     }
 
+    /// [`Store::export_snapshot_with`] with only `on_chunk` and `batch`.
+    ///
+    /// # Errors
+    /// As [`Store::export_snapshot_with`].
+    pub async fn export_snapshot_chunks(
+        &self,
+        on_chunk: Option<&Function>,
+        batch: u32,
+    ) -> Result<Array> {
+        let opts = ExportOptions {
+            batch,
+            ..ExportOptions::default()
+        };
+        self.export_snapshot_with(on_chunk, &opts).await
+    }
+
     /// Exports every record and tombstone as NDJSON: a header line
     /// `{"agentstore":"snapshot","records":N,"tombstones":M,"version":1}`, then
     /// one stored object per line in key order (records, then tombstones),
-    /// read in one read-only transaction (a consistent snapshot) `batch`
-    /// objects at a time. Each chunk (whole lines, each ending in `\n`) goes
-    /// to `on_chunk` when given (the returned array is then empty), else into
-    /// the returned array of JS strings.
+    /// read in one read-only transaction (a consistent snapshot)
+    /// `opts.batch` objects at a time. Each chunk (whole lines, each ending
+    /// in `\n`) goes to `on_chunk` when given (the returned array is then
+    /// empty), else into the returned array of JS strings.
     ///
     /// `on_chunk` is called with one chunk at a time, in order. When it
     /// returns a thenable (an async `on_chunk`), the next chunk waits until
@@ -830,46 +843,59 @@ impl Store {
     /// promise is pending, and the chunks it has not taken yet wait in JS
     /// memory (at most the whole export, as `exportSnapshot`'s string).
     ///
+    /// `opts.on_progress(done, total)` is called after each batch read (and
+    /// after its chunk went to `on_chunk`): `done` objects (records and
+    /// tombstones) exported of the `total` the header counts. It takes its
+    /// turn with the chunks: a thenable it returns is awaited as
+    /// `on_chunk`'s is, before the next chunk or progress call (the reads go
+    /// on meanwhile). An empty store makes no progress call.
+    ///
+    /// `opts.signal` is looked at before each read and before each chunk
+    /// or progress call, and ends a wait for a pending thenable: once it
+    /// aborts, no chunk follows, the read transaction is dropped and the
+    /// export rejects with AbortError.
+    ///
     /// # Errors
-    /// TransactionError; ClosedError, also when the store is closed during
-    /// the export (no chunk goes to `on_chunk` after it; a pending
-    /// `on_chunk` promise is no longer waited for); whatever `on_chunk`
-    /// throws or its thenable rejects with (no chunk goes to it after that).
-    pub async fn export_snapshot_chunks(
+    /// AbortError (`cause`: the signal's reason); TransactionError;
+    /// ClosedError, also when the store is closed during the export (no
+    /// chunk goes to `on_chunk` after it; a pending `on_chunk` promise is
+    /// no longer waited for); whatever `on_chunk` throws or its thenable
+    /// rejects with (no chunk goes to it after that); what `on_progress`
+    /// throws or rejects with before its last call (the one with `done ==
+    /// total`: the export is complete then, and resolves).
+    pub async fn export_snapshot_with(
         &self,
         on_chunk: Option<&Function>,
-        batch: u32,
+        opts: &ExportOptions,
     ) -> Result<Array> {
+        let mut out = Calls::new(
+            self,
+            on_chunk,
+            opts.on_progress.as_ref(),
+            opts.signal.as_ref(),
+        );
+        out.check()?;
         let tx = self
             .db
             .tx(&[RECORDS, TOMBSTONES], TransactionMode::ReadOnly)?;
         let (records, tombs) = (tx.store(RECORDS)?, tx.store(TOMBSTONES)?);
         let (n_records, n_tombs) = (records.count(None)?, tombs.count(None)?);
-        let (n_records, n_tombs) = (n_records.await, n_tombs.await);
+        let (n_records, n_tombs) = (n_records.await?, n_tombs.await?);
         let header = Object::new();
         set(&header, "agentstore", &"snapshot".into());
-        set(&header, "records", &JsValue::from(n_records?));
-        set(&header, "tombstones", &JsValue::from(n_tombs?));
+        set(&header, "records", &JsValue::from(n_records));
+        set(&header, "tombstones", &JsValue::from(n_tombs));
         set(&header, "version", &JsValue::from(1));
-        let mut out = Chunks {
-            store: self,
-            on_chunk,
-            parts: Array::new(),
-            queue: VecDeque::new(),
-            pending: None,
-        };
         let nl = JsString::from("\n");
         let header = js_sys::JSON::stringify(&header)
             .map_err(|_| StoreError::Transaction("the snapshot header is not JSON".into()))?;
-        out.push(header.concat(&nl))?;
+        out.chunk(header.concat(&nl))?;
+        let (total, mut done) = (n_records + n_tombs, 0);
         for store in [records, tombs] {
             let mut after: Option<JsValue> = None;
             loop {
-                let query = match &after {
-                    Some(k) => Some(Query::KeyRange(KeyRange::lower_bound(k, Some(true))?)),
-                    None => None,
-                };
-                let rows = store.get_all(query, Some(batch))?.await?;
+                out.check()?;
+                let rows = read_after(&store, after.as_ref(), opts.batch).await?;
                 let Some(last) = rows.last() else { break };
                 after = Some(get(last, "_id"));
                 let lines = Array::new();
@@ -880,8 +906,10 @@ impl Store {
                     lines.push(&line);
                 }
                 lines.push(&JsString::from(""));
-                out.push(lines.join("\n"))?;
-                if rows.len() < batch as usize {
+                out.chunk(lines.join("\n"))?;
+                done += rows.len() as u32;
+                out.progress(done, total)?;
+                if rows.len() < opts.batch as usize {
                     break;
                 }
             }
@@ -891,13 +919,25 @@ impl Store {
         out.finish().await
     }
 
-    /// The chunks of [`Store::export_snapshot_chunks`] as one `Blob`
+    /// The chunks of [`Store::export_snapshot_with`] as one `Blob`
     /// (`type: application/x-ndjson` is not set; the bytes are UTF-8).
     ///
     /// # Errors
-    /// As [`Store::export_snapshot_chunks`].
+    /// As [`Store::export_snapshot_with`].
     pub async fn export_snapshot_blob(&self, batch: u32) -> Result<JsValue> {
-        let parts = self.export_snapshot_chunks(None, batch).await?;
+        let opts = ExportOptions {
+            batch,
+            ..ExportOptions::default()
+        };
+        self.export_snapshot_blob_with(&opts).await
+    }
+
+    /// [`Store::export_snapshot_blob`] with progress and a signal.
+    ///
+    /// # Errors
+    /// As [`Store::export_snapshot_with`].
+    pub async fn export_snapshot_blob_with(&self, opts: &ExportOptions) -> Result<JsValue> {
+        let parts = self.export_snapshot_with(None, opts).await?;
         JsBlob::new(&parts)
             .map(Into::into)
             .map_err(|e| StoreError::from_dom(&e))
@@ -1172,82 +1212,4 @@ async fn live_tombstones(tombs: &super::db::ObjectStore, staged: &[Staged]) -> R
         found.set(&Reflect::get(&t, &"_id".into()).unwrap_or_default(), &t);
     }
     Ok(found)
-}
-
-/// What an `on_chunk` thenable settles into, raced with `close()`.
-type Settling<'a> =
-    Pin<Box<dyn Future<Output = Result<std::result::Result<JsValue, JsValue>>> + 'a>>;
-
-/// The chunks of an export on their way out: into `parts`, or to `on_chunk`
-/// one at a time, each only once the thenable the previous call returned has
-/// settled (queued meanwhile, in JS memory).
-struct Chunks<'a> {
-    store: &'a Store,
-    on_chunk: Option<&'a Function>,
-    parts: Array,
-    queue: VecDeque<JsString>,
-    pending: Option<Settling<'a>>,
-}
-
-impl<'a> Chunks<'a> {
-    /// Adds `chunk` and hands over what may go now.
-    fn push(&mut self, chunk: JsString) -> Result<()> {
-        // `close()` stops the export: IndexedDB lets its transaction
-        // finish, so it is looked at before each chunk (and at the end).
-        self.store.check_open()?;
-        if self.on_chunk.is_none() {
-            self.parts.push(&chunk);
-            return Ok(());
-        }
-        self.queue.push_back(chunk);
-        self.pump()
-    }
-
-    /// Calls `on_chunk` with the queued chunks while no thenable of it is
-    /// pending (looked at without waiting: the caller goes on reading).
-    fn pump(&mut self) -> Result<()> {
-        let Some(f) = self.on_chunk else {
-            return Ok(());
-        };
-        loop {
-            if let Some(p) = self.pending.as_mut() {
-                // A poll with a no-op waker: only whether it has settled.
-                let cx = &mut Context::from_waker(Waker::noop());
-                match p.as_mut().poll(cx) {
-                    Poll::Pending => return Ok(()),
-                    Poll::Ready(r) => {
-                        self.pending = None;
-                        r?.map_err(StoreError::Thrown)?;
-                    }
-                }
-            }
-            let Some(chunk) = self.queue.pop_front() else {
-                return Ok(());
-            };
-            self.store.check_open()?;
-            let out = f
-                .call1(&JsValue::NULL, &chunk)
-                .map_err(StoreError::Thrown)?;
-            if let Some(p) = crate::value::as_promise(&out) {
-                // Polled at once (the loop): its rejection has a handler
-                // before this returns, never an unhandled rejection.
-                let settling = super::mutate::race_abort_or_close(p, None, self.store);
-                self.pending = Some(Box::pin(settling));
-            }
-        }
-    }
-
-    /// Hands over the rest, waiting for each thenable `on_chunk` returns;
-    /// the array of chunks when there is no `on_chunk` (else empty).
-    async fn finish(mut self) -> Result<Array> {
-        loop {
-            self.pump()?;
-            match self.pending.take() {
-                Some(p) => p.await?.map_err(StoreError::Thrown)?,
-                None => break,
-            };
-        }
-        self.store.check_open()?;
-        Ok(self.parts)
-    }
 }

@@ -25,17 +25,25 @@ pub const DEFAULT_BATCH: u32 = 1000;
 /// Largest accepted `batch`.
 pub const MAX_IMPORT_BATCH: u32 = 10_000;
 
-/// Options of an import.
+/// Options of an import (and, as [`ExportOptions`], of an export).
 #[derive(Debug, Clone)]
 pub struct ImportOptions {
-    /// Called as `(written, total)` after each committed batch (`written`
-    /// counts ids done, `total` the ids the import resolves to).
+    /// Called as `(done, total)`: by an import after each committed batch
+    /// (`done` counts ids done, `total` the ids the import resolves to); by
+    /// an export after each batch read (objects exported, and the records
+    /// and tombstones it holds).
     pub on_progress: Option<Function>,
-    /// Stops the import between batches with AbortError.
+    /// Stops the import between batches (an export before each read and
+    /// each callback) with AbortError.
     pub signal: Option<AbortSignal>,
-    /// Records per transaction, 1..=[`MAX_IMPORT_BATCH`].
+    /// Records per transaction (objects per export read and chunk),
+    /// 1..=[`MAX_IMPORT_BATCH`].
     pub batch: u32,
 }
+
+/// Options of an export: `on_progress`, `signal` and `batch`, as an
+/// import's (see [`ImportOptions`] for what each means to an export).
+pub type ExportOptions = ImportOptions;
 
 impl Default for ImportOptions {
     fn default() -> Self {

@@ -6,6 +6,8 @@
 //! transaction scheduling makes the compare-and-swap atomic across tabs.
 
 mod bulk;
+#[cfg(feature = "io")]
+mod calls;
 pub mod db;
 mod group;
 pub mod index;
@@ -26,7 +28,7 @@ pub(crate) use bulk::destroy_promise;
 pub use index::{ByQuery, Verification};
 #[cfg(feature = "io")]
 pub use io::ImportCounts;
-pub use lines::{ImportOptions, DEFAULT_BATCH, MAX_IMPORT_BATCH};
+pub use lines::{ExportOptions, ImportOptions, DEFAULT_BATCH, MAX_IMPORT_BATCH};
 pub use list::{ListQuery, Page, LIST_KEYS};
 pub use watch::Watcher;
 

@@ -504,7 +504,7 @@ for (const entry of ENTRIES.map(([e]) => e)) {
         get: () => s.get('kept', { revs: true }),
         getMany: () => s.getMany(['kept'], { signal: ac.signal }),
         list: () => s.list({}, { x: 1 }),
-        dropIndex: () => s.dropIndex('byType', { force: true }),
+        dropIndex: () => s.dropIndex('byType', {}, 'extra'),
         open: () => mod.AgentStore.open(db, {}, 'extra'),
         watch: () => s.watch({}, () => {}, { x: 1 }),
       };

@@ -212,6 +212,14 @@ export async function notGiven(maybe: { prefix?: string; limit?: number; signal?
   await store.exportSnapshot(null);
   await store.exportSnapshotBlob({ batchSize: maybe.limit });
   await store.exportSnapshotChunks((chunk) => console.log(chunk.length), { batchSize: null });
+  // Long calls take a signal and an onProgress, a returned Promise awaited.
+  await store.exportSnapshot({ signal: maybe.signal, onProgress: async (done, total) => console.log(done / total) });
+  await store.exportSnapshotChunks(async () => {}, { onProgress: null, signal: null });
+  await store.verifyIndexes({ onProgress: (done, total) => console.log(done, total), signal: maybe.signal });
+  await store.verifyIndexes(null);
+  await store.dropIndex('old', { signal: maybe.signal });
+  await store.dropIndex('old', null);
+  await store.purgeTombstones({ olderThanMs: 0, onProgress: undefined, signal: maybe.signal });
   // A record's own optional fields may be given as undefined (dropped, as JSON.stringify does).
   const draft: AgentRecord = { _id: 'agent:3', _rev: cur?._rev, recordType: maybe.prefix, updatedAt: undefined };
   await store.putMany([draft, { _id: 'agent:4', _rev: undefined }]);
