@@ -1089,3 +1089,39 @@ async fn drop_index_with_an_aborted_signal_drops_nothing() {
     let dropped = invoke(&api, "dropIndex", &[s("byOwner")]).await.unwrap();
     assert_eq!(dropped.as_bool(), Some(true), "it was still there");
 }
+
+/// The way to wait for `open()`'s background rebuild (docs/api.md, Derived
+/// indexes): `rebuildIndexes({restart: false})` right after `open()` works
+/// alongside it and resolves with every declared index complete (an app
+/// that must not serve `listBy` from full scans awaits it).
+#[wasm_bindgen_test]
+async fn rebuild_without_restart_right_after_open_waits_for_the_background_rebuild() {
+    let name = fresh_name("idx-await-background");
+    let first = open_named(&name).await;
+    let recs: Vec<Value> = (0..1200u32)
+        .map(|i| json!({"_id": format!("b{i:04}"), "recordType": "run", "owner": format!("o{}", i % 3), "updatedAt": at(i)}))
+        .collect();
+    first.put_many(&js(Value::Array(recs))).await.unwrap();
+    first.close();
+    let indexes = js(json!([
+        {"name": "byType", "keys": ["recordType", "updatedAt"]},
+        {"name": "byOwner", "keys": ["owner"]},
+    ]));
+    let opts = js_sys::Object::new();
+    js_sys::Reflect::set(&opts, &"indexes".into(), &indexes).unwrap();
+    let api =
+        wasm_bindgen_futures::JsFuture::from(agentstore::AgentStore::open(s(&name), opts.into()))
+            .await
+            .unwrap();
+    let n = invoke(&api, "rebuildIndexes", &[js(json!({"restart": false}))])
+        .await
+        .unwrap();
+    assert_eq!(n.as_f64(), Some(1200.0));
+    let v = invoke(&api, "verifyIndexes", &[]).await.unwrap();
+    let text = js_sys::JSON::stringify(&v).unwrap().as_string().unwrap();
+    assert_eq!(
+        text,
+        r#"{"checked":1200,"missing":[],"orphaned":[],"stale":[],"building":[]}"#
+    );
+    invoke(&api, "close", &[]).await.unwrap();
+}
