@@ -4,38 +4,15 @@
 //
 //   node --test tests/e2e/demo_panel.test.mjs
 
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { chromium } from 'playwright-core';
-import { SERVER_TIMEOUT_MS, adminCall, launchBrowser, openDemo, startDemo, until } from './helpers.mjs';
+import { demoForTests, openDemo, until } from './helpers.mjs';
 
-const ADMIN = randomBytes(24).toString('hex');
 const QUEUE = 'demo';
-
-let demo;
-let browser;
-let tmp;
-
-before(async () => {
-  tmp = mkdtempSync(join(tmpdir(), 'agentstore-panel-e2e-'));
-  demo = await startDemo({
-    AGENTSTORE_ADMIN_TOKEN: ADMIN, DATABASE: join(tmp, 'demo.sqlite'),
-    DEMO_TOKENS: '12', DEMO_PRODUCER_TOKENS: '4', DEMO_WORKLOAD: '0',
-  });
-  browser = await launchBrowser();
-}, { timeout: SERVER_TIMEOUT_MS + 120_000 });
-
-after(async () => {
-  await browser?.close().catch(() => {});
-  await demo?.stop();
-  if (tmp) rmSync(tmp, { recursive: true, force: true });
-}, { timeout: 30_000 });
-
-const api = (method, path, body) => adminCall(demo.url, ADMIN, method, path, body);
+const t = demoForTests('panel', { DEMO_TOKENS: '12', DEMO_PRODUCER_TOKENS: '4', DEMO_WORKLOAD: '0' });
+const { api } = t;
 
 test('a poll of the workers panel reads a few small pages, not the whole queue', { timeout: 240_000 }, async () => {
   // 1,500 items of about 2 KB: the whole listing is over 3 MB.
@@ -47,7 +24,7 @@ test('a poll of the workers panel reads a few small pages, not the whole queue',
       api('POST', `/v1/queues/${QUEUE}/items`, { payload: { task: 'bulk', n: i + k, ms: 100, note } })));
     newest = Math.max(newest, ...batch.map((it) => it.id));
   }
-  const { ctx, page } = await openDemo(browser, demo.url);
+  const { ctx, page } = await openDemo(t.browser, t.demo.url);
   try {
     let polls = 0;
     const listings = [];
@@ -76,7 +53,7 @@ test('a poll of the workers panel reads a few small pages, not the whole queue',
 
 test('an action on a store another tab closed says it is closed and to reload', { timeout: 120_000 }, async () => {
   const name = `e2e-closed-${randomBytes(4).toString('hex')}`;
-  const { ctx, page } = await openDemo(browser, `${demo.url}/?db=${name}`);
+  const { ctx, page } = await openDemo(t.browser, `${t.demo.url}/?db=${name}`);
   try {
     // Another tab's upgrade of the store's database: the SDK closes this
     // tab's connection and the page says so.
@@ -113,7 +90,7 @@ test('a page under another host name (DNS rebinding) gets nothing from the loopb
   });
   try {
     const page = await rebinding.newPage();
-    const res = await page.goto(`http://rebind.example:${demo.port}/`);
+    const res = await page.goto(`http://rebind.example:${t.demo.port}/`);
     assert.equal(res.status(), 403);
     assert.match(await page.textContent('body'), /"code":"forbidden".*--allowed-host rebind\.example/);
     const tokens = await page.evaluate(async () => {
@@ -124,7 +101,7 @@ test('a page under another host name (DNS rebinding) gets nothing from the loopb
     assert.doesNotMatch(tokens.text, /enrollmentTokens/);
     // The loopback names a user types still reach it.
     for (const host of ['localhost', '127.0.0.1']) {
-      const ok = await page.goto(`http://${host}:${demo.port}/runtime/demo.json`);
+      const ok = await page.goto(`http://${host}:${t.demo.port}/runtime/demo.json`);
       assert.equal(ok.status(), 200, host);
     }
   } finally {

@@ -7,41 +7,17 @@
 //
 //   node --test tests/e2e/demo_tokens.test.mjs
 
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { randomBytes } from 'node:crypto';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { SERVER_TIMEOUT_MS, VIEWPORTS, adminCall, assertNoError, launchBrowser, openDemo, startDemo, until } from './helpers.mjs';
+import { VIEWPORTS, assertNoError, demoForTests, openDemo, until } from './helpers.mjs';
 
-const ADMIN = randomBytes(24).toString('hex');
 const QUEUE = 'demo';
-
-let demo;
-let browser;
-let tmp;
-
-before(async () => {
-  tmp = mkdtempSync(join(tmpdir(), 'agentstore-tokens-e2e-'));
-  demo = await startDemo({
-    AGENTSTORE_ADMIN_TOKEN: ADMIN, DATABASE: join(tmp, 'demo.sqlite'),
-    DEMO_TOKENS: '6', DEMO_PRODUCER_TOKENS: '2', DEMO_WORKLOAD: '0',
-  });
-  browser = await launchBrowser();
-}, { timeout: SERVER_TIMEOUT_MS + 120_000 });
-
-after(async () => {
-  await browser?.close().catch(() => {});
-  await demo?.stop();
-  if (tmp) rmSync(tmp, { recursive: true, force: true });
-}, { timeout: 30_000 });
-
-const api = (method, path, body) => adminCall(demo.url, ADMIN, method, path, body);
+const t = demoForTests('tokens', { DEMO_TOKENS: '6', DEMO_PRODUCER_TOKENS: '2', DEMO_WORKLOAD: '0' });
+const { api } = t;
 
 /** `agentstore_auth_rejected_total` (every credential the server refused), summed. */
 async function refusedCredentials() {
-  const res = await fetch(`${demo.url}/metrics`, { headers: { Authorization: `Bearer ${ADMIN}` } });
+  const res = await fetch(`${t.demo.url}/metrics`, { headers: { Authorization: `Bearer ${t.admin}` } });
   assert.equal(res.status, 200);
   return (await res.text()).split('\n')
     .filter((l) => l.startsWith('agentstore_auth_rejected_total'))
@@ -49,11 +25,11 @@ async function refusedCredentials() {
 }
 
 test('two tabs of one browser never enroll with the same token, so no worker is refused', { timeout: 180_000 }, async () => {
-  const ctx = await browser.newContext({ viewport: VIEWPORTS.desktop });
+  const ctx = await t.browser.newContext({ viewport: VIEWPORTS.desktop });
   try {
     const pages = [];
     for (let i = 0; i < 2; i++) {
-      const { page } = await openDemo(browser, demo.url, VIEWPORTS.desktop, ctx);
+      const { page } = await openDemo(t.browser, t.demo.url, VIEWPORTS.desktop, ctx);
       await page.waitForSelector('body[data-workers-ready="true"]', { state: 'attached', timeout: 60_000 });
       pages.push(page);
     }

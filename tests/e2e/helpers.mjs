@@ -6,10 +6,12 @@
 
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
-import { existsSync, mkdirSync } from 'node:fs';
-import { homedir } from 'node:os';
+import { randomBytes } from 'node:crypto';
+import { existsSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { homedir, tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { after, before } from 'node:test';
 import { spawnListening } from '../../scripts/listening.mjs';
 import { chromium } from 'playwright-core';
 
@@ -175,4 +177,28 @@ export async function shot(page, name, fullPage = false) {
   const path = join(ARTIFACTS, `${name}-${width}x${height}${fullPage ? '-full' : ''}.png`);
   await page.screenshot({ path, fullPage });
   return path;
+}
+
+/**
+ * One demo for a test file: registers `before`/`after` hooks that start
+ * scripts/demo.sh (`startDemo`) on a fresh SQLite file with a random admin
+ * token and `env`, and launch Chromium, and stop both. Returns `{admin, demo,
+ * browser, api}`: `demo` and `browser` are set once `before` ran, `api(method,
+ * path, body)` calls the lease server as the admin (`adminCall`).
+ */
+export function demoForTests(tag, env = {}) {
+  const t = { admin: randomBytes(24).toString('hex'), demo: null, browser: null };
+  let tmp;
+  before(async () => {
+    tmp = mkdtempSync(join(tmpdir(), `agentstore-${tag}-e2e-`));
+    t.demo = await startDemo({ AGENTSTORE_ADMIN_TOKEN: t.admin, DATABASE: join(tmp, 'demo.sqlite'), ...env });
+    t.browser = await launchBrowser();
+  }, { timeout: SERVER_TIMEOUT_MS + 120_000 });
+  after(async () => {
+    await t.browser?.close().catch(() => {});
+    await t.demo?.stop();
+    if (tmp) rmSync(tmp, { recursive: true, force: true });
+  }, { timeout: 30_000 });
+  t.api = (method, path, body) => adminCall(t.demo.url, t.admin, method, path, body);
+  return t;
 }

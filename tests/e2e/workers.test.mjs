@@ -7,50 +7,32 @@
 // Screenshots go to artifacts/. With UPDATE_DOCS_PNG=1 the 1280×800 picture of
 // both panels is also written to docs/demo.png (the README's picture).
 
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { randomBytes } from 'node:crypto';
-import { copyFileSync, mkdirSync, mkdtempSync, rmSync, statSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { copyFileSync, mkdirSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import {
-  ROOT, SERVER_TIMEOUT_MS, VIEWPORTS, adminCall, assertNoError, assertNothingOverflows, launchBrowser,
-  openDemo, shot, startDemo, text, until,
+  ROOT, VIEWPORTS, assertNoError, assertNothingOverflows, demoForTests,
+  openDemo, shot, text, until,
 } from './helpers.mjs';
 
-const ADMIN = randomBytes(24).toString('hex');
 const QUEUE = 'demo';
 const MAX_REDELIVERIES = 5;
 /** The first delivery plus every re-delivery. */
 const DELIVERIES = 1 + MAX_REDELIVERIES;
 
-let demo;
-let browser;
-let tmp;
-
-before(async () => {
-  tmp = mkdtempSync(join(tmpdir(), 'agentstore-workers-e2e-'));
-  demo = await startDemo({ AGENTSTORE_ADMIN_TOKEN: ADMIN, DATABASE: join(tmp, 'demo.sqlite'), DEMO_MAX_REDELIVERIES: String(MAX_REDELIVERIES) });
-  browser = await launchBrowser();
-}, { timeout: SERVER_TIMEOUT_MS + 120_000 });
-
-after(async () => {
-  await browser?.close().catch(() => {});
-  await demo?.stop();
-  if (tmp) rmSync(tmp, { recursive: true, force: true });
-}, { timeout: 30_000 });
+/** The demo, and the lease server's API with the admin token (the test's ground truth). */
+const t = demoForTests('workers', { DEMO_MAX_REDELIVERIES: String(MAX_REDELIVERIES) });
+const { api } = t;
 
 // ------------------------------------------------------------------ helpers
-
-/** The lease server's API with the admin token (the test's ground truth). */
-const api = (method, path, body) => adminCall(demo.url, ADMIN, method, path, body);
 
 const items = async () => (await api('GET', `/v1/queues/${QUEUE}/items?limit=10000`)).items;
 const item = (id) => api('GET', `/v1/items/${id}`);
 
 /** `GET /metrics` with the admin token, parsed: `[{name, labels, value}]`. */
 async function scrape() {
-  const res = await fetch(`${demo.url}/metrics`, { headers: { Authorization: `Bearer ${ADMIN}` } });
+  const res = await fetch(`${t.demo.url}/metrics`, { headers: { Authorization: `Bearer ${t.admin}` } });
   assert.equal(res.status, 200, 'GET /metrics with the admin token');
   const samples = [];
   for (const line of (await res.text()).split('\n')) {
@@ -87,7 +69,7 @@ async function untilPanelMatchesMetrics(page, ms = 30_000) {
 
 /** A page of the demo with its workers enrolled and polling. */
 async function openWorkers(ctx, viewport = VIEWPORTS.desktop) {
-  const { page } = await openDemo(browser, demo.url, viewport, ctx);
+  const { page } = await openDemo(t.browser, t.demo.url, viewport, ctx);
   await page.waitForSelector('body[data-workers-ready="true"]', { state: 'attached', timeout: 30_000 });
   return page;
 }
@@ -121,7 +103,7 @@ async function holderOf(pages, itemId, ms = 30_000) {
 // -------------------------------------------------------------------- tests
 
 test('the worker panel settles 100 enqueued items with two pages open, none settled twice', { timeout: 300_000 }, async () => {
-  const ctx = await browser.newContext({ viewport: VIEWPORTS.desktop });
+  const ctx = await t.browser.newContext({ viewport: VIEWPORTS.desktop });
   try {
     const a = await openWorkers(ctx);
     const b = await openWorkers(ctx);
@@ -183,7 +165,7 @@ test('the worker panel settles 100 enqueued items with two pages open, none sett
 });
 
 test('pausing a worker\'s heartbeats: its lease is lost at the local deadline, its work stops, the item is finished under the next claim', { timeout: 180_000 }, async () => {
-  const ctx = await browser.newContext({ viewport: VIEWPORTS.desktop });
+  const ctx = await t.browser.newContext({ viewport: VIEWPORTS.desktop });
   try {
     const pages = [await openWorkers(ctx), await openWorkers(ctx)];
     // Work long enough (15 s) that the pause lands while it runs, however
@@ -238,7 +220,7 @@ test('pausing a worker\'s heartbeats: its lease is lost at the local deadline, i
 });
 
 test('a poison item ends failed at the retry cap (retry_limit)', { timeout: 120_000 }, async () => {
-  const ctx = await browser.newContext({ viewport: VIEWPORTS.desktop });
+  const ctx = await t.browser.newContext({ viewport: VIEWPORTS.desktop });
   try {
     const page = await openWorkers(ctx);
     await page.click('[data-testid=poison-button]');
@@ -270,7 +252,7 @@ test('a poison item ends failed at the retry cap (retry_limit)', { timeout: 120_
 });
 
 test('a worker cut off from the server loses its lease at the local deadline, and picks up again after Reconnect', { timeout: 120_000 }, async () => {
-  const ctx = await browser.newContext({ viewport: VIEWPORTS.desktop });
+  const ctx = await t.browser.newContext({ viewport: VIEWPORTS.desktop });
   try {
     const page = await openWorkers(ctx);
     const { id } = await api('POST', `/v1/queues/${QUEUE}/items`, { payload: { task: 'long', ms: 8000 } });
@@ -308,7 +290,7 @@ test('a worker cut off from the server loses its lease at the local deadline, an
 });
 
 test('both panels side by side at 1280×800, stacked at 390×844; user errors are messages', { timeout: 120_000 }, async () => {
-  const ctx = await browser.newContext({ viewport: VIEWPORTS.desktop });
+  const ctx = await t.browser.newContext({ viewport: VIEWPORTS.desktop });
   try {
     const page = await openWorkers(ctx);
     // Records: the sample dump imported.
