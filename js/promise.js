@@ -528,7 +528,9 @@ const PURGE_BATCH = 1000;
  * there (the transaction cannot wait for a foreign Promise): once the
  * transaction has committed, resolves with how many were purged after
  * every such Promise fulfilled; rejects with the first rejection, or with
- * `undefined` when `signal` aborts first. Rejects with `toError(e)` (the
+ * `undefined` when `signal` aborts first (also when it aborted after the
+ * last batch's look, before the commit). Each such Promise is handled as
+ * soon as it is returned, so its rejection is never an unhandledrejection. Rejects with `toError(e)` (the
  * module's typed Error) for a failed read or request, or the transaction's
  * abort (`tx.error`: quota).
  */
@@ -550,6 +552,9 @@ export function purgeOlder(store, olderThanMs, cutoff, onProgress, signal, toErr
     // The module has no handler on this transaction (it left it to this).
     tx.onabort = () => reject(toError(tx.error));
     tx.oncomplete = () => {
+      // An abort after the last batch's look: its event has fired, which
+      // raceAbort would not see.
+      if (signal?.aborted) return reject(undefined);
       const stopped = {};
       // (Without a signal, raceAbort races nothing.)
       resolve(
@@ -574,7 +579,13 @@ export function purgeOlder(store, olderThanMs, cutoff, onProgress, signal, toErr
           }
           done += rows.length;
           try {
-            if (onProgress && rows.length) returned.push(onProgress(done, total.result));
+            if (onProgress && rows.length) {
+              // Handled now (the transaction may still fail, and Promise.all
+              // only looks once it committed): never an unhandledrejection.
+              const r = Promise.resolve(onProgress(done, total.result));
+              r.catch(() => {});
+              returned.push(r);
+            }
             if (signal?.aborted) return fail();
           } catch (e) {
             return fail(e);

@@ -1411,10 +1411,42 @@ async fn purge_progress_counts_every_tombstone_and_a_throwing_callback_purges_no
         "every Promise settled before the call resolved: {log:?}"
     );
 
+    // A rejection is the call's, never an `unhandledrejection` (before, it
+    // had no handler until the transaction committed; review finding,
+    // helper-183).
     tombstones(&store, 3).await;
+    let unhandled = Function::new_no_args(
+        "const st = { n: 0 }; const h = (e) => { \
+           if (String(e.reason && e.reason.message).startsWith('late ')) { st.n++; e.preventDefault(); } }; \
+         globalThis.addEventListener('unhandledrejection', h); \
+         st.stop = () => globalThis.removeEventListener('unhandledrejection', h); return st;",
+    )
+    .call0(&JsValue::NULL)
+    .unwrap();
     let rejects = Function::new_with_args("d", "return Promise.reject(new Error('late ' + d));");
     let e = purge(rejects.into()).await.unwrap_err();
     assert_eq!(field_str(&e, "message").as_deref(), Some("late 3"));
+    // Two task turns: an unhandledrejection would be dispatched by then.
+    let turns =
+        Function::new_no_args("return new Promise((r) => setTimeout(() => setTimeout(r, 0), 0));");
+    JsFuture::from(
+        turns
+            .call0(&JsValue::NULL)
+            .unwrap()
+            .unchecked_into::<Promise>(),
+    )
+    .await
+    .unwrap();
+    Reflect::get(&unhandled, &"stop".into())
+        .unwrap()
+        .unchecked_into::<Function>()
+        .call0(&JsValue::NULL)
+        .unwrap();
+    assert_eq!(
+        Reflect::get(&unhandled, &"n".into()).unwrap().as_f64(),
+        Some(0.0),
+        "no unhandled rejection"
+    );
     let n = call(store.purge_tombstones(js(json!({"olderThanMs": 0}))))
         .await
         .unwrap();

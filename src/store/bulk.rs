@@ -413,11 +413,16 @@ impl Store {
         tx.end_read();
         // Rejected with `undefined` once `signal` aborted, with what
         // `on_progress` threw or rejected with, or with a typed Error.
-        let purged = JsFuture::from(purge).await.map_err(|e| {
-            super::check_abort(signal)
-                .err()
-                .unwrap_or(StoreError::Thrown(e))
-        })?;
+        let purged = JsFuture::from(purge)
+            .await
+            .map_err(|e| match e.is_undefined() {
+                true => super::check_abort(signal)
+                    .err()
+                    .unwrap_or(StoreError::Thrown(e)),
+                // What `on_progress` threw or rejected with, or a typed Error:
+                // as it is, also when the signal aborted meanwhile.
+                false => StoreError::Thrown(e),
+            })?;
         Ok(purged.as_f64().unwrap_or(0.0) as u32)
     }
 }
