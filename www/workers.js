@@ -231,6 +231,10 @@ function adoptRestartedServer() {
     producer = null;
     Object.assign(renewal, { failures: 0, notBefore: 0 }); // fresh tokens: try them at once
     tail.after = null; // the new run numbers its items from 1 again
+    // The old run's poison item is not the new run's (its id may name
+    // another item there, or none).
+    poison.clear();
+    $('poison-status').hidden = true;
     showStatus('The demo server was restarted: the panel and the workers enrolled again with its new tokens.');
     await Promise.all(workers.map(async (w) => {
       // The old run's loop and client are stopped without waiting for them
@@ -649,7 +653,8 @@ async function refreshQueue() {
     const [stats, items, poisoned] = await Promise.all([
       panelCall('GET', `/v1/queues/${queue}/stats`),
       tailItems(queue),
-      lastPoison === undefined ? null : panelCall('GET', `/v1/items/${lastPoison}`),
+      // Not fatal: an item the server no longer has only leaves the line as it is.
+      lastPoison === undefined ? null : panelCall('GET', `/v1/items/${lastPoison}`).catch(() => null),
     ]);
     renderGauges(stats);
     renderLatest(items.slice().reverse());
@@ -689,10 +694,18 @@ function listPage(queue, after, limit) {
  * every 1.5 s).
  */
 async function tailItems(queue) {
-  tail.after ??= await tailStart(queue, 0);
+  // A cursor found while the server restarted (adoptRestartedServer reset
+  // it) names the old run's items: dropped, the next poll searches again.
+  const run = runtime.runId;
+  const search = async (from) => {
+    const at = await tailStart(queue, from);
+    if (runtime.runId === run) tail.after = at;
+    return runtime.runId === run;
+  };
+  if (tail.after == null && !(await search(0))) return [];
   let page = await listPage(queue, tail.after, TAIL_PAGE);
   if (page.next != null) {
-    tail.after = await tailStart(queue, tail.after);
+    if (!(await search(tail.after))) return [];
     page = await listPage(queue, tail.after, TAIL_PAGE);
   }
   const items = page.items;
