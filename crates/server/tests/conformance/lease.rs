@@ -713,22 +713,21 @@ pub async fn a_stalled_worker_that_comes_back_is_fenced_and_the_new_attempt_is_u
         .unwrap();
 }
 
-pub async fn every_expiry_counts_an_attempt_and_the_cap_fails_the_item_with_retry_limit(
-    db: TestDb,
-) {
-    let store = db.store(ttl(100)).await;
-    // Two re-deliveries: three deliveries in all.
-    let item = store.enqueue("q", &json!(1), Some(2)).await.unwrap();
+/// Claims item `id` of queue `q` (TTL 100 ms, three deliveries allowed)
+/// three times and lets each lease expire (nothing heartbeats or settles):
+/// each expiry counts an attempt, the first two reopen the item, the third
+/// fails it with `retry_limit`, and no claim returns it again.
+async fn die_three_times_until_the_retry_limit(store: &Store, id: i64) {
     for attempt in 1..=3u32 {
         let c = store
             .claim("q", None)
             .await
             .unwrap()
             .expect("claimable again");
-        assert_eq!(c.item.id, item.id);
+        assert_eq!(c.item.id, id);
         sleep_ms(180).await; // the worker dies: nothing heartbeats or settles
         let (reopened, failed) = store.reap().await.unwrap();
-        let now = store.item(item.id).await.unwrap().unwrap();
+        let now = store.item(id).await.unwrap().unwrap();
         assert_eq!(now.attempts, attempt);
         if attempt < 3 {
             assert_eq!((reopened, failed, now.state), (1, 0, ItemState::Open));
@@ -742,6 +741,15 @@ pub async fn every_expiry_counts_an_attempt_and_the_cap_fails_the_item_with_retr
         "no claim returns it again"
     );
     assert_eq!(store.reap().await.unwrap(), (0, 0));
+}
+
+pub async fn every_expiry_counts_an_attempt_and_the_cap_fails_the_item_with_retry_limit(
+    db: TestDb,
+) {
+    let store = db.store(ttl(100)).await;
+    // Two re-deliveries: three deliveries in all.
+    let item = store.enqueue("q", &json!(1), Some(2)).await.unwrap();
+    die_three_times_until_the_retry_limit(&store, item.id).await;
     let failed = store
         .list("q", Some(ItemState::Failed), 0, 10)
         .await
@@ -776,29 +784,7 @@ pub async fn with_max_attempts_3_the_third_expiry_fails_the_item_with_retry_limi
     assert_eq!(item["max_redeliveries"], json!(2), "{item}");
     assert!(item.get("max_attempts").is_none(), "input only: {item}");
     let id = item["id"].as_i64().expect("an id");
-    for expiry in 1..=3u32 {
-        let c = store
-            .claim("q", None)
-            .await
-            .unwrap()
-            .expect("claimable again");
-        assert_eq!(c.item.id, id);
-        sleep_ms(180).await; // the worker dies: nothing heartbeats or settles
-        let (reopened, failed) = store.reap().await.unwrap();
-        let now = store.item(id).await.unwrap().unwrap();
-        assert_eq!(now.attempts, expiry);
-        if expiry < 3 {
-            assert_eq!((reopened, failed, now.state), (1, 0, ItemState::Open));
-        } else {
-            assert_eq!((reopened, failed, now.state), (0, 1, ItemState::Failed));
-            assert_eq!(now.last_error.as_deref(), Some(RETRY_LIMIT_REASON));
-        }
-    }
-    assert!(
-        store.claim("q", None).await.unwrap().is_none(),
-        "no claim returns it again"
-    );
-    assert_eq!(store.reap().await.unwrap(), (0, 0));
+    die_three_times_until_the_retry_limit(&store, id).await;
     server.stop().await.unwrap();
 }
 
