@@ -254,7 +254,8 @@ async fn recovery_js(inner: &Rc<ClientInner>, options: &JsValue) -> Result<JsVal
 /// Heartbeats run automatically (one batched request for all held leases) at
 /// the server's interval; a lease whose heartbeats fail until its local
 /// deadline (`sent_at` of the last successful heartbeat + TTL − margin, on
-/// `performance.now()` plus suspended time) aborts with `expired_locally`.
+/// `performance.now()`; 5 s after a jump of the wall clock unless a heartbeat
+/// sent after it succeeds) aborts with `expired_locally`.
 #[wasm_bindgen]
 pub struct LeaseClient {
     inner: Rc<ClientInner>,

@@ -14,7 +14,7 @@ use web_sys::AbortSignal;
 use super::client::ClientInner;
 use super::error::{LeaseError, LossReason, Result};
 use super::heartbeat::deferred;
-use super::http::{now_ms, parse};
+use super::http::{jumps, now_ms, parse};
 use super::journal::Entry;
 use super::lease::{LeaseInner, Status};
 use super::lifecycle;
@@ -67,6 +67,7 @@ impl ClientInner {
         path.push_str(&String::from(js_sys::encode_uri_component(queue)));
         path.push_str("/claims");
         let sent_at = now_ms();
+        let jumps = jumps();
         let timeout = self.config.request_timeout_ms;
         let answer = self.claim_request(queue, path, timeout, signal).await?;
         if answer.status == 204 {
@@ -74,11 +75,13 @@ impl ClientInner {
         }
         let resp: ClaimedRef = parse(&answer.body)?;
         let item = js_sys::Reflect::get(&answer.body, &"item".into()).unwrap_or(JsValue::NULL);
-        let plan = HeartbeatPlan::new(
+        let mut plan = HeartbeatPlan::new(
             sent_at,
             resp.lease.ttl_ms as f64,
             resp.lease.heartbeat_ms as f64,
         );
+        // A jump while the claim was out is checked at the first look.
+        plan.jumps = jumps;
         let lease = Rc::new(LeaseInner::new(
             self,
             queue.to_owned(),

@@ -97,8 +97,8 @@ pub struct ClientInner {
     /// Keeps the `pagehide` listener alive (removed on close).
     pagehide: RefCell<Option<Closure<dyn FnMut()>>>,
     /// Keeps the [`lifecycle::RESUME_EVENTS`] listener alive (removed on
-    /// close): it wakes the heartbeat loop, whose pass expires leases the
-    /// time away (a suspend) has lost.
+    /// close): it wakes the heartbeat loop, whose pass sees a jump of the
+    /// wall clock (a suspend) and asks the server about every held lease.
     resume: RefCell<Option<Closure<dyn FnMut()>>>,
     /// The `Idempotency-Key`s of claims that got no answer (the server may
     /// have granted them), by queue, sent again by the queue's next claims

@@ -83,6 +83,9 @@ impl ClientInner {
         let now = now_ms();
         let mut plans: Vec<HeartbeatPlan> = Vec::with_capacity(active.len());
         for l in &active {
+            // A jump of the wall clock since the last look: a heartbeat is
+            // due at once (see `HeartbeatPlan::observe`).
+            l.observe_clock(now);
             let mut p = l.plan.borrow().clone();
             // No heartbeat while a settle's or release's answer is missing
             // (it may have landed: see `LeaseInner::ending_unanswered`), nor while the

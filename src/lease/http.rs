@@ -14,82 +14,101 @@ use web_sys::{AbortController, AbortSignal, Headers, RequestInit};
 
 use super::error::{LeaseError, Result};
 use super::wire::{FromWire, ToWire};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 
 /// How far (ms) the wall clock may run ahead of `performance.now()` between
-/// two consecutive readings before the difference counts as time the
-/// machine was suspended (above the two clocks' jitter; a shorter sleep is
-/// not counted).
-const SUSPEND_SKEW_MS: f64 = 1_000.0;
+/// two consecutive readings before it counts as a jump (above the two
+/// clocks' jitter; a smaller step is not counted).
+const JUMP_SKEW_MS: f64 = 1_000.0;
 
 /// [`now_ms`]'s state, as `f64` bits: the readings of both clocks at the
-/// last reference point, the suspended time counted so far and the last
-/// value returned (the module is single-threaded; atomics only make plain
-/// statics of them, `thread_local!` would add its lazy-init machinery).
-static CLOCK: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+/// last reference point and the last value returned (the module is
+/// single-threaded; atomics only make plain statics of them,
+/// `thread_local!` would add its lazy-init machinery).
+static CLOCK: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
 /// Whether [`CLOCK`] holds a reference point yet.
 static CLOCK_SET: AtomicBool = AtomicBool::new(false);
+/// How many jumps [`now_ms`] has seen (see [`jumps`]).
+static JUMPS: AtomicU32 = AtomicU32::new(0);
 
 #[cfg(feature = "test-hooks")]
 thread_local! {
-    static WALL_SHIFT: std::cell::Cell<f64> = const { std::cell::Cell::new(0.0) };
+    static SHIFT: std::cell::Cell<(f64, f64)> = const { std::cell::Cell::new((0.0, 0.0)) };
 }
 
 /// Test hook: `Date.now()` as [`now_ms`] reads it is shifted by `ms` (a
-/// machine waking from a suspend of `ms` sees the wall clock jump ahead of
-/// `performance.now()` by that much).
+/// wall clock set forward, or a machine waking from a suspend of `ms`: the
+/// wall clock is then ahead of `performance.now()` by that much).
 #[cfg(feature = "test-hooks")]
 pub fn shift_wall_clock(ms: f64) {
-    WALL_SHIFT.with(|w| w.set(ms));
+    SHIFT.with(|s| s.set((ms, s.get().1)));
 }
 
-fn wall_now() -> f64 {
-    #[cfg(feature = "test-hooks")]
-    return js_sys::Date::now() + WALL_SHIFT.with(std::cell::Cell::get);
-    #[cfg(not(feature = "test-hooks"))]
-    js_sys::Date::now()
+/// Test hook: `performance.now()` as [`now_ms`] reads it is shifted by `ms`
+/// (a negative shift of the time since some instant stands for a clock that
+/// stopped then: a suspend the page could not see).
+#[cfg(feature = "test-hooks")]
+pub fn shift_monotonic_clock(ms: f64) {
+    SHIFT.with(|s| s.set((s.get().0, ms)));
 }
 
-/// Milliseconds on a monotonic clock that also counts the time the machine
-/// was suspended, used ONLY for durations (never compared with a wall clock
-/// or the server's clock).
-///
-/// It is `performance.now()` plus every stretch by which `Date.now()` ran
-/// ahead of it by more than [`SUSPEND_SKEW_MS`] between two consecutive
-/// readings:
-/// `performance.now()` stops while the operating system sleeps on macOS,
-/// Linux, ChromeOS and Android (w3c/hr-time issue 115; MDN, "Ticking during
-/// sleep"), so a lease read with it alone looked held for the whole sleep
-/// after a laptop woke, although the server had long taken it back. A wall
-/// clock set forward shortens leases (a safe, early local expiry); one set
-/// back changes nothing. Never decreases.
-#[inline(never)]
-pub fn now_ms() -> f64 {
+/// The two clocks' readings (ms): `Date.now()` and `performance.now()`
+/// (`Date.now()` where there is no `performance`).
+fn clocks() -> (f64, f64) {
     let perf = Reflect::get(&js_sys::global(), &"performance".into())
         .ok()
         .and_then(|p| p.dyn_into::<web_sys::Performance>().ok())
         .map(|p| p.now());
-    let wall = wall_now();
+    let wall = js_sys::Date::now();
     let perf = perf.unwrap_or(wall);
+    #[cfg(feature = "test-hooks")]
+    let (wall, perf) = {
+        let (w, p) = SHIFT.with(std::cell::Cell::get);
+        (wall + w, perf + p)
+    };
+    (wall, perf)
+}
+
+/// Milliseconds on the monotonic clock (`performance.now()`), used ONLY for
+/// durations: never compared with a wall clock or the server's clock (case
+/// C-T1). Never decreases.
+///
+/// Each reading also compares both clocks' advance since the previous one:
+/// when `Date.now()` ran ahead by more than [`JUMP_SKEW_MS`], [`jumps`]
+/// counts one more jump. `performance.now()` stops while the operating
+/// system sleeps on macOS, Linux, ChromeOS and Android (w3c/hr-time issue
+/// 115; MDN, "Ticking during sleep"), so a jump is either a suspend, after
+/// which the server may have reaped a lease this clock still reads as held,
+/// or a wall clock set forward, which changes nothing. Each lease asks the
+/// server which at once ([`agentstore_protocol::lease_client::HeartbeatPlan::observe`]).
+/// A wall clock set back counts nothing.
+#[inline(never)]
+pub fn now_ms() -> f64 {
+    let (wall, perf) = clocks();
     let get = |i: usize| f64::from_bits(CLOCK[i].load(Relaxed));
     let set = |i: usize, v: f64| CLOCK[i].store(v.to_bits(), Relaxed);
     if !CLOCK_SET.swap(true, Relaxed) {
         set(0, perf);
         set(1, wall);
-        set(3, perf);
+        set(2, perf);
     }
     // Against the previous reading (the reference moves every time): the
     // clocks' slow drift (NTP slews the wall clock, not the monotonic one)
-    // never adds up to a false "suspend".
-    let skew = (wall - get(1)) - (perf - get(0));
-    if skew > SUSPEND_SKEW_MS {
-        set(2, get(2) + skew);
+    // never adds up to a false jump.
+    if (wall - get(1)) - (perf - get(0)) > JUMP_SKEW_MS {
+        JUMPS.fetch_add(1, Relaxed);
     }
     set(0, perf);
     set(1, wall);
-    let now = get(3).max(perf + get(2));
-    set(3, now);
+    let now = get(2).max(perf);
+    set(2, now);
     now
+}
+
+/// How many times [`now_ms`] has seen the wall clock jump ahead of the
+/// monotonic clock (read it after `now_ms()`; it only grows).
+pub fn jumps() -> u32 {
+    JUMPS.load(Relaxed)
 }
 
 /// `Math.random()` in `[0, 1)`.

@@ -23,10 +23,13 @@
 //!
 //! # When a lease is lost locally
 //!
-//! A lease is held at instant `now` (`http::now_ms`: `performance.now()` plus
-//! the time the machine was suspended) exactly while
+//! A lease is held at instant `now` (`http::now_ms`: `performance.now()`)
+//! exactly while
 //! `now < sent_at(last successful heartbeat, or the claim) + ttl − margin`
-//! (margin: a tenth of the TTL, at most 5 s). Every reader — `signal`,
+//! (margin: a tenth of the TTL, at most 5 s), and, after the wall clock was
+//! seen to jump ahead of that clock (a suspend, or a clock set forward),
+//! `now < (when the jump was seen) + 5 s` until a heartbeat sent after it
+//! succeeds (`HeartbeatPlan::observe`). Every reader — `signal`,
 //! `status`, `throwIfLost()`, `lease.fetch`, and each fenced call — checks this
 //! first and, past it, loses the lease (`expired_locally`) synchronously, so
 //! they agree at every instant, including the first one after a frozen page
@@ -51,7 +54,7 @@ use web_sys::{AbortController, AbortSignal};
 
 use super::client::{item_path, ClientInner};
 use super::error::{LeaseError, LossReason, Result};
-use super::http::{describe, now_ms, parse, to_js};
+use super::http::{describe, jumps, now_ms, parse, to_js};
 use crate::store::lines::json_parse;
 
 /// Where a lease is in its life.
@@ -244,9 +247,28 @@ impl LeaseInner {
 
     /// Past the local deadline: lose the lease now, synchronously.
     pub(crate) fn check_deadline(&self) {
-        if self.is_active() && !self.plan.borrow().is_live(now_ms()) {
+        if self.is_active() && !self.live_now() {
             self.expire_locally();
         }
+    }
+
+    /// Whether the lease is within its local deadline now, after taking in
+    /// a jump of the wall clock the lease clock saw since the last look
+    /// ([`HeartbeatPlan::observe`]): a jump wakes the heartbeat loop, which
+    /// then asks the server at once.
+    pub(crate) fn live_now(&self) -> bool {
+        let now = now_ms();
+        if self.observe_clock(now) {
+            if let Some(c) = self.client.upgrade() {
+                c.wake();
+            }
+        }
+        self.plan.borrow().is_live(now)
+    }
+
+    /// [`HeartbeatPlan::observe`] with the lease clock's jump count.
+    pub(crate) fn observe_clock(&self, now: f64) -> bool {
+        self.plan.borrow_mut().observe(now, jumps())
     }
 
     /// Suspends (true) or resumes (false) this lease's automatic heartbeats
@@ -275,7 +297,7 @@ impl LeaseInner {
     /// deadline has passed though the heartbeat loop has not yet marked it.
     pub(crate) fn gone(&self) -> Option<LeaseError> {
         self.lost_error().or_else(|| {
-            (!self.plan.borrow().is_live(now_ms())).then(|| {
+            (!self.live_now()).then(|| {
                 self.claim_lost(
                     LossReason::ExpiredLocally,
                     "the lease's local deadline passed",

@@ -11,7 +11,7 @@ use wasm_bindgen::JsValue;
 
 use super::client::{item_path, ClientInner};
 use super::error::{LeaseError, Result};
-use super::http::{now_ms, parse, to_js};
+use super::http::{jumps, now_ms, parse, to_js};
 use super::journal::Entry;
 use super::lease::{LeaseInner, Status};
 use super::lifecycle;
@@ -308,6 +308,7 @@ impl ClientInner {
             token: entry.token.clone(),
         });
         let sent_at = now_ms();
+        let jumps = jumps();
         let timeout = self.config.request_timeout_ms;
         let path = item_path(entry.item_id, "/heartbeat");
         let renewed: HeartbeatResponse =
@@ -345,7 +346,8 @@ impl ClientInner {
             return Ok(None);
         }
         let ttl_ms = entry.ttl_ms.min(renewed.ttl_ms);
-        let plan = HeartbeatPlan::new(sent_at, ttl_ms as f64, entry.heartbeat_ms as f64);
+        let mut plan = HeartbeatPlan::new(sent_at, ttl_ms as f64, entry.heartbeat_ms as f64);
+        plan.jumps = jumps;
         let lease = Rc::new(LeaseInner::new(
             self,
             entry.queue.clone(),

@@ -34,6 +34,17 @@ pub fn effective_interval_ms(ttl_ms: f64, heartbeat_ms: f64, margin_ms: f64) -> 
     }
 }
 
+/// How long (ms) a lease may go on reading as held after its clock saw the
+/// wall clock jump ahead of it ([`HeartbeatPlan::observe`]) without a
+/// heartbeat sent after the jump being answered.
+///
+/// Such a jump is either a suspend (the monotonic clock stops while the
+/// machine sleeps, and the server may have reaped the lease meanwhile) or a
+/// wall clock set forward (nothing happened to the lease; case C-T1): the
+/// client cannot tell them apart, so it asks the server at once and holds
+/// the lease for at most this long meanwhile.
+pub const CONFIRM_WINDOW_MS: f64 = 5_000.0;
+
 /// What the heartbeat scheduler should do for one lease at a given moment.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Step {
@@ -82,6 +93,12 @@ pub struct HeartbeatPlan {
     /// heartbeat racing the settle would read `claim_lost` after the settle
     /// landed), but the deadline still applies.
     pub ending: bool,
+    /// The clock's jump count this plan saw last (see [`HeartbeatPlan::observe`]).
+    pub jumps: u32,
+    /// After a jump: when it was seen and the instant (ms) by which a
+    /// heartbeat sent at or after that must have succeeded, or the lease is
+    /// lost locally. `None` when no jump awaits confirmation.
+    pub confirm: Option<(f64, f64)>,
 }
 
 impl HeartbeatPlan {
@@ -102,14 +119,42 @@ impl HeartbeatPlan {
             retry_at: claim_sent_at,
             in_flight: false,
             ending: false,
+            jumps: 0,
+            confirm: None,
         }
     }
 
     /// `last_ok_sent_at + ttl − margin`: from this instant on the lease is lost
     /// locally (`expired_locally`); the server cannot take the claim over
-    /// before `last_ok_sent_at + ttl`.
+    /// before `last_ok_sent_at + ttl`. While a jump awaits confirmation, the
+    /// earlier of that and the confirmation's own deadline.
     pub fn deadline(&self) -> f64 {
-        self.last_ok_sent_at + self.ttl_ms - self.margin_ms
+        let deadline = self.last_ok_sent_at + self.ttl_ms - self.margin_ms;
+        match self.confirm {
+            Some((_, by)) => deadline.min(by),
+            None => deadline,
+        }
+    }
+
+    /// Takes in the lease clock's jump count `jumps` at `now` (the number of
+    /// times the wall clock was seen to jump ahead of the monotonic clock).
+    /// A count not seen before makes a heartbeat due at once and bounds the
+    /// lease to [`CONFIRM_WINDOW_MS`] until a heartbeat sent from now on
+    /// succeeds: a suspend the server noticed loses the lease when that
+    /// heartbeat is answered `claim_lost` (or when the window ends without an
+    /// answer), and a wall clock merely set forward changes nothing (C-T1:
+    /// the client measures durations only). A second jump during the window
+    /// never extends it. Returns whether a confirmation began.
+    pub fn observe(&mut self, now: f64, jumps: u32) -> bool {
+        if jumps == self.jumps {
+            return false;
+        }
+        self.jumps = jumps;
+        if self.confirm.is_some() {
+            return false;
+        }
+        self.confirm = Some((now, now + CONFIRM_WINDOW_MS));
+        true
     }
 
     /// Whether the lease is still ours at `now` (`now < deadline()`).
@@ -120,6 +165,9 @@ impl HeartbeatPlan {
     /// When the next heartbeat is due.
     pub fn next_due(&self) -> f64 {
         if self.failures == 0 {
+            if let Some((seen, _)) = self.confirm {
+                return seen;
+            }
             self.last_ok_sent_at + self.interval_ms
         } else {
             self.retry_at
@@ -157,6 +205,7 @@ impl HeartbeatPlan {
     /// Returns whether the lease is (still) held. An answer that arrives at or
     /// after the deadline does not revive the lease (the caller releases it
     /// instead); a success older than the last one never moves the deadline back.
+    /// A success sent at or after a jump was seen ends its confirmation.
     pub fn on_success(&mut self, sent_at: f64, now: f64) -> bool {
         self.in_flight = false;
         self.on_late_success(sent_at, now)
@@ -171,6 +220,9 @@ impl HeartbeatPlan {
         }
         self.last_ok_sent_at = self.last_ok_sent_at.max(sent_at);
         self.failures = 0;
+        if self.confirm.is_some_and(|(seen, _)| sent_at >= seen) {
+            self.confirm = None;
+        }
         true
     }
 
@@ -457,6 +509,62 @@ mod tests {
         assert!(!p.on_success(80_000.0, 86_000.0));
         assert_eq!(p.deadline(), 85_000.0);
         assert!(!p.is_live(86_000.0));
+    }
+
+    #[test]
+    fn a_clock_jump_makes_a_heartbeat_due_at_once_and_a_success_sent_after_it_changes_nothing() {
+        let mut p = HeartbeatPlan::new(0.0, TTL, HB);
+        // Nothing new: no confirmation.
+        assert!(!p.observe(10_000.0, 0));
+        assert_eq!(p.step(10_000.0), Step::Sleep(5_000.0));
+        // The wall clock jumped (set forward 10 minutes, or a suspend).
+        assert!(p.observe(10_000.0, 1));
+        assert_eq!(p.deadline(), 10_000.0 + CONFIRM_WINDOW_MS);
+        assert_eq!(
+            p.step(10_000.0),
+            Step::Heartbeat {
+                timeout_ms: CONFIRM_WINDOW_MS
+            }
+        );
+        p.on_sent();
+        assert!(p.on_success(10_000.0, 10_050.0));
+        // Confirmed: the deadline is the plain one again, from that send.
+        assert_eq!(p.confirm, None);
+        assert_eq!(p.deadline(), 10_000.0 + TTL - p.margin_ms);
+        assert_eq!(p.step(10_050.0), Step::Sleep(14_950.0));
+        // The same count again is not a new jump.
+        assert!(!p.observe(11_000.0, 1));
+    }
+
+    #[test]
+    fn after_a_clock_jump_only_a_heartbeat_sent_after_it_confirms_the_lease() {
+        let mut p = HeartbeatPlan::new(0.0, TTL, HB);
+        p.on_sent();
+        // A heartbeat sent at 1 s; the jump is seen at 2 s; its answer at 3 s.
+        assert!(p.observe(2_000.0, 1));
+        assert!(p.on_success(1_000.0, 3_000.0));
+        assert_eq!(p.confirm, Some((2_000.0, 2_000.0 + CONFIRM_WINDOW_MS)));
+        // Due at once again; a failure retries before the window ends.
+        assert!(matches!(p.step(3_000.0), Step::Heartbeat { .. }));
+        p.on_sent();
+        p.on_failure(3_100.0, 0.99);
+        assert!(p.retry_at < 2_000.0 + CONFIRM_WINDOW_MS);
+        // A second jump does not extend the window.
+        assert!(!p.observe(4_000.0, 2));
+        assert_eq!(p.deadline(), 2_000.0 + CONFIRM_WINDOW_MS);
+        // No success in the window: lost locally at its end, and an answer
+        // after it does not revive the lease.
+        assert_eq!(p.step(2_000.0 + CONFIRM_WINDOW_MS), Step::Expire);
+        assert!(!p.on_success(4_000.0, 2_000.0 + CONFIRM_WINDOW_MS));
+    }
+
+    #[test]
+    fn a_clock_jump_never_moves_a_deadline_later() {
+        let mut p = HeartbeatPlan::new(0.0, TTL, HB);
+        // 1 s before the plain deadline (85 s): the window cannot add 5 s.
+        assert!(p.observe(84_000.0, 1));
+        assert_eq!(p.deadline(), 85_000.0);
+        assert_eq!(p.step(85_000.0), Step::Expire);
     }
 
     #[test]
