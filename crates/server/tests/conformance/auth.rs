@@ -414,6 +414,200 @@ pub async fn remembered_token_attempts_are_purged_with_their_token(db: TestDb) {
     assert_eq!(rows("SELECT COUNT(*) FROM token_attempts").await, 0);
 }
 
+/// The largest `Request-Attempt` number a client may send (2^53−1).
+const MAX_ATTEMPT: i64 = (1 << 53) - 1;
+
+/// Moves every use of `worker`'s tokens in `table` (`refresh_tokens` or
+/// `enrollment_tokens`) `ms` into the past: the replay grace runs out
+/// without a wait.
+async fn age_uses(store: &Store, table: &str, worker: i64, ms: i64) {
+    sqlx::query(&format!(
+        "UPDATE {table} SET used_at = used_at - $1 WHERE worker_id = $2 AND used_at IS NOT NULL"
+    ))
+    .bind(ms)
+    .bind(worker)
+    .execute(store.pool())
+    .await
+    .unwrap();
+}
+
+/// Someone who got hold of a worker's unused refresh token uses it first,
+/// in the name of the worker's page (its sender id travels in plain sight
+/// in every `Request-Attempt`) with the highest number there is. A copy
+/// is late for its sender, `409` and nothing changed, only within the
+/// replay grace (a copy held up in the network cannot arrive later than
+/// its request's timeout): once the grace ran out the page's own use of
+/// the token is reuse, `401`, and revokes the worker, the taker's
+/// credentials included. Within the grace a copy late for its sender stays
+/// `409` also once the credentials moved on (as it must for a genuinely
+/// held-up copy), so the taker's number buys at most the grace: the page's
+/// next try after it revokes the worker. Before, the forged number made
+/// every later use of the token by the page a "late copy", `409` for good,
+/// and the taker's credentials stayed valid. Over HTTP too.
+pub async fn a_refresh_token_reused_after_the_grace_revokes_the_worker_whatever_attempt_number_came_first(
+    db: TestDb,
+) {
+    let store = db.store(Settings::default()).await;
+    let (token, _) = store
+        .create_enrollment_token(None, Role::Worker, &[ANY_QUEUE.into()])
+        .await
+        .unwrap();
+    let page = store
+        .enroll_attempt(&token.0, Some("w"), Some(&at("page", 1)))
+        .await
+        .unwrap();
+    let taker = store
+        .refresh_attempt(&page.refresh_token, Some(&at("page", MAX_ATTEMPT)))
+        .await
+        .expect("the first use of the token");
+    age_uses(&store, "refresh_tokens", page.worker_id, 61_000).await;
+    let back = store
+        .refresh_attempt(&page.refresh_token, Some(&at("page", 2)))
+        .await;
+    assert_eq!(
+        back.unwrap_err().code(),
+        Some(ErrorCode::Unauthorized),
+        "reuse after the grace, whatever number came first"
+    );
+    assert!(!valid(&store, &taker).await, "the taker's pair is revoked");
+    assert_eq!(live_refresh_tokens(&store, page.worker_id).await, 0);
+    let r = store
+        .refresh_attempt(&taker.refresh_token, Some(&at("taker", 1)))
+        .await;
+    assert_eq!(r.unwrap_err().code(), Some(ErrorCode::Unauthorized));
+
+    // The taker also refreshes what it got at once (the credentials moved
+    // on): within the grace the page's copy is late for its sender, 409
+    // and nothing changed; its next try after the grace is reuse.
+    let (token, _) = store
+        .create_enrollment_token(None, Role::Worker, &[ANY_QUEUE.into()])
+        .await
+        .unwrap();
+    let page = store
+        .enroll_attempt(&token.0, Some("w"), Some(&at("page", 3)))
+        .await
+        .unwrap();
+    let taken = store
+        .refresh_attempt(&page.refresh_token, Some(&at("page", MAX_ATTEMPT)))
+        .await
+        .unwrap();
+    let taker = store
+        .refresh_attempt(&taken.refresh_token, Some(&at("taker", 1)))
+        .await
+        .unwrap();
+    let held = store
+        .refresh_attempt(&page.refresh_token, Some(&at("page", 4)))
+        .await;
+    assert_eq!(held.unwrap_err().code(), Some(ErrorCode::Conflict));
+    assert!(valid(&store, &taker).await, "nothing changed");
+    age_uses(&store, "refresh_tokens", page.worker_id, 61_000).await;
+    let back = store
+        .refresh_attempt(&page.refresh_token, Some(&at("page", 5)))
+        .await;
+    assert_eq!(back.unwrap_err().code(), Some(ErrorCode::Unauthorized));
+    assert!(!valid(&store, &taker).await, "the taker's pair is revoked");
+    assert_eq!(live_refresh_tokens(&store, page.worker_id).await, 0);
+
+    // Over HTTP, with the number as the header carries it.
+    let server = http_server(&db).await;
+    let http = reqwest::Client::new();
+    let refresh = |token: String, attempt: String| {
+        let req = http
+            .post(format!("{}/v1/workers/refresh", server.url()))
+            .header("Request-Attempt", attempt)
+            .json(&json!({ "refresh_token": token }));
+        async move {
+            let resp = req.send().await.unwrap();
+            let status = resp.status().as_u16();
+            let body: serde_json::Value = resp.json().await.unwrap_or_default();
+            (status, body)
+        }
+    };
+    let (token, _) = store
+        .create_enrollment_token(None, Role::Worker, &[ANY_QUEUE.into()])
+        .await
+        .unwrap();
+    let page = store
+        .enroll_attempt(&token.0, Some("w"), Some(&at("page", 6)))
+        .await
+        .unwrap();
+    let (s, taker) = refresh(page.refresh_token.clone(), format!("page.{MAX_ATTEMPT}")).await;
+    assert_eq!(s, 200, "{taker}");
+    age_uses(&store, "refresh_tokens", page.worker_id, 61_000).await;
+    let (s, e) = refresh(page.refresh_token.clone(), "page.7".into()).await;
+    assert_eq!((s, e["code"].as_str()), (401, Some("unauthorized")), "{e}");
+    let (s, e) = refresh(
+        taker["refresh_token"].as_str().unwrap().into(),
+        "taker.1".into(),
+    )
+    .await;
+    assert_eq!((s, e["code"].as_str()), (401, Some("unauthorized")), "{e}");
+    assert_eq!(live_refresh_tokens(&store, page.worker_id).await, 0);
+    server.stop().await.unwrap();
+}
+
+/// As the test above, for an enrollment token someone got hold of before
+/// it was used: enrolling with it first in the page's name with the
+/// highest number does not make the page's own use of it, once the replay
+/// grace ran out, a late copy. That use is reuse, `401`, and revokes the
+/// worker the taker enrolled. Within the grace it is `409`, also once the
+/// taker refreshed, and its next try after the grace revokes the worker.
+pub async fn an_enrollment_token_reused_after_the_grace_revokes_the_worker_whatever_attempt_number_came_first(
+    db: TestDb,
+) {
+    let store = db.store(Settings::default()).await;
+    let (token, _) = store
+        .create_enrollment_token(None, Role::Worker, &[ANY_QUEUE.into()])
+        .await
+        .unwrap();
+    let taker = store
+        .enroll_attempt(&token.0, Some("w"), Some(&at("page", MAX_ATTEMPT)))
+        .await
+        .expect("the first use of the token");
+    age_uses(&store, "enrollment_tokens", taker.worker_id, 61_000).await;
+    let back = store
+        .enroll_attempt(&token.0, Some("w"), Some(&at("page", 1)))
+        .await;
+    assert_eq!(
+        back.unwrap_err().code(),
+        Some(ErrorCode::Unauthorized),
+        "reuse after the grace, whatever number came first"
+    );
+    assert!(!valid(&store, &taker).await, "the taker's pair is revoked");
+    assert_eq!(live_refresh_tokens(&store, taker.worker_id).await, 0);
+    let r = store
+        .refresh_attempt(&taker.refresh_token, Some(&at("taker", 1)))
+        .await;
+    assert_eq!(r.unwrap_err().code(), Some(ErrorCode::Unauthorized));
+    assert_eq!(workers(&store).await, 1, "no worker enrolled again");
+
+    let (token, _) = store
+        .create_enrollment_token(None, Role::Worker, &[ANY_QUEUE.into()])
+        .await
+        .unwrap();
+    let taken = store
+        .enroll_attempt(&token.0, Some("w"), Some(&at("page", MAX_ATTEMPT)))
+        .await
+        .unwrap();
+    let taker = store
+        .refresh_attempt(&taken.refresh_token, Some(&at("taker", 1)))
+        .await
+        .unwrap();
+    let held = store
+        .enroll_attempt(&token.0, Some("w"), Some(&at("page", 2)))
+        .await;
+    assert_eq!(held.unwrap_err().code(), Some(ErrorCode::Conflict));
+    assert!(valid(&store, &taker).await, "nothing changed");
+    age_uses(&store, "enrollment_tokens", taker.worker_id, 61_000).await;
+    let back = store
+        .enroll_attempt(&token.0, Some("w"), Some(&at("page", 3)))
+        .await;
+    assert_eq!(back.unwrap_err().code(), Some(ErrorCode::Unauthorized));
+    assert!(!valid(&store, &taker).await, "the taker's pair is revoked");
+    assert_eq!(live_refresh_tokens(&store, taker.worker_id).await, 0);
+    assert_eq!(workers(&store).await, 2);
+}
+
 /// Someone else sends a used token within the replay grace (it was copied
 /// or intercepted): the replay hands them credentials and revokes the
 /// holder's. When the holder comes back with its now-revoked refresh token,

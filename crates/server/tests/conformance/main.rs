@@ -103,6 +103,8 @@ conformance! {
     auth::a_lost_enrollment_or_refresh_answer_can_be_sent_again,
     auth::a_late_copy_of_an_enrollment_or_refresh_never_revokes_what_a_later_copy_issued,
     auth::remembered_token_attempts_are_purged_with_their_token,
+    auth::a_refresh_token_reused_after_the_grace_revokes_the_worker_whatever_attempt_number_came_first,
+    auth::an_enrollment_token_reused_after_the_grace_revokes_the_worker_whatever_attempt_number_came_first,
     auth::a_replayed_token_is_detected_when_its_holder_comes_back,
     auth::a_revoked_access_token_is_refused_at_once_though_it_was_just_verified,
     auth::a_wrong_verifier_neither_enrolls_nor_burns_the_token,
