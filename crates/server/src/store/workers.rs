@@ -158,6 +158,17 @@ impl Store {
     /// use's pair (`used_attempt`, `used_sender`) is still written and
     /// read, for a use made by a binary without the table.
     ///
+    /// A copy is late only within the replay grace of the token's first
+    /// use (which no later copy moves): a held-up copy cannot arrive later
+    /// than its request's timeout. The numbers are the client's word, and
+    /// a sender id is shown in every request: whoever holds a stolen token
+    /// can use it first in its victim's name with the highest number there
+    /// is. Within the grace that turns the victim's copies away (`409`)
+    /// without revoking anything; after it the victim's use is reuse and
+    /// revokes the worker, the thief's credentials included. (Judged
+    /// without that limit, the forged number kept reuse from being detected
+    /// for as long as the token was kept: `409` for good.)
+    ///
     /// # Errors
     /// `unauthorized` when the token is malformed, wrong, expired, revoked or
     /// reused outside a replay; `conflict` for a late copy.
@@ -218,7 +229,13 @@ impl Store {
             tx.rollback().await?;
             return Err(unauthorized(what));
         };
-        if revoked == 0 {
+        // Late only within the replay grace: a copy held up in the network
+        // cannot reach the server later than its request's timeout (30 s by
+        // default, under the grace). After it, a number stored for a sender
+        // proves nothing (whoever used the token first may have sent any
+        // number in that sender's name, which every request shows): the
+        // copy is reuse, whatever number came first.
+        if revoked == 0 && recent == 1 {
             if let Some(a) = attempt {
                 let stored = self
                     .stored_token_attempt(&mut tx, kind, &presented.selector, a)
