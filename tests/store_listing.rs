@@ -1,4 +1,4 @@
-//! Exact prefix listing, keyset paging, and the PouchDB dump import.
+//! Exact prefix listing (`list`, `listBy`, `count`), keyset paging, and the PouchDB dump import.
 use agentstore::store::{ListQuery, LIST_KEYS};
 use serde_json::{json, Value};
 use std::collections::HashSet;
@@ -293,4 +293,212 @@ async fn a_malformed_dump_writes_nothing() {
     assert_eq!(e.code(), agentstore_protocol::ErrorCode::Validation);
     assert!(e.to_string().contains("line 3"), "{e}");
     assert!(store.get(&s("ok")).await.unwrap().is_none());
+}
+
+/// Records whose `_id`, `recordType` and `label` are made of pieces that
+/// sort unlike their code points under UTF-16 order: U+FFFF, astral
+/// characters (surrogate pairs, U+10FFFF's included), a lone high surrogate,
+/// U+FF61. `label` is a number on every 13th record (no string prefix may
+/// match it). Built in JS: a lone surrogate is no Rust `String`.
+const ODD_KEYS_JS: &str = "
+    const pieces = ['a', '\\uFFFF', '\\uD83D\\uDE00', '\\uFF61', '\\uD83D', '\\uDBFF\\uDFFF'];
+    const upTo = (n) => {
+      let all = [''], last = [''];
+      for (let k = 0; k < n; k++) {
+        last = last.flatMap((s) => pieces.map((p) => s + p));
+        all = all.concat(last);
+      }
+      return all;
+    };
+    const ids = upTo(3), types = upTo(2);
+    return ids.map((v, i) => ({
+      _id: v + '/' + i,
+      recordType: types[(i * 11) % types.length],
+      label: i % 13 === 0 ? i : types[(i * 5) % types.length],
+      updatedAt: new Date(Date.UTC(2026, 0, 1) + ((i * 7919) % 1000) * 1000).toISOString(),
+    }));";
+
+/// Prefixes ending in, or made of, U+FFFF units, astral characters, half of
+/// one (a lone high surrogate), and ones nothing starts with.
+const ODD_PREFIXES_JS: &str =
+    "return ['', 'a', '\\uFFFF', '\\uFFFF\\uFFFF', 'a\\uFFFF', 'a\\uFFFF\\uFFFF',
+    '\\uD83D', '\\uD83D\\uDE00', 'a\\uD83D\\uDE00', '\\uD83D\\uDE00\\uFFFF', '\\uFFFF\\uD83D',
+    '\\uFFFF\\uD83D\\uDE00', '\\uDBFF', '\\uDBFF\\uDFFF', '\\uDBFF\\uDFFF\\uFFFF', '\\uFF61',
+    '\\uFF61\\uFFFF', 'b', '\\uFFFE', '\\uFFFF\\uFFFF\\uFFFF\\uFFFF'];";
+
+/// What a prefix query must answer, computed from the records in JS (not
+/// by the store): the ids of `records` whose field `key` is a string that
+/// `startsWith(prefix)`, in IndexedDB's order of `[value, ...then, _id]`.
+const EXPECTED_BY_JS: &str = "
+    const sortKey = (r) => [r[key], ...then.map((k) => r[k]), r._id];
+    return records
+      .filter((r) => typeof r[key] === 'string' && r[key].startsWith(prefix))
+      .sort((x, y) => indexedDB.cmp(sortKey(x), sortKey(y)))
+      .map((r) => r._id);";
+
+fn units_of(v: &JsValue) -> Vec<u16> {
+    agentstore::value::units(&js_sys::JsString::from(v.clone()))
+}
+
+/// Every id `listBy(index, {prefix})` lists, paging with `limit`.
+async fn by_prefix(
+    store: &agentstore::store::Store,
+    index: &str,
+    prefix: &JsValue,
+    limit: u32,
+    descending: bool,
+) -> Vec<Vec<u16>> {
+    let mut out = Vec::new();
+    let mut after = JsValue::UNDEFINED;
+    loop {
+        let o = js_sys::Object::new();
+        js_sys::Reflect::set(&o, &"prefix".into(), prefix).unwrap();
+        js_sys::Reflect::set(&o, &"limit".into(), &limit.into()).unwrap();
+        js_sys::Reflect::set(&o, &"descending".into(), &descending.into()).unwrap();
+        js_sys::Reflect::set(&o, &"after".into(), &after).unwrap();
+        let q = agentstore::store::ByQuery::from_js(&o).expect("query");
+        let page = store.list_by(index, &q).await.expect("listBy");
+        out.extend(page.records.iter().map(|r| units_of(&field(&r, "_id"))));
+        match page.next {
+            Some(n) => after = JsValue::from_str(&n),
+            None => return out,
+        }
+    }
+}
+
+/// `listBy(index, {prefix})` on two derived indexes (`byType` over
+/// `recordType, updatedAt`; `byLabel` over a `label` that is sometimes a
+/// number), both from its entries and while it is not built yet (answered
+/// from the records), ascending and descending, in pages of 5 and in one,
+/// lists exactly the records whose value `startsWith` the prefix, in index
+/// order, for prefixes with trailing U+FFFF units, astral characters and
+/// lone surrogates. The expected lists are computed by JS from the records
+/// put (`startsWith`, `indexedDB.cmp`).
+#[wasm_bindgen_test]
+async fn list_by_prefix_is_exact_for_astral_and_ffff_values() {
+    let by_label = agentstore_protocol::index::IndexDef {
+        name: "byLabel".into(),
+        keys: vec!["label".into()],
+    };
+    let (store, name) = open("by-odd").await;
+    let records = js_sys::Function::new_no_args(ODD_KEYS_JS)
+        .call0(&JsValue::NULL)
+        .unwrap();
+    store.put_many(&records).await.unwrap();
+    // A second connection declaring `byLabel` too: not built yet, it is
+    // answered from the records; then built, from its entries.
+    let both = agentstore::store::Store::open(&name, 2000, None, vec![by_type(), by_label])
+        .await
+        .unwrap();
+    let prefixes = js_sys::Array::from(
+        &js_sys::Function::new_no_args(ODD_PREFIXES_JS)
+            .call0(&JsValue::NULL)
+            .unwrap(),
+    );
+    let expected_by = js_sys::Function::new_with_args("records, key, then, prefix", EXPECTED_BY_JS);
+    let expect = |key: &str, then: &[&str], prefix: &JsValue| -> Vec<Vec<u16>> {
+        let then: js_sys::Array = then.iter().map(|k| JsValue::from_str(k)).collect();
+        let args = js_sys::Array::of4(&records, &key.into(), &then, prefix);
+        let ids = expected_by.apply(&JsValue::NULL, &args).unwrap();
+        js_sys::Array::from(&ids)
+            .iter()
+            .map(|v| units_of(&v))
+            .collect()
+    };
+    let mut matched = 0;
+    for built in [false, true] {
+        if built {
+            both.rebuild_indexes(500, false, None, None).await.unwrap();
+        }
+        for prefix in prefixes.iter() {
+            let p = units_of(&prefix);
+            for (index, key, then) in [
+                ("byType", "recordType", &["updatedAt"][..]),
+                ("byLabel", "label", &[][..]),
+            ] {
+                let want = expect(key, then, &prefix);
+                matched += want.len();
+                let mut rev = want.clone();
+                rev.reverse();
+                for limit in [5, 10_000] {
+                    let what = format!("{index} built={built} prefix {p:04X?} limit {limit}");
+                    assert_eq!(
+                        by_prefix(&both, index, &prefix, limit, false).await,
+                        want,
+                        "{what}"
+                    );
+                    assert_eq!(
+                        by_prefix(&both, index, &prefix, limit, true).await,
+                        rev,
+                        "{what} descending"
+                    );
+                }
+            }
+        }
+    }
+    assert!(
+        matched > 1000,
+        "the prefixes match many records ({matched})"
+    );
+    assert_indexes_clean(&both).await;
+}
+
+/// `count({prefix})` and `count({prefix, type})` (the latter counted on the
+/// native `[recordType, _id]` index) equal the number of records whose
+/// `_id` `startsWith` the prefix (and whose `recordType` is the type), for
+/// prefixes with trailing U+FFFF units, astral characters and lone
+/// surrogates and every type stored; computed by JS from the records put.
+#[wasm_bindgen_test]
+async fn count_by_prefix_and_type_is_exact_for_astral_and_ffff_ids() {
+    let (store, _) = open("count-odd").await;
+    let records = js_sys::Function::new_no_args(ODD_KEYS_JS)
+        .call0(&JsValue::NULL)
+        .unwrap();
+    store.put_many(&records).await.unwrap();
+    let prefixes = js_sys::Array::from(
+        &js_sys::Function::new_no_args(ODD_PREFIXES_JS)
+            .call0(&JsValue::NULL)
+            .unwrap(),
+    );
+    let types = js_sys::Function::new_with_args(
+        "records",
+        "return [...new Set(records.map((r) => r.recordType))];",
+    )
+    .call1(&JsValue::NULL, &records)
+    .unwrap();
+    let expected = js_sys::Function::new_with_args(
+        "records, prefix, type",
+        "return records.filter((r) => r._id.startsWith(prefix) \
+           && (type === undefined || r.recordType === type)).length;",
+    );
+    let mut counted = 0;
+    for prefix in prefixes.iter() {
+        let p = units_of(&prefix);
+        let want = expected
+            .call3(&JsValue::NULL, &records, &prefix, &JsValue::UNDEFINED)
+            .unwrap()
+            .as_f64()
+            .unwrap() as u32;
+        assert_eq!(
+            store.count(&p, None).await.unwrap(),
+            want,
+            "prefix {p:04X?}"
+        );
+        counted += want;
+        for t in js_sys::Array::from(&types).iter() {
+            let want = expected
+                .call3(&JsValue::NULL, &records, &prefix, &t)
+                .unwrap()
+                .as_f64()
+                .unwrap() as u32;
+            let ty = js_sys::JsString::from(t.clone());
+            assert_eq!(
+                store.count(&p, Some(&ty)).await.unwrap(),
+                want,
+                "prefix {p:04X?} type {:04X?}",
+                units_of(&t)
+            );
+        }
+    }
+    assert!(counted > 300, "the prefixes match many ids ({counted})");
 }
