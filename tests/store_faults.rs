@@ -292,3 +292,295 @@ async fn the_same_write_on_the_same_parent_gives_the_same_revision() {
         .rev;
     assert_eq!(ra, rc);
 }
+
+/// How a transaction shared with other callers' writes is made to fail:
+/// aborted after its writes, where a quota abort comes (at commit), or its
+/// `n`-th write request failing asynchronously (a ConstraintError, which
+/// aborts it as a request refused for quota does).
+#[derive(Debug, Clone, Copy)]
+enum Abort {
+    AtCommit,
+    Request(u32),
+}
+
+/// Arms `how` for the next write transaction of `store`: a request fault
+/// is taken by the next one STARTED, an abort by the next one to COMMIT.
+fn arm(store: &Store, how: Abort) {
+    match how {
+        Abort::AtCommit => store.inject_abort_next_write(),
+        Abort::Request(n) => store.inject_request_fault(n, Fault::Constraint),
+    }
+}
+
+/// `e` is the failure `how` causes, reported as the transaction's.
+fn assert_failed_as(e: &agentstore::StoreError, how: Abort, what: &str) {
+    let msg = e.message();
+    assert_eq!(e.code(), ErrorCode::Transaction, "{what} {how:?}: {msg}");
+    let cause = match how {
+        Abort::AtCommit => "injected fault",
+        Abort::Request(_) => "ConstraintError",
+    };
+    assert!(msg.contains(cause), "{what} {how:?}: {msg}");
+}
+
+/// Writes a sentinel and waits until the watcher announced it: every
+/// change committed before it has been announced by then.
+async fn settled_announcements(store: &Store, seen: &Array) -> Vec<String> {
+    store.put(&js(json!({"_id": "sentinel"}))).await.unwrap();
+    announced(seen, "sentinel").await;
+    let mut ids: Vec<String> = seen.iter().map(|v| v.as_string().unwrap()).collect();
+    ids.sort();
+    ids
+}
+
+/// A revision no record here has: a compare-and-swap with it conflicts.
+fn stale_rev() -> String {
+    format!("1-{}", "0".repeat(32))
+}
+
+/// A `putMany` whose transaction fails (aborted at commit, or a request
+/// failing first, middle or last) while single-record writes issued with
+/// it share a group-commit transaction queued behind it: the batch rejects
+/// with the transaction's error and nothing of it is kept or announced
+/// (the record it updates keeps its revision, the tombstone it replaces
+/// stays, the id it creates is free), and each grouped write keeps its own
+/// outcome: the create of that same id succeeds, a stale revision
+/// conflicts naming the stored one, a `mutate` applies once.
+#[wasm_bindgen_test]
+async fn a_put_many_failing_beside_grouped_writes_keeps_nothing_and_theirs_keep_their_outcomes() {
+    let inc = Function::new_with_args("cur", "return {...cur, n: cur.n + 1};");
+    for how in [
+        Abort::AtCommit,
+        Abort::Request(0),
+        Abort::Request(BATCH_REQUESTS / 2),
+        Abort::Request(BATCH_REQUESTS - 1),
+    ] {
+        let (store, old, gone) = seeded("fault-many-group").await;
+        store
+            .put(&js(json!({"_id": "counter", "recordType": "run", "n": 0})))
+            .await
+            .unwrap();
+        let (watcher, seen) = watch_ids(&store);
+        let (x, new, stale, counter) = (
+            js(json!({"_id": "x", "recordType": "run"})),
+            js(json!({"_id": "new", "recordType": "agent", "mine": true})),
+            js(json!({"_id": "old", "_rev": stale_rev(), "n": 9})),
+            s("counter"),
+        );
+        let many = batch(&old, &gone);
+        // The batch's transaction starts first (and takes the fault); the
+        // four single writes share the next one.
+        arm(&store, how);
+        let (many, px, pnew, pstale, m) = futures::join!(
+            store.put_many(&many),
+            store.put(&x),
+            store.put(&new),
+            store.put(&stale),
+            store.mutate(&counter, &inc, 0, None)
+        );
+        assert_failed_as(&many.unwrap_err(), how, "putMany");
+        assert!(px.unwrap().rev.starts_with("1-"), "{how:?}");
+        assert!(pnew.unwrap().rev.starts_with("1-"), "{how:?}");
+        match pstale {
+            Err(agentstore::StoreError::Conflict { current_rev, .. }) => {
+                assert_eq!(current_rev.as_deref(), Some(old.as_str()), "{how:?}")
+            }
+            other => panic!("{how:?}: the stale put must conflict: {other:?}"),
+        }
+        assert!(m.unwrap().unwrap().rev.starts_with("2-"), "{how:?}");
+        // Nothing of the batch: `old` as seeded, `gone` still a tombstone
+        // at its revision, `new` the single put's.
+        let got = store.get(&s("old")).await.unwrap().unwrap();
+        assert_eq!(field_str(&got, "_rev"), Some(old.clone()), "{how:?}");
+        assert_eq!(field_str(&got, "recordType").as_deref(), Some("run"));
+        assert!(store.get(&s("gone")).await.unwrap().is_none(), "{how:?}");
+        assert!(
+            store.export_snapshot().await.unwrap().contains(&gone),
+            "{how:?}: the tombstone stays"
+        );
+        let got = store.get(&s("new")).await.unwrap().unwrap();
+        assert_eq!(field(&got, "mine").as_bool(), Some(true), "{how:?}");
+        let got = store.get(&s("counter")).await.unwrap().unwrap();
+        assert_eq!(field(&got, "n").as_f64(), Some(1.0), "{how:?}");
+        assert_indexes_clean(&store).await;
+        assert_eq!(
+            settled_announcements(&store, &seen).await,
+            ["counter", "new", "sentinel", "x"],
+            "{how:?}: only the writes that committed are announced"
+        );
+        watcher.close();
+    }
+}
+
+/// The other way round: a group-commit transaction of single-record writes
+/// fails (aborted at commit, or a request failing first or last) while a
+/// `putMany` issued after them waits behind it. Each grouped write rejects
+/// with the transaction's error (run again, it would land after the batch
+/// issued after it) and nothing of them is kept or announced; the batch
+/// commits whole.
+#[wasm_bindgen_test]
+async fn a_grouped_transaction_failing_before_a_put_many_keeps_nothing_of_it_and_the_batch_commits()
+{
+    let inc = Function::new_with_args("cur", "return {...cur, n: cur.n + 1};");
+    // Counted write requests of the group: x and y (a record and an entry
+    // each), the counter (its record and its new entry).
+    const GROUP_REQUESTS: u32 = 6;
+    for how in [
+        Abort::AtCommit,
+        Abort::Request(0),
+        Abort::Request(GROUP_REQUESTS - 1),
+    ] {
+        let (store, old, gone) = seeded("fault-group-many").await;
+        store
+            .put(&js(json!({"_id": "counter", "recordType": "run", "n": 0})))
+            .await
+            .unwrap();
+        let (watcher, seen) = watch_ids(&store);
+        let (x, y, counter) = (
+            js(json!({"_id": "x", "recordType": "run"})),
+            js(json!({"_id": "y", "recordType": "run"})),
+            s("counter"),
+        );
+        let many = batch(&old, &gone);
+        arm(&store, how);
+        let (px, py, m, many) = futures::join!(
+            store.put(&x),
+            store.put(&y),
+            store.mutate(&counter, &inc, 0, None),
+            store.put_many(&many)
+        );
+        assert_failed_as(&px.unwrap_err(), how, "put x");
+        assert_failed_as(&py.unwrap_err(), how, "put y");
+        assert_failed_as(&m.unwrap_err(), how, "mutate");
+        let many = many.unwrap();
+        assert!(store.get(&s("x")).await.unwrap().is_none(), "{how:?}");
+        assert!(store.get(&s("y")).await.unwrap().is_none(), "{how:?}");
+        let got = store.get(&s("counter")).await.unwrap().unwrap();
+        assert_eq!(field(&got, "n").as_f64(), Some(0.0), "{how:?}");
+        for w in &many {
+            let got = store.get(&w.id.clone().into()).await.unwrap().unwrap();
+            assert_eq!(field_str(&got, "_rev"), Some(w.rev.clone()), "{how:?}");
+        }
+        assert_indexes_clean(&store).await;
+        assert_eq!(
+            settled_announcements(&store, &seen).await,
+            ["gone", "new", "old", "sentinel"],
+            "{how:?}: only the batch's writes are announced"
+        );
+        watcher.close();
+    }
+}
+
+/// An import whose second batch fails (aborted at commit, or a request
+/// failing first or last) while single-record writes of this connection
+/// and of another one run beside it: the import rejects with the
+/// transaction's error, its first batch stays, nothing of the failing batch
+/// (nor of the one after) is kept or announced, and every other write keeps
+/// its own outcome (created, a stale revision conflicting, a `mutate`
+/// applied once). Running the import again completes it. (The store is not
+/// empty, so the import reads before it writes: a ConstraintError there is
+/// not taken for another writer's `add` race and retried.)
+#[wasm_bindgen_test]
+async fn an_import_batch_failing_beside_grouped_writes_keeps_nothing_of_it_and_theirs_keep_their_outcomes(
+) {
+    use std::rc::Rc;
+    let inc = Function::new_with_args("cur", "return {...cur, n: cur.n + 1};");
+    let lines: Vec<String> = (0..30)
+        .map(|i| {
+            json!({"_id": format!("imp{i:02}"), "_rev": "1-aa", "recordType": "run",
+                   "updatedAt": "2026-01-01T00:00:00.000Z"})
+            .to_string()
+        })
+        .collect();
+    let text = format!(
+        "{}\n{}\n",
+        json!({"agentstore": "snapshot", "version": 1, "records": 30, "tombstones": 0}),
+        lines.join("\n")
+    );
+    // Counted write requests of one batch of 10: a record and an entry each.
+    for how in [Abort::AtCommit, Abort::Request(0), Abort::Request(19)] {
+        let name = fresh_name("fault-import-group");
+        let a = Rc::new(open_named(&name).await);
+        let b = open_named(&name).await;
+        let counter = a
+            .put(&js(json!({"_id": "counter", "recordType": "run", "n": 0})))
+            .await
+            .unwrap()
+            .rev;
+        let (watcher, seen) = watch_ids(&a);
+        // After the first batch committed: arm the fault for the next one.
+        let (a2, batches) = (a.clone(), Rc::new(std::cell::Cell::new(0)));
+        let b2 = batches.clone();
+        let progress = wasm_bindgen::closure::Closure::<dyn FnMut(u32, u32)>::new(
+            move |_done: u32, _total: u32| {
+                b2.set(b2.get() + 1);
+                if b2.get() == 1 {
+                    arm(&a2, how);
+                }
+            },
+        );
+        let opts = agentstore::store::ImportOptions {
+            on_progress: Some(progress.as_ref().unchecked_ref::<Function>().clone()),
+            signal: None,
+            batch: 10,
+        };
+        let source = JsValue::from_str(&text);
+        let (x, stale, ctr, y, z) = (
+            js(json!({"_id": "x", "recordType": "run"})),
+            js(json!({"_id": "counter", "_rev": stale_rev()})),
+            s("counter"),
+            js(json!({"_id": "y", "recordType": "agent"})),
+            js(json!({"_id": "z"})),
+        );
+        // a's single writes start the first transaction (their group
+        // commits before the import's first batch does, so the fault armed
+        // after that batch is the import's); b's share transactions of b.
+        let (px, pstale, m, imported, py, pz) = futures::join!(
+            a.put(&x),
+            a.put(&stale),
+            a.mutate(&ctr, &inc, 0, None),
+            a.import_snapshot_with(&source, &opts),
+            b.put(&y),
+            b.put(&z)
+        );
+        assert_failed_as(&imported.unwrap_err(), how, "import");
+        assert_eq!(batches.get(), 1, "{how:?}: only the first batch committed");
+        assert!(px.unwrap().rev.starts_with("1-"), "{how:?}");
+        match pstale {
+            Err(agentstore::StoreError::Conflict { current_rev, .. }) => {
+                assert!(current_rev.is_some(), "{how:?}")
+            }
+            other => panic!("{how:?}: the stale put must conflict: {other:?}"),
+        }
+        let m = m.unwrap().unwrap();
+        assert!(m.rev.starts_with("2-") && m.rev != counter, "{how:?}");
+        assert!(py.unwrap().rev.starts_with("1-"), "{how:?}");
+        assert!(pz.unwrap().rev.starts_with("1-"), "{how:?}");
+        let ids: Vec<String> = (0..30).map(|i| format!("imp{i:02}")).collect();
+        let got = a
+            .get_many(&ids.iter().map(|i| s(i)).collect::<Array>().into())
+            .await
+            .unwrap();
+        let present: Vec<bool> = got.iter().map(|r| !r.is_null()).collect();
+        let want: Vec<bool> = (0..30).map(|i| i < 10).collect();
+        assert_eq!(present, want, "{how:?}: the first batch only");
+        for id in ["x", "y", "z"] {
+            assert!(a.get(&s(id)).await.unwrap().is_some(), "{how:?}: {id}");
+        }
+        let got = a.get(&s("counter")).await.unwrap().unwrap();
+        assert_eq!(field(&got, "n").as_f64(), Some(1.0), "{how:?}");
+        assert_indexes_clean(&a).await;
+        let heard = settled_announcements(&a, &seen).await;
+        for id in &ids[10..] {
+            assert!(!heard.contains(id), "{how:?}: {id} was announced");
+        }
+        for id in ids[..10].iter().map(String::as_str).chain(["x", "counter"]) {
+            assert!(heard.iter().any(|h| h == id), "{how:?}: {id} not announced");
+        }
+        // Nothing armed any more: the same import completes.
+        let again = a.import_snapshot(source, None).await.unwrap();
+        assert_eq!((again.written, again.kept_newer), (20, 10), "{how:?}");
+        assert_indexes_clean(&a).await;
+        watcher.close();
+    }
+}
