@@ -107,3 +107,149 @@ async fn an_open_blocked_by_a_connection_that_refuses_to_close_fails_after_its_t
         "no uncaught error when the abandoned upgrade finally runs: {uncaught:?}"
     );
 }
+
+/// Everything a store holds: the snapshot (records + tombstones) and the
+/// derived-index entries.
+async fn contents(store: &Store) -> (String, String) {
+    (
+        store.export_snapshot().await.expect("export"),
+        store.dump_entries().await.expect("entries"),
+    )
+}
+
+/// A store at version 1 holding records (one updated, one deleted) with
+/// the `byType` index built, closed again; returns its contents.
+async fn filled(name: &str) -> (String, String) {
+    let store = open_named(name).await;
+    for i in 0..20 {
+        let t = if i % 2 == 0 { "run" } else { "agent" };
+        store
+            .put(&js(json!({"_id": format!("r{i:02}"), "recordType": t})))
+            .await
+            .unwrap();
+    }
+    let rev = store.get(&s("r03")).await.unwrap().unwrap();
+    let rev = field_str(&rev, "_rev").unwrap();
+    store
+        .put(&js(json!({"_id": "r03", "_rev": rev, "recordType": "run"})))
+        .await
+        .unwrap();
+    let rev = store.get(&s("r04")).await.unwrap().unwrap();
+    store
+        .delete(&s("r04"), &s(&field_str(&rev, "_rev").unwrap()))
+        .await
+        .unwrap();
+    let before = contents(&store).await;
+    store.close();
+    before
+}
+
+/// Counts the `versionchange` events a raw connection received (it still
+/// does not close).
+fn count_version_changes(conn: &JsValue) {
+    js_sys::Function::new_with_args(
+        "db",
+        "db.__versionchanges = 0; db.onversionchange = () => { db.__versionchanges += 1; };",
+    )
+    .call1(&JsValue::NULL, conn)
+    .unwrap();
+}
+
+fn version_changes(conn: &JsValue) -> f64 {
+    js_sys::Reflect::get(conn, &"__versionchanges".into())
+        .unwrap()
+        .as_f64()
+        .unwrap_or(0.0)
+}
+
+fn close_raw(conn: &JsValue) {
+    js_sys::Reflect::get(conn, &"close".into())
+        .unwrap()
+        .unchecked_into::<js_sys::Function>()
+        .call0(conn)
+        .unwrap();
+}
+
+/// The newer connection works after the wait: what was stored before is
+/// all there (records, tombstones, index entries), `listBy` and a new write
+/// work and the indexes verify clean.
+async fn works_and_kept(store: &Store, before: &(String, String)) {
+    assert_eq!(&contents(store).await, before, "nothing was lost");
+    let q = agentstore::store::ByQuery::from_js(&js(json!({"eq": "run"}))).unwrap();
+    // r00..r18 even (10), r03 turned into a run, r04 deleted: 10 runs.
+    assert_eq!(
+        store.list_by("byType", &q).await.unwrap().records.length(),
+        10
+    );
+    store
+        .put(&js(json!({"_id": "after", "recordType": "run"})))
+        .await
+        .unwrap();
+    assert!(store.get(&s("after")).await.unwrap().is_some());
+    assert_indexes_clean(store).await;
+}
+
+/// An open at a newer version, blocked by a connection that holds the
+/// older one and does not close on `versionchange`, waits (its timeout is
+/// far away) and resolves once that connection closes: the same call, not
+/// a retry. The opened store works and nothing stored before is lost.
+#[wasm_bindgen_test]
+async fn a_blocked_open_resolves_once_the_old_connection_closes_and_loses_nothing() {
+    let name = fresh_name("blocked-then-open");
+    let before = filled(&name).await;
+    let old = stubborn_connection(&name).await;
+    count_version_changes(&old);
+    let closed_at = Rc::new(Cell::new(None::<f64>));
+    let started = js_sys::Date::now();
+    let opening = Store::open_versioned(&name, 2, 60_000, None, vec![by_type()]);
+    let closing = async {
+        // The old connection was asked to close and did not: the open is
+        // blocked until it does.
+        wait_for("the old connection's versionchange", || {
+            version_changes(&old) > 0.0
+        })
+        .await;
+        close_raw(&old);
+        closed_at.set(Some(js_sys::Date::now()));
+    };
+    let (opened, ()) = futures::join!(opening, closing);
+    let store = opened.expect("the blocked open resolves once unblocked");
+    let resolved = js_sys::Date::now();
+    assert!(
+        closed_at.get().is_some_and(|t| t <= resolved),
+        "resolved only after the old connection closed"
+    );
+    assert!(
+        resolved - started < 30_000.0,
+        "resolved by the close, long before its blocked timeout"
+    );
+    assert_eq!(version_changes(&old), 1.0);
+    works_and_kept(&store, &before).await;
+}
+
+/// An open blocked until its timeout fails with BlockedError; once the old
+/// connection closes, the next open AT THE SAME VERSION resolves (the
+/// abandoned request's upgrade runs first and closes its own connection, so
+/// it blocks nothing), works, and nothing stored before is lost.
+#[wasm_bindgen_test]
+async fn an_open_retried_at_the_same_version_after_a_blocked_timeout_resolves_and_loses_nothing() {
+    let name = fresh_name("blocked-retry");
+    let before = filled(&name).await;
+    let old = stubborn_connection(&name).await;
+    let e = match Store::open_versioned(&name, 2, 300, None, vec![by_type()]).await {
+        Err(e) => e,
+        Ok(_) => panic!("the open must not succeed while blocked"),
+    };
+    assert_eq!(e.code(), ErrorCode::Blocked);
+    close_raw(&old);
+    let store = Store::open_versioned(&name, 2, 30_000, None, vec![by_type()])
+        .await
+        .expect("the retried open resolves");
+    works_and_kept(&store, &before).await;
+    // A third connection at that version opens at once (no upgrade, no
+    // leftover connection to block it), and sees the write.
+    let third = Store::open_versioned(&name, 2, 300, None, vec![by_type()])
+        .await
+        .expect("nothing left blocking");
+    assert!(third.get(&s("after")).await.unwrap().is_some());
+}
