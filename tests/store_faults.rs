@@ -584,3 +584,57 @@ async fn an_import_batch_failing_beside_grouped_writes_keeps_nothing_of_it_and_t
         watcher.close();
     }
 }
+
+/// A group-commit transaction whose n-th write request fails (every n),
+/// with nothing issued after it: nothing of it is kept, and each of its
+/// writes is run again alone and gets the outcome it would have had alone
+/// (the creates succeed, a stale revision conflicts naming the stored one,
+/// a `mutate` applies once), each announced once.
+#[wasm_bindgen_test]
+async fn a_grouped_transaction_whose_request_fails_runs_each_write_again_alone() {
+    let inc = Function::new_with_args("cur", "return {...cur, n: cur.n + 1};");
+    // x and y (a record and an entry each), the counter (record, new entry).
+    const GROUP_REQUESTS: u32 = 6;
+    for n in 0..GROUP_REQUESTS {
+        let (store, _) = open("fault-group-request").await;
+        let counter = store
+            .put(&js(json!({"_id": "counter", "recordType": "run", "n": 0})))
+            .await
+            .unwrap()
+            .rev;
+        let (watcher, seen) = watch_ids(&store);
+        let (x, y, stale, ctr) = (
+            js(json!({"_id": "x", "recordType": "run"})),
+            js(json!({"_id": "y", "recordType": "agent"})),
+            js(json!({"_id": "counter", "_rev": stale_rev(), "n": 9})),
+            s("counter"),
+        );
+        arm(&store, Abort::Request(n));
+        let (px, py, m, pstale) = futures::join!(
+            store.put(&x),
+            store.put(&y),
+            store.mutate(&ctr, &inc, 0, None),
+            store.put(&stale)
+        );
+        assert!(px.unwrap().rev.starts_with("1-"), "request {n}");
+        assert!(py.unwrap().rev.starts_with("1-"), "request {n}");
+        let m = m.unwrap().unwrap();
+        assert!(m.rev.starts_with("2-"), "request {n}");
+        match pstale {
+            Err(agentstore::StoreError::Conflict { current_rev, .. }) => {
+                assert_eq!(current_rev, Some(m.rev.clone()), "request {n}")
+            }
+            other => panic!("request {n}: the stale put must conflict: {other:?}"),
+        }
+        let got = store.get(&s("counter")).await.unwrap().unwrap();
+        assert_eq!(field(&got, "n").as_f64(), Some(1.0), "request {n}");
+        assert_ne!(m.rev, counter);
+        assert_indexes_clean(&store).await;
+        assert_eq!(
+            settled_announcements(&store, &seen).await,
+            ["counter", "sentinel", "x", "y"],
+            "request {n}"
+        );
+        watcher.close();
+    }
+}
