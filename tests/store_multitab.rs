@@ -1,6 +1,8 @@
 //! Another connection's upgrade (case C-E1): a polite connection closes and
 //! says so; an open blocked by one that refuses fails with BlockedError after
-//! its timeout instead of hanging, and leaves nothing open behind.
+//! its timeout instead of hanging, and leaves nothing open behind; once
+//! that one closes, the open (waiting, or retried) resolves and nothing
+//! written before, or reported written meanwhile, is lost.
 use agentstore::store::Store;
 use agentstore_protocol::ErrorCode;
 use serde_json::json;
@@ -252,4 +254,91 @@ async fn an_open_retried_at_the_same_version_after_a_blocked_timeout_resolves_an
         .await
         .expect("nothing left blocking");
     assert!(third.get(&s("after")).await.unwrap().is_some());
+}
+
+/// While an open at a newer version waits for a connection that does not
+/// close, this page's store keeps writing (four concurrent puts at a time,
+/// sharing group-commit transactions) until the upgrade's `versionchange`
+/// closes it; then the blocker closes and the open resolves. Every write
+/// that reported success is there at its revision in the upgraded
+/// database, every refused one (ClosedError) is absent: nothing reported
+/// written is lost, nothing refused is half-written (3 rounds).
+#[wasm_bindgen_test]
+async fn writes_racing_a_blocked_upgrade_are_kept_exactly_when_they_reported_success() {
+    type Outcomes = Rc<std::cell::RefCell<Vec<(String, Result<String, ErrorCode>)>>>;
+    for round in 0..3 {
+        let name = fresh_name("blocked-writes");
+        let old = Rc::new(open_named(&name).await);
+        let blocker = stubborn_connection(&name).await;
+        count_version_changes(&blocker);
+        let outcomes: Outcomes = Default::default();
+        let writing = {
+            let (old, outcomes) = (old.clone(), outcomes.clone());
+            async move {
+                // Bounded: the upgrade's versionchange closes the store.
+                let until = js_sys::Date::now() + 30_000.0;
+                for i in 0.. {
+                    assert!(js_sys::Date::now() < until, "the old store never closed");
+                    let ids: Vec<String> = (0..4).map(|k| format!("w{i:04}-{k}")).collect();
+                    let recs: Vec<JsValue> = ids
+                        .iter()
+                        .map(|id| js(json!({"_id": id, "recordType": "run"})))
+                        .collect();
+                    let (a, b, c, d) = futures::join!(
+                        old.put(&recs[0]),
+                        old.put(&recs[1]),
+                        old.put(&recs[2]),
+                        old.put(&recs[3])
+                    );
+                    let mut refused = 0;
+                    for (id, r) in ids.into_iter().zip([a, b, c, d]) {
+                        refused += usize::from(r.is_err());
+                        outcomes
+                            .borrow_mut()
+                            .push((id, r.map(|w| w.rev).map_err(|e| e.code())));
+                    }
+                    if refused == 4 {
+                        return;
+                    }
+                }
+            }
+        };
+        let upgrading = async {
+            // Some writes first, then the newer open (round 0: at once).
+            wait_for("writes before the upgrade", || {
+                outcomes.borrow().len() >= 8 * round
+            })
+            .await;
+            let opening = Store::open_versioned(&name, 2, 60_000, None, vec![by_type()]);
+            let closing = async {
+                wait_for("the blocker's versionchange", || {
+                    version_changes(&blocker) > 0.0
+                })
+                .await;
+                close_raw(&blocker);
+            };
+            futures::join!(opening, closing).0
+        };
+        let ((), newer) = futures::join!(writing, upgrading);
+        let newer = newer.expect("the open resolves once the blocker closed");
+        let outcomes = outcomes.borrow().clone();
+        let mut kept = 0;
+        for (id, r) in &outcomes {
+            let got = newer.get(&s(id)).await.unwrap();
+            let stored = got.as_ref().and_then(|g| field_str(g, "_rev"));
+            match r {
+                Ok(rev) => {
+                    assert_eq!(stored.as_ref(), Some(rev), "round {round}: {id}");
+                    kept += 1;
+                }
+                Err(code) => {
+                    assert_eq!(*code, ErrorCode::Closed, "round {round}: {id}");
+                    assert_eq!(stored, None, "round {round}: {id} was refused");
+                }
+            }
+        }
+        assert!(kept >= 8 * round, "round {round}: {kept} writes kept");
+        assert_eq!(newer.count(&[], None).await.unwrap(), kept as u32);
+        assert_indexes_clean(&newer).await;
+    }
 }
