@@ -623,6 +623,8 @@ impl Lease {
     /// Milliseconds left to the local deadline (negative once past it).
     #[wasm_bindgen(getter, js_name = msToDeadline)]
     pub fn ms_to_deadline(&self) -> f64 {
+        // A jump of the wall clock not yet taken in shortens it first.
+        self.inner.check_deadline();
         self.inner.deadline() - crate::lease::http::now_ms()
     }
 

@@ -266,9 +266,14 @@ impl LeaseInner {
         self.plan.borrow().is_live(now)
     }
 
-    /// [`HeartbeatPlan::observe`] with the lease clock's jump count.
+    /// [`HeartbeatPlan::observe`] with the lease clock's jump count; not
+    /// while a settle or release is out or unanswered: no heartbeat may go
+    /// out then (it would read `claim_lost` after a landed settle), and that
+    /// call's own answer, or its resend, is what the server says of the
+    /// lease. The jump is taken in at the first look after it, if the lease
+    /// is still held then.
     pub(crate) fn observe_clock(&self, now: f64) -> bool {
-        self.plan.borrow_mut().observe(now, jumps())
+        !self.ending_pending() && self.plan.borrow_mut().observe(now, jumps())
     }
 
     /// Suspends (true) or resumes (false) this lease's automatic heartbeats

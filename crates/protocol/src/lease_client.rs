@@ -138,22 +138,27 @@ impl HeartbeatPlan {
 
     /// Takes in the lease clock's jump count `jumps` at `now` (the number of
     /// times the wall clock was seen to jump ahead of the monotonic clock).
-    /// A count not seen before makes a heartbeat due at once and bounds the
-    /// lease to [`CONFIRM_WINDOW_MS`] until a heartbeat sent from now on
-    /// succeeds: a suspend the server noticed loses the lease when that
-    /// heartbeat is answered `claim_lost` (or when the window ends without an
-    /// answer), and a wall clock merely set forward changes nothing (C-T1:
-    /// the client measures durations only). A second jump during the window
-    /// never extends it. Returns whether a confirmation began.
+    /// A count not seen before makes a heartbeat due at once (also while one
+    /// sent before the jump is still out, or a retry after a failure is
+    /// waiting) and bounds the lease to [`CONFIRM_WINDOW_MS`] from the first
+    /// jump not yet confirmed until a heartbeat sent from now on succeeds: a
+    /// suspend the server noticed loses the lease when that heartbeat is
+    /// answered `claim_lost` (or when the window ends without an answer),
+    /// and a wall clock merely set forward changes nothing (C-T1: the client
+    /// measures durations only). Only a heartbeat sent after the LAST jump
+    /// confirms, and a later jump never extends the window. Returns whether
+    /// a heartbeat became due.
     pub fn observe(&mut self, now: f64, jumps: u32) -> bool {
         if jumps == self.jumps {
             return false;
         }
         self.jumps = jumps;
-        if self.confirm.is_some() {
-            return false;
-        }
-        self.confirm = Some((now, now + CONFIRM_WINDOW_MS));
+        let by = self.confirm.map_or(now + CONFIRM_WINDOW_MS, |(_, by)| by);
+        self.confirm = Some((now, by));
+        // A heartbeat out since before the jump cannot confirm it: the
+        // confirming one goes out beside it, and a retry waits no longer.
+        self.in_flight = false;
+        self.retry_at = self.retry_at.min(now);
         true
     }
 
@@ -550,12 +555,55 @@ mod tests {
         p.on_failure(3_100.0, 0.99);
         assert!(p.retry_at < 2_000.0 + CONFIRM_WINDOW_MS);
         // A second jump does not extend the window.
-        assert!(!p.observe(4_000.0, 2));
+        assert!(p.observe(4_000.0, 2));
         assert_eq!(p.deadline(), 2_000.0 + CONFIRM_WINDOW_MS);
         // No success in the window: lost locally at its end, and an answer
         // after it does not revive the lease.
         assert_eq!(p.step(2_000.0 + CONFIRM_WINDOW_MS), Step::Expire);
         assert!(!p.on_success(4_000.0, 2_000.0 + CONFIRM_WINDOW_MS));
+    }
+
+    #[test]
+    fn a_heartbeat_sent_before_a_second_jump_does_not_confirm_it() {
+        let mut p = HeartbeatPlan::new(0.0, TTL, HB);
+        // Jump 1 seen at 20 s; its confirming heartbeat goes out then.
+        assert!(p.observe(20_000.0, 1));
+        assert!(matches!(p.step(20_000.0), Step::Heartbeat { .. }));
+        p.on_sent();
+        // Jump 2 (the machine slept again) before that answer is read.
+        assert!(p.observe(20_100.0, 2));
+        assert!(p.on_success(20_000.0, 20_200.0));
+        // Still unconfirmed, within the first window, and due at once.
+        assert_eq!(p.confirm, Some((20_100.0, 20_000.0 + CONFIRM_WINDOW_MS)));
+        assert!(matches!(p.step(20_200.0), Step::Heartbeat { .. }));
+        p.on_sent();
+        assert!(p.on_success(20_200.0, 20_300.0));
+        assert_eq!(p.confirm, None);
+    }
+
+    #[test]
+    fn a_clock_jump_sends_a_heartbeat_at_once_while_a_retry_waits_or_one_is_out() {
+        // Two failures before the jump: the retry waits up to an interval.
+        let mut p = HeartbeatPlan::new(0.0, TTL, HB);
+        p.on_sent();
+        p.on_failure(15_000.0, 0.99);
+        p.on_sent();
+        p.on_failure(16_000.0, 0.99);
+        assert!(p.retry_at > 19_000.0 + 1_000.0);
+        assert!(p.observe(19_000.0, 1));
+        assert!(matches!(p.step(19_000.0), Step::Heartbeat { .. }));
+        // A heartbeat sent before the jump and still out.
+        let mut q = HeartbeatPlan::new(0.0, TTL, HB);
+        q.on_sent();
+        assert!(matches!(q.step(16_000.0), Step::Sleep(_)));
+        assert!(q.observe(16_000.0, 1));
+        assert!(matches!(q.step(16_000.0), Step::Heartbeat { .. }));
+        // Its late answer does not confirm; the one sent after the jump does.
+        q.on_sent();
+        assert!(q.on_late_success(15_000.0, 16_500.0));
+        assert!(q.confirm.is_some());
+        assert!(q.on_success(16_000.0, 16_600.0));
+        assert_eq!(q.confirm, None);
     }
 
     #[test]
