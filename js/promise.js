@@ -524,15 +524,20 @@ const PURGE_BATCH = 1000;
  * tombstones looked at, of those stored when the scan began; then `signal`
  * (when given) is looked at. A throw there, or an abort, aborts the
  * transaction (nothing is purged) and rejects with what was thrown, or
- * `undefined` for the abort. What `onProgress` returns is not waited for
- * there (the transaction cannot wait for a foreign Promise): once the
- * transaction has committed, resolves with how many were purged after
- * every such Promise fulfilled; rejects with the first rejection, or with
- * `undefined` when `signal` aborts first (also when it aborted after the
- * last batch's look, before the commit). Each such Promise is handled as
- * soon as it is returned, so its rejection is never an unhandledrejection. Rejects with `toError(e)` (the
- * module's typed Error) for a failed read or request, or the transaction's
- * abort (`tx.error`: quota).
+ * with `toError` itself for the abort (a value no callback can throw, as
+ * it can throw `undefined`). A thenable `onProgress` returns is not
+ * waited for there (the transaction cannot wait for a foreign Promise):
+ * once the transaction has committed, resolves with how many were purged
+ * after every one fulfilled; rejects with the first rejection, or with
+ * `toError` when `signal` fires `abort` first (a synthetic event too,
+ * `signal.aborted` still false) or had aborted after the last batch's
+ * look. With no thenable to wait for, that late abort changes nothing:
+ * the purge committed and resolves with its count (AbortError always
+ * means nothing was purged or a wait was cut short). Each thenable is
+ * handled as soon as it is returned, so its rejection is never an
+ * unhandledrejection. Rejects with `toError(e)` (the module's typed
+ * Error) for a failed read or request, or the transaction's abort
+ * (`tx.error`: quota).
  */
 export function purgeOlder(store, olderThanMs, cutoff, onProgress, signal, toError) {
   const tx = store.transaction;
@@ -552,14 +557,14 @@ export function purgeOlder(store, olderThanMs, cutoff, onProgress, signal, toErr
     // The module has no handler on this transaction (it left it to this).
     tx.onabort = () => reject(toError(tx.error));
     tx.oncomplete = () => {
+      if (!returned.length) return resolve(purged);
       // An abort after the last batch's look: its event has fired, which
       // raceAbort would not see.
-      if (signal?.aborted) return reject(undefined);
-      const stopped = {};
+      if (signal?.aborted) return reject(toError);
       // (Without a signal, raceAbort races nothing.)
       resolve(
-        raceAbort(Promise.all(returned), signal, stopped).then((v) => {
-          if (v === stopped) throw undefined;
+        raceAbort(Promise.all(returned), signal, toError).then((v) => {
+          if (v === toError) throw v;
           return purged;
         }),
       );
@@ -579,14 +584,15 @@ export function purgeOlder(store, olderThanMs, cutoff, onProgress, signal, toErr
           }
           done += rows.length;
           try {
-            if (onProgress && rows.length) {
+            const r = onProgress && rows.length && onProgress(done, total.result);
+            if (r?.then) {
               // Handled now (the transaction may still fail, and Promise.all
               // only looks once it committed): never an unhandledrejection.
-              const r = Promise.resolve(onProgress(done, total.result));
-              r.catch(() => {});
-              returned.push(r);
+              const p = Promise.resolve(r);
+              p.catch(() => {});
+              returned.push(p);
             }
-            if (signal?.aborted) return fail();
+            if (signal?.aborted) return fail(toError);
           } catch (e) {
             return fail(e);
           }

@@ -150,7 +150,7 @@ export interface PurgeOptions {
   olderThanMs: number;
   /** Called with (done, total) tombstones looked at, of those stored when the purge began, after each 1000, inside the purge's one transaction: a throw aborts the purge (nothing purged) and rejects with it. A returned Promise cannot hold the transaction: it is awaited after the commit, before the call resolves, and its rejection rejects the call (the purge stays committed). */
   onProgress?: ((done: number, total: number) => void | Promise<void>) | null | undefined;
-  /** Looked at before the purge and after each batch of 1000: aborted there, the purge's one transaction is aborted (nothing purged) and the call rejects with AbortError (`cause`: the signal's reason). Once the last batch is read the purge commits; an abort after that ends only the wait for `onProgress`'s Promises (AbortError). */
+  /** Looked at before the purge and after each batch of 1000: aborted there, the purge's one transaction is aborted (nothing purged) and the call rejects with AbortError (`cause`: the signal's reason). Once the last batch is read the purge commits; an abort after that (or an `abort` event dispatched with `signal.aborted` still false) ends only the wait for `onProgress`'s Promises (AbortError, the purge staying committed); with none to wait for, the call resolves with the count. */
   signal?: AbortSignal | null | undefined;
 }
 export interface ListByOptions {

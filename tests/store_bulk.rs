@@ -1485,3 +1485,138 @@ async fn an_aborted_purge_rejects_with_abort_error_and_purges_nothing() {
         .unwrap();
     assert_eq!(n.as_f64(), Some(2500.0), "the aborted purges removed none");
 }
+
+/// The number of tombstones database `name` holds, read on `raw` (a
+/// connection of its own): a readonly transaction over them waits for a
+/// running purge to commit.
+async fn stored_tombstones(raw: &JsValue) -> u32 {
+    let count = Function::new_with_args(
+        "db",
+        "return new Promise((ok, fail) => { const r = db.transaction('tombstones').objectStore('tombstones').count(); \
+         r.onsuccess = () => ok(r.result); r.onerror = () => fail(r.error); })",
+    );
+    let n = call(count.call1(&JsValue::NULL, raw).unwrap().unchecked_into())
+        .await
+        .unwrap();
+    n.as_f64().unwrap() as u32
+}
+
+/// A purge that committed and then waits for `onProgress`'s Promise: a
+/// synthetic `abort` event (`signal.dispatchEvent(new Event('abort'))`,
+/// `signal.aborted` still false) ends the wait with a typed AbortError
+/// (`code: "aborted"`), as every other wait the SDK races with a signal
+/// does, and the purge stays committed. Before, the call rejected with
+/// `undefined`. Review finding (helper-187).
+#[wasm_bindgen_test]
+async fn a_synthetic_abort_after_the_purge_committed_rejects_with_a_typed_abort_error() {
+    let (store, name) = open_api("purge-synthetic").await;
+    tombstones(&store, 1500).await;
+    let raw = raw_connection(&name).await;
+    // onProgress returns a Promise the test settles; the signal notes when
+    // an `abort` listener is added (the wait for that Promise began).
+    let st = Function::new_no_args(
+        "const st = { listening: false }; st.p = new Promise((r) => { st.open = r; }); \
+         st.ctl = new AbortController(); const sig = st.ctl.signal; \
+         sig.addEventListener = function (t, l, o) { if (t === 'abort') st.listening = true; \
+           return EventTarget.prototype.addEventListener.call(this, t, l, o); }; \
+         st.options = { olderThanMs: 0, signal: sig, onProgress: () => st.p }; return st;",
+    )
+    .call0(&JsValue::NULL)
+    .unwrap();
+    let purge = call(store.purge_tombstones(field(&st, "options")));
+    let until = js_sys::Date::now() + 30_000.0;
+    loop {
+        if stored_tombstones(&raw).await == 0 && field(&st, "listening").is_truthy() {
+            break;
+        }
+        assert!(
+            js_sys::Date::now() < until,
+            "timed out waiting for the commit"
+        );
+        gloo_timers::future::TimeoutFuture::new(10).await;
+    }
+    let signal = field(&field(&st, "ctl"), "signal");
+    Function::new_with_args("s", "s.dispatchEvent(new Event('abort'))")
+        .call1(&JsValue::NULL, &signal)
+        .unwrap();
+    field(&st, "open")
+        .unchecked_into::<Function>()
+        .call0(&JsValue::NULL)
+        .unwrap();
+    let e = purge.await.expect_err("the abort ended the wait");
+    assert_eq!(err_kind(&e), ("AbortError".into(), "aborted".into()));
+    assert_eq!(
+        stored_tombstones(&raw).await,
+        0,
+        "the purge stayed committed"
+    );
+    field(&raw, "close")
+        .unchecked_into::<Function>()
+        .call0(&raw)
+        .unwrap();
+}
+
+/// An abort after the last batch's look, before the commit, with no
+/// `onProgress` Promise to wait for (none given, or one that returns
+/// nothing): the purge commits and the call resolves with its count, so
+/// AbortError always means "nothing purged". The abort is made by
+/// `meta.get('indexes-gen')`, which the purge issues after its last look,
+/// only when something was purged. Before, the call rejected with
+/// AbortError although the purge had committed. Review finding
+/// (helper-187).
+#[wasm_bindgen_test]
+async fn a_purge_aborted_just_before_its_commit_with_nothing_to_wait_for_resolves_with_its_count() {
+    let (store, name) = open_api("purge-late-abort").await;
+    let raw = raw_connection(&name).await;
+    for (round, on_progress) in [None, Some(Function::new_no_args(""))]
+        .into_iter()
+        .enumerate()
+    {
+        tombstones(&store, 1500).await;
+        let ctl = web_sys::AbortController::new().unwrap();
+        let o = js(json!({"olderThanMs": 0}));
+        Reflect::set(&o, &"signal".into(), &ctl.signal()).unwrap();
+        if let Some(f) = on_progress {
+            Reflect::set(&o, &"onProgress".into(), &f).unwrap();
+        }
+        // `IDBObjectStore.prototype.get` aborts the signal on the purge's
+        // read of 'indexes-gen'; put back whatever happens.
+        struct Restore(Function);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                self.0.call0(&JsValue::NULL).unwrap();
+            }
+        }
+        let _restore = Restore(
+            js_fn(
+                "ctl",
+                "const proto = IDBObjectStore.prototype, get = proto.get; \
+                 proto.get = function (k) { if (k === 'indexes-gen') ctl.abort('late'); return get.apply(this, arguments); }; \
+                 return () => { proto.get = get; };",
+                &ctl,
+            )
+            .unchecked_into(),
+        );
+        let out = call(store.purge_tombstones(o)).await;
+        drop(_restore);
+        assert!(ctl.signal().aborted(), "round {round}: the abort was made");
+        let left = stored_tombstones(&raw).await;
+        match out {
+            Ok(n) => {
+                assert_eq!(n.as_f64(), Some(1500.0), "round {round}");
+                assert_eq!(left, 0, "round {round}: purged");
+            }
+            Err(e) => {
+                assert_eq!(err_kind(&e), ("AbortError".into(), "aborted".into()));
+                assert_eq!(
+                    left, 1500,
+                    "round {round}: AbortError, yet the purge committed"
+                );
+            }
+        }
+    }
+    field(&raw, "close")
+        .unchecked_into::<Function>()
+        .call0(&raw)
+        .unwrap();
+}

@@ -384,7 +384,10 @@ impl Store {
     /// `on_progress` returns: those are awaited after the commit, before
     /// the call resolves; a rejection then rejects the call with that error
     /// (the purge stays committed, as the committed batches of a rebuild
-    /// do), and an abort ends that wait with AbortError.
+    /// do), and an abort ends that wait with AbortError (an `abort` event
+    /// too, synthetic ones whose `signal.aborted` is still false). With no
+    /// Promise to wait for, an abort after the last batch's look changes
+    /// nothing: the purge committed, and the call resolves with its count.
     ///
     /// # Errors
     /// AbortError (`cause`: the signal's reason); what `on_progress` threw
@@ -411,18 +414,24 @@ impl Store {
         // the commit run in JS, which aborts the transaction itself when
         // the purge fails.
         tx.end_read();
-        // Rejected with `undefined` once `signal` aborted, with what
-        // `on_progress` threw or rejected with, or with a typed Error.
-        let purged = JsFuture::from(purge)
-            .await
-            .map_err(|e| match e.is_undefined() {
-                true => super::check_abort(signal)
-                    .err()
-                    .unwrap_or(StoreError::Thrown(e)),
-                // What `on_progress` threw or rejected with, or a typed Error:
-                // as it is, also when the signal aborted meanwhile.
-                false => StoreError::Thrown(e),
-            })?;
+        // Rejected with the `dom_error_fn()` function itself (a value no
+        // callback can throw; one can throw `undefined`) once `signal`
+        // aborted or fired `abort` (a synthetic event leaves
+        // `signal.aborted` false: AbortError all the same, as `race_abort`
+        // answers it); else with what `on_progress` threw or rejected
+        // with, or a typed Error: as it is, also when the signal aborted
+        // meanwhile.
+        let purged =
+            JsFuture::from(purge)
+                .await
+                .map_err(|e| match e == crate::error::dom_error_fn() {
+                    true => StoreError::Aborted(
+                        signal
+                            .and_then(crate::options::abort_reason)
+                            .unwrap_or(JsValue::UNDEFINED),
+                    ),
+                    false => StoreError::Thrown(e),
+                })?;
         Ok(purged.as_f64().unwrap_or(0.0) as u32)
     }
 }
