@@ -262,6 +262,23 @@ function createSchema(db, schema) {
   return undefined;
 }
 
+/** Transactions started so far, by database name (`txSeq`). */
+const txSeqs = new Map();
+
+/**
+ * Adds `add` to the count of transactions started on database `name` by
+ * every connection of this module instance and returns it (src/store/db.rs
+ * `tx_seq`; read as a u32, wrapping). One count per name, exactly: a hash
+ * into a few shared slots made two databases (a store and the lease
+ * journal) share one, and a transaction on either stopped the other's
+ * failed group being run again.
+ */
+export function txSeq(name, add) {
+  const n = (txSeqs.get(name) | 0) + add;
+  txSeqs.set(name, n);
+  return n;
+}
+
 /**
  * Opens database `name` at `version` through `factory` (an IDBFactory),
  * creating what `schema` (see createSchema) needs.

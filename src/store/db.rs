@@ -22,7 +22,6 @@ use js_sys::{Array, Function, Reflect};
 use std::cell::{Cell, RefCell};
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::task::{Context, Poll};
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
@@ -58,30 +57,8 @@ pub struct Db {
     /// io module's only: the entry points never wait on a source.)
     #[cfg(feature = "io")]
     closing: RefCell<Option<web_sys::AbortController>>,
-    /// Transactions started so far on the database by every connection of
-    /// this module to it ([`tx_seq`]).
-    seq: &'static AtomicU32,
-}
-
-/// Transaction counters by database name ([`tx_seq`]); zeroed data, so they
-/// cost no bytes in the module.
-static TX_SEQS: [AtomicU32; 64] = [const { AtomicU32::new(0) }; 64];
-
-/// The count of transactions started on database `name` by every
-/// connection of this module (wrapping): group commit joins a group only
-/// while no other transaction on that database started after its own, on
-/// this connection or on another one (a `get` issued on a second
-/// `AgentStore` after a write must not see a later write that joined that
-/// write's group). By database, so another database's transactions (the
-/// lease journal's, another store's) neither close a group nor stop a
-/// failed group's members being run again. Two names may share a counter
-/// (1 in 64, by a hash of the name), which only closes groups sooner, as
-/// one counter for every database did.
-fn tx_seq(name: &str) -> &'static AtomicU32 {
-    let h = name
-        .bytes()
-        .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
-    &TX_SEQS[h as usize % TX_SEQS.len()]
+    /// The database's name, the key of its transaction count ([`tx_seq`]).
+    name: JsValue,
 }
 
 impl Db {
@@ -173,7 +150,7 @@ impl Db {
                 closed: RefCell::new(None),
                 #[cfg(feature = "io")]
                 closing: RefCell::new(None),
-                seq: tx_seq(name),
+                name: name.into(),
             }),
             Err(e) => Err(match e.as_string() {
                 Some(why) => StoreError::Closed(why),
@@ -256,7 +233,7 @@ impl Db {
     /// ClosedError after `close()` or a `versionchange`.
     pub fn tx(&self, stores: &[&str], mode: TransactionMode) -> Result<Tx> {
         self.check_open()?;
-        self.seq.fetch_add(1, Relaxed);
+        tx_seq(&self.name, 1);
         let write = mode == TransactionMode::ReadWrite;
         let mode = if write {
             web_sys::IdbTransactionMode::Readwrite
@@ -289,7 +266,7 @@ impl Db {
     /// How many transactions were started on this database by every
     /// connection of this module (wrapping; see [`tx_seq`]).
     pub fn seq(&self) -> u32 {
-        self.seq.load(Relaxed)
+        tx_seq(&self.name, 0)
     }
 }
 
@@ -879,6 +856,17 @@ extern "C" {
         schema: u8,
         on_close: Option<&Function>,
     ) -> std::result::Result<js_sys::Promise, JsValue>;
+    /// Adds `add` to the count of transactions started on database `name`
+    /// by every connection of this module, and returns it (wrapping;
+    /// js/promise.js `txSeq`, one count per name). Group commit joins a
+    /// group only while no other transaction on that database started
+    /// after its own, on this connection or on another one (a `get` issued
+    /// on a second `AgentStore` after a write must not see a later write
+    /// that joined that write's group). By database, so another database's
+    /// transactions (the lease journal's, another store's) neither close a
+    /// group nor stop a failed group's members being run again.
+    #[wasm_bindgen(js_name = txSeq)]
+    fn tx_seq(name: &JsValue, add: u32) -> u32;
     /// `destroy`'s answer (js/promise.js `deletion`): resolves once the
     /// database is gone; rejects with `blocked` when the deletion stayed
     /// blocked for `blocked_ms`, else with `to_error(DOMException)`.

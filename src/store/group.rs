@@ -6,8 +6,9 @@
 //! transaction and registers the group. Writes issued before the leader has
 //! run out of members (in practice: the same tick, or while the group's
 //! requests are in flight) join it, as long as no other transaction was
-//! started on this connection since the group's (so a write never runs ahead
-//! of a read or batch the caller issued before it), and while the
+//! started on this database since the group's, by any connection of this
+//! module (so a write never runs ahead of a read or batch the caller issued
+//! before it), and while the
 //! group has fewer than [`MAX_GROUP`] members (bounding a member's wait).
 //!
 //! The leader applies the members strictly one after another: a member's
@@ -21,9 +22,10 @@
 //! a closed connection), nothing of it is kept, and each member of a group of
 //! two or more is run again in a transaction of its own, so each one gets
 //! the outcome it would have had alone (a `mutate` function may then run
-//! twice) — unless another transaction of this connection started after the
-//! group's: the members would then take effect after it, out of the order
-//! they were issued in, so each gets the transaction's error instead. One
+//! twice) — unless another transaction on this database (by any connection
+//! of this module; [`super::db::Db::seq`]) started after the group's: the
+//! members would then take effect after it, out of the order they were
+//! issued in, so each gets the transaction's error instead. One
 //! change message is posted for the whole group after commit.
 //!
 //! This is the group commit of database write-ahead logs (e.g. PostgreSQL's
@@ -152,7 +154,8 @@ impl Future for Wait {
 
 /// A group of writes sharing one readwrite transaction.
 pub(crate) struct Group {
-    /// The connection's transaction count when the group's started.
+    /// The database's transaction count ([`super::db::Db::seq`]) when the
+    /// group's started.
     seq: u32,
     open: Cell<bool>,
     /// The commit was asked for: from then on the outcome cannot be undone.
