@@ -150,6 +150,7 @@ conformance! {
     metrics::concurrent_scrapes_each_report_every_queue_gauge,
     metrics::a_scrape_answers_when_the_queue_gauges_cannot_be_read,
     metrics::a_claim_and_a_settle_whose_client_went_away_are_counted_once_committed,
+    metrics::an_enqueue_pause_or_resume_whose_client_went_away_is_counted_once_committed,
     metrics::a_settle_whose_answer_cannot_be_read_is_counted_and_not_a_replay,
     metrics::per_queue_series_are_bounded_and_the_rest_summed,
     metrics::every_answer_is_counted_by_route_and_code_and_every_enqueue_by_queue,

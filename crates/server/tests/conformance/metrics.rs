@@ -842,9 +842,32 @@ pub async fn per_queue_series_are_bounded_and_the_rest_summed(db: TestDb) {
 /// the request unanswered, and only then is the lock released, so that the
 /// call commits after its request is gone.
 async fn send_and_go_away(db: &TestDb, server: &Server, request: String) {
+    send_and_go_away_behind(db, server, request, None).await;
+}
+
+/// [`send_and_go_away`], the lock taken on PostgreSQL by `pg_lock` (run in
+/// the locking transaction; `None`: the whole items table). SQLite's is
+/// always its single writer lock. A lock that blocks a statement's
+/// execution but not its preparation (a row lock, a uniqueness check)
+/// makes the server's call wait with its statement sent: a table lock
+/// also holds up a statement not yet prepared on its connection, which a
+/// dropped request then never sends.
+async fn send_and_go_away_behind(
+    db: &TestDb,
+    server: &Server,
+    request: String,
+    pg_lock: Option<&str>,
+) {
     let in_use = || server.store().pool_usage().0;
-    // Nothing else of the server's holds a connection (its reaper's one pass
-    // at start is long done; admin requests use none to authenticate).
+    // Nothing else of the server's holds a connection: its reaper's one pass
+    // at start is done (on a busy machine it may start after the server
+    // answers its first request; a pass waiting on the lock would pass for
+    // the call), and admin requests use none to authenticate.
+    until("the reaper's first pass is done", || async {
+        let m = parse(&crate::common::render(server.store()).await.unwrap());
+        value(&m, "agentstore_reaper_pass_duration_seconds_count", &[]) >= 1.0
+    })
+    .await;
     until("the server's pool is idle", || async { in_use() == 0 }).await;
     let raw = db.raw_pool().await;
     let mut lock = raw.begin().await.unwrap();
@@ -852,12 +875,37 @@ async fn send_and_go_away(db: &TestDb, server: &Server, request: String) {
         // Any write takes SQLite's single writer lock.
         Kind::Sqlite => "UPDATE items SET updated_at = updated_at",
         // Blocks UPDATE and FOR UPDATE, not plain reads.
-        Kind::Postgres => "LOCK TABLE items IN EXCLUSIVE MODE",
+        Kind::Postgres => pg_lock.unwrap_or("LOCK TABLE items IN EXCLUSIVE MODE"),
     };
     sqlx::query(sql).execute(&mut *lock).await.unwrap();
+    let holder: Option<i32> = match db.kind {
+        Kind::Sqlite => None,
+        Kind::Postgres => Some(
+            sqlx::query_as::<_, (i32,)>("SELECT pg_backend_pid()")
+                .fetch_one(&mut *lock)
+                .await
+                .unwrap()
+                .0,
+        ),
+    };
     let mut conn = std::net::TcpStream::connect(server.addr()).unwrap();
     conn.write_all(request.as_bytes()).unwrap();
     until("the call waits on the lock", || async { in_use() >= 1 }).await;
+    if let Some(pid) = holder {
+        // The server's session itself waits on this lock, not only holds a
+        // connection.
+        until("the statement waits on the lock", || async {
+            let (n,): (i64,) = sqlx::query_as(
+                "SELECT COUNT(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+            )
+            .bind(pid)
+            .fetch_one(&raw)
+            .await
+            .unwrap();
+            n >= 1
+        })
+        .await;
+    }
     conn.shutdown(std::net::Shutdown::Write).unwrap();
     // The server closes the connection when it drops the request.
     let answer = tokio::task::spawn_blocking(move || {
@@ -951,6 +999,115 @@ pub async fn a_claim_and_a_settle_whose_client_went_away_are_counted_once_commit
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["idempotent-replayed"], "true");
     assert_eq!(counts().await, (2.0, 1.0), "claims, settles");
+    server.stop().await.unwrap();
+}
+
+/// Waits (bounded) until `counter` reads `want`, then checks it stays there
+/// a moment: a count the store makes just after the row shows its commit is
+/// waited for, one counted twice is caught.
+async fn until_counted(api: &Api, what: &str, counter: impl Fn(&[Sample]) -> f64, want: f64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = counter(&api.scrape().await);
+        if got == want {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: counted {got}, expected {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(counter(&api.scrape().await), want, "{what}: counted again");
+}
+
+/// Before, an enqueue, a pause and a resume counted their commit in the
+/// request's own future: a client that went away while the statement waited
+/// on a lock left the write committed and the counter unmoved
+/// (`agentstore_items_enqueued_total`, `agentstore_operator_actions_total`),
+/// against the promise that a call whose client went away is counted all the
+/// same. Each runs to its end and is counted exactly once now, keyed and
+/// plain enqueues alike.
+pub async fn an_enqueue_pause_or_resume_whose_client_went_away_is_counted_once_committed(
+    db: TestDb,
+) {
+    let mut config = db.config();
+    config.reaper_ms = 3_600_000;
+    let server = Server::start(&config).await.unwrap();
+    let api = Api {
+        http: Client::new(),
+        base: server.url(),
+    };
+    let store = server.store();
+    let enqueued = |m: &[Sample]| value(m, "agentstore_items_enqueued_total", &[("queue", "gone")]);
+    let acted = |action: &'static str| {
+        move |m: &[Sample]| {
+            value(
+                m,
+                "agentstore_operator_actions_total",
+                &[("action", action)],
+            )
+        }
+    };
+    let in_gone = || async {
+        let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM items WHERE queue = 'gone'")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        n
+    };
+    let body = json!({"payload": {"n": 1}}).to_string();
+    let enqueue = |key: &str| {
+        format!(
+            "POST /v1/queues/gone/items HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+             Authorization: Bearer {ADMIN}\r\nContent-Type: application/json\r\n{key}\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let admin_post = |path: String| {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+             Authorization: Bearer {ADMIN}\r\nContent-Length: 0\r\n\r\n"
+        )
+    };
+
+    // A keyed enqueue: on PostgreSQL its INSERT waits on an uncommitted row
+    // holding its key (the admin's scope, 0), which is then rolled back.
+    let keyed = enqueue("Idempotency-Key: gone-1\r\n");
+    let key_row = "INSERT INTO items (queue, state, payload, attempts, max_redeliveries, epoch,
+                       created_at, updated_at, idempotency_key, request_hash, idempotency_scope)
+                   VALUES ('gone', 'open', '0', 0, 5, 0, 0, 0, 'gone-1', 'held', 0)";
+    send_and_go_away_behind(&db, &server, keyed, Some(key_row)).await;
+    until("the keyed enqueue committed", || async {
+        in_gone().await == 1
+    })
+    .await;
+    until_counted(&api, "keyed enqueue", enqueued, 1.0).await;
+
+    let id = store
+        .claim("gone", None)
+        .await
+        .unwrap()
+        .expect("claimed")
+        .item
+        .id;
+    let row_lock = format!("SELECT id FROM items WHERE id = {id} FOR UPDATE");
+    let pause = admin_post(format!("/v1/items/{id}/pause"));
+    send_and_go_away_behind(&db, &server, pause, Some(&row_lock)).await;
+    until_state(store, id, ItemState::Paused).await;
+    until_counted(&api, "pause", acted("pause"), 1.0).await;
+
+    let resume = admin_post(format!("/v1/items/{id}/resume"));
+    send_and_go_away_behind(&db, &server, resume, Some(&row_lock)).await;
+    until_state(store, id, ItemState::Running).await;
+    until_counted(&api, "resume", acted("resume"), 1.0).await;
+
+    // A plain enqueue, behind the whole table locked.
+    send_and_go_away(&db, &server, enqueue("")).await;
+    until("the enqueue committed", || async { in_gone().await == 2 }).await;
+    until_counted(&api, "enqueue", enqueued, 2.0).await;
     server.stop().await.unwrap();
 }
 
