@@ -150,6 +150,26 @@ impl Store {
     ) -> Result<(Ended, bool), StoreError> {
         let payload = serde_json::to_string(payload)
             .map_err(|e| StoreError::rejected(ErrorCode::Validation, format!("payload: {e}")))?;
+        let (store, queue, key) = (self.clone(), queue.to_owned(), key.map(str::to_owned));
+        // In a task of its own: an enqueue whose client goes away while its
+        // statement waits still commits, and is counted once it has.
+        detached(async move {
+            store
+                .enqueue_text(&queue, payload, max_redeliveries, producer, key.as_deref())
+                .await
+        })
+        .await
+    }
+
+    /// [`Store::enqueue_once`] of a payload serialised to `payload`.
+    async fn enqueue_text(
+        &self,
+        queue: &str,
+        payload: String,
+        max_redeliveries: Option<u32>,
+        producer: Option<i64>,
+        key: Option<&str>,
+    ) -> Result<(Ended, bool), StoreError> {
         let max = max_redeliveries.unwrap_or(self.settings.max_redeliveries);
         let Some(key) = key else {
             let sql = self.sql(&format!(
@@ -1633,6 +1653,15 @@ impl Store {
         id: i64,
         worker_id: Option<i64>,
     ) -> Result<Resumed, StoreError> {
+        // In a task of its own: a resume whose client goes away mid-call
+        // still runs to its end (a row that does not decode is failed, not
+        // left running under a token nobody received) and is counted.
+        let store = self.clone();
+        detached(async move { store.resume_now(id, worker_id).await }).await
+    }
+
+    /// The body of [`Store::resume_reporting`].
+    async fn resume_now(&self, id: i64, worker_id: Option<i64>) -> Result<Resumed, StoreError> {
         let (token, token_hash) = tokens::new_lease_token();
         let sql = self.sql(&format!(
             "UPDATE items SET state = 'running', epoch = epoch + 1, token_hash = $2,
@@ -1719,6 +1748,14 @@ impl Store {
     /// # Errors
     /// `conflict` if the item is not running, `not_found`.
     pub async fn pause_reporting(&self, id: i64) -> Result<Ended, StoreError> {
+        // In a task of its own: a pause whose client goes away mid-call is
+        // counted once it commits.
+        let store = self.clone();
+        detached(async move { store.pause_now(id).await }).await
+    }
+
+    /// The body of [`Store::pause_reporting`].
+    async fn pause_now(&self, id: i64) -> Result<Ended, StoreError> {
         let sql = self.sql(&format!(
             "UPDATE items SET state = 'paused', updated_at = {{now}}
              WHERE id = $1 AND state = 'running' RETURNING {ITEM_COLS}"

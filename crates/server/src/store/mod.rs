@@ -554,10 +554,11 @@ impl Store {
         &self.revocations
     }
 
-    /// This instance's metrics. The store counts the lease changes it commits
-    /// (claims, heartbeats, settles, releases failed at the retry cap) the
-    /// moment it learns of the commit, in a task no caller can cancel: a
-    /// request whose client goes away mid-call is counted all the same.
+    /// This instance's metrics. The store counts the changes it commits
+    /// (enqueues, claims, heartbeats, settles, releases, items failed at the
+    /// retry cap, operator pauses and resumes) the moment it learns of the
+    /// commit, in a task no caller can cancel (`detached`): a request whose
+    /// client goes away mid-call is counted all the same.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
