@@ -154,6 +154,7 @@ conformance! {
     metrics::an_enqueue_pause_or_resume_whose_client_went_away_is_counted_once_committed,
     metrics::a_settle_whose_answer_cannot_be_read_is_counted_and_not_a_replay,
     metrics::per_queue_series_are_bounded_and_the_rest_summed,
+    metrics::empty_polls_of_unknown_queues_take_no_queue_series,
     metrics::every_answer_is_counted_by_route_and_code_and_every_enqueue_by_queue,
     outage::a_row_locked_by_a_stuck_session_is_a_bounded_503_and_stalls_nothing_else,
     outage::an_expired_lease_locked_by_another_session_does_not_stop_the_reaper,

@@ -837,6 +837,54 @@ pub async fn per_queue_series_are_bounded_and_the_rest_summed(db: TestDb) {
     );
 }
 
+/// Before, an empty claim gave its queue a `queue` label value of its own
+/// in the counters (first come, first served, at most `MAX_QUEUE_SERIES`):
+/// a worker scoped to every queue polling made-up queue names took every
+/// slot, and every real queue counted after it folded into `(other)` until
+/// a restart. Now only a queue that had an item (enqueued, claimed, settled,
+/// released) takes a slot; an empty poll of a queue without one is counted
+/// under `(other)`, and the totals stay exact.
+pub async fn empty_polls_of_unknown_queues_take_no_queue_series(db: TestDb) {
+    let store = db.store(agentstore_server::Settings::default()).await;
+    let n = MAX_QUEUE_SERIES + 1;
+    for k in 0..n {
+        let none = store.claim(&format!("made-up{k:04}"), None).await.unwrap();
+        assert!(none.is_none());
+    }
+    store.enqueue("jobs", &json!(1), None).await.unwrap();
+    store.claim("jobs", None).await.unwrap().expect("claimed");
+    store.claim("jobs", None).await.unwrap();
+    let m = parse(&crate::common::render(&store).await.unwrap());
+    assert_eq!(
+        value(&m, "agentstore_items_enqueued_total", &[("queue", "jobs")]),
+        1.0,
+        "jobs has its own series"
+    );
+    assert_eq!(
+        value(&m, "agentstore_claims_total", &[("queue", "jobs")]),
+        1.0
+    );
+    assert_eq!(
+        value(&m, "agentstore_claims_empty_total", &[("queue", "jobs")]),
+        1.0,
+        "an empty poll of a queue that had an item keeps its name"
+    );
+    assert_eq!(
+        value(&m, "agentstore_claims_empty_total", &[("queue", "(other)")]),
+        n as f64,
+        "the made-up queues' polls, summed"
+    );
+    assert_eq!(
+        sum(&m, "agentstore_claims_empty_total", &[]),
+        (n + 1) as f64
+    );
+    assert!(
+        !m.iter()
+            .any(|(_, l, _)| l.get("queue").is_some_and(|q| q.starts_with("made-up"))),
+        "no series of a queue that never had an item"
+    );
+}
+
 /// Sends `request` (raw HTTP/1.1) to `server` while `db`'s items are locked,
 /// and goes away once the server's call waits on the lock: the server drops
 /// the request unanswered, and only then is the lock released, so that the
