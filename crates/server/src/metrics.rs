@@ -68,7 +68,9 @@ pub struct Metrics {
     /// Claims committed that handed out an item (answered `201`, unless the
     /// client went away), by queue (see [`Metrics::queue_label`]).
     claims: IntCounterVec,
-    /// Claims that found nothing open in the queue (answered `204`), by queue.
+    /// Claims that found nothing open in the queue (answered `204`), by
+    /// queue: under `(other)` for a queue with no label value of its own
+    /// (see [`Metrics::claimed`]).
     claims_empty: IntCounterVec,
     /// Leases renewed, by single or batched heartbeat.
     heartbeats: IntCounter,
@@ -360,12 +362,22 @@ impl Metrics {
     }
 
     /// Claims in `queue` committed: `items` that handed out an item,
-    /// `empty` that found nothing open.
+    /// `empty` that found nothing open. Only claims that handed out an item
+    /// may give `queue` a label value of its own ([`Metrics::queue_label`]):
+    /// empty polls are counted under the queue's own value when it has
+    /// one (it had an item), else under [`OTHER_QUEUES`]
+    /// ([`Metrics::known_queue_label`]), so that polls of queue names that
+    /// never had an item (a worker scoped to `*` trying made-up names)
+    /// cannot take the slots of the queues that do.
     pub fn claimed(&self, queue: &str, items: u64, empty: u64) {
         if items == 0 && empty == 0 {
             return;
         }
-        let label = self.queue_label(queue);
+        let label = if items > 0 {
+            self.queue_label(queue)
+        } else {
+            self.known_queue_label(queue)
+        };
         self.claims
             .with_label_values(&[label.as_str()])
             .inc_by(items);
@@ -382,7 +394,8 @@ impl Metrics {
     }
 
     /// The `queue` label value of `queue` in this instance's counters (items
-    /// enqueued, claims, settles, releases): the
+    /// enqueued, claims, settles, releases), for an event that shows the
+    /// queue had an item (an empty claim does not: see [`Metrics::claimed`]): the
     /// queue's name for the first [`MAX_QUEUE_SERIES`] queues it counts,
     /// then [`OTHER_QUEUES`] (not a valid queue name) for every other one,
     /// so the series stay bounded whatever names producers use (a counter
@@ -403,6 +416,20 @@ impl Metrics {
             return queue.to_owned();
         }
         OTHER_QUEUES.to_owned()
+    }
+
+    /// The `queue` label value `queue` already has ([`Metrics::queue_label`]),
+    /// else [`OTHER_QUEUES`]; never takes a slot.
+    pub fn known_queue_label(&self, queue: &str) -> String {
+        let seen = self
+            .queue_labels
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if seen.contains(queue) {
+            queue.to_owned()
+        } else {
+            OTHER_QUEUES.to_owned()
+        }
     }
 
     /// `n` leases renewed.
