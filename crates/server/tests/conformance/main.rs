@@ -14,6 +14,7 @@ mod listing;
 mod metrics;
 mod migrate;
 mod outage;
+mod requeue;
 mod resume;
 mod retention;
 mod revoke;
@@ -73,6 +74,8 @@ conformance! {
     resume::a_resume_sent_again_after_it_landed_is_answered_and_changes_nothing,
     resume::two_operators_resuming_at_once_get_one_lease_and_one_replay,
     resume::a_resume_racing_a_claim_and_the_reaper_keeps_its_lease,
+    requeue::an_operator_requeues_a_failed_or_blocked_item_and_nothing_else,
+    requeue::a_requeued_item_failed_at_the_retry_cap_gets_its_attempts_back,
     lease::a_heartbeat_racing_a_takeover_has_exactly_one_winner,
     lease::a_takeover_of_an_item_settled_after_it_was_read_changes_nothing,
     lease::a_stalled_worker_that_comes_back_is_fenced_and_the_new_attempt_is_untouched,

@@ -55,13 +55,14 @@ enum Endpoint {
     Release,
     Pause,
     Resume,
+    Requeue,
     Ready,
     Stats,
     Metrics,
     RevokeWorker,
 }
 
-const ENDPOINTS: [Endpoint; 18] = [
+const ENDPOINTS: [Endpoint; 19] = [
     Endpoint::Health,
     Endpoint::CreateEnrollment,
     Endpoint::Enroll,
@@ -76,6 +77,7 @@ const ENDPOINTS: [Endpoint; 18] = [
     Endpoint::Release,
     Endpoint::Pause,
     Endpoint::Resume,
+    Endpoint::Requeue,
     Endpoint::Ready,
     Endpoint::Stats,
     Endpoint::Metrics,
@@ -89,7 +91,7 @@ fn allowed(e: Endpoint, who: Who) -> bool {
     match e {
         // Public: the body is the credential.
         E::Health | E::Ready | E::Enroll | E::Refresh => true,
-        E::CreateEnrollment | E::Pause | E::Resume | E::Metrics | E::RevokeWorker => {
+        E::CreateEnrollment | E::Pause | E::Resume | E::Requeue | E::Metrics | E::RevokeWorker => {
             who == W::Admin
         }
         E::Enqueue | E::List | E::Stats => matches!(who, W::Admin | W::Producer),
@@ -142,7 +144,7 @@ impl Principals {
 }
 
 /// The request for `e` against a fresh fixture: an item of `Q` running under
-/// the holder's lease (paused first for `resume`) and an open one behind it.
+/// the holder's lease (paused first for `resume`, failed for `requeue`) and an open one behind it.
 async fn request(store: &Store, p: &Principals, e: Endpoint) -> (Method, String, Option<Value>) {
     let running = store.enqueue(Q, &json!({"n": 1}), None).await.unwrap();
     store.enqueue(Q, &json!({"n": 2}), None).await.unwrap();
@@ -211,6 +213,14 @@ async fn request(store: &Store, p: &Principals, e: Endpoint) -> (Method, String,
         Endpoint::Resume => {
             store.pause(id).await.unwrap();
             (Method::POST, format!("/v1/items/{id}/resume"), None)
+        }
+        Endpoint::Requeue => {
+            let failed = agentstore_protocol::lease::SettleState::Failed;
+            store
+                .settle(id, &token, Some(p.holder.worker_id), failed, None, None)
+                .await
+                .unwrap();
+            (Method::POST, format!("/v1/items/{id}/requeue"), None)
         }
         // A worker of its own: revoking one of the callers would refuse
         // the cells after it.
