@@ -39,8 +39,8 @@ use crate::store::{Store, StoreError};
 
 /// The passes and calls that count the rows they cannot decode
 /// (`agentstore_unreadable_rows_total{by}`).
-pub const UNREADABLE_BY: [&str; 8] = [
-    "reaper", "list", "claim", "resume", "settle", "release", "pause", "get",
+pub const UNREADABLE_BY: [&str; 9] = [
+    "reaper", "list", "claim", "resume", "settle", "release", "pause", "requeue", "get",
 ];
 
 /// How long a scrape waits for the queue gauges' database read by default
@@ -96,7 +96,7 @@ pub struct Metrics {
     claim_late_copies: IntCounter,
     /// Settled items deleted past `--retention-ms`.
     settled_deleted: IntCounter,
-    /// Operator pauses and resumes committed, by action.
+    /// Operator pauses, resumes and requeues committed, by action.
     operator_actions: IntCounterVec,
     /// Items failed by the retry cap (reason `retry_limit`), by the path that did it.
     retry_limit: IntCounterVec,
@@ -285,7 +285,7 @@ impl Metrics {
             operator_actions: counter_vec(
                 &r,
                 "agentstore_operator_actions_total",
-                "Operator pauses and resumes committed, by action",
+                "Operator pauses, resumes and requeues committed, by action",
                 &["action"],
             ),
             retry_limit: counter_vec(
@@ -349,7 +349,7 @@ impl Metrics {
         for by in ["reaper", "release"] {
             m.retry_limit.with_label_values(&[by]);
         }
-        for action in ["pause", "resume"] {
+        for action in ["pause", "resume", "requeue"] {
             m.operator_actions.with_label_values(&[action]);
         }
         for status in ["401", "403"] {
@@ -474,7 +474,7 @@ impl Metrics {
         self.claim_late_copies.inc();
     }
 
-    /// An operator's `action` (`"pause"` or `"resume"`) committed.
+    /// An operator's `action` (`"pause"`, `"resume"` or `"requeue"`) committed.
     pub fn operator_action(&self, action: &'static str) {
         self.operator_actions.with_label_values(&[action]).inc();
     }

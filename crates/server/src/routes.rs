@@ -47,6 +47,7 @@ pub fn router() -> Router<AppState> {
         .route("/items/{id}/release", post(release))
         .route("/items/{id}/resume", post(resume))
         .route("/items/{id}/pause", post(pause))
+        .route("/items/{id}/requeue", post(requeue))
         .route("/heartbeats", post(heartbeats))
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such endpoint") })
 }
@@ -677,4 +678,20 @@ async fn pause(
     Path(id): Path<String>,
 ) -> Result<Json<Ended>, ApiError> {
     Ok(Json(st.store.pause_reporting(item_id(&id)?).await?))
+}
+
+/// `POST /v1/items/{id}/requeue` (admin only): a `failed` or `blocked` item
+/// back to `open`, attempts 0, epoch kept until the next claim,
+/// `last_error` kept; `200` with the item (`{id, state: "open",
+/// unreadable_row: true}` when its row does not decode: the requeue was
+/// applied). Sent again before any claim took it, `200` with the item as it
+/// is and `Idempotent-Replayed: true`, nothing changed; `409 conflict` from
+/// any other state (see [`crate::Store::requeue`]).
+async fn requeue(
+    State(st): State<AppState>,
+    _: Admin,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let (item, replayed) = st.store.requeue(item_id(&id)?).await?;
+    Ok(replay_marked(Json(item), replayed))
 }

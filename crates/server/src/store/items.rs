@@ -1773,6 +1773,74 @@ impl Store {
         }
     }
 
+    /// Operator path: puts a `failed` or `blocked` item back to `open`, with
+    /// its attempts from 0 again (the whole redelivery allowance), no holder
+    /// and no lease; its epoch stays until the next claim raises it, and
+    /// `last_error` (and any `result`) is kept until the next settle
+    /// replaces it, so a reader still sees why it had failed. Answers the
+    /// item as the requeue left it ([`Ended::Unreadable`] when its row does
+    /// not decode: the requeue was applied), with `false`.
+    ///
+    /// Idempotent: a requeue of an item that a requeue already put back to
+    /// `open`, with no claim since (its epoch is still the one it had then),
+    /// changes nothing and is answered the item as it is, with `true` (an
+    /// operator's requeue sent again after its answer was lost, or two
+    /// operators at once: one is counted). The conditional update is the
+    /// only writer, so a requeue racing another has one winner. Runs
+    /// detached, as every counted write: a requeue whose client went away
+    /// is counted once it commits.
+    ///
+    /// # Errors
+    /// `conflict` naming the state when the item is neither failed nor
+    /// blocked (and was not requeued last), `not_found`.
+    pub async fn requeue(&self, id: i64) -> Result<(Ended, bool), StoreError> {
+        let store = self.clone();
+        detached(async move { store.requeue_now(id).await }).await
+    }
+
+    /// The body of [`Store::requeue`].
+    async fn requeue_now(&self, id: i64) -> Result<(Ended, bool), StoreError> {
+        let sql = self.sql(&format!(
+            "UPDATE items SET state = 'open', attempts = 0, token_hash = NULL, worker_id = NULL,
+                 lease_ttl_ms = NULL, claim_key = NULL, heartbeat_at = NULL,
+                 requeued_epoch = epoch, updated_at = {{now}}
+             WHERE id = $1 AND state IN ('failed', 'blocked')
+             RETURNING {ITEM_COLS}"
+        ));
+        if let Some(row) = sqlx::query(&sql)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+        {
+            self.metrics.operator_action("requeue");
+            return Ok((
+                self.ended(&row, id, Some(ItemState::Open), "requeue", true),
+                false,
+            ));
+        }
+        // Only these columns decide: an item whose other columns do not
+        // decode is answered too.
+        let read = format!("SELECT {ITEM_COLS}, requeued_epoch FROM items WHERE id = $1");
+        let Some(row) = sqlx::query(&read)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+        else {
+            return Err(not_found(id));
+        };
+        let state = state_of(&row);
+        let epoch = get::<i64>(&row, "epoch").ok();
+        let requeued = get::<Option<i64>>(&row, "requeued_epoch").ok().flatten();
+        if state == Some(ItemState::Open) && requeued.is_some() && requeued == epoch {
+            return Ok((self.ended(&row, id, state, "requeue", false), true));
+        }
+        let named = get::<String>(&row, "state").unwrap_or_else(|_| "unreadable".into());
+        Err(StoreError::rejected(
+            ErrorCode::Conflict,
+            format!("item {id} is {named}, not failed or blocked"),
+        ))
+    }
+
     /// Why a call that needs item `id` in state `wanted` changed nothing:
     /// `conflict` naming the state it is in, or `not_found`. Reads the state
     /// alone, so an item whose other columns do not decode is answered too

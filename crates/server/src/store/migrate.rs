@@ -430,6 +430,17 @@ pub const MIGRATIONS: &[Migration] = &[
         // rewrites nothing.
         sql: "ALTER TABLE items ADD COLUMN resumed_epoch BIGINT",
     },
+    Migration {
+        version: 27,
+        name: "requeued_epoch",
+        // The epoch of an item when an operator's requeue put it back to
+        // `open` (a requeue keeps the epoch): a requeue sent again after its
+        // answer was lost, or a second operator's racing the first, finds
+        // the item open and, while its epoch is still that one (no claim
+        // since), is answered that the requeue landed instead of `409
+        // conflict` (see `Store::requeue`). NULL for items never requeued.
+        sql: "ALTER TABLE items ADD COLUMN requeued_epoch BIGINT",
+    },
 ];
 
 /// Advisory lock key for migrations on PostgreSQL ("agst").
