@@ -9,8 +9,7 @@
 //!   heartbeats, settles, releases and reads only the items it holds.
 //!
 //! Credentials are compared in constant time and never logged. Every refusal is
-//! `403 forbidden` decided before the request body is read (handlers take it
-//! as [`crate::extract::LaterBody`]) and before anything is written.
+//! `403 forbidden` decided before anything is written.
 
 use agentstore_protocol::lease::{queue_in_scope, Role, ANY_QUEUE};
 use agentstore_protocol::ErrorCode;

@@ -47,35 +47,6 @@ where
     }
 }
 
-/// A request body not read yet: a handler takes it last and reads it
-/// ([`LaterBody::json`], as [`JsonBody`] would) only once the caller's role
-/// and scope allow the call, so that a refused caller is answered `403`
-/// (or `401`) whatever its body (empty, malformed, oversized) and its body
-/// is never read. The body limit and [`BodyDeadline`] apply as to
-/// [`JsonBody`].
-#[derive(Debug)]
-pub struct LaterBody(Request);
-
-impl<S: Send + Sync> FromRequest<S> for LaterBody {
-    type Rejection = std::convert::Infallible;
-
-    async fn from_request(req: Request, _: &S) -> Result<Self, Self::Rejection> {
-        Ok(LaterBody(req))
-    }
-}
-
-impl LaterBody {
-    /// Reads and parses the body, as [`JsonBody`].
-    ///
-    /// # Errors
-    /// As [`JsonBody`]: `payload_too_large`, `bad_request`, `validation`.
-    pub async fn json<T: DeserializeOwned>(self) -> Result<T, ApiError> {
-        JsonBody::from_request(self.0, &())
-            .await
-            .map(|JsonBody(t)| t)
-    }
-}
-
 /// How long a request's whole body may take to arrive once its handler
 /// reads it (`--read-timeout-ms`), set on the API's requests by the router:
 /// past it [`JsonBody`] answers `400 bad_request` and the connection is
