@@ -266,14 +266,15 @@ impl LeaseInner {
         self.plan.borrow().is_live(now)
     }
 
-    /// [`HeartbeatPlan::observe`] with the lease clock's jump count; not
-    /// while a settle or release is out or unanswered: no heartbeat may go
-    /// out then (it would read `claim_lost` after a landed settle), and that
-    /// call's own answer, or its resend, is what the server says of the
-    /// lease. The jump is taken in at the first look after it, if the lease
-    /// is still held then.
+    /// [`HeartbeatPlan::observe`] with the lease clock's jump count. Also
+    /// while a settle or release is out or unanswered: no heartbeat goes out
+    /// then (it would read `claim_lost` after a landed settle), so such a
+    /// lease is lost locally 5 s after the jump unless that call is answered
+    /// first; its answer still decides what became of the item. (Left
+    /// unobserved, a lease whose settle failed on waking read as held for
+    /// the rest of a TTL the server had long counted down.)
     pub(crate) fn observe_clock(&self, now: f64) -> bool {
-        !self.ending_pending() && self.plan.borrow_mut().observe(now, jumps())
+        self.plan.borrow_mut().observe(now, jumps())
     }
 
     /// Suspends (true) or resumes (false) this lease's automatic heartbeats

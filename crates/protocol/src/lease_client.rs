@@ -238,7 +238,14 @@ impl HeartbeatPlan {
         self.in_flight = false;
         self.failures = self.failures.saturating_add(1);
         let base = (self.interval_ms / 4.0).max(1.0);
-        let delay = full_jitter_ms(self.failures - 1, base, self.interval_ms, r).max(base / 2.0);
+        let mut delay =
+            full_jitter_ms(self.failures - 1, base, self.interval_ms, r).max(base / 2.0);
+        // While a jump awaits confirmation (this may be the answer of a
+        // heartbeat sent before it), the retry goes out within a tenth of
+        // the window, not an interval later.
+        if self.confirm.is_some() {
+            delay = delay.min(CONFIRM_WINDOW_MS / 10.0);
+        }
         // Leave a tenth of the margin for the retry itself.
         let latest = self.deadline() - self.margin_ms / 10.0;
         self.retry_at = if now < latest {
@@ -604,6 +611,21 @@ mod tests {
         assert!(q.confirm.is_some());
         assert!(q.on_success(16_000.0, 16_600.0));
         assert_eq!(q.confirm, None);
+    }
+
+    #[test]
+    fn a_failure_read_after_a_clock_jump_retries_within_a_tenth_of_the_window() {
+        let mut p = HeartbeatPlan::new(0.0, TTL, HB);
+        p.on_sent();
+        // The jump is seen (by a reader) before the failure of the
+        // heartbeat sent before it is read.
+        assert!(p.observe(16_000.0, 1));
+        p.on_failure(16_001.0, 0.99);
+        assert!(p.retry_at <= 16_001.0 + CONFIRM_WINDOW_MS / 10.0);
+        assert!(matches!(
+            p.step(16_001.0 + CONFIRM_WINDOW_MS / 10.0),
+            Step::Heartbeat { .. }
+        ));
     }
 
     #[test]

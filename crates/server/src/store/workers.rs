@@ -159,8 +159,9 @@ impl Store {
     /// read, for a use made by a binary without the table.
     ///
     /// A copy is late only within the replay grace of the token's first
-    /// use (which no later copy moves): a held-up copy cannot arrive later
-    /// than its request's timeout. The numbers are the client's word, and
+    /// use (which no later copy moves): a held-up copy arrives within its
+    /// request's timeout (the SDK's 30 s by default; an app that sets it
+    /// above the grace has a copy held up past it taken as reuse). The numbers are the client's word, and
     /// a sender id is shown in every request: whoever holds a stolen token
     /// can use it first in its victim's name with the highest number there
     /// is. Within the grace that turns the victim's copies away (`409`)
@@ -230,8 +231,8 @@ impl Store {
             return Err(unauthorized(what));
         };
         // Late only within the replay grace: a copy held up in the network
-        // cannot reach the server later than its request's timeout (30 s by
-        // default, under the grace). After it, a number stored for a sender
+        // reaches the server within its request's timeout (30 s by default,
+        // under the grace; a longer one set by the app is not waited for). After it, a number stored for a sender
         // proves nothing (whoever used the token first may have sent any
         // number in that sender's name, which every request shows): the
         // copy is reuse, whatever number came first.
