@@ -9,7 +9,9 @@
 //!   heartbeats, settles, releases and reads only the items it holds.
 //!
 //! Credentials are compared in constant time and never logged. Every refusal is
-//! `403 forbidden` decided before anything is written.
+//! `403 forbidden` decided before anything is written and before the request
+//! body is parsed (handlers that need a role take it as
+//! [`crate::extract::RawBody`]).
 
 use agentstore_protocol::lease::{queue_in_scope, Role, ANY_QUEUE};
 use agentstore_protocol::ErrorCode;

@@ -23,6 +23,41 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        RawBody::from_request(req, state)
+            .await?
+            .json()
+            .map(JsonBody)
+    }
+}
+
+/// A request body read whole but not yet parsed: a handler that must refuse
+/// a caller its role does not allow (`403`) whatever the body is takes this,
+/// checks the role, and only then calls [`RawBody::json`]. The body is read
+/// before the refusal on purpose: an answer sent while the body is still
+/// unread in the socket can be lost to the TCP reset that closing such a
+/// socket sends. Too large → `413 payload_too_large`, before any role check
+/// (the rest of such a body is never read); past the read deadline → `400
+/// bad_request`.
+#[derive(Debug)]
+pub struct RawBody(Bytes);
+
+impl RawBody {
+    /// Parses the body as [`JsonBody`] does.
+    ///
+    /// # Errors
+    /// As [`parse`].
+    pub fn json<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
+        parse(&self.0)
+    }
+}
+
+impl<S> FromRequest<S> for RawBody
+where
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
         let deadline = req.extensions().get::<BodyDeadline>().map(|d| d.0);
         let read = Bytes::from_request(req, state);
         let read = match deadline {
@@ -36,14 +71,13 @@ where
             })?,
             None => read.await,
         };
-        let bytes = read.map_err(|r| {
+        read.map(RawBody).map_err(|r| {
             if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::new(ErrorCode::PayloadTooLarge, "request body too large")
             } else {
                 ApiError::new(ErrorCode::BadRequest, "could not read the request body")
             }
-        })?;
-        parse(&bytes).map(JsonBody)
+        })
     }
 }
 

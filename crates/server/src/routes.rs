@@ -19,7 +19,7 @@ use axum::{Json, Router};
 
 use crate::auth::{caller_from, Admin, Caller};
 use crate::error::ApiError;
-use crate::extract::{item_id, positive_item_id, queue_name, worker_id, JsonBody};
+use crate::extract::{item_id, positive_item_id, queue_name, worker_id, JsonBody, RawBody};
 use crate::ratelimit::{client_key, retry_after_secs, RateLimiter};
 use crate::state::AppState;
 use crate::store::{claim_lost, Attempt, Ended, ItemPage, Released, Resumed, Viewed};
@@ -313,11 +313,12 @@ async fn enqueue(
     caller: Caller,
     Path(queue): Path<String>,
     headers: HeaderMap,
-    JsonBody(req): JsonBody<EnqueueBody>,
+    body: RawBody,
 ) -> Result<Response, ApiError> {
     let queue = queue_name(&queue)?;
     let producer = caller.produce(queue)?;
     let key = idempotency_key(&headers)?;
+    let req: EnqueueBody = body.json()?;
     // `max_attempts` n is `max_redeliveries` n - 1; the item keeps only the latter.
     let cap = agentstore_protocol::lease::retry_cap(req.max_redeliveries, req.max_attempts)
         .map_err(|e| invalid(e.to_string()))?;
@@ -485,10 +486,11 @@ async fn heartbeat(
     State(st): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-    JsonBody(req): JsonBody<TokenRequest>,
+    body: RawBody,
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
-    let id = item_id(&id)?;
     let owner = caller.lease_owner()?;
+    let id = item_id(&id)?;
+    let req: TokenRequest = body.json()?;
     let ttl_ms = st
         .store
         .heartbeat(id, &req.token, owner)
@@ -503,12 +505,13 @@ async fn heartbeat(
 async fn heartbeats(
     State(st): State<AppState>,
     caller: Caller,
-    JsonBody(req): JsonBody<BatchHeartbeatRequest>,
+    body: RawBody,
 ) -> Result<Json<BatchHeartbeatResponse>, ApiError> {
+    let owner = caller.lease_owner()?;
+    let req: BatchHeartbeatRequest = body.json()?;
     if req.leases.len() > MAX_BATCH {
         return Err(invalid(format!("at most {MAX_BATCH} leases per batch")));
     }
-    let owner = caller.lease_owner()?;
     let leases: Vec<(i64, &str)> = req
         .leases
         .iter()
@@ -569,10 +572,11 @@ async fn settle(
     State(st): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-    JsonBody(req): JsonBody<SettleBody>,
+    body: RawBody,
 ) -> Result<Response, ApiError> {
-    let id = item_id(&id)?;
     let owner = caller.lease_owner()?;
+    let id = item_id(&id)?;
+    let req: SettleBody = body.json()?;
     let (item, replayed) = st
         .store
         .settle_reporting(
@@ -617,13 +621,14 @@ async fn release(
     State(st): State<AppState>,
     releaser: Releaser,
     Path(id): Path<String>,
-    JsonBody(req): JsonBody<TokenRequest>,
+    body: RawBody,
 ) -> Result<Response, ApiError> {
-    let id = item_id(&id)?;
     let owner = match &releaser {
         Releaser::Caller(caller) => caller.lease_owner()?,
         Releaser::Beacon => None,
     };
+    let id = item_id(&id)?;
+    let req: TokenRequest = body.json()?;
     let released = st.store.release_reporting(id, &req.token, owner).await;
     let (item, done) = match (released, releaser) {
         (Err(e), Releaser::Beacon) if e.code() == Some(ErrorCode::NotFound) => {

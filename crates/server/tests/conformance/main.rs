@@ -133,6 +133,7 @@ conformance! {
     revoke::an_admin_revoke_refuses_every_credential_of_the_worker_at_once,
     revoke::revoking_needs_the_admin_and_a_known_id,
     roles::every_endpoint_allows_exactly_its_roles_and_a_refusal_changes_nothing,
+    roles::a_refused_caller_is_refused_whatever_its_body,
     roles::a_worker_enrolled_for_one_queue_claims_there_and_nowhere_else,
     roles::an_enrolled_caller_cannot_tell_a_missing_item_from_one_it_may_not_touch,
     input::out_of_range_numbers_are_400_before_they_reach_sql,

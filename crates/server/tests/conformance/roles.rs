@@ -284,6 +284,92 @@ pub async fn every_endpoint_allows_exactly_its_roles_and_a_refusal_changes_nothi
     server.stop().await.unwrap();
 }
 
+/// Before, enqueue, heartbeat, the batched heartbeat, settle and release
+/// parsed their body before the role check: a caller of the wrong role (a
+/// worker enqueuing, a producer heartbeating) sending an empty or malformed
+/// body was answered `400`, not the `403` every other refusal is. Now every
+/// POST endpoint reads the body, then refuses a caller its role or queue
+/// scope does not allow (`401` without credentials) before parsing it, and
+/// changes nothing. (A body over the limit is `413` whoever sends it; a
+/// worker sending another lease's token is refused by the lease fence,
+/// which needs the body: neither is here.)
+pub async fn a_refused_caller_is_refused_whatever_its_body(db: TestDb) {
+    let server = http_server(&db).await;
+    let store = server.store().clone();
+    let p = Principals::new(&store).await;
+    let http = reqwest::Client::new();
+    let bodies: [(&str, &str); 4] = [
+        ("empty", ""),
+        ("truncated JSON", "{\"token\": "),
+        ("not an object", "[1, 2]"),
+        ("wrong shape", "{\"nonsense\": true}"),
+    ];
+    let (mut refused, mut wrong) = (0, Vec::new());
+    for e in ENDPOINTS {
+        let (method, path, _) = request(&store, &p, e).await;
+        if method != Method::POST {
+            continue;
+        }
+        for who in EVERYONE {
+            let fenced = matches!(
+                e,
+                Endpoint::Heartbeat | Endpoint::Heartbeats | Endpoint::Settle | Endpoint::Release
+            ) && matches!(who, Who::OtherWorker | Who::WorkerElsewhere);
+            if allowed(e, who) || fenced {
+                continue;
+            }
+            let expected = if who == Who::Anonymous {
+                ErrorCode::Unauthorized
+            } else {
+                ErrorCode::Forbidden
+            };
+            for (what, body) in bodies {
+                let before = snapshot(&store).await;
+                let mut req = http
+                    .post(format!("{}{path}", server.url()))
+                    .header("content-type", "application/json")
+                    .body(body.to_owned());
+                if let Some(b) = p.bearer(who) {
+                    req = req.bearer_auth(b);
+                }
+                let resp = req.send().await.unwrap();
+                let status = resp.status();
+                let text = resp.text().await.unwrap();
+                let cell = format!("POST {path} as {who:?}, {what} body: {status} {text}");
+                let code = serde_json::from_str::<ErrorBody>(&text).map(|b| b.code);
+                if status.as_u16() != expected.status() || code.ok() != Some(expected) {
+                    wrong.push(cell.clone());
+                }
+                assert_eq!(snapshot(&store).await, before, "changed state: {cell}");
+                refused += 1;
+            }
+        }
+    }
+    // A producer is refused a fenced call before its item id is read too.
+    for rest in ["heartbeat", "settle", "release"] {
+        let path = format!("/v1/items/not-an-id/{rest}");
+        let resp = http
+            .post(format!("{}{path}", server.url()))
+            .bearer_auth(&p.producer.access_token)
+            .body("")
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status();
+        if status != StatusCode::FORBIDDEN {
+            let text = resp.text().await.unwrap();
+            wrong.push(format!("POST {path} as Producer: {status} {text}"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "not refused as such:\n{}",
+        wrong.join("\n")
+    );
+    assert!(refused > 100, "cells refused: {refused}");
+    server.stop().await.unwrap();
+}
+
 pub async fn a_worker_enrolled_for_one_queue_claims_there_and_nowhere_else(db: TestDb) {
     let server = http_server(&db).await;
     let store = server.store().clone();
