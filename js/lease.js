@@ -258,11 +258,15 @@ export function numberRequest(headers, key) {
  * The `Idempotency-Key` for the next claim of `queue` by the client whose
  * unanswered claims `kept` holds: the key of one of them (its answer lost:
  * the server may hold its lease, and answers the same key with it again),
- * else a new one of about 100 random bits (`Math.random()`: keys need only
- * differ among one worker's claims of one queue).
+ * else `undefined` (then `newClaimKey()`).
  */
 export function claimKey(kept, queue) {
-  return keysOf(kept, queue).shift() ?? Math.random().toString(36).slice(2) + Math.random().toString(36).slice(2);
+  return keysOf(kept, queue).shift();
+}
+
+/** A new claim key of about 100 random bits (`Math.random()`: keys need only differ among one worker's claims of one queue). */
+export function newClaimKey() {
+  return Math.random().toString(36).slice(2) + Math.random().toString(36).slice(2);
 }
 
 /** Keeps `key`, a claim of `queue` that got no answer, for the queue's next claim (the newest 64 per queue). */

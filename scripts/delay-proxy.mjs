@@ -42,6 +42,9 @@
 //                           the held request's answer status once the server
 //                           answered it (0 before)
 //   /late-first-enroll-<n>/… the same for enrollment requests
+//   /late-first-claim-held-<n>/… the first claim REQUEST of nonce <n> is held
+//                           until /_stop/<n> is requested (later claims pass
+//                           meanwhile); then forwarded, its status in "late"
 //   /slow-settle-requests-<ms>/… settle REQUESTS are forwarded to the server only
 //                           after <ms> (anything sent meanwhile gets there first)
 //   /late-heartbeats-<ms>/…  heartbeat REQUESTS are forwarded only after <ms>, and
@@ -171,7 +174,7 @@ const server = http.createServer((req, res) => {
     }, 1.5 * Number(lateRefused[1]));
     return;
   }
-  const lateFirst = /^late-first-(claim|enroll)-.+$/.exec(mode);
+  const lateFirst = /^late-first-(claim|enroll)-(held-)?(.+)$/.exec(mode);
   if (lateFirst && req.method === 'POST' && (lateFirst[1] === 'claim' ? isClaim(path) : path === '/v1/workers/enroll')) {
     // Forwards this request (its body read first: it can go after the page
     // gave up on it) and calls `then(status)` once the server's answer has
@@ -207,6 +210,11 @@ const server = http.createServer((req, res) => {
         held.set(mode, 0);
         send((status) => (entry.status = status));
       };
+      if (lateFirst[2]) {
+        const nonce = lateFirst[3];
+        holding.set(nonce, [...(holding.get(nonce) ?? []), entry.forward]);
+        entry.forward = null;
+      }
       return;
     }
     send(() => {

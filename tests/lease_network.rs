@@ -2371,6 +2371,59 @@ async fn a_claim_request_reaching_the_server_late_never_takes_the_lease_from_the
     }
 }
 
+/// A claim whose REQUEST is held up in the network past the client's
+/// request timeout, while the queue is empty: the next claim (the same
+/// `Idempotency-Key`, the first unanswered) is answered `204`; an item is
+/// enqueued, and then the late copy reaches the server and takes it under a
+/// token nobody receives. The claim after that gets that lease back (the
+/// key was kept past the `204`, and the server replays its running lease to
+/// a later copy): it settles with no attempt spent. Before, the `204` spent
+/// the key: the next claim found nothing open, and the item ran under the
+/// lost token until its TTL ran out, an attempt spent.
+#[wasm_bindgen_test]
+async fn a_claim_reaching_the_server_late_after_an_empty_answer_is_claimed_back_by_the_next_claim()
+{
+    let Some(proxy) = proxy() else { return };
+    for as_worker in [false, true] {
+        let q = fresh_queue("late-empty");
+        let nonce = fresh_queue("h");
+        let mode = format!("late-first-claim-held-{nonce}");
+        let creds = if as_worker {
+            worker_creds(&q, "late-empty-claimer").await
+        } else {
+            admin_creds()
+        };
+        let c = client_at(&format!("{proxy}/{mode}"), creds, quick_timeout());
+        let lost = c.claim(&q, None).await;
+        assert!(
+            matches!(&lost, Err(e) if e.is_transient()),
+            "the request timed out: {:?}",
+            lost.as_ref().err()
+        );
+        assert_eq!(held_back(proxy, &mode).await, 1.0, "held, not yet sent on");
+        claim_none(&c, &q).await;
+        let id = enqueue(&q, json!({"n": 1})).await;
+        stop_dropping(proxy, &nonce).await;
+        assert_eq!(
+            late_answer(proxy, &mode).await,
+            201.0,
+            "the late copy took the item"
+        );
+        let lease = claim(&c, &q).await;
+        assert_eq!(
+            lease.item_id, id,
+            "worker {as_worker}: the late copy's lease, given back"
+        );
+        lease
+            .settle(SettleState::Done, None, None)
+            .await
+            .expect("the lease is held");
+        let it = item(id).await;
+        assert_eq!((it.state, it.attempts), (ItemState::Done, 0));
+        c.close().await;
+    }
+}
+
 /// An enrollment REQUEST held up in the network past the client's request
 /// timeout reaches the server only after the client's next enrollment (the
 /// same single-use token, sent again) was answered: the late copy is

@@ -40,7 +40,9 @@ impl ClientInner {
     /// (aborted), which then gets back the lease the lost answer carried (a
     /// new token and the next epoch) if the server still holds it for this worker
     /// (see the server's `Store::claim_once`), instead of a second item
-    /// while the first waits out its TTL with an attempt spent.
+    /// while the first waits out its TTL with an attempt spent. A `204` to
+    /// such a key keeps it too: the unanswered copy may still reach the
+    /// server late and take an item then.
     ///
     /// `close()` ends a claim awaiting its answer at once (`ClosedError`);
     /// the request runs on, and a lease it brings is released (see
@@ -125,7 +127,9 @@ impl ClientInner {
             return Err(LeaseError::Aborted(reason));
         }
         // Taken once the claim is sure to be sent.
-        let key = claim_key(&self.unanswered_claims, queue);
+        let kept = claim_key(&self.unanswered_claims, queue);
+        let reused = kept.is_some();
+        let key = kept.unwrap_or_else(new_claim_key);
         let queue = queue.to_owned();
         let slot: Rc<RefCell<Option<Result<super::http::Answer>>>> = Rc::default();
         let abandoned = Rc::new(Cell::new(false));
@@ -140,7 +144,7 @@ impl ClientInner {
                     .authed_while("POST", &path, None, timeout, None, &|| Ok(None), Some(&key))
                     .await;
                 // Also when the caller no longer waits (abandoned).
-                me.keep_if_unanswered(&queue, &key, &r);
+                me.keep_if_unanswered(&queue, &key, reused, &r);
                 match r {
                     Ok(a) if abandoned.get() && a.status == 201 => {
                         if let Ok(c) = parse::<ClaimedRef>(&a.body) {
@@ -241,12 +245,24 @@ impl ClientInner {
 
     /// Keeps `key` for the next claim of `queue` when its claim got no
     /// answer that settles it: a transient error (no answer, a timeout, a
-    /// 5xx: the server may have granted it) or a grant whose body cannot be
-    /// read. A refusal or a `204` spends it.
-    fn keep_if_unanswered(&self, queue: &str, key: &str, r: &Result<super::http::Answer>) {
+    /// 5xx: the server may have granted it), a grant whose body cannot be
+    /// read, or a `204` to a key `reused` from such a claim: an earlier copy
+    /// of it may still be held up in the network and claim an item when it
+    /// arrives, and the next claim sent with the key then gets that lease
+    /// back (a replay) instead of leaving it running under a token nobody
+    /// received until its TTL, an attempt spent. A refusal, or a `204` to a
+    /// key sent once, spends it.
+    fn keep_if_unanswered(
+        &self,
+        queue: &str,
+        key: &str,
+        reused: bool,
+        r: &Result<super::http::Answer>,
+    ) {
         let unanswered = match r {
             Err(e) => e.is_transient(),
-            Ok(a) => a.status != 204 && parse::<ClaimedRef>(&a.body).is_err(),
+            Ok(a) if a.status == 204 => reused,
+            Ok(a) => parse::<ClaimedRef>(&a.body).is_err(),
         };
         if unanswered {
             keep_claim_key(&self.unanswered_claims, queue, key);
@@ -334,11 +350,13 @@ impl ClientInner {
 
 #[wasm_bindgen::prelude::wasm_bindgen(module = "/js/lease.js")]
 extern "C" {
-    /// The `Idempotency-Key` for the next claim of `queue`: one a claim of
-    /// it left unanswered (kept in `kept`), else a new one (js/lease.js
-    /// `claimKey`).
+    /// The `Idempotency-Key` a claim of `queue` left unanswered (kept in
+    /// `kept`), for the queue's next claim, if any (js/lease.js `claimKey`).
     #[wasm_bindgen(js_name = claimKey)]
-    fn claim_key(kept: &js_sys::Object, queue: &str) -> String;
+    fn claim_key(kept: &js_sys::Object, queue: &str) -> Option<String>;
+    /// A new claim `Idempotency-Key` (js/lease.js `newClaimKey`).
+    #[wasm_bindgen(js_name = newClaimKey)]
+    fn new_claim_key() -> String;
     /// Keeps `key` of an unanswered claim of `queue` in `kept` for the
     /// queue's next claim (js/lease.js `keepClaimKey`).
     #[wasm_bindgen(js_name = keepClaimKey)]
