@@ -425,8 +425,8 @@ fn holds(job: &SettleJob, row: &AnyRow) -> bool {
 /// the same lease (token) made the item's last settle with this very
 /// settle — same state, result and error; the first was applied and its
 /// answer lost — it is answered with the item as that settle left it (see
-/// [`as_settled`]: an operator may have resumed a `paused` item since, and
-/// another lease may hold it now), so the holder can retry a settle safely (an
+/// [`as_settled`]: an operator may have resumed a `paused` item since, or
+/// requeued a failed one, and another lease may hold or have ended it), so the holder can retry a settle safely (an
 /// idempotent retry, as with an idempotency key: the same key with other
 /// content is refused). Another settle by that same lease (another state,
 /// result or error) is refused `already_settled`, naming the state the
@@ -446,9 +446,15 @@ fn replay_or_rejection(store: &Store, job: &SettleJob, row: &AnyRow) -> Result<E
         && (job.owner.is_none() || settled_by == job.owner);
     // The same request, byte for byte: a replay even after the item moved
     // on (resumed, claimed, settled by no one else since).
+    // Whether the item left the state this settle set: another state, a
+    // lease holding it, or a claim since (the epoch passed the settle's: an
+    // operator's requeue lets a later lease's ending bring the item back to
+    // the same state, with that lease's result and error).
+    let settled_epoch: Option<i64> = get(row, "settled_epoch")?;
+    let moved_on = state != job.state_name()
+        || get::<Option<String>>(row, "token_hash")?.is_some()
+        || settled_epoch.is_some_and(|e| get::<i64>(row, "epoch").map_or(true, |now| now != e));
     if same_lease && asked.as_deref() == Some(job.request_hash.as_str()) {
-        let moved_on =
-            state != job.state_name() || get::<Option<String>>(row, "token_hash")?.is_some();
         // What another holder wrote since (its result, its error) is not
         // this caller's to read: the settle's own, which this very request
         // wrote (the stored text is the same while the item has not moved
@@ -462,7 +468,7 @@ fn replay_or_rejection(store: &Store, job: &SettleJob, row: &AnyRow) -> Result<E
     // The same request in substance while the item is as it left it (a
     // result re-serialised with other spacing; a settle made before the
     // request hash was kept).
-    if same_lease && state == job.state_name() {
+    if same_lease && !moved_on {
         let result: Option<String> = get(row, "result")?;
         let last_error: Option<String> = get(row, "last_error")?;
         let same_result = match (&result, &job.result) {

@@ -3,6 +3,7 @@
 
 use agentstore_protocol::lease::{ItemState, SettleState};
 use agentstore_protocol::{ErrorBody, ErrorCode};
+use agentstore_server::store::Ended;
 use agentstore_server::Store;
 use serde_json::{json, Value};
 
@@ -153,5 +154,77 @@ pub async fn a_requeued_item_failed_at_the_retry_cap_gets_its_attempts_back(db: 
     assert_eq!((now.state, now.attempts), (ItemState::Open, 0));
     let again = store.claim("cap", None).await.unwrap().expect("claimable");
     assert_eq!((again.item.id, again.lease.epoch), (item.id, 2));
+    server.stop().await.unwrap();
+}
+
+/// A settle whose answer was lost, sent again after an operator requeued
+/// the item and a later lease ended it in the same state (here: released
+/// at the retry cap, `failed` with `retry_limit`): it is still a replay,
+/// answered with what that settle set (its error, its epoch), not the
+/// later lease's error. (Sent again in other spacing it is `409
+/// already_settled`, as after any move on: the row no longer holds its
+/// result to compare with.) Before, the row's `failed` state hid the
+/// requeue and the replay answered `last_error: "retry_limit"`. Nothing
+/// changes either way.
+pub async fn a_settle_sent_again_after_a_requeue_answers_its_own_outcome(db: TestDb) {
+    let server = http_server(&db).await;
+    let store = server.store().clone();
+    let item = store.enqueue("again", &json!(1), Some(0)).await.unwrap();
+    let a = store.claim("again", None).await.unwrap().expect("claimed");
+    let result = serde_json::value::RawValue::from_string("{\"r\":1}".into()).unwrap();
+    let spaced = serde_json::value::RawValue::from_string("{ \"r\": 1 }".into()).unwrap();
+    let settle = |result: &serde_json::value::RawValue| {
+        let (store, token, result) = (store.clone(), a.lease.token.clone(), result.to_owned());
+        async move {
+            store
+                .settle_reporting(
+                    item.id,
+                    &token,
+                    None,
+                    SettleState::Failed,
+                    Some(&result),
+                    Some("e1"),
+                )
+                .await
+        }
+    };
+    let (first, replayed) = settle(&result).await.unwrap();
+    assert!(!replayed);
+    let Ended::Item(first) = first else {
+        panic!("unreadable")
+    };
+    store.requeue(item.id).await.unwrap();
+    let b = store.claim("again", None).await.unwrap().expect("claimed");
+    assert_eq!(b.item.id, item.id);
+    let ended = store.release(item.id, &b.lease.token, None).await.unwrap();
+    assert_eq!(
+        (ended.state, ended.last_error.as_deref()),
+        (ItemState::Failed, Some("retry_limit"))
+    );
+    let before = snapshot(&store).await;
+    let (again, replayed) = settle(&result).await.unwrap();
+    let Ended::Item(again) = again else {
+        panic!("unreadable")
+    };
+    assert!(replayed, "a replay");
+    assert_eq!(
+        (again.state, again.last_error.as_deref(), again.epoch),
+        (ItemState::Failed, Some("e1"), first.epoch),
+        "the settle's own outcome"
+    );
+    assert_eq!(
+        again
+            .result
+            .as_ref()
+            .map(|r| serde_json::from_str::<Value>(r.get()).unwrap()),
+        Some(json!({"r": 1}))
+    );
+    let respaced = settle(&spaced).await.map(|_| ()).unwrap_err();
+    assert_eq!(
+        respaced.code(),
+        Some(ErrorCode::AlreadySettled),
+        "{respaced}"
+    );
+    assert_eq!(snapshot(&store).await, before, "a replay changes nothing");
     server.stop().await.unwrap();
 }
