@@ -316,7 +316,11 @@ pub(super) fn item_from_row(row: &AnyRow) -> Result<Item, StoreError> {
         RawJson::from_text(text).map_err(|e| StoreError::Corrupt(format!("{col}: {e}")))
     };
     Ok(Item {
-        id: get(row, "id")?,
+        id: {
+            let id = get(row, "id")?;
+            to_u64(id, "id")?;
+            id
+        },
         queue: get(row, "queue")?,
         state: ItemState::parse(&state)
             .ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?,

@@ -174,15 +174,17 @@ impl Store {
         let Some(key) = key else {
             let sql = self.sql(&format!(
                 "INSERT INTO items (queue, state, payload, attempts, max_redeliveries, epoch, created_at, updated_at)
-                 VALUES ($1, 'open', $2, 0, $3, 0, {{now}}, {{now}})
-                 RETURNING {ITEM_COLS}"
+                 SELECT $1, 'open', $2, 0, $3, 0, {{now}}, {{now}} WHERE {room}
+                 RETURNING {ITEM_COLS}",
+                room = self.id_room(),
             ));
             let row = sqlx::query(&sql)
                 .bind(queue)
                 .bind(&payload)
                 .bind(i64::from(max))
-                .fetch_one(&self.pool)
-                .await?;
+                .fetch_optional(&self.pool)
+                .await?
+                .ok_or_else(ids_exhausted)?;
             self.metrics.enqueued(queue);
             // The payload was checked as JSON, the rest are constants: it decodes.
             return Ok((Ended::Item(item_from_row(&row)?), false));
@@ -209,7 +211,9 @@ impl Store {
              SELECT $1, 'open', $2, 0, $3, 0, {{now}}, {{now}}, $4, $5, $6
              WHERE NOT EXISTS (SELECT 1 FROM items
                  WHERE queue = $1 AND idempotency_key = $4 AND idempotency_scope IS NULL)
-             RETURNING {ITEM_COLS}"
+               AND {room}
+             RETURNING {ITEM_COLS}",
+            room = self.id_room(),
         ));
         // Only a key can conflict: the item that key added before. That item
         // can be deleted between the INSERT's refusal and this read (the
@@ -260,6 +264,8 @@ impl Store {
                 .await?;
             match found {
                 Some(row) => break row,
+                // Added nothing, and no item holds the key: no id is left.
+                None if !self.has_id_room().await? => return Err(ids_exhausted()),
                 None if rounds < 3 => rounds += 1,
                 None => {
                     return Err(StoreError::Corrupt(format!(
@@ -280,6 +286,32 @@ impl Store {
             .ok()
             .and_then(|s| ItemState::parse(&s));
         Ok((self.ended(&row, id, state, "enqueue", false), true))
+    }
+
+    /// An SQL condition true while the next item id is at most
+    /// [`super::MAX_SAFE_INTEGER`]: the highest id handed out so far (the
+    /// `AUTOINCREMENT` counter on SQLite, the identity sequence on
+    /// PostgreSQL) is below it. (On PostgreSQL two enqueues racing for the
+    /// very last id can pass it together: the second then adds an item
+    /// whose id does not decode, failed at its first claim.)
+    fn id_room(&self) -> String {
+        let last = match self.backend {
+            Backend::Sqlite => "(SELECT seq FROM sqlite_sequence WHERE name = 'items')",
+            Backend::Postgres => {
+                "pg_sequence_last_value(CAST(pg_get_serial_sequence('items', 'id') AS regclass))"
+            }
+        };
+        format!("COALESCE({last}, 0) < {}", super::MAX_SAFE_INTEGER)
+    }
+
+    /// Whether [`Store::id_room`] holds now.
+    async fn has_id_room(&self) -> Result<bool, StoreError> {
+        let sql = format!(
+            "SELECT CAST(CASE WHEN {} THEN 1 ELSE 0 END AS BIGINT)",
+            self.id_room()
+        );
+        let (room,): (i64,) = sqlx::query_as(&sql).fetch_one(&self.pool).await?;
+        Ok(room == 1)
     }
 
     /// Claims the oldest open item of `queue` with a fresh token, `epoch + 1` and
@@ -2045,5 +2077,13 @@ fn superseded(attempt: i64, answered: i64) -> StoreError {
             "this copy of the claim (Request-Attempt {attempt}) came after copy {answered}: \
              it was refused and holds no lease"
         ),
+    )
+}
+
+/// The refusal of an enqueue when no item id is left below
+/// [`super::MAX_SAFE_INTEGER`] (nothing was added).
+fn ids_exhausted() -> StoreError {
+    StoreError::Corrupt(
+        "no item id is left below 2^53 (Number.MAX_SAFE_INTEGER); nothing was added".into(),
     )
 }

@@ -654,8 +654,20 @@ fn to_u32(v: i64, col: &str) -> Result<u32, StoreError> {
     u32::try_from(v).map_err(|_| StoreError::Corrupt(format!("{col} out of range: {v}")))
 }
 
+/// Largest item id, epoch or count the server answers: 2^53 − 1
+/// (`Number.MAX_SAFE_INTEGER`), the largest integer a JavaScript number
+/// (and so `JSON.parse` in a browser) holds exactly. A row holding more
+/// does not decode (see `unreadable`), so a claim never answers an epoch a
+/// client would round; an enqueue adds no item past it.
+pub const MAX_SAFE_INTEGER: i64 = (1 << 53) - 1;
+
+/// `v` when it is in `0..=`[`MAX_SAFE_INTEGER`].
 fn to_u64(v: i64, col: &str) -> Result<u64, StoreError> {
-    u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("{col} out of range: {v}")))
+    if (0..=MAX_SAFE_INTEGER).contains(&v) {
+        Ok(v.unsigned_abs())
+    } else {
+        Err(StoreError::Corrupt(format!("{col} out of range: {v}")))
+    }
 }
 
 fn ms(v: u64) -> i64 {

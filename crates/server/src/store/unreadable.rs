@@ -68,7 +68,7 @@ pub(super) fn fail_set() -> String {
          worker_id = NULL, heartbeat_at = NULL, updated_at = {{now}}, {}, {}, {}",
         clamped("attempts", i64::from(u32::MAX)),
         clamped("max_redeliveries", i64::from(u32::MAX)),
-        clamped("epoch", i64::MAX),
+        clamped("epoch", super::MAX_SAFE_INTEGER),
     )
 }
 

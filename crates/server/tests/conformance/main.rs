@@ -122,6 +122,7 @@ conformance! {
     unreadable::an_unreadable_running_row_does_not_stop_the_reaper_taking_over_the_others,
     unreadable::an_unreadable_row_is_left_out_of_listings_and_gauges_and_the_rest_is_answered,
     unreadable::negative_retry_counts_left_by_older_migrations_are_clamped_to_zero,
+    unreadable::ids_and_epochs_never_pass_the_largest_safe_integer,
     unreadable::a_claim_fails_an_unreadable_row_and_answers_the_next_readable_item,
     unreadable::a_settle_or_release_of_an_unreadable_row_is_answered_and_so_is_its_retry,
     unreadable::a_resume_of_an_unreadable_row_fails_it_and_is_answered_and_so_is_its_retry,

@@ -779,3 +779,100 @@ pub async fn a_release_of_a_lease_whose_epoch_does_not_decode_fails_the_item_onc
         "counted once"
     );
 }
+
+/// C-V2 on the server: no item id or lease epoch past 2^53 − 1 (what a
+/// JavaScript number holds exactly) is ever answered. A claim that would
+/// raise an epoch past it fails the item as unreadable (its epoch clamped
+/// back) and answers the next item; the last epoch below it is answered
+/// exactly. An enqueue when the last id below it is taken adds nothing and
+/// fails (keyed or not), while the same keyed enqueue sent again still
+/// replays. Before, a claim answered epoch 2^53 (the SDK refused the answer
+/// and the item ran out its TTL, an attempt spent) and enqueues answered
+/// ids 2^53, 2^53 + 1, …
+pub async fn ids_and_epochs_never_pass_the_largest_safe_integer(db: TestDb) {
+    use agentstore_server::store::MAX_SAFE_INTEGER as MAX;
+    let store = db.store(Settings::default()).await;
+    let last = store.enqueue("q", &json!("last"), None).await.unwrap();
+    let spent = store.enqueue("q", &json!("spent"), None).await.unwrap();
+    let next = store.enqueue("q", &json!("next"), None).await.unwrap();
+    for (id, epoch) in [(last.id, MAX - 1), (spent.id, MAX)] {
+        sqlx::query("UPDATE items SET epoch = $1 WHERE id = $2")
+            .bind(epoch)
+            .bind(id)
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
+    let first = store.claim("q", None).await.unwrap().expect("claimed");
+    assert_eq!(
+        (first.item.id, first.lease.epoch),
+        (last.id, MAX.unsigned_abs())
+    );
+    let second = store
+        .claim("q", None)
+        .await
+        .expect("no 500")
+        .expect("claimed");
+    assert_eq!((second.item.id, second.lease.epoch), (next.id, 1));
+    assert_eq!(
+        raw_state(&store, spent.id).await,
+        ("failed".to_owned(), Some(UNREADABLE_REASON.to_owned()))
+    );
+    let (epoch,): (i64,) = sqlx::query_as("SELECT epoch FROM items WHERE id = $1")
+        .bind(spent.id)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(epoch, MAX, "clamped back");
+    assert!(store.item(spent.id).await.is_ok(), "the failed item reads");
+
+    let near = match store.backend() {
+        agentstore_server::store::Backend::Sqlite => {
+            "UPDATE sqlite_sequence SET seq = $1 WHERE name = 'items'"
+        }
+        agentstore_server::store::Backend::Postgres => {
+            "SELECT setval(pg_get_serial_sequence('items', 'id'), $1)"
+        }
+    };
+    sqlx::query(near)
+        .bind(MAX - 1)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let (top, replayed) = store
+        .enqueue_once("ids", &json!(1), None, None, Some("k1"))
+        .await
+        .unwrap();
+    assert!(!replayed);
+    assert_eq!(
+        top.into_item().unwrap().id,
+        MAX,
+        "the last safe id is handed out"
+    );
+    let count = || async {
+        let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM items")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        n
+    };
+    let before = count().await;
+    assert!(
+        store.enqueue("ids", &json!(2), None).await.is_err(),
+        "no id left"
+    );
+    assert!(
+        store
+            .enqueue_once("ids", &json!(3), None, None, Some("k2"))
+            .await
+            .is_err(),
+        "no id left for a new key"
+    );
+    let (again, replayed) = store
+        .enqueue_once("ids", &json!(1), None, None, Some("k1"))
+        .await
+        .expect("a replay needs no id");
+    assert!(replayed);
+    assert_eq!(again.into_item().unwrap().id, MAX);
+    assert_eq!(count().await, before, "nothing added");
+}
