@@ -476,6 +476,12 @@ impl Store {
                     .bind(&queues)
                     .fetch_one(&mut *tx)
                     .await?;
+                if worker_id > super::MAX_SAFE_INTEGER {
+                    // Rolled back with `tx`: the token is not spent.
+                    return Err(StoreError::Corrupt(
+                        "no worker id is left below 2^53 (Number.MAX_SAFE_INTEGER); nothing was written".into(),
+                    ));
+                }
                 sqlx::query("UPDATE enrollment_tokens SET worker_id = $2 WHERE selector = $1")
                     .bind(&presented.selector)
                     .bind(worker_id)

@@ -875,4 +875,42 @@ pub async fn ids_and_epochs_never_pass_the_largest_safe_integer(db: TestDb) {
     assert!(replayed);
     assert_eq!(again.into_item().unwrap().id, MAX);
     assert_eq!(count().await, before, "nothing added");
+
+    // Worker ids too: an enrollment past the bound writes nothing.
+    use agentstore_protocol::lease::ANY_QUEUE;
+    let token = store
+        .create_enrollment_token(None, Role::Worker, &[ANY_QUEUE.into()])
+        .await
+        .unwrap()
+        .0;
+    let near = match store.backend() {
+        agentstore_server::store::Backend::Sqlite => {
+            "UPDATE sqlite_sequence SET seq = $1 WHERE name = 'workers'"
+        }
+        agentstore_server::store::Backend::Postgres => {
+            "SELECT setval(pg_get_serial_sequence('workers', 'id'), $1)"
+        }
+    };
+    let w = store.enroll(&token.0, None).await.unwrap();
+    assert!(w.worker_id < MAX);
+    let token = store
+        .create_enrollment_token(None, Role::Worker, &[ANY_QUEUE.into()])
+        .await
+        .unwrap()
+        .0;
+    sqlx::query(near)
+        .bind(MAX)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    assert!(
+        store.enroll(&token.0, None).await.is_err(),
+        "no worker id left"
+    );
+    let (workers,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM workers WHERE id > $1")
+        .bind(MAX)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(workers, 0, "no worker added past the bound");
 }
