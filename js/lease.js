@@ -257,22 +257,30 @@ export function numberRequest(headers, key) {
 /**
  * The `Idempotency-Key` for the next claim of `queue` by the client whose
  * unanswered claims `kept` holds: the key of one of them (its answer lost:
- * the server may hold its lease, and answers the same key with it again),
- * else `undefined` (then `newClaimKey()`).
+ * the server may hold its lease, and answers the same key with it again;
+ * marked as reused in `kept.r`), else a new one of about 100 random bits
+ * (`Math.random()`: keys need only differ among one worker's claims of one
+ * queue).
  */
 export function claimKey(kept, queue) {
-  return keysOf(kept, queue).shift();
+  const key = keysOf(kept, queue).shift();
+  if (key === undefined) return Math.random().toString(36).slice(2) + Math.random().toString(36).slice(2);
+  (kept.r ??= new Set()).add(key);
+  return key;
 }
 
-/** A new claim key of about 100 random bits (`Math.random()`: keys need only differ among one worker's claims of one queue). */
-export function newClaimKey() {
-  return Math.random().toString(36).slice(2) + Math.random().toString(36).slice(2);
-}
-
-/** Keeps `key`, a claim of `queue` that got no answer, for the queue's next claim (the newest 64 per queue). */
-export function keepClaimKey(kept, queue, key) {
-  const keys = keysOf(kept, queue);
-  if (keys.push(key) > 64) keys.shift();
+/**
+ * Settles `key`, whose claim of `queue` was answered (or not), and unmarks
+ * it as reused: `how` 1 keeps it for the queue's next claim (the newest 64
+ * per queue), 2 keeps it only if it was reused (a `204`: an earlier copy of
+ * it may still be held up in the network), 0 spends it.
+ */
+export function keepClaimKey(kept, queue, key, how) {
+  const reused = kept.r?.delete(key);
+  if (how === 1 || (how === 2 && reused)) {
+    const keys = keysOf(kept, queue);
+    if (keys.push(key) > 64) keys.shift();
+  }
 }
 
 function keysOf(kept, queue) {

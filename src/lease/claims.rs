@@ -127,9 +127,7 @@ impl ClientInner {
             return Err(LeaseError::Aborted(reason));
         }
         // Taken once the claim is sure to be sent.
-        let kept = claim_key(&self.unanswered_claims, queue);
-        let reused = kept.is_some();
-        let key = kept.unwrap_or_else(new_claim_key);
+        let key = claim_key(&self.unanswered_claims, queue);
         let queue = queue.to_owned();
         let slot: Rc<RefCell<Option<Result<super::http::Answer>>>> = Rc::default();
         let abandoned = Rc::new(Cell::new(false));
@@ -144,7 +142,7 @@ impl ClientInner {
                     .authed_while("POST", &path, None, timeout, None, &|| Ok(None), Some(&key))
                     .await;
                 // Also when the caller no longer waits (abandoned).
-                me.keep_if_unanswered(&queue, &key, reused, &r);
+                me.keep_if_unanswered(&queue, &key, &r);
                 match r {
                     Ok(a) if abandoned.get() && a.status == 201 => {
                         if let Ok(c) = parse::<ClaimedRef>(&a.body) {
@@ -246,27 +244,19 @@ impl ClientInner {
     /// Keeps `key` for the next claim of `queue` when its claim got no
     /// answer that settles it: a transient error (no answer, a timeout, a
     /// 5xx: the server may have granted it), a grant whose body cannot be
-    /// read, or a `204` to a key `reused` from such a claim: an earlier copy
+    /// read, or a `204` to a key reused from such a claim: an earlier copy
     /// of it may still be held up in the network and claim an item when it
     /// arrives, and the next claim sent with the key then gets that lease
     /// back (a replay) instead of leaving it running under a token nobody
     /// received until its TTL, an attempt spent. A refusal, or a `204` to a
     /// key sent once, spends it.
-    fn keep_if_unanswered(
-        &self,
-        queue: &str,
-        key: &str,
-        reused: bool,
-        r: &Result<super::http::Answer>,
-    ) {
-        let unanswered = match r {
-            Err(e) => e.is_transient(),
-            Ok(a) if a.status == 204 => reused,
-            Ok(a) => parse::<ClaimedRef>(&a.body).is_err(),
+    fn keep_if_unanswered(&self, queue: &str, key: &str, r: &Result<super::http::Answer>) {
+        let how = match r {
+            Err(e) => u8::from(e.is_transient()),
+            Ok(a) if a.status == 204 => 2,
+            Ok(a) => u8::from(parse::<ClaimedRef>(&a.body).is_err()),
         };
-        if unanswered {
-            keep_claim_key(&self.unanswered_claims, queue, key);
-        }
+        keep_claim_key(&self.unanswered_claims, queue, key, how);
     }
 
     /// Locks, then journals a lease, and heartbeats it.
@@ -350,17 +340,16 @@ impl ClientInner {
 
 #[wasm_bindgen::prelude::wasm_bindgen(module = "/js/lease.js")]
 extern "C" {
-    /// The `Idempotency-Key` a claim of `queue` left unanswered (kept in
-    /// `kept`), for the queue's next claim, if any (js/lease.js `claimKey`).
+    /// The `Idempotency-Key` for the next claim of `queue`: one a claim of
+    /// it left unanswered (kept in `kept`, and marked reused), else a new
+    /// one (js/lease.js `claimKey`).
     #[wasm_bindgen(js_name = claimKey)]
-    fn claim_key(kept: &js_sys::Object, queue: &str) -> Option<String>;
-    /// A new claim `Idempotency-Key` (js/lease.js `newClaimKey`).
-    #[wasm_bindgen(js_name = newClaimKey)]
-    fn new_claim_key() -> String;
-    /// Keeps `key` of an unanswered claim of `queue` in `kept` for the
-    /// queue's next claim (js/lease.js `keepClaimKey`).
+    fn claim_key(kept: &js_sys::Object, queue: &str) -> String;
+    /// Settles `key` of a claim of `queue` in `kept`: `how` 1 keeps it for
+    /// the queue's next claim, 2 keeps it if it was reused, 0 spends it
+    /// (js/lease.js `keepClaimKey`).
     #[wasm_bindgen(js_name = keepClaimKey)]
-    fn keep_claim_key(kept: &js_sys::Object, queue: &str, key: &str);
+    fn keep_claim_key(kept: &js_sys::Object, queue: &str, key: &str, how: u8);
 }
 
 /// Keeps `unlock` (the item's Web Lock) with `lease` while it is active, or
