@@ -84,8 +84,10 @@ async fn queue_stats(
     caller: Caller,
     Path(queue): Path<String>,
 ) -> Result<Json<QueueStats>, ApiError> {
+    // The role and scope first: a caller refused them is refused whatever
+    // the name (an invalid one is in no scope but "*").
+    caller.produce(&queue)?;
     let queue = queue_name(&queue)?;
-    caller.produce(queue)?;
     let mut stats = st.store.queue_stats(Some(queue)).await?;
     Ok(Json(stats.pop().unwrap_or_default()))
 }

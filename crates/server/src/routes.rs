@@ -315,8 +315,10 @@ async fn enqueue(
     headers: HeaderMap,
     body: RawBody,
 ) -> Result<Response, ApiError> {
+    // The role and scope first: a caller refused them is refused whatever
+    // the name (an invalid one is in no scope but "*").
+    let producer = caller.produce(&queue)?;
     let queue = queue_name(&queue)?;
-    let producer = caller.produce(queue)?;
     let key = idempotency_key(&headers)?;
     let req: EnqueueBody = body.json()?;
     // `max_attempts` n is `max_redeliveries` n - 1; the item keeps only the latter.
@@ -342,8 +344,8 @@ async fn list(
     Path(queue): Path<String>,
     Query(pairs): Query<Vec<(String, String)>>,
 ) -> Result<Json<ItemPage>, ApiError> {
+    caller.produce(&queue)?;
     let queue = queue_name(&queue)?;
-    caller.produce(queue)?;
     // A parameter the listing does not take (`status=done` for `state`) or
     // one given twice is refused: ignored, it would list what was not
     // asked for (every state), as an unknown SDK option would.
@@ -413,8 +415,8 @@ async fn claim(
     Path(queue): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    let worker = caller.claim(&queue)?;
     let queue = queue_name(&queue)?;
-    let worker = caller.claim(queue)?;
     let key = idempotency_key(&headers)?;
     let attempt = request_attempt(&headers)?;
     if let Err(wait) = st.claim_limiter.check(&worker.unwrap_or(-1)) {

@@ -185,6 +185,7 @@ impl Store {
                 .fetch_optional(&self.pool)
                 .await?
                 .ok_or_else(ids_exhausted)?;
+            self.undo_past_safe_id(&row).await?;
             self.metrics.enqueued(queue);
             // The payload was checked as JSON, the rest are constants: it decodes.
             return Ok((Ended::Item(item_from_row(&row)?), false));
@@ -249,6 +250,7 @@ impl Store {
                 // The row just inserted: the payload was checked as JSON, the
                 // rest are constants, so it decodes.
                 Ok(Some(row)) => {
+                    self.undo_past_safe_id(&row).await?;
                     self.metrics.enqueued(queue);
                     return Ok((Ended::Item(item_from_row(&row)?), false));
                 }
@@ -289,19 +291,36 @@ impl Store {
     }
 
     /// An SQL condition true while the next item id is at most
-    /// [`super::MAX_SAFE_INTEGER`]: the highest id handed out so far (the
-    /// `AUTOINCREMENT` counter on SQLite, the identity sequence on
-    /// PostgreSQL) is below it. (On PostgreSQL two enqueues racing for the
-    /// very last id can pass it together: the second then adds an item
-    /// whose id does not decode, failed at its first claim.)
-    fn id_room(&self) -> String {
-        let last = match self.backend {
-            Backend::Sqlite => "(SELECT seq FROM sqlite_sequence WHERE name = 'items')",
-            Backend::Postgres => {
-                "pg_sequence_last_value(CAST(pg_get_serial_sequence('items', 'id') AS regclass))"
+    /// [`super::MAX_SAFE_INTEGER`]. On SQLite: the highest id handed out so
+    /// far (the `AUTOINCREMENT` counter) is below it. On PostgreSQL `TRUE`:
+    /// reading the identity sequence needs a grant on it that inserting
+    /// does not, so an item added past the bound is deleted again instead
+    /// ([`Store::undo_past_safe_id`]).
+    fn id_room(&self) -> &'static str {
+        match self.backend {
+            Backend::Sqlite => {
+                "COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'items'), 0) < 9007199254740991"
             }
-        };
-        format!("COALESCE({last}, 0) < {}", super::MAX_SAFE_INTEGER)
+            Backend::Postgres => "TRUE",
+        }
+    }
+
+    /// Deletes the item an enqueue just added when its id is past
+    /// [`super::MAX_SAFE_INTEGER`], and refuses the enqueue (nothing left
+    /// added; a claim that met the row meanwhile failed it as unreadable).
+    ///
+    /// # Errors
+    /// [`ids_exhausted`] then; the database failed.
+    async fn undo_past_safe_id(&self, row: &AnyRow) -> Result<(), StoreError> {
+        let id: i64 = get(row, "id")?;
+        if id <= super::MAX_SAFE_INTEGER {
+            return Ok(());
+        }
+        sqlx::query("DELETE FROM items WHERE id = $1")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Err(ids_exhausted())
     }
 
     /// Whether [`Store::id_room`] holds now.

@@ -65,10 +65,12 @@ fn clamped(col: &str, max: i64) -> String {
 pub(super) fn fail_set() -> String {
     format!(
         "state = 'failed', last_error = $2, token_hash = NULL, lease_ttl_ms = NULL, claim_key = NULL,
-         worker_id = NULL, heartbeat_at = NULL, updated_at = {{now}}, {}, {}, {}",
+         worker_id = NULL, heartbeat_at = NULL, updated_at = {{now}}, {}, {}, {}, {}",
         clamped("attempts", i64::from(u32::MAX)),
         clamped("max_redeliveries", i64::from(u32::MAX)),
         clamped("epoch", super::MAX_SAFE_INTEGER),
+        // With the epoch: a resume sent again compares the two.
+        clamped("resumed_epoch", super::MAX_SAFE_INTEGER),
     )
 }
 

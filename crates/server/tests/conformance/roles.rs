@@ -287,12 +287,14 @@ pub async fn every_endpoint_allows_exactly_its_roles_and_a_refusal_changes_nothi
 /// Before, enqueue, heartbeat, the batched heartbeat, settle and release
 /// parsed their body before the role check: a caller of the wrong role (a
 /// worker enqueuing, a producer heartbeating) sending an empty or malformed
-/// body was answered `400`, not the `403` every other refusal is. Now every
-/// POST endpoint reads the body, then refuses a caller its role or queue
-/// scope does not allow (`401` without credentials) before parsing it, and
-/// changes nothing. (A body over the limit is `413` whoever sends it; a
-/// worker sending another lease's token is refused by the lease fence,
-/// which needs the body: neither is here.)
+/// body was answered `400`, not the `403` every other refusal is; and
+/// enqueue, listing, claim and queue stats checked the queue name first, so
+/// a caller of the wrong role naming an invalid queue got `400` too. Now
+/// every endpoint refuses a caller its role or queue scope does not allow
+/// (`401` without credentials) before parsing the body or the queue name,
+/// and changes nothing. (A body over the limit may be answered `413`
+/// first; a worker sending another lease's token is refused by the lease
+/// fence, which needs the body: neither is here.)
 pub async fn a_refused_caller_is_refused_whatever_its_body(db: TestDb) {
     let server = http_server(&db).await;
     let store = server.store().clone();
@@ -344,6 +346,73 @@ pub async fn a_refused_caller_is_refused_whatever_its_body(db: TestDb) {
                 refused += 1;
             }
         }
+    }
+    // A caller of the wrong role naming an invalid queue is refused too;
+    // one whose scope holds every queue is told the name is invalid.
+    let bad = "/v1/queues/bad%20q";
+    let worker = p.holder.access_token.as_str();
+    let producer = p.producer.access_token.as_str();
+    for (method, path, bearer, expected) in [
+        (
+            Method::POST,
+            format!("{bad}/items"),
+            worker,
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            Method::GET,
+            format!("{bad}/items"),
+            worker,
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            Method::GET,
+            format!("{bad}/stats"),
+            worker,
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            Method::POST,
+            format!("{bad}/claims"),
+            producer,
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            Method::POST,
+            format!("{bad}/items"),
+            ADMIN,
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            Method::POST,
+            format!("{bad}/claims"),
+            ADMIN,
+            StatusCode::BAD_REQUEST,
+        ),
+    ] {
+        let before = snapshot(&store).await;
+        let resp = http
+            .request(method.clone(), format!("{}{path}", server.url()))
+            .bearer_auth(bearer)
+            .header("content-type", "application/json")
+            .body(if method == Method::POST {
+                "{\"payload\": 1}"
+            } else {
+                ""
+            })
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status();
+        if status != expected {
+            let text = resp.text().await.unwrap();
+            wrong.push(format!("{method} {path}: {status} {text}"));
+        }
+        assert_eq!(
+            snapshot(&store).await,
+            before,
+            "changed state: {method} {path}"
+        );
     }
     // A producer is refused a fenced call before its item id is read too.
     for rest in ["heartbeat", "settle", "release"] {

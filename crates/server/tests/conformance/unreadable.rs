@@ -826,6 +826,34 @@ pub async fn ids_and_epochs_never_pass_the_largest_safe_integer(db: TestDb) {
     assert_eq!(epoch, MAX, "clamped back");
     assert!(store.item(spent.id).await.is_ok(), "the failed item reads");
 
+    // A resume that would raise a paused item's epoch past the bound fails
+    // it as unreadable; sent again, it is a replay at the clamped epoch.
+    let paused = store.enqueue("p", &json!(1), None).await.unwrap().id;
+    store.claim("p", None).await.unwrap().expect("claimed");
+    store.pause(paused).await.unwrap();
+    sqlx::query("UPDATE items SET epoch = $1 WHERE id = $2")
+        .bind(MAX)
+        .bind(paused)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let first = store.resume_reporting(paused, None).await.unwrap();
+    assert!(
+        matches!(first, agentstore_server::store::Resumed::Unreadable { .. }),
+        "{first:?}"
+    );
+    let again = store
+        .resume_reporting(paused, None)
+        .await
+        .expect("a replay");
+    assert!(
+        matches!(
+            again,
+            agentstore_server::store::Resumed::Again { epoch, .. } if epoch == MAX
+        ),
+        "{again:?}"
+    );
+
     let near = match store.backend() {
         agentstore_server::store::Backend::Sqlite => {
             "UPDATE sqlite_sequence SET seq = $1 WHERE name = 'items'"
