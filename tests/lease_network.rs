@@ -2326,6 +2326,26 @@ async fn late_answer(proxy: &str, mode: &str) -> f64 {
     late
 }
 
+/// A client (a worker scoped to `q`, or the admin) behind the test proxy
+/// in `mode` (`late-first-claim-…`) whose first claim of `q` timed out
+/// while the proxy holds its request.
+async fn claim_held_up(proxy: &str, mode: &str, q: &str, as_worker: bool) -> Rc<ClientInner> {
+    let creds = if as_worker {
+        worker_creds(q, "late-claimer").await
+    } else {
+        admin_creds()
+    };
+    let c = client_at(&format!("{proxy}/{mode}"), creds, quick_timeout());
+    let lost = c.claim(q, None).await;
+    assert!(
+        matches!(&lost, Err(e) if e.is_transient()),
+        "the request timed out: {:?}",
+        lost.as_ref().err()
+    );
+    assert_eq!(held_back(proxy, mode).await, 1.0, "held, not yet sent on");
+    c
+}
+
 /// A claim whose REQUEST is held up in the network past the client's
 /// request timeout reaches the server only after the queue's next claim
 /// (sent with the same `Idempotency-Key`, the first one unanswered) was
@@ -2343,19 +2363,7 @@ async fn a_claim_request_reaching_the_server_late_never_takes_the_lease_from_the
         let first = enqueue(&q, json!({"n": 1})).await;
         let second = enqueue(&q, json!({"n": 2})).await;
         let mode = format!("late-first-claim-{}", fresh_queue("l"));
-        let creds = if as_worker {
-            worker_creds(&q, "late-claimer").await
-        } else {
-            admin_creds()
-        };
-        let c = client_at(&format!("{proxy}/{mode}"), creds, quick_timeout());
-        let lost = c.claim(&q, None).await;
-        assert!(
-            matches!(&lost, Err(e) if e.is_transient()),
-            "the request timed out: {:?}",
-            lost.as_ref().err()
-        );
-        assert_eq!(held_back(proxy, &mode).await, 1.0, "held, not yet sent on");
+        let c = claim_held_up(proxy, &mode, &q, as_worker).await;
         let lease = claim(&c, &q).await;
         assert_eq!(lease.item_id, first);
         let late = late_answer(proxy, &mode).await;
@@ -2388,19 +2396,7 @@ async fn a_claim_reaching_the_server_late_after_an_empty_answer_is_claimed_back_
         let q = fresh_queue("late-empty");
         let nonce = fresh_queue("h");
         let mode = format!("late-first-claim-held-{nonce}");
-        let creds = if as_worker {
-            worker_creds(&q, "late-empty-claimer").await
-        } else {
-            admin_creds()
-        };
-        let c = client_at(&format!("{proxy}/{mode}"), creds, quick_timeout());
-        let lost = c.claim(&q, None).await;
-        assert!(
-            matches!(&lost, Err(e) if e.is_transient()),
-            "the request timed out: {:?}",
-            lost.as_ref().err()
-        );
-        assert_eq!(held_back(proxy, &mode).await, 1.0, "held, not yet sent on");
+        let c = claim_held_up(proxy, &mode, &q, as_worker).await;
         claim_none(&c, &q).await;
         let id = enqueue(&q, json!({"n": 1})).await;
         stop_dropping(proxy, &nonce).await;
