@@ -15,8 +15,9 @@
 #
 # Environment: AGENTSTORE_PG_DIR / AGENTSTORE_PG_PORT (see scripts/pg.sh; by
 # default a fresh cluster in the run directory on a free port),
-# AGENTSTORE_TEST_PORT (lease server for the browser suites, default 18787, or
-# a port the server picks itself when 18787 is taken),
+# AGENTSTORE_TEST_PORT / AGENTSTORE_TEST_LONG_TTL_PORT (the lease servers for
+# the browser suites, TTL 3 s and 60 s; default 18787 / 18788, or a port the
+# server picks itself when that one is taken),
 # WASM_BINDGEN_TEST_TIMEOUT (seconds per browser test binary, default 400: lease_network
 # takes about 95 s on an idle machine of this kind and 120 s at a load of 6-9),
 # WASM_BINDGEN_TEST_DRIVER_TIMEOUT (seconds the runner waits for chromedriver or
@@ -150,59 +151,86 @@ fi
 step "native tests (protocol, server on SQLite and PostgreSQL)"
 cargo test --workspace --exclude agentstore
 
-step "lease server for the browser suites (loopback, short TTLs)"
-# The lease suites (tests/lease_*.rs) read the URL and admin token at compile
-# time; the server allows the test runner's random loopback port by CORS.
+step "lease servers for the browser suites (loopback, short and long TTLs)"
+# The lease suites (tests/lease_*.rs) read the URLs and admin token at compile
+# time; the servers allow the test runner's random loopback port by CORS.
+# Two servers: TTL 3 s (AGENTSTORE_TEST_SERVER, for the tests of expiry and
+# deadlines) and TTL 60 s (AGENTSTORE_TEST_SERVER_LONG_TTL, for the tests whose
+# point is not expiry but whose multi-step sequence must fit in one TTL: on a
+# busy machine it may not fit in 3 s). Both heartbeat every 0.5 s.
 cargo build -q -p agentstore-server
 LEASE_DIR="$AGENTSTORE_TEST_RUN_DIR/lease"
 mkdir -p "$LEASE_DIR"
 export AGENTSTORE_TEST_ADMIN_TOKEN="agentstore-lease-test-admin"
 # The port of the line "agentstore-server listening addr=127.0.0.1:<port>" in
-# the server's log, once it is there.
-listening() { sed 's/\x1b\[[0-9;]*m//g' "$LEASE_DIR/server.log" | sed -n 's/.*agentstore-server listening addr=127\.0\.0\.1:\([0-9]*\).*/\1/p' | head -n 1; }
-# Starts the server on 127.0.0.1:$1 and waits (bounded) until THIS server says
-# it listens (another run's server on the same port would answer /v1/health
-# too). Fails when it exits first (the port taken).
+# the log of server $1 (short or long), once it is there.
+listening() { sed 's/\x1b\[[0-9;]*m//g' "$LEASE_DIR/server-$1.log" | sed -n 's/.*agentstore-server listening addr=127\.0\.0\.1:\([0-9]*\).*/\1/p' | head -n 1; }
+# Starts server $1 (short or long) with TTL $2 ms on 127.0.0.1:$3 and waits
+# (bounded) until THIS server says it listens (another run's server on the
+# same port would answer /v1/health too); its PID in LEASE_PID_$1. Fails
+# when it exits first (the port taken).
 start_lease_server() {
-  RUST_LOG=info "${CARGO_TARGET_DIR:-target}/debug/agentstore-server" --listen "127.0.0.1:$1" \
-    --database "$LEASE_DIR/leases.sqlite" --admin-token "$AGENTSTORE_TEST_ADMIN_TOKEN" \
-    --allow-origin 'http://127.0.0.1:*' --ttl-ms 3000 --heartbeat-ms 500 --reaper-ms 200 \
+  RUST_LOG=info "${CARGO_TARGET_DIR:-target}/debug/agentstore-server" --listen "127.0.0.1:$3" \
+    --database "$LEASE_DIR/leases-$1.sqlite" --admin-token "$AGENTSTORE_TEST_ADMIN_TOKEN" \
+    --allow-origin 'http://127.0.0.1:*' --ttl-ms "$2" --heartbeat-ms 500 --reaper-ms 200 \
     --claim-rate 1000/s --auth-rate 1000/s --idle-retry-ms 100 --www "$LEASE_DIR" --pkg "$LEASE_DIR" \
-    >"$LEASE_DIR/server.log" 2>&1 &
-  LEASE_PID=$!
+    >"$LEASE_DIR/server-$1.log" 2>&1 &
+  printf -v "LEASE_PID_$1" '%s' "$!"
   for _ in $(seq 1 300); do
-    [ -n "$(listening)" ] && return 0
-    kill -0 "$LEASE_PID" 2>/dev/null || return 1
+    [ -n "$(listening "$1")" ] && return 0
+    kill -0 "$!" 2>/dev/null || return 1
     sleep 0.2
   done
   return 1
 }
-trap 'kill "$LEASE_PID" 2>/dev/null || true; rm -rf "$LEASE_DIR"' EXIT
-# 18787 by default, since the suites are compiled with the URL (the same URL
-# run after run keeps them built); when that port is taken, a port the server
-# binds itself (port 0) instead of a failed run.
-if ! start_lease_server "${AGENTSTORE_TEST_PORT:-18787}"; then
-  kill "$LEASE_PID" 2>/dev/null || true
-  [ -z "${AGENTSTORE_TEST_PORT:-}" ] && { echo "port 18787 taken: the lease server picks a port"; start_lease_server 0; } ||
-    { cat "$LEASE_DIR/server.log"; echo "lease server did not start (port ${AGENTSTORE_TEST_PORT:-} taken?)"; exit 1; }
-fi
-export AGENTSTORE_TEST_SERVER="http://127.0.0.1:$(listening)"
+LEASE_PID_short="" LEASE_PID_long="" PROXY_PID=""
+trap 'kill $LEASE_PID_short $LEASE_PID_long $PROXY_PID 2>/dev/null || true; rm -rf "$LEASE_DIR"' EXIT
+# Server $1 with TTL $2 ms on port $3 by default, since the suites are compiled
+# with the URL (the same URL run after run keeps them built); when that port is
+# taken, a port the server binds itself (port 0) instead of a failed run. $4
+# is the port asked for explicitly (AGENTSTORE_TEST_PORT...), if any.
+start_lease_server_on() {
+  local pid_var="LEASE_PID_$1"
+  if ! start_lease_server "$1" "$2" "${4:-$3}"; then
+    kill "${!pid_var}" 2>/dev/null || true
+    if [ -z "${4:-}" ]; then
+      echo "port $3 taken: the $1-TTL lease server picks a port"
+      start_lease_server "$1" "$2" 0 && return 0
+    fi
+    cat "$LEASE_DIR/server-$1.log"
+    echo "$1-TTL lease server did not start (port ${4:-$3} taken?)"
+    exit 1
+  fi
+}
+start_lease_server_on short 3000 18787 "${AGENTSTORE_TEST_PORT:-}"
+start_lease_server_on long 60000 18788 "${AGENTSTORE_TEST_LONG_TTL_PORT:-}"
+export AGENTSTORE_TEST_SERVER="http://127.0.0.1:$(listening short)"
+export AGENTSTORE_TEST_SERVER_LONG_TTL="http://127.0.0.1:$(listening long)"
 curl -fsS "$AGENTSTORE_TEST_SERVER/v1/health" >/dev/null
+curl -fsS "$AGENTSTORE_TEST_SERVER_LONG_TTL/v1/health" >/dev/null
 echo "AGENTSTORE_TEST_SERVER=$AGENTSTORE_TEST_SERVER"
-# A loopback proxy in front of it that holds heartbeat answers back or cuts off
-# enrollments (tests/lease_network.rs); it picks a free port and prints it.
-node scripts/delay-proxy.mjs --target "$AGENTSTORE_TEST_SERVER" >"$LEASE_DIR/proxy.log" 2>&1 &
-PROXY_PID=$!
-trap 'kill "$LEASE_PID" "$PROXY_PID" 2>/dev/null || true; rm -rf "$LEASE_DIR"' EXIT
-for _ in $(seq 1 600); do
-  grep -q '^listening ' "$LEASE_DIR/proxy.log" 2>/dev/null && break
-  kill -0 "$PROXY_PID" 2>/dev/null || { cat "$LEASE_DIR/proxy.log"; exit 1; }
-  sleep 0.1
-done
-grep -q '^listening ' "$LEASE_DIR/proxy.log" || { cat "$LEASE_DIR/proxy.log"; exit 1; }
-AGENTSTORE_TEST_PROXY="$(sed -n 's/^listening //p' "$LEASE_DIR/proxy.log")"
-export AGENTSTORE_TEST_PROXY
+echo "AGENTSTORE_TEST_SERVER_LONG_TTL=$AGENTSTORE_TEST_SERVER_LONG_TTL"
+# A loopback proxy in front of each that holds heartbeat answers back or cuts
+# off enrollments (tests/lease_network.rs); it picks a free port and prints it.
+# Starts a proxy in front of $1, its log $2; sets the variable named $3 to
+# its URL.
+start_proxy() {
+  node scripts/delay-proxy.mjs --target "$1" >"$2" 2>&1 &
+  local pid=$!
+  PROXY_PID="$PROXY_PID $pid"
+  for _ in $(seq 1 600); do
+    grep -q '^listening ' "$2" 2>/dev/null && break
+    kill -0 "$pid" 2>/dev/null || { cat "$2"; exit 1; }
+    sleep 0.1
+  done
+  grep -q '^listening ' "$2" || { cat "$2"; exit 1; }
+  printf -v "$3" '%s' "$(sed -n 's/^listening //p' "$2")"
+}
+start_proxy "$AGENTSTORE_TEST_SERVER" "$LEASE_DIR/proxy-short.log" AGENTSTORE_TEST_PROXY
+start_proxy "$AGENTSTORE_TEST_SERVER_LONG_TTL" "$LEASE_DIR/proxy-long.log" AGENTSTORE_TEST_PROXY_LONG_TTL
+export AGENTSTORE_TEST_PROXY AGENTSTORE_TEST_PROXY_LONG_TTL
 echo "AGENTSTORE_TEST_PROXY=$AGENTSTORE_TEST_PROXY"
+echo "AGENTSTORE_TEST_PROXY_LONG_TTL=$AGENTSTORE_TEST_PROXY_LONG_TTL"
 
 step "browser suites in headless Chromium"
 env -u GECKODRIVER CHROMEDRIVER=/usr/bin/chromedriver \

@@ -2,7 +2,10 @@
 //! come in at compile time (`AGENTSTORE_TEST_SERVER`,
 //! `AGENTSTORE_TEST_ADMIN_TOKEN`; scripts/test.sh starts the server with short
 //! TTLs). Without them the suites fail under `CI` and skip with a console note
-//! otherwise.
+//! otherwise. A second server with a long TTL (`AGENTSTORE_TEST_SERVER_LONG_TTL`,
+//! same admin token) serves the tests whose point is not expiry but whose
+//! multi-step sequence must fit in one TTL (see [`long_ttl_server`]); the
+//! `*_at` helpers take the base URL of the server to use.
 #![allow(dead_code)]
 
 use std::rc::Rc;
@@ -20,6 +23,33 @@ use web_sys::{Headers, RequestInit, Response};
 pub const TTL_MS: f64 = 3_000.0;
 /// Heartbeat interval of the test server.
 pub const HEARTBEAT_MS: f64 = 500.0;
+
+/// TTL of the long-TTL test server (scripts/test.sh), heartbeat 0.5 s as well.
+pub const LONG_TTL_MS: f64 = 60_000.0;
+
+/// The long-TTL test server's base URL, or `None` (skip) outside CI. For the
+/// tests whose point is not expiry (the server's TTL, the client's local
+/// deadline) but whose sequence of steps must fit inside one TTL: on a busy
+/// machine that may take longer than the 3 s of [`server`], and the test
+/// would then fail though the code is right. Heartbeats still go out every
+/// [`HEARTBEAT_MS`].
+pub fn long_ttl_server() -> Option<&'static str> {
+    server()?;
+    match option_env!("AGENTSTORE_TEST_SERVER_LONG_TTL") {
+        Some(url) if !url.is_empty() => Some(url),
+        _ => {
+            assert!(
+                option_env!("CI").is_none(),
+                "AGENTSTORE_TEST_SERVER_LONG_TTL must be set at compile time in CI (scripts/test.sh starts the server)"
+            );
+            web_sys::console::warn_1(
+                &"long-TTL lease tests skipped: AGENTSTORE_TEST_SERVER_LONG_TTL is not set (run scripts/test.sh)"
+                    .into(),
+            );
+            None
+        }
+    }
+}
 
 /// `(base URL, admin token)`, or `None` (skip) outside CI.
 pub fn server() -> Option<(&'static str, &'static str)> {
@@ -59,7 +89,12 @@ pub async fn sleep(ms: f64) {
 
 /// An admin request; returns `(status, JSON body or Null)`.
 pub async fn admin(method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let (base, token) = server().expect("server");
+    admin_at(server().expect("server").0, method, path, body).await
+}
+
+/// [`admin`] to the server at `base`.
+pub async fn admin_at(base: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let (_, token) = server().expect("server");
     let init = RequestInit::new();
     init.set_method(method);
     let headers = Headers::new().unwrap();
@@ -95,7 +130,13 @@ pub async fn admin(method: &str, path: &str, body: Option<Value>) -> (u16, Value
 
 /// Enqueues one item; returns its id.
 pub async fn enqueue(queue: &str, payload: Value) -> i64 {
-    let (status, body) = admin(
+    enqueue_at(server().expect("server").0, queue, payload).await
+}
+
+/// [`enqueue`] on the server at `base`.
+pub async fn enqueue_at(base: &str, queue: &str, payload: Value) -> i64 {
+    let (status, body) = admin_at(
+        base,
         "POST",
         &format!("/v1/queues/{queue}/items"),
         Some(json!({ "payload": payload })),
@@ -107,7 +148,12 @@ pub async fn enqueue(queue: &str, payload: Value) -> i64 {
 
 /// The item as the server sees it.
 pub async fn item(id: i64) -> ItemView {
-    let (status, body) = admin("GET", &format!("/v1/items/{id}"), None).await;
+    item_at(server().expect("server").0, id).await
+}
+
+/// [`item`] on the server at `base`.
+pub async fn item_at(base: &str, id: i64) -> ItemView {
+    let (status, body) = admin_at(base, "GET", &format!("/v1/items/{id}"), None).await;
     assert_eq!(status, 200, "item {id}: {body}");
     serde_json::from_value(body).expect("item view")
 }
@@ -136,9 +182,14 @@ pub async fn items(queue: &str) -> Vec<ItemView> {
 
 /// Polls until `item(id)` satisfies `f`, for at most `ms`.
 pub async fn wait_item(id: i64, ms: f64, f: impl Fn(&ItemView) -> bool) -> ItemView {
+    wait_item_at(server().expect("server").0, id, ms, f).await
+}
+
+/// [`wait_item`] on the server at `base`.
+pub async fn wait_item_at(base: &str, id: i64, ms: f64, f: impl Fn(&ItemView) -> bool) -> ItemView {
     let until = now() + ms;
     loop {
-        let it = item(id).await;
+        let it = item_at(base, id).await;
         if f(&it) || now() > until {
             return it;
         }
@@ -149,8 +200,13 @@ pub async fn wait_item(id: i64, ms: f64, f: impl Fn(&ItemView) -> bool) -> ItemV
 /// A fresh single-use enrollment token for a worker that may claim from `queue`
 /// only (the least privilege a test worker needs).
 pub async fn enrollment_token(queue: &str) -> String {
+    enrollment_token_at(server().expect("server").0, queue).await
+}
+
+/// [`enrollment_token`] of the server at `base`.
+pub async fn enrollment_token_at(base: &str, queue: &str) -> String {
     let body = json!({"role": "worker", "queues": [queue]});
-    let (status, body) = admin("POST", "/v1/admin/enrollment-tokens", Some(body)).await;
+    let (status, body) = admin_at(base, "POST", "/v1/admin/enrollment-tokens", Some(body)).await;
     assert_eq!(status, 201);
     body["token"].as_str().unwrap().to_owned()
 }
@@ -166,7 +222,12 @@ pub fn config() -> ClientConfig {
 
 /// A client authenticated with the admin token.
 pub fn admin_client(config: ClientConfig) -> Rc<ClientInner> {
-    let (base, token) = server().expect("server");
+    admin_client_at(server().expect("server").0, config)
+}
+
+/// [`admin_client`] of the server at `base`.
+pub fn admin_client_at(base: &str, config: ClientConfig) -> Rc<ClientInner> {
+    let (_, token) = server().expect("server");
     ClientInner::new(
         base,
         Credentials {
