@@ -42,6 +42,28 @@ fn proxy() -> Option<&'static str> {
     }
 }
 
+/// The URLs of the proxy in front of the long-TTL server and of that server
+/// (`(proxy, base)`, see [`long_ttl_server`]), or `None` (skip) outside CI:
+/// for the tests whose steps must all come before the lease's local
+/// deadline (2.7 s on the 3 s server) though their point is not expiry.
+fn long_ttl_proxy() -> Option<(&'static str, &'static str)> {
+    proxy()?;
+    let base = long_ttl_server()?;
+    match option_env!("AGENTSTORE_TEST_PROXY_LONG_TTL") {
+        Some(p) if !p.is_empty() => Some((p, base)),
+        _ => {
+            assert!(
+                option_env!("CI").is_none(),
+                "AGENTSTORE_TEST_PROXY_LONG_TTL must be set in CI"
+            );
+            web_sys::console::warn_1(
+                &"long-TTL proxy tests skipped: AGENTSTORE_TEST_PROXY_LONG_TTL is not set".into(),
+            );
+            None
+        }
+    }
+}
+
 fn client_at(base: &str, creds: Credentials, config: ClientConfig) -> Rc<ClientInner> {
     ClientInner::new(base, creds, config).expect("client")
 }
@@ -57,6 +79,15 @@ fn admin_creds() -> Credentials {
 async fn worker_creds(queue: &str, name: &str) -> Credentials {
     Credentials {
         enrollment_token: Some(enrollment_token(queue).await),
+        name: Some(name.into()),
+        ..Credentials::default()
+    }
+}
+
+/// [`worker_creds`] of the server at `base`.
+async fn worker_creds_at(base: &str, queue: &str, name: &str) -> Credentials {
+    Credentials {
+        enrollment_token: Some(enrollment_token_at(base, queue).await),
         name: Some(name.into()),
         ..Credentials::default()
     }
@@ -987,13 +1018,20 @@ async fn a_settle_answered_after_the_local_deadline_is_counted_done_by_work() {
 /// client before the retry in the second round.
 #[wasm_bindgen_test]
 async fn a_release_whose_answer_was_lost_is_reported_released_when_sent_again() {
-    let Some(proxy) = proxy() else { return };
+    // Behind the long-TTL server's proxy: the release, the wait for the
+    // server to apply it, the other client's claim, the window below and the
+    // retry must all come before the lease's local deadline (nothing renews
+    // it meanwhile), which on a busy machine may take longer than the 3 s
+    // server's 2.7 s. Heartbeats still fall due every 0.5 s.
+    let Some((proxy, base)) = long_ttl_proxy() else {
+        return;
+    };
     for as_worker in [false, true] {
         let q = fresh_queue("lost-release");
-        let id = enqueue(&q, json!({})).await;
+        let id = enqueue_at(base, &q, json!({})).await;
         let nonce = fresh_queue("n");
         let creds = if as_worker {
-            worker_creds(&q, "releaser").await
+            worker_creds_at(base, &q, "releaser").await
         } else {
             admin_creds()
         };
@@ -1010,10 +1048,10 @@ async fn a_release_whose_answer_was_lost_is_reported_released_when_sent_again() 
             "the first answer is cut off: {first:?}"
         );
         assert_eq!(lease.status(), Status::Held);
-        let it = wait_item(id, 2.0 * TTL_MS, |it| it.state == ItemState::Open).await;
+        let it = wait_item_at(base, id, 2.0 * TTL_MS, |it| it.state == ItemState::Open).await;
         assert_eq!(it.state, ItemState::Open, "the server applied the release");
         // Claimed again by someone else before the retry (second round).
-        let other = admin_client(config());
+        let other = admin_client_at(base, config());
         let reclaimed = if as_worker {
             let l = claim(&other, &q).await;
             assert_eq!(l.item_id, id);
@@ -1024,8 +1062,8 @@ async fn a_release_whose_answer_was_lost_is_reported_released_when_sent_again() 
         // Past one heartbeat interval: had a heartbeat gone out, the
         // server's `claim_lost` would have ended the lease by now. (A bounded
         // window for something that must not happen, kept short: nothing
-        // renews the lease meanwhile, and its local deadline, 2.7 s after the
-        // last heartbeat, must not pass before the retry below.)
+        // renews the lease meanwhile, and its local deadline must not pass
+        // before the retry below.)
         let until = now() + 1.2 * HEARTBEAT_MS;
         while now() < until && lease.status() == Status::Held {
             sleep(50.0).await;
@@ -1055,13 +1093,20 @@ async fn a_release_whose_answer_was_lost_is_reported_released_when_sent_again() 
 /// so a worker's settle was reported `claim_lost`.
 #[wasm_bindgen_test]
 async fn a_settle_whose_answer_was_lost_is_reported_settled_when_sent_again() {
-    let Some(proxy) = proxy() else { return };
+    // Behind the long-TTL server's proxy: the retry must come before the
+    // lease's local deadline (nothing renews it while the outcome is
+    // unknown), which on a busy machine may be later than the 3 s server's
+    // 2.7 s after the claim; the retry would then be refused locally
+    // (`expired_locally`) instead of answered as a replay.
+    let Some((proxy, base)) = long_ttl_proxy() else {
+        return;
+    };
     for as_worker in [false, true] {
         let q = fresh_queue("lost-answer");
-        let id = enqueue(&q, json!({})).await;
+        let id = enqueue_at(base, &q, json!({})).await;
         let nonce = fresh_queue("n");
         let creds = if as_worker {
-            worker_creds(&q, "settler").await
+            worker_creds_at(base, &q, "settler").await
         } else {
             admin_creds()
         };
@@ -1079,7 +1124,7 @@ async fn a_settle_whose_answer_was_lost_is_reported_settled_when_sent_again() {
             "the first answer is cut off: {first:?}"
         );
         assert_eq!(lease.status(), Status::Held);
-        let it = wait_item(id, 2.0 * TTL_MS, |it| it.state == ItemState::Done).await;
+        let it = wait_item_at(base, id, 2.0 * TTL_MS, |it| it.state == ItemState::Done).await;
         assert_eq!(
             it.state,
             ItemState::Done,
@@ -1110,11 +1155,13 @@ async fn a_settle_whose_answer_was_lost_is_reported_settled_when_sent_again() {
 #[wasm_bindgen_test]
 async fn a_settle_sent_again_with_another_result_sends_that_result() {
     use agentstore::lease::LeaseError;
-    let Some(proxy) = proxy() else { return };
+    let (Some(proxy), Some(long)) = (proxy(), long_ttl_proxy()) else {
+        return;
+    };
     let done = agentstore_protocol::lease::SettleState::Done;
     let result = js(json!({"n": 1}));
-    let (id, nonce, _c, lease) = settled_with_answer_cut_off(proxy, "resend", &result).await;
-    stop_dropping(proxy, &nonce).await;
+    let (id, nonce, _c, lease) = settled_with_answer_cut_off(long, "resend", &result).await;
+    stop_dropping(long.0, &nonce).await;
     let again = lease.settle(done, Some(js(json!({"n": 2}))), None).await;
     match again {
         Err(LeaseError::AlreadySettled { item_id, state, .. }) => {
@@ -1123,7 +1170,7 @@ async fn a_settle_sent_again_with_another_result_sends_that_result() {
         other => panic!("expected AlreadySettled, got {other:?}"),
     }
     assert_eq!(lease.status(), Status::Settled(done));
-    assert_eq!(item(id).await.result, Some(json!({"n": 1})));
+    assert_eq!(item_at(long.1, id).await.result, Some(json!({"n": 1})));
     // The first attempt never reached the server: the second result lands.
     let (id, nonce, _mode, _c, lease) =
         claimed_behind_refused_settles(proxy, "resend-unapplied").await;
@@ -1152,12 +1199,18 @@ async fn a_settle_sent_again_with_another_result_sends_that_result() {
 /// with its item done (a review finding).
 #[wasm_bindgen_test]
 async fn a_settle_resend_refused_by_a_proxy_keeps_the_first_attempts_outcome_unknown() {
-    let Some(proxy) = proxy() else { return };
+    let Some((proxy, base)) = long_ttl_proxy() else {
+        return;
+    };
     let done = SettleState::Done;
     let result = js(json!({"n": 1}));
     for status in [404, 400, 413] {
-        let (id, nonce, _c, lease) =
-            settled_with_answer_cut_off(proxy, &format!("resend-refused-{status}"), &result).await;
+        let (id, nonce, _c, lease) = settled_with_answer_cut_off(
+            (proxy, base),
+            &format!("resend-refused-{status}"),
+            &result,
+        )
+        .await;
         stop_dropping(proxy, &nonce).await;
         let hook = Function::new_with_args(
             "status",
@@ -1187,16 +1240,21 @@ async fn a_settle_resend_refused_by_a_proxy_keeps_the_first_attempts_outcome_unk
             .await
             .expect("the same settle, answered as a replay");
         assert_eq!(lease.status(), Status::Settled(done), "{status}");
-        assert_eq!(item(id).await.state, ItemState::Done);
+        assert_eq!(item_at(base, id).await.state, ItemState::Done);
     }
 }
 
 /// A lease claimed behind the proxy's `drop-settle-answers` mode whose
 /// settle `done` with `result` the server applied but whose answer the
 /// proxy cut off (the client saw a transient error: outcome unknown):
-/// `(item id, nonce, client, lease)`.
+/// `(item id, nonce, client, lease)`. Behind the long-TTL server's proxy
+/// (`at`, see [`long_ttl_proxy`]): what a test sends next must come before
+/// the lease's local deadline (nothing renews it while the outcome is
+/// unknown), which on a busy machine may be later than the 3 s server's
+/// 2.7 s after the claim; it would then be refused locally
+/// (`expired_locally`) instead of answered by the server.
 async fn settled_with_answer_cut_off(
-    proxy: &str,
+    (proxy, base): (&str, &str),
     tag: &str,
     result: &JsValue,
 ) -> (
@@ -1206,7 +1264,7 @@ async fn settled_with_answer_cut_off(
     Rc<agentstore::lease::LeaseInner>,
 ) {
     let q = fresh_queue(tag);
-    let id = enqueue(&q, json!({})).await;
+    let id = enqueue_at(base, &q, json!({})).await;
     let nonce = fresh_queue("n");
     let c = client_at(
         &format!("{proxy}/drop-settle-answers-{nonce}"),
@@ -1221,7 +1279,7 @@ async fn settled_with_answer_cut_off(
         matches!(&first, Err(e) if e.is_transient()),
         "the first answer is cut off: {first:?}"
     );
-    let it = wait_item(id, 2.0 * TTL_MS, |it| it.state == ItemState::Done).await;
+    let it = wait_item_at(base, id, 2.0 * TTL_MS, |it| it.state == ItemState::Done).await;
     assert_eq!(it.state, ItemState::Done, "the server applied the settle");
     (id, nonce, c, lease)
 }
@@ -1235,16 +1293,18 @@ async fn settled_with_answer_cut_off(
 /// written under it") for a settle that was written (a review finding).
 #[wasm_bindgen_test]
 async fn a_release_after_a_settle_whose_answer_was_lost_reports_the_settle_that_landed() {
-    let Some(proxy) = proxy() else { return };
+    let Some((proxy, base)) = long_ttl_proxy() else {
+        return;
+    };
     let done = agentstore_protocol::lease::SettleState::Done;
     let result = js(json!({"n": 1}));
     let (id, nonce, _c, lease) =
-        settled_with_answer_cut_off(proxy, "release-after-settle", &result).await;
+        settled_with_answer_cut_off((proxy, base), "release-after-settle", &result).await;
     let released = lease.release().await;
     assert!(released.is_ok(), "{released:?}");
     assert_eq!(lease.status(), Status::Settled(done));
     assert!(!lease.signal().aborted(), "not lost");
-    let it = item(id).await;
+    let it = item_at(base, id).await;
     assert_eq!(
         (it.state, it.result, it.attempts),
         (ItemState::Done, Some(json!({"n": 1})), 0)
@@ -1268,11 +1328,13 @@ async fn a_settle_into_another_state_after_a_settle_whose_answer_was_lost_report
 ) {
     use agentstore::lease::LeaseError;
     use agentstore_protocol::ErrorCode;
-    let Some(proxy) = proxy() else { return };
+    let Some((proxy, base)) = long_ttl_proxy() else {
+        return;
+    };
     let done = SettleState::Done;
     let result = js(json!({"n": 1}));
     let (id, nonce, _c, lease) =
-        settled_with_answer_cut_off(proxy, "settle-after-settle", &result).await;
+        settled_with_answer_cut_off((proxy, base), "settle-after-settle", &result).await;
     stop_dropping(proxy, &nonce).await;
     let handle = agentstore::lease_api::Lease::from_inner(lease.clone());
     let failed = JsFuture::from(handle.settle(
@@ -1294,7 +1356,7 @@ async fn a_settle_into_another_state_after_a_settle_whose_answer_was_lost_report
     assert_eq!(get("itemId").as_f64(), Some(id as f64));
     assert_eq!(lease.status(), Status::Settled(done));
     assert!(!lease.signal().aborted(), "not lost");
-    let it = item(id).await;
+    let it = item_at(base, id).await;
     assert_eq!(
         (it.state, it.result, it.last_error),
         (ItemState::Done, Some(json!({"n": 1})), None)
@@ -1317,7 +1379,7 @@ async fn a_settle_into_another_state_after_a_settle_whose_answer_was_lost_report
             .code(),
         ErrorCode::AlreadySettled
     );
-    assert_eq!(item(id).await.state, ItemState::Done);
+    assert_eq!(item_at(base, id).await.state, ItemState::Done);
 }
 
 /// `work()` with a handler that settles `done` itself and, when that settle
