@@ -8,7 +8,7 @@
 # Environment: FLAKE_LOG_DIR (default: a new /tmp/agentstore-flake.* directory;
 # run-<i>.log holds each run's full output), FLAKE_HOG_WORKERS (default: the
 # number of cores), plus whatever scripts/test.sh reads (AGENTSTORE_TEST_PORT,
-# AGENTSTORE_PG_PORT, AGENTSTORE_PG_DIR, ...). Every run continues after a
+# AGENTSTORE_TEST_LONG_TTL_PORT, AGENTSTORE_PG_PORT, AGENTSTORE_PG_DIR, ...). Every run continues after a
 # failure, so one check shows how often each step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
