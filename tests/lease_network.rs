@@ -1248,7 +1248,7 @@ async fn a_settle_resend_refused_by_a_proxy_keeps_the_first_attempts_outcome_unk
 /// settle `done` with `result` the server applied but whose answer the
 /// proxy cut off (the client saw a transient error: outcome unknown):
 /// `(item id, nonce, client, lease)`. Behind the long-TTL server's proxy
-/// (`at`, see [`long_ttl_proxy`]): what a test sends next must come before
+/// (`proxy` and `base`, see [`long_ttl_proxy`]): what a test sends next must come before
 /// the lease's local deadline (nothing renews it while the outcome is
 /// unknown), which on a busy machine may be later than the 3 s server's
 /// 2.7 s after the claim; it would then be refused locally

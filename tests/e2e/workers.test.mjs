@@ -171,6 +171,8 @@ test('pausing a worker\'s heartbeats: its lease is lost at the local deadline, i
     // Work long enough (15 s) that the pause lands while it runs, however
     // slowly this process gets to the click on a busy machine (with 4 s, a
     // ~3 s stall let the work settle at epoch 1 before the click).
+    // The server's replay counter is shared by the whole file: count from here.
+    const replaysBefore = metric(await scrape(), 'agentstore_claim_replays_total');
     const { id } = await api('POST', `/v1/queues/${QUEUE}/items`, { payload: { task: 'long', ms: 15_000 } });
     const { page, card, name: stalled } = await holderOf(pages, id);
     assert.equal(await card.getAttribute('data-epoch'), '1');
@@ -200,7 +202,7 @@ test('pausing a worker\'s heartbeats: its lease is lost at the local deadline, i
     // claim, epoch 2, or later by as many epochs as claims were replayed (an
     // answer lost on a busy machine and the claim sent again takes an epoch
     // of its own without an attempt, as in the poison test).
-    const replayed = metric(await scrape(), 'agentstore_claim_replays_total');
+    const replayed = metric(await scrape(), 'agentstore_claim_replays_total') - replaysBefore;
     assert.ok(done.epoch >= 2 && done.epoch <= 2 + replayed,
       `epoch ${done.epoch}: the next claim's (2) plus at most ${replayed} replays`);
     assert.equal(done.result.epoch, done.epoch, 'settled under its last claim');
@@ -263,6 +265,8 @@ test('a worker cut off from the server loses its lease at the local deadline, an
     // Work long enough (15 s, as in the pause test) that the cut lands while
     // it runs, however slowly this process gets to the click on a busy
     // machine (with 8 s, a slow click let the work settle at epoch 1 first).
+    // The server's replay counter is shared by the whole file: count from here.
+    const replaysBefore = metric(await scrape(), 'agentstore_claim_replays_total');
     const { id } = await api('POST', `/v1/queues/${QUEUE}/items`, { payload: { task: 'long', ms: 15_000 } });
     const { card, name } = await holderOf([page], id);
     await card.locator('button[data-testid$=-cut]').click();
@@ -280,10 +284,11 @@ test('a worker cut off from the server loses its lease at the local deadline, an
     // Finished under the next claim, epoch 2, or later by as many epochs as
     // claims were replayed (see the pause test); never under the cut-off
     // worker's epoch 1.
-    const replayed = metric(await scrape(), 'agentstore_claim_replays_total');
+    const replayed = metric(await scrape(), 'agentstore_claim_replays_total') - replaysBefore;
     assert.ok(done.epoch >= 2 && done.epoch <= 2 + replayed,
       `epoch ${done.epoch}: the next claim's (2) plus at most ${replayed} replays`);
     assert.equal(done.result.epoch, done.epoch, 'settled under its last claim');
+    assert.equal(done.attempts, 1, 'the expiry counted one attempt');
 
     // Reconnect: the worker's next claim goes through (after its backoff).
     const claimedBefore = (await workerStats(page)).find((w) => w.name === name).claimed;

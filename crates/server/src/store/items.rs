@@ -265,7 +265,12 @@ impl Store {
                 .fetch_optional(&self.pool)
                 .await?;
             match found {
-                Some(row) => break row,
+                Some(row) => {
+                    // A copy's item added past the bound and not yet deleted
+                    // again (or left by a delete that failed): no replay.
+                    self.undo_past_safe_id(&row).await?;
+                    break row;
+                }
                 // Added nothing, and no item holds the key: no id is left.
                 None if !self.has_id_room().await? => return Err(ids_exhausted()),
                 None if rounds < 3 => rounds += 1,
@@ -297,6 +302,7 @@ impl Store {
     /// does not, so an item added past the bound is deleted again instead
     /// ([`Store::undo_past_safe_id`]).
     fn id_room(&self) -> &'static str {
+        const _: () = assert!(super::MAX_SAFE_INTEGER == 9_007_199_254_740_991);
         match self.backend {
             Backend::Sqlite => {
                 "COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'items'), 0) < 9007199254740991"

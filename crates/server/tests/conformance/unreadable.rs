@@ -903,6 +903,27 @@ pub async fn ids_and_epochs_never_pass_the_largest_safe_integer(db: TestDb) {
     assert!(replayed);
     assert_eq!(again.into_item().unwrap().id, MAX);
     assert_eq!(count().await, before, "nothing added");
+    // A keyed item past the bound (another copy's, not yet deleted again) is
+    // not replayed: deleted, and the enqueue refused.
+    sqlx::query("UPDATE items SET id = $1 WHERE id = $2")
+        .bind(MAX + 1)
+        .bind(MAX)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    assert!(
+        store
+            .enqueue_once("ids", &json!(1), None, None, Some("k1"))
+            .await
+            .is_err(),
+        "no replay of an item past the bound"
+    );
+    let (past,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM items WHERE id > $1")
+        .bind(MAX)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(past, 0, "nothing left past the bound");
 
     // Worker ids too: an enrollment past the bound writes nothing.
     use agentstore_protocol::lease::ANY_QUEUE;
