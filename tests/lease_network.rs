@@ -27,19 +27,10 @@ wasm_bindgen_test_configure!(run_in_browser);
 /// The proxy's URL, or `None` (skip) outside CI.
 fn proxy() -> Option<&'static str> {
     server()?;
-    match option_env!("AGENTSTORE_TEST_PROXY") {
-        Some(p) if !p.is_empty() => Some(p),
-        _ => {
-            assert!(
-                option_env!("CI").is_none(),
-                "AGENTSTORE_TEST_PROXY must be set in CI"
-            );
-            web_sys::console::warn_1(
-                &"proxy tests skipped: AGENTSTORE_TEST_PROXY is not set".into(),
-            );
-            None
-        }
-    }
+    configured(
+        option_env!("AGENTSTORE_TEST_PROXY"),
+        "AGENTSTORE_TEST_PROXY",
+    )
 }
 
 /// The URLs of the proxy in front of the long-TTL server and of that server
@@ -49,19 +40,11 @@ fn proxy() -> Option<&'static str> {
 fn long_ttl_proxy() -> Option<(&'static str, &'static str)> {
     proxy()?;
     let base = long_ttl_server()?;
-    match option_env!("AGENTSTORE_TEST_PROXY_LONG_TTL") {
-        Some(p) if !p.is_empty() => Some((p, base)),
-        _ => {
-            assert!(
-                option_env!("CI").is_none(),
-                "AGENTSTORE_TEST_PROXY_LONG_TTL must be set in CI"
-            );
-            web_sys::console::warn_1(
-                &"long-TTL proxy tests skipped: AGENTSTORE_TEST_PROXY_LONG_TTL is not set".into(),
-            );
-            None
-        }
-    }
+    let proxy = configured(
+        option_env!("AGENTSTORE_TEST_PROXY_LONG_TTL"),
+        "AGENTSTORE_TEST_PROXY_LONG_TTL",
+    )?;
+    Some((proxy, base))
 }
 
 fn client_at(base: &str, creds: Credentials, config: ClientConfig) -> Rc<ClientInner> {

@@ -35,16 +35,25 @@ pub const LONG_TTL_MS: f64 = 60_000.0;
 /// [`HEARTBEAT_MS`].
 pub fn long_ttl_server() -> Option<&'static str> {
     server()?;
-    match option_env!("AGENTSTORE_TEST_SERVER_LONG_TTL") {
+    configured(
+        option_env!("AGENTSTORE_TEST_SERVER_LONG_TTL"),
+        "AGENTSTORE_TEST_SERVER_LONG_TTL",
+    )
+}
+
+/// `value`, a URL the test script passes at compile time as `name`, when it
+/// was set; else `None` (the tests that need it skip, with a console note),
+/// and a failed assertion under `CI` (scripts/test.sh starts what it names).
+pub fn configured(value: Option<&'static str>, name: &str) -> Option<&'static str> {
+    match value {
         Some(url) if !url.is_empty() => Some(url),
         _ => {
             assert!(
                 option_env!("CI").is_none(),
-                "AGENTSTORE_TEST_SERVER_LONG_TTL must be set at compile time in CI (scripts/test.sh starts the server)"
+                "{name} must be set at compile time in CI (scripts/test.sh starts it)"
             );
             web_sys::console::warn_1(
-                &"long-TTL lease tests skipped: AGENTSTORE_TEST_SERVER_LONG_TTL is not set (run scripts/test.sh)"
-                    .into(),
+                &format!("tests skipped: {name} is not set (run scripts/test.sh)").into(),
             );
             None
         }
