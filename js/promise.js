@@ -573,19 +573,16 @@ export function purgeOlder(store, olderThanMs, cutoff, onProgress, signal, toErr
     };
     // The module has no handler on this transaction (it left it to this).
     tx.onabort = () => reject(toError(tx.error));
-    tx.oncomplete = () => {
-      if (!returned.length) return resolve(purged);
-      // An abort after the last batch's look: its event has fired, which
-      // raceAbort would not see.
-      if (signal?.aborted) return reject(toError);
-      // (Without a signal, raceAbort races nothing.)
+    // Committed: an abort now (or one whose event fired already) only ends
+    // the wait for onProgress's Promises, and the call resolves with its
+    // count, as a complete import or rebuild does: AbortError always means
+    // nothing was purged. (Without a signal, raceAbort races nothing.)
+    tx.oncomplete = () =>
       resolve(
-        raceAbort(Promise.all(returned), signal, toError).then((v) => {
-          if (v === toError) throw v;
-          return purged;
-        }),
+        returned.length && !signal?.aborted
+          ? raceAbort(Promise.all(returned), signal, toError).then(() => purged)
+          : purged,
       );
-    };
     const batch = (range) => {
       const read = store.getAll(range, PURGE_BATCH);
       read.onerror = () => fail(toError(read.error));

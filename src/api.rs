@@ -71,7 +71,7 @@ export type ImportSource = string | Blob | Response | ReadableStream<Uint8Array>
 export interface ImportOptions {
   /** Called with (done, total) ids after each committed batch; a returned Promise is awaited before the next batch, and its rejection is taken as a throw. */
   onProgress?: ((done: number, total: number) => void | Promise<void>) | null | undefined;
-  /** Stops the import with AbortError (`cause`: the signal's reason) between batches, while the source is read, and while the io module loads; committed batches stay. */
+  /** Stops the import with AbortError (`cause`: the signal's reason) between batches, while the source is read, and while the io module loads; committed batches stay. Once every record is written an abort only ends the wait for the last `onProgress` Promise: the import resolves. */
   signal?: AbortSignal | null | undefined;
   /** Records per transaction, 1..=10000; default 1000. */
   batchSize?: number | null | undefined;
@@ -86,13 +86,13 @@ export interface ExportOptions {
   batchSize?: number | null | undefined;
   /** Called with (done, total) records and tombstones after each batch read (after its chunk went to `onChunk`); takes its turn with the chunks: a returned Promise is awaited before the next chunk or call (the reads go on meanwhile), and the export resolves after it; a throw or rejection before the last call (done === total) rejects the export with it. No call for an empty store. */
   onProgress?: ((done: number, total: number) => void | Promise<void>) | null | undefined;
-  /** Stops the export with AbortError (`cause`: the signal's reason) before each read and each chunk or progress call, while one's Promise is awaited, and while the io module loads: no chunk follows the abort and the read transaction is dropped. */
+  /** Stops the export with AbortError (`cause`: the signal's reason) before each read and each chunk or progress call, while one's Promise is awaited, and while the io module loads: no chunk follows the abort and the read transaction is dropped. Once every chunk is handed over, an abort only ends the wait for the last `onProgress` Promise: the export resolves. */
   signal?: AbortSignal | null | undefined;
 }
 export interface VerifyOptions {
   /** Called with (done, total) records read, after each 1000; a returned Promise is awaited before the next call and the result (the reads go on meanwhile: one read-only transaction cannot wait); a throw or rejection before the last call (done === total) rejects with it. No call for an empty store. */
   onProgress?: ((done: number, total: number) => void | Promise<void>) | null | undefined;
-  /** Stops the verification with AbortError (`cause`: the signal's reason) before each read and each progress call, while one's Promise is awaited, and while the io module loads. */
+  /** Stops the verification with AbortError (`cause`: the signal's reason) before each read and each progress call, while one's Promise is awaited, and while the io module loads. Once every read is done, an abort only ends the wait for the last `onProgress` Promise: the verification resolves. */
   signal?: AbortSignal | null | undefined;
 }
 export interface DropIndexOptions {
@@ -150,7 +150,7 @@ export interface PurgeOptions {
   olderThanMs: number;
   /** Called with (done, total) tombstones looked at, of those stored when the purge began, after each 1000, inside the purge's one transaction: a throw aborts the purge (nothing purged) and rejects with it. A returned Promise cannot hold the transaction: it is awaited after the commit, before the call resolves, and its rejection rejects the call (the purge stays committed). */
   onProgress?: ((done: number, total: number) => void | Promise<void>) | null | undefined;
-  /** Looked at before the purge and after each batch of 1000: aborted there, the purge's one transaction is aborted (nothing purged) and the call rejects with AbortError (`cause`: the signal's reason). Once the last batch is read the purge commits; an abort after that (or an `abort` event dispatched with `signal.aborted` still false) ends only the wait for `onProgress`'s Promises (AbortError, the purge staying committed); with none to wait for, the call resolves with the count. */
+  /** Looked at before the purge and after each batch of 1000: aborted there, the purge's one transaction is aborted (nothing purged) and the call rejects with AbortError (`cause`: the signal's reason). Once the last batch is read the purge commits; an abort after that (or an `abort` event dispatched with `signal.aborted` still false) only ends the wait for `onProgress`'s Promises, and the call resolves with the count: AbortError means nothing was purged. */
   signal?: AbortSignal | null | undefined;
 }
 export interface ListByOptions {
@@ -175,7 +175,7 @@ export interface RebuildOptions {
   batchSize?: number | null | undefined;
   /** Called with (done, total) records after each committed batch; a returned Promise is awaited before the next batch; a throw or rejection before the last batch rejects the call with that error (committed batches stay). */
   onProgress?: ((done: number, total: number) => void | Promise<void>) | null | undefined;
-  /** Stops the rebuild with AbortError (`cause`: the signal's reason) between batches and while the io module loads; committed batches stay (`restart: false` resumes). */
+  /** Stops the rebuild with AbortError (`cause`: the signal's reason) between batches and while the io module loads; committed batches stay (`restart: false` resumes). After the last batch an abort only ends the wait for the last `onProgress` Promise: the rebuild resolves. */
   signal?: AbortSignal | null | undefined;
   /** false = resume an interrupted rebuild from its checkpoint (default true = start over). */
   restart?: boolean | null | undefined;

@@ -131,8 +131,11 @@ impl StoreError {
                 ", stored revision is ",
                 &or_none(current_rev),
             ]),
+            // One message for both (the name and code say which; each
+            // failure carries its own code): a put batch has no deletion
+            // to find nothing for.
             StoreError::BatchConflict { .. } | StoreError::BatchNotFound { .. } => {
-                "some of the batch's records conflict or are not there to delete (see failures); nothing was written".into()
+                "the batch was refused at the positions in failures (each with its code and currentRev); nothing was written".into()
             }
             StoreError::NotFound(_, id) => agentstore_protocol::cat(&["record ", id, " not found"]),
             StoreError::QuotaExceeded(m) => agentstore_protocol::cat(&[

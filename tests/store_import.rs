@@ -1876,7 +1876,8 @@ async fn an_import_refuses_a_response_that_is_not_ok_naming_its_status() {
 /// A source that errors while it is read rejects with a ValidationError
 /// whose message names the source's own error, kept as its `cause`: a
 /// ReadableStream (read directly, or through the pipe a `signal` adds), a
-/// Response over one; for both imports. Before,
+/// Response over one; for both imports (a stream erroring with a value
+/// that is not an Error says so). Before,
 /// a stream or Response was collected by `Response.blob()`, whose own
 /// TypeError ("Failed to fetch" in Chromium) was named instead and the
 /// stream's error dropped, and no source kept a `cause`.
@@ -1893,14 +1894,27 @@ async fn a_source_that_errors_names_its_own_error_and_keeps_it_as_cause() {
          return new Response(midway());",
     );
     let kinds = ["stream", "stream midway", "Response"];
-    for (kind, pouch, signal) in kinds
-        .iter()
-        .flat_map(|k| [(*k, false, false), (*k, true, false), (*k, false, true)])
-    {
-        let what = format!("{kind}, pouch {pouch}, signal {signal}");
-        let err = js_sys::Error::new("stream boom");
+    // An Error, or a value that is none (named "see cause": before, the
+    // message ended in an empty "()", helper-202).
+    let errors = [
+        (
+            JsValue::from(js_sys::Error::new("stream boom")),
+            "(Error: stream boom)",
+        ),
+        (JsValue::NULL, "(a value that is not an Error: see cause)"),
+    ];
+    for (kind, pouch, signal, (err, named)) in kinds.iter().flat_map(|k| {
+        errors.iter().flat_map(move |e| {
+            [
+                (*k, false, false, e),
+                (*k, true, false, e),
+                (*k, false, true, e),
+            ]
+        })
+    }) {
+        let what = format!("{kind}, pouch {pouch}, signal {signal}, {named}");
         let source = make
-            .call3(&JsValue::NULL, &kind.into(), &err, &s(HEADER))
+            .call3(&JsValue::NULL, &kind.into(), err, &s(HEADER))
             .unwrap();
         let ctl = web_sys::AbortController::new().unwrap();
         let opts = ImportOptions {
@@ -1917,18 +1931,14 @@ async fn a_source_that_errors_names_its_own_error_and_keeps_it_as_cause() {
         }
         .expect_err(&what);
         assert_eq!(e.code(), ErrorCode::Validation, "{what}: {e}");
-        assert!(
-            e.message().contains("(Error: stream boom)"),
-            "{what}: {}",
-            e.message()
-        );
+        assert!(e.message().contains(named), "{what}: {}", e.message());
         let thrown = e.to_js();
         assert_eq!(
             field_str(&thrown, "name").as_deref(),
             Some("ValidationError")
         );
         assert!(
-            js_sys::Object::is(&field(&thrown, "cause"), &err),
+            js_sys::Object::is(&field(&thrown, "cause"), err),
             "{what}: the stream's error is the cause"
         );
     }
@@ -2767,4 +2777,170 @@ async fn a_snapshot_tombstone_line_with_a_bad_deleted_at_or_a_body_is_refused_an
     let (again, _) = open("pouch-tomb-again").await;
     again.import_snapshot(out.as_str(), None).await.unwrap();
     assert_eq!(again.export_snapshot().await.unwrap(), out);
+}
+
+/// An export whose every chunk was handed over when its signal aborts
+/// resolves with them: an abort while the last `onProgress` Promise is
+/// pending (batches of 2: the last call follows the last chunk), or one made
+/// at once in the last call when the rows fill whole batches (batches of 1:
+/// no read is left after it). AbortError would report a complete export as
+/// cut short. Before, both rejected with AbortError (the kind of
+/// helper-202's finding, in the exports).
+#[wasm_bindgen_test]
+async fn an_export_aborted_after_its_last_chunk_resolves_with_every_chunk() {
+    let (store, text) = export_fixture("export-abort-last").await;
+    let api: JsValue = agentstore::AgentStore::from_store(store).into();
+    for (batch, body) in [
+        (
+            2,
+            "return (d, t) => { if (d !== t) return; \
+               setTimeout(() => c.abort('late'), 0); return new Promise(() => {}); };",
+        ),
+        (1, "return (d, t) => { if (d === t) c.abort('late'); };"),
+    ] {
+        let ctl = web_sys::AbortController::new().unwrap();
+        let opts = export_opts(json!({"batchSize": batch}), Some(&ctl.signal()));
+        js_sys::Reflect::set(&opts, &"onProgress".into(), &js_fn("c", body, &ctl)).unwrap();
+        let got = invoke(&api, "exportSnapshot", &[opts])
+            .await
+            .unwrap_or_else(|e| panic!("batch {batch}: {e:?}"));
+        assert!(ctl.signal().aborted(), "batch {batch}: the abort was made");
+        assert_eq!(
+            got.as_string().as_deref(),
+            Some(text.as_str()),
+            "batch {batch}"
+        );
+    }
+}
+
+/// An import whose every record is written when its signal aborts resolves
+/// with what it wrote: an abort in its last `onProgress`, made while the
+/// Promise it returned is pending, or made there at once while the rest of
+/// the source is still to be read (a lower revision of `a` follows every
+/// winner). AbortError would report written records as not imported.
+/// Before, the pending case rejected with AbortError from every source, and
+/// the other from the sources read in chunks (helper-202's finding).
+#[wasm_bindgen_test]
+async fn an_import_aborted_after_its_last_write_resolves_with_what_it_wrote() {
+    const T: &str = "2026-01-01T00:00:00.000Z";
+    let snap = snapshot(&[
+        rec("a", "2-bb", T),
+        rec("b", "1-aa", T),
+        rec("a", "1-aa", T),
+    ]);
+    let pouch = dump(&[
+        json!({"docs": [pouch_doc("a", "2-bb", false, &["aa"]), pouch_doc("b", "1-aa", false, &[])]}),
+        json!({"docs": [pouch_doc("a", "1-aa", false, &[])]}),
+    ]);
+    let on_progress = Function::new_with_args(
+        "c, pending",
+        "return (d, t) => { if (d !== t) return; \
+           if (!pending) { c.abort('late'); return; } \
+           setTimeout(() => c.abort('late'), 0); return new Promise(() => {}); }",
+    );
+    for (kind, text) in [("snapshot", &snap), ("pouch", &pouch)] {
+        for pending in [true, false] {
+            for (label, source) in sources(text) {
+                let what = format!("{kind}, {label}, pending {pending}");
+                let (store, _) = open("abort-last").await;
+                let ctl = web_sys::AbortController::new().unwrap();
+                let cb = on_progress
+                    .call2(&JsValue::NULL, &ctl, &pending.into())
+                    .unwrap();
+                let opts = ImportOptions {
+                    on_progress: Some(cb.unchecked_into()),
+                    signal: Some(ctl.signal()),
+                    batch: 1,
+                };
+                let c = match kind {
+                    "snapshot" => store.import_snapshot_with(&source, &opts).await,
+                    _ => store
+                        .import_pouch_dump_with(&source, "agent-index", &opts)
+                        .await
+                        .map(|(_, c, _)| c),
+                }
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert!(ctl.signal().aborted(), "{what}: the abort was made");
+                assert_eq!((c.written, c.kept_newer), (2, 0), "{what}");
+                let a = store.get(&s("a")).await.unwrap().unwrap();
+                assert_eq!(field_str(&a, "_rev").as_deref(), Some("2-bb"), "{what}");
+                assert!(store.get(&s("b")).await.unwrap().is_some(), "{what}");
+            }
+        }
+    }
+}
+
+/// PouchDB's legacy index document listing its own id beside one of three
+/// live records lost the other two: `lost` counts them both (its own entry
+/// is neither a found record nor stale). Before, `lost` was 1
+/// (helper-202's finding).
+#[wasm_bindgen_test]
+async fn a_legacy_index_listing_itself_reports_every_record_it_lost() {
+    let mut index = pouch_doc("agent-index", "1-aa", false, &[]);
+    index["records"] = json!({"agent-index": {}, "r1": {}});
+    let text = dump(&[json!({"docs": [
+        index,
+        pouch_doc("r1", "1-aa", false, &[]),
+        pouch_doc("r2", "1-aa", false, &[]),
+        pouch_doc("r3", "1-aa", false, &[]),
+    ]})]);
+    let (store, _) = open("legacy-self").await;
+    let (_, _, legacy) = store
+        .import_pouch_dump_with(
+            &text.as_str().into(),
+            "agent-index",
+            &ImportOptions::default(),
+        )
+        .await
+        .unwrap();
+    let legacy = legacy.expect("the legacy document was read");
+    assert_eq!((legacy.listed, legacy.lost, legacy.stale), (2, 2, 0));
+}
+
+/// A dump row whose `_id` or `_rev` is refused says why (as `importSnapshot`
+/// and `put` do), not that it has none: an `_id` too long or empty, a
+/// `_rev` longer than any revision. Before, each said "a doc has no string
+/// _id" / "_rev" (helper-202's finding).
+#[wasm_bindgen_test]
+async fn a_refused_dump_row_names_why_its_id_or_rev_was_refused() {
+    let long_id = "x".repeat(1025);
+    let long_rev = format!("1-{}", "a".repeat(95));
+    let cases = [
+        (json!({"_id": long_id, "_rev": "1-aa"}), "longer than 1024"),
+        (json!({"_id": "", "_rev": "1-aa"}), "non-empty"),
+        (json!({"_id": "q", "_rev": long_rev}), "at most 96"),
+    ];
+    for (doc, why) in cases {
+        let text = dump(&[json!({"docs": [doc]})]);
+        for (kind, e) in [
+            (
+                "pouch",
+                open("bad-row")
+                    .await
+                    .0
+                    .import_pouch_dump_with(
+                        &text.as_str().into(),
+                        "agent-index",
+                        &ImportOptions::default(),
+                    )
+                    .await
+                    .map(|_| ())
+                    .unwrap_err(),
+            ),
+            (
+                "snapshot",
+                open("bad-row")
+                    .await
+                    .0
+                    .import_snapshot(snapshot(&[doc.to_string()]).as_str(), None)
+                    .await
+                    .map(|_| ())
+                    .unwrap_err(),
+            ),
+        ] {
+            assert_eq!(e.code(), ErrorCode::Validation, "{kind}: {e}");
+            assert!(e.to_string().contains(why), "{kind}: {e}");
+            assert!(e.to_string().contains("line 2:"), "{kind}: {e}");
+        }
+    }
 }

@@ -4,7 +4,7 @@ use agentstore::store::{ByQuery, Store};
 use agentstore_protocol::index::IndexDef;
 use agentstore_protocol::ErrorCode;
 use serde_json::{json, Value};
-use wasm_bindgen::JsValue;
+use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_test::*;
 
 mod common;
@@ -340,6 +340,46 @@ async fn an_aborted_signal_or_a_throwing_callback_stops_a_rebuild_like_an_import
     assert!(store.indexes_ready().await.unwrap());
 }
 
+/// A rebuild aborted while it waits for its last `onProgress` Promise (every
+/// batch committed, every index active) resolves with its count: AbortError
+/// would report a complete rebuild as stopped. An abort while an earlier
+/// batch's Promise is pending still stops it. Before, both rejected with
+/// AbortError (helper-202's finding).
+#[wasm_bindgen_test]
+async fn a_rebuild_aborted_after_its_last_batch_resolves_with_its_count() {
+    let (store, _) = open("idx-abort-last").await;
+    let recs: Vec<Value> = (0..30u32)
+        .map(|i| json!({"_id": format!("s{i:03}"), "recordType": "run", "updatedAt": at(i)}))
+        .collect();
+    store.put_many(&js(Value::Array(recs))).await.unwrap();
+    let before = store.dump_entries().await.unwrap();
+    // Aborts (on a timer) in the call with done == `at`, and returns a
+    // Promise that never settles.
+    let make = js_sys::Function::new_with_args(
+        "c, at",
+        "return (d) => { if (d !== at) return; setTimeout(() => c.abort('late'), 0); return new Promise(() => {}); }",
+    );
+    for (at, complete) in [(30, true), (10, false)] {
+        let ctl = web_sys::AbortController::new().unwrap();
+        let cb: js_sys::Function = make
+            .call2(&JsValue::NULL, &ctl, &at.into())
+            .unwrap()
+            .unchecked_into();
+        let out = store
+            .rebuild_indexes(10, true, Some(&cb), Some(&ctl.signal()))
+            .await;
+        assert!(ctl.signal().aborted(), "at {at}: the abort was made");
+        match complete {
+            true => assert_eq!(out.expect("complete: resolves"), 30),
+            false => assert_eq!(out.unwrap_err().code(), ErrorCode::Aborted),
+        }
+        assert_eq!(store.indexes_ready().await.unwrap(), complete, "at {at}");
+    }
+    store.rebuild_indexes(10, false, None, None).await.unwrap();
+    assert_eq!(store.dump_entries().await.unwrap(), before);
+    assert_indexes_clean(&store).await;
+}
+
 /// An async `onProgress` of `rebuildIndexes` is awaited before the next
 /// batch (each call only after the previous one's Promise resolved), and a
 /// rejection before the last batch ends the call with that error, as a
@@ -545,6 +585,60 @@ async fn a_changed_definition_rebuilds_without_a_version_upgrade() {
         new.list_by("nope", &q).await.unwrap_err().code(),
         ErrorCode::Validation
     );
+}
+
+/// Every entry an index holds can be looked up: a key of up to 250,000
+/// UTF-16 units has an entry, and `eq`, `prefix` and `range` take values as
+/// long (one unit more is a ValidationError, and could match no entry).
+/// Before, they took at most 65,536 units, so a record whose key was longer
+/// was indexed but could not be found by it (helper-201's finding).
+#[wasm_bindgen_test]
+async fn every_indexed_key_can_be_looked_up_by_its_whole_value() {
+    let (_, name) = open("idx-long-key").await;
+    let store = Store::open(&name, 300, None, vec![by_type(), by_owner()])
+        .await
+        .unwrap();
+    let long = "o".repeat(250_000);
+    store
+        .put_many(&js(
+            json!([{"_id": "long", "owner": long}, {"_id": "short", "owner": "o"}]),
+        ))
+        .await
+        .unwrap();
+    // (Built, so `listBy` answers from its entries, not from the records.)
+    store.rebuild_indexes(500, false, None, None).await.unwrap();
+    assert_indexes_clean(&store).await;
+    let ids = |page: &agentstore::store::Page| -> Vec<String> {
+        page.records
+            .iter()
+            .map(|r| field_str(&r, "_id").unwrap())
+            .collect()
+    };
+    for (q, want) in [
+        (json!({"eq": long}), vec!["long"]),
+        (json!({"prefix": long}), vec!["long"]),
+        (
+            json!({"range": {"lower": long, "upper": long}}),
+            vec!["long"],
+        ),
+        (json!({"prefix": "o"}), vec!["short", "long"]),
+    ] {
+        let page = store
+            .list_by("byOwner", &ByQuery::from_js(&js(q)).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(ids(&page), want);
+    }
+    let longer = format!("{long}o");
+    for q in [
+        json!({"eq": longer}),
+        json!({"prefix": longer}),
+        json!({"range": {"lower": longer}}),
+    ] {
+        let e = ByQuery::from_js(&js(q)).map(|_| ()).unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Validation);
+        assert!(e.to_string().contains("250,000"), "{e}");
+    }
 }
 
 #[wasm_bindgen_test]

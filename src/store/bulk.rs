@@ -210,25 +210,24 @@ impl Store {
             // string it did not give.
             let field = |k: &str| crate::options::opt(item, k).unwrap_or(JsValue::UNDEFINED);
             let id = field("id");
-            // A key a deletion does not take (PouchDB's `_deleted`, a
-            // `force`) is refused, never ignored.
-            let checked = crate::options::known(item, "id rev")
-                .map_err(StoreError::validation)
-                .and_then(|()| check_id_value(&id))
-                .and_then(|id| {
-                    // Seen once its id is valid, whatever its rev: a later
-                    // position repeating it is reported too.
-                    let first = seen.first(&id);
-                    let rev = crate::value::short_string(&field("rev"), crate::value::MAX_REV_TEXT)
-                        .ok_or_else(|| StoreError::validation("rev must be a revision string"))?;
-                    let expected = Rev::parse(&rev).map_err(|e| StoreError::validation(e.0))?;
-                    if !first {
-                        return Err(StoreError::validation(
-                            "the same id appears twice in one batch",
-                        ));
-                    }
-                    Ok((id, expected))
-                });
+            let checked = check_id_value(&id).and_then(|id| {
+                // Seen once its id is valid, whatever else is wrong with
+                // it (a key it does not take, its rev): a later position
+                // repeating it is reported too.
+                let first = seen.first(&id);
+                // A key a deletion does not take (PouchDB's `_deleted`,
+                // a `force`) is refused, never ignored.
+                crate::options::known(item, "id rev").map_err(StoreError::validation)?;
+                let rev = crate::value::short_string(&field("rev"), crate::value::MAX_REV_TEXT)
+                    .ok_or_else(|| StoreError::validation("rev must be a revision string"))?;
+                let expected = Rev::parse(&rev).map_err(|e| StoreError::validation(e.0))?;
+                if !first {
+                    return Err(StoreError::validation(
+                        "the same id appears twice in one batch",
+                    ));
+                }
+                Ok((id, expected))
+            });
             match checked {
                 Ok((id, expected)) => {
                     let digest = tombstone_digest(&String::from(&id));
@@ -384,13 +383,14 @@ impl Store {
     /// `on_progress` returns: those are awaited after the commit, before
     /// the call resolves; a rejection then rejects the call with that error
     /// (the purge stays committed, as the committed batches of a rebuild
-    /// do), and an abort ends that wait with AbortError (an `abort` event
-    /// too, synthetic ones whose `signal.aborted` is still false). With no
-    /// Promise to wait for, an abort after the last batch's look changes
-    /// nothing: the purge committed, and the call resolves with its count.
+    /// do). An abort after the last batch's look (also an `abort` event
+    /// whose `signal.aborted` is still false, while those Promises are
+    /// awaited) only ends that wait: the purge committed, and the call
+    /// resolves with its count, as a complete import or rebuild does. So
+    /// AbortError always means nothing was purged.
     ///
     /// # Errors
-    /// AbortError (`cause`: the signal's reason); what `on_progress` threw
+    /// AbortError (`cause`: the signal's reason; nothing purged); what `on_progress` threw
     /// or its Promise rejected with; TransactionError / QuotaExceededError
     /// / ClosedError (from the scan: as typed Errors, passed through).
     pub async fn purge_tombstones(
@@ -416,11 +416,9 @@ impl Store {
         tx.end_read();
         // Rejected with the `dom_error_fn()` function itself (a value no
         // callback can throw; one can throw `undefined`) once `signal`
-        // aborted or fired `abort` (a synthetic event leaves
-        // `signal.aborted` false: AbortError all the same, as `race_abort`
-        // answers it); else with what `on_progress` threw or rejected
-        // with, or a typed Error: as it is, also when the signal aborted
-        // meanwhile.
+        // aborted before the commit (the transaction is then aborted);
+        // else with what `on_progress` threw or rejected with, or a typed
+        // Error: as it is, also when the signal aborted meanwhile.
         let purged =
             JsFuture::from(purge)
                 .await

@@ -121,11 +121,7 @@ impl<'a> Calls<'a> {
                     Poll::Ready(r) => {
                         let ignored = *ignored;
                         self.pending = None;
-                        if let Err(e) = r? {
-                            if !ignored {
-                                return Err(StoreError::Thrown(e));
-                            }
-                        }
+                        settled(r, ignored)?;
                     }
                 }
             }
@@ -164,18 +160,30 @@ impl<'a> Calls<'a> {
         loop {
             self.pump()?;
             match self.pending.take() {
-                Some((p, ignored)) => {
-                    if let Err(e) = p.await? {
-                        if !ignored {
-                            return Err(StoreError::Thrown(e));
-                        }
-                    }
-                }
+                Some((p, ignored)) => settled(p.await, ignored)?,
                 None => break,
             };
         }
         self.store.check_open()?;
         Ok(self.parts)
+    }
+}
+
+/// What a settled call's thenable means for the operation: what it
+/// rejected with, unless the call was the `last` progress call. That one
+/// reports complete work, so neither its rejection nor an abort that ended
+/// the wait for it fails the operation (an abort after the work is done
+/// would report it as not done), as `rebuildIndexes` and the imports do.
+///
+/// # Errors
+/// What the thenable rejected with (not `last`); AbortError (not `last`);
+/// ClosedError.
+fn settled(r: Result<std::result::Result<JsValue, JsValue>>, last: bool) -> Result<()> {
+    match r {
+        Ok(Err(e)) if !last => Err(StoreError::Thrown(e)),
+        Err(StoreError::Aborted(_)) if last => Ok(()),
+        Err(e) => Err(e),
+        Ok(_) => Ok(()),
     }
 }
 

@@ -573,17 +573,19 @@ impl ByQuery {
         let get = |k: &str| crate::options::read(o, k);
         let given = |v: &JsValue| !v.is_undefined() && !v.is_null();
         // A caller's key part: a string is copied into wasm memory only up
-        // to 64 Ki units (the store's own keys, read for `next`, are not
-        // bounded).
+        // to the units an entry may hold (`MAX_INDEXED_UNITS`, 250,000: every
+        // entry can be looked up, and a longer value matches none; the
+        // store's own keys, read for `next`, are not bounded).
+        let max = agentstore_protocol::index::MAX_INDEXED_UNITS;
         let part = |v: &JsValue, what: &str| {
-            (!v.is_string() || value::bounded(v, value::MAX_ARG_UNITS).is_some())
+            (!v.is_string() || value::bounded(v, max).is_some())
                 .then(|| part_from_js(v))
                 .flatten()
                 .filter(|p| *p != KeyPart::Max)
                 .ok_or_else(|| {
                     StoreError::validation(agentstore_protocol::cat(&[
                         what,
-                        " must be a finite number or a string of at most 65,536 UTF-16 code units",
+                        " must be a finite number or a string of at most 250,000 UTF-16 code units",
                     ]))
                 })
         };
@@ -612,9 +614,9 @@ impl ByQuery {
             }
             Condition::Eq(key)
         } else if given(&prefix) {
-            let s = value::bounded(&prefix, value::MAX_ARG_UNITS).ok_or_else(|| {
+            let s = value::bounded(&prefix, max).ok_or_else(|| {
                 StoreError::validation(
-                    "prefix must be a string of at most 65,536 UTF-16 code units",
+                    "prefix must be a string of at most 250,000 UTF-16 code units",
                 )
             })?;
             Condition::Prefix(value::units(s))
@@ -1121,7 +1123,7 @@ impl Store {
                 // takes one) is awaited before the next batch, outside any
                 // transaction (this batch committed).
                 #[cfg(feature = "io")]
-                let called = super::mutate::settle_callback(called, signal, self).await?;
+                let called = super::mutate::settle_callback(called, signal, self, finished).await?;
                 if !finished {
                     called.map_err(StoreError::Thrown)?;
                 }

@@ -106,12 +106,16 @@ impl<'a> Writer<'a> {
         }
     }
 
-    async fn push(&mut self, item: Staged) -> Result<()> {
+    /// Stages `item`, writing a batch when it is full. Answers whether the
+    /// import is complete (every winner written): the caller then stops
+    /// reading, so nothing after the last write (an abort while the rest of
+    /// the source is read) can report the written import as not done.
+    async fn push(&mut self, item: Staged) -> Result<bool> {
         self.staged.push(item);
         if self.staged.len() >= self.opts.batch as usize {
             self.flush(false).await?;
         }
-        Ok(())
+        Ok(self.counts.written + self.counts.kept_newer >= self.total)
     }
 
     async fn finish(mut self) -> Result<ImportCounts> {
@@ -157,9 +161,11 @@ impl<'a> Writer<'a> {
             let called = cb.call2(&JsValue::NULL, &done.into(), &self.total.into());
             // An async `onProgress` is awaited before the next batch (no
             // transaction is open here: the batch committed).
-            let called = settle_callback(called, self.opts.signal.as_ref(), self.store).await?;
+            let complete = last || done >= self.total;
+            let called =
+                settle_callback(called, self.opts.signal.as_ref(), self.store, complete).await?;
             if let Err(e) = called {
-                if !last && done < self.total {
+                if !complete {
                     return Err(StoreError::Thrown(e));
                 }
             }
@@ -192,10 +198,13 @@ fn legacy_report(
         .iter()
         .filter(|id| !leaves.get(id).is_undefined() && !dead.has(id))
         .count() as u64;
+    // The document is a live winner here (checked above).
+    let lists_itself = listed.includes(&key, 0);
     Some(LegacyIndexReport::from_counts(
         legacy_index_id.to_owned(),
         u64::from(listed.length()),
         listed_live,
+        lists_itself,
         live_others,
     ))
 }
@@ -260,6 +269,10 @@ async fn next_line(lines: &mut Lines<'_>) -> Result<Option<(usize, JsString)>> {
     Ok(None)
 }
 
+/// Why a row's `_rev` was refused before it was parsed: absent, not a
+/// string, or longer than any revision ([`crate::value::MAX_REV_TEXT`]).
+const NO_REV: &str = "_rev must be a revision string of at most 96 UTF-16 code units";
+
 /// One PouchDB row as read from a dump line.
 struct Row {
     id: JsString,
@@ -274,13 +287,14 @@ fn pouch_row(doc: &JsValue, n: usize) -> Result<Option<Row>> {
     if !doc.is_object() || Array::is_array(doc) {
         return Err(line_error(WHAT, n, "a doc must be an object"));
     }
-    let id = super::check_id_value(&get(doc, "_id"))
-        .map_err(|_| line_error(WHAT, n, "a doc has no string _id"))?;
+    // The reason of the id check itself (not a string, empty, too long).
+    let id =
+        super::check_id_value(&get(doc, "_id")).map_err(|e| line_error(WHAT, n, &e.message()))?;
     if id.starts_with("_local/", 0) {
         return Ok(None);
     }
     let rev_text = crate::value::short_string(&get(doc, "_rev"), crate::value::MAX_REV_TEXT)
-        .ok_or_else(|| line_error(WHAT, n, "a doc has no string _rev (a revision)"))?;
+        .ok_or_else(|| line_error(WHAT, n, NO_REV))?;
     let rev = Rev::parse(&rev_text).map_err(|e| line_error(WHAT, n, &e.0))?;
     let deleted = get(doc, "_deleted").as_bool() == Some(true);
     Ok(Some(Row {
@@ -455,7 +469,7 @@ fn snapshot_row(line: &JsString, n: usize) -> Result<SnapshotLine> {
     let id =
         super::check_id_value(&get(&v, "_id")).map_err(|e| line_error(WHAT, n, &e.message()))?;
     let rev = crate::value::short_string(&get(&v, "_rev"), crate::value::MAX_REV_TEXT)
-        .ok_or_else(|| line_error(WHAT, n, "a line without _rev (a revision)"))?;
+        .ok_or_else(|| line_error(WHAT, n, NO_REV))?;
     let rev = Rev::parse(&rev).map_err(|e| line_error(WHAT, n, &e.0))?;
     if get(&v, "_deleted").as_bool() != Some(true) {
         check_body(&v, WHAT, n)?;
@@ -776,7 +790,7 @@ impl Store {
         let mut lines = source.lines(opts.signal.clone(), self)?;
         let mut first = true;
         let mut ignore = Seqs::default();
-        while let Some((n, line)) = next_line(&mut lines).await? {
+        'lines: while let Some((n, line)) = next_line(&mut lines).await? {
             let docs = dump_docs(&line, n, first, &mut ignore)?;
             first = false;
             let Some(docs) = docs else { continue };
@@ -793,7 +807,9 @@ impl Store {
                 if !deleted {
                     strip_bookkeeping(&doc);
                 }
-                writer.push(Staged::winner(id, &win, deleted, doc)?).await?;
+                if writer.push(Staged::winner(id, &win, deleted, doc)?).await? {
+                    break 'lines;
+                }
             }
         }
         let counts = writer.finish().await?;
@@ -893,7 +909,10 @@ impl Store {
         let (total, mut done) = (n_records + n_tombs, 0);
         for store in [records, tombs] {
             let mut after: Option<JsValue> = None;
-            loop {
+            // Every row read (the counts are of this transaction's view):
+            // no read is left for an abort to stop, so one while the last
+            // `onProgress` Promise is pending only ends that wait.
+            while done < total {
                 out.check()?;
                 let rows = read_after(&store, after.as_ref(), opts.batch).await?;
                 let Some(last) = rows.last() else { break };
@@ -1046,7 +1065,9 @@ impl Store {
             }
             winners.delete(&id);
             let deleted = get(&v, "_deleted").as_bool() == Some(true);
-            writer.push(Staged::winner(id, &win, deleted, v)?).await?;
+            if writer.push(Staged::winner(id, &win, deleted, v)?).await? {
+                break;
+            }
         }
         writer.finish().await
     }

@@ -517,6 +517,12 @@ fn unreadable(e: &JsValue) -> StoreError {
     let message = crate::error::get_str(e, "message")
         .or_else(|| crate::value::text_prefix(e, crate::value::MAX_ARG_UNITS))
         .unwrap_or_default();
+    // Neither (a stream errored with `null`, a Symbol, a number…): the
+    // value itself is the error's `cause`.
+    let message = match (name.is_empty(), message.is_empty()) {
+        (true, true) => "a value that is not an Error: see cause".to_owned(),
+        _ => message,
+    };
     let sep = if name.is_empty() { "" } else { ": " };
     StoreError::Unreadable {
         message: agentstore_protocol::cat(&[

@@ -269,16 +269,24 @@ pub(crate) async fn race_abort_or_close(
 /// it, so an abort or `close()` ends the wait at once); its rejection is
 /// handled here, never an unhandled rejection, and comes back as a throw.
 ///
+/// `complete`: the call's work is all committed (its last progress call).
+/// An abort then only ends the wait: the call resolves with what it did,
+/// since an AbortError would report as not done work that is written.
+///
 /// # Errors
-/// AbortError; ClosedError.
+/// AbortError (unless `complete`); ClosedError.
 #[cfg(feature = "io")]
 pub(crate) async fn settle_callback(
     called: std::result::Result<JsValue, JsValue>,
     signal: Option<&AbortSignal>,
     store: &Store,
+    complete: bool,
 ) -> Result<std::result::Result<JsValue, JsValue>> {
     match called.as_ref().ok().and_then(crate::value::as_promise) {
-        Some(p) => race_abort_or_close(p, signal, store).await,
+        Some(p) => match race_abort_or_close(p, signal, store).await {
+            Err(StoreError::Aborted(_)) if complete => Ok(Ok(JsValue::UNDEFINED)),
+            settled => settled,
+        },
         None => Ok(called),
     }
 }

@@ -337,13 +337,23 @@ pub struct LegacyIndexReport {
 
 impl LegacyIndexReport {
     /// The report from counts: `listed` ids in the legacy document, of which
-    /// `listed_live` are live winners, and `live_others` live winners other
-    /// than the legacy document itself.
-    pub fn from_counts(id: String, listed: u64, listed_live: u64, live_others: u64) -> Self {
+    /// `listed_live` are live winners (the document itself among them when
+    /// `lists_itself`), and `live_others` live winners other than the legacy
+    /// document itself. A document listing itself is neither stale (it is
+    /// live) nor a found record (`live_others` leaves it out, so counting it
+    /// would hide one lost record).
+    pub fn from_counts(
+        id: String,
+        listed: u64,
+        listed_live: u64,
+        lists_itself: bool,
+        live_others: u64,
+    ) -> Self {
+        let found = listed_live.saturating_sub(u64::from(lists_itself));
         LegacyIndexReport {
             id,
             listed,
-            lost: live_others.saturating_sub(listed_live),
+            lost: live_others.saturating_sub(found),
             stale: listed.saturating_sub(listed_live),
         }
     }
@@ -766,8 +776,17 @@ mod tests {
 
     #[test]
     fn legacy_report_counts_lost_and_stale_ids() {
-        let r = LegacyIndexReport::from_counts("agent-index".into(), 10, 7, 9);
+        let r = LegacyIndexReport::from_counts("agent-index".into(), 10, 7, false, 9);
         assert_eq!((r.listed, r.lost, r.stale), (10, 2, 3));
+    }
+
+    /// A legacy document listing its own id (`records: {"agent-index": {},
+    /// "r1": {}}` beside live r1, r2, r3) lost r2 and r3: its own entry is
+    /// neither a found record nor stale.
+    #[test]
+    fn a_legacy_index_listing_itself_still_counts_every_lost_record() {
+        let r = LegacyIndexReport::from_counts("agent-index".into(), 2, 2, true, 3);
+        assert_eq!((r.listed, r.lost, r.stale), (2, 2, 0));
     }
 
     #[test]
