@@ -96,7 +96,24 @@ pub fn router(config: &Config, state: AppState) -> Result<Router, String> {
         ))
         .layer(axum::middleware::from_fn(json_errors))
         .layer(cors);
-    Ok(traced(host_checked(app, config, config.listen)))
+    Ok(outer(app, config, config.listen))
+}
+
+/// The layers every listener's app gets, outermost last: the `Host` check
+/// ([`host_checked`]), then the drain of unread request bodies (see
+/// [`crate::drain`]: outside every layer and handler that may answer before
+/// reading the body), then request tracing ([`traced`]).
+fn outer(app: Router, config: &Config, listen: SocketAddr) -> Router {
+    let drain = crate::drain::Drain {
+        limit: config.max_body_bytes,
+        read_timeout: Duration::from_millis(config.read_timeout_ms),
+    };
+    traced(
+        host_checked(app, config, listen).layer(axum::middleware::from_fn_with_state(
+            drain,
+            crate::drain::drain_unread,
+        )),
+    )
 }
 
 /// `app` behind the `Host` check when `listen` is a loopback address (see
@@ -370,11 +387,7 @@ impl Server {
                 tracing::info!(addr = %l.local_addr()?, "metrics listening (no token)");
                 Some(serve(
                     l,
-                    traced(host_checked(
-                        ops::open_metrics_router().with_state(state),
-                        config,
-                        at,
-                    )),
+                    outer(ops::open_metrics_router().with_state(state), config, at),
                     rx.clone(),
                     read_timeout,
                 ))

@@ -11,7 +11,9 @@
 //! Credentials are compared in constant time and never logged. Every refusal is
 //! `403 forbidden` decided before anything is written and before the request
 //! body is parsed (handlers that need a role take it as
-//! [`crate::extract::RawBody`]).
+//! [`crate::extract::RawBody`]). A `401` or `403` answered by an extractor,
+//! before the body is read, reaches a client that sent one all the same:
+//! [`crate::drain`] reads and discards the body before the answer goes out.
 
 use agentstore_protocol::lease::{queue_in_scope, Role, ANY_QUEUE};
 use agentstore_protocol::ErrorCode;

@@ -32,12 +32,11 @@ where
 
 /// A request body read whole but not yet parsed: a handler that must refuse
 /// a caller its role does not allow (`403`) whatever the body is takes this,
-/// checks the role, and only then calls [`RawBody::json`]. The body is read
-/// before the refusal on purpose: an answer sent while the body is still
-/// unread in the socket can be lost to the TCP reset that closing such a
-/// socket sends. Too large → `413 payload_too_large`, before any role check
-/// (the rest of such a body is never read); past the read deadline → `400
-/// bad_request`.
+/// checks the role, and only then calls [`RawBody::json`]. Too large → `413
+/// payload_too_large`, before any role check (the rest of such a body is
+/// never read); past the read deadline → `400 bad_request`. (An answer sent
+/// before a body is read, by a handler or an extractor, reaches the client
+/// all the same: [`crate::drain`] reads and discards the body first.)
 #[derive(Debug)]
 pub struct RawBody(Bytes);
 

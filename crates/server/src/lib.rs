@@ -21,6 +21,7 @@ pub mod app;
 pub mod auth;
 pub mod authcache;
 pub mod config;
+pub mod drain;
 pub mod error;
 pub mod extract;
 pub mod host;

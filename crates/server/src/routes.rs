@@ -139,7 +139,8 @@ fn admit(limiter: &RateLimiter<IpAddr>, parts: &Parts, what: &str) -> Result<(),
 
 /// Admission to an unauthenticated endpoint (enroll, refresh): at most
 /// `--auth-rate` per client address, else `429 rate_limited` with `Retry-After`,
-/// decided before the body is read or the database is touched.
+/// decided before the body is parsed or the database is touched (the body of
+/// a refused request is only read and discarded, see [`crate::drain`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Throttled;
 
@@ -156,7 +157,7 @@ impl FromRequestParts<AppState> for Throttled {
 /// (`navigator.sendBeacon` cannot set headers), whose lease token in the
 /// body is the only credential. A beacon is admitted like enroll: at most
 /// `--auth-rate` per client address (a bucket of its own), decided before
-/// the body is read or the database is touched.
+/// the body is parsed or the database is touched (as [`Throttled`]).
 #[derive(Debug, Clone)]
 pub enum Releaser {
     /// Authenticated.

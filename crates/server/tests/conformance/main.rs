@@ -14,6 +14,7 @@ mod listing;
 mod metrics;
 mod migrate;
 mod outage;
+mod refusals;
 mod requeue;
 mod resume;
 mod retention;
@@ -136,6 +137,7 @@ conformance! {
     revoke::revoking_needs_the_admin_and_a_known_id,
     roles::every_endpoint_allows_exactly_its_roles_and_a_refusal_changes_nothing,
     roles::a_refused_caller_is_refused_whatever_its_body,
+    refusals::a_refusal_reaches_a_client_that_sent_a_large_body,
     roles::a_worker_enrolled_for_one_queue_claims_there_and_nowhere_else,
     roles::an_enrolled_caller_cannot_tell_a_missing_item_from_one_it_may_not_touch,
     input::out_of_range_numbers_are_400_before_they_reach_sql,
