@@ -19,6 +19,7 @@ use tower_http::services::ServeDir;
 use tower_http::trace::TraceLayer;
 
 use crate::config::Config;
+use crate::drain::{Linger, Lingering};
 use crate::error::json_errors;
 use crate::metrics;
 use crate::ratelimit::RateLimiter;
@@ -467,7 +468,9 @@ impl Server {
 /// `read_timeout` to send each request's headers (hyper's
 /// `header_read_timeout`, which also ends a keep-alive connection idle that
 /// long) and `read_timeout` again for its whole body (the API's
-/// [`crate::extract::BodyDeadline`]). Without them a client with no credentials
+/// [`crate::extract::BodyDeadline`]), and a connection closed with a body too
+/// large to drain unread in it closes lingering ([`crate::drain::Lingering`]).
+/// Without the timeouts a client with no credentials
 /// held a connection, and a file descriptor, open for ever by sending a
 /// request slowly; a few hundred such connections stopped the server
 /// answering (`accept: Too many open files`).
@@ -503,17 +506,25 @@ fn serve(
             };
             // Connect info: the unauthenticated endpoints are limited per
             // client address (`ConnectInfo<SocketAddr>`, as axum's
-            // `into_make_service_with_connect_info` sets it).
-            let service = app
-                .clone()
-                .map_request(move |req: Request<hyper::body::Incoming>| {
+            // `into_make_service_with_connect_info` sets it). The linger:
+            // a connection closed with a body too large to drain unread in
+            // it closes lingering (see `crate::drain`).
+            let linger = Linger::default();
+            let service = app.clone().map_request({
+                let linger = linger.clone();
+                move |req: Request<hyper::body::Incoming>| {
                     let mut req = req.map(axum::body::Body::new);
-                    req.extensions_mut()
-                        .insert(axum::extract::ConnectInfo(peer));
+                    let extensions = req.extensions_mut();
+                    extensions.insert(axum::extract::ConnectInfo(peer));
+                    extensions.insert(linger.clone());
                     req
-                });
+                }
+            });
             let conn = http.serve_connection(
-                TokioIo::new(SendTimeout::new(stream, read_timeout)),
+                TokioIo::new(Lingering::new(
+                    SendTimeout::new(stream, read_timeout),
+                    linger,
+                )),
                 hyper_util::service::TowerToHyperService::new(service),
             );
             let conn = graceful.watch(conn);

@@ -138,6 +138,7 @@ conformance! {
     roles::every_endpoint_allows_exactly_its_roles_and_a_refusal_changes_nothing,
     roles::a_refused_caller_is_refused_whatever_its_body,
     refusals::a_refusal_reaches_a_client_that_sent_a_large_body,
+    refusals::an_answer_to_a_body_over_the_limit_reaches_the_client,
     roles::a_worker_enrolled_for_one_queue_claims_there_and_nowhere_else,
     roles::an_enrolled_caller_cannot_tell_a_missing_item_from_one_it_may_not_touch,
     input::out_of_range_numbers_are_400_before_they_reach_sql,
