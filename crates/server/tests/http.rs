@@ -906,6 +906,59 @@ async fn a_request_sent_too_slowly_is_cut_off_after_the_read_timeout() {
     h.server.stop().await.unwrap();
 }
 
+/// A request refused before its body was read has that body read and
+/// discarded before the answer (see `agentstore_server::drain`), so its
+/// connection stays open for the next request: a `401` to a 50 kB body,
+/// then a health check, both answered on one connection, which only the
+/// idle timeout closes. A request with `Expect: 100-continue` is refused
+/// without a `100 Continue`: its client never has to send the body (the
+/// drain must not ask for it), and the connection is closed.
+#[tokio::test]
+async fn a_refusal_keeps_the_connection_and_asks_for_no_expected_body() {
+    const READ_TIMEOUT_MS: u64 = 500;
+    let h = Harness::start(|c| c.read_timeout_ms = READ_TIMEOUT_MS).await;
+    let addr = h.server.addr();
+    let bound = Duration::from_millis(READ_TIMEOUT_MS * 40);
+    let body = "{\"payload\": \"".to_owned() + &"x".repeat(50_000) + "\"}";
+    let mut two = format!(
+        "POST /v1/queues/jobs/items HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes();
+    two.extend_from_slice(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+    let mut stream = sent(addr, &two).await;
+    let (text, closed) = answer_then_close(&mut stream, bound).await;
+    assert!(closed, "closed once idle");
+    assert!(text.starts_with("HTTP/1.1 401"), "{text}");
+    assert!(text.contains("\"code\":\"unauthorized\""), "{text}");
+    assert!(
+        !text.to_ascii_lowercase().contains("connection: close"),
+        "the refusal keeps the connection: {text}"
+    );
+    assert!(
+        text.contains("HTTP/1.1 200") && text.contains("\"status\":\"ok\""),
+        "the next request is answered on the same connection: {text}"
+    );
+    let mut expecting = sent(
+        addr,
+        b"POST /v1/queues/jobs/items HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: 50000\r\n\r\n",
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let (text, closed) = answer_then_close(&mut expecting, bound).await;
+    assert!(closed, "the connection is closed: its body was never sent");
+    assert!(
+        text.starts_with("HTTP/1.1 401"),
+        "no 100 Continue first: {text}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(READ_TIMEOUT_MS),
+        "answered at once, not after waiting for the body: {:?}",
+        started.elapsed()
+    );
+    h.stop().await;
+}
+
 /// A client that stops reading a response larger than the socket buffers
 /// (a big static file) is cut off once a write has made no progress for
 /// `--read-timeout-ms` (nginx's `send_timeout`), so a stop drains at once.
