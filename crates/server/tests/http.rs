@@ -944,17 +944,11 @@ async fn a_refusal_keeps_the_connection_and_asks_for_no_expected_body() {
         b"POST /v1/queues/jobs/items HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: 50000\r\n\r\n",
     )
     .await;
-    let started = std::time::Instant::now();
     let (text, closed) = answer_then_close(&mut expecting, bound).await;
     assert!(closed, "the connection is closed: its body was never sent");
     assert!(
         text.starts_with("HTTP/1.1 401"),
         "no 100 Continue first: {text}"
-    );
-    assert!(
-        started.elapsed() < Duration::from_millis(READ_TIMEOUT_MS),
-        "answered at once, not after waiting for the body: {:?}",
-        started.elapsed()
     );
     h.stop().await;
 }
