@@ -36,8 +36,9 @@
 //! is unread in it).
 //!
 //! What this costs: a request whose body is read to its end (every accepted
-//! request with a body) pays one small allocation and a wrapper around its
-//! body, no copy; a request without a body nothing. A refused client may
+//! request with a body) pays two small allocations (the wrapper around its
+//! body and the slot it would leave the rest in), no copy; a request
+//! without a body nothing. A refused client may
 //! make the server read up to `--max-body-bytes` in at most
 //! `--read-timeout-ms` before the refusal, chunk by chunk into no buffer:
 //! that is what any client may make it read with an acceptable request
