@@ -289,3 +289,25 @@ function keysOf(kept, queue) {
   if (!keys) byQueue.set(queue, (keys = []));
   return keys;
 }
+
+// A lone surrogate (one half of a UTF-16 pair). IndexedDB stores one, but
+// JSON text for another program cannot carry it (RFC 8259 §8.2), and
+// serde_json, the lease server's parser, refuses its escape.
+const LONE = /\p{Cs}/u;
+
+/**
+ * The path (keys and indexes, outermost first) to the first string or key
+ * holding a lone surrogate in `v`, a settle result as the record walk
+ * copied it (plain data, at most 64 levels), else `undefined`.
+ */
+export function loneSurrogateAt(v, path = []) {
+  if (typeof v === 'string') return LONE.test(v) ? path : undefined;
+  if (v === null || typeof v !== 'object') return undefined;
+  for (const k of Object.keys(v)) {
+    const at = [...path, Array.isArray(v) ? Number(k) : k];
+    if (!Array.isArray(v) && LONE.test(k)) return at;
+    const found = loneSurrogateAt(v[k], at);
+    if (found) return found;
+  }
+  return undefined;
+}

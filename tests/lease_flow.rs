@@ -1711,7 +1711,8 @@ async fn a_base_url_with_white_space_around_it_reaches_the_server() {
 /// ValidationError naming the field, sends nothing and keeps the lease
 /// (DESIGN.md, Records: "never silently changed"), where `JSON.stringify`
 /// would have stored `null` for NaN, `{}` for a Map, or dropped a function
-/// field. A result JSON carries is stored exactly.
+/// field, and where a lone surrogate reached the server as an escape its
+/// parser refuses. A result JSON carries is stored exactly.
 #[wasm_bindgen_test]
 async fn a_settle_result_json_cannot_carry_is_refused_and_never_stored_changed() {
     if server().is_none() {
@@ -1733,6 +1734,10 @@ async fn a_settle_result_json_cannot_carry_is_refused_and_never_stored_changed()
         ("({at: new Date(0)})", "field at"),
         ("({n: 1n})", "field n"),
         ("(() => { const o = {}; o.o = o; return o; })()", "field o"),
+        // A lone surrogate, which IndexedDB stores but the server's JSON
+        // parser refuses (before, a 400 with serde's text; helper-201).
+        ("({s: ['ok', 'x\\ud800']})", "field s[1]"),
+        ("({['\\udc00k']: 1})", "field"),
     ] {
         let v = js_sys::eval(text).unwrap();
         let e =
