@@ -55,6 +55,17 @@
 //                           settle requests never reach the server: each is
 //                           answered 400 {code: "validation"} after 1.5 × <ms>
 //                           (a heartbeat forwarded meanwhile counts as "raced")
+//   /settle-first-<n>/…      a race forced by a barrier, not by a delay: heartbeat
+//                           REQUESTS of nonce <n> wait at the proxy (counted in
+//                           "held") until a settle of <n> has been applied by the
+//                           server; then they go on (each counted in "raced": it
+//                           reached the server after the settle landed). The
+//                           settle's ANSWER is held until /_stop/<n> is requested
+//                           (the test ends the hold once the page has the
+//                           heartbeat's answer); after that everything passes
+//   /settle-first-refused-<n>/… the same, except that settle requests never reach
+//                           the server: on arrival they count as landed, and each
+//                           is answered 400 {code: "validation"} on /_stop/<n>
 //   /_held/<mode>            {"held": n, "raced": r}: how many requests or answers of
 //                           that mode are held back right now (a test waits for a
 //                           count instead of sleeping), and (late-heartbeats) how
@@ -89,6 +100,7 @@ const releases = new Map(); // mode -> release requests seen
 const heartbeats = new Map(); // mode -> heartbeat requests seen
 const lateClaims = new Map(); // mode -> { forward: the held claim's sender, or null once sent; status }
 const holding = new Map(); // nonce of hold-*-answers-<n> -> senders of the answers held until /_stop/<n>
+const settleFirsts = new Map(); // nonce of settle-first-<n> -> { landed, waiting: heartbeat forwarders }
 
 const isClaim = (path) => /^\/v1\/queues\/[^/]+\/claims$/.test(path);
 const isHeartbeat = (path) => path === '/v1/heartbeats' || /^\/v1\/items\/\d+\/heartbeat$/.test(path);
@@ -146,6 +158,8 @@ const server = http.createServer((req, res) => {
     stopped.add(nonce);
     for (const send of holding.get(nonce) ?? []) send();
     holding.delete(nonce);
+    const first = settleFirsts.get(nonce);
+    if (first) for (const forward of first.waiting.splice(0)) forward();
     res.writeHead(200, { 'content-type': 'application/json', 'access-control-allow-origin': '*' });
     res.end('{}');
     return;
@@ -222,6 +236,64 @@ const server = http.createServer((req, res) => {
       late.forward = null;
       if (forward) forward();
     });
+    return;
+  }
+  const settleFirst = /^settle-first(-refused)?-(.+)$/.exec(mode);
+  const settlePath = /^\/v1\/items\/\d+\/settle$/.test(path);
+  if (settleFirst && !stopped.has(settleFirst[2]) && req.method === 'POST' && (isHeartbeat(path) || settlePath)) {
+    const nonce = settleFirst[2];
+    const first = settleFirsts.get(nonce) ?? { landed: false, waiting: [] };
+    settleFirsts.set(nonce, first);
+    const passOn = (answer, bytes) => {
+      res.writeHead(answer.statusCode ?? 502, answer.headers);
+      res.end(bytes);
+    };
+    if (isHeartbeat(path)) {
+      const forward = () => {
+        if (first.landed && !stopped.has(nonce)) raced.set(mode, (raced.get(mode) ?? 0) + 1);
+        req.pipe(upstream(req, path, passOn, () => res.destroy()));
+      };
+      if (first.landed) {
+        forward();
+      } else {
+        held.set(mode, (held.get(mode) ?? 0) + 1);
+        first.waiting.push(() => {
+          held.set(mode, held.get(mode) - 1);
+          forward();
+        });
+      }
+      return;
+    }
+    // A settle: it lands (applied by the server, or refused here), the
+    // heartbeats waiting for it go on, and its answer waits for /_stop/<n>.
+    const land = () => {
+      first.landed = true;
+      for (const forward of first.waiting.splice(0)) forward();
+    };
+    const hold = (send) => holding.set(nonce, [...(holding.get(nonce) ?? []), send]);
+    if (settleFirst[1]) {
+      req.resume();
+      land();
+      hold(() => {
+        res.writeHead(400, { 'content-type': 'application/json', 'access-control-allow-origin': '*' });
+        res.end(JSON.stringify({ code: 'validation', message: 'refused by the test proxy' }));
+      });
+    } else {
+      req.pipe(
+        upstream(
+          req,
+          path,
+          (answer, bytes) => {
+            land();
+            hold(() => passOn(answer, bytes));
+          },
+          () => {
+            land();
+            res.destroy();
+          },
+        ),
+      );
+    }
     return;
   }
   const refuse = /^(refuse|throttle)-settles-(?:after-(\d+)-)?(.+)$/.exec(mode);

@@ -92,7 +92,7 @@ async fn claim_with_heartbeat_held(
     }
     let lease = claim(c, q).await;
     assert!(
-        proxy_count_reaching(proxy, mode, "held", 1.0, 10_000.0).await >= 1.0,
+        proxy_count_reaching(proxy, mode, "held", 1.0, 30_000.0).await >= 1.0,
         "round {round}: a heartbeat went out"
     );
     lease
@@ -704,8 +704,9 @@ async fn a_lease_expiring_while_its_settle_is_out_is_not_released_by_recover() {
 }
 
 /// Round `round`'s lease ended settled `done` (its signal never aborted, the
-/// item done); closes its client.
+/// item done on the server at `base`); closes its client.
 async fn ended_settled(
+    base: &str,
     lease: &agentstore::lease::LeaseInner,
     c: &Rc<ClientInner>,
     id: i64,
@@ -717,8 +718,43 @@ async fn ended_settled(
         !lease.signal().aborted(),
         "round {round}: a settled lease's signal never aborts"
     );
-    assert_eq!(item(id).await.state, ItemState::Done);
+    assert_eq!(item_at(base, id).await.state, ItemState::Done);
     c.close().await;
+}
+
+/// Counts, in the page, the heartbeat answers a lease client has read from
+/// now on: `count()` grows once the `json()` of a heartbeat's answer has
+/// resolved, in the same microtask checkpoint in which the client acts on
+/// that answer (before any timer of the test runs); `restore()` puts back
+/// the `fetch` it wrapped.
+fn heartbeat_answers_read() -> JsValue {
+    fake_fetch(
+        "let read = 0;
+        const heartbeat = /\\/v1\\/(heartbeats|items\\/\\d+\\/heartbeat)$/;
+        const wrapper = async (input, init) => {
+            const url = String(input instanceof Request ? input.url : input).split('?')[0];
+            const answer = await real(input, init);
+            if (!heartbeat.test(url)) return answer;
+            const json = answer.json.bind(answer);
+            answer.json = () => json().finally(() => { read += 1; });
+            return answer;
+        };
+        globalThis.fetch = wrapper;
+        return { count: () => read, restore: () => { if (globalThis.fetch === wrapper) globalThis.fetch = real; } };",
+    )
+}
+
+/// The proxy's settle-first barrier for `nonce` (scripts/delay-proxy.mjs):
+/// once the page has read a heartbeat's answer (`reads`, see
+/// [`heartbeat_answers_read`]), lets the held settle answer go. Bounded
+/// (30 s): a client that never sends the settle or never reads the answer
+/// fails the test's checks, not by hanging.
+async fn release_settle_once_heartbeat_read(proxy: &str, nonce: &str, reads: &JsValue) {
+    let until = now() + 30_000.0;
+    while hook_call(reads, "count").as_f64() < Some(1.0) && now() < until {
+        sleep(10.0).await;
+    }
+    stop_dropping(proxy, nonce).await;
 }
 
 /// A heartbeat sent just before a settle, which reaches the server after the
@@ -727,87 +763,100 @@ async fn ended_settled(
 /// decides, and the lease ends settled with its signal never aborted.
 /// Before, the lease was marked `claim_lost` (signal aborted) and stayed so
 /// after its settle succeeded, and `work()` counted the item lost. Forced by
-/// the proxy: heartbeat requests are held 300 ms before the server sees
-/// them, settle answers 900 ms; the proxy counts each heartbeat that reached
-/// the server while a settle's answer was held, and every round must count one.
+/// a barrier at the proxy (settle-first): the lease's heartbeat request
+/// waits there until the settle has landed, and the settle's answer until
+/// the page has read the heartbeat's (not by fixed holds, which a busy
+/// machine outran). Every round forces the race: the proxy counts the
+/// heartbeat that reached the server after the settle. On the long-TTL
+/// server: the point is the order, not expiry.
 #[wasm_bindgen_test]
 async fn a_heartbeat_refused_because_the_settle_landed_first_does_not_lose_the_lease() {
-    let Some(proxy) = proxy() else { return };
-    let mode = "late-heartbeats-300";
-    // Rounds until three forced the race (a round the scheduler delayed past
-    // the heartbeat's hold does not, and must still end settled); bounded.
-    let mut forced = 0;
-    for round in 0..12 {
-        if forced == 3 {
-            break;
-        }
+    let Some((proxy, base)) = long_ttl_proxy() else {
+        return;
+    };
+    for round in 0..3 {
+        let nonce = fresh_queue("n");
+        let mode = format!("settle-first-{nonce}");
         let q = fresh_queue("hb-race");
-        let id = enqueue(&q, json!({})).await;
+        let id = enqueue_at(base, &q, json!({})).await;
+        let reads = heartbeat_answers_read();
         let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
-        let lease = claim_with_heartbeat_held(&c, &q, proxy, mode, round).await;
-        let raced_before = proxy_count(proxy, mode, "raced").await;
+        let lease = claim_with_heartbeat_held(&c, &q, proxy, &mode, round).await;
         let done = agentstore_protocol::lease::SettleState::Done;
-        let settled = lease.settle(done, None, None).await;
+        let (settled, ()) = join(
+            lease.settle(done, None, None),
+            release_settle_once_heartbeat_read(proxy, &nonce, &reads),
+        )
+        .await;
+        let read = hook_call(&reads, "count").as_f64();
+        hook_call(&reads, "restore");
         assert!(settled.is_ok(), "round {round}: {settled:?}");
-        if proxy_count(proxy, mode, "raced").await > raced_before {
-            forced += 1;
-        }
-        ended_settled(&lease, &c, id, round).await;
+        assert!(
+            proxy_count(proxy, &mode, "raced").await >= 1.0,
+            "round {round}: a heartbeat reached the server after the settle"
+        );
+        assert!(
+            read >= Some(1.0),
+            "round {round}: the page read the heartbeat's answer before the settle's"
+        );
+        ended_settled(base, &lease, &c, id, round).await;
     }
-    assert_eq!(forced, 3, "a heartbeat reached the server after the settle");
 }
 
 /// A manual `heartbeat()` sent just before the lease's own settle, which
-/// reaches the server after the settle landed (the proxy holds heartbeat
-/// requests 300 ms and settle answers 900 ms), rejects with a ClaimLostError
-/// carrying the lease's `itemId` and a `reason`, like every other
-/// ClaimLostError; the lease still ends settled. Before, the server's bare
-/// error came through: no `itemId`, no `reason`, against the `.d.ts`. The
-/// proxy counts each heartbeat that reached the server while a settle's
-/// answer was held: rounds run until two forced the race (a round the
-/// scheduler delayed past the heartbeat's hold does not, and must still end
-/// settled); bounded.
+/// reaches the server after the settle landed, rejects with a
+/// ClaimLostError carrying the lease's `itemId` and a `reason`, like every
+/// other ClaimLostError; the lease still ends settled. Before, the server's
+/// bare error came through: no `itemId`, no `reason`, against the `.d.ts`.
+/// Forced by the proxy's settle-first barrier: the heartbeat waits there
+/// until the settle has landed, and the settle's answer until the
+/// heartbeat's call has ended. Every round forces the race.
 #[wasm_bindgen_test]
 async fn a_manual_heartbeat_refused_because_its_settle_landed_first_names_item_and_reason() {
-    let Some(proxy) = proxy() else { return };
-    let mode = "late-heartbeats-300";
-    let mut forced = 0;
-    for round in 0..12 {
-        if forced == 2 {
-            break;
-        }
+    let Some((proxy, base)) = long_ttl_proxy() else {
+        return;
+    };
+    for round in 0..2 {
+        let nonce = fresh_queue("n");
+        let mode = format!("settle-first-{nonce}");
         let q = fresh_queue("hb-manual-race");
-        let id = enqueue(&q, json!({})).await;
+        let id = enqueue_at(base, &q, json!({})).await;
         let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
         let lease = claim(&c, &q).await;
         lease.set_heartbeats_paused(true);
-        let held_before = held_back(proxy, mode).await;
-        let raced_before = proxy_count(proxy, mode, "raced").await;
+        let held_before = held_back(proxy, &mode).await;
         let done = agentstore_protocol::lease::SettleState::Done;
-        let (beat, settled) = join(lease.heartbeat(), async {
-            // Once the heartbeat is held at the proxy.
-            proxy_count_reaching(proxy, mode, "held", held_before + 1.0, 4.0 * TTL_MS).await;
-            lease.settle(done, None, None).await
-        })
+        let (beat, settled) = join(
+            async {
+                let beat = within(30_000.0, lease.heartbeat()).await;
+                stop_dropping(proxy, &nonce).await;
+                beat
+            },
+            async {
+                // Once the heartbeat is held at the proxy.
+                proxy_count_reaching(proxy, &mode, "held", held_before + 1.0, 30_000.0).await;
+                lease.settle(done, None, None).await
+            },
+        )
         .await;
         assert!(settled.is_ok(), "round {round}: {settled:?}");
-        if proxy_count(proxy, mode, "raced").await > raced_before {
-            forced += 1;
-            match beat {
-                Err(agentstore::lease::LeaseError::ClaimLost {
-                    item_id, reason, ..
-                }) => {
-                    assert_eq!(item_id, id);
-                    assert_eq!(reason, LossReason::ClaimLost);
-                }
-                other => {
-                    panic!("round {round}: expected a ClaimLostError naming the item: {other:?}")
-                }
+        assert!(
+            proxy_count(proxy, &mode, "raced").await >= 1.0,
+            "round {round}: the heartbeat reached the server after the settle"
+        );
+        match beat {
+            Some(Err(agentstore::lease::LeaseError::ClaimLost {
+                item_id, reason, ..
+            })) => {
+                assert_eq!(item_id, id);
+                assert_eq!(reason, LossReason::ClaimLost);
+            }
+            other => {
+                panic!("round {round}: expected a ClaimLostError naming the item: {other:?}")
             }
         }
-        ended_settled(&lease, &c, id, round).await;
+        ended_settled(base, &lease, &c, id, round).await;
     }
-    assert_eq!(forced, 2, "a heartbeat reached the server after the settle");
 }
 
 /// A manual `heartbeat()` answered while the heartbeat loop's own request
@@ -913,56 +962,59 @@ async fn a_manual_heartbeat_never_makes_the_loop_send_a_second_while_its_first_i
 /// aborted). Before, that verdict was dropped because a settle was out: the
 /// lease read as held with its signal live, no heartbeat went out again, and
 /// `lease.fetch` stamped the refused token until the local deadline. Forced
-/// by the proxy: heartbeat requests reach the server 800 ms late (after the
-/// pause), settles are answered 400 after 1.2 s without reaching it (before
-/// the 2.7 s local deadline); the proxy counts each heartbeat that reached
-/// the server while a settle was held. A round forces the race when it
-/// counts one and the settle's refusal came before the local deadline (a
-/// page starved past it loses the lease there, rightly); rounds run until
-/// three forced it (at most twelve), and in every round the lease ends lost
-/// with its signal aborted and the item paused.
+/// by a barrier at the proxy (settle-first-refused): the lease's heartbeat
+/// request waits there (after the pause) until the settle has come, which
+/// the proxy never forwards; the settle's 400 waits until the page has read
+/// the heartbeat's answer (not by fixed holds, which a busy machine
+/// outran). Every round forces the race, and the lease ends lost with its
+/// signal aborted and the item paused. On the long-TTL server: a page
+/// stalled past the 3 s server's local deadline would lose the lease
+/// there, rightly, and prove nothing.
 #[wasm_bindgen_test]
 async fn a_heartbeat_verdict_that_came_during_a_refused_settle_loses_the_lease() {
-    let Some(proxy) = proxy() else { return };
-    let mode = "late-heartbeats-refused-settles-800";
-    let mut forced = 0;
-    for round in 0..12 {
-        if forced == 3 {
-            break;
-        }
+    let Some((proxy, base)) = long_ttl_proxy() else {
+        return;
+    };
+    for round in 0..3 {
+        let nonce = fresh_queue("n");
+        let mode = format!("settle-first-refused-{nonce}");
         let q = fresh_queue("hb-verdict");
-        let id = enqueue(&q, json!({})).await;
+        let id = enqueue_at(base, &q, json!({})).await;
+        let reads = heartbeat_answers_read();
         let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
-        let lease = claim_with_heartbeat_held(&c, &q, proxy, mode, round).await;
-        let (status, body) = admin("POST", &format!("/v1/items/{id}/pause"), None).await;
+        let lease = claim_with_heartbeat_held(&c, &q, proxy, &mode, round).await;
+        let (status, body) = admin_at(base, "POST", &format!("/v1/items/{id}/pause"), None).await;
         assert_eq!(status, 200, "round {round}: {body}");
-        let raced_before = proxy_count(proxy, mode, "raced").await;
         let done = agentstore_protocol::lease::SettleState::Done;
-        let settled = lease.settle(done, None, None).await;
-        let in_time = now() < lease.deadline();
+        let (settled, ()) = join(
+            lease.settle(done, None, None),
+            release_settle_once_heartbeat_read(proxy, &nonce, &reads),
+        )
+        .await;
+        let read = hook_call(&reads, "count").as_f64();
+        hook_call(&reads, "restore");
         assert!(settled.is_err(), "round {round}: refused by the proxy");
-        let raced = proxy_count(proxy, mode, "raced").await > raced_before;
-        if raced && in_time {
-            forced += 1;
-            assert_eq!(
-                lease.status(),
-                Status::Lost(LossReason::ClaimLost),
-                "round {round}"
-            );
-        } else {
-            assert!(
-                matches!(
-                    lease.status(),
-                    Status::Lost(LossReason::ClaimLost | LossReason::ExpiredLocally)
-                ),
-                "round {round}"
-            );
-        }
+        assert!(
+            proxy_count(proxy, &mode, "raced").await >= 1.0,
+            "round {round}: a heartbeat reached the server while the settle was out"
+        );
+        assert!(
+            read >= Some(1.0),
+            "round {round}: the page read the heartbeat's answer before the settle's"
+        );
+        assert_eq!(
+            lease.status(),
+            Status::Lost(LossReason::ClaimLost),
+            "round {round}"
+        );
         assert!(lease.signal().aborted(), "round {round}");
-        assert_eq!(item(id).await.state, ItemState::Paused, "round {round}");
+        assert_eq!(
+            item_at(base, id).await.state,
+            ItemState::Paused,
+            "round {round}"
+        );
         c.close().await;
     }
-    assert_eq!(forced, 3, "three rounds forced the race");
 }
 
 /// A settle the server applied whose answer comes after the lease's local
