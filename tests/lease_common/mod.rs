@@ -376,29 +376,66 @@ pub fn watchdog() -> wasm_bindgen::JsValue {
 /// machine) may as rightly cost a lease its deadline.
 pub const ROUND_STALL_MS: f64 = 1_000.0;
 
+/// The longest time a lease of a round may go without a confirmed
+/// heartbeat and still count (see [`trip_timer`]'s `gap()`): from the send
+/// of its last request the server answered with success to the answer of
+/// the next. A lease's local deadline is 2.7 s after the former; several
+/// stalls each under [`ROUND_STALL_MS`] (a slow answer, then a heartbeat
+/// sent late) can add up to it, and the lease is then rightly lost.
+pub const ROUND_GAP_MS: f64 = 0.9 * TTL_MS - HEARTBEAT_MS;
+
 /// Times the round trips of the lease requests (claims, heartbeats,
 /// settles, releases) the page's `fetch` sends from now on, by wrapping it:
-/// `max()` is the longest (ms; one still unanswered counts up to now),
-/// `restore()` puts back the `fetch` it wrapped (unless another has
-/// replaced the wrapper since).
+/// `max()` is the longest (ms; one still unanswered counts up to now);
+/// `gap()` the longest time a lease went without a confirmation: from the
+/// send of its last request answered with success (its claim, a heartbeat
+/// naming its token) to the answer of its next request (one still
+/// unanswered counts up to now), per lease token; `restore()` puts back the
+/// `fetch` it wrapped (unless another has replaced the wrapper since).
 pub fn trip_timer() -> JsValue {
     js_sys::Function::new_no_args(
         "const real = globalThis.fetch;
         const timed = /\\/(claims|heartbeats|heartbeat|settle|release)$/;
-        let longest = 0;
+        let longest = 0, gap = 0;
         const open = new Set();
+        // token -> send time of its latest request answered with success.
+        const confirmed = new Map();
+        const tokens = (init) => {
+            const body = init && typeof init.body === 'string' ? init.body : '';
+            return [...body.matchAll(/\"token\":\"([^\"]+)\"/g)].map((m) => m[1]);
+        };
+        const since = (trip, t) => {
+            for (const k of trip.tokens) if (confirmed.has(k)) gap = Math.max(gap, t - confirmed.get(k));
+        };
         const timer = function (url, init) {
             const answer = real.call(this, url, init);
-            if (!timed.test(String(url).split('?')[0])) return answer;
-            const trip = { at: performance.now() };
+            const path = String(url).split('?')[0];
+            if (!timed.test(path)) return answer;
+            const trip = { at: performance.now(), tokens: tokens(init) };
             open.add(trip);
-            const end = () => { open.delete(trip); longest = Math.max(longest, performance.now() - trip.at); };
-            Promise.resolve(answer).then(end, end);
+            const end = (r) => {
+                open.delete(trip);
+                const t = performance.now();
+                longest = Math.max(longest, t - trip.at);
+                since(trip, t);
+                if (!(r && r.status >= 200 && r.status < 300)) return;
+                for (const k of trip.tokens) confirmed.set(k, Math.max(confirmed.get(k) ?? 0, trip.at));
+                // A claim's token is in its answer (read from a copy; this
+                // runs before the client reads the answer).
+                if (/\\/claims$/.test(path) && r.status === 201) {
+                    r.clone().json().then((b) => {
+                        const k = b && b.lease && b.lease.token;
+                        if (k && !confirmed.has(k)) confirmed.set(k, trip.at);
+                    }, () => {});
+                }
+            };
+            Promise.resolve(answer).then(end, () => end(null));
             return answer;
         };
         globalThis.fetch = timer;
         return {
             max: () => { let m = longest; for (const t of open) m = Math.max(m, performance.now() - t.at); return m; },
+            gap: () => { const t = performance.now(); for (const trip of open) since(trip, t); return gap; },
             restore: () => { if (globalThis.fetch === timer) globalThis.fetch = real; },
         };",
     )
@@ -407,23 +444,27 @@ pub fn trip_timer() -> JsValue {
 }
 
 /// What makes a round of [`unstalled_rounds`] not count: the page's event
-/// loop stalled for `page_stall_ms` or more (see [`watchdog`]), or a lease
-/// request's round trip took `trip_ms` or more (see [`trip_timer`]). At
-/// most `rounds` rounds run.
+/// loop stalled for `page_stall_ms` or more (see [`watchdog`]), a lease
+/// request's round trip took `trip_ms` or more, or a lease went `gap_ms` or
+/// more without a confirmed heartbeat (see [`trip_timer`]). At most
+/// `rounds` rounds run.
 #[derive(Clone, Copy, Debug)]
 pub struct Rounds {
     pub rounds: u32,
     pub page_stall_ms: f64,
     pub trip_ms: f64,
+    pub gap_ms: f64,
 }
 
 impl Default for Rounds {
-    /// Eight rounds; [`ROUND_STALL_MS`] for both.
+    /// Eight rounds; [`ROUND_STALL_MS`] for a stall and a trip,
+    /// [`ROUND_GAP_MS`] for a gap.
     fn default() -> Rounds {
         Rounds {
             rounds: 8,
             page_stall_ms: ROUND_STALL_MS,
             trip_ms: ROUND_STALL_MS,
+            gap_ms: ROUND_GAP_MS,
         }
     }
 }
@@ -459,7 +500,7 @@ where
     R: std::future::Future<Output = bool>,
     D: std::future::Future<Output = ()>,
 {
-    let (mut page, mut trip) = (0.0f64, 0.0f64);
+    let (mut page, mut trip, mut unconfirmed) = (0.0f64, 0.0f64, 0.0f64);
     for n in 0..limits.rounds {
         let dog = watchdog();
         let trips = trip_timer();
@@ -468,18 +509,22 @@ where
         let stalled = hook_call(&dog, "max").as_f64().unwrap_or(f64::INFINITY);
         hook_call(&dog, "stop");
         let slowest = hook_call(&trips, "max").as_f64().unwrap_or(f64::INFINITY);
-        if stalled < limits.page_stall_ms && slowest < limits.trip_ms || right(&t).await {
+        let gap = hook_call(&trips, "gap").as_f64().unwrap_or(f64::INFINITY);
+        if stalled < limits.page_stall_ms && slowest < limits.trip_ms && gap < limits.gap_ms
+            || right(&t).await
+        {
             return t;
         }
         web_sys::console::warn_1(
-            &format!("round {n} run again: page stalled {stalled} ms, slowest lease request {slowest} ms").into(),
+            &format!("round {n} run again: page stalled {stalled} ms, slowest lease request {slowest} ms, a lease unconfirmed for {gap} ms").into(),
         );
         page = page.max(stalled);
         trip = trip.max(slowest);
+        unconfirmed = unconfirmed.max(gap);
         discard(t).await;
     }
     panic!(
-        "every round stalled ({limits:?}): the page up to {page} ms, a lease request up to {trip} ms"
+        "every round stalled ({limits:?}): the page up to {page} ms, a lease request up to {trip} ms, a lease unconfirmed up to {unconfirmed} ms"
     );
 }
 
