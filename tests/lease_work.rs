@@ -908,7 +908,11 @@ async fn stop_ends_the_retries_of_a_settle_that_is_always_refused() {
     w.stop().await;
     let took = now() - started;
     call("restore");
-    assert!(took < 10_000.0, "stop() waited {took} ms");
+    // Against the wait stop() must end (30 s), with room for a busy page.
+    assert!(
+        took < 20_000.0,
+        "stop() waited {took} ms of a 30 s Retry-After"
+    );
     let it = wait_item(id, 3.0 * TTL_MS, |it| it.state == ItemState::Open).await;
     assert_eq!(it.state, ItemState::Open, "given back, not left leased");
     assert_eq!(w.stats.borrow().lost, 1);
@@ -1639,9 +1643,10 @@ async fn close_wakes_a_slot_waiting_to_retry_a_settle_of_unknown_outcome() {
     let it = item(id).await;
     assert_eq!(it.state, ItemState::Done, "close() settled it");
     // The wait it replaced ran to the lease's local deadline (about 27 s
-    // here); the bound leaves a loaded page (or server) room.
+    // here); the bound, 7 s short of it, leaves a loaded page (or server)
+    // room.
     assert!(
-        waited < 10_000.0,
+        waited < 20_000.0,
         "finished {waited} ms after close() resolved"
     );
     assert_eq!(w.stats.borrow().done, 1, "counted as close() ended it");
