@@ -545,12 +545,11 @@ const PURGE_BATCH = 1000;
  * it can throw `undefined`). A thenable `onProgress` returns is not
  * waited for there (the transaction cannot wait for a foreign Promise):
  * once the transaction has committed, resolves with how many were purged
- * after every one fulfilled; rejects with the first rejection, or with
- * `toError` when `signal` fires `abort` first (a synthetic event too,
- * `signal.aborted` still false) or had aborted after the last batch's
- * look. With no thenable to wait for, that late abort changes nothing:
- * the purge committed and resolves with its count (AbortError always
- * means nothing was purged or a wait was cut short). Each thenable is
+ * after every one fulfilled, or rejects with the first rejection. An
+ * abort after the last batch's look (also one while those thenables are
+ * awaited, a synthetic `abort` event with `signal.aborted` still false
+ * too) only ends that wait: the purge committed, and resolves with its
+ * count (AbortError always means nothing was purged). Each thenable is
  * handled as soon as it is returned, so its rejection is never an
  * unhandledrejection. Rejects with `toError(e)` (the module's typed
  * Error) for a failed read or request, or the transaction's abort

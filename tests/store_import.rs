@@ -2813,6 +2813,71 @@ async fn an_export_aborted_after_its_last_chunk_resolves_with_every_chunk() {
     }
 }
 
+/// Aborts `ctl` when the next read-only transaction opened from now on
+/// completes (every read of the operation done, the operation waiting
+/// only for its callbacks); returns the function that undoes the hook.
+fn abort_when_reads_end(ctl: &web_sys::AbortController) -> Function {
+    js_fn(
+        "c",
+        "const proto = IDBDatabase.prototype, open = proto.transaction; \
+         proto.transaction = function (names, mode) { const t = open.apply(this, arguments); \
+           if (mode !== 'readwrite') t.addEventListener('complete', () => c.abort('late')); return t; }; \
+         return () => { proto.transaction = open; };",
+        ctl,
+    )
+    .unchecked_into()
+}
+
+/// An export or verification whose reads are all done when its signal
+/// aborts resolves, also while an EARLIER `onProgress` Promise is pending
+/// (the calls fall behind the reads; the last one not made yet): the abort
+/// only stops the calls left. Before, both rejected with AbortError
+/// (helper-204's finding).
+#[wasm_bindgen_test]
+async fn an_export_or_verification_aborted_after_its_reads_resolves() {
+    let (store, text) = export_fixture("export-abort-lag").await;
+    // The progress call for `at` done returns a Promise that never settles.
+    let pending_at = |at: u32| -> Function {
+        js_fn(
+            "at",
+            "return (d) => { if (d === at) return new Promise(() => {}); };",
+            &at.into(),
+        )
+        .unchecked_into()
+    };
+    let ctl = web_sys::AbortController::new().unwrap();
+    let opts = export_opts(json!({"batchSize": 2}), Some(&ctl.signal()));
+    js_sys::Reflect::set(&opts, &"onProgress".into(), &pending_at(2)).unwrap();
+    let undo = abort_when_reads_end(&ctl);
+    let api: JsValue = agentstore::AgentStore::from_store(store).into();
+    let got = invoke(&api, "exportSnapshot", &[opts]).await;
+    undo.call0(&JsValue::NULL).unwrap();
+    assert!(ctl.signal().aborted(), "export: the abort was made");
+    assert_eq!(
+        got.expect("export: complete, resolves")
+            .as_string()
+            .as_deref(),
+        Some(text.as_str())
+    );
+
+    let (store, _) = open("verify-abort-lag").await;
+    let recs: Vec<serde_json::Value> = (0..1001u32)
+        .map(|i| json!({"_id": format!("v{i:04}"), "recordType": "run"}))
+        .collect();
+    store
+        .put_many(&js(serde_json::Value::Array(recs)))
+        .await
+        .unwrap();
+    let ctl = web_sys::AbortController::new().unwrap();
+    let undo = abort_when_reads_end(&ctl);
+    let got = store
+        .verify_indexes_with(Some(&pending_at(1000)), Some(&ctl.signal()))
+        .await;
+    undo.call0(&JsValue::NULL).unwrap();
+    assert!(ctl.signal().aborted(), "verify: the abort was made");
+    assert_eq!(got.expect("verify: complete, resolves").checked, 1001);
+}
+
 /// An import whose every record is written when its signal aborts resolves
 /// with what it wrote: an abort in its last `onProgress`, made while the
 /// Promise it returned is pending, or made there at once while the rest of

@@ -589,7 +589,8 @@ async fn a_changed_definition_rebuilds_without_a_version_upgrade() {
 
 /// Every entry an index holds can be looked up: a key of up to 250,000
 /// UTF-16 units has an entry, and `eq`, `prefix` and `range` take values as
-/// long (one unit more is a ValidationError, and could match no entry).
+/// long (one unit more, also over an `eq`'s parts in all, is a
+/// ValidationError, and could match no entry).
 /// Before, they took at most 65,536 units, so a record whose key was longer
 /// was indexed but could not be found by it (helper-201's finding).
 #[wasm_bindgen_test]
@@ -632,6 +633,8 @@ async fn every_indexed_key_can_be_looked_up_by_its_whole_value() {
     let longer = format!("{long}o");
     for q in [
         json!({"eq": longer}),
+        // The parts of one key hold at most as many in all.
+        json!({"eq": [long, "o"]}),
         json!({"prefix": longer}),
         json!({"range": {"lower": longer}}),
     ] {

@@ -20,9 +20,11 @@ use wasm_bindgen::JsValue;
 use web_sys::AbortSignal;
 
 /// What an `on_chunk` or `on_progress` thenable settles into, raced with
-/// the signal and `close()`; with whether its rejection is ignored.
+/// the signal and `close()`; with whether its rejection is ignored (the
+/// last progress call) and whether it is a progress call's.
 type Settling<'a> = (
     Pin<Box<dyn Future<Output = Result<std::result::Result<JsValue, JsValue>>> + 'a>>,
+    bool,
     bool,
 );
 
@@ -46,6 +48,9 @@ pub(crate) struct Calls<'a> {
     parts: Array,
     queue: VecDeque<Waiting>,
     pending: Option<Settling<'a>>,
+    /// Every read is done (set by [`Calls::finish`]): the work the progress
+    /// calls report is complete.
+    read: bool,
 }
 
 impl<'a> Calls<'a> {
@@ -66,6 +71,7 @@ impl<'a> Calls<'a> {
             parts: Array::new(),
             queue: VecDeque::new(),
             pending: None,
+            read: false,
         }
     }
 
@@ -113,28 +119,42 @@ impl<'a> Calls<'a> {
     /// at without waiting: the caller goes on reading).
     fn pump(&mut self) -> Result<()> {
         loop {
-            if let Some((p, ignored)) = self.pending.as_mut() {
+            if let Some((p, last, progress)) = self.pending.as_mut() {
                 // A poll with a no-op waker: only whether it has settled.
                 let cx = &mut Context::from_waker(Waker::noop());
                 match p.as_mut().poll(cx) {
                     Poll::Pending => return Ok(()),
                     Poll::Ready(r) => {
-                        let ignored = *ignored;
+                        let (last, done) = (*last, *progress && self.read);
                         self.pending = None;
-                        settled(r, ignored)?;
+                        settled(r, last, done)?;
                     }
                 }
             }
             let Some(next) = self.queue.pop_front() else {
                 return Ok(());
             };
-            self.check()?;
-            let (called, ignored) = match next {
-                Waiting::Chunk(c) => (self.on_chunk.map(|f| f.call1(&JsValue::NULL, &c)), false),
+            if self.read && matches!(next, Waiting::Progress(..)) {
+                // Every read is done and every chunk collected or handed
+                // over: an abort only stops the progress calls left.
+                self.store.check_open()?;
+                if check_abort(self.signal).is_err() {
+                    continue;
+                }
+            } else {
+                self.check()?;
+            }
+            let (called, ignored, progress) = match next {
+                Waiting::Chunk(c) => (
+                    self.on_chunk.map(|f| f.call1(&JsValue::NULL, &c)),
+                    false,
+                    false,
+                ),
                 Waiting::Progress(done, total, last) => (
                     self.on_progress
                         .map(|f| f.call2(&JsValue::NULL, &done.into(), &total.into())),
                     last,
+                    true,
                 ),
             };
             let out = match called {
@@ -146,7 +166,7 @@ impl<'a> Calls<'a> {
                 // Polled at once (the loop): its rejection has a handler
                 // before this returns, never an unhandled rejection.
                 let settling = race_abort_or_close(p, self.signal, self.store);
-                self.pending = Some((Box::pin(settling), ignored));
+                self.pending = Some((Box::pin(settling), ignored, progress));
             }
         }
     }
@@ -157,10 +177,12 @@ impl<'a> Calls<'a> {
     /// # Errors
     /// As [`Calls::chunk`]; ClosedError when the store closed meanwhile.
     pub(crate) async fn finish(mut self) -> Result<Array> {
+        // Called once every read is done.
+        self.read = true;
         loop {
             self.pump()?;
             match self.pending.take() {
-                Some((p, ignored)) => settled(p.await, ignored)?,
+                Some((p, last, progress)) => settled(p.await, last, progress)?,
                 None => break,
             };
         }
@@ -170,18 +192,19 @@ impl<'a> Calls<'a> {
 }
 
 /// What a settled call's thenable means for the operation: what it
-/// rejected with, unless the call was the `last` progress call. That one
-/// reports complete work, so neither its rejection nor an abort that ended
-/// the wait for it fails the operation (an abort after the work is done
-/// would report it as not done), as `rebuildIndexes` and the imports do.
+/// rejected with, unless the call was the `last` progress call, which
+/// reports complete work. An abort that ended the wait fails the operation
+/// unless the work is `done`: the last progress call's, or any progress
+/// call's once every read is done (an AbortError then would report done
+/// work as not done, as `rebuildIndexes` and the imports avoid too).
 ///
 /// # Errors
-/// What the thenable rejected with (not `last`); AbortError (not `last`);
+/// What the thenable rejected with (not `last`); AbortError (not `done`);
 /// ClosedError.
-fn settled(r: Result<std::result::Result<JsValue, JsValue>>, last: bool) -> Result<()> {
+fn settled(r: Result<std::result::Result<JsValue, JsValue>>, last: bool, done: bool) -> Result<()> {
     match r {
         Ok(Err(e)) if !last => Err(StoreError::Thrown(e)),
-        Err(StoreError::Aborted(_)) if last => Ok(()),
+        Err(StoreError::Aborted(_)) if last || done => Ok(()),
         Err(e) => Err(e),
         Ok(_) => Ok(()),
     }

@@ -608,6 +608,17 @@ impl ByQuery {
             if vals.is_empty() {
                 return Err(StoreError::validation("eq must not be empty"));
             }
+            // An entry's strings hold at most `max` units in all, so a
+            // longer key matches none: refused before any is copied (eight
+            // parts of `max` each would grow wasm memory by 4 MB for good).
+            let units = vals.iter().fold(0u32, |n, v| {
+                n.saturating_add(v.dyn_ref::<js_sys::JsString>().map_or(0, |s| s.length()))
+            });
+            if units > max {
+                return Err(StoreError::validation(
+                    "eq's strings must hold at most 250,000 UTF-16 code units in all",
+                ));
+            }
             let mut key = Vec::new();
             for v in &vals {
                 key.push(part(v, "eq")?);

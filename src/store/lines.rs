@@ -488,6 +488,18 @@ async fn read_step(
     ))
 }
 
+#[cfg(feature = "io")]
+impl Drop for Lines<'_> {
+    /// A source left before its end (an import that stopped reading once
+    /// every record was written, or that failed) is cancelled: its pipe
+    /// stops now, not when it is collected.
+    fn drop(&mut self) {
+        if let Some(reader) = self.reader.take() {
+            cancel(&reader);
+        }
+    }
+}
+
 /// Cancels `reader`'s stream (the caller's, or a pipe from it, which passes
 /// the cancellation on to the caller's), so that it stops; what `cancel`
 /// throws or rejects with (a replaced `cancel`, a source whose own `cancel`

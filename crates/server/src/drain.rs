@@ -37,8 +37,9 @@
 //!
 //! What this costs: a request whose body is read to its end (every accepted
 //! request with a body) pays two small allocations (the wrapper around its
-//! body and the slot it would leave the rest in), no copy; a request
-//! without a body nothing. A refused client may
+//! body and the slot it would leave the rest in), no copy; every request,
+//! with a body or without, carries its connection's [`Linger`] in its
+//! extensions (one more small allocation). A refused client may
 //! make the server read up to `--max-body-bytes` in at most
 //! `--read-timeout-ms` before the refusal, chunk by chunk into no buffer:
 //! that is what any client may make it read with an acceptable request
@@ -151,7 +152,8 @@ fn expects_continue(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
 }
 
-/// Middleware (outside every other, so that every answer passes it): once
+/// Middleware (outside every layer that may answer, so that every answer
+/// passes it; only request tracing is outside it): once
 /// the inner service has answered, reads and discards what it left unread
 /// of the request body, within [`Drain`]'s bounds, before the answer goes
 /// out; past them the answer carries `Connection: close` (see the module

@@ -34,7 +34,8 @@ where
 /// a caller its role does not allow (`403`) whatever the body is takes this,
 /// checks the role, and only then calls [`RawBody::json`]. Too large → `413
 /// payload_too_large`, before any role check (the rest of such a body is
-/// never read); past the read deadline → `400 bad_request`. (An answer sent
+/// only read and discarded, after the answer, by [`crate::drain`]'s
+/// lingering close); past the read deadline → `400 bad_request`. (An answer sent
 /// before a body is read, by a handler or an extractor, reaches the client
 /// all the same: [`crate::drain`] reads and discards the body first.)
 #[derive(Debug)]
