@@ -167,20 +167,40 @@ export function transactionPromise(tx) {
  * and bumps the generation, as the Rust `write_state` does for every state
  * change, so every connection reads the state again at its next write.
  * Resolves once `tx` committed; rejects with `toError(tx.error)` when it
- * aborted.
+ * aborted, or `toError(e)` when a `put` threw `e`. A `put` that throws
+ * InvalidStateError (Firefox's first readwrite transaction after a quota
+ * abort refuses writes: Rust error.rs `refused`) aborts `tx`, and the mark
+ * is made once more in a new transaction (`again` false).
  */
-export function markWatched(tx, toError) {
+export function markWatched(tx, toError, again) {
   const meta = tx.objectStore('meta');
   const state = meta.get('indexes');
   const gen = meta.get('indexes-gen');
+  let thrown;
   gen.onsuccess = () => {
     const s = state.result;
     if (s?.watched !== false) return;
-    meta.put({ ...s, watched: true }, 'indexes');
-    meta.put((+gen.result || 0) + 1, 'indexes-gen');
+    try {
+      meta.put({ ...s, watched: true }, 'indexes');
+      meta.put((+gen.result || 0) + 1, 'indexes-gen');
+    } catch (e) {
+      thrown = e;
+      tx.abort();
+    }
   };
   return transactionPromise(tx).catch(() => {
-    throw toError(tx.error);
+    if (thrown?.name === 'InvalidStateError' && !again) {
+      const db = tx.db;
+      let next;
+      try {
+        txSeq(db.name, 1);
+        next = db.transaction('meta', 'readwrite');
+      } catch (e) {
+        throw toError(e);
+      }
+      return markWatched(next, toError, true);
+    }
+    throw toError(thrown ?? tx.error);
   });
 }
 
@@ -553,7 +573,8 @@ const PURGE_BATCH = 1000;
  * handled as soon as it is returned, so its rejection is never an
  * unhandledrejection. Rejects with `toError(e)` (the module's typed
  * Error) for a failed read or request, or the transaction's abort
- * (`tx.error`: quota).
+ * (`tx.error`: quota); with `tx` itself when the count's `put` threw
+ * InvalidStateError (nothing purged: the module runs it once more).
  */
 export function purgeOlder(store, olderThanMs, cutoff, onProgress, signal, toError) {
   const tx = store.transaction;
@@ -616,10 +637,17 @@ export function purgeOlder(store, olderThanMs, cutoff, onProgress, signal, toErr
             const gen = meta.get('indexes-gen');
             const num = (v) => (typeof v === 'number' ? v : 0);
             gen.onsuccess = () => {
-              const s = state.result;
-              const o = s !== null && typeof s === 'object' ? s : {};
-              meta.put({ ...o, purges: num(o.purges) + 1 }, 'indexes');
-              meta.put(num(gen.result) + 1, 'indexes-gen');
+              try {
+                const s = state.result;
+                const o = s !== null && typeof s === 'object' ? s : {};
+                meta.put({ ...o, purges: num(o.purges) + 1 }, 'indexes');
+                meta.put(num(gen.result) + 1, 'indexes-gen');
+              } catch (e) {
+                // An InvalidStateError (a readwrite transaction whose writes
+                // Firefox refuses after a quota abort): rejected with `tx`,
+                // which the module runs the purge again for.
+                fail(e?.name === 'InvalidStateError' ? tx : toError(e));
+              }
             };
           }
         } catch (e) {

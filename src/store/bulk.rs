@@ -259,6 +259,16 @@ impl Store {
     /// QuotaExceededError / TransactionError / ClosedError. Nothing is
     /// written on any error.
     pub(crate) async fn write_ops(&self, ops: &[Op]) -> Result<Vec<String>> {
+        // A transaction whose writes the browser refused wrote nothing: once
+        // more in a new one ([`StoreError::refused`]).
+        match self.write_ops_once(ops).await {
+            Err(e) if e.refused() => self.write_ops_once(ops).await,
+            r => r,
+        }
+    }
+
+    /// [`Store::write_ops`] in one transaction.
+    async fn write_ops_once(&self, ops: &[Op]) -> Result<Vec<String>> {
         if ops.is_empty() {
             self.db.check_open()?;
             return Ok(Vec::new());
@@ -401,36 +411,47 @@ impl Store {
     ) -> Result<u32> {
         super::check_abort(signal)?;
         let cutoff = js_sys::Date::now() - older_than_ms;
-        let tx = self.write_tx_in(&[TOMBSTONES, META])?;
-        let purge = purge_older(
-            tx.store(TOMBSTONES)?.source(),
-            older_than_ms,
-            cutoff,
-            on_progress,
-            signal,
-            &crate::error::dom_error_fn(),
-        );
-        // The scan, the purge's count in the index state and the wait for
-        // the commit run in JS, which aborts the transaction itself when
-        // the purge fails.
-        tx.end_read();
-        // Rejected with the `dom_error_fn()` function itself (a value no
-        // callback can throw; one can throw `undefined`) once `signal`
-        // aborted before the commit (the transaction is then aborted);
-        // else with what `on_progress` threw or rejected with, or a typed
-        // Error: as it is, also when the signal aborted meanwhile.
-        let purged =
-            JsFuture::from(purge)
-                .await
-                .map_err(|e| match e == crate::error::dom_error_fn() {
-                    true => StoreError::Aborted(
-                        signal
-                            .and_then(crate::options::abort_reason)
-                            .unwrap_or(JsValue::UNDEFINED),
-                    ),
-                    false => StoreError::Thrown(e),
-                })?;
-        Ok(purged.as_f64().unwrap_or(0.0) as u32)
+        let mut again = true;
+        loop {
+            let tx = self.write_tx_in(&[TOMBSTONES, META])?;
+            let raw: JsValue = tx.raw().into();
+            let purge = purge_older(
+                tx.store(TOMBSTONES)?.source(),
+                older_than_ms,
+                cutoff,
+                on_progress,
+                signal,
+                &crate::error::dom_error_fn(),
+            );
+            // The scan, the purge's count in the index state and the wait for
+            // the commit run in JS, which aborts the transaction itself when
+            // the purge fails.
+            tx.end_read();
+            // Rejected with the `dom_error_fn()` function itself (a value no
+            // callback can throw; one can throw `undefined`) once `signal`
+            // aborted before the commit (the transaction is then aborted);
+            // with the transaction when the browser refused its
+            // writes ([`StoreError::refused`]: nothing was purged, run once
+            // more, `on_progress` counting again from 0); else with what
+            // `on_progress` threw or rejected with, or a typed Error: as it
+            // is, also when the signal aborted meanwhile.
+            return match JsFuture::from(purge).await {
+                Ok(purged) => Ok(purged.as_f64().unwrap_or(0.0) as u32),
+                Err(e) if e == raw && again => {
+                    again = false;
+                    continue;
+                }
+                Err(e) if e == raw => Err(StoreError::Transaction(
+                    "InvalidStateError: the browser refused the purge's writes".into(),
+                )),
+                Err(e) if e == crate::error::dom_error_fn() => Err(StoreError::Aborted(
+                    signal
+                        .and_then(crate::options::abort_reason)
+                        .unwrap_or(JsValue::UNDEFINED),
+                )),
+                Err(e) => Err(StoreError::Thrown(e)),
+            };
+        }
     }
 }
 

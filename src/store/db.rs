@@ -252,7 +252,12 @@ impl Db {
                     .transaction_with_str_sequence_and_mode(&names, mode)
             }
         }
-        .map_err(|e| StoreError::from_dom(&e))?;
+        .map_err(|e| match StoreError::from_dom(&e) {
+            // `transaction()` throws InvalidStateError when the connection
+            // is closed (also by the browser: the origin's data cleared).
+            e if e.refused() => StoreError::Closed("the connection was closed".into()),
+            e => e,
+        })?;
         Ok(Tx {
             raw,
             open_write: Cell::new(write),
@@ -578,7 +583,8 @@ impl ObjectStore {
     ///
     /// # Errors
     /// ValidationError for a value IndexedDB cannot clone (DataCloneError)
-    /// or a bad key (DataError); ClosedError after the transaction ended.
+    /// or a bad key (DataError); TransactionError after the transaction
+    /// ended, or when the browser refuses it ([`StoreError::refused`]).
     pub fn put(&self, value: &JsValue, key: Option<&JsValue>) -> Result<Req<JsValue>> {
         self.write(value, key, false)
     }

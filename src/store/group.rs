@@ -94,8 +94,9 @@ impl Done {
 /// What the leader hands a member.
 enum Delivered {
     Done(Result<Done>),
-    /// The shared transaction failed: run again alone.
-    Rerun,
+    /// The shared transaction failed (with this error, the member's if it
+    /// fails again): run again alone.
+    Rerun(StoreError),
 }
 
 struct Member {
@@ -181,7 +182,9 @@ impl Drop for Unanswered<'_> {
                         "commit outcome unknown (the leading call was dropped)".into(),
                     )))
                 } else {
-                    Delivered::Rerun
+                    Delivered::Rerun(StoreError::Transaction(
+                        "the write's transaction was interrupted".into(),
+                    ))
                 });
             }
         }
@@ -235,14 +238,12 @@ impl Store {
         };
         match until_started(self.turn(&member, lead), &member).await? {
             Delivered::Done(r) => r,
-            Delivered::Rerun => {
+            Delivered::Rerun(_) => {
                 member.answered.set(false);
                 member.started.set(false);
                 match until_started(self.turn(&member, Some(false)), &member).await? {
                     Delivered::Done(r) => r,
-                    Delivered::Rerun => Err(StoreError::Transaction(
-                        "the write's transaction was interrupted".into(),
-                    )),
+                    Delivered::Rerun(e) => Err(e),
                 }
             }
         }
@@ -295,18 +296,20 @@ impl Store {
                     m.deliver(Delivered::Done(r));
                 }
             }
-            // Alone, or another transaction (of any connection) started
-            // after the group's (a read or batch issued after these
-            // writes): running them again would put them after it, out of
-            // the order they were issued in. Each gets the error.
-            Err(e) if members.len() == 1 || self.db.seq() != g.seq => {
+            // Alone (unless the browser refused the transaction's writes,
+            // [`StoreError::refused`]: it wrote nothing, a new one may),
+            // or another transaction (of any connection) started after the
+            // group's (a read or batch issued after these writes): running
+            // them again would put them after it, out of the order they
+            // were issued in. Each gets the error.
+            Err(e) if (members.len() == 1 && !e.refused()) || self.db.seq() != g.seq => {
                 for m in &members {
                     m.deliver(Delivered::Done(Err(e.clone())));
                 }
             }
-            Err(_) => {
+            Err(e) => {
                 for m in &members {
-                    m.deliver(Delivered::Rerun);
+                    m.deliver(Delivered::Rerun(e.clone()));
                 }
             }
         }
