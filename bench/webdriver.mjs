@@ -5,7 +5,8 @@
 // through geckodriver (installed by scripts/bootstrap.sh).
 import { spawnListening } from '../scripts/listening.mjs';
 
-export async function launchFirefox({ geckodriver = process.env.GECKODRIVER || 'geckodriver', binary } = {}) {
+// `prefs`: more Firefox preferences (a test's quota limit, say).
+export async function launchFirefox({ geckodriver = process.env.GECKODRIVER || 'geckodriver', binary, prefs = {} } = {}) {
   // geckodriver binds port 0 itself and prints "Listening on 127.0.0.1:<port>":
   // no probed port another process could take before it binds.
   const { base, stop } = await spawnListening(geckodriver, ['--port', '0', '--host', '127.0.0.1'], {
@@ -35,6 +36,7 @@ export async function launchFirefox({ geckodriver = process.env.GECKODRIVER || '
               'dom.min_background_timeout_value': 0,
               'dom.timeout.enable_budget_timer_throttling': false,
               'browser.tabs.remote.separatedMozillaDomains': '',
+              ...prefs,
             },
           },
         },

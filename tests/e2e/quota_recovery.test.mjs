@@ -1,0 +1,133 @@
+// The store after a QuotaExceededError, in headless Firefox with a 10 MiB
+// origin quota (`dom.quotaManager.temporaryStorage.fixedLimit` 30000 KiB):
+// Firefox makes the first readwrite transaction of the connection after a
+// quota abort one in which `put` throws InvalidStateError ("A mutation
+// operation was attempted on a database that did not allow mutations").
+// Before, the first write after the quota error (put, delete, mutate,
+// putMany, deleteMany) rejected with ClosedError though the store was open;
+// `watch()`'s `ready` rejected, an uncaught InvalidStateError reached the
+// window and later writes were never announced; `purgeTombstones()` threw
+// uncaught and rejected with a TransactionError. Now each succeeds (CASES
+// C-E2: the store keeps working for small writes after a quota error), and
+// nothing reaches the window's `error` / `unhandledrejection`.
+//
+// Needs the built pkg/ (scripts/build-pkg.sh); serves it with
+// tests/e2e/static-server.mjs. Environment: GECKODRIVER.
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { existsSync, mkdtempSync, writeFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { ROOT, spawnListening } from './helpers.mjs';
+import { launchFirefox } from '../../bench/webdriver.mjs';
+
+const PKG = process.env.AGENTSTORE_PKG_DIR ?? join(ROOT, 'pkg');
+
+let dir;
+let server;
+let firefox;
+let page;
+
+before(async () => {
+  assert.ok(existsSync(join(PKG, 'agentstore.js')), `${PKG} must hold the built SDK (scripts/build-pkg.sh)`);
+  dir = mkdtempSync(join(tmpdir(), 'agentstore-quota-'));
+  writeFileSync(
+    join(dir, 'index.html'),
+    `<!doctype html><title>quota</title><script>
+      window.uncaught = [];
+      addEventListener('error', (e) => uncaught.push('error: ' + e.message));
+      addEventListener('unhandledrejection', (e) => uncaught.push('unhandledrejection: ' + (e.reason && e.reason.name) + ': ' + (e.reason && e.reason.message)));
+    </script>`,
+  );
+  server = await spawnListening(process.execPath, [join(ROOT, 'tests', 'e2e', 'static-server.mjs'), '--listen', '127.0.0.1:0', '--www', dir, '--pkg', PKG], {
+    listening: /static server: http:\/\/127\.0\.0\.1:(\d+)\//,
+  });
+  // 30000 KiB of temporary storage: an origin may hold about 10 MiB.
+  firefox = await launchFirefox({ prefs: { 'dom.quotaManager.temporaryStorage.fixedLimit': 30000 } });
+  page = await firefox.newPage();
+  await page.goto(`${server.base}/index.html`);
+});
+
+after(async () => {
+  await firefox?.close();
+  await server?.stop();
+  if (dir) rmSync(dir, { recursive: true, force: true });
+});
+
+// Runs in the page: opens store `db`, runs `step.before(store)` when there
+// is one, writes a record over the quota (must reject with
+// QuotaExceededError), then runs `step` (source of an async function of
+// the store, what `before` returned, the module and `db`); returns
+// `{quota, out}` (`out`: the step's value, or `{error: "name: message"}`)
+// and the window's uncaught errors.
+async function afterQuota({ db, step }) {
+  const mod = await import('/pkg/agentstore.js');
+  await mod.default();
+  const store = await mod.AgentStore.open(db);
+  // 20 MiB that does not compress (Firefox compresses what it stores).
+  const bytes = new Uint8Array(20 * 1024 * 1024);
+  for (let i = 0; i < bytes.length; i += 65536) crypto.getRandomValues(bytes.subarray(i, i + 65536));
+  let big = '';
+  for (let i = 0; i < bytes.length; i += 8192) big += String.fromCharCode(...bytes.subarray(i, i + 8192).map((b) => 40 + (b % 52)));
+  const run = (f) => f().then((v) => v, (e) => ({ error: `${e && e.name}: ${e && e.message}` }));
+  const f = (0, eval)(step);
+  const before = await f.before?.(store);
+  const quota = await run(() => store.put({ _id: 'big', data: big }));
+  const out = await run(() => f(store, before, mod, db));
+  // Events that follow (a watcher's announcement, an uncaught error) have
+  // time to arrive.
+  await new Promise((r) => setTimeout(r, 300));
+  store.close();
+  return { quota: quota.error ?? 'resolved', out, uncaught: window.uncaught.splice(0) };
+}
+
+const check = async (name, step, expected) => {
+  const r = await page.evaluate(afterQuota, { db: `quota-${name}-${Math.random().toString(36).slice(2)}`, step });
+  assert.match(r.quota, /^QuotaExceededError/, `${name}: the big write`);
+  assert.deepEqual(r.out, expected, `${name}: the first call after the quota error`);
+  assert.deepEqual(r.uncaught, [], `${name}: nothing uncaught`);
+};
+
+const kinds = {
+  put: [`(async (s) => (await s.put({ _id: 'small', v: 1 })).rev.startsWith('1-') && (await s.get('small')).v)`, 1],
+  delete: [
+    `Object.assign(async (s, rev) => { await s.delete('a', rev); return s.get('a'); }, { before: async (s) => (await s.put({ _id: 'a' })).rev })`,
+    null,
+  ],
+  mutate: [
+    `Object.assign(async (s) => { await s.mutate('a', (r) => ({ ...r, n: 2 })); return (await s.get('a')).n; }, { before: async (s) => s.put({ _id: 'a', n: 1 }) })`,
+    2,
+  ],
+  putMany: [`(async (s) => { await s.putMany([{ _id: 'm1' }, { _id: 'm2' }]); return (await s.getMany(['m1', 'm2'])).map((r) => r._id); })`, ['m1', 'm2']],
+  deleteMany: [
+    `Object.assign(async (s, rev) => { await s.deleteMany([{ id: 'a', rev }]); return s.get('a'); }, { before: async (s) => (await s.put({ _id: 'a' })).rev })`,
+    null,
+  ],
+};
+
+for (const [name, [step, expected]] of Object.entries(kinds)) {
+  test(`firefox: the first ${name} after a QuotaExceededError succeeds (no ClosedError)`, { timeout: 120_000 }, async () => {
+    await check(name, step, expected);
+  });
+}
+
+test('firefox: watch() after a QuotaExceededError is ready and announces later writes', { timeout: 120_000 }, async () => {
+  const step = `(async (s, _, mod, db) => {
+    const seen = [];
+    const w = s.watch({}, (c) => seen.push(c.id));
+    await w.ready;
+    // Another connection's write: announced only once the database is marked watched.
+    const other = await mod.AgentStore.open(db);
+    await other.put({ _id: 'later' });
+    other.close();
+    for (let i = 0; i < 50 && !seen.length; i++) await new Promise((r) => setTimeout(r, 100));
+    w.close();
+    return seen;
+  })`;
+  await check('watch', step, ['later']);
+});
+
+test('firefox: purgeTombstones() after a QuotaExceededError resolves with its count', { timeout: 120_000 }, async () => {
+  const step = `Object.assign(async (s) => s.purgeTombstones({ olderThanMs: 0 }), { before: async (s) => s.delete('t', (await s.put({ _id: 't' })).rev) })`;
+  await check('purge', step, 1);
+});
