@@ -259,115 +259,127 @@ impl Store {
     /// QuotaExceededError / TransactionError / ClosedError. Nothing is
     /// written on any error.
     pub(crate) async fn write_ops(&self, ops: &[Op]) -> Result<Vec<String>> {
-        // A transaction whose writes the browser refused wrote nothing: once
-        // more in a new one ([`StoreError::refused`]).
-        match self.write_ops_once(ops).await {
-            Err(e) if e.refused() => self.write_ops_once(ops).await,
-            r => r,
-        }
-    }
-
-    /// [`Store::write_ops`] in one transaction.
-    async fn write_ops_once(&self, ops: &[Op]) -> Result<Vec<String>> {
         if ops.is_empty() {
             self.db.check_open()?;
             return Ok(Vec::new());
         }
-        let tx = self.write_tx()?;
-        let mut ids: Vec<&JsString> = Vec::with_capacity(ops.len());
-        for op in ops {
-            ids.push(op.id());
-        }
-        let creates = ops
-            .iter()
-            .all(|op| matches!(op, Op::Put(p) if p.expected.is_none()));
-        let (currents, state) = self
-            .with_indexes(&tx, super::read_batch(&tx, &ids, creates))
-            .await?;
-        let mut revs = Vec::with_capacity(ops.len());
-        let mut failures = Vec::new();
-        let now = super::now_iso();
-        // A member cannot be written as given: a ValidationError.
-        let mut invalid = false;
-        for (index, (op, (current, stored))) in ops.iter().zip(&currents).enumerate() {
-            let (decided, expected, current_rev) = match op {
-                Op::Put(p) => (
-                    decide_put(current, p.expected.as_ref())
-                        .map_err(|_| ("revision conflict", ErrorCode::Conflict))
-                        .map(|base| p.stamp(base, stored.as_ref(), &now, state.purges())),
-                    p.expected.as_ref().map(Rev::text),
-                    current.rev().map(Rev::text),
-                ),
-                Op::Delete {
-                    digest, expected, ..
-                } => (
-                    decide_delete(current, expected)
-                        // Each with the code `delete` gives the same case.
-                        .map_err(|e| match e {
-                            CasError::NotFound => ("nothing live to delete", ErrorCode::NotFound),
-                            CasError::Conflict => ("revision conflict", ErrorCode::Conflict),
-                        })
-                        .map(|base| tombstone_rev(base, digest)),
-                    Some(expected.text()),
-                    // Only a live revision: a tombstone's is not one to
-                    // delete at (docs: `currentRev: null`, as `delete`).
-                    match current {
-                        Current::Live(r) => Some(r.text()),
-                        _ => None,
-                    },
-                ),
-            };
-            let (message, code) = match decided {
-                Ok(Ok(rev)) => {
-                    revs.push(rev);
+        let mut again = true;
+        loop {
+            let tx = self.write_tx()?;
+            let mut ids: Vec<&JsString> = Vec::with_capacity(ops.len());
+            for op in ops {
+                ids.push(op.id());
+            }
+            let creates = ops
+                .iter()
+                .all(|op| matches!(op, Op::Put(p) if p.expected.is_none()));
+            let (currents, state) = self
+                .with_indexes(&tx, super::read_batch(&tx, &ids, creates))
+                .await?;
+            let mut revs = Vec::with_capacity(ops.len());
+            let mut failures = Vec::new();
+            let now = super::now_iso();
+            // A member cannot be written as given: a ValidationError.
+            let mut invalid = false;
+            for (index, (op, (current, stored))) in ops.iter().zip(&currents).enumerate() {
+                let (decided, expected, current_rev) = match op {
+                    Op::Put(p) => (
+                        decide_put(current, p.expected.as_ref())
+                            .map_err(|_| ("revision conflict", ErrorCode::Conflict))
+                            .map(|base| p.stamp(base, stored.as_ref(), &now, state.purges())),
+                        p.expected.as_ref().map(Rev::text),
+                        current.rev().map(Rev::text),
+                    ),
+                    Op::Delete {
+                        digest, expected, ..
+                    } => (
+                        decide_delete(current, expected)
+                            // Each with the code `delete` gives the same case.
+                            .map_err(|e| match e {
+                                CasError::NotFound => {
+                                    ("nothing live to delete", ErrorCode::NotFound)
+                                }
+                                CasError::Conflict => ("revision conflict", ErrorCode::Conflict),
+                            })
+                            .map(|base| tombstone_rev(base, digest)),
+                        Some(expected.text()),
+                        // Only a live revision: a tombstone's is not one to
+                        // delete at (docs: `currentRev: null`, as `delete`).
+                        match current {
+                            Current::Live(r) => Some(r.text()),
+                            _ => None,
+                        },
+                    ),
+                };
+                let (message, code) = match decided {
+                    Ok(Ok(rev)) => {
+                        revs.push(rev);
+                        continue;
+                    }
+                    // At the last generation (2^53-1, an imported revision): no
+                    // next revision exists; or an `updatedAt` naming no real day.
+                    Ok(Err(e)) => {
+                        invalid = true;
+                        (e.message(), ErrorCode::Validation)
+                    }
+                    Err((why, code)) => (why.into(), code),
+                };
+                failures.push(BatchFailure {
+                    index,
+                    id: op.id().clone().into(),
+                    message,
+                    expected_rev: expected,
+                    current_rev,
+                    code,
+                });
+            }
+            if !failures.is_empty() {
+                // Nothing was written; dropping `tx` ends it empty.
+                return Err(super::batch_refused(failures, invalid));
+            }
+            let issued = ops.iter().zip(&currents).zip(&revs).try_for_each(
+                |((op, (current, stored)), rev)| {
+                    let added = match op {
+                        Op::Put(p) => {
+                            // An id with neither a record nor a tombstone is new: `add()`.
+                            super::write_record(
+                                &tx,
+                                p,
+                                current,
+                                matches!(current, Current::Missing),
+                            )?;
+                            Some(&p.object)
+                        }
+                        Op::Delete { id, .. } => {
+                            super::write_tombstone(&tx, id, rev)?;
+                            None
+                        }
+                    };
+                    super::index::maintain(&tx, &state, stored.as_ref(), added.map(|o| o.as_ref()))
+                },
+            );
+            match issued {
+                // The browser refused the transaction's writes: it wrote nothing
+                // (dropping `tx` aborts it); once more in a new one, deciding
+                // again on what it reads ([`StoreError::refused`]).
+                Err(e) if e.refused() && again => {
+                    again = false;
                     continue;
                 }
-                // At the last generation (2^53-1, an imported revision): no
-                // next revision exists; or an `updatedAt` naming no real day.
-                Ok(Err(e)) => {
-                    invalid = true;
-                    (e.message(), ErrorCode::Validation)
-                }
-                Err((why, code)) => (why.into(), code),
-            };
-            failures.push(BatchFailure {
-                index,
-                id: op.id().clone().into(),
-                message,
-                expected_rev: expected,
-                current_rev,
-                code,
-            });
+                r => r?,
+            }
+            // A request failing asynchronously (a ConstraintError from `add`)
+            // aborts the transaction; the commit reports the transaction's
+            // `error`, which names it.
+            self.finish(tx).await?;
+            let changes = Array::new();
+            for (op, r) in ops.iter().zip(&revs) {
+                self.changes
+                    .change(&changes, op.id(), r, matches!(op, Op::Delete { .. }));
+            }
+            self.changes.post(&changes);
+            return Ok(revs);
         }
-        if !failures.is_empty() {
-            // Nothing was written; dropping `tx` ends it empty.
-            return Err(super::batch_refused(failures, invalid));
-        }
-        for ((op, (current, stored)), rev) in ops.iter().zip(&currents).zip(&revs) {
-            let added = match op {
-                Op::Put(p) => {
-                    // An id with neither a record nor a tombstone is new: `add()`.
-                    super::write_record(&tx, p, current, matches!(current, Current::Missing))?;
-                    Some(&p.object)
-                }
-                Op::Delete { id, .. } => {
-                    super::write_tombstone(&tx, id, rev)?;
-                    None
-                }
-            };
-            super::index::maintain(&tx, &state, stored.as_ref(), added.map(|o| o.as_ref()))?;
-        }
-        // A request failing asynchronously (a ConstraintError from `add`)
-        // aborts the transaction; the commit reports the transaction's
-        // `error`, which names it.
-        self.finish(tx).await?;
-        let changes = Array::new();
-        for (op, r) in ops.iter().zip(&revs) {
-            self.changes
-                .change(&changes, op.id(), r, matches!(op, Op::Delete { .. }));
-        }
-        self.changes.post(&changes);
-        Ok(revs)
     }
 
     /// Removes the tombstones written more than `older_than_ms` ago (by

@@ -94,9 +94,8 @@ impl Done {
 /// What the leader hands a member.
 enum Delivered {
     Done(Result<Done>),
-    /// The shared transaction failed (with this error, the member's if it
-    /// fails again): run again alone.
-    Rerun(StoreError),
+    /// The shared transaction failed: run again alone.
+    Rerun,
 }
 
 struct Member {
@@ -182,9 +181,7 @@ impl Drop for Unanswered<'_> {
                         "commit outcome unknown (the leading call was dropped)".into(),
                     )))
                 } else {
-                    Delivered::Rerun(StoreError::Transaction(
-                        "the write's transaction was interrupted".into(),
-                    ))
+                    Delivered::Rerun
                 });
             }
         }
@@ -238,12 +235,15 @@ impl Store {
         };
         match until_started(self.turn(&member, lead), &member).await? {
             Delivered::Done(r) => r,
-            Delivered::Rerun(_) => {
+            Delivered::Rerun => {
                 member.answered.set(false);
                 member.started.set(false);
                 match until_started(self.turn(&member, Some(false)), &member).await? {
                     Delivered::Done(r) => r,
-                    Delivered::Rerun(e) => Err(e),
+                    // Interrupted, or its writes refused again.
+                    Delivered::Rerun => Err(StoreError::Transaction(
+                        "the write's transaction was interrupted".into(),
+                    )),
                 }
             }
         }
@@ -307,9 +307,9 @@ impl Store {
                     m.deliver(Delivered::Done(Err(e.clone())));
                 }
             }
-            Err(e) => {
+            Err(_) => {
                 for m in &members {
-                    m.deliver(Delivered::Rerun(e.clone()));
+                    m.deliver(Delivered::Rerun);
                 }
             }
         }
