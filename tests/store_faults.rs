@@ -98,7 +98,7 @@ async fn a_batch_failing_at_any_request_leaves_nothing_visible() {
                     assert_eq!(e.code(), ErrorCode::Validation, "{kind:?}@{n}: {msg}");
                     assert!(msg.contains("DataCloneError"), "{kind:?}@{n}: {msg}");
                 }
-                Fault::Constraint => {
+                _ => {
                     assert!(msg.contains("ConstraintError"), "{kind:?}@{n}: {msg}");
                 }
             }
@@ -171,6 +171,48 @@ async fn single_writes_failing_at_any_request_leave_nothing_visible() {
         assert!(store.mutate(&s("old"), &f, 0, None).await.is_err());
         assert_eq!(visible(&store).await, before, "mutate: {kind:?}");
     }
+}
+
+/// A write whose transaction the browser refuses to mutate (its `put`
+/// throws InvalidStateError: Firefox's first readwrite transaction after a
+/// quota abort) runs once more in a new transaction and succeeds, for every
+/// write call; before, it rejected with ClosedError though the store was
+/// open.
+#[wasm_bindgen_test]
+async fn a_write_whose_transaction_is_refused_runs_again_and_succeeds() {
+    let (store, old, _) = seeded("fault-refused").await;
+    let (watcher, seen) = watch_ids(&store);
+    let refuse = || store.inject_request_fault(0, Fault::Refused);
+    refuse();
+    let put = js(json!({"_id": "p", "recordType": "run"}));
+    assert!(store.put(&put).await.expect("put").rev.starts_with("1-"));
+    refuse();
+    store
+        .put(&js(json!({"_id": "old", "_rev": old, "n": 2})))
+        .await
+        .expect("compare-and-swap put");
+    refuse();
+    let f = Function::new_with_args("r", "return {...r, n: 3}");
+    let old = store.mutate(&s("old"), &f, 0, None).await.expect("mutate");
+    let old = old.expect("written").rev;
+    refuse();
+    store.delete(&s("old"), &s(&old)).await.expect("delete");
+    refuse();
+    let revs = store
+        .put_many(&js(json!([{"_id": "m1"}, {"_id": "m2"}])))
+        .await
+        .expect("putMany");
+    refuse();
+    let items = js(json!([{"id": "m1", "rev": revs[0].rev}, {"id": "m2", "rev": revs[1].rev}]));
+    store.delete_many(&items).await.expect("deleteMany");
+    for id in ["p", "old", "m2"] {
+        announced(&seen, id).await;
+    }
+    for (id, live) in [("p", true), ("old", false), ("m1", false)] {
+        assert_eq!(store.get(&s(id)).await.unwrap().is_some(), live, "{id}");
+    }
+    assert_indexes_clean(&store).await;
+    watcher.close();
 }
 
 #[wasm_bindgen_test]

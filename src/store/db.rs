@@ -394,6 +394,10 @@ pub enum Fault {
     /// The request is an `add()` of a key that exists: it fails
     /// asynchronously with `ConstraintError` and aborts the transaction.
     Constraint,
+    /// The request throws InvalidStateError synchronously, as every `put`
+    /// does in Firefox's first readwrite transaction of a connection after
+    /// a QuotaExceededError abort ([`StoreError::refused`]).
+    Refused,
 }
 
 impl Tx {
@@ -692,6 +696,13 @@ impl ObjectStore {
             Fault::Constraint => {
                 let _ = put(value);
                 issued(self.source().add_req(value, k), |v| v)
+            }
+            Fault::Refused => {
+                let e = js_sys::Error::new(
+                    "A mutation operation was attempted on a database that did not allow mutations.",
+                );
+                e.set_name("InvalidStateError");
+                issued(Err(e.into()), |v| v)
             }
         })
     }
