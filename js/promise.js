@@ -156,8 +156,30 @@ export function answers(requests, toError) {
 export function transactionPromise(tx) {
   return new Promise((resolve, reject) => {
     tx.oncomplete = () => resolve();
-    tx.onabort = () => reject();
+    tx.onabort = () => {
+      afterQuota(tx);
+      reject();
+    };
   });
+}
+
+/**
+ * After `tx` aborted for quota: Firefox makes the first readwrite
+ * transaction its connection creates next a "cleanup" one, whose `put`
+ * and `add` throw InvalidStateError (only deletes pass, to free space).
+ * Every agentstore write puts (a delete writes a tombstone), so that
+ * transaction is made here, empty, before anything else can be: the
+ * connection's next write is a normal one (CASES C-E2: the store keeps
+ * working for small writes after a quota error).
+ */
+function afterQuota(tx) {
+  if (tx.error?.name === 'QuotaExceededError') {
+    try {
+      tx.db.transaction(tx.objectStoreNames[0], 'readwrite');
+    } catch {
+      // The connection closed meanwhile.
+    }
+  }
 }
 
 /**
@@ -167,12 +189,10 @@ export function transactionPromise(tx) {
  * and bumps the generation, as the Rust `write_state` does for every state
  * change, so every connection reads the state again at its next write.
  * Resolves once `tx` committed; rejects with `toError(tx.error)` when it
- * aborted, or `toError(e)` when a `put` threw `e`. A `put` that throws
- * InvalidStateError (Firefox's first readwrite transaction after a quota
- * abort refuses writes: Rust error.rs `refused`) aborts `tx`, and the mark
- * is made once more in a new transaction (`again` false).
+ * aborted, or `toError(e)` when a `put` threw `e` (the transaction is
+ * then aborted): never an uncaught exception in this handler.
  */
-export function markWatched(tx, toError, again) {
+export function markWatched(tx, toError) {
   const meta = tx.objectStore('meta');
   const state = meta.get('indexes');
   const gen = meta.get('indexes-gen');
@@ -189,17 +209,6 @@ export function markWatched(tx, toError, again) {
     }
   };
   return transactionPromise(tx).catch(() => {
-    if (thrown?.name === 'InvalidStateError' && !again) {
-      const db = tx.db;
-      let next;
-      try {
-        txSeq(db.name, 1);
-        next = db.transaction('meta', 'readwrite');
-      } catch (e) {
-        throw toError(e);
-      }
-      return markWatched(next, toError, true);
-    }
     throw toError(thrown ?? tx.error);
   });
 }
@@ -573,8 +582,7 @@ const PURGE_BATCH = 1000;
  * handled as soon as it is returned, so its rejection is never an
  * unhandledrejection. Rejects with `toError(e)` (the module's typed
  * Error) for a failed read or request, or the transaction's abort
- * (`tx.error`: quota); with `tx` itself when the count's `put` threw
- * InvalidStateError (nothing purged: the module runs it once more).
+ * (`tx.error`: quota).
  */
 export function purgeOlder(store, olderThanMs, cutoff, onProgress, signal, toError) {
   const tx = store.transaction;
@@ -592,7 +600,10 @@ export function purgeOlder(store, olderThanMs, cutoff, onProgress, signal, toErr
       }
     };
     // The module has no handler on this transaction (it left it to this).
-    tx.onabort = () => reject(toError(tx.error));
+    tx.onabort = () => {
+      afterQuota(tx);
+      reject(toError(tx.error));
+    };
     // Committed: an abort now (or one whose event fired already) only ends
     // the wait for onProgress's Promises, and the call resolves with its
     // count, as a complete import or rebuild does: AbortError always means
@@ -643,10 +654,7 @@ export function purgeOlder(store, olderThanMs, cutoff, onProgress, signal, toErr
                 meta.put({ ...o, purges: num(o.purges) + 1 }, 'indexes');
                 meta.put(num(gen.result) + 1, 'indexes-gen');
               } catch (e) {
-                // An InvalidStateError (a readwrite transaction whose writes
-                // Firefox refuses after a quota abort): rejected with `tx`,
-                // which the module runs the purge again for.
-                fail(e?.name === 'InvalidStateError' ? tx : toError(e));
+                fail(toError(e));
               }
             };
           }

@@ -188,9 +188,10 @@ impl StoreError {
         );
         // An InvalidStateError is not taken as a closed connection: Firefox
         // also throws one from `put` in the first readwrite transaction
-        // after a quota abort, on a connection that is open (see
-        // [`StoreError::refused`]). Only `IDBDatabase.transaction()` throwing
-        // it says the connection closed (src/store/db.rs `Db::tx`).
+        // after a quota abort, on a connection that is open (js/promise.js
+        // `afterQuota` uses that transaction up). Only
+        // `IDBDatabase.transaction()` throwing it says the connection closed
+        // (src/store/db.rs `Db::tx`).
         match name.as_str() {
             "QuotaExceededError" => StoreError::QuotaExceeded(message),
             "DataError" | "DataCloneError" => {
@@ -198,16 +199,6 @@ impl StoreError {
             }
             _ => StoreError::Transaction(agentstore_protocol::cat(&[&name, ": ", &message])),
         }
-    }
-
-    /// Whether this is an InvalidStateError of a request (a TransactionError
-    /// since [`StoreError::from_dom`]): Firefox makes the first readwrite
-    /// transaction of a connection after a QuotaExceededError abort one in
-    /// which `put` and `add` throw it ("A mutation operation was attempted on
-    /// a database that did not allow mutations"); that transaction wrote
-    /// nothing, and the write succeeds in a new one (retried once).
-    pub(crate) fn refused(&self) -> bool {
-        matches!(self, StoreError::Transaction(m) if m.starts_with("InvalidStateError:"))
     }
 
     /// Builds the JS `Error` object for this error.

@@ -263,123 +263,101 @@ impl Store {
             self.db.check_open()?;
             return Ok(Vec::new());
         }
-        let mut again = true;
-        loop {
-            let tx = self.write_tx()?;
-            let mut ids: Vec<&JsString> = Vec::with_capacity(ops.len());
-            for op in ops {
-                ids.push(op.id());
-            }
-            let creates = ops
-                .iter()
-                .all(|op| matches!(op, Op::Put(p) if p.expected.is_none()));
-            let (currents, state) = self
-                .with_indexes(&tx, super::read_batch(&tx, &ids, creates))
-                .await?;
-            let mut revs = Vec::with_capacity(ops.len());
-            let mut failures = Vec::new();
-            let now = super::now_iso();
-            // A member cannot be written as given: a ValidationError.
-            let mut invalid = false;
-            for (index, (op, (current, stored))) in ops.iter().zip(&currents).enumerate() {
-                let (decided, expected, current_rev) = match op {
-                    Op::Put(p) => (
-                        decide_put(current, p.expected.as_ref())
-                            .map_err(|_| ("revision conflict", ErrorCode::Conflict))
-                            .map(|base| p.stamp(base, stored.as_ref(), &now, state.purges())),
-                        p.expected.as_ref().map(Rev::text),
-                        current.rev().map(Rev::text),
-                    ),
-                    Op::Delete {
-                        digest, expected, ..
-                    } => (
-                        decide_delete(current, expected)
-                            // Each with the code `delete` gives the same case.
-                            .map_err(|e| match e {
-                                CasError::NotFound => {
-                                    ("nothing live to delete", ErrorCode::NotFound)
-                                }
-                                CasError::Conflict => ("revision conflict", ErrorCode::Conflict),
-                            })
-                            .map(|base| tombstone_rev(base, digest)),
-                        Some(expected.text()),
-                        // Only a live revision: a tombstone's is not one to
-                        // delete at (docs: `currentRev: null`, as `delete`).
-                        match current {
-                            Current::Live(r) => Some(r.text()),
-                            _ => None,
-                        },
-                    ),
-                };
-                let (message, code) = match decided {
-                    Ok(Ok(rev)) => {
-                        revs.push(rev);
-                        continue;
-                    }
-                    // At the last generation (2^53-1, an imported revision): no
-                    // next revision exists; or an `updatedAt` naming no real day.
-                    Ok(Err(e)) => {
-                        invalid = true;
-                        (e.message(), ErrorCode::Validation)
-                    }
-                    Err((why, code)) => (why.into(), code),
-                };
-                failures.push(BatchFailure {
-                    index,
-                    id: op.id().clone().into(),
-                    message,
-                    expected_rev: expected,
-                    current_rev,
-                    code,
-                });
-            }
-            if !failures.is_empty() {
-                // Nothing was written; dropping `tx` ends it empty.
-                return Err(super::batch_refused(failures, invalid));
-            }
-            let issued = ops.iter().zip(&currents).zip(&revs).try_for_each(
-                |((op, (current, stored)), rev)| {
-                    let added = match op {
-                        Op::Put(p) => {
-                            // An id with neither a record nor a tombstone is new: `add()`.
-                            super::write_record(
-                                &tx,
-                                p,
-                                current,
-                                matches!(current, Current::Missing),
-                            )?;
-                            Some(&p.object)
-                        }
-                        Op::Delete { id, .. } => {
-                            super::write_tombstone(&tx, id, rev)?;
-                            None
-                        }
-                    };
-                    super::index::maintain(&tx, &state, stored.as_ref(), added.map(|o| o.as_ref()))
-                },
-            );
-            match issued {
-                // The browser refused the transaction's writes: it wrote nothing
-                // (dropping `tx` aborts it); once more in a new one, deciding
-                // again on what it reads ([`StoreError::refused`]).
-                Err(e) if e.refused() && again => {
-                    again = false;
+        let tx = self.write_tx()?;
+        let mut ids: Vec<&JsString> = Vec::with_capacity(ops.len());
+        for op in ops {
+            ids.push(op.id());
+        }
+        let creates = ops
+            .iter()
+            .all(|op| matches!(op, Op::Put(p) if p.expected.is_none()));
+        let (currents, state) = self
+            .with_indexes(&tx, super::read_batch(&tx, &ids, creates))
+            .await?;
+        let mut revs = Vec::with_capacity(ops.len());
+        let mut failures = Vec::new();
+        let now = super::now_iso();
+        // A member cannot be written as given: a ValidationError.
+        let mut invalid = false;
+        for (index, (op, (current, stored))) in ops.iter().zip(&currents).enumerate() {
+            let (decided, expected, current_rev) = match op {
+                Op::Put(p) => (
+                    decide_put(current, p.expected.as_ref())
+                        .map_err(|_| ("revision conflict", ErrorCode::Conflict))
+                        .map(|base| p.stamp(base, stored.as_ref(), &now, state.purges())),
+                    p.expected.as_ref().map(Rev::text),
+                    current.rev().map(Rev::text),
+                ),
+                Op::Delete {
+                    digest, expected, ..
+                } => (
+                    decide_delete(current, expected)
+                        // Each with the code `delete` gives the same case.
+                        .map_err(|e| match e {
+                            CasError::NotFound => ("nothing live to delete", ErrorCode::NotFound),
+                            CasError::Conflict => ("revision conflict", ErrorCode::Conflict),
+                        })
+                        .map(|base| tombstone_rev(base, digest)),
+                    Some(expected.text()),
+                    // Only a live revision: a tombstone's is not one to
+                    // delete at (docs: `currentRev: null`, as `delete`).
+                    match current {
+                        Current::Live(r) => Some(r.text()),
+                        _ => None,
+                    },
+                ),
+            };
+            let (message, code) = match decided {
+                Ok(Ok(rev)) => {
+                    revs.push(rev);
                     continue;
                 }
-                r => r?,
-            }
-            // A request failing asynchronously (a ConstraintError from `add`)
-            // aborts the transaction; the commit reports the transaction's
-            // `error`, which names it.
-            self.finish(tx).await?;
-            let changes = Array::new();
-            for (op, r) in ops.iter().zip(&revs) {
-                self.changes
-                    .change(&changes, op.id(), r, matches!(op, Op::Delete { .. }));
-            }
-            self.changes.post(&changes);
-            return Ok(revs);
+                // At the last generation (2^53-1, an imported revision): no
+                // next revision exists; or an `updatedAt` naming no real day.
+                Ok(Err(e)) => {
+                    invalid = true;
+                    (e.message(), ErrorCode::Validation)
+                }
+                Err((why, code)) => (why.into(), code),
+            };
+            failures.push(BatchFailure {
+                index,
+                id: op.id().clone().into(),
+                message,
+                expected_rev: expected,
+                current_rev,
+                code,
+            });
         }
+        if !failures.is_empty() {
+            // Nothing was written; dropping `tx` ends it empty.
+            return Err(super::batch_refused(failures, invalid));
+        }
+        for ((op, (current, stored)), rev) in ops.iter().zip(&currents).zip(&revs) {
+            let added = match op {
+                Op::Put(p) => {
+                    // An id with neither a record nor a tombstone is new: `add()`.
+                    super::write_record(&tx, p, current, matches!(current, Current::Missing))?;
+                    Some(&p.object)
+                }
+                Op::Delete { id, .. } => {
+                    super::write_tombstone(&tx, id, rev)?;
+                    None
+                }
+            };
+            super::index::maintain(&tx, &state, stored.as_ref(), added.map(|o| o.as_ref()))?;
+        }
+        // A request failing asynchronously (a ConstraintError from `add`)
+        // aborts the transaction; the commit reports the transaction's
+        // `error`, which names it.
+        self.finish(tx).await?;
+        let changes = Array::new();
+        for (op, r) in ops.iter().zip(&revs) {
+            self.changes
+                .change(&changes, op.id(), r, matches!(op, Op::Delete { .. }));
+        }
+        self.changes.post(&changes);
+        Ok(revs)
     }
 
     /// Removes the tombstones written more than `older_than_ms` ago (by
@@ -423,47 +401,36 @@ impl Store {
     ) -> Result<u32> {
         super::check_abort(signal)?;
         let cutoff = js_sys::Date::now() - older_than_ms;
-        let mut again = true;
-        loop {
-            let tx = self.write_tx_in(&[TOMBSTONES, META])?;
-            let raw: JsValue = tx.raw().into();
-            let purge = purge_older(
-                tx.store(TOMBSTONES)?.source(),
-                older_than_ms,
-                cutoff,
-                on_progress,
-                signal,
-                &crate::error::dom_error_fn(),
-            );
-            // The scan, the purge's count in the index state and the wait for
-            // the commit run in JS, which aborts the transaction itself when
-            // the purge fails.
-            tx.end_read();
-            // Rejected with the `dom_error_fn()` function itself (a value no
-            // callback can throw; one can throw `undefined`) once `signal`
-            // aborted before the commit (the transaction is then aborted);
-            // with the transaction when the browser refused its
-            // writes ([`StoreError::refused`]: nothing was purged, run once
-            // more, `on_progress` counting again from 0); else with what
-            // `on_progress` threw or rejected with, or a typed Error: as it
-            // is, also when the signal aborted meanwhile.
-            return match JsFuture::from(purge).await {
-                Ok(purged) => Ok(purged.as_f64().unwrap_or(0.0) as u32),
-                Err(e) if e == raw && again => {
-                    again = false;
-                    continue;
-                }
-                Err(e) if e == raw => Err(StoreError::Transaction(
-                    "InvalidStateError: the browser refused the purge's writes".into(),
-                )),
-                Err(e) if e == crate::error::dom_error_fn() => Err(StoreError::Aborted(
-                    signal
-                        .and_then(crate::options::abort_reason)
-                        .unwrap_or(JsValue::UNDEFINED),
-                )),
-                Err(e) => Err(StoreError::Thrown(e)),
-            };
-        }
+        let tx = self.write_tx_in(&[TOMBSTONES, META])?;
+        let purge = purge_older(
+            tx.store(TOMBSTONES)?.source(),
+            older_than_ms,
+            cutoff,
+            on_progress,
+            signal,
+            &crate::error::dom_error_fn(),
+        );
+        // The scan, the purge's count in the index state and the wait for
+        // the commit run in JS, which aborts the transaction itself when
+        // the purge fails.
+        tx.end_read();
+        // Rejected with the `dom_error_fn()` function itself (a value no
+        // callback can throw; one can throw `undefined`) once `signal`
+        // aborted before the commit (the transaction is then aborted);
+        // else with what `on_progress` threw or rejected with, or a typed
+        // Error: as it is, also when the signal aborted meanwhile.
+        let purged =
+            JsFuture::from(purge)
+                .await
+                .map_err(|e| match e == crate::error::dom_error_fn() {
+                    true => StoreError::Aborted(
+                        signal
+                            .and_then(crate::options::abort_reason)
+                            .unwrap_or(JsValue::UNDEFINED),
+                    ),
+                    false => StoreError::Thrown(e),
+                })?;
+        Ok(purged.as_f64().unwrap_or(0.0) as u32)
     }
 }
 

@@ -254,8 +254,11 @@ impl Db {
         }
         .map_err(|e| match StoreError::from_dom(&e) {
             // `transaction()` throws InvalidStateError when the connection
-            // is closed (also by the browser: the origin's data cleared).
-            e if e.refused() => StoreError::Closed("the connection was closed".into()),
+            // is closed (also by the browser: the origin's data cleared); a
+            // request's is no closed store ([`StoreError::from_dom`]).
+            StoreError::Transaction(m) if m.starts_with("InvalidStateError") => {
+                StoreError::Closed(m)
+            }
             e => e,
         })?;
         Ok(Tx {
@@ -396,7 +399,7 @@ pub enum Fault {
     Constraint,
     /// The request throws InvalidStateError synchronously, as every `put`
     /// does in Firefox's first readwrite transaction of a connection after
-    /// a QuotaExceededError abort ([`StoreError::refused`]).
+    /// a QuotaExceededError abort (js/promise.js `afterQuota`).
     Refused,
 }
 

@@ -240,7 +240,6 @@ impl Store {
                 member.started.set(false);
                 match until_started(self.turn(&member, Some(false)), &member).await? {
                     Delivered::Done(r) => r,
-                    // Interrupted, or its writes refused again.
                     Delivered::Rerun => Err(StoreError::Transaction(
                         "the write's transaction was interrupted".into(),
                     )),
@@ -296,13 +295,11 @@ impl Store {
                     m.deliver(Delivered::Done(r));
                 }
             }
-            // Alone (unless the browser refused the transaction's writes,
-            // [`StoreError::refused`]: it wrote nothing, a new one may),
-            // or another transaction (of any connection) started after the
-            // group's (a read or batch issued after these writes): running
-            // them again would put them after it, out of the order they
-            // were issued in. Each gets the error.
-            Err(e) if (members.len() == 1 && !e.refused()) || self.db.seq() != g.seq => {
+            // Alone, or another transaction (of any connection) started
+            // after the group's (a read or batch issued after these
+            // writes): running them again would put them after it, out of
+            // the order they were issued in. Each gets the error.
+            Err(e) if members.len() == 1 || self.db.seq() != g.seq => {
                 for m in &members {
                     m.deliver(Delivered::Done(Err(e.clone())));
                 }
