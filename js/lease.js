@@ -300,14 +300,21 @@ const LONE = /\p{Cs}/u;
  * holding a lone surrogate in `v`, a settle result as the record walk
  * copied it (plain data, at most 64 levels), else `undefined`.
  */
-export function loneSurrogateAt(v, path = []) {
-  if (typeof v === 'string') return LONE.test(v) ? path : undefined;
+export function loneSurrogateAt(v) {
+  if (typeof v === 'string') return LONE.test(v) ? [] : undefined;
   if (v === null || typeof v !== 'object') return undefined;
-  for (const k of Object.keys(v)) {
-    const at = [...path, Array.isArray(v) ? Number(k) : k];
-    if (!Array.isArray(v) && LONE.test(k)) return at;
-    const found = loneSurrogateAt(v[k], at);
-    if (found) return found;
+  // The path is built only on the way back from a hit: nothing is
+  // allocated per element of a result that holds none.
+  const arr = Array.isArray(v);
+  const keys = arr ? v : Object.keys(v);
+  for (let i = 0; i < keys.length; i++) {
+    const k = arr ? i : keys[i];
+    if (!arr && LONE.test(k)) return [k];
+    const found = loneSurrogateAt(v[k]);
+    if (found) {
+      found.unshift(k);
+      return found;
+    }
   }
   return undefined;
 }

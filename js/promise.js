@@ -156,11 +156,18 @@ export function answers(requests, toError) {
 export function transactionPromise(tx) {
   return new Promise((resolve, reject) => {
     tx.oncomplete = () => resolve();
-    tx.onabort = () => {
-      afterQuota(tx);
-      reject();
-    };
+    tx.onabort = () => reject();
   });
+}
+
+/**
+ * Watches `tx`, a readwrite transaction just created (Rust src/store/db.rs
+ * `Db::tx`, every one the module creates): if it aborts for quota,
+ * `afterQuota` runs, whatever else handles its end (a commit waited for,
+ * or none: an error that dropped it before its commit was asked for).
+ */
+export function quotaWatch(tx) {
+  tx.addEventListener('abort', () => afterQuota(tx));
 }
 
 /**
@@ -328,12 +335,7 @@ export function txSeq(name, add) {
  * it throws is dropped).
  */
 export function openDatabase(factory, name, version, blockedMs, schema, onClose) {
-  let request;
-  try {
-    request = factory.open(name, version);
-  } catch (e) {
-    throw refusal(e);
-  }
+  const request = factory.open(name, version);
   let upgrading = false;
   let refused;
   request.onupgradeneeded = () => {
@@ -394,20 +396,9 @@ export function openDatabase(factory, name, version, blockedMs, schema, onClose)
             'VersionError',
           );
         }
-        throw refusal(e);
+        throw e;
       },
     );
-}
-
-/**
- * A failure of `indexedDB.open` / `deleteDatabase` itself, thrown or as the
- * request's error. No connection exists there, so an InvalidStateError is
- * IndexedDB refusing in this context (Firefox before 115 in a private
- * window): renamed, it is typed a TransactionError (Rust error.rs
- * `from_dom`), not the ClosedError of a closed connection.
- */
-function refusal(e) {
-  return e && e.name === 'InvalidStateError' ? { name: 'InvalidStateError (indexedDB refused)', message: e.message } : e;
 }
 
 /**
@@ -428,15 +419,12 @@ export function settleWith(promise, f) {
  * kept the deletion blocked for `blockedMs` (the request stays queued and
  * completes once that connection closes); rejects with the request's
  * DOMException; throws what `factory.deleteDatabase` throws (an
- * InvalidStateError renamed by `refusal`).
+ * InvalidStateError where IndexedDB refuses in this context, e.g. Firefox
+ * before 115 in a private window: a TransactionError, Rust error.rs
+ * `from_dom`).
  */
 export function deleteDatabase(factory, name, blockedMs) {
-  let request;
-  try {
-    request = factory.deleteDatabase(name);
-  } catch (e) {
-    throw refusal(e);
-  }
+  const request = factory.deleteDatabase(name);
   const timedOut = {};
   return raceBlocked(request, blockedMs, timedOut).then((out) => {
     request.onblocked = null;
@@ -456,7 +444,7 @@ export function deletion(factory, name, blockedMs, blocked, toError) {
       if (!gone) throw blocked;
     },
     (e) => {
-      throw typed(toError, refusal(e));
+      throw typed(toError, e);
     },
   );
 }
@@ -600,10 +588,7 @@ export function purgeOlder(store, olderThanMs, cutoff, onProgress, signal, toErr
       }
     };
     // The module has no handler on this transaction (it left it to this).
-    tx.onabort = () => {
-      afterQuota(tx);
-      reject(toError(tx.error));
-    };
+    tx.onabort = () => reject(toError(tx.error));
     // Committed: an abort now (or one whose event fired already) only ends
     // the wait for onProgress's Promises, and the call resolves with its
     // count, as a complete import or rebuild does: AbortError always means

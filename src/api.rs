@@ -86,13 +86,13 @@ export interface ExportOptions {
   batchSize?: number | null | undefined;
   /** Called with (done, total) records and tombstones after each batch read (after its chunk went to `onChunk`); takes its turn with the chunks: a returned Promise is awaited before the next chunk or call (the reads go on meanwhile), and the export resolves after it; a throw or rejection before the last call (done === total) rejects the export with it. No call for an empty store. */
   onProgress?: ((done: number, total: number) => void | Promise<void>) | null | undefined;
-  /** Stops the export with AbortError (`cause`: the signal's reason) before each read and each chunk or progress call, while one's Promise is awaited, and while the io module loads: no chunk follows the abort and the read transaction is dropped. Once every chunk is handed over, an abort only ends the wait for the last `onProgress` Promise: the export resolves. */
+  /** Stops the export with AbortError (`cause`: the signal's reason) before each read and each chunk or progress call, while one's Promise is awaited, and while the io module loads: no chunk follows the abort and the read transaction is dropped. Once every row is read and every chunk collected or handed to `onChunk` (its Promise settled), an abort only stops the progress calls left and ends the wait for a pending one: the export resolves. */
   signal?: AbortSignal | null | undefined;
 }
 export interface VerifyOptions {
   /** Called with (done, total) records read, after each 1000; a returned Promise is awaited before the next call and the result (the reads go on meanwhile: one read-only transaction cannot wait); a throw or rejection before the last call (done === total) rejects with it. No call for an empty store. */
   onProgress?: ((done: number, total: number) => void | Promise<void>) | null | undefined;
-  /** Stops the verification with AbortError (`cause`: the signal's reason) before each read and each progress call, while one's Promise is awaited, and while the io module loads. Once every read is done, an abort only ends the wait for the last `onProgress` Promise: the verification resolves. */
+  /** Stops the verification with AbortError (`cause`: the signal's reason) before each read and each progress call, while one's Promise is awaited, and while the io module loads. Once every read is done, an abort only stops the progress calls left and ends the wait for a pending one: the verification resolves. */
   signal?: AbortSignal | null | undefined;
 }
 export interface DropIndexOptions {

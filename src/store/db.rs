@@ -261,6 +261,11 @@ impl Db {
             }
             e => e,
         })?;
+        if write {
+            // Whatever ends it (a commit waited for, or an error that drops
+            // it before its commit is asked for, as a group's).
+            quota_watch(&raw);
+        }
         Ok(Tx {
             raw,
             open_write: Cell::new(write),
@@ -591,7 +596,7 @@ impl ObjectStore {
     /// # Errors
     /// ValidationError for a value IndexedDB cannot clone (DataCloneError)
     /// or a bad key (DataError); TransactionError after the transaction
-    /// ended, or when the browser refuses it ([`StoreError::refused`]).
+    /// ended, or when the browser refuses it (js/promise.js `afterQuota`).
     pub fn put(&self, value: &JsValue, key: Option<&JsValue>) -> Result<Req<JsValue>> {
         self.write(value, key, false)
     }
@@ -846,6 +851,11 @@ extern "C" {
     /// `abort` (rejects) event (js/promise.js).
     #[wasm_bindgen(js_name = transactionPromise)]
     fn tx_promise(tx: &IdbTransaction) -> js_sys::Promise;
+    /// Watches readwrite transaction `tx` for an abort for quota, after
+    /// which Firefox's cleanup transaction is used up (js/promise.js
+    /// `quotaWatch`, `afterQuota`).
+    #[wasm_bindgen(js_name = quotaWatch)]
+    fn quota_watch(tx: &IdbTransaction);
     /// A Promise settled by an IDB request's `success` / `error` events
     /// (resolves with `result`, rejects with the request's DOMException;
     /// js/promise.js).

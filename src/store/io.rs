@@ -869,7 +869,9 @@ impl Store {
     /// `opts.signal` is looked at before each read and before each chunk
     /// or progress call, and ends a wait for a pending thenable: once it
     /// aborts, no chunk follows, the read transaction is dropped and the
-    /// export rejects with AbortError.
+    /// export rejects with AbortError, unless every row was read and every
+    /// chunk collected or handed over (its thenable settled): the abort
+    /// then only stops the progress calls left, and the export resolves.
     ///
     /// # Errors
     /// AbortError (`cause`: the signal's reason); TransactionError;

@@ -39,6 +39,14 @@ before(async () => {
       window.uncaught = [];
       addEventListener('error', (e) => uncaught.push('error: ' + e.message));
       addEventListener('unhandledrejection', (e) => uncaught.push('unhandledrejection: ' + (e.reason && e.reason.name) + ': ' + (e.reason && e.reason.message)));
+      // 20 MiB that does not compress (Firefox compresses what it stores).
+      window.bigText = () => {
+        const bytes = new Uint8Array(20 * 1024 * 1024);
+        for (let i = 0; i < bytes.length; i += 65536) crypto.getRandomValues(bytes.subarray(i, i + 65536));
+        let big = '';
+        for (let i = 0; i < bytes.length; i += 8192) big += String.fromCharCode(...bytes.subarray(i, i + 8192).map((b) => 40 + (b % 52)));
+        return big;
+      };
       const mod = await import('/pkg/agentstore.js');
       await mod.default();
       window.sdk = mod;
@@ -70,11 +78,7 @@ after(async () => {
 async function afterQuota({ db, step }) {
   const mod = window.sdk;
   const store = await mod.AgentStore.open(db);
-  // 20 MiB that does not compress (Firefox compresses what it stores).
-  const bytes = new Uint8Array(20 * 1024 * 1024);
-  for (let i = 0; i < bytes.length; i += 65536) crypto.getRandomValues(bytes.subarray(i, i + 65536));
-  let big = '';
-  for (let i = 0; i < bytes.length; i += 8192) big += String.fromCharCode(...bytes.subarray(i, i + 8192).map((b) => 40 + (b % 52)));
+  const big = window.bigText();
   const run = (f) => f().then((v) => v, (e) => ({ error: `${e && e.name}: ${e && e.message}` }));
   const f = (0, eval)(step);
   const before = await f.before?.(store);
@@ -136,4 +140,37 @@ test('firefox: watch() after a QuotaExceededError is ready and announces later w
 test('firefox: purgeTombstones() after a QuotaExceededError resolves with its count', { timeout: 120_000 }, async () => {
   const step = `Object.assign(async (s) => s.purgeTombstones({ olderThanMs: 0 }), { before: async (s) => s.delete('t', (await s.put({ _id: 't' })).rev) })`;
   await check('purge', step, 1);
+});
+
+// A quota error in a group of writes (two puts in one tick share one
+// transaction) that is not run again — a `count()` on the next turn starts
+// another transaction after the group's, so running the group again would
+// reorder it — leaves the next write working too: the group's transaction
+// is dropped before its commit is waited for, so only the abort listener
+// every readwrite transaction gets (js/promise.js `quotaWatch`) uses up
+// Firefox's cleanup transaction. Before, that next write rejected with
+// InvalidStateError (helper-205's finding).
+async function groupQuota({ db }) {
+  const store = await window.sdk.AgentStore.open(db);
+  const big = window.bigText();
+  const run = (p) => p.then((v) => (v && v.rev ? 'written' : v), (e) => `${e && e.name}`);
+  const first = run(store.put({ _id: 'big', data: big }));
+  const second = run(store.put({ _id: 'small' }));
+  setTimeout(() => store.count().catch(() => {}), 0);
+  const out = { big: await first, small: await second, after: [] };
+  // Writes spread over the next second: whenever the dropped transaction's
+  // abort event lands (the cleanup state begins there), each must work.
+  for (let i = 0; i < 5; i++) {
+    out.after.push(await run(store.put({ _id: `after${i}` })));
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  store.close();
+  return { ...out, uncaught: window.uncaught.splice(0) };
+}
+
+test('firefox: a quota error in a group of writes leaves the next write working', { timeout: 120_000 }, async () => {
+  const r = await page.evaluate(groupQuota, { db: `quota-group-${Math.random().toString(36).slice(2)}` });
+  assert.equal(r.big, 'QuotaExceededError', JSON.stringify(r));
+  assert.deepEqual(r.after, Array(5).fill('written'), JSON.stringify(r));
+  assert.deepEqual(r.uncaught, []);
 });
