@@ -757,6 +757,56 @@ async fn release_settle_once_heartbeat_read(proxy: &str, nonce: &str, reads: &Js
     stop_dropping(proxy, nonce).await;
 }
 
+/// One round of a heartbeat/settle race forced by the proxy's barrier
+/// `kind` (`settle-first` or `settle-first-refused`): claims an item of a
+/// fresh `prefix` queue with its heartbeat held at the proxy, pauses the
+/// item first when `pause`, settles it done while the settle's answer waits
+/// until the page has read the heartbeat's answer, and checks that the race
+/// was forced (a heartbeat reached the server after the settle, and the
+/// page read its answer first). Returns the client, the lease, the item id
+/// and the settle's outcome.
+async fn forced_heartbeat_settle_race(
+    (proxy, base): (&str, &str),
+    kind: &str,
+    prefix: &str,
+    round: usize,
+    pause: bool,
+) -> (
+    Rc<ClientInner>,
+    Rc<agentstore::lease::LeaseInner>,
+    i64,
+    Result<JsValue, agentstore::lease::LeaseError>,
+) {
+    let nonce = fresh_queue("n");
+    let mode = format!("{kind}-{nonce}");
+    let q = fresh_queue(prefix);
+    let id = enqueue_at(base, &q, json!({})).await;
+    let reads = heartbeat_answers_read();
+    let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
+    let lease = claim_with_heartbeat_held(&c, &q, proxy, &mode, round).await;
+    if pause {
+        let (status, body) = admin_at(base, "POST", &format!("/v1/items/{id}/pause"), None).await;
+        assert_eq!(status, 200, "round {round}: {body}");
+    }
+    let done = agentstore_protocol::lease::SettleState::Done;
+    let (settled, ()) = join(
+        lease.settle(done, None, None),
+        release_settle_once_heartbeat_read(proxy, &nonce, &reads),
+    )
+    .await;
+    let read = hook_call(&reads, "count").as_f64();
+    hook_call(&reads, "restore");
+    assert!(
+        proxy_count(proxy, &mode, "raced").await >= 1.0,
+        "round {round}: a heartbeat reached the server after the settle came"
+    );
+    assert!(
+        read >= Some(1.0),
+        "round {round}: the page read the heartbeat's answer before the settle's"
+    );
+    (c, lease, id, settled)
+}
+
 /// A heartbeat sent just before a settle, which reaches the server after the
 /// settle landed, is answered `claim_lost`; that answer, arriving while the
 /// settle is in flight, does not end the lease: the settle's own answer
@@ -775,30 +825,10 @@ async fn a_heartbeat_refused_because_the_settle_landed_first_does_not_lose_the_l
         return;
     };
     for round in 0..3 {
-        let nonce = fresh_queue("n");
-        let mode = format!("settle-first-{nonce}");
-        let q = fresh_queue("hb-race");
-        let id = enqueue_at(base, &q, json!({})).await;
-        let reads = heartbeat_answers_read();
-        let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
-        let lease = claim_with_heartbeat_held(&c, &q, proxy, &mode, round).await;
-        let done = agentstore_protocol::lease::SettleState::Done;
-        let (settled, ()) = join(
-            lease.settle(done, None, None),
-            release_settle_once_heartbeat_read(proxy, &nonce, &reads),
-        )
-        .await;
-        let read = hook_call(&reads, "count").as_f64();
-        hook_call(&reads, "restore");
+        let (c, lease, id, settled) =
+            forced_heartbeat_settle_race((proxy, base), "settle-first", "hb-race", round, false)
+                .await;
         assert!(settled.is_ok(), "round {round}: {settled:?}");
-        assert!(
-            proxy_count(proxy, &mode, "raced").await >= 1.0,
-            "round {round}: a heartbeat reached the server after the settle"
-        );
-        assert!(
-            read >= Some(1.0),
-            "round {round}: the page read the heartbeat's answer before the settle's"
-        );
         ended_settled(base, &lease, &c, id, round).await;
     }
 }
@@ -976,32 +1006,15 @@ async fn a_heartbeat_verdict_that_came_during_a_refused_settle_loses_the_lease()
         return;
     };
     for round in 0..3 {
-        let nonce = fresh_queue("n");
-        let mode = format!("settle-first-refused-{nonce}");
-        let q = fresh_queue("hb-verdict");
-        let id = enqueue_at(base, &q, json!({})).await;
-        let reads = heartbeat_answers_read();
-        let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
-        let lease = claim_with_heartbeat_held(&c, &q, proxy, &mode, round).await;
-        let (status, body) = admin_at(base, "POST", &format!("/v1/items/{id}/pause"), None).await;
-        assert_eq!(status, 200, "round {round}: {body}");
-        let done = agentstore_protocol::lease::SettleState::Done;
-        let (settled, ()) = join(
-            lease.settle(done, None, None),
-            release_settle_once_heartbeat_read(proxy, &nonce, &reads),
+        let (c, lease, id, settled) = forced_heartbeat_settle_race(
+            (proxy, base),
+            "settle-first-refused",
+            "hb-verdict",
+            round,
+            true,
         )
         .await;
-        let read = hook_call(&reads, "count").as_f64();
-        hook_call(&reads, "restore");
         assert!(settled.is_err(), "round {round}: refused by the proxy");
-        assert!(
-            proxy_count(proxy, &mode, "raced").await >= 1.0,
-            "round {round}: a heartbeat reached the server while the settle was out"
-        );
-        assert!(
-            read >= Some(1.0),
-            "round {round}: the page read the heartbeat's answer before the settle's"
-        );
         assert_eq!(
             lease.status(),
             Status::Lost(LossReason::ClaimLost),
