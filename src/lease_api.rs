@@ -815,7 +815,10 @@ impl Lease {
     /// "follow"`, the default) gets `redirect: "manual"`: browsers keep
     /// custom headers across a redirect to another origin (the Fetch standard
     /// strips only `Authorization`), and the token alone can release the
-    /// lease.
+    /// lease. The lease is checked now, not when the `Request` is sent: one
+    /// sent later carries the token whatever became of the lease (its signal
+    /// aborts only when the heartbeat loop's timer runs); `fetch` checks it
+    /// in the call that sends.
     ///
     /// # Errors
     /// The `ClaimLostError` when the lease is lost; a ValidationError (the
