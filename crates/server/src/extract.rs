@@ -3,7 +3,8 @@
 
 use agentstore_protocol::ErrorCode;
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Request};
+use axum::extract::{FromRequest, FromRequestParts, MatchedPath, Request};
+use axum::http::request::Parts;
 use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
 
@@ -27,6 +28,43 @@ where
             .await?
             .json()
             .map(JsonBody)
+    }
+}
+
+/// The route's one path parameter (a queue name or an item id),
+/// percent-decoded; bytes that are not UTF-8 become U+FFFD. Never refused
+/// here: axum's `Path<String>` answered `400` for such a segment before the
+/// handler checked the caller's role and scope, so an out-of-scope caller
+/// learnt the name was bad instead of being refused (README "Roles and
+/// scopes": the role and scope first, an invalid name is in no scope but
+/// `"*"`). The handler's own check ([`queue_name`], [`item_id`]) refuses it
+/// after the role and scope, as any other invalid name or id.
+#[derive(Debug)]
+pub struct Segment(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Segment {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        // The segment where the route's template has its `{…}` (axum's
+        // `RawPathParams` refuses one that is not UTF-8 once decoded, too).
+        let template = parts
+            .extensions
+            .get::<MatchedPath>()
+            .map_or("", |m| m.as_str());
+        // Counted from the end: a nested router sees the path without the
+        // prefix its template holds.
+        let value = template
+            .split('/')
+            .rev()
+            .position(|s| s.starts_with('{'))
+            .and_then(|i| parts.uri.path().split('/').rev().nth(i))
+            .unwrap_or("");
+        Ok(Segment(
+            percent_encoding::percent_decode_str(value)
+                .decode_utf8_lossy()
+                .into_owned(),
+        ))
     }
 }
 

@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use agentstore_protocol::lease::{QueueStats, Readiness};
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -22,7 +22,7 @@ use axum::{Json, Router};
 
 use crate::auth::{Admin, Caller};
 use crate::error::ApiError;
-use crate::extract::queue_name;
+use crate::extract::{queue_name, Segment};
 use crate::metrics::CONTENT_TYPE;
 use crate::state::AppState;
 use crate::store::pending;
@@ -82,7 +82,7 @@ async fn ready(State(st): State<AppState>) -> (StatusCode, Json<Readiness>) {
 async fn queue_stats(
     State(st): State<AppState>,
     caller: Caller,
-    Path(queue): Path<String>,
+    Segment(queue): Segment,
 ) -> Result<Json<QueueStats>, ApiError> {
     // The role and scope first: a caller refused them is refused whatever
     // the name (an invalid one is in no scope but "*").

@@ -10,7 +10,7 @@ use agentstore_protocol::lease::{
     TokenRequest, WorkerCredentials, ANY_QUEUE, MAX_ENROLLMENT_TTL_MS, MAX_SCOPE_QUEUES,
 };
 use agentstore_protocol::{ErrorBody, ErrorCode};
-use axum::extract::{ConnectInfo, FromRequestParts, Path, Query, State};
+use axum::extract::{ConnectInfo, FromRequestParts, Query, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -19,7 +19,9 @@ use axum::{Json, Router};
 
 use crate::auth::{caller_from, Admin, Caller};
 use crate::error::ApiError;
-use crate::extract::{item_id, positive_item_id, queue_name, worker_id, JsonBody, RawBody};
+use crate::extract::{
+    item_id, positive_item_id, queue_name, worker_id, JsonBody, RawBody, Segment,
+};
 use crate::ratelimit::{client_key, retry_after_secs, RateLimiter};
 use crate::state::AppState;
 use crate::store::{claim_lost, Attempt, Ended, ItemPage, Released, Resumed, Viewed};
@@ -111,7 +113,7 @@ async fn create_enrollment(
 async fn revoke_worker(
     State(st): State<AppState>,
     _: Admin,
-    Path(id): Path<String>,
+    Segment(id): Segment,
 ) -> Result<StatusCode, ApiError> {
     st.store.revoke_credentials(worker_id(&id)?).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -312,7 +314,7 @@ fn request_attempt(headers: &HeaderMap) -> Result<Option<Attempt>, ApiError> {
 async fn enqueue(
     State(st): State<AppState>,
     caller: Caller,
-    Path(queue): Path<String>,
+    Segment(queue): Segment,
     headers: HeaderMap,
     body: RawBody,
 ) -> Result<Response, ApiError> {
@@ -342,7 +344,7 @@ pub const MAX_LIST_LIMIT: u32 = 10_000;
 async fn list(
     State(st): State<AppState>,
     caller: Caller,
-    Path(queue): Path<String>,
+    Segment(queue): Segment,
     Query(pairs): Query<Vec<(String, String)>>,
 ) -> Result<Json<ItemPage>, ApiError> {
     caller.produce(&queue)?;
@@ -413,7 +415,7 @@ async fn list(
 async fn claim(
     State(st): State<AppState>,
     caller: Caller,
-    Path(queue): Path<String>,
+    Segment(queue): Segment,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let worker = caller.claim(&queue)?;
@@ -445,7 +447,7 @@ async fn claim(
 async fn item(
     State(st): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    Segment(id): Segment,
 ) -> Result<Json<Viewed>, ApiError> {
     let id = item_id(&id)?;
     match st.store.view_item(id).await? {
@@ -488,7 +490,7 @@ fn unseen(caller: &Caller, id: i64, e: ApiError) -> ApiError {
 async fn heartbeat(
     State(st): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    Segment(id): Segment,
     body: RawBody,
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
     let owner = caller.lease_owner()?;
@@ -574,7 +576,7 @@ async fn heartbeats(
 async fn settle(
     State(st): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    Segment(id): Segment,
     body: RawBody,
 ) -> Result<Response, ApiError> {
     let owner = caller.lease_owner()?;
@@ -623,7 +625,7 @@ fn replay_marked(answer: impl IntoResponse, replayed: bool) -> Response {
 async fn release(
     State(st): State<AppState>,
     releaser: Releaser,
-    Path(id): Path<String>,
+    Segment(id): Segment,
     body: RawBody,
 ) -> Result<Response, ApiError> {
     let owner = match &releaser {
@@ -666,7 +668,7 @@ async fn release(
 async fn resume(
     State(st): State<AppState>,
     _: Admin,
-    Path(id): Path<String>,
+    Segment(id): Segment,
 ) -> Result<Response, ApiError> {
     let resumed = st.store.resume_reporting(item_id(&id)?, None).await?;
     let again = matches!(resumed, Resumed::Again { .. });
@@ -678,7 +680,7 @@ async fn resume(
 async fn pause(
     State(st): State<AppState>,
     _: Admin,
-    Path(id): Path<String>,
+    Segment(id): Segment,
 ) -> Result<Json<Ended>, ApiError> {
     Ok(Json(st.store.pause_reporting(item_id(&id)?).await?))
 }
@@ -693,7 +695,7 @@ async fn pause(
 async fn requeue(
     State(st): State<AppState>,
     _: Admin,
-    Path(id): Path<String>,
+    Segment(id): Segment,
 ) -> Result<Response, ApiError> {
     let (item, replayed) = st.store.requeue(item_id(&id)?).await?;
     Ok(replay_marked(Json(item), replayed))

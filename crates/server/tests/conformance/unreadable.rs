@@ -586,6 +586,7 @@ pub async fn a_read_of_an_unreadable_row_is_answered_to_those_who_may_read_it(db
         }
     };
     let producer = enrolled(Role::Producer, "q").await;
+    let every_queue = enrolled(Role::Producer, "*").await;
     let elsewhere = enrolled(Role::Producer, "other").await;
     let holder = enrolled(Role::Worker, "q").await;
     let other_worker = enrolled(Role::Worker, "q").await;
@@ -631,7 +632,7 @@ pub async fn a_read_of_an_unreadable_row_is_answered_to_those_who_may_read_it(db
     };
     let admin = crate::common::ADMIN.to_owned();
     for (id, state) in [(held.id, json!("running")), (bad_payload.id, json!("open"))] {
-        for who in [&admin, &producer.access_token] {
+        for who in [&admin, &producer.access_token, &every_queue.access_token] {
             assert_eq!(
                 get(id, who.clone()).await,
                 (
@@ -665,8 +666,37 @@ pub async fn a_read_of_an_unreadable_row_is_answered_to_those_who_may_read_it(db
         assert_eq!(status, ErrorCode::Forbidden.status(), "item {id}: {body}");
         assert_eq!(body["code"], json!("forbidden"));
     }
+    // A queue that does not decode (SQLite keeps any bytes in a TEXT
+    // column; PostgreSQL refuses them on write): only a caller that may
+    // read every item reads it. Before, a producer of every queue was
+    // refused (its scope was matched against the queue it could not read).
+    let mut counted = 12;
+    if db.kind == crate::common::Kind::Sqlite {
+        let bad_queue = store.enqueue("q", &json!("b"), None).await.unwrap();
+        set(
+            &store,
+            "UPDATE items SET queue = x'ff' WHERE id = $1",
+            bad_queue.id,
+        )
+        .await;
+        for who in [&admin, &every_queue.access_token] {
+            assert_eq!(
+                get(bad_queue.id, who.clone()).await,
+                (
+                    200,
+                    json!({"id": bad_queue.id, "state": "open", "unreadable_row": true})
+                ),
+                "a queue that does not decode"
+            );
+        }
+        for who in [&producer.access_token, &holder.access_token] {
+            let (status, body) = get(bad_queue.id, who.clone()).await;
+            assert_eq!(status, ErrorCode::Forbidden.status(), "{body}");
+        }
+        counted += 4;
+    }
     // Every read that met such a row, refused ones included, is counted.
-    assert_eq!(unreadable_counted(&store, "get").await, "10");
+    assert_eq!(unreadable_counted(&store, "get").await, counted.to_string());
     // The reads changed nothing.
     assert_eq!(
         raw_state(&store, held.id).await,
