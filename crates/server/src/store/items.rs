@@ -23,6 +23,13 @@ use super::item::{
 use super::{detached, get, lease_ttl_sql, ms, to_u64, Attempt, Backend, Store, StoreError};
 use crate::tokens::{self, ct_eq};
 
+/// The first key of an enqueue's queue lock (see `Store::queue_lock`), the
+/// bytes "agEQ": PostgreSQL's two-key advisory locks are a key space apart
+/// from the one-key lock the migrator takes (`PG_MIGRATION_LOCK`), and this
+/// class keeps them apart from another application's two-key locks keyed
+/// by small numbers.
+const ENQUEUE_LOCK_CLASS: i32 = 0x6167_4551;
+
 /// Fixed bytes counted per item against a page's budget (its id, state,
 /// counters and field names in the answer), besides its texts.
 const ITEM_OVERHEAD_BYTES: u64 = 256;
@@ -173,9 +180,11 @@ impl Store {
         let max = max_redeliveries.unwrap_or(self.settings.max_redeliveries);
         let Some(key) = key else {
             let sql = self.sql(&format!(
-                "INSERT INTO items (queue, state, payload, attempts, max_redeliveries, epoch, created_at, updated_at)
-                 SELECT $1, 'open', $2, 0, $3, 0, {{now}}, {{now}} WHERE {room}
+                "{lock}INSERT INTO items (queue, state, payload, attempts, max_redeliveries, epoch, created_at, updated_at)
+                 SELECT $1, 'open', $2, 0, $3, 0, {{now}}, {{now}}{from} WHERE {room}
                  RETURNING {ITEM_COLS}",
+                lock = self.queue_lock(),
+                from = self.queue_lock_from(),
                 room = self.id_room(),
             ));
             let row = sqlx::query(&sql)
@@ -200,20 +209,23 @@ impl Store {
         // A plain INSERT: the unique partial index on `(queue,
         // idempotency_scope, idempotency_key)` refuses a second row for a
         // producer's key (on PostgreSQL a racing copy waits for the first to
-        // commit, then fails), and that refusal is the replay. It adds
+        // commit, on the queue's enqueue lock, then fails), and that refusal
+        // is the replay. It adds
         // nothing either (no row back) when the key was stored unscoped,
         // before keys were scoped: that item is the key's in this queue.
         // (`ON CONFLICT … DO NOTHING` names the index when the statement is
         // prepared: a pooled SQLite connection that had read the schema
         // before the index existed refused to prepare it.)
         let sql = self.sql(&format!(
-            "INSERT INTO items (queue, state, payload, attempts, max_redeliveries, epoch, created_at, updated_at,
+            "{lock}INSERT INTO items (queue, state, payload, attempts, max_redeliveries, epoch, created_at, updated_at,
                  idempotency_key, request_hash, idempotency_scope)
-             SELECT $1, 'open', $2, 0, $3, 0, {{now}}, {{now}}, $4, $5, $6
+             SELECT $1, 'open', $2, 0, $3, 0, {{now}}, {{now}}, $4, $5, $6{from}
              WHERE NOT EXISTS (SELECT 1 FROM items
                  WHERE queue = $1 AND idempotency_key = $4 AND idempotency_scope IS NULL)
                AND {room}
              RETURNING {ITEM_COLS}",
+            lock = self.queue_lock(),
+            from = self.queue_lock_from(),
             room = self.id_room(),
         ));
         // Only a key can conflict: the item that key added before. That item
@@ -293,6 +305,39 @@ impl Store {
             .ok()
             .and_then(|s| ItemState::parse(&s));
         Ok((self.ended(&row, id, state, "enqueue", false), true))
+    }
+
+    /// On PostgreSQL, the head of an enqueue's `INSERT`: a CTE taking the
+    /// queue's enqueue lock (`pg_advisory_xact_lock(`[`ENQUEUE_LOCK_CLASS`]`,
+    /// hashtext(queue))`, `queue` being `$1`), which the `INSERT` reads
+    /// ([`Store::queue_lock_from`]) so the lock is held before the row's id
+    /// is drawn from the identity sequence, and until the `INSERT` commits
+    /// (it runs alone, outside any transaction). Enqueues into one queue then
+    /// commit in id order, so a listing that shows an id has shown, or will
+    /// show, every lower id of that queue: without it, an id was drawn when
+    /// the `INSERT` ran and a lower one could commit after a higher one had
+    /// been listed, and a tail reading `after = <last id seen>` skipped it
+    /// for good. Queues hashing apart enqueue in parallel; two that collide
+    /// only share a lock. Waiting for it is bounded by `lock_timeout`
+    /// ([`super::PG_LOCK_TIMEOUT_MS`], a 503 that added nothing). `""` on
+    /// SQLite, whose one writer commits every `INSERT` in id order already.
+    fn queue_lock(&self) -> String {
+        match self.backend {
+            Backend::Sqlite => String::new(),
+            Backend::Postgres => format!(
+                "WITH enqueue_lock AS (SELECT pg_advisory_xact_lock({ENQUEUE_LOCK_CLASS}, hashtext($1)))\n"
+            ),
+        }
+    }
+
+    /// The `FROM` of an enqueue's `SELECT` that makes it wait for
+    /// [`Store::queue_lock`]'s lock before its row (and its id) is made;
+    /// `""` on SQLite.
+    fn queue_lock_from(&self) -> &'static str {
+        match self.backend {
+            Backend::Sqlite => "",
+            Backend::Postgres => " FROM enqueue_lock",
+        }
     }
 
     /// An SQL condition true while the next item id is at most
