@@ -258,3 +258,119 @@ pub async fn a_listing_with_limit_zero_is_refused_not_answered_as_an_empty_last_
     }
     server.stop().await.unwrap();
 }
+
+/// A reader tailing a queue with `after = <last id seen>` while producers
+/// on two instances (two pools) enqueue into it sees every item exactly
+/// once, in id order. On PostgreSQL an id is drawn when an INSERT runs, not
+/// when it commits; a trigger here sleeps 0–20 ms after each insert into
+/// this test's queue (standing in for commit latency: fsync, a synchronous
+/// replica), so commits land out of id order unless enqueues into one queue
+/// are serialised. Before they were, the tail skipped for good an item whose
+/// lower id committed after a higher one had been listed (about half of
+/// them here). SQLite has one writer: it runs without the trigger.
+pub async fn a_queue_tail_never_misses_an_item_committed_out_of_order(db: TestDb) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    const WRITERS: usize = 6;
+    const PER_WRITER: usize = 40;
+    let queue = format!("tail-{}", rand::random::<u32>());
+    let stores = [
+        db.store(agentstore_server::Settings::default()).await,
+        db.store(agentstore_server::Settings::default()).await,
+    ];
+    let raw = db.raw_pool().await;
+    let pg = db.kind == crate::common::Kind::Postgres;
+    if pg {
+        sqlx::query(
+            "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN PERFORM pg_sleep(random() * 0.02); RETURN NULL; END $$",
+        )
+        .execute(&raw)
+        .await
+        .unwrap();
+        sqlx::query(&format!(
+            "CREATE TRIGGER slow_commit AFTER INSERT ON items FOR EACH ROW
+             WHEN (NEW.queue = '{queue}') EXECUTE FUNCTION slow_commit()"
+        ))
+        .execute(&raw)
+        .await
+        .unwrap();
+    }
+    let done = Arc::new(AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let (store, queue) = (stores[w % 2].clone(), queue.clone());
+        writers.push(tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for i in 0..PER_WRITER {
+                // Both INSERTs: without and with an idempotency key.
+                let key = format!("w{w}-{i}");
+                let key = (i % 2 == 1).then_some(key.as_str());
+                let (ended, replayed) = store
+                    .enqueue_once(&queue, &serde_json::json!([w, i]), None, None, key)
+                    .await
+                    .unwrap();
+                assert!(!replayed);
+                ids.push(ended.id());
+            }
+            ids
+        }));
+    }
+    let reader = {
+        let (store, queue, done) = (stores[0].clone(), queue.clone(), done.clone());
+        tokio::spawn(async move {
+            let (mut seen, mut after) = (Vec::new(), 0);
+            loop {
+                // Read the flag first: a page read after it was set is the drain.
+                let last = done.load(Ordering::SeqCst);
+                let page = store.list(&queue, None, after, 5).await.unwrap();
+                if let Some(item) = page.items.last() {
+                    after = item.id;
+                }
+                let empty = page.items.is_empty();
+                seen.extend(page.items.iter().map(|i| i.id));
+                if last && empty {
+                    return seen;
+                }
+                if empty {
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
+            }
+        })
+    };
+    let mut enqueued = Vec::new();
+    for w in writers {
+        enqueued.extend(w.await.unwrap());
+    }
+    done.store(true, Ordering::SeqCst);
+    let seen = reader.await.unwrap();
+    if pg {
+        sqlx::query("DROP TRIGGER slow_commit ON items")
+            .execute(&raw)
+            .await
+            .unwrap();
+        sqlx::query("DROP FUNCTION slow_commit()")
+            .execute(&raw)
+            .await
+            .unwrap();
+    }
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "the tail saw ids out of order or twice"
+    );
+    enqueued.sort_unstable();
+    let missed: Vec<i64> = enqueued
+        .iter()
+        .filter(|id| seen.binary_search(id).is_err())
+        .copied()
+        .collect();
+    assert!(
+        missed.is_empty(),
+        "the tail never saw {} of {} items: {:?}…",
+        missed.len(),
+        enqueued.len(),
+        &missed[..missed.len().min(10)]
+    );
+    assert_eq!(seen, enqueued, "the tail saw exactly the items enqueued");
+}

@@ -101,6 +101,7 @@ conformance! {
     listing::a_listing_page_stops_at_its_byte_budget_and_pages_return_payloads_byte_for_byte,
     listing::a_state_filtered_listing_skips_no_item_that_stays_in_the_state,
     listing::a_listing_with_limit_zero_is_refused_not_answered_as_an_empty_last_page,
+    listing::a_queue_tail_never_misses_an_item_committed_out_of_order,
     beacon::a_tokenless_release_of_a_missing_item_is_answered_as_a_wrong_token,
     beacon::tokenless_releases_past_the_auth_rate_are_refused_before_the_database,
     auth::an_enrollment_token_used_twice_concurrently_enrolls_exactly_one_worker,
