@@ -169,6 +169,15 @@ impl Store {
     }
 
     /// [`Store::enqueue_once`] of a payload serialised to `payload`.
+    ///
+    /// Within a queue, items become visible in id order ([`Store::list`]
+    /// relies on it): on PostgreSQL the `INSERT` takes the queue's enqueue
+    /// lock before its id is drawn and holds it until it commits
+    /// ([`Store::queue_lock`]), so enqueues into one queue are serialised on
+    /// their insert and commit (other queues' run in parallel); on SQLite
+    /// its one writer does the same. These two `INSERT`s are the only
+    /// statements that add item rows, and nothing changes an item's id or
+    /// queue.
     async fn enqueue_text(
         &self,
         queue: &str,
@@ -2018,6 +2027,13 @@ impl Store {
     /// item; a page always holds at least one item, however large). The
     /// page's `next` is set when more items may follow: the next page is
     /// `after = next`.
+    ///
+    /// A tail never misses an item: within a queue, items become visible in
+    /// id order (see `Store::enqueue_text`), so once a listing has shown id n,
+    /// no item of the queue below n appears later, and a reader paging with
+    /// `after = <last id seen>` while items arrive sees each one (unless the
+    /// retention sweep deletes it first, or it leaves `state` first). On
+    /// PostgreSQL that costs a per-queue lock on enqueue.
     ///
     /// Two statements: the first reads only ids and text sizes, so the items
     /// left out are never read; the second reads the items that fit, by id
