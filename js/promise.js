@@ -685,13 +685,16 @@ export function isAsciiUpTo(v, max) {
  * The first own enumerable string key of `options` that is not a word of
  * `known` (space-separated) and holds a value (`null` and `undefined` mean
  * "not given" in every option), or `undefined` when there is none or
- * `options` is not an object. Throws what listing the keys throws (a
- * Proxy's `ownKeys` trap); the module's binding catches it
- * (src/options.rs `known`).
+ * `options` is not an object. An unknown key whose getter (or Proxy
+ * `get` trap) throws counts as holding a value, so the error names it.
+ * Throws what listing the keys throws (a Proxy's `ownKeys` trap); the
+ * module's binding catches it (src/options.rs `known`).
  */
 export function unknownOption(options, known) {
   if (options !== null && typeof options === "object") {
     const words = known.split(" ");
-    return Object.keys(options).find((k) => !words.includes(k) && options[k] != null);
+    return Object.keys(options).find((k) => {
+      if (!words.includes(k)) try { return options[k] != null; } catch { return 1; }
+    });
   }
 }
