@@ -622,6 +622,15 @@ const minifyGlue = (file) => {
   // ran, wrote, and ignored what the caller asked for. Trailing `undefined`s
   // count as absent (forwarded `...args`). The error is a rejection for a
   // method whose .d.ts type returns a Promise, thrown by the others.
+  // Teardown (`close()`, `stop()`) is exempt: its arguments are ignored, so
+  // `button.onclick = store.close.bind(store)` (called with the event)
+  // closes, as teardown never throws.
+  // A static or `new` before `init()` resolved (the module's `wasm` is not
+  // set) fails with a ClosedError saying to call and await init() first,
+  // not a TypeError reading a minified export of `undefined`; every class
+  // is exported as a Proxy whose `apply` refuses a call without `new` with
+  // a ValidationError naming the class, not V8's "Class constructor St
+  // cannot be invoked without 'new'" (the minified name).
   const classes = [...text.matchAll(/^export class (\w+)/gm)].map((m) => m[1]);
   const dtsFile = file.replace(/\.js$/, '.d.ts');
   const dts = existsSync(dtsFile) ? readFileSync(dtsFile, 'utf8') : '';
@@ -635,19 +644,29 @@ const minifyGlue = (file) => {
     const body = classBody(cls);
     return [
       ...[...body.matchAll(/^ {4}(?:static |readonly |get )?(\w+)(?:\(.*\))?: (.+);$/gm)]
-        .filter((m) => !m[2].startsWith('Promise<'))
+        .filter((m) => !m[2].startsWith('Promise<') || /^ {4}(readonly|get) /.test(m[0]))
         .map((m) => m[1]),
       ...[...body.matchAll(/^ {4}set (\w+)\(/gm)].map((m) => m[1]),
     ].join(' ');
   };
-  const constructible = classes.filter((cls) => /^ {4}constructor\(/m.test(classBody(cls)));
+  // A getter typed `Promise<…>` (LeaseWorker's `finished`: "the same
+  // Promise on every read") is read as the object is freed and kept on it
+  // as an own property, so a read after free() (or a `using` block) gives
+  // that same Promise instead of a ClosedError.
+  const keptGetters = (cls) => [...classBody(cls).matchAll(/^ {4}(?:readonly |get )(\w+)(?:\(\))?: Promise</gm)].map((m) => m[1]);
+  const kept = classes.some((cls) => keptGetters(cls).length);
+  const constructible = classes.some((cls) => /^ {4}constructor\(/m.test(classBody(cls)));
   // Whether a class of this glue has a teardown that free() starts (see
   // TEARDOWN): the store-only glue carries none of that code.
   const teardowns = classes.some((cls) => TEARDOWN[cls]);
   if (classes.length) {
-    text += `function __agentstoreGuard(C, an, sync${teardowns ? ', teardown' : ''}) {
+    text += `function __agentstoreGuard(C, an, sync${teardowns ? ', teardown' : ''}${kept ? ', kept' : ''}) {
   const err = (name, code, status, m) => Object.assign(new Error(m), { name, code, status });
-  const freed = () => err('ClosedError', 'closed', 410, 'this object was freed (free() or a using block): it cannot be used any more');
+  const closed = (m) => err('ClosedError', 'closed', 410, m);
+  const early = () => closed('agentstore is not initialised: await init() first');
+  const freed = () => closed('this object was freed (free() or a using block): it cannot be used any more');
+  // Teardown, whose arguments are ignored.
+  const down = (k) => k === 'close' || k === 'stop';
   const invalid = (m) => err('ValidationError', 'validation', 400, m);
   // More arguments than \`f\` declares, trailing undefineds aside: refused.
   const tooMany = (f, k, args) => {
@@ -662,7 +681,7 @@ const minifyGlue = (file) => {
     return Promise.reject(e);
   };
   const checked = (f, k, self, args) => {
-    const e = tooMany(f, k, args);
+    const e = !down(k) && tooMany(f, k, args);
     return e ? refuse(e, k) : f.apply(self, args);
   };
   // The objects whose methods are running now (how deep), and those whose
@@ -673,7 +692,7 @@ const minifyGlue = (file) => {
   const busy = new Map(), later = new Set();
   const wrap = (f, k) => function (...args) {
     if (!(this instanceof C)) return refuse(invalid(\`\${C.name}.\${k} was called on something that is not \${an} \${C.name} (a method taken off its object: call it on the object, or bind it)\`), k);
-    if (!this.__wbg_ptr || later.has(this)) return k !== 'close' && k !== 'stop' ? refuse(freed(), k) : sync.includes(\` \${k} \`) ? undefined : ${teardowns ? '(ended.get(this) || Promise.resolve())' : 'Promise.resolve()'};
+    if (!this.__wbg_ptr || later.has(this)) return !down(k) ? refuse(freed(), k) : sync.includes(\` \${k} \`) ? undefined : ${teardowns ? '(ended.get(this) || Promise.resolve())' : 'Promise.resolve()'};
     busy.set(this, (busy.get(this) || 0) + 1);
     try { return checked(f, k, this, args); } finally {
       const n = busy.get(this) - 1;
@@ -690,11 +709,12 @@ const minifyGlue = (file) => {
   }
   for (const k of Object.getOwnPropertyNames(C)) {
     const f = C[k];
-    if (typeof f === 'function' && !k.startsWith('__')) C[k] = function (...args) { return checked(f, k, this, args); };
+    if (typeof f === 'function' && !k.startsWith('__')) C[k] = function (...args) { return wasm ? checked(f, k, this, args) : refuse(early(), k); };
   }
   const free = C.prototype.free;
-${teardowns ? `  // Frees \\\`o\\\` now, or once its outermost running call returns.
-  function drop(o) { if (busy.has(o)) later.add(o); else if (o.__wbg_ptr) free.call(o); }
+${kept ? `  const keep = (o) => { if (o.__wbg_ptr && !later.has(o)) for (const g of kept) Object.defineProperty(o, g, { value: o[g] }); };
+` : ''}${teardowns ? `  // Frees \\\`o\\\` now, or once its outermost running call returns.
+  function drop(o) { ${kept ? 'keep(o); ' : ''}if (busy.has(o)) later.add(o); else if (o.__wbg_ptr) free.call(o); }
   // A class with a teardown (LeaseClient's close(), LeaseWorker's stop()):
   // free() and [Symbol.dispose]() start it, then free the object (its
   // Promise holds what it needs), and [Symbol.asyncDispose]() returns its
@@ -712,27 +732,28 @@ ${teardowns ? `  // Frees \\\`o\\\` now, or once its outermost running call retu
   };
   C.prototype.free = function () { if (end) ending(this); drop(this); };
   if (end && typeof Symbol.asyncDispose === 'symbol') C.prototype[Symbol.asyncDispose] = function () { const p = ending(this); drop(this); return p; };
-` : `  C.prototype.free = function () { if (busy.has(this)) later.add(this); else if (this.__wbg_ptr) free.call(this); };
+` : `  C.prototype.free = function () { ${kept ? 'keep(this); ' : ''}if (busy.has(this)) later.add(this); else if (this.__wbg_ptr) free.call(this); };
 `}  if (typeof Symbol.dispose === 'symbol') C.prototype[Symbol.dispose] = C.prototype.free;
-${constructible.length ? `  // What a public constructor is exported as: \\\`new\\\` checked the same way.
-  return new Proxy(C, { construct(t, args, nt) { const e = tooMany(t, 'constructor', args); if (e) throw e; return Reflect.construct(t, args, nt); } });
-` : ''}}
+  // What the class is exported as: a call without \\\`new\\\` refused, and
+  // (where a class has a public constructor) \\\`new\\\` checked as a method is.
+  return new Proxy(C, {
+${constructible ? `    construct(t, args, nt) { if (!wasm) throw early(); const e = tooMany(t, 'constructor', args); if (e) throw e; return Reflect.construct(t, args, nt); },
+` : ''}    apply() { throw invalid(\`\${C.name} cannot be called without new\`); },
+  });
+}
 `;
   }
   for (const cls of classes) {
     // The article of the class's name in its messages ("not an AgentStore", "not a Lease").
     const an = /^[AEIOU]/.test(cls) ? 'an' : 'a';
     const teardown = TEARDOWN[cls] ? `, '${TEARDOWN[cls]}'` : '';
-    const guard = `__agentstoreGuard(${cls}, '${an}', ' ${syncMethods(cls)} '${teardown})`;
+    const keep = kept ? `${teardown || ', 0'}, [${keptGetters(cls).map((g) => `'${g}'`).join(', ')}]` : teardown;
+    const guard = `__agentstoreGuard(${cls}, '${an}', ' ${syncMethods(cls)} '${keep})`;
     text += `Object.defineProperty(${cls}, 'name', { value: '${cls}' });\n`;
-    // A class users construct (its .d.ts constructor is public) is
-    // exported as the guard's Proxy; the glue itself keeps the class.
-    if (constructible.includes(cls)) {
-      text = text.replace(`export class ${cls} `, `class ${cls} `);
-      text += `const __${cls} = ${guard};\nexport { __${cls} as ${cls} };\n`;
-    } else {
-      text += `${guard};\n`;
-    }
+    // Each class is exported as the guard's Proxy; the glue itself keeps
+    // the class.
+    text = text.replace(`export class ${cls} `, `class ${cls} `);
+    text += `const __${cls} = ${guard};\nexport { __${cls} as ${cls} };\n`;
   }
   // The module's own null-pointer throw (reached only by a call the guard
   // above does not cover) is a ClosedError too.
