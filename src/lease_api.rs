@@ -30,7 +30,7 @@ export interface LeaseClientOptions {
   enrollmentToken?: string | null | undefined;
   /** Worker name sent with the enrollment. */
   name?: string | null | undefined;
-  /** Called after each enrollment/refresh with the NEW tokens; persist refreshToken. */
+  /** Called after each enrollment/refresh with the NEW tokens; persist refreshToken. What it throws is logged with console.error; the call goes on. */
   onCredentials?: ((c: IssuedCredentials) => void) | null | undefined;
   /** Bound of one request (ms, an integer in 1..=600000). Default 30000. */
   requestTimeoutMs?: number | null | undefined;

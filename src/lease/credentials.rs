@@ -213,7 +213,12 @@ impl ClientInner {
                 "accessExpiresInMs",
                 &JsValue::from(wc.access_expires_in_ms as f64),
             );
-            let _ = cb.call1(&JsValue::UNDEFINED, &o);
+            // A throw (the app failed to save the refresh token) changes
+            // nothing here, the new tokens being in use already, but is
+            // logged: swallowed, the app would never learn of it.
+            if let Err(e) = cb.call1(&JsValue::UNDEFINED, &o) {
+                web_sys::console::error_2(&"agentstore: onCredentials threw".into(), &e);
+            }
         }
         Ok(())
     }
