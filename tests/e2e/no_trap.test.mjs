@@ -80,12 +80,16 @@ async function surface(page, entry) {
     const out = [];
     for (const [owner, v] of Object.entries(mod)) {
       if (owner === 'default' || owner === 'initSync' || owner.startsWith('__') || typeof v !== 'function') continue;
-      const isClass = /^class\b/.test(Function.prototype.toString.call(v));
+      // Every class is exported as a Proxy (scripts/package.mjs), whose
+      // source text is "[native code]": its prototype's constructor is
+      // the class itself.
+      const source = Function.prototype.toString.call(v.prototype?.constructor ?? v);
+      const isClass = /^class\b/.test(source);
       if (!isClass) {
         out.push({ owner, kind: 'function', name: owner, arity: v.length });
         continue;
       }
-      if (/\bconstructor\s*\(/.test(Function.prototype.toString.call(v))) {
+      if (/\bconstructor\s*\(/.test(source)) {
         out.push({ owner, kind: 'constructor', name: 'constructor', arity: v.length });
       }
       for (const name of Object.getOwnPropertyNames(v)) {
