@@ -117,8 +117,11 @@ pub struct LeaseInner {
     /// The message of a heartbeat answered `claim_lost`, `state_conflict` or
     /// `not_found` while a settle or release was on the wire: that call may
     /// have caused it (it landed first), so its own answer decides. Applied
-    /// (the lease lost) when the call is known NOT to have landed (a 4xx
-    /// other than the ones that lose the lease anyway), dropped otherwise.
+    /// (the lease lost) unless that answer says the call landed: the
+    /// heartbeat went out before the call, so either way the server holds
+    /// no lease under this token any more. When the call's outcome is
+    /// unknown, the same settle may still be sent to learn it
+    /// ([`LeaseInner::settle_unresolved`]).
     pub(crate) loss_while_ending: RefCell<Option<String>>,
     /// Settles and releases of this lease on the wire now. Unlike the
     /// `Ending` status, which a local expiry replaces while the call is out,
@@ -588,6 +591,17 @@ impl LeaseInner {
         self.in_flight.get() > 0 || self.ending_unanswered.get()
     }
 
+    /// Lost by a heartbeat's verdict that came while a settle or release of
+    /// unknown outcome was out, and within the local deadline: that call
+    /// may have landed and caused the verdict, so a settle may still go
+    /// out, only to learn it (the server answers the same body as a replay,
+    /// and any other `already_settled`; a takeover, `claim_lost`).
+    pub(crate) fn settle_unresolved(&self) -> bool {
+        self.ending_unanswered.get()
+            && self.status.get() == Status::Lost(LossReason::ClaimLost)
+            && self.plan.borrow().is_live(now_ms())
+    }
+
     /// Waits until no settle or release of this lease is on the wire, even
     /// one whose lease expired locally meanwhile (its answer still decides
     /// how the lease ended). Bounded: an ending call ends by its request
@@ -606,7 +620,14 @@ impl LeaseInner {
     /// flight: past it the signal aborts (`expired_locally`), but a settle the
     /// server then applies still ends the lease as settled. A heartbeat
     /// answered `claim_lost` meanwhile (sent before the settle, answered after
-    /// it landed) does not end it: the settle's own answer decides.
+    /// it landed) does not end it: the settle's own answer decides. Unless
+    /// that answer says it landed, such a verdict (also `state_conflict`,
+    /// `not_found`: a takeover, an operator's pause) loses the lease at once
+    /// (`claim_lost`, signal aborted): the server holds no lease under its
+    /// token. After an unknown outcome (`NetworkError`, a 5xx) the same
+    /// settle may still be sent within the local deadline, only to learn
+    /// it: answered as the replay of one that landed, the lease ends
+    /// settled; refused, it stays lost.
     ///
     /// # Errors
     /// `ClaimLostError` without sending anything when the lease is already lost;
@@ -728,11 +749,19 @@ impl LeaseInner {
                 message: "this lease was settled already; nothing was written".into(),
             });
         }
-        if let Some(e) = self.lost_error() {
-            return Err(e);
+        // Sent on a lease lost meanwhile only to learn what became of an
+        // earlier settle (see `settle_unresolved`): the status stays lost
+        // unless the server says a settle of ours landed.
+        let probe = state.is_some() && self.settle_unresolved();
+        if !probe {
+            if let Some(e) = self.lost_error() {
+                return Err(e);
+            }
         }
         let client = self.client()?;
-        self.status.set(Status::Ending);
+        if !probe {
+            self.status.set(Status::Ending);
+        }
         self.plan.borrow_mut().ending = true;
         let timeout = client.config.request_timeout_ms;
         // A heartbeat verdict kept before this call is not about it; and if
@@ -745,8 +774,9 @@ impl LeaseInner {
         self.in_flight.set(self.in_flight.get() + 1);
         let on_wire = client.ending_call();
         // A release (its body has no `state`) may still go out past the
-        // local deadline (it only gives the item back sooner); a settle may not.
-        let settle = state.is_some();
+        // local deadline (it only gives the item back sooner); a settle may
+        // not, unless it only asks what became of an earlier one.
+        let fenced = state.is_some() && !probe;
         let r = client
             .authed_while(
                 "POST",
@@ -754,7 +784,7 @@ impl LeaseInner {
                 Some(body),
                 timeout,
                 None,
-                &|| settle.then(|| self.gone()).flatten().map_or(Ok(None), Err),
+                &|| fenced.then(|| self.gone()).flatten().map_or(Ok(None), Err),
                 None,
             )
             .await
@@ -806,15 +836,17 @@ impl LeaseInner {
                 if self.status.get() == Status::Ending {
                     self.status.set(Status::Held);
                 }
-                // Refused without landing (a 413, a 400): the heartbeat's
-                // verdict that came meanwhile was about this lease, not about
-                // the call. Dropped, the lease read as held with its signal
-                // live until the local deadline, and `lease.fetch` stamped a
-                // token the server had already refused.
-                if let (Some(message), false, false) = (verdict, unknown, after_unknown) {
-                    if self.status.get() == Status::Held {
-                        self.lose(LossReason::ClaimLost, &message);
-                    }
+                // A heartbeat refused meanwhile was sent before this call:
+                // the server holds no lease under this token any more,
+                // whether this call was refused without landing (a 413, a
+                // 400: the verdict was about the lease), or its outcome is
+                // unknown (a takeover or an operator's pause came first, or
+                // it landed and caused the verdict: `settle_unresolved`).
+                // Dropped, the lease read as held with its signal live until
+                // the local deadline, and `lease.fetch` stamped a token the
+                // server had already refused.
+                if let (Some(message), Status::Held) = (verdict, self.status.get()) {
+                    self.lose(LossReason::ClaimLost, &message);
                 }
                 client.wake();
                 Err(e)

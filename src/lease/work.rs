@@ -363,8 +363,10 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
     // microtask lets a thenable's own settle start before looking.
     let _ = JsFuture::from(Promise::resolve(&JsValue::UNDEFINED)).await;
     lease.until_not_ending().await;
-    if lease.status() != Status::Held {
-        // The handler ended the lease itself, or it was lost.
+    if lease.status() != Status::Held && !lease.settle_unresolved() {
+        // The handler ended the lease itself, or it was lost (not while
+        // its settle's outcome is unknown: sent again below, it may be
+        // answered as the replay of one that landed).
         count(w, lease);
         return;
     }
@@ -407,7 +409,9 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
     // outcome is unknown: it may have landed, or may still (a 504 whose
     // upstream commits later), and a release would hand the finished work
     // back; the local deadline ends that wait (no heartbeat goes out while
-    // the outcome is unknown). Refusals that say it did not land (429s
+    // the outcome is unknown). Also once a heartbeat's verdict lost the
+    // lease meanwhile (`settle_unresolved`): answered as the replay, the
+    // item counts done; refused (a takeover), lost. Refusals that say it did not land (429s
     // from a gateway, a proxy's page without the server's error body at any
     // status, while heartbeats renew the lease) are retried until `stop()`,
     // which then releases the lease; a 4xx page, until it refused the
@@ -433,7 +437,7 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
             Err(e)
                 if (e.is_transient()
                     || (lease.ending_unanswered.get() && !e.is_servers_verdict()))
-                    && lease.status() == Status::Held
+                    && (lease.status() == Status::Held || lease.settle_unresolved())
                     && !w.client.closed.get()
                     && (lease.ending_unanswered.get() || !w.stopping.get())
                     && !for_good =>
