@@ -1030,6 +1030,322 @@ async fn a_heartbeat_verdict_that_came_during_a_refused_settle_loses_the_lease()
     }
 }
 
+/// How long the lease client waits for an answer in the tests of a settle
+/// that goes unanswered: the proxy's settle-first barrier holds the
+/// settle's answer until the test ends the hold, so the client gives up on
+/// it after this (a NetworkError: outcome unknown). The heartbeat held at
+/// the proxy before it is answered within it (ms after the settle lands).
+const UNANSWERED_MS: f64 = 3_000.0;
+
+/// One round of a settle that goes unanswered while a heartbeat sent just
+/// before it is refused: claims an item of a fresh `prefix` queue behind
+/// the proxy's settle-first barrier with its heartbeat held there; an
+/// operator then pauses the item (`pause`) and resumes it (`resume`: a new
+/// token, epoch 2) before the lease settles it `done`. The settle reaches
+/// the server (applied, or refused after a takeover), then the heartbeat
+/// does and is refused (`claim_lost`, or `state_conflict` when only
+/// paused); the page reads that answer, and the settle's answer stays held
+/// until the client gives up on it (a NetworkError). Checks that the race
+/// was forced. Returns the client, the lease, the item id and the nonce.
+async fn settle_unanswered_after_a_refused_heartbeat(
+    (proxy, base): (&str, &str),
+    prefix: &str,
+    round: usize,
+    (pause, resume): (bool, bool),
+) -> (
+    Rc<ClientInner>,
+    Rc<agentstore::lease::LeaseInner>,
+    i64,
+    String,
+) {
+    let nonce = fresh_queue("n");
+    let mode = format!("settle-first-{nonce}");
+    let q = fresh_queue(prefix);
+    let id = enqueue_at(base, &q, json!({})).await;
+    let reads = heartbeat_answers_read();
+    let config = ClientConfig {
+        request_timeout_ms: UNANSWERED_MS,
+        ..config()
+    };
+    let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config);
+    let lease = claim_with_heartbeat_held(&c, &q, proxy, &mode, round).await;
+    for (step, now) in [("pause", pause), ("resume", resume)] {
+        if now {
+            let path = format!("/v1/items/{id}/{step}");
+            let (status, body) = admin_at(base, "POST", &path, None).await;
+            assert_eq!(status, 200, "round {round}: {step}: {body}");
+        }
+    }
+    let settled = lease.settle(SettleState::Done, None, None).await;
+    let read = hook_call(&reads, "count").as_f64();
+    hook_call(&reads, "restore");
+    assert!(
+        matches!(settled, Err(agentstore::lease::LeaseError::Network(_))),
+        "round {round}: the settle got no answer: {settled:?}"
+    );
+    assert!(
+        proxy_count(proxy, &mode, "raced").await >= 1.0,
+        "round {round}: a heartbeat reached the server after the settle came"
+    );
+    assert!(
+        read >= Some(1.0),
+        "round {round}: the page read the heartbeat's answer before giving up on the settle"
+    );
+    (c, lease, id, nonce)
+}
+
+/// The lease is lost at once and refuses every fenced use: `status`
+/// `claim_lost`, `signal` aborted with a ClaimLostError, `throwIfLost()`
+/// throws and `lease.fetch` rejects with it without sending anything (the
+/// proxy's sink, on the lease server's origin, sees no token).
+async fn refuses_every_fenced_use(
+    proxy: &str,
+    lease: &Rc<agentstore::lease::LeaseInner>,
+    sink: &str,
+    round: usize,
+) {
+    let field = |v: &JsValue, k: &str| Reflect::get(v, &k.into()).unwrap();
+    let name = |v: &JsValue| field(v, "name").as_string();
+    let claim_lost = Some("ClaimLostError".to_owned());
+    assert_eq!(
+        lease.status(),
+        Status::Lost(LossReason::ClaimLost),
+        "round {round}"
+    );
+    let signal = lease.signal();
+    assert!(signal.aborted(), "round {round}: the signal aborted");
+    assert_eq!(name(&signal.reason()), claim_lost, "round {round}");
+    let api = agentstore::lease_api::Lease::from_inner(lease.clone());
+    let thrown = api.throw_if_lost().expect_err("throwIfLost() throws");
+    assert_eq!(name(&thrown), claim_lost, "round {round}");
+    let url = format!("{proxy}/_sink/{sink}");
+    let fetched = JsFuture::from(api.fetch(url.into(), JsValue::UNDEFINED)).await;
+    let refused = fetched.expect_err("lease.fetch rejects");
+    assert_eq!(name(&refused), claim_lost, "round {round}");
+    assert_eq!(
+        proxy_count(proxy, sink, "tokens").await,
+        0.0,
+        "round {round}: lease.fetch sent nothing"
+    );
+}
+
+/// A heartbeat refused (`claim_lost` after an operator paused and resumed
+/// the item under a new token and epoch; `state_conflict` after a pause
+/// alone) while the lease's settle goes unanswered (a NetworkError: its
+/// outcome unknown) loses the lease at once: `status` `claim_lost`,
+/// `signal` aborted with a ClaimLostError, `throwIfLost()` throws and
+/// `lease.fetch` refuses without sending. The heartbeat went out before the
+/// settle, so the server held no lease under the token any more. The same
+/// settle sent again is refused as the takeover says, and the lease stays
+/// lost. Before, the verdict was dropped with the settle's unknown outcome:
+/// the lease read as held with its signal live until the local deadline,
+/// and `lease.fetch` sent the stale token and epoch to a server that had
+/// given the item to a new holder. Forced by the proxy's settle-first
+/// barrier: the heartbeat waits there until the settle has reached the
+/// server, and the settle's answer until the client has given up on it.
+#[wasm_bindgen_test]
+async fn a_takeover_seen_while_a_settle_goes_unanswered_ends_the_lease() {
+    let Some((proxy, base)) = long_ttl_proxy() else {
+        return;
+    };
+    for (round, resume) in [true, false, true].into_iter().enumerate() {
+        let (c, lease, id, nonce) = settle_unanswered_after_a_refused_heartbeat(
+            (proxy, base),
+            "unanswered-takeover",
+            round,
+            (true, resume),
+        )
+        .await;
+        refuses_every_fenced_use(proxy, &lease, &format!("{nonce}-fetch"), round).await;
+        let it = item_at(base, id).await;
+        let taken = if resume {
+            (ItemState::Running, 2)
+        } else {
+            (ItemState::Paused, 1)
+        };
+        assert_eq!((it.state, it.epoch), taken, "round {round}");
+        // Sent again (its answer passes now): refused, still lost.
+        stop_dropping(proxy, &nonce).await;
+        let again = lease.settle(SettleState::Done, None, None).await;
+        assert!(again.is_err(), "round {round}: {again:?}");
+        assert_eq!(
+            lease.status(),
+            Status::Lost(LossReason::ClaimLost),
+            "round {round}"
+        );
+        assert_eq!(item_at(base, id).await.state, it.state, "round {round}");
+        c.close().await;
+    }
+}
+
+/// The other way the same race goes: the lease's own settle landed, its
+/// answer never came (a NetworkError), and a heartbeat sent just before it
+/// was refused `claim_lost` because it landed. The lease reads lost at once
+/// (the server holds no lease under the token, whichever way), but the
+/// same settle sent again is answered by the server as the replay of the
+/// one that landed, and the lease ends settled `done`. Forced as in
+/// [`a_takeover_seen_while_a_settle_goes_unanswered_ends_the_lease`].
+#[wasm_bindgen_test]
+async fn a_settle_that_landed_unanswered_while_a_heartbeat_was_refused_ends_settled_when_sent_again(
+) {
+    let Some((proxy, base)) = long_ttl_proxy() else {
+        return;
+    };
+    for round in 0..2 {
+        let (c, lease, id, nonce) = settle_unanswered_after_a_refused_heartbeat(
+            (proxy, base),
+            "unanswered-landed",
+            round,
+            (false, false),
+        )
+        .await;
+        refuses_every_fenced_use(proxy, &lease, &format!("{nonce}-fetch"), round).await;
+        assert_eq!(item_at(base, id).await.state, ItemState::Done);
+        stop_dropping(proxy, &nonce).await;
+        let again = lease.settle(SettleState::Done, None, None).await;
+        assert!(
+            again.is_ok(),
+            "round {round}: answered as the replay: {again:?}"
+        );
+        assert_eq!(
+            lease.status(),
+            Status::Settled(SettleState::Done),
+            "round {round}"
+        );
+        c.close().await;
+    }
+}
+
+/// `work()` whose settle goes unanswered while a heartbeat sent before it
+/// is refused: the handler's lease reads `claim_lost` at once, and the
+/// loop still sends the same settle again to learn what became of the
+/// first. Landed: answered as the replay, counted `done`; taken over (an
+/// operator paused and resumed the item): refused, counted `lost`, and no
+/// release is sent. Before, the lease read as held until the retry's
+/// answer. Forced by the proxy's settle-first barrier: the handler returns
+/// once its heartbeat is held there; the settle's answers are held until
+/// the client has given up on the first.
+#[wasm_bindgen_test]
+async fn work_sends_an_unanswered_settle_again_after_a_refused_heartbeat_and_counts_its_answer() {
+    let Some((proxy, base)) = long_ttl_proxy() else {
+        return;
+    };
+    for (round, takeover) in [false, true].into_iter().enumerate() {
+        let nonce = fresh_queue("n");
+        let mode = format!("settle-first-{nonce}");
+        let q = fresh_queue("unanswered-work");
+        let id = enqueue_at(base, &q, json!({})).await;
+        let key = fresh_queue("k");
+        let hook = fake_fetch(
+            "let failed = 0;
+            const settle = /\\/v1\\/items\\/\\d+\\/settle$/;
+            const wrapper = async (input, init) => {
+                const url = String(input instanceof Request ? input.url : input).split('?')[0];
+                if (!settle.test(url)) return real(input, init);
+                try { return await real(input, init); } catch (e) { failed += 1; throw e; }
+            };
+            globalThis.fetch = wrapper;
+            return { failed: () => failed, restore: () => { if (globalThis.fetch === wrapper) globalThis.fetch = real; } };",
+        );
+        let handler = Function::new_with_args(
+            "lease",
+            &format!(
+                "return new Promise((go) => {{ globalThis['{key}'] = {{ lease, go: () => go({{ n: 1 }}) }}; }});"
+            ),
+        );
+        let config = ClientConfig {
+            request_timeout_ms: UNANSWERED_MS,
+            ..config()
+        };
+        let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config);
+        let w = WorkerInner::start(c.clone(), q.clone(), handler, WorkOptions::default(), wrap);
+        let running = |k: &str| {
+            Reflect::get(&js_sys::global(), &key.as_str().into())
+                .ok()
+                .filter(|v| v.is_object())
+                .map(|v| Reflect::get(&v, &k.into()).unwrap())
+        };
+        let until = now() + 30_000.0;
+        while running("lease").is_none() && now() < until {
+            sleep(10.0).await;
+        }
+        let js_lease = running("lease").expect("the handler runs");
+        assert!(
+            proxy_count_reaching(proxy, &mode, "held", 1.0, 30_000.0).await >= 1.0,
+            "round {round}: a heartbeat went out"
+        );
+        if takeover {
+            for step in ["pause", "resume"] {
+                let path = format!("/v1/items/{id}/{step}");
+                let (status, body) = admin_at(base, "POST", &path, None).await;
+                assert_eq!(status, 200, "round {round}: {step}: {body}");
+            }
+        }
+        running("go")
+            .unwrap()
+            .unchecked_into::<Function>()
+            .call0(&JsValue::NULL)
+            .unwrap();
+        let until = now() + 30_000.0;
+        while hook_call(&hook, "failed").as_f64() < Some(1.0) && now() < until {
+            sleep(10.0).await;
+        }
+        assert!(
+            hook_call(&hook, "failed").as_f64() >= Some(1.0),
+            "round {round}: the settle got no answer"
+        );
+        let status = Reflect::get(&js_lease, &"status".into())
+            .unwrap()
+            .as_string();
+        assert_eq!(
+            status.as_deref(),
+            Some("claim_lost"),
+            "round {round}: lost at once"
+        );
+        assert!(
+            proxy_count(proxy, &mode, "raced").await >= 1.0,
+            "round {round}: a heartbeat reached the server after the settle came"
+        );
+        // The retry's answer passes now.
+        stop_dropping(proxy, &nonce).await;
+        let until = now() + 30_000.0;
+        while w.stats.borrow().done + w.stats.borrow().lost < 1 && now() < until {
+            sleep(20.0).await;
+        }
+        w.stop().await;
+        hook_call(&hook, "restore");
+        let st = *w.stats.borrow();
+        let it = item_at(base, id).await;
+        if takeover {
+            assert_eq!(
+                (st.claimed, st.done, st.lost),
+                (1, 0, 1),
+                "round {round}: {st:?}"
+            );
+            assert_eq!(
+                (it.state, it.epoch),
+                (ItemState::Running, 2),
+                "round {round}"
+            );
+        } else {
+            assert_eq!(
+                (st.claimed, st.done, st.lost),
+                (1, 1, 0),
+                "round {round}: {st:?}"
+            );
+            assert_eq!(it.state, ItemState::Done, "round {round}");
+            assert_eq!(it.result, Some(json!({"n": 1})), "round {round}");
+        }
+        assert_eq!(
+            proxy_count(proxy, &mode, "releases").await,
+            0.0,
+            "round {round}: no release"
+        );
+        let _ = Reflect::set(&js_sys::global(), &key.as_str().into(), &JsValue::UNDEFINED);
+        c.close().await;
+    }
+}
+
 /// A settle the server applied whose answer comes after the lease's local
 /// deadline (the proxy holds settle answers 3 s; nothing renews a lease while
 /// it is ending, and its deadline is 2.7 s after the last heartbeat) still
