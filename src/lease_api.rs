@@ -661,7 +661,9 @@ impl Lease {
     /// `StateConflictError` when the item left `running` by another path (an
     /// operator paused it; nothing written, the lease is lost:
     /// `status` `"claim_lost"`, `signal` aborted with a `ClaimLostError`),
-    /// `NetworkError` (the lease is kept; retry),
+    /// `NetworkError` (the lease is kept; retry; unless a heartbeat was
+    /// refused meanwhile: then lost at once, and the same settle sent again
+    /// within the local deadline ends it settled if the first one landed),
     /// `ValidationError` for a bad state or a result JSON cannot carry
     /// (the records' rules: NaN, `undefined` in an array, a `Date`, a
     /// `Map`… are refused, never changed as `JSON.stringify` would);
