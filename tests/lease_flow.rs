@@ -1238,11 +1238,12 @@ async fn a_heartbeat_resent_after_a_refresh_leaves_out_a_lease_past_its_deadline
 
 /// A heartbeat sent before a settle whose outcome stayed unknown (no answer:
 /// it may have landed), answered `claim_lost` while the settle sent again is
-/// out, is not applied when that retry is refused without landing (a 429):
-/// the first attempt may have caused the answer, so the lease stays held for
-/// a later retry, which the server answers as a replay if the first landed.
+/// out, and that retry refused without landing (a 429): the server holds no
+/// lease under the token, so the lease reads lost (`claim_lost`), but the
+/// first attempt may have caused the answer, so a later retry still goes
+/// out, and the server's replay of the first ends the lease settled.
 #[wasm_bindgen_test]
-async fn a_loss_verdict_after_a_settle_of_unknown_outcome_is_not_applied_to_its_retry() {
+async fn a_loss_verdict_after_a_settle_of_unknown_outcome_leaves_a_later_retry_the_last_word() {
     if server().is_none() {
         return;
     }
@@ -1265,6 +1266,8 @@ async fn a_loss_verdict_after_a_settle_of_unknown_outcome_is_not_applied_to_its_
             if (url.endsWith('/settle')) {
                 settles += 1;
                 if (settles === 1) throw new TypeError('Failed to fetch');
+                // The replay of the first, which landed.
+                if (settles === 3) return answer(200, { id: 2 ** 52, state: 'done' });
                 // The heartbeat sent before the first settle is answered
                 // while the second is out.
                 release();
@@ -1291,14 +1294,21 @@ async fn a_loss_verdict_after_a_settle_of_unknown_outcome_is_not_applied_to_its_
     let first = lease.settle(done, None, None).await;
     let second = lease.settle(done, None, None).await;
     let status = lease.status();
+    let third = lease.settle(done, None, None).await;
     let settles = call_method(&hook, "settles", &[]).as_f64();
     c.close().await;
     call_method(&hook, "restore", &[]);
     assert!(held.is_some(), "a heartbeat went out");
     assert!(matches!(first, Err(LeaseError::Network(_))), "{first:?}");
     assert!(second.is_err(), "{second:?}");
-    assert_eq!(settles, Some(2.0));
-    assert_eq!(status, Status::Held, "{second:?}");
+    assert_eq!(
+        status,
+        Status::Lost(agentstore::lease::LossReason::ClaimLost),
+        "{second:?}"
+    );
+    assert!(third.is_ok(), "{third:?}");
+    assert_eq!(settles, Some(3.0));
+    assert_eq!(lease.status(), Status::Settled(done));
 }
 
 /// A settle result, error message, state or URL longer than the module's
