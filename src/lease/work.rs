@@ -411,12 +411,13 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
     // back; the local deadline ends that wait (no heartbeat goes out while
     // the outcome is unknown). Also once a heartbeat's verdict lost the
     // lease meanwhile (`settle_unresolved`): answered as the replay, the
-    // item counts done; refused (a takeover), lost. Refusals that say it did not land (429s
-    // from a gateway, a proxy's page without the server's error body at any
-    // status, while heartbeats renew the lease) are retried until `stop()`,
-    // which then releases the lease; a 4xx page, until it refused the
-    // settle for good (`Refusals::for_good`): the item is then settled
-    // `failed` with the reason.
+    // item counts done; refused (a takeover), lost. Refusals that say it
+    // did not land (429s from a gateway, a proxy's page without the
+    // server's error body at any status, while heartbeats renew the
+    // lease) are retried until `stop()`, which then releases the lease; a
+    // 4xx page, until it refused the settle for good
+    // (`Refusals::for_good`): the item is then settled `failed` with the
+    // reason.
     let mut refusals = Refusals::default();
     let closed = loop {
         let outcome = lease.settle(state, result.clone(), error.clone()).await;
