@@ -160,10 +160,15 @@ impl Store {
         let (store, queue, key) = (self.clone(), queue.to_owned(), key.map(str::to_owned));
         // In a task of its own: an enqueue whose client goes away while its
         // statement waits still commits, and is counted once it has.
+        // On PostgreSQL its queue's gate first, before a connection (see
+        // `lone`: enqueues waiting for the queue's lock took the pool).
         detached(async move {
-            store
-                .enqueue_text(&queue, payload, max_redeliveries, producer, key.as_deref())
-                .await
+            let call =
+                store.enqueue_text(&queue, payload, max_redeliveries, producer, key.as_deref());
+            match &store.lone {
+                Some(lone) => lone.enqueue(&queue, call).await,
+                None => call.await,
+            }
         })
         .await
     }
@@ -327,7 +332,10 @@ impl Store {
     /// the `INSERT` ran and a lower one could commit after a higher one had
     /// been listed, and a tail reading `after = <last id seen>` skipped it
     /// for good. Queues hashing apart enqueue in parallel; two that collide
-    /// only share a lock. Waiting for it is bounded by `lock_timeout`
+    /// only share a lock. Within this instance an enqueue takes its queue's
+    /// gate in memory before its connection (`lone::LoneWaits::enqueue`),
+    /// so enqueues waiting for this lock never take the pool from other
+    /// calls. Waiting for it is bounded by `lock_timeout`
     /// ([`super::PG_LOCK_TIMEOUT_MS`], a 503 that added nothing). `""` on
     /// SQLite, whose one writer commits every `INSERT` in id order already.
     fn queue_lock(&self) -> String {

@@ -27,17 +27,37 @@
 //! behind calls waiting for good on other rows; refused, it is retried by
 //! its client, and its row is no longer passed over once free. SQLite has
 //! one writer and no lone waits: it takes no permit.
+//!
+//! Enqueues into one queue wait for that queue's advisory lock
+//! (`Store::queue_lock`), each on a pool connection: unbounded, a burst of
+//! enqueues into one busy queue took every connection of the instance
+//! while they waited their turn, and heartbeats, settles and claims of
+//! every other queue queued for a connection behind them (their leases
+//! could run out). So an enqueue first takes its queue's gate in memory
+//! ([`LoneWaits::enqueue`]: one of [`ENQUEUE_GATES`] stripes by the queue
+//! name's hash), and only then a connection: at most one enqueue per
+//! stripe and instance holds a connection while it waits for the lock
+//! (which other instances' enqueues into the queue hold only while they
+//! insert). A gate not free within the same wait as a permit's is a `503`
+//! (nothing written).
 
 use super::{StoreError, Unavailable, PG_LOCK_TIMEOUT_MS};
 use std::future::Future;
+use std::hash::{Hash, Hasher};
 use std::time::Duration;
-use tokio::sync::Semaphore;
+use tokio::sync::{Mutex, Semaphore};
+
+/// Stripes of the enqueue gate ([`LoneWaits::enqueue`]): queues hashing to
+/// one stripe share it, which only makes them take turns.
+pub(super) const ENQUEUE_GATES: usize = 64;
 
 /// See the module's documentation.
 #[derive(Debug)]
 pub(super) struct LoneWaits {
     permits: Semaphore,
     wait: Duration,
+    /// The enqueue gates, by stripe.
+    enqueues: Vec<Mutex<()>>,
 }
 
 impl LoneWaits {
@@ -51,6 +71,7 @@ impl LoneWaits {
         LoneWaits {
             permits: Semaphore::new(LoneWaits::permits(max_connections)),
             wait: Duration::from_millis(wait),
+            enqueues: (0..ENQUEUE_GATES).map(|_| Mutex::new(())).collect(),
         }
     }
 
@@ -81,11 +102,76 @@ impl LoneWaits {
         };
         call.await
     }
+
+    /// Runs `call`, an enqueue into `queue`, holding that queue's gate (see
+    /// the module's documentation), or answers `503` (nothing run) when the
+    /// gate is not free within the permit wait.
+    pub(super) async fn enqueue<T>(
+        &self,
+        queue: &str,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let mut h = std::hash::DefaultHasher::new();
+        queue.hash(&mut h);
+        let gate = &self.enqueues[(h.finish() % ENQUEUE_GATES as u64) as usize];
+        let Ok(_gate) = tokio::time::timeout(self.wait, gate.lock()).await else {
+            return Err(StoreError::Unavailable(
+                Unavailable::NotApplied,
+                format!(
+                    "no turn to enqueue into this queue within {} ms: other enqueues \
+                     into it wait for its lock",
+                    self.wait.as_millis()
+                ),
+            ));
+        };
+        call.await
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Enqueues into one queue take turns at its gate before they run (so
+    /// before they take a pool connection): a second one does not run
+    /// while the first holds the gate, and one that gets no turn within
+    /// the wait is refused `503`, nothing of it run; once the gate is free,
+    /// the next runs. Before, each waited for the queue's lock on a pool
+    /// connection of its own, and a burst into one queue took the pool.
+    #[tokio::test]
+    async fn enqueues_into_one_queue_take_turns_before_they_take_a_connection() {
+        let lone = std::sync::Arc::new(LoneWaits::new(10, 50));
+        let (hold, held) = tokio::sync::oneshot::channel::<()>();
+        let (started, running) = tokio::sync::oneshot::channel::<()>();
+        let first = {
+            let lone = lone.clone();
+            tokio::spawn(async move {
+                lone.enqueue("jobs", async {
+                    let _ = started.send(());
+                    let _ = held.await;
+                    Ok(1)
+                })
+                .await
+            })
+        };
+        running.await.unwrap();
+        let mut ran = false;
+        let out = lone
+            .enqueue("jobs", async {
+                ran = true;
+                Ok(2)
+            })
+            .await;
+        assert!(!ran, "the second enqueue ran while the first held the gate");
+        assert!(matches!(
+            out,
+            Err(StoreError::Unavailable(Unavailable::NotApplied, _))
+        ));
+        hold.send(()).unwrap();
+        assert_eq!(first.await.unwrap().unwrap(), 1);
+        let next = lone.enqueue("jobs", async { Ok(3) }).await;
+        assert_eq!(next.unwrap(), 3);
+    }
 
     #[test]
     fn a_quarter_of_the_pool_waits_alone_at_least_one() {
