@@ -66,6 +66,10 @@
 //   /settle-first-refused-<n>/… the same, except that settle requests never reach
 //                           the server: on arrival they count as landed, and each
 //                           is answered 400 {code: "validation"} on /_stop/<n>
+//   /settle-first-failed-<n>/… the same, except that settle requests never reach
+//                           the server and are answered 503 {code: "network"} at
+//                           once (an outcome the client cannot know); the held
+//                           heartbeats go on only after that answer was sent
 //   /_held/<mode>            {"held": n, "raced": r}: how many requests or answers of
 //                           that mode are held back right now (a test waits for a
 //                           count instead of sleeping), and (late-heartbeats) how
@@ -238,7 +242,7 @@ const server = http.createServer((req, res) => {
     });
     return;
   }
-  const settleFirst = /^settle-first(-refused)?-(.+)$/.exec(mode);
+  const settleFirst = /^settle-first(-refused|-failed)?-(.+)$/.exec(mode);
   const settlePath = /^\/v1\/items\/\d+\/settle$/.test(path);
   if (settleFirst && !stopped.has(settleFirst[2]) && req.method === 'POST' && (isHeartbeat(path) || settlePath)) {
     const nonce = settleFirst[2];
@@ -271,7 +275,11 @@ const server = http.createServer((req, res) => {
       for (const forward of first.waiting.splice(0)) forward();
     };
     const hold = (send) => holding.set(nonce, [...(holding.get(nonce) ?? []), send]);
-    if (settleFirst[1]) {
+    if (settleFirst[1] === '-failed') {
+      req.resume();
+      res.writeHead(503, { 'content-type': 'application/json', 'access-control-allow-origin': '*' });
+      res.end(JSON.stringify({ code: 'network', message: 'failed by the test proxy' }), land);
+    } else if (settleFirst[1]) {
       req.resume();
       land();
       hold(() => {

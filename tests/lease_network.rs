@@ -1178,6 +1178,63 @@ async fn a_takeover_seen_while_a_settle_goes_unanswered_ends_the_lease() {
     }
 }
 
+/// The same verdict when it comes after the settle has already failed (a
+/// 503 at once from a gateway: its outcome unknown, so no heartbeat goes
+/// out after it): the heartbeat sent before the settle is refused
+/// (`claim_lost` after an operator paused and resumed the item,
+/// `state_conflict` after a pause alone) and the lease is lost at once,
+/// refusing every fenced use. Before, that verdict was kept for an ending
+/// call's answer that had already come, and dropped by the next one: the
+/// lease read as held, and `lease.fetch` sent the stale token, until the
+/// local deadline. Forced by the proxy's `settle-first-failed` barrier: the
+/// heartbeat waits there until the settle has been answered 503.
+#[wasm_bindgen_test]
+async fn a_takeover_seen_after_a_settle_failed_ends_the_lease() {
+    let Some((proxy, base)) = long_ttl_proxy() else {
+        return;
+    };
+    for (round, resume) in [true, false].into_iter().enumerate() {
+        let nonce = fresh_queue("n");
+        let mode = format!("settle-first-failed-{nonce}");
+        let q = fresh_queue("failed-takeover");
+        let id = enqueue_at(base, &q, json!({})).await;
+        let reads = heartbeat_answers_read();
+        let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
+        let lease = claim_with_heartbeat_held(&c, &q, proxy, &mode, round).await;
+        let path = format!("/v1/items/{id}/pause");
+        assert_eq!(admin_at(base, "POST", &path, None).await.0, 200);
+        if resume {
+            let path = format!("/v1/items/{id}/resume");
+            assert_eq!(admin_at(base, "POST", &path, None).await.0, 200);
+        }
+        let settled = lease.settle(SettleState::Done, None, None).await;
+        assert!(settled.is_err(), "round {round}: {settled:?}");
+        // The held heartbeat goes on now; wait (bounded) for the page to
+        // read its answer and for the lease to take it in.
+        let until = now() + 20_000.0;
+        while now() < until
+            && (hook_call(&reads, "count").as_f64() < Some(1.0) || lease.status() == Status::Held)
+        {
+            sleep(10.0).await;
+        }
+        hook_call(&reads, "restore");
+        assert!(
+            proxy_count(proxy, &mode, "raced").await >= 1.0,
+            "round {round}: the heartbeat reached the server after the settle failed"
+        );
+        refuses_every_fenced_use(proxy, &lease, &format!("{nonce}-fetch"), round).await;
+        let taken = if resume {
+            (ItemState::Running, 2)
+        } else {
+            (ItemState::Paused, 1)
+        };
+        let it = item_at(base, id).await;
+        assert_eq!((it.state, it.epoch), taken, "round {round}");
+        stop_dropping(proxy, &nonce).await;
+        c.close().await;
+    }
+}
+
 /// The other way the same race goes: the lease's own settle landed, its
 /// answer never came (a NetworkError), and a heartbeat sent just before it
 /// was refused `claim_lost` because it landed. The lease reads lost at once

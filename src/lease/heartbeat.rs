@@ -205,12 +205,14 @@ impl ClientInner {
                     match code {
                         // Sent before a settle or release that may have
                         // landed first: that call's own answer decides
-                        // (`LeaseInner::loss_while_ending`). The heartbeat is
-                        // no longer in flight either way.
+                        // while it is on the wire; once its outcome is
+                        // unknown, lost now
+                        // (`LeaseInner::verdict_while_ending`). The
+                        // heartbeat is no longer in flight either way.
                         ErrorCode::ClaimLost | ErrorCode::StateConflict | ErrorCode::NotFound
                             if lease.ending_pending() =>
                         {
-                            *lease.loss_while_ending.borrow_mut() = Some(message.into());
+                            lease.verdict_while_ending(message.into());
                             if !late {
                                 lease.plan.borrow_mut().on_failure(now, random());
                             }

@@ -558,10 +558,10 @@ impl LeaseInner {
                 if !e.proves_lease_over() {
                     return Err(e);
                 }
-                // Kept for the ending call's answer to apply. A claim_lost
-                // comes back as this lease's ClaimLostError (`itemId`,
-                // `reason`), as every other one; the lease itself is not
-                // marked lost: the settle's or release's answer decides.
+                // Kept for the ending call's answer to apply while it is
+                // on the wire, else lost now (`verdict_while_ending`). A
+                // claim_lost comes back as this lease's ClaimLostError
+                // (`itemId`, `reason`), as every other one.
                 match e {
                     LeaseError::Server {
                         code: ErrorCode::ClaimLost | ErrorCode::NotFound,
@@ -569,11 +569,11 @@ impl LeaseInner {
                         ..
                     } => {
                         let lost = self.claim_lost(LossReason::ClaimLost, &message);
-                        *self.loss_while_ending.borrow_mut() = Some(message);
+                        self.verdict_while_ending(message);
                         Err(lost)
                     }
                     LeaseError::StateConflict(message) => {
-                        *self.loss_while_ending.borrow_mut() = Some(message.clone());
+                        self.verdict_while_ending(message.clone());
                         Err(LeaseError::StateConflict(message))
                     }
                     e => Err(e),
@@ -599,7 +599,24 @@ impl LeaseInner {
     pub(crate) fn settle_unresolved(&self) -> bool {
         self.ending_unanswered.get()
             && self.status.get() == Status::Lost(LossReason::ClaimLost)
-            && self.plan.borrow().is_live(now_ms())
+            && self.live_now()
+    }
+
+    /// A heartbeat sent before a settle or release was refused
+    /// (`claim_lost`, `state_conflict`, `not_found`): the server holds no
+    /// lease under this token any more, whichever came first. While that
+    /// call is on the wire, kept for its answer to decide (it may land and
+    /// end the lease as settled); once its outcome is unknown (it failed
+    /// before this answer came), lost at once, and
+    /// [`LeaseInner::settle_unresolved`] still lets the same settle learn
+    /// whether it landed. (Kept then, the verdict was dropped by the next
+    /// ending call, and the lease read as held until its local deadline.)
+    pub(crate) fn verdict_while_ending(&self, message: String) {
+        if self.in_flight.get() > 0 {
+            *self.loss_while_ending.borrow_mut() = Some(message);
+        } else {
+            self.lose(LossReason::ClaimLost, &message);
+        }
     }
 
     /// Waits until no settle or release of this lease is on the wire, even
