@@ -660,7 +660,7 @@ const minifyGlue = (file) => {
   // TEARDOWN): the store-only glue carries none of that code.
   const teardowns = classes.some((cls) => TEARDOWN[cls]);
   if (classes.length) {
-    text += `function __agentstoreGuard(C, an, sync${teardowns ? ', teardown' : ''}${kept ? ', kept' : ''}) {
+    text += `function __agentstoreGuard(C, an, sync${teardowns || kept ? ', teardown' : ''}${kept ? ', kept' : ''}) {
   const err = (name, code, status, m) => Object.assign(new Error(m), { name, code, status });
   const closed = (m) => err('ClosedError', 'closed', 410, m);
   const early = () => closed('agentstore is not initialised: await init() first');

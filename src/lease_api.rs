@@ -103,7 +103,7 @@ export interface LeaseError extends Error {
 }
 export interface WorkStats { claimed: number; done: number; failed: number; lost: number; released: number; connectionFailures: number; backoffsMs: number[]; pollDelaysMs: number[]; }
 export interface Recovery { released: number[]; lost: number[]; busy: number[]; skipped: number[]; pending: number[]; resumed: Lease[]; }
-/** `ClaimLostError`: the lease is gone; nothing was written under it. */
+/** `ClaimLostError`: the lease is gone; nothing was written under it after it was lost (a settle of unknown outcome sent before may have landed: the same settle sent again says). */
 export interface ClaimLostError extends Error { name: "ClaimLostError"; code: "claim_lost"; status: 409; reason: "claim_lost" | "expired_locally" | "released"; itemId: number; }
 /** `AlreadySettledError`: a settle of this lease landed before (its answer was lost) and this one asked for something else; nothing was written by it, and the lease is settled into `settledState`. */
 export interface AlreadySettledError extends Error { name: "AlreadySettledError"; code: "already_settled"; status: 409; settledState: SettleState; itemId: number; }
@@ -657,7 +657,9 @@ impl Lease {
     /// settle but cannot read the item's stored row (its payload is not JSON).
     ///
     /// # Errors
-    /// `ClaimLostError` (without sending anything if the lease is already lost),
+    /// `ClaimLostError` (without sending anything if the lease is already lost,
+    /// except the same settle sent again to learn what became of one of
+    /// unknown outcome, below),
     /// `StateConflictError` when the item left `running` by another path (an
     /// operator paused it; nothing written, the lease is lost:
     /// `status` `"claim_lost"`, `signal` aborted with a `ClaimLostError`),
@@ -733,7 +735,8 @@ impl Lease {
     /// `StateConflictError` when the item left `running` by another path (an
     /// operator paused it): the lease is lost then (`status` `"claim_lost"`,
     /// `signal` aborted with a `ClaimLostError` `claim_lost`); `NetworkError`
-    /// (the lease is kept; retry). A second call after one that succeeded
+    /// (the lease is kept, unless a heartbeat refused meanwhile lost it;
+    /// retry). A second call after one that succeeded
     /// resolves. A release made while a settle of this lease is on the wire
     /// or went unanswered is sent (after that settle's answer, if one
     /// comes) but does not replace the settle, unless that answer says it

@@ -647,9 +647,11 @@ impl LeaseInner {
     /// settled; refused, it stays lost.
     ///
     /// # Errors
-    /// `ClaimLostError` without sending anything when the lease is already lost;
-    /// `ClaimLostError` / `StateConflictError` from the server (the signal
-    /// aborts, nothing was written); `NetworkError` (the lease is kept; retry);
+    /// `ClaimLostError` without sending anything when the lease is already lost
+    /// (but for the settle that learns what became of one of unknown
+    /// outcome, above); `ClaimLostError` / `StateConflictError` from the
+    /// server (the signal aborts, nothing was written); `NetworkError` (the
+    /// lease is kept, unless a refused heartbeat lost it; retry);
     /// `AlreadySettledError` when an earlier settle of this lease landed (its
     /// answer lost, or this one asks for something else after it): nothing
     /// was written by this one, and the lease is settled into the state that
