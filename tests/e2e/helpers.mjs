@@ -7,7 +7,7 @@
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { existsSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { homedir, tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -21,6 +21,33 @@ export const SERVER_TIMEOUT_MS = Number(process.env.E2E_SERVER_TIMEOUT_MS ?? 900
 export const VIEWPORTS = { desktop: { width: 1280, height: 800 }, phone: { width: 390, height: 844 } };
 
 export { spawnListening };
+
+/**
+ * Serves the built SDK `pkg` at `/pkg/` and a temporary directory holding
+ * `files` (name → text) at `/`, with tests/e2e/static-server.mjs on a loopback
+ * port it picks, for the life of the test file (registers node:test `before`
+ * and `after`, which remove the directory). Returns `{ base }`, set once the
+ * server listens.
+ */
+export function servePages(tag, pkg, files) {
+  const site = { base: undefined };
+  let dir;
+  let server;
+  before(async () => {
+    assert.ok(existsSync(join(pkg, 'agentstore.js')), `${pkg} must hold the built SDK (scripts/build-pkg.sh)`);
+    dir = mkdtempSync(join(tmpdir(), `agentstore-${tag}-`));
+    for (const [name, text] of Object.entries(files)) writeFileSync(join(dir, name), text);
+    server = await spawnListening(process.execPath, [join(ROOT, 'tests', 'e2e', 'static-server.mjs'), '--listen', '127.0.0.1:0', '--www', dir, '--pkg', pkg], {
+      listening: /static server: http:\/\/127\.0\.0\.1:(\d+)\//,
+    });
+    site.base = server.base;
+  });
+  after(async () => {
+    await server?.stop();
+    if (dir) rmSync(dir, { recursive: true, force: true });
+  });
+  return site;
+}
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 

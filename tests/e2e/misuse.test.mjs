@@ -22,12 +22,11 @@
 //
 // Needs the built pkg/ (scripts/build-pkg.sh); serves it with
 // tests/e2e/static-server.mjs. Environment: CHROMIUM, GECKODRIVER.
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { existsSync, mkdtempSync, writeFileSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync } from 'node:fs';
 import { join } from 'node:path';
-import { ROOT, launchBrowser, spawnListening } from './helpers.mjs';
+import { ROOT, launchBrowser, servePages } from './helpers.mjs';
 import { launchFirefox } from '../../bench/webdriver.mjs';
 
 const PKG = process.env.AGENTSTORE_PKG_DIR ?? join(ROOT, 'pkg');
@@ -37,30 +36,13 @@ const ENTRIES = [
   ...(existsSync(join(PKG, 'io', 'agentstore_io.js')) ? ['/pkg/io/agentstore_io.js'] : []),
 ];
 
-let dir;
-let server;
-let base;
-
-before(async () => {
-  assert.ok(existsSync(join(PKG, 'agentstore.js')), `${PKG} must hold the built SDK (scripts/build-pkg.sh)`);
-  dir = mkdtempSync(join(tmpdir(), 'agentstore-misuse-'));
-  writeFileSync(join(dir, 'index.html'), '<!doctype html><title>misuse</title>');
-  writeFileSync(join(dir, 'misuse-credentials.js'), `export default ${throwingOnCredentials};\n`);
-  writeFileSync(
-    join(dir, 'credentials.html'),
+const site = servePages('misuse', PKG, {
+  'index.html': '<!doctype html><title>misuse</title>',
+  'misuse-credentials.js': `export default ${throwingOnCredentials};\n`,
+  'credentials.html':
     '<!doctype html><title>credentials</title><script type="module">import run from "/misuse-credentials.js";\n' +
-      'const done = (r) => { document.body.dataset.result = JSON.stringify(r); };\n' +
-      'run("/pkg/agentstore.js").then(done, (e) => done({ bad: [`threw ${e}`] }));</script>',
-  );
-  server = await spawnListening(process.execPath, [join(ROOT, 'tests', 'e2e', 'static-server.mjs'), '--listen', '127.0.0.1:0', '--www', dir, '--pkg', PKG], {
-    listening: /static server: http:\/\/127\.0\.0\.1:(\d+)\//,
-  });
-  base = server.base;
-});
-
-after(async () => {
-  await server?.stop();
-  if (dir) rmSync(dir, { recursive: true, force: true });
+    'const done = (r) => { document.body.dataset.result = JSON.stringify(r); };\n' +
+    'run("/pkg/agentstore.js").then(done, (e) => done({ bad: [`threw ${e}`] }));</script>',
 });
 
 // Each scenario runs in the page and returns what went wrong (empty: all
@@ -261,7 +243,7 @@ for (const engine of ['chromium', 'firefox']) {
     const run = async (scenario, entry) => {
       const page = engine === 'chromium' ? await (await browser.newContext()).newPage() : await browser.newPage();
       try {
-        await page.goto(`${base}/index.html`);
+        await page.goto(`${site.base}/index.html`);
         return await page.evaluate(scenario, { entry, helpers: HELPERS });
       } finally {
         await page.close?.(); // (the Firefox driver's pages have no close(): browser.close() ends them)
@@ -293,7 +275,7 @@ for (const engine of ['chromium', 'firefox']) {
       });
       await t.test('what onCredentials throws is logged with console.error, and the call goes on', async () => {
         const page = engine === 'chromium' ? await (await browser.newContext()).newPage() : await browser.newPage();
-        await page.goto(`${base}/credentials.html`);
+        await page.goto(`${site.base}/credentials.html`);
         const r = JSON.parse(
           await page.evaluate(async () => {
             for (let i = 0; i < 200 && !document.body.dataset.result; i++) await new Promise((ok) => setTimeout(ok, 100));

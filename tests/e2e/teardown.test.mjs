@@ -9,36 +9,17 @@
 //
 // Needs the built pkg/ (scripts/build-pkg.sh); serves it with
 // tests/e2e/static-server.mjs. Environment: CHROMIUM, GECKODRIVER.
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { existsSync, mkdtempSync, writeFileSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync } from 'node:fs';
 import { join } from 'node:path';
-import { ROOT, launchBrowser, spawnListening } from './helpers.mjs';
+import { ROOT, launchBrowser, servePages } from './helpers.mjs';
 import { launchFirefox } from '../../bench/webdriver.mjs';
 
 const PKG = process.env.AGENTSTORE_PKG_DIR ?? join(ROOT, 'pkg');
 const ENTRIES = ['/pkg/agentstore.js', ...(existsSync(join(PKG, 'store', 'agentstore.js')) ? ['/pkg/store/agentstore.js'] : [])];
 
-let dir;
-let server;
-let base;
-
-before(async () => {
-  assert.ok(existsSync(join(PKG, 'agentstore.js')), `${PKG} must hold the built SDK (scripts/build-pkg.sh)`);
-  dir = mkdtempSync(join(tmpdir(), 'agentstore-teardown-'));
-  writeFileSync(join(dir, 'index.html'), '<!doctype html><title>teardown</title>');
-  // The static server binds a port of its own choosing and prints it.
-  server = await spawnListening(process.execPath, [join(ROOT, 'tests', 'e2e', 'static-server.mjs'), '--listen', '127.0.0.1:0', '--www', dir, '--pkg', PKG], {
-    listening: /static server: http:\/\/127\.0\.0\.1:(\d+)\//,
-  });
-  base = server.base;
-});
-
-after(async () => {
-  await server?.stop();
-  if (dir) rmSync(dir, { recursive: true, force: true });
-});
+const site = servePages('teardown', PKG, { 'index.html': '<!doctype html><title>teardown</title>' });
 
 // Runs in the page: every order of teardown calls tried; returns the calls
 // that threw or rejected, and those that returned something else than
@@ -122,7 +103,7 @@ for (const engine of ['chromium', 'firefox']) {
     try {
       for (const entry of ENTRIES) {
         const page = engine === 'chromium' ? await (await browser.newContext()).newPage() : await browser.newPage();
-        await page.goto(`${base}/index.html`);
+        await page.goto(`${site.base}/index.html`);
         const r = await page.evaluate(scenario, { entry });
         assert.deepEqual(r.bad, [], `${entry}:\n  ${r.bad.join('\n  ')}`);
         assert.equal(r.still, true, `${entry}: the store works afterwards`);
