@@ -69,14 +69,15 @@
 //   /settle-first-failed-<n>/… the same, except that settle requests never reach
 //                           the server and are answered 503 {code: "network"} at
 //                           once (an outcome the client cannot know); the held
-//                           heartbeats go on only after that answer was sent
+//                           heartbeats go on only after that answer was sent;
+//                           a release request is failed the same way
 //   /_held/<mode>            {"held": n, "raced": r}: how many requests or answers of
 //                           that mode are held back right now (a test waits for a
 //                           count instead of sleeping), and (late-heartbeats) how
 //                           many heartbeats reached the server while a settle's
 //                           answer was held: the race the mode is for happened
-//                           The answer also has "releases" and "heartbeats": how
-//                           many release and heartbeat requests came through that
+//                           The answer also has "releases", "heartbeats" and
+//                           "settles": how many such requests came through that
 //                           mode (any mode, e.g. a pass-through /count-<n>/…)
 //   /_redirect/<n>?to=<url>  answered 307 with Location <url> (CORS open to any
 //                           origin and header, so a browser would follow it)
@@ -102,6 +103,7 @@ const settling = new Map(); // mode -> settle answers held back now (late-heartb
 const raced = new Map(); // mode -> heartbeats forwarded while a settle answer was held
 const releases = new Map(); // mode -> release requests seen
 const heartbeats = new Map(); // mode -> heartbeat requests seen
+const settles = new Map(); // mode -> settle requests seen
 const lateClaims = new Map(); // mode -> { forward: the held claim's sender, or null once sent; status }
 const holding = new Map(); // nonce of hold-*-answers-<n> -> senders of the answers held until /_stop/<n>
 const settleFirsts = new Map(); // nonce of settle-first-<n> -> { landed, waiting: heartbeat forwarders }
@@ -154,7 +156,7 @@ const server = http.createServer((req, res) => {
   if ((req.url ?? '').startsWith('/_held/')) {
     const mode = decodeURIComponent(req.url.slice('/_held/'.length));
     res.writeHead(200, { 'content-type': 'application/json', 'access-control-allow-origin': '*' });
-    res.end(JSON.stringify({ held: held.get(mode) ?? 0, raced: raced.get(mode) ?? 0, releases: releases.get(mode) ?? 0, heartbeats: heartbeats.get(mode) ?? 0, tokens: tokens.get(mode) ?? 0, enrolls: enrolls.get(mode) ?? 0, late: lateClaims.get(mode)?.status ?? 0 }));
+    res.end(JSON.stringify({ held: held.get(mode) ?? 0, raced: raced.get(mode) ?? 0, releases: releases.get(mode) ?? 0, heartbeats: heartbeats.get(mode) ?? 0, settles: settles.get(mode) ?? 0, tokens: tokens.get(mode) ?? 0, enrolls: enrolls.get(mode) ?? 0, late: lateClaims.get(mode)?.status ?? 0 }));
     return;
   }
   if ((req.url ?? '').startsWith('/_stop/')) {
@@ -179,6 +181,7 @@ const server = http.createServer((req, res) => {
   }
   if (req.method === 'POST' && /^\/v1\/items\/\d+\/release$/.test(path)) releases.set(mode, (releases.get(mode) ?? 0) + 1);
   if (req.method === 'POST' && isHeartbeat(path)) heartbeats.set(mode, (heartbeats.get(mode) ?? 0) + 1);
+  if (req.method === 'POST' && /^\/v1\/items\/\d+\/settle$/.test(path)) settles.set(mode, (settles.get(mode) ?? 0) + 1);
   const lateRefused = /^late-heartbeats-refused-settles-(\d+)$/.exec(mode);
   if (lateRefused && req.method === 'POST' && /^\/v1\/items\/\d+\/settle$/.test(path)) {
     req.resume();
@@ -243,7 +246,8 @@ const server = http.createServer((req, res) => {
     return;
   }
   const settleFirst = /^settle-first(-refused|-failed)?-(.+)$/.exec(mode);
-  const settlePath = /^\/v1\/items\/\d+\/settle$/.test(path);
+  // The failed form ends a release the same way (its outcome unknown too).
+  const settlePath = new RegExp(settleFirst?.[1] === '-failed' ? '^/v1/items/\\d+/(settle|release)$' : '^/v1/items/\\d+/settle$').test(path);
   if (settleFirst && !stopped.has(settleFirst[2]) && req.method === 'POST' && (isHeartbeat(path) || settlePath)) {
     const nonce = settleFirst[2];
     const first = settleFirsts.get(nonce) ?? { landed: false, waiting: [] };

@@ -1178,50 +1178,86 @@ async fn a_takeover_seen_while_a_settle_goes_unanswered_ends_the_lease() {
     }
 }
 
+/// One round of an ending call failed at once (a 503 from a gateway, by
+/// the proxy's `settle-first-failed` barrier: its outcome unknown, so no
+/// heartbeat goes out after it) while the heartbeat sent just before it
+/// waits at the barrier: claims an item of a fresh `prefix` queue, an
+/// operator pauses it and, when `resume`, resumes it (a new token, epoch
+/// 2); then the lease is settled `done`, or released when `release`. The
+/// held heartbeat goes on once the call has failed and is refused
+/// (`claim_lost`, or `state_conflict` after a pause alone); waits (bounded)
+/// until the page has read that answer and the lease has taken it in, and
+/// checks that the race was forced. Returns the client, the lease, the item
+/// id, the nonce and the mode.
+async fn ended_unknown_after_a_takeover(
+    (proxy, base): (&str, &str),
+    prefix: &str,
+    round: usize,
+    (resume, release): (bool, bool),
+) -> (
+    Rc<ClientInner>,
+    Rc<agentstore::lease::LeaseInner>,
+    i64,
+    String,
+    String,
+) {
+    let nonce = fresh_queue("n");
+    let mode = format!("settle-first-failed-{nonce}");
+    let q = fresh_queue(prefix);
+    let id = enqueue_at(base, &q, json!({})).await;
+    let reads = heartbeat_answers_read();
+    let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
+    let lease = claim_with_heartbeat_held(&c, &q, proxy, &mode, round).await;
+    let path = format!("/v1/items/{id}/pause");
+    assert_eq!(admin_at(base, "POST", &path, None).await.0, 200);
+    if resume {
+        let path = format!("/v1/items/{id}/resume");
+        assert_eq!(admin_at(base, "POST", &path, None).await.0, 200);
+    }
+    let failed = if release {
+        lease.release().await.err()
+    } else {
+        lease.settle(SettleState::Done, None, None).await.err()
+    };
+    assert!(failed.is_some(), "round {round}: the ending call failed");
+    // The held heartbeat goes on now; wait (bounded) for the page to read
+    // its answer and for the lease to take it in.
+    let until = now() + 20_000.0;
+    while now() < until
+        && (hook_call(&reads, "count").as_f64() < Some(1.0) || lease.status() == Status::Held)
+    {
+        sleep(10.0).await;
+    }
+    hook_call(&reads, "restore");
+    assert!(
+        proxy_count(proxy, &mode, "raced").await >= 1.0,
+        "round {round}: the heartbeat reached the server after the call failed"
+    );
+    (c, lease, id, nonce, mode)
+}
+
 /// The same verdict when it comes after the settle has already failed (a
-/// 503 at once from a gateway: its outcome unknown, so no heartbeat goes
-/// out after it): the heartbeat sent before the settle is refused
-/// (`claim_lost` after an operator paused and resumed the item,
-/// `state_conflict` after a pause alone) and the lease is lost at once,
-/// refusing every fenced use. Before, that verdict was kept for an ending
-/// call's answer that had already come, and dropped by the next one: the
-/// lease read as held, and `lease.fetch` sent the stale token, until the
-/// local deadline. Forced by the proxy's `settle-first-failed` barrier: the
-/// heartbeat waits there until the settle has been answered 503.
+/// 503 at once from a gateway: its outcome unknown): the heartbeat sent
+/// before the settle is refused (`claim_lost` after an operator paused and
+/// resumed the item, `state_conflict` after a pause alone) and the lease
+/// is lost at once, refusing every fenced use. Before, that verdict was
+/// kept for an ending call's answer that had already come, and dropped by
+/// the next one: the lease read as held, and `lease.fetch` sent the stale
+/// token, until the local deadline. Forced by the proxy's
+/// `settle-first-failed` barrier ([`ended_unknown_after_a_takeover`]).
 #[wasm_bindgen_test]
 async fn a_takeover_seen_after_a_settle_failed_ends_the_lease() {
     let Some((proxy, base)) = long_ttl_proxy() else {
         return;
     };
     for (round, resume) in [true, false].into_iter().enumerate() {
-        let nonce = fresh_queue("n");
-        let mode = format!("settle-first-failed-{nonce}");
-        let q = fresh_queue("failed-takeover");
-        let id = enqueue_at(base, &q, json!({})).await;
-        let reads = heartbeat_answers_read();
-        let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
-        let lease = claim_with_heartbeat_held(&c, &q, proxy, &mode, round).await;
-        let path = format!("/v1/items/{id}/pause");
-        assert_eq!(admin_at(base, "POST", &path, None).await.0, 200);
-        if resume {
-            let path = format!("/v1/items/{id}/resume");
-            assert_eq!(admin_at(base, "POST", &path, None).await.0, 200);
-        }
-        let settled = lease.settle(SettleState::Done, None, None).await;
-        assert!(settled.is_err(), "round {round}: {settled:?}");
-        // The held heartbeat goes on now; wait (bounded) for the page to
-        // read its answer and for the lease to take it in.
-        let until = now() + 20_000.0;
-        while now() < until
-            && (hook_call(&reads, "count").as_f64() < Some(1.0) || lease.status() == Status::Held)
-        {
-            sleep(10.0).await;
-        }
-        hook_call(&reads, "restore");
-        assert!(
-            proxy_count(proxy, &mode, "raced").await >= 1.0,
-            "round {round}: the heartbeat reached the server after the settle failed"
-        );
+        let (c, lease, id, nonce, _) = ended_unknown_after_a_takeover(
+            (proxy, base),
+            "failed-takeover",
+            round,
+            (resume, false),
+        )
+        .await;
         refuses_every_fenced_use(proxy, &lease, &format!("{nonce}-fetch"), round).await;
         let taken = if resume {
             (ItemState::Running, 2)
@@ -1231,6 +1267,52 @@ async fn a_takeover_seen_after_a_settle_failed_ends_the_lease() {
         let it = item_at(base, id).await;
         assert_eq!((it.state, it.epoch), taken, "round {round}");
         stop_dropping(proxy, &nonce).await;
+        c.close().await;
+    }
+}
+
+/// After a RELEASE of unknown outcome (a 503 at once) and a heartbeat
+/// refused by a takeover, a settle is refused locally with the loss
+/// (ClaimLostError) and nothing is sent: no settle of this lease is
+/// pending whose outcome a settle could learn. Before, the release's
+/// unknown outcome let the settle go out as if to learn what became of an
+/// earlier settle, on a lease already lost (the server refused it, but a
+/// lost lease was acted on). Forced by the proxy's `settle-first-failed`
+/// barrier, which fails a release as it fails a settle.
+#[wasm_bindgen_test]
+async fn a_settle_after_a_release_failed_and_a_takeover_is_refused_without_sending() {
+    let Some((proxy, base)) = long_ttl_proxy() else {
+        return;
+    };
+    for (round, resume) in [true, false].into_iter().enumerate() {
+        let (c, lease, id, nonce, mode) = ended_unknown_after_a_takeover(
+            (proxy, base),
+            "released-takeover",
+            round,
+            (resume, true),
+        )
+        .await;
+        assert_eq!(
+            lease.status(),
+            Status::Lost(LossReason::ClaimLost),
+            "round {round}"
+        );
+        stop_dropping(proxy, &nonce).await;
+        let settled = lease.settle(SettleState::Done, None, None).await;
+        assert!(
+            matches!(
+                settled,
+                Err(agentstore::lease::LeaseError::ClaimLost { .. })
+            ),
+            "round {round}: refused with the loss: {settled:?}"
+        );
+        assert_eq!(
+            proxy_count(proxy, &mode, "settles").await,
+            0.0,
+            "round {round}: no settle was sent"
+        );
+        let it = item_at(base, id).await;
+        assert_ne!(it.state, ItemState::Done, "round {round}");
         c.close().await;
     }
 }

@@ -107,6 +107,11 @@ pub struct LeaseInner {
     /// (the local deadline still applies); the same call sent again is
     /// answered by the server as a replay when the first one landed.
     pub(crate) ending_unanswered: Cell<bool>,
+    /// Of the calls whose outcome is unknown (`ending_unanswered`), one was
+    /// a settle: only then may a settle go out on a lease lost meanwhile, to
+    /// learn whether it landed ([`LeaseInner::settle_unresolved`]). After an
+    /// unanswered release alone, nothing a settle could learn is pending.
+    settle_unanswered: Cell<bool>,
     /// `work()` is waiting to send this lease's settle again (the last one
     /// was refused without landing, e.g. a 429): the `pagehide` beacon
     /// leaves the lease alone (see [`LeaseInner::release_beacon`]).
@@ -188,6 +193,7 @@ impl LeaseInner {
             plan: RefCell::new(plan),
             paused: Cell::new(false),
             ending_unanswered: Cell::new(false),
+            settle_unanswered: Cell::new(false),
             settle_retry_due: Cell::new(false),
             beaconed: Cell::new(false),
             loss_while_ending: RefCell::new(None),
@@ -591,13 +597,16 @@ impl LeaseInner {
         self.in_flight.get() > 0 || self.ending_unanswered.get()
     }
 
-    /// Lost by a heartbeat's verdict that came while a settle or release of
-    /// unknown outcome was out, and within the local deadline: that call
-    /// may have landed and caused the verdict, so a settle may still go
-    /// out, only to learn it (the server answers the same body as a replay,
-    /// and any other `already_settled`; a takeover, `claim_lost`).
+    /// Lost by a heartbeat's verdict that came while a settle of unknown
+    /// outcome was out (alone or followed by a release of unknown outcome),
+    /// and within the local deadline: that settle may have landed and
+    /// caused the verdict, so a settle may still go out, only to learn it
+    /// (the server answers the same body as a replay, and any other
+    /// `already_settled`; a takeover, `claim_lost`). Not after a release of
+    /// unknown outcome alone: a settle then could learn nothing, and is
+    /// refused here with the loss, as on any lost lease.
     pub(crate) fn settle_unresolved(&self) -> bool {
-        self.ending_unanswered.get()
+        self.settle_unanswered.get()
             && self.status.get() == Status::Lost(LossReason::ClaimLost)
             && self.live_now()
     }
@@ -826,6 +835,10 @@ impl LeaseInner {
             Err(e) => after_unknown && !e.is_servers_verdict(),
         };
         self.ending_unanswered.set(unknown);
+        // A settle of unknown outcome stays pending through later calls of
+        // unknown outcome too (a release after it may be refused unlanded).
+        let settle_pending = state.is_some() || self.settle_unanswered.get();
+        self.settle_unanswered.set(unknown && settle_pending);
         // A release owed since a local loss: due once this call is known not
         // to have ended the lease (after an unknown outcome the journal
         // keeps it for recover()). Sent before the lock below is let go, so
