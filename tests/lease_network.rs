@@ -1037,11 +1037,46 @@ async fn a_heartbeat_verdict_that_came_during_a_refused_settle_loses_the_lease()
 /// the proxy before it is answered within it (ms after the settle lands).
 const UNANSWERED_MS: f64 = 3_000.0;
 
+/// A lease claimed behind the proxy's `settle-first<variant>` barrier
+/// (`variant` "" or "-failed") from a fresh `prefix` queue, its heartbeat
+/// held there; an operator then pauses the item (`pause`) and resumes it
+/// (`resume`: a new token, epoch 2). Returns the client, the lease, the
+/// item id, the nonce, the mode and the hook counting the heartbeat
+/// answers the page read.
+async fn held_at_the_barrier_then_taken(
+    (proxy, base): (&str, &str),
+    (variant, prefix, round): (&str, &str, usize),
+    config: ClientConfig,
+    (pause, resume): (bool, bool),
+) -> (
+    Rc<ClientInner>,
+    Rc<agentstore::lease::LeaseInner>,
+    i64,
+    String,
+    String,
+    JsValue,
+) {
+    let nonce = fresh_queue("n");
+    let mode = format!("settle-first{variant}-{nonce}");
+    let q = fresh_queue(prefix);
+    let id = enqueue_at(base, &q, json!({})).await;
+    let reads = heartbeat_answers_read();
+    let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config);
+    let lease = claim_with_heartbeat_held(&c, &q, proxy, &mode, round).await;
+    for (step, now) in [("pause", pause), ("resume", resume)] {
+        if now {
+            let path = format!("/v1/items/{id}/{step}");
+            let (status, body) = admin_at(base, "POST", &path, None).await;
+            assert_eq!(status, 200, "round {round}: {step}: {body}");
+        }
+    }
+    (c, lease, id, nonce, mode, reads)
+}
+
 /// One round of a settle that goes unanswered while a heartbeat sent just
-/// before it is refused: claims an item of a fresh `prefix` queue behind
-/// the proxy's settle-first barrier with its heartbeat held there; an
-/// operator then pauses the item (`pause`) and resumes it (`resume`: a new
-/// token, epoch 2) before the lease settles it `done`. The settle reaches
+/// before it is refused: a lease held at the proxy's settle-first barrier
+/// and taken as [`held_at_the_barrier_then_taken`] says; the lease then
+/// settles it `done`. The settle reaches
 /// the server (applied, or refused after a takeover), then the heartbeat
 /// does and is refused (`claim_lost`, or `state_conflict` when only
 /// paused); the page reads that answer, and the settle's answer stays held
@@ -1058,24 +1093,13 @@ async fn settle_unanswered_after_a_refused_heartbeat(
     i64,
     String,
 ) {
-    let nonce = fresh_queue("n");
-    let mode = format!("settle-first-{nonce}");
-    let q = fresh_queue(prefix);
-    let id = enqueue_at(base, &q, json!({})).await;
-    let reads = heartbeat_answers_read();
     let config = ClientConfig {
         request_timeout_ms: UNANSWERED_MS,
         ..config()
     };
-    let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config);
-    let lease = claim_with_heartbeat_held(&c, &q, proxy, &mode, round).await;
-    for (step, now) in [("pause", pause), ("resume", resume)] {
-        if now {
-            let path = format!("/v1/items/{id}/{step}");
-            let (status, body) = admin_at(base, "POST", &path, None).await;
-            assert_eq!(status, 200, "round {round}: {step}: {body}");
-        }
-    }
+    let (c, lease, id, nonce, mode, reads) =
+        held_at_the_barrier_then_taken((proxy, base), ("", prefix, round), config, (pause, resume))
+            .await;
     let settled = lease.settle(SettleState::Done, None, None).await;
     let read = hook_call(&reads, "count").as_f64();
     hook_call(&reads, "restore");
@@ -1201,19 +1225,13 @@ async fn ended_unknown_after_a_takeover(
     String,
     String,
 ) {
-    let nonce = fresh_queue("n");
-    let mode = format!("settle-first-failed-{nonce}");
-    let q = fresh_queue(prefix);
-    let id = enqueue_at(base, &q, json!({})).await;
-    let reads = heartbeat_answers_read();
-    let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
-    let lease = claim_with_heartbeat_held(&c, &q, proxy, &mode, round).await;
-    let path = format!("/v1/items/{id}/pause");
-    assert_eq!(admin_at(base, "POST", &path, None).await.0, 200);
-    if resume {
-        let path = format!("/v1/items/{id}/resume");
-        assert_eq!(admin_at(base, "POST", &path, None).await.0, 200);
-    }
+    let (c, lease, id, nonce, mode, reads) = held_at_the_barrier_then_taken(
+        (proxy, base),
+        ("-failed", prefix, round),
+        config(),
+        (true, resume),
+    )
+    .await;
     let failed = if release {
         lease.release().await.err()
     } else {
