@@ -760,13 +760,15 @@ impl Store {
     /// # Errors
     /// The database failed.
     pub async fn forget_claim_keys(&self) -> Result<u64, StoreError> {
+        // Its page picked once, as `delete_settled`'s (see there why).
         let sql = self.sql(
-            "DELETE FROM claim_keys
-             WHERE answered_at <= {now} - $1
-               AND (queue, caller, claim_key, sender) IN (
-                   SELECT queue, caller, claim_key, sender FROM claim_keys
-                   WHERE answered_at <= {now} - $1
-                   ORDER BY answered_at LIMIT $2 {skip_locked})",
+            "WITH doomed AS MATERIALIZED (
+                 SELECT queue, caller, claim_key, sender FROM claim_keys
+                 WHERE answered_at <= {now} - $1
+                 ORDER BY answered_at LIMIT $2 {skip_locked})
+             DELETE FROM claim_keys
+             WHERE (queue, caller, claim_key, sender) IN (
+                 SELECT queue, caller, claim_key, sender FROM doomed)",
         );
         let mut deleted = 0;
         for _ in 0..super::reap::DELETE_PAGES {
@@ -1223,7 +1225,7 @@ impl Store {
             })
             .collect();
         let sql = self.sql(&format!(
-            "WITH picked AS (
+            "WITH picked AS MATERIALIZED (
                  SELECT id FROM items WHERE queue = $1 AND state = 'open'
                  ORDER BY id LIMIT {n} FOR UPDATE SKIP LOCKED
              ), numbered AS (

@@ -248,8 +248,9 @@ impl Store {
     /// most [`DELETE_MAX`] (20,000) per call in statements of 1,000, oldest first; returns
     /// how many went. A no-op with retention 0. Items in any other state
     /// (open, running, paused, blocked) are never deleted. Each statement
-    /// checks state and age again on the row it deletes, so a row that
-    /// changed after it was selected stays. On PostgreSQL a row another
+    /// picks its page once, whatever the plan, and on PostgreSQL locks it,
+    /// the lock checking state and age again on the row's latest version, so
+    /// a row that changed after it was read stays. On PostgreSQL a row another
     /// session holds locked is left for a later sweep (`FOR UPDATE SKIP
     /// LOCKED`): it would otherwise hold each sweep for `lock_timeout` and
     /// fail it, so that nothing was deleted while the lock lasted. With the item go its result and
@@ -264,12 +265,22 @@ impl Store {
         if retention == 0 {
             return Ok(0);
         }
+        // The page is picked (and, on PostgreSQL, locked) once, in a
+        // MATERIALIZED CTE, whatever the plan. Written as `id IN (SELECT …
+        // LIMIT $2 FOR UPDATE SKIP LOCKED)`, the planner, misled by stale
+        // statistics (a backlog inserted since the last ANALYZE), ran it as
+        // a nested loop that picked and locked the page again for every
+        // due row: two instances' sweeps of 45,000 rows each stalled on the
+        // lock manager until `statement_timeout`, and the reaper with them.
+        // The rows are locked until the DELETE commits, and the lock rechecks
+        // the state and age on the row's latest version, so a row that
+        // changed after it was picked stays (SQLite runs the statement alone).
         let sql = self.sql(
-            "DELETE FROM items
-             WHERE state IN ('done', 'failed') AND updated_at <= {now} - $1
-               AND id IN (SELECT id FROM items
-                          WHERE state IN ('done', 'failed') AND updated_at <= {now} - $1
-                          ORDER BY updated_at LIMIT $2 {skip_locked})",
+            "WITH doomed AS MATERIALIZED (
+                 SELECT id FROM items
+                 WHERE state IN ('done', 'failed') AND updated_at <= {now} - $1
+                 ORDER BY updated_at LIMIT $2 {skip_locked})
+             DELETE FROM items WHERE id IN (SELECT id FROM doomed)",
         );
         let mut deleted = 0;
         for _ in 0..DELETE_PAGES {

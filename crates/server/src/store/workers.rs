@@ -602,19 +602,24 @@ impl Store {
     pub async fn purge_credentials(&self) -> Result<u64, StoreError> {
         let mut n = 0;
         for table in ["access_tokens", "refresh_tokens", "enrollment_tokens"] {
+            // The rows picked (and locked) once, as `delete_settled`'s
+            // page (see there why: `IN (… FOR UPDATE SKIP LOCKED)` may be
+            // planned to lock them again for every outer row).
             let sql = self.sql(&format!(
-                "DELETE FROM {table} WHERE expires_at <= {{now}}
-                   AND selector IN (SELECT selector FROM {table}
-                                    WHERE expires_at <= {{now}} {{skip_locked}})"
+                "WITH doomed AS MATERIALIZED (
+                     SELECT selector FROM {table} WHERE expires_at <= {{now}} {{skip_locked}})
+                 DELETE FROM {table} WHERE selector IN (SELECT selector FROM doomed)"
             ));
             n += sqlx::query(&sql).execute(&self.pool).await?.rows_affected();
         }
         // The numbers remembered for single-use tokens (see `use_once`)
         // expire with their token.
         let sql = self.sql(
-            "DELETE FROM token_attempts WHERE expires_at <= {now}
-               AND (kind, selector, sender) IN (SELECT kind, selector, sender FROM token_attempts
-                                                WHERE expires_at <= {now} {skip_locked})",
+            "WITH doomed AS MATERIALIZED (
+                 SELECT kind, selector, sender FROM token_attempts
+                 WHERE expires_at <= {now} {skip_locked})
+             DELETE FROM token_attempts
+             WHERE (kind, selector, sender) IN (SELECT kind, selector, sender FROM doomed)",
         );
         n += sqlx::query(&sql).execute(&self.pool).await?.rows_affected();
         Ok(n)

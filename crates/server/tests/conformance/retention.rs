@@ -257,3 +257,86 @@ pub async fn a_keyed_enqueue_replayed_while_retention_deletes_its_item_is_answer
     }
     eprintln!("keyed enqueue vs sweep: {replayed_n} replays, {added_n} new items");
 }
+
+/// Due `done` rows a sweep of this test makes: more than two sweeps
+/// delete ([`agentstore_server::store::DELETE_MAX`] each).
+const BACKLOG: i64 = 45_000;
+
+/// A backlog the planner does not know of: the table analyzed while it held
+/// a few open items, then 45,000 `done` rows settled long ago inserted in
+/// one statement (autovacuum kept off the table on PostgreSQL, so the
+/// statistics stay stale), swept by two instances at once. Before, the
+/// sweep's `id IN (… LIMIT … FOR UPDATE SKIP LOCKED)` ran as a nested loop
+/// whose inner side locked its page again for every outer row: both
+/// DELETEs stalled on the lock manager until `statement_timeout` (60 s by
+/// default, 10 s here) canceled them, and the reaper waited meanwhile. Now
+/// each statement picks its page once: every due row goes within a few
+/// pairs of sweeps and no sweep fails.
+pub async fn two_sweeps_of_a_backlog_the_planner_underestimates_delete_it_all(db: TestDb) {
+    let url = match db.kind {
+        crate::common::Kind::Postgres => {
+            format!("{}%20-c%20statement_timeout%3D10000", db.database)
+        }
+        crate::common::Kind::Sqlite => db.database.clone(),
+    };
+    let settings = Settings {
+        retention_ms: HOUR,
+        ..Settings::default()
+    };
+    let a = Store::connect(&url, settings).await.unwrap();
+    let b = Store::connect(&url, settings).await.unwrap();
+    for _ in 0..5 {
+        a.enqueue("backlog-open", &json!(1), None).await.unwrap();
+    }
+    if db.kind == crate::common::Kind::Postgres {
+        sqlx::query("ALTER TABLE items SET (autovacuum_enabled = false)")
+            .execute(a.pool())
+            .await
+            .unwrap();
+    }
+    sqlx::query("ANALYZE items")
+        .execute(a.pool())
+        .await
+        .unwrap();
+    sqlx::query(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $1)
+         INSERT INTO items (queue, state, payload, attempts, max_redeliveries, epoch,
+                            created_at, updated_at)
+         SELECT 'backlog', 'done', '1', 1, 5, 1, i, i FROM n",
+    )
+    .bind(BACKLOG)
+    .execute(a.pool())
+    .await
+    .unwrap();
+
+    let mut deleted = 0;
+    for round in 0..4 {
+        let swept = crate::common::at_once(2, |k| {
+            let store = [&a, &b][k].clone();
+            async move { store.delete_settled().await }
+        })
+        .await;
+        for (k, s) in swept.into_iter().enumerate() {
+            deleted += s.unwrap_or_else(|e| panic!("round {round}: sweep {k} failed: {e}"));
+        }
+        if deleted == BACKLOG as u64 {
+            break;
+        }
+    }
+    assert_eq!(
+        deleted, BACKLOG as u64,
+        "every due row deleted within 4 pairs of sweeps"
+    );
+    let (left,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM items WHERE queue = 'backlog'")
+        .fetch_one(a.pool())
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+    let (open,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM items WHERE state = 'open'")
+        .fetch_one(a.pool())
+        .await
+        .unwrap();
+    assert_eq!(open, 5, "the open items stay");
+    a.close().await;
+    b.close().await;
+}
