@@ -508,14 +508,18 @@ impl Metrics {
     }
 
     /// Deletes the settled items past the retention ([`Store::delete_settled`])
-    /// and counts them; returns how many went.
+    /// and counts them; returns how many went. A sweep that fails partway
+    /// still counts the pages it committed: before, it counted none of them,
+    /// and `agentstore_settled_items_deleted_total` fell short of the rows
+    /// gone for good.
     ///
     /// # Errors
-    /// The database failed.
+    /// The database failed (the pages deleted before are counted).
     pub async fn delete_settled(&self, store: &Store) -> Result<u64, StoreError> {
-        let n = store.delete_settled().await?;
-        self.settled_deleted.inc_by(n);
-        Ok(n)
+        let mut deleted = 0;
+        let outcome = store.delete_settled_into(&mut deleted).await;
+        self.settled_deleted.inc_by(deleted);
+        outcome.map(|()| deleted)
     }
 
     /// Reads the gauges from `store` and renders every metric as text. The

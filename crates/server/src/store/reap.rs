@@ -259,11 +259,25 @@ impl Store {
     /// pg-boss's `deleteAfter` do.
     ///
     /// # Errors
-    /// The database failed (what was deleted before stays deleted).
+    /// The database failed (what was deleted before stays deleted; see
+    /// [`Store::delete_settled_into`] to learn how much).
     pub async fn delete_settled(&self) -> Result<u64, StoreError> {
+        let mut deleted = 0;
+        self.delete_settled_into(&mut deleted)
+            .await
+            .map(|()| deleted)
+    }
+
+    /// [`Store::delete_settled`], adding each page's deletions to `deleted`
+    /// as it commits: a sweep that fails partway still reports the pages it
+    /// deleted (the metrics count them, as [`Store::reap_into`]'s takeovers).
+    ///
+    /// # Errors
+    /// The database failed; `deleted` holds what the committed pages deleted.
+    pub async fn delete_settled_into(&self, deleted: &mut u64) -> Result<(), StoreError> {
         let retention = self.settings.retention_ms;
         if retention == 0 {
-            return Ok(0);
+            return Ok(());
         }
         // The page is picked (and, on PostgreSQL, locked) once, in a
         // MATERIALIZED CTE, whatever the plan. Written as `id IN (SELECT …
@@ -282,7 +296,6 @@ impl Store {
                  ORDER BY updated_at LIMIT $2 {skip_locked})
              DELETE FROM items WHERE id IN (SELECT id FROM doomed)",
         );
-        let mut deleted = 0;
         for _ in 0..DELETE_PAGES {
             let n = sqlx::query(&sql)
                 .bind(ms(retention))
@@ -290,11 +303,11 @@ impl Store {
                 .execute(&self.pool)
                 .await?
                 .rows_affected();
-            deleted += n;
+            *deleted += n;
             if n < u64::from(DELETE_PAGE) {
                 break;
             }
         }
-        Ok(deleted)
+        Ok(())
     }
 }

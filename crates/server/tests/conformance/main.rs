@@ -49,6 +49,7 @@ conformance! {
     retention::a_server_with_a_retention_deletes_old_settled_items_by_itself,
     retention::a_keyed_enqueue_replayed_while_retention_deletes_its_item_is_answered,
     retention::two_sweeps_of_a_backlog_the_planner_underestimates_delete_it_all,
+    retention::a_sweep_failing_partway_counts_the_pages_it_deleted,
     lease::a_claim_is_atomic_and_raises_the_epoch,
     lease::every_pooled_connection_commits_durably_so_no_answered_epoch_is_reissued,
     lease::a_claim_sent_again_with_its_idempotency_key_gets_its_lease_back,

@@ -298,16 +298,7 @@ pub async fn two_sweeps_of_a_backlog_the_planner_underestimates_delete_it_all(db
         .execute(a.pool())
         .await
         .unwrap();
-    sqlx::query(
-        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $1)
-         INSERT INTO items (queue, state, payload, attempts, max_redeliveries, epoch,
-                            created_at, updated_at)
-         SELECT 'backlog', 'done', '1', 1, 5, 1, i, i FROM n",
-    )
-    .bind(BACKLOG)
-    .execute(a.pool())
-    .await
-    .unwrap();
+    due_done_rows(a.pool(), "backlog", BACKLOG).await;
 
     let mut deleted = 0;
     for round in 0..4 {
@@ -339,4 +330,87 @@ pub async fn two_sweeps_of_a_backlog_the_planner_underestimates_delete_it_all(db
     assert_eq!(open, 5, "the open items stay");
     a.close().await;
     b.close().await;
+}
+
+/// Inserts `n` `done` items into `queue` in one statement, settled at
+/// `updated_at` 1, 2, … `n` ms after the epoch (long past any retention, in
+/// that order).
+async fn due_done_rows(pool: &sqlx::AnyPool, queue: &str, n: i64) {
+    sqlx::query(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $1)
+         INSERT INTO items (queue, state, payload, attempts, max_redeliveries, epoch,
+                            created_at, updated_at)
+         SELECT $2, 'done', '1', 1, 5, 1, i, i FROM n",
+    )
+    .bind(n)
+    .bind(queue)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// `agentstore_settled_items_deleted_total` in `store`'s scrape.
+async fn deleted_total(store: &Store) -> u64 {
+    let text = crate::common::render(store).await.unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("agentstore_settled_items_deleted_total "))
+        .and_then(|n| n.parse().ok())
+        .expect("the counter")
+}
+
+/// A sweep that fails on its second page (a trigger refuses to delete one
+/// of its rows): its first page of 1,000 rows is committed and gone, and
+/// `agentstore_settled_items_deleted_total` says 1,000. Before, a sweep
+/// counted only when it ended well, so it said 0 though 1,000 rows were
+/// gone for good. Once the trigger is dropped the next sweep deletes and
+/// counts the other 500.
+pub async fn a_sweep_failing_partway_counts_the_pages_it_deleted(db: TestDb) {
+    let (store, pool) = retained(&db).await;
+    due_done_rows(&pool, "partway", 1_500).await;
+    let (refused,): (i64,) = sqlx::query_as("SELECT id FROM items WHERE updated_at = 1200")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let create: &[String] = match db.kind {
+        crate::common::Kind::Sqlite => &[format!(
+            "CREATE TRIGGER refuse_one BEFORE DELETE ON items WHEN OLD.id = {refused}
+             BEGIN SELECT RAISE(ABORT, 'refused'); END"
+        )],
+        crate::common::Kind::Postgres => &[
+            format!(
+                "CREATE FUNCTION refuse_one() RETURNS trigger LANGUAGE plpgsql AS $$
+                 BEGIN
+                     IF OLD.id = {refused} THEN RAISE EXCEPTION 'refused'; END IF;
+                     RETURN OLD;
+                 END $$"
+            ),
+            "CREATE TRIGGER refuse_one BEFORE DELETE ON items
+             FOR EACH ROW EXECUTE FUNCTION refuse_one()"
+                .to_owned(),
+        ],
+    };
+    for sql in create {
+        sqlx::query(sql).execute(&pool).await.unwrap();
+    }
+
+    let failed = store.metrics().delete_settled(&store).await;
+    assert!(failed.is_err(), "the second page is refused: {failed:?}");
+    let (left,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM items")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 500, "the first page is gone");
+    assert_eq!(deleted_total(&store).await, 1_000, "and counted");
+
+    let drop = match db.kind {
+        crate::common::Kind::Sqlite => "DROP TRIGGER refuse_one",
+        crate::common::Kind::Postgres => "DROP TRIGGER refuse_one ON items",
+    };
+    sqlx::query(drop).execute(&pool).await.unwrap();
+    assert_eq!(store.metrics().delete_settled(&store).await.unwrap(), 500);
+    assert_eq!(
+        deleted_total(&store).await,
+        1_500,
+        "every row deleted counted"
+    );
 }
