@@ -65,6 +65,9 @@ pub struct Metrics {
     /// again, so concurrent scrapes read one after the other and a stalled
     /// database ties up one pool connection, not one per scrape.
     reading: Arc<tokio::sync::Mutex<()>>,
+    /// Scrapes waiting for a queue gauges' read now (see
+    /// [`Metrics::scrapes_waiting`]).
+    waiting: std::sync::atomic::AtomicUsize,
     /// Claims committed that handed out an item (answered `201`, unless the
     /// client went away), by queue (see [`Metrics::queue_label`]).
     claims: IntCounterVec,
@@ -342,6 +345,7 @@ impl Metrics {
             registry: r,
             scrape: std::sync::Mutex::new(()),
             reading: Arc::new(tokio::sync::Mutex::new(())),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
         };
         // Every labelled counter series of a fixed label set exists from the
         // start at 0, so that `increase()` in an alert sees its first
@@ -535,6 +539,7 @@ impl Metrics {
         read_timeout: std::time::Duration,
     ) -> Result<String, StoreError> {
         let (store2, reading) = (store.clone(), self.reading.clone());
+        let waiting = Waiting::on(&self.waiting);
         let read = tokio::time::timeout(read_timeout, async move {
             let held = reading.lock_owned().await;
             tokio::spawn(async move {
@@ -563,6 +568,7 @@ impl Metrics {
                 None
             }
         };
+        drop(waiting);
         let (in_use, _, max) = store.pool_usage();
         // No await from here to the end: the lock is a std one.
         let _scrape = self
@@ -578,6 +584,13 @@ impl Metrics {
         TextEncoder::new()
             .encode_to_string(&self.registry.gather())
             .map_err(|e| StoreError::Corrupt(format!("metrics encoding: {e}")))
+    }
+
+    /// How many scrapes ([`Metrics::render`]) wait for the queue gauges'
+    /// database read now: a test that overlaps two scrapes waits until both
+    /// wait (the race forced, not hoped for).
+    pub fn scrapes_waiting(&self) -> usize {
+        self.waiting.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Sets the gauges read from the database (the caller holds `scrape`).
@@ -606,6 +619,23 @@ impl Metrics {
             .set(i64::try_from(running).unwrap_or(i64::MAX));
         self.unreadable_items
             .set(i64::try_from(unreadable).unwrap_or(i64::MAX));
+    }
+}
+
+/// One scrape counted in [`Metrics::scrapes_waiting`] while it lives (also
+/// when the scrape is dropped mid-wait: its client went away).
+struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn on(count: &'a std::sync::atomic::AtomicUsize) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Waiting(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
