@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use agentstore_protocol::lease::{
-    fold_queue_series, ItemState, SettleState, MAX_QUEUE_SERIES, OTHER_QUEUES,
+    fold_queue_series, ItemState, QueueStats, SettleState, MAX_QUEUE_SERIES, OTHER_QUEUES,
 };
 use agentstore_protocol::ErrorCode;
 use axum::extract::{MatchedPath, Request, State};
@@ -34,6 +34,8 @@ use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
 };
+
+use tokio::sync::watch;
 
 use crate::store::{Store, StoreError};
 
@@ -51,6 +53,10 @@ pub const QUEUE_STATS_TIMEOUT_MS: u64 = 2_000;
 /// `Content-Type` of the text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
+/// The answer of one queue gauges' read, shared by the scrapes that wait
+/// for it: the gauges of every queue and the unreadable rows, or the error.
+type StatsRead = Result<Arc<(Vec<QueueStats>, u64)>, Arc<StoreError>>;
+
 /// The metrics of one server instance (see the module docs for the names).
 #[derive(Debug)]
 pub struct Metrics {
@@ -59,12 +65,11 @@ pub struct Metrics {
     /// them, so that concurrent scrapes (an HA Prometheus pair, or both
     /// listeners scraped) never gather a half-filled family.
     scrape: std::sync::Mutex<()>,
-    /// Held by the queue gauges' database read while it runs (in a task of
-    /// its own, which outlives a scrape that stopped waiting for it): a
-    /// scrape waits for it (within its read timeout) before reading
-    /// again, so concurrent scrapes read one after the other and a stalled
-    /// database ties up one pool connection, not one per scrape.
-    reading: Arc<tokio::sync::Mutex<()>>,
+    /// The queue gauges' database read last started, answered through the
+    /// channel when it ends: a scrape that comes while it runs waits for
+    /// that answer (within its read timeout) instead of reading again (see
+    /// [`Metrics::read_in_flight`]).
+    reading: std::sync::Mutex<Option<watch::Receiver<Option<StatsRead>>>>,
     /// Scrapes waiting for a queue gauges' read now (see
     /// [`Metrics::scrapes_waiting`]).
     waiting: std::sync::atomic::AtomicUsize,
@@ -344,7 +349,7 @@ impl Metrics {
             queue_oldest_open,
             registry: r,
             scrape: std::sync::Mutex::new(()),
-            reading: Arc::new(tokio::sync::Mutex::new(())),
+            reading: std::sync::Mutex::new(None),
             waiting: std::sync::atomic::AtomicUsize::new(0),
         };
         // Every labelled counter series of a fixed label set exists from the
@@ -538,32 +543,30 @@ impl Metrics {
         store: &Store,
         read_timeout: std::time::Duration,
     ) -> Result<String, StoreError> {
-        let (store2, reading) = (store.clone(), self.reading.clone());
+        let mut read = self.read_in_flight(store);
         let waiting = Waiting::on(&self.waiting);
         let read = tokio::time::timeout(read_timeout, async move {
-            let held = reading.lock_owned().await;
-            tokio::spawn(async move {
-                let read = store2.queue_stats_and_unreadable(None).await;
-                drop(held);
-                read
-            })
-            .await
+            match read.wait_for(Option::is_some).await {
+                Ok(done) => done.clone().ok_or(()),
+                // The read's task ended without an answer (it panicked).
+                Err(_) => Err(()),
+            }
         })
         .await;
         let stats = match read {
-            Ok(Ok(Ok(stats))) => Some(stats),
+            Ok(Ok(Ok(stats))) => Some(Arc::unwrap_or_clone(stats)),
             Ok(Ok(Err(e))) => {
                 tracing::warn!(error = %e, "metrics: the queue gauges could not be read");
                 None
             }
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "metrics: the queue gauges' read failed");
+            Ok(Err(())) => {
+                tracing::warn!("metrics: the queue gauges' read failed");
                 None
             }
             Err(_) => {
                 tracing::warn!(
                     timeout_ms = read_timeout.as_millis() as u64,
-                    "metrics: the queue gauges' read (or the one before it) did not end in time"
+                    "metrics: the queue gauges' read did not end in time"
                 );
                 None
             }
@@ -586,6 +589,40 @@ impl Metrics {
             .map_err(|e| StoreError::Corrupt(format!("metrics encoding: {e}")))
     }
 
+    /// The queue gauges' read in flight, or a new one started when none is
+    /// (single-flight): a scrape that comes while a read runs shares its
+    /// answer. Before, it waited for that read and then read again within
+    /// its own timeout, so a read taking over half the timeout made every
+    /// overlapping scrape (an HA Prometheus pair) answer `up` 0 against a
+    /// healthy database. The read runs in a task of its own, which outlives
+    /// a scrape that stopped waiting for it; one at a time, so a stalled
+    /// database ties up one pool connection, not one per scrape.
+    fn read_in_flight(&self, store: &Store) -> watch::Receiver<Option<StatsRead>> {
+        let mut slot = self
+            .reading
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(read) = slot.as_ref() {
+            // Not answered yet, and its task still runs (a task that
+            // panicked dropped the sender: a new read is started).
+            if read.borrow().is_none() && read.has_changed().is_ok() {
+                return read.clone();
+            }
+        }
+        let (answer, read) = watch::channel(None);
+        let store = store.clone();
+        tokio::spawn(async move {
+            let read = store
+                .queue_stats_and_unreadable(None)
+                .await
+                .map(Arc::new)
+                .map_err(Arc::new);
+            answer.send_replace(Some(read));
+        });
+        *slot = Some(read.clone());
+        read
+    }
+
     /// How many scrapes ([`Metrics::render`]) wait for the queue gauges'
     /// database read now: a test that overlaps two scrapes waits until both
     /// wait (the race forced, not hoped for).
@@ -594,11 +631,7 @@ impl Metrics {
     }
 
     /// Sets the gauges read from the database (the caller holds `scrape`).
-    fn set_queue_gauges(
-        &self,
-        queues: Vec<agentstore_protocol::lease::QueueStats>,
-        unreadable: u64,
-    ) {
+    fn set_queue_gauges(&self, queues: Vec<QueueStats>, unreadable: u64) {
         self.queue_items.reset();
         self.queue_oldest_open.reset();
         let mut running = 0;

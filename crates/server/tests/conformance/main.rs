@@ -161,6 +161,7 @@ conformance! {
     metrics::metrics_listen_serves_metrics_without_a_token_only_there,
     metrics::concurrent_scrapes_each_report_every_queue_gauge,
     metrics::a_scrape_answers_when_the_queue_gauges_cannot_be_read,
+    metrics::a_scrape_overlapping_a_read_in_flight_shares_it,
     metrics::a_claim_and_a_settle_whose_client_went_away_are_counted_once_committed,
     metrics::an_enqueue_pause_or_resume_whose_client_went_away_is_counted_once_committed,
     metrics::a_settle_whose_answer_cannot_be_read_is_counted_and_not_a_replay,

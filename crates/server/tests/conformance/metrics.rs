@@ -1324,3 +1324,109 @@ pub async fn every_answer_is_counted_by_route_and_code_and_every_enqueue_by_queu
     );
     server.stop().await.unwrap();
 }
+
+/// Lock requests on `items` waiting now (sessions of other tests lock
+/// their own schema's `items`, another relation).
+async fn waiting_on_items(observer: &sqlx::AnyPool) -> i64 {
+    let (n,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM pg_locks WHERE relation = 'items'::regclass AND NOT granted",
+    )
+    .fetch_one(observer)
+    .await
+    .unwrap();
+    n
+}
+
+/// A scrape that comes while another's read of the queue gauges is in
+/// flight shares that read. Before, it waited for that read and then read
+/// again within its own timeout, so whenever a read took over half of
+/// `--metrics-read-timeout-ms` the overlapping scrape (an HA Prometheus
+/// pair) answered `agentstore_queue_stats_up 0` against a healthy database.
+/// Forced on PostgreSQL with locks, no timing: the first read waits for a
+/// session's lock on `items`; the second scrape comes; a second lock is
+/// queued behind the first read, so any read after it waits out the
+/// timeout; the first lock goes. Both scrapes answer `up` 1 with the gauges.
+/// (SQLite readers never wait for a lock: there is nothing to hold there.)
+pub async fn a_scrape_overlapping_a_read_in_flight_shares_it(db: TestDb) {
+    if db.kind == Kind::Sqlite {
+        return;
+    }
+    // One connection, its read already prepared there by a first scrape: a
+    // statement prepared anew takes the table's lock twice (to parse, then
+    // to run), and the second lock below would come between the two.
+    let store = db
+        .store(agentstore_server::Settings {
+            pool_size: 1,
+            ..agentstore_server::Settings::default()
+        })
+        .await;
+    store.enqueue("shared", &json!(1), None).await.unwrap();
+    crate::common::render(&store).await.unwrap();
+    use sqlx::Connection;
+    let (_, url) = agentstore_server::store::database_url(&db.database);
+    let connect = || async { sqlx::AnyConnection::connect(&url).await.unwrap() };
+    let observer = db.raw_pool().await;
+    let lock = |mut conn: sqlx::AnyConnection| async move {
+        sqlx::query("BEGIN").execute(&mut conn).await.unwrap();
+        sqlx::query("LOCK TABLE items IN ACCESS EXCLUSIVE MODE")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        conn
+    };
+    let mut first = lock(connect().await).await;
+    let scrape = |store: agentstore_server::Store| {
+        tokio::spawn(async move {
+            store
+                .metrics()
+                .render(&store, Duration::from_secs(10))
+                .await
+                .unwrap()
+        })
+    };
+    let a = scrape(store.clone());
+    until("the first read waits for the lock", || async {
+        waiting_on_items(&observer).await == 1
+    })
+    .await;
+    let b = scrape(store.clone());
+    until("both scrapes wait", || async {
+        store.metrics().scrapes_waiting() == 2
+    })
+    .await;
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let second = tokio::spawn({
+        let conn = connect().await;
+        async move {
+            let mut conn = lock(conn).await;
+            let _ = released.await;
+            sqlx::query("ROLLBACK").execute(&mut conn).await.unwrap();
+        }
+    });
+    until("the second lock is queued behind the read", || async {
+        waiting_on_items(&observer).await == 2
+    })
+    .await;
+    sqlx::query("ROLLBACK").execute(&mut first).await.unwrap();
+    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    release.send(()).unwrap();
+    second.await.unwrap();
+    for (which, text) in [("first", a), ("second", b)] {
+        let samples = parse(&text);
+        assert_eq!(
+            value(&samples, "agentstore_queue_stats_up", &[]),
+            1.0,
+            "the {which} scrape"
+        );
+        assert_eq!(
+            value(
+                &samples,
+                "agentstore_queue_items",
+                &[("queue", "shared"), ("state", "open")]
+            ),
+            1.0,
+            "the {which} scrape"
+        );
+    }
+    store.close().await;
+}
