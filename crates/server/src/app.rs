@@ -91,13 +91,49 @@ pub fn router(config: &Config, state: AppState) -> Result<Router, String> {
         .merge(ops::metrics_router().with_state(state))
         .nest_service("/pkg", ServeDir::new(&config.pkg))
         .fallback_service(ServeDir::new(&config.www))
+        .layer(axum::middleware::from_fn(json_errors));
+    // The metrics middleware outside CORS: a preflight, which CORS answers
+    // itself, is an answer too. Before, none was counted in
+    // `agentstore_http_responses_total` nor timed.
+    let app = app
+        .clone()
+        .layer(cors)
+        .layer(axum::middleware::from_fn_with_state(app, preflights_only))
         .layer(axum::middleware::from_fn_with_state(
             metrics,
             metrics::track,
-        ))
-        .layer(axum::middleware::from_fn(json_errors))
-        .layer(cors);
+        ));
     Ok(outer(app, config, config.listen))
+}
+
+/// Middleware outside CORS: an `OPTIONS` that is no CORS preflight of a
+/// route (it names no route, or lacks `Origin` or
+/// `Access-Control-Request-Method`) goes to `app` without CORS, which
+/// answers it as any other method it does not serve (`405`). Before, CORS
+/// answered every `OPTIONS` `200`, `OPTIONS /nonexistent` included.
+async fn preflights_only(
+    axum::extract::State(app): axum::extract::State<Router>,
+    mut req: Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let for_cors = req.method() != Method::OPTIONS
+        || (req.headers().contains_key(header::ORIGIN)
+            && req
+                .headers()
+                .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD)
+            && req
+                .extensions()
+                .get::<axum::extract::MatchedPath>()
+                .is_some());
+    if for_cors {
+        return next.run(req).await;
+    }
+    // Routed again from the top: the match found here is not kept.
+    req.extensions_mut().remove::<axum::extract::MatchedPath>();
+    match tower::ServiceExt::oneshot(app, req).await {
+        Ok(resp) => resp,
+        Err(never) => match never {},
+    }
 }
 
 /// The layers every listener's app gets, outermost last: the `Host` check

@@ -419,6 +419,104 @@ async fn cors_preflight_allows_listed_origins_only() {
     h.stop().await;
 }
 
+/// CORS preflights are answers too: each is counted in
+/// `agentstore_http_responses_total` and timed, under its route. Before, the
+/// CORS layer answered them outside the metrics middleware and none was.
+/// And an `OPTIONS` that is no preflight of a route (an unknown path, or no
+/// `Origin`) is refused `405` as any method a path does not serve; before,
+/// every `OPTIONS` was answered `200`.
+#[tokio::test]
+async fn cors_preflights_are_counted_and_an_options_that_is_none_is_refused() {
+    let h = Harness::start(|c| c.allow_origin = vec!["http://app.example".into()]).await;
+    let options = |path: &str, origin: Option<&str>| {
+        let mut req = h
+            .http
+            .request(Method::OPTIONS, h.url(path))
+            .header("access-control-request-method", "POST");
+        if let Some(origin) = origin {
+            req = req.header("origin", origin);
+        }
+        req.send()
+    };
+    for _ in 0..2 {
+        let ok = options("/v1/queues/q/claims", Some("http://app.example"))
+            .await
+            .unwrap();
+        assert_eq!(ok.status(), StatusCode::OK);
+    }
+    // As a POST there would be: the static files refuse the method, the
+    // API knows no such path, the route no such method.
+    for (path, origin, status) in [
+        (
+            "/nonexistent",
+            Some("http://app.example"),
+            StatusCode::METHOD_NOT_ALLOWED,
+        ),
+        (
+            "/v1/nonexistent",
+            Some("http://app.example"),
+            StatusCode::NOT_FOUND,
+        ),
+        ("/v1/queues/q/claims", None, StatusCode::METHOD_NOT_ALLOWED),
+    ] {
+        let refused = options(path, origin).await.unwrap();
+        assert_eq!(
+            refused.status(),
+            status,
+            "OPTIONS {path} (Origin {origin:?})"
+        );
+        assert!(
+            !refused
+                .headers()
+                .contains_key("access-control-allow-origin"),
+            "OPTIONS {path}: no grant"
+        );
+    }
+
+    let text = h
+        .call(Method::GET, "/metrics", Some(ADMIN), None)
+        .await
+        .text()
+        .await
+        .unwrap();
+    let series = |name: &str, labels: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}{{{labels}}} ")))
+            .map(|v| v.to_owned())
+    };
+    let route = "route=\"/v1/queues/{queue}/claims\"";
+    assert_eq!(
+        series(
+            "agentstore_http_responses_total",
+            &format!("code=\"200\",method=\"OPTIONS\",{route}")
+        )
+        .as_deref(),
+        Some("2"),
+        "{text}"
+    );
+    assert_eq!(
+        series(
+            "agentstore_http_request_duration_seconds_count",
+            &format!("method=\"OPTIONS\",{route}")
+        )
+        .as_deref(),
+        Some("3"),
+        "two preflights and the OPTIONS without Origin, timed"
+    );
+    for code in ["404", "405"] {
+        assert_eq!(
+            series(
+                "agentstore_http_responses_total",
+                &format!("code=\"{code}\",method=\"OPTIONS\",route=\"other\"")
+            )
+            .as_deref(),
+            Some("1"),
+            "an unknown path under the bounded label\n{text}"
+        );
+    }
+    h.stop().await;
+}
+
 #[tokio::test]
 async fn cors_any_port_entry_allows_that_host_on_every_port_only() {
     let h = Harness::start(|c| {
