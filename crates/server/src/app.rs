@@ -232,6 +232,13 @@ pub(crate) fn allow_origin(entries: &[String]) -> Result<AllowOrigin, String> {
                  scheme://host:* for every port)"
             ))
         })?;
+        if let Some(canonical) = canonical_origin(origin).filter(|c| c != origin) {
+            let star = if every_port { ":*" } else { "" };
+            return Err(format!(
+                "--allow-origin: {o:?} can never match: a browser sends this origin as \
+                 {canonical}{star} (an IP address in its canonical form); give that"
+            ));
+        }
         if every_port {
             any_port.push(format!("{origin}:"));
         } else {
@@ -254,6 +261,22 @@ pub(crate) fn allow_origin(entries: &[String]) -> Result<AllowOrigin, String> {
                 })
             })
     }))
+}
+
+/// How a browser serializes `origin` in its `Origin` header (the WHATWG URL
+/// standard's host parser and origin serialization), for `http` and `https`
+/// only (the other schemes' origins are opaque there); `None` otherwise or
+/// when it does not parse. It differs from an entry [`not_an_origin`]
+/// accepts only in an IP address's spelling: `[0:0:0:0:0:0:0:1]` is sent as
+/// `[::1]`, `[::ffff:127.0.0.1]` as `[::ffff:7f00:1]`, `0x7f.0.0.1` and
+/// `127.1` as `127.0.0.1`.
+fn canonical_origin(origin: &str) -> Option<String> {
+    if !(origin.starts_with("http://") || origin.starts_with("https://")) {
+        return None;
+    }
+    url::Url::parse(origin)
+        .ok()
+        .map(|u| u.origin().ascii_serialization())
 }
 
 /// Why `origin` (an `--allow-origin` entry, its `:*` taken off when

@@ -290,3 +290,32 @@ fn an_allow_origin_entry_that_can_never_match_is_refused_naming_it() {
         parse(&["--allow-origin", good]).unwrap_or_else(|e| panic!("{good}: {e}"));
     }
 }
+
+/// An `--allow-origin` entry whose IP address is spelled otherwise than a
+/// browser spells it in `Origin` (the WHATWG URL standard's canonical form)
+/// can never match: it is refused at startup, naming the entry and the form
+/// to give. Before, these were accepted and every call from the page failed
+/// CORS.
+#[test]
+fn an_allow_origin_ip_address_not_spelled_as_a_browser_sends_it_is_refused() {
+    for (bad, sent) in [
+        ("http://[0:0:0:0:0:0:0:1]:5173", "http://[::1]:5173"),
+        (
+            "http://[::ffff:127.0.0.1]:5173",
+            "http://[::ffff:7f00:1]:5173",
+        ),
+        ("http://0x7f.0.0.1:5173", "http://127.0.0.1:5173"),
+        ("http://127.1:5173", "http://127.0.0.1:5173"),
+        ("http://[0:0::1]:*", "http://[::1]:*"),
+    ] {
+        let err = parse(&["--allow-origin", bad])
+            .map(drop)
+            .expect_err(&format!("{bad:?} accepted"));
+        let text = err.to_string();
+        assert!(
+            text.contains("--allow-origin") && text.contains(bad) && text.contains(sent),
+            "{bad}: {text}"
+        );
+        parse(&["--allow-origin", sent]).unwrap_or_else(|e| panic!("{sent}: {e}"));
+    }
+}
