@@ -6,7 +6,7 @@
 //! address). [`Server::start`](crate::Server::start) runs [`Config::validate`]
 //! too, so a configuration built in code is held to the same ranges.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
 
@@ -286,6 +286,16 @@ impl Config {
                      /metrics listener needs an address of its own"
                 ));
             }
+            if binds_overlap(metrics, self.listen) {
+                return Err(format!(
+                    "--metrics-listen {metrics} collides with --listen {}: both bind port {} \
+                     on the same address (a wildcard covers every address of its family, \
+                     [::] both families; an IPv4-mapped address is its IPv4 one); give the \
+                     tokenless /metrics listener a port of its own",
+                    self.listen,
+                    metrics.port()
+                ));
+            }
             if !metrics.ip().to_canonical().is_loopback() && !self.metrics_public {
                 return Err(format!(
                     "--metrics-listen {metrics} is not a loopback address: the tokenless \
@@ -317,4 +327,21 @@ impl Config {
             ..Settings::default()
         }
     }
+}
+
+/// Whether binding `a` and `b` (one a listener of this server each) would
+/// collide: one port (not 0, which picks a free one) on addresses that
+/// overlap. Before, only byte-identical addresses were refused, and
+/// `--listen 0.0.0.0:X --metrics-listen 127.0.0.1:X` (or
+/// `[::ffff:127.0.0.1]:X` beside `127.0.0.1:X`) passed the check: the
+/// server opened and migrated the database, then exited with "Address
+/// already in use" naming no flag. An unspecified address covers its
+/// family's addresses; `[::]` both families (Linux binds it dual-stack).
+fn binds_overlap(a: SocketAddr, b: SocketAddr) -> bool {
+    if a.port() != b.port() || a.port() == 0 {
+        return false;
+    }
+    let (x, y) = (a.ip().to_canonical(), b.ip().to_canonical());
+    let covers = |u: IpAddr, v: IpAddr| u.is_unspecified() && (u.is_ipv6() || v.is_ipv4());
+    x == y || covers(x, y) || covers(y, x)
 }

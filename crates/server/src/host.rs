@@ -78,6 +78,15 @@ pub fn allowed_host_arg(v: &str) -> Result<String, String> {
         Err(format!(
             "{v:?} is not a host name or address (e.g. localhost, demo.example, or * for any)"
         ))
+    } else if strip_port(v) != v {
+        // The port is taken off `Host` before it is compared, so an entry
+        // with one never matched: refused instead of every request to that
+        // name answered 403.
+        Err(format!(
+            "{v:?} names a port: a host is allowed on every port this server listens on; \
+             give {:?}",
+            strip_port(v)
+        ))
     } else {
         Ok(v.to_owned())
     }
@@ -175,7 +184,10 @@ mod tests {
     fn an_allowed_host_is_a_bare_name() {
         assert!(allowed_host_arg("demo.example").is_ok());
         assert!(allowed_host_arg("*").is_ok());
-        for bad in ["", "http://x", "a b", "x/y"] {
+        for good in ["::1", "[::1]", "127.0.0.1"] {
+            assert!(allowed_host_arg(good).is_ok(), "{good}");
+        }
+        for bad in ["", "http://x", "a b", "x/y", "localhost:8787", "[::1]:8787"] {
             assert!(allowed_host_arg(bad).is_err(), "{bad}");
         }
     }

@@ -131,6 +131,65 @@ fn metrics_listen_on_the_listen_address_is_refused() {
     assert!(parse(&["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"]).is_ok());
 }
 
+/// `--metrics-listen` on `--listen`'s port in another form of an address
+/// that overlaps it is refused naming both flags, before the database is
+/// opened. Before, only the byte-identical address was: the server created
+/// and migrated the database, then exited with "Address already in use"
+/// naming no flag.
+#[test]
+fn metrics_listen_colliding_with_listen_in_another_form_is_refused() {
+    for (listen, metrics, public) in [
+        ("0.0.0.0:18999", "127.0.0.1:18999", false),
+        ("127.0.0.1:18999", "[::ffff:127.0.0.1]:18999", false),
+        ("[::ffff:127.0.0.1]:18999", "127.0.0.1:18999", false),
+        ("[::]:18999", "127.0.0.1:18999", false),
+        ("127.0.0.1:18999", "0.0.0.0:18999", true),
+        ("[::1]:18999", "[::]:18999", true),
+    ] {
+        let mut args = vec!["--listen", listen, "--metrics-listen", metrics];
+        if public {
+            args.push("--metrics-public");
+        }
+        let text = parse(&args)
+            .expect_err(&format!("{listen} and {metrics} accepted"))
+            .to_string();
+        assert!(
+            text.contains("--metrics-listen") && text.contains("--listen"),
+            "{listen} {metrics}: {text}"
+        );
+    }
+    for (listen, metrics) in [
+        ("0.0.0.0:18999", "127.0.0.1:19000"),
+        ("0.0.0.0:18999", "[::1]:18999"),
+        ("127.0.0.2:18999", "127.0.0.1:18999"),
+        ("0.0.0.0:0", "127.0.0.1:0"),
+    ] {
+        parse(&["--listen", listen, "--metrics-listen", metrics])
+            .unwrap_or_else(|e| panic!("{listen} {metrics}: {e}"));
+    }
+}
+
+/// An `--allowed-host` entry with a port can never match (the port is taken
+/// off `Host` before it is compared): refused at startup naming it and the
+/// entry to give. Before, it was accepted and every request addressed to
+/// that name answered 403.
+#[test]
+fn an_allowed_host_with_a_port_is_refused_naming_it() {
+    for (bad, give) in [("localhost:8787", "localhost"), ("[::1]:8787", "[::1]")] {
+        let text = parse(&["--allowed-host", bad])
+            .map(drop)
+            .expect_err(&format!("{bad} accepted"))
+            .to_string();
+        assert!(
+            text.contains("--allowed-host") && text.contains(bad) && text.contains(give),
+            "{bad}: {text}"
+        );
+    }
+    for good in ["localhost", "::1", "[::1]", "demo.example", "*"] {
+        parse(&["--allowed-host", good]).unwrap_or_else(|e| panic!("{good}: {e}"));
+    }
+}
+
 /// The tokenless metrics listener shows queue names and gauges: on a
 /// non-loopback address it needs `--metrics-public`, named in the refusal.
 #[test]
