@@ -95,10 +95,11 @@ pub fn router(config: &Config, state: AppState) -> Result<Router, String> {
     // The metrics middleware outside CORS: a preflight, which CORS answers
     // itself, is an answer too. Before, none was counted in
     // `agentstore_http_responses_total` nor timed.
+    // The app without CORS, for an `OPTIONS` that is no preflight.
+    let plain = app.clone();
     let app = app
-        .clone()
         .layer(cors)
-        .layer(axum::middleware::from_fn_with_state(app, preflights_only))
+        .layer(axum::middleware::from_fn_with_state(plain, preflights_only))
         .layer(axum::middleware::from_fn_with_state(
             metrics,
             metrics::track,

@@ -34,7 +34,6 @@ use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
 };
-
 use tokio::sync::watch;
 
 use crate::store::{Store, StoreError};
