@@ -95,46 +95,11 @@ pub fn router(config: &Config, state: AppState) -> Result<Router, String> {
     // The metrics middleware outside CORS: a preflight, which CORS answers
     // itself, is an answer too. Before, none was counted in
     // `agentstore_http_responses_total` nor timed.
-    // The app without CORS, for an `OPTIONS` that is no preflight.
-    let plain = app.clone();
-    let app = app
-        .layer(cors)
-        .layer(axum::middleware::from_fn_with_state(plain, preflights_only))
-        .layer(axum::middleware::from_fn_with_state(
-            metrics,
-            metrics::track,
-        ));
+    let app = app.layer(cors).layer(axum::middleware::from_fn_with_state(
+        metrics,
+        metrics::track,
+    ));
     Ok(outer(app, config, config.listen))
-}
-
-/// Middleware outside CORS: an `OPTIONS` that is no CORS preflight of a
-/// route (it names no route, or lacks `Origin` or
-/// `Access-Control-Request-Method`) goes to `app` without CORS, which
-/// answers it as any other method it does not serve (`405`). Before, CORS
-/// answered every `OPTIONS` `200`, `OPTIONS /nonexistent` included.
-async fn preflights_only(
-    axum::extract::State(app): axum::extract::State<Router>,
-    mut req: Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    let for_cors = req.method() != Method::OPTIONS
-        || (req.headers().contains_key(header::ORIGIN)
-            && req
-                .headers()
-                .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD)
-            && req
-                .extensions()
-                .get::<axum::extract::MatchedPath>()
-                .is_some());
-    if for_cors {
-        return next.run(req).await;
-    }
-    // Routed again from the top: the match found here is not kept.
-    req.extensions_mut().remove::<axum::extract::MatchedPath>();
-    match tower::ServiceExt::oneshot(app, req).await {
-        Ok(resp) => resp,
-        Err(never) => match never {},
-    }
 }
 
 /// The layers every listener's app gets, outermost last: the `Host` check
