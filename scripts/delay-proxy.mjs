@@ -71,6 +71,10 @@
 //                           once (an outcome the client cannot know); the held
 //                           heartbeats go on only after that answer was sent;
 //                           a release request is failed the same way
+//   /settle-first-failed-throttled-<n>/… the first settle or release is failed
+//                           so (503, heartbeats still held); each later one is
+//                           answered 429 {code: "rate_limited"} (not applied),
+//                           and the held heartbeats go on after the first 429
 //   /_held/<mode>            {"held": n, "raced": r}: how many requests or answers of
 //                           that mode are held back right now (a test waits for a
 //                           count instead of sleeping), and (late-heartbeats) how
@@ -245,9 +249,9 @@ const server = http.createServer((req, res) => {
     });
     return;
   }
-  const settleFirst = /^settle-first(-refused|-failed)?-(.+)$/.exec(mode);
+  const settleFirst = /^settle-first(-refused|-failed-throttled|-failed)?-(.+)$/.exec(mode);
   // The failed form ends a release the same way (its outcome unknown too).
-  const settlePath = new RegExp(settleFirst?.[1] === '-failed' ? '^/v1/items/\\d+/(settle|release)$' : '^/v1/items/\\d+/settle$').test(path);
+  const settlePath = new RegExp(settleFirst?.[1]?.startsWith('-failed') ? '^/v1/items/\\d+/(settle|release)$' : '^/v1/items/\\d+/settle$').test(path);
   if (settleFirst && !stopped.has(settleFirst[2]) && req.method === 'POST' && (isHeartbeat(path) || settlePath)) {
     const nonce = settleFirst[2];
     const first = settleFirsts.get(nonce) ?? { landed: false, waiting: [] };
@@ -279,7 +283,17 @@ const server = http.createServer((req, res) => {
       for (const forward of first.waiting.splice(0)) forward();
     };
     const hold = (send) => holding.set(nonce, [...(holding.get(nonce) ?? []), send]);
-    if (settleFirst[1] === '-failed') {
+    if (settleFirst[1] === '-failed-throttled' && !first.failedOnce) {
+      // The first ending call fails (503), the heartbeats stay held.
+      first.failedOnce = true;
+      req.resume();
+      res.writeHead(503, { 'content-type': 'application/json', 'access-control-allow-origin': '*' });
+      res.end(JSON.stringify({ code: 'network', message: 'failed by the test proxy' }));
+    } else if (settleFirst[1] === '-failed-throttled') {
+      req.resume();
+      res.writeHead(429, { 'content-type': 'application/json', 'access-control-allow-origin': '*', 'retry-after': '1' });
+      res.end(JSON.stringify({ code: 'rate_limited', message: 'throttled by the test proxy' }), land);
+    } else if (settleFirst[1] === '-failed') {
       req.resume();
       res.writeHead(503, { 'content-type': 'application/json', 'access-control-allow-origin': '*' });
       res.end(JSON.stringify({ code: 'network', message: 'failed by the test proxy' }), land);

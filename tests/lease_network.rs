@@ -1335,6 +1335,65 @@ async fn a_settle_after_a_release_failed_and_a_takeover_is_refused_without_sendi
     }
 }
 
+/// A settle refused without landing (a 429) after a release of unknown
+/// outcome (a 503) is no settle whose outcome a later one could learn:
+/// once a heartbeat sent before both is refused by a takeover, the next
+/// settle is refused locally with the loss and nothing is sent. Before,
+/// the 429 (unknown only because the release before it was) marked a
+/// settle pending, and the next settle went out on the lost lease. Forced
+/// by the proxy's `settle-first-failed-throttled` barrier: the release
+/// fails, the settle is throttled, and only then the held heartbeat goes
+/// on.
+#[wasm_bindgen_test]
+async fn a_throttled_settle_after_a_release_failed_leaves_nothing_to_learn_after_a_takeover() {
+    let Some((proxy, base)) = long_ttl_proxy() else {
+        return;
+    };
+    for (round, resume) in [true, false].into_iter().enumerate() {
+        let (c, lease, _, nonce, mode, reads) = held_at_the_barrier_then_taken(
+            (proxy, base),
+            ("-failed-throttled", "throttled-takeover", round),
+            config(),
+            (true, resume),
+        )
+        .await;
+        let released = lease.release().await;
+        assert!(released.is_err(), "round {round}: {released:?}");
+        let settled = lease.settle(SettleState::Done, None, None).await;
+        assert!(
+            matches!(
+                settled,
+                Err(agentstore::lease::LeaseError::RateLimited { .. })
+            ),
+            "round {round}: throttled: {settled:?}"
+        );
+        let until = now() + 20_000.0;
+        while now() < until
+            && (hook_call(&reads, "count").as_f64() < Some(1.0) || lease.status() == Status::Held)
+        {
+            sleep(10.0).await;
+        }
+        hook_call(&reads, "restore");
+        assert_eq!(
+            lease.status(),
+            Status::Lost(LossReason::ClaimLost),
+            "round {round}"
+        );
+        let again = lease.settle(SettleState::Done, None, None).await;
+        assert!(
+            matches!(again, Err(agentstore::lease::LeaseError::ClaimLost { .. })),
+            "round {round}: refused with the loss: {again:?}"
+        );
+        assert_eq!(
+            proxy_count(proxy, &mode, "settles").await,
+            1.0,
+            "round {round}: only the throttled settle was sent"
+        );
+        stop_dropping(proxy, &nonce).await;
+        c.close().await;
+    }
+}
+
 /// The other way the same race goes: the lease's own settle landed, its
 /// answer never came (a NetworkError), and a heartbeat sent just before it
 /// was refused `claim_lost` because it landed. The lease reads lost at once

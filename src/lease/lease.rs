@@ -828,16 +828,20 @@ impl LeaseInner {
         // local deadline passing) leaves it unknown: heartbeats stay off
         // (else they took a landed settle for a lost claim) and no owed
         // release goes out (it could reopen finished work).
-        let unknown = match &r {
-            Ok(_) => false,
+        let own_unknown = match &r {
             Err(LeaseError::Network(_)) => true,
-            Err(LeaseError::Server { status, .. }) if *status >= 500 => true,
-            Err(e) => after_unknown && !e.is_servers_verdict(),
+            Err(LeaseError::Server { status, .. }) => *status >= 500,
+            _ => false,
         };
+        let unknown = own_unknown
+            || r.as_ref()
+                .is_err_and(|e| after_unknown && !e.is_servers_verdict());
         self.ending_unanswered.set(unknown);
-        // A settle of unknown outcome stays pending through later calls of
-        // unknown outcome too (a release after it may be refused unlanded).
-        let settle_pending = state.is_some() || self.settle_unanswered.get();
+        // A settle whose OWN outcome is unknown may have landed; it stays
+        // pending through later calls of unknown outcome (a release or
+        // settle after it refused unlanded, a 429). A settle refused
+        // unlanded after a release of unknown outcome is none.
+        let settle_pending = (state.is_some() && own_unknown) || self.settle_unanswered.get();
         self.settle_unanswered.set(unknown && settle_pending);
         // A release owed since a local loss: due once this call is known not
         // to have ended the lease (after an unknown outcome the journal
