@@ -1202,6 +1202,19 @@ async fn a_takeover_seen_while_a_settle_goes_unanswered_ends_the_lease() {
     }
 }
 
+/// Waits (bounded) until the page has read a heartbeat's answer (`reads`,
+/// [`heartbeat_answers_read`]) and the lease has taken it in (no longer
+/// held), then restores the page's `fetch`.
+async fn verdict_taken_in(reads: &JsValue, lease: &agentstore::lease::LeaseInner) {
+    let until = now() + 20_000.0;
+    while now() < until
+        && (hook_call(reads, "count").as_f64() < Some(1.0) || lease.status() == Status::Held)
+    {
+        sleep(10.0).await;
+    }
+    hook_call(reads, "restore");
+}
+
 /// One round of an ending call failed at once (a 503 from a gateway, by
 /// the proxy's `settle-first-failed` barrier: its outcome unknown, so no
 /// heartbeat goes out after it) while the heartbeat sent just before it
@@ -1238,15 +1251,8 @@ async fn ended_unknown_after_a_takeover(
         lease.settle(SettleState::Done, None, None).await.err()
     };
     assert!(failed.is_some(), "round {round}: the ending call failed");
-    // The held heartbeat goes on now; wait (bounded) for the page to read
-    // its answer and for the lease to take it in.
-    let until = now() + 20_000.0;
-    while now() < until
-        && (hook_call(&reads, "count").as_f64() < Some(1.0) || lease.status() == Status::Held)
-    {
-        sleep(10.0).await;
-    }
-    hook_call(&reads, "restore");
+    // The held heartbeat goes on now.
+    verdict_taken_in(&reads, &lease).await;
     assert!(
         proxy_count(proxy, &mode, "raced").await >= 1.0,
         "round {round}: the heartbeat reached the server after the call failed"
@@ -1367,13 +1373,7 @@ async fn a_throttled_settle_after_a_release_failed_leaves_nothing_to_learn_after
             ),
             "round {round}: throttled: {settled:?}"
         );
-        let until = now() + 20_000.0;
-        while now() < until
-            && (hook_call(&reads, "count").as_f64() < Some(1.0) || lease.status() == Status::Held)
-        {
-            sleep(10.0).await;
-        }
-        hook_call(&reads, "restore");
+        verdict_taken_in(&reads, &lease).await;
         assert_eq!(
             lease.status(),
             Status::Lost(LossReason::ClaimLost),
