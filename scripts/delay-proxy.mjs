@@ -71,6 +71,10 @@
 //                           once (an outcome the client cannot know); the held
 //                           heartbeats go on only after that answer was sent;
 //                           a release request is failed the same way
+//   /settle-first-landed-503-<n>/… the same, except that each settle reaches the
+//                           server and its answer is replaced by a 503 with
+//                           Retry-After: 30 (its outcome unknown to the client);
+//                           the held heartbeats go on after that answer was sent
 //   /settle-first-failed-throttled-<n>/… the first settle or release is failed
 //                           so (503, heartbeats still held); each later one is
 //                           answered 429 {code: "rate_limited"} (not applied),
@@ -249,7 +253,7 @@ const server = http.createServer((req, res) => {
     });
     return;
   }
-  const settleFirst = /^settle-first(-refused|-failed-throttled|-failed)?-(.+)$/.exec(mode);
+  const settleFirst = /^settle-first(-refused|-failed-throttled|-failed|-landed-503)?-(.+)$/.exec(mode);
   // The failed form ends a release the same way (its outcome unknown too).
   const settlePath = new RegExp(settleFirst?.[1]?.startsWith('-failed') ? '^/v1/items/\\d+/(settle|release)$' : '^/v1/items/\\d+/settle$').test(path);
   if (settleFirst && !stopped.has(settleFirst[2]) && req.method === 'POST' && (isHeartbeat(path) || settlePath)) {
@@ -297,6 +301,23 @@ const server = http.createServer((req, res) => {
       req.resume();
       res.writeHead(503, { 'content-type': 'application/json', 'access-control-allow-origin': '*' });
       res.end(JSON.stringify({ code: 'network', message: 'failed by the test proxy' }), land);
+    } else if (settleFirst[1] === '-landed-503') {
+      // Applied by the server, answered 503 with Retry-After: 30 at once.
+      req.pipe(
+        upstream(
+          req,
+          path,
+          () => {
+            const cors = { 'content-type': 'application/json', 'access-control-allow-origin': '*', 'access-control-expose-headers': 'retry-after', 'retry-after': '30' };
+            res.writeHead(503, cors);
+            res.end(JSON.stringify({ code: 'network', message: 'answer lost by the test proxy' }), land);
+          },
+          () => {
+            land();
+            res.destroy();
+          },
+        ),
+      );
     } else if (settleFirst[1]) {
       req.resume();
       land();

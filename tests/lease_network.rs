@@ -1432,6 +1432,50 @@ async fn a_settle_that_landed_unanswered_while_a_heartbeat_was_refused_ends_sett
     }
 }
 
+/// Starts `work()` on queue `q` through client `c` with a handler that
+/// waits, keeping its lease and its release in `globalThis[key]`; waits
+/// (bounded) until the handler runs and its lease's heartbeat is held at
+/// the proxy's barrier (`mode`). Returns the worker, the handler's lease
+/// and the function that lets the handler return `{n: 1}`.
+async fn working_with_heartbeat_held(
+    c: &Rc<ClientInner>,
+    q: &str,
+    (proxy, mode): (&str, &str),
+    key: &str,
+    round: usize,
+) -> (Rc<WorkerInner>, JsValue, Function) {
+    let handler = Function::new_with_args(
+        "lease",
+        &format!(
+            "return new Promise((go) => {{ globalThis['{key}'] = {{ lease, go: () => go({{ n: 1 }}) }}; }});"
+        ),
+    );
+    let w = WorkerInner::start(
+        c.clone(),
+        q.to_owned(),
+        handler,
+        WorkOptions::default(),
+        wrap,
+    );
+    let running = |k: &str| {
+        Reflect::get(&js_sys::global(), &key.into())
+            .ok()
+            .filter(|v| v.is_object())
+            .map(|v| Reflect::get(&v, &k.into()).unwrap())
+    };
+    let until = now() + 30_000.0;
+    while running("lease").is_none() && now() < until {
+        sleep(10.0).await;
+    }
+    let js_lease = running("lease").expect("the handler runs");
+    assert!(
+        proxy_count_reaching(proxy, mode, "held", 1.0, 30_000.0).await >= 1.0,
+        "round {round}: a heartbeat went out"
+    );
+    let go = running("go").unwrap().unchecked_into::<Function>();
+    (w, js_lease, go)
+}
+
 /// `work()` whose settle goes unanswered while a heartbeat sent before it
 /// is refused: the handler's lease reads `claim_lost` at once, and the
 /// loop still sends the same settle again to learn what became of the
@@ -1463,33 +1507,13 @@ async fn work_sends_an_unanswered_settle_again_after_a_refused_heartbeat_and_cou
             globalThis.fetch = wrapper;
             return { failed: () => failed, restore: () => { if (globalThis.fetch === wrapper) globalThis.fetch = real; } };",
         );
-        let handler = Function::new_with_args(
-            "lease",
-            &format!(
-                "return new Promise((go) => {{ globalThis['{key}'] = {{ lease, go: () => go({{ n: 1 }}) }}; }});"
-            ),
-        );
         let config = ClientConfig {
             request_timeout_ms: UNANSWERED_MS,
             ..config()
         };
         let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config);
-        let w = WorkerInner::start(c.clone(), q.clone(), handler, WorkOptions::default(), wrap);
-        let running = |k: &str| {
-            Reflect::get(&js_sys::global(), &key.as_str().into())
-                .ok()
-                .filter(|v| v.is_object())
-                .map(|v| Reflect::get(&v, &k.into()).unwrap())
-        };
-        let until = now() + 30_000.0;
-        while running("lease").is_none() && now() < until {
-            sleep(10.0).await;
-        }
-        let js_lease = running("lease").expect("the handler runs");
-        assert!(
-            proxy_count_reaching(proxy, &mode, "held", 1.0, 30_000.0).await >= 1.0,
-            "round {round}: a heartbeat went out"
-        );
+        let (w, js_lease, go) =
+            working_with_heartbeat_held(&c, &q, (proxy, &mode), &key, round).await;
         if takeover {
             for step in ["pause", "resume"] {
                 let path = format!("/v1/items/{id}/{step}");
@@ -1497,11 +1521,7 @@ async fn work_sends_an_unanswered_settle_again_after_a_refused_heartbeat_and_cou
                 assert_eq!(status, 200, "round {round}: {step}: {body}");
             }
         }
-        running("go")
-            .unwrap()
-            .unchecked_into::<Function>()
-            .call0(&JsValue::NULL)
-            .unwrap();
+        go.call0(&JsValue::NULL).unwrap();
         let until = now() + 30_000.0;
         while hook_call(&hook, "failed").as_f64() < Some(1.0) && now() < until {
             sleep(10.0).await;
@@ -1559,6 +1579,65 @@ async fn work_sends_an_unanswered_settle_again_after_a_refused_heartbeat_and_cou
         );
         let _ = Reflect::set(&js_sys::global(), &key.as_str().into(), &JsValue::UNDEFINED);
         c.close().await;
+    }
+}
+
+/// `client.close()` while `work()` waits to send again a settle whose
+/// answer was lost (a 503 with `Retry-After: 30` after the server applied
+/// it), on a lease a heartbeat refused meanwhile: `close()` ends only held
+/// leases, so `work()` sends that settle once more itself. Answered as the
+/// replay of the one that landed, the item
+/// counts `done`. Before, the loop gave up at `close()` and counted it
+/// `lost`. Forced by the proxy's `settle-first-landed-503` barrier: the
+/// heartbeat sent before the settle waits there until the settle has
+/// landed; the test closes once the lease reads `claim_lost`.
+#[wasm_bindgen_test]
+async fn close_while_work_waits_to_resend_a_settle_that_landed_unanswered_counts_it_done() {
+    let Some((proxy, base)) = long_ttl_proxy() else {
+        return;
+    };
+    for round in 0..2 {
+        let nonce = fresh_queue("n");
+        let mode = format!("settle-first-landed-503-{nonce}");
+        let q = fresh_queue("closed-resend");
+        let id = enqueue_at(base, &q, json!({})).await;
+        let key = fresh_queue("k");
+        let c = client_at(&format!("{proxy}/{mode}"), admin_creds(), config());
+        let (w, js_lease, go) =
+            working_with_heartbeat_held(&c, &q, (proxy, &mode), &key, round).await;
+        go.call0(&JsValue::NULL).unwrap();
+        let status = || {
+            Reflect::get(&js_lease, &"status".into())
+                .unwrap()
+                .as_string()
+        };
+        let until = now() + 30_000.0;
+        while status().as_deref() != Some("claim_lost") && now() < until {
+            sleep(10.0).await;
+        }
+        assert_eq!(
+            status().as_deref(),
+            Some("claim_lost"),
+            "round {round}: the heartbeat refused after the settle landed"
+        );
+        assert_eq!(item_at(base, id).await.state, ItemState::Done);
+        assert_eq!(proxy_count(proxy, &mode, "settles").await, 1.0);
+        // The settle sent again passes now; close() during work()'s wait.
+        stop_dropping(proxy, &nonce).await;
+        c.close().await;
+        w.stop().await;
+        let st = *w.stats.borrow();
+        assert_eq!(
+            (st.claimed, st.done, st.lost),
+            (1, 1, 0),
+            "round {round}: {st:?}"
+        );
+        assert_eq!(
+            proxy_count(proxy, &mode, "settles").await,
+            2.0,
+            "round {round}: sent once more"
+        );
+        let _ = Reflect::set(&js_sys::global(), &key.as_str().into(), &JsValue::UNDEFINED);
     }
 }
 

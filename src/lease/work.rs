@@ -451,7 +451,10 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
                 // Finished work waiting for its settle: no pagehide beacon
                 // releases it meanwhile.
                 lease.settle_retry_due.set(true);
-                if lease.ending_unanswered.get() {
+                // The settle's outcome is unknown: it may be sent again
+                // after a `close()` during the wait below (see there).
+                let resend = lease.ending_unanswered.get();
+                if resend {
                     // Never past the local deadline, which ends the wait
                     // (a `Retry-After: 3600` must not hold the slot and
                     // `stop()` for an hour after the lease is gone); nor
@@ -462,8 +465,18 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
                     w.wait(d).await;
                 }
                 lease.settle_retry_due.set(false);
-                // close() came during the pause: it sends the settle.
+                // close() came during the pause: it sends the settle of a
+                // held lease. One lost meanwhile with its settle's outcome
+                // unknown it no longer knows of: that settle is sent once
+                // more from here, to learn whether it landed (answered as
+                // the replay: counted done; `close()` waits for it if it is
+                // out before `close()` looks, which the wake-up order makes
+                // likely, not certain). Before, the item counted lost even
+                // when the settle had landed.
                 if w.client.closed.get() {
+                    if resend && lease.settle_unresolved() {
+                        continue;
+                    }
                     break true;
                 }
             }
