@@ -1295,6 +1295,30 @@ async fn a_takeover_seen_after_a_settle_failed_ends_the_lease() {
     }
 }
 
+/// Settles `lease` (already lost) and asserts the settle is refused locally
+/// with the loss (ClaimLostError) and not sent: the proxy's `settles`
+/// counter for `mode` still reads `sent_before`.
+async fn settle_refused_locally(
+    lease: &agentstore::lease::LeaseInner,
+    (proxy, mode): (&str, &str),
+    sent_before: f64,
+    round: usize,
+) {
+    let settled = lease.settle(SettleState::Done, None, None).await;
+    assert!(
+        matches!(
+            settled,
+            Err(agentstore::lease::LeaseError::ClaimLost { .. })
+        ),
+        "round {round}: refused with the loss: {settled:?}"
+    );
+    assert_eq!(
+        proxy_count(proxy, mode, "settles").await,
+        sent_before,
+        "round {round}: the settle was not sent"
+    );
+}
+
 /// After a RELEASE of unknown outcome (a 503 at once) and a heartbeat
 /// refused by a takeover, a settle is refused locally with the loss
 /// (ClaimLostError) and nothing is sent: no settle of this lease is
@@ -1322,19 +1346,7 @@ async fn a_settle_after_a_release_failed_and_a_takeover_is_refused_without_sendi
             "round {round}"
         );
         stop_dropping(proxy, &nonce).await;
-        let settled = lease.settle(SettleState::Done, None, None).await;
-        assert!(
-            matches!(
-                settled,
-                Err(agentstore::lease::LeaseError::ClaimLost { .. })
-            ),
-            "round {round}: refused with the loss: {settled:?}"
-        );
-        assert_eq!(
-            proxy_count(proxy, &mode, "settles").await,
-            0.0,
-            "round {round}: no settle was sent"
-        );
+        settle_refused_locally(&lease, (proxy, &mode), 0.0, round).await;
         let it = item_at(base, id).await;
         assert_ne!(it.state, ItemState::Done, "round {round}");
         c.close().await;
@@ -1379,16 +1391,7 @@ async fn a_throttled_settle_after_a_release_failed_leaves_nothing_to_learn_after
             Status::Lost(LossReason::ClaimLost),
             "round {round}"
         );
-        let again = lease.settle(SettleState::Done, None, None).await;
-        assert!(
-            matches!(again, Err(agentstore::lease::LeaseError::ClaimLost { .. })),
-            "round {round}: refused with the loss: {again:?}"
-        );
-        assert_eq!(
-            proxy_count(proxy, &mode, "settles").await,
-            1.0,
-            "round {round}: only the throttled settle was sent"
-        );
+        settle_refused_locally(&lease, (proxy, &mode), 1.0, round).await;
         stop_dropping(proxy, &nonce).await;
         c.close().await;
     }
