@@ -80,9 +80,10 @@ pub fn router(config: &Config, state: AppState) -> Result<Router, String> {
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
         // A body that does not arrive in time fails its read: the request
         // is answered 400 and the connection closed (see `serve`).
-        .layer(axum::Extension(crate::extract::BodyDeadline(
-            Duration::from_millis(config.read_timeout_ms),
-        )))
+        .layer(axum::Extension(crate::extract::BodyBounds {
+            deadline: Duration::from_millis(config.read_timeout_ms),
+            limit: config.max_body_bytes,
+        }))
         .with_state(state.clone());
     // ServeDir maps `.wasm` to `application/wasm` (mime_guess), which
     // `WebAssembly.instantiateStreaming` requires.

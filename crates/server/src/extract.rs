@@ -71,7 +71,8 @@ impl<S: Send + Sync> FromRequestParts<S> for Segment {
 /// A request body read whole but not yet parsed: a handler that must refuse
 /// a caller its role does not allow (`403`) whatever the body is takes this,
 /// checks the role, and only then calls [`RawBody::json`]. Too large → `413
-/// payload_too_large`, before any role check (the rest of such a body is
+/// payload_too_large`, before any role check (a declared `Content-Length`
+/// over the limit before any of the body is read; the rest of such a body is
 /// only read and discarded, after the answer, by [`crate::drain`]'s
 /// lingering close); past the read deadline → `400 bad_request`. (An answer sent
 /// before a body is read, by a handler or an extractor, reaches the client
@@ -96,7 +97,21 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let deadline = req.extensions().get::<BodyDeadline>().map(|d| d.0);
+        let bounds = req.extensions().get::<BodyBounds>().copied();
+        // A declared length over the limit is refused before the body is
+        // polled: no `100 Continue` invites a body that would be refused
+        // (RFC 9110 §10.1.1), and no wait for bytes that would only fail at
+        // the limit or at the read deadline (a `400` then, not the `413`).
+        let declared = req
+            .headers()
+            .get(axum::http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if let (Some(b), Some(n)) = (bounds, declared) {
+            if n > b.limit as u64 {
+                return Err(too_large());
+            }
+        }
+        let deadline = bounds.map(|b| b.deadline);
         let read = Bytes::from_request(req, state);
         let read = match deadline {
             // One deadline for the whole body: a client trickling a byte
@@ -111,7 +126,7 @@ where
         };
         read.map(RawBody).map_err(|r| {
             if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(ErrorCode::PayloadTooLarge, "request body too large")
+                too_large()
             } else {
                 ApiError::new(ErrorCode::BadRequest, "could not read the request body")
             }
@@ -119,12 +134,23 @@ where
     }
 }
 
-/// How long a request's whole body may take to arrive once its handler
-/// reads it (`--read-timeout-ms`), set on the API's requests by the router:
-/// past it [`JsonBody`] answers `400 bad_request` and the connection is
-/// closed (the rest of the body is never read).
+fn too_large() -> ApiError {
+    ApiError::new(ErrorCode::PayloadTooLarge, "request body too large")
+}
+
+/// The bounds of a request body once its handler reads it, set on the API's
+/// requests by the router.
 #[derive(Debug, Clone, Copy)]
-pub struct BodyDeadline(pub std::time::Duration);
+pub struct BodyBounds {
+    /// How long the whole body may take to arrive (`--read-timeout-ms`):
+    /// past it [`JsonBody`] answers `400 bad_request` and the connection is
+    /// closed (the rest of the body is never read).
+    pub deadline: std::time::Duration,
+    /// `--max-body-bytes`: a `Content-Length` over it is answered `413
+    /// payload_too_large` before any of the body is read (the limit itself
+    /// is enforced on what arrives by `DefaultBodyLimit`).
+    pub limit: usize,
+}
 
 /// Parses a JSON body with the error mapping of [`JsonBody`]. Every body is a
 /// JSON object: serde would also fill a struct from an array of its fields in
