@@ -34,6 +34,28 @@ const ENQUEUE_LOCK_CLASS: i32 = 0x6167_4551;
 /// counters and field names in the answer), besides its texts.
 const ITEM_OVERHEAD_BYTES: u64 = 256;
 
+/// What `item` counts against a listing page's budget as answered: its JSON
+/// texts (payload and result are stored as answered), its queue name, its
+/// error as serde_json escapes it (a quote, a backslash, backspace, form
+/// feed, newline, carriage return and tab 2 bytes each, any other control
+/// character 6, as `\u00XX`; the rest as stored), and
+/// [`ITEM_OVERHEAD_BYTES`].
+fn answered_bytes(item: &Item) -> u64 {
+    let escaped = item.last_error.as_deref().map_or(0, |e| {
+        e.bytes()
+            .map(|b| match b {
+                b'"' | b'\\' | 0x08 | 0x0c | b'\n' | b'\r' | b'\t' => 2,
+                0..=0x1f => 6,
+                _ => 1,
+            })
+            .sum::<u64>()
+    });
+    let texts = item.payload.get().len()
+        + item.queue.len()
+        + item.result.as_ref().map_or(0, |r| r.get().len());
+    texts as u64 + escaped + ITEM_OVERHEAD_BYTES
+}
+
 /// How many times a keyed claim whose key another copy of it holds looks
 /// for that copy's lease (see [`Store::claim_once`]). Each look that finds
 /// none means the lease ended between the claim statement and the look.
@@ -2117,6 +2139,24 @@ impl Store {
                     );
                 }
             }
+        }
+        // The budget holds for the text answered, not only the text stored:
+        // an error is stored as plain text and answered JSON-escaped (a
+        // control character's 1 byte is 6), which the first statement
+        // cannot count. A page over the budget as answered ends earlier
+        // (at least one item); `next` is then its last item.
+        let (mut answered, mut keep) = (0u64, 0usize);
+        for item in &items {
+            answered += answered_bytes(item);
+            if keep > 0 && answered > budget {
+                break;
+            }
+            keep += 1;
+        }
+        if keep < items.len() {
+            items.truncate(keep);
+            let next = items.last().map(|i| i.id);
+            return Ok(ItemPage { items, next });
         }
         Ok(ItemPage {
             items,

@@ -3,7 +3,9 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::common::{TestDb, ADMIN};
+use crate::common::{http_server, TestDb, ADMIN};
+use agentstore_protocol::lease::SettleState;
+use serde_json::json;
 
 /// The part of a listing this test reads; the payload as the exact text the
 /// server wrote.
@@ -373,4 +375,67 @@ pub async fn a_queue_tail_never_misses_an_item_committed_out_of_order(db: TestDb
         &missed[..missed.len().min(10)]
     );
     assert_eq!(seen, enqueued, "the tail saw exactly the items enqueued");
+}
+
+/// A page's byte budget (about 4 MiB of item text) holds for the text the
+/// page is answered with, and paging still sees every item once. A settle's
+/// `error` is stored as plain text and answered JSON-escaped: a control
+/// character is 1 byte stored and 6 (`\u0001`) answered. Before, the budget
+/// counted the stored bytes, and a page of such items grew to about 6 times
+/// it (22 MB here).
+pub async fn a_listing_page_stays_near_its_byte_budget_when_errors_need_escaping(db: TestDb) {
+    let server = http_server(&db).await;
+    let store = server.store().clone();
+    let error = "\u{1}".repeat(600 * 1024);
+    let mut ids = Vec::new();
+    for _ in 0..10 {
+        let item = store.enqueue("esc", &json!(1), None).await.unwrap();
+        ids.push(item.id);
+        let lease = store.claim("esc", None).await.unwrap().unwrap();
+        store
+            .settle(
+                lease.item.id,
+                &lease.lease.token,
+                None,
+                SettleState::Failed,
+                None,
+                Some(&error),
+            )
+            .await
+            .unwrap();
+    }
+    let (mut seen, mut after, mut pages) = (Vec::new(), 0i64, 0);
+    loop {
+        let resp = reqwest::Client::new()
+            .get(format!(
+                "{}/v1/queues/esc/items?after={after}",
+                server.url()
+            ))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let text = resp.text().await.unwrap();
+        // The budget plus one item (a page always holds one) and the envelope.
+        let bound = 4 * 1024 * 1024 + 6 * error.len() + 64 * 1024;
+        assert!(
+            text.len() <= bound,
+            "a page of {} bytes, bound {bound}",
+            text.len()
+        );
+        let page: serde_json::Value = serde_json::from_str(&text).unwrap();
+        for item in page["items"].as_array().unwrap() {
+            assert_eq!(item["last_error"].as_str(), Some(error.as_str()));
+            seen.push(item["id"].as_i64().unwrap());
+        }
+        pages += 1;
+        match page["next"].as_i64() {
+            Some(next) => after = next,
+            None => break,
+        }
+        assert!(pages < 20, "paging ends");
+    }
+    assert_eq!(seen, ids, "every item once, in order, over {pages} pages");
+    server.stop().await.unwrap();
 }

@@ -45,6 +45,7 @@ macro_rules! conformance {
 }
 
 conformance! {
+    listing::a_listing_page_stays_near_its_byte_budget_when_errors_need_escaping,
     retention::settled_items_past_the_retention_are_deleted_and_nothing_else,
     retention::a_server_with_a_retention_deletes_old_settled_items_by_itself,
     retention::a_keyed_enqueue_replayed_while_retention_deletes_its_item_is_answered,
