@@ -127,8 +127,8 @@ impl From<SettleState> for ItemState {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EnqueueRequest {
-    /// Any JSON value a client reads back as written (nesting at most 128
-    /// deep, numbers within `f64`, no lone surrogate escape; else the server
+    /// Any JSON value a client reads back as written (nesting at most 127
+    /// deep, the body's own object being the 128th level serde_json allows; numbers within `f64`, no lone surrogate escape; else the server
     /// answers `400 validation`); handed to the worker unchanged.
     pub payload: Value,
     /// Re-deliveries allowed after the first delivery (0 = deliver once); the

@@ -8,7 +8,8 @@ use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
 /// A JSON value kept as written, refused (a `400 validation`) when it is
-/// JSON a `serde_json::Value` cannot hold: nesting deeper than 128, a number
+/// JSON a `serde_json::Value` cannot hold: nesting deeper than 127 (the
+/// body's own object is the 128th level serde_json allows), a number
 /// beyond `f64` (`1e400`, which a browser reads as `Infinity`), a `\u`
 /// escape of a lone surrogate. Every client parses it back, and a settle's
 /// resend is compared with what was stored by value (`same_json`): a value

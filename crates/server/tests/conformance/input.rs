@@ -951,3 +951,48 @@ pub async fn a_connection_closed_under_the_server_is_a_503_and_then_replaced(db:
     );
     server.stop().await.unwrap();
 }
+
+/// README's nesting limit is exact: a payload or a result nested 127 deep is
+/// accepted, one nested 128 deep is `400 validation` (the body's own object
+/// is the 128th level serde_json allows). Before, README said 128 was
+/// accepted, and only 200 was tried.
+pub async fn a_payload_or_result_nests_at_most_127_deep(db: TestDb) {
+    let server = http_server(&db).await;
+    let store = server.store().clone();
+    let nested = |n: usize| format!("{}1{}", "[".repeat(n), "]".repeat(n));
+    for (depth, ok) in [(127, true), (128, false)] {
+        let (status, text) = send(
+            &server,
+            Method::POST,
+            "/v1/queues/q/items",
+            Some(ADMIN),
+            Some(format!(r#"{{"payload": {}}}"#, nested(depth))),
+        )
+        .await;
+        let want = if ok {
+            StatusCode::CREATED
+        } else {
+            StatusCode::BAD_REQUEST
+        };
+        assert_eq!(status, want, "payload {depth} deep: {text}");
+        assert!(ok || text.contains("validation"), "{text}");
+    }
+    store.enqueue("q2", &json!(1), None).await.unwrap();
+    let lease = store.claim("q2", None).await.unwrap().unwrap();
+    for (depth, ok) in [(128, false), (127, true)] {
+        let body = format!(
+            r#"{{"token": {}, "state": "done", "result": {}}}"#,
+            serde_json::to_string(&lease.lease.token).unwrap(),
+            nested(depth)
+        );
+        let path = format!("/v1/items/{}/settle", lease.item.id);
+        let (status, text) = send(&server, Method::POST, &path, Some(ADMIN), Some(body)).await;
+        let want = if ok {
+            StatusCode::OK
+        } else {
+            StatusCode::BAD_REQUEST
+        };
+        assert_eq!(status, want, "result {depth} deep: {text}");
+    }
+    server.stop().await.unwrap();
+}
