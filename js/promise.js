@@ -509,16 +509,18 @@ export function raceAbort(promise, signal, marker) {
 }
 
 /**
- * `[aborted, stop]`: `aborted` a Promise resolved once `signal` fires
+ * `[aborted, stop, seen]`: `aborted` a Promise resolved once `signal` fires
  * `abort` (never rejected), `stop()` removes the listener (call it when the
  * wait it bounds ended, so a long-lived signal does not collect one
- * listener per call). A signal whose listener methods throw is never seen
- * to abort here.
+ * listener per call), `seen.fired` true from the event on (synchronously,
+ * whatever `signal.aborted` reads). A signal whose listener methods throw is
+ * never seen to abort here.
  */
 export function abortWatch(signal) {
   let listener;
+  const seen = { fired: false };
   const aborted = new Promise((resolve) => {
-    listener = () => resolve();
+    listener = () => resolve((seen.fired = true));
     try {
       signal.addEventListener('abort', listener);
     } catch (e) {
@@ -532,7 +534,7 @@ export function abortWatch(signal) {
       // Nothing was added.
     }
   };
-  return [aborted, stop];
+  return [aborted, stop, seen];
 }
 
 /** Tombstones `purgeOlder` reads at a time. */
@@ -578,6 +580,10 @@ export function purgeOlder(store, olderThanMs, cutoff, onProgress, signal, toErr
   const returned = [];
   let purged = 0;
   let done = 0;
+  // Listened to from the start: an `abort` event (`signal.aborted` still
+  // false, or its getter throwing) is seen after any batch and at the
+  // commit, whenever it fired.
+  const [aborted, stop, seen] = signal ? abortWatch(signal) : [0, () => {}, {}];
   return new Promise((resolve, reject) => {
     const fail = (e) => {
       reject(e);
@@ -588,17 +594,25 @@ export function purgeOlder(store, olderThanMs, cutoff, onProgress, signal, toErr
       }
     };
     // The module has no handler on this transaction (it left it to this).
-    tx.onabort = () => reject(toError(tx.error));
-    // Committed: an abort now (or one whose event fired already) only ends
-    // the wait for onProgress's Promises, and the call resolves with its
-    // count, as a complete import or rebuild does: AbortError always means
-    // nothing was purged. (Without a signal, raceAbort races nothing.)
-    tx.oncomplete = () =>
-      resolve(
-        returned.length && !signal?.aborted
-          ? raceAbort(Promise.all(returned), signal, toError).then(() => purged)
-          : purged,
-      );
+    tx.onabort = () => {
+      stop();
+      reject(toError(tx.error));
+    };
+    // Committed: an abort now (or one whose event fired already, or a
+    // signal whose `aborted` getter throws) only ends the wait for
+    // onProgress's Promises, and the call resolves with its count, as a
+    // complete import or rebuild does: AbortError always means nothing was
+    // purged.
+    tx.oncomplete = () => {
+      let over;
+      try {
+        over = seen.fired || signal?.aborted;
+      } catch (e) {
+        over = true;
+      }
+      const all = returned.length && !over && Promise.all(returned);
+      resolve(Promise.resolve(all && (signal ? Promise.race([all, aborted]) : all)).then(() => purged).finally(stop));
+    };
     const batch = (range) => {
       const read = store.getAll(range, PURGE_BATCH);
       read.onerror = () => fail(toError(read.error));
@@ -622,7 +636,7 @@ export function purgeOlder(store, olderThanMs, cutoff, onProgress, signal, toErr
               p.catch(() => {});
               returned.push(p);
             }
-            if (signal?.aborted) return fail(toError);
+            if (seen.fired || signal?.aborted) return fail(toError);
           } catch (e) {
             return fail(e);
           }

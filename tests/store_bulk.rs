@@ -1633,3 +1633,74 @@ async fn a_purge_aborted_just_before_its_commit_with_nothing_to_wait_for_resolve
         .call0(&raw)
         .unwrap();
 }
+
+/// Races `p` with a bounded wait: `"resolved <v>"`, `"rejected <name>"`,
+/// or `"pending"` when it has not settled in 30 s (a call that never
+/// settles fails its test instead of hanging it).
+async fn settled_within_30s(p: Promise) -> String {
+    let bounded = Function::new_with_args(
+        "p",
+        "return Promise.race([p.then((v) => 'resolved ' + v, (e) => 'rejected ' + (e && e.name)), \
+         new Promise((ok) => setTimeout(() => ok('pending'), 30000))]);",
+    );
+    call(bounded.call1(&JsValue::NULL, &p).unwrap().unchecked_into())
+        .await
+        .unwrap()
+        .as_string()
+        .unwrap()
+}
+
+/// An `abort` event with `signal.aborted` still false counts as an abort
+/// from the purge's start (docs/api.md, purgeTombstones): dispatched by the
+/// last `onProgress` call, before the last look at the signal, it aborts
+/// the purge as a real abort there does (AbortError, nothing purged);
+/// dispatched after that look (from a timer that call set, with a Promise
+/// that never settles returned), it ends the wait for that Promise and the
+/// call resolves with the count. Before, the listener was added only at
+/// the commit: an event before it was missed and the call never settled.
+/// Found by helper-218.
+#[wasm_bindgen_test]
+async fn an_abort_event_during_a_purge_counts_and_after_its_last_look_ends_the_wait() {
+    let (store, _) = open_api("purge-abort-event").await;
+    tombstones(&store, 1500).await;
+    let options = |when: &str| {
+        Function::new_with_args(
+            "when",
+            "const sig = new AbortController().signal; \
+             const fire = () => sig.dispatchEvent(new Event('abort')); \
+             return { olderThanMs: 0, signal: sig, onProgress: (d, t) => { \
+               if (d === t) { if (when === 'in') fire(); else setTimeout(fire, 0); } \
+               return new Promise(() => {}); } };",
+        )
+        .call1(&JsValue::NULL, &s(when))
+        .unwrap()
+    };
+    let got = settled_within_30s(store.purge_tombstones(options("in"))).await;
+    assert_eq!(got, "rejected AbortError");
+    let got = settled_within_30s(store.purge_tombstones(options("after"))).await;
+    assert_eq!(
+        got, "resolved 1500",
+        "nothing was purged by the aborted one"
+    );
+}
+
+/// A signal whose `aborted` getter throws at the purge's commit (its 3rd
+/// read here, when `onProgress` returned a Promise) still lets the call
+/// settle: the purge committed, so it resolves with its count (docs/api.md:
+/// values the caller hands over never leave a call unsettled). Before, the
+/// commit handler threw, the call never settled and the throw reached the
+/// page as an uncaught error. Found by helper-218.
+#[wasm_bindgen_test]
+async fn a_signal_whose_aborted_getter_throws_at_the_commit_still_settles_the_purge() {
+    let (store, _) = open_api("purge-getter-throws").await;
+    tombstones(&store, 20).await;
+    let options = Function::new_no_args(
+        "const c = new AbortController(); let reads = 0; \
+         Object.defineProperty(c.signal, 'aborted', { get() { if (++reads >= 3) throw new Error('getter'); return false; } }); \
+         return { olderThanMs: 0, signal: c.signal, onProgress: () => Promise.resolve() };",
+    )
+    .call0(&JsValue::NULL)
+    .unwrap();
+    let got = settled_within_30s(store.purge_tombstones(options)).await;
+    assert_eq!(got, "resolved 20");
+}

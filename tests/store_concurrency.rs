@@ -862,6 +862,63 @@ async fn hold_records(name: &str) -> js_sys::Function {
         .unchecked_into()
 }
 
+/// An `abort` event while a `mutate` call runs its function counts, whatever
+/// `signal.aborted` reads (a synthetic event on a real signal; a real abort
+/// of a signal whose `aborted` getter was redefined): fired inside a
+/// synchronous function, inside the synchronous part of one returning a
+/// Promise, or after an `await` of an async one (between its Promise and
+/// the wait for it), the call rejects with AbortError and nothing is
+/// written. Before, only `signal.aborted` was read after the function
+/// ran, and all six shapes wrote `n = 1`. Found by helper-218.
+#[wasm_bindgen_test]
+async fn an_abort_event_while_a_mutate_function_runs_rejects_and_writes_nothing() {
+    let (store, _) = open("abort-event-in-fn").await;
+    store.put(&js(json!({"_id": "k", "n": 0}))).await.unwrap();
+    let never_aborted = js_sys::Function::new_with_args(
+        "s",
+        "Object.defineProperty(s, 'aborted', { get: () => false });",
+    );
+    let shapes = [
+        "(cur) => { FIRE; return { ...cur, n: 1 }; }",
+        "(cur) => { FIRE; return Promise.resolve({ ...cur, n: 1 }); }",
+        "async (cur) => { await null; FIRE; return { ...cur, n: 1 }; }",
+    ];
+    for synthetic in [true, false] {
+        for shape in shapes {
+            let ctl = web_sys::AbortController::new().unwrap();
+            let signal = ctl.signal();
+            let fire = if synthetic {
+                "c.signal.dispatchEvent(new Event('abort'))"
+            } else {
+                never_aborted.call1(&JsValue::NULL, &signal).unwrap();
+                "c.abort('stop')"
+            };
+            let body = format!("return {};", shape.replace("FIRE", fire));
+            let f: js_sys::Function = js_fn("c", &body, &ctl.clone().into()).unchecked_into();
+            let r = store.mutate(&s("k"), &f, 0, Some(&signal)).await;
+            let what = format!("synthetic {synthetic}, {shape}");
+            match &r {
+                Err(e) => assert_eq!(code(e), ErrorCode::Aborted, "{what}: {e:?}"),
+                Ok(w) => panic!("{what}: written {w:?}"),
+            }
+            let k = store.get(&s("k")).await.unwrap().unwrap();
+            assert_eq!(field(&k, "n").as_f64(), Some(0.0), "{what}");
+        }
+    }
+    // The listener of each call was removed: a later event reaches none.
+    let ctl = web_sys::AbortController::new().unwrap();
+    let f = js_fn(
+        "",
+        "return (cur) => ({ ...cur, n: 2 });",
+        &JsValue::UNDEFINED,
+    );
+    let w = store
+        .mutate(&s("k"), f.unchecked_ref(), 0, Some(&ctl.signal()))
+        .await;
+    assert!(w.unwrap().is_some(), "written without an abort");
+    assert_indexes_clean(&store).await;
+}
+
 /// An abort while a `mutate` waits for its transaction (here queued behind
 /// another connection's readwrite transaction) rejects the call at once
 /// with AbortError, before that transaction ends, and the function is never

@@ -1187,6 +1187,38 @@ async fn drop_index_with_an_aborted_signal_drops_nothing() {
     assert_eq!(dropped.as_bool(), Some(true), "it was still there");
 }
 
+/// `dropIndex(name, {signal})` aborted after its transaction was issued but
+/// before that transaction read the index state drops nothing and rejects
+/// with AbortError (docs/api.md: also while the transaction waits behind
+/// another tab's). Before, the signal was looked at only before the
+/// transaction was issued, and the drop went on. Found by helper-218.
+#[wasm_bindgen_test]
+async fn a_drop_aborted_after_its_transaction_was_issued_drops_nothing() {
+    let name = fresh_name("idx-drop-abort-issued");
+    let old = Store::open(&name, 2000, None, vec![by_type(), by_owner()])
+        .await
+        .unwrap();
+    assert!(old.prepare_indexes().await.unwrap());
+    let store = Store::open(&name, 2000, None, vec![by_type()])
+        .await
+        .unwrap();
+    let ctl = web_sys::AbortController::new().unwrap();
+    let signal = ctl.signal();
+    // `join!` polls the drop first: it issues its transaction and waits for
+    // the index state's read; the abort comes then.
+    let (got, ()) = futures::join!(store.drop_index("byOwner", Some(&signal)), async {
+        ctl.abort_with_reason(&"stop".into());
+    });
+    match got {
+        Err(e) => assert_eq!(code(&e), ErrorCode::Aborted, "{e:?}"),
+        Ok(dropped) => panic!("not refused: dropped {dropped}"),
+    }
+    assert!(
+        store.drop_index("byOwner", None).await.unwrap(),
+        "it was still there"
+    );
+}
+
 /// The way to wait for `open()`'s background rebuild (docs/api.md, Derived
 /// indexes): `rebuildIndexes({restart: false})` right after `open()` works
 /// alongside it and resolves with every declared index complete (an app

@@ -953,11 +953,14 @@ impl Store {
         if self.indexes.iter().any(|d| d.name == name) {
             return Err(StoreError::validation(DECLARED));
         }
-        // Aborted before its transaction: nothing is dropped. Once that is
-        // issued the drop is one transaction, and it completes.
+        // Aborted before its transaction has read the index state (also
+        // while it waits behind another connection's): nothing is dropped.
+        // Once it writes, the drop is one transaction, and it completes.
         super::mutate::check_abort(signal)?;
         let tx = self.db.tx(&[META, DERIVED], TransactionMode::ReadWrite)?;
         let (gen, mut state) = read_state(&tx).await?;
+        // (Dropped on the error, the transaction is aborted: see `Tx`.)
+        super::mutate::check_abort(signal)?;
         let tags: Vec<String> = state
             .defs
             .iter()
