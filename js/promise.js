@@ -509,18 +509,16 @@ export function raceAbort(promise, signal, marker) {
 }
 
 /**
- * `[aborted, stop, seen]`: `aborted` a Promise resolved once `signal` fires
+ * `[aborted, stop]`: `aborted` a Promise resolved once `signal` fires
  * `abort` (never rejected), `stop()` removes the listener (call it when the
  * wait it bounds ended, so a long-lived signal does not collect one
- * listener per call), `seen.fired` true from the event on (synchronously,
- * whatever `signal.aborted` reads). A signal whose listener methods throw is
- * never seen to abort here.
+ * listener per call). A signal whose listener methods throw is never seen
+ * to abort here.
  */
 export function abortWatch(signal) {
   let listener;
-  const seen = { fired: false };
   const aborted = new Promise((resolve) => {
-    listener = () => resolve((seen.fired = true));
+    listener = () => resolve();
     try {
       signal.addEventListener('abort', listener);
     } catch (e) {
@@ -534,7 +532,34 @@ export function abortWatch(signal) {
       // Nothing was added.
     }
   };
-  return [aborted, stop, seen];
+  return [aborted, stop];
+}
+
+// The signals calls were given (Rust `opt_signal`), and those of them that
+// fired `abort` since.
+const tracked = new WeakSet();
+const fired = new WeakSet();
+
+/**
+ * Watches `signal` from now on, once per signal (one listener, removed when
+ * it fires): its `abort` event counts from then, whatever `signal.aborted`
+ * reads (a synthetic event; a getter redefined), also at a look made after
+ * the event by a wait that was not listening yet. A signal whose listener
+ * methods throw is never seen to fire.
+ */
+export function trackAbort(signal) {
+  if (tracked.has(signal)) return;
+  tracked.add(signal);
+  try {
+    signal.addEventListener('abort', () => fired.add(signal), { once: true });
+  } catch (e) {
+    // Never seen to fire.
+  }
+}
+
+/** Whether `signal`, watched by `trackAbort`, fired `abort`. */
+export function abortFired(signal) {
+  return fired.has(signal);
 }
 
 /** Tombstones `purgeOlder` reads at a time. */
@@ -580,10 +605,18 @@ export function purgeOlder(store, olderThanMs, cutoff, onProgress, signal, toErr
   const returned = [];
   let purged = 0;
   let done = 0;
-  // Listened to from the start: an `abort` event (`signal.aborted` still
-  // false, or its getter throwing) is seen after any batch and at the
+  // Watched from the start (the caller did already): an `abort` event
+  // (`signal.aborted` still false) is seen after any batch and at the
   // commit, whenever it fired.
-  const [aborted, stop, seen] = signal ? abortWatch(signal) : [0, () => {}, {}];
+  if (signal) trackAbort(signal);
+  const over = () => {
+    try {
+      return !!signal && (fired.has(signal) || signal.aborted);
+    } catch (e) {
+      // A getter that throws: aborted.
+      return true;
+    }
+  };
   return new Promise((resolve, reject) => {
     const fail = (e) => {
       reject(e);
@@ -594,25 +627,15 @@ export function purgeOlder(store, olderThanMs, cutoff, onProgress, signal, toErr
       }
     };
     // The module has no handler on this transaction (it left it to this).
-    tx.onabort = () => {
-      stop();
-      reject(toError(tx.error));
-    };
+    tx.onabort = () => reject(toError(tx.error));
     // Committed: an abort now (or one whose event fired already, or a
     // signal whose `aborted` getter throws) only ends the wait for
     // onProgress's Promises, and the call resolves with its count, as a
     // complete import or rebuild does: AbortError always means nothing was
     // purged.
-    tx.oncomplete = () => {
-      let over;
-      try {
-        over = seen.fired || signal?.aborted;
-      } catch (e) {
-        over = true;
-      }
-      const all = returned.length && !over && Promise.all(returned);
-      resolve(Promise.resolve(all && (signal ? Promise.race([all, aborted]) : all)).then(() => purged).finally(stop));
-    };
+    // (Without a signal, raceAbort races nothing.)
+    tx.oncomplete = () =>
+      resolve(returned.length && !over() ? raceAbort(Promise.all(returned), signal, toError).then(() => purged) : purged);
     const batch = (range) => {
       const read = store.getAll(range, PURGE_BATCH);
       read.onerror = () => fail(toError(read.error));
@@ -636,7 +659,7 @@ export function purgeOlder(store, olderThanMs, cutoff, onProgress, signal, toErr
               p.catch(() => {});
               returned.push(p);
             }
-            if (seen.fired || signal?.aborted) return fail(toError);
+            if (signal && (fired.has(signal) || signal.aborted)) return fail(toError);
           } catch (e) {
             return fail(e);
           }

@@ -236,6 +236,14 @@ extern "C" {
     /// The first key of `options` not in `known` (js/promise.js `unknownOption`).
     #[wasm_bindgen(js_name = unknownOption, catch)]
     fn unknown_option(options: &JsValue, known: &str) -> Result<JsValue, JsValue>;
+
+    /// Watches `signal` from now on (js/promise.js `trackAbort`).
+    #[wasm_bindgen(js_name = trackAbort)]
+    fn track_abort(signal: &JsValue);
+
+    /// Whether a watched `signal` fired `abort` (js/promise.js `abortFired`).
+    #[wasm_bindgen(js_name = abortFired)]
+    fn abort_fired(signal: &AbortSignal) -> bool;
 }
 
 /// An optional string option.
@@ -289,14 +297,16 @@ pub(crate) fn opt_fn(options: &JsValue, key: &str) -> Result<Option<Function>, S
     })
 }
 
-/// `Some(reason)` when `signal` has aborted. Read through Reflect (which
-/// catches): a caller's signal may be one whose `aborted` or `reason` was
-/// redefined to throw, and a throw must not unwind through the module (a
-/// write group or a lease would be left half-done). A getter that throws
-/// reads as aborted, with what it threw as the reason.
+/// `Some(reason)` when `signal` has aborted, or fired `abort` since a call
+/// took it ([`opt_signal`]: the event counts whatever `signal.aborted`
+/// reads, a synthetic event's `reason` `undefined`). Read through Reflect
+/// (which catches): a caller's signal may be one whose `aborted` or
+/// `reason` was redefined to throw, and a throw must not unwind through the
+/// module (a write group or a lease would be left half-done). A getter that
+/// throws reads as aborted, with what it threw as the reason.
 pub(crate) fn abort_reason(signal: &AbortSignal) -> Option<JsValue> {
     match Reflect::get(signal, &"aborted".into()) {
-        Ok(a) if !a.is_truthy() => None,
+        Ok(a) if !a.is_truthy() && !abort_fired(signal) => None,
         Ok(_) => Some(Reflect::get(signal, &"reason".into()).unwrap_or_else(|e| e)),
         Err(e) => Some(e),
     }
@@ -306,10 +316,16 @@ pub(crate) fn abort_reason(signal: &AbortSignal) -> Option<JsValue> {
 /// too, told by its internal slots, [`crate::value::is_a`]). An object that
 /// only claims `AbortSignal.prototype` (whose `aborted` getter throws on
 /// it, and would throw past the module where it is read) is refused like
-/// any non-signal.
+/// any non-signal. Watched from here on ([`abort_reason`]): an `abort`
+/// event fired during the call counts at every later look, also one fired
+/// before a wait began listening.
 pub(crate) fn opt_signal(options: &JsValue) -> Result<Option<AbortSignal>, String> {
     given(options, "signal", "an AbortSignal", |v| {
-        crate::value::is_a(&v, "AbortSignal", "aborted").then(|| v.unchecked_into())
+        let ok = crate::value::is_a(&v, "AbortSignal", "aborted");
+        if ok {
+            track_abort(&v);
+        }
+        ok.then(|| v.unchecked_into())
     })
 }
 

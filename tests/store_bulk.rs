@@ -1634,22 +1634,6 @@ async fn a_purge_aborted_just_before_its_commit_with_nothing_to_wait_for_resolve
         .unwrap();
 }
 
-/// Races `p` with a bounded wait: `"resolved <v>"`, `"rejected <name>"`,
-/// or `"pending"` when it has not settled in 30 s (a call that never
-/// settles fails its test instead of hanging it).
-async fn settled_within_30s(p: Promise) -> String {
-    let bounded = Function::new_with_args(
-        "p",
-        "return Promise.race([p.then((v) => 'resolved ' + v, (e) => 'rejected ' + (e && e.name)), \
-         new Promise((ok) => setTimeout(() => ok('pending'), 30000))]);",
-    );
-    call(bounded.call1(&JsValue::NULL, &p).unwrap().unchecked_into())
-        .await
-        .unwrap()
-        .as_string()
-        .unwrap()
-}
-
 /// An `abort` event with `signal.aborted` still false counts as an abort
 /// from the purge's start (docs/api.md, purgeTombstones): dispatched by the
 /// last `onProgress` call, before the last look at the signal, it aborts
@@ -1675,9 +1659,9 @@ async fn an_abort_event_during_a_purge_counts_and_after_its_last_look_ends_the_w
         .call1(&JsValue::NULL, &s(when))
         .unwrap()
     };
-    let got = settled_within_30s(store.purge_tombstones(options("in"))).await;
+    let got = settled_within_30s(&store.purge_tombstones(options("in"))).await;
     assert_eq!(got, "rejected AbortError");
-    let got = settled_within_30s(store.purge_tombstones(options("after"))).await;
+    let got = settled_within_30s(&store.purge_tombstones(options("after"))).await;
     assert_eq!(
         got, "resolved 1500",
         "nothing was purged by the aborted one"
@@ -1701,6 +1685,6 @@ async fn a_signal_whose_aborted_getter_throws_at_the_commit_still_settles_the_pu
     )
     .call0(&JsValue::NULL)
     .unwrap();
-    let got = settled_within_30s(store.purge_tombstones(options)).await;
+    let got = settled_within_30s(&store.purge_tombstones(options)).await;
     assert_eq!(got, "resolved 20");
 }

@@ -1219,6 +1219,45 @@ async fn a_drop_aborted_after_its_transaction_was_issued_drops_nothing() {
     );
 }
 
+/// An `abort` event (with `signal.aborted` still false) fired inside an
+/// `onProgress` call of `rebuildIndexes` or `verifyIndexes`, before that
+/// call returns a Promise that never settles, ends the call (a rebuild with
+/// AbortError): the event counts from the call on, also for a wait that
+/// began listening after it. Before, the wait for the Promise listened only
+/// from then on, and both calls never settled. Found by helper-218.
+#[wasm_bindgen_test]
+async fn an_abort_event_before_an_on_progress_promise_ends_a_rebuild_or_verify() {
+    let (store, name) = open("idx-abort-event-progress").await;
+    let docs: Vec<Value> = (0..30u32)
+        .map(|i| json!({"_id": format!("r{i:03}"), "recordType": "run"}))
+        .collect();
+    store.put_many(&js(json!(docs))).await.unwrap();
+    let api: JsValue = agentstore::AgentStore::from_store(open_named(&name).await).into();
+    for method in ["rebuildIndexes", "verifyIndexes"] {
+        let opts = js_fn(
+            "m",
+            "const sig = new AbortController().signal; \
+             const o = { signal: sig, onProgress: () => { \
+               sig.dispatchEvent(new Event('abort')); return new Promise(() => {}); } }; \
+             if (m === 'rebuildIndexes') o.batchSize = 10; \
+             return o;",
+            &s(method),
+        );
+        let p = js_sys::Reflect::get(&api, &method.into()).unwrap();
+        let p = js_sys::Function::from(p).call1(&api, &opts).unwrap();
+        let got = settled_within_30s(&p).await;
+        // A verify whose one `onProgress` call is its last has read every
+        // record: it may resolve with its report (docs/api.md); never hang.
+        match method {
+            "rebuildIndexes" => assert_eq!(got, "rejected AbortError"),
+            _ => assert_ne!(got, "pending", "{method}"),
+        }
+    }
+    // The aborted rebuild resumes from its checkpoint.
+    store.rebuild_indexes(500, false, None, None).await.unwrap();
+    assert_indexes_clean(&store).await;
+}
+
 /// The way to wait for `open()`'s background rebuild (docs/api.md, Derived
 /// indexes): `rebuildIndexes({restart: false})` right after `open()` works
 /// alongside it and resolves with every declared index complete (an app

@@ -60,13 +60,8 @@ pub(crate) enum Job {
         expected: Rev,
         digest: String,
     },
-    /// `mutate(id, f)`: `f` is called inside the transaction; `seen` is
-    /// the call's [`super::mutate::Watch`] flag, checked after `f` ran.
-    Mutate {
-        id: JsString,
-        f: Function,
-        seen: JsValue,
-    },
+    /// `mutate(id, f)`: `f` is called inside the transaction.
+    Mutate { id: JsString, f: Function },
 }
 
 /// What a member's write came to.
@@ -392,9 +387,8 @@ impl Store {
                 expected,
                 digest,
             } => return Self::tombstone(tx, state, id, expected, digest, &current, stored),
-            Job::Mutate { id, f, seen } => {
-                let check = || super::mutate::check_seen(m.signal.as_ref(), seen);
-                match super::mutate::call(id, f, &check, &current, stored.as_ref()) {
+            Job::Mutate { id, f } => {
+                match super::mutate::call(id, f, m.signal.as_ref(), &current, stored.as_ref()) {
                     Ok(super::mutate::Called::Write(p)) => {
                         return self.write(tx, state, &current, stored, &p)
                     }

@@ -33,15 +33,12 @@ impl Store {
         signal: Option<&AbortSignal>,
     ) -> Result<Option<Written>> {
         let id = super::check_id_value(id)?;
-        let watch = Watch::new(signal);
-        let check = || check_seen(signal, &watch.seen);
         let mut attempt = 0u32;
         loop {
-            check()?;
+            check_abort(signal)?;
             let job = Job::Mutate {
                 id: id.clone(),
                 f: f.clone(),
-                seen: watch.seen.clone(),
             };
             let (promise, rev) = match self.write_one(job, signal).await? {
                 Done::Written(w) => return Ok(Some(w)),
@@ -52,7 +49,7 @@ impl Store {
             // await it outside any transaction, then compare-and-swap
             // against the revision it saw.
             let out = until_abort(promise, signal).await?;
-            check()?;
+            check_abort(signal)?;
             let Some(prepared) = mutate_result(&id, out, rev.as_deref())? else {
                 return Ok(None);
             };
@@ -104,61 +101,10 @@ pub(super) enum Called {
     Done(Done),
 }
 
-/// An `abort` listener on a `mutate` call's signal for the whole call:
-/// `seen.fired` (js/promise.js `abortWatch`) turns true at the event,
-/// whatever `signal.aborted` reads then (docs/api.md: the `abort` event
-/// counts), also while `f` runs or between its thenable and the wait for
-/// it. Removed when dropped. Without a signal, `seen` is `undefined`.
-pub(super) struct Watch {
-    stop: Option<Function>,
-    seen: JsValue,
-}
-
-impl Watch {
-    fn new(signal: Option<&AbortSignal>) -> Watch {
-        match signal {
-            Some(s) => {
-                let w = abort_watch(s);
-                Watch {
-                    stop: w.get(1).dyn_into().ok(),
-                    seen: w.get(2),
-                }
-            }
-            None => Watch {
-                stop: None,
-                seen: JsValue::UNDEFINED,
-            },
-        }
-    }
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        if let Some(stop) = &self.stop {
-            let _ = stop.call0(&JsValue::NULL);
-        }
-    }
-}
-
-/// [`check_abort`], and AbortError too once `seen` (a [`Watch`]'s flag)
-/// saw the signal's `abort` event (`cause`: the signal's `reason`).
-///
-/// # Errors
-/// AbortError.
-pub(super) fn check_seen(signal: Option<&AbortSignal>, seen: &JsValue) -> Result<()> {
-    check_abort(signal)?;
-    match (signal, js_sys::Reflect::get(seen, &"fired".into())) {
-        (Some(s), Ok(f)) if f.is_truthy() => Err(StoreError::Aborted(
-            js_sys::Reflect::get(s, &"reason".into()).unwrap_or_else(|e| e),
-        )),
-        _ => Ok(()),
-    }
-}
-
 /// Calls `f` with a copy of what the transaction read for `id` (`current`,
 /// `stored`). A synchronous function runs between the read and the write
 /// (only IndexedDB is awaited there), so its write cannot conflict; the
-/// signal is checked (`check`: [`check_seen`]) before and after it.
+/// signal is checked before and after it.
 ///
 /// # Errors
 /// AbortError, the value `f` threw, ValidationError for a result that is
@@ -166,11 +112,11 @@ pub(super) fn check_seen(signal: Option<&AbortSignal>, seen: &JsValue) -> Result
 pub(super) fn call(
     id: &JsString,
     f: &Function,
-    check: &dyn Fn() -> Result<()>,
+    signal: Option<&AbortSignal>,
     current: &Current,
     stored: Option<&JsValue>,
 ) -> Result<Called> {
-    check()?;
+    check_abort(signal)?;
     // The function gets its own copy: one that edits its argument in
     // place (`r => { r.recordType = "x"; return r; }`) must not change
     // the stored record the index upkeep reads the old keys from.
@@ -199,10 +145,10 @@ pub(super) fn call(
         }
         // Aborted while `f` ran (its synchronous part): the thenable is
         // not waited for, and nothing is written.
-        check()?;
+        check_abort(signal)?;
         return Ok(Called::Done(Done::Async { promise, rev }));
     }
-    check()?;
+    check_abort(signal)?;
     Ok(match mutate_result(id, out, rev.as_deref())? {
         Some(p) => Called::Write(p),
         None => Called::Done(Done::Unchanged),
@@ -359,9 +305,9 @@ extern "C" {
         marker: &JsValue,
     ) -> js_sys::Promise;
 
-    /// `[aborted, stop, seen]`: a Promise resolved on `signal`'s `abort`
-    /// event, the function that removes its listener, and `{fired}`, true
-    /// from the event on (js/promise.js `abortWatch`).
+    /// `[aborted, stop]`: a Promise resolved on `signal`'s `abort` event,
+    /// and the function that removes its listener (js/promise.js
+    /// `abortWatch`).
     #[wasm_bindgen(js_name = abortWatch)]
     pub(super) fn abort_watch(signal: &AbortSignal) -> js_sys::Array;
 }

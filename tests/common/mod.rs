@@ -197,3 +197,21 @@ pub fn strings(v: &JsValue) -> Vec<String> {
         .map(|x| x.as_string().unwrap_or_default())
         .collect()
 }
+
+/// Races `p` (a Promise, or any value) with a bounded wait: `"resolved <v>"`,
+/// `"rejected <error name>"`, or `"pending"` when it has not settled in
+/// 30 s (a call that never settles fails its test instead of hanging it).
+#[allow(dead_code)]
+pub async fn settled_within_30s(p: &JsValue) -> String {
+    let bounded = js_sys::Function::new_with_args(
+        "p",
+        "return Promise.race([Promise.resolve(p).then((v) => 'resolved ' + v, (e) => 'rejected ' + (e && e.name)), \
+         new Promise((ok) => setTimeout(() => ok('pending'), 30000))]);",
+    );
+    let raced = bounded.call1(&JsValue::NULL, p).expect("race");
+    wasm_bindgen_futures::JsFuture::from(js_sys::Promise::from(raced))
+        .await
+        .expect("raced")
+        .as_string()
+        .expect("a string")
+}
