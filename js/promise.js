@@ -462,9 +462,30 @@ export function deletion(factory, name, blockedMs, blocked, toError) {
  * event listener, the subscription lasts until `close()`, also when the
  * handle is garbage-collected (an open BroadcastChannel with a message
  * listener is kept alive: HTML, "Broadcasting to other browsing contexts").
+ *
+ * One id's changes are delivered in commit order: every context posts its
+ * own after its commit, so a post from one tab or worker can arrive after a
+ * later commit's post from another; a change whose order key (the message's
+ * `p`, the purge count its transaction read, then the revision's generation,
+ * then its hash: Rust `Rev`'s order) is not above the last delivered for
+ * its id was superseded before it arrived, and is dropped. Kept for the
+ * 10,000 ids heard last (a change of another build, without `p`, is
+ * delivered as it comes).
  */
 export function watchChannel(name, prefix, callback, ready) {
   const channel = new BroadcastChannel(name);
+  const last = new Map();
+  const superseded = (id, p, rev) => {
+    const dash = typeof rev === 'string' && typeof p === 'number' ? rev.indexOf('-') : -1;
+    if (dash < 1) return false;
+    const key = [p, +rev.slice(0, dash), rev.slice(dash + 1)];
+    const seen = last.get(id);
+    if (seen && (seen[0] - key[0] || seen[1] - key[1] || (seen[2] > key[2]) - (seen[2] < key[2])) >= 0) return true;
+    last.delete(id);
+    last.set(id, key);
+    if (last.size > 10000) last.delete(last.keys().next().value);
+    return false;
+  };
   let stopped = false;
   channel.onmessage = (event) => {
     const data = event.data;
@@ -472,7 +493,7 @@ export function watchChannel(name, prefix, callback, ready) {
     for (const change of data) {
       if (stopped) return;
       const id = change !== null && typeof change === 'object' ? change.id : undefined;
-      if (typeof id === 'string' && id.startsWith(prefix)) {
+      if (typeof id === 'string' && id.startsWith(prefix) && !superseded(id, data.p, change.rev)) {
         try {
           callback.call(null, change);
         } catch (e) {

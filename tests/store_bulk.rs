@@ -1688,3 +1688,70 @@ async fn a_signal_whose_aborted_getter_throws_at_the_commit_still_settles_the_pu
     let got = settled_within_30s(&store.purge_tombstones(options)).await;
     assert_eq!(got, "resolved 20");
 }
+
+/// A watcher delivers one id's changes in commit order even when posts
+/// arrive out of it: every context posts after its own commit, so another
+/// tab's or worker's post of an earlier commit can arrive after a later
+/// one's (helper-220 saw 11 inversions in 600 changes from
+/// two workers). Posts are forced out of order here on the database's
+/// channel itself: a change whose order key (the post's purge count `p`,
+/// then the revision's generation and hash) is not above the last one
+/// delivered for its id is dropped, a recreate after a purge (a higher `p`)
+/// is not, and a post without `p` (another build) is delivered as it comes.
+/// Before, every post was delivered in arrival order.
+#[wasm_bindgen_test]
+async fn a_watch_delivers_one_ids_changes_in_commit_order_whatever_order_posts_arrive_in() {
+    let (store, name) = open_api("watch-post-order").await;
+    let heard = Rc::new(RefCell::new(Vec::<String>::new()));
+    let log = heard.clone();
+    let f = wasm_bindgen::closure::Closure::<dyn FnMut(JsValue)>::new(move |c: JsValue| {
+        let (id, rev) = (field_str(&c, "id"), field_str(&c, "rev"));
+        log.borrow_mut().push(format!(
+            "{}:{}",
+            id.unwrap_or_default(),
+            rev.unwrap_or_default()
+        ));
+    })
+    .into_js_value();
+    let w = store.watch(js(json!({ "prefix": "x/" })), f).unwrap();
+    call(field(&w, "ready").unchecked_into()).await.unwrap();
+    let post = Function::new_with_args(
+        "name, p, changes",
+        "const ch = new BroadcastChannel('agentstore:' + name); \
+         if (p !== null) changes.p = p; ch.postMessage(changes); ch.close();",
+    );
+    let posts = [
+        (json!(0), "x/a", "3-aa"),
+        (json!(0), "x/a", "2-ff"), // overtaken: dropped
+        (json!(0), "x/a", "3-aa"), // heard already: dropped
+        (json!(0), "x/a", "3-ab"), // same generation, higher hash
+        (json!(0), "x/a", "4-00"),
+        (json!(1), "x/a", "1-bb"),    // recreated after a purge
+        (json!(0), "x/a", "5-cc"),    // before that purge: dropped
+        (json!(null), "x/b", "1-zz"), // another build's post
+        (json!(0), "x/end", "1-00"),
+    ];
+    for (p, id, rev) in posts {
+        let changes = js(json!([{ "id": id, "rev": rev, "deleted": false }]));
+        post.call3(&JsValue::NULL, &s(&name), &js(p), &changes)
+            .unwrap();
+    }
+    wait_for("the last post", || {
+        heard
+            .borrow()
+            .last()
+            .is_some_and(|l| l.starts_with("x/end"))
+    })
+    .await;
+    assert_eq!(
+        *heard.borrow(),
+        [
+            "x/a:3-aa",
+            "x/a:3-ab",
+            "x/a:4-00",
+            "x/a:1-bb",
+            "x/b:1-zz",
+            "x/end:1-00"
+        ]
+    );
+}

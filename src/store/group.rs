@@ -283,14 +283,14 @@ impl Store {
         }
         let members = g.members.borrow().clone();
         match outcome {
-            Ok(results) => {
+            Ok((results, purges)) => {
                 let changes = Array::new();
                 for (_, w) in &results {
                     if let Some((w, deleted)) = w {
                         self.changes.change(&changes, &w.id, &w.rev, *deleted);
                     }
                 }
-                self.changes.post(&changes);
+                self.changes.post(&changes, purges);
                 for (m, (r, _)) in members.iter().zip(results) {
                     m.deliver(Delivered::Done(r));
                 }
@@ -320,7 +320,7 @@ impl Store {
         &self,
         tx: Tx,
         g: &Group,
-    ) -> std::result::Result<Vec<(Result<Done>, Option<Change>)>, StoreError> {
+    ) -> std::result::Result<(Vec<(Result<Done>, Option<Change>)>, f64), StoreError> {
         let mut gen = Some(index::issue_gen(&tx)?);
         let mut state = None;
         let mut results = Vec::new();
@@ -367,7 +367,9 @@ impl Store {
         g.open.set(false);
         g.committing.set(true);
         self.finish(tx).await?;
-        Ok(results)
+        // The purge count the writes were made under (none read: nothing
+        // was written, nothing is posted).
+        Ok((results, state.map_or(0.0, |s| s.purges())))
     }
 
     /// One member's decision and writes, after its read. Issues no await:

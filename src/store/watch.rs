@@ -59,12 +59,18 @@ impl Notifier {
     }
 
     /// Posts one message with every change of a committed transaction
-    /// (`changes`: `[{id, rev, deleted}]`, built with [`Notifier::change`]).
-    pub fn post(&self, changes: &Array) {
+    /// (`changes`: `[{id, rev, deleted}]`, built with [`Notifier::change`]),
+    /// the array's `p` the purge count the transaction read (the index
+    /// state's `purges`): with the revision's generation and hash it orders
+    /// one id's changes as they committed, which a watcher uses to drop a
+    /// change another context's later post overtook (js/promise.js
+    /// `watchChannel`).
+    pub fn post(&self, changes: &Array, purges: f64) {
         let Some(ch) = &self.channel else { return };
         if changes.length() == 0 {
             return;
         }
+        set(changes, "p", &purges.into());
         let _ = ch.post_message(changes);
     }
 
