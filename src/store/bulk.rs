@@ -356,7 +356,7 @@ impl Store {
             self.changes
                 .change(&changes, op.id(), r, matches!(op, Op::Delete { .. }));
         }
-        self.changes.post(&changes, state.purges());
+        self.changes.post(&changes);
         Ok(revs)
     }
 

@@ -283,14 +283,14 @@ impl Store {
         }
         let members = g.members.borrow().clone();
         match outcome {
-            Ok((results, purges)) => {
+            Ok(results) => {
                 let changes = Array::new();
                 for (_, w) in &results {
                     if let Some((w, deleted)) = w {
                         self.changes.change(&changes, &w.id, &w.rev, *deleted);
                     }
                 }
-                self.changes.post(&changes, purges);
+                self.changes.post(&changes);
                 for (m, (r, _)) in members.iter().zip(results) {
                     m.deliver(Delivered::Done(r));
                 }
@@ -320,7 +320,7 @@ impl Store {
         &self,
         tx: Tx,
         g: &Group,
-    ) -> std::result::Result<(Vec<(Result<Done>, Option<Change>)>, f64), StoreError> {
+    ) -> std::result::Result<Vec<(Result<Done>, Option<Change>)>, StoreError> {
         let mut gen = Some(index::issue_gen(&tx)?);
         let mut state = None;
         let mut results = Vec::new();
@@ -367,9 +367,7 @@ impl Store {
         g.open.set(false);
         g.committing.set(true);
         self.finish(tx).await?;
-        // The purge count the writes were made under (none read: nothing
-        // was written, nothing is posted).
-        Ok((results, state.map_or(0.0, |s| s.purges())))
+        Ok(results)
     }
 
     /// One member's decision and writes, after its read. Issues no await:

@@ -373,7 +373,7 @@ impl Store {
             tags: state.maintained(),
             purges: state.purges,
         });
-        self.changes.set_watched(!state.quiet);
+        self.changes.set_state(!state.quiet, state.purges);
         *self.index_cache.0.borrow_mut() = Some(m.clone());
         Ok(m)
     }

@@ -1084,8 +1084,6 @@ impl Store {
         let mut fresh = false;
         // Tombstones stored when the batch began (read in the fresh modes).
         let mut dead_now = 0;
-        // The purge count the batch is written under (posted with it).
-        let mut purges = 0.0;
         let issued: Result<()> = async {
             let records = tx.store(RECORDS)?;
             let tombs = tx.store(TOMBSTONES)?;
@@ -1105,7 +1103,6 @@ impl Store {
                     state
                 }
             };
-            purges = state.purges();
             if !fresh {
                 // From here on a failure is not a sign of a write from elsewhere.
                 *mode = WriteMode::Read;
@@ -1184,7 +1181,7 @@ impl Store {
         // On an error the dropped transaction aborts: nothing of the batch stays.
         issued?;
         self.finish(tx).await?;
-        self.changes.post(&changes, purges);
+        self.changes.post(&changes);
         *mode = match (*mode, fresh) {
             (WriteMode::Unknown, true) => WriteMode::Fresh { dead: dead_added },
             (WriteMode::Fresh { dead }, true) if dead + dead_added <= FRESH_MAX_TOMBSTONES => {

@@ -25,6 +25,12 @@ pub struct Notifier {
     /// state before a later one of this connection re-read it posts at
     /// worst once more than needed.
     watched: Cell<bool>,
+    /// The purge count of the index state this connection last read
+    /// (`IndexState::purges`), the one its next post was written under:
+    /// every write transaction reads the state (or its cached copy of the
+    /// same generation) and posts right after its commit, before any
+    /// later transaction's read can run.
+    purges: Cell<f64>,
 }
 
 impl Notifier {
@@ -34,6 +40,7 @@ impl Notifier {
             name: name.to_owned(),
             channel: BroadcastChannel::new(&channel_name(name)).ok(),
             watched: Cell::new(true),
+            purges: Cell::new(0.0),
         }
     }
 
@@ -43,9 +50,10 @@ impl Notifier {
     }
 
     /// Records whether the index state just read says the database is
-    /// watched (see the field).
-    pub fn set_watched(&self, watched: bool) {
+    /// watched, and its purge count (see the fields).
+    pub fn set_state(&self, watched: bool, purges: f64) {
         self.watched.set(watched);
+        self.purges.set(purges);
     }
 
     /// Whether writes post (see the field; true until the state is read).
@@ -65,12 +73,12 @@ impl Notifier {
     /// one id's changes as they committed, which a watcher uses to drop a
     /// change another context's later post overtook (js/promise.js
     /// `watchChannel`).
-    pub fn post(&self, changes: &Array, purges: f64) {
+    pub fn post(&self, changes: &Array) {
         let Some(ch) = &self.channel else { return };
         if changes.length() == 0 {
             return;
         }
-        set(changes, "p", &purges.into());
+        set(changes, "p", &self.purges.get().into());
         let _ = ch.post_message(changes);
     }
 
