@@ -320,8 +320,9 @@ export function txSeq(name, add) {
  * creating what `schema` (see createSchema) needs.
  *
  * Resolves with the IDBDatabase, or with `null` when the open stayed blocked
- * for `blockedMs` (the request cannot be cancelled: if it completes later,
- * its connection is closed at once so it never blocks anyone in turn).
+ * for `blockedMs` (the request cannot be cancelled: if it runs later, its
+ * upgrade is aborted and its connection closed at once, so it creates or
+ * upgrades nothing and never blocks anyone in turn).
  * Rejects with a string when the upgrade refused (the database was
  * deleted), with a NotFoundError when the database exists at `version`
  * without the object stores `schema` needs (another library made it), else
@@ -357,9 +358,14 @@ export function openDatabase(factory, name, version, blockedMs, schema, onClose)
       (db) => {
         request.onblocked = null;
         if (db === timedOut) {
-          // The upgrade handler stays: `upgradeneeded` may still fire once
-          // the blocker closes.
+          // Given up: an upgrade that would run once the blocker closes is
+          // aborted (a database this call would create, after a deletion
+          // it queued behind, is not created; one at an older version
+          // stays as it was), and a connection that opens is closed, so it
+          // blocks nobody in turn.
+          request.onupgradeneeded = () => request.transaction.abort();
           request.onsuccess = () => request.result.close();
+          request.onerror = (e) => e.preventDefault();
           return null;
         }
         request.onupgradeneeded = null;

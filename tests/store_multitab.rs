@@ -90,8 +90,9 @@ async fn an_open_blocked_by_a_connection_that_refuses_to_close_fails_after_its_t
         waited >= 290.0,
         "gave up only after the timeout ({waited} ms)"
     );
-    // The old tab finally closes: the abandoned upgrade completes and closes
-    // itself, so it blocks nobody; a new open at version 3 goes through.
+    // The old tab finally closes: the abandoned upgrade is aborted (its
+    // connection closed), so it blocks nobody; a new open at version 3 goes
+    // through.
     js_sys::Reflect::get(&stubborn, &"close".into())
         .unwrap()
         .unchecked_into::<js_sys::Function>()
@@ -341,4 +342,41 @@ async fn writes_racing_a_blocked_upgrade_are_kept_exactly_when_they_reported_suc
         assert_eq!(newer.count(&[], None).await.unwrap(), kept as u32);
         assert_indexes_clean(&newer).await;
     }
+}
+
+/// An open that gave up (BlockedError) while queued behind a deletion that a
+/// stubborn connection blocks creates nothing once that connection closes:
+/// its request cannot be cancelled, and when it runs, after the deletion,
+/// its upgrade is aborted. Before, it created the database again (empty),
+/// undoing the `destroy` the app had asked for. Probed after the blocker
+/// closes by a raw open queued behind the abandoned one (IndexedDB runs one
+/// name's requests in order): it sees no database (`oldVersion` 0) and
+/// aborts its own upgrade. Found by helper-220.
+#[wasm_bindgen_test]
+async fn an_open_that_gave_up_behind_a_blocked_deletion_creates_nothing_later() {
+    let name = fresh_name("gave-up-behind-delete");
+    drop(Store::open(&name, 2000, None, vec![]).await.unwrap());
+    let stubborn = stubborn_connection(&name).await;
+    let deleted = agentstore::store::destroy(&name, 100).await;
+    assert_eq!(deleted.map_err(|e| e.code()), Err(ErrorCode::Blocked));
+    let gave_up = Store::open(&name, 100, None, vec![]).await.map(drop);
+    assert_eq!(gave_up.map_err(|e| e.code()), Err(ErrorCode::Blocked));
+    js_sys::Reflect::get(&stubborn, &"close".into())
+        .unwrap()
+        .unchecked_into::<js_sys::Function>()
+        .call0(&stubborn)
+        .unwrap();
+    let probe = js_sys::Function::new_with_args(
+        "name",
+        "return new Promise((ok) => { const r = indexedDB.open(name); \
+           r.onupgradeneeded = (e) => { ok(e.oldVersion === 0 ? 'absent' : 'upgrade'); r.transaction.abort(); }; \
+           r.onsuccess = () => { r.result.close(); ok('present'); }; \
+           r.onerror = (e) => e.preventDefault(); });",
+    );
+    let p: js_sys::Promise = probe
+        .call1(&JsValue::NULL, &name.clone().into())
+        .unwrap()
+        .into();
+    let found = wasm_bindgen_futures::JsFuture::from(p).await.unwrap();
+    assert_eq!(found.as_string().as_deref(), Some("absent"));
 }
