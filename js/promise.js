@@ -198,26 +198,46 @@ function afterQuota(tx) {
  * Resolves once `tx` committed; rejects with `toError(tx.error)` when it
  * aborted, or `toError(e)` when a `put` threw `e` (the transaction is
  * then aborted): never an uncaught exception in this handler.
+ *
+ * Once a mark committed, posts `'watched'` on the database's change channel
+ * (Rust src/store/watch.rs `channel_name`): a database this release
+ * created is marked before any of its writes posts, so a subscription made
+ * on a database of that name that was destroyed since forgets that one's
+ * order keys there (see `watchChannel`).
  */
 export function markWatched(tx, toError) {
   const meta = tx.objectStore('meta');
   const state = meta.get('indexes');
   const gen = meta.get('indexes-gen');
   let thrown;
+  let marked = false;
   gen.onsuccess = () => {
     const s = state.result;
     if (s?.watched !== false) return;
     try {
       meta.put({ ...s, watched: true }, 'indexes');
       meta.put((+gen.result || 0) + 1, 'indexes-gen');
+      marked = true;
     } catch (e) {
       thrown = e;
       tx.abort();
     }
   };
-  return transactionPromise(tx).catch(() => {
-    throw toError(thrown ?? tx.error);
-  });
+  return transactionPromise(tx).then(
+    () => {
+      if (!marked) return;
+      try {
+        const channel = new BroadcastChannel(`agentstore:${tx.db.name}`);
+        channel.postMessage('watched');
+        channel.close();
+      } catch (e) {
+        // No channel here: nobody to tell.
+      }
+    },
+    () => {
+      throw toError(thrown ?? tx.error);
+    },
+  );
 }
 
 /**
@@ -476,7 +496,8 @@ export function deletion(factory, name, blockedMs, blocked, toError) {
  * then its hash: Rust `Rev`'s order) is not above the last delivered for
  * its id was superseded before it arrived, and is dropped. Kept for the
  * 10,000 ids heard last (a change of another build, without `p`, is
- * delivered as it comes).
+ * delivered as it comes), and forgotten when a database of this name is
+ * created again (`markWatched`'s `'watched'`).
  */
 export function watchChannel(name, prefix, callback, ready) {
   const channel = new BroadcastChannel(name);
@@ -495,7 +516,12 @@ export function watchChannel(name, prefix, callback, ready) {
   let stopped = false;
   channel.onmessage = (event) => {
     const data = event.data;
-    if (!Array.isArray(data)) return;
+    if (!Array.isArray(data)) {
+      // A new database of this name was marked watched (js `markWatched`):
+      // the order keys heard were another database's.
+      if (data === 'watched') last.clear();
+      return;
+    }
     for (const change of data) {
       if (stopped) return;
       const id = change !== null && typeof change === 'object' ? change.id : undefined;
@@ -562,31 +588,53 @@ export function abortWatch(signal) {
   return [aborted, stop];
 }
 
-// The signals calls were given (Rust `opt_signal`), and those of them that
-// fired `abort` since.
-const tracked = new WeakSet();
-const fired = new WeakSet();
+// The signals calls in progress watch (`{n, listener}`: how many calls, and
+// the `abort` listener), and those that fired `abort` while watched. Shared
+// by every copy of this module in the global scope (each entry point's glue
+// and the io module's inline one): a call the entry point watches runs its
+// body in the io module.
+const abortKey = Symbol.for('agentstore.abortWatch');
+const aborts = globalThis[abortKey] || (globalThis[abortKey] = { calls: new WeakMap(), fired: new WeakSet() });
 
 /**
- * Watches `signal` from now on, once per signal (one listener, removed when
- * it fires): its `abort` event counts from then, whatever `signal.aborted`
- * reads (a synthetic event; a getter redefined), also at a look made after
- * the event by a wait that was not listening yet. A signal whose listener
- * methods throw is never seen to fire.
+ * Watches `signal` for a call, until `untrackAbort(signal)` (Rust
+ * `options::track`, a guard held for the call): its `abort` event counts
+ * from now on, whatever `signal.aborted` reads (a synthetic event; a getter
+ * redefined), also at a look made after the event by a wait that was not
+ * listening yet. One listener per signal while calls watch it, removed by
+ * the last one (a listener left on an `AbortSignal.any()` signal would keep
+ * it alive). A signal whose listener methods throw is never seen to fire.
  */
 export function trackAbort(signal) {
-  if (tracked.has(signal)) return;
-  tracked.add(signal);
+  const watch = aborts.calls.get(signal);
+  if (watch) {
+    watch.n += 1;
+    return;
+  }
+  const listener = () => aborts.fired.add(signal);
+  aborts.calls.set(signal, { n: 1, listener });
   try {
-    signal.addEventListener('abort', () => fired.add(signal), { once: true });
+    signal.addEventListener('abort', listener, { once: true });
   } catch (e) {
     // Never seen to fire.
   }
 }
 
-/** Whether `signal`, watched by `trackAbort`, fired `abort`. */
+/** Ends one call's `trackAbort(signal)`. */
+export function untrackAbort(signal) {
+  const watch = aborts.calls.get(signal);
+  if (!watch || --watch.n > 0) return;
+  aborts.calls.delete(signal);
+  try {
+    signal.removeEventListener('abort', watch.listener);
+  } catch (e) {
+    // Nothing was added.
+  }
+}
+
+/** Whether `signal` fired `abort` while a call watched it. */
 export function abortFired(signal) {
-  return fired.has(signal);
+  return aborts.fired.has(signal);
 }
 
 /** Tombstones `purgeOlder` reads at a time. */
@@ -632,13 +680,12 @@ export function purgeOlder(store, olderThanMs, cutoff, onProgress, signal, toErr
   const returned = [];
   let purged = 0;
   let done = 0;
-  // Watched from the start (the caller did already): an `abort` event
+  // Watched by the call (Rust `options::track`): an `abort` event
   // (`signal.aborted` still false) is seen after any batch and at the
   // commit, whenever it fired.
-  if (signal) trackAbort(signal);
   const over = () => {
     try {
-      return !!signal && (fired.has(signal) || signal.aborted);
+      return !!signal && (aborts.fired.has(signal) || signal.aborted);
     } catch (e) {
       // A getter that throws: aborted.
       return true;
@@ -686,7 +733,7 @@ export function purgeOlder(store, olderThanMs, cutoff, onProgress, signal, toErr
               p.catch(() => {});
               returned.push(p);
             }
-            if (signal && (fired.has(signal) || signal.aborted)) return fail(toError);
+            if (signal && (aborts.fired.has(signal) || signal.aborted)) return fail(toError);
           } catch (e) {
             return fail(e);
           }

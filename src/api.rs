@@ -150,7 +150,7 @@ export interface PurgeOptions {
   olderThanMs: number;
   /** Called with (done, total) tombstones looked at, of those stored when the purge began, after each 1000, inside the purge's one transaction: a throw aborts the purge (nothing purged) and rejects with it. A returned Promise cannot hold the transaction: it is awaited after the commit, before the call resolves, and its rejection rejects the call (the purge stays committed). */
   onProgress?: ((done: number, total: number) => void | Promise<void>) | null | undefined;
-  /** Looked at before the purge and after each batch of 1000: aborted there, the purge's one transaction is aborted (nothing purged) and the call rejects with AbortError (`cause`: the signal's reason). Once the last batch is read the purge commits; an abort after that (or an `abort` event dispatched with `signal.aborted` still false) only ends the wait for `onProgress`'s Promises, and the call resolves with the count: AbortError means nothing was purged. */
+  /** Looked at before the purge and after each batch of 1000: aborted there, the purge's one transaction is aborted (nothing purged) and the call rejects with AbortError (`cause`: the signal's reason). Once the last batch is read the purge commits; an abort after that only ends the wait for `onProgress`'s Promises, and the call resolves with the count: AbortError means nothing was purged. An `abort` event counts as the abort even where `signal.aborted` reads false. */
   signal?: AbortSignal | null | undefined;
 }
 export interface ListByOptions {
@@ -392,6 +392,7 @@ impl AgentStore {
                 Write::DeleteMany(items) => (Err(Store::delete_ops(&items)?), true),
                 Write::Mutate(id, f, options) => {
                     let (f, retries, signal) = mutate_args(f, &options)?;
+                    let _watch = crate::options::track(signal.as_ref());
                     return Ok(match s.mutate(&id, &f, retries, signal.as_ref()).await? {
                         Some(w) => written_js(&w),
                         None => JsValue::NULL,
@@ -399,6 +400,7 @@ impl AgentStore {
                 }
                 Write::Purge(options) => {
                     let (age, cb, signal) = purge_options(&options)?;
+                    let _watch = crate::options::track(signal.as_ref());
                     return Ok(s
                         .purge_tombstones(age, cb.as_ref(), signal.as_ref())
                         .await?
@@ -809,6 +811,7 @@ impl AgentStore {
         let token = self.io_token;
         run(async move {
             let signal = check(&s, &a, &b)?;
+            let _watch = crate::options::track(signal.as_ref());
             // An aborted signal is refused before the download, also on a
             // closed store (docs/api.md, "Arguments are checked first").
             crate::store::check_abort(signal.as_ref())?;
@@ -1151,6 +1154,7 @@ impl AgentStore {
         let s = self.inner.clone();
         run(async move {
             let o = steered(&options, VERIFY_KEYS)?;
+            let _watch = crate::options::track(o.signal.as_ref());
             let v = s
                 .verify_indexes_with(o.on_progress.as_ref(), o.signal.as_ref())
                 .await?;
@@ -1170,6 +1174,7 @@ impl AgentStore {
         let s = self.inner.clone();
         run(async move {
             let (batch, cb, signal, restart) = rebuild_options(&options)?;
+            let _watch = crate::options::track(signal.as_ref());
             Ok(
                 s.rebuild_indexes(batch, restart, cb.as_ref(), signal.as_ref())
                     .await?
@@ -1191,6 +1196,7 @@ impl AgentStore {
         run(async move {
             let name = string_arg(&name, "the index name").map_err(StoreError::Thrown)?;
             let o = steered(&options, "signal")?;
+            let _watch = crate::options::track(o.signal.as_ref());
             Ok(s.drop_index(&name, o.signal.as_ref()).await?.into())
         })
     }
@@ -1207,6 +1213,7 @@ impl AgentStore {
         let s = self.inner.clone();
         run(async move {
             let (opts, legacy_id) = import_checks(&source, &options, true)?;
+            let _watch = crate::options::track(opts.signal.as_ref());
             // A closed store is refused before its source is read, as the
             // entry points refuse it before they load the io module.
             s.check_open()?;
@@ -1256,6 +1263,7 @@ impl AgentStore {
         let s = self.inner.clone();
         run(async move {
             let o = steered(&options, EXPORT_KEYS)?;
+            let _watch = crate::options::track(o.signal.as_ref());
             Ok(s.export_snapshot_with(None, &o).await?.join("").into())
         })
     }
@@ -1269,6 +1277,7 @@ impl AgentStore {
         let s = self.inner.clone();
         run(async move {
             let o = steered(&options, EXPORT_KEYS)?;
+            let _watch = crate::options::track(o.signal.as_ref());
             s.export_snapshot_blob_with(&o).await
         })
     }
@@ -1290,6 +1299,7 @@ impl AgentStore {
         run(async move {
             let on_chunk = chunk_fn(&on_chunk)?;
             let o = steered(&options, EXPORT_KEYS)?;
+            let _watch = crate::options::track(o.signal.as_ref());
             s.export_snapshot_with(Some(&on_chunk), &o).await?;
             Ok(JsValue::UNDEFINED)
         })
@@ -1306,6 +1316,7 @@ impl AgentStore {
         let s = self.inner.clone();
         run(async move {
             let (opts, _) = import_checks(&source, &options, false)?;
+            let _watch = crate::options::track(opts.signal.as_ref());
             // A closed store is refused before its source is read, as the
             // entry points refuse it before they load the io module.
             s.check_open()?;

@@ -176,6 +176,7 @@ fn call(c: Call) -> Promise {
                 let queue = queue_param(&queue)?;
                 known(&options, "signal")?;
                 let signal = opt_signal(&options)?;
+                let _watch = crate::options::track(signal.as_ref());
                 match inner.claim(&queue, signal.as_ref()).await? {
                     Claimed::Lease(l) => Ok(Lease::from_inner(l).into()),
                     Claimed::Empty(_) => Ok(JsValue::NULL),

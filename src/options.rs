@@ -237,9 +237,13 @@ extern "C" {
     #[wasm_bindgen(js_name = unknownOption, catch)]
     fn unknown_option(options: &JsValue, known: &str) -> Result<JsValue, JsValue>;
 
-    /// Watches `signal` from now on (js/promise.js `trackAbort`).
+    /// Watches `signal` for a call (js/promise.js `trackAbort`).
     #[wasm_bindgen(js_name = trackAbort)]
-    fn track_abort(signal: &JsValue);
+    fn track_abort(signal: &AbortSignal);
+
+    /// Ends one call's watch (js/promise.js `untrackAbort`).
+    #[wasm_bindgen(js_name = untrackAbort)]
+    fn untrack_abort(signal: &AbortSignal);
 
     /// Whether a watched `signal` fired `abort` (js/promise.js `abortFired`).
     #[wasm_bindgen(js_name = abortFired)]
@@ -297,9 +301,9 @@ pub(crate) fn opt_fn(options: &JsValue, key: &str) -> Result<Option<Function>, S
     })
 }
 
-/// `Some(reason)` when `signal` has aborted, or fired `abort` since a call
-/// took it ([`opt_signal`]: the event counts whatever `signal.aborted`
-/// reads, a synthetic event's `reason` `undefined`). Read through Reflect
+/// `Some(reason)` when `signal` has aborted, or fired `abort` while a call
+/// watched it ([`track`]: the event counts whatever `signal.aborted` reads,
+/// a synthetic event's `reason` `undefined`). Read through Reflect
 /// (which catches): a caller's signal may be one whose `aborted` or
 /// `reason` was redefined to throw, and a throw must not unwind through the
 /// module (a write group or a lease would be left half-done). A getter that
@@ -316,16 +320,32 @@ pub(crate) fn abort_reason(signal: &AbortSignal) -> Option<JsValue> {
 /// too, told by its internal slots, [`crate::value::is_a`]). An object that
 /// only claims `AbortSignal.prototype` (whose `aborted` getter throws on
 /// it, and would throw past the module where it is read) is refused like
-/// any non-signal. Watched from here on ([`abort_reason`]): an `abort`
-/// event fired during the call counts at every later look, also one fired
-/// before a wait began listening.
+/// any non-signal. A call holds [`track`]'s guard of it while it runs.
 pub(crate) fn opt_signal(options: &JsValue) -> Result<Option<AbortSignal>, String> {
     given(options, "signal", "an AbortSignal", |v| {
-        let ok = crate::value::is_a(&v, "AbortSignal", "aborted");
-        if ok {
-            track_abort(&v);
-        }
-        ok.then(|| v.unchecked_into())
+        crate::value::is_a(&v, "AbortSignal", "aborted").then(|| v.unchecked_into())
+    })
+}
+
+/// A call's watch of its `signal` (js/promise.js `trackAbort`): while the
+/// guard lives, an `abort` event counts at every look ([`abort_reason`]),
+/// also one fired before a wait began listening; dropped with the call, it
+/// removes the listener (the last call's) so that nothing keeps the signal
+/// alive.
+pub(crate) struct Tracked(AbortSignal);
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        untrack_abort(&self.0);
+    }
+}
+
+/// Watches `signal` (when given) until the guard is dropped: hold it for
+/// the whole call.
+pub(crate) fn track(signal: Option<&AbortSignal>) -> Option<Tracked> {
+    signal.map(|s| {
+        track_abort(s);
+        Tracked(s.clone())
     })
 }
 

@@ -9,6 +9,8 @@ use std::cell::Cell;
 use wasm_bindgen::{JsCast, JsValue};
 use web_sys::BroadcastChannel;
 
+/// The change channel of database `db` (js/promise.js `markWatched` names
+/// it the same way).
 fn channel_name(db: &str) -> String {
     agentstore_protocol::cat(&["agentstore:", db])
 }

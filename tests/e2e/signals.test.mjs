@@ -1,0 +1,154 @@
+// A call's `signal` is watched for the call and no longer (docs/api.md,
+// "Every `signal` option"): against the built pkg/.
+//
+// - Chromium (CDP): after 2,000 `mutate` calls each given its own
+//   `AbortSignal.any([root.signal])`, the signals are garbage once the calls
+//   ended. A listener left on such a dependent signal keeps it alive while
+//   its source can still abort (helper-221 counted 6,401 live signals after
+//   6,400 calls when every signal kept one).
+// - Chromium and Firefox: an `abort` event (with `signal.aborted` still
+//   false) fired while an io-module call runs, before the io module read
+//   its own copy of the options, counts: `dropIndex` rejects with AbortError
+//   and drops nothing, `importSnapshot` rejects and writes nothing. Before,
+//   the io module's copy of the watch registry did not know the entry
+//   point's, and both went on.
+//
+//   node --test tests/e2e/signals.test.mjs      (needs pkg/)
+
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { createServer } from 'node:http';
+import { readFile } from 'node:fs/promises';
+import { extname, join, normalize } from 'node:path';
+import { ROOT, buildPkgIfMissing, launchBrowser } from './helpers.mjs';
+import { launchFirefox } from '../../bench/webdriver.mjs';
+
+const PKG = process.env.AGENTSTORE_PKG_DIR ?? join(ROOT, 'pkg');
+const MIME = { '.js': 'text/javascript', '.wasm': 'application/wasm', '.html': 'text/html' };
+const CALLS = 2000;
+
+const PAGE = `
+const mod = await import('/pkg/store/agentstore.js');
+await mod.default();
+window.mutates = async (name, n) => {
+  await mod.AgentStore.destroy(name);
+  window.root = new AbortController();
+  const s = await mod.AgentStore.open(name);
+  await s.put({ _id: 'k', n: 0 });
+  for (let i = 0; i < n; i += 50) {
+    const calls = [];
+    for (let j = 0; j < 50; j++) calls.push(s.mutate('k', () => undefined, { signal: AbortSignal.any([root.signal]) }));
+    await Promise.all(calls);
+  }
+  s.close();
+  return n;
+};
+// The event fires once the io module has loaded, before the io call reads
+// its options (a timer queued as the module resolves).
+const eventOnLoad = (c) => mod.AgentStore.setIoModule(() => import('/pkg/io/agentstore_io.js').then((m) => {
+  setTimeout(() => c.signal.dispatchEvent(new Event('abort')), 0);
+  return m;
+}));
+const outcome = (p) => p.then((v) => 'resolved ' + JSON.stringify(v), (e) => 'rejected ' + e.name);
+window.dropWithEvent = async (name) => {
+  await mod.AgentStore.destroy(name);
+  const old = await mod.AgentStore.open(name, { indexes: [{ name: 'byOwner', keys: ['owner'] }] });
+  await old.put({ _id: 'a', owner: 'x' });
+  await old.rebuildIndexes();
+  old.close();
+  const s = await mod.AgentStore.open(name);
+  const c = new AbortController();
+  eventOnLoad(c);
+  const out = await outcome(s.dropIndex('byOwner', { signal: c.signal }));
+  const again = await outcome(s.dropIndex('byOwner'));
+  s.close();
+  return { out, again };
+};
+window.importWithEvent = async (name) => {
+  await mod.AgentStore.destroy(name);
+  const s = await mod.AgentStore.open(name);
+  const text = '{"agentstore":"snapshot","records":2,"tombstones":0,"version":1}\\n' +
+    '{"_id":"a","_rev":"1-aa","updatedAt":"2026-01-01T00:00:00.000Z"}\\n{"_id":"b","_rev":"1-bb","updatedAt":"2026-01-01T00:00:00.000Z"}\\n';
+  const c = new AbortController();
+  eventOnLoad(c);
+  const out = await outcome(s.importSnapshot(text, { signal: c.signal }));
+  const count = await s.count();
+  s.close();
+  return { out, count };
+};
+window.ready = true;
+`;
+
+let server;
+let origin;
+
+before(async () => {
+  buildPkgIfMissing();
+  server = createServer(async (req, res) => {
+    const path = decodeURIComponent(new URL(req.url, 'http://x').pathname);
+    let body;
+    let type = MIME[extname(path)] ?? 'application/octet-stream';
+    if (path === '/page.html') {
+      body = '<!doctype html><meta charset="utf-8"><script type="module" src="/page.js"></script>';
+      type = MIME['.html'];
+    } else if (path === '/page.js') body = PAGE;
+    else if (path.startsWith('/pkg/')) body = await readFile(join(PKG, normalize(path.slice(5)))).catch(() => null);
+    if (body == null) return res.writeHead(404).end();
+    res.writeHead(200, { 'content-type': type, 'cache-control': 'no-store' }).end(body);
+  });
+  await new Promise((r) => server.listen(0, '127.0.0.1', r));
+  origin = `http://127.0.0.1:${server.address().port}`;
+});
+
+after(() => server?.close());
+
+async function open(page) {
+  await page.goto(`${origin}/page.html`);
+  await page.waitForFunction(() => window.ready === true, null, { timeout: 60_000 });
+}
+
+async function ioCalls(page, engine) {
+  const drop = await page.evaluate((n) => window.dropWithEvent(n), `signals-drop-${engine}`);
+  assert.deepEqual(drop, { out: 'rejected AbortError', again: 'resolved true' }, `${engine}: nothing dropped by the aborted call`);
+  const imp = await page.evaluate((n) => window.importWithEvent(n), `signals-import-${engine}`);
+  assert.deepEqual(imp, { out: 'rejected AbortError', count: 0 }, `${engine}: nothing imported by the aborted call`);
+}
+
+test('chromium: a call\'s signal is not kept alive after it, and an abort event counts in the io module', async () => {
+  const browser = await launchBrowser();
+  try {
+    const page = await (await browser.newContext()).newPage();
+    await open(page);
+    const cdp = await page.context().newCDPSession(page);
+    // Live AbortSignals after a full garbage collection (DevTools protocol:
+    // Runtime.queryObjects counts the objects of a prototype).
+    const liveSignals = async () => {
+      await cdp.send('HeapProfiler.collectGarbage');
+      await cdp.send('HeapProfiler.collectGarbage');
+      const { result: proto } = await cdp.send('Runtime.evaluate', { expression: 'AbortSignal.prototype' });
+      const { objects } = await cdp.send('Runtime.queryObjects', { prototypeObjectId: proto.objectId, objectGroup: 'q' });
+      const { result } = await cdp.send('Runtime.callFunctionOn', { objectId: objects.objectId, functionDeclaration: 'function () { return this.length; }', returnByValue: true });
+      await cdp.send('Runtime.releaseObjectGroup', { objectGroup: 'q' });
+      await cdp.send('Runtime.releaseObject', { objectId: proto.objectId });
+      return result.value;
+    };
+    const before = await liveSignals();
+    assert.equal(await page.evaluate(([n, c]) => window.mutates(n, c), ['signals-leak', CALLS]), CALLS);
+    const live = await liveSignals();
+    assert.ok(live - before < CALLS / 10, `${live - before} of ${CALLS} call signals still alive after the calls`);
+    await ioCalls(page, 'chromium');
+  } finally {
+    await browser.close();
+  }
+});
+
+test('firefox: an abort event counts in the io module', async () => {
+  const firefox = await launchFirefox();
+  try {
+    const page = await firefox.newPage();
+    await open(page);
+    await ioCalls(page, 'firefox');
+  } finally {
+    await firefox.close();
+  }
+});
