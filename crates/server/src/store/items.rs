@@ -6,6 +6,7 @@
 //! state (and token or epoch) it expects, so a stale caller changes nothing. When
 //! it matches no row, the row is read to tell why (`fence`).
 
+use super::FetchDone;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
@@ -227,7 +228,7 @@ impl Store {
                 .bind(queue)
                 .bind(&payload)
                 .bind(i64::from(max))
-                .fetch_optional(&self.pool)
+                .fetch_optional_done(&self.pool)
                 .await?
                 .ok_or_else(ids_exhausted)?;
             self.undo_past_safe_id(&row).await?;
@@ -292,7 +293,7 @@ impl Store {
                 .bind(key)
                 .bind(&request_hash)
                 .bind(scope)
-                .fetch_optional(&self.pool)
+                .fetch_optional_done(&self.pool)
                 .await;
             match inserted {
                 // The row just inserted: the payload was checked as JSON, the
@@ -310,7 +311,7 @@ impl Store {
                 .bind(queue)
                 .bind(key)
                 .bind(scope)
-                .fetch_optional(&self.pool)
+                .fetch_optional_done(&self.pool)
                 .await?;
             match found {
                 Some(row) => {
@@ -669,7 +670,7 @@ impl Store {
         .bind(worker_id.unwrap_or(0))
         .bind(key)
         .bind(attempt.sender.as_str())
-        .fetch_optional(&self.pool)
+        .fetch_optional_done(&self.pool)
         .await?;
         row.map(|r| get::<i64>(&r, "attempt")).transpose()
     }
@@ -704,8 +705,9 @@ impl Store {
             .bind(key)
             .bind(attempt.sender.as_str())
             .bind(attempt.n)
-            .fetch_one(&self.pool)
-            .await?;
+            .fetch_optional_done(&self.pool)
+            .await?
+            .ok_or(sqlx::Error::RowNotFound)?;
         get(&row, "attempt")
     }
 
@@ -859,7 +861,7 @@ impl Store {
             .bind(queue)
             .bind(key)
             .bind(worker_id.unwrap_or(0))
-            .fetch_optional(&self.pool)
+            .fetch_optional_done(&self.pool)
             .await?;
             let Some(found) = found else {
                 return Ok(None);
@@ -878,7 +880,7 @@ impl Store {
                 .bind(worker_id.unwrap_or(0))
                 .bind(attempt.map(|a| a.n))
                 .bind(attempt.map(|a| a.sender.as_str()))
-                .fetch_optional(&self.pool)
+                .fetch_optional_done(&self.pool)
                 .await?;
             if row.is_some() || attempt.is_none() {
                 break;
@@ -952,7 +954,7 @@ impl Store {
                 .bind(key)
                 .bind(attempt.map(|a| a.n))
                 .bind(attempt.map(|a| a.sender.as_str()))
-                .fetch_optional(&self.pool)
+                .fetch_optional_done(&self.pool)
                 .await;
             let row = match (row, key) {
                 (Ok(row), _) => row,
@@ -1165,7 +1167,7 @@ impl Store {
     async fn any_open(&self, queue: &str) -> Result<bool, StoreError> {
         let row = sqlx::query("SELECT id FROM items WHERE queue = $1 AND state = 'open' LIMIT 1")
             .bind(queue)
-            .fetch_optional(&self.pool)
+            .fetch_optional_done(&self.pool)
             .await?;
         Ok(row.is_some())
     }
@@ -1357,7 +1359,7 @@ impl Store {
             .bind(hash)
             .bind(owner.unwrap_or(0))
             .bind(ms(self.settings.ttl_ms))
-            .fetch_optional(&self.pool)
+            .fetch_optional_done(&self.pool)
             .await?;
         match renewed {
             // Renewed (committed): a TTL that does not decode is answered
@@ -1626,7 +1628,7 @@ impl Store {
             .bind(i64::from(attempts))
             .bind(reason)
             .bind(owner.unwrap_or(0))
-            .fetch_optional(&self.pool)
+            .fetch_optional_done(&self.pool)
             .await?;
         match row {
             Some(row) => {
@@ -1680,7 +1682,7 @@ impl Store {
             .bind(super::UNREADABLE_REASON)
             .bind(hash)
             .bind(owner.unwrap_or(0))
-            .fetch_optional(&self.pool)
+            .fetch_optional_done(&self.pool)
             .await?;
         if let Some(row) = row {
             self.metrics.unreadable_row("release");
@@ -1739,7 +1741,7 @@ impl Store {
             .bind(id)
             .bind(hash)
             .bind(owner.unwrap_or(0))
-            .fetch_optional(&self.pool)
+            .fetch_optional_done(&self.pool)
             .await?)
     }
 
@@ -1824,7 +1826,7 @@ impl Store {
                 .bind(id)
                 .bind(&token_hash)
                 .bind(worker_id)
-                .fetch_optional(&self.pool)
+                .fetch_optional_done(&self.pool)
                 .await?;
             if let Some(row) = row {
                 break row;
@@ -1905,7 +1907,7 @@ impl Store {
         ));
         match sqlx::query(&sql)
             .bind(id)
-            .fetch_optional(&self.pool)
+            .fetch_optional_done(&self.pool)
             .await?
         {
             Some(row) => {
@@ -1952,7 +1954,7 @@ impl Store {
         ));
         if let Some(row) = sqlx::query(&sql)
             .bind(id)
-            .fetch_optional(&self.pool)
+            .fetch_optional_done(&self.pool)
             .await?
         {
             self.metrics.operator_action("requeue");
@@ -1966,7 +1968,7 @@ impl Store {
         let read = format!("SELECT {ITEM_COLS}, requeued_epoch FROM items WHERE id = $1");
         let Some(row) = sqlx::query(&read)
             .bind(id)
-            .fetch_optional(&self.pool)
+            .fetch_optional_done(&self.pool)
             .await?
         else {
             return Err(not_found(id));
@@ -2013,7 +2015,7 @@ impl Store {
         let sql = format!("SELECT {ITEM_COLS} FROM items WHERE id = $1");
         let row = sqlx::query(&sql)
             .bind(id)
-            .fetch_optional(&self.pool)
+            .fetch_optional_done(&self.pool)
             .await?;
         row.as_ref().map(item_from_row).transpose()
     }
@@ -2028,7 +2030,7 @@ impl Store {
         let sql = format!("SELECT {ITEM_COLS} FROM items WHERE id = $1");
         let row = sqlx::query(&sql)
             .bind(id)
-            .fetch_optional(&self.pool)
+            .fetch_optional_done(&self.pool)
             .await?;
         let Some(row) = row else {
             return Ok(None);
@@ -2177,7 +2179,7 @@ impl Store {
         let row = sqlx::query(&sql)
             .bind(id)
             .bind(ms(self.settings.ttl_ms))
-            .fetch_optional(&self.pool)
+            .fetch_optional_done(&self.pool)
             .await?;
         row.map(|r| {
             Ok(LeaseRead {

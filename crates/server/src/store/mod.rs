@@ -675,6 +675,37 @@ fn ms(v: u64) -> i64 {
 }
 
 /// See [`StoreError::unavailable`].
+/// `fetch_optional` for a write statement run on its own (autocommit): steps
+/// the statement to its end, so a commit that fails (SQLite: a full disk, an
+/// I/O error) is an error. sqlx-sqlite's `fetch_optional` stops after the
+/// first `RETURNING` row and resets the statement, SQLite commits during
+/// that reset, and sqlx drops the reset's error (sqlx issue #3430; the
+/// `sqlite3_reset` documentation warns of it): the write was answered `2xx`
+/// with a row the database never stored. Every single-statement write takes
+/// this, never `fetch_optional`.
+pub(crate) trait FetchDone<'q> {
+    fn fetch_optional_done<'e, 'c: 'e, E>(
+        self,
+        e: E,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<Option<AnyRow>, sqlx::Error>> + Send + 'e>>
+    where
+        'q: 'e,
+        E: 'e + sqlx::Executor<'c, Database = Any>;
+}
+
+impl<'q> FetchDone<'q> for sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>> {
+    fn fetch_optional_done<'e, 'c: 'e, E>(
+        self,
+        e: E,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<Option<AnyRow>, sqlx::Error>> + Send + 'e>>
+    where
+        'q: 'e,
+        E: 'e + sqlx::Executor<'c, Database = Any>,
+    {
+        Box::pin(async move { Ok(self.fetch_all(e).await?.into_iter().next()) })
+    }
+}
+
 fn unavailable(e: &sqlx::Error) -> Option<Unavailable> {
     match e {
         sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => Some(Unavailable::NotApplied),
@@ -684,6 +715,15 @@ fn unavailable(e: &sqlx::Error) -> Option<Unavailable> {
             if sqlite_busy(e) || sqlite_code(e).is_some_and(|c| c & 0xff == 6) {
                 // SQLITE_BUSY past the busy timeout, SQLITE_LOCKED.
                 return Some(Unavailable::NotApplied);
+            }
+            match sqlite_code(e).map(|c| c & 0xff) {
+                // SQLITE_FULL (a full disk): the transaction was rolled
+                // back, as PostgreSQL's disk_full below.
+                Some(13) => return Some(Unavailable::NotApplied),
+                // SQLITE_IOERR: a write or sync failed; whether the commit
+                // reached the disk is not known.
+                Some(10) => return Some(Unavailable::Unknown),
+                _ => {}
             }
             match &*code {
                 // lock_not_available (lock_timeout), serialization_failure,

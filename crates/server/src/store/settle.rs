@@ -4,6 +4,7 @@
 //! the item is answered as a replay and changes nothing, and another settle
 //! by that lease is refused `already_settled` (see [`replay_or_rejection`]).
 
+use super::FetchDone;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
@@ -173,7 +174,7 @@ impl Store {
             .bind(job.error.as_deref())
             .bind(job.owner.unwrap_or(0))
             .bind(&job.request_hash)
-            .fetch_optional(&self.pool)
+            .fetch_optional_done(&self.pool)
             .await?;
         match row {
             Some(row) => {
