@@ -56,11 +56,15 @@ pub fn spawn(
                     }
                     Err(e) => tracing::warn!(error = %e, "reaper pass failed"),
                 }
+                // This pass's number from 0: the first pass after a start
+                // sweeps too, so a server restarted more often than ten
+                // (or a hundred) passes still sweeps.
+                let pass = passes;
                 passes += 1;
                 // Settled items past `--retention-ms`: every 10th pass, or the
                 // next one while a backlog lasts (one sweep deletes a bounded
                 // number, so takeovers never wait long behind it).
-                if passes % 10 == 0 || backlog {
+                if pass % 10 == 0 || backlog {
                     backlog = match metrics.delete_settled(&store).await {
                         Ok(n) => {
                             if n > 0 {
@@ -75,7 +79,7 @@ pub fn spawn(
                     };
                 }
                 // Expired credentials are swept far less often than leases.
-                if passes % 100 == 0 {
+                if pass % 100 == 0 {
                     if let Err(e) = store.purge_credentials().await {
                         tracing::warn!(error = %e, "credential purge failed");
                     }
@@ -86,7 +90,7 @@ pub fn spawn(
                 // While a run deletes as many as one run may, up to
                 // `KEY_PURGE_RUNS` runs follow in this pass (a busy server
                 // writes more than one run's rows per pass).
-                if passes % 100 == 0 || keys_backlog {
+                if pass % 100 == 0 || keys_backlog {
                     keys_backlog = false;
                     for _ in 0..KEY_PURGE_RUNS {
                         match store.forget_claim_keys().await {

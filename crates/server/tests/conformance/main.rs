@@ -45,6 +45,7 @@ macro_rules! conformance {
 }
 
 conformance! {
+    retention::the_first_reaper_pass_after_a_start_sweeps,
     input::a_payload_or_result_nests_at_most_127_deep,
     listing::a_listing_page_stays_near_its_byte_budget_when_errors_need_escaping,
     retention::settled_items_past_the_retention_are_deleted_and_nothing_else,

@@ -221,6 +221,40 @@ pub async fn a_server_with_a_retention_deletes_old_settled_items_by_itself(db: T
     }
 }
 
+/// The first reaper pass after a start sweeps (retention, and the purges
+/// of expired credentials and old claim keys), not only every tenth: a
+/// server restarted more often than ten passes (rolling deploys, crash
+/// loops, scale to zero) still deletes what is due. Here the second server
+/// runs one pass only (a reaper interval of an hour: the first pass comes at
+/// start). Before, the pass counter started at 1 and that pass swept
+/// nothing, so such a server never deleted a settled item. Found by
+/// helper-222.
+pub async fn the_first_reaper_pass_after_a_start_sweeps(db: TestDb) {
+    let pool = db.raw_pool().await;
+    let mut config = db.config();
+    config.reaper_ms = 3_600_000;
+    config.retention_ms = 120_000;
+    let first = agentstore_server::Server::start(&config)
+        .await
+        .expect("start server");
+    let old = settled(first.store(), "first-pass", SettleState::Done, None).await;
+    settled_two_hours_earlier(&pool, old).await;
+    first.stop().await.unwrap();
+    let server = agentstore_server::Server::start(&config)
+        .await
+        .expect("start server again");
+    let store = server.store().clone();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while store.item(old).await.unwrap().is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first pass after the start never deleted the old item"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    server.stop().await.unwrap();
+}
+
 /// A keyed enqueue sent again while the retention sweep deletes the item
 /// that key added: the INSERT is refused by the key, and the item can be
 /// gone by the time it is read. Before, that read failed and the enqueue
