@@ -9,7 +9,9 @@ import { spawn, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { homedir, tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
+import { dirname, extname, join, normalize } from 'node:path';
+import { createServer } from 'node:http';
+import { readFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
 import { after, before } from 'node:test';
 import { spawnListening } from '../../scripts/listening.mjs';
@@ -228,4 +230,34 @@ export function demoForTests(tag, env = {}) {
   }, { timeout: 30_000 });
   t.api = (method, path, body) => adminCall(t.demo.url, t.admin, method, path, body);
   return t;
+}
+
+/**
+ * Serves the built SDK (`AGENTSTORE_PKG_DIR`, else pkg/) at `/pkg/`, the
+ * page `/page.html` (a module script `/page.js`), and the scripts `files`
+ * (path → text, `/page.js` among them) from an in-process HTTP server on a
+ * loopback port, for the life of the test file (registers node:test
+ * `before`, which builds pkg/ if it is missing, and `after`). Returns
+ * `{ origin }`, set once the server listens.
+ */
+export function servePkgPage(files) {
+  const pkg = process.env.AGENTSTORE_PKG_DIR ?? join(ROOT, 'pkg');
+  const mime = { '.js': 'text/javascript', '.wasm': 'application/wasm', '.html': 'text/html' };
+  const site = { origin: undefined };
+  let server;
+  before(async () => {
+    buildPkgIfMissing();
+    server = createServer(async (req, res) => {
+      const path = decodeURIComponent(new URL(req.url, 'http://x').pathname);
+      let body = files[path];
+      if (path === '/page.html') body = '<!doctype html><meta charset="utf-8"><script type="module" src="/page.js"></script>';
+      else if (body === undefined && path.startsWith('/pkg/')) body = await readFile(join(pkg, normalize(path.slice(5)))).catch(() => null);
+      if (body == null) return res.writeHead(404).end();
+      res.writeHead(200, { 'content-type': mime[extname(path)] ?? 'application/octet-stream', 'cache-control': 'no-store' }).end(body);
+    });
+    await new Promise((r) => server.listen(0, '127.0.0.1', r));
+    site.origin = `http://127.0.0.1:${server.address().port}`;
+  });
+  after(() => server?.close());
+  return site;
 }

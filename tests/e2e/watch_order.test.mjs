@@ -11,16 +11,11 @@
 //
 //   node --test tests/e2e/watch_order.test.mjs      (needs pkg/)
 
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { createServer } from 'node:http';
-import { readFile } from 'node:fs/promises';
-import { extname, join, normalize } from 'node:path';
-import { ROOT, buildPkgIfMissing, launchBrowser } from './helpers.mjs';
+import { launchBrowser, servePkgPage } from './helpers.mjs';
 import { launchFirefox } from '../../bench/webdriver.mjs';
 
-const PKG = process.env.AGENTSTORE_PKG_DIR ?? join(ROOT, 'pkg');
-const MIME = { '.js': 'text/javascript', '.wasm': 'application/wasm', '.html': 'text/html' };
 /** Increments per worker, per round. */
 const N = 300;
 const ROUNDS = 2;
@@ -75,32 +70,10 @@ onmessage = async (e) => {
 postMessage('ready');
 `;
 
-let server;
-let origin;
-
-before(async () => {
-  buildPkgIfMissing();
-  server = createServer(async (req, res) => {
-    const path = decodeURIComponent(new URL(req.url, 'http://x').pathname);
-    let body;
-    let type = MIME[extname(path)] ?? 'application/octet-stream';
-    if (path === '/page.html') {
-      body = '<!doctype html><meta charset="utf-8"><script type="module" src="/page.js"></script>';
-      type = MIME['.html'];
-    } else if (path === '/page.js') body = PAGE;
-    else if (path === '/worker.js') body = WORKER;
-    else if (path.startsWith('/pkg/')) body = await readFile(join(PKG, normalize(path.slice(5)))).catch(() => null);
-    if (body == null) return res.writeHead(404).end();
-    res.writeHead(200, { 'content-type': type, 'cache-control': 'no-store' }).end(body);
-  });
-  await new Promise((r) => server.listen(0, '127.0.0.1', r));
-  origin = `http://127.0.0.1:${server.address().port}`;
-});
-
-after(() => server?.close());
+const site = servePkgPage({ '/page.js': PAGE, '/worker.js': WORKER });
 
 async function rounds(page, engine) {
-  await page.goto(`${origin}/page.html`);
+  await page.goto(`${site.origin}/page.html`);
   await page.waitForFunction(() => window.ready === true, null, { timeout: 60_000 });
   for (let round = 0; round < ROUNDS; round++) {
     const r = await page.evaluate(([name, n]) => window.run(name, n), [`watch-order-${engine}-${round}`, N]);
