@@ -198,46 +198,26 @@ function afterQuota(tx) {
  * Resolves once `tx` committed; rejects with `toError(tx.error)` when it
  * aborted, or `toError(e)` when a `put` threw `e` (the transaction is
  * then aborted): never an uncaught exception in this handler.
- *
- * Once a mark committed, posts `'watched'` on the database's change channel
- * (Rust src/store/watch.rs `channel_name`): a database this release
- * created is marked before any of its writes posts, so a subscription made
- * on a database of that name that was destroyed since forgets that one's
- * order keys there (see `watchChannel`).
  */
 export function markWatched(tx, toError) {
   const meta = tx.objectStore('meta');
   const state = meta.get('indexes');
   const gen = meta.get('indexes-gen');
   let thrown;
-  let marked = false;
   gen.onsuccess = () => {
     const s = state.result;
     if (s?.watched !== false) return;
     try {
       meta.put({ ...s, watched: true }, 'indexes');
       meta.put((+gen.result || 0) + 1, 'indexes-gen');
-      marked = true;
     } catch (e) {
       thrown = e;
       tx.abort();
     }
   };
-  return transactionPromise(tx).then(
-    () => {
-      if (!marked) return;
-      try {
-        const channel = new BroadcastChannel(`agentstore:${tx.db.name}`);
-        channel.postMessage('watched');
-        channel.close();
-      } catch (e) {
-        // No channel here: nobody to tell.
-      }
-    },
-    () => {
-      throw toError(thrown ?? tx.error);
-    },
-  );
+  return transactionPromise(tx).catch(() => {
+    throw toError(thrown ?? tx.error);
+  });
 }
 
 /**
@@ -312,7 +292,9 @@ function createSchema(db, schema) {
   if (!names.contains('tombstones')) db.createObjectStore('tombstones', { keyPath: '_id' });
   if (!names.contains('meta')) {
     const meta = db.createObjectStore('meta');
-    if (fresh) meta.put({ watched: false }, 'indexes');
+    // `db`: this database's own number, posted with its changes (see
+    // watchChannel): another database of the same name has another.
+    if (fresh) meta.put({ watched: false, db: Math.random() }, 'indexes');
   }
   if (!names.contains('derived')) db.createObjectStore('derived');
   return undefined;
@@ -496,18 +478,20 @@ export function deletion(factory, name, blockedMs, blocked, toError) {
  * then its hash: Rust `Rev`'s order) is not above the last delivered for
  * its id was superseded before it arrived, and is dropped. Kept for the
  * 10,000 ids heard last (a change of another build, without `p`, is
- * delivered as it comes), and forgotten when a database of this name is
- * created again (`markWatched`'s `'watched'`).
+ * delivered as it comes). A change of another database of this name (the
+ * message's `d`, the number `createSchema` gave the database: one made
+ * after a `destroy`) is delivered and starts its id's order afresh,
+ * whatever order its posts and the destroyed database's arrive in.
  */
 export function watchChannel(name, prefix, callback, ready) {
   const channel = new BroadcastChannel(name);
   const last = new Map();
-  const superseded = (id, p, rev) => {
+  const superseded = (id, p, d, rev) => {
     const dash = typeof rev === 'string' && typeof p === 'number' ? rev.indexOf('-') : -1;
     if (dash < 1) return false;
-    const key = [p, +rev.slice(0, dash), rev.slice(dash + 1)];
+    const key = [p, +rev.slice(0, dash), rev.slice(dash + 1), d];
     const seen = last.get(id);
-    if (seen && (seen[0] - key[0] || seen[1] - key[1] || (seen[2] > key[2]) - (seen[2] < key[2])) >= 0) return true;
+    if (seen && seen[3] === d && (seen[0] - key[0] || seen[1] - key[1] || (seen[2] > key[2]) - (seen[2] < key[2])) >= 0) return true;
     last.delete(id);
     last.set(id, key);
     if (last.size > 10000) last.delete(last.keys().next().value);
@@ -516,16 +500,11 @@ export function watchChannel(name, prefix, callback, ready) {
   let stopped = false;
   channel.onmessage = (event) => {
     const data = event.data;
-    if (!Array.isArray(data)) {
-      // A new database of this name was marked watched (js `markWatched`):
-      // the order keys heard were another database's.
-      if (data === 'watched') last.clear();
-      return;
-    }
+    if (!Array.isArray(data)) return;
     for (const change of data) {
       if (stopped) return;
       const id = change !== null && typeof change === 'object' ? change.id : undefined;
-      if (typeof id === 'string' && id.startsWith(prefix) && !superseded(id, data.p, change.rev)) {
+      if (typeof id === 'string' && id.startsWith(prefix) && !superseded(id, data.p, data.d, change.rev)) {
         try {
           callback.call(null, change);
         } catch (e) {

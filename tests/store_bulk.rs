@@ -1699,7 +1699,11 @@ async fn a_signal_whose_aborted_getter_throws_at_the_commit_still_settles_the_pu
 /// channel itself: a change whose order key (the post's purge count `p`,
 /// then the revision's generation and hash) is not above the last one
 /// delivered for its id is dropped, a recreate after a purge (a higher `p`)
-/// is not, and a post without `p` (another build) is delivered as it comes.
+/// is not, a post without `p` (another build) is delivered as it comes, and
+/// a post of another database of that name (its `d`: one made again after a
+/// `destroy`) starts its id's order afresh, whichever context's post
+/// arrives first (helper-223: a mark message for that, posted after the
+/// mark committed, could arrive after the new database's first change).
 /// Before, every post was delivered in arrival order.
 #[wasm_bindgen_test]
 async fn a_watch_delivers_one_ids_changes_in_commit_order_whatever_order_posts_arrive_in() {
@@ -1717,25 +1721,31 @@ async fn a_watch_delivers_one_ids_changes_in_commit_order_whatever_order_posts_a
     .into_js_value();
     let w = store.watch(js(json!({ "prefix": "x/" })), f).unwrap();
     call(field(&w, "ready").unchecked_into()).await.unwrap();
+    // `p` the purge count and `d` the database's number a post carries
+    // (both absent: a post of another build).
     let post = Function::new_with_args(
-        "name, p, changes",
+        "name, p, d, changes",
         "const ch = new BroadcastChannel('agentstore:' + name); \
-         if (p !== null) changes.p = p; ch.postMessage(changes); ch.close();",
+         if (p !== null) { changes.p = p; changes.d = d; } ch.postMessage(changes); ch.close();",
     );
     let posts = [
-        (json!(0), "x/a", "3-aa"),
-        (json!(0), "x/a", "2-ff"), // overtaken: dropped
-        (json!(0), "x/a", "3-aa"), // heard already: dropped
-        (json!(0), "x/a", "3-ab"), // same generation, higher hash
-        (json!(0), "x/a", "4-00"),
-        (json!(1), "x/a", "1-bb"),    // recreated after a purge
-        (json!(0), "x/a", "5-cc"),    // before that purge: dropped
-        (json!(null), "x/b", "1-zz"), // another build's post
-        (json!(0), "x/end", "1-00"),
+        (json!(0), 1, "x/a", "3-aa"),
+        (json!(0), 1, "x/a", "2-ff"), // overtaken: dropped
+        (json!(0), 1, "x/a", "3-aa"), // heard already: dropped
+        (json!(0), 1, "x/a", "3-ab"), // same generation, higher hash
+        (json!(0), 1, "x/a", "4-00"),
+        (json!(1), 1, "x/a", "1-bb"),    // recreated after a purge
+        (json!(0), 1, "x/a", "5-cc"),    // before that purge: dropped
+        (json!(null), 0, "x/b", "1-zz"), // another build's post
+        (json!(0), 1, "x/c", "4-cc"),
+        (json!(0), 2, "x/c", "1-dd"), // the database made again: delivered
+        (json!(0), 2, "x/c", "2-ee"),
+        (json!(0), 2, "x/c", "1-dd"), // overtaken in it: dropped
+        (json!(0), 1, "x/end", "1-00"),
     ];
-    for (p, id, rev) in posts {
+    for (p, d, id, rev) in posts {
         let changes = js(json!([{ "id": id, "rev": rev, "deleted": false }]));
-        post.call3(&JsValue::NULL, &s(&name), &js(p), &changes)
+        post.call4(&JsValue::NULL, &s(&name), &js(p), &d.into(), &changes)
             .unwrap();
     }
     wait_for("the last post", || {
@@ -1753,6 +1763,9 @@ async fn a_watch_delivers_one_ids_changes_in_commit_order_whatever_order_posts_a
             "x/a:4-00",
             "x/a:1-bb",
             "x/b:1-zz",
+            "x/c:4-cc",
+            "x/c:1-dd",
+            "x/c:2-ee",
             "x/end:1-00"
         ]
     );

@@ -53,6 +53,11 @@ pub struct IndexState {
     /// without the field (a database an earlier release made, or state an
     /// earlier release wrote back) counts as watched.
     pub quiet: bool,
+    /// The database's own number (`db`, a random number js/promise.js
+    /// `createSchema` stores when this release creates the database; 0 for
+    /// one an earlier release made): posted with its changes, it tells a
+    /// watcher a database made again after a `destroy` from the one before.
+    pub db: f64,
 }
 
 /// Index definitions by tag, in tag order (a sorted `Vec`: see
@@ -118,6 +123,9 @@ impl IndexState {
         if self.quiet {
             set(&o, "watched", &JsValue::FALSE);
         }
+        if self.db != 0.0 {
+            set(&o, "db", &JsValue::from_f64(self.db));
+        }
         o.into()
     }
 
@@ -146,6 +154,7 @@ impl IndexState {
         state.building = strings_from_js(&field("building")).unwrap_or_default();
         state.purges = field("purges").as_f64().unwrap_or(0.0);
         state.quiet = field("watched").as_bool() == Some(false);
+        state.db = field("db").as_f64().unwrap_or(0.0);
         state
     }
 }
@@ -373,7 +382,7 @@ impl Store {
             tags: state.maintained(),
             purges: state.purges,
         });
-        self.changes.set_state(!state.quiet, state.purges);
+        self.changes.set_state(!state.quiet, state.purges, state.db);
         *self.index_cache.0.borrow_mut() = Some(m.clone());
         Ok(m)
     }

@@ -9,8 +9,6 @@ use std::cell::Cell;
 use wasm_bindgen::{JsCast, JsValue};
 use web_sys::BroadcastChannel;
 
-/// The change channel of database `db` (js/promise.js `markWatched` names
-/// it the same way).
 fn channel_name(db: &str) -> String {
     agentstore_protocol::cat(&["agentstore:", db])
 }
@@ -33,6 +31,8 @@ pub struct Notifier {
     /// same generation) and posts right after its commit, before any
     /// later transaction's read can run.
     purges: Cell<f64>,
+    /// The database's own number from the same state (`IndexState::db`).
+    db: Cell<f64>,
 }
 
 impl Notifier {
@@ -43,6 +43,7 @@ impl Notifier {
             channel: BroadcastChannel::new(&channel_name(name)).ok(),
             watched: Cell::new(true),
             purges: Cell::new(0.0),
+            db: Cell::new(0.0),
         }
     }
 
@@ -52,10 +53,11 @@ impl Notifier {
     }
 
     /// Records whether the index state just read says the database is
-    /// watched, and its purge count (see the fields).
-    pub fn set_state(&self, watched: bool, purges: f64) {
+    /// watched, its purge count and the database's number (see the fields).
+    pub fn set_state(&self, watched: bool, purges: f64, db: f64) {
         self.watched.set(watched);
         self.purges.set(purges);
+        self.db.set(db);
     }
 
     /// Whether writes post (see the field; true until the state is read).
@@ -74,13 +76,15 @@ impl Notifier {
     /// state's `purges`): with the revision's generation and hash it orders
     /// one id's changes as they committed, which a watcher uses to drop a
     /// change another context's later post overtook (js/promise.js
-    /// `watchChannel`).
+    /// `watchChannel`); `d` the database's number, which tells a database
+    /// made again after a `destroy` from the one before.
     pub fn post(&self, changes: &Array) {
         let Some(ch) = &self.channel else { return };
         if changes.length() == 0 {
             return;
         }
         set(changes, "p", &self.purges.get().into());
+        set(changes, "d", &self.db.get().into());
         let _ = ch.post_message(changes);
     }
 
