@@ -7,6 +7,11 @@
 //! cargo run --release -p agentstore-server --example driver_profile [-- items]
 //! ```
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a measurement of drivers, not the server's write path (clippy.toml)"
+)]
+
 use std::time::Instant;
 
 use sqlx::any::AnyPoolOptions;

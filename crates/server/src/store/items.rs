@@ -420,6 +420,10 @@ impl Store {
             "SELECT CAST(CASE WHEN {} THEN 1 ELSE 0 END AS BIGINT)",
             self.id_room()
         );
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "a read: no write is committed when it stops early"
+        )]
         let (room,): (i64,) = sqlx::query_as(&sql).fetch_one(&self.pool).await?;
         Ok(room == 1)
     }
@@ -1857,6 +1861,10 @@ impl Store {
         // Only these columns: an item whose other columns do not decode
         // (failed by the resume that met it, see `unreadable`) is answered
         // the same way.
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "a read: no write is committed when it stops early"
+        )]
         let row: Option<(String, i64, Option<i64>)> =
             sqlx::query_as("SELECT state, epoch, resumed_epoch FROM items WHERE id = $1")
                 .bind(id)
@@ -1992,6 +2000,10 @@ impl Store {
     /// (a resume or pause sent again after it met such a row, see
     /// `unreadable`).
     async fn not_in_state(&self, id: i64, wanted: ItemState) -> StoreError {
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "a read: no write is committed when it stops early"
+        )]
         let state: Result<Option<(String,)>, _> =
             sqlx::query_as("SELECT state FROM items WHERE id = $1")
                 .bind(id)

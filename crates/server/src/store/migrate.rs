@@ -480,6 +480,10 @@ pub async fn migrate(store: &Store) -> Result<usize, StoreError> {
         )
         .execute(&mut *tx)
         .await?;
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "inside a transaction: its COMMIT reports a failed write"
+        )]
         let (present,): (i64,) =
             sqlx::query_as("SELECT COUNT(*) FROM schema_migrations WHERE version = $1")
                 .bind(m.version)

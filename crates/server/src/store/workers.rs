@@ -110,6 +110,10 @@ impl Store {
             "SELECT verifier_hash, {extra} FROM {table}
              WHERE selector = $1 AND expires_at > {{now}}"
         ));
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "a read: no write is committed when it stops early"
+        )]
         let row = sqlx::query(&sql)
             .bind(&presented.selector)
             .fetch_optional(&self.pool)
@@ -253,6 +257,10 @@ impl Store {
                 }
             }
         }
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "a read: no write is committed when it stops early"
+        )]
         let moved_on: (i64,) = sqlx::query_as(
             "SELECT COUNT(*) FROM refresh_tokens
              WHERE parent = $1 AND used_at IS NOT NULL AND revoked = 0",
@@ -303,6 +311,10 @@ impl Store {
         selector: &str,
         attempt: &Attempt,
     ) -> Result<Option<i64>, StoreError> {
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "a read: no write is committed when it stops early"
+        )]
         let row: Option<(i64,)> = sqlx::query_as(
             "SELECT attempt FROM token_attempts
              WHERE kind = $1 AND selector = $2 AND sender = $3",
@@ -347,6 +359,10 @@ impl Store {
     /// The worker a used token of `table` belongs to, whether it is revoked,
     /// whether it was used within the replay grace (1) or not (0), and the
     /// `Request-Attempt` of its last use (number, sender).
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "a read: no write is committed when it stops early"
+    )]
     async fn read_used(
         &self,
         tx: &mut Transaction<'static, Any>,
@@ -470,6 +486,10 @@ impl Store {
                     "INSERT INTO workers (name, created_at, role, queues) VALUES ($1, {now}, $2, $3)
                      RETURNING id",
                 );
+                #[expect(
+                    clippy::disallowed_methods,
+                    reason = "inside a transaction: its COMMIT reports a failed write"
+                )]
                 let (worker_id,): (i64,) = sqlx::query_as(&insert)
                     .bind(name)
                     .bind(&role)
@@ -579,6 +599,10 @@ impl Store {
              FROM access_tokens a JOIN workers w ON w.id = a.worker_id
              WHERE a.selector = $1 AND a.expires_at > {now}",
         );
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "a read: no write is committed when it stops early"
+        )]
         let row: Option<(String, i64, String, String, i64)> = sqlx::query_as(&sql)
             .bind(&presented.selector)
             .fetch_optional(&self.pool)

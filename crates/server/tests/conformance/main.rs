@@ -2,6 +2,11 @@
 //! SQLite (`sqlite::…`) and on PostgreSQL (`postgres::…`, needs
 //! `AGENTSTORE_TEST_PG_URL`; in CI its absence fails the run).
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests read rows and seed them; the write path's rule is the server's own (clippy.toml)"
+)]
+
 mod auth;
 mod beacon;
 mod claim_race;
