@@ -844,8 +844,9 @@ impl AgentStore {
 
 /// The checks an import makes before it reads its source, in every build
 /// (the entry points make them before they load the io module, which makes
-/// them again): options, then `legacyIndexId` (PouchDB dumps), then the
-/// source's type, then the signal.
+/// them again): option names, `legacyIndexId` (PouchDB dumps), the other
+/// options (the signal last), then the source's type, then the signal's
+/// state.
 /// Returns the options read (and, with `pouch`, `legacyIndexId`), so that
 /// each option is read once.
 fn import_checks(
@@ -853,19 +854,19 @@ fn import_checks(
     options: &JsValue,
     pouch: bool,
 ) -> Result<(ImportOptions, String), StoreError> {
-    let opts = steered(
-        options,
-        if pouch {
-            "onProgress signal batchSize legacyIndexId"
-        } else {
-            "onProgress signal batchSize"
-        },
-    )?;
+    let keys = if pouch {
+        "onProgress signal batchSize legacyIndexId"
+    } else {
+        "onProgress signal batchSize"
+    };
+    known(options, keys)?;
+    // Before `steered` reads the signal (last): see `rebuild_options`.
     let legacy = if pouch {
         legacy_id(options)?
     } else {
         String::new()
     };
+    let opts = steered_known(options)?;
     crate::store::lines::check_source(source)?;
     crate::store::check_abort(opts.signal.as_ref())?;
     Ok((opts, legacy))
@@ -1108,9 +1109,11 @@ fn rebuild_options(
     let batch = opt_num(options, "batchSize", 1, 10_000, "an integer in [1, 10000]")?
         .map_or(500, |n| n as u32);
     let cb = opt_fn(options, "onProgress")?;
-    let signal = opt_signal(options)?;
     let restart = opt_bool(options, "restart")?.unwrap_or(true);
-    Ok((batch, cb, signal, restart))
+    // The signal last (every options reader does): the call watches it from
+    // here, so an `abort` event fired by another option's getter is not
+    // missed.
+    Ok((batch, cb, opt_signal(options)?, restart))
 }
 
 /// The bodies of the methods above, in the `io` build (and the Rust tests).
@@ -1376,10 +1379,18 @@ const VERIFY_KEYS: &str = "onProgress signal";
 /// ValidationError for an option not in `keys` or of the wrong type.
 fn steered(options: &JsValue, keys: &'static str) -> Result<ImportOptions, StoreError> {
     known(options, keys)?;
+    steered_known(options)
+}
+
+/// [`steered`] once the option names were checked.
+fn steered_known(options: &JsValue) -> Result<ImportOptions, StoreError> {
+    let on_progress = opt_fn(options, "onProgress")?;
+    let batch = batch_option(options)?;
     Ok(ImportOptions {
-        on_progress: opt_fn(options, "onProgress")?,
+        on_progress,
+        batch,
+        // Read last: see `rebuild_options`.
         signal: opt_signal(options)?,
-        batch: batch_option(options)?,
     })
 }
 

@@ -320,7 +320,8 @@ pub(crate) fn abort_reason(signal: &AbortSignal) -> Option<JsValue> {
 /// too, told by its internal slots, [`crate::value::is_a`]). An object that
 /// only claims `AbortSignal.prototype` (whose `aborted` getter throws on
 /// it, and would throw past the module where it is read) is refused like
-/// any non-signal. A call holds [`track`]'s guard of it while it runs.
+/// any non-signal. A call reads it after its other options and holds
+/// [`track`]'s guard of it from then on, while it runs.
 pub(crate) fn opt_signal(options: &JsValue) -> Result<Option<AbortSignal>, String> {
     given(options, "signal", "an AbortSignal", |v| {
         crate::value::is_a(&v, "AbortSignal", "aborted").then(|| v.unchecked_into())
