@@ -81,7 +81,8 @@ pub struct Config {
     #[arg(long, default_value = "pkg")]
     pub pkg: PathBuf,
     /// Admin bearer token (creates enrollment tokens, enqueues, reads, pauses).
-    /// Without it the admin endpoints always answer 401. An empty token, or
+    /// Without it the admin endpoints always answer 401 (403 to a worker's
+    /// or producer's token). An empty token, or
     /// one with whitespace, is refused at startup: `Authorization: Bearer `
     /// with nothing after it would otherwise be the admin.
     #[arg(long, env = "AGENTSTORE_ADMIN_TOKEN", hide_env_values = true, value_parser = admin_token_arg)]
@@ -114,8 +115,10 @@ pub struct Config {
     /// to n times this rate in all.
     #[arg(long, default_value = "10/s")]
     pub claim_rate: Rate,
-    /// Enroll/refresh limit per client address (these need no credentials):
-    /// `20/s`, `600/min`, `5/100ms`. Past it: `429` with `Retry-After`.
+    /// Enroll/refresh limit per client address per instance (these need no
+    /// credentials), and apart from it the same limit for tokenless
+    /// releases (beacons): `20/s`, `600/min`, `5/100ms`. Past it: `429`
+    /// with `Retry-After`.
     #[arg(long, default_value = "20/s")]
     pub auth_rate: Rate,
     /// Largest accepted request body (bytes, 1024..=67108864).

@@ -119,6 +119,14 @@ impl IntoResponse for ApiError {
         if self.fenced {
             resp.extensions_mut().insert(Fenced);
         }
+        if status == StatusCode::UNAUTHORIZED {
+            // Every 401 carries a challenge (RFC 9110 §15.5.2), in the form
+            // of RFC 6750 §3 (a browser shows no login dialog for `Bearer`).
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"agentstore\""),
+            );
+        }
         if let Some(secs) = self.retry_after_s {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));

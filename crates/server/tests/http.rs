@@ -117,6 +117,15 @@ async fn expect_error(resp: Response, code: ErrorCode) -> ErrorBody {
         ct.starts_with("application/json"),
         "JSON error body, got {ct:?}"
     );
+    if code == ErrorCode::Unauthorized {
+        // RFC 9110 §15.5.2: every 401 names its scheme (RFC 6750 §3).
+        let challenge = resp.headers().get("www-authenticate");
+        assert_eq!(
+            challenge.and_then(|v| v.to_str().ok()),
+            Some("Bearer realm=\"agentstore\""),
+            "the 401's challenge"
+        );
+    }
     let body: ErrorBody = resp.json().await.unwrap();
     assert_eq!(body.code, code);
     assert!(!body.message.is_empty());
