@@ -372,9 +372,14 @@ pub fn decode_key_cursor(s: &str) -> Result<Vec<KeyPart>, String> {
     for p in parts {
         let (kind, body) = p.split_at(p.len().min(1));
         out.push(match kind {
-            "n" if body.len() == 16 => {
-                KeyPart::Num(f64::from_bits(hex_value(body.as_bytes()).ok_or_else(bad)?))
-            }
+            // NaN is no IndexedDB key (an entry never holds one): refused
+            // here, not by IDBKeyRange's DataError.
+            "n" if body.len() == 16 => KeyPart::Num(
+                hex_value(body.as_bytes())
+                    .map(f64::from_bits)
+                    .filter(|n| !n.is_nan())
+                    .ok_or_else(bad)?,
+            ),
             "s" => KeyPart::Str(hex_units(body).ok_or_else(bad)?),
             "m" if body.is_empty() => KeyPart::Max,
             _ => return Err(bad()),
@@ -435,6 +440,32 @@ mod tests {
         assert_eq!(decode_key_cursor(&c).unwrap(), vec![s(&longest)]);
         let too_long = encode_key_cursor(&[s(&longest), s("bc")]);
         assert!(decode_key_cursor(&too_long).is_err());
+    }
+
+    /// NaN is no IndexedDB key: a forged cursor naming one is refused as
+    /// any cursor `listBy` did not make (before, IDBKeyRange's DataError
+    /// text came through).
+    #[test]
+    fn a_key_cursor_naming_nan_is_refused_as_not_made_by_list_by() {
+        let tag = s(&IndexDef {
+            name: "n".into(),
+            keys: vec!["k".into()],
+        }
+        .tag());
+        for bits in [
+            f64::NAN.to_bits(),
+            0x7ff0_0000_0000_0001,
+            0xfff8_0000_0000_0000,
+        ] {
+            let c = encode_key_cursor(&[tag.clone(), KeyPart::Num(f64::from_bits(bits)), s("id")]);
+            assert_eq!(
+                decode_key_cursor(&c),
+                Err("invalid index cursor: not made by listBy".to_string()),
+                "{bits:x}"
+            );
+        }
+        let c = encode_key_cursor(&[tag, KeyPart::Num(f64::INFINITY), s("id")]);
+        assert!(decode_key_cursor(&c).is_ok());
     }
 
     fn inside(r: &EntryRange, k: &[KeyPart]) -> bool {
