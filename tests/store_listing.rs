@@ -193,6 +193,45 @@ async fn a_cursor_not_made_by_list_is_a_validation_error() {
     assert_eq!(store.list(&ok).await.unwrap().records.length(), 0);
 }
 
+/// A page's `next` belongs to its prefix: given to a listing of another
+/// prefix it is a ValidationError (before, a cursor below the prefix started
+/// the listing again and one above it gave an empty last page), as `listBy`
+/// refuses another index's cursor. A cursor of the whole store's listing
+/// pages a prefix it falls in.
+#[wasm_bindgen_test]
+async fn a_cursor_of_another_prefix_is_a_validation_error() {
+    let (store, name) = open("cursor-prefix").await;
+    let ids = ["a:1", "a:2", "b:1", "b:2", "c:1"];
+    store
+        .put_many(&js(json!(ids.map(|id| json!({ "_id": id })))))
+        .await
+        .unwrap();
+    let api: JsValue = agentstore::AgentStore::from_store(open_named(&name).await).into();
+    let list = |o: Value| {
+        let api = api.clone();
+        async move { invoke(&api, "list", &[js(o)]).await }
+    };
+    let next = |page: &JsValue| js_sys::Reflect::get(page, &"next".into()).unwrap();
+    let a = list(json!({"prefix": "a:", "limit": 1})).await.unwrap();
+    let all = list(json!({"limit": 3})).await.unwrap();
+    for (cursor, prefix) in [(next(&a), "b:"), (next(&a), "a:2"), (next(&all), "a:")] {
+        let mut o = json!({"prefix": prefix});
+        o["after"] = Value::String(cursor.as_string().unwrap());
+        let e = list(o).await.unwrap_err();
+        assert_eq!(error_kind(&e).0, "ValidationError", "{prefix}");
+    }
+    // The whole listing's cursor after "b:1" pages "b" on.
+    let mut o = json!({"prefix": "b"});
+    o["after"] = Value::String(next(&all).as_string().unwrap());
+    let page = list(o).await.unwrap();
+    let records = js_sys::Reflect::get(&page, &"records".into()).unwrap();
+    let got: Vec<String> = js_sys::Array::from(&records)
+        .iter()
+        .map(|r| field_str(&r, "_id").unwrap())
+        .collect();
+    assert_eq!(got, ["b:2"]);
+}
+
 const DUMP: &str = include_str!("../www/data/agent-records.pouchdump.ndjson");
 const EXPECTED: &str = include_str!("../www/data/agent-records.expected.json");
 

@@ -41,7 +41,7 @@ impl ListQuery {
     ///
     /// # Errors
     /// ValidationError for wrong types, a key not in `keys`, a bad limit or
-    /// a cursor not made by `list`.
+    /// a cursor not made by `list` with this prefix.
     pub fn from_js(options: &JsValue, keys: &'static str) -> Result<ListQuery> {
         let get = |k: &str| crate::options::read(options, k);
         if !options.is_undefined() && !options.is_null() && !options.is_object() {
@@ -88,6 +88,14 @@ impl ListQuery {
                 Some(decode_cursor(&s).map_err(StoreError::validation)?)
             }
         };
+        // A page's `next` is its last record's `_id`, which starts with the
+        // listing's prefix: another prefix's cursor is refused, as `listBy`
+        // refuses another index's.
+        if after.as_ref().is_some_and(|a| !a.starts_with(&prefix)) {
+            return Err(StoreError::validation(
+                "after is a cursor of a listing of another prefix",
+            ));
+        }
         let descending = crate::options::flag(options, "descending")?;
         Ok(ListQuery {
             prefix,
