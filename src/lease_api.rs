@@ -530,8 +530,10 @@ fn leases_js(leases: Vec<Rc<LeaseInner>>) -> Array {
 
 /// A claimed work item. `signal` aborts with a `ClaimLostError` when the lease
 /// is lost (`reason: "claim_lost"`), expires locally (`"expired_locally"`) or is
-/// released (`"released"`); stop the work then — nothing settled under a lost
-/// lease is accepted by the server.
+/// released (`"released"`); stop the work then — a settle made after the loss
+/// is refused (nothing written). A settle already on the wire when the lease
+/// expired locally may still land: it then resolves, and `status` turns from
+/// `"expired_locally"` to `"settled"` (the signal stays aborted).
 ///
 /// Fence your own writes with `epoch` (it grows on every claim of the item):
 /// store it with what you write and refuse writes with a lower epoch than the

@@ -324,6 +324,53 @@ async fn the_lease_clock_counts_a_jump_of_the_wall_clock_but_not_small_steps() {
     assert!(now_ms() >= after_jump, "the clock never goes back");
 }
 
+/// Where `Date.now()` stands in for `performance.now()` (none, or a page's
+/// replacement that is not a `Performance`), a wall clock set back steps the
+/// lease clock back (the hook steps it as that fallback would). A step of
+/// more than 1 s counts as a jump (the server is asked at once), a smaller
+/// one counts none, and the lease clock runs on at the real rate from where
+/// it was. Before, it stood still until the wall clock caught up: a lease
+/// read "held" for as long as the clock was set back (helper-225: 63 s past
+/// a 4 s TTL). No server needed.
+#[wasm_bindgen_test]
+async fn a_lease_clock_that_steps_back_counts_a_jump_and_keeps_running() {
+    use agentstore::lease::http::{jumps, now_ms, shift_monotonic_clock};
+    let performance = js_sys::Reflect::get(&js_sys::global(), &"performance".into()).unwrap();
+    let perf_now: js_sys::Function = js_sys::Reflect::get(&performance, &"now".into())
+        .unwrap()
+        .into();
+    let perf = || perf_now.call0(&performance).unwrap().as_f64().unwrap();
+    let mut seen = Vec::new();
+    for (back, jumped) in [(60_000.0, 1), (500.0, 0)] {
+        let before = jumps();
+        let start = now_ms();
+        shift_monotonic_clock(-back);
+        let stepped = now_ms();
+        let real_start = perf();
+        let counted = jumps() - before;
+        sleep(300.0).await;
+        let later = now_ms();
+        let real = perf() - real_start;
+        shift_monotonic_clock(0.0);
+        now_ms();
+        assert!(stepped >= start, "the lease clock went back");
+        seen.push((back, counted, jumped));
+        // The lease clock advanced as `performance.now()` did (1 ms: a
+        // browser's coarsened timer), not by nothing.
+        assert!(
+            (later - stepped - real).abs() <= 1.0,
+            "{back} ms back: the lease clock moved {} ms in {real} ms",
+            later - stepped
+        );
+    }
+    for (back, counted, jumped) in seen {
+        assert_eq!(
+            counted, jumped,
+            "jumps counted for a step of {back} ms back"
+        );
+    }
+}
+
 /// A heartbeat is never sent for a lease past its local deadline, even when
 /// the pass that planned it ran app code first: here one pass finds lease A
 /// expired (its heartbeats paused) and lease B due, and A's abort listener

@@ -25,7 +25,9 @@ const JUMP_SKEW_MS: f64 = 1_000.0;
 /// last reference point and the last value returned (the module is
 /// single-threaded; atomics only make plain statics of them,
 /// `thread_local!` would add its lazy-init machinery).
-static CLOCK: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
+/// The fourth is the time the lease clock stepped back, added to it (see
+/// [`now_ms`]).
+static CLOCK: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
 /// Whether [`CLOCK`] holds a reference point yet.
 static CLOCK_SET: AtomicBool = AtomicBool::new(false);
 /// How many jumps [`now_ms`] has seen (see [`jumps`]).
@@ -81,7 +83,9 @@ fn clocks() -> (f64, f64) {
 /// which the server may have reaped a lease this clock still reads as held,
 /// or a wall clock set forward, which changes nothing. Each lease asks the
 /// server which at once ([`agentstore_protocol::lease_client::HeartbeatPlan::observe`]).
-/// A wall clock set back counts nothing.
+/// A wall clock set back counts nothing, unless `Date.now()` stands in for
+/// `performance.now()` (no `Performance` here): a step back of the lease
+/// clock over 1 s counts as a jump, and the clock goes on from where it was.
 #[inline(never)]
 pub fn now_ms() -> f64 {
     let (wall, perf) = clocks();
@@ -95,12 +99,23 @@ pub fn now_ms() -> f64 {
     // Against the previous reading (the reference moves every time): the
     // clocks' slow drift (NTP slews the wall clock, not the monotonic one)
     // never adds up to a false jump.
-    if (wall - get(1)) - (perf - get(0)) > JUMP_SKEW_MS {
+    let step = perf - get(0);
+    // A lease clock that stepped back: no `performance` here (or one that
+    // is not a `Performance`, such as a page's wrapper), so the wall clock
+    // stands in for it and was set back. How much time passed meanwhile
+    // is unknown: it counts as a jump (the server is asked at once), and
+    // the clock goes on from where it was instead of standing still until
+    // the wall clock caught up (which held a lease past its deadline for
+    // as long as the clock was set back).
+    if (wall - get(1)) - step > JUMP_SKEW_MS || step < -JUMP_SKEW_MS {
         JUMPS.fetch_add(1, Relaxed);
+    }
+    if step < 0.0 {
+        set(3, get(3) - step);
     }
     set(0, perf);
     set(1, wall);
-    let now = get(2).max(perf);
+    let now = get(2).max(perf + get(3));
     set(2, now);
     now
 }
