@@ -178,6 +178,23 @@ async fn a_client_that_claims_its_own_item_again_loses_the_earlier_claim() {
 /// clock merely set forward lost it as well: see the next test.)
 #[wasm_bindgen_test]
 async fn a_machine_waking_from_a_sleep_past_the_ttl_finds_its_lease_lost() {
+    woken_by("online", false).await;
+}
+
+/// The same wake by the Page Lifecycle `resume` event, which Chrome fires
+/// at the `document` of a frozen tab as it resumes, without bubbling (so a
+/// listener on the window hears it only when capturing). Before, it was not
+/// listened to: a tab resumed while hidden aborted a kept signal at the
+/// loop's throttled timer only (helper-225).
+#[wasm_bindgen_test]
+async fn a_frozen_page_resuming_past_the_ttl_finds_its_lease_lost() {
+    woken_by("resume", true).await;
+}
+
+/// [`a_machine_waking_from_a_sleep_past_the_ttl_finds_its_lease_lost`] with
+/// the wake given by `event`, dispatched at the `document` (`at_document`)
+/// or the global scope.
+async fn woken_by(event: &str, at_document: bool) {
     const LATE_MS: f64 = 60_000.0;
     if server().is_none() {
         return;
@@ -201,9 +218,15 @@ async fn a_machine_waking_from_a_sleep_past_the_ttl_finds_its_lease_lost() {
     }
     assert!(reaped, "the server did not reap the lease");
     agentstore::lease::http::shift_monotonic_clock(asleep - js_sys::Date::now());
-    let global: web_sys::EventTarget = wasm_bindgen::JsCast::unchecked_into(js_sys::global());
-    global
-        .dispatch_event(&web_sys::Event::new("online").unwrap())
+    let target = if at_document {
+        js_sys::Reflect::get(&js_sys::global(), &"document".into()).unwrap()
+    } else {
+        js_sys::global().into()
+    };
+    let target: web_sys::EventTarget = wasm_bindgen::JsCast::unchecked_into(target);
+    // Not bubbling, as the browser's own `resume` and `online`.
+    target
+        .dispatch_event(&web_sys::Event::new(event).unwrap())
         .unwrap();
     let woke_at = js_sys::Date::now();
     let aborted = within(30_000.0, async {

@@ -36,11 +36,19 @@ extern "C" {
 }
 
 /// The events on which the heartbeat loop looks at its leases at once: a
-/// page shown or focused again and a network back are what a machine waking
-/// from a suspend, or a tab leaving the background, fire first. (The loop's
-/// own timer may be up to a heartbeat interval away: browsers' timers, like
-/// `performance.now()`, do not run while the machine sleeps.)
-pub const RESUME_EVENTS: [&str; 4] = ["visibilitychange", "pageshow", "focus", "online"];
+/// page shown or focused again, a frozen page resumed (Page Lifecycle
+/// `resume`) and a network back are what a machine waking from a suspend, or
+/// a tab leaving the background, fire first. (The loop's own timer may be up
+/// to a heartbeat interval away: browsers' timers, like `performance.now()`,
+/// do not run while the machine sleeps.)
+pub const RESUME_EVENTS: [&str; 5] = ["visibilitychange", "pageshow", "focus", "online", CAPTURED];
+
+/// The one event [`listen`] hears while capturing: `resume` is fired at the
+/// `document` without bubbling (Page Lifecycle API), so a listener on the
+/// window hears it only in the capture phase. The others are heard
+/// bubbling, so that an element's `focus` (which does not bubble) is not
+/// taken for the window's.
+const CAPTURED: &str = "resume";
 
 /// The window's `pagehide` (windows only: workers have none).
 pub const PAGEHIDE: [&str; 1] = ["pagehide"];
@@ -60,7 +68,11 @@ pub fn listen(
     let target: &web_sys::EventTarget = global.unchecked_ref();
     for (i, e) in events.iter().enumerate() {
         if target
-            .add_event_listener_with_callback(e, cb.as_ref().unchecked_ref())
+            .add_event_listener_with_callback_and_bool(
+                e,
+                cb.as_ref().unchecked_ref(),
+                *e == CAPTURED,
+            )
             .is_err()
         {
             // None of it stays registered: the closure is dropped below.
@@ -76,7 +88,11 @@ pub fn unlisten(events: &[&str], cb: &Closure<dyn FnMut()>) {
     let global = js_sys::global();
     let target: &web_sys::EventTarget = global.unchecked_ref();
     for e in events {
-        let _ = target.remove_event_listener_with_callback(e, cb.as_ref().unchecked_ref());
+        let _ = target.remove_event_listener_with_callback_and_bool(
+            e,
+            cb.as_ref().unchecked_ref(),
+            *e == CAPTURED,
+        );
     }
 }
 
