@@ -544,12 +544,15 @@ export function raceAbort(promise, signal, marker) {
  * `[aborted, stop]`: `aborted` a Promise resolved once `signal` fires
  * `abort` (never rejected), `stop()` removes the listener (call it when the
  * wait it bounds ended, so a long-lived signal does not collect one
- * listener per call). A signal whose listener methods throw is never seen
+ * listener per call) and resolves `aborted` too, so that nothing awaiting it
+ * waits forever (a Rust JsFuture of it would keep its callbacks for good). A signal whose listener methods throw is never seen
  * to abort here.
  */
 export function abortWatch(signal) {
   let listener;
+  let settle;
   const aborted = new Promise((resolve) => {
+    settle = resolve;
     listener = () => resolve();
     try {
       signal.addEventListener('abort', listener);
@@ -563,6 +566,11 @@ export function abortWatch(signal) {
     } catch (e) {
       // Nothing was added.
     }
+    // Settled either way, once no one waits on it: a Rust JsFuture of a
+    // Promise that never settles keeps its two callbacks (and their table
+    // slots) in wasm memory for good (src/store/group.rs `until_started`
+    // stops the watch after its wait; the wait no longer looks at it).
+    settle();
   };
   return [aborted, stop];
 }

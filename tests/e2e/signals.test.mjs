@@ -13,6 +13,10 @@
 //   the io module's copy of the watch registry did not know the entry
 //   point's, and both went on.
 //
+// - Chromium and Firefox: 2,000 `mutate` calls given one signal that never
+//   aborts keep no JS values in the module's tables (helper-228 counted 2 to
+//   4 kept per call).
+//
 //   node --test tests/e2e/signals.test.mjs      (needs pkg/)
 
 import { test } from 'node:test';
@@ -24,7 +28,29 @@ const CALLS = 2000;
 
 const PAGE = `
 const mod = await import('/pkg/store/agentstore.js');
-await mod.default();
+const wasm = await mod.default();
+// Slots of the module's tables: the JS values Rust holds (wasm-bindgen's
+// externref table) grow them; a slot never freed is never reused.
+const tableSlots = () => Object.values(wasm).filter((v) => v instanceof WebAssembly.Table).reduce((n, t) => n + t.length, 0);
+// Table slots added by n mutates (sync and async functions, each writing)
+// given one long-lived signal that never aborts.
+window.mutateSlots = async (name, n) => {
+  await mod.AgentStore.destroy(name);
+  const c = new AbortController();
+  const s = await mod.AgentStore.open(name);
+  await s.put({ _id: 'k', n: 0 });
+  const bump = (r) => ({ ...r, n: r.n + 1 });
+  for (let i = 0; i < 20; i++) await s.mutate('k', bump, { signal: c.signal });
+  const before = tableSlots();
+  for (let i = 0; i < n; i += 2) {
+    await s.mutate('k', bump, { signal: c.signal });
+    await s.mutate('k', async (r) => bump(r), { signal: c.signal });
+  }
+  const added = tableSlots() - before;
+  const { n: writes } = await s.get('k');
+  s.close();
+  return { added, writes };
+};
 window.mutates = async (name, n) => {
   await mod.AgentStore.destroy(name);
   window.root = new AbortController();
@@ -81,6 +107,15 @@ async function open(page) {
   await page.waitForFunction(() => window.ready === true, null, { timeout: 60_000 });
 }
 
+// helper-228: each mutate given a signal kept 2 (sync function) or 4 (async)
+// JS callbacks in the table for good: the JsFuture of the abort watch's
+// Promise, which never settled when the signal did not abort.
+async function mutateSlots(page, engine) {
+  const { added, writes } = await page.evaluate(([n, c]) => window.mutateSlots(n, c), [`signals-slots-${engine}`, CALLS]);
+  assert.equal(writes, CALLS + 20, `${engine}: every mutate wrote`);
+  assert.ok(added < CALLS / 10, `${engine}: ${added} table slots kept after ${CALLS} mutates with a signal`);
+}
+
 async function ioCalls(page, engine) {
   const drop = await page.evaluate((n) => window.dropWithEvent(n), `signals-drop-${engine}`);
   assert.deepEqual(drop, { out: 'rejected AbortError', again: 'resolved true' }, `${engine}: nothing dropped by the aborted call`);
@@ -88,7 +123,7 @@ async function ioCalls(page, engine) {
   assert.deepEqual(imp, { out: 'rejected AbortError', count: 0 }, `${engine}: nothing imported by the aborted call`);
 }
 
-test('chromium: a call\'s signal is not kept alive after it, and an abort event counts in the io module', async () => {
+test('chromium: a call\'s signal is not kept alive after it, mutates keep no table slots, and an abort event counts in the io module', async () => {
   const browser = await launchBrowser();
   try {
     const page = await (await browser.newContext()).newPage();
@@ -110,17 +145,19 @@ test('chromium: a call\'s signal is not kept alive after it, and an abort event 
     assert.equal(await page.evaluate(([n, c]) => window.mutates(n, c), ['signals-leak', CALLS]), CALLS);
     const live = await liveSignals();
     assert.ok(live - before < CALLS / 10, `${live - before} of ${CALLS} call signals still alive after the calls`);
+    await mutateSlots(page, 'chromium');
     await ioCalls(page, 'chromium');
   } finally {
     await browser.close();
   }
 });
 
-test('firefox: an abort event counts in the io module', async () => {
+test('firefox: mutates keep no table slots, and an abort event counts in the io module', async () => {
   const firefox = await launchFirefox();
   try {
     const page = await firefox.newPage();
     await open(page);
+    await mutateSlots(page, 'firefox');
     await ioCalls(page, 'firefox');
   } finally {
     await firefox.close();
