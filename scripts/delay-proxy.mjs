@@ -92,6 +92,10 @@
 //   /_sink/<n>               answered 200 (CORS open); "tokens" in /_held/<n>
 //                           counts the requests that reached it carrying an
 //                           X-Lease-Token header (a redirect's target)
+//   /body-limit-<bytes>/…    a POST whose body is over <bytes> is answered 413
+//                           {code: "payload_too_large"} without reaching the server,
+//                           as a server run with --max-body-bytes <bytes> answers it;
+//                           others are forwarded
 //   anything else            passed through
 //
 // Usage: node scripts/delay-proxy.mjs --target http://127.0.0.1:18787 [--listen 127.0.0.1:0] [--delay-ms 4500]
@@ -190,6 +194,28 @@ const server = http.createServer((req, res) => {
   if (req.method === 'POST' && /^\/v1\/items\/\d+\/release$/.test(path)) releases.set(mode, (releases.get(mode) ?? 0) + 1);
   if (req.method === 'POST' && isHeartbeat(path)) heartbeats.set(mode, (heartbeats.get(mode) ?? 0) + 1);
   if (req.method === 'POST' && /^\/v1\/items\/\d+\/settle$/.test(path)) settles.set(mode, (settles.get(mode) ?? 0) + 1);
+  const bodyLimit = /^body-limit-(\d+)$/.exec(mode);
+  if (bodyLimit && req.method === 'POST') {
+    const chunks = [];
+    let size = 0;
+    req.on('data', (c) => {
+      chunks.push(c);
+      size += c.length;
+    });
+    req.on('end', () => {
+      if (size > Number(bodyLimit[1])) {
+        res.writeHead(413, { 'content-type': 'application/json', 'access-control-allow-origin': '*' });
+        res.end(JSON.stringify({ code: 'payload_too_large', message: 'request body too large' }));
+        return;
+      }
+      const passOn = (answer, bytes) => {
+        res.writeHead(answer.statusCode ?? 502, answer.headers);
+        res.end(bytes);
+      };
+      upstream(req, path, passOn, () => res.destroy()).end(Buffer.concat(chunks));
+    });
+    return;
+  }
   const lateRefused = /^late-heartbeats-refused-settles-(\d+)$/.exec(mode);
   if (lateRefused && req.method === 'POST' && /^\/v1\/items\/\d+\/settle$/.test(path)) {
     req.resume();

@@ -2415,6 +2415,50 @@ async fn pagehide_while_work_waits_to_retry_a_refused_settle_sends_no_release() 
     c.close().await;
 }
 
+/// A handler's thrown message that fits the 8 KiB the loop reports but not
+/// the server's body limit (here the proxy's `body-limit-4096`, as a server
+/// run with `--max-body-bytes 4096`): the `failed` settle is refused `413`
+/// for good, and the item is settled `failed` with that reason, once, the
+/// handler run once (docs/api.md, LeaseWorker `stats`). Before, a failed
+/// settle of a message up to 8 KiB counted as already bare: each 413
+/// released the lease, the handler ran again, and the item ended on
+/// `retry_limit` with the handler's error lost (helper-229).
+#[wasm_bindgen_test]
+async fn a_failed_settle_over_the_servers_body_limit_settles_failed_with_the_reason() {
+    let Some(proxy) = proxy() else { return };
+    let q = fresh_queue("body-limit");
+    let (status, body) = admin_at(
+        server().expect("server").0,
+        "POST",
+        &format!("/v1/queues/{q}/items"),
+        Some(json!({"payload": {}, "max_attempts": 3})),
+    )
+    .await;
+    assert_eq!(status, 201, "enqueue: {body}");
+    let id = body["id"].as_i64().expect("id");
+    let c = client_at(&format!("{proxy}/body-limit-4096"), admin_creds(), config());
+    let handler = Function::new_no_args(
+        "globalThis.__bodyLimitRuns = (globalThis.__bodyLimitRuns || 0) + 1; \
+         throw new Error('M'.repeat(4050));",
+    );
+    let w = WorkerInner::start(c.clone(), q.clone(), handler, WorkOptions::default(), wrap);
+    let it = wait_item(id, 30_000.0, |it| it.state == ItemState::Failed).await;
+    w.stop().await;
+    let runs = js_sys::Reflect::get(&js_sys::global(), &"__bodyLimitRuns".into()).unwrap();
+    let st = *w.stats.borrow();
+    c.close().await;
+    assert_eq!(it.state, ItemState::Failed, "{it:?}");
+    assert!(
+        it.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("request body too large")),
+        "{:?}",
+        it.last_error
+    );
+    assert_eq!((it.attempts, runs.as_f64()), (0, Some(1.0)));
+    assert_eq!((st.failed, st.lost), (1, 0), "{st:?}");
+}
+
 /// While a settle's outcome is unknown (the proxy answered 503), a manual
 /// `heartbeat()` sends nothing and rejects with StateConflictError: the
 /// settle's retry decides how the lease ends. Before, it went out (the

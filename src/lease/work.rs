@@ -550,7 +550,8 @@ impl Refusals {
 /// good (by the server itself: a 4xx with its error body, such as 413 for a
 /// result above its limit; or `for_good`: by a page that is not the
 /// server's, see [`Refusals::for_good`]) and was not already a bare
-/// `failed` settle (no result, a short message), the item is settled
+/// `failed` settle (no result, a message no longer than the refusal's
+/// reason), the item is settled
 /// `failed` with the reason, so that it neither stays leased nor loops
 /// through redeliveries. Otherwise, or if that fails too, the lease is
 /// released or dropped ([`end_or_drop`]): a refusal by such a page after
@@ -562,18 +563,21 @@ async fn settle_failed_or_drop(
     for_good: bool,
     (state, with_result, error): (SettleState, bool, Option<&str>),
 ) {
-    // (A `failed` settle is retried bare, once, unless it was.)
+    // A page's refusal names its status (the message alone does not).
+    let why = match e {
+        LeaseError::Server { status, .. } if for_good => {
+            let n = agentstore_protocol::canonical::decimal(u64::from(*status));
+            agentstore_protocol::cat(&[e.message(), " (HTTP ", &n, ")"])
+        }
+        _ => e.message().to_owned(),
+    };
+    // (A `failed` settle is retried bare, once, unless it was: no result,
+    // and a message no longer than the reason. A thrown error's message of
+    // up to 8 KiB is above a server's `--max-body-bytes` of a few KiB: its
+    // 413 settles the item `failed` with the reason, not released.)
     let bare =
-        state == SettleState::Failed && !with_result && error.is_none_or(|m| m.len() <= 8192);
+        state == SettleState::Failed && !with_result && error.is_none_or(|m| m.len() <= why.len());
     if lease.status() == Status::Held && (!e.is_transient() || for_good) && !bare {
-        // A page's refusal names its status (the message alone does not).
-        let why = match e {
-            LeaseError::Server { status, .. } if for_good => {
-                let n = agentstore_protocol::canonical::decimal(u64::from(*status));
-                agentstore_protocol::cat(&[e.message(), " (HTTP ", &n, ")"])
-            }
-            _ => e.message().to_owned(),
-        };
         let why = Some(why);
         let _ = lease.settle(SettleState::Failed, None, why).await;
     }
