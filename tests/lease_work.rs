@@ -2023,3 +2023,35 @@ async fn a_worker_refused_for_good_stops_and_finished_rejects_with_the_error() {
         );
     }
 }
+
+/// `client.close()` right after `work()`: the loop's first `recover()` is
+/// refused because the client closed (nothing failed), so no console
+/// warning says "journal reconcile failed", and `finished` resolves.
+/// Before, the warning was printed for every such close (helper-229). No
+/// server needed: nothing is sent.
+#[wasm_bindgen_test]
+async fn a_close_right_after_work_warns_of_nothing() {
+    let warned = js_sys::Array::new();
+    let console = js_sys::Reflect::get(&js_sys::global(), &"console".into()).unwrap();
+    let original = js_sys::Reflect::get(&console, &"warn".into()).unwrap();
+    let record = js_sys::Function::new_with_args("w", "return (...a) => { w.push(a.join(' ')); }")
+        .call1(&JsValue::NULL, &warned)
+        .unwrap();
+    js_sys::Reflect::set(&console, &"warn".into(), &record).unwrap();
+    for concurrency in [1, 4] {
+        let c = unreachable_client();
+        let h = handler(|_| async { Ok(JsValue::UNDEFINED) });
+        let opts = WorkOptions {
+            concurrency,
+            ..WorkOptions::default()
+        };
+        let w = WorkerInner::start(c.clone(), "q".into(), h, opts, wrap);
+        c.close().await;
+        let finished = w.finished.borrow().clone().unwrap();
+        let out = wasm_bindgen_futures::JsFuture::from(finished).await;
+        assert!(out.is_ok(), "finished: {out:?}");
+    }
+    js_sys::Reflect::set(&console, &"warn".into(), &original).unwrap();
+    let warned: Vec<String> = warned.iter().filter_map(|v| v.as_string()).collect();
+    assert!(warned.is_empty(), "{warned:?}");
+}

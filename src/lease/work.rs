@@ -147,12 +147,14 @@ impl WorkerInner {
         let all = crate::options::spawn_promise(async move {
             // Reconcile what earlier pages left in the journal before
             // claiming; `stop()` or `client.close()` leaves the entries not
-            // reached yet.
+            // reached yet. A `close()` before it began refuses it
+            // (ClosedError): nothing failed then, and nothing is claimed.
             if me
                 .client
                 .recover_until(false, &|| me.stopping.get() || me.client.closed.get())
                 .await
                 .is_err()
+                && !me.client.closed.get()
             {
                 super::lifecycle::warn("agentstore work(): journal reconcile failed");
             }
