@@ -347,17 +347,28 @@ async fn the_lease_clock_counts_a_jump_of_the_wall_clock_but_not_small_steps() {
     assert!(now_ms() >= after_jump, "the clock never goes back");
 }
 
-/// Where `Date.now()` stands in for `performance.now()` (none, or a page's
-/// replacement that is not a `Performance`), a wall clock set back steps the
-/// lease clock back (the hook steps it as that fallback would). A step of
-/// more than 1 s counts as a jump (the server is asked at once), a smaller
-/// one counts none, and the lease clock runs on at the real rate from where
-/// it was. Before, it stood still until the wall clock caught up: a lease
-/// read "held" for as long as the clock was set back (helper-225: 63 s past
-/// a 4 s TTL). No server needed.
+/// Sets the wall clock `ms` off, as the lease clock reads it where
+/// `Date.now()` stands in for `performance.now()` (none, or a page's
+/// replacement that is not a `Performance`): both of its readings move
+/// together, so the two-clock rule sees nothing and only the lease clock's
+/// own steps count.
+fn shift_fallback_clock(ms: f64) {
+    agentstore::lease::http::shift_wall_clock(ms);
+    agentstore::lease::http::shift_monotonic_clock(ms);
+}
+
+/// Where `Date.now()` stands in for `performance.now()`, a wall clock set
+/// back 60 s counts as a jump (the server is asked at once) and the lease
+/// clock runs on at the real rate from where it was; set right again, the
+/// step forward gives back what the step back added (counted as a jump, as
+/// a suspend is), so the lease clock does not leap 60 s. A step of 500 ms
+/// back counts no jump. Before, the lease clock stood still until the wall
+/// clock caught up: a lease read "held" for as long as the clock was set
+/// back (helper-225: 63 s past a 4 s TTL); and the first fix counted the
+/// correction as time passed (helper-231). No server needed.
 #[wasm_bindgen_test]
-async fn a_lease_clock_that_steps_back_counts_a_jump_and_keeps_running() {
-    use agentstore::lease::http::{jumps, now_ms, shift_monotonic_clock};
+async fn a_fallback_clock_set_back_counts_a_jump_and_keeps_running() {
+    use agentstore::lease::http::{jumps, now_ms};
     let performance = js_sys::Reflect::get(&js_sys::global(), &"performance".into()).unwrap();
     let perf_now: js_sys::Function = js_sys::Reflect::get(&performance, &"now".into())
         .unwrap()
@@ -365,33 +376,81 @@ async fn a_lease_clock_that_steps_back_counts_a_jump_and_keeps_running() {
     let perf = || perf_now.call0(&performance).unwrap().as_f64().unwrap();
     let mut seen = Vec::new();
     for (back, jumped) in [(60_000.0, 1), (500.0, 0)] {
+        // A reading first: what earlier tests' hooks left is settled then.
+        now_ms();
         let before = jumps();
         let start = now_ms();
-        shift_monotonic_clock(-back);
+        shift_fallback_clock(-back);
         let stepped = now_ms();
         let real_start = perf();
-        let counted = jumps() - before;
+        let on_back = jumps() - before;
         sleep(300.0).await;
         let later = now_ms();
         let real = perf() - real_start;
-        shift_monotonic_clock(0.0);
-        now_ms();
+        let before_forward = jumps();
+        shift_fallback_clock(0.0);
+        let forward = now_ms();
+        let real_forward = perf() - real_start;
+        let on_forward = jumps() - before_forward;
         assert!(stepped >= start, "the lease clock went back");
-        seen.push((back, counted, jumped));
+        seen.push((back, on_back, on_forward, jumped));
         // The lease clock advanced as `performance.now()` did (1 ms: a
-        // browser's coarsened timer), not by nothing.
+        // browser's coarsened timer), not by nothing, and the correction
+        // added nothing (within the 500 ms step, which is kept).
         assert!(
             (later - stepped - real).abs() <= 1.0,
             "{back} ms back: the lease clock moved {} ms in {real} ms",
             later - stepped
         );
-    }
-    for (back, counted, jumped) in seen {
-        assert_eq!(
-            counted, jumped,
-            "jumps counted for a step of {back} ms back"
+        assert!(
+            forward - stepped <= real_forward + back.min(500.0) + 1.0,
+            "{back} ms back and set right: the lease clock moved {} ms in {real_forward} ms",
+            forward - stepped
         );
     }
+    for (back, on_back, on_forward, jumped) in seen {
+        assert_eq!(
+            (on_back, on_forward),
+            (jumped, jumped),
+            "jumps counted for {back} ms back, then set right"
+        );
+    }
+}
+
+/// A lease held where `Date.now()` stands in for `performance.now()`,
+/// while the wall clock is set back 120 s and later set right again (a
+/// correction), on the server whose TTL is 60 s: the lease stays held
+/// throughout (the jumps only make heartbeats go out, which the server
+/// accepts) and its settle lands. With the first fix of the fallback, the
+/// correction counted as 120 s passed and the lease was lost locally at
+/// once (helper-231).
+#[wasm_bindgen_test]
+async fn a_fallback_clock_set_back_then_right_again_keeps_a_lease() {
+    let Some(long) = long_ttl_server() else {
+        return;
+    };
+    let q = fresh_queue("fallback-clock");
+    let id = enqueue_at(long, &q, json!({})).await;
+    let c = admin_client_at(long, config());
+    let lease = claim(&c, &q).await;
+    let mut seen = vec![lease.status()];
+    shift_fallback_clock(-120_000.0);
+    seen.push(lease.status());
+    sleep(1_500.0).await;
+    seen.push(lease.status());
+    shift_fallback_clock(0.0);
+    seen.push(lease.status());
+    sleep(1_500.0).await;
+    seen.push(lease.status());
+    let settled = lease.settle(SettleState::Done, None, None).await;
+    c.close().await;
+    assert_eq!(
+        seen,
+        [Status::Held; 5],
+        "start, set back, 1.5 s later, set right, 1.5 s later"
+    );
+    settled.expect("the lease is still ours");
+    assert_eq!(item_at(long, id).await.state, ItemState::Done);
 }
 
 /// A heartbeat is never sent for a lease past its local deadline, even when

@@ -107,11 +107,23 @@ pub fn now_ms() -> f64 {
     // the clock goes on from where it was instead of standing still until
     // the wall clock caught up (which held a lease past its deadline for
     // as long as the clock was set back).
-    if (wall - get(1)) - step > JUMP_SKEW_MS || step < -JUMP_SKEW_MS {
+    // A step forward first gives back what earlier steps back added (the
+    // wall clock set right again, or a suspend: the same as a suspend seen
+    // by `performance.now()`, which stood still): that part is not counted
+    // twice, and over 1 s it counts as a jump (the server is asked).
+    // Only a step over 1 s: a reading's ordinary gap is time that passed.
+    let repaid = if step > JUMP_SKEW_MS {
+        step.min(get(3))
+    } else {
+        0.0
+    };
+    if (wall - get(1)) - step > JUMP_SKEW_MS || step < -JUMP_SKEW_MS || repaid > JUMP_SKEW_MS {
         JUMPS.fetch_add(1, Relaxed);
     }
     if step < 0.0 {
         set(3, get(3) - step);
+    } else if repaid > 0.0 {
+        set(3, get(3) - repaid);
     }
     set(0, perf);
     set(1, wall);
