@@ -796,3 +796,28 @@ export function unknownOption(options, known) {
     });
   }
 }
+
+// Calls into a function of the page (a callback, `fetch`) that may throw.
+// Not a `catch` import returning the value (js-sys `Function::call1`):
+// with reference types, wasm-bindgen's shim stores the import's return
+// value in the externref table before the Rust side sees the exception,
+// and the generated `take_last_exception()?` returns early without
+// dropping it, so every throw left one slot (holding `undefined`) for good:
+// the table and the module's free list doubled without bound (one slot and
+// about 8 bytes of wasm heap per throwing `mutate` function, `onChunk`,
+// `onProgress`, `work()` handler; helper-230). `callInto1`/`callInto2` are
+// `catch` imports returning nothing; the value is taken at once with
+// `takeCalled` (a nested call made by `f` has taken its own before `f`
+// returns, so one variable serves).
+let called;
+export function callInto1(f, thisArg, a) {
+  called = f.call(thisArg, a);
+}
+export function callInto2(f, thisArg, a, b) {
+  called = f.call(thisArg, a, b);
+}
+export function takeCalled() {
+  const v = called;
+  called = undefined;
+  return v;
+}

@@ -309,6 +309,13 @@ pub(crate) fn set(obj: &JsValue, key: &str, value: &JsValue) {
 /// UTF-16 code units ([`crate::value::MAX_ARG_UNITS`]; an error's `message`
 /// may be any length, and wasm memory never shrinks).
 pub(crate) fn get_str(obj: &JsValue, key: &str) -> Option<String> {
+    // `Reflect.get` throws for a non-object (`from_dom(null)`: the `error`
+    // of a transaction the module aborted), and a throw through a `catch`
+    // import returning a value leaks a table slot (js/promise.js
+    // `callInto1`): two per aborted purge before.
+    if !obj.is_object() && !obj.is_function() {
+        return None;
+    }
     let v = Reflect::get(obj, &JsValue::from_str(key)).ok()?;
     crate::value::text_prefix(&v, crate::value::MAX_ARG_UNITS)
 }

@@ -852,8 +852,7 @@ impl Lease {
             .ok()
             .and_then(|f| f.dyn_into::<Function>().ok())
             .ok_or_else(|| LeaseError::Network("fetch is not available".into()).to_js())?;
-        let sent = fetch
-            .call1(&JsValue::UNDEFINED, &request)
+        let sent = crate::value::call1(&fetch, &JsValue::UNDEFINED, &request)
             .map_err(|e| coded(e, LeaseError::Network))?;
         Ok((sent, request.signal(), manual))
     }

@@ -459,8 +459,39 @@ pub(crate) fn adopt(v: &JsValue) -> js_sys::Promise {
     adopt_js(v)
 }
 
+/// `f.call(this, a)`: what it returned, or `Err` with what it threw.
+/// Use it (not js-sys `Function::call1`) for functions that may throw: see
+/// js/promise.js `callInto1` (a throw through a `catch` import that
+/// returns a value leaks an externref table slot).
+pub(crate) fn call1(f: &js_sys::Function, this: &JsValue, a: &JsValue) -> Result<JsValue, JsValue> {
+    call_into1(f, this, a)?;
+    Ok(take_called())
+}
+
+/// `f.call(this, a, b)`, as [`call1`].
+pub(crate) fn call2(
+    f: &js_sys::Function,
+    this: &JsValue,
+    a: &JsValue,
+    b: &JsValue,
+) -> Result<JsValue, JsValue> {
+    call_into2(f, this, a, b)?;
+    Ok(take_called())
+}
+
 #[wasm_bindgen::prelude::wasm_bindgen(module = "/js/promise.js")]
 extern "C" {
+    #[wasm_bindgen(catch, js_name = callInto1)]
+    fn call_into1(f: &js_sys::Function, this: &JsValue, a: &JsValue) -> Result<(), JsValue>;
+    #[wasm_bindgen(catch, js_name = callInto2)]
+    fn call_into2(
+        f: &js_sys::Function,
+        this: &JsValue,
+        a: &JsValue,
+        b: &JsValue,
+    ) -> Result<(), JsValue>;
+    #[wasm_bindgen(js_name = takeCalled)]
+    fn take_called() -> JsValue;
     #[wasm_bindgen(js_name = adopt)]
     fn adopt_js(v: &JsValue) -> js_sys::Promise;
     /// Whether `v` is a `class` of any realm: `class.prototype`'s getter

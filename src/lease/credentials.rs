@@ -216,7 +216,7 @@ impl ClientInner {
             // A throw (the app failed to save the refresh token) changes
             // nothing here, the new tokens being in use already, but is
             // logged: swallowed, the app would never learn of it.
-            if let Err(e) = cb.call1(&JsValue::UNDEFINED, &o) {
+            if let Err(e) = crate::value::call1(cb, &JsValue::UNDEFINED, &o) {
                 web_sys::console::error_2(&"agentstore: onCredentials threw".into(), &e);
             }
         }

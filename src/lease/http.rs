@@ -311,10 +311,14 @@ async fn send_inner(call: &Call<'_>, controller: &AbortController) -> Result<Ans
     }
     init.set_headers(&headers);
     init.set_signal(Some(&controller.signal()));
-    let promise: Promise = global_fetch()?
-        .call2(&JsValue::UNDEFINED, &JsValue::from_str(call.url), &init)
-        .map_err(|e| LeaseError::Network(describe(&e)))?
-        .unchecked_into();
+    let promise: Promise = crate::value::call2(
+        &global_fetch()?,
+        &JsValue::UNDEFINED,
+        &JsValue::from_str(call.url),
+        &init,
+    )
+    .map_err(|e| LeaseError::Network(describe(&e)))?
+    .unchecked_into();
     // The answer is read through Reflect and `adopt` (which catch): the
     // page's `fetch` may be its own wrapper (a test mock) answering with
     // anything, which must not throw past the module.

@@ -321,7 +321,7 @@ async fn slot_loop(w: Rc<WorkerInner>, wrap: fn(Rc<LeaseInner>) -> JsValue) {
 /// Runs the handler for one lease and settles by its outcome.
 async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseInner>) -> JsValue) {
     let js_lease = wrap(lease.clone());
-    let outcome = match w.handler.call1(&JsValue::UNDEFINED, &js_lease) {
+    let outcome = match crate::value::call1(&w.handler, &JsValue::UNDEFINED, &js_lease) {
         Err(thrown) => Err(thrown),
         // A Promise of another realm or a library's thenable is awaited too.
         Ok(v) => match crate::value::as_promise(&v) {

@@ -146,13 +146,15 @@ impl<'a> Calls<'a> {
             }
             let (called, ignored, progress) = match next {
                 Waiting::Chunk(c) => (
-                    self.on_chunk.map(|f| f.call1(&JsValue::NULL, &c)),
+                    self.on_chunk
+                        .map(|f| crate::value::call1(f, &JsValue::NULL, &c)),
                     false,
                     false,
                 ),
                 Waiting::Progress(done, total, last) => (
-                    self.on_progress
-                        .map(|f| f.call2(&JsValue::NULL, &done.into(), &total.into())),
+                    self.on_progress.map(|f| {
+                        crate::value::call2(f, &JsValue::NULL, &done.into(), &total.into())
+                    }),
                     last,
                     true,
                 ),

@@ -1137,7 +1137,8 @@ impl Store {
             // the imports; the batch is committed, so a later call resumes.
             // After the last batch the rebuild is complete, and it says so.
             if let Some(cb) = on_progress {
-                let called = cb.call2(
+                let called = crate::value::call2(
+                    cb,
                     &JsValue::NULL,
                     &JsValue::from(next.done),
                     &JsValue::from(total.max(next.done)),

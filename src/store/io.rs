@@ -158,7 +158,7 @@ impl<'a> Writer<'a> {
         // the call rejects with ClosedError.
         self.store.check_open()?;
         if let Some(cb) = &self.opts.on_progress {
-            let called = cb.call2(&JsValue::NULL, &done.into(), &self.total.into());
+            let called = crate::value::call2(cb, &JsValue::NULL, &done.into(), &self.total.into());
             // An async `onProgress` is awaited before the next batch (no
             // transaction is open here: the batch committed).
             let complete = last || done >= self.total;

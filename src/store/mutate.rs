@@ -124,7 +124,7 @@ pub(super) fn call(
         Some(v) => structured_clone(v)?,
         None => JsValue::NULL,
     };
-    let out = f.call1(&JsValue::NULL, &arg).map_err(StoreError::Thrown)?;
+    let out = crate::value::call1(f, &JsValue::NULL, &arg).map_err(StoreError::Thrown)?;
     let rev = match current {
         Current::Live(r) => Some(r.text()),
         _ => None,
@@ -140,7 +140,7 @@ pub(super) fn call(
             (get(&promise, "catch"), get(&js_sys::global(), "Boolean"))
         {
             if let Some(catch) = catch.dyn_ref::<Function>() {
-                let _ = catch.call1(&promise, &handler);
+                let _ = crate::value::call1(catch, &promise, &handler);
             }
         }
         // Aborted while `f` ran (its synchronous part): the thenable is
@@ -319,6 +319,6 @@ fn structured_clone(v: &JsValue) -> Result<JsValue> {
         .ok()
         .and_then(|f| f.dyn_into().ok())
         .ok_or_else(|| StoreError::Transaction("structuredClone is not available".into()))?;
-    f.call1(&JsValue::NULL, v)
+    crate::value::call1(&f, &JsValue::NULL, v)
         .map_err(|_| StoreError::Transaction("a stored record could not be copied".into()))
 }
