@@ -1111,8 +1111,8 @@ fn rebuild_options(
     let cb = opt_fn(options, "onProgress")?;
     let restart = opt_bool(options, "restart")?.unwrap_or(true);
     // The signal last (every options reader does): the call watches it from
-    // here, so an `abort` event fired by another option's getter is not
-    // missed.
+    // here on, with no other option's getter run between its read and the
+    // watch (an event such a getter fires comes before the watch).
     Ok((batch, cb, opt_signal(options)?, restart))
 }
 

@@ -147,8 +147,9 @@ impl WorkerInner {
         let all = crate::options::spawn_promise(async move {
             // Reconcile what earlier pages left in the journal before
             // claiming; `stop()` or `client.close()` leaves the entries not
-            // reached yet. A `close()` before it began refuses it
-            // (ClosedError): nothing failed then, and nothing is claimed.
+            // reached yet. After a `client.close()` (before or while it
+            // ran) no warning: a refusal then (ClosedError) is the close's
+            // doing, and nothing is claimed.
             if me
                 .client
                 .recover_until(false, &|| me.stopping.get() || me.client.closed.get())
