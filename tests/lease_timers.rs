@@ -304,6 +304,16 @@ async fn a_wall_clock_set_forward_or_back_while_a_lease_is_held_changes_nothing(
     c.close().await;
 }
 
+/// `performance.now()` itself, as the page reads it (unshifted by the
+/// test hooks), in ms.
+fn performance_now() -> impl Fn() -> f64 {
+    let performance = js_sys::Reflect::get(&js_sys::global(), &"performance".into()).unwrap();
+    let now: js_sys::Function = js_sys::Reflect::get(&performance, &"now".into())
+        .unwrap()
+        .into();
+    move || now.call0(&performance).unwrap().as_f64().unwrap()
+}
+
 /// The lease clock is `performance.now()` alone, and it counts a jump of
 /// the wall clock ahead of it once, never the two clocks' slow drift: steps
 /// below a second (NTP slewing, small corrections) count no jump however
@@ -314,11 +324,7 @@ async fn the_lease_clock_counts_a_jump_of_the_wall_clock_but_not_small_steps() {
     use agentstore::lease::http::{jumps, now_ms, shift_wall_clock};
     // `performance.now()` itself, unshifted: the lease clock may advance by
     // no more than it does (however slowly a busy machine runs this).
-    let performance = js_sys::Reflect::get(&js_sys::global(), &"performance".into()).unwrap();
-    let perf_now: js_sys::Function = js_sys::Reflect::get(&performance, &"now".into())
-        .unwrap()
-        .into();
-    let perf = || perf_now.call0(&performance).unwrap().as_f64().unwrap();
+    let perf = performance_now();
     let real_start = perf();
     let start = now_ms();
     let before = jumps();
@@ -369,11 +375,7 @@ fn shift_fallback_clock(ms: f64) {
 #[wasm_bindgen_test]
 async fn a_fallback_clock_set_back_counts_a_jump_and_keeps_running() {
     use agentstore::lease::http::{jumps, now_ms};
-    let performance = js_sys::Reflect::get(&js_sys::global(), &"performance".into()).unwrap();
-    let perf_now: js_sys::Function = js_sys::Reflect::get(&performance, &"now".into())
-        .unwrap()
-        .into();
-    let perf = || perf_now.call0(&performance).unwrap().as_f64().unwrap();
+    let perf = performance_now();
     let mut seen = Vec::new();
     for (back, jumped) in [(60_000.0, 1), (500.0, 0)] {
         // A reading first: what earlier tests' hooks left is settled then.
