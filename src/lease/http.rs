@@ -107,23 +107,17 @@ pub fn now_ms() -> f64 {
     // the clock goes on from where it was instead of standing still until
     // the wall clock caught up (which held a lease past its deadline for
     // as long as the clock was set back).
-    // A step forward first gives back what earlier steps back added (the
-    // wall clock set right again, or a suspend: the same as a suspend seen
-    // by `performance.now()`, which stood still): that part is not counted
-    // twice, and over 1 s it counts as a jump (the server is asked).
-    // Only a step over 1 s: a reading's ordinary gap is time that passed.
-    let repaid = if step > JUMP_SKEW_MS {
-        step.min(get(3))
-    } else {
-        0.0
-    };
-    if (wall - get(1)) - step > JUMP_SKEW_MS || step < -JUMP_SKEW_MS || repaid > JUMP_SKEW_MS {
+    // A step forward is time that passed, whatever it was: in this
+    // fallback a wall clock set right again looks the same as a gap between
+    // readings, so the correction counts (held leases may then be lost
+    // locally: never held past their deadline). Giving it back instead
+    // stopped the lease clock for as long as the clock had been set back,
+    // whenever readings were over 1 s apart (review of a3ba827).
+    if (wall - get(1)) - step > JUMP_SKEW_MS || step < -JUMP_SKEW_MS {
         JUMPS.fetch_add(1, Relaxed);
     }
     if step < 0.0 {
         set(3, get(3) - step);
-    } else if repaid > 0.0 {
-        set(3, get(3) - repaid);
     }
     set(0, perf);
     set(1, wall);
@@ -451,8 +445,12 @@ pub fn from_code(
 /// string), at most its first 8 KiB.
 pub fn describe(e: &JsValue) -> String {
     // Cut in JS first: only the kept part is copied into wasm memory.
-    let mut m = Reflect::get(e, &"message".into())
-        .ok()
+    // `Reflect.get` only on an object: on a primitive it throws, and a throw
+    // through an import that returns a value keeps a table slot
+    // (crate::value::call1).
+    let mut m = (e.is_object() || e.is_function())
+        .then(|| Reflect::get(e, &"message".into()).ok())
+        .flatten()
         // One unit more than is kept, so a longer message is seen as cut.
         .and_then(|v| crate::value::text_prefix(&v, 8193))
         .or_else(|| crate::value::text_prefix(e, 8193))
