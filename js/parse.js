@@ -18,11 +18,18 @@ const NEG_ZERO = /[:,[]\s*-(?:0|[\d.]+[eE]-)/;
 /**
  * `JSON.parse(text)` of an import's line, with every `-0` made `0`, as the
  * walk stores a record (JSON has no negative zero: `put`, `get` and an
- * export agree). Throws what `JSON.parse` throws. The values are only
- * visited when the text holds a `-0` number.
+ * export agree). `undefined` (which JSON.parse never answers) when the
+ * text is not JSON: no throw through the binding, which would keep a slot
+ * of the module's externref table (js/promise.js `callInto1`). The values
+ * are only visited when the text holds a `-0` number.
  */
 export function parseLine(text) {
-  const v = JSON.parse(text);
+  let v;
+  try {
+    v = JSON.parse(text);
+  } catch {
+    return undefined;
+  }
   return NEG_ZERO.test(text) ? positiveZeros(v, 0) : v;
 }
 

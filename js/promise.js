@@ -785,13 +785,19 @@ export function isAsciiUpTo(v, max) {
  * "not given" in every option), or `undefined` when there is none or
  * `options` is not an object. An unknown key whose getter (or Proxy
  * `get` trap) throws counts as holding a value, so the error names it.
- * Throws what listing the keys throws (a Proxy's `ownKeys` trap); the
- * module's binding catches it (src/options.rs `known`).
+ * `null` when listing the keys throws (a Proxy's `ownKeys` trap): never a
+ * throw through the binding (see `callInto1` below).
  */
 export function unknownOption(options, known) {
   if (options !== null && typeof options === "object") {
     const words = known.split(" ");
-    return Object.keys(options).find((k) => {
+    let keys;
+    try {
+      keys = Object.keys(options);
+    } catch {
+      return null;
+    }
+    return keys.find((k) => {
       if (!words.includes(k)) try { return options[k] != null; } catch { return 1; }
     });
   }
@@ -815,6 +821,17 @@ export function callInto1(f, thisArg, a) {
 }
 export function callInto2(f, thisArg, a, b) {
   called = f.call(thisArg, a, b);
+}
+export function callInto0(f, thisArg) {
+  called = f.call(thisArg);
+}
+// The same for what may run the page's code or refuse its arguments: a
+// getter or Proxy trap (`Reflect.get`), `new Request(input, init)`.
+export function getInto(o, k) {
+  called = Reflect.get(o, k);
+}
+export function requestInto(input, init) {
+  called = new Request(input, init);
 }
 export function takeCalled() {
   const v = called;

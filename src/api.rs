@@ -12,7 +12,7 @@ use crate::store::{
     MAX_IMPORT_BATCH,
 };
 use agentstore_protocol::index::IndexDef;
-use js_sys::{Array, Function, Object, Promise, Reflect};
+use js_sys::{Array, Function, Object, Promise};
 use std::rc::Rc;
 use wasm_bindgen::prelude::*;
 
@@ -256,10 +256,10 @@ fn parse_index_defs(v: &JsValue) -> Result<Vec<IndexDef>, StoreError> {
         // A key a definition does not take (Dexie's `unique`, `multiEntry`)
         // is refused: ignored, it would promise what no index does.
         known(&d, "name keys").map_err(StoreError::validation)?;
-        let name = Reflect::get(&d, &"name".into())
+        let name = crate::value::get(&d, &"name".into())
             .ok()
             .and_then(|n| crate::value::exact_string(&n));
-        let keys = Reflect::get(&d, &"keys".into()).unwrap_or_default();
+        let keys = crate::value::get(&d, &"keys".into()).unwrap_or_default();
         if !crate::value::is_array(&keys)? {
             return Err(bad());
         }

@@ -316,7 +316,7 @@ pub(crate) fn get_str(obj: &JsValue, key: &str) -> Option<String> {
     if !obj.is_object() && !obj.is_function() {
         return None;
     }
-    let v = Reflect::get(obj, &JsValue::from_str(key)).ok()?;
+    let v = crate::value::get(obj, &JsValue::from_str(key)).ok()?;
     crate::value::text_prefix(&v, crate::value::MAX_ARG_UNITS)
 }
 

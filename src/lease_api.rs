@@ -848,7 +848,7 @@ impl Lease {
     /// and whether [`Lease::prepare`] turned "follow" into "manual".
     fn send(&self, input: JsValue, init: JsValue) -> Result<(JsValue, AbortSignal, bool), JsValue> {
         let (request, manual) = self.prepare(input, init)?;
-        let fetch = Reflect::get(&js_sys::global(), &"fetch".into())
+        let fetch = crate::value::get(&js_sys::global(), &"fetch".into())
             .ok()
             .and_then(|f| f.dyn_into::<Function>().ok())
             .ok_or_else(|| LeaseError::Network("fetch is not available".into()).to_js())?;
@@ -906,7 +906,7 @@ impl Lease {
         // The URL is read up to 64 Ki units: a longer one is refused rather
         // than copied into wasm memory.
         let url = crate::value::short_string(
-            &Reflect::get(&base, &"url".into())?,
+            &crate::value::get(&base, &"url".into())?,
             crate::value::MAX_ARG_UNITS,
         )
         .ok_or_else(|| {
@@ -943,15 +943,6 @@ impl Lease {
     }
 }
 
-#[wasm_bindgen]
-extern "C" {
-    /// The `Request` constructor (see [`new_request`]).
-    #[wasm_bindgen(js_name = Request)]
-    type RequestCtor;
-    #[wasm_bindgen(constructor, js_class = "Request", catch)]
-    fn new(input: &JsValue, init: &JsValue) -> Result<RequestCtor, JsValue>;
-}
-
 /// `new Request(input, init)`: one binding for a URL or a Request, with or
 /// without an init (`undefined` is an absent one: WebIDL's `optional
 /// RequestInit init = {}`), instead of web-sys's four constructors.
@@ -959,7 +950,7 @@ extern "C" {
 /// # Errors
 /// What the constructor throws (a TypeError).
 fn new_request(input: &JsValue, init: &JsValue) -> Result<Request, JsValue> {
-    RequestCtor::new(input, init).map(JsCast::unchecked_into)
+    crate::value::new_request(input, init).map(JsCast::unchecked_into)
 }
 
 #[wasm_bindgen(module = "/js/lease.js")]

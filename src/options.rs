@@ -2,7 +2,7 @@
 //! with a message; `?` turns it into the caller's validation error (both
 //! `StoreError` and `LeaseError` implement `From<String>`).
 
-use js_sys::{Function, Promise, Reflect};
+use js_sys::{Function, Promise};
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::future_to_promise;
@@ -155,7 +155,7 @@ pub(crate) fn issue(
 /// `signal`.
 pub(crate) fn opt(options: &JsValue, key: &str) -> Result<JsValue, String> {
     if options.is_object() {
-        Reflect::get(options, &key.into())
+        crate::value::get(options, &key.into())
             .map_err(|_| agentstore_protocol::cat(&[key, " could not be read (its getter threw)"]))
     } else {
         Ok(JsValue::UNDEFINED)
@@ -216,26 +216,27 @@ fn given<T>(
 /// the keys could not be listed (a Proxy whose `ownKeys` trap throws).
 #[inline(never)]
 pub(crate) fn known(options: &JsValue, known: &'static str) -> Result<(), String> {
-    match unknown_option(options, known) {
-        Ok(k) => match k.as_string() {
-            None => Ok(()),
-            Some(k) => Err(agentstore_protocol::cat(&[
-                "unknown option \"",
-                &k,
-                "\" (this call takes: ",
-                known,
-                ")",
-            ])),
-        },
-        Err(_) => Err("the options' keys could not be listed (ownKeys threw)".into()),
+    let k = unknown_option(options, known);
+    match k.as_string() {
+        Some(k) => Err(agentstore_protocol::cat(&[
+            "unknown option \"",
+            &k,
+            "\" (this call takes: ",
+            known,
+            ")",
+        ])),
+        None if k.is_null() => Err("the options' keys could not be listed (ownKeys threw)".into()),
+        None => Ok(()),
     }
 }
 
 #[wasm_bindgen::prelude::wasm_bindgen(module = "/js/promise.js")]
 extern "C" {
-    /// The first key of `options` not in `known` (js/promise.js `unknownOption`).
-    #[wasm_bindgen(js_name = unknownOption, catch)]
-    fn unknown_option(options: &JsValue, known: &str) -> Result<JsValue, JsValue>;
+    /// The first key of `options` not in `known`, `undefined` for none,
+    /// `null` when the keys could not be listed (js/promise.js
+    /// `unknownOption`).
+    #[wasm_bindgen(js_name = unknownOption)]
+    fn unknown_option(options: &JsValue, known: &str) -> JsValue;
 
     /// Watches `signal` for a call (js/promise.js `trackAbort`).
     #[wasm_bindgen(js_name = trackAbort)]
@@ -309,9 +310,9 @@ pub(crate) fn opt_fn(options: &JsValue, key: &str) -> Result<Option<Function>, S
 /// module (a write group or a lease would be left half-done). A getter that
 /// throws reads as aborted, with what it threw as the reason.
 pub(crate) fn abort_reason(signal: &AbortSignal) -> Option<JsValue> {
-    match Reflect::get(signal, &"aborted".into()) {
+    match crate::value::get(signal, &"aborted".into()) {
         Ok(a) if !a.is_truthy() && !abort_fired(signal) => None,
-        Ok(_) => Some(Reflect::get(signal, &"reason".into()).unwrap_or_else(|e| e)),
+        Ok(_) => Some(crate::value::get(signal, &"reason".into()).unwrap_or_else(|e| e)),
         Err(e) => Some(e),
     }
 }

@@ -23,7 +23,7 @@ use agentstore_protocol::record::{
     RECORD_TYPE_NOT_STRING, RESERVED_FIELD, REV_NOT_STRING, TOO_LARGE,
 };
 use agentstore_protocol::rev::Rev;
-use js_sys::{Array, JsString, Object, Reflect};
+use js_sys::{Array, JsString, Object};
 use wasm_bindgen::{JsCast, JsValue};
 
 /// Bytes reserved for `,"updatedAt":"…"` when checking the size limit (the
@@ -337,7 +337,7 @@ pub(crate) fn items(
     }
     let mut out = Vec::with_capacity(len as usize);
     for i in 0..len {
-        match Reflect::get_u32(v, i) {
+        match get(v, &JsValue::from(i)) {
             Ok(item) => out.push(item),
             Err(_) => return Err(Fail::new(GETTER_THREW).at(Seg::Index(i)).into_error()),
         }
@@ -347,7 +347,7 @@ pub(crate) fn items(
 
 /// `v.length` as an array length (read once; a throwing trap is a failure).
 fn length(v: &Array) -> Walk<u32> {
-    Reflect::get(v, &"length".into())
+    get(v, &"length".into())
         .ok()
         .and_then(|n| n.as_f64())
         .filter(|n| (0.0..=f64::from(u32::MAX)).contains(n))
@@ -443,7 +443,7 @@ pub fn from_units(units: &[u16]) -> JsString {
 pub(crate) fn as_promise(v: &JsValue) -> Option<js_sys::Promise> {
     let thenable = v.dyn_ref::<js_sys::Promise>().is_some()
         || ((v.is_object() || v.is_function())
-            && js_sys::Reflect::get(v, &"then".into()).is_ok_and(|t| t.is_function()));
+            && get(v, &"then".into()).is_ok_and(|t| t.is_function()));
     thenable.then(|| adopt(v))
 }
 
@@ -468,6 +468,29 @@ pub(crate) fn call1(f: &js_sys::Function, this: &JsValue, a: &JsValue) -> Result
     Ok(take_called())
 }
 
+/// `f.call(this)`, as [`call1`].
+pub(crate) fn call0(f: &js_sys::Function, this: &JsValue) -> Result<JsValue, JsValue> {
+    call_into0(f, this)?;
+    Ok(take_called())
+}
+
+/// `Reflect.get(o, k)`: the value, or `Err` with what a getter or Proxy trap
+/// threw (or the TypeError for an `o` that is not an object). Use it, not
+/// js-sys `Reflect::get`, on anything the page made (see [`call1`]): the
+/// crate's clippy.toml refuses js-sys's.
+pub(crate) fn get(o: &JsValue, k: &JsValue) -> Result<JsValue, JsValue> {
+    get_into(o, k)?;
+    Ok(take_called())
+}
+
+/// `new Request(input, init)`: the Request, or `Err` with what the
+/// constructor threw (a TypeError; see [`call1`]).
+#[cfg(feature = "lease")]
+pub(crate) fn new_request(input: &JsValue, init: &JsValue) -> Result<JsValue, JsValue> {
+    request_into(input, init)?;
+    Ok(take_called())
+}
+
 /// `f.call(this, a, b)`, as [`call1`].
 pub(crate) fn call2(
     f: &js_sys::Function,
@@ -481,6 +504,13 @@ pub(crate) fn call2(
 
 #[wasm_bindgen::prelude::wasm_bindgen(module = "/js/promise.js")]
 extern "C" {
+    #[wasm_bindgen(catch, js_name = callInto0)]
+    fn call_into0(f: &js_sys::Function, this: &JsValue) -> Result<(), JsValue>;
+    #[wasm_bindgen(catch, js_name = getInto)]
+    fn get_into(o: &JsValue, k: &JsValue) -> Result<(), JsValue>;
+    #[cfg(feature = "lease")]
+    #[wasm_bindgen(catch, js_name = requestInto)]
+    fn request_into(input: &JsValue, init: &JsValue) -> Result<(), JsValue>;
     #[wasm_bindgen(catch, js_name = callInto1)]
     fn call_into1(f: &js_sys::Function, this: &JsValue, a: &JsValue) -> Result<(), JsValue>;
     #[wasm_bindgen(catch, js_name = callInto2)]

@@ -76,7 +76,7 @@ impl ClientInner {
             return Ok(Claimed::Empty(answer.retry_after_ms));
         }
         let resp: ClaimedRef = parse(&answer.body)?;
-        let item = js_sys::Reflect::get(&answer.body, &"item".into()).unwrap_or(JsValue::NULL);
+        let item = crate::value::get(&answer.body, &"item".into()).unwrap_or(JsValue::NULL);
         let mut plan = HeartbeatPlan::new(
             sent_at,
             resp.lease.ttl_ms as f64,
@@ -151,7 +151,7 @@ impl ClientInner {
                     }
                     r => *slot.borrow_mut() = Some(r),
                 }
-                let _ = resolve.call0(&JsValue::UNDEFINED);
+                let _ = crate::value::call0(&resolve, &JsValue::UNDEFINED);
             });
         }
         let (fired, on_abort) = deferred();
@@ -168,7 +168,7 @@ impl ClientInner {
         }
         // `fired` settled either way, so its JsFuture's callbacks are freed
         // (a signal that never aborts left them in wasm memory per claim).
-        let _ = on_abort.call0(&JsValue::UNDEFINED);
+        let _ = crate::value::call0(&on_abort, &JsValue::UNDEFINED);
         let answer = slot.borrow_mut().take();
         match answer {
             Some(r) => r,
@@ -359,6 +359,6 @@ fn hold_lock(lease: &LeaseInner, unlock: js_sys::Function) {
     if (lease.is_active() || lease.call_on_wire()) && lease.unlock.borrow().is_none() {
         *lease.unlock.borrow_mut() = Some(unlock);
     } else {
-        let _ = unlock.call0(&JsValue::UNDEFINED);
+        let _ = crate::value::call0(&unlock, &JsValue::UNDEFINED);
     }
 }

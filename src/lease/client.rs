@@ -372,7 +372,7 @@ impl Drop for EndingCall {
         c.ending_calls.set(n);
         if n == 0 {
             for resolve in c.ending_idle.take() {
-                let _ = resolve.call0(&JsValue::UNDEFINED);
+                let _ = crate::value::call0(&resolve, &JsValue::UNDEFINED);
             }
         }
     }
@@ -389,7 +389,7 @@ impl Drop for ClientInner {
             lease.release_beacon(&self.base);
         }
         if let Some(Some(f)) = self.wake.get_mut().take() {
-            let _ = f.call0(&JsValue::UNDEFINED);
+            let _ = crate::value::call0(&f, &JsValue::UNDEFINED);
         }
     }
 }

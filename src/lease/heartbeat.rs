@@ -40,7 +40,7 @@ impl ClientInner {
             None => None,
         };
         if let Some(f) = f {
-            let _ = f.call0(&JsValue::UNDEFINED);
+            let _ = crate::value::call0(&f, &JsValue::UNDEFINED);
         }
     }
 
@@ -56,8 +56,7 @@ impl ClientInner {
 
     fn timer_delay(&self, ms: f64) -> f64 {
         match &self.config.timer_delay {
-            Some(f) => f
-                .call1(&JsValue::UNDEFINED, &JsValue::from(ms))
+            Some(f) => crate::value::call1(f, &JsValue::UNDEFINED, &JsValue::from(ms))
                 .ok()
                 .and_then(|v| v.as_f64())
                 .filter(|d| d.is_finite())
@@ -274,6 +273,6 @@ async fn heartbeat_loop(weak: Weak<ClientInner>) {
         let _ = select(Box::pin(sleep_ms(wait)), JsFuture::from(woken)).await;
         // Settled either way: a JsFuture of a Promise that never settles
         // keeps its callbacks in wasm memory for good (one per pass).
-        let _ = resolve.call0(&JsValue::UNDEFINED);
+        let _ = crate::value::call0(&resolve, &JsValue::UNDEFINED);
     }
 }

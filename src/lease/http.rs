@@ -7,7 +7,7 @@
 use agentstore_protocol::lease::SettleState;
 use agentstore_protocol::ErrorCode;
 use futures::future::{select, Either};
-use js_sys::{Function, Promise, Reflect};
+use js_sys::{Function, Promise};
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
 use web_sys::{AbortController, AbortSignal, Headers, RequestInit};
@@ -57,7 +57,7 @@ pub fn shift_monotonic_clock(ms: f64) {
 /// The two clocks' readings (ms): `Date.now()` and `performance.now()`
 /// (`Date.now()` where there is no `performance`).
 fn clocks() -> (f64, f64) {
-    let perf = Reflect::get(&js_sys::global(), &"performance".into())
+    let perf = crate::value::get(&js_sys::global(), &"performance".into())
         .ok()
         .and_then(|p| p.dyn_into::<web_sys::Performance>().ok())
         .map(|p| p.now());
@@ -174,7 +174,7 @@ pub(crate) struct EndTimer(Function);
 
 impl Drop for EndTimer {
     fn drop(&mut self) {
-        let _ = self.0.call0(&JsValue::UNDEFINED);
+        let _ = crate::value::call0(&self.0, &JsValue::UNDEFINED);
     }
 }
 
@@ -256,7 +256,7 @@ pub(crate) fn parse<T: FromWire>(value: &JsValue) -> Result<T> {
 }
 
 fn global_fetch() -> Result<Function> {
-    Reflect::get(&js_sys::global(), &"fetch".into())
+    crate::value::get(&js_sys::global(), &"fetch".into())
         .ok()
         .and_then(|f| f.dyn_into::<Function>().ok())
         .ok_or_else(|| LeaseError::Network("fetch is not available in this context".into()))
@@ -279,7 +279,7 @@ pub async fn send(call: Call<'_>) -> Result<Answer> {
     let stop = call.signal.map(|s| follow_signal(s, &controller));
     let result = send_inner(&call, &controller).await;
     if let Some(stop) = stop {
-        let _ = stop.call0(&JsValue::NULL);
+        let _ = crate::value::call0(&stop, &JsValue::NULL);
     }
     result
 }
@@ -318,7 +318,7 @@ async fn send_inner(call: &Call<'_>, controller: &AbortController) -> Result<Ans
     // anything, which must not throw past the module.
     let fetch = async {
         let resp = JsFuture::from(crate::value::adopt(&promise)).await?;
-        let status = Reflect::get(&resp, &"status".into())?
+        let status = crate::value::get(&resp, &"status".into())?
             .as_f64()
             .filter(|s| (0.0..1000.0).contains(s))
             .ok_or_else(|| JsValue::from_str("fetch answered without a Response"))?
@@ -327,12 +327,12 @@ async fn send_inner(call: &Call<'_>, controller: &AbortController) -> Result<Ans
         let body = if status == 204 {
             JsValue::NULL
         } else {
-            let json: Function = Reflect::get(&resp, &"json".into())?.dyn_into()?;
-            JsFuture::from(crate::value::adopt(&json.call0(&resp)?))
+            let json: Function = crate::value::get(&resp, &"json".into())?.dyn_into()?;
+            JsFuture::from(crate::value::adopt(&crate::value::call0(&json, &resp)?))
                 .await
                 .unwrap_or(JsValue::NULL)
         };
-        let headers = Reflect::get(&resp, &"headers".into())?;
+        let headers = crate::value::get(&resp, &"headers".into())?;
         Ok::<_, JsValue>((status, headers, body))
     };
     let timeout = sleep_ms(call.timeout_ms);
@@ -385,7 +385,7 @@ pub fn error_from(status: u16, body: &JsValue, retry_after_ms: Option<f64>) -> L
     // copied into wasm memory (a page's `fetch` wrapper may answer with
     // anything): the code is one of ErrorCode's strings, the message is
     // kept up to its first 8 KiB.
-    let field = |k: &str| Reflect::get(body, &k.into()).unwrap_or(JsValue::UNDEFINED);
+    let field = |k: &str| crate::value::get(body, &k.into()).unwrap_or(JsValue::UNDEFINED);
     let code = crate::value::short_string(&field("code"), 32)
         .and_then(|c| ErrorCode::ALL.into_iter().find(|k| k.as_str() == c));
     let message = crate::value::text_prefix(&field("message"), 8192);
@@ -449,7 +449,7 @@ pub fn describe(e: &JsValue) -> String {
     // through an import that returns a value keeps a table slot
     // (crate::value::call1).
     let mut m = (e.is_object() || e.is_function())
-        .then(|| Reflect::get(e, &"message".into()).ok())
+        .then(|| crate::value::get(e, &"message".into()).ok())
         .flatten()
         // One unit more than is kept, so a longer message is seen as cut.
         .and_then(|v| crate::value::text_prefix(&v, 8193))

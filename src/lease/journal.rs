@@ -137,7 +137,7 @@ impl Journal {
             .map_err(|e| e.message())?
             .await
             .map_err(|e| e.message())?
-            .and_then(|v| js_sys::Reflect::get(&v, &"token".into()).ok())
+            .and_then(|v| crate::value::get(&v, &"token".into()).ok())
             // Bounded: another script of the origin may have written a
             // huge one (a real token is 43 characters).
             .and_then(|t| crate::value::short_string(&t, 8192));

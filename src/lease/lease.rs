@@ -48,7 +48,7 @@ use agentstore_protocol::lease::{
 };
 use agentstore_protocol::lease_client::HeartbeatPlan;
 use agentstore_protocol::ErrorCode;
-use js_sys::{Function, JsString, Object, Promise, Reflect};
+use js_sys::{Function, JsString, Object, Promise};
 use wasm_bindgen::JsValue;
 use web_sys::{AbortController, AbortSignal};
 
@@ -400,7 +400,7 @@ impl LeaseInner {
                 _ => client.forget_journal(item_id, &token),
             }
             if let Some(unlock) = unlock {
-                let _ = unlock.call0(&JsValue::UNDEFINED);
+                let _ = crate::value::call0(&unlock, &JsValue::UNDEFINED);
             }
         });
     }
@@ -450,7 +450,7 @@ impl LeaseInner {
             self.let_go_of_lock();
         }
         if let Some(resolve) = self.end_resolve.borrow_mut().take() {
-            let _ = resolve.call0(&JsValue::UNDEFINED);
+            let _ = crate::value::call0(&resolve, &JsValue::UNDEFINED);
         }
     }
 
@@ -461,7 +461,7 @@ impl LeaseInner {
 
     fn let_go_of_lock(&self) {
         if let Some(unlock) = self.unlock.borrow_mut().take() {
-            let _ = unlock.call0(&JsValue::UNDEFINED);
+            let _ = crate::value::call0(&unlock, &JsValue::UNDEFINED);
         }
     }
 
@@ -854,7 +854,7 @@ impl LeaseInner {
         }
         if self.in_flight.get() == 0 {
             for resolve in self.idle.take() {
-                let _ = resolve.call0(&JsValue::UNDEFINED);
+                let _ = crate::value::call0(&resolve, &JsValue::UNDEFINED);
             }
             // Ended (lost locally) while the call was out: the lock goes now.
             if !self.is_active() {
@@ -944,7 +944,7 @@ pub(crate) fn confirmed(
     item_id: i64,
     state: Option<&str>,
 ) -> Result<super::http::Answer> {
-    let field = |k: &str| Reflect::get(&answer.body, &k.into()).unwrap_or(JsValue::UNDEFINED);
+    let field = |k: &str| crate::value::get(&answer.body, &k.into()).unwrap_or(JsValue::UNDEFINED);
     let same_item = field("id").as_f64() == Some(item_id as f64);
     let same_state = state.is_none_or(|s| {
         field("state").as_string().as_deref() == Some(s)

@@ -2,13 +2,13 @@
 //! (`navigator.locks`), both looked up on the global scope so the client also
 //! runs in workers, where they are skipped cleanly when absent.
 
-use js_sys::{Function, Promise, Reflect};
+use js_sys::{Function, Promise};
 use wasm_bindgen::closure::Closure;
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
 
 fn get(obj: &JsValue, key: &str) -> Option<JsValue> {
-    Reflect::get(obj, &key.into())
+    crate::value::get(obj, &key.into())
         .ok()
         .filter(|v| !v.is_undefined() && !v.is_null())
 }

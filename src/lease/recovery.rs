@@ -47,7 +47,7 @@ enum Became {
 
 fn unlock_now(f: &Option<Function>) {
     if let Some(f) = f {
-        let _ = f.call0(&JsValue::UNDEFINED);
+        let _ = crate::value::call0(f, &JsValue::UNDEFINED);
     }
 }
 

@@ -47,7 +47,7 @@ pub trait FromWire: Sized {
 
 /// `v[k]`, or `undefined` when `v` is not an object or the read throws.
 pub(crate) fn field(v: &JsValue, k: &str) -> JsValue {
-    Reflect::get(v, &k.into()).unwrap_or(JsValue::UNDEFINED)
+    crate::value::get(v, &k.into()).unwrap_or(JsValue::UNDEFINED)
 }
 
 /// A safe integer (`Number.isSafeInteger`).

@@ -18,7 +18,7 @@
 //! return) leaves nothing of it behind.
 
 use crate::error::{Result, StoreError};
-use js_sys::{Array, Function, Reflect};
+use js_sys::{Array, Function};
 use std::cell::{Cell, RefCell};
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
@@ -190,7 +190,7 @@ impl Db {
         // `abort()` as the `versionchange` listener. js/promise.js's own
         // handler was added at open, so it runs first: the connection is
         // closed and check_open says why before anything the abort wakes.
-        let abort = Reflect::get(&c, &"abort".into())
+        let abort = crate::value::get(&c, &"abort".into())
             .ok()
             .and_then(|f| f.dyn_into::<Function<fn(JsValue) -> JsValue>>().ok());
         if let Some(abort) = abort {
@@ -698,7 +698,7 @@ impl ObjectStore {
         Some(match kind {
             Fault::Clone => {
                 let bad = js_sys::Object::new();
-                let _ = Reflect::set(&bad, &"fn".into(), &Function::new_no_args(""));
+                let _ = js_sys::Reflect::set(&bad, &"fn".into(), &Function::new_no_args(""));
                 issued(put(&bad), |v| v)
             }
             Fault::Constraint => {
@@ -941,7 +941,7 @@ pub async fn sleep(ms: u32) {
 /// # Errors
 /// TransactionError where IndexedDB is not available.
 pub fn factory() -> Result<IdbFactory> {
-    Reflect::get(&js_sys::global(), &"indexedDB".into())
+    crate::value::get(&js_sys::global(), &"indexedDB".into())
         .ok()
         .and_then(|f| f.dyn_into().ok())
         .ok_or_else(|| StoreError::Transaction("IndexedDB is not available in this context".into()))

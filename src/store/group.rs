@@ -506,6 +506,6 @@ async fn until_started<F: Future>(fut: F, m: &Member) -> Result<F::Output> {
         Poll::Pending
     })
     .await;
-    let _ = stop.call0(&JsValue::NULL);
+    let _ = crate::value::call0(&stop, &JsValue::NULL);
     out
 }

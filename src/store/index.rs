@@ -24,7 +24,7 @@ use agentstore_protocol::index::{
     MAX_INDEXED_UNITS,
 };
 use agentstore_protocol::record::check_limit;
-use js_sys::{Array, Function, JsString, Object, Reflect};
+use js_sys::{Array, Function, JsString, Object};
 use std::cell::RefCell;
 use std::rc::Rc;
 use wasm_bindgen::{JsCast, JsValue};
@@ -136,7 +136,7 @@ impl IndexState {
         if !v.is_object() {
             return state;
         }
-        let field = |k: &str| Reflect::get(v, &k.into()).unwrap_or(JsValue::UNDEFINED);
+        let field = |k: &str| crate::value::get(v, &k.into()).unwrap_or(JsValue::UNDEFINED);
         let defs = field("defs");
         if defs.is_object() {
             for entry in Object::entries(defs.unchecked_ref()).iter() {
@@ -144,7 +144,7 @@ impl IndexState {
                 let (Some(tag), def) = (entry.get(0).as_string(), entry.get(1)) else {
                     continue;
                 };
-                let keys = Reflect::get(&def, &"keys".into()).unwrap_or_default();
+                let keys = crate::value::get(&def, &"keys".into()).unwrap_or_default();
                 if let (Some(name), Some(keys)) = (get_str(&def, "name"), strings_from_js(&keys)) {
                     state.defs.insert(tag, IndexDef { name, keys });
                 }
@@ -282,7 +282,7 @@ async fn read_checkpoint(tx: &Tx, tag: &str) -> Result<Option<Checkpoint>> {
     let v = tx.store(META)?.get(checkpoint_key(tag))?.await?;
     Ok(v.filter(JsValue::is_object).map(|v| Checkpoint {
         after: get_str(&v, "after"),
-        done: Reflect::get(&v, &"done".into())
+        done: crate::value::get(&v, &"done".into())
             .ok()
             .and_then(|d| d.as_f64())
             .unwrap_or(0.0) as u32,
@@ -435,7 +435,7 @@ fn component(record: &JsValue, path: &str) -> Option<JsValue> {
         if !v.is_object() || has_own(&v, &seg) != Ok(true) {
             return None;
         }
-        v = Reflect::get(&v, &seg).ok()?;
+        v = crate::value::get(&v, &seg).ok()?;
     }
     match v.as_f64() {
         Some(n) if n.is_finite() => Some(v),
@@ -468,7 +468,7 @@ fn entry_key_within(tag: &str, def: &IndexDef, record: &JsValue, max: u32) -> Op
         }
         key.push(&v);
     }
-    key.push(&Reflect::get(record, &"_id".into()).ok()?);
+    key.push(&crate::value::get(record, &"_id".into()).ok()?);
     Some(key)
 }
 
@@ -504,7 +504,7 @@ pub(crate) fn maintain(
 }
 
 fn factory() -> Result<web_sys::IdbFactory> {
-    Reflect::get(&js_sys::global(), &"indexedDB".into())
+    crate::value::get(&js_sys::global(), &"indexedDB".into())
         .ok()
         .and_then(|f| f.dyn_into().ok())
         .ok_or_else(|| StoreError::Transaction("IndexedDB is not available".into()))
@@ -539,7 +539,7 @@ fn part_from_js(v: &JsValue) -> Option<KeyPart> {
         return Some(KeyPart::Str(value::units(s)));
     }
     // `value::is_array` catches (a revoked Proxy throws from `Array.isArray`).
-    let empty = js_sys::Reflect::get(v, &"length".into()).ok()?.as_f64() == Some(0.0);
+    let empty = crate::value::get(v, &"length".into()).ok()?.as_f64() == Some(0.0);
     (value::is_array(v).ok()? && empty).then_some(KeyPart::Max)
 }
 
@@ -882,7 +882,7 @@ impl Store {
             let rows =
                 super::calls::read_after(&records, after.as_ref(), super::DEFAULT_BATCH).await?;
             for r in &rows {
-                let id = Reflect::get(r, &"_id".into()).unwrap_or_default();
+                let id = crate::value::get(r, &"_id".into()).unwrap_or_default();
                 live.add(&id);
                 for (def, tag, expected) in &active {
                     if let Some(k) = entry_key(tag, def, r) {
@@ -896,7 +896,7 @@ impl Store {
             }
             match rows.last() {
                 Some(last) if rows.len() == super::DEFAULT_BATCH as usize => {
-                    after = Some(Reflect::get(last, &"_id".into()).unwrap_or_default());
+                    after = Some(crate::value::get(last, &"_id".into()).unwrap_or_default());
                 }
                 _ => break,
             }
@@ -1111,7 +1111,9 @@ impl Store {
                 done: from.done + rows.len() as u32,
             };
             if let Some(last) = rows.last() {
-                let id: JsString = Reflect::get(last, &"_id".into()).unwrap_or_default().into();
+                let id: JsString = crate::value::get(last, &"_id".into())
+                    .unwrap_or_default()
+                    .into();
                 next.after = Some(agentstore_protocol::keys::encode_cursor(&value::units(&id)));
             }
             if finished {

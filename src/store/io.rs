@@ -33,8 +33,20 @@ extern "C" {
     /// `JSON.parse` of an import's line (a JS string: no copy into linear
     /// memory) with every `-0` made `0`, as `put` stores numbers
     /// (js/parse.js `parseLine`).
-    #[wasm_bindgen(js_name = parseLine, catch)]
-    fn parse_line(text: &JsString) -> std::result::Result<JsValue, JsValue>;
+    #[wasm_bindgen(js_name = parseLine)]
+    fn parse_line_js(text: &JsString) -> JsValue;
+}
+
+/// [`parse_line_js`]: `Err(())` when the text is not JSON (the JS side
+/// answers `undefined`, which `JSON.parse` never does, instead of throwing
+/// through a `catch` binding: see `value::call1`).
+fn parse_line(text: &JsString) -> std::result::Result<JsValue, ()> {
+    let v = parse_line_js(text);
+    if v.is_undefined() {
+        Err(())
+    } else {
+        Ok(v)
+    }
 }
 
 /// What an import wrote.
@@ -255,7 +267,7 @@ fn get(v: &JsValue, key: &'static str) -> JsValue {
         keys.push((key, k.clone()));
         k
     });
-    Reflect::get(v, &k).unwrap_or(JsValue::UNDEFINED)
+    crate::value::get(v, &k).unwrap_or(JsValue::UNDEFINED)
 }
 
 /// The next non-empty line (trimmed) with its number.
@@ -1232,7 +1244,10 @@ async fn live_tombstones(tombs: &super::db::ObjectStore, staged: &[Staged]) -> R
         .map(|i| tombs.get(JsValue::from(i.id.clone())))
         .collect::<Result<_>>()?;
     for t in super::db::all(hits).await?.into_iter().flatten() {
-        found.set(&Reflect::get(&t, &"_id".into()).unwrap_or_default(), &t);
+        found.set(
+            &crate::value::get(&t, &"_id".into()).unwrap_or_default(),
+            &t,
+        );
     }
     Ok(found)
 }

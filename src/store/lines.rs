@@ -95,20 +95,10 @@ extern "C" {
         this: &JsReadableStream,
         transform: &JsTextDecoderStream,
     ) -> std::result::Result<JsReadableStream, JsValue>;
-    #[wasm_bindgen(method, catch, js_class = "ReadableStream", js_name = pipeThrough)]
-    fn pipe_through_with(
-        this: &JsReadableStream,
-        transform: &JsTransformStream,
-        options: &JsValue,
-    ) -> std::result::Result<JsReadableStream, JsValue>;
     #[wasm_bindgen(method, catch, js_class = "ReadableStream", js_name = getReader)]
     fn get_reader(this: &JsReadableStream) -> std::result::Result<JsReader, JsValue>;
 
     type JsReader;
-    #[wasm_bindgen(method, catch)]
-    fn read(this: &JsReader) -> std::result::Result<JsValue, JsValue>;
-    #[wasm_bindgen(method, catch)]
-    fn cancel(this: &JsReader) -> std::result::Result<JsValue, JsValue>;
 
     #[wasm_bindgen(js_name = TransformStream)]
     type JsTransformStream;
@@ -144,7 +134,7 @@ enum Kind<'a> {
 
 /// `v[key]`; a throwing getter means `v` is not a source.
 fn prop(v: &JsValue, key: &str) -> Result<JsValue> {
-    js_sys::Reflect::get(v, &key.into()).map_err(|_| StoreError::validation(SOURCE_TYPES))
+    crate::value::get(v, &key.into()).map_err(|_| StoreError::validation(SOURCE_TYPES))
 }
 
 fn kind(v: &JsValue) -> Result<Kind<'_>> {
@@ -285,15 +275,18 @@ impl Source {
                 let opts = js_sys::Object::new();
                 crate::error::set(&opts, "signal", sig);
                 let pipe = JsTransformStream::new().map_err(|e| unreadable(&e))?;
-                body.pipe_through_with(&pipe, &opts)
+                call_method(&body, "pipeThrough", &[&pipe, &opts])
                     .map_err(|e| unreadable(&e))?
+                    .unchecked_into()
             }
             None => body,
         };
         // Collected chunk by chunk into a Blob (by the browser, outside wasm
         // memory) rather than by `Response.blob()`, which rejects with a
         // TypeError of its own ("Failed to fetch") and drops the stream's.
-        let reader = body.get_reader().map_err(|e| unreadable(&e))?;
+        let reader: JsReader = call_method(&body, "getReader", &[])
+            .map_err(|e| unreadable(&e))?
+            .unchecked_into();
         let parts = Array::new();
         let mut pending = 0u32;
         loop {
@@ -309,7 +302,7 @@ impl Source {
             // chunk is the caller's, and an own getter on it may throw,
             // which must not unwind through the module's frames (the Blob
             // below takes the bytes from the view's internal slots).
-            let size = js_sys::Reflect::get(&chunk, &"byteLength".into())
+            let size = crate::value::get(&chunk, &"byteLength".into())
                 .ok()
                 .and_then(|n| n.as_f64())
                 .ok_or_else(|| StoreError::validation(CHUNK_UNREADABLE))?;
@@ -463,7 +456,7 @@ async fn read_step(
         store.check_open()?;
         // Adopted by a new Promise: a `read` that answers a non-Promise (or
         // a thenable that throws) is a rejection here.
-        let read = reader.read().map_err(|e| unreadable(&e))?;
+        let read = call_method(reader, "read", &[]).map_err(|e| unreadable(&e))?;
         race_abort_or_close(crate::value::adopt(&read), signal, store).await
     };
     let step = match raced.await {
@@ -480,11 +473,11 @@ async fn read_step(
             "a read answered a non-object",
         )));
     }
-    if js_sys::Reflect::get(&step, &"done".into()).is_ok_and(|d| d.is_truthy()) {
+    if crate::value::get(&step, &"done".into()).is_ok_and(|d| d.is_truthy()) {
         return Ok(None);
     }
     Ok(Some(
-        js_sys::Reflect::get(&step, &"value".into()).unwrap_or_default(),
+        crate::value::get(&step, &"value".into()).unwrap_or_default(),
     ))
 }
 
@@ -500,13 +493,41 @@ impl Drop for Lines<'_> {
     }
 }
 
+/// `o[name](...args)` on the caller's stream or reader (its methods may be
+/// replaced): looked up and called through src/value.rs, so a throw keeps
+/// no slot of the externref table (a `catch` method binding returning a
+/// value kept one per throw, e.g. `getReader` of a locked stream).
+///
+/// # Errors
+/// What the lookup or the call threw, or a message when `o[name]` is not a
+/// function.
+#[cfg(feature = "io")]
+fn call_method(
+    o: &JsValue,
+    name: &str,
+    args: &[&JsValue],
+) -> std::result::Result<JsValue, JsValue> {
+    let f = crate::value::get(o, &name.into())?;
+    let Some(f) = f.dyn_ref::<js_sys::Function>() else {
+        return Err(JsValue::from_str(&agentstore_protocol::cat(&[
+            name,
+            " is not a function",
+        ])));
+    };
+    match args {
+        [] => crate::value::call0(f, o),
+        [a] => crate::value::call1(f, o, a),
+        [a, b, ..] => crate::value::call2(f, o, a, b),
+    }
+}
+
 /// Cancels `reader`'s stream (the caller's, or a pipe from it, which passes
 /// the cancellation on to the caller's), so that it stops; what `cancel`
 /// throws or rejects with (a replaced `cancel`, a source whose own `cancel`
 /// fails) is dropped, not left as an unhandled rejection.
 #[cfg(feature = "io")]
 fn cancel(reader: &JsReader) {
-    if let Ok(done) = reader.cancel() {
+    if let Ok(done) = call_method(reader, "cancel", &[]) {
         let done = wasm_bindgen_futures::JsFuture::from(crate::value::adopt(&done));
         wasm_bindgen_futures::spawn_local(async move {
             let _ = done.await;

@@ -183,7 +183,7 @@ impl Store {
 
 /// A page `{records, next}` made in JS as [`Page`].
 pub(super) fn page_from_js(page: &JsValue) -> Page {
-    let field = |k: &str| js_sys::Reflect::get(page, &k.into()).unwrap_or_default();
+    let field = |k: &str| crate::value::get(page, &k.into()).unwrap_or_default();
     Page {
         records: field("records").unchecked_into(),
         next: field("next").as_string(),
@@ -208,7 +208,7 @@ fn cursor_fn() -> JsValue {
     thread_local! {
         static CURSOR_OF: JsValue = wasm_bindgen::closure::Closure::<dyn Fn(JsValue) -> JsValue>::new(
             |row: JsValue| {
-                let id: JsString = js_sys::Reflect::get(&row, &"_id".into())
+                let id: JsString = crate::value::get(&row, &"_id".into())
                     .unwrap_or_default()
                     .unchecked_into();
                 JsValue::from(encode_cursor(&value::units(&id)))

@@ -135,7 +135,7 @@ pub(super) fn call(
         // and its rejection must not reach the page as unhandled. Awaiting
         // it later still sees the rejection.
         // (`Boolean` as the handler: any function that cannot throw.)
-        let get = |o: &JsValue, k: &str| js_sys::Reflect::get(o, &k.into());
+        let get = |o: &JsValue, k: &str| crate::value::get(o, &k.into());
         if let (Ok(catch), Ok(handler)) =
             (get(&promise, "catch"), get(&js_sys::global(), "Boolean"))
         {
@@ -175,7 +175,7 @@ fn mutate_result(id: &JsString, out: JsValue, read_rev: Option<&str>) -> Result<
     let next = crate::value::shallow_copy(&out)?;
     // Omitted, `_id` is the id mutated; another one is a mistake (a copy
     // meant for another record would overwrite this one), not renamed.
-    let given = js_sys::Reflect::get(&next, &"_id".into()).unwrap_or(JsValue::UNDEFINED);
+    let given = crate::value::get(&next, &"_id".into()).unwrap_or(JsValue::UNDEFINED);
     if !given.is_undefined() && given != JsValue::from(id) {
         return Err(StoreError::validation(
             "the mutate function returned a record with another _id (omit it, or keep the id mutated)",
@@ -315,7 +315,7 @@ extern "C" {
 /// `structuredClone(v)`: a deep copy of a stored record (plain data).
 /// <https://developer.mozilla.org/docs/Web/API/Window/structuredClone>
 fn structured_clone(v: &JsValue) -> Result<JsValue> {
-    let f: Function = js_sys::Reflect::get(&js_sys::global(), &"structuredClone".into())
+    let f: Function = crate::value::get(&js_sys::global(), &"structuredClone".into())
         .ok()
         .and_then(|f| f.dyn_into().ok())
         .ok_or_else(|| StoreError::Transaction("structuredClone is not available".into()))?;

@@ -174,8 +174,8 @@ impl Watcher {
     /// Stops the subscription (also for the rest of a message being
     /// handled); a second call does nothing.
     pub fn close(&self) {
-        if let Ok(close) = js_sys::Reflect::get(&self.handle, &"close".into()) {
-            let _ = close.unchecked_into::<Function>().call0(&self.handle);
+        if let Ok(close) = crate::value::get(&self.handle, &"close".into()) {
+            let _ = crate::value::call0(&close.unchecked_into::<Function>(), &self.handle);
         }
     }
 }
