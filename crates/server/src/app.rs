@@ -90,8 +90,14 @@ pub fn router(config: &Config, state: AppState) -> Result<Router, String> {
     let app = Router::new()
         .nest("/v1", api)
         .merge(ops::metrics_router().with_state(state))
-        .nest_service("/pkg", ServeDir::new(&config.pkg))
+        .nest_service(
+            "/pkg",
+            tower::ServiceBuilder::new()
+                .map_response(|r| prefix_redirect("/pkg", r))
+                .service(ServeDir::new(&config.pkg)),
+        )
         .fallback_service(ServeDir::new(&config.www))
+        .layer(axum::middleware::from_fn(static_guard))
         .layer(axum::middleware::from_fn(json_errors));
     // The metrics middleware outside CORS: a preflight, which CORS answers
     // itself, is an answer too. Before, none was counted in
@@ -102,6 +108,57 @@ pub fn router(config: &Config, state: AppState) -> Result<Router, String> {
     ));
     Ok(outer(app, config, config.listen))
 }
+
+/// Longest path component and path the static files answer for: longer
+/// ones cannot name a file (Linux's `NAME_MAX`, `PATH_MAX`), and tower-http's
+/// `ServeDir` answered them `500` (`File name too long`) with two ERROR log
+/// lines holding the whole path: any client raised the 5xx rate at will.
+const NAME_MAX: usize = 255;
+const PATH_MAX: usize = 4096;
+
+/// Static paths (not `/v1`, not `/metrics`) that no file can match are `404`
+/// before `ServeDir` sees them: a component too long for a file name, or a
+/// path starting with `//`, which `ServeDir` redirects to `//dir/`, a
+/// scheme-relative URL to the host `dir` (an open redirect).
+async fn static_guard(req: Request, next: axum::middleware::Next) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let path = req.uri().path();
+    let api = path == "/v1" || path.starts_with("/v1/") || path == "/metrics";
+    if !api
+        && (path.starts_with("//")
+            || path.len() > PATH_MAX
+            || path.split('/').any(|c| c.len() > NAME_MAX))
+    {
+        return axum::http::StatusCode::NOT_FOUND.into_response();
+    }
+    next.run(req).await
+}
+
+/// A `ServeDir` nested under `prefix` redirects `/prefix/dir` to `/dir/`
+/// (axum strips the prefix before it sees the path; tokio-rs/axum#1731):
+/// puts the prefix back.
+fn prefix_redirect<B>(prefix: &str, mut resp: axum::http::Response<B>) -> axum::http::Response<B> {
+    if resp.status().is_redirection() {
+        if let Some(loc) = resp
+            .headers()
+            .get(header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+        {
+            if loc.starts_with('/') && !loc.starts_with("//") {
+                if let Ok(v) = HeaderValue::from_str(&format!("{prefix}{loc}")) {
+                    resp.headers_mut().insert(header::LOCATION, v);
+                }
+            }
+        }
+    }
+    resp
+}
+
+/// At most this many characters of the request path and of a client's
+/// `X-Request-Id` go into the request span (every log line of the request):
+/// the whole of them let any client write ~64 KiB per request into the
+/// WARN/ERROR log.
+const SPAN_FIELD_MAX: usize = 256;
 
 /// The layers every listener's app gets, outermost last: the `Host` check
 /// ([`host_checked`]), then the drain of unread request bodies (see
@@ -160,11 +217,12 @@ fn traced(app: Router) -> Router {
                     .get(REQUEST_ID)
                     .and_then(|v| v.to_str().ok())
                     .unwrap_or("-");
+                let clip = |s: &str| -> String { s.chars().take(SPAN_FIELD_MAX).collect() };
                 tracing::info_span!(
                     "request",
                     method = %req.method(),
-                    uri = %req.uri().path(),
-                    request_id = %id,
+                    uri = %clip(req.uri().path()),
+                    request_id = %clip(id),
                 )
             }))
             .layer(PropagateRequestIdLayer::new(REQUEST_ID)),
@@ -207,6 +265,12 @@ pub(crate) fn allow_origin(entries: &[String]) -> Result<AllowOrigin, String> {
             ));
         }
         if every_port {
+            // "Any port" includes the scheme's default, which a browser
+            // leaves out of the origin (`http://127.0.0.1`, not `…:80`).
+            exact.push(
+                HeaderValue::from_str(origin)
+                    .map_err(|_| format!("--allow-origin: bad origin {o:?}"))?,
+            );
             any_port.push(format!("{origin}:"));
         } else {
             exact.push(
@@ -417,11 +481,18 @@ impl Server {
                     outer(ops::open_metrics_router().with_state(state), config, at),
                     rx.clone(),
                     read_timeout,
+                    config.max_connections_per_ip,
                 ))
             }
             None => None,
         };
-        let http = serve(listener, app, rx, read_timeout);
+        let http = serve(
+            listener,
+            app,
+            rx,
+            read_timeout,
+            config.max_connections_per_ip,
+        );
         tracing::info!(%addr, database = store.backend().name(), "agentstore-server listening");
         Ok(Server {
             addr,
@@ -505,6 +576,7 @@ fn serve(
     app: Router,
     mut shutdown: watch::Receiver<bool>,
     read_timeout: Duration,
+    max_per_ip: usize,
 ) -> JoinHandle<std::io::Result<()>> {
     use hyper_util::rt::{TokioIo, TokioTimer};
     use tower::ServiceExt;
@@ -514,6 +586,9 @@ fn serve(
             .header_read_timeout(read_timeout);
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
         let mut connections = tokio::task::JoinSet::new();
+        // Open connections per client address (`--max-connections-per-ip`).
+        let per_ip: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>> =
+            Arc::default();
         loop {
             // Finished connections' tasks are let go as the loop goes.
             while connections.try_join_next().is_some() {}
@@ -529,6 +604,23 @@ fn serve(
                     }
                 },
                 _ = shutdown.changed() => break,
+            };
+            let key = crate::ratelimit::client_key(peer.ip());
+            if max_per_ip > 0 {
+                let mut open = per_ip
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let n = open.entry(key).or_insert(0);
+                if *n >= max_per_ip {
+                    tracing::debug!(%peer, "--max-connections-per-ip reached: connection closed");
+                    drop(stream);
+                    continue;
+                }
+                *n += 1;
+            }
+            let slot = ConnSlot {
+                per_ip: (max_per_ip > 0).then(|| per_ip.clone()),
+                key,
             };
             // Connect info: the unauthenticated endpoints are limited per
             // client address (`ConnectInfo<SocketAddr>`, as axum's
@@ -555,6 +647,7 @@ fn serve(
             );
             let conn = graceful.watch(conn);
             connections.spawn(async move {
+                let _slot = slot;
                 if let Err(e) = conn.await {
                     tracing::debug!(error = %e, "connection ended with an error");
                 }
@@ -574,6 +667,28 @@ fn serve(
         connections.shutdown().await;
         Ok(())
     })
+}
+
+/// One open connection's place in the per-address count; freed when dropped.
+struct ConnSlot {
+    per_ip: Option<Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>>,
+    key: std::net::IpAddr,
+}
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        if let Some(per_ip) = &self.per_ip {
+            let mut open = per_ip
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(n) = open.get_mut(&self.key) {
+                *n -= 1;
+                if *n == 0 {
+                    open.remove(&self.key);
+                }
+            }
+        }
+    }
 }
 
 /// A connection whose writes fail (`TimedOut`) once one makes no progress

@@ -184,6 +184,14 @@ pub struct Config {
     /// on any other address (`0.0.0.0`, a LAN address) checks no `Host`.
     #[arg(long, value_delimiter = ',', default_value = "localhost", value_parser = crate::host::allowed_host_arg)]
     pub allowed_host: Vec<String>,
+    /// Connections one client address (an IPv6 one by its /64) may hold
+    /// open at once on each listener (0: no limit). Past it a new
+    /// connection is closed at once. `--read-timeout-ms` bounds how long
+    /// one connection is held, not how many: without a cap one client
+    /// holding ~1000 idle connections (re-opened as they time out) used up
+    /// the process's file descriptors and every other client was refused.
+    #[arg(long, default_value_t = 256)]
+    pub max_connections_per_ip: usize,
 }
 
 /// `--admin-token`: any non-empty text without whitespace (a bearer token is
@@ -191,6 +199,10 @@ pub struct Config {
 fn admin_token_arg(v: &str) -> Result<String, String> {
     if v.is_empty() || v.chars().any(char::is_whitespace) {
         Err("the admin token must be non-empty and contain no whitespace".into())
+    } else if !v.bytes().all(|b| b.is_ascii_graphic()) {
+        // `Authorization` is read as visible ASCII: a token with any other
+        // character could never be presented, and the admin was locked out.
+        Err("the admin token must be printable ASCII (a header value cannot carry other characters)".into())
     } else {
         Ok(v.to_owned())
     }

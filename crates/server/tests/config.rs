@@ -378,3 +378,20 @@ fn an_allow_origin_ip_address_not_spelled_as_a_browser_sends_it_is_refused() {
         parse(&["--allow-origin", sent]).unwrap_or_else(|e| panic!("{sent}: {e}"));
     }
 }
+
+/// An admin token an `Authorization` header cannot carry (a character
+/// outside printable ASCII) is refused at startup, as an empty one is
+/// (helper-234: `tokén-secret` started the server and every admin call was
+/// `401`, the admin locked out with no message).
+#[test]
+fn an_admin_token_a_header_cannot_carry_is_refused_at_startup() {
+    for token in ["tokén-secret", "tab\there", "nul\u{7f}"] {
+        let err = parse(&["--admin-token", token]).unwrap_err().to_string();
+        assert!(err.contains("--admin-token"), "{token:?}: {err}");
+        assert!(
+            err.contains("printable ASCII") || err.contains("whitespace"),
+            "{token:?}: {err}"
+        );
+    }
+    assert!(parse(&["--admin-token", "A-z_0.9~!"]).is_ok());
+}

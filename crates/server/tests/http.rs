@@ -526,12 +526,13 @@ async fn cors_any_port_entry_allows_that_host_on_every_port_only() {
     for ok in [
         "http://127.0.0.1:41234",
         "http://127.0.0.1:80",
+        // Port 80 as a browser sends it: the default port is left out.
+        "http://127.0.0.1",
         "http://app.example",
     ] {
         assert_eq!(grant(ok).await.as_deref(), Some(ok), "{ok} is allowed");
     }
     for refused in [
-        "http://127.0.0.1",
         "http://127.0.0.1:",
         "http://127.0.0.1:80.evil.example",
         "http://127.0.0.10:80",
@@ -1195,4 +1196,109 @@ async fn first_answer(stream: &mut tokio::net::TcpStream) -> String {
     })
     .await;
     String::from_utf8_lossy(&got).into_owned()
+}
+
+/// One client address holds at most `--max-connections-per-ip` connections
+/// at once (helper-234): past it a new connection is closed unanswered, and
+/// once one of the held ones closes a new one is served. Before, there was no
+/// cap: one client holding ~1,000 idle connections (re-opened as the read
+/// timeout closed them) used up the file descriptors and every other client
+/// was refused.
+#[tokio::test]
+async fn connections_past_the_per_address_cap_are_closed_and_a_freed_place_is_reused() {
+    const CAP: usize = 4;
+    let h = Harness::start(|c| c.max_connections_per_ip = CAP).await;
+    let addr = h.server.addr();
+    let health = b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    // CAP connections, each answered (so each is surely counted), kept open.
+    let mut held = Vec::new();
+    for _ in 0..CAP {
+        let mut s = sent(addr, health).await;
+        let (got, closed) = answer_then_close(&mut s, Duration::from_millis(300)).await;
+        assert!(
+            got.starts_with("HTTP/1.1 200"),
+            "a connection under the cap is served: {got:?}"
+        );
+        assert!(!closed, "a kept-alive connection stays open");
+        held.push(s);
+    }
+    let bound = Duration::from_secs(20);
+    let mut over = tokio::net::TcpStream::connect(addr).await.unwrap();
+    {
+        use tokio::io::AsyncWriteExt;
+        let _ = over.write_all(health).await;
+    }
+    let (got, closed) = answer_then_close(&mut over, bound).await;
+    assert!(
+        got.is_empty() && closed,
+        "the connection past the cap is closed unanswered: {got:?}"
+    );
+    // One held connection closes; its place is freed once the server sees
+    // the close, so a new connection is served within the bound.
+    drop(held.pop());
+    let served = tokio::time::timeout(bound, async {
+        loop {
+            let mut s = sent(addr, health).await;
+            let (got, _) = answer_then_close(&mut s, Duration::from_millis(300)).await;
+            if got.starts_with("HTTP/1.1 200") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(served.is_ok(), "a freed place serves a new connection");
+    drop(held);
+    h.stop().await;
+}
+
+/// A static path no file can have is `404`, not a `500` logged at ERROR
+/// (tower-http's `ServeDir` answered a segment over `NAME_MAX` with the
+/// error `File name too long`, so any client raised the 5xx rate an
+/// operator alerts on), and a path starting with `//` is never redirected
+/// to `//segment/`, a URL of another host (an open redirect); a directory
+/// under `/pkg` redirects within `/pkg` (helper-234).
+#[tokio::test]
+async fn static_paths_no_file_can_have_are_404_and_redirects_stay_on_the_server() {
+    let h = Harness::start(|_| {}).await;
+    std::fs::create_dir_all(h.dir.join("www/evil.example")).unwrap();
+    std::fs::write(h.dir.join("www/evil.example/index.html"), "x").unwrap();
+    std::fs::create_dir_all(h.dir.join("pkg/io")).unwrap();
+    std::fs::write(h.dir.join("pkg/io/index.html"), "io").unwrap();
+    let no_redirects = Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let long = "a".repeat(300);
+    for path in [
+        format!("/{long}"),
+        format!("/pkg/{long}"),
+        format!("/x/{long}/y"),
+    ] {
+        let resp = no_redirects.get(h.url(&path)).send().await.unwrap();
+        assert_eq!(
+            resp.status(),
+            StatusCode::NOT_FOUND,
+            "a segment over 255 bytes"
+        );
+    }
+    // Sent as is (a client library would fold `//` away).
+    let mut s = sent(
+        h.server.addr(),
+        b"GET //evil.example HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    let (got, _) = answer_then_close(&mut s, Duration::from_secs(20)).await;
+    assert!(
+        got.starts_with("HTTP/1.1 404"),
+        "`//host` is not redirected to another host: {got:?}"
+    );
+    let resp = no_redirects.get(h.url("/pkg/io")).send().await.unwrap();
+    assert!(resp.status().is_redirection(), "a directory redirects");
+    assert_eq!(
+        resp.headers().get("location").and_then(|v| v.to_str().ok()),
+        Some("/pkg/io/"),
+        "within /pkg"
+    );
+    h.stop().await;
 }
