@@ -79,8 +79,8 @@ const NOTE = {
 // store.list({after}); ... after = p.next;`) would stop compiling (TS7022).
 const T = 'T extends RecordInput = AgentRecord';
 const TYPED = [
-  ['getMany(ids: string[]): Promise<(AgentRecord | null)[]>;', `getMany<${T}>(ids: string[]): Promise<(T | null)[]>;`],
-  ['get(id: string): Promise<AgentRecord | null>;', `get<${T}>(id: string): Promise<T | null>;`],
+  ['getMany(ids: string[]): Promise<(Stored | null)[]>;', `getMany<${T}>(ids: string[]): Promise<(Stored<T> | null)[]>;`],
+  ['get(id: string): Promise<Stored | null>;', `get<${T}>(id: string): Promise<Stored<T> | null>;`],
   ['putMany(records: AgentRecord[]): Promise<PutResult[]>;', `putMany<${T}>(records: T[]): Promise<PutResult[]>;`],
   ['put(record: AgentRecord): Promise<PutResult>;', `put<${T}>(record: T): Promise<PutResult>;`],
 ];

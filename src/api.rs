@@ -31,6 +31,8 @@ export interface RecordInput {
 export interface AgentRecord extends RecordInput {
   [field: string]: unknown;
 }
+/** A record as a read gives it back (`get`, `getMany`, `list`, `listBy`, `ConflictError.current`, a `mutate` function's `current`): the app's type with the `_rev` every stored record has, so `store.delete(r._id, r._rev)` needs no `!` (as PouchDB types `_rev` on what `get` answers). */
+export type Stored<T extends RecordInput = AgentRecord> = T & { _rev: string };
 export interface OpenOptions {
   /** Reject with BlockedError when another tab blocks the open this long (ms, 0..=2147483647), or when the open has no answer this long + 3000 ms after it was made (one queued behind another tab's upgrade gets no `blocked` event; a very slow open counts too). Default 5000. */
   blockedTimeoutMs?: number | null | undefined;
@@ -51,7 +53,7 @@ export interface ListOptions {
   after?: string | null | undefined;
   descending?: boolean | null | undefined;
 }
-export interface ListPage<T extends RecordInput = AgentRecord> { records: T[]; next: string | null; }
+export interface ListPage<T extends RecordInput = AgentRecord> { records: Stored<T>[]; next: string | null; }
 export interface MutateOptions {
   /** Extra attempts after a conflict (an integer in 0..=1000); default 8. */
   retries?: number | null | undefined;
@@ -70,7 +72,7 @@ export interface MutateResult {
 export type ImportSource = string | Blob | Response | ReadableStream<Uint8Array>;
 export interface ImportOptions {
   /** Called with (done, total) ids after each committed batch; a returned Promise is awaited before the next batch, and its rejection is taken as a throw. */
-  onProgress?: ((done: number, total: number) => void | Promise<void>) | null | undefined;
+  onProgress?: ((done: number, total: number) => unknown) | null | undefined;
   /** Stops the import with AbortError (`cause`: the signal's reason) between batches, while the source is read, and while the io module loads; committed batches stay. Once every record is written an abort only ends the wait for the last `onProgress` Promise: the import resolves. */
   signal?: AbortSignal | null | undefined;
   /** Records per transaction, 1..=10000; default 1000. */
@@ -85,13 +87,13 @@ export interface ExportOptions {
   /** Stored objects read per request (and per `exportSnapshotChunks` chunk), 1..=10000; default 1000. */
   batchSize?: number | null | undefined;
   /** Called with (done, total) records and tombstones after each batch read (after its chunk went to `onChunk`); takes its turn with the chunks: a returned Promise is awaited before the next chunk or call (the reads go on meanwhile), and the export resolves after it; a throw or rejection before the last call (done === total) rejects the export with it. No call for an empty store. */
-  onProgress?: ((done: number, total: number) => void | Promise<void>) | null | undefined;
+  onProgress?: ((done: number, total: number) => unknown) | null | undefined;
   /** Stops the export with AbortError (`cause`: the signal's reason) before each read and each chunk or progress call, while one's Promise is awaited, and while the io module loads: no chunk follows the abort and the read transaction is dropped. Once every row is read and every chunk collected or handed to `onChunk` (its Promise settled), an abort only stops the progress calls left and ends the wait for a pending one: the export resolves. */
   signal?: AbortSignal | null | undefined;
 }
 export interface VerifyOptions {
   /** Called with (done, total) records read, after each 1000; a returned Promise is awaited before the next call and the result (the reads go on meanwhile: one read-only transaction cannot wait); a throw or rejection before the last call (done === total) rejects with it. No call for an empty store. */
-  onProgress?: ((done: number, total: number) => void | Promise<void>) | null | undefined;
+  onProgress?: ((done: number, total: number) => unknown) | null | undefined;
   /** Stops the verification with AbortError (`cause`: the signal's reason) before each read and each progress call, while one's Promise is awaited, and while the io module loads. Once every read is done, an abort only stops the progress calls left and ends the wait for a pending one: the verification resolves. */
   signal?: AbortSignal | null | undefined;
 }
@@ -149,7 +151,7 @@ export interface PurgeOptions {
   /** Remove tombstones written more than this long ago (ms, an integer in [0, 2^53 - 1]; 0 = every tombstone). Required. */
   olderThanMs: number;
   /** Called with (done, total) tombstones looked at, of those stored when the purge began, after each 1000, inside the purge's one transaction: a throw aborts the purge (nothing purged) and rejects with it. A returned Promise cannot hold the transaction: it is awaited after the commit, before the call resolves, and its rejection rejects the call (the purge stays committed). */
-  onProgress?: ((done: number, total: number) => void | Promise<void>) | null | undefined;
+  onProgress?: ((done: number, total: number) => unknown) | null | undefined;
   /** Looked at before the purge and after each batch of 1000: aborted there, the purge's one transaction is aborted (nothing purged) and the call rejects with AbortError (`cause`: the signal's reason). Once the last batch is read the purge commits; an abort after that only ends the wait for `onProgress`'s Promises, and the call resolves with the count: AbortError means nothing was purged. An `abort` event counts as the abort even where `signal.aborted` reads false. */
   signal?: AbortSignal | null | undefined;
 }
@@ -174,7 +176,7 @@ export interface RebuildOptions {
   /** Records per transaction, 1..=10000; default 500. */
   batchSize?: number | null | undefined;
   /** Called with (done, total) records after each committed batch; a returned Promise is awaited before the next batch; a throw or rejection before the last batch rejects the call with that error (committed batches stay). */
-  onProgress?: ((done: number, total: number) => void | Promise<void>) | null | undefined;
+  onProgress?: ((done: number, total: number) => unknown) | null | undefined;
   /** Stops the rebuild with AbortError (`cause`: the signal's reason) between batches and while the io module loads; committed batches stay (`restart: false` resumes). After the last batch an abort only ends the wait for the last `onProgress` Promise: the rebuild resolves. */
   signal?: AbortSignal | null | undefined;
   /** false = resume an interrupted rebuild from its checkpoint (default true = start over). */
@@ -196,7 +198,7 @@ export interface BatchFailure { index: number; id: unknown; message: string; cod
 /** `ConflictError` (409): the compare-and-swap failed; nothing was written. */
 export interface ConflictError extends Error {
   name: "ConflictError"; code: "conflict"; status: 409;
-  id?: string; expectedRev?: string | null; currentRev?: string | null; current?: AgentRecord | null;
+  id?: string; expectedRev?: string | null; currentRev?: string | null; current?: Stored | null;
   /** From `mutate`: attempts made before giving up. */
   attempts?: number;
   /** From `putMany` / `deleteMany`: every failing position. */
@@ -210,7 +212,7 @@ export interface AgentStoreError extends Error {
   /** "network": an import or export could not fetch the import/export module. */
   code: "conflict" | "validation" | "not_found" | "quota_exceeded" | "transaction" | "blocked" | "closed" | "aborted" | "network";
   status: number;
-  id?: string; expectedRev?: string | null; currentRev?: string | null; current?: AgentRecord | null;
+  id?: string; expectedRev?: string | null; currentRev?: string | null; current?: Stored | null;
   attempts?: number;
   failures?: BatchFailure[];
   /** AbortError: the signal's reason. */
@@ -532,7 +534,7 @@ impl AgentStore {
     }
 
     /// The record stored under `id`, or `null` (never stored, or deleted).
-    #[wasm_bindgen(unchecked_return_type = "Promise<AgentRecord | null>")]
+    #[wasm_bindgen(unchecked_return_type = "Promise<Stored | null>")]
     pub fn get(&self, #[wasm_bindgen(unchecked_param_type = "string")] id: JsValue) -> Promise {
         issue(|to_error| self.inner.get_promise(&id, to_error))
     }
@@ -544,7 +546,7 @@ impl AgentStore {
     /// ValidationError for a non-array, an array whose elements cannot be
     /// read, or more than 100,000 ids; for non-id elements, with `failures`
     /// naming every bad position.
-    #[wasm_bindgen(js_name = getMany, unchecked_return_type = "Promise<(AgentRecord | null)[]>")]
+    #[wasm_bindgen(js_name = getMany, unchecked_return_type = "Promise<(Stored | null)[]>")]
     pub fn get_many(
         &self,
         #[wasm_bindgen(unchecked_param_type = "string[]")] ids: JsValue,
@@ -650,7 +652,7 @@ impl AgentStore {
         &self,
         #[wasm_bindgen(unchecked_param_type = "string")] id: JsValue,
         #[wasm_bindgen(
-            unchecked_param_type = "(current: AgentRecord | null) => MutateResult | undefined | Promise<MutateResult | undefined>"
+            unchecked_param_type = "(current: Stored | null) => MutateResult | undefined | PromiseLike<MutateResult | undefined>"
         )]
         f: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "MutateOptions | null")] options: JsValue,
@@ -965,7 +967,7 @@ impl AgentStore {
     #[wasm_bindgen(js_name = exportSnapshotChunks, unchecked_return_type = "Promise<void>")]
     pub fn export_snapshot_chunks(
         &self,
-        #[wasm_bindgen(js_name = onChunk, unchecked_param_type = "(chunk: string) => void | Promise<void>")]
+        #[wasm_bindgen(js_name = onChunk, unchecked_param_type = "(chunk: string) => unknown")]
         on_chunk: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions | null")] options: JsValue,
     ) -> Promise {
@@ -1294,7 +1296,7 @@ impl AgentStore {
     #[wasm_bindgen(js_name = exportSnapshotChunks, unchecked_return_type = "Promise<void>")]
     pub fn export_snapshot_chunks(
         &self,
-        #[wasm_bindgen(js_name = onChunk, unchecked_param_type = "(chunk: string) => void | Promise<void>")]
+        #[wasm_bindgen(js_name = onChunk, unchecked_param_type = "(chunk: string) => unknown")]
         on_chunk: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "ExportOptions | null")] options: JsValue,
     ) -> Promise {

@@ -360,6 +360,7 @@ impl LeaseClient {
     ///
     /// # Errors
     /// `NetworkError`, `RateLimitedError` (`retryAfterMs`), `UnauthorizedError`,
+    /// `ForbiddenError` (a queue out of the credentials' scope), `InternalError`,
     /// `AbortError`, `ClosedError` (also when `close()` runs while the claim
     /// waits for its answer: it rejects at once, and a lease the server
     /// grants it is released); `ValidationError` for bad options or a

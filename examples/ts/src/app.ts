@@ -18,6 +18,7 @@ import init, {
   type OpenOptions,
   type PouchImportSummary,
   type PutResult,
+  type Stored,
   type Recovery,
   type WatchChange,
   type WorkStats,
@@ -63,7 +64,9 @@ export async function records(): Promise<void> {
   }
 
   const got = await store.get('agent:1');
-  same<typeof got, AgentRecord | null>(true);
+  same<typeof got, Stored | null>(true);
+  // What a read gives back has its `_rev`: delete and compare-and-swap with it as it is.
+  if (got) await store.delete(got._id, got._rev);
   const bumped = await store.mutate('agent:1', (cur) => (cur ? { ...cur, runs: Number(cur['runs'] ?? 0) + 1 } : undefined), {
     retries: 8,
     signal: AbortSignal.timeout(5000),
@@ -82,9 +85,9 @@ export async function records(): Promise<void> {
   await store.putMany([task, { ...task, _id: 'task:2' }]);
   const t: Task | null = await store.get('task:1');
   const t2 = await store.get<Task>('task:2');
-  same<typeof t2, Task | null>(true);
+  same<typeof t2, Stored<Task> | null>(true);
   const tasks = await store.getMany<Task>(['task:1', 'task:2']);
-  same<typeof tasks, (Task | null)[]>(true);
+  same<typeof tasks, (Stored<Task> | null)[]>(true);
   const open = (await store.list({ prefix: 'task:' })) as unknown as ListPage<Task>;
   const titles: string[] = open.records.map((r) => r.title);
   console.log(t?.done, t2?.title, titles);
@@ -95,6 +98,7 @@ export async function records(): Promise<void> {
   let page: ListPage = await store.list({ prefix: 'agent:', limit: 50, descending: false });
   while (page.next) page = await store.list({ prefix: 'agent:', limit: 50, after: page.next });
   const first: AgentRecord | undefined = page.records[0];
+  await store.deleteMany(page.records.map((r) => ({ id: r._id, rev: r._rev })));
   const byType = await store.listBy('byType', { eq: 'agent', descending: true, limit: 10 });
   await store.listBy('byType', { range: { lower: 'a', upper: 'b', upperOpen: true } });
   console.log(first?._id, byType.records.length);
@@ -212,6 +216,17 @@ export async function notGiven(maybe: { prefix?: string; limit?: number; signal?
   await store.exportSnapshot(null);
   await store.exportSnapshotBlob({ batchSize: maybe.limit });
   await store.exportSnapshotChunks((chunk) => console.log(chunk.length), { batchSize: null });
+  // Callbacks written as docs/api.md writes them: an expression-bodied arrow
+  // whose value is ignored (`progress.push(…)` returns a number), and a
+  // thenable (PromiseLike), which the runtime awaits as it awaits a Promise.
+  const progress: string[] = [];
+  const chunks: string[] = [];
+  const later: PromiseLike<void> = { then: (ok) => Promise.resolve().then(ok) };
+  await store.importSnapshot('', { onProgress: (d, t) => progress.push(`${d}/${t}`) });
+  await store.exportSnapshotChunks((c) => chunks.push(c));
+  await store.exportSnapshotChunks(() => later, { onProgress: () => later });
+  const stored: PromiseLike<AgentRecord | undefined> = { then: (ok) => Promise.resolve(undefined).then(ok) };
+  await store.mutate('agent:1', () => stored);
   // Long calls take a signal and an onProgress, a returned Promise awaited.
   await store.exportSnapshot({ signal: maybe.signal, onProgress: async (done, total) => console.log(done / total) });
   await store.exportSnapshotChunks(async () => {}, { onProgress: null, signal: null });
