@@ -48,3 +48,16 @@ function positiveZeros(v, depth) {
   }
   return v;
 }
+
+/**
+ * Whether `Object.prototype.toString.call(v)` names a Uint8Array (of any
+ * realm: the view's type, unless an own `Symbol.toStringTag` says
+ * otherwise); false when reading the tag throws. Never throws.
+ */
+export function taggedUint8Array(v) {
+  try {
+    return Object.prototype.toString.call(v) === '[object Uint8Array]';
+  } catch {
+    return false;
+  }
+}

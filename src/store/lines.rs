@@ -58,6 +58,17 @@ impl Default for ImportOptions {
 /// The ValidationError message for a source of another type.
 const SOURCE_TYPES: &str = "an import takes a string, Blob, Response or ReadableStream";
 
+#[cfg(feature = "io")]
+#[wasm_bindgen(module = "/js/parse.js")]
+extern "C" {
+    /// Whether `Object.prototype.toString.call(v)` is `"[object
+    /// Uint8Array]"`, false when it throws (a `Symbol.toStringTag` getter;
+    /// js/parse.js `taggedUint8Array`: a bool, so a throw keeps no table
+    /// slot, see `value::call1`).
+    #[wasm_bindgen(js_name = taggedUint8Array)]
+    fn tagged_uint8_array(v: &JsValue) -> bool;
+}
+
 #[wasm_bindgen]
 extern "C" {
     /// `JSON.parse` on a JS string (js_sys's binding takes a Rust `&str`,
@@ -77,12 +88,6 @@ extern "C" {
     // through the module.
     #[wasm_bindgen(method, catch, js_class = "Blob")]
     fn stream(this: &JsBlob) -> std::result::Result<JsReadableStream, JsValue>;
-
-    /// `Object.prototype.toString.call(v)`: `"[object Uint8Array]"` for a
-    /// Uint8Array of any realm (throws what a `Symbol.toStringTag` getter of
-    /// `v`'s throws).
-    #[wasm_bindgen(js_namespace = ["Object", "prototype", "toString"], js_name = call, catch)]
-    fn object_tag(v: &JsValue) -> std::result::Result<JsValue, JsValue>;
 
     #[wasm_bindgen(js_name = Response)]
     #[derive(Clone)]
@@ -203,8 +208,7 @@ pub(crate) fn check_source(v: &JsValue) -> Result<()> {
 /// other typed arrays and DataViews.
 #[cfg(feature = "io")]
 fn is_uint8_array(v: &JsValue) -> bool {
-    js_sys::ArrayBuffer::is_view(v)
-        && object_tag(v).is_ok_and(|t| t == JsValue::from_str("[object Uint8Array]"))
+    js_sys::ArrayBuffer::is_view(v) && tagged_uint8_array(v)
 }
 
 /// The ValidationError message for a stream chunk whose `byteLength` could

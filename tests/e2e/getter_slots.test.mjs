@@ -45,6 +45,11 @@ const cases = {
   openIndex: [wasm, () => mod.AgentStore.open('getter-slots-2', { indexes: [{ get name() { boom(); } }] })],
   importLine: [ioWasm, (s) => s.importPouchDump('{"docs":[{"_id":"a"}]}\\n{not json\\n')],
   lockedStream: [ioWasm, (s) => { const r = new ReadableStream(); r.getReader(); return s.importPouchDump(r); }],
+  chunkTag: [ioWasm, (s) => {
+    const chunk = new TextEncoder().encode('{}\\n');
+    Object.defineProperty(chunk, Symbol.toStringTag, { get: boom });
+    return s.importPouchDump(new ReadableStream({ start(c) { c.enqueue(chunk); c.close(); } }));
+  }],
   throwingRead: [ioWasm, (s) => {
     const r = new ReadableStream();
     r.getReader = () => ({ read: boom, cancel() {} });
