@@ -124,10 +124,13 @@ async fn static_guard(req: Request, next: axum::middleware::Next) -> axum::respo
     use axum::response::IntoResponse;
     let path = req.uri().path();
     let api = path == "/v1" || path.starts_with("/v1/") || path == "/metrics";
+    // Lengths of the decoded path (what names the file): a file name of
+    // 100 `é` is 200 bytes, 600 characters percent-encoded.
+    let decoded_len = |s: &str| percent_encoding::percent_decode_str(s).count();
     if !api
         && (path.starts_with("//")
-            || path.len() > PATH_MAX
-            || path.split('/').any(|c| c.len() > NAME_MAX))
+            || decoded_len(path) > PATH_MAX
+            || path.split('/').any(|c| decoded_len(c) > NAME_MAX))
     {
         return axum::http::StatusCode::NOT_FOUND.into_response();
     }
@@ -144,7 +147,9 @@ fn prefix_redirect<B>(prefix: &str, mut resp: axum::http::Response<B>) -> axum::
             .get(header::LOCATION)
             .and_then(|v| v.to_str().ok())
         {
-            if loc.starts_with('/') && !loc.starts_with("//") {
+            // `//dir/` too: `/pkg//dir/` is a path of this server, while
+            // `//dir/` left as is would name the host `dir`.
+            if loc.starts_with('/') {
                 if let Ok(v) = HeaderValue::from_str(&format!("{prefix}{loc}")) {
                     resp.headers_mut().insert(header::LOCATION, v);
                 }
@@ -220,7 +225,7 @@ fn traced(app: Router) -> Router {
                 let clip = |s: &str| -> String { s.chars().take(SPAN_FIELD_MAX).collect() };
                 tracing::info_span!(
                     "request",
-                    method = %req.method(),
+                    method = %clip(req.method().as_str()),
                     uri = %clip(req.uri().path()),
                     request_id = %clip(id),
                 )
