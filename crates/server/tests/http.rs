@@ -1215,7 +1215,7 @@ async fn connections_past_the_per_address_cap_are_closed_and_a_freed_place_is_re
     let mut held = Vec::new();
     for _ in 0..CAP {
         let mut s = sent(addr, health).await;
-        let got = head_of_answer(&mut s, bound).await;
+        let got = first_answer(&mut s).await;
         assert!(
             got.starts_with("HTTP/1.1 200"),
             "a connection under the cap is served: {got:?}"
@@ -1238,10 +1238,7 @@ async fn connections_past_the_per_address_cap_are_closed_and_a_freed_place_is_re
     let served = tokio::time::timeout(bound, async {
         loop {
             let mut s = sent(addr, health).await;
-            if head_of_answer(&mut s, bound)
-                .await
-                .starts_with("HTTP/1.1 200")
-            {
+            if first_answer(&mut s).await.starts_with("HTTP/1.1 200") {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -1251,24 +1248,6 @@ async fn connections_past_the_per_address_cap_are_closed_and_a_freed_place_is_re
     assert!(served.is_ok(), "a freed place serves a new connection");
     drop(held);
     h.stop().await;
-}
-
-/// What the server sent on `stream` up to the end of its answer's head
-/// (`\r\n\r\n`), or up to its close or `within` (then what came).
-async fn head_of_answer(stream: &mut tokio::net::TcpStream, within: Duration) -> String {
-    use tokio::io::AsyncReadExt;
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    let _ = tokio::time::timeout(within, async {
-        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-            match stream.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => got.extend_from_slice(&buf[..n]),
-            }
-        }
-    })
-    .await;
-    String::from_utf8_lossy(&got).into_owned()
 }
 
 /// A static path no file can have is `404`, not a `500` logged at ERROR
