@@ -635,7 +635,7 @@ impl Lease {
     /// Throws the `ClaimLostError` if the lease is no longer held.
     #[wasm_bindgen(js_name = throwIfLost)]
     pub fn throw_if_lost(&self) -> Result<(), JsValue> {
-        match self.inner.lost_error() {
+        match self.inner.fenced_error() {
             Some(e) => Err(e.to_js()),
             None => Ok(()),
         }
@@ -861,7 +861,7 @@ impl Lease {
     /// [`Lease::prepare_request`], and whether it turned the caller's
     /// `redirect: "follow"` into `"manual"`.
     fn prepare(&self, input: JsValue, init: JsValue) -> Result<(Request, bool), JsValue> {
-        if let Some(e) = self.inner.lost_error() {
+        if let Some(e) = self.inner.fenced_error() {
             return Err(e.to_js());
         }
         self.stamp(input, init)

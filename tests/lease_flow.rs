@@ -1586,7 +1586,10 @@ async fn a_404_or_409_without_the_servers_error_body_does_not_end_the_lease() {
             );
         }
         assert_eq!(lease.status(), Status::Held, "{status}: still held");
-        assert!(!lease.signal().aborted(), "{status}: signal not aborted");
+        // The release went on the wire, so the local work is cancelled
+        // (the server may have applied it: helper-239); the lease's own
+        // calls still go out, and the server decides.
+        assert!(lease.signal().aborted(), "{status}: a release was sent");
         lease
             .settle(SettleState::Done, None, None)
             .await

@@ -2672,13 +2672,14 @@ async fn close_waits_for_the_release_a_local_expiry_started() {
 }
 
 /// `close()` while the release it sent is held by the proxy (15 s, within
-/// the 30 s request timeout): the lease's signal, kept by the app, still
-/// aborts at the local deadline (`expired_locally`) while the release is on
-/// the wire. Before, the heartbeat loop stopped when `close()` began, so the
-/// signal stayed live until the release was answered, long past the
-/// deadline, while the app's work could go on writing.
+/// the 30 s request timeout): the lease's signal, kept by the app, aborts
+/// (`released`) when the release is sent, and `throwIfLost`, `fetch` and
+/// `prepareRequest` refuse from then, while the release is on the wire: the
+/// server may apply it at once and another worker claim the item
+/// (helper-239: the signal stayed live, and `lease.fetch` sent writes under
+/// the released epoch, until the answer came or the local deadline passed).
 #[wasm_bindgen_test]
-async fn close_with_a_hanging_release_still_aborts_the_kept_signal_at_the_local_deadline() {
+async fn close_with_a_hanging_release_aborts_the_kept_signal_when_the_release_is_sent() {
     let Some(proxy) = proxy() else { return };
     const MODE: &str = "slow-releases-15000";
     let q = fresh_queue("close-hanging-release");
@@ -2686,26 +2687,49 @@ async fn close_with_a_hanging_release_still_aborts_the_kept_signal_at_the_local_
     let c = client_at(&format!("{proxy}/{MODE}"), admin_creds(), config());
     let lease = claim(&c, &q).await;
     let signal = lease.signal();
+    let js = wrap(lease.clone());
     let watch = async {
         assert!(
             proxy_count_reaching(proxy, MODE, "held", 1.0, 4.0 * TTL_MS).await >= 1.0,
             "the release is held"
         );
-        assert!(!signal.aborted(), "live while the deadline is ahead");
-        // Bounded by the deadline and one TTL more, well before the held
-        // release is answered.
-        let until = lease.deadline() + TTL_MS;
-        while !signal.aborted() && now() < until {
-            sleep(20.0).await;
-        }
+        let before_deadline = now() < lease.deadline();
         let aborted = signal.aborted();
+        let reason = Reflect::get(&signal.reason(), &"reason".into())
+            .ok()
+            .and_then(|r| r.as_string());
+        let refused = |method: &str, args: &[&JsValue]| {
+            let f: Function = Reflect::get(&js, &method.into()).unwrap().unchecked_into();
+            let args: js_sys::Array = args.iter().copied().collect();
+            match f.apply(&js, &args) {
+                Err(e) => Reflect::get(&e, &"name".into())
+                    .ok()
+                    .and_then(|n| n.as_string()),
+                Ok(_) => None,
+            }
+        };
+        let url = JsValue::from_str("https://api.example/x");
+        let guards = [
+            refused("throwIfLost", &[]),
+            refused("prepareRequest", &[&url]),
+        ];
         let still_held = held_back(proxy, MODE).await >= 1.0;
-        (aborted, still_held, lease.status())
+        (before_deadline, aborted, reason, guards, still_held)
     };
-    let ((), (aborted, still_held, status)) = join(c.close(), watch).await;
-    assert!(aborted, "the signal aborted at the local deadline");
+    let ((), (before_deadline, aborted, reason, guards, still_held)) = join(c.close(), watch).await;
+    assert!(aborted, "the signal aborted when the release was sent");
+    if before_deadline {
+        assert_eq!(reason.as_deref(), Some("released"), "not at the deadline");
+    }
+    assert_eq!(
+        guards,
+        [
+            Some("ClaimLostError".to_owned()),
+            Some("ClaimLostError".to_owned())
+        ],
+        "throwIfLost and prepareRequest refuse"
+    );
     assert!(still_held, "while the release was still on the wire");
-    assert_eq!(status, Status::Lost(LossReason::ExpiredLocally));
     // close() waited for the release, which the server applied.
     let it = item(id).await;
     assert_eq!(

@@ -157,6 +157,12 @@ pub struct LeaseInner {
     /// page), not if its outcome is unknown. Cleared by a later settle of
     /// the app's (the app's last call decides).
     pub(crate) release_behind: Cell<bool>,
+    /// A release of this lease went on the wire (with no settle of unknown
+    /// outcome before it): the server may release the item at any moment
+    /// and another worker claim it, so fenced use (`fetch`,
+    /// `prepareRequest`, `throwIfLost`) is refused and the signal aborted
+    /// (`released`) from the send, not from the answer.
+    given_back: Cell<bool>,
     /// Resolves the Web Lock held for this lease, when one is held.
     pub(crate) unlock: RefCell<Option<Function>>,
     /// Whether this lease took (or queued for) its item's Web Lock. Its
@@ -202,6 +208,7 @@ impl LeaseInner {
             landed: RefCell::new(None),
             release_owed: Cell::new(false),
             release_behind: Cell::new(false),
+            given_back: Cell::new(false),
             asked: RefCell::new(None),
             unlock: RefCell::new(None),
             locking: Cell::new(false),
@@ -306,6 +313,20 @@ impl LeaseInner {
                 Some(self.claim_lost(LossReason::Released, "the lease was settled"))
             }
         }
+    }
+
+    /// [`LeaseInner::lost_error`], or `released` once a release of the
+    /// lease was sent (it may have landed: see `given_back`): what the
+    /// fenced uses (`fetch`, `prepareRequest`, `throwIfLost`) check.
+    pub fn fenced_error(&self) -> Option<LeaseError> {
+        self.lost_error().or_else(|| {
+            self.given_back.get().then(|| {
+                self.claim_lost(
+                    LossReason::Released,
+                    "a release of this lease was sent; it may have landed",
+                )
+            })
+        })
     }
 
     /// [`LeaseInner::lost_error`], or `expired_locally` once the local
@@ -789,6 +810,13 @@ impl LeaseInner {
         let client = self.client()?;
         if !probe {
             self.status.set(Status::Ending);
+        }
+        // A release the server may apply at once, whatever its answer's
+        // fate: nothing more goes out under the lease from now on.
+        if state.is_none() && !probe && !self.settle_unanswered.get() && !self.given_back.get() {
+            self.given_back.set(true);
+            let err = self.claim_lost(LossReason::Released, "released by this client");
+            self.controller.abort_with_reason(&err.to_js());
         }
         self.plan.borrow_mut().ending = true;
         let timeout = client.config.request_timeout_ms;
