@@ -31,6 +31,9 @@
 #   DEMO_WORKLOAD=24       sample items enqueued at start
 #   DEMO_TOKENS=300        worker enrollment tokens for pages (three per page load)
 #   DEMO_PRODUCER_TOKENS=100  producer enrollment tokens (one per page load)
+#   DEMO_QUICKSTART_TOKENS=50 worker enrollment tokens the page never takes, for README's
+#                          quickstart pasted into its console (a token a page's worker
+#                          holds would be a reuse: it revokes that worker)
 #
 # Least privilege: the page's tokens are scoped to the demo queue. Worker tokens
 # enroll workers (claim there, act on their own leases only); producer tokens
@@ -53,6 +56,7 @@ MAX_REDELIVERIES=${DEMO_MAX_REDELIVERIES:-5}
 WORKLOAD=${DEMO_WORKLOAD:-24}
 TOKENS=${DEMO_TOKENS:-300}
 PRODUCER_TOKENS=${DEMO_PRODUCER_TOKENS:-100}
+QUICKSTART_TOKENS=${DEMO_QUICKSTART_TOKENS:-50}
 log() { printf '[demo] %s\n' "$*" >&2; }
 
 if [ "${DEMO_SKIP_BUILD:-0}" = 1 ] && [ -f pkg/agentstore.js ]; then
@@ -143,6 +147,7 @@ json_list() { printf '%s\n' "$1" | sed 's/.*/"&"/' | paste -sd, -; }
 log "creating $TOKENS worker and $PRODUCER_TOKENS producer enrollment tokens (queue \"$QUEUE\" only)"
 tokens=$(enrollment_tokens worker "$TOKENS")
 producer_tokens=$(enrollment_tokens producer "$PRODUCER_TOKENS")
+quickstart_tokens=$(enrollment_tokens worker "$QUICKSTART_TOKENS")
 count=$(printf '%s\n' "$tokens" | grep -c . || true)
 pcount=$(printf '%s\n' "$producer_tokens" | grep -c . || true)
 if [ "$count" != "$TOKENS" ] || [ "$pcount" != "$PRODUCER_TOKENS" ]; then
@@ -173,7 +178,8 @@ cat >"$RUN_DIR/www/runtime/demo.json" <<EOF
   "reaperMs": $REAPER_MS,
   "maxRedeliveries": $MAX_REDELIVERIES,
   "enrollmentTokens": [$(json_list "$tokens")],
-  "producerTokens": [$(json_list "$producer_tokens")]
+  "producerTokens": [$(json_list "$producer_tokens")],
+  "quickstartTokens": [$(json_list "$quickstart_tokens")]
 }
 EOF
 

@@ -837,7 +837,8 @@ async function enqueueItems() {
     }));
     ids.push(...(await Promise.all(batch)).map((it) => it.id));
   }
-  showStatus(`Enqueued ${n} item(s): #${ids[0]}–#${ids.at(-1)}.`);
+  // The requests of a batch race: the ids come back in no order.
+  showStatus(`Enqueued ${n} item(s): #${Math.min(...ids)}–#${Math.max(...ids)}.`);
   await refreshQueue();
 }
 
