@@ -144,14 +144,15 @@ enrollment_tokens() { # role count
 }
 json_list() { printf '%s\n' "$1" | sed 's/.*/"&"/' | paste -sd, -; }
 
-log "creating $TOKENS worker and $PRODUCER_TOKENS producer enrollment tokens (queue \"$QUEUE\" only)"
+log "creating $TOKENS worker, $PRODUCER_TOKENS producer and $QUICKSTART_TOKENS quickstart enrollment tokens (queue \"$QUEUE\" only)"
 tokens=$(enrollment_tokens worker "$TOKENS")
 producer_tokens=$(enrollment_tokens producer "$PRODUCER_TOKENS")
 quickstart_tokens=$(enrollment_tokens worker "$QUICKSTART_TOKENS")
 count=$(printf '%s\n' "$tokens" | grep -c . || true)
 pcount=$(printf '%s\n' "$producer_tokens" | grep -c . || true)
-if [ "$count" != "$TOKENS" ] || [ "$pcount" != "$PRODUCER_TOKENS" ]; then
-  log "expected $TOKENS + $PRODUCER_TOKENS enrollment tokens, got $count + $pcount"
+qcount=$(printf '%s\n' "$quickstart_tokens" | grep -c . || true)
+if [ "$count" != "$TOKENS" ] || [ "$pcount" != "$PRODUCER_TOKENS" ] || [ "$qcount" != "$QUICKSTART_TOKENS" ]; then
+  log "expected $TOKENS + $PRODUCER_TOKENS + $QUICKSTART_TOKENS enrollment tokens, got $count + $pcount + $qcount"
   exit 1
 fi
 

@@ -632,7 +632,10 @@ impl Lease {
         self.inner.deadline() - crate::lease::http::now_ms()
     }
 
-    /// Throws the `ClaimLostError` if the lease is no longer held.
+    /// Throws the `ClaimLostError` if the lease is no longer held, or once a
+    /// release of it was sent (reason `released`; even while `status` still
+    /// reads `ending`, or `held` after the release failed: the server may
+    /// have applied it).
     #[wasm_bindgen(js_name = throwIfLost)]
     pub fn throw_if_lost(&self) -> Result<(), JsValue> {
         match self.inner.fenced_error() {
@@ -731,7 +734,10 @@ impl Lease {
     }
 
     /// Gives the item back now (one attempt counted); `signal` aborts with
-    /// `released` when this call ends the lease.
+    /// `released` when the release is sent (not when it is answered), and
+    /// from then `throwIfLost`, `fetch` and `prepareRequest` refuse, even if
+    /// it fails (`status` is then `held` again: retry `release()` or
+    /// `settle()`; heartbeats go on until one lands or the lease is lost).
     ///
     /// # Errors
     /// `ClaimLostError` when the lease is already lost (its `reason`) or
@@ -760,7 +766,8 @@ impl Lease {
     /// target's origin is the lease server's or listed in `leaseHeaderOrigins`
     /// (other origins get the request without them: the token alone can
     /// release the lease). Rejects at once with the `ClaimLostError` when the
-    /// lease is already lost, including past its local deadline. Listed
+    /// lease is already lost, including past its local deadline, or a release
+    /// of it was sent. Listed
     /// cross-origin targets must allow these headers in CORS. A request
     /// sent with these headers does not follow redirects (see
     /// [`Lease::prepare_request`]): a redirect answer rejects with a
@@ -830,7 +837,8 @@ impl Lease {
     /// in the call that sends.
     ///
     /// # Errors
-    /// The `ClaimLostError` when the lease is lost; a ValidationError (the
+    /// The `ClaimLostError` when the lease is lost or a release of it was
+    /// sent; a ValidationError (the
     /// `Request` constructor's message) for input it refuses, e.g. a bad URL
     /// or a body on a GET.
     #[wasm_bindgen(js_name = prepareRequest)]

@@ -1590,6 +1590,18 @@ async fn a_404_or_409_without_the_servers_error_body_does_not_end_the_lease() {
         // (the server may have applied it: helper-239); the lease's own
         // calls still go out, and the server decides.
         assert!(lease.signal().aborted(), "{status}: a release was sent");
+        // And fenced for good: the failed release may have landed.
+        let thrown = agentstore::lease_api::Lease::from_inner(lease.clone())
+            .throw_if_lost()
+            .expect_err("throwIfLost refuses after a failed release");
+        assert_eq!(
+            Reflect::get(&thrown, &"reason".into())
+                .unwrap()
+                .as_string()
+                .as_deref(),
+            Some("released"),
+            "{status}"
+        );
         lease
             .settle(SettleState::Done, None, None)
             .await

@@ -2694,6 +2694,7 @@ async fn close_with_a_hanging_release_aborts_the_kept_signal_when_the_release_is
             "the release is held"
         );
         let before_deadline = now() < lease.deadline();
+        let on_the_wire = lease.status();
         let aborted = signal.aborted();
         let reason = Reflect::get(&signal.reason(), &"reason".into())
             .ok()
@@ -2714,12 +2715,25 @@ async fn close_with_a_hanging_release_aborts_the_kept_signal_when_the_release_is
             refused("prepareRequest", &[&url]),
         ];
         let still_held = held_back(proxy, MODE).await >= 1.0;
-        (before_deadline, aborted, reason, guards, still_held)
+        (
+            before_deadline,
+            on_the_wire,
+            aborted,
+            reason,
+            guards,
+            still_held,
+        )
     };
-    let ((), (before_deadline, aborted, reason, guards, still_held)) = join(c.close(), watch).await;
+    let ((), (before_deadline, on_the_wire, aborted, reason, guards, still_held)) =
+        join(c.close(), watch).await;
     assert!(aborted, "the signal aborted when the release was sent");
     if before_deadline {
         assert_eq!(reason.as_deref(), Some("released"), "not at the deadline");
+        assert_eq!(
+            on_the_wire,
+            Status::Ending,
+            "ending while the release is out"
+        );
     }
     assert_eq!(
         guards,

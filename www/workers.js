@@ -399,15 +399,20 @@ async function handle(w, lease) {
   return { by: w.name, workerId: w.workerId, epoch: lease.epoch, task: job.task };
 }
 
-/** `lease.release()`, retried until it lands or the lease ends some other way. */
+/**
+ * `lease.release()`, retried until it lands or the lease ends some other way.
+ * The signal aborts when the first release is sent (fenced work stops then),
+ * so the loop watches `status`: `held` after a failed release means the
+ * server still holds the item for this worker.
+ */
 async function giveBack(lease) {
   for (;;) {
     try {
       await lease.release();
       return;
     } catch {
-      if (lease.signal.aborted) return;
-      await sleep(1000, lease.signal).catch(() => {});
+      if (lease.status !== 'held') return;
+      await sleep(1000);
     }
   }
 }

@@ -812,7 +812,10 @@ impl LeaseInner {
             self.status.set(Status::Ending);
         }
         // A release the server may apply at once, whatever its answer's
-        // fate: nothing more goes out under the lease from now on.
+        // fate: the local work stops and the fenced uses (`fetch`,
+        // `prepareRequest`, `throwIfLost`) refuse from now on; the lease's
+        // own calls (settle, release, heartbeats) still go out and the
+        // server decides.
         if state.is_none() && !probe && !self.settle_unanswered.get() && !self.given_back.get() {
             self.given_back.set(true);
             let err = self.claim_lost(LossReason::Released, "released by this client");
