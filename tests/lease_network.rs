@@ -2752,6 +2752,95 @@ async fn close_with_a_hanging_release_aborts_the_kept_signal_when_the_release_is
     );
 }
 
+/// A release sent while a settle of this lease has an unknown outcome (the
+/// settle answered 503: it may have landed) is not fenced at its send. When
+/// the release's own answer is lost too (it reached the server, which
+/// applied it and reopened the item for another worker), the lease is
+/// fenced from then: `signal` aborted with reason `released`, and
+/// `throwIfLost()`, `prepareRequest()` and `lease.fetch` refuse with
+/// ClaimLostError. Before (helper-241), the lease read `held` with its
+/// signal live, and `lease.fetch` sent epoch 1 to the app's API until the
+/// local deadline while another worker held the item under epoch 2.
+#[wasm_bindgen_test]
+async fn a_release_whose_answer_is_lost_after_a_settle_of_unknown_outcome_fences_the_lease() {
+    let Some(base) = long_ttl_server() else {
+        return;
+    };
+    let q = fresh_queue("release-lost-after-unknown-settle");
+    let id = enqueue_at(base, &q, json!({})).await;
+    let c = admin_client_at(base, config());
+    let lease = claim(&c, &q).await;
+    let hook = fake_fetch(
+        &[
+            "const id = ",
+            &id.to_string(),
+            ";
+            let releases = 0;
+            globalThis.fetch = async (url, init) => {
+                const u = String(url);
+                if (u.endsWith('/items/' + id + '/settle'))
+                    return answer(503, { code: 'unavailable', message: 'refused by the test' });
+                if (u.endsWith('/items/' + id + '/release')) {
+                    releases += 1;
+                    await real(url, init);
+                    throw new TypeError('Failed to fetch (test: the answer was lost)');
+                }
+                return real(url, init);
+            };
+            return { releases: () => releases, restore: () => { globalThis.fetch = real; } };",
+        ]
+        .concat(),
+    );
+    let settled = lease.settle(SettleState::Done, None, None).await;
+    let unfenced = !lease.signal().aborted();
+    let released = lease.release().await;
+    let releases = hook_call(&hook, "releases").as_f64();
+    hook_call(&hook, "restore");
+    assert!(
+        matches!(&settled, Err(e) if e.is_transient()),
+        "the settle's outcome is unknown: {settled:?}"
+    );
+    assert!(unfenced, "a settle of unknown outcome fences nothing");
+    assert!(
+        released.is_err(),
+        "the release's answer was lost: {released:?}"
+    );
+    assert_eq!(releases, Some(1.0), "one release was sent");
+    let it = wait_item_at(base, id, 10_000.0, |it| it.state == ItemState::Open).await;
+    assert_eq!(it.state, ItemState::Open, "the server applied the release");
+    let signal = lease.signal();
+    assert!(
+        signal.aborted(),
+        "fenced once the release's outcome is unknown"
+    );
+    let reason = Reflect::get(&signal.reason(), &"reason".into())
+        .ok()
+        .and_then(|r| r.as_string());
+    assert_eq!(reason.as_deref(), Some("released"));
+    let api = agentstore::lease_api::Lease::from_inner(lease.clone());
+    let name = |e: &JsValue| {
+        Reflect::get(e, &"name".into())
+            .ok()
+            .and_then(|n| n.as_string())
+    };
+    let claim_lost = Some("ClaimLostError".to_owned());
+    assert_eq!(
+        name(&api.throw_if_lost().expect_err("throwIfLost() throws")),
+        claim_lost
+    );
+    let url = JsValue::from_str("https://api.example/x");
+    let js = wrap(lease.clone());
+    let prepare: Function = Reflect::get(&js, &"prepareRequest".into())
+        .unwrap()
+        .unchecked_into();
+    let refused = prepare
+        .call1(&js, &url)
+        .expect_err("prepareRequest() throws");
+    assert_eq!(name(&refused), claim_lost);
+    let fetched = JsFuture::from(api.fetch(url, JsValue::UNDEFINED)).await;
+    assert_eq!(name(&fetched.expect_err("lease.fetch rejects")), claim_lost);
+}
+
 /// Fires the page's `pagehide` event, as leaving the page does.
 fn dispatch_pagehide() {
     js_sys::Function::new_no_args("globalThis.dispatchEvent(new Event('pagehide'))")

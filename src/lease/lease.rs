@@ -864,6 +864,19 @@ impl LeaseInner {
             Err(LeaseError::Server { status, .. }) => *status >= 500,
             _ => false,
         };
+        // A release sent while a settle of unknown outcome was pending is
+        // not fenced at its send (that settle may have landed). Once the
+        // release's own outcome is unknown as well, the server may have
+        // released the item and another worker claimed it: fenced from now
+        // (the lease is over either way, settled or released).
+        if state.is_none() && !probe && own_unknown && !self.given_back.get() {
+            self.given_back.set(true);
+            let err = self.claim_lost(
+                LossReason::Released,
+                "a release of this lease was sent; it may have landed",
+            );
+            self.controller.abort_with_reason(&err.to_js());
+        }
         let unknown = own_unknown
             || r.as_ref()
                 .is_err_and(|e| after_unknown && !e.is_servers_verdict());
