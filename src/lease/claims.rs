@@ -102,6 +102,12 @@ impl ClientInner {
             self.give_back(&lease).await;
             return Err(LeaseError::Closed);
         }
+        // Granted after the page's `pagehide`, whose beacon went out before
+        // this lease existed: given back the same way now (else it stayed
+        // `running` until its TTL, one attempt lost).
+        if self.hidden.get() {
+            lease.release_beacon(&self.base);
+        }
         Ok(Claimed::Lease(lease))
     }
 

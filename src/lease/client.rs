@@ -96,6 +96,15 @@ pub struct ClientInner {
     pub(crate) journal: Journal,
     /// Keeps the `pagehide` listener alive (removed on close).
     pagehide: RefCell<Option<Closure<dyn FnMut()>>>,
+    /// Whether the page's `pagehide` came (with `release_on_pagehide`) and
+    /// it has not been shown again since: the beacon went out, so `work()`
+    /// claims nothing and a claim granted meanwhile is given back by beacon
+    /// at once (see [`ClientInner::claim`]). A page keeps running for a
+    /// moment after `pagehide` (its fetches answered, its loops going on):
+    /// before, `work()` claimed the item the beacon had just released, and
+    /// that lease stayed `running` until its TTL, one attempt lost
+    /// (helper-241's navigation probe, Chromium).
+    pub(crate) hidden: Cell<bool>,
     /// Keeps the [`lifecycle::RESUME_EVENTS`] listener alive (removed on
     /// close): it wakes the heartbeat loop, whose pass sees a jump of the
     /// wall clock (a suspend) and asks the server about every held lease.
@@ -141,6 +150,7 @@ impl ClientInner {
             ending_idle: RefCell::new(Vec::new()),
             journal,
             pagehide: RefCell::new(None),
+            hidden: Cell::new(false),
             resume: RefCell::new(None),
             unanswered_claims: js_sys::Object::new(),
             weak: weak.clone(),
@@ -152,6 +162,7 @@ impl ClientInner {
                 true,
                 Box::new(move || {
                     if let Some(c) = weak.upgrade() {
+                        c.hidden.set(true);
                         c.release_all_beacon();
                     }
                 }),
@@ -163,6 +174,12 @@ impl ClientInner {
             false,
             Box::new(move || {
                 if let Some(c) = weak.upgrade() {
+                    // Shown again (a page restored from the back/forward
+                    // cache fires `pageshow`). Not any event: the page
+                    // being left fires `visibilitychange` after `pagehide`.
+                    if c.hidden.get() && lifecycle::visible() {
+                        c.hidden.set(false);
+                    }
                     c.wake();
                 }
             }),

@@ -53,6 +53,9 @@ const CAPTURED: &str = "resume";
 /// The window's `pagehide` (windows only: workers have none).
 pub const PAGEHIDE: [&str; 1] = ["pagehide"];
 
+/// The window's `beforeunload`: the page begins to be left (windows only).
+pub const BEFOREUNLOAD: [&str; 1] = ["beforeunload"];
+
 /// Calls `f` on each of `events` of the global scope (window or worker);
 /// `None` outside a window when `window_only` (for `pagehide`).
 pub fn listen(
@@ -81,6 +84,15 @@ pub fn listen(
         }
     }
     Some(cb)
+}
+
+/// Whether the window's document is `visible` (`document.visibilityState`;
+/// false outside a window).
+pub fn visible() -> bool {
+    get(&js_sys::global(), "document")
+        .and_then(|d| get(&d, "visibilityState"))
+        .and_then(|v| v.as_string())
+        .is_some_and(|v| v == "visible")
 }
 
 /// Removes a listener installed by [`listen`] for the same `events`.

@@ -113,7 +113,27 @@ pub struct WorkerInner {
     /// The error that stopped the loop (its JS `Error`), until `finished`
     /// rejects with it.
     fatal: Cell<Option<JsValue>>,
+    /// Whether the window's `beforeunload` came (heard while the loop runs,
+    /// windows only) and no failure held back since outlived the page's
+    /// leaving: see [`LEAVE_GRACE_MS`].
+    leaving: Rc<Cell<bool>>,
 }
+
+/// How long (ms) a handler's failure is held back, once the page began to
+/// be left (`beforeunload`), before it is settled `failed`. Firefox fails
+/// the page's fetches when it unloads, before `pagehide`, and runs timers
+/// in between (helper-241 measured `beforeunload` → fetch rejected →
+/// `pagehide` about 20 ms later; Chromium fires `pagehide` first), so a
+/// handler awaiting `lease.fetch` throws although its work was only cut
+/// off: settled `failed` at once, the item was failed for good and the
+/// beacon skipped it. Held back, the `pagehide` beacon releases the lease
+/// (the item is redone, one attempt counted); a navigation that did not
+/// happen (cancelled, a download) only delays that failure this long, once.
+pub const LEAVE_GRACE_MS: f64 = 3_000.0;
+
+/// How often (ms) a slot looks again whether a page hidden by `pagehide`
+/// was shown again, before it claims (a page left for good never does).
+const HIDDEN_POLL_MS: f64 = 1_000.0;
 
 impl WorkerInner {
     /// Starts `options.concurrency` slots; `wrap` builds the JS `Lease` handed
@@ -141,9 +161,18 @@ impl WorkerInner {
             polls: RefCell::new(Vec::new()),
             finished: RefCell::new(None),
             fatal: Cell::new(None),
+            leaving: Rc::default(),
         });
         let n = w.options.concurrency.clamp(1, 64);
         let me = w.clone();
+        // Only while the loop runs: in Firefox a `beforeunload` listener
+        // may keep the page out of the back/forward cache.
+        let heard = w.leaving.clone();
+        let leave = super::lifecycle::listen(
+            &super::lifecycle::BEFOREUNLOAD,
+            true,
+            Box::new(move || heard.set(true)),
+        );
         let all = crate::options::spawn_promise(async move {
             // Reconcile what earlier pages left in the journal before
             // claiming; `stop()` or `client.close()` leaves the entries not
@@ -168,6 +197,9 @@ impl WorkerInner {
                 }));
             }
             let _ = JsFuture::from(Promise::all(&slots)).await;
+            if let Some(cb) = leave {
+                super::lifecycle::unlisten(&super::lifecycle::BEFOREUNLOAD, &cb);
+            }
             me.fatal.take().map_or(Ok(JsValue::UNDEFINED), Err)
         });
         super::heartbeat::mark_handled(&all);
@@ -237,6 +269,12 @@ async fn slot_loop(w: Rc<WorkerInner>, wrap: fn(Rc<LeaseInner>) -> JsValue) {
     // retry belongs to the window it waited out; see `Reconnect`).
     let mut round = w.backoff.borrow().round();
     while !w.stopping.get() {
+        // The page is being left (or sits in the back/forward cache): no
+        // claim until it is shown again (see `ClientInner::hidden`).
+        if w.client.hidden.get() {
+            w.wait(HIDDEN_POLL_MS).await;
+            continue;
+        }
         let claimed = w.client.claim(&w.queue, None).await;
         if matches!(claimed, Ok(_) | Err(LeaseError::RateLimited { .. })) {
             // An answer: the schedule starts from the base again.
@@ -372,6 +410,18 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
         // answered as the replay of one that landed).
         count(w, lease);
         return;
+    }
+    // The page is being left and the handler threw (maybe only because
+    // the navigation failed its fetches): its failure waits for the
+    // `pagehide` beacon (see `LEAVE_GRACE_MS`).
+    if outcome.is_err() && lease.asked.borrow().is_none() && w.leaving.get() {
+        w.sleep(LEAVE_GRACE_MS, false).await;
+        if lease.status() != Status::Held {
+            count(w, lease);
+            return;
+        }
+        // Still here: the page was not left after all.
+        w.leaving.set(false);
     }
     // Held: repeat what the handler asked for if its call failed (the very
     // same settle, so that one whose answer was lost is recognised by the
