@@ -67,6 +67,12 @@ pub fn router(config: &Config, state: AppState) -> Result<Router, String> {
             header::CONTENT_TYPE,
             HeaderName::from_static(crate::routes::IDEMPOTENCY_KEY),
             HeaderName::from_static(crate::routes::REQUEST_ATTEMPT),
+            // What `lease.fetch`/`prepareRequest` add for the lease server's
+            // own origin: without them a page on another origin (the case
+            // `--allow-origin` exists for) gets its fenced requests to this
+            // origin refused at the preflight.
+            HeaderName::from_static("x-lease-token"),
+            HeaderName::from_static("x-lease-epoch"),
         ])
         .expose_headers([
             header::RETRY_AFTER,

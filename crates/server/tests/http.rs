@@ -428,6 +428,41 @@ async fn cors_preflight_allows_listed_origins_only() {
     h.stop().await;
 }
 
+/// `lease.fetch` and `prepareRequest` add `X-Lease-Token` and
+/// `X-Lease-Epoch` to a request for the lease server's own origin
+/// (docs/api.md). A page on another origin (what `--allow-origin` is for)
+/// sends a preflight naming them, and it must be granted: before, the
+/// grant listed only the API's own headers, so the browser refused the
+/// fenced request (helper-244: "Request header field x-lease-token is not
+/// allowed by Access-Control-Allow-Headers").
+#[tokio::test]
+async fn cors_preflight_grants_the_fencing_headers_lease_fetch_sends() {
+    let h = Harness::start(|c| c.allow_origin = vec!["http://app.example".into()]).await;
+    let ok = h
+        .http
+        .request(Method::OPTIONS, h.url("/v1/health"))
+        .header("origin", "http://app.example")
+        .header("access-control-request-method", "GET")
+        .header(
+            "access-control-request-headers",
+            "x-lease-epoch,x-lease-token",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(ok.status().is_success());
+    let allowed: Vec<String> = ok.headers()["access-control-allow-headers"]
+        .to_str()
+        .unwrap()
+        .split(',')
+        .map(|h| h.trim().to_lowercase())
+        .collect();
+    for name in ["x-lease-token", "x-lease-epoch"] {
+        assert!(allowed.iter().any(|a| a == name), "{name} in {allowed:?}");
+    }
+    h.stop().await;
+}
+
 /// CORS preflights are answers too: each is counted in
 /// `agentstore_http_responses_total` and timed, under its route (`other`
 /// for a path no route matches, so the label set stays bounded). Before,
