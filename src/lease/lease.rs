@@ -329,6 +329,15 @@ impl LeaseInner {
         })
     }
 
+    /// Fences the lease once a release of it may have landed (see
+    /// `given_back`): the signal aborts with `released`, once.
+    fn give_back_now(&self) {
+        if !self.given_back.replace(true) {
+            let err = self.claim_lost(LossReason::Released, "released by this client");
+            self.controller.abort_with_reason(&err.to_js());
+        }
+    }
+
     /// [`LeaseInner::lost_error`], or `expired_locally` once the local
     /// deadline has passed though the heartbeat loop has not yet marked it.
     pub(crate) fn gone(&self) -> Option<LeaseError> {
@@ -816,10 +825,8 @@ impl LeaseInner {
         // `prepareRequest`, `throwIfLost`) refuse from now on; the lease's
         // own calls (settle, release, heartbeats) still go out and the
         // server decides.
-        if state.is_none() && !probe && !self.settle_unanswered.get() && !self.given_back.get() {
-            self.given_back.set(true);
-            let err = self.claim_lost(LossReason::Released, "released by this client");
-            self.controller.abort_with_reason(&err.to_js());
+        if state.is_none() && !probe && !self.settle_unanswered.get() {
+            self.give_back_now();
         }
         self.plan.borrow_mut().ending = true;
         let timeout = client.config.request_timeout_ms;
@@ -869,13 +876,8 @@ impl LeaseInner {
         // release's own outcome is unknown as well, the server may have
         // released the item and another worker claimed it: fenced from now
         // (the lease is over either way, settled or released).
-        if state.is_none() && !probe && own_unknown && !self.given_back.get() {
-            self.given_back.set(true);
-            let err = self.claim_lost(
-                LossReason::Released,
-                "a release of this lease was sent; it may have landed",
-            );
-            self.controller.abort_with_reason(&err.to_js());
+        if state.is_none() && !probe && own_unknown {
+            self.give_back_now();
         }
         let unknown = own_unknown
             || r.as_ref()

@@ -131,10 +131,6 @@ pub struct WorkerInner {
 /// happen (cancelled, a download) only delays that failure this long, once.
 pub const LEAVE_GRACE_MS: f64 = 3_000.0;
 
-/// How often (ms) a slot looks again whether a page hidden by `pagehide`
-/// was shown again, before it claims (a page left for good never does).
-const HIDDEN_POLL_MS: f64 = 1_000.0;
-
 impl WorkerInner {
     /// Starts `options.concurrency` slots; `wrap` builds the JS `Lease` handed
     /// to the handler.
@@ -270,12 +266,13 @@ async fn slot_loop(w: Rc<WorkerInner>, wrap: fn(Rc<LeaseInner>) -> JsValue) {
     let mut round = w.backoff.borrow().round();
     while !w.stopping.get() {
         // The page is being left (or sits in the back/forward cache): no
-        // claim until it is shown again (see `ClientInner::hidden`).
-        if w.client.hidden.get() {
-            w.wait(HIDDEN_POLL_MS).await;
-            continue;
-        }
-        let claimed = w.client.claim(&w.queue, None).await;
+        // claim until it is shown again (see `ClientInner::hidden`); the
+        // loop waits as after an empty claim.
+        let claimed = if w.client.hidden.get() {
+            Ok(Claimed::Empty(None))
+        } else {
+            w.client.claim(&w.queue, None).await
+        };
         if matches!(claimed, Ok(_) | Err(LeaseError::RateLimited { .. })) {
             // An answer: the schedule starts from the base again.
             w.backoff.borrow_mut().on_success();
