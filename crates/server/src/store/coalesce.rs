@@ -142,20 +142,22 @@ pub(super) fn by_call<T>(
     Ok(out)
 }
 
-/// Whether a coalesced statement failed before it could change anything: the
-/// database refused it (and rolled it back), or no pool connection was had to
-/// send it. Only then is its batch run again call by call; any other failure
-/// (the connection lost while the answer was read, the backend terminated
-/// under it — `57P01`, `57P02`, `08…`, which [`StoreError::unavailable`] calls
-/// `Unknown` —, a row that does not decode) may come after the commit: a
-/// claim batch run again would hand out more items.
-pub(super) fn never_applied(e: &StoreError) -> bool {
-    matches!(
-        e,
-        StoreError::Database(
-            sqlx::Error::Database(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed
-        )
-    ) && e.unavailable() != Some(super::Unavailable::Unknown)
+/// Whether a coalesced statement's batch is run again call by call: the
+/// database refused the statement (and rolled it back), so it changed
+/// nothing, and one call of the batch may be what it refused. Not when no
+/// pool connection was had (none within the pool's 30 s acquire timeout, or
+/// the pool closed): nothing was applied either, but each call run alone
+/// would wait that long again, one after another (the k-th claim of a batch
+/// was answered after 30 × (k + 1) s during a database outage, and every
+/// settle after 60 s; helper-243), so every call is answered `503` at once
+/// ([`for_each_call`]). Any other failure (the connection lost while the
+/// answer was read, the backend terminated under it — `57P01`, `57P02`,
+/// `08…`, which [`StoreError::unavailable`] calls `Unknown` —, a row that
+/// does not decode) may come after the commit: a claim batch run again
+/// would hand out more items.
+pub(super) fn rerun_call_by_call(e: &StoreError) -> bool {
+    matches!(e, StoreError::Database(sqlx::Error::Database(_)))
+        && e.unavailable() != Some(super::Unavailable::Unknown)
 }
 
 /// The failure of a coalesced statement, once more for another call of its
@@ -212,6 +214,29 @@ mod tests {
         assert!(lanes.push(&"q", 4));
         drop(newer);
         assert!(!lanes.push(&"q", 5), "the new lane is still running");
+    }
+
+    /// A batch whose statement got no pool connection is answered `503`
+    /// call by call at once, never run again call by call (each call would
+    /// wait the pool's acquire timeout again); one the database refused is
+    /// run again call by call; one whose connection broke mid-answer is not
+    /// (it may have committed).
+    #[test]
+    fn a_batch_without_a_pool_connection_is_answered_at_once_not_run_again() {
+        for e in [sqlx::Error::PoolTimedOut, sqlx::Error::PoolClosed] {
+            let e = StoreError::Database(e);
+            assert!(!rerun_call_by_call(&e), "{e}");
+            let each = for_each_call(&e);
+            assert_eq!(
+                each.unavailable(),
+                Some(crate::store::Unavailable::NotApplied),
+                "each call is answered 503 (not applied): {each}"
+            );
+        }
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        assert!(!rerun_call_by_call(&StoreError::Database(sqlx::Error::Io(
+            io
+        ))));
     }
 
     #[test]

@@ -15,7 +15,7 @@ use agentstore_protocol::ErrorCode;
 use sqlx::any::AnyRow;
 use tokio::sync::oneshot;
 
-use super::coalesce::{self, by_call, for_each_call, never_applied};
+use super::coalesce::{self, by_call, for_each_call, rerun_call_by_call};
 use super::fence::{forbidden, not_found, placeholders, rejection};
 use super::item::{
     item_from_row, landed_state, lease_item_from_row, qualified_item_cols, Claimed, Ended, Item,
@@ -1018,8 +1018,8 @@ impl Store {
     /// that locks up to n open items with `FOR UPDATE SKIP LOCKED`, oldest
     /// first, and pairs the k-th with the k-th waiting claim (its own token
     /// hash and worker); claims beyond the items found get `None`. A batch
-    /// whose statement never applied (see `never_applied`) is retried claim
-    /// by claim, so each caller gets its own answer. Any other failure (the
+    /// whose statement the database refused (see `rerun_call_by_call`) is
+    /// retried claim by claim, so each caller gets its own answer. Any other failure (the
     /// connection lost while the answer was read) may come after the
     /// statement committed: its claims are answered with the error and NOT
     /// claimed again, which would hand out further items while the first
@@ -1088,7 +1088,7 @@ impl Store {
                 }
                 alone
             }
-            Err(e) if never_applied(&e) => batch.into_iter().map(|job| (job, false)).collect(),
+            Err(e) if rerun_call_by_call(&e) => batch.into_iter().map(|job| (job, false)).collect(),
             Err(e) => {
                 for job in batch {
                     let _ = job.reply.send(Err(for_each_call(&e)));

@@ -14,7 +14,7 @@ use serde_json::Value;
 use sqlx::any::AnyRow;
 use tokio::sync::oneshot;
 
-use super::coalesce::{self, by_call, for_each_call, never_applied};
+use super::coalesce::{self, by_call, for_each_call, rerun_call_by_call};
 use super::fence::{distinct, not_found, placeholders, Fence};
 use super::item::{landed_state, qualified_item_cols, same_json, Ended, Item, RawJson, ITEM_COLS};
 use super::{detached, get, to_u32, to_u64, Backend, Store, StoreError};
@@ -255,7 +255,7 @@ impl Store {
     /// (at most `lock_timeout`, then `503`; see [`Store::settle_alone`] for
     /// the bound on such waits), while the rest of its batch is
     /// answered at once and the lane goes on. A batch whose statement
-    /// never applied (see `never_applied`) is retried settle by settle, each
+    /// the database refused (see `rerun_call_by_call`) is retried settle by settle, each
     /// in a task of its own; any
     /// other failure may come after the commit, and is every settle's answer
     /// (a settle run again would find its own commit and be answered as a
@@ -293,7 +293,7 @@ impl Store {
                         job.answer(out);
                     }
                 }
-                Err(e) if never_applied(&e) => {
+                Err(e) if rerun_call_by_call(&e) => {
                     for job in batch {
                         self.settle_alone(job);
                     }
