@@ -2841,6 +2841,33 @@ async fn a_release_whose_answer_is_lost_after_a_settle_of_unknown_outcome_fences
     assert_eq!(name(&fetched.expect_err("lease.fetch rejects")), claim_lost);
 }
 
+/// A `pagehide` a script dispatches (`isTrusted` false: the page stays)
+/// still releases the held leases by beacon, but later claims hold their
+/// leases. Before, the client took it for the page being left and gave back
+/// every lease claimed after it, so `work()` never ran a handler again and
+/// the item failed with `retry_limit` (helper-245).
+#[wasm_bindgen_test]
+async fn a_pagehide_a_script_dispatches_does_not_give_back_later_claims() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("synthetic-pagehide");
+    let id = enqueue(&q, json!({})).await;
+    let c = admin_client(ClientConfig {
+        release_on_pagehide: true,
+        ..config()
+    });
+    dispatch_pagehide();
+    let lease = claim(&c, &q).await;
+    assert_eq!(lease.item_id, id);
+    assert_eq!(lease.status(), Status::Held, "the lease is held");
+    assert!(!lease.signal().aborted());
+    let settled = lease.settle(SettleState::Done, None, None).await;
+    assert!(settled.is_ok(), "{settled:?}");
+    assert_eq!(item(id).await.state, ItemState::Done);
+    c.close().await;
+}
+
 /// Fires the page's `pagehide` event, as leaving the page does.
 fn dispatch_pagehide() {
     js_sys::Function::new_no_args("globalThis.dispatchEvent(new Event('pagehide'))")

@@ -162,7 +162,13 @@ impl ClientInner {
                 true,
                 Box::new(move || {
                     if let Some(c) = weak.upgrade() {
-                        c.hidden.set(true);
+                        // Only the browser's own `pagehide`: one an app or
+                        // a test dispatches on a page that stays visible is
+                        // followed by no `pageshow`, and `work()` stalled
+                        // (and `claim()` gave every lease back) for good.
+                        if lifecycle::event_is_trusted() {
+                            c.hidden.set(true);
+                        }
                         c.release_all_beacon();
                     }
                 }),

@@ -95,6 +95,16 @@ pub fn visible() -> bool {
         .is_some_and(|v| v == "visible")
 }
 
+/// Whether the event being dispatched now (the window's `event`) was fired
+/// by the browser rather than by a script's `dispatchEvent` (`isTrusted`);
+/// true when it cannot be told.
+pub fn event_is_trusted() -> bool {
+    get(&js_sys::global(), "event")
+        .and_then(|e| get(&e, "isTrusted"))
+        .and_then(|t| t.as_bool())
+        .unwrap_or(true)
+}
+
 /// Removes a listener installed by [`listen`] for the same `events`.
 pub fn unlisten(events: &[&str], cb: &Closure<dyn FnMut()>) {
     let global = js_sys::global();

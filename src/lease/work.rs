@@ -167,7 +167,8 @@ impl WorkerInner {
         let leave = super::lifecycle::listen(
             &super::lifecycle::BEFOREUNLOAD,
             true,
-            Box::new(move || heard.set(true)),
+            // Only the browser's own (see `ClientInner::hidden`).
+            Box::new(move || heard.set(super::lifecycle::event_is_trusted())),
         );
         let all = crate::options::spawn_promise(async move {
             // Reconcile what earlier pages left in the journal before
