@@ -443,6 +443,23 @@ pub const MIGRATIONS: &[Migration] = &[
     },
 ];
 
+/// Columns a migration added only in a later edit of its SQL, made after
+/// databases had already recorded the first form: version 5 (`settled_by`)
+/// and 6 (`revoked`, both edited by 66d869c), 17 (`claim_sender`) and 18
+/// (`used_sender`, both edited by 0ae72f1). A database that applied a first
+/// form has the version row but not the column, and every claim, enrollment
+/// and refresh failed with `500` on it ("no such column"; helper-246).
+/// [`migrate`] adds each one missing. (Version 10's first form left an index
+/// that version 11 drops, and version 23's, a key that version 24 rebuilds.)
+const LATE_COLUMNS: &[(&str, &str, &str)] = &[
+    ("items", "settled_by", "BIGINT"),
+    ("refresh_tokens", "revoked", "BIGINT NOT NULL DEFAULT 0"),
+    ("enrollment_tokens", "revoked", "BIGINT NOT NULL DEFAULT 0"),
+    ("items", "claim_sender", "TEXT"),
+    ("enrollment_tokens", "used_sender", "TEXT"),
+    ("refresh_tokens", "used_sender", "TEXT"),
+];
+
 /// Advisory lock key for migrations on PostgreSQL ("agst").
 const PG_MIGRATION_LOCK: i64 = 0x6167_7374;
 
@@ -510,7 +527,53 @@ pub async fn migrate(store: &Store) -> Result<usize, StoreError> {
         tracing::info!(version = m.version, name = m.name, "applied migration");
         applied += 1;
     }
+    add_late_columns(store).await?;
     Ok(applied)
+}
+
+/// Adds every [`LATE_COLUMNS`] entry the database lacks, in one write
+/// transaction (under the migration lock on PostgreSQL, so that instances
+/// starting together add each once).
+///
+/// # Errors
+/// The database failed.
+async fn add_late_columns(store: &Store) -> Result<(), StoreError> {
+    let mut tx = store.begin_write().await?;
+    if store.backend == Backend::Postgres {
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(PG_MIGRATION_LOCK)
+            .execute(&mut *tx)
+            .await?;
+    }
+    let probe = if store.backend == Backend::Postgres {
+        "SELECT COUNT(*) FROM information_schema.columns
+         WHERE table_schema = current_schema() AND table_name = $1 AND column_name = $2"
+    } else {
+        "SELECT COUNT(*) FROM pragma_table_info($1) WHERE name = $2"
+    };
+    for (table, column, ty) in LATE_COLUMNS {
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "inside a transaction: its COMMIT reports a failed write"
+        )]
+        let (present,): (i64,) = sqlx::query_as(probe)
+            .bind(*table)
+            .bind(*column)
+            .fetch_one(&mut *tx)
+            .await?;
+        if present == 0 {
+            sqlx::query(&format!("ALTER TABLE {table} ADD COLUMN {column} {ty}"))
+                .execute(&mut *tx)
+                .await?;
+            tracing::warn!(
+                table,
+                column,
+                "added a column an earlier form of its migration left out"
+            );
+        }
+    }
+    tx.commit().await?;
+    Ok(())
 }
 
 /// How many of [`MIGRATIONS`] this database has not recorded (readiness: a

@@ -1,6 +1,6 @@
 //! Schema migrations: upgrade in place, idempotent.
 
-use agentstore_protocol::lease::{ItemState, Readiness};
+use agentstore_protocol::lease::{ItemState, Readiness, Role, ANY_QUEUE};
 use agentstore_server::store::{migrate, Backend, MIGRATIONS};
 use agentstore_server::{Server, Settings, Store};
 use serde_json::json;
@@ -98,6 +98,52 @@ pub async fn an_older_schema_upgrades_in_place_and_keeps_its_rows(db: TestDb) {
         .expect("old open item claimable");
     assert_eq!(c.item.id, items[0].id);
     raw.close().await;
+}
+
+/// A database that recorded versions 5, 6, 17 and 18 in the first form of
+/// their SQL (before later edits added columns to them) gets those columns
+/// at the next start, and claims, settles, enrollments and refreshes work
+/// on it. Before, the server started (ready) and answered them `500` ("no
+/// such column: claim_sender", "used_sender"; helper-246).
+pub async fn columns_added_by_a_later_edit_of_a_recorded_migration_are_added_at_start(db: TestDb) {
+    let store = db.store(Settings::default()).await;
+    let id = store.enqueue("q", &json!({"n": 1}), None).await.unwrap().id;
+    store.close().await;
+    let raw = db.raw_pool().await;
+    // The first forms left these out (the rest of the schema is the same).
+    for (table, column) in [
+        ("items", "settled_by"),
+        ("refresh_tokens", "revoked"),
+        ("enrollment_tokens", "revoked"),
+        ("items", "claim_sender"),
+        ("enrollment_tokens", "used_sender"),
+        ("refresh_tokens", "used_sender"),
+    ] {
+        sqlx::query(&format!("ALTER TABLE {table} DROP COLUMN {column}"))
+            .execute(&raw)
+            .await
+            .unwrap_or_else(|e| panic!("drop {table}.{column}: {e}"));
+    }
+    raw.close().await;
+    let store = db.store(Settings::default()).await; // migrates on connect
+    let claimed = store
+        .claim("q", None)
+        .await
+        .expect("a claim works")
+        .expect("the item is claimed");
+    assert_eq!(claimed.item.id, id);
+    let (token, _) = store
+        .create_enrollment_token(None, Role::Worker, &[ANY_QUEUE.into()])
+        .await
+        .unwrap();
+    let creds = store
+        .enroll(&token.0, Some("w"))
+        .await
+        .expect("an enrollment works");
+    let refreshed = store.refresh(&creds.refresh_token).await;
+    assert!(refreshed.is_ok(), "a refresh works: {refreshed:?}");
+    let again = db.store(Settings::default()).await;
+    assert_eq!(migrate(&again).await.unwrap(), 0, "nothing added twice");
 }
 
 pub async fn running_migrations_twice_is_a_no_op(db: TestDb) {
