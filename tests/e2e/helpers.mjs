@@ -84,6 +84,19 @@ export async function adminCall(url, admin, method, path, body) {
 }
 
 /**
+ * A call to the lease server at `url` with the bearer token `admin`, whatever
+ * its status: `{status, body}` (body: the answer's JSON, null for a 204).
+ */
+export async function adminRequest(url, admin, method, path, body) {
+  const resp = await fetch(`${url}${path}`, {
+    method,
+    headers: { authorization: `Bearer ${admin}`, 'content-type': 'application/json' },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  return { status: resp.status, body: resp.status === 204 ? null : await resp.json() };
+}
+
+/**
  * agentstore-server (`bin`) with `args` added, listening on 127.0.0.1:`port`
  * (0: a port it picks itself), as [`spawnListening`] resolves it. Its
  * "listening" log line is at info level, so RUST_LOG is info.

@@ -22,7 +22,7 @@ import { spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { ROOT, launchBrowser, startLeaseServer } from './helpers.mjs';
+import { ROOT, adminRequest, launchBrowser, startLeaseServer } from './helpers.mjs';
 import { launchFirefox } from '../../bench/webdriver.mjs';
 
 const PKG = process.env.AGENTSTORE_PKG_DIR ?? join(ROOT, 'pkg');
@@ -54,13 +54,8 @@ after(async () => {
   if (dir) rmSync(dir, { recursive: true, force: true });
 });
 
-async function admin(method, path, body) {
-  const resp = await fetch(`${server.base}${path}`, {
-    method,
-    headers: { authorization: `Bearer ${ADMIN}`, 'content-type': 'application/json' },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  return { status: resp.status, body: resp.status === 204 ? null : await resp.json() };
+function admin(method, path, body) {
+  return adminRequest(server.base, ADMIN, method, path, body);
 }
 
 // Runs in the page, for one way of ending a worker right after work()

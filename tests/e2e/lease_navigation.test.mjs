@@ -20,7 +20,7 @@ import http from 'node:http';
 import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { ROOT, launchBrowser, startLeaseServer, until } from './helpers.mjs';
+import { ROOT, adminRequest, launchBrowser, startLeaseServer, until } from './helpers.mjs';
 import { launchFirefox } from '../../bench/webdriver.mjs';
 
 const PKG = process.env.AGENTSTORE_PKG_DIR ?? join(ROOT, 'pkg');
@@ -90,13 +90,8 @@ after(async () => {
   if (dir) rmSync(dir, { recursive: true, force: true });
 });
 
-async function admin(method, path, body) {
-  const resp = await fetch(`${server.base}${path}`, {
-    method,
-    headers: { authorization: `Bearer ${ADMIN}`, 'content-type': 'application/json' },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  return { status: resp.status, body: resp.status === 204 ? null : await resp.json() };
+function admin(method, path, body) {
+  return adminRequest(server.base, ADMIN, method, path, body);
 }
 
 for (const engine of ['chromium', 'firefox']) {
