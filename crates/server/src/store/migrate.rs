@@ -527,8 +527,35 @@ pub async fn migrate(store: &Store) -> Result<usize, StoreError> {
         tracing::info!(version = m.version, name = m.name, "applied migration");
         applied += 1;
     }
+    refuse_newer(store).await?;
     add_late_columns(store).await?;
     Ok(applied)
+}
+
+/// Refuses a database a newer server migrated (a version above the last of
+/// [`MIGRATIONS`] recorded): this server would run its statements against a
+/// schema it does not know, and leave what newer code keeps in step half
+/// written (helper-246: an older server's settle left the replay's epoch
+/// stale). A downgrade fails at start, naming both versions.
+///
+/// # Errors
+/// The database is newer, or the database failed.
+async fn refuse_newer(store: &Store) -> Result<(), StoreError> {
+    let known = MIGRATIONS.last().map_or(0, |m| m.version);
+    #[expect(clippy::disallowed_methods, reason = "a read")]
+    let (newest,): (Option<i64>,) = sqlx::query_as("SELECT MAX(version) FROM schema_migrations")
+        .fetch_one(store.pool())
+        .await?;
+    match newest {
+        Some(v) if v > known => Err(StoreError::Database(sqlx::Error::Configuration(
+            format!(
+                "the database was migrated by a newer agentstore-server (schema version {v}; \
+                 this server knows versions up to {known}): run that release or a later one"
+            )
+            .into(),
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Adds every [`LATE_COLUMNS`] entry the database lacks, in one write

@@ -129,6 +129,7 @@ conformance! {
     auth::a_flood_of_random_tokens_is_refused_while_every_heartbeat_is_answered,
     migrate::an_older_schema_upgrades_in_place_and_keeps_its_rows,
     migrate::columns_added_by_a_later_edit_of_a_recorded_migration_are_added_at_start,
+    migrate::a_database_migrated_by_a_newer_server_is_refused_at_start,
     migrate::running_migrations_twice_is_a_no_op,
     migrate::concurrent_starts_apply_each_migration_exactly_once,
     migrate::readiness_is_503_while_a_migration_is_not_recorded,

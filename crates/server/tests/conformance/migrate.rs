@@ -146,6 +146,32 @@ pub async fn columns_added_by_a_later_edit_of_a_recorded_migration_are_added_at_
     assert_eq!(migrate(&again).await.unwrap(), 0, "nothing added twice");
 }
 
+/// A server started on a database a newer release migrated (a version it
+/// does not know recorded) refuses to start, naming both versions. Before,
+/// it started and wrote rows the newer code reads half written (helper-246).
+pub async fn a_database_migrated_by_a_newer_server_is_refused_at_start(db: TestDb) {
+    let store = db.store(Settings::default()).await;
+    let known = MIGRATIONS.last().unwrap().version;
+    sqlx::query(
+        "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, 'future', 0)",
+    )
+    .bind(known + 1)
+    .execute(store.pool())
+    .await
+    .unwrap();
+    store.close().await;
+    let refused = Store::connect(&db.database, Settings::default()).await;
+    let message = match refused {
+        Ok(_) => panic!("a newer database is refused"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        message.contains(&format!("schema version {}", known + 1))
+            && message.contains(&format!("up to {known}")),
+        "{message}"
+    );
+}
+
 pub async fn running_migrations_twice_is_a_no_op(db: TestDb) {
     let store = db.store(Settings::default()).await;
     store.enqueue("q", &json!(1), None).await.unwrap();
