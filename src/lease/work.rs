@@ -167,8 +167,14 @@ impl WorkerInner {
         let leave = super::lifecycle::listen(
             &super::lifecycle::BEFOREUNLOAD,
             true,
-            // Only the browser's own (see `ClientInner::hidden`).
-            Box::new(move || heard.set(super::lifecycle::event_is_trusted())),
+            // Only the browser's own (see `ClientInner::hidden`); one a
+            // script dispatches after it (an app forwarding it) changes
+            // nothing.
+            Box::new(move || {
+                if super::lifecycle::event_is_trusted() {
+                    heard.set(true);
+                }
+            }),
         );
         let all = crate::options::spawn_promise(async move {
             // Reconcile what earlier pages left in the journal before

@@ -11,7 +11,7 @@
 // Firefox the handler threw a NetworkError, work() settled the item `failed`
 // for good with the browser's message, and the `pagehide` beacon skipped the
 // lease whose settle was out. Now work() holds a handler's failure back once
-// `beforeunload` came, and the beacon releases the lease.
+// the browser's own `beforeunload` came, and the beacon releases the lease.
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -27,7 +27,10 @@ const PKG = process.env.AGENTSTORE_PKG_DIR ?? join(ROOT, 'pkg');
 const TARGET = process.env.CARGO_TARGET_DIR ?? join(ROOT, 'target');
 const BIN = process.env.AGENTSTORE_SERVER_BIN ?? join(TARGET, 'debug', 'agentstore-server');
 const ADMIN = 'lease-navigation-admin';
-const ROUNDS = 3;
+// Odd rounds: the page forwards the browser's `beforeunload` as an event of
+// its own after work() started (as SPA routers and wrappers do); before,
+// that untrusted copy cleared the mark the browser's had set (helper-247).
+const ROUNDS = 4;
 
 // The page: work() on the queue in `?q=`, whose handler awaits `lease.fetch`
 // of the never-answering server in `?api=`.
@@ -40,6 +43,9 @@ window.worker = client.work(params.get('q'), async (lease) => {
   const r = await lease.fetch(params.get('api') + '/work?item=' + lease.itemId);
   return { status: r.status };
 }, { pollIntervalMs: 200 });
+if (params.get('forward')) {
+  addEventListener('beforeunload', (e) => { if (e.isTrusted) dispatchEvent(new Event('beforeunload')); });
+}
 </script>`;
 
 let dir;
@@ -104,7 +110,8 @@ for (const engine of ['chromium', 'firefox']) {
         const { status, body } = await admin('POST', `/v1/queues/${queue}/items`, { payload: { round } });
         assert.equal(status, 201);
         const id = body.id;
-        await page.goto(`${server.base}/work.html?q=${queue}&api=${encodeURIComponent(apiBase)}`);
+        const forward = round % 2 ? '&forward=1' : '';
+        await page.goto(`${server.base}/work.html?q=${queue}&api=${encodeURIComponent(apiBase)}${forward}`);
         // The handler is waiting on its lease.fetch.
         await until(`round ${round}: the handler's lease.fetch reaches the API`, 60_000, () => reached.has(id), 50);
         await page.goto(`${server.base}/index.html`);
