@@ -473,20 +473,7 @@ pub async fn migrate(store: &Store) -> Result<usize, StoreError> {
     for m in MIGRATIONS {
         let mut tx = store.begin_write().await?;
         if store.backend == Backend::Postgres {
-            // Wait for another instance's migration however long it takes
-            // (not the pool's `lock_timeout`, see `PG_LOCK_TIMEOUT_MS`), and
-            // let a migration run as long as it takes (not the pool's
-            // `statement_timeout`, see `PG_STATEMENT_TIMEOUT_MS`).
-            sqlx::query(
-                "SELECT set_config('lock_timeout', '0', true),
-                        set_config('statement_timeout', '0', true)",
-            )
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                .bind(PG_MIGRATION_LOCK)
-                .execute(&mut *tx)
-                .await?;
+            pg_migration_lock(&mut tx).await?;
         }
         sqlx::query(
             "CREATE TABLE IF NOT EXISTS schema_migrations (
@@ -532,6 +519,28 @@ pub async fn migrate(store: &Store) -> Result<usize, StoreError> {
     Ok(applied)
 }
 
+/// Takes the migration lock in `tx` (PostgreSQL), waiting for another
+/// instance's migration however long it takes (not the pool's
+/// `lock_timeout`, see `PG_LOCK_TIMEOUT_MS`), and lets what runs under it
+/// take as long as it takes (not the pool's `statement_timeout`, see
+/// `PG_STATEMENT_TIMEOUT_MS`).
+///
+/// # Errors
+/// The database failed.
+async fn pg_migration_lock(tx: &mut sqlx::Transaction<'_, sqlx::Any>) -> Result<(), StoreError> {
+    sqlx::query(
+        "SELECT set_config('lock_timeout', '0', true),
+                set_config('statement_timeout', '0', true)",
+    )
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(PG_MIGRATION_LOCK)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
 /// Refuses a database a newer server migrated (a version above the last of
 /// [`MIGRATIONS`] recorded): this server would run its statements against a
 /// schema it does not know, and leave what newer code keeps in step half
@@ -567,10 +576,7 @@ async fn refuse_newer(store: &Store) -> Result<(), StoreError> {
 async fn add_late_columns(store: &Store) -> Result<(), StoreError> {
     let mut tx = store.begin_write().await?;
     if store.backend == Backend::Postgres {
-        sqlx::query("SELECT pg_advisory_xact_lock($1)")
-            .bind(PG_MIGRATION_LOCK)
-            .execute(&mut *tx)
-            .await?;
+        pg_migration_lock(&mut tx).await?;
     }
     let probe = if store.backend == Backend::Postgres {
         "SELECT COUNT(*) FROM information_schema.columns
