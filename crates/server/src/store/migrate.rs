@@ -449,7 +449,9 @@ pub const MIGRATIONS: &[Migration] = &[
 /// (`used_sender`, both edited by 0ae72f1). A database that applied a first
 /// form has the version row but not the column, and every claim, enrollment
 /// and refresh failed with `500` on it ("no such column"; helper-246).
-/// [`migrate`] adds each one missing. (Version 10's first form left an index
+/// [`migrate`] adds each one missing. A later migration that drops or
+/// renames one of them must take it out of this list, or every start would
+/// add it back. (Version 10's first form left an index
 /// that version 11 drops, and version 23's, a key that version 24 rebuilds.)
 const LATE_COLUMNS: &[(&str, &str, &str)] = &[
     ("items", "settled_by", "BIGINT"),
@@ -579,8 +581,11 @@ async fn add_late_columns(store: &Store) -> Result<(), StoreError> {
         pg_migration_lock(&mut tx).await?;
     }
     let probe = if store.backend == Backend::Postgres {
-        "SELECT COUNT(*) FROM information_schema.columns
-         WHERE table_schema = current_schema() AND table_name = $1 AND column_name = $2"
+        // `pg_attribute`, not `information_schema.columns`, which lists only
+        // the columns the role has a privilege on (helper-248); the table
+        // is found by the search path, as `ALTER TABLE` finds it.
+        "SELECT COUNT(*) FROM pg_attribute
+         WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped"
     } else {
         "SELECT COUNT(*) FROM pragma_table_info($1) WHERE name = $2"
     };

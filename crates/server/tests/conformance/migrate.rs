@@ -1,6 +1,6 @@
 //! Schema migrations: upgrade in place, idempotent.
 
-use agentstore_protocol::lease::{ItemState, Readiness, Role, ANY_QUEUE};
+use agentstore_protocol::lease::{ItemState, Readiness, Role, SettleState, ANY_QUEUE};
 use agentstore_server::store::{migrate, Backend, MIGRATIONS};
 use agentstore_server::{Server, Settings, Store};
 use serde_json::json;
@@ -132,6 +132,17 @@ pub async fn columns_added_by_a_later_edit_of_a_recorded_migration_are_added_at_
         .expect("a claim works")
         .expect("the item is claimed");
     assert_eq!(claimed.item.id, id);
+    let settled = store
+        .settle(
+            id,
+            &claimed.lease.token,
+            None,
+            SettleState::Done,
+            None,
+            None,
+        )
+        .await;
+    assert!(settled.is_ok(), "a settle works: {settled:?}");
     let (token, _) = store
         .create_enrollment_token(None, Role::Worker, &[ANY_QUEUE.into()])
         .await
