@@ -377,7 +377,10 @@ impl LeaseClient {
 
     /// Starts a work loop: `handler(lease)` (may be async) runs for each claimed
     /// item under `lease.signal`; its result settles `done`, a throw settles
-    /// `failed`, a lost lease discards it. See `WorkOptions`. Leases journalled
+    /// `failed` (one after the browser's own `beforeunload` only if the page
+    /// is still there 3 s later: else the `pagehide` beacon hands it back),
+    /// a lost lease discards it. No claim after the browser's own `pagehide`
+    /// until the page is shown again. See `WorkOptions`. Leases journalled
     /// by earlier pages are released (`recover()`) before the first claim. An
     /// empty claim waits `pollIntervalMs` plus jitter, and at least the server's
     /// `Retry-After`.
@@ -754,7 +757,10 @@ impl Lease {
     /// 429, a proxy's page): when the release fails too, `work()`
     /// sends that settle again, not a release (the settle may have landed;
     /// a release could hand its work back), and `close()` sends it again
-    /// first, releasing only if the lease is still held after it.
+    /// first, releasing only if the lease is still held after it. Such a
+    /// release does not abort `signal` when it is sent (the settle may have
+    /// landed), but does once its own outcome is unknown (no answer, a 5xx):
+    /// the server may have applied it.
     #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
     pub fn release(&self) -> Promise {
         call(Call::Release(self.inner.clone()))

@@ -2842,8 +2842,7 @@ async fn a_release_whose_answer_is_lost_after_a_settle_of_unknown_outcome_fences
 }
 
 /// A `pagehide` a script dispatches (`isTrusted` false: the page stays)
-/// still releases the held leases by beacon, but later claims hold their
-/// leases. Before, the client took it for the page being left and gave back
+/// does not mark the page as left: later claims hold their leases. Before, the client took it for the page being left and gave back
 /// every lease claimed after it, so `work()` never ran a handler again and
 /// the item failed with `retry_limit` (helper-245).
 #[wasm_bindgen_test]

@@ -158,10 +158,11 @@ pub struct LeaseInner {
     /// the app's (the app's last call decides).
     pub(crate) release_behind: Cell<bool>,
     /// A release of this lease went on the wire (with no settle of unknown
-    /// outcome before it): the server may release the item at any moment
-    /// and another worker claim it, so fenced use (`fetch`,
-    /// `prepareRequest`, `throwIfLost`) is refused and the signal aborted
-    /// (`released`) from the send, not from the answer.
+    /// outcome before it), or one sent behind such a settle got no answer
+    /// itself: the server may release the item at any moment and another
+    /// worker claim it, so fenced use (`fetch`, `prepareRequest`,
+    /// `throwIfLost`) is refused and the signal aborted (`released`) from
+    /// the send (or from that unknown outcome), not from the answer.
     given_back: Cell<bool>,
     /// Resolves the Web Lock held for this lease, when one is held.
     pub(crate) unlock: RefCell<Option<Function>>,
