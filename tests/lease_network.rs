@@ -2867,6 +2867,38 @@ async fn a_pagehide_a_script_dispatches_does_not_give_back_later_claims() {
     c.close().await;
 }
 
+/// The same with a page whose own script declared a global named `event`
+/// (`var event = 0` replaces the window's deprecated `event` property, the
+/// event being dispatched): the listener tells a script's `pagehide` from
+/// the browser's by the event it is handed, not by that global.
+#[wasm_bindgen_test]
+async fn a_page_global_named_event_does_not_make_a_script_pagehide_count() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("pagehide-global-event");
+    let id = enqueue(&q, json!({})).await;
+    let c = admin_client(ClientConfig {
+        release_on_pagehide: true,
+        ..config()
+    });
+    js_sys::Function::new_no_args("globalThis.event = 0")
+        .call0(&JsValue::NULL)
+        .expect("global set");
+    dispatch_pagehide();
+    js_sys::Function::new_no_args("delete globalThis.event")
+        .call0(&JsValue::NULL)
+        .expect("global removed");
+    let lease = claim(&c, &q).await;
+    assert_eq!(lease.item_id, id);
+    assert_eq!(lease.status(), Status::Held, "the lease is held");
+    assert!(!lease.signal().aborted());
+    let settled = lease.settle(SettleState::Done, None, None).await;
+    assert!(settled.is_ok(), "{settled:?}");
+    assert_eq!(item(id).await.state, ItemState::Done);
+    c.close().await;
+}
+
 /// Fires the page's `pagehide` event, as leaving the page does.
 fn dispatch_pagehide() {
     js_sys::Function::new_no_args("globalThis.dispatchEvent(new Event('pagehide'))")

@@ -14,7 +14,6 @@ use std::cell::{Cell, RefCell};
 use std::rc::{Rc, Weak};
 
 use js_sys::{Function, Promise};
-use wasm_bindgen::closure::Closure;
 use wasm_bindgen::JsValue;
 
 use super::credentials::Credentials;
@@ -95,7 +94,7 @@ pub struct ClientInner {
     ending_idle: RefCell<Vec<Function>>,
     pub(crate) journal: Journal,
     /// Keeps the `pagehide` listener alive (removed on close).
-    pagehide: RefCell<Option<Closure<dyn FnMut()>>>,
+    pagehide: RefCell<Option<lifecycle::Listener>>,
     /// Whether the page's `pagehide` came (with `release_on_pagehide`) and
     /// it has not been shown again since: the beacon went out, so `work()`
     /// claims nothing and a claim granted meanwhile is given back by beacon
@@ -108,7 +107,7 @@ pub struct ClientInner {
     /// Keeps the [`lifecycle::RESUME_EVENTS`] listener alive (removed on
     /// close): it wakes the heartbeat loop, whose pass sees a jump of the
     /// wall clock (a suspend) and asks the server about every held lease.
-    resume: RefCell<Option<Closure<dyn FnMut()>>>,
+    resume: RefCell<Option<lifecycle::Listener>>,
     /// The `Idempotency-Key`s of claims that got no answer (the server may
     /// have granted them), by queue, sent again by the queue's next claims
     /// (see [`ClientInner::claim`]; kept by js/lease.js `keepClaimKey`).
@@ -160,13 +159,13 @@ impl ClientInner {
             *inner.pagehide.borrow_mut() = lifecycle::listen(
                 &lifecycle::PAGEHIDE,
                 true,
-                Box::new(move || {
+                Box::new(move |trusted| {
                     if let Some(c) = weak.upgrade() {
                         // Only the browser's own `pagehide`: one an app or
                         // a test dispatches on a page that stays visible is
                         // followed by no `pageshow`, and `work()` stalled
                         // (and `claim()` gave every lease back) for good.
-                        if lifecycle::event_is_trusted() {
+                        if trusted {
                             c.hidden.set(true);
                         }
                         c.release_all_beacon();
@@ -178,7 +177,7 @@ impl ClientInner {
         *inner.resume.borrow_mut() = lifecycle::listen(
             &lifecycle::RESUME_EVENTS,
             false,
-            Box::new(move || {
+            Box::new(move |_| {
                 if let Some(c) = weak.upgrade() {
                     // Shown again (a page restored from the back/forward
                     // cache fires `pageshow`). Not any event: the page

@@ -56,18 +56,23 @@ pub const PAGEHIDE: [&str; 1] = ["pagehide"];
 /// The window's `beforeunload`: the page begins to be left (windows only).
 pub const BEFOREUNLOAD: [&str; 1] = ["beforeunload"];
 
-/// Calls `f` on each of `events` of the global scope (window or worker);
-/// `None` outside a window when `window_only` (for `pagehide`).
-pub fn listen(
-    events: &[&str],
-    window_only: bool,
-    f: Box<dyn FnMut()>,
-) -> Option<Closure<dyn FnMut()>> {
+/// A listener [`listen`] installed (its argument is the event).
+pub type Listener = Closure<dyn FnMut(JsValue)>;
+
+/// Calls `f` on each of `events` of the global scope (window or worker), with
+/// whether that event was fired by the browser rather than by a script's
+/// `dispatchEvent` (its `isTrusted`; true when it cannot be told). `None`
+/// outside a window when `window_only` (for `pagehide`).
+pub fn listen(events: &[&str], window_only: bool, mut f: Box<dyn FnMut(bool)>) -> Option<Listener> {
     let global = js_sys::global();
     if window_only {
         get(&global, "document")?;
     }
-    let cb = Closure::wrap(f);
+    let cb: Listener = Closure::wrap(Box::new(move |e: JsValue| {
+        f(get(&e, "isTrusted")
+            .and_then(|t| t.as_bool())
+            .unwrap_or(true))
+    }));
     let target: &web_sys::EventTarget = global.unchecked_ref();
     for (i, e) in events.iter().enumerate() {
         if target
@@ -95,18 +100,8 @@ pub fn visible() -> bool {
         .is_some_and(|v| v == "visible")
 }
 
-/// Whether the event being dispatched now (the window's `event`) was fired
-/// by the browser rather than by a script's `dispatchEvent` (`isTrusted`);
-/// true when it cannot be told.
-pub fn event_is_trusted() -> bool {
-    get(&js_sys::global(), "event")
-        .and_then(|e| get(&e, "isTrusted"))
-        .and_then(|t| t.as_bool())
-        .unwrap_or(true)
-}
-
 /// Removes a listener installed by [`listen`] for the same `events`.
-pub fn unlisten(events: &[&str], cb: &Closure<dyn FnMut()>) {
+pub fn unlisten(events: &[&str], cb: &Listener) {
     let global = js_sys::global();
     let target: &web_sys::EventTarget = global.unchecked_ref();
     for e in events {

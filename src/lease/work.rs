@@ -170,8 +170,8 @@ impl WorkerInner {
             // Only the browser's own (see `ClientInner::hidden`); one a
             // script dispatches after it (an app forwarding it) changes
             // nothing.
-            Box::new(move || {
-                if super::lifecycle::event_is_trusted() {
+            Box::new(move |trusted| {
+                if trusted {
                     heard.set(true);
                 }
             }),
@@ -274,13 +274,15 @@ async fn slot_loop(w: Rc<WorkerInner>, wrap: fn(Rc<LeaseInner>) -> JsValue) {
     while !w.stopping.get() {
         // The page is being left (or sits in the back/forward cache): no
         // claim until it is shown again (see `ClientInner::hidden`); the
-        // loop waits as after an empty claim.
-        let claimed = if w.client.hidden.get() {
+        // loop waits as after an empty claim, with the backoff schedule and
+        // the poll delays of `stats()` as they were: nothing was asked.
+        let hidden = w.client.hidden.get();
+        let claimed = if hidden {
             Ok(Claimed::Empty(None))
         } else {
             w.client.claim(&w.queue, None).await
         };
-        if matches!(claimed, Ok(_) | Err(LeaseError::RateLimited { .. })) {
+        if !hidden && matches!(claimed, Ok(_) | Err(LeaseError::RateLimited { .. })) {
             // An answer: the schedule starts from the base again.
             w.backoff.borrow_mut().on_success();
             round = w.backoff.borrow().round();
@@ -356,7 +358,9 @@ async fn slot_loop(w: Rc<WorkerInner>, wrap: fn(Rc<LeaseInner>) -> JsValue) {
             }
         };
         let d = poll_delay_ms(w.options.poll_interval_ms, retry_after, random());
-        w.record_poll(d);
+        if !hidden {
+            w.record_poll(d);
+        }
         w.wait(d).await;
     }
 }
