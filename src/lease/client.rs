@@ -104,6 +104,14 @@ pub struct ClientInner {
     /// that lease stayed `running` until its TTL, one attempt lost
     /// (helper-241's navigation probe, Chromium).
     pub(crate) hidden: Cell<bool>,
+    /// Whether the window's `beforeunload` came (heard while a `work()`
+    /// loop runs, windows only), and neither the page shown again since
+    /// its `pagehide` (restored from the back/forward cache, which
+    /// Chromium does with a `work()` page) nor a failure held back since
+    /// outlived the page's leaving: see [`super::work::LEAVE_GRACE_MS`].
+    /// Before, a restored page kept the mark and held its first failure
+    /// back 3 s (helper-249).
+    pub(crate) leaving: Rc<Cell<bool>>,
     /// Keeps the [`lifecycle::RESUME_EVENTS`] listener alive (removed on
     /// close): it wakes the heartbeat loop, whose pass sees a jump of the
     /// wall clock (a suspend) and asks the server about every held lease.
@@ -150,6 +158,7 @@ impl ClientInner {
             journal,
             pagehide: RefCell::new(None),
             hidden: Cell::new(false),
+            leaving: Rc::default(),
             resume: RefCell::new(None),
             unanswered_claims: js_sys::Object::new(),
             weak: weak.clone(),
@@ -184,6 +193,7 @@ impl ClientInner {
                     // being left fires `visibilitychange` after `pagehide`.
                     if c.hidden.get() && lifecycle::visible() {
                         c.hidden.set(false);
+                        c.leaving.set(false);
                     }
                     c.wake();
                 }

@@ -113,10 +113,6 @@ pub struct WorkerInner {
     /// The error that stopped the loop (its JS `Error`), until `finished`
     /// rejects with it.
     fatal: Cell<Option<JsValue>>,
-    /// Whether the window's `beforeunload` came (heard while the loop runs,
-    /// windows only) and no failure held back since outlived the page's
-    /// leaving: see [`LEAVE_GRACE_MS`].
-    leaving: Rc<Cell<bool>>,
 }
 
 /// How long (ms) a handler's failure is held back, once the page began to
@@ -157,13 +153,12 @@ impl WorkerInner {
             polls: RefCell::new(Vec::new()),
             finished: RefCell::new(None),
             fatal: Cell::new(None),
-            leaving: Rc::default(),
         });
         let n = w.options.concurrency.clamp(1, 64);
         let me = w.clone();
         // Only while the loop runs: in Firefox a `beforeunload` listener
         // may keep the page out of the back/forward cache.
-        let heard = w.leaving.clone();
+        let heard = w.client.leaving.clone();
         let leave = super::lifecycle::listen(
             &super::lifecycle::BEFOREUNLOAD,
             true,
@@ -422,14 +417,14 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
     // The page is being left and the handler threw (maybe only because
     // the navigation failed its fetches): its failure waits for the
     // `pagehide` beacon (see `LEAVE_GRACE_MS`).
-    if outcome.is_err() && lease.asked.borrow().is_none() && w.leaving.get() {
+    if outcome.is_err() && lease.asked.borrow().is_none() && w.client.leaving.get() {
         w.sleep(LEAVE_GRACE_MS, false).await;
         if lease.status() != Status::Held {
             count(w, lease);
             return;
         }
         // Still here: the page was not left after all.
-        w.leaving.set(false);
+        w.client.leaving.set(false);
     }
     // Held: repeat what the handler asked for if its call failed (the very
     // same settle, so that one whose answer was lost is recognised by the
