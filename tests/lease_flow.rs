@@ -1808,3 +1808,137 @@ async fn a_settle_result_json_cannot_carry_is_refused_and_never_stored_changed()
     let it = item(id).await;
     assert_eq!((it.state, it.result), (ItemState::Done, Some(good)));
 }
+
+/// Counts the POSTs whose URL ends with `suffix` (a wrapper of the page's
+/// `fetch`): `{count: () => n, restore: () => …}`.
+fn count_posts(suffix: &str) -> JsValue {
+    js_sys::Function::new_with_args(
+        "suffix",
+        "const real = globalThis.fetch; let n = 0;
+         globalThis.fetch = function (url, init) {
+             if (String(url).endsWith(suffix)) n++;
+             return real.call(this, url, init);
+         };
+         return { count: () => n, restore: () => { globalThis.fetch = real; } };",
+    )
+    .call1(&JsValue::NULL, &suffix.into())
+    .unwrap()
+}
+
+/// The common app pattern: the lease's `abort` listener releases it
+/// (`lease.signal.addEventListener('abort', () => lease.release())`), and the
+/// app then releases it itself. The listener runs during the app's
+/// `release()` (the signal aborts when the release is sent): one release
+/// goes on the wire, both calls resolve, and the lease ends `released`.
+/// Before, the listener's release was sent too (the first one was not yet
+/// counted as on the wire): two requests for one release.
+#[wasm_bindgen_test]
+async fn a_release_from_the_abort_listener_during_release_sends_one_request() {
+    let Some(base) = long_ttl_server() else {
+        return;
+    };
+    let q = fresh_queue("relisten");
+    let id = enqueue_at(base, &q, json!({})).await;
+    let a = admin_client_at(base, config());
+    let lease = claim(&a, &q).await;
+    let api: JsValue = agentstore::lease_api::Lease::from_inner(lease.clone()).into();
+    let listen = js_sys::Function::new_with_args(
+        "lease",
+        "const out = { inner: null };
+         lease.signal.addEventListener('abort', () => { out.inner = lease.release(); });
+         return out;",
+    );
+    let out = listen.call1(&JsValue::NULL, &api).unwrap();
+    let hook = count_posts(&format!("/v1/items/{id}/release"));
+    let release: js_sys::Function = Reflect::get(&api, &"release".into())
+        .unwrap()
+        .unchecked_into();
+    let outer: js_sys::Promise = release.call0(&api).unwrap().unchecked_into();
+    let r1 = wasm_bindgen_futures::JsFuture::from(outer).await;
+    let inner = Reflect::get(&out, &"inner".into()).unwrap();
+    assert!(inner.is_object(), "the listener ran");
+    let r2 = wasm_bindgen_futures::JsFuture::from(js_sys::Promise::from(inner)).await;
+    let sent = hook_call(&hook, "count").as_f64();
+    hook_call(&hook, "restore");
+    assert!(r1.is_ok(), "the app's release resolves: {r1:?}");
+    assert!(r2.is_ok(), "the listener's release resolves: {r2:?}");
+    assert_eq!(lease.status(), Status::Lost(LossReason::Released));
+    assert_eq!(sent, Some(1.0), "one release request");
+    assert_eq!(item_at(base, id).await.state, ItemState::Open);
+}
+
+/// As above, with `client.close()` releasing the lease: its `abort`
+/// listener's `lease.release()` waits behind close()'s release and resolves;
+/// one release goes on the wire. Before, two did.
+#[wasm_bindgen_test]
+async fn a_release_from_the_abort_listener_during_close_sends_one_request() {
+    let Some(base) = long_ttl_server() else {
+        return;
+    };
+    let q = fresh_queue("closelisten");
+    let id = enqueue_at(base, &q, json!({})).await;
+    let a = admin_client_at(base, config());
+    let lease = claim(&a, &q).await;
+    let api: JsValue = agentstore::lease_api::Lease::from_inner(lease.clone()).into();
+    let listen = js_sys::Function::new_with_args(
+        "lease",
+        "const out = { inner: null };
+         lease.signal.addEventListener('abort', () => { out.inner = lease.release(); });
+         return out;",
+    );
+    let out = listen.call1(&JsValue::NULL, &api).unwrap();
+    let hook = count_posts(&format!("/v1/items/{id}/release"));
+    a.close().await;
+    let inner = Reflect::get(&out, &"inner".into()).unwrap();
+    assert!(inner.is_object(), "the listener ran");
+    let r = wasm_bindgen_futures::JsFuture::from(js_sys::Promise::from(inner)).await;
+    let sent = hook_call(&hook, "count").as_f64();
+    hook_call(&hook, "restore");
+    assert!(r.is_ok(), "the listener's release resolves: {r:?}");
+    assert_eq!(lease.status(), Status::Lost(LossReason::Released));
+    assert_eq!(sent, Some(1.0), "one release request");
+    assert_eq!(item_at(base, id).await.state, ItemState::Open);
+}
+
+/// A settle made by the lease's `abort` listener during the app's
+/// `release()` (the signal aborts when the release is sent) waits behind
+/// that release and is refused once it landed: the release the app asked
+/// for first is what the server applies, and only it goes on the wire.
+/// Before, the listener's settle went out first, beside the release: the
+/// item ended `failed` while the app's `release()` resolved.
+#[wasm_bindgen_test]
+async fn a_settle_from_the_abort_listener_during_release_waits_behind_it() {
+    let Some(base) = long_ttl_server() else {
+        return;
+    };
+    let q = fresh_queue("settlelisten");
+    let id = enqueue_at(base, &q, json!({})).await;
+    let a = admin_client_at(base, config());
+    let lease = claim(&a, &q).await;
+    let api: JsValue = agentstore::lease_api::Lease::from_inner(lease.clone()).into();
+    let listen = js_sys::Function::new_with_args(
+        "lease",
+        "const out = { inner: null };
+         lease.signal.addEventListener('abort', () => {
+             out.inner = lease.settle('failed', null, { error: 'aborted' });
+         });
+         return out;",
+    );
+    let out = listen.call1(&JsValue::NULL, &api).unwrap();
+    let settles = count_posts(&format!("/v1/items/{id}/settle"));
+    let release: js_sys::Function = Reflect::get(&api, &"release".into())
+        .unwrap()
+        .unchecked_into();
+    let outer: js_sys::Promise = release.call0(&api).unwrap().unchecked_into();
+    let r1 = wasm_bindgen_futures::JsFuture::from(outer).await;
+    let inner = Reflect::get(&out, &"inner".into()).unwrap();
+    assert!(inner.is_object(), "the listener ran");
+    let r2 = wasm_bindgen_futures::JsFuture::from(js_sys::Promise::from(inner)).await;
+    let sent = hook_call(&settles, "count").as_f64();
+    hook_call(&settles, "restore");
+    assert!(r1.is_ok(), "the app's release resolves: {r1:?}");
+    assert!(r2.is_err(), "the listener's settle is refused: {r2:?}");
+    assert_eq!(sent, Some(0.0), "no settle on the wire");
+    assert_eq!(lease.status(), Status::Lost(LossReason::Released));
+    assert_eq!(item_at(base, id).await.state, ItemState::Open);
+}

@@ -821,14 +821,7 @@ impl LeaseInner {
         if !probe {
             self.status.set(Status::Ending);
         }
-        // A release the server may apply at once, whatever its answer's
-        // fate: the local work stops and the fenced uses (`fetch`,
-        // `prepareRequest`, `throwIfLost`) refuse from now on; the lease's
-        // own calls (settle, release, heartbeats) still go out and the
-        // server decides.
-        if state.is_none() && !probe && !self.settle_unanswered.get() {
-            self.give_back_now();
-        }
+        let give_back = state.is_none() && !probe && !self.settle_unanswered.get();
         self.plan.borrow_mut().ending = true;
         let timeout = client.config.request_timeout_ms;
         // A heartbeat verdict kept before this call is not about it; and if
@@ -840,6 +833,18 @@ impl LeaseInner {
         let after_unknown = self.ending_unanswered.get();
         self.in_flight.set(self.in_flight.get() + 1);
         let on_wire = client.ending_call();
+        // A release the server may apply at once, whatever its answer's
+        // fate: the local work stops and the fenced uses (`fetch`,
+        // `prepareRequest`, `throwIfLost`) refuse from now on; the lease's
+        // own calls (settle, release, heartbeats) still go out and the
+        // server decides. Only now that this call counts as on the wire:
+        // the signal's `abort` listeners run during `give_back_now`, and
+        // one that ends the lease itself (`lease.release()`, `close()`)
+        // then waits behind this call (`until_not_ending`) instead of
+        // sending a second one beside it.
+        if give_back {
+            self.give_back_now();
+        }
         // A release (its body has no `state`) may still go out past the
         // local deadline (it only gives the item back sooner); a settle may
         // not, unless it only asks what became of an earlier one.
