@@ -106,11 +106,12 @@ pub struct ClientInner {
     pub(crate) hidden: Cell<bool>,
     /// Whether the window's `beforeunload` came (heard while a `work()`
     /// loop runs, windows only), and neither the page shown again since
-    /// its `pagehide` (restored from the back/forward cache, which
-    /// Chromium does with a `work()` page) nor a failure held back since
-    /// outlived the page's leaving: see [`super::work::LEAVE_GRACE_MS`].
-    /// Before, a restored page kept the mark and held its first failure
-    /// back 3 s (helper-249).
+    /// (its `pageshow`: restored from the back/forward cache, which
+    /// Chromium does with a `work()` page, with or without
+    /// `releaseOnPagehide`) nor a failure held back since outlived the
+    /// page's leaving: see [`super::work::LEAVE_GRACE_MS`]. Before, a
+    /// restored page kept the mark and held its first failure back 3 s
+    /// (helper-249; helper-253 without `releaseOnPagehide`).
     pub(crate) leaving: Rc<Cell<bool>>,
     /// Keeps the [`lifecycle::RESUME_EVENTS`] listener alive (removed on
     /// close): it wakes the heartbeat loop, whose pass sees a jump of the
@@ -168,13 +169,13 @@ impl ClientInner {
             *inner.pagehide.borrow_mut() = lifecycle::listen(
                 &lifecycle::PAGEHIDE,
                 true,
-                Box::new(move |trusted| {
+                Box::new(move |e| {
                     if let Some(c) = weak.upgrade() {
                         // Only the browser's own `pagehide`: one an app or
                         // a test dispatches on a page that stays visible is
                         // followed by no `pageshow`, and `work()` stalled
                         // (and `claim()` gave every lease back) for good.
-                        if trusted {
+                        if lifecycle::trusted(&e) {
                             c.hidden.set(true);
                         }
                         c.release_all_beacon();
@@ -186,13 +187,20 @@ impl ClientInner {
         *inner.resume.borrow_mut() = lifecycle::listen(
             &lifecycle::RESUME_EVENTS,
             false,
-            Box::new(move |_| {
+            Box::new(move |e| {
                 if let Some(c) = weak.upgrade() {
                     // Shown again (a page restored from the back/forward
                     // cache fires `pageshow`). Not any event: the page
                     // being left fires `visibilitychange` after `pagehide`.
                     if c.hidden.get() && lifecycle::visible() {
                         c.hidden.set(false);
+                    }
+                    // Restored from the back/forward cache (the browser's
+                    // own `pageshow`, `persisted`): the page is not being
+                    // left, also when its `pagehide` was not heard (without
+                    // `releaseOnPagehide`, `hidden` is never set: a
+                    // restored page held its first failure back 3 s).
+                    if lifecycle::trusted(&e) && lifecycle::restored(&e) {
                         c.leaving.set(false);
                     }
                     c.wake();

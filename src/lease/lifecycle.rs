@@ -59,20 +59,14 @@ pub const BEFOREUNLOAD: [&str; 1] = ["beforeunload"];
 /// A listener [`listen`] installed (its argument is the event).
 pub type Listener = Closure<dyn FnMut(JsValue)>;
 
-/// Calls `f` on each of `events` of the global scope (window or worker), with
-/// whether that event was fired by the browser rather than by a script's
-/// `dispatchEvent` (its `isTrusted`; true when it cannot be told). `None`
-/// outside a window when `window_only` (for `pagehide`).
-pub fn listen(events: &[&str], window_only: bool, mut f: Box<dyn FnMut(bool)>) -> Option<Listener> {
+/// Calls `f` with each of `events` of the global scope (window or worker);
+/// `None` outside a window when `window_only` (for `pagehide`).
+pub fn listen(events: &[&str], window_only: bool, f: Box<dyn FnMut(JsValue)>) -> Option<Listener> {
     let global = js_sys::global();
     if window_only {
         get(&global, "document")?;
     }
-    let cb: Listener = Closure::wrap(Box::new(move |e: JsValue| {
-        f(get(&e, "isTrusted")
-            .and_then(|t| t.as_bool())
-            .unwrap_or(true))
-    }));
+    let cb: Listener = Closure::wrap(f);
     let target: &web_sys::EventTarget = global.unchecked_ref();
     for (i, e) in events.iter().enumerate() {
         if target
@@ -89,6 +83,20 @@ pub fn listen(events: &[&str], window_only: bool, mut f: Box<dyn FnMut(bool)>) -
         }
     }
     Some(cb)
+}
+
+/// Whether event `e` was fired by the browser rather than by a script's
+/// `dispatchEvent` (its `isTrusted`; true when it cannot be told).
+pub fn trusted(e: &JsValue) -> bool {
+    get(e, "isTrusted")
+        .and_then(|t| t.as_bool())
+        .unwrap_or(true)
+}
+
+/// Whether `e` is the `pageshow` of a page restored from the back/forward
+/// cache (its `persisted`; the resume events carry no other).
+pub fn restored(e: &JsValue) -> bool {
+    get(e, "persisted").is_some_and(|p| p.is_truthy())
 }
 
 /// Whether the window's document is `visible` (`document.visibilityState`;

@@ -165,8 +165,8 @@ impl WorkerInner {
             // Only the browser's own (see `ClientInner::hidden`); one a
             // script dispatches after it (an app forwarding it) changes
             // nothing.
-            Box::new(move |trusted| {
-                if trusted {
+            Box::new(move |e| {
+                if super::lifecycle::trusted(&e) {
                     heard.set(true);
                 }
             }),

@@ -10,7 +10,9 @@
 // Leaving the page fires the browser's own `beforeunload`, which marks the
 // page as being left: a handler's failure is then held back 3 s
 // (LEAVE_GRACE_MS) for the `pagehide` beacon. Before, the mark outlived the
-// restore, and the first failure after it waited those 3 s (helper-249).
+// restore, and the first failure after it waited those 3 s (helper-249; with
+// `releaseOnPagehide: false` until helper-253: the mark was cleared only with
+// the `pagehide` mark, which that option never sets).
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -29,7 +31,8 @@ const ADMIN = 'lease-bfcache-admin';
 // the page began to be left.
 const LEAVE_GRACE_MS = 3000;
 
-// The page: work() on the queue in `?q=`, whose handler throws; `shows`
+// The page: work() on the queue in `?q=` (`releaseOnPagehide: false` with
+// `&rp=0`), whose handler throws; `shows`
 // lists the `pageshow` events' `persisted` heard, `threw` when the handler
 // threw (Date.now()).
 const PAGE = `<!doctype html><meta charset="utf-8"><title>work</title><script type="module">
@@ -37,8 +40,9 @@ import init, { LeaseClient } from '/pkg/agentstore.js';
 await init();
 window.shows = [];
 addEventListener('pageshow', (e) => shows.push(e.persisted));
-const client = new LeaseClient(location.origin, { accessToken: '${ADMIN}' });
-window.worker = client.work(new URLSearchParams(location.search).get('q'), () => {
+const params = new URLSearchParams(location.search);
+const client = new LeaseClient(location.origin, { accessToken: '${ADMIN}', releaseOnPagehide: params.get('rp') !== '0' });
+window.worker = client.work(params.get('q'), () => {
   window.threw = Date.now();
   throw new Error('the handler failed');
 }, { pollIntervalMs: 100 });
@@ -70,7 +74,7 @@ after(async () => {
   if (dir) rmSync(dir, { recursive: true, force: true });
 });
 
-test('chromium: a handler failing after a back/forward cache restore is settled failed at once, not held back', { timeout: 120_000 }, async () => {
+async function failsAtOnceAfterRestore(query) {
   const browser = await chromium.launch({
     executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
     headless: true,
@@ -81,7 +85,7 @@ test('chromium: a handler failing after a back/forward cache restore is settled 
   try {
     const page = await (await browser.newContext()).newPage();
     const queue = `bfcache-${Date.now()}`;
-    await page.goto(`${server.base}/work.html?q=${queue}`);
+    await page.goto(`${server.base}/work.html?q=${queue}${query}`);
     await page.waitForFunction(() => window.started);
     await page.goto(`${server.base}/index.html`);
     await page.goBack({ waitUntil: 'commit' });
@@ -100,4 +104,10 @@ test('chromium: a handler failing after a back/forward cache restore is settled 
   } finally {
     await browser.close();
   }
-});
+}
+
+test('chromium: a handler failing after a back/forward cache restore is settled failed at once, not held back', { timeout: 120_000 }, () =>
+  failsAtOnceAfterRestore(''));
+
+test('chromium: the same without releaseOnPagehide (no pagehide mark to clear)', { timeout: 120_000 }, () =>
+  failsAtOnceAfterRestore('&rp=0'));
