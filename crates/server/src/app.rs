@@ -554,7 +554,9 @@ impl Server {
         // blocked without a bound (a lock wait with `lock_timeout` 0, a
         // database that stopped answering) held the stop, and the process,
         // for good. What is still running is abandoned: PostgreSQL rolls
-        // back an open transaction when its connection goes, and an SQLite
+        // back an open transaction when its connection goes (a lone
+        // statement waiting for a lock is applied once it gets it: the
+        // backend sees the client gone only when it answers), and an SQLite
         // commit is atomic whenever the process ends.
         if tokio::time::timeout(CLOSE_WAIT, self.store.close())
             .await

@@ -49,7 +49,8 @@ async fn main() -> std::process::ExitCode {
     // A second signal while the stop waits (for requests in flight, up to
     // --read-timeout-ms plus 30 s) exits at once, as an operator pressing
     // Ctrl-C again expects: what is still running is abandoned (PostgreSQL
-    // rolls back what did not commit; an SQLite commit is atomic).
+    // rolls back a transaction left open; a lone statement waiting for a
+    // lock is applied once it gets it; an SQLite commit is atomic).
     // A second signal within `SECOND_SIGNAL_AFTER` of the first is the same
     // request sent twice (a terminal's Ctrl-C to the process group and a
     // wrapper such as scripts/demo.sh or npm forwarding its own SIGTERM),

@@ -569,9 +569,26 @@ impl Store {
         self.write_transactions.load(Ordering::Relaxed)
     }
 
-    /// Closes the pool, waiting for connections to be returned.
+    /// Closes the pool, waiting for every connection to be returned and
+    /// closed (the caller bounds the wait: `Server::stop`, `CLOSE_WAIT`).
+    ///
+    /// sqlx's `Pool::close` alone may return while connections are still
+    /// checked out: closing an idle connection gives back a semaphore
+    /// permit that connection had already given back, so its wait for all
+    /// of them is met early (sqlx 0.8.6; launchbadge/sqlx#3217), and a
+    /// connection returned after it drained the idle queue is parked there
+    /// unclosed. It is called again (closing what was parked since), every
+    /// 10 ms, until the pool holds no connection: before, a stop with one
+    /// idle connection returned at once, and the process exited under the
+    /// statements still running (helper-251).
     pub async fn close(&self) {
-        self.pool.close().await;
+        loop {
+            self.pool.close().await;
+            if self.pool.size() == 0 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
     }
 
     /// The database clock now (ms since the Unix epoch).

@@ -183,6 +183,7 @@ conformance! {
     outage::a_stop_ends_though_the_reaper_waits_on_a_locked_row,
     outage::a_backend_terminated_mid_request_is_a_503_and_the_next_request_is_served,
     outage::a_stop_ends_though_a_statement_of_a_request_gone_stays_blocked,
+    outage::a_stop_waits_for_a_statement_of_a_request_gone_to_end,
     outage::keyed_claims_behind_a_locked_open_item_wait_out_one_lock_timeout_not_one_each,
     outage::settles_sharing_a_statement_with_a_locked_row_are_answered_while_it_stays_locked,
     outage::a_batched_heartbeat_renews_the_leases_not_locked_at_once,

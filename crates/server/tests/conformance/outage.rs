@@ -31,7 +31,7 @@ const SLOW_LOCK_TIMEOUT_MS: u64 = 2_000;
 
 /// `db`'s URL with `lock_timeout` set to `ms` (0: no bound) in its
 /// `options` (the last parameter), as an operator would set it.
-fn with_lock_timeout(db: &TestDb, ms: u64) -> String {
+pub(crate) fn with_lock_timeout(db: &TestDb, ms: u64) -> String {
     assert!(db.database.contains("options=-c%20"), "{}", db.database);
     format!("{}%20-c%20lock_timeout%3D{ms}", db.database)
 }
@@ -477,6 +477,68 @@ pub async fn a_stop_ends_though_a_statement_of_a_request_gone_stays_blocked(db: 
         .unwrap();
     assert!(store.pool().is_closed());
     admin.close().await.unwrap();
+}
+
+/// A stop while a settle of a request whose client went away waits for a
+/// row another session keeps locked, the lock released once the stop has
+/// closed the pool: the stop waits for the settle's statement (up to
+/// `CLOSE_WAIT`, README "Stopping"), so the settle commits before the
+/// stop returns and no connection is left open. Before, sqlx's
+/// `Pool::close` returned at once whenever the pool held an idle
+/// connection (closing it gives back a permit it had given back already),
+/// the process exited under the statement, and PostgreSQL applied the
+/// settle after the server had gone (helper-251).
+pub async fn a_stop_waits_for_a_statement_of_a_request_gone_to_end(db: TestDb) {
+    if db.kind == crate::common::Kind::Sqlite {
+        return;
+    }
+    let (server, _, id, token, mut admin) = claimed_and_locked_without_lock_timeout(&db).await;
+    let store = server.store().clone();
+    let gone = reqwest::Client::builder()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let settle = gone
+        .post(format!("{}/v1/items/{id}/settle", server.url()))
+        .bearer_auth(ADMIN)
+        .json(&json!({"token": token, "state": "done"}))
+        .send()
+        .await;
+    assert!(settle.is_err(), "the settle waits for the row");
+    waiting_on(&db, &mut admin).await;
+    assert!(
+        store.pool().num_idle() > 0,
+        "the pool has an idle connection"
+    );
+    let stop = tokio::spawn(server.stop());
+    let deadline = Instant::now() + BOUND;
+    while !store.pool().is_closed() {
+        assert!(Instant::now() < deadline, "the stop closes the pool");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        !stop.is_finished(),
+        "the stop waits for the settle's statement, which waits for the row"
+    );
+    release(admin).await;
+    tokio::time::timeout(agentstore_server::app::CLOSE_WAIT + BOUND, stop)
+        .await
+        .expect("the stop ends")
+        .unwrap()
+        .unwrap();
+    assert_eq!(store.pool().size(), 0, "no connection is left open");
+    let (_, url) = agentstore_server::store::database_url(&db.database);
+    let mut observer = sqlx::AnyConnection::connect(&url).await.unwrap();
+    let (state,): (String,) = sqlx::query_as("SELECT state FROM items WHERE id = $1")
+        .bind(id)
+        .fetch_one(&mut observer)
+        .await
+        .unwrap();
+    assert_eq!(
+        state, "done",
+        "the settle committed before the stop returned"
+    );
+    observer.close().await.unwrap();
 }
 
 /// Keyed claims (every SDK claim carries a key) of a queue whose only open
