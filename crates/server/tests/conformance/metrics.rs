@@ -1353,13 +1353,19 @@ pub async fn a_scrape_overlapping_a_read_in_flight_shares_it(db: TestDb) {
     }
     // One connection, its read already prepared there by a first scrape: a
     // statement prepared anew takes the table's lock twice (to parse, then
-    // to run), and the second lock below would come between the two.
-    let store = db
-        .store(agentstore_server::Settings {
+    // to run), and the second lock below would come between the two. No
+    // `lock_timeout`, and a read timeout of a minute: the read waits for the
+    // lock while the steps below run, which on a busy machine took longer
+    // than the 5 s default (the scrape then read `stats_up` 0; helper-251).
+    let store = agentstore_server::Store::connect(
+        &crate::outage::with_lock_timeout(&db, 0),
+        agentstore_server::Settings {
             pool_size: 1,
             ..agentstore_server::Settings::default()
-        })
-        .await;
+        },
+    )
+    .await
+    .expect("connect store");
     store.enqueue("shared", &json!(1), None).await.unwrap();
     crate::common::render(&store).await.unwrap();
     use sqlx::Connection;
@@ -1379,7 +1385,7 @@ pub async fn a_scrape_overlapping_a_read_in_flight_shares_it(db: TestDb) {
         tokio::spawn(async move {
             store
                 .metrics()
-                .render(&store, Duration::from_secs(10))
+                .render(&store, crate::common::METRICS_READ)
                 .await
                 .unwrap()
         })
