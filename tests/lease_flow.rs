@@ -1825,6 +1825,77 @@ fn count_posts(suffix: &str) -> JsValue {
     .unwrap()
 }
 
+/// A lease of a fresh item on the long-TTL server whose signal's `abort`
+/// listener makes the call `call` (JS, `lease` in scope), and a count of the
+/// POSTs to the item's `counted` endpoint (`release`, `settle`) from then on.
+struct AbortListener {
+    base: &'static str,
+    client: std::rc::Rc<agentstore::lease::ClientInner>,
+    lease: std::rc::Rc<agentstore::lease::LeaseInner>,
+    api: JsValue,
+    id: i64,
+    /// `{inner}`: the listener's call's Promise, once it ran.
+    out: JsValue,
+    hook: JsValue,
+}
+
+impl AbortListener {
+    async fn new(base: &'static str, tag: &str, call: &str, counted: &str) -> AbortListener {
+        let q = fresh_queue(tag);
+        let id = enqueue_at(base, &q, json!({})).await;
+        let client = admin_client_at(base, config());
+        let lease = claim(&client, &q).await;
+        let api: JsValue = agentstore::lease_api::Lease::from_inner(lease.clone()).into();
+        let body = format!(
+            "const out = {{ inner: null }};
+             lease.signal.addEventListener('abort', () => {{ out.inner = {call}; }});
+             return out;"
+        );
+        let out = js_sys::Function::new_with_args("lease", &body)
+            .call1(&JsValue::NULL, &api)
+            .unwrap();
+        let hook = count_posts(&format!("/v1/items/{id}/{counted}"));
+        AbortListener {
+            base,
+            client,
+            lease,
+            api,
+            id,
+            out,
+            hook,
+        }
+    }
+
+    /// The app's own `lease.release()`.
+    async fn release(&self) -> Result<JsValue, JsValue> {
+        let release: js_sys::Function = Reflect::get(&self.api, &"release".into())
+            .unwrap()
+            .unchecked_into();
+        let p: js_sys::Promise = release.call0(&self.api).unwrap().unchecked_into();
+        wasm_bindgen_futures::JsFuture::from(p).await
+    }
+
+    /// The outcome of the listener's call (which must have run).
+    async fn listeners_call(&self) -> Result<JsValue, JsValue> {
+        let inner = Reflect::get(&self.out, &"inner".into()).unwrap();
+        assert!(inner.is_object(), "the listener ran");
+        wasm_bindgen_futures::JsFuture::from(js_sys::Promise::from(inner)).await
+    }
+
+    /// How many requests were counted (the count stops here).
+    fn sent(&self) -> Option<f64> {
+        let n = hook_call(&self.hook, "count").as_f64();
+        hook_call(&self.hook, "restore");
+        n
+    }
+
+    /// The lease ended `released` and its item is open again.
+    async fn assert_released(&self) {
+        assert_eq!(self.lease.status(), Status::Lost(LossReason::Released));
+        assert_eq!(item_at(self.base, self.id).await.state, ItemState::Open);
+    }
+}
+
 /// The common app pattern: the lease's `abort` listener releases it
 /// (`lease.signal.addEventListener('abort', () => lease.release())`), and the
 /// app then releases it itself. The listener runs during the app's
@@ -1837,34 +1908,17 @@ async fn a_release_from_the_abort_listener_during_release_sends_one_request() {
     let Some(base) = long_ttl_server() else {
         return;
     };
-    let q = fresh_queue("relisten");
-    let id = enqueue_at(base, &q, json!({})).await;
-    let a = admin_client_at(base, config());
-    let lease = claim(&a, &q).await;
-    let api: JsValue = agentstore::lease_api::Lease::from_inner(lease.clone()).into();
-    let listen = js_sys::Function::new_with_args(
-        "lease",
-        "const out = { inner: null };
-         lease.signal.addEventListener('abort', () => { out.inner = lease.release(); });
-         return out;",
+    let t = AbortListener::new(base, "relisten", "lease.release()", "release").await;
+    let app = t.release().await;
+    let listener = t.listeners_call().await;
+    let sent = t.sent();
+    assert!(app.is_ok(), "the app's release resolves: {app:?}");
+    assert!(
+        listener.is_ok(),
+        "the listener's release resolves: {listener:?}"
     );
-    let out = listen.call1(&JsValue::NULL, &api).unwrap();
-    let hook = count_posts(&format!("/v1/items/{id}/release"));
-    let release: js_sys::Function = Reflect::get(&api, &"release".into())
-        .unwrap()
-        .unchecked_into();
-    let outer: js_sys::Promise = release.call0(&api).unwrap().unchecked_into();
-    let r1 = wasm_bindgen_futures::JsFuture::from(outer).await;
-    let inner = Reflect::get(&out, &"inner".into()).unwrap();
-    assert!(inner.is_object(), "the listener ran");
-    let r2 = wasm_bindgen_futures::JsFuture::from(js_sys::Promise::from(inner)).await;
-    let sent = hook_call(&hook, "count").as_f64();
-    hook_call(&hook, "restore");
-    assert!(r1.is_ok(), "the app's release resolves: {r1:?}");
-    assert!(r2.is_ok(), "the listener's release resolves: {r2:?}");
-    assert_eq!(lease.status(), Status::Lost(LossReason::Released));
     assert_eq!(sent, Some(1.0), "one release request");
-    assert_eq!(item_at(base, id).await.state, ItemState::Open);
+    t.assert_released().await;
 }
 
 /// As above, with `client.close()` releasing the lease: its `abort`
@@ -1875,29 +1929,16 @@ async fn a_release_from_the_abort_listener_during_close_sends_one_request() {
     let Some(base) = long_ttl_server() else {
         return;
     };
-    let q = fresh_queue("closelisten");
-    let id = enqueue_at(base, &q, json!({})).await;
-    let a = admin_client_at(base, config());
-    let lease = claim(&a, &q).await;
-    let api: JsValue = agentstore::lease_api::Lease::from_inner(lease.clone()).into();
-    let listen = js_sys::Function::new_with_args(
-        "lease",
-        "const out = { inner: null };
-         lease.signal.addEventListener('abort', () => { out.inner = lease.release(); });
-         return out;",
+    let t = AbortListener::new(base, "closelisten", "lease.release()", "release").await;
+    t.client.close().await;
+    let listener = t.listeners_call().await;
+    let sent = t.sent();
+    assert!(
+        listener.is_ok(),
+        "the listener's release resolves: {listener:?}"
     );
-    let out = listen.call1(&JsValue::NULL, &api).unwrap();
-    let hook = count_posts(&format!("/v1/items/{id}/release"));
-    a.close().await;
-    let inner = Reflect::get(&out, &"inner".into()).unwrap();
-    assert!(inner.is_object(), "the listener ran");
-    let r = wasm_bindgen_futures::JsFuture::from(js_sys::Promise::from(inner)).await;
-    let sent = hook_call(&hook, "count").as_f64();
-    hook_call(&hook, "restore");
-    assert!(r.is_ok(), "the listener's release resolves: {r:?}");
-    assert_eq!(lease.status(), Status::Lost(LossReason::Released));
     assert_eq!(sent, Some(1.0), "one release request");
-    assert_eq!(item_at(base, id).await.state, ItemState::Open);
+    t.assert_released().await;
 }
 
 /// A settle made by the lease's `abort` listener during the app's
@@ -1911,34 +1952,16 @@ async fn a_settle_from_the_abort_listener_during_release_waits_behind_it() {
     let Some(base) = long_ttl_server() else {
         return;
     };
-    let q = fresh_queue("settlelisten");
-    let id = enqueue_at(base, &q, json!({})).await;
-    let a = admin_client_at(base, config());
-    let lease = claim(&a, &q).await;
-    let api: JsValue = agentstore::lease_api::Lease::from_inner(lease.clone()).into();
-    let listen = js_sys::Function::new_with_args(
-        "lease",
-        "const out = { inner: null };
-         lease.signal.addEventListener('abort', () => {
-             out.inner = lease.settle('failed', null, { error: 'aborted' });
-         });
-         return out;",
+    let call = "lease.settle('failed', null, { error: 'aborted' })";
+    let t = AbortListener::new(base, "settlelisten", call, "settle").await;
+    let app = t.release().await;
+    let listener = t.listeners_call().await;
+    let sent = t.sent();
+    assert!(app.is_ok(), "the app's release resolves: {app:?}");
+    assert!(
+        listener.is_err(),
+        "the listener's settle is refused: {listener:?}"
     );
-    let out = listen.call1(&JsValue::NULL, &api).unwrap();
-    let settles = count_posts(&format!("/v1/items/{id}/settle"));
-    let release: js_sys::Function = Reflect::get(&api, &"release".into())
-        .unwrap()
-        .unchecked_into();
-    let outer: js_sys::Promise = release.call0(&api).unwrap().unchecked_into();
-    let r1 = wasm_bindgen_futures::JsFuture::from(outer).await;
-    let inner = Reflect::get(&out, &"inner".into()).unwrap();
-    assert!(inner.is_object(), "the listener ran");
-    let r2 = wasm_bindgen_futures::JsFuture::from(js_sys::Promise::from(inner)).await;
-    let sent = hook_call(&settles, "count").as_f64();
-    hook_call(&settles, "restore");
-    assert!(r1.is_ok(), "the app's release resolves: {r1:?}");
-    assert!(r2.is_err(), "the listener's settle is refused: {r2:?}");
     assert_eq!(sent, Some(0.0), "no settle on the wire");
-    assert_eq!(lease.status(), Status::Lost(LossReason::Released));
-    assert_eq!(item_at(base, id).await.state, ItemState::Open);
+    t.assert_released().await;
 }

@@ -2842,29 +2842,16 @@ async fn a_release_whose_answer_is_lost_after_a_settle_of_unknown_outcome_fences
 }
 
 /// A `pagehide` a script dispatches (`isTrusted` false: the page stays)
-/// does not mark the page as left: later claims hold their leases. Before, the client took it for the page being left and gave back
-/// every lease claimed after it, so `work()` never ran a handler again and
-/// the item failed with `retry_limit` (helper-245).
+/// does not mark the page as left: later claims hold their leases. Before,
+/// the client took it for the page being left and gave back every lease
+/// claimed after it, so `work()` never ran a handler again and the item
+/// failed with `retry_limit` (helper-245).
 #[wasm_bindgen_test]
 async fn a_pagehide_a_script_dispatches_does_not_give_back_later_claims() {
     if server().is_none() {
         return;
     }
-    let q = fresh_queue("synthetic-pagehide");
-    let id = enqueue(&q, json!({})).await;
-    let c = admin_client(ClientConfig {
-        release_on_pagehide: true,
-        ..config()
-    });
-    dispatch_pagehide();
-    let lease = claim(&c, &q).await;
-    assert_eq!(lease.item_id, id);
-    assert_eq!(lease.status(), Status::Held, "the lease is held");
-    assert!(!lease.signal().aborted());
-    let settled = lease.settle(SettleState::Done, None, None).await;
-    assert!(settled.is_ok(), "{settled:?}");
-    assert_eq!(item(id).await.state, ItemState::Done);
-    c.close().await;
+    a_later_claim_holds_after_a_script_pagehide("synthetic-pagehide", "").await;
 }
 
 /// The same with a page whose own script declared a global named `event`
@@ -2876,19 +2863,29 @@ async fn a_page_global_named_event_does_not_make_a_script_pagehide_count() {
     if server().is_none() {
         return;
     }
-    let q = fresh_queue("pagehide-global-event");
+    a_later_claim_holds_after_a_script_pagehide("pagehide-global-event", "globalThis.event = 0")
+        .await;
+}
+
+/// Runs the JS `before` (a global `event` it sets is deleted after), then
+/// dispatches a `pagehide` from script; a lease claimed after it is held
+/// and settles.
+async fn a_later_claim_holds_after_a_script_pagehide(tag: &str, before: &str) {
+    let q = fresh_queue(tag);
     let id = enqueue(&q, json!({})).await;
     let c = admin_client(ClientConfig {
         release_on_pagehide: true,
         ..config()
     });
-    js_sys::Function::new_no_args("globalThis.event = 0")
+    js_sys::Function::new_no_args(before)
         .call0(&JsValue::NULL)
-        .expect("global set");
+        .expect("set up");
     dispatch_pagehide();
-    js_sys::Function::new_no_args("delete globalThis.event")
-        .call0(&JsValue::NULL)
-        .expect("global removed");
+    if !before.is_empty() {
+        js_sys::Function::new_no_args("delete globalThis.event")
+            .call0(&JsValue::NULL)
+            .expect("global removed");
+    }
     let lease = claim(&c, &q).await;
     assert_eq!(lease.item_id, id);
     assert_eq!(lease.status(), Status::Held, "the lease is held");
