@@ -12,15 +12,14 @@
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { ROOT, adminCall, buildPkgIfMissing, launchBrowser, openDemo, startLeaseServer, until } from './helpers.mjs';
+import { ROOT, adminCall, buildPkgIfMissing, launchBrowser, leaseServerBin, openDemo, startLeaseServer, until } from './helpers.mjs';
 
 const PKG = join(ROOT, 'pkg');
-const TARGET = process.env.CARGO_TARGET_DIR ?? join(ROOT, 'target');
-const BIN = process.env.AGENTSTORE_SERVER_BIN ?? join(TARGET, 'debug', 'agentstore-server');
+// The lease server's binary, built if missing (helpers.mjs `leaseServerBin`).
+let BIN;
 const ADMIN = 'restart-e2e-admin';
 const QUEUE = 'demo';
 
@@ -30,10 +29,7 @@ let server;
 
 before(async () => {
   buildPkgIfMissing();
-  if (!existsSync(BIN)) {
-    const built = spawnSync('cargo', ['build', '-q', '-p', 'agentstore-server'], { cwd: ROOT, stdio: 'inherit' });
-    assert.equal(built.status, 0, 'cargo build -p agentstore-server');
-  }
+  BIN = leaseServerBin();
   dir = mkdtempSync(join(tmpdir(), 'agentstore-restart-e2e-'));
   // The served www/: the repository's files plus runtime/, as demo.sh makes it.
   mkdirSync(join(dir, 'www', 'runtime'), { recursive: true });

@@ -22,12 +22,12 @@ import { spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { ROOT, launchBrowser, startLeaseServer } from './helpers.mjs';
+import { ROOT, launchBrowser, leaseServerBin, startLeaseServer } from './helpers.mjs';
 
 const DOCS = join(ROOT, 'docs');
 const PKG = process.env.AGENTSTORE_PKG_DIR ?? join(ROOT, 'pkg');
-const TARGET = process.env.CARGO_TARGET_DIR ?? join(ROOT, 'target');
-const BIN = process.env.AGENTSTORE_SERVER_BIN ?? join(TARGET, 'debug', 'agentstore-server');
+// The lease server's binary, built if missing (helpers.mjs `leaseServerBin`).
+let BIN;
 const ADMIN = 'docs-e2e-admin';
 const SAMPLE_TIMEOUT_MS = 60_000;
 
@@ -132,10 +132,7 @@ const ALL = samples();
 
 before(async () => {
   assert.ok(existsSync(join(PKG, 'agentstore.js')), `${PKG} must hold the built SDK (scripts/test.sh builds it)`);
-  if (!existsSync(BIN)) {
-    const built = spawnSync('cargo', ['build', '-q', '-p', 'agentstore-server'], { cwd: ROOT, stdio: 'inherit' });
-    assert.equal(built.status, 0, 'cargo build -p agentstore-server');
-  }
+  BIN = leaseServerBin();
   dir = mkdtempSync(join(tmpdir(), 'agentstore-docs-e2e-'));
   spawnSync('mkdir', ['-p', join(dir, 'www')]);
   writeFileSync(join(dir, 'www', 'index.html'), '<!doctype html><title>docs samples</title><p>docs samples</p>');

@@ -153,6 +153,21 @@ export function startDemo(env = {}) {
   });
 }
 
+/**
+ * The lease server's debug binary (`AGENTSTORE_SERVER_BIN`, else
+ * `debug/agentstore-server` under `CARGO_TARGET_DIR` or target/), built with
+ * `cargo build -p agentstore-server` when it is not there yet.
+ */
+export function leaseServerBin() {
+  const bin = process.env.AGENTSTORE_SERVER_BIN
+    ?? join(process.env.CARGO_TARGET_DIR ?? join(ROOT, 'target'), 'debug', 'agentstore-server');
+  if (!existsSync(bin)) {
+    const built = spawnSync('cargo', ['build', '-q', '-p', 'agentstore-server'], { cwd: ROOT, stdio: 'inherit' });
+    assert.equal(built.status, 0, 'cargo build -p agentstore-server');
+  }
+  return bin;
+}
+
 /** Headless Chromium. */
 export function launchBrowser() {
   return chromium.launch({

@@ -16,16 +16,13 @@
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { chromium } from 'playwright-core';
-import { ROOT, adminRequest, startLeaseServer, until } from './helpers.mjs';
+import { ROOT, adminRequest, leaseServerBin, startLeaseServer, until } from './helpers.mjs';
 
 const PKG = process.env.AGENTSTORE_PKG_DIR ?? join(ROOT, 'pkg');
-const TARGET = process.env.CARGO_TARGET_DIR ?? join(ROOT, 'target');
-const BIN = process.env.AGENTSTORE_SERVER_BIN ?? join(TARGET, 'debug', 'agentstore-server');
 const ADMIN = 'lease-bfcache-admin';
 // LEAVE_GRACE_MS (src/lease/work.rs): how long a failure is held back once
 // the page began to be left.
@@ -54,15 +51,11 @@ let server;
 
 before(async () => {
   assert.ok(existsSync(join(PKG, 'agentstore.js')), `${PKG} must hold the built SDK (scripts/build-pkg.sh)`);
-  if (!existsSync(BIN)) {
-    const built = spawnSync('cargo', ['build', '-q', '-p', 'agentstore-server'], { cwd: ROOT, stdio: 'inherit' });
-    assert.equal(built.status, 0, 'cargo build -p agentstore-server');
-  }
   dir = mkdtempSync(join(tmpdir(), 'agentstore-lease-bfcache-'));
   mkdirSync(join(dir, 'www'));
   writeFileSync(join(dir, 'www', 'index.html'), '<!doctype html><title>left</title>');
   writeFileSync(join(dir, 'www', 'work.html'), PAGE);
-  server = await startLeaseServer(BIN, [
+  server = await startLeaseServer(leaseServerBin(), [
     '--database', join(dir, 'leases.sqlite'), '--admin-token', ADMIN,
     '--ttl-ms', '3000', '--heartbeat-ms', '500', '--reaper-ms', '200',
     '--claim-rate', '1000/s', '--auth-rate', '1000/s', '--idle-retry-ms', '100', '--www', join(dir, 'www'), '--pkg', PKG,

@@ -15,17 +15,14 @@
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
 import http from 'node:http';
 import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { ROOT, adminRequest, launchBrowser, startLeaseServer, until } from './helpers.mjs';
+import { ROOT, adminRequest, launchBrowser, leaseServerBin, startLeaseServer, until } from './helpers.mjs';
 import { launchFirefox } from '../../bench/webdriver.mjs';
 
 const PKG = process.env.AGENTSTORE_PKG_DIR ?? join(ROOT, 'pkg');
-const TARGET = process.env.CARGO_TARGET_DIR ?? join(ROOT, 'target');
-const BIN = process.env.AGENTSTORE_SERVER_BIN ?? join(TARGET, 'debug', 'agentstore-server');
 const ADMIN = 'lease-navigation-admin';
 // Odd rounds: the page forwards the browser's `beforeunload` as an event of
 // its own after work() started (as SPA routers and wrappers do); before,
@@ -58,15 +55,11 @@ const waiting = new Set();
 
 before(async () => {
   assert.ok(existsSync(join(PKG, 'agentstore.js')), `${PKG} must hold the built SDK (scripts/build-pkg.sh)`);
-  if (!existsSync(BIN)) {
-    const built = spawnSync('cargo', ['build', '-q', '-p', 'agentstore-server'], { cwd: ROOT, stdio: 'inherit' });
-    assert.equal(built.status, 0, 'cargo build -p agentstore-server');
-  }
   dir = mkdtempSync(join(tmpdir(), 'agentstore-lease-navigation-'));
   mkdirSync(join(dir, 'www'));
   writeFileSync(join(dir, 'www', 'index.html'), '<!doctype html><title>left</title>');
   writeFileSync(join(dir, 'www', 'work.html'), PAGE);
-  server = await startLeaseServer(BIN, [
+  server = await startLeaseServer(leaseServerBin(), [
     '--database', join(dir, 'leases.sqlite'), '--admin-token', ADMIN,
     '--ttl-ms', '3000', '--heartbeat-ms', '500', '--reaper-ms', '200',
     '--claim-rate', '1000/s', '--auth-rate', '1000/s', '--idle-retry-ms', '100', '--www', join(dir, 'www'), '--pkg', PKG,

@@ -17,11 +17,11 @@ import { spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { ROOT, launchBrowser, sleep, startLeaseServer } from './helpers.mjs';
+import { ROOT, launchBrowser, leaseServerBin, sleep, startLeaseServer } from './helpers.mjs';
 
 const PKG = process.env.AGENTSTORE_PKG_DIR ?? join(ROOT, 'pkg');
-const TARGET = process.env.CARGO_TARGET_DIR ?? join(ROOT, 'target');
-const BIN = process.env.AGENTSTORE_SERVER_BIN ?? join(TARGET, 'debug', 'agentstore-server');
+// The lease server's binary, built if missing (helpers.mjs `leaseServerBin`).
+let BIN;
 const ADMIN = 'lease-e2e-admin';
 const TTL_MS = 6000;
 
@@ -100,10 +100,7 @@ async function loadSdk(page) {
 
 before(async () => {
   assert.ok(existsSync(join(PKG, 'agentstore.js')), `${PKG} must hold the built SDK (scripts/test.sh builds pkg/)`);
-  if (!existsSync(BIN)) {
-    const built = spawnSync('cargo', ['build', '-q', '-p', 'agentstore-server'], { cwd: ROOT, stdio: 'inherit' });
-    assert.equal(built.status, 0, 'cargo build -p agentstore-server');
-  }
+  BIN = leaseServerBin();
   dir = mkdtempSync(join(tmpdir(), 'agentstore-lease-e2e-'));
   spawnSync('mkdir', ['-p', join(dir, 'www')]);
   writeFileSync(join(dir, 'www', 'index.html'), '<!doctype html><title>lease e2e</title><p>lease e2e</p>');

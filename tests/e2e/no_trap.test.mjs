@@ -26,15 +26,12 @@
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync, writeFileSync, mkdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { ROOT, launchBrowser, startLeaseServer } from './helpers.mjs';
+import { ROOT, launchBrowser, leaseServerBin, startLeaseServer } from './helpers.mjs';
 
 const PKG = process.env.AGENTSTORE_PKG_DIR ?? join(ROOT, 'pkg');
-const TARGET = process.env.CARGO_TARGET_DIR ?? join(ROOT, 'target');
-const BIN = process.env.AGENTSTORE_SERVER_BIN ?? join(TARGET, 'debug', 'agentstore-server');
 const ADMIN = 'no-trap-e2e-admin';
 
 /**
@@ -51,14 +48,10 @@ let browser;
 
 before(async () => {
   assert.ok(existsSync(join(PKG, 'agentstore.js')), `${PKG} must hold the built SDK (scripts/test.sh builds it)`);
-  if (!existsSync(BIN)) {
-    const built = spawnSync('cargo', ['build', '-q', '-p', 'agentstore-server'], { cwd: ROOT, stdio: 'inherit' });
-    assert.equal(built.status, 0, 'cargo build -p agentstore-server');
-  }
   dir = mkdtempSync(join(tmpdir(), 'agentstore-no-trap-'));
   mkdirSync(join(dir, 'www'));
   writeFileSync(join(dir, 'www', 'index.html'), '<!doctype html><title>no trap</title><p>no trap</p>');
-  server = await startLeaseServer(BIN, [
+  server = await startLeaseServer(leaseServerBin(), [
     '--database', join(dir, 'leases.sqlite'), '--admin-token', ADMIN,
     '--www', join(dir, 'www'), '--pkg', PKG, '--claim-rate', '1000/s',
   ], Number(process.env.NO_TRAP_PORT ?? 0));
