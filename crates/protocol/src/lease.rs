@@ -456,6 +456,16 @@ pub struct CreateEnrollmentRequest {
     pub queues: Option<Vec<String>>,
 }
 
+/// `POST /v1/admin/enrollment-tokens/revoke` body (admin token required):
+/// the enrollment token to revoke before it is used.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RevokeEnrollmentRequest {
+    /// The enrollment token as `POST /v1/admin/enrollment-tokens` answered it
+    /// (`ase_…`).
+    pub token: String,
+}
+
 /// `201` answer with a single-use enrollment token (shown once, stored hashed).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EnrollmentToken {

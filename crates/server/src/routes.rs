@@ -7,7 +7,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use agentstore_protocol::lease::{
     BatchHeartbeatRequest, BatchHeartbeatResponse, BatchHeartbeatResult, CreateEnrollmentRequest,
     EnrollRequest, EnrollmentToken, Health, HeartbeatResponse, ItemState, RefreshRequest,
-    TokenRequest, WorkerCredentials, ANY_QUEUE, MAX_ENROLLMENT_TTL_MS, MAX_SCOPE_QUEUES,
+    RevokeEnrollmentRequest, TokenRequest, WorkerCredentials, ANY_QUEUE, MAX_ENROLLMENT_TTL_MS,
+    MAX_SCOPE_QUEUES,
 };
 use agentstore_protocol::{ErrorBody, ErrorCode};
 use axum::extract::{ConnectInfo, FromRequestParts, Query, State};
@@ -38,6 +39,7 @@ pub fn router() -> Router<AppState> {
     Router::new()
         .route("/health", get(health))
         .route("/admin/enrollment-tokens", post(create_enrollment))
+        .route("/admin/enrollment-tokens/revoke", post(revoke_enrollment))
         .route("/admin/workers/{id}/revoke", post(revoke_worker))
         .route("/workers/enroll", post(enroll))
         .route("/workers/refresh", post(refresh))
@@ -102,6 +104,22 @@ async fn create_enrollment(
         queues,
     };
     Ok((StatusCode::CREATED, Json(body)))
+}
+
+/// `POST /v1/admin/enrollment-tokens/revoke` (admin only), body `{"token":
+/// "ase_…"}`: revokes an enrollment token before its use (one handed out
+/// by mistake, or to a party that no longer needs it), so it enrolls
+/// nothing; `204`, again `204` when revoked already; `409 conflict` when it
+/// was used already (the message names the worker it enrolled, which
+/// `POST /v1/admin/workers/{id}/revoke` revokes); `404 not_found` when no
+/// enrollment token matches (see [`crate::Store::revoke_enrollment_token`]).
+async fn revoke_enrollment(
+    State(st): State<AppState>,
+    _: Admin,
+    JsonBody(req): JsonBody<RevokeEnrollmentRequest>,
+) -> Result<StatusCode, ApiError> {
+    st.store.revoke_enrollment_token(&req.token).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// `POST /v1/admin/workers/{id}/revoke` (admin only): revokes every access

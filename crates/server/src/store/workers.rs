@@ -98,6 +98,70 @@ impl Store {
         Ok((cred.secret, ttl))
     }
 
+    /// Revokes the enrollment token `token` before its use, for an operator
+    /// (`POST /v1/admin/enrollment-tokens/revoke`): a later enrollment with it
+    /// is refused `401` as for any revoked token. Calling it again changes
+    /// nothing. Decided in one write transaction on the token's row, the one
+    /// an enrollment burns under the condition `used_at IS NULL AND revoked
+    /// = 0`: of a revoke and an enrollment racing, exactly one wins (the
+    /// enrollment `201` and the revoke `409`, or the revoke and the
+    /// enrollment `401`). An expired token is revoked as well (it enrolls
+    /// nothing either way) until the retention purge removes its row.
+    ///
+    /// # Errors
+    /// `not_found` when no enrollment token matches `token` (malformed, a
+    /// wrong secret, or its row purged); `conflict` when it was used
+    /// already, naming the worker it enrolled: revoking that worker
+    /// ([`Store::revoke_credentials`]) is the operator's own decision, not
+    /// taken here.
+    pub async fn revoke_enrollment_token(&self, token: &str) -> Result<(), StoreError> {
+        let unknown = || {
+            StoreError::rejected(
+                ErrorCode::NotFound,
+                "no enrollment token matches this token",
+            )
+        };
+        let presented = tokens::parse_credential(Kind::Enrollment, token).ok_or_else(unknown)?;
+        let mut tx = self.begin_write().await?;
+        let done = sqlx::query(
+            "UPDATE enrollment_tokens SET revoked = 1
+             WHERE selector = $1 AND verifier_hash = $2 AND used_at IS NULL",
+        )
+        .bind(&presented.selector)
+        .bind(&presented.verifier_hash)
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() == 1 {
+            tx.commit().await?;
+            return Ok(());
+        }
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "a read: the transaction is rolled back after it"
+        )]
+        let used: Option<(Option<i64>,)> = sqlx::query_as(
+            "SELECT worker_id FROM enrollment_tokens WHERE selector = $1 AND verifier_hash = $2",
+        )
+        .bind(&presented.selector)
+        .bind(&presented.verifier_hash)
+        .fetch_optional(&mut *tx)
+        .await?;
+        tx.rollback().await?;
+        match used {
+            None => Err(unknown()),
+            Some((worker,)) => Err(StoreError::rejected(
+                ErrorCode::Conflict,
+                match worker {
+                    Some(id) => format!(
+                        "this enrollment token was used already: it enrolled worker {id} \
+                         (revoke that worker with POST /v1/admin/workers/{id}/revoke)"
+                    ),
+                    None => "this enrollment token was used already".to_owned(),
+                },
+            )),
+        }
+    }
+
     /// Reads the unexpired row of `table` for `presented` (used or not) and
     /// compares its verifier in constant time; no write happens here.
     async fn valid_token_row(

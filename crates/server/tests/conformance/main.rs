@@ -148,6 +148,8 @@ conformance! {
     instances::two_instances_with_eight_claimers_settle_every_item_exactly_once,
     revoke::an_admin_revoke_refuses_every_credential_of_the_worker_at_once,
     revoke::revoking_needs_the_admin_and_a_known_id,
+    revoke::an_unused_enrollment_token_revoked_by_the_admin_enrolls_nothing,
+    revoke::an_enrollment_racing_the_revoke_of_its_token_ends_one_way,
     roles::every_endpoint_allows_exactly_its_roles_and_a_refusal_changes_nothing,
     roles::a_refused_caller_is_refused_whatever_its_body,
     refusals::a_refusal_reaches_a_client_that_sent_a_large_body,

@@ -217,3 +217,160 @@ pub async fn revoking_needs_the_admin_and_a_known_id(db: TestDb) {
     assert_eq!(resp.status(), StatusCode::UNAUTHORIZED, "refresh after it");
     server.stop().await.unwrap();
 }
+
+/// `POST {base}/v1/admin/enrollment-tokens/revoke` of `token` with `bearer`.
+async fn revoke_enrollment(
+    http: &Client,
+    base: &str,
+    token: &Value,
+    bearer: &str,
+) -> reqwest::Response {
+    http.post(format!("{base}/v1/admin/enrollment-tokens/revoke"))
+        .bearer_auth(bearer)
+        .json(&json!({ "token": token }))
+        .send()
+        .await
+        .unwrap()
+}
+
+/// A new enrollment token of every queue, as the admin creates it.
+async fn enrollment_token(http: &Client, base: &str) -> Value {
+    admin_json(
+        http.post(format!("{base}/v1/admin/enrollment-tokens"))
+            .json(&json!({})),
+    )
+    .await["token"]
+        .clone()
+}
+
+/// `POST {base}/v1/workers/enroll` with `token`.
+async fn enroll_with(http: &Client, base: &str, token: &Value) -> reqwest::Response {
+    http.post(format!("{base}/v1/workers/enroll"))
+        .json(&json!({ "token": token }))
+        .send()
+        .await
+        .unwrap()
+}
+
+/// An operator revokes an enrollment token nobody used yet (handed out by
+/// mistake, or to a party that no longer needs it): it then enrolls nothing
+/// (`401`), and revoking it again is `204` too. Before, such a token stayed
+/// usable for its whole lifetime (a day by default). A token used already
+/// is not revoked (`409 conflict`, naming the worker it enrolled, which
+/// keeps working); a token no row matches is `404`; only the admin may
+/// revoke one.
+pub async fn an_unused_enrollment_token_revoked_by_the_admin_enrolls_nothing(db: TestDb) {
+    let server = http_server(&db).await;
+    let http = Client::new();
+    let base = server.url().to_owned();
+    let token = enrollment_token(&http, &base).await;
+    let resp = revoke_enrollment(&http, &base, &token, ADMIN).await;
+    assert_eq!(resp.status(), StatusCode::NO_CONTENT);
+    let resp = enroll_with(&http, &base, &token).await;
+    assert_eq!(
+        resp.status(),
+        StatusCode::UNAUTHORIZED,
+        "enrolled after the revoke"
+    );
+    let resp = revoke_enrollment(&http, &base, &token, ADMIN).await;
+    assert_eq!(resp.status(), StatusCode::NO_CONTENT, "revoked again");
+
+    // Used already: refused, and the worker it enrolled is not touched.
+    let used = enrollment_token(&http, &base).await;
+    let resp = enroll_with(&http, &base, &used).await;
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let worker: WorkerCredentials = resp.json().await.unwrap();
+    let resp = revoke_enrollment(&http, &base, &used, ADMIN).await;
+    assert_eq!(resp.status(), StatusCode::CONFLICT);
+    let err: ErrorBody = resp.json().await.unwrap();
+    assert_eq!(err.code, ErrorCode::Conflict);
+    assert!(
+        err.message
+            .contains(&format!("worker {}", worker.worker_id)),
+        "{}",
+        err.message
+    );
+    let claim = status(
+        &http,
+        &base,
+        "/v1/queues/re/claims",
+        &worker.access_token,
+        json!({}),
+    )
+    .await;
+    assert_eq!(claim, StatusCode::NO_CONTENT, "the worker still claims");
+
+    // No row matches: a token whose secret is wrong, a malformed one, a
+    // refresh token.
+    let text = token.as_str().unwrap();
+    let last = if text.ends_with('0') { "1" } else { "0" };
+    let wrong = json!(format!("{}{last}", &text[..text.len() - 1]));
+    for t in [wrong, json!("ase_nonsense"), json!(worker.refresh_token)] {
+        let resp = revoke_enrollment(&http, &base, &t, ADMIN).await;
+        assert_eq!(resp.status(), StatusCode::NOT_FOUND, "{t}");
+        let err: ErrorBody = resp.json().await.unwrap();
+        assert_eq!(err.code, ErrorCode::NotFound);
+    }
+
+    // Only the admin: a worker's token is 403, none 401, and an unknown
+    // field 400; the token stays usable.
+    let fresh = enrollment_token(&http, &base).await;
+    let resp = revoke_enrollment(&http, &base, &fresh, &worker.access_token).await;
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+    let resp = http
+        .post(format!("{base}/v1/admin/enrollment-tokens/revoke"))
+        .json(&json!({ "token": fresh }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    let resp = http
+        .post(format!("{base}/v1/admin/enrollment-tokens/revoke"))
+        .bearer_auth(ADMIN)
+        .json(&json!({ "token": fresh, "worker": 1 }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    let resp = enroll_with(&http, &base, &fresh).await;
+    assert_eq!(
+        resp.status(),
+        StatusCode::CREATED,
+        "not revoked by a refused call"
+    );
+    server.stop().await.unwrap();
+}
+
+/// A revoke and an enrollment of one token sent at the same moment: exactly
+/// one wins, every round — the enrollment (`201`, the revoke `409`) or the
+/// revoke (`204`, the enrollment `401`). Never both (a worker enrolled with
+/// a token the operator was told is revoked), never neither.
+pub async fn an_enrollment_racing_the_revoke_of_its_token_ends_one_way(db: TestDb) {
+    let server = http_server(&db).await;
+    let http = Client::new();
+    let base = server.url().to_owned();
+    let (mut enrolled, mut revoked) = (0, 0);
+    for round in 0..20 {
+        let token = enrollment_token(&http, &base).await;
+        let barrier = tokio::sync::Barrier::new(2);
+        let (e, r) = tokio::join!(
+            async {
+                barrier.wait().await;
+                enroll_with(&http, &base, &token).await.status()
+            },
+            async {
+                barrier.wait().await;
+                revoke_enrollment(&http, &base, &token, ADMIN)
+                    .await
+                    .status()
+            },
+        );
+        match (e, r) {
+            (StatusCode::CREATED, StatusCode::CONFLICT) => enrolled += 1,
+            (StatusCode::UNAUTHORIZED, StatusCode::NO_CONTENT) => revoked += 1,
+            other => panic!("round {round}: enroll and revoke answered {other:?}"),
+        }
+    }
+    assert_eq!(enrolled + revoked, 20);
+    server.stop().await.unwrap();
+}
