@@ -28,23 +28,23 @@ export function ioUse(s) {
   io = undefined;
 }
 
-// Thrown for a module handed to setIoModule that is not the io module.
-const notTheModule = () => {
-  const e = new Error('agentstore: setIoModule: the module has no default() and AgentStore.__openForIo (is it "agentstore/io"?)');
-  e.name = 'ValidationError';
-  e.code = 'validation';
-  e.status = 400;
+// `e` with the typed fields of an agentstore Error, defined as own
+// properties (not assigned: an accessor without a setter of the same name
+// on `Object.prototype` made an assignment throw a TypeError in its place).
+const typed = (e, name, code, status) => {
+  for (const [k, value] of [['name', name], ['code', code], ['status', status]]) {
+    Reflect.defineProperty(e, k, { __proto__: null, value, writable: true, enumerable: true, configurable: true });
+  }
   return e;
 };
 
+// Thrown for a module handed to setIoModule that is not the io module.
+const notTheModule = () =>
+  typed(new Error('agentstore: setIoModule: the module has no default() and AgentStore.__openForIo (is it "agentstore/io"?)'), 'ValidationError', 'validation', 400);
+
 // Thrown for an io module of another build of agentstore.
-const otherRelease = (theirs) => {
-  const e = new Error(`agentstore: the io module is from another build (${String(theirs)}, not ${RELEASE})`);
-  e.name = 'ValidationError';
-  e.code = 'validation';
-  e.status = 400;
-  return e;
-};
+const otherRelease = (theirs) =>
+  typed(new Error(`agentstore: the io module is from another build (${String(theirs)}, not ${RELEASE})`), 'ValidationError', 'validation', 400);
 
 const load = () => {
   if (!io) {
@@ -101,10 +101,7 @@ export async function ioLoad() {
           : ''),
       { cause },
     );
-    e.name = 'NetworkError';
-    e.code = 'network';
-    e.status = 503;
-    throw e;
+    throw typed(e, 'NetworkError', 'network', 503);
   }
 }
 

@@ -43,6 +43,22 @@ export function answer(request, toError) {
 /** `e` as the module's typed Error (`toError` given), else as it is. */
 const typed = (toError, e) => (toError ? toError(e) : e);
 
+/**
+ * Makes `value` the own, enumerable, writable data property `key` of `o`,
+ * as an object literal would (the module's `set` for every object it
+ * builds: errors, `{id, rev}` answers, change messages, fetch options,
+ * index definitions). Never through `[[Set]]`: an accessor without a
+ * setter, or a read-only property, of that name on `Object.prototype` (a
+ * page's polyfill or pollution) swallowed such a write, and the object
+ * went out without the field. The descriptor has no prototype, so an
+ * inherited `get`, `set` or `value` cannot change it. `Reflect`'s form
+ * answers `false` instead of throwing (a non-extensible object, which the
+ * module never passes).
+ */
+export function own(o, key, value) {
+  Reflect.defineProperty(o, key, { __proto__: null, value, writable: true, enumerable: true, configurable: true });
+}
+
 /** What a failed request failed of: its error, or its aborted transaction's. */
 function failure(request) {
   const e = request.error;

@@ -53,13 +53,12 @@ const OBJECT_TO_STRING = OBJECT_PROTO.toString;
 // at a time, so its memory, which never shrinks, grows by a piece at most.
 const PIECE = 1 << 16;
 
-class Fail {
-  constructor(code, path, detail) {
-    this.code = code;
-    this.path = path;
-    this.detail = detail;
-  }
-}
+// A walk's failure: `{code, path, detail}`, made as a literal (fields
+// defined, not assigned: an accessor without a setter of the same name on
+// `Object.prototype` made a constructor's assignments throw) whose
+// prototype is this class's, so `instanceof` tells it from what a
+// record's getter throws.
+class Fail {}
 
 /**
  * Walks `record` for a write.
@@ -120,7 +119,7 @@ export function walkValue(v) {
 }
 
 function fail(w, code, detail) {
-  throw new Fail(code, w.path.slice(), detail);
+  throw { __proto__: Fail.prototype, code, path: w.path.slice(), detail };
 }
 
 function isArray(v, w) {

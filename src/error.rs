@@ -300,9 +300,17 @@ fn opt_str(s: &Option<String>) -> JsValue {
     s.as_deref().map_or(JsValue::NULL, JsValue::from)
 }
 
-/// Sets `obj[key] = value`, ignoring failures (only possible on frozen objects we never pass).
+/// Makes `value` the own data property `key` of `obj` (js/promise.js
+/// `own`: defined, not assigned, so that an accessor or read-only property
+/// of that name on `Object.prototype` cannot swallow it), ignoring failures
+/// (only possible on non-extensible objects, which are never passed).
 pub(crate) fn set(obj: &JsValue, key: &str, value: &JsValue) {
-    let _ = Reflect::set(obj, &JsValue::from_str(key), value);
+    own(obj, key, value);
+}
+
+#[wasm_bindgen::prelude::wasm_bindgen(module = "/js/promise.js")]
+extern "C" {
+    fn own(o: &JsValue, key: &str, value: &JsValue);
 }
 
 /// Reads `obj[key]` as a string, if it is one: at most its first 64 Ki

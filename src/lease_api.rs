@@ -1077,6 +1077,6 @@ fn coded(e: JsValue, make: fn(String) -> LeaseError) -> JsValue {
     let message = crate::error::get_str(&e, "message")
         .unwrap_or_else(|| "the request could not be made".into());
     let out = make(message).to_js();
-    let _ = Reflect::set(&out, &"cause".into(), &e);
+    crate::error::set(&out, "cause", &e);
     out
 }

@@ -276,6 +276,97 @@ async fn js_errors_carry_name_code_status_and_the_stored_record() {
     assert_eq!(field_str(&err, "name").as_deref(), Some("ValidationError"));
 }
 
+/// Accessors without a setter on `Object.prototype` for the given names
+/// (a page's polyfill or pollution), removed again when dropped.
+struct PrototypeGetters(JsValue);
+
+impl PrototypeGetters {
+    fn install(names: &[&str]) -> PrototypeGetters {
+        let names: js_sys::Array = names.iter().map(|n| JsValue::from_str(n)).collect();
+        js_fn(
+            "names",
+            "for (const k of names) Object.defineProperty(Object.prototype, k, \
+             { get() { return undefined; }, configurable: true });",
+            &names,
+        );
+        PrototypeGetters(names.into())
+    }
+}
+
+impl Drop for PrototypeGetters {
+    fn drop(&mut self) {
+        js_fn(
+            "names",
+            "for (const k of names) delete Object.prototype[k];",
+            &self.0,
+        );
+    }
+}
+
+/// `v`'s OWN property `k` (`undefined` when it has none: an inherited
+/// accessor does not count).
+fn own(v: &JsValue, k: &str) -> JsValue {
+    let d: JsValue =
+        js_sys::Object::get_own_property_descriptor(v.unchecked_ref::<js_sys::Object>(), &k.into())
+            .into();
+    if d.is_undefined() {
+        d
+    } else {
+        field(&d, "value")
+    }
+}
+
+/// The objects the store makes (a write's `{id, rev}`, an Error's fields,
+/// a refused record's walk failure) keep every field when
+/// `Object.prototype` has an accessor without a setter of that name (a
+/// page's polyfill or pollution). Before, the store assigned them
+/// (`[[Set]]`), which such an accessor swallows: `put` answered `{rev}`
+/// with no `id`, a ConflictError had no `code`, and the walk's own failure
+/// threw a TypeError in place of the ValidationError.
+#[wasm_bindgen_test]
+async fn objects_the_store_makes_keep_their_fields_under_prototype_getters() {
+    let store = agentstore::AgentStore::from_store(open("protoget").await.0);
+    let _getters = PrototypeGetters::install(&[
+        "id",
+        "rev",
+        "name",
+        "code",
+        "status",
+        "expectedRev",
+        "currentRev",
+        "path",
+        "detail",
+    ]);
+    let put = |v: serde_json::Value| wasm_bindgen_futures::JsFuture::from(store.put(js(v)));
+    let done = put(json!({"_id": "p", "v": 1})).await.unwrap();
+    assert_eq!(own(&done, "id").as_string().as_deref(), Some("p"));
+    assert!(own(&done, "rev")
+        .as_string()
+        .is_some_and(|r| r.starts_with("1-")));
+    let err = put(json!({"_id": "p", "v": 2})).await.unwrap_err();
+    assert_eq!(
+        own(&err, "name").as_string().as_deref(),
+        Some("ConflictError")
+    );
+    assert_eq!(own(&err, "code").as_string().as_deref(), Some("conflict"));
+    assert_eq!(own(&err, "status").as_f64(), Some(409.0));
+    assert_eq!(own(&err, "id").as_string().as_deref(), Some("p"));
+    assert_eq!(own(&err, "currentRev"), own(&done, "rev"));
+    let bad = js_fn(
+        "",
+        "return { _id: 'b', deep: { n: 10n } };",
+        &JsValue::UNDEFINED,
+    );
+    let err = wasm_bindgen_futures::JsFuture::from(store.put(bad))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        own(&err, "name").as_string().as_deref(),
+        Some("ValidationError")
+    );
+    assert_eq!(own(&err, "code").as_string().as_deref(), Some("validation"));
+}
+
 /// The revision of a create is `Rev::next(None, [md5(canonical body),
 /// updatedAt])`, and the browser's canonical body must be the text the
 /// protocol crate writes natively (`canonical_body`: keys in UTF-8 byte

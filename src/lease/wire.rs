@@ -191,7 +191,7 @@ pub trait ToWire {
 fn object(fields: &[(&str, JsValue)]) -> JsValue {
     let o = Object::new();
     for (k, v) in fields {
-        let _ = Reflect::set(&o, &(*k).into(), v);
+        crate::error::set(&o, k, v);
     }
     o.into()
 }
