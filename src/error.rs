@@ -5,7 +5,7 @@
 //! carry `id`, `expectedRev`, `currentRev` and `current`.
 
 use agentstore_protocol::ErrorCode;
-use js_sys::{Array, Object, Reflect};
+use js_sys::{Array, Object};
 use wasm_bindgen::JsValue;
 
 /// One failing position of a batch (`putMany`, imports).

@@ -7,7 +7,7 @@
 use std::rc::Rc;
 
 use agentstore_protocol::lease::SettleState;
-use js_sys::{Array, Function, Object, Promise, Reflect};
+use js_sys::{Array, Function, Object, Promise};
 use wasm_bindgen::prelude::*;
 use web_sys::{AbortSignal, Headers, Request, RequestInit};
 

@@ -307,8 +307,7 @@ impl Drop for PrototypeGetters {
 /// accessor does not count).
 fn own(v: &JsValue, k: &str) -> JsValue {
     let d: JsValue =
-        js_sys::Object::get_own_property_descriptor(v.unchecked_ref::<js_sys::Object>(), &k.into())
-            .into();
+        js_sys::Object::get_own_property_descriptor(v.unchecked_ref::<js_sys::Object>(), &k.into());
     if d.is_undefined() {
         d
     } else {

@@ -25,7 +25,7 @@ use agentstore_protocol::lease::{
     HeartbeatResponse, ItemRef, Lease, RefreshRequest, TokenRequest, WorkerCredentials,
 };
 use agentstore_protocol::{ErrorBody, ErrorCode};
-use js_sys::{Array, Object, Reflect};
+use js_sys::{Array, Object};
 use wasm_bindgen::{JsCast, JsValue};
 
 use super::journal::Entry;
