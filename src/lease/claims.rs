@@ -228,7 +228,7 @@ impl ClientInner {
     pub(crate) async fn release_until_answered(self: &Rc<Self>, item_id: i64, token: &str) -> bool {
         let mut attempt = 0u32;
         loop {
-            match self.release_token(item_id, token).await {
+            match self.release_token(item_id, token, false).await {
                 Err(e) if e.is_transient() && attempt < 4 && !self.closed.get() => {}
                 Err(e) if !e.proves_lease_over() => return false,
                 _ => {

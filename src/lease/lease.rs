@@ -425,7 +425,7 @@ impl LeaseInner {
         let on_wire = client.ending_call();
         crate::options::spawn(async move {
             let _on_wire = on_wire;
-            match client.release_token(item_id, &token).await {
+            match client.release_token(item_id, &token, false).await {
                 // Kept for a later recover(): the release may not have landed.
                 Err(e) if !e.proves_lease_over() => {}
                 _ => client.forget_journal(item_id, &token),

@@ -26,7 +26,8 @@ pub struct Recovery {
     /// Already gone on the server (taken over, settled or released).
     pub lost: Vec<i64>,
     /// Held by another live page (its Web Lock is taken), or by another
-    /// worker on the server (403): left alone.
+    /// worker on the server (403) whose release by the token alone was
+    /// refused too: left alone.
     pub busy: Vec<i64>,
     /// Not touched: no Web Locks here, or the lease was claimed without one
     /// (`webLocks: false`), so a live page's lease cannot be told apart.
@@ -172,24 +173,38 @@ impl ClientInner {
                             continue 'entries;
                         }
                         Ok(None) => break 'entry (Became::Lost, true),
+                        // Another worker's lease (a terminated worker's own
+                        // enrollment): it cannot be resumed under these
+                        // credentials, and its lock is free, so its context
+                        // is gone: released below, by its token.
                         Err(LeaseError::Server {
                             code: ErrorCode::Forbidden,
                             ..
-                        }) => break 'entry (Became::Busy, false),
+                        }) => {}
                         Err(_) => break 'entry (Became::Pending, false),
                     }
                 }
-                match self.release_token(id, &entry.token).await {
+                match self.release_token(id, &entry.token, false).await {
                     // A replay: this token had been released already (a
                     // pagehide beacon, or a release whose answer was lost).
                     Ok(true) => (Became::Lost, true),
                     Ok(false) => (Became::Released, true),
-                    // Current on the server and held by another worker: its
-                    // context lives elsewhere (or its lease runs out by the TTL).
+                    // Current on the server and held by another worker: a
+                    // context of this origin enrolled on its own (a
+                    // terminated Web Worker, a closed tab) whose Web Lock is
+                    // free, so it is gone. Released by the token alone, as
+                    // its `pagehide` beacon would have (workers have none),
+                    // instead of left running until the TTL.
                     Err(LeaseError::Server {
                         code: ErrorCode::Forbidden,
                         ..
-                    }) => (Became::Busy, false),
+                    }) => match self.release_token(id, &entry.token, true).await {
+                        Ok(true) => (Became::Lost, true),
+                        Ok(false) => (Became::Released, true),
+                        Err(e) if e.proves_lease_over() => (Became::Lost, true),
+                        Err(e) if e.is_transient() => (Became::Pending, false),
+                        Err(_) => (Became::Busy, false),
+                    },
                     // claim_lost / state_conflict / not_found: nothing left to
                     // release. A release refused for another reason that is no
                     // outage (a 405 or 413, the server's or a proxy's page
@@ -225,24 +240,46 @@ impl ClientInner {
 
     /// `POST /v1/items/{id}/release` with `token`; `true` when the server
     /// answered it as a replay (this token had been released already).
+    /// With `by_token_alone`, sent without `Authorization`: the server
+    /// authorises a release by its token alone (as it does a `pagehide`
+    /// beacon), for a journalled lease of another worker whose context is
+    /// gone (its Web Lock free), which these credentials may not release
+    /// (`403`).
     ///
     /// # Errors
-    /// As [`ClientInner::authed`].
-    pub(crate) async fn release_token(self: &Rc<Self>, item_id: i64, token: &str) -> Result<bool> {
+    /// As [`ClientInner::authed`], or [`super::http::send`] by the token
+    /// alone (`claim_lost` for a token no longer current,
+    /// `RateLimitedError` past the server's `--auth-rate`).
+    pub(crate) async fn release_token(
+        self: &Rc<Self>,
+        item_id: i64,
+        token: &str,
+        by_token_alone: bool,
+    ) -> Result<bool> {
         let body = to_js(&TokenRequest {
             token: token.to_owned(),
         });
         let path = item_path(item_id, "/release");
-        self.authed(
-            "POST",
-            &path,
-            Some(&body),
-            self.config.request_timeout_ms,
-            None,
-        )
-        .await
-        .and_then(|a| super::lease::confirmed(a, item_id, None))
-        .map(|a| a.replayed)
+        let timeout_ms = self.config.request_timeout_ms;
+        let answer = if by_token_alone {
+            super::http::send(super::http::Call {
+                method: "POST",
+                url: &self.url(&path),
+                bearer: None,
+                body: Some(&body),
+                timeout_ms,
+                signal: None,
+                key: None,
+                numbered: false,
+            })
+            .await
+        } else {
+            self.authed("POST", &path, Some(&body), timeout_ms, None)
+                .await
+        };
+        answer
+            .and_then(|a| super::lease::confirmed(a, item_id, None))
+            .map(|a| a.replayed)
     }
 
     /// Whether the server shows `entry`'s lease over: the item is neither
