@@ -29,9 +29,10 @@ export function requestLock(name, waitMs) {
   });
   let gaveUp = false;
   const controller = new AbortController();
-  const options = {};
-  if (waitMs <= 0) options.ifAvailable = true;
-  else if (Number.isFinite(waitMs)) options.signal = controller.signal;
+  // A literal (fields defined, not assigned: an accessor without a setter
+  // of that name on `Object.prototype` made an assignment throw, which
+  // read as "no Web Locks").
+  const options = waitMs <= 0 ? { ifAvailable: true } : Number.isFinite(waitMs) ? { signal: controller.signal } : {};
   let locks;
   try {
     locks = navigator.locks;

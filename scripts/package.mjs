@@ -659,9 +659,21 @@ const minifyGlue = (file) => {
   // Whether a class of this glue has a teardown that free() starts (see
   // TEARDOWN): the store-only glue carries none of that code.
   const teardowns = classes.some((cls) => TEARDOWN[cls]);
+  // The typed Errors of the guard and of the null-pointer throw below: the
+  // fields defined, not assigned (Object.assign is [[Set]]: an accessor
+  // without a setter of that name on Object.prototype made it throw a
+  // TypeError in the error's place). Dropped by esbuild where unused.
+  text += `function __agentstoreErr(name, code, status, m) {
+  const e = new Error(m);
+  for (const [k, value] of [['name', name], ['code', code], ['status', status]]) {
+    Reflect.defineProperty(e, k, { __proto__: null, value, writable: true, enumerable: true, configurable: true });
+  }
+  return e;
+}
+`;
   if (classes.length) {
     text += `function __agentstoreGuard(C, an, sync${teardowns || kept ? ', teardown' : ''}${kept ? ', kept' : ''}) {
-  const err = (name, code, status, m) => Object.assign(new Error(m), { name, code, status });
+  const err = __agentstoreErr;
   const closed = (m) => err('ClosedError', 'closed', 410, m);
   const early = () => closed('agentstore is not initialised: await init() first');
   const freed = () => closed('this object was freed (free() or a using block): it cannot be used any more');
@@ -761,7 +773,7 @@ ${constructible ? `    construct(t, args, nt) { if (!wasm) throw early(); const 
   if (text.split(THROW).length === 2) {
     text = text.replace(
       THROW,
-      "const m = getStringFromWasm0(arg0, arg1); if (m === 'null pointer passed to rust') throw Object.assign(new Error('this object was freed (free() or a using block): it cannot be used any more'), { name: 'ClosedError', code: 'closed', status: 410 }); throw new Error(m);",
+      "const m = getStringFromWasm0(arg0, arg1); if (m === 'null pointer passed to rust') throw __agentstoreErr('ClosedError', 'closed', 410, 'this object was freed (free() or a using block): it cannot be used any more'); throw new Error(m);",
     );
   } else if (name === js) {
     throw new Error(`${file}: wasm-bindgen's throw import not found once: update package.mjs`);

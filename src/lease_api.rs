@@ -9,7 +9,7 @@ use std::rc::Rc;
 use agentstore_protocol::lease::SettleState;
 use js_sys::{Array, Function, Object, Promise};
 use wasm_bindgen::prelude::*;
-use web_sys::{AbortSignal, Headers, Request, RequestInit};
+use web_sys::{AbortSignal, Headers, Request};
 
 use crate::error::set;
 use crate::lease::{
@@ -913,7 +913,8 @@ impl Lease {
             }
         };
         let signal = follow_both(&self.inner.signal(), &base.signal())?;
-        let next = RequestInit::new();
+        // Fields defined, not assigned (see src/lease/http.rs `send`).
+        let next = Object::new();
         let mut manual = false;
         // The token alone can release the lease: it goes only to the lease
         // server's origin and the origins listed in `leaseHeaderOrigins`,
@@ -937,9 +938,9 @@ impl Lease {
             headers.set("X-Lease-Token", self.inner.token())?;
             let epoch = js_sys::Number::from(self.inner.epoch as f64).to_string_with_radix(10)?;
             headers.set("X-Lease-Epoch", &String::from(epoch))?;
-            next.set_headers(&headers);
+            crate::error::set(&next, "headers", &headers);
         }
-        next.set_signal(Some(&signal));
+        crate::error::set(&next, "signal", &signal);
         Ok((new_request(&base, &next)?, manual))
     }
 

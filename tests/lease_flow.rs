@@ -21,6 +21,41 @@ use values::*;
 
 wasm_bindgen_test_configure!(run_in_browser);
 
+/// The requests the lease client makes (claim, heartbeat, settle) keep
+/// their method, body, headers and signal, and its errors their fields,
+/// when `Object.prototype` has accessors without a setter of those names
+/// (a page's polyfill or pollution): the fetch options and errors are
+/// defined, not assigned. Before, web-sys assigned the fetch options, the
+/// accessors swallowed them, and a claim went out as a GET with no body.
+#[wasm_bindgen_test]
+async fn lease_requests_and_errors_keep_their_fields_under_prototype_getters() {
+    if server().is_none() {
+        return;
+    }
+    let q = fresh_queue("protoget");
+    let id = enqueue(&q, json!({"n": 1})).await;
+    let client = admin_client(config());
+    let getters =
+        PrototypeGetters::install(&["method", "body", "headers", "signal", "code", "name"]);
+    let lease = claim(&client, &q).await;
+    assert_eq!(lease.item_id, id);
+    lease
+        .settle(SettleState::Done, Some(js(json!({"ok": true}))), None)
+        .await
+        .expect("settle");
+    let err = lease
+        .settle(SettleState::Failed, None, None)
+        .await
+        .expect_err("a second settle")
+        .to_js();
+    assert_eq!(
+        own(&err, "code").as_string().as_deref(),
+        Some("already_settled")
+    );
+    drop(getters);
+    assert_eq!(item(id).await.state, ItemState::Done);
+}
+
 #[wasm_bindgen_test]
 async fn a_heartbeated_lease_lives_five_ttls_and_release_makes_it_claimable_at_once() {
     if server().is_none() {

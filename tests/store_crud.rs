@@ -10,6 +10,9 @@ use wasm_bindgen_test::*;
 
 mod common;
 use common::*;
+#[path = "common/values.rs"]
+mod values;
+use values::{own, PrototypeGetters};
 
 wasm_bindgen_test_configure!(run_in_browser);
 
@@ -274,45 +277,6 @@ async fn js_errors_carry_name_code_status_and_the_stored_record() {
         .await
         .unwrap_err();
     assert_eq!(field_str(&err, "name").as_deref(), Some("ValidationError"));
-}
-
-/// Accessors without a setter on `Object.prototype` for the given names
-/// (a page's polyfill or pollution), removed again when dropped.
-struct PrototypeGetters(JsValue);
-
-impl PrototypeGetters {
-    fn install(names: &[&str]) -> PrototypeGetters {
-        let names: js_sys::Array = names.iter().map(|n| JsValue::from_str(n)).collect();
-        js_fn(
-            "names",
-            "for (const k of names) Object.defineProperty(Object.prototype, k, \
-             { get() { return undefined; }, configurable: true });",
-            &names,
-        );
-        PrototypeGetters(names.into())
-    }
-}
-
-impl Drop for PrototypeGetters {
-    fn drop(&mut self) {
-        js_fn(
-            "names",
-            "for (const k of names) delete Object.prototype[k];",
-            &self.0,
-        );
-    }
-}
-
-/// `v`'s OWN property `k` (`undefined` when it has none: an inherited
-/// accessor does not count).
-fn own(v: &JsValue, k: &str) -> JsValue {
-    let d: JsValue =
-        js_sys::Object::get_own_property_descriptor(v.unchecked_ref::<js_sys::Object>(), &k.into());
-    if d.is_undefined() {
-        d
-    } else {
-        field(&d, "value")
-    }
 }
 
 /// The objects the store makes (a write's `{id, rev}`, an Error's fields,

@@ -10,10 +10,11 @@ use futures::future::{select, Either};
 use js_sys::{Function, Promise};
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
-use web_sys::{AbortController, AbortSignal, Headers, RequestInit};
+use web_sys::{AbortController, AbortSignal, Headers};
 
 use super::error::{LeaseError, Result};
 use super::wire::{FromWire, ToWire};
+use crate::error::set;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 
 /// How far (ms) the wall clock may run ahead of `performance.now()` between
@@ -295,16 +296,20 @@ async fn send_inner(call: &Call<'_>, controller: &AbortController) -> Result<Ans
     if call.numbered {
         number_request(&headers, call.key.unwrap_or_default());
     }
-    let init = RequestInit::new();
-    init.set_method(call.method);
+    // Fields defined, not assigned (`crate::error::set`): web-sys's
+    // `RequestInit` setters assign, and an accessor without a setter of
+    // that name on `Object.prototype` (a page's polyfill or pollution) made
+    // them throw past the module: the call never settled.
+    let init = js_sys::Object::new();
+    set(&init, "method", &call.method.into());
     if let Some(b) = call.body {
         let _ = headers.set("Content-Type", "application/json");
         let text = js_sys::JSON::stringify(b)
             .map_err(|_| LeaseError::Validation("the request body is not JSON".into()))?;
-        init.set_body(&text);
+        set(&init, "body", &text);
     }
-    init.set_headers(&headers);
-    init.set_signal(Some(&controller.signal()));
+    set(&init, "headers", &headers);
+    set(&init, "signal", &controller.signal());
     let promise: Promise = crate::value::call2(
         &global_fetch()?,
         &JsValue::UNDEFINED,
