@@ -2000,3 +2000,110 @@ async fn a_settle_from_the_abort_listener_during_release_waits_behind_it() {
     assert_eq!(sent, Some(0.0), "no settle on the wire");
     t.assert_released().await;
 }
+
+/// A release sent while a settle of unknown outcome was pending (no answer:
+/// it may have landed) aborts the signal only once its own outcome is
+/// unknown too, and a heartbeat sent before both and refused `claim_lost`
+/// while the release was out loses the lease then. The signal's `abort`
+/// listener releases the lease (the common app pattern): it runs once that
+/// call's bookkeeping is done, so the lease still ends lost (`claim_lost`)
+/// and the listener's release, on a lease the server holds no more, is
+/// refused without a request. Before, the listener ran first: its release
+/// took the heartbeat's verdict for itself and dropped it, went out, and
+/// failed too; the lease read held (heartbeats off, `ended` pending) until
+/// its local deadline.
+#[wasm_bindgen_test]
+async fn a_release_from_the_abort_listener_after_a_release_of_unknown_outcome_keeps_its_verdict() {
+    if server().is_none() {
+        return;
+    }
+    let hook = fake_fetch(
+        "let answer_heartbeat = null;
+        let releases = 0;
+        let verdict_read = false;
+        const lost = (init) => {
+            const a = answer(200, { results: JSON.parse(init.body).leases.map((l) =>
+                ({ item_id: l.item_id, ok: false, error: { code: 'claim_lost', message: 'taken over' } })) });
+            const json = a.json;
+            a.json = async () => { const b = await json(); verdict_read = true; return b; };
+            return a;
+        };
+        globalThis.fetch = async (url, init) => {
+            url = String(url);
+            if (url.endsWith('/claims')) {
+                return answer(201, { item: { id: 2 ** 52, epoch: 1 }, lease: { token: 't'.repeat(43),
+                    epoch: 1, ttl_ms: 60000, heartbeat_ms: 100 } });
+            }
+            if (url.endsWith('/v1/heartbeats')) {
+                if (answer_heartbeat) return lost(init);
+                // The first heartbeat's answer waits for the first release.
+                return new Promise((resolve) => { answer_heartbeat = () => resolve(lost(init)); });
+            }
+            // The network is cut: no settle or release reaches the server.
+            if (url.endsWith('/settle')) throw new TypeError('Failed to fetch');
+            if (url.endsWith('/release')) {
+                releases += 1;
+                if (releases === 1) {
+                    // The heartbeat sent before the settle is refused
+                    // while this release is out: its body read, then one
+                    // task, after which the microtasks that hand the
+                    // refusal to the lease have run.
+                    answer_heartbeat();
+                    while (!verdict_read) await new Promise((r) => setTimeout(r, 1));
+                    await new Promise((r) => setTimeout(r, 0));
+                }
+                throw new TypeError('Failed to fetch');
+            }
+            return answer(204, null);
+        };
+        return { held: () => answer_heartbeat !== null, releases: () => releases,
+            restore: () => { globalThis.fetch = real; } };",
+    );
+    let c = admin_client(agentstore::lease::ClientConfig {
+        use_locks: false,
+        ..config()
+    });
+    let lease = claim(&c, "listener-verdict").await;
+    let held = within(10_000.0, async {
+        while !call_method(&hook, "held", &[]).is_truthy() {
+            sleep(10.0).await;
+        }
+    })
+    .await;
+    let api: JsValue = agentstore::lease_api::Lease::from_inner(lease.clone()).into();
+    let out = js_sys::Function::new_with_args(
+        "lease",
+        "const out = { inner: null };
+         lease.signal.addEventListener('abort', () => { out.inner = lease.release(); });
+         return out;",
+    )
+    .call1(&JsValue::NULL, &api)
+    .unwrap();
+    let settled = lease.settle(SettleState::Done, None, None).await;
+    let app = wasm_bindgen_futures::JsFuture::from(js_sys::Promise::from(call_method(
+        &api,
+        "release",
+        &[],
+    )))
+    .await;
+    let inner = Reflect::get(&out, &"inner".into()).unwrap();
+    let listener = if inner.is_object() {
+        Some(wasm_bindgen_futures::JsFuture::from(js_sys::Promise::from(inner)).await)
+    } else {
+        None
+    };
+    let status = lease.status();
+    let releases = call_method(&hook, "releases", &[]).as_f64();
+    call_method(&hook, "restore", &[]);
+    c.close().await;
+    assert!(held.is_some(), "a heartbeat went out");
+    assert!(
+        matches!(settled, Err(LeaseError::Network(_))),
+        "{settled:?}"
+    );
+    assert!(app.is_err(), "the app's release fails: {app:?}");
+    let listener = listener.expect("the listener ran");
+    assert_eq!(status, Status::Lost(LossReason::ClaimLost), "{listener:?}");
+    assert!(listener.is_err(), "the listener's release is refused");
+    assert_eq!(releases, Some(1.0), "one release request");
+}

@@ -881,10 +881,13 @@ impl LeaseInner {
         // not fenced at its send (that settle may have landed). Once the
         // release's own outcome is unknown as well, the server may have
         // released the item and another worker claimed it: fenced from now
-        // (the lease is over either way, settled or released).
-        if state.is_none() && !probe && own_unknown {
-            self.give_back_now();
-        }
+        // (the lease is over either way, settled or released). Fenced at
+        // the end, once this call's bookkeeping is done: the signal's
+        // `abort` listeners run during `give_back_now`, and one that calls
+        // back into the lease (`release()`, `settle()`, `close()`) must
+        // find it as this call leaves it (else, with `in_flight` at 0, its
+        // call took this one's `loss_while_ending` verdict and dropped it).
+        let fence = state.is_none() && !probe && own_unknown;
         let unknown = own_unknown
             || r.as_ref()
                 .is_err_and(|e| after_unknown && !e.is_servers_verdict());
@@ -935,6 +938,9 @@ impl LeaseInner {
                 // server had already refused.
                 if let (Some(message), Status::Held) = (verdict, self.status.get()) {
                     self.lose(LossReason::ClaimLost, &message);
+                }
+                if fence {
+                    self.give_back_now();
                 }
                 client.wake();
                 Err(e)
