@@ -104,15 +104,21 @@ pub struct ClientInner {
     /// that lease stayed `running` until its TTL, one attempt lost
     /// (helper-241's navigation probe, Chromium).
     pub(crate) hidden: Cell<bool>,
-    /// Whether the window's `beforeunload` came (heard while a `work()`
-    /// loop runs, windows only), and neither the page shown again since
-    /// (its `pageshow`: restored from the back/forward cache, which
+    /// Until when (the [`super::http::now_ms`] clock, ms) a handler's
+    /// failure is held back for the page's leaving: [`super::work::LEAVE_WINDOW_MS`]
+    /// after the window's own `beforeunload` (heard while a `work()` loop
+    /// runs, windows only); 0 (never) until then, once the page is shown
+    /// again (its `pageshow`: restored from the back/forward cache, which
     /// Chromium does with a `work()` page, with or without
-    /// `releaseOnPagehide`) nor a failure held back since outlived the
-    /// page's leaving: see [`super::work::LEAVE_GRACE_MS`]. Before, a
-    /// restored page kept the mark and held its first failure back 3 s
-    /// (helper-249; helper-253 without `releaseOnPagehide`).
-    pub(crate) leaving: Rc<Cell<bool>>,
+    /// `releaseOnPagehide`), and once a failure held back outlived the
+    /// page's leaving. A time, not a flag: a `beforeunload` no navigation
+    /// followed (a download, a navigation cancelled or answered 204, a
+    /// prompt the user dismissed) goes stale by itself, and a failure
+    /// after it is settled at once. Before, a restored page kept the mark
+    /// and held its first failure back 3 s (helper-249; helper-253 without
+    /// `releaseOnPagehide`), and so did a page that stayed after such a
+    /// `beforeunload`, however much later (helper-258).
+    pub(crate) leaving: Cell<f64>,
     /// Keeps the [`lifecycle::RESUME_EVENTS`] listener alive (removed on
     /// close): it wakes the heartbeat loop, whose pass sees a jump of the
     /// wall clock (a suspend) and asks the server about every held lease.
@@ -159,7 +165,7 @@ impl ClientInner {
             journal,
             pagehide: RefCell::new(None),
             hidden: Cell::new(false),
-            leaving: Rc::default(),
+            leaving: Cell::new(0.0),
             resume: RefCell::new(None),
             unanswered_claims: js_sys::Object::new(),
             weak: weak.clone(),
@@ -201,7 +207,7 @@ impl ClientInner {
                     // `releaseOnPagehide`, `hidden` is never set: a
                     // restored page held its first failure back 3 s).
                     if lifecycle::trusted(&e) && lifecycle::restored(&e) {
-                        c.leaving.set(false);
+                        c.leaving.set(0.0);
                     }
                     c.wake();
                 }

@@ -124,8 +124,19 @@ pub struct WorkerInner {
 /// off: settled `failed` at once, the item was failed for good and the
 /// beacon skipped it. Held back, the `pagehide` beacon releases the lease
 /// (the item is redone, one attempt counted); a navigation that did not
-/// happen (cancelled, a download) only delays that failure this long, once.
+/// happen (cancelled, a download) only delays a failure within
+/// [`LEAVE_WINDOW_MS`] of its `beforeunload`, by this long, once.
 pub const LEAVE_GRACE_MS: f64 = 3_000.0;
+
+/// How long (ms) after the browser's own `beforeunload` a handler's failure
+/// counts as the page's leaving (and is held [`LEAVE_GRACE_MS`]). The old
+/// page runs until the new one's answer arrives, and Firefox fails its
+/// fetches only then: a navigation to a slow server fails the handler
+/// seconds after the `beforeunload`. A failure later than this belongs to
+/// a page that stayed (the `beforeunload` led nowhere: a download, a
+/// navigation cancelled or answered 204) and is settled at once; before,
+/// such a mark held the next failure back however much later it came.
+pub const LEAVE_WINDOW_MS: f64 = 10_000.0;
 
 impl WorkerInner {
     /// Starts `options.concurrency` slots; `wrap` builds the JS `Lease` handed
@@ -157,8 +168,9 @@ impl WorkerInner {
         let n = w.options.concurrency.clamp(1, 64);
         let me = w.clone();
         // Only while the loop runs: in Firefox a `beforeunload` listener
-        // may keep the page out of the back/forward cache.
-        let heard = w.client.leaving.clone();
+        // may keep the page out of the back/forward cache. The client
+        // weakly: its `leaving` is a plain `Cell` (no `Rc` of its own).
+        let heard = Rc::downgrade(&w.client);
         let leave = super::lifecycle::listen(
             &super::lifecycle::BEFOREUNLOAD,
             true,
@@ -166,8 +178,8 @@ impl WorkerInner {
             // script dispatches after it (an app forwarding it) changes
             // nothing.
             Box::new(move |e| {
-                if super::lifecycle::trusted(&e) {
-                    heard.set(true);
+                if let (true, Some(c)) = (super::lifecycle::trusted(&e), heard.upgrade()) {
+                    c.leaving.set(now_ms() + LEAVE_WINDOW_MS);
                 }
             }),
         );
@@ -416,15 +428,16 @@ async fn run_one(w: &Rc<WorkerInner>, lease: &Rc<LeaseInner>, wrap: fn(Rc<LeaseI
     }
     // The page is being left and the handler threw (maybe only because
     // the navigation failed its fetches): its failure waits for the
-    // `pagehide` beacon (see `LEAVE_GRACE_MS`).
-    if outcome.is_err() && lease.asked.borrow().is_none() && w.client.leaving.get() {
+    // `pagehide` beacon (see `LEAVE_GRACE_MS`). Only a failure close to the
+    // `beforeunload`: one long after it belongs to a page that stayed.
+    if outcome.is_err() && lease.asked.borrow().is_none() && now_ms() < w.client.leaving.get() {
         w.sleep(LEAVE_GRACE_MS, false).await;
         if lease.status() != Status::Held {
             count(w, lease);
             return;
         }
         // Still here: the page was not left after all.
-        w.client.leaving.set(false);
+        w.client.leaving.set(0.0);
     }
     // Held: repeat what the handler asked for if its call failed (the very
     // same settle, so that one whose answer was lost is recognised by the
