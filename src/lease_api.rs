@@ -654,7 +654,7 @@ impl Lease {
     /// `StateConflictError`, without sending anything, while a settle or
     /// release of this lease is out or unanswered; `StateConflictError` from
     /// the server when the item left `running` by another path (an operator
-    /// paused it): the lease is lost then too (`status`
+    /// paused or cancelled it): the lease is lost then too (`status`
     /// `"claim_lost"`, `signal` aborted with a `ClaimLostError`).
     #[wasm_bindgen(unchecked_return_type = "Promise<number>")]
     pub fn heartbeat(&self) -> Promise {
@@ -671,7 +671,7 @@ impl Lease {
     /// except the same settle sent again to learn what became of one of
     /// unknown outcome, below),
     /// `StateConflictError` when the item left `running` by another path (an
-    /// operator paused it; nothing written, the lease is lost:
+    /// operator paused or cancelled it; nothing written, the lease is lost:
     /// `status` `"claim_lost"`, `signal` aborted with a `ClaimLostError`),
     /// `NetworkError` (the lease is kept; retry; unless a heartbeat was
     /// refused meanwhile: then lost at once, and the same settle sent again
@@ -746,7 +746,7 @@ impl Lease {
     /// `ClaimLostError` when the lease is already lost (its `reason`) or
     /// settled (`reason` `"released"`, message "the lease was settled");
     /// `StateConflictError` when the item left `running` by another path (an
-    /// operator paused it): the lease is lost then (`status` `"claim_lost"`,
+    /// operator paused or cancelled it): the lease is lost then (`status` `"claim_lost"`,
     /// `signal` aborted with a `ClaimLostError` `claim_lost`); `NetworkError`
     /// (the lease is kept, unless a heartbeat refused meanwhile lost it;
     /// retry). A second call after one that succeeded

@@ -230,6 +230,32 @@ async fn when_the_server_takes_the_claim_away_the_next_heartbeat_aborts_within_o
 }
 
 #[wasm_bindgen_test]
+async fn an_operator_s_cancel_aborts_the_holder_s_lease_and_refuses_its_settle() {
+    // The long-TTL server, as above: the point is the operator's verdict.
+    let Some(base) = long_ttl_server() else {
+        return;
+    };
+    let q = fresh_queue("cancel");
+    let id = enqueue_at(base, &q, json!({})).await;
+    let w1 = admin_client_at(base, config());
+    let lease = claim(&w1, &q).await;
+    let (status, body) = admin_at(base, "POST", &format!("/v1/items/{id}/cancel"), None).await;
+    assert_eq!(status, 200, "{body}");
+    // Told at its next heartbeat (bounded wait for the abort itself).
+    let (reason, _) = wait_abort(&lease, 30_000.0).await.expect("aborted");
+    assert_eq!(reason, "claim_lost");
+    let e = lease
+        .settle(SettleState::Done, Some(js(json!({"late": true}))), None)
+        .await
+        .unwrap_err();
+    assert_eq!(loss(&e), Some("claim_lost"));
+    let seen = item_at(base, id).await;
+    assert_eq!((seen.state, seen.result), (ItemState::Failed, None));
+    assert_eq!(seen.last_error.as_deref(), Some("cancelled"));
+    assert!(w1.held().is_empty(), "never heartbeated again");
+}
+
+#[wasm_bindgen_test]
 async fn heartbeats_of_many_leases_share_one_request_and_settle_stores_the_result() {
     if server().is_none() {
         return;

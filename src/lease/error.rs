@@ -55,7 +55,7 @@ pub enum LeaseError {
         message: String,
     },
     /// The token is current but the item left `running` by another path
-    /// (an operator paused it).
+    /// (an operator paused or cancelled it).
     StateConflict(String),
     /// A settle of a lease whose own earlier settle landed (its answer was
     /// lost) asked for something else: nothing was written by it; the lease

@@ -26,6 +26,8 @@ pub const DEFAULT_REAPER_MS: u64 = 15_000;
 pub const DEFAULT_MAX_REDELIVERIES: u32 = 5;
 /// `last_error` of an item failed by the retry cap.
 pub const RETRY_LIMIT_REASON: &str = "retry_limit";
+/// `last_error` of an item an operator cancelled (`POST /v1/items/{id}/cancel`).
+pub const CANCELLED_REASON: &str = "cancelled";
 /// Largest `max_redeliveries` an enqueue may ask for.
 pub const MAX_REDELIVERIES_LIMIT: u32 = 1_000;
 /// Largest `max_attempts` an enqueue may ask for: [`MAX_REDELIVERIES_LIMIT`]
@@ -235,7 +237,8 @@ pub struct ItemView<P = Value> {
     pub max_redeliveries: u32,
     /// Increases on every claim and resume; 0 before the first claim.
     pub epoch: u64,
-    /// Why the item failed or was reopened (`"retry_limit"`, `"expired"`, a worker's message).
+    /// Why the item failed or was reopened (`"retry_limit"`, `"expired"`,
+    /// `"cancelled"` by an operator, a worker's message).
     #[serde(default)]
     pub last_error: Option<String>,
     /// The worker holding the current claim, if any.
@@ -704,6 +707,13 @@ pub enum LeaseEvent {
     Pause,
     /// The reaper takes over an expired claim (counts one attempt).
     Expire,
+    /// An operator cancels an item that has not ended: `open`, `running`,
+    /// `paused` or `blocked` becomes `failed` ([`CANCELLED_REASON`]), no
+    /// attempt counted. A holder's token stays the current one, so its next
+    /// heartbeat or settle is `state_conflict` (as after a pause) and its
+    /// work is cancelled (River's `JobCancel`, Temporal's activity
+    /// cancellation delivered at the next heartbeat).
+    Cancel,
 }
 
 impl LeaseItem {
@@ -720,7 +730,7 @@ impl LeaseItem {
     }
 
     /// Applies `event` at `now_ms`. `token_current` says whether the caller's token
-    /// is the item's current one (ignored by Claim, Resume, Pause and Expire).
+    /// is the item's current one (ignored by Claim, Resume, Pause, Cancel and Expire).
     ///
     /// # Errors
     /// `claim_lost` / `state_conflict` for fenced events that do not apply (see
@@ -775,6 +785,12 @@ impl LeaseItem {
                     return Err(ErrorCode::Conflict);
                 }
                 next.state = ItemState::Paused;
+            }
+            LeaseEvent::Cancel => {
+                if matches!(self.state, ItemState::Done | ItemState::Failed) {
+                    return Err(ErrorCode::Conflict);
+                }
+                next.state = ItemState::Failed;
             }
             LeaseEvent::Expire => {
                 if self.state != ItemState::Running
@@ -1055,6 +1071,58 @@ mod tests {
         );
         let resumed = paused.apply(LeaseEvent::Resume, false, 3, TTL).unwrap();
         assert_eq!(resumed.epoch, paused.epoch + 1);
+    }
+
+    #[test]
+    fn a_cancel_fails_any_item_not_ended_and_its_holder_then_gets_state_conflict() {
+        let open = LeaseItem::new(DEFAULT_MAX_REDELIVERIES);
+        let running = claimed(0);
+        let paused = running.apply(LeaseEvent::Pause, false, 1, TTL).unwrap();
+        for (before, holder) in [(open, false), (running, true), (paused, true)] {
+            let after = before.apply(LeaseEvent::Cancel, false, 2, TTL).unwrap();
+            assert_eq!(after.state, ItemState::Failed);
+            assert_eq!(
+                (after.epoch, after.attempts),
+                (before.epoch, before.attempts),
+                "no attempt counted, no new epoch"
+            );
+            for event in [
+                LeaseEvent::Heartbeat,
+                LeaseEvent::Release,
+                LeaseEvent::Settle(SettleState::Done),
+            ] {
+                let want = if holder {
+                    ErrorCode::StateConflict
+                } else {
+                    ErrorCode::ClaimLost
+                };
+                assert_eq!(after.apply(event, true, 3, TTL), Err(want), "{event:?}");
+            }
+            assert_eq!(
+                after.apply(LeaseEvent::Claim, false, 3, TTL),
+                Err(ErrorCode::Conflict),
+                "a cancelled item is never claimed"
+            );
+            assert_eq!(
+                after.apply(LeaseEvent::Expire, false, 1_000_000, TTL),
+                Err(ErrorCode::Conflict),
+                "nor taken over"
+            );
+        }
+        for state in [SettleState::Done, SettleState::Failed] {
+            let ended = running
+                .apply(LeaseEvent::Settle(state), true, 1, TTL)
+                .unwrap();
+            assert_eq!(
+                ended.apply(LeaseEvent::Cancel, false, 2, TTL),
+                Err(ErrorCode::Conflict)
+            );
+        }
+        let blocked = running
+            .apply(LeaseEvent::Settle(SettleState::Blocked), true, 1, TTL)
+            .unwrap();
+        let cancelled = blocked.apply(LeaseEvent::Cancel, false, 2, TTL).unwrap();
+        assert_eq!(cancelled.state, ItemState::Failed);
     }
 
     #[test]

@@ -40,8 +40,8 @@ use crate::store::{Store, StoreError};
 
 /// The passes and calls that count the rows they cannot decode
 /// (`agentstore_unreadable_rows_total{by}`).
-pub const UNREADABLE_BY: [&str; 9] = [
-    "reaper", "list", "claim", "resume", "settle", "release", "pause", "requeue", "get",
+pub const UNREADABLE_BY: [&str; 10] = [
+    "reaper", "list", "claim", "resume", "settle", "release", "pause", "requeue", "cancel", "get",
 ];
 
 /// How long a scrape waits for the queue gauges' database read by default
@@ -357,7 +357,7 @@ impl Metrics {
         for by in ["reaper", "release"] {
             m.retry_limit.with_label_values(&[by]);
         }
-        for action in ["pause", "resume", "requeue"] {
+        for action in ["pause", "resume", "requeue", "cancel"] {
             m.operator_actions.with_label_values(&[action]);
         }
         for status in ["401", "403"] {
@@ -482,7 +482,7 @@ impl Metrics {
         self.claim_late_copies.inc();
     }
 
-    /// An operator's `action` (`"pause"`, `"resume"` or `"requeue"`) committed.
+    /// An operator's `action` (`"pause"`, `"resume"`, `"requeue"` or `"cancel"`) committed.
     pub fn operator_action(&self, action: &'static str) {
         self.operator_actions.with_label_values(&[action]).inc();
     }

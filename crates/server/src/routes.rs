@@ -52,6 +52,7 @@ pub fn router() -> Router<AppState> {
         .route("/items/{id}/resume", post(resume))
         .route("/items/{id}/pause", post(pause))
         .route("/items/{id}/requeue", post(requeue))
+        .route("/items/{id}/cancel", post(cancel))
         .route("/heartbeats", post(heartbeats))
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such endpoint") })
 }
@@ -716,5 +717,22 @@ async fn requeue(
     Segment(id): Segment,
 ) -> Result<Response, ApiError> {
     let (item, replayed) = st.store.requeue(item_id(&id)?).await?;
+    Ok(replay_marked(Json(item), replayed))
+}
+
+/// `POST /v1/items/{id}/cancel` (admin only): an `open`, `running`, `paused`
+/// or `blocked` item to `failed` with `last_error` `"cancelled"`, no attempt
+/// counted; a holder's next heartbeat or settle is `409 state_conflict`.
+/// `200` with the item (`{id, state: "failed", unreadable_row: true}` when
+/// its row does not decode: the cancel was applied). Sent again while the
+/// item is as that cancel left it, `200` with the item and
+/// `Idempotent-Replayed: true`, nothing changed; `409 conflict` naming the
+/// state from `done` or any other `failed` (see [`crate::Store::cancel`]).
+async fn cancel(
+    State(st): State<AppState>,
+    _: Admin,
+    Segment(id): Segment,
+) -> Result<Response, ApiError> {
+    let (item, replayed) = st.store.cancel(item_id(&id)?).await?;
     Ok(replay_marked(Json(item), replayed))
 }

@@ -2211,7 +2211,7 @@ impl Store {
 }
 
 /// The `state` column of an item row, when it is a state this build knows.
-fn state_of(row: &AnyRow) -> Option<ItemState> {
+pub(super) fn state_of(row: &AnyRow) -> Option<ItemState> {
     get::<String>(row, "state")
         .ok()
         .and_then(|s| ItemState::parse(&s))

@@ -441,6 +441,17 @@ pub const MIGRATIONS: &[Migration] = &[
         // conflict` (see `Store::requeue`). NULL for items never requeued.
         sql: "ALTER TABLE items ADD COLUMN requeued_epoch BIGINT",
     },
+    Migration {
+        version: 28,
+        name: "cancelled_epoch",
+        // The epoch of an item when an operator's cancel failed it: a cancel
+        // sent again after its answer was lost, or a second operator's
+        // racing the first, finds the item failed and, while its epoch is
+        // still that one, is answered that the cancel landed instead of
+        // `409 conflict` (see `Store::cancel`). NULL for items never
+        // cancelled.
+        sql: "ALTER TABLE items ADD COLUMN cancelled_epoch BIGINT",
+    },
 ];
 
 /// Columns a migration added only in a later edit of its SQL, made after

@@ -5,6 +5,7 @@
 //! [`Backend`]. Every lease time is milliseconds since the Unix epoch read from the
 //! DATABASE clock inside the statement that uses it, never from this process.
 
+mod cancel;
 mod coalesce;
 mod fence;
 mod item;

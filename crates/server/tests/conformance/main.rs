@@ -9,6 +9,7 @@
 
 mod auth;
 mod beacon;
+mod cancel;
 mod claim_race;
 mod common;
 mod fence;
@@ -88,6 +89,8 @@ conformance! {
     requeue::an_operator_requeues_a_failed_or_blocked_item_and_nothing_else,
     requeue::a_requeued_item_failed_at_the_retry_cap_gets_its_attempts_back,
     requeue::a_settle_sent_again_after_a_requeue_answers_its_own_outcome,
+    cancel::an_operator_cancels_an_item_that_has_not_ended_and_nothing_else,
+    cancel::a_cancel_racing_the_holder_s_settle_has_one_winner,
     lease::a_heartbeat_racing_a_takeover_has_exactly_one_winner,
     lease::a_takeover_of_an_item_settled_after_it_was_read_changes_nothing,
     lease::a_stalled_worker_that_comes_back_is_fenced_and_the_new_attempt_is_untouched,

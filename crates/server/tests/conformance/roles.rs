@@ -56,13 +56,14 @@ enum Endpoint {
     Pause,
     Resume,
     Requeue,
+    Cancel,
     Ready,
     Stats,
     Metrics,
     RevokeWorker,
 }
 
-const ENDPOINTS: [Endpoint; 19] = [
+const ENDPOINTS: [Endpoint; 20] = [
     Endpoint::Health,
     Endpoint::CreateEnrollment,
     Endpoint::Enroll,
@@ -78,6 +79,7 @@ const ENDPOINTS: [Endpoint; 19] = [
     Endpoint::Pause,
     Endpoint::Resume,
     Endpoint::Requeue,
+    Endpoint::Cancel,
     Endpoint::Ready,
     Endpoint::Stats,
     Endpoint::Metrics,
@@ -91,9 +93,13 @@ fn allowed(e: Endpoint, who: Who) -> bool {
     match e {
         // Public: the body is the credential.
         E::Health | E::Ready | E::Enroll | E::Refresh => true,
-        E::CreateEnrollment | E::Pause | E::Resume | E::Requeue | E::Metrics | E::RevokeWorker => {
-            who == W::Admin
-        }
+        E::CreateEnrollment
+        | E::Pause
+        | E::Resume
+        | E::Requeue
+        | E::Cancel
+        | E::Metrics
+        | E::RevokeWorker => who == W::Admin,
         E::Enqueue | E::List | E::Stats => matches!(who, W::Admin | W::Producer),
         E::Claim => matches!(who, W::Admin | W::Holder | W::OtherWorker),
         E::Item => matches!(who, W::Admin | W::Producer | W::Holder),
@@ -222,6 +228,7 @@ async fn request(store: &Store, p: &Principals, e: Endpoint) -> (Method, String,
                 .unwrap();
             (Method::POST, format!("/v1/items/{id}/requeue"), None)
         }
+        Endpoint::Cancel => (Method::POST, format!("/v1/items/{id}/cancel"), None),
         // A worker of its own: revoking one of the callers would refuse
         // the cells after it.
         Endpoint::RevokeWorker => {
