@@ -15,8 +15,11 @@ impl Store {
     /// token stays the item's current one, so its next heartbeat, settle or
     /// release is `state_conflict` and the SDK cancels its work (as after a
     /// pause); its claim key is forgotten, so a keyed claim sent again
-    /// claims afresh. A `requeue` brings the item back. Answers the item as
-    /// the cancel left it ([`Ended::Unreadable`] when its row does not
+    /// claims afresh. A paused item's record of the resume that last took
+    /// it out of `paused` (`resumed_epoch`) goes: the cancel took it out
+    /// this time, so a resume sent afterwards is `409 conflict`, not
+    /// answered as a replay of that earlier resume. A `requeue` brings the
+    /// item back. Answers the item as the cancel left it ([`Ended::Unreadable`] when its row does not
     /// decode: the cancel was applied), with `false`.
     ///
     /// Idempotent: a cancel of an item that a cancel already failed, with
@@ -40,7 +43,8 @@ impl Store {
     async fn cancel_now(&self, id: i64) -> Result<(Ended, bool), StoreError> {
         let sql = self.sql(&format!(
             "UPDATE items SET state = 'failed', last_error = $2, claim_key = NULL,
-                 cancelled_epoch = epoch, updated_at = {{now}}
+                 cancelled_epoch = epoch, updated_at = {{now}},
+                 resumed_epoch = CASE WHEN state = 'paused' THEN NULL ELSE resumed_epoch END
              WHERE id = $1 AND state IN ('open', 'running', 'paused', 'blocked')
              RETURNING {ITEM_COLS}"
         ));

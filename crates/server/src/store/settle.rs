@@ -214,7 +214,7 @@ impl Store {
         let ids = distinct(jobs.iter().map(|job| job.id));
         let sql = format!(
             "SELECT {ITEM_COLS}, token_hash, settled_token_hash, settled_by, settled_request_hash,
-                 settled_state, settled_epoch, settled_attempts
+                 settled_state, settled_epoch, settled_attempts, cancelled_epoch
              FROM items WHERE id IN ({})",
             placeholders(1, ids.len())
         );
@@ -452,7 +452,14 @@ fn replay_or_rejection(store: &Store, job: &SettleJob, row: &AnyRow) -> Result<E
     // operator's requeue lets a later lease's ending bring the item back to
     // the same state, with that lease's result and error).
     let settled_epoch: Option<i64> = get(row, "settled_epoch")?;
+    // An operator's cancel under the settle's epoch came after it (a cancel
+    // of the running lease would have refused the settle): the `blocked`
+    // or `paused` item it left is `failed` now, with the cancel's reason,
+    // at the same epoch.
+    let cancelled_since =
+        settled_epoch.is_some() && get::<Option<i64>>(row, "cancelled_epoch")? == settled_epoch;
     let moved_on = state != job.state_name()
+        || cancelled_since
         || get::<Option<String>>(row, "token_hash")?.is_some()
         || settled_epoch.is_some_and(|e| get::<i64>(row, "epoch").map_or(true, |now| now != e));
     if same_lease && asked.as_deref() == Some(job.request_hash.as_str()) {

@@ -213,3 +213,107 @@ pub async fn a_cancel_racing_the_holder_s_settle_has_one_winner(db: TestDb) {
     eprintln!("settle won {}, cancel won {}", wins.0, wins.1);
     server.stop().await.unwrap();
 }
+
+/// A resume took a paused item out of `paused`, a pause put it back, and an
+/// operator cancelled it there: a resume sent now finds the item failed by
+/// the cancel, not left by that earlier resume, so it is `409 conflict`
+/// naming the state, never `200` with `Idempotent-Replayed` (which says a
+/// resume landed). A resume whose own answer was lost before a cancel of
+/// the running item it resumed is still answered as a replay.
+pub async fn a_resume_of_a_paused_item_an_operator_cancelled_is_refused_not_replayed(db: TestDb) {
+    let server = http_server(&db).await;
+    let store = server.store().clone();
+    let url = server.url().to_owned();
+    let resume = |id: i64| {
+        let url = url.clone();
+        async move {
+            let resp = reqwest::Client::new()
+                .post(format!("{url}/v1/items/{id}/resume"))
+                .bearer_auth(ADMIN)
+                .send()
+                .await
+                .unwrap();
+            let replayed = resp.headers().get("idempotent-replayed").is_some();
+            let status = resp.status().as_u16();
+            (
+                status,
+                resp.json::<Value>().await.unwrap_or(Value::Null),
+                replayed,
+            )
+        }
+    };
+    let id = store.enqueue("cxr", &json!(1), None).await.unwrap().id;
+    store.claim("cxr", None).await.unwrap().unwrap();
+    store.pause(id).await.unwrap();
+    store.resume(id, None).await.unwrap();
+    store.pause(id).await.unwrap();
+    assert_eq!(cancel(&url, id, ADMIN).await.0, 200);
+    let rows = snapshot(&store).await;
+    let (status, body, replayed) = resume(id).await;
+    assert_eq!((status, replayed), (409, false), "{body}");
+    let err: ErrorBody = serde_json::from_value(body.clone()).unwrap();
+    assert_eq!(err.code, ErrorCode::Conflict, "{body}");
+    assert!(err.message.contains("failed"), "{body}");
+    assert_eq!(snapshot(&store).await, rows, "a refusal writes nothing");
+
+    // Resumed (its answer lost), then cancelled while running: the resume
+    // sent again is still its replay.
+    let other = store.enqueue("cxr", &json!(2), None).await.unwrap().id;
+    store.claim("cxr", None).await.unwrap().unwrap();
+    store.pause(other).await.unwrap();
+    store.resume(other, None).await.unwrap();
+    assert_eq!(cancel(&url, other, ADMIN).await.0, 200);
+    let (status, body, replayed) = resume(other).await;
+    assert_eq!((status, replayed), (200, true), "{body}");
+    assert_eq!(body["state"], json!("failed"), "{body}");
+    server.stop().await.unwrap();
+}
+
+/// A lease settled its item `blocked` (its answer lost) and an operator
+/// cancelled the blocked item: ANOTHER settle by that lease, `failed` with
+/// the text `"cancelled"` (what the row now reads), is refused
+/// `already_settled` naming `blocked`, as before the cancel; it never
+/// answered as a replay of a settle that did not land. The same settle
+/// sent again is still its replay, answered as it left the item.
+pub async fn a_lease_s_other_settle_after_a_cancel_of_its_blocked_item_is_already_settled(
+    db: TestDb,
+) {
+    let store = db.store(agentstore_server::Settings::default()).await;
+    for state in [SettleState::Blocked, SettleState::Paused] {
+        let id = store.enqueue("cxs", &json!(1), None).await.unwrap().id;
+        let c = store.claim("cxs", None).await.unwrap().unwrap();
+        store
+            .settle(id, &c.lease.token, None, state, None, None)
+            .await
+            .unwrap();
+        store.cancel(id).await.unwrap();
+        let rows = snapshot(&store).await;
+        let other = store
+            .settle_reporting(
+                id,
+                &c.lease.token,
+                None,
+                SettleState::Failed,
+                None,
+                Some(CANCELLED_REASON),
+            )
+            .await;
+        match other {
+            Err(agentstore_server::StoreError::AlreadySettled { state: s, .. }) => {
+                assert_eq!(s, state);
+            }
+            other => panic!("{state:?}: {other:?}"),
+        }
+        let (again, replayed) = store
+            .settle_reporting(id, &c.lease.token, None, state, None, None)
+            .await
+            .unwrap();
+        assert!(replayed);
+        let again = again.into_item().unwrap();
+        assert_eq!(
+            (again.state, again.last_error),
+            (ItemState::from(state), None)
+        );
+        assert_eq!(snapshot(&store).await, rows, "nothing written");
+    }
+}

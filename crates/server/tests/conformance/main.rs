@@ -91,6 +91,8 @@ conformance! {
     requeue::a_settle_sent_again_after_a_requeue_answers_its_own_outcome,
     cancel::an_operator_cancels_an_item_that_has_not_ended_and_nothing_else,
     cancel::a_cancel_racing_the_holder_s_settle_has_one_winner,
+    cancel::a_lease_s_other_settle_after_a_cancel_of_its_blocked_item_is_already_settled,
+    cancel::a_resume_of_a_paused_item_an_operator_cancelled_is_refused_not_replayed,
     lease::a_heartbeat_racing_a_takeover_has_exactly_one_winner,
     lease::a_takeover_of_an_item_settled_after_it_was_read_changes_nothing,
     lease::a_stalled_worker_that_comes_back_is_fenced_and_the_new_attempt_is_untouched,
