@@ -8,6 +8,19 @@ pub fn full_jitter_ms(attempt: u32, base_ms: f64, cap_ms: f64, r: f64) -> f64 {
     r.clamp(0.0, 1.0) * ceiling_ms(attempt, base_ms, cap_ms)
 }
 
+/// Redelivery backoff of a work item enqueued with a `retry_backoff_ms`
+/// (`lease::RetryBackoff`): after its `attempts`-th ended delivery (an
+/// expiry or a release, counted from 1) it is claimable again only after
+/// this many ms, full jitter over an exponential ceiling: uniform in
+/// `[0, min(max, base · 2^(attempts − 1))]` (the rule of [`full_jitter_ms`],
+/// AWS Architecture Blog "Exponential Backoff and Jitter"; River's default
+/// retry policy delays a failed job too, by `attempt⁴` s ± 10 %). Whole ms,
+/// rounded down.
+pub fn redelivery_delay_ms(attempts: u32, base_ms: u64, max_ms: u64, r: f64) -> u64 {
+    // Both are at most a day (`RETRY_BACKOFF_LIMIT_MS`): exact as f64.
+    full_jitter_ms(attempts.saturating_sub(1), base_ms as f64, max_ms as f64, r).floor() as u64
+}
+
 /// Reconnect backoff for the lease client after the n-th consecutive
 /// connection failure (n from 1; `failures` = n − 1 came before it):
 /// `random(base, min(cap, base · 2^n))` ms. Defaults: base 10 s, cap 5 min
@@ -87,6 +100,32 @@ mod tests {
         }
         assert_eq!(full_jitter_ms(3, 5.0, 1000.0, 0.5), 20.0);
         assert_eq!(full_jitter_ms(30, 5.0, 1000.0, 1.0), 1000.0);
+    }
+
+    #[test]
+    fn a_redelivery_delay_is_full_jitter_under_a_doubling_ceiling_capped_at_max() {
+        // The ceiling: base after the first ended delivery, doubling, then max.
+        assert_eq!(redelivery_delay_ms(1, 1000, 60_000, 1.0), 1000);
+        assert_eq!(redelivery_delay_ms(2, 1000, 60_000, 1.0), 2000);
+        assert_eq!(redelivery_delay_ms(4, 1000, 60_000, 1.0), 8000);
+        assert_eq!(redelivery_delay_ms(7, 1000, 60_000, 1.0), 60_000);
+        assert_eq!(redelivery_delay_ms(1001, 1000, 60_000, 1.0), 60_000);
+        // Uniform from 0: r scales the ceiling, rounded down to whole ms.
+        assert_eq!(redelivery_delay_ms(3, 1000, 60_000, 0.0), 0);
+        assert_eq!(redelivery_delay_ms(3, 1000, 60_000, 0.5), 2000);
+        assert_eq!(redelivery_delay_ms(1, 3, 3, 0.999_999), 2);
+        // attempts 0 (no ended delivery) reads as the first.
+        assert_eq!(redelivery_delay_ms(0, 1000, 60_000, 1.0), 1000);
+        // r outside [0, 1] is clamped, never a negative or a larger delay.
+        assert_eq!(redelivery_delay_ms(2, 1000, 60_000, -3.0), 0);
+        assert_eq!(redelivery_delay_ms(2, 1000, 60_000, 7.0), 2000);
+        for attempts in 0..=1001 {
+            for r in [0.0, 0.1, 0.5, 0.999_999] {
+                let d = redelivery_delay_ms(attempts, 250, 86_400_000, r);
+                let ceiling = 250f64 * 2f64.powi(attempts.saturating_sub(1).min(1000) as i32);
+                assert!(d as f64 <= ceiling.min(86_400_000.0), "{attempts} {r} {d}");
+            }
+        }
     }
 
     #[test]

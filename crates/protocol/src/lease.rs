@@ -33,6 +33,8 @@ pub const MAX_REDELIVERIES_LIMIT: u32 = 1_000;
 /// Largest `max_attempts` an enqueue may ask for: [`MAX_REDELIVERIES_LIMIT`]
 /// re-deliveries plus the first delivery.
 pub const MAX_ATTEMPTS_LIMIT: u32 = MAX_REDELIVERIES_LIMIT + 1;
+/// Largest `base` and `max` of a [`RetryBackoff`]: one day (ms).
+pub const RETRY_BACKOFF_LIMIT_MS: u64 = 86_400_000;
 
 /// The state of a work item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -143,7 +145,84 @@ pub struct EnqueueRequest {
     /// Giving both fields is refused (see [`retry_cap`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_attempts: Option<u32>,
+    /// Redelivery backoff (opt-in): after a delivery ends without a settle
+    /// (an expiry or a release) the reopened item is claimable only after
+    /// a full-jitter delay (see [`RetryBackoff`]). Absent: claimable at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_backoff_ms: Option<RetryBackoff>,
 }
+
+/// An item's redelivery backoff (`"retry_backoff_ms": {"base": 1000, "max":
+/// 60000}`): after its n-th delivery ended without a settle (an expiry the
+/// reaper took over, or a release; each counts one attempt) the reopened
+/// item is claimable only `delay` ms later on the database clock, `delay`
+/// uniform in `[0, min(max, base · 2^(n − 1))]` ("full jitter", AWS
+/// Architecture Blog "Exponential Backoff and Jitter"; see
+/// [`crate::backoff::redelivery_delay_ms`]). `1 ≤ base ≤ max ≤`
+/// [`RETRY_BACKOFF_LIMIT_MS`] (see [`RetryBackoff::check`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryBackoff {
+    /// The ceiling after the first ended delivery (ms), doubled after each further one.
+    pub base: u64,
+    /// The largest ceiling (ms).
+    pub max: u64,
+}
+
+impl RetryBackoff {
+    /// `self` when `1 ≤ base ≤ max ≤` [`RETRY_BACKOFF_LIMIT_MS`].
+    ///
+    /// # Errors
+    /// [`RetryBackoffError`] naming the rule (a `400 validation`).
+    pub fn check(self) -> Result<RetryBackoff, RetryBackoffError> {
+        if self.base == 0 || self.base > RETRY_BACKOFF_LIMIT_MS {
+            Err(RetryBackoffError::BaseOutOfRange)
+        } else if self.max > RETRY_BACKOFF_LIMIT_MS {
+            Err(RetryBackoffError::MaxOutOfRange)
+        } else if self.max < self.base {
+            Err(RetryBackoffError::MaxBelowBase)
+        } else {
+            Ok(self)
+        }
+    }
+
+    /// The delay (ms) before an item reopened by its `attempts`-th ended
+    /// delivery may be claimed again, for a random `r ∈ [0, 1)`.
+    pub fn delay_ms(self, attempts: u32, r: f64) -> u64 {
+        crate::backoff::redelivery_delay_ms(attempts, self.base, self.max, r)
+    }
+}
+
+/// Why an enqueue's `retry_backoff_ms` is refused (a `400 validation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryBackoffError {
+    /// `base` is 0 or above [`RETRY_BACKOFF_LIMIT_MS`].
+    BaseOutOfRange,
+    /// `max` is above [`RETRY_BACKOFF_LIMIT_MS`].
+    MaxOutOfRange,
+    /// `max` is below `base`.
+    MaxBelowBase,
+}
+
+impl std::fmt::Display for RetryBackoffError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RetryBackoffError::BaseOutOfRange => write!(
+                f,
+                "retry_backoff_ms.base must be 1..={RETRY_BACKOFF_LIMIT_MS} (ms, one day at most)"
+            ),
+            RetryBackoffError::MaxOutOfRange => write!(
+                f,
+                "retry_backoff_ms.max must be at most {RETRY_BACKOFF_LIMIT_MS} (ms, one day)"
+            ),
+            RetryBackoffError::MaxBelowBase => {
+                write!(f, "retry_backoff_ms.max must be at least its base")
+            }
+        }
+    }
+}
+
+impl std::error::Error for RetryBackoffError {}
 
 impl EnqueueRequest {
     /// The `max_redeliveries` this body asks for (see [`retry_cap`]).
@@ -244,6 +323,15 @@ pub struct ItemView<P = Value> {
     /// The worker holding the current claim, if any.
     #[serde(default)]
     pub worker_id: Option<i64>,
+    /// The redelivery backoff it was enqueued with, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_backoff_ms: Option<RetryBackoff>,
+    /// While the item is open but backing off after an ended delivery: how
+    /// long (ms, on the database clock, as read) until a claim may take it.
+    /// Absent when it is claimable now or not open (and in answers that do
+    /// not read the clock: a claim, a settle).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available_in_ms: Option<u64>,
 }
 
 /// The lease part of a claim or resume answer.
@@ -893,11 +981,58 @@ mod tests {
             payload: serde_json::json!(1),
             max_redeliveries: Some(2),
             max_attempts: None,
+            retry_backoff_ms: None,
         };
         assert_eq!(
             serde_json::to_string(&plain).unwrap(),
             r#"{"payload":1,"max_redeliveries":2}"#
         );
+    }
+
+    #[test]
+    fn a_retry_backoff_is_read_from_the_enqueue_body_and_checked_against_its_bounds() {
+        let req: EnqueueRequest = serde_json::from_str(
+            r#"{"payload": 1, "retry_backoff_ms": {"base": 1000, "max": 60000}}"#,
+        )
+        .unwrap();
+        let b = req.retry_backoff_ms.unwrap();
+        assert_eq!(
+            b,
+            RetryBackoff {
+                base: 1000,
+                max: 60_000
+            }
+        );
+        assert_eq!(b.check(), Ok(b));
+        assert_eq!(b.delay_ms(3, 1.0), 4000);
+        assert_eq!(
+            serde_json::to_value(&req).unwrap()["retry_backoff_ms"],
+            serde_json::json!({"base": 1000, "max": 60000})
+        );
+        for bad in [
+            r#"{"payload": 1, "retry_backoff_ms": {"base": 1}}"#,
+            r#"{"payload": 1, "retry_backoff_ms": {"base": 1, "max": 2, "factor": 2}}"#,
+            r#"{"payload": 1, "retry_backoff_ms": {"base": -1, "max": 2}}"#,
+            r#"{"payload": 1, "retry_backoff_ms": 1000}"#,
+        ] {
+            assert!(
+                serde_json::from_str::<EnqueueRequest>(bad).is_err(),
+                "{bad}"
+            );
+        }
+        let one_day = RETRY_BACKOFF_LIMIT_MS;
+        for (base, max, e) in [
+            (0, 10, RetryBackoffError::BaseOutOfRange),
+            (one_day + 1, one_day + 1, RetryBackoffError::BaseOutOfRange),
+            (10, one_day + 1, RetryBackoffError::MaxOutOfRange),
+            (10, 9, RetryBackoffError::MaxBelowBase),
+        ] {
+            assert_eq!(RetryBackoff { base, max }.check(), Err(e), "{base} {max}");
+            assert!(e.to_string().contains("retry_backoff_ms."), "{e}");
+        }
+        for (base, max) in [(1, 1), (1, one_day), (one_day, one_day)] {
+            assert!(RetryBackoff { base, max }.check().is_ok());
+        }
     }
 
     #[test]

@@ -7,8 +7,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use agentstore_protocol::lease::{
     BatchHeartbeatRequest, BatchHeartbeatResponse, BatchHeartbeatResult, CreateEnrollmentRequest,
     EnrollRequest, EnrollmentToken, Health, HeartbeatResponse, ItemState, RefreshRequest,
-    RevokeEnrollmentRequest, TokenRequest, WorkerCredentials, ANY_QUEUE, MAX_ENROLLMENT_TTL_MS,
-    MAX_SCOPE_QUEUES,
+    RetryBackoff, RevokeEnrollmentRequest, TokenRequest, WorkerCredentials, ANY_QUEUE,
+    MAX_ENROLLMENT_TTL_MS, MAX_SCOPE_QUEUES,
 };
 use agentstore_protocol::{ErrorBody, ErrorCode};
 use axum::extract::{ConnectInfo, FromRequestParts, Query, State};
@@ -346,9 +346,14 @@ async fn enqueue(
     // `max_attempts` n is `max_redeliveries` n - 1; the item keeps only the latter.
     let cap = agentstore_protocol::lease::retry_cap(req.max_redeliveries, req.max_attempts)
         .map_err(|e| invalid(e.to_string()))?;
+    let backoff = req
+        .retry_backoff_ms
+        .map(RetryBackoff::check)
+        .transpose()
+        .map_err(|e| invalid(e.to_string()))?;
     let (ended, replayed) = st
         .store
-        .enqueue_once(queue, &*req.payload, cap, producer, key)
+        .enqueue_with(queue, &*req.payload, cap, backoff, producer, key)
         .await?;
     Ok(replay_marked((StatusCode::CREATED, Json(ended)), replayed))
 }

@@ -3,7 +3,7 @@
 //! payload and result kept as the JSON text the client sent (see
 //! [`store::Item`](crate::store::Item) for why).
 
-use agentstore_protocol::lease::SettleState;
+use agentstore_protocol::lease::{RetryBackoff, SettleState};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
@@ -45,6 +45,9 @@ pub struct EnqueueBody {
     /// `max_redeliveries` (see `agentstore_protocol::lease::retry_cap`).
     #[serde(default)]
     pub max_attempts: Option<u32>,
+    /// Redelivery backoff (see `agentstore_protocol::lease::RetryBackoff`).
+    #[serde(default)]
+    pub retry_backoff_ms: Option<RetryBackoff>,
 }
 
 /// `POST /v1/items/{id}/settle` body (`SettleRequest`).

@@ -9,7 +9,7 @@
 //! `ClaimResponse`.
 
 use agentstore_protocol::lease::{
-    ClaimResponse, ItemList, ItemState, ItemView, LeaseItem, SettleState,
+    ClaimResponse, ItemList, ItemState, ItemView, LeaseItem, RetryBackoff, SettleState,
 };
 use agentstore_protocol::ErrorCode;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -21,7 +21,48 @@ use super::{get, to_u32, to_u64, StoreError};
 
 /// The columns [`item_from_row`] reads.
 pub(super) const ITEM_COLS: &str =
-    "id, queue, state, payload, result, attempts, max_redeliveries, epoch, last_error, worker_id";
+    "id, queue, state, payload, result, attempts, max_redeliveries, \
+     epoch, last_error, worker_id, retry_backoff_base_ms, retry_backoff_max_ms";
+
+/// An SQL condition (dialect placeholders unfilled: see `Backend::sql`) true
+/// for an item a claim may take now, as far as its redelivery backoff goes:
+/// no `available_at`, or one that has come on the database clock.
+pub(super) const AVAILABLE_NOW: &str = "(available_at IS NULL OR available_at <= {now})";
+
+/// An extra column (placeholders unfilled) for the statements that answer
+/// an item with its `available_in_ms` ([`item_from_row`] reads it when the
+/// row has it): the ms until an open item backing off may be claimed,
+/// NULL when it may be now.
+pub(super) const AVAILABLE_IN: &str = "CASE WHEN state = 'open' AND available_at > {now} \
+     THEN available_at - {now} END AS available_in_ms";
+
+/// The item's redelivery backoff from its row's `retry_backoff_base_ms`
+/// and `retry_backoff_max_ms`: `None` when it has none, or when they do not
+/// make one (only checked backoffs are stored; a row edited by hand is read
+/// as having none rather than refused).
+pub(super) fn backoff_from_row(row: &AnyRow) -> Option<RetryBackoff> {
+    let base = get::<Option<i64>>(row, "retry_backoff_base_ms").ok()??;
+    let max = get::<Option<i64>>(row, "retry_backoff_max_ms").ok()??;
+    RetryBackoff {
+        base: u64::try_from(base).ok()?,
+        max: u64::try_from(max).ok()?,
+    }
+    .check()
+    .ok()
+}
+
+/// The delay (ms) before an item that an ended delivery left in `state`
+/// with `attempts` may be claimed again: a draw of its `backoff` when it
+/// reopened with one, else `None` (claimable at once; `available_at` is
+/// stored NULL).
+pub(super) fn redelivery_delay(
+    backoff: Option<RetryBackoff>,
+    state: ItemState,
+    attempts: u32,
+) -> Option<i64> {
+    let backoff = backoff.filter(|_| state == ItemState::Open)?;
+    i64::try_from(backoff.delay_ms(attempts, rand::random::<f64>())).ok()
+}
 
 /// [`ITEM_COLS`] qualified with the table alias `i` (for statements that join),
 /// derived once.
@@ -333,6 +374,13 @@ pub(super) fn item_from_row(row: &AnyRow) -> Result<Item, StoreError> {
         epoch: to_u64(get(row, "epoch")?, "epoch")?,
         last_error: get(row, "last_error")?,
         worker_id: get(row, "worker_id")?,
+        retry_backoff_ms: backoff_from_row(row),
+        // Only statements that read the clock for it have the column.
+        available_in_ms: get::<Option<i64>>(row, "available_in_ms")
+            .ok()
+            .flatten()
+            .and_then(|v| u64::try_from(v).ok())
+            .filter(|&v| v > 0),
     })
 }
 

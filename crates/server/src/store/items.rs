@@ -10,7 +10,9 @@ use super::FetchDone;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
-use agentstore_protocol::lease::{end_attempt, ItemState, Lease, LeaseEvent, LeaseItem};
+use agentstore_protocol::lease::{
+    end_attempt, ItemState, Lease, LeaseEvent, LeaseItem, RetryBackoff,
+};
 use agentstore_protocol::ErrorCode;
 use sqlx::any::AnyRow;
 use tokio::sync::oneshot;
@@ -18,8 +20,9 @@ use tokio::sync::oneshot;
 use super::coalesce::{self, by_call, for_each_call, rerun_call_by_call};
 use super::fence::{forbidden, not_found, placeholders, rejection};
 use super::item::{
-    item_from_row, landed_state, lease_item_from_row, qualified_item_cols, Claimed, Ended, Item,
-    ItemPage, Released, Resumed, Viewed, ITEM_COLS,
+    backoff_from_row, item_from_row, landed_state, lease_item_from_row, qualified_item_cols,
+    redelivery_delay, Claimed, Ended, Item, ItemPage, Released, Resumed, Viewed, AVAILABLE_IN,
+    AVAILABLE_NOW, ITEM_COLS,
 };
 use super::{detached, get, lease_ttl_sql, ms, to_u64, Attempt, Backend, Store, StoreError};
 use crate::tokens::{self, ct_eq};
@@ -86,6 +89,8 @@ struct LeaseRead {
     settled_by: Option<i64>,
     now_ms: i64,
     ttl_ms: u64,
+    /// The item's redelivery backoff, if any.
+    backoff: Option<RetryBackoff>,
 }
 
 /// A claim's outcome in a coalesced claim statement.
@@ -178,6 +183,31 @@ impl Store {
         producer: Option<i64>,
         key: Option<&str>,
     ) -> Result<(Ended, bool), StoreError> {
+        self.enqueue_with(queue, payload, max_redeliveries, None, producer, key)
+            .await
+    }
+
+    /// [`Store::enqueue_once`] of an item with a redelivery backoff
+    /// (`backoff`; `None`: reopened at once, as [`Store::enqueue_once`]).
+    /// The backoff is part of what a keyed enqueue sent again must repeat
+    /// (another one is `conflict`).
+    ///
+    /// # Errors
+    /// As [`Store::enqueue_once`]; `validation` for a backoff
+    /// [`RetryBackoff::check`] refuses.
+    pub async fn enqueue_with<P: serde::Serialize + ?Sized>(
+        &self,
+        queue: &str,
+        payload: &P,
+        max_redeliveries: Option<u32>,
+        backoff: Option<RetryBackoff>,
+        producer: Option<i64>,
+        key: Option<&str>,
+    ) -> Result<(Ended, bool), StoreError> {
+        let backoff = backoff
+            .map(RetryBackoff::check)
+            .transpose()
+            .map_err(|e| StoreError::rejected(ErrorCode::Validation, e.to_string()))?;
         let payload = serde_json::to_string(payload)
             .map_err(|e| StoreError::rejected(ErrorCode::Validation, format!("payload: {e}")))?;
         let (store, queue, key) = (self.clone(), queue.to_owned(), key.map(str::to_owned));
@@ -186,8 +216,14 @@ impl Store {
         // On PostgreSQL its queue's gate first, before a connection (see
         // `lone`: enqueues waiting for the queue's lock took the pool).
         detached(async move {
-            let call =
-                store.enqueue_text(&queue, payload, max_redeliveries, producer, key.as_deref());
+            let call = store.enqueue_text(
+                &queue,
+                payload,
+                max_redeliveries,
+                backoff,
+                producer,
+                key.as_deref(),
+            );
             match &store.lone {
                 Some(lone) => lone.enqueue(&queue, call).await,
                 None => call.await,
@@ -211,14 +247,18 @@ impl Store {
         queue: &str,
         payload: String,
         max_redeliveries: Option<u32>,
+        backoff: Option<RetryBackoff>,
         producer: Option<i64>,
         key: Option<&str>,
     ) -> Result<(Ended, bool), StoreError> {
         let max = max_redeliveries.unwrap_or(self.settings.max_redeliveries);
+        let (backoff_base, backoff_max) = (backoff.map(|b| ms(b.base)), backoff.map(|b| ms(b.max)));
         let Some(key) = key else {
             let sql = self.sql(&format!(
-                "{lock}INSERT INTO items (queue, state, payload, attempts, max_redeliveries, epoch, created_at, updated_at)
-                 SELECT $1, 'open', $2, 0, $3, 0, {{now}}, {{now}}{from} WHERE {room}
+                "{lock}INSERT INTO items (queue, state, payload, attempts, max_redeliveries, epoch, created_at, updated_at,
+                     retry_backoff_base_ms, retry_backoff_max_ms)
+                 SELECT $1, 'open', $2, 0, $3, 0, {{now}}, {{now}}, CAST($4 AS BIGINT), CAST($5 AS BIGINT){from}
+                 WHERE {room}
                  RETURNING {ITEM_COLS}",
                 lock = self.queue_lock(),
                 from = self.queue_lock_from(),
@@ -228,6 +268,8 @@ impl Store {
                 .bind(queue)
                 .bind(&payload)
                 .bind(i64::from(max))
+                .bind(backoff_base)
+                .bind(backoff_max)
                 .fetch_optional_done(&self.pool)
                 .await?
                 .ok_or_else(ids_exhausted)?;
@@ -238,9 +280,14 @@ impl Store {
         };
         let scope = producer.unwrap_or(0);
         // What the request asked for: the payload text and the cap as given
-        // (an absent cap is not the server's default, which may change).
+        // (an absent cap is not the server's default, which may change),
+        // and the backoff when one is given (a request without one hashes
+        // as before backoffs existed, so its keys stored then still replay).
         let request_hash = {
-            let cap = max_redeliveries.map_or(String::from("-"), |m| m.to_string());
+            let mut cap = max_redeliveries.map_or(String::from("-"), |m| m.to_string());
+            if let Some(b) = backoff {
+                cap = format!("{cap};backoff={},{}", b.base, b.max);
+            }
             tokens::hash(&[cap.as_str(), ":", payload.as_str()].concat())
         };
         // A plain INSERT: the unique partial index on `(queue,
@@ -255,8 +302,9 @@ impl Store {
         // before the index existed refused to prepare it.)
         let sql = self.sql(&format!(
             "{lock}INSERT INTO items (queue, state, payload, attempts, max_redeliveries, epoch, created_at, updated_at,
-                 idempotency_key, request_hash, idempotency_scope)
-             SELECT $1, 'open', $2, 0, $3, 0, {{now}}, {{now}}, $4, $5, $6{from}
+                 idempotency_key, request_hash, idempotency_scope, retry_backoff_base_ms, retry_backoff_max_ms)
+             SELECT $1, 'open', $2, 0, $3, 0, {{now}}, {{now}}, $4, $5, $6,
+                 CAST($7 AS BIGINT), CAST($8 AS BIGINT){from}
              WHERE NOT EXISTS (SELECT 1 FROM items
                  WHERE queue = $1 AND idempotency_key = $4 AND idempotency_scope IS NULL)
                AND {room}
@@ -293,6 +341,8 @@ impl Store {
                 .bind(key)
                 .bind(&request_hash)
                 .bind(scope)
+                .bind(backoff_base)
+                .bind(backoff_max)
                 .fetch_optional_done(&self.pool)
                 .await;
             match inserted {
@@ -334,7 +384,7 @@ impl Store {
         if stored.as_deref() != Some(request_hash.as_str()) {
             return Err(StoreError::rejected(
                 ErrorCode::Conflict,
-                "this Idempotency-Key was used for another request in this queue (another payload or max_redeliveries)",
+                "this Idempotency-Key was used for another request in this queue (another payload, max_redeliveries or retry_backoff_ms)",
             ));
         }
         let id: i64 = get(&row, "id")?;
@@ -941,6 +991,7 @@ impl Store {
                      claim_sender = CAST($6 AS TEXT), claimed_at = {{now}},
                      heartbeat_at = {{now}}, updated_at = {{now}}, lease_ttl_ms = {ttl}
                  WHERE id = (SELECT id FROM items WHERE queue = $1 AND state = 'open'
+                               AND {AVAILABLE_NOW}
                              ORDER BY id LIMIT 1 {lock})
                    AND state = 'open'
                  RETURNING {ITEM_COLS}",
@@ -1166,10 +1217,14 @@ impl Store {
         self.claim_job(queue, job).await
     }
 
-    /// Whether `queue` has an open item (committed; one a claim in flight
-    /// holds locked reads as open).
+    /// Whether `queue` has an open item a claim may take now (committed;
+    /// one a claim in flight holds locked reads as open; one backing off
+    /// does not count).
     async fn any_open(&self, queue: &str) -> Result<bool, StoreError> {
-        let row = sqlx::query("SELECT id FROM items WHERE queue = $1 AND state = 'open' LIMIT 1")
+        let sql = self.sql(&format!(
+            "SELECT id FROM items WHERE queue = $1 AND state = 'open' AND {AVAILABLE_NOW} LIMIT 1"
+        ));
+        let row = sqlx::query(&sql)
             .bind(queue)
             .fetch_optional_done(&self.pool)
             .await?;
@@ -1255,6 +1310,7 @@ impl Store {
         let sql = self.sql(&format!(
             "WITH picked AS MATERIALIZED (
                  SELECT id FROM items WHERE queue = $1 AND state = 'open'
+                   AND {AVAILABLE_NOW}
                  ORDER BY id LIMIT {n} FOR UPDATE SKIP LOCKED
              ), numbered AS (
                  SELECT id, row_number() OVER (ORDER BY id) AS n FROM picked
@@ -1616,13 +1672,15 @@ impl Store {
         } else {
             reason
         };
+        let delay = redelivery_delay(read.backoff, state, attempts);
         let sql = self.sql(&format!(
             "UPDATE items SET state = $4, attempts = $5, last_error = $6, token_hash = NULL, lease_ttl_ms = NULL, claim_key = NULL,
                  released_token_hash = $2, released_by = worker_id,
-                 worker_id = NULL, heartbeat_at = NULL, updated_at = {{now}}
+                 worker_id = NULL, heartbeat_at = NULL, updated_at = {{now}},
+                 available_at = {{now}} + CAST($8 AS BIGINT)
              WHERE id = $1 AND state = 'running' AND token_hash = $2 AND epoch = $3
                AND ($7 = 0 OR worker_id = $7)
-             RETURNING {ITEM_COLS}"
+             RETURNING {ITEM_COLS}, {AVAILABLE_IN}"
         ));
         let row = sqlx::query(&sql)
             .bind(id)
@@ -1632,6 +1690,7 @@ impl Store {
             .bind(i64::from(attempts))
             .bind(reason)
             .bind(owner.unwrap_or(0))
+            .bind(delay)
             .fetch_optional_done(&self.pool)
             .await?;
         match row {
@@ -1955,7 +2014,7 @@ impl Store {
     async fn requeue_now(&self, id: i64) -> Result<(Ended, bool), StoreError> {
         let sql = self.sql(&format!(
             "UPDATE items SET state = 'open', attempts = 0, token_hash = NULL, worker_id = NULL,
-                 lease_ttl_ms = NULL, claim_key = NULL, heartbeat_at = NULL,
+                 lease_ttl_ms = NULL, claim_key = NULL, heartbeat_at = NULL, available_at = NULL,
                  requeued_epoch = epoch, updated_at = {{now}}
              WHERE id = $1 AND state IN ('failed', 'blocked')
              RETURNING {ITEM_COLS}"
@@ -2024,7 +2083,9 @@ impl Store {
     /// # Errors
     /// The database failed.
     pub async fn item(&self, id: i64) -> Result<Option<Item>, StoreError> {
-        let sql = format!("SELECT {ITEM_COLS} FROM items WHERE id = $1");
+        let sql = self.sql(&format!(
+            "SELECT {ITEM_COLS}, {AVAILABLE_IN} FROM items WHERE id = $1"
+        ));
         let row = sqlx::query(&sql)
             .bind(id)
             .fetch_optional_done(&self.pool)
@@ -2039,7 +2100,9 @@ impl Store {
     /// # Errors
     /// The database failed.
     pub async fn view_item(&self, id: i64) -> Result<Option<Viewed>, StoreError> {
-        let sql = format!("SELECT {ITEM_COLS} FROM items WHERE id = $1");
+        let sql = self.sql(&format!(
+            "SELECT {ITEM_COLS}, {AVAILABLE_IN} FROM items WHERE id = $1"
+        ));
         let row = sqlx::query(&sql)
             .bind(id)
             .fetch_optional_done(&self.pool)
@@ -2128,12 +2191,12 @@ impl Store {
         // Exactly the ids the first statement chose (those still in the
         // state): an item that entered the state meanwhile must not take a
         // place on the page, pushing a chosen one past `next`.
-        let sql = format!(
-            "SELECT {ITEM_COLS} FROM items
+        let sql = self.sql(&format!(
+            "SELECT {ITEM_COLS}, {AVAILABLE_IN} FROM items
              WHERE ($1 = '' OR state = $1) AND id IN ({})
              ORDER BY id",
             placeholders(2, take)
-        );
+        ));
         let mut q = sqlx::query(&sql).bind(state);
         for &(id, _) in &sizes[..take] {
             q = q.bind(id);
@@ -2184,6 +2247,7 @@ impl Store {
         let sql = self.sql(&format!(
             "SELECT state, epoch, attempts, max_redeliveries, heartbeat_at, token_hash, worker_id,
                     released_token_hash, released_by, settled_token_hash, settled_by,
+                    retry_backoff_base_ms, retry_backoff_max_ms,
                     {} AS ttl_ms, {{now}} AS now_ms
              FROM items WHERE id = $1",
             lease_ttl_sql("$2")
@@ -2204,6 +2268,7 @@ impl Store {
                 settled_by: get(&r, "settled_by")?,
                 now_ms: get(&r, "now_ms")?,
                 ttl_ms: to_u64(get(&r, "ttl_ms")?, "lease_ttl_ms")?,
+                backoff: backoff_from_row(&r),
             })
         })
         .transpose()

@@ -452,6 +452,25 @@ pub const MIGRATIONS: &[Migration] = &[
         // cancelled.
         sql: "ALTER TABLE items ADD COLUMN cancelled_epoch BIGINT",
     },
+    Migration {
+        version: 29,
+        name: "retry_backoff",
+        // An item's redelivery backoff as enqueued (`retry_backoff_ms`:
+        // base and max in ms; NULL: none, reopened items are claimable at
+        // once, as before) and the database time from which a claim may
+        // take it (`available_at`; NULL: now). An expiry or a release of
+        // an item with a backoff sets it to now plus a full-jitter delay
+        // (`Store::take_over`, `Store::release`); every claim skips an
+        // open item whose time has not come. The claims still read
+        // `items_queue_state` (queue, state, id) in id order and filter
+        // `available_at` on the row: items backing off ahead of the first
+        // claimable one cost a row read each per claim, as River's and
+        // Temporal's retries wait in the table they are claimed from.
+        // Nullable: adding them rewrites nothing.
+        sql: "ALTER TABLE items ADD COLUMN retry_backoff_base_ms BIGINT;
+            ALTER TABLE items ADD COLUMN retry_backoff_max_ms BIGINT;
+            ALTER TABLE items ADD COLUMN available_at BIGINT",
+    },
 ];
 
 /// Columns a migration added only in a later edit of its SQL, made after

@@ -12,11 +12,11 @@
 //! delivery. It leaves `running` for a terminal state an operator sees, and
 //! every other expired lease, of every queue, is still taken over.
 
-use agentstore_protocol::lease::{end_attempt, ItemState, LeaseEvent, LeaseItem};
+use agentstore_protocol::lease::{end_attempt, ItemState, LeaseEvent, LeaseItem, RetryBackoff};
 
 use sqlx::any::AnyRow;
 
-use super::item::lease_item_from_row;
+use super::item::{backoff_from_row, lease_item_from_row, redelivery_delay};
 use super::unreadable::{fail_set, UNREADABLE_REASON};
 use super::{get, lease_ttl_sql, ms, to_u64, Store, StoreError};
 
@@ -43,6 +43,9 @@ pub struct ExpiredClaim {
     pub now_ms: i64,
     /// The TTL (ms) the lease was granted with.
     pub ttl_ms: u64,
+    /// The item's redelivery backoff, if any: a takeover that reopens it
+    /// makes it claimable only after a draw of it.
+    pub backoff: Option<RetryBackoff>,
 }
 
 /// An expired running row the reaper could not decode.
@@ -59,6 +62,7 @@ fn expired_from_row(id: i64, row: &AnyRow) -> Result<ExpiredClaim, StoreError> {
         item: lease_item_from_row(row)?,
         now_ms: get(row, "now_ms")?,
         ttl_ms: to_u64(get(row, "ttl_ms")?, "lease_ttl_ms")?,
+        backoff: backoff_from_row(row),
     })
 }
 
@@ -85,7 +89,7 @@ impl Store {
         let sql = self.sql(&format!(
             "SELECT * FROM (
                  SELECT id, state, epoch, attempts, max_redeliveries, heartbeat_at, token_hash,
-                        {} AS ttl_ms, {{now}} AS now_ms
+                        retry_backoff_base_ms, retry_backoff_max_ms, {} AS ttl_ms, {{now}} AS now_ms
                  FROM items WHERE state = 'running' AND id > $3) AS r
              WHERE heartbeat_at IS NULL OR heartbeat_at <= now_ms - ttl_ms
              ORDER BY id LIMIT $2",
@@ -123,9 +127,11 @@ impl Store {
             return Ok(None);
         };
         let (_, _, reason) = end_attempt(claim.item.attempts, claim.item.max_redeliveries);
+        let delay = redelivery_delay(claim.backoff, next.state, next.attempts);
         let sql = self.sql(&format!(
             "UPDATE items SET state = $3, attempts = $4, last_error = $5, token_hash = NULL, lease_ttl_ms = NULL, claim_key = NULL,
-                 worker_id = NULL, heartbeat_at = NULL, updated_at = {{now}}
+                 worker_id = NULL, heartbeat_at = NULL, updated_at = {{now}},
+                 available_at = {{now}} + CAST($7 AS BIGINT)
              WHERE id = $1 AND state = 'running' AND epoch = $2
                AND (heartbeat_at IS NULL
                     OR heartbeat_at <= {{now}} - {})",
@@ -138,6 +144,7 @@ impl Store {
             .bind(i64::from(next.attempts))
             .bind(reason)
             .bind(ms(self.settings.ttl_ms))
+            .bind(delay)
             .execute(&self.pool)
             .await?;
         Ok((done.rows_affected() == 1).then_some(next.state))

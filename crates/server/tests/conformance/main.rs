@@ -8,6 +8,7 @@
 )]
 
 mod auth;
+mod backoff;
 mod beacon;
 mod cancel;
 mod claim_race;
@@ -51,6 +52,12 @@ macro_rules! conformance {
 }
 
 conformance! {
+    backoff::an_expired_item_with_a_retry_backoff_is_not_claimed_before_its_delay,
+    backoff::a_released_item_with_a_retry_backoff_is_claimed_after_its_delay,
+    backoff::an_item_without_a_retry_backoff_is_claimable_again_at_once,
+    backoff::a_queue_whose_only_open_items_back_off_answers_no_item,
+    backoff::an_enqueue_with_a_bad_retry_backoff_is_refused_400,
+    backoff::a_requeued_item_is_claimable_at_once_whatever_its_backoff,
     retention::the_first_reaper_pass_after_a_start_sweeps,
     input::a_payload_or_result_nests_at_most_127_deep,
     listing::a_listing_page_stays_near_its_byte_budget_when_errors_need_escaping,
