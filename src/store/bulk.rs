@@ -334,18 +334,15 @@ impl Store {
             return Err(super::batch_refused(failures, invalid));
         }
         for ((op, (current, stored)), rev) in ops.iter().zip(&currents).zip(&revs) {
-            let added = match op {
+            let stored = stored.as_ref();
+            match op {
+                // An id with neither a record nor a tombstone is new: `add()`.
                 Op::Put(p) => {
-                    // An id with neither a record nor a tombstone is new: `add()`.
-                    super::write_record(&tx, p, current, matches!(current, Current::Missing))?;
-                    Some(&p.object)
+                    let add = matches!(current, Current::Missing);
+                    super::write_record(&tx, &state, stored, p, current, add)?
                 }
-                Op::Delete { id, .. } => {
-                    super::write_tombstone(&tx, id, rev)?;
-                    None
-                }
-            };
-            super::index::maintain(&tx, &state, stored.as_ref(), added.map(|o| o.as_ref()))?;
+                Op::Delete { id, .. } => super::write_tombstone(&tx, &state, stored, id, rev)?,
+            }
         }
         // A request failing asynchronously (a ConstraintError from `add`)
         // aborts the transaction; the commit reports the transaction's

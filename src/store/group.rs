@@ -416,8 +416,7 @@ impl Store {
             },
             Err(_) => return Ok((Err(super::conflict(p, current, stored)), None)),
         };
-        super::write_record(tx, p, current, false)?;
-        index::maintain(tx, state, stored.as_ref(), Some(&p.object))?;
+        super::write_record(tx, state, stored.as_ref(), p, current, false)?;
         Ok(written(&p.id, rev, false))
     }
 
@@ -456,8 +455,7 @@ impl Store {
             Ok(rev) => rev,
             Err(e) => return Ok((Err(e), None)),
         };
-        super::write_tombstone(tx, id, &rev)?;
-        index::maintain(tx, state, stored.as_ref(), None)?;
+        super::write_tombstone(tx, state, stored.as_ref(), id, &rev)?;
         Ok(written(id, rev, true))
     }
 }

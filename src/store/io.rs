@@ -1158,13 +1158,11 @@ impl Store {
                     batch.kept_newer += 1;
                     continue;
                 }
+                // The removal and the index upkeep first, the record or
+                // tombstone (the request that takes space) last, as
+                // `super::write_record` orders them: a request Firefox
+                // refuses for quota keeps nothing of its item after it.
                 let key = JsValue::from(item.id.clone());
-                let target = if item.deleted { &tombs } else { &records };
-                if fresh {
-                    target.add(&item.object, None)?;
-                } else {
-                    target.put(&item.object, None)?;
-                }
                 match current {
                     Current::Live(_) if item.deleted => {
                         records.delete(key)?;
@@ -1174,15 +1172,21 @@ impl Store {
                     }
                     _ => {}
                 }
-                if item.deleted {
-                    dead_added += 1;
-                }
                 index::maintain(
                     &tx,
                     &state,
                     stored.as_ref(),
                     (!item.deleted).then_some(&item.object),
                 )?;
+                let target = if item.deleted { &tombs } else { &records };
+                if fresh {
+                    target.add(&item.object, None)?;
+                } else {
+                    target.put(&item.object, None)?;
+                }
+                if item.deleted {
+                    dead_added += 1;
+                }
                 self.changes
                     .change(&changes, &item.id, &item.rev.text(), item.deleted);
                 batch.written += 1;

@@ -643,25 +643,51 @@ fn stored_rev(v: &JsValue) -> Result<Rev> {
 }
 
 /// Issues the writes of one record whose `_rev` is already set (no await:
-/// the caller commits). `add` = the id is known to be new.
-pub(crate) fn write_record(tx: &Tx, p: &Prepared, current: &Current, add: bool) -> Result<()> {
+/// the caller commits), replacing `stored` (the live record, if any) in the
+/// indexes of `state`. `add` = the id is known to be new.
+///
+/// The record goes last, after its index upkeep and the tombstone's
+/// removal: Firefox, refusing a request for quota inside a transaction,
+/// keeps the writes issued after that request though it aborts the
+/// transaction (README, "A failed write leaves nothing behind"), so the
+/// request most likely to cross the limit must have none of its own
+/// write's requests after it.
+pub(crate) fn write_record(
+    tx: &Tx,
+    state: &index::Maintained,
+    stored: Option<&JsValue>,
+    p: &Prepared,
+    current: &Current,
+    add: bool,
+) -> Result<()> {
+    index::maintain(tx, state, stored, Some(&p.object))?;
+    if matches!(current, Current::Deleted(_)) {
+        tx.store(TOMBSTONES)?.delete(JsValue::from(p.id.clone()))?;
+    }
     let records = tx.store(RECORDS)?;
     if add {
         records.add(&p.object, None)?;
     } else {
         records.put(&p.object, None)?;
     }
-    if matches!(current, Current::Deleted(_)) {
-        tx.store(TOMBSTONES)?.delete(JsValue::from(p.id.clone()))?;
-    }
     Ok(())
 }
 
 /// Issues the writes of one deletion whose tombstone revision is `rev` (no
-/// await: the caller commits): the tombstone replaces the live record.
-pub(crate) fn write_tombstone(tx: &Tx, id: &JsString, rev: &str) -> Result<()> {
-    tx.store(TOMBSTONES)?.put(&tombstone(id, rev), None)?;
+/// await: the caller commits): the tombstone replaces the live record
+/// `stored` and its entries in the indexes of `state`. The tombstone, the
+/// one request that takes space, goes last (as the record in
+/// [`write_record`]).
+pub(crate) fn write_tombstone(
+    tx: &Tx,
+    state: &index::Maintained,
+    stored: Option<&JsValue>,
+    id: &JsString,
+    rev: &str,
+) -> Result<()> {
+    index::maintain(tx, state, stored, None)?;
     tx.store(RECORDS)?.delete(JsValue::from(id.clone()))?;
+    tx.store(TOMBSTONES)?.put(&tombstone(id, rev), None)?;
     Ok(())
 }
 

@@ -174,3 +174,38 @@ test('firefox: a quota error in a group of writes leaves the next write working'
   assert.deepEqual(r.after, Array(5).fill('written'), JSON.stringify(r));
   assert.deepEqual(r.uncaught, []);
 });
+
+// A group of single-record writes big enough to cross the limit part-way:
+// Firefox refuses one member's record `put` inside the shared transaction
+// and keeps the writes issued after that request (README, "A failed write
+// leaves nothing behind"). Before, a member issued its record first and its
+// index entries after it, so the member whose record crossed the limit,
+// rejected with QuotaExceededError, kept its index changes: `listBy` listed
+// it under the type its refused update gave it (and no more under its
+// stored one), and `verifyIndexes()` reported it stale. Each write now
+// issues its record (or tombstone) last: nothing of a refused member stays.
+async function groupIndexQuota({ db }) {
+  const store = await window.sdk.AgentStore.open(db, { indexes: [{ name: 'byType', keys: ['recordType'] }] });
+  await store.rebuildIndexes();
+  const ids = Array.from({ length: 40 }, (_, i) => `p${String(i).padStart(2, '0')}`);
+  const revs = await store.putMany(ids.map((id) => ({ _id: id, recordType: 'small' })));
+  const text = window.bigText();
+  const outs = await Promise.all(ids.map((id, i) => store
+    .put({ _id: id, _rev: revs[i].rev, recordType: 'big', data: text.slice(i * 500 * 1024, (i + 1) * 500 * 1024) })
+    .then(() => 'written', (e) => `${e && e.name}`)));
+  const wrong = [];
+  for (const type of ['big', 'small']) {
+    for (const r of (await store.listBy('byType', { eq: type, limit: 100 })).records) {
+      if (r.recordType !== type) wrong.push(`${r._id} listed as ${type}, stored as ${r.recordType}`);
+    }
+  }
+  const v = await store.verifyIndexes();
+  store.close();
+  return { outs, wrong, verify: [v.missing, v.orphaned, v.stale] };
+}
+
+test('firefox: a member of a group refused for quota leaves none of its index changes', { timeout: 120_000 }, async () => {
+  const r = await page.evaluate(groupIndexQuota, { db: `quota-group-index-${Math.random().toString(36).slice(2)}` });
+  assert.ok(r.outs.includes('QuotaExceededError') && r.outs.includes('written'), JSON.stringify(r.outs));
+  assert.deepEqual({ wrong: r.wrong, verify: r.verify }, { wrong: [], verify: [[], [], []] });
+});
