@@ -79,9 +79,9 @@ const NOTE = {
 // store.list({after}); ... after = p.next;`) would stop compiling (TS7022).
 const T = 'T extends RecordInput = AgentRecord';
 const TYPED = [
-  ['getMany(ids: string[]): Promise<(Stored | null)[]>;', `getMany<${T}>(ids: string[]): Promise<(Stored<T> | null)[]>;`],
+  ['getMany(ids: readonly string[]): Promise<(Stored | null)[]>;', `getMany<${T}>(ids: readonly string[]): Promise<(Stored<T> | null)[]>;`],
   ['get(id: string): Promise<Stored | null>;', `get<${T}>(id: string): Promise<Stored<T> | null>;`],
-  ['putMany(records: AgentRecord[]): Promise<PutResult[]>;', `putMany<${T}>(records: T[]): Promise<PutResult[]>;`],
+  ['putMany(records: readonly AgentRecord[]): Promise<PutResult[]>;', `putMany<${T}>(records: readonly T[]): Promise<PutResult[]>;`],
   ['put(record: AgentRecord): Promise<PutResult>;', `put<${T}>(record: T): Promise<PutResult>;`],
 ];
 const typedRecords = (text, file) => {

@@ -26,20 +26,23 @@ export interface RecordInput {
   recordType?: string | undefined;
   /** ISO-8601 UTC with milliseconds; set to now when absent (or `undefined`). */
   updatedAt?: string | undefined;
+  /** PouchDB's bookkeeping fields are not record fields: a write giving one (any field starting with `_` but `_id` and `_rev`) is a ValidationError. Delete with `delete(id, rev)`, not `_deleted: true`. */
+  _deleted?: undefined; _attachments?: undefined; _conflicts?: undefined; _revisions?: undefined;
+  _revs_info?: undefined; _deleted_conflicts?: undefined; _local_seq?: undefined;
 }
 /** A stored record: a JSON object with a string `_id` and a store-assigned `_rev` (the record methods' type when none is given). */
 export interface AgentRecord extends RecordInput {
   [field: string]: unknown;
 }
-/** A record as a read gives it back (`get`, `getMany`, `list`, `listBy`, `ConflictError.current`, a `mutate` function's `current`): the app's type with the `_rev` every stored record has, so `store.delete(r._id, r._rev)` needs no `!` (as PouchDB types `_rev` on what `get` answers). */
-export type Stored<T extends RecordInput = AgentRecord> = T & { _rev: string };
+/** A record as a read gives it back (`get`, `getMany`, `list`, `listBy`, `ConflictError.current`, a `mutate` function's `current`): the app's type with the `_rev` every stored record has, so `store.delete(r._id, r._rev)` needs no `!` (as PouchDB types `_rev` on what `get` answers), and the `updatedAt` the store sets on every write (absent only on a record imported without one). */
+export type Stored<T extends RecordInput = AgentRecord> = T & { _rev: string; updatedAt?: string };
 export interface OpenOptions {
   /** Reject with BlockedError when another tab blocks the open this long (ms, 0..=2147483647), or when the open has no answer this long + 3000 ms after it was made (one queued behind another tab's upgrade gets no `blocked` event; a very slow open counts too). Default 5000. */
   blockedTimeoutMs?: number | null | undefined;
   /** Called after another tab's upgrade closed this connection. */
   onVersionChange?: (() => void) | null | undefined;
   /** Derived indexes, e.g. [{name: "byType", keys: ["recordType", "updatedAt"]}]. */
-  indexes?: IndexDefinition[] | null | undefined;
+  indexes?: readonly IndexDefinition[] | null | undefined;
 }
 export interface PutResult { id: string; rev: string; }
 export interface ListOptions {
@@ -66,6 +69,8 @@ export interface MutateResult {
   _rev?: string | undefined;
   recordType?: string | undefined;
   updatedAt?: string | undefined;
+  /** Refused as in `RecordInput` (a ValidationError). */
+  _deleted?: undefined; _attachments?: undefined; _conflicts?: undefined; _revisions?: undefined;
   [field: string]: unknown;
 }
 /** What `importPouchDump` / `importSnapshot` read: NDJSON text as a string, or streamed from a Blob (File), Response or ReadableStream of bytes. */
@@ -134,7 +139,7 @@ export interface Watch {
   readonly ready: Promise<void>;
 }
 export interface SnapshotImportSummary { written: number; keptNewer: number; }
-export interface IndexDefinition { name: string; keys: string[]; }
+export interface IndexDefinition { name: string; keys: readonly string[]; }
 export interface CountOptions {
   /** Exact prefix on `_id` (UTF-16 code-unit order). */
   prefix?: string | null | undefined;
@@ -157,7 +162,7 @@ export interface PurgeOptions {
 }
 export interface ListByOptions {
   /** Leading components equal these values exactly (one value or an array). */
-  eq?: string | number | (string | number)[] | null | undefined;
+  eq?: string | number | readonly (string | number)[] | null | undefined;
   /** The first component is a string starting with this. */
   prefix?: string | null | undefined;
   /** Bounds of the first component (numbers sort before strings); a `lower` above `upper` is a ValidationError. */
@@ -549,7 +554,7 @@ impl AgentStore {
     #[wasm_bindgen(js_name = getMany, unchecked_return_type = "Promise<(Stored | null)[]>")]
     pub fn get_many(
         &self,
-        #[wasm_bindgen(unchecked_param_type = "string[]")] ids: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "readonly string[]")] ids: JsValue,
     ) -> Promise {
         issue(|to_error| self.inner.get_many_promise(&ids, to_error))
     }
@@ -588,7 +593,7 @@ impl AgentStore {
     #[wasm_bindgen(js_name = deleteMany, unchecked_return_type = "Promise<string[]>")]
     pub fn delete_many(
         &self,
-        #[wasm_bindgen(unchecked_param_type = "DeleteItem[]")] items: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "readonly DeleteItem[]")] items: JsValue,
     ) -> Promise {
         self.write(Write::DeleteMany(items))
     }
@@ -666,7 +671,7 @@ impl AgentStore {
     #[wasm_bindgen(js_name = putMany, unchecked_return_type = "Promise<PutResult[]>")]
     pub fn put_many(
         &self,
-        #[wasm_bindgen(unchecked_param_type = "AgentRecord[]")] records: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "readonly AgentRecord[]")] records: JsValue,
     ) -> Promise {
         self.write(Write::PutMany(records))
     }

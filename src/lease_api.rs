@@ -47,7 +47,7 @@ export interface LeaseClientOptions {
    * `X-Lease-Token`/`X-Lease-Epoch` to. Default none: the token alone can release the lease,
    * so it never goes to a third party unless you name it here.
    */
-  leaseHeaderOrigins?: string[] | null | undefined;
+  leaseHeaderOrigins?: readonly string[] | null | undefined;
   /** TEST HOOK: maps each heartbeat timer delay (ms) to the delay used (simulates throttled tabs). */
   testTimerDelay?: ((ms: number) => number) | null | undefined;
 }

@@ -27,6 +27,9 @@ export async function wrong(): Promise<void> {
   const task = await store.get<{ _id: string; title: string }>('t');
   const done: boolean | undefined = task?.title; // error TS2322
   await store.put({ _id: 7, title: 'id not a string' }); // error TS2322
+  // PouchDB's way to delete is refused by put (fields starting with `_` but _id and _rev).
+  await store.put({ _id: 'a', _rev: '1-a', _deleted: true }); // error TS2322
+  await store.mutate('a', (c) => (c ? { ...c, _deleted: true } : undefined)); // error TS2322
   console.log(done);
   console.log(n, epoch);
 }

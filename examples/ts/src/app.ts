@@ -86,11 +86,13 @@ export async function records(): Promise<void> {
   const t: Task | null = await store.get('task:1');
   const t2 = await store.get<Task>('task:2');
   same<typeof t2, Stored<Task> | null>(true);
+  // Every write sets `updatedAt`, also on a type that does not declare it (docs/api.md, `get`).
+  const when: string | undefined = t2?.updatedAt;
   const tasks = await store.getMany<Task>(['task:1', 'task:2']);
   same<typeof tasks, (Stored<Task> | null)[]>(true);
   const open = (await store.list({ prefix: 'task:' })) as unknown as ListPage<Task>;
   const titles: string[] = open.records.map((r) => r.title);
-  console.log(t?.done, t2?.title, titles);
+  console.log(t?.done, t2?.title, titles, when);
 
   const many = await store.putMany([{ _id: 'a' }, { _id: 'b', recordType: 'note' }]);
   same<typeof many, PutResult[]>(true);
@@ -270,4 +272,21 @@ export async function notGiven(maybe: { prefix?: string; limit?: number; signal?
   client.work('jobs', async () => null, { concurrency: maybe.limit, pollIntervalMs: null, reconnectBaseMs: undefined, reconnectCapMs: null });
   await worker.stop();
   await client.close();
+}
+
+// Input arrays are only read (docs/api.md: arguments are read during the
+// call), so readonly ones are taken as they are: a config constant declared
+// `as const`, a `ReadonlyArray` from the app's state.
+const INDEXES = [{ name: 'byType', keys: ['recordType', 'updatedAt'] }] as const;
+export async function readonlyInputs(ids: readonly string[], tasks: ReadonlyArray<{ _id: string; title: string }>): Promise<void> {
+  const store = await AgentStore.open('agents', { indexes: INDEXES });
+  await store.getMany(ids);
+  await store.putMany(tasks);
+  const page = await store.list();
+  const items: readonly { id: string; rev: string }[] = page.records.map((r) => ({ id: r._id, rev: r._rev }));
+  await store.deleteMany(items);
+  const key = ['agent', 3] as const;
+  await store.listBy('byType', { eq: key });
+  const origins: readonly string[] = ['https://api.example'];
+  await new LeaseClient('http://127.0.0.1:8787', { leaseHeaderOrigins: origins }).close();
 }
