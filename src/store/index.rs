@@ -1098,14 +1098,6 @@ impl Store {
             self.check_open()?;
             let finished = rows.len() as u32 <= batch;
             rows.truncate(batch as usize);
-            let derived = tx.store(DERIVED)?;
-            for r in &rows {
-                for (t, _) in &mine {
-                    if let Some(k) = state.defs.get(*t).and_then(|d| entry_key(t, d, r)) {
-                        derived.put(&k, Some(&k))?;
-                    }
-                }
-            }
             let mut next = Checkpoint {
                 after: from.after,
                 done: from.done + rows.len() as u32,
@@ -1129,6 +1121,22 @@ impl Store {
             } else {
                 for (t, _) in &mine {
                     write_checkpoint(&tx, t, &next)?;
+                }
+            }
+            // The entries, the requests that take space, go after the
+            // checkpoint or state that counts them done: Firefox, refusing
+            // a request for quota, aborts the transaction but keeps the
+            // requests issued after the refused one (README, "A failed
+            // write leaves nothing behind"). Issued before, an advanced
+            // checkpoint or an index marked complete stayed while the
+            // entries were refused: the index answered listBy without them
+            // and `rebuildIndexes({restart: false})` saw nothing to do.
+            let derived = tx.store(DERIVED)?;
+            for r in &rows {
+                for (t, _) in &mine {
+                    if let Some(k) = state.defs.get(*t).and_then(|d| entry_key(t, d, r)) {
+                        derived.put(&k, Some(&k))?;
+                    }
                 }
             }
             tx.commit().await?;
