@@ -71,6 +71,7 @@ export interface MutateResult {
   updatedAt?: string | undefined;
   /** Refused as in `RecordInput` (a ValidationError). */
   _deleted?: undefined; _attachments?: undefined; _conflicts?: undefined; _revisions?: undefined;
+  _revs_info?: undefined; _deleted_conflicts?: undefined; _local_seq?: undefined;
   [field: string]: unknown;
 }
 /** What `importPouchDump` / `importSnapshot` read: NDJSON text as a string, or streamed from a Blob (File), Response or ReadableStream of bytes. */

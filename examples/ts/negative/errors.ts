@@ -30,6 +30,8 @@ export async function wrong(): Promise<void> {
   // PouchDB's way to delete is refused by put (fields starting with `_` but _id and _rev).
   await store.put({ _id: 'a', _rev: '1-a', _deleted: true }); // error TS2322
   await store.mutate('a', (c) => (c ? { ...c, _deleted: true } : undefined)); // error TS2322
+  // Every field `put` refuses at compile time, `mutate`'s result refuses too (runtime: a ValidationError).
+  await store.mutate('a', (c) => (c ? { ...c, _local_seq: 1 } : undefined)); // error TS2322
   console.log(done);
   console.log(n, epoch);
 }
