@@ -646,8 +646,10 @@ pub struct QueueStats {
     pub done: u64,
     /// Items settled `failed` or failed by the retry cap.
     pub failed: u64,
-    /// How long the longest-waiting open item has been open (ms on the database
-    /// clock, since it was enqueued or last reopened); `null` with no open item.
+    /// How long the longest-waiting open item has been claimable (ms on the
+    /// database clock, since it was enqueued or last reopened, or since its
+    /// redelivery backoff ended; 0 while every open item backs off); `null`
+    /// with no open item.
     pub oldest_open_age_ms: Option<u64>,
 }
 

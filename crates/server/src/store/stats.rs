@@ -35,8 +35,11 @@ impl Store {
     /// Gauges of `queue`, or of every queue that has items when `None` (sorted
     /// by name). A queue without items has all counts zero.
     ///
-    /// The age is measured on the database clock from the `updated_at` of the
-    /// longest-waiting open item (set when it was enqueued or last reopened).
+    /// The age is measured on the database clock from when the
+    /// longest-waiting open item became claimable: its `updated_at` (set when
+    /// it was enqueued or last reopened), or, for an item reopened with a
+    /// redelivery backoff, its `available_at` (an item backing off waits for
+    /// its delay, not for a worker: 0 while it is the only one and not due).
     ///
     /// Rows of an unknown state are left out (logged; counted by
     /// [`Store::queue_stats_and_unreadable`]).
@@ -59,7 +62,9 @@ impl Store {
         queue: Option<&str>,
     ) -> Result<(Vec<QueueStats>, u64), StoreError> {
         let sql = self.sql(
-            "SELECT queue, state, COUNT(*) AS n, MIN(updated_at) AS since, {now} AS now_ms
+            "SELECT queue, state, COUNT(*) AS n,
+                 MIN(CASE WHEN available_at > updated_at THEN available_at ELSE updated_at END) AS since,
+                 {now} AS now_ms
              FROM items WHERE ($1 = '' OR queue = $1)
              GROUP BY queue, state",
         );

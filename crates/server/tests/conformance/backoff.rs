@@ -376,3 +376,60 @@ pub async fn a_requeued_item_is_claimable_at_once_whatever_its_backoff(db: TestD
         .expect("claimable at once");
     assert_eq!(again.item.id, id);
 }
+
+/// The queue's oldest-open age (`oldest_open_age_ms`, the
+/// `agentstore_queue_oldest_open_age_seconds` gauge the README's
+/// `AgentstoreOldestOpenItemTooOld` alert pages on: "an item has waited for
+/// a worker") counts the time an open item could have been claimed: an
+/// item backing off waits for its delay, not for a worker, so it ages the
+/// queue only from when it is due.
+pub async fn a_backing_off_item_ages_the_queue_only_from_when_it_is_due(db: TestDb) {
+    let store = db.store(ttl(60_000)).await;
+    let day = RetryBackoff {
+        base: 86_400_000,
+        max: 86_400_000,
+    };
+    let id = enqueue(&store, "q", Some(day)).await;
+    let claimed = store.claim("q", None).await.unwrap().expect("claimed");
+    store.release(id, &claimed.lease.token, None).await.unwrap();
+    // Released (reopened) 20 minutes ago, due 10 minutes from now: the
+    // seed moves both times back as the wait itself would have.
+    let now = db_now(&store).await;
+    sqlx::query("UPDATE items SET updated_at = $1, available_at = $2 WHERE id = $3")
+        .bind(now - 1_200_000)
+        .bind(now + 600_000)
+        .bind(id)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    assert!(store.claim("q", None).await.unwrap().is_none(), "not due");
+    let stats = store.queue_stats(Some("q")).await.unwrap().remove(0);
+    assert_eq!(stats.open, 1);
+    let age = stats.oldest_open_age_ms.unwrap_or(0);
+    assert!(
+        age < 60_000,
+        "an item due in 10 minutes has not waited for a worker, yet aged {age} ms"
+    );
+    // Due 5 s ago: it has waited 5 s for a worker, not 20 minutes.
+    sqlx::query("UPDATE items SET available_at = $1 WHERE id = $2")
+        .bind(now - 5_000)
+        .bind(id)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let age = store.queue_stats(Some("q")).await.unwrap()[0]
+        .oldest_open_age_ms
+        .expect("an open item");
+    assert!((5_000..60_000).contains(&age), "due 5 s ago, aged {age} ms");
+    // An item without a backoff still ages from when it was enqueued.
+    let plain = enqueue(&store, "p", None).await;
+    sqlx::query("UPDATE items SET updated_at = updated_at - 1200000 WHERE id = $1")
+        .bind(plain)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let age = store.queue_stats(Some("p")).await.unwrap()[0]
+        .oldest_open_age_ms
+        .expect("an open item");
+    assert!(age >= 1_200_000, "{age}");
+}

@@ -58,6 +58,7 @@ conformance! {
     backoff::a_queue_whose_only_open_items_back_off_answers_no_item,
     backoff::an_enqueue_with_a_bad_retry_backoff_is_refused_400,
     backoff::a_requeued_item_is_claimable_at_once_whatever_its_backoff,
+    backoff::a_backing_off_item_ages_the_queue_only_from_when_it_is_due,
     retention::the_first_reaper_pass_after_a_start_sweeps,
     input::a_payload_or_result_nests_at_most_127_deep,
     listing::a_listing_page_stays_near_its_byte_budget_when_errors_need_escaping,
