@@ -2,11 +2,9 @@
 //! item that has not ended, whatever holds it.
 
 use agentstore_protocol::lease::{ItemState, CANCELLED_REASON};
-use agentstore_protocol::ErrorCode;
 
 use super::item::{Ended, ITEM_COLS};
-use super::items::state_of;
-use super::{detached, fence::not_found, get, FetchDone, Store, StoreError};
+use super::{detached, get, FetchDone, Store, StoreError};
 
 impl Store {
     /// Operator path: fails an `open`, `running`, `paused` or `blocked` item
@@ -60,31 +58,15 @@ impl Store {
                 false,
             ));
         }
-        // Only these columns decide: an item whose other columns do not
-        // decode is answered too.
-        let read = format!("SELECT {ITEM_COLS}, cancelled_epoch FROM items WHERE id = $1");
-        let Some(row) = sqlx::query(&read)
-            .bind(id)
-            .fetch_optional_done(&self.pool)
-            .await?
-        else {
-            return Err(not_found(id));
+        let left_so = |row: &sqlx::any::AnyRow| {
+            get::<Option<String>>(row, "last_error")
+                .ok()
+                .flatten()
+                .as_deref()
+                == Some(CANCELLED_REASON)
         };
-        let state = state_of(&row);
-        let epoch = get::<i64>(&row, "epoch").ok();
-        let cancelled = get::<Option<i64>>(&row, "cancelled_epoch").ok().flatten();
-        let why = get::<Option<String>>(&row, "last_error").ok().flatten();
-        if state == Some(ItemState::Failed)
-            && cancelled.is_some()
-            && cancelled == epoch
-            && why.as_deref() == Some(CANCELLED_REASON)
-        {
-            return Ok((self.ended(&row, id, state, "cancel", false), true));
-        }
-        let named = get::<String>(&row, "state").unwrap_or_else(|_| "unreadable".into());
-        Err(StoreError::rejected(
-            ErrorCode::Conflict,
-            format!("item {id} is {named}, not open, running, paused or blocked"),
-        ))
+        self.operator_call_again(id, "cancel", "cancelled_epoch", ItemState::Failed, left_so)
+            .await
+            .map_err(|e| e.or_not("open, running, paused or blocked"))
     }
 }

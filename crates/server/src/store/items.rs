@@ -2030,27 +2030,45 @@ impl Store {
                 false,
             ));
         }
-        // Only these columns decide: an item whose other columns do not
-        // decode is answered too.
-        let read = format!("SELECT {ITEM_COLS}, requeued_epoch FROM items WHERE id = $1");
+        let left_so = |_: &AnyRow| true;
+        self.operator_call_again(id, "requeue", "requeued_epoch", ItemState::Open, left_so)
+            .await
+            .map_err(|e| e.or_not("failed or blocked"))
+    }
+
+    /// An operator's call `by` (`requeue`, `cancel`) whose conditional
+    /// update changed nothing on item `id`: answered as that call sent
+    /// again (the item as it is now, with `true`) while the item is as it
+    /// left it: in state `landed`, with its column `mark` (the epoch the
+    /// call records when it lands) equal to its epoch (no claim since), and
+    /// `left_so` of its row. Else [`NotAgain`]: the caller's `conflict`
+    /// naming the state the item is in, or `not_found`. Only these columns
+    /// decide: an item whose other columns do not decode is answered too.
+    pub(super) async fn operator_call_again(
+        &self,
+        id: i64,
+        by: &'static str,
+        mark: &str,
+        landed: ItemState,
+        left_so: impl Fn(&AnyRow) -> bool,
+    ) -> Result<(Ended, bool), NotAgain> {
+        let read = format!("SELECT {ITEM_COLS}, {mark} FROM items WHERE id = $1");
         let Some(row) = sqlx::query(&read)
             .bind(id)
             .fetch_optional_done(&self.pool)
-            .await?
+            .await
+            .map_err(|e| NotAgain::Failed(e.into()))?
         else {
-            return Err(not_found(id));
+            return Err(NotAgain::Failed(not_found(id)));
         };
         let state = state_of(&row);
         let epoch = get::<i64>(&row, "epoch").ok();
-        let requeued = get::<Option<i64>>(&row, "requeued_epoch").ok().flatten();
-        if state == Some(ItemState::Open) && requeued.is_some() && requeued == epoch {
-            return Ok((self.ended(&row, id, state, "requeue", false), true));
+        let marked = get::<Option<i64>>(&row, mark).ok().flatten();
+        if state == Some(landed) && marked.is_some() && marked == epoch && left_so(&row) {
+            return Ok((self.ended(&row, id, state, by, false), true));
         }
         let named = get::<String>(&row, "state").unwrap_or_else(|_| "unreadable".into());
-        Err(StoreError::rejected(
-            ErrorCode::Conflict,
-            format!("item {id} is {named}, not failed or blocked"),
-        ))
+        Err(NotAgain::In { id, state: named })
     }
 
     /// Why a call that needs item `id` in state `wanted` changed nothing:
@@ -2275,8 +2293,32 @@ impl Store {
     }
 }
 
+/// Why an operator's call found nothing to answer as sent again
+/// ([`Store::operator_call_again`]).
+pub(super) enum NotAgain {
+    /// Item `id` is in `state` (its column's text, `"unreadable"` when that
+    /// does not decode).
+    In { id: i64, state: String },
+    /// No such item, or the database failed.
+    Failed(StoreError),
+}
+
+impl NotAgain {
+    /// `conflict` naming the state the item is in and the ones the call starts
+    /// `from`; the error as it is otherwise.
+    pub(super) fn or_not(self, from: &str) -> StoreError {
+        match self {
+            NotAgain::In { id, state } => StoreError::rejected(
+                ErrorCode::Conflict,
+                format!("item {id} is {state}, not {from}"),
+            ),
+            NotAgain::Failed(e) => e,
+        }
+    }
+}
+
 /// The `state` column of an item row, when it is a state this build knows.
-pub(super) fn state_of(row: &AnyRow) -> Option<ItemState> {
+fn state_of(row: &AnyRow) -> Option<ItemState> {
     get::<String>(row, "state")
         .ok()
         .and_then(|s| ItemState::parse(&s))

@@ -6,7 +6,7 @@ use agentstore_protocol::{ErrorBody, ErrorCode};
 use agentstore_server::Store;
 use serde_json::{json, Value};
 
-use crate::common::{at_once, http_server, snapshot, TestDb, ADMIN};
+use crate::common::{assert_operator_actions, at_once, http_server, snapshot, TestDb, ADMIN};
 
 /// `POST /v1/items/{id}/cancel` as `bearer`: status, body, whether it was
 /// marked a replay.
@@ -144,26 +144,8 @@ pub async fn an_operator_cancels_an_item_that_has_not_ended_and_nothing_else(db:
     );
     assert_eq!(cancel(&url, running_item, ADMIN).await.0, 200);
 
-    let metrics = reqwest::Client::new()
-        .get(format!("{url}/metrics"))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(
-        metrics
-            .lines()
-            .any(|l| l == "agentstore_operator_actions_total{action=\"cancel\"} 5"),
-        "five cancels committed, the replays not counted:\n{}",
-        metrics
-            .lines()
-            .filter(|l| l.contains("operator_actions"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    // Five cancels committed, the replays not counted.
+    assert_operator_actions(&url, "cancel", 5).await;
     server.stop().await.unwrap();
 }
 

@@ -285,6 +285,31 @@ pub async fn enroll(client: &reqwest::Client, base: &str) -> WorkerCredentials {
     resp.json().await.unwrap()
 }
 
+/// Asserts that the server at `url` counts `n` committed operator calls of
+/// `action` in `agentstore_operator_actions_total` (its `/metrics`, read
+/// with the admin token).
+pub async fn assert_operator_actions(url: &str, action: &str, n: u64) {
+    let metrics = reqwest::Client::new()
+        .get(format!("{url}/metrics"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let want = format!("agentstore_operator_actions_total{{action=\"{action}\"}} {n}");
+    assert!(
+        metrics.lines().any(|l| l == want),
+        "want {want}:\n{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("operator_actions"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
 /// Runs `n` tasks that a barrier releases together (the race forced, not
 /// hoped for); `f(k)` makes the k-th. Their outputs, in task order.
 pub async fn at_once<T, F, Fut>(n: usize, f: F) -> Vec<T>

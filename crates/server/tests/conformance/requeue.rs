@@ -7,7 +7,7 @@ use agentstore_server::store::Ended;
 use agentstore_server::Store;
 use serde_json::{json, Value};
 
-use crate::common::{http_server, snapshot, TestDb, ADMIN};
+use crate::common::{assert_operator_actions, http_server, snapshot, TestDb, ADMIN};
 
 /// An item of `queue` claimed and settled into `state` with error `why`.
 async fn settled_item(store: &Store, queue: &str, state: SettleState, why: &str) -> i64 {
@@ -109,26 +109,8 @@ pub async fn an_operator_requeues_a_failed_or_blocked_item_and_nothing_else(db: 
         .unwrap();
     assert_eq!(requeue(failed, ADMIN).await.0, 200);
 
-    let metrics = http
-        .get(format!("{}/metrics", server.url()))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(
-        metrics
-            .lines()
-            .any(|l| l == "agentstore_operator_actions_total{action=\"requeue\"} 3"),
-        "three requeues committed, the replays not counted:\n{}",
-        metrics
-            .lines()
-            .filter(|l| l.contains("operator_actions"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    // Three requeues committed, the replays not counted.
+    assert_operator_actions(&server.url(), "requeue", 3).await;
     server.stop().await.unwrap();
 }
 
